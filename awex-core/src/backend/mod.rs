@@ -1,0 +1,162 @@
+//! Backend traits and their registry: each engine (Megatron-Core, FSDP2, SGLang, ...) is a crate
+//! implementing [`TrainingBackend`] or [`InferenceBackend`] and registering itself with
+//! `inventory::submit!`; awex discovers them at run time.
+
+mod parallel;
+mod probe;
+
+pub use parallel::{BackendSpec, ParallelConfig, ParallelKey, SpecError};
+pub use probe::{Detection, Probe};
+
+use crate::layout::{LayoutError, Side, SideLayout};
+use crate::model::ModelSpec;
+use std::sync::Arc;
+
+/// A training engine awex can read weights from.
+#[async_trait::async_trait]
+pub trait TrainingBackend: Send + Sync + 'static {
+    /// Short name used on the command line (`megatron`).
+    fn name(&self) -> &'static str;
+
+    /// One line describing the engine and the layout conventions it follows.
+    fn description(&self) -> &'static str;
+
+    /// The parallel-config keys this backend accepts, with defaults and help.
+    fn parallel_keys(&self) -> &'static [ParallelKey];
+
+    /// Python packages whose presence is evidence for this engine (probed with `python3`).
+    fn python_packages(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The layout of every training rank for this model and parallel config.
+    fn layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<Arc<dyn SideLayout>, LayoutError>;
+
+    /// How strongly the probe suggests this engine runs here.
+    async fn detect(&self, probe: &Probe) -> Detection;
+}
+
+/// An inference engine awex can write weights into.
+#[async_trait::async_trait]
+pub trait InferenceBackend: Send + Sync + 'static {
+    /// Short name used on the command line (`sglang`).
+    fn name(&self) -> &'static str;
+
+    /// One line describing the engine and the layout conventions it follows.
+    fn description(&self) -> &'static str;
+
+    /// The parallel-config keys this backend accepts, with defaults and help.
+    fn parallel_keys(&self) -> &'static [ParallelKey];
+
+    /// Python packages whose presence is evidence for this engine (probed with `python3`).
+    fn python_packages(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// The layout of every inference rank of every engine for this model and parallel config.
+    fn layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<Arc<dyn SideLayout>, LayoutError>;
+
+    /// How strongly the probe suggests this engine runs here.
+    async fn detect(&self, probe: &Probe) -> Detection;
+}
+
+/// A training backend's registration, collected with `inventory`.
+pub struct TrainingRegistration(pub &'static dyn TrainingBackend);
+
+/// An inference backend's registration, collected with `inventory`.
+pub struct InferenceRegistration(pub &'static dyn InferenceBackend);
+
+inventory::collect!(TrainingRegistration);
+inventory::collect!(InferenceRegistration);
+
+/// Every registered training backend, sorted by name.
+pub fn training_backends() -> Vec<&'static dyn TrainingBackend> {
+    let mut v: Vec<_> = inventory::iter::<TrainingRegistration>
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    v.sort_by_key(|b| b.name());
+    v
+}
+
+/// Every registered inference backend, sorted by name.
+pub fn inference_backends() -> Vec<&'static dyn InferenceBackend> {
+    let mut v: Vec<_> = inventory::iter::<InferenceRegistration>
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    v.sort_by_key(|b| b.name());
+    v
+}
+
+/// The names of the registered backends of one side.
+pub fn backend_names(side: Side) -> Vec<&'static str> {
+    match side {
+        Side::Training => training_backends().iter().map(|b| b.name()).collect(),
+        Side::Inference => inference_backends().iter().map(|b| b.name()).collect(),
+    }
+}
+
+/// A registered training backend by name.
+pub fn training_backend(name: &str) -> Result<&'static dyn TrainingBackend, SpecError> {
+    training_backends()
+        .into_iter()
+        .find(|b| b.name() == name)
+        .ok_or_else(|| SpecError::UnknownBackend {
+            side: Side::Training,
+            name: name.to_string(),
+            known: backend_names(Side::Training),
+        })
+}
+
+/// A registered inference backend by name.
+pub fn inference_backend(name: &str) -> Result<&'static dyn InferenceBackend, SpecError> {
+    inference_backends()
+        .into_iter()
+        .find(|b| b.name() == name)
+        .ok_or_else(|| SpecError::UnknownBackend {
+            side: Side::Inference,
+            name: name.to_string(),
+            known: backend_names(Side::Inference),
+        })
+}
+
+/// Builds the layout of one side from a `backend:k=v,...` spec.
+pub fn side_layout(
+    side: Side,
+    spec: &BackendSpec,
+    model: &ModelSpec,
+) -> Result<Arc<dyn SideLayout>, SideError> {
+    let layout = match side {
+        Side::Training => {
+            let b = training_backend(&spec.backend)?;
+            let p = spec.parallel.checked(b.parallel_keys(), &spec.backend)?;
+            b.layout(model, &p)?
+        }
+        Side::Inference => {
+            let b = inference_backend(&spec.backend)?;
+            let p = spec.parallel.checked(b.parallel_keys(), &spec.backend)?;
+            b.layout(model, &p)?
+        }
+    };
+    Ok(layout)
+}
+
+/// Why a side's layout could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SideError {
+    /// The spec is malformed or names an unknown backend or key.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The backend refused the parallel config.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}

@@ -1,0 +1,350 @@
+//! The layout algebra: boxes of canonical tensors placed inside engine-local tensors.
+//!
+//! A local tensor of a rank is described by placements: "the box `region` of canonical
+//! tensor `canonical` sits at `local_offset` of this tensor". Once both sides of a pair are
+//! described this way, moving weights is pure geometry (see [`crate::plan`]).
+
+pub mod copy;
+mod dims;
+mod ops;
+mod region;
+
+pub use dims::{Dims, MAX_DIMS};
+pub use ops::{CoverageGap, coverage, materialize, reconstruct, validate_holders, validate_rank};
+pub use region::Region;
+
+use crate::dtype::DType;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// Which side of a pair a rank is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// The training job (sends).
+    Training,
+    /// The inference engines (receive).
+    Inference,
+}
+
+impl Side {
+    /// The other side.
+    pub fn other(self) -> Side {
+        match self {
+            Side::Training => Side::Inference,
+            Side::Inference => Side::Training,
+        }
+    }
+
+    /// `train` / `infer`, as used on the command line.
+    pub fn short(self) -> &'static str {
+        match self {
+            Side::Training => "train",
+            Side::Inference => "infer",
+        }
+    }
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Training => "training",
+            Side::Inference => "inference",
+        })
+    }
+}
+
+/// A rank of one side: `engine` is the inference replica (0 on the training side), `rank` the rank within it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RankId {
+    /// Inference engine (replica) index; 0 for training ranks.
+    pub engine: u32,
+    /// Rank within the engine (or the global training rank).
+    pub rank: u32,
+}
+
+impl RankId {
+    /// A training rank.
+    pub const fn train(rank: u32) -> Self {
+        RankId { engine: 0, rank }
+    }
+
+    /// An inference rank of engine `engine`.
+    pub const fn infer(engine: u32, rank: u32) -> Self {
+        RankId { engine, rank }
+    }
+}
+
+impl fmt::Display for RankId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.engine, self.rank)
+    }
+}
+
+/// Where a box of a canonical tensor lives inside a local tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// Canonical (HF) tensor name.
+    pub canonical: Arc<str>,
+    /// The box of the canonical tensor.
+    pub region: Region,
+    /// Offset of the box inside the local tensor (local rank; may have more dims than the region,
+    /// the region's dims aligning with the trailing local dims).
+    pub local_offset: Dims,
+}
+
+/// A tensor as one engine rank holds it: native name, local shape, dtype, and what it contains.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalTensor {
+    /// Engine-native name (e.g. `decoder.layers.0.self_attention.linear_qkv.weight`).
+    pub name: Arc<str>,
+    /// Local shape, padding included.
+    pub shape: Dims,
+    /// Local dtype.
+    pub dtype: DType,
+    /// What canonical boxes the tensor holds; elements covered by none are padding.
+    pub placements: Vec<Placement>,
+}
+
+impl LocalTensor {
+    /// Size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.shape.numel() * self.dtype.size() as u64
+    }
+}
+
+/// Every local tensor of one rank.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankLayout {
+    /// The rank.
+    pub rank: RankId,
+    /// Its tensors, in the engine's order.
+    pub tensors: Vec<LocalTensor>,
+}
+
+impl RankLayout {
+    /// A tensor by name.
+    pub fn tensor(&self, name: &str) -> Option<&LocalTensor> {
+        self.tensors.iter().find(|t| &*t.name == name)
+    }
+
+    /// Total bytes of all local tensors.
+    pub fn nbytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.nbytes()).sum()
+    }
+}
+
+/// One shard of a canonical tensor, held identically by a set of ranks (replicas).
+///
+/// `holders(canonical)` of a side lists every shard of that canonical tensor: the inverse of
+/// the per-rank view, computed without enumerating the world.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Every rank that holds this shard at the same place of the same-named local tensor.
+    pub ranks: Vec<RankId>,
+    /// The local tensor's name.
+    pub tensor: Arc<str>,
+    /// The local tensor's shape.
+    pub tensor_shape: Dims,
+    /// The local tensor's dtype.
+    pub dtype: DType,
+    /// The box of the canonical tensor.
+    pub region: Region,
+    /// Where that box sits in the local tensor.
+    pub local_offset: Dims,
+}
+
+/// All ranks of one side: a pure function of `(ModelSpec, parallel config)`, queried lazily.
+///
+/// Implementations answer both directions without building the world: what one rank holds,
+/// and who holds (pieces of) one canonical tensor.
+pub trait SideLayout: Send + Sync {
+    /// Which side this is.
+    fn side(&self) -> Side;
+
+    /// Every rank of the side, in a fixed order (engine-major).
+    fn ranks(&self) -> Vec<RankId>;
+
+    /// Number of ranks (all engines together).
+    fn world_size(&self) -> usize {
+        self.ranks().len()
+    }
+
+    /// Number of engines (replicas of the whole model) on this side; 1 on the training side.
+    fn engines(&self) -> u32 {
+        1
+    }
+
+    /// The local tensors of `rank`, or `None` if no such rank.
+    fn rank_layout(&self, rank: RankId) -> Option<RankLayout>;
+
+    /// Every shard of canonical tensor `canonical`, with the ranks holding each.
+    fn holders(&self, canonical: &str) -> Vec<Holder>;
+}
+
+/// A side given as explicit rank layouts (e.g. reported by live processes), with its inverse index.
+#[derive(Clone, Debug)]
+pub struct ExplicitSide {
+    side: Side,
+    engines: u32,
+    ranks: Vec<RankLayout>,
+    by_canonical: HashMap<Arc<str>, Vec<Holder>>,
+}
+
+impl ExplicitSide {
+    /// Builds a side from rank layouts (order does not matter).
+    pub fn new(side: Side, mut ranks: Vec<RankLayout>) -> Self {
+        ranks.sort_by_key(|r| r.rank);
+        let engines = ranks.iter().map(|r| r.rank.engine + 1).max().unwrap_or(1);
+        // group identical shards held by several ranks
+        let mut by_key: HashMap<(Arc<str>, Arc<str>, Region, Dims), usize> = HashMap::new();
+        let mut by_canonical: HashMap<Arc<str>, Vec<Holder>> = HashMap::new();
+        for r in &ranks {
+            for t in &r.tensors {
+                for p in &t.placements {
+                    let key = (
+                        p.canonical.clone(),
+                        t.name.clone(),
+                        p.region.clone(),
+                        p.local_offset,
+                    );
+                    let list = by_canonical.entry(p.canonical.clone()).or_default();
+                    match by_key.get(&key) {
+                        Some(&i) if list[i].tensor_shape == t.shape && list[i].dtype == t.dtype => {
+                            list[i].ranks.push(r.rank)
+                        }
+                        _ => {
+                            by_key.insert(key, list.len());
+                            list.push(Holder {
+                                ranks: vec![r.rank],
+                                tensor: t.name.clone(),
+                                tensor_shape: t.shape,
+                                dtype: t.dtype,
+                                region: p.region.clone(),
+                                local_offset: p.local_offset,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        ExplicitSide {
+            side,
+            engines,
+            ranks,
+            by_canonical,
+        }
+    }
+
+    /// Materialises every rank of a lazily computed side (for tests and small worlds).
+    pub fn from_side(layout: &dyn SideLayout) -> Self {
+        let ranks = layout
+            .ranks()
+            .into_iter()
+            .filter_map(|r| layout.rank_layout(r))
+            .collect();
+        ExplicitSide::new(layout.side(), ranks)
+    }
+
+    /// The rank layouts, sorted by rank.
+    pub fn rank_layouts(&self) -> &[RankLayout] {
+        &self.ranks
+    }
+}
+
+impl SideLayout for ExplicitSide {
+    fn side(&self) -> Side {
+        self.side
+    }
+
+    fn ranks(&self) -> Vec<RankId> {
+        self.ranks.iter().map(|r| r.rank).collect()
+    }
+
+    fn engines(&self) -> u32 {
+        self.engines
+    }
+
+    fn rank_layout(&self, rank: RankId) -> Option<RankLayout> {
+        self.ranks
+            .binary_search_by_key(&rank, |r| r.rank)
+            .ok()
+            .map(|i| self.ranks[i].clone())
+    }
+
+    fn holders(&self, canonical: &str) -> Vec<Holder> {
+        self.by_canonical
+            .get(canonical)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// Why a layout is not valid.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LayoutError {
+    /// A placement names a tensor the model does not have.
+    #[error("rank {rank}: `{tensor}` places unknown canonical tensor `{canonical}`")]
+    UnknownCanonical {
+        /// the rank
+        rank: RankId,
+        /// the local tensor
+        tensor: String,
+        /// the canonical name
+        canonical: String,
+    },
+    /// A placement does not fit inside the local or the canonical tensor.
+    #[error("rank {rank}: `{tensor}` {message}")]
+    OutOfBounds {
+        /// the rank
+        rank: RankId,
+        /// the local tensor
+        tensor: String,
+        /// what does not fit
+        message: String,
+    },
+    /// Two placements of one local tensor overlap.
+    #[error("rank {rank}: `{tensor}` has overlapping placements ({a} and {b})")]
+    Overlap {
+        /// the rank
+        rank: RankId,
+        /// the local tensor
+        tensor: String,
+        /// first placement
+        a: String,
+        /// second placement
+        b: String,
+    },
+    /// The local dtype cannot hold the canonical dtype.
+    #[error(
+        "rank {rank}: `{tensor}` is {local} but canonical `{canonical}` is {canonical_dtype}, and no conversion exists"
+    )]
+    DType {
+        /// the rank
+        rank: RankId,
+        /// the local tensor
+        tensor: String,
+        /// local dtype
+        local: DType,
+        /// canonical name
+        canonical: String,
+        /// canonical dtype
+        canonical_dtype: DType,
+    },
+    /// A rank has two tensors of one name.
+    #[error("rank {rank}: tensor name `{tensor}` appears twice")]
+    DuplicateName {
+        /// the rank
+        rank: RankId,
+        /// the name
+        tensor: String,
+    },
+    /// A parallel configuration the backend cannot lay out.
+    #[error("{0}")]
+    Config(String),
+}

@@ -1,0 +1,141 @@
+//! `Region`: an N-d box (offset + extent) of a tensor.
+
+use super::Dims;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// An N-d box: `[offset[i], offset[i] + extent[i])` along every dimension.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    /// First coordinate.
+    pub offset: Dims,
+    /// Size along every dimension.
+    pub extent: Dims,
+}
+
+impl Region {
+    /// A box from offset and extent (same number of dims).
+    pub fn new(offset: impl Into<Dims>, extent: impl Into<Dims>) -> Self {
+        let (offset, extent) = (offset.into(), extent.into());
+        debug_assert_eq!(offset.ndim(), extent.ndim());
+        Region { offset, extent }
+    }
+
+    /// The whole of a tensor of `shape`.
+    pub fn full(shape: Dims) -> Self {
+        Region {
+            offset: Dims::zeros(shape.ndim()),
+            extent: shape,
+        }
+    }
+
+    /// Rows `[start, start + len)` of a tensor of `shape` (all of the other dims).
+    pub fn rows(shape: Dims, start: u64, len: u64) -> Self {
+        Self::slice(shape, 0, start, len)
+    }
+
+    /// `[start, start + len)` along dimension `dim` of a tensor of `shape`.
+    pub fn slice(shape: Dims, dim: usize, start: u64, len: u64) -> Self {
+        let mut r = Region::full(shape);
+        r.offset.set(dim, start);
+        r.extent.set(dim, len);
+        r
+    }
+
+    /// Number of dimensions.
+    pub fn ndim(&self) -> usize {
+        self.offset.ndim()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.extent.numel()
+    }
+
+    /// Whether the box holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.extent.as_slice().contains(&0)
+    }
+
+    /// One past the last coordinate.
+    pub fn end(&self) -> Dims {
+        self.offset.add(&self.extent)
+    }
+
+    /// The intersection, or `None` if empty (or the dims differ).
+    pub fn intersect(&self, o: &Region) -> Option<Region> {
+        if self.ndim() != o.ndim() {
+            return None;
+        }
+        let mut r = *self;
+        for i in 0..self.ndim() {
+            let lo = self.offset.get(i).max(o.offset.get(i));
+            let hi =
+                (self.offset.get(i) + self.extent.get(i)).min(o.offset.get(i) + o.extent.get(i));
+            if hi <= lo {
+                return None;
+            }
+            r.offset.set(i, lo);
+            r.extent.set(i, hi - lo);
+        }
+        Some(r)
+    }
+
+    /// Whether `o` lies entirely inside `self`.
+    pub fn contains(&self, o: &Region) -> bool {
+        self.ndim() == o.ndim()
+            && (0..self.ndim()).all(|i| {
+                o.offset.get(i) >= self.offset.get(i)
+                    && o.offset.get(i) + o.extent.get(i) <= self.offset.get(i) + self.extent.get(i)
+            })
+    }
+
+    /// Whether the box fits inside a tensor of `shape`.
+    pub fn fits(&self, shape: &Dims) -> bool {
+        self.ndim() == shape.ndim()
+            && (0..self.ndim()).all(|i| self.offset.get(i) + self.extent.get(i) <= shape.get(i))
+    }
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for i in 0..self.ndim() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(
+                f,
+                "{}..{}",
+                self.offset.get(i),
+                self.offset.get(i) + self.extent.get(i)
+            )?;
+        }
+        f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intersect_and_contain() {
+        let a = Region::new([0, 0], [4, 8]);
+        let b = Region::new([2, 6], [4, 4]);
+        assert_eq!(a.intersect(&b), Some(Region::new([2, 6], [2, 2])));
+        assert_eq!(a.intersect(&Region::new([4, 0], [1, 1])), None);
+        assert!(a.contains(&Region::new([1, 1], [3, 7])));
+        assert!(!a.contains(&b));
+        assert!(a.fits(&Dims::new(&[4, 8])));
+        assert!(!b.fits(&Dims::new(&[4, 8])));
+        assert_eq!(format!("{b}"), "[2..6, 6..10]");
+    }
+}

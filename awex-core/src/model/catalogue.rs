@@ -1,0 +1,204 @@
+//! The canonical catalogue: names, shapes and dtypes of a model's HF safetensors checkpoint.
+
+use super::{Architecture, ModelSpec};
+use crate::dtype::DType;
+use crate::layout::Dims;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// One tensor of the canonical (HF checkpoint) model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CanonicalTensor {
+    /// HF name, e.g. `model.layers.3.self_attn.q_proj.weight`.
+    pub name: String,
+    /// Full shape.
+    pub shape: Dims,
+    /// Checkpoint dtype.
+    pub dtype: DType,
+}
+
+impl CanonicalTensor {
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.numel()
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.numel() * self.dtype.size() as u64
+    }
+}
+
+/// All canonical tensors of a model, in a fixed order, indexed by name.
+#[derive(Clone, Debug)]
+pub struct Catalogue {
+    tensors: Vec<CanonicalTensor>,
+    index: HashMap<String, u32>,
+}
+
+/// A compact summary of a catalogue, comparable across processes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogueSummary {
+    /// Number of tensors.
+    pub tensors: u64,
+    /// Total bytes in the checkpoint dtype.
+    pub bytes: u64,
+    /// xxh3 over every (name, shape, dtype) in order.
+    pub digest: String,
+}
+
+impl Catalogue {
+    /// Builds a catalogue from tensors (order kept).
+    pub fn new(tensors: Vec<CanonicalTensor>) -> Self {
+        let index = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i as u32))
+            .collect();
+        Catalogue { tensors, index }
+    }
+
+    /// The canonical tensors of an HF checkpoint of `spec`.
+    pub fn of(spec: &ModelSpec) -> Self {
+        let mut t = Vec::new();
+        let d = spec.dtype;
+        let h = spec.hidden_size;
+        let mut push = |name: String, shape: &[u64]| {
+            t.push(CanonicalTensor {
+                name,
+                shape: Dims::new(shape),
+                dtype: d,
+            })
+        };
+        push("model.embed_tokens.weight".into(), &[spec.vocab_size, h]);
+        for l in 0..spec.num_layers {
+            let p = format!("model.layers.{l}");
+            push(format!("{p}.input_layernorm.weight"), &[h]);
+            push(format!("{p}.self_attn.q_proj.weight"), &[spec.q_size(), h]);
+            push(format!("{p}.self_attn.k_proj.weight"), &[spec.kv_size(), h]);
+            push(format!("{p}.self_attn.v_proj.weight"), &[spec.kv_size(), h]);
+            if spec.attention_bias {
+                push(format!("{p}.self_attn.q_proj.bias"), &[spec.q_size()]);
+                push(format!("{p}.self_attn.k_proj.bias"), &[spec.kv_size()]);
+                push(format!("{p}.self_attn.v_proj.bias"), &[spec.kv_size()]);
+            }
+            push(format!("{p}.self_attn.o_proj.weight"), &[h, spec.q_size()]);
+            if spec.architecture.has_qk_norm() {
+                push(format!("{p}.self_attn.q_norm.weight"), &[spec.head_dim]);
+                push(format!("{p}.self_attn.k_norm.weight"), &[spec.head_dim]);
+            }
+            push(format!("{p}.post_attention_layernorm.weight"), &[h]);
+            match (&spec.moe, spec.is_moe_layer(l)) {
+                (Some(moe), true) => {
+                    let i = moe.moe_intermediate_size;
+                    push(format!("{p}.mlp.gate.weight"), &[moe.num_experts, h]);
+                    for e in 0..moe.num_experts {
+                        push(format!("{p}.mlp.experts.{e}.gate_proj.weight"), &[i, h]);
+                        push(format!("{p}.mlp.experts.{e}.up_proj.weight"), &[i, h]);
+                        push(format!("{p}.mlp.experts.{e}.down_proj.weight"), &[h, i]);
+                    }
+                }
+                _ => {
+                    let i = spec.intermediate_size;
+                    push(format!("{p}.mlp.gate_proj.weight"), &[i, h]);
+                    push(format!("{p}.mlp.up_proj.weight"), &[i, h]);
+                    push(format!("{p}.mlp.down_proj.weight"), &[h, i]);
+                }
+            }
+        }
+        push("model.norm.weight".into(), &[h]);
+        if !spec.tie_word_embeddings {
+            push("lm_head.weight".into(), &[spec.vocab_size, h]);
+        }
+        debug_assert!(matches!(
+            spec.architecture,
+            Architecture::Llama
+                | Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe
+        ));
+        Catalogue::new(t)
+    }
+
+    /// Tensors in catalogue order.
+    pub fn tensors(&self) -> &[CanonicalTensor] {
+        &self.tensors
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Whether the catalogue is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Index of a tensor by name.
+    pub fn id(&self, name: &str) -> Option<u32> {
+        self.index.get(name).copied()
+    }
+
+    /// A tensor by name.
+    pub fn get(&self, name: &str) -> Option<&CanonicalTensor> {
+        self.id(name).map(|i| &self.tensors[i as usize])
+    }
+
+    /// A tensor by index.
+    pub fn by_id(&self, id: u32) -> &CanonicalTensor {
+        &self.tensors[id as usize]
+    }
+
+    /// Total bytes of all tensors.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.nbytes()).sum()
+    }
+
+    /// Summary (count, bytes, digest) for comparing two catalogues over the wire.
+    pub fn summary(&self) -> CatalogueSummary {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for t in &self.tensors {
+            h.update(t.name.as_bytes());
+            h.update(&[0]);
+            for d in t.shape.as_slice() {
+                h.update(&d.to_le_bytes());
+            }
+            h.update(t.dtype.as_str().as_bytes());
+            h.update(&[0xff]);
+        }
+        CatalogueSummary {
+            tensors: self.tensors.len() as u64,
+            bytes: self.total_bytes(),
+            digest: format!("{:016x}", h.digest()),
+        }
+    }
+
+    /// The first tensor that differs between two catalogues (by name, shape, or dtype), described for a person.
+    pub fn first_difference(&self, other: &Catalogue) -> Option<String> {
+        for t in &self.tensors {
+            match other.get(&t.name) {
+                None => return Some(format!("`{}` is missing from the other side", t.name)),
+                Some(o) if o.shape != t.shape => {
+                    return Some(format!(
+                        "`{}` has shape {} here and {} on the other side",
+                        t.name, t.shape, o.shape
+                    ));
+                }
+                Some(o) if o.dtype != t.dtype => {
+                    return Some(format!(
+                        "`{}` has dtype {} here and {} on the other side",
+                        t.name, t.dtype, o.dtype
+                    ));
+                }
+                _ => {}
+            }
+        }
+        other
+            .tensors
+            .iter()
+            .find(|t| self.get(&t.name).is_none())
+            .map(|t| format!("`{}` exists only on the other side", t.name))
+    }
+}

@@ -1,0 +1,54 @@
+//! The canonical model: its spec (from an HF `config.json` or a preset) and its tensor catalogue.
+
+mod catalogue;
+pub mod presets;
+mod spec;
+
+pub use catalogue::{CanonicalTensor, Catalogue, CatalogueSummary};
+pub use spec::{Architecture, ModelSpec, MoeSpec};
+
+/// Why a model could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ModelError {
+    /// `architectures[0]` is not supported.
+    #[error("unsupported architecture `{found}`; supported: {}", supported.join(", "))]
+    UnknownArchitecture {
+        /// what the config says
+        found: String,
+        /// what awex supports
+        supported: Vec<&'static str>,
+    },
+    /// A required field is absent.
+    #[error("config.json has no `{0}`")]
+    MissingField(&'static str),
+    /// A field has the wrong type or value.
+    #[error("config.json field `{field}`: {message}")]
+    BadField {
+        /// the field
+        field: &'static str,
+        /// what is wrong
+        message: String,
+    },
+    /// Sizes disagree with each other.
+    #[error("inconsistent model sizes: {0}")]
+    Inconsistent(String),
+    /// The text is not JSON.
+    #[error("config.json is not valid JSON: {0}")]
+    Json(String),
+    /// The file could not be read.
+    #[error("cannot read {path}: {message}")]
+    Io {
+        /// the path
+        path: String,
+        /// the OS error
+        message: String,
+    },
+    /// Neither a preset nor a path.
+    #[error("`{arg}` is neither a built-in preset nor an existing config.json or HF directory; presets: {}", presets.join(", "))]
+    UnknownModel {
+        /// the argument
+        arg: String,
+        /// the presets
+        presets: Vec<&'static str>,
+    },
+}

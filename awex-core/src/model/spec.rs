@@ -1,0 +1,373 @@
+//! `ModelSpec`: the architecture and sizes of a model, parsed from an HF `config.json`.
+
+use super::ModelError;
+use crate::dtype::DType;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::path::Path;
+
+/// The model families awex knows (HF `architectures[0]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Architecture {
+    /// `LlamaForCausalLM`
+    #[serde(rename = "LlamaForCausalLM")]
+    Llama,
+    /// `Qwen2ForCausalLM` (q/k/v biases)
+    #[serde(rename = "Qwen2ForCausalLM")]
+    Qwen2,
+    /// `Qwen3ForCausalLM` (q_norm / k_norm)
+    #[serde(rename = "Qwen3ForCausalLM")]
+    Qwen3,
+    /// `Qwen3MoeForCausalLM` (router + per-expert MLPs)
+    #[serde(rename = "Qwen3MoeForCausalLM")]
+    Qwen3Moe,
+}
+
+impl Architecture {
+    /// Every supported architecture, for error messages.
+    pub const ALL: [Architecture; 4] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Qwen3Moe,
+    ];
+
+    /// The HF class name.
+    pub const fn hf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+        }
+    }
+
+    /// Parses an HF class name.
+    pub fn from_hf_name(name: &str) -> Result<Self, ModelError> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.hf_name() == name)
+            .ok_or_else(|| ModelError::UnknownArchitecture {
+                found: name.to_string(),
+                supported: Self::ALL.iter().map(|a| a.hf_name()).collect(),
+            })
+    }
+
+    /// Whether the attention has q_norm / k_norm (Qwen3 family).
+    pub const fn has_qk_norm(self) -> bool {
+        matches!(self, Architecture::Qwen3 | Architecture::Qwen3Moe)
+    }
+}
+
+/// Mixture-of-experts sizes (Qwen3-MoE).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeSpec {
+    /// Number of routed experts per MoE layer.
+    pub num_experts: u64,
+    /// Experts each token is routed to.
+    pub experts_per_token: u64,
+    /// Intermediate size of one expert's MLP.
+    pub moe_intermediate_size: u64,
+    /// Every `decoder_sparse_step`-th layer is MoE (HF: `(i + 1) % step == 0`).
+    pub decoder_sparse_step: u64,
+    /// Layers that stay dense whatever the step says.
+    pub mlp_only_layers: Vec<u64>,
+}
+
+/// The architecture and sizes of a model: everything needed to name and shape its tensors.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// A display name (preset name or the config's `_name_or_path`).
+    pub name: String,
+    /// Model family.
+    pub architecture: Architecture,
+    /// Hidden size.
+    pub hidden_size: u64,
+    /// Number of decoder layers.
+    pub num_layers: u64,
+    /// Attention (query) heads.
+    pub num_heads: u64,
+    /// Key/value heads (GQA groups).
+    pub num_kv_heads: u64,
+    /// Size of one head.
+    pub head_dim: u64,
+    /// Intermediate size of the dense MLP.
+    pub intermediate_size: u64,
+    /// Vocabulary size (unpadded).
+    pub vocab_size: u64,
+    /// `lm_head` shares the embedding.
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry biases.
+    pub attention_bias: bool,
+    /// Parameter dtype of the checkpoint.
+    pub dtype: DType,
+    /// MoE sizes, when the model has experts.
+    pub moe: Option<MoeSpec>,
+}
+
+fn field<'a>(cfg: &'a Value, name: &'static str) -> Result<&'a Value, ModelError> {
+    match cfg.get(name) {
+        Some(v) if !v.is_null() => Ok(v),
+        _ => Err(ModelError::MissingField(name)),
+    }
+}
+
+fn uint(cfg: &Value, name: &'static str) -> Result<u64, ModelError> {
+    let v = field(cfg, name)?;
+    v.as_u64().ok_or_else(|| ModelError::BadField {
+        field: name,
+        message: format!("expected a non-negative integer, found {v}"),
+    })
+}
+
+fn opt_uint(cfg: &Value, name: &'static str) -> Result<Option<u64>, ModelError> {
+    match cfg.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(_) => uint(cfg, name).map(Some),
+    }
+}
+
+fn opt_bool(cfg: &Value, name: &'static str, default: bool) -> Result<bool, ModelError> {
+    match cfg.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ModelError::BadField {
+            field: name,
+            message: format!("expected true or false, found {v}"),
+        }),
+    }
+}
+
+impl ModelSpec {
+    /// Parses the text of an HF `config.json`.
+    pub fn from_config_json(text: &str) -> Result<Self, ModelError> {
+        let cfg: Value = serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+        Self::from_config_value(&cfg)
+    }
+
+    /// Parses an HF config already read as JSON.
+    pub fn from_config_value(cfg: &Value) -> Result<Self, ModelError> {
+        if !cfg.is_object() {
+            return Err(ModelError::Json(
+                "config.json must hold a JSON object".into(),
+            ));
+        }
+        let arch_name = field(cfg, "architectures")?
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(|v| v.as_str())
+            .ok_or(ModelError::BadField {
+                field: "architectures",
+                message: "expected a list with one class name, e.g. [\"Qwen3ForCausalLM\"]".into(),
+            })?;
+        let architecture = Architecture::from_hf_name(arch_name)?;
+        let hidden_size = uint(cfg, "hidden_size")?;
+        let num_layers = uint(cfg, "num_hidden_layers")?;
+        let num_heads = uint(cfg, "num_attention_heads")?;
+        let num_kv_heads = opt_uint(cfg, "num_key_value_heads")?.unwrap_or(num_heads);
+        let head_dim = match opt_uint(cfg, "head_dim")? {
+            Some(h) => h,
+            None => {
+                if num_heads == 0 || hidden_size % num_heads != 0 {
+                    return Err(ModelError::Inconsistent(format!(
+                        "config has no `head_dim` and num_attention_heads={num_heads} does not divide hidden_size={hidden_size}; set `head_dim` explicitly"
+                    )));
+                }
+                hidden_size / num_heads
+            }
+        };
+        let intermediate_size = uint(cfg, "intermediate_size")?;
+        let vocab_size = uint(cfg, "vocab_size")?;
+        let tie_word_embeddings = opt_bool(cfg, "tie_word_embeddings", false)?;
+        let attention_bias = match architecture {
+            Architecture::Qwen2 => true,
+            _ => opt_bool(cfg, "attention_bias", false)?,
+        };
+        let dtype = match cfg.get("torch_dtype").or_else(|| cfg.get("dtype")) {
+            Some(Value::String(s)) => {
+                s.parse()
+                    .map_err(|e: crate::dtype::DTypeError| ModelError::BadField {
+                        field: "torch_dtype",
+                        message: e.to_string(),
+                    })?
+            }
+            _ => DType::Bf16,
+        };
+        let moe = if architecture == Architecture::Qwen3Moe {
+            let mlp_only_layers = match cfg.get("mlp_only_layers") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| {
+                        v.as_u64().ok_or_else(|| ModelError::BadField {
+                            field: "mlp_only_layers",
+                            message: format!("expected layer indices, found {v}"),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(v) => {
+                    return Err(ModelError::BadField {
+                        field: "mlp_only_layers",
+                        message: format!("expected a list of layer indices, found {v}"),
+                    });
+                }
+            };
+            Some(MoeSpec {
+                num_experts: uint(cfg, "num_experts")?,
+                experts_per_token: uint(cfg, "num_experts_per_tok")?,
+                moe_intermediate_size: uint(cfg, "moe_intermediate_size")?,
+                decoder_sparse_step: opt_uint(cfg, "decoder_sparse_step")?.unwrap_or(1),
+                mlp_only_layers,
+            })
+        } else {
+            None
+        };
+        let name = cfg
+            .get("_name_or_path")
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(arch_name)
+            .to_string();
+        let spec = ModelSpec {
+            name,
+            architecture,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size,
+            vocab_size,
+            tie_word_embeddings,
+            attention_bias,
+            dtype,
+            moe,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Reads a `config.json` file, or the `config.json` inside an HF model directory.
+    pub fn from_path(path: &Path) -> Result<Self, ModelError> {
+        let file = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path.to_path_buf()
+        };
+        let text = std::fs::read_to_string(&file).map_err(|e| ModelError::Io {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::from_config_json(&text)
+    }
+
+    /// Resolves a `--model` argument: a built-in preset name, a `config.json`, or an HF directory.
+    pub fn resolve(arg: &str) -> Result<Self, ModelError> {
+        if let Some(spec) = super::presets::preset(arg) {
+            return Ok(spec);
+        }
+        let path = Path::new(arg);
+        if path.exists() {
+            return Self::from_path(path);
+        }
+        Err(ModelError::UnknownModel {
+            arg: arg.to_string(),
+            presets: super::presets::PRESET_NAMES.to_vec(),
+        })
+    }
+
+    /// Checks that the sizes agree with each other.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(ModelError::BadField {
+                    field: name,
+                    message: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(ModelError::Inconsistent(format!(
+                "num_key_value_heads={} must divide num_attention_heads={}",
+                self.num_kv_heads, self.num_heads
+            )));
+        }
+        if let Some(moe) = &self.moe {
+            if moe.num_experts == 0 || moe.moe_intermediate_size == 0 {
+                return Err(ModelError::Inconsistent(
+                    "num_experts and moe_intermediate_size must be at least 1".into(),
+                ));
+            }
+            if moe.decoder_sparse_step == 0 {
+                return Err(ModelError::BadField {
+                    field: "decoder_sparse_step",
+                    message: "must be at least 1".into(),
+                });
+            }
+            if moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts {
+                return Err(ModelError::Inconsistent(format!(
+                    "num_experts_per_tok={} must be between 1 and num_experts={}",
+                    moe.experts_per_token, moe.num_experts
+                )));
+            }
+            if let Some(&l) = moe.mlp_only_layers.iter().find(|&&l| l >= self.num_layers) {
+                return Err(ModelError::Inconsistent(format!(
+                    "mlp_only_layers names layer {l} but the model has {} layers",
+                    self.num_layers
+                )));
+            }
+        }
+        let dense_layers = (0..self.num_layers).any(|l| !self.is_moe_layer(l));
+        if dense_layers && self.intermediate_size == 0 {
+            return Err(ModelError::BadField {
+                field: "intermediate_size",
+                message: "must be at least 1 for dense MLP layers".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether layer `l` has a mixture-of-experts MLP (HF Qwen3-MoE rule).
+    pub fn is_moe_layer(&self, l: u64) -> bool {
+        match &self.moe {
+            None => false,
+            Some(m) => !m.mlp_only_layers.contains(&l) && (l + 1) % m.decoder_sparse_step == 0,
+        }
+    }
+
+    /// Rows of `q_proj` (`num_heads * head_dim`).
+    pub fn q_size(&self) -> u64 {
+        self.num_heads * self.head_dim
+    }
+
+    /// Rows of `k_proj` / `v_proj` (`num_kv_heads * head_dim`).
+    pub fn kv_size(&self) -> u64 {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Whether the attention has q_norm / k_norm.
+    pub fn qk_norm(&self) -> bool {
+        self.architecture.has_qk_norm()
+    }
+
+    /// The number of experts, zero for a dense model.
+    pub fn num_experts(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| m.num_experts)
+    }
+
+    /// A stable 64-bit fingerprint of the sizes and names that define the canonical tensors.
+    pub fn fingerprint(&self) -> u64 {
+        let mut s = self.clone();
+        s.name = String::new();
+        let text = serde_json::to_string(&s).unwrap_or_default();
+        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    }
+}

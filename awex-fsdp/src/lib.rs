@@ -1,0 +1,1 @@
+//! awex backend for fsdp.
