@@ -1,1 +1,44 @@
-fn main() {}
+//! `awex-cli`: detect engines, plan weight exchanges, run the gateway, the demo and benchmarks.
+
+mod cmd;
+mod link;
+
+use clap::{Parser, Subcommand};
+
+/// awex moves fresh model weights from a training job into running inference engines.
+#[derive(Parser, Debug)]
+#[command(name = "awex-cli", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Detect which training and inference engines run here, with evidence.
+    Detect(cmd::detect::Args),
+    /// Compute the exchange plan between a training layout and an inference layout.
+    Plan(cmd::plan::Args),
+    /// Run the weight-update gateway (the control plane).
+    Serve(cmd::serve::Args),
+    /// Operate pairs on a running gateway: connect, update, status, disconnect.
+    Pair(cmd::pair::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    link::link_backends();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Detect(a) => cmd::detect::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Pair(a) => cmd::pair::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
