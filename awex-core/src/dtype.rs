@@ -152,7 +152,9 @@ impl FromStr for DType {
 pub fn f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
     if x.is_nan() {
-        return ((bits >> 16) as u16) | 0x0040;
+        // keep the payload (so bf16 -> f32 -> bf16 is exact); never let a NaN become infinity
+        let t = (bits >> 16) as u16;
+        return if t & 0x007f == 0 { t | 0x0040 } else { t };
     }
     let round = 0x7fff + ((bits >> 16) & 1);
     (bits.wrapping_add(round) >> 16) as u16

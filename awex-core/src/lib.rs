@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod layout;
 pub mod model;
 pub mod plan;
+pub mod synthetic;
 
 pub use backend::{BackendSpec, InferenceBackend, ParallelConfig, TrainingBackend};
 pub use dtype::DType;

@@ -6,7 +6,7 @@
 
 pub mod copy;
 mod dims;
-mod ops;
+pub(crate) mod ops;
 mod region;
 
 pub use dims::{Dims, MAX_DIMS};

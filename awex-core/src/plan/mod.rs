@@ -1,1 +1,250 @@
-//! planner
+//! The planner: from a training layout and an inference layout, each rank's ordered transfers.
+//!
+//! A rank plans alone, without building the global plan: for every canonical tensor it touches,
+//! it asks both sides who holds that tensor ([`SideLayout::holders`]), splits each destination
+//! box into cells held by the same set of source ranks, and assigns every (destination rank,
+//! cell) to one source with a deterministic greedy that balances egress over all replicas of
+//! the source (DP/CP replicas, tied copies). Both ends of a peer pair run the same computation
+//! on the same inputs, so they agree on the transfers and their order without talking; a
+//! fingerprint per peer pair lets them check it.
+
+mod assign;
+mod coalesce;
+mod simulate;
+
+pub use simulate::{RankBuffers, SimulationError, simulate};
+
+use crate::dtype::DType;
+use crate::layout::{Dims, RankId, Side, SideLayout};
+use crate::model::Catalogue;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One box moved from a source rank's local tensor into a destination rank's local tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// The sending (training) rank.
+    pub src_rank: RankId,
+    /// The receiving (inference) rank.
+    pub dst_rank: RankId,
+    /// Lowest catalogue index of the canonical tensors this transfer carries (orders transfers).
+    pub canonical: u32,
+    /// Source local tensor.
+    pub src_tensor: Arc<str>,
+    /// Shape of the source local tensor.
+    pub src_shape: Dims,
+    /// Offset of the box in the source local tensor.
+    pub src_offset: Dims,
+    /// Source dtype.
+    pub src_dtype: DType,
+    /// Destination local tensor.
+    pub dst_tensor: Arc<str>,
+    /// Shape of the destination local tensor.
+    pub dst_shape: Dims,
+    /// Offset of the box in the destination local tensor.
+    pub dst_offset: Dims,
+    /// Destination dtype (the sender converts when it differs).
+    pub dst_dtype: DType,
+    /// Extent of the box; aligns with the trailing dims of both local tensors.
+    pub extent: Dims,
+}
+
+impl Transfer {
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.extent.numel()
+    }
+
+    /// Bytes on the wire (destination dtype).
+    pub fn bytes(&self) -> u64 {
+        self.numel() * self.dst_dtype.size() as u64
+    }
+
+    /// Whether the sender converts the dtype.
+    pub fn converts(&self) -> bool {
+        self.src_dtype != self.dst_dtype
+    }
+
+    fn hash_into(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        for r in [self.src_rank, self.dst_rank] {
+            h.update(&r.engine.to_le_bytes());
+            h.update(&r.rank.to_le_bytes());
+        }
+        for (name, shape, off, dt) in [
+            (
+                &self.src_tensor,
+                &self.src_shape,
+                &self.src_offset,
+                self.src_dtype,
+            ),
+            (
+                &self.dst_tensor,
+                &self.dst_shape,
+                &self.dst_offset,
+                self.dst_dtype,
+            ),
+        ] {
+            h.update(name.as_bytes());
+            h.update(&[0]);
+            for d in shape.as_slice().iter().chain(off.as_slice()) {
+                h.update(&d.to_le_bytes());
+            }
+            h.update(dt.as_str().as_bytes());
+        }
+        for d in self.extent.as_slice() {
+            h.update(&d.to_le_bytes());
+        }
+    }
+}
+
+/// Every transfer between one rank and one peer, in the order both ends execute them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPlan {
+    /// The rank on the other side.
+    pub peer: RankId,
+    /// The transfers, ordered.
+    pub transfers: Vec<Transfer>,
+    /// Total bytes on the wire.
+    pub bytes: u64,
+    /// xxh3 of the transfers; equal on both ends of the pair.
+    pub fingerprint: u64,
+}
+
+/// One rank's plan: its transfers grouped by peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankPlan {
+    /// The rank's side.
+    pub side: Side,
+    /// The rank.
+    pub rank: RankId,
+    /// Per-peer transfers, sorted by peer.
+    pub peers: Vec<PeerPlan>,
+    /// xxh3 over the peers' fingerprints.
+    pub fingerprint: u64,
+}
+
+impl RankPlan {
+    /// Total bytes this rank sends or receives.
+    pub fn bytes(&self) -> u64 {
+        self.peers.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Number of transfers.
+    pub fn transfers(&self) -> usize {
+        self.peers.iter().map(|p| p.transfers.len()).sum()
+    }
+
+    /// The plan with one peer.
+    pub fn peer(&self, peer: RankId) -> Option<&PeerPlan> {
+        self.peers
+            .binary_search_by_key(&peer, |p| p.peer)
+            .ok()
+            .map(|i| &self.peers[i])
+    }
+}
+
+/// Why a plan cannot be made.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// The rank does not exist on its side.
+    #[error("{side} side has no rank {rank}")]
+    NoSuchRank {
+        /// the side
+        side: Side,
+        /// the rank
+        rank: RankId,
+    },
+    /// A destination box is held by no training rank.
+    #[error("inference rank {dst} needs {region} of `{canonical}`, which no training rank holds")]
+    Uncovered {
+        /// canonical tensor
+        canonical: String,
+        /// the missing box
+        region: String,
+        /// the destination rank
+        dst: RankId,
+    },
+    /// The inference side places a tensor the model does not have.
+    #[error("`{0}` is placed by a rank but is not a tensor of the model")]
+    UnknownCanonical(String),
+    /// Source and destination dtypes cannot be converted.
+    #[error("`{canonical}`: training holds {src} and inference needs {dst}; no conversion exists")]
+    DType {
+        /// canonical tensor
+        canonical: String,
+        /// source dtype
+        src: DType,
+        /// destination dtype
+        dst: DType,
+    },
+}
+
+/// The two sides of a pair and the model they share.
+pub struct Pair<'a> {
+    /// Canonical catalogue of the model.
+    pub catalogue: &'a Catalogue,
+    /// The training side (sources).
+    pub training: &'a dyn SideLayout,
+    /// The inference side (destinations).
+    pub inference: &'a dyn SideLayout,
+}
+
+impl Pair<'_> {
+    /// The plan of one rank, computed from that rank's own pieces only.
+    pub fn plan_rank(&self, side: Side, rank: RankId) -> Result<RankPlan, PlanError> {
+        let layout = match side {
+            Side::Training => self.training.rank_layout(rank),
+            Side::Inference => self.inference.rank_layout(rank),
+        }
+        .ok_or(PlanError::NoSuchRank { side, rank })?;
+        // canonical tensors this rank touches, in catalogue order
+        let mut ids: Vec<u32> = Vec::new();
+        for t in &layout.tensors {
+            for p in &t.placements {
+                let id = self
+                    .catalogue
+                    .id(&p.canonical)
+                    .ok_or_else(|| PlanError::UnknownCanonical(p.canonical.to_string()))?;
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut by_peer: BTreeMap<RankId, Vec<Transfer>> = BTreeMap::new();
+        let mut scratch = assign::Scratch::default();
+        for id in ids {
+            let c = self.catalogue.by_id(id);
+            assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
+                let peer = match side {
+                    Side::Training => t.dst_rank,
+                    Side::Inference => t.src_rank,
+                };
+                by_peer.entry(peer).or_default().push(t);
+            })?;
+        }
+        let mut peers = Vec::with_capacity(by_peer.len());
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for (peer, transfers) in by_peer {
+            let transfers = coalesce::coalesce(transfers);
+            let mut ph = xxhash_rust::xxh3::Xxh3::new();
+            for t in &transfers {
+                t.hash_into(&mut ph);
+            }
+            let fingerprint = ph.digest();
+            h.update(&fingerprint.to_le_bytes());
+            peers.push(PeerPlan {
+                peer,
+                bytes: transfers.iter().map(Transfer::bytes).sum(),
+                transfers,
+                fingerprint,
+            });
+        }
+        Ok(RankPlan {
+            side,
+            rank,
+            peers,
+            fingerprint: h.digest(),
+        })
+    }
+}

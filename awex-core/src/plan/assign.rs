@@ -1,0 +1,243 @@
+//! Assigning every destination piece of one canonical tensor to one source rank.
+
+use super::{Pair, PlanError, Transfer};
+use crate::layout::{Dims, Holder, RankId, Region, Side};
+use crate::model::CanonicalTensor;
+
+/// Buffers reused across tensors of one rank's plan.
+#[derive(Default)]
+pub(super) struct Scratch {
+    ranks: Vec<RankId>,
+    loads: Vec<u64>,
+    ties: Vec<u64>,
+    cands: Vec<u32>,
+    pieces: Vec<Piece>,
+    order: Vec<u32>,
+}
+
+/// A candidate source: (index into the rank universe, index into the source holders).
+#[derive(Clone, Copy)]
+struct Cand {
+    rank: u32,
+    holder: u32,
+}
+
+struct Piece {
+    dst_rank: RankId,
+    dst_holder: u32,
+    cell: Region,
+    bytes: u64,
+    /// range into the flat candidate list
+    cands: (u32, u32),
+    chosen: u32,
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn holder_key(h: &Holder) -> (Region, &str, Dims) {
+    (h.region, &h.tensor, h.local_offset)
+}
+
+/// Offset in the local tensor of `cell`, given where the holder's region sits.
+fn local_at(h: &Holder, cell: &Region) -> Dims {
+    let mut off = h.local_offset;
+    let n = off.ndim();
+    let k = cell.ndim();
+    for d in 0..k {
+        let v = off.get(n - k + d) + cell.offset.get(d) - h.region.offset.get(d);
+        off.set(n - k + d, v);
+    }
+    off
+}
+
+/// Computes the assignment of one canonical tensor and emits the transfers that involve `me`.
+pub(super) fn assign_tensor(
+    pair: &Pair<'_>,
+    id: u32,
+    c: &CanonicalTensor,
+    side: Side,
+    me: RankId,
+    s: &mut Scratch,
+    emit: &mut dyn FnMut(Transfer),
+) -> Result<(), PlanError> {
+    let mut src = pair.training.holders(&c.name);
+    let mut dst = pair.inference.holders(&c.name);
+    src.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
+    dst.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
+    for h in src.iter_mut().chain(dst.iter_mut()) {
+        h.ranks.sort_unstable();
+    }
+
+    // the universe of source ranks, with loads and a per-tensor tie-break
+    s.ranks.clear();
+    for h in &src {
+        s.ranks.extend_from_slice(&h.ranks);
+    }
+    s.ranks.sort_unstable();
+    s.ranks.dedup();
+    s.loads.clear();
+    s.loads.resize(s.ranks.len(), 0);
+    s.ties.clear();
+    s.ties.extend(
+        s.ranks
+            .iter()
+            .map(|r| splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)),
+    );
+
+    // distinct source regions, each with its candidates
+    let mut regions: Vec<(Region, Vec<Cand>)> = Vec::new();
+    for (hi, h) in src.iter().enumerate() {
+        let pos = match regions.iter().position(|(r, _)| *r == h.region) {
+            Some(p) => p,
+            None => {
+                regions.push((h.region, Vec::new()));
+                regions.len() - 1
+            }
+        };
+        for r in &h.ranks {
+            let ri = s.ranks.binary_search(r).unwrap_or(0) as u32;
+            regions[pos].1.push(Cand {
+                rank: ri,
+                holder: hi as u32,
+            });
+        }
+    }
+
+    // cut every destination box into cells held by one set of source candidates
+    s.pieces.clear();
+    s.cands.clear();
+    let mut flat: Vec<Cand> = Vec::new();
+    let mut cells: Vec<(Region, (u32, u32))> = Vec::new();
+    for (dhi, dh) in dst.iter().enumerate() {
+        let want = dh.region;
+        cells.clear();
+        let hit: Vec<usize> = regions
+            .iter()
+            .enumerate()
+            .filter(|(_, (r, _))| r.intersect(&want).is_some())
+            .map(|(i, _)| i)
+            .collect();
+        let mut push_cell = |cell: Region, flat: &mut Vec<Cand>| -> Result<(), PlanError> {
+            let start = flat.len() as u32;
+            for &i in &hit {
+                if regions[i].0.contains(&cell) {
+                    flat.extend_from_slice(&regions[i].1);
+                }
+            }
+            if flat.len() as u32 == start {
+                return Err(PlanError::Uncovered {
+                    canonical: c.name.clone(),
+                    region: cell.to_string(),
+                    dst: dh.ranks.first().copied().unwrap_or(RankId::infer(0, 0)),
+                });
+            }
+            cells.push((cell, (start, flat.len() as u32)));
+            Ok(())
+        };
+        if let Some(&i) = hit.iter().find(|&&i| regions[i].0.contains(&want)) {
+            // common case: one source region holds the whole destination box
+            let _ = i;
+            push_cell(want, &mut flat)?;
+        } else {
+            let boxes: Vec<Region> = hit.iter().map(|&i| regions[i].0).collect();
+            let mut err = None;
+            crate::layout::ops::grid_cells(&want, &boxes, |cell| {
+                if err.is_none()
+                    && let Err(e) = push_cell(cell, &mut flat)
+                {
+                    err = Some(e);
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        for (cell, range) in &cells {
+            for cand in &flat[range.0 as usize..range.1 as usize] {
+                let sd = src[cand.holder as usize].dtype;
+                if !sd.converts_to(dh.dtype) {
+                    return Err(PlanError::DType {
+                        canonical: c.name.clone(),
+                        src: sd,
+                        dst: dh.dtype,
+                    });
+                }
+            }
+            for &r in &dh.ranks {
+                s.pieces.push(Piece {
+                    dst_rank: r,
+                    dst_holder: dhi as u32,
+                    cell: *cell,
+                    bytes: cell.numel() * dh.dtype.size() as u64,
+                    cands: *range,
+                    chosen: u32::MAX,
+                });
+            }
+        }
+    }
+
+    // greedy: largest pieces first, each to the least-loaded candidate (ties by a per-tensor hash)
+    s.order.clear();
+    s.order.extend(0..s.pieces.len() as u32);
+    {
+        let pieces = &s.pieces;
+        s.order.sort_by(|&a, &b| {
+            pieces[b as usize]
+                .bytes
+                .cmp(&pieces[a as usize].bytes)
+                .then(a.cmp(&b))
+        });
+    }
+    for &pi in &s.order {
+        let p = &mut s.pieces[pi as usize];
+        let mut best = u32::MAX;
+        let mut best_key = (u64::MAX, u64::MAX);
+        for (ci, cand) in flat[p.cands.0 as usize..p.cands.1 as usize]
+            .iter()
+            .enumerate()
+        {
+            let key = (s.loads[cand.rank as usize], s.ties[cand.rank as usize]);
+            if key < best_key {
+                best_key = key;
+                best = p.cands.0 + ci as u32;
+            }
+        }
+        p.chosen = best;
+        s.loads[flat[best as usize].rank as usize] += p.bytes;
+    }
+
+    // emit the pieces that involve this rank
+    for p in &s.pieces {
+        let cand = flat[p.chosen as usize];
+        let src_rank = s.ranks[cand.rank as usize];
+        let mine = match side {
+            Side::Training => src_rank == me,
+            Side::Inference => p.dst_rank == me,
+        };
+        if !mine {
+            continue;
+        }
+        let sh = &src[cand.holder as usize];
+        let dh = &dst[p.dst_holder as usize];
+        emit(Transfer {
+            src_rank,
+            dst_rank: p.dst_rank,
+            canonical: id,
+            src_tensor: sh.tensor.clone(),
+            src_shape: sh.tensor_shape,
+            src_offset: local_at(sh, &p.cell),
+            src_dtype: sh.dtype,
+            dst_tensor: dh.tensor.clone(),
+            dst_shape: dh.tensor_shape,
+            dst_offset: local_at(dh, &p.cell),
+            dst_dtype: dh.dtype,
+            extent: p.cell.extent,
+        });
+    }
+    Ok(())
+}
