@@ -1,4 +1,99 @@
-//! awex backend for sglang.
+//! awex backend for SGLang: the inference engines awex writes weights into.
+//!
+//! It knows SGLang's parameter names (`named_parameters()` of its model classes), how SGLang
+//! shards them over tensor and expert parallelism ([`layout`]), and how to recognise a running
+//! SGLang server and read its parallel config ([`detect`]). Several engines are replicas of one
+//! layout. The backend registers itself with awex-core's inventory under the name `sglang`.
+
+pub mod detect;
+pub mod layout;
+
+pub use detect::ServerInfo;
+pub use layout::{SglangConfigError, SglangLayout, padded_vocab};
+
+use awex_core::backend::{
+    Detection, InferenceBackend, InferenceRegistration, ParallelConfig, ParallelKey, Probe,
+};
+use awex_core::layout::{LayoutError, SideLayout};
+use awex_core::model::ModelSpec;
+use std::sync::Arc;
 
 /// The crate's name; referencing it links the crate (and its backend registration) into a binary.
 pub const CRATE: &str = env!("CARGO_PKG_NAME");
+
+/// The SGLang inference backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SglangBackend;
+
+/// Parallel keys of an SGLang deployment.
+const KEYS: &[ParallelKey] = &[
+    ParallelKey {
+        name: "tp",
+        default: Some(1),
+        help: "tensor-parallel size of each engine (--tp-size)",
+    },
+    ParallelKey {
+        name: "ep",
+        default: Some(1),
+        help: "expert-parallel size inside the TP group (--ep-size); must divide tp",
+    },
+    ParallelKey {
+        name: "engines",
+        default: Some(1),
+        help: "number of SGLang engines, each a full replica of the model",
+    },
+];
+
+impl SglangBackend {
+    /// The layout as its concrete type (`tp`, `ep`, `engines` from `parallel`, defaults filled in).
+    pub fn sglang_layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<SglangLayout, LayoutError> {
+        let p = parallel
+            .checked(KEYS, "sglang")
+            .map_err(|e| LayoutError::Config(e.to_string()))?;
+        Ok(SglangLayout::new(
+            model,
+            p.get_or("tp", 1),
+            p.get_or("ep", 1),
+            p.get_or("engines", 1),
+        )?)
+    }
+}
+
+#[async_trait::async_trait]
+impl InferenceBackend for SglangBackend {
+    fn name(&self) -> &'static str {
+        "sglang"
+    }
+
+    fn description(&self) -> &'static str {
+        "SGLang engines: fused qkv_proj / gate_up_proj split over TP (KV heads replicated when tp > KV heads), vocab padded to 64 (64*tp), FusedMoE w13/w2 split over EP x moe_tp; engines are replicas"
+    }
+
+    fn parallel_keys(&self) -> &'static [ParallelKey] {
+        KEYS
+    }
+
+    fn python_packages(&self) -> &'static [&'static str] {
+        &["sglang"]
+    }
+
+    fn layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<Arc<dyn SideLayout>, LayoutError> {
+        Ok(Arc::new(self.sglang_layout(model, parallel)?))
+    }
+
+    async fn detect(&self, probe: &Probe) -> Detection {
+        detect::detect(probe).await
+    }
+}
+
+awex_core::inventory::submit! {
+    InferenceRegistration(&SglangBackend)
+}
