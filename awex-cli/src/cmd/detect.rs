@@ -1,12 +1,114 @@
-//! `awex-cli detect`.
+//! `awex-cli detect`: which training and inference engines run here, with evidence.
 
+use awex_core::backend::{Detection, Probe, inference_backends, training_backends};
+use serde::Serialize;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Arguments of `awex-cli detect`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// A checkpoint directory to inspect.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Base URL of a running SGLang server (e.g. http://127.0.0.1:30000).
+    #[arg(long)]
+    pub sglang_url: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One backend's verdict.
+#[derive(Serialize, Debug)]
+pub struct Verdict {
+    /// Backend name.
+    pub backend: &'static str,
+    /// Score in [0, 1].
+    pub score: f64,
+    /// Reasons.
+    pub evidence: Vec<String>,
+    /// Parallel config, when known.
+    pub parallel: Option<awex_core::ParallelConfig>,
+}
+
+/// Both sides' verdicts, best first.
+#[derive(Serialize, Debug)]
+pub struct Report {
+    /// Training backends.
+    pub training: Vec<Verdict>,
+    /// Inference backends.
+    pub inference: Vec<Verdict>,
+}
+
+fn verdict(backend: &'static str, d: Detection) -> Verdict {
+    Verdict {
+        backend,
+        score: d.score,
+        evidence: d.evidence,
+        parallel: d.parallel,
+    }
+}
+
+/// Probes this machine with every registered backend.
+pub async fn detect(checkpoint: Option<PathBuf>, url: Option<String>) -> Report {
+    let mut packages: Vec<&str> = Vec::new();
+    for b in training_backends() {
+        packages.extend(b.python_packages());
+    }
+    for b in inference_backends() {
+        packages.extend(b.python_packages());
+    }
+    packages.sort();
+    packages.dedup();
+    let probe = Probe::gather(&packages, checkpoint, url).await;
+    let mut training = Vec::new();
+    for b in training_backends() {
+        training.push(verdict(b.name(), b.detect(&probe).await));
+    }
+    let mut inference = Vec::new();
+    for b in inference_backends() {
+        inference.push(verdict(b.name(), b.detect(&probe).await));
+    }
+    let by_score =
+        |a: &Verdict, b: &Verdict| b.score.total_cmp(&a.score).then(a.backend.cmp(b.backend));
+    training.sort_by(by_score);
+    inference.sort_by(by_score);
+    Report {
+        training,
+        inference,
+    }
+}
 
 /// Runs the subcommand.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`detect` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(detect(args.checkpoint, args.sglang_url));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (title, list) in [
+        ("training", &report.training),
+        ("inference", &report.inference),
+    ] {
+        println!("{title}:");
+        if list.is_empty() {
+            println!("  (no {title} backend compiled into this binary)");
+        }
+        for v in list {
+            let parallel = v
+                .parallel
+                .as_ref()
+                .map(|p| format!("  [{p}]"))
+                .unwrap_or_default();
+            println!("  {:<10} score {:.2}{parallel}", v.backend, v.score);
+            for e in &v.evidence {
+                println!("      - {e}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
