@@ -1,4 +1,61 @@
-//! awex backend for megatron.
+//! awex backend for Megatron-Core training jobs (GPT models, Transformer Engine layer spec).
+//!
+//! It names every parameter the way Megatron's `named_parameters()` does on each rank
+//! (`decoder.layers.{i}.self_attention.linear_qkv.weight`, `mlp.experts.linear_fc1.weight{j}`,
+//! `model{v}.` prefixes with virtual pipeline chunks) and places the canonical (HF) boxes
+//! inside them for any TP / PP / VPP / DP / CP / EP / ETP configuration, computed lazily per
+//! rank and per canonical tensor. It also recognises Megatron launches and checkpoints.
+
+mod config;
+mod detect;
+mod layout;
+mod names;
+
+pub use config::{Config, Coord, KEYS, VOCAB_DIVISIBLE_BY};
+pub use detect::TRACKER_FILE;
+pub use layout::MegatronLayout;
+
+use awex_core::backend::{Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend};
+use awex_core::layout::{LayoutError, SideLayout};
+use awex_core::model::ModelSpec;
+use std::sync::Arc;
 
 /// The crate's name; referencing it links the crate (and its backend registration) into a binary.
 pub const CRATE: &str = env!("CARGO_PKG_NAME");
+
+/// The Megatron-Core training backend (`megatron:tp=..,pp=..,...`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MegatronBackend;
+
+#[async_trait::async_trait]
+impl TrainingBackend for MegatronBackend {
+    fn name(&self) -> &'static str {
+        "megatron"
+    }
+
+    fn description(&self) -> &'static str {
+        "Megatron-Core GPT (Transformer Engine spec): TP/PP/VPP/DP/CP/EP/ETP, Q/K/V interleaved per query group, vocab padded to 128*tp"
+    }
+
+    fn parallel_keys(&self) -> &'static [ParallelKey] {
+        KEYS
+    }
+
+    fn python_packages(&self) -> &'static [&'static str] {
+        &["megatron.core", "megatron"]
+    }
+
+    fn layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<Arc<dyn SideLayout>, LayoutError> {
+        Ok(Arc::new(MegatronLayout::new(model, parallel)?))
+    }
+
+    async fn detect(&self, probe: &Probe) -> Detection {
+        detect::detect(probe)
+    }
+}
+
+awex_core::inventory::submit! { awex_core::backend::TrainingRegistration(&MegatronBackend) }

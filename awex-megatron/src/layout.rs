@@ -1,0 +1,526 @@
+//! The Megatron-Core training side as a lazily computed [`SideLayout`].
+//!
+//! Both directions go through one function, [`MegatronLayout::describe`], which gives the
+//! shape and the canonical pieces of one local parameter at one shard coordinate: a rank's
+//! layout calls it for the rank's parameters, and `holders(canonical)` calls it only for the
+//! few (parameter, shard) pairs the rules say can contain that canonical tensor.
+
+use crate::config::{Chunks, Config, Coord, Geometry};
+use crate::names::{Canon, LayerNames, Local, Split, chunk_prefix};
+use awex_core::layout::{
+    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side,
+    SideLayout,
+};
+use awex_core::model::ModelSpec;
+use awex_core::DType;
+use std::sync::{Arc, OnceLock};
+
+/// Which shard of a local parameter a rank holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shard {
+    /// A replicated parameter.
+    Whole,
+    /// TP rank.
+    Tp(u64),
+    /// EP rank and ETP rank.
+    Expert { ep: u64, etp: u64 },
+}
+
+/// One canonical box inside a local parameter.
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    canon: Canon,
+    region: Region,
+    local_offset: Dims,
+}
+
+/// Every training rank of a Megatron-Core job for one model and parallel config.
+pub struct MegatronLayout {
+    cfg: Config,
+    geo: Geometry,
+    chunks: Chunks,
+    layers: u64,
+    moe_layers: Vec<bool>,
+    tied: bool,
+    attention_bias: bool,
+    qk_norm: bool,
+    dtype: DType,
+    embedding: Arc<str>,
+    final_norm: Arc<str>,
+    output_layer: Arc<str>,
+    layer_names: Vec<OnceLock<LayerNames>>,
+}
+
+impl std::fmt::Debug for MegatronLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MegatronLayout")
+            .field("cfg", &self.cfg)
+            .field("layers", &self.layers)
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MegatronLayout {
+    /// Checks the config against the model and prepares the layout (names are built on first use).
+    pub fn new(model: &ModelSpec, parallel: &awex_core::ParallelConfig) -> Result<Self, LayoutError> {
+        let cfg = Config::resolve(parallel)?;
+        let geo = Geometry::new(model, &cfg)?;
+        let chunks = Chunks::new(model.num_layers, &cfg)?;
+        let first = chunk_prefix(cfg.vpp, 0);
+        let last = chunk_prefix(cfg.vpp, cfg.vpp - 1);
+        Ok(MegatronLayout {
+            geo,
+            chunks,
+            layers: model.num_layers,
+            moe_layers: (0..model.num_layers).map(|l| model.is_moe_layer(l)).collect(),
+            tied: model.tie_word_embeddings,
+            attention_bias: model.attention_bias,
+            qk_norm: model.qk_norm(),
+            dtype: if cfg.fp32 { DType::F32 } else { model.dtype },
+            embedding: Arc::from(format!("{first}embedding.word_embeddings.weight")),
+            final_norm: Arc::from(format!("{last}decoder.final_layernorm.weight")),
+            output_layer: Arc::from(format!("{last}output_layer.weight")),
+            layer_names: (0..model.num_layers).map(|_| OnceLock::new()).collect(),
+            cfg,
+        })
+    }
+
+    /// The resolved parallel config.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The local dtype of every parameter.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The coordinates of a training rank, or `None` outside the world.
+    pub fn coord(&self, rank: RankId) -> Option<Coord> {
+        (rank.engine == 0 && (rank.rank as u64) < self.cfg.world_size())
+            .then(|| self.cfg.coord(rank.rank as u64))
+    }
+
+    fn is_moe(&self, l: u64) -> bool {
+        self.moe_layers.get(l as usize).copied().unwrap_or(false)
+    }
+
+    fn names(&self, l: u64) -> &LayerNames {
+        self.layer_names[l as usize].get_or_init(|| {
+            let place = self.chunks.place(l);
+            let experts = if self.is_moe(l) {
+                self.geo.experts_local
+            } else {
+                0
+            };
+            LayerNames::new(&chunk_prefix(self.cfg.vpp, place.chunk), place.local, experts)
+        })
+    }
+
+    fn name(&self, local: Local) -> Arc<str> {
+        match local {
+            Local::Embedding => self.embedding.clone(),
+            Local::FinalNorm => self.final_norm.clone(),
+            Local::OutputLayer => self.output_layer.clone(),
+            Local::QkvNorm(l) => self.names(l).qkv_norm.clone(),
+            Local::Qkv(l) => self.names(l).qkv.clone(),
+            Local::QkvBias(l) => self.names(l).qkv_bias.clone(),
+            Local::QLayerNorm(l) => self.names(l).q_layernorm.clone(),
+            Local::KLayerNorm(l) => self.names(l).k_layernorm.clone(),
+            Local::Proj(l) => self.names(l).proj.clone(),
+            Local::Fc1Norm(l) => self.names(l).fc1_norm.clone(),
+            Local::Fc1(l) => self.names(l).fc1.clone(),
+            Local::Fc2(l) => self.names(l).fc2.clone(),
+            Local::PreMlpNorm(l) => self.names(l).pre_mlp_norm.clone(),
+            Local::Router(l) => self.names(l).router.clone(),
+            Local::ExpertFc1(l, j) => self.names(l).expert_fc1[j as usize].clone(),
+            Local::ExpertFc2(l, j) => self.names(l).expert_fc2[j as usize].clone(),
+        }
+    }
+
+    /// The local parameters of one layer, in Megatron's `named_parameters()` order.
+    fn layer_locals(&self, l: u64, out: &mut Vec<Local>) {
+        out.extend([Local::Proj(l), Local::QkvNorm(l), Local::Qkv(l)]);
+        if self.attention_bias {
+            out.push(Local::QkvBias(l));
+        }
+        if self.qk_norm {
+            out.extend([Local::QLayerNorm(l), Local::KLayerNorm(l)]);
+        }
+        if self.is_moe(l) {
+            out.extend([Local::PreMlpNorm(l), Local::Router(l)]);
+            let n = self.geo.experts_local;
+            out.extend((0..n).map(|j| Local::ExpertFc1(l, j)));
+            out.extend((0..n).map(|j| Local::ExpertFc2(l, j)));
+        } else {
+            out.extend([Local::Fc1Norm(l), Local::Fc1(l), Local::Fc2(l)]);
+        }
+    }
+
+    /// Every local parameter of pipeline stage `stage`, in order.
+    fn stage_locals(&self, stage: u64) -> Vec<Local> {
+        let (pp, vpp) = (self.cfg.pp, self.cfg.vpp);
+        let mut out = Vec::new();
+        for v in 0..vpp {
+            if stage == 0 && v == 0 {
+                out.push(Local::Embedding);
+            }
+            for l in self.chunks.layers(stage, v) {
+                self.layer_locals(l, &mut out);
+            }
+            if stage == pp - 1 && v == vpp - 1 {
+                out.push(Local::FinalNorm);
+                if !self.tied || pp > 1 {
+                    out.push(Local::OutputLayer);
+                }
+            }
+        }
+        out
+    }
+
+    /// Rows `[start, start + len)` of a canonical `[rows, cols]` matrix (or of a vector when `cols` is `None`).
+    fn rows(start: u64, len: u64, cols: Option<u64>) -> Region {
+        match cols {
+            Some(c) => Region::new([start, 0], [len, c]),
+            None => Region::new([start], [len]),
+        }
+    }
+
+    /// The pieces of linear_qkv (weight, or bias when `cols` is `None`) on TP rank `r`.
+    fn qkv_pieces(&self, l: u64, r: u64, cols: Option<u64>, f: &mut impl FnMut(Piece)) {
+        let g = &self.geo;
+        let (s0, s1) = (r * g.qkv_local_rows, (r + 1) * g.qkv_local_rows);
+        let bias = cols.is_none();
+        let at = |row: u64| match cols {
+            Some(_) => Dims::new(&[row, 0]),
+            None => Dims::new(&[row]),
+        };
+        for group in s0 / g.group_rows..=(s1 - 1) / g.group_rows {
+            let base = group * g.group_rows;
+            let blocks = [
+                (
+                    if bias { Canon::QBias(l) } else { Canon::Q(l) },
+                    base,
+                    g.group_q_rows,
+                    group * g.group_q_rows,
+                ),
+                (
+                    if bias { Canon::KBias(l) } else { Canon::K(l) },
+                    base + g.group_q_rows,
+                    g.head_dim,
+                    group * g.head_dim,
+                ),
+                (
+                    if bias { Canon::VBias(l) } else { Canon::V(l) },
+                    base + g.group_q_rows + g.head_dim,
+                    g.head_dim,
+                    group * g.head_dim,
+                ),
+            ];
+            for (canon, start, len, canon_row) in blocks {
+                let (lo, hi) = (start.max(s0), (start + len).min(s1));
+                if lo < hi {
+                    f(Piece {
+                        canon,
+                        region: Self::rows(canon_row + (lo - start), hi - lo, cols),
+                        local_offset: at(lo - s0),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The shape of local parameter `local` at shard `shard`, calling `f` for each canonical box in it.
+    fn describe(&self, local: Local, shard: Shard, f: &mut impl FnMut(Piece)) -> Dims {
+        let g = &self.geo;
+        let h = g.hidden;
+        let (tp_r, ep_r, etp_r) = match shard {
+            Shard::Whole => (0, 0, 0),
+            Shard::Tp(r) => (r, 0, 0),
+            Shard::Expert { ep, etp } => (0, ep, etp),
+        };
+        let whole = |f: &mut dyn FnMut(Piece), canon: Canon, shape: Dims| {
+            f(Piece {
+                canon,
+                region: Region::full(shape),
+                local_offset: Dims::zeros(shape.ndim()),
+            });
+            shape
+        };
+        match local {
+            Local::Embedding | Local::OutputLayer => {
+                let canon = match (local, self.tied) {
+                    (Local::OutputLayer, false) => Canon::LmHead,
+                    _ => Canon::Embed,
+                };
+                let per = g.vocab_local_rows;
+                let start = tp_r * per;
+                let end = (start + per).min(g.vocab);
+                if start < end {
+                    f(Piece {
+                        canon,
+                        region: Region::new([start, 0], [end - start, h]),
+                        local_offset: Dims::new(&[0, 0]),
+                    });
+                }
+                Dims::new(&[per, h])
+            }
+            Local::FinalNorm => whole(f, Canon::FinalNorm, Dims::new(&[h])),
+            Local::QkvNorm(l) => whole(f, Canon::InputNorm(l), Dims::new(&[h])),
+            Local::QLayerNorm(l) => whole(f, Canon::QNorm(l), Dims::new(&[g.head_dim])),
+            Local::KLayerNorm(l) => whole(f, Canon::KNorm(l), Dims::new(&[g.head_dim])),
+            Local::Fc1Norm(l) | Local::PreMlpNorm(l) => {
+                whole(f, Canon::PostNorm(l), Dims::new(&[h]))
+            }
+            Local::Router(l) => whole(f, Canon::Router(l), Dims::new(&[g.experts, h])),
+            Local::Qkv(l) => {
+                self.qkv_pieces(l, tp_r, Some(h), f);
+                Dims::new(&[g.qkv_local_rows, h])
+            }
+            Local::QkvBias(l) => {
+                self.qkv_pieces(l, tp_r, None, f);
+                Dims::new(&[g.qkv_local_rows])
+            }
+            Local::Proj(l) => {
+                let cols = g.q_rows / self.cfg.tp;
+                f(Piece {
+                    canon: Canon::O(l),
+                    region: Region::new([0, tp_r * cols], [h, cols]),
+                    local_offset: Dims::new(&[0, 0]),
+                });
+                Dims::new(&[h, cols])
+            }
+            Local::Fc1(l) => {
+                let n = g.inter_local;
+                for (i, canon) in [Canon::Gate(l), Canon::Up(l)].into_iter().enumerate() {
+                    f(Piece {
+                        canon,
+                        region: Region::new([tp_r * n, 0], [n, h]),
+                        local_offset: Dims::new(&[i as u64 * n, 0]),
+                    });
+                }
+                Dims::new(&[2 * n, h])
+            }
+            Local::Fc2(l) => {
+                let n = g.inter_local;
+                f(Piece {
+                    canon: Canon::Down(l),
+                    region: Region::new([0, tp_r * n], [h, n]),
+                    local_offset: Dims::new(&[0, 0]),
+                });
+                Dims::new(&[h, n])
+            }
+            Local::ExpertFc1(l, j) => {
+                let e = ep_r * g.experts_local + j;
+                let n = g.moe_inter_local;
+                for (i, canon) in [Canon::ExpertGate(l, e), Canon::ExpertUp(l, e)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    f(Piece {
+                        canon,
+                        region: Region::new([etp_r * n, 0], [n, h]),
+                        local_offset: Dims::new(&[i as u64 * n, 0]),
+                    });
+                }
+                Dims::new(&[2 * n, h])
+            }
+            Local::ExpertFc2(l, j) => {
+                let e = ep_r * g.experts_local + j;
+                let n = g.moe_inter_local;
+                f(Piece {
+                    canon: Canon::ExpertDown(l, e),
+                    region: Region::new([0, etp_r * n], [h, n]),
+                    local_offset: Dims::new(&[0, 0]),
+                });
+                Dims::new(&[h, n])
+            }
+        }
+    }
+
+    /// Whether the model has this canonical tensor.
+    fn exists(&self, c: Canon) -> bool {
+        let layer_ok = c.layer().is_none_or(|l| l < self.layers);
+        layer_ok
+            && match c {
+                Canon::LmHead => !self.tied,
+                Canon::QBias(_) | Canon::KBias(_) | Canon::VBias(_) => self.attention_bias,
+                Canon::QNorm(_) | Canon::KNorm(_) => self.qk_norm,
+                Canon::Gate(l) | Canon::Up(l) | Canon::Down(l) => !self.is_moe(l),
+                Canon::Router(l) => self.is_moe(l),
+                Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
+                    self.is_moe(l) && e < self.geo.experts
+                }
+                _ => true,
+            }
+    }
+
+    /// The local parameters (with their stage) that can hold canonical tensor `c`.
+    fn locals_of(&self, c: Canon) -> ([Option<(Local, u64)>; 2], Option<u64>) {
+        let last = self.cfg.pp - 1;
+        let stage = |l: u64| self.chunks.place(l).stage;
+        let one = |local: Local, s: u64| [Some((local, s)), None];
+        let mut expert = None;
+        let list = match c {
+            Canon::Embed => [
+                Some((Local::Embedding, 0)),
+                (self.tied && self.cfg.pp > 1).then_some((Local::OutputLayer, last)),
+            ],
+            Canon::LmHead => one(Local::OutputLayer, last),
+            Canon::FinalNorm => one(Local::FinalNorm, last),
+            Canon::InputNorm(l) => one(Local::QkvNorm(l), stage(l)),
+            Canon::Q(l) | Canon::K(l) | Canon::V(l) => one(Local::Qkv(l), stage(l)),
+            Canon::QBias(l) | Canon::KBias(l) | Canon::VBias(l) => {
+                one(Local::QkvBias(l), stage(l))
+            }
+            Canon::O(l) => one(Local::Proj(l), stage(l)),
+            Canon::QNorm(l) => one(Local::QLayerNorm(l), stage(l)),
+            Canon::KNorm(l) => one(Local::KLayerNorm(l), stage(l)),
+            Canon::PostNorm(l) if self.is_moe(l) => one(Local::PreMlpNorm(l), stage(l)),
+            Canon::PostNorm(l) => one(Local::Fc1Norm(l), stage(l)),
+            Canon::Gate(l) | Canon::Up(l) => one(Local::Fc1(l), stage(l)),
+            Canon::Down(l) => one(Local::Fc2(l), stage(l)),
+            Canon::Router(l) => one(Local::Router(l), stage(l)),
+            Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
+                let per = self.geo.experts_local;
+                expert = Some(e / per);
+                let j = e % per;
+                let local = match c {
+                    Canon::ExpertDown(..) => Local::ExpertFc2(l, j),
+                    _ => Local::ExpertFc1(l, j),
+                };
+                one(local, stage(l))
+            }
+        };
+        (list, expert)
+    }
+
+    /// Appends the holders of `target` inside `local` at `shard` of `stage`.
+    fn push_holders(
+        &self,
+        out: &mut Vec<Holder>,
+        target: Canon,
+        local: Local,
+        stage: u64,
+        shard: Shard,
+    ) {
+        let mut pieces: Vec<Piece> = Vec::new();
+        let shape = self.describe(local, shard, &mut |p| {
+            if p.canon == target {
+                pieces.push(p)
+            }
+        });
+        if pieces.is_empty() {
+            return;
+        }
+        let ranks = match shard {
+            Shard::Whole => self.cfg.stage_ranks(stage),
+            Shard::Tp(r) => self.cfg.tp_ranks(stage, r),
+            Shard::Expert { ep, etp } => self.cfg.expert_ranks(stage, ep, etp),
+        };
+        let tensor = self.name(local);
+        for p in pieces {
+            out.push(Holder {
+                ranks: ranks.clone(),
+                tensor: tensor.clone(),
+                tensor_shape: shape,
+                dtype: self.dtype,
+                region: p.region,
+                local_offset: p.local_offset,
+            });
+        }
+    }
+}
+
+impl SideLayout for MegatronLayout {
+    fn side(&self) -> Side {
+        Side::Training
+    }
+
+    fn ranks(&self) -> Vec<RankId> {
+        (0..self.cfg.world_size())
+            .map(|r| RankId::train(r as u32))
+            .collect()
+    }
+
+    fn world_size(&self) -> usize {
+        self.cfg.world_size() as usize
+    }
+
+    fn engines(&self) -> u32 {
+        1
+    }
+
+    fn rank_layout(&self, rank: RankId) -> Option<RankLayout> {
+        let c = self.coord(rank)?;
+        let locals = self.stage_locals(c.pp);
+        let mut tensors = Vec::with_capacity(locals.len());
+        // canonical names repeat within a tensor (q pieces of several groups): build each once
+        let mut names: Vec<(Canon, Arc<str>)> = Vec::new();
+        for local in locals {
+            let shard = match local.split() {
+                Split::Replicated => Shard::Whole,
+                Split::Tp => Shard::Tp(c.tp),
+                Split::Expert => Shard::Expert {
+                    ep: c.ep,
+                    etp: c.etp,
+                },
+            };
+            let mut placements = Vec::new();
+            names.clear();
+            let shape = self.describe(local, shard, &mut |p| {
+                let canonical = match names.iter().find(|(k, _)| *k == p.canon) {
+                    Some((_, n)) => n.clone(),
+                    None => {
+                        let n: Arc<str> = Arc::from(p.canon.name());
+                        names.push((p.canon, n.clone()));
+                        n
+                    }
+                };
+                placements.push(Placement {
+                    canonical,
+                    region: p.region,
+                    local_offset: p.local_offset,
+                });
+            });
+            tensors.push(LocalTensor {
+                name: self.name(local),
+                shape,
+                dtype: self.dtype,
+                placements,
+            });
+        }
+        Some(RankLayout { rank, tensors })
+    }
+
+    fn holders(&self, canonical: &str) -> Vec<Holder> {
+        let Some(target) = Canon::parse(canonical) else {
+            return Vec::new();
+        };
+        if !self.exists(target) {
+            return Vec::new();
+        }
+        let (locals, expert) = self.locals_of(target);
+        let mut out = Vec::new();
+        for (local, stage) in locals.into_iter().flatten() {
+            match local.split() {
+                Split::Replicated => {
+                    self.push_holders(&mut out, target, local, stage, Shard::Whole)
+                }
+                Split::Tp => {
+                    for r in 0..self.cfg.tp {
+                        self.push_holders(&mut out, target, local, stage, Shard::Tp(r));
+                    }
+                }
+                Split::Expert => {
+                    let ep = expert.unwrap_or(0);
+                    for etp in 0..self.cfg.etp {
+                        self.push_holders(&mut out, target, local, stage, Shard::Expert { ep, etp });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
