@@ -213,7 +213,13 @@ impl ModelSpec {
                 }
             };
             Some(MoeSpec {
-                num_experts: uint(cfg, "num_experts")?,
+                // Published Qwen3-MoE checkpoints write `num_experts`; transformers 5 writes
+                // `num_local_experts` when it saves a Qwen3-MoE model.
+                num_experts: match opt_uint(cfg, "num_experts")? {
+                    Some(n) => n,
+                    None => opt_uint(cfg, "num_local_experts")?
+                        .ok_or(ModelError::MissingField("num_experts"))?,
+                },
                 experts_per_token: uint(cfg, "num_experts_per_tok")?,
                 moe_intermediate_size: uint(cfg, "moe_intermediate_size")?,
                 decoder_sparse_step: opt_uint(cfg, "decoder_sparse_step")?.unwrap_or(1),
@@ -369,5 +375,372 @@ impl ModelSpec {
         s.name = String::new();
         let text = serde_json::to_string(&s).unwrap_or_default();
         xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A valid Qwen3 config (the qwen3-tiny sizes) to break one field at a time.
+    fn qwen3() -> Value {
+        json!({
+            "architectures": ["Qwen3ForCausalLM"],
+            "hidden_size": 64,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "vocab_size": 1000,
+            "tie_word_embeddings": false,
+            "dtype": "bfloat16"
+        })
+    }
+
+    /// A valid Qwen3-MoE config (the qwen3-moe-tiny sizes).
+    fn qwen3_moe() -> Value {
+        let mut cfg = qwen3();
+        cfg["architectures"] = json!(["Qwen3MoeForCausalLM"]);
+        cfg["num_experts"] = json!(8);
+        cfg["num_experts_per_tok"] = json!(2);
+        cfg["moe_intermediate_size"] = json!(32);
+        cfg["mlp_only_layers"] = json!([0]);
+        cfg
+    }
+
+    fn err(cfg: &Value) -> String {
+        match ModelSpec::from_config_value(cfg) {
+            Ok(spec) => panic!("config was accepted: {spec:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn parses_a_qwen3_config_into_its_sizes() {
+        let spec = ModelSpec::from_config_value(&qwen3()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            spec,
+            ModelSpec {
+                name: "Qwen3ForCausalLM".into(),
+                architecture: Architecture::Qwen3,
+                hidden_size: 64,
+                num_layers: 4,
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 16,
+                intermediate_size: 128,
+                vocab_size: 1000,
+                tie_word_embeddings: false,
+                attention_bias: false,
+                dtype: DType::Bf16,
+                moe: None,
+            }
+        );
+        assert_eq!(
+            Some(spec),
+            crate::model::presets::preset("qwen3-tiny").map(|p| ModelSpec {
+                name: "Qwen3ForCausalLM".into(),
+                ..p
+            })
+        );
+    }
+
+    #[test]
+    fn unknown_architecture_lists_the_supported_ones() {
+        let mut cfg = qwen3();
+        cfg["architectures"] = json!(["MistralForCausalLM"]);
+        assert_eq!(
+            err(&cfg),
+            "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
+             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM"
+        );
+    }
+
+    #[test]
+    fn architectures_that_is_not_a_list_of_names_is_rejected() {
+        let mut cfg = qwen3();
+        cfg["architectures"] = json!("Qwen3ForCausalLM");
+        assert_eq!(
+            err(&cfg),
+            "config.json field `architectures`: expected a list with one class name, e.g. \
+             [\"Qwen3ForCausalLM\"]"
+        );
+    }
+
+    #[test]
+    fn missing_hidden_size_is_named() {
+        let mut cfg = qwen3();
+        cfg.as_object_mut().map(|o| o.remove("hidden_size"));
+        assert_eq!(err(&cfg), "config.json has no `hidden_size`");
+        cfg["hidden_size"] = Value::Null;
+        assert_eq!(err(&cfg), "config.json has no `hidden_size`");
+    }
+
+    #[test]
+    fn missing_architectures_is_named() {
+        let mut cfg = qwen3();
+        cfg.as_object_mut().map(|o| o.remove("architectures"));
+        assert_eq!(err(&cfg), "config.json has no `architectures`");
+    }
+
+    #[test]
+    fn kv_heads_that_do_not_divide_heads_are_rejected() {
+        let mut cfg = qwen3();
+        cfg["num_key_value_heads"] = json!(3);
+        assert_eq!(
+            err(&cfg),
+            "inconsistent model sizes: num_key_value_heads=3 must divide num_attention_heads=4"
+        );
+    }
+
+    #[test]
+    fn missing_kv_heads_default_to_the_query_heads() {
+        let mut cfg = qwen3();
+        cfg.as_object_mut().map(|o| o.remove("num_key_value_heads"));
+        let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((spec.num_heads, spec.num_kv_heads), (4, 4));
+    }
+
+    #[test]
+    fn no_head_dim_with_heads_not_dividing_hidden_is_rejected() {
+        let mut cfg = qwen3();
+        cfg.as_object_mut().map(|o| o.remove("head_dim"));
+        cfg["num_attention_heads"] = json!(6);
+        cfg["num_key_value_heads"] = json!(2);
+        assert_eq!(
+            err(&cfg),
+            "inconsistent model sizes: config has no `head_dim` and num_attention_heads=6 does \
+             not divide hidden_size=64; set `head_dim` explicitly"
+        );
+    }
+
+    #[test]
+    fn no_head_dim_derives_it_from_hidden_over_heads() {
+        let mut cfg = qwen3();
+        cfg.as_object_mut().map(|o| o.remove("head_dim"));
+        cfg["num_attention_heads"] = json!(8);
+        let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec.head_dim, 8);
+    }
+
+    #[test]
+    fn explicit_head_dim_may_differ_from_hidden_over_heads() {
+        let mut cfg = qwen3();
+        cfg["head_dim"] = json!(32);
+        let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (spec.hidden_size, spec.num_heads, spec.head_dim),
+            (64, 4, 32)
+        );
+        assert_eq!((spec.q_size(), spec.kv_size()), (128, 64));
+    }
+
+    #[test]
+    fn a_string_where_an_integer_goes_is_rejected() {
+        let mut cfg = qwen3();
+        cfg["hidden_size"] = json!("64");
+        assert_eq!(
+            err(&cfg),
+            "config.json field `hidden_size`: expected a non-negative integer, found \"64\""
+        );
+        let mut cfg = qwen3();
+        cfg["vocab_size"] = json!(-1);
+        assert_eq!(
+            err(&cfg),
+            "config.json field `vocab_size`: expected a non-negative integer, found -1"
+        );
+        let mut cfg = qwen3();
+        cfg["head_dim"] = json!(16.5);
+        assert_eq!(
+            err(&cfg),
+            "config.json field `head_dim`: expected a non-negative integer, found 16.5"
+        );
+    }
+
+    #[test]
+    fn a_non_boolean_tie_word_embeddings_is_rejected() {
+        let mut cfg = qwen3();
+        cfg["tie_word_embeddings"] = json!("yes");
+        assert_eq!(
+            err(&cfg),
+            "config.json field `tie_word_embeddings`: expected true or false, found \"yes\""
+        );
+    }
+
+    #[test]
+    fn an_unknown_dtype_is_rejected() {
+        let mut cfg = qwen3();
+        cfg["dtype"] = json!("float8");
+        assert_eq!(
+            err(&cfg),
+            "config.json field `torch_dtype`: unknown dtype `float8`; supported: bf16, f16, f32, \
+             f64, u8, i8, i32, i64 (also torch/HF spellings such as bfloat16, float32)"
+        );
+    }
+
+    #[test]
+    fn zero_layers_are_rejected() {
+        let mut cfg = qwen3();
+        cfg["num_hidden_layers"] = json!(0);
+        assert_eq!(
+            err(&cfg),
+            "config.json field `num_hidden_layers`: must be at least 1"
+        );
+    }
+
+    #[test]
+    fn mlp_only_layers_out_of_range_is_rejected() {
+        let mut cfg = qwen3_moe();
+        cfg["mlp_only_layers"] = json!([0, 4]);
+        assert_eq!(
+            err(&cfg),
+            "inconsistent model sizes: mlp_only_layers names layer 4 but the model has 4 layers"
+        );
+    }
+
+    #[test]
+    fn mlp_only_layers_that_are_not_indices_are_rejected() {
+        let mut cfg = qwen3_moe();
+        cfg["mlp_only_layers"] = json!(["0"]);
+        assert_eq!(
+            err(&cfg),
+            "config.json field `mlp_only_layers`: expected layer indices, found \"0\""
+        );
+        cfg["mlp_only_layers"] = json!(0);
+        assert_eq!(
+            err(&cfg),
+            "config.json field `mlp_only_layers`: expected a list of layer indices, found 0"
+        );
+    }
+
+    #[test]
+    fn experts_per_token_above_the_expert_count_is_rejected() {
+        let mut cfg = qwen3_moe();
+        cfg["num_experts_per_tok"] = json!(9);
+        assert_eq!(
+            err(&cfg),
+            "inconsistent model sizes: num_experts_per_tok=9 must be between 1 and num_experts=8"
+        );
+    }
+
+    #[test]
+    fn moe_expert_count_is_read_from_num_experts_or_num_local_experts() {
+        let spec = ModelSpec::from_config_value(&qwen3_moe()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            spec.moe,
+            Some(MoeSpec {
+                num_experts: 8,
+                experts_per_token: 2,
+                moe_intermediate_size: 32,
+                decoder_sparse_step: 1,
+                mlp_only_layers: vec![0],
+            })
+        );
+        // transformers 5 saves Qwen3-MoE configs with `num_local_experts`.
+        let mut cfg = qwen3_moe();
+        cfg.as_object_mut().map(|o| o.remove("num_experts"));
+        cfg["num_local_experts"] = json!(8);
+        let local = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(local, spec);
+        // `num_experts` wins when both are present.
+        cfg["num_experts"] = json!(16);
+        let both = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(both.num_experts(), 16);
+        cfg.as_object_mut().map(|o| o.remove("num_experts"));
+        cfg.as_object_mut().map(|o| o.remove("num_local_experts"));
+        assert_eq!(err(&cfg), "config.json has no `num_experts`");
+    }
+
+    #[test]
+    fn invalid_json_is_reported_with_its_position() {
+        let e = ModelSpec::from_config_json("{\"hidden_size\": 64,")
+            .map(|s| s.name)
+            .map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err(
+                "config.json is not valid JSON: EOF while parsing a value at line 1 column 19"
+                    .to_string()
+            )
+        );
+        let e = ModelSpec::from_config_json("[1, 2]").map_err(|e| e.to_string());
+        assert_eq!(
+            e.map(|s| s.name),
+            Err("config.json is not valid JSON: config.json must hold a JSON object".to_string())
+        );
+    }
+
+    #[test]
+    fn resolve_of_an_unknown_name_lists_the_presets() {
+        let e = ModelSpec::resolve("qwen3-9b-does-not-exist").map_err(|e| e.to_string());
+        assert_eq!(
+            e.map(|s| s.name),
+            Err(
+                "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
+                 config.json or HF directory; presets: qwen3-tiny, qwen3-moe-tiny, qwen3-0.6b, \
+                 qwen3-8b, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t"
+                    .to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn resolve_reads_config_json_from_a_directory_and_a_file() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let mut cfg = qwen3();
+        cfg["_name_or_path"] = json!("org/tiny-qwen3");
+        let file = dir.path().join("config.json");
+        std::fs::write(&file, cfg.to_string()).unwrap_or_else(|e| panic!("write: {e}"));
+        let arg = dir
+            .path()
+            .to_str()
+            .unwrap_or_else(|| panic!("non-UTF-8 temp path"));
+        let from_dir = ModelSpec::resolve(arg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(from_dir.name, "org/tiny-qwen3");
+        assert_eq!(from_dir.architecture, Architecture::Qwen3);
+        assert_eq!(from_dir.hidden_size, 64);
+        let file_arg = file
+            .to_str()
+            .unwrap_or_else(|| panic!("non-UTF-8 temp path"));
+        let from_file = ModelSpec::resolve(file_arg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(from_file, from_dir);
+    }
+
+    #[test]
+    fn resolve_of_a_directory_without_config_json_names_the_missing_file() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let arg = dir
+            .path()
+            .to_str()
+            .unwrap_or_else(|| panic!("non-UTF-8 temp path"));
+        let e = ModelSpec::resolve(arg).map_err(|e| e.to_string());
+        assert_eq!(
+            e.map(|s| s.name),
+            Err(format!(
+                "cannot read {}: No such file or directory (os error 2)",
+                dir.path().join("config.json").display()
+            ))
+        );
+    }
+
+    #[test]
+    fn qwen2_always_has_attention_biases() {
+        let mut cfg = qwen3();
+        cfg["architectures"] = json!(["Qwen2ForCausalLM"]);
+        cfg["attention_bias"] = json!(false);
+        let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert!(spec.attention_bias);
+        assert!(!spec.qk_norm());
+    }
+
+    #[test]
+    fn legacy_torch_dtype_is_read() {
+        let mut cfg = qwen3();
+        cfg.as_object_mut().map(|o| o.remove("dtype"));
+        cfg["torch_dtype"] = json!("float32");
+        let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec.dtype, DType::F32);
     }
 }

@@ -1,0 +1,455 @@
+//! The canonical catalogue against what HuggingFace `transformers` really saves, and the presets.
+//!
+//! The fixtures in `tests/fixtures/hf/` were written by `tools/hf_fixtures.py` (see the README
+//! there): each holds a `config.json` saved by `transformers` and the names, shapes and dtypes of
+//! every tensor in the safetensors checkpoint saved beside it. transformers 5.17.0 fuses MoE
+//! experts in memory (`mlp.experts.gate_up_proj` [E, 2*I, H], `mlp.experts.down_proj` [E, H, I])
+//! but `save_pretrained` writes the per-expert `mlp.experts.{e}.{gate,up,down}_proj.weight`
+//! tensors of published Hub checkpoints, which is also what awex's catalogue names; the fixtures
+//! are compared as written, with no conversion.
+
+use awex_core::model::{Architecture, Catalogue, ModelSpec, presets};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Every fixture this file checks; `every_fixture_file_is_checked` keeps it in step with the folder.
+const FIXTURES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3-tied",
+    "qwen3-wide-head",
+    "qwen3-moe",
+    "qwen3-moe-step2",
+];
+
+/// One tensor as (name, shape, safetensors dtype name), the unit both sides are compared in.
+type Entry = (String, Vec<u64>, String);
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
+}
+
+fn load(name: &str) -> Value {
+    let path = fixture_dir().join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read fixture {}: {e}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("fixture {} is not JSON: {e}", path.display()))
+}
+
+fn fixture_entries(doc: &Value) -> Vec<Entry> {
+    let tensors = doc["tensors"]
+        .as_object()
+        .unwrap_or_else(|| panic!("fixture has no `tensors` object"));
+    let mut out: Vec<Entry> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let shape = t["shape"]
+                .as_array()
+                .unwrap_or_else(|| panic!("`{name}` has no shape list"))
+                .iter()
+                .map(|d| {
+                    d.as_u64()
+                        .unwrap_or_else(|| panic!("`{name}` has a non-integer dim {d}"))
+                })
+                .collect();
+            let dtype = t["dtype"]
+                .as_str()
+                .unwrap_or_else(|| panic!("`{name}` has no dtype string"))
+                .to_string();
+            (name.clone(), shape, dtype)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn catalogue_entries(cat: &Catalogue) -> Vec<Entry> {
+    let mut out: Vec<Entry> = cat
+        .tensors()
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.shape.as_slice().to_vec(),
+                t.dtype.safetensors_name().to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Describes the first place two sorted lists differ, or `None` when they are equal.
+fn first_difference(awex: &[Entry], hf: &[Entry]) -> Option<String> {
+    for (i, (a, h)) in awex.iter().zip(hf).enumerate() {
+        if a != h {
+            return Some(format!(
+                "at sorted index {i}: awex has {a:?}, transformers saved {h:?}"
+            ));
+        }
+    }
+    match awex.len().cmp(&hf.len()) {
+        std::cmp::Ordering::Equal => None,
+        std::cmp::Ordering::Greater => Some(format!(
+            "awex has {} more tensors, first {:?}",
+            awex.len() - hf.len(),
+            awex[hf.len()]
+        )),
+        std::cmp::Ordering::Less => Some(format!(
+            "transformers saved {} more tensors, first {:?}",
+            hf.len() - awex.len(),
+            hf[awex.len()]
+        )),
+    }
+}
+
+/// Parses the fixture's config, builds awex's catalogue, and asserts it equals the saved tensors.
+fn check_fixture(name: &str) -> ModelSpec {
+    let doc = load(name);
+    let spec = ModelSpec::from_config_value(&doc["config"])
+        .unwrap_or_else(|e| panic!("fixture {name}: config rejected: {e}"));
+    let awex = catalogue_entries(&Catalogue::of(&spec));
+    let hf = fixture_entries(&doc);
+    if let Some(diff) = first_difference(&awex, &hf) {
+        panic!(
+            "fixture {name} (transformers {}): catalogue differs from the saved checkpoint: {diff}",
+            doc["transformers_version"]
+        );
+    }
+    spec
+}
+
+fn names(cat: &Catalogue) -> BTreeSet<&str> {
+    cat.tensors().iter().map(|t| t.name.as_str()).collect()
+}
+
+#[test]
+fn first_difference_names_the_first_mismatch_and_any_extra_tensor() {
+    let e = |n: &str, s: &[u64]| (n.to_string(), s.to_vec(), "BF16".to_string());
+    let hf = vec![e("a", &[2, 3]), e("b", &[4])];
+    assert_eq!(first_difference(&hf, &hf), None);
+    assert_eq!(
+        first_difference(&[e("a", &[3, 2]), e("b", &[4])], &hf),
+        Some(
+            "at sorted index 0: awex has (\"a\", [3, 2], \"BF16\"), transformers saved \
+             (\"a\", [2, 3], \"BF16\")"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        first_difference(&hf[..1], &hf),
+        Some("transformers saved 1 more tensors, first (\"b\", [4], \"BF16\")".to_string())
+    );
+    assert_eq!(
+        first_difference(&hf, &hf[..1]),
+        Some("awex has 1 more tensors, first (\"b\", [4], \"BF16\")".to_string())
+    );
+}
+
+#[test]
+fn every_fixture_file_is_checked() {
+    let mut on_disk: Vec<String> = std::fs::read_dir(fixture_dir())
+        .unwrap_or_else(|e| panic!("cannot list fixtures: {e}"))
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .map(str::to_string)
+        })
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = FIXTURES.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed);
+}
+
+#[test]
+fn fixtures_record_the_transformers_and_torch_that_wrote_them() {
+    for name in FIXTURES {
+        let doc = load(name);
+        assert_eq!(doc["transformers_version"], "5.17.0", "{name}");
+        assert_eq!(doc["torch_version"], "2.11.0+cu130", "{name}");
+        assert_eq!(doc["config"]["dtype"], "bfloat16", "{name}");
+    }
+}
+
+#[test]
+fn llama_catalogue_matches_transformers() {
+    let spec = check_fixture("llama");
+    assert_eq!(spec.architecture, Architecture::Llama);
+    assert!(!spec.attention_bias);
+    assert_eq!(Catalogue::of(&spec).len(), 21);
+}
+
+#[test]
+fn qwen2_catalogue_matches_transformers_with_qkv_biases() {
+    let spec = check_fixture("qwen2");
+    assert_eq!(spec.architecture, Architecture::Qwen2);
+    // The saved Qwen2 config has no `attention_bias`; the biases come from the architecture.
+    assert!(load("qwen2")["config"].get("attention_bias").is_none());
+    assert!(spec.attention_bias);
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 27);
+    assert_eq!(
+        cat.get("model.layers.1.self_attn.k_proj.bias")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![32])
+    );
+}
+
+#[test]
+fn qwen3_catalogue_matches_transformers() {
+    let spec = check_fixture("qwen3");
+    assert_eq!(spec.architecture, Architecture::Qwen3);
+    assert_eq!(Catalogue::of(&spec).len(), 25);
+}
+
+#[test]
+fn qwen3_tied_catalogue_matches_transformers_without_lm_head() {
+    let spec = check_fixture("qwen3-tied");
+    assert!(spec.tie_word_embeddings);
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 24);
+    assert!(cat.get("lm_head.weight").is_none());
+}
+
+#[test]
+fn qwen3_wide_head_catalogue_matches_transformers() {
+    let spec = check_fixture("qwen3-wide-head");
+    assert_eq!(
+        (spec.hidden_size, spec.num_heads, spec.head_dim),
+        (64, 4, 32)
+    );
+    let cat = Catalogue::of(&spec);
+    assert_eq!(
+        cat.get("model.layers.0.self_attn.q_proj.weight")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![128, 64])
+    );
+    assert_eq!(
+        cat.get("model.layers.0.self_attn.o_proj.weight")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![64, 128])
+    );
+}
+
+#[test]
+fn qwen3_moe_catalogue_matches_transformers_per_expert_names() {
+    let spec = check_fixture("qwen3-moe");
+    // transformers 5 writes `num_local_experts`, not `num_experts`.
+    let cfg = &load("qwen3-moe")["config"];
+    assert_eq!(cfg["num_local_experts"], 8);
+    assert!(cfg.get("num_experts").is_none());
+    assert_eq!(spec.num_experts(), 8);
+    let moe_layers: Vec<u64> = (0..spec.num_layers)
+        .filter(|&l| spec.is_moe_layer(l))
+        .collect();
+    assert_eq!(moe_layers, vec![1, 2, 3]);
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 113);
+    assert!(cat.get("model.layers.0.mlp.gate_proj.weight").is_some());
+    assert!(cat.get("model.layers.0.mlp.gate.weight").is_none());
+    assert_eq!(
+        cat.get("model.layers.3.mlp.experts.7.down_proj.weight")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![64, 32])
+    );
+}
+
+#[test]
+fn qwen3_moe_sparse_step_catalogue_matches_transformers() {
+    let spec = check_fixture("qwen3-moe-step2");
+    let moe_layers: Vec<u64> = (0..spec.num_layers)
+        .filter(|&l| spec.is_moe_layer(l))
+        .collect();
+    assert_eq!(moe_layers, vec![1, 3]);
+    assert_eq!(Catalogue::of(&spec).len(), 91);
+}
+
+#[test]
+fn qwen3_moe_tiny_preset_equals_the_transformers_checkpoint() {
+    let spec = presets::preset("qwen3-moe-tiny").unwrap_or_else(|| panic!("no qwen3-moe-tiny"));
+    let awex = catalogue_entries(&Catalogue::of(&spec));
+    let hf = fixture_entries(&load("qwen3-moe"));
+    assert_eq!(first_difference(&awex, &hf), None);
+}
+
+#[test]
+fn every_preset_name_resolves_to_a_spec_of_that_name() {
+    for &name in presets::PRESET_NAMES {
+        let spec = ModelSpec::resolve(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(spec.name, name);
+        assert_eq!(spec.validate(), Ok(()), "{name}");
+        assert!(spec.architecture.has_qk_norm(), "{name}");
+    }
+    assert_eq!(presets::PRESET_NAMES.len(), 7);
+    assert!(presets::preset("qwen3-9b").is_none());
+}
+
+/// (hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied, experts, per token, moe intermediate)
+type Sizes = (u64, u64, u64, u64, u64, u64, u64, bool, u64, u64, u64);
+
+fn sizes(name: &str) -> Sizes {
+    let s = presets::preset(name).unwrap_or_else(|| panic!("no preset {name}"));
+    let (e, k, mi) = s.moe.as_ref().map_or((0, 0, 0), |m| {
+        (m.num_experts, m.experts_per_token, m.moe_intermediate_size)
+    });
+    (
+        s.hidden_size,
+        s.num_layers,
+        s.num_heads,
+        s.num_kv_heads,
+        s.head_dim,
+        s.intermediate_size,
+        s.vocab_size,
+        s.tie_word_embeddings,
+        e,
+        k,
+        mi,
+    )
+}
+
+#[test]
+fn presets_carry_the_published_sizes() {
+    assert_eq!(
+        sizes("qwen3-0.6b"),
+        (1024, 28, 16, 8, 128, 3072, 151936, true, 0, 0, 0)
+    );
+    assert_eq!(
+        sizes("qwen3-8b"),
+        (4096, 36, 32, 8, 128, 12288, 151936, false, 0, 0, 0)
+    );
+    assert_eq!(
+        sizes("qwen3-30b-a3b"),
+        (2048, 48, 32, 4, 128, 6144, 151936, false, 128, 8, 768)
+    );
+    assert_eq!(
+        sizes("qwen3-235b-a22b"),
+        (4096, 94, 64, 4, 128, 12288, 151936, false, 128, 8, 1536)
+    );
+    assert_eq!(
+        sizes("moe-1t"),
+        (7168, 64, 64, 8, 128, 18432, 163840, false, 384, 8, 2048)
+    );
+    assert_eq!(
+        sizes("qwen3-tiny"),
+        (64, 4, 4, 2, 16, 128, 1000, false, 0, 0, 0)
+    );
+    assert_eq!(
+        sizes("qwen3-moe-tiny"),
+        (64, 4, 4, 2, 16, 128, 1000, false, 8, 2, 32)
+    );
+}
+
+fn totals(name: &str) -> (usize, u64, u64) {
+    let spec = presets::preset(name).unwrap_or_else(|| panic!("no preset {name}"));
+    let cat = Catalogue::of(&spec);
+    let params: u64 = cat.tensors().iter().map(|t| t.numel()).sum();
+    (cat.len(), params, cat.total_bytes())
+}
+
+#[test]
+fn preset_catalogues_have_the_exact_parameter_counts() {
+    // (tensors, parameters, bf16 bytes)
+    assert_eq!(totals("qwen3-tiny"), (47, 276_160, 552_320));
+    assert_eq!(totals("qwen3-moe-tiny"), (113, 351_424, 702_848));
+    assert_eq!(totals("qwen3-0.6b"), (310, 596_049_920, 1_192_099_840));
+    // 8.19e9 parameters, 16.38 GB of bf16.
+    assert_eq!(totals("qwen3-8b"), (399, 8_190_735_360, 16_381_470_720));
+    assert_eq!(
+        totals("qwen3-30b-a3b"),
+        (18_867, 30_532_122_624, 61_064_245_248)
+    );
+    assert_eq!(
+        totals("qwen3-235b-a22b"),
+        (36_945, 235_093_634_560, 470_187_269_120)
+    );
+    // About 1.08e12 parameters.
+    assert_eq!(
+        totals("moe-1t"),
+        (73_157, 1_076_795_563_008, 2_153_591_126_016)
+    );
+}
+
+#[test]
+fn qwen3_0_6b_is_tied_and_has_no_lm_head() {
+    let spec = presets::preset("qwen3-0.6b").unwrap_or_else(|| panic!("no qwen3-0.6b"));
+    let cat = Catalogue::of(&spec);
+    assert!(cat.get("lm_head.weight").is_none());
+    assert_eq!(
+        cat.get("model.embed_tokens.weight")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![151936, 1024])
+    );
+    assert_eq!(
+        cat.tensors().last().map(|t| t.name.as_str()),
+        Some("model.norm.weight")
+    );
+}
+
+#[test]
+fn qwen3_8b_ends_with_an_untied_lm_head() {
+    let spec = presets::preset("qwen3-8b").unwrap_or_else(|| panic!("no qwen3-8b"));
+    let cat = Catalogue::of(&spec);
+    let last = cat
+        .tensors()
+        .last()
+        .map(|t| (t.name.as_str(), t.shape.as_slice().to_vec()));
+    assert_eq!(last, Some(("lm_head.weight", vec![151936, 4096])));
+}
+
+#[test]
+fn moe_1t_layer_0_is_dense_and_layer_1_has_384_experts() {
+    let spec = presets::preset("moe-1t").unwrap_or_else(|| panic!("no moe-1t"));
+    let cat = Catalogue::of(&spec);
+    let all = names(&cat);
+    let shape = |n: &str| cat.get(n).map(|t| t.shape.as_slice().to_vec());
+
+    let layer0: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("model.layers.0.mlp."))
+        .collect();
+    assert_eq!(
+        layer0,
+        vec![
+            "model.layers.0.mlp.down_proj.weight",
+            "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.0.mlp.up_proj.weight",
+        ]
+    );
+    assert_eq!(
+        shape("model.layers.0.mlp.gate_proj.weight"),
+        Some(vec![18432, 7168])
+    );
+
+    assert!(spec.is_moe_layer(1));
+    assert_eq!(
+        shape("model.layers.1.mlp.gate.weight"),
+        Some(vec![384, 7168])
+    );
+    let experts: BTreeSet<&str> = all
+        .iter()
+        .filter_map(|n| n.strip_prefix("model.layers.1.mlp.experts."))
+        .filter_map(|rest| rest.split('.').next())
+        .collect();
+    assert_eq!(experts.len(), 384);
+    assert_eq!(
+        shape("model.layers.1.mlp.experts.383.gate_proj.weight"),
+        Some(vec![2048, 7168])
+    );
+    assert_eq!(
+        shape("model.layers.1.mlp.experts.383.down_proj.weight"),
+        Some(vec![7168, 2048])
+    );
+    assert!(
+        cat.get("model.layers.1.mlp.experts.384.gate_proj.weight")
+            .is_none()
+    );
+    assert!(cat.get("model.layers.1.mlp.gate_proj.weight").is_none());
+    assert_eq!((1..64).filter(|&l| spec.is_moe_layer(l)).count(), 63);
+}

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Writes awex's HF catalogue fixtures: the tensors real `transformers` saves for tiny models.
+
+For each architecture awex supports, this builds a tiny config with transformers' own
+config classes, instantiates `AutoModelForCausalLM.from_config` in bf16 on the CPU,
+saves it with `save_pretrained(..., safe_serialization=True)`, and reads back the
+safetensors header(s): every tensor's name, shape and dtype as written on disk.
+
+Output: `$OUT/<name>.json` (or `--out DIR`) holding
+    {"transformers_version", "torch_version", "config": <saved config.json>,
+     "tensors": {name: {"shape": [...], "dtype": "BF16"}}}
+
+Usage (needs torch, transformers and no network):
+    PYTHONUNBUFFERED=1 python3 tools/hf_fixtures.py [--out DIR]
+
+The awex-core test `tests/catalogue.rs` compares `Catalogue::of` against these files.
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+import traceback
+
+import torch
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+# Sizes shared by every fixture: GQA (4 query heads over 2 KV heads), head_dim 16,
+# a vocabulary that is not a multiple of 64.
+COMMON = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=1000,
+    max_position_embeddings=128,
+)
+
+MOE = dict(
+    COMMON,
+    num_hidden_layers=4,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+)
+
+
+def fixtures():
+    """(name, config) for every fixture."""
+    return [
+        ("llama", LlamaConfig(**COMMON, attention_bias=False, tie_word_embeddings=False)),
+        ("qwen2", Qwen2Config(**COMMON, tie_word_embeddings=False)),
+        ("qwen3", Qwen3Config(**COMMON, tie_word_embeddings=False)),
+        ("qwen3-tied", Qwen3Config(**COMMON, tie_word_embeddings=True)),
+        # num_attention_heads * head_dim = 128 != hidden_size = 64.
+        ("qwen3-wide-head", Qwen3Config(**dict(COMMON, head_dim=32), tie_word_embeddings=False)),
+        # Layer 0 dense through mlp_only_layers; layers 1..3 MoE.
+        (
+            "qwen3-moe",
+            Qwen3MoeConfig(
+                **MOE, decoder_sparse_step=1, mlp_only_layers=[0], tie_word_embeddings=False
+            ),
+        ),
+        # Every second layer MoE: layers 1 and 3.
+        (
+            "qwen3-moe-step2",
+            Qwen3MoeConfig(
+                **MOE, decoder_sparse_step=2, mlp_only_layers=[], tie_word_embeddings=False
+            ),
+        ),
+    ]
+
+
+def read_header(path):
+    """The JSON header of one safetensors file, without `__metadata__`."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header
+
+
+def saved_tensors(directory):
+    """name -> {shape, dtype} over every safetensors file `save_pretrained` wrote."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(p for p in os.listdir(directory) if p.endswith(".safetensors"))
+    out = {}
+    for file in files:
+        for name, info in read_header(os.path.join(directory, file)).items():
+            if name in out:
+                raise SystemExit(f"{name} appears in two shards")
+            out[name] = {"shape": list(info["shape"]), "dtype": info["dtype"]}
+    return dict(sorted(out.items())), files
+
+
+def build(cfg):
+    """The model of `cfg`, in bf16 on the CPU."""
+    try:
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    except TypeError:
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    return model.to(torch.bfloat16)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "fixtures-out"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    failed = 0
+    for name, cfg in fixtures():
+        try:
+            torch.manual_seed(0)
+            model = build(cfg)
+            memory = {k: list(v.shape) for k, v in model.state_dict().items()}
+            with tempfile.TemporaryDirectory() as tmp:
+                model.save_pretrained(tmp, safe_serialization=True)
+                with open(os.path.join(tmp, "config.json")) as f:
+                    config = json.load(f)
+                tensors, files = saved_tensors(tmp)
+            doc = {
+                "transformers_version": transformers.__version__,
+                "torch_version": torch.__version__,
+                "config": config,
+                "tensors": tensors,
+            }
+            with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write("\n")
+            numel = sum(
+                int(torch.Size(t["shape"]).numel()) for t in tensors.values()
+            )
+            dtypes = sorted({t["dtype"] for t in tensors.values()})
+            print(
+                f"{name}: {config.get('architectures')} {len(tensors)} tensors, "
+                f"{numel} elements, dtypes {dtypes}, files {files}, "
+                f"config dtype {config.get('dtype', config.get('torch_dtype'))}"
+            )
+            if "moe" in name:
+                for k in sorted(tensors):
+                    if k.startswith("model.layers.1.mlp") and ".experts.1" not in k and not any(
+                        f".experts.{e}." in k for e in range(2, 8)
+                    ):
+                        print(f"  saved  {k} {tensors[k]['shape']}")
+                for k in sorted(memory):
+                    if k.startswith("model.layers.1.mlp"):
+                        print(f"  memory {k} {memory[k]}")
+                keys = [
+                    "decoder_sparse_step",
+                    "mlp_only_layers",
+                    "num_experts",
+                    "num_experts_per_tok",
+                    "moe_intermediate_size",
+                ]
+                print("  config", {k: config.get(k) for k in keys})
+            extra = sorted(set(memory) - set(tensors))
+            missing = sorted(set(tensors) - set(memory))
+            if extra or missing:
+                print(f"  in memory only: {extra[:12]}")
+                print(f"  on disk only:   {missing[:12]}")
+        except Exception:
+            failed += 1
+            print(f"{name}: FAILED")
+            traceback.print_exc()
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
