@@ -1,4 +1,98 @@
-//! awex backend for fsdp.
+//! awex backend for PyTorch FSDP2: the training jobs awex reads weights from.
+//!
+//! Parameters keep their HF module names; each is a DTensor sharded `Shard(0)` over the DP mesh
+//! with `torch.chunk` semantics, optionally replicated over HSDP groups and split over a TP mesh
+//! first ([`layout`]). [`detect`] recognises FSDP from Accelerate's and torchrun's environment
+//! and from torch distributed checkpoints. The backend registers itself under the name `fsdp`.
+
+pub mod detect;
+pub mod layout;
+
+pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk};
+
+use awex_core::backend::{
+    Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend, TrainingRegistration,
+};
+use awex_core::layout::{LayoutError, SideLayout};
+use awex_core::model::ModelSpec;
+use std::sync::Arc;
 
 /// The crate's name; referencing it links the crate (and its backend registration) into a binary.
 pub const CRATE: &str = env!("CARGO_PKG_NAME");
+
+/// The FSDP2 / HSDP training backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FsdpBackend;
+
+/// Parallel keys of an FSDP job: the `(replicate, dp, tp)` device mesh.
+const KEYS: &[ParallelKey] = &[
+    ParallelKey {
+        name: "dp",
+        default: Some(1),
+        help: "FSDP shard group size (ranks that shard each parameter's dim 0)",
+    },
+    ParallelKey {
+        name: "replicate",
+        default: Some(1),
+        help: "HSDP replicate groups (identical copies of the sharded model)",
+    },
+    ParallelKey {
+        name: "tp",
+        default: Some(1),
+        help: "tensor-parallel size of a 2-D (FSDP + TP) mesh; tp is the fastest mesh dim",
+    },
+];
+
+impl FsdpBackend {
+    /// The layout as its concrete type (`dp`, `replicate`, `tp` from `parallel`, defaults filled in).
+    pub fn fsdp_layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<FsdpLayout, LayoutError> {
+        let p = parallel
+            .checked(KEYS, "fsdp")
+            .map_err(|e| LayoutError::Config(e.to_string()))?;
+        Ok(FsdpLayout::new(
+            model,
+            p.get_or("dp", 1),
+            p.get_or("replicate", 1),
+            p.get_or("tp", 1),
+        )?)
+    }
+}
+
+#[async_trait::async_trait]
+impl TrainingBackend for FsdpBackend {
+    fn name(&self) -> &'static str {
+        "fsdp"
+    }
+
+    fn description(&self) -> &'static str {
+        "PyTorch FSDP2 / HSDP (+ TP): HF names, each parameter Shard(0) over dp with torch.chunk semantics, replicated over replicate groups, colwise/rowwise split over tp first"
+    }
+
+    fn parallel_keys(&self) -> &'static [ParallelKey] {
+        KEYS
+    }
+
+    fn python_packages(&self) -> &'static [&'static str] {
+        &["torch"]
+    }
+
+    fn layout(
+        &self,
+        model: &ModelSpec,
+        parallel: &ParallelConfig,
+    ) -> Result<Arc<dyn SideLayout>, LayoutError> {
+        Ok(Arc::new(self.fsdp_layout(model, parallel)?))
+    }
+
+    async fn detect(&self, probe: &Probe) -> Detection {
+        detect::detect(probe)
+    }
+}
+
+awex_core::inventory::submit! {
+    TrainingRegistration(&FsdpBackend)
+}

@@ -135,10 +135,10 @@ pub async fn detect(probe: &Probe) -> Detection {
             return d;
         }
     };
-    let version = info
-        .version
-        .as_deref()
-        .map_or_else(|| "SGLang (version not reported)".to_string(), |v| format!("SGLang {v}"));
+    let version = info.version.as_deref().map_or_else(
+        || "SGLang (version not reported)".to_string(),
+        |v| format!("SGLang {v}"),
+    );
     let model = info
         .model_path
         .as_deref()

@@ -7,8 +7,7 @@
 
 use awex_core::DType;
 use awex_core::layout::{
-    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side,
-    SideLayout,
+    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
 use awex_core::model::ModelSpec;
 use std::sync::Arc;
@@ -36,7 +35,9 @@ pub enum SglangConfigError {
         ep: u64,
     },
     /// Query heads must split evenly over TP.
-    #[error("model has {heads} attention heads; sglang tp={tp} needs num_attention_heads divisible by tp")]
+    #[error(
+        "model has {heads} attention heads; sglang tp={tp} needs num_attention_heads divisible by tp"
+    )]
     Heads {
         /// query heads
         heads: u64,
@@ -62,7 +63,9 @@ pub enum SglangConfigError {
         tp: u64,
     },
     /// Experts must split evenly over EP.
-    #[error("model has {experts} experts per MoE layer; sglang ep={ep} needs num_experts divisible by ep")]
+    #[error(
+        "model has {experts} experts per MoE layer; sglang ep={ep} needs num_experts divisible by ep"
+    )]
     Experts {
         /// routed experts
         experts: u64,
@@ -255,7 +258,12 @@ pub fn padded_vocab(vocab: u64, tp: u64) -> u64 {
 
 impl SglangLayout {
     /// Checks the config against the model and prepares the names; builds no rank.
-    pub fn new(spec: &ModelSpec, tp: u64, ep: u64, engines: u64) -> Result<Self, SglangConfigError> {
+    pub fn new(
+        spec: &ModelSpec,
+        tp: u64,
+        ep: u64,
+        engines: u64,
+    ) -> Result<Self, SglangConfigError> {
         for (key, v) in [("tp", tp), ("ep", ep), ("engines", engines)] {
             if v == 0 {
                 return Err(SglangConfigError::Zero { key });
@@ -514,9 +522,8 @@ impl SglangLayout {
             for j in 0..ne {
                 let e = ep_rank * ne + j;
                 let prefix = &n.experts_prefix;
-                let name = |part: &str| -> Arc<str> {
-                    Arc::from(format!("{prefix}{e}.{part}.weight"))
-                };
+                let name =
+                    |part: &str| -> Arc<str> { Arc::from(format!("{prefix}{e}.{part}.weight")) };
                 w13.push(Placement {
                     canonical: name("gate_proj"),
                     region: Region::new([m * mi, 0], [mi, h]),
@@ -705,7 +712,12 @@ impl SglangLayout {
     fn split_holders(&self, tensor: &Arc<str>, shape: Dims, dim: usize, per: u64) -> Vec<Holder> {
         (0..u64::from(self.tp))
             .map(|r| {
-                let region = Region::slice(shape_full(shape, dim, per * u64::from(self.tp)), dim, r * per, per);
+                let region = Region::slice(
+                    shape_full(shape, dim, per * u64::from(self.tp)),
+                    dim,
+                    r * per,
+                    per,
+                );
                 self.holder(
                     self.engine_ranks(r),
                     tensor,
