@@ -1,0 +1,210 @@
+//! Every model x config: valid ranks, holders agreeing with the rank view, full coverage per
+//! engine, and materialize -> reconstruct giving back the canonical bytes.
+
+mod common;
+
+use awex_core::DType;
+use awex_core::backend::{InferenceBackend, ParallelConfig};
+use awex_core::model::presets::preset;
+use awex_core::model::{Architecture, Catalogue, ModelSpec, MoeSpec};
+use awex_sglang::{SglangBackend, SglangConfigError, SglangLayout};
+use proptest::prelude::*;
+
+fn qwen2_bias() -> ModelSpec {
+    ModelSpec {
+        name: "qwen2-bias-tiny".into(),
+        architecture: Architecture::Qwen2,
+        attention_bias: true,
+        ..preset("qwen3-tiny").expect("preset")
+    }
+}
+
+fn tied() -> ModelSpec {
+    ModelSpec {
+        tie_word_embeddings: true,
+        ..preset("qwen3-tiny").expect("preset")
+    }
+}
+
+fn tied_moe() -> ModelSpec {
+    ModelSpec {
+        tie_word_embeddings: true,
+        ..preset("qwen3-moe-tiny").expect("preset")
+    }
+}
+
+fn check(spec: &ModelSpec, tp: u64, ep: u64, engines: u64) {
+    let cat = Catalogue::of(spec);
+    let side = SglangBackend
+        .layout(
+            spec,
+            &ParallelConfig::from_pairs([("tp", tp), ("ep", ep), ("engines", engines)]),
+        )
+        .unwrap_or_else(|e| panic!("{} tp={tp} ep={ep} engines={engines}: {e}", spec.name));
+    common::check_side(side.as_ref(), &cat);
+}
+
+const DENSE_CONFIGS: &[(u64, u64, u64)] = &[
+    (1, 1, 1),
+    (2, 1, 1),
+    (4, 1, 1),
+    (2, 1, 2),
+    (4, 2, 2),
+    (4, 4, 1),
+];
+const MOE_CONFIGS: &[(u64, u64, u64)] = &[
+    (1, 1, 1),
+    (2, 1, 1),
+    (2, 2, 2),
+    (4, 1, 1),
+    (4, 2, 1),
+    (4, 4, 2),
+];
+
+#[test]
+fn qwen3_tiny_round_trips_in_every_config() {
+    for &(tp, ep, engines) in DENSE_CONFIGS {
+        check(&preset("qwen3-tiny").expect("preset"), tp, ep, engines);
+    }
+}
+
+#[test]
+fn qwen3_moe_tiny_round_trips_in_every_config() {
+    for &(tp, ep, engines) in MOE_CONFIGS {
+        check(&preset("qwen3-moe-tiny").expect("preset"), tp, ep, engines);
+    }
+}
+
+#[test]
+fn qwen2_with_attention_bias_round_trips_in_every_config() {
+    for &(tp, ep, engines) in DENSE_CONFIGS {
+        check(&qwen2_bias(), tp, ep, engines);
+    }
+}
+
+#[test]
+fn tied_models_round_trip_in_every_config() {
+    for &(tp, ep, engines) in DENSE_CONFIGS {
+        check(&tied(), tp, ep, engines);
+    }
+    for &(tp, ep, engines) in MOE_CONFIGS {
+        check(&tied_moe(), tp, ep, engines);
+    }
+}
+
+#[test]
+fn uneven_vocab_padding_round_trips_at_tp3() {
+    let spec = ModelSpec {
+        num_heads: 6,
+        num_kv_heads: 3,
+        intermediate_size: 96,
+        ..preset("qwen3-tiny").expect("preset")
+    };
+    check(&spec, 3, 1, 2);
+    check(&spec, 6, 1, 1);
+}
+
+/// The error SGLang's rules predict for a config, checked in the same order as the layout.
+fn predicted_error(spec: &ModelSpec, tp: u64, ep: u64) -> Option<SglangConfigError> {
+    let kv = spec.num_kv_heads;
+    let moe = spec.moe.as_ref();
+    if tp % ep != 0 {
+        return Some(SglangConfigError::EpNotDividingTp { tp, ep });
+    }
+    if spec.num_heads % tp != 0 {
+        return Some(SglangConfigError::Heads {
+            heads: spec.num_heads,
+            tp,
+        });
+    }
+    let kv_ok = if tp <= kv { kv % tp == 0 } else { tp % kv == 0 };
+    if !kv_ok {
+        return Some(SglangConfigError::KvHeads { kv_heads: kv, tp });
+    }
+    let dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
+    if dense && spec.intermediate_size % tp != 0 {
+        return Some(SglangConfigError::Intermediate {
+            size: spec.intermediate_size,
+            tp,
+        });
+    }
+    if let Some(m) = moe.filter(|_| (0..spec.num_layers).any(|l| spec.is_moe_layer(l))) {
+        if m.num_experts % ep != 0 {
+            return Some(SglangConfigError::Experts {
+                experts: m.num_experts,
+                ep,
+            });
+        }
+        if m.moe_intermediate_size % (tp / ep) != 0 {
+            return Some(SglangConfigError::MoeIntermediate {
+                size: m.moe_intermediate_size,
+                moe_tp: tp / ep,
+                tp,
+                ep,
+            });
+        }
+    }
+    None
+}
+
+prop_compose! {
+    fn small_spec()(
+        kv in prop::sample::select(vec![1u64, 2, 3, 4]),
+        group in 1u64..=3,
+        head_dim in prop::sample::select(vec![2u64, 4]),
+        hidden in prop::sample::select(vec![4u64, 8]),
+        inter in prop::sample::select(vec![4u64, 6, 8, 12]),
+        vocab in 1u64..200,
+        layers in 1u64..=3,
+        tied in any::<bool>(),
+        bias in any::<bool>(),
+        moe in prop::option::of((prop::sample::select(vec![2u64, 3, 4, 8]), prop::sample::select(vec![2u64, 4, 6]), 1u64..=2, any::<bool>())),
+        f32 in any::<bool>(),
+    ) -> ModelSpec {
+        let arch = match (moe.is_some(), bias) {
+            (true, _) => Architecture::Qwen3Moe,
+            (false, true) => Architecture::Qwen2,
+            (false, false) => Architecture::Llama,
+        };
+        ModelSpec {
+            name: "prop".into(),
+            architecture: arch,
+            hidden_size: hidden,
+            num_layers: layers,
+            num_heads: kv * group,
+            num_kv_heads: kv,
+            head_dim,
+            intermediate_size: inter,
+            vocab_size: vocab,
+            tie_word_embeddings: tied,
+            attention_bias: bias,
+            dtype: if f32 { DType::F32 } else { DType::Bf16 },
+            moe: moe.map(|(experts, mi, step, dense0)| MoeSpec {
+                num_experts: experts,
+                experts_per_token: 1,
+                moe_intermediate_size: mi,
+                decoder_sparse_step: step,
+                mlp_only_layers: if dense0 { vec![0] } else { vec![] },
+            }),
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_accepted_config_round_trips_and_any_refused_one_says_why(
+        spec in small_spec(),
+        tp in prop::sample::select(vec![1u64, 2, 3, 4, 6, 8]),
+        ep in prop::sample::select(vec![1u64, 2, 4]),
+        engines in 1u64..=2,
+    ) {
+        match (SglangLayout::new(&spec, tp, ep, engines), predicted_error(&spec, tp, ep)) {
+            (Ok(side), None) => common::check_side(&side, &Catalogue::of(&spec)),
+            (Err(got), Some(want)) => prop_assert_eq!(got, want),
+            (Ok(_), Some(want)) => prop_assert!(false, "accepted, but the rules say: {}", want),
+            (Err(got), None) => prop_assert!(false, "refused: {}", got),
+        }
+    }
+}
