@@ -499,7 +499,14 @@ mod tests {
 
     #[test]
     fn rank_coordinates_follow_tp_cp_ep_dp_pp_order() {
-        let c = cfg(&[("tp", 2), ("cp", 2), ("dp", 2), ("pp", 2), ("ep", 2), ("etp", 1)]);
+        let c = cfg(&[
+            ("tp", 2),
+            ("cp", 2),
+            ("dp", 2),
+            ("pp", 2),
+            ("ep", 2),
+            ("etp", 1),
+        ]);
         // 13 = tp 1 + 2 * (cp 0 + 2 * (dp 1 + 2 * pp 1))
         let k = c.coord(13);
         assert_eq!((k.tp, k.cp, k.dp, k.pp), (1, 0, 1, 1));
@@ -510,7 +517,11 @@ mod tests {
 
     #[test]
     fn explicit_stage_sizes_split_the_rest_evenly() {
-        let c = cfg(&[("pp", 4), ("first_stage_layers", 1), ("last_stage_layers", 3)]);
+        let c = cfg(&[
+            ("pp", 4),
+            ("first_stage_layers", 1),
+            ("last_stage_layers", 3),
+        ]);
         let ch = Chunks::new(10, &c).unwrap();
         assert_eq!(ch.layers(0, 0), 0..1);
         assert_eq!(ch.layers(1, 0), 1..4);

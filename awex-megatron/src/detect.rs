@@ -46,13 +46,13 @@ fn inspect_checkpoint(dir: &Path, d: &mut Detection) {
     let mut iteration_dir = None;
     if let Ok(text) = fs::read_to_string(&tracker) {
         let it = text.trim();
-        d.add(
-            0.4,
-            format!("{} names iteration `{it}`", tracker.display()),
-        );
+        d.add(0.4, format!("{} names iteration `{it}`", tracker.display()));
         iteration_dir = match it {
             "release" => Some(dir.join("release")),
-            n => n.parse::<u64>().ok().map(|n| dir.join(format!("iter_{n:07}"))),
+            n => n
+                .parse::<u64>()
+                .ok()
+                .map(|n| dir.join(format!("iter_{n:07}"))),
         }
         .filter(|p| p.is_dir());
     }

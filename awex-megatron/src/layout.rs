@@ -7,12 +7,11 @@
 
 use crate::config::{Chunks, Config, Coord, Geometry};
 use crate::names::{Canon, LayerNames, Local, Split, chunk_prefix};
+use awex_core::DType;
 use awex_core::layout::{
-    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side,
-    SideLayout,
+    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
 use awex_core::model::ModelSpec;
-use awex_core::DType;
 use std::sync::{Arc, OnceLock};
 
 /// Which shard of a local parameter a rank holds.
@@ -63,7 +62,10 @@ impl std::fmt::Debug for MegatronLayout {
 
 impl MegatronLayout {
     /// Checks the config against the model and prepares the layout (names are built on first use).
-    pub fn new(model: &ModelSpec, parallel: &awex_core::ParallelConfig) -> Result<Self, LayoutError> {
+    pub fn new(
+        model: &ModelSpec,
+        parallel: &awex_core::ParallelConfig,
+    ) -> Result<Self, LayoutError> {
         let cfg = Config::resolve(parallel)?;
         let geo = Geometry::new(model, &cfg)?;
         let chunks = Chunks::new(model.num_layers, &cfg)?;
@@ -73,7 +75,9 @@ impl MegatronLayout {
             geo,
             chunks,
             layers: model.num_layers,
-            moe_layers: (0..model.num_layers).map(|l| model.is_moe_layer(l)).collect(),
+            moe_layers: (0..model.num_layers)
+                .map(|l| model.is_moe_layer(l))
+                .collect(),
             tied: model.tie_word_embeddings,
             attention_bias: model.attention_bias,
             qk_norm: model.qk_norm(),
@@ -114,7 +118,11 @@ impl MegatronLayout {
             } else {
                 0
             };
-            LayerNames::new(&chunk_prefix(self.cfg.vpp, place.chunk), place.local, experts)
+            LayerNames::new(
+                &chunk_prefix(self.cfg.vpp, place.chunk),
+                place.local,
+                experts,
+            )
         })
     }
 
@@ -371,9 +379,7 @@ impl MegatronLayout {
             Canon::FinalNorm => one(Local::FinalNorm, last),
             Canon::InputNorm(l) => one(Local::QkvNorm(l), stage(l)),
             Canon::Q(l) | Canon::K(l) | Canon::V(l) => one(Local::Qkv(l), stage(l)),
-            Canon::QBias(l) | Canon::KBias(l) | Canon::VBias(l) => {
-                one(Local::QkvBias(l), stage(l))
-            }
+            Canon::QBias(l) | Canon::KBias(l) | Canon::VBias(l) => one(Local::QkvBias(l), stage(l)),
             Canon::O(l) => one(Local::Proj(l), stage(l)),
             Canon::QNorm(l) => one(Local::QLayerNorm(l), stage(l)),
             Canon::KNorm(l) => one(Local::KLayerNorm(l), stage(l)),
@@ -516,7 +522,13 @@ impl SideLayout for MegatronLayout {
                 Split::Expert => {
                     let ep = expert.unwrap_or(0);
                     for etp in 0..self.cfg.etp {
-                        self.push_holders(&mut out, target, local, stage, Shard::Expert { ep, etp });
+                        self.push_holders(
+                            &mut out,
+                            target,
+                            local,
+                            stage,
+                            Shard::Expert { ep, etp },
+                        );
                     }
                 }
             }
