@@ -6,7 +6,9 @@
 //! implement and register ([`backend`]).
 
 pub mod backend;
+pub mod client;
 pub mod dtype;
+pub mod gateway;
 pub mod layout;
 pub mod model;
 pub mod plan;
