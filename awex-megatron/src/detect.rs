@@ -78,6 +78,9 @@ fn latest_iteration_dir(dir: &Path) -> Option<PathBuf> {
 }
 
 /// Parses `mp_rank_{tp:02}`, `mp_rank_{tp:02}_{pp:03}` or `mp_rank_{tp:02}_{pp:03}_{ep:03}`.
+///
+/// Two fields are read as (tp, pp): Megatron also writes `mp_rank_{tp:02}_{ep:03}` when pp = 1
+/// and ep > 1, which the names alone cannot tell apart from a pipeline split.
 fn parse_shard_dir(name: &str) -> Option<Vec<u64>> {
     let fields: Vec<&str> = name.strip_prefix("mp_rank_")?.split('_').collect();
     let widths = [2, 3, 3];
