@@ -5,6 +5,8 @@
 //! first ([`layout`]). [`detect`] recognises FSDP from Accelerate's and torchrun's environment
 //! and from torch distributed checkpoints. The backend registers itself under the name `fsdp`.
 
+#![warn(missing_docs)]
+
 pub mod detect;
 pub mod layout;
 

@@ -586,10 +586,7 @@ impl SglangLayout {
         }
         let rest = name.strip_prefix("model.layers.")?;
         let (l, rest) = rest.split_once('.')?;
-        if l.len() > 1 && l.starts_with('0') {
-            return None;
-        }
-        let l: u64 = l.parse().ok()?;
+        let l = parse_index(l)?;
         if l >= self.num_layers {
             return None;
         }
@@ -613,10 +610,7 @@ impl SglangLayout {
             _ if moe => {
                 let rest = rest.strip_prefix("mlp.experts.")?;
                 let (e, part) = rest.split_once('.')?;
-                if e.len() > 1 && e.starts_with('0') {
-                    return None;
-                }
-                let e: u64 = e.parse().ok()?;
+                let e = parse_index(e)?;
                 if e >= self.d.experts {
                     return None;
                 }
@@ -774,6 +768,15 @@ impl SglangLayout {
             })
             .collect()
     }
+}
+
+/// Parses a decimal index as PyTorch module names write it (no sign, no leading zeros).
+fn parse_index(s: &str) -> Option<u64> {
+    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (s.len() > 1 && s.starts_with('0')) {
+        return None;
+    }
+    s.parse().ok()
 }
 
 /// `shape` with dimension `dim` replaced by `full` (the canonical extent of a TP-split dim).

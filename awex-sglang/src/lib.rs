@@ -5,6 +5,8 @@
 //! SGLang server and read its parallel config ([`detect`]). Several engines are replicas of one
 //! layout. The backend registers itself with awex-core's inventory under the name `sglang`.
 
+#![warn(missing_docs)]
+
 pub mod detect;
 pub mod layout;
 

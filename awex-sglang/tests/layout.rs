@@ -528,6 +528,7 @@ fn holders_of_unknown_or_absent_names_are_empty() {
     for name in [
         "model.layers.4.input_layernorm.weight",
         "model.layers.01.input_layernorm.weight",
+        "model.layers.+1.input_layernorm.weight",
         "model.layers.1.mlp.gate_proj.weight",
         "model.layers.0.mlp.gate.weight",
         "model.layers.1.mlp.experts.8.gate_proj.weight",
