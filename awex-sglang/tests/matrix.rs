@@ -191,7 +191,7 @@ prop_compose! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 768, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn any_accepted_config_round_trips_and_any_refused_one_says_why(
