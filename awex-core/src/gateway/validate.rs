@@ -193,7 +193,7 @@ pub(crate) fn first_difference(training: &Catalogue, inference: &Catalogue) -> O
         if !t.dtype.converts_to(i.dtype) {
             return Some(format!(
                 "tensor `{}` is {} {} on the training side and {} {} on the inference side; awex cannot convert {} to {}",
-                t.name, t.shape, t.dtype, i.shape, i.dtype, t.dtype, i.dtype
+                t.name, t.dtype, t.shape, i.dtype, i.shape, t.dtype, i.dtype
             ));
         }
     }

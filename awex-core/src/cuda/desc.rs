@@ -1,0 +1,497 @@
+//! From planned boxes to device copy descriptors: the geometry of the CUDA data path.
+//!
+//! A [`Transfer`] moves one box between two row-major tensors; [`StridedBox`] reduces it to
+//! contiguous runs with strides. Here those runs become [`CopyDesc`]s, each one driver call:
+//! a plain linear copy (one run), a pitched 2-D copy (runs repeated over one outer dimension,
+//! `cuMemcpy2DAsync`), or a pitched 3-D copy (two outer dimensions, `cuMemcpy3DAsync`). A
+//! fourth dimension, or strides the driver cannot express, is looped over on the host. This is a
+//! pure function, so the exact byte ranges are tested on any machine.
+
+use super::CudaError;
+use crate::layout::copy::StridedBox;
+use crate::plan::Transfer;
+
+/// The largest row pitch, in bytes, that the driver accepts for pitched copies
+/// (`CU_DEVICE_ATTRIBUTE_MAX_PITCH` on every current NVIDIA GPU).
+pub const MAX_PITCH: u64 = (1 << 31) - 1;
+
+/// Which driver call a descriptor needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyKind {
+    /// One contiguous range (`cuMemcpyDtoDAsync`).
+    Linear,
+    /// Rows with a pitch on each side (`cuMemcpy2DAsync`).
+    Pitched2D,
+    /// Slices of rows (`cuMemcpy3DAsync`).
+    Pitched3D,
+}
+
+/// One device-to-device copy: `depth` slices of `height` rows of `width` bytes.
+///
+/// Row `y` of slice `z` starts at `src + (z * src_rows + y) * src_pitch` and lands at
+/// `dst + (z * dst_rows + y) * dst_pitch`, as in the driver's `CUDA_MEMCPY3D`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CopyDesc {
+    /// Address of the first source byte.
+    pub src: u64,
+    /// Address of the first destination byte.
+    pub dst: u64,
+    /// Bytes per row.
+    pub width: u64,
+    /// Rows per slice.
+    pub height: u64,
+    /// Slices.
+    pub depth: u64,
+    /// Bytes from one source row to the next.
+    pub src_pitch: u64,
+    /// Bytes from one destination row to the next.
+    pub dst_pitch: u64,
+    /// Source rows from one slice to the next.
+    pub src_rows: u64,
+    /// Destination rows from one slice to the next.
+    pub dst_rows: u64,
+}
+
+impl CopyDesc {
+    /// A contiguous copy of `len` bytes.
+    pub fn linear(src: u64, dst: u64, len: u64) -> Self {
+        CopyDesc {
+            src,
+            dst,
+            width: len,
+            height: 1,
+            depth: 1,
+            src_pitch: len,
+            dst_pitch: len,
+            src_rows: 1,
+            dst_rows: 1,
+        }
+    }
+
+    /// The driver call this descriptor needs.
+    pub fn kind(&self) -> CopyKind {
+        if self.depth > 1 {
+            CopyKind::Pitched3D
+        } else if self.height > 1 {
+            CopyKind::Pitched2D
+        } else {
+            CopyKind::Linear
+        }
+    }
+
+    /// Bytes moved.
+    pub fn bytes(&self) -> u64 {
+        self.width * self.height * self.depth
+    }
+
+    /// Calls `f(src_addr, dst_addr, len)` for every contiguous row, slice-major then row order.
+    pub fn for_each_row(&self, mut f: impl FnMut(u64, u64, u64)) {
+        for z in 0..self.depth {
+            for y in 0..self.height {
+                f(
+                    self.src + (z * self.src_rows + y) * self.src_pitch,
+                    self.dst + (z * self.dst_rows + y) * self.dst_pitch,
+                    self.width,
+                );
+            }
+        }
+    }
+}
+
+/// Counts of descriptors by kind, for reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DescStats {
+    /// Linear copies.
+    pub linear: usize,
+    /// 2-D pitched copies.
+    pub pitched_2d: usize,
+    /// 3-D pitched copies.
+    pub pitched_3d: usize,
+    /// Bytes moved by all of them.
+    pub bytes: u64,
+}
+
+impl DescStats {
+    /// Tallies a list of descriptors.
+    pub fn of(descs: &[CopyDesc]) -> Self {
+        let mut s = DescStats::default();
+        for d in descs {
+            match d.kind() {
+                CopyKind::Linear => s.linear += 1,
+                CopyKind::Pitched2D => s.pitched_2d += 1,
+                CopyKind::Pitched3D => s.pitched_3d += 1,
+            }
+            s.bytes += d.bytes();
+        }
+        s
+    }
+}
+
+/// The copies that carry `t` from the source tensor at address `src` to the destination tensor
+/// at address `dst` (both the tensors' first bytes).
+///
+/// Byte copies only: a transfer that converts dtypes is refused with [`CudaError::Conversion`].
+pub fn copy_descriptors(t: &Transfer, src: u64, dst: u64) -> Result<Vec<CopyDesc>, CudaError> {
+    if t.converts() {
+        return Err(CudaError::Conversion {
+            tensor: t.dst_tensor.to_string(),
+            src: t.src_dtype,
+            dst: t.dst_dtype,
+        });
+    }
+    let b = StridedBox::new(
+        &t.src_shape,
+        &t.src_offset,
+        &t.dst_shape,
+        &t.dst_offset,
+        &t.extent,
+    )
+    .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
+    let mut out = Vec::new();
+    push_box(&b, t.dst_dtype.size() as u64, src, dst, &mut out);
+    Ok(out)
+}
+
+/// Appends the descriptors of a strided box whose element size is `es` bytes.
+pub fn push_box(b: &StridedBox, es: u64, src: u64, dst: u64, out: &mut Vec<CopyDesc>) {
+    let width = b.run * es;
+    let outer: Vec<(u64, u64, u64)> = b.outer[..b.n_outer]
+        .iter()
+        .map(|&(c, ss, ds)| (c, ss * es, ds * es))
+        .collect();
+    let src0 = src + b.src_base * es;
+    let dst0 = dst + b.dst_base * es;
+    let Some(&(h, sp, dp)) = outer.first() else {
+        out.push(CopyDesc::linear(src0, dst0, width));
+        return;
+    };
+    if sp > MAX_PITCH || dp > MAX_PITCH {
+        // the driver cannot pitch this far: one linear copy per run
+        loop_outer(&outer, 0, src0, dst0, &mut |s, d| {
+            out.push(CopyDesc::linear(s, d, width))
+        });
+        return;
+    }
+    let plane = CopyDesc {
+        src: src0,
+        dst: dst0,
+        width,
+        height: h,
+        depth: 1,
+        src_pitch: sp,
+        dst_pitch: dp,
+        src_rows: h,
+        dst_rows: h,
+    };
+    // a second outer dim becomes the depth when its strides are whole multiples of the pitches
+    if let Some(&(z, ss, ds)) = outer.get(1)
+        && ss % sp == 0
+        && ds % dp == 0
+        && ss / sp >= h
+        && ds / dp >= h
+    {
+        let cube = CopyDesc {
+            depth: z,
+            src_rows: ss / sp,
+            dst_rows: ds / dp,
+            ..plane
+        };
+        loop_outer(&outer, 2, 0, 0, &mut |s, d| {
+            out.push(CopyDesc {
+                src: cube.src + s,
+                dst: cube.dst + d,
+                ..cube
+            })
+        });
+        return;
+    }
+    loop_outer(&outer, 1, 0, 0, &mut |s, d| {
+        out.push(CopyDesc {
+            src: plane.src + s,
+            dst: plane.dst + d,
+            ..plane
+        })
+    });
+}
+
+/// Calls `f(src, dst)` for every index of the outer dims `from..`, in row-major order, the
+/// dims' strides added to `src` and `dst`.
+fn loop_outer(
+    outer: &[(u64, u64, u64)],
+    from: usize,
+    src: u64,
+    dst: u64,
+    f: &mut impl FnMut(u64, u64),
+) {
+    let Some((&(c, ss, ds), inner)) = outer.split_last().filter(|_| outer.len() > from) else {
+        f(src, dst);
+        return;
+    };
+    for i in 0..c {
+        loop_outer(inner, from, src + i * ss, dst + i * ds, f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::layout::copy::copy_box;
+    use crate::layout::{Dims, RankId};
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn transfer(
+        src_shape: &[u64],
+        src_off: &[u64],
+        dst_shape: &[u64],
+        dst_off: &[u64],
+        extent: &[u64],
+        dtype: DType,
+    ) -> Transfer {
+        Transfer {
+            src_rank: RankId::train(0),
+            dst_rank: RankId::infer(0, 0),
+            canonical: 0,
+            src_tensor: Arc::from("src"),
+            src_shape: Dims::new(src_shape),
+            src_offset: Dims::new(src_off),
+            src_dtype: dtype,
+            dst_tensor: Arc::from("dst"),
+            dst_shape: Dims::new(dst_shape),
+            dst_offset: Dims::new(dst_off),
+            dst_dtype: dtype,
+            extent: Dims::new(extent),
+        }
+    }
+
+    const S: u64 = 0x7f00_0000_0000;
+    const D: u64 = 0x7e00_0000_0000;
+
+    #[test]
+    fn qkv_group_rows_are_one_linear_copy() {
+        // Megatron interleaved qkv rows 768..1280 -> SGLang concatenated rows 512..1024 (bf16)
+        let t = transfer(
+            &[6144, 4096],
+            &[768, 0],
+            &[6144, 4096],
+            &[512, 0],
+            &[512, 4096],
+            DType::Bf16,
+        );
+        let d = copy_descriptors(&t, S, D).unwrap();
+        assert_eq!(
+            d,
+            vec![CopyDesc::linear(
+                S + 768 * 4096 * 2,
+                D + 512 * 4096 * 2,
+                512 * 4096 * 2
+            )]
+        );
+        assert_eq!(d[0].kind(), CopyKind::Linear);
+    }
+
+    #[test]
+    fn row_parallel_column_block_is_one_2d_copy() {
+        // the second half of the columns of a [4096, 12288] down_proj into a tp=2 shard
+        let t = transfer(
+            &[4096, 12288],
+            &[0, 6144],
+            &[4096, 6144],
+            &[0, 0],
+            &[4096, 6144],
+            DType::Bf16,
+        );
+        let d = copy_descriptors(&t, S, D).unwrap();
+        assert_eq!(
+            d,
+            vec![CopyDesc {
+                src: S + 6144 * 2,
+                dst: D,
+                width: 6144 * 2,
+                height: 4096,
+                depth: 1,
+                src_pitch: 12288 * 2,
+                dst_pitch: 6144 * 2,
+                src_rows: 4096,
+                dst_rows: 4096,
+            }]
+        );
+        assert_eq!(d[0].kind(), CopyKind::Pitched2D);
+        assert_eq!(d[0].bytes(), 4096 * 6144 * 2);
+    }
+
+    #[test]
+    fn box_in_3d_tensor_is_one_3d_copy_with_exact_rows() {
+        // box [2, 3, 4] at (1, 2, 3) of a [4, 6, 8] f32 tensor into (0, 1, 2) of a [2, 5, 10] tensor
+        let t = transfer(
+            &[4, 6, 8],
+            &[1, 2, 3],
+            &[2, 5, 10],
+            &[0, 1, 2],
+            &[2, 3, 4],
+            DType::F32,
+        );
+        let d = copy_descriptors(&t, 0, 10_000).unwrap();
+        assert_eq!(
+            d,
+            vec![CopyDesc {
+                src: (48 + 2 * 8 + 3) * 4,
+                dst: 10_000 + (10 + 2) * 4,
+                width: 16,
+                height: 3,
+                depth: 2,
+                src_pitch: 32,
+                dst_pitch: 40,
+                src_rows: 6,
+                dst_rows: 5,
+            }]
+        );
+        let mut rows = vec![];
+        d[0].for_each_row(|s, d, n| rows.push((s, d, n)));
+        assert_eq!(
+            rows,
+            vec![
+                (268, 10_048, 16),
+                (300, 10_088, 16),
+                (332, 10_128, 16),
+                (460, 10_248, 16),
+                (492, 10_288, 16),
+                (524, 10_328, 16),
+            ]
+        );
+    }
+
+    #[test]
+    fn four_dim_box_loops_3d_copies_over_the_outermost_dim() {
+        let t = transfer(
+            &[3, 2, 4, 6],
+            &[1, 0, 1, 2],
+            &[2, 2, 3, 3],
+            &[0, 0, 0, 0],
+            &[2, 2, 3, 3],
+            DType::Bf16,
+        );
+        let d = copy_descriptors(&t, 0, 0).unwrap();
+        assert_eq!(d.len(), 2);
+        assert_eq!(d[0].kind(), CopyKind::Pitched3D);
+        assert_eq!(
+            (d[0].src, d[0].dst, d[1].src, d[1].dst),
+            ((48 + 6 + 2) * 2, 0, (96 + 6 + 2) * 2, 18 * 2)
+        );
+        assert_eq!(
+            (d[0].width, d[0].height, d[0].depth, d[0].src_rows),
+            (6, 3, 2, 4)
+        );
+    }
+
+    #[test]
+    fn pitch_beyond_the_driver_limit_falls_back_to_linear_rows() {
+        // a column of a [2, 2^31] bf16 tensor: the row pitch is 4 GiB
+        let t = transfer(
+            &[2, 1 << 31],
+            &[0, 5],
+            &[2, 1],
+            &[0, 0],
+            &[2, 1],
+            DType::Bf16,
+        );
+        let d = copy_descriptors(&t, 0, 0).unwrap();
+        assert_eq!(
+            d,
+            vec![
+                CopyDesc::linear(10, 0, 2),
+                CopyDesc::linear((1 << 32) + 10, 2, 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn converting_transfer_is_refused_with_its_dtypes() {
+        let mut t = transfer(&[4], &[0], &[4], &[0], &[4], DType::F32);
+        t.dst_dtype = DType::Bf16;
+        let e = copy_descriptors(&t, 0, 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`dst`: the CUDA path copies bytes only, but this transfer converts f32 to bf16; keep both sides in the same dtype or use a CPU transport"
+        );
+    }
+
+    #[test]
+    fn box_outside_its_tensor_is_a_geometry_error() {
+        let t = transfer(&[4, 4], &[3, 0], &[4, 4], &[0, 0], &[2, 4], DType::Bf16);
+        let e = copy_descriptors(&t, 0, 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`dst`: box [2, 4] at [3, 0] does not fit a tensor of shape [4, 4]"
+        );
+    }
+
+    #[test]
+    fn stats_count_descriptors_by_kind() {
+        let d = [
+            CopyDesc::linear(0, 0, 10),
+            CopyDesc {
+                height: 3,
+                ..CopyDesc::linear(0, 0, 4)
+            },
+        ];
+        assert_eq!(
+            DescStats::of(&d),
+            DescStats {
+                linear: 1,
+                pitched_2d: 1,
+                pitched_3d: 0,
+                bytes: 22
+            }
+        );
+    }
+
+    /// Executes descriptors on host memory, addresses being offsets into the two buffers.
+    fn run_on_host(descs: &[CopyDesc], src: &[u8], dst: &mut [u8]) {
+        for d in descs {
+            d.for_each_row(|s, t, n| {
+                dst[t as usize..(t + n) as usize].copy_from_slice(&src[s as usize..(s + n) as usize])
+            });
+        }
+    }
+
+    fn boxes() -> impl Strategy<Value = (Vec<u64>, Vec<u64>, Vec<u64>, Vec<u64>, Vec<u64>)> {
+        (1usize..=4).prop_flat_map(|n| {
+            proptest::collection::vec((1u64..5, 0u64..3, 0u64..3, 0u64..3), n).prop_map(|v| {
+                // extent e, source shape e + a + b, destination shape e + c, offsets a and c
+                let ext: Vec<u64> = v.iter().map(|x| x.0).collect();
+                let src_shape = v.iter().map(|x| x.0 + x.1 + x.2).collect();
+                let src_off = v.iter().map(|x| x.1).collect();
+                let dst_shape = v.iter().map(|x| x.0 + x.3).collect();
+                let dst_off = v.iter().map(|x| x.3).collect();
+                (src_shape, src_off, dst_shape, dst_off, ext)
+            })
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn descriptors_move_exactly_the_bytes_copy_box_moves((ss, so, ds, dof, ext) in boxes()) {
+            let t = transfer(&ss, &so, &ds, &dof, &ext, DType::Bf16);
+            let descs = copy_descriptors(&t, 0, 0).unwrap();
+            let src_len = ss.iter().product::<u64>() as usize * 2;
+            let dst_len = ds.iter().product::<u64>() as usize * 2;
+            let src: Vec<u8> = (0..src_len).map(|i| (i * 7 + 3) as u8).collect();
+            let mut want = vec![0xEEu8; dst_len];
+            copy_box(&src, &t.src_shape, &t.src_offset, DType::Bf16, &mut want,
+                &t.dst_shape, &t.dst_offset, DType::Bf16, &t.extent).unwrap();
+            let mut got = vec![0xEEu8; dst_len];
+            run_on_host(&descs, &src, &mut got);
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(DescStats::of(&descs).bytes, t.bytes());
+            // rows come in the box's row-major order, matching the strided runs one to one
+            let mut rows = vec![];
+            for d in &descs { d.for_each_row(|s, t, n| rows.push((s, t, n))); }
+            let b = StridedBox::new(&t.src_shape, &t.src_offset, &t.dst_shape, &t.dst_offset, &t.extent).unwrap();
+            let mut runs = vec![];
+            b.for_each_run(|s, d, n| runs.push((s * 2, d * 2, n * 2)));
+            prop_assert_eq!(rows, runs);
+        }
+    }
+}

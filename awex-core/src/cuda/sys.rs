@@ -1,0 +1,496 @@
+//! The CUDA driver calls awex makes, over cudarc's raw bindings loaded at run time.
+//!
+//! Every entry point is checked before first use: [`init`] makes sure libcuda loads and exports
+//! every symbol listed in [`REQUIRED`], then initialises the driver, so that no later call can
+//! hit cudarc's panic on a missing library or symbol. Each function returns the driver's error
+//! as a [`CudaError`] naming the call.
+
+use super::desc::CopyDesc;
+use super::handle::{HANDLE_BYTES, IpcEventHandle, IpcMemHandle};
+use super::raw::{RawCtx, RawEvent, RawGraphExec, RawStream};
+use super::CudaError;
+use cudarc::driver::sys as cu;
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr;
+use std::sync::OnceLock;
+
+/// Every driver entry point this module calls, under the name cudarc loads.
+const REQUIRED: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceCanAccessPeer",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetAddressRange_v2",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuIpcGetEventHandle",
+    "cuIpcOpenEventHandle",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemcpy2DAsync_v2",
+    "cuMemcpy3DAsync_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemsetD16Async",
+    "cuMemsetD32Async",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphDestroy",
+    "cuGraphExecDestroy",
+];
+
+/// Whether libcuda can be loaded on this machine (no driver call is made).
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { cu::is_culib_present() }
+}
+
+/// Loads libcuda, checks every entry point, and initialises the driver, once per process.
+pub(crate) fn init() -> Result<(), CudaError> {
+    static INIT: OnceLock<Result<(), CudaError>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        if !driver_present() {
+            return Err(CudaError::NoDriver {
+                detail: "tried libcuda.so and libcuda.so.1 on the library search path".into(),
+            });
+        }
+        // SAFETY: the library is present, so culib() loads it instead of panicking.
+        let lib = unsafe { cu::culib() };
+        for &symbol in REQUIRED {
+            // SAFETY: the symbol is only looked up, never called through this type.
+            if unsafe { lib.get::<unsafe extern "C" fn()>(symbol.as_bytes()) }.is_err() {
+                return Err(CudaError::OldDriver { symbol });
+            }
+        }
+        // SAFETY: every entry point used below was checked above.
+        let r = unsafe { cu::cuInit(0) };
+        if r == cu::CUresult::CUDA_ERROR_NO_DEVICE {
+            return Err(CudaError::NoGpu {
+                detail: "cuInit: CUDA_ERROR_NO_DEVICE".into(),
+            });
+        }
+        check("cuInit", r)?;
+        let mut n = 0;
+        check("cuDeviceGetCount", unsafe { cu::cuDeviceGetCount(&mut n) })?;
+        if n <= 0 {
+            return Err(CudaError::NoGpu {
+                detail: "cuDeviceGetCount returned 0".into(),
+            });
+        }
+        Ok(())
+    })
+    .clone()
+}
+
+fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        return "unknown".into();
+    }
+    // SAFETY: the driver returns NUL-terminated static strings.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Turns a driver result into `Ok` or an error naming `call`.
+fn check(call: &'static str, r: cu::CUresult) -> Result<(), CudaError> {
+    if r == cu::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let (mut name, mut msg) = (ptr::null(), ptr::null());
+    // SAFETY: both entry points were checked by init; they write static string pointers.
+    unsafe {
+        cu::cuGetErrorName(r, &mut name);
+        cu::cuGetErrorString(r, &mut msg);
+    }
+    Err(CudaError::Driver {
+        call,
+        code: r as u32,
+        name: cstr(name),
+        message: cstr(msg),
+    })
+}
+
+/// Number of devices.
+pub(crate) fn device_count() -> Result<u32, CudaError> {
+    init()?;
+    let mut n = 0;
+    check("cuDeviceGetCount", unsafe { cu::cuDeviceGetCount(&mut n) })?;
+    Ok(n.max(0) as u32)
+}
+
+/// The driver's CUDA version (e.g. 13000 for 13.0).
+pub(crate) fn driver_version() -> Result<i32, CudaError> {
+    init()?;
+    let mut v = 0;
+    check("cuDriverGetVersion", unsafe { cu::cuDriverGetVersion(&mut v) })?;
+    Ok(v)
+}
+
+fn device(ordinal: u32) -> Result<cu::CUdevice, CudaError> {
+    init()?;
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(CudaError::NoSuchDevice { ordinal, count });
+    }
+    let mut d = 0;
+    check("cuDeviceGet", unsafe {
+        cu::cuDeviceGet(&mut d, ordinal as i32)
+    })?;
+    Ok(d)
+}
+
+/// The device's marketing name.
+pub(crate) fn device_name(ordinal: u32) -> Result<String, CudaError> {
+    let d = device(ordinal)?;
+    let mut buf = [0 as c_char; 256];
+    check("cuDeviceGetName", unsafe {
+        cu::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as i32, d)
+    })?;
+    Ok(cstr(buf.as_ptr()))
+}
+
+/// The device's memory in bytes.
+pub(crate) fn device_total_mem(ordinal: u32) -> Result<u64, CudaError> {
+    let d = device(ordinal)?;
+    let mut b = 0usize;
+    check("cuDeviceTotalMem", unsafe { cu::cuDeviceTotalMem_v2(&mut b, d) })?;
+    Ok(b as u64)
+}
+
+/// Whether device `a` can read device `b`'s memory directly.
+pub(crate) fn can_access_peer(a: u32, b: u32) -> Result<bool, CudaError> {
+    let (da, db) = (device(a)?, device(b)?);
+    let mut ok = 0;
+    check("cuDeviceCanAccessPeer", unsafe {
+        cu::cuDeviceCanAccessPeer(&mut ok, da, db)
+    })?;
+    Ok(ok != 0)
+}
+
+/// Retains the device's primary context (the one the runtime API and PyTorch share).
+pub(crate) fn ctx_retain(ordinal: u32) -> Result<RawCtx, CudaError> {
+    let d = device(ordinal)?;
+    let mut c = ptr::null_mut();
+    check("cuDevicePrimaryCtxRetain", unsafe {
+        cu::cuDevicePrimaryCtxRetain(&mut c, d)
+    })?;
+    Ok(RawCtx(c.cast()))
+}
+
+/// Releases a primary context retained by [`ctx_retain`].
+pub(crate) fn ctx_release(ordinal: u32) -> Result<(), CudaError> {
+    let d = device(ordinal)?;
+    check("cuDevicePrimaryCtxRelease", unsafe {
+        cu::cuDevicePrimaryCtxRelease_v2(d)
+    })
+}
+
+/// Makes a context current on the calling thread.
+pub(crate) fn ctx_set(c: RawCtx) -> Result<(), CudaError> {
+    check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(c.0.cast()) })
+}
+
+/// Allocates device memory in the current context.
+pub(crate) fn mem_alloc(bytes: u64) -> Result<u64, CudaError> {
+    let mut p = 0;
+    check("cuMemAlloc", unsafe {
+        cu::cuMemAlloc_v2(&mut p, bytes as usize)
+    })?;
+    Ok(p)
+}
+
+/// Frees memory from [`mem_alloc`].
+pub(crate) fn mem_free(p: u64) -> Result<(), CudaError> {
+    check("cuMemFree", unsafe { cu::cuMemFree_v2(p) })
+}
+
+/// The base and size of the allocation that contains `p`.
+pub(crate) fn address_range(p: u64) -> Result<(u64, u64), CudaError> {
+    let (mut base, mut size) = (0, 0usize);
+    check("cuMemGetAddressRange", unsafe {
+        cu::cuMemGetAddressRange_v2(&mut base, &mut size, p)
+    })?;
+    Ok((base, size as u64))
+}
+
+fn handle_bytes(r: &[c_char; HANDLE_BYTES]) -> [u8; HANDLE_BYTES] {
+    let mut b = [0u8; HANDLE_BYTES];
+    for (o, &c) in b.iter_mut().zip(r) {
+        *o = c as u8;
+    }
+    b
+}
+
+fn handle_chars(b: &[u8; HANDLE_BYTES]) -> [c_char; HANDLE_BYTES] {
+    let mut r = [0 as c_char; HANDLE_BYTES];
+    for (o, &c) in r.iter_mut().zip(b) {
+        *o = c as c_char;
+    }
+    r
+}
+
+/// The IPC handle of the allocation whose base is `base`.
+pub(crate) fn ipc_mem_handle(base: u64) -> Result<IpcMemHandle, CudaError> {
+    let mut h = cu::CUipcMemHandle {
+        reserved: [0; HANDLE_BYTES],
+    };
+    check("cuIpcGetMemHandle", unsafe {
+        cu::cuIpcGetMemHandle(&mut h, base)
+    })?;
+    Ok(IpcMemHandle(handle_bytes(&h.reserved)))
+}
+
+/// Maps another process's allocation into the current context (peer access enabled on demand).
+pub(crate) fn ipc_open_mem(h: &IpcMemHandle) -> Result<u64, CudaError> {
+    let handle = cu::CUipcMemHandle {
+        reserved: handle_chars(&h.0),
+    };
+    let mut p = 0;
+    check("cuIpcOpenMemHandle", unsafe {
+        cu::cuIpcOpenMemHandle_v2(
+            &mut p,
+            handle,
+            cu::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+        )
+    })?;
+    Ok(p)
+}
+
+/// Unmaps memory from [`ipc_open_mem`].
+pub(crate) fn ipc_close_mem(p: u64) -> Result<(), CudaError> {
+    check("cuIpcCloseMemHandle", unsafe { cu::cuIpcCloseMemHandle(p) })
+}
+
+/// A non-blocking stream in the current context.
+pub(crate) fn stream_create() -> Result<RawStream, CudaError> {
+    let mut s = ptr::null_mut();
+    check("cuStreamCreate", unsafe {
+        cu::cuStreamCreate(&mut s, cu::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+    })?;
+    Ok(RawStream(s.cast()))
+}
+
+/// Destroys a stream.
+pub(crate) fn stream_destroy(s: RawStream) -> Result<(), CudaError> {
+    check("cuStreamDestroy", unsafe {
+        cu::cuStreamDestroy_v2(s.0.cast())
+    })
+}
+
+/// Blocks until everything queued on `s` is done.
+pub(crate) fn stream_sync(s: RawStream) -> Result<(), CudaError> {
+    check("cuStreamSynchronize", unsafe {
+        cu::cuStreamSynchronize(s.0.cast())
+    })
+}
+
+/// Makes later work on `s` wait for the last record of `e` (on the device, not the host).
+pub(crate) fn stream_wait(s: RawStream, e: RawEvent) -> Result<(), CudaError> {
+    check("cuStreamWaitEvent", unsafe {
+        cu::cuStreamWaitEvent(s.0.cast(), e.0.cast(), 0)
+    })
+}
+
+/// An event without timing; shareable with other processes when `interprocess`.
+pub(crate) fn event_create(interprocess: bool) -> Result<RawEvent, CudaError> {
+    let mut flags = cu::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    if interprocess {
+        flags |= cu::CUevent_flags::CU_EVENT_INTERPROCESS as u32;
+    }
+    let mut e = ptr::null_mut();
+    check("cuEventCreate", unsafe { cu::cuEventCreate(&mut e, flags) })?;
+    Ok(RawEvent(e.cast()))
+}
+
+/// Destroys an event (own or opened from a handle).
+pub(crate) fn event_destroy(e: RawEvent) -> Result<(), CudaError> {
+    check("cuEventDestroy", unsafe { cu::cuEventDestroy_v2(e.0.cast()) })
+}
+
+/// Records `e` at the current end of `s`.
+pub(crate) fn event_record(e: RawEvent, s: RawStream) -> Result<(), CudaError> {
+    check("cuEventRecord", unsafe {
+        cu::cuEventRecord(e.0.cast(), s.0.cast())
+    })
+}
+
+/// Blocks until the last record of `e` has completed.
+pub(crate) fn event_sync(e: RawEvent) -> Result<(), CudaError> {
+    check("cuEventSynchronize", unsafe {
+        cu::cuEventSynchronize(e.0.cast())
+    })
+}
+
+/// The IPC handle of an interprocess event.
+pub(crate) fn ipc_event_handle(e: RawEvent) -> Result<IpcEventHandle, CudaError> {
+    let mut h = cu::CUipcEventHandle {
+        reserved: [0; HANDLE_BYTES],
+    };
+    check("cuIpcGetEventHandle", unsafe {
+        cu::cuIpcGetEventHandle(&mut h, e.0.cast())
+    })?;
+    Ok(IpcEventHandle(handle_bytes(&h.reserved)))
+}
+
+/// Opens another process's interprocess event.
+pub(crate) fn ipc_open_event(h: &IpcEventHandle) -> Result<RawEvent, CudaError> {
+    let handle = cu::CUipcEventHandle {
+        reserved: handle_chars(&h.0),
+    };
+    let mut e = ptr::null_mut();
+    check("cuIpcOpenEventHandle", unsafe {
+        cu::cuIpcOpenEventHandle(&mut e, handle)
+    })?;
+    Ok(RawEvent(e.cast()))
+}
+
+/// Queues one copy descriptor on `s`.
+pub(crate) fn copy_async(d: &CopyDesc, s: RawStream) -> Result<(), CudaError> {
+    let dev = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    if d.height == 1 && d.depth == 1 {
+        return check("cuMemcpyDtoDAsync", unsafe {
+            cu::cuMemcpyDtoDAsync_v2(d.dst, d.src, d.width as usize, s.0.cast())
+        });
+    }
+    if d.depth == 1 {
+        let p = cu::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: dev,
+            srcHost: ptr::null(),
+            srcDevice: d.src,
+            srcArray: ptr::null_mut(),
+            srcPitch: d.src_pitch as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: dev,
+            dstHost: ptr::null_mut(),
+            dstDevice: d.dst,
+            dstArray: ptr::null_mut(),
+            dstPitch: d.dst_pitch as usize,
+            WidthInBytes: d.width as usize,
+            Height: d.height as usize,
+        };
+        return check("cuMemcpy2DAsync", unsafe {
+            cu::cuMemcpy2DAsync_v2(&p, s.0.cast())
+        });
+    }
+    let p = cu::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: dev,
+        srcHost: ptr::null(),
+        srcDevice: d.src,
+        srcArray: ptr::null_mut(),
+        reserved0: ptr::null_mut(),
+        srcPitch: d.src_pitch as usize,
+        srcHeight: d.src_rows as usize,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: dev,
+        dstHost: ptr::null_mut(),
+        dstDevice: d.dst,
+        dstArray: ptr::null_mut(),
+        reserved1: ptr::null_mut(),
+        dstPitch: d.dst_pitch as usize,
+        dstHeight: d.dst_rows as usize,
+        WidthInBytes: d.width as usize,
+        Height: d.height as usize,
+        Depth: d.depth as usize,
+    };
+    check("cuMemcpy3DAsync", unsafe {
+        cu::cuMemcpy3DAsync_v2(&p, s.0.cast())
+    })
+}
+
+/// Copies host bytes to device memory (synchronous).
+pub(crate) fn memcpy_htod(dst: u64, src: &[u8]) -> Result<(), CudaError> {
+    check("cuMemcpyHtoD", unsafe {
+        cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
+    })
+}
+
+/// Copies device memory to host bytes (synchronous).
+pub(crate) fn memcpy_dtoh(dst: &mut [u8], src: u64) -> Result<(), CudaError> {
+    check("cuMemcpyDtoH", unsafe {
+        cu::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
+    })
+}
+
+/// Fills `n` 16-bit words at `p` with `v`, queued on `s`.
+pub(crate) fn memset_d16_async(p: u64, v: u16, n: u64, s: RawStream) -> Result<(), CudaError> {
+    check("cuMemsetD16Async", unsafe {
+        cu::cuMemsetD16Async(p, v, n as usize, s.0.cast())
+    })
+}
+
+/// Fills `n` 32-bit words at `p` with `v`, queued on `s`.
+pub(crate) fn memset_d32_async(p: u64, v: u32, n: u64, s: RawStream) -> Result<(), CudaError> {
+    check("cuMemsetD32Async", unsafe {
+        cu::cuMemsetD32Async(p, v, n as usize, s.0.cast())
+    })
+}
+
+/// Starts capturing the work queued on `s` (and streams joined to it by events) into a graph.
+pub(crate) fn capture_begin(s: RawStream) -> Result<(), CudaError> {
+    check("cuStreamBeginCapture", unsafe {
+        cu::cuStreamBeginCapture_v2(
+            s.0.cast(),
+            cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+    })
+}
+
+/// Ends a capture and instantiates the captured graph.
+pub(crate) fn capture_end(s: RawStream) -> Result<RawGraphExec, CudaError> {
+    let mut g = ptr::null_mut();
+    check("cuStreamEndCapture", unsafe {
+        cu::cuStreamEndCapture(s.0.cast(), &mut g)
+    })?;
+    let mut exec = ptr::null_mut();
+    let r = check("cuGraphInstantiateWithFlags", unsafe {
+        cu::cuGraphInstantiateWithFlags(&mut exec, g, 0)
+    });
+    // the executable graph keeps what it needs; the template can go either way
+    let d = check("cuGraphDestroy", unsafe { cu::cuGraphDestroy(g) });
+    r?;
+    d?;
+    Ok(RawGraphExec(exec.cast()))
+}
+
+/// Queues a captured graph on `s`.
+pub(crate) fn graph_launch(g: RawGraphExec, s: RawStream) -> Result<(), CudaError> {
+    check("cuGraphLaunch", unsafe {
+        cu::cuGraphLaunch(g.0.cast(), s.0.cast())
+    })
+}
+
+/// Destroys an instantiated graph.
+pub(crate) fn graph_destroy(g: RawGraphExec) -> Result<(), CudaError> {
+    check("cuGraphExecDestroy", unsafe {
+        cu::cuGraphExecDestroy(g.0.cast())
+    })
+}

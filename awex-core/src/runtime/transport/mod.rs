@@ -1,0 +1,139 @@
+//! Transports: how planned bytes move between a training rank and an inference rank.
+//!
+//! Every transport executes the same per-rank plan; they differ in how bytes travel:
+//! `shm` (receivers copy straight out of the sender's shared memory: one copy), `tcp`
+//! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
+//! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
+
+mod shm;
+mod tcp;
+
+pub use shm::ShmTransport;
+pub use tcp::TcpTransport;
+
+use super::RuntimeError;
+use crate::layout::RankId;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The transports awex knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransportKind {
+    /// Same host, CPU shared memory.
+    Shm,
+    /// Any hosts, TCP sockets.
+    Tcp,
+    /// Same host, GPUs, CUDA IPC.
+    CudaIpc,
+    /// Separate GPUs, NCCL.
+    Nccl,
+}
+
+impl TransportKind {
+    /// The name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
+            TransportKind::CudaIpc => "cuda-ipc",
+            TransportKind::Nccl => "nccl",
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TransportKind {
+    type Err = RuntimeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "shm" => TransportKind::Shm,
+            "tcp" => TransportKind::Tcp,
+            "cuda-ipc" | "cuda_ipc" | "ipc" => TransportKind::CudaIpc,
+            "nccl" => TransportKind::Nccl,
+            _ => {
+                return Err(RuntimeError::Config(format!(
+                    "unknown transport `{s}`; choose shm, tcp, cuda-ipc or nccl"
+                )));
+            }
+        })
+    }
+}
+
+/// What one execution of an update needs besides the plan and tensors.
+pub struct ExecContext<'a> {
+    /// The version being executed.
+    pub version: u64,
+    /// When to give up.
+    pub deadline: Instant,
+    /// Set when the update was aborted elsewhere (a peer failed).
+    pub cancel: &'a AtomicBool,
+    /// Compute and verify per-bucket checksums.
+    pub checksums: bool,
+    /// The current rendezvous values of the peers (a restarted peer publishes new ones).
+    pub peers: &'a HashMap<RankId, serde_json::Value>,
+    /// Test hook: corrupt one received byte before verification.
+    pub corrupt: bool,
+}
+
+impl ExecContext<'_> {
+    /// Errors out when the update was aborted or its deadline passed.
+    pub fn check(&self) -> Result<(), RuntimeError> {
+        if self.cancel.load(Ordering::Acquire) {
+            return Err(RuntimeError::Aborted(self.version));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(RuntimeError::Deadline(self.version));
+        }
+        Ok(())
+    }
+
+    /// Waits until `ready()` holds, backing off from spinning to short sleeps, within the deadline.
+    pub fn wait_until(&self, mut ready: impl FnMut() -> bool) -> Result<(), RuntimeError> {
+        let mut pause = Duration::from_micros(2);
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            self.check()?;
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+/// What a rank moved in one update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    /// Bytes sent (training) or received (inference).
+    pub bytes: u64,
+    /// Wrapping sum of the per-bucket xxh3 digests (0 without checksums).
+    pub checksum: u64,
+    /// Buckets moved.
+    pub buckets: u64,
+}
+
+/// Moves one rank's planned bytes for each update.
+pub trait Transport: Send {
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+
+    /// Values this rank publishes when it joins (addresses, segment names).
+    fn rendezvous(&self) -> serde_json::Value;
+
+    /// Executes the rank's plan for one version.
+    fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError>;
+
+    /// Releases every resource (sockets, segments, handles).
+    fn close(&mut self);
+}
