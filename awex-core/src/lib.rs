@@ -6,12 +6,14 @@
 //! implement and register ([`backend`]).
 
 pub mod backend;
+pub mod cuda;
 pub mod client;
 pub mod dtype;
 pub mod gateway;
 pub mod layout;
 pub mod model;
 pub mod plan;
+pub mod runtime;
 pub mod synthetic;
 
 pub use backend::{BackendSpec, InferenceBackend, ParallelConfig, TrainingBackend};

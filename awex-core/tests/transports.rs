@@ -12,7 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-fn sides(train_dtype: DType) -> (awex_core::Catalogue, awex_core::layout::ExplicitSide, awex_core::layout::ExplicitSide) {
+fn sides(
+    train_dtype: DType,
+) -> (
+    awex_core::Catalogue,
+    awex_core::layout::ExplicitSide,
+    awex_core::layout::ExplicitSide,
+) {
     let cat = catalogue(&[vec![40, 8], vec![24, 8], vec![16], vec![9, 5]]);
     let split = |dim: usize, cuts: Vec<u64>, pad: u64| TensorSplit { dim, cuts, pad };
     let train = SyntheticSide {
@@ -20,7 +26,12 @@ fn sides(train_dtype: DType) -> (awex_core::Catalogue, awex_core::layout::Explic
         engines: 1,
         replicas: 2,
         shards: 2,
-        splits: vec![split(0, vec![20], 0), split(1, vec![3], 1), split(0, vec![8], 0), split(0, vec![4], 2)],
+        splits: vec![
+            split(0, vec![20], 0),
+            split(1, vec![3], 1),
+            split(0, vec![8], 0),
+            split(0, vec![4], 2),
+        ],
         dtype: train_dtype,
         fuse: false,
     }
@@ -30,7 +41,12 @@ fn sides(train_dtype: DType) -> (awex_core::Catalogue, awex_core::layout::Explic
         engines: 2,
         replicas: 1,
         shards: 3,
-        splits: vec![split(0, vec![10, 30], 0), split(0, vec![5, 6], 2), split(0, vec![1, 2], 0), split(1, vec![2, 4], 0)],
+        splits: vec![
+            split(0, vec![10, 30], 0),
+            split(0, vec![5, 6], 2),
+            split(0, vec![1, 2], 0),
+            split(1, vec![2, 4], 0),
+        ],
         dtype: DType::Bf16,
         fuse: true,
     }
@@ -45,25 +61,53 @@ enum Kind {
 }
 
 /// Runs `versions` updates between all ranks; returns each receiver's result of the last one.
-fn run(kind: Kind, train_dtype: DType, checksums: bool, corrupt: bool, versions: u64) -> Vec<Result<(), String>> {
+fn run(
+    kind: Kind,
+    train_dtype: DType,
+    checksums: bool,
+    corrupt: bool,
+    versions: u64,
+) -> Vec<Result<(), String>> {
     let (cat, train, infer) = sides(train_dtype);
-    let pair = Pair { catalogue: &cat, training: &train, inference: &infer };
-    let tag = format!("awex-test-{}-{}", std::process::id(), kind as u8 * 2 + checksums as u8);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &train,
+        inference: &infer,
+    };
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tag = format!(
+        "awex-test-{}-{}",
+        std::process::id(),
+        RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
-    let mut rendezvous: HashMap<RankId, serde_json::Value> = HashMap::new();
+    let mut train_rdv: HashMap<RankId, serde_json::Value> = HashMap::new();
+    let mut infer_rdv: HashMap<RankId, serde_json::Value> = HashMap::new();
     for r in train.ranks() {
         let layout = train.rank_layout(r).unwrap();
         let plan = Arc::new(pair.plan_rank(Side::Training, r).unwrap());
         let tensors = Arc::new(match kind {
-            Kind::Shm => TensorSet::allocate_shm(&layout, &format!("{tag}-t{}-data", r.rank)).unwrap(),
+            Kind::Shm => {
+                TensorSet::allocate_shm(&layout, &format!("{tag}-t{}-data", r.rank)).unwrap()
+            }
             Kind::Tcp => TensorSet::allocate_host(&layout).unwrap(),
         });
         let t: Box<dyn Transport> = match kind {
-            Kind::Shm => Box::new(ShmTransport::new(plan, tensors.clone(), 256, &format!("{tag}-t{}-ctl", r.rank)).unwrap()),
-            Kind::Tcp => Box::new(TcpTransport::new(plan, tensors.clone(), 256, "127.0.0.1:0", "127.0.0.1").unwrap()),
+            Kind::Shm => Box::new(
+                ShmTransport::new(
+                    plan,
+                    tensors.clone(),
+                    256,
+                    &format!("{tag}-t{}-ctl", r.rank),
+                )
+                .unwrap(),
+            ),
+            Kind::Tcp => Box::new(
+                TcpTransport::new(plan, tensors.clone(), 256, "127.0.0.1:0", "127.0.0.1").unwrap(),
+            ),
         };
-        rendezvous.insert(r, t.rendezvous());
+        train_rdv.insert(r, t.rendezvous());
         senders.push((layout, tensors, t));
     }
     for r in infer.ranks() {
@@ -72,9 +116,11 @@ fn run(kind: Kind, train_dtype: DType, checksums: bool, corrupt: bool, versions:
         let tensors = Arc::new(TensorSet::allocate_host(&layout).unwrap());
         let t: Box<dyn Transport> = match kind {
             Kind::Shm => Box::new(ShmTransport::new(plan, tensors.clone(), 256, "unused").unwrap()),
-            Kind::Tcp => Box::new(TcpTransport::new(plan, tensors.clone(), 256, "127.0.0.1:0", "127.0.0.1").unwrap()),
+            Kind::Tcp => Box::new(
+                TcpTransport::new(plan, tensors.clone(), 256, "127.0.0.1:0", "127.0.0.1").unwrap(),
+            ),
         };
-        rendezvous.insert(r, t.rendezvous());
+        infer_rdv.insert(r, t.rendezvous());
         receivers.push((layout, tensors, t));
     }
     let cancel = AtomicBool::new(false);
@@ -85,20 +131,30 @@ fn run(kind: Kind, train_dtype: DType, checksums: bool, corrupt: bool, versions:
         }
         let ctx = ExecContext {
             version,
-            deadline: Instant::now() + Duration::from_secs(20),
+            deadline: Instant::now() + Duration::from_secs(if corrupt { 4 } else { 30 }),
             cancel: &cancel,
             checksums,
-            peers: &rendezvous,
+            peers: &infer_rdv,
             corrupt: false,
         };
-        let bad = ExecContext { corrupt, ..ExecContext { ..ctx } };
+        let rctx = ExecContext {
+            peers: &train_rdv,
+            ..ExecContext { ..ctx }
+        };
+        let bad = ExecContext {
+            corrupt,
+            ..ExecContext { ..rctx }
+        };
         let (sent, got): (Vec<_>, Vec<_>) = std::thread::scope(|s| {
-            let hs: Vec<_> = senders.iter_mut().map(|(_, _, t)| s.spawn(|| t.execute(&ctx))).collect();
+            let hs: Vec<_> = senders
+                .iter_mut()
+                .map(|(_, _, t)| s.spawn(|| t.execute(&ctx)))
+                .collect();
             let hr: Vec<_> = receivers
                 .iter_mut()
                 .enumerate()
                 .map(|(i, (_, _, t))| {
-                    let c = if i == 0 { &bad } else { &ctx };
+                    let c = if i == 0 { &bad } else { &rctx };
                     s.spawn(move || t.execute(c))
                 })
                 .collect();
@@ -108,8 +164,14 @@ fn run(kind: Kind, train_dtype: DType, checksums: bool, corrupt: bool, versions:
             )
         });
         last.clear();
-        let sent_sum = sent.iter().filter_map(|r| r.as_ref().ok()).fold(0u64, |a, s| a.wrapping_add(s.checksum));
-        let got_sum = got.iter().filter_map(|r| r.as_ref().ok()).fold(0u64, |a, s| a.wrapping_add(s.checksum));
+        let sent_sum = sent
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .fold(0u64, |a, s| a.wrapping_add(s.checksum));
+        let got_sum = got
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .fold(0u64, |a, s| a.wrapping_add(s.checksum));
         let all_ok = got.iter().all(|r| r.is_ok());
         if checksums && all_ok {
             assert_eq!(sent_sum, got_sum, "checksums of both sides agree");
@@ -156,10 +218,19 @@ fn corrupted_bucket_fails_with_checksums_on() {
 #[test]
 fn shm_sender_needs_shared_memory_tensors() {
     let (cat, train, infer) = sides(DType::Bf16);
-    let pair = Pair { catalogue: &cat, training: &train, inference: &infer };
+    let pair = Pair {
+        catalogue: &cat,
+        training: &train,
+        inference: &infer,
+    };
     let r = RankId::train(0);
     let plan = Arc::new(pair.plan_rank(Side::Training, r).unwrap());
     let tensors = Arc::new(TensorSet::allocate_host(&train.rank_layout(r).unwrap()).unwrap());
-    let e = ShmTransport::new(plan, tensors, 256, "awex-test-x-ctl").err().unwrap();
-    assert!(matches!(e, RuntimeError::Config(ref m) if m.contains("use tcp")), "{e}");
+    let e = ShmTransport::new(plan, tensors, 256, "awex-test-x-ctl")
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, RuntimeError::Config(ref m) if m.contains("use tcp")),
+        "{e}"
+    );
 }

@@ -96,8 +96,9 @@ pub fn pack(
             .get(&t.src_tensor)
             .ok_or_else(|| tensor_err("source", &t.src_tensor))?;
         let n = (e.numel() as usize) * t.dst_dtype.size();
+        let cap = out.len();
         let dst = out.get_mut(at..at + n).ok_or_else(|| {
-            RuntimeError::Transport(format!("bucket buffer of {} bytes is too small", out.len()))
+            RuntimeError::Transport(format!("bucket buffer of {cap} bytes is too small"))
         })?;
         copy_box(
             v.bytes(),
@@ -131,11 +132,24 @@ pub fn unpack(
             .ok_or_else(|| tensor_err("destination", &t.dst_tensor))?;
         let n = (e.numel() as usize) * t.dst_dtype.size();
         let src = inp.get(at..at + n).ok_or_else(|| {
-            RuntimeError::Transport(format!("bucket of {} bytes is shorter than its plan", inp.len()))
+            RuntimeError::Transport(format!(
+                "bucket of {} bytes is shorter than its plan",
+                inp.len()
+            ))
         })?;
         // SAFETY: each destination box is written by exactly one piece of one bucket (the plan is exact).
         let out = unsafe { v.bytes_mut() };
-        copy_box(src, &e, &Dims::zeros(e.ndim()), t.dst_dtype, out, &v.shape, &d, v.dtype, &e)?;
+        copy_box(
+            src,
+            &e,
+            &Dims::zeros(e.ndim()),
+            t.dst_dtype,
+            out,
+            &v.shape,
+            &d,
+            v.dtype,
+            &e,
+        )?;
         at += n;
     }
     Ok(())
@@ -193,7 +207,12 @@ mod tests {
         let b = make_buckets(&ts, 32);
         let shape: Vec<Vec<(u32, u64, u64)>> = b
             .iter()
-            .map(|b| b.pieces.iter().map(|p| (p.transfer, p.row0, p.rows)).collect())
+            .map(|b| {
+                b.pieces
+                    .iter()
+                    .map(|p| (p.transfer, p.row0, p.rows))
+                    .collect()
+            })
             .collect();
         assert_eq!(
             shape,
@@ -221,11 +240,13 @@ mod tests {
         let mut src_buf: Vec<u8> = (0..24).collect();
         let mut dst_buf = vec![0u8; 12];
         let src = TensorSet::from_views(vec![unsafe {
-            crate::runtime::TensorView::new("s", src_buf.as_mut_ptr(), 24, DType::Bf16, t.src_shape).unwrap()
+            crate::runtime::TensorView::new("s", src_buf.as_mut_ptr(), 24, DType::Bf16, t.src_shape)
+                .unwrap()
         }])
         .unwrap();
         let dst = TensorSet::from_views(vec![unsafe {
-            crate::runtime::TensorView::new("d", dst_buf.as_mut_ptr(), 12, DType::Bf16, t.dst_shape).unwrap()
+            crate::runtime::TensorView::new("d", dst_buf.as_mut_ptr(), 12, DType::Bf16, t.dst_shape)
+                .unwrap()
         }])
         .unwrap();
         let ts = vec![t];

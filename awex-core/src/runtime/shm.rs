@@ -49,7 +49,11 @@ impl ShmSegment {
         let len = len.max(1);
         // SAFETY: plain libc calls with a valid C string; every result is checked.
         unsafe {
-            let fd = libc::shm_open(c.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600);
+            let fd = libc::shm_open(
+                c.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600,
+            );
             if fd < 0 {
                 return Err(os_err("cannot create", name));
             }
@@ -206,6 +210,9 @@ mod tests {
         drop(a);
         assert!(list_segments(&name).is_empty());
         assert!(ShmSegment::open(&name).is_err());
-        assert!(matches!(ShmSegment::create("../etc", 1), Err(RuntimeError::Shm(_))));
+        assert!(matches!(
+            ShmSegment::create("../etc", 1),
+            Err(RuntimeError::Shm(_))
+        ));
     }
 }

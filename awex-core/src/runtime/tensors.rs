@@ -163,7 +163,13 @@ impl TensorSet {
         for (t, off) in layout.tensors.iter().zip(offsets) {
             // SAFETY: offset + len lies inside the segment, owned by the set.
             views.push(unsafe {
-                TensorView::new(&t.name, seg.ptr().add(off), t.nbytes() as usize, t.dtype, t.shape)?
+                TensorView::new(
+                    &t.name,
+                    seg.ptr().add(off),
+                    t.nbytes() as usize,
+                    t.dtype,
+                    t.shape,
+                )?
             });
         }
         let mut set = Self::from_views(views)?;

@@ -8,13 +8,13 @@
 
 use super::{ExecContext, ExecStats, Transport, TransportKind};
 use crate::layout::RankId;
+use crate::layout::Side;
 use crate::layout::copy::copy_box;
 use crate::plan::RankPlan;
 use crate::runtime::RuntimeError;
 use crate::runtime::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::runtime::shm::ShmSegment;
 use crate::runtime::tensors::TensorSet;
-use crate::layout::Side;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,7 +72,9 @@ impl Control {
         )
     }
     fn sum(&self, i: u64) -> &AtomicU64 {
-        self.word(HEADER / 8 + 3 * self.n_tensors() as usize + 3 * self.n_peers() as usize + i as usize)
+        self.word(
+            HEADER / 8 + 3 * self.n_tensors() as usize + 3 * self.n_peers() as usize + i as usize,
+        )
     }
     fn size(n_tensors: usize, n_peers: usize, n_sums: usize) -> usize {
         HEADER + 8 * (3 * n_tensors + 3 * n_peers + n_sums)
@@ -80,8 +82,11 @@ impl Control {
     fn valid(&self) -> bool {
         self.seg.len() >= HEADER
             && self.magic().load(Ordering::Acquire) == MAGIC
-            && Control::size(self.n_tensors() as usize, self.n_peers() as usize, self.n_sums() as usize)
-                <= self.seg.len()
+            && Control::size(
+                self.n_tensors() as usize,
+                self.n_peers() as usize,
+                self.n_sums() as usize,
+            ) <= self.seg.len()
     }
 }
 
@@ -150,15 +155,20 @@ impl ShmTransport {
         })?;
         let views: Vec<_> = self.tensors.iter().collect();
         let n_sums: usize = self.buckets.iter().map(Vec::len).sum();
-        let seg = ShmSegment::create(name, Control::size(views.len(), self.plan.peers.len(), n_sums))?;
+        let seg = ShmSegment::create(
+            name,
+            Control::size(views.len(), self.plan.peers.len(), n_sums),
+        )?;
         let ctl = Control { seg };
         let base = data.ptr() as usize;
         ctl.word(3).store(views.len() as u64, Ordering::Relaxed);
-        ctl.word(4).store(self.plan.peers.len() as u64, Ordering::Relaxed);
+        ctl.word(4)
+            .store(self.plan.peers.len() as u64, Ordering::Relaxed);
         ctl.word(5).store(n_sums as u64, Ordering::Relaxed);
         for (i, v) in views.iter().enumerate() {
-            let off = (v.ptr() as usize).wrapping_sub(base);
-            if v.ptr() as usize - base.min(v.ptr() as usize) != off || off + v.len() > data.len() {
+            let p = v.ptr() as usize;
+            let off = p.wrapping_sub(base);
+            if p < base || off + v.len() > data.len() {
                 return Err(RuntimeError::Config(format!(
                     "tensor `{}` does not live in the rank's shared-memory segment",
                     v.name
@@ -204,7 +214,10 @@ impl ShmTransport {
         let mut tensors = HashMap::new();
         for i in 0..ctl.n_tensors() {
             let (h, off, len) = ctl.tensor_entry(i);
-            if off.checked_add(len).is_none_or(|end| end > data.len() as u64) {
+            if off
+                .checked_add(len)
+                .is_none_or(|end| end > data.len() as u64)
+            {
                 return Err(RuntimeError::Transport(format!(
                     "training rank {peer} lists a tensor outside its segment"
                 )));
@@ -232,7 +245,10 @@ impl ShmTransport {
     }
 
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
-        let ctl = self.ctl.as_ref().ok_or_else(|| RuntimeError::Transport("shm transport is closed".into()))?;
+        let ctl = self
+            .ctl
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Transport("shm transport is closed".into()))?;
         let mut stats = ExecStats::default();
         let mut idx = 0u64;
         for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
@@ -264,7 +280,10 @@ impl ShmTransport {
         let mut stats = ExecStats::default();
         for (pi, peer) in self.plan.peers.iter().enumerate() {
             let info = ctx.peers.get(&peer.peer).cloned().unwrap_or_default();
-            let stale = match (self.remotes.get(&peer.peer), info.get("ctl").and_then(|v| v.as_str())) {
+            let stale = match (
+                self.remotes.get(&peer.peer),
+                info.get("ctl").and_then(|v| v.as_str()),
+            ) {
                 (Some(r), Some(name)) => r.ctl_name != name,
                 _ => true,
             };
@@ -279,29 +298,52 @@ impl ShmTransport {
                 for p in &b.pieces {
                     let t = &peer.transfers[p.transfer as usize];
                     let (so, d, e) = piece_box(t, p);
-                    let &(off, len) = remote.tensors.get(&name_hash(&t.src_tensor)).ok_or_else(|| {
-                        RuntimeError::Transport(format!(
-                            "training rank {} does not share tensor `{}`",
-                            peer.peer, t.src_tensor
-                        ))
-                    })?;
+                    let &(off, len) =
+                        remote
+                            .tensors
+                            .get(&name_hash(&t.src_tensor))
+                            .ok_or_else(|| {
+                                RuntimeError::Transport(format!(
+                                    "training rank {} does not share tensor `{}`",
+                                    peer.peer, t.src_tensor
+                                ))
+                            })?;
                     // SAFETY: off+len was checked against the mapping when the remote was opened.
                     let src = unsafe {
-                        std::slice::from_raw_parts(remote.data.ptr().add(off as usize), len as usize)
+                        std::slice::from_raw_parts(
+                            remote.data.ptr().add(off as usize),
+                            len as usize,
+                        )
                     };
                     let dst = self.tensors.get(&t.dst_tensor).ok_or_else(|| {
-                        RuntimeError::Tensor(format!("destination tensor `{}` is not registered", t.dst_tensor))
+                        RuntimeError::Tensor(format!(
+                            "destination tensor `{}` is not registered",
+                            t.dst_tensor
+                        ))
                     })?;
                     // SAFETY: the plan writes each destination box exactly once.
                     let out = unsafe { dst.bytes_mut() };
-                    copy_box(src, &t.src_shape, &so, t.src_dtype, out, &dst.shape, &d, dst.dtype, &e)?;
+                    copy_box(
+                        src,
+                        &t.src_shape,
+                        &so,
+                        t.src_dtype,
+                        out,
+                        &dst.shape,
+                        &d,
+                        dst.dtype,
+                        &e,
+                    )?;
                 }
                 if ctx.corrupt && bi == 0 {
                     corrupt_first_byte(b, &peer.transfers, &self.tensors);
                 }
                 if ctx.checksums {
                     let h = hash_destination(b, &peer.transfers, &self.tensors)?;
-                    let want = remote.ctl.sum(remote.sums_at + bi as u64).load(Ordering::Relaxed);
+                    let want = remote
+                        .ctl
+                        .sum(remote.sums_at + bi as u64)
+                        .load(Ordering::Relaxed);
                     if h != want {
                         return Err(RuntimeError::Checksum {
                             peer: peer.peer,
@@ -326,7 +368,11 @@ impl ShmTransport {
 }
 
 /// Flips one byte of a bucket's first destination box (fault injection for tests).
-pub(crate) fn corrupt_first_byte(b: &Bucket, transfers: &[crate::plan::Transfer], tensors: &TensorSet) {
+pub(crate) fn corrupt_first_byte(
+    b: &Bucket,
+    transfers: &[crate::plan::Transfer],
+    tensors: &TensorSet,
+) {
     if let Some(p) = b.pieces.first() {
         let t = &transfers[p.transfer as usize];
         if let Some(v) = tensors.get(&t.dst_tensor) {
