@@ -19,7 +19,7 @@ pub enum CudaError {
     },
     /// The driver is there but too old for the CUDA 13.0 entry points awex uses.
     #[error(
-        "the CUDA driver lacks `{symbol}`; awex needs a driver for CUDA 13.0 or newer (580 series)"
+        "the CUDA driver lacks `{symbol}`; install a newer NVIDIA driver (awex uses the CUDA 13.0 driver API)"
     )]
     OldDriver {
         /// the missing entry point
@@ -64,12 +64,12 @@ pub enum CudaError {
         dst: DType,
     },
     /// The transfer's box does not fit its tensors.
-    #[error("`{tensor}`: {source}")]
+    #[error("`{tensor}`: {detail}")]
     Box {
         /// destination tensor
         tensor: String,
         /// the geometry error
-        source: CopyError,
+        detail: String,
     },
     /// A pointer that no exported allocation contains.
     #[error("device pointer {ptr:#x} lies in no exported allocation")]
@@ -110,7 +110,7 @@ impl CudaError {
     pub(crate) fn geometry(tensor: &str, source: CopyError) -> Self {
         CudaError::Box {
             tensor: tensor.to_string(),
-            source,
+            detail: source.to_string(),
         }
     }
 }

@@ -5,10 +5,10 @@
 //! hit cudarc's panic on a missing library or symbol. Each function returns the driver's error
 //! as a [`CudaError`] naming the call.
 
+use super::CudaError;
 use super::desc::CopyDesc;
 use super::handle::{HANDLE_BYTES, IpcEventHandle, IpcMemHandle};
 use super::raw::{RawCtx, RawEvent, RawGraphExec, RawStream};
-use super::CudaError;
 use cudarc::driver::sys as cu;
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
@@ -141,7 +141,9 @@ pub(crate) fn device_count() -> Result<u32, CudaError> {
 pub(crate) fn driver_version() -> Result<i32, CudaError> {
     init()?;
     let mut v = 0;
-    check("cuDriverGetVersion", unsafe { cu::cuDriverGetVersion(&mut v) })?;
+    check("cuDriverGetVersion", unsafe {
+        cu::cuDriverGetVersion(&mut v)
+    })?;
     Ok(v)
 }
 
@@ -172,7 +174,9 @@ pub(crate) fn device_name(ordinal: u32) -> Result<String, CudaError> {
 pub(crate) fn device_total_mem(ordinal: u32) -> Result<u64, CudaError> {
     let d = device(ordinal)?;
     let mut b = 0usize;
-    check("cuDeviceTotalMem", unsafe { cu::cuDeviceTotalMem_v2(&mut b, d) })?;
+    check("cuDeviceTotalMem", unsafe {
+        cu::cuDeviceTotalMem_v2(&mut b, d)
+    })?;
     Ok(b as u64)
 }
 
@@ -206,7 +210,9 @@ pub(crate) fn ctx_release(ordinal: u32) -> Result<(), CudaError> {
 
 /// Makes a context current on the calling thread.
 pub(crate) fn ctx_set(c: RawCtx) -> Result<(), CudaError> {
-    check("cuCtxSetCurrent", unsafe { cu::cuCtxSetCurrent(c.0.cast()) })
+    check("cuCtxSetCurrent", unsafe {
+        cu::cuCtxSetCurrent(c.0.cast())
+    })
 }
 
 /// Allocates device memory in the current context.
@@ -323,7 +329,9 @@ pub(crate) fn event_create(interprocess: bool) -> Result<RawEvent, CudaError> {
 
 /// Destroys an event (own or opened from a handle).
 pub(crate) fn event_destroy(e: RawEvent) -> Result<(), CudaError> {
-    check("cuEventDestroy", unsafe { cu::cuEventDestroy_v2(e.0.cast()) })
+    check("cuEventDestroy", unsafe {
+        cu::cuEventDestroy_v2(e.0.cast())
+    })
 }
 
 /// Records `e` at the current end of `s`.

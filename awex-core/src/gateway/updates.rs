@@ -343,7 +343,8 @@ impl Updates {
 }
 
 impl PairEntry {
-    /// Marks the current attempt failed, tells ranks (`abort`), resumes the engines.
+    /// Marks the current attempt failed, tells ranks that were told to run it (`abort`), resumes
+    /// the engines.
     fn fail(&self, p: &mut Pair, reason: String) {
         let Some(u) = p.updates.latest_mut() else {
             return;
@@ -351,6 +352,7 @@ impl PairEntry {
         if u.state.is_final() {
             return;
         }
+        let announced = u.state == UpdateState::Running;
         u.state = UpdateState::Failed;
         u.finished = Some(Instant::now());
         let error = format!(
@@ -361,7 +363,9 @@ impl PairEntry {
         let (version, attempt) = (u.version, u.attempt);
         self.metrics
             .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
-        self.publish(p, EventKind::Abort, Some(version), Some(attempt), Some(error));
+        if announced {
+            self.publish(p, EventKind::Abort, Some(version), Some(attempt), Some(error));
+        }
         self.engine_cmd(EngineCmd::Continue { version, attempt });
         self.update_tx.send_replace(());
     }
