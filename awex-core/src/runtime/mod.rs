@@ -3,6 +3,7 @@
 
 pub mod bucket;
 pub mod fill;
+pub mod rank;
 pub mod shm;
 mod tensors;
 pub mod transport;

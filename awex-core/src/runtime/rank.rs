@@ -1,0 +1,385 @@
+//! A rank of a pair: joins through the gateway, then executes its plan for every update version
+//! and reports. Training ranks are writers, inference ranks readers; the code is shared.
+
+use super::RuntimeError;
+use super::tensors::TensorSet;
+use super::transport::{ExecContext, ExecStats, ShmTransport, TcpTransport, Transport, TransportKind};
+use crate::backend::{BackendSpec, side_layout};
+use crate::client::{Client, ClientError};
+use crate::gateway::{EventKind, JoinRequest, JoinResponse, Report};
+use crate::layout::{RankId, RankLayout, Side, SideLayout};
+use crate::model::{Catalogue, ModelSpec};
+use crate::plan::{Pair, RankPlan};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Everything a rank needs to know to take part in a pair.
+#[derive(Clone, Debug)]
+pub struct RankConfig {
+    /// Gateway base URL.
+    pub gateway: String,
+    /// Bearer token.
+    pub token: Option<String>,
+    /// Pair name.
+    pub pair: String,
+    /// This rank's side.
+    pub side: Side,
+    /// This rank.
+    pub rank: RankId,
+    /// The model.
+    pub model: ModelSpec,
+    /// Training layout spec.
+    pub train: BackendSpec,
+    /// Inference layout spec.
+    pub infer: BackendSpec,
+    /// How bytes move.
+    pub transport: TransportKind,
+    /// Staging bucket size in bytes.
+    pub bucket_bytes: u64,
+    /// Host this rank advertises to peers (tcp).
+    pub host: String,
+}
+
+/// A rank's layout and plan, computed before it joins (so tensors can be checked first).
+pub struct Prepared {
+    /// The model's catalogue.
+    pub catalogue: Catalogue,
+    /// This rank's local tensors.
+    pub layout: RankLayout,
+    /// This rank's plan.
+    pub plan: Arc<RankPlan>,
+}
+
+/// Why a rank failed outside an update.
+#[derive(Debug, thiserror::Error)]
+pub enum RankError {
+    /// Talking to the gateway failed.
+    #[error(transparent)]
+    Gateway(#[from] ClientError),
+    /// The runtime failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The layout could not be built.
+    #[error("layout: {0}")]
+    Layout(String),
+    /// The pair was disconnected.
+    #[error("pair disconnected")]
+    Disconnected,
+}
+
+/// Computes this rank's layout and plan.
+pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
+    let catalogue = Catalogue::of(&cfg.model);
+    let training = side_layout(Side::Training, &cfg.train, &cfg.model).map_err(|e| RankError::Layout(e.to_string()))?;
+    let inference =
+        side_layout(Side::Inference, &cfg.infer, &cfg.model).map_err(|e| RankError::Layout(e.to_string()))?;
+    let mine: &dyn SideLayout = match cfg.side {
+        Side::Training => &*training,
+        Side::Inference => &*inference,
+    };
+    let layout = mine.rank_layout(cfg.rank).ok_or_else(|| {
+        RankError::Layout(format!(
+            "{} layout {} has no rank {} (world size {})",
+            cfg.side,
+            match cfg.side {
+                Side::Training => &cfg.train,
+                Side::Inference => &cfg.infer,
+            },
+            cfg.rank,
+            mine.world_size()
+        ))
+    })?;
+    let pair = Pair {
+        catalogue: &catalogue,
+        training: &*training,
+        inference: &*inference,
+    };
+    let plan = Arc::new(pair.plan_rank(cfg.side, cfg.rank).map_err(RuntimeError::from)?);
+    Ok(Prepared {
+        catalogue,
+        layout,
+        plan,
+    })
+}
+
+/// The kv key under which a rank publishes its rendezvous info.
+pub fn rendezvous_key(side: Side, rank: RankId) -> String {
+    format!("rdv.{}.{}.{}", side.short(), rank.engine, rank.rank)
+}
+
+/// Builds the transport of a rank.
+pub fn make_transport(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    match cfg.transport {
+        TransportKind::Shm => {
+            let ctl = format!(
+                "awex-{}-{}{}.{}-{}-ctl",
+                cfg.pair,
+                cfg.side.short(),
+                cfg.rank.engine,
+                cfg.rank.rank,
+                std::process::id()
+            );
+            Ok(Box::new(ShmTransport::new(prepared.plan.clone(), tensors, cfg.bucket_bytes, &ctl)?))
+        }
+        TransportKind::Tcp => {
+            let bind = std::env::var("AWEX_TCP_BIND").unwrap_or_else(|_| format!("{}:0", cfg.host));
+            Ok(Box::new(TcpTransport::new(
+                prepared.plan.clone(),
+                tensors,
+                cfg.bucket_bytes,
+                &bind,
+                &cfg.host,
+            )?))
+        }
+        TransportKind::CudaIpc | TransportKind::Nccl => Err(RuntimeError::Config(format!(
+            "transport `{}` is not available in the CPU runtime; use shm or tcp",
+            cfg.transport
+        ))),
+    }
+}
+
+/// A joined rank.
+pub struct Rank {
+    client: Client,
+    cfg: RankConfig,
+    /// The join answer: roster, options.
+    pub joined: JoinResponse,
+    transport: Option<Box<dyn Transport>>,
+    peers: HashMap<RankId, serde_json::Value>,
+    last_seq: u64,
+    pending: VecDeque<crate::gateway::Event>,
+    /// Test hook: corrupt one received byte of this version.
+    pub corrupt_version: Option<u64>,
+}
+
+/// One update a rank was asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Work {
+    /// Version.
+    pub version: u64,
+    /// Attempt.
+    pub attempt: u32,
+}
+
+impl Rank {
+    /// Joins the pair (publishing the transport's rendezvous) and waits for every rank.
+    pub async fn join(
+        cfg: RankConfig,
+        prepared: &Prepared,
+        tensors: &TensorSet,
+        transport: Box<dyn Transport>,
+    ) -> Result<Rank, RankError> {
+        tensors.check_layout(&prepared.layout)?;
+        let client = Client::new(&cfg.gateway, cfg.token.clone())?;
+        let info = serde_json::json!({
+            "transport": transport.rendezvous(),
+            "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
+            "pid": std::process::id(),
+        });
+        client
+            .put_kv(&cfg.pair, &rendezvous_key(cfg.side, cfg.rank), info.clone())
+            .await?;
+        let joined = client
+            .join(
+                &cfg.pair,
+                &JoinRequest {
+                    side: cfg.side,
+                    rank: cfg.rank,
+                    info,
+                },
+            )
+            .await?;
+        if joined.transport.as_str() != cfg.transport.as_str() {
+            return Err(RankError::Runtime(RuntimeError::Config(format!(
+                "pair `{}` uses transport {} but this rank was started with {}",
+                cfg.pair,
+                joined.transport.as_str(),
+                cfg.transport
+            ))));
+        }
+        let other = cfg.side.other();
+        let peers = joined
+            .roster
+            .iter()
+            .filter(|e| e.side == other)
+            .map(|e| (e.rank, e.info.get("transport").cloned().unwrap_or_default()))
+            .collect();
+        Ok(Rank {
+            client,
+            last_seq: joined.last_event_seq,
+            joined,
+            cfg,
+            transport: Some(transport),
+            peers,
+            pending: VecDeque::new(),
+            corrupt_version: None,
+        })
+    }
+
+    /// The gateway client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Waits for the next piece of work; `None` when the pair was disconnected.
+    pub async fn next_work(&mut self) -> Result<Option<Work>, RankError> {
+        loop {
+            while let Some(ev) = self.pending.pop_front() {
+                match ev.kind {
+                    EventKind::Disconnect => return Ok(None),
+                    EventKind::Update => {
+                        if let Some(version) = ev.version {
+                            return Ok(Some(Work {
+                                version,
+                                attempt: ev.attempt.unwrap_or(1),
+                            }));
+                        }
+                    }
+                    EventKind::Abort => {}
+                }
+            }
+            let r = self
+                .client
+                .events(&self.cfg.pair, self.last_seq, Duration::from_secs(30))
+                .await;
+            match r {
+                Ok(r) => {
+                    self.last_seq = r.last_seq.max(self.last_seq);
+                    self.pending.extend(r.events);
+                }
+                Err(e) if e.status() == Some(404) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn refresh_peers(&mut self) -> Result<(), RankError> {
+        let other = self.cfg.side.other();
+        let ranks: Vec<RankId> = self.peers.keys().copied().collect();
+        for r in ranks {
+            let e = self
+                .client
+                .get_kv(&self.cfg.pair, &rendezvous_key(other, r), Duration::ZERO)
+                .await?;
+            self.peers
+                .insert(r, e.value.get("transport").cloned().unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    /// Executes one piece of work and reports it; returns what moved, or the error reported.
+    pub async fn execute(&mut self, work: Work, checksums: bool) -> Result<ExecStats, RuntimeError> {
+        if work.attempt > 1 {
+            // a restarted peer publishes new rendezvous values
+            if let Err(e) = self.refresh_peers().await {
+                return self.report(work, Err(RuntimeError::Transport(e.to_string()))).await;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut transport = self
+            .transport
+            .take()
+            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+        let peers = self.peers.clone();
+        let corrupt = self.corrupt_version == Some(work.version);
+        let c2 = cancel.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let ctx = ExecContext {
+                version: work.version,
+                deadline,
+                cancel: &c2,
+                checksums,
+                peers: &peers,
+                corrupt,
+            };
+            let r = transport.execute(&ctx);
+            (transport, r)
+        });
+        // watch the event stream for an abort of this version while the bytes move; the events
+        // stay on the gateway, so `next_work` still sees them afterwards
+        let watcher = {
+            let client = self.client.clone();
+            let pair = self.cfg.pair.clone();
+            let cancel = cancel.clone();
+            let mut after = self.last_seq;
+            tokio::spawn(async move {
+                loop {
+                    match client.events(&pair, after, Duration::from_secs(2)).await {
+                        Ok(r) => {
+                            after = r.last_seq.max(after);
+                            let stop = r.events.iter().any(|ev| match ev.kind {
+                                EventKind::Abort => ev.version == Some(work.version),
+                                EventKind::Disconnect => true,
+                                EventKind::Update => false,
+                            });
+                            if stop {
+                                cancel.store(true, Ordering::Release);
+                            }
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+            })
+        };
+        let (transport, result) = job
+            .await
+            .map_err(|e| RuntimeError::Transport(format!("execution task failed: {e}")))?;
+        watcher.abort();
+        self.transport = Some(transport);
+        self.report(work, result).await
+    }
+
+    async fn report(
+        &mut self,
+        work: Work,
+        result: Result<ExecStats, RuntimeError>,
+    ) -> Result<ExecStats, RuntimeError> {
+        let report = match &result {
+            Ok(s) => Report {
+                side: self.cfg.side,
+                rank: self.cfg.rank,
+                ok: true,
+                bytes: s.bytes,
+                checksum: Some(s.checksum),
+                error: None,
+                attempt: Some(work.attempt),
+            },
+            Err(e) => Report {
+                side: self.cfg.side,
+                rank: self.cfg.rank,
+                ok: false,
+                bytes: 0,
+                checksum: None,
+                error: Some(e.to_string()),
+                attempt: Some(work.attempt),
+            },
+        };
+        if let Err(e) = self.client.report(&self.cfg.pair, work.version, &report).await {
+            // a report refused because the version already failed is not this rank's error
+            if result.is_ok() && e.status() != Some(409) {
+                return Err(RuntimeError::Transport(format!("report to the gateway failed: {e}")));
+            }
+        }
+        result
+    }
+
+    /// Tears the transport down.
+    pub fn close(&mut self) {
+        if let Some(mut t) = self.transport.take() {
+            t.close();
+        }
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
