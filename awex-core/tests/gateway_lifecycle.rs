@@ -52,7 +52,11 @@ async fn rank(client: Client, pair: String, side: Side, rank: RankId, act: Behav
                         Act::Silent => None,
                     };
                     if let Some(r) = report {
-                        client.report(&pair, v, &r).await?;
+                        match client.report(&pair, v, &r).await {
+                            // The attempt already failed (another rank was faster): its abort follows.
+                            Err(e) if e.status() == Some(409) => {}
+                            other => drop(other?),
+                        }
                     }
                 }
                 EventKind::Abort => log.push(format!("abort {v}/{a}")),
