@@ -2,6 +2,7 @@
 
 mod cmd;
 mod link;
+mod safetensors;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +24,13 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Operate pairs on a running gateway: connect, update, status, disconnect.
     Pair(cmd::pair::Args),
+    /// Measure a data path against its floor, measured in the same run (e.g. `bench ipc`).
+    Bench(cmd::bench::Args),
+    /// Run the main job: a gateway, training and inference rank processes, N verified updates.
+    Demo(cmd::demo::Args),
+    /// One rank process of a pair (spawned by `demo`).
+    #[command(hide = true)]
+    Worker(cmd::worker::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -33,6 +41,9 @@ fn main() -> std::process::ExitCode {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Pair(a) => cmd::pair::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
+        Command::Worker(a) => cmd::worker::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,9 @@
 //! One module per subcommand.
 
+pub mod demo;
+pub mod bench;
 pub mod detect;
 pub mod pair;
 pub mod plan;
 pub mod serve;
+pub mod worker;

@@ -1,0 +1,982 @@
+//! `awex-cli bench`: measured runs of awex's data paths against floors measured in the same run.
+//!
+//! `bench ipc` times a colocated weight update over CUDA IPC. It runs as two processes: this
+//! one is the inference rank; it starts itself again as the training rank (the hidden
+//! `bench ipc-sender`). The sender allocates its rank's tensors in one contiguous buffer, as
+//! Megatron's contiguous parameter buffer holds them, fills every tensor with deterministic
+//! bytes, exports one IPC handle per allocation and an inter-process "ready" event, and hands
+//! them over on its stdout. The receiver allocates its own tensors one allocation each (as a
+//! caching allocator gives them), plans its rank, opens the handles, and per update asks the
+//! sender for "ready", then copies every planned box device-to-device after that event and
+//! records its own "done" event, which the sender waits on before touching its weights again.
+//! It verifies every destination byte after the first and the last update, and measures the
+//! copy floor (one large device-to-device copy of the same byte count) in the same run.
+
+use super::plan::{Resolved, human_bytes};
+use anyhow::{Context, anyhow, bail};
+use awex_core::cuda::{
+    CopyDesc, CopyEngine, DescStats, Device, DeviceBuffer, Event, ExportedAllocation,
+    IpcEventHandle, IpcExport, IpcImport, RemoteAddr, coalesce, copy_descriptors, driver_version,
+};
+use awex_core::layout::copy::StridedBox;
+use awex_core::layout::{LocalTensor, RankId, Side};
+use awex_core::plan::Transfer;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// Arguments of `awex-cli bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum What {
+    /// Colocated weight update over CUDA IPC between two processes (needs `--features cuda` and a GPU).
+    #[command(
+        after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0"
+    )]
+    Ipc(IpcArgs),
+    /// The training side of `bench ipc` (started by it).
+    #[command(hide = true)]
+    IpcSender(SenderArgs),
+}
+
+/// How the receiver issues its copies.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    /// One driver call per copy descriptor, every update.
+    Launch,
+    /// The copies captured once into a CUDA graph, replayed with one launch per update.
+    Graph,
+}
+
+/// Arguments of `awex-cli bench ipc`.
+#[derive(clap::Args, Debug)]
+struct IpcArgs {
+    /// Model: a preset name, a config.json, or an HF model directory.
+    #[arg(long, default_value = "qwen3-8b")]
+    model: String,
+    /// Training side (one process holds every training rank the receiving rank reads from).
+    #[arg(long, default_value = "megatron:tp=1")]
+    train: String,
+    /// Inference side.
+    #[arg(long, default_value = "sglang:tp=1")]
+    infer: String,
+    /// The receiving inference rank, `E/N`.
+    #[arg(long, default_value = "0/0")]
+    rank: String,
+    /// Updates to run; the first is the cold one, the rest give the steady-state median.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(2..))]
+    updates: u32,
+    /// GPU of the receiving (inference) process.
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// GPU of the sending (training) process; defaults to `--gpu`.
+    #[arg(long)]
+    sender_gpu: Option<u32>,
+    /// Streams the copies are spread over.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    /// How the copies are issued.
+    #[arg(long, value_enum, default_value_t = Mode::Launch)]
+    mode: Mode,
+    /// Issue one copy per planned box instead of merging regular series into 2-D copies.
+    #[arg(long)]
+    no_coalesce: bool,
+    /// Skip the bit-for-bit check of every destination byte.
+    #[arg(long)]
+    no_verify: bool,
+    /// Also time other stream counts and both modes (steady state only).
+    #[arg(long)]
+    sweep: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of the hidden `bench ipc-sender`.
+#[derive(clap::Args, Debug)]
+struct SenderArgs {
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    train: String,
+    #[arg(long)]
+    infer: String,
+    /// Training ranks to hold, comma-separated.
+    #[arg(long)]
+    ranks: String,
+    #[arg(long)]
+    gpu: u32,
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.what {
+        What::Ipc(a) => ipc(a),
+        What::IpcSender(a) => sender(a),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// deterministic tensor contents
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The content key of a training tensor: FNV-1a of its rank and name.
+fn tensor_key(rank: RankId, name: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in rank
+        .engine
+        .to_le_bytes()
+        .iter()
+        .chain(&rank.rank.to_le_bytes())
+        .chain(name.as_bytes())
+    {
+        h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Bytes `start..start + out.len()` of the content of the tensor with key `key`.
+fn gen_bytes(key: u64, start: u64, out: &mut [u8]) {
+    let end = start + out.len() as u64;
+    let (mut k, mut i) = (start, 0usize);
+    while k < end {
+        let w = splitmix(key ^ (k >> 3)).to_le_bytes();
+        let b = (k & 7) as usize;
+        let take = (8 - b).min((end - k) as usize);
+        out[i..i + take].copy_from_slice(&w[b..b + take]);
+        i += take;
+        k += take as u64;
+    }
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
+/// [`gen_bytes`] on all cores.
+fn par_gen(key: u64, start: u64, out: &mut [u8]) {
+    let piece = out.len().div_ceil(threads()).max(1 << 16);
+    std::thread::scope(|s| {
+        for (i, chunk) in out.chunks_mut(piece).enumerate() {
+            s.spawn(move || gen_bytes(key, start + (i * piece) as u64, chunk));
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// the protocol between the two processes (JSON lines)
+
+#[derive(Serialize, Deserialize, Debug)]
+struct SenderTensor {
+    rank: RankId,
+    name: String,
+    at: RemoteAddr,
+    bytes: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct Hello {
+    device: String,
+    allocations: Vec<ExportedAllocation>,
+    tensors: Vec<SenderTensor>,
+    ready: IpcEventHandle,
+    alloc_ms: f64,
+    fill_ms: f64,
+    export_ms: f64,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "msg", rename_all = "lowercase")]
+enum ToSender {
+    /// The receiver's "done" event, waited on before each "ready".
+    Done { handle: IpcEventHandle },
+    /// Start update `version`: record "ready" and answer.
+    Update { version: u32 },
+    /// Release everything and exit.
+    Quit,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "msg", rename_all = "lowercase")]
+enum ToReceiver {
+    Ready { version: u32 },
+    Bye,
+}
+
+fn send_line<T: Serialize>(w: &mut impl Write, msg: &T) -> anyhow::Result<()> {
+    let mut line = serde_json::to_string(msg)?;
+    line.push('\n');
+    w.write_all(line.as_bytes())?;
+    w.flush()?;
+    Ok(())
+}
+
+fn read_line<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, who: &str) -> anyhow::Result<T> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        bail!("the {who} closed its pipe (it exited; see its error above)");
+    }
+    serde_json::from_str(line.trim()).with_context(|| format!("bad message from the {who}: {line}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// the sending (training) process
+
+const ALIGN: u64 = 256;
+
+fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
+    let r = Resolved::new(&a.model, &a.train, &a.infer)?;
+    let ranks: Vec<RankId> = a
+        .ranks
+        .split(',')
+        .map(|s| s.trim().parse::<u32>().map(RankId::train))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("bad --ranks `{}`", a.ranks))?;
+    let dev = Device::open(a.gpu)?;
+    let t0 = Instant::now();
+    // one contiguous buffer per training rank, tensors at 256-byte aligned offsets
+    let mut buffers: Vec<(DeviceBuffer, Vec<(LocalTensor, u64)>)> = Vec::new();
+    for &rank in &ranks {
+        let layout = r
+            .training
+            .rank_layout(rank)
+            .ok_or_else(|| anyhow!("training side has no rank {rank}"))?;
+        let mut off = 0u64;
+        let mut placed = Vec::new();
+        for t in layout.tensors {
+            let n = t.nbytes();
+            placed.push((t, off));
+            off += n.div_ceil(ALIGN) * ALIGN;
+        }
+        buffers.push((dev.alloc(off)?, placed));
+    }
+    let alloc_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t0 = Instant::now();
+    let chunk = 256u64 << 20;
+    let mut host = vec![0u8; chunk as usize];
+    for (&rank, (buf, placed)) in ranks.iter().zip(&buffers) {
+        for (t, off) in placed {
+            let key = tensor_key(rank, &t.name);
+            let mut done = 0u64;
+            while done < t.nbytes() {
+                let n = chunk.min(t.nbytes() - done) as usize;
+                par_gen(key, done, &mut host[..n]);
+                buf.upload(off + done, &host[..n])?;
+                done += n as u64;
+            }
+        }
+    }
+    drop(host);
+    let fill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t0 = Instant::now();
+    let ptrs: Vec<u64> = buffers
+        .iter()
+        .flat_map(|(b, placed)| placed.iter().map(|(_, off)| b.ptr() + off))
+        .collect();
+    let export = IpcExport::new(&dev, &ptrs)?;
+    let mut tensors = Vec::new();
+    for (&rank, (b, placed)) in ranks.iter().zip(&buffers) {
+        for (t, off) in placed {
+            tensors.push(SenderTensor {
+                rank,
+                name: t.name.to_string(),
+                at: export.locate(b.ptr() + off)?,
+                bytes: t.nbytes(),
+            });
+        }
+    }
+    let stream = dev.stream()?;
+    let ready = dev.event(true)?;
+    ready.record(&stream)?;
+    stream.sync()?;
+    let hello = Hello {
+        device: dev.name()?,
+        allocations: export.allocations().to_vec(),
+        tensors,
+        ready: ready.ipc_handle()?,
+        alloc_ms,
+        fill_ms,
+        export_ms: t0.elapsed().as_secs_f64() * 1e3,
+    };
+    let mut out = std::io::stdout().lock();
+    send_line(&mut out, &hello)?;
+    let mut input = std::io::stdin().lock();
+    let mut peer_done: Option<Event> = None;
+    loop {
+        match read_line::<ToSender>(&mut input, "receiver")? {
+            ToSender::Done { handle } => peer_done = Some(dev.open_event(&handle)?),
+            ToSender::Update { version } => {
+                // the training step would run here; it must not start before the last pull ended
+                if let Some(e) = &peer_done {
+                    stream.wait(e)?;
+                }
+                ready.record(&stream)?;
+                send_line(&mut out, &ToReceiver::Ready { version })?;
+            }
+            ToSender::Quit => {
+                stream.sync()?;
+                drop(peer_done);
+                drop(ready);
+                drop(export);
+                drop(buffers);
+                send_line(&mut out, &ToReceiver::Bye)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the receiving (inference) process
+
+/// The sender process, killed if the receiver stops early.
+struct SenderProc {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl SenderProc {
+    fn start(a: &IpcArgs, ranks: &[RankId], gpu: u32) -> anyhow::Result<Self> {
+        let exe =
+            std::env::current_exe().context("cannot find this executable to start the sender")?;
+        let ranks: Vec<String> = ranks.iter().map(|r| r.rank.to_string()).collect();
+        let mut child = Command::new(exe)
+            .args([
+                "bench",
+                "ipc-sender",
+                "--model",
+                &a.model,
+                "--train",
+                &a.train,
+            ])
+            .args(["--infer", &a.infer, "--ranks", &ranks.join(","), "--gpu"])
+            .arg(gpu.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the sender process")?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            bail!("the sender process has no pipes");
+        };
+        Ok(SenderProc {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        })
+    }
+
+    fn send(&mut self, m: &ToSender) -> anyhow::Result<()> {
+        send_line(&mut self.stdin, m)
+    }
+
+    fn recv<T: for<'de> Deserialize<'de>>(&mut self) -> anyhow::Result<T> {
+        read_line(&mut self.stdout, "sender")
+    }
+
+    fn finish(mut self) -> anyhow::Result<()> {
+        self.send(&ToSender::Quit)?;
+        match self.recv::<ToReceiver>()? {
+            ToReceiver::Bye => {}
+            other => bail!("sender answered {other:?} to quit"),
+        }
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("the sender exited with {status}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SenderProc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One timed configuration of the sweep.
+#[derive(Serialize, Debug)]
+struct SweepPoint {
+    streams: usize,
+    mode: Mode,
+    coalesced: bool,
+    median_ms: f64,
+    runs_ms: Vec<f64>,
+}
+
+/// Sender-side figures.
+#[derive(Serialize, Debug)]
+struct SenderReport {
+    device: String,
+    allocations: usize,
+    tensors: usize,
+    alloc_ms: f64,
+    fill_ms: f64,
+    export_ms: f64,
+}
+
+/// Everything `bench ipc --json` prints.
+#[derive(Serialize, Debug)]
+struct IpcReport {
+    model: String,
+    training: String,
+    inference: String,
+    rank: String,
+    device: String,
+    driver_version: i32,
+    receiver_gpu: u32,
+    sender_gpu: u32,
+    bytes: u64,
+    transfers: usize,
+    descriptors: DescStats,
+    uncoalesced: DescStats,
+    coalesced: bool,
+    streams: usize,
+    mode: Mode,
+    sender: SenderReport,
+    receiver_tensors: usize,
+    plan_ms: f64,
+    open_ms: f64,
+    descs_ms: f64,
+    first_copy_ms: f64,
+    first_update_ms: f64,
+    steady_ms: Vec<f64>,
+    steady_median_ms: f64,
+    steady_gbps: f64,
+    floor_ms: f64,
+    floor_runs_ms: Vec<f64>,
+    floor_gbps: f64,
+    ratio: f64,
+    verified: bool,
+    verify_detail: String,
+    verify_ms: f64,
+    sweep: Vec<SweepPoint>,
+    unix_time: u64,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// One update: ask for "ready", copy after it on the device, record "done", wait for the end.
+fn one_update(
+    sender: &mut SenderProc,
+    version: u32,
+    engine: &CopyEngine,
+    work: &Work,
+    ready: &Event,
+    done: &Event,
+) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    sender.send(&ToSender::Update { version })?;
+    match sender.recv::<ToReceiver>()? {
+        ToReceiver::Ready { version: v } if v == version => {}
+        other => bail!("sender answered {other:?} to update {version}"),
+    }
+    match work {
+        Work::Launch(descs) => engine.launch(descs, Some(ready), Some(done))?,
+        Work::Graph(g) => engine.replay(g, Some(ready), Some(done))?,
+    }
+    engine.sync()?;
+    Ok(ms_since(t0))
+}
+
+enum Work<'a> {
+    Launch(&'a [CopyDesc]),
+    Graph(awex_core::cuda::CopyGraph),
+}
+
+/// The receiver's tensors: one device allocation each.
+struct DstTensors {
+    tensors: Vec<(LocalTensor, DeviceBuffer)>,
+    by_name: HashMap<String, usize>,
+}
+
+impl DstTensors {
+    fn poison(&self, dev: &Device, engine: &CopyEngine) -> anyhow::Result<()> {
+        for (_, b) in &self.tensors {
+            // a bf16 NaN pattern: never what a real update writes everywhere
+            dev.fill_u16(b.ptr(), b.len() / 2, 0x7FC1, engine.main_stream())?;
+        }
+        engine.sync()?;
+        Ok(())
+    }
+}
+
+/// Checks every destination byte the plan writes against the sender's deterministic content.
+fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, String)> {
+    let mut by_dst: HashMap<&str, Vec<&Transfer>> = HashMap::new();
+    for t in transfers {
+        by_dst.entry(&t.dst_tensor).or_default().push(t);
+    }
+    let checked = AtomicU64::new(0);
+    let mismatch: Mutex<Option<String>> = Mutex::new(None);
+    let mut host = Vec::new();
+    for (lt, buf) in &dst.tensors {
+        let Some(ts) = by_dst.get(&*lt.name) else {
+            continue;
+        };
+        host.resize(buf.len() as usize, 0u8);
+        buf.download(0, &mut host)?;
+        // (key, source byte, destination byte, length), in pieces of at most 4 MiB
+        let mut items: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for t in ts {
+            let es = t.dst_dtype.size() as u64;
+            let key = tensor_key(t.src_rank, &t.src_tensor);
+            let b = StridedBox::new(
+                &t.src_shape,
+                &t.src_offset,
+                &t.dst_shape,
+                &t.dst_offset,
+                &t.extent,
+            )?;
+            b.for_each_run(|s, d, n| {
+                let (mut s, mut d, mut n) = (s * es, d * es, n * es);
+                while n > 0 {
+                    let k = n.min(4 << 20);
+                    items.push((key, s, d, k));
+                    (s, d, n) = (s + k, d + k, n - k);
+                }
+            });
+        }
+        let next = AtomicUsize::new(0);
+        let host = &host;
+        std::thread::scope(|s| {
+            for _ in 0..threads() {
+                s.spawn(|| {
+                    let mut want = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(key, sb, db, n)) = items.get(i) else {
+                            break;
+                        };
+                        want.resize(n as usize, 0);
+                        gen_bytes(key, sb, &mut want);
+                        let got = &host[db as usize..(db + n) as usize];
+                        if got != &want[..] {
+                            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                            let mut m = mismatch.lock().unwrap_or_else(|p| p.into_inner());
+                            m.get_or_insert_with(|| {
+                                format!(
+                                    "`{}` byte {}: got {:#04x}, want {:#04x}",
+                                    lt.name,
+                                    db as usize + at,
+                                    got[at],
+                                    want[at]
+                                )
+                            });
+                        }
+                        checked.fetch_add(n, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+    }
+    let checked = checked.into_inner();
+    let want: u64 = transfers.iter().map(Transfer::bytes).sum();
+    let need: u64 = dst
+        .tensors
+        .iter()
+        .map(|(t, _)| {
+            t.placements
+                .iter()
+                .map(|p| p.region.numel() * t.dtype.size() as u64)
+                .sum::<u64>()
+        })
+        .sum();
+    if let Some(m) = mismatch.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Ok((false, m));
+    }
+    if checked != want || want != need {
+        return Ok((
+            false,
+            format!("checked {checked} bytes; the plan moves {want}; the placements need {need}"),
+        ));
+    }
+    Ok((
+        true,
+        format!("all {checked} destination bytes equal the sender's"),
+    ))
+}
+
+fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
+    let (_, rank) = super::plan::parse_rank(&format!("infer:{}", a.rank))?;
+    let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
+    let dev = Device::open(a.gpu)?;
+    let device = dev.name()?;
+    let r = Resolved::new(&a.model, &a.train, &a.infer)?;
+    let t0 = Instant::now();
+    let plan = r.pair().plan_rank(Side::Inference, rank)?;
+    let plan_ms = ms_since(t0);
+    let transfers: Vec<Transfer> = plan
+        .peers
+        .iter()
+        .flat_map(|p| p.transfers.iter().cloned())
+        .collect();
+    if let Some(t) = transfers.iter().find(|t| t.converts()) {
+        bail!(
+            "`{}` converts {} to {}; bench ipc copies bytes only: give both sides the same dtype",
+            t.dst_tensor,
+            t.src_dtype,
+            t.dst_dtype
+        );
+    }
+    let ranks: Vec<RankId> = plan.peers.iter().map(|p| p.peer).collect();
+    let bytes = plan.bytes();
+    let layout = r
+        .inference
+        .rank_layout(rank)
+        .ok_or_else(|| anyhow!("inference side has no rank {rank}"))?;
+    let mut dst = DstTensors {
+        tensors: Vec::new(),
+        by_name: HashMap::new(),
+    };
+    for t in layout.tensors {
+        let b = dev.alloc(t.nbytes())?;
+        dst.by_name.insert(t.name.to_string(), dst.tensors.len());
+        dst.tensors.push((t, b));
+    }
+    let engine = CopyEngine::new(&dev, a.streams)?;
+    dst.poison(&dev, &engine)?;
+
+    let mut sender = SenderProc::start(&a, &ranks, sender_gpu)?;
+    let hello: Hello = sender.recv()?;
+    let done = dev.event(true)?;
+    sender.send(&ToSender::Done {
+        handle: done.ipc_handle()?,
+    })?;
+    let remote: HashMap<(RankId, &str), &SenderTensor> = hello
+        .tensors
+        .iter()
+        .map(|t| ((t.rank, t.name.as_str()), t))
+        .collect();
+
+    // first update: open the handles and the event, build the copies, run them
+    let t_first = Instant::now();
+    let import = IpcImport::open(&dev, &hello.allocations)?;
+    let ready = dev.open_event(&hello.ready)?;
+    let open_ms = ms_since(t_first);
+    let t0 = Instant::now();
+    let mut raw_descs = Vec::new();
+    for t in &transfers {
+        let src = remote.get(&(t.src_rank, &*t.src_tensor)).ok_or_else(|| {
+            anyhow!(
+                "the sender holds no `{}` of rank {}",
+                t.src_tensor,
+                t.src_rank
+            )
+        })?;
+        let src_ptr = import.ptr(src.at, src.bytes)?;
+        let &i = dst
+            .by_name
+            .get(&*t.dst_tensor)
+            .ok_or_else(|| anyhow!("this rank has no tensor `{}`", t.dst_tensor))?;
+        raw_descs.extend(copy_descriptors(t, src_ptr, dst.tensors[i].1.ptr())?);
+    }
+    let merged = coalesce(&raw_descs);
+    let descs: &[CopyDesc] = if a.no_coalesce { &raw_descs } else { &merged };
+    let descs_ms = ms_since(t0);
+    let work = match a.mode {
+        Mode::Launch => Work::Launch(descs),
+        Mode::Graph => Work::Graph(engine.capture(descs)?),
+    };
+    let first_copy_ms = one_update(&mut sender, 1, &engine, &work, &ready, &done)?;
+    let first_update_ms = ms_since(t_first);
+
+    let verify_on = !a.no_verify;
+    let t0 = Instant::now();
+    let (mut verified, mut detail) = if verify_on {
+        verify(&transfers, &dst)?
+    } else {
+        (false, "not checked (--no-verify)".to_string())
+    };
+    let mut verify_ms = ms_since(t0);
+
+    let mut steady = Vec::new();
+    for v in 2..=a.updates {
+        if v == a.updates && verify_on {
+            dst.poison(&dev, &engine)?;
+        }
+        steady.push(one_update(&mut sender, v, &engine, &work, &ready, &done)?);
+    }
+    if verify_on {
+        let t0 = Instant::now();
+        let (ok, d) = verify(&transfers, &dst)?;
+        verify_ms += ms_since(t0);
+        if verified && !ok {
+            detail = format!("last update: {d}");
+        }
+        verified &= ok;
+    }
+    drop(work);
+
+    let mut sweep = Vec::new();
+    let mut version = a.updates;
+    if a.sweep {
+        for (streams, mode, coalesced) in [
+            (1, Mode::Launch, true),
+            (2, Mode::Launch, true),
+            (4, Mode::Launch, true),
+            (8, Mode::Launch, true),
+            (4, Mode::Launch, false),
+            (8, Mode::Launch, false),
+            (1, Mode::Graph, true),
+            (4, Mode::Graph, true),
+            (4, Mode::Graph, false),
+        ] {
+            let e = CopyEngine::new(&dev, streams)?;
+            let d: &[CopyDesc] = if coalesced { &merged } else { &raw_descs };
+            let w = match mode {
+                Mode::Launch => Work::Launch(d),
+                Mode::Graph => Work::Graph(e.capture(d)?),
+            };
+            let mut runs = Vec::new();
+            for _ in 0..6 {
+                version += 1;
+                runs.push(one_update(&mut sender, version, &e, &w, &ready, &done)?);
+            }
+            // the first run of a configuration warms it up
+            sweep.push(SweepPoint {
+                streams,
+                mode,
+                coalesced,
+                median_ms: median(&runs[1..]),
+                runs_ms: runs,
+            });
+        }
+    }
+
+    // the floor: one copy of the same byte count out of the sender's buffer into a scratch one
+    let (floor_src, floor_bytes) = {
+        let (i, size) = hello
+            .allocations
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (i, x.size))
+            .max_by_key(|&(_, s)| s)
+            .ok_or_else(|| anyhow!("the sender exported no allocation"))?;
+        let n = size.min(bytes);
+        (
+            import.ptr(
+                RemoteAddr {
+                    allocation: i as u32,
+                    offset: 0,
+                },
+                n,
+            )?,
+            n,
+        )
+    };
+    let scratch = dev.alloc(floor_bytes)?;
+    let one = [CopyDesc::linear(floor_src, scratch.ptr(), floor_bytes)];
+    let floor_engine = CopyEngine::new(&dev, 1)?;
+    let mut floor_runs = Vec::new();
+    for _ in 0..6 {
+        let t0 = Instant::now();
+        floor_engine.launch(&one, None, None)?;
+        floor_engine.sync()?;
+        floor_runs.push(ms_since(t0) * bytes as f64 / floor_bytes as f64);
+    }
+    let floor_ms = median(&floor_runs[1..]);
+    drop(scratch);
+    drop(import);
+    drop(ready);
+    sender.finish()?;
+
+    let steady_median_ms = median(&steady);
+    let report = IpcReport {
+        model: r.model.name.clone(),
+        training: r.train_spec.to_string(),
+        inference: r.infer_spec.to_string(),
+        rank: rank.to_string(),
+        device,
+        driver_version: driver_version()?,
+        receiver_gpu: a.gpu,
+        sender_gpu,
+        bytes,
+        transfers: transfers.len(),
+        descriptors: DescStats::of(descs),
+        uncoalesced: DescStats::of(&raw_descs),
+        coalesced: !a.no_coalesce,
+        streams: a.streams,
+        mode: a.mode,
+        sender: SenderReport {
+            device: hello.device,
+            allocations: hello.allocations.len(),
+            tensors: hello.tensors.len(),
+            alloc_ms: hello.alloc_ms,
+            fill_ms: hello.fill_ms,
+            export_ms: hello.export_ms,
+        },
+        receiver_tensors: dst.tensors.len(),
+        plan_ms,
+        open_ms,
+        descs_ms,
+        first_copy_ms,
+        first_update_ms,
+        steady_gbps: bytes as f64 * 2.0 / steady_median_ms / 1e6,
+        steady_median_ms,
+        steady_ms: steady,
+        floor_gbps: bytes as f64 * 2.0 / floor_ms / 1e6,
+        floor_ms,
+        floor_runs_ms: floor_runs,
+        ratio: steady_median_ms / floor_ms,
+        verified,
+        verify_detail: detail,
+        verify_ms,
+        sweep,
+        unix_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    if verify_on && !report.verified {
+        bail!("verification failed: {}", report.verify_detail);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(r: &IpcReport) {
+    println!(
+        "model        {}  ({} -> {}, rank {})",
+        r.model, r.training, r.inference, r.rank
+    );
+    println!(
+        "device       {} (driver {}.{}), receiver GPU {}, sender GPU {}",
+        r.device,
+        r.driver_version / 1000,
+        r.driver_version % 1000 / 10,
+        r.receiver_gpu,
+        r.sender_gpu
+    );
+    let n = |d: &DescStats| d.linear + d.pitched_2d + d.pitched_3d;
+    println!(
+        "moved        {} in {} transfers = {} copies ({} linear, {} 2-D, {} 3-D; {} before merging); {} streams, {:?}",
+        human_bytes(r.bytes as f64),
+        r.transfers,
+        n(&r.descriptors),
+        r.descriptors.linear,
+        r.descriptors.pitched_2d,
+        r.descriptors.pitched_3d,
+        n(&r.uncoalesced),
+        r.streams,
+        r.mode
+    );
+    println!(
+        "sender       {} allocation(s) for {} tensors; fill {:.0} ms, export {:.1} ms",
+        r.sender.allocations, r.sender.tensors, r.sender.fill_ms, r.sender.export_ms
+    );
+    println!(
+        "first update {:.1} ms  (open handles {:.1} ms, build copies {:.1} ms, copy {:.1} ms; plan {:.1} ms before)",
+        r.first_update_ms, r.open_ms, r.descs_ms, r.first_copy_ms, r.plan_ms
+    );
+    let runs: Vec<String> = r.steady_ms.iter().map(|m| format!("{m:.2}")).collect();
+    println!(
+        "steady       {:.2} ms median  ({:.0} GB/s read+write; runs {})",
+        r.steady_median_ms,
+        r.steady_gbps,
+        runs.join(" ")
+    );
+    println!(
+        "floor        {:.2} ms  (one cuMemcpyDtoD of the same bytes, {:.0} GB/s read+write)",
+        r.floor_ms, r.floor_gbps
+    );
+    println!("ratio        {:.2} x floor", r.ratio);
+    println!(
+        "verified     {}  ({}; {:.0} ms)",
+        r.verified, r.verify_detail, r.verify_ms
+    );
+    for p in &r.sweep {
+        println!(
+            "sweep        {} streams {:?}{}: {:.2} ms median",
+            p.streams,
+            p.mode,
+            if p.coalesced { "" } else { " (unmerged)" },
+            p.median_ms
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_bytes_do_not_depend_on_where_a_range_starts() {
+        let key = tensor_key(RankId::train(0), "decoder.layers.0.mlp.linear_fc1.weight");
+        let mut whole = vec![0u8; 100];
+        gen_bytes(key, 0, &mut whole);
+        let mut part = vec![0u8; 37];
+        gen_bytes(key, 13, &mut part);
+        assert_eq!(&whole[13..50], &part[..]);
+        let mut big = vec![0u8; 300_000];
+        par_gen(key, 5, &mut big);
+        let mut one = vec![0u8; 300_000];
+        gen_bytes(key, 5, &mut one);
+        assert_eq!(big, one);
+    }
+
+    #[test]
+    fn tensor_keys_differ_by_rank_and_name() {
+        let a = tensor_key(RankId::train(0), "x");
+        assert_ne!(a, tensor_key(RankId::train(1), "x"));
+        assert_ne!(a, tensor_key(RankId::train(0), "y"));
+        assert_eq!(a, tensor_key(RankId::train(0), "x"));
+    }
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn protocol_messages_are_tagged_json_lines() {
+        let mut out = Vec::new();
+        send_line(&mut out, &ToSender::Update { version: 3 }).unwrap();
+        assert_eq!(out, b"{\"msg\":\"update\",\"version\":3}\n");
+        let back: ToSender = read_line(&mut &out[..], "receiver").unwrap();
+        assert!(matches!(back, ToSender::Update { version: 3 }));
+        let e = read_line::<ToReceiver>(&mut &b""[..], "sender").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the sender closed its pipe (it exited; see its error above)"
+        );
+    }
+}

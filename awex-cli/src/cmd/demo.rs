@@ -1,0 +1,445 @@
+//! `awex-cli demo`: the main job, end to end on one machine.
+//!
+//! Starts a gateway on loopback, spawns every training and inference rank as its own process
+//! (this binary's hidden `worker` subcommand), connects the pair, runs N updates, has every
+//! inference rank check every byte after every update, disconnects, checks that no shared
+//! memory is left behind, and prints a table with the memcpy floor measured in the same run.
+
+use super::plan::{DEFAULT_INFER, DEFAULT_MODEL, DEFAULT_TRAIN, Resolved, human_bytes};
+use anyhow::{Context, bail};
+use awex_core::client::Client;
+use awex_core::gateway::{ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, UpdateState};
+use awex_core::layout::RankId;
+use awex_core::runtime::fill::canonical_tensor;
+use awex_core::runtime::shm::list_segments;
+use awex_core::runtime::transport::TransportKind;
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// Arguments of `awex-cli demo`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json")]
+pub struct Args {
+    /// Model: a preset name, a config.json, or an HF model directory.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Training side (same syntax as `plan`).
+    #[arg(long, default_value = DEFAULT_TRAIN)]
+    pub train: String,
+    /// Inference side (same syntax as `plan`).
+    #[arg(long, default_value = DEFAULT_INFER)]
+    pub infer: String,
+    /// How bytes move: shm, tcp (CPU); cuda-ipc, nccl (GPU).
+    #[arg(long, default_value = "shm")]
+    pub transport: String,
+    /// Number of updates (versions 1..=N).
+    #[arg(long, default_value_t = 3)]
+    pub updates: u64,
+    /// Staging bucket size in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub bucket_mib: u64,
+    /// Per-bucket xxh3 checksums, verified by receivers and compared by the gateway.
+    #[arg(long)]
+    pub checksum: bool,
+    /// After the last update, write canonical and per-rank safetensors here.
+    #[arg(long)]
+    pub dump_dir: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Deadline of one update in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub deadline_s: u64,
+    /// Fault drill: SIGKILL this training rank during update `--fault-version`, then restart it
+    /// and retry that version.
+    #[arg(long, hide = true)]
+    pub fault_kill_train_rank: Option<u32>,
+    /// Fault drill: corrupt one received byte on inference rank 0/0 in this version (use with --checksum).
+    #[arg(long, hide = true)]
+    pub fault_corrupt_version: Option<u64>,
+    /// The version the fault drills act on.
+    #[arg(long, hide = true, default_value_t = 2)]
+    pub fault_version: u64,
+}
+
+/// One update's row of the report.
+#[derive(Serialize, Debug, Clone)]
+pub struct UpdateRow {
+    /// Version.
+    pub version: u64,
+    /// Seconds from start to commit (or failure).
+    pub seconds: f64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// GB/s.
+    pub gbps: f64,
+    /// Committed and every inference rank verified every byte.
+    pub verified: bool,
+    /// Attempts it took.
+    pub attempts: u32,
+    /// Why it failed, when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The `--json` report.
+#[derive(Serialize, Debug)]
+pub struct DemoReport {
+    /// Every update committed and verified.
+    pub verified: bool,
+    /// Transport.
+    pub transport: String,
+    /// Model.
+    pub model: String,
+    /// Training spec.
+    pub training: String,
+    /// Inference spec.
+    pub inference: String,
+    /// Per update.
+    pub updates: Vec<UpdateRow>,
+    /// Single-thread memcpy bandwidth measured in this run, GB/s.
+    pub memcpy_gbps: f64,
+    /// Median update GB/s over the memcpy GB/s.
+    pub ratio: f64,
+    /// Shared-memory segments of this pair left behind after disconnect.
+    pub leaked_segments: Vec<String>,
+}
+
+/// Best-of-5 single-thread memcpy bandwidth over 256 MiB buffers (bytes copied per second).
+pub fn memcpy_gbps() -> f64 {
+    let n = 256usize << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    dst.copy_from_slice(&src);
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    n as f64 / best / 1e9
+}
+
+struct Workers {
+    children: Vec<(String, Child)>,
+    prefix: String,
+}
+
+impl Workers {
+    fn kill_all(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+        awex_core::runtime::shm::sweep_dead(&self.prefix);
+    }
+
+    /// The first worker that exited, if any.
+    fn exited(&mut self) -> Option<String> {
+        for (name, c) in &mut self.children {
+            if let Ok(Some(s)) = c.try_wait() {
+                return Some(format!("worker `{name}` exited with {s}"));
+            }
+        }
+        None
+    }
+}
+
+/// Waits until a restarted training rank joined again (after `since`, ms since the epoch).
+async fn wait_rejoined(client: &Client, pair: &str, rank: RankId, since: u64, workers: &mut Workers) -> anyhow::Result<()> {
+    let stop_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = client.status(pair).await?;
+        if s.roster.iter().any(|e| e.side == awex_core::layout::Side::Training && e.rank == rank && e.joined_unix_ms >= since) {
+            return Ok(());
+        }
+        if let Some(e) = workers.exited() {
+            bail!("{e} before rejoining");
+        }
+        if Instant::now() > stop_by {
+            bail!("training rank {rank} did not rejoin within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until every rank joined the pair (a worker that dies first is an error).
+async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyhow::Result<()> {
+    loop {
+        let s = client.status(pair).await?;
+        match s.state {
+            awex_core::gateway::PairState::Ready => {
+                // a restarted rank re-joins a ready pair: wait until the roster is full again
+                if s.training.joined + s.inference.joined >= s.training.world_size + s.inference.world_size {
+                    return Ok(());
+                }
+            }
+            awex_core::gateway::PairState::Joining => {}
+            other => bail!("pair `{pair}` is {} instead of ready", other.as_str()),
+        }
+        if let Some(e) = workers.exited() {
+            bail!("{e} before every rank joined");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn worker_command(a: &Args, gateway: &str, pair: &str, token: &str, side: &str, rank: RankId) -> anyhow::Result<Command> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let mut c = Command::new(exe);
+    c.arg("worker")
+        .args(["--gateway", gateway, "--pair", pair, "--side", side])
+        .args(["--engine", &rank.engine.to_string(), "--rank", &rank.rank.to_string()])
+        .args(["--model", &a.model, "--train", &a.train, "--infer", &a.infer])
+        .args(["--transport", &a.transport, "--bucket-mib", &a.bucket_mib.to_string()])
+        .env("AWEX_TOKEN", token)
+        .stdin(Stdio::null());
+    if let Some(d) = &a.dump_dir {
+        c.arg("--dump-dir").arg(d);
+    }
+    if a.checksum {
+        c.arg("--checksum");
+    }
+    Ok(c)
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let transport: TransportKind = args.transport.parse()?;
+    if matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl) {
+        bail!(
+            "the demo's `{transport}` transport needs the GPU runtime, which this build does not include yet; use --transport shm or tcp"
+        );
+    }
+    if args.updates == 0 {
+        bail!("--updates must be at least 1");
+    }
+    let r = Resolved::new(&args.model, &args.train, &args.infer)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(demo(&args, &r, transport))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "awex demo: {} | {} -> {} | transport {}",
+            report.model, report.training, report.inference, report.transport
+        );
+        println!("{:>7}  {:>9}  {:>10}  {:>8}  {}", "version", "seconds", "moved", "GB/s", "verified");
+        for u in &report.updates {
+            println!(
+                "{:>7}  {:>9.3}  {:>10}  {:>8.2}  {}{}",
+                u.version,
+                u.seconds,
+                human_bytes(u.bytes as f64),
+                u.gbps,
+                if u.verified { "yes" } else { "NO" },
+                u.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+            );
+        }
+        println!(
+            "memcpy floor (1 thread, same run): {:.2} GB/s; median update / floor = {:.2}",
+            report.memcpy_gbps, report.ratio
+        );
+        if !report.leaked_segments.is_empty() {
+            println!("LEAKED shared memory: {}", report.leaked_segments.join(", "));
+        }
+    }
+    Ok(if report.verified && report.leaked_segments.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Result<DemoReport> {
+    let floor = memcpy_gbps();
+    let token = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let gateway = format!("http://{}", listener.local_addr()?);
+    let config = GatewayConfig {
+        token: Some(token.clone()),
+        ..GatewayConfig::default()
+    };
+    let server = tokio::spawn(awex_core::gateway::serve(listener, config));
+    let client = Client::new(&gateway, Some(token.clone()))?;
+    let pair = format!("demo-{}", std::process::id());
+    let summary = r.catalogue.summary();
+    let deadline_ms = a.deadline_s.max(1) * 1000;
+    let engines = r.inference.engines();
+    client
+        .connect(&ConnectRequest {
+            name: pair.clone(),
+            training: TrainingSpec {
+                backend: r.train_spec.backend.clone(),
+                parallel: r.train_spec.parallel.clone(),
+                world_size: r.training.world_size() as u32,
+                model: r.model.clone(),
+                catalogue: summary.clone(),
+            },
+            inference: InferenceSpec {
+                backend: r.infer_spec.backend.clone(),
+                parallel: r.infer_spec.parallel.clone(),
+                engines,
+                world_size: r.inference.world_size() as u32,
+                urls: vec![],
+                model: r.model.clone(),
+                catalogue: summary,
+            },
+            transport: serde_json::from_value(serde_json::json!(transport.as_str()))?,
+            options: PairOptions {
+                join_deadline_ms: 120_000,
+                update_deadline_ms: deadline_ms,
+                bucket_mib: a.bucket_mib,
+                checksums: a.checksum,
+                ..PairOptions::default()
+            },
+        })
+        .await
+        .context("connecting the demo pair")?;
+
+    let mut workers = Workers {
+        children: Vec::new(),
+        prefix: format!("awex-{pair}-"),
+    };
+    let quiet = !std::io::stderr().is_terminal();
+    for rank in r.training.ranks() {
+        let mut c = worker_command(a, &gateway, &pair, &token, "train", rank)?;
+        if a.fault_kill_train_rank == Some(rank.rank) {
+            c.args(["--die-at-version", &a.fault_version.to_string()]);
+        }
+        workers.children.push((format!("train {}", rank.rank), c.spawn().context("spawning a training rank")?));
+    }
+    for rank in r.inference.ranks() {
+        let mut c = worker_command(a, &gateway, &pair, &token, "infer", rank)?;
+        if rank == RankId::infer(0, 0)
+            && let Some(v) = a.fault_corrupt_version
+        {
+            c.args(["--corrupt-version", &v.to_string()]);
+        }
+        workers.children.push((format!("infer {rank}"), c.spawn().context("spawning an inference rank")?));
+    }
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(a.updates);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} update {pos}/{len} {wide_msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    };
+
+    wait_ready(&client, &pair, &mut workers).await?;
+    let mut rows = Vec::new();
+    let mut version = 1;
+    let mut attempts = 0u32;
+    while version <= a.updates {
+        attempts += 1;
+        bar.set_message(format!("version {version}, attempt {attempts}"));
+        let t0 = Instant::now();
+        client.start_update(&pair, version).await.with_context(|| format!("starting version {version}"))?;
+        let status = client
+            .wait_update(&pair, version, Duration::from_millis(deadline_ms * 2 + 10_000))
+            .await?;
+        let seconds = t0.elapsed().as_secs_f64();
+        if status.state != UpdateState::Committed {
+            let error = status.error.clone().unwrap_or_else(|| "failed".into());
+            // fault drill: restart the killed training rank and retry the same version once
+            if let Some(k) = a.fault_kill_train_rank
+                && version == a.fault_version
+                && attempts == 1
+            {
+                let name = format!("train {k}");
+                if let Some(pos) = workers.children.iter().position(|(n, _)| *n == name) {
+                    let (_, mut old) = workers.children.remove(pos);
+                    let _ = old.wait();
+                }
+                let restarted = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+                let c = worker_command(a, &gateway, &pair, &token, "train", RankId::train(k))?.spawn()?;
+                workers.children.push((name, c));
+                wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
+                rows.push(UpdateRow { version, seconds, bytes: 0, gbps: 0.0, verified: false, attempts, error: Some(error) });
+                continue;
+            }
+            rows.push(UpdateRow { version, seconds, bytes: 0, gbps: 0.0, verified: false, attempts, error: Some(error) });
+            break;
+        }
+        let bytes = status.bytes.inference;
+        // every inference rank checks every byte, after its report
+        let mut verified = true;
+        let mut error = None;
+        for rank in r.inference.ranks() {
+            let key = format!("verify.{}.{}.{}", rank.engine, rank.rank, version);
+            let e = client.get_kv(&pair, &key, Duration::from_secs(60)).await.with_context(|| format!("waiting for {key}"))?;
+            if e.value.get("ok") != Some(&serde_json::Value::Bool(true)) {
+                verified = false;
+                error = Some(format!("inference rank {rank}: {}", e.value.get("error").and_then(|v| v.as_str()).unwrap_or("?")));
+            }
+        }
+        rows.push(UpdateRow { version, seconds, bytes, gbps: bytes as f64 / seconds / 1e9, verified, attempts, error });
+        bar.inc(1);
+        version += 1;
+        attempts = 0;
+    }
+    bar.finish_and_clear();
+
+    if let Some(dir) = &a.dump_dir {
+        let last = rows.iter().filter(|u| u.verified).map(|u| u.version).max().unwrap_or(0);
+        let tensors: Vec<(String, awex_core::DType, Vec<u64>, Vec<u8>)> = r
+            .catalogue
+            .tensors()
+            .iter()
+            .map(|c| (c.name.clone(), c.dtype, c.shape.as_slice().to_vec(), canonical_tensor(&r.catalogue, &c.name, last).unwrap_or_default()))
+            .collect();
+        let items: Vec<_> = tensors.iter().map(|(n, d, s, b)| (n.clone(), *d, s.clone(), b.as_slice())).collect();
+        crate::safetensors::write(&dir.join("canonical.safetensors"), &items)?;
+    }
+
+    client.disconnect(&pair).await.context("disconnecting")?;
+    // workers see the disconnect, tear down and exit
+    let stop_by = Instant::now() + Duration::from_secs(30);
+    for (name, c) in &mut workers.children {
+        loop {
+            match c.try_wait()? {
+                Some(s) if s.success() => break,
+                Some(s) => bail!("worker `{name}` exited with {s}"),
+                None if Instant::now() > stop_by => bail!("worker `{name}` did not exit after disconnect"),
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+    workers.children.clear();
+    server.abort();
+    let leaked = list_segments(&format!("awex-{pair}-"));
+    let median = {
+        let mut g: Vec<f64> = rows.iter().filter(|u| u.verified).map(|u| u.gbps).collect();
+        g.sort_by(f64::total_cmp);
+        g.get(g.len() / 2).copied().unwrap_or(0.0)
+    };
+    let verified = rows.iter().filter(|u| u.verified).count() as u64 == a.updates;
+    Ok(DemoReport {
+        verified,
+        transport: transport.to_string(),
+        model: r.model.name.clone(),
+        training: r.train_spec.to_string(),
+        inference: r.infer_spec.to_string(),
+        updates: rows,
+        memcpy_gbps: floor,
+        ratio: if floor > 0.0 { median / floor } else { 0.0 },
+        leaked_segments: leaked,
+    })
+}
