@@ -214,6 +214,49 @@ pub fn push_box(b: &StridedBox, es: u64, src: u64, dst: u64, out: &mut Vec<CopyD
     });
 }
 
+/// Merges runs of equal-width linear copies whose addresses advance by fixed pitches into
+/// pitched 2-D copies; the same bytes move, in fewer driver calls.
+///
+/// Planned boxes are often regular across transfers: Megatron's interleaved QKV rows go to
+/// SGLang's concatenated Q, K and V blocks as one box per query group, each group a fixed
+/// stride further on both ends. Each such series becomes one 2-D copy.
+pub fn coalesce(descs: &[CopyDesc]) -> Vec<CopyDesc> {
+    let mut out: Vec<CopyDesc> = Vec::with_capacity(descs.len());
+    for d in descs {
+        if let Some(last) = out.last_mut()
+            && extend_rows(last, d)
+        {
+            continue;
+        }
+        out.push(*d);
+    }
+    out
+}
+
+/// Appends linear copy `d` to `cur` as one more row, if it continues `cur`'s pitches.
+fn extend_rows(cur: &mut CopyDesc, d: &CopyDesc) -> bool {
+    if d.kind() != CopyKind::Linear || cur.depth != 1 || d.width != cur.width {
+        return false;
+    }
+    if cur.height == 1 {
+        let (Some(sp), Some(dp)) = (d.src.checked_sub(cur.src), d.dst.checked_sub(cur.dst)) else {
+            return false;
+        };
+        // rows must not overlap, and the driver must accept the pitches
+        if sp < cur.width || dp < cur.width || sp > MAX_PITCH || dp > MAX_PITCH {
+            return false;
+        }
+        (cur.src_pitch, cur.dst_pitch) = (sp, dp);
+    } else if d.src != cur.src + cur.height * cur.src_pitch
+        || d.dst != cur.dst + cur.height * cur.dst_pitch
+    {
+        return false;
+    }
+    cur.height += 1;
+    (cur.src_rows, cur.dst_rows) = (cur.height, cur.height);
+    true
+}
+
 /// Calls `f(src, dst)` for every index of the outer dims `from..`, in row-major order, the
 /// dims' strides added to `src` and `dst`.
 fn loop_outer(
@@ -442,6 +485,62 @@ mod tests {
     }
 
     #[test]
+    fn qkv_groups_coalesce_into_one_2d_copy_per_block() {
+        // Megatron [q0 k0 v0 q1 k1 v1] (4 q rows, 1 k row, 1 v row per group, rows of 8 bytes)
+        // into SGLang [q0 q1 k0 k1 v0 v1]: six boxes, three 2-D copies
+        let row = 8;
+        let boxes = [
+            (0, 0, 4),
+            (6, 4, 4),
+            (4, 8, 1),
+            (10, 9, 1),
+            (5, 10, 1),
+            (11, 11, 1),
+        ];
+        let descs: Vec<CopyDesc> = boxes
+            .iter()
+            .map(|&(s, d, n)| CopyDesc::linear(s * row, 1000 + d * row, n * row))
+            .collect();
+        let c = coalesce(&descs);
+        let two = |src, dst, width, sp, dp| CopyDesc {
+            src,
+            dst,
+            width,
+            height: 2,
+            depth: 1,
+            src_pitch: sp,
+            dst_pitch: dp,
+            src_rows: 2,
+            dst_rows: 2,
+        };
+        assert_eq!(
+            c,
+            vec![
+                two(0, 1000, 32, 48, 32),
+                two(32, 1064, 8, 48, 8),
+                two(40, 1080, 8, 48, 8),
+            ]
+        );
+    }
+
+    #[test]
+    fn copies_that_would_overlap_or_go_backwards_stay_apart() {
+        let a = CopyDesc::linear(100, 100, 16);
+        // next row starts inside the first: overlapping rows are no pitched copy
+        assert_eq!(coalesce(&[a, CopyDesc::linear(108, 200, 16)]).len(), 2);
+        // next row lies before the first
+        assert_eq!(coalesce(&[a, CopyDesc::linear(50, 200, 16)]).len(), 2);
+        // a third row off the pitch starts a new copy
+        let c = coalesce(&[
+            a,
+            CopyDesc::linear(200, 200, 16),
+            CopyDesc::linear(301, 300, 16),
+        ]);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].height, c[1]), (2, CopyDesc::linear(301, 300, 16)));
+    }
+
+    #[test]
     fn stats_count_descriptors_by_kind() {
         let d = [
             CopyDesc::linear(0, 0, 10),
@@ -509,7 +608,11 @@ mod tests {
             let b = StridedBox::new(&t.src_shape, &t.src_offset, &t.dst_shape, &t.dst_offset, &t.extent).unwrap();
             let mut runs = vec![];
             b.for_each_run(|s, d, n| runs.push((s * 2, d * 2, n * 2)));
-            prop_assert_eq!(rows, runs);
+            prop_assert_eq!(&rows, &runs);
+            // coalescing keeps every row and its order
+            let mut merged = vec![];
+            for d in coalesce(&descs) { d.for_each_row(|s, t, n| merged.push((s, t, n))); }
+            prop_assert_eq!(merged, rows);
         }
     }
 }
