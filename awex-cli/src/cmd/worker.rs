@@ -113,11 +113,17 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         TensorSet::allocate_host(&prepared.layout)?
     };
     let tensors = Arc::new(tensors);
+    let mut filled: Option<u64> = None;
+    if side == Side::Training {
+        // the trainer holds version 1's weights before the first update starts
+        fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, 1, false).map_err(anyhow::Error::msg)?;
+        filled = Some(1);
+    }
     let t = make_transport(&cfg, &prepared, tensors.clone())?;
     let mut me = Rank::join(cfg, &prepared, &tensors, t).await?;
     me.corrupt_version = args.corrupt_version;
     let checksums = me.joined.options.checksums || args.checksum;
-    let mut filled: Option<u64> = None;
+
     while let Some(work) = me.next_work().await? {
         if side == Side::Training && filled != Some(work.version) {
             fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, work.version, false)
@@ -129,6 +135,14 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
         let result = me.execute(work, checksums).await;
+        if result.is_ok() {
+            // refill / verify only once the whole update is over, so that this work does not
+            // compete with peers still moving bytes
+            let _ = me
+                .client()
+                .wait_update(&args.pair, work.version, std::time::Duration::from_secs(600))
+                .await;
+        }
         match side {
             Side::Training => {
                 if result.is_ok() {

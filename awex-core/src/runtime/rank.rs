@@ -210,6 +210,8 @@ impl Rank {
             .filter(|e| e.side == other)
             .map(|e| (e.rank, e.info.get("transport").cloned().unwrap_or_default()))
             .collect();
+        let mut transport = transport;
+        transport.connect(&peers)?;
         Ok(Rank {
             client,
             last_seq: joined.last_event_seq,

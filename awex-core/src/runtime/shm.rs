@@ -99,7 +99,7 @@ impl ShmSegment {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
+                if owner { libc::MAP_SHARED } else { libc::MAP_SHARED | libc::MAP_POPULATE },
                 fd,
                 0,
             );

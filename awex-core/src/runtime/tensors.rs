@@ -140,6 +140,11 @@ impl TensorSet {
         for t in &layout.tensors {
             let len = t.nbytes() as usize;
             let mut b = vec![0u64; len.div_ceil(8)];
+            // touch every page now, so the first update does not pay for page faults
+            for w in b.iter_mut().step_by(512) {
+                // SAFETY: a valid, aligned element of the vector.
+                unsafe { std::ptr::write_volatile(w, 0) };
+            }
             let ptr = b.as_mut_ptr() as *mut u8;
             // SAFETY: the buffer lives in `bufs`, owned by the set, and never moves (Vec of Vec).
             views.push(unsafe { TensorView::new(&t.name, ptr, len, t.dtype, t.shape)? });

@@ -131,6 +131,12 @@ pub trait Transport: Send {
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;
 
+    /// Prepares connections to the peers once the roster is known (optional; `execute` connects
+    /// lazily otherwise), so that the first update does not pay for it.
+    fn connect(&mut self, _peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     /// Executes the rank's plan for one version.
     fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError>;
 

@@ -399,6 +399,18 @@ impl Transport for ShmTransport {
         }
     }
 
+    fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
+        if self.side == Side::Inference {
+            for p in &self.plan.peers {
+                if let Some(info) = peers.get(&p.peer) {
+                    let r = self.open_remote(p.peer, info)?;
+                    self.remotes.insert(p.peer, r);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
         match self.side {
             Side::Training => self.send(ctx),
