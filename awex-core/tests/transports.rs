@@ -131,6 +131,7 @@ fn run(
         }
         let ctx = ExecContext {
             version,
+            attempt: 1,
             deadline: Instant::now() + Duration::from_secs(if corrupt { 4 } else { 30 }),
             cancel: &cancel,
             checksums,

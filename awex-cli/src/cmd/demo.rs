@@ -8,7 +8,9 @@
 use super::plan::{DEFAULT_INFER, DEFAULT_MODEL, DEFAULT_TRAIN, Resolved, human_bytes};
 use anyhow::{Context, bail};
 use awex_core::client::Client;
-use awex_core::gateway::{ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, UpdateState};
+use awex_core::gateway::{
+    ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, UpdateState,
+};
 use awex_core::layout::RankId;
 use awex_core::runtime::fill::canonical_tensor;
 use awex_core::runtime::shm::list_segments;
@@ -21,7 +23,9 @@ use std::time::{Duration, Instant};
 
 /// Arguments of `awex-cli demo`.
 #[derive(clap::Args, Debug, Clone)]
-#[command(after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json")]
+#[command(
+    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
+)]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory.
     #[arg(long, default_value = DEFAULT_MODEL)]
@@ -60,6 +64,9 @@ pub struct Args {
     /// Fault drill: corrupt one received byte on inference rank 0/0 in this version (use with --checksum).
     #[arg(long, hide = true)]
     pub fault_corrupt_version: Option<u64>,
+    /// Fault drill: start inference rank 0/0 with this (wrong) inference layout; it must be refused at join.
+    #[arg(long, hide = true)]
+    pub fault_bad_infer: Option<String>,
     /// The version the fault drills act on.
     #[arg(long, hide = true, default_value_t = 2)]
     pub fault_version: u64,
@@ -106,6 +113,8 @@ pub struct DemoReport {
     pub ratio: f64,
     /// Shared-memory segments of this pair left behind after disconnect.
     pub leaked_segments: Vec<String>,
+    /// Rank processes that did not exit cleanly.
+    pub worker_errors: Vec<String>,
 }
 
 /// Best-of-5 single-thread memcpy bandwidth over 256 MiB buffers (bytes copied per second).
@@ -151,11 +160,21 @@ impl Workers {
 }
 
 /// Waits until a restarted training rank joined again (after `since`, ms since the epoch).
-async fn wait_rejoined(client: &Client, pair: &str, rank: RankId, since: u64, workers: &mut Workers) -> anyhow::Result<()> {
+async fn wait_rejoined(
+    client: &Client,
+    pair: &str,
+    rank: RankId,
+    since: u64,
+    workers: &mut Workers,
+) -> anyhow::Result<()> {
     let stop_by = Instant::now() + Duration::from_secs(60);
     loop {
         let s = client.status(pair).await?;
-        if s.roster.iter().any(|e| e.side == awex_core::layout::Side::Training && e.rank == rank && e.joined_unix_ms >= since) {
+        if s.roster.iter().any(|e| {
+            e.side == awex_core::layout::Side::Training
+                && e.rank == rank
+                && e.joined_unix_ms >= since
+        }) {
             return Ok(());
         }
         if let Some(e) = workers.exited() {
@@ -175,7 +194,9 @@ async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyho
         match s.state {
             awex_core::gateway::PairState::Ready => {
                 // a restarted rank re-joins a ready pair: wait until the roster is full again
-                if s.training.joined + s.inference.joined >= s.training.world_size + s.inference.world_size {
+                if s.training.joined + s.inference.joined
+                    >= s.training.world_size + s.inference.world_size
+                {
                     return Ok(());
                 }
             }
@@ -195,14 +216,33 @@ impl Drop for Workers {
     }
 }
 
-fn worker_command(a: &Args, gateway: &str, pair: &str, token: &str, side: &str, rank: RankId) -> anyhow::Result<Command> {
+fn worker_command(
+    a: &Args,
+    gateway: &str,
+    pair: &str,
+    token: &str,
+    side: &str,
+    rank: RankId,
+) -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut c = Command::new(exe);
     c.arg("worker")
         .args(["--gateway", gateway, "--pair", pair, "--side", side])
-        .args(["--engine", &rank.engine.to_string(), "--rank", &rank.rank.to_string()])
-        .args(["--model", &a.model, "--train", &a.train, "--infer", &a.infer])
-        .args(["--transport", &a.transport, "--bucket-mib", &a.bucket_mib.to_string()])
+        .args([
+            "--engine",
+            &rank.engine.to_string(),
+            "--rank",
+            &rank.rank.to_string(),
+        ])
+        .args([
+            "--model", &a.model, "--train", &a.train, "--infer", &a.infer,
+        ])
+        .args([
+            "--transport",
+            &a.transport,
+            "--bucket-mib",
+            &a.bucket_mib.to_string(),
+        ])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
     if let Some(d) = &a.dump_dir {
@@ -238,7 +278,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "awex demo: {} | {} -> {} | transport {}",
             report.model, report.training, report.inference, report.transport
         );
-        println!("{:>7}  {:>9}  {:>10}  {:>8}  {}", "version", "seconds", "moved", "GB/s", "verified");
+        println!(
+            "{:>7}  {:>9}  {:>10}  {:>8}  {}",
+            "version", "seconds", "moved", "GB/s", "verified"
+        );
         for u in &report.updates {
             println!(
                 "{:>7}  {:>9.3}  {:>10}  {:>8.2}  {}{}",
@@ -247,15 +290,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 human_bytes(u.bytes as f64),
                 u.gbps,
                 if u.verified { "yes" } else { "NO" },
-                u.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+                u.error
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
             );
         }
         println!(
             "memcpy floor (1 thread, same run): {:.2} GB/s; median update / floor = {:.2}",
             report.memcpy_gbps, report.ratio
         );
+        for e in &report.worker_errors {
+            println!("{e}");
+        }
         if !report.leaked_segments.is_empty() {
-            println!("LEAKED shared memory: {}", report.leaked_segments.join(", "));
+            println!(
+                "LEAKED shared memory: {}",
+                report.leaked_segments.join(", ")
+            );
         }
     }
     Ok(if report.verified && report.leaked_segments.is_empty() {
@@ -267,7 +319,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Result<DemoReport> {
     let floor = memcpy_gbps();
-    let token = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(format!("{:?}{}", Instant::now(), std::process::id()).as_bytes()));
+    let token = format!(
+        "{:032x}",
+        xxhash_rust::xxh3::xxh3_128(
+            format!("{:?}{}", Instant::now(), std::process::id()).as_bytes()
+        )
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let gateway = format!("http://{}", listener.local_addr()?);
     let config = GatewayConfig {
@@ -321,16 +378,26 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         if a.fault_kill_train_rank == Some(rank.rank) {
             c.args(["--die-at-version", &a.fault_version.to_string()]);
         }
-        workers.children.push((format!("train {}", rank.rank), c.spawn().context("spawning a training rank")?));
+        workers.children.push((
+            format!("train {}", rank.rank),
+            c.spawn().context("spawning a training rank")?,
+        ));
     }
     for rank in r.inference.ranks() {
-        let mut c = worker_command(a, &gateway, &pair, &token, "infer", rank)?;
+        let mut own = a.clone();
+        if let (Some(bad), true) = (&a.fault_bad_infer, rank == RankId::infer(0, 0)) {
+            own.infer = bad.clone();
+        }
+        let mut c = worker_command(&own, &gateway, &pair, &token, "infer", rank)?;
         if rank == RankId::infer(0, 0)
             && let Some(v) = a.fault_corrupt_version
         {
             c.args(["--corrupt-version", &v.to_string()]);
         }
-        workers.children.push((format!("infer {rank}"), c.spawn().context("spawning an inference rank")?));
+        workers.children.push((
+            format!("infer {rank}"),
+            c.spawn().context("spawning an inference rank")?,
+        ));
     }
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
@@ -351,9 +418,16 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         attempts += 1;
         bar.set_message(format!("version {version}, attempt {attempts}"));
         let t0 = Instant::now();
-        client.start_update(&pair, version).await.with_context(|| format!("starting version {version}"))?;
+        client
+            .start_update(&pair, version)
+            .await
+            .with_context(|| format!("starting version {version}"))?;
         let status = client
-            .wait_update(&pair, version, Duration::from_millis(deadline_ms * 2 + 10_000))
+            .wait_update(
+                &pair,
+                version,
+                Duration::from_millis(deadline_ms * 2 + 10_000),
+            )
             .await?;
         let seconds = t0.elapsed().as_secs_f64();
         if status.state != UpdateState::Committed {
@@ -368,14 +442,34 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
                     let (_, mut old) = workers.children.remove(pos);
                     let _ = old.wait();
                 }
-                let restarted = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-                let c = worker_command(a, &gateway, &pair, &token, "train", RankId::train(k))?.spawn()?;
+                let restarted = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                let c = worker_command(a, &gateway, &pair, &token, "train", RankId::train(k))?
+                    .spawn()?;
                 workers.children.push((name, c));
                 wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
-                rows.push(UpdateRow { version, seconds, bytes: 0, gbps: 0.0, verified: false, attempts, error: Some(error) });
+                rows.push(UpdateRow {
+                    version,
+                    seconds,
+                    bytes: 0,
+                    gbps: 0.0,
+                    verified: false,
+                    attempts,
+                    error: Some(error),
+                });
                 continue;
             }
-            rows.push(UpdateRow { version, seconds, bytes: 0, gbps: 0.0, verified: false, attempts, error: Some(error) });
+            rows.push(UpdateRow {
+                version,
+                seconds,
+                bytes: 0,
+                gbps: 0.0,
+                verified: false,
+                attempts,
+                error: Some(error),
+            });
             break;
         }
         let bytes = status.bytes.inference;
@@ -384,13 +478,27 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         let mut error = None;
         for rank in r.inference.ranks() {
             let key = format!("verify.{}.{}.{}", rank.engine, rank.rank, version);
-            let e = client.get_kv(&pair, &key, Duration::from_secs(60)).await.with_context(|| format!("waiting for {key}"))?;
+            let e = client
+                .get_kv(&pair, &key, Duration::from_secs(60))
+                .await
+                .with_context(|| format!("waiting for {key}"))?;
             if e.value.get("ok") != Some(&serde_json::Value::Bool(true)) {
                 verified = false;
-                error = Some(format!("inference rank {rank}: {}", e.value.get("error").and_then(|v| v.as_str()).unwrap_or("?")));
+                error = Some(format!(
+                    "inference rank {rank}: {}",
+                    e.value.get("error").and_then(|v| v.as_str()).unwrap_or("?")
+                ));
             }
         }
-        rows.push(UpdateRow { version, seconds, bytes, gbps: bytes as f64 / seconds / 1e9, verified, attempts, error });
+        rows.push(UpdateRow {
+            version,
+            seconds,
+            bytes,
+            gbps: bytes as f64 / seconds / 1e9,
+            verified,
+            attempts,
+            error,
+        });
         bar.inc(1);
         version += 1;
         attempts = 0;
@@ -398,31 +506,53 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
     bar.finish_and_clear();
 
     if let Some(dir) = &a.dump_dir {
-        let last = rows.iter().filter(|u| u.verified).map(|u| u.version).max().unwrap_or(0);
+        let last = rows
+            .iter()
+            .filter(|u| u.verified)
+            .map(|u| u.version)
+            .max()
+            .unwrap_or(0);
         let tensors: Vec<(String, awex_core::DType, Vec<u64>, Vec<u8>)> = r
             .catalogue
             .tensors()
             .iter()
-            .map(|c| (c.name.clone(), c.dtype, c.shape.as_slice().to_vec(), canonical_tensor(&r.catalogue, &c.name, last).unwrap_or_default()))
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    c.dtype,
+                    c.shape.as_slice().to_vec(),
+                    canonical_tensor(&r.catalogue, &c.name, last).unwrap_or_default(),
+                )
+            })
             .collect();
-        let items: Vec<_> = tensors.iter().map(|(n, d, s, b)| (n.clone(), *d, s.clone(), b.as_slice())).collect();
+        let items: Vec<_> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (n.clone(), *d, s.clone(), b.as_slice()))
+            .collect();
         crate::safetensors::write(&dir.join("canonical.safetensors"), &items)?;
     }
 
     client.disconnect(&pair).await.context("disconnecting")?;
     // workers see the disconnect, tear down and exit
     let stop_by = Instant::now() + Duration::from_secs(30);
+    let mut worker_errors = Vec::new();
     for (name, c) in &mut workers.children {
         loop {
             match c.try_wait()? {
                 Some(s) if s.success() => break,
-                Some(s) => bail!("worker `{name}` exited with {s}"),
-                None if Instant::now() > stop_by => bail!("worker `{name}` did not exit after disconnect"),
+                Some(s) => {
+                    worker_errors.push(format!("worker `{name}` exited with {s}"));
+                    break;
+                }
+                None if Instant::now() > stop_by => {
+                    worker_errors.push(format!("worker `{name}` did not exit after disconnect"));
+                    break;
+                }
                 None => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     }
-    workers.children.clear();
+    workers.kill_all();
     server.abort();
     let leaked = list_segments(&format!("awex-{pair}-"));
     let median = {
@@ -430,7 +560,8 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         g.sort_by(f64::total_cmp);
         g.get(g.len() / 2).copied().unwrap_or(0.0)
     };
-    let verified = rows.iter().filter(|u| u.verified).count() as u64 == a.updates;
+    let verified =
+        rows.iter().filter(|u| u.verified).count() as u64 == a.updates && worker_errors.is_empty();
     Ok(DemoReport {
         verified,
         transport: transport.to_string(),
@@ -441,5 +572,6 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         memcpy_gbps: floor,
         ratio: if floor > 0.0 { median / floor } else { 0.0 },
         leaked_segments: leaked,
+        worker_errors,
     })
 }

@@ -5,7 +5,7 @@
 //! sends; an inference rank receives, then checks every byte against the version's weights and
 //! publishes the verdict under the kv key `verify.{engine}.{rank}.{version}`.
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use awex_core::layout::{RankId, Side};
 use awex_core::runtime::TensorSet;
 use awex_core::runtime::fill::fill_or_check;
@@ -116,7 +116,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut filled: Option<u64> = None;
     if side == Side::Training {
         // the trainer holds version 1's weights before the first update starts
-        fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, 1, false).map_err(anyhow::Error::msg)?;
+        fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, 1, false)
+            .map_err(anyhow::Error::msg)?;
         filled = Some(1);
     }
     let t = make_transport(&cfg, &prepared, tensors.clone())?;
@@ -126,8 +127,14 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
 
     while let Some(work) = me.next_work().await? {
         if side == Side::Training && filled != Some(work.version) {
-            fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, work.version, false)
-                .map_err(anyhow::Error::msg)?;
+            fill_or_check(
+                &prepared.layout,
+                &prepared.catalogue,
+                &tensors,
+                work.version,
+                false,
+            )
+            .map_err(anyhow::Error::msg)?;
             filled = Some(work.version);
         }
         if args.die_at_version == Some(work.version) {
@@ -140,7 +147,11 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
             // compete with peers still moving bytes
             let _ = me
                 .client()
-                .wait_update(&args.pair, work.version, std::time::Duration::from_secs(600))
+                .wait_update(
+                    &args.pair,
+                    work.version,
+                    std::time::Duration::from_secs(600),
+                )
                 .await;
         }
         match side {
@@ -155,23 +166,35 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
             }
             Side::Inference => {
                 let verdict = match &result {
-                    Ok(_) => match fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, work.version, true) {
+                    Ok(_) => match fill_or_check(
+                        &prepared.layout,
+                        &prepared.catalogue,
+                        &tensors,
+                        work.version,
+                        true,
+                    ) {
                         Ok(()) => serde_json::json!({ "ok": true }),
                         Err(e) => serde_json::json!({ "ok": false, "error": e }),
                     },
                     Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
                 };
                 let key = format!("verify.{}.{}.{}", rank.engine, rank.rank, work.version);
-                me.client()
-                    .put_kv(&args.pair, &key, verdict)
-                    .await
-                    .with_context(|| format!("publishing {key}"))?;
+                match me.client().put_kv(&args.pair, &key, verdict).await {
+                    Ok(_) => {}
+                    // the pair was disconnected meanwhile: nobody waits for the verdict
+                    Err(e) if matches!(e.status(), Some(404) | Some(410)) => {}
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e).context(format!("publishing {key}")));
+                    }
+                }
             }
         }
     }
     if let Some(dir) = &args.dump_dir {
         let path = match side {
-            Side::Training => dir.join("train").join(format!("rank-{}.safetensors", rank.rank)),
+            Side::Training => dir
+                .join("train")
+                .join(format!("rank-{}.safetensors", rank.rank)),
             Side::Inference => dir
                 .join("infer")
                 .join(format!("engine-{}", rank.engine))
@@ -179,7 +202,14 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         };
         let items: Vec<(String, awex_core::DType, Vec<u64>, &[u8])> = tensors
             .iter()
-            .map(|v| (v.name.to_string(), v.dtype, v.shape.as_slice().to_vec(), v.bytes()))
+            .map(|v| {
+                (
+                    v.name.to_string(),
+                    v.dtype,
+                    v.shape.as_slice().to_vec(),
+                    v.bytes(),
+                )
+            })
             .collect();
         crate::safetensors::write(&path, &items)?;
     }

@@ -3,7 +3,9 @@
 
 use super::RuntimeError;
 use super::tensors::TensorSet;
-use super::transport::{ExecContext, ExecStats, ShmTransport, TcpTransport, Transport, TransportKind};
+use super::transport::{
+    ExecContext, ExecStats, ShmTransport, TcpTransport, Transport, TransportKind,
+};
 use crate::backend::{BackendSpec, side_layout};
 use crate::client::{Client, ClientError};
 use crate::gateway::{EventKind, JoinRequest, JoinResponse, Report};
@@ -72,9 +74,10 @@ pub enum RankError {
 /// Computes this rank's layout and plan.
 pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
     let catalogue = Catalogue::of(&cfg.model);
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model).map_err(|e| RankError::Layout(e.to_string()))?;
-    let inference =
-        side_layout(Side::Inference, &cfg.infer, &cfg.model).map_err(|e| RankError::Layout(e.to_string()))?;
+    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
+        .map_err(|e| RankError::Layout(e.to_string()))?;
+    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
+        .map_err(|e| RankError::Layout(e.to_string()))?;
     let mine: &dyn SideLayout = match cfg.side {
         Side::Training => &*training,
         Side::Inference => &*inference,
@@ -96,7 +99,10 @@ pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
         training: &*training,
         inference: &*inference,
     };
-    let plan = Arc::new(pair.plan_rank(cfg.side, cfg.rank).map_err(RuntimeError::from)?);
+    let plan = Arc::new(
+        pair.plan_rank(cfg.side, cfg.rank)
+            .map_err(RuntimeError::from)?,
+    );
     Ok(Prepared {
         catalogue,
         layout,
@@ -125,7 +131,12 @@ pub fn make_transport(
                 cfg.rank.rank,
                 std::process::id()
             );
-            Ok(Box::new(ShmTransport::new(prepared.plan.clone(), tensors, cfg.bucket_bytes, &ctl)?))
+            Ok(Box::new(ShmTransport::new(
+                prepared.plan.clone(),
+                tensors,
+                cfg.bucket_bytes,
+                &ctl,
+            )?))
         }
         TransportKind::Tcp => {
             let bind = std::env::var("AWEX_TCP_BIND").unwrap_or_else(|_| format!("{}:0", cfg.host));
@@ -142,6 +153,53 @@ pub fn make_transport(
             cfg.transport
         ))),
     }
+}
+
+fn normalised(side: Side, spec: &BackendSpec) -> crate::backend::ParallelConfig {
+    let keys = match side {
+        Side::Training => {
+            crate::backend::training_backend(&spec.backend).map(|b| b.parallel_keys())
+        }
+        Side::Inference => {
+            crate::backend::inference_backend(&spec.backend).map(|b| b.parallel_keys())
+        }
+    };
+    match keys {
+        Ok(k) => spec
+            .parallel
+            .checked(k, &spec.backend)
+            .unwrap_or_else(|_| spec.parallel.clone()),
+        Err(_) => spec.parallel.clone(),
+    }
+}
+
+/// Refuses to join a pair whose description disagrees with this rank's (model, layouts).
+async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> {
+    let st = client.status(&cfg.pair).await?;
+    let fp = format!("{:016x}", cfg.model.fingerprint());
+    for (side, spec, theirs) in [
+        (Side::Training, &cfg.train, &st.training),
+        (Side::Inference, &cfg.infer, &st.inference),
+    ] {
+        let pair_spec = BackendSpec {
+            backend: theirs.backend.clone(),
+            parallel: theirs.parallel.clone(),
+        };
+        if theirs.backend != spec.backend || normalised(side, spec) != normalised(side, &pair_spec)
+        {
+            return Err(RankError::Layout(format!(
+                "this rank was started with {side} layout `{spec}` but pair `{}` was connected with `{pair_spec}`; every rank must use the pair's layouts",
+                cfg.pair
+            )));
+        }
+        if theirs.fingerprint != fp {
+            return Err(RankError::Layout(format!(
+                "this rank's model `{}` (fingerprint {fp}) differs from the {side} model of pair `{}` (`{}`, fingerprint {})",
+                cfg.model.name, cfg.pair, theirs.model, theirs.fingerprint
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A joined rank.
@@ -177,6 +235,7 @@ impl Rank {
     ) -> Result<Rank, RankError> {
         tensors.check_layout(&prepared.layout)?;
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
+        check_pair(&client, &cfg).await?;
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
             "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
@@ -255,7 +314,7 @@ impl Rank {
                     self.last_seq = r.last_seq.max(self.last_seq);
                     self.pending.extend(r.events);
                 }
-                Err(e) if e.status() == Some(404) => return Ok(None),
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => return Ok(None),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -276,14 +335,21 @@ impl Rank {
     }
 
     /// Executes one piece of work and reports it; returns what moved, or the error reported.
-    pub async fn execute(&mut self, work: Work, checksums: bool) -> Result<ExecStats, RuntimeError> {
+    pub async fn execute(
+        &mut self,
+        work: Work,
+        checksums: bool,
+    ) -> Result<ExecStats, RuntimeError> {
         if work.attempt > 1 {
             // a restarted peer publishes new rendezvous values
             if let Err(e) = self.refresh_peers().await {
-                return self.report(work, Err(RuntimeError::Transport(e.to_string()))).await;
+                return self
+                    .report(work, Err(RuntimeError::Transport(e.to_string())))
+                    .await;
             }
         }
-        let deadline = Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
+        let deadline =
+            Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
         let cancel = Arc::new(AtomicBool::new(false));
         let mut transport = self
             .transport
@@ -295,6 +361,7 @@ impl Rank {
         let job = tokio::task::spawn_blocking(move || {
             let ctx = ExecContext {
                 version: work.version,
+                attempt: work.attempt,
                 deadline,
                 cancel: &c2,
                 checksums,
@@ -363,10 +430,16 @@ impl Rank {
                 attempt: Some(work.attempt),
             },
         };
-        if let Err(e) = self.client.report(&self.cfg.pair, work.version, &report).await {
+        if let Err(e) = self
+            .client
+            .report(&self.cfg.pair, work.version, &report)
+            .await
+        {
             // a report refused because the version already failed is not this rank's error
             if result.is_ok() && e.status() != Some(409) {
-                return Err(RuntimeError::Transport(format!("report to the gateway failed: {e}")));
+                return Err(RuntimeError::Transport(format!(
+                    "report to the gateway failed: {e}"
+                )));
             }
         }
         result

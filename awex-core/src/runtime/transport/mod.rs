@@ -74,6 +74,8 @@ impl FromStr for TransportKind {
 pub struct ExecContext<'a> {
     /// The version being executed.
     pub version: u64,
+    /// The attempt of that version (1 for the first; a failed version may be retried).
+    pub attempt: u32,
     /// When to give up.
     pub deadline: Instant,
     /// Set when the update was aborted elsewhere (a peer failed).
@@ -87,6 +89,11 @@ pub struct ExecContext<'a> {
 }
 
 impl ExecContext<'_> {
+    /// Version and attempt in one word, as published by senders (attempts beyond 65535 wrap).
+    pub fn tag(&self) -> u64 {
+        (self.version << 16) | (self.attempt as u64 & 0xffff)
+    }
+
     /// Errors out when the update was aborted or its deadline passed.
     pub fn check(&self) -> Result<(), RuntimeError> {
         if self.cancel.load(Ordering::Acquire) {

@@ -266,13 +266,12 @@ impl ShmTransport {
             stats.bytes += peer.bytes;
         }
         ctl.done().store(0, Ordering::Relaxed);
-        ctl.ready().store(ctx.version, Ordering::Release);
+        ctl.ready().store(ctx.tag(), Ordering::Release);
         let want = self.plan.peers.len() as u64;
         let result = ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want);
-        if result.is_err() {
-            // receivers that have not started must not start on a version this rank gave up
-            ctl.ready().store(NONE, Ordering::Release);
-        }
+        // once every peer is done (or this rank gave up) nobody may read these weights as this
+        // version any more: the trainer is free to change them
+        ctl.ready().store(NONE, Ordering::Release);
         result.map(|_| stats)
     }
 
@@ -292,7 +291,7 @@ impl ShmTransport {
                 self.remotes.insert(peer.peer, r);
             }
             let remote = &self.remotes[&peer.peer];
-            ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.version)?;
+            ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
             for (bi, b) in self.buckets[pi].iter().enumerate() {
                 ctx.check()?;
                 for p in &b.pieces {
@@ -354,7 +353,7 @@ impl ShmTransport {
                 }
                 stats.buckets += 1;
             }
-            if remote.ctl.ready().load(Ordering::Acquire) != ctx.version {
+            if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
                 return Err(RuntimeError::Transport(format!(
                     "training rank {} withdrew version {} while it was being read",
                     peer.peer, ctx.version

@@ -24,7 +24,8 @@ const HELLO: u64 = u64::from_le_bytes(*b"AWEXTCP1");
 const FRAME: u32 = u32::from_le_bytes(*b"AWXB");
 const FRAME_HEADER: usize = 40;
 
-type Streams = Arc<(Mutex<HashMap<RankId, TcpStream>>, Condvar)>;
+/// Accepted streams by peer, with the tag (version, attempt) of the retry they were opened for (0: first).
+type Streams = Arc<(Mutex<HashMap<RankId, (u64, TcpStream)>>, Condvar)>;
 
 /// TCP transport for one rank.
 pub struct TcpTransport {
@@ -54,8 +55,8 @@ fn remaining(deadline: Instant) -> Result<Duration, RuntimeError> {
     Ok(d)
 }
 
-fn read_hello(s: &mut TcpStream) -> std::io::Result<(RankId, RankId, u64)> {
-    let mut b = [0u8; 32];
+fn read_hello(s: &mut TcpStream) -> std::io::Result<(RankId, RankId, u64, u64)> {
+    let mut b = [0u8; 40];
     s.read_exact(&mut b)?;
     let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
     if w(0) != HELLO {
@@ -68,7 +69,7 @@ fn read_hello(s: &mut TcpStream) -> std::io::Result<(RankId, RankId, u64)> {
         engine: (x >> 32) as u32,
         rank: x as u32,
     };
-    Ok((r(w(1)), r(w(2)), w(3)))
+    Ok((r(w(1)), r(w(2)), w(3), w(4)))
 }
 
 fn key(r: RankId) -> u64 {
@@ -129,7 +130,13 @@ impl TcpTransport {
     }
 
     fn connect(&mut self, peer: &PeerPlan, ctx: &ExecContext<'_>) -> Result<(), RuntimeError> {
-        if self.outgoing.contains_key(&peer.peer) {
+        // a retry always opens fresh connections: the old ones may hold half a failed attempt
+        let tag = if ctx.attempt > 1 { ctx.tag() } else { 0 };
+        if tag != 0 {
+            if let Some(old) = self.outgoing.remove(&peer.peer) {
+                let _ = old.shutdown(std::net::Shutdown::Both);
+            }
+        } else if self.outgoing.contains_key(&peer.peer) {
             return Ok(());
         }
         let addr = ctx
@@ -152,8 +159,8 @@ impl TcpTransport {
             format!("connect to inference rank {} at {addr}", peer.peer),
         ))?;
         s.set_nodelay(true).ok();
-        let mut hello = Vec::with_capacity(32);
-        for w in [HELLO, key(self.me), key(peer.peer), peer.fingerprint] {
+        let mut hello = Vec::with_capacity(40);
+        for w in [HELLO, key(self.me), key(peer.peer), peer.fingerprint, tag] {
             hello.extend_from_slice(&w.to_le_bytes());
         }
         s.set_write_timeout(Some(remaining(ctx.deadline)?)).ok();
@@ -219,8 +226,13 @@ impl TcpTransport {
             let mut map = lock
                 .lock()
                 .map_err(|_| RuntimeError::Transport("poisoned".into()))?;
+            let want = if ctx.attempt > 1 { ctx.tag() } else { 0 };
             for (i, peer) in plan.peers.iter().enumerate() {
-                while !map.contains_key(&peer.peer) {
+                // on a retry, only a connection opened for this attempt will do
+                while !map
+                    .get(&peer.peer)
+                    .is_some_and(|(t, _)| want == 0 || *t == want)
+                {
                     ctx.check().map_err(|e| {
                         RuntimeError::Transport(format!(
                             "training rank {} never connected ({e})",
@@ -233,6 +245,7 @@ impl TcpTransport {
                         .0;
                 }
                 let s = map[&peer.peer]
+                    .1
                     .try_clone()
                     .map_err(io_err("clone socket".into()))?;
                 streams.push((i, s));
@@ -292,9 +305,11 @@ fn accept_loop(
                 s.set_nodelay(true).ok();
                 s.set_read_timeout(Some(Duration::from_secs(10))).ok();
                 match read_hello(&mut s) {
-                    Ok((src, dst, fp)) if dst == me && fingerprints.get(&src) == Some(&fp) => {
+                    Ok((src, dst, fp, tag)) if dst == me && fingerprints.get(&src) == Some(&fp) => {
                         if let Ok(mut m) = incoming.0.lock() {
-                            m.insert(src, s);
+                            if let Some((_, old)) = m.insert(src, (tag, s)) {
+                                let _ = old.shutdown(std::net::Shutdown::Both);
+                            }
                             incoming.1.notify_all();
                         }
                     }
@@ -514,7 +529,7 @@ impl Transport for TcpTransport {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         if let Ok(mut m) = self.incoming.0.lock() {
-            for (_, s) in m.drain() {
+            for (_, (_, s)) in m.drain() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }
