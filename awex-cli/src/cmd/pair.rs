@@ -1,12 +1,410 @@
-//! `awex-cli pair`.
+//! `awex-cli pair`: operate pairs on a running gateway: connect, update, status, disconnect.
 
+use super::serve::read_token;
+use anyhow::{Context, bail};
+use awex_core::backend::side_layout;
+use awex_core::client::Client;
+use awex_core::gateway::{
+    ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport,
+    UpdateState, UpdateStatus,
+};
+use awex_core::{BackendSpec, Catalogue, ModelSpec, Side};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Arguments of `awex-cli pair`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Gateway base URL.
+    #[arg(long, env = "AWEX_GATEWAY", default_value = "http://127.0.0.1:7480", global = true)]
+    pub gateway: String,
+    /// File holding the gateway's bearer token (or set AWEX_TOKEN).
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: PairCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PairCommand {
+    /// Create a pair: validate both sides against each other and register it.
+    Connect(ConnectArgs),
+    /// Start an update to a version (and optionally wait for its commit).
+    Update(UpdateArgs),
+    /// Show a pair: state, serving version, latest update, ranks.
+    Status(StatusArgs),
+    /// Disconnect a pair; its ranks tear down their transports.
+    Disconnect(NameArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ConnectArgs {
+    /// Pair name ([A-Za-z0-9._-], up to 128 characters).
+    #[arg(long)]
+    name: String,
+    /// Model: a preset name, a config.json, or an HF model directory.
+    #[arg(long)]
+    model: String,
+    /// The training side's model when it differs (e.g. f32 master weights); defaults to --model.
+    #[arg(long)]
+    train_model: Option<String>,
+    /// Training backend and parallel config, e.g. megatron:tp=2,pp=2.
+    #[arg(long)]
+    train: BackendSpec,
+    /// Training ranks; defaults to what the parallel config implies.
+    #[arg(long)]
+    train_world: Option<u32>,
+    /// Inference backend and parallel config, e.g. sglang:tp=2,engines=2.
+    #[arg(long)]
+    infer: BackendSpec,
+    /// Inference ranks of all engines together; defaults to what the parallel config implies.
+    #[arg(long)]
+    infer_world: Option<u32>,
+    /// Base URL of an inference engine (repeat once per engine) to pause around updates.
+    #[arg(long = "url")]
+    urls: Vec<String>,
+    /// Transport: shm, tcp, cuda-ipc, nccl.
+    #[arg(long, default_value = "shm")]
+    transport: Transport,
+    /// Compare sender and receiver checksums before committing.
+    #[arg(long)]
+    checksums: bool,
+    /// Time for every rank to join, ms.
+    #[arg(long, default_value_t = 60_000)]
+    join_deadline_ms: u64,
+    /// Time for every rank to report an update, ms.
+    #[arg(long, default_value_t = 120_000)]
+    update_deadline_ms: u64,
+    /// Staging bucket size, MiB.
+    #[arg(long, default_value_t = 64)]
+    bucket_mib: u64,
+    /// Staging buckets per rank.
+    #[arg(long, default_value_t = 2)]
+    buckets: u32,
+    /// Print the pair's status as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct UpdateArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+    /// Version to install (greater than the last, or equal to a failed one to retry).
+    #[arg(long)]
+    version: u64,
+    /// Wait until the version commits or fails; exit 1 if it failed.
+    #[arg(long)]
+    wait: bool,
+    /// Longest wait with --wait, seconds.
+    #[arg(long, default_value_t = 3600)]
+    timeout_s: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct NameArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+}
+
+/// Builds the connect request: resolves the model(s), checks each backend spec against its
+/// registered backend, and derives or checks the world sizes from the layouts.
+fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
+    let infer_model = ModelSpec::resolve(&a.model)?;
+    let train_model = match &a.train_model {
+        Some(m) => ModelSpec::resolve(m)?,
+        None => infer_model.clone(),
+    };
+    let train_layout = side_layout(Side::Training, &a.train, &train_model)?;
+    let infer_layout = side_layout(Side::Inference, &a.infer, &infer_model)?;
+    let world = |side: Side, given: Option<u32>, layout: usize| -> anyhow::Result<u32> {
+        let layout = u32::try_from(layout).context("world size does not fit in 32 bits")?;
+        match given {
+            Some(w) if w != layout => bail!(
+                "--{}-world {w} disagrees with the {side} parallel config, which has {layout} ranks",
+                side.short()
+            ),
+            _ => Ok(layout),
+        }
+    };
+    let train_world = world(Side::Training, a.train_world, train_layout.world_size())?;
+    let infer_world = world(Side::Inference, a.infer_world, infer_layout.world_size())?;
+    Ok(ConnectRequest {
+        name: a.name.clone(),
+        training: TrainingSpec {
+            backend: a.train.backend.clone(),
+            parallel: a.train.parallel.clone(),
+            world_size: train_world,
+            catalogue: Catalogue::of(&train_model).summary(),
+            model: train_model,
+        },
+        inference: InferenceSpec {
+            backend: a.infer.backend.clone(),
+            parallel: a.infer.parallel.clone(),
+            engines: infer_layout.engines(),
+            world_size: infer_world,
+            urls: a.urls.clone(),
+            catalogue: Catalogue::of(&infer_model).summary(),
+            model: infer_model,
+        },
+        transport: a.transport,
+        options: PairOptions {
+            join_deadline_ms: a.join_deadline_ms,
+            update_deadline_ms: a.update_deadline_ms,
+            bucket_mib: a.bucket_mib,
+            buckets: a.buckets,
+            checksums: a.checksums,
+        },
+    })
+}
+
+fn token(args: &Args) -> anyhow::Result<Option<String>> {
+    if let Some(f) = &args.token_file {
+        return read_token(f).map(Some);
+    }
+    Ok(std::env::var("AWEX_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
+}
+
+/// One line per fact of an update, for people.
+pub fn describe_update(u: &UpdateStatus) -> String {
+    let mut s = format!(
+        "version {} attempt {}: {} after {} ms; bytes training {} / inference {}",
+        u.version,
+        u.attempt,
+        u.state.as_str(),
+        u.elapsed_ms,
+        u.bytes.training,
+        u.bytes.inference
+    );
+    if let Some(c) = &u.checksums {
+        s.push_str(&format!(
+            "; checksums {:#018x} / {:#018x}",
+            c.training, c.inference
+        ));
+    }
+    if let Some(e) = &u.error {
+        s.push_str(&format!("\n  error: {e}"));
+    }
+    for r in u.ranks.iter().take(32) {
+        s.push_str(&format!(
+            "\n  {} rank {}/{}: {}{}",
+            r.side,
+            r.rank.engine,
+            r.rank.rank,
+            r.state.as_str(),
+            r.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+        ));
+    }
+    for e in &u.engine_errors {
+        s.push_str(&format!("\n  engine: {e}"));
+    }
+    s
+}
+
+/// A pair's status, for people.
+pub fn describe_pair(p: &PairStatus) -> String {
+    let serving = p
+        .serving_version
+        .map(|v| format!("serving version {v}"))
+        .unwrap_or_else(|| "serving no committed version yet".into());
+    let mut s = format!(
+        "pair {} (id {}): {}, {serving}\n",
+        p.name,
+        p.id,
+        p.state.as_str()
+    );
+    s.push_str(&format!(
+        "  training:  {}:{}  {} ranks ({} joined)  model {} [{}]\n",
+        p.training.backend,
+        p.training.parallel,
+        p.training.world_size,
+        p.training.joined,
+        p.training.model,
+        p.training.fingerprint
+    ));
+    s.push_str(&format!(
+        "  inference: {}:{}  {} ranks in {} engines ({} joined)  model {} [{}]\n",
+        p.inference.backend,
+        p.inference.parallel,
+        p.inference.world_size,
+        p.inference.engines,
+        p.inference.joined,
+        p.inference.model,
+        p.inference.fingerprint
+    ));
+    s.push_str(&format!(
+        "  transport {}, checksums {}, deadlines: join {} ms, update {} ms, buckets {} x {} MiB",
+        p.transport,
+        if p.options.checksums { "on" } else { "off" },
+        p.options.join_deadline_ms,
+        p.options.update_deadline_ms,
+        p.options.buckets,
+        p.options.bucket_mib
+    ));
+    if let Some(e) = &p.join_error {
+        s.push_str(&format!("\n  join failed: {e}"));
+    }
+    if let Some(u) = &p.current_update {
+        s.push_str(&format!("\n  latest update: {}", describe_update(u)));
+    }
+    s
+}
 
 /// Runs the subcommand.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`pair` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let client = Client::new(&args.gateway, token(&args)?)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        match args.command {
+            PairCommand::Connect(a) => {
+                let req = connect_request(&a)?;
+                let status = client.connect(&req).await?;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&status)?);
+                } else {
+                    println!("{}", describe_pair(&status));
+                    println!(
+                        "ranks may join now: {} training, {} inference; join deadline {} ms",
+                        status.training.world_size,
+                        status.inference.world_size,
+                        status.options.join_deadline_ms
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            PairCommand::Update(a) => {
+                let mut u = client.start_update(&a.name, a.version).await?;
+                if a.wait {
+                    u = client
+                        .wait_update(&a.name, a.version, Duration::from_secs(a.timeout_s))
+                        .await?;
+                }
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&u)?);
+                } else {
+                    println!("pair {}: {}", a.name, describe_update(&u));
+                }
+                Ok(if u.state == UpdateState::Failed {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                })
+            }
+            PairCommand::Status(a) => {
+                let status = client.status(&a.name).await?;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&status)?);
+                } else {
+                    println!("{}", describe_pair(&status));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            PairCommand::Disconnect(a) => {
+                let status = client.disconnect(&a.name).await?;
+                println!(
+                    "pair {} disconnected (id {}); last committed version: {}",
+                    status.name,
+                    status.id,
+                    status
+                        .serving_version
+                        .map_or_else(|| "none".to_string(), |v| v.to_string())
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(line: &str) -> Args {
+        Cli::parse_from(std::iter::once("pair").chain(line.split_whitespace())).args
+    }
+
+    /// A gateway on its own thread and runtime; returns its URL.
+    fn gateway() -> String {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(l.local_addr().unwrap()).unwrap();
+                awex_core::gateway::serve(l, Default::default()).await.unwrap();
+            });
+        });
+        format!("http://{}", rx.recv().unwrap())
+    }
+
+    #[test]
+    fn connect_derives_world_sizes_and_engines_from_the_backend_specs() {
+        crate::link::link_backends();
+        let Args { command: PairCommand::Connect(a), .. } = parse(
+            "connect --name p --model qwen3-tiny --train megatron:tp=2,pp=2 --infer sglang:tp=2,engines=3 --transport nccl --checksums",
+        ) else {
+            unreachable!()
+        };
+        let req = connect_request(&a).unwrap();
+        assert_eq!(req.training.world_size, 4);
+        assert_eq!((req.inference.engines, req.inference.world_size), (3, 6));
+        assert_eq!(req.transport, Transport::Nccl);
+        assert!(req.options.checksums);
+        assert_eq!(req.training.catalogue, Catalogue::of(&req.training.model).summary());
+        let Args { command: PairCommand::Connect(a), .. } = parse(
+            "connect --name p --model qwen3-tiny --train megatron:tp=2 --infer sglang:tp=2 --infer-world 4",
+        ) else {
+            unreachable!()
+        };
+        assert_eq!(
+            connect_request(&a).unwrap_err().to_string(),
+            "--infer-world 4 disagrees with the inference parallel config, which has 2 ranks"
+        );
+    }
+
+    #[test]
+    fn operator_commands_drive_a_pair_on_a_live_gateway() {
+        crate::link::link_backends();
+        let url = gateway();
+        let run_line = |l: &str| run(parse(&format!("--gateway {url} {l}")));
+        let ok = run_line("connect --name op --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1").unwrap();
+        assert_eq!(ok, ExitCode::SUCCESS);
+        let dup = run_line("connect --name op --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1").unwrap_err();
+        assert_eq!(dup.to_string(), "gateway answered 409: a pair named `op` already exists (state joining); disconnect it first or pick another name");
+        assert_eq!(run_line("status --name op --json").unwrap(), ExitCode::SUCCESS);
+        let early = run_line("update --name op --version 1").unwrap_err();
+        assert_eq!(early.to_string(), "gateway answered 409: pair `op` is still joining: 0 of 2 ranks joined; start updates once every rank joined");
+        assert_eq!(run_line("disconnect --name op").unwrap(), ExitCode::SUCCESS);
+        let gone = run_line("status --name nope").unwrap_err();
+        assert_eq!(gone.to_string(), "gateway answered 404: no pair named `nope`; create it with POST /v1/pairs");
+    }
 }

@@ -1,12 +1,253 @@
-//! `awex-cli serve`.
+//! `awex-cli serve`: runs the weight-update gateway.
+//!
+//! Settings are layered, later layers winning: defaults < config file (`--config`, TOML keys
+//! `bind`, `token_file`, `body_limit_mib`) < environment (`AWEX_BIND`, `AWEX_TOKEN_FILE`,
+//! `AWEX_BODY_LIMIT_MIB`; `AWEX_TOKEN` carries the token itself) < flags.
 
+use anyhow::{Context, bail};
+use awex_core::gateway::{GatewayConfig, serve_with_shutdown};
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Arguments of `awex-cli serve`.
-#[derive(clap::Args, Debug)]
-pub struct Args {}
+#[derive(clap::Args, Debug, Default)]
+pub struct Args {
+    /// Address to listen on [default: 127.0.0.1:7480; env AWEX_BIND].
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// File holding the bearer token clients must send (env AWEX_TOKEN holds the token itself).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// TOML config file with keys bind, token_file, body_limit_mib.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Largest request body in MiB [default: 8].
+    #[arg(long)]
+    pub body_limit_mib: Option<u64>,
+}
+
+/// The layered settings of the server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeSettings {
+    /// Listen address.
+    pub bind: String,
+    /// Token file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Body limit in MiB.
+    pub body_limit_mib: u64,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        ServeSettings {
+            bind: "127.0.0.1:7480".into(),
+            token_file: None,
+            body_limit_mib: 8,
+        }
+    }
+}
+
+/// The flags, as a figment layer (absent flags do not override).
+#[derive(Serialize)]
+struct Flags {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_file: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_limit_mib: Option<u64>,
+}
+
+/// Layers defaults < config file < `env` < flags.
+pub fn settings(args: &Args, env: Figment) -> anyhow::Result<ServeSettings> {
+    let mut fig = Figment::from(Serialized::defaults(ServeSettings::default()));
+    if let Some(path) = &args.config {
+        if !path.is_file() {
+            bail!("config file {} does not exist", path.display());
+        }
+        fig = fig.merge(Toml::file(path));
+    }
+    fig = fig.merge(env).merge(Serialized::defaults(Flags {
+        bind: args.bind.clone(),
+        token_file: args.token_file.clone(),
+        body_limit_mib: args.body_limit_mib,
+    }));
+    fig.extract()
+        .map_err(|e| anyhow::anyhow!("bad gateway settings: {e}"))
+}
+
+/// The environment layer: `AWEX_BIND`, `AWEX_TOKEN_FILE`, `AWEX_BODY_LIMIT_MIB`.
+fn env_layer() -> Figment {
+    Figment::from(Env::prefixed("AWEX_").only(&["bind", "token_file", "body_limit_mib"]))
+}
+
+/// Reads a token file: trimmed, non-empty.
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read token file {}", path.display()))?;
+    let token = text.trim().to_string();
+    if token.is_empty() {
+        bail!("token file {} is empty", path.display());
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            if meta.permissions().mode() & 0o077 != 0 {
+                eprintln!(
+                    "warning: token file {} is readable by other users; chmod 600 it",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(token)
+}
+
+/// The token: `--token-file`, else `AWEX_TOKEN`, else a `token_file` from the environment or
+/// the config file.
+pub fn token(
+    args: &Args,
+    settings: &ServeSettings,
+    env_token: Option<String>,
+) -> anyhow::Result<Option<String>> {
+    if let Some(f) = &args.token_file {
+        return read_token(f).map(Some);
+    }
+    if let Some(t) = env_token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty()) {
+        return Ok(Some(t));
+    }
+    settings.token_file.as_deref().map(read_token).transpose()
+}
 
 /// Runs the subcommand.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`serve` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let s = settings(&args, env_layer())?;
+    let addr: SocketAddr = s
+        .bind
+        .parse()
+        .with_context(|| format!("--bind `{}` is not an address like 127.0.0.1:7480", s.bind))?;
+    let token = token(&args, &s, std::env::var("AWEX_TOKEN").ok())?;
+    if token.is_none() && !addr.ip().is_loopback() {
+        bail!(
+            "refusing to serve on {addr} without a token: give --token-file or AWEX_TOKEN, or bind a loopback address"
+        );
+    }
+    let body_limit = usize::try_from(s.body_limit_mib.saturating_mul(1024 * 1024))
+        .context("body_limit_mib is too large")?;
+    if body_limit == 0 {
+        bail!("body_limit_mib must be at least 1");
+    }
+    let config = GatewayConfig {
+        token: token.clone(),
+        body_limit,
+        ..GatewayConfig::default()
+    };
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        eprintln!(
+            "awex gateway listening on http://{local} ({}, body limit {} MiB)",
+            if token.is_some() {
+                "bearer token required"
+            } else {
+                "no token: loopback only"
+            },
+            s.body_limit_mib
+        );
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("awex gateway: shutting down");
+        };
+        serve_with_shutdown(listener, config, shutdown).await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(v: serde_json::Value) -> Figment {
+        Figment::from(Serialized::defaults(v))
+    }
+
+    #[test]
+    fn settings_layer_defaults_file_env_and_flags_in_that_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gw.toml");
+        std::fs::write(&file, "bind = \"127.0.0.1:1000\"\nbody_limit_mib = 2\n").unwrap();
+        let none = Args::default();
+        assert_eq!(settings(&none, Figment::new()).unwrap(), ServeSettings::default());
+        let with_file = Args {
+            config: Some(file.clone()),
+            ..Args::default()
+        };
+        let s = settings(&with_file, Figment::new()).unwrap();
+        assert_eq!((s.bind.as_str(), s.body_limit_mib), ("127.0.0.1:1000", 2));
+        let s = settings(&with_file, env(serde_json::json!({"bind": "127.0.0.1:2000"}))).unwrap();
+        assert_eq!((s.bind.as_str(), s.body_limit_mib), ("127.0.0.1:2000", 2));
+        let flags = Args {
+            config: Some(file),
+            bind: Some("127.0.0.1:3000".into()),
+            ..Args::default()
+        };
+        let s = settings(&flags, env(serde_json::json!({"bind": "127.0.0.1:2000"}))).unwrap();
+        assert_eq!(s.bind, "127.0.0.1:3000");
+    }
+
+    #[test]
+    fn unknown_config_keys_and_missing_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gw.toml");
+        std::fs::write(&file, "bindd = \"x\"\n").unwrap();
+        let args = Args {
+            config: Some(file),
+            ..Args::default()
+        };
+        let e = settings(&args, Figment::new()).unwrap_err().to_string();
+        assert!(e.contains("unknown field"), "{e}");
+        assert!(e.contains("bindd"), "{e}");
+        let args = Args {
+            config: Some(dir.path().join("absent.toml")),
+            ..Args::default()
+        };
+        assert!(settings(&args, Figment::new()).unwrap_err().to_string().ends_with("absent.toml does not exist"));
+    }
+
+    #[test]
+    fn token_flag_beats_env_token_which_beats_a_configured_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag_file = dir.path().join("flag");
+        let conf_file = dir.path().join("conf");
+        std::fs::write(&flag_file, "from-flag\n").unwrap();
+        std::fs::write(&conf_file, "from-config").unwrap();
+        let s = ServeSettings {
+            token_file: Some(conf_file),
+            ..ServeSettings::default()
+        };
+        let flag = Args {
+            token_file: Some(flag_file),
+            ..Args::default()
+        };
+        assert_eq!(token(&flag, &s, Some("from-env".into())).unwrap().as_deref(), Some("from-flag"));
+        let none = Args::default();
+        assert_eq!(token(&none, &s, Some("from-env".into())).unwrap().as_deref(), Some("from-env"));
+        assert_eq!(token(&none, &s, None).unwrap().as_deref(), Some("from-config"));
+        assert_eq!(token(&none, &ServeSettings::default(), None).unwrap(), None);
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "  \n").unwrap();
+        let e = read_token(&empty).unwrap_err().to_string();
+        assert!(e.ends_with("empty is empty"), "{e}");
+    }
 }

@@ -81,7 +81,8 @@ impl UpdateState {
         matches!(self, UpdateState::Committed | UpdateState::Failed)
     }
 
-    fn as_str(self) -> &'static str {
+    /// The wire name (`committed`).
+    pub fn as_str(self) -> &'static str {
         match self {
             UpdateState::Pending => "pending",
             UpdateState::Running => "running",
@@ -103,6 +104,18 @@ pub enum RankReportState {
     Failed,
     /// Did not report before the deadline.
     Missing,
+}
+
+impl RankReportState {
+    /// The wire name (`missing`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RankReportState::Waiting => "waiting",
+            RankReportState::Ok => "ok",
+            RankReportState::Failed => "failed",
+            RankReportState::Missing => "missing",
+        }
+    }
 }
 
 /// One rank's part of an update.
