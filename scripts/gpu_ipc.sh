@@ -33,7 +33,13 @@ timeout 120 "$G/awex-cli" bench ipc --model qwen3-0.6b --updates 5 2>&1 | tee "$
 echo "== bench ipc, $MODEL"
 timeout 300 "$G/awex-cli" bench ipc --model "$MODEL" --train megatron:tp=1 --infer sglang:tp=1 \
   --updates 7 --gpu 0 --sweep --json >"$OUT/bench_ipc.json" 2>"$OUT/bench_ipc.err"
-[ $? = 0 ] || status=1
+if [ $? != 0 ]; then
+  status=1
+  tail -5 "$OUT/bench_ipc.err"
+  echo "== bench ipc, $MODEL, one copy per box (after the failure above)"
+  timeout 300 "$G/awex-cli" bench ipc --model "$MODEL" --no-coalesce --sweep --json \
+    >"$OUT/bench_ipc.json" 2>>"$OUT/bench_ipc.err"
+fi
 tail -5 "$OUT/bench_ipc.err"
 
 echo "== torch baseline"

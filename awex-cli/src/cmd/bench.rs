@@ -15,8 +15,8 @@
 use super::plan::{Resolved, human_bytes};
 use anyhow::{Context, anyhow, bail};
 use awex_core::cuda::{
-    CopyDesc, CopyEngine, DescStats, Device, DeviceBuffer, Event, ExportedAllocation,
-    IpcEventHandle, IpcExport, IpcImport, RemoteAddr, coalesce, copy_descriptors, driver_version,
+    CopyDesc, CopyEngine, CudaError, DescStats, Device, DeviceBuffer, Event, ExportedAllocation,
+    IpcEventHandle, IpcExport, IpcImport, RemoteAddr, driver_version, plan_copies,
 };
 use awex_core::layout::copy::StridedBox;
 use awex_core::layout::{LocalTensor, RankId, Side};
@@ -689,23 +689,25 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let ready = dev.open_event(&hello.ready)?;
     let open_ms = ms_since(t_first);
     let t0 = Instant::now();
-    let mut raw_descs = Vec::new();
-    for t in &transfers {
-        let src = remote.get(&(t.src_rank, &*t.src_tensor)).ok_or_else(|| {
-            anyhow!(
-                "the sender holds no `{}` of rank {}",
-                t.src_tensor,
-                t.src_rank
-            )
-        })?;
-        let src_ptr = import.ptr(src.at, src.bytes)?;
-        let &i = dst
+    let addr = |t: &Transfer| {
+        let src =
+            remote
+                .get(&(t.src_rank, &*t.src_tensor))
+                .ok_or_else(|| CudaError::MissingTensor {
+                    holder: format!("training rank {}", t.src_rank),
+                    tensor: t.src_tensor.to_string(),
+                })?;
+        let dst_i = dst
             .by_name
             .get(&*t.dst_tensor)
-            .ok_or_else(|| anyhow!("this rank has no tensor `{}`", t.dst_tensor))?;
-        raw_descs.extend(copy_descriptors(t, src_ptr, dst.tensors[i].1.ptr())?);
-    }
-    let merged = coalesce(&raw_descs);
+            .ok_or_else(|| CudaError::MissingTensor {
+                holder: "this inference rank".into(),
+                tensor: t.dst_tensor.to_string(),
+            })?;
+        Ok((import.ptr(src.at, src.bytes)?, dst.tensors[*dst_i].1.ptr()))
+    };
+    let raw_descs = plan_copies(&transfers, false, addr)?;
+    let merged = plan_copies(&transfers, true, addr)?;
     let descs: &[CopyDesc] = if a.no_coalesce { &raw_descs } else { &merged };
     let descs_ms = ms_since(t0);
     let work = match a.mode {

@@ -214,8 +214,45 @@ pub fn push_box(b: &StridedBox, es: u64, src: u64, dst: u64, out: &mut Vec<CopyD
     });
 }
 
+/// The copies of a list of planned transfers, in order; with `merge`, each series of
+/// transfers between the same source and destination tensors is [`coalesce`]d.
+///
+/// `addr` gives a transfer's source and destination tensor addresses. Merging stops at tensor
+/// boundaries: the driver wants every row of a pitched copy inside one allocation, and two
+/// tensors may be two allocations.
+pub fn plan_copies(
+    transfers: &[Transfer],
+    merge: bool,
+    mut addr: impl FnMut(&Transfer) -> Result<(u64, u64), CudaError>,
+) -> Result<Vec<CopyDesc>, CudaError> {
+    let mut out = Vec::new();
+    let mut series: Vec<CopyDesc> = Vec::new();
+    let mut key = None;
+    for t in transfers {
+        let k = (t.src_rank, &*t.src_tensor, &*t.dst_tensor);
+        if key != Some(k) {
+            flush(&mut series, merge, &mut out);
+            key = Some(k);
+        }
+        let (src, dst) = addr(t)?;
+        series.extend(copy_descriptors(t, src, dst)?);
+    }
+    flush(&mut series, merge, &mut out);
+    Ok(out)
+}
+
+fn flush(series: &mut Vec<CopyDesc>, merge: bool, out: &mut Vec<CopyDesc>) {
+    if merge {
+        out.extend(coalesce(series));
+    } else {
+        out.append(series);
+    }
+    series.clear();
+}
+
 /// Merges runs of equal-width linear copies whose addresses advance by fixed pitches into
-/// pitched 2-D copies; the same bytes move, in fewer driver calls.
+/// pitched 2-D copies; the same bytes move, in fewer driver calls. The copies must all lie in
+/// one source and one destination allocation (see [`plan_copies`]).
 ///
 /// Planned boxes are often regular across transfers: Megatron's interleaved QKV rows go to
 /// SGLang's concatenated Q, K and V blocks as one box per query group, each group a fixed
@@ -519,6 +556,59 @@ mod tests {
                 two(0, 1000, 32, 48, 32),
                 two(32, 1064, 8, 48, 8),
                 two(40, 1080, 8, 48, 8),
+            ]
+        );
+    }
+
+    #[test]
+    fn series_merge_within_a_tensor_pair_but_not_across_tensors() {
+        // four one-row boxes at a fixed stride on both ends: the first two go from tensor A
+        // to X, the last two from A to Y, laid out right after X
+        let mut ts = vec![];
+        for (i, dst) in ["X", "X", "Y", "Y"].into_iter().enumerate() {
+            let mut t = transfer(
+                &[8, 4],
+                &[2 * i as u64, 0],
+                &[2, 4],
+                &[i as u64 % 2, 0],
+                &[1, 4],
+                DType::Bf16,
+            );
+            t.src_tensor = Arc::from("A");
+            t.dst_tensor = Arc::from(dst);
+            ts.push(t);
+        }
+        let addr = |t: &Transfer| {
+            Ok((
+                0x1000,
+                if &*t.dst_tensor == "X" {
+                    0x9000
+                } else {
+                    0x9010
+                },
+            ))
+        };
+        let merged = plan_copies(&ts, true, addr).unwrap();
+        let row = |s: u64, d: u64| CopyDesc {
+            src: 0x1000 + s,
+            dst: 0x9000 + d,
+            width: 8,
+            height: 2,
+            depth: 1,
+            src_pitch: 16,
+            dst_pitch: 8,
+            src_rows: 2,
+            dst_rows: 2,
+        };
+        assert_eq!(merged, vec![row(0, 0), row(32, 16)]);
+        let apart = plan_copies(&ts, false, addr).unwrap();
+        assert_eq!(
+            apart,
+            vec![
+                CopyDesc::linear(0x1000, 0x9000, 8),
+                CopyDesc::linear(0x1010, 0x9008, 8),
+                CopyDesc::linear(0x1020, 0x9010, 8),
+                CopyDesc::linear(0x1030, 0x9018, 8),
             ]
         );
     }

@@ -88,7 +88,10 @@ impl CopyEngine {
 
     fn queue_copies(&self, descs: &[CopyDesc]) -> Result<(), CudaError> {
         for (d, k) in descs.iter().zip(assign_streams(descs, self.streams.len())) {
-            sys::copy_async(d, self.streams[k].raw)?;
+            sys::copy_async(d, self.streams[k].raw).map_err(|e| CudaError::Copy {
+                desc: format!("{d:?}"),
+                detail: e.to_string(),
+            })?;
         }
         for k in 1..self.streams.len() {
             self.joins[k].record(&self.streams[k])?;

@@ -77,6 +77,14 @@ pub enum CudaError {
         /// the pointer
         ptr: u64,
     },
+    /// A planned tensor that the process holding it does not have.
+    #[error("{holder} has no tensor `{tensor}` (the plan and the memory disagree)")]
+    MissingTensor {
+        /// who should hold it
+        holder: String,
+        /// the tensor
+        tensor: String,
+    },
     /// An allocation index that the import does not have.
     #[error("IPC import has {count} allocation(s); allocation {index} does not exist")]
     NoSuchAllocation {
@@ -100,6 +108,14 @@ pub enum CudaError {
     /// An IPC handle that is not 64 bytes of hex.
     #[error("bad IPC handle `{0}`: expected 128 hex digits (64 bytes)")]
     BadHandle(String),
+    /// The driver refused one copy descriptor.
+    #[error("copy {desc} failed: {detail}")]
+    Copy {
+        /// the descriptor, as `CopyDesc { .. }`
+        desc: String,
+        /// the driver's error
+        detail: String,
+    },
     /// A copy engine asked to run with no streams.
     #[error("a copy engine needs at least one stream; {0} given")]
     Streams(usize),

@@ -266,3 +266,70 @@ fn gpu_ipc_pull_between_two_processes() {
     std::fs::write(dir.path().join("done"), b"").unwrap();
     assert!(child.wait().unwrap().success());
 }
+
+/// The driver rejects a pitched copy whose rows lie in two allocations, which is why
+/// [`plan_copies`] merges series only between the same two tensors.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_pitched_copy_across_two_allocations_is_refused() {
+    let d = Device::open(0).unwrap();
+    let a = d.alloc(4096).unwrap();
+    let b = d.alloc(4096).unwrap();
+    let (lo, hi) = if a.ptr() < b.ptr() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let dst = d.alloc(1 << 16).unwrap();
+    let two_allocs = CopyDesc {
+        src: lo.ptr(),
+        dst: dst.ptr(),
+        width: 256,
+        height: 2,
+        depth: 1,
+        src_pitch: hi.ptr() - lo.ptr(),
+        dst_pitch: 256,
+        src_rows: 2,
+        dst_rows: 2,
+    };
+    let engine = CopyEngine::new(&d, 1).unwrap();
+    let e = engine.launch(&[two_allocs], None, None).unwrap_err();
+    assert!(e.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
+}
+
+/// A pitched copy whose last row ends exactly at the end of its allocation is accepted, though
+/// `pitch * height` bytes from its start run past that end.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_pitched_copy_may_end_at_its_allocation_end() {
+    let d = Device::open(0).unwrap();
+    let size = 2u64 << 20;
+    let src = d.alloc(size).unwrap();
+    let host = pattern(size as usize, 9);
+    src.upload(0, &host).unwrap();
+    let dst = d.alloc(4 * 64).unwrap();
+    let start = size - (3 * 1024 + 64);
+    let desc = CopyDesc {
+        src: src.ptr() + start,
+        dst: dst.ptr(),
+        width: 64,
+        height: 4,
+        depth: 1,
+        src_pitch: 1024,
+        dst_pitch: 64,
+        src_rows: 4,
+        dst_rows: 4,
+    };
+    let engine = CopyEngine::new(&d, 1).unwrap();
+    engine.launch(&[desc], None, None).unwrap();
+    engine.sync().unwrap();
+    let mut got = vec![0u8; 256];
+    dst.download(0, &mut got).unwrap();
+    let want: Vec<u8> = (0..4)
+        .flat_map(|r| {
+            let s = (start + r * 1024) as usize;
+            host[s..s + 64].to_vec()
+        })
+        .collect();
+    assert_eq!(got, want);
+}

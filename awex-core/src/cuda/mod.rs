@@ -22,7 +22,7 @@ mod ipc;
 #[cfg_attr(not(feature = "cuda"), path = "sys_stub.rs")]
 mod sys;
 
-pub use desc::{CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors};
+pub use desc::{CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, plan_copies};
 pub use device::{
     Device, DeviceBuffer, Event, Stream, device_count, driver_present, driver_version,
 };
