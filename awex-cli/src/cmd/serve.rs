@@ -151,9 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = awex_core::gateway::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
             "awex gateway listening on http://{local} ({}, body limit {} MiB)",

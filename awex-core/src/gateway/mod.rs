@@ -261,6 +261,19 @@ fn check_token_and_bind(addr: SocketAddr, config: &GatewayConfig) -> Result<(), 
     Ok(())
 }
 
+/// Binds a listener for the gateway with a deep accept queue: thousands of ranks connect at
+/// once when a pair starts, and an overflowing queue costs each dropped one a 1 s SYN retry.
+pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(8192)
+}
+
 /// Serves the gateway on `listener` until the process ends.
 ///
 /// Refuses a non-loopback listener when the config has no token.
@@ -274,7 +287,12 @@ pub async fn serve_with_shutdown(
     config: GatewayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    use axum::serve::ListenerExt;
     check_token_and_bind(listener.local_addr()?, &config)?;
+    // Small request/response exchanges: do not let Nagle's algorithm hold them back.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(config))
         .with_graceful_shutdown(shutdown)
         .await?;
