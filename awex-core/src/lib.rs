@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod gateway;
 pub mod layout;
 pub mod model;
+pub mod nccl;
 pub mod plan;
 pub mod runtime;
 pub mod synthetic;
