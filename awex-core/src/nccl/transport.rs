@@ -258,13 +258,20 @@ impl NcclTransport {
                 ]
             })
             .collect();
-        let comm = Communicator::init(
+        let comm = match Communicator::init(
             self.lib.clone(),
             &self.uid,
             self.cfg.world.nranks(),
             self.me,
             self.cfg.init_timeout,
-        )?;
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                // the other ranks may have half-joined this id: it cannot be used again
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        };
         self.conn = Some(Connected {
             comm,
             program,
@@ -274,13 +281,15 @@ impl NcclTransport {
         Ok(())
     }
 
-    /// Marks the transport failed (its communicator is aborted) and returns the error.
+    /// After an error with a live communicator: aborts it (peers blocked on this rank are
+    /// released) and marks the transport failed. Errors before the communicator exists (a peer
+    /// not published yet, a bad registration) leave the transport usable for a retry.
     fn fail(&mut self, e: NcclError) -> NcclError {
         if let Some(c) = self.conn.as_mut() {
             c.comm.abort(&e.to_string());
-        }
-        if self.failed.is_none() {
-            self.failed = Some(e.to_string());
+            if self.failed.is_none() {
+                self.failed = Some(e.to_string());
+            }
         }
         e
     }
