@@ -60,6 +60,11 @@ pub const KEYS: &[ParallelKey] = &[
         default: Some(0),
         help: "1 when parameters are fp32 (no --bf16); the sender converts",
     },
+    ParallelKey {
+        name: "local_spec",
+        default: Some(0),
+        help: "1 for Megatron-Core's local (non-Transformer-Engine) layer spec: separate input_layernorm / pre_mlp_layernorm",
+    },
 ];
 
 fn config_error(message: String) -> LayoutError {
@@ -89,6 +94,8 @@ pub struct Config {
     pub last_stage_layers: Option<u64>,
     /// Parameters are fp32 rather than the model dtype.
     pub fp32: bool,
+    /// The model uses the local layer spec (norms are modules of their own, not fused into the linears).
+    pub local_spec: bool,
 }
 
 impl Config {
@@ -123,6 +130,15 @@ impl Config {
                 )));
             }
         };
+        let local_spec = match p.get_or("local_spec", 0) {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(config_error(format!(
+                    "megatron local_spec={v}; use local_spec=1 for the local layer spec or local_spec=0 for Transformer Engine"
+                )));
+            }
+        };
         let cfg = Config {
             tp,
             pp: size("pp")?,
@@ -137,6 +153,7 @@ impl Config {
             first_stage_layers: stage_layers("first_stage_layers")?,
             last_stage_layers: stage_layers("last_stage_layers")?,
             fp32,
+            local_spec,
         };
         let world = [cfg.tp, cfg.cp, cfg.dp, cfg.pp]
             .iter()

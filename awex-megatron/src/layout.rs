@@ -122,6 +122,7 @@ impl MegatronLayout {
                 &chunk_prefix(self.cfg.vpp, place.chunk),
                 place.local,
                 experts,
+                self.cfg.local_spec,
             )
         })
     }
@@ -149,7 +150,12 @@ impl MegatronLayout {
 
     /// The local parameters of one layer, in Megatron's `named_parameters()` order.
     fn layer_locals(&self, l: u64, out: &mut Vec<Local>) {
-        out.extend([Local::Proj(l), Local::QkvNorm(l), Local::Qkv(l)]);
+        if self.cfg.local_spec {
+            // the local spec's `input_layernorm` is the layer's first module
+            out.extend([Local::QkvNorm(l), Local::Proj(l), Local::Qkv(l)]);
+        } else {
+            out.extend([Local::Proj(l), Local::QkvNorm(l), Local::Qkv(l)]);
+        }
         if self.attention_bias {
             out.push(Local::QkvBias(l));
         }

@@ -1,4 +1,4 @@
-//! awex backend for Megatron-Core training jobs (GPT models, Transformer Engine layer spec).
+//! awex backend for Megatron-Core training jobs (GPT models, Transformer Engine or local layer spec).
 //!
 //! It names every parameter the way Megatron's `named_parameters()` does on each rank
 //! (`decoder.layers.{i}.self_attention.linear_qkv.weight`, `mlp.experts.linear_fc1.weight{j}`,
@@ -34,7 +34,7 @@ impl TrainingBackend for MegatronBackend {
     }
 
     fn description(&self) -> &'static str {
-        "Megatron-Core GPT (Transformer Engine spec): TP/PP/VPP/DP/CP/EP/ETP, Q/K/V interleaved per query group, vocab padded to 128*tp"
+        "Megatron-Core GPT (Transformer Engine spec, or the local spec with local_spec=1): TP/PP/VPP/DP/CP/EP/ETP, Q/K/V interleaved per query group, vocab padded to 128*tp"
     }
 
     fn parallel_keys(&self) -> &'static [ParallelKey] {

@@ -196,7 +196,7 @@ pub enum Local {
     FinalNorm,
     /// `output_layer.weight`
     OutputLayer,
-    /// `self_attention.linear_qkv.layer_norm_weight`
+    /// `self_attention.linear_qkv.layer_norm_weight` (`input_layernorm.weight` with the local spec)
     QkvNorm(u64),
     /// `self_attention.linear_qkv.weight`
     Qkv(u64),
@@ -208,7 +208,7 @@ pub enum Local {
     KLayerNorm(u64),
     /// `self_attention.linear_proj.weight`
     Proj(u64),
-    /// `mlp.linear_fc1.layer_norm_weight`
+    /// `mlp.linear_fc1.layer_norm_weight` (`pre_mlp_layernorm.weight` with the local spec)
     Fc1Norm(u64),
     /// `mlp.linear_fc1.weight`
     Fc1(u64),
@@ -261,7 +261,7 @@ impl Local {
 /// The local names of one layer's parameters, built once and shared by every rank and holder.
 #[derive(Debug)]
 pub struct LayerNames {
-    /// `linear_qkv.layer_norm_weight`
+    /// `linear_qkv.layer_norm_weight` (Transformer Engine) or `input_layernorm.weight` (local spec)
     pub qkv_norm: Arc<str>,
     /// `linear_qkv.weight`
     pub qkv: Arc<str>,
@@ -273,7 +273,7 @@ pub struct LayerNames {
     pub k_layernorm: Arc<str>,
     /// `linear_proj.weight`
     pub proj: Arc<str>,
-    /// `mlp.linear_fc1.layer_norm_weight`
+    /// `mlp.linear_fc1.layer_norm_weight` (Transformer Engine) or `pre_mlp_layernorm.weight` (local spec)
     pub fc1_norm: Arc<str>,
     /// `mlp.linear_fc1.weight`
     pub fc1: Arc<str>,
@@ -290,18 +290,27 @@ pub struct LayerNames {
 }
 
 impl LayerNames {
-    /// The names of layer `local` of a chunk whose names start with `prefix` (`""` or `model{v}.`).
-    pub fn new(prefix: &str, local: u64, experts_local: u64) -> LayerNames {
+    /// The names of layer `local` of a chunk whose names start with `prefix` (`""` or `model{v}.`);
+    /// `local_spec` selects the local layer spec's norm names over Transformer Engine's fused ones.
+    pub fn new(prefix: &str, local: u64, experts_local: u64, local_spec: bool) -> LayerNames {
         let base = format!("{prefix}decoder.layers.{local}.");
         let n = |suffix: &str| -> Arc<str> { Arc::from(format!("{base}{suffix}")) };
+        let (qkv_norm, fc1_norm) = if local_spec {
+            ("input_layernorm.weight", "pre_mlp_layernorm.weight")
+        } else {
+            (
+                "self_attention.linear_qkv.layer_norm_weight",
+                "mlp.linear_fc1.layer_norm_weight",
+            )
+        };
         LayerNames {
-            qkv_norm: n("self_attention.linear_qkv.layer_norm_weight"),
+            qkv_norm: n(qkv_norm),
             qkv: n("self_attention.linear_qkv.weight"),
             qkv_bias: n("self_attention.linear_qkv.bias"),
             q_layernorm: n("self_attention.q_layernorm.weight"),
             k_layernorm: n("self_attention.k_layernorm.weight"),
             proj: n("self_attention.linear_proj.weight"),
-            fc1_norm: n("mlp.linear_fc1.layer_norm_weight"),
+            fc1_norm: n(fc1_norm),
             fc1: n("mlp.linear_fc1.weight"),
             fc2: n("mlp.linear_fc2.weight"),
             pre_mlp_norm: n("pre_mlp_layernorm.weight"),

@@ -910,7 +910,8 @@ fn backend_is_registered_as_megatron() {
             "vpp",
             "first_stage_layers",
             "last_stage_layers",
-            "fp32"
+            "fp32",
+            "local_spec"
         ]
     );
     let side = b

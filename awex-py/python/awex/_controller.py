@@ -1,0 +1,93 @@
+"""``Controller``: drives a pair from a Python RL loop (connect, update, status, disconnect)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from . import _awex
+from ._spec import model_args
+
+
+class Controller:
+    """A client of the gateway (``awex-cli serve``) that connects a training job to inference
+    engines and runs weight updates. No tensor passes through it.
+
+    ``connect`` remembers the pair, so ``update``, ``status`` and ``disconnect`` need no name;
+    ``pair=`` acts on another one. ``token`` defaults to ``$AWEX_TOKEN``.
+    """
+
+    def __init__(self, gateway: str, token: str | None = None, pair: str | None = None) -> None:
+        if token is None:
+            token = os.environ.get("AWEX_TOKEN")
+        self._c = _awex._Controller(gateway, token, pair)
+
+    def connect(
+        self,
+        pair: str,
+        *,
+        model: Any,
+        train: str,
+        infer: str,
+        transport: str = "shm",
+        urls: Sequence[str] | None = None,
+        checksums: bool = False,
+        bucket_mib: int = 64,
+        join_deadline_s: float = 60.0,
+        update_deadline_s: float = 120.0,
+    ) -> dict[str, Any]:
+        """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
+        ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
+        dict, ``urls`` the SGLang servers to pause around updates. The model is stored on the
+        gateway so that ranks need only ``(gateway, pair, rank)``. Returns the pair's status."""
+        return self._c.connect(
+            pair,
+            train,
+            infer,
+            transport=transport,
+            urls=list(urls) if urls is not None else None,
+            checksums=checksums,
+            bucket_mib=bucket_mib,
+            join_deadline_s=join_deadline_s,
+            update_deadline_s=update_deadline_s,
+            **model_args(model),
+        )
+
+    def wait_ready(self, timeout: float = 60.0, pair: str | None = None) -> dict[str, Any]:
+        """Waits until every rank of both sides joined; returns the status."""
+        return self._c.wait_ready(timeout, pair)
+
+    def update(self, version: int, timeout: float = 600.0, pair: str | None = None) -> dict[str, Any]:
+        """Starts ``version`` and waits until it committed; returns the update's status.
+        Raises ``awex.UpdateFailed`` (with the gateway's reason and the failed ranks) when it
+        did not commit, ``TimeoutError`` when it is still running after ``timeout`` seconds."""
+        return self._c.update(version, timeout, pair)
+
+    def start_update(self, version: int, pair: str | None = None) -> dict[str, Any]:
+        """Starts ``version`` and returns at once."""
+        return self._c.start_update(version, pair)
+
+    def wait_update(self, version: int, timeout: float = 600.0, pair: str | None = None) -> dict[str, Any]:
+        """Waits for a started ``version`` as ``update`` does."""
+        return self._c.wait_update(version, timeout, pair)
+
+    def status(self, pair: str | None = None) -> dict[str, Any]:
+        """The pair's status document (state, both sides, roster, current update)."""
+        return self._c.status(pair)
+
+    def disconnect(self, pair: str | None = None) -> dict[str, Any]:
+        """Disconnects the pair; its ranks' ``update`` raises ``awex.Disconnected``."""
+        return self._c.disconnect(pair)
+
+    @property
+    def pair(self) -> str | None:
+        """The pair ``update``/``status``/``disconnect`` act on by default."""
+        return self._c.pair
+
+    @property
+    def gateway(self) -> str:
+        """The gateway's URL."""
+        return self._c.gateway
+
+    def __repr__(self) -> str:
+        return f"<awex.Controller of {self.gateway} pair={self.pair!r}>"

@@ -1,0 +1,45 @@
+"""Turning the Python-side ways of naming a model and a layout into what the extension takes."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+
+def model_args(model: Any) -> dict[str, str]:
+    """``model=`` as the extension's ``model`` (preset or path) or ``model_json`` (a config dict)."""
+    if model is None:
+        return {}
+    if isinstance(model, Mapping):
+        return {"model_json": json.dumps(dict(model))}
+    if isinstance(model, (str, os.PathLike)):
+        return {"model": os.fspath(model)}
+    raise TypeError(
+        f"model must be a preset name, a config.json path, an HF model directory or a config dict, not {type(model).__name__}"
+    )
+
+
+def parallel_config(parallel: Mapping[str, Any] | None, what: str) -> dict[str, int] | None:
+    """Checks a parallel config: string keys, non-negative integer values."""
+    if parallel is None:
+        return None
+    if not isinstance(parallel, Mapping):
+        raise TypeError(f"{what} must be a dict such as {{'tp': 2, 'pp': 2}}, not {type(parallel).__name__}")
+    out: dict[str, int] = {}
+    for k, v in parallel.items():
+        if not isinstance(k, str):
+            raise TypeError(f"{what} keys are strings; got {k!r}")
+        if isinstance(v, bool):
+            v = int(v)
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{what}[{k!r}] must be a non-negative integer, not {v!r}")
+        out[k] = v
+    return out
+
+
+def spec(backend: str, parallel: Mapping[str, int] | None = None, **keys: int) -> str:
+    """A layout spec string, ``spec("megatron", tp=2, pp=2) == "megatron:tp=2,pp=2"``."""
+    merged = dict(parallel_config(parallel, "parallel") or {})
+    merged.update(parallel_config(keys, "parallel") or {})
+    return backend + (":" + ",".join(f"{k}={v}" for k, v in merged.items()) if merged else "")

@@ -1,0 +1,47 @@
+"""Megatron-Core: the named tensors of a training rank, as awex's ``megatron`` backend names them.
+
+Works with both layer specs: Transformer Engine (``linear_qkv.layer_norm_weight``, ...) and the
+local spec (``input_layernorm.weight``, ``pre_mlp_layernorm.weight``; connect the pair with
+``megatron:...,local_spec=1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+# the attribute name Megatron's DistributedDataParallel and Float16Module wrap their model under
+_WRAPPER = "module."
+
+
+def _strip_wrappers(name: str) -> str:
+    while name.startswith(_WRAPPER):
+        name = name[len(_WRAPPER) :]
+    return name
+
+
+def named_tensors(model: Any) -> list[tuple[str, Any]]:
+    """``[(name, tensor)]`` of a Megatron-Core model on this rank, ready for ``Writer.register``.
+
+    ``model`` is a ``GPTModel``, possibly wrapped (``DistributedDataParallel``,
+    ``Float16Module``: their ``module.`` prefixes are removed), or the list of model chunks that
+    Megatron builds with virtual pipeline parallelism (``vpp > 1``): chunk ``v``'s names get the
+    ``model{v}.`` prefix awex uses. A one-element list is a plain model.
+    """
+    chunks: list[Any] = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not chunks:
+        raise ValueError("no model chunks given")
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for v, chunk in enumerate(chunks):
+        prefix = f"model{v}." if len(chunks) > 1 else ""
+        params: Iterable[tuple[str, Any]] = chunk.named_parameters()
+        for name, p in params:
+            full = prefix + _strip_wrappers(name)
+            if full in seen:
+                raise ValueError(f"parameter name `{full}` appears twice")
+            seen.add(full)
+            out.append((full, p))
+    return out
+
+
+__all__ = ["named_tensors"]

@@ -1,0 +1,332 @@
+//! The controller of pairs, for an RL loop written in Python: connect a training job to
+//! inference engines, run updates (start + wait, raising `awex.UpdateFailed` with the gateway's
+//! reason), read status, disconnect. It talks to the gateway only; no tensor passes through it.
+
+use crate::endpoint::{runtime, seconds, to_py, wait};
+use crate::errors::{Fail, Result};
+use crate::spec::{ModelArg, model_key};
+use awex_core::backend::{BackendSpec, side_layout};
+use awex_core::client::Client;
+use awex_core::gateway::{
+    ConnectRequest, InferenceSpec, PairOptions, PairState, RankReportState, TrainingSpec,
+    Transport, UpdateState, UpdateStatus,
+};
+use awex_core::layout::Side;
+use awex_core::model::Catalogue;
+use pyo3::prelude::*;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A gateway client bound to one pair at a time (the engine of `awex.Controller`).
+#[pyclass(name = "_Controller", module = "awex._awex")]
+pub(crate) struct Controller {
+    client: Client,
+    rt: tokio::runtime::Runtime,
+    pair: Mutex<Option<String>>,
+}
+
+/// Why an update did not commit, with the ranks that did not succeed.
+pub(crate) fn failed(st: &UpdateStatus) -> Fail {
+    let ranks = st
+        .ranks
+        .iter()
+        .filter(|r| r.state != RankReportState::Ok)
+        .map(|r| match r.side {
+            Side::Training => format!("training rank {}", r.rank.rank),
+            Side::Inference => format!("inference rank {}/{}", r.rank.engine, r.rank.rank),
+        })
+        .collect();
+    Fail::UpdateFailed {
+        version: st.version,
+        message: format!(
+            "version {} of pair `{}` failed: {}",
+            st.version,
+            st.pair,
+            st.error.as_deref().unwrap_or("no reason given")
+        ),
+        ranks,
+    }
+}
+
+impl Controller {
+    fn pair_name(&self, pair: Option<String>) -> Result<String> {
+        if let Some(p) = pair {
+            return Ok(p);
+        }
+        self.pair
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Fail::Value("no pair: call connect() first or pass pair=<name>".into()))
+    }
+}
+
+#[pymethods]
+impl Controller {
+    /// A controller of the gateway at `gateway` (`http://host:port`).
+    #[new]
+    #[pyo3(signature = (gateway, token=None, pair=None))]
+    fn new(gateway: &str, token: Option<String>, pair: Option<String>) -> PyResult<Self> {
+        Ok(Controller {
+            client: Client::new(gateway, token).map_err(Fail::from)?,
+            rt: runtime("awex-controller")?,
+            pair: Mutex::new(pair),
+        })
+    }
+
+    /// Connects a pair: both sides' layouts are computed here (world sizes, engines, catalogue)
+    /// and the model is stored on the gateway so that ranks need not be told it.
+    #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
+        urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect<'py>(
+        &self,
+        py: Python<'py>,
+        pair: String,
+        train: &str,
+        infer: &str,
+        model: Option<String>,
+        model_json: Option<String>,
+        transport: &str,
+        urls: Option<Vec<String>>,
+        checksums: bool,
+        bucket_mib: u64,
+        join_deadline_s: f64,
+        update_deadline_s: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let model = match (model, model_json) {
+            (Some(m), None) => ModelArg::Resolve(m),
+            (None, Some(j)) => ModelArg::ConfigJson(j),
+            _ => {
+                return Err(Fail::Value(
+                    "connect needs the model: give model or model_json".into(),
+                )
+                .into());
+            }
+        };
+        let spec = model.spec()?;
+        let catalogue = Catalogue::of(&spec);
+        let train_spec: BackendSpec = train.parse().map_err(Fail::from)?;
+        let infer_spec: BackendSpec = infer.parse().map_err(Fail::from)?;
+        let training = side_layout(Side::Training, &train_spec, &spec).map_err(Fail::from)?;
+        let inference = side_layout(Side::Inference, &infer_spec, &spec).map_err(Fail::from)?;
+        let transport: Transport = transport.parse().map_err(Fail::Value)?;
+        let ms = |what: &str, s: f64| -> Result<u64> {
+            seconds(Some(s))?
+                .map(|d| d.as_millis() as u64)
+                .ok_or_else(|| Fail::Value(format!("{what} must be given")))
+        };
+        let summary = catalogue.summary();
+        let req = ConnectRequest {
+            name: pair.clone(),
+            training: TrainingSpec {
+                backend: train_spec.backend.clone(),
+                parallel: train_spec.parallel.clone(),
+                world_size: training.world_size() as u32,
+                model: spec.clone(),
+                catalogue: summary.clone(),
+            },
+            inference: InferenceSpec {
+                backend: infer_spec.backend.clone(),
+                parallel: infer_spec.parallel.clone(),
+                engines: inference.engines(),
+                world_size: inference.world_size() as u32,
+                urls: urls.unwrap_or_default(),
+                model: spec.clone(),
+                catalogue: summary,
+            },
+            transport,
+            options: PairOptions {
+                join_deadline_ms: ms("join_deadline_s", join_deadline_s)?,
+                update_deadline_ms: ms("update_deadline_s", update_deadline_s)?,
+                bucket_mib,
+                checksums,
+                ..PairOptions::default()
+            },
+        };
+        let model_value = serde_json::to_value(&spec)
+            .map_err(|e| Fail::Awex(format!("cannot encode the model: {e}")))?;
+        let client = self.client.clone();
+        let name = pair.clone();
+        let status = wait(
+            py,
+            &self.rt,
+            "connecting the pair",
+            Some(Duration::from_secs(60)),
+            async move {
+                let st = client.connect(&req).await?;
+                for side in [Side::Training, Side::Inference] {
+                    client
+                        .put_kv(&name, &model_key(side), model_value.clone())
+                        .await?;
+                }
+                Ok::<_, awex_core::client::ClientError>(st)
+            },
+        )?
+        .map_err(Fail::from)?;
+        *self.pair.lock().unwrap_or_else(|e| e.into_inner()) = Some(pair);
+        Ok(to_py(py, &status)?)
+    }
+
+    /// The pair's status document (`GET /v1/pairs/{name}/status`).
+    #[pyo3(signature = (pair=None))]
+    fn status<'py>(&self, py: Python<'py>, pair: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let client = self.client.clone();
+        let st = wait(
+            py,
+            &self.rt,
+            "reading the pair's status",
+            Some(Duration::from_secs(60)),
+            async move { client.status(&pair).await },
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &st)?)
+    }
+
+    /// Waits until every rank of both sides joined; raises if the join deadline passed.
+    #[pyo3(signature = (timeout=60.0, pair=None))]
+    fn wait_ready<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: f64,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let limit = seconds(Some(timeout))?;
+        let client = self.client.clone();
+        let st = wait(
+            py,
+            &self.rt,
+            &format!("waiting for every rank of pair `{pair}` to join"),
+            limit,
+            async move {
+                loop {
+                    let st = client.status(&pair).await.map_err(Fail::from)?;
+                    match st.state {
+                        PairState::Ready => return Ok(st),
+                        PairState::Joining => {}
+                        PairState::JoinFailed => {
+                            return Err(Fail::Awex(format!(
+                                "pair `{pair}` failed to join: {}",
+                                st.join_error.as_deref().unwrap_or("join deadline passed")
+                            )));
+                        }
+                        PairState::Disconnected => {
+                            return Err(Fail::Disconnected(format!(
+                                "pair `{pair}` was disconnected"
+                            )));
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+        )??;
+        Ok(to_py(py, &st)?)
+    }
+
+    /// Starts `version` and returns at once with its status.
+    #[pyo3(signature = (version, pair=None))]
+    fn start_update<'py>(
+        &self,
+        py: Python<'py>,
+        version: u64,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let client = self.client.clone();
+        let st = wait(
+            py,
+            &self.rt,
+            "starting the update",
+            Some(Duration::from_secs(60)),
+            async move { client.start_update(&pair, version).await },
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &st)?)
+    }
+
+    /// Waits until `version` committed (returns its status) or failed (raises `awex.UpdateFailed`).
+    #[pyo3(signature = (version, timeout=600.0, pair=None))]
+    fn wait_update<'py>(
+        &self,
+        py: Python<'py>,
+        version: u64,
+        timeout: f64,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let limit = seconds(Some(timeout))?.unwrap_or_default();
+        let client = self.client.clone();
+        let what = format!("waiting for version {version} of pair `{pair}`");
+        let st = wait(py, &self.rt, &what, None, async move {
+            client.wait_update(&pair, version, limit).await
+        })?;
+        let st = match st {
+            Ok(st) => st,
+            Err(awex_core::client::ClientError::StillRunning {
+                state, waited_ms, ..
+            }) => {
+                return Err(Fail::Timeout(format!(
+                    "version {version} is still {state} after {:.1} s",
+                    waited_ms as f64 / 1000.0
+                ))
+                .into());
+            }
+            Err(e) => return Err(Fail::from(e).into()),
+        };
+        if st.state != UpdateState::Committed {
+            return Err(failed(&st).into());
+        }
+        Ok(to_py(py, &st)?)
+    }
+
+    /// Starts `version` and waits until it committed (returns its status) or failed (raises
+    /// `awex.UpdateFailed` with the gateway's reason).
+    #[pyo3(signature = (version, timeout=600.0, pair=None))]
+    fn update<'py>(
+        &self,
+        py: Python<'py>,
+        version: u64,
+        timeout: f64,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t0 = Instant::now();
+        self.start_update(py, version, pair.clone())?;
+        let left = (timeout - t0.elapsed().as_secs_f64()).max(0.0);
+        self.wait_update(py, version, left, pair)
+    }
+
+    /// Disconnects the pair: its ranks see `disconnect`, tear down and their `update` raises
+    /// `awex.Disconnected`.
+    #[pyo3(signature = (pair=None))]
+    fn disconnect<'py>(
+        &self,
+        py: Python<'py>,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let client = self.client.clone();
+        let st = wait(
+            py,
+            &self.rt,
+            "disconnecting",
+            Some(Duration::from_secs(60)),
+            async move { client.disconnect(&pair).await },
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &st)?)
+    }
+
+    /// The pair this controller acts on by default (set by `connect`).
+    #[getter]
+    fn pair(&self) -> Option<String> {
+        self.pair.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The gateway's base URL.
+    #[getter]
+    fn gateway(&self) -> String {
+        self.client.base().to_string()
+    }
+}

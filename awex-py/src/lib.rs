@@ -1,0 +1,34 @@
+//! awex-py: the Python extension module `awex._awex`, so that the PyTorch processes of
+//! Megatron-Core, FSDP and SGLang can hand their tensors to awex.
+//!
+//! The Python package `awex` (in `python/awex/`) is the public face: `Writer`, `Reader`,
+//! `Controller`, `detect()`, the error classes, and the engine helpers. This module holds the
+//! machinery they drive: [`endpoint`] (a rank: register, join, update, close), [`memory`]
+//! (zero-copy access to numpy / torch / DLPack memory), [`spec`] (the pair's description from the
+//! gateway), [`controller`], [`detect`], and [`testing`] (an in-process gateway for tests).
+
+mod controller;
+mod detect;
+mod endpoint;
+mod errors;
+mod memory;
+mod spec;
+mod testing;
+
+use pyo3::prelude::*;
+
+/// The backend crates linked into the module; naming them links their registrations.
+const BACKENDS: [&str; 3] = [awex_megatron::CRATE, awex_fsdp::CRATE, awex_sglang::CRATE];
+
+/// The `awex._awex` module.
+#[pymodule]
+fn _awex(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<endpoint::Endpoint>()?;
+    m.add_class::<controller::Controller>()?;
+    m.add_function(wrap_pyfunction!(detect::detect, m)?)?;
+    m.add_function(wrap_pyfunction!(detect::detect_packages, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::start_gateway, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("LINKED_BACKEND_CRATES", BACKENDS.to_vec())?;
+    Ok(())
+}

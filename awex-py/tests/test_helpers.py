@@ -1,0 +1,96 @@
+"""Engine helpers (names as each awex backend expects them), specs, detection."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import awex
+
+
+class Module:
+    """A stand-in for torch.nn.Module: named_parameters() over a dict."""
+
+    def __init__(self, params: dict[str, object]) -> None:
+        self._params = params
+
+    def named_parameters(self):
+        return iter(self._params.items())
+
+
+class DTensorLike:
+    """A stand-in for a DTensor parameter: to_local() is this rank's shard."""
+
+    def __init__(self, local: np.ndarray) -> None:
+        self._local = local
+
+    def to_local(self) -> np.ndarray:
+        return self._local
+
+
+def test_megatron_strips_wrapper_prefixes_and_prefixes_vpp_chunks():
+    a, b, c = np.zeros(1), np.zeros(2), np.zeros(3)
+    wrapped = Module({"module.module.decoder.layers.0.input_layernorm.weight": a,
+                      "module.module.embedding.word_embeddings.weight": b})
+    assert awex.megatron.named_tensors(wrapped) == [
+        ("decoder.layers.0.input_layernorm.weight", a),
+        ("embedding.word_embeddings.weight", b),
+    ]
+    chunks = [Module({"module.decoder.layers.0.mlp.linear_fc1.weight": a}),
+              Module({"module.decoder.layers.0.mlp.linear_fc1.weight": c})]
+    assert awex.megatron.named_tensors(chunks) == [
+        ("model0.decoder.layers.0.mlp.linear_fc1.weight", a),
+        ("model1.decoder.layers.0.mlp.linear_fc1.weight", c),
+    ]
+    # a single chunk in a list is a plain model
+    assert awex.megatron.named_tensors([wrapped])[0][0] == "decoder.layers.0.input_layernorm.weight"
+
+
+def test_fsdp_takes_local_shards_under_hf_names():
+    shard = np.zeros((3, 4))
+    plain = np.zeros(4)
+    m = Module({"model.layers.0._fsdp_wrapped_module.self_attn.q_proj.weight": DTensorLike(shard),
+                "_orig_mod.model.norm.weight": plain})
+    out = awex.fsdp.named_tensors(m)
+    assert [n for n, _ in out] == ["model.layers.0.self_attn.q_proj.weight", "model.norm.weight"]
+    assert out[0][1] is shard and out[1][1] is plain
+
+
+def test_sglang_accepts_the_model_or_its_runner():
+    w = np.zeros(2)
+    model = Module({"model.layers.0.self_attn.qkv_proj.weight": w})
+
+    class Runner:
+        def __init__(self, model):
+            self.model = model
+
+    assert awex.sglang.named_tensors(model) == [("model.layers.0.self_attn.qkv_proj.weight", w)]
+    assert awex.sglang.named_tensors(Runner(model)) == [("model.layers.0.self_attn.qkv_proj.weight", w)]
+    try:
+        awex.sglang.named_tensors(object())
+    except TypeError as e:
+        assert "expected an SGLang model" in str(e)
+    else:
+        raise AssertionError("an object without parameters was accepted")
+
+
+def test_spec_formats_backend_and_parallel_keys():
+    assert awex.spec("megatron", tp=2, pp=2) == "megatron:tp=2,pp=2"
+    assert awex.spec("sglang", {"tp": 4}, engines=2) == "sglang:tp=4,engines=2"
+    assert awex.spec("fsdp") == "fsdp"
+
+
+def test_detect_scores_every_linked_backend():
+    report = awex.detect()
+    assert sorted(v["backend"] for v in report["training"]) == ["fsdp", "megatron"]
+    assert [v["backend"] for v in report["inference"]] == ["sglang"]
+    for v in report["training"] + report["inference"]:
+        assert 0.0 <= v["score"] <= 1.0
+        assert isinstance(v["evidence"], list)
+
+
+def test_package_exports_its_api():
+    for name in ["Writer", "Reader", "Controller", "detect", "LayoutError", "UpdateFailed",
+                 "Disconnected", "GatewayError", "AwexError", "megatron", "fsdp", "sglang"]:
+        assert hasattr(awex, name), name
+    assert issubclass(awex.LayoutError, awex.AwexError) and issubclass(awex.LayoutError, ValueError)
+    assert awex.__version__ == "0.1.0"

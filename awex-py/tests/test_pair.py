@@ -1,0 +1,254 @@
+"""Whole pairs through a real gateway: numpy arrays on both sides, every byte verified."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import awex
+from conftest import (
+    TINY_F32,
+    canonical_shapes,
+    expected_local,
+    fill_from_canonical,
+    np_dtype,
+    run_all,
+    same_bits,
+    shm_segments,
+)
+
+
+def finite_f32(rng: np.random.Generator, shape) -> np.ndarray:
+    """Random float32 bit patterns with the top exponent bit cleared: finite, all mantissas."""
+    bits = rng.integers(0, 2**32, size=shape, dtype=np.uint32) & np.uint32(~0x40000000 & 0xFFFFFFFF)
+    return bits.view(np.float32)
+
+
+class Pair:
+    """A connected pair with one Writer/Reader per rank, all in this process."""
+
+    def __init__(self, gateway: str, name: str, model: Any, train: str, infer: str, transport: str,
+                 **connect: Any) -> None:
+        self.ctl = awex.Controller(gateway)
+        st = self.ctl.connect(name, model=model, train=train, infer=infer, transport=transport, **connect)
+        self.name = name
+        self.status = st
+        n_train = st["training"]["world_size"]
+        engines = st["inference"]["engines"]
+        per_engine = st["inference"]["world_size"] // engines
+        # ranks need only (gateway, pair, rank): the rest comes from the gateway
+        self.writers = [awex.Writer(gateway, name, r) for r in range(n_train)]
+        self.readers = [awex.Reader(gateway, name, r, engine=e)
+                        for e in range(engines) for r in range(per_engine)]
+
+    def all(self):
+        return self.writers + self.readers
+
+    def join(self) -> None:
+        run_all([lambda x=x: x.join(timeout=60) for x in self.all()])
+
+    def update(self, version: int) -> list[dict[str, Any]]:
+        """Every rank's update(version) in its own thread, the controller's in this one."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(self.all())) as ex:
+            futures = [ex.submit(x.update, version, timeout=60) for x in self.all()]
+            self.ctl.update(version, timeout=60)
+            return [f.result(timeout=60) for f in futures]
+
+    def close(self) -> None:
+        for x in self.all():
+            x.close()
+
+
+def run_and_verify(gateway: str, pair_name: str, model, train: str, infer: str, transport: str,
+                   versions: int = 2) -> None:
+    rng = np.random.default_rng(7)
+    p = Pair(gateway, pair_name, model, train, infer, transport)
+    try:
+        w_layouts = [w.layout() for w in p.writers]
+        shapes = canonical_shapes(w_layouts)
+        w_arrays = []
+        canonical = {}
+        for w in p.writers:
+            assert w.uses_mirror == (transport == "shm")
+        r_arrays = []
+        for r in p.readers:
+            arrays = {t["name"]: np.zeros(t["shape"], dtype=np_dtype(t["dtype"])) for t in r.layout()}
+            assert r.register(arrays) == len(arrays)
+            r_arrays.append(arrays)
+        for version in range(1, versions + 1):
+            canonical = {n: finite_f32(rng, s) for n, s in shapes.items()}
+            if version == 1:
+                for w, layout in zip(p.writers, w_layouts):
+                    arrays = fill_from_canonical(layout, canonical, np_dtype, rng)
+                    assert w.register(list(arrays.items())) == len(arrays)
+                    assert w.missing() == []
+                    w_arrays.append(arrays)
+                p.join()
+            else:
+                # new weights written in place into the registered arrays
+                for arrays, layout in zip(w_arrays, w_layouts):
+                    fresh = fill_from_canonical(layout, canonical, np_dtype, rng)
+                    for n, a in arrays.items():
+                        a[...] = fresh[n]
+            results = p.update(version)
+            assert [r["version"] for r in results] == [version] * len(results)
+            assert all(r["state"] == "committed" for r in results)
+            sent = sum(r["bytes"] for r in results[: len(p.writers)])
+            received = sum(r["bytes"] for r in results[len(p.writers):])
+            assert sent == received > 0
+            for reader, arrays in zip(p.readers, r_arrays):
+                for t in reader.layout():
+                    want = expected_local(t, canonical, np_dtype(t["dtype"]))
+                    assert same_bits(arrays[t["name"]], want), (
+                        f"version {version}: {reader!r} `{t['name']}` differs")
+        status = p.ctl.status()
+        assert status["serving_version"] == versions
+        p.ctl.disconnect()
+        with pytest.raises(awex.Disconnected, match="disconnected"):
+            p.readers[0].update(timeout=30)
+    finally:
+        p.close()
+    assert shm_segments(pair_name) == []
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize(
+    "train,infer",
+    [
+        ("megatron:tp=2,pp=2", "sglang:tp=2,engines=2"),
+        ("megatron:tp=2,pp=2,vpp=2,local_spec=1", "sglang:tp=4"),
+        ("fsdp:dp=3", "sglang:tp=1,engines=2"),
+    ],
+)
+def test_numpy_pair_moves_every_byte_exactly(gateway, pair_name, transport, train, infer):
+    run_and_verify(gateway, pair_name, TINY_F32, train, infer, transport)
+
+
+def test_fp32_trainer_to_bf16_engine_rounds_like_ml_dtypes(gateway, pair_name):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    model = dict(TINY_F32, torch_dtype="bfloat16", _name_or_path="tiny-bf16")
+    rng = np.random.default_rng(3)
+    p = Pair(gateway, pair_name, model, "megatron:tp=2,fp32=1", "sglang:tp=1", "shm")
+    try:
+        w_layouts = [w.layout() for w in p.writers]
+        assert {t["dtype"] for layout in w_layouts for t in layout} == {"f32"}
+        canonical = {n: rng.standard_normal(s).astype(np.float32) for n, s in canonical_shapes(w_layouts).items()}
+        for w, layout in zip(p.writers, w_layouts):
+            w.register(fill_from_canonical(layout, canonical, np_dtype, rng))
+        (reader,) = p.readers
+        arrays = {t["name"]: np.zeros(t["shape"], dtype=ml_dtypes.bfloat16) for t in reader.layout()}
+        reader.register(arrays)
+        p.join()
+        p.update(1)
+        for t in reader.layout():
+            assert t["dtype"] == "bf16"
+            want = expected_local(t, canonical, ml_dtypes.bfloat16)
+            assert same_bits(arrays[t["name"]], want), t["name"]
+    finally:
+        p.close()
+
+
+class TorchLike:
+    """Exposes only torch's protocol (data_ptr/shape/stride/dtype/device) over a numpy array."""
+
+    class _Device:
+        type = "cpu"
+
+        def __str__(self) -> str:
+            return "cpu"
+
+    class _DType:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __str__(self) -> str:
+            return f"torch.{self.name}"
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+        self.shape = a.shape
+        self.dtype = self._DType(a.dtype.name)
+        self.device = self._Device()
+
+    def data_ptr(self) -> int:
+        return self.a.ctypes.data
+
+    def stride(self) -> tuple[int, ...]:
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+
+class DLPackOnly:
+    """Exposes only the DLPack protocol over a numpy array."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __dlpack__(self, **kw):
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_torch_protocol_and_dlpack_objects_are_read_and_written_in_place(gateway, pair_name):
+    rng = np.random.default_rng(11)
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
+    try:
+        (w,), (r,) = p.writers, p.readers
+        layout = w.layout()
+        canonical = {n: finite_f32(rng, s) for n, s in canonical_shapes([layout]).items()}
+        w_arrays = fill_from_canonical(layout, canonical, np_dtype, rng)
+        w.register([(n, TorchLike(a)) for n, a in w_arrays.items()])
+        r_arrays = {t["name"]: np.zeros(t["shape"], dtype=np.float32) for t in r.layout()}
+        r.register([(n, DLPackOnly(a)) for n, a in r_arrays.items()])
+        p.join()
+        p.update(1)
+        for t in r.layout():
+            assert same_bits(r_arrays[t["name"]], expected_local(t, canonical, np.float32)), t["name"]
+    finally:
+        p.close()
+
+
+def test_update_failure_names_the_missing_rank(gateway, pair_name):
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1,engines=2", "shm",
+             update_deadline_s=1.0)
+    try:
+        for x in p.all():
+            x.register({t["name"]: np.zeros(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            # inference rank 1/0 never takes part in version 1
+            futures = [ex.submit(x.update, 1, timeout=30) for x in (p.writers[0], p.readers[0])]
+            with pytest.raises(awex.UpdateFailed) as failed:
+                p.ctl.update(1, timeout=30)
+            errors = []
+            for f in futures:
+                try:
+                    f.result(timeout=30)
+                except awex.UpdateFailed as e:
+                    errors.append(e)
+        assert failed.value.version == 1
+        assert "inference rank 1/0" in failed.value.ranks
+        assert str(failed.value).startswith(f"version 1 of pair `{pair_name}` failed: ")
+        # the writer waited for a reader that never came; both ranks see the failure
+        assert len(errors) == 2 and all(e.version == 1 for e in errors)
+    finally:
+        p.close()
+
+
+def test_rank_waiting_without_an_update_times_out(gateway, pair_name):
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
+    try:
+        for x in p.all():
+            x.register({t["name"]: np.zeros(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        with pytest.raises(TimeoutError, match=r"waiting for update 1 of pair `.*` did not finish within 0\.3 s"):
+            p.readers[0].update(1, timeout=0.3)
+    finally:
+        p.close()
