@@ -6,10 +6,15 @@
 //! wake-ups, the commit). The floor printed first is one loopback HTTP round trip (`GET
 //! /healthz`) measured in the same run.
 //!
-//! Everything runs on one single-threaded tokio runtime (the measured best on a 2-core machine:
-//! no cross-thread wake-ups between the gateway and its simulated ranks).
+//! Columns: `ctrl` is start-update request to the controller seeing `committed`; `gw` is the
+//! gateway's own start-to-commit time (whole ms); `gw cpu` (with `--split`) is the CPU time the
+//! gateway's thread spent per update.
 //!
-//! `cargo bench -p awex-core --bench gateway_load -- [--ranks 128,1024] [--updates 10]`
+//! By default everything runs on one single-threaded tokio runtime (the measured best latency on
+//! a 2-core machine: no cross-thread wake-ups between the gateway and its simulated ranks).
+//! `--split` runs the gateway on its own thread and runtime and measures its CPU per update.
+//!
+//! `cargo bench -p awex-core --bench gateway_load -- [--ranks 128,1024] [--updates 10] [--split]`
 
 use awex_core::client::Client;
 use awex_core::gateway::{
@@ -23,12 +28,14 @@ use std::time::{Duration, Instant};
 struct Options {
     ranks: Vec<u32>,
     updates: u64,
+    split: bool,
 }
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
         ranks: vec![128, 1024],
         updates: 10,
+        split: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -37,19 +44,27 @@ fn options() -> Result<Options, String> {
                 let v = args.next().ok_or("--ranks needs a list, e.g. 128,1024")?;
                 o.ranks = v
                     .split(',')
-                    .map(|x| x.trim().parse::<u32>().map_err(|_| format!("bad rank count `{x}`")))
+                    .map(|x| {
+                        x.trim()
+                            .parse::<u32>()
+                            .map_err(|_| format!("bad rank count `{x}`"))
+                    })
                     .collect::<Result<_, _>>()?;
             }
             "--updates" => {
                 let v = args.next().ok_or("--updates needs a number")?;
                 o.updates = v.parse().map_err(|_| format!("bad update count `{v}`"))?;
             }
+            "--split" => o.split = true,
             // cargo bench passes --bench; ignore it and anything else unknown.
             _ => {}
         }
     }
     if o.ranks.iter().any(|&n| n < 4 || n % 4 != 0) {
-        return Err("rank counts must be multiples of 4 (half training, half inference in 2 engines)".into());
+        return Err(
+            "rank counts must be multiples of 4 (half training, half inference in 2 engines)"
+                .into(),
+        );
     }
     Ok(o)
 }
@@ -97,9 +112,17 @@ async fn rank(
     id: RankId,
     joined: tokio::sync::mpsc::UnboundedSender<()>,
 ) -> Result<(), String> {
-    let info = serde_json::json!({ "host": "127.0.0.1", "port": 30000 + id.engine * 1000 + id.rank });
+    let info =
+        serde_json::json!({ "host": "127.0.0.1", "port": 30000 + id.engine * 1000 + id.rank });
     let roster = client
-        .join(&pair, &JoinRequest { side, rank: id, info })
+        .join(
+            &pair,
+            &JoinRequest {
+                side,
+                rank: id,
+                info,
+            },
+        )
         .await
         .map_err(|e| e.to_string())?;
     let _ = joined.send(());
@@ -134,11 +157,79 @@ async fn rank(
     }
 }
 
+/// Runs the gateway on its own thread and single-threaded runtime; returns its address and the
+/// CPU-time clock of that thread, so that the gateway's own CPU per update can be measured apart
+/// from the simulated ranks'.
+fn gateway_thread() -> Result<(std::net::SocketAddr, libc::clockid_t), String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut clock: libc::clockid_t = 0;
+        // SAFETY: pthread_self is always valid for the calling thread; `clock` is a valid out pointer.
+        let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        let (Ok(rt), 0) = (rt, rc) else {
+            let _ = tx.send(Err("cannot start the gateway thread".to_string()));
+            return;
+        };
+        rt.block_on(async move {
+            let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            let listener = match awex_core::gateway::bind(loopback) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            let _ = tx.send(
+                listener
+                    .local_addr()
+                    .map(|a| (a, clock))
+                    .map_err(|e| e.to_string()),
+            );
+            let _ = awex_core::gateway::serve(listener, GatewayConfig::default()).await;
+        });
+    });
+    rx.recv().map_err(|e| e.to_string())?
+}
+
+/// CPU time consumed so far by the thread whose clock this is, in ms.
+fn cpu_ms(clock: libc::clockid_t) -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out pointer; the clock belongs to a thread that lives as long as the process.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
+}
+
 async fn run(o: Options) -> Result<(), String> {
-    let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let listener = awex_core::gateway::bind(loopback).map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(awex_core::gateway::serve(listener, GatewayConfig::default()));
+    let (addr, gateway_clock) = if o.split {
+        let (a, c) = gateway_thread()?;
+        (a, Some(c))
+    } else {
+        let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let listener = awex_core::gateway::bind(loopback).map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(awex_core::gateway::serve(
+            listener,
+            GatewayConfig::default(),
+        ));
+        (addr, None)
+    };
+    println!(
+        "mode: {}",
+        if o.split {
+            "split: gateway on its own thread and runtime (gateway CPU per update measured)"
+        } else {
+            "shared: gateway and simulated ranks on one single-threaded runtime"
+        }
+    );
     let client = Client::new(&format!("http://{addr}"), None).map_err(|e| e.to_string())?;
 
     // Floor: one loopback HTTP round trip through the same client.
@@ -178,29 +269,54 @@ async fn run(o: Options) -> Result<(), String> {
         );
     }
     println!(
-        "{:>6} {:>8} {:>10} {:>14} {:>14} {:>14} {:>14} {:>14}",
-        "ranks", "updates", "join ms", "ctrl p50 ms", "ctrl p99 ms", "ctrl max ms", "gw p50 ms", "gw p99 ms"
+        "{:>6} {:>8} {:>10} {:>12} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+        "ranks",
+        "updates",
+        "join ms",
+        "ctrl p50 ms",
+        "ctrl p99 ms",
+        "ctrl max ms",
+        "gw p50 ms",
+        "gw p99 ms",
+        "gw cpu p50",
+        "gw cpu p99"
     );
     for &n in &o.ranks {
         let name = format!("load-{n}");
-        client.connect(&request(&name, n)).await.map_err(|e| e.to_string())?;
+        client
+            .connect(&request(&name, n))
+            .await
+            .map_err(|e| e.to_string())?;
         let t_join = Instant::now();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut tasks = Vec::new();
         for r in 0..n / 2 {
-            tasks.push(tokio::spawn(rank(client.clone(), name.clone(), Side::Training, RankId::train(r), tx.clone())));
+            tasks.push(tokio::spawn(rank(
+                client.clone(),
+                name.clone(),
+                Side::Training,
+                RankId::train(r),
+                tx.clone(),
+            )));
         }
         for e in 0..2 {
             for r in 0..n / 4 {
-                tasks.push(tokio::spawn(rank(client.clone(), name.clone(), Side::Inference, RankId::infer(e, r), tx.clone())));
+                tasks.push(tokio::spawn(rank(
+                    client.clone(),
+                    name.clone(),
+                    Side::Inference,
+                    RankId::infer(e, r),
+                    tx.clone(),
+                )));
             }
         }
         for _ in 0..n {
             rx.recv().await.ok_or("a rank ended before joining")?;
         }
         let join_ms = t_join.elapsed().as_secs_f64() * 1e3;
-        let (mut ctrl, mut gw) = (Vec::new(), Vec::new());
+        let (mut ctrl, mut gw, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
         for v in 1..=o.updates {
+            let cpu0 = gateway_clock.map(cpu_ms);
             let t = Instant::now();
             let started = loop {
                 match client.start_update(&name, v).await {
@@ -215,6 +331,9 @@ async fn run(o: Options) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
             ctrl.push(t.elapsed().as_secs_f64() * 1e3);
+            if let (Some(c), Some(c0)) = (gateway_clock, cpu0) {
+                cpu.push(cpu_ms(c) - c0);
+            }
             if done.state != UpdateState::Committed {
                 return Err(format!("version {v} did not commit: {:?}", done.error));
             }
@@ -226,8 +345,9 @@ async fn run(o: Options) -> Result<(), String> {
         }
         ctrl.sort_by(f64::total_cmp);
         gw.sort_by(f64::total_cmp);
+        cpu.sort_by(f64::total_cmp);
         println!(
-            "{:>6} {:>8} {:>10.1} {:>14.2} {:>14.2} {:>14.2} {:>14.0} {:>14.0}",
+            "{:>6} {:>8} {:>10.1} {:>12.2} {:>12.2} {:>12.2} {:>10.0} {:>10.0} {:>12.2} {:>12.2}",
             n,
             o.updates,
             join_ms,
@@ -235,7 +355,9 @@ async fn run(o: Options) -> Result<(), String> {
             percentile(&ctrl, 99.0),
             ctrl.last().copied().unwrap_or(f64::NAN),
             percentile(&gw, 50.0),
-            percentile(&gw, 99.0)
+            percentile(&gw, 99.0),
+            percentile(&cpu, 50.0),
+            percentile(&cpu, 99.0)
         );
     }
     Ok(())
@@ -249,7 +371,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gateway_load: cannot start the runtime: {e}");

@@ -168,7 +168,10 @@ impl Client {
     ) -> Result<(StatusCode, Vec<u8>), ClientError> {
         let mut attempt = 0;
         loop {
-            let mut req = self.http.request(method.clone(), url.clone()).timeout(timeout);
+            let mut req = self
+                .http
+                .request(method.clone(), url.clone())
+                .timeout(timeout);
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
             }
@@ -200,10 +203,7 @@ impl Client {
             let retryable = match &result {
                 Err(ClientError::Connect { .. }) => true,
                 Err(_) => idempotent,
-                Ok((s, _)) => {
-                    idempotent
-                        && matches!(s.as_u16(), 502..=504)
-                }
+                Ok((s, _)) => idempotent && matches!(s.as_u16(), 502..=504),
             };
             if retryable && attempt < self.retries {
                 attempt += 1;
@@ -265,21 +265,37 @@ impl Client {
     /// `GET /metrics`, the Prometheus text.
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let url = self.url(&["metrics"], &[])?;
-        let (_, bytes) = self.send(Method::GET, url, None, true, self.timeout).await?;
+        let (_, bytes) = self
+            .send(Method::GET, url, None, true, self.timeout)
+            .await?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     /// `GET /openapi.json`.
     pub async fn openapi(&self) -> Result<serde_json::Value, ClientError> {
-        self.call(Method::GET, &["openapi.json"], &[], None, true, self.timeout)
-            .await
+        self.call(
+            Method::GET,
+            &["openapi.json"],
+            &[],
+            None,
+            true,
+            self.timeout,
+        )
+        .await
     }
 
     /// `POST /v1/pairs`: connects a pair (never re-sent once it may have arrived).
     pub async fn connect(&self, req: &ConnectRequest) -> Result<PairStatus, ClientError> {
         let body = Self::encode(req)?;
-        self.call(Method::POST, &["v1", "pairs"], &[], Some(body), false, self.timeout)
-            .await
+        self.call(
+            Method::POST,
+            &["v1", "pairs"],
+            &[],
+            Some(body),
+            false,
+            self.timeout,
+        )
+        .await
     }
 
     /// `GET /v1/pairs/{name}/status`.
@@ -315,7 +331,9 @@ impl Client {
         req: &JoinRequest,
         wait: Duration,
     ) -> Result<JoinOutcome, ClientError> {
-        let wait_ms = wait.as_millis().min(u128::from(crate::gateway::MAX_WAIT_MS)) as u64;
+        let wait_ms = wait
+            .as_millis()
+            .min(u128::from(crate::gateway::MAX_WAIT_MS)) as u64;
         let url = self.url(
             &["v1", "pairs", name, "ranks"],
             &[("timeout_ms", wait_ms.to_string())],
@@ -369,7 +387,9 @@ impl Client {
         key: &str,
         wait: Duration,
     ) -> Result<KvEntry, ClientError> {
-        let wait_ms = wait.as_millis().min(u128::from(crate::gateway::MAX_WAIT_MS)) as u64;
+        let wait_ms = wait
+            .as_millis()
+            .min(u128::from(crate::gateway::MAX_WAIT_MS)) as u64;
         self.call(
             Method::GET,
             &["v1", "pairs", name, "kv", key],
@@ -388,11 +408,16 @@ impl Client {
         after: u64,
         wait: Duration,
     ) -> Result<EventsResponse, ClientError> {
-        let wait_ms = wait.as_millis().min(u128::from(crate::gateway::MAX_WAIT_MS)) as u64;
+        let wait_ms = wait
+            .as_millis()
+            .min(u128::from(crate::gateway::MAX_WAIT_MS)) as u64;
         self.call(
             Method::GET,
             &["v1", "pairs", name, "events"],
-            &[("after", after.to_string()), ("timeout_ms", wait_ms.to_string())],
+            &[
+                ("after", after.to_string()),
+                ("timeout_ms", wait_ms.to_string()),
+            ],
             None,
             true,
             Duration::from_millis(wait_ms) + POLL_MARGIN,
@@ -401,7 +426,11 @@ impl Client {
     }
 
     /// `POST /v1/pairs/{name}/updates`: starts `version` (never re-sent once it may have arrived).
-    pub async fn start_update(&self, name: &str, version: u64) -> Result<UpdateStatus, ClientError> {
+    pub async fn start_update(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<UpdateStatus, ClientError> {
         let body = Self::encode(&StartUpdate { version })?;
         self.call(
             Method::POST,
@@ -415,7 +444,11 @@ impl Client {
     }
 
     /// `GET /v1/pairs/{name}/updates/{version}` with every rank's state.
-    pub async fn update_status(&self, name: &str, version: u64) -> Result<UpdateStatus, ClientError> {
+    pub async fn update_status(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<UpdateStatus, ClientError> {
         let v = version.to_string();
         self.call(
             Method::GET,

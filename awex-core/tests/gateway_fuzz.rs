@@ -21,10 +21,19 @@ fn json_value() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|n| json!(n)),
         any::<u64>().prop_map(|n| json!(n)),
-        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
         "[ -~]{0,12}".prop_map(Value::String),
-        prop_oneof![Just("training"), Just("inference"), Just("shm"), Just("nccl"), Just("p"), Just("bf16")]
-            .prop_map(|s| json!(s)),
+        prop_oneof![
+            Just("training"),
+            Just("inference"),
+            Just("shm"),
+            Just("nccl"),
+            Just("p"),
+            Just("bf16")
+        ]
+        .prop_map(|s| json!(s)),
     ];
     leaf.prop_recursive(4, 32, 6, |inner| {
         prop_oneof![
@@ -32,9 +41,20 @@ fn json_value() -> impl Strategy<Value = Value> {
             prop::collection::btree_map(
                 prop_oneof![
                     "[a-z_]{1,10}".boxed(),
-                    prop_oneof![Just("side"), Just("rank"), Just("engine"), Just("ok"), Just("version"), Just("value"), Just("info"), Just("checksum"), Just("bytes"), Just("error")]
-                        .prop_map(String::from)
-                        .boxed(),
+                    prop_oneof![
+                        Just("side"),
+                        Just("rank"),
+                        Just("engine"),
+                        Just("ok"),
+                        Just("version"),
+                        Just("value"),
+                        Just("info"),
+                        Just("checksum"),
+                        Just("bytes"),
+                        Just("error")
+                    ]
+                    .prop_map(String::from)
+                    .boxed(),
                 ],
                 inner,
                 0..6
@@ -47,27 +67,33 @@ fn json_value() -> impl Strategy<Value = Value> {
 /// Valid bodies of every route, with one field replaced by random JSON (or left intact).
 fn mutated_body() -> impl Strategy<Value = Value> {
     let connect = serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap_or(Value::Null);
-    let bases = vec![
+    let bases = [
         connect,
         json!({"side": "training", "rank": {"engine": 0, "rank": 0}, "info": {"port": 1}}),
         json!({"side": "inference", "rank": {"engine": 0, "rank": 0}, "ok": true, "bytes": 1, "checksum": 2, "attempt": 1}),
         json!({"version": 1}),
         json!({"value": "uid"}),
     ];
-    (0..bases.len(), json_value(), any::<prop::sample::Index>(), any::<bool>()).prop_map(move |(i, junk, at, replace)| {
-        let mut v = bases[i].clone();
-        if replace {
-            let mut paths = Vec::new();
-            collect_paths(&v, String::new(), &mut paths);
-            if !paths.is_empty() {
-                let p = &paths[at.index(paths.len())];
-                if let Some(slot) = v.pointer_mut(p) {
-                    *slot = junk;
+    (
+        0..bases.len(),
+        json_value(),
+        any::<prop::sample::Index>(),
+        any::<bool>(),
+    )
+        .prop_map(move |(i, junk, at, replace)| {
+            let mut v = bases[i].clone();
+            if replace {
+                let mut paths = Vec::new();
+                collect_paths(&v, String::new(), &mut paths);
+                if !paths.is_empty() {
+                    let p = &paths[at.index(paths.len())];
+                    if let Some(slot) = v.pointer_mut(p) {
+                        *slot = junk;
+                    }
                 }
             }
-        }
-        v
-    })
+            v
+        })
 }
 
 fn collect_paths(v: &Value, here: String, out: &mut Vec<String>) {
@@ -107,7 +133,13 @@ fn segment() -> impl Strategy<Value = String> {
 }
 
 fn query() -> impl Strategy<Value = String> {
-    let key = prop_oneof![Just("after"), Just("timeout_ms"), Just("ranks"), Just("wait"), Just("x")];
+    let key = prop_oneof![
+        Just("after"),
+        Just("timeout_ms"),
+        Just("ranks"),
+        Just("wait"),
+        Just("x")
+    ];
     let value = prop_oneof![
         Just("0".to_string()),
         Just("1".to_string()),
@@ -150,25 +182,50 @@ fn body() -> impl Strategy<Value = BodyKind> {
 
 fn path() -> impl Strategy<Value = String> {
     let templates = [
-        "/healthz", "/metrics", "/openapi.json", "/v1/pairs", "/v1/pairs/{a}", "/v1/pairs/{a}/status",
-        "/v1/pairs/{a}/ranks", "/v1/pairs/{a}/kv/{b}", "/v1/pairs/{a}/updates", "/v1/pairs/{a}/updates/{b}",
-        "/v1/pairs/{a}/updates/{b}/report", "/v1/pairs/{a}/events", "/v1/{a}", "/{a}",
+        "/healthz",
+        "/metrics",
+        "/openapi.json",
+        "/v1/pairs",
+        "/v1/pairs/{a}",
+        "/v1/pairs/{a}/status",
+        "/v1/pairs/{a}/ranks",
+        "/v1/pairs/{a}/kv/{b}",
+        "/v1/pairs/{a}/updates",
+        "/v1/pairs/{a}/updates/{b}",
+        "/v1/pairs/{a}/updates/{b}/report",
+        "/v1/pairs/{a}/events",
+        "/v1/{a}",
+        "/{a}",
     ];
-    (prop::sample::select(templates.to_vec()), segment(), segment(), query())
+    (
+        prop::sample::select(templates.to_vec()),
+        segment(),
+        segment(),
+        query(),
+    )
         .prop_map(|(t, a, b, q)| format!("{}{q}", t.replace("{a}", &a).replace("{b}", &b)))
 }
 
 fn method() -> impl Strategy<Value = &'static str> {
-    prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])
+    prop::sample::select(vec![
+        "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS",
+    ])
 }
 
 /// Mostly a routed method and path (so that handlers see the input), sometimes anything.
 fn request_line() -> impl Strategy<Value = (&'static str, String)> {
     let routed = [
-        ("GET", "/metrics"), ("POST", "/v1/pairs"), ("DELETE", "/v1/pairs/{a}"), ("GET", "/v1/pairs/{a}/status"),
-        ("POST", "/v1/pairs/{a}/ranks"), ("PUT", "/v1/pairs/{a}/kv/{b}"), ("GET", "/v1/pairs/{a}/kv/{b}"),
-        ("POST", "/v1/pairs/{a}/updates"), ("GET", "/v1/pairs/{a}/updates/{b}"),
-        ("POST", "/v1/pairs/{a}/updates/{b}/report"), ("GET", "/v1/pairs/{a}/events"),
+        ("GET", "/metrics"),
+        ("POST", "/v1/pairs"),
+        ("DELETE", "/v1/pairs/{a}"),
+        ("GET", "/v1/pairs/{a}/status"),
+        ("POST", "/v1/pairs/{a}/ranks"),
+        ("PUT", "/v1/pairs/{a}/kv/{b}"),
+        ("GET", "/v1/pairs/{a}/kv/{b}"),
+        ("POST", "/v1/pairs/{a}/updates"),
+        ("GET", "/v1/pairs/{a}/updates/{b}"),
+        ("POST", "/v1/pairs/{a}/updates/{b}/report"),
+        ("GET", "/v1/pairs/{a}/events"),
     ];
     let good = prop_oneof![Just("p".to_string()), Just("p".to_string()), segment()];
     let good_b = prop_oneof![Just("1".to_string()), Just("k".to_string()), segment()];
@@ -188,14 +245,43 @@ fn setup(rt: &tokio::runtime::Runtime) -> Router {
         ..GatewayConfig::default()
     });
     rt.block_on(async {
-        let _ = send(&app, "POST", "/v1/pairs", Some(TOKEN), BodyKind::Json(serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap_or(Value::Null))).await;
-        let _ = send(&app, "POST", "/v1/pairs/p/ranks?timeout_ms=0", Some(TOKEN), BodyKind::Json(json!({"side": "training", "rank": {"engine": 0, "rank": 0}}))).await;
-        let _ = send(&app, "POST", "/v1/pairs/p/ranks", Some(TOKEN), BodyKind::Json(json!({"side": "inference", "rank": {"engine": 0, "rank": 0}}))).await;
+        let _ = send(
+            &app,
+            "POST",
+            "/v1/pairs",
+            Some(TOKEN),
+            BodyKind::Json(
+                serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap_or(Value::Null),
+            ),
+        )
+        .await;
+        let _ = send(
+            &app,
+            "POST",
+            "/v1/pairs/p/ranks?timeout_ms=0",
+            Some(TOKEN),
+            BodyKind::Json(json!({"side": "training", "rank": {"engine": 0, "rank": 0}})),
+        )
+        .await;
+        let _ = send(
+            &app,
+            "POST",
+            "/v1/pairs/p/ranks",
+            Some(TOKEN),
+            BodyKind::Json(json!({"side": "inference", "rank": {"engine": 0, "rank": 0}})),
+        )
+        .await;
     });
     app
 }
 
-async fn send(app: &Router, method: &str, uri: &str, token: Option<&str>, body: BodyKind) -> Option<(u16, Vec<u8>)> {
+async fn send(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: BodyKind,
+) -> Option<(u16, Vec<u8>)> {
     let mut req = Request::builder().method(method).uri(uri);
     if let Some(t) = token {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
@@ -219,7 +305,9 @@ async fn send(app: &Router, method: &str, uri: &str, token: Option<&str>, body: 
     let req = req.body(body).ok()?;
     let resp = app.clone().oneshot(req).await.ok()?;
     let status = resp.status().as_u16();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.ok()?;
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .ok()?;
     Some((status, bytes.to_vec()))
 }
 

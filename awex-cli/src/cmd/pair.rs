@@ -5,8 +5,8 @@ use anyhow::{Context, bail};
 use awex_core::backend::side_layout;
 use awex_core::client::Client;
 use awex_core::gateway::{
-    ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport,
-    UpdateState, UpdateStatus,
+    ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport, UpdateState,
+    UpdateStatus,
 };
 use awex_core::{BackendSpec, Catalogue, ModelSpec, Side};
 use std::path::PathBuf;
@@ -17,7 +17,12 @@ use std::time::Duration;
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Gateway base URL.
-    #[arg(long, env = "AWEX_GATEWAY", default_value = "http://127.0.0.1:7480", global = true)]
+    #[arg(
+        long,
+        env = "AWEX_GATEWAY",
+        default_value = "http://127.0.0.1:7480",
+        global = true
+    )]
     pub gateway: String,
     /// File holding the gateway's bearer token (or set AWEX_TOKEN).
     #[arg(long, global = true)]
@@ -211,7 +216,10 @@ pub fn describe_update(u: &UpdateStatus) -> String {
             r.rank.engine,
             r.rank.rank,
             r.state.as_str(),
-            r.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+            r.error
+                .as_ref()
+                .map(|e| format!(" ({e})"))
+                .unwrap_or_default()
         ));
     }
     for e in &u.engine_errors {
@@ -360,7 +368,9 @@ mod tests {
             rt.block_on(async move {
                 let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(l.local_addr().unwrap()).unwrap();
-                awex_core::gateway::serve(l, Default::default()).await.unwrap();
+                awex_core::gateway::serve(l, Default::default())
+                    .await
+                    .unwrap();
             });
         });
         format!("http://{}", rx.recv().unwrap())
@@ -369,9 +379,13 @@ mod tests {
     #[test]
     fn connect_derives_world_sizes_and_engines_from_the_backend_specs() {
         crate::link::link_backends();
-        let Args { command: PairCommand::Connect(a), .. } = parse(
+        let Args {
+            command: PairCommand::Connect(a),
+            ..
+        } = parse(
             "connect --name p --model qwen3-tiny --train megatron:tp=2,pp=2 --infer sglang:tp=2,engines=3 --transport nccl --checksums",
-        ) else {
+        )
+        else {
             unreachable!()
         };
         let req = connect_request(&a).unwrap();
@@ -379,10 +393,17 @@ mod tests {
         assert_eq!((req.inference.engines, req.inference.world_size), (3, 6));
         assert_eq!(req.transport, Transport::Nccl);
         assert!(req.options.checksums);
-        assert_eq!(req.training.catalogue, Catalogue::of(&req.training.model).summary());
-        let Args { command: PairCommand::Connect(a), .. } = parse(
+        assert_eq!(
+            req.training.catalogue,
+            Catalogue::of(&req.training.model).summary()
+        );
+        let Args {
+            command: PairCommand::Connect(a),
+            ..
+        } = parse(
             "connect --name p --model qwen3-tiny --train megatron:tp=2 --infer sglang:tp=2 --infer-world 4",
-        ) else {
+        )
+        else {
             unreachable!()
         };
         assert_eq!(
@@ -396,15 +417,33 @@ mod tests {
         crate::link::link_backends();
         let url = gateway();
         let run_line = |l: &str| run(parse(&format!("--gateway {url} {l}")));
-        let ok = run_line("connect --name op --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1").unwrap();
+        let ok = run_line(
+            "connect --name op --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1",
+        )
+        .unwrap();
         assert_eq!(ok, ExitCode::SUCCESS);
-        let dup = run_line("connect --name op --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1").unwrap_err();
-        assert_eq!(dup.to_string(), "gateway answered 409: a pair named `op` already exists (state joining); disconnect it first or pick another name");
-        assert_eq!(run_line("status --name op --json").unwrap(), ExitCode::SUCCESS);
+        let dup = run_line(
+            "connect --name op --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1",
+        )
+        .unwrap_err();
+        assert_eq!(
+            dup.to_string(),
+            "gateway answered 409: a pair named `op` already exists (state joining); disconnect it first or pick another name"
+        );
+        assert_eq!(
+            run_line("status --name op --json").unwrap(),
+            ExitCode::SUCCESS
+        );
         let early = run_line("update --name op --version 1").unwrap_err();
-        assert_eq!(early.to_string(), "gateway answered 409: pair `op` is still joining: 0 of 2 ranks joined; start updates once every rank joined");
+        assert_eq!(
+            early.to_string(),
+            "gateway answered 409: pair `op` is still joining: 0 of 2 ranks joined; start updates once every rank joined"
+        );
         assert_eq!(run_line("disconnect --name op").unwrap(), ExitCode::SUCCESS);
         let gone = run_line("status --name nope").unwrap_err();
-        assert_eq!(gone.to_string(), "gateway answered 404: no pair named `nope`; create it with POST /v1/pairs");
+        assert_eq!(
+            gone.to_string(),
+            "gateway answered 404: no pair named `nope`; create it with POST /v1/pairs"
+        );
     }
 }

@@ -120,7 +120,10 @@ pub fn token(
     if let Some(f) = &args.token_file {
         return read_token(f).map(Some);
     }
-    if let Some(t) = env_token.map(|t| t.trim().to_string()).filter(|t| !t.is_empty()) {
+    if let Some(t) = env_token
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+    {
         return Ok(Some(t));
     }
     settings.token_file.as_deref().map(read_token).transpose()
@@ -151,7 +154,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
-        let listener = awex_core::gateway::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+        let listener =
+            awex_core::gateway::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
             "awex gateway listening on http://{local} ({}, body limit {} MiB)",
@@ -186,14 +190,21 @@ mod tests {
         let file = dir.path().join("gw.toml");
         std::fs::write(&file, "bind = \"127.0.0.1:1000\"\nbody_limit_mib = 2\n").unwrap();
         let none = Args::default();
-        assert_eq!(settings(&none, Figment::new()).unwrap(), ServeSettings::default());
+        assert_eq!(
+            settings(&none, Figment::new()).unwrap(),
+            ServeSettings::default()
+        );
         let with_file = Args {
             config: Some(file.clone()),
             ..Args::default()
         };
         let s = settings(&with_file, Figment::new()).unwrap();
         assert_eq!((s.bind.as_str(), s.body_limit_mib), ("127.0.0.1:1000", 2));
-        let s = settings(&with_file, env(serde_json::json!({"bind": "127.0.0.1:2000"}))).unwrap();
+        let s = settings(
+            &with_file,
+            env(serde_json::json!({"bind": "127.0.0.1:2000"})),
+        )
+        .unwrap();
         assert_eq!((s.bind.as_str(), s.body_limit_mib), ("127.0.0.1:2000", 2));
         let flags = Args {
             config: Some(file),
@@ -220,7 +231,12 @@ mod tests {
             config: Some(dir.path().join("absent.toml")),
             ..Args::default()
         };
-        assert!(settings(&args, Figment::new()).unwrap_err().to_string().ends_with("absent.toml does not exist"));
+        assert!(
+            settings(&args, Figment::new())
+                .unwrap_err()
+                .to_string()
+                .ends_with("absent.toml does not exist")
+        );
     }
 
     #[test]
@@ -238,10 +254,23 @@ mod tests {
             token_file: Some(flag_file),
             ..Args::default()
         };
-        assert_eq!(token(&flag, &s, Some("from-env".into())).unwrap().as_deref(), Some("from-flag"));
+        assert_eq!(
+            token(&flag, &s, Some("from-env".into()))
+                .unwrap()
+                .as_deref(),
+            Some("from-flag")
+        );
         let none = Args::default();
-        assert_eq!(token(&none, &s, Some("from-env".into())).unwrap().as_deref(), Some("from-env"));
-        assert_eq!(token(&none, &s, None).unwrap().as_deref(), Some("from-config"));
+        assert_eq!(
+            token(&none, &s, Some("from-env".into()))
+                .unwrap()
+                .as_deref(),
+            Some("from-env")
+        );
+        assert_eq!(
+            token(&none, &s, None).unwrap().as_deref(),
+            Some("from-config")
+        );
         assert_eq!(token(&none, &ServeSettings::default(), None).unwrap(), None);
         let empty = dir.path().join("empty");
         std::fs::write(&empty, "  \n").unwrap();

@@ -86,7 +86,10 @@ mod tests {
             "the Authorization header must be `Bearer <token>`"
         );
         let wrong = HeaderValue::from_static("Bearer nope");
-        assert_eq!(check(Some(&wrong), "tok").unwrap_err().status().as_u16(), 403);
+        assert_eq!(
+            check(Some(&wrong), "tok").unwrap_err().status().as_u16(),
+            403
+        );
         let right = HeaderValue::from_static("bearer tok");
         assert!(check(Some(&right), "tok").is_ok());
     }

@@ -41,11 +41,7 @@ impl EngineClient {
             let http = self.http.clone();
             let target = format!("{}/{endpoint}", url.trim_end_matches('/'));
             set.spawn(async move {
-                let result = http
-                    .post(&target)
-                    .json(&serde_json::json!({}))
-                    .send()
-                    .await;
+                let result = http.post(&target).json(&serde_json::json!({})).send().await;
                 let err = match result {
                     Ok(r) if r.status().is_success() => return (i, None),
                     Ok(r) => format!("answered {}", r.status()),

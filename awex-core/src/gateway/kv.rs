@@ -98,7 +98,8 @@ pub(crate) async fn put(
     }
     p.kv.revision += 1;
     let revision = p.kv.revision;
-    p.kv.values.insert(key.clone(), (body.value.clone(), revision));
+    p.kv.values
+        .insert(key.clone(), (body.value.clone(), revision));
     p.roster.invalidate();
     drop(p);
     entry.kv_tx.send_replace(());

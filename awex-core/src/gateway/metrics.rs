@@ -56,15 +56,29 @@ impl Metrics {
     pub(crate) fn text(&self, pairs: &[(PairState, usize)]) -> String {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = String::new();
-        let _ = writeln!(s, "# HELP awex_gateway_pairs Pairs known to the gateway, by state.");
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_pairs Pairs known to the gateway, by state."
+        );
         let _ = writeln!(s, "# TYPE awex_gateway_pairs gauge");
         for (state, n) in pairs {
             let _ = writeln!(s, "awex_gateway_pairs{{state=\"{}\"}} {n}", state.as_str());
         }
-        let _ = writeln!(s, "# HELP awex_gateway_updates_total Finished weight updates, by outcome.");
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_updates_total Finished weight updates, by outcome."
+        );
         let _ = writeln!(s, "# TYPE awex_gateway_updates_total counter");
-        let _ = writeln!(s, "awex_gateway_updates_total{{outcome=\"committed\"}} {}", get(&self.committed));
-        let _ = writeln!(s, "awex_gateway_updates_total{{outcome=\"failed\"}} {}", get(&self.failed));
+        let _ = writeln!(
+            s,
+            "awex_gateway_updates_total{{outcome=\"committed\"}} {}",
+            get(&self.committed)
+        );
+        let _ = writeln!(
+            s,
+            "awex_gateway_updates_total{{outcome=\"failed\"}} {}",
+            get(&self.failed)
+        );
         let _ = writeln!(
             s,
             "# HELP awex_gateway_update_duration_seconds Time from starting an update to its commit or failure."
@@ -78,7 +92,10 @@ impl Metrics {
             );
         }
         let count = get(&self.duration_count);
-        let _ = writeln!(s, "awex_gateway_update_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
         let _ = writeln!(
             s,
             "awex_gateway_update_duration_seconds_sum {}",
@@ -90,9 +107,20 @@ impl Metrics {
             "# HELP awex_gateway_update_bytes_total Bytes ranks reported moving in finished updates, by side."
         );
         let _ = writeln!(s, "# TYPE awex_gateway_update_bytes_total counter");
-        let _ = writeln!(s, "awex_gateway_update_bytes_total{{side=\"training\"}} {}", get(&self.bytes_training));
-        let _ = writeln!(s, "awex_gateway_update_bytes_total{{side=\"inference\"}} {}", get(&self.bytes_inference));
-        let _ = writeln!(s, "# HELP awex_gateway_rank_joins_total Rank joins (re-joins included).");
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_bytes_total{{side=\"training\"}} {}",
+            get(&self.bytes_training)
+        );
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_bytes_total{{side=\"inference\"}} {}",
+            get(&self.bytes_inference)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_rank_joins_total Rank joins (re-joins included)."
+        );
         let _ = writeln!(s, "# TYPE awex_gateway_rank_joins_total counter");
         let _ = writeln!(s, "awex_gateway_rank_joins_total {}", get(&self.joins));
         s
@@ -112,7 +140,10 @@ pub(crate) async fn render(State(gateway): State<AppState>) -> impl IntoResponse
         }
     }
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         gateway.metrics.text(&counts),
     )
 }
@@ -139,7 +170,10 @@ mod tests {
             "awex_gateway_update_bytes_total{side=\"training\"} 105",
             "awex_gateway_update_bytes_total{side=\"inference\"} 200",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing `{line}` in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
         }
     }
 }

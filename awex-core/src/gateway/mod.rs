@@ -196,7 +196,12 @@ pub(crate) fn route_table() -> Vec<(RouteSpec, MethodRouter<AppState>)> {
         route(Method::POST, "/v1/pairs/{name}/ranks", Token, ranks::join),
         route(Method::PUT, "/v1/pairs/{name}/kv/{key}", Token, kv::put),
         route(Method::GET, "/v1/pairs/{name}/kv/{key}", Token, kv::get),
-        route(Method::POST, "/v1/pairs/{name}/updates", Token, updates::start),
+        route(
+            Method::POST,
+            "/v1/pairs/{name}/updates",
+            Token,
+            updates::start,
+        ),
         route(
             Method::GET,
             "/v1/pairs/{name}/updates/{version}",
@@ -248,11 +253,10 @@ pub fn router(config: GatewayConfig) -> Router {
 
 fn check_token_and_bind(addr: SocketAddr, config: &GatewayConfig) -> Result<(), ServeError> {
     match &config.token {
-        Some(t) => {
-            if t.is_empty() || t.len() > 4096 || !t.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(ServeError::BadToken);
-            }
+        Some(t) if t.is_empty() || t.len() > 4096 || !t.bytes().all(|b| b.is_ascii_graphic()) => {
+            return Err(ServeError::BadToken);
         }
+        Some(_) => {}
         None if !addr.ip().is_loopback() => {
             return Err(ServeError::NoTokenOnPublicAddress { addr });
         }
@@ -277,7 +281,10 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 /// Serves the gateway on `listener` until the process ends.
 ///
 /// Refuses a non-loopback listener when the config has no token.
-pub async fn serve(listener: tokio::net::TcpListener, config: GatewayConfig) -> Result<(), ServeError> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: GatewayConfig,
+) -> Result<(), ServeError> {
     serve_with_shutdown(listener, config, std::future::pending()).await
 }
 

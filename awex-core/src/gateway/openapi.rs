@@ -48,11 +48,27 @@ mod tests {
         for (spec, _) in route_table() {
             let op = &doc["paths"][spec.path][spec.method.as_str().to_lowercase()];
             let public = op.get("security") == Some(&serde_json::json!([]));
-            assert_eq!(public, spec.access == Access::Public, "{} {}", spec.method, spec.path);
+            assert_eq!(
+                public,
+                spec.access == Access::Public,
+                "{} {}",
+                spec.method,
+                spec.path
+            );
             let codes: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
             if spec.access == Access::Token {
-                assert!(codes.iter().any(|c| *c == "401"), "{} {}", spec.method, spec.path);
-                assert!(codes.iter().any(|c| *c == "403"), "{} {}", spec.method, spec.path);
+                assert!(
+                    codes.iter().any(|c| *c == "401"),
+                    "{} {}",
+                    spec.method,
+                    spec.path
+                );
+                assert!(
+                    codes.iter().any(|c| *c == "403"),
+                    "{} {}",
+                    spec.method,
+                    spec.path
+                );
             }
         }
     }
@@ -65,7 +81,10 @@ mod tests {
                 Value::Object(m) => {
                     if let Some(Value::String(r)) = m.get("$ref") {
                         let name = r.trim_start_matches("#/components/schemas/");
-                        assert!(doc["components"]["schemas"].get(name).is_some(), "dangling {r}");
+                        assert!(
+                            doc["components"]["schemas"].get(name).is_some(),
+                            "dangling {r}"
+                        );
                         *seen += 1;
                     }
                     m.values().for_each(|x| walk(x, doc, seen));

@@ -401,8 +401,7 @@ impl Gateway {
 fn backend_name(side: Side, s: &str) -> Result<(), ApiError> {
     let ok = !s.is_empty()
         && s.len() <= 64
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
     if ok {
         Ok(())
@@ -421,7 +420,11 @@ fn parallel(side: Side, p: &ParallelConfig) -> Result<(), ApiError> {
             p.0.len()
         )));
     }
-    match p.0.keys().find(|k| validate::name("key", k).is_err() || k.len() > 64) {
+    match p
+        .0
+        .keys()
+        .find(|k| validate::name("key", k).is_err() || k.len() > 64)
+    {
         Some(k) => Err(ApiError::Unprocessable(format!(
             "{side}.parallel key `{}` is not a parallel key name",
             validate::clip(k, 80)
@@ -512,19 +515,20 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             "the two sides do not describe the same canonical tensors: {diff}"
         )));
     }
-    let side = |backend: &str, parallel: &ParallelConfig, w, e, urls: &[String], m: &ModelSpec, c| {
-        SideStatus {
-            backend: backend.to_string(),
-            parallel: parallel.clone(),
-            world_size: w,
-            engines: e,
-            urls: urls.to_vec(),
-            model: validate::clip(&m.name, 128),
-            fingerprint: format!("{:016x}", m.fingerprint()),
-            catalogue: c,
-            joined: 0,
-        }
-    };
+    let side =
+        |backend: &str, parallel: &ParallelConfig, w, e, urls: &[String], m: &ModelSpec, c| {
+            SideStatus {
+                backend: backend.to_string(),
+                parallel: parallel.clone(),
+                world_size: w,
+                engines: e,
+                urls: urls.to_vec(),
+                model: validate::clip(&m.name, 128),
+                fingerprint: format!("{:016x}", m.fingerprint()),
+                catalogue: c,
+                joined: 0,
+            }
+        };
     Ok((
         Slots::new(tw, e, iw / e),
         side(
@@ -579,7 +583,8 @@ pub(crate) async fn connect(
         kv_tx: watch::Sender::new(()),
         update_tx: watch::Sender::new(()),
         metrics: gw.metrics.clone(),
-        engines: (!urls.is_empty()).then(|| EngineLane::spawn(weak.clone(), urls, gw.engines.clone())),
+        engines: (!urls.is_empty())
+            .then(|| EngineLane::spawn(weak.clone(), urls, gw.engines.clone())),
         request: req,
     });
     {

@@ -130,18 +130,16 @@ impl Slots {
     /// The slot of a rank, or 422 naming the valid range.
     pub(crate) fn index(&self, side: Side, rank: RankId) -> Result<usize, ApiError> {
         match side {
-            Side::Training if rank.engine == 0 && rank.rank < self.train => {
-                Ok(rank.rank as usize)
-            }
+            Side::Training if rank.engine == 0 && rank.rank < self.train => Ok(rank.rank as usize),
             Side::Training => Err(ApiError::Unprocessable(format!(
                 "training rank {{engine: {}, rank: {}}} is not in this pair: training ranks are {{engine: 0, rank: 0..{}}}",
                 rank.engine, rank.rank, self.train
             ))),
-            Side::Inference if rank.engine < self.engines && rank.rank < self.per_engine => Ok(
-                self.train as usize
+            Side::Inference if rank.engine < self.engines && rank.rank < self.per_engine => {
+                Ok(self.train as usize
                     + rank.engine as usize * self.per_engine as usize
-                    + rank.rank as usize,
-            ),
+                    + rank.rank as usize)
+            }
             Side::Inference => Err(ApiError::Unprocessable(format!(
                 "inference rank {{engine: {}, rank: {}}} is not in this pair: engines 0..{}, ranks 0..{} per engine",
                 rank.engine, rank.rank, self.engines, self.per_engine
@@ -319,7 +317,10 @@ fn roster_bytes(entry: &PairEntry, p: &mut super::pairs::Pair) -> Bytes {
 
 fn join_failed(entry: &PairEntry, p: &super::pairs::Pair, status: StatusCode) -> ApiError {
     let why = p.join_error.clone().unwrap_or_default();
-    let msg = format!("pair `{}` failed to join: {why}; disconnect it and connect again", entry.name);
+    let msg = format!(
+        "pair `{}` failed to join: {why}; disconnect it and connect again",
+        entry.name
+    );
     if status == StatusCode::REQUEST_TIMEOUT {
         ApiError::JoinTimeout(msg)
     } else {
@@ -411,11 +412,15 @@ mod tests {
         assert_eq!(s.rank(7), (Side::Inference, RankId::infer(1, 2)));
         assert_eq!(s.rank(1), (Side::Training, RankId::train(1)));
         assert_eq!(
-            s.index(Side::Training, RankId::infer(1, 0)).unwrap_err().to_string(),
+            s.index(Side::Training, RankId::infer(1, 0))
+                .unwrap_err()
+                .to_string(),
             "training rank {engine: 1, rank: 0} is not in this pair: training ranks are {engine: 0, rank: 0..2}"
         );
         assert_eq!(
-            s.index(Side::Inference, RankId::infer(2, 0)).unwrap_err().to_string(),
+            s.index(Side::Inference, RankId::infer(2, 0))
+                .unwrap_err()
+                .to_string(),
             "inference rank {engine: 2, rank: 0} is not in this pair: engines 0..2, ranks 0..3 per engine"
         );
     }

@@ -347,7 +347,11 @@ impl Updates {
             self.history.pop_first();
         }
         let n = self.history.len();
-        for old in self.history.values_mut().take(n.saturating_sub(DETAIL_KEPT)) {
+        for old in self
+            .history
+            .values_mut()
+            .take(n.saturating_sub(DETAIL_KEPT))
+        {
             if !old.ranks.is_empty() {
                 old.ranks = Vec::new();
             }
@@ -377,7 +381,13 @@ impl PairEntry {
         self.metrics
             .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
         if announced {
-            self.publish(p, EventKind::Abort, Some(version), Some(attempt), Some(error));
+            self.publish(
+                p,
+                EventKind::Abort,
+                Some(version),
+                Some(attempt),
+                Some(error),
+            );
         }
         self.engine_cmd(EngineCmd::Continue { version, attempt });
         self.update_tx.send_replace(());
@@ -427,13 +437,22 @@ impl PairEntry {
         u.pause = Some(u.elapsed());
         if errors.is_empty() {
             u.state = UpdateState::Running;
-            self.publish(&mut p, EventKind::Update, Some(version), Some(attempt), None);
+            self.publish(
+                &mut p,
+                EventKind::Update,
+                Some(version),
+                Some(attempt),
+                None,
+            );
             self.update_tx.send_replace(());
         } else {
             u.engine_errors.extend(errors.iter().cloned());
             self.fail(
                 &mut p,
-                format!("pausing the inference engines failed: {}", errors.join("; ")),
+                format!(
+                    "pausing the inference engines failed: {}",
+                    errors.join("; ")
+                ),
             );
         }
     }
@@ -557,7 +576,13 @@ pub(crate) async fn start(
     if pending {
         entry.engine_cmd(EngineCmd::Pause { version, attempt });
     } else {
-        entry.publish(&mut p, EventKind::Update, Some(version), Some(attempt), None);
+        entry.publish(
+            &mut p,
+            EventKind::Update,
+            Some(version),
+            Some(attempt),
+            None,
+        );
     }
     entry.update_tx.send_replace(());
     let status = p

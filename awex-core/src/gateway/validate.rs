@@ -10,8 +10,7 @@ use serde_json::Value;
 pub(crate) fn name(what: &str, s: &str) -> Result<(), ApiError> {
     let ok = !s.is_empty()
         && s.len() <= 128
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(())
@@ -61,9 +60,8 @@ const MAX_LAYERS: u64 = 4096;
 /// Parses a side's `model` strictly: unknown fields rejected, sizes consistent and bounded so
 /// that building its catalogue is cheap and cannot overflow.
 pub(crate) fn model(side: Side, raw: &Value) -> Result<ModelSpec, ApiError> {
-    let spec: ModelSpec = serde_json::from_value(raw.clone()).map_err(|e| {
-        ApiError::Unprocessable(format!("invalid request body: {side}.model: {e}"))
-    })?;
+    let spec: ModelSpec = serde_json::from_value(raw.clone())
+        .map_err(|e| ApiError::Unprocessable(format!("invalid request body: {side}.model: {e}")))?;
     let known = serde_json::to_value(&spec).unwrap_or(Value::Null);
     if let Some(field) = unknown_field(raw, &known, &format!("{side}.model")) {
         return Err(ApiError::Unprocessable(format!(
@@ -71,7 +69,8 @@ pub(crate) fn model(side: Side, raw: &Value) -> Result<ModelSpec, ApiError> {
         )));
     }
     // Bounds first: `validate` walks every layer.
-    bounds(&spec).map_err(|m| ApiError::Unprocessable(format!("{side} model is too large: {m}")))?;
+    bounds(&spec)
+        .map_err(|m| ApiError::Unprocessable(format!("{side} model is too large: {m}")))?;
     spec.validate()
         .map_err(|e| ApiError::Unprocessable(format!("{side} model is invalid: {e}")))?;
     Ok(spec)
@@ -128,12 +127,17 @@ fn bounds(m: &ModelSpec) -> Result<(), String> {
         ));
     }
     // Bytes of the largest tensors, checked: q/o projections, embeddings, MLPs and experts.
-    let mul = |a: u64, b: u64| a.checked_mul(b).ok_or_else(|| "sizes overflow 64 bits".to_string());
+    let mul = |a: u64, b: u64| {
+        a.checked_mul(b)
+            .ok_or_else(|| "sizes overflow 64 bits".to_string())
+    };
     let h = m.hidden_size;
     let q = mul(m.num_heads, m.head_dim)?;
     let kv = mul(m.num_kv_heads, m.head_dim)?;
     let dsize = m.dtype.size() as u64;
-    let inter = m.intermediate_size.max(m.moe.as_ref().map_or(0, |e| e.moe_intermediate_size));
+    let inter = m
+        .intermediate_size
+        .max(m.moe.as_ref().map_or(0, |e| e.moe_intermediate_size));
     let biggest = [
         mul(q, h)?,
         mul(kv, h)?,

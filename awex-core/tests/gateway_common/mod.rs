@@ -67,9 +67,9 @@ fn check(doc: &Value, schema: &Value, v: &Value, path: &str) -> Result<(), Strin
     let nullable = schema.get("nullable") == Some(&Value::Bool(true));
     let s = resolve(doc, schema);
     if v.is_null() {
-        return if nullable || s.get("nullable") == Some(&Value::Bool(true)) {
-            Ok(())
-        } else if s.get("type").is_none() {
+        let allowed =
+            nullable || s.get("nullable") == Some(&Value::Bool(true)) || s.get("type").is_none();
+        return if allowed {
             Ok(())
         } else {
             Err(format!("{path}: null where the schema does not allow it"))
