@@ -187,6 +187,33 @@ async fn wait_rejoined(
     }
 }
 
+/// Waits for an inference rank's verdict on (version, attempt), published under `key`.
+async fn wait_verdict(
+    client: &Client,
+    pair: &str,
+    key: &str,
+    version: u64,
+    attempt: u32,
+) -> anyhow::Result<awex_core::gateway::KvEntry> {
+    let stop_by = Instant::now() + Duration::from_secs(120);
+    loop {
+        match client.get_kv(pair, key, Duration::from_secs(5)).await {
+            Ok(e)
+                if e.value.get("version").and_then(|v| v.as_u64()) == Some(version)
+                    && e.value.get("attempt").and_then(|v| v.as_u64()) == Some(attempt as u64) =>
+            {
+                return Ok(e);
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(e) if e.status() == Some(404) => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("waiting for {key}"))),
+        }
+        if Instant::now() > stop_by {
+            bail!("no verdict under `{key}` for version {version} attempt {attempt} within 120 s");
+        }
+    }
+}
+
 /// Waits until every rank joined the pair (a worker that dies first is an error).
 async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyhow::Result<()> {
     loop {
@@ -477,11 +504,8 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         let mut verified = true;
         let mut error = None;
         for rank in r.inference.ranks() {
-            let key = format!("verify.{}.{}.{}", rank.engine, rank.rank, version);
-            let e = client
-                .get_kv(&pair, &key, Duration::from_secs(60))
-                .await
-                .with_context(|| format!("waiting for {key}"))?;
+            let key = format!("verify.{}.{}", rank.engine, rank.rank);
+            let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
             if e.value.get("ok") != Some(&serde_json::Value::Bool(true)) {
                 verified = false;
                 error = Some(format!(

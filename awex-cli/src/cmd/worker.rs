@@ -3,7 +3,7 @@
 //! It allocates its local tensors in the engine's layout, joins the pair through the gateway,
 //! and for every update: a training rank fills its tensors with that version's weights and
 //! sends; an inference rank receives, then checks every byte against the version's weights and
-//! publishes the verdict under the kv key `verify.{engine}.{rank}.{version}`.
+//! publishes the verdict (with version and attempt) under the kv key `verify.{engine}.{rank}`.
 
 use anyhow::bail;
 use awex_core::layout::{RankId, Side};
@@ -178,7 +178,10 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                     },
                     Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
                 };
-                let key = format!("verify.{}.{}.{}", rank.engine, rank.rank, work.version);
+                let mut verdict = verdict;
+                verdict["version"] = work.version.into();
+                verdict["attempt"] = work.attempt.into();
+                let key = format!("verify.{}.{}", rank.engine, rank.rank);
                 match me.client().put_kv(&args.pair, &key, verdict).await {
                     Ok(_) => {}
                     // the pair was disconnected meanwhile: nobody waits for the verdict

@@ -1,0 +1,264 @@
+//! Conformance of every registered backend, discovered through inventory (no hand-written list).
+//!
+//! Parallel configs are generated from each backend's own `parallel_keys()`; a new backend crate
+//! linked into this test crate gets every check below by registering.
+
+use awex_core::backend::{ParallelConfig, ParallelKey, inference_backends, training_backends};
+use awex_core::layout::{
+    ExplicitSide, RankId, Side, SideLayout, coverage, materialize, reconstruct, validate_holders,
+    validate_rank,
+};
+use awex_core::model::{Architecture, presets};
+use awex_core::plan::{Pair, RankBuffers, simulate};
+use awex_core::runtime::fill::canonical_tensor;
+use awex_core::{Catalogue, ModelSpec};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+fn models() -> Vec<ModelSpec> {
+    let tiny = presets::preset("qwen3-tiny").unwrap();
+    let moe = presets::preset("qwen3-moe-tiny").unwrap();
+    let qwen2 = ModelSpec {
+        name: "qwen2-tiny".into(),
+        architecture: Architecture::Qwen2,
+        attention_bias: true,
+        ..tiny.clone()
+    };
+    let tied = ModelSpec {
+        name: "qwen3-tiny-tied".into(),
+        tie_word_embeddings: true,
+        num_layers: 2,
+        ..tiny.clone()
+    };
+    let llama = ModelSpec {
+        name: "llama-tiny".into(),
+        architecture: Architecture::Llama,
+        num_heads: 8,
+        num_kv_heads: 4,
+        head_dim: 8,
+        num_layers: 2,
+        ..tiny.clone()
+    };
+    vec![tiny, moe, qwen2, tied, llama]
+}
+
+/// Configs from the keys: all defaults, each defaulted key at 2 and 4, and every pair of keys at 2.
+fn configs(keys: &[ParallelKey]) -> Vec<ParallelConfig> {
+    let tunable: Vec<&str> = keys
+        .iter()
+        .filter(|k| k.default.is_some_and(|d| d >= 1))
+        .map(|k| k.name)
+        .collect();
+    let mut out = vec![ParallelConfig::default()];
+    for k in &tunable {
+        for v in [2, 4] {
+            out.push(ParallelConfig::from_pairs([(*k, v)]));
+        }
+    }
+    for (i, a) in tunable.iter().enumerate() {
+        for b in &tunable[i + 1..] {
+            out.push(ParallelConfig::from_pairs([(*a, 2), (*b, 2)]));
+        }
+    }
+    out
+}
+
+/// Every accepted (config, layout) of one side for a model.
+fn layouts(side: Side, model: &ModelSpec) -> Vec<(String, ParallelConfig, Arc<dyn SideLayout>)> {
+    let mut out = Vec::new();
+    match side {
+        Side::Training => {
+            for b in training_backends() {
+                for p in configs(b.parallel_keys()) {
+                    if let Ok(l) = b.layout(model, &p)
+                        && l.world_size() <= 32
+                    {
+                        out.push((b.name().to_string(), p, l));
+                    }
+                }
+            }
+        }
+        Side::Inference => {
+            for b in inference_backends() {
+                for p in configs(b.parallel_keys()) {
+                    if let Ok(l) = b.layout(model, &p)
+                        && l.world_size() <= 32
+                    {
+                        out.push((b.name().to_string(), p, l));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn canonical(cat: &Catalogue) -> HashMap<String, Vec<u8>> {
+    cat.tensors()
+        .iter()
+        .map(|c| (c.name.clone(), canonical_tensor(cat, &c.name, 3).unwrap()))
+        .collect()
+}
+
+fn buffers(side: &ExplicitSide, cat: &Catalogue, canon: &HashMap<String, Vec<u8>>) -> RankBuffers {
+    let get = |n: &str| canon.get(n).map(|v| v.as_slice());
+    side.rank_layouts()
+        .iter()
+        .map(|l| {
+            let b = materialize(l, cat, &get).unwrap();
+            (
+                l.rank,
+                l.tensors.iter().map(|t| t.name.clone()).zip(b).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn three_backends_are_registered_through_inventory() {
+    awex_tests::link_backends();
+    let t: Vec<_> = training_backends().iter().map(|b| b.name()).collect();
+    let i: Vec<_> = inference_backends().iter().map(|b| b.name()).collect();
+    assert_eq!(t, ["fsdp", "megatron"]);
+    assert_eq!(i, ["sglang"]);
+}
+
+#[test]
+fn every_backend_layout_is_valid_covering_and_round_trips() {
+    awex_tests::link_backends();
+    let mut checked = 0;
+    for model in models() {
+        let cat = Catalogue::of(&model);
+        let canon = canonical(&cat);
+        for side in [Side::Training, Side::Inference] {
+            let ls = layouts(side, &model);
+            assert!(
+                !ls.is_empty(),
+                "no {side} layout accepted for {}",
+                model.name
+            );
+            for (backend, p, l) in ls {
+                let what = format!("{backend}:{p} on {}", model.name);
+                let ranks = l.ranks();
+                assert_eq!(ranks.len(), l.world_size(), "{what}: rank count");
+                assert_eq!(
+                    ranks.iter().collect::<HashSet<_>>().len(),
+                    ranks.len(),
+                    "{what}: distinct ranks"
+                );
+                let explicit = ExplicitSide::from_side(&*l);
+                assert_eq!(
+                    explicit.rank_layouts().len(),
+                    ranks.len(),
+                    "{what}: every rank has a layout"
+                );
+                for r in explicit.rank_layouts() {
+                    validate_rank(r, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
+                validate_holders(&*l, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let gaps = coverage(&*l, &cat);
+                assert!(gaps.is_empty(), "{what}: {}", gaps[0]);
+                // materialize -> reconstruct gives the canonical bytes back, per replica
+                let bufs = buffers(&explicit, &cat, &canon);
+                for e in 0..l.engines() {
+                    let (ls, bs): (Vec<_>, Vec<_>) = explicit
+                        .rank_layouts()
+                        .iter()
+                        .filter(|r| r.rank.engine == e)
+                        .map(|r| {
+                            let m = &bufs[&r.rank];
+                            (
+                                r.clone(),
+                                r.tensors
+                                    .iter()
+                                    .map(|t| m[&t.name].clone())
+                                    .collect::<Vec<_>>(),
+                            )
+                        })
+                        .unzip();
+                    let back = reconstruct(&ls, &bs, &cat).unwrap();
+                    for c in cat.tensors() {
+                        assert!(
+                            back[&c.name] == canon[&c.name],
+                            "{what}: engine {e} round trip of {}",
+                            c.name
+                        );
+                    }
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 40, "only {checked} layouts checked");
+}
+
+#[test]
+fn plans_against_every_backend_of_the_other_side_are_exact_and_agreed() {
+    awex_tests::link_backends();
+    let mut pairs = 0;
+    for model in models() {
+        let cat = Catalogue::of(&model);
+        let canon = canonical(&cat);
+        let train = layouts(Side::Training, &model);
+        let infer = layouts(Side::Inference, &model);
+        // every training layout against one inference layout and vice versa (round robin)
+        let n = train.len().max(infer.len());
+        for k in 0..n {
+            let (tb, tp, tl) = &train[k % train.len()];
+            let (ib, ip, il) = &infer[k % infer.len()];
+            let what = format!("{tb}:{tp} -> {ib}:{ip} on {}", model.name);
+            let pair = Pair {
+                catalogue: &cat,
+                training: &**tl,
+                inference: &**il,
+            };
+            let tplans: Vec<_> = tl
+                .ranks()
+                .into_iter()
+                .map(|r| {
+                    pair.plan_rank(Side::Training, r)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"))
+                })
+                .collect();
+            let mut fps: HashMap<(RankId, RankId), u64> = HashMap::new();
+            for p in &tplans {
+                for peer in &p.peers {
+                    fps.insert((p.rank, peer.peer), peer.fingerprint);
+                }
+            }
+            for r in il.ranks() {
+                let p = pair.plan_rank(Side::Inference, r).unwrap();
+                for peer in &p.peers {
+                    assert_eq!(
+                        fps.remove(&(peer.peer, r)),
+                        Some(peer.fingerprint),
+                        "{what}: fingerprints"
+                    );
+                }
+            }
+            assert!(fps.is_empty(), "{what}: one-sided peer plans");
+            let src_side = ExplicitSide::from_side(&**tl);
+            let dst_side = ExplicitSide::from_side(&**il);
+            let src = buffers(&src_side, &cat, &canon);
+            let want = buffers(&dst_side, &cat, &canon);
+            let mut got: RankBuffers = want
+                .iter()
+                .map(|(r, m)| {
+                    (
+                        *r,
+                        m.iter()
+                            .map(|(n, b)| (n.clone(), vec![0u8; b.len()]))
+                            .collect(),
+                    )
+                })
+                .collect();
+            simulate(&tplans, &src, &mut got).unwrap();
+            assert!(
+                got == want,
+                "{what}: executed plans differ from the materialized destination"
+            );
+            pairs += 1;
+        }
+    }
+    assert!(pairs > 20, "only {pairs} pairs checked");
+}
