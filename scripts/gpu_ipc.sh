@@ -62,13 +62,15 @@ b, t = load("bench_ipc.json"), load("torch_baseline.json")
 if b:
     d = b["descriptors"]
     print(f"awex  {b['model']} {b['training']} -> {b['inference']} on {b['device']}: {b['bytes']/1e9:.2f} GB, "
-          f"{b['transfers']} transfers, {d['linear']}+{d['pitched_2d']}+{d['pitched_3d']} copies, {b['streams']} streams {b['mode']}")
+          f"{b['transfers']} transfers, {d['linear']}+{d['pitched_2d']}+{d['pitched_3d']} copies, {b['streams']} streams {b['mode']} {b['method']}, split {b['split_mb']} MiB")
     print(f"awex  first {b['first_update_ms']:.1f} ms (open {b['open_ms']:.1f}, copy {b['first_copy_ms']:.1f}); "
           f"steady {b['steady_median_ms']:.2f} ms ({b['steady_gbps']:.0f} GB/s); floor {b['floor_ms']:.2f} ms "
           f"({b['floor_gbps']:.0f} GB/s); ratio {b['ratio']:.3f}; verified {b['verified']}")
     print("awex  steady runs", " ".join(f"{x:.2f}" for x in b["steady_ms"]))
     for p in b["sweep"]:
-        print(f"sweep {p['streams']} streams {p['mode']}{'' if p['coalesced'] else ' unmerged'}: {p['median_ms']:.2f} ms")
+        print(f"sweep {p['streams']} streams {p['mode']} {p['method']}{'' if p['coalesced'] else ' unmerged'} split {p['split_mb']} MiB: {p['median_ms']:.2f} ms")
+for f in (b or {}).get("floors", []):
+    print(f"floor {f['ms']:.2f} ms {f['gbps']:.0f} GB/s  {f['name']}")
 if t:
     print(f"torch first {t['first_update_ms']:.1f} ms; steady {t['steady_median_ms']:.2f} ms; verified {t['verified']}")
 if b and t:

@@ -15,8 +15,9 @@
 use super::plan::{Resolved, human_bytes};
 use anyhow::{Context, anyhow, bail};
 use awex_core::cuda::{
-    CopyDesc, CopyEngine, CudaError, DescStats, Device, DeviceBuffer, Event, ExportedAllocation,
-    IpcEventHandle, IpcExport, IpcImport, RemoteAddr, driver_version, plan_copies,
+    CopyDesc, CopyEngine, CopyMethod, CudaError, DescStats, Device, DeviceBuffer, Event,
+    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, RemoteAddr, driver_version,
+    plan_copies, split_linear,
 };
 use awex_core::layout::copy::StridedBox;
 use awex_core::layout::{LocalTensor, RankId, Side};
@@ -58,6 +59,25 @@ enum Mode {
     Graph,
 }
 
+/// What moves the bytes (the command-line face of [`CopyMethod`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Method {
+    /// `cuMemcpyDtoDAsync` / `cuMemcpy2DAsync` / `cuMemcpy3DAsync`.
+    Driver,
+    /// awex's copy kernel (16-byte vectors on the SMs), the driver for what it cannot take.
+    Kernel,
+}
+
+impl From<Method> for CopyMethod {
+    fn from(m: Method) -> CopyMethod {
+        match m {
+            Method::Driver => CopyMethod::Driver,
+            Method::Kernel => CopyMethod::Kernel,
+        }
+    }
+}
+
 /// Arguments of `awex-cli bench ipc`.
 #[derive(clap::Args, Debug)]
 struct IpcArgs {
@@ -88,9 +108,15 @@ struct IpcArgs {
     /// How the copies are issued.
     #[arg(long, value_enum, default_value_t = Mode::Launch)]
     mode: Mode,
+    /// What moves the bytes: the driver's copy calls, or awex's copy kernel.
+    #[arg(long, value_enum, default_value_t = Method::Driver)]
+    method: Method,
     /// Issue one copy per planned box instead of merging regular series into 2-D copies.
     #[arg(long)]
     no_coalesce: bool,
+    /// Cut linear copies longer than this many MiB into pieces spread over the streams (0: never).
+    #[arg(long, default_value_t = 0)]
+    split_mb: u64,
     /// Skip the bit-for-bit check of every destination byte.
     #[arg(long)]
     no_verify: bool,
@@ -421,8 +447,19 @@ impl Drop for SenderProc {
 struct SweepPoint {
     streams: usize,
     mode: Mode,
+    method: Method,
     coalesced: bool,
+    split_mb: u64,
     median_ms: f64,
+    runs_ms: Vec<f64>,
+}
+
+/// One measured floor.
+#[derive(Serialize, Debug)]
+struct FloorPoint {
+    name: &'static str,
+    ms: f64,
+    gbps: f64,
     runs_ms: Vec<f64>,
 }
 
@@ -453,8 +490,10 @@ struct IpcReport {
     descriptors: DescStats,
     uncoalesced: DescStats,
     coalesced: bool,
+    split_mb: u64,
     streams: usize,
     mode: Mode,
+    method: Method,
     sender: SenderReport,
     receiver_tensors: usize,
     plan_ms: f64,
@@ -468,6 +507,7 @@ struct IpcReport {
     floor_ms: f64,
     floor_runs_ms: Vec<f64>,
     floor_gbps: f64,
+    floors: Vec<FloorPoint>,
     ratio: f64,
     verified: bool,
     verify_detail: String,
@@ -668,7 +708,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         dst.by_name.insert(t.name.to_string(), dst.tensors.len());
         dst.tensors.push((t, b));
     }
-    let engine = CopyEngine::new(&dev, a.streams)?;
+    let engine = CopyEngine::with_method(&dev, a.streams, a.method.into())?;
     dst.poison(&dev, &engine)?;
 
     let mut sender = SenderProc::start(&a, &ranks, sender_gpu)?;
@@ -708,7 +748,11 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     };
     let raw_descs = plan_copies(&transfers, false, addr)?;
     let merged = plan_copies(&transfers, true, addr)?;
-    let descs: &[CopyDesc] = if a.no_coalesce { &raw_descs } else { &merged };
+    let chosen = split_linear(
+        if a.no_coalesce { &raw_descs } else { &merged },
+        a.split_mb << 20,
+    );
+    let descs: &[CopyDesc] = &chosen;
     let descs_ms = ms_since(t0);
     let work = match a.mode {
         Mode::Launch => Work::Launch(descs),
@@ -747,22 +791,28 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let mut sweep = Vec::new();
     let mut version = a.updates;
     if a.sweep {
-        for (streams, mode, coalesced) in [
-            (1, Mode::Launch, true),
-            (2, Mode::Launch, true),
-            (4, Mode::Launch, true),
-            (8, Mode::Launch, true),
-            (4, Mode::Launch, false),
-            (8, Mode::Launch, false),
-            (1, Mode::Graph, true),
-            (4, Mode::Graph, true),
-            (4, Mode::Graph, false),
+        use Method::{Driver, Kernel};
+        for (streams, mode, method, coalesced, split_mb) in [
+            (4, Mode::Launch, Driver, true, 0),
+            (8, Mode::Launch, Driver, true, 0),
+            (16, Mode::Launch, Driver, true, 0),
+            (8, Mode::Launch, Driver, false, 0),
+            (8, Mode::Launch, Driver, true, 64),
+            (16, Mode::Launch, Driver, true, 16),
+            (8, Mode::Graph, Driver, true, 0),
+            (1, Mode::Launch, Kernel, true, 0),
+            (2, Mode::Launch, Kernel, true, 0),
+            (4, Mode::Launch, Kernel, true, 0),
+            (8, Mode::Launch, Kernel, true, 0),
+            (4, Mode::Launch, Kernel, false, 0),
+            (4, Mode::Launch, Kernel, true, 256),
+            (4, Mode::Graph, Kernel, true, 0),
         ] {
-            let e = CopyEngine::new(&dev, streams)?;
-            let d: &[CopyDesc] = if coalesced { &merged } else { &raw_descs };
+            let e = CopyEngine::with_method(&dev, streams, method.into())?;
+            let d = split_linear(if coalesced { &merged } else { &raw_descs }, split_mb << 20);
             let w = match mode {
-                Mode::Launch => Work::Launch(d),
-                Mode::Graph => Work::Graph(e.capture(d)?),
+                Mode::Launch => Work::Launch(&d),
+                Mode::Graph => Work::Graph(e.capture(&d)?),
             };
             let mut runs = Vec::new();
             for _ in 0..6 {
@@ -773,46 +823,86 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
             sweep.push(SweepPoint {
                 streams,
                 mode,
+                method,
                 coalesced,
+                split_mb,
                 median_ms: median(&runs[1..]),
                 runs_ms: runs,
             });
         }
     }
 
-    // the floor: one copy of the same byte count out of the sender's buffer into a scratch one
-    let (floor_src, floor_bytes) = {
-        let (i, size) = hello
-            .allocations
-            .iter()
-            .enumerate()
-            .map(|(i, x)| (i, x.size))
-            .max_by_key(|&(_, s)| s)
-            .ok_or_else(|| anyhow!("the sender exported no allocation"))?;
-        let n = size.min(bytes);
-        (
-            import.ptr(
-                RemoteAddr {
-                    allocation: i as u32,
-                    offset: 0,
-                },
-                n,
-            )?,
-            n,
-        )
-    };
+    // the floor: one large copy of the same byte count, out of the sender's buffer and out of a
+    // local one; and the same bytes cut into pieces over several streams, for comparison
+    let floor_bytes = hello
+        .allocations
+        .iter()
+        .map(|x| x.size)
+        .max()
+        .ok_or_else(|| anyhow!("the sender exported no allocation"))?
+        .min(bytes);
+    let biggest = hello
+        .allocations
+        .iter()
+        .position(|x| x.size >= floor_bytes)
+        .unwrap_or(0);
+    let ipc_src = import.ptr(
+        RemoteAddr {
+            allocation: biggest as u32,
+            offset: 0,
+        },
+        floor_bytes,
+    )?;
     let scratch = dev.alloc(floor_bytes)?;
-    let one = [CopyDesc::linear(floor_src, scratch.ptr(), floor_bytes)];
-    let floor_engine = CopyEngine::new(&dev, 1)?;
-    let mut floor_runs = Vec::new();
-    for _ in 0..6 {
-        let t0 = Instant::now();
-        floor_engine.launch(&one, None, None)?;
-        floor_engine.sync()?;
-        floor_runs.push(ms_since(t0) * bytes as f64 / floor_bytes as f64);
+    let local = dev.alloc(floor_bytes)?;
+    let e1 = CopyEngine::new(&dev, 1)?;
+    let e8 = CopyEngine::new(&dev, 8)?;
+    let k1 = CopyEngine::with_method(&dev, 1, CopyMethod::Kernel)?;
+    dev.fill_u32(local.ptr(), floor_bytes / 4, 0x3F80_4000, e1.main_stream())?;
+    e1.sync()?;
+    let mut floors = Vec::new();
+    for (name, src, engine, piece) in [
+        ("one copy, from the sender's memory", ipc_src, &e1, 0),
+        ("one copy, local to local", local.ptr(), &e1, 0),
+        (
+            "64 MiB pieces on 8 streams, from the sender's memory",
+            ipc_src,
+            &e8,
+            64 << 20,
+        ),
+        (
+            "64 MiB pieces on 8 streams, local to local",
+            local.ptr(),
+            &e8,
+            64 << 20,
+        ),
+        ("copy kernel, from the sender's memory", ipc_src, &k1, 0),
+        ("copy kernel, local to local", local.ptr(), &k1, 0),
+    ] {
+        let d = split_linear(&[CopyDesc::linear(src, scratch.ptr(), floor_bytes)], piece);
+        let mut runs = Vec::new();
+        for _ in 0..6 {
+            let t0 = Instant::now();
+            engine.launch(&d, None, None)?;
+            engine.sync()?;
+            runs.push(ms_since(t0) * bytes as f64 / floor_bytes as f64);
+        }
+        let ms = median(&runs[1..]);
+        floors.push(FloorPoint {
+            name,
+            ms,
+            gbps: bytes as f64 * 2.0 / ms / 1e6,
+            runs_ms: runs,
+        });
     }
-    let floor_ms = median(&floor_runs[1..]);
-    drop(scratch);
+    // the floor is the faster single large copy
+    let floor_ms = floors[0].ms.min(floors[1].ms);
+    let floor_runs = if floors[0].ms <= floors[1].ms {
+        floors[0].runs_ms.clone()
+    } else {
+        floors[1].runs_ms.clone()
+    };
+    drop((scratch, local));
     drop(import);
     drop(ready);
     sender.finish()?;
@@ -832,8 +922,10 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         descriptors: DescStats::of(descs),
         uncoalesced: DescStats::of(&raw_descs),
         coalesced: !a.no_coalesce,
+        split_mb: a.split_mb,
         streams: a.streams,
         mode: a.mode,
+        method: a.method,
         sender: SenderReport {
             device: hello.device,
             allocations: hello.allocations.len(),
@@ -854,6 +946,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         floor_gbps: bytes as f64 * 2.0 / floor_ms / 1e6,
         floor_ms,
         floor_runs_ms: floor_runs,
+        floors,
         ratio: steady_median_ms / floor_ms,
         verified,
         verify_detail: detail,
@@ -919,6 +1012,12 @@ fn print_table(r: &IpcReport) {
         "floor        {:.2} ms  (one cuMemcpyDtoD of the same bytes, {:.0} GB/s read+write)",
         r.floor_ms, r.floor_gbps
     );
+    for f in &r.floors {
+        println!(
+            "  floor      {:.2} ms  {:.0} GB/s  {}",
+            f.ms, f.gbps, f.name
+        );
+    }
     println!("ratio        {:.2} x floor", r.ratio);
     println!(
         "verified     {}  ({}; {:.0} ms)",
@@ -926,10 +1025,12 @@ fn print_table(r: &IpcReport) {
     );
     for p in &r.sweep {
         println!(
-            "sweep        {} streams {:?}{}: {:.2} ms median",
+            "sweep        {} streams {:?} {:?}{}, split {} MiB: {:.2} ms median",
             p.streams,
             p.mode,
+            p.method,
             if p.coalesced { "" } else { " (unmerged)" },
+            p.split_mb,
             p.median_ms
         );
     }

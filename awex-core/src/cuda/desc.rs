@@ -250,6 +250,25 @@ fn flush(series: &mut Vec<CopyDesc>, merge: bool, out: &mut Vec<CopyDesc>) {
     series.clear();
 }
 
+/// Cuts every linear copy longer than `max` bytes into pieces of `max` bytes (the last one
+/// shorter), so that one large tensor can be spread over several streams.
+pub fn split_linear(descs: &[CopyDesc], max: u64) -> Vec<CopyDesc> {
+    let mut out = Vec::with_capacity(descs.len());
+    for d in descs {
+        if max == 0 || d.kind() != CopyKind::Linear || d.width <= max {
+            out.push(*d);
+            continue;
+        }
+        let mut done = 0;
+        while done < d.width {
+            let n = max.min(d.width - done);
+            out.push(CopyDesc::linear(d.src + done, d.dst + done, n));
+            done += n;
+        }
+    }
+    out
+}
+
 /// Merges runs of equal-width linear copies whose addresses advance by fixed pitches into
 /// pitched 2-D copies; the same bytes move, in fewer driver calls. The copies must all lie in
 /// one source and one destination allocation (see [`plan_copies`]).
@@ -611,6 +630,30 @@ mod tests {
                 CopyDesc::linear(0x1030, 0x9018, 8),
             ]
         );
+    }
+
+    #[test]
+    fn long_linear_copies_split_into_pieces_and_others_stay() {
+        let pitched = CopyDesc {
+            height: 4,
+            ..CopyDesc::linear(0, 0, 100)
+        };
+        let d = [
+            CopyDesc::linear(1000, 5000, 250),
+            pitched,
+            CopyDesc::linear(0, 0, 100),
+        ];
+        assert_eq!(
+            split_linear(&d, 100),
+            vec![
+                CopyDesc::linear(1000, 5000, 100),
+                CopyDesc::linear(1100, 5100, 100),
+                CopyDesc::linear(1200, 5200, 50),
+                pitched,
+                CopyDesc::linear(0, 0, 100),
+            ]
+        );
+        assert_eq!(split_linear(&d, 0), d.to_vec());
     }
 
     #[test]

@@ -6,11 +6,95 @@
 //! back into the first one, and a `done` event is recorded there for whoever must not touch
 //! the memory before the copies end. The host never polls per tensor. A batch that repeats
 //! with the same addresses can be captured once into a CUDA graph and replayed with one launch.
+//!
+//! Copies go through the driver's copy calls ([`CopyMethod::Driver`]) or through awex's own
+//! copy kernel on the SMs ([`CopyMethod::Kernel`], `copy_rows.ptx`, loaded from PTX at run
+//! time), which moves pitched rows of 16-byte vectors.
 
 use super::desc::CopyDesc;
 use super::device::{Device, Event, Stream};
-use super::raw::RawGraphExec;
+use super::raw::{RawFunction, RawGraphExec, RawModule};
 use super::{CudaError, sys};
+use std::ffi::CStr;
+
+/// How a copy engine moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CopyMethod {
+    /// The driver's copy calls (`cuMemcpyDtoDAsync`, `cuMemcpy2DAsync`, `cuMemcpy3DAsync`).
+    Driver,
+    /// awex's copy kernel for every descriptor whose addresses, width and pitches are
+    /// multiples of 16 bytes (see [`kernel_fits`]); the driver's calls for the rest.
+    Kernel,
+}
+
+/// The copy kernel's PTX, NUL-terminated for the driver.
+const KERNEL_PTX: &str = concat!(include_str!("copy_rows.ptx"), "\0");
+/// The kernel's entry point.
+const KERNEL_NAME: &CStr = c"awex_copy_rows";
+/// Threads per block of the copy kernel.
+pub const KERNEL_THREADS: u32 = 256;
+/// Blocks a copy kernel launch aims at (about one full wave of resident blocks on an H100/H200).
+const KERNEL_BLOCKS: u64 = 1024;
+
+/// Whether the copy kernel can move `d`: 16-byte vectors on both ends.
+pub fn kernel_fits(d: &CopyDesc) -> bool {
+    d.width > 0
+        && [d.src, d.dst, d.width, d.src_pitch, d.dst_pitch]
+            .iter()
+            .all(|v| v % 16 == 0)
+}
+
+/// The copy kernel's grid (x blocks along a row, y blocks over rows) for `height` rows of
+/// `nvec` vectors: about [`KERNEL_BLOCKS`] blocks, no more than the rows and vectors need
+/// (each thread moves four vectors per step).
+pub fn kernel_grid(nvec: u64, height: u64) -> (u32, u32) {
+    let gy = height.clamp(1, 65_535).min(KERNEL_BLOCKS);
+    let per_row = nvec.div_ceil(KERNEL_THREADS as u64 * 4).max(1);
+    let gx = per_row.min((KERNEL_BLOCKS / gy).max(1));
+    (gx as u32, gy as u32)
+}
+
+/// The loaded copy kernel, unloaded on drop.
+struct Kernel {
+    dev: Device,
+    module: RawModule,
+    func: RawFunction,
+}
+
+impl Kernel {
+    fn load(dev: &Device) -> Result<Kernel, CudaError> {
+        dev.bind()?;
+        let ptx =
+            CStr::from_bytes_with_nul(KERNEL_PTX.as_bytes()).map_err(|_| CudaError::Driver {
+                call: "cuModuleLoadData",
+                code: 0,
+                name: "awex".into(),
+                message: "the copy kernel's PTX has an interior NUL".into(),
+            })?;
+        let module = sys::module_load(ptx)?;
+        match sys::module_function(module, KERNEL_NAME) {
+            Ok(func) => Ok(Kernel {
+                dev: dev.clone(),
+                module,
+                func,
+            }),
+            Err(e) => {
+                let _ = sys::module_unload(module);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        let _ = self
+            .dev
+            .bind()
+            .and_then(|_| sys::module_unload(self.module));
+    }
+}
 
 /// Which stream each descriptor goes to: in submission order, each to the stream with the
 /// fewest bytes queued so far (ties to the lowest index).
@@ -36,6 +120,7 @@ pub struct CopyEngine {
     streams: Vec<Stream>,
     /// joins[k] is recorded on stream k and waited on by stream 0; joins[0] forks captures
     joins: Vec<Event>,
+    kernel: Option<Kernel>,
 }
 
 /// A batch captured into a CUDA graph, replayed with [`CopyEngine::replay`].
@@ -53,8 +138,17 @@ impl Drop for CopyGraph {
 }
 
 impl CopyEngine {
-    /// An engine with `streams` streams on `dev`.
+    /// An engine with `streams` streams on `dev`, copying through the driver.
     pub fn new(dev: &Device, streams: usize) -> Result<CopyEngine, CudaError> {
+        CopyEngine::with_method(dev, streams, CopyMethod::Driver)
+    }
+
+    /// An engine with `streams` streams on `dev`, copying with `method`.
+    pub fn with_method(
+        dev: &Device,
+        streams: usize,
+        method: CopyMethod,
+    ) -> Result<CopyEngine, CudaError> {
         if streams == 0 {
             return Err(CudaError::Streams(0));
         }
@@ -64,10 +158,50 @@ impl CopyEngine {
             s.push(dev.stream()?);
             j.push(dev.event(false)?);
         }
+        let kernel = match method {
+            CopyMethod::Driver => None,
+            CopyMethod::Kernel => Some(Kernel::load(dev)?),
+        };
         Ok(CopyEngine {
             dev: dev.clone(),
             streams: s,
             joins: j,
+            kernel,
+        })
+    }
+
+    /// How this engine copies.
+    pub fn method(&self) -> CopyMethod {
+        match self.kernel {
+            Some(_) => CopyMethod::Kernel,
+            None => CopyMethod::Driver,
+        }
+    }
+
+    /// Queues one descriptor on stream `k`.
+    fn issue(&self, d: &CopyDesc, k: usize) -> Result<(), CudaError> {
+        let s = self.streams[k].raw;
+        let r = match &self.kernel {
+            Some(kern) if kernel_fits(d) => {
+                let nvec = d.width / 16;
+                let grid = kernel_grid(nvec, d.height);
+                (0..d.depth).try_for_each(|z| {
+                    let args = [
+                        d.src + z * d.src_rows * d.src_pitch,
+                        d.dst + z * d.dst_rows * d.dst_pitch,
+                        nvec,
+                        d.src_pitch,
+                        d.dst_pitch,
+                        d.height,
+                    ];
+                    sys::launch_copy_rows(kern.func, grid, KERNEL_THREADS, s, args)
+                })
+            }
+            _ => sys::copy_async(d, s),
+        };
+        r.map_err(|e| CudaError::Copy {
+            desc: format!("{d:?}"),
+            detail: e.to_string(),
         })
     }
 
@@ -88,10 +222,7 @@ impl CopyEngine {
 
     fn queue_copies(&self, descs: &[CopyDesc]) -> Result<(), CudaError> {
         for (d, k) in descs.iter().zip(assign_streams(descs, self.streams.len())) {
-            sys::copy_async(d, self.streams[k].raw).map_err(|e| CudaError::Copy {
-                desc: format!("{d:?}"),
-                detail: e.to_string(),
-            })?;
+            self.issue(d, k)?;
         }
         for k in 1..self.streams.len() {
             self.joins[k].record(&self.streams[k])?;
@@ -172,6 +303,39 @@ impl CopyEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_takes_16_byte_vectors_only() {
+        assert!(kernel_fits(&CopyDesc::linear(0x1000, 0x2000, 8192)));
+        assert!(!kernel_fits(&CopyDesc::linear(0x1008, 0x2000, 8192)));
+        assert!(!kernel_fits(&CopyDesc::linear(0x1000, 0x2000, 68)));
+        let pitched = CopyDesc {
+            height: 3,
+            src_pitch: 200,
+            ..CopyDesc::linear(0x1000, 0x2000, 64)
+        };
+        assert!(!kernel_fits(&pitched));
+        assert!(!kernel_fits(&CopyDesc::linear(0, 0, 0)));
+    }
+
+    #[test]
+    fn kernel_grid_spreads_about_a_wave_of_blocks() {
+        // 1.24 GB embedding: one row of 77.8M vectors
+        assert_eq!(kernel_grid(1_244_659_712 / 16, 1), (1024, 1));
+        // eight 4 MiB rows (merged q blocks)
+        assert_eq!(kernel_grid((4 << 20) / 16, 8), (128, 8));
+        // an 8 KiB norm: one block
+        assert_eq!(kernel_grid(512, 1), (1, 1));
+        // many short rows: rows over y, capped
+        assert_eq!(kernel_grid(4, 100_000), (1, 1024));
+    }
+
+    #[test]
+    fn kernel_ptx_is_one_nul_terminated_entry() {
+        assert!(KERNEL_PTX.ends_with('\0'));
+        assert_eq!(KERNEL_PTX.matches('\0').count(), 1);
+        assert!(KERNEL_PTX.contains(".visible .entry awex_copy_rows("));
+    }
 
     #[test]
     fn streams_are_balanced_by_bytes_in_submission_order() {

@@ -117,7 +117,15 @@ fn gpu_device_opens_and_reports_an_nvidia_gpu() {
 #[ignore = "needs a GPU"]
 fn gpu_descriptors_copy_exact_bytes_on_streams_and_in_a_graph() {
     let d = Device::open(0).unwrap();
-    let engine = CopyEngine::new(&d, 3).unwrap();
+    for method in [CopyMethod::Driver, CopyMethod::Kernel] {
+        let engine = CopyEngine::with_method(&d, 3, method).unwrap();
+        assert_eq!(engine.method(), method);
+        copy_shapes(&d, &engine);
+    }
+}
+
+/// Runs every transfer of [`shapes`] (launched, then captured and replayed) and checks the bytes.
+fn copy_shapes(d: &Device, engine: &CopyEngine) {
     for (i, t) in shapes().iter().enumerate() {
         let es = t.src_dtype.size() as u64;
         let src_host = pattern((t.src_shape.numel() * es) as usize, i as u64);
@@ -134,7 +142,13 @@ fn gpu_descriptors_copy_exact_bytes_on_streams_and_in_a_graph() {
         engine.sync().unwrap();
         let mut got = vec![0u8; dst_len as usize];
         dst.download(0, &mut got).unwrap();
-        assert_eq!(got, want, "transfer {i} ({:?})", DescStats::of(&descs));
+        assert_eq!(
+            got,
+            want,
+            "{:?}, transfer {i} ({:?})",
+            engine.method(),
+            DescStats::of(&descs)
+        );
         // captured graph, replayed twice over a poisoned destination
         let g = engine.capture(&descs).unwrap();
         for _ in 0..2 {

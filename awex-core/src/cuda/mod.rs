@@ -22,11 +22,13 @@ mod ipc;
 #[cfg_attr(not(feature = "cuda"), path = "sys_stub.rs")]
 mod sys;
 
-pub use desc::{CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, plan_copies};
+pub use desc::{
+    CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, plan_copies, split_linear,
+};
 pub use device::{
     Device, DeviceBuffer, Event, Stream, device_count, driver_present, driver_version,
 };
-pub use engine::{CopyEngine, CopyGraph, assign_streams};
+pub use engine::{CopyEngine, CopyGraph, CopyMethod, assign_streams, kernel_fits, kernel_grid};
 pub use error::CudaError;
 pub use handle::{IpcEventHandle, IpcMemHandle};
 pub use ipc::{AllocationIndex, ExportedAllocation, IpcExport, IpcImport, RemoteAddr};
@@ -51,6 +53,12 @@ mod raw {
     /// A `CUgraphExec`.
     #[derive(Clone, Copy, Debug)]
     pub(crate) struct RawGraphExec(pub(crate) *mut c_void);
+    /// A `CUmodule`.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct RawModule(pub(crate) *mut c_void);
+    /// A `CUfunction`.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct RawFunction(pub(crate) *mut c_void);
 
     // SAFETY: driver handles are process-wide and the driver API is thread-safe; every use
     // makes the owning context current first.
@@ -62,6 +70,10 @@ mod raw {
     unsafe impl Sync for RawEvent {}
     unsafe impl Send for RawGraphExec {}
     unsafe impl Sync for RawGraphExec {}
+    unsafe impl Send for RawModule {}
+    unsafe impl Sync for RawModule {}
+    unsafe impl Send for RawFunction {}
+    unsafe impl Sync for RawFunction {}
 }
 
 #[cfg(test)]

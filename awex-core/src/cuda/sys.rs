@@ -8,7 +8,7 @@
 use super::CudaError;
 use super::desc::CopyDesc;
 use super::handle::{HANDLE_BYTES, IpcEventHandle, IpcMemHandle};
-use super::raw::{RawCtx, RawEvent, RawGraphExec, RawStream};
+use super::raw::{RawCtx, RawEvent, RawFunction, RawGraphExec, RawModule, RawStream};
 use cudarc::driver::sys as cu;
 use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
@@ -57,6 +57,10 @@ const REQUIRED: &[&str] = &[
     "cuGraphLaunch",
     "cuGraphDestroy",
     "cuGraphExecDestroy",
+    "cuModuleLoadData",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
 ];
 
 /// Whether libcuda can be loaded on this machine (no driver call is made).
@@ -493,6 +497,61 @@ pub(crate) fn capture_end(s: RawStream) -> Result<RawGraphExec, CudaError> {
 pub(crate) fn graph_launch(g: RawGraphExec, s: RawStream) -> Result<(), CudaError> {
     check("cuGraphLaunch", unsafe {
         cu::cuGraphLaunch(g.0.cast(), s.0.cast())
+    })
+}
+
+/// Loads a PTX module (NUL-terminated text) into the current context; the driver compiles it
+/// for the device.
+pub(crate) fn module_load(ptx: &CStr) -> Result<RawModule, CudaError> {
+    let mut m = ptr::null_mut();
+    check("cuModuleLoadData", unsafe {
+        cu::cuModuleLoadData(&mut m, ptx.as_ptr().cast::<c_void>())
+    })?;
+    Ok(RawModule(m.cast()))
+}
+
+/// A kernel of a loaded module.
+pub(crate) fn module_function(m: RawModule, name: &CStr) -> Result<RawFunction, CudaError> {
+    let mut f = ptr::null_mut();
+    check("cuModuleGetFunction", unsafe {
+        cu::cuModuleGetFunction(&mut f, m.0.cast(), name.as_ptr())
+    })?;
+    Ok(RawFunction(f.cast()))
+}
+
+/// Unloads a module.
+pub(crate) fn module_unload(m: RawModule) -> Result<(), CudaError> {
+    check("cuModuleUnload", unsafe { cu::cuModuleUnload(m.0.cast()) })
+}
+
+/// Queues `awex_copy_rows(src, dst, nvec, spitch, dpitch, height)` on `s`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_copy_rows(
+    f: RawFunction,
+    grid: (u32, u32),
+    block: u32,
+    s: RawStream,
+    args: [u64; 6],
+) -> Result<(), CudaError> {
+    let mut a = args;
+    let mut params: [*mut c_void; 6] = [ptr::null_mut(); 6];
+    for (p, v) in params.iter_mut().zip(a.iter_mut()) {
+        *p = (v as *mut u64).cast();
+    }
+    check("cuLaunchKernel", unsafe {
+        cu::cuLaunchKernel(
+            f.0.cast(),
+            grid.0,
+            grid.1,
+            1,
+            block,
+            1,
+            1,
+            0,
+            s.0.cast(),
+            params.as_mut_ptr(),
+            ptr::null_mut(),
+        )
     })
 }
 

@@ -6,7 +6,8 @@
 use super::CudaError;
 use super::desc::CopyDesc;
 use super::handle::{IpcEventHandle, IpcMemHandle};
-use super::raw::{RawCtx, RawEvent, RawGraphExec, RawStream};
+use super::raw::{RawCtx, RawEvent, RawFunction, RawGraphExec, RawModule, RawStream};
+use std::ffi::CStr;
 
 const NO: CudaError = CudaError::NotBuilt;
 
@@ -177,6 +178,32 @@ pub(crate) fn capture_end(_: RawStream) -> Result<RawGraphExec, CudaError> {
 
 /// Always [`CudaError::NotBuilt`].
 pub(crate) fn graph_launch(_: RawGraphExec, _: RawStream) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn module_load(_: &CStr) -> Result<RawModule, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn module_function(_: RawModule, _: &CStr) -> Result<RawFunction, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn module_unload(_: RawModule) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn launch_copy_rows(
+    _: RawFunction,
+    _: (u32, u32),
+    _: u32,
+    _: RawStream,
+    _: [u64; 6],
+) -> Result<(), CudaError> {
     Err(NO)
 }
 
