@@ -4,6 +4,7 @@
 //! statics; touching one public item of each keeps it in.
 
 /// Names of the backend crates compiled into this binary (one per enabled cargo feature).
+#[allow(clippy::vec_init_then_push)] // pushes depend on cargo features
 pub fn link_backends() -> Vec<&'static str> {
     let mut linked = Vec::new();
     #[cfg(feature = "megatron")]

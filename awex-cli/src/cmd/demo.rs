@@ -305,10 +305,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "awex demo: {} | {} -> {} | transport {}",
             report.model, report.training, report.inference, report.transport
         );
-        println!(
-            "{:>7}  {:>9}  {:>10}  {:>8}  {}",
-            "version", "seconds", "moved", "GB/s", "verified"
-        );
+        println!("version    seconds       moved      GB/s  verified");
         for u in &report.updates {
             println!(
                 "{:>7}  {:>9.3}  {:>10}  {:>8.2}  {}{}",

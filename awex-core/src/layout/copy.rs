@@ -26,26 +26,12 @@ pub struct StridedBox {
 /// Why a box copy cannot be done.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CopyError {
-    /// The box does not fit one of the tensors.
-    #[error("box {extent} at {offset} does not fit a tensor of shape {shape}")]
-    OutOfBounds {
-        /// box extent
-        extent: Dims,
-        /// box offset
-        offset: Dims,
-        /// tensor shape
-        shape: Dims,
-    },
+    /// The box does not fit one of the tensors (box extent, offset and the tensor's shape).
+    #[error("box {0} does not fit")]
+    OutOfBounds(Box<str>),
     /// A buffer is smaller than its shape says.
-    #[error("buffer of {len} bytes is smaller than shape {shape} of {dtype} needs")]
-    ShortBuffer {
-        /// buffer length
-        len: usize,
-        /// tensor shape
-        shape: Dims,
-        /// dtype
-        dtype: DType,
-    },
+    #[error("{0}")]
+    ShortBuffer(Box<str>),
     /// The box has more dims than a tensor.
     #[error("box has {box_dims} dims but the tensor has {tensor_dims}")]
     Rank {
@@ -78,11 +64,9 @@ fn check_fit(extent: &Dims, offset: &Dims, shape: &Dims) -> Result<Dims, CopyErr
     let fits = offset.ndim() == shape.ndim()
         && (0..shape.ndim()).all(|i| offset.get(i) + w.get(i) <= shape.get(i));
     if !fits {
-        return Err(CopyError::OutOfBounds {
-            extent: *extent,
-            offset: *offset,
-            shape: *shape,
-        });
+        return Err(CopyError::OutOfBounds(
+            format!("{extent} at {offset} of a tensor of shape {shape}").into(),
+        ));
     }
     Ok(w)
 }
@@ -165,15 +149,14 @@ impl StridedBox {
         for _ in 0..n {
             f(s, d, self.run);
             // advance the odometer
-            for j in 0..self.n_outer {
-                let (c, ss, ds) = self.outer[j];
-                idx[j] += 1;
+            for (i, &(c, ss, ds)) in idx.iter_mut().zip(&self.outer[..self.n_outer]) {
+                *i += 1;
                 s += ss;
                 d += ds;
-                if idx[j] < c {
+                if *i < c {
                     break;
                 }
-                idx[j] = 0;
+                *i = 0;
                 s -= ss * c;
                 d -= ds * c;
             }
@@ -183,11 +166,10 @@ impl StridedBox {
 
 fn check_len(buf_len: usize, shape: &Dims, dtype: DType) -> Result<(), CopyError> {
     if (buf_len as u64) < shape.numel() * dtype.size() as u64 {
-        return Err(CopyError::ShortBuffer {
-            len: buf_len,
-            shape: *shape,
-            dtype,
-        });
+        return Err(CopyError::ShortBuffer(
+            format!("buffer of {buf_len} bytes is smaller than shape {shape} of {dtype} needs")
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -303,7 +285,7 @@ mod tests {
             DType::U8,
             &Dims::new(&[2, 3]),
         );
-        assert!(matches!(e, Err(CopyError::OutOfBounds { .. })));
+        assert!(matches!(e, Err(CopyError::OutOfBounds(_))));
     }
 
     #[test]

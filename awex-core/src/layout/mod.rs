@@ -210,7 +210,7 @@ impl ExplicitSide {
                     let key = (
                         p.canonical.clone(),
                         t.name.clone(),
-                        p.region.clone(),
+                        p.region,
                         p.local_offset,
                     );
                     let list = by_canonical.entry(p.canonical.clone()).or_default();
@@ -225,7 +225,7 @@ impl ExplicitSide {
                                 tensor: t.name.clone(),
                                 tensor_shape: t.shape,
                                 dtype: t.dtype,
-                                region: p.region.clone(),
+                                region: p.region,
                                 local_offset: p.local_offset,
                             });
                         }

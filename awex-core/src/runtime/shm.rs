@@ -99,7 +99,11 @@ impl ShmSegment {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                if owner { libc::MAP_SHARED } else { libc::MAP_SHARED | libc::MAP_POPULATE },
+                if owner {
+                    libc::MAP_SHARED
+                } else {
+                    libc::MAP_SHARED | libc::MAP_POPULATE
+                },
                 fd,
                 0,
             );

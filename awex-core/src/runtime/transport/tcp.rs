@@ -24,6 +24,9 @@ const HELLO: u64 = u64::from_le_bytes(*b"AWEXTCP1");
 const FRAME: u32 = u32::from_le_bytes(*b"AWXB");
 const FRAME_HEADER: usize = 40;
 
+/// A filled bucket buffer: (bytes used, buffer, checksum).
+type Filled = (usize, Vec<u8>, u64);
+
 /// Accepted streams by peer, with the tag (version, attempt) of the retry they were opened for (0: first).
 type Streams = Arc<(Mutex<HashMap<RankId, (u64, TcpStream)>>, Condvar)>;
 
@@ -355,7 +358,7 @@ fn send_peer(
     bb: u64,
 ) -> Result<ExecStats, RuntimeError> {
     let cap = max_bucket(buckets, bb);
-    let (full_tx, full_rx): (SyncSender<(usize, Vec<u8>, u64)>, Receiver<_>) = sync_channel(1);
+    let (full_tx, full_rx): (SyncSender<Filled>, Receiver<Filled>) = sync_channel(1);
     let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2);
     for _ in 0..2 {
         let _ = free_tx.send(vec![0u8; cap]);
