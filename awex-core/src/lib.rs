@@ -6,8 +6,8 @@
 //! implement and register ([`backend`]).
 
 pub mod backend;
-pub mod cuda;
 pub mod client;
+pub mod cuda;
 pub mod dtype;
 pub mod gateway;
 pub mod layout;

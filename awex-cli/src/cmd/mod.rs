@@ -1,7 +1,7 @@
 //! One module per subcommand.
 
-pub mod demo;
 pub mod bench;
+pub mod demo;
 pub mod detect;
 pub mod pair;
 pub mod plan;
