@@ -69,6 +69,15 @@ fn options() -> Result<Options, String> {
     Ok(o)
 }
 
+/// A figure for the table, `n/a` when not measured.
+fn cell(v: f64) -> String {
+    if v.is_nan() {
+        "n/a".to_string()
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -347,7 +356,7 @@ async fn run(o: Options) -> Result<(), String> {
         gw.sort_by(f64::total_cmp);
         cpu.sort_by(f64::total_cmp);
         println!(
-            "{:>6} {:>8} {:>10.1} {:>12.2} {:>12.2} {:>12.2} {:>10.0} {:>10.0} {:>12.2} {:>12.2}",
+            "{:>6} {:>8} {:>10.1} {:>12.2} {:>12.2} {:>12.2} {:>10.0} {:>10.0} {:>12} {:>12}",
             n,
             o.updates,
             join_ms,
@@ -356,8 +365,8 @@ async fn run(o: Options) -> Result<(), String> {
             ctrl.last().copied().unwrap_or(f64::NAN),
             percentile(&gw, 50.0),
             percentile(&gw, 99.0),
-            percentile(&cpu, 50.0),
-            percentile(&cpu, 99.0)
+            cell(percentile(&cpu, 50.0)),
+            cell(percentile(&cpu, 99.0))
         );
     }
     Ok(())
