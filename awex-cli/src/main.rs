@@ -34,6 +34,9 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // die quietly on a closed pipe (`awex-cli plan | head`) like other command-line tools
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     link::link_backends();
     let cli = Cli::parse();
     let result = match cli.command {

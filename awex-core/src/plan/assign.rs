@@ -67,10 +67,17 @@ pub(super) fn assign_tensor(
 ) -> Result<(), PlanError> {
     let mut src = pair.training.holders(&c.name);
     let mut dst = pair.inference.holders(&c.name);
-    src.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
-    dst.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
+    // backends usually answer in order already; sort only when they do not
+    if !src.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)) {
+        src.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
+    }
+    if !dst.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)) {
+        dst.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
+    }
     for h in src.iter_mut().chain(dst.iter_mut()) {
-        h.ranks.sort_unstable();
+        if !h.ranks.is_sorted() {
+            h.ranks.sort_unstable();
+        }
     }
 
     // the universe of source ranks, with loads and a per-tensor tie-break
@@ -78,7 +85,9 @@ pub(super) fn assign_tensor(
     for h in &src {
         s.ranks.extend_from_slice(&h.ranks);
     }
-    s.ranks.sort_unstable();
+    if !s.ranks.is_sorted() {
+        s.ranks.sort_unstable();
+    }
     s.ranks.dedup();
     s.loads.clear();
     s.loads.resize(s.ranks.len(), 0);
