@@ -674,3 +674,59 @@ async fn event_long_poll_returns_an_empty_list_when_nothing_happens() {
     assert_eq!(r.events.len(), 1);
     assert_eq!(r.events[0].kind, EventKind::Disconnect);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_during_an_update_fails_it_and_resumes_the_engines() {
+    let engines = Arc::new(Engines::default());
+    let urls = vec![engine_server(engines.clone(), 0).await];
+    let base = start(GatewayConfig::default()).await;
+    let client = Client::new(&base, None).unwrap();
+    let mut req = connect_request("d", 1, 1, 1);
+    req.inference.urls = urls;
+    client.connect(&req).await.unwrap();
+    let ranks = spawn_ranks(&client, "d", 1, 1, 1, |_, _| Arc::new(|_, _| Act::Silent));
+    loop {
+        match client.start_update("d", 3).await {
+            Err(e) if e.status() == Some(409) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => break drop(other.unwrap()),
+        }
+    }
+    // Wait until the engines are paused and the ranks were told.
+    for _ in 0..200 {
+        if client.update_status("d", 3).await.unwrap().state == UpdateState::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let gone = client.disconnect("d").await.unwrap();
+    let u = gone.current_update.unwrap();
+    assert_eq!(u.state, UpdateState::Failed);
+    assert_eq!(
+        u.error.as_deref(),
+        Some("version 3 attempt 1 failed: the pair was disconnected")
+    );
+    for log in logs(ranks).await {
+        assert_eq!(
+            log,
+            vec!["joined 2", "update 3/1", "abort 3/1", "disconnect"]
+        );
+    }
+    for _ in 0..200 {
+        if engines.calls.lock().unwrap().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        *engines.calls.lock().unwrap(),
+        vec![(0, "pause_generation"), (0, "continue_generation")]
+    );
+    // The name is free again at once, for a new pair with a new id.
+    let again = client
+        .connect(&connect_request("d", 1, 1, 1))
+        .await
+        .unwrap();
+    assert_ne!(again.id, gone.id);
+}
