@@ -42,6 +42,10 @@ if [ $? != 0 ]; then
 fi
 tail -5 "$OUT/bench_ipc.err"
 
+echo "== bench ipc, $MODEL, sender with one allocation per tensor"
+timeout 300 "$G/awex-cli" bench ipc --model "$MODEL" --sender-alloc per-tensor 2>&1 | tee "$OUT/bench_per_tensor.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
 echo "== torch baseline"
 timeout 300 python3 bench/torch_ipc_baseline.py --updates 7 --json \
   >"$OUT/torch_baseline.json" 2>"$OUT/torch_baseline.err"
@@ -65,7 +69,7 @@ if b:
           f"{b['transfers']} transfers, {d['linear']}+{d['pitched_2d']}+{d['pitched_3d']} copies, {b['streams']} streams {b['mode']} {b['method']}, split {b['split_mb']} MiB")
     print(f"awex  first {b['first_update_ms']:.1f} ms (open {b['open_ms']:.1f}, copy {b['first_copy_ms']:.1f}); "
           f"steady {b['steady_median_ms']:.2f} ms ({b['steady_gbps']:.0f} GB/s); floor {b['floor_ms']:.2f} ms "
-          f"({b['floor_gbps']:.0f} GB/s); ratio {b['ratio']:.3f}; verified {b['verified']}")
+          f"({b['floor_gbps']:.0f} GB/s); ratio {b['ratio']:.3f} (x IPC one copy {b['ipc_ratio']:.3f}); verified {b['verified']}")
     print("awex  steady runs", " ".join(f"{x:.2f}" for x in b["steady_ms"]))
     for p in b["sweep"]:
         print(f"sweep {p['streams']} streams {p['mode']} {p['method']}{'' if p['coalesced'] else ' unmerged'} split {p['split_mb']} MiB: {p['median_ms']:.2f} ms")

@@ -108,14 +108,17 @@ struct IpcArgs {
     /// How the copies are issued.
     #[arg(long, value_enum, default_value_t = Mode::Launch)]
     mode: Mode,
+    /// How the sending process allocates its tensors.
+    #[arg(long, value_enum, default_value_t = SenderAlloc::Contiguous)]
+    sender_alloc: SenderAlloc,
     /// What moves the bytes: the driver's copy calls, or awex's copy kernel.
-    #[arg(long, value_enum, default_value_t = Method::Driver)]
+    #[arg(long, value_enum, default_value_t = Method::Kernel)]
     method: Method,
     /// Issue one copy per planned box instead of merging regular series into 2-D copies.
     #[arg(long)]
     no_coalesce: bool,
     /// Cut linear copies longer than this many MiB into pieces spread over the streams (0: never).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 256)]
     split_mb: u64,
     /// Skip the bit-for-bit check of every destination byte.
     #[arg(long)]
@@ -142,6 +145,18 @@ struct SenderArgs {
     ranks: String,
     #[arg(long)]
     gpu: u32,
+    #[arg(long, value_enum)]
+    alloc: SenderAlloc,
+}
+
+/// How the sending process lays out its tensors in device memory.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum SenderAlloc {
+    /// One buffer per training rank holding every tensor (Megatron's contiguous param buffer).
+    Contiguous,
+    /// One allocation per tensor (what PyTorch's caching allocator gives large tensors).
+    PerTensor,
 }
 
 /// Runs the subcommand.
@@ -267,6 +282,9 @@ fn read_line<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, who: &str) -> a
 
 const ALIGN: u64 = 256;
 
+/// One device allocation of the sender: its training rank and its tensors at byte offsets.
+type SenderBuffer = (RankId, DeviceBuffer, Vec<(LocalTensor, u64)>);
+
 fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
     let r = Resolved::new(&a.model, &a.train, &a.infer)?;
     let ranks: Vec<RankId> = a
@@ -277,29 +295,39 @@ fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("bad --ranks `{}`", a.ranks))?;
     let dev = Device::open(a.gpu)?;
     let t0 = Instant::now();
-    // one contiguous buffer per training rank, tensors at 256-byte aligned offsets
-    let mut buffers: Vec<(DeviceBuffer, Vec<(LocalTensor, u64)>)> = Vec::new();
+    // contiguous: one buffer per training rank, tensors at 256-byte aligned offsets;
+    // per tensor: one allocation each
+    let mut buffers: Vec<SenderBuffer> = Vec::new();
     for &rank in &ranks {
         let layout = r
             .training
             .rank_layout(rank)
             .ok_or_else(|| anyhow!("training side has no rank {rank}"))?;
-        let mut off = 0u64;
-        let mut placed = Vec::new();
-        for t in layout.tensors {
-            let n = t.nbytes();
-            placed.push((t, off));
-            off += n.div_ceil(ALIGN) * ALIGN;
+        match a.alloc {
+            SenderAlloc::Contiguous => {
+                let mut off = 0u64;
+                let mut placed = Vec::new();
+                for t in layout.tensors {
+                    let n = t.nbytes();
+                    placed.push((t, off));
+                    off += n.div_ceil(ALIGN) * ALIGN;
+                }
+                buffers.push((rank, dev.alloc(off)?, placed));
+            }
+            SenderAlloc::PerTensor => {
+                for t in layout.tensors {
+                    buffers.push((rank, dev.alloc(t.nbytes())?, vec![(t, 0)]));
+                }
+            }
         }
-        buffers.push((dev.alloc(off)?, placed));
     }
     let alloc_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t0 = Instant::now();
     let chunk = 256u64 << 20;
     let mut host = vec![0u8; chunk as usize];
-    for (&rank, (buf, placed)) in ranks.iter().zip(&buffers) {
+    for (rank, buf, placed) in &buffers {
         for (t, off) in placed {
-            let key = tensor_key(rank, &t.name);
+            let key = tensor_key(*rank, &t.name);
             let mut done = 0u64;
             while done < t.nbytes() {
                 let n = chunk.min(t.nbytes() - done) as usize;
@@ -314,14 +342,14 @@ fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let ptrs: Vec<u64> = buffers
         .iter()
-        .flat_map(|(b, placed)| placed.iter().map(|(_, off)| b.ptr() + off))
+        .flat_map(|(_, b, placed)| placed.iter().map(|(_, off)| b.ptr() + off))
         .collect();
     let export = IpcExport::new(&dev, &ptrs)?;
     let mut tensors = Vec::new();
-    for (&rank, (b, placed)) in ranks.iter().zip(&buffers) {
+    for (rank, b, placed) in &buffers {
         for (t, off) in placed {
             tensors.push(SenderTensor {
-                rank,
+                rank: *rank,
                 name: t.name.to_string(),
                 at: export.locate(b.ptr() + off)?,
                 bytes: t.nbytes(),
@@ -395,6 +423,11 @@ impl SenderProc {
             ])
             .args(["--infer", &a.infer, "--ranks", &ranks.join(","), "--gpu"])
             .arg(gpu.to_string())
+            .arg("--alloc")
+            .arg(match a.sender_alloc {
+                SenderAlloc::Contiguous => "contiguous",
+                SenderAlloc::PerTensor => "per-tensor",
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -458,6 +491,8 @@ struct SweepPoint {
 #[derive(Serialize, Debug)]
 struct FloorPoint {
     name: &'static str,
+    /// bytes copied (times are scaled to the update's bytes)
+    bytes: u64,
     ms: f64,
     gbps: f64,
     runs_ms: Vec<f64>,
@@ -467,6 +502,7 @@ struct FloorPoint {
 #[derive(Serialize, Debug)]
 struct SenderReport {
     device: String,
+    alloc: SenderAlloc,
     allocations: usize,
     tensors: usize,
     alloc_ms: f64,
@@ -508,6 +544,8 @@ struct IpcReport {
     floor_runs_ms: Vec<f64>,
     floor_gbps: f64,
     floors: Vec<FloorPoint>,
+    ipc_floor_ms: f64,
+    ipc_ratio: f64,
     ratio: f64,
     verified: bool,
     verify_detail: String,
@@ -794,19 +832,17 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         use Method::{Driver, Kernel};
         for (streams, mode, method, coalesced, split_mb) in [
             (4, Mode::Launch, Driver, true, 0),
-            (8, Mode::Launch, Driver, true, 0),
-            (16, Mode::Launch, Driver, true, 0),
             (8, Mode::Launch, Driver, false, 0),
-            (8, Mode::Launch, Driver, true, 64),
-            (16, Mode::Launch, Driver, true, 16),
-            (8, Mode::Graph, Driver, true, 0),
-            (1, Mode::Launch, Kernel, true, 0),
-            (2, Mode::Launch, Kernel, true, 0),
             (4, Mode::Launch, Kernel, true, 0),
-            (8, Mode::Launch, Kernel, true, 0),
-            (4, Mode::Launch, Kernel, false, 0),
+            (4, Mode::Launch, Kernel, true, 64),
+            (4, Mode::Launch, Kernel, true, 128),
             (4, Mode::Launch, Kernel, true, 256),
-            (4, Mode::Graph, Kernel, true, 0),
+            (4, Mode::Launch, Kernel, true, 512),
+            (2, Mode::Launch, Kernel, true, 128),
+            (2, Mode::Launch, Kernel, true, 256),
+            (8, Mode::Launch, Kernel, true, 128),
+            (8, Mode::Launch, Kernel, true, 256),
+            (4, Mode::Graph, Kernel, true, 256),
         ] {
             let e = CopyEngine::with_method(&dev, streams, method.into())?;
             let d = split_linear(if coalesced { &merged } else { &raw_descs }, split_mb << 20);
@@ -832,8 +868,8 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
-    // the floor: one large copy of the same byte count, out of the sender's buffer and out of a
-    // local one; and the same bytes cut into pieces over several streams, for comparison
+    // the floor: one large copy of the same byte count, local to local; beside it, copies out of
+    // the sender's largest allocation (times scaled to the same bytes) and the copy kernel
     let floor_bytes = hello
         .allocations
         .iter()
@@ -853,55 +889,60 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         },
         floor_bytes,
     )?;
-    let scratch = dev.alloc(floor_bytes)?;
-    let local = dev.alloc(floor_bytes)?;
+    let scratch = dev.alloc(bytes)?;
+    let local = dev.alloc(bytes)?;
     let e1 = CopyEngine::new(&dev, 1)?;
-    let e8 = CopyEngine::new(&dev, 8)?;
     let k1 = CopyEngine::with_method(&dev, 1, CopyMethod::Kernel)?;
-    dev.fill_u32(local.ptr(), floor_bytes / 4, 0x3F80_4000, e1.main_stream())?;
+    let k4 = CopyEngine::with_method(&dev, 4, CopyMethod::Kernel)?;
+    dev.fill_u32(local.ptr(), bytes / 4, 0x3F80_4000, e1.main_stream())?;
     e1.sync()?;
     let mut floors = Vec::new();
-    for (name, src, engine, piece) in [
-        ("one copy, from the sender's memory", ipc_src, &e1, 0),
-        ("one copy, local to local", local.ptr(), &e1, 0),
+    // the first is the floor: one cuMemcpyDtoD of the same bytes, local to local
+    for (name, src, n, engine, piece) in [
+        ("one copy, local to local", local.ptr(), bytes, &e1, 0),
         (
-            "64 MiB pieces on 8 streams, from the sender's memory",
+            "one copy, from the sender's memory",
             ipc_src,
-            &e8,
-            64 << 20,
+            floor_bytes,
+            &e1,
+            0,
+        ),
+        ("copy kernel, local to local", local.ptr(), bytes, &k1, 0),
+        (
+            "copy kernel, from the sender's memory",
+            ipc_src,
+            floor_bytes,
+            &k1,
+            0,
         ),
         (
-            "64 MiB pieces on 8 streams, local to local",
-            local.ptr(),
-            &e8,
-            64 << 20,
+            "copy kernel, 256 MiB pieces on 4 streams, from the sender's memory",
+            ipc_src,
+            floor_bytes,
+            &k4,
+            256 << 20,
         ),
-        ("copy kernel, from the sender's memory", ipc_src, &k1, 0),
-        ("copy kernel, local to local", local.ptr(), &k1, 0),
     ] {
-        let d = split_linear(&[CopyDesc::linear(src, scratch.ptr(), floor_bytes)], piece);
+        let d = split_linear(&[CopyDesc::linear(src, scratch.ptr(), n)], piece);
         let mut runs = Vec::new();
         for _ in 0..6 {
             let t0 = Instant::now();
             engine.launch(&d, None, None)?;
             engine.sync()?;
-            runs.push(ms_since(t0) * bytes as f64 / floor_bytes as f64);
+            runs.push(ms_since(t0) * bytes as f64 / n as f64);
         }
         let ms = median(&runs[1..]);
         floors.push(FloorPoint {
             name,
+            bytes: n,
             ms,
             gbps: bytes as f64 * 2.0 / ms / 1e6,
             runs_ms: runs,
         });
     }
-    // the floor is the faster single large copy
-    let floor_ms = floors[0].ms.min(floors[1].ms);
-    let floor_runs = if floors[0].ms <= floors[1].ms {
-        floors[0].runs_ms.clone()
-    } else {
-        floors[1].runs_ms.clone()
-    };
+    let floor_ms = floors[0].ms;
+    let floor_runs = floors[0].runs_ms.clone();
+    let ipc_floor_ms = floors[1].ms;
     drop((scratch, local));
     drop(import);
     drop(ready);
@@ -928,6 +969,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         method: a.method,
         sender: SenderReport {
             device: hello.device,
+            alloc: a.sender_alloc,
             allocations: hello.allocations.len(),
             tensors: hello.tensors.len(),
             alloc_ms: hello.alloc_ms,
@@ -948,6 +990,8 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         floor_runs_ms: floor_runs,
         floors,
         ratio: steady_median_ms / floor_ms,
+        ipc_floor_ms,
+        ipc_ratio: steady_median_ms / ipc_floor_ms,
         verified,
         verify_detail: detail,
         verify_ms,
@@ -1018,7 +1062,10 @@ fn print_table(r: &IpcReport) {
             f.ms, f.gbps, f.name
         );
     }
-    println!("ratio        {:.2} x floor", r.ratio);
+    println!(
+        "ratio        {:.2} x floor  ({:.2} x one copy out of the sender's memory)",
+        r.ratio, r.ipc_ratio
+    );
     println!(
         "verified     {}  ({}; {:.0} ms)",
         r.verified, r.verify_detail, r.verify_ms
