@@ -156,3 +156,82 @@ fn gpu_transports_say_so_clearly() {
     assert_eq!(code, 2);
     assert!(err.contains("use --transport shm or tcp"), "{err}");
 }
+
+/// Reads one tensor's bytes from a safetensors file.
+fn safetensor(path: &std::path::Path, name: &str) -> Vec<u8> {
+    let data = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
+    let h: Value = serde_json::from_slice(&data[8..8 + n]).unwrap();
+    let off = &h[name]["data_offsets"];
+    let (a, b) = (
+        off[0].as_u64().unwrap() as usize,
+        off[1].as_u64().unwrap() as usize,
+    );
+    data[8 + n + a..8 + n + b].to_vec()
+}
+
+#[test]
+fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
+    // a first run dumps canonical weights; they become an HF checkpoint for a second run
+    let tmp = tempfile::tempdir().unwrap();
+    let first = tmp.path().join("first");
+    let (code, _, err) = demo(&["--updates", "1", "--dump-dir", first.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    for f in [
+        "canonical.safetensors",
+        "train/rank-3.safetensors",
+        "infer/engine-1/rank-1.safetensors",
+    ] {
+        assert!(first.join(f).is_file(), "{f} missing");
+    }
+    let hf = tmp.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    std::fs::write(
+        hf.join("config.json"),
+        r#"{"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"num_hidden_layers":4,"num_attention_heads":4,
+            "num_key_value_heads":2,"head_dim":16,"intermediate_size":128,"vocab_size":1000,"torch_dtype":"bfloat16"}"#,
+    )
+    .unwrap();
+    std::fs::copy(
+        first.join("canonical.safetensors"),
+        hf.join("model.safetensors"),
+    )
+    .unwrap();
+    let second = tmp.path().join("second");
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args([
+            "demo",
+            "--json",
+            "--updates",
+            "1",
+            "--model",
+            hf.to_str().unwrap(),
+        ])
+        .args(["--dump-dir", second.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["updates"][0]["version"], 0);
+    assert_eq!(j["verified"], true);
+    // SGLang tp=2 rank 0 holds embedding rows 0..512 of 1024 padded rows: exactly the checkpoint's
+    let ckpt = safetensor(&hf.join("model.safetensors"), "model.embed_tokens.weight");
+    let local = safetensor(
+        &second.join("infer/engine-0/rank-0.safetensors"),
+        "model.embed_tokens.weight",
+    );
+    assert_eq!(local.len(), 512 * 64 * 2);
+    assert_eq!(local, ckpt[..512 * 64 * 2]);
+    // rank 1 holds rows 512..1000 then 24 zero padding rows
+    let local1 = safetensor(
+        &second.join("infer/engine-0/rank-1.safetensors"),
+        "model.embed_tokens.weight",
+    );
+    assert_eq!(local1[..488 * 128], ckpt[512 * 128..]);
+    assert!(local1[488 * 128..].iter().all(|&b| b == 0));
+}

@@ -12,7 +12,6 @@ use awex_core::gateway::{
     ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, UpdateState,
 };
 use awex_core::layout::RankId;
-use awex_core::runtime::fill::canonical_tensor;
 use awex_core::runtime::shm::list_segments;
 use awex_core::runtime::transport::TransportKind;
 use serde::Serialize;
@@ -270,6 +269,7 @@ fn worker_command(
             "--bucket-mib",
             &a.bucket_mib.to_string(),
         ])
+        .args(["--first-version", &first_version(a).to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
     if let Some(d) = &a.dump_dir {
@@ -279,6 +279,16 @@ fn worker_command(
         c.arg("--checksum");
     }
     Ok(c)
+}
+
+/// The first version: 0 when the model is an HF directory with weights (they are version 0), else 1.
+fn first_version(a: &Args) -> u64 {
+    let dir = std::path::Path::new(&a.model);
+    if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
+        0
+    } else {
+        1
+    }
 }
 
 /// Runs the subcommand.
@@ -436,9 +446,10 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
 
     wait_ready(&client, &pair, &mut workers).await?;
     let mut rows = Vec::new();
-    let mut version = 1;
+    let first = first_version(a);
+    let mut version = first;
     let mut attempts = 0u32;
-    while version <= a.updates {
+    while version < first + a.updates {
         attempts += 1;
         bar.set_message(format!("version {version}, attempt {attempts}"));
         let t0 = Instant::now();
@@ -532,7 +543,8 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
             .filter(|u| u.verified)
             .map(|u| u.version)
             .max()
-            .unwrap_or(0);
+            .unwrap_or(first);
+        let weights = super::worker::weights_of(&a.model, &r.catalogue)?;
         let tensors: Vec<(String, awex_core::DType, Vec<u64>, Vec<u8>)> = r
             .catalogue
             .tensors()
@@ -542,7 +554,9 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
                     c.name.clone(),
                     c.dtype,
                     c.shape.as_slice().to_vec(),
-                    canonical_tensor(&r.catalogue, &c.name, last).unwrap_or_default(),
+                    weights
+                        .tensor(&r.catalogue, &c.name, last)
+                        .unwrap_or_default(),
                 )
             })
             .collect();

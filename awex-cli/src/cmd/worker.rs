@@ -8,7 +8,7 @@
 use anyhow::bail;
 use awex_core::layout::{RankId, Side};
 use awex_core::runtime::TensorSet;
-use awex_core::runtime::fill::fill_or_check;
+use awex_core::runtime::fill::{Weights, fill_or_check_from};
 use awex_core::runtime::rank::{Rank, RankConfig, make_transport, prepare};
 use awex_core::runtime::shm::sweep_dead;
 use awex_core::runtime::transport::TransportKind;
@@ -56,12 +56,25 @@ pub struct Args {
     /// Write this rank's tensors here on disconnect.
     #[arg(long)]
     pub dump_dir: Option<PathBuf>,
+    /// The first version the demo will ask for (the trainer holds it before joining).
+    #[arg(long, default_value_t = 1)]
+    pub first_version: u64,
     /// Fault injection: SIGKILL this process when it starts executing this version.
     #[arg(long, hide = true)]
     pub die_at_version: Option<u64>,
     /// Fault injection: corrupt one received byte of this version.
     #[arg(long, hide = true)]
     pub corrupt_version: Option<u64>,
+}
+
+/// The weights a `--model` argument implies: an HF directory's checkpoint, else synthetic.
+pub fn weights_of(model: &str, cat: &awex_core::Catalogue) -> anyhow::Result<Weights> {
+    let dir = std::path::Path::new(model);
+    if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
+        let ck = awex_core::model::Checkpoint::open(dir, cat)?;
+        return Ok(Weights::Checkpoint(Arc::new(ck)));
+    }
+    Ok(Weights::Synthetic)
 }
 
 /// Runs the subcommand.
@@ -99,6 +112,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
     };
     let prepared = prepare(&cfg)?;
+    let weights = weights_of(&args.model, &prepared.catalogue)?;
     let tensors = if side == Side::Training && transport == TransportKind::Shm {
         // a rank killed earlier may have left its segments behind
         sweep_dead(&format!("awex-{}-", args.pair));
@@ -116,9 +130,16 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut filled: Option<u64> = None;
     if side == Side::Training {
         // the trainer holds version 1's weights before the first update starts
-        fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, 1, false)
-            .map_err(anyhow::Error::msg)?;
-        filled = Some(1);
+        fill_or_check_from(
+            &weights,
+            &prepared.layout,
+            &prepared.catalogue,
+            &tensors,
+            args.first_version,
+            false,
+        )
+        .map_err(anyhow::Error::msg)?;
+        filled = Some(args.first_version);
     }
     let t = make_transport(&cfg, &prepared, tensors.clone())?;
     let mut me = Rank::join(cfg, &prepared, &tensors, t).await?;
@@ -127,7 +148,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
 
     while let Some(work) = me.next_work().await? {
         if side == Side::Training && filled != Some(work.version) {
-            fill_or_check(
+            fill_or_check_from(
+                &weights,
                 &prepared.layout,
                 &prepared.catalogue,
                 &tensors,
@@ -159,14 +181,22 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                 if result.is_ok() {
                     // the next version's weights, while the controller starts it
                     let next = work.version + 1;
-                    fill_or_check(&prepared.layout, &prepared.catalogue, &tensors, next, false)
-                        .map_err(anyhow::Error::msg)?;
+                    fill_or_check_from(
+                        &weights,
+                        &prepared.layout,
+                        &prepared.catalogue,
+                        &tensors,
+                        next,
+                        false,
+                    )
+                    .map_err(anyhow::Error::msg)?;
                     filled = Some(next);
                 }
             }
             Side::Inference => {
                 let verdict = match &result {
-                    Ok(_) => match fill_or_check(
+                    Ok(_) => match fill_or_check_from(
+                        &weights,
                         &prepared.layout,
                         &prepared.catalogue,
                         &tensors,

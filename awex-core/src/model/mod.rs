@@ -1,10 +1,12 @@
 //! The canonical model: its spec (from an HF `config.json` or a preset) and its tensor catalogue.
 
 mod catalogue;
+mod checkpoint;
 pub mod presets;
 mod spec;
 
 pub use catalogue::{CanonicalTensor, Catalogue, CatalogueSummary};
+pub use checkpoint::{Checkpoint, CheckpointError};
 pub use spec::{Architecture, ModelSpec, MoeSpec};
 
 /// Why a model could not be read.

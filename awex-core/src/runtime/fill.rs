@@ -1,4 +1,7 @@
 //! Deterministic weights for demos and tests: every canonical byte is a function of (tensor, version, offset).
+//!
+//! The source is either synthetic (pseudo-random bytes) or an HF checkpoint, whose bytes are
+//! version 0; later versions flip bits of it with the synthetic stream, so every version differs.
 
 use crate::layout::copy::StridedBox;
 use crate::layout::{Dims, RankLayout};
@@ -30,6 +33,46 @@ pub fn canonical_bytes_at(seed: u64, at: u64, out: &mut [u8]) {
     }
 }
 
+/// Where canonical weights come from.
+#[derive(Clone)]
+pub enum Weights {
+    /// Pseudo-random bytes per (tensor, version).
+    Synthetic,
+    /// An HF checkpoint (version 0), perturbed deterministically for later versions.
+    Checkpoint(std::sync::Arc<crate::model::Checkpoint>),
+}
+
+impl Weights {
+    /// Canonical bytes `[at, at + out.len())` of tensor `name` at `version`.
+    pub fn bytes_at(&self, name: &str, version: u64, at: u64, out: &mut [u8]) {
+        match self {
+            Weights::Synthetic => canonical_bytes_at(seed(name, version), at, out),
+            Weights::Checkpoint(ck) => {
+                let src = ck.tensor(name).unwrap_or(&[]);
+                let a = (at as usize).min(src.len());
+                let b = (a + out.len()).min(src.len());
+                out[..b - a].copy_from_slice(&src[a..b]);
+                out[b - a..].fill(0);
+                if version > 0 {
+                    let mut noise = vec![0u8; out.len()];
+                    canonical_bytes_at(seed(name, version), at, &mut noise);
+                    for (o, n) in out.iter_mut().zip(noise) {
+                        *o ^= n;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A whole canonical tensor at `version`.
+    pub fn tensor(&self, cat: &Catalogue, name: &str, version: u64) -> Option<Vec<u8>> {
+        let c = cat.get(name)?;
+        let mut v = vec![0u8; c.nbytes() as usize];
+        self.bytes_at(name, version, 0, &mut v);
+        Some(v)
+    }
+}
+
 /// A whole canonical tensor's bytes at `version`.
 pub fn canonical_tensor(cat: &Catalogue, name: &str, version: u64) -> Option<Vec<u8>> {
     let c = cat.get(name)?;
@@ -38,10 +81,22 @@ pub fn canonical_tensor(cat: &Catalogue, name: &str, version: u64) -> Option<Vec
     Some(v)
 }
 
+/// [`fill_or_check_from`] with synthetic weights.
+pub fn fill_or_check(
+    layout: &RankLayout,
+    cat: &Catalogue,
+    tensors: &TensorSet,
+    version: u64,
+    check: bool,
+) -> Result<(), String> {
+    fill_or_check_from(&Weights::Synthetic, layout, cat, tensors, version, check)
+}
+
 /// Fills (`check = false`) or checks (`check = true`) a rank's tensors against the canonical
 /// weights of `version`: placed boxes hold canonical bytes (converted to the local dtype),
 /// everything else is zero. Returns the first mismatch, described.
-pub fn fill_or_check(
+pub fn fill_or_check_from(
+    weights: &Weights,
     layout: &RankLayout,
     cat: &Catalogue,
     tensors: &TensorSet,
@@ -62,7 +117,6 @@ pub fn fill_or_check(
             let Some(c) = cat.get(&p.canonical) else {
                 return Err(format!("unknown canonical `{}`", p.canonical));
             };
-            let s = seed(&p.canonical, version);
             let ce = c.dtype.size() as u64;
             let b = StridedBox::new(
                 &c.shape,
@@ -78,7 +132,7 @@ pub fn fill_or_check(
                     return;
                 }
                 row.resize((n * ce) as usize, 0);
-                canonical_bytes_at(s, src * ce, &mut row);
+                weights.bytes_at(&p.canonical, version, src * ce, &mut row);
                 let want: &[u8] = if c.dtype == t.dtype {
                     &row
                 } else {
