@@ -103,16 +103,17 @@ struct Joined {
     commit_wait: Duration,
 }
 
-/// The state of one rank.
+/// The state of one rank. Fields drop in order: the transport first, then the registered
+/// tensors it addresses, the runtime last.
 struct Core {
-    cfg: RankConfig,
-    prepared: Prepared,
-    rt: tokio::runtime::Runtime,
+    joined: Option<Joined>,
     /// Registered tensors, in registration order, and their index by name.
     registered: Vec<Held>,
     by_name: HashMap<String, usize>,
-    joined: Option<Joined>,
+    cfg: RankConfig,
+    prepared: Prepared,
     closed: bool,
+    rt: tokio::runtime::Runtime,
 }
 
 /// A training or inference rank of a pair (the engine of `awex.Writer` / `awex.Reader`).
@@ -382,13 +383,13 @@ impl Endpoint {
         let prepared = py.detach(|| prepare(&cfg).map_err(Fail::from))?;
         Ok(Endpoint {
             core: Mutex::new(Core {
-                cfg,
-                prepared,
-                rt,
+                joined: None,
                 registered: Vec::new(),
                 by_name: HashMap::new(),
-                joined: None,
+                cfg,
+                prepared,
                 closed: false,
+                rt,
             }),
         })
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -64,9 +65,9 @@ class Pair:
 
 
 def run_and_verify(gateway: str, pair_name: str, model, train: str, infer: str, transport: str,
-                   versions: int = 2) -> None:
+                   versions: int = 2, checksums: bool = False) -> None:
     rng = np.random.default_rng(7)
-    p = Pair(gateway, pair_name, model, train, infer, transport)
+    p = Pair(gateway, pair_name, model, train, infer, transport, checksums=checksums)
     try:
         w_layouts = [w.layout() for w in p.writers]
         shapes = canonical_shapes(w_layouts)
@@ -100,6 +101,10 @@ def run_and_verify(gateway: str, pair_name: str, model, train: str, infer: str, 
             sent = sum(r["bytes"] for r in results[: len(p.writers)])
             received = sum(r["bytes"] for r in results[len(p.writers):])
             assert sent == received > 0
+            if checksums:
+                sums = [sum(r["checksum"] for r in part) % 2**64
+                        for part in (results[: len(p.writers)], results[len(p.writers):])]
+                assert sums[0] == sums[1] != 0
             for reader, arrays in zip(p.readers, r_arrays):
                 for t in reader.layout():
                     want = expected_local(t, canonical, np_dtype(t["dtype"]))
@@ -125,7 +130,9 @@ def run_and_verify(gateway: str, pair_name: str, model, train: str, infer: str, 
     ],
 )
 def test_numpy_pair_moves_every_byte_exactly(gateway, pair_name, transport, train, infer):
-    run_and_verify(gateway, pair_name, TINY_F32, train, infer, transport)
+    # the FSDP pairs also run with per-bucket checksums, verified by the receivers
+    run_and_verify(gateway, pair_name, TINY_F32, train, infer, transport,
+                   checksums=train.startswith("fsdp"))
 
 
 def test_fp32_trainer_to_bf16_engine_rounds_like_ml_dtypes(gateway, pair_name):
@@ -250,5 +257,32 @@ def test_rank_waiting_without_an_update_times_out(gateway, pair_name):
         p.join()
         with pytest.raises(TimeoutError, match=r"waiting for update 1 of pair `.*` did not finish within 0\.3 s"):
             p.readers[0].update(1, timeout=0.3)
+    finally:
+        p.close()
+
+
+def test_update_takes_the_next_version_and_keeps_a_newer_one_for_later(gateway, pair_name):
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
+    try:
+        (w,), (r,) = p.writers, p.readers
+        for x in (w, r):
+            x.register({t["name"]: np.ones(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        p.ctl.start_update(1)
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            futures = [ex.submit(x.update, timeout=30) for x in (w, r)]
+            assert [f.result(timeout=30)["version"] for f in futures] == [1, 1]
+        p.ctl.start_update(2)
+        with pytest.raises(awex.AwexError, match=re.escape(
+                "the gateway started version 2 while inference rank 0/0 waited for version 1; call update(2)")):
+            r.update(1, timeout=10)
+        with ThreadPoolExecutor(max_workers=1) as ex:
+            f = ex.submit(w.update, 2, timeout=30)
+            assert r.update(2, timeout=30)["version"] == 2
+            assert f.result(timeout=30)["version"] == 2
+        assert p.ctl.wait_update(2)["state"] == "committed"
+        assert p.ctl.status()["serving_version"] == 2
     finally:
         p.close()
