@@ -27,7 +27,7 @@ pub struct StridedBox {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CopyError {
     /// The box does not fit one of the tensors (box extent, offset and the tensor's shape).
-    #[error("box {0} does not fit")]
+    #[error("{0}")]
     OutOfBounds(Box<str>),
     /// A buffer is smaller than its shape says.
     #[error("{0}")]
@@ -65,7 +65,7 @@ fn check_fit(extent: &Dims, offset: &Dims, shape: &Dims) -> Result<Dims, CopyErr
         && (0..shape.ndim()).all(|i| offset.get(i) + w.get(i) <= shape.get(i));
     if !fits {
         return Err(CopyError::OutOfBounds(
-            format!("{extent} at {offset} of a tensor of shape {shape}").into(),
+            format!("box {extent} at {offset} does not fit a tensor of shape {shape}").into(),
         ));
     }
     Ok(w)
