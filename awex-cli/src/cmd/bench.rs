@@ -3,8 +3,9 @@
 //! `bench ipc` times a colocated weight update over CUDA IPC. It runs as two processes: this
 //! one is the inference rank; it starts itself again as the training rank (the hidden
 //! `bench ipc-sender`). The sender allocates its rank's tensors in one contiguous buffer, as
-//! Megatron's contiguous parameter buffer holds them, fills every tensor with deterministic
-//! bytes, exports one IPC handle per allocation and an inter-process "ready" event, and hands
+//! Megatron's contiguous parameter buffer holds them (or, with `--sender-alloc per-tensor`, one
+//! allocation per tensor, as PyTorch's caching allocator gives them), fills every tensor with
+//! deterministic bytes, exports one IPC handle per allocation and an inter-process "ready" event, and hands
 //! them over on its stdout. The receiver allocates its own tensors one allocation each (as a
 //! caching allocator gives them), plans its rank, opens the handles, and per update asks the
 //! sender for "ready", then copies every planned box device-to-device after that event and
