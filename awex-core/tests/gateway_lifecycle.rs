@@ -228,6 +228,10 @@ async fn versions_commit_when_every_rank_succeeds_and_disconnect_reaches_every_r
     );
     assert_eq!(join_raw["roster"].as_array().unwrap().len(), 6);
     assert_eq!(join_raw["kv"], json!({"nccl-unique-id": "0a0b0c"}));
+    assert_eq!(
+        join_raw["last_event_seq"], 2,
+        "a restarted rank starts after the events it missed"
+    );
     client.disconnect("lc").await.unwrap();
     for log in logs(ranks).await {
         assert_eq!(
