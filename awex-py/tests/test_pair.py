@@ -286,3 +286,29 @@ def test_update_takes_the_next_version_and_keeps_a_newer_one_for_later(gateway, 
         assert p.ctl.status()["serving_version"] == 2
     finally:
         p.close()
+
+
+def test_ctrl_c_interrupts_a_rank_waiting_for_an_update_and_leaves_it_usable(gateway, pair_name):
+    import _thread
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
+    try:
+        (w,), (r,) = p.writers, p.readers
+        for x in (w, r):
+            x.register({t["name"]: np.full(t["shape"], 2.0, np.float32) for t in x.layout()})
+        p.join()
+        assert p.ctl.wait_ready(timeout=10)["state"] == "ready"
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            r.update(1)  # no update was started: only the interrupt ends this wait
+        assert time.monotonic() - t0 < 5
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            futures = [ex.submit(x.update, 1, timeout=30) for x in (w, r)]
+            p.ctl.update(1, timeout=30)
+            assert [f.result(timeout=30)["state"] for f in futures] == ["committed", "committed"]
+    finally:
+        p.close()
