@@ -531,6 +531,26 @@ impl Endpoint {
                     ))
                     .into());
                 }
+                _ => {}
+            }
+            // an event this rank did not take in time may be for an attempt that is over (a
+            // retry of the version is queued behind it): only the live attempt is executed
+            let client = j.rank.client().clone();
+            let (p, v) = (pair.clone(), w.version);
+            let live = wait(
+                py,
+                &core.rt,
+                "reading the update's state",
+                None,
+                async move { client.update_status(&p, v).await },
+            )?;
+            match live {
+                Ok(st)
+                    if st.attempt > w.attempt
+                        || (st.attempt == w.attempt && st.state.is_final()) =>
+                {
+                    continue;
+                }
                 _ => break w,
             }
         };

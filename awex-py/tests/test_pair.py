@@ -245,6 +245,11 @@ def test_update_failure_names_the_missing_rank(gateway, pair_name):
         assert str(failed.value).startswith(f"version 1 of pair `{pair_name}` failed: ")
         # the writer waited for a reader that never came; both ranks see the failure
         assert len(errors) == 2 and all(e.version == 1 for e in errors)
+        # the controller retries the version; with every rank taking part it commits
+        with ThreadPoolExecutor(max_workers=3) as ex:
+            futures = [ex.submit(x.update, 1, timeout=30) for x in p.all()]
+            assert p.ctl.update(1, timeout=30)["attempt"] == 2
+            assert [f.result(timeout=30)["attempt"] for f in futures] == [2, 2, 2]
     finally:
         p.close()
 
