@@ -3,6 +3,8 @@
 use super::{Pair, PlanError, Transfer};
 use crate::layout::{Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Buffers reused across tensors of one rank's plan.
 #[derive(Default)]
@@ -10,7 +12,6 @@ pub(super) struct Scratch {
     ranks: Vec<RankId>,
     loads: Vec<u64>,
     ties: Vec<u64>,
-    cands: Vec<u32>,
     pieces: Vec<Piece>,
     order: Vec<u32>,
 }
@@ -119,8 +120,9 @@ pub(super) fn assign_tensor(
 
     // cut every destination box into cells held by one set of source candidates
     s.pieces.clear();
-    s.cands.clear();
     let mut flat: Vec<Cand> = Vec::new();
+    // candidate sets seen in this tensor (by the source regions they come from) -> range in `flat`
+    let mut sets: Vec<(Vec<u32>, (u32, u32))> = Vec::new();
     let mut cells: Vec<(Region, (u32, u32))> = Vec::new();
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
@@ -132,25 +134,35 @@ pub(super) fn assign_tensor(
             .map(|(i, _)| i)
             .collect();
         let mut push_cell = |cell: Region, flat: &mut Vec<Cand>| -> Result<(), PlanError> {
-            let start = flat.len() as u32;
-            for &i in &hit {
-                if regions[i].0.contains(&cell) {
-                    flat.extend_from_slice(&regions[i].1);
-                }
-            }
-            if flat.len() as u32 == start {
+            let set: Vec<u32> = hit
+                .iter()
+                .filter(|&&i| regions[i].0.contains(&cell))
+                .map(|&i| i as u32)
+                .collect();
+            if set.is_empty() {
                 return Err(PlanError::Uncovered {
                     canonical: c.name.clone(),
                     region: cell.to_string(),
                     dst: dh.ranks.first().copied().unwrap_or(RankId::infer(0, 0)),
                 });
             }
-            cells.push((cell, (start, flat.len() as u32)));
+            let range = match sets.iter().find(|(k, _)| *k == set) {
+                Some((_, r)) => *r,
+                None => {
+                    let start = flat.len() as u32;
+                    for &i in &set {
+                        flat.extend_from_slice(&regions[i as usize].1);
+                    }
+                    let r = (start, flat.len() as u32);
+                    sets.push((set, r));
+                    r
+                }
+            };
+            cells.push((cell, range));
             Ok(())
         };
-        if let Some(&i) = hit.iter().find(|&&i| regions[i].0.contains(&want)) {
+        if hit.iter().any(|&i| regions[i].0.contains(&want)) {
             // common case: one source region holds the whole destination box
-            let _ = i;
             push_cell(want, &mut flat)?;
         } else {
             let boxes: Vec<Region> = hit.iter().map(|&i| regions[i].0).collect();
@@ -167,15 +179,15 @@ pub(super) fn assign_tensor(
             }
         }
         for (cell, range) in &cells {
-            for cand in &flat[range.0 as usize..range.1 as usize] {
-                let sd = src[cand.holder as usize].dtype;
-                if !sd.converts_to(dh.dtype) {
-                    return Err(PlanError::DType {
-                        canonical: c.name.clone(),
-                        src: sd,
-                        dst: dh.dtype,
-                    });
-                }
+            if let Some(cand) = flat[range.0 as usize..range.1 as usize]
+                .iter()
+                .find(|cand| !src[cand.holder as usize].dtype.converts_to(dh.dtype))
+            {
+                return Err(PlanError::DType {
+                    canonical: c.name.clone(),
+                    src: src[cand.holder as usize].dtype,
+                    dst: dh.dtype,
+                });
             }
             for &r in &dh.ranks {
                 s.pieces.push(Piece {
@@ -190,34 +202,48 @@ pub(super) fn assign_tensor(
         }
     }
 
-    // greedy: largest pieces first, each to the least-loaded candidate (ties by a per-tensor hash)
+    // greedy: largest pieces first, each to the least-loaded candidate (ties by a per-tensor
+    // hash, then by position); one lazy min-heap per candidate set: loads only grow, so an entry
+    // whose recorded load is current is a true minimum
     s.order.clear();
     s.order.extend(0..s.pieces.len() as u32);
     {
         let pieces = &s.pieces;
-        s.order.sort_by(|&a, &b| {
-            pieces[b as usize]
+        let by_size = |a: &u32, b: &u32| {
+            pieces[*b as usize]
                 .bytes
-                .cmp(&pieces[a as usize].bytes)
-                .then(a.cmp(&b))
-        });
+                .cmp(&pieces[*a as usize].bytes)
+                .then(a.cmp(b))
+        };
+        if !s.order.is_sorted_by(|a, b| by_size(a, b).is_le()) {
+            s.order.sort_by(by_size);
+        }
     }
+    let mut heaps: Vec<BinaryHeap<Reverse<(u64, u64, u32)>>> = vec![BinaryHeap::new(); sets.len()];
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
-        let mut best = u32::MAX;
-        let mut best_key = (u64::MAX, u64::MAX);
-        for (ci, cand) in flat[p.cands.0 as usize..p.cands.1 as usize]
-            .iter()
-            .enumerate()
-        {
-            let key = (s.loads[cand.rank as usize], s.ties[cand.rank as usize]);
-            if key < best_key {
-                best_key = key;
-                best = p.cands.0 + ci as u32;
+        let hi = sets.iter().position(|(_, r)| *r == p.cands).unwrap_or(0);
+        let heap = &mut heaps[hi];
+        if heap.is_empty() {
+            for pos in p.cands.0..p.cands.1 {
+                let r = flat[pos as usize].rank as usize;
+                heap.push(Reverse((s.loads[r], s.ties[r], pos)));
             }
         }
+        let best = loop {
+            let Some(Reverse((load, tie, pos))) = heap.pop() else {
+                break p.cands.0;
+            };
+            let r = flat[pos as usize].rank as usize;
+            if load == s.loads[r] {
+                break pos;
+            }
+            heap.push(Reverse((s.loads[r], tie, pos)));
+        };
         p.chosen = best;
-        s.loads[flat[best as usize].rank as usize] += p.bytes;
+        let r = flat[best as usize].rank as usize;
+        s.loads[r] += p.bytes;
+        heap.push(Reverse((s.loads[r], s.ties[r], best)));
     }
 
     // emit the pieces that involve this rank
