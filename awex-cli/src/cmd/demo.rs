@@ -110,6 +110,9 @@ pub struct DemoReport {
     pub memcpy_gbps: f64,
     /// Median update GB/s over the memcpy GB/s.
     pub ratio: f64,
+    /// One loopback TCP stream's bandwidth measured in this run, GB/s (tcp transport only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp_loopback_gbps: Option<f64>,
     /// Shared-memory segments of this pair left behind after disconnect.
     pub leaked_segments: Vec<String>,
     /// Rank processes that did not exit cleanly.
@@ -130,6 +133,48 @@ pub fn memcpy_gbps() -> f64 {
         best = best.min(t.elapsed().as_secs_f64());
     }
     n as f64 / best / 1e9
+}
+
+/// Best-of-3 bandwidth of one loopback TCP stream carrying 512 MiB in 64 MiB writes (bytes per second).
+pub fn tcp_loopback_gbps() -> anyhow::Result<f64> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let total = 512usize << 20;
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; 64 << 20];
+        for _ in 0..3 {
+            let mut got = 0;
+            while got < total {
+                let n = s.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(());
+                }
+                got += n;
+            }
+            s.write_all(&[1])?;
+        }
+        Ok(())
+    });
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_nodelay(true).ok();
+    let chunk = vec![7u8; 64 << 20];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for _ in 0..total / chunk.len() {
+            s.write_all(&chunk)?;
+        }
+        let mut ack = [0u8; 1];
+        s.read_exact(&mut ack)?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    drop(s);
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("loopback reader panicked"))??;
+    Ok(total as f64 / best / 1e9)
 }
 
 struct Workers {
@@ -334,6 +379,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "memcpy floor (1 thread, same run): {:.2} GB/s; median update / floor = {:.2}",
             report.memcpy_gbps, report.ratio
         );
+        if let Some(t) = report.tcp_loopback_gbps {
+            println!("one loopback TCP stream (same run): {t:.2} GB/s");
+        }
         for e in &report.worker_errors {
             println!("{e}");
         }
@@ -353,6 +401,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Result<DemoReport> {
     let floor = memcpy_gbps();
+    let tcp_floor = if transport == TransportKind::Tcp {
+        Some(tcp_loopback_gbps()?)
+    } else {
+        None
+    };
     let token = format!(
         "{:032x}",
         xxhash_rust::xxh3::xxh3_128(
@@ -606,6 +659,7 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         updates: rows,
         memcpy_gbps: floor,
         ratio: if floor > 0.0 { median / floor } else { 0.0 },
+        tcp_loopback_gbps: tcp_floor,
         leaked_segments: leaked,
         worker_errors,
     })
