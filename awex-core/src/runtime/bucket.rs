@@ -101,7 +101,7 @@ pub fn pack(
             RuntimeError::Transport(format!("bucket buffer of {cap} bytes is too small"))
         })?;
         copy_box(
-            v.bytes(),
+            v.try_bytes()?,
             &v.shape,
             &so,
             v.dtype,
@@ -138,7 +138,7 @@ pub fn unpack(
             ))
         })?;
         // SAFETY: each destination box is written by exactly one piece of one bucket (the plan is exact).
-        let out = unsafe { v.bytes_mut() };
+        let out = unsafe { v.try_bytes_mut()? };
         copy_box(
             src,
             &e,
@@ -170,7 +170,7 @@ pub fn hash_destination(
             .ok_or_else(|| tensor_err("destination", &t.dst_tensor))?;
         let es = v.dtype.size() as u64;
         let b = StridedBox::new(&e, &Dims::zeros(e.ndim()), &v.shape, &d, &e)?;
-        let bytes = v.bytes();
+        let bytes = v.try_bytes()?;
         b.for_each_run(|_, at, n| h.update(&bytes[(at * es) as usize..((at + n) * es) as usize]));
     }
     Ok(h.digest())

@@ -110,7 +110,7 @@ pub fn fill_or_check_from(
             .get(&t.name)
             .ok_or_else(|| format!("`{}` is not registered", t.name))?;
         // SAFETY: filling happens while no update runs on these tensors.
-        let bytes = unsafe { v.bytes_mut() };
+        let bytes = unsafe { v.try_bytes_mut() }.map_err(|e| e.to_string())?;
         let es = t.dtype.size();
         let mut covered = vec![false; if check { t.shape.numel() as usize } else { 0 }];
         for p in &t.placements {

@@ -8,7 +8,7 @@ pub mod shm;
 mod tensors;
 pub mod transport;
 
-pub use tensors::{TensorSet, TensorView};
+pub use tensors::{Location, TensorSet, TensorView};
 
 use crate::layout::RankId;
 

@@ -4,7 +4,7 @@
 use super::RuntimeError;
 use super::tensors::TensorSet;
 use super::transport::{
-    ExecContext, ExecStats, ShmTransport, TcpTransport, Transport, TransportKind,
+    CudaIpcTransport, ExecContext, ExecStats, ShmTransport, TcpTransport, Transport, TransportKind,
 };
 use crate::backend::{BackendSpec, side_layout};
 use crate::client::{Client, ClientError};
@@ -121,23 +121,22 @@ pub fn make_transport(
     prepared: &Prepared,
     tensors: Arc<TensorSet>,
 ) -> Result<Box<dyn Transport>, RuntimeError> {
+    // `...-{pid}-ctl`: the leak sweep (`shm::sweep_dead`) finds the segments of dead ranks
+    let ctl = format!(
+        "awex-{}-{}{}.{}-{}-ctl",
+        cfg.pair,
+        cfg.side.short(),
+        cfg.rank.engine,
+        cfg.rank.rank,
+        std::process::id()
+    );
     match cfg.transport {
-        TransportKind::Shm => {
-            let ctl = format!(
-                "awex-{}-{}{}.{}-{}-ctl",
-                cfg.pair,
-                cfg.side.short(),
-                cfg.rank.engine,
-                cfg.rank.rank,
-                std::process::id()
-            );
-            Ok(Box::new(ShmTransport::new(
-                prepared.plan.clone(),
-                tensors,
-                cfg.bucket_bytes,
-                &ctl,
-            )?))
-        }
+        TransportKind::Shm => Ok(Box::new(ShmTransport::new(
+            prepared.plan.clone(),
+            tensors,
+            cfg.bucket_bytes,
+            &ctl,
+        )?)),
         TransportKind::Tcp => {
             let bind = std::env::var("AWEX_TCP_BIND").unwrap_or_else(|_| format!("{}:0", cfg.host));
             Ok(Box::new(TcpTransport::new(
@@ -148,7 +147,13 @@ pub fn make_transport(
                 &cfg.host,
             )?))
         }
-        TransportKind::CudaIpc | TransportKind::Nccl => Err(RuntimeError::Config(format!(
+        TransportKind::CudaIpc => Ok(Box::new(CudaIpcTransport::new(
+            prepared.plan.clone(),
+            tensors,
+            cfg.bucket_bytes,
+            &ctl,
+        )?)),
+        TransportKind::Nccl => Err(RuntimeError::Config(format!(
             "transport `{}` is not available in the CPU runtime; use shm or tcp",
             cfg.transport
         ))),

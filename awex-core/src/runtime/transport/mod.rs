@@ -5,9 +5,11 @@
 //! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
 //! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
 
+mod cuda_ipc;
 mod shm;
 mod tcp;
 
+pub use cuda_ipc::CudaIpcTransport;
 pub use shm::ShmTransport;
 pub use tcp::TcpTransport;
 

@@ -126,6 +126,7 @@ impl ShmTransport {
         bucket_bytes: u64,
         ctl_name: &str,
     ) -> Result<Self, RuntimeError> {
+        tensors.require_host("the shm transport")?;
         let buckets: Vec<Vec<Bucket>> = plan
             .peers
             .iter()
@@ -321,7 +322,7 @@ impl ShmTransport {
                         ))
                     })?;
                     // SAFETY: the plan writes each destination box exactly once.
-                    let out = unsafe { dst.bytes_mut() };
+                    let out = unsafe { dst.try_bytes_mut()? };
                     copy_box(
                         src,
                         &t.src_shape,
@@ -378,8 +379,10 @@ pub(crate) fn corrupt_first_byte(
             let (_, d, _) = piece_box(t, p);
             let at = v.shape.linear(&d) as usize * v.dtype.size();
             // SAFETY: the box is inside the tensor (checked by the copy that wrote it).
-            let out = unsafe { v.bytes_mut() };
-            if let Some(x) = out.get_mut(at) {
+            if let Some(x) = unsafe { v.try_bytes_mut() }
+                .ok()
+                .and_then(|out| out.get_mut(at))
+            {
                 *x ^= 0x5a;
             }
         }

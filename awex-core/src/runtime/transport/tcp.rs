@@ -89,6 +89,7 @@ impl TcpTransport {
         bind: &str,
         advertise_host: &str,
     ) -> Result<Self, RuntimeError> {
+        tensors.require_host("the tcp transport")?;
         let buckets = plan
             .peers
             .iter()
