@@ -7,8 +7,12 @@ use std::sync::Mutex;
 /// The drills are timing-sensitive: run one demo at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// Taken for the whole test, so that the shared-memory checks see no other demo's segments.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn demo(args: &[&str]) -> (i32, Value, String) {
-    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
         .arg("demo")
         .args(["--model", "qwen3-tiny", "--json"])
@@ -22,6 +26,8 @@ fn demo(args: &[&str]) -> (i32, Value, String) {
 }
 
 fn no_segments_left() {
+    // not while another test's demo runs: its segments are alive
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -32,6 +38,7 @@ fn no_segments_left() {
 
 #[test]
 fn shm_demo_verifies_every_update_bit_for_bit() {
+    let _one = one_at_a_time();
     let (code, j, err) = demo(&[
         "--train",
         "megatron:tp=2,pp=2",
@@ -57,6 +64,7 @@ fn shm_demo_verifies_every_update_bit_for_bit() {
 
 #[test]
 fn tcp_demo_with_checksums_verifies_and_converts_fp32() {
+    let _one = one_at_a_time();
     let (code, j, err) = demo(&[
         "--transport",
         "tcp",
@@ -75,6 +83,7 @@ fn tcp_demo_with_checksums_verifies_and_converts_fp32() {
 
 #[test]
 fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
+    let _one = one_at_a_time();
     let (code, j, err) = demo(&[
         "--fault-kill-train-rank",
         "1",
@@ -111,6 +120,7 @@ fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
 
 #[test]
 fn corrupted_bucket_fails_the_update_with_checksums_on() {
+    let _one = one_at_a_time();
     for transport in ["shm", "tcp"] {
         let (code, j, err) = demo(&[
             "--transport",
@@ -140,6 +150,7 @@ fn corrupted_bucket_fails_the_update_with_checksums_on() {
 
 #[test]
 fn rank_with_a_disagreeing_layout_is_refused_at_join() {
+    let _one = one_at_a_time();
     let (code, _, err) = demo(&["--fault-bad-infer", "sglang:tp=4"]);
     assert_eq!(code, 2);
     assert!(
@@ -152,6 +163,7 @@ fn rank_with_a_disagreeing_layout_is_refused_at_join() {
 
 #[test]
 fn gpu_transports_say_so_clearly() {
+    let _one = one_at_a_time();
     let (code, _, err) = demo(&["--transport", "nccl"]);
     assert_eq!(code, 2);
     assert!(err.contains("use --transport shm or tcp"), "{err}");
@@ -172,6 +184,7 @@ fn safetensor(path: &std::path::Path, name: &str) -> Vec<u8> {
 
 #[test]
 fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
+    let _one = one_at_a_time();
     // a first run dumps canonical weights; they become an HF checkpoint for a second run
     let tmp = tempfile::tempdir().unwrap();
     let first = tmp.path().join("first");
@@ -234,4 +247,42 @@ fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
     );
     assert_eq!(local1[..488 * 128], ckpt[512 * 128..]);
     assert!(local1[488 * 128..].iter().all(|&b| b == 0));
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_ipc_demo_on_a_build_without_cuda_says_so() {
+    let _one = one_at_a_time();
+    let (code, j, err) = demo(&["--transport", "cuda-ipc"]);
+    assert_eq!((code, j), (2, Value::Null));
+    assert!(
+        err.contains("this awex-cli was built without CUDA, so the demo cannot use `cuda-ipc`; rebuild with `cargo build --release -p awex-cli --features cuda`"),
+        "{err}"
+    );
+    no_segments_left();
+}
+
+/// Needs a GPU and a `--features cuda` build: `cargo test -p awex-cli --features cuda --test
+/// demo -- --ignored cuda_ipc`.
+#[test]
+#[ignore = "needs a GPU and --features cuda"]
+fn cuda_ipc_demo_verifies_every_update_on_the_gpu() {
+    let (code, j, err) = demo(&[
+        "--transport",
+        "cuda-ipc",
+        "--train",
+        "megatron:tp=2",
+        "--infer",
+        "sglang:tp=2,engines=2",
+    ]);
+    assert_eq!(code, 0, "{err}\n{j}");
+    assert_eq!(j["transport"], "cuda-ipc");
+    assert_eq!(j["verified"], true);
+    assert_eq!(j["updates"].as_array().map(Vec::len), Some(3));
+    assert!(
+        j["device_copy_gbps"].as_f64().is_some_and(|g| g > 0.0),
+        "{j}"
+    );
+    assert_eq!(j["leaked_segments"], serde_json::json!([]));
+    no_segments_left();
 }

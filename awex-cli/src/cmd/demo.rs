@@ -4,6 +4,10 @@
 //! (this binary's hidden `worker` subcommand), connects the pair, runs N updates, has every
 //! inference rank check every byte after every update, disconnects, checks that no shared
 //! memory is left behind, and prints a table with the memcpy floor measured in the same run.
+//!
+//! With `--transport cuda-ipc` every rank keeps its tensors on GPU `--gpu` (training and
+//! inference processes colocated on one GPU); the floor is then one device-to-device copy on
+//! that GPU, measured in the same run.
 
 use super::plan::{DEFAULT_INFER, DEFAULT_MODEL, DEFAULT_TRAIN, Resolved, human_bytes};
 use anyhow::{Context, bail};
@@ -23,7 +27,7 @@ use std::time::{Duration, Instant};
 /// Arguments of `awex-cli demo`.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
-    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
+    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory.
@@ -38,6 +42,9 @@ pub struct Args {
     /// How bytes move: shm, tcp (CPU); cuda-ipc, nccl (GPU).
     #[arg(long, default_value = "shm")]
     pub transport: String,
+    /// GPU of every rank with `--transport cuda-ipc`.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
     /// Number of updates (versions 1..=N).
     #[arg(long, default_value_t = 3)]
     pub updates: u64,
@@ -108,7 +115,10 @@ pub struct DemoReport {
     pub updates: Vec<UpdateRow>,
     /// Single-thread memcpy bandwidth measured in this run, GB/s.
     pub memcpy_gbps: f64,
-    /// Median update GB/s over the memcpy GB/s.
+    /// One device-to-device copy on the demo's GPU, measured in this run, GB/s (cuda-ipc only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_copy_gbps: Option<f64>,
+    /// Median update GB/s over the floor: the device copy for cuda-ipc, else memcpy.
     pub ratio: f64,
     /// One loopback TCP stream's bandwidth measured in this run, GB/s (tcp transport only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -117,6 +127,54 @@ pub struct DemoReport {
     pub leaked_segments: Vec<String>,
     /// Rank processes that did not exit cleanly.
     pub worker_errors: Vec<String>,
+}
+
+/// Best-of-5 bandwidth of one 1 GiB device-to-device copy on GPU `gpu` (bytes copied per second).
+pub fn device_copy_gbps(gpu: u32) -> anyhow::Result<f64> {
+    use awex_core::cuda::{CopyDesc, CopyEngine, Device};
+    let n = 1u64 << 30;
+    let dev = Device::open(gpu)?;
+    let src = dev.alloc(n)?;
+    let dst = dev.alloc(n)?;
+    let engine = CopyEngine::new(&dev, 1)?;
+    let copy = [CopyDesc::linear(src.ptr(), dst.ptr(), n)];
+    let mut best = f64::MAX;
+    for i in 0..6 {
+        let t = Instant::now();
+        engine.launch(&copy, None, None)?;
+        engine.sync()?;
+        // the first copy warms up
+        if i > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(n as f64 / best / 1e9)
+}
+
+/// Refuses the GPU transports where they cannot run, saying why: a build without CUDA, no
+/// driver, no GPU, or no GPU `gpu`.
+pub fn check_gpu_transport(transport: TransportKind, gpu: u32) -> anyhow::Result<()> {
+    match transport {
+        TransportKind::Shm | TransportKind::Tcp => Ok(()),
+        TransportKind::Nccl => bail!(
+            "the demo does not run the `nccl` transport yet; use --transport shm or tcp (CPU) or cuda-ipc (one GPU)"
+        ),
+        TransportKind::CudaIpc => {
+            if !awex_core::cuda::BUILT {
+                bail!(
+                    "this awex-cli was built without CUDA, so the demo cannot use `cuda-ipc`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
+                );
+            }
+            let count = awex_core::cuda::device_count()?;
+            if gpu >= count {
+                bail!(awex_core::cuda::CudaError::NoSuchDevice {
+                    ordinal: gpu,
+                    count
+                });
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Best-of-5 single-thread memcpy bandwidth over 256 MiB buffers (bytes copied per second).
@@ -258,6 +316,43 @@ async fn wait_verdict(
     }
 }
 
+/// Waits until every training rank says its tensors hold `version` (kv `filled.{rank}`).
+async fn wait_filled(
+    client: &Client,
+    pair: &str,
+    r: &Resolved,
+    version: u64,
+    workers: &mut Workers,
+) -> anyhow::Result<()> {
+    let stop_by = Instant::now() + Duration::from_secs(600);
+    for rank in r.training.ranks() {
+        let key = super::worker::filled_key(rank.rank);
+        loop {
+            match client.get_kv(pair, &key, Duration::from_secs(1)).await {
+                Ok(e) if e.value.get("version").and_then(|v| v.as_u64()) >= Some(version) => {
+                    break;
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) if e.status() == Some(404) => {}
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("waiting for {key}"))),
+            }
+            if let Some(e) = workers.exited() {
+                bail!(
+                    "{e} before training rank {} uploaded version {version}",
+                    rank.rank
+                );
+            }
+            if Instant::now() > stop_by {
+                bail!(
+                    "training rank {} did not upload version {version} within 600 s",
+                    rank.rank
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Waits until every rank joined the pair (a worker that dies first is an error).
 async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyhow::Result<()> {
     loop {
@@ -315,6 +410,7 @@ fn worker_command(
             &a.bucket_mib.to_string(),
         ])
         .args(["--first-version", &first_version(a).to_string()])
+        .args(["--gpu", &a.gpu.to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
     if let Some(d) = &a.dump_dir {
@@ -339,11 +435,7 @@ fn first_version(a: &Args) -> u64 {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let transport: TransportKind = args.transport.parse()?;
-    if matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl) {
-        bail!(
-            "the demo's `{transport}` transport needs the GPU runtime, which this build does not include yet; use --transport shm or tcp"
-        );
-    }
+    check_gpu_transport(transport, args.gpu)?;
     if args.updates == 0 {
         bail!("--updates must be at least 1");
     }
@@ -375,10 +467,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .unwrap_or_default()
             );
         }
-        println!(
-            "memcpy floor (1 thread, same run): {:.2} GB/s; median update / floor = {:.2}",
-            report.memcpy_gbps, report.ratio
-        );
+        match report.device_copy_gbps {
+            Some(g) => println!(
+                "device copy floor (one 1 GiB cuMemcpyDtoD on GPU {}, same run): {:.2} GB/s; median update / floor = {:.4}",
+                args.gpu, g, report.ratio
+            ),
+            None => println!(
+                "memcpy floor (1 thread, same run): {:.2} GB/s; median update / floor = {:.2}",
+                report.memcpy_gbps, report.ratio
+            ),
+        }
         if let Some(t) = report.tcp_loopback_gbps {
             println!("one loopback TCP stream (same run): {t:.2} GB/s");
         }
@@ -401,6 +499,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Result<DemoReport> {
     let floor = memcpy_gbps();
+    let device_floor = match transport {
+        TransportKind::CudaIpc => Some(
+            device_copy_gbps(a.gpu)
+                .with_context(|| format!("measuring the copy floor on GPU {}", a.gpu))?,
+        ),
+        _ => None,
+    };
     let tcp_floor = if transport == TransportKind::Tcp {
         Some(tcp_loopback_gbps()?)
     } else {
@@ -505,6 +610,10 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
     while version < first + a.updates {
         attempts += 1;
         bar.set_message(format!("version {version}, attempt {attempts}"));
+        if transport == TransportKind::CudaIpc {
+            // the trainers upload each version before it is timed, as the shm trainers fill it
+            wait_filled(&client, &pair, r, version, &mut workers).await?;
+        }
         let t0 = Instant::now();
         client
             .start_update(&pair, version)
@@ -658,9 +767,57 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         inference: r.infer_spec.to_string(),
         updates: rows,
         memcpy_gbps: floor,
-        ratio: if floor > 0.0 { median / floor } else { 0.0 },
+        device_copy_gbps: device_floor,
+        ratio: match device_floor.unwrap_or(floor) {
+            f if f > 0.0 => median / f,
+            _ => 0.0,
+        },
         tcp_loopback_gbps: tcp_floor,
         leaked_segments: leaked,
         worker_errors,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_transports_need_no_gpu_and_nccl_names_the_alternatives() {
+        for t in [TransportKind::Shm, TransportKind::Tcp] {
+            assert!(check_gpu_transport(t, 7).is_ok());
+        }
+        assert_eq!(
+            check_gpu_transport(TransportKind::Nccl, 0)
+                .unwrap_err()
+                .to_string(),
+            "the demo does not run the `nccl` transport yet; use --transport shm or tcp (CPU) or cuda-ipc (one GPU)"
+        );
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_ipc_without_the_cuda_feature_says_the_binary_lacks_cuda() {
+        assert_eq!(
+            check_gpu_transport(TransportKind::CudaIpc, 0)
+                .unwrap_err()
+                .to_string(),
+            "this awex-cli was built without CUDA, so the demo cannot use `cuda-ipc`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
+        );
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda_ipc_without_a_driver_says_no_cuda_driver_found() {
+        if awex_core::cuda::driver_present() {
+            eprintln!("libcuda is present here; the GPU demo covers this machine");
+            return;
+        }
+        assert_eq!(
+            check_gpu_transport(TransportKind::CudaIpc, 0)
+                .unwrap_err()
+                .to_string(),
+            "no CUDA driver found: libcuda could not be loaded (tried libcuda.so and libcuda.so.1 on the library search path); install the NVIDIA driver or run on a machine with a GPU"
+        );
+    }
 }

@@ -4,8 +4,14 @@
 //! and for every update: a training rank fills its tensors with that version's weights and
 //! sends; an inference rank receives, then checks every byte against the version's weights and
 //! publishes the verdict (with version and attempt) under the kv key `verify.{engine}.{rank}`.
+//!
+//! With `--transport cuda-ipc` the tensors live on GPU `--gpu`: a training rank generates each
+//! version on the host, in a staging copy of its tensors, and uploads it before the update
+//! starts (publishing `filled.{rank}` once it is there); an inference rank downloads its
+//! tensors to a host staging copy after each committed update and checks that.
 
 use anyhow::bail;
+use awex_core::RankLayout;
 use awex_core::layout::{RankId, Side};
 use awex_core::runtime::TensorSet;
 use awex_core::runtime::fill::{Weights, fill_or_check_from};
@@ -53,6 +59,9 @@ pub struct Args {
     /// Compute and verify checksums.
     #[arg(long)]
     pub checksum: bool,
+    /// GPU of this rank's tensors (cuda-ipc).
+    #[arg(long, default_value_t = 0)]
+    pub gpu: u32,
     /// Write this rank's tensors here on disconnect.
     #[arg(long)]
     pub dump_dir: Option<PathBuf>,
@@ -75,6 +84,121 @@ pub fn weights_of(model: &str, cat: &awex_core::Catalogue) -> anyhow::Result<Wei
         return Ok(Weights::Checkpoint(Arc::new(ck)));
     }
     Ok(Weights::Synthetic)
+}
+
+/// The kv key under which a training rank says which version its tensors hold (cuda-ipc).
+pub fn filled_key(rank: u32) -> String {
+    format!("filled.{rank}")
+}
+
+/// Cuts a rank layout into at most `parts` layouts of about equal bytes (whole tensors each),
+/// so that filling or checking can run on several threads.
+pub fn split_layout(layout: &RankLayout, parts: usize) -> Vec<RankLayout> {
+    let parts = parts.clamp(1, layout.tensors.len().max(1));
+    let mut out: Vec<RankLayout> = (0..parts)
+        .map(|_| RankLayout {
+            rank: layout.rank,
+            tensors: Vec::new(),
+        })
+        .collect();
+    let mut load = vec![0u64; parts];
+    let mut order: Vec<&awex_core::LocalTensor> = layout.tensors.iter().collect();
+    // largest first, each to the least-loaded part
+    order.sort_by_key(|t| std::cmp::Reverse(t.nbytes()));
+    for t in order {
+        let (i, _) = load
+            .iter()
+            .enumerate()
+            .min_by_key(|&(i, &l)| (l, i))
+            .unwrap_or((0, &0));
+        load[i] += t.nbytes();
+        out[i].tensors.push(t.clone());
+    }
+    out.retain(|l| !l.tensors.is_empty());
+    out
+}
+
+/// [`fill_or_check_from`] on every core: the layout's tensors split over threads.
+pub fn fill_or_check_parallel(
+    weights: &Weights,
+    layout: &RankLayout,
+    cat: &awex_core::Catalogue,
+    tensors: &TensorSet,
+    version: u64,
+    check: bool,
+) -> Result<(), String> {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let parts = split_layout(layout, threads);
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let jobs: Vec<_> = parts
+            .iter()
+            .map(|part| {
+                s.spawn(move || fill_or_check_from(weights, part, cat, tensors, version, check))
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err("a fill thread panicked".into()))
+            })
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
+/// A rank's tensors: registered with the runtime, and (on a GPU) their host staging copy.
+struct Memory {
+    tensors: Arc<TensorSet>,
+    staging: Option<TensorSet>,
+}
+
+impl Memory {
+    /// Writes version `v` into the tensors (on the host, then one upload for GPU tensors).
+    fn fill(
+        &self,
+        weights: &Weights,
+        layout: &RankLayout,
+        cat: &awex_core::Catalogue,
+        v: u64,
+    ) -> anyhow::Result<()> {
+        match &self.staging {
+            None => fill_or_check_from(weights, layout, cat, &self.tensors, v, false),
+            Some(host) => fill_or_check_parallel(weights, layout, cat, host, v, false),
+        }
+        .map_err(anyhow::Error::msg)?;
+        if let Some(host) = &self.staging {
+            self.tensors.upload_from(host)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that the tensors hold version `v` (GPU tensors are downloaded first).
+    fn check(
+        &self,
+        weights: &Weights,
+        layout: &RankLayout,
+        cat: &awex_core::Catalogue,
+        v: u64,
+    ) -> Result<(), String> {
+        match &self.staging {
+            None => fill_or_check_from(weights, layout, cat, &self.tensors, v, true),
+            Some(host) => {
+                self.tensors.download_to(host).map_err(|e| e.to_string())?;
+                fill_or_check_parallel(weights, layout, cat, host, v, true)
+            }
+        }
+    }
+
+    /// The tensors as host memory (GPU tensors downloaded), for dumps.
+    fn host_view(&self) -> anyhow::Result<&TensorSet> {
+        match &self.staging {
+            None => Ok(&self.tensors),
+            Some(host) => {
+                self.tensors.download_to(host)?;
+                Ok(host)
+            }
+        }
+    }
 }
 
 /// Runs the subcommand.
@@ -113,7 +237,15 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     };
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
-    let tensors = if side == Side::Training && transport == TransportKind::Shm {
+    let mem = if transport == TransportKind::CudaIpc {
+        let dev = awex_core::cuda::Device::open(args.gpu)?;
+        let tensors = TensorSet::allocate_cuda(&prepared.layout, &dev)?;
+        let staging = tensors.host_mirror()?;
+        Memory {
+            tensors: Arc::new(tensors),
+            staging: Some(staging),
+        }
+    } else if side == Side::Training && transport == TransportKind::Shm {
         // a rank killed earlier may have left its segments behind
         sweep_dead(&format!("awex-{}-", args.pair));
         let name = format!(
@@ -122,41 +254,37 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
             rank.rank,
             std::process::id()
         );
-        TensorSet::allocate_shm(&prepared.layout, &name)?
+        Memory {
+            tensors: Arc::new(TensorSet::allocate_shm(&prepared.layout, &name)?),
+            staging: None,
+        }
     } else {
-        TensorSet::allocate_host(&prepared.layout)?
+        Memory {
+            tensors: Arc::new(TensorSet::allocate_host(&prepared.layout)?),
+            staging: None,
+        }
     };
-    let tensors = Arc::new(tensors);
+    let tensors = mem.tensors.clone();
+    let (layout, cat) = (&prepared.layout, &prepared.catalogue);
     let mut filled: Option<u64> = None;
     if side == Side::Training {
         // the trainer holds version 1's weights before the first update starts
-        fill_or_check_from(
-            &weights,
-            &prepared.layout,
-            &prepared.catalogue,
-            &tensors,
-            args.first_version,
-            false,
-        )
-        .map_err(anyhow::Error::msg)?;
+        mem.fill(&weights, layout, cat, args.first_version)?;
         filled = Some(args.first_version);
     }
     let t = make_transport(&cfg, &prepared, tensors.clone())?;
     let mut me = Rank::join(cfg, &prepared, &tensors, t).await?;
     me.corrupt_version = args.corrupt_version;
     let checksums = me.joined.options.checksums || args.checksum;
+    // with weights on the GPU the controller waits for each version's upload before timing it
+    let say_filled = side == Side::Training && transport == TransportKind::CudaIpc;
+    if say_filled {
+        put_filled(&me, &args.pair, rank.rank, args.first_version).await?;
+    }
 
     while let Some(work) = me.next_work().await? {
         if side == Side::Training && filled != Some(work.version) {
-            fill_or_check_from(
-                &weights,
-                &prepared.layout,
-                &prepared.catalogue,
-                &tensors,
-                work.version,
-                false,
-            )
-            .map_err(anyhow::Error::msg)?;
+            mem.fill(&weights, layout, cat, work.version)?;
             filled = Some(work.version);
         }
         if args.die_at_version == Some(work.version) {
@@ -181,28 +309,16 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                 if result.is_ok() {
                     // the next version's weights, while the controller starts it
                     let next = work.version + 1;
-                    fill_or_check_from(
-                        &weights,
-                        &prepared.layout,
-                        &prepared.catalogue,
-                        &tensors,
-                        next,
-                        false,
-                    )
-                    .map_err(anyhow::Error::msg)?;
+                    mem.fill(&weights, layout, cat, next)?;
                     filled = Some(next);
+                    if say_filled {
+                        put_filled(&me, &args.pair, rank.rank, next).await?;
+                    }
                 }
             }
             Side::Inference => {
                 let verdict = match &result {
-                    Ok(_) => match fill_or_check_from(
-                        &weights,
-                        &prepared.layout,
-                        &prepared.catalogue,
-                        &tensors,
-                        work.version,
-                        true,
-                    ) {
+                    Ok(_) => match mem.check(&weights, layout, cat, work.version) {
                         Ok(()) => serde_json::json!({ "ok": true }),
                         Err(e) => serde_json::json!({ "ok": false, "error": e }),
                     },
@@ -233,7 +349,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                 .join(format!("engine-{}", rank.engine))
                 .join(format!("rank-{}.safetensors", rank.rank)),
         };
-        let items: Vec<(String, awex_core::DType, Vec<u64>, &[u8])> = tensors
+        let host = mem.host_view()?;
+        let items: Vec<(String, awex_core::DType, Vec<u64>, &[u8])> = host
             .iter()
             .map(|v| {
                 (
@@ -248,4 +365,93 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     }
     me.close();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Publishes that this training rank's tensors hold `version` (the pair may be gone: then
+/// nobody waits for it).
+async fn put_filled(me: &Rank, pair: &str, rank: u32, version: u64) -> anyhow::Result<()> {
+    let key = filled_key(rank);
+    match me
+        .client()
+        .put_kv(pair, &key, serde_json::json!({ "version": version }))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.status(), Some(404) | Some(410)) => Ok(()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("publishing {key}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use awex_core::layout::{Dims, LocalTensor};
+
+    fn tensor(name: &str, rows: u64) -> LocalTensor {
+        LocalTensor {
+            name: Arc::from(name),
+            shape: Dims::new(&[rows, 4]),
+            dtype: awex_core::DType::Bf16,
+            placements: vec![],
+        }
+    }
+
+    #[test]
+    fn layout_splits_into_parts_of_about_equal_bytes_keeping_every_tensor_once() {
+        let layout = RankLayout {
+            rank: RankId::train(0),
+            tensors: vec![
+                tensor("a", 10),
+                tensor("b", 40),
+                tensor("c", 30),
+                tensor("d", 20),
+                tensor("e", 20),
+            ],
+        };
+        let parts = split_layout(&layout, 2);
+        let names: Vec<Vec<&str>> = parts
+            .iter()
+            .map(|p| p.tensors.iter().map(|t| &*t.name).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["b", "e"], vec!["c", "d", "a"]]);
+        let bytes: Vec<u64> = parts
+            .iter()
+            .map(|p| p.tensors.iter().map(|t| t.nbytes()).sum())
+            .collect();
+        assert_eq!(bytes, vec![480, 480]);
+        // more parts than tensors: one tensor each; an empty layout: one empty part at most
+        assert_eq!(split_layout(&layout, 64).len(), 5);
+        let empty = RankLayout {
+            rank: RankId::train(0),
+            tensors: vec![],
+        };
+        assert!(split_layout(&empty, 4).is_empty());
+    }
+
+    #[test]
+    fn parallel_fill_and_check_agree_with_the_serial_ones() {
+        let model = ModelSpec::resolve("qwen3-tiny").unwrap();
+        let cfg_train: BackendSpec = "megatron:tp=2".parse().unwrap();
+        let layout = awex_core::backend::side_layout(Side::Training, &cfg_train, &model)
+            .unwrap()
+            .rank_layout(RankId::train(1))
+            .unwrap();
+        let cat = awex_core::Catalogue::of(&model);
+        let w = Weights::Synthetic;
+        let serial = TensorSet::allocate_host(&layout).unwrap();
+        fill_or_check_from(&w, &layout, &cat, &serial, 3, false).unwrap();
+        let parallel = TensorSet::allocate_host(&layout).unwrap();
+        fill_or_check_parallel(&w, &layout, &cat, &parallel, 3, false).unwrap();
+        for v in serial.iter() {
+            assert_eq!(
+                v.bytes(),
+                parallel.get(&v.name).unwrap().bytes(),
+                "{}",
+                v.name
+            );
+        }
+        fill_or_check_parallel(&w, &layout, &cat, &parallel, 3, true).unwrap();
+        let e = fill_or_check_parallel(&w, &layout, &cat, &parallel, 4, true).unwrap_err();
+        assert!(e.contains("differs from version 4"), "{e}");
+    }
 }
