@@ -26,8 +26,6 @@ fn demo(args: &[&str]) -> (i32, Value, String) {
 }
 
 fn no_segments_left() {
-    // not while another test's demo runs: its segments are alive
-    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -267,6 +265,7 @@ fn cuda_ipc_demo_on_a_build_without_cuda_says_so() {
 #[test]
 #[ignore = "needs a GPU and --features cuda"]
 fn cuda_ipc_demo_verifies_every_update_on_the_gpu() {
+    let _one = one_at_a_time();
     let (code, j, err) = demo(&[
         "--transport",
         "cuda-ipc",
