@@ -209,7 +209,6 @@ fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
     )
     .unwrap();
     let second = tmp.path().join("second");
-    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
         .args([
             "demo",
