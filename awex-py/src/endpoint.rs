@@ -13,7 +13,7 @@
 //! registered memory directly. Readers always write straight into the registered tensors.
 
 use crate::errors::{Fail, Result};
-use crate::memory::{Held, hold};
+use crate::memory::{Accept, Held, hold};
 use crate::spec::{ModelArg, RankArgs, SideArg, resolve};
 use awex_core::layout::{RankId, Side};
 use awex_core::runtime::TensorSet;
@@ -407,12 +407,16 @@ impl Endpoint {
             .into());
         }
         let writable = core.cfg.side == Side::Inference;
+        let accept = match core.cfg.transport {
+            TransportKind::CudaIpc => Accept::Cuda,
+            _ => Accept::Host,
+        };
         let mut batch: Vec<Held> = Vec::new();
         for (name, obj) in pairs(tensors)? {
             if core.by_name.contains_key(&name) || batch.iter().any(|h| *h.view.name == *name) {
                 return Err(Fail::Layout(format!("`{name}` is registered twice")).into());
             }
-            let h = hold(&name, &obj, writable)?;
+            let h = hold(&name, &obj, writable, accept)?;
             core.check(&h)?;
             batch.push(h);
         }
@@ -662,7 +666,7 @@ impl Endpoint {
         Ok(self.core()?.cfg.pair.clone())
     }
 
-    /// The transport (`shm`, `tcp`, ...).
+    /// The transport (`shm`, `tcp`, `cuda-ipc`).
     #[getter]
     fn transport(&self) -> PyResult<&'static str> {
         Ok(self.core()?.cfg.transport.as_str())

@@ -30,5 +30,7 @@ fn _awex(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(testing::start_gateway, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LINKED_BACKEND_CRATES", BACKENDS.to_vec())?;
+    // whether this build registers GPU tensors (the `cuda` feature: cuda-ipc transport)
+    m.add("CUDA", memory::CUDA_BUILT)?;
     Ok(())
 }

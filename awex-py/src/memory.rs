@@ -132,10 +132,90 @@ fn view(name: &str, ptr: usize, shape: &[u64], dtype: DType) -> Result<TensorVie
     unsafe { TensorView::new(name, ptr as *mut u8, len, dtype, dims) }.map_err(Fail::from)
 }
 
-/// Reads a registered object's memory; `writable` is required on the receiving side.
-pub(crate) fn hold(name: &str, obj: &Bound<'_, PyAny>, writable: bool) -> Result<Held> {
+/// Which memory a rank's transport moves, and so which tensors `register` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Accept {
+    /// Host memory (`shm`, `tcp`).
+    Host,
+    /// GPU memory (`cuda-ipc`): torch CUDA tensors or DLPack CUDA capsules.
+    Cuda,
+}
+
+/// Whether this build of awex can address GPU memory (the crate's `cuda` feature).
+pub(crate) const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+/// Why a tensor on a GPU cannot be registered with `accept`, or `None` when it can.
+pub(crate) fn refuse_device(name: &str, device: &str, accept: Accept) -> Option<Fail> {
+    if !CUDA_BUILT {
+        return Some(Fail::Value(format!(
+            "`{name}` lives on `{device}`, but awex was built without CUDA (the `cuda` feature of awex-py); rebuild it with `maturin build --features cuda` to register GPU tensors over the cuda-ipc transport, or register CPU tensors"
+        )));
+    }
+    match accept {
+        Accept::Cuda => None,
+        Accept::Host => Some(Fail::Value(format!(
+            "`{name}` lives on `{device}`, but this rank's transport moves host memory; register CPU tensors, or connect the pair with transport=\"cuda-ipc\" to move GPU tensors"
+        ))),
+    }
+}
+
+/// Why a host tensor cannot be registered with `accept`, or `None` when it can.
+pub(crate) fn refuse_host(name: &str, accept: Accept) -> Option<Fail> {
+    match accept {
+        Accept::Host => None,
+        Accept::Cuda => Some(Fail::Value(format!(
+            "`{name}` lives in host memory, but the cuda-ipc transport moves GPU memory; register CUDA tensors (tensor.cuda()), or use the shm or tcp transport"
+        ))),
+    }
+}
+
+/// Builds a device view once pointer, shape, dtype and GPU are known.
+#[cfg(feature = "cuda")]
+fn device_view(
+    name: &str,
+    ptr: u64,
+    shape: &[u64],
+    dtype: DType,
+    device: u32,
+) -> Result<TensorView> {
+    if shape.len() > MAX_DIMS {
+        return Err(Fail::Layout(format!(
+            "`{name}` has {} dimensions; awex tensors have at most {MAX_DIMS}",
+            shape.len()
+        )));
+    }
+    let len = shape
+        .iter()
+        .try_fold(dtype.size() as u64, |a, &n| a.checked_mul(n))
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| Fail::Layout(format!("`{name}`: shape {shape:?} is too large")))?;
+    // SAFETY: the pointer and length describe the registered tensor's GPU memory, which the
+    // `Held` keeps alive (the tensor stays referenced); the Writer/Reader contract is that
+    // nothing else writes it while an update runs.
+    unsafe { TensorView::new_cuda(name, ptr, len, dtype, Dims::new(shape), device) }
+        .map_err(Fail::from)
+}
+
+/// Without the `cuda` feature no device view can be built.
+#[cfg(not(feature = "cuda"))]
+fn device_view(name: &str, _: u64, _: &[u64], _: DType, device: u32) -> Result<TensorView> {
+    Err(refuse_device(name, &format!("cuda:{device}"), Accept::Cuda)
+        .unwrap_or_else(|| Fail::Value(format!("`{name}`: awex was built without CUDA"))))
+}
+
+/// Reads a registered object's memory; `writable` is required on the receiving side, `accept`
+/// says which memory the rank's transport moves.
+pub(crate) fn hold(
+    name: &str,
+    obj: &Bound<'_, PyAny>,
+    writable: bool,
+    accept: Accept,
+) -> Result<Held> {
     let py = obj.py();
     if obj.hasattr("__array_interface__")? {
+        if let Some(e) = refuse_host(name, accept) {
+            return Err(e);
+        }
         let view = from_array_interface(name, obj, writable)?;
         return Ok(Held {
             view,
@@ -144,7 +224,7 @@ pub(crate) fn hold(name: &str, obj: &Bound<'_, PyAny>, writable: bool) -> Result
         });
     }
     if obj.hasattr("data_ptr")? && obj.hasattr("stride")? && obj.hasattr("device")? {
-        let view = from_torch(name, obj)?;
+        let view = from_torch(name, obj, accept)?;
         return Ok(Held {
             view,
             _object: obj.clone().unbind(),
@@ -152,7 +232,7 @@ pub(crate) fn hold(name: &str, obj: &Bound<'_, PyAny>, writable: bool) -> Result
         });
     }
     if obj.hasattr("__dlpack__")? {
-        let (view, owner) = from_dlpack(py, name, obj)?;
+        let (view, owner) = from_dlpack(py, name, obj, accept)?;
         return Ok(Held {
             view,
             _object: obj.clone().unbind(),
@@ -227,15 +307,30 @@ fn from_array_interface(name: &str, obj: &Bound<'_, PyAny>, writable: bool) -> R
     view(name, ptr, &shape, dtype)
 }
 
-fn from_torch(name: &str, obj: &Bound<'_, PyAny>) -> Result<TensorView> {
+fn from_torch(name: &str, obj: &Bound<'_, PyAny>, accept: Accept) -> Result<TensorView> {
     let device = obj.getattr("device")?;
     let kind: String = device.getattr("type")?.extract()?;
-    if kind != "cpu" {
-        return Err(Fail::Value(format!(
-            "`{name}` lives on `{}`; this build of awex moves CPU memory (shm and tcp transports), so register CPU tensors",
-            device.str()?
-        )));
-    }
+    let gpu = match kind.as_str() {
+        "cpu" => {
+            if let Some(e) = refuse_host(name, accept) {
+                return Err(e);
+            }
+            None
+        }
+        "cuda" => {
+            if let Some(e) = refuse_device(name, &device.str()?.to_string(), accept) {
+                return Err(e);
+            }
+            let index: Option<u32> = device.getattr("index")?.extract()?;
+            Some(index.unwrap_or(0))
+        }
+        _ => {
+            return Err(Fail::Value(format!(
+                "`{name}` lives on `{}`; awex moves CPU tensors (shm, tcp) and CUDA tensors (cuda-ipc)",
+                device.str()?
+            )));
+        }
+    };
     let dtype_text = obj.getattr("dtype")?.str()?.to_string();
     let dtype = dtype_of_name(&dtype_text).ok_or_else(|| {
         Fail::Layout(format!(
@@ -248,7 +343,10 @@ fn from_torch(name: &str, obj: &Bound<'_, PyAny>) -> Result<TensorView> {
         return Err(not_contiguous(name, &shape, &strides, "elements"));
     }
     let ptr: usize = obj.call_method0("data_ptr")?.extract()?;
-    view(name, ptr, &shape, dtype)
+    match gpu {
+        Some(device) => device_view(name, ptr as u64, &shape, dtype, device),
+        None => view(name, ptr, &shape, dtype),
+    }
 }
 
 /// DLPack's `DLDevice`.
@@ -314,11 +412,14 @@ const DLTENSOR: &std::ffi::CStr = c"dltensor";
 const USED_DLTENSOR: &std::ffi::CStr = c"used_dltensor";
 /// DLPack device types awex can address from the CPU: kDLCPU, kDLCUDAHost, kDLCUDAManaged.
 const HOST_DEVICES: [i32; 3] = [1, 3, 13];
+/// DLPack's kDLCUDA: GPU memory, addressed as a device view.
+const CUDA_DEVICE: i32 = 2;
 
 fn from_dlpack(
     py: Python<'_>,
     name: &str,
     obj: &Bound<'_, PyAny>,
+    accept: Accept,
 ) -> Result<(TensorView, DlpackOwner)> {
     let capsule = obj.call_method0("__dlpack__")?;
     let raw = capsule.as_ptr();
@@ -342,12 +443,26 @@ fn from_dlpack(
     let owner = DlpackOwner(managed);
     // SAFETY: the managed tensor is valid until its deleter runs (owned by `owner`).
     let t = unsafe { &(*managed).dl_tensor };
-    if !HOST_DEVICES.contains(&t.device.device_type) {
+    let gpu = if HOST_DEVICES.contains(&t.device.device_type) {
+        if let Some(e) = refuse_host(name, accept) {
+            return Err(e);
+        }
+        None
+    } else if t.device.device_type == CUDA_DEVICE {
+        let id = t.device.device_id;
+        if let Some(e) = refuse_device(name, &format!("cuda:{id}"), accept) {
+            return Err(e);
+        }
+        Some(
+            u32::try_from(id)
+                .map_err(|_| Fail::Type(format!("`{name}`: DLPack device id {id} is negative")))?,
+        )
+    } else {
         return Err(Fail::Value(format!(
-            "`{name}` lives on DLPack device type {} (id {}); this build of awex moves CPU memory, so register CPU tensors",
+            "`{name}` lives on DLPack device type {} (id {}); awex moves CPU memory (shm, tcp) and CUDA memory (cuda-ipc)",
             t.device.device_type, t.device.device_id
         )));
-    }
+    };
     let dtype = dtype_of_dlpack(t.dtype.code, t.dtype.bits, t.dtype.lanes).ok_or_else(|| {
         Fail::Layout(format!(
             "`{name}` has DLPack dtype (code {}, bits {}, lanes {}), which awex cannot move; {SUPPORTED}",
@@ -376,7 +491,10 @@ fn from_dlpack(
         }
     }
     let ptr = (t.data as usize).wrapping_add(t.byte_offset as usize);
-    let v = view(name, ptr, &shape, dtype)?;
+    let v = match gpu {
+        Some(device) => device_view(name, ptr as u64, &shape, dtype, device)?,
+        None => view(name, ptr, &shape, dtype)?,
+    };
     Ok((v, owner))
 }
 
@@ -414,6 +532,41 @@ mod tests {
         assert_eq!(dtype_of_dlpack(1, 8, 1), Some(DType::U8));
         assert_eq!(dtype_of_dlpack(2, 32, 4), None, "vector lanes");
         assert_eq!(dtype_of_dlpack(5, 64, 1), None, "complex");
+    }
+
+    /// The message of a `ValueError`.
+    fn value(f: Option<Fail>) -> Option<String> {
+        match f {
+            None => None,
+            Some(Fail::Value(m)) => Some(m),
+            Some(other) => Some(format!("not a ValueError: {other:?}")),
+        }
+    }
+
+    #[test]
+    fn gpu_tensors_are_refused_with_the_reason() {
+        let host = value(refuse_device("w", "cuda:0", Accept::Host));
+        let ipc = value(refuse_device("w", "cuda:0", Accept::Cuda));
+        if CUDA_BUILT {
+            assert_eq!(ipc, None);
+            assert_eq!(
+                host.as_deref(),
+                Some(
+                    "`w` lives on `cuda:0`, but this rank's transport moves host memory; register CPU tensors, or connect the pair with transport=\"cuda-ipc\" to move GPU tensors"
+                )
+            );
+        } else {
+            let want = "`w` lives on `cuda:0`, but awex was built without CUDA (the `cuda` feature of awex-py); rebuild it with `maturin build --features cuda` to register GPU tensors over the cuda-ipc transport, or register CPU tensors";
+            assert_eq!(host.as_deref(), Some(want));
+            assert_eq!(ipc.as_deref(), Some(want));
+        }
+        assert_eq!(value(refuse_host("w", Accept::Host)), None);
+        assert_eq!(
+            value(refuse_host("w", Accept::Cuda)).as_deref(),
+            Some(
+                "`w` lives in host memory, but the cuda-ipc transport moves GPU memory; register CUDA tensors (tensor.cuda()), or use the shm or tcp transport"
+            )
+        );
     }
 
     #[test]
