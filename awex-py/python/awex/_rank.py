@@ -70,7 +70,8 @@ class _Rank:
     ) -> int:
         """Registers ``(name, tensor)`` pairs (a dict, or e.g. ``model.named_parameters()``).
 
-        Tensors are numpy arrays or CPU torch tensors (anything exposing ``__dlpack__``,
+        Tensors are numpy arrays or CPU torch tensors -- or, with the ``cuda-ipc`` transport and a
+        wheel built with the ``cuda`` feature, torch CUDA tensors -- (anything exposing ``__dlpack__``,
         ``__array_interface__`` or torch's ``data_ptr()``/``shape``/``stride()``/``dtype``/
         ``device``), C-contiguous, with the name, shape and dtype of the rank's layout. awex
         addresses their memory in place (no copy) and keeps them referenced until ``close()``.
@@ -129,7 +130,7 @@ class _Rank:
     rank = property(lambda self: self._rank.rank, doc="The rank (within its engine for a Reader).")
     engine = property(lambda self: self._rank.engine, doc="The inference engine (0 for a Writer).")
     pair = property(lambda self: self._rank.pair, doc="The pair's name.")
-    transport = property(lambda self: self._rank.transport, doc="``shm`` or ``tcp``.")
+    transport = property(lambda self: self._rank.transport, doc="``shm``, ``tcp`` or ``cuda-ipc``.")
     train = property(lambda self: self._rank.train, doc="The training layout spec.")
     infer = property(lambda self: self._rank.infer, doc="The inference layout spec.")
     model = property(lambda self: self._rank.model, doc="The model's name.")
