@@ -160,11 +160,76 @@ fn rank_with_a_disagreeing_layout_is_refused_at_join() {
 }
 
 #[test]
+fn nccl_placements_with_two_ranks_on_one_gpu_or_bad_lists_are_refused_at_start() {
+    let _one = one_at_a_time();
+    // both sides default to --gpu: one GPU for the whole communicator
+    let (code, j, err) = demo(&[
+        "--transport",
+        "nccl",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+    ]);
+    assert_eq!((code, j), (2, Value::Null));
+    assert!(
+        err.contains("NCCL cannot put two ranks of one communicator on the same GPU: training rank 0 and inference rank 0/0 would both use GPU 0; give every rank its own GPU with --train-gpus and --infer-gpus"),
+        "{err}"
+    );
+    let (code, _, err) = demo(&[
+        "--transport",
+        "nccl",
+        "--train",
+        "megatron:tp=2",
+        "--infer",
+        "sglang:tp=2",
+        "--train-gpus",
+        "0,1",
+        "--infer-gpus",
+        "2,1",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("training rank 1 and inference rank 0/1 would both use GPU 1"),
+        "{err}"
+    );
+    let (code, _, err) = demo(&["--transport", "nccl", "--train-gpus", "0,one"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--train-gpus takes a comma list of GPU ordinals such as `0,1`, but `one` in `0,one` is not one"),
+        "{err}"
+    );
+    let (code, _, err) = demo(&["--transport", "shm", "--infer-gpus", "1"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--train-gpus and --infer-gpus place the ranks of --transport nccl; with `shm` use --gpu"),
+        "{err}"
+    );
+    no_segments_left();
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
 fn gpu_transports_say_so_clearly() {
     let _one = one_at_a_time();
-    let (code, _, err) = demo(&["--transport", "nccl"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("use --transport shm or tcp"), "{err}");
+    let (code, j, err) = demo(&[
+        "--transport",
+        "nccl",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+        "--train-gpus",
+        "0",
+        "--infer-gpus",
+        "1",
+    ]);
+    assert_eq!((code, j), (2, Value::Null));
+    assert!(
+        err.contains("this awex-cli was built without CUDA, so the demo cannot use `nccl`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"),
+        "{err}"
+    );
+    no_segments_left();
 }
 
 /// Reads one tensor's bytes from a safetensors file.
@@ -282,5 +347,32 @@ fn cuda_ipc_demo_verifies_every_update_on_the_gpu() {
         "{j}"
     );
     assert_eq!(j["leaked_segments"], serde_json::json!([]));
+    no_segments_left();
+}
+
+/// Needs 2 GPUs, NCCL >= 2.19 and a `--features cuda` build: `cargo test -p awex-cli --features
+/// cuda --test demo -- --ignored nccl_demo`.
+#[test]
+#[ignore = "needs 2 GPUs, NCCL and --features cuda"]
+fn nccl_demo_verifies_every_update_across_two_gpus() {
+    let _one = one_at_a_time();
+    let (code, j, err) = demo(&[
+        "--transport",
+        "nccl",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+        "--train-gpus",
+        "0",
+        "--infer-gpus",
+        "1",
+        "--checksum",
+    ]);
+    assert_eq!(code, 0, "{err}\n{j}");
+    assert_eq!(j["transport"], "nccl");
+    assert_eq!(j["verified"], true);
+    assert_eq!(j["updates"].as_array().map(Vec::len), Some(3));
+    assert_eq!(j["worker_errors"], serde_json::json!([]));
     no_segments_left();
 }

@@ -8,6 +8,12 @@
 //! With `--transport cuda-ipc` every rank keeps its tensors on GPU `--gpu` (training and
 //! inference processes colocated on one GPU); the floor is then one device-to-device copy on
 //! that GPU, measured in the same run.
+//!
+//! With `--transport nccl` the ranks form one NCCL communicator and each needs a GPU of its
+//! own: training rank `i` uses the `i`-th entry of `--train-gpus` and inference rank `i`
+//! (engine-major) the `i`-th of `--infer-gpus`, each list taken modulo its length; both
+//! default to `--gpu`. A placement that puts two ranks on one GPU is refused at start, and
+//! workers run with `NCCL_NVLS_ENABLE=0` unless the environment sets it.
 
 use super::plan::{DEFAULT_INFER, DEFAULT_MODEL, DEFAULT_TRAIN, Resolved, human_bytes};
 use anyhow::{Context, bail};
@@ -27,7 +33,7 @@ use std::time::{Duration, Instant};
 /// Arguments of `awex-cli demo`.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
-    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
+    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksum --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --transport nccl --train megatron:tp=1 --infer sglang:tp=1 --train-gpus 0 --infer-gpus 1   (2 GPUs, --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory.
@@ -42,9 +48,18 @@ pub struct Args {
     /// How bytes move: shm, tcp (CPU); cuda-ipc, nccl (GPU).
     #[arg(long, default_value = "shm")]
     pub transport: String,
-    /// GPU of every rank with `--transport cuda-ipc`.
+    /// GPU of every rank with `--transport cuda-ipc`; the default of `--train-gpus` and
+    /// `--infer-gpus` with `--transport nccl`.
     #[arg(long, default_value_t = 0)]
     pub gpu: u32,
+    /// `--transport nccl`: GPUs of the training ranks, a comma list (rank i uses entry i modulo
+    /// the list); default `--gpu`.
+    #[arg(long)]
+    pub train_gpus: Option<String>,
+    /// `--transport nccl`: GPUs of the inference ranks, a comma list (rank i, engine-major,
+    /// uses entry i modulo the list); default `--gpu`.
+    #[arg(long)]
+    pub infer_gpus: Option<String>,
     /// Number of updates (versions 1..=N).
     #[arg(long, default_value_t = 3)]
     pub updates: u64,
@@ -152,28 +167,131 @@ pub fn device_copy_gbps(gpu: u32) -> anyhow::Result<f64> {
 }
 
 /// Refuses the GPU transports where they cannot run, saying why: a build without CUDA, no
-/// driver, no GPU, or no GPU `gpu`.
-pub fn check_gpu_transport(transport: TransportKind, gpu: u32) -> anyhow::Result<()> {
-    match transport {
-        TransportKind::Shm | TransportKind::Tcp => Ok(()),
-        TransportKind::Nccl => bail!(
-            "the demo does not run the `nccl` transport yet; use --transport shm or tcp (CPU) or cuda-ipc (one GPU)"
-        ),
-        TransportKind::CudaIpc => {
-            if !awex_core::cuda::BUILT {
+/// driver, no GPU, one of `gpus` missing, or (nccl) no usable NCCL library.
+pub fn check_gpu_transport(transport: TransportKind, gpus: &[u32]) -> anyhow::Result<()> {
+    if matches!(transport, TransportKind::Shm | TransportKind::Tcp) {
+        return Ok(());
+    }
+    if !awex_core::cuda::BUILT {
+        bail!(
+            "this awex-cli was built without CUDA, so the demo cannot use `{transport}`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
+        );
+    }
+    let count = awex_core::cuda::device_count()?;
+    if let Some(&gpu) = gpus.iter().find(|&&g| g >= count) {
+        bail!(awex_core::cuda::CudaError::NoSuchDevice {
+            ordinal: gpu,
+            count
+        });
+    }
+    if transport == TransportKind::Nccl {
+        awex_core::nccl::Library::load()?;
+    }
+    Ok(())
+}
+
+/// Parses a comma list of GPU ordinals given to `flag`.
+pub fn parse_gpus(flag: &str, list: &str) -> anyhow::Result<Vec<u32>> {
+    let gpus: Vec<u32> = list
+        .split(',')
+        .map(|g| {
+            g.trim().parse::<u32>().map_err(|_| {
+                anyhow::anyhow!(
+                    "{flag} takes a comma list of GPU ordinals such as `0,1`, but `{}` in `{list}` is not one",
+                    g.trim()
+                )
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    Ok(gpus)
+}
+
+/// The GPU of every rank: training rank `i` uses `train[i % len]`, inference rank `i`
+/// (engine-major) `infer[i % len]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gpus {
+    /// GPUs of the training ranks.
+    pub train: Vec<u32>,
+    /// GPUs of the inference ranks.
+    pub infer: Vec<u32>,
+}
+
+impl Gpus {
+    /// The placement the arguments ask for; `--train-gpus` / `--infer-gpus` only place the
+    /// ranks of `--transport nccl` (cuda-ipc puts every rank on `--gpu`).
+    pub fn of(a: &Args, transport: TransportKind) -> anyhow::Result<Gpus> {
+        if transport != TransportKind::Nccl && (a.train_gpus.is_some() || a.infer_gpus.is_some()) {
+            bail!(
+                "--train-gpus and --infer-gpus place the ranks of --transport nccl; with `{transport}` use --gpu"
+            );
+        }
+        let list = |flag: &str, v: &Option<String>| match v {
+            Some(l) => parse_gpus(flag, l),
+            None => Ok(vec![a.gpu]),
+        };
+        Ok(Gpus {
+            train: list("--train-gpus", &a.train_gpus)?,
+            infer: list("--infer-gpus", &a.infer_gpus)?,
+        })
+    }
+
+    /// The GPU of the `i`-th rank of `side`.
+    pub fn of_rank(&self, side: awex_core::layout::Side, i: usize) -> u32 {
+        let l = match side {
+            awex_core::layout::Side::Training => &self.train,
+            awex_core::layout::Side::Inference => &self.infer,
+        };
+        l.get(i % l.len().max(1)).copied().unwrap_or(0)
+    }
+
+    /// Every GPU named.
+    pub fn all(&self) -> Vec<u32> {
+        let mut g: Vec<u32> = self.train.iter().chain(&self.infer).copied().collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
+
+    /// Refuses a placement with two ranks of the communicator (`training` then `inference`
+    /// ranks, in rank order) on one GPU: NCCL rejects it at communicator init.
+    pub fn refuse_shared(&self, training: &[RankId], inference: &[RankId]) -> anyhow::Result<()> {
+        use awex_core::layout::Side;
+        let name = |side: Side, r: RankId| match side {
+            Side::Training => format!("training rank {}", r.rank),
+            Side::Inference => format!("inference rank {r}"),
+        };
+        let mut used: std::collections::HashMap<u32, String> = Default::default();
+        let ranks = training
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| (Side::Training, i, r))
+            .chain(
+                inference
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &r)| (Side::Inference, i, r)),
+            );
+        for (side, i, r) in ranks {
+            let gpu = self.of_rank(side, i);
+            let me = name(side, r);
+            if let Some(first) = used.get(&gpu) {
                 bail!(
-                    "this awex-cli was built without CUDA, so the demo cannot use `cuda-ipc`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
+                    "NCCL cannot put two ranks of one communicator on the same GPU: {first} and {me} would both use GPU {gpu}; give every rank its own GPU with --train-gpus and --infer-gpus (e.g. --train-gpus 0 --infer-gpus 1 for one rank a side)"
                 );
             }
-            let count = awex_core::cuda::device_count()?;
-            if gpu >= count {
-                bail!(awex_core::cuda::CudaError::NoSuchDevice {
-                    ordinal: gpu,
-                    count
-                });
-            }
-            Ok(())
+            used.insert(gpu, me);
         }
+        Ok(())
+    }
+}
+
+/// The NCCL setting the workers get unless the environment sets it: NVLink SHARP (NVLS) off,
+/// since point-to-point transfers do not use it and its multicast setup can fail where the
+/// fabric does not offer it. `None` when the user set `NCCL_NVLS_ENABLE`.
+pub fn nccl_nvls_default(user: Option<&std::ffi::OsStr>) -> Option<(&'static str, &'static str)> {
+    match user {
+        Some(_) => None,
+        None => Some(("NCCL_NVLS_ENABLE", "0")),
     }
 }
 
@@ -382,6 +500,7 @@ impl Drop for Workers {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn worker_command(
     a: &Args,
     gateway: &str,
@@ -389,6 +508,7 @@ fn worker_command(
     token: &str,
     side: &str,
     rank: RankId,
+    gpu: u32,
 ) -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut c = Command::new(exe);
@@ -410,9 +530,14 @@ fn worker_command(
             &a.bucket_mib.to_string(),
         ])
         .args(["--first-version", &first_version(a).to_string()])
-        .args(["--gpu", &a.gpu.to_string()])
+        .args(["--gpu", &gpu.to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
+    if a.transport.parse::<TransportKind>().ok() == Some(TransportKind::Nccl)
+        && let Some((k, v)) = nccl_nvls_default(std::env::var_os("NCCL_NVLS_ENABLE").as_deref())
+    {
+        c.env(k, v);
+    }
     if let Some(d) = &a.dump_dir {
         c.arg("--dump-dir").arg(d);
     }
@@ -435,16 +560,20 @@ fn first_version(a: &Args) -> u64 {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let transport: TransportKind = args.transport.parse()?;
-    check_gpu_transport(transport, args.gpu)?;
     if args.updates == 0 {
         bail!("--updates must be at least 1");
     }
     let r = Resolved::new(&args.model, &args.train, &args.infer)?;
+    let gpus = Gpus::of(&args, transport)?;
+    if transport == TransportKind::Nccl {
+        gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
+    }
+    check_gpu_transport(transport, &gpus.all())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let report = rt.block_on(demo(&args, &r, transport))?;
+    let report = rt.block_on(demo(&args, &r, transport, &gpus))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -497,7 +626,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Result<DemoReport> {
+async fn demo(
+    a: &Args,
+    r: &Resolved,
+    transport: TransportKind,
+    gpus: &Gpus,
+) -> anyhow::Result<DemoReport> {
     let floor = memcpy_gbps();
     let device_floor = match transport {
         TransportKind::CudaIpc => Some(
@@ -565,8 +699,10 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
         prefix: format!("awex-{pair}-"),
     };
     let quiet = !std::io::stderr().is_terminal();
+    use awex_core::layout::Side;
+    let train_gpu = |rank: RankId| gpus.of_rank(Side::Training, rank.rank as usize);
     for rank in r.training.ranks() {
-        let mut c = worker_command(a, &gateway, &pair, &token, "train", rank)?;
+        let mut c = worker_command(a, &gateway, &pair, &token, "train", rank, train_gpu(rank))?;
         if a.fault_kill_train_rank == Some(rank.rank) {
             c.args(["--die-at-version", &a.fault_version.to_string()]);
         }
@@ -575,12 +711,13 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
             c.spawn().context("spawning a training rank")?,
         ));
     }
-    for rank in r.inference.ranks() {
+    for (i, rank) in r.inference.ranks().into_iter().enumerate() {
         let mut own = a.clone();
         if let (Some(bad), true) = (&a.fault_bad_infer, rank == RankId::infer(0, 0)) {
             own.infer = bad.clone();
         }
-        let mut c = worker_command(&own, &gateway, &pair, &token, "infer", rank)?;
+        let gpu = gpus.of_rank(Side::Inference, i);
+        let mut c = worker_command(&own, &gateway, &pair, &token, "infer", rank, gpu)?;
         if rank == RankId::infer(0, 0)
             && let Some(v) = a.fault_corrupt_version
         {
@@ -610,7 +747,7 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
     while version < first + a.updates {
         attempts += 1;
         bar.set_message(format!("version {version}, attempt {attempts}"));
-        if transport == TransportKind::CudaIpc {
+        if matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl) {
             // the trainers upload each version before it is timed, as the shm trainers fill it
             wait_filled(&client, &pair, r, version, &mut workers).await?;
         }
@@ -643,8 +780,16 @@ async fn demo(a: &Args, r: &Resolved, transport: TransportKind) -> anyhow::Resul
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_millis() as u64)
                     .unwrap_or(0);
-                let c = worker_command(a, &gateway, &pair, &token, "train", RankId::train(k))?
-                    .spawn()?;
+                let c = worker_command(
+                    a,
+                    &gateway,
+                    &pair,
+                    &token,
+                    "train",
+                    RankId::train(k),
+                    train_gpu(RankId::train(k)),
+                )?
+                .spawn()?;
                 workers.children.push((name, c));
                 wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
                 rows.push(UpdateRow {
@@ -783,15 +928,134 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_transports_need_no_gpu_and_nccl_names_the_alternatives() {
+    fn cpu_transports_need_no_gpu() {
         for t in [TransportKind::Shm, TransportKind::Tcp] {
-            assert!(check_gpu_transport(t, 7).is_ok());
+            assert!(check_gpu_transport(t, &[7]).is_ok());
+        }
+    }
+
+    fn args(transport: &str, extra: &[&str]) -> Args {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: Args,
+        }
+        let mut argv = vec!["demo", "--transport", transport];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).unwrap().a
+    }
+
+    #[test]
+    fn gpu_lists_parse_and_rank_i_takes_entry_i_modulo_the_list() {
+        assert_eq!(parse_gpus("--train-gpus", "0").unwrap(), vec![0]);
+        assert_eq!(
+            parse_gpus("--infer-gpus", "4, 5,6,7").unwrap(),
+            vec![4, 5, 6, 7]
+        );
+        for bad in ["", "0,", "a", "0,-1", "1.5"] {
+            let e = parse_gpus("--infer-gpus", bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with(
+                    "--infer-gpus takes a comma list of GPU ordinals such as `0,1`, but `"
+                ) && e.ends_with(&format!("in `{bad}` is not one")),
+                "{e}"
+            );
         }
         assert_eq!(
-            check_gpu_transport(TransportKind::Nccl, 0)
+            parse_gpus("--train-gpus", "0,x").unwrap_err().to_string(),
+            "--train-gpus takes a comma list of GPU ordinals such as `0,1`, but `x` in `0,x` is not one"
+        );
+        let g = Gpus::of(
+            &args("nccl", &["--train-gpus", "0,1", "--infer-gpus", "2,3,4"]),
+            TransportKind::Nccl,
+        )
+        .unwrap();
+        use awex_core::layout::Side;
+        let train: Vec<u32> = (0..4).map(|i| g.of_rank(Side::Training, i)).collect();
+        let infer: Vec<u32> = (0..4).map(|i| g.of_rank(Side::Inference, i)).collect();
+        assert_eq!((train, infer), (vec![0, 1, 0, 1], vec![2, 3, 4, 2]));
+        assert_eq!(g.all(), vec![0, 1, 2, 3, 4]);
+        // both default to --gpu
+        let d = Gpus::of(&args("nccl", &["--gpu", "3"]), TransportKind::Nccl).unwrap();
+        assert_eq!(
+            d,
+            Gpus {
+                train: vec![3],
+                infer: vec![3]
+            }
+        );
+    }
+
+    #[test]
+    fn placement_flags_are_refused_outside_nccl() {
+        let e = Gpus::of(
+            &args("cuda-ipc", &["--infer-gpus", "1"]),
+            TransportKind::CudaIpc,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--train-gpus and --infer-gpus place the ranks of --transport nccl; with `cuda-ipc` use --gpu"
+        );
+    }
+
+    #[test]
+    fn two_ranks_on_one_gpu_are_refused_naming_both() {
+        let t = |n: u32| (0..n).map(RankId::train).collect::<Vec<_>>();
+        let i = |e: u32, n: u32| {
+            (0..e)
+                .flat_map(|e| (0..n).map(move |r| RankId::infer(e, r)))
+                .collect::<Vec<_>>()
+        };
+        let g = |train: &[u32], infer: &[u32]| Gpus {
+            train: train.to_vec(),
+            infer: infer.to_vec(),
+        };
+        assert_eq!(
+            g(&[0], &[0])
+                .refuse_shared(&t(1), &i(1, 1))
                 .unwrap_err()
                 .to_string(),
-            "the demo does not run the `nccl` transport yet; use --transport shm or tcp (CPU) or cuda-ipc (one GPU)"
+            "NCCL cannot put two ranks of one communicator on the same GPU: training rank 0 and inference rank 0/0 would both use GPU 0; give every rank its own GPU with --train-gpus and --infer-gpus (e.g. --train-gpus 0 --infer-gpus 1 for one rank a side)"
+        );
+        // two training ranks wrapping onto one GPU
+        let e = g(&[0], &[1]).refuse_shared(&t(2), &i(1, 1)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("training rank 0 and training rank 1 would both use GPU 0"),
+            "{e}"
+        );
+        // the second engine's first rank wraps onto the first engine's GPU
+        let e = g(&[0, 1], &[2, 3])
+            .refuse_shared(&t(2), &i(2, 2))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("inference rank 0/0 and inference rank 1/0 would both use GPU 2"),
+            "{e}"
+        );
+        g(&[0], &[1]).refuse_shared(&t(1), &i(1, 1)).unwrap();
+        g(&[0, 1, 2, 3], &[4, 5, 6, 7])
+            .refuse_shared(&t(4), &i(2, 2))
+            .unwrap();
+    }
+
+    #[test]
+    fn workers_get_nvls_off_unless_the_user_set_it() {
+        assert_eq!(nccl_nvls_default(None), Some(("NCCL_NVLS_ENABLE", "0")));
+        assert_eq!(nccl_nvls_default(Some(std::ffi::OsStr::new("1"))), None);
+        assert_eq!(nccl_nvls_default(Some(std::ffi::OsStr::new(""))), None);
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn nccl_without_the_cuda_feature_says_the_binary_lacks_cuda() {
+        assert_eq!(
+            check_gpu_transport(TransportKind::Nccl, &[0, 1])
+                .unwrap_err()
+                .to_string(),
+            "this awex-cli was built without CUDA, so the demo cannot use `nccl`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
         );
     }
 
@@ -799,7 +1063,7 @@ mod tests {
     #[test]
     fn cuda_ipc_without_the_cuda_feature_says_the_binary_lacks_cuda() {
         assert_eq!(
-            check_gpu_transport(TransportKind::CudaIpc, 0)
+            check_gpu_transport(TransportKind::CudaIpc, &[0])
                 .unwrap_err()
                 .to_string(),
             "this awex-cli was built without CUDA, so the demo cannot use `cuda-ipc`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
@@ -814,7 +1078,7 @@ mod tests {
             return;
         }
         assert_eq!(
-            check_gpu_transport(TransportKind::CudaIpc, 0)
+            check_gpu_transport(TransportKind::CudaIpc, &[0])
                 .unwrap_err()
                 .to_string(),
             "no CUDA driver found: libcuda could not be loaded (tried libcuda.so and libcuda.so.1 on the library search path); install the NVIDIA driver or run on a machine with a GPU"

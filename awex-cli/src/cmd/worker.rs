@@ -9,6 +9,10 @@
 //! version on the host, in a staging copy of its tensors, and uploads it before the update
 //! starts (publishing `filled.{rank}` once it is there); an inference rank downloads its
 //! tensors to a host staging copy after each committed update and checks that.
+//!
+//! `--transport nccl` keeps the tensors on GPU `--gpu` the same way (the demo gives every rank
+//! its own GPU); training rank 0 creates the pair's NCCL unique id and the runtime shares it
+//! through the gateway (`runtime::rank`).
 
 use anyhow::bail;
 use awex_core::RankLayout;
@@ -59,7 +63,7 @@ pub struct Args {
     /// Compute and verify checksums.
     #[arg(long)]
     pub checksum: bool,
-    /// GPU of this rank's tensors (cuda-ipc).
+    /// GPU of this rank's tensors (cuda-ipc, nccl).
     #[arg(long, default_value_t = 0)]
     pub gpu: u32,
     /// Write this rank's tensors here on disconnect.
@@ -237,7 +241,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     };
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
-    let mem = if transport == TransportKind::CudaIpc {
+    let on_gpu = matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl);
+    let mem = if on_gpu {
         let dev = awex_core::cuda::Device::open(args.gpu)?;
         let tensors = TensorSet::allocate_cuda(&prepared.layout, &dev)?;
         let staging = tensors.host_mirror()?;
@@ -277,7 +282,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     me.corrupt_version = args.corrupt_version;
     let checksums = me.joined.options.checksums || args.checksum;
     // with weights on the GPU the controller waits for each version's upload before timing it
-    let say_filled = side == Side::Training && transport == TransportKind::CudaIpc;
+    let say_filled = side == Side::Training && on_gpu;
     if say_filled {
         put_filled(&me, &args.pair, rank.rank, args.first_version).await?;
     }

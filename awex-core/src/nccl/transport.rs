@@ -26,12 +26,13 @@ use super::library::Library;
 use super::program::{DeviceTensors, Program};
 use super::ranks::CommWorld;
 use super::schedule::{pair_bucket_bytes, peer_buckets, schedule};
-use super::uid::UniqueId;
+use super::uid::{UID_KEY, UniqueId, creates_uid};
 use crate::cuda::{CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Stream};
 use crate::layout::{RankId, Side};
 use crate::plan::RankPlan;
 use crate::runtime::RuntimeError;
 use crate::runtime::transport::{ExecContext, ExecStats, Transport, TransportKind};
+use crate::runtime::{Location, TensorSet};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -131,7 +132,10 @@ pub struct NcclTransport {
     cfg: NcclConfig,
     plan: Arc<RankPlan>,
     tensors: Arc<DeviceTensors>,
-    uid: UniqueId,
+    /// Keeps the memory behind `tensors` allocated when the transport was built from a set.
+    _owner: Option<Arc<TensorSet>>,
+    /// `None` until the rank has read training rank 0's id (after joining).
+    uid: Option<UniqueId>,
     me: u32,
     gpu: Gpu,
     conn: Option<Connected>,
@@ -158,6 +162,36 @@ impl NcclTransport {
         tensors: Arc<DeviceTensors>,
         uid: UniqueId,
     ) -> Result<NcclTransport, NcclError> {
+        Self::build(lib, cfg, plan, tensors, None, Some(uid))
+    }
+
+    /// A transport for the rank of `plan` over its runtime tensors (device memory of one GPU,
+    /// which becomes `cfg.device`), kept alive by the transport. `uid` is the communicator id
+    /// for training rank 0, which creates it; the other ranks pass `None` and receive it in
+    /// [`Transport::joined`], read from the pair's kv once every rank has joined.
+    pub fn for_rank(
+        lib: Arc<Library>,
+        mut cfg: NcclConfig,
+        plan: Arc<RankPlan>,
+        tensors: Arc<TensorSet>,
+        uid: Option<UniqueId>,
+    ) -> Result<NcclTransport, NcclError> {
+        if !crate::cuda::BUILT {
+            return Err(NcclError::NeedsCuda);
+        }
+        let (device, dev_tensors) = device_tensors(&tensors)?;
+        cfg.device = device;
+        Self::build(lib, cfg, plan, Arc::new(dev_tensors), Some(tensors), uid)
+    }
+
+    fn build(
+        lib: Arc<Library>,
+        cfg: NcclConfig,
+        plan: Arc<RankPlan>,
+        tensors: Arc<DeviceTensors>,
+        owner: Option<Arc<TensorSet>>,
+        uid: Option<UniqueId>,
+    ) -> Result<NcclTransport, NcclError> {
         if !crate::cuda::BUILT {
             return Err(NcclError::NeedsCuda);
         }
@@ -180,12 +214,18 @@ impl NcclTransport {
             cfg,
             plan,
             tensors,
+            _owner: owner,
             uid,
             me,
             gpu,
             conn: None,
             failed: None,
         })
+    }
+
+    /// The communicator's unique id, once known.
+    pub fn unique_id(&self) -> Option<UniqueId> {
+        self.uid
     }
 
     /// This rank's communicator rank.
@@ -258,9 +298,14 @@ impl NcclTransport {
                 ]
             })
             .collect();
+        let uid = self.uid.ok_or_else(|| {
+            NcclError::Usage(format!(
+                "the NCCL unique id of this pair is not known yet: training rank 0 publishes it under kv `{UID_KEY}` before it joins, and every other rank reads it once all ranks have joined (runtime::rank::Rank::join does both)"
+            ))
+        })?;
         let comm = match Communicator::init(
             self.lib.clone(),
-            &self.uid,
+            &uid,
             self.cfg.world.nranks(),
             self.me,
             self.cfg.init_timeout,
@@ -376,6 +421,53 @@ impl NcclTransport {
     }
 }
 
+/// What a rank publishes before joining: the unique id, from training rank 0 only.
+fn uid_before_join(
+    side: Side,
+    rank: RankId,
+    uid: Option<UniqueId>,
+) -> Option<(String, serde_json::Value)> {
+    match uid {
+        Some(uid) if creates_uid(side, rank) => Some((UID_KEY.to_string(), uid.to_kv())),
+        _ => None,
+    }
+}
+
+/// What a rank reads once every rank has joined: the unique id, on every rank but its creator.
+fn uid_after_join(side: Side, rank: RankId) -> Option<String> {
+    (!creates_uid(side, rank)).then(|| UID_KEY.to_string())
+}
+
+/// The device tensors of a runtime tensor set, and the GPU they all live on.
+pub(crate) fn device_tensors(set: &TensorSet) -> Result<(u32, DeviceTensors), NcclError> {
+    let device = match set.location() {
+        Ok(Location::Cuda(d)) => d,
+        Ok(Location::Host) => {
+            return Err(NcclError::Plan(
+                "the nccl transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport".into(),
+            ));
+        }
+        Err(e) => return Err(NcclError::Plan(e.to_string())),
+    };
+    let mut out = Vec::with_capacity(set.len());
+    for v in set.iter() {
+        let ptr = v.device_ptr().ok_or_else(|| {
+            NcclError::Plan(format!("`{}` does not live on GPU {device}", v.name))
+        })?;
+        out.push(super::program::DeviceTensor {
+            name: v.name.clone(),
+            ptr,
+            dtype: v.dtype,
+            shape: v.shape,
+        });
+    }
+    // SAFETY: the views are device memory on `device` that the set's owner keeps allocated and
+    // leaves alone during updates (the contract of `TensorView::new_cuda`); the transport
+    // holds the set.
+    let tensors = unsafe { DeviceTensors::new(out)? };
+    Ok((device, tensors))
+}
+
 /// Why the update must stop now, if it must.
 fn stop_reason(ctx: &ExecContext<'_>, step: usize) -> Option<NcclError> {
     if ctx.cancel.load(Ordering::Acquire) {
@@ -441,6 +533,26 @@ impl Transport for NcclTransport {
         )
     }
 
+    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
+        uid_before_join(self.plan.side, self.plan.rank, self.uid)
+    }
+
+    fn kv_after_join(&self) -> Option<String> {
+        uid_after_join(self.plan.side, self.plan.rank)
+    }
+
+    fn joined(
+        &mut self,
+        value: Option<&serde_json::Value>,
+        join_deadline: Duration,
+    ) -> Result<(), RuntimeError> {
+        if let Some(v) = value {
+            self.uid = Some(UniqueId::from_kv(v)?);
+        }
+        self.cfg.init_timeout = join_deadline;
+        Ok(())
+    }
+
     fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
         self.open(peers).map_err(|e| self.fail(e).into())
     }
@@ -471,6 +583,42 @@ impl Drop for NcclTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_training_rank_0_publishes_the_uid_and_every_other_rank_reads_it_after_joining() {
+        let uid = UniqueId([0xab; 128]);
+        let (key, value) = uid_before_join(Side::Training, RankId::train(0), Some(uid)).unwrap();
+        assert_eq!(key, "nccl.uid");
+        assert_eq!(value, serde_json::Value::String("ab".repeat(128)));
+        assert_eq!(UniqueId::from_kv(&value).unwrap(), uid);
+        assert_eq!(uid_after_join(Side::Training, RankId::train(0)), None);
+        for (side, rank) in [
+            (Side::Training, RankId::train(1)),
+            (Side::Inference, RankId::infer(0, 0)),
+            (Side::Inference, RankId::infer(1, 3)),
+        ] {
+            assert_eq!(uid_before_join(side, rank, Some(uid)), None);
+            assert_eq!(uid_after_join(side, rank), Some("nccl.uid".to_string()));
+        }
+    }
+
+    #[test]
+    fn host_tensors_are_refused_with_the_way_to_put_them_on_a_gpu() {
+        let layout = crate::layout::RankLayout {
+            rank: RankId::train(0),
+            tensors: vec![crate::layout::LocalTensor {
+                name: Arc::from("w"),
+                shape: crate::layout::Dims::new(&[2, 4]),
+                dtype: crate::dtype::DType::Bf16,
+                placements: vec![],
+            }],
+        };
+        let set = TensorSet::allocate_host(&layout).unwrap();
+        assert_eq!(
+            device_tensors(&set).unwrap_err().to_string(),
+            "the nccl transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport"
+        );
+    }
 
     #[test]
     fn rendezvous_values_round_trip_and_missing_ones_are_named() {

@@ -153,10 +153,62 @@ pub fn make_transport(
             cfg.bucket_bytes,
             &ctl,
         )?)),
-        TransportKind::Nccl => Err(RuntimeError::Config(format!(
-            "transport `{}` is not available in the CPU runtime; use shm or tcp",
-            cfg.transport
-        ))),
+        TransportKind::Nccl => nccl_transport(cfg, prepared, tensors),
+    }
+}
+
+/// The `nccl` transport of a rank over its device tensors: one communicator for the whole
+/// pair. Training rank 0 creates the communicator's unique id here and publishes it before it
+/// joins ([`Transport::kv_before_join`]); every other rank reads it once all ranks have joined,
+/// so no rank waits on one that waits on it.
+fn nccl_transport(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    use crate::nccl::{CommWorld, Library, NcclConfig, NcclError, NcclTransport, creates_uid};
+    if !crate::cuda::BUILT {
+        return Err(RuntimeError::Config(NcclError::NeedsCuda.to_string()));
+    }
+    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
+        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
+    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
+        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
+    let world = CommWorld::of(&*training, &*inference)?;
+    let lib = Arc::new(Library::load()?);
+    let uid = if creates_uid(cfg.side, cfg.rank) {
+        Some(lib.unique_id()?)
+    } else {
+        None
+    };
+    let mut nc = NcclConfig::new(0, world);
+    nc.bucket_bytes = cfg.bucket_bytes;
+    Ok(Box::new(NcclTransport::for_rank(
+        lib,
+        nc,
+        prepared.plan.clone(),
+        tensors,
+        uid,
+    )?))
+}
+
+/// Reads the pair kv value a transport needs after joining ([`Transport::kv_after_join`]).
+/// Its publisher put it before joining and every rank has joined, so it is there unless the
+/// publisher is not running this transport; the wait is bounded all the same.
+async fn read_after_join(
+    client: &Client,
+    pair: &str,
+    key: &str,
+    wait: Duration,
+) -> Result<serde_json::Value, RankError> {
+    match client.get_kv(pair, key, wait).await {
+        Ok(e) => Ok(e.value),
+        Err(e) if e.status() == Some(404) => {
+            Err(RankError::Runtime(RuntimeError::Config(format!(
+                "pair `{pair}` has no kv `{key}` although every rank has joined (waited {wait:?}); the rank that publishes it before joining (training rank 0 for nccl) must run the same transport"
+            ))))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -241,6 +293,10 @@ impl Rank {
         tensors.check_layout(&prepared.layout)?;
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
         check_pair(&client, &cfg).await?;
+        let mut transport = transport;
+        if let Some((key, value)) = transport.kv_before_join() {
+            client.put_kv(&cfg.pair, &key, value).await?;
+        }
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
             "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
@@ -274,7 +330,12 @@ impl Rank {
             .filter(|e| e.side == other)
             .map(|e| (e.rank, e.info.get("transport").cloned().unwrap_or_default()))
             .collect();
-        let mut transport = transport;
+        let join_deadline = Duration::from_millis(joined.options.join_deadline_ms);
+        let shared = match transport.kv_after_join() {
+            Some(key) => Some(read_after_join(&client, &cfg.pair, &key, join_deadline).await?),
+            None => None,
+        };
+        transport.joined(shared.as_ref(), join_deadline)?;
         transport.connect(&peers)?;
         Ok(Rank {
             client,
@@ -461,5 +522,49 @@ impl Rank {
 impl Drop for Rank {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn nccl_without_the_cuda_feature_says_the_build_lacks_cuda() {
+        let model = crate::model::ModelSpec::resolve("qwen3-tiny").unwrap();
+        let catalogue = Catalogue::of(&model);
+        let cfg = RankConfig {
+            gateway: "http://127.0.0.1:1".into(),
+            token: None,
+            pair: "p".into(),
+            side: Side::Training,
+            rank: RankId::train(0),
+            model,
+            train: "megatron:tp=1".parse().unwrap(),
+            infer: "sglang:tp=1".parse().unwrap(),
+            transport: TransportKind::Nccl,
+            bucket_bytes: 1 << 20,
+            host: "127.0.0.1".into(),
+        };
+        let prepared = Prepared {
+            catalogue,
+            layout: RankLayout {
+                rank: RankId::train(0),
+                tensors: vec![],
+            },
+            plan: Arc::new(RankPlan {
+                side: Side::Training,
+                rank: RankId::train(0),
+                peers: vec![],
+                fingerprint: 0,
+            }),
+        };
+        let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
+        let e = make_transport(&cfg, &prepared, tensors).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "the nccl transport needs awex built with --features cuda"
+        );
     }
 }

@@ -140,6 +140,30 @@ pub trait Transport: Send {
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;
 
+    /// A pair kv entry `(key, value)` this rank publishes before it joins, for the other ranks
+    /// to read once every rank has joined (the NCCL unique id of training rank 0); `None` for
+    /// transports that need none.
+    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
+        None
+    }
+
+    /// A pair kv key this rank reads once every rank has joined, before it connects (published
+    /// by another rank's [`Transport::kv_before_join`]); `None` for transports that need none.
+    fn kv_after_join(&self) -> Option<String> {
+        None
+    }
+
+    /// Called once every rank has joined, before [`Transport::connect`]: the value read under
+    /// [`Transport::kv_after_join`], and the pair's join deadline (how long connecting may wait
+    /// for the other ranks).
+    fn joined(
+        &mut self,
+        _value: Option<&serde_json::Value>,
+        _join_deadline: Duration,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     /// Prepares connections to the peers once the roster is known (optional; `execute` connects
     /// lazily otherwise), so that the first update does not pay for it.
     fn connect(&mut self, _peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
