@@ -4,6 +4,7 @@
 //! tensor `canonical` sits at `local_offset` of this tensor". Once both sides of a pair are
 //! described this way, moving weights is pure geometry (see [`crate::plan`]).
 
+pub mod check;
 pub mod copy;
 mod dims;
 pub(crate) mod ops;
