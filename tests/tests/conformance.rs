@@ -4,10 +4,7 @@
 //! linked into this test crate gets every check below by registering.
 
 use awex_core::backend::{ParallelConfig, ParallelKey, inference_backends, training_backends};
-use awex_core::layout::{
-    ExplicitSide, RankId, Side, SideLayout, coverage, materialize, reconstruct, validate_holders,
-    validate_rank,
-};
+use awex_core::layout::{ExplicitSide, RankId, Side, SideLayout, check, materialize};
 use awex_core::model::{Architecture, presets};
 use awex_core::plan::{Pair, RankBuffers, simulate};
 use awex_core::runtime::fill::canonical_tensor;
@@ -129,7 +126,6 @@ fn every_backend_layout_is_valid_covering_and_round_trips() {
     let mut checked = 0;
     for model in models() {
         let cat = Catalogue::of(&model);
-        let canon = canonical(&cat);
         for side in [Side::Training, Side::Inference] {
             let ls = layouts(side, &model);
             assert!(
@@ -146,45 +142,8 @@ fn every_backend_layout_is_valid_covering_and_round_trips() {
                     ranks.len(),
                     "{what}: distinct ranks"
                 );
-                let explicit = ExplicitSide::from_side(&*l);
-                assert_eq!(
-                    explicit.rank_layouts().len(),
-                    ranks.len(),
-                    "{what}: every rank has a layout"
-                );
-                for r in explicit.rank_layouts() {
-                    validate_rank(r, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
-                }
-                validate_holders(&*l, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
-                let gaps = coverage(&*l, &cat);
-                assert!(gaps.is_empty(), "{what}: {}", gaps[0]);
-                // materialize -> reconstruct gives the canonical bytes back, per replica
-                let bufs = buffers(&explicit, &cat, &canon);
-                for e in 0..l.engines() {
-                    let (ls, bs): (Vec<_>, Vec<_>) = explicit
-                        .rank_layouts()
-                        .iter()
-                        .filter(|r| r.rank.engine == e)
-                        .map(|r| {
-                            let m = &bufs[&r.rank];
-                            (
-                                r.clone(),
-                                r.tensors
-                                    .iter()
-                                    .map(|t| m[&t.name].clone())
-                                    .collect::<Vec<_>>(),
-                            )
-                        })
-                        .unzip();
-                    let back = reconstruct(&ls, &bs, &cat).unwrap();
-                    for c in cat.tensors() {
-                        assert!(
-                            back[&c.name] == canon[&c.name],
-                            "{what}: engine {e} round trip of {}",
-                            c.name
-                        );
-                    }
-                }
+                // every rank valid, holders agree, coverage, partition, per-engine round trip
+                check::side(&*l, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
                 checked += 1;
             }
         }

@@ -30,6 +30,8 @@ struct Piece {
     bytes: u64,
     /// range into the flat candidate list
     cands: (u32, u32),
+    /// index of that candidate set (one heap each)
+    set: u32,
     chosen: u32,
 }
 
@@ -123,7 +125,7 @@ pub(super) fn assign_tensor(
     let mut flat: Vec<Cand> = Vec::new();
     // candidate sets seen in this tensor (by the source regions they come from) -> range in `flat`
     let mut sets: Vec<(Vec<u32>, (u32, u32))> = Vec::new();
-    let mut cells: Vec<(Region, (u32, u32))> = Vec::new();
+    let mut cells: Vec<(Region, u32)> = Vec::new();
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
         cells.clear();
@@ -146,19 +148,18 @@ pub(super) fn assign_tensor(
                     dst: dh.ranks.first().copied().unwrap_or(RankId::infer(0, 0)),
                 });
             }
-            let range = match sets.iter().find(|(k, _)| *k == set) {
-                Some((_, r)) => *r,
+            let index = match sets.iter().position(|(k, _)| *k == set) {
+                Some(i) => i as u32,
                 None => {
                     let start = flat.len() as u32;
                     for &i in &set {
                         flat.extend_from_slice(&regions[i as usize].1);
                     }
-                    let r = (start, flat.len() as u32);
-                    sets.push((set, r));
-                    r
+                    sets.push((set, (start, flat.len() as u32)));
+                    sets.len() as u32 - 1
                 }
             };
-            cells.push((cell, range));
+            cells.push((cell, index));
             Ok(())
         };
         if hit.iter().any(|&i| regions[i].0.contains(&want)) {
@@ -178,7 +179,8 @@ pub(super) fn assign_tensor(
                 return Err(e);
             }
         }
-        for (cell, range) in &cells {
+        for &(cell, set) in &cells {
+            let range = sets[set as usize].1;
             if let Some(cand) = flat[range.0 as usize..range.1 as usize]
                 .iter()
                 .find(|cand| !src[cand.holder as usize].dtype.converts_to(dh.dtype))
@@ -193,9 +195,10 @@ pub(super) fn assign_tensor(
                 s.pieces.push(Piece {
                     dst_rank: r,
                     dst_holder: dhi as u32,
-                    cell: *cell,
+                    cell,
                     bytes: cell.numel() * dh.dtype.size() as u64,
-                    cands: *range,
+                    cands: range,
+                    set,
                     chosen: u32::MAX,
                 });
             }
@@ -222,8 +225,7 @@ pub(super) fn assign_tensor(
     let mut heaps: Vec<BinaryHeap<Reverse<(u64, u64, u32)>>> = vec![BinaryHeap::new(); sets.len()];
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
-        let hi = sets.iter().position(|(_, r)| *r == p.cands).unwrap_or(0);
-        let heap = &mut heaps[hi];
+        let heap = &mut heaps[p.set as usize];
         if heap.is_empty() {
             for pos in p.cands.0..p.cands.1 {
                 let r = flat[pos as usize].rank as usize;

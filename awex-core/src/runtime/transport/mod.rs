@@ -132,6 +132,15 @@ pub struct ExecStats {
     pub buckets: u64,
 }
 
+impl ExecStats {
+    /// Adds another part's stats (checksums add wrapping, as the gateway compares them).
+    pub fn add(&mut self, o: &ExecStats) {
+        self.bytes += o.bytes;
+        self.buckets += o.buckets;
+        self.checksum = self.checksum.wrapping_add(o.checksum);
+    }
+}
+
 /// Moves one rank's planned bytes for each update.
 pub trait Transport: Send {
     /// Which transport this is.

@@ -186,40 +186,11 @@ impl TcpTransport {
                 .map_err(io_err("clone socket".into()))?;
             streams.push((i, s));
         }
-        let results: Vec<Result<ExecStats, RuntimeError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = streams
-                .into_iter()
-                .map(|(i, s)| {
-                    let (peer, buckets, tensors) =
-                        (&plan.peers[i], self.buckets[i].clone(), &self.tensors);
-                    let bb = self.bucket_bytes;
-                    scope.spawn(move || send_peer(peer, &buckets, tensors, s, ctx, bb))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Transport("sender thread panicked".into()))
-                    })
-                })
-                .collect()
-        });
-        let mut total = ExecStats::default();
-        for (peer, r) in plan.peers.iter().zip(results) {
-            match r {
-                Ok(s) => {
-                    total.bytes += s.bytes;
-                    total.buckets += s.buckets;
-                    total.checksum = total.checksum.wrapping_add(s.checksum);
-                }
-                Err(e) => {
-                    self.outgoing.remove(&peer.peer);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(total)
+        self.run_peers(&plan, streams, ctx, send_peer)
+            .map_err(|(peer, e)| {
+                self.outgoing.remove(&peer);
+                e
+            })
     }
 
     fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
@@ -255,6 +226,24 @@ impl TcpTransport {
                 streams.push((i, s));
             }
         }
+        self.run_peers(&plan, streams, ctx, receive_peer)
+            .map_err(|(peer, e)| {
+                // a broken stream is dropped; the peer reconnects on retry
+                if let Ok(mut m) = self.incoming.0.lock() {
+                    m.remove(&peer);
+                }
+                e
+            })
+    }
+
+    /// Runs one thread per peer stream and sums their stats; the first failure names its peer.
+    fn run_peers(
+        &self,
+        plan: &RankPlan,
+        streams: Vec<(usize, TcpStream)>,
+        ctx: &ExecContext<'_>,
+        per_peer: PeerFn,
+    ) -> Result<ExecStats, (RankId, RuntimeError)> {
         let results: Vec<Result<ExecStats, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = streams
                 .into_iter()
@@ -262,38 +251,35 @@ impl TcpTransport {
                     let (peer, buckets, tensors) =
                         (&plan.peers[i], self.buckets[i].clone(), &self.tensors);
                     let bb = self.bucket_bytes;
-                    scope.spawn(move || receive_peer(peer, &buckets, tensors, s, ctx, bb))
+                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, bb))
                 })
                 .collect();
             handles
                 .into_iter()
                 .map(|h| {
                     h.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Transport("receiver thread panicked".into()))
+                        Err(RuntimeError::Transport("peer thread panicked".into()))
                     })
                 })
                 .collect()
         });
         let mut total = ExecStats::default();
         for (peer, r) in plan.peers.iter().zip(results) {
-            match r {
-                Ok(s) => {
-                    total.bytes += s.bytes;
-                    total.buckets += s.buckets;
-                    total.checksum = total.checksum.wrapping_add(s.checksum);
-                }
-                Err(e) => {
-                    // a broken stream is dropped; the peer reconnects on retry
-                    if let Ok(mut m) = self.incoming.0.lock() {
-                        m.remove(&peer.peer);
-                    }
-                    return Err(e);
-                }
-            }
+            total.add(&r.map_err(|e| (peer.peer, e))?);
         }
         Ok(total)
     }
 }
+
+/// Moves one peer's buckets over its stream (the sending or the receiving end).
+type PeerFn = fn(
+    &PeerPlan,
+    &[Bucket],
+    &TensorSet,
+    TcpStream,
+    &ExecContext<'_>,
+    u64,
+) -> Result<ExecStats, RuntimeError>;
 
 fn accept_loop(
     listener: TcpListener,
