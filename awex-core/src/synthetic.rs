@@ -150,16 +150,14 @@ pub fn catalogue(shapes: &[Vec<u64>]) -> Catalogue {
     )
 }
 
-/// Deterministic pseudo-random bytes for canonical tensor `name` at `version`.
+/// Deterministic pseudo-random bytes for canonical tensor `name` at `version` (the runtime's
+/// synthetic weights, [`crate::runtime::fill`]).
 pub fn canonical_bytes(name: &str, version: u64, len: usize) -> Vec<u8> {
-    let mut state = xxhash_rust::xxh3::xxh3_64_with_seed(name.as_bytes(), version);
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        out.extend_from_slice(&(state >> 16).to_le_bytes());
-    }
-    out.truncate(len);
+    let mut out = vec![0u8; len];
+    crate::runtime::fill::canonical_bytes_at(
+        crate::runtime::fill::seed(name, version),
+        0,
+        &mut out,
+    );
     out
 }
