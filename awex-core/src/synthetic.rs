@@ -151,13 +151,9 @@ pub fn catalogue(shapes: &[Vec<u64>]) -> Catalogue {
 }
 
 /// Deterministic pseudo-random bytes for canonical tensor `name` at `version` (the runtime's
-/// synthetic weights, [`crate::runtime::fill`]).
+/// synthetic weights, [`crate::weights`]).
 pub fn canonical_bytes(name: &str, version: u64, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
-    crate::runtime::fill::canonical_bytes_at(
-        crate::runtime::fill::seed(name, version),
-        0,
-        &mut out,
-    );
+    crate::weights::canonical_bytes_at(crate::weights::seed(name, version), 0, &mut out);
     out
 }

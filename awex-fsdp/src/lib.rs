@@ -13,7 +13,7 @@ pub mod layout;
 pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk};
 
 use awex_core::backend::{
-    Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend, TrainingRegistration,
+    Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend, TrainingRegistration,
 };
 use awex_core::layout::{LayoutError, SideLayout};
 use awex_core::model::ModelSpec;
@@ -64,8 +64,7 @@ impl FsdpBackend {
     }
 }
 
-#[async_trait::async_trait]
-impl TrainingBackend for FsdpBackend {
+impl Backend for FsdpBackend {
     fn name(&self) -> &'static str {
         "fsdp"
     }
@@ -90,10 +89,12 @@ impl TrainingBackend for FsdpBackend {
         Ok(Arc::new(self.fsdp_layout(model, parallel)?))
     }
 
-    async fn detect(&self, probe: &Probe) -> Detection {
+    fn detect(&self, probe: &Probe) -> Detection {
         detect::detect(probe)
     }
 }
+
+impl TrainingBackend for FsdpBackend {}
 
 awex_core::inventory::submit! {
     TrainingRegistration(&FsdpBackend)

@@ -1,6 +1,7 @@
 //! Detection from Accelerate / torchrun environment variables and torch distributed checkpoints.
 
-use awex_core::backend::{ParallelConfig, Probe, TrainingBackend};
+use awex_core::backend::Backend;
+use awex_core::backend::{ParallelConfig, Probe};
 use awex_fsdp::FsdpBackend;
 use awex_fsdp::detect::{DistCheckpoint, ShardingStrategy, inspect_checkpoint};
 use std::collections::BTreeMap;
@@ -69,12 +70,10 @@ fn distributed_checkpoint_is_recognised_by_metadata_and_distcp_files() {
     );
 }
 
-#[tokio::test]
-async fn checkpoint_directory_is_strong_evidence() {
+#[test]
+fn checkpoint_directory_is_strong_evidence() {
     let dir = dcp_dir(8, true);
-    let d = FsdpBackend
-        .detect(&probe(&[], true, Some(dir.path().to_path_buf())))
-        .await;
+    let d = FsdpBackend.detect(&probe(&[], true, Some(dir.path().to_path_buf())));
     assert!(close(d.score, 0.45), "score {}", d.score);
     assert_eq!(
         d.evidence,
@@ -90,12 +89,10 @@ async fn checkpoint_directory_is_strong_evidence() {
     assert_eq!(d.parallel, None);
 }
 
-#[tokio::test]
-async fn directory_without_checkpoint_adds_nothing_but_says_why() {
+#[test]
+fn directory_without_checkpoint_adds_nothing_but_says_why() {
     let dir = dcp_dir(0, false);
-    let d = FsdpBackend
-        .detect(&probe(&[], false, Some(dir.path().to_path_buf())))
-        .await;
+    let d = FsdpBackend.detect(&probe(&[], false, Some(dir.path().to_path_buf())));
     assert_eq!(d.score, 0.0);
     assert_eq!(
         d.evidence,
@@ -106,15 +103,15 @@ async fn directory_without_checkpoint_adds_nothing_but_says_why() {
     );
 }
 
-#[tokio::test]
-async fn accelerate_fsdp_with_torchrun_world_gives_a_full_shard_mesh() {
+#[test]
+fn accelerate_fsdp_with_torchrun_world_gives_a_full_shard_mesh() {
     let env = [
         ("ACCELERATE_USE_FSDP", "true"),
         ("FSDP_SHARDING_STRATEGY", "FULL_SHARD"),
         ("WORLD_SIZE", "8"),
         ("LOCAL_WORLD_SIZE", "8"),
     ];
-    let d = FsdpBackend.detect(&probe(&env, true, None)).await;
+    let d = FsdpBackend.detect(&probe(&env, true, None));
     assert!(
         close(d.score, 0.5 + 0.3 + 0.05 + 0.05 + 0.05),
         "score {}",
@@ -134,15 +131,15 @@ async fn accelerate_fsdp_with_torchrun_world_gives_a_full_shard_mesh() {
     );
 }
 
-#[tokio::test]
-async fn hybrid_shard_gives_an_hsdp_mesh_of_nodes() {
+#[test]
+fn hybrid_shard_gives_an_hsdp_mesh_of_nodes() {
     let env = [
         ("ACCELERATE_USE_FSDP", "1"),
         ("FSDP_SHARDING_STRATEGY", "4"),
         ("WORLD_SIZE", "16"),
         ("LOCAL_WORLD_SIZE", "8"),
     ];
-    let d = FsdpBackend.detect(&probe(&env, false, None)).await;
+    let d = FsdpBackend.detect(&probe(&env, false, None));
     assert_eq!(d.parallel, mesh(8, 2));
     assert_eq!(d.evidence[1], "FSDP_SHARDING_STRATEGY=4 (HYBRID_SHARD)");
 }
@@ -168,38 +165,38 @@ fn sharding_strategies_parse_by_name_and_number() {
     assert_eq!(ShardingStrategy::parse("ZERO3"), None);
 }
 
-#[tokio::test]
-async fn no_shard_replicates_everything() {
+#[test]
+fn no_shard_replicates_everything() {
     let env = [("FSDP_SHARDING_STRATEGY", "NO_SHARD"), ("WORLD_SIZE", "4")];
-    let d = FsdpBackend.detect(&probe(&env, false, None)).await;
+    let d = FsdpBackend.detect(&probe(&env, false, None));
     assert_eq!(d.parallel, mesh(1, 4));
 }
 
-#[tokio::test]
-async fn torchrun_alone_is_weak_and_gives_no_mesh() {
+#[test]
+fn torchrun_alone_is_weak_and_gives_no_mesh() {
     let env = [("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "4")];
-    let d = FsdpBackend.detect(&probe(&env, true, None)).await;
+    let d = FsdpBackend.detect(&probe(&env, true, None));
     assert!(close(d.score, 0.15), "score {}", d.score);
     assert_eq!(d.parallel, None);
 }
 
-#[tokio::test]
-async fn torch_alone_is_no_evidence() {
-    let d = FsdpBackend.detect(&probe(&[], true, None)).await;
+#[test]
+fn torch_alone_is_no_evidence() {
+    let d = FsdpBackend.detect(&probe(&[], true, None));
     assert_eq!(d.score, 0.0);
     assert_eq!(d.parallel, None);
     assert_eq!(
         d.evidence,
         vec!["python package `torch` is importable (no weight alone: every PyTorch job has it)"]
     );
-    let nothing = FsdpBackend.detect(&probe(&[], false, None)).await;
+    let nothing = FsdpBackend.detect(&probe(&[], false, None));
     assert_eq!((nothing.score, nothing.evidence.len()), (0.0, 0));
 }
 
-#[tokio::test]
-async fn accelerate_without_fsdp_is_not_evidence() {
+#[test]
+fn accelerate_without_fsdp_is_not_evidence() {
     let env = [("ACCELERATE_USE_FSDP", "false"), ("WORLD_SIZE", "2")];
-    let d = FsdpBackend.detect(&probe(&env, false, None)).await;
+    let d = FsdpBackend.detect(&probe(&env, false, None));
     assert!(close(d.score, 0.05), "score {}", d.score);
     assert_eq!(
         d.evidence[0],

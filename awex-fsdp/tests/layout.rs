@@ -2,7 +2,8 @@
 //! colwise / rowwise splits, tied embeddings, HF names, and refused configs.
 
 use awex_core::DType;
-use awex_core::backend::{ParallelConfig, TrainingBackend, training_backends};
+use awex_core::backend::Backend;
+use awex_core::backend::{ParallelConfig, training_backends};
 use awex_core::layout::{Dims, Holder, LocalTensor, Placement, RankId, Region, SideLayout};
 use awex_core::model::presets::preset;
 use awex_core::model::{Architecture, Catalogue, ModelSpec};

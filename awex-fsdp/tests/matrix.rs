@@ -4,7 +4,8 @@
 mod common;
 
 use awex_core::DType;
-use awex_core::backend::{ParallelConfig, TrainingBackend};
+use awex_core::backend::Backend;
+use awex_core::backend::ParallelConfig;
 use awex_core::model::presets::preset;
 use awex_core::model::{Architecture, Catalogue, ModelSpec, MoeSpec};
 use awex_fsdp::{FsdpBackend, FsdpLayout};

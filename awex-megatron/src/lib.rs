@@ -15,7 +15,7 @@ pub use config::{Config, Coord, KEYS, VOCAB_DIVISIBLE_BY};
 pub use detect::TRACKER_FILE;
 pub use layout::MegatronLayout;
 
-use awex_core::backend::{Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend};
+use awex_core::backend::{Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend};
 use awex_core::layout::{LayoutError, SideLayout};
 use awex_core::model::ModelSpec;
 use std::sync::Arc;
@@ -27,8 +27,7 @@ pub const CRATE: &str = env!("CARGO_PKG_NAME");
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MegatronBackend;
 
-#[async_trait::async_trait]
-impl TrainingBackend for MegatronBackend {
+impl Backend for MegatronBackend {
     fn name(&self) -> &'static str {
         "megatron"
     }
@@ -53,9 +52,11 @@ impl TrainingBackend for MegatronBackend {
         Ok(Arc::new(MegatronLayout::new(model, parallel)?))
     }
 
-    async fn detect(&self, probe: &Probe) -> Detection {
+    fn detect(&self, probe: &Probe) -> Detection {
         detect::detect(probe)
     }
 }
+
+impl TrainingBackend for MegatronBackend {}
 
 awex_core::inventory::submit! { awex_core::backend::TrainingRegistration(&MegatronBackend) }

@@ -1,6 +1,7 @@
 //! Detection of Megatron launches and checkpoints, and the parallel config a legacy checkpoint reveals.
 
-use awex_core::backend::{Detection, ParallelConfig, Probe, TrainingBackend};
+use awex_core::backend::Backend;
+use awex_core::backend::{Detection, ParallelConfig, Probe};
 use awex_megatron::MegatronBackend;
 use std::collections::BTreeMap;
 use std::fs;
@@ -21,8 +22,8 @@ fn probe(env: &[(&str, &str)], packages: &[(&str, bool)], checkpoint: Option<&Pa
     }
 }
 
-async fn detect(p: &Probe) -> Detection {
-    MegatronBackend.detect(p).await
+fn detect(p: &Probe) -> Detection {
+    MegatronBackend.detect(p)
 }
 
 fn assert_score(d: &Detection, want: f64) {
@@ -40,39 +41,36 @@ fn mkdirs(root: &Path, dirs: &[&str]) {
     }
 }
 
-#[tokio::test]
-async fn nothing_megatron_scores_zero() {
+#[test]
+fn nothing_megatron_scores_zero() {
     let dir = tempfile::tempdir().unwrap();
     let d = detect(&probe(
         &[("HOME", "/root")],
         &[("megatron.core", false)],
         Some(dir.path()),
-    ))
-    .await;
+    ));
     assert_eq!(d, Detection::default());
 }
 
-#[tokio::test]
-async fn python_package_and_launch_variables_are_evidence() {
+#[test]
+fn python_package_and_launch_variables_are_evidence() {
     let d = detect(&probe(
         &[],
         &[("megatron.core", true), ("megatron", true)],
         None,
-    ))
-    .await;
+    ));
     assert_score(&d, 0.5);
     assert_eq!(
         d.evidence,
         vec!["python package `megatron.core` is importable"]
     );
-    let d = detect(&probe(&[], &[("megatron", true)], None)).await;
+    let d = detect(&probe(&[], &[("megatron", true)], None));
     assert_score(&d, 0.3);
     let d = detect(&probe(
         &[("CUDA_DEVICE_MAX_CONNECTIONS", "1"), ("WORLD_SIZE", "8")],
         &[],
         None,
-    ))
-    .await;
+    ));
     assert_score(&d, 0.25);
     assert_eq!(
         d.evidence,
@@ -82,13 +80,13 @@ async fn python_package_and_launch_variables_are_evidence() {
         ]
     );
     // other values of the variable are not Megatron's
-    let d = detect(&probe(&[("CUDA_DEVICE_MAX_CONNECTIONS", "8")], &[], None)).await;
+    let d = detect(&probe(&[("CUDA_DEVICE_MAX_CONNECTIONS", "8")], &[], None));
     assert_score(&d, 0.0);
     assert_eq!(d.parallel, None);
 }
 
-#[tokio::test]
-async fn legacy_checkpoint_reveals_tp_and_pp() {
+#[test]
+fn legacy_checkpoint_reveals_tp_and_pp() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(
         dir.path().join("latest_checkpointed_iteration.txt"),
@@ -107,7 +105,7 @@ async fn legacy_checkpoint_reveals_tp_and_pp() {
         dir.path(),
         &shards.iter().map(String::as_str).collect::<Vec<_>>(),
     );
-    let d = detect(&probe(&[], &[], Some(dir.path()))).await;
+    let d = detect(&probe(&[], &[], Some(dir.path())));
     assert_score(&d, 0.8);
     assert_eq!(
         d.parallel,
@@ -126,8 +124,8 @@ async fn legacy_checkpoint_reveals_tp_and_pp() {
     );
 }
 
-#[tokio::test]
-async fn legacy_checkpoint_without_pp_field_is_pp_one() {
+#[test]
+fn legacy_checkpoint_without_pp_field_is_pp_one() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(
         dir.path().join("latest_checkpointed_iteration.txt"),
@@ -143,7 +141,7 @@ async fn legacy_checkpoint_without_pp_field_is_pp_one() {
             "release/mp_rank_03",
         ],
     );
-    let d = detect(&probe(&[], &[], Some(dir.path()))).await;
+    let d = detect(&probe(&[], &[], Some(dir.path())));
     assert_score(&d, 0.8);
     assert_eq!(
         d.parallel,
@@ -151,8 +149,8 @@ async fn legacy_checkpoint_without_pp_field_is_pp_one() {
     );
 }
 
-#[tokio::test]
-async fn iteration_directory_without_tracker_is_read_directly() {
+#[test]
+fn iteration_directory_without_tracker_is_read_directly() {
     let dir = tempfile::tempdir().unwrap();
     let iter = dir.path().join("iter_0000007");
     mkdirs(
@@ -165,7 +163,7 @@ async fn iteration_directory_without_tracker_is_read_directly() {
         ],
     );
     // given the iteration directory itself
-    let d = detect(&probe(&[], &[], Some(&iter))).await;
+    let d = detect(&probe(&[], &[], Some(&iter)));
     assert_score(&d, 0.4);
     assert_eq!(
         d.parallel,
@@ -176,7 +174,7 @@ async fn iteration_directory_without_tracker_is_read_directly() {
         ]))
     );
     // given the root without a tracker: the latest iter_* directory is used
-    let d = detect(&probe(&[], &[], Some(dir.path()))).await;
+    let d = detect(&probe(&[], &[], Some(dir.path())));
     assert_eq!(
         d.parallel,
         Some(ParallelConfig::from_pairs([
@@ -187,18 +185,18 @@ async fn iteration_directory_without_tracker_is_read_directly() {
     );
 }
 
-#[tokio::test]
-async fn incomplete_shard_grid_gives_no_parallel_config() {
+#[test]
+fn incomplete_shard_grid_gives_no_parallel_config() {
     let dir = tempfile::tempdir().unwrap();
     mkdirs(dir.path(), &["mp_rank_00_000", "mp_rank_01_001"]);
-    let d = detect(&probe(&[], &[], Some(dir.path()))).await;
+    let d = detect(&probe(&[], &[], Some(dir.path())));
     assert_score(&d, 0.3);
     assert_eq!(d.parallel, None);
     assert!(d.evidence[0].ends_with("holds 2 legacy Megatron shard directories (mp_rank_*), but tp=2, pp=2 needs 4; parallel config not inferred"), "{:?}", d.evidence);
 }
 
-#[tokio::test]
-async fn torch_dist_checkpoint_is_recognised_by_its_metadata() {
+#[test]
+fn torch_dist_checkpoint_is_recognised_by_its_metadata() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("latest_checkpointed_iteration.txt"), "50").unwrap();
     mkdirs(dir.path(), &["iter_0000050"]);
@@ -211,8 +209,7 @@ async fn torch_dist_checkpoint_is_recognised_by_its_metadata() {
         &[("CUDA_DEVICE_MAX_CONNECTIONS", "1")],
         &[("megatron.core", true)],
         Some(dir.path()),
-    ))
-    .await;
+    ));
     assert_score(&d, 1.0);
     assert_eq!(d.parallel, None);
     assert!(d.evidence.iter().any(|e| e.ends_with(
@@ -225,5 +222,5 @@ async fn torch_dist_checkpoint_is_recognised_by_its_metadata() {
         r#"{"format": "something"}"#,
     )
     .unwrap();
-    assert_score(&detect(&probe(&[], &[], Some(other.path()))).await, 0.0);
+    assert_score(&detect(&probe(&[], &[], Some(other.path()))), 0.0);
 }

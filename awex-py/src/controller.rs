@@ -5,12 +5,12 @@
 use crate::endpoint::{runtime, seconds, to_py, wait};
 use crate::errors::{Fail, Result};
 use crate::spec::{ModelArg, model_key};
-use awex_core::backend::{BackendSpec, side_layout};
-use awex_core::client::Client;
-use awex_core::gateway::{
+use awex_control::client::Client;
+use awex_control::wire::{
     ConnectRequest, InferenceSpec, PairOptions, PairState, RankReportState, TrainingSpec,
     Transport, UpdateState, UpdateStatus,
 };
+use awex_core::backend::{BackendSpec, side_layout};
 use awex_core::layout::Side;
 use awex_core::model::Catalogue;
 use pyo3::prelude::*;
@@ -160,7 +160,7 @@ impl Controller {
                         .put_kv(&name, &model_key(side), model_value.clone())
                         .await?;
                 }
-                Ok::<_, awex_core::client::ClientError>(st)
+                Ok::<_, awex_control::client::ClientError>(st)
             },
         )?
         .map_err(Fail::from)?;
@@ -264,7 +264,7 @@ impl Controller {
         })?;
         let st = match st {
             Ok(st) => st,
-            Err(awex_core::client::ClientError::StillRunning {
+            Err(awex_control::client::ClientError::StillRunning {
                 state, waited_ms, ..
             }) => {
                 return Err(Fail::Timeout(format!(

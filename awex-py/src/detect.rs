@@ -3,7 +3,7 @@
 //! directory and SGLang server.
 
 use crate::endpoint::{runtime, to_py, wait};
-use awex_core::backend::{Detection, Probe, inference_backends, training_backends};
+use awex_core::backend::{Detection, inference_backends, training_backends};
 use pyo3::prelude::*;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -54,13 +54,6 @@ pub(crate) fn detect<'py>(
     checkpoint: Option<PathBuf>,
     sglang_url: Option<String>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let probe = Probe {
-        env: std::env::vars().collect(),
-        python_packages: packages,
-        checkpoint,
-        server_url: sglang_url,
-        http_timeout: Duration::from_secs(5),
-    };
     let rt = runtime("awex-detect")?;
     let report = wait(
         py,
@@ -68,13 +61,23 @@ pub(crate) fn detect<'py>(
         "detecting engines",
         Some(Duration::from_secs(60)),
         async move {
+            let (_, paths) = awex_control::probe::wanted();
+            let mut probe = awex_control::probe::gather(
+                &[],
+                &paths,
+                checkpoint,
+                sglang_url,
+                awex_control::probe::HTTP_TIMEOUT,
+            )
+            .await;
+            probe.python_packages = packages;
             let mut training = Vec::new();
             for b in training_backends() {
-                training.push(verdict(b.name(), b.detect(&probe).await));
+                training.push(verdict(b.name(), b.detect(&probe)));
             }
             let mut inference = Vec::new();
             for b in inference_backends() {
-                inference.push(verdict(b.name(), b.detect(&probe).await));
+                inference.push(verdict(b.name(), b.detect(&probe)));
             }
             let by_score = |a: &Verdict, b: &Verdict| {
                 b.score.total_cmp(&a.score).then(a.backend.cmp(b.backend))

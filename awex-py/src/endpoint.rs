@@ -16,10 +16,10 @@ use crate::errors::{Fail, Result};
 use crate::memory::{Accept, Held, hold};
 use crate::spec::{ModelArg, RankArgs, SideArg, resolve};
 use awex_core::layout::{RankId, Side};
-use awex_core::runtime::TensorSet;
-use awex_core::runtime::rank::{Prepared, Rank, RankConfig, Work, make_transport, prepare};
-use awex_core::runtime::shm::sweep_dead;
-use awex_core::runtime::transport::TransportKind;
+use awex_runtime::TensorSet;
+use awex_runtime::rank::{Prepared, Rank, RankConfig, Work, make_transport, prepare};
+use awex_runtime::shm::sweep_dead;
+use awex_runtime::transport::TransportKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMapping};
 use std::collections::{BTreeMap, HashMap};
@@ -566,7 +566,7 @@ impl Endpoint {
         }
         let checksums = j.checksums;
         let rank = &mut j.rank;
-        let failed = |e: awex_core::runtime::RuntimeError| Fail::UpdateFailed {
+        let failed = |e: awex_runtime::RuntimeError| Fail::UpdateFailed {
             version: work.version,
             message: format!(
                 "{who} failed version {} (attempt {}): {e}",
@@ -593,11 +593,11 @@ impl Endpoint {
                 client.wait_update(&pair, work.version, limit).await
             })?
             .map_err(Fail::from)?;
-            if st.state != awex_core::gateway::UpdateState::Committed {
+            if st.state != awex_control::wire::UpdateState::Committed {
                 let ranks = st
                     .ranks
                     .iter()
-                    .filter(|r| r.state != awex_core::gateway::RankReportState::Ok)
+                    .filter(|r| r.state != awex_control::wire::RankReportState::Ok)
                     .map(|r| match r.side {
                         Side::Training => format!("training rank {}", r.rank.rank),
                         Side::Inference => {

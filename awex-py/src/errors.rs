@@ -1,11 +1,11 @@
 //! Every failure of the extension as one enum, raised in Python as the matching `awex.errors`
 //! class (or a built-in exception) carrying the Rust message.
 
+use awex_control::client::ClientError;
 use awex_core::backend::{SideError, SpecError};
-use awex_core::client::ClientError;
 use awex_core::model::ModelError;
-use awex_core::runtime::RuntimeError;
-use awex_core::runtime::rank::RankError;
+use awex_runtime::RuntimeError;
+use awex_runtime::rank::RankError;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;

@@ -6,7 +6,7 @@
 use crate::errors::{Fail, Result};
 use awex_core::DType;
 use awex_core::layout::{Dims, MAX_DIMS};
-use awex_core::runtime::TensorView;
+use awex_runtime::TensorView;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use std::ffi::{c_char, c_void};

@@ -3,7 +3,7 @@
 //! `awex-cli serve`.
 
 use crate::errors::Fail;
-use awex_core::gateway::{GatewayConfig, serve};
+use awex_control::server::{GatewayConfig, serve};
 use pyo3::prelude::*;
 use std::sync::OnceLock;
 

@@ -6,7 +6,6 @@
 
 use awex_core::backend::{Detection, ParallelConfig, Probe};
 use serde_json::Value;
-use std::time::Duration;
 
 /// Server-info paths, newest first.
 pub const SERVER_INFO_PATHS: [&str; 2] = ["/server_info", "/get_server_info"];
@@ -17,8 +16,6 @@ const PACKAGE_WEIGHT: f64 = 0.3;
 const SERVER_WEIGHT: f64 = 0.7;
 /// Weight of a server that answers, but not in SGLang's format.
 const FOREIGN_SERVER_WEIGHT: f64 = 0.05;
-/// Request timeout used when the probe gives none.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What awex reads from SGLang's server-info response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,11 +82,11 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// Asks the server for its info, newest path first; `Err` lists why each path failed.
-async fn fetch_server_info(probe: &Probe) -> Result<(&'static str, Value), Vec<String>> {
+/// The server's info, newest path first; `Err` lists why each path failed.
+fn fetch_server_info(probe: &Probe) -> Result<(&'static str, &Value), Vec<String>> {
     let mut errors = Vec::new();
     for path in SERVER_INFO_PATHS {
-        match probe.get_json(path).await {
+        match probe.server_answer(path) {
             Ok(v) => return Ok((path, v)),
             Err(e) => errors.push(e),
         }
@@ -98,7 +95,7 @@ async fn fetch_server_info(probe: &Probe) -> Result<(&'static str, Value), Vec<S
 }
 
 /// Looks for SGLang: the `sglang` package and a server's info at `probe.server_url`.
-pub async fn detect(probe: &Probe) -> Detection {
+pub fn detect(probe: &Probe) -> Detection {
     let mut d = Detection::default();
     if probe.has_package("sglang") {
         d.add(PACKAGE_WEIGHT, "python package `sglang` is importable");
@@ -109,11 +106,7 @@ pub async fn detect(probe: &Probe) -> Detection {
         );
         return d;
     };
-    let mut probe = probe.clone();
-    if probe.http_timeout.is_zero() {
-        probe.http_timeout = DEFAULT_TIMEOUT;
-    }
-    let (path, json) = match fetch_server_info(&probe).await {
+    let (path, json) = match fetch_server_info(probe) {
         Ok(found) => found,
         Err(errors) => {
             d.evidence.push(format!(
@@ -123,7 +116,7 @@ pub async fn detect(probe: &Probe) -> Detection {
             return d;
         }
     };
-    let info = match ServerInfo::from_json(&json) {
+    let info = match ServerInfo::from_json(json) {
         Ok(info) => info,
         Err(why) => {
             d.add(

@@ -14,7 +14,7 @@ pub use detect::ServerInfo;
 pub use layout::{SglangConfigError, SglangLayout, padded_vocab};
 
 use awex_core::backend::{
-    Detection, InferenceBackend, InferenceRegistration, ParallelConfig, ParallelKey, Probe,
+    Backend, Detection, InferenceBackend, InferenceRegistration, ParallelConfig, ParallelKey, Probe,
 };
 use awex_core::layout::{LayoutError, SideLayout};
 use awex_core::model::ModelSpec;
@@ -65,8 +65,7 @@ impl SglangBackend {
     }
 }
 
-#[async_trait::async_trait]
-impl InferenceBackend for SglangBackend {
+impl Backend for SglangBackend {
     fn name(&self) -> &'static str {
         "sglang"
     }
@@ -83,6 +82,10 @@ impl InferenceBackend for SglangBackend {
         &["sglang"]
     }
 
+    fn server_info_paths(&self) -> &'static [&'static str] {
+        &detect::SERVER_INFO_PATHS
+    }
+
     fn layout(
         &self,
         model: &ModelSpec,
@@ -91,10 +94,12 @@ impl InferenceBackend for SglangBackend {
         Ok(Arc::new(self.sglang_layout(model, parallel)?))
     }
 
-    async fn detect(&self, probe: &Probe) -> Detection {
-        detect::detect(probe).await
+    fn detect(&self, probe: &Probe) -> Detection {
+        detect::detect(probe)
     }
 }
+
+impl InferenceBackend for SglangBackend {}
 
 awex_core::inventory::submit! {
     InferenceRegistration(&SglangBackend)

@@ -1,7 +1,8 @@
 //! Exact SGLang placements for small models: qkv (with KV replication), vocab padding, gate_up,
 //! row-parallel columns, FusedMoE w13/w2 under EP x moe_tp, tied lm_head, engine replicas, errors.
 
-use awex_core::backend::{InferenceBackend, ParallelConfig, inference_backends};
+use awex_core::backend::Backend;
+use awex_core::backend::{ParallelConfig, inference_backends};
 use awex_core::layout::{Dims, Holder, LocalTensor, Placement, RankId, Region, SideLayout};
 use awex_core::model::presets::preset;
 use awex_core::model::{Catalogue, ModelSpec};

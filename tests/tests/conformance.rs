@@ -7,7 +7,7 @@ use awex_core::backend::{ParallelConfig, ParallelKey, inference_backends, traini
 use awex_core::layout::{ExplicitSide, RankId, Side, SideLayout, check, materialize};
 use awex_core::model::{Architecture, presets};
 use awex_core::plan::{Pair, RankBuffers, simulate};
-use awex_core::runtime::fill::canonical_tensor;
+use awex_core::weights::canonical_tensor;
 use awex_core::{Catalogue, ModelSpec};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

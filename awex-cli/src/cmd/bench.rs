@@ -15,14 +15,14 @@
 
 use super::plan::{Resolved, human_bytes};
 use anyhow::{Context, anyhow, bail};
-use awex_core::cuda::{
+use awex_core::layout::copy::StridedBox;
+use awex_core::layout::{LocalTensor, RankId, Side};
+use awex_core::plan::Transfer;
+use awex_gpu::cuda::{
     CopyDesc, CopyEngine, CopyMethod, CudaError, DescStats, Device, DeviceBuffer, Event,
     ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, RemoteAddr, driver_version,
     plan_copies, split_linear,
 };
-use awex_core::layout::copy::StridedBox;
-use awex_core::layout::{LocalTensor, RankId, Side};
-use awex_core::plan::Transfer;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -594,7 +594,7 @@ fn one_update(
 
 enum Work<'a> {
     Launch(&'a [CopyDesc]),
-    Graph(awex_core::cuda::CopyGraph),
+    Graph(awex_gpu::cuda::CopyGraph),
 }
 
 /// The receiver's tensors: one device allocation each.

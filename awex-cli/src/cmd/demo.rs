@@ -17,13 +17,12 @@
 
 use super::plan::{DEFAULT_INFER, DEFAULT_MODEL, DEFAULT_TRAIN, Resolved, human_bytes};
 use anyhow::{Context, bail};
-use awex_core::client::Client;
-use awex_core::gateway::{
-    ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, UpdateState,
-};
+use awex_control::client::Client;
+use awex_control::server::GatewayConfig;
+use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, UpdateState};
 use awex_core::layout::RankId;
-use awex_core::runtime::shm::list_segments;
-use awex_core::runtime::transport::TransportKind;
+use awex_runtime::shm::list_segments;
+use awex_runtime::transport::TransportKind;
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -146,7 +145,7 @@ pub struct DemoReport {
 
 /// Best-of-5 bandwidth of one 1 GiB device-to-device copy on GPU `gpu` (bytes copied per second).
 pub fn device_copy_gbps(gpu: u32) -> anyhow::Result<f64> {
-    use awex_core::cuda::{CopyDesc, CopyEngine, Device};
+    use awex_gpu::cuda::{CopyDesc, CopyEngine, Device};
     let n = 1u64 << 30;
     let dev = Device::open(gpu)?;
     let src = dev.alloc(n)?;
@@ -172,20 +171,20 @@ pub fn check_gpu_transport(transport: TransportKind, gpus: &[u32]) -> anyhow::Re
     if matches!(transport, TransportKind::Shm | TransportKind::Tcp) {
         return Ok(());
     }
-    if !awex_core::cuda::BUILT {
+    if !awex_gpu::cuda::BUILT {
         bail!(
             "this awex-cli was built without CUDA, so the demo cannot use `{transport}`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
         );
     }
-    let count = awex_core::cuda::device_count()?;
+    let count = awex_gpu::cuda::device_count()?;
     if let Some(&gpu) = gpus.iter().find(|&&g| g >= count) {
-        bail!(awex_core::cuda::CudaError::NoSuchDevice {
+        bail!(awex_gpu::cuda::CudaError::NoSuchDevice {
             ordinal: gpu,
             count
         });
     }
     if transport == TransportKind::Nccl {
-        awex_core::nccl::Library::load()?;
+        awex_gpu::nccl::Library::load()?;
     }
     Ok(())
 }
@@ -365,7 +364,7 @@ impl Workers {
             let _ = c.wait();
         }
         self.children.clear();
-        awex_core::runtime::shm::sweep_dead(&self.prefix);
+        awex_runtime::shm::sweep_dead(&self.prefix);
     }
 
     /// The first worker that exited, if any.
@@ -414,7 +413,7 @@ async fn wait_verdict(
     key: &str,
     version: u64,
     attempt: u32,
-) -> anyhow::Result<awex_core::gateway::KvEntry> {
+) -> anyhow::Result<awex_control::wire::KvEntry> {
     let stop_by = Instant::now() + Duration::from_secs(120);
     loop {
         match client.get_kv(pair, key, Duration::from_secs(5)).await {
@@ -476,7 +475,7 @@ async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyho
     loop {
         let s = client.status(pair).await?;
         match s.state {
-            awex_core::gateway::PairState::Ready => {
+            awex_control::wire::PairState::Ready => {
                 // a restarted rank re-joins a ready pair: wait until the roster is full again
                 if s.training.joined + s.inference.joined
                     >= s.training.world_size + s.inference.world_size
@@ -484,7 +483,7 @@ async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyho
                     return Ok(());
                 }
             }
-            awex_core::gateway::PairState::Joining => {}
+            awex_control::wire::PairState::Joining => {}
             other => bail!("pair `{pair}` is {} instead of ready", other.as_str()),
         }
         if let Some(e) = workers.exited() {
@@ -559,7 +558,7 @@ fn first_version(a: &Args) -> u64 {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let transport: TransportKind = args.transport.parse()?;
+    let transport: TransportKind = args.transport.parse().map_err(anyhow::Error::msg)?;
     if args.updates == 0 {
         bail!("--updates must be at least 1");
     }
@@ -657,7 +656,7 @@ async fn demo(
         token: Some(token.clone()),
         ..GatewayConfig::default()
     };
-    let server = tokio::spawn(awex_core::gateway::serve(listener, config));
+    let server = tokio::spawn(awex_control::server::serve(listener, config));
     let client = Client::new(&gateway, Some(token.clone()))?;
     let pair = format!("demo-{}", std::process::id());
     let summary = r.catalogue.summary();
@@ -1073,7 +1072,7 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn cuda_ipc_without_a_driver_says_no_cuda_driver_found() {
-        if awex_core::cuda::driver_present() {
+        if awex_gpu::cuda::driver_present() {
             eprintln!("libcuda is present here; the GPU demo covers this machine");
             return;
         }

@@ -1,6 +1,6 @@
 //! `awex-cli detect`: which training and inference engines run here, with evidence.
 
-use awex_core::backend::{Detection, Probe, inference_backends, training_backends};
+use awex_core::backend::{Detection, inference_backends, training_backends};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,23 +52,22 @@ fn verdict(backend: &'static str, d: Detection) -> Verdict {
 
 /// Probes this machine with every registered backend.
 pub async fn detect(checkpoint: Option<PathBuf>, url: Option<String>) -> Report {
-    let mut packages: Vec<&str> = Vec::new();
-    for b in training_backends() {
-        packages.extend(b.python_packages());
-    }
-    for b in inference_backends() {
-        packages.extend(b.python_packages());
-    }
-    packages.sort();
-    packages.dedup();
-    let probe = Probe::gather(&packages, checkpoint, url).await;
+    let (packages, paths) = awex_control::probe::wanted();
+    let probe = awex_control::probe::gather(
+        &packages,
+        &paths,
+        checkpoint,
+        url,
+        awex_control::probe::HTTP_TIMEOUT,
+    )
+    .await;
     let mut training = Vec::new();
     for b in training_backends() {
-        training.push(verdict(b.name(), b.detect(&probe).await));
+        training.push(verdict(b.name(), b.detect(&probe)));
     }
     let mut inference = Vec::new();
     for b in inference_backends() {
-        inference.push(verdict(b.name(), b.detect(&probe).await));
+        inference.push(verdict(b.name(), b.detect(&probe)));
     }
     let by_score =
         |a: &Verdict, b: &Verdict| b.score.total_cmp(&a.score).then(a.backend.cmp(b.backend));

@@ -2,12 +2,12 @@
 
 use super::serve::read_token;
 use anyhow::{Context, bail};
-use awex_core::backend::side_layout;
-use awex_core::client::Client;
-use awex_core::gateway::{
+use awex_control::client::Client;
+use awex_control::wire::{
     ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport, UpdateState,
     UpdateStatus,
 };
+use awex_core::backend::side_layout;
 use awex_core::{BackendSpec, Catalogue, ModelSpec, Side};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -368,7 +368,7 @@ mod tests {
             rt.block_on(async move {
                 let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
                 tx.send(l.local_addr().unwrap()).unwrap();
-                awex_core::gateway::serve(l, Default::default())
+                awex_control::server::serve(l, Default::default())
                     .await
                     .unwrap();
             });

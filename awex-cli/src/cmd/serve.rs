@@ -5,7 +5,7 @@
 //! `AWEX_BODY_LIMIT_MIB`; `AWEX_TOKEN` carries the token itself) < flags.
 
 use anyhow::{Context, bail};
-use awex_core::gateway::{GatewayConfig, serve_with_shutdown};
+use awex_control::server::{GatewayConfig, serve_with_shutdown};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -155,7 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
         let listener =
-            awex_core::gateway::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+            awex_control::server::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         eprintln!(
             "awex gateway listening on http://{local} ({}, body limit {} MiB)",

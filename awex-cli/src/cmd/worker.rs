@@ -15,14 +15,12 @@
 //! through the gateway (`runtime::rank`).
 
 use anyhow::bail;
-use awex_core::RankLayout;
 use awex_core::layout::{RankId, Side};
-use awex_core::runtime::TensorSet;
-use awex_core::runtime::fill::{Weights, fill_or_check_from};
-use awex_core::runtime::rank::{Rank, RankConfig, make_transport, prepare};
-use awex_core::runtime::shm::sweep_dead;
-use awex_core::runtime::transport::TransportKind;
 use awex_core::{BackendSpec, ModelSpec};
+use awex_runtime::fill::Weights;
+use awex_runtime::host::Memory;
+use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare};
+use awex_runtime::transport::TransportKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -95,116 +93,6 @@ pub fn filled_key(rank: u32) -> String {
     format!("filled.{rank}")
 }
 
-/// Cuts a rank layout into at most `parts` layouts of about equal bytes (whole tensors each),
-/// so that filling or checking can run on several threads.
-pub fn split_layout(layout: &RankLayout, parts: usize) -> Vec<RankLayout> {
-    let parts = parts.clamp(1, layout.tensors.len().max(1));
-    let mut out: Vec<RankLayout> = (0..parts)
-        .map(|_| RankLayout {
-            rank: layout.rank,
-            tensors: Vec::new(),
-        })
-        .collect();
-    let mut load = vec![0u64; parts];
-    let mut order: Vec<&awex_core::LocalTensor> = layout.tensors.iter().collect();
-    // largest first, each to the least-loaded part
-    order.sort_by_key(|t| std::cmp::Reverse(t.nbytes()));
-    for t in order {
-        let (i, _) = load
-            .iter()
-            .enumerate()
-            .min_by_key(|&(i, &l)| (l, i))
-            .unwrap_or((0, &0));
-        load[i] += t.nbytes();
-        out[i].tensors.push(t.clone());
-    }
-    out.retain(|l| !l.tensors.is_empty());
-    out
-}
-
-/// [`fill_or_check_from`] on every core: the layout's tensors split over threads.
-pub fn fill_or_check_parallel(
-    weights: &Weights,
-    layout: &RankLayout,
-    cat: &awex_core::Catalogue,
-    tensors: &TensorSet,
-    version: u64,
-    check: bool,
-) -> Result<(), String> {
-    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let parts = split_layout(layout, threads);
-    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-        let jobs: Vec<_> = parts
-            .iter()
-            .map(|part| {
-                s.spawn(move || fill_or_check_from(weights, part, cat, tensors, version, check))
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|j| {
-                j.join()
-                    .unwrap_or_else(|_| Err("a fill thread panicked".into()))
-            })
-            .collect()
-    });
-    results.into_iter().collect()
-}
-
-/// A rank's tensors: registered with the runtime, and (on a GPU) their host staging copy.
-struct Memory {
-    tensors: Arc<TensorSet>,
-    staging: Option<TensorSet>,
-}
-
-impl Memory {
-    /// Writes version `v` into the tensors (on the host, then one upload for GPU tensors).
-    fn fill(
-        &self,
-        weights: &Weights,
-        layout: &RankLayout,
-        cat: &awex_core::Catalogue,
-        v: u64,
-    ) -> anyhow::Result<()> {
-        match &self.staging {
-            None => fill_or_check_from(weights, layout, cat, &self.tensors, v, false),
-            Some(host) => fill_or_check_parallel(weights, layout, cat, host, v, false),
-        }
-        .map_err(anyhow::Error::msg)?;
-        if let Some(host) = &self.staging {
-            self.tensors.upload_from(host)?;
-        }
-        Ok(())
-    }
-
-    /// Checks that the tensors hold version `v` (GPU tensors are downloaded first).
-    fn check(
-        &self,
-        weights: &Weights,
-        layout: &RankLayout,
-        cat: &awex_core::Catalogue,
-        v: u64,
-    ) -> Result<(), String> {
-        match &self.staging {
-            None => fill_or_check_from(weights, layout, cat, &self.tensors, v, true),
-            Some(host) => {
-                self.tensors.download_to(host).map_err(|e| e.to_string())?;
-                fill_or_check_parallel(weights, layout, cat, host, v, true)
-            }
-        }
-    }
-
-    /// The tensors as host memory (GPU tensors downloaded), for dumps.
-    fn host_view(&self) -> anyhow::Result<&TensorSet> {
-        match &self.staging {
-            None => Ok(&self.tensors),
-            Some(host) => {
-                self.tensors.download_to(host)?;
-                Ok(host)
-            }
-        }
-    }
-}
-
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -224,7 +112,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         Side::Training => RankId::train(args.rank),
         Side::Inference => RankId::infer(args.engine, args.rank),
     };
-    let transport: TransportKind = args.transport.parse()?;
+    let transport: TransportKind = args.transport.parse().map_err(anyhow::Error::msg)?;
     let model = ModelSpec::resolve(&args.model)?;
     let cfg = RankConfig {
         gateway: args.gateway.clone(),
@@ -241,34 +129,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     };
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
-    let on_gpu = matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl);
-    let mem = if on_gpu {
-        let dev = awex_core::cuda::Device::open(args.gpu)?;
-        let tensors = TensorSet::allocate_cuda(&prepared.layout, &dev)?;
-        let staging = tensors.host_mirror()?;
-        Memory {
-            tensors: Arc::new(tensors),
-            staging: Some(staging),
-        }
-    } else if side == Side::Training && transport == TransportKind::Shm {
-        // a rank killed earlier may have left its segments behind
-        sweep_dead(&format!("awex-{}-", args.pair));
-        let name = format!(
-            "awex-{}-train0.{}-{}-data",
-            args.pair,
-            rank.rank,
-            std::process::id()
-        );
-        Memory {
-            tensors: Arc::new(TensorSet::allocate_shm(&prepared.layout, &name)?),
-            staging: None,
-        }
-    } else {
-        Memory {
-            tensors: Arc::new(TensorSet::allocate_host(&prepared.layout)?),
-            staging: None,
-        }
-    };
+    let on_gpu = awex_runtime::host::on_gpu(transport);
+    let mem = Memory::allocate(&prepared.layout, &args.pair, side, transport, args.gpu)?;
     let tensors = mem.tensors.clone();
     let (layout, cat) = (&prepared.layout, &prepared.catalogue);
     let mut filled: Option<u64> = None;
@@ -287,7 +149,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         put_filled(&me, &args.pair, rank.rank, args.first_version).await?;
     }
 
-    while let Some(work) = me.next_work().await? {
+    while let Some(work) = me.next_live_work().await? {
         if side == Side::Training && filled != Some(work.version) {
             mem.fill(&weights, layout, cat, work.version)?;
             filled = Some(work.version);
@@ -301,12 +163,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
             // refill / verify only once the whole update is over, so that this work does not
             // compete with peers still moving bytes
             let _ = me
-                .client()
-                .wait_update(
-                    &args.pair,
-                    work.version,
-                    std::time::Duration::from_secs(600),
-                )
+                .wait_outcome(work.version, std::time::Duration::from_secs(600))
                 .await;
         }
         match side {

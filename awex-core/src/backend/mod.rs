@@ -1,10 +1,14 @@
 //! Backend traits and their registry: each engine (Megatron-Core, FSDP2, SGLang, ...) is a crate
 //! implementing [`TrainingBackend`] or [`InferenceBackend`] and registering itself with
-//! `inventory::submit!`; awex discovers them at run time.
+//! `inventory::submit!`; awex discovers them at run time. Both traits share [`Backend`]; an
+//! inference backend may add [`EngineControl`], the engine's control calls as data that the
+//! gateway executes.
 
+mod engine;
 mod parallel;
 mod probe;
 
+pub use engine::{EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod};
 pub use parallel::{BackendSpec, ParallelConfig, ParallelKey, SpecError};
 pub use probe::{Detection, Probe};
 
@@ -12,9 +16,8 @@ use crate::layout::{LayoutError, Side, SideLayout};
 use crate::model::ModelSpec;
 use std::sync::Arc;
 
-/// A training engine awex can read weights from.
-#[async_trait::async_trait]
-pub trait TrainingBackend: Send + Sync + 'static {
+/// What every backend provides, whichever side it serves.
+pub trait Backend: Send + Sync + 'static {
     /// Short name used on the command line (`megatron`).
     fn name(&self) -> &'static str;
 
@@ -29,43 +32,33 @@ pub trait TrainingBackend: Send + Sync + 'static {
         &[]
     }
 
-    /// The layout of every training rank for this model and parallel config.
-    fn layout(
-        &self,
-        model: &ModelSpec,
-        parallel: &ParallelConfig,
-    ) -> Result<Arc<dyn SideLayout>, LayoutError>;
-
-    /// How strongly the probe suggests this engine runs here.
-    async fn detect(&self, probe: &Probe) -> Detection;
-}
-
-/// An inference engine awex can write weights into.
-#[async_trait::async_trait]
-pub trait InferenceBackend: Send + Sync + 'static {
-    /// Short name used on the command line (`sglang`).
-    fn name(&self) -> &'static str;
-
-    /// One line describing the engine and the layout conventions it follows.
-    fn description(&self) -> &'static str;
-
-    /// The parallel-config keys this backend accepts, with defaults and help.
-    fn parallel_keys(&self) -> &'static [ParallelKey];
-
-    /// Python packages whose presence is evidence for this engine (probed with `python3`).
-    fn python_packages(&self) -> &'static [&'static str] {
+    /// Paths of a live server to `GET` for detection, tried in order (the answers land in
+    /// [`Probe::server_answers`]).
+    fn server_info_paths(&self) -> &'static [&'static str] {
         &[]
     }
 
-    /// The layout of every inference rank of every engine for this model and parallel config.
+    /// The layout of every rank of this side for this model and parallel config.
     fn layout(
         &self,
         model: &ModelSpec,
         parallel: &ParallelConfig,
     ) -> Result<Arc<dyn SideLayout>, LayoutError>;
 
-    /// How strongly the probe suggests this engine runs here.
-    async fn detect(&self, probe: &Probe) -> Detection;
+    /// How strongly the (already gathered) probe suggests this engine runs here.
+    fn detect(&self, probe: &Probe) -> Detection;
+}
+
+/// A training engine awex can read weights from.
+pub trait TrainingBackend: Backend {}
+
+/// An inference engine awex can write weights into.
+pub trait InferenceBackend: Backend {
+    /// How the gateway drives the engine's servers around an update, if it can (SGLang's
+    /// pause / update session / resume). `None`: the ranks receive on their own.
+    fn engine_control(&self) -> Option<&'static dyn EngineControl> {
+        None
+    }
 }
 
 /// A training backend's registration, collected with `inventory`.

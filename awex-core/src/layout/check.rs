@@ -70,7 +70,7 @@ pub fn side(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), String> {
         .filter_map(|c| {
             Some((
                 c.name.as_str(),
-                crate::runtime::fill::canonical_tensor(cat, &c.name, 11)?,
+                crate::weights::canonical_tensor(cat, &c.name, 11)?,
             ))
         })
         .collect();

@@ -6,11 +6,10 @@
 
 pub mod check;
 pub mod copy;
-mod dims;
 pub(crate) mod ops;
 mod region;
 
-pub use dims::{Dims, MAX_DIMS};
+pub use crate::dims::{Dims, MAX_DIMS};
 pub use ops::{CoverageGap, coverage, materialize, reconstruct, validate_holders, validate_rank};
 pub use region::Region;
 

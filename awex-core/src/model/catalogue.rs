@@ -1,8 +1,8 @@
 //! The canonical catalogue: names, shapes and dtypes of a model's HF safetensors checkpoint.
 
 use super::{Architecture, ModelSpec};
+use crate::dims::Dims;
 use crate::dtype::DType;
-use crate::layout::Dims;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 

@@ -9,6 +9,7 @@
 //! fingerprint per peer pair lets them check it.
 
 mod assign;
+pub mod bucket;
 mod coalesce;
 mod simulate;
 

@@ -2,7 +2,8 @@
 
 #![allow(dead_code)]
 
-use awex_core::backend::{ParallelConfig, TrainingBackend};
+use awex_core::backend::Backend;
+use awex_core::backend::ParallelConfig;
 use awex_core::layout::{
     LayoutError, LocalTensor, RankId, RankLayout, SideLayout, coverage, materialize, reconstruct,
     validate_holders, validate_rank,

@@ -1,0 +1,179 @@
+//! `GET /metrics`: pairs, updates by outcome, update durations and bytes, in the Prometheus text
+//! exposition format (version 0.0.4).
+
+use super::AppState;
+use crate::wire::PairState;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Upper bounds (seconds) of the update-duration histogram buckets.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+/// Counters of the gateway, updated lock-free by the handlers and background tasks.
+#[derive(Default)]
+pub(crate) struct Metrics {
+    committed: AtomicU64,
+    failed: AtomicU64,
+    bytes_training: AtomicU64,
+    bytes_inference: AtomicU64,
+    joins: AtomicU64,
+    buckets: [AtomicU64; BUCKETS.len()],
+    duration_count: AtomicU64,
+    duration_sum_us: AtomicU64,
+}
+
+impl Metrics {
+    /// Records a finished update: its outcome, duration and bytes per side.
+    pub(crate) fn update_finished(&self, committed: bool, seconds: f64, bytes: [u64; 2]) {
+        if committed {
+            self.committed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        for (i, le) in BUCKETS.iter().enumerate() {
+            if seconds <= *le {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.duration_count.fetch_add(1, Ordering::Relaxed);
+        self.duration_sum_us
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.bytes_training.fetch_add(bytes[0], Ordering::Relaxed);
+        self.bytes_inference.fetch_add(bytes[1], Ordering::Relaxed);
+    }
+
+    /// Records a rank joining (or re-joining) a pair.
+    pub(crate) fn rank_joined(&self) {
+        self.joins.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The exposition text, given the number of pairs in each state.
+    pub(crate) fn text(&self, pairs: &[(PairState, usize)]) -> String {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_pairs Pairs known to the gateway, by state."
+        );
+        let _ = writeln!(s, "# TYPE awex_gateway_pairs gauge");
+        for (state, n) in pairs {
+            let _ = writeln!(s, "awex_gateway_pairs{{state=\"{}\"}} {n}", state.as_str());
+        }
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_updates_total Finished weight updates, by outcome."
+        );
+        let _ = writeln!(s, "# TYPE awex_gateway_updates_total counter");
+        let _ = writeln!(
+            s,
+            "awex_gateway_updates_total{{outcome=\"committed\"}} {}",
+            get(&self.committed)
+        );
+        let _ = writeln!(
+            s,
+            "awex_gateway_updates_total{{outcome=\"failed\"}} {}",
+            get(&self.failed)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_update_duration_seconds Time from starting an update to its commit or failure."
+        );
+        let _ = writeln!(s, "# TYPE awex_gateway_update_duration_seconds histogram");
+        for (i, le) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "awex_gateway_update_duration_seconds_bucket{{le=\"{le}\"}} {}",
+                get(&self.buckets[i])
+            );
+        }
+        let count = get(&self.duration_count);
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_duration_seconds_sum {}",
+            get(&self.duration_sum_us) as f64 / 1e6
+        );
+        let _ = writeln!(s, "awex_gateway_update_duration_seconds_count {count}");
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_update_bytes_total Bytes ranks reported moving in finished updates, by side."
+        );
+        let _ = writeln!(s, "# TYPE awex_gateway_update_bytes_total counter");
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_bytes_total{{side=\"training\"}} {}",
+            get(&self.bytes_training)
+        );
+        let _ = writeln!(
+            s,
+            "awex_gateway_update_bytes_total{{side=\"inference\"}} {}",
+            get(&self.bytes_inference)
+        );
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_rank_joins_total Rank joins (re-joins included)."
+        );
+        let _ = writeln!(s, "# TYPE awex_gateway_rank_joins_total counter");
+        let _ = writeln!(s, "awex_gateway_rank_joins_total {}", get(&self.joins));
+        s
+    }
+}
+
+/// `GET /metrics`.
+pub(crate) async fn render(State(gateway): State<AppState>) -> impl IntoResponse {
+    let mut counts: Vec<(PairState, usize)> = PairState::ALL.iter().map(|s| (*s, 0)).collect();
+    {
+        let pairs = gateway.pairs.read().unwrap_or_else(|e| e.into_inner());
+        for entry in pairs.values() {
+            let state = entry.state();
+            if let Some(c) = counts.iter_mut().find(|(s, _)| *s == state) {
+                c.1 += 1;
+            }
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        gateway.metrics.text(&counts),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative_and_counts_outcomes_and_bytes() {
+        let m = Metrics::default();
+        m.update_finished(true, 0.003, [100, 200]);
+        m.update_finished(false, 0.2, [5, 0]);
+        let text = m.text(&[(PairState::Ready, 2)]);
+        for line in [
+            "awex_gateway_pairs{state=\"ready\"} 2",
+            "awex_gateway_updates_total{outcome=\"committed\"} 1",
+            "awex_gateway_updates_total{outcome=\"failed\"} 1",
+            "awex_gateway_update_duration_seconds_bucket{le=\"0.0025\"} 0",
+            "awex_gateway_update_duration_seconds_bucket{le=\"0.005\"} 1",
+            "awex_gateway_update_duration_seconds_bucket{le=\"0.25\"} 2",
+            "awex_gateway_update_duration_seconds_bucket{le=\"+Inf\"} 2",
+            "awex_gateway_update_duration_seconds_count 2",
+            "awex_gateway_update_bytes_total{side=\"training\"} 105",
+            "awex_gateway_update_bytes_total{side=\"inference\"} 200",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing `{line}` in\n{text}"
+            );
+        }
+    }
+}

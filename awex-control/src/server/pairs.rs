@@ -1,0 +1,425 @@
+//! Pairs: `POST /v1/pairs` (connect), `GET /v1/pairs/{name}/status`, `DELETE /v1/pairs/{name}`
+//! (disconnect), and the per-pair state every other resource hangs off.
+//!
+//! Connect validates everything before any rank can join: names, world sizes, engine URLs,
+//! options, each side's model against its catalogue summary, and that both sides describe the
+//! same canonical tensors (dtypes may differ only where the sender converts).
+
+use super::engine::{EngineCmd, EngineLane};
+use super::error::ApiError;
+use super::events::EventLog;
+use super::extract::{JsonBody, PathParams, json_error};
+use super::kv::KvStore;
+use super::metrics::Metrics;
+use super::ranks::{Roster, Slots};
+use super::updates::Updates;
+use super::{AppState, Gateway, MAX_RANKS, unix_ms, validate};
+use crate::wire::{ConnectRequest, EventKind, PairState, PairStatus, SideStatus};
+use awex_core::backend::ParallelConfig;
+use awex_core::layout::Side;
+use awex_core::model::ModelSpec;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The mutable state of a pair, behind the entry's mutex.
+pub(crate) struct Pair {
+    pub(crate) state: PairState,
+    pub(crate) join_error: Option<String>,
+    pub(crate) roster: Roster,
+    pub(crate) kv: KvStore,
+    pub(crate) updates: Updates,
+    pub(crate) events: EventLog,
+}
+
+/// A registered pair: its immutable description, its state, and the channels waiters watch.
+pub(crate) struct PairEntry {
+    pub(crate) name: String,
+    pub(crate) id: u64,
+    pub(crate) request: ConnectRequest,
+    pub(crate) slots: Slots,
+    pub(crate) created_unix_ms: u64,
+    pub(crate) join_deadline: Instant,
+    pub(crate) training: SideStatus,
+    pub(crate) inference: SideStatus,
+    inner: Mutex<Pair>,
+    /// Fires when the pair leaves `joining` (ready, join failed, disconnected).
+    pub(crate) roster_tx: watch::Sender<()>,
+    /// Carries the last event seq; fires on every event.
+    pub(crate) events_tx: watch::Sender<u64>,
+    /// Fires on every rendezvous value written.
+    pub(crate) kv_tx: watch::Sender<()>,
+    /// Fires when an update starts or finishes.
+    pub(crate) update_tx: watch::Sender<()>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) engines: Option<EngineLane>,
+}
+
+impl PairEntry {
+    /// Locks the pair's state (a poisoned lock still holds consistent data: no handler panics).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Pair> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pair's state.
+    pub(crate) fn state(&self) -> PairState {
+        self.lock().state
+    }
+
+    /// Appends an event and wakes the event long-polls.
+    pub(crate) fn publish(
+        &self,
+        p: &mut Pair,
+        kind: EventKind,
+        version: Option<u64>,
+        attempt: Option<u32>,
+        reason: Option<String>,
+    ) {
+        let seq = p.events.push(kind, version, attempt, reason);
+        self.events_tx.send_replace(seq);
+    }
+
+    /// Queues a call to every engine (no-op without engine URLs).
+    pub(crate) fn engine_cmd(&self, cmd: EngineCmd) {
+        if let Some(lane) = &self.engines {
+            lane.send(cmd);
+        }
+    }
+
+    /// Fails the join if its deadline passed while ranks were missing.
+    pub(crate) fn enforce_join_deadline(&self) {
+        let mut p = self.lock();
+        if p.state != PairState::Joining || Instant::now() < self.join_deadline {
+            return;
+        }
+        let missing = p.roster.describe_missing(&self.slots);
+        p.state = PairState::JoinFailed;
+        p.join_error = Some(format!(
+            "join deadline of {} ms passed with {} of {} ranks joined; missing: {missing}",
+            self.request.options.join_deadline_ms,
+            p.roster.joined(),
+            self.slots.total()
+        ));
+        drop(p);
+        self.roster_tx.send_replace(());
+    }
+
+    /// Disconnects: fails a running update, publishes `disconnect`, wakes every waiter.
+    fn disconnect(&self) {
+        let mut p = self.lock();
+        if p.state == PairState::Disconnected {
+            return;
+        }
+        self.fail_running_update(&mut p, "the pair was disconnected".to_string());
+        p.state = PairState::Disconnected;
+        self.publish(&mut p, EventKind::Disconnect, None, None, None);
+        drop(p);
+        self.roster_tx.send_replace(());
+        self.kv_tx.send_replace(());
+        self.update_tx.send_replace(());
+    }
+
+    /// The status document.
+    pub(crate) fn status(&self) -> PairStatus {
+        let p = self.lock();
+        let (joined_t, joined_i) = p.roster.joined_per_side(&self.slots);
+        PairStatus {
+            name: self.name.clone(),
+            id: self.id,
+            state: p.state,
+            serving_version: p.updates.committed(),
+            current_update: p
+                .updates
+                .latest()
+                .map(|u| u.status(self, super::updates::RankDetail::None)),
+            training: SideStatus {
+                joined: joined_t,
+                ..self.training.clone()
+            },
+            inference: SideStatus {
+                joined: joined_i,
+                ..self.inference.clone()
+            },
+            transport: self.request.transport,
+            options: self.request.options.clone(),
+            joined: p.roster.joined() as u32,
+            world_size: self.slots.total() as u32,
+            roster: p.roster.ranks(&self.slots),
+            join_error: p.join_error.clone(),
+            created_unix_ms: self.created_unix_ms,
+            last_event_seq: p.events.last_seq(),
+        }
+    }
+}
+
+impl Gateway {
+    /// The pair of that name (live or recently disconnected), or 400/404.
+    pub(crate) fn pair(&self, name: &str) -> Result<Arc<PairEntry>, ApiError> {
+        validate::name("pair name", name)?;
+        self.pairs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ApiError::no_pair(name))
+    }
+}
+
+fn backend_name(side: Side, s: &str) -> Result<(), ApiError> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::Unprocessable(format!(
+            "{side}.backend `{}` is not a backend name (1 to 64 characters from A-Z a-z 0-9 - _)",
+            validate::clip(s, 80)
+        )))
+    }
+}
+
+fn parallel(side: Side, p: &ParallelConfig) -> Result<(), ApiError> {
+    if p.0.len() > 32 {
+        return Err(ApiError::Unprocessable(format!(
+            "{side}.parallel has {} keys; at most 32 are accepted",
+            p.0.len()
+        )));
+    }
+    match p
+        .0
+        .keys()
+        .find(|k| validate::name("key", k).is_err() || k.len() > 64)
+    {
+        Some(k) => Err(ApiError::Unprocessable(format!(
+            "{side}.parallel key `{}` is not a parallel key name",
+            validate::clip(k, 80)
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn option(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), ApiError> {
+    if (lo..=hi).contains(&v) {
+        Ok(())
+    } else {
+        Err(ApiError::Unprocessable(format!(
+            "options.{name}={v} is out of range; it must be between {lo} and {hi}"
+        )))
+    }
+}
+
+fn engine_url(i: usize, url: &str) -> Result<(), ApiError> {
+    let parsed = reqwest::Url::parse(url).ok().filter(|u| {
+        u.scheme() == "http" && u.host_str().is_some() && u.query().is_none() && url.len() <= 2048
+    });
+    match parsed {
+        Some(_) => Ok(()),
+        None => Err(ApiError::Unprocessable(format!(
+            "inference.urls[{i}] `{}` is not an engine base URL; expected e.g. http://10.0.0.5:30000",
+            validate::clip(url, 200)
+        ))),
+    }
+}
+
+/// Checks a connect request, returning the rank slots and both sides' status templates.
+fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideStatus), ApiError> {
+    validate::name("pair name", &req.name)?;
+    backend_name(Side::Training, &req.training.backend)?;
+    backend_name(Side::Inference, &req.inference.backend)?;
+    parallel(Side::Training, &req.training.parallel)?;
+    parallel(Side::Inference, &req.inference.parallel)?;
+    let (tw, iw, e) = (
+        req.training.world_size,
+        req.inference.world_size,
+        req.inference.engines,
+    );
+    if tw == 0 || iw == 0 || e == 0 {
+        return Err(ApiError::Unprocessable(format!(
+            "training.world_size={tw}, inference.engines={e} and inference.world_size={iw} must all be at least 1"
+        )));
+    }
+    if u64::from(tw) + u64::from(iw) > u64::from(MAX_RANKS) {
+        return Err(ApiError::Unprocessable(format!(
+            "the pair has {tw} training + {iw} inference ranks; at most {MAX_RANKS} ranks in all are accepted"
+        )));
+    }
+    if iw % e != 0 {
+        return Err(ApiError::Unprocessable(format!(
+            "inference.world_size={iw} is not a multiple of inference.engines={e}; it counts the ranks of all engines together"
+        )));
+    }
+    let urls = &req.inference.urls;
+    if !urls.is_empty() && urls.len() != e as usize {
+        return Err(ApiError::Unprocessable(format!(
+            "inference.urls has {} URLs for {e} engines; give one per engine or none",
+            urls.len()
+        )));
+    }
+    for (i, u) in urls.iter().enumerate() {
+        engine_url(i, u)?;
+    }
+    let o = &req.options;
+    option("join_deadline_ms", o.join_deadline_ms, 1, 3_600_000)?;
+    option("update_deadline_ms", o.update_deadline_ms, 1, 86_400_000)?;
+    option("bucket_mib", o.bucket_mib, 1, 65_536)?;
+    option("buckets", u64::from(o.buckets), 1, 64)?;
+
+    let null = Value::Null;
+    let tm = validate::model(
+        Side::Training,
+        raw.pointer("/training/model").unwrap_or(&null),
+    )?;
+    let im = validate::model(
+        Side::Inference,
+        raw.pointer("/inference/model").unwrap_or(&null),
+    )?;
+    let tc = validate::catalogue(Side::Training, &tm, &req.training.catalogue)?;
+    let ic = validate::catalogue(Side::Inference, &im, &req.inference.catalogue)?;
+    if let Some(diff) = validate::first_difference(&tc, &ic) {
+        return Err(ApiError::Unprocessable(format!(
+            "the two sides do not describe the same canonical tensors: {diff}"
+        )));
+    }
+    let side =
+        |backend: &str, parallel: &ParallelConfig, w, e, urls: &[String], m: &ModelSpec, c| {
+            SideStatus {
+                backend: backend.to_string(),
+                parallel: parallel.clone(),
+                world_size: w,
+                engines: e,
+                urls: urls.to_vec(),
+                model: validate::clip(&m.name, 128),
+                fingerprint: format!("{:016x}", m.fingerprint()),
+                catalogue: c,
+                joined: 0,
+            }
+        };
+    Ok((
+        Slots::new(tw, e, iw / e),
+        side(
+            &req.training.backend,
+            &req.training.parallel,
+            tw,
+            1,
+            &[],
+            &tm,
+            req.training.catalogue.clone(),
+        ),
+        side(
+            &req.inference.backend,
+            &req.inference.parallel,
+            iw,
+            e,
+            urls,
+            &im,
+            req.inference.catalogue.clone(),
+        ),
+    ))
+}
+
+/// `POST /v1/pairs`: validates and registers a pair; 201 with its status.
+pub(crate) async fn connect(
+    State(gw): State<AppState>,
+    JsonBody(raw): JsonBody<Value>,
+) -> Result<(StatusCode, Json<PairStatus>), ApiError> {
+    let req: ConnectRequest = serde_json::from_value(raw.clone()).map_err(|e| json_error(&e))?;
+    let (slots, training, inference) = check(&req, &raw)?;
+    let name = req.name.clone();
+    let join_deadline = Instant::now() + Duration::from_millis(req.options.join_deadline_ms);
+    let urls = req.inference.urls.clone();
+    let entry = Arc::new_cyclic(|weak| PairEntry {
+        name: name.clone(),
+        id: gw.next_id.fetch_add(1, Ordering::Relaxed),
+        slots,
+        created_unix_ms: unix_ms(),
+        join_deadline,
+        training,
+        inference,
+        inner: Mutex::new(Pair {
+            state: PairState::Joining,
+            join_error: None,
+            roster: Roster::new(slots.total()),
+            kv: KvStore::default(),
+            updates: Updates::default(),
+            events: EventLog::default(),
+        }),
+        roster_tx: watch::Sender::new(()),
+        events_tx: watch::Sender::new(0),
+        kv_tx: watch::Sender::new(()),
+        update_tx: watch::Sender::new(()),
+        metrics: gw.metrics.clone(),
+        engines: (!urls.is_empty())
+            .then(|| EngineLane::spawn(weak.clone(), urls, gw.engines.clone())),
+        request: req,
+    });
+    {
+        let mut pairs = gw.pairs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = pairs.get(&name) {
+            if old.state() != PairState::Disconnected {
+                return Err(ApiError::Conflict(format!(
+                    "a pair named `{name}` already exists (state {}); disconnect it first or pick another name",
+                    old.state().as_str()
+                )));
+            }
+        }
+        let live = pairs
+            .values()
+            .filter(|p| p.state() != PairState::Disconnected)
+            .count();
+        if live >= gw.config.max_pairs {
+            return Err(ApiError::Conflict(format!(
+                "the gateway holds {live} pairs, its limit; disconnect one first"
+            )));
+        }
+        pairs.insert(name, entry.clone());
+    }
+    let weak = Arc::downgrade(&entry);
+    tokio::spawn(async move {
+        tokio::time::sleep_until(join_deadline).await;
+        if let Some(e) = weak.upgrade() {
+            e.enforce_join_deadline();
+        }
+    });
+    Ok((StatusCode::CREATED, Json(entry.status())))
+}
+
+/// `GET /v1/pairs/{name}/status`.
+pub(crate) async fn status(
+    State(gw): State<AppState>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<PairStatus>, ApiError> {
+    Ok(Json(gw.pair(&name)?.status()))
+}
+
+/// `DELETE /v1/pairs/{name}`: disconnects; ranks see `disconnect` on their event stream.
+pub(crate) async fn disconnect(
+    State(gw): State<AppState>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<PairStatus>, ApiError> {
+    let entry = gw.pair(&name)?;
+    if entry.state() == PairState::Disconnected {
+        return Err(ApiError::disconnected(&name));
+    }
+    entry.disconnect();
+    let gateway = Arc::downgrade(&gw);
+    let id = entry.id;
+    let keep = gw.config.tombstone;
+    tokio::spawn(async move {
+        tokio::time::sleep(keep).await;
+        if let Some(gw) = gateway.upgrade() {
+            let mut pairs = gw.pairs.write().unwrap_or_else(|e| e.into_inner());
+            if pairs.get(&name).is_some_and(|p| p.id == id) {
+                pairs.remove(&name);
+            }
+        }
+    });
+    Ok(Json(entry.status()))
+}

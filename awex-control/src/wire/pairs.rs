@@ -1,0 +1,159 @@
+//! Pairs: connect requests, options, transports and the status document.
+
+use super::options::PairOptions;
+use super::ranks::RosterRank;
+use super::updates::UpdateStatus;
+use awex_core::backend::ParallelConfig;
+use awex_core::model::{CatalogueSummary, ModelSpec};
+use serde::{Deserialize, Serialize};
+
+pub use awex_core::Transport;
+
+/// The training side of a connect request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSpec {
+    /// Backend name (`megatron`, `fsdp`).
+    pub backend: String,
+    /// Parallel config (`tp`, `pp`, ...).
+    #[serde(default)]
+    pub parallel: ParallelConfig,
+    /// Number of training ranks (ranks `{0, 0..world_size}`).
+    pub world_size: u32,
+    /// The model as the training side sees it.
+    pub model: ModelSpec,
+    /// `Catalogue::of(model).summary()`, as computed by the training side.
+    pub catalogue: CatalogueSummary,
+}
+
+/// The inference side of a connect request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InferenceSpec {
+    /// Backend name (`sglang`).
+    pub backend: String,
+    /// Parallel config of one engine.
+    #[serde(default)]
+    pub parallel: ParallelConfig,
+    /// Number of engines (replicas).
+    pub engines: u32,
+    /// Ranks of all engines together (`engines` x ranks per engine).
+    pub world_size: u32,
+    /// One base URL per engine; when given, the gateway pauses generation around each update.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+    /// The model as the inference side sees it.
+    pub model: ModelSpec,
+    /// `Catalogue::of(model).summary()`, as computed by the inference side.
+    pub catalogue: CatalogueSummary,
+}
+
+/// `POST /v1/pairs` body: a training job and inference engines to pair.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectRequest {
+    /// Pair name, `[A-Za-z0-9._-]{1,128}`.
+    pub name: String,
+    /// The training side.
+    pub training: TrainingSpec,
+    /// The inference side.
+    pub inference: InferenceSpec,
+    /// How bytes move.
+    pub transport: Transport,
+    /// Deadlines, buckets, checksums.
+    #[serde(default)]
+    pub options: PairOptions,
+}
+
+/// Where a pair is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairState {
+    /// Connected; waiting for every rank to join.
+    Joining,
+    /// Every rank joined; updates can run.
+    Ready,
+    /// The join deadline passed with ranks missing; delete the pair and connect again.
+    JoinFailed,
+    /// Disconnected; kept briefly so ranks see `disconnect` on their event stream.
+    Disconnected,
+}
+
+impl PairState {
+    /// Every state, in a fixed order.
+    pub const ALL: [PairState; 4] = [
+        PairState::Joining,
+        PairState::Ready,
+        PairState::JoinFailed,
+        PairState::Disconnected,
+    ];
+
+    /// The wire name (`join_failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PairState::Joining => "joining",
+            PairState::Ready => "ready",
+            PairState::JoinFailed => "join_failed",
+            PairState::Disconnected => "disconnected",
+        }
+    }
+}
+
+/// One side of a pair as status reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SideStatus {
+    /// Backend name.
+    pub backend: String,
+    /// Parallel config.
+    pub parallel: ParallelConfig,
+    /// Ranks of the side.
+    pub world_size: u32,
+    /// Engines (1 on the training side).
+    pub engines: u32,
+    /// Engine URLs (inference side, when given).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<String>,
+    /// The model's display name.
+    pub model: String,
+    /// `ModelSpec::fingerprint`, hex.
+    pub fingerprint: String,
+    /// The canonical catalogue summary.
+    pub catalogue: CatalogueSummary,
+    /// Ranks of this side that joined.
+    pub joined: u32,
+}
+
+/// `GET /v1/pairs/{name}/status`: everything about a pair.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PairStatus {
+    /// Pair name.
+    pub name: String,
+    /// Incarnation id: a pair connected again under the same name gets a new id.
+    pub id: u64,
+    /// Where the pair is in its life.
+    pub state: PairState,
+    /// The last committed version: what the inference engines serve (null before the first commit).
+    pub serving_version: Option<u64>,
+    /// The latest update (any state), without per-rank detail (see `GET .../updates/{version}`).
+    pub current_update: Option<UpdateStatus>,
+    /// The training side.
+    pub training: SideStatus,
+    /// The inference side.
+    pub inference: SideStatus,
+    /// Transport.
+    pub transport: Transport,
+    /// Options in force.
+    pub options: PairOptions,
+    /// Ranks joined, both sides.
+    pub joined: u32,
+    /// Ranks of the pair, both sides.
+    pub world_size: u32,
+    /// Joined ranks.
+    pub roster: Vec<RosterRank>,
+    /// Why the join failed (state `join_failed`).
+    pub join_error: Option<String>,
+    /// Connect time, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Seq of the last event (`GET .../events?after=` this to wait for the next one).
+    pub last_event_seq: u64,
+}

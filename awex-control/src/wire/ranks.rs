@@ -1,0 +1,79 @@
+//! Ranks joining a pair: the join request, the roster and the join answer.
+
+use super::options::PairOptions;
+use awex_core::Transport;
+use awex_core::layout::{RankId, Side};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// `POST /v1/pairs/{name}/ranks` body.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinRequest {
+    /// The rank's side.
+    pub side: Side,
+    /// The rank: `{engine: 0, rank: r}` in training, `{engine: e, rank: r}` in inference.
+    pub rank: RankId,
+    /// Rendezvous info the other ranks need (address, port, device, ...); at most 64 KiB of JSON.
+    #[serde(default)]
+    pub info: Value,
+}
+
+/// One rank of the roster, with its rendezvous info.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RosterEntry {
+    /// Side.
+    pub side: Side,
+    /// Rank.
+    pub rank: RankId,
+    /// What the rank sent when it joined.
+    pub info: Value,
+}
+
+/// A joined rank as status lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RosterRank {
+    /// Side.
+    pub side: Side,
+    /// Rank.
+    pub rank: RankId,
+    /// When it (last) joined, ms since the Unix epoch.
+    pub joined_unix_ms: u64,
+}
+
+/// 200 answer of a join: every rank joined.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JoinResponse {
+    /// Pair name.
+    pub pair: String,
+    /// Pair incarnation id.
+    pub id: u64,
+    /// Every rank, training first (by rank), then inference (by engine, rank).
+    pub roster: Vec<RosterEntry>,
+    /// Rendezvous values set so far.
+    pub kv: BTreeMap<String, Value>,
+    /// Training ranks.
+    pub training_world_size: u32,
+    /// Inference ranks, all engines.
+    pub inference_world_size: u32,
+    /// Inference engines.
+    pub engines: u32,
+    /// Transport.
+    pub transport: Transport,
+    /// Options.
+    pub options: PairOptions,
+    /// Seq of the last event: poll `events?after=` this for work.
+    pub last_event_seq: u64,
+}
+
+/// 202 answer of a join: the poll window ended before every rank joined; join again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinPending {
+    /// Ranks joined so far.
+    pub joined: u32,
+    /// Ranks of the pair.
+    pub world_size: u32,
+    /// Time left until the join deadline, ms.
+    pub deadline_in_ms: u64,
+}

@@ -1,0 +1,136 @@
+//! Helpers shared by the gateway tests: request builders, a loopback server, and a checker that
+//! an answer conforms to its schema in the checked-in OpenAPI document.
+
+#![allow(dead_code)]
+
+use awex_control::server::{GatewayConfig, OPENAPI_DOCUMENT};
+use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, Transport};
+use awex_core::model::presets::preset;
+use awex_core::{Catalogue, ModelSpec, ParallelConfig};
+use serde_json::Value;
+
+/// The tiny preset model.
+pub fn tiny() -> ModelSpec {
+    preset("qwen3-tiny").expect("qwen3-tiny preset")
+}
+
+/// A valid connect request: `train` training ranks, `engines` engines of `per_engine` ranks.
+pub fn connect_request(name: &str, train: u32, engines: u32, per_engine: u32) -> ConnectRequest {
+    let model = tiny();
+    let summary = Catalogue::of(&model).summary();
+    ConnectRequest {
+        name: name.to_string(),
+        training: TrainingSpec {
+            backend: "megatron".into(),
+            parallel: ParallelConfig::from_pairs([("tp", u64::from(train))]),
+            world_size: train,
+            model: model.clone(),
+            catalogue: summary.clone(),
+        },
+        inference: InferenceSpec {
+            backend: "sglang".into(),
+            parallel: ParallelConfig::from_pairs([("tp", u64::from(per_engine))]),
+            engines,
+            world_size: engines * per_engine,
+            urls: Vec::new(),
+            model,
+            catalogue: summary,
+        },
+        transport: Transport::Shm,
+        options: PairOptions::default(),
+    }
+}
+
+/// Starts a gateway on an ephemeral loopback port; returns its base URL.
+pub async fn start(config: GatewayConfig) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(awex_control::server::serve(listener, config));
+    format!("http://{addr}")
+}
+
+fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema.get("$ref").and_then(Value::as_str) {
+        Some(r) => &doc["components"]["schemas"][r.trim_start_matches("#/components/schemas/")],
+        None => match schema.get("allOf").and_then(Value::as_array) {
+            Some(all) if all.len() == 1 => resolve(doc, &all[0]),
+            _ => schema,
+        },
+    }
+}
+
+fn check(doc: &Value, schema: &Value, v: &Value, path: &str) -> Result<(), String> {
+    let nullable = schema.get("nullable") == Some(&Value::Bool(true));
+    let s = resolve(doc, schema);
+    if v.is_null() {
+        let allowed =
+            nullable || s.get("nullable") == Some(&Value::Bool(true)) || s.get("type").is_none();
+        return if allowed {
+            Ok(())
+        } else {
+            Err(format!("{path}: null where the schema does not allow it"))
+        };
+    }
+    if let Some(e) = s.get("enum").and_then(Value::as_array) {
+        if !e.contains(v) {
+            return Err(format!("{path}: {v} is not one of {e:?}"));
+        }
+    }
+    match s.get("type").and_then(Value::as_str) {
+        Some("object") => {
+            let Some(obj) = v.as_object() else {
+                return Err(format!("{path}: expected an object, found {v}"));
+            };
+            let props = s.get("properties").and_then(Value::as_object);
+            for req in s
+                .get("required")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let k = req.as_str().unwrap_or_default();
+                if !obj.contains_key(k) {
+                    return Err(format!("{path}: required `{k}` is missing"));
+                }
+            }
+            for (k, x) in obj {
+                match props.and_then(|p| p.get(k)) {
+                    Some(ps) => check(doc, ps, x, &format!("{path}.{k}"))?,
+                    None => match s.get("additionalProperties") {
+                        Some(Value::Bool(false)) => {
+                            return Err(format!("{path}: `{k}` is not in the schema"));
+                        }
+                        Some(ap @ Value::Object(_)) => check(doc, ap, x, &format!("{path}.{k}"))?,
+                        _ => {}
+                    },
+                }
+            }
+            Ok(())
+        }
+        Some("array") => {
+            let Some(a) = v.as_array() else {
+                return Err(format!("{path}: expected an array"));
+            };
+            for (i, x) in a.iter().enumerate() {
+                check(doc, &s["items"], x, &format!("{path}[{i}]"))?;
+            }
+            Ok(())
+        }
+        Some("integer") if !(v.is_u64() || v.is_i64()) => {
+            Err(format!("{path}: expected an integer, found {v}"))
+        }
+        Some("string") if !v.is_string() => Err(format!("{path}: expected a string, found {v}")),
+        Some("boolean") if !v.is_boolean() => Err(format!("{path}: expected a boolean, found {v}")),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `v` conforms to schema `name` of the OpenAPI document (property names, required
+/// fields, types, enums), recursively.
+pub fn conforms(name: &str, v: &Value) -> Result<(), String> {
+    let doc: Value = serde_json::from_str(OPENAPI_DOCUMENT).map_err(|e| e.to_string())?;
+    let schema = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
+    check(&doc, &schema, v, name)
+}

@@ -1,0 +1,711 @@
+//! Request-level tests of the gateway (tower `oneshot`, no sockets): auth, every class of bad
+//! input, and the status code and message each one gets.
+
+mod gateway_common;
+
+use awex_control::server::{GatewayConfig, router};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, header};
+use gateway_common::{conforms, connect_request, tiny};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const TOKEN: &str = "t0ken-for-tests";
+
+fn app() -> Router {
+    router(GatewayConfig {
+        token: Some(TOKEN.into()),
+        body_limit: 64 * 1024,
+        ..GatewayConfig::default()
+    })
+}
+
+async fn send(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> (u16, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let body = match body {
+        Some(b) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Body::from(b)
+        }
+        None => Body::empty(),
+    };
+    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, v)
+}
+
+async fn call(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (u16, Value) {
+    send(
+        app,
+        method,
+        uri,
+        Some(TOKEN),
+        body.map(|b| serde_json::to_vec(&b).unwrap()),
+    )
+    .await
+}
+
+fn error(v: &Value) -> &str {
+    v["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error message in {v}"))
+}
+
+async fn connected(app: &Router, name: &str, train: u32, engines: u32, per: u32) {
+    let (s, v) = call(
+        app,
+        "POST",
+        "/v1/pairs",
+        Some(serde_json::to_value(connect_request(name, train, engines, per)).unwrap()),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+}
+
+#[tokio::test]
+async fn health_and_openapi_are_public_everything_else_needs_the_token() {
+    let app = app();
+    assert_eq!(
+        send(&app, "GET", "/healthz", None, None).await,
+        (200, json!({"status": "ok"}))
+    );
+    let (s, doc) = send(&app, "GET", "/openapi.json", None, None).await;
+    assert_eq!((s, doc["openapi"].as_str()), (200, Some("3.0.3")));
+    let (s, v) = send(&app, "GET", "/metrics", None, None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            401,
+            "missing bearer token: send `Authorization: Bearer <token>`"
+        )
+    );
+    let (s, v) = send(&app, "GET", "/metrics", Some("wrong"), None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (403, "the bearer token is not valid for this gateway")
+    );
+    let (s, text) = send(&app, "GET", "/metrics", Some(TOKEN), None).await;
+    assert_eq!(s, 200);
+    assert!(
+        text.as_str()
+            .unwrap()
+            .contains("awex_gateway_updates_total{outcome=\"committed\"} 0")
+    );
+    // No mutation without the token: the pair is not created.
+    let body = serde_json::to_vec(&connect_request("p", 1, 1, 1)).unwrap();
+    let (s, _) = send(&app, "POST", "/v1/pairs", None, Some(body.clone())).await;
+    assert_eq!(s, 401);
+    let (s, _) = send(&app, "POST", "/v1/pairs", Some("nope"), Some(body)).await;
+    assert_eq!(s, 403);
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/status", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (404, "no pair named `p`; create it with POST /v1/pairs")
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_get_json_errors() {
+    let app = app();
+    let (s, v) = call(&app, "GET", "/v2/nothing", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            404,
+            "no route for GET /v2/nothing; the routes are listed in GET /openapi.json"
+        )
+    );
+    let (s, v) = call(&app, "POST", "/healthz", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            405,
+            "method POST is not allowed on /healthz; the routes are listed in GET /openapi.json"
+        )
+    );
+    let (s, _) = call(&app, "PATCH", "/v1/pairs/x", None).await;
+    assert_eq!(s, 405);
+}
+
+#[tokio::test]
+async fn connect_answers_201_then_409_for_the_same_name() {
+    let app = app();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(serde_json::to_value(connect_request("job-1", 2, 2, 2)).unwrap()),
+    )
+    .await;
+    assert_eq!(s, 201);
+    conforms("PairStatus", &v).unwrap();
+    assert_eq!(v["state"], "joining");
+    assert_eq!(v["world_size"], 6);
+    assert_eq!(v["inference"]["engines"], 2);
+    assert_eq!(v["serving_version"], Value::Null);
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(serde_json::to_value(connect_request("job-1", 1, 1, 1)).unwrap()),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            409,
+            "a pair named `job-1` already exists (state joining); disconnect it first or pick another name"
+        )
+    );
+}
+
+#[tokio::test]
+async fn connect_rejects_each_bad_body_with_its_own_message() {
+    let app = app();
+    let good = serde_json::to_value(connect_request("p", 2, 2, 2)).unwrap();
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        v
+    };
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (
+            with(&|v| v["name"] = json!("bad/name")),
+            400,
+            "pair name `bad/name` is invalid: use 1 to 128 characters from A-Z a-z 0-9 . _ -",
+        ),
+        (with(&|v| v["name"] = json!("x".repeat(129))), 400, ""),
+        (
+            with(&|v| v["extra"] = json!(1)),
+            422,
+            "invalid request body: unknown field `extra`, expected one of `name`, `training`, `inference`, `transport`, `options`",
+        ),
+        (
+            with(&|v| v["training"]["model"]["colour"] = json!("red")),
+            422,
+            "invalid request body: unknown field `training.model.colour`",
+        ),
+        (
+            with(&|v| v["options"]["retries"] = json!(3)),
+            422,
+            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`",
+        ),
+        (with(&|v| v["transport"] = json!("pigeon")), 422, ""),
+        (
+            with(&|v| v["training"]["world_size"] = json!(0)),
+            422,
+            "training.world_size=0, inference.engines=2 and inference.world_size=4 must all be at least 1",
+        ),
+        (
+            with(&|v| v["inference"]["world_size"] = json!(5)),
+            422,
+            "inference.world_size=5 is not a multiple of inference.engines=2; it counts the ranks of all engines together",
+        ),
+        (
+            with(&|v| {
+                v["training"]["world_size"] = json!(65_000);
+                v["inference"]["world_size"] = json!(1000);
+            }),
+            422,
+            "the pair has 65000 training + 1000 inference ranks; at most 65536 ranks in all are accepted",
+        ),
+        (with(&|v| v["training"]["world_size"] = json!(-1)), 422, ""),
+        (
+            with(&|v| v["inference"]["urls"] = json!(["http://127.0.0.1:1"])),
+            422,
+            "inference.urls has 1 URLs for 2 engines; give one per engine or none",
+        ),
+        (
+            with(&|v| v["inference"]["urls"] = json!(["http://127.0.0.1:1", "file:///etc/passwd"])),
+            422,
+            "inference.urls[1] `file:///etc/passwd` is not an engine base URL; expected e.g. http://10.0.0.5:30000",
+        ),
+        (
+            with(&|v| v["options"]["update_deadline_ms"] = json!(0)),
+            422,
+            "options.update_deadline_ms=0 is out of range; it must be between 1 and 86400000",
+        ),
+        (
+            with(&|v| v["options"]["buckets"] = json!(1000)),
+            422,
+            "options.buckets=1000 is out of range; it must be between 1 and 64",
+        ),
+        (
+            with(&|v| v["training"]["backend"] = json!("mega tron")),
+            422,
+            "training.backend `mega tron` is not a backend name (1 to 64 characters from A-Z a-z 0-9 - _)",
+        ),
+        (
+            with(&|v| v["inference"]["catalogue"]["tensors"] = json!(1)),
+            422,
+            "",
+        ),
+        (
+            with(&|v| v["training"]["model"]["num_layers"] = json!(1_000_000)),
+            422,
+            "training model is too large: 1000000 layers; at most 4096 are accepted",
+        ),
+        (
+            with(&|v| v["training"]["model"]["num_kv_heads"] = json!(3)),
+            422,
+            "training model is invalid: inconsistent model sizes: num_key_value_heads=3 must divide num_attention_heads=4",
+        ),
+        (
+            with(&|v| {
+                v.as_object_mut().unwrap().remove("transport");
+            }),
+            422,
+            "invalid request body: missing field `transport`",
+        ),
+    ];
+    for (body, status, message) in cases {
+        let (s, v) = call(&app, "POST", "/v1/pairs", Some(body.clone())).await;
+        assert_eq!(s, status, "{v} for {body}");
+        if !message.is_empty() {
+            assert_eq!(error(&v), message);
+        }
+    }
+    // None of them registered a pair.
+    let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn connect_names_the_side_whose_summary_disagrees_with_its_model() {
+    let app = app();
+    let mut v = serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap();
+    v["inference"]["catalogue"]["digest"] = json!("0000000000000000");
+    let (s, e) = call(&app, "POST", "/v1/pairs", Some(v)).await;
+    assert_eq!(s, 422);
+    assert_eq!(
+        error(&e),
+        "the inference catalogue summary does not match its model `qwen3-tiny`: the model yields 47 tensors, 552320 bytes, digest 6b2995f5a16cfb55; the request says 47 tensors, 552320 bytes, digest 0000000000000000"
+    );
+}
+
+#[tokio::test]
+async fn connect_names_the_first_differing_tensor_before_any_rank_joins() {
+    let app = app();
+    let mut req = connect_request("p", 1, 1, 1);
+    req.inference.model.intermediate_size = 96;
+    req.inference.catalogue = awex_core::Catalogue::of(&req.inference.model).summary();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(serde_json::to_value(&req).unwrap()),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            422,
+            "the two sides do not describe the same canonical tensors: tensor `model.layers.0.mlp.gate_proj.weight` has shape [128, 64] (bf16) on the training side and [96, 64] (bf16) on the inference side"
+        )
+    );
+    // A dtype difference the sender converts is fine: f32 training, bf16 inference.
+    let mut req = connect_request("p", 1, 1, 1);
+    req.training.model.dtype = awex_core::DType::F32;
+    req.training.catalogue = awex_core::Catalogue::of(&req.training.model).summary();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(serde_json::to_value(&req).unwrap()),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    assert_ne!(v["training"]["fingerprint"], v["inference"]["fingerprint"]);
+}
+
+#[tokio::test]
+async fn malformed_oversized_and_non_json_bodies_are_400_413_415() {
+    let app = app();
+    let (s, v) = send(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(TOKEN),
+        Some(b"{\"name\": ".to_vec()),
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(
+        error(&v).starts_with("the request body is not valid JSON: EOF while parsing"),
+        "{v}"
+    );
+    let (s, v) = send(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(TOKEN),
+        Some(vec![b' '; 70 * 1024]),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            413,
+            "the request body exceeds the gateway's limit of 65536 bytes"
+        )
+    );
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/pairs")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from("{}"))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 415);
+    let deep = "[".repeat(10_000);
+    let (s, _) = send(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(TOKEN),
+        Some(deep.into_bytes()),
+    )
+    .await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn joins_outside_the_pair_or_with_huge_info_are_refused() {
+    let app = app();
+    connected(&app, "p", 2, 2, 2).await;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/ranks?timeout_ms=0",
+        Some(json!({"side": "inference", "rank": {"engine": 2, "rank": 0}})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            422,
+            "inference rank {engine: 2, rank: 0} is not in this pair: engines 0..2, ranks 0..2 per engine"
+        )
+    );
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/ranks?timeout_ms=0",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 2}})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            422,
+            "training rank {engine: 0, rank: 2} is not in this pair: training ranks are {engine: 0, rank: 0..2}"
+        )
+    );
+    let big = "x".repeat(60 * 1024);
+    let (s, v) = call(&app, "POST", "/v1/pairs/p/ranks?timeout_ms=0", Some(json!({"side": "training", "rank": {"engine": 0, "rank": 0}, "info": [big, "y".repeat(5000)]}))).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            413,
+            "the request body exceeds the gateway's limit of 65536 bytes"
+        )
+    );
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/ranks?timeout_ms=0",
+        Some(
+            json!({"side": "training", "rank": {"engine": 0, "rank": 0}, "info": {}, "colour": 1}),
+        ),
+    )
+    .await;
+    assert_eq!(s, 422, "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/ranks?timeout_ms=70000",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 0}})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (400, "timeout_ms=70000 exceeds the maximum of 60000 ms")
+    );
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/ranks?timeout_ms=0",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 0}})),
+    )
+    .await;
+    assert_eq!(s, 202);
+    conforms("JoinPending", &v).unwrap();
+    assert_eq!(
+        (v["joined"].as_u64(), v["world_size"].as_u64()),
+        (Some(1), Some(6))
+    );
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/nope/ranks",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 0}})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (404, "no pair named `nope`; create it with POST /v1/pairs")
+    );
+}
+
+#[tokio::test]
+async fn kv_values_are_bounded_and_missing_keys_are_404() {
+    let app = router(GatewayConfig::default());
+    connected(&app, "p", 1, 1, 1).await;
+    let (s, v) = call(
+        &app,
+        "PUT",
+        "/v1/pairs/p/kv/nccl.uid",
+        Some(json!({"value": [1, 2, 3]})),
+    )
+    .await;
+    assert_eq!(s, 201);
+    conforms("KvEntry", &v).unwrap();
+    assert_eq!(
+        v,
+        json!({"key": "nccl.uid", "value": [1, 2, 3], "revision": 1})
+    );
+    let (s, v) = call(
+        &app,
+        "PUT",
+        "/v1/pairs/p/kv/nccl.uid",
+        Some(json!({"value": "abc"})),
+    )
+    .await;
+    assert_eq!((s, v["revision"].as_u64()), (200, Some(2)));
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/kv/nccl.uid", None).await;
+    assert_eq!(
+        (s, v),
+        (
+            200,
+            json!({"key": "nccl.uid", "value": "abc", "revision": 2})
+        )
+    );
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/kv/absent", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (404, "key `absent` is not set in pair `p` (waited 0 ms)")
+    );
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/kv/absent?timeout_ms=30", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (404, "key `absent` is not set in pair `p` (waited 30 ms)")
+    );
+    let (s, v) = call(
+        &app,
+        "PUT",
+        "/v1/pairs/p/kv/bad%20key",
+        Some(json!({"value": 1})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            400,
+            "key `bad key` is invalid: use 1 to 128 characters from A-Z a-z 0-9 . _ -"
+        )
+    );
+    let (s, v) = call(
+        &app,
+        "PUT",
+        "/v1/pairs/p/kv/big",
+        Some(json!({"value": "z".repeat(70_000)})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            413,
+            "the value of key `big` is 70002 bytes of JSON; at most 65536 are accepted"
+        )
+    );
+    let (s, v) = call(&app, "PUT", "/v1/pairs/p/kv/k", Some(json!({"val": 1}))).await;
+    assert_eq!(s, 422, "{v}");
+    for i in 1..1024 {
+        let (s, _) = call(
+            &app,
+            "PUT",
+            &format!("/v1/pairs/p/kv/k{i}"),
+            Some(json!({"value": i})),
+        )
+        .await;
+        assert_eq!(s, 201);
+    }
+    let (s, v) = call(
+        &app,
+        "PUT",
+        "/v1/pairs/p/kv/one-too-many",
+        Some(json!({"value": 0})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            409,
+            "pair `p` already holds 1024 keys, the limit; reuse a key"
+        )
+    );
+}
+
+#[tokio::test]
+async fn out_of_order_update_requests_are_409_404_or_400() {
+    let app = app();
+    connected(&app, "p", 1, 1, 1).await;
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/updates",
+        Some(json!({"version": 1})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            409,
+            "pair `p` is still joining: 0 of 2 ranks joined; start updates once every rank joined"
+        )
+    );
+    let report =
+        json!({"side": "training", "rank": {"engine": 0, "rank": 0}, "ok": true, "bytes": 10});
+    let (s, v) = call(&app, "POST", "/v1/pairs/p/updates/1/report", Some(report)).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            409,
+            "pair `p` has no update of version 1; report only versions announced by an `update` event"
+        )
+    );
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/updates/1", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            404,
+            "pair `p` has no update of version 1 (none was started)"
+        )
+    );
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/updates/one", None).await;
+    assert_eq!(s, 400, "{v}");
+    assert!(error(&v).starts_with("bad path: "), "{v}");
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/updates/1?wait=1", None).await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/events?after=5&timeout_ms=0", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            409,
+            "after=5 is beyond the last event of pair `p` (0); the pair was probably connected again: join it anew"
+        )
+    );
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/events?after=0&timeout_ms=0", None).await;
+    assert_eq!((s, v), (200, json!({"events": [], "last_seq": 0})));
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/events?after=-1", None).await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/updates",
+        Some(json!({"version": "1"})),
+    )
+    .await;
+    assert_eq!(s, 422, "{v}");
+}
+
+#[tokio::test]
+async fn disconnected_pairs_answer_410_and_their_name_is_free_again() {
+    let app = app();
+    connected(&app, "p", 1, 1, 1).await;
+    let (s, v) = call(&app, "DELETE", "/v1/pairs/p", None).await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("disconnected")));
+    let (s, v) = call(&app, "DELETE", "/v1/pairs/p", None).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            410,
+            "pair `p` was disconnected; connect it again with POST /v1/pairs"
+        )
+    );
+    let (s, v) = call(&app, "GET", "/v1/pairs/p/events?after=0", None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["events"], json!([{"seq": 1, "kind": "disconnect"}]));
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/v1/pairs/p/ranks",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 0}})),
+    )
+    .await;
+    assert_eq!(s, 410);
+    connected(&app, "p", 1, 1, 1).await;
+}
+
+#[tokio::test]
+async fn join_after_the_deadline_is_409_naming_the_missing_ranks() {
+    let app = app();
+    let mut req = connect_request("late", 2, 1, 1);
+    req.options.join_deadline_ms = 50;
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(serde_json::to_value(&req).unwrap()),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/late/ranks",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 0}})),
+    )
+    .await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            408,
+            "pair `late` failed to join: join deadline of 50 ms passed with 1 of 3 ranks joined; missing: training rank 1, inference rank 0/0; disconnect it and connect again"
+        )
+    );
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs/late/ranks",
+        Some(json!({"side": "training", "rank": {"engine": 0, "rank": 1}})),
+    )
+    .await;
+    assert_eq!(s, 409);
+    assert!(error(&v).contains("missing: training rank 1, inference rank 0/0"));
+    let (_, v) = call(&app, "GET", "/v1/pairs/late/status", None).await;
+    assert_eq!(v["state"], "join_failed");
+    let (s, _) = call(&app, "DELETE", "/v1/pairs/late", None).await;
+    assert_eq!(s, 200);
+}
+
+#[test]
+fn tiny_model_is_the_one_the_tests_use() {
+    assert_eq!(tiny().num_layers, 4);
+}

@@ -1,0 +1,116 @@
+//! Engine control as data: the HTTP calls an inference backend needs around an update (pause,
+//! an update session, a trigger into the engine's own processes, resume), which the gateway
+//! executes. The core knows no engine and speaks no HTTP.
+
+use super::ParallelConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// An HTTP method of an engine call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HttpMethod {
+    /// `GET`
+    Get,
+    /// `POST`
+    Post,
+}
+
+/// One call to an engine's server, relative to its base URL.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineCall {
+    /// The method.
+    pub method: HttpMethod,
+    /// The path (`/pause_generation`).
+    pub path: String,
+    /// The JSON body (POST).
+    pub body: Option<Value>,
+}
+
+impl EngineCall {
+    /// `POST path` with a JSON body.
+    pub fn post(path: &str, body: Value) -> Self {
+        EngineCall {
+            method: HttpMethod::Post,
+            path: path.to_string(),
+            body: Some(body),
+        }
+    }
+}
+
+/// What the pair declares about one engine, to be checked against its live server.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineExpect<'a> {
+    /// Which engine (0-based).
+    pub engine: u32,
+    /// The declared parallel config of the inference side (defaults filled in).
+    pub parallel: &'a ParallelConfig,
+    /// The model's name or path as the pair knows it, when it knows one.
+    pub model: Option<&'a str>,
+    /// The model's architecture (`Qwen3ForCausalLM`).
+    pub architecture: &'a str,
+}
+
+/// What the gateway learned about one engine's server at connect, kept for its updates.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineFacts {
+    /// The engine's version, when its server reports one.
+    pub version: Option<String>,
+    /// Ranks (processes) that receive weights in this engine.
+    pub ranks: u32,
+    /// Backend-specific facts (e.g. whether an update session is supported).
+    pub extra: Value,
+}
+
+/// How the gateway drives an engine's server around an update.
+///
+/// Per update: [`EngineControl::before_update`] in order (a failure fails the update, and the
+/// engine is resumed since nothing was written), then the update starts on the ranks and
+/// [`EngineControl::trigger`] is sent (its answer must be success, as must every rank's report),
+/// then [`EngineControl::after_update`], then the commit, then [`EngineControl::resume`].
+pub trait EngineControl: Send + Sync + 'static {
+    /// Paths that describe a server, tried in order; the first that answers is used.
+    fn info_paths(&self) -> &'static [&'static str];
+
+    /// Checks a server's info against what the pair declares; a disagreement is an error
+    /// naming the field and both values.
+    fn check_server(&self, info: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String>;
+
+    /// Sent once per engine after connect (e.g. to start the engine's receivers).
+    fn warm_up(&self, _facts: &EngineFacts) -> Option<EngineCall> {
+        None
+    }
+
+    /// Calls before any byte moves (pause generation, open an update session).
+    fn before_update(&self, facts: &EngineFacts, version: u64) -> Vec<EngineCall>;
+
+    /// The call that makes the engine's processes receive `version`; `None` when its ranks
+    /// receive by themselves.
+    fn trigger(&self, _facts: &EngineFacts, _version: u64) -> Option<EngineCall> {
+        None
+    }
+
+    /// Calls after every rank received (close the update session).
+    fn after_update(&self, _facts: &EngineFacts, _version: u64) -> Vec<EngineCall> {
+        Vec::new()
+    }
+
+    /// Calls that let the engine serve again (continue generation).
+    fn resume(&self, facts: &EngineFacts) -> Vec<EngineCall>;
+
+    /// Whether an answer means success; `Err` is the engine's own message.
+    fn check_answer(&self, call: &EngineCall, status: u16, body: &Value) -> Result<(), String> {
+        let _ = call;
+        if (200..300).contains(&status) {
+            match body.get("success") {
+                Some(Value::Bool(false)) => Err(body
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the engine answered success: false")
+                    .to_string()),
+                _ => Ok(()),
+            }
+        } else {
+            Err(format!("HTTP {status}: {body}"))
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! A pair's spec (the model, both sides' backend specs, the transport) and its resolution into
+//! the catalogue and both sides' layouts: the one place where "build both layouts" happens.
+
+use crate::backend::{BackendSpec, SideError, side_layout};
+use crate::layout::{Side, SideLayout};
+use crate::model::{Catalogue, ModelSpec};
+use crate::plan;
+use crate::transport::Transport;
+use std::sync::Arc;
+
+/// What a pair is made of, before any layout is built.
+#[derive(Clone, Debug)]
+pub struct PairSpec {
+    /// The model both sides hold.
+    pub model: ModelSpec,
+    /// The training side (`megatron:tp=2,pp=2`).
+    pub train: BackendSpec,
+    /// The inference side (`sglang:tp=2,engines=2`).
+    pub infer: BackendSpec,
+    /// How the bytes move.
+    pub transport: Transport,
+}
+
+/// A pair spec with its catalogue and both sides' layouts built.
+#[derive(Clone)]
+pub struct ResolvedPair {
+    /// The spec it was built from.
+    pub spec: PairSpec,
+    /// The model's canonical tensors.
+    pub catalogue: Catalogue,
+    /// Every training rank's layout.
+    pub training: Arc<dyn SideLayout>,
+    /// Every inference rank's layout, all engines.
+    pub inference: Arc<dyn SideLayout>,
+}
+
+impl PairSpec {
+    /// Builds the catalogue and both sides' layouts through the registered backends.
+    pub fn resolve(&self) -> Result<ResolvedPair, SideError> {
+        let training = side_layout(Side::Training, &self.train, &self.model)?;
+        let inference = side_layout(Side::Inference, &self.infer, &self.model)?;
+        Ok(ResolvedPair {
+            catalogue: Catalogue::of(&self.model),
+            spec: self.clone(),
+            training,
+            inference,
+        })
+    }
+}
+
+impl ResolvedPair {
+    /// The layout of one side.
+    pub fn side(&self, side: Side) -> &dyn SideLayout {
+        match side {
+            Side::Training => &*self.training,
+            Side::Inference => &*self.inference,
+        }
+    }
+
+    /// The backend spec of one side.
+    pub fn backend(&self, side: Side) -> &BackendSpec {
+        match side {
+            Side::Training => &self.spec.train,
+            Side::Inference => &self.spec.infer,
+        }
+    }
+
+    /// The planner's view of the pair.
+    pub fn plan_pair(&self) -> plan::Pair<'_> {
+        plan::Pair {
+            catalogue: &self.catalogue,
+            training: &*self.training,
+            inference: &*self.inference,
+        }
+    }
+}

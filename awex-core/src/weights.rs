@@ -1,0 +1,80 @@
+//! Deterministic canonical weights for demos and tests: every canonical byte is a function of
+//! (tensor, version, offset).
+//!
+//! The source is either synthetic (pseudo-random bytes) or an HF checkpoint, whose bytes are
+//! version 0; later versions flip bits of it with the synthetic stream, so every version differs.
+
+use crate::model::Catalogue;
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The seed of canonical tensor `name` at `version`.
+pub fn seed(name: &str, version: u64) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(name.as_bytes(), version)
+}
+
+/// Writes canonical bytes `[at, at + out.len())` of the tensor with `seed` into `out`.
+pub fn canonical_bytes_at(seed: u64, at: u64, out: &mut [u8]) {
+    let mut i = 0usize;
+    while i < out.len() {
+        let pos = at + i as u64;
+        let word = splitmix(seed ^ (pos / 8).wrapping_mul(0xd134_2543_de82_ef95)).to_le_bytes();
+        let from = (pos % 8) as usize;
+        let n = (8 - from).min(out.len() - i);
+        out[i..i + n].copy_from_slice(&word[from..from + n]);
+        i += n;
+    }
+}
+
+/// Where canonical weights come from.
+#[derive(Clone)]
+pub enum Weights {
+    /// Pseudo-random bytes per (tensor, version).
+    Synthetic,
+    /// An HF checkpoint (version 0), perturbed deterministically for later versions.
+    Checkpoint(std::sync::Arc<crate::model::Checkpoint>),
+}
+
+impl Weights {
+    /// Canonical bytes `[at, at + out.len())` of tensor `name` at `version`.
+    pub fn bytes_at(&self, name: &str, version: u64, at: u64, out: &mut [u8]) {
+        match self {
+            Weights::Synthetic => canonical_bytes_at(seed(name, version), at, out),
+            Weights::Checkpoint(ck) => {
+                let src = ck.tensor(name).unwrap_or(&[]);
+                let a = (at as usize).min(src.len());
+                let b = (a + out.len()).min(src.len());
+                out[..b - a].copy_from_slice(&src[a..b]);
+                out[b - a..].fill(0);
+                if version > 0 {
+                    let mut noise = vec![0u8; out.len()];
+                    canonical_bytes_at(seed(name, version), at, &mut noise);
+                    for (o, n) in out.iter_mut().zip(noise) {
+                        *o ^= n;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A whole canonical tensor at `version`.
+    pub fn tensor(&self, cat: &Catalogue, name: &str, version: u64) -> Option<Vec<u8>> {
+        let c = cat.get(name)?;
+        let mut v = vec![0u8; c.nbytes() as usize];
+        self.bytes_at(name, version, 0, &mut v);
+        Some(v)
+    }
+}
+
+/// A whole canonical tensor's bytes at `version`.
+pub fn canonical_tensor(cat: &Catalogue, name: &str, version: u64) -> Option<Vec<u8>> {
+    let c = cat.get(name)?;
+    let mut v = vec![0u8; c.nbytes() as usize];
+    canonical_bytes_at(seed(name, version), 0, &mut v);
+    Some(v)
+}

@@ -1,0 +1,132 @@
+//! Errors of the CUDA data path, written for the person at the terminal.
+
+use awex_core::dtype::DType;
+use awex_core::layout::copy::CopyError;
+
+/// Why a CUDA operation of awex failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum CudaError {
+    /// This build of awex has no CUDA support compiled in.
+    #[error("awex was built without CUDA; rebuild with `--features cuda`")]
+    NotBuilt,
+    /// libcuda could not be loaded (no NVIDIA driver on this machine).
+    #[error(
+        "no CUDA driver found: libcuda could not be loaded ({detail}); install the NVIDIA driver or run on a machine with a GPU"
+    )]
+    NoDriver {
+        /// what was tried
+        detail: String,
+    },
+    /// The driver is there but too old for the CUDA 13.0 entry points awex uses.
+    #[error(
+        "the CUDA driver lacks `{symbol}`; install a newer NVIDIA driver (awex uses the CUDA 13.0 driver API)"
+    )]
+    OldDriver {
+        /// the missing entry point
+        symbol: &'static str,
+    },
+    /// The driver loaded but sees no GPU.
+    #[error("no GPU: the CUDA driver loaded but reports no device ({detail})")]
+    NoGpu {
+        /// what the driver said
+        detail: String,
+    },
+    /// A device ordinal beyond the devices the driver reports.
+    #[error("no GPU {ordinal}: this machine has {count} GPU(s), ordinals 0..{count}")]
+    NoSuchDevice {
+        /// the ordinal asked for
+        ordinal: u32,
+        /// devices present
+        count: u32,
+    },
+    /// A driver call returned an error.
+    #[error("{call} failed: {name} ({code}): {message}")]
+    Driver {
+        /// the driver entry point
+        call: &'static str,
+        /// the CUresult number
+        code: u32,
+        /// the CUresult name
+        name: String,
+        /// the driver's description
+        message: String,
+    },
+    /// The transfer converts dtypes, which the device path does not do.
+    #[error(
+        "`{tensor}`: the CUDA path copies bytes only, but this transfer converts {src} to {dst}; keep both sides in the same dtype or use a CPU transport"
+    )]
+    Conversion {
+        /// destination tensor
+        tensor: String,
+        /// source dtype
+        src: DType,
+        /// destination dtype
+        dst: DType,
+    },
+    /// The transfer's box does not fit its tensors.
+    #[error("`{tensor}`: {detail}")]
+    Box {
+        /// destination tensor
+        tensor: String,
+        /// the geometry error
+        detail: String,
+    },
+    /// A pointer that no exported allocation contains.
+    #[error("device pointer {ptr:#x} lies in no exported allocation")]
+    UnknownPointer {
+        /// the pointer
+        ptr: u64,
+    },
+    /// A planned tensor that the process holding it does not have.
+    #[error("{holder} has no tensor `{tensor}` (the plan and the memory disagree)")]
+    MissingTensor {
+        /// who should hold it
+        holder: String,
+        /// the tensor
+        tensor: String,
+    },
+    /// An allocation index that the import does not have.
+    #[error("IPC import has {count} allocation(s); allocation {index} does not exist")]
+    NoSuchAllocation {
+        /// the index asked for
+        index: usize,
+        /// allocations present
+        count: usize,
+    },
+    /// A range that runs past the end of its allocation or buffer.
+    #[error("range of {len} bytes at offset {offset} runs past the end of {what} ({size} bytes)")]
+    OutOfRange {
+        /// what was addressed
+        what: &'static str,
+        /// offset in bytes
+        offset: u64,
+        /// length in bytes
+        len: u64,
+        /// size of the allocation or buffer
+        size: u64,
+    },
+    /// An IPC handle that is not 64 bytes of hex.
+    #[error("bad IPC handle `{0}`: expected 128 hex digits (64 bytes)")]
+    BadHandle(String),
+    /// The driver refused one copy descriptor.
+    #[error("copy {desc} failed: {detail}")]
+    Copy {
+        /// the descriptor, as `CopyDesc { .. }`
+        desc: String,
+        /// the driver's error
+        detail: String,
+    },
+    /// A copy engine asked to run with no streams.
+    #[error("a copy engine needs at least one stream; {0} given")]
+    Streams(usize),
+}
+
+impl CudaError {
+    /// The error of a transfer whose box does not fit its tensors.
+    pub(crate) fn geometry(tensor: &str, source: CopyError) -> Self {
+        CudaError::Box {
+            tensor: tensor.to_string(),
+            detail: source.to_string(),
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Tests that need a GPU: ignored by default, run with
+//! `cargo test -p awex-core --features cuda -- --ignored` on a machine with one.
+
+use super::*;
+use awex_core::dtype::DType;
+use awex_core::layout::copy::copy_box;
+use awex_core::layout::{Dims, RankId};
+use awex_core::plan::Transfer;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn transfer(
+    src_shape: &[u64],
+    src_off: &[u64],
+    dst_shape: &[u64],
+    dst_off: &[u64],
+    extent: &[u64],
+    dtype: DType,
+) -> Transfer {
+    Transfer {
+        src_rank: RankId::train(0),
+        dst_rank: RankId::infer(0, 0),
+        canonical: 0,
+        src_tensor: Arc::from("src"),
+        src_shape: Dims::new(src_shape),
+        src_offset: Dims::new(src_off),
+        src_dtype: dtype,
+        dst_tensor: Arc::from("dst"),
+        dst_shape: Dims::new(dst_shape),
+        dst_offset: Dims::new(dst_off),
+        dst_dtype: dtype,
+        extent: Dims::new(extent),
+    }
+}
+
+/// Deterministic, non-zero bytes.
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    (0..n as u64)
+        .map(|i| ((i.wrapping_mul(2654435761) ^ seed) >> 3) as u8 | 1)
+        .collect()
+}
+
+/// The transfers the copy tests run: linear rows, a 2-D column block, a 3-D box, a 4-D box.
+fn shapes() -> Vec<Transfer> {
+    vec![
+        transfer(
+            &[96, 64],
+            &[16, 0],
+            &[64, 64],
+            &[8, 0],
+            &[32, 64],
+            DType::Bf16,
+        ),
+        transfer(
+            &[48, 96],
+            &[0, 40],
+            &[48, 40],
+            &[0, 0],
+            &[48, 40],
+            DType::Bf16,
+        ),
+        transfer(
+            &[6, 20, 32],
+            &[1, 3, 5],
+            &[4, 16, 24],
+            &[0, 2, 1],
+            &[3, 10, 17],
+            DType::F32,
+        ),
+        transfer(
+            &[3, 4, 10, 12],
+            &[1, 1, 2, 3],
+            &[2, 3, 8, 9],
+            &[0, 0, 1, 1],
+            &[2, 3, 6, 7],
+            DType::Bf16,
+        ),
+    ]
+}
+
+fn expected(t: &Transfer, src: &[u8], poison: u8) -> Vec<u8> {
+    let mut want = vec![poison; (t.dst_shape.numel() * t.dst_dtype.size() as u64) as usize];
+    copy_box(
+        src,
+        &t.src_shape,
+        &t.src_offset,
+        t.src_dtype,
+        &mut want,
+        &t.dst_shape,
+        &t.dst_offset,
+        t.dst_dtype,
+        &t.extent,
+    )
+    .unwrap();
+    want
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_device_opens_and_reports_an_nvidia_gpu() {
+    let d = Device::open(0).unwrap();
+    assert!(d.name().unwrap().starts_with("NVIDIA"), "{:?}", d.name());
+    assert!(d.total_memory().unwrap() > 1 << 30);
+    assert!(driver_version().unwrap() >= 12000);
+    let n = device_count().unwrap();
+    assert_eq!(
+        Device::open(n).unwrap_err(),
+        CudaError::NoSuchDevice {
+            ordinal: n,
+            count: n
+        }
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_descriptors_copy_exact_bytes_on_streams_and_in_a_graph() {
+    let d = Device::open(0).unwrap();
+    for method in [CopyMethod::Driver, CopyMethod::Kernel] {
+        let engine = CopyEngine::with_method(&d, 3, method).unwrap();
+        assert_eq!(engine.method(), method);
+        copy_shapes(&d, &engine);
+    }
+}
+
+/// Runs every transfer of [`shapes`] (launched, then captured and replayed) and checks the bytes.
+fn copy_shapes(d: &Device, engine: &CopyEngine) {
+    for (i, t) in shapes().iter().enumerate() {
+        let es = t.src_dtype.size() as u64;
+        let src_host = pattern((t.src_shape.numel() * es) as usize, i as u64);
+        let src = d.alloc(src_host.len() as u64).unwrap();
+        src.upload(0, &src_host).unwrap();
+        let dst_len = t.dst_shape.numel() * es;
+        let dst = d.alloc(dst_len).unwrap();
+        let descs = copy_descriptors(t, src.ptr(), dst.ptr()).unwrap();
+        let want = expected(t, &src_host, 0xAB);
+        // plain launch
+        d.fill_u32(dst.ptr(), dst_len / 4, 0xABAB_ABAB, engine.main_stream())
+            .unwrap();
+        engine.launch(&descs, None, None).unwrap();
+        engine.sync().unwrap();
+        let mut got = vec![0u8; dst_len as usize];
+        dst.download(0, &mut got).unwrap();
+        assert_eq!(
+            got,
+            want,
+            "{:?}, transfer {i} ({:?})",
+            engine.method(),
+            DescStats::of(&descs)
+        );
+        // captured graph, replayed twice over a poisoned destination
+        let g = engine.capture(&descs).unwrap();
+        for _ in 0..2 {
+            d.fill_u32(dst.ptr(), dst_len / 4, 0xABAB_ABAB, engine.main_stream())
+                .unwrap();
+            engine.replay(&g, None, None).unwrap();
+            engine.sync().unwrap();
+            let mut got = vec![0u8; dst_len as usize];
+            dst.download(0, &mut got).unwrap();
+            assert_eq!(got, want, "graph, transfer {i}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_export_has_one_handle_per_allocation() {
+    let d = Device::open(0).unwrap();
+    let a = d.alloc(1 << 20).unwrap();
+    let b = d.alloc(1 << 16).unwrap();
+    let mut e = IpcExport::new(&d, &[a.ptr(), a.ptr() + 256, b.ptr() + 10]).unwrap();
+    assert_eq!(e.allocations().len(), 2);
+    assert!(e.allocations()[0].size >= 1 << 20);
+    assert_ne!(e.allocations()[0].handle, e.allocations()[1].handle);
+    assert_eq!(
+        e.locate(b.ptr() + 10).unwrap(),
+        RemoteAddr {
+            allocation: 1,
+            offset: 10
+        }
+    );
+    // cached: pointers into known allocations add no handle
+    e.extend(&[a.ptr() + 4096, b.ptr()]).unwrap();
+    assert_eq!(e.allocations().len(), 2);
+}
+
+/// What the exporting child hands the parent.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChildHandles {
+    allocations: Vec<ExportedAllocation>,
+    tensor: RemoteAddr,
+    ready: IpcEventHandle,
+}
+
+const CHILD_ENV: &str = "AWEX_IPC_TEST_DIR";
+const CHILD_TEST: &str = "cuda::gpu_tests::gpu_ipc_child_exports_for_parent";
+
+fn wait_for(path: &Path, secs: u64) -> bool {
+    let t0 = Instant::now();
+    while !path.exists() {
+        if t0.elapsed() > Duration::from_secs(secs) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+/// The exporting side of `gpu_ipc_pull_between_two_processes`; does nothing unless started by it.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ipc_child_exports_for_parent() {
+    let Some(dir) = std::env::var_os(CHILD_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let t = &shapes()[1];
+    let d = Device::open(0).unwrap();
+    let host = pattern((t.src_shape.numel() * 2) as usize, 77);
+    // the tensor sits 4 KiB into a larger buffer, like one tensor of a contiguous param buffer
+    let buf = d.alloc(host.len() as u64 + 8192).unwrap();
+    let s = d.stream().unwrap();
+    d.fill_u32(buf.ptr(), (host.len() as u64 + 8192) / 4, 0, &s)
+        .unwrap();
+    s.sync().unwrap();
+    buf.upload(4096, &host).unwrap();
+    let ready = d.event(true).unwrap();
+    ready.record(&s).unwrap();
+    let e = IpcExport::new(&d, &[buf.ptr() + 4096]).unwrap();
+    let msg = ChildHandles {
+        allocations: e.allocations().to_vec(),
+        tensor: e.locate(buf.ptr() + 4096).unwrap(),
+        ready: ready.ipc_handle().unwrap(),
+    };
+    let tmp = dir.join("handles.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&msg).unwrap()).unwrap();
+    std::fs::rename(&tmp, dir.join("handles.json")).unwrap();
+    assert!(wait_for(&dir.join("done"), 120), "parent never finished");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_ipc_pull_between_two_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(exe)
+        .args(["--ignored", "--exact", CHILD_TEST, "--nocapture"])
+        .env(CHILD_ENV, dir.path())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(&dir.path().join("handles.json"), 120));
+    let msg: ChildHandles =
+        serde_json::from_slice(&std::fs::read(dir.path().join("handles.json")).unwrap()).unwrap();
+    assert_eq!(msg.allocations.len(), 1);
+    assert_eq!(msg.tensor.offset, 4096);
+    let t = &shapes()[1];
+    let d = Device::open(0).unwrap();
+    let imp = IpcImport::open(&d, &msg.allocations).unwrap();
+    let ready = d.open_event(&msg.ready).unwrap();
+    let src = imp.ptr(msg.tensor, t.src_shape.numel() * 2).unwrap();
+    assert!(matches!(
+        imp.ptr(msg.tensor, msg.allocations[0].size),
+        Err(CudaError::OutOfRange { .. })
+    ));
+    let dst_len = t.dst_shape.numel() * 2;
+    let dst = d.alloc(dst_len).unwrap();
+    let engine = CopyEngine::new(&d, 2).unwrap();
+    d.fill_u32(dst.ptr(), dst_len / 4, 0xABAB_ABAB, engine.main_stream())
+        .unwrap();
+    let done = d.event(false).unwrap();
+    let descs = copy_descriptors(t, src, dst.ptr()).unwrap();
+    engine.launch(&descs, Some(&ready), Some(&done)).unwrap();
+    done.sync().unwrap();
+    let mut got = vec![0u8; dst_len as usize];
+    dst.download(0, &mut got).unwrap();
+    let host = pattern((t.src_shape.numel() * 2) as usize, 77);
+    assert_eq!(got, expected(t, &host, 0xAB));
+    drop(imp);
+    drop(ready);
+    std::fs::write(dir.path().join("done"), b"").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+/// The driver rejects a pitched copy whose rows lie in two allocations, which is why
+/// [`plan_copies`] merges series only between the same two tensors.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_pitched_copy_across_two_allocations_is_refused() {
+    let d = Device::open(0).unwrap();
+    let a = d.alloc(4096).unwrap();
+    let b = d.alloc(4096).unwrap();
+    let (lo, hi) = if a.ptr() < b.ptr() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let dst = d.alloc(1 << 16).unwrap();
+    let two_allocs = CopyDesc {
+        src: lo.ptr(),
+        dst: dst.ptr(),
+        width: 256,
+        height: 2,
+        depth: 1,
+        src_pitch: hi.ptr() - lo.ptr(),
+        dst_pitch: 256,
+        src_rows: 2,
+        dst_rows: 2,
+    };
+    let engine = CopyEngine::new(&d, 1).unwrap();
+    let e = engine.launch(&[two_allocs], None, None).unwrap_err();
+    assert!(e.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
+}
+
+/// A pitched copy whose last row ends exactly at the end of its allocation is accepted, though
+/// `pitch * height` bytes from its start run past that end.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_pitched_copy_may_end_at_its_allocation_end() {
+    let d = Device::open(0).unwrap();
+    let size = 2u64 << 20;
+    let src = d.alloc(size).unwrap();
+    let host = pattern(size as usize, 9);
+    src.upload(0, &host).unwrap();
+    let dst = d.alloc(4 * 64).unwrap();
+    let start = size - (3 * 1024 + 64);
+    let desc = CopyDesc {
+        src: src.ptr() + start,
+        dst: dst.ptr(),
+        width: 64,
+        height: 4,
+        depth: 1,
+        src_pitch: 1024,
+        dst_pitch: 64,
+        src_rows: 4,
+        dst_rows: 4,
+    };
+    let engine = CopyEngine::new(&d, 1).unwrap();
+    engine.launch(&[desc], None, None).unwrap();
+    engine.sync().unwrap();
+    let mut got = vec![0u8; 256];
+    dst.download(0, &mut got).unwrap();
+    let want: Vec<u8> = (0..4)
+        .flat_map(|r| {
+            let s = (start + r * 1024) as usize;
+            host[s..s + 64].to_vec()
+        })
+        .collect();
+    assert_eq!(got, want);
+}

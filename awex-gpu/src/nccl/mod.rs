@@ -1,0 +1,36 @@
+//! The separated-GPU data path: training GPUs send planned buckets to inference GPUs over NCCL
+//! point-to-point (NVLink within a node, InfiniBand/RoCE across nodes).
+//!
+//! - [`Library`]: libnccl loaded at run time (`$AWEX_NCCL_LIBRARY`, `libnccl.so.2`,
+//!   `libnccl.so`), version 2.19 or newer, every entry point resolved up front; all errors are
+//!   values, never panics.
+//! - [`UniqueId`], [`UID_KEY`]: training rank 0 creates the communicator's id and shares it
+//!   through the gateway's kv as hex.
+//! - [`CommWorld`]: one communicator per pair; training ranks first, then inference ranks
+//!   engine-major.
+//! - [`Communicator`]: non-blocking init with a deadline, grouped send/recv, abort on any
+//!   failure or timeout, finalize + destroy on disconnect.
+//! - [`schedule()`]: which buckets go in which NCCL group, ordered so that both ends of every
+//!   peer pair issue the pair's operations in the same order (deadlock-free by construction;
+//!   proved by simulation in the tests).
+//! - [`Program`]: the schedule laid out on device tensors, with the 2-D copies that pack and
+//!   unpack non-contiguous boxes, double-buffered over two staging slots.
+//!
+//! The transport that runs all of it for a rank is `awex_runtime::transport::NcclTransport`.
+
+mod comm;
+mod error;
+pub mod ffi;
+mod library;
+mod program;
+mod ranks;
+mod schedule;
+mod uid;
+
+pub use comm::{Communicator, P2p};
+pub use error::NcclError;
+pub use library::{FALLBACK_NAMES, LIBRARY_ENV, Library, NcclVersion, candidates};
+pub use program::{DeviceTensor, DeviceTensors, OpIo, Program, SLOT_ALIGN, StepIo, Wire};
+pub use ranks::CommWorld;
+pub use schedule::{Op, OpKind, Step, pair_bucket_bytes, peer_buckets, schedule};
+pub use uid::{UID_CREATOR, UID_KEY, UniqueId, creates_uid};

@@ -1,0 +1,977 @@
+//! The `cuda-ipc` transport: inference ranks copy their boxes straight out of the training
+//! rank's GPU memory, device to device, through CUDA IPC (one copy, no host staging).
+//!
+//! The protocol is the `shm` transport's, with the bytes on the GPU:
+//!
+//! - a training rank exports one IPC handle per allocation behind its tensors, once, and
+//!   publishes them in a host shared-memory control segment: a header (ready version, done
+//!   count), the allocations' handles and sizes, a table of its tensors (allocation, offset,
+//!   length), its peers' bucket ranges and per-bucket checksums. Its rendezvous value names
+//!   the segment and carries its inter-process "ready" event. (The handles live in the segment
+//!   rather than in the rendezvous value because the gateway caps a rank's info at 64 KiB:
+//!   qwen3-8b's 291 tensors are 37 KB of handles as hex already.) Per update it records the
+//!   event, publishes `ready = (version, attempt)`, and waits until every peer counted itself
+//!   done;
+//! - an inference rank opens every peer's handles and event once (in `connect`), turns its
+//!   planned transfers into device copy descriptors once, and per update waits for `ready`,
+//!   makes its copy streams wait on the peer's event, issues the copies with the copy engine,
+//!   synchronises, verifies checksums if asked, and counts itself done.
+//!
+//! The copies move bytes only: a plan that converts dtypes is refused when the transport is
+//! built. Checksums are computed on the host (both ends copy their tensors to a host staging
+//! set and hash the planned buckets as the other transports do): slow, for verification runs.
+
+use super::{ExecContext, ExecStats, Transport, TransportKind};
+use crate::RuntimeError;
+use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
+use crate::shm::ShmSegment;
+use crate::tensors::{Location, TensorSet, cuda_err};
+use awex_core::layout::{RankId, Side};
+use awex_core::plan::RankPlan;
+use awex_gpu::cuda::handle::HANDLE_BYTES;
+use awex_gpu::cuda::{
+    CopyDesc, CopyEngine, CopyMethod, CudaError, Device, Event, ExportedAllocation, IpcEventHandle,
+    IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream, plan_copies, split_linear,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"AWEXIPC1");
+/// Header words: magic, ready, done, allocations, tensors, peers, sums, device.
+const HEADER_WORDS: usize = 8;
+const NONE: u64 = u64::MAX;
+/// Words of one allocation entry: the handle's 64 bytes, then the size.
+const ALLOC_WORDS: usize = HANDLE_BYTES / 8 + 1;
+/// Words of one tensor entry: name hash, allocation, offset, length.
+const TENSOR_WORDS: usize = 4;
+/// Words of one peer entry: peer key, first checksum index, buckets.
+const PEER_WORDS: usize = 3;
+/// Streams of a receiver's copy engine (the `bench ipc` default).
+const STREAMS: usize = 4;
+/// Linear copies are cut into pieces of this size, spread over the streams (the `bench ipc`
+/// default: one copy-kernel launch over a whole large IPC mapping is slow).
+const SPLIT_BYTES: u64 = 256 << 20;
+
+fn name_hash(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+fn peer_key(r: RankId) -> u64 {
+    ((r.engine as u64) << 32) | r.rank as u64
+}
+
+fn transport_err(what: &str) -> impl Fn(CudaError) -> RuntimeError + '_ {
+    move |e| match cuda_err(what, e) {
+        RuntimeError::Tensor(m) => RuntimeError::Transport(m),
+        other => other,
+    }
+}
+
+/// Refuses a plan that converts dtypes: the CUDA path copies bytes only.
+pub(crate) fn refuse_conversions(plan: &RankPlan) -> Result<(), RuntimeError> {
+    let converting = plan
+        .peers
+        .iter()
+        .flat_map(|p| &p.transfers)
+        .find(|t| t.converts());
+    match converting {
+        None => Ok(()),
+        Some(t) => Err(RuntimeError::Config(
+            CudaError::Conversion {
+                tensor: t.dst_tensor.to_string(),
+                src: t.src_dtype,
+                dst: t.dst_dtype,
+            }
+            .to_string(),
+        )),
+    }
+}
+
+/// A tensor of the training rank, as the control segment lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct TensorEntry {
+    hash: u64,
+    at: RemoteAddr,
+    len: u64,
+}
+
+/// A peer of the training rank: its key, its first checksum index and its bucket count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PeerEntry {
+    key: u64,
+    first_sum: u64,
+    buckets: u64,
+}
+
+/// What a training rank publishes in its control segment besides the header words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Published {
+    device: u32,
+    allocations: Vec<ExportedAllocation>,
+    tensors: Vec<TensorEntry>,
+    peers: Vec<PeerEntry>,
+    sums: usize,
+}
+
+impl Published {
+    fn words(&self) -> usize {
+        HEADER_WORDS
+            + ALLOC_WORDS * self.allocations.len()
+            + TENSOR_WORDS * self.tensors.len()
+            + PEER_WORDS * self.peers.len()
+            + self.sums
+    }
+}
+
+/// Typed access to a control segment.
+struct Control {
+    seg: ShmSegment,
+    /// first word of the checksums
+    sums_at: usize,
+    sums: usize,
+}
+
+impl Control {
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!((i + 1) * 8 <= self.seg.len());
+        // SAFETY: callers stay inside the segment (checked when it was created or opened); the
+        // mapping is page aligned, so every word is 8-byte aligned.
+        unsafe { &*(self.seg.ptr().add(i * 8) as *const AtomicU64) }
+    }
+    fn ready(&self) -> &AtomicU64 {
+        self.word(1)
+    }
+    fn done(&self) -> &AtomicU64 {
+        self.word(2)
+    }
+    fn sum(&self, i: u64) -> Result<&AtomicU64, RuntimeError> {
+        if i as usize >= self.sums {
+            return Err(RuntimeError::Transport(format!(
+                "checksum {i} lies outside the {} the training rank publishes (plans disagree)",
+                self.sums
+            )));
+        }
+        Ok(self.word(self.sums_at + i as usize))
+    }
+
+    /// Creates segment `name` holding `p`, then marks it valid.
+    fn create(name: &str, p: &Published) -> Result<Control, RuntimeError> {
+        let seg = ShmSegment::create(name, 8 * p.words())?;
+        let mut c = Control {
+            seg,
+            sums_at: p.words() - p.sums,
+            sums: p.sums,
+        };
+        let mut w = HEADER_WORDS;
+        let mut put = |c: &mut Control, v: u64| {
+            c.word(w).store(v, Ordering::Relaxed);
+            w += 1;
+        };
+        for a in &p.allocations {
+            for chunk in a.handle.0.chunks_exact(8) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(chunk);
+                put(&mut c, u64::from_le_bytes(b));
+            }
+            put(&mut c, a.size);
+        }
+        for t in &p.tensors {
+            put(&mut c, t.hash);
+            put(&mut c, t.at.allocation as u64);
+            put(&mut c, t.at.offset);
+            put(&mut c, t.len);
+        }
+        for e in &p.peers {
+            put(&mut c, e.key);
+            put(&mut c, e.first_sum);
+            put(&mut c, e.buckets);
+        }
+        for (i, v) in [
+            p.allocations.len(),
+            p.tensors.len(),
+            p.peers.len(),
+            p.sums,
+            p.device as usize,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            c.word(3 + i).store(v as u64, Ordering::Relaxed);
+        }
+        c.ready().store(NONE, Ordering::Relaxed);
+        c.done().store(0, Ordering::Relaxed);
+        c.word(0).store(MAGIC, Ordering::Release);
+        c.sums_at = p.words() - p.sums;
+        Ok(c)
+    }
+
+    /// Opens segment `name` and reads what it publishes, checking every count against its size.
+    fn open(name: &str) -> Result<(Control, Published), RuntimeError> {
+        let seg = ShmSegment::open(name)?;
+        let bad = |why: &str| {
+            RuntimeError::Transport(format!(
+                "shared-memory segment `{name}` is not an awex cuda-ipc control segment ({why})"
+            ))
+        };
+        let mut c = Control {
+            seg,
+            sums_at: 0,
+            sums: 0,
+        };
+        if c.seg.len() < HEADER_WORDS * 8 {
+            return Err(bad("too short"));
+        }
+        if c.word(0).load(Ordering::Acquire) != MAGIC {
+            return Err(bad("no magic"));
+        }
+        let n = |i: usize| c.word(i).load(Ordering::Relaxed) as usize;
+        let (n_allocs, n_tensors, n_peers, n_sums, device) = (n(3), n(4), n(5), n(6), n(7));
+        let words = [
+            ALLOC_WORDS.checked_mul(n_allocs),
+            TENSOR_WORDS.checked_mul(n_tensors),
+            PEER_WORDS.checked_mul(n_peers),
+            Some(n_sums),
+        ]
+        .into_iter()
+        .try_fold(HEADER_WORDS, |acc, x| acc.checked_add(x?));
+        if words.is_none_or(|w| w.saturating_mul(8) > c.seg.len()) {
+            return Err(bad("its tables run past its end"));
+        }
+        let mut w = HEADER_WORDS;
+        let mut next = || {
+            let v = c.word(w).load(Ordering::Relaxed);
+            w += 1;
+            v
+        };
+        let mut allocations = Vec::with_capacity(n_allocs);
+        for _ in 0..n_allocs {
+            let mut h = [0u8; HANDLE_BYTES];
+            for chunk in h.chunks_exact_mut(8) {
+                chunk.copy_from_slice(&next().to_le_bytes());
+            }
+            allocations.push(ExportedAllocation {
+                handle: IpcMemHandle(h),
+                size: next(),
+            });
+        }
+        let mut tensors = Vec::with_capacity(n_tensors);
+        for _ in 0..n_tensors {
+            let (hash, allocation, offset, len) = (next(), next(), next(), next());
+            let allocation = u32::try_from(allocation).map_err(|_| bad("allocation index"))?;
+            tensors.push(TensorEntry {
+                hash,
+                at: RemoteAddr { allocation, offset },
+                len,
+            });
+        }
+        let mut peers = Vec::with_capacity(n_peers);
+        for _ in 0..n_peers {
+            peers.push(PeerEntry {
+                key: next(),
+                first_sum: next(),
+                buckets: next(),
+            });
+        }
+        let sums_at = w;
+        c.sums_at = sums_at;
+        c.sums = n_sums;
+        let device = u32::try_from(device).map_err(|_| bad("device ordinal"))?;
+        Ok((
+            c,
+            Published {
+                device,
+                allocations,
+                tensors,
+                peers,
+                sums: n_sums,
+            },
+        ))
+    }
+}
+
+/// The training rank's side: its export, its event and its control segment.
+struct Sender {
+    ctl: Control,
+    /// Kept for the life of the transport: its handles were published once.
+    _export: IpcExport,
+    stream: Stream,
+    ready: Event,
+    ready_handle: IpcEventHandle,
+}
+
+/// A training peer as one inference rank sees it.
+struct Remote {
+    ctl_name: String,
+    ctl: Control,
+    /// Mapped allocations, closed on drop (after the copies that read them were synchronised).
+    _import: IpcImport,
+    event: Event,
+    descs: Vec<CopyDesc>,
+    /// first checksum index of this receiver's buckets
+    sums_at: u64,
+}
+
+/// CUDA IPC transport for one rank whose tensors live on a GPU.
+pub struct CudaIpcTransport {
+    side: Side,
+    me: RankId,
+    plan: Arc<RankPlan>,
+    buckets: Vec<Vec<Bucket>>,
+    tensors: Arc<TensorSet>,
+    dev: Device,
+    sender: Option<Sender>,
+    engine: Option<CopyEngine>,
+    remotes: HashMap<RankId, Remote>,
+    /// Host copy of the tensors, for checksums (allocated on first use).
+    staging: Option<TensorSet>,
+    scratch: Vec<u8>,
+}
+
+impl CudaIpcTransport {
+    /// A transport for one rank whose tensors live on one GPU (`TensorSet::allocate_cuda`, or
+    /// registered device views). A training rank exports its allocations and creates its
+    /// control segment `ctl_name` here; a plan that converts dtypes is refused.
+    pub fn new(
+        plan: Arc<RankPlan>,
+        tensors: Arc<TensorSet>,
+        bucket_bytes: u64,
+        ctl_name: &str,
+    ) -> Result<Self, RuntimeError> {
+        refuse_conversions(&plan)?;
+        if tensors.location()? == Location::Host && !tensors.is_empty() {
+            return Err(RuntimeError::Config(
+                "the cuda-ipc transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport".into(),
+            ));
+        }
+        let dev = tensors.cuda_device()?;
+        let buckets = plan
+            .peers
+            .iter()
+            .map(|p| make_buckets(&p.transfers, bucket_bytes))
+            .collect();
+        let mut t = CudaIpcTransport {
+            side: plan.side,
+            me: plan.rank,
+            plan,
+            buckets,
+            tensors,
+            dev,
+            sender: None,
+            engine: None,
+            remotes: HashMap::new(),
+            staging: None,
+            scratch: Vec::new(),
+        };
+        match t.side {
+            Side::Training => t.sender = Some(t.export(ctl_name)?),
+            Side::Inference => {
+                let engine = CopyEngine::with_method(&t.dev, STREAMS, CopyMethod::Kernel)
+                    .or_else(|_| CopyEngine::new(&t.dev, STREAMS))
+                    .map_err(transport_err("creating the copy engine"))?;
+                t.engine = Some(engine);
+            }
+        }
+        Ok(t)
+    }
+
+    fn export(&self, ctl_name: &str) -> Result<Sender, RuntimeError> {
+        let views: Vec<_> = self.tensors.iter().collect();
+        let ptrs: Vec<u64> = views.iter().filter_map(|v| v.device_ptr()).collect();
+        let err = transport_err("exporting the training tensors");
+        let export = IpcExport::new(&self.dev, &ptrs).map_err(&err)?;
+        let mut tensors = Vec::with_capacity(views.len());
+        for v in &views {
+            let ptr = v.device_ptr().ok_or_else(|| {
+                RuntimeError::Config(format!("`{}` does not live on the GPU", v.name))
+            })?;
+            tensors.push(TensorEntry {
+                hash: name_hash(&v.name),
+                at: export.locate(ptr).map_err(&err)?,
+                len: v.len() as u64,
+            });
+        }
+        let mut peers = Vec::with_capacity(self.plan.peers.len());
+        let mut first = 0u64;
+        for (p, b) in self.plan.peers.iter().zip(&self.buckets) {
+            peers.push(PeerEntry {
+                key: peer_key(p.peer),
+                first_sum: first,
+                buckets: b.len() as u64,
+            });
+            first += b.len() as u64;
+        }
+        let published = Published {
+            device: self.dev.ordinal(),
+            allocations: export.allocations().to_vec(),
+            tensors,
+            peers,
+            sums: first as usize,
+        };
+        let stream = self.dev.stream().map_err(&err)?;
+        let ready = self.dev.event(true).map_err(&err)?;
+        // recorded once, so that a receiver opening it early waits on a real record
+        ready.record(&stream).map_err(&err)?;
+        stream.sync().map_err(&err)?;
+        let ready_handle = ready.ipc_handle().map_err(&err)?;
+        let ctl = Control::create(ctl_name, &published)?;
+        Ok(Sender {
+            ctl,
+            _export: export,
+            stream,
+            ready,
+            ready_handle,
+        })
+    }
+
+    fn open_remote(&self, peer: RankId, info: &serde_json::Value) -> Result<Remote, RuntimeError> {
+        let field = |k: &str| {
+            info.get(k).and_then(|v| v.as_str()).ok_or_else(|| {
+                RuntimeError::Transport(format!(
+                    "training rank {peer} published no cuda-ipc `{k}` (rendezvous {info})"
+                ))
+            })
+        };
+        let ctl_name = field("ctl")?.to_string();
+        let event: IpcEventHandle = field("event")?.parse().map_err(|e: CudaError| {
+            RuntimeError::Transport(format!("training rank {peer}'s event: {e}"))
+        })?;
+        let (ctl, published) = Control::open(&ctl_name)?;
+        let me = peer_key(self.me);
+        let sums_at = published
+            .peers
+            .iter()
+            .find(|e| e.key == me)
+            .map(|e| e.first_sum)
+            .ok_or_else(|| {
+                RuntimeError::Transport(format!(
+                    "training rank {peer} has no plan for inference rank {} (plans disagree)",
+                    self.me
+                ))
+            })?;
+        let err = transport_err("opening the training rank's memory");
+        let import = IpcImport::open(&self.dev, &published.allocations).map_err(&err)?;
+        let event = self.dev.open_event(&event).map_err(&err)?;
+        let remote_tensors: HashMap<u64, TensorEntry> =
+            published.tensors.iter().map(|t| (t.hash, *t)).collect();
+        let transfers = self
+            .plan
+            .peers
+            .iter()
+            .find(|p| p.peer == peer)
+            .map(|p| &p.transfers[..])
+            .unwrap_or(&[]);
+        let addr = |t: &awex_core::plan::Transfer| {
+            let src = remote_tensors
+                .get(&name_hash(&t.src_tensor))
+                .ok_or_else(|| CudaError::MissingTensor {
+                    holder: format!("training rank {peer}"),
+                    tensor: t.src_tensor.to_string(),
+                })?;
+            let need = t.src_shape.numel() * t.src_dtype.size() as u64;
+            if src.len != need {
+                return Err(CudaError::MissingTensor {
+                    holder: format!(
+                        "training rank {peer} (it shares {} bytes, the plan needs {need})",
+                        src.len
+                    ),
+                    tensor: t.src_tensor.to_string(),
+                });
+            }
+            let dst = self
+                .tensors
+                .get(&t.dst_tensor)
+                .and_then(|v| v.device_ptr())
+                .ok_or_else(|| CudaError::MissingTensor {
+                    holder: format!("inference rank {}", self.me),
+                    tensor: t.dst_tensor.to_string(),
+                })?;
+            Ok((import.ptr(src.at, src.len)?, dst))
+        };
+        let merged =
+            plan_copies(transfers, true, addr).map_err(transport_err("building the copies"))?;
+        Ok(Remote {
+            ctl_name,
+            ctl,
+            _import: import,
+            event,
+            descs: split_linear(&merged, SPLIT_BYTES),
+            sums_at,
+        })
+    }
+
+    fn staging(&mut self) -> Result<&TensorSet, RuntimeError> {
+        if self.staging.is_none() {
+            self.staging = Some(self.tensors.host_mirror()?);
+        }
+        self.staging
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))
+    }
+
+    fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        ctx.check()?;
+        let mut stats = ExecStats::default();
+        if ctx.checksums {
+            // hash every bucket as the receivers see it, from a host copy of the weights
+            self.staging()?;
+            let staging = self
+                .staging
+                .as_ref()
+                .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))?;
+            self.tensors.download_to(staging)?;
+            let sender = self
+                .sender
+                .as_ref()
+                .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+            let mut idx = 0u64;
+            for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
+                for b in buckets {
+                    self.scratch.resize(b.bytes as usize, 0);
+                    let n = pack(b, &peer.transfers, staging, &mut self.scratch)?;
+                    let h = xxhash_rust::xxh3::xxh3_64(&self.scratch[..n]);
+                    sender.ctl.sum(idx)?.store(h, Ordering::Relaxed);
+                    stats.checksum = stats.checksum.wrapping_add(h);
+                    idx += 1;
+                }
+            }
+        }
+        let sender = self
+            .sender
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+        for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
+            stats.buckets += buckets.len() as u64;
+            stats.bytes += peer.bytes;
+        }
+        // the weights are complete when the update starts (the caller synchronised its own
+        // work); the event orders the receivers' copies after anything queued on this stream
+        sender
+            .ready
+            .record(&sender.stream)
+            .map_err(transport_err("recording the ready event"))?;
+        let ctl = &sender.ctl;
+        ctl.done().store(0, Ordering::Relaxed);
+        ctl.ready().store(ctx.tag(), Ordering::Release);
+        let want = self.plan.peers.len() as u64;
+        let result = ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want);
+        // every peer synchronised its copies before counting itself done (or this rank gave
+        // up): nobody may read these weights as this version any more
+        ctl.ready().store(NONE, Ordering::Release);
+        result.map(|_| stats)
+    }
+
+    fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        for peer in &self.plan.peers {
+            let info = ctx.peers.get(&peer.peer).cloned().unwrap_or_default();
+            let stale = match (
+                self.remotes.get(&peer.peer),
+                info.get("ctl").and_then(|v| v.as_str()),
+            ) {
+                (Some(r), Some(name)) => r.ctl_name != name,
+                _ => true,
+            };
+            if stale {
+                // a restarted peer: close the old mappings before opening the new ones
+                self.remotes.remove(&peer.peer);
+                let r = self.open_remote(peer.peer, &info)?;
+                self.remotes.insert(peer.peer, r);
+            }
+        }
+        let engine = self
+            .engine
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+        let copied = (|| {
+            for peer in &self.plan.peers {
+                let remote = &self.remotes[&peer.peer];
+                ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
+                engine
+                    .launch(&remote.descs, Some(&remote.event), None)
+                    .map_err(transport_err("queueing the copies"))?;
+            }
+            engine
+                .sync()
+                .map_err(transport_err("waiting for the copies"))
+        })();
+        if let Err(e) = copied {
+            // leave no copy running into memory that the caller may reuse
+            let _ = engine.sync();
+            return Err(e);
+        }
+        if ctx.corrupt {
+            self.corrupt_first_byte()?;
+        }
+        let mut stats = ExecStats::default();
+        if ctx.checksums {
+            self.staging()?;
+            let staging = self
+                .staging
+                .as_ref()
+                .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))?;
+            self.tensors.download_to(staging)?;
+            for (pi, peer) in self.plan.peers.iter().enumerate() {
+                let remote = &self.remotes[&peer.peer];
+                for (bi, b) in self.buckets[pi].iter().enumerate() {
+                    let h = hash_destination(b, &peer.transfers, staging)?;
+                    let want = remote
+                        .ctl
+                        .sum(remote.sums_at + bi as u64)?
+                        .load(Ordering::Relaxed);
+                    if h != want {
+                        return Err(RuntimeError::Checksum {
+                            peer: peer.peer,
+                            bucket: bi as u64,
+                        });
+                    }
+                    stats.checksum = stats.checksum.wrapping_add(h);
+                }
+            }
+        }
+        for (pi, peer) in self.plan.peers.iter().enumerate() {
+            let remote = &self.remotes[&peer.peer];
+            if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
+                return Err(RuntimeError::Transport(format!(
+                    "training rank {} withdrew version {} while it was being read",
+                    peer.peer, ctx.version
+                )));
+            }
+            stats.buckets += self.buckets[pi].len() as u64;
+            stats.bytes += peer.bytes;
+        }
+        for peer in &self.plan.peers {
+            self.remotes[&peer.peer]
+                .ctl
+                .done()
+                .fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(stats)
+    }
+
+    /// Flips one received byte on the GPU (fault injection for tests).
+    fn corrupt_first_byte(&self) -> Result<(), RuntimeError> {
+        let Some((peer, b)) = self
+            .plan
+            .peers
+            .iter()
+            .zip(&self.buckets)
+            .find_map(|(p, b)| b.first().map(|b| (p, b)))
+        else {
+            return Ok(());
+        };
+        let Some(piece) = b.pieces.first() else {
+            return Ok(());
+        };
+        let t = &peer.transfers[piece.transfer as usize];
+        let Some(v) = self.tensors.get(&t.dst_tensor) else {
+            return Ok(());
+        };
+        let Some(base) = v.device_ptr() else {
+            return Ok(());
+        };
+        let (_, d, _) = piece_box(t, piece);
+        let at = base + v.shape.linear(&d) * v.dtype.size() as u64;
+        let err = transport_err("corrupting a byte");
+        let mut x = [0u8];
+        self.dev.copy_to_host(at, &mut x).map_err(&err)?;
+        x[0] ^= 0x5a;
+        self.dev.copy_from_host(at, &x).map_err(&err)
+    }
+}
+
+impl Transport for CudaIpcTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::CudaIpc
+    }
+
+    fn rendezvous(&self) -> serde_json::Value {
+        match &self.sender {
+            Some(s) => serde_json::json!({
+                "ctl": s.ctl.seg.name(),
+                "event": s.ready_handle.to_string(),
+                "device": self.dev.ordinal(),
+            }),
+            None => serde_json::json!({ "device": self.dev.ordinal() }),
+        }
+    }
+
+    fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
+        if self.side == Side::Inference {
+            for p in &self.plan.peers {
+                if let Some(info) = peers.get(&p.peer) {
+                    self.remotes.remove(&p.peer);
+                    let r = self.open_remote(p.peer, info)?;
+                    self.remotes.insert(p.peer, r);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        match self.side {
+            Side::Training => self.send(ctx),
+            Side::Inference => self.receive(ctx),
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some(e) = &self.engine {
+            let _ = e.sync();
+        }
+        // closes the mappings and the peers' events
+        self.remotes.clear();
+        if let Some(s) = self.sender.take() {
+            let _ = s.stream.sync();
+            s.ctl.seg.unlink();
+        }
+        self.engine = None;
+        self.staging = None;
+    }
+}
+
+impl Drop for CudaIpcTransport {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TensorView;
+    use awex_core::dtype::DType;
+    use awex_core::layout::Dims;
+    use awex_core::plan::{PeerPlan, Transfer};
+
+    fn published() -> Published {
+        let handle = |seed: u8| {
+            let mut h = [0u8; HANDLE_BYTES];
+            for (i, b) in h.iter_mut().enumerate() {
+                *b = seed.wrapping_mul(31).wrapping_add(i as u8);
+            }
+            IpcMemHandle(h)
+        };
+        Published {
+            device: 3,
+            allocations: vec![
+                ExportedAllocation {
+                    handle: handle(1),
+                    size: 4096,
+                },
+                ExportedAllocation {
+                    handle: handle(2),
+                    size: 1 << 40,
+                },
+            ],
+            tensors: vec![
+                TensorEntry {
+                    hash: name_hash("a"),
+                    at: RemoteAddr {
+                        allocation: 0,
+                        offset: 256,
+                    },
+                    len: 100,
+                },
+                TensorEntry {
+                    hash: name_hash("b"),
+                    at: RemoteAddr {
+                        allocation: 1,
+                        offset: 0,
+                    },
+                    len: 1 << 39,
+                },
+            ],
+            peers: vec![
+                PeerEntry {
+                    key: peer_key(RankId::infer(0, 1)),
+                    first_sum: 0,
+                    buckets: 2,
+                },
+                PeerEntry {
+                    key: peer_key(RankId::infer(1, 0)),
+                    first_sum: 2,
+                    buckets: 3,
+                },
+            ],
+            sums: 5,
+        }
+    }
+
+    #[test]
+    fn control_segment_round_trips_handles_tensors_peers_and_sums() {
+        let name = format!("awex-test-ipc{}-ctl", std::process::id());
+        let p = published();
+        let writer = Control::create(&name, &p).unwrap();
+        assert_eq!(writer.seg.len(), 8 * (8 + 2 * 9 + 2 * 4 + 2 * 3 + 5));
+        writer.sum(4).unwrap().store(0xfeed, Ordering::Relaxed);
+        writer.ready().store(7 << 16 | 2, Ordering::Release);
+        let (reader, back) = Control::open(&name).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(reader.sum(4).unwrap().load(Ordering::Relaxed), 0xfeed);
+        assert_eq!(reader.ready().load(Ordering::Acquire), 7 << 16 | 2);
+        assert_eq!(
+            reader.sum(5).unwrap_err().to_string(),
+            "transport: checksum 5 lies outside the 5 the training rank publishes (plans disagree)"
+        );
+        reader.done().fetch_add(1, Ordering::AcqRel);
+        assert_eq!(writer.done().load(Ordering::Acquire), 1);
+        drop(reader);
+        drop(writer);
+        assert!(crate::shm::list_segments(&name).is_empty());
+    }
+
+    #[test]
+    fn segment_without_the_magic_or_with_oversized_tables_is_refused() {
+        let name = format!("awex-test-ipcbad{}-ctl", std::process::id());
+        let seg = ShmSegment::create(&name, 64).unwrap();
+        let e = Control::open(&name).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment (no magic)"
+            )
+        );
+        // SAFETY: word 0 and word 3 lie inside the 64-byte segment.
+        unsafe {
+            *(seg.ptr() as *mut u64) = MAGIC;
+            *(seg.ptr().add(24) as *mut u64) = 1_000_000;
+        }
+        let e = Control::open(&name).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment (its tables run past its end)"
+            )
+        );
+    }
+
+    fn plan_with(src: DType, dst: DType) -> RankPlan {
+        let t = Transfer {
+            src_rank: RankId::train(0),
+            dst_rank: RankId::infer(0, 0),
+            canonical: 0,
+            src_tensor: Arc::from("w"),
+            src_shape: Dims::new(&[4, 8]),
+            src_offset: Dims::new(&[0, 0]),
+            src_dtype: src,
+            dst_tensor: Arc::from("model.w"),
+            dst_shape: Dims::new(&[4, 8]),
+            dst_offset: Dims::new(&[0, 0]),
+            dst_dtype: dst,
+            extent: Dims::new(&[4, 8]),
+        };
+        RankPlan {
+            side: Side::Inference,
+            rank: RankId::infer(0, 0),
+            peers: vec![PeerPlan {
+                peer: RankId::train(0),
+                bytes: t.bytes(),
+                transfers: vec![t],
+                fingerprint: 0,
+            }],
+            fingerprint: 0,
+        }
+    }
+
+    #[test]
+    fn plan_that_converts_gets_the_cuda_conversion_error() {
+        assert!(refuse_conversions(&plan_with(DType::Bf16, DType::Bf16)).is_ok());
+        let e = refuse_conversions(&plan_with(DType::F32, DType::Bf16)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`model.w`: the CUDA path copies bytes only, but this transfer converts f32 to bf16; keep both sides in the same dtype or use a CPU transport"
+        );
+        let t = CudaIpcTransport::new(
+            Arc::new(plan_with(DType::F32, DType::Bf16)),
+            Arc::new(TensorSet::from_views(vec![]).unwrap()),
+            1 << 20,
+            "awex-test-unused-ctl",
+        );
+        assert_eq!(t.err().unwrap().to_string(), e.to_string());
+    }
+
+    #[test]
+    fn host_tensors_are_refused_with_the_fix_named() {
+        let mut buf = vec![0u8; 64];
+        // SAFETY: the buffer outlives the set.
+        let v = unsafe {
+            TensorView::new(
+                "model.w",
+                buf.as_mut_ptr(),
+                64,
+                DType::Bf16,
+                Dims::new(&[4, 8]),
+            )
+        }
+        .unwrap();
+        let t = CudaIpcTransport::new(
+            Arc::new(plan_with(DType::Bf16, DType::Bf16)),
+            Arc::new(TensorSet::from_views(vec![v]).unwrap()),
+            1 << 20,
+            "awex-test-unused-ctl",
+        );
+        assert_eq!(
+            t.err().unwrap().to_string(),
+            "the cuda-ipc transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport"
+        );
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn device_tensors_without_the_cuda_feature_say_the_build_lacks_cuda() {
+        // SAFETY: the address is never dereferenced: without CUDA nothing touches it.
+        let v = unsafe {
+            TensorView::new_cuda(
+                "model.w",
+                0x7f00_0000_0000,
+                64,
+                DType::Bf16,
+                Dims::new(&[4, 8]),
+                0,
+            )
+        }
+        .unwrap();
+        let t = CudaIpcTransport::new(
+            Arc::new(plan_with(DType::Bf16, DType::Bf16)),
+            Arc::new(TensorSet::from_views(vec![v]).unwrap()),
+            1 << 20,
+            "awex-test-unused-ctl",
+        );
+        assert_eq!(
+            t.err().unwrap().to_string(),
+            "awex was built without CUDA; rebuild with `--features cuda`"
+        );
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn device_tensors_without_a_driver_say_no_cuda_driver_found() {
+        if awex_gpu::cuda::driver_present() {
+            eprintln!("libcuda is present here; the GPU demo covers this machine");
+            return;
+        }
+        // SAFETY: the address is never dereferenced: without a driver nothing touches it.
+        let v = unsafe {
+            TensorView::new_cuda(
+                "model.w",
+                0x7f00_0000_0000,
+                64,
+                DType::Bf16,
+                Dims::new(&[4, 8]),
+                0,
+            )
+        }
+        .unwrap();
+        let t = CudaIpcTransport::new(
+            Arc::new(plan_with(DType::Bf16, DType::Bf16)),
+            Arc::new(TensorSet::from_views(vec![v]).unwrap()),
+            1 << 20,
+            "awex-test-unused-ctl",
+        );
+        assert_eq!(
+            t.err().unwrap().to_string(),
+            "no CUDA driver found: libcuda could not be loaded (tried libcuda.so and libcuda.so.1 on the library search path); install the NVIDIA driver or run on a machine with a GPU"
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! Transports: how planned bytes move between a training rank and an inference rank.
+//!
+//! Every transport executes the same per-rank plan; they differ in how bytes travel:
+//! `shm` (receivers copy straight out of the sender's shared memory: one copy), `tcp`
+//! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
+//! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
+
+mod cuda_ipc;
+mod nccl;
+mod shm;
+mod tcp;
+
+pub use cuda_ipc::CudaIpcTransport;
+pub use nccl::{NcclConfig, NcclTransport};
+pub use shm::ShmTransport;
+pub use tcp::TcpTransport;
+
+use super::RuntimeError;
+use awex_core::layout::RankId;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The transport a [`Transport`] implements (one enum for the whole project).
+pub use awex_core::Transport as TransportKind;
+
+/// What one execution of an update needs besides the plan and tensors.
+pub struct ExecContext<'a> {
+    /// The version being executed.
+    pub version: u64,
+    /// The attempt of that version (1 for the first; a failed version may be retried).
+    pub attempt: u32,
+    /// When to give up.
+    pub deadline: Instant,
+    /// Set when the update was aborted elsewhere (a peer failed).
+    pub cancel: &'a AtomicBool,
+    /// Compute and verify per-bucket checksums.
+    pub checksums: bool,
+    /// The current rendezvous values of the peers (a restarted peer publishes new ones).
+    pub peers: &'a HashMap<RankId, serde_json::Value>,
+    /// Test hook: corrupt one received byte before verification.
+    pub corrupt: bool,
+}
+
+impl ExecContext<'_> {
+    /// Version and attempt in one word, as published by senders (attempts beyond 65535 wrap).
+    pub fn tag(&self) -> u64 {
+        (self.version << 16) | (self.attempt as u64 & 0xffff)
+    }
+
+    /// Errors out when the update was aborted or its deadline passed.
+    pub fn check(&self) -> Result<(), RuntimeError> {
+        if self.cancel.load(Ordering::Acquire) {
+            return Err(RuntimeError::Aborted(self.version));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(RuntimeError::Deadline(self.version));
+        }
+        Ok(())
+    }
+
+    /// Waits until `ready()` holds, backing off from spinning to short sleeps, within the deadline.
+    pub fn wait_until(&self, mut ready: impl FnMut() -> bool) -> Result<(), RuntimeError> {
+        let mut pause = Duration::from_micros(2);
+        loop {
+            if ready() {
+                return Ok(());
+            }
+            self.check()?;
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+/// What a rank moved in one update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecStats {
+    /// Bytes sent (training) or received (inference).
+    pub bytes: u64,
+    /// Wrapping sum of the per-bucket xxh3 digests (0 without checksums).
+    pub checksum: u64,
+    /// Buckets moved.
+    pub buckets: u64,
+}
+
+impl ExecStats {
+    /// Adds another part's stats (checksums add wrapping, as the gateway compares them).
+    pub fn add(&mut self, o: &ExecStats) {
+        self.bytes += o.bytes;
+        self.buckets += o.buckets;
+        self.checksum = self.checksum.wrapping_add(o.checksum);
+    }
+}
+
+/// Moves one rank's planned bytes for each update.
+pub trait Transport: Send {
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+
+    /// Values this rank publishes when it joins (addresses, segment names).
+    fn rendezvous(&self) -> serde_json::Value;
+
+    /// A pair kv entry `(key, value)` this rank publishes before it joins, for the other ranks
+    /// to read once every rank has joined (the NCCL unique id of training rank 0); `None` for
+    /// transports that need none.
+    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
+        None
+    }
+
+    /// A pair kv key this rank reads once every rank has joined, before it connects (published
+    /// by another rank's [`Transport::kv_before_join`]); `None` for transports that need none.
+    fn kv_after_join(&self) -> Option<String> {
+        None
+    }
+
+    /// Called once every rank has joined, before [`Transport::connect`]: the value read under
+    /// [`Transport::kv_after_join`], and the pair's join deadline (how long connecting may wait
+    /// for the other ranks).
+    fn joined(
+        &mut self,
+        _value: Option<&serde_json::Value>,
+        _join_deadline: Duration,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// Prepares connections to the peers once the roster is known (optional; `execute` connects
+    /// lazily otherwise), so that the first update does not pay for it.
+    fn connect(&mut self, _peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    /// Executes the rank's plan for one version.
+    fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError>;
+
+    /// Releases every resource (sockets, segments, handles).
+    fn close(&mut self);
+}

@@ -1,0 +1,643 @@
+//! The `nccl` transport: a rank's planned buckets over NCCL point-to-point, on its GPU.
+//!
+//! Per update, a rank walks its schedule ([`awex_gpu::nccl::schedule()`]): step `k` is one NCCL group
+//! with bucket `k` of every peer. Work is queued on the device and ordered by events, so the
+//! host never waits per bucket:
+//!
+//! - training: the copy engine packs step `k` into slot `k % 2` once the sends of step `k-2`
+//!   have left that slot; the NCCL stream waits for the pack and sends;
+//! - inference: the NCCL stream waits until the unpack of step `k-2` has emptied slot `k % 2`,
+//!   receives, and the copy engine unpacks after the receive.
+//!
+//! Buckets that lie contiguously in a tensor skip the slots. At the end the host waits for
+//! both streams, on a helper thread, while it watches the deadline, the cancel flag and the
+//! communicator's error state; any of them aborts the communicator, so no rank hangs. With
+//! checksums on, each step is waited for and its wire bytes are hashed on the host (slow; for
+//! verification runs).
+//!
+//! The communicator is built in [`Transport::connect`], once every rank has joined: bucket
+//! sizes come from the peers' rendezvous values (their peer counts and budgets), so both ends
+//! of every pair cut it alike. An aborted communicator cannot be reused; the pair must
+//! reconnect with a fresh unique id.
+
+use crate::RuntimeError;
+use crate::transport::{ExecContext, ExecStats, Transport, TransportKind};
+use crate::{Location, TensorSet};
+use awex_core::layout::{RankId, Side};
+use awex_core::plan::RankPlan;
+use awex_gpu::cuda::{CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Stream};
+use awex_gpu::nccl::{
+    CommWorld, Communicator, DeviceTensors, Library, NcclError, P2p, Program, UID_KEY, UniqueId,
+    creates_uid, pair_bucket_bytes, peer_buckets, schedule,
+};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Settings of one rank's NCCL transport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NcclConfig {
+    /// The GPU (CUDA ordinal) this rank's tensors live on.
+    pub device: u32,
+    /// The pair's communicator ranks.
+    pub world: CommWorld,
+    /// Staging budget of one step; a rank holds at most two steps' staging.
+    pub bucket_bytes: u64,
+    /// How long communicator init may wait for every rank.
+    pub init_timeout: Duration,
+    /// How long teardown may flush before it aborts.
+    pub teardown_timeout: Duration,
+    /// Streams of the pack/unpack copy engine.
+    pub copy_streams: usize,
+}
+
+impl NcclConfig {
+    /// Defaults for a rank on `device` of `world`: 256 MiB per step, 120 s init, 10 s teardown,
+    /// 2 copy streams.
+    pub fn new(device: u32, world: CommWorld) -> Self {
+        NcclConfig {
+            device,
+            world,
+            bucket_bytes: 256 << 20,
+            init_timeout: Duration::from_secs(120),
+            teardown_timeout: Duration::from_secs(10),
+            copy_streams: 2,
+        }
+    }
+}
+
+/// What the transport publishes when it joins, and reads from its peers.
+fn rendezvous_value(me: u32, peers: usize, budget: u64, version: &str) -> serde_json::Value {
+    serde_json::json!({
+        "nccl_rank": me,
+        "peers": peers,
+        "bucket_bytes": budget,
+        "nccl_version": version,
+    })
+}
+
+/// A peer's published values: (communicator rank, peer count, budget, NCCL version).
+fn peer_values(
+    side: Side,
+    peer: RankId,
+    v: Option<&serde_json::Value>,
+) -> Result<(u64, usize, u64, String), NcclError> {
+    let missing = |what: &str| {
+        NcclError::Rendezvous(format!(
+            "{side} rank {peer} published no `{what}` in its nccl rendezvous; is it running the nccl transport of this awex version?"
+        ))
+    };
+    let v = v.ok_or_else(|| missing("nccl_rank"))?;
+    let num = |k: &str| v.get(k).and_then(|x| x.as_u64()).ok_or_else(|| missing(k));
+    let version = v
+        .get("nccl_version")
+        .and_then(|x| x.as_str())
+        .ok_or_else(|| missing("nccl_version"))?;
+    Ok((
+        num("nccl_rank")?,
+        num("peers")? as usize,
+        num("bucket_bytes")?,
+        version.to_string(),
+    ))
+}
+
+/// The device objects of the rank.
+struct Gpu {
+    dev: Device,
+    nccl_stream: Arc<Stream>,
+    engine: Arc<CopyEngine>,
+    /// `ready[s]`: slot `s` is packed (training) or received (inference).
+    ready: [Event; 2],
+    /// `free[s]`: slot `s` may be written again.
+    free: [Event; 2],
+}
+
+/// What `connect` builds.
+struct Connected {
+    comm: Communicator,
+    program: Program,
+    /// `copies[k][s]`: pack or unpack copies of step `k` when it uses slot `s`.
+    copies: Vec<[Vec<CopyDesc>; 2]>,
+    slots: Option<[DeviceBuffer; 2]>,
+}
+
+/// NCCL transport for one rank.
+pub struct NcclTransport {
+    lib: Arc<Library>,
+    cfg: NcclConfig,
+    plan: Arc<RankPlan>,
+    tensors: Arc<DeviceTensors>,
+    /// Keeps the memory behind `tensors` allocated when the transport was built from a set.
+    _owner: Option<Arc<TensorSet>>,
+    /// `None` until the rank has read training rank 0's id (after joining).
+    uid: Option<UniqueId>,
+    me: u32,
+    gpu: Gpu,
+    conn: Option<Connected>,
+    failed: Option<String>,
+}
+
+impl From<NcclError> for RuntimeError {
+    fn from(e: NcclError) -> Self {
+        match e {
+            NcclError::Cancelled(v) => RuntimeError::Aborted(v),
+            e => RuntimeError::Transport(e.to_string()),
+        }
+    }
+}
+
+impl NcclTransport {
+    /// A transport for the rank of `plan`, moving `tensors` (device memory on `cfg.device`)
+    /// through the communicator `uid` (created by training rank 0, shared under
+    /// [`awex_gpu::nccl::UID_KEY`]). Nothing talks to peers until [`Transport::connect`].
+    pub fn new(
+        lib: Arc<Library>,
+        cfg: NcclConfig,
+        plan: Arc<RankPlan>,
+        tensors: Arc<DeviceTensors>,
+        uid: UniqueId,
+    ) -> Result<NcclTransport, NcclError> {
+        Self::build(lib, cfg, plan, tensors, None, Some(uid))
+    }
+
+    /// A transport for the rank of `plan` over its runtime tensors (device memory of one GPU,
+    /// which becomes `cfg.device`), kept alive by the transport. `uid` is the communicator id
+    /// for training rank 0, which creates it; the other ranks pass `None` and receive it in
+    /// [`Transport::joined`], read from the pair's kv once every rank has joined.
+    pub fn for_rank(
+        lib: Arc<Library>,
+        mut cfg: NcclConfig,
+        plan: Arc<RankPlan>,
+        tensors: Arc<TensorSet>,
+        uid: Option<UniqueId>,
+    ) -> Result<NcclTransport, NcclError> {
+        if !awex_gpu::cuda::BUILT {
+            return Err(NcclError::NeedsCuda);
+        }
+        let (device, dev_tensors) = device_tensors(&tensors)?;
+        cfg.device = device;
+        Self::build(lib, cfg, plan, Arc::new(dev_tensors), Some(tensors), uid)
+    }
+
+    fn build(
+        lib: Arc<Library>,
+        cfg: NcclConfig,
+        plan: Arc<RankPlan>,
+        tensors: Arc<DeviceTensors>,
+        owner: Option<Arc<TensorSet>>,
+        uid: Option<UniqueId>,
+    ) -> Result<NcclTransport, NcclError> {
+        if !awex_gpu::cuda::BUILT {
+            return Err(NcclError::NeedsCuda);
+        }
+        if cfg.copy_streams == 0 {
+            return Err(NcclError::Usage(
+                "the nccl transport needs at least one copy stream".into(),
+            ));
+        }
+        let me = cfg.world.comm_rank(plan.side, plan.rank)?;
+        let dev = Device::open(cfg.device)?;
+        let gpu = Gpu {
+            nccl_stream: Arc::new(dev.stream()?),
+            engine: Arc::new(CopyEngine::new(&dev, cfg.copy_streams)?),
+            ready: [dev.event(false)?, dev.event(false)?],
+            free: [dev.event(false)?, dev.event(false)?],
+            dev,
+        };
+        Ok(NcclTransport {
+            lib,
+            cfg,
+            plan,
+            tensors,
+            _owner: owner,
+            uid,
+            me,
+            gpu,
+            conn: None,
+            failed: None,
+        })
+    }
+
+    /// The communicator's unique id, once known.
+    pub fn unique_id(&self) -> Option<UniqueId> {
+        self.uid
+    }
+
+    /// This rank's communicator rank.
+    pub fn comm_rank(&self) -> u32 {
+        self.me
+    }
+
+    /// The device program, once connected (for reports: steps, staging, direct buckets).
+    pub fn program(&self) -> Option<&Program> {
+        self.conn.as_ref().map(|c| &c.program)
+    }
+
+    fn usable(&self) -> Result<(), NcclError> {
+        match &self.failed {
+            Some(why) => Err(NcclError::Aborted(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Builds the bucket cuts, the program, the staging slots and the communicator.
+    fn open(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), NcclError> {
+        self.usable()?;
+        if self.conn.is_some() {
+            return Ok(());
+        }
+        let plan = self.plan.clone();
+        let other = plan.side.other();
+        let mine = self.lib.version().to_string();
+        let mut sizes = HashMap::with_capacity(plan.peers.len());
+        for p in &plan.peers {
+            let (rank, their_peers, budget, version) =
+                peer_values(other, p.peer, peers.get(&p.peer))?;
+            let want = self.cfg.world.comm_rank(other, p.peer)?;
+            if rank != u64::from(want) {
+                return Err(NcclError::Rendezvous(format!(
+                    "{other} rank {} says it is communicator rank {rank}, but this rank numbers it {want}; both sides must describe the same pair ({})",
+                    p.peer, self.cfg.world
+                )));
+            }
+            if version != mine {
+                return Err(NcclError::Rendezvous(format!(
+                    "this rank loaded NCCL {mine} but {other} rank {} loaded NCCL {version}; every rank of a pair must load the same NCCL",
+                    p.peer
+                )));
+            }
+            let size =
+                pair_bucket_bytes(self.cfg.bucket_bytes, plan.peers.len(), budget, their_peers);
+            sizes.insert(p.peer, size);
+        }
+        let buckets = peer_buckets(&plan, |peer| sizes.get(&peer).copied().unwrap_or(1));
+        let steps = schedule(&plan, &buckets)?;
+        let program = Program::build(&plan, &buckets, &steps, &self.tensors, &self.cfg.world)?;
+        self.gpu.dev.bind()?;
+        let slots = if program.slot_bytes > 0 {
+            Some([
+                self.gpu.dev.alloc(program.slot_bytes)?,
+                self.gpu.dev.alloc(program.slot_bytes)?,
+            ])
+        } else {
+            None
+        };
+        let base = |s: usize| slots.as_ref().map_or(0, |b| b[s].ptr());
+        let copies = program
+            .steps
+            .iter()
+            .map(|st| {
+                [
+                    st.copies(program.side, base(0)),
+                    st.copies(program.side, base(1)),
+                ]
+            })
+            .collect();
+        let uid = self.uid.ok_or_else(|| {
+            NcclError::Usage(format!(
+                "the NCCL unique id of this pair is not known yet: training rank 0 publishes it under kv `{UID_KEY}` before it joins, and every other rank reads it once all ranks have joined (runtime::rank::Rank::join does both)"
+            ))
+        })?;
+        let comm = match Communicator::init(
+            self.lib.clone(),
+            &uid,
+            self.cfg.world.nranks(),
+            self.me,
+            self.cfg.init_timeout,
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                // the other ranks may have half-joined this id: it cannot be used again
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        self.conn = Some(Connected {
+            comm,
+            program,
+            copies,
+            slots,
+        });
+        Ok(())
+    }
+
+    /// After an error with a live communicator: aborts it (peers blocked on this rank are
+    /// released) and marks the transport failed. Errors before the communicator exists (a peer
+    /// not published yet, a bad registration) leave the transport usable for a retry.
+    fn fail(&mut self, e: NcclError) -> NcclError {
+        if let Some(c) = self.conn.as_mut() {
+            c.comm.abort(&e.to_string());
+            if self.failed.is_none() {
+                self.failed = Some(e.to_string());
+            }
+        }
+        e
+    }
+
+    fn run(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, NcclError> {
+        self.usable()?;
+        self.open(ctx.peers)?;
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(NcclError::Usage(
+                "the nccl transport is not connected".into(),
+            ));
+        };
+        let gpu = &self.gpu;
+        gpu.dev.bind()?;
+        let side = conn.program.side;
+        let raw_stream = gpu.nccl_stream.as_raw();
+        let mut stats = ExecStats::default();
+        let steps = conn.program.steps.len();
+        for k in 0..steps {
+            let s = k % 2;
+            let slot = conn.slots.as_ref().map_or(0, |b| b[s].ptr());
+            let step = &conn.program.steps[k];
+            let ops: Vec<P2p> = step
+                .ops
+                .iter()
+                .map(|o| P2p {
+                    kind: o.op.kind,
+                    addr: o.wire.addr(slot),
+                    bytes: o.op.bytes,
+                    peer: o.peer_comm,
+                })
+                .collect();
+            let mut stop = || stop_reason(ctx, k);
+            match side {
+                Side::Training => {
+                    if step.has_copies() {
+                        gpu.engine.launch(
+                            &conn.copies[k][s],
+                            Some(&gpu.free[s]),
+                            Some(&gpu.ready[s]),
+                        )?;
+                        gpu.nccl_stream.wait(&gpu.ready[s])?;
+                    }
+                    // SAFETY: the stream is this device's; every address is a registered
+                    // tensor range or a staging slot (checked by `Program::build`), ordered
+                    // by the events above.
+                    unsafe { conn.comm.group(&ops, raw_stream, &mut stop)? };
+                    gpu.free[s].record(&gpu.nccl_stream)?;
+                }
+                Side::Inference => {
+                    gpu.nccl_stream.wait(&gpu.free[s])?;
+                    // SAFETY: as for sends; the slot is free once `free[s]` has passed.
+                    unsafe { conn.comm.group(&ops, raw_stream, &mut stop)? };
+                    if step.has_copies() {
+                        gpu.ready[s].record(&gpu.nccl_stream)?;
+                        gpu.engine.launch(
+                            &conn.copies[k][s],
+                            Some(&gpu.ready[s]),
+                            Some(&gpu.free[s]),
+                        )?;
+                    }
+                }
+            }
+            stats.bytes += step.bytes();
+            stats.buckets += step.ops.len() as u64;
+            if ctx.checksums {
+                wait_streams(gpu, &mut conn.comm, ctx, k)?;
+                let mut buf = Vec::new();
+                for (i, o) in ops.iter().enumerate() {
+                    buf.resize(o.bytes as usize, 0);
+                    gpu.dev.copy_to_host(o.addr, &mut buf)?;
+                    if ctx.corrupt && side == Side::Inference && k == 0 && i == 0 && !buf.is_empty()
+                    {
+                        buf[0] ^= 0x5a;
+                    }
+                    stats.checksum = stats
+                        .checksum
+                        .wrapping_add(xxhash_rust::xxh3::xxh3_64(&buf));
+                }
+            }
+        }
+        wait_streams(gpu, &mut conn.comm, ctx, steps)?;
+        Ok(stats)
+    }
+}
+
+/// What a rank publishes before joining: the unique id, from training rank 0 only.
+fn uid_before_join(
+    side: Side,
+    rank: RankId,
+    uid: Option<UniqueId>,
+) -> Option<(String, serde_json::Value)> {
+    match uid {
+        Some(uid) if creates_uid(side, rank) => Some((UID_KEY.to_string(), uid.to_kv())),
+        _ => None,
+    }
+}
+
+/// What a rank reads once every rank has joined: the unique id, on every rank but its creator.
+fn uid_after_join(side: Side, rank: RankId) -> Option<String> {
+    (!creates_uid(side, rank)).then(|| UID_KEY.to_string())
+}
+
+/// The device tensors of a runtime tensor set, and the GPU they all live on.
+pub(crate) fn device_tensors(set: &TensorSet) -> Result<(u32, DeviceTensors), NcclError> {
+    let device = match set.location() {
+        Ok(Location::Cuda(d)) => d,
+        Ok(Location::Host) => {
+            return Err(NcclError::Plan(
+                "the nccl transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport".into(),
+            ));
+        }
+        Err(e) => return Err(NcclError::Plan(e.to_string())),
+    };
+    let mut out = Vec::with_capacity(set.len());
+    for v in set.iter() {
+        let ptr = v.device_ptr().ok_or_else(|| {
+            NcclError::Plan(format!("`{}` does not live on GPU {device}", v.name))
+        })?;
+        out.push(awex_gpu::nccl::DeviceTensor {
+            name: v.name.clone(),
+            ptr,
+            dtype: v.dtype,
+            shape: v.shape,
+        });
+    }
+    // SAFETY: the views are device memory on `device` that the set's owner keeps allocated and
+    // leaves alone during updates (the contract of `TensorView::new_cuda`); the transport
+    // holds the set.
+    let tensors = unsafe { DeviceTensors::new(out)? };
+    Ok((device, tensors))
+}
+
+/// Why the update must stop now, if it must.
+fn stop_reason(ctx: &ExecContext<'_>, step: usize) -> Option<NcclError> {
+    if ctx.cancel.load(Ordering::Acquire) {
+        return Some(NcclError::Cancelled(ctx.version));
+    }
+    if Instant::now() >= ctx.deadline {
+        return Some(NcclError::OpTimeout {
+            step,
+            detail: format!("update {} reached its deadline", ctx.version),
+        });
+    }
+    None
+}
+
+/// Waits for everything queued on the NCCL stream and the copy engine, watching the deadline,
+/// the cancel flag and the communicator; aborts the communicator when one of them says stop.
+fn wait_streams(
+    gpu: &Gpu,
+    comm: &mut Communicator,
+    ctx: &ExecContext<'_>,
+    step: usize,
+) -> Result<(), NcclError> {
+    let (tx, rx) = mpsc::channel();
+    let (nccl, engine) = (gpu.nccl_stream.clone(), gpu.engine.clone());
+    std::thread::Builder::new()
+        .name("awex-nccl-wait".into())
+        .spawn(move || {
+            let r = nccl.sync().and_then(|_| engine.sync());
+            let _ = tx.send(r);
+        })
+        .map_err(|e| NcclError::Usage(format!("cannot start the stream waiter: {e}")))?;
+    let mut pause = Duration::from_micros(20);
+    loop {
+        match rx.recv_timeout(pause) {
+            Ok(r) => return r.map_err(NcclError::from),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(NcclError::Usage("the stream waiter stopped".into()));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        pause = (pause * 2).min(Duration::from_millis(2));
+        comm.check()?;
+        if let Some(e) = stop_reason(ctx, step) {
+            comm.abort(&e.to_string());
+            // aborting ends NCCL's kernels, so the streams drain; give them a moment
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            return Err(e);
+        }
+    }
+}
+
+impl Transport for NcclTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Nccl
+    }
+
+    fn rendezvous(&self) -> serde_json::Value {
+        rendezvous_value(
+            self.me,
+            self.plan.peers.len(),
+            self.cfg.bucket_bytes,
+            &self.lib.version().to_string(),
+        )
+    }
+
+    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
+        uid_before_join(self.plan.side, self.plan.rank, self.uid)
+    }
+
+    fn kv_after_join(&self) -> Option<String> {
+        uid_after_join(self.plan.side, self.plan.rank)
+    }
+
+    fn joined(
+        &mut self,
+        value: Option<&serde_json::Value>,
+        join_deadline: Duration,
+    ) -> Result<(), RuntimeError> {
+        if let Some(v) = value {
+            self.uid = Some(UniqueId::from_kv(v)?);
+        }
+        self.cfg.init_timeout = join_deadline;
+        Ok(())
+    }
+
+    fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
+        self.open(peers).map_err(|e| self.fail(e).into())
+    }
+
+    fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        self.run(ctx).map_err(|e| match e {
+            // a transport already failed reports its first reason
+            e @ NcclError::Aborted(_) => e.into(),
+            e => self.fail(e).into(),
+        })
+    }
+
+    fn close(&mut self) {
+        if let Some(c) = self.conn.take() {
+            let _ = self.gpu.dev.bind();
+            // flushing may fail when a peer is gone; destroy then aborts, which never hangs
+            let _ = c.comm.destroy(self.cfg.teardown_timeout);
+        }
+    }
+}
+
+impl Drop for NcclTransport {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_training_rank_0_publishes_the_uid_and_every_other_rank_reads_it_after_joining() {
+        let uid = UniqueId([0xab; 128]);
+        let (key, value) = uid_before_join(Side::Training, RankId::train(0), Some(uid)).unwrap();
+        assert_eq!(key, "nccl.uid");
+        assert_eq!(value, serde_json::Value::String("ab".repeat(128)));
+        assert_eq!(UniqueId::from_kv(&value).unwrap(), uid);
+        assert_eq!(uid_after_join(Side::Training, RankId::train(0)), None);
+        for (side, rank) in [
+            (Side::Training, RankId::train(1)),
+            (Side::Inference, RankId::infer(0, 0)),
+            (Side::Inference, RankId::infer(1, 3)),
+        ] {
+            assert_eq!(uid_before_join(side, rank, Some(uid)), None);
+            assert_eq!(uid_after_join(side, rank), Some("nccl.uid".to_string()));
+        }
+    }
+
+    #[test]
+    fn host_tensors_are_refused_with_the_way_to_put_them_on_a_gpu() {
+        let layout = awex_core::layout::RankLayout {
+            rank: RankId::train(0),
+            tensors: vec![awex_core::layout::LocalTensor {
+                name: Arc::from("w"),
+                shape: awex_core::layout::Dims::new(&[2, 4]),
+                dtype: awex_core::dtype::DType::Bf16,
+                placements: vec![],
+            }],
+        };
+        let set = TensorSet::allocate_host(&layout).unwrap();
+        assert_eq!(
+            device_tensors(&set).unwrap_err().to_string(),
+            "the nccl transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport"
+        );
+    }
+
+    #[test]
+    fn rendezvous_values_round_trip_and_missing_ones_are_named() {
+        let v = rendezvous_value(5, 3, 1 << 20, "2.21.5");
+        assert_eq!(
+            peer_values(Side::Training, RankId::train(5), Some(&v)).unwrap(),
+            (5, 3, 1 << 20, "2.21.5".to_string())
+        );
+        let e = peer_values(
+            Side::Inference,
+            RankId::infer(1, 2),
+            Some(&serde_json::json!({"addr": "x"})),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "inference rank 1/2 published no `nccl_version` in its nccl rendezvous; is it running the nccl transport of this awex version?"
+        );
+        let e = peer_values(Side::Training, RankId::train(0), None).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("training rank 0/0 published no `nccl_rank`")
+        );
+    }
+}

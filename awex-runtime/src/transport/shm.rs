@@ -1,0 +1,438 @@
+//! The `shm` transport: inference ranks copy their boxes straight out of the training rank's
+//! shared-memory tensors (one copy), converting dtype while copying.
+//!
+//! Each training rank publishes a control segment: a header (ready version, done count), a
+//! table of its tensors' offsets in its data segment, and per-peer bucket checksums. Per update
+//! it computes checksums (when on), publishes `ready = version`, and waits until every peer
+//! counted itself done. Receivers wait for `ready`, copy, verify, and count themselves done.
+
+use super::{ExecContext, ExecStats, Transport, TransportKind};
+use crate::RuntimeError;
+use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
+use crate::shm::ShmSegment;
+use crate::tensors::TensorSet;
+use awex_core::layout::RankId;
+use awex_core::layout::Side;
+use awex_core::layout::copy::copy_box;
+use awex_core::plan::RankPlan;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"AWEXSHM1");
+const HEADER: usize = 64;
+const NONE: u64 = u64::MAX;
+
+fn name_hash(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+/// Typed access to a control segment.
+struct Control {
+    seg: ShmSegment,
+}
+
+impl Control {
+    fn word(&self, i: usize) -> &AtomicU64 {
+        // SAFETY: the segment is at least HEADER bytes plus tables, 8-byte aligned (page aligned mapping).
+        unsafe { &*(self.seg.ptr().add(i * 8) as *const AtomicU64) }
+    }
+    fn magic(&self) -> &AtomicU64 {
+        self.word(0)
+    }
+    fn ready(&self) -> &AtomicU64 {
+        self.word(1)
+    }
+    fn done(&self) -> &AtomicU64 {
+        self.word(2)
+    }
+    fn n_tensors(&self) -> u64 {
+        self.word(3).load(Ordering::Acquire)
+    }
+    fn n_peers(&self) -> u64 {
+        self.word(4).load(Ordering::Acquire)
+    }
+    fn n_sums(&self) -> u64 {
+        self.word(5).load(Ordering::Acquire)
+    }
+    fn tensor_entry(&self, i: u64) -> (u64, u64, u64) {
+        let base = HEADER / 8 + 3 * i as usize;
+        (
+            self.word(base).load(Ordering::Relaxed),
+            self.word(base + 1).load(Ordering::Relaxed),
+            self.word(base + 2).load(Ordering::Relaxed),
+        )
+    }
+    fn peer_entry(&self, i: u64) -> (u64, u64, u64) {
+        let base = HEADER / 8 + 3 * self.n_tensors() as usize + 3 * i as usize;
+        (
+            self.word(base).load(Ordering::Relaxed),
+            self.word(base + 1).load(Ordering::Relaxed),
+            self.word(base + 2).load(Ordering::Relaxed),
+        )
+    }
+    fn sum(&self, i: u64) -> &AtomicU64 {
+        self.word(
+            HEADER / 8 + 3 * self.n_tensors() as usize + 3 * self.n_peers() as usize + i as usize,
+        )
+    }
+    fn size(n_tensors: usize, n_peers: usize, n_sums: usize) -> usize {
+        HEADER + 8 * (3 * n_tensors + 3 * n_peers + n_sums)
+    }
+    fn valid(&self) -> bool {
+        self.seg.len() >= HEADER
+            && self.magic().load(Ordering::Acquire) == MAGIC
+            && Control::size(
+                self.n_tensors() as usize,
+                self.n_peers() as usize,
+                self.n_sums() as usize,
+            ) <= self.seg.len()
+    }
+}
+
+fn peer_key(r: RankId) -> u64 {
+    ((r.engine as u64) << 32) | r.rank as u64
+}
+
+/// A sender peer as one receiver sees it.
+struct Remote {
+    ctl_name: String,
+    ctl: Control,
+    data: ShmSegment,
+    /// name hash -> (offset, len)
+    tensors: HashMap<u64, (u64, u64)>,
+    /// first checksum index of this receiver's buckets
+    sums_at: u64,
+}
+
+/// Shared-memory transport for one rank.
+pub struct ShmTransport {
+    side: Side,
+    me: RankId,
+    plan: Arc<RankPlan>,
+    buckets: Vec<Vec<Bucket>>,
+    tensors: Arc<TensorSet>,
+    ctl: Option<Control>,
+    remotes: HashMap<RankId, Remote>,
+    scratch: Vec<u8>,
+}
+
+impl ShmTransport {
+    /// A transport for one rank; a training rank's tensors must live in a shared-memory segment
+    /// (`TensorSet::allocate_shm`), whose name it publishes with its control segment `ctl_name`.
+    pub fn new(
+        plan: Arc<RankPlan>,
+        tensors: Arc<TensorSet>,
+        bucket_bytes: u64,
+        ctl_name: &str,
+    ) -> Result<Self, RuntimeError> {
+        tensors.require_host("the shm transport")?;
+        let buckets: Vec<Vec<Bucket>> = plan
+            .peers
+            .iter()
+            .map(|p| make_buckets(&p.transfers, bucket_bytes))
+            .collect();
+        let mut t = ShmTransport {
+            side: plan.side,
+            me: plan.rank,
+            plan,
+            buckets,
+            tensors,
+            ctl: None,
+            remotes: HashMap::new(),
+            scratch: Vec::new(),
+        };
+        if t.side == Side::Training {
+            t.create_control(ctl_name)?;
+        }
+        Ok(t)
+    }
+
+    fn create_control(&mut self, name: &str) -> Result<(), RuntimeError> {
+        let data = self.tensors.shm().ok_or_else(|| {
+            RuntimeError::Config(
+                "the shm transport needs the training rank's tensors in awex shared memory (TensorSet::allocate_shm); use tcp for tensors allocated elsewhere".into(),
+            )
+        })?;
+        let views: Vec<_> = self.tensors.iter().collect();
+        let n_sums: usize = self.buckets.iter().map(Vec::len).sum();
+        let seg = ShmSegment::create(
+            name,
+            Control::size(views.len(), self.plan.peers.len(), n_sums),
+        )?;
+        let ctl = Control { seg };
+        let base = data.ptr() as usize;
+        ctl.word(3).store(views.len() as u64, Ordering::Relaxed);
+        ctl.word(4)
+            .store(self.plan.peers.len() as u64, Ordering::Relaxed);
+        ctl.word(5).store(n_sums as u64, Ordering::Relaxed);
+        for (i, v) in views.iter().enumerate() {
+            let p = v.ptr() as usize;
+            let off = p.wrapping_sub(base);
+            if p < base || off + v.len() > data.len() {
+                return Err(RuntimeError::Config(format!(
+                    "tensor `{}` does not live in the rank's shared-memory segment",
+                    v.name
+                )));
+            }
+            let w = HEADER / 8 + 3 * i;
+            ctl.word(w).store(name_hash(&v.name), Ordering::Relaxed);
+            ctl.word(w + 1).store(off as u64, Ordering::Relaxed);
+            ctl.word(w + 2).store(v.len() as u64, Ordering::Relaxed);
+        }
+        let mut first = 0u64;
+        for (i, (p, b)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
+            let w = HEADER / 8 + 3 * views.len() + 3 * i;
+            ctl.word(w).store(peer_key(p.peer), Ordering::Relaxed);
+            ctl.word(w + 1).store(first, Ordering::Relaxed);
+            ctl.word(w + 2).store(b.len() as u64, Ordering::Relaxed);
+            first += b.len() as u64;
+        }
+        ctl.ready().store(NONE, Ordering::Relaxed);
+        ctl.magic().store(MAGIC, Ordering::Release);
+        self.ctl = Some(ctl);
+        Ok(())
+    }
+
+    fn open_remote(&self, peer: RankId, info: &serde_json::Value) -> Result<Remote, RuntimeError> {
+        let field = |k: &str| {
+            info.get(k).and_then(|v| v.as_str()).ok_or_else(|| {
+                RuntimeError::Transport(format!(
+                    "training rank {peer} published no shm `{k}` segment (rendezvous {info})"
+                ))
+            })
+        };
+        let ctl_name = field("ctl")?.to_string();
+        let ctl = Control {
+            seg: ShmSegment::open(&ctl_name)?,
+        };
+        if !ctl.valid() {
+            return Err(RuntimeError::Transport(format!(
+                "shm segment `{ctl_name}` of training rank {peer} is not an awex control segment"
+            )));
+        }
+        let data = ShmSegment::open(field("data")?)?;
+        let mut tensors = HashMap::new();
+        for i in 0..ctl.n_tensors() {
+            let (h, off, len) = ctl.tensor_entry(i);
+            if off
+                .checked_add(len)
+                .is_none_or(|end| end > data.len() as u64)
+            {
+                return Err(RuntimeError::Transport(format!(
+                    "training rank {peer} lists a tensor outside its segment"
+                )));
+            }
+            tensors.insert(h, (off, len));
+        }
+        let me = peer_key(self.me);
+        let sums_at = (0..ctl.n_peers())
+            .map(|i| ctl.peer_entry(i))
+            .find(|e| e.0 == me)
+            .map(|e| e.1)
+            .ok_or_else(|| {
+                RuntimeError::Transport(format!(
+                    "training rank {peer} has no plan for inference rank {} (plans disagree)",
+                    self.me
+                ))
+            })?;
+        Ok(Remote {
+            ctl_name,
+            ctl,
+            data,
+            tensors,
+            sums_at,
+        })
+    }
+
+    fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        let ctl = self
+            .ctl
+            .as_ref()
+            .ok_or_else(|| RuntimeError::Transport("shm transport is closed".into()))?;
+        let mut stats = ExecStats::default();
+        let mut idx = 0u64;
+        for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
+            for b in buckets {
+                if ctx.checksums {
+                    self.scratch.resize(b.bytes as usize, 0);
+                    let n = pack(b, &peer.transfers, &self.tensors, &mut self.scratch)?;
+                    let h = xxhash_rust::xxh3::xxh3_64(&self.scratch[..n]);
+                    ctl.sum(idx).store(h, Ordering::Relaxed);
+                    stats.checksum = stats.checksum.wrapping_add(h);
+                }
+                idx += 1;
+                stats.buckets += 1;
+            }
+            stats.bytes += peer.bytes;
+        }
+        ctl.done().store(0, Ordering::Relaxed);
+        ctl.ready().store(ctx.tag(), Ordering::Release);
+        let want = self.plan.peers.len() as u64;
+        let result = ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want);
+        // once every peer is done (or this rank gave up) nobody may read these weights as this
+        // version any more: the trainer is free to change them
+        ctl.ready().store(NONE, Ordering::Release);
+        result.map(|_| stats)
+    }
+
+    fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        let mut stats = ExecStats::default();
+        for (pi, peer) in self.plan.peers.iter().enumerate() {
+            let info = ctx.peers.get(&peer.peer).cloned().unwrap_or_default();
+            let stale = match (
+                self.remotes.get(&peer.peer),
+                info.get("ctl").and_then(|v| v.as_str()),
+            ) {
+                (Some(r), Some(name)) => r.ctl_name != name,
+                _ => true,
+            };
+            if stale {
+                let r = self.open_remote(peer.peer, &info)?;
+                self.remotes.insert(peer.peer, r);
+            }
+            let remote = &self.remotes[&peer.peer];
+            ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
+            for (bi, b) in self.buckets[pi].iter().enumerate() {
+                ctx.check()?;
+                for p in &b.pieces {
+                    let t = &peer.transfers[p.transfer as usize];
+                    let (so, d, e) = piece_box(t, p);
+                    let &(off, len) =
+                        remote
+                            .tensors
+                            .get(&name_hash(&t.src_tensor))
+                            .ok_or_else(|| {
+                                RuntimeError::Transport(format!(
+                                    "training rank {} does not share tensor `{}`",
+                                    peer.peer, t.src_tensor
+                                ))
+                            })?;
+                    // SAFETY: off+len was checked against the mapping when the remote was opened.
+                    let src = unsafe {
+                        std::slice::from_raw_parts(
+                            remote.data.ptr().add(off as usize),
+                            len as usize,
+                        )
+                    };
+                    let dst = self.tensors.get(&t.dst_tensor).ok_or_else(|| {
+                        RuntimeError::Tensor(format!(
+                            "destination tensor `{}` is not registered",
+                            t.dst_tensor
+                        ))
+                    })?;
+                    // SAFETY: the plan writes each destination box exactly once.
+                    let out = unsafe { dst.try_bytes_mut()? };
+                    copy_box(
+                        src,
+                        &t.src_shape,
+                        &so,
+                        t.src_dtype,
+                        out,
+                        &dst.shape,
+                        &d,
+                        dst.dtype,
+                        &e,
+                    )?;
+                }
+                if ctx.corrupt && bi == 0 {
+                    corrupt_first_byte(b, &peer.transfers, &self.tensors);
+                }
+                if ctx.checksums {
+                    let h = hash_destination(b, &peer.transfers, &self.tensors)?;
+                    let want = remote
+                        .ctl
+                        .sum(remote.sums_at + bi as u64)
+                        .load(Ordering::Relaxed);
+                    if h != want {
+                        return Err(RuntimeError::Checksum {
+                            peer: peer.peer,
+                            bucket: bi as u64,
+                        });
+                    }
+                    stats.checksum = stats.checksum.wrapping_add(h);
+                }
+                stats.buckets += 1;
+            }
+            if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
+                return Err(RuntimeError::Transport(format!(
+                    "training rank {} withdrew version {} while it was being read",
+                    peer.peer, ctx.version
+                )));
+            }
+            remote.ctl.done().fetch_add(1, Ordering::AcqRel);
+            stats.bytes += peer.bytes;
+        }
+        Ok(stats)
+    }
+}
+
+/// Flips one byte of a bucket's first destination box (fault injection for tests).
+pub(crate) fn corrupt_first_byte(
+    b: &Bucket,
+    transfers: &[awex_core::plan::Transfer],
+    tensors: &TensorSet,
+) {
+    if let Some(p) = b.pieces.first() {
+        let t = &transfers[p.transfer as usize];
+        if let Some(v) = tensors.get(&t.dst_tensor) {
+            let (_, d, _) = piece_box(t, p);
+            let at = v.shape.linear(&d) as usize * v.dtype.size();
+            // SAFETY: the box is inside the tensor (checked by the copy that wrote it).
+            if let Some(x) = unsafe { v.try_bytes_mut() }
+                .ok()
+                .and_then(|out| out.get_mut(at))
+            {
+                *x ^= 0x5a;
+            }
+        }
+    }
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn rendezvous(&self) -> serde_json::Value {
+        match (&self.ctl, self.tensors.shm()) {
+            (Some(c), Some(d)) => serde_json::json!({ "ctl": c.seg.name(), "data": d.name() }),
+            _ => serde_json::json!({}),
+        }
+    }
+
+    fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
+        if self.side == Side::Inference {
+            for p in &self.plan.peers {
+                if let Some(info) = peers.get(&p.peer) {
+                    let r = self.open_remote(p.peer, info)?;
+                    self.remotes.insert(p.peer, r);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        match self.side {
+            Side::Training => self.send(ctx),
+            Side::Inference => self.receive(ctx),
+        }
+    }
+
+    fn close(&mut self) {
+        self.remotes.clear();
+        if let Some(c) = self.ctl.take() {
+            c.seg.unlink();
+        }
+        if let Some(d) = self.tensors.shm() {
+            d.unlink();
+        }
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
