@@ -16,15 +16,14 @@ use crate::errors::{Fail, Result};
 use crate::memory::{Accept, Held, hold};
 use crate::spec::{ModelArg, RankArgs, SideArg, resolve};
 use awex_core::layout::{RankId, Side};
-use awex_runtime::TensorSet;
+use awex_runtime::host::Memory;
 use awex_runtime::rank::{Prepared, Rank, RankConfig, Work, make_transport, prepare};
-use awex_runtime::shm::sweep_dead;
 use awex_runtime::transport::TransportKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMapping};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How often a blocking wait returns to Python to let it handle signals (Ctrl-C).
@@ -92,10 +91,9 @@ pub(crate) fn seconds(s: Option<f64>) -> Result<Option<Duration>> {
 /// A joined rank and what it moves.
 struct Joined {
     rank: Rank,
-    /// What the transport reads (writer) or writes (reader).
-    tensors: Arc<TensorSet>,
-    /// Whether `tensors` is a shared-memory mirror refilled from the registered tensors.
-    mirror: bool,
+    /// What the transport reads (writer) or writes (reader): the registered tensors, or their
+    /// shared-memory mirror.
+    mem: Memory,
     /// An update event received while waiting for another version, kept for the next call.
     pending: Option<Work>,
     checksums: bool,
@@ -199,41 +197,6 @@ impl Core {
             Side::Training => &self.cfg.train,
             Side::Inference => &self.cfg.infer,
         }
-    }
-
-    /// The tensor set the transport works on: the registered tensors, or (training rank with
-    /// the shm transport) a shared-memory mirror of them.
-    fn transport_tensors(&self) -> Result<(Arc<TensorSet>, bool)> {
-        let views = self.registered.iter().map(|h| h.view.clone()).collect();
-        let set = TensorSet::from_views(views)?;
-        set.check_layout(&self.prepared.layout)?;
-        if self.cfg.side == Side::Training && self.cfg.transport == TransportKind::Shm {
-            let prefix = format!("awex-{}-", self.cfg.pair);
-            // a rank killed earlier may have left its segments behind
-            sweep_dead(&prefix);
-            let name = format!(
-                "{prefix}train0.{}-{}-data",
-                self.cfg.rank.rank,
-                std::process::id()
-            );
-            let mirror = TensorSet::allocate_shm(&self.prepared.layout, &name)?;
-            return Ok((Arc::new(mirror), true));
-        }
-        Ok((Arc::new(set), false))
-    }
-
-    /// Copies every registered tensor into the shared-memory mirror.
-    fn refill_mirror(registered: &[Held], mirror: &TensorSet) -> Result<()> {
-        for h in registered {
-            let dst = mirror.get(&h.view.name).ok_or_else(|| {
-                Fail::Awex(format!("`{}` has no place in the mirror", h.view.name))
-            })?;
-            // SAFETY: no update runs on the mirror between updates (this is the only writer),
-            // and the lengths agree (both come from the checked layout).
-            let out = unsafe { dst.bytes_mut() };
-            out.copy_from_slice(h.view.bytes());
-        }
-        Ok(())
     }
 }
 
@@ -459,7 +422,16 @@ impl Endpoint {
             return Err(Fail::Awex(format!("{} already joined", core.who())).into());
         }
         let timeout = seconds(timeout)?;
-        let (tensors, mirror) = core.transport_tensors()?;
+        let views = core.registered.iter().map(|h| h.view.clone()).collect();
+        let mem = Memory::registered(
+            views,
+            &core.prepared.layout,
+            &core.cfg.pair,
+            core.cfg.side,
+            core.cfg.transport,
+        )
+        .map_err(Fail::from)?;
+        let tensors = mem.tensors.clone();
         let transport =
             make_transport(&core.cfg, &core.prepared, tensors.clone()).map_err(Fail::from)?;
         let who = core.who();
@@ -477,8 +449,7 @@ impl Endpoint {
             + Duration::from_secs(10);
         core.joined = Some(Joined {
             rank,
-            tensors,
-            mirror,
+            mem,
             pending: None,
             checksums,
             commit_wait,
@@ -516,7 +487,7 @@ impl Endpoint {
                         Some(v) => format!("waiting for update {v} of pair `{pair}`"),
                         None => format!("waiting for an update of pair `{pair}`"),
                     };
-                    wait(py, &core.rt, &what, left, j.rank.next_work())?.map_err(Fail::from)?
+                    wait(py, &core.rt, &what, left, j.rank.next_live_work())?.map_err(Fail::from)?
                 }
             };
             let Some(w) = next else {
@@ -537,32 +508,14 @@ impl Endpoint {
                 }
                 _ => {}
             }
-            // an event this rank did not take in time may be for an attempt that is over (a
-            // retry of the version is queued behind it): only the live attempt is executed
-            let client = j.rank.client().clone();
-            let (p, v) = (pair.clone(), w.version);
-            let live = wait(
-                py,
-                &core.rt,
-                "reading the update's state",
-                None,
-                async move { client.update_status(&p, v).await },
-            )?;
-            match live {
-                Ok(st)
-                    if st.attempt > w.attempt
-                        || (st.attempt == w.attempt && st.state.is_final()) =>
-                {
-                    continue;
-                }
-                _ => break w,
-            }
+            // (next_live_work skipped events of attempts that are over)
+            break w;
         };
         // 2. this rank's part
         let t0 = Instant::now();
-        if j.mirror {
-            let (registered, mirror) = (&core.registered, &j.tensors);
-            py.detach(|| Core::refill_mirror(registered, mirror))?;
+        if j.mem.uses_mirror() {
+            let mem = &j.mem;
+            py.detach(|| mem.refresh()).map_err(Fail::from)?;
         }
         let checksums = j.checksums;
         let rank = &mut j.rank;

@@ -161,3 +161,51 @@ pub fn fill_or_check_parallel(
     });
     results.into_iter().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use awex_core::layout::{Dims, LocalTensor, RankId};
+    use std::sync::Arc;
+
+    fn tensor(name: &str, rows: u64) -> LocalTensor {
+        LocalTensor {
+            name: Arc::from(name),
+            shape: Dims::new(&[rows, 4]),
+            dtype: awex_core::DType::Bf16,
+            placements: vec![],
+        }
+    }
+
+    #[test]
+    fn layout_splits_into_parts_of_about_equal_bytes_keeping_every_tensor_once() {
+        let layout = RankLayout {
+            rank: RankId::train(0),
+            tensors: vec![
+                tensor("a", 10),
+                tensor("b", 40),
+                tensor("c", 30),
+                tensor("d", 20),
+                tensor("e", 20),
+            ],
+        };
+        let parts = split_layout(&layout, 2);
+        let names: Vec<Vec<&str>> = parts
+            .iter()
+            .map(|p| p.tensors.iter().map(|t| &*t.name).collect())
+            .collect();
+        assert_eq!(names, vec![vec!["b", "e"], vec!["c", "d", "a"]]);
+        let bytes: Vec<u64> = parts
+            .iter()
+            .map(|p| p.tensors.iter().map(|t| t.nbytes()).sum())
+            .collect();
+        assert_eq!(bytes, vec![480, 480]);
+        // more parts than tensors: one tensor each; an empty layout: one empty part at most
+        assert_eq!(split_layout(&layout, 64).len(), 5);
+        let empty = RankLayout {
+            rank: RankId::train(0),
+            tensors: vec![],
+        };
+        assert!(split_layout(&empty, 4).is_empty());
+    }
+}

@@ -417,7 +417,9 @@ impl Rank {
     /// Whether an event already fetched ends `w` (its abort, a later attempt, or a disconnect).
     fn queued_behind(&self, w: Work) -> bool {
         self.pending.iter().any(|ev| match ev.kind {
-            EventKind::Abort => ev.version == Some(w.version) && ev.attempt.unwrap_or(1) >= w.attempt,
+            EventKind::Abort => {
+                ev.version == Some(w.version) && ev.attempt.unwrap_or(1) >= w.attempt
+            }
             EventKind::Update => {
                 ev.version == Some(w.version) && ev.attempt.unwrap_or(1) > w.attempt
             }

@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+pub mod control;
 pub mod detect;
 pub mod layout;
 
@@ -99,7 +100,11 @@ impl Backend for SglangBackend {
     }
 }
 
-impl InferenceBackend for SglangBackend {}
+impl InferenceBackend for SglangBackend {
+    fn engine_control(&self) -> Option<&'static dyn awex_core::backend::EngineControl> {
+        Some(&control::SglangControl)
+    }
+}
 
 awex_core::inventory::submit! {
     InferenceRegistration(&SglangBackend)

@@ -15,7 +15,7 @@ use super::ranks::{Roster, Slots};
 use super::updates::Updates;
 use super::{AppState, Gateway, MAX_RANKS, unix_ms, validate};
 use crate::wire::{ConnectRequest, EventKind, PairState, PairStatus, SideStatus};
-use awex_core::backend::ParallelConfig;
+use awex_core::backend::{EngineControl, ParallelConfig, inference_backend};
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
 use axum::Json;
@@ -216,6 +216,24 @@ fn option(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), ApiError> {
     }
 }
 
+/// The inference backend's engine control, when the pair names engine URLs: a backend that
+/// cannot drive its servers refuses URLs instead of ignoring them.
+fn engine_control(
+    backend: &str,
+    urls: &[String],
+) -> Result<Option<&'static dyn EngineControl>, ApiError> {
+    if urls.is_empty() {
+        return Ok(None);
+    }
+    let b = inference_backend(backend).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    match b.engine_control() {
+        Some(c) => Ok(Some(c)),
+        None => Err(ApiError::Unprocessable(format!(
+            "inference backend `{backend}` cannot drive its engines' servers; connect without inference.urls"
+        ))),
+    }
+}
+
 fn engine_url(i: usize, url: &str) -> Result<(), ApiError> {
     let parsed = reqwest::Url::parse(url).ok().filter(|u| {
         u.scheme() == "http" && u.host_str().is_some() && u.query().is_none() && url.len() <= 2048
@@ -335,6 +353,7 @@ pub(crate) async fn connect(
     let name = req.name.clone();
     let join_deadline = Instant::now() + Duration::from_millis(req.options.join_deadline_ms);
     let urls = req.inference.urls.clone();
+    let control = engine_control(&req.inference.backend, &urls)?;
     let entry = Arc::new_cyclic(|weak| PairEntry {
         name: name.clone(),
         id: gw.next_id.fetch_add(1, Ordering::Relaxed),
@@ -356,8 +375,9 @@ pub(crate) async fn connect(
         kv_tx: watch::Sender::new(()),
         update_tx: watch::Sender::new(()),
         metrics: gw.metrics.clone(),
-        engines: (!urls.is_empty())
-            .then(|| EngineLane::spawn(weak.clone(), urls, gw.engines.clone())),
+        engines: control
+            .filter(|_| !urls.is_empty())
+            .map(|control| EngineLane::spawn(weak.clone(), control, urls, gw.engines.clone())),
         request: req,
     });
     {

@@ -43,6 +43,8 @@ pub fn connect_request(name: &str, train: u32, engines: u32, per_engine: u32) ->
 
 /// Starts a gateway on an ephemeral loopback port; returns its base URL.
 pub async fn start(config: GatewayConfig) -> String {
+    // engine URLs need the inference backend's engine control: link the sglang backend
+    std::hint::black_box(awex_sglang::CRATE);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind loopback");

@@ -1,0 +1,80 @@
+//! SGLang's engine control: the calls around an update and the check of a live server's info
+//! against the pair's declared layout.
+
+use awex_core::backend::{
+    EngineCall, EngineControl, EngineExpect, HttpMethod, InferenceBackend, ParallelConfig,
+};
+use awex_sglang::SglangBackend;
+use serde_json::json;
+
+fn control() -> &'static dyn EngineControl {
+    SglangBackend
+        .engine_control()
+        .expect("the sglang backend drives its servers")
+}
+
+fn expect(parallel: &ParallelConfig) -> EngineExpect<'_> {
+    EngineExpect {
+        engine: 1,
+        parallel,
+        model: None,
+        architecture: "Qwen3ForCausalLM",
+    }
+}
+
+#[test]
+fn pause_retracts_and_resume_continues() {
+    let c = control();
+    let facts = c
+        .check_server(
+            &json!({"tp_size": 2}),
+            &expect(&ParallelConfig::from_pairs([("tp", 2)])),
+        )
+        .expect("agrees");
+    assert_eq!(
+        c.before_update(&facts, 3),
+        vec![EngineCall {
+            method: HttpMethod::Post,
+            path: "/pause_generation".into(),
+            body: Some(json!({"mode": "retract"})),
+        }]
+    );
+    assert_eq!(
+        c.resume(&facts),
+        vec![EngineCall::post("/continue_generation", json!({}))]
+    );
+    assert_eq!(facts.ranks, 2);
+}
+
+#[test]
+fn a_server_that_disagrees_with_the_pair_is_named_with_both_values() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 4), ("ep", 1)]);
+    assert_eq!(
+        c.check_server(&json!({"tp_size": 2, "ep_size": 1}), &expect(&p)),
+        Err("engine 1: the pair declares sglang tp=4 but the server reports tp_size=2".into())
+    );
+    assert_eq!(
+        c.check_server(&json!({"tp_size": 4, "dp_size": 2}), &expect(&p))
+            .unwrap_err(),
+        "engine 1 runs dp_size=2: awex drives one server per engine (start one server per replica, each an awex engine)"
+    );
+}
+
+#[test]
+fn success_false_is_the_engines_own_message() {
+    let c = control();
+    let call = EngineCall::post("/pause_generation", json!({}));
+    assert_eq!(
+        c.check_answer(&call, 200, &json!({"success": true})),
+        Ok(())
+    );
+    assert_eq!(
+        c.check_answer(&call, 200, &json!({"success": false, "message": "busy"})),
+        Err("busy".into())
+    );
+    assert_eq!(
+        c.check_answer(&call, 500, &json!({"detail": "x"})),
+        Err(r#"HTTP 500: {"detail":"x"}"#.into())
+    );
+}
