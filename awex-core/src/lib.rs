@@ -3,7 +3,8 @@
 //! It holds the canonical model catalogue ([`model`]), the placement layouts that describe what
 //! every rank of an engine holds ([`layout`]), the planner that turns two layouts into exact,
 //! balanced per-rank transfer lists ([`plan`]), and the backend traits that engine crates
-//! implement and register ([`backend`]).
+//! implement and register ([`backend`]). [`limits`] holds the largest sizes every entry point
+//! accepts.
 
 pub mod backend;
 pub mod client;
@@ -11,6 +12,7 @@ pub mod cuda;
 pub mod dtype;
 pub mod gateway;
 pub mod layout;
+pub mod limits;
 pub mod model;
 pub mod nccl;
 pub mod plan;
