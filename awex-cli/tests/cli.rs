@@ -112,3 +112,145 @@ fn bad_specs_are_clear_errors() {
     assert_eq!(code, 2);
     assert!(err.contains("expected `train:N` or `infer:E/N`"), "{err}");
 }
+
+/// Runs the binary and checks it exits with an error (code 2) within 2 s, returning stderr.
+fn refused(args: &[&str]) -> String {
+    let t0 = std::time::Instant::now();
+    let (code, out, err) = cli(args);
+    let took = t0.elapsed();
+    assert_eq!(code, 2, "{args:?} was not refused: {out}{err}");
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "{args:?} took {took:?}"
+    );
+    err
+}
+
+#[test]
+fn parallel_sizes_above_the_limits_are_refused_at_once() {
+    for (train, infer, want) in [
+        (
+            "megatron:dp=1000000000",
+            "sglang:tp=2",
+            "megatron dp=1000000000 is above awex's limit of 65536 (one side of a pair has at most 65536 ranks)",
+        ),
+        (
+            "fsdp:tp=100000",
+            "sglang:tp=2",
+            "fsdp tp=100000 is above awex's limit of 1024 (tensor parallelism splits attention heads, of which a model has at most 1024)",
+        ),
+        (
+            "megatron:tp=2",
+            "sglang:engines=100000",
+            "sglang engines=100000 is above awex's limit of 65536 (one side of a pair has at most 65536 ranks)",
+        ),
+        (
+            "megatron:tp=1024,dp=1024",
+            "sglang:tp=2",
+            "megatron world size tp*cp*dp*pp=1048576 is above awex's limit of 65536",
+        ),
+    ] {
+        let err = refused(&["plan", "--train", train, "--infer", infer]);
+        assert!(err.contains(want), "{train} {infer}: {err}");
+    }
+}
+
+#[test]
+fn fsdp_tp_must_give_every_rank_whole_heads() {
+    // qwen3-0.6b: 16 query heads, 8 KV heads
+    for tp in ["3", "16"] {
+        let train = format!("fsdp:tp={tp}");
+        let err = refused(&["plan", "--train", &train]);
+        assert!(
+            err.contains(&format!(
+                "model has 16 attention heads and 8 KV heads; fsdp tp={tp} needs both divisible by tp"
+            )),
+            "{err}"
+        );
+    }
+    let (code, out, err) = cli(&["plan", "--train", "fsdp:tp=4,dp=2", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["exact"], true);
+}
+
+/// A model directory holding a Qwen3 config.json with `field` set to `value`.
+fn config_dir(field: &str, value: Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+        "dtype": "bfloat16"
+    });
+    cfg[field] = value;
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn model_sizes_above_the_limits_are_refused_by_plan_and_pair_connect() {
+    for (field, value, want) in [
+        (
+            "num_hidden_layers",
+            serde_json::json!(1_000_000_000u64),
+            "model num_hidden_layers=1000000000 is above awex's limit of 1024",
+        ),
+        (
+            "vocab_size",
+            serde_json::json!(1u64 << 62),
+            "model vocab_size=4611686018427387904 is above awex's limit of 4194304",
+        ),
+        (
+            "head_dim",
+            serde_json::json!(u64::MAX),
+            "model head_dim=18446744073709551615 is above awex's limit of 1024",
+        ),
+    ] {
+        let dir = config_dir(field, value);
+        let model = dir.path().to_str().unwrap();
+        let err = refused(&["plan", "--model", model, "--infer", "sglang:tp=2"]);
+        assert!(err.contains(want), "{field}: {err}");
+        // refused before any request: nothing listens on the gateway port
+        let err = refused(&[
+            "pair",
+            "--gateway",
+            "http://127.0.0.1:9",
+            "connect",
+            "--name",
+            "p",
+            "--model",
+            model,
+            "--train",
+            "megatron:tp=1",
+            "--infer",
+            "sglang:tp=1",
+        ]);
+        assert!(err.contains(want), "{field}: {err}");
+    }
+}
+
+#[test]
+fn plan_of_a_model_directory_checks_its_weights() {
+    let dir = config_dir("vocab_size", serde_json::json!(1000));
+    let model = dir.path().to_str().unwrap();
+    let args = ["plan", "--model", model, "--infer", "sglang:tp=2"];
+    let (code, _, err) = cli(&args);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(
+        dir.path().join("model.safetensors"),
+        b"root:x:0:0:root:/root:/bin/bash\n",
+    )
+    .unwrap();
+    let err = refused(&args);
+    assert!(
+        err.contains("model.safetensors is not a valid safetensors file: its header length field is above the 100000000 bytes a safetensors header may have"),
+        "{err}"
+    );
+    assert!(!err.contains("root"), "{err}");
+}

@@ -258,7 +258,7 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
         (
             with(&|v| v["training"]["model"]["num_layers"] = json!(1_000_000)),
             422,
-            "training model is too large: 1000000 layers; at most 4096 are accepted",
+            "training model is too large: num_hidden_layers=1000000 is above awex's limit of 1024 (8x the most layers of a real model, 126)",
         ),
         (
             with(&|v| v["training"]["model"]["num_kv_heads"] = json!(3)),
@@ -708,4 +708,52 @@ async fn join_after_the_deadline_is_409_naming_the_missing_ranks() {
 #[test]
 fn tiny_model_is_the_one_the_tests_use() {
     assert_eq!(tiny().num_layers, 4);
+}
+
+#[tokio::test]
+async fn connect_applies_the_same_bounds_as_every_other_entry_point() {
+    let app = app();
+    let good = serde_json::to_value(connect_request("p", 2, 2, 2)).unwrap();
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut v = good.clone();
+        f(&mut v);
+        v
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            with(&|v| v["training"]["parallel"]["dp"] = json!(1_000_000_000u64)),
+            "training.parallel: megatron dp=1000000000 is above awex's limit of 65536 (one side of a pair has at most 65536 ranks)",
+        ),
+        (
+            with(&|v| v["inference"]["parallel"]["engines"] = json!(100_000)),
+            "inference.parallel: sglang engines=100000 is above awex's limit of 65536 (one side of a pair has at most 65536 ranks)",
+        ),
+        (
+            with(&|v| v["inference"]["parallel"]["tp"] = json!(100_000)),
+            "inference.parallel: sglang tp=100000 is above awex's limit of 1024 (tensor parallelism splits attention heads, of which a model has at most 1024)",
+        ),
+        (
+            with(&|v| v["inference"]["model"]["vocab_size"] = json!(1u64 << 62)),
+            "inference model is too large: vocab_size=4611686018427387904 is above awex's limit of 4194304 (16x the largest real vocabulary, 262144)",
+        ),
+        (
+            with(&|v| v["training"]["model"]["head_dim"] = json!(u64::MAX)),
+            "training model is too large: head_dim=18446744073709551615 is above awex's limit of 1024 (4x the largest real head_dim, 256)",
+        ),
+        (
+            with(&|v| v["training"]["model"]["num_layers"] = json!(1_000_000_000u64)),
+            "training model is too large: num_hidden_layers=1000000000 is above awex's limit of 1024 (8x the most layers of a real model, 126)",
+        ),
+    ];
+    for (body, message) in cases {
+        let t0 = std::time::Instant::now();
+        let (s, v) = call(&app, "POST", "/v1/pairs", Some(body.clone())).await;
+        assert!(
+            t0.elapsed() < std::time::Duration::from_millis(100),
+            "{message}"
+        );
+        assert_eq!((s, error(&v)), (422, message), "{body}");
+    }
+    let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;
+    assert_eq!(s, 404);
 }

@@ -50,18 +50,38 @@ impl Dims {
         &mut self.v[..self.n as usize]
     }
 
-    /// Product of the values (number of elements of a shape or extent).
+    /// Product of the values (number of elements of a shape or extent), saturating at
+    /// `u64::MAX`: a shape within `crate::limits` never gets there, and an unchecked one reads
+    /// as too large rather than wrapping to a small count.
     pub fn numel(&self) -> u64 {
-        self.as_slice().iter().product()
+        self.as_slice()
+            .iter()
+            .fold(1u64, |a, &b| a.saturating_mul(b))
     }
 
-    /// Element-wise sum (offset + extent).
+    /// Product of the values, or `None` if it does not fit 64 bits.
+    pub fn checked_numel(&self) -> Option<u64> {
+        self.as_slice()
+            .iter()
+            .try_fold(1u64, |a, &b| a.checked_mul(b))
+    }
+
+    /// Element-wise sum (offset + extent), saturating at `u64::MAX` (see [`Dims::checked_add`]).
     pub fn add(&self, o: &Dims) -> Dims {
         let mut r = *self;
         for (a, b) in r.as_mut_slice().iter_mut().zip(o.as_slice()) {
-            *a += b;
+            *a = a.saturating_add(*b);
         }
         r
+    }
+
+    /// Element-wise sum, or `None` if a dimension does not fit 64 bits.
+    pub fn checked_add(&self, o: &Dims) -> Option<Dims> {
+        let mut r = *self;
+        for (a, b) in r.as_mut_slice().iter_mut().zip(o.as_slice()) {
+            *a = a.checked_add(*b)?;
+        }
+        Some(r)
     }
 
     /// Value of dimension `i`.
@@ -80,7 +100,7 @@ impl Dims {
         let mut acc = 1u64;
         for i in (0..self.ndim()).rev() {
             s.set(i, acc);
-            acc *= self.get(i);
+            acc = acc.saturating_mul(self.get(i));
         }
         s
     }
@@ -91,8 +111,7 @@ impl Dims {
         at.as_slice()
             .iter()
             .zip(strides.as_slice())
-            .map(|(a, s)| a * s)
-            .sum()
+            .fold(0u64, |acc, (a, s)| acc.saturating_add(a.saturating_mul(*s)))
     }
 }
 

@@ -11,6 +11,7 @@
 //!   and the bucket cut every transport moves;
 //! - [`backend`]: the traits engine crates implement, their `inventory` registry, the data-only
 //!   [`backend::Probe`], and engine control as data ([`backend::EngineControl`]);
+//! - [`limits`]: the largest sizes every entry point accepts, checked before any allocation;
 //! - [`pair`]: a pair's spec (model + both sides + transport + options) resolved into layouts;
 //! - [`transport`]: the one enum naming the transports;
 //! - [`weights`] and [`synthetic`]: deterministic canonical weights and synthetic layouts for
@@ -26,6 +27,7 @@ pub mod backend;
 pub mod dims;
 pub mod dtype;
 pub mod layout;
+pub mod limits;
 pub mod model;
 pub mod pair;
 pub mod plan;

@@ -23,15 +23,18 @@ pub enum FsdpConfigError {
         /// the parallel key
         key: &'static str,
     },
-    /// The world does not fit awex's 32-bit rank ids.
+    /// A mesh size or the world is above awex's limits.
+    #[error(transparent)]
+    Limit(#[from] awex_core::limits::LimitError),
+    /// Tensor parallelism must give every rank whole query and KV heads.
     #[error(
-        "fsdp replicate={replicate} x dp={dp} x tp={tp} ranks exceed the 2^32 ranks awex can address"
+        "model has {heads} attention heads and {kv_heads} KV heads; fsdp tp={tp} needs both divisible by tp (a colwise q/k/v_proj shard must hold whole heads, in the model's query-to-KV ratio)"
     )]
-    TooManyRanks {
-        /// HSDP replicate groups
-        replicate: u64,
-        /// shard group size
-        dp: u64,
+    Heads {
+        /// query heads
+        heads: u64,
+        /// KV heads
+        kv_heads: u64,
         /// tensor-parallel size
         tp: u64,
     },
@@ -90,9 +93,26 @@ impl FsdpLayout {
                 return Err(FsdpConfigError::Zero { key });
             }
         }
-        let world = dp.checked_mul(replicate).and_then(|w| w.checked_mul(tp));
-        if world.is_none_or(|w| w > u64::from(u32::MAX) + 1) {
-            return Err(FsdpConfigError::TooManyRanks { replicate, dp, tp });
+        awex_core::limits::check_parallel(
+            "fsdp",
+            [("dp", dp), ("replicate", replicate), ("tp", tp)],
+        )?;
+        awex_core::limits::check_world(
+            "fsdp",
+            &[("replicate", replicate), ("dp", dp), ("tp", tp)],
+        )?;
+        // Transformers' TP plan (models/qwen3/configuration_qwen3.py, transformers 5.24) makes
+        // q/k/v_proj colwise and o_proj rowwise; the attention reshapes each local projection
+        // to (-1, head_dim) heads and repeats KV heads by the global
+        // num_attention_heads / num_key_value_heads (models/qwen3/modeling_qwen3.py), and
+        // `get_kv_heads_per_rank` (distributed/tensor_parallel.py) finds no valid sharding
+        // when the KV heads do not divide by tp. So both head counts must divide by tp.
+        if spec.num_heads % tp != 0 || spec.num_kv_heads % tp != 0 {
+            return Err(FsdpConfigError::Heads {
+                heads: spec.num_heads,
+                kv_heads: spec.num_kv_heads,
+                tp,
+            });
         }
         Ok(FsdpLayout {
             spec: spec.clone(),

@@ -218,8 +218,13 @@ fn norms_replicate_over_tp_and_shard_over_dp() {
 
 #[test]
 fn uneven_tp_chunks_then_dp_chunks() {
-    // vocab 1000 over tp=3: 334, 334, 332; then dp=2 halves each
-    let side = layout(&tiny(), 2, 1, 3);
+    // vocab 1000 over tp=3: 334, 334, 332; then dp=2 halves each (6 heads over 3 KV heads split over tp=3)
+    let six_heads = ModelSpec {
+        num_heads: 6,
+        num_kv_heads: 3,
+        ..tiny()
+    };
+    let side = layout(&six_heads, 2, 1, 3);
     let rows: Vec<(u64, u64)> = (0..6)
         .map(|r| {
             let t = tensor(&side, r, EMBED);
@@ -348,7 +353,15 @@ fn invalid_configs_are_refused_with_clear_messages() {
     );
     assert_eq!(
         err(&[("dp", 1 << 20), ("replicate", 1 << 13)]),
-        "fsdp replicate=8192 x dp=1048576 x tp=1 ranks exceed the 2^32 ranks awex can address"
+        "fsdp dp=1048576 is above awex's limit of 65536 (one side of a pair has at most 65536 ranks)"
+    );
+    assert_eq!(
+        err(&[("dp", 256), ("replicate", 512)]),
+        "fsdp world size replicate*dp*tp=131072 is above awex's limit of 65536 (one side of a pair has at most 65536 ranks)"
+    );
+    assert_eq!(
+        err(&[("tp", 100_000)]),
+        "fsdp tp=100000 is above awex's limit of 1024 (tensor parallelism splits attention heads, of which a model has at most 1024)"
     );
     assert_eq!(
         err(&[("pp", 2)]),
@@ -379,4 +392,15 @@ fn backend_is_registered_as_fsdp() {
         )
         .expect("layout");
     assert_eq!((side.world_size(), side.engines()), (12, 1));
+}
+
+#[test]
+fn tp_must_split_query_and_kv_heads_evenly() {
+    // qwen3-tiny: 4 query heads over 2 KV heads; a colwise k_proj shard must hold whole KV heads
+    assert_eq!(
+        err(&[("tp", 3)]),
+        "model has 4 attention heads and 2 KV heads; fsdp tp=3 needs both divisible by tp (a colwise q/k/v_proj shard must hold whole heads, in the model's query-to-KV ratio)"
+    );
+    assert!(err(&[("tp", 4)]).starts_with("model has 4 attention heads and 2 KV heads; fsdp tp=4"));
+    assert!(FsdpLayout::new(&tiny(), 1, 1, 2).is_ok());
 }

@@ -31,7 +31,19 @@ fn models() -> Vec<ModelSpec> {
             tie_word_embeddings: true,
             ..moe
         },
+        // 12 query and KV heads: tp=3 and tp=4 split heads evenly, vocab and MLP unevenly
+        ModelSpec {
+            name: "qwen3-12-heads".into(),
+            num_heads: 12,
+            num_kv_heads: 12,
+            ..preset("qwen3-tiny").expect("preset")
+        },
     ]
+}
+
+/// Whether FSDP + TP can split the model's heads over `tp` (else the layout is refused).
+fn heads_split(spec: &ModelSpec, tp: u64) -> bool {
+    spec.num_heads % tp == 0 && spec.num_kv_heads % tp == 0
 }
 
 /// (dp, replicate, tp)
@@ -52,12 +64,15 @@ fn every_model_round_trips_on_every_mesh() {
     for spec in models() {
         let cat = Catalogue::of(&spec);
         for &(dp, replicate, tp) in MESHES {
-            let side = FsdpBackend
-                .layout(
-                    &spec,
-                    &ParallelConfig::from_pairs([("dp", dp), ("replicate", replicate), ("tp", tp)]),
-                )
-                .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+            let side = FsdpBackend.layout(
+                &spec,
+                &ParallelConfig::from_pairs([("dp", dp), ("replicate", replicate), ("tp", tp)]),
+            );
+            if !heads_split(&spec, tp) {
+                assert!(side.is_err(), "{} tp={tp} was accepted", spec.name);
+                continue;
+            }
+            let side = side.unwrap_or_else(|e| panic!("{}: {e}", spec.name));
             common::check_side(side.as_ref(), &cat);
         }
     }
@@ -111,7 +126,10 @@ proptest! {
         replicate in 1u64..=2,
         tp in 1u64..=4,
     ) {
-        let side = FsdpLayout::new(&spec, dp, replicate, tp).expect("positive sizes are valid");
-        common::check_side(&side, &Catalogue::of(&spec));
+        let side = FsdpLayout::new(&spec, dp, replicate, tp);
+        prop_assert_eq!(side.is_ok(), heads_split(&spec, tp));
+        if let Ok(side) = side {
+            common::check_side(&side, &Catalogue::of(&spec));
+        }
     }
 }

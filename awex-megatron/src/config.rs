@@ -155,16 +155,17 @@ impl Config {
             fp32,
             local_spec,
         };
-        let world = [cfg.tp, cfg.cp, cfg.dp, cfg.pp]
-            .iter()
-            .try_fold(1u64, |a, &b| a.checked_mul(b))
-            .filter(|&w| w <= u32::MAX as u64);
-        if world.is_none() {
-            return Err(config_error(format!(
-                "megatron tp*cp*dp*pp = {}*{}*{}*{} ranks is more than awex can number",
-                cfg.tp, cfg.cp, cfg.dp, cfg.pp
-            )));
-        }
+        // every size is within awex_core::limits (`checked` above); so is their product
+        awex_core::limits::check_world(
+            "megatron",
+            &[
+                ("tp", cfg.tp),
+                ("cp", cfg.cp),
+                ("dp", cfg.dp),
+                ("pp", cfg.pp),
+            ],
+        )
+        .map_err(|e| config_error(e.to_string()))?;
         Ok(cfg)
     }
 

@@ -120,13 +120,16 @@ async fn model(args: &RankArgs, client: &Client, st: &PairStatus) -> Result<Mode
                 .get_kv(&args.pair, &model_key(args.side), Duration::ZERO)
                 .await;
             match stored {
-                Ok(e) => serde_json::from_value::<ModelSpec>(e.value).map_err(|e| {
-                    Fail::Awex(format!(
-                        "the model stored on pair `{}` under `{}` is not a model description: {e}",
-                        args.pair,
-                        model_key(args.side)
-                    ))
-                })?,
+                Ok(e) => serde_json::from_value::<ModelSpec>(e.value)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| s.validate().map(|()| s).map_err(|e| e.to_string()))
+                    .map_err(|e| {
+                        Fail::Awex(format!(
+                            "the model stored on pair `{}` under `{}` is not a model description: {e}",
+                            args.pair,
+                            model_key(args.side)
+                        ))
+                    })?,
                 Err(e) if e.status() == Some(404) => {
                     ModelSpec::resolve(&theirs.model).map_err(|_| {
                         Fail::Value(format!(

@@ -86,14 +86,9 @@ pub enum SglangConfigError {
         /// expert-parallel size
         ep: u64,
     },
-    /// The world does not fit awex's 32-bit rank ids.
-    #[error("sglang engines={engines} x tp={tp} ranks exceed the 2^32 ranks awex can address")]
-    TooManyRanks {
-        /// engines
-        engines: u64,
-        /// tensor-parallel size
-        tp: u64,
-    },
+    /// A size or the world is above awex's limits.
+    #[error(transparent)]
+    Limit(#[from] awex_core::limits::LimitError),
 }
 
 impl From<SglangConfigError> for LayoutError {
@@ -269,9 +264,11 @@ impl SglangLayout {
                 return Err(SglangConfigError::Zero { key });
             }
         }
-        if tp > u64::from(u32::MAX) || engines.saturating_mul(tp) > u64::from(u32::MAX) + 1 {
-            return Err(SglangConfigError::TooManyRanks { engines, tp });
-        }
+        awex_core::limits::check_parallel(
+            "sglang",
+            [("tp", tp), ("ep", ep), ("engines", engines)],
+        )?;
+        awex_core::limits::check_world("sglang", &[("engines", engines), ("tp", tp)])?;
         if tp % ep != 0 {
             return Err(SglangConfigError::EpNotDividingTp { tp, ep });
         }

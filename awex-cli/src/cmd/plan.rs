@@ -24,7 +24,7 @@ pub const DEFAULT_INFER: &str = "sglang:tp=2,engines=2";
     after_help = "Examples:\n  awex-cli plan\n  awex-cli plan --model qwen3-8b --train megatron:tp=4,dp=2 --infer sglang:tp=8\n  awex-cli plan --model moe-1t --train megatron:tp=8,pp=8,dp=16,ep=32,etp=1 --infer sglang:tp=16,ep=16,engines=8 --json\n  awex-cli plan --rank infer:1/0 --json"
 )]
 pub struct Args {
-    /// Model: a preset name, a config.json, or an HF model directory.
+    /// Model: a preset name, a config.json, or an HF model directory (whose safetensors weights, if any, are checked too).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Training side: `backend:key=value,...` (megatron: tp,pp,dp,cp,ep,etp,vpp,first_stage_layers,last_stage_layers; fsdp: dp,replicate,tp).
@@ -238,6 +238,11 @@ pub fn human_bytes(b: f64) -> String {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let r = Resolved::new(&args.model, &args.train, &args.infer)?;
+    // An HF directory's weights are what `demo` would send: check them as it would (mapped, not read).
+    let dir = std::path::Path::new(&args.model);
+    if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
+        awex_core::model::Checkpoint::open(dir, &r.catalogue)?;
+    }
     if let Some(rank) = &args.rank {
         let (side, rank) = parse_rank(rank)?;
         let t0 = Instant::now();

@@ -186,7 +186,7 @@ fn backend_name(side: Side, s: &str) -> Result<(), ApiError> {
     }
 }
 
-fn parallel(side: Side, p: &ParallelConfig) -> Result<(), ApiError> {
+fn parallel(side: Side, backend: &str, p: &ParallelConfig) -> Result<(), ApiError> {
     if p.0.len() > 32 {
         return Err(ApiError::Unprocessable(format!(
             "{side}.parallel has {} keys; at most 32 are accepted",
@@ -202,7 +202,10 @@ fn parallel(side: Side, p: &ParallelConfig) -> Result<(), ApiError> {
             "{side}.parallel key `{}` is not a parallel key name",
             validate::clip(k, 80)
         ))),
-        None => Ok(()),
+        // the same bounds as every backend's own config (awex_core::limits)
+        None => p
+            .check_limits(backend)
+            .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel: {e}"))),
     }
 }
 
@@ -252,8 +255,16 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     validate::name("pair name", &req.name)?;
     backend_name(Side::Training, &req.training.backend)?;
     backend_name(Side::Inference, &req.inference.backend)?;
-    parallel(Side::Training, &req.training.parallel)?;
-    parallel(Side::Inference, &req.inference.parallel)?;
+    parallel(
+        Side::Training,
+        &req.training.backend,
+        &req.training.parallel,
+    )?;
+    parallel(
+        Side::Inference,
+        &req.inference.backend,
+        &req.inference.parallel,
+    )?;
     let (tw, iw, e) = (
         req.training.world_size,
         req.inference.world_size,
@@ -263,6 +274,15 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         return Err(ApiError::Unprocessable(format!(
             "training.world_size={tw}, inference.engines={e} and inference.world_size={iw} must all be at least 1"
         )));
+    }
+    for (what, w) in [("training.world_size", tw), ("inference.world_size", iw)] {
+        awex_core::limits::check(
+            what,
+            u128::from(w),
+            awex_core::limits::MAX_WORLD_SIZE,
+            "one side of a pair has at most 65536 ranks",
+        )
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     }
     if u64::from(tw) + u64::from(iw) > u64::from(MAX_RANKS) {
         return Err(ApiError::Unprocessable(format!(

@@ -52,13 +52,8 @@ pub(crate) fn json_size(v: &Value) -> usize {
     }
 }
 
-/// Most canonical tensors a model may have (the largest preset has about 74,000).
-const MAX_TENSORS: u64 = 1_000_000;
-/// Most layers a model may have.
-const MAX_LAYERS: u64 = 4096;
-
-/// Parses a side's `model` strictly: unknown fields rejected, sizes consistent and bounded so
-/// that building its catalogue is cheap and cannot overflow.
+/// Parses a side's `model` strictly: unknown fields rejected, sizes within
+/// [`crate::limits`] and consistent, so that building its catalogue is cheap and cannot overflow.
 pub(crate) fn model(side: Side, raw: &Value) -> Result<ModelSpec, ApiError> {
     let spec: ModelSpec = serde_json::from_value(raw.clone())
         .map_err(|e| ApiError::Unprocessable(format!("invalid request body: {side}.model: {e}")))?;
@@ -68,8 +63,8 @@ pub(crate) fn model(side: Side, raw: &Value) -> Result<ModelSpec, ApiError> {
             "invalid request body: unknown field `{field}`"
         )));
     }
-    // Bounds first: `validate` walks every layer.
-    bounds(&spec)
+    // Bounds first (awex_core::limits): `validate` walks every layer.
+    spec.check_limits()
         .map_err(|m| ApiError::Unprocessable(format!("{side} model is too large: {m}")))?;
     spec.validate()
         .map_err(|e| ApiError::Unprocessable(format!("{side} model is invalid: {e}")))?;
@@ -93,66 +88,6 @@ fn unknown_field(raw: &Value, known: &Value, path: &str) -> Option<String> {
         }
     }
     None
-}
-
-/// Checks that every size of the catalogue fits, with room, in 64 bits.
-fn bounds(m: &ModelSpec) -> Result<(), String> {
-    if m.num_layers > MAX_LAYERS {
-        return Err(format!(
-            "{} layers; at most {MAX_LAYERS} are accepted",
-            m.num_layers
-        ));
-    }
-    let experts = m.moe.as_ref().map_or(0, |e| e.num_experts);
-    if let Some(moe) = &m.moe {
-        if moe.mlp_only_layers.len() as u64 > m.num_layers {
-            return Err(format!(
-                "mlp_only_layers lists {} layers but the model has {}",
-                moe.mlp_only_layers.len(),
-                m.num_layers
-            ));
-        }
-    }
-    let per_layer = experts
-        .checked_mul(3)
-        .and_then(|x| x.checked_add(16))
-        .ok_or("too many experts")?;
-    let tensors = per_layer
-        .checked_mul(m.num_layers)
-        .and_then(|x| x.checked_add(3))
-        .ok_or("too many tensors")?;
-    if tensors > MAX_TENSORS {
-        return Err(format!(
-            "up to {tensors} canonical tensors; at most {MAX_TENSORS} are accepted"
-        ));
-    }
-    // Bytes of the largest tensors, checked: q/o projections, embeddings, MLPs and experts.
-    let mul = |a: u64, b: u64| {
-        a.checked_mul(b)
-            .ok_or_else(|| "sizes overflow 64 bits".to_string())
-    };
-    let h = m.hidden_size;
-    let q = mul(m.num_heads, m.head_dim)?;
-    let kv = mul(m.num_kv_heads, m.head_dim)?;
-    let dsize = m.dtype.size() as u64;
-    let inter = m
-        .intermediate_size
-        .max(m.moe.as_ref().map_or(0, |e| e.moe_intermediate_size));
-    let biggest = [
-        mul(q, h)?,
-        mul(kv, h)?,
-        mul(m.vocab_size, h)?,
-        mul(inter, h)?,
-        mul(experts, h)?,
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(0);
-    let total = mul(mul(biggest, dsize)?, tensors)?;
-    if total > 1 << 62 {
-        return Err("its tensors would exceed 2^62 bytes".into());
-    }
-    Ok(())
 }
 
 /// Rebuilds a side's catalogue and checks that its summary matches the one sent.
@@ -287,7 +222,7 @@ mod tests {
         let e = model(Side::Training, &raw).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "training model is too large: 1099511627776 layers; at most 4096 are accepted"
+            "training model is too large: num_hidden_layers=1099511627776 is above awex's limit of 1024 (8x the most layers of a real model, 126)"
         );
         let mut raw = serde_json::to_value(tiny()).unwrap();
         raw["hidden_size"] = serde_json::json!(u64::MAX);
@@ -295,7 +230,7 @@ mod tests {
         let e = model(Side::Inference, &raw).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "inference model is too large: sizes overflow 64 bits"
+            "inference model is too large: hidden_size=18446744073709551615 is above awex's limit of 65536 (2.5x the largest real hidden size, 25600)"
         );
         let mut raw = serde_json::to_value(tiny()).unwrap();
         raw["colour"] = serde_json::json!("blue");

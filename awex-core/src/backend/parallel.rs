@@ -1,6 +1,7 @@
 //! Parallel configurations (`tp=2,pp=2`) and backend specs (`megatron:tp=2,pp=2`).
 
 use crate::layout::Side;
+use crate::limits::LimitError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,6 +29,11 @@ impl ParallelConfig {
         ParallelConfig(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     }
 
+    /// Checks every value against its limit in [`crate::limits`] (`backend` names it in the message).
+    pub fn check_limits(&self, backend: &str) -> Result<(), LimitError> {
+        crate::limits::check_parallel(backend, self.0.iter().map(|(k, v)| (k.as_str(), *v)))
+    }
+
     /// A value, if set.
     pub fn get(&self, key: &str) -> Option<u64> {
         self.0.get(key).copied()
@@ -38,7 +44,8 @@ impl ParallelConfig {
         self.get(key).unwrap_or(default)
     }
 
-    /// Checks every key is known to the backend, and fills in defaults.
+    /// Checks every key is known to the backend and every value within [`crate::limits`], and
+    /// fills in defaults.
     pub fn checked(
         &self,
         keys: &[ParallelKey],
@@ -53,6 +60,7 @@ impl ParallelConfig {
                 });
             }
         }
+        self.check_limits(backend)?;
         let mut out = self.clone();
         for k in keys {
             if let (Some(d), false) = (k.default, out.0.contains_key(k.name)) {
@@ -105,6 +113,9 @@ pub enum SpecError {
         /// registered names
         known: Vec<&'static str>,
     },
+    /// A value above its limit.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
     /// A key the backend does not accept.
     #[error("backend `{backend}` has no parallel key `{key}`; keys: {}", known.join(", "))]
     UnknownKey {

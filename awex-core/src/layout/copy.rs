@@ -62,7 +62,12 @@ fn widen(extent: &Dims, ndim: usize) -> Result<Dims, CopyError> {
 fn check_fit(extent: &Dims, offset: &Dims, shape: &Dims) -> Result<Dims, CopyError> {
     let w = widen(extent, shape.ndim())?;
     let fits = offset.ndim() == shape.ndim()
-        && (0..shape.ndim()).all(|i| offset.get(i) + w.get(i) <= shape.get(i));
+        && (0..shape.ndim()).all(|i| {
+            offset
+                .get(i)
+                .checked_add(w.get(i))
+                .is_some_and(|end| end <= shape.get(i))
+        });
     if !fits {
         return Err(CopyError::OutOfBounds(
             format!("box {extent} at {offset} does not fit a tensor of shape {shape}").into(),
@@ -165,7 +170,10 @@ impl StridedBox {
 }
 
 fn check_len(buf_len: usize, shape: &Dims, dtype: DType) -> Result<(), CopyError> {
-    if (buf_len as u64) < shape.numel() * dtype.size() as u64 {
+    let need = shape
+        .checked_numel()
+        .and_then(|n| n.checked_mul(dtype.size() as u64));
+    if need.is_none_or(|need| (buf_len as u64) < need) {
         return Err(CopyError::ShortBuffer(
             format!("buffer of {buf_len} bytes is smaller than shape {shape} of {dtype} needs")
                 .into(),

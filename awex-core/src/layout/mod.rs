@@ -111,9 +111,9 @@ pub struct LocalTensor {
 }
 
 impl LocalTensor {
-    /// Size in bytes.
+    /// Size in bytes (saturating; [`validate_rank`] refuses a shape whose bytes do not fit).
     pub fn nbytes(&self) -> u64 {
-        self.shape.numel() * self.dtype.size() as u64
+        self.shape.numel().saturating_mul(self.dtype.size() as u64)
     }
 }
 
@@ -135,7 +135,9 @@ impl RankLayout {
 
     /// Total bytes of all local tensors.
     pub fn nbytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.nbytes()).sum()
+        self.tensors
+            .iter()
+            .fold(0u64, |a, t| a.saturating_add(t.nbytes()))
     }
 }
 

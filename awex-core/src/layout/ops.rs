@@ -31,6 +31,22 @@ pub fn validate_rank(layout: &RankLayout, cat: &Catalogue) -> Result<(), LayoutE
                 tensor: t.name.to_string(),
             });
         }
+        // 4x: a local tensor may be wider than the checkpoint dtype (bf16 -> f64 at most)
+        let max_bytes = 4 * crate::limits::MAX_MODEL_BYTES;
+        let bytes = t
+            .shape
+            .checked_numel()
+            .and_then(|n| n.checked_mul(t.dtype.size() as u64));
+        if bytes.is_none_or(|b| b > max_bytes) {
+            return Err(LayoutError::OutOfBounds {
+                rank,
+                tensor: t.name.to_string(),
+                message: format!(
+                    "has shape {} of {}, more than the {max_bytes} bytes a local tensor may hold",
+                    t.shape, t.dtype
+                ),
+            });
+        }
         let mut boxes: Vec<(Region, String)> = Vec::with_capacity(t.placements.len());
         for p in &t.placements {
             let oob = |message: String| LayoutError::OutOfBounds {

@@ -71,8 +71,8 @@ impl Region {
         let mut r = *self;
         for i in 0..self.ndim() {
             let lo = self.offset.get(i).max(o.offset.get(i));
-            let hi =
-                (self.offset.get(i) + self.extent.get(i)).min(o.offset.get(i) + o.extent.get(i));
+            let hi = (self.offset.get(i).saturating_add(self.extent.get(i)))
+                .min(o.offset.get(i).saturating_add(o.extent.get(i)));
             if hi <= lo {
                 return None;
             }
@@ -86,15 +86,25 @@ impl Region {
     pub fn contains(&self, o: &Region) -> bool {
         self.ndim() == o.ndim()
             && (0..self.ndim()).all(|i| {
+                let (end, o_end) = (
+                    self.offset.get(i).checked_add(self.extent.get(i)),
+                    o.offset.get(i).checked_add(o.extent.get(i)),
+                );
                 o.offset.get(i) >= self.offset.get(i)
-                    && o.offset.get(i) + o.extent.get(i) <= self.offset.get(i) + self.extent.get(i)
+                    && matches!((o_end, end), (Some(a), Some(b)) if a <= b)
             })
     }
 
-    /// Whether the box fits inside a tensor of `shape`.
+    /// Whether the box fits inside a tensor of `shape` (checked: a box whose end does not fit
+    /// 64 bits fits nothing).
     pub fn fits(&self, shape: &Dims) -> bool {
         self.ndim() == shape.ndim()
-            && (0..self.ndim()).all(|i| self.offset.get(i) + self.extent.get(i) <= shape.get(i))
+            && (0..self.ndim()).all(|i| {
+                self.offset
+                    .get(i)
+                    .checked_add(self.extent.get(i))
+                    .is_some_and(|end| end <= shape.get(i))
+            })
     }
 }
 
@@ -115,7 +125,7 @@ impl fmt::Display for Region {
                 f,
                 "{}..{}",
                 self.offset.get(i),
-                self.offset.get(i) + self.extent.get(i)
+                u128::from(self.offset.get(i)) + u128::from(self.extent.get(i))
             )?;
         }
         f.write_str("]")

@@ -1,8 +1,23 @@
 //! Reading an HF safetensors checkpoint (single file or sharded with an index), memory-mapped.
+//!
+//! Every byte of the files is untrusted. Offsets and sizes are checked in 64-bit arithmetic
+//! that cannot wrap, the header length is bounded before the header is parsed, a tensor name
+//! may appear once in a file and once in the whole checkpoint, each tensor must lie in exactly
+//! the shard the index names, shard names stay inside the model directory, only regular files
+//! are opened (never blocking on a FIFO or device), and no error message quotes the files'
+//! contents beyond names that look like names.
 
 use super::Catalogue;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use super::file::{inside, open_regular, read_regular, shown};
+use crate::dtype::DType;
+use crate::layout::MAX_DIMS;
+use crate::limits::{MAX_JSON_BYTES, MAX_SAFETENSORS_HEADER_BYTES};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::path::Path;
 use std::sync::Arc;
 
 /// Why a checkpoint cannot be used.
@@ -24,7 +39,7 @@ pub enum CheckpointError {
         /// what is wrong
         message: String,
     },
-    /// The checkpoint disagrees with the model's catalogue.
+    /// The checkpoint disagrees with the model's catalogue, or its index with its shards.
     #[error("checkpoint {dir}: {message}")]
     Mismatch {
         /// the directory
@@ -53,13 +68,19 @@ impl Drop for Mapped {
     }
 }
 
-fn map_file(path: &Path) -> Result<Mapped, CheckpointError> {
-    let io = |m: String| CheckpointError::Io {
-        path: path.display().to_string(),
-        message: m,
-    };
-    let f = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
-    let len = f.metadata().map_err(|e| io(e.to_string()))?.len() as usize;
+impl Mapped {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the mapping is `len` readable bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Maps `len` bytes of an open regular file read-only.
+fn map_file(f: &File, len: u64) -> Result<Mapped, String> {
+    let len = usize::try_from(len).map_err(|_| format!("{len} bytes do not fit this machine"))?;
     if len == 0 {
         return Ok(Mapped {
             ptr: std::ptr::null(),
@@ -79,12 +100,191 @@ fn map_file(path: &Path) -> Result<Mapped, CheckpointError> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(io(std::io::Error::last_os_error().to_string()));
+        return Err(std::io::Error::last_os_error().to_string());
     }
     Ok(Mapped {
         ptr: p as *const u8,
         len,
     })
+}
+
+/// A JSON object's entries in file order, keeping duplicate keys (which a map would drop).
+struct Entries<V>(Vec<(String, V)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V2<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for V2<V> {
+            type Value = Entries<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Entries<V>, A::Error> {
+                let mut v = Vec::new();
+                while let Some(e) = m.next_entry::<String, V>()? {
+                    v.push(e);
+                }
+                Ok(Entries(v))
+            }
+        }
+        d.deserialize_map(V2(std::marker::PhantomData))
+    }
+}
+
+/// The index file: only `weight_map` is read.
+#[derive(serde::Deserialize)]
+struct Index {
+    weight_map: Entries<String>,
+}
+
+/// Where a JSON document went wrong, without quoting it (serde_json's messages can).
+fn json_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let what = match e.classify() {
+        Category::Io => "cannot be read",
+        Category::Syntax => "is not valid JSON",
+        Category::Data => "does not have the expected structure",
+        Category::Eof => "ends early",
+    };
+    format!("{what} (line {}, column {})", e.line(), e.column())
+}
+
+/// The dtypes awex reads, by safetensors name.
+fn dtype_of(name: &str) -> Option<DType> {
+    [
+        DType::Bf16,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+        DType::U8,
+        DType::I8,
+        DType::I32,
+        DType::I64,
+    ]
+    .into_iter()
+    .find(|d| d.safetensors_name() == name)
+}
+
+/// One tensor of a file's header, checked against the file.
+struct HeaderTensor {
+    name: String,
+    dtype: DType,
+    shape: Vec<u64>,
+    /// byte range in the file
+    start: u64,
+    end: u64,
+}
+
+/// Parses and checks one safetensors file's header: every tensor's dtype, shape and byte range.
+fn parse_header(bytes: &[u8]) -> Result<Vec<HeaderTensor>, String> {
+    let file_len = bytes.len() as u64;
+    let Some(len_field) = bytes.get(..8) else {
+        return Err(format!(
+            "it is {file_len} bytes, shorter than the 8-byte header length"
+        ));
+    };
+    let mut le = [0u8; 8];
+    le.copy_from_slice(len_field);
+    let n = u64::from_le_bytes(le);
+    // The length field is file content: say how it is wrong without printing it.
+    if n > MAX_SAFETENSORS_HEADER_BYTES {
+        return Err(format!(
+            "its header length field is above the {MAX_SAFETENSORS_HEADER_BYTES} bytes a safetensors header may have"
+        ));
+    }
+    let data_start = n + 8; // n is at most 10^8
+    if data_start > file_len {
+        return Err(format!(
+            "its header length field runs past the end of the file ({file_len} bytes)"
+        ));
+    }
+    let data_len = file_len - data_start;
+    let header = &bytes[8..data_start as usize];
+    let entries: Entries<Value> =
+        serde_json::from_slice(header).map_err(|e| format!("its header {}", json_error(&e)))?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(entries.0.len());
+    for (i, (name, t)) in entries.0.into_iter().enumerate() {
+        if !seen.insert(name.clone()) {
+            return Err(format!(
+                "tensor {} appears twice in its header",
+                shown(&name)
+            ));
+        }
+        if name == "__metadata__" {
+            continue;
+        }
+        let what = || format!("tensor {} (header entry {i})", shown(&name));
+        let dtype_name = t.get("dtype").and_then(Value::as_str);
+        let dtype = dtype_name
+            .and_then(dtype_of)
+            .ok_or_else(|| match dtype_name {
+                Some(d) => format!(
+                    "{} has dtype {}, not one of BF16, F16, F32, F64, U8, I8, I32, I64",
+                    what(),
+                    shown(d)
+                ),
+                None => format!("{} has no `dtype`", what()),
+            })?;
+        let shape: Vec<u64> = t
+            .get("shape")
+            .and_then(Value::as_array)
+            .filter(|s| s.len() <= MAX_DIMS)
+            .and_then(|s| s.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>())
+            .ok_or_else(|| {
+                format!(
+                    "{} has no `shape` of at most {MAX_DIMS} non-negative integers",
+                    what()
+                )
+            })?;
+        let (begin, end) = t
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .filter(|o| o.len() == 2)
+            .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)))
+            .ok_or_else(|| format!("{} has no `data_offsets` [begin, end]", what()))?;
+        if begin > end || end > data_len {
+            return Err(format!(
+                "{} has data_offsets [{begin}, {end}] outside the {data_len} data bytes of the file",
+                what()
+            ));
+        }
+        let want = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.size() as u64));
+        if want != Some(end - begin) {
+            return Err(format!(
+                "{} is {} {shape:?}, which is {} bytes, but its data_offsets span {} bytes",
+                what(),
+                dtype.safetensors_name(),
+                want.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string()),
+                end - begin
+            ));
+        }
+        out.push(HeaderTensor {
+            name,
+            dtype,
+            shape,
+            start: data_start + begin,
+            end: data_start + end,
+        });
+    }
+    // No two tensors share bytes.
+    let mut ranges: Vec<(u64, u64, &str)> = out
+        .iter()
+        .filter(|t| t.end > t.start)
+        .map(|t| (t.start, t.end, t.name.as_str()))
+        .collect();
+    ranges.sort_unstable();
+    if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+        return Err(format!(
+            "tensors {} and {} overlap",
+            shown(w[0].2),
+            shown(w[1].2)
+        ));
+    }
+    Ok(out)
 }
 
 /// One tensor's bytes inside a mapped file.
@@ -101,124 +301,160 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Whether `dir` holds safetensors weights (`model.safetensors` or an index).
+    /// Whether `dir` names safetensors weights (`model.safetensors` or an index exists, of any
+    /// file type, so that [`Checkpoint::open`] explains what is wrong with it).
     pub fn present(dir: &Path) -> bool {
-        dir.join("model.safetensors").is_file()
-            || dir.join("model.safetensors.index.json").is_file()
+        ["model.safetensors", "model.safetensors.index.json"]
+            .iter()
+            .any(|f| std::fs::symlink_metadata(dir.join(f)).is_ok())
     }
 
     /// Opens the checkpoint in `dir` and checks it against the catalogue (names, shapes, dtypes).
     pub fn open(dir: &Path, cat: &Catalogue) -> Result<Self, CheckpointError> {
-        let index = dir.join("model.safetensors.index.json");
-        let files: Vec<PathBuf> = if index.is_file() {
-            let text = std::fs::read_to_string(&index).map_err(|e| CheckpointError::Io {
-                path: index.display().to_string(),
-                message: e.to_string(),
-            })?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| CheckpointError::Format {
-                    path: index.display().to_string(),
-                    message: e.to_string(),
-                })?;
-            let mut names: Vec<String> = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .map(|m| {
-                    m.values()
-                        .filter_map(|f| f.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            names.sort();
-            names.dedup();
-            names.into_iter().map(|n| dir.join(n)).collect()
-        } else {
-            vec![dir.join("model.safetensors")]
+        let mismatch = |message: String| CheckpointError::Mismatch {
+            dir: dir.display().to_string(),
+            message,
         };
-        let mut ck = Checkpoint {
-            files: Vec::new(),
-            tensors: HashMap::new(),
-        };
-        for (fi, path) in files.iter().enumerate() {
-            let m = map_file(path)?;
-            let fmt = |message: String| CheckpointError::Format {
+        let index_name = "model.safetensors.index.json";
+        let index_path = dir.join(index_name);
+        // shard name -> the tensors the index puts there (None: no index, one file)
+        let (shards, weight_map): (Vec<String>, Option<HashMap<String, String>>) =
+            if std::fs::symlink_metadata(&index_path).is_ok() {
+                let path = inside(dir, index_name).map_err(&mismatch)?;
+                let io = |message: String| CheckpointError::Io {
+                    path: path.display().to_string(),
+                    message,
+                };
+                let text = read_regular(&path, MAX_JSON_BYTES).map_err(io)?;
+                let index: Index =
+                    serde_json::from_slice(&text).map_err(|e| CheckpointError::Format {
+                        path: path.display().to_string(),
+                        message: format!(
+                            "the index {}; it must be an object with a `weight_map` of tensor name to shard file",
+                            json_error(&e)
+                        ),
+                    })?;
+                let mut map = HashMap::with_capacity(index.weight_map.0.len());
+                for (name, shard) in index.weight_map.0 {
+                    if map.insert(name.clone(), shard).is_some() {
+                        return Err(mismatch(format!(
+                            "the index lists tensor {} twice",
+                            shown(&name)
+                        )));
+                    }
+                }
+                let mut shards: Vec<String> = map.values().cloned().collect();
+                shards.sort();
+                shards.dedup();
+                (shards, Some(map))
+            } else {
+                (vec!["model.safetensors".to_string()], None)
+            };
+        // Pass 1: map and parse every shard.
+        let mut headers = Vec::with_capacity(shards.len());
+        let mut files = Vec::with_capacity(shards.len());
+        for shard in &shards {
+            let path = inside(dir, shard).map_err(&mismatch)?;
+            let io = |message: String| CheckpointError::Io {
                 path: path.display().to_string(),
                 message,
             };
-            // SAFETY: the mapping is `len` bytes long.
-            let bytes = unsafe { std::slice::from_raw_parts(m.ptr, m.len) };
-            if bytes.len() < 8 {
-                return Err(fmt("shorter than its 8-byte header length".into()));
-            }
-            let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8])) as usize;
-            let header = bytes
-                .get(8..8usize.saturating_add(n))
-                .ok_or_else(|| fmt(format!("header of {n} bytes runs past the end")))?;
-            let h: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_slice(header).map_err(|e| fmt(format!("header: {e}")))?;
-            let data = 8 + n;
-            for (name, t) in h {
-                if name == "__metadata__" {
-                    continue;
-                }
-                let off = t
-                    .get("data_offsets")
-                    .and_then(|o| o.as_array())
-                    .filter(|o| o.len() == 2)
-                    .and_then(|o| Some((o[0].as_u64()? as usize, o[1].as_u64()? as usize)))
-                    .ok_or_else(|| fmt(format!("`{name}` has no data_offsets")))?;
-                if off.0 > off.1 || data + off.1 > bytes.len() {
-                    return Err(fmt(format!("`{name}` lies outside the file")));
-                }
-                let shape: Vec<u64> = t
-                    .get("shape")
-                    .and_then(|s| s.as_array())
-                    .map(|s| s.iter().filter_map(|d| d.as_u64()).collect())
-                    .unwrap_or_default();
-                let dtype = t.get("dtype").and_then(|d| d.as_str()).unwrap_or("?");
-                let Some(c) = cat.get(&name) else {
-                    return Err(CheckpointError::Mismatch {
-                        dir: dir.display().to_string(),
-                        message: format!("`{name}` is not a tensor of the model in config.json"),
-                    });
-                };
-                if c.shape.as_slice() != shape.as_slice() || dtype != c.dtype.safetensors_name() {
-                    return Err(CheckpointError::Mismatch {
-                        dir: dir.display().to_string(),
-                        message: format!(
-                            "`{name}` is {dtype} {shape:?} but the model needs {} {}",
-                            c.dtype.safetensors_name(),
-                            c.shape
-                        ),
-                    });
-                }
-                if (off.1 - off.0) as u64 != c.nbytes() {
-                    return Err(fmt(format!(
-                        "`{name}` has {} bytes, not {}",
-                        off.1 - off.0,
-                        c.nbytes()
+            let (f, len) = open_regular(&path).map_err(io)?;
+            let m = map_file(&f, len).map_err(io)?;
+            drop(f);
+            let header = parse_header(m.bytes()).map_err(|message| CheckpointError::Format {
+                path: path.display().to_string(),
+                message,
+            })?;
+            headers.push(header);
+            files.push(Arc::new(m));
+        }
+        // Pass 2: each tensor in one shard, the one the index names, as the catalogue has it.
+        let mut found: HashMap<&str, usize> = HashMap::new();
+        for (fi, header) in headers.iter().enumerate() {
+            for t in header {
+                if let Some(&other) = found.get(t.name.as_str()) {
+                    return Err(mismatch(format!(
+                        "tensor {} is in both {} and {}",
+                        shown(&t.name),
+                        shown(&shards[other]),
+                        shown(&shards[fi])
                     )));
                 }
+                found.insert(&t.name, fi);
+            }
+        }
+        let mut ck = Checkpoint {
+            files,
+            tensors: HashMap::with_capacity(found.len()),
+        };
+        for (fi, header) in headers.iter().enumerate() {
+            let shard = &shards[fi];
+            for t in header {
+                let name = shown(&t.name);
+                if let Some(map) = &weight_map {
+                    match map.get(&t.name) {
+                        Some(s) if s == shard => {}
+                        Some(s) => {
+                            return Err(mismatch(format!(
+                                "tensor {name} is in {} but the index names {}",
+                                shown(shard),
+                                shown(s)
+                            )));
+                        }
+                        None => {
+                            return Err(mismatch(format!(
+                                "tensor {name} is in {} but the index does not list it",
+                                shown(shard)
+                            )));
+                        }
+                    }
+                }
+                let Some(c) = cat.get(&t.name) else {
+                    return Err(mismatch(format!(
+                        "{name} is not a tensor of the model in config.json"
+                    )));
+                };
+                if c.shape.as_slice() != t.shape.as_slice() || t.dtype != c.dtype {
+                    return Err(mismatch(format!(
+                        "{name} is {} {:?} but the model needs {} {}",
+                        t.dtype.safetensors_name(),
+                        t.shape,
+                        c.dtype.safetensors_name(),
+                        c.shape
+                    )));
+                }
+                // parse_header checked start <= end <= the file's length, which is the mapping's
                 ck.tensors.insert(
-                    name,
+                    t.name.clone(),
                     Entry {
                         file: fi,
-                        start: data + off.0,
-                        end: data + off.1,
+                        start: t.start as usize,
+                        end: t.end as usize,
                     },
                 );
             }
-            ck.files.push(Arc::new(m));
+        }
+        if let Some(map) = &weight_map {
+            let mut listed: Vec<(&String, &String)> = map.iter().collect();
+            listed.sort();
+            if let Some((name, shard)) = listed
+                .into_iter()
+                .find(|(n, _)| !found.contains_key(n.as_str()))
+            {
+                return Err(mismatch(format!(
+                    "the index puts tensor {} in {}, which does not hold it",
+                    shown(name),
+                    shown(shard)
+                )));
+            }
         }
         if let Some(missing) = cat
             .tensors()
             .iter()
             .find(|c| !ck.tensors.contains_key(&c.name))
         {
-            return Err(CheckpointError::Mismatch {
-                dir: dir.display().to_string(),
-                message: format!("`{}` is missing", missing.name),
-            });
+            return Err(mismatch(format!("`{}` is missing", missing.name)));
         }
         Ok(ck)
     }
@@ -226,9 +462,7 @@ impl Checkpoint {
     /// A tensor's bytes (in its catalogue dtype).
     pub fn tensor(&self, name: &str) -> Option<&[u8]> {
         let e = self.tensors.get(name)?;
-        let m = &self.files[e.file];
-        // SAFETY: the range was checked against the mapping when the checkpoint was opened.
-        Some(unsafe { std::slice::from_raw_parts(m.ptr.add(e.start), e.end - e.start) })
+        self.files[e.file].bytes().get(e.start..e.end)
     }
 
     /// Number of tensors.

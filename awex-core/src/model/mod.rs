@@ -2,6 +2,7 @@
 
 mod catalogue;
 mod checkpoint;
+mod file;
 pub mod presets;
 mod spec;
 
@@ -45,6 +46,9 @@ pub enum ModelError {
         /// the OS error
         message: String,
     },
+    /// A size is above awex's limits ([`crate::limits`]).
+    #[error("model {0}")]
+    Limit(#[from] crate::limits::LimitError),
     /// Neither a preset nor a path.
     #[error("`{arg}` is neither a built-in preset nor an existing config.json or HF directory; presets: {}", presets.join(", "))]
     UnknownModel {

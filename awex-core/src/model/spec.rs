@@ -2,6 +2,7 @@
 
 use super::ModelError;
 use crate::dtype::DType;
+use crate::limits::LimitError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
@@ -260,10 +261,13 @@ impl ModelSpec {
         } else {
             path.to_path_buf()
         };
-        let text = std::fs::read_to_string(&file).map_err(|e| ModelError::Io {
+        let io = |message: String| ModelError::Io {
             path: file.display().to_string(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        // a regular file of bounded size: a FIFO or a huge file is refused, not waited on
+        let bytes = super::file::read_regular(&file, crate::limits::MAX_JSON_BYTES).map_err(io)?;
+        let text = String::from_utf8(bytes).map_err(|_| io("it is not UTF-8 text".into()))?;
         Self::from_config_json(&text)
     }
 
@@ -282,8 +286,10 @@ impl ModelSpec {
         })
     }
 
-    /// Checks that the sizes agree with each other.
+    /// Checks every size against [`crate::limits`] (before anything walks or allocates by them),
+    /// then that the sizes agree with each other.
     pub fn validate(&self) -> Result<(), ModelError> {
+        self.check_limits()?;
         let positive = [
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_layers),
@@ -339,6 +345,144 @@ impl ModelSpec {
             });
         }
         Ok(())
+    }
+
+    /// Checks each size and the derived tensor count and bytes against [`crate::limits`].
+    pub fn check_limits(&self) -> Result<(), LimitError> {
+        use crate::limits::{self as l, check};
+        let size = [
+            (
+                "hidden_size",
+                self.hidden_size,
+                l::MAX_HIDDEN,
+                "2.5x the largest real hidden size, 25600",
+            ),
+            (
+                "num_hidden_layers",
+                self.num_layers,
+                l::MAX_LAYERS,
+                "8x the most layers of a real model, 126",
+            ),
+            (
+                "num_attention_heads",
+                self.num_heads,
+                l::MAX_HEADS,
+                "6x the most heads of a real model, 160",
+            ),
+            (
+                "num_key_value_heads",
+                self.num_kv_heads,
+                l::MAX_HEADS,
+                "6x the most heads of a real model, 160",
+            ),
+            (
+                "head_dim",
+                self.head_dim,
+                l::MAX_HEAD_DIM,
+                "4x the largest real head_dim, 256",
+            ),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                l::MAX_INTERMEDIATE,
+                "14x the largest real intermediate size, 73728",
+            ),
+            (
+                "vocab_size",
+                self.vocab_size,
+                l::MAX_VOCAB,
+                "16x the largest real vocabulary, 262144",
+            ),
+        ];
+        for (field, v, max, why) in size {
+            check(field, u128::from(v), max, why)?;
+        }
+        if let Some(m) = &self.moe {
+            let experts = "8x the most experts of a real model, 512";
+            check(
+                "num_experts",
+                u128::from(m.num_experts),
+                l::MAX_EXPERTS,
+                experts,
+            )?;
+            check(
+                "num_experts_per_tok",
+                u128::from(m.experts_per_token),
+                l::MAX_EXPERTS,
+                experts,
+            )?;
+            check(
+                "moe_intermediate_size",
+                u128::from(m.moe_intermediate_size),
+                l::MAX_INTERMEDIATE,
+                "14x the largest real intermediate size, 73728",
+            )?;
+            check(
+                "mlp_only_layers",
+                m.mlp_only_layers.len() as u128,
+                l::MAX_LAYERS,
+                "it lists at most one entry per layer",
+            )?;
+        }
+        let (tensors, elements) = self.catalogue_size();
+        check(
+            "canonical tensors",
+            tensors,
+            l::MAX_TENSORS,
+            "14x the tensors of the largest real MoE checkpoints, about 74000",
+        )?;
+        check(
+            "total bytes",
+            elements * self.dtype.size() as u128,
+            l::MAX_MODEL_BYTES,
+            "16 TiB, 2x a 2T-parameter model in fp32",
+        )?;
+        Ok(())
+    }
+
+    /// The number of canonical tensors and their elements, exactly as [`super::Catalogue::of`]
+    /// builds them, in 128-bit arithmetic (every size is below 2^32 after the per-field checks).
+    fn catalogue_size(&self) -> (u128, u128) {
+        let w = u128::from;
+        let (h, q, kv) = (
+            w(self.hidden_size),
+            w(self.num_heads) * w(self.head_dim),
+            w(self.num_kv_heads) * w(self.head_dim),
+        );
+        let v = w(self.vocab_size);
+        let lm_head = if self.tie_word_embeddings { 0 } else { 1 };
+        let mut tensors = 2 + lm_head;
+        let mut elements = v * h * (1 + lm_head) + h;
+        // attention and norms, the same in every layer
+        let mut attn_t = 7;
+        let mut attn_e = 2 * h + 2 * q * h + 2 * kv * h;
+        if self.attention_bias {
+            attn_t += 3;
+            attn_e += q + 2 * kv;
+        }
+        if self.qk_norm() {
+            attn_t += 2;
+            attn_e += 2 * w(self.head_dim);
+        }
+        let moe_layers = match &self.moe {
+            // a zero step is refused by `validate`; count no MoE layer rather than divide by it
+            Some(m) if m.decoder_sparse_step > 0 => {
+                (0..self.num_layers.min(crate::limits::MAX_LAYERS))
+                    .filter(|&l| self.is_moe_layer(l))
+                    .count() as u128
+            }
+            _ => 0,
+        };
+        let layers = w(self.num_layers);
+        let dense_layers = layers - moe_layers;
+        tensors += layers * attn_t + dense_layers * 3;
+        elements += layers * attn_e + dense_layers * 3 * w(self.intermediate_size) * h;
+        if let Some(m) = &self.moe {
+            let e = w(m.num_experts);
+            tensors += moe_layers * (1 + 3 * e);
+            elements += moe_layers * (e * h + 3 * e * w(m.moe_intermediate_size) * h);
+        }
+        (tensors, elements)
     }
 
     /// Whether layer `l` has a mixture-of-experts MLP (HF Qwen3-MoE rule).
