@@ -43,11 +43,19 @@ fn main() -> anyhow::Result<()> {
         for r in inference.ranks() {
             let t0 = Instant::now();
             let p = pair.plan_rank(Side::Inference, r)?;
-            v.push((t0.elapsed().as_secs_f64() * 1e3, r, p.peers.len(), p.transfers()));
+            v.push((
+                t0.elapsed().as_secs_f64() * 1e3,
+                r,
+                p.peers.len(),
+                p.transfers(),
+            ));
         }
         v.sort_by(|a, b| b.0.total_cmp(&a.0));
         for x in v.iter().take(8) {
-            println!("{:.2} ms infer:{} {} peers {} transfers", x.0, x.1, x.2, x.3);
+            println!(
+                "{:.2} ms infer:{} {} peers {} transfers",
+                x.0, x.1, x.2, x.3
+            );
         }
     }
     println!("infer:{rank} best of {reps}: {best:.2} ms, fingerprint {fp:016x}");

@@ -117,8 +117,14 @@ fn default_placement() -> Placement {
 
 /// Names of the presets, with a line each.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("h100x8", "8 x H100 per node, 400 Gb/s (50 GB/s) NIC per GPU"),
-    ("h200x8", "8 x H200 per node, 400 Gb/s (50 GB/s) NIC per GPU"),
+    (
+        "h100x8",
+        "8 x H100 per node, 400 Gb/s (50 GB/s) NIC per GPU",
+    ),
+    (
+        "h200x8",
+        "8 x H200 per node, 400 Gb/s (50 GB/s) NIC per GPU",
+    ),
     (
         "cpu-vm",
         "the 2-core development VM: every rank a process on one host",
@@ -243,7 +249,10 @@ impl Topology {
         match self.kind {
             DeviceKind::Gpu => {
                 if self.copy_gbps <= 0.0 {
-                    return bad("copy_gbps", "a GPU topology needs the device copy bandwidth");
+                    return bad(
+                        "copy_gbps",
+                        "a GPU topology needs the device copy bandwidth",
+                    );
                 }
             }
             DeviceKind::Cpu => {
@@ -287,7 +296,12 @@ impl Topology {
                 (first..first + i).map(|k| k as u32).collect()
             }
         };
-        let used = train.iter().chain(&infer).map(|&g| g + 1).max().unwrap_or(0) as usize;
+        let used = train
+            .iter()
+            .chain(&infer)
+            .map(|&g| g + 1)
+            .max()
+            .unwrap_or(0) as usize;
         let need = used.div_ceil(gpn) as u32;
         if self.nodes != 0 && need > self.nodes {
             return Err(SimError::Topology(format!(
