@@ -49,8 +49,11 @@ pub struct Args {
     #[arg(long)]
     pub control_ms: Option<f64>,
     /// Most flows before consecutive NCCL steps are merged into one simulated group.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 300_000)]
     pub max_flows: u64,
+    /// Flows ending within this fraction of the lower bound of an event end with it.
+    #[arg(long, default_value_t = 1e-4)]
+    pub quantum: f64,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -105,6 +108,7 @@ pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
             .transpose()?,
         bucket_bytes: a.bucket_mib << 20,
         max_flows: a.max_flows.max(1),
+        quantum: a.quantum.max(0.0),
         ..Options::default()
     };
     let names = Names {

@@ -100,7 +100,7 @@ impl Default for Options {
         Options {
             transport: None,
             bucket_bytes: 64 << 20,
-            max_flows: 1_000_000,
+            max_flows: 300_000,
             quantum: 1e-4,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }

@@ -6,6 +6,7 @@
 //! project could measure (`data/calibration.toml`), not on large clusters.
 
 pub mod buckets;
+pub mod calibration;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod exec;

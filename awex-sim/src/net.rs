@@ -242,6 +242,21 @@ impl Graph {
                 let (a, rem, rate) = active[i];
                 let rem = rem - rate * dt;
                 if rem <= rate * quantum + 1e-3 {
+                    // ends with this event: its last bytes count on its links
+                    if let Kind::Flow { links, .. } = self.kinds[a as usize] {
+                        for l in links {
+                            if l != NONE && rem > 0.0 {
+                                st.link_bytes[l as usize] += rem;
+                                add_to_bins(
+                                    &mut st.bins[l as usize],
+                                    st.bin_width,
+                                    now,
+                                    now + rem / rate.max(1.0),
+                                    rate,
+                                );
+                            }
+                        }
+                    }
                     active.swap_remove(i);
                     dirty = true;
                     st.finish[a as usize] = now;
