@@ -307,9 +307,19 @@ fn add_to_bins(bins: &mut [f64; BINS], w: f64, t0: f64, t1: f64, rate: f64) {
 }
 
 /// A total order on finite floats, for the timer heap.
-#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+#[derive(Clone, Copy, Debug)]
 struct OrdF64(f64);
+impl PartialEq for OrdF64 {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
 impl Eq for OrdF64 {}
+impl PartialOrd for OrdF64 {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
 impl Ord for OrdF64 {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&o.0)
