@@ -14,7 +14,24 @@ pub(super) struct Scratch {
     ties: Vec<u64>,
     pieces: Vec<Piece>,
     order: Vec<u32>,
+    /// per candidate set: a lazy min-heap (large sets only)
+    heaps: Vec<BinaryHeap<Reverse<(u64, u64, u32)>>>,
+    hit: Vec<usize>,
+    set: Vec<u32>,
+    cells: Vec<(Region, u32)>,
+    /// distinct source regions, and the range of each one's candidates in `region_cands`
+    region_boxes: Vec<Region>,
+    region_ranges: Vec<(u32, u32)>,
+    region_cands: Vec<(u32, Cand)>,
+    /// every candidate set's candidates, one after another
+    flat: Vec<Cand>,
+    /// per candidate set: its source regions (range in `set_keys`) and its range in `flat`
+    sets: Vec<((u32, u32), (u32, u32))>,
+    set_keys: Vec<u32>,
 }
+
+/// Candidate sets up to this size are searched linearly instead of through a heap.
+const LINEAR_MAX: u32 = 32;
 
 /// A candidate source: (index into the rank universe, index into the source holders).
 #[derive(Clone, Copy)]
@@ -59,6 +76,7 @@ fn local_at(h: &Holder, cell: &Region) -> Dims {
 }
 
 /// Computes the assignment of one canonical tensor and emits the transfers that involve `me`.
+#[inline(never)]
 pub(super) fn assign_tensor(
     pair: &Pair<'_>,
     id: u32,
@@ -101,46 +119,79 @@ pub(super) fn assign_tensor(
             .map(|r| splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)),
     );
 
-    // distinct source regions, each with its candidates
-    let mut regions: Vec<(Region, Vec<Cand>)> = Vec::new();
+    // distinct source regions, each with its candidates (in holder order)
+    s.region_boxes.clear();
+    s.region_cands.clear();
     for (hi, h) in src.iter().enumerate() {
-        let pos = match regions.iter().position(|(r, _)| *r == h.region) {
+        let pos = match s.region_boxes.iter().position(|r| *r == h.region) {
             Some(p) => p,
             None => {
-                regions.push((h.region, Vec::new()));
-                regions.len() - 1
+                s.region_boxes.push(h.region);
+                s.region_boxes.len() - 1
             }
         };
         for r in &h.ranks {
             let ri = s.ranks.binary_search(r).unwrap_or(0) as u32;
-            regions[pos].1.push(Cand {
-                rank: ri,
-                holder: hi as u32,
-            });
+            s.region_cands.push((
+                pos as u32,
+                Cand {
+                    rank: ri,
+                    holder: hi as u32,
+                },
+            ));
         }
     }
+    // stable: each region's candidates keep their order
+    if !s.region_cands.is_sorted_by_key(|c| c.0) {
+        s.region_cands.sort_by_key(|c| c.0);
+    }
+    s.region_ranges.clear();
+    s.region_ranges.resize(s.region_boxes.len(), (0, 0));
+    {
+        let mut at = 0usize;
+        for (i, range) in s.region_ranges.iter_mut().enumerate() {
+            let start = at;
+            while at < s.region_cands.len() && s.region_cands[at].0 as usize == i {
+                at += 1;
+            }
+            *range = (start as u32, at as u32);
+        }
+    }
+    let region_boxes = &s.region_boxes;
+    let region_ranges = &s.region_ranges;
+    let region_cands = &s.region_cands;
 
     // cut every destination box into cells held by one set of source candidates
     s.pieces.clear();
-    let mut flat: Vec<Cand> = Vec::new();
+    let flat = &mut s.flat;
+    flat.clear();
     // candidate sets seen in this tensor (by the source regions they come from) -> range in `flat`
-    let mut sets: Vec<(Vec<u32>, (u32, u32))> = Vec::new();
-    let mut cells: Vec<(Region, u32)> = Vec::new();
+    let sets = &mut s.sets;
+    sets.clear();
+    let set_keys = &mut s.set_keys;
+    set_keys.clear();
+    let cells = &mut s.cells;
+    let hit = &mut s.hit;
+    let set = &mut s.set;
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
         cells.clear();
-        let hit: Vec<usize> = regions
-            .iter()
-            .enumerate()
-            .filter(|(_, (r, _))| r.intersect(&want).is_some())
-            .map(|(i, _)| i)
-            .collect();
-        let mut push_cell = |cell: Region, flat: &mut Vec<Cand>| -> Result<(), PlanError> {
-            let set: Vec<u32> = hit
+        hit.clear();
+        hit.extend(
+            region_boxes
                 .iter()
-                .filter(|&&i| regions[i].0.contains(&cell))
-                .map(|&i| i as u32)
-                .collect();
+                .enumerate()
+                .filter(|(_, r)| r.intersect(&want).is_some())
+                .map(|(i, _)| i),
+        );
+        let hit = &*hit;
+        let mut push_cell = |cell: Region, flat: &mut Vec<Cand>| -> Result<(), PlanError> {
+            set.clear();
+            set.extend(
+                hit.iter()
+                    .filter(|&&i| region_boxes[i].contains(&cell))
+                    .map(|&i| i as u32),
+            );
             if set.is_empty() {
                 return Err(PlanError::Uncovered {
                     canonical: c.name.clone(),
@@ -148,29 +199,35 @@ pub(super) fn assign_tensor(
                     dst: dh.ranks.first().copied().unwrap_or(RankId::infer(0, 0)),
                 });
             }
-            let index = match sets.iter().position(|(k, _)| *k == set) {
+            let index = match sets
+                .iter()
+                .position(|(k, _)| set_keys[k.0 as usize..k.1 as usize] == set[..])
+            {
                 Some(i) => i as u32,
                 None => {
                     let start = flat.len() as u32;
-                    for &i in &set {
-                        flat.extend_from_slice(&regions[i as usize].1);
+                    for &i in set.iter() {
+                        let (a, b) = region_ranges[i as usize];
+                        flat.extend(region_cands[a as usize..b as usize].iter().map(|c| c.1));
                     }
-                    sets.push((set, (start, flat.len() as u32)));
+                    let k0 = set_keys.len() as u32;
+                    set_keys.extend_from_slice(set);
+                    sets.push(((k0, set_keys.len() as u32), (start, flat.len() as u32)));
                     sets.len() as u32 - 1
                 }
             };
             cells.push((cell, index));
             Ok(())
         };
-        if hit.iter().any(|&i| regions[i].0.contains(&want)) {
+        if hit.iter().any(|&i| region_boxes[i].contains(&want)) {
             // common case: one source region holds the whole destination box
-            push_cell(want, &mut flat)?;
+            push_cell(want, flat)?;
         } else {
-            let boxes: Vec<Region> = hit.iter().map(|&i| regions[i].0).collect();
+            let boxes: Vec<Region> = hit.iter().map(|&i| region_boxes[i]).collect();
             let mut err = None;
             crate::layout::ops::grid_cells(&want, &boxes, |cell| {
                 if err.is_none()
-                    && let Err(e) = push_cell(cell, &mut flat)
+                    && let Err(e) = push_cell(cell, flat)
                 {
                     err = Some(e);
                 }
@@ -179,7 +236,7 @@ pub(super) fn assign_tensor(
                 return Err(e);
             }
         }
-        for &(cell, set) in &cells {
+        for &(cell, set) in cells.iter() {
             let range = sets[set as usize].1;
             if let Some(cand) = flat[range.0 as usize..range.1 as usize]
                 .iter()
@@ -222,10 +279,32 @@ pub(super) fn assign_tensor(
             s.order.sort_by(by_size);
         }
     }
-    let mut heaps: Vec<BinaryHeap<Reverse<(u64, u64, u32)>>> = vec![BinaryHeap::new(); sets.len()];
+    // small sets: the same minimum of (load, tie, position), found by a scan
+    for h in s.heaps.iter_mut().take(sets.len()) {
+        h.clear();
+    }
+    if s.heaps.len() < sets.len() {
+        s.heaps.resize_with(sets.len(), BinaryHeap::new);
+    }
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
-        let heap = &mut heaps[p.set as usize];
+        if p.cands.1 - p.cands.0 <= LINEAR_MAX {
+            let mut best = p.cands.0;
+            let mut key = (u64::MAX, u64::MAX);
+            for pos in p.cands.0..p.cands.1 {
+                let r = flat[pos as usize].rank as usize;
+                let k = (s.loads[r], s.ties[r]);
+                if k < key {
+                    key = k;
+                    best = pos;
+                }
+            }
+            p.chosen = best;
+            let r = flat[best as usize].rank as usize;
+            s.loads[r] += p.bytes;
+            continue;
+        }
+        let heap = &mut s.heaps[p.set as usize];
         if heap.is_empty() {
             for pos in p.cands.0..p.cands.1 {
                 let r = flat[pos as usize].rank as usize;

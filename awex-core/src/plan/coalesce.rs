@@ -32,23 +32,29 @@ fn adjacent(a: &Transfer, b: &Transfer, d: usize) -> bool {
     true
 }
 
-fn key_along(t: &Transfer, d: usize) -> (Dims, Dims) {
+/// Compares two offsets with box dim `d` (of `k` box dims) moved last, without building them.
+fn cmp_moved(a: &Dims, b: &Dims, k: usize, d: usize) -> Ordering {
+    let (sa, sb) = (a.as_slice(), b.as_slice());
+    let (na, nb) = (sa.len(), sb.len());
+    let (ma, mb) = (na - k + d, nb - k + d);
+    let ia = (0..na).filter(|&i| i != ma).map(|i| sa[i]).chain([sa[ma]]);
+    let ib = (0..nb).filter(|&i| i != mb).map(|i| sb[i]).chain([sb[mb]]);
+    // as `Dims`' own order: the number of dims first, then the values
+    na.cmp(&nb).then_with(|| ia.cmp(ib))
+}
+
+fn cmp_along(a: &Transfer, b: &Transfer, d: usize) -> Ordering {
     // sort so that neighbours along dim d are consecutive: dim d compared last
-    let k = t.extent.ndim();
-    let move_last = |off: &Dims| {
-        let n = off.ndim();
-        let mut v: Vec<u64> = off.as_slice().to_vec();
-        let x = v.remove(n - k + d);
-        v.push(x);
-        Dims::new(&v)
-    };
-    (move_last(&t.dst_offset), move_last(&t.src_offset))
+    let k = a.extent.ndim();
+    cmp_moved(&a.dst_offset, &b.dst_offset, k, d)
+        .then_with(|| cmp_moved(&a.src_offset, &b.src_offset, k, d))
 }
 
 /// Coalesces one peer's transfers and puts them in execution order.
 ///
 /// Transfers merge when they connect the same two local tensors and their boxes are adjacent
 /// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
+#[inline(never)]
 pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
     let group = |a: &Transfer, b: &Transfer| -> Ordering {
         (
@@ -76,7 +82,7 @@ pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
                     if d >= ka || d >= kb {
                         return Ordering::Equal;
                     }
-                    key_along(a, d).cmp(&key_along(b, d))
+                    cmp_along(a, b, d)
                 })
             });
             let mut out: Vec<Transfer> = Vec::with_capacity(ts.len());

@@ -67,10 +67,12 @@ impl Transfer {
         self.src_dtype != self.dst_dtype
     }
 
-    fn hash_into(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+    /// Appends the bytes the fingerprint hashes (hashing the concatenation of every transfer's
+    /// bytes in one call gives the same digest as feeding them piecewise).
+    fn hash_bytes(&self, h: &mut Vec<u8>) {
         for r in [self.src_rank, self.dst_rank] {
-            h.update(&r.engine.to_le_bytes());
-            h.update(&r.rank.to_le_bytes());
+            h.extend_from_slice(&r.engine.to_le_bytes());
+            h.extend_from_slice(&r.rank.to_le_bytes());
         }
         for (name, shape, off, dt) in [
             (
@@ -86,15 +88,15 @@ impl Transfer {
                 self.dst_dtype,
             ),
         ] {
-            h.update(name.as_bytes());
-            h.update(&[0]);
+            h.extend_from_slice(name.as_bytes());
+            h.push(0);
             for d in shape.as_slice().iter().chain(off.as_slice()) {
-                h.update(&d.to_le_bytes());
+                h.extend_from_slice(&d.to_le_bytes());
             }
-            h.update(dt.as_str().as_bytes());
+            h.extend_from_slice(dt.as_str().as_bytes());
         }
         for d in self.extent.as_slice() {
-            h.update(&d.to_le_bytes());
+            h.extend_from_slice(&d.to_le_bytes());
         }
     }
 }
@@ -226,13 +228,14 @@ impl Pair<'_> {
         }
         let mut peers = Vec::with_capacity(by_peer.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut bytes = Vec::new();
         for (peer, transfers) in by_peer {
             let transfers = coalesce::coalesce(transfers);
-            let mut ph = xxhash_rust::xxh3::Xxh3::new();
+            bytes.clear();
             for t in &transfers {
-                t.hash_into(&mut ph);
+                t.hash_bytes(&mut bytes);
             }
-            let fingerprint = ph.digest();
+            let fingerprint = xxhash_rust::xxh3::xxh3_64(&bytes);
             h.update(&fingerprint.to_le_bytes());
             peers.push(PeerPlan {
                 peer,

@@ -1,0 +1,134 @@
+//! The `simulate` command: arguments and runner (feature `cli`).
+//!
+//! A binary that links the backend crates (so that their layouts are registered) wires it
+//! with `Simulate(awex_sim::cli::Args)` and `awex_sim::cli::run(args)`.
+
+use crate::exec::{Options, SimTransport};
+use crate::topology::{Placement, Topology};
+use crate::{Names, simulate};
+use anyhow::Context;
+use awex_core::backend::side_layout;
+use awex_core::layout::Side;
+use awex_core::plan::Pair;
+use awex_core::{BackendSpec, Catalogue, ModelSpec};
+
+/// Arguments of `simulate`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    after_help = "Every figure is a PREDICTION from awex's own plans over a flow-level model of the stated cluster.\n\nExamples:\n  simulate --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --topology h200x8 --placement packed\n  simulate --model moe-1t --train megatron:tp=8,pp=4,dp=8,ep=32,etp=1 --infer sglang:tp=16,ep=16,engines=8 --topology h200x8 --json --svg util.svg"
+)]
+pub struct Args {
+    /// Model: a preset name, a config.json, or an HF model directory.
+    #[arg(long, default_value = "qwen3-0.6b")]
+    pub model: String,
+    /// Training side: `backend:key=value,...`.
+    #[arg(long, default_value = "megatron:tp=2,pp=2")]
+    pub train: String,
+    /// Inference side: `backend:key=value,...`.
+    #[arg(long, default_value = "sglang:tp=2,engines=2")]
+    pub infer: String,
+    /// Topology: a preset (h100x8, h200x8, cpu-vm) or a TOML file.
+    #[arg(long, default_value = "h200x8")]
+    pub topology: String,
+    /// Where the ranks run: separate (own nodes), packed (right after the training ranks), colocated.
+    #[arg(long)]
+    pub placement: Option<String>,
+    /// Transport: nccl, cuda-ipc, shm, tcp (default: cuda-ipc when colocated, nccl on GPUs, shm on CPU).
+    #[arg(long)]
+    pub transport: Option<String>,
+    /// Staging bucket size in MiB (the NCCL per-step budget).
+    #[arg(long, default_value_t = 64)]
+    pub bucket_mib: u64,
+    /// Override the topology's NIC bandwidth, GB/s per NIC and direction.
+    #[arg(long)]
+    pub nic_gbps: Option<f64>,
+    /// Override the topology's node count.
+    #[arg(long)]
+    pub nodes: Option<u32>,
+    /// Override the control plane's share of an update, ms.
+    #[arg(long)]
+    pub control_ms: Option<f64>,
+    /// Most flows before consecutive NCCL steps are merged into one simulated group.
+    #[arg(long, default_value_t = 300_000)]
+    pub max_flows: u64,
+    /// Flows ending within this fraction of the lower bound of an event end with it.
+    #[arg(long, default_value_t = 1e-4)]
+    pub quantum: f64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a picture of link utilisation over time (SVG) to this file.
+    #[arg(long)]
+    pub svg: Option<std::path::PathBuf>,
+}
+
+/// Resolves the topology with the command line's overrides.
+pub fn topology(a: &Args) -> anyhow::Result<Topology> {
+    let mut t = Topology::resolve(&a.topology)?;
+    if let Some(p) = &a.placement {
+        t.placement = p.parse::<Placement>()?;
+    }
+    if let Some(v) = a.nic_gbps {
+        t.nic_gbps = v;
+    }
+    if let Some(v) = a.nodes {
+        t.nodes = v;
+    }
+    if let Some(v) = a.control_ms {
+        t.control_ms = v;
+    }
+    t.check()?;
+    Ok(t)
+}
+
+/// Plans and simulates as the arguments say.
+pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
+    let topo = topology(a)?;
+    let model = ModelSpec::resolve(&a.model)?;
+    let catalogue = Catalogue::of(&model);
+    let ts: BackendSpec = a.train.parse()?;
+    let is: BackendSpec = a.infer.parse()?;
+    let training = side_layout(Side::Training, &ts, &model)
+        .with_context(|| format!("training layout `{}`", a.train))?;
+    let inference = side_layout(Side::Inference, &is, &model)
+        .with_context(|| format!("inference layout `{}`", a.infer))?;
+    let pair = Pair {
+        catalogue: &catalogue,
+        training: &*training,
+        inference: &*inference,
+    };
+    if a.bucket_mib == 0 {
+        anyhow::bail!("--bucket-mib must be at least 1");
+    }
+    let opts = Options {
+        transport: a
+            .transport
+            .as_deref()
+            .map(str::parse::<SimTransport>)
+            .transpose()?,
+        bucket_bytes: a.bucket_mib << 20,
+        max_flows: a.max_flows.max(1),
+        quantum: a.quantum.max(0.0),
+        ..Options::default()
+    };
+    let names = Names {
+        model: model.name.clone(),
+        training: ts.to_string(),
+        inference: is.to_string(),
+    };
+    Ok(simulate(&pair, &names, &topo, &opts)?)
+}
+
+/// Runs the command: prints the report (text or JSON) and writes the picture.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let r = report(&a)?;
+    if let Some(path) = &a.svg {
+        std::fs::write(path, r.svg()).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", r.text());
+    }
+    Ok(())
+}

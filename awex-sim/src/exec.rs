@@ -1,0 +1,668 @@
+//! Executing every rank's real plan the way the transports do, as an activity graph.
+//!
+//! Every training rank is planned with [`awex_core::plan::Pair::plan_rank`] (both ends of a
+//! pair compute the same transfers, so the senders' plans hold every pair). Each transport's
+//! schedule is then laid out as activities over the topology's links ([`crate::net`]):
+//!
+//! - `nccl` (`awex-core/src/nccl/{schedule,program,transport}.rs`): a pair's transfers are cut
+//!   into buckets of `pair_bucket_bytes(budget, peers, budget, peers)`; step `k` of a rank is
+//!   one NCCL group holding bucket `k` of every peer that has one, issued on one stream after
+//!   step `k-1`; a bucket moves once both ends issued their step `k` (NCCL matches a send with
+//!   its receive). A training rank packs staged buckets of step `k` on its copy engine once
+//!   the sends of step `k-2` left that slot (two slots); an inference rank receives step `k`
+//!   once the unpack of step `k-2` emptied its slot, and unpacks after the receive. Each step
+//!   costs the topology's per-message latency. On large pairs, consecutive steps are merged
+//!   into groups of `steps_per_group` steps (same bytes, the latency of every step; the pack
+//!   and unpack of a merged group overlap its transfers but for one step's share).
+//! - `cuda-ipc` (`awex-core/src/runtime/transport/cuda_ipc.rs`, `awex-core/src/cuda/engine.rs`):
+//!   an inference rank issues, peer after peer, one copy per transfer (linear pieces of at most
+//!   256 MiB) on 4 streams, each copy to the least-loaded stream of that peer's batch; the
+//!   host issues copies one after another (`launch_us` each); at the end of each peer's batch
+//!   stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
+//!   node, NVLink.
+//! - `shm` (`awex-core/src/runtime/transport/shm.rs`): an inference rank copies its peers'
+//!   buckets one after another on its own thread, out of the training ranks' shared memory; every
+//!   copy of a host shares the host's memory bandwidth.
+//! - `tcp` (`awex-core/src/runtime/transport/tcp.rs`): every pair streams its buckets over its
+//!   own connection, one after another, all pairs at once; pack and unpack overlap the wire
+//!   (two buffers per end) and are not charged. Not calibrated.
+
+use crate::SimError;
+use crate::buckets::{BucketRun, bucket_runs, count};
+use crate::net::{Act, Graph, Kind, NONE, RunStats};
+use crate::topology::{DeviceKind, Topology};
+use awex_core::layout::{RankId, Side};
+use awex_core::plan::{Pair, Transfer};
+use awex_gpu::nccl::pair_bucket_bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+/// Which transport's schedule to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimTransport {
+    /// NCCL point-to-point groups.
+    Nccl,
+    /// Device copies through CUDA IPC (same node).
+    CudaIpc,
+    /// Host copies out of shared memory (same host).
+    Shm,
+    /// Buckets over TCP streams.
+    Tcp,
+}
+
+impl FromStr for SimTransport {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        match s {
+            "nccl" => Ok(SimTransport::Nccl),
+            "cuda-ipc" | "ipc" => Ok(SimTransport::CudaIpc),
+            "shm" => Ok(SimTransport::Shm),
+            "tcp" => Ok(SimTransport::Tcp),
+            _ => Err(SimError::Usage(format!(
+                "unknown transport `{s}`; choose nccl, cuda-ipc, shm or tcp"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for SimTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SimTransport::Nccl => "nccl",
+            SimTransport::CudaIpc => "cuda-ipc",
+            SimTransport::Shm => "shm",
+            SimTransport::Tcp => "tcp",
+        })
+    }
+}
+
+/// How to run a simulation.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The transport; `None` picks cuda-ipc for colocated GPUs, nccl for other GPUs, shm on CPU.
+    pub transport: Option<SimTransport>,
+    /// Staging bucket size (the NCCL per-step budget), bytes.
+    pub bucket_bytes: u64,
+    /// Most flows in the graph before consecutive NCCL steps are merged.
+    pub max_flows: u64,
+    /// Flows ending within this fraction of the lower bound of an event end with it.
+    pub quantum: f64,
+    /// Threads that plan the ranks.
+    pub threads: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            transport: None,
+            bucket_bytes: 64 << 20,
+            max_flows: 300_000,
+            quantum: 1e-4,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+/// One training rank -> inference rank pair and its transfers (in execution order).
+pub struct PairPlan {
+    /// Training rank index.
+    pub t: u32,
+    /// Inference rank index.
+    pub i: u32,
+    /// Wire bytes.
+    pub bytes: u64,
+    /// The transfers.
+    pub transfers: Vec<Transfer>,
+}
+
+/// Every pair of a pair of layouts, planned from the senders' plans.
+pub struct Plans {
+    /// Training ranks, in order.
+    pub training: Vec<RankId>,
+    /// Inference ranks, in order.
+    pub inference: Vec<RankId>,
+    /// Pairs sorted by (training, inference).
+    pub pairs: Vec<PairPlan>,
+    /// Wall time of planning every training rank, seconds (all threads).
+    pub plan_s: f64,
+}
+
+/// Plans every training rank (on `threads` threads) and collects its peer plans.
+pub fn plan_all(pair: &Pair<'_>, threads: usize) -> Result<Plans, SimError> {
+    let t0 = Instant::now();
+    let training = pair.training.ranks();
+    let inference = pair.inference.ranks();
+    let index: HashMap<RankId, u32> = inference
+        .iter()
+        .enumerate()
+        .map(|(k, r)| (*r, k as u32))
+        .collect();
+    let threads = threads.clamp(1, 64).min(training.len().max(1));
+    let chunk = training.len().div_ceil(threads).max(1);
+    let parts: Vec<Result<Vec<PairPlan>, SimError>> = std::thread::scope(|scope| {
+        let hs: Vec<_> = training
+            .chunks(chunk)
+            .enumerate()
+            .map(|(c, ranks)| {
+                let index = &index;
+                scope.spawn(move || {
+                    let mut out = Vec::new();
+                    for (k, &rank) in ranks.iter().enumerate() {
+                        let t = (c * chunk + k) as u32;
+                        let plan = pair.plan_rank(Side::Training, rank)?;
+                        for p in plan.peers {
+                            let i = *index.get(&p.peer).ok_or_else(|| {
+                                SimError::Plan(format!(
+                                    "training rank {rank} plans for inference rank {}, which the inference side does not list",
+                                    p.peer
+                                ))
+                            })?;
+                            out.push(PairPlan {
+                                t,
+                                i,
+                                bytes: p.bytes,
+                                transfers: p.transfers,
+                            });
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(SimError::Plan("a planning thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut pairs = Vec::new();
+    for p in parts {
+        pairs.extend(p?);
+    }
+    Ok(Plans {
+        training,
+        inference,
+        pairs,
+        plan_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// The links of a topology, created for the devices in use.
+struct Links {
+    kind: DeviceKind,
+    gpn: u32,
+    nics: u32,
+    map: HashMap<(u8, u32), u32>,
+}
+
+const NVL_OUT: u8 = 0;
+const NVL_IN: u8 = 1;
+const NIC_OUT: u8 = 2;
+const NIC_IN: u8 = 3;
+const COPY: u8 = 4;
+const HOST: u8 = 5;
+const THREAD: u8 = 6;
+
+impl Links {
+    fn new(topo: &Topology) -> Self {
+        Links {
+            kind: topo.kind,
+            gpn: topo.gpus_per_node,
+            nics: topo.nics(),
+            map: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, g: &mut Graph, topo: &Topology, what: u8, id: u32) -> u32 {
+        if let Some(&l) = self.map.get(&(what, id)) {
+            return l;
+        }
+        let (name, class, gbps) = match what {
+            NVL_OUT => (
+                format!("gpu{id} nvlink out"),
+                "nvlink-out",
+                topo.nvlink_gbps,
+            ),
+            NVL_IN => (format!("gpu{id} nvlink in"), "nvlink-in", topo.nvlink_gbps),
+            NIC_OUT => (
+                format!("node{} nic{} out", id / self.nics, id % self.nics),
+                "nic-out",
+                topo.nic_gbps,
+            ),
+            NIC_IN => (
+                format!("node{} nic{} in", id / self.nics, id % self.nics),
+                "nic-in",
+                topo.nic_gbps,
+            ),
+            COPY => (format!("gpu{id} memory copy"), "gpu-copy", topo.copy_gbps),
+            HOST => (
+                format!("host{id} memory"),
+                "host-memory",
+                topo.host_copy_gbps,
+            ),
+            _ => (
+                format!("rank process {id} copy"),
+                "process-copy",
+                topo.thread_copy_gbps,
+            ),
+        };
+        let l = g.link(name, class, gbps);
+        self.map.insert((what, id), l);
+        l
+    }
+
+    fn nic(&self, dev: u32) -> u32 {
+        let node = dev / self.gpn;
+        let local = dev % self.gpn;
+        node * self.nics + local * self.nics / self.gpn
+    }
+
+    /// The links bytes from device `s` to device `d` cross.
+    fn path(&mut self, g: &mut Graph, topo: &Topology, s: u32, d: u32) -> [u32; 2] {
+        let same_node = s / self.gpn == d / self.gpn;
+        match self.kind {
+            DeviceKind::Gpu if s == d => [self.get(g, topo, COPY, s), NONE],
+            DeviceKind::Gpu if same_node => {
+                [self.get(g, topo, NVL_OUT, s), self.get(g, topo, NVL_IN, d)]
+            }
+            _ if !same_node || self.kind == DeviceKind::Gpu => {
+                let (a, b) = (self.nic(s), self.nic(d));
+                [self.get(g, topo, NIC_OUT, a), self.get(g, topo, NIC_IN, b)]
+            }
+            // a CPU host: loopback through the host's memory
+            _ => [self.get(g, topo, HOST, s / self.gpn), NONE],
+        }
+    }
+}
+
+/// What the graph builder reports besides the graph.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Shape {
+    /// Flows in the graph.
+    pub flows: u64,
+    /// Activities in the graph.
+    pub activities: u64,
+    /// Most NCCL steps of one rank (0 for other transports).
+    pub steps_max: u64,
+    /// NCCL steps merged into one simulated group.
+    pub steps_per_group: u64,
+    /// Buckets (NCCL: pair buckets; shm/tcp: peer buckets; cuda-ipc: copies).
+    pub buckets: u64,
+}
+
+/// A built graph, ready to run.
+pub struct Built {
+    /// The graph.
+    pub graph: Graph,
+    /// Its final activity.
+    pub done: Act,
+    /// Its shape.
+    pub shape: Shape,
+    /// The transport it runs.
+    pub transport: SimTransport,
+    /// Devices (or CPU rank slots) of the training ranks.
+    pub train_dev: Vec<u32>,
+    /// Devices of the inference ranks.
+    pub infer_dev: Vec<u32>,
+    /// Nodes used.
+    pub nodes: u32,
+}
+
+/// Lays out the update of `plans` on `topo` with `opts`' transport.
+pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, SimError> {
+    let (train_dev, infer_dev, nodes) = topo.place(plans.training.len(), plans.inference.len())?;
+    let colocated = plans
+        .pairs
+        .iter()
+        .any(|p| train_dev[p.t as usize] == infer_dev[p.i as usize]);
+    let transport = opts.transport.unwrap_or(match topo.kind {
+        DeviceKind::Cpu => SimTransport::Shm,
+        DeviceKind::Gpu if colocated => SimTransport::CudaIpc,
+        DeviceKind::Gpu => SimTransport::Nccl,
+    });
+    let gpn = topo.gpus_per_node;
+    let same_node = |p: &PairPlan| train_dev[p.t as usize] / gpn == infer_dev[p.i as usize] / gpn;
+    match (transport, topo.kind) {
+        (SimTransport::Nccl | SimTransport::CudaIpc, DeviceKind::Cpu) => {
+            return Err(SimError::Usage(format!(
+                "{transport} needs GPUs, but topology `{}` describes CPU hosts; use shm or tcp",
+                topo.name
+            )));
+        }
+        (SimTransport::Nccl, _) if colocated => {
+            return Err(SimError::Usage(
+                "nccl cannot put a training and an inference rank on the same GPU (colocated placement); use cuda-ipc".into(),
+            ));
+        }
+        (SimTransport::CudaIpc | SimTransport::Shm, _) => {
+            if let Some(p) = plans.pairs.iter().find(|p| !same_node(p)) {
+                return Err(SimError::Usage(format!(
+                    "{transport} moves bytes inside one node, but training rank {} (device {}) and inference rank {} (device {}) are on different nodes of {gpn}; use nccl or tcp, or place them together",
+                    plans.training[p.t as usize],
+                    train_dev[p.t as usize],
+                    plans.inference[p.i as usize],
+                    infer_dev[p.i as usize]
+                )));
+            }
+        }
+        _ => {}
+    }
+    let mut g = Graph::new();
+    let mut links = Links::new(topo);
+    let mut shape = Shape::default();
+    let mut finals: Vec<Act> = Vec::new();
+    let lat = topo.latency_us * 1e-6;
+    let (t_n, i_n) = (plans.training.len(), plans.inference.len());
+    match transport {
+        SimTransport::Nccl => {
+            let mut peers_t = vec![0usize; t_n];
+            let mut peers_i = vec![0usize; i_n];
+            for p in &plans.pairs {
+                peers_t[p.t as usize] += 1;
+                peers_i[p.i as usize] += 1;
+            }
+            let b = opts.bucket_bytes;
+            let runs: Vec<Vec<BucketRun>> = plans
+                .pairs
+                .iter()
+                .map(|p| {
+                    let size =
+                        pair_bucket_bytes(b, peers_t[p.t as usize], b, peers_i[p.i as usize]);
+                    bucket_runs(&p.transfers, size)
+                })
+                .collect();
+            let steps: Vec<u64> = runs.iter().map(|r| count(r)).collect();
+            shape.buckets = steps.iter().sum();
+            let mut steps_t = vec![0u64; t_n];
+            let mut steps_i = vec![0u64; i_n];
+            for (p, &s) in plans.pairs.iter().zip(&steps) {
+                steps_t[p.t as usize] = steps_t[p.t as usize].max(s);
+                steps_i[p.i as usize] = steps_i[p.i as usize].max(s);
+            }
+            shape.steps_max = steps_t.iter().chain(&steps_i).copied().max().unwrap_or(0);
+            let chunk = shape.buckets.div_ceil(opts.max_flows.max(1)).max(1);
+            shape.steps_per_group = chunk;
+            let groups = |s: u64| s.div_ceil(chunk) as usize;
+            // per pair and group: bytes, packed bytes (sender), unpacked bytes (receiver)
+            let mut per_pair: Vec<Vec<(u32, u64, u64, u64)>> = Vec::with_capacity(runs.len());
+            let mut staged_t: Vec<Vec<u64>> = steps_t.iter().map(|&s| vec![0; groups(s)]).collect();
+            let mut staged_i: Vec<Vec<u64>> = steps_i.iter().map(|&s| vec![0; groups(s)]).collect();
+            for (p, r) in plans.pairs.iter().zip(&runs) {
+                let v = split_groups(r, chunk);
+                for &(j, _, ss, sd) in &v {
+                    staged_t[p.t as usize][j as usize] += ss;
+                    staged_i[p.i as usize][j as usize] += sd;
+                }
+                per_pair.push(v);
+            }
+            let copy = topo.copy_gbps * 1e9;
+            // rank groups: (issue, lat, end) per group; pack / unpack chains
+            struct Rg {
+                lat: Vec<Act>,
+                end: Vec<Act>,
+            }
+            let mut build_rank = |g: &mut Graph, steps: u64, staged: &[u64], side: Side| -> Rg {
+                let n = groups(steps);
+                let mut rg = Rg {
+                    lat: Vec::with_capacity(n),
+                    end: Vec::with_capacity(n),
+                };
+                let mut work: Vec<Act> = Vec::with_capacity(n); // pack (training) or unpack (inference)
+                let mut tail: Option<Act> = None;
+                for j in 0..n {
+                    let k = (steps - j as u64 * chunk).min(chunk);
+                    let whole = staged[j] as f64 / copy;
+                    let issue = g.add(Kind::Join, &[]);
+                    if j > 0 {
+                        g.after(issue, rg.end[j - 1]);
+                    }
+                    let l = g.add(Kind::Delay(k as f64 * lat), &[issue]);
+                    let end = g.add(Kind::Join, &[l]);
+                    match side {
+                        Side::Training => {
+                            // pack of group j: after pack j-1 and once the sends of j-2 left the slot
+                            let mut deps = Vec::new();
+                            if j > 0 {
+                                deps.push(work[j - 1]);
+                            }
+                            if j > 1 {
+                                deps.push(rg.end[j - 2]);
+                            }
+                            let pack = g.add(Kind::Delay(whole), &deps);
+                            let first = g.add(Kind::Delay(whole / k as f64), &deps);
+                            g.after(issue, first);
+                            g.after(end, pack);
+                            work.push(pack);
+                        }
+                        Side::Inference => {
+                            if j > 1 {
+                                g.after(issue, work[j - 2]);
+                            }
+                            let mut deps = vec![if k == 1 { end } else { l }];
+                            if j > 0 {
+                                deps.push(work[j - 1]);
+                            }
+                            let unpack = g.add(Kind::Delay(whole), &deps);
+                            if k > 1 {
+                                tail = Some(g.add(Kind::Delay(whole / k as f64), &[end, unpack]));
+                            } else {
+                                tail = None;
+                            }
+                            work.push(unpack);
+                        }
+                    }
+                    rg.lat.push(l);
+                    rg.end.push(end);
+                }
+                let last = match side {
+                    Side::Training => rg.end.last().copied(),
+                    Side::Inference => tail.or(work.last().copied()),
+                };
+                if let Some(a) = last {
+                    finals.push(a);
+                }
+                rg
+            };
+            let rt: Vec<Rg> = (0..t_n)
+                .map(|t| build_rank(&mut g, steps_t[t], &staged_t[t], Side::Training))
+                .collect();
+            let ri: Vec<Rg> = (0..i_n)
+                .map(|i| build_rank(&mut g, steps_i[i], &staged_i[i], Side::Inference))
+                .collect();
+            for (p, v) in plans.pairs.iter().zip(&per_pair) {
+                let (t, i) = (p.t as usize, p.i as usize);
+                let path = links.path(&mut g, topo, train_dev[t], infer_dev[i]);
+                for &(j, bytes, _, _) in v {
+                    let j = j as usize;
+                    let f = g.add(
+                        Kind::Flow {
+                            links: path,
+                            bytes: bytes as f64,
+                        },
+                        &[rt[t].lat[j], ri[i].lat[j]],
+                    );
+                    g.after(rt[t].end[j], f);
+                    g.after(ri[i].end[j], f);
+                    shape.flows += 1;
+                }
+            }
+        }
+        SimTransport::CudaIpc => {
+            const STREAMS: usize = 4;
+            const SPLIT: u64 = 256 << 20;
+            let launch = topo.launch_us * 1e-6;
+            let mut by_dst: Vec<Vec<usize>> = vec![Vec::new(); i_n];
+            for (k, p) in plans.pairs.iter().enumerate() {
+                by_dst[p.i as usize].push(k);
+            }
+            for (i, pairs) in by_dst.iter().enumerate() {
+                if pairs.is_empty() {
+                    continue;
+                }
+                let mut host: Option<Act> = None;
+                let mut stream_last: [Option<Act>; STREAMS] = [None; STREAMS];
+                for &k in pairs {
+                    let p = &plans.pairs[k];
+                    let path = links.path(&mut g, topo, train_dev[p.t as usize], infer_dev[i]);
+                    let mut load = [0u64; STREAMS];
+                    for t in &p.transfers {
+                        let mut left = t.bytes();
+                        while left > 0 {
+                            let piece = left.min(SPLIT);
+                            left -= piece;
+                            let (s, _) = load
+                                .iter()
+                                .enumerate()
+                                .min_by_key(|&(i, &l)| (l, i))
+                                .unwrap_or((0, &0));
+                            load[s] += piece;
+                            let h = g.add(Kind::Delay(launch), host.as_slice());
+                            host = Some(h);
+                            let mut deps = vec![h];
+                            deps.extend(stream_last[s]);
+                            let f = g.add(
+                                Kind::Flow {
+                                    links: path,
+                                    bytes: piece as f64,
+                                },
+                                &deps,
+                            );
+                            stream_last[s] = Some(f);
+                            shape.flows += 1;
+                            shape.buckets += 1;
+                        }
+                    }
+                    // stream 0 waits for the other streams at the end of each peer's batch
+                    let others: Vec<Act> = stream_last.iter().flatten().copied().collect();
+                    if !others.is_empty() {
+                        stream_last[0] = Some(g.add(Kind::Join, &others));
+                    }
+                }
+                finals.extend(stream_last[0]);
+            }
+        }
+        SimTransport::Shm | SimTransport::Tcp => {
+            let mut by_dst: Vec<Vec<usize>> = vec![Vec::new(); i_n];
+            for (k, p) in plans.pairs.iter().enumerate() {
+                by_dst[p.i as usize].push(k);
+            }
+            for (i, pairs) in by_dst.iter().enumerate() {
+                let mut prev: Option<Act> = None;
+                for &k in pairs {
+                    let p = &plans.pairs[k];
+                    let runs = bucket_runs(&p.transfers, opts.bucket_bytes);
+                    let n = count(&runs);
+                    shape.buckets += n;
+                    let (s, d) = (train_dev[p.t as usize], infer_dev[i]);
+                    let path = if transport == SimTransport::Shm {
+                        // the receiver's own copy loop, inside its host's memory bandwidth
+                        let host = links.path(&mut g, topo, s, d)[0];
+                        let host = if topo.kind == DeviceKind::Cpu {
+                            host
+                        } else {
+                            links.get(&mut g, topo, COPY, d)
+                        };
+                        [host, links.get(&mut g, topo, THREAD, d)]
+                    } else {
+                        links.path(&mut g, topo, s, d)
+                    };
+                    let lat_d = g.add(Kind::Delay(n as f64 * lat), prev.as_slice());
+                    let f = g.add(
+                        Kind::Flow {
+                            links: path,
+                            bytes: p.bytes as f64,
+                        },
+                        &[lat_d],
+                    );
+                    shape.flows += 1;
+                    if transport == SimTransport::Shm {
+                        // one receiver thread: peers one after another
+                        prev = Some(f);
+                    } else {
+                        finals.push(f);
+                    }
+                }
+                finals.extend(prev);
+            }
+        }
+    }
+    let done = g.add(Kind::Join, &finals);
+    shape.activities = g.len() as u64;
+    Ok(Built {
+        graph: g,
+        done,
+        shape,
+        transport,
+        train_dev,
+        infer_dev,
+        nodes,
+    })
+}
+
+/// A pair's buckets summed per group of `chunk` steps: (group, bytes, staged at the sender,
+/// staged at the receiver).
+fn split_groups(runs: &[BucketRun], chunk: u64) -> Vec<(u32, u64, u64, u64)> {
+    let mut out: Vec<(u32, u64, u64, u64)> = Vec::new();
+    let mut k = 0u64;
+    for r in runs {
+        let mut n = r.count;
+        while n > 0 {
+            let j = k / chunk;
+            let take = n.min((j + 1) * chunk - k);
+            let b = take * r.bytes;
+            if out.last().is_none_or(|x| x.0 as u64 != j) {
+                out.push((j as u32, 0, 0, 0));
+            }
+            if let Some(x) = out.last_mut() {
+                x.1 += b;
+                if r.staged_src {
+                    x.2 += b;
+                }
+                if r.staged_dst {
+                    x.3 += b;
+                }
+            }
+            k += take;
+            n -= take;
+        }
+    }
+    out
+}
+
+/// Runs a built graph.
+pub fn run(b: &Built, quantum_s: f64, horizon: f64) -> RunStats {
+    b.graph.run(quantum_s, horizon)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_sum_the_buckets_of_their_steps() {
+        let runs = [
+            BucketRun {
+                bytes: 10,
+                count: 5,
+                staged_src: false,
+                staged_dst: true,
+            },
+            BucketRun {
+                bytes: 3,
+                count: 1,
+                staged_src: true,
+                staged_dst: true,
+            },
+        ];
+        assert_eq!(
+            split_groups(&runs, 2),
+            vec![(0, 20, 0, 20), (1, 20, 0, 20), (2, 13, 3, 13)]
+        );
+        assert_eq!(split_groups(&runs, 1).len(), 6);
+    }
+}

@@ -1,0 +1,102 @@
+//! The planner's output, pinned: fingerprints of chosen ranks of the 1T-parameter MoE pair and
+//! a digest over every rank of smaller pairs. A faster planner must plan exactly the same
+//! transfers; these values were taken before the planner's speed work.
+
+use awex_core::backend::side_layout;
+use awex_core::layout::{RankId, Side};
+use awex_core::plan::Pair;
+use awex_core::{BackendSpec, Catalogue, ModelSpec};
+
+struct Resolved {
+    cat: Catalogue,
+    training: std::sync::Arc<dyn awex_core::SideLayout>,
+    inference: std::sync::Arc<dyn awex_core::SideLayout>,
+}
+
+fn resolve(model: &str, train: &str, infer: &str) -> Resolved {
+    std::hint::black_box((awex_megatron::CRATE, awex_sglang::CRATE, awex_fsdp::CRATE));
+    let model = ModelSpec::resolve(model).unwrap();
+    let ts: BackendSpec = train.parse().unwrap();
+    let is: BackendSpec = infer.parse().unwrap();
+    Resolved {
+        cat: Catalogue::of(&model),
+        training: side_layout(Side::Training, &ts, &model).unwrap(),
+        inference: side_layout(Side::Inference, &is, &model).unwrap(),
+    }
+}
+
+impl Resolved {
+    fn pair(&self) -> Pair<'_> {
+        Pair {
+            catalogue: &self.cat,
+            training: &*self.training,
+            inference: &*self.inference,
+        }
+    }
+
+    /// xxh3 over every rank's fingerprint, training ranks then inference ranks.
+    fn digest(&self) -> u64 {
+        let pair = self.pair();
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for (side, l) in [
+            (Side::Training, &self.training),
+            (Side::Inference, &self.inference),
+        ] {
+            for r in l.ranks() {
+                h.update(&pair.plan_rank(side, r).unwrap().fingerprint.to_le_bytes());
+            }
+        }
+        h.digest()
+    }
+}
+
+#[test]
+fn moe_1t_fingerprints_are_pinned() {
+    let r = resolve(
+        "moe-1t",
+        "megatron:tp=8,pp=8,dp=16,ep=32,etp=1",
+        "sglang:tp=16,ep=16,engines=8",
+    );
+    let pair = r.pair();
+    let got: Vec<(String, u64)> = [
+        (Side::Inference, RankId::infer(0, 0)),
+        (Side::Inference, RankId::infer(4, 8)),
+        (Side::Inference, RankId::infer(7, 15)),
+        (Side::Training, RankId::train(0)),
+        (Side::Training, RankId::train(1023)),
+    ]
+    .into_iter()
+    .map(|(s, rank)| {
+        (
+            format!("{}:{rank}", s.short()),
+            pair.plan_rank(s, rank).unwrap().fingerprint,
+        )
+    })
+    .collect();
+    let want: Vec<(String, u64)> = vec![
+        ("infer:0/0".to_string(), 0x8a4263a484772c40),
+        ("infer:4/8".to_string(), 0xf9467778e5b71a3a),
+        ("infer:7/15".to_string(), 0x718d2ba79a390e87),
+        ("train:0/0".to_string(), 0x6eb964dec56fa447),
+        ("train:0/1023".to_string(), 0x1deb473922298b2a),
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn whole_pair_digests_are_pinned() {
+    let got: Vec<u64> = [
+        ("qwen3-0.6b", "megatron:tp=2,pp=2", "sglang:tp=2,engines=2"),
+        (
+            "qwen3-30b-a3b",
+            "megatron:tp=2,pp=2,dp=2,ep=4,etp=1",
+            "sglang:tp=4,ep=4,engines=2",
+        ),
+        ("qwen3-8b", "fsdp:dp=4", "sglang:tp=2,engines=3"),
+    ]
+    .into_iter()
+    .map(|(m, t, i)| resolve(m, t, i).digest())
+    .collect();
+    let want: Vec<u64> = vec![0x56b479a33c8f0bd0, 0xcf6a4a2796395988, 0x0e8eca48717b760f];
+    assert_eq!(got, want);
+}

@@ -1,0 +1,232 @@
+//! The simulation against cases solvable by hand, against topology changes, and against the
+//! project's measured runs.
+
+use awex_core::DType;
+use awex_core::layout::Side;
+use awex_core::plan::Pair;
+use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
+use awex_sim::calibration::{Calibration, DATA};
+use awex_sim::exec::{Options, SimTransport};
+use awex_sim::topology::{Placement, Topology};
+use awex_sim::{Names, simulate};
+
+fn link_backends() {
+    std::hint::black_box((awex_megatron::CRATE, awex_sglang::CRATE, awex_fsdp::CRATE));
+}
+
+fn side(side: Side, shards: u32, rows: u64, n: usize) -> SyntheticSide {
+    SyntheticSide {
+        side,
+        engines: 1,
+        replicas: 1,
+        shards,
+        splits: (0..n)
+            .map(|_| TensorSplit {
+                dim: 0,
+                cuts: (1..shards)
+                    .map(|s| rows * s as u64 / shards as u64)
+                    .collect(),
+                pad: 0,
+            })
+            .collect(),
+        dtype: DType::Bf16,
+        fuse: false,
+    }
+}
+
+fn topo(placement: Placement) -> Topology {
+    Topology {
+        name: "test".into(),
+        nodes: 0,
+        gpus_per_node: 8,
+        nvlink_gbps: 100.0,
+        nic_gbps: 25.0,
+        copy_gbps: 1000.0,
+        latency_us: 10.0,
+        launch_us: 1.0,
+        control_ms: 0.0,
+        placement,
+        ..Topology::preset("h200x8").unwrap()
+    }
+}
+
+#[test]
+fn two_ranks_over_nvlink_take_the_time_worked_out_by_hand() {
+    // one bf16 tensor of 8192 x 8192 (128 MiB), one training rank, one inference rank on the
+    // next GPU of the node; 64 MiB buckets: two NCCL steps of one contiguous bucket each (no
+    // staging), each 10 us of latency then 64 MiB at 100 GB/s
+    let cat = catalogue(&[vec![8192, 8192]]);
+    let t = side(Side::Training, 1, 8192, 1).build(&cat);
+    let i = side(Side::Inference, 1, 8192, 1).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &t,
+        inference: &i,
+    };
+    let opts = Options {
+        transport: Some(SimTransport::Nccl),
+        bucket_bytes: 64 << 20,
+        ..Options::default()
+    };
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
+    let want = 2.0 * (10e-6 + (64u64 << 20) as f64 / 100e9);
+    assert!(
+        (r.transfer_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.transfer_s
+    );
+    assert_eq!(r.sim.shape.steps_max, 2);
+    assert_eq!(r.moved_bytes, 128 << 20);
+    let b = r.busiest_link.as_ref().unwrap();
+    assert_eq!(b.class, "nvlink-out");
+    assert!((r.lower_bound_s - (128u64 << 20) as f64 / 100e9).abs() < 1e-12);
+
+    // the same pair on one GPU over cuda-ipc: one copy of 128 MiB (under the 256 MiB piece
+    // limit) issued after 1 us, at 1000 GB/s
+    let opts = Options {
+        transport: Some(SimTransport::CudaIpc),
+        ..opts
+    };
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Colocated), &opts).unwrap();
+    let want = 1e-6 + (128u64 << 20) as f64 / 1000e9;
+    assert!((r.transfer_s - want).abs() < 1e-9, "{}", r.transfer_s);
+    assert_eq!(r.busiest_link.unwrap().class, "gpu-copy");
+}
+
+#[test]
+fn staged_buckets_pay_the_first_pack_and_the_last_unpack() {
+    // one 4096 x 4096 bf16 tensor (32 MiB) whole on both sides: one bucket of one contiguous
+    // piece, sent and received in place: latency, then the wire
+    let cat = catalogue(&[vec![4096, 4096]]);
+    let t = side(Side::Training, 1, 4096, 1).build(&cat);
+    let i = side(Side::Inference, 1, 4096, 1).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &t,
+        inference: &i,
+    };
+    let opts = Options {
+        transport: Some(SimTransport::Nccl),
+        ..Options::default()
+    };
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
+    // a single contiguous transfer: direct on both ends
+    let mib32 = (32u64 << 20) as f64;
+    let want = 10e-6 + mib32 / 100e9;
+    assert!((r.transfer_s - want).abs() < 1e-9, "{}", r.transfer_s);
+
+    // two tensors of 16 MiB in one 64 MiB bucket: two pieces, staged on both ends; time: pack
+    // (32 MiB at 1000 GB/s), latency, wire (32 MiB at 100 GB/s), unpack
+    let cat = catalogue(&[vec![2048, 4096], vec![2048, 4096]]);
+    let t = side(Side::Training, 1, 2048, 2).build(&cat);
+    let i = side(Side::Inference, 1, 2048, 2).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &t,
+        inference: &i,
+    };
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
+    let want = mib32 / 1000e9 + 10e-6 + mib32 / 100e9 + mib32 / 1000e9;
+    assert!(
+        (r.transfer_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.transfer_s
+    );
+}
+
+#[test]
+fn the_topology_moves_the_bottleneck() {
+    // 8 training ranks (a row split of 8 tensors) into 8 inference ranks (the same split):
+    // rank k sends its 8 x 4 MiB to inference rank k
+    let cat = catalogue(&vec![vec![8192, 2048]; 8]);
+    let t = side(Side::Training, 8, 8192, 8).build(&cat);
+    let i = side(Side::Inference, 8, 8192, 8).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &t,
+        inference: &i,
+    };
+    let opts = Options {
+        transport: Some(SimTransport::Nccl),
+        ..Options::default()
+    };
+    let per_rank = (8192u64 * 2048 * 2) as f64; // 8 tensors x 1/8 of each
+    // separate nodes, a NIC per GPU: every NIC carries one rank's bytes
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Separate), &opts).unwrap();
+    let b = r.busiest_link.clone().unwrap();
+    assert!(b.class.starts_with("nic"), "{b:?}");
+    assert!((r.lower_bound_s - per_rank / 25e9).abs() < 1e-12);
+    // one NIC per node: all 8 ranks share it, 8 x the bound
+    let mut one = topo(Placement::Separate);
+    one.nics_per_node = 1;
+    let r1 = simulate(&pair, &Names::default(), &one, &opts).unwrap();
+    assert_eq!(r1.busiest_link.as_ref().unwrap().name, "node0 nic0 out");
+    assert!((r1.lower_bound_s - 8.0 * per_rank / 25e9).abs() < 1e-12);
+    assert!(
+        r1.transfer_s > 7.5 * r.transfer_s,
+        "{} {}",
+        r1.transfer_s,
+        r.transfer_s
+    );
+    // both sides in one node of 16 GPUs: NVLink carries it
+    let mut big = topo(Placement::Packed);
+    big.gpus_per_node = 16;
+    let r2 = simulate(&pair, &Names::default(), &big, &opts).unwrap();
+    assert!(r2.busiest_link.unwrap().class.starts_with("nvlink"));
+    assert!((r2.lower_bound_s - per_rank / 100e9).abs() < 1e-12);
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_fix_named() {
+    let cat = catalogue(&[vec![64, 64]]);
+    let t = side(Side::Training, 1, 64, 1).build(&cat);
+    let i = side(Side::Inference, 1, 64, 1).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &t,
+        inference: &i,
+    };
+    let nccl = Options {
+        transport: Some(SimTransport::Nccl),
+        ..Options::default()
+    };
+    let e = simulate(&pair, &Names::default(), &topo(Placement::Colocated), &nccl).unwrap_err();
+    assert!(e.to_string().contains("use cuda-ipc"), "{e}");
+    let ipc = Options {
+        transport: Some(SimTransport::CudaIpc),
+        ..Options::default()
+    };
+    let e = simulate(&pair, &Names::default(), &topo(Placement::Separate), &ipc).unwrap_err();
+    assert!(e.to_string().contains("different nodes"), "{e}");
+    let mut small = topo(Placement::Separate);
+    small.nodes = 1;
+    let e = simulate(&pair, &Names::default(), &small, &nccl).unwrap_err();
+    assert!(e.to_string().contains("need 2 nodes"), "{e}");
+}
+
+#[test]
+fn predictions_of_the_measured_runs_are_within_15_percent() {
+    link_backends();
+    let cal = Calibration::parse(DATA).unwrap();
+    assert!(cal.run.len() >= 9);
+    let mut worst = 0f64;
+    for run in &cal.run {
+        let p = run.predict_ms().unwrap();
+        let err = (p - run.measured_ms) / run.measured_ms;
+        println!(
+            "{:<60} {:>9.2} ms measured {:>9.2} ms predicted {:>+6.1} %",
+            run.name,
+            run.measured_ms,
+            p,
+            err * 100.0
+        );
+        worst = worst.max(err.abs());
+        assert!(
+            err.abs() <= 0.15,
+            "{}: predicted {p:.2} ms, measured {} ms",
+            run.name,
+            run.measured_ms
+        );
+    }
+    println!("worst {:.1} %", worst * 100.0);
+}
