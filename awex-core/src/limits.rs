@@ -21,9 +21,9 @@
 //! | [`MAX_TENSORS`] (canonical tensors) | 1,048,576 | about 74,000 (the `moe-1t` preset, Kimi-K2 sizes) |
 //! | [`MAX_MODEL_BYTES`] (checkpoint dtype) | 16 TiB | about 8 TB (2T parameters in fp32) |
 //! | [`MAX_TENSOR_PARALLEL`] (`tp`, `etp`) | 1,024 | 72 (one NVL72 domain); tp divides the heads |
-//! | [`MAX_PIPELINE`] (`pp`, `vpp`, stage layer counts) | 1,024 | 128; every stage holds a layer |
-//! | [`MAX_CONTEXT_PARALLEL`] (`cp`) | 1,024 | 64 |
-//! | [`MAX_EXPERT_PARALLEL`] (`ep`) | 4,096 | 384; ep divides the experts |
+//! | [`MAX_PIPELINE`] (`pp`, `vpp`, stage layer counts) | 1,024 | 64 (Megatron's 1T run); every stage holds a layer |
+//! | [`MAX_CONTEXT_PARALLEL`] (`cp`) | 1,024 | 32 (long-context training) |
+//! | [`MAX_EXPERT_PARALLEL`] (`ep`) | 4,096 | 256 (DeepSeek-V3 inference); ep divides the experts |
 //! | [`MAX_WORLD_SIZE`] (ranks of one side, and `dp`, `replicate`, `engines`) | 65,536 | 16,384 GPUs (Llama-3 training) |
 //! | [`MAX_JSON_BYTES`] (`config.json`, the safetensors index) | 64 MiB | about 6 MB (a 1T model's index) |
 //! | [`MAX_SAFETENSORS_HEADER_BYTES`] | 100,000,000 | the safetensors crate's own limit |
@@ -129,7 +129,7 @@ pub fn parallel_limit(key: &str) -> (u64, &'static str) {
         }
         "cp" => (
             MAX_CONTEXT_PARALLEL,
-            "context-parallel groups beyond 1024 ranks",
+            "32x the largest real context-parallel group, 32",
         ),
         "ep" => (
             MAX_EXPERT_PARALLEL,

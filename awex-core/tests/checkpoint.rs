@@ -241,6 +241,44 @@ fn shard_paths_must_stay_inside_the_model_directory() {
 }
 
 #[test]
+fn a_hub_cache_snapshot_may_link_into_its_repository_blobs_only() {
+    // <repo>/snapshots/<rev>/x -> ../../blobs/<hash>, as the Hugging Face hub cache lays it out
+    let repo = tempfile::tempdir().expect("tempdir");
+    let snap = repo.path().join("snapshots").join("0123abc");
+    let blobs = repo.path().join("blobs");
+    std::fs::create_dir_all(&snap).expect("mkdir");
+    std::fs::create_dir_all(&blobs).expect("mkdir");
+    let map = two_shards(&snap);
+    index_of(&snap, &map);
+    for (i, f) in [
+        "a.safetensors",
+        "b.safetensors",
+        "model.safetensors.index.json",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let blob = blobs.join(format!("hash{i}"));
+        std::fs::rename(snap.join(f), &blob).expect("mv");
+        std::os::unix::fs::symlink(format!("../../blobs/hash{i}"), snap.join(f)).expect("symlink");
+    }
+    let ck = Checkpoint::open(&snap, &tiny()).expect("hub snapshot");
+    assert_eq!(ck.len(), tiny().len());
+    // a link to another repository's blobs leads outside
+    let other = repo.path().join("other-blobs");
+    std::fs::create_dir(&other).expect("mkdir");
+    std::fs::rename(blobs.join("hash1"), other.join("hash1")).expect("mv");
+    std::fs::remove_file(snap.join("b.safetensors")).expect("rm");
+    std::os::unix::fs::symlink("../../other-blobs/hash1", snap.join("b.safetensors"))
+        .expect("symlink");
+    let e = open_err(&snap);
+    assert!(
+        e.contains("`b.safetensors` leads outside the model directory"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_fifo_is_refused_instead_of_blocking() {
     let dir = tempfile::tempdir().expect("tempdir");
     let map = two_shards(dir.path());

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -175,3 +176,36 @@ def test_bad_arguments_are_value_and_type_errors(gateway, pair_name, connected):
         awex.Controller("ftp://x")
     with pytest.raises(ValueError, match="no pair: call connect\\(\\) first"):
         awex.Controller(gateway).status()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_hidden_layers", 10**9, "model num_hidden_layers=1000000000 is above awex's limit of 1024"),
+        ("vocab_size", 2**62, "model vocab_size=4611686018427387904 is above awex's limit of 4194304"),
+        ("head_dim", 2**64 - 1, "model head_dim=18446744073709551615 is above awex's limit of 1024"),
+    ],
+)
+def test_model_sizes_above_the_limits_are_refused_at_connect(gateway, pair_name, field, value, message):
+    ctl = awex.Controller(gateway)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ctl.connect(pair_name, model=dict(TINY_F32, **{field: value}), train="megatron:tp=2", infer="sglang:tp=1")
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize(
+    "train, infer, message",
+    [
+        ("megatron:dp=1000000000", "sglang:tp=1", "megatron dp=1000000000 is above awex's limit of 65536"),
+        ("fsdp:tp=100000", "sglang:tp=1", "fsdp tp=100000 is above awex's limit of 1024"),
+        ("megatron:tp=2", "sglang:engines=100000", "sglang engines=100000 is above awex's limit of 65536"),
+        ("fsdp:tp=4", "sglang:tp=1", "model has 4 attention heads and 2 KV heads; fsdp tp=4 needs both divisible by tp"),
+    ],
+)
+def test_parallel_sizes_the_backends_refuse_are_refused_at_connect(gateway, pair_name, train, infer, message):
+    ctl = awex.Controller(gateway)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ctl.connect(pair_name, model=TINY_F32, train=train, infer=infer)
+    assert time.monotonic() - t0 < 1.0

@@ -250,6 +250,31 @@ fn engine_url(i: usize, url: &str) -> Result<(), ApiError> {
     }
 }
 
+/// When this process has the side's backend registered (as `awex-cli serve` has every one it
+/// was built with), refuses a parallel config that backend refuses for the model, as the
+/// ranks would when they build their layouts; a gateway without the backend leaves it to them.
+fn registered_layout(
+    side: Side,
+    backend: &str,
+    parallel: &ParallelConfig,
+    model: &ModelSpec,
+) -> Result<(), ApiError> {
+    let registered = match side {
+        Side::Training => crate::backend::training_backend(backend).is_ok(),
+        Side::Inference => crate::backend::inference_backend(backend).is_ok(),
+    };
+    if !registered {
+        return Ok(());
+    }
+    let spec = crate::backend::BackendSpec {
+        backend: backend.to_string(),
+        parallel: parallel.clone(),
+    };
+    crate::backend::side_layout(side, &spec, model)
+        .map(|_| ())
+        .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel `{spec}`: {e}")))
+}
+
 /// Checks a connect request, returning the rank slots and both sides' status templates.
 fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideStatus), ApiError> {
     validate::name("pair name", &req.name)?;
@@ -318,6 +343,18 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     let im = validate::model(
         Side::Inference,
         raw.pointer("/inference/model").unwrap_or(&null),
+    )?;
+    registered_layout(
+        Side::Training,
+        &req.training.backend,
+        &req.training.parallel,
+        &tm,
+    )?;
+    registered_layout(
+        Side::Inference,
+        &req.inference.backend,
+        &req.inference.parallel,
+        &im,
     )?;
     let tc = validate::catalogue(Side::Training, &tm, &req.training.catalogue)?;
     let ic = validate::catalogue(Side::Inference, &im, &req.inference.catalogue)?;

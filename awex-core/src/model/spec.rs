@@ -454,7 +454,8 @@ impl ModelSpec {
         let mut tensors = 2 + lm_head;
         let mut elements = v * h * (1 + lm_head) + h;
         // attention and norms, the same in every layer
-        let mut attn_t = 7;
+        // two norms and q, k, v, o
+        let mut attn_t = 6;
         let mut attn_e = 2 * h + 2 * q * h + 2 * kv * h;
         if self.attention_bias {
             attn_t += 3;
@@ -877,6 +878,31 @@ mod tests {
         let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
         assert!(spec.attention_bias);
         assert!(!spec.qk_norm());
+    }
+
+    #[test]
+    fn the_bounded_catalogue_size_is_exactly_the_catalogue() {
+        let mut specs: Vec<ModelSpec> = crate::model::presets::PRESET_NAMES
+            .iter()
+            .filter_map(|n| crate::model::presets::preset(n))
+            .collect();
+        let base = specs[0].clone();
+        specs.push(ModelSpec {
+            attention_bias: true,
+            architecture: Architecture::Qwen2,
+            tie_word_embeddings: true,
+            ..base
+        });
+        for spec in specs {
+            let cat = crate::model::Catalogue::of(&spec);
+            let elements: u64 = cat.tensors().iter().map(|t| t.numel()).sum();
+            assert_eq!(
+                spec.catalogue_size(),
+                (cat.len() as u128, u128::from(elements)),
+                "{}",
+                spec.name
+            );
+        }
     }
 
     #[test]

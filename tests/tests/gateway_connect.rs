@@ -1,0 +1,81 @@
+//! The gateway's connect with every backend registered (as in `awex-cli serve`): a parallel
+//! config the backend refuses for the model is refused at connect, with the backend's reason,
+//! before any rank joins.
+
+use awex_core::gateway::{
+    ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, Transport, router,
+};
+use awex_core::model::presets::preset;
+use awex_core::{Catalogue, ParallelConfig};
+use axum::body::Body;
+use axum::http::{Request, header};
+use serde_json::Value;
+use tower::ServiceExt;
+
+// Linked so that their backends register.
+const _: [&str; 3] = [awex_megatron::CRATE, awex_fsdp::CRATE, awex_sglang::CRATE];
+
+fn request(train: &str, train_parallel: &[(&str, u64)], world: u32) -> ConnectRequest {
+    let model = preset("qwen3-0.6b").expect("preset");
+    let summary = Catalogue::of(&model).summary();
+    ConnectRequest {
+        name: "p".into(),
+        training: TrainingSpec {
+            backend: train.into(),
+            parallel: ParallelConfig::from_pairs(train_parallel.iter().copied()),
+            world_size: world,
+            model: model.clone(),
+            catalogue: summary.clone(),
+        },
+        inference: InferenceSpec {
+            backend: "sglang".into(),
+            parallel: ParallelConfig::from_pairs([("tp", 2)]),
+            engines: 1,
+            world_size: 2,
+            urls: Vec::new(),
+            model,
+            catalogue: summary,
+        },
+        transport: Transport::Shm,
+        options: PairOptions::default(),
+    }
+}
+
+async fn connect(req: &ConnectRequest) -> (u16, Value) {
+    let app = router(GatewayConfig::default());
+    let http = Request::builder()
+        .method("POST")
+        .uri("/v1/pairs")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(req).expect("json")))
+        .expect("request");
+    let resp = app.oneshot(http).await.expect("response");
+    let status = resp.status().as_u16();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    (status, serde_json::from_slice(&bytes).expect("json body"))
+}
+
+#[tokio::test]
+async fn connect_refuses_what_the_registered_backend_refuses() {
+    // qwen3-0.6b has 16 query and 8 KV heads: fsdp tp=3 cannot split them
+    let (s, v) = connect(&request("fsdp", &[("tp", 3)], 3)).await;
+    assert_eq!(
+        (s, v["error"].as_str().unwrap_or_default()),
+        (
+            422,
+            "training.parallel `fsdp:tp=3`: model has 16 attention heads and 8 KV heads; fsdp tp=3 needs both divisible by tp (a colwise q/k/v_proj shard must hold whole heads, in the model's query-to-KV ratio)"
+        )
+    );
+    let (s, v) = connect(&request("megatron", &[("tp", 3)], 3)).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(
+        v["error"].as_str().unwrap_or_default().starts_with(
+            "training.parallel `megatron:tp=3`: model has 16 attention heads; megatron tp=3"
+        ),
+        "{v}"
+    );
+    let (s, v) = connect(&request("fsdp", &[("tp", 2)], 2)).await;
+    assert_eq!(s, 201, "{v}");
+}
