@@ -255,7 +255,11 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
     let c = 100e9;
     let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
     let want = 1e-6 + 2.0 * b / c;
-    assert!((r.transfer_s - want).abs() < 1e-9, "{} vs {want}", r.transfer_s);
+    assert!(
+        (r.transfer_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.transfer_s
+    );
     assert!((r.lower_bound_s - b / c).abs() < 1e-12);
     let opts = Options {
         interleave_peers: true,
@@ -263,6 +267,10 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
     };
     let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
     let want = 2e-6 + b / c;
-    assert!((r.transfer_s - want).abs() < 1e-9, "{} vs {want}", r.transfer_s);
+    assert!(
+        (r.transfer_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.transfer_s
+    );
     assert_eq!(r.peer_order, "interleaved");
 }
