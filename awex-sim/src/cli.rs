@@ -54,6 +54,9 @@ pub struct Args {
     /// Flows ending within this fraction of the lower bound of an event end with it.
     #[arg(long, default_value_t = 1e-4)]
     pub quantum: f64,
+    /// What-if: cuda-ipc receivers take their peers' copies in turn, in one batch, instead of peer after peer.
+    #[arg(long)]
+    pub interleave_peers: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -109,6 +112,7 @@ pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
         bucket_bytes: a.bucket_mib << 20,
         max_flows: a.max_flows.max(1),
         quantum: a.quantum.max(0.0),
+        interleave_peers: a.interleave_peers,
         ..Options::default()
     };
     let names = Names {

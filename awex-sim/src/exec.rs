@@ -93,6 +93,9 @@ pub struct Options {
     pub quantum: f64,
     /// Threads that plan the ranks.
     pub threads: usize,
+    /// What-if: a cuda-ipc receiver issues all its peers' copies as one batch, taking them
+    /// from the peers in turn, instead of one batch per peer in plan order (the transport).
+    pub interleave_peers: bool,
 }
 
 impl Default for Options {
@@ -103,6 +106,7 @@ impl Default for Options {
             max_flows: 300_000,
             quantum: 1e-4,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            interleave_peers: false,
         }
     }
 }
@@ -506,15 +510,35 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                 }
                 let mut host: Option<Act> = None;
                 let mut stream_last: [Option<Act>; STREAMS] = [None; STREAMS];
+                // one batch per peer, in plan order (the transport); or, as a what-if, one
+                // batch taking the peers' copies in turn
+                let mut batches: Vec<Vec<([u32; 2], u64)>> = Vec::new();
                 for &k in pairs {
                     let p = &plans.pairs[k];
                     let path = links.path(&mut g, topo, train_dev[p.t as usize], infer_dev[i]);
-                    let mut load = [0u64; STREAMS];
+                    let mut b = Vec::new();
                     for t in &p.transfers {
                         let mut left = t.bytes();
                         while left > 0 {
                             let piece = left.min(SPLIT);
                             left -= piece;
+                            b.push((path, piece));
+                        }
+                    }
+                    batches.push(b);
+                }
+                if opts.interleave_peers {
+                    let mut merged = Vec::new();
+                    let longest = batches.iter().map(Vec::len).max().unwrap_or(0);
+                    for j in 0..longest {
+                        merged.extend(batches.iter().filter_map(|b| b.get(j).copied()));
+                    }
+                    batches = vec![merged];
+                }
+                for batch in &batches {
+                    let mut load = [0u64; STREAMS];
+                    for &(path, piece) in batch {
+                        {
                             let (s, _) = load
                                 .iter()
                                 .enumerate()

@@ -230,3 +230,47 @@ fn predictions_of_the_measured_runs_are_within_15_percent() {
     }
     println!("worst {:.1} %", worst * 100.0);
 }
+
+#[test]
+fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
+    // a 4096 x 8192 bf16 tensor (64 MiB) split in two row halves over 2 training ranks (GPUs 0
+    // and 1); 2 inference engines of one rank each (GPUs 2 and 3) need all of it. Peer after
+    // peer (the transport), both receivers read training rank 0, then training rank 1: each
+    // sender's NVLink serves both, 2 x 32 MiB at a time. Interleaved, every link runs full.
+    let mut cat_side = side(Side::Inference, 1, 4096, 1);
+    cat_side.engines = 2;
+    let cat = catalogue(&[vec![4096, 8192]]);
+    let t = side(Side::Training, 2, 4096, 1).build(&cat);
+    let i = cat_side.build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &t,
+        inference: &i,
+    };
+    let opts = Options {
+        transport: Some(SimTransport::CudaIpc),
+        ..Options::default()
+    };
+    let b = (64u64 << 20) as f64;
+    let c = 100e9;
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
+    let want = 1e-6 + 2.0 * b / c;
+    assert!(
+        (r.transfer_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.transfer_s
+    );
+    assert!((r.lower_bound_s - b / c).abs() < 1e-12);
+    let opts = Options {
+        interleave_peers: true,
+        ..opts
+    };
+    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
+    let want = 2e-6 + b / c;
+    assert!(
+        (r.transfer_s - want).abs() < 1e-9,
+        "{} vs {want}",
+        r.transfer_s
+    );
+    assert_eq!(r.peer_order, "interleaved");
+}

@@ -311,20 +311,24 @@ pub(super) fn assign_tensor(
                 heap.push(Reverse((s.loads[r], s.ties[r], pos)));
             }
         }
+        // entries are refreshed in place at the top (one sift down instead of a pop and a push)
         let best = loop {
-            let Some(Reverse((load, tie, pos))) = heap.pop() else {
+            let Some(mut top) = heap.peek_mut() else {
+                let r = flat[p.cands.0 as usize].rank as usize;
+                s.loads[r] += p.bytes;
+                heap.push(Reverse((s.loads[r], s.ties[r], p.cands.0)));
                 break p.cands.0;
             };
+            let Reverse((load, _, pos)) = *top;
             let r = flat[pos as usize].rank as usize;
             if load == s.loads[r] {
+                s.loads[r] += p.bytes;
+                top.0.0 = s.loads[r];
                 break pos;
             }
-            heap.push(Reverse((s.loads[r], tie, pos)));
+            top.0.0 = s.loads[r];
         };
         p.chosen = best;
-        let r = flat[best as usize].rank as usize;
-        s.loads[r] += p.bytes;
-        heap.push(Reverse((s.loads[r], s.ties[r], best)));
     }
 
     // emit the pieces that involve this rank
