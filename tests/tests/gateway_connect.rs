@@ -2,9 +2,8 @@
 //! config the backend refuses for the model is refused at connect, with the backend's reason,
 //! before any rank joins.
 
-use awex_core::gateway::{
-    ConnectRequest, GatewayConfig, InferenceSpec, PairOptions, TrainingSpec, Transport, router,
-};
+use awex_control::server::{GatewayConfig, router};
+use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, Transport};
 use awex_core::model::presets::preset;
 use awex_core::{Catalogue, ParallelConfig};
 use axum::body::Body;

@@ -260,17 +260,17 @@ fn registered_layout(
     model: &ModelSpec,
 ) -> Result<(), ApiError> {
     let registered = match side {
-        Side::Training => crate::backend::training_backend(backend).is_ok(),
-        Side::Inference => crate::backend::inference_backend(backend).is_ok(),
+        Side::Training => awex_core::backend::training_backend(backend).is_ok(),
+        Side::Inference => awex_core::backend::inference_backend(backend).is_ok(),
     };
     if !registered {
         return Ok(());
     }
-    let spec = crate::backend::BackendSpec {
+    let spec = awex_core::backend::BackendSpec {
         backend: backend.to_string(),
         parallel: parallel.clone(),
     };
-    crate::backend::side_layout(side, &spec, model)
+    awex_core::backend::side_layout(side, &spec, model)
         .map(|_| ())
         .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel `{spec}`: {e}")))
 }
