@@ -311,6 +311,21 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/pairs/{name}/resume`: lets the engines serve again outside an update (with
+    /// `accept_torn`, on partially written weights too).
+    pub async fn resume(&self, name: &str, accept_torn: bool) -> Result<PairStatus, ClientError> {
+        let body = Self::encode(&crate::wire::Resume { accept_torn })?;
+        self.call(
+            Method::POST,
+            &["v1", "pairs", name, "resume"],
+            &[],
+            Some(body),
+            true,
+            self.timeout,
+        )
+        .await
+    }
+
     /// `DELETE /v1/pairs/{name}`: disconnects; ranks see `disconnect` and tear down.
     pub async fn disconnect(&self, name: &str) -> Result<PairStatus, ClientError> {
         self.call(

@@ -478,7 +478,15 @@ async fn engine_server(engines: Arc<Engines>, index: usize) -> String {
         e.calls.lock().unwrap().push((i, "continue_generation"));
         StatusCode::OK
     }
+    async fn info() -> axum::Json<serde_json::Value> {
+        // SGLang's `/server_info` (resolved server arguments), a pre-0.5.21 server without
+        // awex's loader: the gateway only pauses and resumes it
+        axum::Json(
+            serde_json::json!({"tp_size": 1, "dp_size": 1, "ep_size": 1, "version": "0.5.4"}),
+        )
+    }
     let app = Router::new()
+        .route("/server_info", axum::routing::get(info))
         .route("/pause_generation", post(pause))
         .route("/continue_generation", post(resume))
         .with_state((engines, index));
@@ -732,4 +740,322 @@ async fn disconnect_during_an_update_fails_it_and_resumes_the_engines() {
         .await
         .unwrap();
     assert_ne!(again.id, gone.id);
+}
+
+/// A stand-in of one SGLang 0.5.23 server for the gateway's side of the update session. Each
+/// behaviour copies SGLang's `python/sglang/srt/entrypoints/http_server.py`:
+/// `/server_info` returns the resolved server arguments (`tp_size`, `custom_weight_loader`,
+/// `version`); `/pause_generation` and `/continue_generation` answer 200; `/begin_weight_update`
+/// and `/end_weight_update` (0.5.21 and later, 404 before) and `/update_weights_from_tensor`
+/// answer `{"success", "message"}`, 200 or 400. The trigger stands in for the loader: it answers
+/// once the gateway shows the version running (the loader receives it), or fails / hangs on
+/// request.
+#[derive(Default)]
+struct Session {
+    calls: Mutex<Vec<(usize, String, Value)>>,
+    loader_fails: AtomicBool,
+    trigger_hangs: AtomicBool,
+}
+
+async fn sglang_server(
+    s: Arc<Session>,
+    index: usize,
+    version: &'static str,
+    gateway: String,
+    pair: &'static str,
+) -> String {
+    type St = (Arc<Session>, usize, &'static str, String, &'static str);
+    async fn info(State((_, _, version, _, _)): State<St>) -> axum::Json<Value> {
+        axum::Json(json!({
+            "tp_size": 2, "dp_size": 1, "ep_size": 1, "version": version,
+            "custom_weight_loader": ["awex.sglang.receive"],
+        }))
+    }
+    async fn route(
+        State((s, i, version, gateway, pair)): State<St>,
+        uri: axum::http::Uri,
+        body: axum::Json<Value>,
+    ) -> (StatusCode, axum::Json<Value>) {
+        let path = uri.path().to_string();
+        s.calls
+            .lock()
+            .unwrap()
+            .push((i, path.clone(), body.0.clone()));
+        let ok = (
+            StatusCode::OK,
+            axum::Json(json!({"success": true, "message": "ok"})),
+        );
+        match path.as_str() {
+            "/begin_weight_update" | "/end_weight_update" if version < "0.5.21" => (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"detail": "Not Found"})),
+            ),
+            "/update_weights_from_tensor" if body.0.get("weight_version").is_some() => {
+                if s.trigger_hangs.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                // the loader receives the running version
+                let client = Client::new(&gateway, None).unwrap();
+                let st = client.status(pair).await.unwrap();
+                let running = st.current_update.map(|u| u.state);
+                assert_eq!(
+                    running,
+                    Some(UpdateState::Running),
+                    "triggered before the update ran"
+                );
+                if s.loader_fails.load(Ordering::SeqCst) && i == 1 {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        axum::Json(
+                            json!({"success": false, "message": "awex.sglang.receive: engine 1 rank 0: transport: peer reset"}),
+                        ),
+                    );
+                }
+                ok
+            }
+            _ => ok,
+        }
+    }
+    let app = Router::new()
+        .route("/server_info", get(info))
+        .route("/pause_generation", post(route))
+        .route("/continue_generation", post(route))
+        .route("/begin_weight_update", post(route))
+        .route("/end_weight_update", post(route))
+        .route("/update_weights_from_tensor", post(route))
+        .with_state((s, index, version, gateway, pair));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// The calls engine `i` received, as `(path, body)`, and then forgets them.
+fn take(s: &Session, i: usize) -> Vec<(String, Value)> {
+    let mut calls = s.calls.lock().unwrap();
+    let mine = calls
+        .iter()
+        .filter(|(e, _, _)| *e == i)
+        .map(|(_, p, b)| (p.clone(), b.clone()))
+        .collect();
+    calls.retain(|(e, _, _)| *e != i);
+    mine
+}
+
+fn paths(calls: &[(String, Value)]) -> Vec<&str> {
+    calls.iter().map(|(p, _)| p.as_str()).collect()
+}
+
+async fn start_retrying(client: &Client, pair: &str, v: u64) {
+    loop {
+        match client.start_update(pair, v).await {
+            Err(e) if e.status() == Some(409) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => break drop(other.unwrap()),
+        }
+    }
+}
+
+async fn session_pair(version: &'static str, pair: &'static str) -> (Client, Arc<Session>, Ranks) {
+    let s = Arc::new(Session::default());
+    let base = start(GatewayConfig::default()).await;
+    let urls = vec![
+        sglang_server(s.clone(), 0, version, base.clone(), pair).await,
+        sglang_server(s.clone(), 1, version, base.clone(), pair).await,
+    ];
+    let client = Client::new(&base, None).unwrap();
+    let mut req = connect_request(pair, 1, 2, 2);
+    req.inference.urls = urls;
+    req.options.update_deadline_ms = 3_000;
+    client.connect(&req).await.unwrap();
+    let ranks = spawn_ranks(&client, pair, 1, 2, 2, |_, _| always_ok(1, 0));
+    (client, s, ranks)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_session_runs_pause_begin_trigger_end_continue_and_commits_after_all() {
+    let (client, s, ranks) = session_pair("0.5.23", "sess").await;
+    start_retrying(&client, "sess", 1).await;
+    let done = client
+        .wait_update("sess", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    for _ in 0..200 {
+        if s.calls.lock().unwrap().len() >= 14 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for i in 0..2 {
+        let calls = take(&s, i);
+        assert_eq!(
+            paths(&calls),
+            vec![
+                // the warm-up after connect starts the loaders (no version, no cache flush)
+                "/begin_weight_update",
+                "/update_weights_from_tensor",
+                "/end_weight_update",
+                // version 1
+                "/pause_generation",
+                "/begin_weight_update",
+                "/update_weights_from_tensor",
+                "/end_weight_update",
+                "/continue_generation",
+            ],
+            "engine {i}"
+        );
+        assert_eq!(
+            calls[1].1,
+            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "flush_cache": false})
+        );
+        assert_eq!(calls[3].1, json!({"mode": "retract"}));
+        assert_eq!(calls[4].1, json!({"selector": "target"}));
+        assert_eq!(
+            calls[5].1,
+            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "weight_version": "1", "flush_cache": true})
+        );
+    }
+    client.disconnect("sess").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_0_5_21_server_gets_no_update_session() {
+    let (client, s, ranks) = session_pair("0.5.20", "old").await;
+    start_retrying(&client, "old", 1).await;
+    let done = client
+        .wait_update("old", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        paths(&take(&s, 0)),
+        vec![
+            "/update_weights_from_tensor",
+            "/pause_generation",
+            "/update_weights_from_tensor",
+            "/continue_generation"
+        ]
+    );
+    client.disconnect("old").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or_accept_torn() {
+    let (client, s, ranks) = session_pair("0.5.23", "torn").await;
+    s.loader_fails.store(true, Ordering::SeqCst);
+    start_retrying(&client, "torn", 1).await;
+    let failed = client
+        .wait_update("torn", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(failed.state, UpdateState::Failed);
+    let error = failed.error.unwrap();
+    assert!(
+        error.contains("the inference engines' weight loaders failed: engine 1 POST http://127.0.0.1:")
+            && error.ends_with("/update_weights_from_tensor awex.sglang.receive: engine 1 rank 0: transport: peer reset"),
+        "{error}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let st = client.status("torn").await.unwrap();
+    assert_eq!((st.serving_version, st.torn_version), (None, Some(1)));
+    // torn weights are never served silently: no continue_generation, resume needs accept_torn
+    assert!(!paths(&take(&s, 1)).contains(&"/continue_generation"));
+    let refused = client.resume("torn", false).await.unwrap_err();
+    assert_eq!(refused.status(), Some(409));
+    assert!(
+        refused.to_string().contains("partially written"),
+        "{refused}"
+    );
+    // a retry of the same version commits and resumes
+    s.loader_fails.store(false, Ordering::SeqCst);
+    take(&s, 0);
+    start_retrying(&client, "torn", 1).await;
+    let done = client
+        .wait_update("torn", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let st = client.status("torn").await.unwrap();
+    assert_eq!((st.serving_version, st.torn_version), (Some(1), None));
+    assert_eq!(paths(&take(&s, 0)).last(), Some(&"/continue_generation"));
+    // version 2 fails again; the controller accepts the torn weights explicitly
+    s.loader_fails.store(true, Ordering::SeqCst);
+    start_retrying(&client, "torn", 2).await;
+    client
+        .wait_update("torn", 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    take(&s, 0);
+    let st = client.resume("torn", true).await.unwrap();
+    assert_eq!(
+        (st.serving_version, st.torn_version, st.serving_torn_version),
+        (Some(1), None, Some(2))
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(paths(&take(&s, 0)), vec!["/continue_generation"]);
+    client.disconnect("torn").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_that_hangs_past_the_deadline_fails_the_version() {
+    let (client, s, ranks) = session_pair("0.5.23", "hang").await;
+    s.trigger_hangs.store(true, Ordering::SeqCst);
+    start_retrying(&client, "hang", 1).await;
+    let t0 = std::time::Instant::now();
+    let failed = client
+        .wait_update("hang", 1, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(failed.state, UpdateState::Failed);
+    // the update deadline is 3 s
+    assert!(t0.elapsed() < Duration::from_secs(7), "{:?}", t0.elapsed());
+    let error = failed.error.unwrap();
+    assert!(
+        error.contains("the deadline of 3000 ms passed while the inference engines were receiving")
+            || error.contains("/update_weights_from_tensor timed out after 3000 ms"),
+        "{error}"
+    );
+    client.disconnect("hang").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_checks_every_server_against_the_declared_layout() {
+    let s = Arc::new(Session::default());
+    let base = start(GatewayConfig::default()).await;
+    let client = Client::new(&base, None).unwrap();
+    let good = sglang_server(s.clone(), 0, "0.5.23", base.clone(), "chk").await;
+    // the servers run tp=2; the pair declares tp=4
+    let mut req = connect_request("chk", 1, 1, 4);
+    req.inference.urls = vec![good.clone()];
+    let e = client.connect(&req).await.unwrap_err();
+    assert_eq!(e.status(), Some(422));
+    assert!(
+        e.to_string().contains(&format!(
+            "engine 0 at {good}: the pair declares sglang tp=4 but the server reports tp_size=2"
+        )),
+        "{e}"
+    );
+    // an engine nobody answers for fails the connect too
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let mut req = connect_request("chk", 1, 2, 2);
+    req.inference.urls = vec![good, dead.clone()];
+    let e = client.connect(&req).await.unwrap_err();
+    assert_eq!(e.status(), Some(422));
+    assert!(
+        e.to_string()
+            .contains(&format!("engine 1 at {dead} did not answer")),
+        "{e}"
+    );
+    assert_eq!(client.status("chk").await.unwrap_err().status(), Some(404));
 }

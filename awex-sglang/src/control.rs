@@ -1,12 +1,52 @@
 //! SGLang's engine control: the HTTP calls around an update, as data for the gateway.
 //!
-//! Routes and bodies follow SGLang's HTTP server (`python/sglang/srt/entrypoints/http_server.py`:
-//! `pause_generation` takes `{"mode": ...}`, `continue_generation` takes `{}`); see
-//! `/work/shared/ENGINES.md` for the order around one update.
+//! Routes and bodies follow SGLang 0.5.23's HTTP server
+//! (`python/sglang/srt/entrypoints/http_server.py`; request types in
+//! `python/sglang/srt/managers/io_struct.py`):
+//!
+//! - `POST /pause_generation {"mode": "retract"}` (`PauseGenerationReqInput`; `retract` sends
+//!   running requests back to the queue, so the cache flush after the update succeeds);
+//! - `POST /begin_weight_update {"selector": "target"}` and `POST /end_weight_update {}`
+//!   (`BeginWeightUpdateReqInput` / `EndWeightUpdateReqInput`, since 0.5.21; 400 with
+//!   `{"success": false, "message"}` on failure);
+//! - `POST /update_weights_from_tensor` (`UpdateWeightsFromTensorReqInput`): one base64
+//!   payload per TP rank, `load_format` the custom loader's dotted path, `weight_version`,
+//!   `flush_cache`; every TP scheduler calls the loader with `(model, named_tensors)`;
+//! - `POST /continue_generation {}`.
+//!
+//! The session (begin, the trigger into the loader, end) is used only when the server allows
+//! awex's loader (`custom_weight_loader` in `/server_info`, the resolved server arguments);
+//! otherwise the gateway only pauses and resumes and the ranks receive on their own.
 
 use crate::detect::{SERVER_INFO_PATHS, ServerInfo};
 use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts};
 use serde_json::{Value, json};
+
+/// The custom weight loader SGLang calls in every TP scheduler (`awex-py`'s Python package).
+pub const LOADER: &str = "awex.sglang.receive";
+
+/// SGLang's `MultiprocessingSerializer` encoding of an empty list (`ForkingPickler` protocol 4,
+/// base64): each TP rank's payload of a trigger that carries no tensor bytes.
+pub const EMPTY_PAYLOAD: &str = "gARdlC4=";
+
+/// The first version with `begin_weight_update` / `end_weight_update`.
+pub const SESSION_SINCE: (u64, u64, u64) = (0, 5, 21);
+
+/// `major.minor.patch` of a version string (`0.5.23`, `0.5.21.post1`, `v0.5.22rc0`).
+pub fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let v = v.trim().trim_start_matches('v');
+    let mut it = v.split('.');
+    let num = |s: Option<&str>| -> Option<u64> {
+        let s = s?;
+        let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    Some((
+        num(it.next())?,
+        num(it.next())?,
+        num(it.next()).unwrap_or(0),
+    ))
+}
 
 /// How generation is paused: `retract` (requests go back to the queue and are re-run; the
 /// default) or `abort`. `in_place` would make the cache flush after the update fail.
@@ -20,12 +60,11 @@ impl EngineControl for SglangControl {
         &SERVER_INFO_PATHS
     }
 
-    fn check_server(&self, info: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String> {
-        let info = ServerInfo::from_json(info)?;
-        let e = expect.engine;
+    fn check_server(&self, raw: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String> {
+        let info = ServerInfo::from_json(raw)?;
         if info.dp_size > 1 {
             return Err(format!(
-                "engine {e} runs dp_size={}: awex drives one server per engine (start one server per replica, each an awex engine)",
+                "the server runs dp_size={}: awex drives one server per engine (start one server per replica, each an awex engine)",
                 info.dp_size
             ));
         }
@@ -33,25 +72,103 @@ impl EngineControl for SglangControl {
             let declared = expect.parallel.get_or(key, 1);
             if declared != live {
                 return Err(format!(
-                    "engine {e}: the pair declares sglang {key}={declared} but the server reports {key}_size={live}"
+                    "the pair declares sglang {key}={declared} but the server reports {key}_size={live}"
                 ));
             }
         }
+        let loader = raw
+            .get("custom_weight_loader")
+            .and_then(Value::as_array)
+            .is_some_and(|l| l.iter().any(|x| x.as_str() == Some(LOADER)));
+        let session = info
+            .version
+            .as_deref()
+            .and_then(parse_version)
+            .is_some_and(|v| v >= SESSION_SINCE);
         Ok(EngineFacts {
             version: info.version.clone(),
             ranks: u32::try_from(info.tp_size).unwrap_or(u32::MAX),
-            extra: json!({ "model_path": info.model_path }),
+            extra: json!({
+                "model_path": info.model_path,
+                "loader": loader,
+                "session": session,
+            }),
         })
     }
 
-    fn before_update(&self, _facts: &EngineFacts, _version: u64) -> Vec<EngineCall> {
-        vec![EngineCall::post(
+    fn warm_up(&self, facts: &EngineFacts) -> Vec<EngineCall> {
+        if !uses_loader(facts) {
+            return Vec::new();
+        }
+        let trigger = EngineCall::post(
+            "/update_weights_from_tensor",
+            json!({
+                "serialized_named_tensors": payloads(facts),
+                "load_format": LOADER,
+                "flush_cache": false,
+            }),
+        );
+        if uses_session(facts) {
+            vec![begin(), trigger, end()]
+        } else {
+            vec![trigger]
+        }
+    }
+
+    fn before_update(&self, facts: &EngineFacts, _version: u64) -> Vec<EngineCall> {
+        let mut calls = vec![EngineCall::post(
             "/pause_generation",
             json!({ "mode": DEFAULT_PAUSE_MODE }),
-        )]
+        )];
+        if uses_loader(facts) && uses_session(facts) {
+            calls.push(begin());
+        }
+        calls
+    }
+
+    fn trigger(&self, facts: &EngineFacts, version: u64) -> Option<EngineCall> {
+        uses_loader(facts).then(|| {
+            EngineCall::post(
+                "/update_weights_from_tensor",
+                json!({
+                    "serialized_named_tensors": payloads(facts),
+                    "load_format": LOADER,
+                    "weight_version": version.to_string(),
+                    "flush_cache": true,
+                }),
+            )
+        })
+    }
+
+    fn after_update(&self, facts: &EngineFacts, _version: u64) -> Vec<EngineCall> {
+        if uses_loader(facts) && uses_session(facts) {
+            vec![end()]
+        } else {
+            Vec::new()
+        }
     }
 
     fn resume(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
         vec![EngineCall::post("/continue_generation", json!({}))]
     }
+}
+
+fn uses_loader(facts: &EngineFacts) -> bool {
+    facts.extra.get("loader").and_then(Value::as_bool) == Some(true)
+}
+
+fn uses_session(facts: &EngineFacts) -> bool {
+    facts.extra.get("session").and_then(Value::as_bool) == Some(true)
+}
+
+fn payloads(facts: &EngineFacts) -> Vec<&'static str> {
+    vec![EMPTY_PAYLOAD; facts.ranks.max(1) as usize]
+}
+
+fn begin() -> EngineCall {
+    EngineCall::post("/begin_weight_update", json!({ "selector": "target" }))
+}
+
+fn end() -> EngineCall {
+    EngineCall::post("/end_weight_update", json!({}))
 }

@@ -52,12 +52,12 @@ fn a_server_that_disagrees_with_the_pair_is_named_with_both_values() {
     let p = ParallelConfig::from_pairs([("tp", 4), ("ep", 1)]);
     assert_eq!(
         c.check_server(&json!({"tp_size": 2, "ep_size": 1}), &expect(&p)),
-        Err("engine 1: the pair declares sglang tp=4 but the server reports tp_size=2".into())
+        Err("the pair declares sglang tp=4 but the server reports tp_size=2".into())
     );
     assert_eq!(
         c.check_server(&json!({"tp_size": 4, "dp_size": 2}), &expect(&p))
             .unwrap_err(),
-        "engine 1 runs dp_size=2: awex drives one server per engine (start one server per replica, each an awex engine)"
+        "the server runs dp_size=2: awex drives one server per engine (start one server per replica, each an awex engine)"
     );
 }
 

@@ -166,6 +166,12 @@ pub(crate) fn route_table() -> Vec<(RouteSpec, MethodRouter<AppState>)> {
         route(Method::POST, "/v1/pairs", Token, pairs::connect),
         route(Method::GET, "/v1/pairs/{name}/status", Token, pairs::status),
         route(Method::DELETE, "/v1/pairs/{name}", Token, pairs::disconnect),
+        route(
+            Method::POST,
+            "/v1/pairs/{name}/resume",
+            Token,
+            pairs::resume,
+        ),
         route(Method::POST, "/v1/pairs/{name}/ranks", Token, ranks::join),
         route(Method::PUT, "/v1/pairs/{name}/kv/{key}", Token, kv::put),
         route(Method::GET, "/v1/pairs/{name}/kv/{key}", Token, kv::get),

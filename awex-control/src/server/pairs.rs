@@ -14,8 +14,8 @@ use super::metrics::Metrics;
 use super::ranks::{Roster, Slots};
 use super::updates::Updates;
 use super::{AppState, Gateway, MAX_RANKS, unix_ms, validate};
-use crate::wire::{ConnectRequest, EventKind, PairState, PairStatus, SideStatus};
-use awex_core::backend::{EngineControl, ParallelConfig, inference_backend};
+use crate::wire::{ConnectRequest, EventKind, PairState, PairStatus, Resume, SideStatus};
+use awex_core::backend::{EngineControl, EngineExpect, ParallelConfig, inference_backend};
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
 use axum::Json;
@@ -36,6 +36,8 @@ pub(crate) struct Pair {
     pub(crate) kv: KvStore,
     pub(crate) updates: Updates,
     pub(crate) events: EventLog,
+    /// Engine errors outside an update (warm-up), kept for the status.
+    pub(crate) engine_errors: Vec<String>,
 }
 
 /// A registered pair: its immutable description, its state, and the channels waiters watch.
@@ -154,6 +156,9 @@ impl PairEntry {
             join_error: p.join_error.clone(),
             created_unix_ms: self.created_unix_ms,
             last_event_seq: p.events.last_seq(),
+            torn_version: p.updates.torn(),
+            serving_torn_version: p.updates.serving_torn(),
+            engine_errors: p.engine_errors.clone(),
         }
     }
 }
@@ -411,6 +416,26 @@ pub(crate) async fn connect(
     let join_deadline = Instant::now() + Duration::from_millis(req.options.join_deadline_ms);
     let urls = req.inference.urls.clone();
     let control = engine_control(&req.inference.backend, &urls)?;
+    // engines unreachable or disagreeing with the declared layout fail the connect, not the
+    // first update
+    let facts = match control {
+        Some(c) => {
+            let parallel = checked_parallel(&req.inference.backend, &req.inference.parallel);
+            let model = req.inference.model.name.clone();
+            let architecture = format!("{:?}", req.inference.model.architecture);
+            gw.engines
+                .check_servers(c, &urls, |engine| EngineExpect {
+                    engine,
+                    parallel: &parallel,
+                    model: Some(&model),
+                    architecture: &architecture,
+                })
+                .await
+                .map_err(ApiError::Unprocessable)?
+        }
+        None => Vec::new(),
+    };
+    let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
     let entry = Arc::new_cyclic(|weak| PairEntry {
         name: name.clone(),
         id: gw.next_id.fetch_add(1, Ordering::Relaxed),
@@ -426,15 +451,23 @@ pub(crate) async fn connect(
             kv: KvStore::default(),
             updates: Updates::default(),
             events: EventLog::default(),
+            engine_errors: Vec::new(),
         }),
         roster_tx: watch::Sender::new(()),
         events_tx: watch::Sender::new(0),
         kv_tx: watch::Sender::new(()),
         update_tx: watch::Sender::new(()),
         metrics: gw.metrics.clone(),
-        engines: control
-            .filter(|_| !urls.is_empty())
-            .map(|control| EngineLane::spawn(weak.clone(), control, urls, gw.engines.clone())),
+        engines: control.filter(|_| !urls.is_empty()).map(|control| {
+            EngineLane::spawn(
+                weak.clone(),
+                control,
+                urls,
+                facts,
+                gw.engines.clone(),
+                trigger_timeout,
+            )
+        }),
         request: req,
     });
     {
@@ -458,6 +491,7 @@ pub(crate) async fn connect(
         }
         pairs.insert(name, entry.clone());
     }
+    entry.engine_cmd(EngineCmd::WarmUp);
     let weak = Arc::downgrade(&entry);
     tokio::spawn(async move {
         tokio::time::sleep_until(join_deadline).await;
@@ -466,6 +500,56 @@ pub(crate) async fn connect(
         }
     });
     Ok((StatusCode::CREATED, Json(entry.status())))
+}
+
+/// The inference side's parallel config with the backend's defaults filled in (as given when
+/// the backend is unknown here; connect has refused unknown backends already).
+fn checked_parallel(backend: &str, p: &ParallelConfig) -> ParallelConfig {
+    inference_backend(backend)
+        .ok()
+        .and_then(|b| p.checked(b.parallel_keys(), backend).ok())
+        .unwrap_or_else(|| p.clone())
+}
+
+/// `POST /v1/pairs/{name}/resume`: lets the engines serve again outside an update. Refused
+/// while an update runs, and (without `accept_torn`) while the last failed version left the
+/// weights partially written.
+pub(crate) async fn resume(
+    State(gw): State<AppState>,
+    PathParams(name): PathParams<String>,
+    JsonBody(req): JsonBody<Resume>,
+) -> Result<Json<PairStatus>, ApiError> {
+    let entry = gw.pair(&name)?;
+    {
+        let mut p = entry.lock();
+        if p.state == PairState::Disconnected {
+            return Err(ApiError::disconnected(&name));
+        }
+        let latest = p
+            .updates
+            .latest()
+            .map(|u| (u.version(), u.attempt(), u.state()));
+        if let Some((v, _, st)) = latest {
+            if !st.is_final() {
+                return Err(ApiError::Conflict(format!(
+                    "version {v} of pair `{name}` is {}; resume once it committed or failed",
+                    st.as_str()
+                )));
+            }
+        }
+        if let Some(torn) = p.updates.torn() {
+            if !req.accept_torn {
+                return Err(ApiError::Conflict(format!(
+                    "version {torn} of pair `{name}` failed after its ranks started writing: the inference weights are partially written; retry version {torn}, or resume with accept_torn to serve them anyway"
+                )));
+            }
+            p.updates.accept_torn();
+        }
+        if let Some((version, attempt, _)) = latest {
+            entry.engine_cmd(EngineCmd::Continue { version, attempt });
+        }
+    }
+    Ok(Json(entry.status()))
 }
 
 /// `GET /v1/pairs/{name}/status`.

@@ -80,9 +80,28 @@ pub(crate) struct Update {
     checksums: [u64; 2],
     error: Option<String>,
     engine_errors: Vec<String>,
+    /// Whether the engines' trigger (their loaders receiving) is still to answer.
+    trigger_waiting: bool,
+    /// Whether the engines' closing calls (ending the update session) are running.
+    finishing: bool,
 }
 
 impl Update {
+    /// The version.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The attempt.
+    pub(crate) fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The state.
+    pub(crate) fn state(&self) -> UpdateState {
+        self.state
+    }
+
     fn elapsed(&self) -> Duration {
         self.finished.unwrap_or_else(Instant::now) - self.started
     }
@@ -146,12 +165,32 @@ impl Update {
 pub(crate) struct Updates {
     history: BTreeMap<u64, Update>,
     committed: Option<u64>,
+    /// A version whose failed attempt may have written some of the inference ranks' bytes:
+    /// the engines stay paused until a retry commits or the controller accepts it.
+    torn: Option<u64>,
+    /// A torn version the controller resumed the engines on (`resume` with `accept_torn`).
+    serving_torn: Option<u64>,
 }
 
 impl Updates {
     /// The committed version (what inference serves).
     pub(crate) fn committed(&self) -> Option<u64> {
         self.committed
+    }
+
+    /// The partially written version the engines are held paused on, if any.
+    pub(crate) fn torn(&self) -> Option<u64> {
+        self.torn
+    }
+
+    /// The controller accepts serving the torn version.
+    pub(crate) fn accept_torn(&mut self) {
+        self.serving_torn = self.torn.take();
+    }
+
+    /// The torn version the controller chose to serve, if any.
+    pub(crate) fn serving_torn(&self) -> Option<u64> {
+        self.serving_torn
     }
 
     /// The most recently started version.
@@ -191,6 +230,12 @@ impl PairEntry {
     /// Marks the current attempt failed, tells ranks that were told to run it (`abort`), resumes
     /// the engines.
     fn fail(&self, p: &mut Pair, reason: String) {
+        self.fail_and(p, reason, false);
+    }
+
+    /// [`Self::fail`]; with `resume`, the engines are resumed even on torn weights (the pair
+    /// is going away).
+    fn fail_and(&self, p: &mut Pair, reason: String, resume: bool) {
         let Some(u) = p.updates.latest_mut() else {
             return;
         };
@@ -216,14 +261,20 @@ impl PairEntry {
                 Some(attempt),
                 Some(error),
             );
+            // the ranks may have written part of this version: never serve it silently
+            p.updates.torn = Some(version);
         }
-        self.engine_cmd(EngineCmd::Continue { version, attempt });
+        if resume || !announced || self.engines.is_none() {
+            // nothing was written yet (or the pair is gone): the engines serve again
+            self.engine_cmd(EngineCmd::Continue { version, attempt });
+        }
         self.update_tx.send_replace(());
     }
 
-    /// Fails a pending or running update (used on disconnect).
+    /// Fails a pending or running update and resumes the engines (used on disconnect: the
+    /// controller ended the pair).
     pub(crate) fn fail_running_update(&self, p: &mut Pair, reason: String) {
-        self.fail(p, reason);
+        self.fail_and(p, reason, true);
     }
 
     /// Commits the current attempt if every rank succeeded, or fails it on a checksum mismatch.
@@ -243,14 +294,91 @@ impl PairEntry {
             self.fail(p, reason);
             return;
         }
+        if u.trigger_waiting || u.finishing {
+            return;
+        }
+        if self.engines.as_ref().is_some_and(|l| l.finishes) {
+            u.finishing = true;
+            let (version, attempt) = (u.version, u.attempt);
+            self.engine_cmd(EngineCmd::Finish { version, attempt });
+            return;
+        }
+        self.commit(p);
+    }
+
+    /// Commits the current attempt (every rank and every engine said success).
+    fn commit(&self, p: &mut Pair) {
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
         u.state = UpdateState::Committed;
         u.finished = Some(Instant::now());
         let (version, attempt) = (u.version, u.attempt);
         self.metrics
             .update_finished(true, u.elapsed().as_secs_f64(), u.bytes);
         p.updates.committed = Some(version);
+        p.updates.torn = None;
+        p.updates.serving_torn = None;
         self.engine_cmd(EngineCmd::Continue { version, attempt });
         self.update_tx.send_replace(());
+    }
+
+    /// The engines' loaders answered the trigger of `version`/`attempt`.
+    pub(crate) fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        let mut p = self.lock();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        u.trigger_waiting = false;
+        if errors.is_empty() {
+            self.settle(&mut p);
+        } else {
+            u.engine_errors.extend(errors.iter().cloned());
+            self.fail(
+                &mut p,
+                format!(
+                    "the inference engines' weight loaders failed: {}",
+                    errors.join("; ")
+                ),
+            );
+        }
+    }
+
+    /// The engines closed the update of `version`/`attempt` (or failed to).
+    pub(crate) fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        let mut p = self.lock();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        u.finishing = false;
+        if errors.is_empty() {
+            self.commit(&mut p);
+        } else {
+            u.engine_errors.extend(errors.iter().cloned());
+            self.fail(
+                &mut p,
+                format!(
+                    "closing the inference engines' update failed: {}",
+                    errors.join("; ")
+                ),
+            );
+        }
+    }
+
+    /// The warm-up calls after connect finished; their errors are kept for the status.
+    pub(crate) fn engines_warmed(&self, errors: Vec<String>) {
+        if !errors.is_empty() {
+            self.lock().engine_errors.extend(errors);
+        }
     }
 
     /// The engines were paused (or failed to be) for `version`/`attempt`.
@@ -265,6 +393,11 @@ impl PairEntry {
         u.pause = Some(u.elapsed());
         if errors.is_empty() {
             u.state = UpdateState::Running;
+            let triggers = self.engines.as_ref().is_some_and(|l| l.triggers);
+            u.trigger_waiting = triggers;
+            if triggers {
+                self.engine_cmd(EngineCmd::Trigger { version, attempt });
+            }
             self.publish(
                 &mut p,
                 EventKind::Update,
@@ -319,6 +452,16 @@ impl PairEntry {
             format!(
                 "the deadline of {} ms passed while pausing the inference engines",
                 ms(u.deadline)
+            )
+        } else if missing.is_empty() && (u.trigger_waiting || u.finishing) {
+            format!(
+                "the deadline of {} ms passed while the inference engines {}",
+                ms(u.deadline),
+                if u.trigger_waiting {
+                    "were receiving (their weight loaders did not answer)"
+                } else {
+                    "were closing the update"
+                }
             )
         } else {
             format!(
@@ -400,6 +543,8 @@ pub(crate) async fn start(
         checksums: [0; 2],
         error: None,
         engine_errors: Vec::new(),
+        trigger_waiting: false,
+        finishing: false,
     });
     if pending {
         entry.engine_cmd(EngineCmd::Pause { version, attempt });

@@ -12,7 +12,8 @@ pub use events::{Event, EventKind, EventsResponse};
 pub use kv::{KvEntry, KvPut};
 pub use options::PairOptions;
 pub use pairs::{
-    ConnectRequest, InferenceSpec, PairState, PairStatus, SideStatus, TrainingSpec, Transport,
+    ConnectRequest, InferenceSpec, PairState, PairStatus, Resume, SideStatus, TrainingSpec,
+    Transport,
 };
 pub use ranks::{JoinPending, JoinRequest, JoinResponse, RosterEntry, RosterRank};
 pub use updates::{

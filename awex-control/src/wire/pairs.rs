@@ -156,4 +156,24 @@ pub struct PairStatus {
     pub created_unix_ms: u64,
     /// Seq of the last event (`GET .../events?after=` this to wait for the next one).
     pub last_event_seq: u64,
+    /// A version whose failed attempt may have written part of the inference ranks' weights:
+    /// the engines are held paused on it until a retry commits or the controller resumes them
+    /// with `accept_torn` (`POST /v1/pairs/{name}/resume`).
+    #[serde(default)]
+    pub torn_version: Option<u64>,
+    /// A torn version the controller chose to serve (resumed with `accept_torn`); cleared by
+    /// the next commit.
+    #[serde(default)]
+    pub serving_torn_version: Option<u64>,
+    /// What the engines' servers answered to calls outside an update (warm-up after connect).
+    #[serde(default)]
+    pub engine_errors: Vec<String>,
+}
+
+/// `POST /v1/pairs/{name}/resume` body: let the engines serve again outside an update.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Resume {
+    /// Resume even though the last failed version left the weights partially written.
+    pub accept_torn: bool,
 }

@@ -75,9 +75,10 @@ pub trait EngineControl: Send + Sync + 'static {
     /// naming the field and both values.
     fn check_server(&self, info: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String>;
 
-    /// Sent once per engine after connect (e.g. to start the engine's receivers).
-    fn warm_up(&self, _facts: &EngineFacts) -> Option<EngineCall> {
-        None
+    /// Calls sent once per engine after connect, in order (e.g. to start the engine's
+    /// receivers before the first update).
+    fn warm_up(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
+        Vec::new()
     }
 
     /// Calls before any byte moves (pause generation, open an update session).
@@ -97,20 +98,15 @@ pub trait EngineControl: Send + Sync + 'static {
     /// Calls that let the engine serve again (continue generation).
     fn resume(&self, facts: &EngineFacts) -> Vec<EngineCall>;
 
-    /// Whether an answer means success; `Err` is the engine's own message.
+    /// Whether an answer means success; `Err` is the engine's own message when it gave one.
     fn check_answer(&self, call: &EngineCall, status: u16, body: &Value) -> Result<(), String> {
         let _ = call;
-        if (200..300).contains(&status) {
-            match body.get("success") {
-                Some(Value::Bool(false)) => Err(body
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("the engine answered success: false")
-                    .to_string()),
-                _ => Ok(()),
-            }
-        } else {
-            Err(format!("HTTP {status}: {body}"))
+        let message = body.get("message").and_then(Value::as_str);
+        match (body.get("success"), message) {
+            (Some(Value::Bool(false)), Some(m)) => Err(m.to_string()),
+            (Some(Value::Bool(false)), None) => Err("the engine answered success: false".into()),
+            _ if (200..300).contains(&status) => Ok(()),
+            _ => Err(format!("HTTP {status}: {body}")),
         }
     }
 }
