@@ -297,6 +297,28 @@ impl Controller {
         self.wait_update(py, version, left, pair)
     }
 
+    /// Lets the pair's engines serve again outside an update; `accept_torn` also when the last
+    /// failed version left their weights partially written.
+    #[pyo3(signature = (accept_torn=false, pair=None))]
+    fn resume<'py>(
+        &self,
+        py: Python<'py>,
+        accept_torn: bool,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let client = self.client.clone();
+        let st = wait(
+            py,
+            &self.rt,
+            "resuming the engines",
+            Some(Duration::from_secs(60)),
+            async move { client.resume(&pair, accept_torn).await },
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &st)?)
+    }
+
     /// Disconnects the pair: its ranks see `disconnect`, tear down and their `update` raises
     /// `awex.Disconnected`.
     #[pyo3(signature = (pair=None))]

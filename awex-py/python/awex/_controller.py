@@ -75,6 +75,14 @@ class Controller:
         """The pair's status document (state, both sides, roster, current update)."""
         return self._c.status(pair)
 
+    def resume(self, accept_torn: bool = False, pair: str | None = None) -> dict[str, Any]:
+        """Lets the engines serve again outside an update. After a failed version whose ranks
+        had started writing, the engines stay paused on partially written weights (the status
+        says ``torn_version``) until a retry of that version commits; ``accept_torn=True``
+        resumes them on those weights anyway (the status then says ``serving_torn_version``).
+        Returns the pair's status."""
+        return self._c.resume(accept_torn, pair)
+
     def disconnect(self, pair: str | None = None) -> dict[str, Any]:
         """Disconnects the pair; its ranks' ``update`` raises ``awex.Disconnected``."""
         return self._c.disconnect(pair)
