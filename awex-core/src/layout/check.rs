@@ -2,16 +2,90 @@
 //!
 //! They build every rank's layout, so they are for test-sized worlds.
 
+use super::copy::CopyError;
 use super::{
-    RankLayout, Region, SideLayout, coverage, materialize, reconstruct, validate_holders,
-    validate_rank,
+    CoverageGap, LayoutError, RankId, RankLayout, Region, SideLayout, coverage, materialize,
+    reconstruct, validate_holders, validate_rank,
 };
 use crate::model::Catalogue;
 use std::collections::HashMap;
 
+/// Why a side's layout failed a whole-side check.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The side lists a different number of ranks than its world size.
+    #[error("{listed} ranks listed, world size {world}")]
+    RankCount {
+        /// ranks listed
+        listed: usize,
+        /// the world size
+        world: usize,
+    },
+    /// A listed rank has no layout.
+    #[error("listed rank {0} has no layout")]
+    NoLayout(RankId),
+    /// One rank's layout is malformed.
+    #[error(transparent)]
+    Rank(#[from] LayoutError),
+    /// The holder index disagrees with the ranks' layouts.
+    #[error("{0}")]
+    Holders(String),
+    /// Some canonical bytes are held by no rank of an engine.
+    #[error("coverage gap: {0}")]
+    Gap(CoverageGap),
+    /// A canonical tensor has no holder at all.
+    #[error("`{0}` has no holder")]
+    NoHolder(String),
+    /// The shards of a canonical tensor in one local tensor name do not add up to it.
+    #[error("`{canonical}` in `{tensor}`: shards hold {held} elements, the tensor has {numel}")]
+    ShardTotal {
+        /// canonical tensor
+        canonical: String,
+        /// local tensor name
+        tensor: String,
+        /// elements the shards hold
+        held: u64,
+        /// elements of the canonical tensor
+        numel: u64,
+    },
+    /// Two shards of one local tensor name overlap.
+    #[error("`{canonical}` in `{tensor}`: {a} and {b} overlap")]
+    Overlap {
+        /// canonical tensor
+        canonical: String,
+        /// local tensor name
+        tensor: String,
+        /// one shard (`[r0..r1, c0..c1]`)
+        a: String,
+        /// the other
+        b: String,
+    },
+    /// Materialising or reconstructing the bytes failed.
+    #[error(transparent)]
+    Copy(#[from] CopyError),
+    /// An engine does not reconstruct every canonical tensor.
+    #[error("engine {engine}: {got} of {want} canonical tensors reconstructed")]
+    Reconstructed {
+        /// the engine
+        engine: u32,
+        /// tensors reconstructed
+        got: usize,
+        /// tensors in the catalogue
+        want: usize,
+    },
+    /// An engine's bytes do not round-trip for a canonical tensor.
+    #[error("engine {engine}: `{canonical}` does not round-trip")]
+    RoundTrip {
+        /// the engine
+        engine: u32,
+        /// canonical tensor
+        canonical: String,
+    },
+}
+
 /// Every shard of each canonical tensor, per local tensor name, is disjoint from the others and
 /// together they hold exactly the canonical tensor's elements.
-pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), String> {
+pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), CheckError> {
     for c in cat.tensors() {
         let holders = side.holders(&c.name);
         let mut by_tensor: HashMap<&str, Vec<Region>> = HashMap::new();
@@ -19,20 +93,26 @@ pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), S
             by_tensor.entry(&h.tensor).or_default().push(h.region);
         }
         if by_tensor.is_empty() {
-            return Err(format!("`{}` has no holder", c.name));
+            return Err(CheckError::NoHolder(c.name.clone()));
         }
         for (tensor, regions) in by_tensor {
             let total: u64 = regions.iter().map(Region::numel).sum();
             if total != c.numel() {
-                return Err(format!(
-                    "`{}` in `{tensor}`: shards hold {total} elements, the tensor has {}",
-                    c.name,
-                    c.numel()
-                ));
+                return Err(CheckError::ShardTotal {
+                    canonical: c.name.clone(),
+                    tensor: tensor.to_string(),
+                    held: total,
+                    numel: c.numel(),
+                });
             }
             for (i, a) in regions.iter().enumerate() {
                 if let Some(b) = regions[i + 1..].iter().find(|b| a.intersect(b).is_some()) {
-                    return Err(format!("`{}` in `{tensor}`: {a} and {b} overlap", c.name));
+                    return Err(CheckError::Overlap {
+                        canonical: c.name.clone(),
+                        tensor: tensor.to_string(),
+                        a: a.to_string(),
+                        b: b.to_string(),
+                    });
                 }
             }
         }
@@ -42,26 +122,23 @@ pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), S
 
 /// Validates every rank, the holder index, coverage, the holders' partition, and that
 /// materialize -> reconstruct gives back the canonical bytes for every engine (replica) alone.
-pub fn side(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), String> {
+pub fn side(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), CheckError> {
     let ranks = side.ranks();
     if ranks.len() != side.world_size() {
-        return Err(format!(
-            "{} ranks listed, world size {}",
-            ranks.len(),
-            side.world_size()
-        ));
+        return Err(CheckError::RankCount {
+            listed: ranks.len(),
+            world: side.world_size(),
+        });
     }
     let mut layouts: Vec<RankLayout> = Vec::with_capacity(ranks.len());
     for &r in &ranks {
-        let l = side
-            .rank_layout(r)
-            .ok_or_else(|| format!("listed rank {r} has no layout"))?;
-        validate_rank(&l, cat).map_err(|e| e.to_string())?;
+        let l = side.rank_layout(r).ok_or(CheckError::NoLayout(r))?;
+        validate_rank(&l, cat)?;
         layouts.push(l);
     }
-    validate_holders(side, cat)?;
-    if let Some(g) = coverage(side, cat).first() {
-        return Err(format!("coverage gap: {g}"));
+    validate_holders(side, cat).map_err(CheckError::Holders)?;
+    if let Some(g) = coverage(side, cat).into_iter().next() {
+        return Err(CheckError::Gap(g));
     }
     holders_partition(side, cat)?;
     let canon: HashMap<&str, Vec<u8>> = cat
@@ -83,22 +160,25 @@ pub fn side(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), String> {
             .collect();
         let buffers: Vec<Vec<Vec<u8>>> = mine
             .iter()
-            .map(|l| materialize(l, cat, &get).map_err(|e| e.to_string()))
+            .map(|l| materialize(l, cat, &get))
             .collect::<Result<_, _>>()?;
-        let back = reconstruct(&mine, &buffers, cat).map_err(|e| e.to_string())?;
+        let back = reconstruct(&mine, &buffers, cat)?;
         if back.len() != cat.len() {
-            return Err(format!(
-                "engine {engine}: {} of {} canonical tensors reconstructed",
-                back.len(),
-                cat.len()
-            ));
+            return Err(CheckError::Reconstructed {
+                engine,
+                got: back.len(),
+                want: cat.len(),
+            });
         }
         if let Some(c) = cat
             .tensors()
             .iter()
             .find(|c| back.get(&c.name).map(Vec::as_slice) != get(&c.name))
         {
-            return Err(format!("engine {engine}: `{}` does not round-trip", c.name));
+            return Err(CheckError::RoundTrip {
+                engine,
+                canonical: c.name.clone(),
+            });
         }
     }
     Ok(())
@@ -132,7 +212,7 @@ mod tests {
     #[test]
     fn a_good_side_passes_and_a_missing_shard_is_named() {
         let (cat, s) = two_shards();
-        assert_eq!(side(&s.build(&cat), &cat), Ok(()));
+        assert!(side(&s.build(&cat), &cat).is_ok());
         let layouts: Vec<_> = s
             .rank_layouts(&cat)
             .into_iter()
@@ -140,8 +220,8 @@ mod tests {
             .collect();
         let broken = ExplicitSide::new(Side::Inference, layouts);
         assert_eq!(
-            side(&broken, &cat),
-            Err("coverage gap: engine 1: [3..8, 0..2] of `t0` is held by no rank".into())
+            side(&broken, &cat).unwrap_err().to_string(),
+            "coverage gap: engine 1: [3..8, 0..2] of `t0` is held by no rank"
         );
     }
 
@@ -156,7 +236,7 @@ mod tests {
         layouts[1].tensors[0].shape = crate::layout::Dims::new(&[7, 2]);
         let e = holders_partition(&ExplicitSide::new(Side::Inference, layouts), &cat).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             "`t0` in `local.t0`: shards hold 18 elements, the tensor has 16"
         );
     }
