@@ -72,7 +72,7 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
         load, upd, wrong = (f"{case['name']}-{x}" for x in ("load", "update", "wrong"))
         ctl.connect(load, model=d, train="fsdp:dp=1", infer=spec(case["parallel"]), transport="shm", join_deadline_s=harness.TIMEOUT)
         ctl.connect(upd, model=d, train=spec(case["parallel"]), infer=case["infer"], transport="tcp", join_deadline_s=harness.TIMEOUT)
-        state[case["name"]] = dict(case=case, hf=hf, canon=canon, logits=hf_models.logits(model, TOKENS))
+        state[case["name"]] = dict(case=case, hf=hf, canon=canon, logits=hf_models.logits(model, TOKENS), out=out)
         wire.append(dict(name=case["name"], parallel=case["parallel"], hf=hf, tokens=TOKENS,
                          load_pair=load, update_pair=upd))
     procs = harness.launch("megatron_worker.py", world, gw, wire, out)
@@ -131,23 +131,17 @@ def test_real_parameters_equal_awex_layout(request, name):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NAMES)
-def test_checkpoint_delivered_by_awex_gives_hf_logits(request, name, tmp_path_factory):
+def test_checkpoint_delivered_by_awex_gives_hf_logits(request, name):
     st = result(request, name)
-    world = "megatron2" if any(c["name"] == name for c in WORLD2) else "megatron4"
-    base = tmp_path_factory.getbasetemp()
-    [path] = [p for p in base.glob(f"{world}*/{name}.logits.pt")]
-    got = torch.load(path)
+    got = torch.load(os.path.join(st["out"], f"{name}.logits.pt"))
     torch.testing.assert_close(got, st["logits"], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", NAMES)
-def test_update_from_real_parameters_is_bit_exact(request, name, tmp_path_factory):
+def test_update_from_real_parameters_is_bit_exact(request, name):
     st = result(request, name)
-    world = "megatron2" if any(c["name"] == name for c in WORLD2) else "megatron4"
-    base = tmp_path_factory.getbasetemp()
-    nranks = len(st["ranks"])
-    saved = [torch.load(next(base.glob(f"{world}*/{name}.rank{r}.pt"))) for r in range(nranks)]
+    saved = [torch.load(os.path.join(st["out"], f"{name}.rank{r}.pt")) for r in range(len(st["ranks"]))]
     p = dict(st["case"]["parallel"])
     rebuilt = convert.megatron_to_hf(saved, st["hf"], p)
     # the real parameters held the checkpoint exactly: rewritten, they are the checkpoint * 1.5 + 0.25
