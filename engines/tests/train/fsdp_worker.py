@@ -18,7 +18,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-TF4 = os.environ.get("AWEX_TRANSFORMERS4")  # a folder holding transformers 4 (the per-expert case)
+TF4 = os.environ.get("AWEX_WORKER_TRANSFORMERS4")  # set by test_fsdp.py for the transformers 4 case only
 
 TIMEOUT = 240.0
 
@@ -61,7 +61,7 @@ def fill(entry, canon):
     out = np.zeros(entry["shape"], np.float32)
     for pl in entry["placements"]:
         src = canon[pl["canonical"]].numpy()
-        off, ext, loc = pl["offset"], pl["extent"], pl["local_offset"]
+        off, ext, loc = pl["region"]["offset"], pl["region"]["extent"], pl["local_offset"]
         box = src[tuple(slice(o, o + e) for o, e in zip(off, ext))]
         lead = len(loc) - box.ndim
         idx = tuple(loc[:lead]) + tuple(slice(o, o + e) for o, e in zip(loc[lead:], ext))
@@ -85,7 +85,7 @@ def run_case(case, rank, gateway, out):
     canon = convert.hf_canonical(model)
     model = shard(model, case)
     named = awex.fsdp.named_tensors(model)
-    real = [[n, list(t.shape), str(t.dtype).replace("torch.", ""), digest(t.contiguous().numpy().tobytes())]
+    real = [[n, list(t.shape), str(t.dtype).replace("torch.", ""), digest(t.detach().contiguous().numpy().tobytes())]
             for n, t in named]
     with torch.no_grad():
         for _, t in named:

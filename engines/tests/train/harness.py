@@ -21,6 +21,13 @@ TIMEOUT = 240.0
 NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np.int64, "i32": np.int32}
 
 
+def scratch(name: str) -> str:
+    """A fresh folder of this test run (its own, not pytest's shared per-user base folder)."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=f"awex-train-{name}-")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,6 +109,19 @@ def launch(worker: str, world: int, gateway: str, cases: list[dict], out: str) -
             stdout=log, stderr=subprocess.STDOUT, env=env,
         ))
     return procs
+
+
+def wait_ready(ctl: Any, pair: str, procs: list[subprocess.Popen], out: str) -> None:
+    """Waits until every rank of `pair` joined, failing at once when a rank process died."""
+    deadline = time.time() + TIMEOUT
+    while True:
+        try:
+            ctl.wait_ready(5.0, pair=pair)
+            return
+        except TimeoutError:
+            check_alive(procs, out)
+            if time.time() > deadline:
+                raise
 
 
 def check_alive(procs: list[subprocess.Popen], out: str) -> None:

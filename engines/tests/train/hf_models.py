@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import zlib
 from typing import Any
 
 import torch
@@ -38,18 +40,35 @@ def config(kind: str, **over: Any) -> Any:
     return cfg
 
 
-def build(cfg: Any, seed: int = 0) -> torch.nn.Module:
-    """The HF model with random weights (norms around 1, so that misplaced norms show)."""
+def _random(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The value of canonical tensor `name`: seeded by the name alone, so that transformers 4
+    and 5 (different module trees, different parameter order) build the same weights; norms
+    around 1, so that a misplaced norm shows."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    t = torch.randn(shape, generator=g)
+    return 1.0 + 0.1 * t if name.endswith("norm.weight") else 0.08 * t
+
+
+def build(cfg: Any) -> torch.nn.Module:
+    """The HF model with every canonical tensor drawn by `_random` (fused experts filled from
+    their per-expert tensors: gate rows then up rows, as transformers 5's Qwen3MoeExperts reads them)."""
     import transformers
 
-    torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 1 and "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.08)
+            m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)", name)
+            if m is None:
+                p.copy_(_random(name, tuple(p.shape)))
+                continue
+            base, which = m.groups()
+            for e in range(p.shape[0]):
+                if which == "down_proj":
+                    p[e] = _random(f"{base}.{e}.down_proj.weight", tuple(p.shape[1:]))
+                else:
+                    i = p.shape[1] // 2
+                    p[e, :i] = _random(f"{base}.{e}.gate_proj.weight", (i, p.shape[2]))
+                    p[e, i:] = _random(f"{base}.{e}.up_proj.weight", (i, p.shape[2]))
     return model
 
 

@@ -81,13 +81,13 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
             name = case["name"]
             th = harness.Threads()
             th.start(lambda: harness.send_canonical(gw, f"{name}-load", state[name]["canon"]))
-            ctl.wait_ready(harness.TIMEOUT, pair=f"{name}-load")
+            harness.wait_ready(ctl, f"{name}-load", procs, out)
             ctl.update(1, timeout=harness.TIMEOUT, pair=f"{name}-load")
             th.wait()
             infer_ranks = int(case["infer"].split("tp=")[1].split(",")[0])
             th = harness.Threads()
             state[name]["received"] = harness.receive(gw, f"{name}-update", infer_ranks, th)
-            ctl.wait_ready(harness.TIMEOUT, pair=f"{name}-update")
+            harness.wait_ready(ctl, f"{name}-update", procs, out)
             ctl.update(1, timeout=harness.TIMEOUT, pair=f"{name}-update")
             th.wait()
             harness.check_alive(procs, out)
@@ -99,13 +99,13 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def world2(tmp_path_factory):
-    return run_world(2, WORLD2, str(tmp_path_factory.mktemp("megatron2")))
+def world2():
+    return run_world(2, WORLD2, harness.scratch("megatron2"))
 
 
 @pytest.fixture(scope="module")
-def world4(tmp_path_factory):
-    return run_world(4, WORLD4, str(tmp_path_factory.mktemp("megatron4")))
+def world4():
+    return run_world(4, WORLD4, harness.scratch("megatron4"))
 
 
 def result(request, name: str) -> dict:
