@@ -5,14 +5,17 @@ paid once per world)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -21,11 +24,16 @@ TIMEOUT = 240.0
 NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np.int64, "i32": np.int32}
 
 
-def scratch(name: str) -> str:
-    """A fresh folder of this test run (its own, not pytest's shared per-user base folder)."""
-    import tempfile
-
-    return tempfile.mkdtemp(prefix=f"awex-train-{name}-")
+@contextlib.contextmanager
+def scratch_dir(name: str) -> Iterator[str]:
+    """A fresh folder of this test run (its own, not pytest's shared per-user base folder),
+    removed afterwards; kept when AWEX_TRAIN_KEEP is set, to read the rank logs."""
+    d = tempfile.mkdtemp(prefix=f"awex-train-{name}-")
+    try:
+        yield d
+    finally:
+        if not os.environ.get("AWEX_TRAIN_KEEP"):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def free_port() -> int:

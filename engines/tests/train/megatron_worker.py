@@ -74,11 +74,35 @@ def run_case(case: dict, rank: int, gateway: str, out: str) -> dict:
             w.update(1, timeout=TIMEOUT)
         finally:
             w.close()
-        return {"real": real, "load_layout": load_layout, "attach_layout": attach_layout,
-                "detected": detected, "live": live}
+        res = {"real": real, "load_layout": load_layout, "attach_layout": attach_layout,
+               "detected": detected, "live": live}
+        if case.get("wrong_pair"):
+            res.update(extras(case, chunks, gateway))
+        return res
     finally:
         dist.barrier()
         ps.destroy_model_parallel()
+
+
+def extras(case: dict, chunks: list, gateway: str) -> dict:
+    """A pair whose training side disagrees with the live job is refused; a model wrapped in
+    Float16Module (bf16) is still recognised, through its ``module.`` wrapper. Runs after the
+    case's update (the wrapper casts the model in place)."""
+    import dataclasses
+
+    import awex
+    from megatron.core.transformer.module import Float16Module
+
+    out: dict = {}
+    try:
+        awex.Writer.attach(chunks[0], gateway, case["wrong_pair"], timeout=TIMEOUT).close()
+        out["wrong"] = None
+    except awex.LayoutError as e:
+        out["wrong"] = str(e)
+    cfg16 = dataclasses.replace(chunks[0].config, bf16=True)
+    wrapped = Float16Module(cfg16, chunks[0])  # casts the chunk to bf16: the case's last step
+    out["wrapped_live"] = awex.detect(model=wrapped)["live"]
+    return out
 
 
 def main() -> None:

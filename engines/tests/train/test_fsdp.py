@@ -108,16 +108,19 @@ def run_world(world: int, cases: list[dict], out: str, env: dict | None = None) 
 @pytest.fixture(scope="module")
 def worlds():
     out = {}
-    for world, cases in WORLDS.items():
-        out.update(run_world(world, cases, harness.scratch(f"fsdp{world}")))
-    return out
+    with harness.scratch_dir("fsdp") as d:
+        for world, cases in WORLDS.items():
+            os.makedirs(os.path.join(d, str(world)))
+            out.update(run_world(world, cases, os.path.join(d, str(world))))
+        yield out
 
 
 @pytest.fixture(scope="module")
 def tf4():
     if not TF4 or not os.path.isdir(os.path.join(TF4, "transformers")):
         pytest.skip("AWEX_TRANSFORMERS4 does not name a folder with transformers 4")
-    return run_world(2, TF4_CASES, harness.scratch("fsdp_tf4"), {"AWEX_WORKER_TRANSFORMERS4": TF4})
+    with harness.scratch_dir("fsdp-tf4") as d:
+        yield run_world(2, TF4_CASES, d, {"AWEX_WORKER_TRANSFORMERS4": TF4})
 
 
 NAMES = [c["name"] for cs in WORLDS.values() for c in cs] + [c["name"] for c in TF4_CASES]

@@ -32,7 +32,7 @@ import hf_models  # noqa: E402
 TOKENS = [3, 17, 250, 42, 7, 299, 128, 64, 5, 11]
 
 WORLD2 = [
-    dict(name="tp2", kind="qwen3", parallel={"tp": 2}, infer="sglang:tp=2"),
+    dict(name="tp2", kind="qwen3", parallel={"tp": 2}, infer="sglang:tp=2", wrong={"dp": 2}),
     dict(name="pp2_vpp2", kind="qwen3", parallel={"pp": 2, "vpp": 2}, infer="sglang:tp=2"),
     dict(name="pp2_uneven_tied", kind="qwen3", over={"num_hidden_layers": 3, "tie_word_embeddings": True},
          parallel={"pp": 2, "first_stage_layers": 1}, infer="sglang:tp=1"),
@@ -72,9 +72,11 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
         load, upd, wrong = (f"{case['name']}-{x}" for x in ("load", "update", "wrong"))
         ctl.connect(load, model=d, train="fsdp:dp=1", infer=spec(case["parallel"]), transport="shm", join_deadline_s=harness.TIMEOUT)
         ctl.connect(upd, model=d, train=spec(case["parallel"]), infer=case["infer"], transport="tcp", join_deadline_s=harness.TIMEOUT)
+        if case.get("wrong"):
+            ctl.connect(wrong, model=d, train=spec(case["wrong"]), infer=case["infer"], transport="tcp")
         state[case["name"]] = dict(case=case, hf=hf, canon=canon, logits=hf_models.logits(model, TOKENS), out=out)
         wire.append(dict(name=case["name"], parallel=case["parallel"], hf=hf, tokens=TOKENS,
-                         load_pair=load, update_pair=upd))
+                         load_pair=load, update_pair=upd, wrong_pair=wrong if case.get("wrong") else None))
     procs = harness.launch("megatron_worker.py", world, gw, wire, out)
     try:
         for case in cases:
@@ -100,12 +102,14 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
 
 @pytest.fixture(scope="module")
 def world2():
-    return run_world(2, WORLD2, harness.scratch("megatron2"))
+    with harness.scratch_dir("megatron2") as out:
+        yield run_world(2, WORLD2, out)
 
 
 @pytest.fixture(scope="module")
 def world4():
-    return run_world(4, WORLD4, harness.scratch("megatron4"))
+    with harness.scratch_dir("megatron4") as out:
+        yield run_world(4, WORLD4, out)
 
 
 def result(request, name: str) -> dict:
@@ -169,3 +173,24 @@ def test_attach_reads_the_parallel_config_from_the_live_job(request, name):
             assert d["parallel"][k] == v, (r, k)
         assert d["parallel"]["local_spec"] == 1
         assert res["live"] == d
+
+
+@pytest.mark.timeout(600)
+def test_attach_refuses_a_pair_that_disagrees_with_the_live_job(request):
+    st = result(request, "tp2")
+    for res in st["ranks"]:
+        msg = res["wrong"]
+        assert msg is not None, "attach accepted a pair with dp=2 for a tp=2 job"
+        assert "the live megatron job disagrees with pair `tp2-wrong`" in msg
+        assert "dp=1 here but dp=2 in the pair; tp=2 here but tp=1 in the pair" in msg
+        assert 'connect the pair with train="megatron:tp=2,pp=1,dp=1,cp=1,ep=1,etp=2,vpp=1,local_spec=1"' in msg
+
+
+@pytest.mark.timeout(600)
+def test_detect_sees_through_float16module(request):
+    st = result(request, "tp2")
+    for r, res in enumerate(st["ranks"]):
+        live = res["wrapped_live"]
+        assert live["backend"] == "megatron" and live["rank"] == r
+        assert live["dtype"] == "bfloat16"
+        assert live["parallel"] == res["detected"]["parallel"]
