@@ -86,7 +86,7 @@ def run_case(case: dict, rank: int, gateway: str, out: str) -> dict:
 
 def extras(case: dict, chunks: list, gateway: str) -> dict:
     """A pair whose training side disagrees with the live job is refused; a model wrapped in
-    Float16Module (bf16) is still recognised, through its ``module.`` wrapper. Runs after the
+    Megatron's DistributedDataParallel or in Float16Module (bf16) is still recognised, through its ``module.`` wrapper. Runs after the
     case's update (the wrapper casts the model in place)."""
     import dataclasses
 
@@ -99,6 +99,10 @@ def extras(case: dict, chunks: list, gateway: str) -> dict:
         out["wrong"] = None
     except awex.LayoutError as e:
         out["wrong"] = str(e)
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp = DistributedDataParallel(chunks[0].config, DistributedDataParallelConfig(), module=chunks[0])
+    out["ddp_live"] = awex.detect(model=ddp)["live"]
     cfg16 = dataclasses.replace(chunks[0].config, bf16=True)
     wrapped = Float16Module(cfg16, chunks[0])  # casts the chunk to bf16: the case's last step
     out["wrapped_live"] = awex.detect(model=wrapped)["live"]

@@ -35,7 +35,7 @@ WORLD2 = [
     dict(name="tp2", kind="qwen3", parallel={"tp": 2}, infer="sglang:tp=2", wrong={"dp": 2}),
     dict(name="pp2_vpp2", kind="qwen3", parallel={"pp": 2, "vpp": 2}, infer="sglang:tp=2"),
     dict(name="pp2_uneven_tied", kind="qwen3", over={"num_hidden_layers": 3, "tie_word_embeddings": True},
-         parallel={"pp": 2, "first_stage_layers": 1}, infer="sglang:tp=1"),
+         parallel={"pp": 2, "first_stage_layers": 1, "last_stage_layers": 2}, infer="sglang:tp=1"),
     dict(name="qwen2_tp2", kind="qwen2", parallel={"tp": 2}, infer="sglang:tp=2"),
     dict(name="moe_ep2", kind="qwen3_moe", over={"num_hidden_layers": 2}, parallel={"dp": 2, "ep": 2},
          infer="sglang:tp=2,ep=2"),
@@ -187,9 +187,10 @@ def test_attach_refuses_a_pair_that_disagrees_with_the_live_job(request):
 
 
 @pytest.mark.timeout(600)
-def test_detect_sees_through_float16module(request):
+def test_detect_sees_through_ddp_and_float16module(request):
     st = result(request, "tp2")
     for r, res in enumerate(st["ranks"]):
+        assert res["ddp_live"] == res["detected"]
         live = res["wrapped_live"]
         assert live["backend"] == "megatron" and live["rank"] == r
         assert live["dtype"] == "bfloat16"
