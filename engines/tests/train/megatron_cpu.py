@@ -6,9 +6,12 @@ Each shim names the Megatron file whose call it works around:
 - ``torch.cuda.current_device`` returns ``"cpu"``:
   ``megatron/core/models/common/embeddings/rotary_pos_embedding.py`` (``RotaryEmbedding.get_emb``
   moves ``inv_freq`` to ``torch.cuda.current_device()``) and
-  ``megatron/core/parallel_state.py`` (``GlobalMemoryBuffer`` / group set-up allocate on it).
-- ``torch.Tensor.cuda`` returns the tensor itself: ``megatron/core/tensor_parallel/layers.py``
-  and ``megatron/core/transformer/moe/*`` call ``.cuda()`` on index and count tensors.
+  ``megatron/core/distributed/param_and_grad_buffer.py`` (``_ParamAndGradBuffer`` allocates the
+  grad buffers of Megatron's ``DistributedDataParallel`` there).
+- ``torch.Tensor.cuda`` returns the tensor itself:
+  ``megatron/core/models/common/language_module/language_module.py``
+  (``setup_embeddings_and_output_layer`` runs ``weight.data = weight.data.cuda()`` before the
+  all-reduce that makes the first and last stages' tied embeddings equal, pp > 1).
 - the RNG tracker's ``fork()`` is a no-op context: ``megatron/core/tensor_parallel/random.py``
   (``CudaRNGStatesTracker.fork`` saves and restores CUDA RNG state, and raises
   ``cuda rng state model-parallel-rng is not added`` unless ``model_parallel_cuda_manual_seed``
