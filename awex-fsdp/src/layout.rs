@@ -26,6 +26,14 @@ pub enum FsdpConfigError {
     /// A mesh size or the world is above awex's limits.
     #[error(transparent)]
     Limit(#[from] awex_core::limits::LimitError),
+    /// Fused experts (`mlp.experts.gate_up_proj`) with a TP mesh, which awex does not describe.
+    #[error(
+        "fsdp fused_experts=1 with tp={tp}: awex describes transformers' fused expert tensors sharded over dp only; use tp=1 (or experts with per-expert names)"
+    )]
+    FusedExpertsWithTp {
+        /// tensor-parallel size
+        tp: u64,
+    },
     /// Tensor parallelism must give every rank whole query and KV heads.
     #[error(
         "model has {heads} attention heads and {kv_heads} KV heads; fsdp tp={tp} needs both divisible by tp (a colwise q/k/v_proj shard must hold whole heads, in the model's query-to-KV ratio)"
@@ -72,6 +80,28 @@ pub struct FsdpLayout {
     dp: u32,
     replicate: u32,
     tp: u32,
+    fused_experts: bool,
+}
+
+/// A transformers 5 fused expert tensor (`Qwen3MoeExperts` in
+/// `transformers/models/qwen3_moe/modeling_qwen3_moe.py`): `gate_up_proj` is
+/// `[experts, 2 * moe_intermediate, hidden]` with expert e's gate rows then its up rows
+/// (`linear(x, gate_up_proj[e]).chunk(2, dim=-1)` gives gate, up), `down_proj` is
+/// `[experts, hidden, moe_intermediate]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fused {
+    /// `mlp.experts.gate_up_proj`
+    GateUp,
+    /// `mlp.experts.down_proj`
+    Down,
+}
+
+/// `(layer, expert, part)` of a canonical per-expert name (`part` is `gate_proj`, `up_proj` or `down_proj`).
+fn expert_parts(name: &str) -> Option<(u64, u64, &str)> {
+    let (l, rest) = name.strip_prefix("model.layers.")?.split_once('.')?;
+    let (e, part) = rest.strip_prefix("mlp.experts.")?.split_once('.')?;
+    let part = part.strip_suffix(".weight")?;
+    Some((parse_index(l)?, parse_index(e)?, part))
 }
 
 /// One parameter's local tensor on a rank: its shape, and the canonical box it holds (if any).
@@ -119,7 +149,80 @@ impl FsdpLayout {
             dp: dp as u32,
             replicate: replicate as u32,
             tp: tp as u32,
+            fused_experts: false,
         })
+    }
+
+    /// The same mesh with MoE experts as transformers 5 holds them in memory: per layer one
+    /// `mlp.experts.gate_up_proj` `[E, 2I, H]` and one `mlp.experts.down_proj` `[E, H, I]`,
+    /// which FSDP2 shards on the expert dim, instead of transformers 4's per-expert
+    /// `mlp.experts.{e}.gate_proj.weight`. The canonical tensors stay per-expert (the checkpoint's).
+    pub fn with_fused_experts(mut self, fused: bool) -> Result<Self, FsdpConfigError> {
+        if fused && self.tp > 1 {
+            return Err(FsdpConfigError::FusedExpertsWithTp {
+                tp: u64::from(self.tp),
+            });
+        }
+        self.fused_experts = fused;
+        Ok(self)
+    }
+
+    /// Which fused expert tensor a local name is, and its layer.
+    fn fused(&self, name: &str) -> Option<(u64, Fused)> {
+        if !self.fused_experts {
+            return None;
+        }
+        let (l, rest) = name.strip_prefix("model.layers.")?.split_once('.')?;
+        let l = parse_index(l)?;
+        if l >= self.spec.num_layers || !self.spec.is_moe_layer(l) {
+            return None;
+        }
+        match rest {
+            "mlp.experts.gate_up_proj" => Some((l, Fused::GateUp)),
+            "mlp.experts.down_proj" => Some((l, Fused::Down)),
+            _ => None,
+        }
+    }
+
+    /// The local tensor of a fused expert tensor on DP rank `dp_rank`: experts `torch.chunk`ed over dp.
+    fn fused_tensor(&self, name: &str, l: u64, which: Fused, dp_rank: u32) -> LocalTensor {
+        let s = &self.spec;
+        let (h, e_all) = (s.hidden_size, s.num_experts());
+        let mi = s.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
+        let (e0, n) = chunk(e_all, u64::from(self.dp), u64::from(dp_rank));
+        let mut placements = Vec::new();
+        for j in 0..n {
+            let e = e0 + j;
+            let canon = |part: &str| -> Arc<str> {
+                Arc::from(format!("model.layers.{l}.mlp.experts.{e}.{part}.weight"))
+            };
+            match which {
+                Fused::GateUp => {
+                    for (i, part) in ["gate_proj", "up_proj"].into_iter().enumerate() {
+                        placements.push(Placement {
+                            canonical: canon(part),
+                            region: Region::new([0, 0], [mi, h]),
+                            local_offset: Dims::new(&[j, i as u64 * mi, 0]),
+                        });
+                    }
+                }
+                Fused::Down => placements.push(Placement {
+                    canonical: canon("down_proj"),
+                    region: Region::new([0, 0], [h, mi]),
+                    local_offset: Dims::new(&[j, 0, 0]),
+                }),
+            }
+        }
+        let shape = match which {
+            Fused::GateUp => Dims::new(&[n, 2 * mi, h]),
+            Fused::Down => Dims::new(&[n, h, mi]),
+        };
+        LocalTensor {
+            name: Arc::from(name),
+            shape,
+            dtype: s.dtype,
+            placements,
+        }
     }
 
     /// `(replicate, dp, tp)` coordinates of a global rank.
@@ -156,7 +259,12 @@ impl FsdpLayout {
                 v.push(format!("{p}.self_attn.q_norm.weight"));
                 v.push(format!("{p}.self_attn.k_norm.weight"));
             }
-            if s.is_moe_layer(l) {
+            if s.is_moe_layer(l) && self.fused_experts {
+                // Qwen3MoeSparseMoeBlock (transformers 5) registers `experts` before `gate`
+                v.push(format!("{p}.mlp.experts.gate_up_proj"));
+                v.push(format!("{p}.mlp.experts.down_proj"));
+                v.push(format!("{p}.mlp.gate.weight"));
+            } else if s.is_moe_layer(l) {
                 v.push(format!("{p}.mlp.gate.weight"));
                 for e in 0..s.num_experts() {
                     for part in ["gate_proj", "up_proj", "down_proj"] {
@@ -295,6 +403,9 @@ impl SideLayout for FsdpLayout {
             .param_names()
             .into_iter()
             .filter_map(|name| {
+                if let Some((l, which)) = self.fused(&name) {
+                    return Some(self.fused_tensor(&name, l, which, dp_rank));
+                }
                 let (shape, split) = self.param(&name)?;
                 let shard = self.shard(shape, split, dp_rank, tp_rank);
                 let name: Arc<str> = Arc::from(name);
@@ -319,6 +430,40 @@ impl SideLayout for FsdpLayout {
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
+        if self.fused_experts
+            && let Some((l, e, part)) = expert_parts(canonical)
+            && self.param(canonical).is_some()
+        {
+            let (which, name) = match part {
+                "down_proj" => (
+                    Fused::Down,
+                    format!("model.layers.{l}.mlp.experts.down_proj"),
+                ),
+                _ => (
+                    Fused::GateUp,
+                    format!("model.layers.{l}.mlp.experts.gate_up_proj"),
+                ),
+            };
+            let per = self.spec.num_experts().div_ceil(u64::from(self.dp));
+            let k = (e / per) as u32;
+            let local = self.fused_tensor(&name, l, which, k);
+            let ranks: Vec<RankId> = (0..self.replicate)
+                .map(|rep| RankId::train(self.rank_of(rep, k, 0)))
+                .collect();
+            return local
+                .placements
+                .iter()
+                .filter(|p| &*p.canonical == canonical)
+                .map(|p| Holder {
+                    ranks: ranks.clone(),
+                    tensor: local.name.clone(),
+                    tensor_shape: local.shape,
+                    dtype: local.dtype,
+                    region: p.region,
+                    local_offset: p.local_offset,
+                })
+                .collect();
+        }
         let Some((shape, split)) = self.param(canonical) else {
             return Vec::new();
         };

@@ -43,6 +43,11 @@ const KEYS: &[ParallelKey] = &[
         default: Some(1),
         help: "tensor-parallel size of a 2-D (FSDP + TP) mesh; tp is the fastest mesh dim",
     },
+    ParallelKey {
+        name: "fused_experts",
+        default: Some(0),
+        help: "1 for transformers 5's fused MoE experts (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I], sharded on the expert dim); 0 for transformers 4's per-expert mlp.experts.{e}.gate_proj.weight",
+    },
 ];
 
 impl FsdpBackend {
@@ -55,12 +60,22 @@ impl FsdpBackend {
         let p = parallel
             .checked(KEYS, "fsdp")
             .map_err(|e| LayoutError::Config(e.to_string()))?;
+        let fused = match p.get_or("fused_experts", 0) {
+            0 => false,
+            1 => true,
+            v => {
+                return Err(LayoutError::Config(format!(
+                    "fsdp fused_experts={v}; use fused_experts=1 for transformers 5's fused expert tensors or fused_experts=0 for per-expert names"
+                )));
+            }
+        };
         Ok(FsdpLayout::new(
             model,
             p.get_or("dp", 1),
             p.get_or("replicate", 1),
             p.get_or("tp", 1),
-        )?)
+        )?
+        .with_fused_experts(fused)?)
     }
 }
 

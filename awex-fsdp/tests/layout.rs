@@ -365,7 +365,7 @@ fn invalid_configs_are_refused_with_clear_messages() {
     );
     assert_eq!(
         err(&[("pp", 2)]),
-        "backend `fsdp` has no parallel key `pp`; keys: dp, replicate, tp"
+        "backend `fsdp` has no parallel key `pp`; keys: dp, replicate, tp, fused_experts"
     );
 }
 
@@ -381,7 +381,12 @@ fn backend_is_registered_as_fsdp() {
         .collect();
     assert_eq!(
         keys,
-        vec![("dp", Some(1)), ("replicate", Some(1)), ("tp", Some(1))]
+        vec![
+            ("dp", Some(1)),
+            ("replicate", Some(1)),
+            ("tp", Some(1)),
+            ("fused_experts", Some(0))
+        ]
     );
     assert_eq!(b.python_packages(), &["torch"]);
     assert_eq!(awex_fsdp::CRATE, "awex-fsdp");

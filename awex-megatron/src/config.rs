@@ -65,7 +65,31 @@ pub const KEYS: &[ParallelKey] = &[
         default: Some(0),
         help: "1 for Megatron-Core's local (non-Transformer-Engine) layer spec: separate input_layernorm / pre_mlp_layernorm",
     },
+    ParallelKey {
+        name: "grouped_gemm",
+        default: None,
+        help: "MoE experts: 1 for TEGroupedMLP (--moe-grouped-gemm: mlp.experts.linear_fc1.weight{j}), 0 for SequentialMLP (mlp.experts.local_experts.{j}.linear_fc1.weight); defaults to 1 with Transformer Engine, 0 with local_spec=1 (the local spec always builds SequentialMLP)",
+    },
+    ParallelKey {
+        name: "single_grouped_weight",
+        default: Some(0),
+        help: "1 when TEGroupedMLP keeps each layer's experts in one stacked parameter (moe_single_grouped_weight: mlp.experts.linear_fc1.weight [experts, rows, hidden]); needs grouped_gemm=1",
+    },
 ];
+
+/// How a MoE layer's experts are stored, which decides their parameter names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// `TEGroupedMLP` (`megatron/core/transformer/moe/experts.py`) over TE's `GroupedLinear`:
+    /// one parameter per local expert, `mlp.experts.linear_fc1.weight{j}`.
+    Grouped,
+    /// `TEGroupedMLP` with `moe_single_grouped_weight`: one stacked parameter per layer,
+    /// `mlp.experts.linear_fc1.weight` of shape `[local experts, rows, cols]`.
+    SingleGrouped,
+    /// `SequentialMLP` (`megatron/core/transformer/moe/experts.py`): a `ModuleList` of `MLP`s,
+    /// `mlp.experts.local_experts.{j}.linear_fc1.weight`.
+    Sequential,
+}
 
 fn config_error(message: String) -> LayoutError {
     LayoutError::Config(message)
@@ -96,6 +120,8 @@ pub struct Config {
     pub fp32: bool,
     /// The model uses the local layer spec (norms are modules of their own, not fused into the linears).
     pub local_spec: bool,
+    /// How MoE experts are stored.
+    pub experts: ExpertLayout,
 }
 
 impl Config {
@@ -139,7 +165,44 @@ impl Config {
                 )));
             }
         };
+        let flag = |key: &str, default: u64, meaning: &str| -> Result<bool, LayoutError> {
+            match p.get_or(key, default) {
+                0 => Ok(false),
+                1 => Ok(true),
+                v => Err(config_error(format!(
+                    "megatron {key}={v}; use {key}=1 for {meaning} or {key}=0 for not"
+                ))),
+            }
+        };
+        let grouped = flag(
+            "grouped_gemm",
+            if local_spec { 0 } else { 1 },
+            "TEGroupedMLP experts",
+        )?;
+        let single = flag(
+            "single_grouped_weight",
+            0,
+            "one stacked expert parameter per layer",
+        )?;
+        if grouped && local_spec {
+            return Err(config_error(
+                "megatron grouped_gemm=1 with local_spec=1: the local layer spec always builds SequentialMLP experts (LocalSpecProvider.grouped_mlp_modules); use grouped_gemm=0"
+                    .to_string(),
+            ));
+        }
+        let experts = match (grouped, single) {
+            (true, false) => ExpertLayout::Grouped,
+            (true, true) => ExpertLayout::SingleGrouped,
+            (false, false) => ExpertLayout::Sequential,
+            (false, true) => {
+                return Err(config_error(
+                    "megatron single_grouped_weight=1 needs grouped_gemm=1 (Megatron-Core requires moe_grouped_gemm for moe_single_grouped_weight)"
+                        .to_string(),
+                ));
+            }
+        };
         let cfg = Config {
+            experts,
             tp,
             pp: size("pp")?,
             dp: size("dp")?,

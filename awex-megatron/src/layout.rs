@@ -5,7 +5,7 @@
 //! layout calls it for the rank's parameters, and `holders(canonical)` calls it only for the
 //! few (parameter, shard) pairs the rules say can contain that canonical tensor.
 
-use crate::config::{Chunks, Config, Coord, Geometry};
+use crate::config::{Chunks, Config, Coord, ExpertLayout, Geometry};
 use crate::names::{Canon, LayerNames, Local, Split, chunk_prefix};
 use awex_core::DType;
 use awex_core::layout::{
@@ -123,6 +123,7 @@ impl MegatronLayout {
                 place.local,
                 experts,
                 self.cfg.local_spec,
+                self.cfg.experts,
             )
         })
     }
@@ -145,6 +146,8 @@ impl MegatronLayout {
             Local::Router(l) => self.names(l).router.clone(),
             Local::ExpertFc1(l, j) => self.names(l).expert_fc1[j as usize].clone(),
             Local::ExpertFc2(l, j) => self.names(l).expert_fc2[j as usize].clone(),
+            Local::StackedFc1(l) => self.names(l).stacked_fc1.clone(),
+            Local::StackedFc2(l) => self.names(l).stacked_fc2.clone(),
         }
     }
 
@@ -165,8 +168,22 @@ impl MegatronLayout {
         if self.is_moe(l) {
             out.extend([Local::PreMlpNorm(l), Local::Router(l)]);
             let n = self.geo.experts_local;
-            out.extend((0..n).map(|j| Local::ExpertFc1(l, j)));
-            out.extend((0..n).map(|j| Local::ExpertFc2(l, j)));
+            match self.cfg.experts {
+                // two GroupedLinear modules, each registering weight0..weight{n-1}
+                ExpertLayout::Grouped => {
+                    out.extend((0..n).map(|j| Local::ExpertFc1(l, j)));
+                    out.extend((0..n).map(|j| Local::ExpertFc2(l, j)));
+                }
+                // one MLP module per expert, each with fc1 then fc2
+                ExpertLayout::Sequential => {
+                    out.extend(
+                        (0..n).flat_map(|j| [Local::ExpertFc1(l, j), Local::ExpertFc2(l, j)]),
+                    );
+                }
+                ExpertLayout::SingleGrouped => {
+                    out.extend([Local::StackedFc1(l), Local::StackedFc2(l)]);
+                }
+            }
         } else {
             out.extend([Local::Fc1Norm(l), Local::Fc1(l), Local::Fc2(l)]);
         }
@@ -350,6 +367,34 @@ impl MegatronLayout {
                 });
                 Dims::new(&[h, n])
             }
+            Local::StackedFc1(l) => {
+                let (per, n) = (g.experts_local, g.moe_inter_local);
+                for j in 0..per {
+                    let e = ep_r * per + j;
+                    for (i, canon) in [Canon::ExpertGate(l, e), Canon::ExpertUp(l, e)]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        f(Piece {
+                            canon,
+                            region: Region::new([etp_r * n, 0], [n, h]),
+                            local_offset: Dims::new(&[j, i as u64 * n, 0]),
+                        });
+                    }
+                }
+                Dims::new(&[per, 2 * n, h])
+            }
+            Local::StackedFc2(l) => {
+                let (per, n) = (g.experts_local, g.moe_inter_local);
+                for j in 0..per {
+                    f(Piece {
+                        canon: Canon::ExpertDown(l, ep_r * per + j),
+                        region: Region::new([0, etp_r * n], [h, n]),
+                        local_offset: Dims::new(&[j, 0, 0]),
+                    });
+                }
+                Dims::new(&[per, h, n])
+            }
         }
     }
 
@@ -398,9 +443,12 @@ impl MegatronLayout {
                 let per = self.geo.experts_local;
                 expert = Some(e / per);
                 let j = e % per;
-                let local = match c {
-                    Canon::ExpertDown(..) => Local::ExpertFc2(l, j),
-                    _ => Local::ExpertFc1(l, j),
+                let down = matches!(c, Canon::ExpertDown(..));
+                let local = match (self.cfg.experts, down) {
+                    (ExpertLayout::SingleGrouped, true) => Local::StackedFc2(l),
+                    (ExpertLayout::SingleGrouped, false) => Local::StackedFc1(l),
+                    (_, true) => Local::ExpertFc2(l, j),
+                    (_, false) => Local::ExpertFc1(l, j),
                 };
                 one(local, stage(l))
             }

@@ -10,10 +10,12 @@ mod config;
 mod detect;
 mod layout;
 mod names;
+mod receive;
 
-pub use config::{Config, Coord, KEYS, VOCAB_DIVISIBLE_BY};
+pub use config::{Config, Coord, ExpertLayout, KEYS, VOCAB_DIVISIBLE_BY};
 pub use detect::TRACKER_FILE;
 pub use layout::MegatronLayout;
+pub use receive::MegatronReceiver;
 
 use awex_core::backend::{Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend};
 use awex_core::layout::{LayoutError, SideLayout};

@@ -1,6 +1,7 @@
 //! Names on both ends: canonical (HF) tensors as compact identifiers, and Megatron's local
 //! parameter names (`decoder.layers.{i}.self_attention.linear_qkv.weight`, ...).
 
+use crate::config::ExpertLayout;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -218,10 +219,14 @@ pub enum Local {
     PreMlpNorm(u64),
     /// `mlp.router.weight`
     Router(u64),
-    /// `mlp.experts.linear_fc1.weight{j}` (layer, local expert j)
+    /// `mlp.experts.linear_fc1.weight{j}` or `mlp.experts.local_experts.{j}.linear_fc1.weight` (layer, local expert j)
     ExpertFc1(u64, u64),
-    /// `mlp.experts.linear_fc2.weight{j}` (layer, local expert j)
+    /// `mlp.experts.linear_fc2.weight{j}` or `mlp.experts.local_experts.{j}.linear_fc2.weight` (layer, local expert j)
     ExpertFc2(u64, u64),
+    /// `mlp.experts.linear_fc1.weight`: every local expert's fc1 stacked (`moe_single_grouped_weight`)
+    StackedFc1(u64),
+    /// `mlp.experts.linear_fc2.weight`: every local expert's fc2 stacked (`moe_single_grouped_weight`)
+    StackedFc2(u64),
 }
 
 /// How a local parameter is replicated and split across the ranks of its stage.
@@ -253,7 +258,10 @@ impl Local {
             | Local::Proj(_)
             | Local::Fc1(_)
             | Local::Fc2(_) => Split::Tp,
-            Local::ExpertFc1(..) | Local::ExpertFc2(..) => Split::Expert,
+            Local::ExpertFc1(..)
+            | Local::ExpertFc2(..)
+            | Local::StackedFc1(_)
+            | Local::StackedFc2(_) => Split::Expert,
         }
     }
 }
@@ -283,16 +291,51 @@ pub struct LayerNames {
     pub pre_mlp_norm: Arc<str>,
     /// `mlp.router.weight`
     pub router: Arc<str>,
-    /// `mlp.experts.linear_fc1.weight{j}` for every local expert j
+    /// fc1 of every local expert j (see [`expert_names`])
     pub expert_fc1: Vec<Arc<str>>,
-    /// `mlp.experts.linear_fc2.weight{j}` for every local expert j
+    /// fc2 of every local expert j (see [`expert_names`])
     pub expert_fc2: Vec<Arc<str>>,
+    /// `mlp.experts.linear_fc1.weight` (the stacked parameter of `moe_single_grouped_weight`)
+    pub stacked_fc1: Arc<str>,
+    /// `mlp.experts.linear_fc2.weight` (the stacked parameter of `moe_single_grouped_weight`)
+    pub stacked_fc2: Arc<str>,
+}
+
+/// The suffixes (after `decoder.layers.{i}.`) of local expert `j`'s fc1 and fc2 weights.
+///
+/// - `TEGroupedMLP` (`megatron/core/transformer/moe/experts.py`) holds `linear_fc1` /
+///   `linear_fc2` as Transformer Engine `GroupedLinear`s, which register one parameter per GEMM,
+///   `weight{j}` (`megatron/core/extensions/transformer_engine.py`, `TEGroupedLinear`).
+/// - `SequentialMLP` (same file) holds `local_experts = ModuleList([MLP, ...])`, each `MLP` with
+///   its own `linear_fc1` / `linear_fc2` (`ColumnParallelLinear` / `RowParallelLinear` with the
+///   local spec, `megatron/core/models/backends.py` `LocalSpecProvider.grouped_mlp_modules`).
+/// - With `moe_single_grouped_weight` the grouped layer has no per-expert parameter at all (see
+///   [`Local::StackedFc1`]); `None` then.
+pub fn expert_names(layout: ExpertLayout, j: u64) -> Option<(String, String)> {
+    match layout {
+        ExpertLayout::Grouped => Some((
+            format!("mlp.experts.linear_fc1.weight{j}"),
+            format!("mlp.experts.linear_fc2.weight{j}"),
+        )),
+        ExpertLayout::Sequential => Some((
+            format!("mlp.experts.local_experts.{j}.linear_fc1.weight"),
+            format!("mlp.experts.local_experts.{j}.linear_fc2.weight"),
+        )),
+        ExpertLayout::SingleGrouped => None,
+    }
 }
 
 impl LayerNames {
     /// The names of layer `local` of a chunk whose names start with `prefix` (`""` or `model{v}.`);
     /// `local_spec` selects the local layer spec's norm names over Transformer Engine's fused ones.
-    pub fn new(prefix: &str, local: u64, experts_local: u64, local_spec: bool) -> LayerNames {
+    /// `experts` picks the expert parameters' names.
+    pub fn new(
+        prefix: &str,
+        local: u64,
+        experts_local: u64,
+        local_spec: bool,
+        experts: ExpertLayout,
+    ) -> LayerNames {
         let base = format!("{prefix}decoder.layers.{local}.");
         let n = |suffix: &str| -> Arc<str> { Arc::from(format!("{base}{suffix}")) };
         let (qkv_norm, fc1_norm) = if local_spec {
@@ -316,11 +359,13 @@ impl LayerNames {
             pre_mlp_norm: n("pre_mlp_layernorm.weight"),
             router: n("mlp.router.weight"),
             expert_fc1: (0..experts_local)
-                .map(|j| n(&format!("mlp.experts.linear_fc1.weight{j}")))
+                .filter_map(|j| expert_names(experts, j).map(|(fc1, _)| n(&fc1)))
                 .collect(),
             expert_fc2: (0..experts_local)
-                .map(|j| n(&format!("mlp.experts.linear_fc2.weight{j}")))
+                .filter_map(|j| expert_names(experts, j).map(|(_, fc2)| n(&fc2)))
                 .collect(),
+            stacked_fc1: n("mlp.experts.linear_fc1.weight"),
+            stacked_fc2: n("mlp.experts.linear_fc2.weight"),
         }
     }
 }

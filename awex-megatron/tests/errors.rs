@@ -160,7 +160,7 @@ fn zero_sizes_are_refused() {
 fn unknown_keys_and_bad_fp32_values_are_refused() {
     assert_eq!(
         err(&preset("qwen3-tiny"), &[("tp_size", 2)]),
-        "backend `megatron` has no parallel key `tp_size`; keys: tp, pp, dp, cp, ep, etp, vpp, first_stage_layers, last_stage_layers, fp32, local_spec"
+        "backend `megatron` has no parallel key `tp_size`; keys: tp, pp, dp, cp, ep, etp, vpp, first_stage_layers, last_stage_layers, fp32, local_spec, grouped_gemm, single_grouped_weight"
     );
     assert_eq!(
         err(&preset("qwen3-tiny"), &[("fp32", 2)]),

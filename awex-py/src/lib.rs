@@ -20,6 +20,10 @@ use pyo3::prelude::*;
 /// The backend crates linked into the module; naming them links their registrations.
 const BACKENDS: [&str; 3] = [awex_megatron::CRATE, awex_fsdp::CRATE, awex_sglang::CRATE];
 
+// Megatron parameters as receivers (`Reader(..., backend="megatron")`): loading canonical weights
+// into a live Megatron job. Registered here only, so the CLI's inference backends stay the serving engines.
+awex_core::inventory::submit! { awex_core::backend::InferenceRegistration(&awex_megatron::MegatronReceiver) }
+
 /// The `awex._awex` module.
 #[pymodule]
 fn _awex(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -12,6 +12,9 @@ control plane; the bytes move between the ranks directly (shared memory or TCP).
         while training:
             step()
             w.update(version)
+
+``awex.Writer.attach(model, gateway, pair)`` does the same reading the backend, the parallel
+config, the rank and the layer spec from the live Megatron-Core or FSDP2 model.
 """
 
 from __future__ import annotations

@@ -169,6 +169,38 @@ class Writer(_Rank):
 
     _SIDE = "train"
 
+    #: what ``attach`` found in the live model (backend, parallel, rank, world_size, layer_spec, dtype, spec)
+    detected: dict[str, Any] | None = None
+
+    @classmethod
+    def attach(cls, model: Any, gateway: str, pair: str, **opts: Any) -> "Writer":
+        """A Writer for this process's rank of a live training job, with its parameters registered.
+
+        ``model`` is a Megatron-Core ``GPTModel`` / ``MegatronModule`` (possibly wrapped in
+        ``DistributedDataParallel`` / ``Float16Module``, or the list of VPP chunks of this stage)
+        or a module whose parameters are FSDP2 DTensors. The backend, the parallel config
+        (``megatron.core.parallel_state``; the DTensors' meshes and placements), the rank
+        (``torch.distributed``), the layer spec and the expert layout (from the parameter names)
+        are read from the process; a pair whose training side says otherwise is refused with an
+        ``awex.LayoutError`` naming every difference and the spec to connect with. ``opts`` are
+        ``Writer``'s keyword arguments (``token=``, ``transport=``, ``timeout=``, ...).
+        """
+        from . import _attach
+
+        found = _attach.inspect(model)
+        w = cls(gateway, pair, found["rank"], **opts)
+        try:
+            layout = w.layout()
+            moe = any(".mlp.experts." in t["name"] for t in layout)
+            dtype = layout[0]["dtype"] if layout else None
+            _attach.check_pair(found, pair, w.train, dtype, moe)
+            w.register(found["tensors"])
+        except BaseException:
+            w.close()
+            raise
+        w.detected = {k: v for k, v in found.items() if k != "tensors"}
+        return w
+
 
 class Reader(_Rank):
     """An inference rank (rank ``rank`` of engine ``engine``): registers its local tensors

@@ -2,7 +2,10 @@
 
 Works with both layer specs: Transformer Engine (``linear_qkv.layer_norm_weight``, ...) and the
 local spec (``input_layernorm.weight``, ``pre_mlp_layernorm.weight``; connect the pair with
-``megatron:...,local_spec=1``).
+``megatron:...,local_spec=1``), and every expert module: TEGroupedMLP
+(``mlp.experts.linear_fc1.weight{j}``), SequentialMLP (``mlp.experts.local_experts.{j}.linear_fc1.weight``,
+``grouped_gemm=0``; the only one the local spec builds) and a single grouped weight
+(``single_grouped_weight=1``). ``awex.Writer.attach`` picks all of it from the names.
 """
 
 from __future__ import annotations

@@ -1,0 +1,123 @@
+//! transformers 5's fused MoE experts under FSDP2 (`fused_experts=1`): per layer one
+//! `mlp.experts.gate_up_proj` `[E, 2I, H]` (expert e: gate rows, then up rows) and one
+//! `mlp.experts.down_proj` `[E, H, I]`, sharded on the expert dim with `torch.chunk` semantics.
+
+mod common;
+
+use awex_core::backend::{Backend, ParallelConfig};
+use awex_core::layout::{Dims, Placement, RankId, Region, SideLayout};
+use awex_core::model::Catalogue;
+use awex_core::model::presets::preset;
+use awex_fsdp::FsdpBackend;
+use std::sync::Arc;
+
+fn side(pairs: &[(&str, u64)]) -> Arc<dyn SideLayout> {
+    FsdpBackend
+        .layout(
+            &preset("qwen3-moe-tiny").expect("preset"),
+            &ParallelConfig::from_pairs(pairs.iter().copied()),
+        )
+        .expect("layout")
+}
+
+fn p(canonical: &str, extent: &[u64], local: &[u64]) -> Placement {
+    Placement {
+        canonical: Arc::from(canonical),
+        region: Region::new(Dims::zeros(extent.len()), Dims::new(extent)),
+        local_offset: Dims::new(local),
+    }
+}
+
+#[test]
+fn fused_experts_are_chunked_on_the_expert_dim_over_dp() {
+    // 8 experts over dp=3: torch.chunk gives 3, 3, 2
+    let s = side(&[("dp", 3), ("fused_experts", 1)]);
+    for (r, n, first) in [(0u32, 3u64, 0u64), (1, 3, 3), (2, 2, 6)] {
+        let rl = s.rank_layout(RankId::train(r)).expect("rank");
+        let gu = rl
+            .tensors
+            .iter()
+            .find(|t| &*t.name == "model.layers.1.mlp.experts.gate_up_proj")
+            .expect("gate_up_proj");
+        assert_eq!(gu.shape, Dims::new(&[n, 64, 64]));
+        assert_eq!(gu.placements.len() as u64, 2 * n);
+        assert_eq!(
+            gu.placements[2..4],
+            [
+                p(
+                    &format!("model.layers.1.mlp.experts.{}.gate_proj.weight", first + 1),
+                    &[32, 64],
+                    &[1, 0, 0]
+                ),
+                p(
+                    &format!("model.layers.1.mlp.experts.{}.up_proj.weight", first + 1),
+                    &[32, 64],
+                    &[1, 32, 0]
+                ),
+            ]
+        );
+        let down = rl
+            .tensors
+            .iter()
+            .find(|t| &*t.name == "model.layers.1.mlp.experts.down_proj")
+            .expect("down_proj");
+        assert_eq!(down.shape, Dims::new(&[n, 64, 32]));
+        assert_eq!(
+            down.placements[0],
+            p(
+                &format!("model.layers.1.mlp.experts.{first}.down_proj.weight"),
+                &[64, 32],
+                &[0, 0, 0]
+            )
+        );
+        // no per-expert names, and experts come before the router as transformers 5 registers them
+        let names: Vec<&str> = rl.tensors.iter().map(|t| &*t.name).collect();
+        assert!(!names.iter().any(|n| n.contains("experts.0.")));
+        let at = |n: &str| names.iter().position(|x| *x == n).expect(n);
+        assert_eq!(
+            at("model.layers.1.mlp.experts.down_proj") + 1,
+            at("model.layers.1.mlp.gate.weight")
+        );
+        // the dense layer 0 (mlp_only_layers) keeps its plain MLP
+        assert!(names.contains(&"model.layers.0.mlp.gate_proj.weight"));
+    }
+}
+
+#[test]
+fn fused_holders_name_the_rank_that_holds_each_expert() {
+    let s = side(&[("dp", 3), ("replicate", 2), ("fused_experts", 1)]);
+    let h = s.holders("model.layers.2.mlp.experts.7.up_proj.weight");
+    assert_eq!(h.len(), 1);
+    // expert 7 is local expert 1 of dp rank 2; replicate groups 0 and 1 hold it (ranks 2 and 5)
+    assert_eq!(h[0].ranks, vec![RankId::train(2), RankId::train(5)]);
+    assert_eq!(&*h[0].tensor, "model.layers.2.mlp.experts.gate_up_proj");
+    assert_eq!(h[0].tensor_shape, Dims::new(&[2, 64, 64]));
+    assert_eq!(h[0].local_offset, Dims::new(&[1, 32, 0]));
+}
+
+#[test]
+fn fused_layouts_validate_and_round_trip() {
+    let model = preset("qwen3-moe-tiny").expect("preset");
+    let cat = Catalogue::of(&model);
+    for (dp, rep) in [(1, 1), (2, 1), (3, 1), (5, 1), (9, 1), (2, 2)] {
+        let s = side(&[("dp", dp), ("replicate", rep), ("fused_experts", 1)]);
+        common::check_side(s.as_ref(), &cat);
+    }
+}
+
+#[test]
+fn fused_experts_refuse_tp_and_bad_values() {
+    let model = preset("qwen3-moe-tiny").expect("preset");
+    let err = |pairs: &[(&str, u64)]| match FsdpBackend
+        .layout(&model, &ParallelConfig::from_pairs(pairs.iter().copied()))
+    {
+        Ok(_) => panic!("{pairs:?} accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err(&[("tp", 2), ("fused_experts", 1)]).contains(
+            "fsdp fused_experts=1 with tp=2: awex describes transformers' fused expert tensors sharded over dp only"
+        )
+    );
+    assert!(err(&[("fused_experts", 2)]).contains("fsdp fused_experts=2; use fused_experts=1"));
+}

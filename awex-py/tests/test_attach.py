@@ -1,0 +1,86 @@
+"""The pure parts of ``Writer.attach``: reading the layer spec and expert layout from parameter
+names, the FSDP mesh roles, and the refusal of a pair that disagrees with the live job. (The
+real Megatron-Core / FSDP2 runs are engines/tests/train.)"""
+
+import pytest
+
+import awex
+from awex import _attach
+
+
+def names(*suffixes):
+    return [f"decoder.layers.0.{s}" for s in suffixes]
+
+
+def test_layer_spec_and_expert_layout_come_from_the_real_names():
+    local = names("input_layernorm.weight", "self_attention.linear_qkv.weight", "pre_mlp_layernorm.weight",
+                  "mlp.router.weight", "mlp.experts.local_experts.0.linear_fc1.weight")
+    assert _attach._names_spec(local) == {"local_spec": 1, "grouped_gemm": 0}
+    te = names("self_attention.linear_qkv.layer_norm_weight", "pre_mlp_layernorm.weight",
+               "mlp.experts.linear_fc1.weight0", "mlp.experts.linear_fc2.weight0")
+    assert _attach._names_spec(te) == {"local_spec": 0, "grouped_gemm": 1}
+    single = names("self_attention.linear_qkv.layer_norm_weight", "mlp.experts.linear_fc1.weight")
+    assert _attach._names_spec(single) == {"local_spec": 0, "grouped_gemm": 1, "single_grouped_weight": 1}
+    dense = names("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.weight")
+    assert _attach._names_spec(dense) == {"local_spec": 0}
+
+
+def test_mesh_roles_from_names_or_placements():
+    assert _attach._mesh_roles(["replicate", "shard"], [{"R"}, {"S0"}]) == ["replicate", "dp"]
+    assert _attach._mesh_roles(["dp", "tp"], [{"S0"}, {"S0", "S1", "R"}]) == ["dp", "tp"]
+    assert _attach._mesh_roles([], [{"R"}, {"S0"}]) == ["replicate", "dp"]
+    assert _attach._mesh_roles([], [{"S0"}, {"S0", "S1"}]) == ["dp", "tp"]
+    assert _attach._mesh_roles([], [{"S0"}]) == ["dp"]
+
+
+def found(parallel, backend="megatron", dtype="float32"):
+    spec = backend + ":" + ",".join(f"{k}={v}" for k, v in parallel.items())
+    return {"backend": backend, "parallel": parallel, "dtype": dtype, "spec": spec}
+
+
+def test_a_pair_agreeing_after_defaults_is_accepted():
+    live = {"tp": 2, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 2, "vpp": 1, "local_spec": 1}
+    _attach.check_pair(found(live), "rl", "megatron:tp=2,local_spec=1", "f32", moe=False)
+    moe = dict(live, ep=2, dp=2, etp=2, grouped_gemm=0)
+    _attach.check_pair(found(moe), "rl", "megatron:tp=2,dp=2,ep=2,local_spec=1", "f32", moe=True)
+    fs = {"dp": 2, "replicate": 1, "tp": 1, "fused_experts": 1}
+    _attach.check_pair(found(fs, "fsdp"), "rl", "fsdp:dp=2,fused_experts=1", "f32", moe=True)
+
+
+def test_a_disagreeing_pair_is_refused_naming_every_difference():
+    live = {"tp": 2, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 2, "vpp": 1, "local_spec": 1}
+    with pytest.raises(awex.LayoutError) as e:
+        _attach.check_pair(found(live), "rl", "megatron:dp=2,local_spec=1", "f32", moe=False)
+    assert str(e.value) == (
+        "the live megatron job disagrees with pair `rl` (`megatron:dp=2,local_spec=1`): "
+        "dp=1 here but dp=2 in the pair; tp=2 here but tp=1 in the pair; "
+        'connect the pair with train="megatron:tp=2,pp=1,dp=1,cp=1,ep=1,etp=2,vpp=1,local_spec=1"'
+    )
+    with pytest.raises(awex.LayoutError, match=r"grouped_gemm=0 here but grouped_gemm=1 in the pair"):
+        _attach.check_pair(found(dict(live, local_spec=0, grouped_gemm=0)), "rl", "megatron:tp=2", "f32", moe=True)
+    with pytest.raises(awex.LayoutError, match=r"fused_experts=0 here but fused_experts=1 in the pair"):
+        _attach.check_pair(found({"dp": 2}, "fsdp"), "rl", "fsdp:dp=2,fused_experts=1", "f32", moe=True)
+
+
+def test_another_backend_or_dtype_is_refused():
+    with pytest.raises(awex.LayoutError) as e:
+        _attach.check_pair(found({"dp": 2}, "fsdp"), "rl", "megatron:tp=2", "f32", moe=False)
+    assert str(e.value) == (
+        "this process runs a fsdp model, but pair `rl` describes its training side as `megatron:tp=2`; "
+        'connect the pair with train="fsdp:dp=2"'
+    )
+    live = {"tp": 1, "local_spec": 1}
+    with pytest.raises(awex.LayoutError) as e:
+        _attach.check_pair(found(live), "rl", "megatron:local_spec=1", "bf16", moe=False)
+    assert str(e.value) == (
+        "the live parameters are float32 but pair `rl`'s training layout needs bf16 "
+        "(fp32=1 says the trainer keeps fp32 parameters of a lower-precision model)"
+    )
+
+
+def test_attach_needs_torch_distributed():
+    torch = pytest.importorskip("torch")
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is initialised")
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        awex.Writer.attach(torch.nn.Linear(2, 2), "http://127.0.0.1:1", "rl")

@@ -1,0 +1,92 @@
+"""Small HF models (Qwen2, Qwen3, Qwen3-MoE) with random weights, written as HF checkpoints
+(config.json + model.safetensors with the checkpoint's per-expert names), and their logits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from typing import Any
+
+import torch
+
+import convert
+
+BASE = dict(
+    hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+    vocab_size=300, num_hidden_layers=4, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
+    tie_word_embeddings=False, hidden_act="silu",
+)
+
+
+def config(kind: str, **over: Any) -> Any:
+    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe), float32."""
+    import transformers
+
+    kw = dict(BASE)
+    kw.update(over)
+    if kind == "qwen2":
+        cfg = transformers.Qwen2Config(**kw)
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(attention_bias=False, **kw)
+    else:
+        kw.setdefault("num_experts", 4)
+        kw.setdefault("num_experts_per_tok", 2)
+        kw.setdefault("moe_intermediate_size", 32)
+        cfg = transformers.Qwen3MoeConfig(attention_bias=False, norm_topk_prob=True, decoder_sparse_step=1,
+                                          mlp_only_layers=[], output_router_logits=False, **kw)
+    cfg.dtype = torch.float32
+    return cfg
+
+
+def _random(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The value of canonical tensor `name`: seeded by the name alone, so that transformers 4
+    and 5 (different module trees, different parameter order) build the same weights; norms
+    around 1, so that a misplaced norm shows."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    t = torch.randn(shape, generator=g)
+    return 1.0 + 0.1 * t if name.endswith("norm.weight") else 0.08 * t
+
+
+def build(cfg: Any) -> torch.nn.Module:
+    """The HF model with every canonical tensor drawn by `_random` (fused experts filled from
+    their per-expert tensors: gate rows then up rows, as transformers 5's Qwen3MoeExperts reads them)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            m = re.fullmatch(r"(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)", name)
+            if m is None:
+                p.copy_(_random(name, tuple(p.shape)))
+                continue
+            base, which = m.groups()
+            for e in range(p.shape[0]):
+                if which == "down_proj":
+                    p[e] = _random(f"{base}.{e}.down_proj.weight", tuple(p.shape[1:]))
+                else:
+                    i = p.shape[1] // 2
+                    p[e, :i] = _random(f"{base}.{e}.gate_proj.weight", (i, p.shape[2]))
+                    p[e, i:] = _random(f"{base}.{e}.up_proj.weight", (i, p.shape[2]))
+    return model
+
+
+def write_checkpoint(model: torch.nn.Module, path: str) -> dict[str, torch.Tensor]:
+    """config.json + model.safetensors; returns the canonical tensors written."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    canon = convert.hf_canonical(model)
+    save_file(canon, os.path.join(path, "model.safetensors"))
+    cfg = model.config.to_dict()
+    cfg["torch_dtype"] = "float32"
+    cfg["architectures"] = [type(model).__name__]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1, default=str)
+    return canon
+
+
+def logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits

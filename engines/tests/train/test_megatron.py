@@ -1,0 +1,197 @@
+"""Conformance of awex's Megatron-Core layout against the real Megatron-Core 0.19.2 on CPU over
+gloo (local layer spec, fp32): for every case, on every rank,
+
+(a) the real model's parameter names, shapes and dtypes equal awex's layout (the receiving
+    layout and the layout ``Writer.attach`` registers against);
+(b) the real model, loaded with the bytes awex delivers from an HF checkpoint (a one-rank
+    ``fsdp:dp=1`` Writer of the checkpoint's tensors; the real parameters registered as the
+    readers' tensors), gives the HF transformers model's logits within fp32 tolerance;
+(c) an update from the real parameters (rewritten in place, registered by ``Writer.attach``)
+    into SGLang-layout readers is bit-exact against an independent conversion, and the
+    conversion of the rewritten parameters back to HF is bit-exact against the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+pytest.importorskip("transformers")
+awex = pytest.importorskip("awex")
+import awex._testing  # noqa: E402
+
+import convert  # noqa: E402
+import harness  # noqa: E402
+import hf_models  # noqa: E402
+
+TOKENS = [3, 17, 250, 42, 7, 299, 128, 64, 5, 11]
+
+WORLD2 = [
+    dict(name="tp2", kind="qwen3", parallel={"tp": 2}, infer="sglang:tp=2", wrong={"dp": 2}),
+    dict(name="pp2_vpp2", kind="qwen3", parallel={"pp": 2, "vpp": 2}, infer="sglang:tp=2"),
+    dict(name="pp2_uneven_tied", kind="qwen3", over={"num_hidden_layers": 3, "tie_word_embeddings": True},
+         parallel={"pp": 2, "first_stage_layers": 1, "last_stage_layers": 2}, infer="sglang:tp=1"),
+    dict(name="qwen2_tp2", kind="qwen2", parallel={"tp": 2}, infer="sglang:tp=2"),
+    dict(name="moe_ep2", kind="qwen3_moe", over={"num_hidden_layers": 2}, parallel={"dp": 2, "ep": 2},
+         infer="sglang:tp=2,ep=2"),
+]
+WORLD4 = [
+    dict(name="tp4_kv2", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"tp": 4}, infer="sglang:tp=4"),
+    dict(name="tp2_dp2", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"tp": 2, "dp": 2},
+         infer="sglang:tp=2"),
+    dict(name="moe_tp2_ep2_etp2", kind="qwen3_moe", over={"num_hidden_layers": 2},
+         parallel={"tp": 2, "dp": 2, "ep": 2, "etp": 2}, infer="sglang:tp=2"),
+]
+DTYPES = {"float32": "f32"}
+
+
+def spec(parallel: dict) -> str:
+    return "megatron:" + ",".join(f"{k}={v}" for k, v in parallel.items()) + ",local_spec=1"
+
+
+def run_world(world: int, cases: list[dict], out: str) -> dict:
+    only = os.environ.get("AWEX_TRAIN_CASES")  # a comma-separated subset, for working on one case
+    if only:
+        cases = [c for c in cases if c["name"] in only.split(",")]
+    gw = awex._testing.start_gateway()
+    ctl = awex.Controller(gw)
+    state = {}
+    wire = []
+    for case in cases:
+        d = os.path.join(out, case["name"])
+        model = hf_models.build(hf_models.config(case["kind"], **case.get("over", {})))
+        canon = hf_models.write_checkpoint(model, d)
+        hf = json.load(open(os.path.join(d, "config.json")))
+        if "num_local_experts" in hf:  # transformers 5 writes Qwen3-MoE's num_experts under this name
+            hf.setdefault("num_experts", hf["num_local_experts"])
+        load, upd, wrong = (f"{case['name']}-{x}" for x in ("load", "update", "wrong"))
+        ctl.connect(load, model=d, train="fsdp:dp=1", infer=spec(case["parallel"]), transport="shm", join_deadline_s=harness.TIMEOUT)
+        ctl.connect(upd, model=d, train=spec(case["parallel"]), infer=case["infer"], transport="tcp", join_deadline_s=harness.TIMEOUT)
+        if case.get("wrong"):
+            ctl.connect(wrong, model=d, train=spec(case["wrong"]), infer=case["infer"], transport="tcp")
+        state[case["name"]] = dict(case=case, hf=hf, canon=canon, logits=hf_models.logits(model, TOKENS), out=out)
+        wire.append(dict(name=case["name"], parallel=case["parallel"], hf=hf, tokens=TOKENS,
+                         load_pair=load, update_pair=upd, wrong_pair=wrong if case.get("wrong") else None))
+    procs = harness.launch("megatron_worker.py", world, gw, wire, out)
+    try:
+        for case in cases:
+            name = case["name"]
+            th = harness.Threads()
+            th.start(lambda: harness.send_canonical(gw, f"{name}-load", state[name]["canon"]))
+            harness.wait_ready(ctl, f"{name}-load", procs, out)
+            ctl.update(1, timeout=harness.TIMEOUT, pair=f"{name}-load")
+            th.wait()
+            infer_ranks = int(case["infer"].split("tp=")[1].split(",")[0])
+            th = harness.Threads()
+            state[name]["received"] = harness.receive(gw, f"{name}-update", infer_ranks, th)
+            harness.wait_ready(ctl, f"{name}-update", procs, out)
+            ctl.update(1, timeout=harness.TIMEOUT, pair=f"{name}-update")
+            th.wait()
+            harness.check_alive(procs, out)
+    finally:
+        ranks = harness.finish(procs, out)
+    for name in state:
+        state[name]["ranks"] = [r.get(name, {"error": "no result"}) for r in ranks]
+    return state
+
+
+@pytest.fixture(scope="module")
+def world2():
+    with harness.scratch_dir("megatron2") as out:
+        yield run_world(2, WORLD2, out)
+
+
+@pytest.fixture(scope="module")
+def world4():
+    with harness.scratch_dir("megatron4") as out:
+        yield run_world(4, WORLD4, out)
+
+
+def result(request, name: str) -> dict:
+    world = "world2" if any(c["name"] == name for c in WORLD2) else "world4"
+    st = request.getfixturevalue(world)[name]
+    for r, res in enumerate(st["ranks"]):
+        assert "error" not in res, f"rank {r}: {res['error']}"
+    return st
+
+
+NAMES = [c["name"] for c in WORLD2 + WORLD4]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", NAMES)
+def test_real_parameters_equal_awex_layout(request, name):
+    st = result(request, name)
+    for r, res in enumerate(st["ranks"]):
+        real = [[n, s, DTYPES[d]] for n, s, d in res["real"]]
+        assert real == res["load_layout"], f"rank {r}: the receiving layout differs from the real model"
+        assert real == res["attach_layout"], f"rank {r}: the attached layout differs from the real model"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_delivered_by_awex_gives_hf_logits(request, name):
+    st = result(request, name)
+    got = torch.load(os.path.join(st["out"], f"{name}.logits.pt"))
+    torch.testing.assert_close(got, st["logits"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", NAMES)
+def test_update_from_real_parameters_is_bit_exact(request, name):
+    st = result(request, name)
+    saved = [torch.load(os.path.join(st["out"], f"{name}.rank{r}.pt")) for r in range(len(st["ranks"]))]
+    p = dict(st["case"]["parallel"])
+    rebuilt = convert.megatron_to_hf(saved, st["hf"], p)
+    # the real parameters held the checkpoint exactly: rewritten, they are the checkpoint * 1.5 + 0.25
+    assert sorted(rebuilt) == sorted(st["canon"])
+    for n, t in st["canon"].items():
+        assert torch.equal(rebuilt[n], t * 1.5 + 0.25), n
+    infer = dict(kv.split("=") for kv in st["case"]["infer"].split(":")[1].split(","))
+    tp, ep = int(infer["tp"]), int(infer.get("ep", 1))
+    for r, arrays in st["received"].items():
+        for n, a in arrays.items():
+            want = convert.sglang_expected(n, list(a.shape), rebuilt, st["hf"], tp, ep, r)
+            assert want.shape == a.shape, (r, n)
+            assert want.tobytes() == a.tobytes(), f"sglang rank {r} `{n}` differs"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", NAMES)
+def test_attach_reads_the_parallel_config_from_the_live_job(request, name):
+    st = result(request, name)
+    p = st["case"]["parallel"]
+    for r, res in enumerate(st["ranks"]):
+        d = res["detected"]
+        assert d["backend"] == "megatron" and d["rank"] == r and d["layer_spec"] == "local"
+        for k, v in p.items():
+            assert d["parallel"][k] == v, (r, k)
+        assert d["parallel"]["local_spec"] == 1
+        assert res["live"] == d
+
+
+@pytest.mark.timeout(600)
+def test_attach_refuses_a_pair_that_disagrees_with_the_live_job(request):
+    st = result(request, "tp2")
+    for res in st["ranks"]:
+        msg = res["wrong"]
+        assert msg is not None, "attach accepted a pair with dp=2 for a tp=2 job"
+        assert "the live megatron job disagrees with pair `tp2-wrong`" in msg
+        assert "dp=1 here but dp=2 in the pair; tp=2 here but tp=1 in the pair" in msg
+        assert 'connect the pair with train="megatron:tp=2,pp=1,dp=1,cp=1,ep=1,etp=2,vpp=1,local_spec=1"' in msg
+
+
+@pytest.mark.timeout(600)
+def test_detect_sees_through_ddp_and_float16module(request):
+    st = result(request, "tp2")
+    for r, res in enumerate(st["ranks"]):
+        assert res["ddp_live"] == res["detected"]
+        live = res["wrapped_live"]
+        assert live["backend"] == "megatron" and live["rank"] == r
+        assert live["dtype"] == "bfloat16"
+        assert live["parallel"] == res["detected"]["parallel"]
