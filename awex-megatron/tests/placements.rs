@@ -911,7 +911,9 @@ fn backend_is_registered_as_megatron() {
             "first_stage_layers",
             "last_stage_layers",
             "fp32",
-            "local_spec"
+            "local_spec",
+            "grouped_gemm",
+            "single_grouped_weight"
         ]
     );
     let side = b
