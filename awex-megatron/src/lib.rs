@@ -6,6 +6,8 @@
 //! inside them for any TP / PP / VPP / DP / CP / EP / ETP configuration, computed lazily per
 //! rank and per canonical tensor. It also recognises Megatron launches and checkpoints.
 
+#![warn(missing_docs)]
+
 mod config;
 mod detect;
 mod layout;

@@ -5,6 +5,8 @@
 //! result ([`report::Report`]) is a prediction: the model is calibrated on the runs this
 //! project could measure (`data/calibration.toml`), not on large clusters.
 
+#![warn(missing_docs)]
+
 pub mod buckets;
 pub mod calibration;
 #[cfg(feature = "cli")]
