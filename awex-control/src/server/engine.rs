@@ -7,7 +7,6 @@
 //! queued, so that a retry's pause can never overtake the previous attempt's resume, and the
 //! session's end can never overtake its trigger.
 
-use super::pairs::PairEntry;
 use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod};
 use serde_json::Value;
 use std::sync::Weak;
@@ -28,6 +27,21 @@ pub(crate) enum EngineCmd {
     Finish { version: u64, attempt: u32 },
     /// The backend's calls that let the engines serve again (continue generation).
     Continue { version: u64, attempt: u32 },
+}
+
+/// What the lane reports back to the pair it serves (implemented by the pair's entry, so that
+/// this module needs nothing of the gateway's state).
+pub(crate) trait EngineEvents: Send + Sync + 'static {
+    /// The warm-up calls after connect finished.
+    fn engines_warmed(&self, errors: Vec<String>);
+    /// The calls before `version`/`attempt` finished.
+    fn engines_paused(&self, version: u64, attempt: u32, errors: Vec<String>);
+    /// The trigger of `version`/`attempt` answered.
+    fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>);
+    /// The closing calls of `version`/`attempt` finished.
+    fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>);
+    /// The engines were resumed after `version`/`attempt`.
+    fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>);
 }
 
 /// The HTTP client engines are called with.
@@ -184,7 +198,7 @@ impl EngineLane {
     /// Starts the lane's task for engines with these checked `facts`; it ends when the pair is
     /// dropped. A trigger may take up to `trigger_timeout` (the pair's update deadline).
     pub(crate) fn spawn(
-        pair: Weak<PairEntry>,
+        pair: Weak<dyn EngineEvents>,
         control: &'static dyn EngineControl,
         urls: Vec<String>,
         facts: Vec<EngineFacts>,

@@ -2,39 +2,48 @@
 //! engines, sequences weight updates by version, and commits a version only when every rank of
 //! both sides reported success. It never touches tensor bytes.
 //!
-//! One file per resource, as the routes are laid out:
+//! The modules form one chain, each importing only those before it:
+//!
+//! 1. leaves: `error` (every failure mapped to a 4xx status and a `{"error": ...}` body),
+//!    `config`, `validate` (names, bounds, model and catalogue checks);
+//! 2. `store`: the data a pair's state is made of (`events`, `kv`, `roster`, `updates`,
+//!    `metrics`), knowing nothing of handlers;
+//! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
+//!    reporting back through a trait the pair implements;
+//! 4. `state`: the gateway and every pair's entry;
+//! 5. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
+//!    (bearer token, constant-time compare);
+//! 6. `routes`: one file per resource, and the update lifecycle they drive:
 //!
 //! | file | routes |
 //! | --- | --- |
-//! | [`pairs`] | `POST /v1/pairs`, `GET /v1/pairs/{name}/status`, `DELETE /v1/pairs/{name}` |
-//! | [`ranks`] | `POST /v1/pairs/{name}/ranks` (join, long-poll) |
-//! | [`kv`] | `PUT`/`GET /v1/pairs/{name}/kv/{key}` (rendezvous values) |
-//! | [`updates`] | `POST /v1/pairs/{name}/updates`, `GET .../updates/{version}`, `POST .../updates/{version}/report` |
-//! | [`events`] | `GET /v1/pairs/{name}/events?after=N` (long-poll) |
-//! | `metrics` | `GET /metrics` (Prometheus text) |
-//! | `openapi` | `GET /openapi.json` |
+//! | `routes/pairs` | `POST /v1/pairs`, `GET /v1/pairs/{name}/status`, `POST .../resume`, `DELETE /v1/pairs/{name}` |
+//! | `routes/ranks` | `POST /v1/pairs/{name}/ranks` (join, long-poll) |
+//! | `routes/kv` | `PUT`/`GET /v1/pairs/{name}/kv/{key}` (rendezvous values) |
+//! | `routes/updates` | `POST /v1/pairs/{name}/updates`, `GET .../updates/{version}`, `POST .../updates/{version}/report` |
+//! | `routes/events` | `GET /v1/pairs/{name}/events?after=N` (long-poll) |
+//! | `routes/metrics` | `GET /metrics` (Prometheus text) |
+//! | `routes/openapi` | `GET /openapi.json` |
 //!
-//! Cross-cutting concerns have their own files: `auth` (bearer token, constant-time compare),
-//! `error` (every failure mapped to a 4xx status and a `{"error": ...}` body), `extract`
-//! (JSON, path and query extractors whose rejections become those errors), `validate` (names,
-//! bounds, model and catalogue checks) and `engine` (SGLang `pause_generation` /
-//! `continue_generation` calls around an update). The long-form guide is `docs/gateway.md`.
+//! and this file: the route table, the router and `serve`. The long-form guide is
+//! `docs/gateway.md`.
 
 mod auth;
+mod config;
 mod engine;
 mod error;
-pub mod events;
 mod extract;
-pub mod kv;
-mod metrics;
-mod openapi;
-pub mod pairs;
-pub mod ranks;
-pub mod updates;
+mod routes;
+mod state;
+mod store;
 mod validate;
 
+pub use config::{GatewayConfig, ServeError};
 pub use error::ApiError;
-pub use openapi::DOCUMENT as OPENAPI_DOCUMENT;
+pub use routes::openapi::DOCUMENT as OPENAPI_DOCUMENT;
+
+use routes::{events, kv, metrics, openapi, pairs, ranks, updates};
+use state::{AppState, Gateway};
 
 use axum::Router;
 use axum::handler::Handler;
@@ -45,71 +54,11 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 pub use crate::wire::{
     DEFAULT_WAIT_MS, EVENTS_KEPT, MAX_ERROR_BYTES, MAX_INFO_BYTES, MAX_KV_KEYS, MAX_KV_VALUE_BYTES,
     MAX_RANKS, MAX_ROSTER_INFO_BYTES, MAX_WAIT_MS, UPDATES_KEPT, ms,
 };
-
-/// How the gateway runs: its token, limits and timeouts.
-#[derive(Clone, Debug)]
-pub struct GatewayConfig {
-    /// Bearer token every `/v1` and `/metrics` request must carry; `None` serves without auth
-    /// (allowed only on a loopback address).
-    pub token: Option<String>,
-    /// Largest request body in bytes; bigger bodies get 413.
-    pub body_limit: usize,
-    /// Most live (not disconnected) pairs.
-    pub max_pairs: usize,
-    /// Timeout of one call to an inference engine (`pause_generation` / `continue_generation`).
-    pub engine_timeout: Duration,
-    /// How long a disconnected pair stays visible (its event stream ends with `disconnect`).
-    pub tombstone: Duration,
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        GatewayConfig {
-            token: None,
-            body_limit: 8 * 1024 * 1024,
-            max_pairs: 1024,
-            engine_timeout: Duration::from_secs(10),
-            tombstone: Duration::from_secs(60),
-        }
-    }
-}
-
-/// Why the gateway could not start or stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// A non-loopback address without a token would expose an unauthenticated control plane.
-    #[error(
-        "refusing to serve on {addr} without a token: a non-loopback address needs --token-file or AWEX_TOKEN (or bind 127.0.0.1)"
-    )]
-    NoTokenOnPublicAddress {
-        /// the address
-        addr: SocketAddr,
-    },
-    /// The token is empty or contains characters that cannot appear in an HTTP header.
-    #[error("the gateway token must be 1 to 4096 visible ASCII characters without spaces")]
-    BadToken,
-    /// The listener or the server failed.
-    #[error("gateway I/O error: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-/// The shared state behind every handler.
-pub(crate) struct Gateway {
-    pub(crate) config: GatewayConfig,
-    pub(crate) pairs: RwLock<HashMap<String, Arc<pairs::PairEntry>>>,
-    pub(crate) metrics: Arc<metrics::Metrics>,
-    pub(crate) engines: engine::EngineClient,
-    pub(crate) next_id: AtomicU64,
-}
-
-/// State type of the router.
-pub(crate) type AppState = Arc<Gateway>;
 
 /// Whether a route needs the bearer token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,7 +158,7 @@ pub fn router(config: GatewayConfig) -> Router {
         engines: engine::EngineClient::new(config.engine_timeout),
         config,
         pairs: RwLock::new(HashMap::new()),
-        metrics: Arc::new(metrics::Metrics::default()),
+        metrics: Arc::new(store::metrics::Metrics::default()),
         next_id: AtomicU64::new(1),
     });
     let mut router: Router<AppState> = Router::new();
@@ -286,14 +235,6 @@ pub async fn serve_with_shutdown(
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
-}
-
-/// Milliseconds since the Unix epoch (for status timestamps).
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,30 +1,26 @@
 //! `GET /metrics`: pairs, updates by outcome, update durations and bytes, in the Prometheus text
 //! exposition format (version 0.0.4).
 
-use super::AppState;
 use crate::wire::PairState;
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Upper bounds (seconds) of the update-duration histogram buckets.
-const BUCKETS: [f64; 14] = [
+pub(crate) const BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
 
 /// Counters of the gateway, updated lock-free by the handlers and background tasks.
 #[derive(Default)]
 pub(crate) struct Metrics {
-    committed: AtomicU64,
-    failed: AtomicU64,
-    bytes_training: AtomicU64,
-    bytes_inference: AtomicU64,
-    joins: AtomicU64,
-    buckets: [AtomicU64; BUCKETS.len()],
-    duration_count: AtomicU64,
-    duration_sum_us: AtomicU64,
+    pub(crate) committed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) bytes_training: AtomicU64,
+    pub(crate) bytes_inference: AtomicU64,
+    pub(crate) joins: AtomicU64,
+    pub(crate) buckets: [AtomicU64; BUCKETS.len()],
+    pub(crate) duration_count: AtomicU64,
+    pub(crate) duration_sum_us: AtomicU64,
 }
 
 impl Metrics {
@@ -125,27 +121,6 @@ impl Metrics {
         let _ = writeln!(s, "awex_gateway_rank_joins_total {}", get(&self.joins));
         s
     }
-}
-
-/// `GET /metrics`.
-pub(crate) async fn render(State(gateway): State<AppState>) -> impl IntoResponse {
-    let mut counts: Vec<(PairState, usize)> = PairState::ALL.iter().map(|s| (*s, 0)).collect();
-    {
-        let pairs = gateway.pairs.read().unwrap_or_else(|e| e.into_inner());
-        for entry in pairs.values() {
-            let state = entry.state();
-            if let Some(c) = counts.iter_mut().find(|(s, _)| *s == state) {
-                c.1 += 1;
-            }
-        }
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        gateway.metrics.text(&counts),
-    )
 }
 
 #[cfg(test)]

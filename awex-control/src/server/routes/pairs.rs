@@ -5,16 +5,17 @@
 //! options, each side's model against its catalogue summary, and that both sides describe the
 //! same canonical tensors (dtypes may differ only where the sender converts).
 
-use super::engine::{EngineCmd, EngineLane};
-use super::error::ApiError;
-use super::events::EventLog;
-use super::extract::{JsonBody, PathParams, json_error};
-use super::kv::KvStore;
-use super::metrics::Metrics;
-use super::ranks::{Roster, Slots};
-use super::updates::Updates;
-use super::{AppState, Gateway, MAX_RANKS, unix_ms, validate};
-use crate::wire::{ConnectRequest, EventKind, PairState, PairStatus, Resume, SideStatus};
+use crate::server::engine::{EngineCmd, EngineEvents, EngineLane};
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, json_error};
+use crate::server::state::{AppState, Pair, PairEntry, unix_ms};
+use crate::server::store::events::EventLog;
+use crate::server::store::kv::KvStore;
+use crate::server::store::roster::{Roster, Slots};
+use crate::server::store::updates::Updates;
+use crate::server::validate;
+use crate::wire::MAX_RANKS;
+use crate::wire::{ConnectRequest, PairState, PairStatus, Resume, SideStatus};
 use awex_core::backend::{EngineControl, EngineExpect, ParallelConfig, inference_backend};
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
@@ -22,159 +23,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde_json::Value;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::Weak;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-/// The mutable state of a pair, behind the entry's mutex.
-pub(crate) struct Pair {
-    pub(crate) state: PairState,
-    pub(crate) join_error: Option<String>,
-    pub(crate) roster: Roster,
-    pub(crate) kv: KvStore,
-    pub(crate) updates: Updates,
-    pub(crate) events: EventLog,
-    /// Engine errors outside an update (warm-up), kept for the status.
-    pub(crate) engine_errors: Vec<String>,
-}
-
-/// A registered pair: its immutable description, its state, and the channels waiters watch.
-pub(crate) struct PairEntry {
-    pub(crate) name: String,
-    pub(crate) id: u64,
-    pub(crate) request: ConnectRequest,
-    pub(crate) slots: Slots,
-    pub(crate) created_unix_ms: u64,
-    pub(crate) join_deadline: Instant,
-    pub(crate) training: SideStatus,
-    pub(crate) inference: SideStatus,
-    inner: Mutex<Pair>,
-    /// Fires when the pair leaves `joining` (ready, join failed, disconnected).
-    pub(crate) roster_tx: watch::Sender<()>,
-    /// Carries the last event seq; fires on every event.
-    pub(crate) events_tx: watch::Sender<u64>,
-    /// Fires on every rendezvous value written.
-    pub(crate) kv_tx: watch::Sender<()>,
-    /// Fires when an update starts or finishes.
-    pub(crate) update_tx: watch::Sender<()>,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) engines: Option<EngineLane>,
-}
-
-impl PairEntry {
-    /// Locks the pair's state (a poisoned lock still holds consistent data: no handler panics).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Pair> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The pair's state.
-    pub(crate) fn state(&self) -> PairState {
-        self.lock().state
-    }
-
-    /// Appends an event and wakes the event long-polls.
-    pub(crate) fn publish(
-        &self,
-        p: &mut Pair,
-        kind: EventKind,
-        version: Option<u64>,
-        attempt: Option<u32>,
-        reason: Option<String>,
-    ) {
-        let seq = p.events.push(kind, version, attempt, reason);
-        self.events_tx.send_replace(seq);
-    }
-
-    /// Queues a call to every engine (no-op without engine URLs).
-    pub(crate) fn engine_cmd(&self, cmd: EngineCmd) {
-        if let Some(lane) = &self.engines {
-            lane.send(cmd);
-        }
-    }
-
-    /// Fails the join if its deadline passed while ranks were missing.
-    pub(crate) fn enforce_join_deadline(&self) {
-        let mut p = self.lock();
-        if p.state != PairState::Joining || Instant::now() < self.join_deadline {
-            return;
-        }
-        let missing = p.roster.describe_missing(&self.slots);
-        p.state = PairState::JoinFailed;
-        p.join_error = Some(format!(
-            "join deadline of {} ms passed with {} of {} ranks joined; missing: {missing}",
-            self.request.options.join_deadline_ms,
-            p.roster.joined(),
-            self.slots.total()
-        ));
-        drop(p);
-        self.roster_tx.send_replace(());
-    }
-
-    /// Disconnects: fails a running update, publishes `disconnect`, wakes every waiter.
-    fn disconnect(&self) {
-        let mut p = self.lock();
-        if p.state == PairState::Disconnected {
-            return;
-        }
-        self.fail_running_update(&mut p, "the pair was disconnected".to_string());
-        p.state = PairState::Disconnected;
-        self.publish(&mut p, EventKind::Disconnect, None, None, None);
-        drop(p);
-        self.roster_tx.send_replace(());
-        self.kv_tx.send_replace(());
-        self.update_tx.send_replace(());
-    }
-
-    /// The status document.
-    pub(crate) fn status(&self) -> PairStatus {
-        let p = self.lock();
-        let (joined_t, joined_i) = p.roster.joined_per_side(&self.slots);
-        PairStatus {
-            name: self.name.clone(),
-            id: self.id,
-            state: p.state,
-            serving_version: p.updates.committed(),
-            current_update: p
-                .updates
-                .latest()
-                .map(|u| u.status(self, super::updates::RankDetail::None)),
-            training: SideStatus {
-                joined: joined_t,
-                ..self.training.clone()
-            },
-            inference: SideStatus {
-                joined: joined_i,
-                ..self.inference.clone()
-            },
-            transport: self.request.transport,
-            options: self.request.options.clone(),
-            joined: p.roster.joined() as u32,
-            world_size: self.slots.total() as u32,
-            roster: p.roster.ranks(&self.slots),
-            join_error: p.join_error.clone(),
-            created_unix_ms: self.created_unix_ms,
-            last_event_seq: p.events.last_seq(),
-            torn_version: p.updates.torn(),
-            serving_torn_version: p.updates.serving_torn(),
-            engine_errors: p.engine_errors.clone(),
-        }
-    }
-}
-
-impl Gateway {
-    /// The pair of that name (live or recently disconnected), or 400/404.
-    pub(crate) fn pair(&self, name: &str) -> Result<Arc<PairEntry>, ApiError> {
-        validate::name("pair name", name)?;
-        self.pairs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ApiError::no_pair(name))
-    }
-}
 
 fn backend_name(side: Side, s: &str) -> Result<(), ApiError> {
     let ok = !s.is_empty()
@@ -460,7 +315,7 @@ pub(crate) async fn connect(
         metrics: gw.metrics.clone(),
         engines: control.filter(|_| !urls.is_empty()).map(|control| {
             EngineLane::spawn(
-                weak.clone(),
+                weak.clone() as Weak<dyn EngineEvents>,
                 control,
                 urls,
                 facts,

@@ -5,7 +5,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 /// The OpenAPI 3.0 document of the gateway's HTTP API.
-pub const DOCUMENT: &str = include_str!("openapi.json");
+pub const DOCUMENT: &str = include_str!("../openapi.json");
 
 /// `GET /openapi.json`.
 pub(crate) async fn document() -> impl IntoResponse {
@@ -14,7 +14,7 @@ pub(crate) async fn document() -> impl IntoResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Access, route_table};
+    use crate::server::{Access, route_table};
     use serde_json::Value;
     use std::collections::BTreeSet;
 

@@ -1,36 +1,18 @@
-//! Ranks: `POST /v1/pairs/{name}/ranks`, a rank joins with its rendezvous info and long-polls
-//! until every rank of both sides joined (200 with the roster), its poll window ends (202, join
-//! again: a re-join replaces the rank's own entry), or the join deadline passes (408).
+//! A pair's roster: which ranks exist (slots) and which joined, with their rendezvous info.
 
-use super::error::ApiError;
-use super::extract::{JsonBody, PathParams, QueryParams, wait_ms};
-use super::pairs::PairEntry;
-use super::{AppState, MAX_INFO_BYTES, MAX_ROSTER_INFO_BYTES, unix_ms, validate};
-use crate::wire::{JoinPending, JoinRequest, JoinResponse, PairState, RosterEntry, RosterRank};
+use crate::server::error::ApiError;
+use crate::server::store::unix_ms;
+use crate::wire::MAX_ROSTER_INFO_BYTES;
+use crate::wire::*;
 use awex_core::layout::{RankId, Side};
-use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::Value;
-use std::time::Duration;
-use tokio::time::Instant;
-
-/// Query of a join: how long this request may wait.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct JoinQuery {
-    timeout_ms: Option<u64>,
-}
-
 /// The rank slots of a pair: training ranks first, then each engine's ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Slots {
-    train: u32,
-    engines: u32,
-    per_engine: u32,
+    pub(crate) train: u32,
+    pub(crate) engines: u32,
+    pub(crate) per_engine: u32,
 }
 
 /// How a rank is named in messages (`training rank 3`, `inference rank 1/0`).
@@ -111,18 +93,18 @@ pub(crate) fn list_ranks(slots: &Slots, idx: impl Iterator<Item = usize>) -> Str
     s.join(", ")
 }
 
-struct Joined {
-    info: Value,
-    info_bytes: usize,
-    unix_ms: u64,
+pub(crate) struct Joined {
+    pub(crate) info: Value,
+    pub(crate) info_bytes: usize,
+    pub(crate) unix_ms: u64,
 }
 
 /// Who joined, with their rendezvous info, and the serialised roster once complete.
 pub(crate) struct Roster {
-    slots: Vec<Option<Joined>>,
-    joined: usize,
-    info_bytes: usize,
-    cached: Option<Bytes>,
+    pub(crate) slots: Vec<Option<Joined>>,
+    pub(crate) joined: usize,
+    pub(crate) info_bytes: usize,
+    pub(crate) cached: Option<Bytes>,
 }
 
 impl Roster {
@@ -186,7 +168,7 @@ impl Roster {
     }
 
     /// Records (or replaces) a rank's entry.
-    fn put(&mut self, i: usize, info: Value, info_bytes: usize) -> Result<(), ApiError> {
+    pub(crate) fn put(&mut self, i: usize, info: Value, info_bytes: usize) -> Result<(), ApiError> {
         let old = self.slots[i].as_ref().map_or(0, |j| j.info_bytes);
         let total = self.info_bytes - old + info_bytes;
         if total > MAX_ROSTER_INFO_BYTES {
@@ -205,126 +187,6 @@ impl Roster {
         });
         self.cached = None;
         Ok(())
-    }
-}
-
-fn roster_bytes(entry: &PairEntry, p: &mut super::pairs::Pair) -> Bytes {
-    if let Some(b) = &p.roster.cached {
-        return b.clone();
-    }
-    let response = JoinResponse {
-        pair: entry.name.clone(),
-        id: entry.id,
-        roster: p
-            .roster
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| {
-                s.as_ref().map(|j| {
-                    let (side, rank) = entry.slots.rank(i);
-                    RosterEntry {
-                        side,
-                        rank,
-                        info: j.info.clone(),
-                    }
-                })
-            })
-            .collect(),
-        kv: p.kv.values(),
-        training_world_size: entry.training.world_size,
-        inference_world_size: entry.inference.world_size,
-        engines: entry.inference.engines,
-        transport: entry.request.transport,
-        options: entry.request.options.clone(),
-        last_event_seq: p.events.last_seq(),
-    };
-    let bytes = Bytes::from(serde_json::to_vec(&response).unwrap_or_default());
-    p.roster.cached = Some(bytes.clone());
-    bytes
-}
-
-fn join_failed(entry: &PairEntry, p: &super::pairs::Pair, status: StatusCode) -> ApiError {
-    let why = p.join_error.clone().unwrap_or_default();
-    let msg = format!(
-        "pair `{}` failed to join: {why}; disconnect it and connect again",
-        entry.name
-    );
-    if status == StatusCode::REQUEST_TIMEOUT {
-        ApiError::JoinTimeout(msg)
-    } else {
-        ApiError::Conflict(msg)
-    }
-}
-
-/// `POST /v1/pairs/{name}/ranks`.
-pub(crate) async fn join(
-    State(gw): State<AppState>,
-    PathParams(name): PathParams<String>,
-    QueryParams(q): QueryParams<JoinQuery>,
-    JsonBody(req): JsonBody<JoinRequest>,
-) -> Result<Response, ApiError> {
-    let wait = wait_ms(q.timeout_ms)?;
-    let entry = gw.pair(&name)?;
-    let slot = entry.slots.index(req.side, req.rank)?;
-    let info_bytes = validate::json_size(&req.info);
-    if info_bytes > MAX_INFO_BYTES {
-        return Err(ApiError::TooLarge(format!(
-            "{} sent {info_bytes} bytes of info; at most {MAX_INFO_BYTES} are accepted",
-            rank_name(req.side, req.rank)
-        )));
-    }
-    entry.enforce_join_deadline();
-    let mut rx = entry.roster_tx.subscribe();
-    {
-        let mut p = entry.lock();
-        match p.state {
-            PairState::Disconnected => return Err(ApiError::disconnected(&name)),
-            PairState::JoinFailed => return Err(join_failed(&entry, &p, StatusCode::CONFLICT)),
-            PairState::Joining | PairState::Ready => {}
-        }
-        p.roster.put(slot, req.info, info_bytes)?;
-        if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
-            p.state = PairState::Ready;
-            drop(p);
-            entry.roster_tx.send_replace(());
-        }
-    }
-    entry.metrics.rank_joined();
-    let poll_end = Instant::now() + Duration::from_millis(wait);
-    loop {
-        {
-            let mut p = entry.lock();
-            match p.state {
-                PairState::Ready => {
-                    let body = roster_bytes(&entry, &mut p);
-                    return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
-                }
-                PairState::JoinFailed => {
-                    return Err(join_failed(&entry, &p, StatusCode::REQUEST_TIMEOUT));
-                }
-                PairState::Disconnected => return Err(ApiError::disconnected(&name)),
-                PairState::Joining => {}
-            }
-            let now = Instant::now();
-            if now >= entry.join_deadline {
-                drop(p);
-                entry.enforce_join_deadline();
-                continue;
-            }
-            if now >= poll_end {
-                let pending = JoinPending {
-                    joined: p.roster.joined() as u32,
-                    world_size: entry.slots.total() as u32,
-                    deadline_in_ms: super::ms(entry.join_deadline - now),
-                };
-                return Ok((StatusCode::ACCEPTED, Json(pending)).into_response());
-            }
-        }
-        let until = poll_end.min(entry.join_deadline);
-        if let Ok(Err(_)) = tokio::time::timeout_at(until, rx.changed()).await {
-            return Err(ApiError::disconnected(&name));
-        }
     }
 }
 

@@ -1,51 +1,18 @@
 //! Rendezvous values: `PUT /v1/pairs/{name}/kv/{key}` stores a JSON value (e.g. an NCCL unique
 //! id posted by one rank), `GET` reads it, waiting up to `timeout_ms` for it to appear.
 
-use super::error::ApiError;
-use super::extract::{JsonBody, PathParams, QueryParams, wait_ms};
-use super::{AppState, MAX_KV_KEYS, MAX_KV_VALUE_BYTES, validate};
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, QueryParams, wait_ms};
+use crate::server::state::AppState;
+use crate::server::validate;
 use crate::wire::{KvEntry, KvPut, PairState};
+use crate::wire::{MAX_KV_KEYS, MAX_KV_VALUE_BYTES};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use serde_json::Value;
-use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// Query of `GET .../kv/{key}`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct KvQuery {
-    /// Wait this long for the key to be set (0: answer at once).
-    timeout_ms: Option<u64>,
-}
-
-/// The rendezvous values of one pair.
-#[derive(Default)]
-pub(crate) struct KvStore {
-    values: BTreeMap<String, (Value, u64)>,
-    revision: u64,
-}
-
-impl KvStore {
-    /// Every value, for the roster.
-    pub(crate) fn values(&self) -> BTreeMap<String, Value> {
-        self.values
-            .iter()
-            .map(|(k, (v, _))| (k.clone(), v.clone()))
-            .collect()
-    }
-
-    fn get(&self, key: &str) -> Option<KvEntry> {
-        self.values.get(key).map(|(v, r)| KvEntry {
-            key: key.to_string(),
-            value: v.clone(),
-            revision: *r,
-        })
-    }
-}
 
 /// `PUT /v1/pairs/{name}/kv/{key}`: 201 when the key is new, 200 when replaced.
 pub(crate) async fn put(
@@ -132,4 +99,12 @@ pub(crate) async fn get(
             }
         }
     }
+}
+
+/// Query of `GET .../kv/{key}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KvQuery {
+    /// Wait this long for the key to be set (0: answer at once).
+    timeout_ms: Option<u64>,
 }

@@ -1,0 +1,63 @@
+//! Events: `GET /v1/pairs/{name}/events?after=N&timeout_ms=T`, the per-pair sequence ranks
+//! long-poll to learn of work (`update`), of failures (`abort`) and of the end (`disconnect`).
+//! It answers every event with `seq > N`, or an empty list after `T`; it never hangs a rank.
+
+use crate::server::error::ApiError;
+use crate::server::extract::{PathParams, QueryParams, wait_ms};
+use crate::server::state::AppState;
+use crate::wire::{EventsResponse, PairState};
+use axum::Json;
+use axum::extract::State;
+use serde::Deserialize;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// `GET /v1/pairs/{name}/events`.
+pub(crate) async fn poll(
+    State(gw): State<AppState>,
+    PathParams(name): PathParams<String>,
+    QueryParams(q): QueryParams<EventsQuery>,
+) -> Result<Json<EventsResponse>, ApiError> {
+    let wait = wait_ms(q.timeout_ms)?;
+    let entry = gw.pair(&name)?;
+    let mut rx = entry.events_tx.subscribe();
+    let end = Instant::now() + Duration::from_millis(wait);
+    loop {
+        {
+            let p = entry.lock();
+            let last = p.events.last_seq();
+            if q.after > last {
+                return Err(ApiError::Conflict(format!(
+                    "after={} is beyond the last event of pair `{name}` ({last}); the pair was probably connected again: join it anew",
+                    q.after
+                )));
+            }
+            let events = p.events.since(q.after);
+            if !events.is_empty() || p.state == PairState::Disconnected {
+                return Ok(Json(EventsResponse {
+                    events,
+                    last_seq: last,
+                }));
+            }
+        }
+        match tokio::time::timeout_at(end, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => {
+                let last = entry.lock().events.last_seq();
+                return Ok(Json(EventsResponse {
+                    events: Vec::new(),
+                    last_seq: last,
+                }));
+            }
+        }
+    }
+}
+
+/// Query of `GET .../events`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+    timeout_ms: Option<u64>,
+}

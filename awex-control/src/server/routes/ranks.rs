@@ -1,0 +1,147 @@
+//! Ranks: `POST /v1/pairs/{name}/ranks`, a rank joins with its rendezvous info and long-polls
+//! until every rank of both sides joined (200 with the roster), its poll window ends (202, join
+//! again: a re-join replaces the rank's own entry), or the join deadline passes (408).
+
+use crate::server::error::ApiError;
+use crate::server::extract::{JsonBody, PathParams, QueryParams, wait_ms};
+use crate::server::state::Pair;
+use crate::server::state::{AppState, PairEntry};
+use crate::server::store::roster::rank_name;
+use crate::server::validate;
+use crate::wire::MAX_INFO_BYTES;
+use crate::wire::{JoinPending, JoinRequest, JoinResponse, PairState, RosterEntry};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn roster_bytes(entry: &PairEntry, p: &mut Pair) -> Bytes {
+    if let Some(b) = &p.roster.cached {
+        return b.clone();
+    }
+    let response = JoinResponse {
+        pair: entry.name.clone(),
+        id: entry.id,
+        roster: p
+            .roster
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.as_ref().map(|j| {
+                    let (side, rank) = entry.slots.rank(i);
+                    RosterEntry {
+                        side,
+                        rank,
+                        info: j.info.clone(),
+                    }
+                })
+            })
+            .collect(),
+        kv: p.kv.values(),
+        training_world_size: entry.training.world_size,
+        inference_world_size: entry.inference.world_size,
+        engines: entry.inference.engines,
+        transport: entry.request.transport,
+        options: entry.request.options.clone(),
+        last_event_seq: p.events.last_seq(),
+    };
+    let bytes = Bytes::from(serde_json::to_vec(&response).unwrap_or_default());
+    p.roster.cached = Some(bytes.clone());
+    bytes
+}
+
+fn join_failed(entry: &PairEntry, p: &Pair, status: StatusCode) -> ApiError {
+    let why = p.join_error.clone().unwrap_or_default();
+    let msg = format!(
+        "pair `{}` failed to join: {why}; disconnect it and connect again",
+        entry.name
+    );
+    if status == StatusCode::REQUEST_TIMEOUT {
+        ApiError::JoinTimeout(msg)
+    } else {
+        ApiError::Conflict(msg)
+    }
+}
+
+/// `POST /v1/pairs/{name}/ranks`.
+pub(crate) async fn join(
+    State(gw): State<AppState>,
+    PathParams(name): PathParams<String>,
+    QueryParams(q): QueryParams<JoinQuery>,
+    JsonBody(req): JsonBody<JoinRequest>,
+) -> Result<Response, ApiError> {
+    let wait = wait_ms(q.timeout_ms)?;
+    let entry = gw.pair(&name)?;
+    let slot = entry.slots.index(req.side, req.rank)?;
+    let info_bytes = validate::json_size(&req.info);
+    if info_bytes > MAX_INFO_BYTES {
+        return Err(ApiError::TooLarge(format!(
+            "{} sent {info_bytes} bytes of info; at most {MAX_INFO_BYTES} are accepted",
+            rank_name(req.side, req.rank)
+        )));
+    }
+    entry.enforce_join_deadline();
+    let mut rx = entry.roster_tx.subscribe();
+    {
+        let mut p = entry.lock();
+        match p.state {
+            PairState::Disconnected => return Err(ApiError::disconnected(&name)),
+            PairState::JoinFailed => return Err(join_failed(&entry, &p, StatusCode::CONFLICT)),
+            PairState::Joining | PairState::Ready => {}
+        }
+        p.roster.put(slot, req.info, info_bytes)?;
+        if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
+            p.state = PairState::Ready;
+            drop(p);
+            entry.roster_tx.send_replace(());
+        }
+    }
+    entry.metrics.rank_joined();
+    let poll_end = Instant::now() + Duration::from_millis(wait);
+    loop {
+        {
+            let mut p = entry.lock();
+            match p.state {
+                PairState::Ready => {
+                    let body = roster_bytes(&entry, &mut p);
+                    return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+                }
+                PairState::JoinFailed => {
+                    return Err(join_failed(&entry, &p, StatusCode::REQUEST_TIMEOUT));
+                }
+                PairState::Disconnected => return Err(ApiError::disconnected(&name)),
+                PairState::Joining => {}
+            }
+            let now = Instant::now();
+            if now >= entry.join_deadline {
+                drop(p);
+                entry.enforce_join_deadline();
+                continue;
+            }
+            if now >= poll_end {
+                let pending = JoinPending {
+                    joined: p.roster.joined() as u32,
+                    world_size: entry.slots.total() as u32,
+                    deadline_in_ms: crate::wire::ms(entry.join_deadline - now),
+                };
+                return Ok((StatusCode::ACCEPTED, Json(pending)).into_response());
+            }
+        }
+        let until = poll_end.min(entry.join_deadline);
+        if let Ok(Err(_)) = tokio::time::timeout_at(until, rx.changed()).await {
+            return Err(ApiError::disconnected(&name));
+        }
+    }
+}
+
+/// Query of a join: how long this request may wait.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JoinQuery {
+    timeout_ms: Option<u64>,
+}

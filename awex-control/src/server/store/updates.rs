@@ -1,0 +1,204 @@
+//! A pair's updates: every recent version's latest attempt, its ranks' reports, and the
+//! committed and torn versions.
+
+use crate::server::store::roster::Slots;
+use crate::wire::*;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::time::Instant;
+/// Versions whose per-rank detail is kept; older ones keep only their totals.
+pub(crate) const DETAIL_KEPT: usize = 4;
+
+/// Which ranks `GET .../updates/{version}` lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RankDetail {
+    /// Every rank.
+    #[default]
+    All,
+    /// Ranks that did not (yet) succeed.
+    Problems,
+    /// None.
+    None,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RankSlot {
+    pub(crate) state: Option<bool>,
+    pub(crate) missing: bool,
+    pub(crate) bytes: u64,
+    pub(crate) checksum: Option<u64>,
+    pub(crate) error: Option<String>,
+    pub(crate) after_ms: Option<u64>,
+}
+
+/// One attempt of one version.
+pub(crate) struct Update {
+    pub(crate) version: u64,
+    pub(crate) attempt: u32,
+    pub(crate) state: UpdateState,
+    pub(crate) started: Instant,
+    pub(crate) started_unix_ms: u64,
+    pub(crate) deadline: Duration,
+    pub(crate) pause: Option<Duration>,
+    pub(crate) finished: Option<Instant>,
+    pub(crate) ranks: Vec<RankSlot>,
+    pub(crate) succeeded: usize,
+    pub(crate) bytes: [u64; 2],
+    pub(crate) checksums: [u64; 2],
+    pub(crate) error: Option<String>,
+    pub(crate) engine_errors: Vec<String>,
+    /// Whether the engines' trigger (their loaders receiving) is still to answer.
+    pub(crate) trigger_waiting: bool,
+    /// Whether the engines' closing calls (ending the update session) are running.
+    pub(crate) finishing: bool,
+}
+
+impl Update {
+    /// The version.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The attempt.
+    pub(crate) fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The state.
+    pub(crate) fn state(&self) -> UpdateState {
+        self.state
+    }
+
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.finished.unwrap_or_else(Instant::now) - self.started
+    }
+
+    /// The status document, listing ranks per `detail`.
+    /// The status document of this update of pair `pair` (whose ranks are `slots`), listing
+    /// ranks per `detail`; with `checksums`, the two sides' checksum sums.
+    pub(crate) fn status(
+        &self,
+        pair: &str,
+        slots: &Slots,
+        checksums: bool,
+        detail: RankDetail,
+    ) -> UpdateStatus {
+        let ranks = match detail {
+            RankDetail::None => Vec::new(),
+            _ => self
+                .ranks
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| detail == RankDetail::All || r.state != Some(true))
+                .map(|(i, r)| {
+                    let (side, rank) = slots.rank(i);
+                    RankUpdate {
+                        side,
+                        rank,
+                        state: match (r.state, r.missing) {
+                            (Some(true), _) => RankReportState::Ok,
+                            (Some(false), _) => RankReportState::Failed,
+                            (None, true) => RankReportState::Missing,
+                            (None, false) => RankReportState::Waiting,
+                        },
+                        bytes: r.bytes,
+                        checksum: r.checksum,
+                        error: r.error.clone(),
+                        reported_after_ms: r.after_ms,
+                    }
+                })
+                .collect(),
+        };
+        UpdateStatus {
+            pair: pair.to_string(),
+            version: self.version,
+            attempt: self.attempt,
+            state: self.state,
+            started_unix_ms: self.started_unix_ms,
+            pause_ms: self.pause.map(ms),
+            elapsed_ms: ms(self.elapsed()),
+            deadline_ms: ms(self.deadline),
+            world_size: slots.total() as u32,
+            succeeded: self.succeeded as u32,
+            bytes: SideTotals {
+                training: self.bytes[0],
+                inference: self.bytes[1],
+            },
+            checksums: checksums.then_some(SideTotals {
+                training: self.checksums[0],
+                inference: self.checksums[1],
+            }),
+            ranks,
+            error: self.error.clone(),
+            engine_errors: self.engine_errors.clone(),
+        }
+    }
+}
+
+/// The updates of a pair: the latest attempt of each recent version, and the committed one.
+#[derive(Default)]
+pub(crate) struct Updates {
+    pub(crate) history: BTreeMap<u64, Update>,
+    pub(crate) committed: Option<u64>,
+    /// A version whose failed attempt may have written some of the inference ranks' bytes:
+    /// the engines stay paused until a retry commits or the controller accepts it.
+    pub(crate) torn: Option<u64>,
+    /// A torn version the controller resumed the engines on (`resume` with `accept_torn`).
+    pub(crate) serving_torn: Option<u64>,
+}
+
+impl Updates {
+    /// The committed version (what inference serves).
+    pub(crate) fn committed(&self) -> Option<u64> {
+        self.committed
+    }
+
+    /// The partially written version the engines are held paused on, if any.
+    pub(crate) fn torn(&self) -> Option<u64> {
+        self.torn
+    }
+
+    /// The controller accepts serving the torn version.
+    pub(crate) fn accept_torn(&mut self) {
+        self.serving_torn = self.torn.take();
+    }
+
+    /// The torn version the controller chose to serve, if any.
+    pub(crate) fn serving_torn(&self) -> Option<u64> {
+        self.serving_torn
+    }
+
+    /// The most recently started version.
+    pub(crate) fn latest(&self) -> Option<&Update> {
+        self.history.values().next_back()
+    }
+
+    pub(crate) fn latest_mut(&mut self) -> Option<&mut Update> {
+        self.history.values_mut().next_back()
+    }
+
+    pub(crate) fn attempt_mut(&mut self, version: u64, attempt: u32) -> Option<&mut Update> {
+        self.history
+            .get_mut(&version)
+            .filter(|u| u.attempt == attempt)
+    }
+
+    pub(crate) fn insert(&mut self, u: Update) {
+        self.history.insert(u.version, u);
+        while self.history.len() > UPDATES_KEPT {
+            self.history.pop_first();
+        }
+        let n = self.history.len();
+        for old in self
+            .history
+            .values_mut()
+            .take(n.saturating_sub(DETAIL_KEPT))
+        {
+            if !old.ranks.is_empty() {
+                old.ranks = Vec::new();
+            }
+        }
+    }
+}
