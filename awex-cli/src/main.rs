@@ -2,6 +2,7 @@
 
 mod cmd;
 mod link;
+mod logs;
 mod safetensors;
 
 use clap::{Parser, Subcommand};
@@ -10,6 +11,13 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "awex-cli", version, about, long_about = None)]
 struct Cli {
+    /// Log filter: a level (error, warn, info, debug, trace) or directives like
+    /// `awex_control=debug,warn` [default: info for `serve`, warn otherwise; env RUST_LOG].
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = logs::LogFormat::Text)]
+    log_format: logs::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,6 +49,14 @@ fn main() -> std::process::ExitCode {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     link::link_backends();
     let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    if let Err(e) = logs::init(cli.log_level.as_deref(), cli.log_format, default_level) {
+        eprintln!("error: {e:#}");
+        return std::process::ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Detect(a) => cmd::detect::run(a),
         Command::Plan(a) => cmd::plan::run(a),

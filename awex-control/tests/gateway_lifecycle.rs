@@ -579,8 +579,8 @@ async fn engines_are_paused_before_and_resumed_after_every_update_even_a_failed_
     for log in logs(ranks).await {
         assert_eq!(
             log,
-            vec!["joined 3", "update 1/1", "disconnect"],
-            "ranks never hear of a version whose pause failed"
+            vec!["joined 3", "update 1/1", "abort 2/1", "disconnect"],
+            "ranks never run a version whose pause failed, and hear at once that it failed"
         );
     }
 }

@@ -20,7 +20,15 @@ pub(crate) async fn require_token(
     };
     match check(request.headers().get(header::AUTHORIZATION), expected) {
         Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            tracing::warn!(
+                method = %request.method(),
+                path = %request.uri().path(),
+                reason = %e,
+                "refused a request without the gateway's token"
+            );
+            e.into_response()
+        }
     }
 }
 

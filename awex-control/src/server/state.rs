@@ -114,6 +114,7 @@ impl PairEntry {
             return;
         }
         let missing = p.roster.describe_missing(&self.slots);
+        tracing::warn!(pair = %self.name, missing = %missing, "join deadline passed; pair join_failed");
         p.state = PairState::JoinFailed;
         p.join_error = Some(format!(
             "join deadline of {} ms passed with {} of {} ranks joined; missing: {missing}",
@@ -133,6 +134,7 @@ impl PairEntry {
         }
         self.fail_running_update(&mut p, "the pair was disconnected".to_string());
         p.state = PairState::Disconnected;
+        tracing::info!(pair = %self.name, id = self.id, "pair disconnected");
         self.publish(&mut p, EventKind::Disconnect, None, None, None);
         drop(p);
         self.roster_tx.send_replace(());

@@ -354,6 +354,15 @@ pub(crate) async fn connect(
             e.enforce_join_deadline();
         }
     });
+    tracing::info!(
+        pair = %entry.name,
+        id = entry.id,
+        training = %format_args!("{}:{}", entry.request.training.backend, entry.request.training.parallel),
+        inference = %format_args!("{}:{}", entry.request.inference.backend, entry.request.inference.parallel),
+        transport = %entry.request.transport,
+        engines = entry.request.inference.urls.len(),
+        "pair connected"
+    );
     Ok((StatusCode::CREATED, Json(entry.status())))
 }
 

@@ -98,6 +98,11 @@ pub(crate) async fn join(
         if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
             p.state = PairState::Ready;
             drop(p);
+            tracing::info!(
+                pair = %entry.name,
+                ranks = entry.slots.total(),
+                "pair ready: every rank joined"
+            );
             entry.roster_tx.send_replace(());
         }
     }

@@ -76,6 +76,7 @@ pub(crate) async fn start(
     }
     let deadline = Duration::from_millis(entry.request.options.update_deadline_ms);
     let pending = entry.engines.is_some();
+    tracing::info!(pair = %name, version, attempt, "update started");
     p.updates.insert(Update {
         version,
         attempt,
@@ -292,16 +293,26 @@ impl PairEntry {
         );
         u.error = Some(error.clone());
         let (version, attempt) = (u.version, u.attempt);
+        tracing::warn!(
+            pair = %self.name,
+            version,
+            attempt,
+            elapsed_ms = ms(u.elapsed()),
+            error = %error,
+            "update failed"
+        );
         self.metrics
             .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
+        // ranks waiting for this version learn at once that it failed, even when it never
+        // reached them (e.g. pausing the engines failed)
+        self.publish(
+            p,
+            EventKind::Abort,
+            Some(version),
+            Some(attempt),
+            Some(error),
+        );
         if announced {
-            self.publish(
-                p,
-                EventKind::Abort,
-                Some(version),
-                Some(attempt),
-                Some(error),
-            );
             // the ranks may have written part of this version: never serve it silently
             p.updates.torn = Some(version);
         }
@@ -358,6 +369,15 @@ impl PairEntry {
         u.state = UpdateState::Committed;
         u.finished = Some(Instant::now());
         let (version, attempt) = (u.version, u.attempt);
+        tracing::info!(
+            pair = %self.name,
+            version,
+            attempt,
+            elapsed_ms = ms(u.elapsed()),
+            training_bytes = u.bytes[0],
+            inference_bytes = u.bytes[1],
+            "update committed"
+        );
         self.metrics
             .update_finished(true, u.elapsed().as_secs_f64(), u.bytes);
         p.updates.committed = Some(version);
@@ -418,6 +438,7 @@ impl PairEntry {
     /// The warm-up calls after connect finished; their errors are kept for the status.
     pub(crate) fn engines_warmed(&self, errors: Vec<String>) {
         if !errors.is_empty() {
+            tracing::warn!(pair = %self.name, errors = %errors.join("; "), "engine warm-up failed");
             self.lock().engine_errors.extend(errors);
         }
     }

@@ -1,0 +1,123 @@
+//! The gateway logs every pair connect and disconnect (and refused requests), at `info` by
+//! default, as JSON lines with `--log-format json`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn http(port: u16, request: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.write_all(request.as_bytes()).expect("write");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn serve_logs_connect_disconnect_and_refusals_as_json_lines() {
+    let port = free_port();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args([
+            "serve",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "json",
+        ])
+        .env_remove("RUST_LOG")
+        .env("AWEX_TOKEN", "t0ken")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    // wait for the listener
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "serve did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gw = format!("http://127.0.0.1:{port}");
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args(args)
+            .env("AWEX_TOKEN", "t0ken")
+            .output()
+            .expect("run awex-cli");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cli(&[
+        "pair",
+        "connect",
+        "--gateway",
+        &gw,
+        "--name",
+        "logged",
+        "--model",
+        "qwen3-tiny",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+    ]);
+    cli(&["pair", "disconnect", "--gateway", &gw, "--name", "logged"]);
+    let refused = http(
+        port,
+        "GET /v1/pairs/logged/status HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    );
+    assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+    std::thread::sleep(Duration::from_millis(200));
+    let _ = serve.kill();
+    let stderr = serve.stderr.take().expect("stderr");
+    let lines: Vec<serde_json::Value> = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| serde_json::from_str(&l).ok())
+        .collect();
+    let _ = serve.wait();
+    let find = |message: &str| {
+        lines
+            .iter()
+            .find(|l| l["fields"]["message"] == message)
+            .unwrap_or_else(|| panic!("no `{message}` line in {lines:#?}"))
+            .clone()
+    };
+    let c = find("pair connected");
+    assert_eq!(c["level"], "INFO");
+    assert_eq!(c["fields"]["pair"], "logged");
+    assert_eq!(c["fields"]["transport"], "shm");
+    assert_eq!(find("pair disconnected")["fields"]["pair"], "logged");
+    let r = find("refused a request without the gateway's token");
+    assert_eq!(r["level"], "WARN");
+    assert_eq!(r["fields"]["path"], "/v1/pairs/logged/status");
+    // the token itself is never logged
+    assert!(!lines.iter().any(|l| l.to_string().contains("t0ken")));
+}
+
+#[test]
+fn a_bad_log_filter_is_refused_with_the_valid_forms() {
+    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(["plan", "--log-level", "very=loud=please"])
+        .output()
+        .expect("run awex-cli");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--log-level/RUST_LOG `very=loud=please` is not a log filter"),
+        "{err}"
+    );
+}
