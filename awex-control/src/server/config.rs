@@ -17,6 +17,28 @@ pub struct GatewayConfig {
     pub engine_timeout: Duration,
     /// How long a disconnected pair stays visible (its event stream ends with `disconnect`).
     pub tombstone: Duration,
+    /// Most connections open at once; beyond it a connection gets 503 and is closed.
+    pub max_connections: usize,
+    /// Time a new connection has to send its first bytes.
+    pub header_timeout: Duration,
+    /// Time a connection may stay silent in both directions (longer than the longest long-poll).
+    pub idle_timeout: Duration,
+}
+
+/// The default connection limit: what the process's open-file limit leaves room for (minus
+/// descriptors for everything else), at most 8192.
+fn default_max_connections() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    let soft = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+    } else {
+        1024
+    };
+    soft.saturating_sub(128).clamp(16, 8192)
 }
 
 impl Default for GatewayConfig {
@@ -27,6 +49,11 @@ impl Default for GatewayConfig {
             max_pairs: 1024,
             engine_timeout: Duration::from_secs(10),
             tombstone: Duration::from_secs(60),
+            max_connections: default_max_connections(),
+            header_timeout: Duration::from_secs(10),
+            // longer than the longest long-poll and than clients' pool idle time (reqwest: 90 s),
+            // so that a client never reuses a connection the gateway is closing
+            idle_timeout: Duration::from_millis(crate::wire::MAX_WAIT_MS) + Duration::from_secs(60),
         }
     }
 }

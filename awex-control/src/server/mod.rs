@@ -33,6 +33,7 @@ mod config;
 mod engine;
 mod error;
 mod extract;
+mod listener;
 mod routes;
 mod state;
 mod store;
@@ -225,12 +226,16 @@ pub async fn serve_with_shutdown(
     config: GatewayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    use axum::serve::ListenerExt;
     check_token_and_bind(listener.local_addr()?, &config)?;
-    // Small request/response exchanges: do not let Nagle's algorithm hold them back.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    // bounded connections, silent ones closed, no Nagle delay on small exchanges
+    let listener = listener::Bounded::new(
+        listener,
+        listener::Limits {
+            max_connections: config.max_connections,
+            header_timeout: config.header_timeout,
+            idle_timeout: config.idle_timeout,
+        },
+    );
     axum::serve(listener, router(config))
         .with_graceful_shutdown(shutdown)
         .await?;

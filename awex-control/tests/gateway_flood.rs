@@ -1,0 +1,78 @@
+//! A flood of idle connections cannot starve the gateway: connections beyond the limit get 503
+//! at once, silent ones are closed after the header or idle timeout, and `/healthz` answers
+//! again as soon as they are gone.
+
+mod gateway_common;
+
+use awex_control::server::GatewayConfig;
+use gateway_common::start;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn get(addr: &str, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_beyond_the_limit_are_refused_and_silent_ones_closed() {
+    let base = start(GatewayConfig {
+        max_connections: 16,
+        header_timeout: Duration::from_millis(400),
+        idle_timeout: Duration::from_secs(5),
+        ..GatewayConfig::default()
+    })
+    .await;
+    let addr = base.trim_start_matches("http://").to_string();
+    // 64 connections that never send a byte
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        idle.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    // the ones over the limit were answered 503 and closed at once
+    let mut refused = 0;
+    for s in idle.iter_mut() {
+        let mut buf = vec![0u8; 512];
+        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await
+        {
+            let text = String::from_utf8_lossy(&buf[..n]);
+            if text.starts_with("HTTP/1.1 503") {
+                assert!(text.contains("maximum of 16 open connections"), "{text}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(
+        refused, 48,
+        "every connection over the limit of 16 is refused"
+    );
+    // the 16 silent ones are closed by the header timeout; the API answers again
+    let t0 = Instant::now();
+    let health = loop {
+        match get(&addr, "/healthz").await {
+            Ok(r) if r.starts_with("HTTP/1.1 200") => break r,
+            _ => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(5),
+                    "healthz never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert!(health.contains("ok"), "{health}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    for s in idle.iter_mut() {
+        let mut buf = [0u8; 16];
+        let r = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await;
+        assert!(
+            r.is_ok(),
+            "a silent connection stays open past the header timeout"
+        );
+    }
+}
