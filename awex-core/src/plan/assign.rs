@@ -28,6 +28,13 @@ pub(super) struct Scratch {
     /// per candidate set: its source regions (range in `set_keys`) and its range in `flat`
     sets: Vec<((u32, u32), (u32, u32))>,
     set_keys: Vec<u32>,
+    /// per rank of the universe: how many candidate positions of this tensor name it
+    occ: Vec<u32>,
+    /// per set: round-robin order (range in `rr`) and pieces assigned so far, when it applies
+    rr_sets: Vec<Option<(u32, u32, u32)>>,
+    rr: Vec<u32>,
+    /// per set: the bytes of all its pieces when they are equal (u64::MAX: they differ)
+    set_bytes: Vec<u64>,
 }
 
 /// Candidate sets up to this size are searched linearly instead of through a heap.
@@ -279,6 +286,41 @@ pub(super) fn assign_tensor(
             s.order.sort_by(by_size);
         }
     }
+    // A set whose pieces are all of one size and whose candidates are ranks that no other
+    // candidate position of this tensor names starts with every load at 0 and only its own
+    // pieces change them: the greedy then takes its candidates in turn, in (tie, position)
+    // order. Such sets skip the search.
+    s.occ.clear();
+    s.occ.resize(s.ranks.len(), 0);
+    for c in flat.iter() {
+        s.occ[c.rank as usize] += 1;
+    }
+    s.set_bytes.clear();
+    s.set_bytes.resize(sets.len(), u64::MAX - 1);
+    for p in &s.pieces {
+        let b = &mut s.set_bytes[p.set as usize];
+        if *b == u64::MAX - 1 {
+            *b = p.bytes;
+        } else if *b != p.bytes {
+            *b = u64::MAX;
+        }
+    }
+    s.rr_sets.clear();
+    s.rr.clear();
+    for (k, &(_, (a, b))) in sets.iter().enumerate() {
+        let exclusive = flat[a as usize..b as usize]
+            .iter()
+            .all(|c| s.occ[c.rank as usize] == 1);
+        if b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX {
+            let start = s.rr.len();
+            s.rr.extend(a..b);
+            let (ties, flat) = (&s.ties, &*flat);
+            s.rr[start..].sort_by_key(|&pos| (ties[flat[pos as usize].rank as usize], pos));
+            s.rr_sets.push(Some((start as u32, s.rr.len() as u32, 0)));
+        } else {
+            s.rr_sets.push(None);
+        }
+    }
     // small sets: the same minimum of (load, tie, position), found by a scan
     for h in s.heaps.iter_mut().take(sets.len()) {
         h.clear();
@@ -288,6 +330,14 @@ pub(super) fn assign_tensor(
     }
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
+        if let Some((a, b, done)) = &mut s.rr_sets[p.set as usize] {
+            let best = s.rr[(*a + *done % (*b - *a)) as usize];
+            *done += 1;
+            p.chosen = best;
+            let r = flat[best as usize].rank as usize;
+            s.loads[r] += p.bytes;
+            continue;
+        }
         if p.cands.1 - p.cands.0 <= LINEAR_MAX {
             let mut best = p.cands.0;
             let mut key = (u64::MAX, u64::MAX);
