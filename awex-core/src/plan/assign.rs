@@ -209,7 +209,7 @@ pub(super) fn assign_tensor(
         if b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX {
             let start = s.rr.len();
             s.rr.extend(a..b);
-            let (ties, flat) = (&s.ties, &*flat);
+            let (ties, flat) = (&s.ties, flat);
             s.rr[start..].sort_by_key(|&pos| (ties[flat[pos as usize].rank as usize], pos));
             s.rr_sets.push(Some((start as u32, s.rr.len() as u32, 0)));
         } else {
