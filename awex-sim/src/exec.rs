@@ -33,7 +33,6 @@ use crate::net::{Act, Graph, Kind, NONE, RunStats};
 use crate::topology::{DeviceKind, Topology};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::{Pair, Transfer};
-use awex_gpu::nccl::pair_bucket_bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
@@ -628,6 +627,15 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
     })
 }
 
+/// The NCCL transport's bucket size of a pair (`awex-core/src/nccl/schedule.rs`,
+/// `pair_bucket_bytes`): each end's budget split over its peers, the smaller, at least 1.
+pub fn pair_bucket_bytes(budget_a: u64, peers_a: usize, budget_b: u64, peers_b: usize) -> u64 {
+    let share = |budget: u64, peers: usize| budget / (peers.max(1) as u64);
+    share(budget_a, peers_a)
+        .min(share(budget_b, peers_b))
+        .max(1)
+}
+
 /// A pair's buckets summed per group of `chunk` steps: (group, bytes, staged at the sender,
 /// staged at the receiver).
 fn split_groups(runs: &[BucketRun], chunk: u64) -> Vec<(u32, u64, u64, u64)> {
@@ -666,6 +674,22 @@ pub fn run(b: &Built, quantum_s: f64, horizon: f64) -> RunStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pair_bucket_size_is_the_transports() {
+        for (a, pa, b, pb) in [
+            (64u64 << 20, 4, 64u64 << 20, 1),
+            (100, 3, 1000, 2),
+            (1, 8, 1, 8),
+            (10, 0, 10, 0),
+            (1 << 30, 406, 1 << 30, 44),
+        ] {
+            assert_eq!(
+                pair_bucket_bytes(a, pa, b, pb),
+                awex_gpu::nccl::pair_bucket_bytes(a, pa, b, pb)
+            );
+        }
+    }
 
     #[test]
     fn groups_sum_the_buckets_of_their_steps() {

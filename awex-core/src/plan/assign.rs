@@ -28,6 +28,50 @@ pub(super) struct Scratch {
     /// per candidate set: its source regions (range in `set_keys`) and its range in `flat`
     sets: Vec<((u32, u32), (u32, u32))>,
     set_keys: Vec<u32>,
+    /// per rank of the universe: how many candidate positions of this tensor name it
+    occ: Vec<u32>,
+    /// per set: round-robin order (range in `rr`) and pieces assigned so far, when it applies
+    rr_sets: Vec<Option<(u32, u32, u32)>>,
+    rr: Vec<u32>,
+    /// per set: the bytes of all its pieces when they are equal (u64::MAX: they differ)
+    set_bytes: Vec<u64>,
+    /// structures of recent tensors, by their holders
+    cache: Vec<Saved>,
+    /// the slot the next new structure replaces
+    victim: usize,
+}
+
+/// Structures kept for tensors laid out alike (an expert's three matrices have two layouts).
+const CACHED: usize = 4;
+
+/// One tensor's structure (see [`structure`]) and the holders it was built from.
+#[derive(Default)]
+struct Saved {
+    src: Vec<Holder>,
+    dst: Vec<Holder>,
+    ranks: Vec<RankId>,
+    region_boxes: Vec<Region>,
+    region_ranges: Vec<(u32, u32)>,
+    region_cands: Vec<(u32, Cand)>,
+    flat: Vec<Cand>,
+    sets: Vec<((u32, u32), (u32, u32))>,
+    set_keys: Vec<u32>,
+    pieces: Vec<Piece>,
+    order: Vec<u32>,
+}
+
+/// Exchanges the structure buffers of the scratch with a saved structure's.
+fn swap_structure(s: &mut Scratch, k: &mut Saved) {
+    use std::mem::swap;
+    swap(&mut s.ranks, &mut k.ranks);
+    swap(&mut s.region_boxes, &mut k.region_boxes);
+    swap(&mut s.region_ranges, &mut k.region_ranges);
+    swap(&mut s.region_cands, &mut k.region_cands);
+    swap(&mut s.flat, &mut k.flat);
+    swap(&mut s.sets, &mut k.sets);
+    swap(&mut s.set_keys, &mut k.set_keys);
+    swap(&mut s.pieces, &mut k.pieces);
+    swap(&mut s.order, &mut k.order);
 }
 
 /// Candidate sets up to this size are searched linearly instead of through a heap.
@@ -101,15 +145,31 @@ pub(super) fn assign_tensor(
         }
     }
 
-    // the universe of source ranks, with loads and a per-tensor tie-break
-    s.ranks.clear();
-    for h in &src {
-        s.ranks.extend_from_slice(&h.ranks);
+    // Tensors laid out alike (experts of one layer, say) share everything up to the greedy but
+    // their tie-break: a recent tensor's structure is reused when its holders hold the same
+    // boxes on the same ranks.
+    let hit = s
+        .cache
+        .iter()
+        .position(|k| same_holders(&k.src, &src) && same_holders(&k.dst, &dst));
+    let slot = match hit {
+        Some(i) => i,
+        None => {
+            structure(c, &src, &dst, s)?;
+            if s.cache.len() < CACHED {
+                s.cache.push(Saved::default());
+                s.cache.len() - 1
+            } else {
+                s.victim = (s.victim + 1) % CACHED;
+                s.victim
+            }
+        }
+    };
+    let mut saved = std::mem::take(&mut s.cache[slot]);
+    if hit.is_some() {
+        swap_structure(s, &mut saved);
     }
-    if !s.ranks.is_sorted() {
-        s.ranks.sort_unstable();
-    }
-    s.ranks.dedup();
+    // loads, and a per-tensor tie-break
     s.loads.clear();
     s.loads.resize(s.ranks.len(), 0);
     s.ties.clear();
@@ -118,6 +178,166 @@ pub(super) fn assign_tensor(
             .iter()
             .map(|r| splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)),
     );
+    let flat = &s.flat;
+    let sets = &s.sets;
+
+    // A set whose pieces are all of one size and whose candidates are ranks that no other
+    // candidate position of this tensor names starts with every load at 0 and only its own
+    // pieces change them: the greedy then takes its candidates in turn, in (tie, position)
+    // order. Such sets skip the search.
+    s.occ.clear();
+    s.occ.resize(s.ranks.len(), 0);
+    for c in flat.iter() {
+        s.occ[c.rank as usize] += 1;
+    }
+    s.set_bytes.clear();
+    s.set_bytes.resize(sets.len(), u64::MAX - 1);
+    for p in &s.pieces {
+        let b = &mut s.set_bytes[p.set as usize];
+        if *b == u64::MAX - 1 {
+            *b = p.bytes;
+        } else if *b != p.bytes {
+            *b = u64::MAX;
+        }
+    }
+    s.rr_sets.clear();
+    s.rr.clear();
+    for (k, &(_, (a, b))) in sets.iter().enumerate() {
+        let exclusive = flat[a as usize..b as usize]
+            .iter()
+            .all(|c| s.occ[c.rank as usize] == 1);
+        if b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX {
+            let start = s.rr.len();
+            s.rr.extend(a..b);
+            let (ties, flat) = (&s.ties, flat);
+            s.rr[start..].sort_by_key(|&pos| (ties[flat[pos as usize].rank as usize], pos));
+            s.rr_sets.push(Some((start as u32, s.rr.len() as u32, 0)));
+        } else {
+            s.rr_sets.push(None);
+        }
+    }
+    // small sets: the same minimum of (load, tie, position), found by a scan
+    for h in s.heaps.iter_mut().take(sets.len()) {
+        h.clear();
+    }
+    if s.heaps.len() < sets.len() {
+        s.heaps.resize_with(sets.len(), BinaryHeap::new);
+    }
+    for &pi in &s.order {
+        let p = &mut s.pieces[pi as usize];
+        if let Some((a, b, done)) = &mut s.rr_sets[p.set as usize] {
+            let best = s.rr[(*a + *done % (*b - *a)) as usize];
+            *done += 1;
+            p.chosen = best;
+            let r = flat[best as usize].rank as usize;
+            s.loads[r] += p.bytes;
+            continue;
+        }
+        if p.cands.1 - p.cands.0 <= LINEAR_MAX {
+            let mut best = p.cands.0;
+            let mut key = (u64::MAX, u64::MAX);
+            for pos in p.cands.0..p.cands.1 {
+                let r = flat[pos as usize].rank as usize;
+                let k = (s.loads[r], s.ties[r]);
+                if k < key {
+                    key = k;
+                    best = pos;
+                }
+            }
+            p.chosen = best;
+            let r = flat[best as usize].rank as usize;
+            s.loads[r] += p.bytes;
+            continue;
+        }
+        let heap = &mut s.heaps[p.set as usize];
+        if heap.is_empty() {
+            for pos in p.cands.0..p.cands.1 {
+                let r = flat[pos as usize].rank as usize;
+                heap.push(Reverse((s.loads[r], s.ties[r], pos)));
+            }
+        }
+        // entries are refreshed in place at the top (one sift down instead of a pop and a push)
+        let best = loop {
+            let Some(mut top) = heap.peek_mut() else {
+                let r = flat[p.cands.0 as usize].rank as usize;
+                s.loads[r] += p.bytes;
+                heap.push(Reverse((s.loads[r], s.ties[r], p.cands.0)));
+                break p.cands.0;
+            };
+            let Reverse((load, _, pos)) = *top;
+            let r = flat[pos as usize].rank as usize;
+            if load == s.loads[r] {
+                s.loads[r] += p.bytes;
+                top.0.0 = s.loads[r];
+                break pos;
+            }
+            top.0.0 = s.loads[r];
+        };
+        p.chosen = best;
+    }
+
+    // emit the pieces that involve this rank
+    for p in &s.pieces {
+        let cand = flat[p.chosen as usize];
+        let src_rank = s.ranks[cand.rank as usize];
+        let mine = match side {
+            Side::Training => src_rank == me,
+            Side::Inference => p.dst_rank == me,
+        };
+        if !mine {
+            continue;
+        }
+        let sh = &src[cand.holder as usize];
+        let dh = &dst[p.dst_holder as usize];
+        emit(Transfer {
+            src_rank,
+            dst_rank: p.dst_rank,
+            canonical: id,
+            src_tensor: sh.tensor.clone(),
+            src_shape: sh.tensor_shape,
+            src_offset: local_at(sh, &p.cell),
+            src_dtype: sh.dtype,
+            dst_tensor: dh.tensor.clone(),
+            dst_shape: dh.tensor_shape,
+            dst_offset: local_at(dh, &p.cell),
+            dst_dtype: dh.dtype,
+            extent: p.cell.extent,
+        });
+    }
+    // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
+    swap_structure(s, &mut saved);
+    saved.src = src;
+    saved.dst = dst;
+    s.cache[slot] = saved;
+    Ok(())
+}
+
+/// Whether two holder lists hold the same boxes in the same dtypes on the same ranks (the local
+/// tensors, where the boxes sit in them, may differ: only the emitted transfers use those).
+fn same_holders(a: &[Holder], b: &[Holder]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.region == y.region && x.dtype == y.dtype && x.ranks == y.ranks)
+}
+
+/// The source-rank universe, the candidate sets, the pieces and their order for one tensor's
+/// holders (everything of the assignment that does not depend on the tensor's identity).
+fn structure(
+    c: &CanonicalTensor,
+    src: &[Holder],
+    dst: &[Holder],
+    s: &mut Scratch,
+) -> Result<(), PlanError> {
+    // the universe of source ranks
+    s.ranks.clear();
+    for h in src {
+        s.ranks.extend_from_slice(&h.ranks);
+    }
+    if !s.ranks.is_sorted() {
+        s.ranks.sort_unstable();
+    }
+    s.ranks.dedup();
 
     // distinct source regions, each with its candidates (in holder order)
     s.region_boxes.clear();
@@ -278,86 +498,6 @@ pub(super) fn assign_tensor(
         if !s.order.is_sorted_by(|a, b| by_size(a, b).is_le()) {
             s.order.sort_by(by_size);
         }
-    }
-    // small sets: the same minimum of (load, tie, position), found by a scan
-    for h in s.heaps.iter_mut().take(sets.len()) {
-        h.clear();
-    }
-    if s.heaps.len() < sets.len() {
-        s.heaps.resize_with(sets.len(), BinaryHeap::new);
-    }
-    for &pi in &s.order {
-        let p = &mut s.pieces[pi as usize];
-        if p.cands.1 - p.cands.0 <= LINEAR_MAX {
-            let mut best = p.cands.0;
-            let mut key = (u64::MAX, u64::MAX);
-            for pos in p.cands.0..p.cands.1 {
-                let r = flat[pos as usize].rank as usize;
-                let k = (s.loads[r], s.ties[r]);
-                if k < key {
-                    key = k;
-                    best = pos;
-                }
-            }
-            p.chosen = best;
-            let r = flat[best as usize].rank as usize;
-            s.loads[r] += p.bytes;
-            continue;
-        }
-        let heap = &mut s.heaps[p.set as usize];
-        if heap.is_empty() {
-            for pos in p.cands.0..p.cands.1 {
-                let r = flat[pos as usize].rank as usize;
-                heap.push(Reverse((s.loads[r], s.ties[r], pos)));
-            }
-        }
-        // entries are refreshed in place at the top (one sift down instead of a pop and a push)
-        let best = loop {
-            let Some(mut top) = heap.peek_mut() else {
-                let r = flat[p.cands.0 as usize].rank as usize;
-                s.loads[r] += p.bytes;
-                heap.push(Reverse((s.loads[r], s.ties[r], p.cands.0)));
-                break p.cands.0;
-            };
-            let Reverse((load, _, pos)) = *top;
-            let r = flat[pos as usize].rank as usize;
-            if load == s.loads[r] {
-                s.loads[r] += p.bytes;
-                top.0.0 = s.loads[r];
-                break pos;
-            }
-            top.0.0 = s.loads[r];
-        };
-        p.chosen = best;
-    }
-
-    // emit the pieces that involve this rank
-    for p in &s.pieces {
-        let cand = flat[p.chosen as usize];
-        let src_rank = s.ranks[cand.rank as usize];
-        let mine = match side {
-            Side::Training => src_rank == me,
-            Side::Inference => p.dst_rank == me,
-        };
-        if !mine {
-            continue;
-        }
-        let sh = &src[cand.holder as usize];
-        let dh = &dst[p.dst_holder as usize];
-        emit(Transfer {
-            src_rank,
-            dst_rank: p.dst_rank,
-            canonical: id,
-            src_tensor: sh.tensor.clone(),
-            src_shape: sh.tensor_shape,
-            src_offset: local_at(sh, &p.cell),
-            src_dtype: sh.dtype,
-            dst_tensor: dh.tensor.clone(),
-            dst_shape: dh.tensor_shape,
-            dst_offset: local_at(dh, &p.cell),
-            dst_dtype: dh.dtype,
-            extent: p.cell.extent,
-        });
     }
     Ok(())
 }
