@@ -76,3 +76,51 @@ async fn idle_connections_beyond_the_limit_are_refused_and_silent_ones_closed() 
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnected_pairs_count_toward_the_limit_while_they_are_remembered() {
+    use awex_control::client::Client;
+    use gateway_common::connect_request;
+    let base = start(GatewayConfig {
+        max_pairs: 2,
+        tombstone: Duration::from_millis(300),
+        ..GatewayConfig::default()
+    })
+    .await;
+    let client = Client::new(&base, None).unwrap();
+    client
+        .connect(&connect_request("a", 1, 1, 1))
+        .await
+        .unwrap();
+    client
+        .connect(&connect_request("b", 1, 1, 1))
+        .await
+        .unwrap();
+    let full = client
+        .connect(&connect_request("c", 1, 1, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(full.status(), Some(409));
+    client.disconnect("a").await.unwrap();
+    // `a` is remembered (its ranks must still see `disconnect`): still full
+    let e = client
+        .connect(&connect_request("c", 1, 1, 1))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the gateway holds 2 pairs (disconnected ones are remembered for 300 ms)"),
+        "{e}"
+    );
+    // reconnecting under the remembered name replaces it
+    client
+        .connect(&connect_request("a", 1, 1, 1))
+        .await
+        .unwrap();
+    client.disconnect("a").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    client
+        .connect(&connect_request("c", 1, 1, 1))
+        .await
+        .unwrap();
+}

@@ -266,7 +266,16 @@ pub(crate) async fn connect(
     JsonBody(raw): JsonBody<Value>,
 ) -> Result<(StatusCode, Json<PairStatus>), ApiError> {
     let req: ConnectRequest = serde_json::from_value(raw.clone()).map_err(|e| json_error(&e))?;
-    let (slots, training, inference) = check(&req, &raw)?;
+    // validation builds both catalogues and layouts (seconds for a 1T model): off the async
+    // workers, so that health checks and long-polls keep answering meanwhile
+    let (req, (slots, training, inference)) = tokio::task::spawn_blocking(move || {
+        let checked = check(&req, &raw);
+        checked.map(|c| (req, c))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::Unprocessable(format!("validating the connect request failed: {e}"))
+    })??;
     let name = req.name.clone();
     let join_deadline = Instant::now() + Duration::from_millis(req.options.join_deadline_ms);
     let urls = req.inference.urls.clone();
@@ -335,13 +344,12 @@ pub(crate) async fn connect(
                 )));
             }
         }
-        let live = pairs
-            .values()
-            .filter(|p| p.state() != PairState::Disconnected)
-            .count();
-        if live >= gw.config.max_pairs {
+        // disconnected pairs count while they are remembered (their tombstone)
+        let held = pairs.len() - usize::from(pairs.contains_key(&name));
+        if held >= gw.config.max_pairs {
             return Err(ApiError::Conflict(format!(
-                "the gateway holds {live} pairs, its limit; disconnect one first"
+                "the gateway holds {held} pairs (disconnected ones are remembered for {} ms), its limit; disconnect one and wait, or raise the limit",
+                gw.config.tombstone.as_millis()
             )));
         }
         pairs.insert(name, entry.clone());
