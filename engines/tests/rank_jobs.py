@@ -1,0 +1,156 @@
+"""What one SGLang TP rank process does in the real-engine tests (run with multiprocessing spawn).
+
+Every job builds SGLang's real model class on CPU with ``sglang_cpu`` and reports through a queue
+``(rank, result)``, where ``result`` is a dict or ``{"error": traceback}``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # engines/, for sglang_cpu
+
+import sglang_cpu  # noqa: E402
+
+
+def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0) -> None:
+    """Polls the gateway until ``version`` of ``pair`` is the running update."""
+    import awex
+
+    ctl = awex.Controller(gateway)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        cur = ctl.status(pair).get("current_update") or {}
+        if cur.get("version") == version and cur.get("state") in ("pending", "running"):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"update {version} of {pair} did not start within {timeout} s")
+
+
+def compare(model: Any, want: dict[str, Any]) -> list[str]:
+    """Every parameter of ``model`` against SGLang's own load of the same checkpoint."""
+    got = dict(model.named_parameters())
+    diffs = []
+    if sorted(got) != sorted(want):
+        diffs.append(f"parameter names differ: {sorted(set(got) ^ set(want))}")
+    for name in sorted(set(got) & set(want)):
+        d = sglang_cpu.first_difference(got[name].detach(), want[name])
+        if d is not None:
+            diffs.append(f"`{name}`: {d}")
+    return diffs
+
+
+def _point_at(gateway: str, pair: str, engine: int = 0) -> None:
+    os.environ["AWEX_GATEWAY"] = gateway
+    os.environ["AWEX_PAIR"] = pair
+    os.environ["AWEX_ENGINE"] = str(engine)
+
+
+def load_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> None:
+    """(a) only: SGLang's own load; reports parameter names, shapes and dtypes."""
+    try:
+        sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port)
+        model = sglang_cpu.load_model(sa)
+        q.put((rank, {"params": [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()]}))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
+
+
+def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int, str], gateway: str,
+                pairs: list[str], versions: list[int]) -> None:
+    """For every pair in turn: the server's model loaded from version 0 by SGLang, the warm-up
+    call, then one ``receive`` per version; after each, every parameter is compared byte for byte
+    with SGLang's own ``load_weights`` of that version's checkpoint."""
+    try:
+        import awex.sglang as aws
+
+        sa = sglang_cpu.init_rank(ckpts[0], tp=tp, ep=ep, rank=rank, port=port)
+        want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in versions}
+        # the loads differ from each other: the comparison below can fail
+        assert sglang_cpu.first_difference(*[next(iter(want[v].values())) for v in versions[:2]] * (2 // len(versions[:2]))) is not None or len(versions) < 2
+        result: dict[str, Any] = {"checked": 0, "diffs": [], "params": len(want[versions[0]])}
+        for pair in pairs:
+            model = sglang_cpu.load_model(sa, ckpts[0])
+            before = compare(model, want[versions[0]])
+            if not before:
+                raise AssertionError("version 0 equals the first update's weights: the test cannot fail")
+            _point_at(gateway, pair)
+            t = time.monotonic()
+            aws.receive(model, [])  # warm-up: returns at once, joins in the background
+            result.setdefault("warmup_s", []).append(time.monotonic() - t)
+            ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+            for v in versions:
+                wait_running(gateway, pair, v)
+                aws.receive(model, [])
+                diffs = compare(model, want[v])
+                result["diffs"] += [f"{pair} v{v} rank {rank}: {d}" for d in diffs]
+                result["checked"] += 1
+                if {n: p.data_ptr() for n, p in model.named_parameters()} != ptrs:
+                    result["diffs"].append(f"{pair} v{v} rank {rank}: a parameter was rebound")
+        aws._reset()
+        q.put((rank, result))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
+
+
+def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gateway: str, pair: str) -> None:
+    """The loader's edge cases on a real model: configuration errors, a moved pointer, a
+    changed shape (rank 0 only)."""
+    try:
+        import torch
+
+        import awex.sglang as aws
+
+        result: dict[str, Any] = {}
+        sa = sglang_cpu.init_rank(ckpts[0], tp=tp, rank=rank, port=port)
+        want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in (1, 2)}
+        model = sglang_cpu.load_model(sa, ckpts[0])
+        for k in ("AWEX_GATEWAY", "AWEX_PAIR", "AWEX_ENGINE"):
+            os.environ.pop(k, None)
+        try:
+            aws.receive(model, [])
+        except RuntimeError as e:
+            result["no_env"] = str(e)
+        os.environ.update(AWEX_GATEWAY=gateway, AWEX_PAIR=pair, AWEX_ENGINE="zero")
+        try:
+            aws.receive(model, [])
+        except RuntimeError as e:
+            result["bad_engine"] = str(e)
+        try:
+            aws.receive(model, [("x", torch.zeros(1))])
+        except RuntimeError as e:
+            result["payload"] = str(e)
+        _point_at(gateway, pair)
+        aws.receive(model, [])  # warm-up
+        wait_running(gateway, pair, 1)
+        aws.receive(model, [])
+        result["v1"] = compare(model, want[1])
+        # SGLang (begin_weight_update, memory release/resume) may rebind storage: a new pointer
+        name = "model.layers.0.self_attn.qkv_proj.weight"
+        p = dict(model.named_parameters())[name]
+        p.data = p.data.clone()
+        result["moved"] = p.data_ptr()
+        wait_running(gateway, pair, 2)
+        aws.receive(model, [])
+        result["v2"] = compare(model, want[2])
+        result["recreated"] = aws._receiver.recreated if aws._receiver else None
+        result["moved_still"] = dict(model.named_parameters())[name].data_ptr() == result["moved"]
+        # a changed shape is refused, with the engine, rank and cause named
+        if rank == 0:
+            p = dict(model.named_parameters())["model.norm.weight"]
+            p.data = torch.zeros(p.shape[0] * 2)
+        wait_running(gateway, pair, 3)
+        try:
+            aws.receive(model, [])
+            result["v3"] = "ok"
+        except RuntimeError as e:
+            result["v3"] = str(e)
+        aws._reset()
+        q.put((rank, result))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
