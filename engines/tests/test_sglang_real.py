@@ -73,7 +73,11 @@ def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
         ctl.connect(name, model=ckpts[0], train=train, infer=f"sglang:tp={tp},ep={ep}", transport=transport,
                     join_deadline_s=600)
         names.append(name)
-    ranks = Ranks(tp, rank_jobs.receive_job, tp, ep, free_port(), ckpts, gateway, names, [1, 2])
+    # SGLang 0.5.23's Qwen3MoeForCausalLM ignores tie_word_embeddings: it always has its own
+    # lm_head, which its load_weights leaves unloaded for a tied checkpoint (no lm_head.weight);
+    # awex writes the tied embedding there. Pinned below instead of compared.
+    untied_head = arch == "Qwen3MoeForCausalLM" and tied
+    ranks = Ranks(tp, rank_jobs.receive_job, tp, ep, free_port(), ckpts, gateway, names, [1, 2], untied_head)
     try:
         canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2)}
         for name in names:
@@ -89,6 +93,11 @@ def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
         # the warm-up call returns at once (the join runs in the background)
         assert max(res["warmup_s"]) < 5.0, res["warmup_s"]
     assert len({res["params"] for res in results}) == 1
+    if untied_head:
+        for res in results:
+            # awex's lm_head is the embedding, byte for byte; SGLang's own load is not
+            assert res["head_is_embedding"] == [True] * 2 * len(pairs), res["head_is_embedding"]
+            assert res["sglang_head_is_embedding"] is False
 
 
 def test_loader_faults(gateway, ckpt_dir) -> None:
@@ -99,7 +108,7 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
     name = pair_name("faults")
     ctl.connect(name, model=ckpts[0], train="fsdp:dp=1", infer="sglang:tp=2", transport="shm", join_deadline_s=600)
     ranks = Ranks(2, rank_jobs.faults_job, 2, free_port(), ckpts, gateway, name)
-    canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2, 3)}
+    canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2)}
     canon[3] = canon[1]
     w = awex.Writer(gateway, name, 0)
     failure = None
