@@ -55,9 +55,10 @@ exception", SIGQUIT to the parent). The stand-in answers ``{"success": false, "m
 R: <exception>"}`` instead (``--loader-exception report``, the default), or exits like SGLang
 (``--loader-exception crash``).
 
-Faults: ``--fail-rank R`` (with ``--fail-times N``, default 1) makes rank R's loader call raise
-after the loader ran; ``--reject-update MSG`` answers every update 400 with MSG without calling
-the loaders; ``--hang-s S`` sleeps S seconds before handling an update; ``--running-requests N``
+Faults, on the update calls that carry a ``weight_version`` (the gateway's per-update triggers,
+not its warm-up): ``--fail-rank R`` (with ``--fail-times N``, default 1) makes rank R's loader
+call raise after the loader ran; ``--reject-update MSG`` answers 400 with MSG without calling
+the loaders; ``--hang-s S`` sleeps S seconds before handling the call; ``--running-requests N``
 starts with N running requests (see ``pause_generation``).
 
 ``GET /standin/state`` (not SGLang) returns the stand-in's state and the log of routes called.
@@ -203,11 +204,11 @@ def _rank_main(rank: int, conn: Any, opts: dict[str, Any]) -> None:
             return
         try:
             if kind == "load":
-                _, load_format, payload = msg
+                _, load_format, payload, versioned = msg
                 named_tensors = deserialize(payload)
                 loader = _dynamic_import(load_format)
                 loader(model, named_tensors)
-                if fails_left > 0:
+                if fails_left > 0 and versioned:
                     fails_left -= 1
                     raise RuntimeError(f"injected failure of TP rank {rank}'s loader (--fail-rank)")
                 conn.send(("ok", "Success"))
@@ -395,12 +396,14 @@ class Server:
         load_format = body.get("load_format")
         flush_cache = body.get("flush_cache", True)
         weight_version = body.get("weight_version")
-        if self.args.hang_s:
+        # faults hit the gateway's per-update triggers (with a weight_version), not its warm-up
+        faulty = weight_version is not None
+        if self.args.hang_s and faulty:
             time.sleep(self.args.hang_s)
         if self.sessions and self.session is None:
             return 400, {"success": False, "message": "update_weights_from_tensor must run between "
                          "begin_weight_update() and end_weight_update()"}
-        if self.args.reject_update is not None:
+        if self.args.reject_update is not None and faulty:
             return 400, {"success": False, "message": self.args.reject_update}
         if len(payloads) != self.args.tp:
             return 400, {"success": False, "message": f"serialized_named_tensors has {len(payloads)} payloads; "
@@ -412,7 +415,7 @@ class Server:
         except (ValueError, TypeError) as e:
             return 422, {"detail": f"serialized_named_tensors: not base64: {e}"}
         with self.update_lock:
-            answers = self.all_ranks([("load", load_format, r) for r in raw])
+            answers = self.all_ranks([("load", load_format, r, faulty) for r in raw])
         failed = [(r, detail) for r, (kind, detail) in enumerate(answers) if kind != "ok"]
         if failed:
             if self.args.loader_exception == "crash":

@@ -176,9 +176,10 @@ def test_faults(config_dir, record) -> None:
                 "standin_loaders.boom", "--fail-rank", "1", env=record)
     try:
         s.call("/begin_weight_update", {})
-        assert update(s, 2) == (400, {"success": False, "message": "TP rank 1: RuntimeError: injected failure "
-                                      "of TP rank 1's loader (--fail-rank)"})
-        assert update(s, 2)[0] == 200  # --fail-times 1: the retry succeeds
+        assert update(s, 2)[0] == 200  # no weight_version (a warm-up): no fault
+        assert update(s, 2, weight_version="1") == (400, {
+            "success": False, "message": "TP rank 1: RuntimeError: injected failure of TP rank 1's loader (--fail-rank)"})
+        assert update(s, 2, weight_version="1")[0] == 200  # --fail-times 1: the retry succeeds
         assert update(s, 2, load_format="standin_loaders.boom") == (400, {
             "success": False, "message": "TP rank 0: RuntimeError: boom: the loader failed | "
                                          "TP rank 1: RuntimeError: boom: the loader failed"})
@@ -189,18 +190,19 @@ def test_faults(config_dir, record) -> None:
                 "--reject-update", "the server refuses", "--hang-s", "2", env=record)
     try:
         s.call("/begin_weight_update", {})
+        assert update(s, 1)[0] == 200  # the warm-up is not refused
         t = time.monotonic()
         with pytest.raises(TimeoutError):
             update_timeout(s, 0.5)
-        assert update(s, 1) == (400, {"success": False, "message": "the server refuses"})
+        assert update(s, 1, weight_version="2") == (400, {"success": False, "message": "the server refuses"})
         assert time.monotonic() - t >= 2.0
-        assert len(calls(record)) == before
+        assert len(calls(record)) == before + 1
     finally:
         s.close()
 
 
 def update_timeout(s: Standin, timeout: float) -> None:
-    body = json.dumps({"serialized_named_tensors": [P], "load_format": LOADER}).encode()
+    body = json.dumps({"serialized_named_tensors": [P], "load_format": LOADER, "weight_version": "1"}).encode()
     req = urllib.request.Request(s.url + "/update_weights_from_tensor", data=body, method="POST")
     try:
         urllib.request.urlopen(req, timeout=timeout)
