@@ -124,15 +124,19 @@ class _Receiver:
         self.join_thread: threading.Thread | None = None
         self.join_error: BaseException | None = None
         self.recreated = 0
+        self.aliases: dict[str, Any] = {}
 
     def where(self) -> str:
         return f"awex.sglang.receive (engine {self.cfg.engine}, TP rank {self.rank}, pair `{self.cfg.pair}`)"
 
     def start(self, model: Any) -> None:
-        """Creates the Reader, registers the model's parameters and joins in the background."""
+        """Creates the Reader, registers the model's parameters and joins in the background.
+
+        What is registered are aliases of the parameters' storage (``p.detach()``): they keep
+        the registered memory alive even if SGLang later rebinds a parameter to new storage."""
         from ._rank import Reader
 
-        tensors = named_tensors(model)
+        tensors = [(n, t.detach()) for n, t in named_tensors(model)]
         reader = Reader(self.cfg.gateway, self.cfg.pair, self.rank, engine=self.cfg.engine, token=self.cfg.token)
         try:
             reader.register(tensors)
@@ -140,6 +144,7 @@ class _Receiver:
             reader.close()
             raise
         self.reader = reader
+        self.aliases = dict(tensors)
         self.storage = {n: _storage(t) for n, t in tensors}
         self.join_error = None
 
@@ -158,9 +163,9 @@ class _Receiver:
         if self.join_error is not None:
             raise RuntimeError(f"joining the pair failed: {self.join_error}") from self.join_error
 
-    def check_storage(self, model: Any) -> bool:
+    def check_storage(self, model: Any) -> list[str]:
         """Compares the model's parameters with what was registered. Refuses a changed shape or
-        dtype; returns True when some data pointer moved (the Reader must be recreated)."""
+        dtype; returns the names whose data pointer moved."""
         now = dict(named_tensors(model))
         missing = sorted(set(self.storage) - set(now))
         extra = sorted(set(now) - set(self.storage))
@@ -176,7 +181,7 @@ class _Receiver:
                     if part
                 )
             )
-        moved = False
+        moved = []
         for name, (shape, dtype, ptr) in self.storage.items():
             s, d, p = _storage(now[name])
             if s != shape or d != dtype:
@@ -185,7 +190,8 @@ class _Receiver:
                     "registered; awex writes in place into the registered storage and cannot follow a "
                     "changed shape or dtype (restart the server, or keep the storage's shape and dtype)"
                 )
-            moved |= p != ptr
+            if p != ptr:
+                moved.append(name)
         return moved
 
     def close(self) -> None:
@@ -193,6 +199,7 @@ class _Receiver:
             self.reader.close()
         self.reader = None
         self.storage = {}
+        self.aliases = {}
 
 
 _lock = threading.Lock()
@@ -265,11 +272,13 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
       first call creates the process-wide ``awex.Reader``, registers ``model.named_parameters()``
       and joins the pair in a background thread, and returns at once.
     - When an update is running, it waits for that join, checks every parameter's storage
-      against what was registered (a changed shape or dtype is refused; a moved data pointer
-      makes it close and recreate the Reader, logged as a warning), receives the version in
+      against what was registered (a changed shape or dtype is refused), receives the version in
       place into SGLang's storage (not waiting for the commit, which the gateway does after this
       call returned), synchronises the device and calls ``model.post_load_weights()`` when the
-      model defines it.
+      model defines it. A parameter whose storage moved (SGLang rebound it) receives this
+      version in its registered storage, kept alive by the Reader, and is copied into the new
+      one; the Reader is then closed and recreated on the new storage for the next update
+      (logged as a warning: a Reader created during an update would miss it).
 
     Any failure raises ``RuntimeError`` naming the engine, the TP rank and the cause.
     """
@@ -301,22 +310,37 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                     _receiver = rx
                     return
                 version = int(update["version"])
-                if rx.reader is None:
-                    # an update without a warm-up: join now (every rank of the pair must)
-                    rx.start(model)
                 _receiver = rx
-                rx.wait_joined()
-                if rx.check_storage(model):
-                    logger.warning(
-                        "%s: a parameter's data pointer moved since registration; closing the Reader "
-                        "and creating a new one on the new storage", rx.where()
+                if rx.reader is None:
+                    # A Reader joining now would not see the update already running: join for
+                    # the next attempt and fail this one.
+                    rx.start(model)
+                    rx.wait_joined()
+                    raise RuntimeError(
+                        f"this TP process had not joined pair `{cfg.pair}` before version {version} "
+                        "started (no warm-up trigger reached it); it has joined now: retry the version"
                     )
+                rx.wait_joined()
+                moved = rx.check_storage(model)
+                moved_bytes = True
+                rx.reader.update(version, wait_commit=False)
+                if moved:
+                    # The Reader received into the registered storage, which its aliases kept
+                    # alive; copy it into the parameters' new storage, then recreate the Reader
+                    # on that storage for the next update (a Reader created now would not see
+                    # the update that is already running).
+                    logger.warning(
+                        "%s: %d parameters moved to new storage since registration (e.g. `%s`); "
+                        "version %d was received into the registered storage and copied over; "
+                        "the Reader is recreated on the new storage for the next update",
+                        rx.where(), len(moved), moved[0], version,
+                    )
+                    now = dict(named_tensors(model))
+                    for name in moved:
+                        now[name].data.copy_(rx.aliases[name])
                     rx.close()
                     rx.recreated += 1
                     rx.start(model)
-                    rx.wait_joined()
-                moved_bytes = True
-                rx.reader.update(version, wait_commit=False)
                 _synchronize(model)
                 post = getattr(model, "post_load_weights", None)
                 if callable(post):
