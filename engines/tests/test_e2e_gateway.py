@@ -76,8 +76,16 @@ def start_pair(gw: str, ckpts: dict[int, str], *standin_args: str, tp: int = 2, 
     ctl = awex.Controller(gw)
     connect.setdefault("join_deadline_s", 120)
     connect.setdefault("update_deadline_s", 60)
-    ctl.connect(name, model=ckpts[0], train="fsdp:dp=1", infer=f"sglang:tp={tp},engines=1", transport="shm",
-                urls=[s.url], **connect)
+    try:
+        ctl.connect(name, model=ckpts[0], train="fsdp:dp=1", infer=f"sglang:tp={tp},engines=1", transport="shm",
+                    urls=[s.url], **connect)
+        # fail fast (not at the join deadline) when the gateway does not drive the session
+        routes = s.call("/standin/state")[1]["routes"]
+        if "/get_server_info" not in routes and "/server_info" not in routes:
+            pytest.fail(f"the gateway did not read the server's info at connect (routes called: {routes})")
+    except BaseException:
+        s.close()
+        raise
     w = awex.Writer(gw, name, 0)
     arrays = fill(w.layout(), checkpoints.tensors(ckpts[1]))
     w.register(list(arrays.items()))

@@ -141,7 +141,7 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
         assert res["bad_engine"] == (
             f"awex.sglang.receive (engine zero, TP rank {r}): AWEX_ENGINE='zero' is not an engine index (0, 1, ...)"
         )
-        assert res["payload"].startswith(f"awex.sglang.receive (engine 0, TP rank {r}): awex.sglang.receive takes")
+        assert res["payload"].startswith(f"awex.sglang.receive (engine zero, TP rank {r}): awex.sglang.receive takes")
         assert res["v1"] == [] and res["v2"] == [], (res["v1"], res["v2"])
         assert res["recreated"] == 1 and res["moved_still"]
     assert r0["v3"] == (

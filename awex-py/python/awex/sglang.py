@@ -283,15 +283,15 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
     Any failure raises ``RuntimeError`` naming the engine, the TP rank and the cause.
     """
     global _receiver
-    if named_tensors_:
-        raise RuntimeError(
-            "awex.sglang.receive takes its bytes from awex, not from the HTTP payload, but this rank "
-            f"received {len(named_tensors_)} tensors; send one empty payload per TP rank"
-        )
     rank = -1
     engine = os.environ.get("AWEX_ENGINE", "0")
     try:
         rank = tp_rank()
+        if named_tensors_:
+            raise RuntimeError(
+                "awex.sglang.receive takes its bytes from awex, not from the HTTP payload, but this rank "
+                f"received {len(named_tensors_)} tensors; send one empty payload per TP rank"
+            )
         cfg = _Config()
         with _lock:
             rx = _receiver
