@@ -118,9 +118,11 @@ def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int,
         q.put((rank, {"error": traceback.format_exc()}))
 
 
-def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gateway: str, pair: str) -> None:
+def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gateway: str, pair: str,
+               returned: Any) -> None:
     """The loader's edge cases on a real model: configuration errors, a moved pointer, a
-    changed shape (rank 0 only)."""
+    changed shape (rank 0 only). After each update call it puts ``(rank, version)`` on
+    ``returned``: the gateway starts the next version only after SGLang's HTTP call returned."""
     try:
         import torch
 
@@ -149,6 +151,7 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         aws.receive(model, [])  # warm-up
         wait_running(gateway, pair, 1)
         aws.receive(model, [])
+        returned.put((rank, 1))
         result["v1"] = compare(model, want[1])
         # SGLang (begin_weight_update, memory release/resume) may rebind storage: a new pointer
         name = "model.layers.0.self_attn.qkv_proj.weight"
@@ -157,6 +160,7 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         result["moved"] = p.data_ptr()
         wait_running(gateway, pair, 2)
         aws.receive(model, [])
+        returned.put((rank, 2))
         result["v2"] = compare(model, want[2])
         result["recreated"] = aws._receiver.recreated if aws._receiver else None
         result["moved_still"] = dict(model.named_parameters())[name].data_ptr() == result["moved"]

@@ -8,6 +8,7 @@ padding included; for two consecutive versions through one process-wide Reader p
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -107,7 +108,8 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
     ctl = awex.Controller(gateway)
     name = pair_name("faults")
     ctl.connect(name, model=ckpts[0], train="fsdp:dp=1", infer="sglang:tp=2", transport="shm", join_deadline_s=600)
-    ranks = Ranks(2, rank_jobs.faults_job, 2, free_port(), ckpts, gateway, name)
+    returned = mp.get_context("spawn").Queue()
+    ranks = Ranks(2, rank_jobs.faults_job, 2, free_port(), ckpts, gateway, name, returned)
     canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2)}
     canon[3] = canon[1]
     w = awex.Writer(gateway, name, 0)
@@ -123,6 +125,8 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
                 if v < 3:
                     assert ctl.update(v, timeout=120)["state"] == "committed"
                     f.result(timeout=120)
+                    # as the gateway does: the next version only once every loader call returned
+                    assert sorted(returned.get(timeout=120) for _ in range(2)) == [(0, v), (1, v)]
                 else:
                     with pytest.raises(awex.UpdateFailed) as failure:
                         ctl.update(v, timeout=120)

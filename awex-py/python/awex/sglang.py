@@ -341,6 +341,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                     rx.close()
                     rx.recreated += 1
                     rx.start(model)
+                    # joined before SGLang's HTTP call returns, hence before the gateway can
+                    # commit this version and start the next one, whose event it must see
+                    rx.wait_joined()
                 _synchronize(model)
                 post = getattr(model, "post_load_weights", None)
                 if callable(post):
