@@ -218,10 +218,12 @@ def _rank_main(rank: int, conn: Any, opts: dict[str, Any]) -> None:
                     post()
                 conn.send(("ok", ""))
             elif kind == "params":
+                import torch
+
                 digests = {}
                 for name, p in model.named_parameters():
-                    t = p.detach().contiguous()
-                    digests[name] = hashlib.sha256(t.view(-1).view(__import__("torch").uint8).numpy().tobytes()).hexdigest()
+                    raw = p.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                    digests[name] = hashlib.sha256(raw).hexdigest()
                 conn.send(("ok", digests))
             else:
                 conn.send(("error", f"unknown request {kind!r}"))
@@ -307,7 +309,7 @@ class Server:
             "ep_size": a.ep,
             "dp_size": a.dp,
             "pp_size": 1,
-            "device": "cpu" if a.mode != "cuda" else "cuda",
+            "device": "cpu",
             "load_format": "auto",
             "dtype": "auto",
             "quantization": a.quantization,
@@ -531,7 +533,10 @@ def main(argv: list[str] | None = None) -> None:
           flush=True)
     import signal
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         httpd.serve_forever()
     except KeyboardInterrupt:
