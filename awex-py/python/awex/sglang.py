@@ -49,8 +49,9 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
 def tp_rank() -> int:
     """This scheduler process's TP rank, from SGLang's own parallel state.
 
-    SGLang >= 0.5.2x publishes it as ``sglang.srt.runtime_context.get_parallel().tp_rank`` (what
-    its own ``update_weights_from_tensor`` reads); older servers only have
+    SGLang 0.5.23 publishes it as ``sglang.srt.runtime_context.get_parallel().tp_rank`` (what its
+    own ``update_weights_from_tensor`` reads; ``sglang.srt.distributed`` no longer exports
+    ``get_tensor_model_parallel_rank``), older servers as
     ``sglang.srt.distributed.get_tensor_model_parallel_rank()``. Without SGLang (a stand-in
     server), ``$AWEX_TP_RANK`` names it.
     """
