@@ -68,7 +68,37 @@ def ckpts(tmp_path_factory) -> dict[int, str]:
     return {0: v0, 1: checkpoints.write(str(base / "v1"), "Qwen3ForCausalLM", tied=False, seed=201, config_of=v0)}
 
 
+_probe: dict[str, str] = {}
+
+
+def gateway_reads_server_info(gw: str, ckpts: dict[int, str]) -> str:
+    """'' when the gateway reads a server's info at connect, else why not; probed once against a
+    quick stand-in (plain torch ranks) so that a gateway without the session fails fast."""
+    if gw not in _probe:
+        name = pair_name("probe")
+        s = Standin("--model-path", ckpts[0], "--mode", "torch", "--custom-weight-loader", LOADER,
+                    env={"AWEX_GATEWAY": gw, "AWEX_PAIR": name, "AWEX_ENGINE": "0"})
+        try:
+            ctl = awex.Controller(gw)
+            try:
+                ctl.connect(name, model=ckpts[0], train="fsdp:dp=1", infer="sglang:tp=1,engines=1",
+                            transport="shm", urls=[s.url], join_deadline_s=5)
+                ctl.disconnect(name)
+            except Exception as e:
+                _probe[gw] = f"connect failed: {e}"
+            routes = s.call("/standin/state")[1]["routes"]
+            if gw not in _probe:
+                ok = "/get_server_info" in routes or "/server_info" in routes
+                _probe[gw] = "" if ok else f"the gateway did not read the server's info at connect (routes: {routes})"
+        finally:
+            s.close()
+    return _probe[gw]
+
+
 def start_pair(gw: str, ckpts: dict[int, str], *standin_args: str, tp: int = 2, **connect: Any):
+    why = gateway_reads_server_info(gw, ckpts)
+    if why:
+        pytest.fail(why)
     name = pair_name("e2e")
     env = {"AWEX_GATEWAY": gw, "AWEX_PAIR": name, "AWEX_ENGINE": "0"}
     s = Standin("--model-path", ckpts[0], "--tp", str(tp), "--mode", "sglang", "--custom-weight-loader", LOADER,
