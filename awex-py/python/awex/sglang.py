@@ -1,8 +1,29 @@
-"""SGLang: the named tensors of an inference rank, as awex's ``sglang`` backend names them."""
+"""SGLang: the named tensors of an inference rank, and ``receive``, the custom weight loader that
+runs awex inside an unmodified ``sglang.launch_server``.
+
+Launch every SGLang server of a pair with the loader allowed and its engine named::
+
+    AWEX_GATEWAY=http://10.0.0.1:7480 AWEX_PAIR=rl AWEX_ENGINE=0 \\
+      python -m sglang.launch_server --model-path /models/Qwen3-8B --tp 4 \\
+      --custom-weight-loader awex.sglang.receive
+
+The gateway then calls ``POST /update_weights_from_tensor`` with ``load_format:
+"awex.sglang.receive"`` (one empty payload per TP rank): SGLang calls ``receive(model,
+named_tensors)`` in every TP scheduler process at once, and the bytes travel over awex's own
+transport straight into SGLang's parameters.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from typing import Any
+
+logger = logging.getLogger("awex.sglang")
+
+#: States of the gateway's current update in which a loader call is an update, not a warm-up.
+_ACTIVE = ("pending", "running")
 
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
@@ -25,4 +46,320 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     return out
 
 
-__all__ = ["named_tensors"]
+def tp_rank() -> int:
+    """This scheduler process's TP rank, from SGLang's own parallel state.
+
+    SGLang 0.5.23 publishes it as ``sglang.srt.runtime_context.get_parallel().tp_rank`` (what its
+    own ``update_weights_from_tensor`` reads; ``sglang.srt.distributed`` no longer exports
+    ``get_tensor_model_parallel_rank``), older servers as
+    ``sglang.srt.distributed.get_tensor_model_parallel_rank()``. Without SGLang (a stand-in
+    server), ``$AWEX_TP_RANK`` names it.
+    """
+    try:
+        from sglang.srt.runtime_context import get_parallel  # type: ignore[import-not-found]
+
+        return int(get_parallel().tp_rank)
+    except ImportError:
+        pass
+    try:
+        from sglang.srt.distributed import (  # type: ignore[import-not-found]
+            get_tensor_model_parallel_rank,
+        )
+
+        return int(get_tensor_model_parallel_rank())
+    except ImportError:
+        pass
+    env = os.environ.get("AWEX_TP_RANK")
+    if env is not None:
+        try:
+            return int(env)
+        except ValueError:
+            raise ValueError(f"AWEX_TP_RANK={env!r} is not an integer TP rank") from None
+    raise RuntimeError(
+        "cannot tell this process's TP rank: SGLang's parallel state is not importable "
+        "(sglang.srt.runtime_context.get_parallel / sglang.srt.distributed."
+        "get_tensor_model_parallel_rank) and AWEX_TP_RANK is not set"
+    )
+
+
+class _Config:
+    """The loader's settings, from the environment of the SGLang server."""
+
+    def __init__(self) -> None:
+        gateway = os.environ.get("AWEX_GATEWAY")
+        pair = os.environ.get("AWEX_PAIR")
+        missing = [k for k, v in (("AWEX_GATEWAY", gateway), ("AWEX_PAIR", pair)) if not v]
+        if missing:
+            raise RuntimeError(
+                f"{' and '.join(missing)} not set in the SGLang server's environment; launch it with "
+                "AWEX_GATEWAY=http://HOST:PORT AWEX_PAIR=NAME [AWEX_ENGINE=N] [AWEX_TOKEN=...]"
+            )
+        engine = os.environ.get("AWEX_ENGINE", "0")
+        try:
+            self.engine = int(engine)
+        except ValueError:
+            raise RuntimeError(f"AWEX_ENGINE={engine!r} is not an engine index (0, 1, ...)") from None
+        if self.engine < 0:
+            raise RuntimeError(f"AWEX_ENGINE={engine!r} is not an engine index (0, 1, ...)")
+        self.gateway: str = gateway  # type: ignore[assignment]
+        self.pair: str = pair  # type: ignore[assignment]
+        self.token = os.environ.get("AWEX_TOKEN") or None
+
+    def key(self) -> tuple[str, str, int, str | None]:
+        return (self.gateway, self.pair, self.engine, self.token)
+
+
+def _storage(t: Any) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype, data pointer) of a tensor's storage as registered."""
+    return tuple(int(d) for d in t.shape), str(t.dtype), int(t.data_ptr())
+
+
+class _Receiver:
+    """One process-wide Reader and what it registered."""
+
+    def __init__(self, cfg: _Config, rank: int) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.reader: Any = None
+        self.storage: dict[str, tuple[tuple[int, ...], str, int]] = {}
+        self.join_thread: threading.Thread | None = None
+        self.join_error: BaseException | None = None
+        self.recreated = 0
+        self.aliases: dict[str, Any] = {}
+
+    def where(self) -> str:
+        return f"awex.sglang.receive (engine {self.cfg.engine}, TP rank {self.rank}, pair `{self.cfg.pair}`)"
+
+    def start(self, model: Any) -> None:
+        """Creates the Reader, registers the model's parameters and joins in the background.
+
+        What is registered are aliases of the parameters' storage (``p.detach()``): they keep
+        the registered memory alive even if SGLang later rebinds a parameter to new storage."""
+        from ._rank import Reader
+
+        tensors = [(n, t.detach()) for n, t in named_tensors(model)]
+        reader = Reader(self.cfg.gateway, self.cfg.pair, self.rank, engine=self.cfg.engine, token=self.cfg.token)
+        try:
+            reader.register(tensors)
+        except BaseException:
+            reader.close()
+            raise
+        self.reader = reader
+        self.aliases = dict(tensors)
+        self.storage = {n: _storage(t) for n, t in tensors}
+        self.join_error = None
+
+        def join() -> None:
+            try:
+                reader.join()
+            except BaseException as e:  # reported by the next update call
+                self.join_error = e
+
+        self.join_thread = threading.Thread(target=join, name="awex-sglang-join", daemon=True)
+        self.join_thread.start()
+
+    def wait_joined(self) -> None:
+        if self.join_thread is not None:
+            self.join_thread.join()
+        if self.join_error is not None:
+            raise RuntimeError(f"joining the pair failed: {self.join_error}") from self.join_error
+
+    def check_storage(self, model: Any) -> list[str]:
+        """Compares the model's parameters with what was registered. Refuses a changed shape or
+        dtype; returns the names whose data pointer moved."""
+        now = dict(named_tensors(model))
+        missing = sorted(set(self.storage) - set(now))
+        extra = sorted(set(now) - set(self.storage))
+        if missing or extra:
+            raise RuntimeError(
+                "the model's parameters changed since they were registered: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"gone: {', '.join(missing[:5])}" if missing else "",
+                        f"new: {', '.join(extra[:5])}" if extra else "",
+                    )
+                    if part
+                )
+            )
+        moved = []
+        for name, (shape, dtype, ptr) in self.storage.items():
+            s, d, p = _storage(now[name])
+            if s != shape or d != dtype:
+                raise RuntimeError(
+                    f"parameter `{name}` changed from {dtype} {list(shape)} to {d} {list(s)} since it was "
+                    "registered; awex writes in place into the registered storage and cannot follow a "
+                    "changed shape or dtype (restart the server, or keep the storage's shape and dtype)"
+                )
+            if p != ptr:
+                moved.append(name)
+        return moved
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        self.reader = None
+        self.storage = {}
+        self.aliases = {}
+
+
+_lock = threading.Lock()
+_receiver: _Receiver | None = None
+
+
+def _reset() -> None:
+    """Closes the process-wide Reader (tests, or a server shutting down)."""
+    global _receiver
+    with _lock:
+        if _receiver is not None:
+            _receiver.close()
+        _receiver = None
+
+
+def _current_update(cfg: _Config) -> dict[str, Any] | None:
+    from ._controller import Controller
+
+    status = Controller(cfg.gateway, cfg.token).status(cfg.pair)
+    update = status.get("current_update")
+    if update and update.get("state") in _ACTIVE:
+        return update
+    return None
+
+
+def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str) -> None:
+    """Tells the gateway at once that this rank failed ``update`` before its Reader took part in
+    it (so the version fails now, not at its deadline). Best effort: the HTTP answer of SGLang
+    and the deadline still catch it when the gateway cannot be reached."""
+    import json
+    import urllib.request
+
+    body = {
+        "side": "inference",
+        "rank": {"engine": cfg.engine, "rank": rank},
+        "ok": False,
+        "error": error[:4000],
+    }
+    if update.get("attempt") is not None:
+        body["attempt"] = update["attempt"]
+    url = f"{cfg.gateway.rstrip('/')}/v1/pairs/{cfg.pair}/updates/{int(update['version'])}/report"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    if cfg.token:
+        req.add_header("Authorization", f"Bearer {cfg.token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5):
+            pass
+    except Exception as e:  # the raise that follows carries the cause
+        logger.warning("awex.sglang.receive: could not report the failure to the gateway: %s", e)
+
+
+def _synchronize(model: Any) -> None:
+    """Waits for the device when SGLang's parameters live on CUDA."""
+    for _, p in named_tensors(model)[:1]:
+        if getattr(p, "is_cuda", False):
+            import torch
+
+            torch.cuda.synchronize(p.device)
+
+
+def receive(model: Any, named_tensors_: Any = None) -> None:
+    """SGLang's custom weight loader (``--custom-weight-loader awex.sglang.receive``).
+
+    Called by SGLang in every TP scheduler process with the live model and that rank's
+    deserialised payload (an empty list: the bytes travel over awex). Configured by
+    ``AWEX_GATEWAY``, ``AWEX_PAIR``, ``AWEX_ENGINE`` (default 0) and ``AWEX_TOKEN``.
+
+    - When no update of the pair is running (the gateway's warm-up trigger at connect), the
+      first call creates the process-wide ``awex.Reader``, registers ``model.named_parameters()``
+      and joins the pair in a background thread, and returns at once.
+    - When an update is running, it waits for that join, checks every parameter's storage
+      against what was registered (a changed shape or dtype is refused), receives the version in
+      place into SGLang's storage (not waiting for the commit, which the gateway does after this
+      call returned), synchronises the device and calls ``model.post_load_weights()`` when the
+      model defines it. A parameter whose storage moved (SGLang rebound it) receives this
+      version in its registered storage, kept alive by the Reader, and is copied into the new
+      one; the Reader is then closed and recreated on the new storage for the next update
+      (logged as a warning: a Reader created during an update would miss it).
+
+    Any failure raises ``RuntimeError`` naming the engine, the TP rank and the cause.
+    """
+    global _receiver
+    rank = -1
+    engine = os.environ.get("AWEX_ENGINE", "0")
+    try:
+        rank = tp_rank()
+        if named_tensors_:
+            raise RuntimeError(
+                "awex.sglang.receive takes its bytes from awex, not from the HTTP payload, but this rank "
+                f"received {len(named_tensors_)} tensors; send one empty payload per TP rank"
+            )
+        cfg = _Config()
+        with _lock:
+            rx = _receiver
+            if rx is not None and rx.cfg.key() != cfg.key():
+                rx.close()
+                rx = None
+            if rx is None:
+                rx = _Receiver(cfg, rank)
+            update = None
+            moved_bytes = False
+            try:
+                update = _current_update(cfg)
+                if update is None:
+                    if rx.reader is None:
+                        rx.start(model)
+                    _receiver = rx
+                    return
+                version = int(update["version"])
+                _receiver = rx
+                if rx.reader is None:
+                    # A Reader joining now would not see the update already running: join for
+                    # the next attempt and fail this one.
+                    rx.start(model)
+                    rx.wait_joined()
+                    raise RuntimeError(
+                        f"this TP process had not joined pair `{cfg.pair}` before version {version} "
+                        "started (no warm-up trigger reached it); it has joined now: retry the version"
+                    )
+                rx.wait_joined()
+                moved = rx.check_storage(model)
+                moved_bytes = True
+                rx.reader.update(version, wait_commit=False)
+                if moved:
+                    # The Reader received into the registered storage, which its aliases kept
+                    # alive; copy it into the parameters' new storage, then recreate the Reader
+                    # on that storage for the next update (a Reader created now would not see
+                    # the update that is already running).
+                    logger.warning(
+                        "%s: %d parameters moved to new storage since registration (e.g. `%s`); "
+                        "version %d was received into the registered storage and copied over; "
+                        "the Reader is recreated on the new storage for the next update",
+                        rx.where(), len(moved), moved[0], version,
+                    )
+                    now = dict(named_tensors(model))
+                    for name in moved:
+                        now[name].data.copy_(rx.aliases[name])
+                    rx.close()
+                    rx.recreated += 1
+                    rx.start(model)
+                    # joined before SGLang's HTTP call returns, hence before the gateway can
+                    # commit this version and start the next one, whose event it must see
+                    rx.wait_joined()
+                _synchronize(model)
+                post = getattr(model, "post_load_weights", None)
+                if callable(post):
+                    post()
+            except BaseException as e:
+                if update is not None and not moved_bytes:
+                    _report_failure(cfg, rank, update, f"{rx.where()}: {e}")
+                # a failed join leaves nothing usable: the next call starts over
+                if rx.join_error is not None:
+                    rx.close()
+                    _receiver = None
+                raise
+    except Exception as e:
+        where = f"awex.sglang.receive (engine {engine}, TP rank {rank if rank >= 0 else '?'})"
+        raise RuntimeError(f"{where}: {e}") from e
+
+
+__all__ = ["named_tensors", "receive", "tp_rank"]

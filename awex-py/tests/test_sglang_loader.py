@@ -1,0 +1,46 @@
+"""``awex.sglang.receive`` without SGLang: configuration errors name the engine and TP rank."""
+
+from __future__ import annotations
+
+import pytest
+
+import awex.sglang as aws
+
+
+def test_tp_rank_from_env_without_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWEX_TP_RANK", "3")
+    assert aws.tp_rank() == 3
+    monkeypatch.setenv("AWEX_TP_RANK", "three")
+    with pytest.raises(ValueError, match=r"AWEX_TP_RANK='three' is not an integer TP rank"):
+        aws.tp_rank()
+
+
+def test_missing_environment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWEX_TP_RANK", "1")
+    monkeypatch.setenv("AWEX_ENGINE", "2")
+    monkeypatch.delenv("AWEX_GATEWAY", raising=False)
+    monkeypatch.setenv("AWEX_PAIR", "rl")
+    with pytest.raises(RuntimeError) as e:
+        aws.receive(object(), [])
+    assert str(e.value) == (
+        "awex.sglang.receive (engine 2, TP rank 1): AWEX_GATEWAY not set in the SGLang server's "
+        "environment; launch it with AWEX_GATEWAY=http://HOST:PORT AWEX_PAIR=NAME [AWEX_ENGINE=N] [AWEX_TOKEN=...]"
+    )
+
+
+def test_payload_must_be_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWEX_TP_RANK", "0")
+    monkeypatch.setenv("AWEX_ENGINE", "0")
+    with pytest.raises(RuntimeError, match=r"^awex.sglang.receive \(engine 0, TP rank 0\): awex.sglang.receive "
+                       r"takes its bytes from awex, not from the HTTP payload, but this rank received 2 tensors"):
+        aws.receive(object(), [("a", 1), ("b", 2)])
+
+
+def test_unreachable_gateway_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWEX_TP_RANK", "0")
+    monkeypatch.setenv("AWEX_ENGINE", "1")
+    monkeypatch.setenv("AWEX_GATEWAY", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWEX_PAIR", "rl")
+    with pytest.raises(RuntimeError, match=r"^awex.sglang.receive \(engine 1, TP rank 0\): "):
+        aws.receive(object(), [])
+    assert aws._receiver is None

@@ -1,0 +1,139 @@
+"""SGLang's real model classes on CPU, one process per TP rank, for awex's real-engine tests.
+
+A rank process calls ``init_rank`` (SGLang's own ``ServerArgs`` -> ``runtime_context.publish``
+-> ``init_distributed_environment`` over gloo -> ``initialize_model_parallel``, as
+``sglang/srt/distributed/bootstrap.py:_init_parallel_groups`` does in a scheduler process) and
+then ``load_model`` (SGLang's ``model_loader.get_model``: the model class built from the HF
+config and filled by its own ``load_weights``, as ``ModelRunner.load_model`` does).
+
+What is not SGLang's own code, and why:
+
+- ``vllm._custom_ops`` is a stub module whose ``rotary_embedding`` raises when called.
+  ``sglang/srt/layers/rotary_embedding/base.py`` (``RotaryEmbedding.__init__``) imports it as the
+  fallback rotary kernel on a platform that is neither CUDA, HIP, SGLang's CPU engine nor
+  another accelerator; it is only called by ``forward`` (never while building or loading).
+- ``SGLANG_NCCL_SO_PATH`` names a missing library: ``PyNcclCommunicator``
+  (``sglang/srt/distributed/device_communicators/pynccl.py``) then disables itself, the path
+  SGLang takes "in a non-GPU environment"; the PyPI torch wheel ships libnccl, which would
+  otherwise be loaded and fail on a CPU device.
+- ``SGLANG_USE_CPU_ENGINE`` stays unset: SGLang's CPU engine pads heads for an unaligned TP
+  (``configs/update_config.py:adjust_config_with_unaligned_cpu_tp``) and repacks weights, so its
+  parameters differ from a GPU server's; these tests build the GPU server's parameters on CPU.
+
+Nothing on the weight-loading path is replaced: every parameter is created by SGLang's layers
+and written by their own ``weight_loader``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+#: The environment a rank process needs before importing SGLang (see the module docstring).
+ENV = {
+    "SGLANG_NCCL_SO_PATH": "/nonexistent/awex-no-nccl/libnccl.so.2",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def install_stubs() -> None:
+    """Installs the one GPU-kernel stub (``vllm._custom_ops.rotary_embedding``) and the env."""
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    if "vllm._custom_ops" in sys.modules:
+        return
+
+    def rotary_embedding(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "vllm._custom_ops.rotary_embedding is a stub in awex's CPU tests: a GPU rotary kernel "
+            "SGLang imports on this platform but calls only in forward()"
+        )
+
+    vllm = types.ModuleType("vllm")
+    vllm.__path__ = []  # a package, so that `import vllm._custom_ops` resolves
+    ops = types.ModuleType("vllm._custom_ops")
+    ops.rotary_embedding = rotary_embedding  # type: ignore[attr-defined]
+    vllm._custom_ops = ops  # type: ignore[attr-defined]
+    sys.modules["vllm"] = vllm
+    sys.modules["vllm._custom_ops"] = ops
+
+
+def init_rank(model_dir: str, *, tp: int, rank: int, port: int, ep: int = 1, dtype: str = "float32") -> Any:
+    """Publishes SGLang's config for TP rank ``rank`` of ``tp`` (expert parallel ``ep``) and
+    initialises SGLang's parallel groups over gloo. Returns the ``ServerArgs``."""
+    install_stubs()
+    import torch  # noqa: F401  (before SGLang, as its entry points do)
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(
+        model_path=model_dir,
+        device="cpu",
+        tp_size=tp,
+        ep_size=ep,
+        dtype=dtype,
+        skip_tokenizer_init=True,
+        load_format="auto",
+    )
+    rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank, gpu_id=0))
+    init_distributed_environment(
+        backend="gloo",
+        world_size=tp,
+        rank=rank,
+        local_rank=rank,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+    )
+    initialize_model_parallel()
+    return server_args
+
+
+def load_model(server_args: Any, model_dir: str | None = None) -> Any:
+    """SGLang's ``get_model`` on CPU: the model class for the checkpoint's architecture, its
+    parameters filled by its own ``load_weights`` from ``model_dir`` (default: the server's)."""
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import get_model
+
+    if model_dir is not None and model_dir != server_args.model_path:
+        import copy
+
+        server_args = copy.copy(server_args)
+        server_args.model_path = model_dir
+    model_config = ModelConfig.from_server_args(server_args)
+    return get_model(
+        model_config=model_config,
+        load_config=LoadConfig(load_format="auto"),
+        device_config=DeviceConfig(device="cpu", gpu_id=0),
+    )
+
+
+def snapshot(model: Any) -> dict[str, Any]:
+    """A copy of every parameter (``named_parameters()`` order and names)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def first_difference(got: Any, want: Any) -> str | None:
+    """None when two tensors are byte-identical, else where they first differ."""
+    import torch
+
+    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        return f"{got.dtype} {list(got.shape)} vs {want.dtype} {list(want.shape)}"
+    a = got.contiguous().view(torch.uint8).reshape(-1)
+    b = want.contiguous().view(torch.uint8).reshape(-1)
+    diff = (a != b).nonzero()
+    if diff.numel() == 0:
+        return None
+    i = int(diff[0]) // got.element_size()
+    flat_g, flat_w = got.reshape(-1), want.reshape(-1)
+    return (
+        f"{int((a != b).sum())} bytes differ; first at element {i}: "
+        f"{flat_g[i].item()!r} vs {flat_w[i].item()!r}"
+    )

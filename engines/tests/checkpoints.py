@@ -1,0 +1,67 @@
+"""Tiny canonical HF checkpoints written by transformers, every tensor filled with seeded values."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+#: Shared sizes: GQA 4 query heads over 2 KV heads (so tp=4 replicates KV heads), vocab 1000
+#: (SGLang pads it to a multiple of 64 per rank), 2 layers.
+BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "max_position_embeddings": 256,
+}
+
+ARCHS = {
+    "Qwen3ForCausalLM": ("Qwen3Config", {}),
+    "Qwen2ForCausalLM": ("Qwen2Config", {}),
+    "LlamaForCausalLM": ("LlamaConfig", {}),
+    "Qwen3MoeForCausalLM": (
+        "Qwen3MoeConfig",
+        {
+            "moe_intermediate_size": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+        },
+    ),
+}
+
+
+def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None = None) -> str:
+    """Writes a checkpoint of ``arch`` to ``path``: ``config.json`` + ``model.safetensors`` with
+    every tensor drawn from N(0, 1) by a generator seeded with ``seed`` (norm weights too, so
+    that no tensor is uniform). ``config_of`` reuses another checkpoint's config."""
+    import torch
+    import transformers
+
+    cls_name, extra = ARCHS[arch]
+    if config_of is not None:
+        with open(os.path.join(config_of, "config.json")) as f:
+            cfg = getattr(transformers, cls_name).from_dict(json.load(f))
+    else:
+        cfg = getattr(transformers, cls_name)(**BASE, **extra, tie_word_embeddings=tied, torch_dtype="float32")
+    with torch.device("cpu"):
+        model = getattr(transformers, arch)(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32))
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def tensors(path: str) -> dict[str, Any]:
+    """The checkpoint's tensors as float32 numpy arrays (canonical names)."""
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(path, "model.safetensors"))

@@ -1,0 +1,126 @@
+"""Fixtures of the real-engine tests: tiny checkpoints, an in-process gateway, rank processes."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import checkpoints  # noqa: E402
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def gateway() -> str:
+    from awex import _testing
+
+    return _testing.start_gateway()
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], dict[int, str]]:
+    """``ckpts(arch, tied)`` -> ``{version: checkpoint dir}`` for versions 0, 1, 2 of one config."""
+    made: dict[tuple[str, bool], dict[int, str]] = {}
+
+    def get(arch: str, tied: bool) -> dict[int, str]:
+        key = (arch, tied)
+        if key not in made:
+            base = tmp_path_factory.mktemp(f"{arch}-{'tied' if tied else 'untied'}")
+            v0 = checkpoints.write(str(base / "v0"), arch, tied=tied, seed=100)
+            made[key] = {
+                0: v0,
+                1: checkpoints.write(str(base / "v1"), arch, tied=tied, seed=101, config_of=v0),
+                2: checkpoints.write(str(base / "v2"), arch, tied=tied, seed=102, config_of=v0),
+            }
+        return made[key]
+
+    return get
+
+
+def pair_name(tag: str) -> str:
+    return f"eng-{os.getpid()}-{next(_names)}-{tag}"[:60]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Ranks:
+    """``n`` spawned processes running ``target(rank, queue, *args)``."""
+
+    def __init__(self, n: int, target: Callable[..., None], *args: Any) -> None:
+        ctx = mp.get_context("spawn")
+        self.q = ctx.Queue()
+        self.procs = [ctx.Process(target=target, args=(r, self.q, *args), daemon=True) for r in range(n)]
+        for p in self.procs:
+            p.start()
+
+    def results(self, timeout: float = 240.0) -> list[dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        try:
+            while len(out) < len(self.procs):
+                rank, res = self.q.get(timeout=timeout)
+                out[rank] = res
+        except queue.Empty:
+            raise TimeoutError(f"ranks {sorted(set(range(len(self.procs))) - set(out))} did not report") from None
+        finally:
+            self.stop()
+        errors = [f"rank {r}:\n{res['error']}" for r, res in sorted(out.items()) if "error" in res]
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return [out[r] for r in range(len(self.procs))]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def boxes(t: dict[str, Any]):
+    """(canonical name, canonical slices, local slices) of every placement of a layout tensor."""
+    for p in t["placements"]:
+        off, ext = p["region"]["offset"], p["region"]["extent"]
+        loc = p["local_offset"]
+        lead = len(loc) - len(ext)
+        canon = tuple(slice(o, o + e) for o, e in zip(off, ext))
+        local = tuple(slice(l, l + 1) if i < lead else slice(l, l + ext[i - lead]) for i, l in enumerate(loc))
+        yield p["canonical"], canon, local
+
+
+def fill(layout: list[dict[str, Any]], canonical: dict[str, np.ndarray], out: dict[str, np.ndarray] | None = None,
+         rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    """A training rank's local arrays in awex's training layout: the canonical values at every
+    placement ``Writer.layout()`` lists, junk elsewhere (padding, which must never travel).
+    With ``out``, written in place into those arrays."""
+    rng = rng or np.random.default_rng(0)
+    res = {}
+    for t in layout:
+        assert t["dtype"] == "f32", t
+        a = out[t["name"]] if out is not None else np.empty(t["shape"], np.float32)
+        a[...] = rng.standard_normal(t["shape"], dtype=np.float32) * 1e3
+        for name, canon, local in boxes(t):
+            a[local] = canonical[name][canon].reshape(a[local].shape)
+        res[t["name"]] = a
+    return res
+
+
+def run_threads(calls: list[Callable[[], Any]], timeout: float = 240.0) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=len(calls)) as ex:
+        futures = [ex.submit(c) for c in calls]
+        return [f.result(timeout=timeout) for f in futures]

@@ -1,0 +1,180 @@
+"""What one SGLang TP rank process does in the real-engine tests (run with multiprocessing spawn).
+
+Every job builds SGLang's real model class on CPU with ``sglang_cpu`` and reports through a queue
+``(rank, result)``, where ``result`` is a dict or ``{"error": traceback}``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # engines/, for sglang_cpu
+
+import sglang_cpu  # noqa: E402
+
+
+def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0) -> None:
+    """Polls the gateway until ``version`` of ``pair`` is the running update."""
+    import awex
+
+    ctl = awex.Controller(gateway)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        cur = ctl.status(pair).get("current_update") or {}
+        if cur.get("version") == version and cur.get("state") in ("pending", "running"):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"update {version} of {pair} did not start within {timeout} s")
+
+
+def compare(model: Any, want: dict[str, Any]) -> list[str]:
+    """Every parameter of ``model`` against SGLang's own load of the same checkpoint."""
+    got = {n: p.detach() for n, p in model.named_parameters()}
+    for name, w in want.items():
+        if name in got and w.shape[0] < got[name].shape[0]:  # compare only the first rows
+            got[name] = got[name][: w.shape[0]]
+    diffs = []
+    if sorted(got) != sorted(want):
+        diffs.append(f"parameter names differ: {sorted(set(got) ^ set(want))}")
+    for name in sorted(set(got) & set(want)):
+        d = sglang_cpu.first_difference(got[name], want[name])
+        if d is not None:
+            diffs.append(f"`{name}`: {d}")
+    return diffs
+
+
+def _point_at(gateway: str, pair: str, engine: int = 0) -> None:
+    os.environ["AWEX_GATEWAY"] = gateway
+    os.environ["AWEX_PAIR"] = pair
+    os.environ["AWEX_ENGINE"] = str(engine)
+
+
+def load_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> None:
+    """(a) only: SGLang's own load; reports parameter names, shapes and dtypes."""
+    try:
+        sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port)
+        model = sglang_cpu.load_model(sa)
+        q.put((rank, {"params": [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()]}))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
+
+
+def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int, str], gateway: str,
+                pairs: list[str], versions: list[int], untied_head: bool = False) -> None:
+    """For every pair in turn: the server's model loaded from version 0 by SGLang, the warm-up
+    call, then one ``receive`` per version; after each, every parameter is compared byte for byte
+    with SGLang's own ``load_weights`` of that version's checkpoint. With ``untied_head`` (a tied
+    checkpoint on a class with its own ``lm_head``), ``lm_head.weight`` is compared with the
+    embedding instead."""
+    try:
+        import awex.sglang as aws
+
+        sa = sglang_cpu.init_rank(ckpts[0], tp=tp, ep=ep, rank=rank, port=port)
+        want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in versions}
+        result: dict[str, Any] = {"checked": 0, "diffs": [], "params": len(want[versions[0]]),
+                                  "head_is_embedding": []}
+        if untied_head:
+            w = want[versions[0]]
+            # SGLang never writes this lm_head: its vocabulary padding rows hold whatever memory
+            # torch.empty gave them, and awex does not write padding either; compare the real rows
+            import json
+
+            with open(os.path.join(ckpts[0], "config.json")) as f:
+                vocab = json.load(f)["vocab_size"]
+            per = w["lm_head.weight"].shape[0]
+            real = max(0, min(per, vocab - rank * per))
+            result["sglang_head_is_embedding"] = sglang_cpu.first_difference(
+                w["lm_head.weight"][:real], w["model.embed_tokens.weight"][:real]) is None
+            for v in versions:
+                want[v]["lm_head.weight"] = want[v]["model.embed_tokens.weight"][:real]
+        for pair in pairs:
+            model = sglang_cpu.load_model(sa, ckpts[0])
+            before = compare(model, want[versions[0]])
+            if not before:
+                raise AssertionError("version 0 equals the first update's weights: the test cannot fail")
+            _point_at(gateway, pair)
+            t = time.monotonic()
+            aws.receive(model, [])  # warm-up: returns at once, joins in the background
+            result.setdefault("warmup_s", []).append(time.monotonic() - t)
+            ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+            for v in versions:
+                wait_running(gateway, pair, v)
+                aws.receive(model, [])
+                diffs = compare(model, want[v])
+                if untied_head:
+                    result["head_is_embedding"].append(not any("`lm_head.weight`" in d for d in diffs))
+                result["diffs"] += [f"{pair} v{v} rank {rank}: {d}" for d in diffs]
+                result["checked"] += 1
+                if {n: p.data_ptr() for n, p in model.named_parameters()} != ptrs:
+                    result["diffs"].append(f"{pair} v{v} rank {rank}: a parameter was rebound")
+        aws._reset()
+        q.put((rank, result))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
+
+
+def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gateway: str, pair: str,
+               returned: Any) -> None:
+    """The loader's edge cases on a real model: configuration errors, a moved pointer, a
+    changed shape (rank 0 only). After each update call it puts ``(rank, version)`` on
+    ``returned``: the gateway starts the next version only after SGLang's HTTP call returned."""
+    try:
+        import torch
+
+        import awex.sglang as aws
+
+        result: dict[str, Any] = {}
+        sa = sglang_cpu.init_rank(ckpts[0], tp=tp, rank=rank, port=port)
+        want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in (1, 2)}
+        model = sglang_cpu.load_model(sa, ckpts[0])
+        for k in ("AWEX_GATEWAY", "AWEX_PAIR", "AWEX_ENGINE"):
+            os.environ.pop(k, None)
+        try:
+            aws.receive(model, [])
+        except RuntimeError as e:
+            result["no_env"] = str(e)
+        os.environ.update(AWEX_GATEWAY=gateway, AWEX_PAIR=pair, AWEX_ENGINE="zero")
+        try:
+            aws.receive(model, [])
+        except RuntimeError as e:
+            result["bad_engine"] = str(e)
+        try:
+            aws.receive(model, [("x", torch.zeros(1))])
+        except RuntimeError as e:
+            result["payload"] = str(e)
+        _point_at(gateway, pair)
+        aws.receive(model, [])  # warm-up
+        wait_running(gateway, pair, 1)
+        aws.receive(model, [])
+        returned.put((rank, 1))
+        result["v1"] = compare(model, want[1])
+        # SGLang (begin_weight_update, memory release/resume) may rebind storage: a new pointer
+        name = "model.layers.0.self_attn.qkv_proj.weight"
+        p = dict(model.named_parameters())[name]
+        p.data = p.data.clone()
+        result["moved"] = p.data_ptr()
+        wait_running(gateway, pair, 2)
+        aws.receive(model, [])
+        returned.put((rank, 2))
+        result["v2"] = compare(model, want[2])
+        result["recreated"] = aws._receiver.recreated if aws._receiver else None
+        result["moved_still"] = dict(model.named_parameters())[name].data_ptr() == result["moved"]
+        # a changed shape is refused, with the engine, rank and cause named
+        if rank == 0:
+            p = dict(model.named_parameters())["model.norm.weight"]
+            p.data = torch.zeros(p.shape[0] * 2)
+        wait_running(gateway, pair, 3)
+        try:
+            aws.receive(model, [])
+            result["v3"] = "ok"
+        except RuntimeError as e:
+            result["v3"] = str(e)
+        aws._reset()
+        q.put((rank, result))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
