@@ -30,12 +30,14 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyMethod, CudaError, Device, Event, ExportedAllocation, IpcEventHandle,
-    IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream, plan_copies, split_linear,
+    CopyDesc, CopyEngine, CopyMethod, CudaError, DescStats, Device, Event, ExportedAllocation,
+    IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream, merge_contiguous,
+    plan_copies, split_linear,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"AWEXIPC1");
 /// Header words: magic, ready, done, allocations, tensors, peers, sums, device.
@@ -53,8 +55,55 @@ const STREAMS: usize = 4;
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
 
+/// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, default 1).
+fn open_threads() -> usize {
+    std::env::var("AWEX_IPC_OPEN_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1usize)
+        .clamp(1, 64)
+}
+
+/// Where an inference rank's join went (milliseconds; everything before its first update).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct JoinStats {
+    /// Creating the copy engine: streams, events, loading the copy kernel.
+    pub engine_ms: f64,
+    /// Which image the copy kernel loaded from ("cubin sm_90", "ptx"), if the engine has one.
+    pub kernel_image: Option<String>,
+    /// One small copy on every stream, so that the first update pays for no lazy loading.
+    pub warm_up_ms: f64,
+    /// Opening the peers' control segments.
+    pub control_ms: f64,
+    /// Opening the peers' IPC memory handles.
+    pub open_ms: f64,
+    /// Threads that opened them.
+    pub open_threads: usize,
+    /// Allocations opened (all peers).
+    pub allocations: usize,
+    /// Opening the peers' events.
+    pub event_ms: f64,
+    /// Turning the plan into copy descriptors.
+    pub descs_ms: f64,
+    /// The copies per update, as issued (all peers).
+    pub descriptors: DescStats,
+    /// The copies before back-to-back ones were joined across tensors.
+    pub descriptors_unjoined: DescStats,
+}
+
 fn name_hash(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn add_stats(a: &mut DescStats, b: &DescStats) {
+    a.linear += b.linear;
+    a.pitched_2d += b.pitched_2d;
+    a.pitched_3d += b.pitched_3d;
+    a.bytes += b.bytes;
 }
 
 fn peer_key(r: RankId) -> u64 {
@@ -310,6 +359,8 @@ struct Remote {
     descs: Vec<CopyDesc>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
+    /// what opening this peer cost
+    stats: JoinStats,
 }
 
 /// CUDA IPC transport for one rank whose tensors live on a GPU.
@@ -326,6 +377,7 @@ pub struct CudaIpcTransport {
     /// Host copy of the tensors, for checksums (allocated on first use).
     staging: Option<TensorSet>,
     scratch: Vec<u8>,
+    join: JoinStats,
 }
 
 impl CudaIpcTransport {
@@ -362,17 +414,52 @@ impl CudaIpcTransport {
             remotes: HashMap::new(),
             staging: None,
             scratch: Vec::new(),
+            join: JoinStats::default(),
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
             Side::Inference => {
+                let t0 = Instant::now();
                 let engine = CopyEngine::with_method(&t.dev, STREAMS, CopyMethod::Kernel)
                     .or_else(|_| CopyEngine::new(&t.dev, STREAMS))
                     .map_err(transport_err("creating the copy engine"))?;
+                t.join.engine_ms = ms_since(t0);
+                t.join.kernel_image = engine.kernel_image().map(str::to_string);
+                let t0 = Instant::now();
+                engine
+                    .warm_up()
+                    .map_err(transport_err("warming up the copy engine"))?;
+                t.join.warm_up_ms = ms_since(t0);
                 t.engine = Some(engine);
             }
         }
         Ok(t)
+    }
+
+    fn add_join(&mut self, p: &JoinStats) {
+        let j = &mut self.join;
+        j.control_ms += p.control_ms;
+        j.open_ms += p.open_ms;
+        j.open_threads = p.open_threads;
+        j.allocations += p.allocations;
+        j.event_ms += p.event_ms;
+        j.descs_ms += p.descs_ms;
+        add_stats(&mut j.descriptors, &p.descriptors);
+        add_stats(&mut j.descriptors_unjoined, &p.descriptors_unjoined);
+    }
+
+    /// Where this rank's join went (an inference rank's; zeros for a training rank).
+    pub fn join_stats(&self) -> &JoinStats {
+        &self.join
+    }
+
+    /// The local address and size of the largest allocation of `peer` this rank mapped (for
+    /// measuring a copy floor out of the sender's memory), once connected.
+    pub fn largest_mapping(&self, peer: RankId) -> Option<(u64, u64)> {
+        let r = self.remotes.get(&peer)?;
+        (0..r._import.len())
+            .filter_map(|i| r._import.mapping(i))
+            .max_by_key(|&(_, size)| size)
     }
 
     fn export(&self, ctl_name: &str) -> Result<Sender, RuntimeError> {
@@ -436,7 +523,9 @@ impl CudaIpcTransport {
         let event: IpcEventHandle = field("event")?.parse().map_err(|e: CudaError| {
             RuntimeError::Transport(format!("training rank {peer}'s event: {e}"))
         })?;
+        let t0 = Instant::now();
         let (ctl, published) = Control::open(&ctl_name)?;
+        let control_ms = ms_since(t0);
         let me = peer_key(self.me);
         let sums_at = published
             .peers
@@ -450,8 +539,15 @@ impl CudaIpcTransport {
                 ))
             })?;
         let err = transport_err("opening the training rank's memory");
-        let import = IpcImport::open(&self.dev, &published.allocations).map_err(&err)?;
+        let threads = open_threads();
+        let t0 = Instant::now();
+        let import =
+            IpcImport::open_with(&self.dev, &published.allocations, threads).map_err(&err)?;
+        let open_ms = ms_since(t0);
+        let t0 = Instant::now();
         let event = self.dev.open_event(&event).map_err(&err)?;
+        let event_ms = ms_since(t0);
+        let t0 = Instant::now();
         let remote_tensors: HashMap<u64, TensorEntry> =
             published.tensors.iter().map(|t| (t.hash, *t)).collect();
         let transfers = self
@@ -490,12 +586,40 @@ impl CudaIpcTransport {
         };
         let merged =
             plan_copies(transfers, true, addr).map_err(transport_err("building the copies"))?;
+        // join back-to-back copies across tensors (a layer's experts) where both joined ranges
+        // stay in one source allocation and one destination tensor
+        let mut dst_ranges: Vec<(u64, u64)> = self
+            .tensors
+            .iter()
+            .filter_map(|v| v.device_ptr().map(|p| (p, p + v.len() as u64)))
+            .collect();
+        dst_ranges.sort_unstable();
+        let in_one_dst = |a: u64, b: u64| {
+            let i = dst_ranges.partition_point(|r| r.0 <= a);
+            i > 0 && dst_ranges[i - 1].1 >= b
+        };
+        let joined = merge_contiguous(&merged, |s0, s1, d0, d1| {
+            import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
+        });
+        let descs = split_linear(&joined, SPLIT_BYTES);
+        let joined_stats = JoinStats {
+            control_ms,
+            open_ms,
+            open_threads: threads,
+            allocations: import.len(),
+            event_ms,
+            descs_ms: ms_since(t0),
+            descriptors: DescStats::of(&descs),
+            descriptors_unjoined: DescStats::of(&merged),
+            ..JoinStats::default()
+        };
         Ok(Remote {
+            stats: joined_stats,
             ctl_name,
             ctl,
             _import: import,
             event,
-            descs: split_linear(&merged, SPLIT_BYTES),
+            descs,
             sums_at,
         })
     }
@@ -586,8 +710,11 @@ impl CudaIpcTransport {
             for peer in &self.plan.peers {
                 let remote = &self.remotes[&peer.peer];
                 ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
-                engine
-                    .launch(&remote.descs, Some(&remote.event), None)
+                // SAFETY: every descriptor was built in `open_remote` from the plan against
+                // this peer's mapped allocations (bounds-checked by `IpcImport::ptr`, joins kept
+                // inside one allocation) and this rank's own tensors; the mappings live in
+                // `remote` until the sync below, and the tensors in `self.tensors`.
+                unsafe { engine.launch(&remote.descs, Some(&remote.event), None) }
                     .map_err(transport_err("queueing the copies"))?;
             }
             engine
@@ -673,9 +800,11 @@ impl CudaIpcTransport {
         let at = base + v.shape.linear(&d) * v.dtype.size() as u64;
         let err = transport_err("corrupting a byte");
         let mut x = [0u8];
-        self.dev.copy_to_host(at, &mut x).map_err(&err)?;
+        // SAFETY: `at` is a byte of a planned box inside the device tensor `v`.
+        unsafe { self.dev.copy_to_host(at, &mut x) }.map_err(&err)?;
         x[0] ^= 0x5a;
-        self.dev.copy_from_host(at, &x).map_err(&err)
+        // SAFETY: as above; the copies have been synchronised.
+        unsafe { self.dev.copy_from_host(at, &x) }.map_err(&err)
     }
 }
 
@@ -697,10 +826,12 @@ impl Transport for CudaIpcTransport {
 
     fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
         if self.side == Side::Inference {
-            for p in &self.plan.peers {
+            let plan = self.plan.clone();
+            for p in &plan.peers {
                 if let Some(info) = peers.get(&p.peer) {
                     self.remotes.remove(&p.peer);
                     let r = self.open_remote(p.peer, info)?;
+                    self.add_join(&r.stats);
                     self.remotes.insert(p.peer, r);
                 }
             }

@@ -1,6 +1,11 @@
 //! `awex-cli bench`: measured runs of awex's data paths against floors measured in the same run.
 //!
-//! `bench ipc` times a colocated weight update over CUDA IPC. It runs as two processes: this
+//! `bench ipc` times a colocated weight update over CUDA IPC through the product's own path
+//! ([`transport`]: the `cuda-ipc` transport of the rank runtime, real plans, two processes).
+//! `bench ipc --path copies` keeps the hand-built copy path below, with its stream/method sweep.
+//! The floors both print are in [`floors`], shared with `demo`.
+//!
+//! The copies path runs as two processes: this
 //! one is the inference rank; it starts itself again as the training rank (the hidden
 //! `bench ipc-sender`). The sender allocates its rank's tensors in one contiguous buffer, as
 //! Megatron's contiguous parameter buffer holds them (or, with `--sender-alloc per-tensor`, one
@@ -12,6 +17,9 @@
 //! records its own "done" event, which the sender waits on before touching its weights again.
 //! It verifies every destination byte after the first and the last update, and measures the
 //! copy floor (one large device-to-device copy of the same byte count) in the same run.
+
+pub mod floors;
+mod transport;
 
 use super::plan::{Resolved, human_bytes};
 use anyhow::{Context, anyhow, bail};
@@ -45,9 +53,22 @@ enum What {
         after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0"
     )]
     Ipc(IpcArgs),
-    /// The training side of `bench ipc` (started by it).
+    /// The training side of `bench ipc --path copies` (started by it).
     #[command(hide = true)]
     IpcSender(SenderArgs),
+    /// The training ranks of `bench ipc` (started by it).
+    #[command(hide = true)]
+    IpcRanks(transport::RanksArgs),
+}
+
+/// Which path `bench ipc` times.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Path {
+    /// The product: the `cuda-ipc` transport of the rank runtime, on both ends.
+    Transport,
+    /// The hand-built copy path (its own protocol, the stream/method sweep).
+    Copies,
 }
 
 /// How the receiver issues its copies.
@@ -82,6 +103,12 @@ impl From<Method> for CopyMethod {
 /// Arguments of `awex-cli bench ipc`.
 #[derive(clap::Args, Debug)]
 struct IpcArgs {
+    /// What is timed: the product's transport, or the hand-built copy path.
+    #[arg(long, value_enum, default_value_t = Path::Transport)]
+    path: Path,
+    /// Staging bucket size of the transport, in MiB (the rank runtime's default).
+    #[arg(long, default_value_t = 64)]
+    bucket_mib: u64,
     /// Model: a preset name, a config.json, or an HF model directory.
     #[arg(long, default_value = "qwen3-8b")]
     model: String,
@@ -163,8 +190,10 @@ enum SenderAlloc {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.what {
+        What::Ipc(a) if a.path == Path::Transport => transport::run(a),
         What::Ipc(a) => ipc(a),
         What::IpcSender(a) => sender(a),
+        What::IpcRanks(a) => transport::ranks(a),
     }
 }
 
@@ -488,16 +517,7 @@ struct SweepPoint {
     runs_ms: Vec<f64>,
 }
 
-/// One measured floor.
-#[derive(Serialize, Debug)]
-struct FloorPoint {
-    name: &'static str,
-    /// bytes copied (times are scaled to the update's bytes)
-    bytes: u64,
-    ms: f64,
-    gbps: f64,
-    runs_ms: Vec<f64>,
-}
+use floors::FloorPoint;
 
 /// Sender-side figures.
 #[derive(Serialize, Debug)]
@@ -555,7 +575,7 @@ struct IpcReport {
     unix_time: u64,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     match s.len() {
@@ -585,8 +605,12 @@ fn one_update(
         other => bail!("sender answered {other:?} to update {version}"),
     }
     match work {
-        Work::Launch(descs) => engine.launch(descs, Some(ready), Some(done))?,
-        Work::Graph(g) => engine.replay(g, Some(ready), Some(done))?,
+        // SAFETY: the descriptors were built from the plan over the sender's mapped allocations
+        // (bounds-checked by `IpcImport::ptr`) and this process's own buffers, all alive until
+        // the sync below.
+        Work::Launch(descs) => unsafe { engine.launch(descs, Some(ready), Some(done))? },
+        // SAFETY: as above, for the captured descriptors.
+        Work::Graph(g) => unsafe { engine.replay(g, Some(ready), Some(done))? },
     }
     engine.sync()?;
     Ok(ms_since(t0))
@@ -604,10 +628,10 @@ struct DstTensors {
 }
 
 impl DstTensors {
-    fn poison(&self, dev: &Device, engine: &CopyEngine) -> anyhow::Result<()> {
+    fn poison(&self, engine: &CopyEngine) -> anyhow::Result<()> {
         for (_, b) in &self.tensors {
             // a bf16 NaN pattern: never what a real update writes everywhere
-            dev.fill_u16(b.ptr(), b.len() / 2, 0x7FC1, engine.main_stream())?;
+            b.fill_u16(0x7FC1, engine.main_stream())?;
         }
         engine.sync()?;
         Ok(())
@@ -616,6 +640,19 @@ impl DstTensors {
 
 /// Checks every destination byte the plan writes against the sender's deterministic content.
 fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, String)> {
+    let tensors: Vec<LocalTensor> = dst.tensors.iter().map(|(t, _)| t.clone()).collect();
+    verify_with(transfers, &tensors, &mut |i, out: &mut [u8]| {
+        dst.tensors[i].1.download(0, out)?;
+        Ok(())
+    })
+}
+
+/// [`verify`] over any receiver: `fetch(i, out)` reads tensor `i` of `tensors` whole.
+fn verify_with(
+    transfers: &[Transfer],
+    tensors: &[LocalTensor],
+    fetch: &mut dyn FnMut(usize, &mut [u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<(bool, String)> {
     let mut by_dst: HashMap<&str, Vec<&Transfer>> = HashMap::new();
     for t in transfers {
         by_dst.entry(&t.dst_tensor).or_default().push(t);
@@ -623,12 +660,12 @@ fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, Str
     let checked = AtomicU64::new(0);
     let mismatch: Mutex<Option<String>> = Mutex::new(None);
     let mut host = Vec::new();
-    for (lt, buf) in &dst.tensors {
+    for (ti, lt) in tensors.iter().enumerate() {
         let Some(ts) = by_dst.get(&*lt.name) else {
             continue;
         };
-        host.resize(buf.len() as usize, 0u8);
-        buf.download(0, &mut host)?;
+        host.resize(lt.nbytes() as usize, 0u8);
+        fetch(ti, &mut host)?;
         // (key, source byte, destination byte, length), in pieces of at most 4 MiB
         let mut items: Vec<(u64, u64, u64, u64)> = Vec::new();
         for t in ts {
@@ -685,10 +722,9 @@ fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, Str
     }
     let checked = checked.into_inner();
     let want: u64 = transfers.iter().map(Transfer::bytes).sum();
-    let need: u64 = dst
-        .tensors
+    let need: u64 = tensors
         .iter()
-        .map(|(t, _)| {
+        .map(|t| {
             t.placements
                 .iter()
                 .map(|p| p.region.numel() * t.dtype.size() as u64)
@@ -748,7 +784,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         dst.tensors.push((t, b));
     }
     let engine = CopyEngine::with_method(&dev, a.streams, a.method.into())?;
-    dst.poison(&dev, &engine)?;
+    dst.poison(&engine)?;
 
     let mut sender = SenderProc::start(&a, &ranks, sender_gpu)?;
     let hello: Hello = sender.recv()?;
@@ -795,7 +831,8 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let descs_ms = ms_since(t0);
     let work = match a.mode {
         Mode::Launch => Work::Launch(descs),
-        Mode::Graph => Work::Graph(engine.capture(descs)?),
+        // SAFETY: every replay goes through `one_update` (see there).
+        Mode::Graph => Work::Graph(unsafe { engine.capture(descs)? }),
     };
     let first_copy_ms = one_update(&mut sender, 1, &engine, &work, &ready, &done)?;
     let first_update_ms = ms_since(t_first);
@@ -812,7 +849,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let mut steady = Vec::new();
     for v in 2..=a.updates {
         if v == a.updates && verify_on {
-            dst.poison(&dev, &engine)?;
+            dst.poison(&engine)?;
         }
         steady.push(one_update(&mut sender, v, &engine, &work, &ready, &done)?);
     }
@@ -849,7 +886,8 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
             let d = split_linear(if coalesced { &merged } else { &raw_descs }, split_mb << 20);
             let w = match mode {
                 Mode::Launch => Work::Launch(&d),
-                Mode::Graph => Work::Graph(e.capture(&d)?),
+                // SAFETY: as above.
+                Mode::Graph => Work::Graph(unsafe { e.capture(&d)? }),
             };
             let mut runs = Vec::new();
             for _ in 0..6 {
@@ -890,61 +928,10 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         },
         floor_bytes,
     )?;
-    let scratch = dev.alloc(bytes)?;
-    let local = dev.alloc(bytes)?;
-    let e1 = CopyEngine::new(&dev, 1)?;
-    let k1 = CopyEngine::with_method(&dev, 1, CopyMethod::Kernel)?;
-    let k4 = CopyEngine::with_method(&dev, 4, CopyMethod::Kernel)?;
-    dev.fill_u32(local.ptr(), bytes / 4, 0x3F80_4000, e1.main_stream())?;
-    e1.sync()?;
-    let mut floors = Vec::new();
-    // the first is the floor: one cuMemcpyDtoD of the same bytes, local to local
-    for (name, src, n, engine, piece) in [
-        ("one copy, local to local", local.ptr(), bytes, &e1, 0),
-        (
-            "one copy, from the sender's memory",
-            ipc_src,
-            floor_bytes,
-            &e1,
-            0,
-        ),
-        ("copy kernel, local to local", local.ptr(), bytes, &k1, 0),
-        (
-            "copy kernel, from the sender's memory",
-            ipc_src,
-            floor_bytes,
-            &k1,
-            0,
-        ),
-        (
-            "copy kernel, 256 MiB pieces on 4 streams, from the sender's memory",
-            ipc_src,
-            floor_bytes,
-            &k4,
-            256 << 20,
-        ),
-    ] {
-        let d = split_linear(&[CopyDesc::linear(src, scratch.ptr(), n)], piece);
-        let mut runs = Vec::new();
-        for _ in 0..6 {
-            let t0 = Instant::now();
-            engine.launch(&d, None, None)?;
-            engine.sync()?;
-            runs.push(ms_since(t0) * bytes as f64 / n as f64);
-        }
-        let ms = median(&runs[1..]);
-        floors.push(FloorPoint {
-            name,
-            bytes: n,
-            ms,
-            gbps: bytes as f64 * 2.0 / ms / 1e6,
-            runs_ms: runs,
-        });
-    }
+    let floors = floors::measure(&dev, bytes, ipc_src, floor_bytes)?;
     let floor_ms = floors[0].ms;
     let floor_runs = floors[0].runs_ms.clone();
     let ipc_floor_ms = floors[1].ms;
-    drop((scratch, local));
     drop(import);
     drop(ready);
     sender.finish()?;
