@@ -59,9 +59,13 @@ for r in $RUNS; do
   case $r in
     8b-per-tensor) bench 8b-per-tensor 120 $P8 --sender-alloc per-tensor --updates 7 ;;
     8b-contiguous) bench 8b-contiguous 120 $P8 --sender-alloc contiguous --updates 7 ;;
+    8b-per-tensor-driver) AWEX_IPC_COPY=driver bench 8b-per-tensor-driver 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
+    8b-per-tensor-s8) AWEX_IPC_STREAMS=8 bench 8b-per-tensor-s8 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
+    8b-contiguous-driver) AWEX_IPC_COPY=driver bench 8b-contiguous-driver 120 $P8 --sender-alloc contiguous --updates 7 --no-verify ;;
     moe-contiguous) bench moe-contiguous 240 $PM --sender-alloc contiguous --updates 5 ;;
     moe-per-tensor) bench moe-per-tensor 240 $PM --sender-alloc per-tensor --updates 5 ;;
     moe-per-tensor-t8) AWEX_IPC_OPEN_THREADS=8 bench moe-per-tensor-t8 240 $PM --sender-alloc per-tensor --updates 3 --no-verify ;;
+    demo-tiny) demo tiny 120 --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1 --updates 7 ;;
     demo-8b) demo 8b 200 $P8 --updates 5 ;;
     demo-moe) demo moe 300 $PM --updates 3 ;;
     torch) echo "== torch baseline"
@@ -73,7 +77,7 @@ echo "== shared memory left behind"
 ls /dev/shm | grep '^awex-' || echo none
 
 echo "== summary"
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
 import json, os, sys, glob
 out = sys.argv[1]
 print("| run | sender | join ms | first ms | steady ms (median) | floor local / sender mem ms | x local / x sender | copies (unjoined) | extra MiB | verified |")
@@ -107,4 +111,7 @@ if os.path.exists(t):
     except Exception as e:
         print("torch: unreadable", e)
 PY
+# every log and report in one file (the device tool brings back few files)
+tar -C "$OUT" -czf "$OUT/all.tar.gz" --exclude all.tar.gz --exclude '*.cubin' . 2>/dev/null
+find "$OUT" -maxdepth 1 -type f ! -name all.tar.gz ! -name '*.cubin' ! -name summary.txt -delete
 exit $status

@@ -30,7 +30,7 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyMethod, CudaError, DescStats, Device, Event, ExportedAllocation,
+    CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event, ExportedAllocation,
     IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream, merge_contiguous,
     plan_copies, split_linear,
 };
@@ -54,6 +54,49 @@ const STREAMS: usize = 4;
 /// Linear copies are cut into pieces of this size, spread over the streams (the `bench ipc`
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
+
+/// Spins on `ready()` for up to [`SPIN`] (yielding the core between looks), then waits as
+/// [`ExecContext::wait_until`] does. A colocated update lasts milliseconds: the sleeps of the
+/// generic back-off (up to 1 ms each) would add a good part of one to every update.
+fn wait_fast(ctx: &ExecContext<'_>, mut ready: impl FnMut() -> bool) -> Result<(), RuntimeError> {
+    let until = Instant::now() + SPIN;
+    while Instant::now() < until {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::yield_now();
+    }
+    ctx.wait_until(ready)
+}
+
+/// How long [`wait_fast`] spins before it sleeps between looks.
+const SPIN: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The receivers' copy method (`AWEX_IPC_COPY`: `kernel`, the default, or `driver`) and
+/// stream count (`AWEX_IPC_STREAMS`, default [`STREAMS`]), for measuring alternatives.
+fn copy_setup() -> (CopyMethod, usize) {
+    let method = match std::env::var("AWEX_IPC_COPY").as_deref() {
+        Ok("driver") => CopyMethod::Driver,
+        _ => CopyMethod::Kernel,
+    };
+    let streams = std::env::var("AWEX_IPC_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(STREAMS)
+        .clamp(1, 32);
+    (method, streams)
+}
+
+/// From how many copies on a peer a receiver captures them into a CUDA graph at join and
+/// replays it per update (`AWEX_IPC_GRAPH_MIN`, default 1024; 0 never). Launching each copy
+/// costs the host a few microseconds: qwen3-30b-a3b from one allocation per expert is 12.7k
+/// copies, tens of milliseconds of launches; one replay takes a fraction of that.
+fn graph_min() -> usize {
+    std::env::var("AWEX_IPC_GRAPH_MIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
+}
 
 /// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, default 1).
 fn open_threads() -> usize {
@@ -89,6 +132,8 @@ pub struct JoinStats {
     pub descriptors: DescStats,
     /// The copies before back-to-back ones were joined across tensors.
     pub descriptors_unjoined: DescStats,
+    /// Copies captured into CUDA graphs (replayed with one launch per peer and update).
+    pub graph_copies: usize,
 }
 
 fn name_hash(name: &str) -> u64 {
@@ -353,14 +398,18 @@ struct Sender {
 struct Remote {
     ctl_name: String,
     ctl: Control,
-    /// Mapped allocations, closed on drop (after the copies that read them were synchronised).
-    _import: IpcImport,
     event: Event,
     descs: Vec<CopyDesc>,
+    /// the copies captured into a CUDA graph, replayed with one launch per update, when they
+    /// are many (see [`graph_min`]); dropped before the mappings (field order)
+    graph: Option<CopyGraph>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
     /// what opening this peer cost
     stats: JoinStats,
+    /// Mapped allocations, closed on drop (after the copies that read them were synchronised,
+    /// and after the graph that holds their addresses is destroyed: fields drop in order).
+    _import: IpcImport,
 }
 
 /// CUDA IPC transport for one rank whose tensors live on a GPU.
@@ -420,8 +469,9 @@ impl CudaIpcTransport {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
             Side::Inference => {
                 let t0 = Instant::now();
-                let engine = CopyEngine::with_method(&t.dev, STREAMS, CopyMethod::Kernel)
-                    .or_else(|_| CopyEngine::new(&t.dev, STREAMS))
+                let (method, streams) = copy_setup();
+                let engine = CopyEngine::with_method(&t.dev, streams, method)
+                    .or_else(|_| CopyEngine::new(&t.dev, streams))
                     .map_err(transport_err("creating the copy engine"))?;
                 t.join.engine_ms = ms_since(t0);
                 t.join.kernel_image = engine.kernel_image().map(str::to_string);
@@ -446,6 +496,7 @@ impl CudaIpcTransport {
         j.descs_ms += p.descs_ms;
         add_stats(&mut j.descriptors, &p.descriptors);
         add_stats(&mut j.descriptors_unjoined, &p.descriptors_unjoined);
+        j.graph_copies += p.graph_copies;
     }
 
     /// Where this rank's join went (an inference rank's; zeros for a training rank).
@@ -602,7 +653,18 @@ impl CudaIpcTransport {
             import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
         });
         let descs = split_linear(&joined, SPLIT_BYTES);
+        let min = graph_min();
+        let graph = match &self.engine {
+            Some(e) if min > 0 && descs.len() >= min => {
+                // SAFETY: the graph holds descriptors built above over this peer's mappings
+                // and this rank's tensors; it is replayed only from `receive` while both live
+                // (the graph drops before the mappings, see `Remote`).
+                Some(unsafe { e.capture(&descs) }.map_err(transport_err("capturing the copies"))?)
+            }
+            _ => None,
+        };
         let joined_stats = JoinStats {
+            graph_copies: graph.as_ref().map_or(0, |g| g.copies),
             control_ms,
             open_ms,
             open_threads: threads,
@@ -614,6 +676,7 @@ impl CudaIpcTransport {
             ..JoinStats::default()
         };
         Ok(Remote {
+            graph,
             stats: joined_stats,
             ctl_name,
             ctl,
@@ -678,7 +741,7 @@ impl CudaIpcTransport {
         ctl.done().store(0, Ordering::Relaxed);
         ctl.ready().store(ctx.tag(), Ordering::Release);
         let want = self.plan.peers.len() as u64;
-        let result = ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want);
+        let result = wait_fast(ctx, || ctl.done().load(Ordering::Acquire) >= want);
         // every peer synchronised its copies before counting itself done (or this rank gave
         // up): nobody may read these weights as this version any more
         ctl.ready().store(NONE, Ordering::Release);
@@ -709,13 +772,17 @@ impl CudaIpcTransport {
         let copied = (|| {
             for peer in &self.plan.peers {
                 let remote = &self.remotes[&peer.peer];
-                ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
+                wait_fast(ctx, || remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
                 // SAFETY: every descriptor was built in `open_remote` from the plan against
                 // this peer's mapped allocations (bounds-checked by `IpcImport::ptr`, joins kept
                 // inside one allocation) and this rank's own tensors; the mappings live in
                 // `remote` until the sync below, and the tensors in `self.tensors`.
-                unsafe { engine.launch(&remote.descs, Some(&remote.event), None) }
-                    .map_err(transport_err("queueing the copies"))?;
+                match &remote.graph {
+                    // SAFETY: as below, for the captured copies.
+                    Some(g) => unsafe { engine.replay(g, Some(&remote.event), None) },
+                    None => unsafe { engine.launch(&remote.descs, Some(&remote.event), None) },
+                }
+                .map_err(transport_err("queueing the copies"))?;
             }
             engine
                 .sync()
