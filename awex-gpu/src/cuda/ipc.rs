@@ -118,6 +118,9 @@ impl IpcExport {
     }
 }
 
+/// What one opening thread returns: the mappings it opened, and the error it stopped at.
+type OpenedPart = (Vec<(u64, u64)>, Option<CudaError>);
+
 /// The inference side's view of the training side's allocations, mapped into its own context.
 pub struct IpcImport {
     dev: Device,
@@ -152,7 +155,7 @@ impl IpcImport {
             return Ok(imp);
         }
         let share = allocations.len().div_ceil(threads);
-        let parts: Vec<(Vec<(u64, u64)>, Option<CudaError>)> = std::thread::scope(|s| {
+        let parts: Vec<OpenedPart> = std::thread::scope(|s| {
             let hs: Vec<_> = allocations
                 .chunks(share)
                 .map(|part| {

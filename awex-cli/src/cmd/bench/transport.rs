@@ -20,8 +20,9 @@
 //!
 //! Every destination byte is checked after the first and the last update.
 
+use super::content::{par_gen, read_line, send_line, tensor_key, verify_with};
 use super::floors::{self, FloorPoint};
-use super::{IpcArgs, SenderAlloc, median, par_gen, read_line, send_line, tensor_key, verify_with};
+use super::{IpcArgs, SenderAlloc, median};
 use crate::cmd::plan::Resolved;
 use anyhow::{Context, anyhow, bail};
 use awex_core::layout::{LocalTensor, RankId, Side};
@@ -162,7 +163,7 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
                             buf.ptr() + o,
                             t.nbytes() as usize,
                             t.dtype,
-                            t.shape.clone(),
+                            t.shape,
                             dev.ordinal(),
                         )?
                     });
@@ -651,7 +652,7 @@ fn print_table(r: &Report) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::gen_bytes;
+    use super::super::content::gen_bytes;
     use super::*;
 
     #[test]
