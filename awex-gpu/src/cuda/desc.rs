@@ -313,7 +313,7 @@ pub fn merge_contiguous(
             && last.dst + last.width == d.dst
             && allowed(last.src, d.src + d.width, last.dst, d.dst + d.width)
         {
-            last.width += d.width;
+            *last = CopyDesc::linear(last.src, last.dst, last.width + d.width);
             continue;
         }
         merged.push(d);

@@ -30,9 +30,9 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event, ExportedAllocation,
-    IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream, merge_contiguous,
-    plan_copies, split_linear,
+    CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event,
+    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream,
+    merge_contiguous, plan_copies, split_linear,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -772,7 +772,9 @@ impl CudaIpcTransport {
         let copied = (|| {
             for peer in &self.plan.peers {
                 let remote = &self.remotes[&peer.peer];
-                wait_fast(ctx, || remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
+                wait_fast(ctx, || {
+                    remote.ctl.ready().load(Ordering::Acquire) == ctx.tag()
+                })?;
                 // SAFETY: every descriptor was built in `open_remote` from the plan against
                 // this peer's mapped allocations (bounds-checked by `IpcImport::ptr`, joins kept
                 // inside one allocation) and this rank's own tensors; the mappings live in
