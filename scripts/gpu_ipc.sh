@@ -27,23 +27,23 @@ timeout 180 "$G/awex-core-tests" --ignored --test-threads=1 cuda:: 2>&1 | tee "$
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== bench ipc, qwen3-0.6b (smoke)"
-timeout 120 "$G/awex-cli" bench ipc --model qwen3-0.6b --updates 5 2>&1 | tee "$OUT/bench_small.txt"
+timeout 120 "$G/awex-cli" bench ipc --path copies --model qwen3-0.6b --updates 5 2>&1 | tee "$OUT/bench_small.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== bench ipc, $MODEL"
-timeout 300 "$G/awex-cli" bench ipc --model "$MODEL" --train megatron:tp=1 --infer sglang:tp=1 \
+timeout 300 "$G/awex-cli" bench ipc --path copies --model "$MODEL" --train megatron:tp=1 --infer sglang:tp=1 \
   --updates 7 --gpu 0 --sweep --json >"$OUT/bench_ipc.json" 2>"$OUT/bench_ipc.err"
 if [ $? != 0 ]; then
   status=1
   tail -5 "$OUT/bench_ipc.err"
   echo "== bench ipc, $MODEL, one copy per box (after the failure above)"
-  timeout 300 "$G/awex-cli" bench ipc --model "$MODEL" --no-coalesce --sweep --json \
+  timeout 300 "$G/awex-cli" bench ipc --path copies --model "$MODEL" --no-coalesce --sweep --json \
     >"$OUT/bench_ipc.json" 2>>"$OUT/bench_ipc.err"
 fi
 tail -5 "$OUT/bench_ipc.err"
 
 echo "== bench ipc, $MODEL, sender with one allocation per tensor"
-timeout 300 "$G/awex-cli" bench ipc --model "$MODEL" --sender-alloc per-tensor 2>&1 | tee "$OUT/bench_per_tensor.txt"
+timeout 300 "$G/awex-cli" bench ipc --path copies --model "$MODEL" --sender-alloc per-tensor 2>&1 | tee "$OUT/bench_per_tensor.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== torch baseline"

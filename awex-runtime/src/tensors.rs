@@ -311,8 +311,7 @@ impl TensorSet {
                     e,
                 )
             })?;
-            dev.fill_u32(b.ptr(), cap as u64 / 4, 0, &stream)
-                .map_err(|e| cuda_err(what, e))?;
+            b.fill_u32(0, &stream).map_err(|e| cuda_err(what, e))?;
             // SAFETY: the allocation lives in `bufs`, owned by the set, and holds `len` bytes.
             views.push(unsafe {
                 TensorView::new_cuda(&t.name, b.ptr(), len, t.dtype, t.shape, dev.ordinal())?
@@ -420,7 +419,9 @@ impl TensorSet {
             let Some(ptr) = d.device_ptr().filter(|_| !d.is_empty()) else {
                 continue;
             };
-            dev.copy_from_host(ptr, h.try_bytes()?)
+            // SAFETY: a device view covers `d.len()` bytes of device memory on `dev` (its
+            // constructor's contract), which `pair_with` matched to the host view's length.
+            unsafe { dev.copy_from_host(ptr, h.try_bytes()?) }
                 .map_err(|e| cuda_err(&format!("uploading `{}`", d.name), e))?;
             moved += d.len() as u64;
             last = Some(ptr);
@@ -428,7 +429,8 @@ impl TensorSet {
         // a synchronous copy from pageable host memory may return before its DMA ends; a
         // synchronous read behind it on the same (legacy) stream returns only after it
         if let Some(ptr) = last {
-            dev.copy_to_host(ptr, &mut [0u8])
+            // SAFETY: `ptr` starts a non-empty device view on `dev`.
+            unsafe { dev.copy_to_host(ptr, &mut [0u8]) }
                 .map_err(|e| cuda_err("waiting for the uploads", e))?;
         }
         Ok(moved)
@@ -445,7 +447,8 @@ impl TensorSet {
             };
             // SAFETY: the staging set is the caller's, not read while it is being written.
             let out = unsafe { h.try_bytes_mut()? };
-            dev.copy_to_host(ptr, out)
+            // SAFETY: the device view covers `out.len()` bytes on `dev` (see `upload_from`).
+            unsafe { dev.copy_to_host(ptr, out) }
                 .map_err(|e| cuda_err(&format!("downloading `{}`", d.name), e))?;
             moved += d.len() as u64;
         }

@@ -125,6 +125,10 @@ pub struct DemoReport {
     pub training: String,
     /// Inference spec.
     pub inference: String,
+    /// Milliseconds from starting the rank processes to every rank joined (the pair ready).
+    pub join_ms: f64,
+    /// Milliseconds of the first update (start to commit), the rest of the cold path.
+    pub first_update_ms: f64,
     /// Per update.
     pub updates: Vec<UpdateRow>,
     /// Single-thread memcpy bandwidth measured in this run, GB/s.
@@ -145,24 +149,7 @@ pub struct DemoReport {
 
 /// Best-of-5 bandwidth of one 1 GiB device-to-device copy on GPU `gpu` (bytes copied per second).
 pub fn device_copy_gbps(gpu: u32) -> anyhow::Result<f64> {
-    use awex_gpu::cuda::{CopyDesc, CopyEngine, Device};
-    let n = 1u64 << 30;
-    let dev = Device::open(gpu)?;
-    let src = dev.alloc(n)?;
-    let dst = dev.alloc(n)?;
-    let engine = CopyEngine::new(&dev, 1)?;
-    let copy = [CopyDesc::linear(src.ptr(), dst.ptr(), n)];
-    let mut best = f64::MAX;
-    for i in 0..6 {
-        let t = Instant::now();
-        engine.launch(&copy, None, None)?;
-        engine.sync()?;
-        // the first copy warms up
-        if i > 0 {
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-    }
-    Ok(n as f64 / best / 1e9)
+    super::bench::floors::device_copy_gbps(gpu)
 }
 
 /// Refuses the GPU transports where they cannot run, saying why: a build without CUDA, no
@@ -693,6 +680,7 @@ async fn demo(
         .await
         .context("connecting the demo pair")?;
 
+    let t_spawn = Instant::now();
     let mut workers = Workers {
         children: Vec::new(),
         prefix: format!("awex-{pair}-"),
@@ -739,6 +727,7 @@ async fn demo(
     };
 
     wait_ready(&client, &pair, &mut workers).await?;
+    let join_ms = t_spawn.elapsed().as_secs_f64() * 1e3;
     let mut rows = Vec::new();
     let first = first_version(a);
     let mut version = first;
@@ -909,6 +898,8 @@ async fn demo(
         model: r.model.name.clone(),
         training: r.train_spec.to_string(),
         inference: r.infer_spec.to_string(),
+        first_update_ms: rows.first().map_or(0.0, |u| u.seconds * 1e3),
+        join_ms,
         updates: rows,
         memcpy_gbps: floor,
         device_copy_gbps: device_floor,

@@ -289,6 +289,39 @@ pub fn coalesce(descs: &[CopyDesc]) -> Vec<CopyDesc> {
     out
 }
 
+/// Joins linear copies that continue each other on both ends (the next one starts where the
+/// last ended, in the source and in the destination) into one, across tensor boundaries, where
+/// `allowed(src_start, src_end, dst_start, dst_end)` accepts the joined ranges (the caller
+/// checks that each lies in one allocation: a copy may not span two).
+///
+/// This is what keeps MoE experts cheap: Megatron holds one tensor per expert, SGLang one
+/// `w13` / `w2` per layer; where the expert tensors sit back to back in one training buffer,
+/// a layer's experts become one copy instead of one per expert. Linear copies come out sorted
+/// by source address after the pitched ones, which keep their order.
+pub fn merge_contiguous(
+    descs: &[CopyDesc],
+    mut allowed: impl FnMut(u64, u64, u64, u64) -> bool,
+) -> Vec<CopyDesc> {
+    let (mut linear, mut out): (Vec<CopyDesc>, Vec<CopyDesc>) = descs
+        .iter()
+        .partition(|d| d.kind() == CopyKind::Linear && d.width > 0);
+    linear.sort_by_key(|d| (d.src, d.dst));
+    let mut merged: Vec<CopyDesc> = Vec::with_capacity(linear.len());
+    for d in linear {
+        if let Some(last) = merged.last_mut()
+            && last.src + last.width == d.src
+            && last.dst + last.width == d.dst
+            && allowed(last.src, d.src + d.width, last.dst, d.dst + d.width)
+        {
+            *last = CopyDesc::linear(last.src, last.dst, last.width + d.width);
+            continue;
+        }
+        merged.push(d);
+    }
+    out.extend(merged);
+    out
+}
+
 /// Appends linear copy `d` to `cur` as one more row, if it continues `cur`'s pitches.
 fn extend_rows(cur: &mut CopyDesc, d: &CopyDesc) -> bool {
     if d.kind() != CopyKind::Linear || cur.depth != 1 || d.width != cur.width {
@@ -366,6 +399,57 @@ mod tests {
 
     const S: u64 = 0x7f00_0000_0000;
     const D: u64 = 0x7e00_0000_0000;
+
+    #[test]
+    fn back_to_back_experts_join_into_one_copy_where_allowed() {
+        // four experts of 1 MiB each, back to back on both ends, then a gap, then a 2-D copy
+        let e = 1u64 << 20;
+        let mut descs: Vec<CopyDesc> = (0..4)
+            .rev()
+            .map(|i| CopyDesc::linear(S + i * e, D + i * e, e))
+            .collect();
+        descs.push(CopyDesc::linear(S + 5 * e, D + 5 * e, e));
+        let pitched = CopyDesc {
+            height: 2,
+            src_pitch: 4096,
+            dst_pitch: 2048,
+            src_rows: 2,
+            dst_rows: 2,
+            ..CopyDesc::linear(S + 100 * e, D + 100 * e, 1024)
+        };
+        descs.insert(2, pitched);
+        let all = merge_contiguous(&descs, |_, _, _, _| true);
+        assert_eq!(
+            all,
+            vec![
+                pitched,
+                CopyDesc::linear(S, D, 4 * e),
+                CopyDesc::linear(S + 5 * e, D + 5 * e, e)
+            ]
+        );
+        // an allocation boundary at S + 2 MiB on the source side stops the join there
+        let split = merge_contiguous(&descs, |s0, s1, _, _| s1 <= S + 2 * e || s0 >= S + 2 * e);
+        assert_eq!(
+            split,
+            vec![
+                pitched,
+                CopyDesc::linear(S, D, 2 * e),
+                CopyDesc::linear(S + 2 * e, D + 2 * e, 2 * e),
+                CopyDesc::linear(S + 5 * e, D + 5 * e, e)
+            ]
+        );
+        // the same bytes move
+        let bytes = |v: &[CopyDesc]| v.iter().map(CopyDesc::bytes).sum::<u64>();
+        assert_eq!(bytes(&all), bytes(&descs));
+        assert_eq!(bytes(&split), bytes(&descs));
+    }
+
+    #[test]
+    fn copies_adjacent_on_one_end_only_stay_apart() {
+        let a = CopyDesc::linear(S, D, 256);
+        let b = CopyDesc::linear(S + 256, D + 512, 256);
+        assert_eq!(merge_contiguous(&[a, b], |_, _, _, _| true), vec![a, b]);
+    }
 
     #[test]
     fn qkv_group_rows_are_one_linear_copy() {

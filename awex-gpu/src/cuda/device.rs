@@ -124,27 +124,69 @@ impl Device {
     }
 
     /// Copies `dst.len()` bytes from device address `src` to the host (synchronous).
-    pub fn copy_to_host(&self, src: u64, dst: &mut [u8]) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// `src..src + dst.len()` must be device memory mapped in this device's context (owned or
+    /// opened through IPC) that stays allocated during the call.
+    pub unsafe fn copy_to_host(&self, src: u64, dst: &mut [u8]) -> Result<(), CudaError> {
         self.bind()?;
-        sys::memcpy_dtoh(dst, src)
+        // SAFETY: the caller's contract.
+        unsafe { sys::memcpy_dtoh(dst, src) }
     }
 
     /// Copies host bytes to device address `dst` (synchronous).
-    pub fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + src.len()` must be device memory of this device's context that nothing else
+    /// reads or writes during the call.
+    pub unsafe fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<(), CudaError> {
         self.bind()?;
-        sys::memcpy_htod(dst, src)
+        // SAFETY: the caller's contract.
+        unsafe { sys::memcpy_htod(dst, src) }
     }
 
     /// Queues a fill of `count` 16-bit words at device address `ptr` with `value` on `s`.
-    pub fn fill_u16(&self, ptr: u64, count: u64, value: u16, s: &Stream) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + 2 * count` must be device memory of this context that stays allocated, and
+    /// that nothing else reads or writes, until the fill has finished on `s`.
+    pub unsafe fn fill_u16(
+        &self,
+        ptr: u64,
+        count: u64,
+        value: u16,
+        s: &Stream,
+    ) -> Result<(), CudaError> {
         self.bind()?;
-        sys::memset_d16_async(ptr, value, count, s.raw)
+        // SAFETY: the caller's contract.
+        unsafe { sys::memset_d16_async(ptr, value, count, s.raw) }
     }
 
     /// Queues a fill of `count` 32-bit words at device address `ptr` with `value` on `s`.
-    pub fn fill_u32(&self, ptr: u64, count: u64, value: u32, s: &Stream) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr + 4 * count` must be device memory of this context that stays allocated, and
+    /// that nothing else reads or writes, until the fill has finished on `s`.
+    pub unsafe fn fill_u32(
+        &self,
+        ptr: u64,
+        count: u64,
+        value: u32,
+        s: &Stream,
+    ) -> Result<(), CudaError> {
         self.bind()?;
-        sys::memset_d32_async(ptr, value, count, s.raw)
+        // SAFETY: the caller's contract.
+        unsafe { sys::memset_d32_async(ptr, value, count, s.raw) }
+    }
+
+    /// Free and total memory of this device, in bytes (`cuMemGetInfo`).
+    pub fn mem_info(&self) -> Result<(u64, u64), CudaError> {
+        self.bind()?;
+        sys::mem_get_info()
     }
 }
 
@@ -197,13 +239,31 @@ impl DeviceBuffer {
     /// Writes host bytes at `offset` (synchronous).
     pub fn upload(&self, offset: u64, src: &[u8]) -> Result<(), CudaError> {
         let p = self.range(offset, src.len() as u64)?;
-        self.dev.copy_from_host(p, src)
+        // SAFETY: `range` checked that the bytes lie in this buffer, which `&self` keeps alive.
+        unsafe { self.dev.copy_from_host(p, src) }
     }
 
     /// Reads `dst.len()` bytes at `offset` to the host (synchronous).
     pub fn download(&self, offset: u64, dst: &mut [u8]) -> Result<(), CudaError> {
         let p = self.range(offset, dst.len() as u64)?;
-        self.dev.copy_to_host(p, dst)
+        // SAFETY: `range` checked that the bytes lie in this buffer, which `&self` keeps alive.
+        unsafe { self.dev.copy_to_host(p, dst) }
+    }
+
+    /// Fills the whole buffer with the 16-bit word `value` (its length must be even), queued on
+    /// `s`; the caller synchronises `s` before reading the buffer elsewhere.
+    pub fn fill_u16(&self, value: u16, s: &Stream) -> Result<(), CudaError> {
+        let p = self.range(0, self.len / 2 * 2)?;
+        // SAFETY: the words lie in this buffer; it is freed only on drop, and the driver
+        // orders the free after the queued fill (cuMemFree synchronises).
+        unsafe { self.dev.fill_u16(p, self.len / 2, value, s) }
+    }
+
+    /// Fills the whole buffer with the 32-bit word `value` (whole words only), queued on `s`.
+    pub fn fill_u32(&self, value: u32, s: &Stream) -> Result<(), CudaError> {
+        let p = self.range(0, self.len / 4 * 4)?;
+        // SAFETY: as for `fill_u16`.
+        unsafe { self.dev.fill_u32(p, self.len / 4, value, s) }
     }
 }
 

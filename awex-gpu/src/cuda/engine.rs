@@ -8,8 +8,14 @@
 //! with the same addresses can be captured once into a CUDA graph and replayed with one launch.
 //!
 //! Copies go through the driver's copy calls ([`CopyMethod::Driver`]) or through awex's own
-//! copy kernel on the SMs ([`CopyMethod::Kernel`], `copy_rows.ptx`, loaded from PTX at run
-//! time), which moves pitched rows of 16-byte vectors.
+//! copy kernel on the SMs ([`CopyMethod::Kernel`], `copy_rows.ptx`), which moves pitched rows
+//! of 16-byte vectors. The kernel loads from a cubin compiled ahead of time for sm_90 (the
+//! H100/H200) when the build carries one and the device takes it, else from the PTX, which the
+//! driver compiles at run time (see [`CopyEngine::kernel_image`]).
+//!
+//! Copies read and write raw device addresses, so the functions that queue them
+//! ([`CopyEngine::launch`], [`CopyEngine::capture`], [`CopyEngine::replay`]) are `unsafe`:
+//! the caller vouches for the memory behind every descriptor.
 
 use super::desc::CopyDesc;
 use super::device::{Device, Event, Stream};
@@ -30,6 +36,9 @@ pub enum CopyMethod {
 
 /// The copy kernel's PTX, NUL-terminated for the driver.
 const KERNEL_PTX: &str = concat!(include_str!("copy_rows.ptx"), "\0");
+/// The same kernel compiled ahead of time for sm_90 (`ptxas -arch=sm_90 copy_rows.ptx`); empty
+/// when the build carries none. A device that refuses it gets the PTX.
+const KERNEL_CUBIN_SM90: &[u8] = include_bytes!("copy_rows.sm_90.cubin");
 /// The kernel's entry point.
 const KERNEL_NAME: &CStr = c"awex_copy_rows";
 /// Threads per block of the copy kernel.
@@ -60,24 +69,29 @@ struct Kernel {
     dev: Device,
     module: RawModule,
     func: RawFunction,
+    /// which image loaded: "cubin sm_90" or "ptx"
+    image: &'static str,
 }
 
 impl Kernel {
     fn load(dev: &Device) -> Result<Kernel, CudaError> {
         dev.bind()?;
-        let ptx =
-            CStr::from_bytes_with_nul(KERNEL_PTX.as_bytes()).map_err(|_| CudaError::Driver {
-                call: "cuModuleLoadData",
-                code: 0,
-                name: "awex".into(),
-                message: "the copy kernel's PTX has an interior NUL".into(),
-            })?;
-        let module = sys::module_load(ptx)?;
+        if !KERNEL_CUBIN_SM90.is_empty()
+            && let Ok(k) = Kernel::load_image(dev, KERNEL_CUBIN_SM90, "cubin sm_90")
+        {
+            return Ok(k);
+        }
+        Kernel::load_image(dev, KERNEL_PTX.as_bytes(), "ptx")
+    }
+
+    fn load_image(dev: &Device, image: &[u8], what: &'static str) -> Result<Kernel, CudaError> {
+        let module = sys::module_load(image)?;
         match sys::module_function(module, KERNEL_NAME) {
             Ok(func) => Ok(Kernel {
                 dev: dev.clone(),
                 module,
                 func,
+                image: what,
             }),
             Err(e) => {
                 let _ = sys::module_unload(module);
@@ -178,8 +192,33 @@ impl CopyEngine {
         }
     }
 
+    /// Which image the copy kernel loaded from (`"cubin sm_90"` or `"ptx"`); `None` for an
+    /// engine that copies through the driver.
+    pub fn kernel_image(&self) -> Option<&'static str> {
+        self.kernel.as_ref().map(|k| k.image)
+    }
+
+    /// Runs one small copy on every stream and waits for it, so that the first real batch
+    /// pays for no lazy loading (the kernel's first launch, the streams' first work).
+    pub fn warm_up(&self) -> Result<(), CudaError> {
+        let buf = self.dev.alloc(64)?;
+        let d = CopyDesc::linear(buf.ptr(), buf.ptr() + 32, 32);
+        for k in 0..self.streams.len() {
+            // SAFETY: both halves lie in `buf`, which lives until the sync below.
+            unsafe { self.issue(&d, k)? };
+        }
+        for s in &self.streams {
+            s.sync()?;
+        }
+        Ok(())
+    }
+
     /// Queues one descriptor on stream `k`.
-    fn issue(&self, d: &CopyDesc, k: usize) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::launch`], for `d`.
+    unsafe fn issue(&self, d: &CopyDesc, k: usize) -> Result<(), CudaError> {
         let s = self.streams[k].raw;
         let r = match &self.kernel {
             Some(kern) if kernel_fits(d) => {
@@ -194,10 +233,13 @@ impl CopyEngine {
                         d.dst_pitch,
                         d.height,
                     ];
-                    sys::launch_copy_rows(kern.func, grid, KERNEL_THREADS, s, args)
+                    // SAFETY: the kernel is loaded in this context; the rows are `d`'s, which
+                    // the caller vouches for.
+                    unsafe { sys::launch_copy_rows(kern.func, grid, KERNEL_THREADS, s, args) }
                 })
             }
-            _ => sys::copy_async(d, s),
+            // SAFETY: the caller vouches for `d`.
+            _ => unsafe { sys::copy_async(d, s) },
         };
         r.map_err(|e| CudaError::Copy {
             desc: format!("{d:?}"),
@@ -220,9 +262,13 @@ impl CopyEngine {
         &self.streams[0]
     }
 
-    fn queue_copies(&self, descs: &[CopyDesc]) -> Result<(), CudaError> {
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::launch`].
+    unsafe fn queue_copies(&self, descs: &[CopyDesc]) -> Result<(), CudaError> {
         for (d, k) in descs.iter().zip(assign_streams(descs, self.streams.len())) {
-            self.issue(d, k)?;
+            // SAFETY: the caller vouches for every descriptor.
+            unsafe { self.issue(d, k)? };
         }
         for k in 1..self.streams.len() {
             self.joins[k].record(&self.streams[k])?;
@@ -233,7 +279,15 @@ impl CopyEngine {
 
     /// Queues a batch: waits for `after` on every stream, copies, records `done` at the end.
     /// Returns once queued; [`CopyEngine::sync`] waits for the end.
-    pub fn launch(
+    ///
+    /// # Safety
+    ///
+    /// For every descriptor, the bytes it reads must be device memory mapped in this engine's
+    /// context (its own, or opened through IPC) and the bytes it writes device memory of that
+    /// context; all of it must stay allocated, and the destinations unused by anything else,
+    /// until the batch has finished (after `after` and before [`CopyEngine::sync`] returns or
+    /// `done` fires). The destinations of one batch must not overlap.
+    pub unsafe fn launch(
         &self,
         descs: &[CopyDesc],
         after: Option<&Event>,
@@ -245,7 +299,8 @@ impl CopyEngine {
                 s.wait(e)?;
             }
         }
-        self.queue_copies(descs)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_copies(descs)? };
         if let Some(e) = done {
             e.record(&self.streams[0])?;
         }
@@ -253,7 +308,13 @@ impl CopyEngine {
     }
 
     /// Captures a batch into a graph (nothing runs until [`CopyEngine::replay`]).
-    pub fn capture(&self, descs: &[CopyDesc]) -> Result<CopyGraph, CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// Nothing is copied here, but the graph holds the descriptors' addresses: every replay
+    /// must meet [`CopyEngine::launch`]'s conditions for them, which [`CopyEngine::replay`]'s
+    /// caller vouches for.
+    pub unsafe fn capture(&self, descs: &[CopyDesc]) -> Result<CopyGraph, CudaError> {
         self.dev.bind()?;
         let s0 = &self.streams[0];
         sys::capture_begin(s0.raw)?;
@@ -263,7 +324,8 @@ impl CopyEngine {
             for s in &self.streams[1..] {
                 s.wait(&self.joins[0])?;
             }
-            self.queue_copies(descs)
+            // SAFETY: captured, not run; the replay's caller vouches for the memory.
+            unsafe { self.queue_copies(descs) }
         })();
         // end the capture whatever happened, so the stream is usable again
         let exec = sys::capture_end(s0.raw);
@@ -276,7 +338,11 @@ impl CopyEngine {
     }
 
     /// Queues a captured batch after `after`, recording `done` at its end.
-    pub fn replay(
+    ///
+    /// # Safety
+    ///
+    /// The descriptors captured in `g` must meet [`CopyEngine::launch`]'s conditions now.
+    pub unsafe fn replay(
         &self,
         g: &CopyGraph,
         after: Option<&Event>,
@@ -287,7 +353,8 @@ impl CopyEngine {
         if let Some(e) = after {
             s0.wait(e)?;
         }
-        sys::graph_launch(g.exec, s0.raw)?;
+        // SAFETY: the caller's contract.
+        unsafe { sys::graph_launch(g.exec, s0.raw)? };
         if let Some(e) = done {
             e.record(s0)?;
         }
@@ -328,6 +395,11 @@ mod tests {
         assert_eq!(kernel_grid(512, 1), (1, 1));
         // many short rows: rows over y, capped
         assert_eq!(kernel_grid(4, 100_000), (1, 1024));
+    }
+
+    #[test]
+    fn embedded_cubin_is_empty_or_an_elf_image() {
+        assert!(KERNEL_CUBIN_SM90.is_empty() || KERNEL_CUBIN_SM90.starts_with(b"\x7fELF"));
     }
 
     #[test]

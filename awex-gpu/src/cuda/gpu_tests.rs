@@ -136,9 +136,9 @@ fn copy_shapes(d: &Device, engine: &CopyEngine) {
         let descs = copy_descriptors(t, src.ptr(), dst.ptr()).unwrap();
         let want = expected(t, &src_host, 0xAB);
         // plain launch
-        d.fill_u32(dst.ptr(), dst_len / 4, 0xABAB_ABAB, engine.main_stream())
-            .unwrap();
-        engine.launch(&descs, None, None).unwrap();
+        dst.fill_u32(0xABAB_ABAB, engine.main_stream()).unwrap();
+        // SAFETY: the descriptors stay inside `src` and `dst`, alive until the sync below.
+        unsafe { engine.launch(&descs, None, None) }.unwrap();
         engine.sync().unwrap();
         let mut got = vec![0u8; dst_len as usize];
         dst.download(0, &mut got).unwrap();
@@ -150,11 +150,12 @@ fn copy_shapes(d: &Device, engine: &CopyEngine) {
             DescStats::of(&descs)
         );
         // captured graph, replayed twice over a poisoned destination
-        let g = engine.capture(&descs).unwrap();
+        // SAFETY: as above; every replay is synchronised before the buffers drop.
+        let g = unsafe { engine.capture(&descs) }.unwrap();
         for _ in 0..2 {
-            d.fill_u32(dst.ptr(), dst_len / 4, 0xABAB_ABAB, engine.main_stream())
-                .unwrap();
-            engine.replay(&g, None, None).unwrap();
+            dst.fill_u32(0xABAB_ABAB, engine.main_stream()).unwrap();
+            // SAFETY: as above.
+            unsafe { engine.replay(&g, None, None) }.unwrap();
             engine.sync().unwrap();
             let mut got = vec![0u8; dst_len as usize];
             dst.download(0, &mut got).unwrap();
@@ -220,8 +221,7 @@ fn gpu_ipc_child_exports_for_parent() {
     // the tensor sits 4 KiB into a larger buffer, like one tensor of a contiguous param buffer
     let buf = d.alloc(host.len() as u64 + 8192).unwrap();
     let s = d.stream().unwrap();
-    d.fill_u32(buf.ptr(), (host.len() as u64 + 8192) / 4, 0, &s)
-        .unwrap();
+    buf.fill_u32(0, &s).unwrap();
     s.sync().unwrap();
     buf.upload(4096, &host).unwrap();
     let ready = d.event(true).unwrap();
@@ -265,11 +265,12 @@ fn gpu_ipc_pull_between_two_processes() {
     let dst_len = t.dst_shape.numel() * 2;
     let dst = d.alloc(dst_len).unwrap();
     let engine = CopyEngine::new(&d, 2).unwrap();
-    d.fill_u32(dst.ptr(), dst_len / 4, 0xABAB_ABAB, engine.main_stream())
-        .unwrap();
+    dst.fill_u32(0xABAB_ABAB, engine.main_stream()).unwrap();
     let done = d.event(false).unwrap();
     let descs = copy_descriptors(t, src, dst.ptr()).unwrap();
-    engine.launch(&descs, Some(&ready), Some(&done)).unwrap();
+    // SAFETY: the source lies in the opened mapping (checked by `imp.ptr`), the destination in
+    // `dst`; both outlive `done.sync()`.
+    unsafe { engine.launch(&descs, Some(&ready), Some(&done)) }.unwrap();
     done.sync().unwrap();
     let mut got = vec![0u8; dst_len as usize];
     dst.download(0, &mut got).unwrap();
@@ -307,7 +308,8 @@ fn gpu_pitched_copy_across_two_allocations_is_refused() {
         dst_rows: 2,
     };
     let engine = CopyEngine::new(&d, 1).unwrap();
-    let e = engine.launch(&[two_allocs], None, None).unwrap_err();
+    // SAFETY: the rows lie in the two live buffers; the driver refuses the copy before it runs.
+    let e = unsafe { engine.launch(&[two_allocs], None, None) }.unwrap_err();
     assert!(e.to_string().contains("CUDA_ERROR_INVALID_VALUE"), "{e}");
 }
 
@@ -335,7 +337,8 @@ fn gpu_pitched_copy_may_end_at_its_allocation_end() {
         dst_rows: 4,
     };
     let engine = CopyEngine::new(&d, 1).unwrap();
-    engine.launch(&[desc], None, None).unwrap();
+    // SAFETY: every row lies in `src` (the last one ends at its end) and `dst`.
+    unsafe { engine.launch(&[desc], None, None) }.unwrap();
     engine.sync().unwrap();
     let mut got = vec![0u8; 256];
     dst.download(0, &mut got).unwrap();

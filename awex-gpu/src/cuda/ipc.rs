@@ -118,6 +118,9 @@ impl IpcExport {
     }
 }
 
+/// What one opening thread returns: the mappings it opened, and the error it stopped at.
+type OpenedPart = (Vec<(u64, u64)>, Option<CudaError>);
+
 /// The inference side's view of the training side's allocations, mapped into its own context.
 pub struct IpcImport {
     dev: Device,
@@ -127,17 +130,92 @@ pub struct IpcImport {
 impl IpcImport {
     /// Opens every allocation once (with peer access when the exporter is another GPU).
     pub fn open(dev: &Device, allocations: &[ExportedAllocation]) -> Result<IpcImport, CudaError> {
+        IpcImport::open_with(dev, allocations, 1)
+    }
+
+    /// [`IpcImport::open`] with the handles opened by up to `threads` threads at once (each
+    /// opening a contiguous share, in order), for exporters with many allocations.
+    pub fn open_with(
+        dev: &Device,
+        allocations: &[ExportedAllocation],
+        threads: usize,
+    ) -> Result<IpcImport, CudaError> {
         dev.bind()?;
+        let threads = threads.clamp(1, allocations.len().max(1));
         let mut imp = IpcImport {
             dev: dev.clone(),
             mapped: Vec::with_capacity(allocations.len()),
         };
-        for a in allocations {
-            // on error, the handles opened so far are closed by Drop
-            let p = sys::ipc_open_mem(&a.handle)?;
-            imp.mapped.push((p, a.size));
+        if threads == 1 {
+            for a in allocations {
+                // on error, the handles opened so far are closed by Drop
+                let p = sys::ipc_open_mem(&a.handle)?;
+                imp.mapped.push((p, a.size));
+            }
+            return Ok(imp);
         }
-        Ok(imp)
+        let share = allocations.len().div_ceil(threads);
+        let parts: Vec<OpenedPart> = std::thread::scope(|s| {
+            let hs: Vec<_> = allocations
+                .chunks(share)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut got = Vec::with_capacity(part.len());
+                        if let Err(e) = dev.bind() {
+                            return (got, Some(e));
+                        }
+                        for a in part {
+                            match sys::ipc_open_mem(&a.handle) {
+                                Ok(p) => got.push((p, a.size)),
+                                Err(e) => return (got, Some(e)),
+                            }
+                        }
+                        (got, None)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        (
+                            Vec::new(),
+                            Some(CudaError::Driver {
+                                call: "cuIpcOpenMemHandle",
+                                code: 0,
+                                name: "awex".into(),
+                                message: "a thread opening IPC handles panicked".into(),
+                            }),
+                        )
+                    })
+                })
+                .collect()
+        });
+        let mut first_err = None;
+        for (got, err) in parts {
+            // every opened mapping goes into `imp`, so that Drop closes it on error too
+            imp.mapped.extend(got);
+            if first_err.is_none() {
+                first_err = err;
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(imp),
+        }
+    }
+
+    /// The index of the mapped allocation that holds the local address range `ptr..ptr + len`
+    /// whole, if one does.
+    pub fn allocation_of(&self, ptr: u64, len: u64) -> Option<usize> {
+        let end = ptr.checked_add(len)?;
+        self.mapped
+            .iter()
+            .position(|&(base, size)| ptr >= base && end <= base + size)
+    }
+
+    /// The local base address and size of mapped allocation `i`.
+    pub fn mapping(&self, i: usize) -> Option<(u64, u64)> {
+        self.mapped.get(i).copied()
     }
 
     /// Number of mapped allocations.

@@ -23,7 +23,8 @@ mod ipc;
 mod sys;
 
 pub use desc::{
-    CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, plan_copies, split_linear,
+    CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, merge_contiguous, plan_copies,
+    split_linear,
 };
 pub use device::{
     Device, DeviceBuffer, Event, Stream, device_count, driver_present, driver_version,

@@ -31,6 +31,7 @@ const REQUIRED: &[&str] = &[
     "cuMemAlloc_v2",
     "cuMemFree_v2",
     "cuMemGetAddressRange_v2",
+    "cuMemGetInfo_v2",
     "cuIpcGetMemHandle",
     "cuIpcOpenMemHandle_v2",
     "cuIpcCloseMemHandle",
@@ -233,6 +234,15 @@ pub(crate) fn mem_free(p: u64) -> Result<(), CudaError> {
     check("cuMemFree", unsafe { cu::cuMemFree_v2(p) })
 }
 
+/// Free and total device memory of the current context's device, in bytes.
+pub(crate) fn mem_get_info() -> Result<(u64, u64), CudaError> {
+    let (mut free, mut total) = (0usize, 0usize);
+    check("cuMemGetInfo", unsafe {
+        cu::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok((free as u64, total as u64))
+}
+
 /// The base and size of the allocation that contains `p`.
 pub(crate) fn address_range(p: u64) -> Result<(u64, u64), CudaError> {
     let (mut base, mut size) = (0, 0usize);
@@ -376,7 +386,13 @@ pub(crate) fn ipc_open_event(h: &IpcEventHandle) -> Result<RawEvent, CudaError> 
 }
 
 /// Queues one copy descriptor on `s`.
-pub(crate) fn copy_async(d: &CopyDesc, s: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// Every byte the descriptor reads must lie in device memory mapped in the current context,
+/// and every byte it writes in device memory of that context that nothing else reads or writes
+/// until the copy has finished on `s`; the memory must stay allocated until then.
+pub(crate) unsafe fn copy_async(d: &CopyDesc, s: RawStream) -> Result<(), CudaError> {
     let dev = cu::CUmemorytype::CU_MEMORYTYPE_DEVICE;
     if d.height == 1 && d.depth == 1 {
         return check("cuMemcpyDtoDAsync", unsafe {
@@ -439,28 +455,57 @@ pub(crate) fn copy_async(d: &CopyDesc, s: RawStream) -> Result<(), CudaError> {
 }
 
 /// Copies host bytes to device memory (synchronous).
-pub(crate) fn memcpy_htod(dst: u64, src: &[u8]) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// `dst..dst + src.len()` must be device memory of the current context that nothing else uses
+/// during the copy.
+pub(crate) unsafe fn memcpy_htod(dst: u64, src: &[u8]) -> Result<(), CudaError> {
     check("cuMemcpyHtoD", unsafe {
         cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
     })
 }
 
 /// Copies device memory to host bytes (synchronous).
-pub(crate) fn memcpy_dtoh(dst: &mut [u8], src: u64) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// `src..src + dst.len()` must be device memory mapped in the current context.
+pub(crate) unsafe fn memcpy_dtoh(dst: &mut [u8], src: u64) -> Result<(), CudaError> {
     check("cuMemcpyDtoH", unsafe {
         cu::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast::<c_void>(), src, dst.len())
     })
 }
 
 /// Fills `n` 16-bit words at `p` with `v`, queued on `s`.
-pub(crate) fn memset_d16_async(p: u64, v: u16, n: u64, s: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// `p..p + n * 2` must be device memory of the current context that stays allocated, and
+/// that nothing else reads or writes, until the fill has finished on `s`.
+pub(crate) unsafe fn memset_d16_async(
+    p: u64,
+    v: u16,
+    n: u64,
+    s: RawStream,
+) -> Result<(), CudaError> {
     check("cuMemsetD16Async", unsafe {
         cu::cuMemsetD16Async(p, v, n as usize, s.0.cast())
     })
 }
 
 /// Fills `n` 32-bit words at `p` with `v`, queued on `s`.
-pub(crate) fn memset_d32_async(p: u64, v: u32, n: u64, s: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// `p..p + n * 4` must be device memory of the current context that stays allocated, and
+/// that nothing else reads or writes, until the fill has finished on `s`.
+pub(crate) unsafe fn memset_d32_async(
+    p: u64,
+    v: u32,
+    n: u64,
+    s: RawStream,
+) -> Result<(), CudaError> {
     check("cuMemsetD32Async", unsafe {
         cu::cuMemsetD32Async(p, v, n as usize, s.0.cast())
     })
@@ -494,18 +539,35 @@ pub(crate) fn capture_end(s: RawStream) -> Result<RawGraphExec, CudaError> {
 }
 
 /// Queues a captured graph on `s`.
-pub(crate) fn graph_launch(g: RawGraphExec, s: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// Every copy captured in `g` must still meet [`copy_async`]'s conditions: the memory it reads
+/// and writes is still allocated and mapped, and its destinations are used by nothing else
+/// until the graph has finished on `s`.
+pub(crate) unsafe fn graph_launch(g: RawGraphExec, s: RawStream) -> Result<(), CudaError> {
     check("cuGraphLaunch", unsafe {
         cu::cuGraphLaunch(g.0.cast(), s.0.cast())
     })
 }
 
-/// Loads a PTX module (NUL-terminated text) into the current context; the driver compiles it
-/// for the device.
-pub(crate) fn module_load(ptx: &CStr) -> Result<RawModule, CudaError> {
+/// Loads a module into the current context: a cubin (an ELF image, loaded as it is) or PTX
+/// (NUL-terminated text, which the driver compiles for the device).
+pub(crate) fn module_load(image: &[u8]) -> Result<RawModule, CudaError> {
+    let elf = image.starts_with(b"\x7fELF");
+    if !elf && CStr::from_bytes_with_nul(image).is_err() {
+        return Err(CudaError::Driver {
+            call: "cuModuleLoadData",
+            code: 0,
+            name: "awex".into(),
+            message: "a PTX image must be one NUL-terminated string".into(),
+        });
+    }
     let mut m = ptr::null_mut();
+    // SAFETY: the image is an ELF file the driver parses with its own bounds, or a
+    // NUL-terminated string (checked above).
     check("cuModuleLoadData", unsafe {
-        cu::cuModuleLoadData(&mut m, ptx.as_ptr().cast::<c_void>())
+        cu::cuModuleLoadData(&mut m, image.as_ptr().cast::<c_void>())
     })?;
     Ok(RawModule(m.cast()))
 }
@@ -525,8 +587,14 @@ pub(crate) fn module_unload(m: RawModule) -> Result<(), CudaError> {
 }
 
 /// Queues `awex_copy_rows(src, dst, nvec, spitch, dpitch, height)` on `s`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_copy_rows(
+///
+/// # Safety
+///
+/// `f` must be the copy kernel of a module loaded in the current context, and the rows it
+/// describes (`height` rows of `nvec` 16-byte vectors, `spitch` / `dpitch` bytes apart) must lie
+/// in device memory mapped in that context, the destination rows used by nothing else until the
+/// kernel has finished on `s`.
+pub(crate) unsafe fn launch_copy_rows(
     f: RawFunction,
     grid: (u32, u32),
     block: u32,

@@ -142,27 +142,62 @@ pub(crate) fn ipc_open_event(_: &IpcEventHandle) -> Result<RawEvent, CudaError> 
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn copy_async(_: &CopyDesc, _: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn copy_async(_: &CopyDesc, _: RawStream) -> Result<(), CudaError> {
     Err(NO)
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn memcpy_htod(_: u64, _: &[u8]) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn memcpy_htod(_: u64, _: &[u8]) -> Result<(), CudaError> {
     Err(NO)
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn memcpy_dtoh(_: &mut [u8], _: u64) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn memcpy_dtoh(_: &mut [u8], _: u64) -> Result<(), CudaError> {
     Err(NO)
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn memset_d16_async(_: u64, _: u16, _: u64, _: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn memset_d16_async(
+    _: u64,
+    _: u16,
+    _: u64,
+    _: RawStream,
+) -> Result<(), CudaError> {
     Err(NO)
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn memset_d32_async(_: u64, _: u32, _: u64, _: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn memset_d32_async(
+    _: u64,
+    _: u32,
+    _: u64,
+    _: RawStream,
+) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn mem_get_info() -> Result<(u64, u64), CudaError> {
     Err(NO)
 }
 
@@ -177,12 +212,16 @@ pub(crate) fn capture_end(_: RawStream) -> Result<RawGraphExec, CudaError> {
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn graph_launch(_: RawGraphExec, _: RawStream) -> Result<(), CudaError> {
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn graph_launch(_: RawGraphExec, _: RawStream) -> Result<(), CudaError> {
     Err(NO)
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn module_load(_: &CStr) -> Result<RawModule, CudaError> {
+pub(crate) fn module_load(_: &[u8]) -> Result<RawModule, CudaError> {
     Err(NO)
 }
 
@@ -197,7 +236,11 @@ pub(crate) fn module_unload(_: RawModule) -> Result<(), CudaError> {
 }
 
 /// Always [`CudaError::NotBuilt`].
-pub(crate) fn launch_copy_rows(
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn launch_copy_rows(
     _: RawFunction,
     _: (u32, u32),
     _: u32,

@@ -30,12 +30,14 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyMethod, CudaError, Device, Event, ExportedAllocation, IpcEventHandle,
-    IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream, plan_copies, split_linear,
+    CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event,
+    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream,
+    merge_contiguous, plan_copies, split_linear,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"AWEXIPC1");
 /// Header words: magic, ready, done, allocations, tensors, peers, sums, device.
@@ -53,8 +55,100 @@ const STREAMS: usize = 4;
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
 
+/// Spins on `ready()` for up to [`SPIN`] (yielding the core between looks), then waits as
+/// [`ExecContext::wait_until`] does. A colocated update lasts milliseconds: the sleeps of the
+/// generic back-off (up to 1 ms each) would add a good part of one to every update.
+fn wait_fast(ctx: &ExecContext<'_>, mut ready: impl FnMut() -> bool) -> Result<(), RuntimeError> {
+    let until = Instant::now() + SPIN;
+    while Instant::now() < until {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::yield_now();
+    }
+    ctx.wait_until(ready)
+}
+
+/// How long [`wait_fast`] spins before it sleeps between looks.
+const SPIN: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The receivers' copy method (`AWEX_IPC_COPY`: `kernel`, the default, or `driver`) and
+/// stream count (`AWEX_IPC_STREAMS`, default [`STREAMS`]), for measuring alternatives.
+fn copy_setup() -> (CopyMethod, usize) {
+    let method = match std::env::var("AWEX_IPC_COPY").as_deref() {
+        Ok("driver") => CopyMethod::Driver,
+        _ => CopyMethod::Kernel,
+    };
+    let streams = std::env::var("AWEX_IPC_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(STREAMS)
+        .clamp(1, 32);
+    (method, streams)
+}
+
+/// From how many copies on a peer a receiver captures them into a CUDA graph at join and
+/// replays it per update (`AWEX_IPC_GRAPH_MIN`, default 1024; 0 never). Launching each copy
+/// costs the host a few microseconds: qwen3-30b-a3b from one allocation per expert is 12.7k
+/// copies, tens of milliseconds of launches; one replay takes a fraction of that.
+fn graph_min() -> usize {
+    std::env::var("AWEX_IPC_GRAPH_MIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024)
+}
+
+/// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, default 1).
+fn open_threads() -> usize {
+    std::env::var("AWEX_IPC_OPEN_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1usize)
+        .clamp(1, 64)
+}
+
+/// Where an inference rank's join went (milliseconds; everything before its first update).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct JoinStats {
+    /// Creating the copy engine: streams, events, loading the copy kernel.
+    pub engine_ms: f64,
+    /// Which image the copy kernel loaded from ("cubin sm_90", "ptx"), if the engine has one.
+    pub kernel_image: Option<String>,
+    /// One small copy on every stream, so that the first update pays for no lazy loading.
+    pub warm_up_ms: f64,
+    /// Opening the peers' control segments.
+    pub control_ms: f64,
+    /// Opening the peers' IPC memory handles.
+    pub open_ms: f64,
+    /// Threads that opened them.
+    pub open_threads: usize,
+    /// Allocations opened (all peers).
+    pub allocations: usize,
+    /// Opening the peers' events.
+    pub event_ms: f64,
+    /// Turning the plan into copy descriptors.
+    pub descs_ms: f64,
+    /// The copies per update, as issued (all peers).
+    pub descriptors: DescStats,
+    /// The copies before back-to-back ones were joined across tensors.
+    pub descriptors_unjoined: DescStats,
+    /// Copies captured into CUDA graphs (replayed with one launch per peer and update).
+    pub graph_copies: usize,
+}
+
 fn name_hash(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn add_stats(a: &mut DescStats, b: &DescStats) {
+    a.linear += b.linear;
+    a.pitched_2d += b.pitched_2d;
+    a.pitched_3d += b.pitched_3d;
+    a.bytes += b.bytes;
 }
 
 fn peer_key(r: RankId) -> u64 {
@@ -304,12 +398,18 @@ struct Sender {
 struct Remote {
     ctl_name: String,
     ctl: Control,
-    /// Mapped allocations, closed on drop (after the copies that read them were synchronised).
-    _import: IpcImport,
     event: Event,
     descs: Vec<CopyDesc>,
+    /// the copies captured into a CUDA graph, replayed with one launch per update, when they
+    /// are many (see [`graph_min`]); dropped before the mappings (field order)
+    graph: Option<CopyGraph>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
+    /// what opening this peer cost
+    stats: JoinStats,
+    /// Mapped allocations, closed on drop (after the copies that read them were synchronised,
+    /// and after the graph that holds their addresses is destroyed: fields drop in order).
+    _import: IpcImport,
 }
 
 /// CUDA IPC transport for one rank whose tensors live on a GPU.
@@ -326,6 +426,7 @@ pub struct CudaIpcTransport {
     /// Host copy of the tensors, for checksums (allocated on first use).
     staging: Option<TensorSet>,
     scratch: Vec<u8>,
+    join: JoinStats,
 }
 
 impl CudaIpcTransport {
@@ -362,17 +463,54 @@ impl CudaIpcTransport {
             remotes: HashMap::new(),
             staging: None,
             scratch: Vec::new(),
+            join: JoinStats::default(),
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
             Side::Inference => {
-                let engine = CopyEngine::with_method(&t.dev, STREAMS, CopyMethod::Kernel)
-                    .or_else(|_| CopyEngine::new(&t.dev, STREAMS))
+                let t0 = Instant::now();
+                let (method, streams) = copy_setup();
+                let engine = CopyEngine::with_method(&t.dev, streams, method)
+                    .or_else(|_| CopyEngine::new(&t.dev, streams))
                     .map_err(transport_err("creating the copy engine"))?;
+                t.join.engine_ms = ms_since(t0);
+                t.join.kernel_image = engine.kernel_image().map(str::to_string);
+                let t0 = Instant::now();
+                engine
+                    .warm_up()
+                    .map_err(transport_err("warming up the copy engine"))?;
+                t.join.warm_up_ms = ms_since(t0);
                 t.engine = Some(engine);
             }
         }
         Ok(t)
+    }
+
+    fn add_join(&mut self, p: &JoinStats) {
+        let j = &mut self.join;
+        j.control_ms += p.control_ms;
+        j.open_ms += p.open_ms;
+        j.open_threads = p.open_threads;
+        j.allocations += p.allocations;
+        j.event_ms += p.event_ms;
+        j.descs_ms += p.descs_ms;
+        add_stats(&mut j.descriptors, &p.descriptors);
+        add_stats(&mut j.descriptors_unjoined, &p.descriptors_unjoined);
+        j.graph_copies += p.graph_copies;
+    }
+
+    /// Where this rank's join went (an inference rank's; zeros for a training rank).
+    pub fn join_stats(&self) -> &JoinStats {
+        &self.join
+    }
+
+    /// The local address and size of the largest allocation of `peer` this rank mapped (for
+    /// measuring a copy floor out of the sender's memory), once connected.
+    pub fn largest_mapping(&self, peer: RankId) -> Option<(u64, u64)> {
+        let r = self.remotes.get(&peer)?;
+        (0..r._import.len())
+            .filter_map(|i| r._import.mapping(i))
+            .max_by_key(|&(_, size)| size)
     }
 
     fn export(&self, ctl_name: &str) -> Result<Sender, RuntimeError> {
@@ -436,7 +574,9 @@ impl CudaIpcTransport {
         let event: IpcEventHandle = field("event")?.parse().map_err(|e: CudaError| {
             RuntimeError::Transport(format!("training rank {peer}'s event: {e}"))
         })?;
+        let t0 = Instant::now();
         let (ctl, published) = Control::open(&ctl_name)?;
+        let control_ms = ms_since(t0);
         let me = peer_key(self.me);
         let sums_at = published
             .peers
@@ -450,8 +590,15 @@ impl CudaIpcTransport {
                 ))
             })?;
         let err = transport_err("opening the training rank's memory");
-        let import = IpcImport::open(&self.dev, &published.allocations).map_err(&err)?;
+        let threads = open_threads();
+        let t0 = Instant::now();
+        let import =
+            IpcImport::open_with(&self.dev, &published.allocations, threads).map_err(&err)?;
+        let open_ms = ms_since(t0);
+        let t0 = Instant::now();
         let event = self.dev.open_event(&event).map_err(&err)?;
+        let event_ms = ms_since(t0);
+        let t0 = Instant::now();
         let remote_tensors: HashMap<u64, TensorEntry> =
             published.tensors.iter().map(|t| (t.hash, *t)).collect();
         let transfers = self
@@ -490,12 +637,52 @@ impl CudaIpcTransport {
         };
         let merged =
             plan_copies(transfers, true, addr).map_err(transport_err("building the copies"))?;
+        // join back-to-back copies across tensors (a layer's experts) where both joined ranges
+        // stay in one source allocation and one destination tensor
+        let mut dst_ranges: Vec<(u64, u64)> = self
+            .tensors
+            .iter()
+            .filter_map(|v| v.device_ptr().map(|p| (p, p + v.len() as u64)))
+            .collect();
+        dst_ranges.sort_unstable();
+        let in_one_dst = |a: u64, b: u64| {
+            let i = dst_ranges.partition_point(|r| r.0 <= a);
+            i > 0 && dst_ranges[i - 1].1 >= b
+        };
+        let joined = merge_contiguous(&merged, |s0, s1, d0, d1| {
+            import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
+        });
+        let descs = split_linear(&joined, SPLIT_BYTES);
+        let min = graph_min();
+        let graph = match &self.engine {
+            Some(e) if min > 0 && descs.len() >= min => {
+                // SAFETY: the graph holds descriptors built above over this peer's mappings
+                // and this rank's tensors; it is replayed only from `receive` while both live
+                // (the graph drops before the mappings, see `Remote`).
+                Some(unsafe { e.capture(&descs) }.map_err(transport_err("capturing the copies"))?)
+            }
+            _ => None,
+        };
+        let joined_stats = JoinStats {
+            graph_copies: graph.as_ref().map_or(0, |g| g.copies),
+            control_ms,
+            open_ms,
+            open_threads: threads,
+            allocations: import.len(),
+            event_ms,
+            descs_ms: ms_since(t0),
+            descriptors: DescStats::of(&descs),
+            descriptors_unjoined: DescStats::of(&merged),
+            ..JoinStats::default()
+        };
         Ok(Remote {
+            graph,
+            stats: joined_stats,
             ctl_name,
             ctl,
             _import: import,
             event,
-            descs: split_linear(&merged, SPLIT_BYTES),
+            descs,
             sums_at,
         })
     }
@@ -554,7 +741,7 @@ impl CudaIpcTransport {
         ctl.done().store(0, Ordering::Relaxed);
         ctl.ready().store(ctx.tag(), Ordering::Release);
         let want = self.plan.peers.len() as u64;
-        let result = ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want);
+        let result = wait_fast(ctx, || ctl.done().load(Ordering::Acquire) >= want);
         // every peer synchronised its copies before counting itself done (or this rank gave
         // up): nobody may read these weights as this version any more
         ctl.ready().store(NONE, Ordering::Release);
@@ -585,10 +772,19 @@ impl CudaIpcTransport {
         let copied = (|| {
             for peer in &self.plan.peers {
                 let remote = &self.remotes[&peer.peer];
-                ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
-                engine
-                    .launch(&remote.descs, Some(&remote.event), None)
-                    .map_err(transport_err("queueing the copies"))?;
+                wait_fast(ctx, || {
+                    remote.ctl.ready().load(Ordering::Acquire) == ctx.tag()
+                })?;
+                // SAFETY: every descriptor was built in `open_remote` from the plan against
+                // this peer's mapped allocations (bounds-checked by `IpcImport::ptr`, joins kept
+                // inside one allocation) and this rank's own tensors; the mappings live in
+                // `remote` until the sync below, and the tensors in `self.tensors`.
+                match &remote.graph {
+                    // SAFETY: as below, for the captured copies.
+                    Some(g) => unsafe { engine.replay(g, Some(&remote.event), None) },
+                    None => unsafe { engine.launch(&remote.descs, Some(&remote.event), None) },
+                }
+                .map_err(transport_err("queueing the copies"))?;
             }
             engine
                 .sync()
@@ -673,9 +869,11 @@ impl CudaIpcTransport {
         let at = base + v.shape.linear(&d) * v.dtype.size() as u64;
         let err = transport_err("corrupting a byte");
         let mut x = [0u8];
-        self.dev.copy_to_host(at, &mut x).map_err(&err)?;
+        // SAFETY: `at` is a byte of a planned box inside the device tensor `v`.
+        unsafe { self.dev.copy_to_host(at, &mut x) }.map_err(&err)?;
         x[0] ^= 0x5a;
-        self.dev.copy_from_host(at, &x).map_err(&err)
+        // SAFETY: as above; the copies have been synchronised.
+        unsafe { self.dev.copy_from_host(at, &x) }.map_err(&err)
     }
 }
 
@@ -697,10 +895,12 @@ impl Transport for CudaIpcTransport {
 
     fn connect(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), RuntimeError> {
         if self.side == Side::Inference {
-            for p in &self.plan.peers {
+            let plan = self.plan.clone();
+            for p in &plan.peers {
                 if let Some(info) = peers.get(&p.peer) {
                     self.remotes.remove(&p.peer);
                     let r = self.open_remote(p.peer, info)?;
+                    self.add_join(&r.stats);
                     self.remotes.insert(p.peer, r);
                 }
             }

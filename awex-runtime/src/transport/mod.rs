@@ -10,7 +10,7 @@ mod nccl;
 mod shm;
 mod tcp;
 
-pub use cuda_ipc::CudaIpcTransport;
+pub use cuda_ipc::{CudaIpcTransport, JoinStats};
 pub use nccl::{NcclConfig, NcclTransport};
 pub use shm::ShmTransport;
 pub use tcp::TcpTransport;

@@ -368,11 +368,15 @@ impl NcclTransport {
             match side {
                 Side::Training => {
                     if step.has_copies() {
-                        gpu.engine.launch(
-                            &conn.copies[k][s],
-                            Some(&gpu.free[s]),
-                            Some(&gpu.ready[s]),
-                        )?;
+                        // SAFETY: the copies were built by `Program::build` over registered tensor
+                        // ranges and staging slots, ordered by the events above.
+                        unsafe {
+                            gpu.engine.launch(
+                                &conn.copies[k][s],
+                                Some(&gpu.free[s]),
+                                Some(&gpu.ready[s]),
+                            )?
+                        };
                         gpu.nccl_stream.wait(&gpu.ready[s])?;
                     }
                     // SAFETY: the stream is this device's; every address is a registered
@@ -387,11 +391,14 @@ impl NcclTransport {
                     unsafe { conn.comm.group(&ops, raw_stream, &mut stop)? };
                     if step.has_copies() {
                         gpu.ready[s].record(&gpu.nccl_stream)?;
-                        gpu.engine.launch(
-                            &conn.copies[k][s],
-                            Some(&gpu.ready[s]),
-                            Some(&gpu.free[s]),
-                        )?;
+                        // SAFETY: as for sends.
+                        unsafe {
+                            gpu.engine.launch(
+                                &conn.copies[k][s],
+                                Some(&gpu.ready[s]),
+                                Some(&gpu.free[s]),
+                            )?
+                        };
                     }
                 }
             }
@@ -402,7 +409,9 @@ impl NcclTransport {
                 let mut buf = Vec::new();
                 for (i, o) in ops.iter().enumerate() {
                     buf.resize(o.bytes as usize, 0);
-                    gpu.dev.copy_to_host(o.addr, &mut buf)?;
+                    // SAFETY: `o.addr` is a registered tensor range or a staging slot of
+                    // `o.bytes` bytes, its step synchronised above.
+                    unsafe { gpu.dev.copy_to_host(o.addr, &mut buf)? };
                     if ctx.corrupt && side == Side::Inference && k == 0 && i == 0 && !buf.is_empty()
                     {
                         buf[0] ^= 0x5a;

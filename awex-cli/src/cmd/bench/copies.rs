@@ -1,226 +1,34 @@
-//! `awex-cli bench`: measured runs of awex's data paths against floors measured in the same run.
+//! `bench ipc --path copies`: the hand-built copy path (its own protocol, the stream/method
+//! sweep), kept beside the product's path in [`super::transport`].
 //!
-//! `bench ipc` times a colocated weight update over CUDA IPC. It runs as two processes: this
-//! one is the inference rank; it starts itself again as the training rank (the hidden
-//! `bench ipc-sender`). The sender allocates its rank's tensors in one contiguous buffer, as
-//! Megatron's contiguous parameter buffer holds them (or, with `--sender-alloc per-tensor`, one
-//! allocation per tensor, as PyTorch's caching allocator gives them), fills every tensor with
-//! deterministic bytes, exports one IPC handle per allocation and an inter-process "ready" event, and hands
-//! them over on its stdout. The receiver allocates its own tensors one allocation each (as a
-//! caching allocator gives them), plans its rank, opens the handles, and per update asks the
+//! It runs as two processes: this one is the inference rank; it starts itself again as the
+//! training rank (the hidden `bench ipc-sender`). The sender allocates its rank's tensors in one
+//! contiguous buffer, as Megatron's contiguous parameter buffer holds them (or, with
+//! `--sender-alloc per-tensor`, one allocation per tensor, as PyTorch's caching allocator gives
+//! them), fills every tensor with deterministic bytes, exports one IPC handle per allocation and
+//! an inter-process "ready" event, and hands them over on its stdout. The receiver allocates its
+//! own tensors one allocation each, plans its rank, opens the handles, and per update asks the
 //! sender for "ready", then copies every planned box device-to-device after that event and
 //! records its own "done" event, which the sender waits on before touching its weights again.
 //! It verifies every destination byte after the first and the last update, and measures the
-//! copy floor (one large device-to-device copy of the same byte count) in the same run.
+//! floors in the same run.
 
-use super::plan::{Resolved, human_bytes};
+use super::content::{par_gen, read_line, send_line, tensor_key, verify_with};
+use super::floors::{self, FloorPoint};
+use super::{IpcArgs, Method, Mode, SenderAlloc, SenderArgs, median};
+use crate::cmd::plan::{Resolved, human_bytes};
 use anyhow::{Context, anyhow, bail};
-use awex_core::layout::copy::StridedBox;
 use awex_core::layout::{LocalTensor, RankId, Side};
 use awex_core::plan::Transfer;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyMethod, CudaError, DescStats, Device, DeviceBuffer, Event,
-    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, RemoteAddr, driver_version,
-    plan_copies, split_linear,
+    CopyDesc, CopyEngine, CudaError, DescStats, Device, DeviceBuffer, Event, ExportedAllocation,
+    IpcEventHandle, IpcExport, IpcImport, RemoteAddr, driver_version, plan_copies, split_linear,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::BufReader;
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
-
-/// Arguments of `awex-cli bench`.
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(clap::Subcommand, Debug)]
-enum What {
-    /// Colocated weight update over CUDA IPC between two processes (needs `--features cuda` and a GPU).
-    #[command(
-        after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0"
-    )]
-    Ipc(IpcArgs),
-    /// The training side of `bench ipc` (started by it).
-    #[command(hide = true)]
-    IpcSender(SenderArgs),
-}
-
-/// How the receiver issues its copies.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Mode {
-    /// One driver call per copy descriptor, every update.
-    Launch,
-    /// The copies captured once into a CUDA graph, replayed with one launch per update.
-    Graph,
-}
-
-/// What moves the bytes (the command-line face of [`CopyMethod`]).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Method {
-    /// `cuMemcpyDtoDAsync` / `cuMemcpy2DAsync` / `cuMemcpy3DAsync`.
-    Driver,
-    /// awex's copy kernel (16-byte vectors on the SMs), the driver for what it cannot take.
-    Kernel,
-}
-
-impl From<Method> for CopyMethod {
-    fn from(m: Method) -> CopyMethod {
-        match m {
-            Method::Driver => CopyMethod::Driver,
-            Method::Kernel => CopyMethod::Kernel,
-        }
-    }
-}
-
-/// Arguments of `awex-cli bench ipc`.
-#[derive(clap::Args, Debug)]
-struct IpcArgs {
-    /// Model: a preset name, a config.json, or an HF model directory.
-    #[arg(long, default_value = "qwen3-8b")]
-    model: String,
-    /// Training side (one process holds every training rank the receiving rank reads from).
-    #[arg(long, default_value = "megatron:tp=1")]
-    train: String,
-    /// Inference side.
-    #[arg(long, default_value = "sglang:tp=1")]
-    infer: String,
-    /// The receiving inference rank, `E/N`.
-    #[arg(long, default_value = "0/0")]
-    rank: String,
-    /// Updates to run; the first is the cold one, the rest give the steady-state median.
-    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(2..))]
-    updates: u32,
-    /// GPU of the receiving (inference) process.
-    #[arg(long, default_value_t = 0)]
-    gpu: u32,
-    /// GPU of the sending (training) process; defaults to `--gpu`.
-    #[arg(long)]
-    sender_gpu: Option<u32>,
-    /// Streams the copies are spread over.
-    #[arg(long, default_value_t = 4)]
-    streams: usize,
-    /// How the copies are issued.
-    #[arg(long, value_enum, default_value_t = Mode::Launch)]
-    mode: Mode,
-    /// How the sending process allocates its tensors.
-    #[arg(long, value_enum, default_value_t = SenderAlloc::Contiguous)]
-    sender_alloc: SenderAlloc,
-    /// What moves the bytes: the driver's copy calls, or awex's copy kernel.
-    #[arg(long, value_enum, default_value_t = Method::Kernel)]
-    method: Method,
-    /// Issue one copy per planned box instead of merging regular series into 2-D copies.
-    #[arg(long)]
-    no_coalesce: bool,
-    /// Cut linear copies longer than this many MiB into pieces spread over the streams (0: never).
-    #[arg(long, default_value_t = 256)]
-    split_mb: u64,
-    /// Skip the bit-for-bit check of every destination byte.
-    #[arg(long)]
-    no_verify: bool,
-    /// Also time other stream counts and both modes (steady state only).
-    #[arg(long)]
-    sweep: bool,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-/// Arguments of the hidden `bench ipc-sender`.
-#[derive(clap::Args, Debug)]
-struct SenderArgs {
-    #[arg(long)]
-    model: String,
-    #[arg(long)]
-    train: String,
-    #[arg(long)]
-    infer: String,
-    /// Training ranks to hold, comma-separated.
-    #[arg(long)]
-    ranks: String,
-    #[arg(long)]
-    gpu: u32,
-    #[arg(long, value_enum)]
-    alloc: SenderAlloc,
-}
-
-/// How the sending process lays out its tensors in device memory.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-enum SenderAlloc {
-    /// One buffer per training rank holding every tensor (Megatron's contiguous param buffer).
-    Contiguous,
-    /// One allocation per tensor (what PyTorch's caching allocator gives large tensors).
-    PerTensor,
-}
-
-/// Runs the subcommand.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    match args.what {
-        What::Ipc(a) => ipc(a),
-        What::IpcSender(a) => sender(a),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// deterministic tensor contents
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The content key of a training tensor: FNV-1a of its rank and name.
-fn tensor_key(rank: RankId, name: &str) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for b in rank
-        .engine
-        .to_le_bytes()
-        .iter()
-        .chain(&rank.rank.to_le_bytes())
-        .chain(name.as_bytes())
-    {
-        h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
-/// Bytes `start..start + out.len()` of the content of the tensor with key `key`.
-fn gen_bytes(key: u64, start: u64, out: &mut [u8]) {
-    let end = start + out.len() as u64;
-    let (mut k, mut i) = (start, 0usize);
-    while k < end {
-        let w = splitmix(key ^ (k >> 3)).to_le_bytes();
-        let b = (k & 7) as usize;
-        let take = (8 - b).min((end - k) as usize);
-        out[i..i + take].copy_from_slice(&w[b..b + take]);
-        i += take;
-        k += take as u64;
-    }
-}
-
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get())
-}
-
-/// [`gen_bytes`] on all cores.
-fn par_gen(key: u64, start: u64, out: &mut [u8]) {
-    let piece = out.len().div_ceil(threads()).max(1 << 16);
-    std::thread::scope(|s| {
-        for (i, chunk) in out.chunks_mut(piece).enumerate() {
-            s.spawn(move || gen_bytes(key, start + (i * piece) as u64, chunk));
-        }
-    });
-}
 
 // ---------------------------------------------------------------------------------------------
 // the protocol between the two processes (JSON lines)
@@ -262,22 +70,6 @@ enum ToReceiver {
     Bye,
 }
 
-fn send_line<T: Serialize>(w: &mut impl Write, msg: &T) -> anyhow::Result<()> {
-    let mut line = serde_json::to_string(msg)?;
-    line.push('\n');
-    w.write_all(line.as_bytes())?;
-    w.flush()?;
-    Ok(())
-}
-
-fn read_line<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead, who: &str) -> anyhow::Result<T> {
-    let mut line = String::new();
-    if r.read_line(&mut line)? == 0 {
-        bail!("the {who} closed its pipe (it exited; see its error above)");
-    }
-    serde_json::from_str(line.trim()).with_context(|| format!("bad message from the {who}: {line}"))
-}
-
 // ---------------------------------------------------------------------------------------------
 // the sending (training) process
 
@@ -286,7 +78,7 @@ const ALIGN: u64 = 256;
 /// One device allocation of the sender: its training rank and its tensors at byte offsets.
 type SenderBuffer = (RankId, DeviceBuffer, Vec<(LocalTensor, u64)>);
 
-fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
     let r = Resolved::new(&a.model, &a.train, &a.infer)?;
     let ranks: Vec<RankId> = a
         .ranks
@@ -488,17 +280,6 @@ struct SweepPoint {
     runs_ms: Vec<f64>,
 }
 
-/// One measured floor.
-#[derive(Serialize, Debug)]
-struct FloorPoint {
-    name: &'static str,
-    /// bytes copied (times are scaled to the update's bytes)
-    bytes: u64,
-    ms: f64,
-    gbps: f64,
-    runs_ms: Vec<f64>,
-}
-
 /// Sender-side figures.
 #[derive(Serialize, Debug)]
 struct SenderReport {
@@ -555,16 +336,6 @@ struct IpcReport {
     unix_time: u64,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
-}
-
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
@@ -585,8 +356,12 @@ fn one_update(
         other => bail!("sender answered {other:?} to update {version}"),
     }
     match work {
-        Work::Launch(descs) => engine.launch(descs, Some(ready), Some(done))?,
-        Work::Graph(g) => engine.replay(g, Some(ready), Some(done))?,
+        // SAFETY: the descriptors were built from the plan over the sender's mapped allocations
+        // (bounds-checked by `IpcImport::ptr`) and this process's own buffers, all alive until
+        // the sync below.
+        Work::Launch(descs) => unsafe { engine.launch(descs, Some(ready), Some(done))? },
+        // SAFETY: as above, for the captured descriptors.
+        Work::Graph(g) => unsafe { engine.replay(g, Some(ready), Some(done))? },
     }
     engine.sync()?;
     Ok(ms_since(t0))
@@ -604,10 +379,10 @@ struct DstTensors {
 }
 
 impl DstTensors {
-    fn poison(&self, dev: &Device, engine: &CopyEngine) -> anyhow::Result<()> {
+    fn poison(&self, engine: &CopyEngine) -> anyhow::Result<()> {
         for (_, b) in &self.tensors {
             // a bf16 NaN pattern: never what a real update writes everywhere
-            dev.fill_u16(b.ptr(), b.len() / 2, 0x7FC1, engine.main_stream())?;
+            b.fill_u16(0x7FC1, engine.main_stream())?;
         }
         engine.sync()?;
         Ok(())
@@ -616,102 +391,15 @@ impl DstTensors {
 
 /// Checks every destination byte the plan writes against the sender's deterministic content.
 fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, String)> {
-    let mut by_dst: HashMap<&str, Vec<&Transfer>> = HashMap::new();
-    for t in transfers {
-        by_dst.entry(&t.dst_tensor).or_default().push(t);
-    }
-    let checked = AtomicU64::new(0);
-    let mismatch: Mutex<Option<String>> = Mutex::new(None);
-    let mut host = Vec::new();
-    for (lt, buf) in &dst.tensors {
-        let Some(ts) = by_dst.get(&*lt.name) else {
-            continue;
-        };
-        host.resize(buf.len() as usize, 0u8);
-        buf.download(0, &mut host)?;
-        // (key, source byte, destination byte, length), in pieces of at most 4 MiB
-        let mut items: Vec<(u64, u64, u64, u64)> = Vec::new();
-        for t in ts {
-            let es = t.dst_dtype.size() as u64;
-            let key = tensor_key(t.src_rank, &t.src_tensor);
-            let b = StridedBox::new(
-                &t.src_shape,
-                &t.src_offset,
-                &t.dst_shape,
-                &t.dst_offset,
-                &t.extent,
-            )?;
-            b.for_each_run(|s, d, n| {
-                let (mut s, mut d, mut n) = (s * es, d * es, n * es);
-                while n > 0 {
-                    let k = n.min(4 << 20);
-                    items.push((key, s, d, k));
-                    (s, d, n) = (s + k, d + k, n - k);
-                }
-            });
-        }
-        let next = AtomicUsize::new(0);
-        let host = &host;
-        std::thread::scope(|s| {
-            for _ in 0..threads() {
-                s.spawn(|| {
-                    let mut want = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(key, sb, db, n)) = items.get(i) else {
-                            break;
-                        };
-                        want.resize(n as usize, 0);
-                        gen_bytes(key, sb, &mut want);
-                        let got = &host[db as usize..(db + n) as usize];
-                        if got != &want[..] {
-                            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-                            let mut m = mismatch.lock().unwrap_or_else(|p| p.into_inner());
-                            m.get_or_insert_with(|| {
-                                format!(
-                                    "`{}` byte {}: got {:#04x}, want {:#04x}",
-                                    lt.name,
-                                    db as usize + at,
-                                    got[at],
-                                    want[at]
-                                )
-                            });
-                        }
-                        checked.fetch_add(n, Ordering::Relaxed);
-                    }
-                });
-            }
-        });
-    }
-    let checked = checked.into_inner();
-    let want: u64 = transfers.iter().map(Transfer::bytes).sum();
-    let need: u64 = dst
-        .tensors
-        .iter()
-        .map(|(t, _)| {
-            t.placements
-                .iter()
-                .map(|p| p.region.numel() * t.dtype.size() as u64)
-                .sum::<u64>()
-        })
-        .sum();
-    if let Some(m) = mismatch.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Ok((false, m));
-    }
-    if checked != want || want != need {
-        return Ok((
-            false,
-            format!("checked {checked} bytes; the plan moves {want}; the placements need {need}"),
-        ));
-    }
-    Ok((
-        true,
-        format!("all {checked} destination bytes equal the sender's"),
-    ))
+    let tensors: Vec<LocalTensor> = dst.tensors.iter().map(|(t, _)| t.clone()).collect();
+    verify_with(transfers, &tensors, &mut |i, out: &mut [u8]| {
+        dst.tensors[i].1.download(0, out)?;
+        Ok(())
+    })
 }
 
-fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
-    let (_, rank) = super::plan::parse_rank(&format!("infer:{}", a.rank))?;
+pub(super) fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
+    let (_, rank) = crate::cmd::plan::parse_rank(&format!("infer:{}", a.rank))?;
     let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
     let dev = Device::open(a.gpu)?;
     let device = dev.name()?;
@@ -748,7 +436,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         dst.tensors.push((t, b));
     }
     let engine = CopyEngine::with_method(&dev, a.streams, a.method.into())?;
-    dst.poison(&dev, &engine)?;
+    dst.poison(&engine)?;
 
     let mut sender = SenderProc::start(&a, &ranks, sender_gpu)?;
     let hello: Hello = sender.recv()?;
@@ -795,7 +483,8 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let descs_ms = ms_since(t0);
     let work = match a.mode {
         Mode::Launch => Work::Launch(descs),
-        Mode::Graph => Work::Graph(engine.capture(descs)?),
+        // SAFETY: every replay goes through `one_update` (see there).
+        Mode::Graph => Work::Graph(unsafe { engine.capture(descs)? }),
     };
     let first_copy_ms = one_update(&mut sender, 1, &engine, &work, &ready, &done)?;
     let first_update_ms = ms_since(t_first);
@@ -812,7 +501,7 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let mut steady = Vec::new();
     for v in 2..=a.updates {
         if v == a.updates && verify_on {
-            dst.poison(&dev, &engine)?;
+            dst.poison(&engine)?;
         }
         steady.push(one_update(&mut sender, v, &engine, &work, &ready, &done)?);
     }
@@ -849,7 +538,8 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
             let d = split_linear(if coalesced { &merged } else { &raw_descs }, split_mb << 20);
             let w = match mode {
                 Mode::Launch => Work::Launch(&d),
-                Mode::Graph => Work::Graph(e.capture(&d)?),
+                // SAFETY: as above.
+                Mode::Graph => Work::Graph(unsafe { e.capture(&d)? }),
             };
             let mut runs = Vec::new();
             for _ in 0..6 {
@@ -890,61 +580,10 @@ fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
         },
         floor_bytes,
     )?;
-    let scratch = dev.alloc(bytes)?;
-    let local = dev.alloc(bytes)?;
-    let e1 = CopyEngine::new(&dev, 1)?;
-    let k1 = CopyEngine::with_method(&dev, 1, CopyMethod::Kernel)?;
-    let k4 = CopyEngine::with_method(&dev, 4, CopyMethod::Kernel)?;
-    dev.fill_u32(local.ptr(), bytes / 4, 0x3F80_4000, e1.main_stream())?;
-    e1.sync()?;
-    let mut floors = Vec::new();
-    // the first is the floor: one cuMemcpyDtoD of the same bytes, local to local
-    for (name, src, n, engine, piece) in [
-        ("one copy, local to local", local.ptr(), bytes, &e1, 0),
-        (
-            "one copy, from the sender's memory",
-            ipc_src,
-            floor_bytes,
-            &e1,
-            0,
-        ),
-        ("copy kernel, local to local", local.ptr(), bytes, &k1, 0),
-        (
-            "copy kernel, from the sender's memory",
-            ipc_src,
-            floor_bytes,
-            &k1,
-            0,
-        ),
-        (
-            "copy kernel, 256 MiB pieces on 4 streams, from the sender's memory",
-            ipc_src,
-            floor_bytes,
-            &k4,
-            256 << 20,
-        ),
-    ] {
-        let d = split_linear(&[CopyDesc::linear(src, scratch.ptr(), n)], piece);
-        let mut runs = Vec::new();
-        for _ in 0..6 {
-            let t0 = Instant::now();
-            engine.launch(&d, None, None)?;
-            engine.sync()?;
-            runs.push(ms_since(t0) * bytes as f64 / n as f64);
-        }
-        let ms = median(&runs[1..]);
-        floors.push(FloorPoint {
-            name,
-            bytes: n,
-            ms,
-            gbps: bytes as f64 * 2.0 / ms / 1e6,
-            runs_ms: runs,
-        });
-    }
+    let floors = floors::measure(&dev, bytes, ipc_src, floor_bytes)?;
     let floor_ms = floors[0].ms;
     let floor_runs = floors[0].runs_ms.clone();
     let ipc_floor_ms = floors[1].ms;
-    drop((scratch, local));
     drop(import);
     drop(ready);
     sender.finish()?;
@@ -1087,35 +726,6 @@ fn print_table(r: &IpcReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn generated_bytes_do_not_depend_on_where_a_range_starts() {
-        let key = tensor_key(RankId::train(0), "decoder.layers.0.mlp.linear_fc1.weight");
-        let mut whole = vec![0u8; 100];
-        gen_bytes(key, 0, &mut whole);
-        let mut part = vec![0u8; 37];
-        gen_bytes(key, 13, &mut part);
-        assert_eq!(&whole[13..50], &part[..]);
-        let mut big = vec![0u8; 300_000];
-        par_gen(key, 5, &mut big);
-        let mut one = vec![0u8; 300_000];
-        gen_bytes(key, 5, &mut one);
-        assert_eq!(big, one);
-    }
-
-    #[test]
-    fn tensor_keys_differ_by_rank_and_name() {
-        let a = tensor_key(RankId::train(0), "x");
-        assert_ne!(a, tensor_key(RankId::train(1), "x"));
-        assert_ne!(a, tensor_key(RankId::train(0), "y"));
-        assert_eq!(a, tensor_key(RankId::train(0), "x"));
-    }
-
-    #[test]
-    fn median_of_even_and_odd_counts() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-    }
 
     #[test]
     fn protocol_messages_are_tagged_json_lines() {

@@ -1,0 +1,213 @@
+//! What the benchmarks' training ranks hold and how the receivers check it: deterministic
+//! tensor contents keyed by rank and name, the bit-for-bit check of every destination byte, and
+//! the JSON-lines pipe both benchmark paths talk over.
+
+use anyhow::{Context, bail};
+use awex_core::layout::copy::StridedBox;
+use awex_core::layout::{LocalTensor, RankId};
+use awex_core::plan::Transfer;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+// ---------------------------------------------------------------------------------------------
+// deterministic tensor contents
+
+pub(super) fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The content key of a training tensor: FNV-1a of its rank and name.
+pub(super) fn tensor_key(rank: RankId, name: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in rank
+        .engine
+        .to_le_bytes()
+        .iter()
+        .chain(&rank.rank.to_le_bytes())
+        .chain(name.as_bytes())
+    {
+        h = (h ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Bytes `start..start + out.len()` of the content of the tensor with key `key`.
+pub(super) fn gen_bytes(key: u64, start: u64, out: &mut [u8]) {
+    let end = start + out.len() as u64;
+    let (mut k, mut i) = (start, 0usize);
+    while k < end {
+        let w = splitmix(key ^ (k >> 3)).to_le_bytes();
+        let b = (k & 7) as usize;
+        let take = (8 - b).min((end - k) as usize);
+        out[i..i + take].copy_from_slice(&w[b..b + take]);
+        i += take;
+        k += take as u64;
+    }
+}
+
+pub(super) fn threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
+/// [`gen_bytes`] on all cores.
+pub(super) fn par_gen(key: u64, start: u64, out: &mut [u8]) {
+    let piece = out.len().div_ceil(threads()).max(1 << 16);
+    std::thread::scope(|s| {
+        for (i, chunk) in out.chunks_mut(piece).enumerate() {
+            s.spawn(move || gen_bytes(key, start + (i * piece) as u64, chunk));
+        }
+    });
+}
+
+pub(super) fn send_line<T: Serialize>(w: &mut impl Write, msg: &T) -> anyhow::Result<()> {
+    let mut line = serde_json::to_string(msg)?;
+    line.push('\n');
+    w.write_all(line.as_bytes())?;
+    w.flush()?;
+    Ok(())
+}
+
+pub(super) fn read_line<T: for<'de> Deserialize<'de>>(
+    r: &mut impl BufRead,
+    who: &str,
+) -> anyhow::Result<T> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        bail!("the {who} closed its pipe (it exited; see its error above)");
+    }
+    serde_json::from_str(line.trim()).with_context(|| format!("bad message from the {who}: {line}"))
+}
+
+/// [`verify`] over any receiver: `fetch(i, out)` reads tensor `i` of `tensors` whole.
+pub(super) fn verify_with(
+    transfers: &[Transfer],
+    tensors: &[LocalTensor],
+    fetch: &mut dyn FnMut(usize, &mut [u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<(bool, String)> {
+    let mut by_dst: HashMap<&str, Vec<&Transfer>> = HashMap::new();
+    for t in transfers {
+        by_dst.entry(&t.dst_tensor).or_default().push(t);
+    }
+    let checked = AtomicU64::new(0);
+    let mismatch: Mutex<Option<String>> = Mutex::new(None);
+    let mut host = Vec::new();
+    for (ti, lt) in tensors.iter().enumerate() {
+        let Some(ts) = by_dst.get(&*lt.name) else {
+            continue;
+        };
+        host.resize(lt.nbytes() as usize, 0u8);
+        fetch(ti, &mut host)?;
+        // (key, source byte, destination byte, length), in pieces of at most 4 MiB
+        let mut items: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for t in ts {
+            let es = t.dst_dtype.size() as u64;
+            let key = tensor_key(t.src_rank, &t.src_tensor);
+            let b = StridedBox::new(
+                &t.src_shape,
+                &t.src_offset,
+                &t.dst_shape,
+                &t.dst_offset,
+                &t.extent,
+            )?;
+            b.for_each_run(|s, d, n| {
+                let (mut s, mut d, mut n) = (s * es, d * es, n * es);
+                while n > 0 {
+                    let k = n.min(4 << 20);
+                    items.push((key, s, d, k));
+                    (s, d, n) = (s + k, d + k, n - k);
+                }
+            });
+        }
+        let next = AtomicUsize::new(0);
+        let host = &host;
+        std::thread::scope(|s| {
+            for _ in 0..threads() {
+                s.spawn(|| {
+                    let mut want = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(key, sb, db, n)) = items.get(i) else {
+                            break;
+                        };
+                        want.resize(n as usize, 0);
+                        gen_bytes(key, sb, &mut want);
+                        let got = &host[db as usize..(db + n) as usize];
+                        if got != &want[..] {
+                            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                            let mut m = mismatch.lock().unwrap_or_else(|p| p.into_inner());
+                            m.get_or_insert_with(|| {
+                                format!(
+                                    "`{}` byte {}: got {:#04x}, want {:#04x}",
+                                    lt.name,
+                                    db as usize + at,
+                                    got[at],
+                                    want[at]
+                                )
+                            });
+                        }
+                        checked.fetch_add(n, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+    }
+    let checked = checked.into_inner();
+    let want: u64 = transfers.iter().map(Transfer::bytes).sum();
+    let need: u64 = tensors
+        .iter()
+        .map(|t| {
+            t.placements
+                .iter()
+                .map(|p| p.region.numel() * t.dtype.size() as u64)
+                .sum::<u64>()
+        })
+        .sum();
+    if let Some(m) = mismatch.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Ok((false, m));
+    }
+    if checked != want || want != need {
+        return Ok((
+            false,
+            format!("checked {checked} bytes; the plan moves {want}; the placements need {need}"),
+        ));
+    }
+    Ok((
+        true,
+        format!("all {checked} destination bytes equal the sender's"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_bytes_do_not_depend_on_where_a_range_starts() {
+        let key = tensor_key(RankId::train(0), "decoder.layers.0.mlp.linear_fc1.weight");
+        let mut whole = vec![0u8; 100];
+        gen_bytes(key, 0, &mut whole);
+        let mut part = vec![0u8; 37];
+        gen_bytes(key, 13, &mut part);
+        assert_eq!(&whole[13..50], &part[..]);
+        let mut big = vec![0u8; 300_000];
+        par_gen(key, 5, &mut big);
+        let mut one = vec![0u8; 300_000];
+        gen_bytes(key, 5, &mut one);
+        assert_eq!(big, one);
+    }
+
+    #[test]
+    fn tensor_keys_differ_by_rank_and_name() {
+        let a = tensor_key(RankId::train(0), "x");
+        assert_ne!(a, tensor_key(RankId::train(1), "x"));
+        assert_ne!(a, tensor_key(RankId::train(0), "y"));
+        assert_eq!(a, tensor_key(RankId::train(0), "x"));
+    }
+}

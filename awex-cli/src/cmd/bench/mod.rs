@@ -1,0 +1,195 @@
+//! `awex-cli bench`: measured runs of awex's data paths against floors measured in the same run.
+//!
+//! `bench ipc` times a colocated weight update over CUDA IPC through the product's own path
+//! ([`transport`]: the `cuda-ipc` transport of the rank runtime, real plans, two processes).
+//! `bench ipc --path copies` keeps the hand-built copy path ([`copies`]), with its stream/method
+//! sweep. The training ranks' deterministic contents and the byte check are in [`content`].
+//! The floors both print are in [`floors`], shared with `demo`.
+
+mod content;
+mod copies;
+pub mod floors;
+mod transport;
+
+use awex_gpu::cuda::CopyMethod;
+use serde::Serialize;
+use std::process::ExitCode;
+
+/// Arguments of `awex-cli bench`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum What {
+    /// Colocated weight update over CUDA IPC between two processes (needs `--features cuda` and a GPU).
+    #[command(
+        after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0"
+    )]
+    Ipc(IpcArgs),
+    /// The training side of `bench ipc --path copies` (started by it).
+    #[command(hide = true)]
+    IpcSender(SenderArgs),
+    /// The training ranks of `bench ipc` (started by it).
+    #[command(hide = true)]
+    IpcRanks(transport::RanksArgs),
+}
+
+/// Which path `bench ipc` times.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Path {
+    /// The product: the `cuda-ipc` transport of the rank runtime, on both ends.
+    Transport,
+    /// The hand-built copy path (its own protocol, the stream/method sweep).
+    Copies,
+}
+
+/// How the receiver issues its copies.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    /// One driver call per copy descriptor, every update.
+    Launch,
+    /// The copies captured once into a CUDA graph, replayed with one launch per update.
+    Graph,
+}
+
+/// What moves the bytes (the command-line face of [`CopyMethod`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Method {
+    /// `cuMemcpyDtoDAsync` / `cuMemcpy2DAsync` / `cuMemcpy3DAsync`.
+    Driver,
+    /// awex's copy kernel (16-byte vectors on the SMs), the driver for what it cannot take.
+    Kernel,
+}
+
+impl From<Method> for CopyMethod {
+    fn from(m: Method) -> CopyMethod {
+        match m {
+            Method::Driver => CopyMethod::Driver,
+            Method::Kernel => CopyMethod::Kernel,
+        }
+    }
+}
+
+/// Arguments of `awex-cli bench ipc`.
+#[derive(clap::Args, Debug)]
+struct IpcArgs {
+    /// What is timed: the product's transport, or the hand-built copy path.
+    #[arg(long, value_enum, default_value_t = Path::Transport)]
+    path: Path,
+    /// Staging bucket size of the transport, in MiB (the rank runtime's default).
+    #[arg(long, default_value_t = 64)]
+    bucket_mib: u64,
+    /// Model: a preset name, a config.json, or an HF model directory.
+    #[arg(long, default_value = "qwen3-8b")]
+    model: String,
+    /// Training side (one process holds every training rank the receiving rank reads from).
+    #[arg(long, default_value = "megatron:tp=1")]
+    train: String,
+    /// Inference side.
+    #[arg(long, default_value = "sglang:tp=1")]
+    infer: String,
+    /// The receiving inference rank, `E/N`.
+    #[arg(long, default_value = "0/0")]
+    rank: String,
+    /// Updates to run; the first is the cold one, the rest give the steady-state median.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(2..))]
+    updates: u32,
+    /// GPU of the receiving (inference) process.
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+    /// GPU of the sending (training) process; defaults to `--gpu`.
+    #[arg(long)]
+    sender_gpu: Option<u32>,
+    /// Streams the copies are spread over.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    /// How the copies are issued.
+    #[arg(long, value_enum, default_value_t = Mode::Launch)]
+    mode: Mode,
+    /// How the sending process allocates its tensors.
+    #[arg(long, value_enum, default_value_t = SenderAlloc::Contiguous)]
+    sender_alloc: SenderAlloc,
+    /// What moves the bytes: the driver's copy calls, or awex's copy kernel.
+    #[arg(long, value_enum, default_value_t = Method::Kernel)]
+    method: Method,
+    /// Issue one copy per planned box instead of merging regular series into 2-D copies.
+    #[arg(long)]
+    no_coalesce: bool,
+    /// Cut linear copies longer than this many MiB into pieces spread over the streams (0: never).
+    #[arg(long, default_value_t = 256)]
+    split_mb: u64,
+    /// Skip the bit-for-bit check of every destination byte.
+    #[arg(long)]
+    no_verify: bool,
+    /// Also time other stream counts and both modes (steady state only).
+    #[arg(long)]
+    sweep: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of the hidden `bench ipc-sender`.
+#[derive(clap::Args, Debug)]
+struct SenderArgs {
+    #[arg(long)]
+    model: String,
+    #[arg(long)]
+    train: String,
+    #[arg(long)]
+    infer: String,
+    /// Training ranks to hold, comma-separated.
+    #[arg(long)]
+    ranks: String,
+    #[arg(long)]
+    gpu: u32,
+    #[arg(long, value_enum)]
+    alloc: SenderAlloc,
+}
+
+/// How the sending process lays out its tensors in device memory.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum SenderAlloc {
+    /// One buffer per training rank holding every tensor (Megatron's contiguous param buffer).
+    Contiguous,
+    /// One allocation per tensor (what PyTorch's caching allocator gives large tensors).
+    PerTensor,
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    match args.what {
+        What::Ipc(a) if a.path == Path::Transport => transport::run(a),
+        What::Ipc(a) => copies::ipc(a),
+        What::IpcSender(a) => copies::sender(a),
+        What::IpcRanks(a) => transport::ranks(a),
+    }
+}
+
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

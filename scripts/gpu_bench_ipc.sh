@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# `awex-cli bench ipc` on the product's path (the rank runtime's cuda-ipc transport on both
+# ends, real plans, two processes) and `awex-cli demo --transport cuda-ipc` (the real gateway
+# flow) on one GPU, in one call, for qwen3-8b and qwen3-30b-a3b; the table is printed last.
+#
+# Expects a prebuilt x86-64 binary in .gpu/ (built on the development machine):
+#   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
+# Env: RUNS="8b-per-tensor 8b-contiguous moe-contiguous moe-per-tensor demo-8b demo-moe torch"
+# picks the runs; CUBIN=1 also compiles the copy kernel for sm_90 with the machine's ptxas
+# (written to $OUT/copy_rows.sm_90.cubin). Logs and JSON go to $OUT (a temporary folder when unset).
+set -uo pipefail
+OUT=${OUT:-$(mktemp -d)}
+G=${AWEX_GPU_DIR:-.gpu}
+BIN=${AWEX_CLI:-$G/awex-cli}
+RUNS=${RUNS:-"8b-per-tensor 8b-contiguous moe-contiguous moe-per-tensor demo-8b demo-moe"}
+export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1 PYTHONUNBUFFERED=1
+status=0
+
+echo "== environment"
+{
+  date -u '+%Y-%m-%dT%H:%M:%SZ'
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  nproc
+} 2>&1 | tee "$OUT/env.txt"
+
+if [ "${CUBIN:-0}" = 1 ]; then
+  echo "== ptxas: the copy kernel for sm_90"
+  P=$(command -v ptxas || ls /usr/local/cuda*/bin/ptxas 2>/dev/null | head -1)
+  echo "ptxas: ${P:-none}"
+  [ -n "$P" ] && "$P" --version | tail -1 && \
+    "$P" -arch=sm_90 -O3 ${PTX:-awex-gpu/src/cuda/copy_rows.ptx} -o "$OUT/copy_rows.sm_90.cubin" && \
+    ls -l "$OUT/copy_rows.sm_90.cubin"
+fi
+
+bench() { # name timeout args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== bench $name: awex-cli bench ipc $* --json"
+  local t0=$SECONDS
+  timeout "$limit" "$BIN" bench ipc "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err"
+  local rc=$?
+  echo "exit $rc after $((SECONDS - t0)) s"
+  [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/bench_$name.err"; }
+}
+demo() { # name timeout args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== demo $name: awex-cli demo --transport cuda-ipc --gpu 0 $* --json"
+  local t0=$SECONDS
+  timeout "$limit" "$BIN" demo --transport cuda-ipc --gpu 0 "$@" --json \
+    >"$OUT/demo_$name.json" 2>"$OUT/demo_$name.err"
+  local rc=$?
+  echo "exit $rc after $((SECONDS - t0)) s"
+  [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/demo_$name.err"; }
+}
+P8="--model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1"
+PM="--model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1"
+for r in $RUNS; do
+  case $r in
+    8b-per-tensor) bench 8b-per-tensor 120 $P8 --sender-alloc per-tensor --updates 7 ;;
+    8b-contiguous) bench 8b-contiguous 120 $P8 --sender-alloc contiguous --updates 7 ;;
+    8b-per-tensor-driver) AWEX_IPC_COPY=driver bench 8b-per-tensor-driver 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
+    8b-per-tensor-s8) AWEX_IPC_STREAMS=8 bench 8b-per-tensor-s8 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
+    8b-contiguous-driver) AWEX_IPC_COPY=driver bench 8b-contiguous-driver 120 $P8 --sender-alloc contiguous --updates 7 --no-verify ;;
+    moe-contiguous) bench moe-contiguous 240 $PM --sender-alloc contiguous --updates 5 ;;
+    moe-per-tensor) bench moe-per-tensor 240 $PM --sender-alloc per-tensor --updates 5 ;;
+    moe-per-tensor-t8) AWEX_IPC_OPEN_THREADS=8 bench moe-per-tensor-t8 240 $PM --sender-alloc per-tensor --updates 3 --no-verify ;;
+    demo-tiny) demo tiny 120 --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1 --updates 7 ;;
+    demo-8b) demo 8b 200 $P8 --updates 5 ;;
+    demo-moe) demo moe 300 $PM --updates 3 ;;
+    torch) echo "== torch baseline"
+      timeout 200 python3 bench/torch_ipc_baseline.py --updates 7 --json >"$OUT/torch.json" 2>"$OUT/torch.err" || status=1 ;;
+  esac
+done
+
+echo "== shared memory left behind"
+ls /dev/shm | grep '^awex-' || echo none
+
+echo "== summary"
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import json, os, sys, glob
+out = sys.argv[1]
+print("| run | sender | join ms | first ms | steady ms (median) | floor local / sender mem ms | x local / x sender | copies (unjoined) | extra MiB | verified |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+    try:
+        b = json.load(open(f))
+    except Exception as e:
+        print(f"| {os.path.basename(f)} | unreadable ({e}) |"); continue
+    j = b["join"]; n = lambda d: d["linear"] + d["pitched_2d"] + d["pitched_3d"]
+    print(f"| {b['model']} bench | {b['sender_alloc']}, {b['sender_allocations']} allocs | {b['join_ms']:.1f} "
+          f"(open {j['open_ms']:.1f}/{j['open_threads']}t, engine {j['engine_ms']:.1f} {j['kernel_image']}, warm {j['warm_up_ms']:.1f}, descs {j['descs_ms']:.1f}) "
+          f"| {b['first_update_ms']:.2f} | {b['steady_median_ms']:.2f} | {b['floor_ms']:.2f} / {b['ipc_floor_ms']:.2f} "
+          f"| {b['ratio']:.3f} / {b['ipc_ratio']:.3f} | {n(j['descriptors'])} ({n(j['descriptors_unjoined'])}) "
+          f"| {b['extra_device_bytes']/2**20:.1f} | {b['verified']} |")
+    print("  runs", " ".join(f"{x:.2f}" for x in b["steady_ms"]), "| floors", "; ".join(f"{x['name']}: {x['ms']:.2f}" for x in b["floors"]))
+for f in sorted(glob.glob(os.path.join(out, "demo_*.json"))):
+    try:
+        d = json.load(open(f))
+    except Exception as e:
+        print(f"| {os.path.basename(f)} | unreadable ({e}) |"); continue
+    ms = [u["seconds"] * 1e3 for u in d["updates"]]
+    st = sorted(ms[1:]); med = st[len(st) // 2] if st else float("nan")
+    print(f"| {d['model']} demo | per-tensor | {d.get('join_ms', float('nan')):.1f} (whole pair) | {d.get('first_update_ms', ms[0]):.2f} "
+          f"| {med:.2f} | device copy {d.get('device_copy_gbps', 0):.0f} GB/s | | | | {d['verified']} |")
+    print("  updates ms", " ".join(f"{x:.2f}" for x in ms))
+t = os.path.join(out, "torch.json")
+if os.path.exists(t):
+    try:
+        t = json.load(open(t)); print(f"torch baseline: first {t['first_update_ms']:.1f} ms, steady {t['steady_median_ms']:.2f} ms, verified {t['verified']}")
+    except Exception as e:
+        print("torch: unreadable", e)
+PY
+# every log and report in one file (the device tool brings back few files)
+tar -C "$OUT" -czf "$OUT/all.tar.gz" --exclude all.tar.gz --exclude '*.cubin' . 2>/dev/null
+find "$OUT" -maxdepth 1 -type f ! -name all.tar.gz ! -name '*.cubin' ! -name summary.txt -delete
+exit $status
