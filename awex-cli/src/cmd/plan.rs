@@ -90,7 +90,7 @@ pub fn spec_help(side: Side) -> String {
     for (name, keys) in backend_keys(side) {
         s.push_str(&format!("\n  {name}:"));
         for k in keys {
-            s.push_str(&format!("\n    {:<24} {}", key_with_default(k), k.help));
+            s.push_str(&format!("\n    {:<30} {}", key_with_default(k), k.help));
         }
     }
     s
