@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import pytest
+
 import awex
 
 
@@ -77,6 +79,14 @@ def test_spec_formats_backend_and_parallel_keys():
     assert awex.spec("megatron", tp=2, pp=2) == "megatron:tp=2,pp=2"
     assert awex.spec("sglang", {"tp": 4}, engines=2) == "sglang:tp=4,engines=2"
     assert awex.spec("fsdp") == "fsdp"
+
+
+def test_spec_refuses_an_unknown_backend_like_the_cli():
+    with pytest.raises(awex.LayoutError) as e:
+        awex.spec("megatorn", tp=2)
+    assert str(e.value) == (
+        "no backend named `megatorn`; registered: training fsdp, megatron; inference sglang"
+    )
 
 
 def test_detect_scores_every_linked_backend():

@@ -14,6 +14,12 @@
 //! (engine-major) the `i`-th of `--infer-gpus`, each list taken modulo its length; both
 //! default to `--gpu`. A placement that puts two ranks on one GPU is refused at start, and
 //! workers run with `NCCL_NVLS_ENABLE=0` unless the environment sets it.
+//!
+//! One module per job: [`args`] (the flags), [`gpus`] (GPU checks and rank placement),
+//! [`floors`] (memcpy, device copy, loopback TCP, measured in the run), [`ranks`] (spawning the
+//! rank processes and waiting on them through the gateway), [`progress`] (stderr lines or a
+//! bar), [`checks`] (what the run proved), [`dump`] (`--dump-dir`), [`report`] (the table and
+//! the JSON); this file runs them in order.
 
 mod args;
 mod checks;
