@@ -96,6 +96,8 @@ def test_detect_scores_every_linked_backend():
     for v in report["training"] + report["inference"]:
         assert 0.0 <= v["score"] <= 1.0
         assert isinstance(v["evidence"], list)
+        assert isinstance(v["not_found"], list)  # what it looked for and did not find
+    assert any(v["not_found"] for v in report["training"])
 
 
 def test_package_exports_its_api():

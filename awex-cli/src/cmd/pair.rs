@@ -298,6 +298,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match args.command {
             PairCommand::Connect(a) => {
                 let req = connect_request(&a)?;
+                for (flag, spec, side) in [
+                    ("--train", &a.train, Side::Training),
+                    ("--infer", &a.infer, Side::Inference),
+                ] {
+                    if spec.parallel.0.is_empty()
+                        && let Some(note) = super::plan::defaults_note(flag, &spec.backend, side)
+                    {
+                        eprintln!("{note}");
+                    }
+                }
                 let status = client.connect(&req).await?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&status)?);

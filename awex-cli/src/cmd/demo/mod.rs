@@ -84,7 +84,7 @@ async fn demo(
     transport: TransportKind,
     gpus: &Gpus,
 ) -> anyhow::Result<DemoReport> {
-    let mut progress = Progress::new();
+    let mut progress = Progress::default();
     progress.say(&format!(
         "{} | {} -> {} | transport {}; measuring the floor",
         r.model.name, r.train_spec, r.infer_spec, transport

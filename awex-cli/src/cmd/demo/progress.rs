@@ -4,16 +4,12 @@
 use std::io::IsTerminal;
 
 /// Where the demo says what it is doing.
+#[derive(Default)]
 pub struct Progress {
     bar: Option<indicatif::ProgressBar>,
 }
 
 impl Progress {
-    /// Plain lines unless stderr is a terminal.
-    pub fn new() -> Progress {
-        Progress { bar: None }
-    }
-
     /// Starts the update bar (on a terminal only).
     pub fn start_updates(&mut self, updates: u64) {
         if !std::io::stderr().is_terminal() {
