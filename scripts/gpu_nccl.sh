@@ -13,7 +13,7 @@ export AWEX_NCCL_LIBRARY=$NCCL
 { date -u; nvidia-smi -L; echo "AWEX_NCCL_LIBRARY=$NCCL"; } | tee "$OUT/env.txt"
 echo "== tiny, checksums"
 timeout 150 "$B" demo --transport nccl --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1 \
-  --train-gpus 0 --infer-gpus 1 --checksum --updates 2 --json 2>&1 | tee "$OUT/tiny.json"
+  --train-gpus 0 --infer-gpus 1 --checksums --updates 2 --json 2>&1 | tee "$OUT/tiny.json"
 echo "== qwen3-8b, timing"
 timeout 200 "$B" demo --transport nccl --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 \
   --train-gpus 0 --infer-gpus 1 --updates 5 --json 2>&1 | tee "$OUT/8b.json"

@@ -254,3 +254,264 @@ fn plan_of_a_model_directory_checks_its_weights() {
     );
     assert!(!err.contains("root"), "{err}");
 }
+
+#[test]
+fn detect_says_what_every_backend_looked_for() {
+    let (code, out, err) = cli(&["detect"]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "not found: python package `megatron.core`: not checked (no python3 found on PATH)",
+        "not found: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's launch setting): unset",
+        "not found: a torch distributed checkpoint (`.metadata` and `*.distcp` files): no --checkpoint given",
+        "not found: python package `sglang`: not checked (no python3 found on PATH)",
+    ] {
+        assert!(out.contains(want), "{want}\n{out}");
+    }
+    let (code, out, _) = cli(&["detect", "--json"]);
+    assert_eq!(code, 0);
+    let j: Value = serde_json::from_str(&out).unwrap();
+    for side in ["training", "inference"] {
+        for b in j[side].as_array().unwrap() {
+            assert!(
+                !b["not_found"].as_array().unwrap().is_empty(),
+                "{} lists nothing it looked for",
+                b["backend"]
+            );
+        }
+    }
+}
+
+#[test]
+fn detect_refuses_a_missing_checkpoint_and_a_bad_url() {
+    let err = refused(&["detect", "--checkpoint", "/nonexistent/ckpt"]);
+    assert!(
+        err.contains("--checkpoint /nonexistent/ckpt: no such file or directory"),
+        "{err}"
+    );
+    let err = refused(&["detect", "--sglang-url", "notaurl"]);
+    assert!(
+        err.contains("--sglang-url `notaurl` is not a valid URL (relative URL without a base); expected e.g. http://10.0.0.5:30000"),
+        "{err}"
+    );
+}
+
+#[test]
+fn zero_deadlines_and_buckets_are_refused_at_parse_time_with_the_range() {
+    for (args, want) in [
+        (
+            &["demo", "--deadline-s", "0"][..],
+            "invalid value '0' for '--deadline-s <DEADLINE_S>': 0 is not in 1..=86400",
+        ),
+        (
+            &["demo", "--bucket-mib", "0"],
+            "invalid value '0' for '--bucket-mib <BUCKET_MIB>': 0 is not in 1..=65536",
+        ),
+        (
+            &[
+                "pair",
+                "connect",
+                "--name",
+                "p",
+                "--model",
+                "qwen3-tiny",
+                "--train",
+                "megatron",
+                "--infer",
+                "sglang",
+                "--update-deadline-s",
+                "0",
+            ],
+            "invalid value '0' for '--update-deadline-s <UPDATE_DEADLINE_S>': 0 is not in 1..=86400",
+        ),
+        (
+            &[
+                "pair",
+                "connect",
+                "--name",
+                "p",
+                "--model",
+                "qwen3-tiny",
+                "--train",
+                "megatron",
+                "--infer",
+                "sglang",
+                "--join-deadline-s",
+                "0",
+            ],
+            "invalid value '0' for '--join-deadline-s <JOIN_DEADLINE_S>': 0 is not in 1..=3600",
+        ),
+        (
+            &[
+                "pair",
+                "connect",
+                "--name",
+                "p",
+                "--model",
+                "qwen3-tiny",
+                "--train",
+                "megatron",
+                "--infer",
+                "sglang",
+                "--bucket-mib",
+                "0",
+            ],
+            "invalid value '0' for '--bucket-mib <BUCKET_MIB>': 0 is not in 1..=65536",
+        ),
+    ] {
+        let err = refused(args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn checksums_and_deadlines_are_spelled_one_way() {
+    for (cmd, flags) in [
+        (
+            &["demo", "--help"][..],
+            &["--checksums", "--deadline-s"][..],
+        ),
+        (
+            &["pair", "connect", "--help"],
+            &["--checksums", "--join-deadline-s", "--update-deadline-s"],
+        ),
+    ] {
+        let (code, out, err) = cli(cmd);
+        assert_eq!(code, 0, "{err}");
+        for f in flags {
+            assert!(out.contains(f), "{cmd:?} lacks {f}");
+        }
+        for old in ["--checksum ", "deadline-ms"] {
+            assert!(!out.contains(old), "{cmd:?} still shows {old}");
+        }
+    }
+}
+
+#[test]
+fn a_backend_alone_means_its_defaults_and_says_so() {
+    let (code, out, err) = cli(&[
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--train",
+        "megatron",
+        "--infer",
+        "sglang",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "note: `--train megatron` names no settings, so megatron's defaults apply: tp=1, pp=1"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("note: `--infer sglang` names no settings, so sglang's defaults apply: tp=1"),
+        "{err}"
+    );
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["training_ranks"], 1);
+    // with a colon the user chose: no note
+    let (_, _, err) = cli(&[
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--train",
+        "megatron:",
+        "--infer",
+        "sglang:tp=1",
+    ]);
+    assert!(!err.contains("note:"), "{err}");
+}
+
+#[test]
+fn plan_of_a_rank_outside_the_layout_states_the_world_size() {
+    let err = refused(&["plan", "--rank", "train:99"]);
+    assert!(
+        err.contains(
+            "there is no training rank 99: `megatron:pp=2,tp=2` has world size 4 (ranks 0..=3)"
+        ),
+        "{err}"
+    );
+    let err = refused(&["plan", "--rank", "infer:2/0"]);
+    assert!(
+        err.contains("there is no inference rank 2/0: `sglang:engines=2,tp=2` has world size 4 (2 engines of 2 ranks, ranks 0/0..=1/1)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn counts_of_one_are_singular() {
+    let (code, out, err) = cli(&[
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("training     megatron:tp=1 (1 rank)\n"),
+        "{out}"
+    );
+    assert!(out.contains("inference    sglang:tp=1 (1 rank)\n"), "{out}");
+    let (code, out, err) = cli(&[
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+        "--rank",
+        "infer:0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("inference rank 0/0: 1 peer, "), "{out}");
+}
+
+#[test]
+fn top_level_help_lists_every_command() {
+    let (code, out, err) = cli(&["--help"]);
+    assert_eq!(code, 0, "{err}");
+    for c in [
+        "detect", "plan", "serve", "pair", "bench", "demo", "simulate",
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{c} "))),
+            "{c} missing from\n{out}"
+        );
+    }
+}
+
+#[test]
+fn every_help_lists_every_spec_key_with_its_default() {
+    for cmd in [
+        &["plan", "--help"][..],
+        &["demo", "--help"],
+        &["pair", "connect", "--help"],
+    ] {
+        let (code, out, err) = cli(cmd);
+        assert_eq!(code, 0, "{err}");
+        for key in [
+            "tp=1",
+            "pp=1",
+            "dp=1",
+            "cp=1",
+            "ep=1",
+            "etp",
+            "vpp",
+            "first_stage_layers",
+            "last_stage_layers",
+            "fp32=0",
+            "local_spec=0",
+            "replicate=1",
+            "engines=1",
+        ] {
+            assert!(out.contains(key), "{cmd:?} lacks `{key}`:\n{out}");
+        }
+    }
+}

@@ -66,7 +66,7 @@ fn tcp_demo_with_checksums_verifies_and_converts_fp32() {
     let (code, j, err) = demo(&[
         "--transport",
         "tcp",
-        "--checksum",
+        "--checksums",
         "--train",
         "megatron:tp=2,dp=2,fp32=1",
         "--infer",
@@ -123,7 +123,7 @@ fn corrupted_bucket_fails_the_update_with_checksums_on() {
         let (code, j, err) = demo(&[
             "--transport",
             transport,
-            "--checksum",
+            "--checksums",
             "--fault-corrupt-version",
             "2",
             "--deadline-s",
@@ -199,12 +199,15 @@ fn nccl_placements_with_two_ranks_on_one_gpu_or_bad_lists_are_refused_at_start()
         err.contains("--train-gpus takes a comma list of GPU ordinals such as `0,1`, but `one` in `0,one` is not one"),
         "{err}"
     );
-    let (code, _, err) = demo(&["--transport", "shm", "--infer-gpus", "1"]);
-    assert_eq!(code, 2);
-    assert!(
-        err.contains("--train-gpus and --infer-gpus place the ranks of --transport nccl; with `shm` use --gpu"),
-        "{err}"
-    );
+    // a CPU transport takes no GPU flag, --gpu included, and says which applies where
+    for flag in [["--infer-gpus", "1"], ["--gpu", "1"]] {
+        let (code, _, err) = demo(&["--transport", "shm", flag[0], flag[1]]);
+        assert_eq!(code, 2);
+        assert!(
+            err.contains("`shm` runs on the CPU and takes no GPU flags: --gpu applies to --transport cuda-ipc (the GPU of every rank) and nccl (the default of --train-gpus and --infer-gpus); --train-gpus and --infer-gpus apply to nccl only"),
+            "{err}"
+        );
+    }
     no_segments_left();
 }
 
@@ -309,6 +312,190 @@ fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
     );
     assert_eq!(local1[..488 * 128], ckpt[512 * 128..]);
     assert!(local1[488 * 128..].iter().all(|&b| b == 0));
+    // with --updates 1 every dump holds the checkpoint: the canonical one tensor for tensor,
+    // the training ranks theirs in Megatron's layout
+    let ckpt_file = hf.join("model.safetensors");
+    for name in safetensor_names(&ckpt_file) {
+        assert_eq!(
+            safetensor(&second.join("canonical.safetensors"), &name),
+            safetensor(&ckpt_file, &name),
+            "{name}"
+        );
+    }
+    training_dumps_match(&second, &ckpt_file);
+    assert_eq!(j["checks"]["dumps"]["ok"], true, "{j}");
+}
+
+/// Every tensor name of a safetensors file.
+fn safetensor_names(path: &std::path::Path) -> Vec<String> {
+    let data = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
+    let h: Value = serde_json::from_slice(&data[8..8 + n]).unwrap();
+    h.as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect()
+}
+
+/// The first pipeline stage of the default `megatron:tp=2,pp=2` (ranks 0 and 1) holds the
+/// embedding rows of its TP rank and every layer norm of layers 0 and 1 whole: each equals
+/// `canonical`'s.
+fn training_dumps_match(dump: &std::path::Path, canonical: &std::path::Path) {
+    let embed = safetensor(canonical, "model.embed_tokens.weight");
+    let rank0 = dump.join("train/rank-0.safetensors");
+    assert_eq!(
+        safetensor(&rank0, "embedding.word_embeddings.weight"),
+        embed[..512 * 64 * 2],
+        "training rank 0's embedding rows"
+    );
+    for rank in [0, 1] {
+        let f = dump.join(format!("train/rank-{rank}.safetensors"));
+        for layer in [0, 1] {
+            for (megatron, hf) in [
+                (
+                    "self_attention.linear_qkv.layer_norm_weight",
+                    "input_layernorm.weight",
+                ),
+                (
+                    "mlp.linear_fc1.layer_norm_weight",
+                    "post_attention_layernorm.weight",
+                ),
+                (
+                    "self_attention.k_layernorm.weight",
+                    "self_attn.k_norm.weight",
+                ),
+            ] {
+                assert_eq!(
+                    safetensor(&f, &format!("decoder.layers.{layer}.{megatron}")),
+                    safetensor(canonical, &format!("model.layers.{layer}.{hf}")),
+                    "training rank {rank} layer {layer} {megatron}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn training_dumps_hold_the_last_version_like_the_canonical_one() {
+    let _one = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("d");
+    let (code, j, err) = demo(&["--updates", "2", "--dump-dir", d.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(j["updates"].as_array().map(Vec::len), Some(2));
+    // not version 3, which the trainers pre-fill after committing version 2
+    training_dumps_match(&d, &d.join("canonical.safetensors"));
+}
+
+#[test]
+fn demo_says_what_it_checked_in_the_table_and_in_json() {
+    let _one = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("dump");
+    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args([
+            "demo",
+            "--model",
+            "qwen3-tiny",
+            "--updates",
+            "2",
+            "--checksums",
+        ])
+        .args(["--dump-dir", d.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after_table: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| *l != "checks:")
+        .skip(1)
+        .collect();
+    assert_eq!(after_table.len(), 4, "{stdout}");
+    assert_eq!(
+        after_table[0],
+        "  ok      every byte of every inference rank (4 ranks, 2 engines) compared with the canonical weights of that version after each update: 2 of 2 updates verified"
+    );
+    assert_eq!(
+        after_table[1],
+        "  ok      per-bucket xxh3 checksums verified by every receiver and compared by the gateway (sent = received) before each commit: 2 of 2 updates compared"
+    );
+    assert!(
+        after_table[2]
+            .starts_with("  ok      no shared memory left behind (no /dev/shm/awex-demo-")
+            && after_table[2].ends_with("-* after disconnect)"),
+        "{}",
+        after_table[2]
+    );
+    assert_eq!(
+        after_table[3],
+        format!(
+            "  ok      {} holds version 2: canonical.safetensors (HF layout), train/rank-N.safetensors (4 files), infer/engine-E/rank-N.safetensors (4 files), each rank's tensors in its engine's layout",
+            d.display()
+        )
+    );
+    // the same checks in --json; those that did not run are absent
+    let (code, j, err) = demo(&[
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+        "--updates",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let checks = j["checks"].as_object().unwrap();
+    let mut keys: Vec<&str> = checks.keys().map(String::as_str).collect();
+    keys.sort();
+    assert_eq!(keys, ["every_byte", "shared_memory"]);
+    assert_eq!(
+        checks["every_byte"],
+        serde_json::json!({"ok": true, "detail": "every byte of every inference rank (1 rank, 1 engine) compared with the canonical weights of that version after each update: 1 of 1 update verified"})
+    );
+    assert_eq!(checks["shared_memory"]["ok"], true);
+    no_segments_left();
+}
+
+#[test]
+fn progress_reaches_a_piped_stderr_within_a_second() {
+    use std::io::BufRead;
+    let _one = one_at_a_time();
+    let t0 = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(["demo", "--model", "qwen3-tiny", "--json", "--updates", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "first progress line after {took:?}"
+    );
+    assert_eq!(
+        first,
+        "awex demo: qwen3-tiny | megatron:pp=2,tp=2 -> sglang:engines=2,tp=2 | transport shm; measuring the floor"
+    );
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    assert!(
+        rest.iter()
+            .any(|l| l.starts_with("awex demo: version 1 committed in ")
+                && l.ends_with("every byte verified")),
+        "{rest:?}"
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // stdout is the JSON alone
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["verified"], true);
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -367,7 +554,7 @@ fn nccl_demo_verifies_every_update_across_two_gpus() {
         "0",
         "--infer-gpus",
         "1",
-        "--checksum",
+        "--checksums",
     ]);
     assert_eq!(code, 0, "{err}\n{j}");
     assert_eq!(j["transport"], "nccl");

@@ -140,6 +140,20 @@ pub fn detect(probe: &Probe) -> Detection {
     let mut d = Detection::default();
     let mut fsdp_signs = false;
     let mut strategy = None;
+    if probe.env("ACCELERATE_USE_FSDP").is_none() {
+        d.absent("ACCELERATE_USE_FSDP (Accelerate running FSDP): unset");
+    }
+    if probe.env("FSDP_SHARDING_STRATEGY").is_none() {
+        d.absent("FSDP_SHARDING_STRATEGY: unset");
+    }
+    if probe.env("FSDP_VERSION").is_none() {
+        d.absent("FSDP_VERSION: unset");
+    }
+    if probe.checkpoint.is_none() {
+        d.absent(
+            "a torch distributed checkpoint (`.metadata` and `*.distcp` files): no --checkpoint given",
+        );
+    }
     if let Some(v) = probe.env("ACCELERATE_USE_FSDP") {
         if truthy(v) {
             d.add(
@@ -203,6 +217,12 @@ pub fn detect(probe: &Probe) -> Detection {
             TORCHRUN_WEIGHT,
             format!("LOCAL_WORLD_SIZE={l} (torchrun; weak: any torch.distributed job sets it)"),
         );
+    }
+    if world.is_none() {
+        d.absent("WORLD_SIZE (torchrun): unset or not a positive number");
+    }
+    if !probe.has_package("torch") {
+        d.absent_package(probe, "torch");
     }
     if probe.has_package("torch") {
         if fsdp_signs || world.is_some() || local.is_some() {

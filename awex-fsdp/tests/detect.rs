@@ -191,6 +191,18 @@ fn torch_alone_is_no_evidence() {
     );
     let nothing = FsdpBackend.detect(&probe(&[], false, None));
     assert_eq!((nothing.score, nothing.evidence.len()), (0.0, 0));
+    // a score of 0 says what was looked for
+    assert_eq!(
+        nothing.not_found,
+        vec![
+            "ACCELERATE_USE_FSDP (Accelerate running FSDP): unset",
+            "FSDP_SHARDING_STRATEGY: unset",
+            "FSDP_VERSION: unset",
+            "a torch distributed checkpoint (`.metadata` and `*.distcp` files): no --checkpoint given",
+            "WORLD_SIZE (torchrun): unset or not a positive number",
+            "python package `torch`: not checked (no python3 found on PATH)",
+        ]
+    );
 }
 
 #[test]

@@ -21,21 +21,43 @@ pub fn detect(probe: &Probe) -> Detection {
         d.add(0.5, "python package `megatron.core` is importable");
     } else if probe.has_package("megatron") {
         d.add(0.3, "python package `megatron` is importable");
+    } else {
+        d.absent_package(probe, "megatron.core");
     }
-    if probe.env("CUDA_DEVICE_MAX_CONNECTIONS") == Some("1") {
-        d.add(
+    match probe.env("CUDA_DEVICE_MAX_CONNECTIONS") {
+        Some("1") => d.add(
             0.2,
             "CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron sets it to overlap tensor-parallel communication)",
-        );
+        ),
+        Some(v) => d.absent(format!(
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's launch setting): it is {v}"
+        )),
+        None => d.absent("CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's launch setting): unset"),
     }
     if let Some(k) = probe.env.keys().find(|k| k.starts_with("NVTE_")) {
         d.add(0.05, format!("Transformer Engine setting `{k}` is set"));
+    } else {
+        d.absent("Transformer Engine settings (NVTE_*): none set");
     }
     if let Some(ws) = probe.env("WORLD_SIZE") {
         d.add(0.05, format!("WORLD_SIZE={ws} (a torchrun launch)"));
+    } else {
+        d.absent("WORLD_SIZE (a torchrun launch): unset");
     }
-    if let Some(dir) = &probe.checkpoint {
-        inspect_checkpoint(dir, &mut d);
+    match &probe.checkpoint {
+        Some(dir) => {
+            let before = d.evidence.len();
+            inspect_checkpoint(dir, &mut d);
+            if d.evidence.len() == before {
+                d.absent(format!(
+                    "a Megatron checkpoint in {}: no {TRACKER_FILE}, iter_*/mp_rank_* shard directories or torch_dist metadata.json",
+                    dir.display()
+                ));
+            }
+        }
+        None => d.absent(format!(
+            "a Megatron checkpoint ({TRACKER_FILE}, mp_rank_* shards, torch_dist metadata.json): no --checkpoint given"
+        )),
     }
     d
 }

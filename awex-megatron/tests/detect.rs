@@ -49,7 +49,32 @@ fn nothing_megatron_scores_zero() {
         &[("megatron.core", false)],
         Some(dir.path()),
     ));
-    assert_eq!(d, Detection::default());
+    assert_eq!((d.score, d.evidence.len(), d.parallel), (0.0, 0, None));
+    // a score of 0 says what was looked for
+    assert_eq!(
+        d.not_found,
+        vec![
+            "python package `megatron.core`: not importable".to_string(),
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's launch setting): unset".into(),
+            "Transformer Engine settings (NVTE_*): none set".into(),
+            "WORLD_SIZE (a torchrun launch): unset".into(),
+            format!(
+                "a Megatron checkpoint in {}: no latest_checkpointed_iteration.txt, iter_*/mp_rank_* shard directories or torch_dist metadata.json",
+                dir.path().display()
+            ),
+        ]
+    );
+    let d = detect(&probe(&[], &[], None));
+    assert_eq!(
+        d.not_found[0],
+        "python package `megatron.core`: not checked (no python3 found on PATH)"
+    );
+    assert!(
+        d.not_found
+            .last()
+            .unwrap()
+            .ends_with("no --checkpoint given")
+    );
 }
 
 #[test]

@@ -16,6 +16,7 @@ struct Verdict {
     backend: &'static str,
     score: f64,
     evidence: Vec<String>,
+    not_found: Vec<String>,
     parallel: Option<awex_core::ParallelConfig>,
 }
 
@@ -24,6 +25,7 @@ fn verdict(backend: &'static str, d: Detection) -> Verdict {
         backend,
         score: d.score,
         evidence: d.evidence,
+        not_found: d.not_found,
         parallel: d.parallel,
     }
 }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import pytest
+
 import awex
 
 
@@ -79,6 +81,14 @@ def test_spec_formats_backend_and_parallel_keys():
     assert awex.spec("fsdp") == "fsdp"
 
 
+def test_spec_refuses_an_unknown_backend_like_the_cli():
+    with pytest.raises(awex.LayoutError) as e:
+        awex.spec("megatorn", tp=2)
+    assert str(e.value) == (
+        "no backend named `megatorn`; registered: training fsdp, megatron; inference sglang"
+    )
+
+
 def test_detect_scores_every_linked_backend():
     report = awex.detect()
     assert sorted(v["backend"] for v in report["training"]) == ["fsdp", "megatron"]
@@ -86,6 +96,8 @@ def test_detect_scores_every_linked_backend():
     for v in report["training"] + report["inference"]:
         assert 0.0 <= v["score"] <= 1.0
         assert isinstance(v["evidence"], list)
+        assert isinstance(v["not_found"], list)  # what it looked for and did not find
+    assert any(v["not_found"] for v in report["training"])
 
 
 def test_package_exports_its_api():

@@ -99,6 +99,8 @@ pub fn detect(probe: &Probe) -> Detection {
     let mut d = Detection::default();
     if probe.has_package("sglang") {
         d.add(PACKAGE_WEIGHT, "python package `sglang` is importable");
+    } else {
+        d.absent_package(probe, "sglang");
     }
     let Some(url) = probe.server_url.as_deref() else {
         d.evidence.push(

@@ -26,10 +26,12 @@ pub struct Verdict {
     pub backend: &'static str,
     /// Score in [0, 1].
     pub score: f64,
-    /// Reasons.
+    /// What it looked for and what it found, one line each.
     pub evidence: Vec<String>,
     /// Parallel config, when known.
     pub parallel: Option<awex_core::ParallelConfig>,
+    /// What it looked for and did not find.
+    pub not_found: Vec<String>,
 }
 
 /// Both sides' verdicts, best first.
@@ -47,6 +49,7 @@ fn verdict(backend: &'static str, d: Detection) -> Verdict {
         score: d.score,
         evidence: d.evidence,
         parallel: d.parallel,
+        not_found: d.not_found,
     }
 }
 
@@ -81,6 +84,14 @@ pub async fn detect(checkpoint: Option<PathBuf>, url: Option<String>) -> Report 
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(c) = &args.checkpoint
+        && !c.exists()
+    {
+        anyhow::bail!("--checkpoint {}: no such file or directory", c.display());
+    }
+    if let Some(u) = &args.sglang_url {
+        awex_control::probe::check_base_url(u).map_err(|e| anyhow::anyhow!("--sglang-url {e}"))?;
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -105,7 +116,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .unwrap_or_default();
             println!("  {:<10} score {:.2}{parallel}", v.backend, v.score);
             for e in &v.evidence {
-                println!("      - {e}");
+                println!("      found:     {e}");
+            }
+            for e in &v.not_found {
+                println!("      not found: {e}");
             }
         }
     }

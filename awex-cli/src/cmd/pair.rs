@@ -1,5 +1,6 @@
 //! `awex-cli pair`: operate pairs on a running gateway: connect, update, status, disconnect.
 
+use super::plan::plural;
 use super::serve::read_token;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
@@ -55,13 +56,13 @@ struct ConnectArgs {
     #[arg(long)]
     train_model: Option<String>,
     /// Training backend and parallel config, e.g. megatron:tp=2,pp=2.
-    #[arg(long)]
+    #[arg(long, long_help = super::plan::spec_help(Side::Training))]
     train: BackendSpec,
     /// Training ranks; defaults to what the parallel config implies.
     #[arg(long)]
     train_world: Option<u32>,
     /// Inference backend and parallel config, e.g. sglang:tp=2,engines=2.
-    #[arg(long)]
+    #[arg(long, long_help = super::plan::spec_help(Side::Inference))]
     infer: BackendSpec,
     /// Inference ranks of all engines together; defaults to what the parallel config implies.
     #[arg(long)]
@@ -75,17 +76,17 @@ struct ConnectArgs {
     /// Compare sender and receiver checksums before committing.
     #[arg(long)]
     checksums: bool,
-    /// Time for every rank to join, ms.
-    #[arg(long, default_value_t = 60_000)]
-    join_deadline_ms: u64,
-    /// Time for every rank to report an update, ms.
-    #[arg(long, default_value_t = 120_000)]
-    update_deadline_ms: u64,
-    /// Staging bucket size, MiB.
-    #[arg(long, default_value_t = 64)]
+    /// Time for every rank to join, in seconds (1 to 3600).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    join_deadline_s: u64,
+    /// Time for every rank to report an update, in seconds (1 to 86400).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    update_deadline_s: u64,
+    /// Staging bucket size in MiB (1 to 65536).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     bucket_mib: u64,
-    /// Staging buckets per rank.
-    #[arg(long, default_value_t = 2)]
+    /// Staging buckets per rank (1 to 64).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     buckets: u32,
     /// Print the pair's status as JSON.
     #[arg(long)]
@@ -170,8 +171,8 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
         },
         transport: a.transport,
         options: PairOptions {
-            join_deadline_ms: a.join_deadline_ms,
-            update_deadline_ms: a.update_deadline_ms,
+            join_deadline_ms: a.join_deadline_s * 1000,
+            update_deadline_ms: a.update_deadline_s * 1000,
             bucket_mib: a.bucket_mib,
             buckets: a.buckets,
             checksums: a.checksums,
@@ -189,14 +190,23 @@ fn token(args: &Args) -> anyhow::Result<Option<String>> {
         .filter(|t| !t.is_empty()))
 }
 
+/// Milliseconds as seconds, for people (`60 s`, `1.5 s`).
+fn seconds(ms: u64) -> String {
+    if ms % 1000 == 0 {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{} s", ms as f64 / 1000.0)
+    }
+}
+
 /// One line per fact of an update, for people.
 pub fn describe_update(u: &UpdateStatus) -> String {
     let mut s = format!(
-        "version {} attempt {}: {} after {} ms; bytes training {} / inference {}",
+        "version {} attempt {}: {} after {:.3} s; bytes training {} / inference {}",
         u.version,
         u.attempt,
         u.state.as_str(),
-        u.elapsed_ms,
+        u.elapsed_ms as f64 / 1000.0,
         u.bytes.training,
         u.bytes.inference
     );
@@ -241,30 +251,30 @@ pub fn describe_pair(p: &PairStatus) -> String {
         p.state.as_str()
     );
     s.push_str(&format!(
-        "  training:  {}:{}  {} ranks ({} joined)  model {} [{}]\n",
+        "  training:  {}:{}  {} ({} joined)  model {} [{}]\n",
         p.training.backend,
         p.training.parallel,
-        p.training.world_size,
+        plural(p.training.world_size, "rank"),
         p.training.joined,
         p.training.model,
         p.training.fingerprint
     ));
     s.push_str(&format!(
-        "  inference: {}:{}  {} ranks in {} engines ({} joined)  model {} [{}]\n",
+        "  inference: {}:{}  {} in {} ({} joined)  model {} [{}]\n",
         p.inference.backend,
         p.inference.parallel,
-        p.inference.world_size,
-        p.inference.engines,
+        plural(p.inference.world_size, "rank"),
+        plural(p.inference.engines, "engine"),
         p.inference.joined,
         p.inference.model,
         p.inference.fingerprint
     ));
     s.push_str(&format!(
-        "  transport {}, checksums {}, deadlines: join {} ms, update {} ms, buckets {} x {} MiB",
+        "  transport {}, checksums {}, deadlines: join {}, update {}, buckets {} x {} MiB",
         p.transport,
         if p.options.checksums { "on" } else { "off" },
-        p.options.join_deadline_ms,
-        p.options.update_deadline_ms,
+        seconds(p.options.join_deadline_ms),
+        seconds(p.options.update_deadline_ms),
         p.options.buckets,
         p.options.bucket_mib
     ));
@@ -288,16 +298,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match args.command {
             PairCommand::Connect(a) => {
                 let req = connect_request(&a)?;
+                for (flag, spec, side) in [
+                    ("--train", &a.train, Side::Training),
+                    ("--infer", &a.infer, Side::Inference),
+                ] {
+                    if spec.parallel.0.is_empty()
+                        && let Some(note) = super::plan::defaults_note(flag, &spec.backend, side)
+                    {
+                        eprintln!("{note}");
+                    }
+                }
                 let status = client.connect(&req).await?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&status)?);
                 } else {
                     println!("{}", describe_pair(&status));
                     println!(
-                        "ranks may join now: {} training, {} inference; join deadline {} ms",
+                        "ranks may join now: {} training, {} inference; join deadline {}",
                         status.training.world_size,
                         status.inference.world_size,
-                        status.options.join_deadline_ms
+                        seconds(status.options.join_deadline_ms)
                     );
                 }
                 Ok(ExitCode::SUCCESS)

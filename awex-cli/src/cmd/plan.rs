@@ -1,7 +1,7 @@
 //! `awex-cli plan`: the exchange plan between a training layout and an inference layout.
 
 use anyhow::{Context, bail};
-use awex_core::backend::side_layout;
+use awex_core::backend::{ParallelKey, inference_backends, side_layout, training_backends};
 use awex_core::layout::{RankId, Side, SideLayout};
 use awex_core::plan::{Pair, RankPlan};
 use awex_core::{BackendSpec, Catalogue, ModelSpec};
@@ -27,11 +27,11 @@ pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory (whose safetensors weights, if any, are checked too).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
-    /// Training side: `backend:key=value,...` (megatron: tp,pp,dp,cp,ep,etp,vpp,first_stage_layers,last_stage_layers; fsdp: dp,replicate,tp).
-    #[arg(long, default_value = DEFAULT_TRAIN)]
+    /// Training side: `backend:key=value,...`.
+    #[arg(long, default_value = DEFAULT_TRAIN, long_help = spec_help(Side::Training))]
     pub train: String,
-    /// Inference side: `backend:key=value,...` (sglang: tp,ep,engines).
-    #[arg(long, default_value = DEFAULT_INFER)]
+    /// Inference side: `backend:key=value,...`.
+    #[arg(long, default_value = DEFAULT_INFER, long_help = spec_help(Side::Inference))]
     pub infer: String,
     /// Plan only this rank and list its transfers: `train:N` or `infer:E/N`.
     #[arg(long)]
@@ -39,6 +39,80 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `n thing` or `n things`.
+pub fn plural(n: impl Into<u64>, thing: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
+/// One key with its default, as the `--help` texts show it (`tp=1`, `vpp (unset)`).
+fn key_with_default(k: &ParallelKey) -> String {
+    match k.default {
+        Some(d) => format!("{}={d}", k.name),
+        None => format!("{} (unset)", k.name),
+    }
+}
+
+/// The registered backends of `side` with their keys and defaults: `name: key=default, ...`.
+pub fn backend_keys(side: Side) -> Vec<(&'static str, &'static [ParallelKey])> {
+    match side {
+        Side::Training => training_backends()
+            .into_iter()
+            .map(|b| (b.name(), b.parallel_keys()))
+            .collect(),
+        Side::Inference => inference_backends()
+            .into_iter()
+            .map(|b| (b.name(), b.parallel_keys()))
+            .collect(),
+    }
+}
+
+/// The long `--help` of a `--train` / `--infer` flag: every registered backend's every key with
+/// its default and meaning, generated from each backend's `parallel_keys()`.
+pub fn spec_help(side: Side) -> String {
+    let mut s = format!(
+        "{} side: `backend:key=value,...`; a backend alone (`{}`) means its defaults. Keys and defaults:",
+        match side {
+            Side::Training => "Training",
+            Side::Inference => "Inference",
+        },
+        match side {
+            Side::Training => "megatron",
+            Side::Inference => "sglang",
+        }
+    );
+    for (name, keys) in backend_keys(side) {
+        s.push_str(&format!("\n  {name}:"));
+        for k in keys {
+            s.push_str(&format!("\n    {:<30} {}", key_with_default(k), k.help));
+        }
+    }
+    s
+}
+
+/// The note printed when a spec names a backend and no settings (`--train megatron`): its
+/// defaults apply.
+pub fn defaults_note(flag: &str, spec: &str, side: Side) -> Option<String> {
+    let name = spec.trim();
+    if name.contains(':') {
+        return None;
+    }
+    let (_, keys) = backend_keys(side).into_iter().find(|(n, _)| *n == name)?;
+    let defaults: Vec<String> = keys
+        .iter()
+        .filter(|k| k.default.is_some())
+        .map(key_with_default)
+        .collect();
+    Some(format!(
+        "note: `{flag} {name}` names no settings, so {name}'s defaults apply: {}",
+        defaults.join(", ")
+    ))
 }
 
 /// A pair's model and layouts, resolved from command-line specs.
@@ -60,6 +134,14 @@ pub struct Resolved {
 impl Resolved {
     /// Resolves `--model`, `--train` and `--infer`.
     pub fn new(model: &str, train: &str, infer: &str) -> anyhow::Result<Self> {
+        for (flag, spec, side) in [
+            ("--train", train, Side::Training),
+            ("--infer", infer, Side::Inference),
+        ] {
+            if let Some(note) = defaults_note(flag, spec, side) {
+                eprintln!("{note}");
+            }
+        }
         let model = ModelSpec::resolve(model)?;
         let catalogue = Catalogue::of(&model);
         let train_spec: BackendSpec = train.parse()?;
@@ -105,6 +187,36 @@ pub fn parse_rank(s: &str) -> anyhow::Result<(Side, RankId)> {
             Ok((Side::Inference, RankId::infer(e, r)))
         }
         _ => Err(bad()),
+    }
+}
+
+/// Refuses a `--rank` outside the side's layout, stating its world size.
+pub fn check_rank_exists(r: &Resolved, side: Side, rank: RankId) -> anyhow::Result<()> {
+    let (layout, spec) = match side {
+        Side::Training => (&r.training, &r.train_spec),
+        Side::Inference => (&r.inference, &r.infer_spec),
+    };
+    if layout.rank_layout(rank).is_some() {
+        return Ok(());
+    }
+    let world = layout.world_size();
+    match side {
+        Side::Training => bail!(
+            "there is no training rank {}: `{spec}` has world size {world} (ranks 0..={})",
+            rank.rank,
+            world.saturating_sub(1)
+        ),
+        Side::Inference => {
+            let engines = layout.engines().max(1) as usize;
+            let per = world / engines;
+            bail!(
+                "there is no inference rank {rank}: `{spec}` has world size {world} ({} of {}, ranks 0/0..={}/{})",
+                plural(engines as u64, "engine"),
+                plural(per as u64, "rank"),
+                engines - 1,
+                per.saturating_sub(1)
+            )
+        }
     }
 }
 
@@ -245,6 +357,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(rank) = &args.rank {
         let (side, rank) = parse_rank(rank)?;
+        check_rank_exists(&r, side, rank)?;
         let t0 = Instant::now();
         let plan = r.pair().plan_rank(side, rank)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -255,19 +368,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         } else {
             println!(
-                "{} rank {}: {} peers, {} transfers, {} (planned in {ms:.2} ms, fingerprint {:016x})",
+                "{} rank {}: {}, {}, {} (planned in {ms:.2} ms, fingerprint {:016x})",
                 side,
                 rank,
-                plan.peers.len(),
-                plan.transfers(),
+                plural(plan.peers.len() as u64, "peer"),
+                plural(plan.transfers() as u64, "transfer"),
                 human_bytes(plan.bytes() as f64),
                 plan.fingerprint
             );
             for peer in &plan.peers {
                 println!(
-                    "  peer {}: {} transfers, {}",
+                    "  peer {}: {}, {}",
                     peer.peer,
-                    peer.transfers.len(),
+                    plural(peer.transfers.len() as u64, "transfer"),
                     human_bytes(peer.bytes as f64)
                 );
                 for t in &peer.transfers {
@@ -292,13 +405,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
         println!(
-            "model        {} ({} tensors, {})",
+            "model        {} ({}, {})",
             s.model,
-            r.catalogue.len(),
+            plural(r.catalogue.len() as u64, "tensor"),
             human_bytes(r.catalogue.total_bytes() as f64)
         );
-        println!("training     {} ({} ranks)", s.training, s.training_ranks);
-        println!("inference    {} ({} ranks)", s.inference, s.inference_ranks);
+        println!(
+            "training     {} ({})",
+            s.training,
+            plural(s.training_ranks as u64, "rank")
+        );
+        println!(
+            "inference    {} ({})",
+            s.inference,
+            plural(s.inference_ranks as u64, "rank")
+        );
         println!("required     {}", human_bytes(s.required_bytes as f64));
         println!("moved        {}", human_bytes(s.moved_bytes as f64));
         println!(

@@ -129,13 +129,29 @@ pub fn token(
     settings.token_file.as_deref().map(read_token).transpose()
 }
 
+/// The address `--bind` names: `IP:PORT`, `[IPv6]:PORT`, or `HOST:PORT` for a host name that
+/// resolves here (`localhost:7480`; IPv4 first).
+pub fn bind_addr(bind: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(a) = bind.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || format!("--bind `{bind}` is not an address like 127.0.0.1:7480 or localhost:7480");
+    let (host, port) = bind.rsplit_once(':').with_context(bad)?;
+    let port: u16 = port.parse().ok().with_context(bad)?;
+    if host.is_empty() {
+        bail!(bad());
+    }
+    let mut addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .with_context(|| format!("--bind `{bind}`: host `{host}` does not resolve here"))?
+        .collect();
+    addrs.sort_by_key(|a| !a.is_ipv4());
+    addrs.into_iter().next().with_context(bad)
+}
+
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let s = settings(&args, env_layer())?;
-    let addr: SocketAddr = s
-        .bind
-        .parse()
-        .with_context(|| format!("--bind `{}` is not an address like 127.0.0.1:7480", s.bind))?;
+    let addr = bind_addr(&s.bind)?;
     let token = token(&args, &s, std::env::var("AWEX_TOKEN").ok())?;
     if token.is_none() && !addr.ip().is_loopback() {
         bail!(
@@ -179,6 +195,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_takes_addresses_and_host_names() {
+        assert_eq!(
+            bind_addr("127.0.0.1:7480").unwrap(),
+            "127.0.0.1:7480".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(
+            bind_addr("[::1]:7480").unwrap(),
+            "[::1]:7480".parse::<SocketAddr>().unwrap()
+        );
+        let l = bind_addr("localhost:7481").unwrap();
+        assert!(l.ip().is_loopback() && l.port() == 7481, "{l}");
+        for bad in ["localhost", "localhost:http", ":7480", "7480"] {
+            assert_eq!(
+                bind_addr(bad).unwrap_err().to_string(),
+                format!("--bind `{bad}` is not an address like 127.0.0.1:7480 or localhost:7480")
+            );
+        }
+    }
 
     fn env(v: serde_json::Value) -> Figment {
         Figment::from(Serialized::defaults(v))

@@ -55,12 +55,12 @@ pub struct Args {
     /// Transport.
     #[arg(long, default_value = "shm")]
     pub transport: String,
-    /// Bucket size in MiB.
-    #[arg(long, default_value_t = 64)]
+    /// Bucket size in MiB (1 to 65536).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub bucket_mib: u64,
     /// Compute and verify checksums.
-    #[arg(long)]
-    pub checksum: bool,
+    #[arg(long, alias = "checksum")]
+    pub checksums: bool,
     /// GPU of this rank's tensors (cuda-ipc, nccl).
     #[arg(long, default_value_t = 0)]
     pub gpu: u32,
@@ -124,7 +124,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         train: args.train.parse::<BackendSpec>()?,
         infer: args.infer.parse::<BackendSpec>()?,
         transport,
-        bucket_bytes: args.bucket_mib.max(1) << 20,
+        bucket_bytes: args.bucket_mib << 20,
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
     };
     let prepared = prepare(&cfg)?;
@@ -142,7 +142,9 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let t = make_transport(&cfg, &prepared, tensors.clone())?;
     let mut me = Rank::join(cfg, &prepared, &tensors, t).await?;
     me.corrupt_version = args.corrupt_version;
-    let checksums = me.joined.options.checksums || args.checksum;
+    let checksums = me.joined.options.checksums || args.checksums;
+    // the last version that committed: what a training rank's dump must hold
+    let mut committed = args.first_version;
     // with weights on the GPU the controller waits for each version's upload before timing it
     let say_filled = side == Side::Training && on_gpu;
     if say_filled {
@@ -162,9 +164,13 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         if result.is_ok() {
             // refill / verify only once the whole update is over, so that this work does not
             // compete with peers still moving bytes
-            let _ = me
+            if let Ok(s) = me
                 .wait_outcome(work.version, std::time::Duration::from_secs(600))
-                .await;
+                .await
+                && s.state == awex_control::wire::UpdateState::Committed
+            {
+                committed = committed.max(work.version);
+            }
         }
         match side {
             Side::Training => {
@@ -202,6 +208,10 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(dir) = &args.dump_dir {
+        // a training rank pre-fills the next version after each commit: dump what was moved
+        if side == Side::Training && filled != Some(committed) {
+            mem.fill(&weights, layout, cat, committed)?;
+        }
         let path = match side {
             Side::Training => dir
                 .join("train")

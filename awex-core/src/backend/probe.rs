@@ -14,6 +14,10 @@ pub struct Detection {
     pub evidence: Vec<String>,
     /// The parallel config, when the probe reveals it.
     pub parallel: Option<ParallelConfig>,
+    /// What the backend looked for and did not find, one line each (`detect` prints them
+    /// after the evidence so that a score of 0 explains itself).
+    #[serde(default)]
+    pub not_found: Vec<String>,
 }
 
 impl Detection {
@@ -21,6 +25,22 @@ impl Detection {
     pub fn add(&mut self, weight: f64, reason: impl Into<String>) {
         self.score = (self.score + weight).min(1.0);
         self.evidence.push(reason.into());
+    }
+
+    /// Records a sign the backend looked for and did not find.
+    pub fn absent(&mut self, what: impl Into<String>) {
+        self.not_found.push(what.into());
+    }
+
+    /// Records a Python package that is not importable, or that no `python3` could check.
+    pub fn absent_package(&mut self, probe: &Probe, package: &str) {
+        if probe.python_packages.is_empty() {
+            self.absent(format!(
+                "python package `{package}`: not checked (no python3 found on PATH)"
+            ));
+        } else {
+            self.absent(format!("python package `{package}`: not importable"));
+        }
     }
 }
 

@@ -49,10 +49,11 @@ def detect(
     """Scores every backend awex was built with from this process's environment variables, its
     importable packages (``megatron.core``, ``sglang``, ...), and optionally a checkpoint
     directory and a running SGLang server. Returns ``{"training": [...], "inference": [...],
-    "live": ...}``, best first; each entry has ``backend``, ``score`` (0..1), ``evidence`` and,
-    when known, ``parallel``. ``live`` is what the running job says: with ``model`` (as for
-    ``Writer.attach``) its ``backend``, ``parallel``, ``rank``, ``world_size``, ``layer_spec``,
-    ``dtype`` and ``spec``; without, the initialised process groups' view, or ``None``."""
+    "live": ...}``, best first; each entry has ``backend``, ``score`` (0..1), ``evidence`` (what
+    it found), ``not_found`` (what it looked for and did not find) and, when known, ``parallel``.
+    ``live`` is what the running job says: with ``model`` (as for ``Writer.attach``) its
+    ``backend``, ``parallel``, ``rank``, ``world_size``, ``layer_spec``, ``dtype`` and ``spec``;
+    without, the initialised process groups' view, or ``None``."""
     packages = {name: _importable(name) for name in _awex.detect_packages()}
     path = os.fspath(checkpoint) if checkpoint is not None else None
     out = _awex.detect(packages, path, sglang_url)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, Mapping
@@ -38,8 +39,31 @@ def parallel_config(parallel: Mapping[str, Any] | None, what: str) -> dict[str, 
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def registered_backends() -> dict[str, tuple[str, ...]]:
+    """The backends this build registered, by side: ``{"training": (...), "inference": (...)}``."""
+    from . import _awex
+
+    report = _awex.detect({}, None, None)
+    return {side: tuple(sorted(v["backend"] for v in report[side])) for side in ("training", "inference")}
+
+
+def check_backend(backend: str) -> None:
+    """Refuses a backend no side registered, naming those that are (as the CLI does)."""
+    known = registered_backends()
+    if not isinstance(backend, str) or not any(backend in names for names in known.values()):
+        from .errors import LayoutError
+
+        raise LayoutError(
+            f"no backend named `{backend}`; registered: training {', '.join(known['training'])}; "
+            f"inference {', '.join(known['inference'])}"
+        )
+
+
 def spec(backend: str, parallel: Mapping[str, int] | None = None, **keys: int) -> str:
-    """A layout spec string, ``spec("megatron", tp=2, pp=2) == "megatron:tp=2,pp=2"``."""
+    """A layout spec string, ``spec("megatron", tp=2, pp=2) == "megatron:tp=2,pp=2"``; a
+    backend this build did not register is refused with ``awex.LayoutError``."""
+    check_backend(backend)
     merged = dict(parallel_config(parallel, "parallel") or {})
     merged.update(parallel_config(keys, "parallel") or {})
     return backend + (":" + ",".join(f"{k}={v}" for k, v in merged.items()) if merged else "")

@@ -1,0 +1,85 @@
+//! The demo's arguments.
+
+use crate::cmd::plan::{DEFAULT_INFER, DEFAULT_MODEL, DEFAULT_TRAIN, spec_help};
+use awex_core::layout::Side;
+use std::path::PathBuf;
+
+/// Arguments of `awex-cli demo`.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksums --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --transport nccl --train megatron:tp=1 --infer sglang:tp=1 --train-gpus 0 --infer-gpus 1   (2 GPUs, --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
+)]
+pub struct Args {
+    /// Model: a preset name, a config.json, or an HF model directory.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Training side (same syntax as `plan`).
+    #[arg(long, default_value = DEFAULT_TRAIN, long_help = spec_help(Side::Training))]
+    pub train: String,
+    /// Inference side (same syntax as `plan`).
+    #[arg(long, default_value = DEFAULT_INFER, long_help = spec_help(Side::Inference))]
+    pub infer: String,
+    /// How bytes move: shm, tcp (CPU); cuda-ipc, nccl (GPU).
+    #[arg(long, default_value = "shm")]
+    pub transport: String,
+    /// GPU of every rank with `--transport cuda-ipc`; the default of `--train-gpus` and
+    /// `--infer-gpus` with `--transport nccl` (default 0; refused with shm and tcp).
+    #[arg(long)]
+    pub gpu: Option<u32>,
+    /// `--transport nccl`: GPUs of the training ranks, a comma list (rank i uses entry i modulo
+    /// the list); default `--gpu`.
+    #[arg(long)]
+    pub train_gpus: Option<String>,
+    /// `--transport nccl`: GPUs of the inference ranks, a comma list (rank i, engine-major,
+    /// uses entry i modulo the list); default `--gpu`.
+    #[arg(long)]
+    pub infer_gpus: Option<String>,
+    /// Number of updates (versions 1..=N).
+    #[arg(long, default_value_t = 3)]
+    pub updates: u64,
+    /// Staging bucket size in MiB (1 to 65536).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub bucket_mib: u64,
+    /// Per-bucket xxh3 checksums, verified by receivers and compared by the gateway.
+    #[arg(long, alias = "checksum")]
+    pub checksums: bool,
+    /// After the last update, write canonical and per-rank safetensors here.
+    #[arg(long)]
+    pub dump_dir: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Deadline of one update in seconds (1 to 86400).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Fault drill: SIGKILL this training rank during update `--fault-version`, then restart it
+    /// and retry that version.
+    #[arg(long, hide = true)]
+    pub fault_kill_train_rank: Option<u32>,
+    /// Fault drill: corrupt one received byte on inference rank 0/0 in this version (use with --checksum).
+    #[arg(long, hide = true)]
+    pub fault_corrupt_version: Option<u64>,
+    /// Fault drill: start inference rank 0/0 with this (wrong) inference layout; it must be refused at join.
+    #[arg(long, hide = true)]
+    pub fault_bad_infer: Option<String>,
+    /// The version the fault drills act on.
+    #[arg(long, hide = true, default_value_t = 2)]
+    pub fault_version: u64,
+}
+
+impl Args {
+    /// The GPU of `--gpu` (0 when not given).
+    pub fn gpu(&self) -> u32 {
+        self.gpu.unwrap_or(0)
+    }
+}
+
+/// The first version: 0 when the model is an HF directory with weights (they are version 0), else 1.
+pub fn first_version(a: &Args) -> u64 {
+    let dir = std::path::Path::new(&a.model);
+    if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
+        0
+    } else {
+        1
+    }
+}

@@ -1,0 +1,400 @@
+//! `awex-cli demo`: the main job, end to end on one machine.
+//!
+//! Starts a gateway on loopback, spawns every training and inference rank as its own process
+//! (this binary's hidden `worker` subcommand), connects the pair, runs N updates, has every
+//! inference rank check every byte after every update, disconnects, checks that no shared
+//! memory is left behind, and prints a table with the memcpy floor measured in the same run.
+//!
+//! With `--transport cuda-ipc` every rank keeps its tensors on GPU `--gpu` (training and
+//! inference processes colocated on one GPU); the floor is then one device-to-device copy on
+//! that GPU, measured in the same run.
+//!
+//! With `--transport nccl` the ranks form one NCCL communicator and each needs a GPU of its
+//! own: training rank `i` uses the `i`-th entry of `--train-gpus` and inference rank `i`
+//! (engine-major) the `i`-th of `--infer-gpus`, each list taken modulo its length; both
+//! default to `--gpu`. A placement that puts two ranks on one GPU is refused at start, and
+//! workers run with `NCCL_NVLS_ENABLE=0` unless the environment sets it.
+//!
+//! One module per job: [`args`] (the flags), [`gpus`] (GPU checks and rank placement),
+//! [`floors`] (memcpy, device copy, loopback TCP, measured in the run), [`ranks`] (spawning the
+//! rank processes and waiting on them through the gateway), [`progress`] (stderr lines or a
+//! bar), [`checks`] (what the run proved), [`dump`] (`--dump-dir`), [`report`] (the table and
+//! the JSON); this file runs them in order.
+
+mod args;
+mod checks;
+mod dump;
+mod floors;
+mod gpus;
+mod progress;
+mod ranks;
+mod report;
+
+pub use args::Args;
+pub use floors::{device_copy_gbps, memcpy_gbps, tcp_loopback_gbps};
+pub use gpus::{Gpus, check_gpu_transport};
+pub use report::{Checks, DemoReport, UpdateRow};
+
+use crate::cmd::plan::Resolved;
+use anyhow::{Context, bail};
+use args::first_version;
+use awex_control::client::Client;
+use awex_control::server::GatewayConfig;
+use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, UpdateState};
+use awex_core::layout::RankId;
+use awex_runtime::shm::list_segments;
+use awex_runtime::transport::TransportKind;
+use progress::Progress;
+use ranks::{Workers, wait_filled, wait_ready, wait_rejoined, wait_verdict, worker_command};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let transport: TransportKind = args.transport.parse().map_err(anyhow::Error::msg)?;
+    if args.updates == 0 {
+        bail!("--updates must be at least 1");
+    }
+    let gpus = Gpus::of(&args, transport)?;
+    let r = Resolved::new(&args.model, &args.train, &args.infer)?;
+    if transport == TransportKind::Nccl {
+        gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
+    }
+    check_gpu_transport(transport, &gpus.all())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(demo(&args, &r, transport, &gpus))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        report::print_table(&report, args.gpu());
+    }
+    Ok(if report.verified && report.checks.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+async fn demo(
+    a: &Args,
+    r: &Resolved,
+    transport: TransportKind,
+    gpus: &Gpus,
+) -> anyhow::Result<DemoReport> {
+    let mut progress = Progress::default();
+    progress.say(&format!(
+        "{} | {} -> {} | transport {}; measuring the floor",
+        r.model.name, r.train_spec, r.infer_spec, transport
+    ));
+    let floor = memcpy_gbps();
+    let device_floor = match transport {
+        TransportKind::CudaIpc => Some(
+            device_copy_gbps(a.gpu())
+                .with_context(|| format!("measuring the copy floor on GPU {}", a.gpu()))?,
+        ),
+        _ => None,
+    };
+    let tcp_floor = if transport == TransportKind::Tcp {
+        Some(tcp_loopback_gbps()?)
+    } else {
+        None
+    };
+    let token = format!(
+        "{:032x}",
+        xxhash_rust::xxh3::xxh3_128(
+            format!("{:?}{}", Instant::now(), std::process::id()).as_bytes()
+        )
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let gateway = format!("http://{}", listener.local_addr()?);
+    let config = GatewayConfig {
+        token: Some(token.clone()),
+        ..GatewayConfig::default()
+    };
+    let server = tokio::spawn(awex_control::server::serve(listener, config));
+    let client = Client::new(&gateway, Some(token.clone()))?;
+    let pair = format!("demo-{}", std::process::id());
+    let summary = r.catalogue.summary();
+    let deadline_ms = a.deadline_s * 1000;
+    let engines = r.inference.engines();
+    client
+        .connect(&ConnectRequest {
+            name: pair.clone(),
+            training: TrainingSpec {
+                backend: r.train_spec.backend.clone(),
+                parallel: r.train_spec.parallel.clone(),
+                world_size: r.training.world_size() as u32,
+                model: r.model.clone(),
+                catalogue: summary.clone(),
+            },
+            inference: InferenceSpec {
+                backend: r.infer_spec.backend.clone(),
+                parallel: r.infer_spec.parallel.clone(),
+                engines,
+                world_size: r.inference.world_size() as u32,
+                urls: vec![],
+                model: r.model.clone(),
+                catalogue: summary,
+            },
+            transport: serde_json::from_value(serde_json::json!(transport.as_str()))?,
+            options: PairOptions {
+                join_deadline_ms: 120_000,
+                update_deadline_ms: deadline_ms,
+                bucket_mib: a.bucket_mib,
+                checksums: a.checksums,
+                ..PairOptions::default()
+            },
+        })
+        .await
+        .context("connecting the demo pair")?;
+
+    let mut workers = Workers {
+        children: Vec::new(),
+        prefix: format!("awex-{pair}-"),
+    };
+    use awex_core::layout::Side;
+    progress.say(&format!(
+        "gateway on {gateway}; spawning {} and {}",
+        crate::cmd::plan::plural(r.training.world_size() as u64, "training rank"),
+        crate::cmd::plan::plural(r.inference.world_size() as u64, "inference rank")
+    ));
+    let t_spawn = Instant::now();
+    let train_gpu = |rank: RankId| gpus.of_rank(Side::Training, rank.rank as usize);
+    for rank in r.training.ranks() {
+        let mut c = worker_command(a, &gateway, &pair, &token, "train", rank, train_gpu(rank))?;
+        if a.fault_kill_train_rank == Some(rank.rank) {
+            c.args(["--die-at-version", &a.fault_version.to_string()]);
+        }
+        workers.children.push((
+            format!("train {}", rank.rank),
+            c.spawn().context("spawning a training rank")?,
+        ));
+    }
+    for (i, rank) in r.inference.ranks().into_iter().enumerate() {
+        let mut own = a.clone();
+        if let (Some(bad), true) = (&a.fault_bad_infer, rank == RankId::infer(0, 0)) {
+            own.infer = bad.clone();
+        }
+        let gpu = gpus.of_rank(Side::Inference, i);
+        let mut c = worker_command(&own, &gateway, &pair, &token, "infer", rank, gpu)?;
+        if rank == RankId::infer(0, 0)
+            && let Some(v) = a.fault_corrupt_version
+        {
+            c.args(["--corrupt-version", &v.to_string()]);
+        }
+        workers.children.push((
+            format!("infer {rank}"),
+            c.spawn().context("spawning an inference rank")?,
+        ));
+    }
+    let joining = Instant::now();
+    wait_ready(&client, &pair, &mut workers).await?;
+    let join_ms = t_spawn.elapsed().as_secs_f64() * 1e3;
+    progress.say(&format!(
+        "every rank joined in {:.1} s; {}",
+        joining.elapsed().as_secs_f64(),
+        crate::cmd::plan::plural(a.updates, "update")
+    ));
+    progress.start_updates(a.updates);
+    let mut rows = Vec::new();
+    let first = first_version(a);
+    let mut version = first;
+    let mut attempts = 0u32;
+    let mut checksums_compared = 0u64;
+    while version < first + a.updates {
+        attempts += 1;
+        progress.message(format!("version {version}, attempt {attempts}"));
+        if matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl) {
+            // the trainers upload each version before it is timed, as the shm trainers fill it
+            wait_filled(&client, &pair, r, version, &mut workers).await?;
+        }
+        let t0 = Instant::now();
+        client
+            .start_update(&pair, version)
+            .await
+            .with_context(|| format!("starting version {version}"))?;
+        let status = client
+            .wait_update(
+                &pair,
+                version,
+                Duration::from_millis(deadline_ms * 2 + 10_000),
+            )
+            .await?;
+        let seconds = t0.elapsed().as_secs_f64();
+        if status.state != UpdateState::Committed {
+            let error = status.error.clone().unwrap_or_else(|| "failed".into());
+            progress.say(&format!(
+                "version {version} attempt {attempts} failed after {seconds:.2} s: {error}"
+            ));
+            // fault drill: restart the killed training rank and retry the same version once
+            if let Some(k) = a.fault_kill_train_rank
+                && version == a.fault_version
+                && attempts == 1
+            {
+                let name = format!("train {k}");
+                if let Some(pos) = workers.children.iter().position(|(n, _)| *n == name) {
+                    let (_, mut old) = workers.children.remove(pos);
+                    let _ = old.wait();
+                }
+                let restarted = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                let c = worker_command(
+                    a,
+                    &gateway,
+                    &pair,
+                    &token,
+                    "train",
+                    RankId::train(k),
+                    train_gpu(RankId::train(k)),
+                )?
+                .spawn()?;
+                workers.children.push((name, c));
+                wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
+                rows.push(UpdateRow {
+                    version,
+                    seconds,
+                    bytes: 0,
+                    gbps: 0.0,
+                    verified: false,
+                    attempts,
+                    error: Some(error),
+                });
+                continue;
+            }
+            rows.push(UpdateRow {
+                version,
+                seconds,
+                bytes: 0,
+                gbps: 0.0,
+                verified: false,
+                attempts,
+                error: Some(error),
+            });
+            break;
+        }
+        let bytes = status.bytes.inference;
+        if status
+            .checksums
+            .as_ref()
+            .is_some_and(|c| c.training == c.inference)
+        {
+            checksums_compared += 1;
+        }
+        // every inference rank checks every byte, after its report
+        let mut verified = true;
+        let mut error = None;
+        for rank in r.inference.ranks() {
+            let key = format!("verify.{}.{}", rank.engine, rank.rank);
+            let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
+            if e.value.get("ok") != Some(&serde_json::Value::Bool(true)) {
+                verified = false;
+                error = Some(format!(
+                    "inference rank {rank}: {}",
+                    e.value.get("error").and_then(|v| v.as_str()).unwrap_or("?")
+                ));
+            }
+        }
+        rows.push(UpdateRow {
+            version,
+            seconds,
+            bytes,
+            gbps: bytes as f64 / seconds / 1e9,
+            verified,
+            attempts,
+            error,
+        });
+        progress.say(&format!(
+            "version {version} committed in {seconds:.3} s ({}), {}",
+            crate::cmd::plan::human_bytes(bytes as f64),
+            if verified {
+                "every byte verified"
+            } else {
+                "NOT verified"
+            }
+        ));
+        progress.inc();
+        version += 1;
+        attempts = 0;
+    }
+    progress.finish();
+
+    let last = rows
+        .iter()
+        .filter(|u| u.verified)
+        .map(|u| u.version)
+        .max()
+        .unwrap_or(first);
+    if let Some(dir) = &a.dump_dir {
+        dump::write_canonical(dir, &a.model, r, last)?;
+    }
+
+    client.disconnect(&pair).await.context("disconnecting")?;
+    // workers see the disconnect, tear down and exit
+    let stop_by = Instant::now() + Duration::from_secs(30);
+    let mut worker_errors = Vec::new();
+    for (name, c) in &mut workers.children {
+        loop {
+            match c.try_wait()? {
+                Some(s) if s.success() => break,
+                Some(s) => {
+                    worker_errors.push(format!("worker `{name}` exited with {s}"));
+                    break;
+                }
+                None if Instant::now() > stop_by => {
+                    worker_errors.push(format!("worker `{name}` did not exit after disconnect"));
+                    break;
+                }
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+    workers.kill_all();
+    server.abort();
+    let prefix = format!("awex-{pair}-");
+    let leaked = list_segments(&prefix);
+    let checks = Checks {
+        every_byte: checks::every_byte(
+            &rows,
+            a.updates,
+            r.inference.world_size(),
+            r.inference.engines(),
+        ),
+        checksums: a
+            .checksums
+            .then(|| checks::checksums(checksums_compared, a.updates)),
+        shared_memory: checks::shared_memory(&leaked, &prefix),
+        dumps: a.dump_dir.as_ref().map(|d| dump::check(d, r, last)),
+    };
+    let median = {
+        let mut g: Vec<f64> = rows.iter().filter(|u| u.verified).map(|u| u.gbps).collect();
+        g.sort_by(f64::total_cmp);
+        g.get(g.len() / 2).copied().unwrap_or(0.0)
+    };
+    let verified =
+        rows.iter().filter(|u| u.verified).count() as u64 == a.updates && worker_errors.is_empty();
+    Ok(DemoReport {
+        verified,
+        transport: transport.to_string(),
+        model: r.model.name.clone(),
+        training: r.train_spec.to_string(),
+        inference: r.infer_spec.to_string(),
+        first_update_ms: rows.first().map_or(0.0, |u| u.seconds * 1e3),
+        join_ms,
+        updates: rows,
+        memcpy_gbps: floor,
+        device_copy_gbps: device_floor,
+        ratio: match device_floor.unwrap_or(floor) {
+            f if f > 0.0 => median / f,
+            _ => 0.0,
+        },
+        tcp_loopback_gbps: tcp_floor,
+        checks,
+        leaked_segments: leaked,
+        worker_errors,
+    })
+}

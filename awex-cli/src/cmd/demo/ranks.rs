@@ -1,0 +1,210 @@
+//! Spawning the rank processes and waiting for them through the gateway.
+
+use super::args::{Args, first_version};
+use super::gpus::nccl_nvls_default;
+use crate::cmd::plan::Resolved;
+use anyhow::{Context, bail};
+use awex_control::client::Client;
+use awex_core::layout::RankId;
+use awex_runtime::transport::TransportKind;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The rank processes of one demo, by name (`train 0`, `infer 1/0`); killed on drop.
+pub struct Workers {
+    /// Name and process of each rank.
+    pub children: Vec<(String, Child)>,
+    /// The pair's shared-memory prefix, swept after a kill.
+    pub prefix: String,
+}
+
+impl Workers {
+    /// Kills every rank process and sweeps their shared memory.
+    pub fn kill_all(&mut self) {
+        for (_, c) in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.children.clear();
+        awex_runtime::shm::sweep_dead(&self.prefix);
+    }
+
+    /// The first worker that exited, if any.
+    pub fn exited(&mut self) -> Option<String> {
+        for (name, c) in &mut self.children {
+            if let Ok(Some(s)) = c.try_wait() {
+                return Some(format!("worker `{name}` exited with {s}"));
+            }
+        }
+        None
+    }
+}
+
+/// Waits until a restarted training rank joined again (after `since`, ms since the epoch).
+pub async fn wait_rejoined(
+    client: &Client,
+    pair: &str,
+    rank: RankId,
+    since: u64,
+    workers: &mut Workers,
+) -> anyhow::Result<()> {
+    let stop_by = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = client.status(pair).await?;
+        if s.roster.iter().any(|e| {
+            e.side == awex_core::layout::Side::Training
+                && e.rank == rank
+                && e.joined_unix_ms >= since
+        }) {
+            return Ok(());
+        }
+        if let Some(e) = workers.exited() {
+            bail!("{e} before rejoining");
+        }
+        if Instant::now() > stop_by {
+            bail!("training rank {rank} did not rejoin within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits for an inference rank's verdict on (version, attempt), published under `key`.
+pub async fn wait_verdict(
+    client: &Client,
+    pair: &str,
+    key: &str,
+    version: u64,
+    attempt: u32,
+) -> anyhow::Result<awex_control::wire::KvEntry> {
+    let stop_by = Instant::now() + Duration::from_secs(120);
+    loop {
+        match client.get_kv(pair, key, Duration::from_secs(5)).await {
+            Ok(e)
+                if e.value.get("version").and_then(|v| v.as_u64()) == Some(version)
+                    && e.value.get("attempt").and_then(|v| v.as_u64()) == Some(attempt as u64) =>
+            {
+                return Ok(e);
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(e) if e.status() == Some(404) => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("waiting for {key}"))),
+        }
+        if Instant::now() > stop_by {
+            bail!("no verdict under `{key}` for version {version} attempt {attempt} within 120 s");
+        }
+    }
+}
+
+/// Waits until every training rank says its tensors hold `version` (kv `filled.{rank}`).
+pub async fn wait_filled(
+    client: &Client,
+    pair: &str,
+    r: &Resolved,
+    version: u64,
+    workers: &mut Workers,
+) -> anyhow::Result<()> {
+    let stop_by = Instant::now() + Duration::from_secs(600);
+    for rank in r.training.ranks() {
+        let key = crate::cmd::worker::filled_key(rank.rank);
+        loop {
+            match client.get_kv(pair, &key, Duration::from_secs(1)).await {
+                Ok(e) if e.value.get("version").and_then(|v| v.as_u64()) >= Some(version) => {
+                    break;
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(e) if e.status() == Some(404) => {}
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("waiting for {key}"))),
+            }
+            if let Some(e) = workers.exited() {
+                bail!(
+                    "{e} before training rank {} uploaded version {version}",
+                    rank.rank
+                );
+            }
+            if Instant::now() > stop_by {
+                bail!(
+                    "training rank {} did not upload version {version} within 600 s",
+                    rank.rank
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every rank joined the pair (a worker that dies first is an error).
+pub async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyhow::Result<()> {
+    loop {
+        let s = client.status(pair).await?;
+        match s.state {
+            awex_control::wire::PairState::Ready => {
+                // a restarted rank re-joins a ready pair: wait until the roster is full again
+                if s.training.joined + s.inference.joined
+                    >= s.training.world_size + s.inference.world_size
+                {
+                    return Ok(());
+                }
+            }
+            awex_control::wire::PairState::Joining => {}
+            other => bail!("pair `{pair}` is {} instead of ready", other.as_str()),
+        }
+        if let Some(e) = workers.exited() {
+            bail!("{e} before every rank joined");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// The command line of one rank process (this binary's hidden `worker` subcommand).
+#[allow(clippy::too_many_arguments)]
+pub fn worker_command(
+    a: &Args,
+    gateway: &str,
+    pair: &str,
+    token: &str,
+    side: &str,
+    rank: RankId,
+    gpu: u32,
+) -> anyhow::Result<Command> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let mut c = Command::new(exe);
+    c.arg("worker")
+        .args(["--gateway", gateway, "--pair", pair, "--side", side])
+        .args([
+            "--engine",
+            &rank.engine.to_string(),
+            "--rank",
+            &rank.rank.to_string(),
+        ])
+        .args([
+            "--model", &a.model, "--train", &a.train, "--infer", &a.infer,
+        ])
+        .args([
+            "--transport",
+            &a.transport,
+            "--bucket-mib",
+            &a.bucket_mib.to_string(),
+        ])
+        .args(["--first-version", &first_version(a).to_string()])
+        .args(["--gpu", &gpu.to_string()])
+        .env("AWEX_TOKEN", token)
+        .stdin(Stdio::null());
+    if a.transport.parse::<TransportKind>().ok() == Some(TransportKind::Nccl)
+        && let Some((k, v)) = nccl_nvls_default(std::env::var_os("NCCL_NVLS_ENABLE").as_deref())
+    {
+        c.env(k, v);
+    }
+    if let Some(d) = &a.dump_dir {
+        c.arg("--dump-dir").arg(d);
+    }
+    if a.checksums {
+        c.arg("--checksums");
+    }
+    Ok(c)
+}
