@@ -34,11 +34,30 @@ pub struct ResolvedPair {
     pub inference: Arc<dyn SideLayout>,
 }
 
+/// Why a pair spec could not be resolved: which side, its spec, and the backend's reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{side} layout `{spec}`: {source}")]
+pub struct PairError {
+    /// The side whose layout failed.
+    pub side: Side,
+    /// That side's spec.
+    pub spec: Box<BackendSpec>,
+    /// Why.
+    pub source: Box<SideError>,
+}
+
 impl PairSpec {
     /// Builds the catalogue and both sides' layouts through the registered backends.
-    pub fn resolve(&self) -> Result<ResolvedPair, SideError> {
-        let training = side_layout(Side::Training, &self.train, &self.model)?;
-        let inference = side_layout(Side::Inference, &self.infer, &self.model)?;
+    pub fn resolve(&self) -> Result<ResolvedPair, PairError> {
+        let layout = |side: Side, spec: &BackendSpec| {
+            side_layout(side, spec, &self.model).map_err(|source| PairError {
+                side,
+                spec: Box::new(spec.clone()),
+                source: Box::new(source),
+            })
+        };
+        let training = layout(Side::Training, &self.train)?;
+        let inference = layout(Side::Inference, &self.infer)?;
         Ok(ResolvedPair {
             catalogue: Catalogue::of(&self.model),
             spec: self.clone(),

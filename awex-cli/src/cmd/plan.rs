@@ -1,14 +1,13 @@
 //! `awex-cli plan`: the exchange plan between a training layout and an inference layout.
 
-use anyhow::{Context, bail};
-use awex_core::backend::{ParallelKey, inference_backends, side_layout, training_backends};
-use awex_core::layout::{RankId, Side, SideLayout};
-use awex_core::plan::{Pair, RankPlan};
-use awex_core::{BackendSpec, Catalogue, ModelSpec};
+use anyhow::bail;
+use awex_core::ModelSpec;
+use awex_core::backend::{ParallelKey, inference_backends, training_backends};
+use awex_core::layout::{RankId, Side};
+use awex_core::plan::RankPlan;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// The model used when `--model` is not given.
@@ -115,59 +114,26 @@ pub fn defaults_note(flag: &str, spec: &str, side: Side) -> Option<String> {
     ))
 }
 
-/// A pair's model and layouts, resolved from command-line specs.
-pub struct Resolved {
-    /// The model.
-    pub model: ModelSpec,
-    /// Its catalogue.
-    pub catalogue: Catalogue,
-    /// Training spec.
-    pub train_spec: BackendSpec,
-    /// Inference spec.
-    pub infer_spec: BackendSpec,
-    /// Training layout.
-    pub training: Arc<dyn SideLayout>,
-    /// Inference layout.
-    pub inference: Arc<dyn SideLayout>,
-}
+/// The model and both layouts a command works on: the core's resolved pair.
+pub type Resolved = awex_core::pair::ResolvedPair;
 
-impl Resolved {
-    /// Resolves `--model`, `--train` and `--infer`.
-    pub fn new(model: &str, train: &str, infer: &str) -> anyhow::Result<Self> {
-        for (flag, spec, side) in [
-            ("--train", train, Side::Training),
-            ("--infer", infer, Side::Inference),
-        ] {
-            if let Some(note) = defaults_note(flag, spec, side) {
-                eprintln!("{note}");
-            }
-        }
-        let model = ModelSpec::resolve(model)?;
-        let catalogue = Catalogue::of(&model);
-        let train_spec: BackendSpec = train.parse()?;
-        let infer_spec: BackendSpec = infer.parse()?;
-        let training = side_layout(Side::Training, &train_spec, &model)
-            .with_context(|| format!("training layout `{train}`"))?;
-        let inference = side_layout(Side::Inference, &infer_spec, &model)
-            .with_context(|| format!("inference layout `{infer}`"))?;
-        Ok(Resolved {
-            model,
-            catalogue,
-            train_spec,
-            infer_spec,
-            training,
-            inference,
-        })
-    }
-
-    /// The pair to plan.
-    pub fn pair(&self) -> Pair<'_> {
-        Pair {
-            catalogue: &self.catalogue,
-            training: &*self.training,
-            inference: &*self.inference,
+/// Resolves `--model`, `--train` and `--infer` (noting a backend given without keys).
+pub fn resolve(model: &str, train: &str, infer: &str) -> anyhow::Result<Resolved> {
+    for (flag, spec, side) in [
+        ("--train", train, Side::Training),
+        ("--infer", infer, Side::Inference),
+    ] {
+        if let Some(note) = defaults_note(flag, spec, side) {
+            eprintln!("{note}");
         }
     }
+    let spec = awex_core::pair::PairSpec {
+        model: ModelSpec::resolve(model)?,
+        train: train.parse()?,
+        infer: infer.parse()?,
+        transport: awex_core::Transport::Shm,
+    };
+    Ok(spec.resolve()?)
 }
 
 /// Parses `train:N` or `infer:E/N` (or `infer:N` for engine 0).
@@ -193,8 +159,8 @@ pub fn parse_rank(s: &str) -> anyhow::Result<(Side, RankId)> {
 /// Refuses a `--rank` outside the side's layout, stating its world size.
 pub fn check_rank_exists(r: &Resolved, side: Side, rank: RankId) -> anyhow::Result<()> {
     let (layout, spec) = match side {
-        Side::Training => (&r.training, &r.train_spec),
-        Side::Inference => (&r.inference, &r.infer_spec),
+        Side::Training => (&r.training, &r.spec.train),
+        Side::Inference => (&r.inference, &r.spec.infer),
     };
     if layout.rank_layout(rank).is_some() {
         return Ok(());
@@ -259,7 +225,7 @@ pub struct PlanSummary {
 
 /// Plans every rank of both sides and summarises.
 pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
-    let pair = r.pair();
+    let pair = r.plan_pair();
     let mut ms_max = 0f64;
     let mut ms_total = 0f64;
     let mut fps: HashMap<(RankId, RankId), u64> = HashMap::new();
@@ -312,9 +278,9 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
     let moved: u64 = egress.iter().sum();
     exact &= moved == received;
     Ok(PlanSummary {
-        model: r.model.name.clone(),
-        training: r.train_spec.to_string(),
-        inference: r.infer_spec.to_string(),
+        model: r.spec.model.name.clone(),
+        training: r.spec.train.to_string(),
+        inference: r.spec.infer.to_string(),
         required_bytes: required,
         moved_bytes: moved,
         max_egress_bytes: egress.iter().copied().max().unwrap_or(0),
@@ -349,7 +315,7 @@ pub fn human_bytes(b: f64) -> String {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let r = Resolved::new(&args.model, &args.train, &args.infer)?;
+    let r = crate::cmd::plan::resolve(&args.model, &args.train, &args.infer)?;
     // An HF directory's weights are what `demo` would send: check them as it would (mapped, not read).
     let dir = std::path::Path::new(&args.model);
     if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
@@ -359,7 +325,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (side, rank) = parse_rank(rank)?;
         check_rank_exists(&r, side, rank)?;
         let t0 = Instant::now();
-        let plan = r.pair().plan_rank(side, rank)?;
+        let plan = r.plan_pair().plan_rank(side, rank)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         if args.json {
             println!(

@@ -16,7 +16,7 @@
 use super::content::{par_gen, read_line, send_line, tensor_key, verify_with};
 use super::floors::{self, FloorPoint};
 use super::{IpcArgs, Method, Mode, SenderAlloc, SenderArgs, median};
-use crate::cmd::plan::{Resolved, human_bytes};
+use crate::cmd::plan::human_bytes;
 use anyhow::{Context, anyhow, bail};
 use awex_core::layout::{LocalTensor, RankId, Side};
 use awex_core::plan::Transfer;
@@ -79,7 +79,7 @@ const ALIGN: u64 = 256;
 type SenderBuffer = (RankId, DeviceBuffer, Vec<(LocalTensor, u64)>);
 
 pub(super) fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
-    let r = Resolved::new(&a.model, &a.train, &a.infer)?;
+    let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
     let ranks: Vec<RankId> = a
         .ranks
         .split(',')
@@ -403,9 +403,9 @@ pub(super) fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
     let dev = Device::open(a.gpu)?;
     let device = dev.name()?;
-    let r = Resolved::new(&a.model, &a.train, &a.infer)?;
+    let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
     let t0 = Instant::now();
-    let plan = r.pair().plan_rank(Side::Inference, rank)?;
+    let plan = r.plan_pair().plan_rank(Side::Inference, rank)?;
     let plan_ms = ms_since(t0);
     let transfers: Vec<Transfer> = plan
         .peers
@@ -590,9 +590,9 @@ pub(super) fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
 
     let steady_median_ms = median(&steady);
     let report = IpcReport {
-        model: r.model.name.clone(),
-        training: r.train_spec.to_string(),
-        inference: r.infer_spec.to_string(),
+        model: r.spec.model.name.clone(),
+        training: r.spec.train.to_string(),
+        inference: r.spec.infer.to_string(),
         rank: rank.to_string(),
         device,
         driver_version: driver_version()?,

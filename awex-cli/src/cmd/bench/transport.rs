@@ -23,7 +23,6 @@
 use super::content::{par_gen, read_line, send_line, tensor_key, verify_with};
 use super::floors::{self, FloorPoint};
 use super::{IpcArgs, SenderAlloc, median};
-use crate::cmd::plan::Resolved;
 use anyhow::{Context, anyhow, bail};
 use awex_core::layout::{LocalTensor, RankId, Side};
 use awex_gpu::cuda::{Device, DeviceBuffer, driver_version};
@@ -124,7 +123,7 @@ fn fill(dev: &Device, rank: RankId, set: &TensorSet) -> anyhow::Result<()> {
 
 /// The training side: holds the ranks, builds their transports, executes each version asked.
 pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
-    let r = Resolved::new(&a.model, &a.train, &a.infer)?;
+    let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
     let ranks: Vec<RankId> = a
         .ranks
         .split(',')
@@ -185,7 +184,7 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     let mut transports = Vec::new();
     for h in &held {
-        let plan = Arc::new(r.pair().plan_rank(Side::Training, h.rank)?);
+        let plan = Arc::new(r.plan_pair().plan_rank(Side::Training, h.rank)?);
         let name = format!("awex-bench-{}-train{}-ctl", std::process::id(), h.rank.rank);
         transports.push(CudaIpcTransport::new(
             plan,
@@ -397,9 +396,9 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let (_, rank) = crate::cmd::plan::parse_rank(&format!("infer:{}", a.rank))?;
     let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
     let dev = Device::open(a.gpu)?;
-    let r = Resolved::new(&a.model, &a.train, &a.infer)?;
+    let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
     let t0 = Instant::now();
-    let plan = Arc::new(r.pair().plan_rank(Side::Inference, rank)?);
+    let plan = Arc::new(r.plan_pair().plan_rank(Side::Inference, rank)?);
     let plan_ms = ms_since(t0);
     let transfers: Vec<_> = plan
         .peers
@@ -536,9 +535,9 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let bucket_bytes = a.bucket_mib << 20;
     let report = Report {
         path: "transport",
-        model: r.model.name.clone(),
-        training: r.train_spec.to_string(),
-        inference: r.infer_spec.to_string(),
+        model: r.spec.model.name.clone(),
+        training: r.spec.train.to_string(),
+        inference: r.spec.infer.to_string(),
         rank: rank.to_string(),
         device: dev.name()?,
         driver_version: driver_version()?,

@@ -40,7 +40,7 @@ use anyhow::{Context, bail};
 use args::first_version;
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
-use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, UpdateState};
+use awex_control::wire::{PairOptions, UpdateState};
 use awex_core::layout::RankId;
 use awex_runtime::shm::list_segments;
 use awex_runtime::transport::TransportKind;
@@ -56,7 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--updates must be at least 1");
     }
     let gpus = Gpus::of(&args, transport)?;
-    let r = Resolved::new(&args.model, &args.train, &args.infer)?;
+    let r = crate::cmd::plan::resolve(&args.model, &args.train, &args.infer)?;
     if transport == TransportKind::Nccl {
         gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
     }
@@ -87,7 +87,7 @@ async fn demo(
     let mut progress = Progress::default();
     progress.say(&format!(
         "{} | {} -> {} | transport {}; measuring the floor",
-        r.model.name, r.train_spec, r.infer_spec, transport
+        r.spec.model.name, r.spec.train, r.spec.infer, transport
     ));
     let floor = memcpy_gbps();
     let device_floor = match transport {
@@ -117,36 +117,25 @@ async fn demo(
     let server = tokio::spawn(awex_control::server::serve(listener, config));
     let client = Client::new(&gateway, Some(token.clone()))?;
     let pair = format!("demo-{}", std::process::id());
-    let summary = r.catalogue.summary();
+    let _summary = r.catalogue.summary();
     let deadline_ms = a.deadline_s * 1000;
-    let engines = r.inference.engines();
+    let _engines = r.inference.engines();
     client
-        .connect(&ConnectRequest {
-            name: pair.clone(),
-            training: TrainingSpec {
-                backend: r.train_spec.backend.clone(),
-                parallel: r.train_spec.parallel.clone(),
-                world_size: r.training.world_size() as u32,
-                model: r.model.clone(),
-                catalogue: summary.clone(),
-            },
-            inference: InferenceSpec {
-                backend: r.infer_spec.backend.clone(),
-                parallel: r.infer_spec.parallel.clone(),
-                engines,
-                world_size: r.inference.world_size() as u32,
-                urls: vec![],
-                model: r.model.clone(),
-                catalogue: summary,
-            },
-            transport: serde_json::from_value(serde_json::json!(transport.as_str()))?,
-            options: PairOptions {
-                join_deadline_ms: 120_000,
-                update_deadline_ms: deadline_ms,
-                bucket_mib: a.bucket_mib,
-                checksums: a.checksums,
-                ..PairOptions::default()
-            },
+        .connect(&{
+            let mut req = awex_control::connect::connect_request(
+                &pair,
+                r,
+                vec![],
+                PairOptions {
+                    join_deadline_ms: 120_000,
+                    update_deadline_ms: deadline_ms,
+                    bucket_mib: a.bucket_mib,
+                    checksums: a.checksums,
+                    ..PairOptions::default()
+                },
+            );
+            req.transport = transport;
+            req
         })
         .await
         .context("connecting the demo pair")?;
@@ -380,9 +369,9 @@ async fn demo(
     Ok(DemoReport {
         verified,
         transport: transport.to_string(),
-        model: r.model.name.clone(),
-        training: r.train_spec.to_string(),
-        inference: r.infer_spec.to_string(),
+        model: r.spec.model.name.clone(),
+        training: r.spec.train.to_string(),
+        inference: r.spec.infer.to_string(),
         first_update_ms: rows.first().map_or(0.0, |u| u.seconds * 1e3),
         join_ms,
         updates: rows,
