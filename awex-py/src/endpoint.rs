@@ -371,7 +371,8 @@ impl Endpoint {
         }
         let writable = core.cfg.side == Side::Inference;
         let accept = match core.cfg.transport {
-            TransportKind::CudaIpc => Accept::Cuda,
+            TransportKind::CudaIpc => Accept::Cuda("cuda-ipc"),
+            TransportKind::Nccl => Accept::Cuda("nccl"),
             _ => Accept::Host,
         };
         let mut batch: Vec<Held> = Vec::new();

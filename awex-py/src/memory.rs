@@ -137,8 +137,9 @@ fn view(name: &str, ptr: usize, shape: &[u64], dtype: DType) -> Result<TensorVie
 pub(crate) enum Accept {
     /// Host memory (`shm`, `tcp`).
     Host,
-    /// GPU memory (`cuda-ipc`): torch CUDA tensors or DLPack CUDA capsules.
-    Cuda,
+    /// GPU memory (`cuda-ipc`, `nccl`, the transport named): torch CUDA tensors or DLPack
+    /// CUDA capsules.
+    Cuda(&'static str),
 }
 
 /// Whether this build of awex can address GPU memory (the crate's `cuda` feature).
@@ -148,13 +149,13 @@ pub(crate) const CUDA_BUILT: bool = cfg!(feature = "cuda");
 pub(crate) fn refuse_device(name: &str, device: &str, accept: Accept) -> Option<Fail> {
     if !CUDA_BUILT {
         return Some(Fail::Value(format!(
-            "`{name}` lives on `{device}`, but awex was built without CUDA (the `cuda` feature of awex-py); rebuild it with `maturin build --features cuda` to register GPU tensors over the cuda-ipc transport, or register CPU tensors"
+            "`{name}` lives on `{device}`, but awex was built without CUDA (the `cuda` feature of awex-py); rebuild it with `maturin build --features cuda` to register GPU tensors over the cuda-ipc or nccl transport, or register CPU tensors"
         )));
     }
     match accept {
-        Accept::Cuda => None,
+        Accept::Cuda(_) => None,
         Accept::Host => Some(Fail::Value(format!(
-            "`{name}` lives on `{device}`, but this rank's transport moves host memory; register CPU tensors, or connect the pair with transport=\"cuda-ipc\" to move GPU tensors"
+            "`{name}` lives on `{device}`, but this rank's transport moves host memory; register CPU tensors, or connect the pair with transport=\"cuda-ipc\" (one host) or \"nccl\" to move GPU tensors"
         ))),
     }
 }
@@ -163,8 +164,8 @@ pub(crate) fn refuse_device(name: &str, device: &str, accept: Accept) -> Option<
 pub(crate) fn refuse_host(name: &str, accept: Accept) -> Option<Fail> {
     match accept {
         Accept::Host => None,
-        Accept::Cuda => Some(Fail::Value(format!(
-            "`{name}` lives in host memory, but the cuda-ipc transport moves GPU memory; register CUDA tensors (tensor.cuda()), or use the shm or tcp transport"
+        Accept::Cuda(transport) => Some(Fail::Value(format!(
+            "`{name}` lives in host memory, but the {transport} transport moves GPU memory; register CUDA tensors (tensor.cuda()), or use the shm or tcp transport"
         ))),
     }
 }
@@ -199,8 +200,10 @@ fn device_view(
 /// Without the `cuda` feature no device view can be built.
 #[cfg(not(feature = "cuda"))]
 fn device_view(name: &str, _: u64, _: &[u64], _: DType, device: u32) -> Result<TensorView> {
-    Err(refuse_device(name, &format!("cuda:{device}"), Accept::Cuda)
-        .unwrap_or_else(|| Fail::Value(format!("`{name}`: awex was built without CUDA"))))
+    Err(
+        refuse_device(name, &format!("cuda:{device}"), Accept::Cuda("cuda-ipc"))
+            .unwrap_or_else(|| Fail::Value(format!("`{name}`: awex was built without CUDA"))),
+    )
 }
 
 /// Reads a registered object's memory; `writable` is required on the receiving side, `accept`
@@ -546,27 +549,29 @@ mod tests {
     #[test]
     fn gpu_tensors_are_refused_with_the_reason() {
         let host = value(refuse_device("w", "cuda:0", Accept::Host));
-        let ipc = value(refuse_device("w", "cuda:0", Accept::Cuda));
+        let ipc = value(refuse_device("w", "cuda:0", Accept::Cuda("cuda-ipc")));
         if CUDA_BUILT {
             assert_eq!(ipc, None);
             assert_eq!(
                 host.as_deref(),
                 Some(
-                    "`w` lives on `cuda:0`, but this rank's transport moves host memory; register CPU tensors, or connect the pair with transport=\"cuda-ipc\" to move GPU tensors"
+                    "`w` lives on `cuda:0`, but this rank's transport moves host memory; register CPU tensors, or connect the pair with transport=\"cuda-ipc\" (one host) or \"nccl\" to move GPU tensors"
                 )
             );
         } else {
-            let want = "`w` lives on `cuda:0`, but awex was built without CUDA (the `cuda` feature of awex-py); rebuild it with `maturin build --features cuda` to register GPU tensors over the cuda-ipc transport, or register CPU tensors";
+            let want = "`w` lives on `cuda:0`, but awex was built without CUDA (the `cuda` feature of awex-py); rebuild it with `maturin build --features cuda` to register GPU tensors over the cuda-ipc or nccl transport, or register CPU tensors";
             assert_eq!(host.as_deref(), Some(want));
             assert_eq!(ipc.as_deref(), Some(want));
         }
         assert_eq!(value(refuse_host("w", Accept::Host)), None);
-        assert_eq!(
-            value(refuse_host("w", Accept::Cuda)).as_deref(),
-            Some(
-                "`w` lives in host memory, but the cuda-ipc transport moves GPU memory; register CUDA tensors (tensor.cuda()), or use the shm or tcp transport"
-            )
-        );
+        for t in ["cuda-ipc", "nccl"] {
+            assert_eq!(
+                value(refuse_host("w", Accept::Cuda(t))),
+                Some(format!(
+                    "`w` lives in host memory, but the {t} transport moves GPU memory; register CUDA tensors (tensor.cuda()), or use the shm or tcp transport"
+                ))
+            );
+        }
     }
 
     #[test]

@@ -182,7 +182,12 @@ fn nccl_transport(
     } else {
         None
     };
-    let mut nc = NcclConfig::new(0, world);
+    // the GPU of the registered tensors (for_rank checks they all share it)
+    let device = match tensors.location() {
+        Ok(crate::Location::Cuda(d)) => d,
+        _ => 0,
+    };
+    let mut nc = NcclConfig::new(device, world);
     nc.bucket_bytes = cfg.bucket_bytes;
     Ok(Box::new(NcclTransport::for_rank(
         lib,
@@ -453,6 +458,37 @@ impl Rank {
         Ok(())
     }
 
+    /// Before a retry: publishes what the transport publishes for it, reads what it reads
+    /// (waiting at most the update deadline) and hands that to the transport.
+    async fn attempt_kv(&mut self, work: Work) -> Result<(), RuntimeError> {
+        let t = self
+            .transport
+            .as_mut()
+            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+        let gw = |e: ClientError| RuntimeError::Transport(format!("pair kv: {e}"));
+        if let Some((key, value)) = t.kv_before_attempt(work.version, work.attempt)? {
+            self.client
+                .put_kv(&self.cfg.pair, &key, value)
+                .await
+                .map_err(gw)?;
+        }
+        if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
+            let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
+            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait)
+                .await
+                .map_err(|e| match e {
+                    RankError::Runtime(e) => e,
+                    e => RuntimeError::Transport(e.to_string()),
+                })?;
+            let t = self
+                .transport
+                .as_mut()
+                .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            t.begin_attempt(&key, &value)?;
+        }
+        Ok(())
+    }
+
     /// Executes one piece of work and reports it; returns what moved, or the error reported.
     pub async fn execute(
         &mut self,
@@ -465,6 +501,10 @@ impl Rank {
                 return self
                     .report(work, Err(RuntimeError::Transport(e.to_string())))
                     .await;
+            }
+            // nccl: a fresh communicator per retry, its id shared through the kv
+            if let Err(e) = self.attempt_kv(work).await {
+                return self.report(work, Err(e)).await;
             }
         }
         let deadline =

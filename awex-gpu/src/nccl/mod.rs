@@ -8,6 +8,8 @@
 //!   through the gateway's kv as hex.
 //! - [`CommWorld`]: one communicator per pair; training ranks first, then inference ranks
 //!   engine-major.
+//! - [`AttemptComm`]: the pair's communicator across attempts: a fresh one (new id under
+//!   `nccl.uid.<version>.<attempt>`) for every retry, without reconnecting the pair.
 //! - [`Communicator`]: non-blocking init with a deadline, grouped send/recv, abort on any
 //!   failure or timeout, finalize + destroy on disconnect.
 //! - [`schedule()`]: which buckets go in which NCCL group, ordered so that both ends of every
@@ -18,6 +20,7 @@
 //!
 //! The transport that runs all of it for a rank is `awex_runtime::transport::NcclTransport`.
 
+mod attempt;
 mod comm;
 mod error;
 pub mod ffi;
@@ -27,6 +30,7 @@ mod ranks;
 mod schedule;
 mod uid;
 
+pub use attempt::{AttemptComm, attempt_uid_key, needs_fresh_comm};
 pub use comm::{Communicator, P2p};
 pub use error::NcclError;
 pub use library::{FALLBACK_NAMES, LIBRARY_ENV, Library, NcclVersion, candidates};

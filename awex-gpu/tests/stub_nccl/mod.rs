@@ -35,6 +35,11 @@ typedef struct {
 #ifndef FINALIZE_PENDING
 #define FINALIZE_PENDING 0
 #endif
+/* the first FAIL_GROUPS group ends fail with ncclRemoteError (6) */
+#ifndef FAIL_GROUPS
+#define FAIL_GROUPS 0
+#endif
+static int groups_ended;
 /* the state reported once nothing is pending */
 #ifndef FINAL
 #define FINAL 0
@@ -60,8 +65,11 @@ const char* stub_log(void) { return log_buf; }
 static int started(int polls) { pending = polls; return polls == 0 ? FINAL : 7; }
 
 int ncclGetVersion(int* v) { *v = VERSION; return 0; }
+/* every id differs from the last (id[0] = 1, 17, 33, ...), so a log tells communicators apart */
+static int uid_calls;
 int ncclGetUniqueId(ncclUniqueId* id) {
-  for (int i = 0; i < 128; i++) id->internal[i] = (char)(i * 7 + 1);
+  for (int i = 0; i < 128; i++) id->internal[i] = (char)(i * 7 + 1 + 16 * uid_calls);
+  uid_calls++;
   return 0;
 }
 int ncclCommInitRankConfig(void** comm, int nranks, ncclUniqueId id, int rank, config_t* c) {
@@ -94,7 +102,11 @@ int ncclRecv(void* buf, size_t count, int dtype, int peer, void* comm, void* str
   return 0;
 }
 int ncclGroupStart(void) { say("start"); return 0; }
-int ncclGroupEnd(void) { say("end"); return started(GROUP_PENDING); }
+int ncclGroupEnd(void) {
+  say("end");
+  if (groups_ended++ < FAIL_GROUPS) return 6;
+  return started(GROUP_PENDING);
+}
 const char* ncclGetErrorString(int r) { return r == 6 ? "remote process exited or there was a network error" : "stub error"; }
 const char* ncclGetLastError(void* comm) { return "peer 3 closed the connection"; }
 "#;

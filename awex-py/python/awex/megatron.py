@@ -47,4 +47,44 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     return out
 
 
-__all__ = ["named_tensors"]
+def allocations(named: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The memory allocations behind registered torch tensors: one entry per storage, in order
+    of first appearance, ``{"device", "base", "bytes", "names"}``.
+
+    Megatron DDP with the distributed optimizer (and any ``_ParamAndGradBuffer``) keeps every
+    parameter of a bucket group as a view of one contiguous ``buffer.param_data``: those
+    parameters are one allocation here, as the cuda-ipc transport sees them (one IPC handle
+    per allocation, the pointer of each tensor resolved to its allocation's base with
+    ``cuMemGetAddressRange``; awex_gpu::cuda::ipc), not one per parameter.
+    """
+    out: list[dict[str, Any]] = []
+    index: dict[tuple[str, int], int] = {}
+    for name, t in named:
+        st = t.untyped_storage()
+        key = (str(t.device), st.data_ptr())
+        if key not in index:
+            index[key] = len(out)
+            out.append({"device": str(t.device), "base": st.data_ptr(), "bytes": st.nbytes(), "names": []})
+        out[index[key]]["names"].append(name)
+    return out
+
+
+def param_buffers(model: Any) -> list[Any]:
+    """The contiguous parameter buffers (``param_data``) of a Megatron ``DistributedDataParallel``
+    (``model.buffers`` and ``model.expert_parallel_buffers``), or of each VPP chunk of a list;
+    empty for a model without them (plain module, DDP without the distributed optimizer)."""
+    chunks: list[Any] = list(model) if isinstance(model, (list, tuple)) else [model]
+    out: list[Any] = []
+    for c in chunks:
+        for attr in ("buffers", "expert_parallel_buffers"):
+            bufs = getattr(c, attr, None)
+            if not isinstance(bufs, (list, tuple)):  # nn.Module.buffers is a method
+                continue
+            for b in bufs:
+                data = getattr(b, "param_data", None)
+                if data is not None:
+                    out.append(data)
+    return out
+
+
+__all__ = ["allocations", "named_tensors", "param_buffers"]

@@ -134,6 +134,31 @@ pub trait Transport: Send {
     /// Executes the rank's plan for one version.
     fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError>;
 
+    /// Before a retry (attempt > 1) executes: a pair kv entry this rank publishes for it (nccl:
+    /// training rank 0's fresh communicator id). None by default.
+    fn kv_before_attempt(
+        &mut self,
+        _version: u64,
+        _attempt: u32,
+    ) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
+        Ok(None)
+    }
+
+    /// Before a retry executes: the pair kv key this rank reads (waiting for it) and hands to
+    /// [`Transport::begin_attempt`] (nccl: every other rank reads the fresh id). None by default.
+    fn kv_for_attempt(&self, _version: u64, _attempt: u32) -> Option<String> {
+        None
+    }
+
+    /// The value read under [`Transport::kv_for_attempt`]'s key, before the retry executes.
+    fn begin_attempt(
+        &mut self,
+        _key: &str,
+        _value: &serde_json::Value,
+    ) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     /// Releases every resource (sockets, segments, handles).
     fn close(&mut self);
 }

@@ -17,8 +17,11 @@
 //!
 //! The communicator is built in [`Transport::connect`], once every rank has joined: bucket
 //! sizes come from the peers' rendezvous values (their peer counts and budgets), so both ends
-//! of every pair cut it alike. An aborted communicator cannot be reused; the pair must
-//! reconnect with a fresh unique id.
+//! of every pair cut it alike. An aborted communicator cannot be reused, so every retry (a later
+//! attempt of a version) runs on a fresh one without the pair reconnecting
+//! ([`awex_gpu::nccl::AttemptComm`]): training rank 0 publishes a new unique id under
+//! `nccl.uid.<version>.<attempt>` ([`Transport::kv_before_attempt`]), every other rank reads it
+//! ([`Transport::kv_for_attempt`]), and both ends re-initialise before the retry's first group.
 
 use crate::RuntimeError;
 use crate::transport::{ExecContext, ExecStats, Transport, TransportKind};
@@ -27,8 +30,8 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::{CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Stream};
 use awex_gpu::nccl::{
-    CommWorld, Communicator, DeviceTensors, Library, NcclError, P2p, Program, UID_KEY, UniqueId,
-    creates_uid, pair_bucket_bytes, peer_buckets, schedule,
+    AttemptComm, CommWorld, Communicator, DeviceTensors, Library, NcclError, P2p, Program, UID_KEY,
+    UniqueId, creates_uid, pair_bucket_bytes, peer_buckets, schedule,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -114,9 +117,8 @@ struct Gpu {
     free: [Event; 2],
 }
 
-/// What `connect` builds.
+/// What `connect` builds (the communicator lives in [`AttemptComm`], renewed per retry).
 struct Connected {
-    comm: Communicator,
     program: Program,
     /// `copies[k][s]`: pack or unpack copies of step `k` when it uses slot `s`.
     copies: Vec<[Vec<CopyDesc>; 2]>,
@@ -131,12 +133,12 @@ pub struct NcclTransport {
     tensors: Arc<DeviceTensors>,
     /// Keeps the memory behind `tensors` allocated when the transport was built from a set.
     _owner: Option<Arc<TensorSet>>,
-    /// `None` until the rank has read training rank 0's id (after joining).
-    uid: Option<UniqueId>,
+    /// The communicator of the current attempt, and the id it is built from (`None` until
+    /// the rank has read training rank 0's id, after joining).
+    comms: AttemptComm,
     me: u32,
     gpu: Gpu,
     conn: Option<Connected>,
-    failed: Option<String>,
 }
 
 impl From<NcclError> for RuntimeError {
@@ -206,23 +208,31 @@ impl NcclTransport {
             free: [dev.event(false)?, dev.event(false)?],
             dev,
         };
+        let mut comms = AttemptComm::new(lib.clone(), cfg.world.nranks(), me);
+        if let Some(uid) = uid {
+            comms.set_uid(UID_KEY, uid);
+        }
         Ok(NcclTransport {
             lib,
             cfg,
             plan,
             tensors,
             _owner: owner,
-            uid,
+            comms,
             me,
             gpu,
             conn: None,
-            failed: None,
         })
     }
 
     /// The communicator's unique id, once known.
     pub fn unique_id(&self) -> Option<UniqueId> {
-        self.uid
+        self.comms.uid().map(|(_, u)| u)
+    }
+
+    /// How many communicators this rank has initialised (one per retry after the first).
+    pub fn communicators_built(&self) -> u32 {
+        self.comms.built()
     }
 
     /// This rank's communicator rank.
@@ -236,8 +246,8 @@ impl NcclTransport {
     }
 
     fn usable(&self) -> Result<(), NcclError> {
-        match &self.failed {
-            Some(why) => Err(NcclError::Aborted(why.clone())),
+        match self.comms.failed() {
+            Some(why) => Err(NcclError::Aborted(why.to_string())),
             None => Ok(()),
         }
     }
@@ -246,6 +256,9 @@ impl NcclTransport {
     fn open(&mut self, peers: &HashMap<RankId, serde_json::Value>) -> Result<(), NcclError> {
         self.usable()?;
         if self.conn.is_some() {
+            // a retry's fresh communicator is initialised before its first group
+            self.gpu.dev.bind()?;
+            self.comms.get(self.cfg.init_timeout)?;
             return Ok(());
         }
         let plan = self.plan.clone();
@@ -295,27 +308,8 @@ impl NcclTransport {
                 ]
             })
             .collect();
-        let uid = self.uid.ok_or_else(|| {
-            NcclError::Usage(format!(
-                "the NCCL unique id of this pair is not known yet: training rank 0 publishes it under kv `{UID_KEY}` before it joins, and every other rank reads it once all ranks have joined (runtime::rank::Rank::join does both)"
-            ))
-        })?;
-        let comm = match Communicator::init(
-            self.lib.clone(),
-            &uid,
-            self.cfg.world.nranks(),
-            self.me,
-            self.cfg.init_timeout,
-        ) {
-            Ok(c) => c,
-            Err(e) => {
-                // the other ranks may have half-joined this id: it cannot be used again
-                self.failed = Some(e.to_string());
-                return Err(e);
-            }
-        };
+        self.comms.get(self.cfg.init_timeout)?;
         self.conn = Some(Connected {
-            comm,
             program,
             copies,
             slots,
@@ -327,12 +321,7 @@ impl NcclTransport {
     /// released) and marks the transport failed. Errors before the communicator exists (a peer
     /// not published yet, a bad registration) leave the transport usable for a retry.
     fn fail(&mut self, e: NcclError) -> NcclError {
-        if let Some(c) = self.conn.as_mut() {
-            c.comm.abort(&e.to_string());
-            if self.failed.is_none() {
-                self.failed = Some(e.to_string());
-            }
-        }
+        self.comms.fail(&e.to_string());
         e
     }
 
@@ -346,6 +335,11 @@ impl NcclTransport {
         };
         let gpu = &self.gpu;
         gpu.dev.bind()?;
+        let Some(comm) = self.comms.live() else {
+            return Err(NcclError::Usage(
+                "the nccl transport has no communicator".into(),
+            ));
+        };
         let side = conn.program.side;
         let raw_stream = gpu.nccl_stream.as_raw();
         let mut stats = ExecStats::default();
@@ -382,13 +376,13 @@ impl NcclTransport {
                     // SAFETY: the stream is this device's; every address is a registered
                     // tensor range or a staging slot (checked by `Program::build`), ordered
                     // by the events above.
-                    unsafe { conn.comm.group(&ops, raw_stream, &mut stop)? };
+                    unsafe { comm.group(&ops, raw_stream, &mut stop)? };
                     gpu.free[s].record(&gpu.nccl_stream)?;
                 }
                 Side::Inference => {
                     gpu.nccl_stream.wait(&gpu.free[s])?;
                     // SAFETY: as for sends; the slot is free once `free[s]` has passed.
-                    unsafe { conn.comm.group(&ops, raw_stream, &mut stop)? };
+                    unsafe { comm.group(&ops, raw_stream, &mut stop)? };
                     if step.has_copies() {
                         gpu.ready[s].record(&gpu.nccl_stream)?;
                         // SAFETY: as for sends.
@@ -405,7 +399,7 @@ impl NcclTransport {
             stats.bytes += step.bytes();
             stats.buckets += step.ops.len() as u64;
             if ctx.checksums {
-                wait_streams(gpu, &mut conn.comm, ctx, k)?;
+                wait_streams(gpu, comm, ctx, k)?;
                 let mut buf = Vec::new();
                 for (i, o) in ops.iter().enumerate() {
                     buf.resize(o.bytes as usize, 0);
@@ -422,7 +416,7 @@ impl NcclTransport {
                 }
             }
         }
-        wait_streams(gpu, &mut conn.comm, ctx, steps)?;
+        wait_streams(gpu, comm, ctx, steps)?;
         Ok(stats)
     }
 }
@@ -540,7 +534,7 @@ impl Transport for NcclTransport {
     }
 
     fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
-        uid_before_join(self.plan.side, self.plan.rank, self.uid)
+        uid_before_join(self.plan.side, self.plan.rank, self.unique_id())
     }
 
     fn kv_after_join(&self) -> Option<String> {
@@ -553,7 +547,7 @@ impl Transport for NcclTransport {
         join_deadline: Duration,
     ) -> Result<(), RuntimeError> {
         if let Some(v) = value {
-            self.uid = Some(UniqueId::from_kv(v)?);
+            self.comms.set_uid(UID_KEY, UniqueId::from_kv(v)?);
         }
         self.cfg.init_timeout = join_deadline;
         Ok(())
@@ -571,12 +565,32 @@ impl Transport for NcclTransport {
         })
     }
 
+    fn kv_before_attempt(
+        &mut self,
+        version: u64,
+        attempt: u32,
+    ) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
+        let _ = self.gpu.dev.bind();
+        Ok(self
+            .comms
+            .publish_for_attempt(self.plan.side, self.plan.rank, version, attempt)?)
+    }
+
+    fn kv_for_attempt(&self, version: u64, attempt: u32) -> Option<String> {
+        AttemptComm::read_for_attempt(self.plan.side, self.plan.rank, version, attempt)
+    }
+
+    fn begin_attempt(&mut self, key: &str, value: &serde_json::Value) -> Result<(), RuntimeError> {
+        let _ = self.gpu.dev.bind();
+        self.comms.set_uid(key, UniqueId::from_kv(value)?);
+        Ok(())
+    }
+
     fn close(&mut self) {
-        if let Some(c) = self.conn.take() {
-            let _ = self.gpu.dev.bind();
-            // flushing may fail when a peer is gone; destroy then aborts, which never hangs
-            let _ = c.comm.destroy(self.cfg.teardown_timeout);
-        }
+        let _ = self.gpu.dev.bind();
+        // flushing may fail when a peer is gone; destroy then aborts, which never hangs
+        let _ = self.comms.close(self.cfg.teardown_timeout);
+        self.conn = None;
     }
 }
 
@@ -623,6 +637,36 @@ mod tests {
         assert_eq!(
             device_tensors(&set).unwrap_err().to_string(),
             "the nccl transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport"
+        );
+    }
+
+    #[test]
+    fn the_rank_gpu_is_the_one_its_registered_tensors_live_on() {
+        use crate::TensorView;
+        use awex_core::dtype::DType;
+        use awex_core::layout::Dims;
+        // device views are only stored, never dereferenced: no driver needed
+        let view = |name: &str, ptr: u64, device: u32| {
+            // SAFETY: the addresses are never touched.
+            unsafe { TensorView::new_cuda(name, ptr, 32, DType::F32, Dims::new(&[8]), device) }
+                .unwrap()
+        };
+        let set = TensorSet::from_views(vec![
+            view("a", 0x7f00_0000_0000, 3),
+            view("b", 0x7f00_0000_1000, 3),
+        ])
+        .unwrap();
+        let (device, tensors) = device_tensors(&set).unwrap();
+        assert_eq!(device, 3);
+        assert_eq!(tensors.len(), 2);
+        let mixed = TensorSet::from_views(vec![
+            view("a", 0x7f00_0000_0000, 0),
+            view("b", 0x7f00_0000_1000, 1),
+        ])
+        .unwrap();
+        assert_eq!(
+            device_tensors(&mixed).unwrap_err().to_string(),
+            "tensor: `a` lives in GPU 0 memory but `b` in GPU 1 memory; register every tensor of a rank in one place"
         );
     }
 

@@ -103,6 +103,22 @@ def extras(case: dict, chunks: list, gateway: str) -> dict:
 
     ddp = DistributedDataParallel(chunks[0].config, DistributedDataParallelConfig(), module=chunks[0])
     out["ddp_live"] = awex.detect(model=ddp)["live"]
+    # the distributed optimizer's DDP: every parameter a view of its bucket's contiguous
+    # param_data, so awex sees one allocation per buffer, not one per parameter
+    dist_opt = DistributedDataParallel(
+        chunks[0].config, DistributedDataParallelConfig(use_distributed_optimizer=True), module=chunks[0]
+    )
+    named = awex.megatron.named_tensors(dist_opt)
+    buffers = awex.megatron.param_buffers(dist_opt)
+    allocs = awex.megatron.allocations(named)
+    out["buffers"] = {
+        "params": len(named),
+        "buffers": [b.data_ptr() for b in buffers],
+        "buffer_bytes": [b.untyped_storage().nbytes() for b in buffers],
+        "allocations": [a["base"] for a in allocs],
+        "allocation_bytes": [a["bytes"] for a in allocs],
+        "names_per_allocation": [len(a["names"]) for a in allocs],
+    }
     cfg16 = dataclasses.replace(chunks[0].config, bf16=True)
     wrapped = Float16Module(cfg16, chunks[0])  # casts the chunk to bf16: the case's last step
     out["wrapped_live"] = awex.detect(model=wrapped)["live"]

@@ -195,3 +195,16 @@ def test_detect_sees_through_ddp_and_float16module(request):
         assert live["backend"] == "megatron" and live["rank"] == r
         assert live["dtype"] == "bfloat16"
         assert live["parallel"] == res["detected"]["parallel"]
+
+
+@pytest.mark.timeout(600)
+def test_distributed_optimizer_buffers_are_one_allocation_each(request):
+    """Megatron DDP with the distributed optimizer: the parameters live in its contiguous
+    ``buffer.param_data``; awex sees one allocation (one cuda-ipc handle) per buffer."""
+    st = result(request, "tp2")
+    for res in st["ranks"]:
+        b = res["buffers"]
+        assert b["buffers"], "DDP with the distributed optimizer has parameter buffers"
+        assert b["allocations"] == b["buffers"]
+        assert b["allocation_bytes"] == b["buffer_bytes"]
+        assert sum(b["names_per_allocation"]) == b["params"] > len(b["buffers"])
