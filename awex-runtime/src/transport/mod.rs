@@ -5,6 +5,7 @@
 //! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
 //! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
 
+pub mod auth;
 mod cuda_ipc;
 mod nccl;
 mod shm;
@@ -13,6 +14,7 @@ mod tcp;
 pub use cuda_ipc::CudaIpcTransport;
 pub use nccl::{NcclConfig, NcclTransport};
 pub use shm::ShmTransport;
+pub use auth::PairSecret;
 pub use tcp::TcpTransport;
 
 use super::RuntimeError;
@@ -124,6 +126,11 @@ pub trait Transport: Send {
     ) -> Result<(), RuntimeError> {
         Ok(())
     }
+
+    /// Hands the transport the pair's data-plane secret (from the join answer), before
+    /// [`Transport::connect`]; transports that authenticate their peers with it (tcp) refuse
+    /// every peer connection until they have it.
+    fn authenticate(&mut self, _secret: &PairSecret) {}
 
     /// Prepares connections to the peers once the roster is known (optional; `execute` connects
     /// lazily otherwise), so that the first update does not pay for it.
