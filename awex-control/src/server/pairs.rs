@@ -42,6 +42,10 @@ pub(crate) struct Pair {
 pub(crate) struct PairEntry {
     pub(crate) name: String,
     pub(crate) id: u64,
+    /// Unique id of this connect (random hex), in status and the join answer.
+    pub(crate) uid: String,
+    /// The data-plane secret (random hex): only in the join answer (behind the bearer token).
+    pub(crate) secret: String,
     pub(crate) request: ConnectRequest,
     pub(crate) slots: Slots,
     pub(crate) created_unix_ms: u64,
@@ -132,6 +136,7 @@ impl PairEntry {
         PairStatus {
             name: self.name.clone(),
             id: self.id,
+            uid: self.uid.clone(),
             state: p.state,
             serving_version: p.updates.committed(),
             current_update: p
@@ -400,6 +405,16 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     ))
 }
 
+/// `N` bytes from the kernel's random source, in hex (pair uids and data-plane secrets).
+fn random_hex<const N: usize>() -> Result<String, ApiError> {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| ApiError::Conflict(format!("the gateway cannot read /dev/urandom for the pair secret: {e}")))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// `POST /v1/pairs`: validates and registers a pair; 201 with its status.
 pub(crate) async fn connect(
     State(gw): State<AppState>,
@@ -411,9 +426,12 @@ pub(crate) async fn connect(
     let join_deadline = Instant::now() + Duration::from_millis(req.options.join_deadline_ms);
     let urls = req.inference.urls.clone();
     let control = engine_control(&req.inference.backend, &urls)?;
+    let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
     let entry = Arc::new_cyclic(|weak| PairEntry {
         name: name.clone(),
         id: gw.next_id.fetch_add(1, Ordering::Relaxed),
+        uid,
+        secret,
         slots,
         created_unix_ms: unix_ms(),
         join_deadline,
