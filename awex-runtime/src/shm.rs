@@ -98,7 +98,10 @@ impl ShmSegment {
             // a sweeper may have unlinked the fresh, not yet locked name: check it is ours
             let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
             let path = CString::new(format!("/dev/shm/{name}")).unwrap_or_default();
-            if libc::fstat(fd, &mut a) != 0 || libc::stat(path.as_ptr(), &mut b) != 0 || a.st_ino != b.st_ino {
+            if libc::fstat(fd, &mut a) != 0
+                || libc::stat(path.as_ptr(), &mut b) != 0
+                || a.st_ino != b.st_ino
+            {
                 return Ok(None);
             }
             if libc::ftruncate(fd, len as libc::off_t) != 0 {
@@ -146,7 +149,7 @@ impl ShmSegment {
     unsafe fn map(fd: i32, name: &str, len: usize, owner: bool) -> Result<Self, RuntimeError> {
         // SAFETY: guaranteed by the caller; the result is checked.
         let p = unsafe {
-            let p = libc::mmap(
+            libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -157,8 +160,7 @@ impl ShmSegment {
                 },
                 fd,
                 0,
-            );
-            p
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(os_err("cannot map", name));

@@ -79,21 +79,48 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
         join(cfg(&gw, Side::Inference, i, Transport::Tcp, 1)),
     );
     let (mut trainer, mut reader) = (a.unwrap(), b.unwrap());
-    let secret = trainer.joined.secret.clone().expect("the join answer carries the secret");
+    let secret = trainer
+        .joined
+        .secret
+        .clone()
+        .expect("the join answer carries the secret");
     assert_eq!(secret.0.len(), 64);
-    assert!(!format!("{:?}", trainer.joined).contains(&secret.0), "Debug redacts it");
+    assert!(
+        !format!("{:?}", trainer.joined).contains(&secret.0),
+        "Debug redacts it"
+    );
     let status = serde_json::to_string(&client.status("dup").await.unwrap()).unwrap();
     assert!(!status.contains(&secret.0), "never in status");
 
     let key = rendezvous_key(Side::Inference, i);
-    let before = client.get_kv("dup", &key, Duration::ZERO).await.unwrap().value;
+    let before = client
+        .get_kv("dup", &key, Duration::ZERO)
+        .await
+        .unwrap()
+        .value;
     // duplicates of the live inference rank: the wrong transport, the wrong bucket size
-    let e = join(cfg(&gw, Side::Inference, i, Transport::Shm, 1)).await.err().unwrap();
-    assert!(e.contains("uses transport tcp but this rank was started with shm"), "{e}");
-    let e = join(cfg(&gw, Side::Inference, i, Transport::Tcp, 2)).await.err().unwrap();
+    let e = join(cfg(&gw, Side::Inference, i, Transport::Shm, 1))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("uses transport tcp but this rank was started with shm"),
+        "{e}"
+    );
+    let e = join(cfg(&gw, Side::Inference, i, Transport::Tcp, 2))
+        .await
+        .err()
+        .unwrap();
     assert!(e.contains("bucket_mib"), "{e}");
-    let after = client.get_kv("dup", &key, Duration::ZERO).await.unwrap().value;
-    assert_eq!(before, after, "the live rank's rendezvous value is untouched");
+    let after = client
+        .get_kv("dup", &key, Duration::ZERO)
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(
+        before, after,
+        "the live rank's rendezvous value is untouched"
+    );
 
     // and the live pair still updates, over authenticated tcp
     for version in 1..=2u64 {
@@ -115,6 +142,9 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
             .await
             .unwrap();
         assert!(u.state.is_final(), "{u:?}");
-        assert_eq!(client.status("dup").await.unwrap().serving_version, Some(version));
+        assert_eq!(
+            client.status("dup").await.unwrap().serving_version,
+            Some(version)
+        );
     }
 }

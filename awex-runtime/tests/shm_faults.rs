@@ -141,7 +141,10 @@ fn names_match_their_pair_exactly() {
     assert_eq!(parse_name(&a).unwrap().pair, "s6-job");
     assert_eq!(parse_name(&b).unwrap().pair, "s6-job-2");
     assert_eq!(parse_name(&b).unwrap().who, "i1.0");
-    assert!(parse_name("awex-s6-job-123-data").is_none(), "old pid names");
+    assert!(
+        parse_name("awex-s6-job-123-data").is_none(),
+        "old pid names"
+    );
 }
 
 /// A dead segment of `s6-job-2` is not reclaimed by a gc of `s6-job` (run inside the
@@ -223,7 +226,11 @@ fn segments_of_sigkilled_ranks_are_reclaimed_30_times() {
     };
     for cycle in 0..30 {
         // a fresh connect each cycle (a new uid), or the same connect restarted
-        let u = if cycle % 2 == 0 { uid() } else { "0".repeat(32) };
+        let u = if cycle % 2 == 0 {
+            uid()
+        } else {
+            "0".repeat(32)
+        };
         let mut child = Command::new(&exe)
             .args(["--exact", "child_holds_segments", "--nocapture"])
             .env(CHILD, format!("{pair}:{u}"))
@@ -237,8 +244,14 @@ fn segments_of_sigkilled_ranks_are_reclaimed_30_times() {
         // the harness may print on the same line ("test child_holds_segments ... ready ...")
         while !line.contains("ready ") {
             line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "child exited: cycle {cycle}");
-            assert!(started.elapsed() < Duration::from_secs(30), "child never ready");
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "child exited: cycle {cycle}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "child never ready"
+            );
         }
         let at = line.find("ready ").unwrap_or(0);
         let names: Vec<&str> = line[at..].split_whitespace().skip(1).take(2).collect();
@@ -248,7 +261,11 @@ fn segments_of_sigkilled_ranks_are_reclaimed_30_times() {
         }
         // the live rank's segments are never swept, even by a gc of its own pair
         assert!(gc(Some(&pair)).is_empty(), "cycle {cycle}");
-        assert_eq!(mine().len(), 2, "cycle {cycle}: only the live rank's segments");
+        assert_eq!(
+            mine().len(),
+            2,
+            "cycle {cycle}: only the live rank's segments"
+        );
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         for n in &names {

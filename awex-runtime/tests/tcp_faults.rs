@@ -132,7 +132,8 @@ fn sender_to_a_receiver_that_stops_reading_stops_at_the_deadline() {
     let started = Instant::now();
     let r = bounded(Duration::from_secs(30), move || {
         let cancel = AtomicBool::new(false);
-        let r = tx.t.execute(&ctx(1, Duration::from_secs(2), &cancel, &peers));
+        let r =
+            tx.t.execute(&ctx(1, Duration::from_secs(2), &cancel, &peers));
         drop(rx); // keeps the receiver (and its unread stream) alive until the sender stopped
         r.map(|_| ())
     });
@@ -156,9 +157,8 @@ fn sender_to_a_receiver_that_stops_reading_stops_on_abort() {
         c.store(true, Ordering::Release);
     });
     let r = bounded(Duration::from_secs(30), move || {
-        let r = tx
-            .t
-            .execute(&ctx(1, Duration::from_secs(600), &cancel, &peers));
+        let r =
+            tx.t.execute(&ctx(1, Duration::from_secs(600), &cancel, &peers));
         drop(rx);
         r.map(|_| ())
     });
@@ -175,17 +175,20 @@ fn read_timeout_names_the_peer_and_the_wait() {
     let cancel = AtomicBool::new(false);
     fill_or_check(&tx.layout, &s.cat, &tx.tensors, 1, false).unwrap();
     std::thread::scope(|sc| {
-        let a = sc.spawn(|| tx.t.execute(&ctx(1, Duration::from_secs(20), &cancel, &to_rx)));
-        let b = sc.spawn(|| rx.t.execute(&ctx(1, Duration::from_secs(20), &cancel, &to_tx)));
+        let a = sc.spawn(|| {
+            tx.t.execute(&ctx(1, Duration::from_secs(20), &cancel, &to_rx))
+        });
+        let b = sc.spawn(|| {
+            rx.t.execute(&ctx(1, Duration::from_secs(20), &cancel, &to_tx))
+        });
         a.join().unwrap().unwrap();
         b.join().unwrap().unwrap();
     });
     // version 2: the connection is up, the training rank never sends
-    let e = rx
-        .t
-        .execute(&ctx(2, Duration::from_millis(1500), &cancel, &to_tx))
-        .unwrap_err()
-        .to_string();
+    let e =
+        rx.t.execute(&ctx(2, Duration::from_millis(1500), &cancel, &to_tx))
+            .unwrap_err()
+            .to_string();
     assert!(
         e.contains("timed out after 1.") && e.contains("s waiting for training rank 0"),
         "{e}"
@@ -270,11 +273,18 @@ fn injector_with_everything_public_cannot_change_a_byte_or_fail_an_update() {
         .execute(&ctx(3, Duration::from_secs(5), &cancel, &to_rx))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("closed the connection") || e.contains("failed"), "{e}");
+    assert!(
+        e.contains("closed the connection") || e.contains("failed"),
+        "{e}"
+    );
     fill_or_check(&tx.layout, &s.cat, &tx.tensors, 3, false).unwrap();
     std::thread::scope(|sc| {
-        let a = sc.spawn(|| tx.t.execute(&ctx(3, Duration::from_secs(20), &cancel, &to_rx)));
-        let b = sc.spawn(|| rx.t.execute(&ctx(3, Duration::from_secs(20), &cancel, &to_tx)));
+        let a = sc.spawn(|| {
+            tx.t.execute(&ctx(3, Duration::from_secs(20), &cancel, &to_rx))
+        });
+        let b = sc.spawn(|| {
+            rx.t.execute(&ctx(3, Duration::from_secs(20), &cancel, &to_tx))
+        });
         a.join().unwrap().unwrap();
         b.join().unwrap().unwrap();
     });
@@ -289,10 +299,9 @@ fn no_secret_no_connection() {
     let (mut tx, rx) = ends(&s, None);
     let peers = peers_of(&rx);
     let cancel = AtomicBool::new(false);
-    let e = tx
-        .t
-        .execute(&ctx(1, Duration::from_secs(5), &cancel, &peers))
-        .unwrap_err()
-        .to_string();
+    let e =
+        tx.t.execute(&ctx(1, Duration::from_secs(5), &cancel, &peers))
+            .unwrap_err()
+            .to_string();
     assert!(e.contains("no pair secret"), "{e}");
 }

@@ -133,7 +133,13 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
     let on_gpu = awex_runtime::host::on_gpu(transport);
-    let mem = Memory::allocate(&prepared.layout, &cfg.shm_scope(), side, transport, args.gpu)?;
+    let mem = Memory::allocate(
+        &prepared.layout,
+        &cfg.shm_scope(),
+        side,
+        transport,
+        args.gpu,
+    )?;
     let tensors = mem.tensors.clone();
     let (layout, cat) = (&prepared.layout, &prepared.catalogue);
     let mut filled: Option<u64> = None;

@@ -411,7 +411,11 @@ fn random_hex<const N: usize>() -> Result<String, ApiError> {
     let mut b = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| ApiError::Conflict(format!("the gateway cannot read /dev/urandom for the pair secret: {e}")))?;
+        .map_err(|e| {
+            ApiError::Conflict(format!(
+                "the gateway cannot read /dev/urandom for the pair secret: {e}"
+            ))
+        })?;
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 

@@ -14,9 +14,7 @@ pub use options::PairOptions;
 pub use pairs::{
     ConnectRequest, InferenceSpec, PairState, PairStatus, SideStatus, TrainingSpec, Transport,
 };
-pub use ranks::{
-    JoinPending, JoinRequest, JoinResponse, PairSecretHex, RosterEntry, RosterRank,
-};
+pub use ranks::{JoinPending, JoinRequest, JoinResponse, PairSecretHex, RosterEntry, RosterRank};
 pub use updates::{
     RankReportState, RankUpdate, Report, ReportAck, SideTotals, StartUpdate, UpdateState,
     UpdateStatus,

@@ -108,7 +108,10 @@ mod tests {
         assert!(s.verify(b"S", b"abc", &p));
         assert!(!s.verify(b"R", b"abc", &p), "role");
         assert!(!s.verify(b"S", b"abd", &p), "transcript");
-        assert!(!PairSecret::new("q", s.key).verify(b"S", b"abc", &p), "pair");
+        assert!(
+            !PairSecret::new("q", s.key).verify(b"S", b"abc", &p),
+            "pair"
+        );
         assert!(!PairSecret::random("p").verify(b"S", b"abc", &p), "secret");
         assert!(format!("{s:?}").contains("redacted"));
         let hex: String = s.key.iter().map(|b| format!("{b:02x}")).collect();

@@ -11,10 +11,10 @@ mod nccl;
 mod shm;
 mod tcp;
 
+pub use auth::PairSecret;
 pub use cuda_ipc::CudaIpcTransport;
 pub use nccl::{NcclConfig, NcclTransport};
 pub use shm::ShmTransport;
-pub use auth::PairSecret;
 pub use tcp::TcpTransport;
 
 use super::RuntimeError;

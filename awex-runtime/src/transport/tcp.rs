@@ -163,7 +163,6 @@ impl Io<'_> {
     }
 }
 
-
 fn io_err(what: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
     move |e| RuntimeError::Transport(format!("{what}: {e}"))
 }
@@ -346,7 +345,11 @@ impl TcpTransport {
         transcript.extend_from_slice(&nonce);
         io.write(&mut s, &secret.prove(b"S", &transcript), "hello (proof)")?;
         let mut theirs = [0u8; 32];
-        io.read(&mut s, &mut theirs, "hello (its proof; a refusal means it does not accept this connection, see its log)")?;
+        io.read(
+            &mut s,
+            &mut theirs,
+            "hello (its proof; a refusal means it does not accept this connection, see its log)",
+        )?;
         if !secret.verify(b"R", &transcript, &theirs) {
             return Err(RuntimeError::Transport(format!(
                 "{addr} does not hold pair `{}`'s secret: it is not inference rank {}",
@@ -726,7 +729,10 @@ fn receive_peer(
             let mut st = ExecStats::default();
             for (i, (n, mut buf, h)) in full_rx.iter().enumerate() {
                 let b = buckets.get(i).ok_or_else(|| {
-                    RuntimeError::Transport(format!("training rank {} sent too many buckets", peer.peer))
+                    RuntimeError::Transport(format!(
+                        "training rank {} sent too many buckets",
+                        peer.peer
+                    ))
                 })?;
                 if ctx.corrupt && i == 0 && n > 0 {
                     buf[0] ^= 0x5a;
