@@ -45,6 +45,18 @@ impl ShmScope {
     }
 }
 
+/// `{side}{engine}.{rank}.{incarnation}`: a rank's part of its segment names; the
+/// incarnation (8 hex digits of [`process_uid`]) changes when the rank restarts, so that its
+/// peers see new names and re-open its segments instead of reading the dead ones.
+pub fn rank_tag(side: &str, rank: RankId) -> String {
+    format!(
+        "{side}{}.{}.{}",
+        rank.engine,
+        rank.rank,
+        &process_uid()[..8]
+    )
+}
+
 /// A random id of this process (32 hex digits), for segments of a rank that does not know its
 /// pair's connect uid.
 pub fn process_uid() -> &'static str {
@@ -61,7 +73,7 @@ pub fn process_uid() -> &'static str {
 /// (of any pair: their creators' liveness locks are free) are reclaimed first.
 pub fn shm_data_segment(scope: &ShmScope, rank: RankId) -> String {
     gc(None);
-    scope.name(&format!("t{}.{}", rank.engine, rank.rank), "data")
+    scope.name(&rank_tag("t", rank), "data")
 }
 
 /// Whether a transport moves device memory.

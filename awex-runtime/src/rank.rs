@@ -140,12 +140,7 @@ pub fn make_transport(
 ) -> Result<Box<dyn Transport>, RuntimeError> {
     // `awex-{pair}-{uid}-{rank}-ctl`: exact names, liveness by lock (see `crate::shm`)
     let ctl = cfg.shm_scope().name(
-        &format!(
-            "{}{}.{}",
-            &cfg.side.short()[..1],
-            cfg.rank.engine,
-            cfg.rank.rank
-        ),
+        &crate::host::rank_tag(&cfg.side.short()[..1], cfg.rank),
         "ctl",
     );
     if matches!(cfg.transport, TransportKind::Shm | TransportKind::CudaIpc) {

@@ -3,7 +3,8 @@
 //! # Names and lifecycle
 //!
 //! awex names a pair's segments `awex-{pair}-{uid}-{who}-{kind}` ([`segment_name`]): the pair
-//! name, the pair's connect uid (32 hex digits, from the gateway), the rank (`t0.1`, `i1.0`)
+//! name, the pair's connect uid (32 hex digits, from the gateway), the rank and its process
+//! incarnation (`t0.1.{8 hex}`: a restarted rank publishes new names, so its peers re-open)
 //! and the kind (`data`, `ctl`). [`parse_name`] reads a name back from the right, so the pair
 //! is matched exactly (pair `s6-job` never matches `s6-job-2`'s segments).
 //!
@@ -241,11 +242,16 @@ pub fn parse_name(name: &str) -> Option<SegmentName> {
     let uid = parts.next()?;
     let pair = parts.next()?;
     let hex = |s: &str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    // `t0.1` or `t0.1.{incarnation}` (8 hex digits: a restarted rank gets new names)
     let rank = |s: &str| {
         let (side, r) = s.split_at(1.min(s.len()));
+        let p: Vec<&str> = r.split('.').collect();
         matches!(side, "t" | "i")
-            && r.split_once('.')
-                .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok())
+            && (p.len() == 2 || p.len() == 3)
+            && p[0].parse::<u32>().is_ok()
+            && p[1].parse::<u32>().is_ok()
+            && p.get(2)
+                .is_none_or(|x| x.len() == 8 && x.bytes().all(|b| b.is_ascii_hexdigit()))
     };
     if pair.is_empty() || !hex(uid) || !rank(who) || !matches!(kind, "data" | "ctl") {
         return None;

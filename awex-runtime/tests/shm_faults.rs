@@ -141,6 +141,8 @@ fn names_match_their_pair_exactly() {
     assert_eq!(parse_name(&a).unwrap().pair, "s6-job");
     assert_eq!(parse_name(&b).unwrap().pair, "s6-job-2");
     assert_eq!(parse_name(&b).unwrap().who, "i1.0");
+    let c = segment_name("s6-job", &u, "t0.1.0a1b2c3d", "ctl");
+    assert_eq!(parse_name(&c).unwrap().who, "t0.1.0a1b2c3d");
     assert!(
         parse_name("awex-s6-job-123-data").is_none(),
         "old pid names"
