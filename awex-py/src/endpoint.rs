@@ -427,7 +427,7 @@ impl Endpoint {
         let mem = Memory::registered(
             views,
             &core.prepared.layout,
-            &core.cfg.pair,
+            &core.cfg.shm_scope(),
             core.cfg.side,
             core.cfg.transport,
         )

@@ -295,10 +295,21 @@ def test_update_takes_the_next_version_and_keeps_a_newer_one_for_later(gateway, 
 
 def test_ctrl_c_interrupts_a_rank_waiting_for_an_update_and_leaves_it_usable(gateway, pair_name):
     import _thread
+    import signal
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
+    # Started in the background or under `nohup`, a process may inherit SIGINT ignored, and then
+    # `interrupt_main` does nothing: install Python's handler for this test (restored after),
+    # or skip when that is not possible. The wait below is bounded either way: a failure to
+    # interrupt fails the test, it never hangs it.
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("SIGINT handlers can only be installed from the main thread")
+    try:
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    except (ValueError, OSError) as e:
+        pytest.skip(f"cannot install a SIGINT handler here: {e}")
     p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
     try:
         (w,), (r,) = p.writers, p.readers
@@ -309,7 +320,7 @@ def test_ctrl_c_interrupts_a_rank_waiting_for_an_update_and_leaves_it_usable(gat
         threading.Timer(0.3, _thread.interrupt_main).start()
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            r.update(1)  # no update was started: only the interrupt ends this wait
+            r.update(1, timeout=20)  # no update was started: only the interrupt ends this wait
         assert time.monotonic() - t0 < 5
         with ThreadPoolExecutor(max_workers=2) as ex:
             futures = [ex.submit(x.update, 1, timeout=30) for x in (w, r)]
@@ -317,3 +328,4 @@ def test_ctrl_c_interrupts_a_rank_waiting_for_an_update_and_leaves_it_usable(gat
             assert [f.result(timeout=30)["state"] for f in futures] == ["committed", "committed"]
     finally:
         p.close()
+        signal.signal(signal.SIGINT, previous)

@@ -1,12 +1,13 @@
 //! Rank hosting: where a rank's tensors live and how they are staged, shared by every host of a
 //! rank (the CLI worker, the Python binding).
 //!
-//! - [`shm_data_segment`]: the name of a training rank's shared-memory data segment;
+//! - [`shm_data_segment`]: the name of a training rank's shared-memory data segment (the
+//!   naming and liveness rules are in [`crate::shm`]);
 //! - [`Memory`]: the tensor set the transport works on, with its host staging copy (weights on
 //!   a GPU) or its shared-memory mirror (registered host tensors on the `shm` transport).
 
 use crate::fill::{Weights, fill_or_check_from, fill_or_check_parallel};
-use crate::shm::sweep_dead;
+use crate::shm::{gc, segment_name};
 use crate::{RuntimeError, TensorSet, TensorView};
 use awex_core::Transport;
 use awex_core::layout::{RankId, RankLayout, Side};
@@ -14,18 +15,65 @@ use awex_core::model::Catalogue;
 use awex_gpu::cuda::Device;
 use std::sync::Arc;
 
-/// The prefix of every shared-memory segment of `pair`.
-pub fn shm_prefix(pair: &str) -> String {
-    format!("awex-{pair}-")
+/// Where a rank's shared-memory segments are named: the pair and its connect uid
+/// (`PairStatus::uid`; a rank that does not know it uses a random id of its own process).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShmScope {
+    /// The pair.
+    pub pair: String,
+    /// 32 hex digits.
+    pub uid: String,
 }
 
-/// The name of training rank `rank`'s shared-memory data segment (the segments of dead
-/// processes of the pair are swept first).
-pub fn shm_data_segment(pair: &str, rank: RankId) -> String {
-    let prefix = shm_prefix(pair);
-    // a rank killed earlier may have left its segments behind
-    sweep_dead(&prefix);
-    format!("{prefix}train0.{}-{}-data", rank.rank, std::process::id())
+impl ShmScope {
+    /// The scope of `pair` connected as `uid` (an empty or malformed uid: this process's own).
+    pub fn new(pair: &str, uid: &str) -> Self {
+        let ok = uid.len() == 32 && uid.bytes().all(|b| b.is_ascii_hexdigit());
+        ShmScope {
+            pair: pair.to_string(),
+            uid: if ok {
+                uid.to_ascii_lowercase()
+            } else {
+                process_uid().to_string()
+            },
+        }
+    }
+
+    /// The name of `who`'s segment of `kind` (`who`: `t0.1`, `i1.0`; `kind`: `data`, `ctl`).
+    pub fn name(&self, who: &str, kind: &str) -> String {
+        segment_name(&self.pair, &self.uid, who, kind)
+    }
+}
+
+/// `{side}{engine}.{rank}.{incarnation}`: a rank's part of its segment names; the
+/// incarnation (8 hex digits of [`process_uid`]) changes when the rank restarts, so that its
+/// peers see new names and re-open its segments instead of reading the dead ones.
+pub fn rank_tag(side: &str, rank: RankId) -> String {
+    format!(
+        "{side}{}.{}.{}",
+        rank.engine,
+        rank.rank,
+        &process_uid()[..8]
+    )
+}
+
+/// A random id of this process (32 hex digits), for segments of a rank that does not know its
+/// pair's connect uid.
+pub fn process_uid() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        crate::transport::auth::random_bytes()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    })
+}
+
+/// The name of training rank `rank`'s shared-memory data segment. Dead segments on this host
+/// (of any pair: their creators' liveness locks are free) are reclaimed first.
+pub fn shm_data_segment(scope: &ShmScope, rank: RankId) -> String {
+    gc(None);
+    scope.name(&rank_tag("t", rank), "data")
 }
 
 /// Whether a transport moves device memory.
@@ -51,7 +99,7 @@ impl Memory {
     /// `shm`, on the host otherwise.
     pub fn allocate(
         layout: &RankLayout,
-        pair: &str,
+        scope: &ShmScope,
         side: Side,
         transport: Transport,
         gpu: u32,
@@ -62,7 +110,7 @@ impl Memory {
             let staging = tensors.host_mirror()?;
             (tensors, Some(staging))
         } else if side == Side::Training && transport == Transport::Shm {
-            let name = shm_data_segment(pair, layout.rank);
+            let name = shm_data_segment(scope, layout.rank);
             (TensorSet::allocate_shm(layout, &name)?, None)
         } else {
             (TensorSet::allocate_host(layout)?, None)
@@ -79,14 +127,14 @@ impl Memory {
     pub fn registered(
         views: Vec<TensorView>,
         layout: &RankLayout,
-        pair: &str,
+        scope: &ShmScope,
         side: Side,
         transport: Transport,
     ) -> Result<Memory, RuntimeError> {
         let set = TensorSet::from_views(views.clone())?;
         set.check_layout(layout)?;
         if side == Side::Training && transport == Transport::Shm {
-            let name = shm_data_segment(pair, layout.rank);
+            let name = shm_data_segment(scope, layout.rank);
             let mirror = TensorSet::allocate_shm(layout, &name)?;
             return Ok(Memory {
                 tensors: Arc::new(mirror),

@@ -4,7 +4,8 @@
 use super::RuntimeError;
 use super::tensors::TensorSet;
 use super::transport::{
-    CudaIpcTransport, ExecContext, ExecStats, ShmTransport, TcpTransport, Transport, TransportKind,
+    CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, TcpTransport, Transport,
+    TransportKind,
 };
 use awex_control::client::{Client, ClientError};
 use awex_control::wire::{EventKind, JoinRequest, JoinResponse, Report};
@@ -42,6 +43,22 @@ pub struct RankConfig {
     pub bucket_bytes: u64,
     /// Host this rank advertises to peers (tcp).
     pub host: String,
+    /// The pair's connect uid (`PairStatus::uid`), which names its shared-memory segments;
+    /// empty when not known yet ([`pair_uid`] asks the gateway).
+    pub uid: String,
+}
+
+impl RankConfig {
+    /// Where this rank's shared-memory segments are named.
+    pub fn shm_scope(&self) -> crate::host::ShmScope {
+        crate::host::ShmScope::new(&self.pair, &self.uid)
+    }
+}
+
+/// The connect uid of the pair a rank is configured for (asks the gateway's status).
+pub async fn pair_uid(cfg: &RankConfig) -> Result<String, RankError> {
+    let client = Client::new(&cfg.gateway, cfg.token.clone())?;
+    Ok(client.status(&cfg.pair).await?.uid)
 }
 
 /// A rank's layout and plan, computed before it joins (so tensors can be checked first).
@@ -121,15 +138,15 @@ pub fn make_transport(
     prepared: &Prepared,
     tensors: Arc<TensorSet>,
 ) -> Result<Box<dyn Transport>, RuntimeError> {
-    // `...-{pid}-ctl`: the leak sweep (`shm::sweep_dead`) finds the segments of dead ranks
-    let ctl = format!(
-        "awex-{}-{}{}.{}-{}-ctl",
-        cfg.pair,
-        cfg.side.short(),
-        cfg.rank.engine,
-        cfg.rank.rank,
-        std::process::id()
+    // `awex-{pair}-{uid}-{rank}-ctl`: exact names, liveness by lock (see `crate::shm`)
+    let ctl = cfg.shm_scope().name(
+        &crate::host::rank_tag(&cfg.side.short()[..1], cfg.rank),
+        "ctl",
     );
+    if matches!(cfg.transport, TransportKind::Shm | TransportKind::CudaIpc) {
+        // the segments of ranks killed earlier on this host (the next connect reclaims them)
+        crate::shm::gc(None);
+    }
     match cfg.transport {
         TransportKind::Shm => Ok(Box::new(ShmTransport::new(
             prepared.plan.clone(),
@@ -236,9 +253,35 @@ fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelCon
     }
 }
 
-/// Refuses to join a pair whose description disagrees with this rank's (model, layouts).
+/// Refuses to join a pair whose description disagrees with this rank's (model, layouts,
+/// transport, bucket geometry, connect): everything a rank could get wrong is checked here,
+/// before it publishes anything.
 async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> {
     let st = client.status(&cfg.pair).await?;
+    if st.transport.as_str() != cfg.transport.as_str() {
+        return Err(RankError::Runtime(RuntimeError::Config(format!(
+            "pair `{}` uses transport {} but this rank was started with {}",
+            cfg.pair,
+            st.transport.as_str(),
+            cfg.transport
+        ))));
+    }
+    let pair_bucket = st.options.bucket_mib.saturating_mul(1 << 20);
+    if pair_bucket != cfg.bucket_bytes {
+        return Err(RankError::Runtime(RuntimeError::Config(format!(
+            "pair `{}` moves buckets of {} MiB but this rank was started with {} bytes ({} MiB); every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
+            cfg.pair,
+            st.options.bucket_mib,
+            cfg.bucket_bytes,
+            cfg.bucket_bytes as f64 / (1u64 << 20) as f64
+        ))));
+    }
+    if !cfg.uid.is_empty() && !st.uid.is_empty() && cfg.uid != st.uid {
+        return Err(RankError::Runtime(RuntimeError::Config(format!(
+            "pair `{}` was connected again (connect uid {} instead of {}); restart this rank",
+            cfg.pair, st.uid, cfg.uid
+        ))));
+    }
     let fp = format!("{:016x}", cfg.model.fingerprint());
     for (side, spec, theirs) in [
         (Side::Training, &cfg.train, &st.training),
@@ -296,7 +339,16 @@ impl Rank {
         tensors: &TensorSet,
         transport: Box<dyn Transport>,
     ) -> Result<Rank, RankError> {
+        // everything is validated before anything is published (kv, roster): a mis-started
+        // rank refuses itself without touching the pair
         tensors.check_layout(&prepared.layout)?;
+        if transport.kind() != cfg.transport {
+            return Err(RankError::Runtime(RuntimeError::Config(format!(
+                "this rank was configured for transport {} but built a {} transport",
+                cfg.transport,
+                transport.kind()
+            ))));
+        }
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
         check_pair(&client, &cfg).await?;
         let mut transport = transport;
@@ -306,6 +358,7 @@ impl Rank {
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
             "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
+            "bucket_bytes": cfg.bucket_bytes,
             "pid": std::process::id(),
         });
         client
@@ -322,12 +375,27 @@ impl Rank {
             )
             .await?;
         if joined.transport.as_str() != cfg.transport.as_str() {
+            // checked before publishing; only a pair connected again meanwhile gets here
             return Err(RankError::Runtime(RuntimeError::Config(format!(
                 "pair `{}` uses transport {} but this rank was started with {}",
                 cfg.pair,
                 joined.transport.as_str(),
                 cfg.transport
             ))));
+        }
+        match joined
+            .secret
+            .as_ref()
+            .and_then(|k| PairSecret::from_hex(&cfg.pair, &k.0))
+        {
+            Some(k) => transport.authenticate(&k),
+            None if cfg.transport == TransportKind::Tcp => {
+                return Err(RankError::Runtime(RuntimeError::Config(format!(
+                    "the gateway's join answer for pair `{}` carries no pair secret; the tcp transport authenticates its peers with it (upgrade the gateway)",
+                    cfg.pair
+                ))));
+            }
+            None => {}
         }
         let other = cfg.side.other();
         let peers = joined
@@ -640,6 +708,7 @@ mod tests {
             transport: TransportKind::Nccl,
             bucket_bytes: 1 << 20,
             host: "127.0.0.1".into(),
+            uid: String::new(),
         };
         let prepared = Prepared {
             catalogue,

@@ -1,4 +1,19 @@
-//! Named POSIX shared-memory segments (`/dev/shm/awex-*`), mapped read-write.
+//! Named POSIX shared-memory segments (`/dev/shm/awex-*`), mapped read-write, created mode 0600.
+//!
+//! # Names and lifecycle
+//!
+//! awex names a pair's segments `awex-{pair}-{uid}-{who}-{kind}` ([`segment_name`]): the pair
+//! name, the pair's connect uid (32 hex digits, from the gateway), the rank and its process
+//! incarnation (`t0.1.{8 hex}`: a restarted rank publishes new names, so its peers re-open)
+//! and the kind (`data`, `ctl`). [`parse_name`] reads a name back from the right, so the pair
+//! is matched exactly (pair `s6-job` never matches `s6-job-2`'s segments).
+//!
+//! The creator of a segment holds a shared `flock` on it for as long as it lives; the kernel
+//! drops it when the process dies, however it dies (SIGKILL included). A segment is dead when
+//! nobody holds that lock: this works across PID namespaces and containers that share
+//! `/dev/shm`, and does not depend on PIDs at all. [`gc`] removes dead segments; every rank
+//! runs it when it allocates its segments (the next connect on the host), and `awex-cli gc`
+//! can run it by hand.
 
 use super::RuntimeError;
 use std::ffi::CString;
@@ -11,6 +26,8 @@ pub struct ShmSegment {
     ptr: NonNull<u8>,
     len: usize,
     owner: AtomicBool,
+    /// The creator's descriptor, holding the liveness lock (see the module doc).
+    lock: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: the mapping is plain shared memory; synchronisation is the users' job (atomics in the header).
@@ -43,31 +60,67 @@ fn cname(name: &str) -> Result<CString, RuntimeError> {
 }
 
 impl ShmSegment {
-    /// Creates (exclusively) and maps a zero-filled segment of `len` bytes.
+    /// Creates (exclusively, mode 0600) and maps a zero-filled segment of `len` bytes, and
+    /// holds its liveness lock until drop.
     pub fn create(name: &str, len: usize) -> Result<Self, RuntimeError> {
+        for _ in 0..3 {
+            if let Some(seg) = Self::try_create(name, len)? {
+                return Ok(seg);
+            }
+        }
+        Err(RuntimeError::Shm(format!(
+            "`/dev/shm/{name}` was removed while it was being created, three times"
+        )))
+    }
+
+    /// One attempt; `None` when a sweeper removed the name between create and lock.
+    fn try_create(name: &str, len: usize) -> Result<Option<Self>, RuntimeError> {
+        use std::os::fd::{FromRawFd, OwnedFd};
         let c = cname(name)?;
         let len = len.max(1);
         // SAFETY: plain libc calls with a valid C string; every result is checked.
         unsafe {
             let fd = libc::shm_open(
                 c.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
                 0o600,
             );
             if fd < 0 {
                 return Err(os_err("cannot create", name));
             }
+            let owned = OwnedFd::from_raw_fd(fd);
+            // the umask may only have narrowed it; make it exactly owner-only
+            libc::fchmod(fd, 0o600);
+            if libc::flock(fd, libc::LOCK_SH) != 0 {
+                let e = os_err("cannot lock", name);
+                libc::shm_unlink(c.as_ptr());
+                return Err(e);
+            }
+            // a sweeper may have unlinked the fresh, not yet locked name: check it is ours
+            let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+            let path = CString::new(format!("/dev/shm/{name}")).unwrap_or_default();
+            if libc::fstat(fd, &mut a) != 0
+                || libc::stat(path.as_ptr(), &mut b) != 0
+                || a.st_ino != b.st_ino
+            {
+                return Ok(None);
+            }
             if libc::ftruncate(fd, len as libc::off_t) != 0 {
                 let e = os_err("cannot size", name);
-                libc::close(fd);
                 libc::shm_unlink(c.as_ptr());
                 return Err(e);
             }
             let seg = Self::map(fd, name, len, true);
-            if seg.is_err() {
-                libc::shm_unlink(c.as_ptr());
+            match seg {
+                Ok(mut s) => {
+                    s.lock = Some(owned);
+                    Ok(Some(s))
+                }
+                Err(e) => {
+                    libc::shm_unlink(c.as_ptr());
+                    Err(e)
+                }
             }
-            seg
         }
     }
 
@@ -76,7 +129,7 @@ impl ShmSegment {
         let c = cname(name)?;
         // SAFETY: as in `create`.
         unsafe {
-            let fd = libc::shm_open(c.as_ptr(), libc::O_RDWR, 0);
+            let fd = libc::shm_open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0);
             if fd < 0 {
                 return Err(os_err("cannot open", name));
             }
@@ -86,16 +139,18 @@ impl ShmSegment {
                 libc::close(fd);
                 return Err(e);
             }
-            Self::map(fd, name, st.st_size as usize, false)
+            let r = Self::map(fd, name, st.st_size as usize, false);
+            libc::close(fd);
+            r
         }
     }
 
     /// # Safety
-    /// `fd` must be an open shared-memory descriptor of at least `len` bytes; it is closed here.
+    /// `fd` must be an open shared-memory descriptor of at least `len` bytes; the caller closes it.
     unsafe fn map(fd: i32, name: &str, len: usize, owner: bool) -> Result<Self, RuntimeError> {
         // SAFETY: guaranteed by the caller; the result is checked.
         let p = unsafe {
-            let p = libc::mmap(
+            libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
@@ -106,9 +161,7 @@ impl ShmSegment {
                 },
                 fd,
                 0,
-            );
-            libc::close(fd);
-            p
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(os_err("cannot map", name));
@@ -118,6 +171,7 @@ impl ShmSegment {
             ptr: NonNull::new(p as *mut u8).ok_or_else(|| os_err("null map of", name))?,
             len,
             owner: AtomicBool::new(owner),
+            lock: None,
         })
     }
 
@@ -160,28 +214,108 @@ impl Drop for ShmSegment {
     }
 }
 
-/// Removes segments starting with `prefix` whose creating process (the pid before the last `-`) is gone.
-///
-/// awex names segments `...-{pid}-{kind}`; a rank killed before it could unlink leaves them behind.
-pub fn sweep_dead(prefix: &str) -> Vec<String> {
+/// A segment name awex made, read back by [`parse_name`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentName {
+    /// The pair.
+    pub pair: String,
+    /// The pair's connect uid (or, for a rank that did not know it, its own random id).
+    pub uid: String,
+    /// The rank (`t0.1`, `i1.0`).
+    pub who: String,
+    /// `data` or `ctl`.
+    pub kind: String,
+}
+
+/// The name of a segment of `pair` (connect `uid`) for rank `who`, of `kind`.
+pub fn segment_name(pair: &str, uid: &str, who: &str, kind: &str) -> String {
+    format!("{SHM_PREFIX}{pair}-{uid}-{who}-{kind}")
+}
+
+/// Reads a name made by [`segment_name`] back, from the right (pair names may hold `-`);
+/// `None` for anything else.
+pub fn parse_name(name: &str) -> Option<SegmentName> {
+    let rest = name.strip_prefix(SHM_PREFIX)?;
+    let mut parts = rest.rsplitn(4, '-');
+    let kind = parts.next()?;
+    let who = parts.next()?;
+    let uid = parts.next()?;
+    let pair = parts.next()?;
+    let hex = |s: &str| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    // `t0.1` or `t0.1.{incarnation}` (8 hex digits: a restarted rank gets new names)
+    let rank = |s: &str| {
+        let (side, r) = s.split_at(1.min(s.len()));
+        let p: Vec<&str> = r.split('.').collect();
+        matches!(side, "t" | "i")
+            && (p.len() == 2 || p.len() == 3)
+            && p[0].parse::<u32>().is_ok()
+            && p[1].parse::<u32>().is_ok()
+            && p.get(2)
+                .is_none_or(|x| x.len() == 8 && x.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    if pair.is_empty() || !hex(uid) || !rank(who) || !matches!(kind, "data" | "ctl") {
+        return None;
+    }
+    Some(SegmentName {
+        pair: pair.into(),
+        uid: uid.into(),
+        who: who.into(),
+        kind: kind.into(),
+    })
+}
+
+/// Whether some process holds segment `name`'s liveness lock (its creator is alive); `None`
+/// when it cannot be told (the segment is gone, or not readable by this user).
+pub fn is_live(name: &str) -> Option<bool> {
+    let c = cname(name).ok()?;
+    // SAFETY: plain libc calls on a descriptor opened here and closed before returning.
+    unsafe {
+        let fd = libc::shm_open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let free = libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0;
+        libc::close(fd);
+        Some(!free)
+    }
+}
+
+/// Removes the dead segments awex made ([`parse_name`]): those no process holds the liveness
+/// lock of. With `pair`, only that pair's (matched exactly). Returns the names removed.
+pub fn gc(pair: Option<&str>) -> Vec<String> {
+    gc_where(|_, n| pair.is_none_or(|p| p == n.pair))
+}
+
+fn gc_where(keep: impl Fn(&str, &SegmentName) -> bool) -> Vec<String> {
     let mut removed = Vec::new();
-    for name in list_segments(prefix) {
-        let mut parts = name.rsplit('-');
-        let _kind = parts.next();
-        let Some(pid) = parts.next().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+    for name in list_segments(SHM_PREFIX) {
+        let Some(n) = parse_name(&name) else { continue };
+        if !keep(&name, &n) {
             continue;
         }
-        if let Ok(c) = cname(&name) {
-            // SAFETY: valid C string.
-            if unsafe { libc::shm_unlink(c.as_ptr()) } == 0 {
+        let Ok(c) = cname(&name) else { continue };
+        // SAFETY: plain libc calls; the exclusive lock is held while the name is removed, so a
+        // creator cannot lock it in between (it re-checks the name's inode after locking)
+        unsafe {
+            let fd = libc::shm_open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC, 0);
+            if fd < 0 {
+                continue;
+            }
+            if libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) == 0
+                && libc::shm_unlink(c.as_ptr()) == 0
+            {
                 removed.push(name);
             }
+            libc::close(fd);
         }
     }
     removed
+}
+
+/// Removes the dead awex segments whose names start with `prefix` (see [`gc`]; liveness by
+/// lock, never by PID).
+pub fn sweep_dead(prefix: &str) -> Vec<String> {
+    gc_where(|name, _| name.starts_with(prefix))
 }
 
 /// Names of awex segments currently in /dev/shm that start with `prefix` (for leak checks).

@@ -5,7 +5,7 @@ use awex_core::layout::{RankId, Side, SideLayout};
 use awex_core::plan::Pair;
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_runtime::fill::fill_or_check;
-use awex_runtime::transport::{ExecContext, ShmTransport, TcpTransport, Transport};
+use awex_runtime::transport::{ExecContext, PairSecret, ShmTransport, TcpTransport, Transport};
 use awex_runtime::{RuntimeError, TensorSet};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -80,6 +80,7 @@ fn run(
         std::process::id(),
         RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
+    let secret = PairSecret::random(&tag);
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     let mut train_rdv: HashMap<RankId, serde_json::Value> = HashMap::new();
@@ -107,6 +108,8 @@ fn run(
                 TcpTransport::new(plan, tensors.clone(), 256, "127.0.0.1:0", "127.0.0.1").unwrap(),
             ),
         };
+        let mut t = t;
+        t.authenticate(&secret);
         train_rdv.insert(r, t.rendezvous());
         senders.push((layout, tensors, t));
     }
@@ -120,6 +123,8 @@ fn run(
                 TcpTransport::new(plan, tensors.clone(), 256, "127.0.0.1:0", "127.0.0.1").unwrap(),
             ),
         };
+        let mut t = t;
+        t.authenticate(&secret);
         infer_rdv.insert(r, t.rendezvous());
         receivers.push((layout, tensors, t));
     }

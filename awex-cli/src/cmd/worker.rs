@@ -126,11 +126,20 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         transport,
         bucket_bytes: args.bucket_mib << 20,
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
+        uid: String::new(),
     };
+    let mut cfg = cfg;
+    cfg.uid = awex_runtime::rank::pair_uid(&cfg).await?;
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
     let on_gpu = awex_runtime::host::on_gpu(transport);
-    let mem = Memory::allocate(&prepared.layout, &args.pair, side, transport, args.gpu)?;
+    let mem = Memory::allocate(
+        &prepared.layout,
+        &cfg.shm_scope(),
+        side,
+        transport,
+        args.gpu,
+    )?;
     let tensors = mem.tensors.clone();
     let (layout, cat) = (&prepared.layout, &prepared.catalogue);
     let mut filled: Option<u64> = None;

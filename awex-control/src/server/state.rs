@@ -47,6 +47,10 @@ pub(crate) struct Pair {
 pub(crate) struct PairEntry {
     pub(crate) name: String,
     pub(crate) id: u64,
+    /// Unique id of this connect (random hex), in status and the join answer.
+    pub(crate) uid: String,
+    /// The data-plane secret (random hex): only in the join answer (behind the bearer token).
+    pub(crate) secret: String,
     pub(crate) request: ConnectRequest,
     pub(crate) slots: Slots,
     pub(crate) created_unix_ms: u64,
@@ -149,6 +153,7 @@ impl PairEntry {
         PairStatus {
             name: self.name.clone(),
             id: self.id,
+            uid: self.uid.clone(),
             state: p.state,
             serving_version: p.updates.committed(),
             current_update: p

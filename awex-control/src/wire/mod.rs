@@ -15,7 +15,7 @@ pub use pairs::{
     ConnectRequest, InferenceSpec, PairState, PairStatus, Resume, SideStatus, TrainingSpec,
     Transport,
 };
-pub use ranks::{JoinPending, JoinRequest, JoinResponse, RosterEntry, RosterRank};
+pub use ranks::{JoinPending, JoinRequest, JoinResponse, PairSecretHex, RosterEntry, RosterRank};
 pub use updates::{
     RankReportState, RankUpdate, Report, ReportAck, SideTotals, StartUpdate, UpdateState,
     UpdateStatus,

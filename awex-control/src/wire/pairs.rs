@@ -130,6 +130,10 @@ pub struct PairStatus {
     pub name: String,
     /// Incarnation id: a pair connected again under the same name gets a new id.
     pub id: u64,
+    /// Unique id of this connect (random, 32 hex digits): unlike `id`, unique across gateways
+    /// and gateway restarts; names the pair's shared-memory segments.
+    #[serde(default)]
+    pub uid: String,
     /// Where the pair is in its life.
     pub state: PairState,
     /// The last committed version: what the inference engines serve (null before the first commit).

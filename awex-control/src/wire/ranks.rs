@@ -65,6 +65,25 @@ pub struct JoinResponse {
     pub options: PairOptions,
     /// Seq of the last event: poll `events?after=` this for work.
     pub last_event_seq: u64,
+    /// Unique id of this connect of the pair (random; also in status): names its shared-memory
+    /// segments, so that no two connects, gateways or hosts collide.
+    #[serde(default)]
+    pub uid: String,
+    /// The pair's data-plane secret (32 random bytes, hex), issued at connect; peers prove they
+    /// hold it before any byte moves. Only in this answer, never in status, metrics or logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<PairSecretHex>,
+}
+
+/// A pair secret in hex; its `Debug` prints no byte of it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PairSecretHex(pub String);
+
+impl std::fmt::Debug for PairSecretHex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PairSecretHex(<redacted>)")
+    }
 }
 
 /// 202 answer of a join: the poll window ended before every rank joined; join again.

@@ -5,11 +5,13 @@
 //! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
 //! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
 
+pub mod auth;
 mod cuda_ipc;
 mod nccl;
 mod shm;
 mod tcp;
 
+pub use auth::PairSecret;
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
 pub use nccl::{NcclConfig, NcclTransport};
 pub use shm::ShmTransport;
@@ -124,6 +126,11 @@ pub trait Transport: Send {
     ) -> Result<(), RuntimeError> {
         Ok(())
     }
+
+    /// Hands the transport the pair's data-plane secret (from the join answer), before
+    /// [`Transport::connect`]; transports that authenticate their peers with it (tcp) refuse
+    /// every peer connection until they have it.
+    fn authenticate(&mut self, _secret: &PairSecret) {}
 
     /// Prepares connections to the peers once the roster is known (optional; `execute` connects
     /// lazily otherwise), so that the first update does not pay for it.

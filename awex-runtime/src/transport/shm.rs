@@ -28,14 +28,30 @@ fn name_hash(name: &str) -> u64 {
 }
 
 /// Typed access to a control segment.
+///
+/// A receiver reads a control segment another process wrote: every count and index taken from
+/// it is checked (with checked arithmetic) against the mapping before it is used.
 struct Control {
     seg: ShmSegment,
 }
 
+/// Header words: magic, ready, done, tensors, peers, sums, bucket bytes.
+const W_BUCKET: usize = 6;
+
 impl Control {
+    /// Word `i`, or `None` outside the mapping.
+    fn word_at(&self, i: usize) -> Option<&AtomicU64> {
+        let end = i.checked_mul(8)?.checked_add(8)?;
+        if end > self.seg.len() {
+            return None;
+        }
+        // SAFETY: in bounds (checked above) and 8-byte aligned (page-aligned mapping).
+        Some(unsafe { &*(self.seg.ptr().add(i * 8) as *const AtomicU64) })
+    }
+    /// A header word, or a word of this rank's own control segment (sized by `create`).
     fn word(&self, i: usize) -> &AtomicU64 {
-        // SAFETY: the segment is at least HEADER bytes plus tables, 8-byte aligned (page aligned mapping).
-        unsafe { &*(self.seg.ptr().add(i * 8) as *const AtomicU64) }
+        self.word_at(i)
+            .unwrap_or_else(|| unreachable!("header and own tables are inside the segment"))
     }
     fn magic(&self) -> &AtomicU64 {
         self.word(0)
@@ -55,38 +71,60 @@ impl Control {
     fn n_sums(&self) -> u64 {
         self.word(5).load(Ordering::Acquire)
     }
-    fn tensor_entry(&self, i: u64) -> (u64, u64, u64) {
-        let base = HEADER / 8 + 3 * i as usize;
-        (
-            self.word(base).load(Ordering::Relaxed),
-            self.word(base + 1).load(Ordering::Relaxed),
-            self.word(base + 2).load(Ordering::Relaxed),
+    fn bucket_bytes(&self) -> u64 {
+        self.word(W_BUCKET).load(Ordering::Acquire)
+    }
+    fn entry(&self, base: usize) -> Option<(u64, u64, u64)> {
+        Some((
+            self.word_at(base)?.load(Ordering::Relaxed),
+            self.word_at(base.checked_add(1)?)?.load(Ordering::Relaxed),
+            self.word_at(base.checked_add(2)?)?.load(Ordering::Relaxed),
+        ))
+    }
+    fn tensor_entry(&self, i: u64) -> Option<(u64, u64, u64)> {
+        if i >= self.n_tensors() {
+            return None;
+        }
+        self.entry(HEADER / 8 + 3 * usize::try_from(i).ok()?)
+    }
+    fn peer_entry(&self, i: u64) -> Option<(u64, u64, u64)> {
+        if i >= self.n_peers() {
+            return None;
+        }
+        let t = usize::try_from(self.n_tensors()).ok()?.checked_mul(3)?;
+        self.entry(
+            (HEADER / 8)
+                .checked_add(t)?
+                .checked_add(3usize.checked_mul(usize::try_from(i).ok()?)?)?,
         )
     }
-    fn peer_entry(&self, i: u64) -> (u64, u64, u64) {
-        let base = HEADER / 8 + 3 * self.n_tensors() as usize + 3 * i as usize;
-        (
-            self.word(base).load(Ordering::Relaxed),
-            self.word(base + 1).load(Ordering::Relaxed),
-            self.word(base + 2).load(Ordering::Relaxed),
+    /// Checksum `i`, or `None` outside the table (an index that came from a peer).
+    fn sum(&self, i: u64) -> Option<&AtomicU64> {
+        if i >= self.n_sums() {
+            return None;
+        }
+        let t = usize::try_from(self.n_tensors()).ok()?.checked_mul(3)?;
+        let p = usize::try_from(self.n_peers()).ok()?.checked_mul(3)?;
+        self.word_at(
+            (HEADER / 8)
+                .checked_add(t)?
+                .checked_add(p)?
+                .checked_add(usize::try_from(i).ok()?)?,
         )
     }
-    fn sum(&self, i: u64) -> &AtomicU64 {
-        self.word(
-            HEADER / 8 + 3 * self.n_tensors() as usize + 3 * self.n_peers() as usize + i as usize,
-        )
-    }
-    fn size(n_tensors: usize, n_peers: usize, n_sums: usize) -> usize {
-        HEADER + 8 * (3 * n_tensors + 3 * n_peers + n_sums)
+    /// Bytes of a control segment with these tables; `None` when that overflows.
+    fn size(n_tensors: u64, n_peers: u64, n_sums: u64) -> Option<usize> {
+        let words = n_tensors
+            .checked_mul(3)?
+            .checked_add(n_peers.checked_mul(3)?)?
+            .checked_add(n_sums)?;
+        usize::try_from(words.checked_mul(8)?.checked_add(HEADER as u64)?).ok()
     }
     fn valid(&self) -> bool {
         self.seg.len() >= HEADER
             && self.magic().load(Ordering::Acquire) == MAGIC
-            && Control::size(
-                self.n_tensors() as usize,
-                self.n_peers() as usize,
-                self.n_sums() as usize,
-            ) <= self.seg.len()
+            && Control::size(self.n_tensors(), self.n_peers(), self.n_sums())
+                .is_some_and(|n| n <= self.seg.len())
     }
 }
 
@@ -115,6 +153,7 @@ pub struct ShmTransport {
     ctl: Option<Control>,
     remotes: HashMap<RankId, Remote>,
     scratch: Vec<u8>,
+    bucket_bytes: u64,
 }
 
 impl ShmTransport {
@@ -141,6 +180,7 @@ impl ShmTransport {
             ctl: None,
             remotes: HashMap::new(),
             scratch: Vec::new(),
+            bucket_bytes: bucket_bytes.max(1),
         };
         if t.side == Side::Training {
             t.create_control(ctl_name)?;
@@ -156,16 +196,21 @@ impl ShmTransport {
         })?;
         let views: Vec<_> = self.tensors.iter().collect();
         let n_sums: usize = self.buckets.iter().map(Vec::len).sum();
-        let seg = ShmSegment::create(
-            name,
-            Control::size(views.len(), self.plan.peers.len(), n_sums),
-        )?;
+        let size = Control::size(
+            views.len() as u64,
+            self.plan.peers.len() as u64,
+            n_sums as u64,
+        )
+        .ok_or_else(|| RuntimeError::Config("the shm control tables overflow".into()))?;
+        let seg = ShmSegment::create(name, size)?;
         let ctl = Control { seg };
         let base = data.ptr() as usize;
         ctl.word(3).store(views.len() as u64, Ordering::Relaxed);
         ctl.word(4)
             .store(self.plan.peers.len() as u64, Ordering::Relaxed);
         ctl.word(5).store(n_sums as u64, Ordering::Relaxed);
+        ctl.word(W_BUCKET)
+            .store(self.bucket_bytes, Ordering::Relaxed);
         for (i, v) in views.iter().enumerate() {
             let p = v.ptr() as usize;
             let off = p.wrapping_sub(base);
@@ -211,10 +256,21 @@ impl ShmTransport {
                 "shm segment `{ctl_name}` of training rank {peer} is not an awex control segment"
             )));
         }
+        if ctl.bucket_bytes() != self.bucket_bytes {
+            return Err(RuntimeError::Transport(format!(
+                "training rank {peer} uses buckets of {} bytes, this rank {} (every rank must use the pair's bucket_mib)",
+                ctl.bucket_bytes(),
+                self.bucket_bytes
+            )));
+        }
         let data = ShmSegment::open(field("data")?)?;
         let mut tensors = HashMap::new();
         for i in 0..ctl.n_tensors() {
-            let (h, off, len) = ctl.tensor_entry(i);
+            let (h, off, len) = ctl.tensor_entry(i).ok_or_else(|| {
+                RuntimeError::Transport(format!(
+                    "training rank {peer}'s tensor table is outside its control segment"
+                ))
+            })?;
             if off
                 .checked_add(len)
                 .is_none_or(|end| end > data.len() as u64)
@@ -226,16 +282,30 @@ impl ShmTransport {
             tensors.insert(h, (off, len));
         }
         let me = peer_key(self.me);
-        let sums_at = (0..ctl.n_peers())
-            .map(|i| ctl.peer_entry(i))
+        let (_, sums_at, n) = (0..ctl.n_peers())
+            .map_while(|i| ctl.peer_entry(i))
             .find(|e| e.0 == me)
-            .map(|e| e.1)
             .ok_or_else(|| {
                 RuntimeError::Transport(format!(
                     "training rank {peer} has no plan for inference rank {} (plans disagree)",
                     self.me
                 ))
             })?;
+        // the sender's bucket count for this rank must be this rank's, and its checksums
+        // inside the sender's table
+        let mine = self
+            .plan
+            .peers
+            .iter()
+            .position(|p| p.peer == peer)
+            .map_or(0, |i| self.buckets[i].len() as u64);
+        if n != mine || sums_at.checked_add(n).is_none_or(|end| end > ctl.n_sums()) {
+            return Err(RuntimeError::Transport(format!(
+                "training rank {peer} cuts its transfers to inference rank {} into {n} buckets (checksums {sums_at}..), this rank into {mine} of {} checksums (bucket sizes or plans disagree)",
+                self.me,
+                ctl.n_sums()
+            )));
+        }
         Ok(Remote {
             ctl_name,
             ctl,
@@ -258,7 +328,9 @@ impl ShmTransport {
                     self.scratch.resize(b.bytes as usize, 0);
                     let n = pack(b, &peer.transfers, &self.tensors, &mut self.scratch)?;
                     let h = xxhash_rust::xxh3::xxh3_64(&self.scratch[..n]);
-                    ctl.sum(idx).store(h, Ordering::Relaxed);
+                    ctl.sum(idx)
+                        .ok_or_else(|| RuntimeError::Transport("checksum table too small".into()))?
+                        .store(h, Ordering::Relaxed);
                     stats.checksum = stats.checksum.wrapping_add(h);
                 }
                 idx += 1;
@@ -341,8 +413,15 @@ impl ShmTransport {
                 if ctx.checksums {
                     let h = hash_destination(b, &peer.transfers, &self.tensors)?;
                     let want = remote
-                        .ctl
-                        .sum(remote.sums_at + bi as u64)
+                        .sums_at
+                        .checked_add(bi as u64)
+                        .and_then(|i| remote.ctl.sum(i))
+                        .ok_or_else(|| {
+                            RuntimeError::Transport(format!(
+                                "training rank {} has no checksum for bucket {bi}",
+                                peer.peer
+                            ))
+                        })?
                         .load(Ordering::Relaxed);
                     if h != want {
                         return Err(RuntimeError::Checksum {

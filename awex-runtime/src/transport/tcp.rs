@@ -1,11 +1,19 @@
 //! The `tcp` transport: buckets streamed over one connection per peer pair.
 //!
 //! Inference ranks listen and publish their address; training ranks connect and open with a
-//! hello carrying both ranks and the peer plan's fingerprint, which the receiver checks. Per
+//! hello carrying both ranks, the peer plan's fingerprint and the bucket size, which the
+//! receiver checks, then both ends prove they hold the pair's secret (an HMAC-SHA256
+//! challenge-response over both ends' nonces, see [`super::auth`]): a connection that does not
+//! is refused and logged, and so is a second connection for a peer whose stream is live. Per
 //! update, each peer pair runs a two-stage pipeline on each end with two bucket buffers:
 //! pack (with dtype conversion) overlaps send on the sender, receive overlaps unpack on the
 //! receiver. Every frame names its version and bucket; a mismatch fails the update.
+//!
+//! Every blocking call waits in slices of at most [`SLICE`], so that each thread of the
+//! transport stops on an I/O error, on abort, at the deadline or on disconnect; when one stage
+//! of a pipeline stops, the other sees its channels close and stops too.
 
+use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport, TransportKind};
 use crate::RuntimeError;
 use crate::bucket::{Bucket, make_buckets, pack, unpack};
@@ -15,12 +23,20 @@ use awex_core::plan::{PeerPlan, RankPlan};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-const HELLO: u64 = u64::from_le_bytes(*b"AWEXTCP1");
+const HELLO: u64 = u64::from_le_bytes(*b"AWEXTCP2");
+/// Magic, source, destination, fingerprint, tag, bucket bytes, then the sender's nonce.
+const HELLO_LEN: usize = 48 + 32;
+/// How long a blocking socket call waits before the transport checks abort and deadline again.
+pub(crate) const SLICE: Duration = Duration::from_millis(100);
+/// How long an accepted connection has to complete its hello.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Hellos being read at once; connections beyond are refused (a flood cannot starve peers).
+const MAX_HANDSHAKES: usize = 64;
 const FRAME: u32 = u32::from_le_bytes(*b"AWXB");
 const FRAME_HEADER: usize = 40;
 
@@ -42,6 +58,109 @@ pub struct TcpTransport {
     incoming: Streams,
     outgoing: HashMap<RankId, TcpStream>,
     stop: Arc<AtomicBool>,
+    secret: Arc<Mutex<Option<PairSecret>>>,
+    refused: Arc<AtomicU64>,
+}
+
+/// Where a blocking socket call stands: the deadline, the abort flag, whom it waits for.
+struct Io<'a> {
+    deadline: Instant,
+    cancel: &'a AtomicBool,
+    version: u64,
+    peer: String,
+}
+
+impl Io<'_> {
+    fn for_update<'a>(ctx: &'a ExecContext<'_>, peer: String) -> Io<'a> {
+        Io {
+            deadline: ctx.deadline,
+            cancel: ctx.cancel,
+            version: ctx.version,
+            peer,
+        }
+    }
+
+    /// Runs `op` in slices until it made progress, checking abort and deadline in between.
+    fn wait<T>(
+        &self,
+        s: &TcpStream,
+        what: &str,
+        started: Instant,
+        write: bool,
+        mut op: impl FnMut() -> std::io::Result<T>,
+    ) -> Result<T, RuntimeError> {
+        loop {
+            if self.cancel.load(Ordering::Acquire) {
+                return Err(RuntimeError::Aborted(self.version));
+            }
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RuntimeError::Transport(format!(
+                    "{what}: timed out after {:.1} s waiting for {}",
+                    started.elapsed().as_secs_f64(),
+                    self.peer
+                )));
+            }
+            let t = Some(left.min(SLICE).max(Duration::from_millis(1)));
+            if write {
+                s.set_write_timeout(t).ok();
+            } else {
+                s.set_read_timeout(t).ok();
+            }
+            match op() {
+                Ok(v) => return Ok(v),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => {
+                    return Err(RuntimeError::Transport(format!(
+                        "{what}: {} failed: {e}",
+                        self.peer
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Reads exactly `buf.len()` bytes.
+    fn read(&self, s: &mut TcpStream, buf: &mut [u8], what: &str) -> Result<(), RuntimeError> {
+        let started = Instant::now();
+        let mut off = 0;
+        while off < buf.len() {
+            let r = &mut *s;
+            let n = self.wait(&*r, what, started, false, || (&*r).read(&mut buf[off..]))?;
+            if n == 0 {
+                return Err(RuntimeError::Transport(format!(
+                    "{what}: {} closed the connection",
+                    self.peer
+                )));
+            }
+            off += n;
+        }
+        Ok(())
+    }
+
+    /// Writes all of `buf`.
+    fn write(&self, s: &mut TcpStream, buf: &[u8], what: &str) -> Result<(), RuntimeError> {
+        let started = Instant::now();
+        let mut off = 0;
+        while off < buf.len() {
+            let r = &mut *s;
+            let n = self.wait(&*r, what, started, true, || (&*r).write(&buf[off..]))?;
+            if n == 0 {
+                return Err(RuntimeError::Transport(format!(
+                    "{what}: {} closed the connection",
+                    self.peer
+                )));
+            }
+            off += n;
+        }
+        Ok(())
+    }
 }
 
 fn io_err(what: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
@@ -58,21 +177,42 @@ fn remaining(deadline: Instant) -> Result<Duration, RuntimeError> {
     Ok(d)
 }
 
-fn read_hello(s: &mut TcpStream) -> std::io::Result<(RankId, RankId, u64, u64)> {
-    let mut b = [0u8; 40];
-    s.read_exact(&mut b)?;
-    let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-    if w(0) != HELLO {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not an awex peer",
-        ));
-    }
-    let r = |x: u64| RankId {
+fn rank_of(x: u64) -> RankId {
+    RankId {
         engine: (x >> 32) as u32,
         rank: x as u32,
+    }
+}
+
+/// The hello a training rank opens with (without its nonce).
+fn hello_words(src: RankId, dst: RankId, fp: u64, tag: u64, bucket_bytes: u64) -> [u64; 6] {
+    [HELLO, key(src), key(dst), fp, tag, bucket_bytes]
+}
+
+/// Whether the other end of a stream is still there (no EOF, no error), without reading.
+fn alive(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: a valid socket and a 1-byte buffer; MSG_PEEK leaves the data in place.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            b.as_mut_ptr() as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
     };
-    Ok((r(w(1)), r(w(2)), w(3), w(4)))
+    if n > 0 {
+        return true;
+    }
+    if n == 0 {
+        return false;
+    }
+    let e = std::io::Error::last_os_error();
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+    )
 }
 
 fn key(r: RankId) -> u64 {
@@ -106,6 +246,8 @@ impl TcpTransport {
             incoming: Arc::new((Mutex::new(HashMap::new()), Condvar::new())),
             outgoing: HashMap::new(),
             stop: Arc::new(AtomicBool::new(false)),
+            secret: Arc::new(Mutex::new(None)),
+            refused: Arc::new(AtomicU64::new(0)),
         };
         if t.side == Side::Inference {
             let listener =
@@ -121,16 +263,36 @@ impl TcpTransport {
                 .iter()
                 .map(|p| (p.peer, p.fingerprint))
                 .collect();
-            let (incoming, stop, me) = (t.incoming.clone(), t.stop.clone(), t.me);
             listener
                 .set_nonblocking(true)
                 .map_err(io_err("listener".into()))?;
+            let acceptor = Acceptor {
+                incoming: t.incoming.clone(),
+                stop: t.stop.clone(),
+                me: t.me,
+                fingerprints,
+                bucket_bytes: t.bucket_bytes,
+                secret: t.secret.clone(),
+                refused: t.refused.clone(),
+                handshakes: Arc::new(AtomicUsize::new(0)),
+            };
             std::thread::Builder::new()
                 .name("awex-tcp-accept".into())
-                .spawn(move || accept_loop(listener, incoming, stop, me, fingerprints))
+                .spawn(move || acceptor.run(listener))
                 .map_err(io_err("spawn acceptor".into()))?;
         }
         Ok(t)
+    }
+
+    /// Connections this (inference) rank refused: a failed hello, a missing or wrong proof of
+    /// the pair secret, or a second connection for a live peer.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Acquire)
+    }
+
+    /// The address inference ranks listen on (`None` on training ranks).
+    pub fn addr(&self) -> Option<&str> {
+        self.addr.as_deref()
     }
 
     fn connect(&mut self, peer: &PeerPlan, ctx: &ExecContext<'_>) -> Result<(), RuntimeError> {
@@ -159,17 +321,42 @@ impl TcpTransport {
             .map_err(io_err(format!("resolve {addr}")))?
             .next()
             .ok_or_else(|| RuntimeError::Transport(format!("{addr} resolves to nothing")))?;
-        let mut s = TcpStream::connect_timeout(&sock, remaining(ctx.deadline)?).map_err(io_err(
-            format!("connect to inference rank {} at {addr}", peer.peer),
-        ))?;
+        let secret = self.secret.lock().ok().and_then(|g| g.clone()).ok_or_else(|| {
+            RuntimeError::Transport(
+                "the tcp transport has no pair secret (it comes with the gateway's join answer; is the gateway older than this rank?)".into(),
+            )
+        })?;
+        let wait = remaining(ctx.deadline)?.min(Duration::from_secs(10));
+        let mut s = TcpStream::connect_timeout(&sock, wait).map_err(io_err(format!(
+            "connect to inference rank {} at {addr}",
+            peer.peer
+        )))?;
         s.set_nodelay(true).ok();
-        let mut hello = Vec::with_capacity(40);
-        for w in [HELLO, key(self.me), key(peer.peer), peer.fingerprint, tag] {
+        let io = Io::for_update(ctx, format!("inference rank {} at {addr}", peer.peer));
+        let mut hello = Vec::with_capacity(HELLO_LEN);
+        for w in hello_words(self.me, peer.peer, peer.fingerprint, tag, self.bucket_bytes) {
             hello.extend_from_slice(&w.to_le_bytes());
         }
-        s.set_write_timeout(Some(remaining(ctx.deadline)?)).ok();
-        s.write_all(&hello)
-            .map_err(io_err(format!("hello to {}", peer.peer)))?;
+        hello.extend_from_slice(&random_bytes());
+        io.write(&mut s, &hello, "hello")?;
+        let mut nonce = [0u8; 32];
+        io.read(&mut s, &mut nonce, "hello (its challenge; a refusal means plans, bucket sizes or pair secrets disagree, see its log)")?;
+        let mut transcript = hello[8..].to_vec();
+        transcript.extend_from_slice(&nonce);
+        io.write(&mut s, &secret.prove(b"S", &transcript), "hello (proof)")?;
+        let mut theirs = [0u8; 32];
+        io.read(
+            &mut s,
+            &mut theirs,
+            "hello (its proof; a refusal means it does not accept this connection, see its log)",
+        )?;
+        if !secret.verify(b"R", &transcript, &theirs) {
+            return Err(RuntimeError::Transport(format!(
+                "{addr} does not hold pair `{}`'s secret: it is not inference rank {}",
+                secret.pair(),
+                peer.peer
+            )));
+        }
         self.outgoing.insert(peer.peer, s);
         Ok(())
     }
@@ -281,39 +468,162 @@ type PeerFn = fn(
     u64,
 ) -> Result<ExecStats, RuntimeError>;
 
-fn accept_loop(
-    listener: TcpListener,
+/// The listening end: accepts connections and runs each hello on its own thread.
+struct Acceptor {
     incoming: Streams,
     stop: Arc<AtomicBool>,
     me: RankId,
     fingerprints: HashMap<RankId, u64>,
-) {
-    while !stop.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false).ok();
-                s.set_nodelay(true).ok();
-                s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                match read_hello(&mut s) {
-                    Ok((src, dst, fp, tag)) if dst == me && fingerprints.get(&src) == Some(&fp) => {
-                        if let Ok(mut m) = incoming.0.lock() {
-                            if let Some((_, old)) = m.insert(src, (tag, s)) {
-                                let _ = old.shutdown(std::net::Shutdown::Both);
-                            }
-                            incoming.1.notify_all();
-                        }
+    bucket_bytes: u64,
+    secret: Arc<Mutex<Option<PairSecret>>>,
+    refused: Arc<AtomicU64>,
+    handshakes: Arc<AtomicUsize>,
+}
+
+impl Acceptor {
+    fn run(self, listener: TcpListener) {
+        let me = Arc::new(self);
+        while !me.stop.load(Ordering::Acquire) {
+            match listener.accept() {
+                Ok((s, from)) => {
+                    if me.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+                        me.handshakes.fetch_sub(1, Ordering::AcqRel);
+                        me.refuse(&s, from, "too many hellos in progress");
+                        continue;
                     }
-                    _ => {
-                        // wrong peer or a plan that disagrees: refuse the connection
-                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    let a = me.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("awex-tcp-hello".into())
+                        .spawn(move || {
+                            if let Err(why) = a.hello(s, from) {
+                                a.refused.fetch_add(1, Ordering::AcqRel);
+                                eprintln!(
+                                    "awex: inference rank {}: refused a tcp connection from {from}: {why}",
+                                    a.me
+                                );
+                            }
+                            a.handshakes.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        me.handshakes.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+    }
+
+    fn refuse(&self, s: &TcpStream, from: std::net::SocketAddr, why: &str) {
+        self.refused.fetch_add(1, Ordering::AcqRel);
+        eprintln!(
+            "awex: inference rank {}: refused a tcp connection from {from}: {why}",
+            self.me
+        );
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Runs one hello; the stream is registered only once the peer proved the pair secret.
+    fn hello(&self, mut s: TcpStream, from: std::net::SocketAddr) -> Result<(), String> {
+        let fail = |s: &TcpStream, why: String| {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            why
+        };
+        s.set_nonblocking(false).ok();
+        s.set_nodelay(true).ok();
+        let io = Io {
+            deadline: Instant::now() + HANDSHAKE,
+            cancel: &self.stop,
+            version: 0,
+            peer: format!("{from}"),
+        };
+        let mut h = [0u8; HELLO_LEN];
+        io.read(&mut s, &mut h, "hello")
+            .map_err(|e| fail(&s, e.to_string()))?;
+        let w = |i: usize| u64::from_le_bytes(h[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let (src, dst, fp, tag, bb) = (rank_of(w(1)), rank_of(w(2)), w(3), w(4), w(5));
+        if w(0) != HELLO {
+            return Err(fail(&s, "not an awex peer (or an older version)".into()));
+        }
+        if dst != self.me {
+            return Err(fail(&s, format!("the hello is for inference rank {dst}")));
+        }
+        match self.fingerprints.get(&src) {
+            None => {
+                return Err(fail(
+                    &s,
+                    format!("training rank {src} has no transfers with this rank"),
+                ));
+            }
+            Some(&mine) if mine != fp => {
+                return Err(fail(
+                    &s,
+                    format!(
+                        "training rank {src}'s plan fingerprint {fp:016x} differs from this rank's {mine:016x} (the ranks plan different layouts)"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+        if bb != self.bucket_bytes {
+            return Err(fail(
+                &s,
+                format!(
+                    "training rank {src} uses buckets of {bb} bytes, this rank {} (every rank must use the pair's bucket_mib)",
+                    self.bucket_bytes
+                ),
+            ));
+        }
+        // the secret arrives with the join answer, which may be a moment behind the peer's
+        let secret = loop {
+            if let Some(k) = self.secret.lock().ok().and_then(|g| g.clone()) {
+                break k;
+            }
+            if Instant::now() >= io.deadline || self.stop.load(Ordering::Acquire) {
+                return Err(fail(&s, "this rank has no pair secret yet".into()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let nonce = random_bytes();
+        io.write(&mut s, &nonce, "hello (challenge)")
+            .map_err(|e| fail(&s, e.to_string()))?;
+        let mut proof = [0u8; 32];
+        io.read(&mut s, &mut proof, "hello (proof)")
+            .map_err(|e| fail(&s, e.to_string()))?;
+        let mut transcript = h[8..].to_vec();
+        transcript.extend_from_slice(&nonce);
+        if !secret.verify(b"S", &transcript, &proof) {
+            return Err(fail(
+                &s,
+                format!(
+                    "it claims to be training rank {src} but does not hold pair `{}`'s secret",
+                    secret.pair()
+                ),
+            ));
+        }
+        let (lock, cv) = &*self.incoming;
+        let mut m = lock.lock().map_err(|_| fail(&s, "poisoned".into()))?;
+        if let Some((old_tag, old)) = m.get(&src) {
+            // a retry (a later tag) or a peer whose old stream is gone replaces it; anything
+            // else is a second connection for a live peer
+            if alive(old) && !(tag != 0 && tag > *old_tag) {
+                return Err(fail(
+                    &s,
+                    format!(
+                        "second connection for training rank {src} while its stream is live; kept the live stream"
+                    ),
+                ));
+            }
+        }
+        io.write(&mut s, &secret.prove(b"R", &transcript), "hello (proof)")
+            .map_err(|e| fail(&s, e.to_string()))?;
+        if let Some((_, old)) = m.insert(src, (tag, s)) {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        cv.notify_all();
+        Ok(())
     }
 }
 
@@ -350,10 +660,12 @@ fn send_peer(
     for _ in 0..2 {
         let _ = free_tx.send(vec![0u8; cap]);
     }
+    let io = Io::for_update(ctx, format!("inference rank {}", peer.peer));
     std::thread::scope(|scope| {
+        // the packer stops when the writer stops: its channels close (no wait without an end)
         let packer = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
             let mut st = ExecStats::default();
-            for (i, b) in buckets.iter().enumerate() {
+            for b in buckets {
                 ctx.check()?;
                 let mut buf = free_rx
                     .recv()
@@ -373,34 +685,27 @@ fn send_peer(
                         peer.peer
                     )));
                 }
-                let _ = i;
             }
             Ok(st)
         });
-        let mut write_err = None;
-        for (i, (n, buf, h)) in full_rx.iter().enumerate() {
-            let r = (|| -> Result<(), RuntimeError> {
-                s.set_write_timeout(Some(remaining(ctx.deadline)?)).ok();
-                let what = format!("send to inference rank {}", peer.peer);
-                s.write_all(&frame_header(ctx.version, i as u64, n as u64, h))
-                    .map_err(io_err(what.clone()))?;
-                s.write_all(&buf[..n]).map_err(io_err(what))?;
-                Ok(())
-            })();
-            if let Err(e) = r {
-                write_err = Some(e);
-                break;
+        // the writer owns the other ends of both channels: returning drops them
+        let written = (move || -> Result<(), RuntimeError> {
+            let what = format!("send to inference rank {}", peer.peer);
+            for (i, (n, buf, h)) in full_rx.iter().enumerate() {
+                io.write(
+                    &mut s,
+                    &frame_header(ctx.version, i as u64, n as u64, h),
+                    &what,
+                )?;
+                io.write(&mut s, &buf[..n], &what)?;
+                let _ = free_tx.send(buf);
             }
-            let _ = free_tx.send(buf);
-        }
-        drop(full_rx);
+            Ok(())
+        })();
         let packed = packer
             .join()
             .unwrap_or_else(|_| Err(RuntimeError::Transport("packer panicked".into())));
-        match write_err {
-            Some(e) => Err(e),
-            None => packed,
-        }
+        written.and(packed)
     })
 }
 
@@ -418,11 +723,17 @@ fn receive_peer(
     for _ in 0..2 {
         let _ = free_tx.send(vec![0u8; cap]);
     }
+    let io = Io::for_update(ctx, format!("training rank {}", peer.peer));
     std::thread::scope(|scope| {
         let unpacker = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
             let mut st = ExecStats::default();
             for (i, (n, mut buf, h)) in full_rx.iter().enumerate() {
-                let b = &buckets[i];
+                let b = buckets.get(i).ok_or_else(|| {
+                    RuntimeError::Transport(format!(
+                        "training rank {} sent too many buckets",
+                        peer.peer
+                    ))
+                })?;
                 if ctx.corrupt && i == 0 && n > 0 {
                     buf[0] ^= 0x5a;
                 }
@@ -443,53 +754,43 @@ fn receive_peer(
             }
             Ok(st)
         });
-        let mut read_err = None;
-        for (i, b) in buckets.iter().enumerate() {
-            let r = (|| -> Result<(usize, Vec<u8>, u64), RuntimeError> {
+        // the reader owns the other ends of both channels: returning drops them
+        let read = (move || -> Result<(), RuntimeError> {
+            let what = format!("receive from training rank {}", peer.peer);
+            for (i, b) in buckets.iter().enumerate() {
                 ctx.check()?;
-                let mut buf = free_rx
-                    .recv()
-                    .map_err(|_| RuntimeError::Transport("receiver stopped".into()))?;
-                let what = format!("receive from training rank {}", peer.peer);
-                s.set_read_timeout(Some(remaining(ctx.deadline)?)).ok();
+                let Ok(mut buf) = free_rx.recv() else {
+                    return Ok(()); // the unpacker stopped; its error is the one to report
+                };
                 let mut hdr = [0u8; FRAME_HEADER];
-                s.read_exact(&mut hdr).map_err(io_err(what.clone()))?;
+                io.read(&mut s, &mut hdr, &what)?;
                 let w = |a: usize| u64::from_le_bytes(hdr[a..a + 8].try_into().unwrap_or([0; 8]));
                 let (version, bucket, len, h) = (w(8), w(16), w(24), w(32));
                 if hdr[0..4] != FRAME.to_le_bytes()
                     || version != ctx.version
                     || bucket != i as u64
                     || len != b.bytes
+                    || len > buf.len() as u64
                 {
                     return Err(RuntimeError::Transport(format!(
                         "{what}: expected bucket {i} of version {} ({} bytes), got bucket {bucket} of version {version} ({len} bytes)",
                         ctx.version, b.bytes
                     )));
                 }
-                s.read_exact(&mut buf[..len as usize])
-                    .map_err(io_err(what))?;
-                Ok((len as usize, buf, h))
-            })();
-            match r {
-                Ok(item) => {
-                    if full_tx.send(item).is_err() {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    read_err = Some(e);
-                    break;
+                io.read(&mut s, &mut buf[..len as usize], &what)?;
+                if full_tx.send((len as usize, buf, h)).is_err() {
+                    return Ok(());
                 }
             }
-        }
-        drop(full_tx);
+            Ok(())
+        })();
         let unpacked = unpacker
             .join()
             .unwrap_or_else(|_| Err(RuntimeError::Transport("unpacker panicked".into())));
-        match (unpacked, read_err) {
+        match (unpacked, read) {
             (Err(e), _) => Err(e),
-            (Ok(_), Some(e)) => Err(e),
-            (Ok(st), None) => Ok(st),
+            (Ok(_), Err(e)) => Err(e),
+            (Ok(st), Ok(())) => Ok(st),
         }
     })
 }
@@ -503,6 +804,12 @@ impl Transport for TcpTransport {
         match &self.addr {
             Some(a) => serde_json::json!({ "addr": a }),
             None => serde_json::json!({}),
+        }
+    }
+
+    fn authenticate(&mut self, secret: &PairSecret) {
+        if let Ok(mut g) = self.secret.lock() {
+            *g = Some(secret.clone());
         }
     }
 

@@ -260,6 +260,20 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     ))
 }
 
+/// `N` bytes from the kernel's random source, in hex (pair uids and data-plane secrets).
+fn random_hex<const N: usize>() -> Result<String, ApiError> {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| {
+            ApiError::Conflict(format!(
+                "the gateway cannot read /dev/urandom for the pair secret: {e}"
+            ))
+        })?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// `POST /v1/pairs`: validates and registers a pair; 201 with its status.
 pub(crate) async fn connect(
     State(gw): State<AppState>,
@@ -300,9 +314,12 @@ pub(crate) async fn connect(
         None => Vec::new(),
     };
     let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
+    let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
     let entry = Arc::new_cyclic(|weak| PairEntry {
         name: name.clone(),
         id: gw.next_id.fetch_add(1, Ordering::Relaxed),
+        uid,
+        secret,
         slots,
         created_unix_ms: unix_ms(),
         join_deadline,

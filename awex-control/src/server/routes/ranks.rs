@@ -49,6 +49,9 @@ fn roster_bytes(entry: &PairEntry, p: &mut Pair) -> Bytes {
         transport: entry.request.transport,
         options: entry.request.options.clone(),
         last_event_seq: p.events.last_seq(),
+        uid: entry.uid.clone(),
+        // the join route is behind the bearer token: only ranks that presented it get this
+        secret: Some(crate::wire::PairSecretHex(entry.secret.clone())),
     };
     let bytes = Bytes::from(serde_json::to_vec(&response).unwrap_or_default());
     p.roster.cached = Some(bytes.clone());

@@ -1,0 +1,150 @@
+//! Ranks against a gateway in process: a mis-started duplicate of a live rank (the wrong
+//! transport, the wrong bucket size) refuses itself before it publishes anything, so the live
+//! pair keeps updating; the pair secret reaches ranks in the join answer only. Every wait is
+//! bounded.
+
+use awex_control::client::Client;
+use awex_control::connect::connect_request;
+use awex_control::server::{GatewayConfig, bind, serve};
+use awex_control::wire::PairOptions;
+use awex_core::Transport;
+use awex_core::layout::{RankId, Side};
+use awex_core::model::ModelSpec;
+use awex_core::pair::PairSpec;
+use awex_runtime::TensorSet;
+use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare, rendezvous_key};
+use std::sync::Arc;
+use std::time::Duration;
+
+// Linked so that their backends register.
+const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn gateway() -> String {
+    let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve(l, GatewayConfig::default()));
+    format!("http://{addr}")
+}
+
+fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64) -> RankConfig {
+    RankConfig {
+        gateway: gw.into(),
+        token: None,
+        pair: "dup".into(),
+        side,
+        rank,
+        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
+        train: "megatron:tp=1".parse().unwrap(),
+        infer: "sglang:tp=1".parse().unwrap(),
+        transport,
+        bucket_bytes: bucket_mib << 20,
+        host: "127.0.0.1".into(),
+        uid: String::new(),
+    }
+}
+
+async fn join(c: RankConfig) -> Result<Rank, String> {
+    let prepared = prepare(&c).map_err(|e| e.to_string())?;
+    let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
+    let t = make_transport(&c, &prepared, tensors.clone()).map_err(|e| e.to_string())?;
+    tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
+        .await
+        .map_err(|_| "join hung".to_string())?
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank() {
+    let gw = gateway().await;
+    let client = Client::new(&gw, None).unwrap();
+    let spec = PairSpec {
+        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
+        train: "megatron:tp=1".parse().unwrap(),
+        infer: "sglang:tp=1".parse().unwrap(),
+        transport: Transport::Tcp,
+    };
+    let options = PairOptions {
+        bucket_mib: 1,
+        update_deadline_ms: 20_000,
+        ..PairOptions::default()
+    };
+    let req = connect_request("dup", &spec.resolve().unwrap(), vec![], options);
+    let st = client.connect(&req).await.unwrap();
+    assert_eq!(st.uid.len(), 32, "a connect uid");
+    let (t, i) = (RankId::train(0), RankId::infer(0, 0));
+    let (a, b) = tokio::join!(
+        join(cfg(&gw, Side::Training, t, Transport::Tcp, 1)),
+        join(cfg(&gw, Side::Inference, i, Transport::Tcp, 1)),
+    );
+    let (mut trainer, mut reader) = (a.unwrap(), b.unwrap());
+    let secret = trainer
+        .joined
+        .secret
+        .clone()
+        .expect("the join answer carries the secret");
+    assert_eq!(secret.0.len(), 64);
+    assert!(
+        !format!("{:?}", trainer.joined).contains(&secret.0),
+        "Debug redacts it"
+    );
+    let status = serde_json::to_string(&client.status("dup").await.unwrap()).unwrap();
+    assert!(!status.contains(&secret.0), "never in status");
+
+    let key = rendezvous_key(Side::Inference, i);
+    let before = client
+        .get_kv("dup", &key, Duration::ZERO)
+        .await
+        .unwrap()
+        .value;
+    // duplicates of the live inference rank: the wrong transport, the wrong bucket size
+    let e = join(cfg(&gw, Side::Inference, i, Transport::Shm, 1))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        e.contains("uses transport tcp but this rank was started with shm"),
+        "{e}"
+    );
+    let e = join(cfg(&gw, Side::Inference, i, Transport::Tcp, 2))
+        .await
+        .err()
+        .unwrap();
+    assert!(e.contains("bucket_mib"), "{e}");
+    let after = client
+        .get_kv("dup", &key, Duration::ZERO)
+        .await
+        .unwrap()
+        .value;
+    assert_eq!(
+        before, after,
+        "the live rank's rendezvous value is untouched"
+    );
+
+    // and the live pair still updates, over authenticated tcp
+    for version in 1..=2u64 {
+        client.start_update("dup", version).await.unwrap();
+        let (x, y) = tokio::join!(
+            async {
+                let w = trainer.next_live_work().await.unwrap().unwrap();
+                trainer.execute(w, true).await
+            },
+            async {
+                let w = reader.next_live_work().await.unwrap().unwrap();
+                reader.execute(w, true).await
+            },
+        );
+        x.unwrap();
+        y.unwrap();
+        let u = client
+            .wait_update("dup", version, Duration::from_secs(20))
+            .await
+            .unwrap();
+        assert!(u.state.is_final(), "{u:?}");
+        assert_eq!(
+            client.status("dup").await.unwrap().serving_version,
+            Some(version)
+        );
+    }
+}
