@@ -36,6 +36,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Run the main job: a gateway, training and inference rank processes, N verified updates.
     Demo(cmd::demo::Args),
+    /// Remove the shared-memory segments of awex ranks that died without cleaning up.
+    Gc(cmd::gc::Args),
     /// Predict an update's time on a stated cluster from every rank's real plan.
     Simulate(awex_sim::cli::Args),
     /// One rank process of a pair (spawned by `demo`).
@@ -64,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Pair(a) => cmd::pair::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Demo(a) => cmd::demo::run(a),
+        Command::Gc(a) => cmd::gc::run(a),
         Command::Simulate(a) => awex_sim::cli::run(a).map(|()| std::process::ExitCode::SUCCESS),
         Command::Worker(a) => cmd::worker::run(a),
     };

@@ -477,7 +477,7 @@ fn top_level_help_lists_every_command() {
     let (code, out, err) = cli(&["--help"]);
     assert_eq!(code, 0, "{err}");
     for c in [
-        "detect", "plan", "serve", "pair", "bench", "demo", "simulate",
+        "detect", "plan", "serve", "pair", "bench", "demo", "gc", "simulate",
     ] {
         assert!(
             out.lines()

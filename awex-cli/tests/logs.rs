@@ -121,3 +121,19 @@ fn a_bad_log_filter_is_refused_with_the_valid_forms() {
         "{err}"
     );
 }
+
+#[test]
+fn gc_reports_what_it_removed_as_json() {
+    // a pair name no live process uses: nothing of it to remove, and the answer says so exactly
+    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(["gc", "--pair", "no-such-pair-for-gc", "--json"])
+        .output()
+        .expect("run awex-cli");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v, serde_json::json!({ "removed": [] }));
+}

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod demo;
 pub mod detect;
+pub mod gc;
 pub mod pair;
 pub mod plan;
 pub mod serve;
