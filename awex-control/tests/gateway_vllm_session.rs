@@ -318,9 +318,12 @@ async fn a_failed_receive_fails_the_version_with_vllms_message_and_a_retry_commi
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);
     let error = failed.error.unwrap();
+    // the gateway quotes a non-2xx answer without a top-level `message` whole
+    // (`awex-control/src/server/engine.rs`): vLLM's `{"error": {"message"}}` is in it
     assert!(
-        error
-            .ends_with("/update_weights awex.UpdateFailed: engine 1 rank 0: transport: peer reset"),
+        error.contains("engine 1 POST http://127.0.0.1:")
+            && error.contains("/update_weights answered 500 Internal Server Error: ")
+            && error.contains("awex.UpdateFailed: engine 1 rank 0: transport: peer reset"),
         "{error}"
     );
     tokio::time::sleep(Duration::from_millis(200)).await;

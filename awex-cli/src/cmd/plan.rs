@@ -30,7 +30,7 @@ pub struct Args {
     /// Training side: `backend:key=value,...` (megatron: tp,pp,dp,cp,ep,etp,vpp,first_stage_layers,last_stage_layers; fsdp: dp,replicate,tp).
     #[arg(long, default_value = DEFAULT_TRAIN)]
     pub train: String,
-    /// Inference side: `backend:key=value,...` (sglang: tp,ep,engines).
+    /// Inference side: `backend:key=value,...` (sglang: tp,ep,engines; vllm: tp,ep,engines).
     #[arg(long, default_value = DEFAULT_INFER)]
     pub infer: String,
     /// Plan only this rank and list its transfers: `train:N` or `infer:E/N`.

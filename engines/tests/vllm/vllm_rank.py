@@ -16,6 +16,33 @@ import sys
 import torch
 
 
+class _NoAttention(torch.nn.Module):
+    """Stands in for `vllm.model_executor.layers.attention.Attention`: its constructor selects a
+    GPU attention kernel (`get_attn_backend`, `vllm/v1/attention/selector.py`; "Invalid attention
+    backend" on a machine without one); it holds no parameters and is never called while loading."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+
+def stub_gpu_kernels() -> None:
+    import vllm.model_executor.models.llama as llama
+    import vllm.model_executor.models.qwen3 as qwen3
+    import vllm.model_executor.models.qwen3_moe as qwen3_moe
+
+    for m in (qwen3, qwen3_moe, llama):
+        m.Attention = _NoAttention
+
+    # `select_unquantized_moe_backend` (`model_executor/layers/fused_moe/oracle/unquantized.py`)
+    # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound); the
+    # kernel runs in `forward` only. TRITON is what a Hopper GPU picks; it pads nothing
+    # (`unquantized_round_up_hidden_size_and_intermediate_size`).
+    import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as um
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+    um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.TRITON, None)
+
+
 def main() -> None:
     case = json.loads(sys.argv[1])
     rank, out = int(sys.argv[2]), sys.argv[3]
@@ -36,6 +63,8 @@ def main() -> None:
                                      backend="gloo")
         initialize_model_parallel(tensor_model_parallel_size=tp)
         from vllm.model_executor.model_loader.utils import get_model_architecture
+
+        stub_gpu_kernels()
 
         cls, _ = get_model_architecture(model_config)
         torch.set_default_dtype(torch.float32)
