@@ -99,10 +99,10 @@ fn bad_specs_are_clear_errors() {
     let (code, _, err) = cli(&["plan", "--train", "megatron:tp=3"]);
     assert_eq!(code, 2);
     assert!(err.contains("training layout `megatron:tp=3`"), "{err}");
-    let (code, _, err) = cli(&["plan", "--infer", "vllm:tp=2"]);
+    let (code, _, err) = cli(&["plan", "--infer", "trtllm:tp=2"]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("no inference backend named `vllm`; registered: sglang"),
+        err.contains("no inference backend named `trtllm`; registered: sglang, vllm"),
         "{err}"
     );
     let (code, _, err) = cli(&["plan", "--model", "nope"]);
