@@ -13,6 +13,8 @@ pub fn link_backends() -> Vec<&'static str> {
     linked.push(awex_fsdp::CRATE);
     #[cfg(feature = "sglang")]
     linked.push(awex_sglang::CRATE);
+    #[cfg(feature = "vllm")]
+    linked.push(awex_vllm::CRATE);
     std::hint::black_box(&linked);
     linked
 }

@@ -17,7 +17,7 @@ fn cli(args: &[&str]) -> (i32, String, String) {
 }
 
 #[test]
-fn binary_registers_all_three_backends() {
+fn binary_registers_all_four_backends() {
     let (code, out, err) = cli(&["detect", "--json"]);
     assert_eq!(code, 0, "{err}");
     let j: Value = serde_json::from_str(&out).unwrap();
@@ -32,7 +32,7 @@ fn binary_registers_all_three_backends() {
         v
     };
     assert_eq!(names("training"), ["fsdp", "megatron"]);
-    assert_eq!(names("inference"), ["sglang"]);
+    assert_eq!(names("inference"), ["sglang", "vllm"]);
     for b in j["training"].as_array().unwrap() {
         assert!(b["score"].as_f64().is_some() && b["evidence"].is_array());
     }
@@ -99,10 +99,10 @@ fn bad_specs_are_clear_errors() {
     let (code, _, err) = cli(&["plan", "--train", "megatron:tp=3"]);
     assert_eq!(code, 2);
     assert!(err.contains("training layout `megatron:tp=3`"), "{err}");
-    let (code, _, err) = cli(&["plan", "--infer", "vllm:tp=2"]);
+    let (code, _, err) = cli(&["plan", "--infer", "trtllm:tp=2"]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("no inference backend named `vllm`; registered: sglang"),
+        err.contains("no inference backend named `trtllm`; registered: sglang, vllm"),
         "{err}"
     );
     let (code, _, err) = cli(&["plan", "--model", "nope"]);

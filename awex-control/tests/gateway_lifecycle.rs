@@ -5,140 +5,17 @@ mod gateway_common;
 
 use awex_control::client::{Client, ClientError};
 use awex_control::server::GatewayConfig;
-use awex_control::wire::{EventKind, JoinRequest, RankReportState, Report, UpdateState};
+use awex_control::wire::{EventKind, RankReportState, Report, UpdateState};
 use awex_core::{RankId, Side};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use gateway_common::{conforms, connect_request, start};
+use gateway_common::{Act, Ranks, always_ok, conforms, connect_request, logs, spawn_ranks, start};
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// What a simulated rank does when told to run an update.
-#[derive(Clone, Debug)]
-enum Act {
-    Ok { bytes: u64, checksum: u64 },
-    Fail(&'static str),
-    Silent,
-}
-
-type Behaviour = Arc<dyn Fn(u64, u32) -> Act + Send + Sync>;
-
-fn always_ok(bytes: u64, checksum: u64) -> Behaviour {
-    Arc::new(move |_, _| Act::Ok { bytes, checksum })
-}
-
-/// A rank: joins, then follows the event stream until `disconnect`; returns what it saw.
-async fn rank(
-    client: Client,
-    pair: String,
-    side: Side,
-    rank: RankId,
-    act: Behaviour,
-) -> Result<Vec<String>, ClientError> {
-    let info =
-        json!({ "host": "127.0.0.1", "port": 20000 + rank.engine * 100 + rank.rank, "side": side });
-    let roster = client
-        .join(&pair, &JoinRequest { side, rank, info })
-        .await?;
-    let mut log = vec![format!("joined {}", roster.roster.len())];
-    let mut after = roster.last_event_seq;
-    loop {
-        let batch = client.events(&pair, after, Duration::from_secs(5)).await?;
-        for e in batch.events {
-            after = e.seq;
-            let (v, a) = (e.version.unwrap_or(0), e.attempt.unwrap_or(0));
-            match e.kind {
-                EventKind::Update => {
-                    log.push(format!("update {v}/{a}"));
-                    let report = match act(v, a) {
-                        Act::Ok { bytes, checksum } => Some(Report {
-                            side,
-                            rank,
-                            ok: true,
-                            bytes,
-                            checksum: Some(checksum),
-                            error: None,
-                            attempt: Some(a),
-                        }),
-                        Act::Fail(why) => Some(Report {
-                            side,
-                            rank,
-                            ok: false,
-                            bytes: 0,
-                            checksum: None,
-                            error: Some(why.into()),
-                            attempt: Some(a),
-                        }),
-                        Act::Silent => None,
-                    };
-                    if let Some(r) = report {
-                        match client.report(&pair, v, &r).await {
-                            // The attempt already failed (another rank was faster): its abort follows.
-                            Err(e) if e.status() == Some(409) => {}
-                            other => {
-                                other?;
-                            }
-                        }
-                    }
-                }
-                EventKind::Abort => log.push(format!("abort {v}/{a}")),
-                EventKind::Disconnect => {
-                    log.push("disconnect".into());
-                    return Ok(log);
-                }
-            }
-        }
-    }
-}
-
-type Ranks = Vec<tokio::task::JoinHandle<Result<Vec<String>, ClientError>>>;
-
-/// Spawns every rank of a pair with `train` training ranks and `engines` x `per` inference ranks.
-fn spawn_ranks(
-    client: &Client,
-    pair: &str,
-    train: u32,
-    engines: u32,
-    per: u32,
-    act: impl Fn(Side, RankId) -> Behaviour,
-) -> Ranks {
-    let mut handles = Vec::new();
-    for r in 0..train {
-        let id = RankId::train(r);
-        handles.push(tokio::spawn(rank(
-            client.clone(),
-            pair.into(),
-            Side::Training,
-            id,
-            act(Side::Training, id),
-        )));
-    }
-    for e in 0..engines {
-        for r in 0..per {
-            let id = RankId::infer(e, r);
-            handles.push(tokio::spawn(rank(
-                client.clone(),
-                pair.into(),
-                Side::Inference,
-                id,
-                act(Side::Inference, id),
-            )));
-        }
-    }
-    handles
-}
-
-async fn logs(handles: Ranks) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.expect("rank task").expect("rank ran"));
-    }
-    out
-}
 
 async fn raw(base: &str, path: &str) -> Value {
     reqwest::get(format!("{base}{path}"))

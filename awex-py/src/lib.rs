@@ -18,7 +18,12 @@ mod testing;
 use pyo3::prelude::*;
 
 /// The backend crates linked into the module; naming them links their registrations.
-const BACKENDS: [&str; 3] = [awex_megatron::CRATE, awex_fsdp::CRATE, awex_sglang::CRATE];
+const BACKENDS: [&str; 4] = [
+    awex_megatron::CRATE,
+    awex_fsdp::CRATE,
+    awex_sglang::CRATE,
+    awex_vllm::CRATE,
+];
 
 // Megatron parameters as receivers (`Reader(..., backend="megatron")`): loading canonical weights
 // into a live Megatron job. Registered here only, so the CLI's inference backends stay the serving engines.

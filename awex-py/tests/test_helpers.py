@@ -92,7 +92,7 @@ def test_spec_refuses_an_unknown_backend_like_the_cli():
 def test_detect_scores_every_linked_backend():
     report = awex.detect()
     assert sorted(v["backend"] for v in report["training"]) == ["fsdp", "megatron"]
-    assert [v["backend"] for v in report["inference"]] == ["sglang"]
+    assert sorted(v["backend"] for v in report["inference"]) == ["sglang", "vllm"]
     for v in report["training"] + report["inference"]:
         assert 0.0 <= v["score"] <= 1.0
         assert isinstance(v["evidence"], list)
@@ -102,7 +102,7 @@ def test_detect_scores_every_linked_backend():
 
 def test_package_exports_its_api():
     for name in ["Writer", "Reader", "Controller", "detect", "LayoutError", "UpdateFailed",
-                 "Disconnected", "GatewayError", "AwexError", "megatron", "fsdp", "sglang"]:
+                 "Disconnected", "GatewayError", "AwexError", "megatron", "fsdp", "sglang", "vllm"]:
         assert hasattr(awex, name), name
     assert issubclass(awex.LayoutError, awex.AwexError) and issubclass(awex.LayoutError, ValueError)
     assert awex.__version__ == "0.1.0"

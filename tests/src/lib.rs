@@ -4,6 +4,11 @@
 //! `inventory::submit!` registrations are invisible. Tests call [`link_backends`] first.
 
 /// References one item of every backend crate so that the linker keeps their registrations.
-pub fn link_backends() -> [&'static str; 3] {
-    std::hint::black_box([awex_megatron::CRATE, awex_fsdp::CRATE, awex_sglang::CRATE])
+pub fn link_backends() -> [&'static str; 4] {
+    std::hint::black_box([
+        awex_megatron::CRATE,
+        awex_fsdp::CRATE,
+        awex_sglang::CRATE,
+        awex_vllm::CRATE,
+    ])
 }

@@ -112,12 +112,12 @@ fn buffers(side: &ExplicitSide, cat: &Catalogue, canon: &HashMap<String, Vec<u8>
 }
 
 #[test]
-fn three_backends_are_registered_through_inventory() {
+fn four_backends_are_registered_through_inventory() {
     awex_tests::link_backends();
     let t: Vec<_> = training_backends().iter().map(|b| b.name()).collect();
     let i: Vec<_> = inference_backends().iter().map(|b| b.name()).collect();
     assert_eq!(t, ["fsdp", "megatron"]);
-    assert_eq!(i, ["sglang"]);
+    assert_eq!(i, ["sglang", "vllm"]);
 }
 
 #[test]

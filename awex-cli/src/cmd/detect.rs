@@ -11,8 +11,8 @@ pub struct Args {
     /// A checkpoint directory to inspect.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
-    /// Base URL of a running SGLang server (e.g. http://127.0.0.1:30000).
-    #[arg(long)]
+    /// Base URL of a running inference server, SGLang or vLLM (e.g. http://127.0.0.1:30000).
+    #[arg(long, alias = "server-url")]
     pub sglang_url: Option<String>,
     /// Print JSON.
     #[arg(long)]

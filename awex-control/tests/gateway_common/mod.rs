@@ -3,11 +3,16 @@
 
 #![allow(dead_code)]
 
+use awex_control::client::{Client, ClientError};
 use awex_control::server::{GatewayConfig, OPENAPI_DOCUMENT};
 use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, Transport};
+use awex_control::wire::{EventKind, JoinRequest, Report};
 use awex_core::model::presets::preset;
 use awex_core::{Catalogue, ModelSpec, ParallelConfig};
-use serde_json::Value;
+use awex_core::{RankId, Side};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The tiny preset model.
 pub fn tiny() -> ModelSpec {
@@ -135,4 +140,129 @@ pub fn conforms(name: &str, v: &Value) -> Result<(), String> {
     let doc: Value = serde_json::from_str(OPENAPI_DOCUMENT).map_err(|e| e.to_string())?;
     let schema = serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
     check(&doc, &schema, v, name)
+}
+
+// ---- simulated ranks: tokio tasks that join and follow the event stream ----
+
+/// What a simulated rank does when told to run an update.
+#[derive(Clone, Debug)]
+pub enum Act {
+    Ok { bytes: u64, checksum: u64 },
+    Fail(&'static str),
+    Silent,
+}
+
+pub type Behaviour = Arc<dyn Fn(u64, u32) -> Act + Send + Sync>;
+
+pub fn always_ok(bytes: u64, checksum: u64) -> Behaviour {
+    Arc::new(move |_, _| Act::Ok { bytes, checksum })
+}
+
+/// A rank: joins, then follows the event stream until `disconnect`; returns what it saw.
+pub async fn rank(
+    client: Client,
+    pair: String,
+    side: Side,
+    rank: RankId,
+    act: Behaviour,
+) -> Result<Vec<String>, ClientError> {
+    let info =
+        json!({ "host": "127.0.0.1", "port": 20000 + rank.engine * 100 + rank.rank, "side": side });
+    let roster = client
+        .join(&pair, &JoinRequest { side, rank, info })
+        .await?;
+    let mut log = vec![format!("joined {}", roster.roster.len())];
+    let mut after = roster.last_event_seq;
+    loop {
+        let batch = client.events(&pair, after, Duration::from_secs(5)).await?;
+        for e in batch.events {
+            after = e.seq;
+            let (v, a) = (e.version.unwrap_or(0), e.attempt.unwrap_or(0));
+            match e.kind {
+                EventKind::Update => {
+                    log.push(format!("update {v}/{a}"));
+                    let report = match act(v, a) {
+                        Act::Ok { bytes, checksum } => Some(Report {
+                            side,
+                            rank,
+                            ok: true,
+                            bytes,
+                            checksum: Some(checksum),
+                            error: None,
+                            attempt: Some(a),
+                        }),
+                        Act::Fail(why) => Some(Report {
+                            side,
+                            rank,
+                            ok: false,
+                            bytes: 0,
+                            checksum: None,
+                            error: Some(why.into()),
+                            attempt: Some(a),
+                        }),
+                        Act::Silent => None,
+                    };
+                    if let Some(r) = report {
+                        match client.report(&pair, v, &r).await {
+                            // The attempt already failed (another rank was faster): its abort follows.
+                            Err(e) if e.status() == Some(409) => {}
+                            other => {
+                                other?;
+                            }
+                        }
+                    }
+                }
+                EventKind::Abort => log.push(format!("abort {v}/{a}")),
+                EventKind::Disconnect => {
+                    log.push("disconnect".into());
+                    return Ok(log);
+                }
+            }
+        }
+    }
+}
+
+pub type Ranks = Vec<tokio::task::JoinHandle<Result<Vec<String>, ClientError>>>;
+
+/// Spawns every rank of a pair with `train` training ranks and `engines` x `per` inference ranks.
+pub fn spawn_ranks(
+    client: &Client,
+    pair: &str,
+    train: u32,
+    engines: u32,
+    per: u32,
+    act: impl Fn(Side, RankId) -> Behaviour,
+) -> Ranks {
+    let mut handles = Vec::new();
+    for r in 0..train {
+        let id = RankId::train(r);
+        handles.push(tokio::spawn(rank(
+            client.clone(),
+            pair.into(),
+            Side::Training,
+            id,
+            act(Side::Training, id),
+        )));
+    }
+    for e in 0..engines {
+        for r in 0..per {
+            let id = RankId::infer(e, r);
+            handles.push(tokio::spawn(rank(
+                client.clone(),
+                pair.into(),
+                Side::Inference,
+                id,
+                act(Side::Inference, id),
+            )));
+        }
+    }
+    handles
+}
+
+pub async fn logs(handles: Ranks) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.expect("rank task").expect("rank ran"));
+    }
+    out
 }

@@ -19,7 +19,7 @@ config, the rank and the layer spec from the live Megatron-Core or FSDP2 model.
 
 from __future__ import annotations
 
-from . import fsdp, megatron, sglang
+from . import fsdp, megatron, sglang, vllm
 from ._awex import __version__
 from ._controller import Controller
 from ._detect import detect
@@ -41,5 +41,6 @@ __all__ = [
     "megatron",
     "fsdp",
     "sglang",
+    "vllm",
     "__version__",
 ]

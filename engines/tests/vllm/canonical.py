@@ -1,0 +1,23 @@
+import json, sys, torch
+d = sys.argv[1]; cfg = json.load(open(f"{d}/config.json"))
+g = torch.Generator().manual_seed(0)
+H, L, nh, kv, hd, I, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"], cfg["vocab_size"]
+r = lambda *s: torch.randn(*s, generator=g)
+t = {"model.embed_tokens.weight": r(V, H), "model.norm.weight": r(H)}
+if not cfg.get("tie_word_embeddings"): t["lm_head.weight"] = r(V, H)
+moe = "num_experts" in cfg
+for l in range(L):
+    p = f"model.layers.{l}."
+    t[p+"input_layernorm.weight"] = r(H); t[p+"post_attention_layernorm.weight"] = r(H)
+    t[p+"self_attn.q_proj.weight"] = r(nh*hd, H); t[p+"self_attn.k_proj.weight"] = r(kv*hd, H); t[p+"self_attn.v_proj.weight"] = r(kv*hd, H)
+    t[p+"self_attn.o_proj.weight"] = r(H, nh*hd)
+    if cfg["model_type"] != "llama":
+        t[p+"self_attn.q_norm.weight"] = r(hd); t[p+"self_attn.k_norm.weight"] = r(hd)
+    if moe and l not in cfg["mlp_only_layers"]:
+        E, mi = cfg["num_experts"], cfg["moe_intermediate_size"]
+        t[p+"mlp.gate.weight"] = r(E, H)
+        for e in range(E):
+            t[p+f"mlp.experts.{e}.gate_proj.weight"] = r(mi, H); t[p+f"mlp.experts.{e}.up_proj.weight"] = r(mi, H); t[p+f"mlp.experts.{e}.down_proj.weight"] = r(H, mi)
+    else:
+        t[p+"mlp.gate_proj.weight"] = r(I, H); t[p+"mlp.up_proj.weight"] = r(I, H); t[p+"mlp.down_proj.weight"] = r(H, I)
+torch.save(t, sys.argv[2])

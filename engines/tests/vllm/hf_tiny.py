@@ -1,0 +1,14 @@
+import json, sys, torch
+kind = sys.argv[1]; d = sys.argv[2]
+cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+           intermediate_size=128, vocab_size=1000, max_position_embeddings=256, rms_norm_eps=1e-6,
+           rope_theta=10000.0, tie_word_embeddings=False, torch_dtype="float32", hidden_act="silu")
+if kind == "qwen3":
+    cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3")
+elif kind == "llama":
+    cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=True)
+else:
+    cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+               moe_intermediate_size=32, mlp_only_layers=[0], decoder_sparse_step=1, norm_topk_prob=True)
+import os; os.makedirs(d, exist_ok=True)
+json.dump(cfg, open(f"{d}/config.json", "w"))

@@ -1,0 +1,105 @@
+"""vLLM 0.33.0's own model classes and `load_weights`, on CPU, against awex's `vllm` layout.
+
+For every case: a tiny HF config and a random canonical checkpoint; every TP rank of vLLM's
+model class is built in its own process with vLLM's parallel groups over gloo (`vllm_rank.py`)
+and loaded with the class's own `load_weights`. awex's exchange plan from a one-rank canonical
+sender (`awex-cli plan --train fsdp:dp=1 --infer vllm:... --rank infer:0/R --json`: the copies
+the transport performs) is applied to zeroed tensors of the rank's layout. Every parameter must be
+byte-identical, and the parameter names and shapes equal (the padding rows of embed_tokens /
+lm_head are zero on both sides: vLLM's weight loader zero-fills them).
+
+    PYTHONPATH=/tmp/vllm-pkgs AWEX_CLI=target/debug/awex-cli python -m pytest engines/tests/vllm
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+CLI = os.environ.get("AWEX_CLI", os.path.join(ROOT, "target", "debug", "awex-cli"))
+
+CASES = [
+    dict(name="qwen3_tp1", kind="qwen3", tp=1),
+    dict(name="qwen3_tp2", kind="qwen3", tp=2),
+    dict(name="qwen3_tp4_kv_replicated", kind="qwen3", tp=4),
+    dict(name="qwen3_tied_tp2", kind="qwen3", tp=2, tied=True),
+    dict(name="llama_tied_tp2", kind="llama", tp=2),
+    dict(name="moe_tp2", kind="moe", tp=2),
+    dict(name="moe_tp2_ep2", kind="moe", tp=2, ep=2),
+    dict(name="moe_tp4_ep4", kind="moe", tp=4, ep=4),
+    dict(name="moe_tied_tp2_ep2", kind="moe", tp=2, ep=2, tied=True),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_case(case: dict, d: str) -> tuple[str, str]:
+    hf = os.path.join(d, "hf")
+    subprocess.run([sys.executable, os.path.join(HERE, "hf_tiny.py"), case["kind"], hf], check=True)
+    if "tied" in case:
+        cfg = json.load(open(os.path.join(hf, "config.json")))
+        cfg["tie_word_embeddings"] = case["tied"]
+        json.dump(cfg, open(os.path.join(hf, "config.json"), "w"))
+    canon = os.path.join(d, "canon.pt")
+    subprocess.run([sys.executable, os.path.join(HERE, "canonical.py"), hf, canon], check=True)
+    return hf, canon
+
+
+def vllm_ranks(case: dict, hf: str, canon: str, d: str) -> list[dict[str, torch.Tensor]]:
+    spec = dict(tp=case["tp"], ep=case.get("ep", 1), hf_dir=hf, canonical=canon, port=free_port())
+    procs = [
+        subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_rank.py"), json.dumps(spec), str(r), d],
+                         stdout=open(os.path.join(d, f"rank{r}.log"), "w"), stderr=subprocess.STDOUT)
+        for r in range(case["tp"])
+    ]
+    for r, p in enumerate(procs):
+        if p.wait(timeout=600) != 0:
+            raise AssertionError(f"vLLM rank {r} failed:\n" + open(os.path.join(d, f"rank{r}.log")).read()[-4000:])
+    return [torch.load(os.path.join(d, f"rank{r}.pt")) for r in range(case["tp"])]
+
+
+def awex_rank(case: dict, hf: str, canon: dict[str, torch.Tensor], r: int) -> dict[str, torch.Tensor]:
+    infer = f"vllm:tp={case['tp']},ep={case.get('ep', 1)}"
+    out = subprocess.run([CLI, "plan", "--model", os.path.join(hf, "config.json"), "--train", "fsdp:dp=1",
+                          "--infer", infer, "--rank", f"infer:0/{r}", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    plan = json.loads(out)["plan"]
+    got: dict[str, torch.Tensor] = {}
+    for peer in plan["peers"]:
+        for t in peer["transfers"]:
+            dst = got.setdefault(t["dst_tensor"], torch.zeros(t["dst_shape"], dtype=torch.float32))
+            src = canon[t["src_tensor"]]
+            assert list(src.shape) == t["src_shape"], t["src_tensor"]
+            s = tuple(slice(o, o + e) for o, e in zip(t["src_offset"], t["extent"]))
+            # a destination may have more dims than the canonical box (a fused expert stack)
+            lead = len(t["dst_shape"]) - len(t["extent"])
+            dsl = tuple(slice(o, o + 1) for o in t["dst_offset"][:lead]) + tuple(
+                slice(o, o + e) for o, e in zip(t["dst_offset"][lead:], t["extent"]))
+            dst[dsl] = src[s].reshape(dst[dsl].shape)
+    return got
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_vllm_load_weights_equals_awex_receive(case: dict) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"awex-vllm-{case['name']}-") as d:
+        hf, canon_path = make_case(case, d)
+        canon = torch.load(canon_path)
+        for r, theirs in enumerate(vllm_ranks(case, hf, canon_path, d)):
+            ours = awex_rank(case, hf, canon, r)
+            assert sorted(theirs) == sorted(ours), f"rank {r}: names differ: {sorted(set(theirs) ^ set(ours))}"
+            for n, t in theirs.items():
+                assert tuple(t.shape) == tuple(ours[n].shape), f"rank {r} `{n}`: {tuple(t.shape)} vs {tuple(ours[n].shape)}"
+                assert t.contiguous().numpy().tobytes() == ours[n].numpy().tobytes(), f"rank {r} `{n}` differs"

@@ -1,0 +1,79 @@
+"""One TP rank of a vLLM 0.33 model built on CPU with vLLM's own parallel groups over gloo.
+
+    python vllm_rank.py CASE_JSON RANK OUT_DIR
+
+Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`) inside
+`set_current_vllm_config`, loads the canonical checkpoint with the class's own `load_weights`,
+and saves `named_parameters()` (names, shapes, bytes) to OUT_DIR/rank{R}.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+
+class _NoAttention(torch.nn.Module):
+    """Stands in for `vllm.model_executor.layers.attention.Attention`: its constructor selects a
+    GPU attention kernel (`get_attn_backend`, `vllm/v1/attention/selector.py`; "Invalid attention
+    backend" on a machine without one); it holds no parameters and is never called while loading."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+
+def stub_gpu_kernels() -> None:
+    import vllm.model_executor.models.llama as llama
+    import vllm.model_executor.models.qwen3 as qwen3
+    import vllm.model_executor.models.qwen3_moe as qwen3_moe
+
+    for m in (qwen3, qwen3_moe, llama):
+        m.Attention = _NoAttention
+
+    # `select_unquantized_moe_backend` (`model_executor/layers/fused_moe/oracle/unquantized.py`)
+    # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound); the
+    # kernel runs in `forward` only. TRITON is what a Hopper GPU picks; it pads nothing
+    # (`unquantized_round_up_hidden_size_and_intermediate_size`).
+    import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as um
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+
+    um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.TRITON, None)
+
+
+def main() -> None:
+    case = json.loads(sys.argv[1])
+    rank, out = int(sys.argv[2]), sys.argv[3]
+    tp, ep = case["tp"], case.get("ep", 1)
+    from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig, ParallelConfig,
+                             VllmConfig, set_current_vllm_config)
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    model_config = ModelConfig(model=case["hf_dir"], skip_tokenizer_init=True, dtype="float32",
+                               enforce_eager=True)
+    parallel = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep > 1)
+    vc = VllmConfig(model_config=model_config, parallel_config=parallel,
+                    device_config=DeviceConfig(device="cpu"), load_config=LoadConfig(),
+                    cache_config=CacheConfig())
+    with set_current_vllm_config(vc):
+        init_distributed_environment(world_size=tp, rank=rank, local_rank=rank,
+                                     distributed_init_method=f"tcp://127.0.0.1:{case['port']}",
+                                     backend="gloo")
+        initialize_model_parallel(tensor_model_parallel_size=tp)
+        from vllm.model_executor.model_loader.utils import get_model_architecture
+
+        stub_gpu_kernels()
+
+        cls, _ = get_model_architecture(model_config)
+        torch.set_default_dtype(torch.float32)
+        model = cls(vllm_config=vc, prefix="")
+        canon = torch.load(case["canonical"])
+        model.load_weights(iter(canon.items()))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(params, os.path.join(out, f"rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    main()
