@@ -104,6 +104,8 @@ pub fn detect(probe: &Probe) -> Detection {
     let mut d = Detection::default();
     if probe.has_package("vllm") {
         d.add(PACKAGE_WEIGHT, "python package `vllm` is importable");
+    } else {
+        d.absent_package(probe, "vllm");
     }
     let Some(url) = probe.server_url.as_deref() else {
         d.evidence.push(
