@@ -40,8 +40,22 @@ enum PairCommand {
     Update(UpdateArgs),
     /// Show a pair: state, serving version, latest update, ranks.
     Status(StatusArgs),
+    /// Let a pair's engines serve again outside an update (after a failed version, only with
+    /// --accept-torn: its weights may be partially written).
+    Resume(ResumeArgs),
     /// Disconnect a pair; its ranks tear down their transports.
     Disconnect(NameArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ResumeArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+    /// Resume even though the last failed version left the inference weights partially
+    /// written (the status then reports `serving_torn_version`).
+    #[arg(long)]
+    accept_torn: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -346,6 +360,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string_pretty(&status)?);
                 } else {
                     println!("{}", describe_pair(&status));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            PairCommand::Resume(a) => {
+                let status = client.resume(&a.name, a.accept_torn).await?;
+                match status.serving_torn_version {
+                    Some(v) => println!(
+                        "pair {} resumed on the partially written version {v}; serving version {}",
+                        status.name,
+                        status
+                            .serving_version
+                            .map_or_else(|| "none".to_string(), |v| v.to_string())
+                    ),
+                    None => println!(
+                        "pair {} resumed; serving version {}",
+                        status.name,
+                        status
+                            .serving_version
+                            .map_or_else(|| "none".to_string(), |v| v.to_string())
+                    ),
                 }
                 Ok(ExitCode::SUCCESS)
             }
