@@ -76,11 +76,23 @@ fn serve_logs_connect_disconnect_and_refusals_as_json_lines() {
     ]);
     // nothing is torn: a resume is accepted and says what serves
     let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .args(["pair", "resume", "--gateway", &gw, "--name", "logged", "--accept-torn"])
+        .args([
+            "pair",
+            "resume",
+            "--gateway",
+            &gw,
+            "--name",
+            "logged",
+            "--accept-torn",
+        ])
         .env("AWEX_TOKEN", "t0ken")
         .output()
         .expect("run awex-cli");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "pair logged resumed; serving version none"
