@@ -85,7 +85,7 @@ def test_spec_refuses_an_unknown_backend_like_the_cli():
     with pytest.raises(awex.LayoutError) as e:
         awex.spec("megatorn", tp=2)
     assert str(e.value) == (
-        "no backend named `megatorn`; registered: training fsdp, megatron; inference sglang"
+        "no backend named `megatorn`; registered: training fsdp, megatron; inference megatron, sglang, vllm"
     )
 
 
