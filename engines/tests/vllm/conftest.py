@@ -1,0 +1,21 @@
+"""The vLLM tests need vLLM 0.33.0 importable: it is not in `engines/requirements.lock` (its
+pins conflict with SGLang's; `engines/requirements-vllm.txt` lists them, installed with
+`pip install --no-deps --target DIR` and put on `PYTHONPATH`). Without it they are skipped,
+saying so, instead of failing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(
+        reason="vllm is not importable: install engines/requirements-vllm.txt (--no-deps --target DIR) and add DIR to PYTHONPATH"
+    )
+    for item in items:
+        if "/vllm/" in str(item.fspath):
+            item.add_marker(skip)
