@@ -10,8 +10,17 @@ import importlib.util
 import pytest
 
 
+def _vllm_importable() -> bool:
+    # `vllm` alone may resolve to this tests folder (a namespace package on sys.path): ask for a
+    # module only the real package has
+    try:
+        return importlib.util.find_spec("vllm.config") is not None
+    except ImportError:
+        return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if importlib.util.find_spec("vllm") is not None:
+    if _vllm_importable():
         return
     skip = pytest.mark.skip(
         reason="vllm is not importable: install engines/requirements-vllm.txt (--no-deps --target DIR) and add DIR to PYTHONPATH"
