@@ -77,6 +77,14 @@ impl From<RankError> for Fail {
             RankError::Runtime(r) => r.into(),
             RankError::Layout(m) => Fail::Layout(m),
             RankError::Disconnected => Fail::Disconnected("the pair was disconnected".into()),
+            e @ RankError::UnknownPair { .. } => Fail::Gateway {
+                status: Some(404),
+                message: e.to_string(),
+            },
+            e @ RankError::GatewayLost { .. } => Fail::Gateway {
+                status: None,
+                message: e.to_string(),
+            },
         }
     }
 }
