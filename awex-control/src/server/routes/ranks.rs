@@ -6,6 +6,7 @@ use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams, wait_ms};
 use crate::server::state::Pair;
 use crate::server::state::{AppState, PairEntry};
+use crate::server::store::disk::Op;
 use crate::server::store::roster::rank_name;
 use crate::server::validate;
 use crate::wire::MAX_INFO_BYTES;
@@ -98,8 +99,10 @@ pub(crate) async fn join(
             PairState::Joining | PairState::Ready => {}
         }
         p.roster.put(slot, req.info, info_bytes)?;
+        p.changed(Op::Roster(slot));
         if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
             p.state = PairState::Ready;
+            p.changed(Op::State);
             drop(p);
             tracing::info!(
                 pair = %entry.name,
