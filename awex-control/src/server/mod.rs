@@ -40,9 +40,9 @@ mod store;
 mod validate;
 
 pub use config::{GatewayConfig, ServeError, default_state_dir};
-pub use store::disk::StoreError;
 pub use error::ApiError;
 pub use routes::openapi::DOCUMENT as OPENAPI_DOCUMENT;
+pub use store::disk::StoreError;
 
 use routes::{events, kv, metrics, openapi, pairs, ranks, updates};
 use state::{AppState, Gateway};
@@ -177,7 +177,8 @@ pub fn open_router(config: GatewayConfig) -> Result<Router, ServeError> {
     };
     let gw = gateway_of(config, store);
     if let Some((pairs, next_id)) = loaded {
-        gw.next_id.fetch_max(next_id, std::sync::atomic::Ordering::Relaxed);
+        gw.next_id
+            .fetch_max(next_id, std::sync::atomic::Ordering::Relaxed);
         let n = routes::pairs::restore(&gw, pairs);
         if let Some(s) = &gw.store {
             tracing::info!(pairs = n, dir = %s.dir().display(), "gateway state loaded");
@@ -294,12 +295,26 @@ pub async fn serve(
 }
 
 /// Serves the gateway on `listener` until `shutdown` completes, then drains open requests.
+/// Opens the state directory first ([`open_router`]).
 pub async fn serve_with_shutdown(
     listener: tokio::net::TcpListener,
     config: GatewayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     check_token_and_bind(listener.local_addr()?, &config)?;
+    let app = open_router(config.clone())?;
+    serve_router(listener, &config, app, shutdown).await
+}
+
+/// Serves `app` (from [`open_router`] with `config`) on `listener` until `shutdown` completes,
+/// with `config`'s connection limits.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    config: &GatewayConfig,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    check_token_and_bind(listener.local_addr()?, config)?;
     // bounded connections, silent ones closed, no Nagle delay on small exchanges
     let listener = listener::Bounded::new(
         listener,
@@ -309,7 +324,6 @@ pub async fn serve_with_shutdown(
             idle_timeout: config.idle_timeout,
         },
     );
-    let app = open_router(config)?;
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;

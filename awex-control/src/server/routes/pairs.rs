@@ -364,7 +364,13 @@ pub(crate) async fn connect(
         }
         if let Some(store) = &gw.store {
             // a remembered disconnected pair of that name is replaced: its rows go first
-            let mut rows = vec![Write::DeletePair(name.clone()), Write::Pair(name.clone(), serde_json::to_vec(&entry.record()).unwrap_or_default())];
+            let mut rows = vec![
+                Write::DeletePair(name.clone()),
+                Write::Pair(
+                    name.clone(),
+                    serde_json::to_vec(&entry.record()).unwrap_or_default(),
+                ),
+            ];
             rows.push(Write::NextId(entry.id + 1));
             store.submit(rows);
             entry.lock().changed(Op::State);
@@ -581,9 +587,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
         p.updates.serving_torn = st.serving_torn;
         let mut events: Vec<Event> = l.events;
         events.sort_by_key(|e| e.seq);
-        p.events.last = st
-            .last_event_seq
-            .max(events.last().map_or(0, |e| e.seq));
+        p.events.last = st.last_event_seq.max(events.last().map_or(0, |e| e.seq));
         p.events.events = events.into();
         let join_deadline =
             now + Duration::from_millis(rec.join_deadline_unix_ms.saturating_sub(now_ms));

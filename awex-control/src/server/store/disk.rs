@@ -287,7 +287,10 @@ impl Store {
             .map_err(|x| e(x.into()))?
             .map_or(1, |v| v.value());
         let bad = |what: &str, name: &str, x: serde_json::Error| {
-            io(dir, format!("a damaged {what} record of pair `{name}`: {x}"))
+            io(
+                dir,
+                format!("a damaged {what} record of pair `{name}`: {x}"),
+            )
         };
         let mut out = Vec::new();
         for row in pairs.iter().map_err(|x| e(x.into()))? {
@@ -301,7 +304,10 @@ impl Store {
             };
             let n = name.as_str();
             let mut ros = Vec::new();
-            for row in roster.range((n, 0)..=(n, u64::MAX)).map_err(|x| e(x.into()))? {
+            for row in roster
+                .range((n, 0)..=(n, u64::MAX))
+                .map_err(|x| e(x.into()))?
+            {
                 let (k, v) = row.map_err(|x| e(x.into()))?;
                 let rec = serde_json::from_slice(v.value()).map_err(|x| bad("roster", n, x))?;
                 ros.push((k.value().1, rec));
@@ -317,7 +323,10 @@ impl Store {
                 kvs.push((key.to_string(), rec));
             }
             let mut ups = Vec::new();
-            for row in updates.range((n, 0)..=(n, u64::MAX)).map_err(|x| e(x.into()))? {
+            for row in updates
+                .range((n, 0)..=(n, u64::MAX))
+                .map_err(|x| e(x.into()))?
+            {
                 let (k, v) = row.map_err(|x| e(x.into()))?;
                 let version = k.value().1;
                 let rec: UpdateRecord =
@@ -334,7 +343,10 @@ impl Store {
                 ups.push((version, rec, reps));
             }
             let mut evs = Vec::new();
-            for row in events.range((n, 0)..=(n, u64::MAX)).map_err(|x| e(x.into()))? {
+            for row in events
+                .range((n, 0)..=(n, u64::MAX))
+                .map_err(|x| e(x.into()))?
+            {
                 let (_, v) = row.map_err(|x| e(x.into()))?;
                 evs.push(serde_json::from_slice(v.value()).map_err(|x| bad("event", n, x))?);
             }
