@@ -687,13 +687,13 @@ impl Rank {
                     // the gateway is restarting (or overloaded): wait for it, then re-attach
                     let (pair, after) = (self.cfg.pair.clone(), self.last_seq);
                     let client = self.client.clone();
-                    let first = std::cell::Cell::new(Some(e));
+                    let first = std::sync::Mutex::new(Some(e));
                     let r = retry_gateway(
                         &self.cfg.gateway,
                         "waiting for work",
                         self.gateway_lost,
                         || {
-                            let first = first.take();
+                            let first = first.lock().ok().and_then(|mut f| f.take());
                             let client = client.clone();
                             let pair = pair.clone();
                             async move {
