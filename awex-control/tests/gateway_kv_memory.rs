@@ -61,14 +61,20 @@ async fn a_kv_value_costs_at_most_twice_its_json_size() {
     let n = 64 * 1024 / 2 - 16;
     let array = format!(
         "[{}]",
-        (0..n).map(|i| (i % 10).to_string()).collect::<Vec<_>>().join(",")
+        (0..n)
+            .map(|i| (i % 10).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     let json_size = array.len();
     assert!(json_size <= 64 * 1024);
     let body = format!("{{\"value\": {array}}}").into_bytes();
     const KEYS: usize = 16;
     // warm up everything the route allocates once (routing tables, the pair's map)
-    assert_eq!(put(&app, "/v1/pairs/mem/kv/warm", body.clone(), "PUT").await, 201);
+    assert_eq!(
+        put(&app, "/v1/pairs/mem/kv/warm", body.clone(), "PUT").await,
+        201
+    );
     let before = LIVE.load(Ordering::SeqCst);
     for k in 0..KEYS {
         let uri = format!("/v1/pairs/mem/kv/k{k}");

@@ -673,9 +673,15 @@ impl Rank {
                     EventKind::Abort => {}
                 }
             }
+            let me = self.incarnation().to_string();
             let r = self
                 .client
-                .events(&self.cfg.pair, self.last_seq, Duration::from_secs(30))
+                .events_as(
+                    &self.cfg.pair,
+                    self.last_seq,
+                    Duration::from_secs(30),
+                    Some(&me),
+                )
                 .await;
             match r {
                 Ok(r) => {
@@ -686,6 +692,7 @@ impl Rank {
                 Err(e) if transient(&e) => {
                     // the gateway is restarting (or overloaded): wait for it, then re-attach
                     let (pair, after) = (self.cfg.pair.clone(), self.last_seq);
+                    let me = me.clone();
                     let client = self.client.clone();
                     let first = std::sync::Mutex::new(Some(e));
                     let r = retry_gateway(
@@ -696,10 +703,15 @@ impl Rank {
                             let first = first.lock().ok().and_then(|mut f| f.take());
                             let client = client.clone();
                             let pair = pair.clone();
+                            let me = me.clone();
                             async move {
                                 match first {
                                     Some(e) => Err(e),
-                                    None => client.events(&pair, after, Duration::ZERO).await,
+                                    None => {
+                                        client
+                                            .events_as(&pair, after, Duration::ZERO, Some(&me))
+                                            .await
+                                    }
                                 }
                             }
                         },
@@ -884,9 +896,13 @@ impl Rank {
             let pair = self.cfg.pair.clone();
             let cancel = cancel.clone();
             let mut after = self.last_seq;
+            let me = self.incarnation().to_string();
             tokio::spawn(async move {
                 loop {
-                    match client.events(&pair, after, Duration::from_secs(2)).await {
+                    let polled = client
+                        .events_as(&pair, after, Duration::from_secs(2), Some(&me))
+                        .await;
+                    match polled {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             let stop = r.events.iter().any(|ev| match ev.kind {

@@ -20,6 +20,15 @@ pub(crate) async fn poll(
 ) -> Result<Json<EventsResponse>, ApiError> {
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
+    // a rank that names its claim id is seen live while its poll is open
+    let _seen = q.incarnation.as_deref().and_then(|c| {
+        let slot = entry.lock().roster.begin_poll(c)?;
+        Some(PollSeen {
+            entry: entry.clone(),
+            slot,
+            incarnation: c.to_string(),
+        })
+    });
     let mut rx = entry.events_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {
@@ -60,4 +69,22 @@ pub(crate) struct EventsQuery {
     #[serde(default)]
     after: u64,
     timeout_ms: Option<u64>,
+    /// The polling rank's claim id (what it sent as `info.incarnation` when it joined).
+    incarnation: Option<String>,
+}
+
+/// Ends a rank's open poll (also when the request is dropped: the rank went away).
+struct PollSeen {
+    entry: std::sync::Arc<crate::server::state::PairEntry>,
+    slot: usize,
+    incarnation: String,
+}
+
+impl Drop for PollSeen {
+    fn drop(&mut self) {
+        self.entry
+            .lock()
+            .roster
+            .end_poll(self.slot, &self.incarnation);
+    }
 }

@@ -42,6 +42,16 @@ pub(crate) async fn put(
     // kept as compact JSON text: what the value costs in memory is its size
     let raw = serde_json::value::to_raw_value(&body.value)
         .map_err(|e| ApiError::Unprocessable(format!("the value of key `{key}`: {e}")))?;
+    // a rank's rendezvous value: only the slot's live holder may replace it
+    if let Some(slot) = crate::server::store::roster::rendezvous_slot(&entry.slots, &key) {
+        let pid = body.value.get("pid").and_then(serde_json::Value::as_u64);
+        p.roster.check_claim(
+            &entry.slots,
+            slot,
+            crate::server::store::roster::incarnation_of(&body.value),
+            pid,
+        )?;
+    }
     let is_new = !p.kv.values.contains_key(&key);
     if is_new && p.kv.values.len() >= MAX_KV_KEYS {
         return Err(ApiError::Conflict(format!(

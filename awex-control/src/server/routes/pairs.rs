@@ -519,6 +519,10 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                 if p.roster.put(slot, r.info, size).is_ok() {
                     if let Some(Some(j)) = p.roster.slots.get_mut(slot) {
                         j.unix_ms = r.unix_ms;
+                        // its holder has the join deadline to re-attach before another
+                        // process may take the slot
+                        j.live_until =
+                            now + Duration::from_millis(rec.request.options.join_deadline_ms);
                     }
                 }
             }
