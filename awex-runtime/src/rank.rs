@@ -434,6 +434,16 @@ fn unknown_pair(e: RankError, cfg: &RankConfig) -> RankError {
     }
 }
 
+/// How long a rank whose slot is held by another process keeps trying to join: a little more
+/// than the gateway's liveness window (15 s), so that a restarted rank gets the slot of its
+/// dead predecessor, and a duplicate of a live rank is refused.
+const CLAIM_WAIT: Duration = Duration::from_secs(20);
+
+/// Whether the gateway refused a join because another live process holds the slot.
+fn held_by_another(e: &ClientError) -> bool {
+    e.status() == Some(409) && e.to_string().contains("is held by a live process")
+}
+
 /// Joins (or re-attaches to) this rank's slot, retrying a lost gateway until `limit`, and
 /// publishes the rank's rendezvous value once the gateway accepted it as the slot's holder.
 async fn join_retrying(
@@ -461,7 +471,23 @@ async fn join_retrying(
             )
         })
         .await
-        .map_err(|e| unknown_pair(e, cfg))?;
+        .map_err(|e| unknown_pair(e, cfg));
+        let outcome = match outcome {
+            // the slot is held: by this rank's predecessor (killed moments ago, its liveness
+            // running out) or by a live duplicate (then this rank gives up after the wait)
+            Err(RankError::Gateway(c)) if held_by_another(&c) && start.elapsed() < CLAIM_WAIT => {
+                eprintln!(
+                    "awex rank: {} {} of pair `{}`: {c}; retrying for up to {} s",
+                    cfg.side,
+                    cfg.rank,
+                    cfg.pair,
+                    CLAIM_WAIT.saturating_sub(start.elapsed()).as_secs()
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            r => r?,
+        };
         if !published {
             retry_gateway(gw, "publishing rendezvous", left, || {
                 client.put_kv(&cfg.pair, key, info.clone())

@@ -292,12 +292,18 @@ impl Roster {
         Some(i)
     }
 
-    /// A poll of slot `i`'s holder `incarnation` ended: it was seen now.
-    pub(crate) fn end_poll(&mut self, i: usize, incarnation: &str) {
+    /// A poll of slot `i`'s holder `incarnation` ended: answered, the holder was seen now;
+    /// dropped unanswered (its connection closed), it vouches for nothing more.
+    pub(crate) fn end_poll(&mut self, i: usize, incarnation: &str, answered: bool) {
         if let Some(Some(j)) = self.slots.get_mut(i) {
             if j.incarnation.as_deref() == Some(incarnation) {
                 j.polls = j.polls.saturating_sub(1);
-                j.live_until = tokio::time::Instant::now() + HOLDER_LIVENESS;
+                let now = tokio::time::Instant::now();
+                j.live_until = if answered {
+                    now + HOLDER_LIVENESS
+                } else {
+                    j.live_until.min(now)
+                };
             }
         }
     }
@@ -352,7 +358,7 @@ mod tests {
         let slot = r.begin_poll("aaaa").unwrap();
         tokio::time::advance(HOLDER_LIVENESS * 4).await;
         assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
-        r.end_poll(slot, "aaaa");
+        r.end_poll(slot, "aaaa", true);
         tokio::time::advance(HOLDER_LIVENESS - std::time::Duration::from_secs(1)).await;
         assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
         // silent past the window: gone, the slot can be taken over
@@ -363,6 +369,10 @@ mod tests {
         assert_eq!(r.holders.get("bbbb"), Some(&0));
         assert!(!r.holders.contains_key("aaaa"));
         assert_eq!(r.joined(), 1);
+        // a poll dropped unanswered (the holder's connection closed) frees the slot at once
+        let slot = r.begin_poll("bbbb").unwrap();
+        r.end_poll(slot, "bbbb", false);
+        assert!(r.check_claim(&s, 0, Some("cccc"), None).is_ok());
     }
 
     #[test]
