@@ -78,7 +78,19 @@ async fn a_second_live_claimant_is_refused_without_touching_the_holder() {
     let kv_before = client.get_kv("claim", &key, Duration::ZERO).await.unwrap();
     let roster_before = client.status("claim").await.unwrap().roster;
 
-    // a duplicate of the live training rank, configured exactly like it
+    // the holder waits for work as an idle rank does: an event poll open with its claim id
+    let idle = {
+        let (c, me) = (client.clone(), trainer.incarnation().to_string());
+        tokio::spawn(async move {
+            loop {
+                let _ = c
+                    .events_as("claim", 0, Duration::from_secs(30), Some(&me))
+                    .await;
+            }
+        })
+    };
+    // a duplicate of the live training rank, configured exactly like it: it retries for 20 s
+    // (longer than the liveness window) and is refused
     let e = join(cfg(&gw, Side::Training, t)).await.err().unwrap();
     let pid = std::process::id();
     assert!(
@@ -109,6 +121,7 @@ async fn a_second_live_claimant_is_refused_without_touching_the_holder() {
         kv_before
     );
 
+    idle.abort();
     // and the next update commits, the holder and its peer untouched
     client.start_update("claim", 1).await.unwrap();
     let (x, y) = tokio::join!(
