@@ -17,8 +17,8 @@ model class's own ``load_weights`` for the reference.
    ``parse_update_info`` then ``receive_weights``), ``Worker.finish_weight_update()``; the
    worker object is ``Worker.__new__`` with the attributes those methods read (its ``__init__``,
    ``load_model`` and GPU model runner need a GPU);
-4. saves the received parameters, then loads CASE["expected"] (an HF checkpoint) with the
-   class's own ``load_weights`` into the same model and saves those: OUT_DIR/recv{R}.pt and
+4. saves the received parameters, zeroes the model again, loads CASE["expected"] (an HF
+   checkpoint) with the class's own ``load_weights`` and saves those: OUT_DIR/recv{R}.pt and
    OUT_DIR/ref{R}.pt.
 """
 
@@ -91,6 +91,9 @@ def main() -> None:
     worker.shutdown_weight_transfer_engine()
 
     expected = torch.load(case["expected"])
+    with torch.no_grad():  # nothing received survives into the reference
+        for p in model.parameters():
+            p.zero_()
     with set_current_vllm_config(vc):
         model.load_weights(iter(expected.items()))
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(out, f"ref{rank}.pt"))
