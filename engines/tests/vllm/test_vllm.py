@@ -30,18 +30,18 @@ CLI = os.environ.get("AWEX_CLI", os.path.join(ROOT, "target", "debug", "awex-cli
 
 # CI runs CASES; test_from_megatron.py's CI cases cover most of MORE from a real Megatron job
 # through the real receive path (tp=2, tied tp=4 with KV replication, MoE tp=2 with EP); the
-# whole matrix, tied MoE included, runs with AWEX_VLLM_FULL=1
+# whole matrix, MoE tp=4/ep=4 and tied MoE included, runs with AWEX_VLLM_FULL=1
 CASES = [
     dict(name="qwen3_tp1", kind="qwen3", tp=1),
     dict(name="llama_tied_tp2", kind="llama", tp=2),
     dict(name="moe_tp2", kind="moe", tp=2),
-    dict(name="moe_tp4_ep4", kind="moe", tp=4, ep=4),
 ]
 MORE = [
     dict(name="qwen3_tp2", kind="qwen3", tp=2),
     dict(name="qwen3_tp4_kv_replicated", kind="qwen3", tp=4),
     dict(name="qwen3_tied_tp2", kind="qwen3", tp=2, tied=True),
     dict(name="moe_tp2_ep2", kind="moe", tp=2, ep=2),
+    dict(name="moe_tp4_ep4", kind="moe", tp=4, ep=4),
     dict(name="moe_tied_tp2_ep2", kind="moe", tp=2, ep=2, tied=True),
 ]
 ALL = CASES + (MORE if os.environ.get("AWEX_VLLM_FULL") else [])
