@@ -63,8 +63,13 @@ impl From<ClientError> for Fail {
 impl From<RuntimeError> for Fail {
     fn from(e: RuntimeError) -> Self {
         match e {
-            RuntimeError::Layout(m) => Fail::Layout(m),
-            RuntimeError::Tensor(m) => Fail::Layout(m),
+            RuntimeError::Layout(l) => Fail::Layout(l.to_string()),
+            RuntimeError::Tensor(t) => Fail::Layout(t.to_string()),
+            RuntimeError::Weights { detail, .. } => Fail::Layout(detail),
+            RuntimeError::Gateway { ref source, .. } => Fail::Gateway {
+                status: source.status(),
+                message: e.to_string(),
+            },
             other => Fail::Awex(other.to_string()),
         }
     }

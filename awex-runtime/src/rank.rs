@@ -1,12 +1,12 @@
 //! A rank of a pair: joins through the gateway, then executes its plan for every update version
 //! and reports. Training ranks are writers, inference ranks readers; the code is shared.
 
-use super::RuntimeError;
 use super::tensors::TensorSet;
 use super::transport::{
     CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, TcpTransport, Transport,
     TransportKind,
 };
+use super::{ConfigMismatch, LayoutMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
 use awex_control::wire::{EventKind, JoinRequest, JoinResponse, Report};
 use awex_core::backend::{BackendSpec, side_layout};
@@ -186,12 +186,12 @@ fn nccl_transport(
     use crate::transport::{NcclConfig, NcclTransport};
     use awex_gpu::nccl::{CommWorld, Library, NcclError, creates_uid};
     if !awex_gpu::cuda::BUILT {
-        return Err(RuntimeError::Config(NcclError::NeedsCuda.to_string()));
+        return Err(RuntimeError::Nccl(NcclError::NeedsCuda));
     }
     let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
+        .map_err(|e| RuntimeError::from(LayoutMismatch::Side(e)))?;
     let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
+        .map_err(|e| RuntimeError::from(LayoutMismatch::Side(e)))?;
     let world = CommWorld::of(&*training, &*inference)?;
     let lib = Arc::new(Library::load()?);
     let uid = if creates_uid(cfg.side, cfg.rank) {
@@ -223,15 +223,18 @@ async fn read_after_join(
     pair: &str,
     key: &str,
     wait: Duration,
-) -> Result<serde_json::Value, RankError> {
+) -> Result<serde_json::Value, RuntimeError> {
     match client.get_kv(pair, key, wait).await {
         Ok(e) => Ok(e.value),
-        Err(e) if e.status() == Some(404) => {
-            Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{pair}` has no kv `{key}` although every rank has joined (waited {wait:?}); the rank that publishes it before joining (training rank 0 for nccl) must run the same transport"
-            ))))
-        }
-        Err(e) => Err(e.into()),
+        Err(e) if e.status() == Some(404) => Err(RuntimeError::MissingKv {
+            pair: pair.to_string(),
+            key: key.to_string(),
+            waited: wait,
+        }),
+        Err(source) => Err(RuntimeError::Gateway {
+            what: "pair kv",
+            source,
+        }),
     }
 }
 
@@ -253,34 +256,47 @@ fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelCon
     }
 }
 
+fn transport_mismatch(pair: &str, theirs: &str, ours: TransportKind) -> RuntimeError {
+    ConfigMismatch::Pair {
+        pair: pair.to_string(),
+        field: "uses transport",
+        expected: theirs.to_string(),
+        got: ours.to_string(),
+        hint: "",
+    }
+    .into()
+}
+
 /// Refuses to join a pair whose description disagrees with this rank's (model, layouts,
 /// transport, bucket geometry, connect): everything a rank could get wrong is checked here,
 /// before it publishes anything.
 async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> {
     let st = client.status(&cfg.pair).await?;
     if st.transport.as_str() != cfg.transport.as_str() {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` uses transport {} but this rank was started with {}",
-            cfg.pair,
-            st.transport.as_str(),
-            cfg.transport
-        ))));
+        return Err(transport_mismatch(&cfg.pair, st.transport.as_str(), cfg.transport).into());
     }
     let pair_bucket = st.options.bucket_mib.saturating_mul(1 << 20);
     if pair_bucket != cfg.bucket_bytes {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` moves buckets of {} MiB but this rank was started with {} bytes ({} MiB); every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
-            cfg.pair,
-            st.options.bucket_mib,
-            cfg.bucket_bytes,
-            cfg.bucket_bytes as f64 / (1u64 << 20) as f64
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Pair {
+            pair: cfg.pair.clone(),
+            field: "moves buckets of",
+            expected: format!("{} MiB", st.options.bucket_mib),
+            got: format!(
+                "{} bytes ({} MiB)",
+                cfg.bucket_bytes,
+                cfg.bucket_bytes as f64 / (1u64 << 20) as f64
+            ),
+            hint: "; every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
+        })
+        .into());
     }
     if !cfg.uid.is_empty() && !st.uid.is_empty() && cfg.uid != st.uid {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` was connected again (connect uid {} instead of {}); restart this rank",
-            cfg.pair, st.uid, cfg.uid
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Reconnected {
+            pair: cfg.pair.clone(),
+            expected: cfg.uid.clone(),
+            got: st.uid.clone(),
+        })
+        .into());
     }
     let fp = format!("{:016x}", cfg.model.fingerprint());
     for (side, spec, theirs) in [
@@ -343,11 +359,11 @@ impl Rank {
         // rank refuses itself without touching the pair
         tensors.check_layout(&prepared.layout)?;
         if transport.kind() != cfg.transport {
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "this rank was configured for transport {} but built a {} transport",
-                cfg.transport,
-                transport.kind()
-            ))));
+            return Err(RuntimeError::from(ConfigMismatch::BuiltTransport {
+                configured: cfg.transport,
+                built: transport.kind(),
+            })
+            .into());
         }
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
         check_pair(&client, &cfg).await?;
@@ -376,12 +392,9 @@ impl Rank {
             .await?;
         if joined.transport.as_str() != cfg.transport.as_str() {
             // checked before publishing; only a pair connected again meanwhile gets here
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{}` uses transport {} but this rank was started with {}",
-                cfg.pair,
-                joined.transport.as_str(),
-                cfg.transport
-            ))));
+            return Err(
+                transport_mismatch(&cfg.pair, joined.transport.as_str(), cfg.transport).into(),
+            );
         }
         match joined
             .secret
@@ -390,10 +403,10 @@ impl Rank {
         {
             Some(k) => transport.authenticate(&k),
             None if cfg.transport == TransportKind::Tcp => {
-                return Err(RankError::Runtime(RuntimeError::Config(format!(
-                    "the gateway's join answer for pair `{}` carries no pair secret; the tcp transport authenticates its peers with it (upgrade the gateway)",
-                    cfg.pair
-                ))));
+                return Err(RuntimeError::from(ConfigMismatch::NoSecret {
+                    pair: cfg.pair.clone(),
+                })
+                .into());
             }
             None => {}
         }
@@ -512,7 +525,7 @@ impl Rank {
             .await?)
     }
 
-    async fn refresh_peers(&mut self) -> Result<(), RankError> {
+    async fn refresh_peers(&mut self) -> Result<(), ClientError> {
         let other = self.cfg.side.other();
         let ranks: Vec<RankId> = self.peers.keys().copied().collect();
         for r in ranks {
@@ -532,8 +545,11 @@ impl Rank {
         let t = self
             .transport
             .as_mut()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
-        let gw = |e: ClientError| RuntimeError::Transport(format!("pair kv: {e}"));
+            .ok_or(TransportError::Closed("transport"))?;
+        let gw = |source: ClientError| RuntimeError::Gateway {
+            what: "pair kv",
+            source,
+        };
         if let Some((key, value)) = t.kv_before_attempt(work.version, work.attempt)? {
             self.client
                 .put_kv(&self.cfg.pair, &key, value)
@@ -542,16 +558,11 @@ impl Rank {
         }
         if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
             let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
-            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait)
-                .await
-                .map_err(|e| match e {
-                    RankError::Runtime(e) => e,
-                    e => RuntimeError::Transport(e.to_string()),
-                })?;
+            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait).await?;
             let t = self
                 .transport
                 .as_mut()
-                .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+                .ok_or(TransportError::Closed("transport"))?;
             t.begin_attempt(&key, &value)?;
         }
         Ok(())
@@ -567,7 +578,13 @@ impl Rank {
             // a restarted peer publishes new rendezvous values
             if let Err(e) = self.refresh_peers().await {
                 return self
-                    .report(work, Err(RuntimeError::Transport(e.to_string())))
+                    .report(
+                        work,
+                        Err(RuntimeError::Gateway {
+                            what: "reading the peers' rendezvous values",
+                            source: e,
+                        }),
+                    )
                     .await;
             }
             // nccl: a fresh communicator per retry, its id shared through the kv
@@ -581,7 +598,7 @@ impl Rank {
         let mut transport = self
             .transport
             .take()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            .ok_or(TransportError::Closed("transport"))?;
         let peers = self.peers.clone();
         let corrupt = self.corrupt_version == Some(work.version);
         let c2 = cancel.clone();
@@ -624,9 +641,7 @@ impl Rank {
                 }
             })
         };
-        let (transport, result) = job
-            .await
-            .map_err(|e| RuntimeError::Transport(format!("execution task failed: {e}")))?;
+        let (transport, result) = job.await.map_err(TransportError::Task)?;
         watcher.abort();
         self.transport = Some(transport);
         self.report(work, result).await
@@ -664,9 +679,10 @@ impl Rank {
         {
             // a report refused because the version already failed is not this rank's error
             if result.is_ok() && e.status() != Some(409) {
-                return Err(RuntimeError::Transport(format!(
-                    "report to the gateway failed: {e}"
-                )));
+                return Err(RuntimeError::Gateway {
+                    what: "report to the gateway failed",
+                    source: e,
+                });
             }
         }
         result
