@@ -4,6 +4,7 @@
 use awex_control::client::ClientError;
 use awex_core::backend::{SideError, SpecError};
 use awex_core::model::ModelError;
+use awex_core::pair::PairError;
 use awex_runtime::RuntimeError;
 use awex_runtime::rank::RankError;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
@@ -81,8 +82,15 @@ impl From<RankError> for Fail {
             RankError::Gateway(c) => c.into(),
             RankError::Runtime(r) => r.into(),
             RankError::Layout(m) => Fail::Layout(m),
+            RankError::Pair(p) => p.into(),
             RankError::Disconnected => Fail::Disconnected("the pair was disconnected".into()),
         }
+    }
+}
+
+impl From<PairError> for Fail {
+    fn from(e: PairError) -> Self {
+        Fail::Layout(e.to_string())
     }
 }
 

@@ -6,13 +6,14 @@ use super::transport::{
     CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, TcpTransport, Transport,
     TransportKind,
 };
-use super::{ConfigMismatch, LayoutMismatch, RuntimeError, TransportError};
+use super::{ConfigMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
 use awex_control::wire::{EventKind, JoinRequest, JoinResponse, Report};
-use awex_core::backend::{BackendSpec, side_layout};
-use awex_core::layout::{RankId, RankLayout, Side, SideLayout};
+use awex_core::backend::BackendSpec;
+use awex_core::layout::{RankId, RankLayout, Side};
 use awex_core::model::{Catalogue, ModelSpec};
-use awex_core::plan::{Pair, RankPlan};
+use awex_core::pair::{PairError, PairSpec, ResolvedPair};
+use awex_core::plan::RankPlan;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +50,16 @@ pub struct RankConfig {
 }
 
 impl RankConfig {
+    /// The pair this rank belongs to, as a [`PairSpec`] (model, both sides, transport).
+    pub fn pair_spec(&self) -> PairSpec {
+        PairSpec {
+            model: self.model.clone(),
+            train: self.train.clone(),
+            infer: self.infer.clone(),
+            transport: self.transport,
+        }
+    }
+
     /// Where this rank's shared-memory segments are named.
     pub fn shm_scope(&self) -> crate::host::ShmScope {
         crate::host::ShmScope::new(&self.pair, &self.uid)
@@ -63,6 +74,8 @@ pub async fn pair_uid(cfg: &RankConfig) -> Result<String, RankError> {
 
 /// A rank's layout and plan, computed before it joins (so tensors can be checked first).
 pub struct Prepared {
+    /// The pair's catalogue and both sides' layouts ([`RankConfig::pair_spec`] resolved).
+    pub pair: Arc<ResolvedPair>,
     /// The model's catalogue.
     pub catalogue: Catalogue,
     /// This rank's local tensors.
@@ -80,9 +93,12 @@ pub enum RankError {
     /// The runtime failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// The layout could not be built.
+    /// The layout could not be built, or disagrees with the pair's.
     #[error("layout: {0}")]
     Layout(String),
+    /// A side's layout could not be built from the rank's specs.
+    #[error("layout: {0}")]
+    Pair(#[from] PairError),
     /// The pair was disconnected.
     #[error("pair disconnected")]
     Disconnected,
@@ -90,38 +106,25 @@ pub enum RankError {
 
 /// Computes this rank's layout and plan.
 pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
-    let catalogue = Catalogue::of(&cfg.model);
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RankError::Layout(e.to_string()))?;
-    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RankError::Layout(e.to_string()))?;
-    let mine: &dyn SideLayout = match cfg.side {
-        Side::Training => &*training,
-        Side::Inference => &*inference,
-    };
+    let pair = cfg.pair_spec().resolve()?;
+    let mine = pair.side(cfg.side);
     let layout = mine.rank_layout(cfg.rank).ok_or_else(|| {
         RankError::Layout(format!(
             "{} layout {} has no rank {} (world size {})",
             cfg.side,
-            match cfg.side {
-                Side::Training => &cfg.train,
-                Side::Inference => &cfg.infer,
-            },
+            pair.backend(cfg.side),
             cfg.rank,
             mine.world_size()
         ))
     })?;
-    let pair = Pair {
-        catalogue: &catalogue,
-        training: &*training,
-        inference: &*inference,
-    };
     let plan = Arc::new(
-        pair.plan_rank(cfg.side, cfg.rank)
+        pair.plan_pair()
+            .plan_rank(cfg.side, cfg.rank)
             .map_err(RuntimeError::from)?,
     );
     Ok(Prepared {
-        catalogue,
+        catalogue: pair.catalogue.clone(),
+        pair: Arc::new(pair),
         layout,
         plan,
     })
@@ -188,11 +191,7 @@ fn nccl_transport(
     if !awex_gpu::cuda::BUILT {
         return Err(RuntimeError::Nccl(NcclError::NeedsCuda));
     }
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RuntimeError::from(LayoutMismatch::Side(e)))?;
-    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RuntimeError::from(LayoutMismatch::Side(e)))?;
-    let world = CommWorld::of(&*training, &*inference)?;
+    let world = CommWorld::of(&*prepared.pair.training, &*prepared.pair.inference)?;
     let lib = Arc::new(Library::load()?);
     let uid = if creates_uid(cfg.side, cfg.rank) {
         Some(lib.unique_id()?)
@@ -706,6 +705,9 @@ impl Drop for Rank {
 mod tests {
     #[cfg(not(feature = "cuda"))]
     use super::*;
+    // the backends register themselves (inventory) only when linked
+    use awex_megatron as _;
+    use awex_sglang as _;
 
     #[cfg(not(feature = "cuda"))]
     #[test]
@@ -727,6 +729,7 @@ mod tests {
             uid: String::new(),
         };
         let prepared = Prepared {
+            pair: Arc::new(cfg.pair_spec().resolve().unwrap()),
             catalogue,
             layout: RankLayout {
                 rank: RankId::train(0),
