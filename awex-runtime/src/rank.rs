@@ -323,6 +323,78 @@ async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> 
     Ok(())
 }
 
+/// What became of one step of a rank ([`Rank::step`], [`Rank::run`]).
+#[derive(Debug)]
+pub enum Outcome {
+    /// This rank did its part and the version committed.
+    Committed {
+        /// the work
+        work: Work,
+        /// what this rank moved
+        stats: ExecStats,
+    },
+    /// This rank did its part; the outcome was not waited for.
+    Executed {
+        /// the work
+        work: Work,
+        /// what this rank moved
+        stats: ExecStats,
+    },
+    /// The update did not commit.
+    Failed {
+        /// the work
+        work: Work,
+        /// what this rank moved, when its own part succeeded
+        stats: Option<ExecStats>,
+        /// why
+        reason: Failure,
+    },
+    /// The wait ran out: for work (`work` is `None`) or for the outcome of `work`.
+    TimedOut {
+        /// the work whose outcome did not arrive in time
+        work: Option<Work>,
+    },
+    /// The pair was disconnected.
+    Disconnected,
+}
+
+impl Outcome {
+    /// The work the step was about (`None` when there was none: disconnected, timed out).
+    pub fn work(&self) -> Option<Work> {
+        match self {
+            Outcome::Committed { work, .. }
+            | Outcome::Executed { work, .. }
+            | Outcome::Failed { work, .. } => Some(*work),
+            Outcome::TimedOut { work } => *work,
+            Outcome::Disconnected => None,
+        }
+    }
+
+    /// Whether this rank's own part succeeded (whatever became of the version).
+    pub fn part_done(&self) -> bool {
+        match self {
+            Outcome::Committed { .. } | Outcome::Executed { .. } => true,
+            Outcome::Failed { stats, .. } => stats.is_some(),
+            Outcome::TimedOut { work } => work.is_some(),
+            Outcome::Disconnected => false,
+        }
+    }
+}
+
+/// Why an update did not commit, as one rank learns it.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// This rank's own part failed (the error it reported).
+    #[error(transparent)]
+    Rank(RuntimeError),
+    /// The version failed elsewhere (aborted, another rank, the engines): its status.
+    #[error("version {} did not commit: {}", .0.version, .0.error.as_deref().unwrap_or("failed"))]
+    Version(Box<awex_control::wire::UpdateStatus>),
+    /// The outcome could not be read from the gateway.
+    #[error("reading the outcome: {0}")]
+    Gateway(ClientError),
+}
+
 /// A joined rank.
 pub struct Rank {
     client: Client,
@@ -522,6 +594,88 @@ impl Rank {
             .client
             .wait_update(&self.cfg.pair, version, limit)
             .await?)
+    }
+
+    /// One update, start to end: waits for the next live work (until `deadline`, or without
+    /// limit), hands it to `before` (a training rank fills its tensors, a mirror is refreshed),
+    /// executes and reports this rank's part, and with `commit_wait` waits that long for the
+    /// version's outcome ([`Rank::run`]). An error of `before` ends the step with that error.
+    pub async fn step(
+        &mut self,
+        deadline: Option<Instant>,
+        checksums: bool,
+        commit_wait: Option<Duration>,
+        before: impl FnOnce(Work) -> Result<(), RankError>,
+    ) -> Result<Outcome, RankError> {
+        let next = match deadline {
+            None => self.next_live_work().await?,
+            Some(d) => match tokio::time::timeout_at(d.into(), self.next_live_work()).await {
+                Ok(next) => next?,
+                Err(_) => return Ok(Outcome::TimedOut { work: None }),
+            },
+        };
+        let Some(work) = next else {
+            return Ok(Outcome::Disconnected);
+        };
+        before(work)?;
+        Ok(self.run(work, checksums, commit_wait).await)
+    }
+
+    /// Executes and reports this rank's part of `work` and, with `commit_wait`, waits that
+    /// long for the version's outcome (without, a part that succeeded is
+    /// [`Outcome::Executed`]).
+    pub async fn run(
+        &mut self,
+        work: Work,
+        checksums: bool,
+        commit_wait: Option<Duration>,
+    ) -> Outcome {
+        let stats = match self.execute(work, checksums).await {
+            Ok(s) => s,
+            Err(e) => {
+                return Outcome::Failed {
+                    work,
+                    stats: None,
+                    reason: Failure::Rank(e),
+                };
+            }
+        };
+        match commit_wait {
+            None => Outcome::Executed { work, stats },
+            Some(limit) => self.outcome(work, stats, limit).await,
+        }
+    }
+
+    /// Waits at most `limit` for the outcome of `work`, whose part this rank did (`stats`).
+    /// The future owns what it needs (a Python binding polls it in slices, between signal
+    /// checks, and may drop it).
+    pub fn outcome(
+        &self,
+        work: Work,
+        stats: ExecStats,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = Outcome> + Send + 'static {
+        let client = self.client.clone();
+        let pair = self.cfg.pair.clone();
+        async move {
+            match client.wait_update(&pair, work.version, limit).await {
+                Ok(st) if st.state == awex_control::wire::UpdateState::Committed => {
+                    Outcome::Committed { work, stats }
+                }
+                Ok(st) => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Version(Box::new(st)),
+                },
+                Err(ClientError::StillRunning { .. }) => Outcome::TimedOut { work: Some(work) },
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => Outcome::Disconnected,
+                Err(e) => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Gateway(e),
+                },
+            }
+        }
     }
 
     async fn refresh_peers(&mut self) -> Result<(), ClientError> {
