@@ -426,6 +426,7 @@ impl Rank {
         tensors: &TensorSet,
         transport: Box<dyn Transport>,
     ) -> Result<Rank, RankError> {
+        let t0 = Instant::now();
         // everything is validated before anything is published (kv, roster): a mis-started
         // rank refuses itself without touching the pair
         tensors.check_layout(&prepared.layout)?;
@@ -461,6 +462,15 @@ impl Rank {
                 },
             )
             .await?;
+        tracing::info!(
+            pair = %cfg.pair,
+            side = %cfg.side,
+            rank = %cfg.rank,
+            transport = %cfg.transport,
+            ranks = joined.roster.len(),
+            ms = t0.elapsed().as_millis() as u64,
+            "rank joined"
+        );
         if joined.transport.as_str() != cfg.transport.as_str() {
             // checked before publishing; only a pair connected again meanwhile gets here
             return Err(
@@ -495,6 +505,13 @@ impl Rank {
         };
         transport.joined(shared.as_ref(), join_deadline)?;
         transport.connect(&peers)?;
+        tracing::info!(
+            pair = %cfg.pair,
+            side = %cfg.side,
+            rank = %cfg.rank,
+            ms = t0.elapsed().as_millis() as u64,
+            "rank ready"
+        );
         Ok(Rank {
             client,
             last_seq: joined.last_event_seq,
@@ -630,9 +647,36 @@ impl Rank {
         checksums: bool,
         commit_wait: Option<Duration>,
     ) -> Outcome {
+        let (pair, side, rank) = (&self.cfg.pair, self.cfg.side, self.cfg.rank);
+        let (version, attempt) = (work.version, work.attempt);
+        tracing::info!(%pair, %side, %rank, version, attempt, "update started");
+        let t0 = Instant::now();
         let stats = match self.execute(work, checksums).await {
-            Ok(s) => s,
+            Ok(s) => {
+                tracing::info!(
+                    pair = %self.cfg.pair,
+                    side = %self.cfg.side,
+                    rank = %self.cfg.rank,
+                    version,
+                    attempt,
+                    bytes = s.bytes,
+                    buckets = s.buckets,
+                    ms = t0.elapsed().as_millis() as u64,
+                    "update part done"
+                );
+                s
+            }
             Err(e) => {
+                tracing::warn!(
+                    pair = %self.cfg.pair,
+                    side = %self.cfg.side,
+                    rank = %self.cfg.rank,
+                    version,
+                    attempt,
+                    ms = t0.elapsed().as_millis() as u64,
+                    reason = %e,
+                    "update failed on this rank"
+                );
                 return Outcome::Failed {
                     work,
                     stats: None,
@@ -640,10 +684,29 @@ impl Rank {
                 };
             }
         };
-        match commit_wait {
-            None => Outcome::Executed { work, stats },
-            Some(limit) => self.outcome(work, stats, limit).await,
+        let Some(limit) = commit_wait else {
+            return Outcome::Executed { work, stats };
+        };
+        let outcome = self.outcome(work, stats, limit).await;
+        let (pair, side, rank) = (&self.cfg.pair, self.cfg.side, self.cfg.rank);
+        let ms = t0.elapsed().as_millis() as u64;
+        match &outcome {
+            Outcome::Committed { .. } => {
+                tracing::info!(%pair, %side, %rank, version, attempt, ms, "update committed")
+            }
+            Outcome::Failed { reason, .. } => tracing::warn!(
+                %pair, %side, %rank, version, attempt, ms, %reason, "update did not commit"
+            ),
+            Outcome::TimedOut { .. } => tracing::warn!(
+                %pair, %side, %rank, version, attempt, ms, waited_ms = limit.as_millis() as u64,
+                "no outcome of the update in time"
+            ),
+            Outcome::Disconnected => {
+                tracing::info!(%pair, %side, %rank, version, attempt, "pair disconnected")
+            }
+            Outcome::Executed { .. } => {}
         }
+        outcome
     }
 
     /// Waits at most `limit` for the outcome of `work`, whose part this rank did (`stats`).

@@ -484,6 +484,7 @@ struct Acceptor {
 impl Acceptor {
     fn run(self, listener: TcpListener) {
         let me = Arc::new(self);
+        let mut last_error = None;
         while !me.stop.load(Ordering::Acquire) {
             match listener.accept() {
                 Ok((s, from)) => {
@@ -498,9 +499,11 @@ impl Acceptor {
                         .spawn(move || {
                             if let Err(why) = a.hello(s, from) {
                                 a.refused.fetch_add(1, Ordering::AcqRel);
-                                eprintln!(
-                                    "awex: inference rank {}: refused a tcp connection from {from}: {why}",
-                                    a.me
+                                tracing::warn!(
+                                    rank = %a.me,
+                                    %from,
+                                    reason = %why,
+                                    "refused a tcp connection"
                                 );
                             }
                             a.handshakes.fetch_sub(1, Ordering::AcqRel);
@@ -512,17 +515,21 @@ impl Acceptor {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => {
+                    // out of descriptors and the like: said at most once a second
+                    if last_error.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                        tracing::warn!(rank = %me.me, error = %e, "accepting a tcp connection failed");
+                        last_error = Some(Instant::now());
+                    }
+                    std::thread::sleep(Duration::from_millis(20))
+                }
             }
         }
     }
 
     fn refuse(&self, s: &TcpStream, from: std::net::SocketAddr, why: &str) {
         self.refused.fetch_add(1, Ordering::AcqRel);
-        eprintln!(
-            "awex: inference rank {}: refused a tcp connection from {from}: {why}",
-            self.me
-        );
+        tracing::warn!(rank = %self.me, %from, reason = %why, "refused a tcp connection");
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
 
