@@ -163,6 +163,7 @@ pub fn router(config: GatewayConfig) -> Router {
         metrics: Arc::new(store::metrics::Metrics::default()),
         next_id: AtomicU64::new(1),
         long_polls: Arc::default(),
+        validations: tokio::sync::Semaphore::new(state::validation_slots()),
     });
     let mut router: Router<AppState> = Router::new();
     for (spec, method_router) in route_table() {

@@ -29,6 +29,18 @@ pub(crate) struct Gateway {
     pub(crate) next_id: AtomicU64,
     /// Every pair's open long-polls.
     pub(crate) long_polls: Arc<LongPolls>,
+    /// Connect validations running at once (CPU-bound, on the blocking pool): one core fewer
+    /// than the machine has, so the async workers always find a core for `/healthz` and the
+    /// long-polls.
+    pub(crate) validations: tokio::sync::Semaphore,
+}
+
+/// How many connect validations may run at once: one fewer than the cores, at least one.
+pub(crate) fn validation_slots() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .max(1)
 }
 
 /// State type of the router.
