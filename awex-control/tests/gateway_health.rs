@@ -98,8 +98,31 @@ async fn healthz_answers_in_milliseconds_while_24_moe_1t_connects_are_validated(
     );
     // the connects took long enough for the probes to say something
     assert!(took.len() >= 5, "{} probes in {validated:?}", took.len());
-    assert!(
-        worst < Duration::from_millis(50),
-        "median {median:?}, worst {worst:?}"
-    );
+    // a machine running several times more threads than it has cores stalls any thread (the
+    // prober's too) for as long as it likes: there only a loose bound says something
+    let (load, cores) = load();
+    if load > 4.0 * cores {
+        println!(
+            "load average {load:.1} on {cores} cores: the machine is overloaded, only a 2 s bound applies"
+        );
+        assert!(
+            worst < Duration::from_secs(2),
+            "median {median:?}, worst {worst:?}"
+        );
+    } else {
+        assert!(
+            worst < Duration::from_millis(50),
+            "median {median:?}, worst {worst:?}"
+        );
+    }
+}
+
+/// The one-minute load average and the cores.
+fn load() -> (f64, f64) {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(0.0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    (load, cores)
 }
