@@ -23,6 +23,10 @@ pub struct GatewayConfig {
     pub header_timeout: Duration,
     /// Time a connection may stay silent in both directions (longer than the longest long-poll).
     pub idle_timeout: Duration,
+    /// Most long-polls (event polls, joins waiting for the other ranks, update-status and kv
+    /// reads with `timeout_ms`) open at once on one pair; beyond it a request gets 503 at once.
+    /// `None`: 4 per rank of the pair plus 16.
+    pub max_long_polls_per_pair: Option<usize>,
 }
 
 /// The default connection limit: what the process's open-file limit leaves room for (minus
@@ -54,6 +58,7 @@ impl Default for GatewayConfig {
             // longer than the longest long-poll and than clients' pool idle time (reqwest: 90 s),
             // so that a client never reuses a connection the gateway is closing
             idle_timeout: Duration::from_millis(crate::wire::MAX_WAIT_MS) + Duration::from_secs(60),
+            max_long_polls_per_pair: None,
         }
     }
 }

@@ -10,7 +10,7 @@
 //!    `metrics`), knowing nothing of handlers;
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
-//! 4. `state`: the gateway and every pair's entry;
+//! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;
 //! 5. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
 //!    (bearer token, constant-time compare);
 //! 6. `routes`: one file per resource, and the update lifecycle they drive:
@@ -34,6 +34,7 @@ mod engine;
 mod error;
 mod extract;
 mod listener;
+mod polls;
 mod routes;
 mod state;
 mod store;
@@ -161,6 +162,8 @@ pub fn router(config: GatewayConfig) -> Router {
         pairs: RwLock::new(HashMap::new()),
         metrics: Arc::new(store::metrics::Metrics::default()),
         next_id: AtomicU64::new(1),
+        long_polls: Arc::default(),
+        validations: tokio::sync::Semaphore::new(state::validation_slots()),
     });
     let mut router: Router<AppState> = Router::new();
     for (spec, method_router) in route_table() {

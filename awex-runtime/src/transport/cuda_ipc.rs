@@ -22,10 +22,10 @@
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
 use super::{ExecContext, ExecStats, Transport, TransportKind};
-use crate::RuntimeError;
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
 use crate::tensors::{Location, TensorSet, cuda_err};
+use crate::{PlacementError, RuntimeError, TransportError};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
@@ -193,9 +193,17 @@ fn peer_key(r: RankId) -> u64 {
 }
 
 fn transport_err(what: &str) -> impl Fn(CudaError) -> RuntimeError + '_ {
-    move |e| match cuda_err(what, e) {
-        RuntimeError::Tensor(m) => RuntimeError::Transport(m),
-        other => other,
+    move |e| match e {
+        CudaError::NotBuilt
+        | CudaError::NoDriver { .. }
+        | CudaError::NoGpu { .. }
+        | CudaError::OldDriver { .. }
+        | CudaError::NoSuchDevice { .. } => cuda_err(what, e),
+        e => TransportError::Cuda {
+            what: what.to_string(),
+            source: e,
+        }
+        .into(),
     }
 }
 
@@ -208,13 +216,13 @@ pub(crate) fn refuse_conversions(plan: &RankPlan) -> Result<(), RuntimeError> {
         .find(|t| t.converts());
     match converting {
         None => Ok(()),
-        Some(t) => Err(RuntimeError::Config(
+        Some(t) => Err(cuda_err(
+            "the cuda-ipc copies",
             CudaError::Conversion {
                 tensor: t.dst_tensor.to_string(),
                 src: t.src_dtype,
                 dst: t.dst_dtype,
-            }
-            .to_string(),
+            },
         )),
     }
 }
@@ -278,10 +286,11 @@ impl Control {
     }
     fn sum(&self, i: u64) -> Result<&AtomicU64, RuntimeError> {
         if i as usize >= self.sums {
-            return Err(RuntimeError::Transport(format!(
-                "checksum {i} lies outside the {} the training rank publishes (plans disagree)",
-                self.sums
-            )));
+            return Err(TransportError::ChecksumOutside {
+                index: i,
+                sums: self.sums,
+            }
+            .into());
         }
         Ok(self.word(self.sums_at + i as usize))
     }
@@ -340,10 +349,11 @@ impl Control {
     /// Opens segment `name` and reads what it publishes, checking every count against its size.
     fn open(name: &str) -> Result<(Control, Published), RuntimeError> {
         let seg = ShmSegment::open(name)?;
-        let bad = |why: &str| {
-            RuntimeError::Transport(format!(
-                "shared-memory segment `{name}` is not an awex cuda-ipc control segment ({why})"
-            ))
+        let bad = |why: &'static str| {
+            RuntimeError::from(TransportError::NotIpcControl {
+                name: name.to_string(),
+                why,
+            })
         };
         let mut c = Control {
             seg,
@@ -481,9 +491,7 @@ impl CudaIpcTransport {
     ) -> Result<Self, RuntimeError> {
         refuse_conversions(&plan)?;
         if tensors.location()? == Location::Host && !tensors.is_empty() {
-            return Err(RuntimeError::Config(
-                "the cuda-ipc transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport".into(),
-            ));
+            return Err(PlacementError::HostTensors.into());
         }
         let dev = tensors.cuda_device()?;
         let buckets = plan
@@ -562,7 +570,9 @@ impl CudaIpcTransport {
         let mut tensors = Vec::with_capacity(views.len());
         for v in &views {
             let ptr = v.device_ptr().ok_or_else(|| {
-                RuntimeError::Config(format!("`{}` does not live on the GPU", v.name))
+                RuntimeError::from(PlacementError::NotDevice {
+                    name: v.name.to_string(),
+                })
             })?;
             tensors.push(TensorEntry {
                 hash: name_hash(&v.name),
@@ -606,15 +616,19 @@ impl CudaIpcTransport {
     fn open_remote(&self, peer: RankId, info: &serde_json::Value) -> Result<Remote, RuntimeError> {
         let field = |k: &str| {
             info.get(k).and_then(|v| v.as_str()).ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer} published no cuda-ipc `{k}` (rendezvous {info})"
-                ))
+                RuntimeError::from(TransportError::NoRendezvous {
+                    peer,
+                    transport: "cuda-ipc",
+                    field: k.to_string(),
+                    suffix: "",
+                    info: info.to_string(),
+                })
             })
         };
         let ctl_name = field("ctl")?.to_string();
-        let event: IpcEventHandle = field("event")?.parse().map_err(|e: CudaError| {
-            RuntimeError::Transport(format!("training rank {peer}'s event: {e}"))
-        })?;
+        let event: IpcEventHandle = field("event")?
+            .parse()
+            .map_err(|source| TransportError::Event { peer, source })?;
         let t0 = Instant::now();
         let (ctl, published) = Control::open(&ctl_name)?;
         let control_ms = ms_since(t0);
@@ -624,12 +638,7 @@ impl CudaIpcTransport {
             .iter()
             .find(|e| e.key == me)
             .map(|e| e.first_sum)
-            .ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer} has no plan for inference rank {} (plans disagree)",
-                    self.me
-                ))
-            })?;
+            .ok_or_else(|| RuntimeError::from(TransportError::NoPlanFor { peer, me: self.me }))?;
         let err = transport_err("opening the training rank's memory");
         let threads = open_threads();
         let t0 = Instant::now();
@@ -749,7 +758,7 @@ impl CudaIpcTransport {
         }
         self.staging
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))
+            .ok_or_else(|| TransportError::NoStaging.into())
     }
 
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
@@ -758,15 +767,12 @@ impl CudaIpcTransport {
         if ctx.checksums {
             // hash every bucket as the receivers see it, from a host copy of the weights
             self.staging()?;
-            let staging = self
-                .staging
-                .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))?;
+            let staging = self.staging.as_ref().ok_or(TransportError::NoStaging)?;
             self.tensors.download_to(staging)?;
             let sender = self
                 .sender
                 .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+                .ok_or(TransportError::Closed("cuda-ipc transport"))?;
             let mut idx = 0u64;
             for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
                 for b in buckets {
@@ -782,7 +788,7 @@ impl CudaIpcTransport {
         let sender = self
             .sender
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+            .ok_or(TransportError::Closed("cuda-ipc transport"))?;
         for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
             stats.buckets += buckets.len() as u64;
             stats.bytes += peer.bytes;
@@ -824,7 +830,7 @@ impl CudaIpcTransport {
         let engine = self
             .engine
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+            .ok_or(TransportError::Closed("cuda-ipc transport"))?;
         let copied = (|| {
             for peer in &self.plan.peers {
                 let remote = &self.remotes[&peer.peer];
@@ -860,10 +866,7 @@ impl CudaIpcTransport {
         let mut stats = ExecStats::default();
         if ctx.checksums {
             self.staging()?;
-            let staging = self
-                .staging
-                .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))?;
+            let staging = self.staging.as_ref().ok_or(TransportError::NoStaging)?;
             self.tensors.download_to(staging)?;
             for (pi, peer) in self.plan.peers.iter().enumerate() {
                 let remote = &self.remotes[&peer.peer];
@@ -886,10 +889,11 @@ impl CudaIpcTransport {
         for (pi, peer) in self.plan.peers.iter().enumerate() {
             let remote = &self.remotes[&peer.peer];
             if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
-                return Err(RuntimeError::Transport(format!(
-                    "training rank {} withdrew version {} while it was being read",
-                    peer.peer, ctx.version
-                )));
+                return Err(TransportError::Withdrawn {
+                    peer: peer.peer,
+                    version: ctx.version,
+                }
+                .into());
             }
             stats.buckets += self.buckets[pi].len() as u64;
             stats.bytes += peer.bytes;

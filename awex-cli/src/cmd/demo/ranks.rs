@@ -235,6 +235,11 @@ pub fn worker_command(
         .args(["--gpu", &gpu.to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
+    // the ranks log every update at `info`; the demo's own lines say what happened, so its
+    // ranks print warnings and errors only unless RUST_LOG asks for more
+    if std::env::var_os("RUST_LOG").is_none() {
+        c.env("RUST_LOG", "warn");
+    }
     if a.transport.parse::<TransportKind>().ok() == Some(TransportKind::Nccl)
         && let Some((k, v)) = nccl_nvls_default(std::env::var_os("NCCL_NVLS_ENABLE").as_deref())
     {

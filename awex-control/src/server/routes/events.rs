@@ -20,6 +20,7 @@ pub(crate) async fn poll(
 ) -> Result<Json<EventsResponse>, ApiError> {
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
+    let _permit = gw.long_poll(&entry, wait)?;
     let mut rx = entry.events_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {
