@@ -7,11 +7,13 @@
 //! - `POST /pause_generation {"mode": "retract"}` (`PauseGenerationReqInput`; `retract` sends
 //!   running requests back to the queue, so the cache flush after the update succeeds);
 //! - `POST /begin_weight_update {"selector": "target"}` and `POST /end_weight_update {}`
-//!   (`BeginWeightUpdateReqInput` / `EndWeightUpdateReqInput`, since 0.5.21; 400 with
-//!   `{"success": false, "message"}` on failure);
+//!   (`BeginWeightUpdateReqInput` / `EndWeightUpdateReqInput`, since 0.5.21; `selector`
+//!   defaults to `all`, target and draft model; 400 with `{"success": false, "message"}` on
+//!   failure; one session at a time, so a failed attempt's session is ended before a retry);
 //! - `POST /update_weights_from_tensor` (`UpdateWeightsFromTensorReqInput`): one base64
 //!   payload per TP rank, `load_format` the custom loader's dotted path, `weight_version`,
-//!   `flush_cache`; every TP scheduler calls the loader with `(model, named_tensors)`;
+//!   `flush_cache`, and inside a session `selector: "target"` (its default is `all`); every TP
+//!   scheduler calls the loader with `(model, named_tensors)`;
 //! - `POST /continue_generation {}`.
 //!
 //! The session (begin, the trigger into the loader, end) is used only when the server allows
@@ -100,14 +102,13 @@ impl EngineControl for SglangControl {
         if !uses_loader(facts) {
             return Vec::new();
         }
-        let trigger = EngineCall::post(
-            "/update_weights_from_tensor",
-            json!({
-                "serialized_named_tensors": payloads(facts),
-                "load_format": LOADER,
-                "flush_cache": false,
-            }),
-        );
+        let mut body = json!({
+            "serialized_named_tensors": payloads(facts),
+            "load_format": LOADER,
+            "flush_cache": false,
+        });
+        target_only(facts, &mut body);
+        let trigger = EngineCall::post("/update_weights_from_tensor", body);
         if uses_session(facts) {
             vec![begin(), trigger, end()]
         } else {
@@ -128,15 +129,14 @@ impl EngineControl for SglangControl {
 
     fn trigger(&self, facts: &EngineFacts, version: u64) -> Option<EngineCall> {
         uses_loader(facts).then(|| {
-            EngineCall::post(
-                "/update_weights_from_tensor",
-                json!({
-                    "serialized_named_tensors": payloads(facts),
-                    "load_format": LOADER,
-                    "weight_version": version.to_string(),
-                    "flush_cache": true,
-                }),
-            )
+            let mut body = json!({
+                "serialized_named_tensors": payloads(facts),
+                "load_format": LOADER,
+                "weight_version": version.to_string(),
+                "flush_cache": true,
+            });
+            target_only(facts, &mut body);
+            EngineCall::post("/update_weights_from_tensor", body)
         })
     }
 
@@ -151,6 +151,20 @@ impl EngineControl for SglangControl {
     fn resume(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
         vec![EngineCall::post("/continue_generation", json!({}))]
     }
+
+    /// `end_weight_update` when the server has sessions: SGLang keeps one session open per
+    /// server and refuses the next `begin_weight_update` with 400 "a weight-update session is
+    /// already open; call end_weight_update() first"
+    /// (`managers/scheduler_components/weight_updater.py`, `begin_weight_update`), so a retry
+    /// after a failed trigger must close the failed attempt's session first. `end` runs
+    /// `process_weights_after_loading` on the runners; generation stays paused.
+    fn abandon(&self, facts: &EngineFacts) -> Vec<EngineCall> {
+        if uses_loader(facts) && uses_session(facts) {
+            vec![end()]
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 fn uses_loader(facts: &EngineFacts) -> bool {
@@ -159,6 +173,18 @@ fn uses_loader(facts: &EngineFacts) -> bool {
 
 fn uses_session(facts: &EngineFacts) -> bool {
     facts.extra.get("session").and_then(Value::as_bool) == Some(true)
+}
+
+/// Names the target model on a trigger inside a session: `update_weights_from_tensor`'s
+/// `selector` defaults to `all` (`managers/io_struct.py`, `UpdateWeightsFromTensorReqInput`),
+/// which would also call the loader on a speculative-decoding draft model, while the session
+/// was opened for `target` only.
+fn target_only(facts: &EngineFacts, body: &mut Value) {
+    if uses_session(facts)
+        && let Some(o) = body.as_object_mut()
+    {
+        o.insert("selector".into(), json!("target"));
+    }
 }
 
 fn payloads(facts: &EngineFacts) -> Vec<&'static str> {

@@ -78,3 +78,41 @@ fn success_false_is_the_engines_own_message() {
         Err(r#"HTTP 500: {"detail":"x"}"#.into())
     );
 }
+
+#[test]
+fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 2)]);
+    let info = |version: &str| json!({"tp_size": 2, "version": version, "custom_weight_loader": ["awex.sglang.receive"]});
+    let facts = c
+        .check_server(&info("0.5.23"), &expect(&p))
+        .expect("agrees");
+    assert_eq!(
+        c.abandon(&facts),
+        vec![EngineCall::post("/end_weight_update", json!({}))]
+    );
+    let trigger = c.trigger(&facts, 7).expect("the loader is allowed");
+    assert_eq!(trigger.body.unwrap()["selector"], json!("target"));
+    assert_eq!(
+        c.warm_up(&facts)[1].body.as_ref().unwrap()["selector"],
+        json!("target")
+    );
+    // before 0.5.21 there is no session to end and no selector
+    let old = c
+        .check_server(&info("0.5.20"), &expect(&p))
+        .expect("agrees");
+    assert_eq!(c.abandon(&old), vec![]);
+    assert!(
+        c.trigger(&old, 7)
+            .unwrap()
+            .body
+            .unwrap()
+            .get("selector")
+            .is_none()
+    );
+    // without awex's loader no session was opened
+    let plain = c
+        .check_server(&json!({"tp_size": 2, "version": "0.5.23"}), &expect(&p))
+        .expect("agrees");
+    assert_eq!(c.abandon(&plain), vec![]);
+}
