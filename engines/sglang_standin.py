@@ -17,7 +17,8 @@ What each route copies (paths relative to ``python/sglang/srt/`` of SGLang 0.5.2
   ``weight_cache_mode``, ``load_format``, ``dtype``, ``quantization``, ``weight_version``, ...)
   plus ``version``, ``internal_states`` and ``frontend`` (``utils/common.py`` ``build_server_info``).
 - ``GET /model_info`` (and ``/get_model_info``) -- ``http_server.py`` ``model_info``: the live
-  ``weight_version`` a weight update records.
+  ``weight_version`` a weight update records, and the served model's ``model_type`` and
+  ``architectures`` (``model_config.hf_config``; here the checkpoint's ``config.json``).
 - ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}`` (default ``abort``,
   ``managers/io_struct.py`` ``PauseGenerationReqInput``) -- ``http_server.py`` ``pause_generation``:
   200 ``{"message": "Generation paused successfully.", "status": "ok"}``. ``abort`` ends the
@@ -323,6 +324,14 @@ class Server:
             "frontend": "python",
         }
 
+    def hf_config(self) -> dict[str, Any]:
+        """The checkpoint's ``config.json`` ({} when unreadable)."""
+        try:
+            with open(os.path.join(self.args.model_path, "config.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError, TypeError):
+            return {}
+
     def flush(self) -> bool:
         """``Scheduler.flush_cache``: only when nothing runs (and nothing waits, unless paused)."""
         return self.running == 0 and (self.paused or self.waiting == 0)
@@ -334,8 +343,10 @@ class Server:
         if path in ("/get_server_info", "/server_info") and method == "GET":
             return 200, self.server_info()
         if path in ("/get_model_info", "/model_info") and method == "GET":
-            return 200, {"model_path": self.args.model_path, "weight_version": self.weight_version,
-                         "load_format": "auto", "is_generation": True}
+            hf = self.hf_config()
+            return 200, {"model_path": self.args.model_path, "served_model_name": self.args.model_path,
+                         "weight_version": self.weight_version, "load_format": "auto", "is_generation": True,
+                         "model_type": hf.get("model_type"), "architectures": hf.get("architectures")}
         if path == "/standin/state" and method == "GET":
             with self.lock:
                 return 200, {"paused": self.paused, "pause_mode": self.pause_mode, "running": self.running,

@@ -634,6 +634,8 @@ struct Session {
     calls: Mutex<Vec<(usize, String, Value)>>,
     /// Which servers have an update session open.
     open: Mutex<[bool; 2]>,
+    /// The architecture `/model_info` reports (`Qwen3ForCausalLM`, the pair's, when unset).
+    serves: Mutex<Option<&'static str>>,
     loader_fails: AtomicBool,
     trigger_hangs: AtomicBool,
 }
@@ -648,8 +650,17 @@ async fn sglang_server(
     type St = (Arc<Session>, usize, &'static str, String, &'static str);
     async fn info(State((_, _, version, _, _)): State<St>) -> axum::Json<Value> {
         axum::Json(json!({
-            "tp_size": 2, "dp_size": 1, "ep_size": 1, "version": version,
+            "tp_size": 2, "dp_size": 1, "ep_size": 1, "version": version, "model_path": "/models/tiny",
             "custom_weight_loader": ["awex.sglang.receive"],
+        }))
+    }
+    // `http_server.py` `model_info`: `architectures` is the served model's
+    // `hf_config.architectures`
+    async fn model_info(State((s, _, _, _, _)): State<St>) -> axum::Json<Value> {
+        let arch = s.serves.lock().unwrap().unwrap_or("Qwen3ForCausalLM");
+        axum::Json(json!({
+            "model_path": "/models/tiny", "model_type": "qwen3", "architectures": [arch],
+            "weight_version": "default", "is_generation": true,
         }))
     }
     async fn route(
@@ -729,6 +740,7 @@ async fn sglang_server(
     }
     let app = Router::new()
         .route("/server_info", get(info))
+        .route("/model_info", get(model_info))
         .route("/pause_generation", post(route))
         .route("/continue_generation", post(route))
         .route("/begin_weight_update", post(route))
@@ -973,6 +985,19 @@ async fn connect_checks_every_server_against_the_declared_layout() {
         )),
         "{e}"
     );
+    // a server that serves another architecture than the pair's model
+    *s.serves.lock().unwrap() = Some("LlamaForCausalLM");
+    let mut req = connect_request("chk", 1, 1, 2);
+    req.inference.urls = vec![good.clone()];
+    let e = client.connect(&req).await.unwrap_err();
+    assert_eq!(e.status(), Some(422));
+    assert!(
+        e.to_string().contains(&format!(
+            "engine 0 at {good}: the pair's model is Qwen3ForCausalLM but the server reports architectures=[\"LlamaForCausalLM\"] (model_path /models/tiny)"
+        )),
+        "{e}"
+    );
+    *s.serves.lock().unwrap() = None;
     // an engine nobody answers for fails the connect too
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead = format!("http://{}", listener.local_addr().unwrap());

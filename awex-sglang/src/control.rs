@@ -57,9 +57,52 @@ pub const DEFAULT_PAUSE_MODE: &str = "retract";
 /// SGLang's servers, driven around an update.
 pub struct SglangControl;
 
+/// Model-info paths, newest first (`GET /model_info`, `/get_model_info` before its rename;
+/// `entrypoints/http_server.py`, `model_info`): `model_path`, `model_type` and `architectures`
+/// (the served model's `hf_config.architectures`), which `/server_info` does not carry.
+pub const MODEL_INFO_PATHS: [&str; 2] = ["/model_info", "/get_model_info"];
+
+/// The served model's architectures from a model-info answer (`None` when not reported).
+pub fn served_architectures(model_info: &Value) -> Option<Vec<String>> {
+    let list = model_info.get("architectures")?.as_array()?;
+    let names: Vec<String> = list
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Checks the model a server serves against the pair's: the architecture must be one of the
+/// server's `architectures` when the server reports them. The model path is not compared:
+/// trainers and servers routinely name the same weights differently (a hub id and a local
+/// copy, a step checkpoint directory), and the parameters' shapes are checked when the loader
+/// registers them.
+fn check_model(raw: &Value, expect: &EngineExpect<'_>) -> Result<Option<Vec<String>>, String> {
+    let Some(served) = raw.get("model_info").and_then(served_architectures) else {
+        return Ok(None);
+    };
+    if !served.iter().any(|a| a == expect.architecture) {
+        let path = raw
+            .get("model_path")
+            .and_then(Value::as_str)
+            .map(|p| format!(" (model_path {p})"))
+            .unwrap_or_default();
+        return Err(format!(
+            "the pair's model is {} but the server reports architectures={}{path}",
+            expect.architecture,
+            serde_json::to_string(&served).unwrap_or_default()
+        ));
+    }
+    Ok(Some(served))
+}
+
 impl EngineControl for SglangControl {
     fn info_paths(&self) -> &'static [&'static str] {
         &SERVER_INFO_PATHS
+    }
+
+    fn model_info_paths(&self) -> &'static [&'static str] {
+        &MODEL_INFO_PATHS
     }
 
     fn check_server(&self, raw: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String> {
@@ -78,6 +121,7 @@ impl EngineControl for SglangControl {
                 ));
             }
         }
+        let architectures = check_model(raw, expect)?;
         let loader = raw
             .get("custom_weight_loader")
             .and_then(Value::as_array)
@@ -92,6 +136,7 @@ impl EngineControl for SglangControl {
             ranks: u32::try_from(info.tp_size).unwrap_or(u32::MAX),
             extra: json!({
                 "model_path": info.model_path,
+                "architectures": architectures,
                 "loader": loader,
                 "session": session,
             }),

@@ -6,7 +6,7 @@ The order the gateway must follow per update of version V (``docs/sglang.md``):
 ``pause_generation {"mode": "retract"}`` -> ``begin_weight_update`` (>= 0.5.21) -> the update
 starts -> ``update_weights_from_tensor`` {one empty payload per TP rank, ``load_format``
 ``awex.sglang.receive``, ``weight_version`` "V", ``flush_cache`` true} -> ranks report ->
-``end_weight_update`` -> commit -> ``continue_generation``; at connect, ``server_info`` (``get_server_info`` on servers older than its rename) and
+``end_weight_update`` -> commit -> ``continue_generation``; at connect, ``server_info`` (``get_server_info`` on servers older than its rename), ``model_info`` (the served architectures) and
 one warm-up ``update_weights_from_tensor`` with ``flush_cache`` false, itself inside
 ``begin_weight_update`` / ``end_weight_update`` on >= 0.5.21 (SGLang 0.5.23 refuses any
 ``update_weights_from_*`` outside a session).
@@ -155,7 +155,7 @@ def test_update_follows_sglangs_session_and_lands_every_byte(served_gateway, ckp
         assert st["state"] == "committed"
         state = s.call("/standin/state")[1]
         assert session_routes(state) == [
-            "/server_info", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
+            "/server_info", "/model_info", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
             "/pause_generation", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
             "/continue_generation"]
         warm, upd = updates(state)
@@ -228,4 +228,24 @@ def test_server_hangs_past_the_deadline(served_gateway, ckpts) -> None:
         t.join(60)
     finally:
         w.close()
+        s.close()
+
+
+def test_connect_refuses_a_server_that_serves_another_architecture(served_gateway, ckpts, tmp_path) -> None:
+    """The gateway reads ``/model_info``'s ``architectures`` (``http_server.py`` ``model_info``)
+    and refuses a server whose model is not the pair's; another model path alone is fine."""
+    llama = checkpoints.write(str(tmp_path / "llama"), "LlamaForCausalLM", tied=False, seed=7)
+    name = pair_name("arch")
+    s = Standin("--model-path", llama, "--mode", "torch", "--custom-weight-loader", LOADER,
+                env={"AWEX_GATEWAY": served_gateway, "AWEX_PAIR": name, "AWEX_ENGINE": "0"})
+    try:
+        with pytest.raises(Exception) as e:
+            awex.Controller(served_gateway).connect(
+                name, model=ckpts[0], train="fsdp:dp=1", infer="sglang:tp=1,engines=1", transport="shm",
+                urls=[s.url], join_deadline_s=5)
+        assert (f"engine 0 at {s.url}: the pair's model is Qwen3ForCausalLM but the server reports "
+                f'architectures=["LlamaForCausalLM"] (model_path {llama})') in str(e.value), str(e.value)
+        routes = s.call("/standin/state")[1]["routes"]
+        assert routes == ["/server_info", "/model_info"], routes  # refused before any update call
+    finally:
         s.close()

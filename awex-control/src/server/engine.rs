@@ -134,12 +134,25 @@ impl EngineClient {
                     Err(e) => why.push(format!("GET {url}{path}: {e}")),
                 }
             }
-            let Some(info) = info else {
+            let Some(mut info) = info else {
                 return Err(format!(
                     "engine {i} at {url} did not answer: {}",
                     why.join("; ")
                 ));
             };
+            for path in control.model_info_paths() {
+                let call = EngineCall {
+                    method: HttpMethod::Get,
+                    path: path.to_string(),
+                    body: None,
+                };
+                if let Ok(model) = self.call(control, url, &call, self.timeout).await {
+                    if let Some(o) = info.as_object_mut() {
+                        o.insert("model_info".into(), model);
+                    }
+                    break;
+                }
+            }
             let e = expect(i as u32);
             facts.push(
                 control

@@ -75,6 +75,13 @@ pub trait EngineControl: Send + Sync + 'static {
     /// Paths that describe a server, tried in order; the first that answers is used.
     fn info_paths(&self) -> &'static [&'static str];
 
+    /// Paths that describe the model a server serves, tried in order after the info path;
+    /// the first answer is handed to [`EngineControl::check_server`] as the info object's
+    /// `model_info` field (absent when none answered). Empty: not read.
+    fn model_info_paths(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Checks a server's info against what the pair declares; a disagreement is an error
     /// naming the field and both values.
     fn check_server(&self, info: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String>;
