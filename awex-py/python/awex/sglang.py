@@ -25,6 +25,28 @@ logger = logging.getLogger("awex.sglang")
 #: States of the gateway's current update in which a loader call is an update, not a warm-up.
 _ACTIVE = ("pending", "running")
 
+#: What ``receive`` does with a failure it can report instead (``$AWEX_SGLANG_ON_ERROR``).
+_ON_ERROR = ("report", "raise")
+
+
+def _on_error() -> str:
+    """``report`` (the default) or ``raise``, from ``$AWEX_SGLANG_ON_ERROR``.
+
+    SGLang 0.5.23 calls a custom loader without a ``try``
+    (``model_executor/model_runner_components/weight_updater.py``:376, in
+    ``update_weights_from_tensor``; nothing above it catches: ``managers/
+    scheduler_components/weight_updater.py``:246, ``utils.py`` ``TypeBasedDispatcher.__call__``,
+    ``managers/scheduler.py`` ``process_input_requests``), so an exception ends the scheduler's
+    event loop and ``run_scheduler_process`` sends SIGQUIT to the server
+    (``managers/scheduler.py``:6372): a raise costs a server restart. ``report`` logs the failure,
+    tells the gateway (which then fails the version and keeps generation paused) and returns.
+    """
+    v = os.environ.get("AWEX_SGLANG_ON_ERROR", "report").strip().lower() or "report"
+    if v not in _ON_ERROR:
+        logger.error("AWEX_SGLANG_ON_ERROR=%r is neither `report` nor `raise`; using `report`", v)
+        return "report"
+    return v
+
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
     """``[(name, tensor)]`` of an SGLang model, ready for ``Reader.register``.
@@ -281,11 +303,21 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
       one; the Reader is then closed and recreated on the new storage for the next update
       (logged as a warning: a Reader created during an update would miss it).
 
-    Any failure raises ``RuntimeError`` naming the engine, the TP rank and the cause.
+    Failures (``AWEX_SGLANG_ON_ERROR``, default ``report``): a failure before or while this
+    rank receives is logged with the engine, the TP rank and the cause, reported to the gateway
+    (which fails the version; generation stays paused until a retry commits or the controller
+    accepts the torn weights) and the call returns, because SGLang 0.5.23 ends the whole server
+    on a loader exception; SGLang then records ``weight_version`` although the version failed,
+    until the retry. With ``AWEX_SGLANG_ON_ERROR=raise`` (servers that turn a loader exception
+    into ``success: false``) it raises ``RuntimeError`` naming the same. A failure after this
+    rank reported its bytes received (copying into moved storage, synchronising the device,
+    ``post_load_weights``) always raises: only SGLang's failed HTTP answer can then stop the
+    gateway from committing.
     """
     global _receiver
     rank = -1
     engine = os.environ.get("AWEX_ENGINE", "0")
+    received = False
     try:
         rank = tp_rank()
         if named_tensors_:
@@ -325,6 +357,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 moved = rx.check_storage(model)
                 moved_bytes = True
                 rx.reader.update(version, wait_commit=False)
+                received = True
                 if moved:
                     # The Reader received into the registered storage, which its aliases kept
                     # alive; copy it into the parameters' new storage, then recreate the Reader
@@ -359,7 +392,14 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 raise
     except Exception as e:
         where = f"awex.sglang.receive (engine {engine}, TP rank {rank if rank >= 0 else '?'})"
-        raise RuntimeError(f"{where}: {e}") from e
+        error = RuntimeError(f"{where}: {e}")
+        if received or _on_error() == "raise":
+            raise error from e
+        logger.error(
+            "%s (not raised: SGLang 0.5.23 ends the server on a loader exception; the gateway fails "
+            "the version, set AWEX_SGLANG_ON_ERROR=raise to raise instead)", error,
+        )
+        return None
 
 
 __all__ = ["named_tensors", "receive", "tp_rank"]
