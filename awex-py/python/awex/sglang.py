@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 logger = logging.getLogger("awex.sglang")
@@ -74,29 +75,34 @@ def tp_rank() -> int:
     SGLang 0.5.23 publishes it as ``sglang.srt.runtime_context.get_parallel().tp_rank`` (what its
     own ``update_weights_from_tensor`` reads; ``sglang.srt.distributed`` no longer exports
     ``get_tensor_model_parallel_rank``), older servers as
-    ``sglang.srt.distributed.get_tensor_model_parallel_rank()``. Without SGLang (a stand-in
-    server), ``$AWEX_TP_RANK`` names it.
+    ``sglang.srt.distributed.get_tensor_model_parallel_rank()``. Without SGLang, or outside an
+    SGLang scheduler process (a stand-in server), ``$AWEX_TP_RANK`` names it.
     """
+    env = os.environ.get("AWEX_TP_RANK")
+    unset: Exception | None = None
     try:
         from sglang.srt.runtime_context import get_parallel  # type: ignore[import-not-found]
 
-        return int(get_parallel().tp_rank)
+        try:
+            return int(get_parallel().tp_rank)
+        except RuntimeError as e:  # SGLang importable, but this is no SGLang scheduler process
+            unset = e
     except ImportError:
-        pass
-    try:
-        from sglang.srt.distributed import (  # type: ignore[import-not-found]
-            get_tensor_model_parallel_rank,
-        )
+        try:
+            from sglang.srt.distributed import (  # type: ignore[import-not-found]
+                get_tensor_model_parallel_rank,
+            )
 
-        return int(get_tensor_model_parallel_rank())
-    except ImportError:
-        pass
-    env = os.environ.get("AWEX_TP_RANK")
+            return int(get_tensor_model_parallel_rank())
+        except ImportError:
+            pass
     if env is not None:
         try:
             return int(env)
         except ValueError:
             raise ValueError(f"AWEX_TP_RANK={env!r} is not an integer TP rank") from None
+    if unset is not None:
+        raise RuntimeError(f"SGLang has no TP rank in this process ({unset}) and AWEX_TP_RANK is not set")
     raise RuntimeError(
         "cannot tell this process's TP rank: SGLang's parallel state is not importable "
         "(sglang.srt.runtime_context.get_parallel / sglang.srt.distributed."
@@ -228,6 +234,14 @@ class _Receiver:
 _lock = threading.Lock()
 _receiver: _Receiver | None = None
 
+#: Timings of this process's last ``receive`` call that received a version (seconds):
+#: ``version``, ``entry_s`` (from the call to the start of the receive: configuration, the
+#: gateway's current update, the parameter check), ``receive_s`` (``Reader.update``),
+#: ``transfer_s`` (its part moving bytes), ``exit_s`` (from the end of the receive to the return:
+#: device synchronisation, ``post_load_weights``) and ``bytes``. For measuring the adapter's
+#: overhead; empty until a version was received.
+last_call: dict[str, Any] = {}
+
 
 def _reset() -> None:
     """Closes the process-wide Reader (tests, or a server shutting down)."""
@@ -315,6 +329,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
     gateway from committing.
     """
     global _receiver
+    t_enter = time.perf_counter()
     rank = -1
     engine = os.environ.get("AWEX_ENGINE", "0")
     received = False
@@ -356,7 +371,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 rx.wait_joined()
                 moved = rx.check_storage(model)
                 moved_bytes = True
-                rx.reader.update(version, wait_commit=False)
+                t_recv = time.perf_counter()
+                got = rx.reader.update(version, wait_commit=False)
+                t_recvd = time.perf_counter()
                 received = True
                 if moved:
                     # The Reader received into the registered storage, which its aliases kept
@@ -382,6 +399,16 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 post = getattr(model, "post_load_weights", None)
                 if callable(post):
                     post()
+                t_exit = time.perf_counter()
+                last_call.clear()
+                last_call.update(
+                    version=version,
+                    entry_s=t_recv - t_enter,
+                    receive_s=t_recvd - t_recv,
+                    transfer_s=float(got.get("seconds", 0.0)),
+                    exit_s=t_exit - t_recvd,
+                    bytes=int(got.get("bytes", 0)),
+                )
             except BaseException as e:
                 if update is not None and not moved_bytes:
                     _report_failure(cfg, rank, update, f"{rx.where()}: {e}")
