@@ -150,6 +150,8 @@ class _Receiver:
         self.rank = rank
         self.reader: Any = None
         self.storage: dict[str, tuple[tuple[int, ...], str, int]] = {}
+        # the same with the tensors' own shape and dtype objects, compared without conversion
+        self.raw: dict[str, tuple[tuple[int, ...], Any, int]] = {}
         self.join_thread: threading.Thread | None = None
         self.join_error: BaseException | None = None
         self.recreated = 0
@@ -175,6 +177,7 @@ class _Receiver:
         self.reader = reader
         self.aliases = dict(tensors)
         self.storage = {n: _storage(t) for n, t in tensors}
+        self.raw = {n: (tuple(t.shape), t.dtype, int(t.data_ptr())) for n, t in tensors}
         self.join_error = None
 
         def join() -> None:
@@ -211,8 +214,13 @@ class _Receiver:
                 )
             )
         moved = []
-        for name, (shape, dtype, ptr) in self.storage.items():
-            s, d, p = _storage(now[name])
+        raw = self.raw
+        for name, t in now.items():
+            shape, dtype, ptr = raw[name]
+            if t.data_ptr() == ptr and t.dtype == dtype and t.shape == shape:
+                continue  # the common case, without building strings
+            shape, dtype, ptr = self.storage[name]
+            s, d, p = _storage(t)
             if s != shape or d != dtype:
                 raise RuntimeError(
                     f"parameter `{name}` changed from {dtype} {list(shape)} to {d} {list(s)} since it was "
@@ -228,6 +236,7 @@ class _Receiver:
             self.reader.close()
         self.reader = None
         self.storage = {}
+        self.raw = {}
         self.aliases = {}
 
 
@@ -236,9 +245,11 @@ _receiver: _Receiver | None = None
 
 #: Timings of this process's last ``receive`` call that received a version (seconds):
 #: ``version``, ``entry_s`` (from the call to the start of the receive: configuration, the
-#: gateway's current update, the parameter check), ``receive_s`` (``Reader.update``),
+#: gateway's current update, the parameter check; of which ``status_s`` asking the gateway and
+#: ``check_s`` checking the parameters), ``receive_s`` (``Reader.update``),
 #: ``transfer_s`` (its part moving bytes), ``exit_s`` (from the end of the receive to the return:
-#: device synchronisation, ``post_load_weights``) and ``bytes``. For measuring the adapter's
+#: device synchronisation, ``post_load_weights``), ``bytes``, and the process's CPU time in each
+#: part (``entry_cpu_s``, ``receive_cpu_s``, ``exit_cpu_s``). For measuring the adapter's
 #: overhead; empty until a version was received.
 last_call: dict[str, Any] = {}
 
@@ -252,10 +263,19 @@ def _reset() -> None:
         _receiver = None
 
 
+_controllers: dict[tuple[str, str | None], Any] = {}
+
+
 def _current_update(cfg: _Config) -> dict[str, Any] | None:
+    """The gateway's current update of the pair when it is pending or running, else ``None``.
+    The gateway client is kept for the process (creating one starts its runtime)."""
     from ._controller import Controller
 
-    status = Controller(cfg.gateway, cfg.token).status(cfg.pair)
+    key = (cfg.gateway, cfg.token)
+    ctl = _controllers.get(key)
+    if ctl is None:
+        ctl = _controllers[key] = Controller(cfg.gateway, cfg.token)
+    status = ctl.status(cfg.pair)
     update = status.get("current_update")
     if update and update.get("state") in _ACTIVE:
         return update
@@ -329,7 +349,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
     gateway from committing.
     """
     global _receiver
-    t_enter = time.perf_counter()
+    t_enter, cpu_enter = time.perf_counter(), time.process_time()
     rank = -1
     engine = os.environ.get("AWEX_ENGINE", "0")
     received = False
@@ -351,7 +371,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
             update = None
             moved_bytes = False
             try:
+                t_status = time.perf_counter()
                 update = _current_update(cfg)
+                t_status = time.perf_counter() - t_status
                 if update is None:
                     if rx.reader is None:
                         rx.start(model)
@@ -369,11 +391,13 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                         "started (no warm-up trigger reached it); it has joined now: retry the version"
                     )
                 rx.wait_joined()
+                t_check = time.perf_counter()
                 moved = rx.check_storage(model)
+                t_check = time.perf_counter() - t_check
                 moved_bytes = True
-                t_recv = time.perf_counter()
+                t_recv, cpu_recv = time.perf_counter(), time.process_time()
                 got = rx.reader.update(version, wait_commit=False)
-                t_recvd = time.perf_counter()
+                t_recvd, cpu_recvd = time.perf_counter(), time.process_time()
                 received = True
                 if moved:
                     # The Reader received into the registered storage, which its aliases kept
@@ -399,14 +423,19 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 post = getattr(model, "post_load_weights", None)
                 if callable(post):
                     post()
-                t_exit = time.perf_counter()
+                t_exit, cpu_exit = time.perf_counter(), time.process_time()
                 last_call.clear()
                 last_call.update(
                     version=version,
                     entry_s=t_recv - t_enter,
+                    status_s=t_status,
+                    check_s=t_check,
                     receive_s=t_recvd - t_recv,
                     transfer_s=float(got.get("seconds", 0.0)),
                     exit_s=t_exit - t_recvd,
+                    entry_cpu_s=cpu_recv - cpu_enter,
+                    receive_cpu_s=cpu_recvd - cpu_recv,
+                    exit_cpu_s=cpu_exit - cpu_recvd,
                     bytes=int(got.get("bytes", 0)),
                 )
             except BaseException as e:
