@@ -304,13 +304,13 @@ pub(crate) async fn connect(
         Some(c) => {
             let parallel = checked_parallel(&req.inference.backend, &req.inference.parallel);
             let model = req.inference.model.name.clone();
-            let architecture = format!("{:?}", req.inference.model.architecture);
+            let architecture = req.inference.model.architecture.hf_name();
             gw.engines
                 .check_servers(c, &urls, |engine| EngineExpect {
                     engine,
                     parallel: &parallel,
                     model: Some(&model),
-                    architecture: &architecture,
+                    architecture,
                 })
                 .await
                 .map_err(ApiError::Unprocessable)?
