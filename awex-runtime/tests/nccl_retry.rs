@@ -107,7 +107,11 @@ impl Transport for StubNccl {
             None => {
                 let uid = self
                     .join_uid
-                    .ok_or_else(|| RuntimeError::Config("no join id".into()))?;
+                    .ok_or_else(|| RuntimeError::MissingKv {
+                        pair: "stub".into(),
+                        key: UID_KEY.into(),
+                        waited: Duration::ZERO,
+                    })?;
                 self.comms.set_uid(UID_KEY, uid);
             }
         }
