@@ -105,13 +105,11 @@ impl Transport for StubNccl {
         match value {
             Some(v) => self.comms.set_uid(UID_KEY, UniqueId::from_kv(v)?),
             None => {
-                let uid = self
-                    .join_uid
-                    .ok_or_else(|| RuntimeError::MissingKv {
-                        pair: "stub".into(),
-                        key: UID_KEY.into(),
-                        waited: Duration::ZERO,
-                    })?;
+                let uid = self.join_uid.ok_or_else(|| RuntimeError::MissingKv {
+                    pair: "stub".into(),
+                    key: UID_KEY.into(),
+                    waited: Duration::ZERO,
+                })?;
                 self.comms.set_uid(UID_KEY, uid);
             }
         }
