@@ -1,18 +1,19 @@
 //! A rank of a pair: joins through the gateway, then executes its plan for every update version
 //! and reports. Training ranks are writers, inference ranks readers; the code is shared.
 
-use super::RuntimeError;
 use super::tensors::TensorSet;
 use super::transport::{
     CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, TcpTransport, Transport,
     TransportKind,
 };
+use super::{ConfigMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
 use awex_control::wire::{EventKind, JoinRequest, JoinResponse, Report};
-use awex_core::backend::{BackendSpec, side_layout};
-use awex_core::layout::{RankId, RankLayout, Side, SideLayout};
+use awex_core::backend::BackendSpec;
+use awex_core::layout::{RankId, RankLayout, Side};
 use awex_core::model::{Catalogue, ModelSpec};
-use awex_core::plan::{Pair, RankPlan};
+use awex_core::pair::{PairError, PairSpec, ResolvedPair};
+use awex_core::plan::RankPlan;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +50,16 @@ pub struct RankConfig {
 }
 
 impl RankConfig {
+    /// The pair this rank belongs to, as a [`PairSpec`] (model, both sides, transport).
+    pub fn pair_spec(&self) -> PairSpec {
+        PairSpec {
+            model: self.model.clone(),
+            train: self.train.clone(),
+            infer: self.infer.clone(),
+            transport: self.transport,
+        }
+    }
+
     /// Where this rank's shared-memory segments are named.
     pub fn shm_scope(&self) -> crate::host::ShmScope {
         crate::host::ShmScope::new(&self.pair, &self.uid)
@@ -63,6 +74,8 @@ pub async fn pair_uid(cfg: &RankConfig) -> Result<String, RankError> {
 
 /// A rank's layout and plan, computed before it joins (so tensors can be checked first).
 pub struct Prepared {
+    /// The pair's catalogue and both sides' layouts ([`RankConfig::pair_spec`] resolved).
+    pub pair: Arc<ResolvedPair>,
     /// The model's catalogue.
     pub catalogue: Catalogue,
     /// This rank's local tensors.
@@ -80,9 +93,12 @@ pub enum RankError {
     /// The runtime failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// The layout could not be built.
+    /// The layout could not be built, or disagrees with the pair's.
     #[error("layout: {0}")]
     Layout(String),
+    /// A side's layout could not be built from the rank's specs.
+    #[error("layout: {0}")]
+    Pair(#[from] PairError),
     /// The pair was disconnected.
     #[error("pair disconnected")]
     Disconnected,
@@ -153,7 +169,7 @@ where
         match f().await {
             Ok(v) => {
                 if tries > 0 {
-                    eprintln!(
+                    tracing::info!(
                         "awex rank: the gateway at {gateway} answers again after {:.1} s ({doing})",
                         start.elapsed().as_secs_f64()
                     );
@@ -173,7 +189,7 @@ where
                 }
                 tries += 1;
                 let pause = backoff.min(limit - waited);
-                eprintln!(
+                tracing::warn!(
                     "awex rank: gateway at {gateway} failed while {doing} (try {tries}, {:.1} s of at most {} s): {e}; retrying in {:.1} s",
                     waited.as_secs_f64(),
                     limit.as_secs(),
@@ -205,38 +221,25 @@ fn incarnation_id() -> String {
 
 /// Computes this rank's layout and plan.
 pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
-    let catalogue = Catalogue::of(&cfg.model);
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RankError::Layout(e.to_string()))?;
-    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RankError::Layout(e.to_string()))?;
-    let mine: &dyn SideLayout = match cfg.side {
-        Side::Training => &*training,
-        Side::Inference => &*inference,
-    };
+    let pair = cfg.pair_spec().resolve()?;
+    let mine = pair.side(cfg.side);
     let layout = mine.rank_layout(cfg.rank).ok_or_else(|| {
         RankError::Layout(format!(
             "{} layout {} has no rank {} (world size {})",
             cfg.side,
-            match cfg.side {
-                Side::Training => &cfg.train,
-                Side::Inference => &cfg.infer,
-            },
+            pair.backend(cfg.side),
             cfg.rank,
             mine.world_size()
         ))
     })?;
-    let pair = Pair {
-        catalogue: &catalogue,
-        training: &*training,
-        inference: &*inference,
-    };
     let plan = Arc::new(
-        pair.plan_rank(cfg.side, cfg.rank)
+        pair.plan_pair()
+            .plan_rank(cfg.side, cfg.rank)
             .map_err(RuntimeError::from)?,
     );
     Ok(Prepared {
-        catalogue,
+        catalogue: pair.catalogue.clone(),
+        pair: Arc::new(pair),
         layout,
         plan,
     })
@@ -301,13 +304,9 @@ fn nccl_transport(
     use crate::transport::{NcclConfig, NcclTransport};
     use awex_gpu::nccl::{CommWorld, Library, NcclError, creates_uid};
     if !awex_gpu::cuda::BUILT {
-        return Err(RuntimeError::Config(NcclError::NeedsCuda.to_string()));
+        return Err(RuntimeError::Nccl(NcclError::NeedsCuda));
     }
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
-    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
-    let world = CommWorld::of(&*training, &*inference)?;
+    let world = CommWorld::of(&*prepared.pair.training, &*prepared.pair.inference)?;
     let lib = Arc::new(Library::load()?);
     let uid = if creates_uid(cfg.side, cfg.rank) {
         Some(lib.unique_id()?)
@@ -338,15 +337,18 @@ async fn read_after_join(
     pair: &str,
     key: &str,
     wait: Duration,
-) -> Result<serde_json::Value, RankError> {
+) -> Result<serde_json::Value, RuntimeError> {
     match client.get_kv(pair, key, wait).await {
         Ok(e) => Ok(e.value),
-        Err(e) if e.status() == Some(404) => {
-            Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{pair}` has no kv `{key}` although every rank has joined (waited {wait:?}); the rank that publishes it before joining (training rank 0 for nccl) must run the same transport"
-            ))))
-        }
-        Err(e) => Err(e.into()),
+        Err(e) if e.status() == Some(404) => Err(RuntimeError::MissingKv {
+            pair: pair.to_string(),
+            key: key.to_string(),
+            waited: wait,
+        }),
+        Err(source) => Err(RuntimeError::Gateway {
+            what: "pair kv",
+            source,
+        }),
     }
 }
 
@@ -368,33 +370,46 @@ fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelCon
     }
 }
 
+fn transport_mismatch(pair: &str, theirs: &str, ours: TransportKind) -> RuntimeError {
+    ConfigMismatch::Pair {
+        pair: pair.to_string(),
+        field: "uses transport",
+        expected: theirs.to_string(),
+        got: ours.to_string(),
+        hint: "",
+    }
+    .into()
+}
+
 /// Refuses to join a pair whose description disagrees with this rank's (model, layouts,
 /// transport, bucket geometry, connect): everything a rank could get wrong is checked here,
 /// before it publishes anything.
 fn check_pair(st: &awex_control::wire::PairStatus, cfg: &RankConfig) -> Result<(), RankError> {
     if st.transport.as_str() != cfg.transport.as_str() {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` uses transport {} but this rank was started with {}",
-            cfg.pair,
-            st.transport.as_str(),
-            cfg.transport
-        ))));
+        return Err(transport_mismatch(&cfg.pair, st.transport.as_str(), cfg.transport).into());
     }
     let pair_bucket = st.options.bucket_mib.saturating_mul(1 << 20);
     if pair_bucket != cfg.bucket_bytes {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` moves buckets of {} MiB but this rank was started with {} bytes ({} MiB); every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
-            cfg.pair,
-            st.options.bucket_mib,
-            cfg.bucket_bytes,
-            cfg.bucket_bytes as f64 / (1u64 << 20) as f64
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Pair {
+            pair: cfg.pair.clone(),
+            field: "moves buckets of",
+            expected: format!("{} MiB", st.options.bucket_mib),
+            got: format!(
+                "{} bytes ({} MiB)",
+                cfg.bucket_bytes,
+                cfg.bucket_bytes as f64 / (1u64 << 20) as f64
+            ),
+            hint: "; every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
+        })
+        .into());
     }
     if !cfg.uid.is_empty() && !st.uid.is_empty() && cfg.uid != st.uid {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` was connected again (connect uid {} instead of {}); restart this rank",
-            cfg.pair, st.uid, cfg.uid
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Reconnected {
+            pair: cfg.pair.clone(),
+            expected: cfg.uid.clone(),
+            got: st.uid.clone(),
+        })
+        .into());
     }
     let fp = format!("{:016x}", cfg.model.fingerprint());
     for (side, spec, theirs) in [
@@ -420,6 +435,64 @@ fn check_pair(st: &awex_control::wire::PairStatus, cfg: &RankConfig) -> Result<(
         }
     }
     Ok(())
+}
+
+/// What became of one step of a rank ([`Rank::step`], [`Rank::run`]).
+#[derive(Debug)]
+pub enum Outcome {
+    /// This rank did its part and the version committed.
+    Committed {
+        /// the work
+        work: Work,
+        /// what this rank moved
+        stats: ExecStats,
+    },
+    /// This rank did its part; the outcome was not waited for.
+    Executed {
+        /// the work
+        work: Work,
+        /// what this rank moved
+        stats: ExecStats,
+    },
+    /// The update did not commit.
+    Failed {
+        /// the work
+        work: Work,
+        /// what this rank moved, when its own part succeeded
+        stats: Option<ExecStats>,
+        /// why
+        reason: Failure,
+    },
+    /// The wait ran out: for work (`work` is `None`) or for the outcome of `work`.
+    TimedOut {
+        /// the work whose outcome did not arrive in time
+        work: Option<Work>,
+    },
+    /// The pair was disconnected.
+    Disconnected,
+}
+
+impl Outcome {
+    /// The work the step was about (`None` when there was none: disconnected, timed out).
+    pub fn work(&self) -> Option<Work> {
+        match self {
+            Outcome::Committed { work, .. }
+            | Outcome::Executed { work, .. }
+            | Outcome::Failed { work, .. } => Some(*work),
+            Outcome::TimedOut { work } => *work,
+            Outcome::Disconnected => None,
+        }
+    }
+
+    /// Whether this rank's own part succeeded (whatever became of the version).
+    pub fn part_done(&self) -> bool {
+        match self {
+            Outcome::Committed { .. } | Outcome::Executed { .. } => true,
+            Outcome::Failed { stats, .. } => stats.is_some(),
+            Outcome::TimedOut { work } => work.is_some(),
+            Outcome::Disconnected => false,
+        }
+    }
 }
 
 /// A 404 from the gateway is the pair unknown to it (a restart without state); other errors
@@ -476,7 +549,7 @@ async fn join_retrying(
             // the slot is held: by this rank's predecessor (killed moments ago, its liveness
             // running out) or by a live duplicate (then this rank gives up after the wait)
             Err(RankError::Gateway(c)) if held_by_another(&c) && start.elapsed() < CLAIM_WAIT => {
-                eprintln!(
+                tracing::warn!(
                     "awex rank: {} {} of pair `{}`: {c}; retrying for up to {} s",
                     cfg.side,
                     cfg.rank,
@@ -502,6 +575,20 @@ async fn join_retrying(
             return Ok(r);
         }
     }
+}
+
+/// Why an update did not commit, as one rank learns it.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// This rank's own part failed (the error it reported).
+    #[error(transparent)]
+    Rank(RuntimeError),
+    /// The version failed elsewhere (aborted, another rank, the engines): its status.
+    #[error("version {} did not commit: {}", .0.version, .0.error.as_deref().unwrap_or("failed"))]
+    Version(Box<awex_control::wire::UpdateStatus>),
+    /// The outcome could not be read from the gateway.
+    #[error("reading the outcome: {0}")]
+    Gateway(ClientError),
 }
 
 /// A joined rank.
@@ -540,15 +627,16 @@ impl Rank {
         tensors: &TensorSet,
         transport: Box<dyn Transport>,
     ) -> Result<Rank, RankError> {
+        let t0 = Instant::now();
         // everything is validated before anything is published (kv, roster): a mis-started
         // rank refuses itself without touching the pair
         tensors.check_layout(&prepared.layout)?;
         if transport.kind() != cfg.transport {
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "this rank was configured for transport {} but built a {} transport",
-                cfg.transport,
-                transport.kind()
-            ))));
+            return Err(RuntimeError::from(ConfigMismatch::BuiltTransport {
+                configured: cfg.transport,
+                built: transport.kind(),
+            })
+            .into());
         }
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
         let lost = default_gateway_lost();
@@ -583,14 +671,20 @@ impl Rank {
         // the join first: it refuses a second live claimant of the slot before its rendezvous
         // value could replace the holder's
         let joined = join_retrying(&client, &cfg, &req, join_limit, &key, &info).await?;
+        tracing::info!(
+            pair = %cfg.pair,
+            side = %cfg.side,
+            rank = %cfg.rank,
+            transport = %cfg.transport,
+            ranks = joined.roster.len(),
+            ms = t0.elapsed().as_millis() as u64,
+            "rank joined"
+        );
         if joined.transport.as_str() != cfg.transport.as_str() {
             // checked before publishing; only a pair connected again meanwhile gets here
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{}` uses transport {} but this rank was started with {}",
-                cfg.pair,
-                joined.transport.as_str(),
-                cfg.transport
-            ))));
+            return Err(
+                transport_mismatch(&cfg.pair, joined.transport.as_str(), cfg.transport).into(),
+            );
         }
         match joined
             .secret
@@ -599,10 +693,10 @@ impl Rank {
         {
             Some(k) => transport.authenticate(&k),
             None if cfg.transport == TransportKind::Tcp => {
-                return Err(RankError::Runtime(RuntimeError::Config(format!(
-                    "the gateway's join answer for pair `{}` carries no pair secret; the tcp transport authenticates its peers with it (upgrade the gateway)",
-                    cfg.pair
-                ))));
+                return Err(RuntimeError::from(ConfigMismatch::NoSecret {
+                    pair: cfg.pair.clone(),
+                })
+                .into());
             }
             None => {}
         }
@@ -620,6 +714,13 @@ impl Rank {
         };
         transport.joined(shared.as_ref(), join_deadline)?;
         transport.connect(&peers)?;
+        tracing::info!(
+            pair = %cfg.pair,
+            side = %cfg.side,
+            rank = %cfg.rank,
+            ms = t0.elapsed().as_millis() as u64,
+            "rank ready"
+        );
         Ok(Rank {
             client,
             last_seq: joined.last_event_seq,
@@ -654,14 +755,19 @@ impl Rank {
         .await
         .map_err(|e| self.classify(e))?;
         if !self.joined.uid.is_empty() && r.uid != self.joined.uid {
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{}` was connected again while the gateway was unreachable (connect uid {} instead of {}); restart this rank",
-                self.cfg.pair, r.uid, self.joined.uid
-            ))));
+            return Err(RuntimeError::from(ConfigMismatch::Reconnected {
+                pair: self.cfg.pair.clone(),
+                expected: self.joined.uid.clone(),
+                got: r.uid.clone(),
+            })
+            .into());
         }
-        eprintln!(
+        tracing::info!(
             "awex rank: {} {} re-attached to pair `{}` (last event {})",
-            self.cfg.side, self.cfg.rank, self.cfg.pair, r.last_event_seq
+            self.cfg.side,
+            self.cfg.rank,
+            self.cfg.pair,
+            r.last_event_seq
         );
         Ok(())
     }
@@ -829,7 +935,135 @@ impl Rank {
         .map_err(|e| self.classify(e))
     }
 
-    async fn refresh_peers(&mut self) -> Result<(), RankError> {
+    /// One update, start to end: waits for the next live work (until `deadline`, or without
+    /// limit), hands it to `before` (a training rank fills its tensors, a mirror is refreshed),
+    /// executes and reports this rank's part, and with `commit_wait` waits that long for the
+    /// version's outcome ([`Rank::run`]). An error of `before` ends the step with that error.
+    pub async fn step(
+        &mut self,
+        deadline: Option<Instant>,
+        checksums: bool,
+        commit_wait: Option<Duration>,
+        before: impl FnOnce(Work) -> Result<(), RankError>,
+    ) -> Result<Outcome, RankError> {
+        let next = match deadline {
+            None => self.next_live_work().await?,
+            Some(d) => match tokio::time::timeout_at(d.into(), self.next_live_work()).await {
+                Ok(next) => next?,
+                Err(_) => return Ok(Outcome::TimedOut { work: None }),
+            },
+        };
+        let Some(work) = next else {
+            return Ok(Outcome::Disconnected);
+        };
+        before(work)?;
+        Ok(self.run(work, checksums, commit_wait).await)
+    }
+
+    /// Executes and reports this rank's part of `work` and, with `commit_wait`, waits that
+    /// long for the version's outcome (without, a part that succeeded is
+    /// [`Outcome::Executed`]).
+    pub async fn run(
+        &mut self,
+        work: Work,
+        checksums: bool,
+        commit_wait: Option<Duration>,
+    ) -> Outcome {
+        let (pair, side, rank) = (&self.cfg.pair, self.cfg.side, self.cfg.rank);
+        let (version, attempt) = (work.version, work.attempt);
+        tracing::info!(%pair, %side, %rank, version, attempt, "update started");
+        let t0 = Instant::now();
+        let stats = match self.execute(work, checksums).await {
+            Ok(s) => {
+                tracing::info!(
+                    pair = %self.cfg.pair,
+                    side = %self.cfg.side,
+                    rank = %self.cfg.rank,
+                    version,
+                    attempt,
+                    bytes = s.bytes,
+                    buckets = s.buckets,
+                    ms = t0.elapsed().as_millis() as u64,
+                    "update part done"
+                );
+                s
+            }
+            Err(e) => {
+                tracing::warn!(
+                    pair = %self.cfg.pair,
+                    side = %self.cfg.side,
+                    rank = %self.cfg.rank,
+                    version,
+                    attempt,
+                    ms = t0.elapsed().as_millis() as u64,
+                    reason = %e,
+                    "update failed on this rank"
+                );
+                return Outcome::Failed {
+                    work,
+                    stats: None,
+                    reason: Failure::Rank(e),
+                };
+            }
+        };
+        let Some(limit) = commit_wait else {
+            return Outcome::Executed { work, stats };
+        };
+        let outcome = self.outcome(work, stats, limit).await;
+        let (pair, side, rank) = (&self.cfg.pair, self.cfg.side, self.cfg.rank);
+        let ms = t0.elapsed().as_millis() as u64;
+        match &outcome {
+            Outcome::Committed { .. } => {
+                tracing::info!(%pair, %side, %rank, version, attempt, ms, "update committed")
+            }
+            Outcome::Failed { reason, .. } => tracing::warn!(
+                %pair, %side, %rank, version, attempt, ms, %reason, "update did not commit"
+            ),
+            Outcome::TimedOut { .. } => tracing::warn!(
+                %pair, %side, %rank, version, attempt, ms, waited_ms = limit.as_millis() as u64,
+                "no outcome of the update in time"
+            ),
+            Outcome::Disconnected => {
+                tracing::info!(%pair, %side, %rank, version, attempt, "pair disconnected")
+            }
+            Outcome::Executed { .. } => {}
+        }
+        outcome
+    }
+
+    /// Waits at most `limit` for the outcome of `work`, whose part this rank did (`stats`).
+    /// The future owns what it needs (a Python binding polls it in slices, between signal
+    /// checks, and may drop it).
+    pub fn outcome(
+        &self,
+        work: Work,
+        stats: ExecStats,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = Outcome> + Send + 'static {
+        let client = self.client.clone();
+        let pair = self.cfg.pair.clone();
+        async move {
+            match client.wait_update(&pair, work.version, limit).await {
+                Ok(st) if st.state == awex_control::wire::UpdateState::Committed => {
+                    Outcome::Committed { work, stats }
+                }
+                Ok(st) => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Version(Box::new(st)),
+                },
+                Err(ClientError::StillRunning { .. }) => Outcome::TimedOut { work: Some(work) },
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => Outcome::Disconnected,
+                Err(e) => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Gateway(e),
+                },
+            }
+        }
+    }
+
+    async fn refresh_peers(&mut self) -> Result<(), ClientError> {
         let other = self.cfg.side.other();
         let ranks: Vec<RankId> = self.peers.keys().copied().collect();
         for r in ranks {
@@ -849,8 +1083,11 @@ impl Rank {
         let t = self
             .transport
             .as_mut()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
-        let gw = |e: ClientError| RuntimeError::Transport(format!("pair kv: {e}"));
+            .ok_or(TransportError::Closed("transport"))?;
+        let gw = |source: ClientError| RuntimeError::Gateway {
+            what: "pair kv",
+            source,
+        };
         if let Some((key, value)) = t.kv_before_attempt(work.version, work.attempt)? {
             self.client
                 .put_kv(&self.cfg.pair, &key, value)
@@ -859,16 +1096,11 @@ impl Rank {
         }
         if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
             let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
-            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait)
-                .await
-                .map_err(|e| match e {
-                    RankError::Runtime(e) => e,
-                    e => RuntimeError::Transport(e.to_string()),
-                })?;
+            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait).await?;
             let t = self
                 .transport
                 .as_mut()
-                .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+                .ok_or(TransportError::Closed("transport"))?;
             t.begin_attempt(&key, &value)?;
         }
         Ok(())
@@ -884,7 +1116,13 @@ impl Rank {
             // a restarted peer publishes new rendezvous values
             if let Err(e) = self.refresh_peers().await {
                 return self
-                    .report(work, Err(RuntimeError::Transport(e.to_string())))
+                    .report(
+                        work,
+                        Err(RuntimeError::Gateway {
+                            what: "reading the peers' rendezvous values",
+                            source: e,
+                        }),
+                    )
                     .await;
             }
             // nccl: a fresh communicator per retry, its id shared through the kv
@@ -898,7 +1136,7 @@ impl Rank {
         let mut transport = self
             .transport
             .take()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            .ok_or(TransportError::Closed("transport"))?;
         let peers = self.peers.clone();
         let corrupt = self.corrupt_version == Some(work.version);
         let c2 = cancel.clone();
@@ -945,9 +1183,7 @@ impl Rank {
                 }
             })
         };
-        let (transport, result) = job
-            .await
-            .map_err(|e| RuntimeError::Transport(format!("execution task failed: {e}")))?;
+        let (transport, result) = job.await.map_err(TransportError::Task)?;
         watcher.abort();
         self.transport = Some(transport);
         self.report(work, result).await
@@ -988,9 +1224,17 @@ impl Rank {
             let refused = matches!(&e, RankError::Gateway(c) if c.status() == Some(409));
             // a report refused because the version already failed is not this rank's error
             if result.is_ok() && !refused {
-                return Err(RuntimeError::Transport(format!(
-                    "report to the gateway failed: {e}"
-                )));
+                return Err(match e {
+                    RankError::Gateway(source) => RuntimeError::Gateway {
+                        what: "report to the gateway failed",
+                        source,
+                    },
+                    RankError::Runtime(r) => r,
+                    other => RuntimeError::GatewayLost {
+                        what: "report to the gateway failed",
+                        reason: other.to_string(),
+                    },
+                });
             }
         }
         result
@@ -1014,6 +1258,9 @@ impl Drop for Rank {
 mod tests {
     #[cfg(not(feature = "cuda"))]
     use super::*;
+    // the backends register themselves (inventory) only when linked
+    use awex_megatron as _;
+    use awex_sglang as _;
 
     #[cfg(not(feature = "cuda"))]
     #[test]
@@ -1035,6 +1282,7 @@ mod tests {
             uid: String::new(),
         };
         let prepared = Prepared {
+            pair: Arc::new(cfg.pair_spec().resolve().unwrap()),
             catalogue,
             layout: RankLayout {
                 rank: RankId::train(0),

@@ -23,6 +23,10 @@ pub struct GatewayConfig {
     pub header_timeout: Duration,
     /// Time a connection may stay silent in both directions (longer than the longest long-poll).
     pub idle_timeout: Duration,
+    /// Most long-polls (event polls, joins waiting for the other ranks, update-status and kv
+    /// reads with `timeout_ms`) open at once on one pair; beyond it a request gets 503 at once.
+    /// `None`: 4 per rank of the pair plus 16.
+    pub max_long_polls_per_pair: Option<usize>,
     /// Directory of the durable state (pairs, rosters, rendezvous values, updates, events):
     /// written through on every change and read back at start, so that a restarted gateway
     /// loses nothing. `None` keeps everything in memory (the library default; `awex-cli serve`
@@ -75,6 +79,7 @@ impl Default for GatewayConfig {
             // longer than the longest long-poll and than clients' pool idle time (reqwest: 90 s),
             // so that a client never reuses a connection the gateway is closing
             idle_timeout: Duration::from_millis(crate::wire::MAX_WAIT_MS) + Duration::from_secs(60),
+            max_long_polls_per_pair: None,
             state_dir: None,
         }
     }

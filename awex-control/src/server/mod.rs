@@ -11,7 +11,7 @@
 //!    `redb` database under the state directory, written through before each answer);
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
-//! 4. `state`: the gateway and every pair's entry;
+//! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;
 //! 5. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
 //!    (bearer token, constant-time compare);
 //! 6. `routes`: one file per resource, and the update lifecycle they drive:
@@ -35,6 +35,7 @@ mod engine;
 mod error;
 mod extract;
 mod listener;
+mod polls;
 mod routes;
 mod state;
 mod store;
@@ -195,6 +196,8 @@ fn gateway_of(config: GatewayConfig, store: Option<Arc<store::disk::Store>>) -> 
         pairs: RwLock::new(HashMap::new()),
         metrics: Arc::new(store::metrics::Metrics::default()),
         next_id: AtomicU64::new(1),
+        long_polls: Arc::default(),
+        validations: tokio::sync::Semaphore::new(state::validation_slots()),
         store,
     })
 }

@@ -5,6 +5,7 @@
 use crate::server::config::GatewayConfig;
 use crate::server::engine::{EngineClient, EngineCmd, EngineLane};
 use crate::server::error::ApiError;
+use crate::server::polls::{self, LongPolls, Permit};
 use crate::server::store::disk::{self, Op, Store, Write};
 use crate::server::store::events::EventLog;
 use crate::server::store::kv::KvStore;
@@ -27,8 +28,22 @@ pub(crate) struct Gateway {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) engines: EngineClient,
     pub(crate) next_id: AtomicU64,
+    /// Every pair's open long-polls.
+    pub(crate) long_polls: Arc<LongPolls>,
+    /// Connect validations running at once (CPU-bound, on the blocking pool): one core fewer
+    /// than the machine has, so the async workers always find a core for `/healthz` and the
+    /// long-polls.
+    pub(crate) validations: tokio::sync::Semaphore,
     /// The durable state (`None`: in memory only).
     pub(crate) store: Option<Arc<Store>>,
+}
+
+/// How many connect validations may run at once: one fewer than the cores, at least one.
+pub(crate) fn validation_slots() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .max(1)
 }
 
 /// State type of the router.
@@ -375,6 +390,16 @@ impl PairEntry {
 }
 
 impl Gateway {
+    /// A permit for one long-poll on `entry` waiting `wait_ms`, or 503 over the pair's bound.
+    pub(crate) fn long_poll(
+        &self,
+        entry: &PairEntry,
+        wait_ms: u64,
+    ) -> Result<Option<Permit>, ApiError> {
+        let limit = polls::bound(self.config.max_long_polls_per_pair, entry.slots.total());
+        self.long_polls.enter(entry, limit, wait_ms)
+    }
+
     /// The pair of that name (live or recently disconnected), or 400/404.
     pub(crate) fn pair(&self, name: &str) -> Result<Arc<PairEntry>, ApiError> {
         validate::name("pair name", name)?;

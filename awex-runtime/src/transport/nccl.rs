@@ -141,15 +141,6 @@ pub struct NcclTransport {
     conn: Option<Connected>,
 }
 
-impl From<NcclError> for RuntimeError {
-    fn from(e: NcclError) -> Self {
-        match e {
-            NcclError::Cancelled(v) => RuntimeError::Aborted(v),
-            e => RuntimeError::Transport(e.to_string()),
-        }
-    }
-}
-
 impl NcclTransport {
     /// A transport for the rank of `plan`, moving `tensors` (device memory on `cfg.device`)
     /// through the communicator `uid` (created by training rank 0, shared under

@@ -20,6 +20,7 @@ pub(crate) async fn poll(
 ) -> Result<Json<EventsResponse>, ApiError> {
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
+    let _permit = gw.long_poll(&entry, wait)?;
     // a rank that names its claim id is seen live while its poll is open
     let mut seen = q.incarnation.as_deref().and_then(|c| {
         let slot = entry.lock().roster.begin_poll(c)?;

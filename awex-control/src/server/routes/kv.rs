@@ -93,6 +93,7 @@ pub(crate) async fn get(
     };
     let entry = gw.pair(&name)?;
     validate::name("key", &key)?;
+    let _permit = gw.long_poll(&entry, wait)?;
     let mut rx = entry.kv_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {

@@ -279,7 +279,13 @@ pub(crate) async fn connect(
 ) -> Result<(StatusCode, Json<PairStatus>), ApiError> {
     let req: ConnectRequest = serde_json::from_value(raw.clone()).map_err(|e| json_error(&e))?;
     // validation builds both catalogues and layouts (seconds for a 1T model): off the async
-    // workers, so that health checks and long-polls keep answering meanwhile
+    // workers, and a core fewer at once than the machine has, so that health checks and
+    // long-polls keep answering meanwhile
+    let _slot = gw
+        .validations
+        .acquire()
+        .await
+        .map_err(|_| ApiError::Unavailable("the gateway is shutting down".to_string()))?;
     let (req, (slots, training, inference)) = tokio::task::spawn_blocking(move || {
         let checked = check(&req, &raw);
         checked.map(|c| (req, c))
@@ -298,13 +304,13 @@ pub(crate) async fn connect(
         Some(c) => {
             let parallel = checked_parallel(&req.inference.backend, &req.inference.parallel);
             let model = req.inference.model.name.clone();
-            let architecture = format!("{:?}", req.inference.model.architecture);
+            let architecture = req.inference.model.architecture.hf_name();
             gw.engines
                 .check_servers(c, &urls, |engine| EngineExpect {
                     engine,
                     parallel: &parallel,
                     model: Some(&model),
-                    architecture: &architecture,
+                    architecture,
                 })
                 .await
                 .map_err(ApiError::Unprocessable)?

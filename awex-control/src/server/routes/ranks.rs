@@ -82,6 +82,8 @@ pub(crate) async fn join(
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
     let slot = entry.slots.index(req.side, req.rank)?;
+    // refused before the rank is put in the roster: a refused join changes nothing
+    let _permit = gw.long_poll(&entry, wait)?;
     let info_bytes = validate::json_size(&req.info);
     if info_bytes > MAX_INFO_BYTES {
         return Err(ApiError::TooLarge(format!(

@@ -150,6 +150,7 @@ pub(crate) async fn status(
         t => wait_ms(t)?,
     };
     let entry = gw.pair(&name)?;
+    let _permit = gw.long_poll(&entry, wait)?;
     let mut rx = entry.update_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {
