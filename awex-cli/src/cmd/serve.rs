@@ -241,7 +241,10 @@ mod tests {
             state_dir: Some("/var/lib/awex".into()),
             ..Args::default()
         };
-        assert_eq!(state_dir(&given, 7480), Some(PathBuf::from("/var/lib/awex")));
+        assert_eq!(
+            state_dir(&given, 7480),
+            Some(PathBuf::from("/var/lib/awex"))
+        );
     }
 
     #[test]
