@@ -527,27 +527,32 @@ async fn join_retrying(
     key: &str,
     info: &serde_json::Value,
 ) -> Result<JoinResponse, RankError> {
-    use awex_control::client::JoinOutcome;
     let gw = &cfg.gateway;
     let start = Instant::now();
-    let wait = Duration::from_millis(awex_control::wire::DEFAULT_WAIT_MS);
     let mut published = false;
     loop {
         let left = limit
             .saturating_sub(start.elapsed())
             .max(Duration::from_secs(1));
-        let outcome = retry_gateway(gw, "joining", left, || {
-            client.join_once(
-                &cfg.pair,
-                req,
-                if published { wait } else { Duration::ZERO },
-            )
-        })
-        .await
-        .map_err(|e| unknown_pair(e, cfg));
-        let outcome = match outcome {
+        // the rendezvous value first, then one join: the join answer's event cursor is then
+        // the one of the moment the pair became ready, so no update started after it is missed
+        let step = if published {
+            retry_gateway(gw, "joining", left, || client.join(&cfg.pair, req))
+                .await
+                .map(Some)
+        } else {
+            retry_gateway(gw, "publishing rendezvous", left, || {
+                client.put_kv(&cfg.pair, key, info.clone())
+            })
+            .await
+            .map(|_| None)
+        };
+        match step.map_err(|e| unknown_pair(e, cfg)) {
+            Ok(Some(r)) => return Ok(r),
+            Ok(None) => published = true,
             // the slot is held: by this rank's predecessor (killed moments ago, its liveness
-            // running out) or by a live duplicate (then this rank gives up after the wait)
+            // running out) or by a live duplicate (then this rank gives up after the wait);
+            // the gateway refuses both the rendezvous value and the join without touching it
             Err(RankError::Gateway(c)) if held_by_another(&c) && start.elapsed() < CLAIM_WAIT => {
                 tracing::warn!(
                     "awex rank: {} {} of pair `{}`: {c}; retrying for up to {} s",
@@ -557,22 +562,8 @@ async fn join_retrying(
                     CLAIM_WAIT.saturating_sub(start.elapsed()).as_secs()
                 );
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
             }
-            r => r?,
-        };
-        if !published {
-            retry_gateway(gw, "publishing rendezvous", left, || {
-                client.put_kv(&cfg.pair, key, info.clone())
-            })
-            .await
-            .map_err(|e| unknown_pair(e, cfg))?;
-            published = true;
-            // the roster answered with the first join predates the rendezvous value: join again
-            continue;
-        }
-        if let JoinOutcome::Ready(r) = outcome {
-            return Ok(r);
+            Err(e) => return Err(e),
         }
     }
 }
@@ -668,8 +659,7 @@ impl Rank {
             rank: cfg.rank,
             info: info.clone(),
         };
-        // the join first: it refuses a second live claimant of the slot before its rendezvous
-        // value could replace the holder's
+        // a second live claimant of the slot gets 409 for both, and changes nothing
         let joined = join_retrying(&client, &cfg, &req, join_limit, &key, &info).await?;
         tracing::info!(
             pair = %cfg.pair,
