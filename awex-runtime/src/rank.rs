@@ -405,6 +405,8 @@ pub struct Rank {
     peers: HashMap<RankId, serde_json::Value>,
     last_seq: u64,
     pending: VecDeque<awex_control::wire::Event>,
+    /// The stream's `disconnect` was taken.
+    disconnected: bool,
     /// Test hook: corrupt one received byte of this version.
     pub corrupt_version: Option<u64>,
 }
@@ -520,6 +522,7 @@ impl Rank {
             transport: Some(transport),
             peers,
             pending: VecDeque::new(),
+            disconnected: false,
             corrupt_version: None,
         })
     }
@@ -529,12 +532,19 @@ impl Rank {
         &self.client
     }
 
-    /// Waits for the next piece of work; `None` when the pair was disconnected.
+    /// Waits for the next piece of work; `None` when the pair was disconnected (at once on
+    /// every later call: the `disconnect` event is the stream's last).
     pub async fn next_work(&mut self) -> Result<Option<Work>, RankError> {
+        if self.disconnected {
+            return Ok(None);
+        }
         loop {
             while let Some(ev) = self.pending.pop_front() {
                 match ev.kind {
-                    EventKind::Disconnect => return Ok(None),
+                    EventKind::Disconnect => {
+                        self.disconnected = true;
+                        return Ok(None);
+                    }
                     EventKind::Update => {
                         if let Some(version) = ev.version {
                             return Ok(Some(Work {
