@@ -11,7 +11,9 @@ use tracing_subscriber::EnvFilter;
 /// Installs the stderr subscriber `AWEX_LOG` / `AWEX_LOG_FORMAT` ask for (nothing when
 /// `AWEX_LOG` is unset or empty).
 pub(crate) fn init_from_env() -> PyResult<()> {
-    let Some(directives) = std::env::var("AWEX_LOG").ok().filter(|s| !s.trim().is_empty())
+    let Some(directives) = std::env::var("AWEX_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
     else {
         return Ok(());
     };
