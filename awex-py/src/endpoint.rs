@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 /// How often a blocking wait returns to Python to let it handle signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
 
+/// What `update()` waits for an update to start by default beyond the pair's update deadline
+/// (at most; never more than the deadline itself).
+pub(crate) const UPDATE_WAIT_MARGIN: Duration = Duration::from_secs(30);
+
 /// A tokio runtime for one rank (or controller): the gateway client and transports run on it.
 pub(crate) fn runtime(name: &str) -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -475,10 +479,15 @@ impl Endpoint {
         core.open()?;
         let who = core.who();
         let pair = core.cfg.pair.clone();
-        let timeout = seconds(timeout)?;
+        let explicit = seconds(timeout)?;
         let Some(j) = core.joined.as_mut() else {
             return Err(Fail::Awex(format!("{who} has not joined; call join() first")).into());
         };
+        // the default wait is finite: the pair's update deadline plus a margin; when it passes
+        // before any update started, the call answers None ("no update yet": call again)
+        let deadline = Duration::from_millis(j.rank.joined.options.update_deadline_ms);
+        let default_wait = deadline + deadline.min(UPDATE_WAIT_MARGIN);
+        let timeout = Some(explicit.unwrap_or(default_wait));
         // 1. the update event
         let started = Instant::now();
         let work = loop {
@@ -490,7 +499,12 @@ impl Endpoint {
                         Some(v) => format!("waiting for update {v} of pair `{pair}`"),
                         None => format!("waiting for an update of pair `{pair}`"),
                     };
-                    wait(py, &core.rt, &what, left, j.rank.next_live_work())?.map_err(Fail::from)?
+                    match wait(py, &core.rt, &what, left, j.rank.next_live_work()) {
+                        Err(Fail::Timeout(_)) if explicit.is_none() => {
+                            return Ok(py.None().into_bound(py));
+                        }
+                        r => r?.map_err(Fail::from)?,
+                    }
                 }
             };
             let Some(w) = next else {

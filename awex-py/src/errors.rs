@@ -84,6 +84,14 @@ impl From<RankError> for Fail {
             RankError::Layout(m) => Fail::Layout(m),
             RankError::Pair(p) => p.into(),
             RankError::Disconnected => Fail::Disconnected("the pair was disconnected".into()),
+            e @ RankError::UnknownPair { .. } => Fail::Gateway {
+                status: Some(404),
+                message: e.to_string(),
+            },
+            e @ RankError::GatewayLost { .. } => Fail::Gateway {
+                status: None,
+                message: e.to_string(),
+            },
         }
     }
 }

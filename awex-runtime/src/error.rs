@@ -55,6 +55,14 @@ pub enum RuntimeError {
         #[source]
         source: ClientError,
     },
+    /// The gateway could not be reached (or forgot the pair) while the rank needed it.
+    #[error("{what}: {reason}")]
+    GatewayLost {
+        /// what the rank asked the gateway for
+        what: &'static str,
+        /// why it could not be done
+        reason: String,
+    },
     /// A value the rank must read from the pair kv is not there although every rank joined.
     #[error(
         "pair `{pair}` has no kv `{key}` although every rank has joined (waited {waited:?}); the rank that publishes it before joining (training rank 0 for nccl) must run the same transport"

@@ -102,6 +102,121 @@ pub enum RankError {
     /// The pair was disconnected.
     #[error("pair disconnected")]
     Disconnected,
+    /// The gateway does not know the pair (404): it restarted without its state, or the pair's
+    /// record expired. The rank cannot learn the outcome of its updates.
+    #[error(
+        "the gateway at {gateway} has no pair `{pair}` (404 unknown pair): it was restarted without its state (--state-dir none) or forgot the pair; this rank cannot learn the outcome of its updates and stops"
+    )]
+    UnknownPair {
+        /// The gateway URL.
+        gateway: String,
+        /// The pair.
+        pair: String,
+    },
+    /// The gateway stayed unreachable (or answered 5xx) longer than the rank waits for it.
+    #[error(
+        "the gateway at {gateway} has been unreachable for {waited_s} s while this rank was {doing} (it waits at most {limit_s} s): {last}"
+    )]
+    GatewayLost {
+        /// The gateway URL.
+        gateway: String,
+        /// What the rank was waiting for.
+        doing: String,
+        /// Seconds it retried.
+        waited_s: u64,
+        /// Its limit, seconds.
+        limit_s: u64,
+        /// The last error.
+        last: String,
+    },
+}
+
+/// How long an idle rank (waiting for work) keeps retrying a gateway it lost before it gives up:
+/// `AWEX_GATEWAY_LOST_S` seconds, default 300.
+pub fn default_gateway_lost() -> Duration {
+    std::env::var("AWEX_GATEWAY_LOST_S")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs)
+}
+
+/// Whether a gateway failure may be transient (the gateway restarting, overloaded, or the
+/// network): no connection, a failed exchange, or a 5xx answer.
+pub fn transient(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Connect { .. } | ClientError::Transport { .. }
+    ) || e.status().is_some_and(|s| s >= 500)
+}
+
+/// Calls `f` until it succeeds, fails for good, or transient failures ([`transient`]) have
+/// lasted `limit`; waits with capped exponential backoff (0.2 s doubling up to 5 s) between
+/// tries and logs each retry on stderr. `doing` names the wait in the log and the error.
+pub async fn retry_gateway<T, F, Fut>(
+    gateway: &str,
+    doing: &str,
+    limit: Duration,
+    mut f: F,
+) -> Result<T, RankError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let start = Instant::now();
+    let mut backoff = Duration::from_millis(200);
+    let mut tries = 0u32;
+    loop {
+        match f().await {
+            Ok(v) => {
+                if tries > 0 {
+                    tracing::info!(
+                        "awex rank: the gateway at {gateway} answers again after {:.1} s ({doing})",
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+                return Ok(v);
+            }
+            Err(e) if transient(&e) => {
+                let waited = start.elapsed();
+                if waited >= limit {
+                    return Err(RankError::GatewayLost {
+                        gateway: gateway.to_string(),
+                        doing: doing.to_string(),
+                        waited_s: waited.as_secs(),
+                        limit_s: limit.as_secs(),
+                        last: e.to_string(),
+                    });
+                }
+                tries += 1;
+                let pause = backoff.min(limit - waited);
+                tracing::warn!(
+                    "awex rank: gateway at {gateway} failed while {doing} (try {tries}, {:.1} s of at most {} s): {e}; retrying in {:.1} s",
+                    waited.as_secs_f64(),
+                    limit.as_secs(),
+                    pause.as_secs_f64()
+                );
+                tokio::time::sleep(pause).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A random id of one rank process's claim on its slot (16 hex digits).
+fn incarnation_id() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        // no kernel random source: the pid and the clock still tell two processes apart
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        b = (t ^ (u64::from(std::process::id()) << 32)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Computes this rank's layout and plan.
@@ -269,8 +384,7 @@ fn transport_mismatch(pair: &str, theirs: &str, ours: TransportKind) -> RuntimeE
 /// Refuses to join a pair whose description disagrees with this rank's (model, layouts,
 /// transport, bucket geometry, connect): everything a rank could get wrong is checked here,
 /// before it publishes anything.
-async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> {
-    let st = client.status(&cfg.pair).await?;
+fn check_pair(st: &awex_control::wire::PairStatus, cfg: &RankConfig) -> Result<(), RankError> {
     if st.transport.as_str() != cfg.transport.as_str() {
         return Err(transport_mismatch(&cfg.pair, st.transport.as_str(), cfg.transport).into());
     }
@@ -381,6 +495,88 @@ impl Outcome {
     }
 }
 
+/// A 404 from the gateway is the pair unknown to it (a restart without state); other errors
+/// pass through.
+fn unknown_pair(e: RankError, cfg: &RankConfig) -> RankError {
+    match e {
+        RankError::Gateway(c) if c.status() == Some(404) => RankError::UnknownPair {
+            gateway: cfg.gateway.clone(),
+            pair: cfg.pair.clone(),
+        },
+        e => e,
+    }
+}
+
+/// How long a rank whose slot is held by another process keeps trying to join: a little more
+/// than the gateway's liveness window (15 s), so that a restarted rank gets the slot of its
+/// dead predecessor, and a duplicate of a live rank is refused.
+const CLAIM_WAIT: Duration = Duration::from_secs(20);
+
+/// Whether the gateway refused a join because another live process holds the slot.
+fn held_by_another(e: &ClientError) -> bool {
+    e.status() == Some(409) && e.to_string().contains("is held by a live process")
+}
+
+/// Joins (or re-attaches to) this rank's slot, retrying a lost gateway until `limit`, and
+/// publishes the rank's rendezvous value once the gateway accepted it as the slot's holder.
+async fn join_retrying(
+    client: &Client,
+    cfg: &RankConfig,
+    req: &JoinRequest,
+    limit: Duration,
+    key: &str,
+    info: &serde_json::Value,
+) -> Result<JoinResponse, RankError> {
+    use awex_control::client::JoinOutcome;
+    let gw = &cfg.gateway;
+    let start = Instant::now();
+    let wait = Duration::from_millis(awex_control::wire::DEFAULT_WAIT_MS);
+    let mut published = false;
+    loop {
+        let left = limit
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_secs(1));
+        let outcome = retry_gateway(gw, "joining", left, || {
+            client.join_once(
+                &cfg.pair,
+                req,
+                if published { wait } else { Duration::ZERO },
+            )
+        })
+        .await
+        .map_err(|e| unknown_pair(e, cfg));
+        let outcome = match outcome {
+            // the slot is held: by this rank's predecessor (killed moments ago, its liveness
+            // running out) or by a live duplicate (then this rank gives up after the wait)
+            Err(RankError::Gateway(c)) if held_by_another(&c) && start.elapsed() < CLAIM_WAIT => {
+                tracing::warn!(
+                    "awex rank: {} {} of pair `{}`: {c}; retrying for up to {} s",
+                    cfg.side,
+                    cfg.rank,
+                    cfg.pair,
+                    CLAIM_WAIT.saturating_sub(start.elapsed()).as_secs()
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            r => r?,
+        };
+        if !published {
+            retry_gateway(gw, "publishing rendezvous", left, || {
+                client.put_kv(&cfg.pair, key, info.clone())
+            })
+            .await
+            .map_err(|e| unknown_pair(e, cfg))?;
+            published = true;
+            // the roster answered with the first join predates the rendezvous value: join again
+            continue;
+        }
+        if let JoinOutcome::Ready(r) = outcome {
+            return Ok(r);
+        }
+    }
+}
+
 /// Why an update did not commit, as one rank learns it.
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
@@ -409,6 +605,11 @@ pub struct Rank {
     disconnected: bool,
     /// Test hook: corrupt one received byte of this version.
     pub corrupt_version: Option<u64>,
+    /// How long this rank keeps retrying a lost gateway while it waits for work
+    /// ([`default_gateway_lost`]).
+    pub gateway_lost: Duration,
+    /// The join request this rank re-attaches with after losing the gateway.
+    join_request: JoinRequest,
 }
 
 /// One update a rank was asked to do.
@@ -440,30 +641,38 @@ impl Rank {
             .into());
         }
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
-        check_pair(&client, &cfg).await?;
+        let lost = default_gateway_lost();
+        let gw = cfg.gateway.clone();
+        let st = retry_gateway(&gw, "checking the pair", lost, || client.status(&cfg.pair))
+            .await
+            .map_err(|e| unknown_pair(e, &cfg))?;
+        check_pair(&st, &cfg)?;
+        let join_limit = Duration::from_millis(st.options.join_deadline_ms);
         let mut transport = transport;
         if let Some((key, value)) = transport.kv_before_join() {
-            client.put_kv(&cfg.pair, &key, value).await?;
+            retry_gateway(&gw, "publishing rendezvous", join_limit, || {
+                client.put_kv(&cfg.pair, &key, value.clone())
+            })
+            .await
+            .map_err(|e| unknown_pair(e, &cfg))?;
         }
+        let incarnation = incarnation_id();
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
             "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
             "bucket_bytes": cfg.bucket_bytes,
             "pid": std::process::id(),
+            "incarnation": incarnation,
         });
-        client
-            .put_kv(&cfg.pair, &rendezvous_key(cfg.side, cfg.rank), info.clone())
-            .await?;
-        let joined = client
-            .join(
-                &cfg.pair,
-                &JoinRequest {
-                    side: cfg.side,
-                    rank: cfg.rank,
-                    info,
-                },
-            )
-            .await?;
+        let key = rendezvous_key(cfg.side, cfg.rank);
+        let req = JoinRequest {
+            side: cfg.side,
+            rank: cfg.rank,
+            info: info.clone(),
+        };
+        // the join first: it refuses a second live claimant of the slot before its rendezvous
+        // value could replace the holder's
+        let joined = join_retrying(&client, &cfg, &req, join_limit, &key, &info).await?;
         tracing::info!(
             pair = %cfg.pair,
             side = %cfg.side,
@@ -524,7 +733,54 @@ impl Rank {
             pending: VecDeque::new(),
             disconnected: false,
             corrupt_version: None,
+            gateway_lost: lost,
+            join_request: req,
         })
+    }
+
+    /// This rank process's claim id on its slot (random per [`Rank`]), sent with its join.
+    pub fn incarnation(&self) -> &str {
+        self.join_request
+            .info
+            .get("incarnation")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+    }
+
+    /// After the gateway was lost: joins this rank's slot again with the same info (plan
+    /// fingerprint, incarnation); the gateway answers the current roster. A pair connected
+    /// again meanwhile (another uid) is an error.
+    async fn reattach(&mut self) -> Result<(), RankError> {
+        let limit = self.gateway_lost;
+        let r = retry_gateway(&self.cfg.gateway, "re-attaching", limit, || {
+            self.client.join(&self.cfg.pair, &self.join_request)
+        })
+        .await
+        .map_err(|e| self.classify(e))?;
+        if !self.joined.uid.is_empty() && r.uid != self.joined.uid {
+            return Err(RuntimeError::from(ConfigMismatch::Reconnected {
+                pair: self.cfg.pair.clone(),
+                expected: self.joined.uid.clone(),
+                got: r.uid.clone(),
+            })
+            .into());
+        }
+        tracing::info!(
+            "awex rank: {} {} re-attached to pair `{}` (last event {})",
+            self.cfg.side,
+            self.cfg.rank,
+            self.cfg.pair,
+            r.last_event_seq
+        );
+        Ok(())
+    }
+
+    /// 404 is the pair unknown to the gateway, 410 its disconnect; others pass through.
+    fn classify(&self, e: RankError) -> RankError {
+        match e {
+            RankError::Gateway(c) if c.status() == Some(410) => RankError::Disconnected,
+            e => unknown_pair(e, &self.cfg),
+        }
     }
 
     /// The gateway client.
@@ -532,8 +788,11 @@ impl Rank {
         &self.client
     }
 
-    /// Waits for the next piece of work; `None` when the pair was disconnected (at once on
-    /// every later call: the `disconnect` event is the stream's last).
+    /// Waits for the next piece of work; `None` when the pair was disconnected by its
+    /// controller (a `disconnect` event, or 410 Gone), at once on every later call (the
+    /// `disconnect` event is the stream's last). A gateway that cannot be reached (or answers
+    /// 5xx) is retried with backoff for [`Rank::gateway_lost`], then the rank re-attaches; a
+    /// gateway that does not know the pair (404) is [`RankError::UnknownPair`].
     pub async fn next_work(&mut self) -> Result<Option<Work>, RankError> {
         if self.disconnected {
             return Ok(None);
@@ -556,17 +815,57 @@ impl Rank {
                     EventKind::Abort => {}
                 }
             }
+            let me = self.incarnation().to_string();
             let r = self
                 .client
-                .events(&self.cfg.pair, self.last_seq, Duration::from_secs(30))
+                .events_as(
+                    &self.cfg.pair,
+                    self.last_seq,
+                    Duration::from_secs(30),
+                    Some(&me),
+                )
                 .await;
             match r {
                 Ok(r) => {
                     self.last_seq = r.last_seq.max(self.last_seq);
                     self.pending.extend(r.events);
                 }
-                Err(e) if matches!(e.status(), Some(404) | Some(410)) => return Ok(None),
-                Err(e) => return Err(e.into()),
+                Err(e) if e.status() == Some(410) => return Ok(None),
+                Err(e) if transient(&e) => {
+                    // the gateway is restarting (or overloaded): wait for it, then re-attach
+                    let (pair, after) = (self.cfg.pair.clone(), self.last_seq);
+                    let me = me.clone();
+                    let client = self.client.clone();
+                    let first = std::sync::Mutex::new(Some(e));
+                    let r = retry_gateway(
+                        &self.cfg.gateway,
+                        "waiting for work",
+                        self.gateway_lost,
+                        || {
+                            let first = first.lock().ok().and_then(|mut f| f.take());
+                            let client = client.clone();
+                            let pair = pair.clone();
+                            let me = me.clone();
+                            async move {
+                                match first {
+                                    Some(e) => Err(e),
+                                    None => {
+                                        client
+                                            .events_as(&pair, after, Duration::ZERO, Some(&me))
+                                            .await
+                                    }
+                                }
+                            }
+                        },
+                    )
+                    .await;
+                    match r.map_err(|e| self.classify(e)) {
+                        Ok(_) => self.reattach().await?,
+                        Err(RankError::Disconnected) => return Ok(None),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(self.classify(e.into())),
             }
         }
     }
@@ -584,7 +883,15 @@ impl Rank {
             if self.queued_behind(w) {
                 continue;
             }
-            match self.client.update_status(&self.cfg.pair, w.version).await {
+            let st = retry_gateway(
+                &self.cfg.gateway,
+                "reading the update's state",
+                self.update_limit(),
+                || self.client.update_status(&self.cfg.pair, w.version),
+            )
+            .await
+            .map_err(|e| self.classify(e));
+            match st {
                 Ok(st)
                     if st.attempt > w.attempt
                         || (st.attempt == w.attempt && st.state.is_final()) =>
@@ -592,8 +899,8 @@ impl Rank {
                     continue;
                 }
                 Ok(_) => return Ok(Some(w)),
-                Err(e) if matches!(e.status(), Some(404) | Some(410)) => return Ok(None),
-                Err(e) => return Err(e.into()),
+                Err(RankError::Disconnected) => return Ok(None),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -611,16 +918,31 @@ impl Rank {
         })
     }
 
+    /// The longest a rank waits for a lost gateway during an update: the pair's update
+    /// deadline plus 30 s.
+    pub fn update_limit(&self) -> Duration {
+        Duration::from_millis(self.joined.options.update_deadline_ms) + Duration::from_secs(30)
+    }
+
     /// Waits until `version` is over (committed or failed), at most `limit`; returns its status.
+    /// A lost gateway is retried within `limit`.
     pub async fn wait_outcome(
         &self,
         version: u64,
         limit: Duration,
     ) -> Result<awex_control::wire::UpdateStatus, RankError> {
-        Ok(self
-            .client
-            .wait_update(&self.cfg.pair, version, limit)
-            .await?)
+        let start = Instant::now();
+        retry_gateway(
+            &self.cfg.gateway,
+            "waiting for the update's outcome",
+            limit,
+            || {
+                let left = limit.saturating_sub(start.elapsed());
+                self.client.wait_update(&self.cfg.pair, version, left)
+            },
+        )
+        .await
+        .map_err(|e| self.classify(e))
     }
 
     /// One update, start to end: waits for the next live work (until `deadline`, or without
@@ -848,9 +1170,13 @@ impl Rank {
             let pair = self.cfg.pair.clone();
             let cancel = cancel.clone();
             let mut after = self.last_seq;
+            let me = self.incarnation().to_string();
             tokio::spawn(async move {
                 loop {
-                    match client.events(&pair, after, Duration::from_secs(2)).await {
+                    let polled = client
+                        .events_as(&pair, after, Duration::from_secs(2), Some(&me))
+                        .await;
+                    match polled {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             let stop = r.events.iter().any(|ev| match ev.kind {
@@ -898,16 +1224,26 @@ impl Rank {
                 attempt: Some(work.attempt),
             },
         };
-        if let Err(e) = self
-            .client
-            .report(&self.cfg.pair, work.version, &report)
-            .await
-        {
+        // a report that may have arrived is re-sent only after a transient failure: the gateway
+        // refuses a duplicate with 409, which is what a version that failed meanwhile answers
+        let sent = retry_gateway(&self.cfg.gateway, "reporting", self.update_limit(), || {
+            self.client.report(&self.cfg.pair, work.version, &report)
+        })
+        .await;
+        if let Err(e) = sent {
+            let refused = matches!(&e, RankError::Gateway(c) if c.status() == Some(409));
             // a report refused because the version already failed is not this rank's error
-            if result.is_ok() && e.status() != Some(409) {
-                return Err(RuntimeError::Gateway {
-                    what: "report to the gateway failed",
-                    source: e,
+            if result.is_ok() && !refused {
+                return Err(match e {
+                    RankError::Gateway(source) => RuntimeError::Gateway {
+                        what: "report to the gateway failed",
+                        source,
+                    },
+                    RankError::Runtime(r) => r,
+                    other => RuntimeError::GatewayLost {
+                        what: "report to the gateway failed",
+                        reason: other.to_string(),
+                    },
                 });
             }
         }

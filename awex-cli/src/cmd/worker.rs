@@ -93,6 +93,16 @@ pub fn filled_key(rank: u32) -> String {
     format!("filled.{rank}")
 }
 
+/// The kv key under which a rank on a GPU transport says its transport is connected (every
+/// peer's handles opened, its copies built): the demo counts that into its join time, not into
+/// the first update.
+pub fn connected_key(side: Side, rank: RankId) -> String {
+    format!(
+        "connected.{}",
+        awex_runtime::rank::rendezvous_key(side, rank)
+    )
+}
+
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -156,6 +166,17 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut committed = args.first_version;
     // with weights on the GPU the controller waits for each version's upload before timing it
     let say_filled = side == Side::Training && on_gpu;
+    if on_gpu {
+        let key = connected_key(side, rank);
+        me.client()
+            .put_kv(
+                &args.pair,
+                &key,
+                serde_json::json!({ "pid": std::process::id() }),
+            )
+            .await
+            .map_err(|e| anyhow::Error::new(e).context(format!("publishing {key}")))?;
+    }
     if say_filled {
         put_filled(&me, &args.pair, rank.rank, args.first_version).await?;
     }

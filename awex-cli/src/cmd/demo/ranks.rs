@@ -5,7 +5,7 @@ use super::gpus::nccl_nvls_default;
 use crate::cmd::plan::Resolved;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
-use awex_core::layout::RankId;
+use awex_core::layout::{RankId, Side};
 use awex_runtime::transport::TransportKind;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -126,6 +126,46 @@ pub async fn wait_filled(
                     "training rank {} did not upload version {version} within 600 s",
                     rank.rank
                 );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every rank of a GPU transport says its transport is connected (kv
+/// `connected.rdv.{side}.{engine}.{rank}`, put by the worker after its join): the handles
+/// opened and the copies built belong to the join, not to the first update.
+pub async fn wait_connected(
+    client: &Client,
+    pair: &str,
+    r: &Resolved,
+    workers: &mut Workers,
+) -> anyhow::Result<()> {
+    let stop_by = Instant::now() + Duration::from_secs(600);
+    let ranks = r
+        .training
+        .ranks()
+        .into_iter()
+        .map(|k| (Side::Training, k))
+        .chain(
+            r.inference
+                .ranks()
+                .into_iter()
+                .map(|k| (Side::Inference, k)),
+        );
+    for (side, rank) in ranks {
+        let key = crate::cmd::worker::connected_key(side, rank);
+        loop {
+            match client.get_kv(pair, &key, Duration::from_secs(1)).await {
+                Ok(_) => break,
+                Err(e) if e.status() == Some(404) => {}
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("waiting for {key}"))),
+            }
+            if let Some(e) = workers.exited() {
+                bail!("{e} before {side} rank {rank} connected its transport");
+            }
+            if Instant::now() > stop_by {
+                bail!("{side} rank {rank} did not connect its transport within 600 s");
             }
         }
     }
