@@ -601,6 +601,8 @@ pub struct Rank {
     peers: HashMap<RankId, serde_json::Value>,
     last_seq: u64,
     pending: VecDeque<awex_control::wire::Event>,
+    /// The stream's `disconnect` was taken.
+    disconnected: bool,
     /// Test hook: corrupt one received byte of this version.
     pub corrupt_version: Option<u64>,
     /// How long this rank keeps retrying a lost gateway while it waits for work
@@ -729,6 +731,7 @@ impl Rank {
             transport: Some(transport),
             peers,
             pending: VecDeque::new(),
+            disconnected: false,
             corrupt_version: None,
             gateway_lost: lost,
             join_request: req,
@@ -786,14 +789,21 @@ impl Rank {
     }
 
     /// Waits for the next piece of work; `None` when the pair was disconnected by its
-    /// controller (a `disconnect` event, or 410 Gone). A gateway that cannot be reached (or
-    /// answers 5xx) is retried with backoff for [`Rank::gateway_lost`], then the rank re-attaches;
-    /// a gateway that does not know the pair (404) is [`RankError::UnknownPair`].
+    /// controller (a `disconnect` event, or 410 Gone), at once on every later call (the
+    /// `disconnect` event is the stream's last). A gateway that cannot be reached (or answers
+    /// 5xx) is retried with backoff for [`Rank::gateway_lost`], then the rank re-attaches; a
+    /// gateway that does not know the pair (404) is [`RankError::UnknownPair`].
     pub async fn next_work(&mut self) -> Result<Option<Work>, RankError> {
+        if self.disconnected {
+            return Ok(None);
+        }
         loop {
             while let Some(ev) = self.pending.pop_front() {
                 match ev.kind {
-                    EventKind::Disconnect => return Ok(None),
+                    EventKind::Disconnect => {
+                        self.disconnected = true;
+                        return Ok(None);
+                    }
                     EventKind::Update => {
                         if let Some(version) = ev.version {
                             return Ok(Some(Work {
