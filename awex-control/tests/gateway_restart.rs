@@ -266,3 +266,33 @@ async fn a_second_gateway_on_the_same_state_directory_is_refused() {
     // once the first is gone the directory can be used again
     assert!(open_router(config).is_ok());
 }
+
+#[test]
+fn a_pair_still_joining_keeps_its_joined_ranks_and_completes_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gw::start(Some(dir.path()), 0);
+    let c = Client::new(&gw.url(), None).unwrap().with_retries(0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        c.connect(&connect_request("joining", 1, 1, 1))
+            .await
+            .unwrap();
+        let first = c
+            .join_once("joining", &jr(T.0, T.1), Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(matches!(first, JoinOutcome::Pending(p) if p.joined == 1));
+    });
+    let port = gw.kill();
+    let gw = Gw::start(Some(dir.path()), port);
+    rt.block_on(async {
+        let st = c.status("joining").await.unwrap();
+        assert_eq!((st.state, st.joined), (PairState::Joining, 1));
+        // the second rank completes the pair; the roster has both, the first one's info kept
+        let r = c.join("joining", &jr(I.0, I.1)).await.unwrap();
+        assert_eq!(r.roster.len(), 2);
+        assert_eq!(r.roster[0].info, jr(T.0, T.1).info);
+        commit(&c, "joining", 1, 1).await;
+    });
+    gw.kill();
+}

@@ -104,7 +104,9 @@ pub(crate) async fn start(
         p.changed(Op::Update(v));
     }
     for v in trimmed {
+        // its header says it has no per-rank detail any more
         p.changed(Op::ClearReports(v));
+        p.changed(Op::Update(v));
     }
     p.changed(Op::ClearReports(version));
     p.changed(Op::Update(version));
