@@ -175,9 +175,9 @@ pub fn make_transport(
 }
 
 /// The `nccl` transport of a rank over its device tensors: one communicator for the whole
-/// pair. Training rank 0 creates the communicator's unique id here and publishes it before it
-/// joins ([`Transport::kv_before_join`]); every other rank reads it once all ranks have joined,
-/// so no rank waits on one that waits on it.
+/// pair. Training rank 0 creates the communicator's unique id here and publishes it, sealed
+/// with the pair secret, right after it joined ([`Transport::kv_at_join`]); every other rank
+/// reads and verifies it once all ranks have joined, so no rank waits on one that waits on it.
 fn nccl_transport(
     cfg: &RankConfig,
     prepared: &Prepared,
@@ -215,23 +215,47 @@ fn nccl_transport(
     )?))
 }
 
-/// Reads the pair kv value a transport needs after joining ([`Transport::kv_after_join`]).
-/// Its publisher put it before joining and every rank has joined, so it is there unless the
-/// publisher is not running this transport; the wait is bounded all the same.
-async fn read_after_join(
+/// Reads the pair kv value a transport needs after joining ([`Transport::kv_after_join`]) or
+/// before a retry, accepted only once `check` passes: a value that fails it (a forged or
+/// replayed NCCL id) is refused, and the read waits for a genuine one (the publisher's write
+/// replaces it) until `wait` has passed, then fails with the refusal. Its publisher puts it
+/// right after joining and every rank has joined, so it is there unless the publisher is not
+/// running this transport; the wait is bounded all the same.
+pub async fn read_checked_kv(
     client: &Client,
     pair: &str,
     key: &str,
     wait: Duration,
+    check: impl Fn(&serde_json::Value) -> Result<(), RuntimeError>,
 ) -> Result<serde_json::Value, RankError> {
-    match client.get_kv(pair, key, wait).await {
-        Ok(e) => Ok(e.value),
-        Err(e) if e.status() == Some(404) => {
-            Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{pair}` has no kv `{key}` although every rank has joined (waited {wait:?}); the rank that publishes it before joining (training rank 0 for nccl) must run the same transport"
-            ))))
+    let end = Instant::now() + wait;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let value = match client.get_kv(pair, key, left).await {
+            Ok(e) => e.value,
+            Err(e) if e.status() == Some(404) => {
+                return Err(RankError::Runtime(RuntimeError::Config(format!(
+                    "pair `{pair}` has no kv `{key}` although every rank has joined (waited {wait:?}); the rank that publishes it once joined (training rank 0 for nccl) must run the same transport"
+                ))));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match check(&value) {
+            Ok(()) => return Ok(value),
+            Err(e) if Instant::now() >= end => {
+                let why = match e {
+                    RuntimeError::Transport(m) => m,
+                    e => e.to_string(),
+                };
+                return Err(RankError::Runtime(RuntimeError::Transport(format!(
+                    "{why} (waited {wait:?} for a value that verifies)"
+                ))));
+            }
+            Err(e) => {
+                eprintln!("awex: pair `{pair}`: {e}; waiting for the genuine value");
+                tokio::time::sleep(Duration::from_millis(100).min(left)).await;
+            }
         }
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -352,9 +376,6 @@ impl Rank {
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
         check_pair(&client, &cfg).await?;
         let mut transport = transport;
-        if let Some((key, value)) = transport.kv_before_join() {
-            client.put_kv(&cfg.pair, &key, value).await?;
-        }
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
             "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
@@ -389,13 +410,16 @@ impl Rank {
             .and_then(|k| PairSecret::from_hex(&cfg.pair, &k.0))
         {
             Some(k) => transport.authenticate(&k),
-            None if cfg.transport == TransportKind::Tcp => {
+            None if matches!(cfg.transport, TransportKind::Tcp | TransportKind::Nccl) => {
                 return Err(RankError::Runtime(RuntimeError::Config(format!(
-                    "the gateway's join answer for pair `{}` carries no pair secret; the tcp transport authenticates its peers with it (upgrade the gateway)",
-                    cfg.pair
+                    "the gateway's join answer for pair `{}` carries no pair secret; the {} transport authenticates its peers (tcp) or seals its rendezvous (nccl) with it (upgrade the gateway)",
+                    cfg.pair, cfg.transport
                 ))));
             }
             None => {}
+        }
+        if let Some((key, value)) = transport.kv_at_join()? {
+            client.put_kv(&cfg.pair, &key, value).await?;
         }
         let other = cfg.side.other();
         let peers = joined
@@ -406,7 +430,12 @@ impl Rank {
             .collect();
         let join_deadline = Duration::from_millis(joined.options.join_deadline_ms);
         let shared = match transport.kv_after_join() {
-            Some(key) => Some(read_after_join(&client, &cfg.pair, &key, join_deadline).await?),
+            Some(key) => Some(
+                read_checked_kv(&client, &cfg.pair, &key, join_deadline, |v| {
+                    transport.check_kv(&key, v)
+                })
+                .await?,
+            ),
             None => None,
         };
         transport.joined(shared.as_ref(), join_deadline)?;
@@ -542,12 +571,18 @@ impl Rank {
         }
         if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
             let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
-            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait)
-                .await
-                .map_err(|e| match e {
-                    RankError::Runtime(e) => e,
-                    e => RuntimeError::Transport(e.to_string()),
-                })?;
+            let t = self
+                .transport
+                .as_ref()
+                .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            let value = read_checked_kv(&self.client, &self.cfg.pair, &key, wait, |v| {
+                t.check_kv(&key, v)
+            })
+            .await
+            .map_err(|e| match e {
+                RankError::Runtime(e) => e,
+                e => RuntimeError::Transport(e.to_string()),
+            })?;
             let t = self
                 .transport
                 .as_mut()
