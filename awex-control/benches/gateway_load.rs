@@ -131,6 +131,7 @@ async fn rank(
                 side,
                 rank: id,
                 info,
+                capabilities: Vec::new(),
             },
         )
         .await
@@ -160,7 +161,7 @@ async fn rank(
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                EventKind::Abort => {}
+                EventKind::Abort | EventKind::Apply => {}
                 EventKind::Disconnect => return Ok(()),
             }
         }

@@ -4,11 +4,13 @@
 use super::RuntimeError;
 use super::tensors::TensorSet;
 use super::transport::{
-    CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, TcpTransport, Transport,
-    TransportKind,
+    CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, StagedTransport,
+    TcpTransport, Transport, TransportKind,
 };
 use awex_control::client::{Client, ClientError};
-use awex_control::wire::{EventKind, JoinRequest, JoinResponse, Report};
+use awex_control::wire::{
+    ApplyMode, CAP_ATOMIC_APPLY, EventKind, JoinRequest, JoinResponse, Report,
+};
 use awex_core::backend::{BackendSpec, side_layout};
 use awex_core::layout::{RankId, RankLayout, Side, SideLayout};
 use awex_core::model::{Catalogue, ModelSpec};
@@ -46,6 +48,9 @@ pub struct RankConfig {
     /// The pair's connect uid (`PairStatus::uid`), which names its shared-memory segments;
     /// empty when not known yet ([`pair_uid`] asks the gateway).
     pub uid: String,
+    /// How the pair applies updates (`PairOptions::apply`, from its status); an inference
+    /// rank of an `atomic` pair receives into staging ([`make_transport`]).
+    pub apply: ApplyMode,
 }
 
 impl RankConfig {
@@ -57,8 +62,15 @@ impl RankConfig {
 
 /// The connect uid of the pair a rank is configured for (asks the gateway's status).
 pub async fn pair_uid(cfg: &RankConfig) -> Result<String, RankError> {
+    Ok(pair_settings(cfg).await?.0)
+}
+
+/// The connect uid and the apply mode of the pair a rank is configured for (asks the
+/// gateway's status), for [`RankConfig::uid`] and [`RankConfig::apply`].
+pub async fn pair_settings(cfg: &RankConfig) -> Result<(String, ApplyMode), RankError> {
     let client = Client::new(&cfg.gateway, cfg.token.clone())?;
-    Ok(client.status(&cfg.pair).await?.uid)
+    let st = client.status(&cfg.pair).await?;
+    Ok((st.uid, st.options.apply))
 }
 
 /// A rank's layout and plan, computed before it joins (so tensors can be checked first).
@@ -132,8 +144,24 @@ pub fn rendezvous_key(side: Side, rank: RankId) -> String {
     format!("rdv.{}.{}.{}", side.short(), rank.engine, rank.rank)
 }
 
-/// Builds the transport of a rank.
+/// Builds the transport of a rank over its live `tensors`. An inference rank of an atomic pair
+/// (`cfg.apply`) gets a [`StagedTransport`]: the transport moves bytes into a staging copy of
+/// its tensors (same kind of memory), which is copied into `tensors` only on the gateway's
+/// `apply` event.
 pub fn make_transport(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    if cfg.apply == ApplyMode::Atomic && cfg.side == Side::Inference {
+        let staging = Arc::new(tensors.staging_like()?);
+        let inner = transport_over(cfg, prepared, staging.clone())?;
+        return Ok(Box::new(StagedTransport::new(inner, staging, tensors)));
+    }
+    transport_over(cfg, prepared, tensors)
+}
+
+fn transport_over(
     cfg: &RankConfig,
     prepared: &Prepared,
     tensors: Arc<TensorSet>,
@@ -306,6 +334,12 @@ async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> 
             cfg.pair, st.uid, cfg.uid
         ))));
     }
+    if st.options.apply != cfg.apply {
+        return Err(RankError::Runtime(RuntimeError::Config(format!(
+            "pair `{}` applies updates {} but this rank was configured for {}; take the apply mode from the pair's status",
+            cfg.pair, st.options.apply, cfg.apply
+        ))));
+    }
     let fp = format!("{:016x}", cfg.model.fingerprint());
     for (side, spec, theirs) in [
         (Side::Training, &cfg.train, &st.training),
@@ -392,9 +426,30 @@ impl Rank {
                     side: cfg.side,
                     rank: cfg.rank,
                     info,
+                    // only atomic pairs need it: gateways that predate the field accept the rest
+                    capabilities: match cfg.apply {
+                        ApplyMode::Atomic => vec![CAP_ATOMIC_APPLY.to_string()],
+                        ApplyMode::InPlace => Vec::new(),
+                    },
                 },
             )
             .await?;
+        if joined.options.apply != cfg.apply
+            || (cfg.apply == ApplyMode::Atomic
+                && cfg.side == Side::Inference
+                && !transport.stages())
+        {
+            return Err(RankError::Runtime(RuntimeError::Config(format!(
+                "pair `{}` applies updates {} but this rank's transport was built for {} (make_transport with the pair's apply mode)",
+                cfg.pair,
+                joined.options.apply,
+                if transport.stages() {
+                    "atomic"
+                } else {
+                    "in_place"
+                }
+            ))));
+        }
         if joined.transport.as_str() != cfg.transport.as_str() {
             // checked before publishing; only a pair connected again meanwhile gets here
             return Err(RankError::Runtime(RuntimeError::Config(format!(
@@ -471,7 +526,7 @@ impl Rank {
                             }));
                         }
                     }
-                    EventKind::Abort => {}
+                    EventKind::Abort | EventKind::Apply => {}
                 }
             }
             let r = self
@@ -526,6 +581,7 @@ impl Rank {
                 ev.version == Some(w.version) && ev.attempt.unwrap_or(1) > w.attempt
             }
             EventKind::Disconnect => true,
+            EventKind::Apply => false,
         })
     }
 
@@ -648,7 +704,7 @@ impl Rank {
                             let stop = r.events.iter().any(|ev| match ev.kind {
                                 EventKind::Abort => ev.version == Some(work.version),
                                 EventKind::Disconnect => true,
-                                EventKind::Update => false,
+                                EventKind::Update | EventKind::Apply => false,
                             });
                             if stop {
                                 cancel.store(true, Ordering::Release);
@@ -663,8 +719,81 @@ impl Rank {
             .await
             .map_err(|e| RuntimeError::Transport(format!("execution task failed: {e}")))?;
         watcher.abort();
+        let stages = transport.stages();
         self.transport = Some(transport);
-        self.report(work, result).await
+        let received = self.report(work, result).await?;
+        if !stages {
+            return Ok(received);
+        }
+        // atomic: received and verified into staging; the live tensors change only on `apply`
+        self.wait_apply(work, deadline).await?;
+        let mut transport = self
+            .transport
+            .take()
+            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+        let job = tokio::task::spawn_blocking(move || {
+            let r = transport.apply();
+            (transport, r)
+        });
+        let (transport, applied) = job
+            .await
+            .map_err(|e| RuntimeError::Transport(format!("apply task failed: {e}")))?;
+        self.transport = Some(transport);
+        let applied = applied.map(|_| received).map_err(|e| {
+            RuntimeError::Transport(format!(
+                "copying the staged version {} into the live tensors failed: {e}",
+                work.version
+            ))
+        });
+        self.report(work, applied).await
+    }
+
+    /// Atomic pairs, inference ranks: waits for the gateway's `apply` event of `work` (every
+    /// rank of both sides received). Its abort, a later attempt, a disconnect or the deadline
+    /// end the wait with an error: the live tensors were not touched.
+    async fn wait_apply(&mut self, work: Work, deadline: Instant) -> Result<(), RuntimeError> {
+        let mut after = self.last_seq;
+        let v = Some(work.version);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RuntimeError::Deadline(work.version));
+            }
+            match self
+                .client
+                .events(&self.cfg.pair, after, left.min(Duration::from_secs(30)))
+                .await
+            {
+                Ok(r) => {
+                    after = r.last_seq.max(after);
+                    for ev in r.events {
+                        let attempt = ev.attempt.unwrap_or(1);
+                        match ev.kind {
+                            EventKind::Apply if ev.version == v && attempt == work.attempt => {
+                                return Ok(());
+                            }
+                            EventKind::Abort if ev.version == v && attempt >= work.attempt => {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            EventKind::Update
+                                if ev.version > v
+                                    || (ev.version == v && attempt > work.attempt) =>
+                            {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            EventKind::Disconnect => {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => {
+                    return Err(RuntimeError::Aborted(work.version));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 
     async fn report(
@@ -744,6 +873,7 @@ mod tests {
             bucket_bytes: 1 << 20,
             host: "127.0.0.1".into(),
             uid: String::new(),
+            apply: ApplyMode::InPlace,
         };
         let prepared = Prepared {
             catalogue,

@@ -455,6 +455,85 @@ impl TensorSet {
         Ok(moved)
     }
 
+    /// A zeroed set with this set's tensors (names, shapes, dtypes) in the same kind of memory:
+    /// on the same GPU for a device set, host memory otherwise. Atomic apply receives into it.
+    pub fn staging_like(&self) -> Result<Self, RuntimeError> {
+        match self.location()? {
+            Location::Host => self.host_mirror(),
+            Location::Cuda(_) => {
+                let dev = self.cuda_device()?;
+                let layout = RankLayout {
+                    rank: awex_core::layout::RankId::train(0),
+                    tensors: self
+                        .iter()
+                        .map(|v| awex_core::layout::LocalTensor {
+                            name: v.name.clone(),
+                            shape: v.shape,
+                            dtype: v.dtype,
+                            placements: vec![],
+                        })
+                        .collect(),
+                };
+                Self::allocate_cuda(&layout, &dev)
+            }
+        }
+    }
+
+    /// Copies every tensor of `src` (same names and sizes, same kind of memory) into this set,
+    /// host to host or device to device; returns the bytes copied once they are in place.
+    pub fn copy_from(&self, src: &TensorSet) -> Result<u64, RuntimeError> {
+        let mut pairs = Vec::with_capacity(self.len());
+        for d in self.iter() {
+            let s = src.get(&d.name).ok_or_else(|| {
+                RuntimeError::Tensor(format!("the staging set has no tensor `{}`", d.name))
+            })?;
+            if s.len() != d.len() || s.location != d.location {
+                return Err(RuntimeError::Tensor(format!(
+                    "`{}` holds {} bytes in {} but its staging copy {} bytes in {}",
+                    d.name,
+                    d.len(),
+                    d.location,
+                    s.len(),
+                    s.location
+                )));
+            }
+            pairs.push((d, s));
+        }
+        let mut moved = 0u64;
+        match self.location()? {
+            Location::Host => {
+                for (d, s) in pairs {
+                    // SAFETY: the destination is this set's, written by nobody else meanwhile
+                    // (the caller's contract for live tensors between updates); `src` is a
+                    // distinct allocation of the same length.
+                    let out = unsafe { d.try_bytes_mut()? };
+                    out.copy_from_slice(s.try_bytes()?);
+                    moved += d.len() as u64;
+                }
+            }
+            Location::Cuda(_) => {
+                let dev = self.cuda_device()?;
+                let engine = awex_gpu::cuda::CopyEngine::new(&dev, 1)
+                    .map_err(|e| cuda_err("applying the staged tensors", e))?;
+                let descs: Vec<_> = pairs
+                    .iter()
+                    .filter_map(|(d, s)| {
+                        let (dp, sp) = (d.device_ptr()?, s.device_ptr()?);
+                        (!d.is_empty())
+                            .then(|| awex_gpu::cuda::CopyDesc::linear(sp, dp, d.len() as u64))
+                    })
+                    .collect();
+                moved = descs.iter().map(|d| d.width).sum();
+                // SAFETY: every range is a whole device view of one of the two sets, on `dev`,
+                // checked to have the same length; the sets are distinct allocations.
+                unsafe { engine.launch(&descs, None, None) }
+                    .and_then(|_| engine.sync())
+                    .map_err(|e| cuda_err("applying the staged tensors", e))?;
+            }
+        }
+        Ok(moved)
+    }
+
     /// Allocates every tensor of a rank layout inside one new shared-memory segment `name`.
     pub fn allocate_shm(layout: &RankLayout, name: &str) -> Result<Self, RuntimeError> {
         let mut offsets = Vec::with_capacity(layout.tensors.len());

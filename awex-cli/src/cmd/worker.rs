@@ -127,9 +127,10 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         bucket_bytes: args.bucket_mib << 20,
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
         uid: String::new(),
+        apply: Default::default(),
     };
     let mut cfg = cfg;
-    cfg.uid = awex_runtime::rank::pair_uid(&cfg).await?;
+    (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
     let on_gpu = awex_runtime::host::on_gpu(transport);

@@ -9,12 +9,14 @@ pub mod auth;
 mod cuda_ipc;
 mod nccl;
 mod shm;
+mod staged;
 mod tcp;
 
 pub use auth::{PairSecret, SealError};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
+pub use staged::StagedTransport;
 pub use tcp::TcpTransport;
 
 use super::RuntimeError;
@@ -173,6 +175,21 @@ pub trait Transport: Send {
         _value: &serde_json::Value,
     ) -> Result<(), RuntimeError> {
         Ok(())
+    }
+
+    /// Whether this transport receives into staging tensors that [`Transport::apply`] copies
+    /// into the live ones (atomic apply: [`StagedTransport`]).
+    fn stages(&self) -> bool {
+        false
+    }
+
+    /// Atomic apply: copies what the last update received into staging into the live tensors;
+    /// the bytes copied. Transports that write the live tensors directly refuse.
+    fn apply(&mut self) -> Result<u64, RuntimeError> {
+        Err(RuntimeError::Config(format!(
+            "the {} transport writes the live tensors directly; it has nothing staged to apply",
+            self.kind()
+        )))
     }
 
     /// Releases every resource (sockets, segments, handles).

@@ -313,6 +313,16 @@ pub(crate) async fn connect(
         }
         None => Vec::new(),
     };
+    if req.options.apply == crate::wire::ApplyMode::Atomic
+        && let Some(c) = control
+        && facts.iter().any(|f| c.trigger(f, 0).is_some())
+    {
+        // the loader receives straight into the engine's live weights inside the trigger call,
+        // which answers only once it is done: there is no staging and no second phase there
+        return Err(ApiError::Unprocessable(
+            "options.apply = atomic needs inference ranks that receive on their own (awex-cli worker, the Python Reader); these engines are written by awex's weight loader inside the update trigger, which writes their live weights as it receives; connect with apply = in_place".into(),
+        ));
+    }
     let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
     let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
     let entry = Arc::new_cyclic(|weak| PairEntry {
