@@ -7,8 +7,8 @@ use crate::errors::{Fail, Result};
 use crate::spec::{ModelArg, model_key};
 use awex_control::client::Client;
 use awex_control::wire::{
-    ConnectRequest, InferenceSpec, PairOptions, PairState, RankReportState, TrainingSpec,
-    Transport, UpdateState, UpdateStatus,
+    ApplyMode, ConnectRequest, InferenceSpec, PairOptions, PairState, RankReportState,
+    TrainingSpec, Transport, UpdateState, UpdateStatus,
 };
 use awex_core::backend::{BackendSpec, side_layout};
 use awex_core::layout::Side;
@@ -77,7 +77,8 @@ impl Controller {
     /// Connects a pair: both sides' layouts are computed here (world sizes, engines, catalogue)
     /// and the model is stored on the gateway so that ranks need not be told it.
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
-        urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0))]
+        urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
+        atomic=false))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
         &self,
@@ -93,6 +94,7 @@ impl Controller {
         bucket_mib: u64,
         join_deadline_s: f64,
         update_deadline_s: f64,
+        atomic: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let model = match (model, model_json) {
             (Some(m), None) => ModelArg::Resolve(m),
@@ -141,6 +143,11 @@ impl Controller {
                 update_deadline_ms: ms("update_deadline_s", update_deadline_s)?,
                 bucket_mib,
                 checksums,
+                apply: if atomic {
+                    ApplyMode::Atomic
+                } else {
+                    ApplyMode::InPlace
+                },
                 ..PairOptions::default()
             },
         };

@@ -287,6 +287,17 @@ pub async fn read_checked_kv(
     }
 }
 
+/// [`Transport::check_kv`] of a transport held behind a mutex.
+fn checked(
+    t: &std::sync::Mutex<Box<dyn Transport>>,
+    key: &str,
+    v: &serde_json::Value,
+) -> Result<(), RuntimeError> {
+    t.lock()
+        .map_err(|_| RuntimeError::Transport("transport lock poisoned".into()))?
+        .check_kv(key, v)
+}
+
 fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelConfig {
     let keys = match side {
         Side::Training => {
@@ -485,12 +496,16 @@ impl Rank {
             .collect();
         let join_deadline = Duration::from_millis(joined.options.join_deadline_ms);
         let shared = match transport.kv_after_join() {
-            Some(key) => Some(
-                read_checked_kv(&client, &cfg.pair, &key, join_deadline, |v| {
-                    transport.check_kv(&key, v)
+            Some(key) => {
+                // (behind a mutex: the check runs between awaits, and a transport is not Sync)
+                let t = std::sync::Mutex::new(transport);
+                let v = read_checked_kv(&client, &cfg.pair, &key, join_deadline, |v| {
+                    checked(&t, &key, v)
                 })
-                .await?,
-            ),
+                .await;
+                transport = t.into_inner().unwrap_or_else(|e| e.into_inner());
+                Some(v?)
+            }
             None => None,
         };
         transport.joined(shared.as_ref(), join_deadline)?;
@@ -627,15 +642,17 @@ impl Rank {
         }
         if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
             let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
-            let t = self
-                .transport
-                .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            let t = std::sync::Mutex::new(
+                self.transport
+                    .take()
+                    .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?,
+            );
             let value = read_checked_kv(&self.client, &self.cfg.pair, &key, wait, |v| {
-                t.check_kv(&key, v)
+                checked(&t, &key, v)
             })
-            .await
-            .map_err(|e| match e {
+            .await;
+            self.transport = Some(t.into_inner().unwrap_or_else(|e| e.into_inner()));
+            let value = value.map_err(|e| match e {
                 RankError::Runtime(e) => e,
                 e => RuntimeError::Transport(e.to_string()),
             })?;

@@ -55,6 +55,7 @@ async fn pair(gw: &str) -> (Client, PairSecret) {
                     side,
                     rank,
                     info: serde_json::json!({}),
+                    capabilities: vec![],
                 },
             )
             .await

@@ -40,7 +40,7 @@ use anyhow::{Context, bail};
 use args::first_version;
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
-use awex_control::wire::{PairOptions, UpdateState};
+use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
 use awex_core::layout::RankId;
 use awex_runtime::shm::list_segments;
 use awex_runtime::transport::TransportKind;
@@ -131,6 +131,11 @@ async fn demo(
                     update_deadline_ms: deadline_ms,
                     bucket_mib: a.bucket_mib,
                     checksums: a.checksums,
+                    apply: if a.atomic {
+                        ApplyMode::Atomic
+                    } else {
+                        ApplyMode::InPlace
+                    },
                     ..PairOptions::default()
                 },
             );
