@@ -320,7 +320,7 @@ pub(crate) async fn connect(
         // the loader receives straight into the engine's live weights inside the trigger call,
         // which answers only once it is done: there is no staging and no second phase there
         return Err(ApiError::Unprocessable(
-            "options.apply = atomic needs inference ranks that receive on their own (awex-cli worker, the Python Reader); these engines are written by awex's weight loader inside the update trigger, which writes their live weights as it receives; connect with apply = in_place".into(),
+            "options.apply = atomic needs inference ranks that receive on their own (awex-cli worker, the Python Reader); these engines receive their weights inside the update trigger (awex's SGLang loader, vLLM's weight transfer), which writes their live weights as it receives; connect with apply = in_place".into(),
         ));
     }
     let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
