@@ -396,3 +396,32 @@ fn apply_events_are_part_of_the_wire() {
             .unwrap();
     assert_eq!(e.kind, EventKind::Apply);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_never_applies_fails_the_version_at_the_deadline_torn() {
+    let base = start(GatewayConfig::default()).await;
+    let client = Client::new(&base, None).unwrap();
+    let mut req = connect_request("d", 1, 2, 1);
+    req.options.apply = ApplyMode::Atomic;
+    req.options.update_deadline_ms = 400;
+    client.connect(&req).await.unwrap();
+    join_all(&client, "d").await;
+    client.start_update("d", 1).await.unwrap();
+    receive_all(&client, "d", 1, 1).await;
+    client
+        .report("d", 1, &report(Side::Inference, I0, true, 1))
+        .await
+        .unwrap();
+    let u = client
+        .wait_update("d", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(u.state, UpdateState::Failed);
+    assert_eq!(
+        u.error.as_deref(),
+        Some(
+            "version 1 attempt 1 failed: the deadline of 400 ms passed while the inference ranks applied the version; 1 did not report applying: inference rank 1/0"
+        )
+    );
+    assert_eq!(client.status("d").await.unwrap().torn_version, Some(1));
+}
