@@ -502,14 +502,52 @@ impl TensorSet {
         let mut moved = 0u64;
         match self.location()? {
             Location::Host => {
+                // pieces of at most 64 MiB, spread over a few threads (big shards copy at the
+                // memory bandwidth of several cores, not one)
+                const PIECE: usize = 64 << 20;
+                let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
                 for (d, s) in pairs {
                     // SAFETY: the destination is this set's, written by nobody else meanwhile
                     // (the caller's contract for live tensors between updates); `src` is a
                     // distinct allocation of the same length.
                     let out = unsafe { d.try_bytes_mut()? };
-                    out.copy_from_slice(s.try_bytes()?);
+                    let inp = s.try_bytes()?;
                     moved += d.len() as u64;
+                    let mut at = 0;
+                    while at < out.len() {
+                        let n = PIECE.min(out.len() - at);
+                        pieces.push((
+                            out.as_mut_ptr() as usize + at,
+                            inp.as_ptr() as usize + at,
+                            n,
+                        ));
+                        at += n;
+                    }
                 }
+                let threads = std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .clamp(1, 8)
+                    .min(pieces.len().max(1));
+                std::thread::scope(|scope| {
+                    for t in 0..threads {
+                        let mine: Vec<_> =
+                            pieces.iter().skip(t).step_by(threads).copied().collect();
+                        scope.spawn(move || {
+                            for (dst, src, n) in mine {
+                                // SAFETY: each piece lies inside one destination view and the
+                                // matching source view (same length, checked above); pieces
+                                // never overlap, and the views outlive this scope.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        src as *const u8,
+                                        dst as *mut u8,
+                                        n,
+                                    )
+                                };
+                            }
+                        });
+                    }
+                });
             }
             Location::Cuda(_) => {
                 let dev = self.cuda_device()?;
@@ -806,6 +844,45 @@ mod tests {
             );
             assert_eq!(v.try_bytes().unwrap(), &[0u8; 64][..]);
         }
+    }
+
+    #[test]
+    fn applying_a_staging_set_copies_every_byte_and_refuses_a_mismatched_one() {
+        let layout = |rows: u64| RankLayout {
+            rank: awex_core::layout::RankId::infer(0, 0),
+            tensors: ["a", "b"]
+                .iter()
+                .map(|n| awex_core::layout::LocalTensor {
+                    name: Arc::from(*n),
+                    shape: Dims::new(&[rows, 8]),
+                    dtype: DType::Bf16,
+                    placements: vec![],
+                })
+                .collect(),
+        };
+        let live = TensorSet::allocate_host(&layout(3)).unwrap();
+        let staging = live.staging_like().unwrap();
+        for (i, v) in staging.iter().enumerate() {
+            // SAFETY: a fresh set of this test's own.
+            let b = unsafe { v.try_bytes_mut() }.unwrap();
+            for (j, x) in b.iter_mut().enumerate() {
+                *x = (i * 100 + j) as u8;
+            }
+        }
+        assert_eq!(live.copy_from(&staging).unwrap(), 2 * 48);
+        for v in live.iter() {
+            assert_eq!(v.bytes(), staging.get(&v.name).unwrap().bytes(), "{}", v.name);
+        }
+        let other = TensorSet::allocate_host(&layout(4)).unwrap();
+        assert_eq!(
+            live.copy_from(&other).unwrap_err().to_string(),
+            "tensor: `a` holds 48 bytes in host memory but its staging copy 64 bytes in host memory"
+        );
+        let half = TensorSet::from_views(vec![]).unwrap();
+        assert_eq!(
+            live.copy_from(&half).unwrap_err().to_string(),
+            "tensor: the staging set has no tensor `a`"
+        );
     }
 
     #[test]
