@@ -7,7 +7,9 @@ prints one JSON line ``{"url": ..., "pid": ..., "tp": ..., "mode": ...}`` once e
 Each TP rank is a process holding SGLang's real model class built on CPU (``--mode sglang``,
 through ``engines/sglang_cpu.py``; needs the real-engine venv and a checkpoint) or plain torch
 parameters with SGLang's names and shapes, zero-filled (``--mode torch``; dense Qwen3 / Qwen2 /
-Llama). ``--mode auto`` picks ``sglang`` when SGLang is importable and the checkpoint has weights.
+Llama), or the same as float32 numpy arrays without importing torch (``--mode numpy``: many rank
+processes on a small machine, for benchmarks). ``--mode auto`` picks ``sglang`` when SGLang is
+importable and the checkpoint has weights.
 
 What each route copies (paths relative to ``python/sglang/srt/`` of SGLang 0.5.23):
 
@@ -17,7 +19,8 @@ What each route copies (paths relative to ``python/sglang/srt/`` of SGLang 0.5.2
   ``weight_cache_mode``, ``load_format``, ``dtype``, ``quantization``, ``weight_version``, ...)
   plus ``version``, ``internal_states`` and ``frontend`` (``utils/common.py`` ``build_server_info``).
 - ``GET /model_info`` (and ``/get_model_info``) -- ``http_server.py`` ``model_info``: the live
-  ``weight_version`` a weight update records.
+  ``weight_version`` a weight update records, and the served model's ``model_type`` and
+  ``architectures`` (``model_config.hf_config``; here the checkpoint's ``config.json``).
 - ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}`` (default ``abort``,
   ``managers/io_struct.py`` ``PauseGenerationReqInput``) -- ``http_server.py`` ``pause_generation``:
   200 ``{"message": "Generation paused successfully.", "status": "ok"}``. ``abort`` ends the
@@ -83,6 +86,8 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 #: ``MultiprocessingSerializer.serialize([], output_str=True)`` on Python 3.12 (pickle protocol 4):
@@ -106,8 +111,11 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a stand-in payload")
 
 
-def deserialize(data: bytes) -> Any:
-    """A rank's payload, as ``MultiprocessingSerializer.deserialize`` reads it."""
+def deserialize(data: bytes, sglang: bool = True) -> Any:
+    """A rank's payload, as ``MultiprocessingSerializer.deserialize`` reads it (SGLang's own when
+    importable and ``sglang``; it imports torch)."""
+    if not sglang:
+        return _SafeUnpickler(io.BytesIO(data)).load()
     try:
         from sglang.srt.utils.common import MultiprocessingSerializer  # type: ignore[import-not-found]
     except ImportError:
@@ -118,16 +126,14 @@ def deserialize(data: bytes) -> Any:
 # ---------------------------------------------------------------- the TP rank processes
 
 
-def torch_model(config: dict[str, Any], tp: int, rank: int) -> Any:
-    """Zero-filled torch parameters with the names and shapes of SGLang's dense Qwen3 / Qwen2 /
-    Llama classes for TP rank ``rank`` of ``tp`` (``models/qwen3.py``, ``qwen2.py``, ``llama.py``;
-    ``layers/linear.py`` ``QKVParallelLinear`` replicates KV heads when tp > KV heads;
+def dense_shapes(config: dict[str, Any], tp: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The names and shapes of SGLang's dense Qwen3 / Qwen2 / Llama parameters on one TP rank of
+    ``tp`` (``models/qwen3.py``, ``qwen2.py``, ``llama.py``; ``layers/linear.py``
+    ``QKVParallelLinear`` replicates KV heads when tp > KV heads;
     ``layers/vocab_parallel_embedding.py`` pads the vocabulary to a multiple of 64)."""
-    import torch
-
     arch = (config.get("architectures") or ["?"])[0]
     if arch not in ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"):
-        raise ValueError(f"--mode torch builds dense Qwen3/Qwen2/Llama only, not {arch}; use --mode sglang")
+        raise ValueError(f"--mode torch/numpy builds dense Qwen3/Qwen2/Llama only, not {arch}; use --mode sglang")
     h, heads, layers = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
     kv = config.get("num_key_value_heads", heads)
     d = config.get("head_dim") or h // heads
@@ -158,6 +164,15 @@ def torch_model(config: dict[str, Any], tp: int, rank: int) -> Any:
     shapes.append(("model.norm.weight", (h,)))
     if not tied:
         shapes.append(("lm_head.weight", (padded // tp, h)))
+    return shapes
+
+
+def torch_model(config: dict[str, Any], tp: int, rank: int) -> Any:
+    """Zero-filled torch parameters with the names and shapes of SGLang's dense Qwen3 / Qwen2 /
+    Llama classes for TP rank ``rank`` of ``tp`` (``dense_shapes``)."""
+    import torch
+
+    shapes = dense_shapes(config, tp)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         config.get("torch_dtype") or config.get("dtype") or "float32", torch.float32
     )
@@ -174,6 +189,34 @@ def torch_model(config: dict[str, Any], tp: int, rank: int) -> Any:
     return root
 
 
+class _NumpyParam(np.ndarray):
+    """A numpy array with the torch.Tensor members ``awex.sglang.receive`` uses (``detach``,
+    ``data_ptr``, ``is_cuda``)."""
+
+    is_cuda = False
+
+    def detach(self) -> "_NumpyParam":
+        return self
+
+    def data_ptr(self) -> int:
+        return int(self.ctypes.data)
+
+
+class NumpyModel:
+    """Zero-filled float32 numpy parameters with SGLang's names and shapes (``dense_shapes``),
+    behind ``named_parameters()``: ``--mode numpy`` runs many rank processes without importing
+    torch (benchmarks of the adapter's overhead on a small machine)."""
+
+    def __init__(self, config: dict[str, Any], tp: int) -> None:
+        dtype = config.get("torch_dtype") or config.get("dtype") or "float32"
+        if dtype != "float32":
+            raise ValueError(f"--mode numpy holds float32 parameters only, not {dtype}")
+        self._params = {n: np.zeros(shape, np.float32).view(_NumpyParam) for n, shape in dense_shapes(config, tp)}
+
+    def named_parameters(self) -> Any:
+        return iter(list(self._params.items()))
+
+
 def _rank_main(rank: int, conn: Any, opts: dict[str, Any]) -> None:
     """One TP rank: builds its model, then serves ``load`` / ``end`` / ``params`` requests."""
     try:
@@ -186,8 +229,13 @@ def _rank_main(rank: int, conn: Any, opts: dict[str, Any]) -> None:
             model = sglang_cpu.load_model(sa)
         else:
             os.environ["AWEX_TP_RANK"] = str(rank)
+            if opts["mode"] == "numpy":
+                # no SGLang in this process (importing it imports torch): the loader reads its
+                # TP rank from AWEX_TP_RANK, as without SGLang
+                sys.modules["sglang"] = None  # type: ignore[assignment]
             with open(os.path.join(opts["model_path"], "config.json")) as f:
-                model = torch_model(json.load(f), tp, rank)
+                config = json.load(f)
+            model = NumpyModel(config, tp) if opts["mode"] == "numpy" else torch_model(config, tp, rank)
         conn.send(("ready", rank))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -205,13 +253,15 @@ def _rank_main(rank: int, conn: Any, opts: dict[str, Any]) -> None:
         try:
             if kind == "load":
                 _, load_format, payload, versioned = msg
-                named_tensors = deserialize(payload)
+                named_tensors = deserialize(payload, sglang=opts["mode"] != "numpy")
                 loader = _dynamic_import(load_format)
                 loader(model, named_tensors)
                 if fails_left > 0 and versioned:
                     fails_left -= 1
                     raise RuntimeError(f"injected failure of TP rank {rank}'s loader (--fail-rank)")
-                conn.send(("ok", "Success"))
+                # the loader's own timings of this call, when it keeps them (awex.sglang.last_call)
+                timing = getattr(sys.modules.get(getattr(loader, "__module__", "")), "last_call", None)
+                conn.send(("ok", {"timing": dict(timing) if isinstance(timing, dict) else None}))
             elif kind == "end":
                 post = getattr(model, "post_load_weights", None)
                 if msg[1] and callable(post):
@@ -258,6 +308,8 @@ class Server:
         self.session: dict[str, Any] | None = None
         self.weight_version = args.weight_version
         self.log: list[dict[str, Any]] = []
+        # per versioned update: every rank's loader timings (awex.sglang.last_call), by rank
+        self.loader_timings: list[dict[str, Any]] = []
         self.ranks: list[Any] = []
         self.procs: list[Any] = []
 
@@ -323,24 +375,43 @@ class Server:
             "frontend": "python",
         }
 
+    def hf_config(self) -> dict[str, Any]:
+        """The checkpoint's ``config.json`` ({} when unreadable)."""
+        try:
+            with open(os.path.join(self.args.model_path, "config.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError, TypeError):
+            return {}
+
     def flush(self) -> bool:
         """``Scheduler.flush_cache``: only when nothing runs (and nothing waits, unless paused)."""
         return self.running == 0 and (self.paused or self.waiting == 0)
 
     # each returns (status, body); body is a dict (JSON) or str (text/plain)
     def route(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        """Handles one call, logged with its arrival (``t``) and answer (``done``) times."""
+        entry = {"route": path, "method": method, "body": body, "t": time.time()}
         with self.lock:
-            self.log.append({"route": path, "method": method, "body": body, "t": time.time()})
+            self.log.append(entry)
+        try:
+            return self._route(method, path, body)
+        finally:
+            entry["done"] = time.time()
+
+    def _route(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
         if path in ("/get_server_info", "/server_info") and method == "GET":
             return 200, self.server_info()
         if path in ("/get_model_info", "/model_info") and method == "GET":
-            return 200, {"model_path": self.args.model_path, "weight_version": self.weight_version,
-                         "load_format": "auto", "is_generation": True}
+            hf = self.hf_config()
+            return 200, {"model_path": self.args.model_path, "served_model_name": self.args.model_path,
+                         "weight_version": self.weight_version, "load_format": "auto", "is_generation": True,
+                         "model_type": hf.get("model_type"), "architectures": hf.get("architectures")}
         if path == "/standin/state" and method == "GET":
             with self.lock:
                 return 200, {"paused": self.paused, "pause_mode": self.pause_mode, "running": self.running,
                              "waiting": self.waiting, "session": self.session,
                              "weight_version": self.weight_version,
+                             "loader_timings": list(self.loader_timings),
                              "routes": [e["route"] for e in self.log if e["route"] != "/standin/state"],
                              "log": [e for e in self.log if e["route"] != "/standin/state"]}
         if path == "/standin/params" and method == "GET":
@@ -426,6 +497,10 @@ class Server:
                 os._exit(1)
             return 400, {"success": False, "message": " | ".join(f"TP rank {r}: {d}" for r, d in failed)}
         with self.lock:
+            if weight_version is not None:
+                self.loader_timings.append({"weight_version": weight_version,
+                                            "ranks": [d.get("timing") if isinstance(d, dict) else None
+                                                      for _, d in answers]})
             if self.session is not None:
                 self.session["loaded_weights"] = True
             if weight_version is not None:
@@ -445,6 +520,9 @@ _POST_ROUTES = {"/pause_generation", "/continue_generation", "/begin_weight_upda
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # headers and body leave in two writes: without TCP_NODELAY the body waits for the
+        # client's delayed ACK (~40 ms per call on Linux), a delay SGLang's server does not add
+        disable_nagle_algorithm = True
 
         def _serve(self, method: str) -> None:
             path = self.path.split("?", 1)[0]
@@ -499,7 +577,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ep", "--ep-size", type=int, default=1, dest="ep")
     p.add_argument("--dp", "--dp-size", type=int, default=1, dest="dp", help="reported only")
     p.add_argument("--custom-weight-loader", nargs="*", action="extend", default=[])
-    p.add_argument("--mode", choices=("auto", "sglang", "torch"), default="auto")
+    p.add_argument("--mode", choices=("auto", "sglang", "torch", "numpy"), default="auto")
     p.add_argument("--version", default="0.5.23", help="the SGLang version to act as (< 0.5.21: no begin/end)")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--weight-cache-mode", default="off")

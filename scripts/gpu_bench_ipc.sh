@@ -59,6 +59,28 @@ for r in $RUNS; do
   case $r in
     8b-per-tensor) bench 8b-per-tensor 120 $P8 --sender-alloc per-tensor --updates 7 ;;
     8b-contiguous) bench 8b-contiguous 120 $P8 --sender-alloc contiguous --updates 7 ;;
+    # 8b-<alloc>-<opts> with opts among dmN (linear copies of at least N MiB through the driver's
+    # device copy, AWEX_IPC_DRIVER_MIN_MIB; dmoff: never), sN (N copy streams, AWEX_IPC_STREAMS),
+    # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), e.g. 8b-per-tensor-dm1-g-s8
+    8b-per-tensor-*-*|8b-contiguous-*-*|moe-per-tensor-*-*|moe-contiguous-*-*)
+      case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
+      case $r in *-per-tensor-*) alloc=per-tensor ;; *) alloc=contiguous ;; esac
+      envs=()
+      for o in $(echo "${r#*-$alloc-}" | tr - ' '); do
+        case $o in
+          dm*) envs+=("AWEX_IPC_DRIVER_MIN_MIB=${o#dm}") ;;
+          s*) envs+=("AWEX_IPC_STREAMS=${o#s}") ;;
+          g) envs+=("AWEX_IPC_GRAPH_MIN=1") ;;
+        esac
+      done
+      ( [ ${#envs[@]} = 0 ] || export "${envs[@]}"; bench "$r" "$lim" $base --sender-alloc $alloc --updates $n ) || status=1 ;;
+    # -dmN: linear copies of at least N MiB through the driver's device copy (AWEX_IPC_DRIVER_MIN_MIB)
+    8b-per-tensor-dm*) AWEX_IPC_DRIVER_MIN_MIB=${r##*-dm} bench $r 120 $P8 --sender-alloc per-tensor --updates 7 ;;
+    8b-contiguous-dm*) AWEX_IPC_DRIVER_MIN_MIB=${r##*-dm} bench $r 120 $P8 --sender-alloc contiguous --updates 7 ;;
+    moe-per-tensor-dm*) AWEX_IPC_DRIVER_MIN_MIB=${r##*-dm} bench $r 240 $PM --sender-alloc per-tensor --updates 5 ;;
+    moe-contiguous-dm*) AWEX_IPC_DRIVER_MIN_MIB=${r##*-dm} bench $r 240 $PM --sender-alloc contiguous --updates 5 ;;
+    demo-8b-dm*) AWEX_IPC_DRIVER_MIN_MIB=${r##*-dm} demo $r 200 $P8 --updates 5 ;;
+    demo-moe-dm*) AWEX_IPC_DRIVER_MIN_MIB=${r##*-dm} demo $r 300 $PM --updates 3 ;;
     8b-per-tensor-driver) AWEX_IPC_COPY=driver bench 8b-per-tensor-driver 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
     8b-per-tensor-s8) AWEX_IPC_STREAMS=8 bench 8b-per-tensor-s8 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
     8b-contiguous-driver) AWEX_IPC_COPY=driver bench 8b-contiguous-driver 120 $P8 --sender-alloc contiguous --updates 7 --no-verify ;;
@@ -88,7 +110,7 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
     except Exception as e:
         print(f"| {os.path.basename(f)} | unreadable ({e}) |"); continue
     j = b["join"]; n = lambda d: d["linear"] + d["pitched_2d"] + d["pitched_3d"]
-    print(f"| {b['model']} bench | {b['sender_alloc']}, {b['sender_allocations']} allocs | {b['join_ms']:.1f} "
+    print(f"| {os.path.basename(f)[6:-5]} ({b['model']}) | {b['sender_alloc']}, {b['sender_allocations']} allocs | {b['join_ms']:.1f} "
           f"(open {j['open_ms']:.1f}/{j['open_threads']}t, engine {j['engine_ms']:.1f} {j['kernel_image']}, warm {j['warm_up_ms']:.1f}, descs {j['descs_ms']:.1f}) "
           f"| {b['first_update_ms']:.2f} | {b['steady_median_ms']:.2f} | {b['floor_ms']:.2f} / {b['ipc_floor_ms']:.2f} "
           f"| {b['ratio']:.3f} / {b['ipc_ratio']:.3f} | {n(j['descriptors'])} ({n(j['descriptors_unjoined'])}) "

@@ -12,7 +12,8 @@ use clap::{Parser, Subcommand};
 #[command(name = "awex-cli", version, about, long_about = None)]
 struct Cli {
     /// Log filter: a level (error, warn, info, debug, trace) or directives like
-    /// `awex_control=debug,warn` [default: info for `serve`, warn otherwise; env RUST_LOG].
+    /// `awex_control=debug,warn` [default: info for `serve` and `worker`, warn otherwise; env
+    /// RUST_LOG].
     #[arg(long, global = true)]
     log_level: Option<String>,
     /// Log line format on stderr.
@@ -52,7 +53,7 @@ fn main() -> std::process::ExitCode {
     link::link_backends();
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Serve(_) => "info",
+        Command::Serve(_) | Command::Worker(_) => "info",
         _ => "warn",
     };
     if let Err(e) = logs::init(cli.log_level.as_deref(), cli.log_format, default_level) {

@@ -160,3 +160,141 @@ fn gc_reports_what_it_removed_as_json() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v, serde_json::json!({ "removed": [] }));
 }
+
+#[test]
+fn ranks_log_join_ready_and_each_update_with_its_version_as_json_lines() {
+    let port = free_port();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(["serve", "--bind", &format!("127.0.0.1:{port}")])
+        .env("AWEX_TOKEN", "t0ken")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start serve");
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "serve did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gw = format!("http://127.0.0.1:{port}");
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args(args)
+            .env("AWEX_TOKEN", "t0ken")
+            .output()
+            .expect("run awex-cli");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let pair = format!("logged-ranks-{}", std::process::id());
+    let sides = [
+        "--model",
+        "qwen3-tiny",
+        "--train",
+        "megatron:tp=1",
+        "--infer",
+        "sglang:tp=1",
+    ];
+    let mut connect = vec!["pair", "connect", "--gateway", &gw, "--name", &pair];
+    connect.extend(sides);
+    cli(&connect);
+    let worker = |side: &str| {
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args([
+                "worker",
+                "--log-format",
+                "json",
+                "--gateway",
+                &gw,
+                "--pair",
+                &pair,
+            ])
+            .args(["--side", side, "--rank", "0"])
+            .args(sides)
+            .env_remove("RUST_LOG")
+            .env("AWEX_TOKEN", "t0ken")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a worker")
+    };
+    let mut ranks = [worker("train"), worker("infer")];
+    let start = Instant::now();
+    loop {
+        let st = cli(&[
+            "pair",
+            "status",
+            "--gateway",
+            &gw,
+            "--name",
+            &pair,
+            "--json",
+        ]);
+        let st: serde_json::Value = serde_json::from_str(&st).expect("status json");
+        if st["state"] == "ready" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the ranks did not join: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cli(&[
+        "pair",
+        "update",
+        "--gateway",
+        &gw,
+        "--name",
+        &pair,
+        "--version",
+        "1",
+        "--wait",
+        "--timeout-s",
+        "60",
+    ]);
+    cli(&["pair", "disconnect", "--gateway", &gw, "--name", &pair]);
+    for (i, r) in ranks.iter_mut().enumerate() {
+        let status = r.wait().expect("worker exit");
+        let stderr = r.stderr.take().expect("stderr");
+        let lines: Vec<serde_json::Value> = BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str(&l).ok())
+            .collect();
+        assert!(status.success(), "rank {i}: {status:?} {lines:#?}");
+        let find = |message: &str| {
+            lines
+                .iter()
+                .find(|l| l["fields"]["message"] == message)
+                .unwrap_or_else(|| panic!("rank {i}: no `{message}` line in {lines:#?}"))
+                .clone()
+        };
+        let side = ["training", "inference"][i];
+        let ready = find("rank ready");
+        assert_eq!(ready["level"], "INFO");
+        assert_eq!(ready["fields"]["pair"], pair.as_str());
+        assert_eq!(ready["fields"]["side"], side);
+        find("rank joined");
+        assert_eq!(find("update started")["fields"]["version"], 1);
+        let done = find("update part done");
+        assert!(
+            done["fields"]["bytes"].as_u64().is_some_and(|b| b > 0),
+            "{done}"
+        );
+        let c = find("update committed");
+        assert_eq!(c["level"], "INFO");
+        assert_eq!(c["fields"]["version"], 1);
+        assert_eq!(c["fields"]["attempt"], 1);
+        assert!(c["fields"]["ms"].as_u64().is_some(), "{c}");
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+}

@@ -14,7 +14,11 @@
 //! a 2-core machine: no cross-thread wake-ups between the gateway and its simulated ranks).
 //! `--split` runs the gateway on its own thread and runtime and measures its CPU per update.
 //!
-//! `cargo bench -p awex-core --bench gateway_load -- [--ranks 128,1024] [--updates 10] [--split]`
+//! `--state-dir DIR` keeps the gateway's state in DIR (written through before each answer, as
+//! `awex-cli serve` does by default) instead of in memory.
+//!
+//! `cargo bench -p awex-control --features server --bench gateway_load -- [--ranks 128,1024]
+//! [--updates 10] [--split] [--state-dir DIR]`
 
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
@@ -30,6 +34,8 @@ struct Options {
     ranks: Vec<u32>,
     updates: u64,
     split: bool,
+    /// Keep the gateway's state in this directory (write-through) instead of in memory.
+    state_dir: Option<std::path::PathBuf>,
 }
 
 fn options() -> Result<Options, String> {
@@ -37,6 +43,7 @@ fn options() -> Result<Options, String> {
         ranks: vec![128, 1024],
         updates: 10,
         split: false,
+        state_dir: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,6 +64,9 @@ fn options() -> Result<Options, String> {
                 o.updates = v.parse().map_err(|_| format!("bad update count `{v}`"))?;
             }
             "--split" => o.split = true,
+            "--state-dir" => {
+                o.state_dir = Some(args.next().ok_or("--state-dir needs a directory")?.into());
+            }
             // cargo bench passes --bench; ignore it and anything else unknown.
             _ => {}
         }
@@ -171,7 +181,9 @@ async fn rank(
 /// Runs the gateway on its own thread and single-threaded runtime; returns its address and the
 /// CPU-time clock of that thread, so that the gateway's own CPU per update can be measured apart
 /// from the simulated ranks'.
-fn gateway_thread() -> Result<(std::net::SocketAddr, libc::clockid_t), String> {
+fn gateway_thread(
+    config: GatewayConfig,
+) -> Result<(std::net::SocketAddr, libc::clockid_t), String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut clock: libc::clockid_t = 0;
@@ -199,7 +211,7 @@ fn gateway_thread() -> Result<(std::net::SocketAddr, libc::clockid_t), String> {
                     .map(|a| (a, clock))
                     .map_err(|e| e.to_string()),
             );
-            let _ = awex_control::server::serve(listener, GatewayConfig::default()).await;
+            let _ = awex_control::server::serve(listener, config).await;
         });
     });
     rx.recv().map_err(|e| e.to_string())?
@@ -219,18 +231,22 @@ fn cpu_ms(clock: libc::clockid_t) -> f64 {
     ts.tv_sec as f64 * 1e3 + ts.tv_nsec as f64 / 1e6
 }
 
+fn config_of(o: &Options) -> GatewayConfig {
+    GatewayConfig {
+        state_dir: o.state_dir.clone(),
+        ..GatewayConfig::default()
+    }
+}
+
 async fn run(o: Options) -> Result<(), String> {
     let (addr, gateway_clock) = if o.split {
-        let (a, c) = gateway_thread()?;
+        let (a, c) = gateway_thread(config_of(&o))?;
         (a, Some(c))
     } else {
         let loopback = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         let listener = awex_control::server::bind(loopback).map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        tokio::spawn(awex_control::server::serve(
-            listener,
-            GatewayConfig::default(),
-        ));
+        tokio::spawn(awex_control::server::serve(listener, config_of(&o)));
         (addr, None)
     };
     println!(

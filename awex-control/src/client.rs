@@ -419,14 +419,30 @@ impl Client {
         after: u64,
         wait: Duration,
     ) -> Result<EventsResponse, ClientError> {
+        self.events_as(name, after, wait, None).await
+    }
+
+    /// [`Client::events`] by the rank whose claim id is `incarnation` (what it joined with as
+    /// `info.incarnation`): the gateway counts it live while the poll is open.
+    pub async fn events_as(
+        &self,
+        name: &str,
+        after: u64,
+        wait: Duration,
+        incarnation: Option<&str>,
+    ) -> Result<EventsResponse, ClientError> {
         let wait_ms = wait.as_millis().min(u128::from(crate::wire::MAX_WAIT_MS)) as u64;
+        let mut query = vec![
+            ("after", after.to_string()),
+            ("timeout_ms", wait_ms.to_string()),
+        ];
+        if let Some(c) = incarnation {
+            query.push(("incarnation", c.to_string()));
+        }
         self.call(
             Method::GET,
             &["v1", "pairs", name, "events"],
-            &[
-                ("after", after.to_string()),
-                ("timeout_ms", wait_ms.to_string()),
-            ],
+            &query,
             None,
             true,
             Duration::from_millis(wait_ms) + POLL_MARGIN,

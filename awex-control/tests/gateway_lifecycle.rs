@@ -624,12 +624,18 @@ async fn disconnect_during_an_update_fails_it_and_resumes_the_engines() {
 /// `/server_info` returns the resolved server arguments (`tp_size`, `custom_weight_loader`,
 /// `version`); `/pause_generation` and `/continue_generation` answer 200; `/begin_weight_update`
 /// and `/end_weight_update` (0.5.21 and later, 404 before) and `/update_weights_from_tensor`
-/// answer `{"success", "message"}`, 200 or 400. The trigger stands in for the loader: it answers
-/// once the gateway shows the version running (the loader receives it), or fails / hangs on
-/// request.
+/// answer `{"success", "message"}`, 200 or 400, and keep one update session per server as
+/// `managers/scheduler_components/weight_updater.py` does (`begin_weight_update` refuses while one
+/// is open, `end_weight_update` and every `update_weights_from_*` while none is). The trigger
+/// stands in for the loader: it answers once the gateway shows the version running (the loader
+/// receives it), or fails / hangs on request.
 #[derive(Default)]
 struct Session {
     calls: Mutex<Vec<(usize, String, Value)>>,
+    /// Which servers have an update session open.
+    open: Mutex<[bool; 2]>,
+    /// The architecture `/model_info` reports (`Qwen3ForCausalLM`, the pair's, when unset).
+    serves: Mutex<Option<&'static str>>,
     loader_fails: AtomicBool,
     trigger_hangs: AtomicBool,
 }
@@ -644,8 +650,17 @@ async fn sglang_server(
     type St = (Arc<Session>, usize, &'static str, String, &'static str);
     async fn info(State((_, _, version, _, _)): State<St>) -> axum::Json<Value> {
         axum::Json(json!({
-            "tp_size": 2, "dp_size": 1, "ep_size": 1, "version": version,
+            "tp_size": 2, "dp_size": 1, "ep_size": 1, "version": version, "model_path": "/models/tiny",
             "custom_weight_loader": ["awex.sglang.receive"],
+        }))
+    }
+    // `http_server.py` `model_info`: `architectures` is the served model's
+    // `hf_config.architectures`
+    async fn model_info(State((s, _, _, _, _)): State<St>) -> axum::Json<Value> {
+        let arch = s.serves.lock().unwrap().unwrap_or("Qwen3ForCausalLM");
+        axum::Json(json!({
+            "model_path": "/models/tiny", "model_type": "qwen3", "architectures": [arch],
+            "weight_version": "default", "is_generation": true,
         }))
     }
     async fn route(
@@ -662,10 +677,40 @@ async fn sglang_server(
             StatusCode::OK,
             axum::Json(json!({"success": true, "message": "ok"})),
         );
+        let refuse = |message: &str| {
+            (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"success": false, "message": message})),
+            )
+        };
+        let session = version >= "0.5.21";
         match path.as_str() {
-            "/begin_weight_update" | "/end_weight_update" if version < "0.5.21" => (
+            "/begin_weight_update" | "/end_weight_update" if !session => (
                 StatusCode::NOT_FOUND,
                 axum::Json(json!({"detail": "Not Found"})),
+            ),
+            "/begin_weight_update" => {
+                let mut open = s.open.lock().unwrap();
+                if open[i] {
+                    return refuse(
+                        "a weight-update session is already open; call end_weight_update() first",
+                    );
+                }
+                open[i] = true;
+                ok
+            }
+            "/end_weight_update" => {
+                let mut open = s.open.lock().unwrap();
+                if !open[i] {
+                    return refuse(
+                        "no weight-update session is open; call begin_weight_update() first",
+                    );
+                }
+                open[i] = false;
+                ok
+            }
+            "/update_weights_from_tensor" if session && !s.open.lock().unwrap()[i] => refuse(
+                "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()",
             ),
             "/update_weights_from_tensor" if body.0.get("weight_version").is_some() => {
                 if s.trigger_hangs.load(Ordering::SeqCst) {
@@ -695,6 +740,7 @@ async fn sglang_server(
     }
     let app = Router::new()
         .route("/server_info", get(info))
+        .route("/model_info", get(model_info))
         .route("/pause_generation", post(route))
         .route("/continue_generation", post(route))
         .route("/begin_weight_update", post(route))
@@ -785,13 +831,13 @@ async fn sglang_session_runs_pause_begin_trigger_end_continue_and_commits_after_
         );
         assert_eq!(
             calls[1].1,
-            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "flush_cache": false})
+            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "flush_cache": false, "selector": "target"})
         );
         assert_eq!(calls[3].1, json!({"mode": "retract"}));
         assert_eq!(calls[4].1, json!({"selector": "target"}));
         assert_eq!(
             calls[5].1,
-            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "weight_version": "1", "flush_cache": true})
+            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "weight_version": "1", "flush_cache": true, "selector": "target"})
         );
     }
     client.disconnect("sess").await.unwrap();
@@ -848,7 +894,8 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
         refused.to_string().contains("partially written"),
         "{refused}"
     );
-    // a retry of the same version commits and resumes
+    // a retry of the same version closes the failed attempt's session first (SGLang refuses a
+    // second begin_weight_update while one is open), then commits and resumes
     s.loader_fails.store(false, Ordering::SeqCst);
     take(&s, 0);
     start_retrying(&client, "torn", 1).await;
@@ -860,7 +907,20 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
     tokio::time::sleep(Duration::from_millis(200)).await;
     let st = client.status("torn").await.unwrap();
     assert_eq!((st.serving_version, st.torn_version), (Some(1), None));
-    assert_eq!(paths(&take(&s, 0)).last(), Some(&"/continue_generation"));
+    for i in 0..2 {
+        assert_eq!(
+            paths(&take(&s, i)),
+            vec![
+                "/end_weight_update",
+                "/pause_generation",
+                "/begin_weight_update",
+                "/update_weights_from_tensor",
+                "/end_weight_update",
+                "/continue_generation",
+            ],
+            "engine {i}"
+        );
+    }
     // version 2 fails again; the controller accepts the torn weights explicitly
     s.loader_fails.store(true, Ordering::SeqCst);
     start_retrying(&client, "torn", 2).await;
@@ -876,7 +936,11 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
         (Some(1), None, Some(2))
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(paths(&take(&s, 0)), vec!["/continue_generation"]);
+    // the failed attempt's session is closed before the engines serve again
+    assert_eq!(
+        paths(&take(&s, 0)),
+        vec!["/end_weight_update", "/continue_generation"]
+    );
     client.disconnect("torn").await.unwrap();
     logs(ranks).await;
 }
@@ -921,6 +985,19 @@ async fn connect_checks_every_server_against_the_declared_layout() {
         )),
         "{e}"
     );
+    // a server that serves another architecture than the pair's model
+    *s.serves.lock().unwrap() = Some("LlamaForCausalLM");
+    let mut req = connect_request("chk", 1, 1, 2);
+    req.inference.urls = vec![good.clone()];
+    let e = client.connect(&req).await.unwrap_err();
+    assert_eq!(e.status(), Some(422));
+    assert!(
+        e.to_string().contains(&format!(
+            "engine 0 at {good}: the pair's model is Qwen3ForCausalLM but the server reports architectures=[\"LlamaForCausalLM\"] (model_path /models/tiny)"
+        )),
+        "{e}"
+    );
+    *s.serves.lock().unwrap() = None;
     // an engine nobody answers for fails the connect too
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead = format!("http://{}", listener.local_addr().unwrap());

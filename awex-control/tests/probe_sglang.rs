@@ -99,6 +99,7 @@ async fn live_server_reports_tp_ep_and_dp() {
                 "SGLang 0.5.2 server at {url} (GET /server_info): model_path=Qwen/Qwen3-30B-A3B, tp_size=4, ep_size=2"
             ),
             "dp_size=2: the server runs 2 data-parallel replicas of tp_size=4; awex lays out one engine of tp=4 ranks (engines=1)".to_string(),
+            "custom weight loader: unknown (the server's info has no `custom_weight_loader`; awex needs `--custom-weight-loader awex.sglang.receive`)".to_string(),
         ]
     );
     assert_eq!(
@@ -121,12 +122,51 @@ async fn older_server_answers_on_the_legacy_path() {
                 "SGLang 0.4.0 server at {url} (GET /get_server_info): model_path=meta-llama/Llama-3.1-8B-Instruct, tp_size=2, ep_size=1"
             ),
             "dp_size=1: the server runs 1 data-parallel replica of tp_size=2; awex lays out one engine of tp=2 ranks (engines=1)".to_string(),
+            "custom weight loader: unknown (the server's info has no `custom_weight_loader`; awex needs `--custom-weight-loader awex.sglang.receive`)".to_string(),
         ]
     );
     assert_eq!(
         *server.asked.lock().expect("log"),
         vec!["/server_info".to_string(), "/get_server_info".to_string()]
     );
+}
+
+#[tokio::test]
+async fn whether_awexs_loader_is_allowed_is_reported() {
+    // SGLang 0.5.23 resolves an unset `--custom-weight-loader` to [] (model_path_hook.py)
+    for (loaders, said) in [
+        (
+            serde_json::json!(["awex.sglang.receive"]),
+            "custom weight loader: awex.sglang.receive is allowed (custom_weight_loader=[\"awex.sglang.receive\"])",
+        ),
+        (
+            serde_json::json!([]),
+            "custom weight loader: awex.sglang.receive is not allowed (custom_weight_loader=[]); launch the server with `--custom-weight-loader awex.sglang.receive`",
+        ),
+        (
+            serde_json::json!(["my.loader"]),
+            "custom weight loader: awex.sglang.receive is not allowed (custom_weight_loader=[\"my.loader\"]); launch the server with `--custom-weight-loader awex.sglang.receive`",
+        ),
+    ] {
+        let info = serde_json::json!({
+            "model_path": "/models/Qwen3-8B", "tp_size": 8, "dp_size": 1, "ep_size": 1,
+            "custom_weight_loader": loaders, "version": "0.5.23",
+        });
+        let server = serve(vec![("/server_info", 200, info.to_string())]).await;
+        let url = server.url.clone();
+        let d = SglangBackend.detect(&probe(Some(&url), false).await);
+        assert_eq!(d.parallel, parallel(8, 1));
+        assert_eq!(
+            d.evidence,
+            vec![
+                format!(
+                    "SGLang 0.5.23 server at {url} (GET /server_info): model_path=/models/Qwen3-8B, tp_size=8, ep_size=1"
+                ),
+                "dp_size=1: the server runs 1 data-parallel replica of tp_size=8; awex lays out one engine of tp=8 ranks (engines=1)".to_string(),
+                said.to_string(),
+            ]
+        );
+    }
 }
 
 #[tokio::test]

@@ -6,13 +6,13 @@ use crate::endpoint::{runtime, seconds, to_py, wait};
 use crate::errors::{Fail, Result};
 use crate::spec::{ModelArg, model_key};
 use awex_control::client::Client;
+use awex_control::connect::connect_request;
 use awex_control::wire::{
-    ApplyMode, ConnectRequest, InferenceSpec, PairOptions, PairState, RankReportState,
-    TrainingSpec, Transport, UpdateState, UpdateStatus,
+    ApplyMode, PairOptions, PairState, RankReportState, Transport, UpdateState, UpdateStatus,
 };
-use awex_core::backend::{BackendSpec, side_layout};
+use awex_core::backend::BackendSpec;
 use awex_core::layout::Side;
-use awex_core::model::Catalogue;
+use awex_core::pair::PairSpec;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -107,50 +107,35 @@ impl Controller {
             }
         };
         let spec = model.spec()?;
-        let catalogue = Catalogue::of(&spec);
         let train_spec: BackendSpec = train.parse().map_err(Fail::from)?;
         let infer_spec: BackendSpec = infer.parse().map_err(Fail::from)?;
-        let training = side_layout(Side::Training, &train_spec, &spec).map_err(Fail::from)?;
-        let inference = side_layout(Side::Inference, &infer_spec, &spec).map_err(Fail::from)?;
         let transport: Transport = transport.parse().map_err(Fail::Value)?;
+        let resolved = PairSpec {
+            model: spec.clone(),
+            train: train_spec,
+            infer: infer_spec,
+            transport,
+        }
+        .resolve()
+        .map_err(Fail::from)?;
         let ms = |what: &str, s: f64| -> Result<u64> {
             seconds(Some(s))?
                 .map(|d| d.as_millis() as u64)
                 .ok_or_else(|| Fail::Value(format!("{what} must be given")))
         };
-        let summary = catalogue.summary();
-        let req = ConnectRequest {
-            name: pair.clone(),
-            training: TrainingSpec {
-                backend: train_spec.backend.clone(),
-                parallel: train_spec.parallel.clone(),
-                world_size: training.world_size() as u32,
-                model: spec.clone(),
-                catalogue: summary.clone(),
+        let options = PairOptions {
+            join_deadline_ms: ms("join_deadline_s", join_deadline_s)?,
+            update_deadline_ms: ms("update_deadline_s", update_deadline_s)?,
+            bucket_mib,
+            checksums,
+            apply: if atomic {
+                ApplyMode::Atomic
+            } else {
+                ApplyMode::InPlace
             },
-            inference: InferenceSpec {
-                backend: infer_spec.backend.clone(),
-                parallel: infer_spec.parallel.clone(),
-                engines: inference.engines(),
-                world_size: inference.world_size() as u32,
-                urls: urls.unwrap_or_default(),
-                model: spec.clone(),
-                catalogue: summary,
-            },
-            transport,
-            options: PairOptions {
-                join_deadline_ms: ms("join_deadline_s", join_deadline_s)?,
-                update_deadline_ms: ms("update_deadline_s", update_deadline_s)?,
-                bucket_mib,
-                checksums,
-                apply: if atomic {
-                    ApplyMode::Atomic
-                } else {
-                    ApplyMode::InPlace
-                },
-                ..PairOptions::default()
-            },
+            ..PairOptions::default()
         };
+        let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);
         let model_value = serde_json::to_value(&spec)
             .map_err(|e| Fail::Awex(format!("cannot encode the model: {e}")))?;
         let client = self.client.clone();

@@ -17,7 +17,9 @@ use crate::memory::{Accept, Held, hold};
 use crate::spec::{ModelArg, RankArgs, SideArg, resolve};
 use awex_core::layout::{RankId, Side};
 use awex_runtime::host::Memory;
-use awex_runtime::rank::{Prepared, Rank, RankConfig, Work, make_transport, prepare};
+use awex_runtime::rank::{
+    Failure, Outcome, Prepared, Rank, RankConfig, Work, make_transport, prepare,
+};
 use awex_runtime::transport::TransportKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMapping};
@@ -28,6 +30,10 @@ use std::time::{Duration, Instant};
 
 /// How often a blocking wait returns to Python to let it handle signals (Ctrl-C).
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// What `update()` waits for an update to start by default beyond the pair's update deadline
+/// (at most; never more than the deadline itself).
+pub(crate) const UPDATE_WAIT_MARGIN: Duration = Duration::from_secs(30);
 
 /// A tokio runtime for one rank (or controller): the gateway client and transports run on it.
 pub(crate) fn runtime(name: &str) -> Result<tokio::runtime::Runtime> {
@@ -473,10 +479,15 @@ impl Endpoint {
         core.open()?;
         let who = core.who();
         let pair = core.cfg.pair.clone();
-        let timeout = seconds(timeout)?;
+        let explicit = seconds(timeout)?;
         let Some(j) = core.joined.as_mut() else {
             return Err(Fail::Awex(format!("{who} has not joined; call join() first")).into());
         };
+        // the default wait is finite: the pair's update deadline plus a margin; when it passes
+        // before any update started, the call answers None ("no update yet": call again)
+        let deadline = Duration::from_millis(j.rank.joined.options.update_deadline_ms);
+        let default_wait = deadline + deadline.min(UPDATE_WAIT_MARGIN);
+        let timeout = Some(explicit.unwrap_or(default_wait));
         // 1. the update event
         let started = Instant::now();
         let work = loop {
@@ -488,7 +499,12 @@ impl Endpoint {
                         Some(v) => format!("waiting for update {v} of pair `{pair}`"),
                         None => format!("waiting for an update of pair `{pair}`"),
                     };
-                    wait(py, &core.rt, &what, left, j.rank.next_live_work())?.map_err(Fail::from)?
+                    match wait(py, &core.rt, &what, left, j.rank.next_live_work()) {
+                        Err(Fail::Timeout(_)) if explicit.is_none() => {
+                            return Ok(py.None().into_bound(py));
+                        }
+                        r => r?.map_err(Fail::from)?,
+                    }
                 }
             };
             let Some(w) = next else {
@@ -520,57 +536,62 @@ impl Endpoint {
         }
         let checksums = j.checksums;
         let rank = &mut j.rank;
-        let failed = |e: awex_runtime::RuntimeError| Fail::UpdateFailed {
-            version: work.version,
-            message: format!(
-                "{who} failed version {} (attempt {}): {e}",
-                work.version, work.attempt
-            ),
-            ranks: vec![who.clone()],
+        let ran = py.detach(|| core.rt.block_on(rank.run(work, checksums, None)));
+        let stats = match ran {
+            Outcome::Executed { stats, .. } => stats,
+            Outcome::Failed {
+                reason: Failure::Rank(e),
+                ..
+            } => {
+                return Err(Fail::UpdateFailed {
+                    version: work.version,
+                    message: format!(
+                        "{who} failed version {} (attempt {}): {e}",
+                        work.version, work.attempt
+                    ),
+                    ranks: vec![who.clone()],
+                }
+                .into());
+            }
+            other => {
+                return Err(Fail::Awex(format!("{who}: unexpected outcome {other:?}")).into());
+            }
         };
-        let stats = py.detach(|| {
-            core.rt
-                .block_on(rank.execute(work, checksums))
-                .map_err(failed)
-        })?;
         let moved = t0.elapsed();
         // 3. the commit
         let mut state = "done";
         if wait_commit {
-            let client = j.rank.client().clone();
             let limit = j.commit_wait;
             let what = format!(
                 "waiting for version {} of pair `{pair}` to commit",
                 work.version
             );
-            let st = wait(py, &core.rt, &what, Some(limit), async move {
-                client.wait_update(&pair, work.version, limit).await
-            })?
-            .map_err(Fail::from)?;
-            if st.state != awex_control::wire::UpdateState::Committed {
-                let ranks = st
-                    .ranks
-                    .iter()
-                    .filter(|r| r.state != awex_control::wire::RankReportState::Ok)
-                    .map(|r| match r.side {
-                        Side::Training => format!("training rank {}", r.rank.rank),
-                        Side::Inference => {
-                            format!("inference rank {}/{}", r.rank.engine, r.rank.rank)
-                        }
-                    })
-                    .collect();
-                return Err(Fail::UpdateFailed {
-                    version: work.version,
-                    message: format!(
-                        "version {} did not commit: {}",
-                        work.version,
-                        st.error.as_deref().unwrap_or("failed")
-                    ),
-                    ranks,
+            let outcome = j.rank.outcome(work, stats, limit);
+            match wait(py, &core.rt, &what, Some(limit), outcome)? {
+                Outcome::Committed { .. } => state = "committed",
+                Outcome::Failed {
+                    reason: Failure::Version(st),
+                    ..
+                } => return Err(failed_version(&st).into()),
+                Outcome::Failed {
+                    reason: Failure::Gateway(e),
+                    ..
+                } => return Err(Fail::from(e).into()),
+                Outcome::Disconnected => {
+                    return Err(Fail::Disconnected(format!(
+                        "pair `{pair}` was disconnected while {who} waited for version {} to commit",
+                        work.version
+                    ))
+                    .into());
                 }
-                .into());
+                _ => {
+                    return Err(Fail::Timeout(format!(
+                        "{what} did not finish within {:.1} s",
+                        limit.as_secs_f64()
+                    ))
+                    .into());
+                }
             }
-            state = "committed";
         }
         let out = PyDict::new(py);
         out.set_item("version", work.version)?;
@@ -688,5 +709,27 @@ impl Endpoint {
                 ""
             }
         ))
+    }
+}
+
+/// A version that did not commit, with the ranks that did not succeed.
+fn failed_version(st: &awex_control::wire::UpdateStatus) -> Fail {
+    let ranks = st
+        .ranks
+        .iter()
+        .filter(|r| r.state != awex_control::wire::RankReportState::Ok)
+        .map(|r| match r.side {
+            Side::Training => format!("training rank {}", r.rank.rank),
+            Side::Inference => format!("inference rank {}/{}", r.rank.engine, r.rank.rank),
+        })
+        .collect();
+    Fail::UpdateFailed {
+        version: st.version,
+        message: format!(
+            "version {} did not commit: {}",
+            st.version,
+            st.error.as_deref().unwrap_or("failed")
+        ),
+        ranks,
     }
 }

@@ -4,6 +4,7 @@
 use awex_control::client::ClientError;
 use awex_core::backend::{SideError, SpecError};
 use awex_core::model::ModelError;
+use awex_core::pair::PairError;
 use awex_runtime::RuntimeError;
 use awex_runtime::rank::RankError;
 use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
@@ -63,8 +64,13 @@ impl From<ClientError> for Fail {
 impl From<RuntimeError> for Fail {
     fn from(e: RuntimeError) -> Self {
         match e {
-            RuntimeError::Layout(m) => Fail::Layout(m),
-            RuntimeError::Tensor(m) => Fail::Layout(m),
+            RuntimeError::Layout(l) => Fail::Layout(l.to_string()),
+            RuntimeError::Tensor(t) => Fail::Layout(t.to_string()),
+            RuntimeError::Weights { detail, .. } => Fail::Layout(detail),
+            RuntimeError::Gateway { ref source, .. } => Fail::Gateway {
+                status: source.status(),
+                message: e.to_string(),
+            },
             other => Fail::Awex(other.to_string()),
         }
     }
@@ -76,8 +82,23 @@ impl From<RankError> for Fail {
             RankError::Gateway(c) => c.into(),
             RankError::Runtime(r) => r.into(),
             RankError::Layout(m) => Fail::Layout(m),
+            RankError::Pair(p) => p.into(),
             RankError::Disconnected => Fail::Disconnected("the pair was disconnected".into()),
+            e @ RankError::UnknownPair { .. } => Fail::Gateway {
+                status: Some(404),
+                message: e.to_string(),
+            },
+            e @ RankError::GatewayLost { .. } => Fail::Gateway {
+                status: None,
+                message: e.to_string(),
+            },
         }
+    }
+}
+
+impl From<PairError> for Fail {
+    fn from(e: PairError) -> Self {
+        Fail::Layout(e.to_string())
     }
 }
 

@@ -5,12 +5,14 @@
 //! `Controller`, `detect()`, the error classes, and the engine helpers. This module holds the
 //! machinery they drive: [`endpoint`] (a rank: register, join, update, close), [`memory`]
 //! (zero-copy access to numpy / torch / DLPack memory), [`spec`] (the pair's description from the
-//! gateway), [`controller`], [`detect`], and [`testing`] (an in-process gateway for tests).
+//! gateway), [`controller`], [`detect`], [`logs`] (a stderr subscriber, only when `AWEX_LOG`
+//! asks) and [`testing`] (an in-process gateway for tests).
 
 mod controller;
 mod detect;
 mod endpoint;
 mod errors;
+mod logs;
 mod memory;
 mod spec;
 mod testing;
@@ -32,6 +34,7 @@ awex_core::inventory::submit! { awex_core::backend::InferenceRegistration(&awex_
 /// The `awex._awex` module.
 #[pymodule]
 fn _awex(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::init_from_env()?;
     m.add_class::<endpoint::Endpoint>()?;
     m.add_class::<controller::Controller>()?;
     m.add_function(wrap_pyfunction!(detect::detect, m)?)?;

@@ -266,6 +266,40 @@ def test_rank_waiting_without_an_update_times_out(gateway, pair_name):
         p.close()
 
 
+def test_update_without_a_timeout_answers_none_after_the_pairs_deadline_and_idles_on(gateway, pair_name):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    # the default wait: the update deadline (2 s) plus as much again
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp",
+             update_deadline_s=2.0)
+    try:
+        (w,), (r,) = p.writers, p.readers
+        for x in (w, r):
+            x.register({t["name"]: np.ones(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        t0 = time.monotonic()
+        assert r.update() is None, "no update yet"
+        waited = time.monotonic() - t0
+        assert 3.9 <= waited < 10, waited
+
+        def idle(x):
+            # the documented idle loop: None means "no update yet", call again
+            while True:
+                res = x.update()
+                if res is not None:
+                    return res
+
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            futures = [ex.submit(idle, x) for x in (w, r)]
+            time.sleep(5.0)  # past one default wait: both loops went round at least once
+            p.ctl.start_update(1)
+            assert [f.result(timeout=60)["version"] for f in futures] == [1, 1]
+        assert p.ctl.wait_update(1)["state"] == "committed"
+    finally:
+        p.close()
+
+
 def test_update_takes_the_next_version_and_keeps_a_newer_one_for_later(gateway, pair_name):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -1,8 +1,8 @@
 //! Buckets packed and unpacked with conversion and checksums (the cut itself is
 //! [`awex_core::plan::bucket`]).
 
-use super::RuntimeError;
 use super::tensors::TensorSet;
+use super::{RuntimeError, TensorError, TransportError};
 use awex_core::layout::Dims;
 use awex_core::layout::copy::{StridedBox, copy_box};
 use awex_core::plan::Transfer;
@@ -10,8 +10,12 @@ use xxhash_rust::xxh3::Xxh3;
 
 pub use awex_core::plan::bucket::{Bucket, Piece, make_buckets, piece_box};
 
-fn tensor_err(side: &str, name: &str) -> RuntimeError {
-    RuntimeError::Tensor(format!("{side} tensor `{name}` is not registered"))
+fn tensor_err(side: &'static str, name: &str) -> RuntimeError {
+    TensorError::NotRegistered {
+        side,
+        name: name.to_string(),
+    }
+    .into()
 }
 
 /// Packs a bucket's pieces from the source tensors into `out` (destination dtype), returning the bytes written.
@@ -30,9 +34,9 @@ pub fn pack(
             .ok_or_else(|| tensor_err("source", &t.src_tensor))?;
         let n = (e.numel() as usize) * t.dst_dtype.size();
         let cap = out.len();
-        let dst = out.get_mut(at..at + n).ok_or_else(|| {
-            RuntimeError::Transport(format!("bucket buffer of {cap} bytes is too small"))
-        })?;
+        let dst = out
+            .get_mut(at..at + n)
+            .ok_or_else(|| RuntimeError::from(TransportError::BufferTooSmall { cap }))?;
         copy_box(
             v.try_bytes()?,
             &v.shape,
@@ -64,12 +68,9 @@ pub fn unpack(
             .get(&t.dst_tensor)
             .ok_or_else(|| tensor_err("destination", &t.dst_tensor))?;
         let n = (e.numel() as usize) * t.dst_dtype.size();
-        let src = inp.get(at..at + n).ok_or_else(|| {
-            RuntimeError::Transport(format!(
-                "bucket of {} bytes is shorter than its plan",
-                inp.len()
-            ))
-        })?;
+        let src = inp
+            .get(at..at + n)
+            .ok_or_else(|| RuntimeError::from(TransportError::ShortBucket { len: inp.len() }))?;
         // SAFETY: each destination box is written by exactly one piece of one bucket (the plan is exact).
         let out = unsafe { v.try_bytes_mut()? };
         copy_box(

@@ -8,7 +8,7 @@
 
 use crate::fill::{Weights, fill_or_check_from, fill_or_check_parallel};
 use crate::shm::{gc, segment_name};
-use crate::{RuntimeError, TensorSet, TensorView};
+use crate::{RuntimeError, TensorError, TensorSet, TensorView};
 use awex_core::Transport;
 use awex_core::layout::{RankId, RankLayout, Side};
 use awex_core::model::Catalogue;
@@ -105,7 +105,10 @@ impl Memory {
         gpu: u32,
     ) -> Result<Memory, RuntimeError> {
         let (tensors, staging) = if on_gpu(transport) {
-            let dev = Device::open(gpu).map_err(|e| RuntimeError::Tensor(e.to_string()))?;
+            let dev = Device::open(gpu).map_err(|source| RuntimeError::Cuda {
+                what: "opening the GPU for the tensors".into(),
+                source,
+            })?;
             let tensors = TensorSet::allocate_cuda(layout, &dev)?;
             let staging = tensors.host_mirror()?;
             (tensors, Some(staging))
@@ -159,7 +162,9 @@ impl Memory {
     pub fn refresh(&self) -> Result<(), RuntimeError> {
         for v in &self.mirrored {
             let dst = self.tensors.get(&v.name).ok_or_else(|| {
-                RuntimeError::Tensor(format!("`{}` has no place in the mirror", v.name))
+                RuntimeError::from(TensorError::NotMirrored {
+                    name: v.name.to_string(),
+                })
             })?;
             // SAFETY: no update runs on the mirror between updates (this is its only writer);
             // the lengths agree, both coming from the checked layout.
@@ -182,7 +187,7 @@ impl Memory {
             None => fill_or_check_from(weights, layout, cat, &self.tensors, v, false),
             Some(host) => fill_or_check_parallel(weights, layout, cat, host, v, false),
         }
-        .map_err(RuntimeError::Tensor)?;
+        .map_err(|detail| RuntimeError::Weights { version: v, detail })?;
         if let Some(host) = &self.staging {
             self.tensors.upload_from(host)?;
         }

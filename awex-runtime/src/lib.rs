@@ -10,11 +10,14 @@
 //! - [`host`]: rank hosting (where tensors live, staging, shm mirrors, segment names), shared
 //!   by the CLI worker and the Python binding;
 //! - [`fill`]: filling and checking tensors against deterministic canonical weights;
-//! - [`shm`]: POSIX shared-memory segments.
+//! - [`shm`]: POSIX shared-memory segments;
+//! - [`RuntimeError`]: every failure, typed (tensor, placement, setting, CUDA, NCCL, segment,
+//!   peer, gateway), with the failing layer's error as its source.
 
 #![warn(missing_docs)]
 
 pub mod bucket;
+mod error;
 pub mod fill;
 pub mod host;
 pub mod rank;
@@ -22,46 +25,8 @@ pub mod shm;
 mod tensors;
 pub mod transport;
 
+pub use error::{
+    ConfigMismatch, LayoutMismatch, PlacementError, RuntimeError, ShmError, TensorError,
+    TransportError,
+};
 pub use tensors::{Location, TensorSet, TensorView};
-
-use awex_core::layout::RankId;
-
-/// Why a rank could not execute an update.
-#[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
-    /// Registered tensors disagree with the rank's layout.
-    #[error("layout mismatch: {0}")]
-    Layout(String),
-    /// A tensor view is malformed or missing.
-    #[error("tensor: {0}")]
-    Tensor(String),
-    /// A bad setting.
-    #[error("{0}")]
-    Config(String),
-    /// Shared memory failed.
-    #[error("shared memory: {0}")]
-    Shm(String),
-    /// The transport failed.
-    #[error("transport: {0}")]
-    Transport(String),
-    /// A bucket's checksum did not match the sender's.
-    #[error("bucket {bucket} from training rank {peer} failed its checksum (corrupted in transit)")]
-    Checksum {
-        /// the sender
-        peer: RankId,
-        /// bucket index
-        bucket: u64,
-    },
-    /// The update was aborted elsewhere.
-    #[error("update {0} was aborted")]
-    Aborted(u64),
-    /// The update's deadline passed.
-    #[error("update {0} missed its deadline")]
-    Deadline(u64),
-    /// A box copy failed.
-    #[error(transparent)]
-    Copy(#[from] awex_core::layout::copy::CopyError),
-    /// Planning failed.
-    #[error(transparent)]
-    Plan(#[from] awex_core::plan::PlanError),
-}

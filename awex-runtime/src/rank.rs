@@ -1,20 +1,21 @@
 //! A rank of a pair: joins through the gateway, then executes its plan for every update version
 //! and reports. Training ranks are writers, inference ranks readers; the code is shared.
 
-use super::RuntimeError;
 use super::tensors::TensorSet;
 use super::transport::{
     CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, StagedTransport,
     TcpTransport, Transport, TransportKind,
 };
+use super::{ConfigMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
 use awex_control::wire::{
     ApplyMode, CAP_ATOMIC_APPLY, EventKind, JoinRequest, JoinResponse, Report,
 };
-use awex_core::backend::{BackendSpec, side_layout};
-use awex_core::layout::{RankId, RankLayout, Side, SideLayout};
+use awex_core::backend::BackendSpec;
+use awex_core::layout::{RankId, RankLayout, Side};
 use awex_core::model::{Catalogue, ModelSpec};
-use awex_core::plan::{Pair, RankPlan};
+use awex_core::pair::{PairError, PairSpec, ResolvedPair};
+use awex_core::plan::RankPlan;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,6 +55,16 @@ pub struct RankConfig {
 }
 
 impl RankConfig {
+    /// The pair this rank belongs to, as a [`PairSpec`] (model, both sides, transport).
+    pub fn pair_spec(&self) -> PairSpec {
+        PairSpec {
+            model: self.model.clone(),
+            train: self.train.clone(),
+            infer: self.infer.clone(),
+            transport: self.transport,
+        }
+    }
+
     /// Where this rank's shared-memory segments are named.
     pub fn shm_scope(&self) -> crate::host::ShmScope {
         crate::host::ShmScope::new(&self.pair, &self.uid)
@@ -75,6 +86,8 @@ pub async fn pair_settings(cfg: &RankConfig) -> Result<(String, ApplyMode), Rank
 
 /// A rank's layout and plan, computed before it joins (so tensors can be checked first).
 pub struct Prepared {
+    /// The pair's catalogue and both sides' layouts ([`RankConfig::pair_spec`] resolved).
+    pub pair: Arc<ResolvedPair>,
     /// The model's catalogue.
     pub catalogue: Catalogue,
     /// This rank's local tensors.
@@ -92,48 +105,153 @@ pub enum RankError {
     /// The runtime failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    /// The layout could not be built.
+    /// The layout could not be built, or disagrees with the pair's.
     #[error("layout: {0}")]
     Layout(String),
+    /// A side's layout could not be built from the rank's specs.
+    #[error("layout: {0}")]
+    Pair(#[from] PairError),
     /// The pair was disconnected.
     #[error("pair disconnected")]
     Disconnected,
+    /// The gateway does not know the pair (404): it restarted without its state, or the pair's
+    /// record expired. The rank cannot learn the outcome of its updates.
+    #[error(
+        "the gateway at {gateway} has no pair `{pair}` (404 unknown pair): it was restarted without its state (--state-dir none) or forgot the pair; this rank cannot learn the outcome of its updates and stops"
+    )]
+    UnknownPair {
+        /// The gateway URL.
+        gateway: String,
+        /// The pair.
+        pair: String,
+    },
+    /// The gateway stayed unreachable (or answered 5xx) longer than the rank waits for it.
+    #[error(
+        "the gateway at {gateway} has been unreachable for {waited_s} s while this rank was {doing} (it waits at most {limit_s} s): {last}"
+    )]
+    GatewayLost {
+        /// The gateway URL.
+        gateway: String,
+        /// What the rank was waiting for.
+        doing: String,
+        /// Seconds it retried.
+        waited_s: u64,
+        /// Its limit, seconds.
+        limit_s: u64,
+        /// The last error.
+        last: String,
+    },
+}
+
+/// How long an idle rank (waiting for work) keeps retrying a gateway it lost before it gives up:
+/// `AWEX_GATEWAY_LOST_S` seconds, default 300.
+pub fn default_gateway_lost() -> Duration {
+    std::env::var("AWEX_GATEWAY_LOST_S")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(300), Duration::from_secs)
+}
+
+/// Whether a gateway failure may be transient (the gateway restarting, overloaded, or the
+/// network): no connection, a failed exchange, or a 5xx answer.
+pub fn transient(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Connect { .. } | ClientError::Transport { .. }
+    ) || e.status().is_some_and(|s| s >= 500)
+}
+
+/// Calls `f` until it succeeds, fails for good, or transient failures ([`transient`]) have
+/// lasted `limit`; waits with capped exponential backoff (0.2 s doubling up to 5 s) between
+/// tries and logs each retry on stderr. `doing` names the wait in the log and the error.
+pub async fn retry_gateway<T, F, Fut>(
+    gateway: &str,
+    doing: &str,
+    limit: Duration,
+    mut f: F,
+) -> Result<T, RankError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let start = Instant::now();
+    let mut backoff = Duration::from_millis(200);
+    let mut tries = 0u32;
+    loop {
+        match f().await {
+            Ok(v) => {
+                if tries > 0 {
+                    tracing::info!(
+                        "awex rank: the gateway at {gateway} answers again after {:.1} s ({doing})",
+                        start.elapsed().as_secs_f64()
+                    );
+                }
+                return Ok(v);
+            }
+            Err(e) if transient(&e) => {
+                let waited = start.elapsed();
+                if waited >= limit {
+                    return Err(RankError::GatewayLost {
+                        gateway: gateway.to_string(),
+                        doing: doing.to_string(),
+                        waited_s: waited.as_secs(),
+                        limit_s: limit.as_secs(),
+                        last: e.to_string(),
+                    });
+                }
+                tries += 1;
+                let pause = backoff.min(limit - waited);
+                tracing::warn!(
+                    "awex rank: gateway at {gateway} failed while {doing} (try {tries}, {:.1} s of at most {} s): {e}; retrying in {:.1} s",
+                    waited.as_secs_f64(),
+                    limit.as_secs(),
+                    pause.as_secs_f64()
+                );
+                tokio::time::sleep(pause).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A random id of one rank process's claim on its slot (16 hex digits).
+fn incarnation_id() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if read.is_err() {
+        // no kernel random source: the pid and the clock still tell two processes apart
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        b = (t ^ (u64::from(std::process::id()) << 32)).to_le_bytes();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Computes this rank's layout and plan.
 pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
-    let catalogue = Catalogue::of(&cfg.model);
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RankError::Layout(e.to_string()))?;
-    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RankError::Layout(e.to_string()))?;
-    let mine: &dyn SideLayout = match cfg.side {
-        Side::Training => &*training,
-        Side::Inference => &*inference,
-    };
+    let pair = cfg.pair_spec().resolve()?;
+    let mine = pair.side(cfg.side);
     let layout = mine.rank_layout(cfg.rank).ok_or_else(|| {
         RankError::Layout(format!(
             "{} layout {} has no rank {} (world size {})",
             cfg.side,
-            match cfg.side {
-                Side::Training => &cfg.train,
-                Side::Inference => &cfg.infer,
-            },
+            pair.backend(cfg.side),
             cfg.rank,
             mine.world_size()
         ))
     })?;
-    let pair = Pair {
-        catalogue: &catalogue,
-        training: &*training,
-        inference: &*inference,
-    };
     let plan = Arc::new(
-        pair.plan_rank(cfg.side, cfg.rank)
+        pair.plan_pair()
+            .plan_rank(cfg.side, cfg.rank)
             .map_err(RuntimeError::from)?,
     );
     Ok(Prepared {
-        catalogue,
+        catalogue: pair.catalogue.clone(),
+        pair: Arc::new(pair),
         layout,
         plan,
     })
@@ -214,13 +332,9 @@ fn nccl_transport(
     use crate::transport::{NcclConfig, NcclTransport};
     use awex_gpu::nccl::{CommWorld, Library, NcclError, creates_uid};
     if !awex_gpu::cuda::BUILT {
-        return Err(RuntimeError::Config(NcclError::NeedsCuda.to_string()));
+        return Err(RuntimeError::Nccl(NcclError::NeedsCuda));
     }
-    let training = side_layout(Side::Training, &cfg.train, &cfg.model)
-        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
-    let inference = side_layout(Side::Inference, &cfg.infer, &cfg.model)
-        .map_err(|e| RuntimeError::Layout(e.to_string()))?;
-    let world = CommWorld::of(&*training, &*inference)?;
+    let world = CommWorld::of(&*prepared.pair.training, &*prepared.pair.inference)?;
     let lib = Arc::new(Library::load()?);
     let uid = if creates_uid(cfg.side, cfg.rank) {
         Some(lib.unique_id()?)
@@ -255,47 +369,50 @@ pub async fn read_checked_kv(
     key: &str,
     wait: Duration,
     check: impl Fn(&serde_json::Value) -> Result<(), RuntimeError>,
-) -> Result<serde_json::Value, RankError> {
+) -> Result<serde_json::Value, RuntimeError> {
     let end = Instant::now() + wait;
     loop {
         let left = end.saturating_duration_since(Instant::now());
         let value = match client.get_kv(pair, key, left).await {
             Ok(e) => e.value,
             Err(e) if e.status() == Some(404) => {
-                return Err(RankError::Runtime(RuntimeError::Config(format!(
-                    "pair `{pair}` has no kv `{key}` although every rank has joined (waited {wait:?}); the rank that publishes it once joined (training rank 0 for nccl) must run the same transport"
-                ))));
+                return Err(RuntimeError::MissingKv {
+                    pair: pair.to_string(),
+                    key: key.to_string(),
+                    waited: wait,
+                });
             }
-            Err(e) => return Err(e.into()),
+            Err(source) => {
+                return Err(RuntimeError::Gateway {
+                    what: "pair kv",
+                    source,
+                });
+            }
         };
         match check(&value) {
             Ok(()) => return Ok(value),
             Err(e) if Instant::now() >= end => {
-                let why = match e {
-                    RuntimeError::Transport(m) => m,
-                    e => e.to_string(),
-                };
-                return Err(RankError::Runtime(RuntimeError::Transport(format!(
-                    "{why} (waited {wait:?} for a value that verifies)"
-                ))));
+                return Err(RuntimeError::UnverifiedKv {
+                    waited: wait,
+                    cause: Box::new(e),
+                });
             }
             Err(e) => {
-                eprintln!("awex: pair `{pair}`: {e}; waiting for the genuine value");
+                tracing::warn!(pair, key, error = %e, "refused a pair kv value; waiting for the genuine one");
                 tokio::time::sleep(Duration::from_millis(100).min(left)).await;
             }
         }
     }
 }
 
-/// [`Transport::check_kv`] of a transport held behind a mutex.
+/// [`Transport::check_kv`] of a transport held behind a mutex (the check runs between awaits,
+/// and a transport is not `Sync`).
 fn checked(
     t: &std::sync::Mutex<Box<dyn Transport>>,
     key: &str,
     v: &serde_json::Value,
 ) -> Result<(), RuntimeError> {
-    t.lock()
-        .map_err(|_| RuntimeError::Transport("transport lock poisoned".into()))?
-        .check_kv(key, v)
+    t.lock().unwrap_or_else(|e| e.into_inner()).check_kv(key, v)
 }
 
 fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelConfig {
@@ -316,40 +433,56 @@ fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelCon
     }
 }
 
+fn transport_mismatch(pair: &str, theirs: &str, ours: TransportKind) -> RuntimeError {
+    ConfigMismatch::Pair {
+        pair: pair.to_string(),
+        field: "uses transport",
+        expected: theirs.to_string(),
+        got: ours.to_string(),
+        hint: "",
+    }
+    .into()
+}
+
 /// Refuses to join a pair whose description disagrees with this rank's (model, layouts,
 /// transport, bucket geometry, connect): everything a rank could get wrong is checked here,
 /// before it publishes anything.
-async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> {
-    let st = client.status(&cfg.pair).await?;
+fn check_pair(st: &awex_control::wire::PairStatus, cfg: &RankConfig) -> Result<(), RankError> {
     if st.transport.as_str() != cfg.transport.as_str() {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` uses transport {} but this rank was started with {}",
-            cfg.pair,
-            st.transport.as_str(),
-            cfg.transport
-        ))));
+        return Err(transport_mismatch(&cfg.pair, st.transport.as_str(), cfg.transport).into());
     }
     let pair_bucket = st.options.bucket_mib.saturating_mul(1 << 20);
     if pair_bucket != cfg.bucket_bytes {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` moves buckets of {} MiB but this rank was started with {} bytes ({} MiB); every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
-            cfg.pair,
-            st.options.bucket_mib,
-            cfg.bucket_bytes,
-            cfg.bucket_bytes as f64 / (1u64 << 20) as f64
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Pair {
+            pair: cfg.pair.clone(),
+            field: "moves buckets of",
+            expected: format!("{} MiB", st.options.bucket_mib),
+            got: format!(
+                "{} bytes ({} MiB)",
+                cfg.bucket_bytes,
+                cfg.bucket_bytes as f64 / (1u64 << 20) as f64
+            ),
+            hint: "; every rank must use the pair's bucket_mib (the bucket geometry is part of the plan every peer checks)",
+        })
+        .into());
     }
     if !cfg.uid.is_empty() && !st.uid.is_empty() && cfg.uid != st.uid {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` was connected again (connect uid {} instead of {}); restart this rank",
-            cfg.pair, st.uid, cfg.uid
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Reconnected {
+            pair: cfg.pair.clone(),
+            expected: cfg.uid.clone(),
+            got: st.uid.clone(),
+        })
+        .into());
     }
     if st.options.apply != cfg.apply {
-        return Err(RankError::Runtime(RuntimeError::Config(format!(
-            "pair `{}` applies updates {} but this rank was configured for {}; take the apply mode from the pair's status",
-            cfg.pair, st.options.apply, cfg.apply
-        ))));
+        return Err(RuntimeError::from(ConfigMismatch::Pair {
+            pair: cfg.pair.clone(),
+            field: "applies updates",
+            expected: st.options.apply.to_string(),
+            got: cfg.apply.to_string(),
+            hint: "; take the apply mode from the pair's status (rank::pair_settings)",
+        })
+        .into());
     }
     let fp = format!("{:016x}", cfg.model.fingerprint());
     for (side, spec, theirs) in [
@@ -377,6 +510,160 @@ async fn check_pair(client: &Client, cfg: &RankConfig) -> Result<(), RankError> 
     Ok(())
 }
 
+/// What became of one step of a rank ([`Rank::step`], [`Rank::run`]).
+#[derive(Debug)]
+pub enum Outcome {
+    /// This rank did its part and the version committed.
+    Committed {
+        /// the work
+        work: Work,
+        /// what this rank moved
+        stats: ExecStats,
+    },
+    /// This rank did its part; the outcome was not waited for.
+    Executed {
+        /// the work
+        work: Work,
+        /// what this rank moved
+        stats: ExecStats,
+    },
+    /// The update did not commit.
+    Failed {
+        /// the work
+        work: Work,
+        /// what this rank moved, when its own part succeeded
+        stats: Option<ExecStats>,
+        /// why
+        reason: Failure,
+    },
+    /// The wait ran out: for work (`work` is `None`) or for the outcome of `work`.
+    TimedOut {
+        /// the work whose outcome did not arrive in time
+        work: Option<Work>,
+    },
+    /// The pair was disconnected.
+    Disconnected,
+}
+
+impl Outcome {
+    /// The work the step was about (`None` when there was none: disconnected, timed out).
+    pub fn work(&self) -> Option<Work> {
+        match self {
+            Outcome::Committed { work, .. }
+            | Outcome::Executed { work, .. }
+            | Outcome::Failed { work, .. } => Some(*work),
+            Outcome::TimedOut { work } => *work,
+            Outcome::Disconnected => None,
+        }
+    }
+
+    /// Whether this rank's own part succeeded (whatever became of the version).
+    pub fn part_done(&self) -> bool {
+        match self {
+            Outcome::Committed { .. } | Outcome::Executed { .. } => true,
+            Outcome::Failed { stats, .. } => stats.is_some(),
+            Outcome::TimedOut { work } => work.is_some(),
+            Outcome::Disconnected => false,
+        }
+    }
+}
+
+/// A 404 from the gateway is the pair unknown to it (a restart without state); other errors
+/// pass through.
+fn unknown_pair(e: RankError, cfg: &RankConfig) -> RankError {
+    match e {
+        RankError::Gateway(c) if c.status() == Some(404) => RankError::UnknownPair {
+            gateway: cfg.gateway.clone(),
+            pair: cfg.pair.clone(),
+        },
+        e => e,
+    }
+}
+
+/// How long a rank whose slot is held by another process keeps trying to join: a little more
+/// than the gateway's liveness window (15 s), so that a restarted rank gets the slot of its
+/// dead predecessor, and a duplicate of a live rank is refused.
+const CLAIM_WAIT: Duration = Duration::from_secs(20);
+
+/// Whether the gateway refused a join because another live process holds the slot.
+fn held_by_another(e: &ClientError) -> bool {
+    e.status() == Some(409) && e.to_string().contains("is held by a live process")
+}
+
+/// Joins (or re-attaches to) this rank's slot, retrying a lost gateway until `limit`, and
+/// publishes the rank's rendezvous value once the gateway accepted it as the slot's holder.
+async fn join_retrying(
+    client: &Client,
+    cfg: &RankConfig,
+    req: &JoinRequest,
+    limit: Duration,
+    key: &str,
+    info: &serde_json::Value,
+) -> Result<JoinResponse, RankError> {
+    use awex_control::client::JoinOutcome;
+    let gw = &cfg.gateway;
+    let start = Instant::now();
+    let wait = Duration::from_millis(awex_control::wire::DEFAULT_WAIT_MS);
+    let mut published = false;
+    loop {
+        let left = limit
+            .saturating_sub(start.elapsed())
+            .max(Duration::from_secs(1));
+        let outcome = retry_gateway(gw, "joining", left, || {
+            client.join_once(
+                &cfg.pair,
+                req,
+                if published { wait } else { Duration::ZERO },
+            )
+        })
+        .await
+        .map_err(|e| unknown_pair(e, cfg));
+        let outcome = match outcome {
+            // the slot is held: by this rank's predecessor (killed moments ago, its liveness
+            // running out) or by a live duplicate (then this rank gives up after the wait)
+            Err(RankError::Gateway(c)) if held_by_another(&c) && start.elapsed() < CLAIM_WAIT => {
+                tracing::warn!(
+                    "awex rank: {} {} of pair `{}`: {c}; retrying for up to {} s",
+                    cfg.side,
+                    cfg.rank,
+                    cfg.pair,
+                    CLAIM_WAIT.saturating_sub(start.elapsed()).as_secs()
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            r => r?,
+        };
+        if !published {
+            retry_gateway(gw, "publishing rendezvous", left, || {
+                client.put_kv(&cfg.pair, key, info.clone())
+            })
+            .await
+            .map_err(|e| unknown_pair(e, cfg))?;
+            published = true;
+            // the roster answered with the first join predates the rendezvous value: join again
+            continue;
+        }
+        if let JoinOutcome::Ready(r) = outcome {
+            return Ok(r);
+        }
+    }
+}
+
+/// Why an update did not commit, as one rank learns it.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// This rank's own part failed (the error it reported).
+    #[error(transparent)]
+    Rank(RuntimeError),
+    /// The version failed elsewhere (aborted, another rank, the engines): its status.
+    #[error("version {} did not commit: {}", .0.version, .0.error.as_deref().unwrap_or("failed"))]
+    Version(Box<awex_control::wire::UpdateStatus>),
+    /// The outcome could not be read from the gateway.
+    #[error("reading the outcome: {0}")]
+    Gateway(ClientError),
+}
+
 /// A joined rank.
 pub struct Rank {
     client: Client,
@@ -389,6 +676,11 @@ pub struct Rank {
     pending: VecDeque<awex_control::wire::Event>,
     /// Test hook: corrupt one received byte of this version.
     pub corrupt_version: Option<u64>,
+    /// How long this rank keeps retrying a lost gateway while it waits for work
+    /// ([`default_gateway_lost`]).
+    pub gateway_lost: Duration,
+    /// The join request this rank re-attaches with after losing the gateway.
+    join_request: JoinRequest,
 }
 
 /// One update a rank was asked to do.
@@ -408,67 +700,78 @@ impl Rank {
         tensors: &TensorSet,
         transport: Box<dyn Transport>,
     ) -> Result<Rank, RankError> {
+        let t0 = Instant::now();
         // everything is validated before anything is published (kv, roster): a mis-started
         // rank refuses itself without touching the pair
         tensors.check_layout(&prepared.layout)?;
         if transport.kind() != cfg.transport {
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "this rank was configured for transport {} but built a {} transport",
-                cfg.transport,
-                transport.kind()
-            ))));
+            return Err(RuntimeError::from(ConfigMismatch::BuiltTransport {
+                configured: cfg.transport,
+                built: transport.kind(),
+            })
+            .into());
         }
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
-        check_pair(&client, &cfg).await?;
+        let lost = default_gateway_lost();
+        let gw = cfg.gateway.clone();
+        let st = retry_gateway(&gw, "checking the pair", lost, || client.status(&cfg.pair))
+            .await
+            .map_err(|e| unknown_pair(e, &cfg))?;
+        check_pair(&st, &cfg)?;
+        let join_limit = Duration::from_millis(st.options.join_deadline_ms);
         let mut transport = transport;
+        let incarnation = incarnation_id();
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
             "plan_fingerprint": format!("{:016x}", prepared.plan.fingerprint),
             "bucket_bytes": cfg.bucket_bytes,
             "pid": std::process::id(),
+            "incarnation": incarnation,
         });
-        client
-            .put_kv(&cfg.pair, &rendezvous_key(cfg.side, cfg.rank), info.clone())
-            .await?;
-        let joined = client
-            .join(
-                &cfg.pair,
-                &JoinRequest {
-                    side: cfg.side,
-                    rank: cfg.rank,
-                    info,
-                    // only atomic pairs need it: gateways that predate the field accept the rest
-                    capabilities: match cfg.apply {
-                        ApplyMode::Atomic => vec![CAP_ATOMIC_APPLY.to_string()],
-                        ApplyMode::InPlace => Vec::new(),
-                    },
-                },
-            )
-            .await?;
-        if joined.options.apply != cfg.apply
-            || (cfg.apply == ApplyMode::Atomic
-                && cfg.side == Side::Inference
-                && !transport.stages())
-        {
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{}` applies updates {} but this rank's transport was built for {} (make_transport with the pair's apply mode)",
-                cfg.pair,
-                joined.options.apply,
-                if transport.stages() {
-                    "atomic"
-                } else {
-                    "in_place"
-                }
-            ))));
-        }
+        let key = rendezvous_key(cfg.side, cfg.rank);
+        let req = JoinRequest {
+            side: cfg.side,
+            rank: cfg.rank,
+            info: info.clone(),
+            // only atomic pairs need it: gateways that predate the field accept the rest
+            capabilities: match cfg.apply {
+                ApplyMode::Atomic => vec![CAP_ATOMIC_APPLY.to_string()],
+                ApplyMode::InPlace => Vec::new(),
+            },
+        };
+        // the join first: it refuses a second live claimant of the slot before its rendezvous
+        // value could replace the holder's
+        let joined = join_retrying(&client, &cfg, &req, join_limit, &key, &info).await?;
+        tracing::info!(
+            pair = %cfg.pair,
+            side = %cfg.side,
+            rank = %cfg.rank,
+            transport = %cfg.transport,
+            ranks = joined.roster.len(),
+            ms = t0.elapsed().as_millis() as u64,
+            "rank joined"
+        );
         if joined.transport.as_str() != cfg.transport.as_str() {
             // checked before publishing; only a pair connected again meanwhile gets here
-            return Err(RankError::Runtime(RuntimeError::Config(format!(
-                "pair `{}` uses transport {} but this rank was started with {}",
-                cfg.pair,
-                joined.transport.as_str(),
-                cfg.transport
-            ))));
+            return Err(
+                transport_mismatch(&cfg.pair, joined.transport.as_str(), cfg.transport).into(),
+            );
+        }
+        let staged = if transport.stages() {
+            ApplyMode::Atomic
+        } else {
+            ApplyMode::InPlace
+        };
+        if joined.options.apply != cfg.apply || (cfg.side == Side::Inference && staged != cfg.apply)
+        {
+            return Err(RuntimeError::from(ConfigMismatch::Pair {
+                pair: cfg.pair.clone(),
+                field: "applies updates",
+                expected: joined.options.apply.to_string(),
+                got: format!("a transport built for {staged}"),
+                hint: "; build the transport with make_transport and the pair's apply mode",
+            })
+            .into());
         }
         match joined
             .secret
@@ -477,15 +780,20 @@ impl Rank {
         {
             Some(k) => transport.authenticate(&k),
             None if matches!(cfg.transport, TransportKind::Tcp | TransportKind::Nccl) => {
-                return Err(RankError::Runtime(RuntimeError::Config(format!(
-                    "the gateway's join answer for pair `{}` carries no pair secret; the {} transport authenticates its peers (tcp) or seals its rendezvous (nccl) with it (upgrade the gateway)",
-                    cfg.pair, cfg.transport
-                ))));
+                return Err(RuntimeError::from(ConfigMismatch::NoSecret {
+                    pair: cfg.pair.clone(),
+                    transport: cfg.transport,
+                })
+                .into());
             }
             None => {}
         }
         if let Some((key, value)) = transport.kv_at_join()? {
-            client.put_kv(&cfg.pair, &key, value).await?;
+            retry_gateway(&gw, "publishing rendezvous", join_limit, || {
+                client.put_kv(&cfg.pair, &key, value.clone())
+            })
+            .await
+            .map_err(|e| unknown_pair(e, &cfg))?;
         }
         let other = cfg.side.other();
         let peers = joined
@@ -497,7 +805,6 @@ impl Rank {
         let join_deadline = Duration::from_millis(joined.options.join_deadline_ms);
         let shared = match transport.kv_after_join() {
             Some(key) => {
-                // (behind a mutex: the check runs between awaits, and a transport is not Sync)
                 let t = std::sync::Mutex::new(transport);
                 let v = read_checked_kv(&client, &cfg.pair, &key, join_deadline, |v| {
                     checked(&t, &key, v)
@@ -510,6 +817,13 @@ impl Rank {
         };
         transport.joined(shared.as_ref(), join_deadline)?;
         transport.connect(&peers)?;
+        tracing::info!(
+            pair = %cfg.pair,
+            side = %cfg.side,
+            rank = %cfg.rank,
+            ms = t0.elapsed().as_millis() as u64,
+            "rank ready"
+        );
         Ok(Rank {
             client,
             last_seq: joined.last_event_seq,
@@ -519,7 +833,54 @@ impl Rank {
             peers,
             pending: VecDeque::new(),
             corrupt_version: None,
+            gateway_lost: lost,
+            join_request: req,
         })
+    }
+
+    /// This rank process's claim id on its slot (random per [`Rank`]), sent with its join.
+    pub fn incarnation(&self) -> &str {
+        self.join_request
+            .info
+            .get("incarnation")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+    }
+
+    /// After the gateway was lost: joins this rank's slot again with the same info (plan
+    /// fingerprint, incarnation); the gateway answers the current roster. A pair connected
+    /// again meanwhile (another uid) is an error.
+    async fn reattach(&mut self) -> Result<(), RankError> {
+        let limit = self.gateway_lost;
+        let r = retry_gateway(&self.cfg.gateway, "re-attaching", limit, || {
+            self.client.join(&self.cfg.pair, &self.join_request)
+        })
+        .await
+        .map_err(|e| self.classify(e))?;
+        if !self.joined.uid.is_empty() && r.uid != self.joined.uid {
+            return Err(RuntimeError::from(ConfigMismatch::Reconnected {
+                pair: self.cfg.pair.clone(),
+                expected: self.joined.uid.clone(),
+                got: r.uid.clone(),
+            })
+            .into());
+        }
+        tracing::info!(
+            "awex rank: {} {} re-attached to pair `{}` (last event {})",
+            self.cfg.side,
+            self.cfg.rank,
+            self.cfg.pair,
+            r.last_event_seq
+        );
+        Ok(())
+    }
+
+    /// 404 is the pair unknown to the gateway, 410 its disconnect; others pass through.
+    fn classify(&self, e: RankError) -> RankError {
+        match e {
+            RankError::Gateway(c) if c.status() == Some(410) => RankError::Disconnected,
+            e => unknown_pair(e, &self.cfg),
+        }
     }
 
     /// The gateway client.
@@ -527,7 +888,10 @@ impl Rank {
         &self.client
     }
 
-    /// Waits for the next piece of work; `None` when the pair was disconnected.
+    /// Waits for the next piece of work; `None` when the pair was disconnected by its
+    /// controller (a `disconnect` event, or 410 Gone). A gateway that cannot be reached (or
+    /// answers 5xx) is retried with backoff for [`Rank::gateway_lost`], then the rank re-attaches;
+    /// a gateway that does not know the pair (404) is [`RankError::UnknownPair`].
     pub async fn next_work(&mut self) -> Result<Option<Work>, RankError> {
         loop {
             while let Some(ev) = self.pending.pop_front() {
@@ -544,17 +908,57 @@ impl Rank {
                     EventKind::Abort | EventKind::Apply => {}
                 }
             }
+            let me = self.incarnation().to_string();
             let r = self
                 .client
-                .events(&self.cfg.pair, self.last_seq, Duration::from_secs(30))
+                .events_as(
+                    &self.cfg.pair,
+                    self.last_seq,
+                    Duration::from_secs(30),
+                    Some(&me),
+                )
                 .await;
             match r {
                 Ok(r) => {
                     self.last_seq = r.last_seq.max(self.last_seq);
                     self.pending.extend(r.events);
                 }
-                Err(e) if matches!(e.status(), Some(404) | Some(410)) => return Ok(None),
-                Err(e) => return Err(e.into()),
+                Err(e) if e.status() == Some(410) => return Ok(None),
+                Err(e) if transient(&e) => {
+                    // the gateway is restarting (or overloaded): wait for it, then re-attach
+                    let (pair, after) = (self.cfg.pair.clone(), self.last_seq);
+                    let me = me.clone();
+                    let client = self.client.clone();
+                    let first = std::sync::Mutex::new(Some(e));
+                    let r = retry_gateway(
+                        &self.cfg.gateway,
+                        "waiting for work",
+                        self.gateway_lost,
+                        || {
+                            let first = first.lock().ok().and_then(|mut f| f.take());
+                            let client = client.clone();
+                            let pair = pair.clone();
+                            let me = me.clone();
+                            async move {
+                                match first {
+                                    Some(e) => Err(e),
+                                    None => {
+                                        client
+                                            .events_as(&pair, after, Duration::ZERO, Some(&me))
+                                            .await
+                                    }
+                                }
+                            }
+                        },
+                    )
+                    .await;
+                    match r.map_err(|e| self.classify(e)) {
+                        Ok(_) => self.reattach().await?,
+                        Err(RankError::Disconnected) => return Ok(None),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(self.classify(e.into())),
             }
         }
     }
@@ -572,7 +976,15 @@ impl Rank {
             if self.queued_behind(w) {
                 continue;
             }
-            match self.client.update_status(&self.cfg.pair, w.version).await {
+            let st = retry_gateway(
+                &self.cfg.gateway,
+                "reading the update's state",
+                self.update_limit(),
+                || self.client.update_status(&self.cfg.pair, w.version),
+            )
+            .await
+            .map_err(|e| self.classify(e));
+            match st {
                 Ok(st)
                     if st.attempt > w.attempt
                         || (st.attempt == w.attempt && st.state.is_final()) =>
@@ -580,8 +992,8 @@ impl Rank {
                     continue;
                 }
                 Ok(_) => return Ok(Some(w)),
-                Err(e) if matches!(e.status(), Some(404) | Some(410)) => return Ok(None),
-                Err(e) => return Err(e.into()),
+                Err(RankError::Disconnected) => return Ok(None),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -600,19 +1012,162 @@ impl Rank {
         })
     }
 
+    /// The longest a rank waits for a lost gateway during an update: the pair's update
+    /// deadline plus 30 s.
+    pub fn update_limit(&self) -> Duration {
+        Duration::from_millis(self.joined.options.update_deadline_ms) + Duration::from_secs(30)
+    }
+
     /// Waits until `version` is over (committed or failed), at most `limit`; returns its status.
+    /// A lost gateway is retried within `limit`.
     pub async fn wait_outcome(
         &self,
         version: u64,
         limit: Duration,
     ) -> Result<awex_control::wire::UpdateStatus, RankError> {
-        Ok(self
-            .client
-            .wait_update(&self.cfg.pair, version, limit)
-            .await?)
+        let start = Instant::now();
+        retry_gateway(
+            &self.cfg.gateway,
+            "waiting for the update's outcome",
+            limit,
+            || {
+                let left = limit.saturating_sub(start.elapsed());
+                self.client.wait_update(&self.cfg.pair, version, left)
+            },
+        )
+        .await
+        .map_err(|e| self.classify(e))
     }
 
-    async fn refresh_peers(&mut self) -> Result<(), RankError> {
+    /// One update, start to end: waits for the next live work (until `deadline`, or without
+    /// limit), hands it to `before` (a training rank fills its tensors, a mirror is refreshed),
+    /// executes and reports this rank's part, and with `commit_wait` waits that long for the
+    /// version's outcome ([`Rank::run`]). An error of `before` ends the step with that error.
+    pub async fn step(
+        &mut self,
+        deadline: Option<Instant>,
+        checksums: bool,
+        commit_wait: Option<Duration>,
+        before: impl FnOnce(Work) -> Result<(), RankError>,
+    ) -> Result<Outcome, RankError> {
+        let next = match deadline {
+            None => self.next_live_work().await?,
+            Some(d) => match tokio::time::timeout_at(d.into(), self.next_live_work()).await {
+                Ok(next) => next?,
+                Err(_) => return Ok(Outcome::TimedOut { work: None }),
+            },
+        };
+        let Some(work) = next else {
+            return Ok(Outcome::Disconnected);
+        };
+        before(work)?;
+        Ok(self.run(work, checksums, commit_wait).await)
+    }
+
+    /// Executes and reports this rank's part of `work` and, with `commit_wait`, waits that
+    /// long for the version's outcome (without, a part that succeeded is
+    /// [`Outcome::Executed`]).
+    pub async fn run(
+        &mut self,
+        work: Work,
+        checksums: bool,
+        commit_wait: Option<Duration>,
+    ) -> Outcome {
+        let (pair, side, rank) = (&self.cfg.pair, self.cfg.side, self.cfg.rank);
+        let (version, attempt) = (work.version, work.attempt);
+        tracing::info!(%pair, %side, %rank, version, attempt, "update started");
+        let t0 = Instant::now();
+        let stats = match self.execute(work, checksums).await {
+            Ok(s) => {
+                tracing::info!(
+                    pair = %self.cfg.pair,
+                    side = %self.cfg.side,
+                    rank = %self.cfg.rank,
+                    version,
+                    attempt,
+                    bytes = s.bytes,
+                    buckets = s.buckets,
+                    ms = t0.elapsed().as_millis() as u64,
+                    "update part done"
+                );
+                s
+            }
+            Err(e) => {
+                tracing::warn!(
+                    pair = %self.cfg.pair,
+                    side = %self.cfg.side,
+                    rank = %self.cfg.rank,
+                    version,
+                    attempt,
+                    ms = t0.elapsed().as_millis() as u64,
+                    reason = %e,
+                    "update failed on this rank"
+                );
+                return Outcome::Failed {
+                    work,
+                    stats: None,
+                    reason: Failure::Rank(e),
+                };
+            }
+        };
+        let Some(limit) = commit_wait else {
+            return Outcome::Executed { work, stats };
+        };
+        let outcome = self.outcome(work, stats, limit).await;
+        let (pair, side, rank) = (&self.cfg.pair, self.cfg.side, self.cfg.rank);
+        let ms = t0.elapsed().as_millis() as u64;
+        match &outcome {
+            Outcome::Committed { .. } => {
+                tracing::info!(%pair, %side, %rank, version, attempt, ms, "update committed")
+            }
+            Outcome::Failed { reason, .. } => tracing::warn!(
+                %pair, %side, %rank, version, attempt, ms, %reason, "update did not commit"
+            ),
+            Outcome::TimedOut { .. } => tracing::warn!(
+                %pair, %side, %rank, version, attempt, ms, waited_ms = limit.as_millis() as u64,
+                "no outcome of the update in time"
+            ),
+            Outcome::Disconnected => {
+                tracing::info!(%pair, %side, %rank, version, attempt, "pair disconnected")
+            }
+            Outcome::Executed { .. } => {}
+        }
+        outcome
+    }
+
+    /// Waits at most `limit` for the outcome of `work`, whose part this rank did (`stats`).
+    /// The future owns what it needs (a Python binding polls it in slices, between signal
+    /// checks, and may drop it).
+    pub fn outcome(
+        &self,
+        work: Work,
+        stats: ExecStats,
+        limit: Duration,
+    ) -> impl std::future::Future<Output = Outcome> + Send + 'static {
+        let client = self.client.clone();
+        let pair = self.cfg.pair.clone();
+        async move {
+            match client.wait_update(&pair, work.version, limit).await {
+                Ok(st) if st.state == awex_control::wire::UpdateState::Committed => {
+                    Outcome::Committed { work, stats }
+                }
+                Ok(st) => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Version(Box::new(st)),
+                },
+                Err(ClientError::StillRunning { .. }) => Outcome::TimedOut { work: Some(work) },
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => Outcome::Disconnected,
+                Err(e) => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Gateway(e),
+                },
+            }
+        }
+    }
+
+    async fn refresh_peers(&mut self) -> Result<(), ClientError> {
         let other = self.cfg.side.other();
         let ranks: Vec<RankId> = self.peers.keys().copied().collect();
         for r in ranks {
@@ -632,8 +1187,11 @@ impl Rank {
         let t = self
             .transport
             .as_mut()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
-        let gw = |e: ClientError| RuntimeError::Transport(format!("pair kv: {e}"));
+            .ok_or(TransportError::Closed("transport"))?;
+        let gw = |source: ClientError| RuntimeError::Gateway {
+            what: "pair kv",
+            source,
+        };
         if let Some((key, value)) = t.kv_before_attempt(work.version, work.attempt)? {
             self.client
                 .put_kv(&self.cfg.pair, &key, value)
@@ -645,21 +1203,18 @@ impl Rank {
             let t = std::sync::Mutex::new(
                 self.transport
                     .take()
-                    .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?,
+                    .ok_or(TransportError::Closed("transport"))?,
             );
             let value = read_checked_kv(&self.client, &self.cfg.pair, &key, wait, |v| {
                 checked(&t, &key, v)
             })
             .await;
             self.transport = Some(t.into_inner().unwrap_or_else(|e| e.into_inner()));
-            let value = value.map_err(|e| match e {
-                RankError::Runtime(e) => e,
-                e => RuntimeError::Transport(e.to_string()),
-            })?;
+            let value = value?;
             let t = self
                 .transport
                 .as_mut()
-                .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+                .ok_or(TransportError::Closed("transport"))?;
             t.begin_attempt(&key, &value)?;
         }
         Ok(())
@@ -675,7 +1230,13 @@ impl Rank {
             // a restarted peer publishes new rendezvous values
             if let Err(e) = self.refresh_peers().await {
                 return self
-                    .report(work, Err(RuntimeError::Transport(e.to_string())))
+                    .report(
+                        work,
+                        Err(RuntimeError::Gateway {
+                            what: "reading the peers' rendezvous values",
+                            source: e,
+                        }),
+                    )
                     .await;
             }
             // nccl: a fresh communicator per retry, its id shared through the kv
@@ -689,7 +1250,7 @@ impl Rank {
         let mut transport = self
             .transport
             .take()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            .ok_or(TransportError::Closed("transport"))?;
         let peers = self.peers.clone();
         let corrupt = self.corrupt_version == Some(work.version);
         let c2 = cancel.clone();
@@ -713,9 +1274,13 @@ impl Rank {
             let pair = self.cfg.pair.clone();
             let cancel = cancel.clone();
             let mut after = self.last_seq;
+            let me = self.incarnation().to_string();
             tokio::spawn(async move {
                 loop {
-                    match client.events(&pair, after, Duration::from_secs(2)).await {
+                    let polled = client
+                        .events_as(&pair, after, Duration::from_secs(2), Some(&me))
+                        .await;
+                    match polled {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             let stop = r.events.iter().any(|ev| match ev.kind {
@@ -732,9 +1297,7 @@ impl Rank {
                 }
             })
         };
-        let (transport, result) = job
-            .await
-            .map_err(|e| RuntimeError::Transport(format!("execution task failed: {e}")))?;
+        let (transport, result) = job.await.map_err(TransportError::Task)?;
         watcher.abort();
         let stages = transport.stages();
         self.transport = Some(transport);
@@ -747,20 +1310,16 @@ impl Rank {
         let mut transport = self
             .transport
             .take()
-            .ok_or_else(|| RuntimeError::Transport("transport is closed".into()))?;
+            .ok_or(TransportError::Closed("transport"))?;
         let job = tokio::task::spawn_blocking(move || {
             let r = transport.apply();
             (transport, r)
         });
-        let (transport, applied) = job
-            .await
-            .map_err(|e| RuntimeError::Transport(format!("apply task failed: {e}")))?;
+        let (transport, applied) = job.await.map_err(TransportError::Task)?;
         self.transport = Some(transport);
-        let applied = applied.map(|_| received).map_err(|e| {
-            RuntimeError::Transport(format!(
-                "copying the staged version {} into the live tensors failed: {e}",
-                work.version
-            ))
+        let applied = applied.map(|_| received).map_err(|e| RuntimeError::Apply {
+            version: work.version,
+            cause: Box::new(e),
         });
         self.report(work, applied).await
     }
@@ -771,16 +1330,22 @@ impl Rank {
     async fn wait_apply(&mut self, work: Work, deadline: Instant) -> Result<(), RuntimeError> {
         let mut after = self.last_seq;
         let v = Some(work.version);
+        let me = self.incarnation().to_string();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(RuntimeError::Deadline(work.version));
             }
-            match self
+            let polled = self
                 .client
-                .events(&self.cfg.pair, after, left.min(Duration::from_secs(30)))
-                .await
-            {
+                .events_as(
+                    &self.cfg.pair,
+                    after,
+                    left.min(Duration::from_secs(30)),
+                    Some(&me),
+                )
+                .await;
+            match polled {
                 Ok(r) => {
                     after = r.last_seq.max(after);
                     for ev in r.events {
@@ -838,16 +1403,27 @@ impl Rank {
                 attempt: Some(work.attempt),
             },
         };
-        if let Err(e) = self
-            .client
-            .report(&self.cfg.pair, work.version, &report)
-            .await
-        {
+        // a report that may have arrived is re-sent only after a transient failure: the gateway
+        // refuses a duplicate with 409, which is what a version that failed meanwhile answers
+        let sent = retry_gateway(&self.cfg.gateway, "reporting", self.update_limit(), || {
+            self.client.report(&self.cfg.pair, work.version, &report)
+        })
+        .await;
+        if let Err(e) = sent {
+            let refused = matches!(&e, RankError::Gateway(c) if c.status() == Some(409));
             // a report refused because the version already failed is not this rank's error
-            if result.is_ok() && e.status() != Some(409) {
-                return Err(RuntimeError::Transport(format!(
-                    "report to the gateway failed: {e}"
-                )));
+            if result.is_ok() && !refused {
+                return Err(match e {
+                    RankError::Gateway(source) => RuntimeError::Gateway {
+                        what: "report to the gateway failed",
+                        source,
+                    },
+                    RankError::Runtime(r) => r,
+                    other => RuntimeError::GatewayLost {
+                        what: "report to the gateway failed",
+                        reason: other.to_string(),
+                    },
+                });
             }
         }
         result
@@ -871,6 +1447,9 @@ impl Drop for Rank {
 mod tests {
     #[cfg(not(feature = "cuda"))]
     use super::*;
+    // the backends register themselves (inventory) only when linked
+    use awex_megatron as _;
+    use awex_sglang as _;
 
     #[cfg(not(feature = "cuda"))]
     #[test]
@@ -893,6 +1472,7 @@ mod tests {
             apply: ApplyMode::InPlace,
         };
         let prepared = Prepared {
+            pair: Arc::new(cfg.pair_spec().resolve().unwrap()),
             catalogue,
             layout: RankLayout {
                 rank: RankId::train(0),

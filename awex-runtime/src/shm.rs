@@ -15,7 +15,7 @@
 //! runs it when it allocates its segments (the next connect on the host), and `awex-cli gc`
 //! can run it by hand.
 
-use super::RuntimeError;
+use super::{RuntimeError, ShmError};
 use std::ffi::CString;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,11 +38,21 @@ unsafe impl Sync for ShmSegment {}
 /// Prefix of every segment awex creates (so leaks are easy to find in /dev/shm).
 pub const SHM_PREFIX: &str = "awex-";
 
-fn os_err(what: &str, name: &str) -> RuntimeError {
-    RuntimeError::Shm(format!(
-        "{what} `/dev/shm/{name}`: {}",
-        std::io::Error::last_os_error()
-    ))
+fn os_err(op: &'static str, name: &str) -> RuntimeError {
+    ShmError::Os {
+        op,
+        name: name.to_string(),
+        source: std::io::Error::last_os_error(),
+    }
+    .into()
+}
+
+fn bad_name(name: &str) -> RuntimeError {
+    ShmError::BadName {
+        name: name.to_string(),
+        prefix: SHM_PREFIX,
+    }
+    .into()
 }
 
 fn cname(name: &str) -> Result<CString, RuntimeError> {
@@ -52,11 +62,9 @@ fn cname(name: &str) -> Result<CString, RuntimeError> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     {
-        return Err(RuntimeError::Shm(format!(
-            "bad shared-memory name `{name}`: must start with `{SHM_PREFIX}` and use [A-Za-z0-9._-]"
-        )));
+        return Err(bad_name(name));
     }
-    CString::new(format!("/{name}")).map_err(|_| RuntimeError::Shm(format!("bad name `{name}`")))
+    CString::new(format!("/{name}")).map_err(|_| bad_name(name))
 }
 
 impl ShmSegment {
@@ -68,9 +76,10 @@ impl ShmSegment {
                 return Ok(seg);
             }
         }
-        Err(RuntimeError::Shm(format!(
-            "`/dev/shm/{name}` was removed while it was being created, three times"
-        )))
+        Err(ShmError::Vanished {
+            name: name.to_string(),
+        }
+        .into())
     }
 
     /// One attempt; `None` when a sweeper removed the name between create and lock.

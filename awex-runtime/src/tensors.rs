@@ -1,7 +1,7 @@
 //! Tensors the runtime reads and writes in place: memory it does not own (pointer, length, dtype, shape).
 
-use super::RuntimeError;
 use super::shm::ShmSegment;
+use super::{LayoutMismatch, PlacementError, RuntimeError, TensorError};
 use awex_core::dtype::DType;
 use awex_core::layout::{Dims, RankLayout};
 use awex_gpu::cuda::{CudaError, Device, DeviceBuffer};
@@ -27,16 +27,12 @@ impl fmt::Display for Location {
     }
 }
 
-/// The error of a CUDA call made for a tensor set: setup problems (no CUDA build, no driver,
-/// no GPU) keep their own message, the rest name the tensor operation.
+/// The error of a CUDA call made for a tensor set (its message: setup problems such as no CUDA
+/// build, no driver or no GPU keep their own, the rest name the tensor operation).
 pub(crate) fn cuda_err(what: &str, e: CudaError) -> RuntimeError {
-    match e {
-        CudaError::NotBuilt
-        | CudaError::NoDriver { .. }
-        | CudaError::NoGpu { .. }
-        | CudaError::OldDriver { .. }
-        | CudaError::NoSuchDevice { .. } => RuntimeError::Config(e.to_string()),
-        e => RuntimeError::Tensor(format!("{what}: {e}")),
+    RuntimeError::Cuda {
+        what: what.to_string(),
+        source: e,
     }
 }
 
@@ -75,12 +71,20 @@ impl TensorView {
     ) -> Result<Self, RuntimeError> {
         let want = shape.numel() as usize * dtype.size();
         if len != want {
-            return Err(RuntimeError::Tensor(format!(
-                "`{name}`: {len} bytes given but shape {shape} of {dtype} needs {want}"
-            )));
+            return Err(TensorError::Size {
+                name: name.to_string(),
+                len,
+                shape,
+                dtype,
+                want,
+            }
+            .into());
         }
         if ptr.is_null() && len > 0 {
-            return Err(RuntimeError::Tensor(format!("`{name}`: null data pointer")));
+            return Err(TensorError::NullPointer {
+                name: name.to_string(),
+            }
+            .into());
         }
         Ok(TensorView {
             name: Arc::from(name),
@@ -140,10 +144,11 @@ impl TensorView {
     }
 
     fn host_only(&self) -> RuntimeError {
-        RuntimeError::Tensor(format!(
-            "`{}` lives in {}; this operation reads host memory only: copy the tensor to a host TensorSet first (TensorSet::download_to) or use the cuda-ipc transport",
-            self.name, self.location
-        ))
+        TensorError::HostOnly {
+            name: self.name.to_string(),
+            location: self.location,
+        }
+        .into()
     }
 
     /// The bytes of a host view; a device view is refused with an error naming the tensor.
@@ -238,10 +243,10 @@ impl TensorSet {
         let mut order = Vec::new();
         for v in views {
             if map.contains_key(&v.name) {
-                return Err(RuntimeError::Tensor(format!(
-                    "`{}` is registered twice",
-                    v.name
-                )));
+                return Err(TensorError::Twice {
+                    name: v.name.to_string(),
+                }
+                .into());
             }
             order.push(v.name.clone());
             map.insert(v.name.clone(), v);
@@ -338,10 +343,13 @@ impl TensorSet {
             return Ok(Location::Host);
         };
         if let Some(other) = views.find(|v| v.location != first.location) {
-            return Err(RuntimeError::Tensor(format!(
-                "`{}` lives in {} but `{}` in {}; register every tensor of a rank in one place",
-                first.name, first.location, other.name, other.location
-            )));
+            return Err(TensorError::MixedLocations {
+                first: first.name.to_string(),
+                first_location: first.location,
+                other: other.name.to_string(),
+                other_location: other.location,
+            }
+            .into());
         }
         Ok(first.location)
     }
@@ -350,10 +358,12 @@ impl TensorSet {
     pub fn require_host(&self, what: &str) -> Result<(), RuntimeError> {
         match self.iter().find(|v| v.is_device()) {
             None => Ok(()),
-            Some(v) => Err(RuntimeError::Config(format!(
-                "{what} reads and writes host memory, but `{}` lives in {}; use the cuda-ipc transport for tensors in GPU memory",
-                v.name, v.location
-            ))),
+            Some(v) => Err(PlacementError::DeviceTensor {
+                transport: what.to_string(),
+                name: v.name.to_string(),
+                location: v.location,
+            }
+            .into()),
         }
     }
 
@@ -367,9 +377,7 @@ impl TensorSet {
             Location::Cuda(ordinal) => {
                 Device::open(ordinal).map_err(|e| cuda_err("opening the tensors' GPU", e))
             }
-            Location::Host => Err(RuntimeError::Config(
-                "these tensors live in host memory, not on a GPU; allocate them with TensorSet::allocate_cuda or register device views (TensorView::new_cuda)".into(),
-            )),
+            Location::Host => Err(PlacementError::NotOnGpu.into()),
         }
     }
 
@@ -381,27 +389,31 @@ impl TensorSet {
         let mut out = Vec::with_capacity(self.len());
         for d in self.iter() {
             let h = host.get(&d.name).ok_or_else(|| {
-                RuntimeError::Tensor(format!("the host staging set has no tensor `{}`", d.name))
+                RuntimeError::from(TensorError::NoStagingCopy {
+                    name: d.name.to_string(),
+                })
             })?;
             if !d.is_device() {
-                return Err(RuntimeError::Tensor(format!(
-                    "`{}` lives in {}; only tensors in GPU memory are staged through the host",
-                    d.name, d.location
-                )));
+                return Err(TensorError::NotStaged {
+                    name: d.name.to_string(),
+                    location: d.location,
+                }
+                .into());
             }
             if h.is_device() {
-                return Err(RuntimeError::Tensor(format!(
-                    "the staging copy of `{}` lives in {}; it must be host memory (TensorSet::host_mirror)",
-                    d.name, h.location
-                )));
+                return Err(TensorError::StagingOnDevice {
+                    name: d.name.to_string(),
+                    location: h.location,
+                }
+                .into());
             }
             if h.len() != d.len() {
-                return Err(RuntimeError::Tensor(format!(
-                    "`{}` holds {} bytes on the GPU but {} in the host staging set",
-                    d.name,
-                    d.len(),
-                    h.len()
-                )));
+                return Err(TensorError::StagingSize {
+                    name: d.name.to_string(),
+                    device: d.len(),
+                    host: h.len(),
+                }
+                .into());
             }
             out.push((d, h));
         }
@@ -484,18 +496,18 @@ impl TensorSet {
     pub fn copy_from(&self, src: &TensorSet) -> Result<u64, RuntimeError> {
         let mut pairs = Vec::with_capacity(self.len());
         for d in self.iter() {
-            let s = src.get(&d.name).ok_or_else(|| {
-                RuntimeError::Tensor(format!("the staging set has no tensor `{}`", d.name))
+            let s = src.get(&d.name).ok_or_else(|| TensorError::NoStagingCopy {
+                name: d.name.to_string(),
             })?;
             if s.len() != d.len() || s.location != d.location {
-                return Err(RuntimeError::Tensor(format!(
-                    "`{}` holds {} bytes in {} but its staging copy {} bytes in {}",
-                    d.name,
-                    d.len(),
-                    d.location,
-                    s.len(),
-                    s.location
-                )));
+                return Err(TensorError::StagingMismatch {
+                    name: d.name.to_string(),
+                    live: d.len(),
+                    live_location: d.location,
+                    staging: s.len(),
+                    staging_location: s.location,
+                }
+                .into());
             }
             pairs.push((d, s));
         }
@@ -631,29 +643,38 @@ impl TensorSet {
     pub fn check_layout(&self, layout: &RankLayout) -> Result<(), RuntimeError> {
         for t in &layout.tensors {
             let v = self.views.get(&*t.name).ok_or_else(|| {
-                RuntimeError::Layout(format!(
-                    "rank {} must register `{}` (shape {}, {}), but it was not registered",
-                    layout.rank, t.name, t.shape, t.dtype
-                ))
+                RuntimeError::from(LayoutMismatch::Missing {
+                    rank: layout.rank,
+                    tensor: t.name.to_string(),
+                    shape: t.shape,
+                    dtype: t.dtype,
+                })
             })?;
             if v.shape != t.shape {
-                return Err(RuntimeError::Layout(format!(
-                    "`{}` has shape {} but rank {}'s layout needs {}",
-                    t.name, v.shape, layout.rank, t.shape
-                )));
+                return Err(LayoutMismatch::Shape {
+                    tensor: t.name.to_string(),
+                    rank: layout.rank,
+                    expected: t.shape,
+                    got: v.shape,
+                }
+                .into());
             }
             if v.dtype != t.dtype {
-                return Err(RuntimeError::Layout(format!(
-                    "`{}` is {} but rank {}'s layout needs {}",
-                    t.name, v.dtype, layout.rank, t.dtype
-                )));
+                return Err(LayoutMismatch::DType {
+                    tensor: t.name.to_string(),
+                    rank: layout.rank,
+                    expected: t.dtype,
+                    got: v.dtype,
+                }
+                .into());
             }
         }
         if let Some(extra) = self.order.iter().find(|n| layout.tensor(n).is_none()) {
-            return Err(RuntimeError::Layout(format!(
-                "`{extra}` is not a tensor of rank {}'s layout",
-                layout.rank
-            )));
+            return Err(LayoutMismatch::Extra {
+                tensor: extra.to_string(),
+                rank: layout.rank,
+            }
+            .into());
         }
         Ok(())
     }
@@ -871,7 +892,12 @@ mod tests {
         }
         assert_eq!(live.copy_from(&staging).unwrap(), 2 * 48);
         for v in live.iter() {
-            assert_eq!(v.bytes(), staging.get(&v.name).unwrap().bytes(), "{}", v.name);
+            assert_eq!(
+                v.bytes(),
+                staging.get(&v.name).unwrap().bytes(),
+                "{}",
+                v.name
+            );
         }
         let other = TensorSet::allocate_host(&layout(4)).unwrap();
         assert_eq!(
@@ -881,7 +907,7 @@ mod tests {
         let half = TensorSet::from_views(vec![]).unwrap();
         assert_eq!(
             live.copy_from(&half).unwrap_err().to_string(),
-            "tensor: the staging set has no tensor `a`"
+            "tensor: the host staging set has no tensor `a`"
         );
     }
 

@@ -6,7 +6,7 @@ use awex_core::plan::Pair;
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_runtime::fill::fill_or_check;
 use awex_runtime::transport::{ExecContext, PairSecret, ShmTransport, TcpTransport, Transport};
-use awex_runtime::{RuntimeError, TensorSet};
+use awex_runtime::{PlacementError, RuntimeError, TensorSet};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -236,7 +236,8 @@ fn shm_sender_needs_shared_memory_tensors() {
         .err()
         .unwrap();
     assert!(
-        matches!(e, RuntimeError::Config(ref m) if m.contains("use tcp")),
+        matches!(e, RuntimeError::Placement(PlacementError::NotShared))
+            && e.to_string().contains("use tcp"),
         "{e}"
     );
 }

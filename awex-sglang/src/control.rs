@@ -7,11 +7,13 @@
 //! - `POST /pause_generation {"mode": "retract"}` (`PauseGenerationReqInput`; `retract` sends
 //!   running requests back to the queue, so the cache flush after the update succeeds);
 //! - `POST /begin_weight_update {"selector": "target"}` and `POST /end_weight_update {}`
-//!   (`BeginWeightUpdateReqInput` / `EndWeightUpdateReqInput`, since 0.5.21; 400 with
-//!   `{"success": false, "message"}` on failure);
+//!   (`BeginWeightUpdateReqInput` / `EndWeightUpdateReqInput`, since 0.5.21; `selector`
+//!   defaults to `all`, target and draft model; 400 with `{"success": false, "message"}` on
+//!   failure; one session at a time, so a failed attempt's session is ended before a retry);
 //! - `POST /update_weights_from_tensor` (`UpdateWeightsFromTensorReqInput`): one base64
 //!   payload per TP rank, `load_format` the custom loader's dotted path, `weight_version`,
-//!   `flush_cache`; every TP scheduler calls the loader with `(model, named_tensors)`;
+//!   `flush_cache`, and inside a session `selector: "target"` (its default is `all`); every TP
+//!   scheduler calls the loader with `(model, named_tensors)`;
 //! - `POST /continue_generation {}`.
 //!
 //! The session (begin, the trigger into the loader, end) is used only when the server allows
@@ -55,9 +57,52 @@ pub const DEFAULT_PAUSE_MODE: &str = "retract";
 /// SGLang's servers, driven around an update.
 pub struct SglangControl;
 
+/// Model-info paths, newest first (`GET /model_info`, `/get_model_info` before its rename;
+/// `entrypoints/http_server.py`, `model_info`): `model_path`, `model_type` and `architectures`
+/// (the served model's `hf_config.architectures`), which `/server_info` does not carry.
+pub const MODEL_INFO_PATHS: [&str; 2] = ["/model_info", "/get_model_info"];
+
+/// The served model's architectures from a model-info answer (`None` when not reported).
+pub fn served_architectures(model_info: &Value) -> Option<Vec<String>> {
+    let list = model_info.get("architectures")?.as_array()?;
+    let names: Vec<String> = list
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// Checks the model a server serves against the pair's: the architecture must be one of the
+/// server's `architectures` when the server reports them. The model path is not compared:
+/// trainers and servers routinely name the same weights differently (a hub id and a local
+/// copy, a step checkpoint directory), and the parameters' shapes are checked when the loader
+/// registers them.
+fn check_model(raw: &Value, expect: &EngineExpect<'_>) -> Result<Option<Vec<String>>, String> {
+    let Some(served) = raw.get("model_info").and_then(served_architectures) else {
+        return Ok(None);
+    };
+    if !served.iter().any(|a| a == expect.architecture) {
+        let path = raw
+            .get("model_path")
+            .and_then(Value::as_str)
+            .map(|p| format!(" (model_path {p})"))
+            .unwrap_or_default();
+        return Err(format!(
+            "the pair's model is {} but the server reports architectures={}{path}",
+            expect.architecture,
+            serde_json::to_string(&served).unwrap_or_default()
+        ));
+    }
+    Ok(Some(served))
+}
+
 impl EngineControl for SglangControl {
     fn info_paths(&self) -> &'static [&'static str] {
         &SERVER_INFO_PATHS
+    }
+
+    fn model_info_paths(&self) -> &'static [&'static str] {
+        &MODEL_INFO_PATHS
     }
 
     fn check_server(&self, raw: &Value, expect: &EngineExpect<'_>) -> Result<EngineFacts, String> {
@@ -76,6 +121,7 @@ impl EngineControl for SglangControl {
                 ));
             }
         }
+        let architectures = check_model(raw, expect)?;
         let loader = raw
             .get("custom_weight_loader")
             .and_then(Value::as_array)
@@ -90,6 +136,7 @@ impl EngineControl for SglangControl {
             ranks: u32::try_from(info.tp_size).unwrap_or(u32::MAX),
             extra: json!({
                 "model_path": info.model_path,
+                "architectures": architectures,
                 "loader": loader,
                 "session": session,
             }),
@@ -100,14 +147,13 @@ impl EngineControl for SglangControl {
         if !uses_loader(facts) {
             return Vec::new();
         }
-        let trigger = EngineCall::post(
-            "/update_weights_from_tensor",
-            json!({
-                "serialized_named_tensors": payloads(facts),
-                "load_format": LOADER,
-                "flush_cache": false,
-            }),
-        );
+        let mut body = json!({
+            "serialized_named_tensors": payloads(facts),
+            "load_format": LOADER,
+            "flush_cache": false,
+        });
+        target_only(facts, &mut body);
+        let trigger = EngineCall::post("/update_weights_from_tensor", body);
         if uses_session(facts) {
             vec![begin(), trigger, end()]
         } else {
@@ -128,15 +174,14 @@ impl EngineControl for SglangControl {
 
     fn trigger(&self, facts: &EngineFacts, version: u64) -> Option<EngineCall> {
         uses_loader(facts).then(|| {
-            EngineCall::post(
-                "/update_weights_from_tensor",
-                json!({
-                    "serialized_named_tensors": payloads(facts),
-                    "load_format": LOADER,
-                    "weight_version": version.to_string(),
-                    "flush_cache": true,
-                }),
-            )
+            let mut body = json!({
+                "serialized_named_tensors": payloads(facts),
+                "load_format": LOADER,
+                "weight_version": version.to_string(),
+                "flush_cache": true,
+            });
+            target_only(facts, &mut body);
+            EngineCall::post("/update_weights_from_tensor", body)
         })
     }
 
@@ -151,6 +196,20 @@ impl EngineControl for SglangControl {
     fn resume(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
         vec![EngineCall::post("/continue_generation", json!({}))]
     }
+
+    /// `end_weight_update` when the server has sessions: SGLang keeps one session open per
+    /// server and refuses the next `begin_weight_update` with 400 "a weight-update session is
+    /// already open; call end_weight_update() first"
+    /// (`managers/scheduler_components/weight_updater.py`, `begin_weight_update`), so a retry
+    /// after a failed trigger must close the failed attempt's session first. `end` runs
+    /// `process_weights_after_loading` on the runners; generation stays paused.
+    fn abandon(&self, facts: &EngineFacts) -> Vec<EngineCall> {
+        if uses_loader(facts) && uses_session(facts) {
+            vec![end()]
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 fn uses_loader(facts: &EngineFacts) -> bool {
@@ -159,6 +218,18 @@ fn uses_loader(facts: &EngineFacts) -> bool {
 
 fn uses_session(facts: &EngineFacts) -> bool {
     facts.extra.get("session").and_then(Value::as_bool) == Some(true)
+}
+
+/// Names the target model on a trigger inside a session: `update_weights_from_tensor`'s
+/// `selector` defaults to `all` (`managers/io_struct.py`, `UpdateWeightsFromTensorReqInput`),
+/// which would also call the loader on a speculative-decoding draft model, while the session
+/// was opened for `target` only.
+fn target_only(facts: &EngineFacts, body: &mut Value) {
+    if uses_session(facts)
+        && let Some(o) = body.as_object_mut()
+    {
+        o.insert("selector".into(), json!("target"));
+    }
 }
 
 fn payloads(facts: &EngineFacts) -> Vec<&'static str> {

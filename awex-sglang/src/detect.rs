@@ -153,6 +153,7 @@ pub fn detect(probe: &Probe) -> Detection {
         info.tp_size,
         info.tp_size
     ));
+    d.evidence.push(loader_evidence(json));
     if info.enable_dp_attention {
         d.evidence.push(
             "enable_dp_attention=true: attention is split over attn_tp = tp/dp, which awex does not lay out yet; the layout assumes attention split over tp".into(),
@@ -160,4 +161,32 @@ pub fn detect(probe: &Probe) -> Detection {
     }
     d.parallel = Some(info.parallel());
     d
+}
+
+/// Whether the server allows awex's custom weight loader, as its info shows it: SGLang lists
+/// `--custom-weight-loader` as `custom_weight_loader` among the resolved server arguments
+/// (0.5.23 resolves an unset flag to `[]`, `arg_groups/model_path_hook.py`); servers that do not
+/// report the field say nothing either way.
+pub fn loader_evidence(info: &Value) -> String {
+    let loader = crate::control::LOADER;
+    match info.get("custom_weight_loader") {
+        None => format!(
+            "custom weight loader: unknown (the server's info has no `custom_weight_loader`; awex needs `--custom-weight-loader {loader}`)"
+        ),
+        Some(Value::Array(list)) if list.iter().any(|x| x.as_str() == Some(loader)) => {
+            format!(
+                "custom weight loader: {loader} is allowed (custom_weight_loader={})",
+                Value::Array(list.clone())
+            )
+        }
+        Some(other) => {
+            let shown = match other {
+                Value::Null => "[]".to_string(),
+                v => v.to_string(),
+            };
+            format!(
+                "custom weight loader: {loader} is not allowed (custom_weight_loader={shown}); launch the server with `--custom-weight-loader {loader}`"
+            )
+        }
+    }
 }

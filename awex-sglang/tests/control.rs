@@ -5,7 +5,7 @@ use awex_core::backend::{
     EngineCall, EngineControl, EngineExpect, HttpMethod, InferenceBackend, ParallelConfig,
 };
 use awex_sglang::SglangBackend;
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn control() -> &'static dyn EngineControl {
     SglangBackend
@@ -77,4 +77,69 @@ fn success_false_is_the_engines_own_message() {
         c.check_answer(&call, 500, &json!({"detail": "x"})),
         Err(r#"HTTP 500: {"detail":"x"}"#.into())
     );
+}
+
+#[test]
+fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 2)]);
+    let info = |version: &str| json!({"tp_size": 2, "version": version, "custom_weight_loader": ["awex.sglang.receive"]});
+    let facts = c
+        .check_server(&info("0.5.23"), &expect(&p))
+        .expect("agrees");
+    assert_eq!(
+        c.abandon(&facts),
+        vec![EngineCall::post("/end_weight_update", json!({}))]
+    );
+    let trigger = c.trigger(&facts, 7).expect("the loader is allowed");
+    assert_eq!(trigger.body.unwrap()["selector"], json!("target"));
+    assert_eq!(
+        c.warm_up(&facts)[1].body.as_ref().unwrap()["selector"],
+        json!("target")
+    );
+    // before 0.5.21 there is no session to end and no selector
+    let old = c
+        .check_server(&info("0.5.20"), &expect(&p))
+        .expect("agrees");
+    assert_eq!(c.abandon(&old), vec![]);
+    assert!(
+        c.trigger(&old, 7)
+            .unwrap()
+            .body
+            .unwrap()
+            .get("selector")
+            .is_none()
+    );
+    // without awex's loader no session was opened
+    let plain = c
+        .check_server(&json!({"tp_size": 2, "version": "0.5.23"}), &expect(&p))
+        .expect("agrees");
+    assert_eq!(c.abandon(&plain), vec![]);
+}
+
+#[test]
+fn the_served_architecture_must_be_the_pairs_and_the_path_is_not_compared() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 2)]);
+    let info = |arch: Value| {
+        json!({"tp_size": 2, "model_path": "/ckpt/step_100",
+               "model_info": {"model_path": "/ckpt/step_100", "architectures": arch}})
+    };
+    // another path than the trainer's is fine; the architecture agrees
+    let facts = c
+        .check_server(&info(json!(["Qwen3ForCausalLM"])), &expect(&p))
+        .expect("agrees");
+    assert_eq!(facts.extra["architectures"], json!(["Qwen3ForCausalLM"]));
+    assert_eq!(facts.extra["model_path"], json!("/ckpt/step_100"));
+    assert_eq!(
+        c.check_server(&info(json!(["Qwen2ForCausalLM"])), &expect(&p)),
+        Err("the pair's model is Qwen3ForCausalLM but the server reports architectures=[\"Qwen2ForCausalLM\"] (model_path /ckpt/step_100)".into())
+    );
+    // a server that does not report its architectures is not refused for it
+    for unknown in [json!(null), json!([])] {
+        let facts = c.check_server(&info(unknown), &expect(&p)).expect("agrees");
+        assert_eq!(facts.extra["architectures"], Value::Null);
+    }
+    assert!(c.check_server(&json!({"tp_size": 2}), &expect(&p)).is_ok());
+    assert_eq!(c.model_info_paths(), ["/model_info", "/get_model_info"]);
 }

@@ -18,15 +18,18 @@ sys.path.insert(0, os.path.dirname(HERE))  # engines/, for sglang_cpu
 import sglang_cpu  # noqa: E402
 
 
-def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0) -> None:
-    """Polls the gateway until ``version`` of ``pair`` is the running update."""
+def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0, attempt: int | None = None,
+                 states: tuple[str, ...] = ("pending", "running")) -> None:
+    """Polls the gateway until ``version`` (``attempt`` of it, when given) of ``pair`` is the
+    current update in one of ``states`` (running, by default)."""
     import awex
 
     ctl = awex.Controller(gateway)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         cur = ctl.status(pair).get("current_update") or {}
-        if cur.get("version") == version and cur.get("state") in ("pending", "running"):
+        if (cur.get("version") == version and cur.get("state") in states
+                and attempt in (None, cur.get("attempt"))):
             return
         time.sleep(0.02)
     raise TimeoutError(f"update {version} of {pair} did not start within {timeout} s")
@@ -132,8 +135,12 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         sa = sglang_cpu.init_rank(ckpts[0], tp=tp, rank=rank, port=port)
         want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in (1, 2)}
         model = sglang_cpu.load_model(sa, ckpts[0])
-        for k in ("AWEX_GATEWAY", "AWEX_PAIR", "AWEX_ENGINE"):
+        for k in ("AWEX_GATEWAY", "AWEX_PAIR", "AWEX_ENGINE", "AWEX_SGLANG_ON_ERROR"):
             os.environ.pop(k, None)
+        # by default a failure is logged (and reported) and the call returns: SGLang 0.5.23
+        # ends the server on a loader exception
+        result["no_env_report"] = repr(aws.receive(model, []))
+        os.environ["AWEX_SGLANG_ON_ERROR"] = "raise"
         try:
             aws.receive(model, [])
         except RuntimeError as e:
@@ -164,16 +171,27 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         result["v2"] = compare(model, want[2])
         result["recreated"] = aws._receiver.recreated if aws._receiver else None
         result["moved_still"] = dict(model.named_parameters())[name].data_ptr() == result["moved"]
-        # a changed shape is refused, with the engine, rank and cause named
+        # a changed shape is refused, with the engine, rank and cause named: raised with
+        # AWEX_SGLANG_ON_ERROR=raise (rank 0), reported to the gateway and returned by default
+        # (rank 1 learns that the version failed and returns too)
         if rank == 0:
             p = dict(model.named_parameters())["model.norm.weight"]
             p.data = torch.zeros(p.shape[0] * 2)
+        else:
+            os.environ.pop("AWEX_SGLANG_ON_ERROR")
         wait_running(gateway, pair, 3)
         try:
-            aws.receive(model, [])
-            result["v3"] = "ok"
+            result["v3"] = f"returned {aws.receive(model, [])!r}"
         except RuntimeError as e:
             result["v3"] = str(e)
+        # version 3 again, by default on both ranks: rank 0 reports its refusal and returns
+        # (which may fail the attempt before rank 1 sees it running; rank 1 then returns at once)
+        os.environ.pop("AWEX_SGLANG_ON_ERROR", None)
+        wait_running(gateway, pair, 3, attempt=2, states=("pending", "running", "failed"))
+        try:
+            result["v3_retry"] = f"returned {aws.receive(model, [])!r}"
+        except RuntimeError as e:
+            result["v3_retry"] = str(e)
         aws._reset()
         q.put((rank, result))
     except BaseException:

@@ -6,7 +6,7 @@ The order the gateway must follow per update of version V (``docs/sglang.md``):
 ``pause_generation {"mode": "retract"}`` -> ``begin_weight_update`` (>= 0.5.21) -> the update
 starts -> ``update_weights_from_tensor`` {one empty payload per TP rank, ``load_format``
 ``awex.sglang.receive``, ``weight_version`` "V", ``flush_cache`` true} -> ranks report ->
-``end_weight_update`` -> commit -> ``continue_generation``; at connect, ``server_info`` (``get_server_info`` on servers older than its rename) and
+``end_weight_update`` -> commit -> ``continue_generation``; at connect, ``server_info`` (``get_server_info`` on servers older than its rename), ``model_info`` (the served architectures) and
 one warm-up ``update_weights_from_tensor`` with ``flush_cache`` false, itself inside
 ``begin_weight_update`` / ``end_weight_update`` on >= 0.5.21 (SGLang 0.5.23 refuses any
 ``update_weights_from_*`` outside a session).
@@ -155,14 +155,18 @@ def test_update_follows_sglangs_session_and_lands_every_byte(served_gateway, ckp
         assert st["state"] == "committed"
         state = s.call("/standin/state")[1]
         assert session_routes(state) == [
-            "/server_info", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
+            "/server_info", "/model_info", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
             "/pause_generation", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
             "/continue_generation"]
         warm, upd = updates(state)
+        # `selector` defaults to "all" (target and draft model; managers/io_struct.py): the
+        # trigger names the target model, for which the session was opened
         assert warm == {"serialized_named_tensors": [EMPTY_PAYLOAD_B64] * 2, "load_format": LOADER,
-                        "flush_cache": False}
+                        "flush_cache": False, "selector": "target"}
         assert upd == {"serialized_named_tensors": [EMPTY_PAYLOAD_B64] * 2, "load_format": LOADER,
-                       "weight_version": "1", "flush_cache": True}
+                       "weight_version": "1", "flush_cache": True, "selector": "target"}
+        begins = [e["body"] for e in state["log"] if e["route"] == "/begin_weight_update"]
+        assert begins == [{"selector": "target"}] * 2
         pause = [e["body"] for e in state["log"] if e["route"] == "/pause_generation"]
         assert pause == [{"mode": "retract"}]
         assert state["weight_version"] == "1" and state["paused"] is False
@@ -174,12 +178,6 @@ def test_update_follows_sglangs_session_and_lands_every_byte(served_gateway, ckp
         s.close()
 
 
-@pytest.mark.xfail(
-    reason="known failure against the gateway's session: after the retry commits, the Writer still "
-    "has a call running at close() (under investigation; the Rust session test of the same "
-    "sequence, awex-control/tests/gateway_lifecycle.rs, passes)",
-    strict=False,
-)
 def test_one_ranks_loader_fails_then_retry_commits(served_gateway, ckpts) -> None:
     name, s, ctl, w = start_pair(served_gateway, ckpts, "--fail-rank", "1")
     try:
@@ -189,11 +187,19 @@ def test_one_ranks_loader_fails_then_retry_commits(served_gateway, ckpts) -> Non
         t.join(120)
         state = s.call("/standin/state")[1]
         assert state["paused"] is True  # parameters were written: generation stays paused
+        assert state["session"] is not None  # the failed attempt's session is still open
+        log = len(state["log"])
         t = writer_update(w, 1)
         assert ctl.update(1, timeout=120)["state"] == "committed"
         t.join(120)
+        assert not t.is_alive() and t.out["result"]["state"] == "committed", t.out
         state = s.call("/standin/state")[1]
         assert state["paused"] is False and state["weight_version"] == "1"
+        # the retry closed the failed attempt's session before opening its own (SGLang refuses
+        # a second begin_weight_update while one is open)
+        assert [e["route"] for e in state["log"][log:] if e["route"] != "/standin/params"] == [
+            "/end_weight_update", "/pause_generation", "/begin_weight_update", "/update_weights_from_tensor",
+            "/end_weight_update", "/continue_generation"]
     finally:
         w.close()
         s.close()
@@ -222,4 +228,24 @@ def test_server_hangs_past_the_deadline(served_gateway, ckpts) -> None:
         t.join(60)
     finally:
         w.close()
+        s.close()
+
+
+def test_connect_refuses_a_server_that_serves_another_architecture(served_gateway, ckpts, tmp_path) -> None:
+    """The gateway reads ``/model_info``'s ``architectures`` (``http_server.py`` ``model_info``)
+    and refuses a server whose model is not the pair's; another model path alone is fine."""
+    llama = checkpoints.write(str(tmp_path / "llama"), "LlamaForCausalLM", tied=False, seed=7)
+    name = pair_name("arch")
+    s = Standin("--model-path", llama, "--mode", "torch", "--custom-weight-loader", LOADER,
+                env={"AWEX_GATEWAY": served_gateway, "AWEX_PAIR": name, "AWEX_ENGINE": "0"})
+    try:
+        with pytest.raises(Exception) as e:
+            awex.Controller(served_gateway).connect(
+                name, model=ckpts[0], train="fsdp:dp=1", infer="sglang:tp=1,engines=1", transport="shm",
+                urls=[s.url], join_deadline_s=5)
+        assert (f"engine 0 at {s.url}: the pair's model is Qwen3ForCausalLM but the server reports "
+                f'architectures=["LlamaForCausalLM"] (model_path {llama})') in str(e.value), str(e.value)
+        routes = s.call("/standin/state")[1]["routes"]
+        assert routes == ["/server_info", "/model_info"], routes  # refused before any update call
+    finally:
         s.close()

@@ -132,11 +132,18 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
                         ctl.update(v, timeout=120)
                     with pytest.raises(awex.UpdateFailed):
                         f.result(timeout=120)
+                    # the retry, every loader on the default (report and return)
+                    f = ex.submit(w.update, v, timeout=120)
+                    with pytest.raises(awex.UpdateFailed) as retry:
+                        ctl.update(v, timeout=120)
+                    with pytest.raises(awex.UpdateFailed):
+                        f.result(timeout=120)
     finally:
         w.close()
         results = ranks.results()
     r0, r1 = results
     for r, res in enumerate(results):
+        assert res["no_env_report"] == "None", res["no_env_report"]
         assert res["no_env"] == (
             f"awex.sglang.receive (engine 0, TP rank {r}): AWEX_GATEWAY and AWEX_PAIR not set in the "
             "SGLang server's environment; launch it with AWEX_GATEWAY=http://HOST:PORT AWEX_PAIR=NAME "
@@ -155,5 +162,8 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
         "the storage's shape and dtype)"
     )
     assert "TP rank 0" in str(failure.value) and "changed from" in str(failure.value), str(failure.value)
-    # rank 1 received its share of version 3 or learnt that the version failed
-    assert r1["v3"] == "ok" or "UpdateFailed" in r1["v3"] or "failed version 3" in r1["v3"], r1["v3"]
+    # rank 1 (default: report) received its share of version 3 or learnt that it failed, and returned
+    assert r1["v3"] == "returned None", r1["v3"]
+    # the retry: rank 0 reported its refusal to the gateway and returned instead of raising
+    assert r0["v3_retry"] == r1["v3_retry"] == "returned None", (r0["v3_retry"], r1["v3_retry"])
+    assert "TP rank 0" in str(retry.value) and "changed from" in str(retry.value), str(retry.value)

@@ -2,6 +2,7 @@
 
 use awex_core::backend::{Detection, inference_backends, training_backends};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -14,6 +15,10 @@ pub struct Args {
     /// Base URL of a running inference server, SGLang or vLLM (e.g. http://127.0.0.1:30000).
     #[arg(long, alias = "server-url")]
     pub sglang_url: Option<String>,
+    /// Inspect a running process instead of this one: its environment and command line, read
+    /// from /proc/PID/environ and /proc/PID/cmdline (the backends score that environment).
+    #[arg(long)]
+    pub pid: Option<u32>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -41,6 +46,8 @@ pub struct Report {
     pub training: Vec<Verdict>,
     /// Inference backends.
     pub inference: Vec<Verdict>,
+    /// The live job the environment (and, with `--pid`, the command line) describes.
+    pub live: super::live::Live,
 }
 
 fn verdict(backend: &'static str, d: Detection) -> Verdict {
@@ -53,10 +60,15 @@ fn verdict(backend: &'static str, d: Detection) -> Verdict {
     }
 }
 
-/// Probes this machine with every registered backend.
-pub async fn detect(checkpoint: Option<PathBuf>, url: Option<String>) -> Report {
+/// Probes this machine with every registered backend; with `process` (`(pid, environment,
+/// command line)`), the backends score that process's environment instead of this one's.
+pub async fn detect(
+    checkpoint: Option<PathBuf>,
+    url: Option<String>,
+    process: Option<(u32, BTreeMap<String, String>, Vec<String>)>,
+) -> Report {
     let (packages, paths) = awex_control::probe::wanted();
-    let probe = awex_control::probe::gather(
+    let mut probe = awex_control::probe::gather(
         &packages,
         &paths,
         checkpoint,
@@ -64,6 +76,14 @@ pub async fn detect(checkpoint: Option<PathBuf>, url: Option<String>) -> Report 
         awex_control::probe::HTTP_TIMEOUT,
     )
     .await;
+    let live = match process {
+        Some((pid, env, cmdline)) => {
+            let live = super::live::inspect(&format!("pid {pid}"), &env, Some(&cmdline));
+            probe.env = env;
+            live
+        }
+        None => super::live::inspect("this process", &probe.env, None),
+    };
     let mut training = Vec::new();
     for b in training_backends() {
         training.push(verdict(b.name(), b.detect(&probe)));
@@ -79,6 +99,7 @@ pub async fn detect(checkpoint: Option<PathBuf>, url: Option<String>) -> Report 
     Report {
         training,
         inference,
+        live,
     }
 }
 
@@ -92,10 +113,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(u) = &args.sglang_url {
         awex_control::probe::check_base_url(u).map_err(|e| anyhow::anyhow!("--sglang-url {e}"))?;
     }
+    let process = match args.pid {
+        Some(pid) => {
+            let (env, cmdline) = super::live::read_proc(pid).map_err(anyhow::Error::msg)?;
+            Some((pid, env, cmdline))
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(detect(args.checkpoint, args.sglang_url));
+    let report = rt.block_on(detect(args.checkpoint, args.sglang_url, process));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
@@ -122,6 +150,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 println!("      not found: {e}");
             }
         }
+    }
+    let live = &report.live;
+    println!("live job ({}):", live.source);
+    if let (Some(r), Some(w)) = (live.rank, live.world_size) {
+        println!("  rank {r} of {w}");
+    }
+    for (engine, sizes) in &live.engines {
+        let sizes: Vec<String> = sizes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("  {engine:<10} {}", sizes.join(","));
+    }
+    for e in &live.found {
+        println!("      found:     {e}");
+    }
+    for e in &live.not_found {
+        println!("      not found: {e}");
     }
     Ok(ExitCode::SUCCESS)
 }

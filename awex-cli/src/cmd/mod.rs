@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod detect;
 pub mod gc;
+pub mod live;
 pub mod pair;
 pub mod plan;
 pub mod serve;

@@ -5,7 +5,7 @@
 //! `AWEX_BODY_LIMIT_MIB`; `AWEX_TOKEN` carries the token itself) < flags.
 
 use anyhow::{Context, bail};
-use awex_control::server::{GatewayConfig, serve_with_shutdown};
+use awex_control::server::{GatewayConfig, default_state_dir, open_router, serve_router};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,25 @@ pub struct Args {
     /// Largest request body in MiB [default: 8].
     #[arg(long)]
     pub body_limit_mib: Option<u64>,
+    /// Directory of the gateway's durable state (pairs, rosters, rendezvous values, updates,
+    /// events), so that a restarted gateway loses nothing; `none` keeps it in memory only.
+    /// One gateway per directory. [default: $XDG_STATE_HOME/awex/gateway-PORT, else
+    /// ~/.local/state/awex/gateway-PORT; env AWEX_STATE_DIR]
+    #[arg(long, env = "AWEX_STATE_DIR", value_name = "DIR|none")]
+    pub state_dir: Option<String>,
+    /// Keep the state in memory only (the same as --state-dir none).
+    #[arg(long, conflicts_with = "state_dir")]
+    pub ephemeral: bool,
+}
+
+/// The state directory `--state-dir` / `--ephemeral` name for a gateway on `port`.
+pub fn state_dir(args: &Args, port: u16) -> Option<PathBuf> {
+    match args.state_dir.as_deref().map(str::trim) {
+        _ if args.ephemeral => None,
+        Some("none") => None,
+        Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
+        _ => Some(default_state_dir(port)),
+    }
 }
 
 /// The layered settings of the server.
@@ -166,6 +185,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = GatewayConfig {
         token: token.clone(),
         body_limit,
+        state_dir: state_dir(&args, addr.port()),
         ..GatewayConfig::default()
     };
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
@@ -173,20 +193,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let listener =
             awex_control::server::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        // the state is opened (and a directory held by another gateway refused) before
+        // the gateway says it listens
+        let app = open_router(config.clone())?;
         eprintln!(
-            "awex gateway listening on http://{local} ({}, body limit {} MiB)",
+            "awex gateway listening on http://{local} ({}, body limit {} MiB, state {})",
             if token.is_some() {
                 "bearer token required"
             } else {
                 "no token: loopback only"
             },
-            s.body_limit_mib
+            s.body_limit_mib,
+            match &config.state_dir {
+                Some(d) => d.display().to_string(),
+                None => "in memory only".to_string(),
+            }
         );
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
             eprintln!("awex gateway: shutting down");
         };
-        serve_with_shutdown(listener, config, shutdown).await?;
+        serve_router(listener, &config, app, shutdown).await?;
         Ok::<_, anyhow::Error>(())
     })?;
     Ok(ExitCode::SUCCESS)

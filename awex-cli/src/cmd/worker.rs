@@ -19,7 +19,7 @@ use awex_core::layout::{RankId, Side};
 use awex_core::{BackendSpec, ModelSpec};
 use awex_runtime::fill::Weights;
 use awex_runtime::host::Memory;
-use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare};
+use awex_runtime::rank::{Failure, Outcome, Rank, RankConfig, make_transport, prepare};
 use awex_runtime::transport::TransportKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -93,6 +93,16 @@ pub fn filled_key(rank: u32) -> String {
     format!("filled.{rank}")
 }
 
+/// The kv key under which a rank on a GPU transport says its transport is connected (every
+/// peer's handles opened, its copies built): the demo counts that into its join time, not into
+/// the first update.
+pub fn connected_key(side: Side, rank: RankId) -> String {
+    format!(
+        "connected.{}",
+        awex_runtime::rank::rendezvous_key(side, rank)
+    )
+}
+
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -157,34 +167,47 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut committed = args.first_version;
     // with weights on the GPU the controller waits for each version's upload before timing it
     let say_filled = side == Side::Training && on_gpu;
+    if on_gpu {
+        let key = connected_key(side, rank);
+        me.client()
+            .put_kv(
+                &args.pair,
+                &key,
+                serde_json::json!({ "pid": std::process::id() }),
+            )
+            .await
+            .map_err(|e| anyhow::Error::new(e).context(format!("publishing {key}")))?;
+    }
     if say_filled {
         put_filled(&me, &args.pair, rank.rank, args.first_version).await?;
     }
 
-    while let Some(work) = me.next_live_work().await? {
-        if side == Side::Training && filled != Some(work.version) {
-            mem.fill(&weights, layout, cat, work.version)?;
-            filled = Some(work.version);
-        }
-        if args.die_at_version == Some(work.version) {
-            // SAFETY: sending SIGKILL to ourselves.
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        }
-        let result = me.execute(work, checksums).await;
-        if result.is_ok() {
-            // refill / verify only once the whole update is over, so that this work does not
-            // compete with peers still moving bytes
-            if let Ok(s) = me
-                .wait_outcome(work.version, std::time::Duration::from_secs(600))
-                .await
-                && s.state == awex_control::wire::UpdateState::Committed
-            {
-                committed = committed.max(work.version);
-            }
+    // refill / verify only once the whole update is over, so that this work does not compete
+    // with peers still moving bytes
+    let commit_wait = Some(std::time::Duration::from_secs(600));
+    loop {
+        let outcome = me
+            .step(None, checksums, commit_wait, |work| {
+                if side == Side::Training && filled != Some(work.version) {
+                    mem.fill(&weights, layout, cat, work.version)?;
+                    filled = Some(work.version);
+                }
+                if args.die_at_version == Some(work.version) {
+                    // SAFETY: sending SIGKILL to ourselves.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                Ok(())
+            })
+            .await?;
+        let Some(work) = outcome.work() else {
+            break; // disconnected
+        };
+        if let Outcome::Committed { .. } = outcome {
+            committed = committed.max(work.version);
         }
         match side {
             Side::Training => {
-                if result.is_ok() {
+                if outcome.part_done() {
                     // the next version's weights, while the controller starts it
                     let next = work.version + 1;
                     mem.fill(&weights, layout, cat, next)?;
@@ -195,12 +218,15 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             Side::Inference => {
-                let verdict = match &result {
-                    Ok(_) => match mem.check(&weights, layout, cat, work.version) {
+                let verdict = match &outcome {
+                    Outcome::Failed {
+                        reason: Failure::Rank(e),
+                        ..
+                    } => serde_json::json!({ "ok": false, "error": e.to_string() }),
+                    _ => match mem.check(&weights, layout, cat, work.version) {
                         Ok(()) => serde_json::json!({ "ok": true }),
                         Err(e) => serde_json::json!({ "ok": false, "error": e }),
                     },
-                    Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }),
                 };
                 let mut verdict = verdict;
                 verdict["version"] = work.version.into();

@@ -23,6 +23,31 @@ pub struct GatewayConfig {
     pub header_timeout: Duration,
     /// Time a connection may stay silent in both directions (longer than the longest long-poll).
     pub idle_timeout: Duration,
+    /// Most long-polls (event polls, joins waiting for the other ranks, update-status and kv
+    /// reads with `timeout_ms`) open at once on one pair; beyond it a request gets 503 at once.
+    /// `None`: 4 per rank of the pair plus 16.
+    pub max_long_polls_per_pair: Option<usize>,
+    /// Directory of the durable state (pairs, rosters, rendezvous values, updates, events):
+    /// written through on every change and read back at start, so that a restarted gateway
+    /// loses nothing. `None` keeps everything in memory (the library default; `awex-cli serve`
+    /// defaults to a directory, see [`default_state_dir`]).
+    pub state_dir: Option<std::path::PathBuf>,
+}
+
+/// Where `awex-cli serve` keeps its state by default: `$XDG_STATE_HOME/awex/gateway-<port>`,
+/// else `~/.local/state/awex/gateway-<port>`, else `<temp dir>/awex-state/gateway-<port>`.
+pub fn default_state_dir(port: u16) -> std::path::PathBuf {
+    let leaf = format!("gateway-{port}");
+    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(x) = nonempty("XDG_STATE_HOME") {
+        return std::path::PathBuf::from(x).join("awex").join(leaf);
+    }
+    if let Some(h) = nonempty("HOME") {
+        return std::path::PathBuf::from(h)
+            .join(".local/state/awex")
+            .join(leaf);
+    }
+    std::env::temp_dir().join("awex-state").join(leaf)
 }
 
 /// The default connection limit: what the process's open-file limit leaves room for (minus
@@ -54,6 +79,8 @@ impl Default for GatewayConfig {
             // longer than the longest long-poll and than clients' pool idle time (reqwest: 90 s),
             // so that a client never reuses a connection the gateway is closing
             idle_timeout: Duration::from_millis(crate::wire::MAX_WAIT_MS) + Duration::from_secs(60),
+            max_long_polls_per_pair: None,
+            state_dir: None,
         }
     }
 }
@@ -75,4 +102,7 @@ pub enum ServeError {
     /// The listener or the server failed.
     #[error("gateway I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The state directory could not be used (in use by another gateway, unreadable).
+    #[error(transparent)]
+    State(#[from] crate::server::store::disk::StoreError),
 }

@@ -5,7 +5,10 @@
 //!
 //! Each pair with engine URLs has one lane: a task that runs the calls in the order they were
 //! queued, so that a retry's pause can never overtake the previous attempt's resume, and the
-//! session's end can never overtake its trigger.
+//! session's end can never overtake its trigger. The lane also remembers which engines an
+//! attempt left inside what `before_update` opened (a trigger that failed, a warm-up that
+//! stopped half-way) and sends them the backend's `abandon` calls before their next pause or
+//! resume: SGLang refuses to open a second update session while one is open.
 
 use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod};
 use serde_json::Value;
@@ -131,12 +134,25 @@ impl EngineClient {
                     Err(e) => why.push(format!("GET {url}{path}: {e}")),
                 }
             }
-            let Some(info) = info else {
+            let Some(mut info) = info else {
                 return Err(format!(
                     "engine {i} at {url} did not answer: {}",
                     why.join("; ")
                 ));
             };
+            for path in control.model_info_paths() {
+                let call = EngineCall {
+                    method: HttpMethod::Get,
+                    path: path.to_string(),
+                    body: None,
+                };
+                if let Ok(model) = self.call(control, url, &call, self.timeout).await {
+                    if let Some(o) = info.as_object_mut() {
+                        o.insert("model_info".into(), model);
+                    }
+                    break;
+                }
+            }
             let e = expect(i as u32);
             facts.push(
                 control
@@ -148,20 +164,20 @@ impl EngineClient {
     }
 
     /// Runs `calls(engine's facts)` on every engine at once (each engine's calls in order,
-    /// stopping at its first failure); returns one message per failed engine.
-    async fn call_all(
+    /// stopping at its first failure); returns each engine's failure, by engine index.
+    async fn call_each(
         &self,
         control: &'static dyn EngineControl,
         urls: &[String],
         facts: &[EngineFacts],
         timeout: Duration,
-        calls: impl Fn(&EngineFacts) -> Vec<EngineCall> + Sync,
-    ) -> Vec<String> {
+        calls: impl Fn(usize, &EngineFacts) -> Vec<EngineCall> + Sync,
+    ) -> Vec<Option<String>> {
         let mut set = tokio::task::JoinSet::new();
         for (i, url) in urls.iter().enumerate() {
             let client = self.clone();
             let base = url.trim_end_matches('/').to_string();
-            let calls = facts.get(i).map(&calls).unwrap_or_default();
+            let calls = facts.get(i).map(|f| calls(i, f)).unwrap_or_default();
             set.spawn(async move {
                 for call in calls {
                     if let Err(e) = client.call(control, &base, &call, timeout).await {
@@ -172,17 +188,73 @@ impl EngineClient {
                 (i, None)
             });
         }
-        let mut errors: Vec<(usize, String)> = Vec::new();
+        let mut out = vec![None; urls.len()];
         while let Some(joined) = set.join_next().await {
             match joined {
-                Ok((i, Some(e))) => errors.push((i, e)),
-                Ok((_, None)) => {}
-                Err(e) => errors.push((usize::MAX, format!("engine call task ended: {e}"))),
+                Ok((i, e)) => out[i] = e,
+                Err(e) => {
+                    // a panicked task names no engine: blame every engine still without an answer
+                    for slot in out.iter_mut().filter(|s| s.is_none()) {
+                        *slot = Some(format!("engine call task ended: {e}"));
+                    }
+                }
             }
         }
-        errors.sort();
-        errors.into_iter().map(|(_, e)| e).collect()
+        out
     }
+
+    /// [`EngineClient::call_each`] on every engine; returns one message per failed engine, in
+    /// engine order.
+    async fn call_all(
+        &self,
+        control: &'static dyn EngineControl,
+        urls: &[String],
+        facts: &[EngineFacts],
+        timeout: Duration,
+        calls: impl Fn(&EngineFacts) -> Vec<EngineCall> + Sync,
+    ) -> Vec<String> {
+        errors(
+            self.call_each(control, urls, facts, timeout, |_, f| calls(f))
+                .await,
+        )
+    }
+
+    /// Sends [`EngineControl::abandon`] to every engine marked in `open` (an attempt ended
+    /// there without its closing calls), clearing the marks of those that answered; returns
+    /// the failures.
+    async fn abandon_open(
+        &self,
+        control: &'static dyn EngineControl,
+        urls: &[String],
+        facts: &[EngineFacts],
+        timeout: Duration,
+        open: &mut [bool],
+    ) -> Vec<String> {
+        if !open.iter().any(|o| *o) {
+            return Vec::new();
+        }
+        let marked = open.to_vec();
+        let results = self
+            .call_each(control, urls, facts, timeout, |i, f| {
+                if marked.get(i).copied().unwrap_or(false) {
+                    control.abandon(f)
+                } else {
+                    Vec::new()
+                }
+            })
+            .await;
+        for (o, r) in open.iter_mut().zip(&results) {
+            if r.is_none() {
+                *o = false;
+            }
+        }
+        errors(results)
+    }
+}
+
+/// The failures of [`EngineClient::call_each`], in engine order.
+fn errors(results: Vec<Option<String>>) -> Vec<String> {
+    results.into_iter().flatten().collect()
 }
 
 /// The queue of engine calls of one pair.
@@ -210,29 +282,58 @@ impl EngineLane {
         let (tx, mut rx) = mpsc::unbounded_channel::<EngineCmd>();
         let quick = client.timeout;
         tokio::spawn(async move {
+            // Engines where an attempt (or the warm-up) may have left open what `before_update`
+            // opens (SGLang's update session): `abandon` closes it before their next
+            // `before_update` or `resume`.
+            let mut open = vec![false; urls.len()];
             while let Some(cmd) = rx.recv().await {
                 match cmd {
                     EngineCmd::WarmUp => {
-                        let errors = client
-                            .call_all(control, &urls, &facts, trigger_timeout, |f| {
+                        let results = client
+                            .call_each(control, &urls, &facts, trigger_timeout, |_, f| {
                                 control.warm_up(f)
                             })
                             .await;
+                        for (o, r) in open.iter_mut().zip(&results) {
+                            *o = r.is_some();
+                        }
                         match pair.upgrade() {
-                            Some(p) => p.engines_warmed(errors),
+                            Some(p) => p.engines_warmed(errors(results)),
                             None => break,
                         }
                     }
                     EngineCmd::Pause { version, attempt } => {
-                        let errors = client
-                            .call_all(control, &urls, &facts, quick, |f| {
+                        let left = client
+                            .abandon_open(control, &urls, &facts, quick, &mut open)
+                            .await;
+                        if !left.is_empty() {
+                            tracing::warn!(
+                                version,
+                                attempt,
+                                errors = %left.join("; "),
+                                "closing the previous attempt on the inference engines failed"
+                            );
+                        }
+                        let results = client
+                            .call_each(control, &urls, &facts, quick, |_, f| {
                                 control.before_update(f, version)
                             })
                             .await;
+                        for (o, r) in open.iter_mut().zip(&results) {
+                            *o |= r.is_none();
+                        }
+                        let mut errors = errors(results);
+                        if !errors.is_empty() {
+                            // what could not be closed may be why this attempt's pause failed
+                            errors.extend(left);
+                        }
                         match pair.upgrade() {
                             Some(p) => p.engines_paused(version, attempt, errors),
                             None => {
                                 // The pair is gone: do not leave its engines paused.
+                                client
+                                    .abandon_open(control, &urls, &facts, quick, &mut open)
+                                    .await;
                                 client
                                     .call_all(control, &urls, &facts, quick, |f| control.resume(f))
                                     .await;
@@ -252,20 +353,28 @@ impl EngineLane {
                         }
                     }
                     EngineCmd::Finish { version, attempt } => {
-                        let errors = client
-                            .call_all(control, &urls, &facts, quick, |f| {
+                        let results = client
+                            .call_each(control, &urls, &facts, quick, |_, f| {
                                 control.after_update(f, version)
                             })
                             .await;
+                        for (o, r) in open.iter_mut().zip(&results) {
+                            *o = r.is_some();
+                        }
                         match pair.upgrade() {
-                            Some(p) => p.engines_finished(version, attempt, errors),
+                            Some(p) => p.engines_finished(version, attempt, errors(results)),
                             None => break,
                         }
                     }
                     EngineCmd::Continue { version, attempt } => {
-                        let errors = client
-                            .call_all(control, &urls, &facts, quick, |f| control.resume(f))
+                        let mut errors = client
+                            .abandon_open(control, &urls, &facts, quick, &mut open)
                             .await;
+                        errors.extend(
+                            client
+                                .call_all(control, &urls, &facts, quick, |f| control.resume(f))
+                                .await,
+                        );
                         if let Some(p) = pair.upgrade() {
                             p.engines_resumed(version, attempt, errors);
                         }

@@ -1,7 +1,8 @@
-//! Every way a request can fail, mapped to a 4xx status code and a `{"error": "..."}` body.
+//! Every way a request can fail, mapped to a status code and a `{"error": "..."}` body.
 //!
 //! The gateway answers malformed, hostile or out-of-order requests with a client error that says
-//! what is wrong and what would be right; it has no 5xx path.
+//! what is wrong and what would be right; its only 5xx is 503 for a request over a bound (too
+//! many long-polls on one pair), which clients retry.
 
 use axum::Json;
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
@@ -43,6 +44,9 @@ pub enum ApiError {
     /// 422: well-formed JSON that describes something invalid (unknown field, mismatched models).
     #[error("{0}")]
     Unprocessable(String),
+    /// 503: over a bound (the pair's long-polls); retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -60,6 +64,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -82,6 +87,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let unauthorized = matches!(self, ApiError::Unauthorized(_));
+        let unavailable = matches!(self, ApiError::Unavailable(_));
         let mut response = (
             status,
             Json(serde_json::json!({ "error": self.to_string() })),
@@ -92,6 +98,11 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"awex\""),
             );
+        }
+        if unavailable {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         response
     }

@@ -10,7 +10,7 @@
 //!    `metrics`), knowing nothing of handlers;
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
-//! 4. `state`: the gateway and every pair's entry;
+//! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;
 //! 5. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
 //!    (bearer token, constant-time compare);
 //! 6. `routes`: one file per resource, and the update lifecycle they drive:
@@ -34,14 +34,16 @@ mod engine;
 mod error;
 mod extract;
 mod listener;
+mod polls;
 mod routes;
 mod state;
 mod store;
 mod validate;
 
-pub use config::{GatewayConfig, ServeError};
+pub use config::{GatewayConfig, ServeError, default_state_dir};
 pub use error::ApiError;
 pub use routes::openapi::DOCUMENT as OPENAPI_DOCUMENT;
+pub use store::disk::StoreError;
 
 use routes::{events, kv, metrics, openapi, pairs, ranks, updates};
 use state::{AppState, Gateway};
@@ -152,16 +154,82 @@ async fn health() -> axum::Json<serde_json::Value> {
     axum::Json(serde_json::json!({ "status": "ok" }))
 }
 
-/// The gateway's router (for tests and for embedding in another server).
+/// The router of an in-memory gateway (for tests and for embedding in another server):
+/// `config.state_dir` is not used; [`open_router`] keeps the state on disk.
 pub fn router(config: GatewayConfig) -> Router {
-    let body_limit = config.body_limit;
-    let gateway = Arc::new(Gateway {
+    let config = GatewayConfig {
+        state_dir: None,
+        ..config
+    };
+    routes_of(gateway_of(config, None))
+}
+
+/// The router of a gateway whose state lives under `config.state_dir` (when set): opens the
+/// database (refusing a directory another gateway holds) and brings back every pair it holds.
+/// Must be called within a Tokio runtime.
+pub fn open_router(config: GatewayConfig) -> Result<Router, ServeError> {
+    let store = match &config.state_dir {
+        Some(dir) => Some(Arc::new(store::disk::Store::open(dir)?)),
+        None => None,
+    };
+    let loaded = match &store {
+        Some(s) => Some(s.load()?),
+        None => None,
+    };
+    let gw = gateway_of(config, store);
+    if let Some((pairs, next_id)) = loaded {
+        gw.next_id
+            .fetch_max(next_id, std::sync::atomic::Ordering::Relaxed);
+        let n = routes::pairs::restore(&gw, pairs);
+        if let Some(s) = &gw.store {
+            tracing::info!(pairs = n, dir = %s.dir().display(), "gateway state loaded");
+        }
+    }
+    Ok(routes_of(gw))
+}
+
+fn gateway_of(config: GatewayConfig, store: Option<Arc<store::disk::Store>>) -> AppState {
+    Arc::new(Gateway {
         engines: engine::EngineClient::new(config.engine_timeout),
         config,
         pairs: RwLock::new(HashMap::new()),
         metrics: Arc::new(store::metrics::Metrics::default()),
         next_id: AtomicU64::new(1),
-    });
+        long_polls: Arc::default(),
+        validations: tokio::sync::Semaphore::new(state::validation_slots()),
+        store,
+    })
+}
+
+/// Answers a request only once the state changes queued before its answer are durable; a
+/// failed write is a 503 naming the state directory.
+async fn durable(
+    axum::extract::State(gw): axum::extract::State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let resp = next.run(req).await;
+    if let Some(store) = &gw.store {
+        if let Err(e) = store.sync().await {
+            let body = serde_json::json!({
+                "error": format!(
+                    "the gateway could not persist its state in {}: {e}",
+                    store.dir().display()
+                )
+            });
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(body),
+            )
+                .into_response();
+        }
+    }
+    resp
+}
+
+fn routes_of(gateway: AppState) -> Router {
+    let body_limit = gateway.config.body_limit;
     let mut router: Router<AppState> = Router::new();
     for (spec, method_router) in route_table() {
         // Without a token (loopback only) there is nothing to check: skip the layer.
@@ -170,6 +238,15 @@ pub fn router(config: GatewayConfig) -> Router {
             method_router.route_layer(axum::middleware::from_fn_with_state(
                 gateway.clone(),
                 auth::require_token,
+            ))
+        } else {
+            method_router
+        };
+        // the API's answers wait for their changes to be durable (health and docs need not)
+        let method_router = if gateway.store.is_some() && spec.path.starts_with("/v1/") {
+            method_router.route_layer(axum::middleware::from_fn_with_state(
+                gateway.clone(),
+                durable,
             ))
         } else {
             method_router
@@ -221,12 +298,26 @@ pub async fn serve(
 }
 
 /// Serves the gateway on `listener` until `shutdown` completes, then drains open requests.
+/// Opens the state directory first ([`open_router`]).
 pub async fn serve_with_shutdown(
     listener: tokio::net::TcpListener,
     config: GatewayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     check_token_and_bind(listener.local_addr()?, &config)?;
+    let app = open_router(config.clone())?;
+    serve_router(listener, &config, app, shutdown).await
+}
+
+/// Serves `app` (from [`open_router`] with `config`) on `listener` until `shutdown` completes,
+/// with `config`'s connection limits.
+pub async fn serve_router(
+    listener: tokio::net::TcpListener,
+    config: &GatewayConfig,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    check_token_and_bind(listener.local_addr()?, config)?;
     // bounded connections, silent ones closed, no Nagle delay on small exchanges
     let listener = listener::Bounded::new(
         listener,
@@ -236,7 +327,7 @@ pub async fn serve_with_shutdown(
             idle_timeout: config.idle_timeout,
         },
     );
-    axum::serve(listener, router(config))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())

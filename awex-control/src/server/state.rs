@@ -5,6 +5,8 @@
 use crate::server::config::GatewayConfig;
 use crate::server::engine::{EngineClient, EngineCmd, EngineLane};
 use crate::server::error::ApiError;
+use crate::server::polls::{self, LongPolls, Permit};
+use crate::server::store::disk::{self, Op, Store, Write};
 use crate::server::store::events::EventLog;
 use crate::server::store::kv::KvStore;
 use crate::server::store::metrics::Metrics;
@@ -26,6 +28,22 @@ pub(crate) struct Gateway {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) engines: EngineClient,
     pub(crate) next_id: AtomicU64,
+    /// Every pair's open long-polls.
+    pub(crate) long_polls: Arc<LongPolls>,
+    /// Connect validations running at once (CPU-bound, on the blocking pool): one core fewer
+    /// than the machine has, so the async workers always find a core for `/healthz` and the
+    /// long-polls.
+    pub(crate) validations: tokio::sync::Semaphore,
+    /// The durable state (`None`: in memory only).
+    pub(crate) store: Option<Arc<Store>>,
+}
+
+/// How many connect validations may run at once: one fewer than the cores, at least one.
+pub(crate) fn validation_slots() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .max(1)
 }
 
 /// State type of the router.
@@ -41,6 +59,67 @@ pub(crate) struct Pair {
     pub(crate) events: EventLog,
     /// Engine errors outside an update (warm-up), kept for the status.
     pub(crate) engine_errors: Vec<String>,
+    /// When the pair was disconnected (its tombstone's age after a restart).
+    pub(crate) disconnected_unix_ms: Option<u64>,
+    /// What changed since the lock was taken, written through when it is released.
+    pub(crate) journal: Vec<Op>,
+}
+
+impl Pair {
+    /// A fresh pair's state for `slots` ranks.
+    pub(crate) fn new(slots: &Slots) -> Pair {
+        Pair {
+            state: PairState::Joining,
+            join_error: None,
+            roster: Roster::new(slots.total()),
+            kv: KvStore::default(),
+            updates: Updates::default(),
+            events: EventLog::default(),
+            engine_errors: Vec::new(),
+            disconnected_unix_ms: None,
+            journal: Vec::new(),
+        }
+    }
+
+    /// Notes a change for the write-through.
+    pub(crate) fn changed(&mut self, op: Op) {
+        if self.journal.last() != Some(&op) {
+            self.journal.push(op);
+        }
+    }
+}
+
+/// A locked pair: releasing it writes what changed through to the store (under the lock, so
+/// that one pair's changes reach the store in the order they happened).
+pub(crate) struct PairGuard<'a> {
+    entry: &'a PairEntry,
+    guard: MutexGuard<'a, Pair>,
+}
+
+impl std::ops::Deref for PairGuard<'_> {
+    type Target = Pair;
+    fn deref(&self) -> &Pair {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for PairGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Pair {
+        &mut self.guard
+    }
+}
+
+impl Drop for PairGuard<'_> {
+    fn drop(&mut self) {
+        if self.guard.journal.is_empty() {
+            return;
+        }
+        let ops = std::mem::take(&mut self.guard.journal);
+        if let Some(store) = &self.entry.store {
+            let rows = self.entry.rows(&self.guard, ops);
+            store.submit(rows);
+        }
+    }
 }
 
 /// A registered pair: its immutable description, its state, and the channels waiters watch.
@@ -55,6 +134,8 @@ pub(crate) struct PairEntry {
     pub(crate) slots: Slots,
     pub(crate) created_unix_ms: u64,
     pub(crate) join_deadline: Instant,
+    /// The join deadline as wall-clock time (survives a restart).
+    pub(crate) join_deadline_unix_ms: u64,
     pub(crate) training: SideStatus,
     pub(crate) inference: SideStatus,
     pub(crate) inner: Mutex<Pair>,
@@ -68,6 +149,10 @@ pub(crate) struct PairEntry {
     pub(crate) update_tx: watch::Sender<()>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) engines: Option<EngineLane>,
+    /// The engines' facts learned at connect (kept for a restart).
+    pub(crate) facts: Vec<awex_core::backend::EngineFacts>,
+    /// Where changes are written through (`None`: in memory only).
+    pub(crate) store: Option<Arc<Store>>,
 }
 
 impl PairEntry {
@@ -82,8 +167,126 @@ impl PairEntry {
     }
 
     /// Locks the pair's state (a poisoned lock still holds consistent data: no handler panics).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Pair> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock(&self) -> PairGuard<'_> {
+        PairGuard {
+            entry: self,
+            guard: self.inner.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// What connect fixed about this pair, as stored.
+    pub(crate) fn record(&self) -> disk::PairRecord {
+        disk::PairRecord {
+            request: self.request.clone(),
+            id: self.id,
+            uid: self.uid.clone(),
+            secret: self.secret.clone(),
+            slots: [self.slots.train, self.slots.engines, self.slots.per_engine],
+            created_unix_ms: self.created_unix_ms,
+            join_deadline_unix_ms: self.join_deadline_unix_ms,
+            training: self.training.clone(),
+            inference: self.inference.clone(),
+            facts: self.facts.clone(),
+        }
+    }
+
+    /// The rows for the changes `ops`, read from the pair's state `p`.
+    fn rows(&self, p: &Pair, ops: Vec<Op>) -> Vec<Write> {
+        let n = || self.name.clone();
+        let json = |v: &dyn erased::Ser| v.to_json();
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                Op::State => out.push(Write::State(
+                    n(),
+                    json(&disk::StateRecord {
+                        state: Some(p.state),
+                        join_error: p.join_error.clone(),
+                        engine_errors: p.engine_errors.clone(),
+                        committed: p.updates.committed,
+                        torn: p.updates.torn,
+                        serving_torn: p.updates.serving_torn,
+                        last_event_seq: p.events.last_seq(),
+                        kv_revision: p.kv.revision,
+                        disconnected_unix_ms: p.disconnected_unix_ms,
+                    }),
+                )),
+                Op::Roster(slot) => {
+                    if let Some(Some(j)) = p.roster.slots.get(slot) {
+                        out.push(Write::Roster(
+                            n(),
+                            slot as u64,
+                            json(&disk::RosterRecord {
+                                info: j.info.clone(),
+                                unix_ms: j.unix_ms,
+                            }),
+                        ));
+                    }
+                }
+                Op::Kv(key) => {
+                    if let Some((v, rev)) = p.kv.values.get(&key) {
+                        out.push(Write::Kv(
+                            n(),
+                            key,
+                            json(&disk::KvRecord {
+                                value: v.clone(),
+                                revision: *rev,
+                            }),
+                        ));
+                    }
+                }
+                Op::Update(v) => out.push(Write::Update(
+                    n(),
+                    v,
+                    p.updates.history.get(&v).map(|u| {
+                        json(&disk::UpdateRecord {
+                            attempt: u.attempt,
+                            state: u.state,
+                            started_unix_ms: u.started_unix_ms,
+                            deadline_ms: crate::wire::ms(u.deadline),
+                            pause_ms: u.pause.map(crate::wire::ms),
+                            elapsed_ms: u.finished.map(|_| crate::wire::ms(u.elapsed())),
+                            error: u.error.clone(),
+                            engine_errors: u.engine_errors.clone(),
+                            detail: !u.ranks.is_empty(),
+                            applying: u.applying,
+                        })
+                    }),
+                )),
+                Op::ClearReports(v) => out.push(Write::ClearReports(n(), v)),
+                Op::Report(v, slot) => {
+                    if let Some(r) = p.updates.history.get(&v).and_then(|u| u.ranks.get(slot)) {
+                        out.push(Write::Report(
+                            n(),
+                            v,
+                            slot as u64,
+                            json(&disk::ReportRecord {
+                                ok: r.state,
+                                missing: r.missing,
+                                bytes: r.bytes,
+                                checksum: r.checksum,
+                                error: r.error.clone(),
+                                after_ms: r.after_ms,
+                                applied: r.applied,
+                            }),
+                        ));
+                    }
+                }
+                Op::Event(seq) => {
+                    if let Some(ev) = p.events.events.iter().rev().find(|e| e.seq == seq) {
+                        let kept = crate::wire::EVENTS_KEPT as u64;
+                        let keep_from = seq.saturating_sub(kept) + 1;
+                        out.push(Write::Event(
+                            n(),
+                            seq,
+                            json(ev),
+                            if seq > kept { keep_from } else { 0 },
+                        ));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// The pair's state.
@@ -101,6 +304,8 @@ impl PairEntry {
         reason: Option<String>,
     ) {
         let seq = p.events.push(kind, version, attempt, reason);
+        p.changed(Op::Event(seq));
+        p.changed(Op::State);
         self.events_tx.send_replace(seq);
     }
 
@@ -126,6 +331,7 @@ impl PairEntry {
             p.roster.joined(),
             self.slots.total()
         ));
+        p.changed(Op::State);
         drop(p);
         self.roster_tx.send_replace(());
     }
@@ -138,6 +344,8 @@ impl PairEntry {
         }
         self.fail_running_update(&mut p, "the pair was disconnected".to_string());
         p.state = PairState::Disconnected;
+        p.disconnected_unix_ms = Some(unix_ms());
+        p.changed(Op::State);
         tracing::info!(pair = %self.name, id = self.id, "pair disconnected");
         self.publish(&mut p, EventKind::Disconnect, None, None, None);
         drop(p);
@@ -184,6 +392,16 @@ impl PairEntry {
 }
 
 impl Gateway {
+    /// A permit for one long-poll on `entry` waiting `wait_ms`, or 503 over the pair's bound.
+    pub(crate) fn long_poll(
+        &self,
+        entry: &PairEntry,
+        wait_ms: u64,
+    ) -> Result<Option<Permit>, ApiError> {
+        let limit = polls::bound(self.config.max_long_polls_per_pair, entry.slots.total());
+        self.long_polls.enter(entry, limit, wait_ms)
+    }
+
     /// The pair of that name (live or recently disconnected), or 400/404.
     pub(crate) fn pair(&self, name: &str) -> Result<Arc<PairEntry>, ApiError> {
         validate::name("pair name", name)?;
@@ -193,5 +411,18 @@ impl Gateway {
             .get(name)
             .cloned()
             .ok_or_else(|| ApiError::no_pair(name))
+    }
+}
+
+/// JSON encoding of the records (they hold only strings, numbers and JSON values, so encoding
+/// cannot fail; an empty row would be refused at load).
+mod erased {
+    pub(crate) trait Ser {
+        fn to_json(&self) -> Vec<u8>;
+    }
+    impl<T: serde::Serialize> Ser for T {
+        fn to_json(&self) -> Vec<u8> {
+            serde_json::to_vec(self).unwrap_or_default()
+        }
     }
 }

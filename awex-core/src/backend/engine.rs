@@ -67,9 +67,20 @@ pub struct EngineFacts {
 /// engine is resumed since nothing was written), then the update starts on the ranks and
 /// [`EngineControl::trigger`] is sent (its answer must be success, as must every rank's report),
 /// then [`EngineControl::after_update`], then the commit, then [`EngineControl::resume`].
+///
+/// An attempt that fails after `before_update` succeeded never reaches `after_update`; before
+/// the engine's next `before_update` or `resume`, the gateway sends [`EngineControl::abandon`]
+/// so that whatever `before_update` opened (SGLang's update session) is closed first.
 pub trait EngineControl: Send + Sync + 'static {
     /// Paths that describe a server, tried in order; the first that answers is used.
     fn info_paths(&self) -> &'static [&'static str];
+
+    /// Paths that describe the model a server serves, tried in order after the info path;
+    /// the first answer is handed to [`EngineControl::check_server`] as the info object's
+    /// `model_info` field (absent when none answered). Empty: not read.
+    fn model_info_paths(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     /// Checks a server's info against what the pair declares; a disagreement is an error
     /// naming the field and both values.
@@ -97,6 +108,14 @@ pub trait EngineControl: Send + Sync + 'static {
 
     /// Calls that let the engine serve again (continue generation).
     fn resume(&self, facts: &EngineFacts) -> Vec<EngineCall>;
+
+    /// Calls that close what [`EngineControl::before_update`] (or a failed warm-up) left open
+    /// when an attempt ended without [`EngineControl::after_update`] succeeding, without letting
+    /// the engine serve again; sent before the engine's next `before_update` or `resume`. A
+    /// failure is recorded and does not stop what follows.
+    fn abandon(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
+        Vec::new()
+    }
 
     /// Whether an answer means success; `Err` is the engine's own message when it gave one.
     fn check_answer(&self, call: &EngineCall, status: u16, body: &Value) -> Result<(), String> {

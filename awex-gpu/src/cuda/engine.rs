@@ -22,6 +22,7 @@ use super::device::{Device, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
 use super::{CudaError, sys};
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How a copy engine moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -135,6 +136,9 @@ pub struct CopyEngine {
     /// joins[k] is recorded on stream k and waited on by stream 0; joins[0] forks captures
     joins: Vec<Event>,
     kernel: Option<Kernel>,
+    /// With the kernel: linear copies of at least this many bytes go through the driver
+    /// (`u64::MAX`: none). Atomic so that it can change between batches through `&self`.
+    driver_min: AtomicU64,
 }
 
 /// A batch captured into a CUDA graph, replayed with [`CopyEngine::replay`].
@@ -181,7 +185,34 @@ impl CopyEngine {
             streams: s,
             joins: j,
             kernel,
+            driver_min: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// With the kernel, sends every linear copy (one row) of at least `bytes` through the
+    /// driver's `cuMemcpyDtoDAsync` instead (`None`: the kernel for every copy it fits). The
+    /// driver's device copy reads and writes a few percent faster than the kernel on large
+    /// contiguous blocks; the kernel wins on small and pitched ones, where each driver call
+    /// costs microseconds of host time.
+    /// The setting applies to the batches queued or captured after it.
+    pub fn set_driver_min(&self, bytes: Option<u64>) {
+        self.driver_min
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// See [`CopyEngine::set_driver_min`].
+    pub fn driver_min(&self) -> Option<u64> {
+        match self.driver_min.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            b => Some(b),
+        }
+    }
+
+    /// Whether `d` goes through the copy kernel.
+    pub fn by_kernel(&self, d: &CopyDesc) -> bool {
+        let linear_big =
+            d.height == 1 && d.depth == 1 && self.driver_min().is_some_and(|min| d.width >= min);
+        self.kernel.is_some() && kernel_fits(d) && !linear_big
     }
 
     /// How this engine copies.
@@ -221,7 +252,7 @@ impl CopyEngine {
     unsafe fn issue(&self, d: &CopyDesc, k: usize) -> Result<(), CudaError> {
         let s = self.streams[k].raw;
         let r = match &self.kernel {
-            Some(kern) if kernel_fits(d) => {
+            Some(kern) if self.by_kernel(d) => {
                 let nvec = d.width / 16;
                 let grid = kernel_grid(nvec, d.height);
                 (0..d.depth).try_for_each(|z| {

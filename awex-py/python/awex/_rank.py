@@ -99,15 +99,19 @@ class _Rank:
         *,
         timeout: float | None = None,
         wait_commit: bool = True,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """Waits for the controller to start ``version`` (the next version when ``None``),
         moves this rank's bytes and, with ``wait_commit``, waits until every rank finished and
         the gateway committed the version. Blocks with the GIL released.
 
-        Returns ``{"version", "attempt", "bytes", "buckets", "checksum", "seconds", "state"}``.
-        Raises ``awex.UpdateFailed`` (this rank or another failed; retry with the same version
-        once the controller restarts it), ``awex.Disconnected`` (the pair is gone) or
-        ``TimeoutError`` (no update started within ``timeout`` seconds).
+        Returns ``{"version", "attempt", "bytes", "buckets", "checksum", "seconds", "state"}``,
+        or ``None`` when no update started within the default wait (``timeout=None``: the
+        pair's update deadline plus as much again, at most 30 s more): "no update yet", call again (``while True: r.update()``
+        idles that way). Raises ``awex.UpdateFailed`` (this rank or another failed; retry with
+        the same version once the controller restarts it), ``awex.Disconnected`` (the pair is
+        gone), ``awex.GatewayError`` (the gateway does not know the pair, or stayed unreachable
+        past ``AWEX_GATEWAY_LOST_S``) or ``TimeoutError`` (no update started within an explicit
+        ``timeout`` seconds).
         """
         return self._rank.update(version, timeout, wait_commit)
 

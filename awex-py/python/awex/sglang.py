@@ -18,12 +18,35 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 logger = logging.getLogger("awex.sglang")
 
 #: States of the gateway's current update in which a loader call is an update, not a warm-up.
 _ACTIVE = ("pending", "running")
+
+#: What ``receive`` does with a failure it can report instead (``$AWEX_SGLANG_ON_ERROR``).
+_ON_ERROR = ("report", "raise")
+
+
+def _on_error() -> str:
+    """``report`` (the default) or ``raise``, from ``$AWEX_SGLANG_ON_ERROR``.
+
+    SGLang 0.5.23 calls a custom loader without a ``try``
+    (``model_executor/model_runner_components/weight_updater.py``:376, in
+    ``update_weights_from_tensor``; nothing above it catches: ``managers/
+    scheduler_components/weight_updater.py``:246, ``utils.py`` ``TypeBasedDispatcher.__call__``,
+    ``managers/scheduler.py`` ``process_input_requests``), so an exception ends the scheduler's
+    event loop and ``run_scheduler_process`` sends SIGQUIT to the server
+    (``managers/scheduler.py``:6372): a raise costs a server restart. ``report`` logs the failure,
+    tells the gateway (which then fails the version and keeps generation paused) and returns.
+    """
+    v = os.environ.get("AWEX_SGLANG_ON_ERROR", "report").strip().lower() or "report"
+    if v not in _ON_ERROR:
+        logger.error("AWEX_SGLANG_ON_ERROR=%r is neither `report` nor `raise`; using `report`", v)
+        return "report"
+    return v
 
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
@@ -52,29 +75,34 @@ def tp_rank() -> int:
     SGLang 0.5.23 publishes it as ``sglang.srt.runtime_context.get_parallel().tp_rank`` (what its
     own ``update_weights_from_tensor`` reads; ``sglang.srt.distributed`` no longer exports
     ``get_tensor_model_parallel_rank``), older servers as
-    ``sglang.srt.distributed.get_tensor_model_parallel_rank()``. Without SGLang (a stand-in
-    server), ``$AWEX_TP_RANK`` names it.
+    ``sglang.srt.distributed.get_tensor_model_parallel_rank()``. Without SGLang, or outside an
+    SGLang scheduler process (a stand-in server), ``$AWEX_TP_RANK`` names it.
     """
+    env = os.environ.get("AWEX_TP_RANK")
+    unset: Exception | None = None
     try:
         from sglang.srt.runtime_context import get_parallel  # type: ignore[import-not-found]
 
-        return int(get_parallel().tp_rank)
+        try:
+            return int(get_parallel().tp_rank)
+        except RuntimeError as e:  # SGLang importable, but this is no SGLang scheduler process
+            unset = e
     except ImportError:
-        pass
-    try:
-        from sglang.srt.distributed import (  # type: ignore[import-not-found]
-            get_tensor_model_parallel_rank,
-        )
+        try:
+            from sglang.srt.distributed import (  # type: ignore[import-not-found]
+                get_tensor_model_parallel_rank,
+            )
 
-        return int(get_tensor_model_parallel_rank())
-    except ImportError:
-        pass
-    env = os.environ.get("AWEX_TP_RANK")
+            return int(get_tensor_model_parallel_rank())
+        except ImportError:
+            pass
     if env is not None:
         try:
             return int(env)
         except ValueError:
             raise ValueError(f"AWEX_TP_RANK={env!r} is not an integer TP rank") from None
+    if unset is not None:
+        raise RuntimeError(f"SGLang has no TP rank in this process ({unset}) and AWEX_TP_RANK is not set")
     raise RuntimeError(
         "cannot tell this process's TP rank: SGLang's parallel state is not importable "
         "(sglang.srt.runtime_context.get_parallel / sglang.srt.distributed."
@@ -122,6 +150,8 @@ class _Receiver:
         self.rank = rank
         self.reader: Any = None
         self.storage: dict[str, tuple[tuple[int, ...], str, int]] = {}
+        # the same with the tensors' own shape and dtype objects, compared without conversion
+        self.raw: dict[str, tuple[tuple[int, ...], Any, int]] = {}
         self.join_thread: threading.Thread | None = None
         self.join_error: BaseException | None = None
         self.recreated = 0
@@ -147,6 +177,7 @@ class _Receiver:
         self.reader = reader
         self.aliases = dict(tensors)
         self.storage = {n: _storage(t) for n, t in tensors}
+        self.raw = {n: (tuple(t.shape), t.dtype, int(t.data_ptr())) for n, t in tensors}
         self.join_error = None
 
         def join() -> None:
@@ -183,8 +214,13 @@ class _Receiver:
                 )
             )
         moved = []
-        for name, (shape, dtype, ptr) in self.storage.items():
-            s, d, p = _storage(now[name])
+        raw = self.raw
+        for name, t in now.items():
+            shape, dtype, ptr = raw[name]
+            if t.data_ptr() == ptr and t.dtype == dtype and t.shape == shape:
+                continue  # the common case, without building strings
+            shape, dtype, ptr = self.storage[name]
+            s, d, p = _storage(t)
             if s != shape or d != dtype:
                 raise RuntimeError(
                     f"parameter `{name}` changed from {dtype} {list(shape)} to {d} {list(s)} since it was "
@@ -200,11 +236,22 @@ class _Receiver:
             self.reader.close()
         self.reader = None
         self.storage = {}
+        self.raw = {}
         self.aliases = {}
 
 
 _lock = threading.Lock()
 _receiver: _Receiver | None = None
+
+#: Timings of this process's last ``receive`` call that received a version (seconds):
+#: ``version``, ``entry_s`` (from the call to the start of the receive: configuration, the
+#: gateway's current update, the parameter check; of which ``status_s`` asking the gateway and
+#: ``check_s`` checking the parameters), ``receive_s`` (``Reader.update``),
+#: ``transfer_s`` (its part moving bytes), ``exit_s`` (from the end of the receive to the return:
+#: device synchronisation, ``post_load_weights``), ``bytes``, and the process's CPU time in each
+#: part (``entry_cpu_s``, ``receive_cpu_s``, ``exit_cpu_s``). For measuring the adapter's
+#: overhead; empty until a version was received.
+last_call: dict[str, Any] = {}
 
 
 def _reset() -> None:
@@ -216,14 +263,34 @@ def _reset() -> None:
         _receiver = None
 
 
+_controllers: dict[tuple[str, str | None], Any] = {}
+
+
 def _current_update(cfg: _Config) -> dict[str, Any] | None:
+    """The gateway's current update of the pair when it is pending or running, else ``None``.
+    The gateway client is kept for the process (creating one starts its runtime)."""
     from ._controller import Controller
 
-    status = Controller(cfg.gateway, cfg.token).status(cfg.pair)
+    key = (cfg.gateway, cfg.token)
+    ctl = _controllers.get(key)
+    if ctl is None:
+        ctl = _controllers[key] = Controller(cfg.gateway, cfg.token)
+    status = ctl.status(cfg.pair)
     update = status.get("current_update")
     if update and update.get("state") in _ACTIVE:
         return update
     return None
+
+
+def _event_wait(update: dict[str, Any]) -> float:
+    """How long the Reader may wait for ``update``'s event: until the update's deadline (the
+    gateway fails it then), plus a margin; never unbounded, so that a loader whose event never
+    comes (the attempt ended before this rank asked) returns to SGLang's scheduler."""
+    try:
+        left = (float(update["deadline_ms"]) - float(update.get("elapsed_ms") or 0)) / 1000.0
+    except (KeyError, TypeError, ValueError):
+        left = 600.0
+    return max(left, 0.0) + 10.0
 
 
 def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str) -> None:
@@ -281,11 +348,22 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
       one; the Reader is then closed and recreated on the new storage for the next update
       (logged as a warning: a Reader created during an update would miss it).
 
-    Any failure raises ``RuntimeError`` naming the engine, the TP rank and the cause.
+    Failures (``AWEX_SGLANG_ON_ERROR``, default ``report``): a failure before or while this
+    rank receives is logged with the engine, the TP rank and the cause, reported to the gateway
+    (which fails the version; generation stays paused until a retry commits or the controller
+    accepts the torn weights) and the call returns, because SGLang 0.5.23 ends the whole server
+    on a loader exception; SGLang then records ``weight_version`` although the version failed,
+    until the retry. With ``AWEX_SGLANG_ON_ERROR=raise`` (servers that turn a loader exception
+    into ``success: false``) it raises ``RuntimeError`` naming the same. A failure after this
+    rank reported its bytes received (copying into moved storage, synchronising the device,
+    ``post_load_weights``) always raises: only SGLang's failed HTTP answer can then stop the
+    gateway from committing.
     """
     global _receiver
+    t_enter, cpu_enter = time.perf_counter(), time.process_time()
     rank = -1
     engine = os.environ.get("AWEX_ENGINE", "0")
+    received = False
     try:
         rank = tp_rank()
         if named_tensors_:
@@ -304,7 +382,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
             update = None
             moved_bytes = False
             try:
+                t_status = time.perf_counter()
                 update = _current_update(cfg)
+                t_status = time.perf_counter() - t_status
                 if update is None:
                     if rx.reader is None:
                         rx.start(model)
@@ -322,9 +402,14 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                         "started (no warm-up trigger reached it); it has joined now: retry the version"
                     )
                 rx.wait_joined()
+                t_check = time.perf_counter()
                 moved = rx.check_storage(model)
+                t_check = time.perf_counter() - t_check
                 moved_bytes = True
-                rx.reader.update(version, wait_commit=False)
+                t_recv, cpu_recv = time.perf_counter(), time.process_time()
+                got = rx.reader.update(version, timeout=_event_wait(update), wait_commit=False)
+                t_recvd, cpu_recvd = time.perf_counter(), time.process_time()
+                received = True
                 if moved:
                     # The Reader received into the registered storage, which its aliases kept
                     # alive; copy it into the parameters' new storage, then recreate the Reader
@@ -349,6 +434,21 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 post = getattr(model, "post_load_weights", None)
                 if callable(post):
                     post()
+                t_exit, cpu_exit = time.perf_counter(), time.process_time()
+                last_call.clear()
+                last_call.update(
+                    version=version,
+                    entry_s=t_recv - t_enter,
+                    status_s=t_status,
+                    check_s=t_check,
+                    receive_s=t_recvd - t_recv,
+                    transfer_s=float(got.get("seconds", 0.0)),
+                    exit_s=t_exit - t_recvd,
+                    entry_cpu_s=cpu_recv - cpu_enter,
+                    receive_cpu_s=cpu_recvd - cpu_recv,
+                    exit_cpu_s=cpu_exit - cpu_recvd,
+                    bytes=int(got.get("bytes", 0)),
+                )
             except BaseException as e:
                 if update is not None and not moved_bytes:
                     _report_failure(cfg, rank, update, f"{rx.where()}: {e}")
@@ -359,7 +459,14 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 raise
     except Exception as e:
         where = f"awex.sglang.receive (engine {engine}, TP rank {rank if rank >= 0 else '?'})"
-        raise RuntimeError(f"{where}: {e}") from e
+        error = RuntimeError(f"{where}: {e}")
+        if received or _on_error() == "raise":
+            raise error from e
+        logger.error(
+            "%s (not raised: SGLang 0.5.23 ends the server on a loader exception; the gateway fails "
+            "the version, set AWEX_SGLANG_ON_ERROR=raise to raise instead)", error,
+        )
+        return None
 
 
 __all__ = ["named_tensors", "receive", "tp_rank"]

@@ -22,10 +22,10 @@
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
 use super::{ExecContext, ExecStats, Transport, TransportKind};
-use crate::RuntimeError;
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
 use crate::tensors::{Location, TensorSet, cuda_err};
+use crate::{PlacementError, RuntimeError, TransportError};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
@@ -49,8 +49,9 @@ const ALLOC_WORDS: usize = HANDLE_BYTES / 8 + 1;
 const TENSOR_WORDS: usize = 4;
 /// Words of one peer entry: peer key, first checksum index, buckets.
 const PEER_WORDS: usize = 3;
-/// Streams of a receiver's copy engine (the `bench ipc` default).
-const STREAMS: usize = 4;
+/// Streams of a receiver's copy engine: 8 measured 1-2 % faster than 4 on an H200 once the
+/// copies are replayed from a graph (`docs/benchmarks.md`, 2026-12-01).
+const STREAMS: usize = 8;
 /// Linear copies are cut into pieces of this size, spread over the streams (the `bench ipc`
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
@@ -87,15 +88,49 @@ fn copy_setup() -> (CopyMethod, usize) {
     (method, streams)
 }
 
+/// Which of a peer's linear copies go through the driver's device copy (`cuMemcpyDtoDAsync`)
+/// instead of awex's copy kernel: those of at least the returned bytes (`None`: none).
+///
+/// Measured on an H200 (`docs/benchmarks.md`, 2026-12-01): out of allocations of up to a few GB
+/// (PyTorch's per-tensor allocations) the driver's copy is about 6 % faster than the kernel on
+/// large blocks, so linear copies of at least [`DRIVER_MIN_BYTES`] go through it (smaller ones,
+/// such as qwen3-30b-a3b's 3 MiB experts, ran 3.6 % slower through the driver); out of one very
+/// large mapping (Megatron's contiguous
+/// buffer, 16 GB) the driver reads about 25 % slower than local memory while the kernel, cut
+/// into pieces, does not, so the kernel keeps those. `AWEX_IPC_DRIVER_MIN_MIB` (a size in MiB,
+/// or `off`) overrides the choice for every peer, for measuring alternatives.
+fn driver_min(largest_allocation: u64) -> Option<u64> {
+    driver_min_with(
+        largest_allocation,
+        std::env::var("AWEX_IPC_DRIVER_MIN_MIB").ok().as_deref(),
+    )
+}
+
+/// [`driver_min`] with the override given (`None`: unset; an unparsable value is ignored).
+fn driver_min_with(largest_allocation: u64, setting: Option<&str>) -> Option<u64> {
+    match setting.map(|v| (v, v.parse::<u64>())) {
+        Some(("off", _)) => None,
+        Some((_, Ok(mib))) => Some(mib.saturating_mul(1 << 20)),
+        _ => (largest_allocation <= DRIVER_MAX_ALLOCATION).then_some(DRIVER_MIN_BYTES),
+    }
+}
+
+/// The smallest linear copy [`driver_min`] sends through the driver by default.
+const DRIVER_MIN_BYTES: u64 = 4 << 20;
+
+/// The largest source allocation [`driver_min`] sends through the driver by default.
+const DRIVER_MAX_ALLOCATION: u64 = 4 << 30;
+
 /// From how many copies on a peer a receiver captures them into a CUDA graph at join and
-/// replays it per update (`AWEX_IPC_GRAPH_MIN`, default 1024; 0 never). Launching each copy
-/// costs the host a few microseconds: qwen3-30b-a3b from one allocation per expert is 12.7k
-/// copies, tens of milliseconds of launches; one replay takes a fraction of that.
+/// replays it per update (`AWEX_IPC_GRAPH_MIN`, default 1: always; 0 never). Launching each
+/// copy costs the host a few microseconds (qwen3-30b-a3b from one allocation per expert is 12.7k
+/// copies, tens of milliseconds of launches), and even qwen3-8b's 371 copies ran 3-4 % faster
+/// replayed from a graph on an H200 (`docs/benchmarks.md`, 2026-12-01).
 fn graph_min() -> usize {
     std::env::var("AWEX_IPC_GRAPH_MIN")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1024)
+        .unwrap_or(1)
 }
 
 /// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, default 1).
@@ -134,6 +169,8 @@ pub struct JoinStats {
     pub descriptors_unjoined: DescStats,
     /// Copies captured into CUDA graphs (replayed with one launch per peer and update).
     pub graph_copies: usize,
+    /// Copies that go through the driver's device copy rather than the copy kernel.
+    pub driver_copies: usize,
 }
 
 fn name_hash(name: &str) -> u64 {
@@ -156,9 +193,17 @@ fn peer_key(r: RankId) -> u64 {
 }
 
 fn transport_err(what: &str) -> impl Fn(CudaError) -> RuntimeError + '_ {
-    move |e| match cuda_err(what, e) {
-        RuntimeError::Tensor(m) => RuntimeError::Transport(m),
-        other => other,
+    move |e| match e {
+        CudaError::NotBuilt
+        | CudaError::NoDriver { .. }
+        | CudaError::NoGpu { .. }
+        | CudaError::OldDriver { .. }
+        | CudaError::NoSuchDevice { .. } => cuda_err(what, e),
+        e => TransportError::Cuda {
+            what: what.to_string(),
+            source: e,
+        }
+        .into(),
     }
 }
 
@@ -171,13 +216,13 @@ pub(crate) fn refuse_conversions(plan: &RankPlan) -> Result<(), RuntimeError> {
         .find(|t| t.converts());
     match converting {
         None => Ok(()),
-        Some(t) => Err(RuntimeError::Config(
+        Some(t) => Err(cuda_err(
+            "the cuda-ipc copies",
             CudaError::Conversion {
                 tensor: t.dst_tensor.to_string(),
                 src: t.src_dtype,
                 dst: t.dst_dtype,
-            }
-            .to_string(),
+            },
         )),
     }
 }
@@ -241,10 +286,11 @@ impl Control {
     }
     fn sum(&self, i: u64) -> Result<&AtomicU64, RuntimeError> {
         if i as usize >= self.sums {
-            return Err(RuntimeError::Transport(format!(
-                "checksum {i} lies outside the {} the training rank publishes (plans disagree)",
-                self.sums
-            )));
+            return Err(TransportError::ChecksumOutside {
+                index: i,
+                sums: self.sums,
+            }
+            .into());
         }
         Ok(self.word(self.sums_at + i as usize))
     }
@@ -303,10 +349,11 @@ impl Control {
     /// Opens segment `name` and reads what it publishes, checking every count against its size.
     fn open(name: &str) -> Result<(Control, Published), RuntimeError> {
         let seg = ShmSegment::open(name)?;
-        let bad = |why: &str| {
-            RuntimeError::Transport(format!(
-                "shared-memory segment `{name}` is not an awex cuda-ipc control segment ({why})"
-            ))
+        let bad = |why: &'static str| {
+            RuntimeError::from(TransportError::NotIpcControl {
+                name: name.to_string(),
+                why,
+            })
         };
         let mut c = Control {
             seg,
@@ -403,6 +450,9 @@ struct Remote {
     /// the copies captured into a CUDA graph, replayed with one launch per update, when they
     /// are many (see [`graph_min`]); dropped before the mappings (field order)
     graph: Option<CopyGraph>,
+    /// which linear copies go through the driver (see [`driver_min`]), set on the engine
+    /// before this peer's copies are captured or queued
+    driver_min: Option<u64>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
     /// what opening this peer cost
@@ -441,9 +491,7 @@ impl CudaIpcTransport {
     ) -> Result<Self, RuntimeError> {
         refuse_conversions(&plan)?;
         if tensors.location()? == Location::Host && !tensors.is_empty() {
-            return Err(RuntimeError::Config(
-                "the cuda-ipc transport moves tensors in GPU memory, but this rank's tensors live in host memory; allocate them with TensorSet::allocate_cuda or register device views, or use the shm or tcp transport".into(),
-            ));
+            return Err(PlacementError::HostTensors.into());
         }
         let dev = tensors.cuda_device()?;
         let buckets = plan
@@ -497,6 +545,7 @@ impl CudaIpcTransport {
         add_stats(&mut j.descriptors, &p.descriptors);
         add_stats(&mut j.descriptors_unjoined, &p.descriptors_unjoined);
         j.graph_copies += p.graph_copies;
+        j.driver_copies += p.driver_copies;
     }
 
     /// Where this rank's join went (an inference rank's; zeros for a training rank).
@@ -521,7 +570,9 @@ impl CudaIpcTransport {
         let mut tensors = Vec::with_capacity(views.len());
         for v in &views {
             let ptr = v.device_ptr().ok_or_else(|| {
-                RuntimeError::Config(format!("`{}` does not live on the GPU", v.name))
+                RuntimeError::from(PlacementError::NotDevice {
+                    name: v.name.to_string(),
+                })
             })?;
             tensors.push(TensorEntry {
                 hash: name_hash(&v.name),
@@ -565,15 +616,19 @@ impl CudaIpcTransport {
     fn open_remote(&self, peer: RankId, info: &serde_json::Value) -> Result<Remote, RuntimeError> {
         let field = |k: &str| {
             info.get(k).and_then(|v| v.as_str()).ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer} published no cuda-ipc `{k}` (rendezvous {info})"
-                ))
+                RuntimeError::from(TransportError::NoRendezvous {
+                    peer,
+                    transport: "cuda-ipc",
+                    field: k.to_string(),
+                    suffix: "",
+                    info: info.to_string(),
+                })
             })
         };
         let ctl_name = field("ctl")?.to_string();
-        let event: IpcEventHandle = field("event")?.parse().map_err(|e: CudaError| {
-            RuntimeError::Transport(format!("training rank {peer}'s event: {e}"))
-        })?;
+        let event: IpcEventHandle = field("event")?
+            .parse()
+            .map_err(|source| TransportError::Event { peer, source })?;
         let t0 = Instant::now();
         let (ctl, published) = Control::open(&ctl_name)?;
         let control_ms = ms_since(t0);
@@ -583,12 +638,7 @@ impl CudaIpcTransport {
             .iter()
             .find(|e| e.key == me)
             .map(|e| e.first_sum)
-            .ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer} has no plan for inference rank {} (plans disagree)",
-                    self.me
-                ))
-            })?;
+            .ok_or_else(|| RuntimeError::from(TransportError::NoPlanFor { peer, me: self.me }))?;
         let err = transport_err("opening the training rank's memory");
         let threads = open_threads();
         let t0 = Instant::now();
@@ -653,6 +703,19 @@ impl CudaIpcTransport {
             import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
         });
         let descs = split_linear(&joined, SPLIT_BYTES);
+        let largest = (0..import.len())
+            .filter_map(|i| import.mapping(i))
+            .map(|(_, size)| size)
+            .max()
+            .unwrap_or(0);
+        let driver_min = driver_min(largest);
+        let driver_copies = match &self.engine {
+            Some(e) => {
+                e.set_driver_min(driver_min);
+                descs.iter().filter(|d| !e.by_kernel(d)).count()
+            }
+            None => 0,
+        };
         let min = graph_min();
         let graph = match &self.engine {
             Some(e) if min > 0 && descs.len() >= min => {
@@ -665,6 +728,7 @@ impl CudaIpcTransport {
         };
         let joined_stats = JoinStats {
             graph_copies: graph.as_ref().map_or(0, |g| g.copies),
+            driver_copies,
             control_ms,
             open_ms,
             open_threads: threads,
@@ -677,6 +741,7 @@ impl CudaIpcTransport {
         };
         Ok(Remote {
             graph,
+            driver_min,
             stats: joined_stats,
             ctl_name,
             ctl,
@@ -693,7 +758,7 @@ impl CudaIpcTransport {
         }
         self.staging
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))
+            .ok_or_else(|| TransportError::NoStaging.into())
     }
 
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
@@ -702,15 +767,12 @@ impl CudaIpcTransport {
         if ctx.checksums {
             // hash every bucket as the receivers see it, from a host copy of the weights
             self.staging()?;
-            let staging = self
-                .staging
-                .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))?;
+            let staging = self.staging.as_ref().ok_or(TransportError::NoStaging)?;
             self.tensors.download_to(staging)?;
             let sender = self
                 .sender
                 .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+                .ok_or(TransportError::Closed("cuda-ipc transport"))?;
             let mut idx = 0u64;
             for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
                 for b in buckets {
@@ -726,7 +788,7 @@ impl CudaIpcTransport {
         let sender = self
             .sender
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+            .ok_or(TransportError::Closed("cuda-ipc transport"))?;
         for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
             stats.buckets += buckets.len() as u64;
             stats.bytes += peer.bytes;
@@ -768,7 +830,7 @@ impl CudaIpcTransport {
         let engine = self
             .engine
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("cuda-ipc transport is closed".into()))?;
+            .ok_or(TransportError::Closed("cuda-ipc transport"))?;
         let copied = (|| {
             for peer in &self.plan.peers {
                 let remote = &self.remotes[&peer.peer];
@@ -782,7 +844,10 @@ impl CudaIpcTransport {
                 match &remote.graph {
                     // SAFETY: as below, for the captured copies.
                     Some(g) => unsafe { engine.replay(g, Some(&remote.event), None) },
-                    None => unsafe { engine.launch(&remote.descs, Some(&remote.event), None) },
+                    None => {
+                        engine.set_driver_min(remote.driver_min);
+                        unsafe { engine.launch(&remote.descs, Some(&remote.event), None) }
+                    }
                 }
                 .map_err(transport_err("queueing the copies"))?;
             }
@@ -801,10 +866,7 @@ impl CudaIpcTransport {
         let mut stats = ExecStats::default();
         if ctx.checksums {
             self.staging()?;
-            let staging = self
-                .staging
-                .as_ref()
-                .ok_or_else(|| RuntimeError::Transport("no host staging set".into()))?;
+            let staging = self.staging.as_ref().ok_or(TransportError::NoStaging)?;
             self.tensors.download_to(staging)?;
             for (pi, peer) in self.plan.peers.iter().enumerate() {
                 let remote = &self.remotes[&peer.peer];
@@ -827,10 +889,11 @@ impl CudaIpcTransport {
         for (pi, peer) in self.plan.peers.iter().enumerate() {
             let remote = &self.remotes[&peer.peer];
             if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
-                return Err(RuntimeError::Transport(format!(
-                    "training rank {} withdrew version {} while it was being read",
-                    peer.peer, ctx.version
-                )));
+                return Err(TransportError::Withdrawn {
+                    peer: peer.peer,
+                    version: ctx.version,
+                }
+                .into());
             }
             stats.buckets += self.buckets[pi].len() as u64;
             stats.bytes += peer.bytes;
@@ -943,6 +1006,25 @@ mod tests {
     use awex_core::dtype::DType;
     use awex_core::layout::Dims;
     use awex_core::plan::{PeerPlan, Transfer};
+
+    #[test]
+    fn large_copies_go_through_the_driver_only_out_of_moderate_allocations() {
+        // PyTorch-sized allocations: copies of 4 MiB and more through the driver
+        assert_eq!(driver_min_with(1 << 30, None), Some(4 << 20));
+        assert_eq!(driver_min_with(4 << 30, None), Some(4 << 20));
+        // one huge mapping (Megatron's contiguous buffer): the kernel for every copy
+        assert_eq!(driver_min_with((4 << 30) + 1, None), None);
+        assert_eq!(driver_min_with(16 << 30, None), None);
+        // the override, either way, and an unparsable one ignored
+        assert_eq!(driver_min_with(16 << 30, Some("0")), Some(0));
+        assert_eq!(driver_min_with(1 << 30, Some("64")), Some(64 << 20));
+        assert_eq!(driver_min_with(1 << 30, Some("off")), None);
+        assert_eq!(driver_min_with(1 << 30, Some("lots")), Some(4 << 20));
+        assert_eq!(
+            driver_min_with(1, Some("18446744073709551615")),
+            Some(u64::MAX)
+        );
+    }
 
     fn published() -> Published {
         let handle = |seed: u8| {

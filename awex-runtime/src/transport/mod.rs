@@ -186,10 +186,10 @@ pub trait Transport: Send {
     /// Atomic apply: copies what the last update received into staging into the live tensors;
     /// the bytes copied. Transports that write the live tensors directly refuse.
     fn apply(&mut self) -> Result<u64, RuntimeError> {
-        Err(RuntimeError::Config(format!(
-            "the {} transport writes the live tensors directly; it has nothing staged to apply",
-            self.kind()
-        )))
+        Err(crate::ConfigMismatch::NothingStaged {
+            transport: self.kind(),
+        }
+        .into())
     }
 
     /// Releases every resource (sockets, segments, handles).

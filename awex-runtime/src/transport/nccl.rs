@@ -150,15 +150,6 @@ pub struct NcclTransport {
     secret: Option<PairSecret>,
 }
 
-impl From<NcclError> for RuntimeError {
-    fn from(e: NcclError) -> Self {
-        match e {
-            NcclError::Cancelled(v) => RuntimeError::Aborted(v),
-            e => RuntimeError::Transport(e.to_string()),
-        }
-    }
-}
-
 impl NcclTransport {
     /// A transport for the rank of `plan`, moving `tensors` (device memory on `cfg.device`)
     /// through the communicator `uid` (created by training rank 0, shared under
@@ -654,7 +645,7 @@ impl Transport for NcclTransport {
             .comms
             .uid()
             .map(|(_, u)| u)
-            .ok_or_else(|| RuntimeError::Transport(format!("no unique id for kv `{key}`")))?;
+            .ok_or_else(|| NcclError::Usage(format!("no unique id for kv `{key}`")))?;
         Ok(Some((key.clone(), seal_uid(secret, &key, &uid))))
     }
 

@@ -7,10 +7,10 @@
 //! counted itself done. Receivers wait for `ready`, copy, verify, and count themselves done.
 
 use super::{ExecContext, ExecStats, Transport, TransportKind};
-use crate::RuntimeError;
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
+use crate::{PlacementError, RuntimeError, ShmError, TensorError, TransportError};
 use awex_core::layout::RankId;
 use awex_core::layout::Side;
 use awex_core::layout::copy::copy_box;
@@ -189,11 +189,10 @@ impl ShmTransport {
     }
 
     fn create_control(&mut self, name: &str) -> Result<(), RuntimeError> {
-        let data = self.tensors.shm().ok_or_else(|| {
-            RuntimeError::Config(
-                "the shm transport needs the training rank's tensors in awex shared memory (TensorSet::allocate_shm); use tcp for tensors allocated elsewhere".into(),
-            )
-        })?;
+        let data = self
+            .tensors
+            .shm()
+            .ok_or_else(|| RuntimeError::from(PlacementError::NotShared))?;
         let views: Vec<_> = self.tensors.iter().collect();
         let n_sums: usize = self.buckets.iter().map(Vec::len).sum();
         let size = Control::size(
@@ -201,7 +200,7 @@ impl ShmTransport {
             self.plan.peers.len() as u64,
             n_sums as u64,
         )
-        .ok_or_else(|| RuntimeError::Config("the shm control tables overflow".into()))?;
+        .ok_or(ShmError::TablesOverflow)?;
         let seg = ShmSegment::create(name, size)?;
         let ctl = Control { seg };
         let base = data.ptr() as usize;
@@ -215,10 +214,10 @@ impl ShmTransport {
             let p = v.ptr() as usize;
             let off = p.wrapping_sub(base);
             if p < base || off + v.len() > data.len() {
-                return Err(RuntimeError::Config(format!(
-                    "tensor `{}` does not live in the rank's shared-memory segment",
-                    v.name
-                )));
+                return Err(PlacementError::OutsideSegment {
+                    name: v.name.to_string(),
+                }
+                .into());
             }
             let w = HEADER / 8 + 3 * i;
             ctl.word(w).store(name_hash(&v.name), Ordering::Relaxed);
@@ -242,9 +241,13 @@ impl ShmTransport {
     fn open_remote(&self, peer: RankId, info: &serde_json::Value) -> Result<Remote, RuntimeError> {
         let field = |k: &str| {
             info.get(k).and_then(|v| v.as_str()).ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer} published no shm `{k}` segment (rendezvous {info})"
-                ))
+                RuntimeError::from(TransportError::NoRendezvous {
+                    peer,
+                    transport: "shm",
+                    field: k.to_string(),
+                    suffix: " segment",
+                    info: info.to_string(),
+                })
             })
         };
         let ctl_name = field("ctl")?.to_string();
@@ -252,32 +255,31 @@ impl ShmTransport {
             seg: ShmSegment::open(&ctl_name)?,
         };
         if !ctl.valid() {
-            return Err(RuntimeError::Transport(format!(
-                "shm segment `{ctl_name}` of training rank {peer} is not an awex control segment"
-            )));
+            return Err(TransportError::NotShmControl {
+                name: ctl_name,
+                peer,
+            }
+            .into());
         }
         if ctl.bucket_bytes() != self.bucket_bytes {
-            return Err(RuntimeError::Transport(format!(
-                "training rank {peer} uses buckets of {} bytes, this rank {} (every rank must use the pair's bucket_mib)",
-                ctl.bucket_bytes(),
-                self.bucket_bytes
-            )));
+            return Err(TransportError::BucketSize {
+                peer,
+                theirs: ctl.bucket_bytes(),
+                ours: self.bucket_bytes,
+            }
+            .into());
         }
         let data = ShmSegment::open(field("data")?)?;
         let mut tensors = HashMap::new();
         for i in 0..ctl.n_tensors() {
-            let (h, off, len) = ctl.tensor_entry(i).ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer}'s tensor table is outside its control segment"
-                ))
-            })?;
+            let (h, off, len) = ctl
+                .tensor_entry(i)
+                .ok_or_else(|| RuntimeError::from(TransportError::TableOutside { peer }))?;
             if off
                 .checked_add(len)
                 .is_none_or(|end| end > data.len() as u64)
             {
-                return Err(RuntimeError::Transport(format!(
-                    "training rank {peer} lists a tensor outside its segment"
-                )));
+                return Err(TransportError::TensorOutside { peer }.into());
             }
             tensors.insert(h, (off, len));
         }
@@ -285,12 +287,7 @@ impl ShmTransport {
         let (_, sums_at, n) = (0..ctl.n_peers())
             .map_while(|i| ctl.peer_entry(i))
             .find(|e| e.0 == me)
-            .ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "training rank {peer} has no plan for inference rank {} (plans disagree)",
-                    self.me
-                ))
-            })?;
+            .ok_or_else(|| RuntimeError::from(TransportError::NoPlanFor { peer, me: self.me }))?;
         // the sender's bucket count for this rank must be this rank's, and its checksums
         // inside the sender's table
         let mine = self
@@ -300,11 +297,15 @@ impl ShmTransport {
             .position(|p| p.peer == peer)
             .map_or(0, |i| self.buckets[i].len() as u64);
         if n != mine || sums_at.checked_add(n).is_none_or(|end| end > ctl.n_sums()) {
-            return Err(RuntimeError::Transport(format!(
-                "training rank {peer} cuts its transfers to inference rank {} into {n} buckets (checksums {sums_at}..), this rank into {mine} of {} checksums (bucket sizes or plans disagree)",
-                self.me,
-                ctl.n_sums()
-            )));
+            return Err(TransportError::BucketCount {
+                peer,
+                me: self.me,
+                theirs: n,
+                sums_at,
+                ours: mine,
+                sums: ctl.n_sums(),
+            }
+            .into());
         }
         Ok(Remote {
             ctl_name,
@@ -319,7 +320,7 @@ impl ShmTransport {
         let ctl = self
             .ctl
             .as_ref()
-            .ok_or_else(|| RuntimeError::Transport("shm transport is closed".into()))?;
+            .ok_or(TransportError::Closed("shm transport"))?;
         let mut stats = ExecStats::default();
         let mut idx = 0u64;
         for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
@@ -329,7 +330,7 @@ impl ShmTransport {
                     let n = pack(b, &peer.transfers, &self.tensors, &mut self.scratch)?;
                     let h = xxhash_rust::xxh3::xxh3_64(&self.scratch[..n]);
                     ctl.sum(idx)
-                        .ok_or_else(|| RuntimeError::Transport("checksum table too small".into()))?
+                        .ok_or(TransportError::ChecksumTable)?
                         .store(h, Ordering::Relaxed);
                     stats.checksum = stats.checksum.wrapping_add(h);
                 }
@@ -375,10 +376,10 @@ impl ShmTransport {
                             .tensors
                             .get(&name_hash(&t.src_tensor))
                             .ok_or_else(|| {
-                                RuntimeError::Transport(format!(
-                                    "training rank {} does not share tensor `{}`",
-                                    peer.peer, t.src_tensor
-                                ))
+                                RuntimeError::from(TransportError::Unshared {
+                                    peer: peer.peer,
+                                    tensor: t.src_tensor.to_string(),
+                                })
                             })?;
                     // SAFETY: off+len was checked against the mapping when the remote was opened.
                     let src = unsafe {
@@ -388,10 +389,10 @@ impl ShmTransport {
                         )
                     };
                     let dst = self.tensors.get(&t.dst_tensor).ok_or_else(|| {
-                        RuntimeError::Tensor(format!(
-                            "destination tensor `{}` is not registered",
-                            t.dst_tensor
-                        ))
+                        RuntimeError::from(TensorError::NotRegistered {
+                            side: "destination",
+                            name: t.dst_tensor.to_string(),
+                        })
                     })?;
                     // SAFETY: the plan writes each destination box exactly once.
                     let out = unsafe { dst.try_bytes_mut()? };
@@ -417,10 +418,10 @@ impl ShmTransport {
                         .checked_add(bi as u64)
                         .and_then(|i| remote.ctl.sum(i))
                         .ok_or_else(|| {
-                            RuntimeError::Transport(format!(
-                                "training rank {} has no checksum for bucket {bi}",
-                                peer.peer
-                            ))
+                            RuntimeError::from(TransportError::NoChecksum {
+                                peer: peer.peer,
+                                bucket: bi,
+                            })
                         })?
                         .load(Ordering::Relaxed);
                     if h != want {
@@ -434,10 +435,11 @@ impl ShmTransport {
                 stats.buckets += 1;
             }
             if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
-                return Err(RuntimeError::Transport(format!(
-                    "training rank {} withdrew version {} while it was being read",
-                    peer.peer, ctx.version
-                )));
+                return Err(TransportError::Withdrawn {
+                    peer: peer.peer,
+                    version: ctx.version,
+                }
+                .into());
             }
             remote.ctl.done().fetch_add(1, Ordering::AcqRel);
             stats.bytes += peer.bytes;

@@ -15,9 +15,9 @@
 
 use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport, TransportKind};
-use crate::RuntimeError;
 use crate::bucket::{Bucket, make_buckets, pack, unpack};
 use crate::tensors::TensorSet;
+use crate::{RuntimeError, TransportError};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::{PeerPlan, RankPlan};
 use std::collections::HashMap;
@@ -95,11 +95,12 @@ impl Io<'_> {
             }
             let left = self.deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(RuntimeError::Transport(format!(
-                    "{what}: timed out after {:.1} s waiting for {}",
-                    started.elapsed().as_secs_f64(),
-                    self.peer
-                )));
+                return Err(TransportError::PeerTimedOut {
+                    what: what.to_string(),
+                    peer: self.peer.clone(),
+                    after: started.elapsed(),
+                }
+                .into());
             }
             let t = Some(left.min(SLICE).max(Duration::from_millis(1)));
             if write {
@@ -117,10 +118,12 @@ impl Io<'_> {
                             | std::io::ErrorKind::Interrupted
                     ) => {}
                 Err(e) => {
-                    return Err(RuntimeError::Transport(format!(
-                        "{what}: {} failed: {e}",
-                        self.peer
-                    )));
+                    return Err(TransportError::PeerFailed {
+                        what: what.to_string(),
+                        peer: self.peer.clone(),
+                        source: e,
+                    }
+                    .into());
                 }
             }
         }
@@ -134,10 +137,11 @@ impl Io<'_> {
             let r = &mut *s;
             let n = self.wait(&*r, what, started, false, || (&*r).read(&mut buf[off..]))?;
             if n == 0 {
-                return Err(RuntimeError::Transport(format!(
-                    "{what}: {} closed the connection",
-                    self.peer
-                )));
+                return Err(TransportError::PeerClosed {
+                    what: what.to_string(),
+                    peer: self.peer.clone(),
+                }
+                .into());
             }
             off += n;
         }
@@ -152,10 +156,11 @@ impl Io<'_> {
             let r = &mut *s;
             let n = self.wait(&*r, what, started, true, || (&*r).write(&buf[off..]))?;
             if n == 0 {
-                return Err(RuntimeError::Transport(format!(
-                    "{what}: {} closed the connection",
-                    self.peer
-                )));
+                return Err(TransportError::PeerClosed {
+                    what: what.to_string(),
+                    peer: self.peer.clone(),
+                }
+                .into());
             }
             off += n;
         }
@@ -164,15 +169,13 @@ impl Io<'_> {
 }
 
 fn io_err(what: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
-    move |e| RuntimeError::Transport(format!("{what}: {e}"))
+    move |source| TransportError::Io { what, source }.into()
 }
 
 fn remaining(deadline: Instant) -> Result<Duration, RuntimeError> {
     let d = deadline.saturating_duration_since(Instant::now());
     if d.is_zero() {
-        return Err(RuntimeError::Transport(
-            "deadline passed during network I/O".into(),
-        ));
+        return Err(TransportError::DeadlinePassed.into());
     }
     Ok(d)
 }
@@ -310,22 +313,20 @@ impl TcpTransport {
             .get(&peer.peer)
             .and_then(|v| v.get("addr"))
             .and_then(|v| v.as_str())
-            .ok_or_else(|| {
-                RuntimeError::Transport(format!(
-                    "inference rank {} published no tcp address",
-                    peer.peer
-                ))
-            })?;
+            .ok_or_else(|| RuntimeError::from(TransportError::NoAddress { peer: peer.peer }))?;
         let sock = addr
             .to_socket_addrs()
             .map_err(io_err(format!("resolve {addr}")))?
             .next()
-            .ok_or_else(|| RuntimeError::Transport(format!("{addr} resolves to nothing")))?;
-        let secret = self.secret.lock().ok().and_then(|g| g.clone()).ok_or_else(|| {
-            RuntimeError::Transport(
-                "the tcp transport has no pair secret (it comes with the gateway's join answer; is the gateway older than this rank?)".into(),
-            )
-        })?;
+            .ok_or_else(|| TransportError::Unresolvable {
+                addr: addr.to_string(),
+            })?;
+        let secret = self
+            .secret
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
+            .ok_or_else(|| RuntimeError::from(TransportError::NoSecret))?;
         let wait = remaining(ctx.deadline)?.min(Duration::from_secs(10));
         let mut s = TcpStream::connect_timeout(&sock, wait).map_err(io_err(format!(
             "connect to inference rank {} at {addr}",
@@ -351,11 +352,12 @@ impl TcpTransport {
             "hello (its proof; a refusal means it does not accept this connection, see its log)",
         )?;
         if !secret.verify(b"R", &transcript, &theirs) {
-            return Err(RuntimeError::Transport(format!(
-                "{addr} does not hold pair `{}`'s secret: it is not inference rank {}",
-                secret.pair(),
-                peer.peer
-            )));
+            return Err(TransportError::NotAuthenticated {
+                addr: addr.to_string(),
+                pair: secret.pair().to_string(),
+                peer: peer.peer,
+            }
+            .into());
         }
         self.outgoing.insert(peer.peer, s);
         Ok(())
@@ -387,7 +389,7 @@ impl TcpTransport {
             let (lock, cv) = &*self.incoming;
             let mut map = lock
                 .lock()
-                .map_err(|_| RuntimeError::Transport("poisoned".into()))?;
+                .map_err(|_| RuntimeError::from(TransportError::Poisoned))?;
             let want = if ctx.attempt > 1 { ctx.tag() } else { 0 };
             for (i, peer) in plan.peers.iter().enumerate() {
                 // on a retry, only a connection opened for this attempt will do
@@ -396,14 +398,14 @@ impl TcpTransport {
                     .is_some_and(|(t, _)| want == 0 || *t == want)
                 {
                     ctx.check().map_err(|e| {
-                        RuntimeError::Transport(format!(
-                            "training rank {} never connected ({e})",
-                            peer.peer
-                        ))
+                        RuntimeError::from(TransportError::NeverConnected {
+                            peer: peer.peer,
+                            cause: Box::new(e),
+                        })
                     })?;
                     map = cv
                         .wait_timeout(map, Duration::from_millis(20))
-                        .map_err(|_| RuntimeError::Transport("poisoned".into()))?
+                        .map_err(|_| RuntimeError::from(TransportError::Poisoned))?
                         .0;
                 }
                 let s = map[&peer.peer]
@@ -444,9 +446,8 @@ impl TcpTransport {
             handles
                 .into_iter()
                 .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Transport("peer thread panicked".into()))
-                    })
+                    h.join()
+                        .unwrap_or_else(|_| Err(TransportError::Panicked("peer thread").into()))
                 })
                 .collect()
         });
@@ -483,6 +484,7 @@ struct Acceptor {
 impl Acceptor {
     fn run(self, listener: TcpListener) {
         let me = Arc::new(self);
+        let mut last_error = None;
         while !me.stop.load(Ordering::Acquire) {
             match listener.accept() {
                 Ok((s, from)) => {
@@ -497,9 +499,11 @@ impl Acceptor {
                         .spawn(move || {
                             if let Err(why) = a.hello(s, from) {
                                 a.refused.fetch_add(1, Ordering::AcqRel);
-                                eprintln!(
-                                    "awex: inference rank {}: refused a tcp connection from {from}: {why}",
-                                    a.me
+                                tracing::warn!(
+                                    rank = %a.me,
+                                    %from,
+                                    reason = %why,
+                                    "refused a tcp connection"
                                 );
                             }
                             a.handshakes.fetch_sub(1, Ordering::AcqRel);
@@ -511,17 +515,21 @@ impl Acceptor {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => {
+                    // out of descriptors and the like: said at most once a second
+                    if last_error.is_none_or(|t: Instant| t.elapsed() >= Duration::from_secs(1)) {
+                        tracing::warn!(rank = %me.me, error = %e, "accepting a tcp connection failed");
+                        last_error = Some(Instant::now());
+                    }
+                    std::thread::sleep(Duration::from_millis(20))
+                }
             }
         }
     }
 
     fn refuse(&self, s: &TcpStream, from: std::net::SocketAddr, why: &str) {
         self.refused.fetch_add(1, Ordering::AcqRel);
-        eprintln!(
-            "awex: inference rank {}: refused a tcp connection from {from}: {why}",
-            self.me
-        );
+        tracing::warn!(rank = %self.me, %from, reason = %why, "refused a tcp connection");
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
 
@@ -667,9 +675,7 @@ fn send_peer(
             let mut st = ExecStats::default();
             for b in buckets {
                 ctx.check()?;
-                let mut buf = free_rx
-                    .recv()
-                    .map_err(|_| RuntimeError::Transport("sender stopped".into()))?;
+                let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
                 let n = pack(b, &peer.transfers, tensors, &mut buf)?;
                 let h = if ctx.checksums {
                     xxhash_rust::xxh3::xxh3_64(&buf[..n])
@@ -680,10 +686,7 @@ fn send_peer(
                 st.bytes += n as u64;
                 st.buckets += 1;
                 if full_tx.send((n, buf, h)).is_err() {
-                    return Err(RuntimeError::Transport(format!(
-                        "connection to {} broke",
-                        peer.peer
-                    )));
+                    return Err(TransportError::Broken { peer: peer.peer }.into());
                 }
             }
             Ok(st)
@@ -704,7 +707,7 @@ fn send_peer(
         })();
         let packed = packer
             .join()
-            .unwrap_or_else(|_| Err(RuntimeError::Transport("packer panicked".into())));
+            .unwrap_or_else(|_| Err(TransportError::Panicked("packer").into()));
         written.and(packed)
     })
 }
@@ -729,10 +732,7 @@ fn receive_peer(
             let mut st = ExecStats::default();
             for (i, (n, mut buf, h)) in full_rx.iter().enumerate() {
                 let b = buckets.get(i).ok_or_else(|| {
-                    RuntimeError::Transport(format!(
-                        "training rank {} sent too many buckets",
-                        peer.peer
-                    ))
+                    RuntimeError::from(TransportError::TooManyBuckets { peer: peer.peer })
                 })?;
                 if ctx.corrupt && i == 0 && n > 0 {
                     buf[0] ^= 0x5a;
@@ -772,10 +772,16 @@ fn receive_peer(
                     || len != b.bytes
                     || len > buf.len() as u64
                 {
-                    return Err(RuntimeError::Transport(format!(
-                        "{what}: expected bucket {i} of version {} ({} bytes), got bucket {bucket} of version {version} ({len} bytes)",
-                        ctx.version, b.bytes
-                    )));
+                    return Err(TransportError::UnexpectedBucket {
+                        what,
+                        index: i,
+                        version: ctx.version,
+                        bytes: b.bytes,
+                        got_bucket: bucket,
+                        got_version: version,
+                        got_bytes: len,
+                    }
+                    .into());
                 }
                 io.read(&mut s, &mut buf[..len as usize], &what)?;
                 if full_tx.send((len as usize, buf, h)).is_err() {
@@ -786,7 +792,7 @@ fn receive_peer(
         })();
         let unpacked = unpacker
             .join()
-            .unwrap_or_else(|_| Err(RuntimeError::Transport("unpacker panicked".into())));
+            .unwrap_or_else(|_| Err(TransportError::Panicked("unpacker").into()));
         match (unpacked, read) {
             (Err(e), _) => Err(e),
             (Ok(_), Err(e)) => Err(e),

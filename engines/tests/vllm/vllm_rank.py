@@ -43,9 +43,10 @@ def stub_gpu_kernels() -> None:
     um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.TRITON, None)
 
 
-def main() -> None:
-    case = json.loads(sys.argv[1])
-    rank, out = int(sys.argv[2]), sys.argv[3]
+def build(case: dict, rank: int):
+    """``(model, vllm_config)``: TP rank ``rank`` of the case's vLLM model class, built on CPU
+    inside ``set_current_vllm_config`` with vLLM's parallel groups over gloo, its parameters as
+    the class's constructor left them."""
     tp, ep = case["tp"], case.get("ep", 1)
     from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig, ParallelConfig,
                              VllmConfig, set_current_vllm_config)
@@ -69,7 +70,17 @@ def main() -> None:
         cls, _ = get_model_architecture(model_config)
         torch.set_default_dtype(torch.float32)
         model = cls(vllm_config=vc, prefix="")
-        canon = torch.load(case["canonical"])
+    return model, vc
+
+
+def main() -> None:
+    case = json.loads(sys.argv[1])
+    rank, out = int(sys.argv[2]), sys.argv[3]
+    from vllm.config import set_current_vllm_config
+
+    model, vc = build(case, rank)
+    canon = torch.load(case["canonical"])
+    with set_current_vllm_config(vc):
         model.load_weights(iter(canon.items()))
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.save(params, os.path.join(out, f"rank{rank}.pt"))

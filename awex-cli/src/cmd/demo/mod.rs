@@ -45,7 +45,9 @@ use awex_core::layout::RankId;
 use awex_runtime::shm::list_segments;
 use awex_runtime::transport::TransportKind;
 use progress::Progress;
-use ranks::{Workers, wait_filled, wait_ready, wait_rejoined, wait_verdict, worker_command};
+use ranks::{
+    Workers, wait_connected, wait_filled, wait_ready, wait_rejoined, wait_verdict, worker_command,
+};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -186,6 +188,9 @@ async fn demo(
     }
     let joining = Instant::now();
     wait_ready(&client, &pair, &mut workers).await?;
+    if awex_runtime::host::on_gpu(transport) {
+        wait_connected(&client, &pair, r, &mut workers).await?;
+    }
     let join_ms = t_spawn.elapsed().as_secs_f64() * 1e3;
     progress.say(&format!(
         "every rank joined in {:.1} s; {}",

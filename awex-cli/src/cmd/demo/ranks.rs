@@ -5,7 +5,7 @@ use super::gpus::nccl_nvls_default;
 use crate::cmd::plan::Resolved;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
-use awex_core::layout::RankId;
+use awex_core::layout::{RankId, Side};
 use awex_runtime::transport::TransportKind;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -132,6 +132,46 @@ pub async fn wait_filled(
     Ok(())
 }
 
+/// Waits until every rank of a GPU transport says its transport is connected (kv
+/// `connected.rdv.{side}.{engine}.{rank}`, put by the worker after its join): the handles
+/// opened and the copies built belong to the join, not to the first update.
+pub async fn wait_connected(
+    client: &Client,
+    pair: &str,
+    r: &Resolved,
+    workers: &mut Workers,
+) -> anyhow::Result<()> {
+    let stop_by = Instant::now() + Duration::from_secs(600);
+    let ranks = r
+        .training
+        .ranks()
+        .into_iter()
+        .map(|k| (Side::Training, k))
+        .chain(
+            r.inference
+                .ranks()
+                .into_iter()
+                .map(|k| (Side::Inference, k)),
+        );
+    for (side, rank) in ranks {
+        let key = crate::cmd::worker::connected_key(side, rank);
+        loop {
+            match client.get_kv(pair, &key, Duration::from_secs(1)).await {
+                Ok(_) => break,
+                Err(e) if e.status() == Some(404) => {}
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("waiting for {key}"))),
+            }
+            if let Some(e) = workers.exited() {
+                bail!("{e} before {side} rank {rank} connected its transport");
+            }
+            if Instant::now() > stop_by {
+                bail!("{side} rank {rank} did not connect its transport within 600 s");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Waits until every rank joined the pair (a worker that dies first is an error).
 pub async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> anyhow::Result<()> {
     loop {
@@ -195,6 +235,11 @@ pub fn worker_command(
         .args(["--gpu", &gpu.to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
+    // the ranks log every update at `info`; the demo's own lines say what happened, so its
+    // ranks print warnings and errors only unless RUST_LOG asks for more
+    if std::env::var_os("RUST_LOG").is_none() {
+        c.env("RUST_LOG", "warn");
+    }
     if a.transport.parse::<TransportKind>().ok() == Some(TransportKind::Nccl)
         && let Some((k, v)) = nccl_nvls_default(std::env::var_os("NCCL_NVLS_ENABLE").as_deref())
     {

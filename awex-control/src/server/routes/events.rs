@@ -20,19 +20,43 @@ pub(crate) async fn poll(
 ) -> Result<Json<EventsResponse>, ApiError> {
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
+    let _permit = gw.long_poll(&entry, wait)?;
+    // a rank that names its claim id is seen live while its poll is open
+    let mut seen = q.incarnation.as_deref().and_then(|c| {
+        let slot = entry.lock().roster.begin_poll(c)?;
+        Some(PollSeen {
+            entry: entry.clone(),
+            slot,
+            incarnation: c.to_string(),
+            answered: false,
+        })
+    });
+    let answer = wait_for_events(&entry, &name, q.after, wait).await;
+    if let Some(s) = seen.as_mut() {
+        s.answered = true;
+    }
+    answer
+}
+
+/// Waits up to `wait` ms for events of `entry` after `after`.
+async fn wait_for_events(
+    entry: &crate::server::state::PairEntry,
+    name: &str,
+    after: u64,
+    wait: u64,
+) -> Result<Json<EventsResponse>, ApiError> {
     let mut rx = entry.events_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {
         {
             let p = entry.lock();
             let last = p.events.last_seq();
-            if q.after > last {
+            if after > last {
                 return Err(ApiError::Conflict(format!(
-                    "after={} is beyond the last event of pair `{name}` ({last}); the pair was probably connected again: join it anew",
-                    q.after
+                    "after={after} is beyond the last event of pair `{name}` ({last}); the pair was probably connected again: join it anew"
                 )));
             }
-            let events = p.events.since(q.after);
+            let events = p.events.since(after);
             if !events.is_empty() || p.state == PairState::Disconnected {
                 return Ok(Json(EventsResponse {
                     events,
@@ -60,4 +84,24 @@ pub(crate) struct EventsQuery {
     #[serde(default)]
     after: u64,
     timeout_ms: Option<u64>,
+    /// The polling rank's claim id (what it sent as `info.incarnation` when it joined).
+    incarnation: Option<String>,
+}
+
+/// Ends a rank's open poll; a poll dropped before it was answered (the rank's connection
+/// closed: the process died, or gave up on the poll) no longer vouches for the holder.
+struct PollSeen {
+    entry: std::sync::Arc<crate::server::state::PairEntry>,
+    slot: usize,
+    incarnation: String,
+    answered: bool,
+}
+
+impl Drop for PollSeen {
+    fn drop(&mut self) {
+        self.entry
+            .lock()
+            .roster
+            .end_poll(self.slot, &self.incarnation, self.answered);
+    }
 }

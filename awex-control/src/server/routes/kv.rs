@@ -4,6 +4,7 @@
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams, wait_ms};
 use crate::server::state::AppState;
+use crate::server::store::disk::Op;
 use crate::server::validate;
 use crate::wire::{KvEntry, KvPut, PairState};
 use crate::wire::{MAX_KV_KEYS, MAX_KV_VALUE_BYTES};
@@ -38,6 +39,19 @@ pub(crate) async fn put(
         }
         PairState::Joining | PairState::Ready => {}
     }
+    // kept as compact JSON text: what the value costs in memory is its size
+    let raw = serde_json::value::to_raw_value(&body.value)
+        .map_err(|e| ApiError::Unprocessable(format!("the value of key `{key}`: {e}")))?;
+    // a rank's rendezvous value: only the slot's live holder may replace it
+    if let Some(slot) = crate::server::store::roster::rendezvous_slot(&entry.slots, &key) {
+        let pid = body.value.get("pid").and_then(serde_json::Value::as_u64);
+        p.roster.check_claim(
+            &entry.slots,
+            slot,
+            crate::server::store::roster::incarnation_of(&body.value),
+            pid,
+        )?;
+    }
     let is_new = !p.kv.values.contains_key(&key);
     if is_new && p.kv.values.len() >= MAX_KV_KEYS {
         return Err(ApiError::Conflict(format!(
@@ -46,9 +60,10 @@ pub(crate) async fn put(
     }
     p.kv.revision += 1;
     let revision = p.kv.revision;
-    p.kv.values
-        .insert(key.clone(), (body.value.clone(), revision));
+    p.kv.values.insert(key.clone(), (raw, revision));
     p.roster.invalidate();
+    p.changed(Op::Kv(key.clone()));
+    p.changed(Op::State);
     drop(p);
     entry.kv_tx.send_replace(());
     let status = if is_new {
@@ -78,6 +93,7 @@ pub(crate) async fn get(
     };
     let entry = gw.pair(&name)?;
     validate::name("key", &key)?;
+    let _permit = gw.long_poll(&entry, wait)?;
     let mut rx = entry.kv_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {

@@ -9,10 +9,8 @@ use crate::server::engine::{EngineCmd, EngineEvents, EngineLane};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, json_error};
 use crate::server::state::{AppState, Pair, PairEntry, unix_ms};
-use crate::server::store::events::EventLog;
-use crate::server::store::kv::KvStore;
-use crate::server::store::roster::{Roster, Slots};
-use crate::server::store::updates::Updates;
+use crate::server::store::disk::{Op, Write};
+use crate::server::store::roster::Slots;
 use crate::server::validate;
 use crate::wire::MAX_RANKS;
 use crate::wire::{ConnectRequest, PairState, PairStatus, Resume, SideStatus};
@@ -81,7 +79,7 @@ fn option(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), ApiError> {
 
 /// The inference backend's engine control, when the pair names engine URLs: a backend that
 /// cannot drive its servers refuses URLs instead of ignoring them.
-fn engine_control(
+pub(crate) fn engine_control(
     backend: &str,
     urls: &[String],
 ) -> Result<Option<&'static dyn EngineControl>, ApiError> {
@@ -281,7 +279,13 @@ pub(crate) async fn connect(
 ) -> Result<(StatusCode, Json<PairStatus>), ApiError> {
     let req: ConnectRequest = serde_json::from_value(raw.clone()).map_err(|e| json_error(&e))?;
     // validation builds both catalogues and layouts (seconds for a 1T model): off the async
-    // workers, so that health checks and long-polls keep answering meanwhile
+    // workers, and a core fewer at once than the machine has, so that health checks and
+    // long-polls keep answering meanwhile
+    let _slot = gw
+        .validations
+        .acquire()
+        .await
+        .map_err(|_| ApiError::Unavailable("the gateway is shutting down".to_string()))?;
     let (req, (slots, training, inference)) = tokio::task::spawn_blocking(move || {
         let checked = check(&req, &raw);
         checked.map(|c| (req, c))
@@ -300,13 +304,13 @@ pub(crate) async fn connect(
         Some(c) => {
             let parallel = checked_parallel(&req.inference.backend, &req.inference.parallel);
             let model = req.inference.model.name.clone();
-            let architecture = format!("{:?}", req.inference.model.architecture);
+            let architecture = req.inference.model.architecture.hf_name();
             gw.engines
                 .check_servers(c, &urls, |engine| EngineExpect {
                     engine,
                     parallel: &parallel,
                     model: Some(&model),
-                    architecture: &architecture,
+                    architecture,
                 })
                 .await
                 .map_err(ApiError::Unprocessable)?
@@ -335,20 +339,15 @@ pub(crate) async fn connect(
         join_deadline,
         training,
         inference,
-        inner: Mutex::new(Pair {
-            state: PairState::Joining,
-            join_error: None,
-            roster: Roster::new(slots.total()),
-            kv: KvStore::default(),
-            updates: Updates::default(),
-            events: EventLog::default(),
-            engine_errors: Vec::new(),
-        }),
+        join_deadline_unix_ms: unix_ms() + req.options.join_deadline_ms,
+        inner: Mutex::new(Pair::new(&slots)),
         roster_tx: watch::Sender::new(()),
         events_tx: watch::Sender::new(0),
         kv_tx: watch::Sender::new(()),
         update_tx: watch::Sender::new(()),
         metrics: gw.metrics.clone(),
+        facts: facts.clone(),
+        store: gw.store.clone(),
         engines: control.filter(|_| !urls.is_empty()).map(|control| {
             EngineLane::spawn(
                 weak.clone() as Weak<dyn EngineEvents>,
@@ -378,6 +377,19 @@ pub(crate) async fn connect(
                 "the gateway holds {held} pairs (disconnected ones are remembered for {} ms), its limit; disconnect one and wait, or raise the limit",
                 gw.config.tombstone.as_millis()
             )));
+        }
+        if let Some(store) = &gw.store {
+            // a remembered disconnected pair of that name is replaced: its rows go first
+            let mut rows = vec![
+                Write::DeletePair(name.clone()),
+                Write::Pair(
+                    name.clone(),
+                    serde_json::to_vec(&entry.record()).unwrap_or_default(),
+                ),
+            ];
+            rows.push(Write::NextId(entry.id + 1));
+            store.submit(rows);
+            entry.lock().changed(Op::State);
         }
         pairs.insert(name, entry.clone());
     }
@@ -443,6 +455,7 @@ pub(crate) async fn resume(
                 )));
             }
             p.updates.accept_torn();
+            p.changed(Op::State);
         }
         if let Some((version, attempt, _)) = latest {
             entry.engine_cmd(EngineCmd::Continue { version, attempt });
@@ -469,17 +482,218 @@ pub(crate) async fn disconnect(
         return Err(ApiError::disconnected(&name));
     }
     entry.disconnect();
-    let gateway = Arc::downgrade(&gw);
-    let id = entry.id;
-    let keep = gw.config.tombstone;
+    forget_later(&gw, name, entry.id, gw.config.tombstone);
+    Ok(Json(entry.status()))
+}
+
+/// Forgets the disconnected pair `name` (incarnation `id`) after `keep`, in memory and on disk,
+/// unless a new pair took the name meanwhile.
+pub(crate) fn forget_later(gw: &AppState, name: String, id: u64, keep: Duration) {
+    let gateway = Arc::downgrade(gw);
     tokio::spawn(async move {
         tokio::time::sleep(keep).await;
         if let Some(gw) = gateway.upgrade() {
             let mut pairs = gw.pairs.write().unwrap_or_else(|e| e.into_inner());
             if pairs.get(&name).is_some_and(|p| p.id == id) {
                 pairs.remove(&name);
+                if let Some(store) = &gw.store {
+                    store.submit(vec![Write::DeletePair(name)]);
+                }
             }
         }
     });
-    Ok(Json(entry.status()))
+}
+
+/// Brings back every pair the store holds (at start): in-flight updates are failed (the
+/// gateway cannot know what happened while it was down: never committed, torn when the ranks
+/// had been told to write), disconnected pairs are remembered for what is left of their
+/// tombstone, joining pairs keep their join deadline. Returns how many pairs came back.
+pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loaded>) -> usize {
+    use crate::server::store::updates::{RankSlot, Update};
+    use crate::wire::Event;
+    let now = Instant::now();
+    let now_ms = unix_ms();
+    let ago = |unix: u64| {
+        now.checked_sub(Duration::from_millis(now_ms.saturating_sub(unix)))
+            .unwrap_or(now)
+    };
+    let mut count = 0;
+    for l in loaded {
+        let rec = l.pair;
+        let st = l.state;
+        let slots = Slots::new(rec.slots[0], rec.slots[1], rec.slots[2]);
+        let total = slots.total();
+        let mut p = Pair::new(&slots);
+        p.state = st.state.unwrap_or(PairState::Joining);
+        p.join_error = st.join_error;
+        p.engine_errors = st.engine_errors;
+        p.disconnected_unix_ms = st.disconnected_unix_ms;
+        for (slot, r) in l.roster {
+            let slot = slot as usize;
+            if slot < total {
+                let size = validate::json_size(&r.info);
+                if p.roster.put(slot, r.info, size).is_ok() {
+                    if let Some(Some(j)) = p.roster.slots.get_mut(slot) {
+                        j.unix_ms = r.unix_ms;
+                        // its holder has the join deadline to re-attach before another
+                        // process may take the slot
+                        j.live_until =
+                            now + Duration::from_millis(rec.request.options.join_deadline_ms);
+                    }
+                }
+            }
+        }
+        let mut rev = st.kv_revision;
+        for (k, r) in l.kv {
+            rev = rev.max(r.revision);
+            p.kv.values.insert(k, (r.value, r.revision));
+        }
+        p.kv.revision = rev;
+        for (version, u, reports) in l.updates {
+            let mut ranks = if u.detail {
+                vec![RankSlot::default(); total]
+            } else {
+                Vec::new()
+            };
+            let (mut succeeded, mut bytes, mut sums) = (0, [0u64; 2], [0u64; 2]);
+            let mut applied = 0;
+            for (slot, r) in reports {
+                let slot = slot as usize;
+                let side = usize::from(!slots.is_training(slot));
+                bytes[side] = bytes[side].saturating_add(r.bytes);
+                sums[side] = sums[side].wrapping_add(r.checksum.unwrap_or(0));
+                succeeded += usize::from(r.ok == Some(true));
+                applied += usize::from(r.applied == Some(true));
+                if let Some(x) = ranks.get_mut(slot) {
+                    *x = RankSlot {
+                        state: r.ok,
+                        missing: r.missing,
+                        bytes: r.bytes,
+                        checksum: r.checksum,
+                        error: r.error,
+                        after_ms: r.after_ms,
+                        applied: r.applied,
+                    };
+                }
+            }
+            let (started, finished) = match u.elapsed_ms {
+                Some(e) => (
+                    now.checked_sub(Duration::from_millis(e)).unwrap_or(now),
+                    Some(now),
+                ),
+                None => (ago(u.started_unix_ms), None),
+            };
+            p.updates.history.insert(
+                version,
+                Update {
+                    version,
+                    attempt: u.attempt,
+                    state: u.state,
+                    started,
+                    started_unix_ms: u.started_unix_ms,
+                    deadline: Duration::from_millis(u.deadline_ms),
+                    pause: u.pause_ms.map(Duration::from_millis),
+                    finished,
+                    ranks,
+                    succeeded,
+                    bytes,
+                    checksums: sums,
+                    error: u.error,
+                    engine_errors: u.engine_errors,
+                    trigger_waiting: false,
+                    finishing: false,
+                    applying: u.applying,
+                    applied,
+                },
+            );
+        }
+        p.updates.committed = st.committed;
+        p.updates.torn = st.torn;
+        p.updates.serving_torn = st.serving_torn;
+        let mut events: Vec<Event> = l.events;
+        events.sort_by_key(|e| e.seq);
+        p.events.last = st.last_event_seq.max(events.last().map_or(0, |e| e.seq));
+        p.events.events = events.into();
+        let join_deadline =
+            now + Duration::from_millis(rec.join_deadline_unix_ms.saturating_sub(now_ms));
+        let req = rec.request;
+        let urls = req.inference.urls.clone();
+        let control = engine_control(&req.inference.backend, &urls).ok().flatten();
+        let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
+        let facts = rec.facts;
+        let name = req.name.clone();
+        let entry = Arc::new_cyclic(|weak| PairEntry {
+            name: name.clone(),
+            id: rec.id,
+            uid: rec.uid,
+            secret: rec.secret,
+            slots,
+            created_unix_ms: rec.created_unix_ms,
+            join_deadline,
+            join_deadline_unix_ms: rec.join_deadline_unix_ms,
+            training: rec.training,
+            inference: rec.inference,
+            inner: Mutex::new(p),
+            roster_tx: watch::Sender::new(()),
+            events_tx: watch::Sender::new(0),
+            kv_tx: watch::Sender::new(()),
+            update_tx: watch::Sender::new(()),
+            metrics: gw.metrics.clone(),
+            facts: facts.clone(),
+            store: gw.store.clone(),
+            engines: control.filter(|_| !urls.is_empty()).map(|control| {
+                EngineLane::spawn(
+                    weak.clone() as Weak<dyn EngineEvents>,
+                    control,
+                    urls,
+                    facts,
+                    gw.engines.clone(),
+                    trigger_timeout,
+                )
+            }),
+            request: req,
+        });
+        gw.next_id.fetch_max(rec.id + 1, Ordering::Relaxed);
+        gw.pairs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone(), entry.clone());
+        count += 1;
+        let state = entry.state();
+        match state {
+            PairState::Disconnected => {
+                let age = Duration::from_millis(
+                    now_ms.saturating_sub(entry.lock().disconnected_unix_ms.unwrap_or(now_ms)),
+                );
+                forget_later(gw, name, entry.id, gw.config.tombstone.saturating_sub(age));
+            }
+            PairState::Joining => {
+                let weak = Arc::downgrade(&entry);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(join_deadline).await;
+                    if let Some(e) = weak.upgrade() {
+                        e.enforce_join_deadline();
+                    }
+                });
+            }
+            PairState::Ready | PairState::JoinFailed => {}
+        }
+        let mut p = entry.lock();
+        let in_flight = p
+            .updates
+            .latest()
+            .filter(|u| !u.state.is_final())
+            .map(|u| u.version);
+        if let Some(v) = in_flight {
+            entry.fail(&mut p, format!("gateway restarted during update {v}"));
+            let torn = p.updates.torn() == Some(v);
+            tracing::warn!(
+                pair = %entry.name,
+                version = v,
+                torn,
+                "an update was in flight when the gateway stopped: failed"
+            );
+        }
+    }
+    count
 }

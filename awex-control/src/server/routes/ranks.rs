@@ -6,6 +6,7 @@ use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams, wait_ms};
 use crate::server::state::Pair;
 use crate::server::state::{AppState, PairEntry};
+use crate::server::store::disk::Op;
 use crate::server::store::roster::rank_name;
 use crate::server::validate;
 use crate::wire::{ApplyMode, CAP_ATOMIC_APPLY, MAX_INFO_BYTES};
@@ -81,6 +82,8 @@ pub(crate) async fn join(
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
     let slot = entry.slots.index(req.side, req.rank)?;
+    // refused before the rank is put in the roster: a refused join changes nothing
+    let _permit = gw.long_poll(&entry, wait)?;
     let info_bytes = validate::json_size(&req.info);
     if info_bytes > MAX_INFO_BYTES {
         return Err(ApiError::TooLarge(format!(
@@ -106,9 +109,19 @@ pub(crate) async fn join(
             PairState::JoinFailed => return Err(join_failed(&entry, &p, StatusCode::CONFLICT)),
             PairState::Joining | PairState::Ready => {}
         }
+        // a second live claimant of the slot is refused before it changes anything
+        let pid = req.info.get("pid").and_then(serde_json::Value::as_u64);
+        p.roster.check_claim(
+            &entry.slots,
+            slot,
+            crate::server::store::roster::incarnation_of(&req.info),
+            pid,
+        )?;
         p.roster.put(slot, req.info, info_bytes)?;
+        p.changed(Op::Roster(slot));
         if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
             p.state = PairState::Ready;
+            p.changed(Op::State);
             drop(p);
             tracing::info!(
                 pair = %entry.name,

@@ -20,6 +20,7 @@ use crate::server::engine::{EngineCmd, EngineEvents};
 use crate::server::error::ApiError;
 use crate::server::extract::{JsonBody, PathParams, QueryParams, wait_ms};
 use crate::server::state::{AppState, Pair, PairEntry, unix_ms};
+use crate::server::store::disk::Op;
 use crate::server::store::roster::{list_ranks, rank_name};
 use crate::server::store::updates::RankSlot;
 use crate::server::store::updates::{RankDetail, Update};
@@ -84,7 +85,7 @@ pub(crate) async fn start(
     let deadline = Duration::from_millis(entry.request.options.update_deadline_ms);
     let pending = entry.engines.is_some();
     tracing::info!(pair = %name, version, attempt, "update started");
-    p.updates.insert(Update {
+    let (gone, trimmed) = p.updates.insert(Update {
         version,
         attempt,
         state: if pending {
@@ -108,6 +109,14 @@ pub(crate) async fn start(
         applying: false,
         applied: 0,
     });
+    for v in gone {
+        p.changed(Op::Update(v));
+    }
+    for v in trimmed {
+        p.changed(Op::ClearReports(v));
+    }
+    p.changed(Op::ClearReports(version));
+    p.changed(Op::Update(version));
     if pending {
         entry.engine_cmd(EngineCmd::Pause { version, attempt });
     } else {
@@ -148,6 +157,7 @@ pub(crate) async fn status(
         t => wait_ms(t)?,
     };
     let entry = gw.pair(&name)?;
+    let _permit = gw.long_poll(&entry, wait)?;
     let mut rx = entry.update_tx.subscribe();
     let end = Instant::now() + Duration::from_millis(wait);
     loop {
@@ -246,12 +256,21 @@ pub(crate) async fn report(
             )));
         }
         rank.applied = Some(r.ok);
+        if !r.ok {
+            rank.error = Some(
+                r.error
+                    .clone()
+                    .unwrap_or_else(|| "no reason given".to_string()),
+            );
+        }
         if r.ok {
             u.applied += 1;
+        }
+        p_changed_report(&mut p, version, slot);
+        if r.ok {
             entry.settle(&mut p);
         } else {
             let why = r.error.unwrap_or_else(|| "no reason given".to_string());
-            rank.error = Some(why.clone());
             entry.fail(
                 &mut p,
                 format!("{who} failed applying the staged version to its live tensors: {why}"),
@@ -275,6 +294,10 @@ pub(crate) async fn report(
     rank.checksum = r.checksum;
     rank.error = r.error.clone();
     rank.after_ms = Some(after);
+    p_changed_report(&mut p, version, slot);
+    let Some(u) = p.updates.history.get_mut(&version) else {
+        return Err(ApiError::NotFound(format!("version {version} vanished")));
+    };
     let side = usize::from(!entry.slots.is_training(slot));
     u.bytes[side] = u.bytes[side].saturating_add(r.bytes);
     u.checksums[side] = u.checksums[side].wrapping_add(r.checksum.unwrap_or(0));
@@ -303,6 +326,14 @@ fn ack(entry: &PairEntry, p: &Pair, version: u64) -> Result<Json<ReportAck>, Api
     }))
 }
 
+fn p_changed_update(p: &mut Pair, version: u64) {
+    p.changed(Op::Update(version));
+}
+
+fn p_changed_report(p: &mut Pair, version: u64, slot: usize) {
+    p.changed(Op::Report(version, slot));
+}
+
 /// Query of `GET .../updates/{version}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -316,7 +347,7 @@ pub(crate) struct StatusQuery {
 impl PairEntry {
     /// Marks the current attempt failed, tells ranks that were told to run it (`abort`), resumes
     /// the engines.
-    fn fail(&self, p: &mut Pair, reason: String) {
+    pub(crate) fn fail(&self, p: &mut Pair, reason: String) {
         self.fail_and(p, reason, false);
     }
 
@@ -340,6 +371,11 @@ impl PairEntry {
         );
         u.error = Some(error.clone());
         let (version, attempt) = (u.version, u.attempt);
+        p.changed(Op::Update(version));
+        p.changed(Op::State);
+        let Some(u) = p.updates.history.get(&version) else {
+            return;
+        };
         tracing::warn!(
             pair = %self.name,
             version,
@@ -362,6 +398,7 @@ impl PairEntry {
         if wrote {
             // the ranks may have written part of this version: never serve it silently
             p.updates.torn = Some(version);
+            p.changed(Op::State);
         }
         if resume || (!wrote && p.updates.torn.is_none()) || self.engines.is_none() {
             // nothing was written (the live weights are the last committed version's), or the
@@ -404,6 +441,7 @@ impl PairEntry {
                 u.applying = true;
                 let (version, attempt) = (u.version, u.attempt);
                 tracing::info!(pair = %self.name, version, attempt, "every rank received; applying");
+                p.changed(Op::Update(version));
                 self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
                 self.update_tx.send_replace(());
                 return;
@@ -449,6 +487,8 @@ impl PairEntry {
         p.updates.committed = Some(version);
         p.updates.torn = None;
         p.updates.serving_torn = None;
+        p.changed(Op::Update(version));
+        p.changed(Op::State);
         self.engine_cmd(EngineCmd::Continue { version, attempt });
         self.update_tx.send_replace(());
     }
@@ -505,7 +545,9 @@ impl PairEntry {
     pub(crate) fn engines_warmed(&self, errors: Vec<String>) {
         if !errors.is_empty() {
             tracing::warn!(pair = %self.name, errors = %errors.join("; "), "engine warm-up failed");
-            self.lock().engine_errors.extend(errors);
+            let mut p = self.lock();
+            p.engine_errors.extend(errors);
+            p.changed(Op::State);
         }
     }
 
@@ -521,6 +563,10 @@ impl PairEntry {
         u.pause = Some(u.elapsed());
         if errors.is_empty() {
             u.state = UpdateState::Running;
+            p_changed_update(&mut p, version);
+            let Some(u) = p.updates.attempt_mut(version, attempt) else {
+                return;
+            };
             let triggers = self.engines.as_ref().is_some_and(|l| l.triggers);
             u.trigger_waiting = triggers;
             if triggers {
@@ -554,6 +600,7 @@ impl PairEntry {
         let mut p = self.lock();
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
             u.engine_errors.extend(errors);
+            p.changed(Op::Update(version));
         }
     }
 
@@ -584,16 +631,26 @@ impl PairEntry {
             .filter(|(_, r)| r.missing)
             .map(|(i, _)| i)
             .collect();
-        let reason = if u.state == UpdateState::Pending {
+        let (is_pending, trigger_waiting, finishing, deadline, n) = (
+            u.state == UpdateState::Pending,
+            u.trigger_waiting,
+            u.finishing,
+            u.deadline,
+            u.ranks.len(),
+        );
+        for &i in &missing {
+            p.changed(Op::Report(version, i));
+        }
+        let reason = if is_pending {
             format!(
                 "the deadline of {} ms passed while pausing the inference engines",
-                ms(u.deadline)
+                ms(deadline)
             )
-        } else if missing.is_empty() && (u.trigger_waiting || u.finishing) {
+        } else if missing.is_empty() && (trigger_waiting || finishing) {
             format!(
                 "the deadline of {} ms passed while the inference engines {}",
-                ms(u.deadline),
-                if u.trigger_waiting {
+                ms(deadline),
+                if trigger_waiting {
                     "were receiving (their weight loaders did not answer)"
                 } else {
                     "were closing the update"
@@ -602,16 +659,16 @@ impl PairEntry {
         } else if applying {
             format!(
                 "the deadline of {} ms passed while the inference ranks applied the version; {} did not report applying: {}",
-                ms(u.deadline),
+                ms(deadline),
                 missing.len(),
                 list_ranks(&self.slots, missing.into_iter())
             )
         } else {
             format!(
                 "the deadline of {} ms passed; {} of {} ranks did not report: {}",
-                ms(u.deadline),
+                ms(deadline),
                 missing.len(),
-                u.ranks.len(),
+                n,
                 list_ranks(&self.slots, missing.into_iter())
             )
         };

@@ -1,6 +1,7 @@
 //! The data structures a pair's state is made of, knowing nothing of handlers or of the state
 //! that holds them.
 
+pub(crate) mod disk;
 pub(crate) mod events;
 pub(crate) mod kv;
 pub(crate) mod metrics;

@@ -93,15 +93,55 @@ pub(crate) fn list_ranks(slots: &Slots, idx: impl Iterator<Item = usize>) -> Str
     s.join(", ")
 }
 
+/// How long a slot's holder counts as live after it was last seen (joined, re-attached, or
+/// polled for events) when it has no poll open.
+pub(crate) const HOLDER_LIVENESS: std::time::Duration = std::time::Duration::from_secs(15);
+
 pub(crate) struct Joined {
     pub(crate) info: Value,
     pub(crate) info_bytes: usize,
     pub(crate) unix_ms: u64,
+    /// The holder process's claim id (`info.incarnation`), when it sent one.
+    pub(crate) incarnation: Option<String>,
+    /// The holder's pid (`info.pid`), for messages.
+    pub(crate) pid: Option<u64>,
+    /// Until when the holder counts as live without an open poll.
+    pub(crate) live_until: tokio::time::Instant,
+    /// Event polls the holder has open.
+    pub(crate) polls: u32,
+}
+
+impl Joined {
+    /// Whether the holder is live: a poll open, or seen within [`HOLDER_LIVENESS`] (after a
+    /// restart: within the pair's join deadline).
+    pub(crate) fn live(&self) -> bool {
+        self.polls > 0 || tokio::time::Instant::now() < self.live_until
+    }
+}
+
+/// The claim id a rank sends in its info (`incarnation`).
+pub(crate) fn incarnation_of(info: &Value) -> Option<&str> {
+    info.get("incarnation").and_then(Value::as_str)
+}
+
+/// The slot a rendezvous key names (`rdv.{train|infer}.{engine}.{rank}`, as the ranks publish).
+pub(crate) fn rendezvous_slot(slots: &Slots, key: &str) -> Option<usize> {
+    let mut it = key.strip_prefix("rdv.")?.split('.');
+    let side = match it.next()? {
+        "train" => Side::Training,
+        "infer" => Side::Inference,
+        _ => return None,
+    };
+    let engine = it.next()?.parse().ok()?;
+    let rank = it.next()?.parse().ok()?;
+    slots.index(side, RankId { engine, rank }).ok()
 }
 
 /// Who joined, with their rendezvous info, and the serialised roster once complete.
 pub(crate) struct Roster {
     pub(crate) slots: Vec<Option<Joined>>,
+    /// Holder claim id -> slot.
+    pub(crate) holders: std::collections::HashMap<String, usize>,
     pub(crate) joined: usize,
     pub(crate) info_bytes: usize,
     pub(crate) cached: Option<Bytes>,
@@ -112,6 +152,7 @@ impl Roster {
     pub(crate) fn new(n: usize) -> Self {
         Roster {
             slots: (0..n).map(|_| None).collect(),
+            holders: std::collections::HashMap::new(),
             joined: 0,
             info_bytes: 0,
             cached: None,
@@ -180,13 +221,91 @@ impl Roster {
             self.joined += 1;
         }
         self.info_bytes = total;
+        let incarnation = incarnation_of(&info).map(str::to_string);
+        let pid = info.get("pid").and_then(Value::as_u64);
+        let polls = match self.slots[i].take() {
+            Some(old) => {
+                if let Some(o) = &old.incarnation {
+                    self.holders.remove(o);
+                }
+                // the same holder joining again keeps its open polls
+                if old.incarnation == incarnation {
+                    old.polls
+                } else {
+                    0
+                }
+            }
+            None => 0,
+        };
+        if let Some(c) = &incarnation {
+            self.holders.insert(c.clone(), i);
+        }
         self.slots[i] = Some(Joined {
             info,
             info_bytes,
             unix_ms: unix_ms(),
+            incarnation,
+            pid,
+            live_until: tokio::time::Instant::now() + HOLDER_LIVENESS,
+            polls,
         });
         self.cached = None;
         Ok(())
+    }
+
+    /// Refuses a claimant of slot `i` (claim id `incarnation`, pid `pid`) other than its live
+    /// holder: 409 naming the slot and the holder's pid.
+    pub(crate) fn check_claim(
+        &self,
+        slots: &Slots,
+        i: usize,
+        incarnation: Option<&str>,
+        pid: Option<u64>,
+    ) -> Result<(), ApiError> {
+        let Some(h) = self.slots.get(i).and_then(Option::as_ref) else {
+            return Ok(());
+        };
+        let Some(held) = h.incarnation.as_deref() else {
+            return Ok(());
+        };
+        if incarnation == Some(held) || !h.live() {
+            return Ok(());
+        }
+        let (side, rank) = slots.rank(i);
+        let pid_of = |p: Option<u64>| p.map_or("unknown".to_string(), |p| p.to_string());
+        Err(ApiError::Conflict(format!(
+            "{} is held by a live process (pid {}, incarnation {held}); this second claimant (pid {}, incarnation {}) is refused and changed nothing. Stop the duplicate; a holder counts as gone {} s after its last event poll",
+            rank_name(side, rank),
+            pid_of(h.pid),
+            pid_of(pid),
+            incarnation.unwrap_or("none"),
+            HOLDER_LIVENESS.as_secs()
+        )))
+    }
+
+    /// The holder `incarnation` polls for events: counted live until the returned guard's
+    /// slot is released with [`Roster::end_poll`].
+    pub(crate) fn begin_poll(&mut self, incarnation: &str) -> Option<usize> {
+        let i = *self.holders.get(incarnation)?;
+        let j = self.slots.get_mut(i)?.as_mut()?;
+        j.polls += 1;
+        Some(i)
+    }
+
+    /// A poll of slot `i`'s holder `incarnation` ended: answered, the holder was seen now;
+    /// dropped unanswered (its connection closed), it vouches for nothing more.
+    pub(crate) fn end_poll(&mut self, i: usize, incarnation: &str, answered: bool) {
+        if let Some(Some(j)) = self.slots.get_mut(i) {
+            if j.incarnation.as_deref() == Some(incarnation) {
+                j.polls = j.polls.saturating_sub(1);
+                let now = tokio::time::Instant::now();
+                j.live_until = if answered {
+                    now + HOLDER_LIVENESS
+                } else {
+                    j.live_until.min(now)
+                };
+            }
+        }
     }
 }
 
@@ -214,6 +333,46 @@ mod tests {
                 .to_string(),
             "inference rank {engine: 2, rank: 0} is not in this pair: engines 0..2, ranks 0..3 per engine"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_live_holder_keeps_its_slot_and_a_gone_one_can_be_taken_over() {
+        let s = Slots::new(1, 1, 1);
+        let mut r = Roster::new(s.total());
+        let info = serde_json::json!({"incarnation": "aaaa", "pid": 7});
+        r.put(0, info.clone(), 10).unwrap();
+        let e = r.check_claim(&s, 0, Some("bbbb"), Some(8)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "training rank 0 is held by a live process (pid 7, incarnation aaaa); this second claimant (pid 8, incarnation bbbb) is refused and changed nothing. Stop the duplicate; a holder counts as gone 15 s after its last event poll"
+        );
+        assert!(
+            r.check_claim(&s, 0, Some("aaaa"), Some(7)).is_ok(),
+            "the holder itself"
+        );
+        assert!(
+            r.check_claim(&s, 1, Some("bbbb"), None).is_ok(),
+            "an empty slot"
+        );
+        // an open poll keeps the holder live however long it lasts
+        let slot = r.begin_poll("aaaa").unwrap();
+        tokio::time::advance(HOLDER_LIVENESS * 4).await;
+        assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
+        r.end_poll(slot, "aaaa", true);
+        tokio::time::advance(HOLDER_LIVENESS - std::time::Duration::from_secs(1)).await;
+        assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
+        // silent past the window: gone, the slot can be taken over
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_ok());
+        r.put(0, serde_json::json!({"incarnation": "bbbb"}), 10)
+            .unwrap();
+        assert_eq!(r.holders.get("bbbb"), Some(&0));
+        assert!(!r.holders.contains_key("aaaa"));
+        assert_eq!(r.joined(), 1);
+        // a poll dropped unanswered (the holder's connection closed) frees the slot at once
+        let slot = r.begin_poll("bbbb").unwrap();
+        r.end_poll(slot, "bbbb", false);
+        assert!(r.check_claim(&s, 0, Some("cccc"), None).is_ok());
     }
 
     #[test]

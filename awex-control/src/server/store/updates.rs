@@ -195,12 +195,18 @@ impl Updates {
             .filter(|u| u.attempt == attempt)
     }
 
-    pub(crate) fn insert(&mut self, u: Update) {
+    /// Records an attempt; returns the versions that left the history and those whose per-rank
+    /// detail was dropped (for the write-through).
+    pub(crate) fn insert(&mut self, u: Update) -> (Vec<u64>, Vec<u64>) {
         self.history.insert(u.version, u);
+        let mut gone = Vec::new();
         while self.history.len() > UPDATES_KEPT {
-            self.history.pop_first();
+            if let Some((v, _)) = self.history.pop_first() {
+                gone.push(v);
+            }
         }
         let n = self.history.len();
+        let mut trimmed = Vec::new();
         for old in self
             .history
             .values_mut()
@@ -208,7 +214,9 @@ impl Updates {
         {
             if !old.ranks.is_empty() {
                 old.ranks = Vec::new();
+                trimmed.push(old.version);
             }
         }
+        (gone, trimmed)
     }
 }

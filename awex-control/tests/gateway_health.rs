@@ -1,0 +1,128 @@
+//! `/healthz` keeps answering in milliseconds while the gateway validates 24 connects of a
+//! 1T-parameter model at once: validation (catalogues and layouts, CPU-heavy) runs on the
+//! blocking pool, never on the async workers that answer requests.
+
+mod gateway_common;
+
+use awex_control::client::Client;
+use awex_control::server::GatewayConfig;
+use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, Transport};
+use awex_core::model::presets::preset;
+use awex_core::{Catalogue, ParallelConfig};
+use gateway_common::start;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn moe_1t(name: &str) -> ConnectRequest {
+    let model = preset("moe-1t").expect("moe-1t preset");
+    let summary = Catalogue::of(&model).summary();
+    ConnectRequest {
+        name: name.to_string(),
+        training: TrainingSpec {
+            backend: "megatron".into(),
+            parallel: ParallelConfig::from_pairs([("tp", 8), ("pp", 8), ("ep", 32)]),
+            world_size: 1024,
+            model: model.clone(),
+            catalogue: summary.clone(),
+        },
+        inference: InferenceSpec {
+            backend: "sglang".into(),
+            parallel: ParallelConfig::from_pairs([("tp", 8)]),
+            engines: 16,
+            world_size: 128,
+            urls: Vec::new(),
+            model,
+            catalogue: summary,
+        },
+        transport: Transport::Nccl,
+        options: PairOptions::default(),
+    }
+}
+
+/// One `GET /healthz` on a fresh connection; its latency.
+fn probe(addr: &str) -> Duration {
+    let t0 = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let took = t0.elapsed();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_in_milliseconds_while_24_moe_1t_connects_are_validated() {
+    let base = start(GatewayConfig::default()).await;
+    let addr = base.trim_start_matches("http://").to_string();
+    let client = Client::new(&base, None).unwrap();
+    let busy = Arc::new(AtomicBool::new(true));
+    let prober = {
+        let (addr, busy) = (addr.clone(), busy.clone());
+        std::thread::spawn(move || {
+            let mut took = Vec::new();
+            while busy.load(Ordering::Acquire) {
+                took.push(probe(&addr));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            took
+        })
+    };
+    // built before (the catalogue of 74,000 tensors is CPU work this test must not put on the
+    // runtime it shares with the gateway)
+    let requests: Vec<_> = (0..24).map(|i| moe_1t(&format!("moe-{i}"))).collect();
+    let t0 = Instant::now();
+    let connects: Vec<_> = requests
+        .into_iter()
+        .map(|req| {
+            let client = client.clone();
+            tokio::spawn(async move { client.connect(&req).await })
+        })
+        .collect();
+    for c in connects {
+        c.await.expect("connect task").expect("moe-1t connect");
+    }
+    let validated = t0.elapsed();
+    busy.store(false, Ordering::Release);
+    let mut took = prober.join().expect("prober");
+    took.sort();
+    let median = took[took.len() / 2];
+    let worst = took[took.len() - 1];
+    println!(
+        "/healthz during 24 concurrent moe-1t connects ({validated:?}): {} probes, median {median:?}, worst {worst:?}, slowest five {:?}",
+        took.len(),
+        &took[took.len().saturating_sub(5)..]
+    );
+    // the connects took long enough for the probes to say something
+    assert!(took.len() >= 5, "{} probes in {validated:?}", took.len());
+    // a machine running several times more threads than it has cores stalls any thread (the
+    // prober's too) for as long as it likes: there only a loose bound says something
+    let (load, cores) = load();
+    if load > 4.0 * cores {
+        println!(
+            "load average {load:.1} on {cores} cores: the machine is overloaded, only a 2 s bound applies"
+        );
+        assert!(
+            worst < Duration::from_secs(2),
+            "median {median:?}, worst {worst:?}"
+        );
+    } else {
+        assert!(
+            worst < Duration::from_millis(50),
+            "median {median:?}, worst {worst:?}"
+        );
+    }
+}
+
+/// The one-minute load average and the cores.
+fn load() -> (f64, f64) {
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(0.0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    (load, cores)
+}

@@ -1,0 +1,105 @@
+"""One TP rank of a vLLM 0.33 model receiving a weight update through awex's registered
+``WeightTransferEngine``, driven the way vLLM's own worker drives it, then loaded with the
+model class's own ``load_weights`` for the reference.
+
+    python vllm_receive.py CASE_JSON RANK OUT_DIR
+
+1. builds the model class on CPU with vLLM's parallel groups over gloo (``vllm_rank.build``) and
+   zeroes every parameter (so a parameter the receive misses shows);
+2. runs vLLM's ``load_general_plugins()`` (``vllm/plugins/__init__.py``: every
+   ``vllm.general_plugins`` entry point, awex's wheel declares ``awex = "awex.vllm:register"``)
+   and creates the engine with ``WeightTransferEngineFactory.create_engine(config, vllm_config,
+   device, model)``, as ``Worker.load_model`` does (``vllm/v1/worker/gpu_worker.py``);
+3. calls the worker's own methods on it: ``Worker.init_weight_transfer_engine(init_info)``
+   (``parse_init_info`` then ``init_transfer_engine``: the ``awex.Reader`` joins with the live
+   parameters), ``Worker.start_weight_update()``, ``Worker.update_weights({"version": 1})``
+   (``WeightTransferEngine.update_weights``, ``vllm/distributed/weight_transfer/base.py``:
+   ``parse_update_info`` then ``receive_weights``), ``Worker.finish_weight_update()``; the
+   worker object is ``Worker.__new__`` with the attributes those methods read (its ``__init__``,
+   ``load_model`` and GPU model runner need a GPU);
+4. saves the received parameters, zeroes the model again, loads CASE["expected"] (an HF
+   checkpoint) with the class's own ``load_weights`` and saves those: OUT_DIR/recv{R}.pt and
+   OUT_DIR/ref{R}.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vllm_rank  # noqa: E402
+
+
+class _LoraState:
+    """The worker's ``model_runner`` as ``Worker.finish_weight_update`` uses it: vLLM's own
+    ``LoRAModelRunnerMixin.reset_lora_state`` with LoRA off (``lora_config`` None: a no-op), the
+    GPU model runner itself left out."""
+
+    lora_config = None
+
+    def __init__(self) -> None:
+        from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
+
+        self.reset_lora_state = LoRAModelRunnerMixin.reset_lora_state.__get__(self)
+
+
+def main() -> None:
+    case = json.loads(sys.argv[1])
+    rank, out = int(sys.argv[2]), sys.argv[3]
+    model, vc = vllm_rank.build(case, rank)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+
+    from vllm.config import WeightTransferConfig, set_current_vllm_config
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.worker.gpu_worker import Worker
+
+    load_general_plugins()
+    if "awex" not in WeightTransferEngineFactory._registry:
+        raise SystemExit("the awex wheel's vllm.general_plugins entry point did not register the `awex` backend")
+    vc.weight_transfer_config = WeightTransferConfig(backend="awex")
+    # `WeightTransferEngine.update_weights` ends with `torch.accelerator.synchronize()`; PyPI's
+    # (CUDA) torch names CUDA the accelerator even without a driver, where the call raises.
+    # Nothing is asynchronous on CPU.
+    torch.accelerator.synchronize = lambda device=None: None
+
+    worker = Worker.__new__(Worker)
+    worker.vllm_config = vc
+    worker.rank = rank
+    worker._weight_update_active = False
+    worker._weight_update_is_draft = False
+    worker.model_runner = _LoraState()
+    worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
+        vc.weight_transfer_config, vc, torch.device("cpu"), model)
+    engine = worker.weight_transfer_engine
+    engine_name = type(engine).__name__
+
+    with set_current_vllm_config(vc):
+        worker.init_weight_transfer_engine({"gateway": case["gateway"], "pair": case["pair"], "engine": 0,
+                                            "timeout": case.get("timeout", 240.0)})
+    worker.start_weight_update()
+    worker.update_weights({"version": 1, "timeout": case.get("timeout", 240.0)})
+    worker.finish_weight_update()
+    received = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(received, os.path.join(out, f"recv{rank}.pt"))
+    worker.shutdown_weight_transfer_engine()
+
+    expected = torch.load(case["expected"])
+    with torch.no_grad():  # nothing received survives into the reference
+        for p in model.parameters():
+            p.zero_()
+    with set_current_vllm_config(vc):
+        model.load_weights(iter(expected.items()))
+    torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(out, f"ref{rank}.pt"))
+    with open(os.path.join(out, f"engine{rank}.json"), "w") as f:
+        json.dump({"engine": engine_name}, f)
+
+
+if __name__ == "__main__":
+    main()
