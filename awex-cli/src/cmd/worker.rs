@@ -229,6 +229,11 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                     },
                 };
                 let mut verdict = verdict;
+                if !matches!(outcome, Outcome::Committed { .. }) {
+                    // what a failed attempt left in the live tensors (atomic pairs: untouched)
+                    verdict["live_holds_committed"] =
+                        mem.check(&weights, layout, cat, committed).is_ok().into();
+                }
                 verdict["version"] = work.version.into();
                 verdict["attempt"] = work.attempt.into();
                 let key = format!("verify.{}.{}", rank.engine, rank.rank);
