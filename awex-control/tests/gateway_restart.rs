@@ -64,6 +64,7 @@ fn jr(side: Side, rank: RankId) -> JoinRequest {
         side,
         rank,
         info: json!({ "transport": { "port": 1000 + rank.rank }, "pid": 42 }),
+        capabilities: vec![awex_control::wire::CAP_ATOMIC_APPLY.to_string()],
     }
 }
 
