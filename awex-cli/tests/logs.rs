@@ -31,6 +31,7 @@ fn serve_logs_connect_disconnect_and_refusals_as_json_lines() {
             &format!("127.0.0.1:{port}"),
             "--log-format",
             "json",
+            "--ephemeral",
         ])
         .env_remove("RUST_LOG")
         .env("AWEX_TOKEN", "t0ken")

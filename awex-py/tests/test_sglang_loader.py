@@ -74,3 +74,10 @@ def test_by_default_a_failure_is_logged_and_the_call_returns(
     assert "not raised: SGLang 0.5.23 ends the server on a loader exception" in messages[-1]
     if setting == "bogus":
         assert messages[0] == "AWEX_SGLANG_ON_ERROR='bogus' is neither `report` nor `raise`; using `report`"
+
+
+def test_the_wait_for_an_updates_event_ends_after_its_deadline() -> None:
+    # the gateway fails an update at its deadline: a loader never waits past it (plus 10 s)
+    assert aws._event_wait({"deadline_ms": 60_000, "elapsed_ms": 15_000}) == 55.0
+    assert aws._event_wait({"deadline_ms": 5_000, "elapsed_ms": 9_000}) == 10.0
+    assert aws._event_wait({"version": 3}) == 610.0

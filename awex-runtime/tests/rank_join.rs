@@ -42,6 +42,7 @@ fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64
         bucket_bytes: bucket_mib << 20,
         host: "127.0.0.1".into(),
         uid: String::new(),
+        apply: Default::default(),
     }
 }
 

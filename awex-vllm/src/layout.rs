@@ -32,10 +32,8 @@
 //!   `linear` placement) gives rank `r` `num_experts // ep (+1 for r < num_experts % ep)`
 //!   consecutive experts.
 
-use awex_core::DType;
-use awex_core::layout::{
-    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
-};
+use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
+use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
 use awex_core::model::ModelSpec;
 use std::sync::Arc;
 
@@ -133,6 +131,9 @@ pub enum VllmConfigError {
     /// A size or the world is above awex's limits.
     #[error(transparent)]
     Limit(#[from] awex_core::limits::LimitError),
+    /// The shared fused-TP layout refused the checked sizes (not expected after the checks above).
+    #[error("vllm: {0}")]
+    Layout(String),
 }
 
 impl From<VllmConfigError> for LayoutError {
@@ -141,146 +142,14 @@ impl From<VllmConfigError> for LayoutError {
     }
 }
 
-/// Which `lm_head.weight` vLLM's model class holds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum LmHead {
-    /// Tied (dense or MoE): `lm_head.weight` is `embed_tokens.weight`; `named_parameters()` lists it once.
-    Absent,
-    /// A separate `lm_head.weight` holding the canonical tensor of that name.
-    Own(Arc<str>),
-}
+/// The module of a layer's fused experts: `MoERunner.routed_experts` below `mlp.experts`.
+const EXPERTS_MODULE: &str = "mlp.experts.routed_experts";
 
-/// Names of one decoder layer, canonical and vLLM-local, built once per layout.
+/// The layout of vLLM engines (replicas) for one model and `tp`/`ep`/`engines`: the fused-TP
+/// layout ([`FusedTpLayout`]) with vLLM's vocabulary padding, its tied head (absent) and its
+/// expert module.
 #[derive(Clone, Debug)]
-struct LayerNames {
-    input_ln: Arc<str>,
-    post_ln: Arc<str>,
-    q: Arc<str>,
-    k: Arc<str>,
-    v: Arc<str>,
-    q_bias: Arc<str>,
-    k_bias: Arc<str>,
-    v_bias: Arc<str>,
-    o: Arc<str>,
-    q_norm: Arc<str>,
-    k_norm: Arc<str>,
-    qkv: Arc<str>,
-    qkv_bias: Arc<str>,
-    gate_proj: Arc<str>,
-    up_proj: Arc<str>,
-    down_proj: Arc<str>,
-    gate_up: Arc<str>,
-    router: Arc<str>,
-    w13: Arc<str>,
-    w2: Arc<str>,
-    /// `model.layers.{l}.mlp.experts.`, the prefix of per-expert canonical names
-    experts_prefix: String,
-    moe: bool,
-}
-
-impl LayerNames {
-    fn new(l: u64, moe: bool) -> Self {
-        let p = format!("model.layers.{l}");
-        let n = |s: &str| -> Arc<str> { Arc::from(format!("{p}.{s}")) };
-        LayerNames {
-            input_ln: n("input_layernorm.weight"),
-            post_ln: n("post_attention_layernorm.weight"),
-            q: n("self_attn.q_proj.weight"),
-            k: n("self_attn.k_proj.weight"),
-            v: n("self_attn.v_proj.weight"),
-            q_bias: n("self_attn.q_proj.bias"),
-            k_bias: n("self_attn.k_proj.bias"),
-            v_bias: n("self_attn.v_proj.bias"),
-            o: n("self_attn.o_proj.weight"),
-            q_norm: n("self_attn.q_norm.weight"),
-            k_norm: n("self_attn.k_norm.weight"),
-            qkv: n("self_attn.qkv_proj.weight"),
-            qkv_bias: n("self_attn.qkv_proj.bias"),
-            gate_proj: n("mlp.gate_proj.weight"),
-            up_proj: n("mlp.up_proj.weight"),
-            down_proj: n("mlp.down_proj.weight"),
-            gate_up: n("mlp.gate_up_proj.weight"),
-            router: n("mlp.gate.weight"),
-            w13: n(&format!("mlp.experts.{ROUTED_EXPERTS}.w13_weight")),
-            w2: n(&format!("mlp.experts.{ROUTED_EXPERTS}.w2_weight")),
-            experts_prefix: format!("{p}.mlp.experts."),
-            moe,
-        }
-    }
-}
-
-/// The three per-expert canonical tensors vLLM fuses into `w13_weight` / `w2_weight`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ExpertPart {
-    Gate,
-    Up,
-    Down,
-}
-
-/// What a canonical tensor name denotes, parsed without the catalogue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Canon {
-    Embed,
-    LmHead,
-    FinalNorm,
-    InputLn(u64),
-    PostLn(u64),
-    Q(u64),
-    K(u64),
-    V(u64),
-    QBias(u64),
-    KBias(u64),
-    VBias(u64),
-    O(u64),
-    QNorm(u64),
-    KNorm(u64),
-    Gate(u64),
-    Up(u64),
-    Down(u64),
-    Router(u64),
-    Expert(u64, u64, ExpertPart),
-}
-
-/// The sizes every rule needs, checked once.
-#[derive(Clone, Debug)]
-struct Dimensions {
-    hidden: u64,
-    head_dim: u64,
-    /// query heads per TP rank
-    q_heads: u64,
-    /// KV heads per TP rank (1 when replicated)
-    kv_heads: u64,
-    /// ranks sharing one KV head (1 when tp <= KV heads)
-    kv_replicas: u64,
-    /// dense intermediate rows per TP rank (0 if the model has no dense layer)
-    inter: u64,
-    experts: u64,
-    /// expert-parallel size (1 or tp)
-    ep: u64,
-    /// expert intermediate rows per MoE-TP rank
-    moe_inter: u64,
-    moe_tp: u64,
-    vocab: u64,
-    /// padded vocab rows per TP rank
-    vocab_rows: u64,
-}
-
-/// The layout of vLLM engines (replicas) for one model and `tp`/`ep`/`engines`.
-#[derive(Clone, Debug)]
-pub struct VllmLayout {
-    tp: u32,
-    engines: u32,
-    dtype: DType,
-    num_layers: u64,
-    attention_bias: bool,
-    qk_norm: bool,
-    d: Dimensions,
-    embed: Arc<str>,
-    final_norm: Arc<str>,
-    lm_head: LmHead,
-    lm_head_local: Arc<str>,
-    layers: Vec<LayerNames>,
-}
+pub struct VllmLayout(FusedTpLayout);
 
 /// vLLM's padded vocabulary (`pad_vocab_size`): a multiple of 64, whatever `tp` is.
 pub fn padded_vocab(vocab: u64) -> u64 {
@@ -290,8 +159,7 @@ pub fn padded_vocab(vocab: u64) -> u64 {
 /// Experts of EP rank `r` under vLLM's `linear` placement: `(first, count)`
 /// (`determine_expert_map`, `model_executor/layers/fused_moe/expert_map_manager.py`).
 pub fn expert_range(experts: u64, ep: u64, r: u64) -> (u64, u64) {
-    let (base, rem) = (experts / ep, experts % ep);
-    (r * base + r.min(rem), base + u64::from(r < rem))
+    fused_tp::expert_range(experts, ep, r)
 }
 
 impl VllmLayout {
@@ -314,13 +182,11 @@ impl VllmLayout {
             });
         }
         let kv = spec.num_kv_heads;
-        let (kv_heads, kv_replicas) = if tp <= kv && kv % tp == 0 {
-            (kv / tp, 1)
-        } else if tp > kv && tp % kv == 0 {
-            (1, tp / kv)
-        } else {
+        let kv_split = tp <= kv && kv % tp == 0;
+        let kv_replicated = tp > kv && kv > 0 && tp % kv == 0;
+        if !kv_split && !kv_replicated {
             return Err(VllmConfigError::KvHeads { kv_heads: kv, tp });
-        };
+        }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
         if has_dense && spec.intermediate_size % tp != 0 {
             return Err(VllmConfigError::Intermediate {
@@ -329,7 +195,7 @@ impl VllmLayout {
             });
         }
         let moe_tp = tp / ep;
-        let (experts, moe_inter_full) = match &spec.moe {
+        match &spec.moe {
             Some(m) if (0..spec.num_layers).any(|l| spec.is_moe_layer(l)) => {
                 if m.num_experts < ep {
                     return Err(VllmConfigError::Experts {
@@ -345,10 +211,9 @@ impl VllmLayout {
                         ep,
                     });
                 }
-                (m.num_experts, m.moe_intermediate_size)
             }
-            _ => (0, 0),
-        };
+            _ => {}
+        }
         let padded = padded_vocab(spec.vocab_size);
         if padded % tp != 0 {
             return Err(VllmConfigError::Vocab {
@@ -358,562 +223,59 @@ impl VllmLayout {
             });
         }
         let vocab_rows = padded / tp;
-        let embed: Arc<str> = Arc::from("model.embed_tokens.weight");
         let lm_head = if spec.tie_word_embeddings {
             LmHead::Absent
         } else {
             LmHead::Own(Arc::from("lm_head.weight"))
         };
-        Ok(VllmLayout {
-            tp: tp as u32,
-            engines: engines as u32,
-            dtype: spec.dtype,
-            num_layers: spec.num_layers,
-            attention_bias: spec.attention_bias,
-            qk_norm: spec.qk_norm(),
-            d: Dimensions {
-                hidden: spec.hidden_size,
-                head_dim: spec.head_dim,
-                q_heads: spec.num_heads / tp,
-                kv_heads,
-                kv_replicas,
-                inter: if has_dense {
-                    spec.intermediate_size / tp
-                } else {
-                    0
-                },
-                experts,
+        let inner = FusedTpLayout::new(
+            spec,
+            FusedTp {
+                tp,
                 ep,
-                moe_inter: moe_inter_full / moe_tp,
-                moe_tp,
-                vocab: spec.vocab_size,
+                engines,
                 vocab_rows,
+                lm_head,
+                experts_module: EXPERTS_MODULE,
             },
-            embed,
-            final_norm: Arc::from("model.norm.weight"),
-            lm_head,
-            lm_head_local: Arc::from("lm_head.weight"),
-            layers: (0..spec.num_layers)
-                .map(|l| LayerNames::new(l, spec.is_moe_layer(l)))
-                .collect(),
-        })
+        )
+        .map_err(|e| VllmConfigError::Layout(e.to_string()))?;
+        Ok(VllmLayout(inner))
     }
 
     /// Tensor-parallel size of each engine.
     pub fn tp(&self) -> u32 {
-        self.tp
+        self.0.tp()
     }
 
     /// Padded vocabulary rows held by each TP rank.
     pub fn vocab_rows_per_rank(&self) -> u64 {
-        self.d.vocab_rows
+        self.0.vocab_rows_per_rank()
     }
-
-    // ---- the sharding rules, shared by both directions ----
-
-    /// Canonical vocab rows `[start, start + len)` held by TP rank `r` (at local row 0).
-    fn vocab_rows(&self, r: u64) -> (u64, u64) {
-        let start = r * self.d.vocab_rows;
-        let end = ((r + 1) * self.d.vocab_rows).min(self.d.vocab);
-        (start, end.saturating_sub(start))
-    }
-
-    /// First KV head held by TP rank `r`.
-    fn kv_head_start(&self, r: u64) -> u64 {
-        if self.d.kv_replicas > 1 {
-            r / self.d.kv_replicas
-        } else {
-            r * self.d.kv_heads
-        }
-    }
-
-    /// Rows of `qkv_proj` on one rank.
-    fn qkv_rows(&self) -> u64 {
-        (self.d.q_heads + 2 * self.d.kv_heads) * self.d.head_dim
-    }
-
-    /// For one of q/k/v on TP rank `r`: (canonical row start, rows, local row offset).
-    fn qkv_part(&self, part: usize, r: u64) -> (u64, u64, u64) {
-        let hd = self.d.head_dim;
-        let q_rows = self.d.q_heads * hd;
-        let kv_rows = self.d.kv_heads * hd;
-        match part {
-            0 => (r * q_rows, q_rows, 0),
-            1 => (self.kv_head_start(r) * hd, kv_rows, q_rows),
-            _ => (self.kv_head_start(r) * hd, kv_rows, q_rows + kv_rows),
-        }
-    }
-
-    fn dims2(a: u64, b: u64) -> Dims {
-        Dims::new(&[a, b])
-    }
-
-    fn engine_ranks(&self, tp_rank: u64) -> Vec<RankId> {
-        (0..self.engines)
-            .map(|e| RankId::infer(e, tp_rank as u32))
-            .collect()
-    }
-
-    fn all_ranks(&self) -> Vec<RankId> {
-        (0..self.engines)
-            .flat_map(|e| (0..self.tp).map(move |r| RankId::infer(e, r)))
-            .collect()
-    }
-
-    /// Ranks (all engines) that hold the same KV head as TP rank `r`.
-    fn kv_group_ranks(&self, r: u64) -> Vec<RankId> {
-        let n = self.d.kv_replicas;
-        let first = r / n * n;
-        (0..self.engines)
-            .flat_map(|e| (first..first + n).map(move |t| RankId::infer(e, t as u32)))
-            .collect()
-    }
-
-    // ---- rank view ----
-
-    fn embed_tensor(&self, name: &Arc<str>, canonical: &Arc<str>, r: u64) -> LocalTensor {
-        let shape = Self::dims2(self.d.vocab_rows, self.d.hidden);
-        let (start, len) = self.vocab_rows(r);
-        let placements = if len > 0 {
-            vec![Placement {
-                canonical: canonical.clone(),
-                region: Region::new([start, 0], [len, self.d.hidden]),
-                local_offset: Dims::zeros(2),
-            }]
-        } else {
-            Vec::new()
-        };
-        self.local(name, shape, placements)
-    }
-
-    fn local(&self, name: &Arc<str>, shape: Dims, placements: Vec<Placement>) -> LocalTensor {
-        LocalTensor {
-            name: name.clone(),
-            shape,
-            dtype: self.dtype,
-            placements,
-        }
-    }
-
-    fn replicated(&self, name: &Arc<str>, shape: Dims) -> LocalTensor {
-        let placements = vec![Placement {
-            canonical: name.clone(),
-            region: Region::full(shape),
-            local_offset: Dims::zeros(shape.ndim()),
-        }];
-        self.local(name, shape, placements)
-    }
-
-    fn push_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
-        let h = self.d.hidden;
-        let hd = self.d.head_dim;
-        if self.qk_norm {
-            out.push(self.replicated(&n.q_norm, Dims::new(&[hd])));
-            out.push(self.replicated(&n.k_norm, Dims::new(&[hd])));
-        }
-        let qkv_rows = self.qkv_rows();
-        let parts = [&n.q, &n.k, &n.v];
-        let placements = parts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let (start, len, at) = self.qkv_part(i, r);
-                Placement {
-                    canonical: (*c).clone(),
-                    region: Region::new([start, 0], [len, h]),
-                    local_offset: Dims::new(&[at, 0]),
-                }
-            })
-            .collect();
-        out.push(self.local(&n.qkv, Self::dims2(qkv_rows, h), placements));
-        if self.attention_bias {
-            let parts = [&n.q_bias, &n.k_bias, &n.v_bias];
-            let placements = parts
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let (start, len, at) = self.qkv_part(i, r);
-                    Placement {
-                        canonical: (*c).clone(),
-                        region: Region::new([start], [len]),
-                        local_offset: Dims::new(&[at]),
-                    }
-                })
-                .collect();
-            out.push(self.local(&n.qkv_bias, Dims::new(&[qkv_rows]), placements));
-        }
-        let q_cols = self.d.q_heads * hd;
-        out.push(self.local(
-            &n.o,
-            Self::dims2(h, q_cols),
-            vec![Placement {
-                canonical: n.o.clone(),
-                region: Region::new([0, r * q_cols], [h, q_cols]),
-                local_offset: Dims::zeros(2),
-            }],
-        ));
-        if n.moe {
-            let mi = self.d.moe_inter;
-            let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
-            let (first, ne) = expert_range(self.d.experts, self.d.ep, ep_rank);
-            let mut w13 = Vec::with_capacity(2 * ne as usize);
-            let mut w2 = Vec::with_capacity(ne as usize);
-            for j in 0..ne {
-                let e = first + j;
-                let prefix = &n.experts_prefix;
-                let name =
-                    |part: &str| -> Arc<str> { Arc::from(format!("{prefix}{e}.{part}.weight")) };
-                w13.push(Placement {
-                    canonical: name("gate_proj"),
-                    region: Region::new([m * mi, 0], [mi, h]),
-                    local_offset: Dims::new(&[j, 0, 0]),
-                });
-                w13.push(Placement {
-                    canonical: name("up_proj"),
-                    region: Region::new([m * mi, 0], [mi, h]),
-                    local_offset: Dims::new(&[j, mi, 0]),
-                });
-                w2.push(Placement {
-                    canonical: name("down_proj"),
-                    region: Region::new([0, m * mi], [h, mi]),
-                    local_offset: Dims::new(&[j, 0, 0]),
-                });
-            }
-            out.push(self.local(&n.w13, Dims::new(&[ne, 2 * mi, h]), w13));
-            out.push(self.local(&n.w2, Dims::new(&[ne, h, mi]), w2));
-            out.push(self.replicated(&n.router, Self::dims2(self.d.experts, h)));
-        } else {
-            let i = self.d.inter;
-            out.push(self.local(
-                &n.gate_up,
-                Self::dims2(2 * i, h),
-                vec![
-                    Placement {
-                        canonical: n.gate_proj.clone(),
-                        region: Region::new([r * i, 0], [i, h]),
-                        local_offset: Dims::zeros(2),
-                    },
-                    Placement {
-                        canonical: n.up_proj.clone(),
-                        region: Region::new([r * i, 0], [i, h]),
-                        local_offset: Dims::new(&[i, 0]),
-                    },
-                ],
-            ));
-            out.push(self.local(
-                &n.down_proj,
-                Self::dims2(h, i),
-                vec![Placement {
-                    canonical: n.down_proj.clone(),
-                    region: Region::new([0, r * i], [h, i]),
-                    local_offset: Dims::zeros(2),
-                }],
-            ));
-        }
-        out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
-        out.push(self.replicated(&n.post_ln, Dims::new(&[h])));
-    }
-
-    // ---- canonical view ----
-
-    fn parse(&self, name: &str) -> Option<Canon> {
-        match name {
-            "model.embed_tokens.weight" => return Some(Canon::Embed),
-            "lm_head.weight" => return Some(Canon::LmHead),
-            "model.norm.weight" => return Some(Canon::FinalNorm),
-            _ => {}
-        }
-        let rest = name.strip_prefix("model.layers.")?;
-        let (l, rest) = rest.split_once('.')?;
-        let l = parse_index(l)?;
-        if l >= self.num_layers {
-            return None;
-        }
-        let moe = self.layers[l as usize].moe;
-        let c = match rest {
-            "input_layernorm.weight" => Canon::InputLn(l),
-            "post_attention_layernorm.weight" => Canon::PostLn(l),
-            "self_attn.q_proj.weight" => Canon::Q(l),
-            "self_attn.k_proj.weight" => Canon::K(l),
-            "self_attn.v_proj.weight" => Canon::V(l),
-            "self_attn.q_proj.bias" if self.attention_bias => Canon::QBias(l),
-            "self_attn.k_proj.bias" if self.attention_bias => Canon::KBias(l),
-            "self_attn.v_proj.bias" if self.attention_bias => Canon::VBias(l),
-            "self_attn.o_proj.weight" => Canon::O(l),
-            "self_attn.q_norm.weight" if self.qk_norm => Canon::QNorm(l),
-            "self_attn.k_norm.weight" if self.qk_norm => Canon::KNorm(l),
-            "mlp.gate_proj.weight" if !moe => Canon::Gate(l),
-            "mlp.up_proj.weight" if !moe => Canon::Up(l),
-            "mlp.down_proj.weight" if !moe => Canon::Down(l),
-            "mlp.gate.weight" if moe => Canon::Router(l),
-            _ if moe => {
-                let rest = rest.strip_prefix("mlp.experts.")?;
-                let (e, part) = rest.split_once('.')?;
-                let e = parse_index(e)?;
-                if e >= self.d.experts {
-                    return None;
-                }
-                let part = match part {
-                    "gate_proj.weight" => ExpertPart::Gate,
-                    "up_proj.weight" => ExpertPart::Up,
-                    "down_proj.weight" => ExpertPart::Down,
-                    _ => return None,
-                };
-                Canon::Expert(l, e, part)
-            }
-            _ => return None,
-        };
-        Some(c)
-    }
-
-    fn holder(
-        &self,
-        ranks: Vec<RankId>,
-        tensor: &Arc<str>,
-        tensor_shape: Dims,
-        region: Region,
-        local_offset: Dims,
-    ) -> Holder {
-        Holder {
-            ranks,
-            tensor: tensor.clone(),
-            tensor_shape,
-            dtype: self.dtype,
-            region,
-            local_offset,
-        }
-    }
-
-    fn replicated_holder(&self, name: &Arc<str>, shape: Dims) -> Vec<Holder> {
-        vec![self.holder(
-            self.all_ranks(),
-            name,
-            shape,
-            Region::full(shape),
-            Dims::zeros(shape.ndim()),
-        )]
-    }
-
-    fn vocab_holders(&self, local: &Arc<str>, out: &mut Vec<Holder>) {
-        let shape = Self::dims2(self.d.vocab_rows, self.d.hidden);
-        for r in 0..u64::from(self.tp) {
-            let (start, len) = self.vocab_rows(r);
-            if len == 0 {
-                continue;
-            }
-            out.push(self.holder(
-                self.engine_ranks(r),
-                local,
-                shape,
-                Region::new([start, 0], [len, self.d.hidden]),
-                Dims::zeros(2),
-            ));
-        }
-    }
-
-    fn qkv_holders(&self, l: u64, part: usize, bias: bool) -> Vec<Holder> {
-        let n = &self.layers[l as usize];
-        let h = self.d.hidden;
-        let rows = self.qkv_rows();
-        let (tensor, shape) = if bias {
-            (&n.qkv_bias, Dims::new(&[rows]))
-        } else {
-            (&n.qkv, Self::dims2(rows, h))
-        };
-        let replicated_kv = part > 0 && self.d.kv_replicas > 1;
-        let step = if replicated_kv { self.d.kv_replicas } else { 1 };
-        (0..u64::from(self.tp))
-            .step_by(step as usize)
-            .map(|r| {
-                let (start, len, at) = self.qkv_part(part, r);
-                let ranks = if replicated_kv {
-                    self.kv_group_ranks(r)
-                } else {
-                    self.engine_ranks(r)
-                };
-                let (region, offset) = if bias {
-                    (Region::new([start], [len]), Dims::new(&[at]))
-                } else {
-                    (Region::new([start, 0], [len, h]), Dims::new(&[at, 0]))
-                };
-                self.holder(ranks, tensor, shape, region, offset)
-            })
-            .collect()
-    }
-
-    /// Holders of a tensor split on `dim` over TP into `per`-sized blocks, all at local offset 0 (o_proj, down_proj).
-    fn split_holders(&self, tensor: &Arc<str>, shape: Dims, dim: usize, per: u64) -> Vec<Holder> {
-        (0..u64::from(self.tp))
-            .map(|r| {
-                let region = Region::slice(
-                    shape_full(shape, dim, per * u64::from(self.tp)),
-                    dim,
-                    r * per,
-                    per,
-                );
-                self.holder(
-                    self.engine_ranks(r),
-                    tensor,
-                    shape,
-                    region,
-                    Dims::zeros(shape.ndim()),
-                )
-            })
-            .collect()
-    }
-
-    fn gate_up_holders(&self, l: u64, up: bool) -> Vec<Holder> {
-        let n = &self.layers[l as usize];
-        let (i, h) = (self.d.inter, self.d.hidden);
-        let shape = Self::dims2(2 * i, h);
-        let at = if up { i } else { 0 };
-        (0..u64::from(self.tp))
-            .map(|r| {
-                self.holder(
-                    self.engine_ranks(r),
-                    &n.gate_up,
-                    shape,
-                    Region::new([r * i, 0], [i, h]),
-                    Dims::new(&[at, 0]),
-                )
-            })
-            .collect()
-    }
-
-    fn expert_holders(&self, l: u64, e: u64, part: ExpertPart) -> Vec<Holder> {
-        let n = &self.layers[l as usize];
-        let (mi, h) = (self.d.moe_inter, self.d.hidden);
-        let (base, rem) = (self.d.experts / self.d.ep, self.d.experts % self.d.ep);
-        let big = (base + 1) * rem;
-        let ep_rank = if e < big {
-            e / (base + 1)
-        } else {
-            rem + (e - big) / base
-        };
-        let (first, ne) = expert_range(self.d.experts, self.d.ep, ep_rank);
-        let j = e - first;
-        (0..self.d.moe_tp)
-            .map(|m| {
-                let tp_rank = ep_rank * self.d.moe_tp + m;
-                let ranks = self.engine_ranks(tp_rank);
-                match part {
-                    ExpertPart::Gate | ExpertPart::Up => self.holder(
-                        ranks,
-                        &n.w13,
-                        Dims::new(&[ne, 2 * mi, h]),
-                        Region::new([m * mi, 0], [mi, h]),
-                        Dims::new(&[j, if part == ExpertPart::Up { mi } else { 0 }, 0]),
-                    ),
-                    ExpertPart::Down => self.holder(
-                        ranks,
-                        &n.w2,
-                        Dims::new(&[ne, h, mi]),
-                        Region::new([0, m * mi], [h, mi]),
-                        Dims::new(&[j, 0, 0]),
-                    ),
-                }
-            })
-            .collect()
-    }
-}
-
-/// Parses a decimal index as PyTorch module names write it (no sign, no leading zeros).
-fn parse_index(s: &str) -> Option<u64> {
-    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits || (s.len() > 1 && s.starts_with('0')) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-/// `shape` with dimension `dim` replaced by `full` (the canonical extent of a TP-split dim).
-fn shape_full(shape: Dims, dim: usize, full: u64) -> Dims {
-    let mut s = shape;
-    s.set(dim, full);
-    s
 }
 
 impl SideLayout for VllmLayout {
     fn side(&self) -> Side {
-        Side::Inference
+        self.0.side()
     }
 
     fn ranks(&self) -> Vec<RankId> {
-        self.all_ranks()
+        self.0.ranks()
     }
 
     fn world_size(&self) -> usize {
-        self.engines as usize * self.tp as usize
+        self.0.world_size()
     }
 
     fn engines(&self) -> u32 {
-        self.engines
+        self.0.engines()
     }
 
     fn rank_layout(&self, rank: RankId) -> Option<RankLayout> {
-        if rank.engine >= self.engines || rank.rank >= self.tp {
-            return None;
-        }
-        let r = u64::from(rank.rank);
-        let per_layer = 8 + usize::from(self.qk_norm) * 2;
-        let mut tensors = Vec::with_capacity(3 + self.layers.len() * per_layer);
-        tensors.push(self.embed_tensor(&self.embed, &self.embed, r));
-        for n in &self.layers {
-            self.push_layer(&mut tensors, n, r);
-        }
-        tensors.push(self.replicated(&self.final_norm, Dims::new(&[self.d.hidden])));
-        match &self.lm_head {
-            LmHead::Absent => {}
-            LmHead::Own(c) => tensors.push(self.embed_tensor(&self.lm_head_local, c, r)),
-        }
-        Some(RankLayout { rank, tensors })
+        self.0.rank_layout(rank)
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
-        let Some(c) = self.parse(canonical) else {
-            return Vec::new();
-        };
-        let h = self.d.hidden;
-        let hd = self.d.head_dim;
-        let layer = |l: u64| &self.layers[l as usize];
-        match c {
-            Canon::Embed => {
-                let mut out = Vec::with_capacity(2 * self.tp as usize);
-                self.vocab_holders(&self.embed, &mut out);
-                out
-            }
-            Canon::LmHead => {
-                let mut out = Vec::with_capacity(self.tp as usize);
-                if let LmHead::Own(_) = self.lm_head {
-                    self.vocab_holders(&self.lm_head_local, &mut out);
-                }
-                out
-            }
-            Canon::FinalNorm => self.replicated_holder(&self.final_norm, Dims::new(&[h])),
-            Canon::InputLn(l) => self.replicated_holder(&layer(l).input_ln, Dims::new(&[h])),
-            Canon::PostLn(l) => self.replicated_holder(&layer(l).post_ln, Dims::new(&[h])),
-            Canon::QNorm(l) => self.replicated_holder(&layer(l).q_norm, Dims::new(&[hd])),
-            Canon::KNorm(l) => self.replicated_holder(&layer(l).k_norm, Dims::new(&[hd])),
-            Canon::Router(l) => {
-                self.replicated_holder(&layer(l).router, Self::dims2(self.d.experts, h))
-            }
-            Canon::Q(l) => self.qkv_holders(l, 0, false),
-            Canon::K(l) => self.qkv_holders(l, 1, false),
-            Canon::V(l) => self.qkv_holders(l, 2, false),
-            Canon::QBias(l) => self.qkv_holders(l, 0, true),
-            Canon::KBias(l) => self.qkv_holders(l, 1, true),
-            Canon::VBias(l) => self.qkv_holders(l, 2, true),
-            Canon::O(l) => {
-                let q_cols = self.d.q_heads * hd;
-                self.split_holders(&layer(l).o, Self::dims2(h, q_cols), 1, q_cols)
-            }
-            Canon::Gate(l) => self.gate_up_holders(l, false),
-            Canon::Up(l) => self.gate_up_holders(l, true),
-            Canon::Down(l) => {
-                let i = self.d.inter;
-                self.split_holders(&layer(l).down_proj, Self::dims2(h, i), 1, i)
-            }
-            Canon::Expert(l, e, part) => self.expert_holders(l, e, part),
-        }
+        self.0.holders(canonical)
     }
 }

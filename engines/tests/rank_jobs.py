@@ -18,16 +18,17 @@ sys.path.insert(0, os.path.dirname(HERE))  # engines/, for sglang_cpu
 import sglang_cpu  # noqa: E402
 
 
-def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0, attempt: int | None = None) -> None:
+def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0, attempt: int | None = None,
+                 states: tuple[str, ...] = ("pending", "running")) -> None:
     """Polls the gateway until ``version`` (``attempt`` of it, when given) of ``pair`` is the
-    running update."""
+    current update in one of ``states`` (running, by default)."""
     import awex
 
     ctl = awex.Controller(gateway)
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         cur = ctl.status(pair).get("current_update") or {}
-        if (cur.get("version") == version and cur.get("state") in ("pending", "running")
+        if (cur.get("version") == version and cur.get("state") in states
                 and attempt in (None, cur.get("attempt"))):
             return
         time.sleep(0.02)
@@ -184,8 +185,9 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         except RuntimeError as e:
             result["v3"] = str(e)
         # version 3 again, by default on both ranks: rank 0 reports its refusal and returns
+        # (which may fail the attempt before rank 1 sees it running; rank 1 then returns at once)
         os.environ.pop("AWEX_SGLANG_ON_ERROR", None)
-        wait_running(gateway, pair, 3, attempt=2)
+        wait_running(gateway, pair, 3, attempt=2, states=("pending", "running", "failed"))
         try:
             result["v3_retry"] = f"returned {aws.receive(model, [])!r}"
         except RuntimeError as e:

@@ -46,7 +46,7 @@ def awex_cli() -> str:
 @pytest.fixture(scope="module")
 def served_gateway():
     port = free_port()
-    proc = subprocess.Popen([awex_cli(), "serve", "--bind", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([awex_cli(), "serve", "--bind", f"127.0.0.1:{port}", "--ephemeral"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):

@@ -224,6 +224,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn state_dir_defaults_to_a_directory_per_port_and_none_or_ephemeral_keep_it_in_memory() {
+        let d = state_dir(&Args::default(), 7480).unwrap();
+        assert!(d.ends_with("awex/gateway-7480"), "{}", d.display());
+        let none = Args {
+            state_dir: Some("none".into()),
+            ..Args::default()
+        };
+        assert_eq!(state_dir(&none, 7480), None);
+        let eph = Args {
+            ephemeral: true,
+            ..Args::default()
+        };
+        assert_eq!(state_dir(&eph, 7480), None);
+        let given = Args {
+            state_dir: Some("/var/lib/awex".into()),
+            ..Args::default()
+        };
+        assert_eq!(
+            state_dir(&given, 7480),
+            Some(PathBuf::from("/var/lib/awex"))
+        );
+    }
+
+    #[test]
     fn bind_takes_addresses_and_host_names() {
         assert_eq!(
             bind_addr("127.0.0.1:7480").unwrap(),

@@ -7,7 +7,8 @@
 //! 1. leaves: `error` (every failure mapped to a 4xx status and a `{"error": ...}` body),
 //!    `config`, `validate` (names, bounds, model and catalogue checks);
 //! 2. `store`: the data a pair's state is made of (`events`, `kv`, `roster`, `updates`,
-//!    `metrics`), knowing nothing of handlers;
+//!    `metrics`), knowing nothing of handlers, and `disk`, the durable copy of it (an embedded
+//!    `redb` database under the state directory, written through before each answer);
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
 //! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod copy;
+pub mod fused_tp;
 pub(crate) mod ops;
 mod region;
 

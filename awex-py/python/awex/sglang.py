@@ -282,6 +282,17 @@ def _current_update(cfg: _Config) -> dict[str, Any] | None:
     return None
 
 
+def _event_wait(update: dict[str, Any]) -> float:
+    """How long the Reader may wait for ``update``'s event: until the update's deadline (the
+    gateway fails it then), plus a margin; never unbounded, so that a loader whose event never
+    comes (the attempt ended before this rank asked) returns to SGLang's scheduler."""
+    try:
+        left = (float(update["deadline_ms"]) - float(update.get("elapsed_ms") or 0)) / 1000.0
+    except (KeyError, TypeError, ValueError):
+        left = 600.0
+    return max(left, 0.0) + 10.0
+
+
 def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str) -> None:
     """Tells the gateway at once that this rank failed ``update`` before its Reader took part in
     it (so the version fails now, not at its deadline). Best effort: the HTTP answer of SGLang
@@ -396,7 +407,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 t_check = time.perf_counter() - t_check
                 moved_bytes = True
                 t_recv, cpu_recv = time.perf_counter(), time.process_time()
-                got = rx.reader.update(version, wait_commit=False)
+                got = rx.reader.update(version, timeout=_event_wait(update), wait_commit=False)
                 t_recvd, cpu_recvd = time.perf_counter(), time.process_time()
                 received = True
                 if moved:

@@ -125,6 +125,9 @@ pub(crate) struct UpdateRecord {
     /// Whether this attempt reached the ranks (an `update` event went out).
     #[serde(default)]
     pub(crate) detail: bool,
+    /// Atomic pairs: the `apply` event went out.
+    #[serde(default)]
+    pub(crate) applying: bool,
 }
 
 /// One rank's report.
@@ -136,7 +139,16 @@ pub(crate) struct ReportRecord {
     pub(crate) checksum: Option<u64>,
     pub(crate) error: Option<String>,
     pub(crate) after_ms: Option<u64>,
+    /// Atomic pairs, inference ranks: the second report (applied to the live tensors).
+    #[serde(default)]
+    pub(crate) applied: Option<bool>,
 }
+
+/// One stored update: its version, header, and the reports by slot.
+pub(crate) type LoadedUpdate = (u64, UpdateRecord, Vec<(u64, ReportRecord)>);
+
+/// A batch of row changes and its ticket, on its way to the writer thread.
+type Batch = (u64, Vec<Write>);
 
 /// Everything the database holds about one pair.
 pub(crate) struct Loaded {
@@ -144,7 +156,7 @@ pub(crate) struct Loaded {
     pub(crate) state: StateRecord,
     pub(crate) roster: Vec<(u64, RosterRecord)>,
     pub(crate) kv: Vec<(String, KvRecord)>,
-    pub(crate) updates: Vec<(u64, UpdateRecord, Vec<(u64, ReportRecord)>)>,
+    pub(crate) updates: Vec<LoadedUpdate>,
     pub(crate) events: Vec<crate::wire::Event>,
 }
 
@@ -170,7 +182,7 @@ pub enum StoreError {
 pub(crate) struct Store {
     dir: PathBuf,
     db: std::sync::Arc<redb::Database>,
-    tx: Mutex<Option<mpsc::Sender<(u64, Vec<Write>)>>>,
+    tx: Mutex<Option<mpsc::Sender<Batch>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Tickets handed out so far.
     submitted: std::sync::atomic::AtomicU64,
@@ -213,7 +225,7 @@ impl Store {
             }
             w.commit().map_err(|e| io(dir, e))?;
         }
-        let (tx, rx) = mpsc::channel::<(u64, Vec<Write>)>();
+        let (tx, rx) = mpsc::channel::<Batch>();
         let (synced_tx, synced) = watch::channel((0u64, None));
         let wdb = db.clone();
         let handle = std::thread::Builder::new()
@@ -378,7 +390,7 @@ impl Drop for Store {
 /// The writer thread: commits every queued batch in one transaction, then says how far it got.
 fn writer(
     db: &redb::Database,
-    rx: &mpsc::Receiver<(u64, Vec<Write>)>,
+    rx: &mpsc::Receiver<Batch>,
     synced: &watch::Sender<(u64, Option<String>)>,
 ) {
     while let Ok(first) = rx.recv() {
@@ -399,6 +411,8 @@ fn writer(
     }
 }
 
+// redb's error is large, but it is made once per failed commit (a disk failure), not per row
+#[allow(clippy::result_large_err)]
 fn commit(db: &redb::Database, writes: impl Iterator<Item = Write>) -> Result<(), redb::Error> {
     let w = db.begin_write()?;
     {
