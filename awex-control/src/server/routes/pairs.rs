@@ -281,17 +281,19 @@ pub(crate) async fn connect(
     // validation builds both catalogues and layouts (seconds for a 1T model): off the async
     // workers, and a core fewer at once than the machine has, so that health checks and
     // long-polls keep answering meanwhile
-    let _slot = gw
+    // (the slot is held for the validation only, not for the engine checks that follow)
+    let slot = gw
         .validations
         .acquire()
         .await
         .map_err(|_| ApiError::Unavailable("the gateway is shutting down".to_string()))?;
-    let (req, (slots, training, inference)) = tokio::task::spawn_blocking(move || {
+    let validated = tokio::task::spawn_blocking(move || {
         let checked = check(&req, &raw);
         checked.map(|c| (req, c))
     })
-    .await
-    .map_err(|e| {
+    .await;
+    drop(slot);
+    let (req, (slots, training, inference)) = validated.map_err(|e| {
         ApiError::Unprocessable(format!("validating the connect request failed: {e}"))
     })??;
     let name = req.name.clone();
