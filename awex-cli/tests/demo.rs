@@ -106,6 +106,43 @@ fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
         failed["seconds"].as_f64().unwrap() < 6.0,
         "reported failed within twice the deadline"
     );
+    // in place, the ranks had been told to write: the version is torn
+    assert_eq!(failed["torn"], true, "{failed}");
+    assert!(failed["live_intact"].is_boolean(), "{failed}");
+    assert_eq!(
+        (ups[2]["version"].as_u64(), ups[2]["attempts"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(ups[2]["verified"], true);
+    assert_eq!(ups[3]["verified"], true);
+    assert_eq!(j["verified"], true);
+    no_segments_left();
+}
+
+#[test]
+fn atomic_killed_training_rank_leaves_the_live_weights_intact_and_not_torn() {
+    let _one = one_at_a_time();
+    let (code, j, err) = demo(&[
+        "--atomic",
+        "--fault-kill-train-rank",
+        "1",
+        "--fault-version",
+        "2",
+        "--deadline-s",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ups = j["updates"].as_array().unwrap();
+    assert_eq!(ups.len(), 4, "{j}");
+    let failed = &ups[1];
+    assert_eq!(
+        (failed["version"].as_u64(), failed["verified"].as_bool()),
+        (Some(2), Some(false))
+    );
+    // a SIGKILLed sender before `apply`: every inference rank's live tensors still hold
+    // version 1 byte for byte, the pair is not torn, and the retry commits
+    assert_eq!(failed["torn"], false, "{failed}");
+    assert_eq!(failed["live_intact"], true, "{failed}");
     assert_eq!(
         (ups[2]["version"].as_u64(), ups[2]["attempts"].as_u64()),
         (Some(2), Some(2))

@@ -141,6 +141,7 @@ async fn rank(
                 side,
                 rank: id,
                 info,
+                capabilities: Vec::new(),
             },
         )
         .await
@@ -170,7 +171,7 @@ async fn rank(
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                EventKind::Abort => {}
+                EventKind::Abort | EventKind::Apply => {}
                 EventKind::Disconnect => return Ok(()),
             }
         }

@@ -64,6 +64,7 @@ fn jr(side: Side, rank: RankId) -> JoinRequest {
         side,
         rank,
         info: json!({ "transport": { "port": 1000 + rank.rank }, "pid": 42 }),
+        capabilities: vec![awex_control::wire::CAP_ATOMIC_APPLY.to_string()],
     }
 }
 
@@ -293,6 +294,59 @@ fn a_pair_still_joining_keeps_its_joined_ranks_and_completes_after_a_restart() {
         assert_eq!(r.roster.len(), 2);
         assert_eq!(r.roster[0].info, jr(T.0, T.1).info);
         commit(&c, "joining", 1, 1).await;
+    });
+    gw.kill();
+}
+
+#[test]
+fn an_atomic_update_in_flight_at_a_restart_is_torn_only_once_apply_went_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gw::start(Some(dir.path()), 0);
+    let c = Client::new(&gw.url(), None).unwrap().with_retries(0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut req = connect_request("at", 1, 1, 1);
+        req.options.apply = awex_control::wire::ApplyMode::Atomic;
+        c.connect(&req).await.unwrap();
+        let _ = c
+            .join_once("at", &jr(T.0, T.1), Duration::ZERO)
+            .await
+            .unwrap();
+        c.join("at", &jr(I.0, I.1)).await.unwrap();
+        // version 1: both received, the inference rank applied
+        c.start_update("at", 1).await.unwrap();
+        for (side, rank) in [T, I, I] {
+            c.report("at", 1, &report(side, rank, 1)).await.unwrap();
+        }
+        assert_eq!(
+            c.update_status("at", 1).await.unwrap().state,
+            UpdateState::Committed
+        );
+        // version 2: the training rank reported, nothing applied yet
+        c.start_update("at", 2).await.unwrap();
+        c.report("at", 2, &report(T.0, T.1, 1)).await.unwrap();
+    });
+    let port = gw.kill();
+    let gw = Gw::start(Some(dir.path()), port);
+    rt.block_on(async {
+        let st = c.status("at").await.unwrap();
+        assert_eq!(st.options.apply, awex_control::wire::ApplyMode::Atomic);
+        assert_eq!((st.serving_version, st.torn_version), (Some(1), None));
+        // attempt 2: every rank received, `apply` went out, then the gateway dies
+        c.start_update("at", 2).await.unwrap();
+        for (side, rank) in [T, I] {
+            c.report("at", 2, &report(side, rank, 2)).await.unwrap();
+        }
+        assert!(c.update_status("at", 2).await.unwrap().applying);
+    });
+    let port = gw.kill();
+    let gw = Gw::start(Some(dir.path()), port);
+    rt.block_on(async {
+        let u = c.update_status("at", 2).await.unwrap();
+        assert_eq!(u.state, UpdateState::Failed);
+        assert!(u.applying, "the apply phase is remembered");
+        let st = c.status("at").await.unwrap();
+        assert_eq!((st.serving_version, st.torn_version), (Some(1), Some(2)));
     });
     gw.kill();
 }

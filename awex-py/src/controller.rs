@@ -8,7 +8,7 @@ use crate::spec::{ModelArg, model_key};
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::wire::{
-    PairOptions, PairState, RankReportState, Transport, UpdateState, UpdateStatus,
+    ApplyMode, PairOptions, PairState, RankReportState, Transport, UpdateState, UpdateStatus,
 };
 use awex_core::backend::BackendSpec;
 use awex_core::layout::Side;
@@ -77,7 +77,8 @@ impl Controller {
     /// Connects a pair: both sides' layouts are computed here (world sizes, engines, catalogue)
     /// and the model is stored on the gateway so that ranks need not be told it.
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
-        urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0))]
+        urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
+        atomic=false))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
         &self,
@@ -93,6 +94,7 @@ impl Controller {
         bucket_mib: u64,
         join_deadline_s: f64,
         update_deadline_s: f64,
+        atomic: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let model = match (model, model_json) {
             (Some(m), None) => ModelArg::Resolve(m),
@@ -126,6 +128,11 @@ impl Controller {
             update_deadline_ms: ms("update_deadline_s", update_deadline_s)?,
             bucket_mib,
             checksums,
+            apply: if atomic {
+                ApplyMode::Atomic
+            } else {
+                ApplyMode::InPlace
+            },
             ..PairOptions::default()
         };
         let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);

@@ -191,5 +191,6 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
             .or_else(|| std::env::var("AWEX_HOST").ok())
             .unwrap_or_else(|| "127.0.0.1".into()),
         uid: st.uid.clone(),
+        apply: st.options.apply,
     })
 }

@@ -65,7 +65,7 @@ pub enum RuntimeError {
     },
     /// A value the rank must read from the pair kv is not there although every rank joined.
     #[error(
-        "pair `{pair}` has no kv `{key}` although every rank has joined (waited {waited:?}); the rank that publishes it before joining (training rank 0 for nccl) must run the same transport"
+        "pair `{pair}` has no kv `{key}` although every rank has joined (waited {waited:?}); the rank that publishes it once joined (training rank 0 for nccl) must run the same transport"
     )]
     MissingKv {
         /// the pair
@@ -74,6 +74,26 @@ pub enum RuntimeError {
         key: String,
         /// how long the rank waited for it
         waited: Duration,
+    },
+    /// A value read from the pair kv never verified (a forged, tampered or replayed NCCL id)
+    /// within the wait.
+    #[error("{cause} (waited {waited:?} for a value that verifies)")]
+    UnverifiedKv {
+        /// how long the rank waited for a genuine value
+        waited: Duration,
+        /// why the last value read was refused
+        #[source]
+        cause: Box<RuntimeError>,
+    },
+    /// Atomic apply: copying the staged version into the live tensors failed (the live
+    /// tensors may hold part of it).
+    #[error("copying the staged version {version} into the live tensors failed: {cause}")]
+    Apply {
+        /// the version
+        version: u64,
+        /// why
+        #[source]
+        cause: Box<RuntimeError>,
     },
     /// Filling or checking a version's weights failed (the first mismatch, described).
     #[error("tensor: {detail}")]
@@ -297,6 +317,22 @@ pub enum TensorError {
         /// bytes in the staging set
         host: usize,
     },
+    /// Atomic apply: a live tensor and its staging copy differ in size or place.
+    #[error(
+        "`{name}` holds {live} bytes in {live_location} but its staging copy {staging} bytes in {staging_location}"
+    )]
+    StagingMismatch {
+        /// the tensor
+        name: String,
+        /// its live size
+        live: usize,
+        /// where the live tensor is
+        live_location: Location,
+        /// its staging copy's size
+        staging: usize,
+        /// where the staging copy is
+        staging_location: Location,
+    },
     /// The shared-memory mirror has no room for a tensor.
     #[error("`{name}` has no place in the mirror")]
     NotMirrored {
@@ -386,13 +422,24 @@ pub enum ConfigMismatch {
         /// built
         built: TransportKind,
     },
-    /// A tcp pair without a secret in the join answer.
+    /// A tcp or nccl pair without a secret in the join answer.
     #[error(
-        "the gateway's join answer for pair `{pair}` carries no pair secret; the tcp transport authenticates its peers with it (upgrade the gateway)"
+        "the gateway's join answer for pair `{pair}` carries no pair secret; the {transport} transport {} (upgrade the gateway)",
+        if matches!(.transport, TransportKind::Nccl) { "seals its communicator id with it" } else { "authenticates its peers with it" }
     )]
     NoSecret {
         /// the pair
         pair: String,
+        /// the transport that needs it
+        transport: TransportKind,
+    },
+    /// A transport that writes the live tensors directly was asked to apply a staged version.
+    #[error(
+        "the {transport} transport writes the live tensors directly; it has nothing staged to apply"
+    )]
+    NothingStaged {
+        /// the transport
+        transport: TransportKind,
     },
 }
 

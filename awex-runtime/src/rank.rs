@@ -3,12 +3,14 @@
 
 use super::tensors::TensorSet;
 use super::transport::{
-    CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, TcpTransport, Transport,
-    TransportKind,
+    CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, StagedTransport,
+    TcpTransport, Transport, TransportKind,
 };
 use super::{ConfigMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
-use awex_control::wire::{EventKind, JoinRequest, JoinResponse, Report};
+use awex_control::wire::{
+    ApplyMode, CAP_ATOMIC_APPLY, EventKind, JoinRequest, JoinResponse, Report,
+};
 use awex_core::backend::BackendSpec;
 use awex_core::layout::{RankId, RankLayout, Side};
 use awex_core::model::{Catalogue, ModelSpec};
@@ -47,6 +49,9 @@ pub struct RankConfig {
     /// The pair's connect uid (`PairStatus::uid`), which names its shared-memory segments;
     /// empty when not known yet ([`pair_uid`] asks the gateway).
     pub uid: String,
+    /// How the pair applies updates (`PairOptions::apply`, from its status); an inference
+    /// rank of an `atomic` pair receives into staging ([`make_transport`]).
+    pub apply: ApplyMode,
 }
 
 impl RankConfig {
@@ -68,8 +73,15 @@ impl RankConfig {
 
 /// The connect uid of the pair a rank is configured for (asks the gateway's status).
 pub async fn pair_uid(cfg: &RankConfig) -> Result<String, RankError> {
+    Ok(pair_settings(cfg).await?.0)
+}
+
+/// The connect uid and the apply mode of the pair a rank is configured for (asks the
+/// gateway's status), for [`RankConfig::uid`] and [`RankConfig::apply`].
+pub async fn pair_settings(cfg: &RankConfig) -> Result<(String, ApplyMode), RankError> {
     let client = Client::new(&cfg.gateway, cfg.token.clone())?;
-    Ok(client.status(&cfg.pair).await?.uid)
+    let st = client.status(&cfg.pair).await?;
+    Ok((st.uid, st.options.apply))
 }
 
 /// A rank's layout and plan, computed before it joins (so tensors can be checked first).
@@ -250,8 +262,24 @@ pub fn rendezvous_key(side: Side, rank: RankId) -> String {
     format!("rdv.{}.{}.{}", side.short(), rank.engine, rank.rank)
 }
 
-/// Builds the transport of a rank.
+/// Builds the transport of a rank over its live `tensors`. An inference rank of an atomic pair
+/// (`cfg.apply`) gets a [`StagedTransport`]: the transport moves bytes into a staging copy of
+/// its tensors (same kind of memory), which is copied into `tensors` only on the gateway's
+/// `apply` event.
 pub fn make_transport(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    if cfg.apply == ApplyMode::Atomic && cfg.side == Side::Inference {
+        let staging = Arc::new(tensors.staging_like()?);
+        let inner = transport_over(cfg, prepared, staging.clone())?;
+        return Ok(Box::new(StagedTransport::new(inner, staging, tensors)));
+    }
+    transport_over(cfg, prepared, tensors)
+}
+
+fn transport_over(
     cfg: &RankConfig,
     prepared: &Prepared,
     tensors: Arc<TensorSet>,
@@ -293,9 +321,9 @@ pub fn make_transport(
 }
 
 /// The `nccl` transport of a rank over its device tensors: one communicator for the whole
-/// pair. Training rank 0 creates the communicator's unique id here and publishes it before it
-/// joins ([`Transport::kv_before_join`]); every other rank reads it once all ranks have joined,
-/// so no rank waits on one that waits on it.
+/// pair. Training rank 0 creates the communicator's unique id here and publishes it, sealed
+/// with the pair secret, right after it joined ([`Transport::kv_at_join`]); every other rank
+/// reads and verifies it once all ranks have joined, so no rank waits on one that waits on it.
 fn nccl_transport(
     cfg: &RankConfig,
     prepared: &Prepared,
@@ -329,27 +357,62 @@ fn nccl_transport(
     )?))
 }
 
-/// Reads the pair kv value a transport needs after joining ([`Transport::kv_after_join`]).
-/// Its publisher put it before joining and every rank has joined, so it is there unless the
-/// publisher is not running this transport; the wait is bounded all the same.
-async fn read_after_join(
+/// Reads the pair kv value a transport needs after joining ([`Transport::kv_after_join`]) or
+/// before a retry, accepted only once `check` passes: a value that fails it (a forged or
+/// replayed NCCL id) is refused, and the read waits for a genuine one (the publisher's write
+/// replaces it) until `wait` has passed, then fails with the refusal. Its publisher puts it
+/// right after joining and every rank has joined, so it is there unless the publisher is not
+/// running this transport; the wait is bounded all the same.
+pub async fn read_checked_kv(
     client: &Client,
     pair: &str,
     key: &str,
     wait: Duration,
+    check: impl Fn(&serde_json::Value) -> Result<(), RuntimeError>,
 ) -> Result<serde_json::Value, RuntimeError> {
-    match client.get_kv(pair, key, wait).await {
-        Ok(e) => Ok(e.value),
-        Err(e) if e.status() == Some(404) => Err(RuntimeError::MissingKv {
-            pair: pair.to_string(),
-            key: key.to_string(),
-            waited: wait,
-        }),
-        Err(source) => Err(RuntimeError::Gateway {
-            what: "pair kv",
-            source,
-        }),
+    let end = Instant::now() + wait;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let value = match client.get_kv(pair, key, left).await {
+            Ok(e) => e.value,
+            Err(e) if e.status() == Some(404) => {
+                return Err(RuntimeError::MissingKv {
+                    pair: pair.to_string(),
+                    key: key.to_string(),
+                    waited: wait,
+                });
+            }
+            Err(source) => {
+                return Err(RuntimeError::Gateway {
+                    what: "pair kv",
+                    source,
+                });
+            }
+        };
+        match check(&value) {
+            Ok(()) => return Ok(value),
+            Err(e) if Instant::now() >= end => {
+                return Err(RuntimeError::UnverifiedKv {
+                    waited: wait,
+                    cause: Box::new(e),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(pair, key, error = %e, "refused a pair kv value; waiting for the genuine one");
+                tokio::time::sleep(Duration::from_millis(100).min(left)).await;
+            }
+        }
     }
+}
+
+/// [`Transport::check_kv`] of a transport held behind a mutex (the check runs between awaits,
+/// and a transport is not `Sync`).
+fn checked(
+    t: &std::sync::Mutex<Box<dyn Transport>>,
+    key: &str,
+    v: &serde_json::Value,
+) -> Result<(), RuntimeError> {
+    t.lock().unwrap_or_else(|e| e.into_inner()).check_kv(key, v)
 }
 
 fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelConfig {
@@ -408,6 +471,16 @@ fn check_pair(st: &awex_control::wire::PairStatus, cfg: &RankConfig) -> Result<(
             pair: cfg.pair.clone(),
             expected: cfg.uid.clone(),
             got: st.uid.clone(),
+        })
+        .into());
+    }
+    if st.options.apply != cfg.apply {
+        return Err(RuntimeError::from(ConfigMismatch::Pair {
+            pair: cfg.pair.clone(),
+            field: "applies updates",
+            expected: st.options.apply.to_string(),
+            got: cfg.apply.to_string(),
+            hint: "; take the apply mode from the pair's status (rank::pair_settings)",
         })
         .into());
     }
@@ -592,6 +665,8 @@ pub struct Rank {
     peers: HashMap<RankId, serde_json::Value>,
     last_seq: u64,
     pending: VecDeque<awex_control::wire::Event>,
+    /// The stream's `disconnect` was taken.
+    disconnected: bool,
     /// Test hook: corrupt one received byte of this version.
     pub corrupt_version: Option<u64>,
     /// How long this rank keeps retrying a lost gateway while it waits for work
@@ -638,13 +713,6 @@ impl Rank {
         check_pair(&st, &cfg)?;
         let join_limit = Duration::from_millis(st.options.join_deadline_ms);
         let mut transport = transport;
-        if let Some((key, value)) = transport.kv_before_join() {
-            retry_gateway(&gw, "publishing rendezvous", join_limit, || {
-                client.put_kv(&cfg.pair, &key, value.clone())
-            })
-            .await
-            .map_err(|e| unknown_pair(e, &cfg))?;
-        }
         let incarnation = incarnation_id();
         let info = serde_json::json!({
             "transport": transport.rendezvous(),
@@ -658,6 +726,11 @@ impl Rank {
             side: cfg.side,
             rank: cfg.rank,
             info: info.clone(),
+            // only atomic pairs need it: gateways that predate the field accept the rest
+            capabilities: match cfg.apply {
+                ApplyMode::Atomic => vec![CAP_ATOMIC_APPLY.to_string()],
+                ApplyMode::InPlace => Vec::new(),
+            },
         };
         // a second live claimant of the slot gets 409 for both, and changes nothing
         let joined = join_retrying(&client, &cfg, &req, join_limit, &key, &info).await?;
@@ -676,19 +749,43 @@ impl Rank {
                 transport_mismatch(&cfg.pair, joined.transport.as_str(), cfg.transport).into(),
             );
         }
+        let staged = if transport.stages() {
+            ApplyMode::Atomic
+        } else {
+            ApplyMode::InPlace
+        };
+        if joined.options.apply != cfg.apply || (cfg.side == Side::Inference && staged != cfg.apply)
+        {
+            return Err(RuntimeError::from(ConfigMismatch::Pair {
+                pair: cfg.pair.clone(),
+                field: "applies updates",
+                expected: joined.options.apply.to_string(),
+                got: format!("a transport built for {staged}"),
+                hint: "; build the transport with make_transport and the pair's apply mode",
+            })
+            .into());
+        }
         match joined
             .secret
             .as_ref()
             .and_then(|k| PairSecret::from_hex(&cfg.pair, &k.0))
         {
             Some(k) => transport.authenticate(&k),
-            None if cfg.transport == TransportKind::Tcp => {
+            None if matches!(cfg.transport, TransportKind::Tcp | TransportKind::Nccl) => {
                 return Err(RuntimeError::from(ConfigMismatch::NoSecret {
                     pair: cfg.pair.clone(),
+                    transport: cfg.transport,
                 })
                 .into());
             }
             None => {}
+        }
+        if let Some((key, value)) = transport.kv_at_join()? {
+            retry_gateway(&gw, "publishing rendezvous", join_limit, || {
+                client.put_kv(&cfg.pair, &key, value.clone())
+            })
+            .await
+            .map_err(|e| unknown_pair(e, &cfg))?;
         }
         let other = cfg.side.other();
         let peers = joined
@@ -699,7 +796,15 @@ impl Rank {
             .collect();
         let join_deadline = Duration::from_millis(joined.options.join_deadline_ms);
         let shared = match transport.kv_after_join() {
-            Some(key) => Some(read_after_join(&client, &cfg.pair, &key, join_deadline).await?),
+            Some(key) => {
+                let t = std::sync::Mutex::new(transport);
+                let v = read_checked_kv(&client, &cfg.pair, &key, join_deadline, |v| {
+                    checked(&t, &key, v)
+                })
+                .await;
+                transport = t.into_inner().unwrap_or_else(|e| e.into_inner());
+                Some(v?)
+            }
             None => None,
         };
         transport.joined(shared.as_ref(), join_deadline)?;
@@ -719,6 +824,7 @@ impl Rank {
             transport: Some(transport),
             peers,
             pending: VecDeque::new(),
+            disconnected: false,
             corrupt_version: None,
             gateway_lost: lost,
             join_request: req,
@@ -776,14 +882,21 @@ impl Rank {
     }
 
     /// Waits for the next piece of work; `None` when the pair was disconnected by its
-    /// controller (a `disconnect` event, or 410 Gone). A gateway that cannot be reached (or
-    /// answers 5xx) is retried with backoff for [`Rank::gateway_lost`], then the rank re-attaches;
-    /// a gateway that does not know the pair (404) is [`RankError::UnknownPair`].
+    /// controller (a `disconnect` event, or 410 Gone), at once on every later call (the
+    /// `disconnect` event is the stream's last). A gateway that cannot be reached (or answers
+    /// 5xx) is retried with backoff for [`Rank::gateway_lost`], then the rank re-attaches; a
+    /// gateway that does not know the pair (404) is [`RankError::UnknownPair`].
     pub async fn next_work(&mut self) -> Result<Option<Work>, RankError> {
+        if self.disconnected {
+            return Ok(None);
+        }
         loop {
             while let Some(ev) = self.pending.pop_front() {
                 match ev.kind {
-                    EventKind::Disconnect => return Ok(None),
+                    EventKind::Disconnect => {
+                        self.disconnected = true;
+                        return Ok(None);
+                    }
                     EventKind::Update => {
                         if let Some(version) = ev.version {
                             return Ok(Some(Work {
@@ -792,7 +905,7 @@ impl Rank {
                             }));
                         }
                     }
-                    EventKind::Abort => {}
+                    EventKind::Abort | EventKind::Apply => {}
                 }
             }
             let me = self.incarnation().to_string();
@@ -895,6 +1008,7 @@ impl Rank {
                 ev.version == Some(w.version) && ev.attempt.unwrap_or(1) > w.attempt
             }
             EventKind::Disconnect => true,
+            EventKind::Apply => false,
         })
     }
 
@@ -1086,7 +1200,17 @@ impl Rank {
         }
         if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
             let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
-            let value = read_after_join(&self.client, &self.cfg.pair, &key, wait).await?;
+            let t = std::sync::Mutex::new(
+                self.transport
+                    .take()
+                    .ok_or(TransportError::Closed("transport"))?,
+            );
+            let value = read_checked_kv(&self.client, &self.cfg.pair, &key, wait, |v| {
+                checked(&t, &key, v)
+            })
+            .await;
+            self.transport = Some(t.into_inner().unwrap_or_else(|e| e.into_inner()));
+            let value = value?;
             let t = self
                 .transport
                 .as_mut()
@@ -1162,7 +1286,7 @@ impl Rank {
                             let stop = r.events.iter().any(|ev| match ev.kind {
                                 EventKind::Abort => ev.version == Some(work.version),
                                 EventKind::Disconnect => true,
-                                EventKind::Update => false,
+                                EventKind::Update | EventKind::Apply => false,
                             });
                             if stop {
                                 cancel.store(true, Ordering::Release);
@@ -1175,8 +1299,83 @@ impl Rank {
         };
         let (transport, result) = job.await.map_err(TransportError::Task)?;
         watcher.abort();
+        let stages = transport.stages();
         self.transport = Some(transport);
-        self.report(work, result).await
+        let received = self.report(work, result).await?;
+        if !stages {
+            return Ok(received);
+        }
+        // atomic: received and verified into staging; the live tensors change only on `apply`
+        self.wait_apply(work, deadline).await?;
+        let mut transport = self
+            .transport
+            .take()
+            .ok_or(TransportError::Closed("transport"))?;
+        let job = tokio::task::spawn_blocking(move || {
+            let r = transport.apply();
+            (transport, r)
+        });
+        let (transport, applied) = job.await.map_err(TransportError::Task)?;
+        self.transport = Some(transport);
+        let applied = applied.map(|_| received).map_err(|e| RuntimeError::Apply {
+            version: work.version,
+            cause: Box::new(e),
+        });
+        self.report(work, applied).await
+    }
+
+    /// Atomic pairs, inference ranks: waits for the gateway's `apply` event of `work` (every
+    /// rank of both sides received). Its abort, a later attempt, a disconnect or the deadline
+    /// end the wait with an error: the live tensors were not touched.
+    async fn wait_apply(&mut self, work: Work, deadline: Instant) -> Result<(), RuntimeError> {
+        let mut after = self.last_seq;
+        let v = Some(work.version);
+        let me = self.incarnation().to_string();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RuntimeError::Deadline(work.version));
+            }
+            let polled = self
+                .client
+                .events_as(
+                    &self.cfg.pair,
+                    after,
+                    left.min(Duration::from_secs(30)),
+                    Some(&me),
+                )
+                .await;
+            match polled {
+                Ok(r) => {
+                    after = r.last_seq.max(after);
+                    for ev in r.events {
+                        let attempt = ev.attempt.unwrap_or(1);
+                        match ev.kind {
+                            EventKind::Apply if ev.version == v && attempt == work.attempt => {
+                                return Ok(());
+                            }
+                            EventKind::Abort if ev.version == v && attempt >= work.attempt => {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            EventKind::Update
+                                if ev.version > v
+                                    || (ev.version == v && attempt > work.attempt) =>
+                            {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            EventKind::Disconnect => {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => {
+                    return Err(RuntimeError::Aborted(work.version));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
     }
 
     async fn report(
@@ -1270,6 +1469,7 @@ mod tests {
             bucket_bytes: 1 << 20,
             host: "127.0.0.1".into(),
             uid: String::new(),
+            apply: ApplyMode::InPlace,
         };
         let prepared = Prepared {
             pair: Arc::new(cfg.pair_spec().resolve().unwrap()),

@@ -467,6 +467,123 @@ impl TensorSet {
         Ok(moved)
     }
 
+    /// A zeroed set with this set's tensors (names, shapes, dtypes) in the same kind of memory:
+    /// on the same GPU for a device set, host memory otherwise. Atomic apply receives into it.
+    pub fn staging_like(&self) -> Result<Self, RuntimeError> {
+        match self.location()? {
+            Location::Host => self.host_mirror(),
+            Location::Cuda(_) => {
+                let dev = self.cuda_device()?;
+                let layout = RankLayout {
+                    rank: awex_core::layout::RankId::train(0),
+                    tensors: self
+                        .iter()
+                        .map(|v| awex_core::layout::LocalTensor {
+                            name: v.name.clone(),
+                            shape: v.shape,
+                            dtype: v.dtype,
+                            placements: vec![],
+                        })
+                        .collect(),
+                };
+                Self::allocate_cuda(&layout, &dev)
+            }
+        }
+    }
+
+    /// Copies every tensor of `src` (same names and sizes, same kind of memory) into this set,
+    /// host to host or device to device; returns the bytes copied once they are in place.
+    pub fn copy_from(&self, src: &TensorSet) -> Result<u64, RuntimeError> {
+        let mut pairs = Vec::with_capacity(self.len());
+        for d in self.iter() {
+            let s = src.get(&d.name).ok_or_else(|| TensorError::NoStagingCopy {
+                name: d.name.to_string(),
+            })?;
+            if s.len() != d.len() || s.location != d.location {
+                return Err(TensorError::StagingMismatch {
+                    name: d.name.to_string(),
+                    live: d.len(),
+                    live_location: d.location,
+                    staging: s.len(),
+                    staging_location: s.location,
+                }
+                .into());
+            }
+            pairs.push((d, s));
+        }
+        let mut moved = 0u64;
+        match self.location()? {
+            Location::Host => {
+                // pieces of at most 64 MiB, spread over a few threads (big shards copy at the
+                // memory bandwidth of several cores, not one)
+                const PIECE: usize = 64 << 20;
+                let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
+                for (d, s) in pairs {
+                    // SAFETY: the destination is this set's, written by nobody else meanwhile
+                    // (the caller's contract for live tensors between updates); `src` is a
+                    // distinct allocation of the same length.
+                    let out = unsafe { d.try_bytes_mut()? };
+                    let inp = s.try_bytes()?;
+                    moved += d.len() as u64;
+                    let mut at = 0;
+                    while at < out.len() {
+                        let n = PIECE.min(out.len() - at);
+                        pieces.push((
+                            out.as_mut_ptr() as usize + at,
+                            inp.as_ptr() as usize + at,
+                            n,
+                        ));
+                        at += n;
+                    }
+                }
+                let threads = std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .clamp(1, 8)
+                    .min(pieces.len().max(1));
+                std::thread::scope(|scope| {
+                    for t in 0..threads {
+                        let mine: Vec<_> =
+                            pieces.iter().skip(t).step_by(threads).copied().collect();
+                        scope.spawn(move || {
+                            for (dst, src, n) in mine {
+                                // SAFETY: each piece lies inside one destination view and the
+                                // matching source view (same length, checked above); pieces
+                                // never overlap, and the views outlive this scope.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        src as *const u8,
+                                        dst as *mut u8,
+                                        n,
+                                    )
+                                };
+                            }
+                        });
+                    }
+                });
+            }
+            Location::Cuda(_) => {
+                let dev = self.cuda_device()?;
+                let engine = awex_gpu::cuda::CopyEngine::new(&dev, 1)
+                    .map_err(|e| cuda_err("applying the staged tensors", e))?;
+                let descs: Vec<_> = pairs
+                    .iter()
+                    .filter_map(|(d, s)| {
+                        let (dp, sp) = (d.device_ptr()?, s.device_ptr()?);
+                        (!d.is_empty())
+                            .then(|| awex_gpu::cuda::CopyDesc::linear(sp, dp, d.len() as u64))
+                    })
+                    .collect();
+                moved = descs.iter().map(|d| d.width).sum();
+                // SAFETY: every range is a whole device view of one of the two sets, on `dev`,
+                // checked to have the same length; the sets are distinct allocations.
+                unsafe { engine.launch(&descs, None, None) }
+                    .and_then(|_| engine.sync())
+                    .map_err(|e| cuda_err("applying the staged tensors", e))?;
+            }
+        }
+        Ok(moved)
+    }
+
     /// Allocates every tensor of a rank layout inside one new shared-memory segment `name`.
     pub fn allocate_shm(layout: &RankLayout, name: &str) -> Result<Self, RuntimeError> {
         let mut offsets = Vec::with_capacity(layout.tensors.len());
@@ -748,6 +865,50 @@ mod tests {
             );
             assert_eq!(v.try_bytes().unwrap(), &[0u8; 64][..]);
         }
+    }
+
+    #[test]
+    fn applying_a_staging_set_copies_every_byte_and_refuses_a_mismatched_one() {
+        let layout = |rows: u64| RankLayout {
+            rank: awex_core::layout::RankId::infer(0, 0),
+            tensors: ["a", "b"]
+                .iter()
+                .map(|n| awex_core::layout::LocalTensor {
+                    name: Arc::from(*n),
+                    shape: Dims::new(&[rows, 8]),
+                    dtype: DType::Bf16,
+                    placements: vec![],
+                })
+                .collect(),
+        };
+        let live = TensorSet::allocate_host(&layout(3)).unwrap();
+        let staging = live.staging_like().unwrap();
+        for (i, v) in staging.iter().enumerate() {
+            // SAFETY: a fresh set of this test's own.
+            let b = unsafe { v.try_bytes_mut() }.unwrap();
+            for (j, x) in b.iter_mut().enumerate() {
+                *x = (i * 100 + j) as u8;
+            }
+        }
+        assert_eq!(live.copy_from(&staging).unwrap(), 2 * 48);
+        for v in live.iter() {
+            assert_eq!(
+                v.bytes(),
+                staging.get(&v.name).unwrap().bytes(),
+                "{}",
+                v.name
+            );
+        }
+        let other = TensorSet::allocate_host(&layout(4)).unwrap();
+        assert_eq!(
+            live.copy_from(&other).unwrap_err().to_string(),
+            "tensor: `a` holds 48 bytes in host memory but its staging copy 64 bytes in host memory"
+        );
+        let half = TensorSet::from_views(vec![]).unwrap();
+        assert_eq!(
+            live.copy_from(&half).unwrap_err().to_string(),
+            "tensor: the host staging set has no tensor `a`"
+        );
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! `ncclRemoteError`) and is aborted; the same version started again (attempt 2) runs on a fresh
 //! communicator on both ranks, built from a new unique id that training rank 0 publishes under
 //! kv `nccl.uid.<version>.<attempt>` and the inference rank reads, through
-//! `Rank::execute`'s `attempt_kv`, without the pair reconnecting; every byte arrives.
+//! `Rank::execute`'s `attempt_kv`, without the pair reconnecting; every byte arrives. Every id
+//! travels sealed with the pair secret (the kv holds nothing of it in clear), and a forged id
+//! written over the retry's key before the genuine one is refused by the reader.
 //!
 //! The `nccl` transport itself needs CUDA (device tensors, streams), so the transport here is a
 //! stand-in of its communicator side: the kv hooks make exactly the calls `NcclTransport` makes
-//! (`uid_before_join`/`uid_after_join`, `AttemptComm::publish_for_attempt`,
+//! (`uid_at_join`/`uid_after_join` with `seal_uid`/`open_uid`, `AttemptComm::publish_for_attempt`,
 //! `AttemptComm::read_for_attempt`, `AttemptComm::set_uid`; `src/transport/nccl.rs`), each
 //! attempt's group runs on the stub's communicator, and the bytes move over the tcp transport.
 
@@ -25,7 +27,7 @@ use awex_core::pair::PairSpec;
 use awex_gpu::nccl::{AttemptComm, Library, OpKind, P2p, UID_KEY, UniqueId, creates_uid};
 use awex_runtime::fill::fill_or_check;
 use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare};
-use awex_runtime::transport::{ExecContext, ExecStats, Transport};
+use awex_runtime::transport::{ExecContext, ExecStats, PairSecret, Transport, open_uid, seal_uid};
 use awex_runtime::{RuntimeError, TensorSet};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +54,8 @@ struct StubNccl {
     /// The id training rank 0 creates before it joins (`nccl_transport` in `src/rank.rs`).
     join_uid: Option<UniqueId>,
     used: Used,
+    /// The pair secret (from the join answer), which seals the ids.
+    secret: Option<PairSecret>,
     /// Set by the inference rank when it starts executing; the training rank waits for it
     /// before its first group, so that both ranks are inside attempt 1 when it fails (as with
     /// a real communicator, whose group waits for the peer). Without it the inference rank may
@@ -84,12 +88,18 @@ impl Transport for StubNccl {
         self.inner.rendezvous()
     }
 
-    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
-        // `uid_before_join`: the creator publishes its id under `nccl.uid`
-        creates_uid(self.side, self.rank)
+    fn kv_at_join(&self) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
+        // `uid_at_join`: the creator publishes its id, sealed, under `nccl.uid`
+        let secret = self.secret.as_ref().expect("the join answer's secret");
+        Ok(creates_uid(self.side, self.rank)
             .then_some(self.join_uid)
             .flatten()
-            .map(|u| (UID_KEY.to_string(), u.to_kv()))
+            .map(|u| (UID_KEY.to_string(), seal_uid(secret, UID_KEY, &u))))
+    }
+
+    fn check_kv(&self, key: &str, value: &serde_json::Value) -> Result<(), RuntimeError> {
+        open_uid(self.secret.as_ref().expect("secret"), key, value)?;
+        Ok(())
     }
 
     fn kv_after_join(&self) -> Option<String> {
@@ -103,7 +113,10 @@ impl Transport for StubNccl {
         _join_deadline: Duration,
     ) -> Result<(), RuntimeError> {
         match value {
-            Some(v) => self.comms.set_uid(UID_KEY, UniqueId::from_kv(v)?),
+            Some(v) => self.comms.set_uid(
+                UID_KEY,
+                open_uid(self.secret.as_ref().expect("secret"), UID_KEY, v)?,
+            ),
             None => {
                 let uid = self.join_uid.ok_or_else(|| RuntimeError::MissingKv {
                     pair: "stub".into(),
@@ -116,7 +129,8 @@ impl Transport for StubNccl {
         Ok(())
     }
 
-    fn authenticate(&mut self, secret: &awex_runtime::transport::PairSecret) {
+    fn authenticate(&mut self, secret: &PairSecret) {
+        self.secret = Some(secret.clone());
         self.inner.authenticate(secret);
     }
 
@@ -159,9 +173,15 @@ impl Transport for StubNccl {
         version: u64,
         attempt: u32,
     ) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
+        let secret = self.secret.clone().expect("secret");
         Ok(self
             .comms
-            .publish_for_attempt(self.side, self.rank, version, attempt)?)
+            .publish_for_attempt(self.side, self.rank, version, attempt)?
+            .map(|(key, v)| {
+                let uid = UniqueId::from_kv(&v).expect("the id just created");
+                let sealed = seal_uid(&secret, &key, &uid);
+                (key, sealed)
+            }))
     }
 
     fn kv_for_attempt(&self, version: u64, attempt: u32) -> Option<String> {
@@ -169,7 +189,8 @@ impl Transport for StubNccl {
     }
 
     fn begin_attempt(&mut self, key: &str, value: &serde_json::Value) -> Result<(), RuntimeError> {
-        self.comms.set_uid(key, UniqueId::from_kv(value)?);
+        let uid = open_uid(self.secret.as_ref().expect("secret"), key, value)?;
+        self.comms.set_uid(key, uid);
         Ok(())
     }
 
@@ -193,6 +214,7 @@ fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
         bucket_bytes: 1 << 20,
         host: "127.0.0.1".into(),
         uid: String::new(),
+        apply: Default::default(),
     }
 }
 
@@ -222,6 +244,7 @@ async fn join(c: RankConfig, lib: Arc<Library>, inside: Arc<AtomicBool>) -> Join
         rank: c.rank,
         join_uid,
         used: used.clone(),
+        secret: None,
         inside,
     });
     let rank = tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
@@ -294,14 +317,23 @@ async fn an_aborted_attempt_retries_on_a_fresh_communicator_from_the_attempts_kv
             inside
         ),
     );
-    let joined_uid = UniqueId::from_kv(
-        &client
-            .get_kv(PAIR, UID_KEY, Duration::ZERO)
-            .await
-            .unwrap()
-            .value,
-    )
-    .unwrap();
+    let secret = PairSecret::from_hex(PAIR, &t.rank.joined.secret.clone().unwrap().0).unwrap();
+    let stored = client
+        .get_kv(PAIR, UID_KEY, Duration::ZERO)
+        .await
+        .unwrap()
+        .value;
+    let joined_uid = open_uid(&secret, UID_KEY, &stored).unwrap();
+    assert!(
+        !stored.to_string().contains(&joined_uid.to_hex()[..32]),
+        "the kv holds nothing of the id in clear: {stored}"
+    );
+    // an injector writes a forged id over the retry's key before the retry starts; training
+    // rank 0's genuine write replaces it, and the reader refused it meanwhile
+    client
+        .put_kv(PAIR, "nccl.uid.1.2", UniqueId([0x66; 128]).to_kv())
+        .await
+        .unwrap();
     let cat = Catalogue::of(&ModelSpec::resolve("qwen3-tiny").unwrap());
     fill_or_check(&t.layout, &cat, &t.tensors, 1, false).unwrap();
 
@@ -324,11 +356,17 @@ async fn an_aborted_attempt_retries_on_a_fresh_communicator_from_the_attempts_kv
         .unwrap();
     assert_eq!((u.state, u.attempt), (UpdateState::Failed, 1), "{u:?}");
     assert!(
-        client
-            .get_kv(PAIR, "nccl.uid.1.2", Duration::ZERO)
-            .await
-            .is_err(),
-        "no retry id before the retry"
+        open_uid(
+            &secret,
+            "nccl.uid.1.2",
+            &client
+                .get_kv(PAIR, "nccl.uid.1.2", Duration::ZERO)
+                .await
+                .unwrap()
+                .value
+        )
+        .is_err(),
+        "no genuine retry id before the retry (only the forgery)"
     );
     fill_or_check(&i.layout, &cat, &i.tensors, 1, true).expect_err("attempt 1 delivered nothing");
 
@@ -347,7 +385,9 @@ async fn an_aborted_attempt_retries_on_a_fresh_communicator_from_the_attempts_kv
         .unwrap_or_else(|e| panic!("the retry's bytes: {e}"));
 
     // the retry's id: published by training rank 0 under the attempt's key, fresh
-    let fresh = UniqueId::from_kv(
+    let fresh = open_uid(
+        &secret,
+        "nccl.uid.1.2",
         &client
             .get_kv(PAIR, "nccl.uid.1.2", Duration::ZERO)
             .await

@@ -36,6 +36,7 @@ fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
         bucket_bytes: 1 << 20,
         host: "127.0.0.1".into(),
         uid: String::new(),
+        apply: Default::default(),
     }
 }
 

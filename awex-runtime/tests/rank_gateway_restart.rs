@@ -74,6 +74,7 @@ fn cfg(gw: &str, pair: &str, side: Side, rank: RankId) -> RankConfig {
         bucket_bytes: 1 << 20,
         host: "127.0.0.1".into(),
         uid: String::new(),
+        apply: Default::default(),
     }
 }
 

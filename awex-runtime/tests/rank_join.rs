@@ -42,6 +42,7 @@ fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64
         bucket_bytes: bucket_mib << 20,
         host: "127.0.0.1".into(),
         uid: String::new(),
+        apply: Default::default(),
     }
 }
 
@@ -147,4 +148,81 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
             Some(version)
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_answers_committed_timed_out_or_disconnected() {
+    use awex_runtime::rank::Outcome;
+    use std::time::Instant;
+    let gw = gateway().await;
+    let client = Client::new(&gw, None).unwrap();
+    let spec = PairSpec {
+        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
+        train: "megatron:tp=1".parse().unwrap(),
+        infer: "sglang:tp=1".parse().unwrap(),
+        transport: Transport::Tcp,
+    };
+    let options = PairOptions {
+        bucket_mib: 1,
+        update_deadline_ms: 20_000,
+        ..PairOptions::default()
+    };
+    let req = connect_request("steps", &spec.resolve().unwrap(), vec![], options);
+    client.connect(&req).await.unwrap();
+    let named = |side, rank| {
+        let mut c = cfg(&gw, side, rank, Transport::Tcp, 1);
+        c.pair = "steps".into();
+        c
+    };
+    let (a, b) = tokio::join!(
+        join(named(Side::Training, RankId::train(0))),
+        join(named(Side::Inference, RankId::infer(0, 0))),
+    );
+    let (mut trainer, mut reader) = (a.unwrap(), b.unwrap());
+    // no update started: the wait for work ends at the deadline
+    let soon = Some(Instant::now() + Duration::from_millis(300));
+    let o = trainer.step(soon, false, None, |_| Ok(())).await.unwrap();
+    assert!(matches!(o, Outcome::TimedOut { work: None }), "{o:?}");
+    // an update: both ranks see it commit, the hook sees the work first
+    client.start_update("steps", 1).await.unwrap();
+    let wait = Some(Duration::from_secs(20));
+    let mut seen = None;
+    let (x, y) = tokio::join!(
+        trainer.step(None, true, wait, |w| {
+            seen = Some(w);
+            Ok(())
+        }),
+        reader.step(None, true, wait, |_| Ok(())),
+    );
+    for o in [x.unwrap(), y.unwrap()] {
+        match o {
+            Outcome::Committed { work, stats } => {
+                assert_eq!((work.version, work.attempt), (1, 1));
+                assert!(stats.bytes > 0, "{stats:?}");
+            }
+            o => panic!("{o:?}"),
+        }
+    }
+    assert_eq!(seen.map(|w| w.version), Some(1));
+    // a hook's error ends the step with it, before anything executes
+    client.start_update("steps", 2).await.unwrap();
+    let e = trainer
+        .step(None, true, wait, |_| {
+            Err(awex_runtime::rank::RankError::Layout(
+                "refused by the hook".into(),
+            ))
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.to_string(), "layout: refused by the hook");
+    // the pair goes away
+    client.disconnect("steps").await.unwrap();
+    let o = reader.step(None, true, wait, |_| Ok(())).await.unwrap();
+    // (update 2 is skipped: the disconnect is queued behind it)
+    assert!(matches!(o, Outcome::Disconnected), "{o:?}");
+    // and says so at once on every later step (it does not poll a gone pair's stream)
+    let t0 = Instant::now();
+    let o = reader.step(None, true, wait, |_| Ok(())).await.unwrap();
+    assert!(matches!(o, Outcome::Disconnected), "{o:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 }

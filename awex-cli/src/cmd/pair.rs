@@ -5,8 +5,8 @@ use super::serve::read_token;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
 use awex_control::wire::{
-    ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport, UpdateState,
-    UpdateStatus,
+    ApplyMode, ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport,
+    UpdateState, UpdateStatus,
 };
 use awex_core::backend::side_layout;
 use awex_core::{BackendSpec, Catalogue, ModelSpec, Side};
@@ -90,6 +90,11 @@ struct ConnectArgs {
     /// Compare sender and receiver checksums before committing.
     #[arg(long)]
     checksums: bool,
+    /// Apply updates atomically: inference ranks receive into staging (one extra copy of their
+    /// shard) and copy into their live tensors only once every rank received; a failure
+    /// before that leaves the live weights at the last committed version.
+    #[arg(long)]
+    atomic: bool,
     /// Time for every rank to join, in seconds (1 to 3600).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     join_deadline_s: u64,
@@ -190,6 +195,11 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
             bucket_mib: a.bucket_mib,
             buckets: a.buckets,
             checksums: a.checksums,
+            apply: if a.atomic {
+                ApplyMode::Atomic
+            } else {
+                ApplyMode::InPlace
+            },
         },
     })
 }
@@ -284,9 +294,10 @@ pub fn describe_pair(p: &PairStatus) -> String {
         p.inference.fingerprint
     ));
     s.push_str(&format!(
-        "  transport {}, checksums {}, deadlines: join {}, update {}, buckets {} x {} MiB",
+        "  transport {}, checksums {}, apply {}, deadlines: join {}, update {}, buckets {} x {} MiB",
         p.transport,
         if p.options.checksums { "on" } else { "off" },
+        p.options.apply,
         seconds(p.options.join_deadline_ms),
         seconds(p.options.update_deadline_ms),
         p.options.buckets,

@@ -137,9 +137,10 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         bucket_bytes: args.bucket_mib << 20,
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
         uid: String::new(),
+        apply: Default::default(),
     };
     let mut cfg = cfg;
-    cfg.uid = awex_runtime::rank::pair_uid(&cfg).await?;
+    (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
     let on_gpu = awex_runtime::host::on_gpu(transport);
@@ -228,6 +229,11 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                     },
                 };
                 let mut verdict = verdict;
+                if !matches!(outcome, Outcome::Committed { .. }) {
+                    // what a failed attempt left in the live tensors (atomic pairs: untouched)
+                    verdict["live_holds_committed"] =
+                        mem.check(&weights, layout, cat, committed).is_ok().into();
+                }
                 verdict["version"] = work.version.into();
                 verdict["attempt"] = work.attempt.into();
                 let key = format!("verify.{}.{}", rank.engine, rank.rank);

@@ -249,6 +249,7 @@ impl PairEntry {
                             error: u.error.clone(),
                             engine_errors: u.engine_errors.clone(),
                             detail: !u.ranks.is_empty(),
+                            applying: u.applying,
                         })
                     }),
                 )),
@@ -266,6 +267,7 @@ impl PairEntry {
                                 checksum: r.checksum,
                                 error: r.error.clone(),
                                 after_ms: r.after_ms,
+                                applied: r.applied,
                             }),
                         ));
                     }

@@ -1,4 +1,4 @@
-//! Events the ranks long-poll for (`update`, `abort`, `disconnect`).
+//! Events the ranks long-poll for (`update`, `apply`, `abort`, `disconnect`).
 
 use serde::{Deserialize, Serialize};
 
@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 pub enum EventKind {
     /// Start executing `version` (attempt `attempt`).
     Update,
+    /// Atomic pairs: every rank of both sides received attempt `attempt` of `version`;
+    /// inference ranks copy it from staging into their live tensors and report again.
+    Apply,
     /// `version` failed: stop working on it (`reason` says why).
     Abort,
     /// The pair was disconnected: tear down transports and stop polling.
@@ -21,10 +24,10 @@ pub struct Event {
     pub seq: u64,
     /// What happened.
     pub kind: EventKind,
-    /// The update version (`update`, `abort`).
+    /// The update version (`update`, `apply`, `abort`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u64>,
-    /// The attempt of that version, 1 for the first (`update`, `abort`).
+    /// The attempt of that version, 1 for the first (`update`, `apply`, `abort`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
     /// Why (`abort`).

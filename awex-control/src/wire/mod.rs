@@ -10,12 +10,15 @@ mod updates;
 
 pub use events::{Event, EventKind, EventsResponse};
 pub use kv::{KvEntry, KvPut};
-pub use options::PairOptions;
+pub use options::{ApplyMode, PairOptions};
 pub use pairs::{
     ConnectRequest, InferenceSpec, PairState, PairStatus, Resume, SideStatus, TrainingSpec,
     Transport,
 };
-pub use ranks::{JoinPending, JoinRequest, JoinResponse, PairSecretHex, RosterEntry, RosterRank};
+pub use ranks::{
+    CAP_ATOMIC_APPLY, JoinPending, JoinRequest, JoinResponse, PairSecretHex, RosterEntry,
+    RosterRank,
+};
 pub use updates::{
     RankReportState, RankUpdate, Report, ReportAck, SideTotals, StartUpdate, UpdateState,
     UpdateStatus,

@@ -1,4 +1,4 @@
-//! Per-pair options (deadlines, buckets, checksums).
+//! Per-pair options (deadlines, buckets, checksums, apply mode).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,46 @@ pub struct PairOptions {
     pub buckets: u32,
     /// Whether ranks report checksums and the gateway compares the two sides' sums.
     pub checksums: bool,
+    /// How inference ranks write a version into their live tensors (`in_place`, the default,
+    /// or `atomic`); absent from the JSON when `in_place`, so ranks and gateways that predate
+    /// it still read in-place pairs.
+    #[serde(skip_serializing_if = "ApplyMode::is_in_place")]
+    pub apply: ApplyMode,
+}
+
+/// How an update reaches the inference ranks' live tensors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplyMode {
+    /// Received bytes land in the live tensors directly: no extra memory, but a failed update
+    /// leaves them partly written (the pair's `torn_version`).
+    #[default]
+    InPlace,
+    /// Inference ranks receive into staging buffers (one copy of their shard), verify, and
+    /// copy into the live tensors only once every rank of both sides received: the gateway's
+    /// `apply` event. A failure before it leaves the live tensors untouched.
+    Atomic,
+}
+
+impl ApplyMode {
+    /// Whether this is the default, `in_place`.
+    pub fn is_in_place(&self) -> bool {
+        *self == ApplyMode::InPlace
+    }
+
+    /// The wire name (`atomic`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyMode::InPlace => "in_place",
+            ApplyMode::Atomic => "atomic",
+        }
+    }
+}
+
+impl std::fmt::Display for ApplyMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Default for PairOptions {
@@ -26,6 +66,7 @@ impl Default for PairOptions {
             bucket_mib: 64,
             buckets: 2,
             checksums: false,
+            apply: ApplyMode::InPlace,
         }
     }
 }

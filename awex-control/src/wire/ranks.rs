@@ -18,7 +18,16 @@ pub struct JoinRequest {
     /// Rendezvous info the other ranks need (address, port, device, ...); at most 64 KiB of JSON.
     #[serde(default)]
     pub info: Value,
+    /// What this rank supports beyond the base protocol (e.g. [`CAP_ATOMIC_APPLY`]); a pair
+    /// that needs a capability refuses ranks that do not list it. Sent only when not empty, so
+    /// gateways that predate the field accept ranks of in-place pairs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
 }
+
+/// The capability of a rank that takes part in atomic apply (`options.apply = "atomic"`):
+/// it receives into staging, waits for the `apply` event and reports again once applied.
+pub const CAP_ATOMIC_APPLY: &str = "apply.atomic";
 
 /// One rank of the roster, with its rendezvous info.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -112,6 +112,10 @@ pub struct RankUpdate {
     /// Time from the start of the attempt to its report, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reported_after_ms: Option<u64>,
+    /// Atomic pairs, inference ranks: whether the rank copied the version from staging into
+    /// its live tensors (absent until it reported that second phase).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<bool>,
 }
 
 /// A value per side.
@@ -160,6 +164,17 @@ pub struct UpdateStatus {
     /// Errors of `pause_generation` / `continue_generation` calls to the engines.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engine_errors: Vec<String>,
+    /// Atomic pairs: every rank received and the `apply` event went out; the inference ranks
+    /// are copying staging into their live tensors (a failure from here on tears them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub applying: bool,
+    /// Atomic pairs: inference ranks that reported their live tensors applied.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub applied: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Report answer: the report was recorded.

@@ -5,8 +5,8 @@
 
 use awex_control::client::{Client, ClientError};
 use awex_control::server::{GatewayConfig, OPENAPI_DOCUMENT};
+use awex_control::wire::{CAP_ATOMIC_APPLY, EventKind, JoinRequest, Report};
 use awex_control::wire::{ConnectRequest, InferenceSpec, PairOptions, TrainingSpec, Transport};
-use awex_control::wire::{EventKind, JoinRequest, Report};
 use awex_core::model::presets::preset;
 use awex_core::{Catalogue, ModelSpec, ParallelConfig};
 use awex_core::{RankId, Side};
@@ -147,9 +147,14 @@ pub fn conforms(name: &str, v: &Value) -> Result<(), String> {
 /// What a simulated rank does when told to run an update.
 #[derive(Clone, Debug)]
 pub enum Act {
-    Ok { bytes: u64, checksum: u64 },
+    Ok {
+        bytes: u64,
+        checksum: u64,
+    },
     Fail(&'static str),
     Silent,
+    /// Atomic pairs: receives (reports ok), then fails applying with this reason.
+    FailApply(&'static str),
 }
 
 pub type Behaviour = Arc<dyn Fn(u64, u32) -> Act + Send + Sync>;
@@ -169,7 +174,15 @@ pub async fn rank(
     let info =
         json!({ "host": "127.0.0.1", "port": 20000 + rank.engine * 100 + rank.rank, "side": side });
     let roster = client
-        .join(&pair, &JoinRequest { side, rank, info })
+        .join(
+            &pair,
+            &JoinRequest {
+                side,
+                rank,
+                info,
+                capabilities: vec![CAP_ATOMIC_APPLY.to_string()],
+            },
+        )
         .await?;
     let mut log = vec![format!("joined {}", roster.roster.len())];
     let mut after = roster.last_event_seq;
@@ -182,6 +195,15 @@ pub async fn rank(
                 EventKind::Update => {
                     log.push(format!("update {v}/{a}"));
                     let report = match act(v, a) {
+                        Act::FailApply(_) => Some(Report {
+                            side,
+                            rank,
+                            ok: true,
+                            bytes: 1,
+                            checksum: Some(0),
+                            error: None,
+                            attempt: Some(a),
+                        }),
                         Act::Ok { bytes, checksum } => Some(Report {
                             side,
                             rank,
@@ -205,6 +227,30 @@ pub async fn rank(
                     if let Some(r) = report {
                         match client.report(&pair, v, &r).await {
                             // The attempt already failed (another rank was faster): its abort follows.
+                            Err(e) if e.status() == Some(409) => {}
+                            other => {
+                                other?;
+                            }
+                        }
+                    }
+                }
+                EventKind::Apply => {
+                    log.push(format!("apply {v}/{a}"));
+                    if side == Side::Inference {
+                        let (ok, error) = match act(v, a) {
+                            Act::FailApply(why) => (false, Some(why.to_string())),
+                            _ => (true, None),
+                        };
+                        let r = Report {
+                            side,
+                            rank,
+                            ok,
+                            bytes: 1,
+                            checksum: Some(0),
+                            error,
+                            attempt: Some(a),
+                        };
+                        match client.report(&pair, v, &r).await {
                             Err(e) if e.status() == Some(409) => {}
                             other => {
                                 other?;

@@ -30,9 +30,10 @@ pub(super) struct Scratch {
     set_keys: Vec<u32>,
     /// per rank of the universe: how many candidate positions of this tensor name it
     occ: Vec<u32>,
-    /// per set: round-robin order (range in `rr`) and pieces assigned so far, when it applies
-    rr_sets: Vec<Option<(u32, u32, u32)>>,
-    rr: Vec<u32>,
+    /// per set that takes its candidates in turn: see [`Turns`]
+    rr_sets: Vec<Option<Turns>>,
+    /// the (tie, position) keys of turn-taking sets, sorted, once a piece of the set is needed
+    rr: Vec<(u64, u32)>,
     /// per set: the bytes of all its pieces when they are equal (u64::MAX: they differ)
     set_bytes: Vec<u64>,
     /// structures of recent tensors, by their holders
@@ -74,6 +75,17 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
     swap(&mut s.order, &mut k.order);
 }
 
+/// A candidate set whose pieces take its candidates in turn, in (tie, position) order.
+#[derive(Clone, Copy)]
+struct Turns {
+    /// the set's range in the flat candidate list
+    cands: (u32, u32),
+    /// pieces assigned so far
+    done: u32,
+    /// start of its sorted keys in `Scratch::rr` (`u32::MAX`: not sorted yet)
+    keys: u32,
+}
+
 /// Candidate sets up to this size are searched linearly instead of through a heap.
 const LINEAR_MAX: u32 = 32;
 
@@ -93,6 +105,8 @@ struct Piece {
     cands: (u32, u32),
     /// index of that candidate set (one heap each)
     set: u32,
+    /// position of the chosen candidate in the flat list, or, in a set that takes its
+    /// candidates in turn, the piece's turn
     chosen: u32,
 }
 
@@ -184,7 +198,8 @@ pub(super) fn assign_tensor(
     // A set whose pieces are all of one size and whose candidates are ranks that no other
     // candidate position of this tensor names starts with every load at 0 and only its own
     // pieces change them: the greedy then takes its candidates in turn, in (tie, position)
-    // order. Such sets skip the search.
+    // order. Such sets skip the search; since no other set reads their candidates' loads, the
+    // loads are not kept, and the order is sorted only once a piece of the set is emitted.
     s.occ.clear();
     s.occ.resize(s.ranks.len(), 0);
     for c in flat.iter() {
@@ -207,11 +222,11 @@ pub(super) fn assign_tensor(
             .iter()
             .all(|c| s.occ[c.rank as usize] == 1);
         if b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX {
-            let start = s.rr.len();
-            s.rr.extend(a..b);
-            let (ties, flat) = (&s.ties, flat);
-            s.rr[start..].sort_by_key(|&pos| (ties[flat[pos as usize].rank as usize], pos));
-            s.rr_sets.push(Some((start as u32, s.rr.len() as u32, 0)));
+            s.rr_sets.push(Some(Turns {
+                cands: (a, b),
+                done: 0,
+                keys: u32::MAX,
+            }));
         } else {
             s.rr_sets.push(None);
         }
@@ -225,12 +240,9 @@ pub(super) fn assign_tensor(
     }
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
-        if let Some((a, b, done)) = &mut s.rr_sets[p.set as usize] {
-            let best = s.rr[(*a + *done % (*b - *a)) as usize];
-            *done += 1;
-            p.chosen = best;
-            let r = flat[best as usize].rank as usize;
-            s.loads[r] += p.bytes;
+        if let Some(t) = &mut s.rr_sets[p.set as usize] {
+            p.chosen = t.done % (t.cands.1 - t.cands.0);
+            t.done += 1;
             continue;
         }
         if p.cands.1 - p.cands.0 <= LINEAR_MAX {
@@ -278,7 +290,27 @@ pub(super) fn assign_tensor(
 
     // emit the pieces that involve this rank
     for p in &s.pieces {
-        let cand = flat[p.chosen as usize];
+        if side == Side::Inference && p.dst_rank != me {
+            continue;
+        }
+        // a turn-taking set's piece holds its turn; any other piece its candidate's position
+        let chosen = match &mut s.rr_sets[p.set as usize] {
+            Some(t) => {
+                if t.keys == u32::MAX {
+                    t.keys = s.rr.len() as u32;
+                    let ties = &s.ties;
+                    s.rr.extend(
+                        (t.cands.0..t.cands.1)
+                            .map(|pos| (ties[flat[pos as usize].rank as usize], pos)),
+                    );
+                    // positions differ, so the keys are distinct and any sort is stable
+                    s.rr[t.keys as usize..].sort_unstable();
+                }
+                s.rr[(t.keys + p.chosen) as usize].1
+            }
+            None => p.chosen,
+        };
+        let cand = flat[chosen as usize];
         let src_rank = s.ranks[cand.rank as usize];
         let mine = match side {
             Side::Training => src_rank == me,

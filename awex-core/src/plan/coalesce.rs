@@ -3,6 +3,7 @@
 use super::Transfer;
 use crate::layout::Dims;
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 /// Whether `b` continues `a` along box dim `d` on both ends, with everything else equal.
 fn adjacent(a: &Transfer, b: &Transfer, d: usize) -> bool {
@@ -50,33 +51,41 @@ fn cmp_along(a: &Transfer, b: &Transfer, d: usize) -> Ordering {
         .then_with(|| cmp_moved(&a.src_offset, &b.src_offset, k, d))
 }
 
+/// Orders two tensor names; the same name is usually the same allocation, checked first.
+fn cmp_name(a: &Arc<str>, b: &Arc<str>) -> Ordering {
+    if Arc::ptr_eq(a, b) {
+        Ordering::Equal
+    } else {
+        a.cmp(b)
+    }
+}
+
+/// Transfers that may merge: between the same two ranks and local tensors, boxes of one rank.
+fn group(a: &Transfer, b: &Transfer) -> Ordering {
+    a.src_rank
+        .cmp(&b.src_rank)
+        .then_with(|| a.dst_rank.cmp(&b.dst_rank))
+        .then_with(|| cmp_name(&a.src_tensor, &b.src_tensor))
+        .then_with(|| cmp_name(&a.dst_tensor, &b.dst_tensor))
+        .then_with(|| a.extent.ndim().cmp(&b.extent.ndim()))
+}
+
 /// Coalesces one peer's transfers and puts them in execution order.
 ///
 /// Transfers merge when they connect the same two local tensors and their boxes are adjacent
 /// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
+/// The transfers stay where they are while indices into them are sorted and merged; each moves
+/// once, into the result.
 #[inline(never)]
 pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
-    let group = |a: &Transfer, b: &Transfer| -> Ordering {
-        (
-            &a.src_rank,
-            &a.dst_rank,
-            &a.src_tensor,
-            &a.dst_tensor,
-            a.extent.ndim(),
-        )
-            .cmp(&(
-                &b.src_rank,
-                &b.dst_rank,
-                &b.src_tensor,
-                &b.dst_tensor,
-                b.extent.ndim(),
-            ))
-    };
     let max_k = ts.iter().map(|t| t.extent.ndim()).max().unwrap_or(0);
+    // the live transfers, in the current order; a merged transfer grows in place in `ts`
+    let mut live: Vec<u32> = (0..ts.len() as u32).collect();
+    let mut out: Vec<u32> = Vec::with_capacity(live.len());
     loop {
-        let before = ts.len();
+        let before = live.len();
         for d in (0..max_k).rev() {
-            ts.sort_by(|a, b| {
+            let along = |a: &Transfer, b: &Transfer| -> Ordering {
                 group(a, b).then_with(|| {
                     let (ka, kb) = (a.extent.ndim(), b.extent.ndim());
                     if d >= ka || d >= kb {
@@ -84,42 +93,52 @@ pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
                     }
                     cmp_along(a, b, d)
                 })
-            });
-            let mut out: Vec<Transfer> = Vec::with_capacity(ts.len());
-            for t in ts.drain(..) {
-                if let Some(last) = out.last_mut()
-                    && d < t.extent.ndim()
-                    && group(last, &t) == Ordering::Equal
-                    && adjacent(last, &t, d)
-                {
-                    let e = last.extent.get(d) + t.extent.get(d);
-                    last.extent.set(d, e);
-                    last.canonical = last.canonical.min(t.canonical);
-                    continue;
-                }
-                out.push(t);
+            };
+            let ordered = live
+                .is_sorted_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]).is_le());
+            if !ordered {
+                live.sort_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]));
             }
-            ts = out;
+            out.clear();
+            for &i in &live {
+                if let Some(&l) = out.last() {
+                    let (last, t) = (&ts[l as usize], &ts[i as usize]);
+                    if d < t.extent.ndim()
+                        && group(last, t) == Ordering::Equal
+                        && adjacent(last, t, d)
+                    {
+                        let e = last.extent.get(d) + t.extent.get(d);
+                        let c = last.canonical.min(t.canonical);
+                        let last = &mut ts[l as usize];
+                        last.extent.set(d, e);
+                        last.canonical = c;
+                        continue;
+                    }
+                }
+                out.push(i);
+            }
+            std::mem::swap(&mut live, &mut out);
         }
-        if ts.len() == before {
+        if live.len() == before {
             break;
         }
     }
-    ts.sort_by(|a, b| {
-        (
-            a.canonical,
-            &a.dst_tensor,
-            a.dst_offset,
-            &a.src_tensor,
-            a.src_offset,
-        )
-            .cmp(&(
-                b.canonical,
-                &b.dst_tensor,
-                b.dst_offset,
-                &b.src_tensor,
-                b.src_offset,
-            ))
-    });
-    ts
+    let order = |a: &Transfer, b: &Transfer| -> Ordering {
+        a.canonical
+            .cmp(&b.canonical)
+            .then_with(|| cmp_name(&a.dst_tensor, &b.dst_tensor))
+            .then_with(|| a.dst_offset.cmp(&b.dst_offset))
+            .then_with(|| cmp_name(&a.src_tensor, &b.src_tensor))
+            .then_with(|| a.src_offset.cmp(&b.src_offset))
+    };
+    if !live.is_sorted_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]).is_le()) {
+        live.sort_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]));
+    }
+    if live.len() == ts.len() && live.iter().enumerate().all(|(k, &i)| k == i as usize) {
+        return ts;
+    }
+    let mut slots: Vec<Option<Transfer>> = ts.into_iter().map(Some).collect();
+    live.iter()
+        .filter_map(|&i| slots[i as usize].take())
+        .collect()
 }

@@ -163,7 +163,7 @@ impl AttemptComm {
         if self.comm.is_none() {
             let Some((key, uid)) = self.uid.clone() else {
                 return Err(NcclError::Usage(format!(
-                    "the NCCL unique id of this pair is not known yet: training rank 0 publishes it under kv `{UID_KEY}` before it joins (`nccl.uid.<version>.<attempt>` before a retry), and every other rank reads it"
+                    "the NCCL unique id of this pair is not known yet: training rank 0 publishes it, sealed with the pair secret, under kv `{UID_KEY}` once it joined (`nccl.uid.<version>.<attempt>` before a retry), and every other rank reads it"
                 )));
             };
             match Communicator::init(self.lib.clone(), &uid, self.nranks, self.rank, timeout) {

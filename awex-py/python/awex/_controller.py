@@ -35,11 +35,15 @@ class Controller:
         bucket_mib: int = 64,
         join_deadline_s: float = 60.0,
         update_deadline_s: float = 120.0,
+        atomic: bool = False,
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
         dict, ``urls`` the SGLang servers to pause around updates. The model is stored on the
-        gateway so that ranks need only ``(gateway, pair, rank)``. Returns the pair's status."""
+        gateway so that ranks need only ``(gateway, pair, rank)``. With ``atomic``, inference
+        ranks receive into staging and copy into their live tensors only once every rank
+        received (one extra copy of each shard; a failure before that leaves the live weights
+        at the last committed version). Returns the pair's status."""
         return self._c.connect(
             pair,
             train,
@@ -50,6 +54,7 @@ class Controller:
             bucket_mib=bucket_mib,
             join_deadline_s=join_deadline_s,
             update_deadline_s=update_deadline_s,
+            atomic=atomic,
             **model_args(model),
         )
 

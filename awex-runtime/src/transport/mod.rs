@@ -9,12 +9,14 @@ pub mod auth;
 mod cuda_ipc;
 mod nccl;
 mod shm;
+mod staged;
 mod tcp;
 
-pub use auth::PairSecret;
+pub use auth::{PairSecret, SealError};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
-pub use nccl::{NcclConfig, NcclTransport};
+pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
+pub use staged::StagedTransport;
 pub use tcp::TcpTransport;
 
 use super::RuntimeError;
@@ -103,17 +105,26 @@ pub trait Transport: Send {
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;
 
-    /// A pair kv entry `(key, value)` this rank publishes before it joins, for the other ranks
-    /// to read once every rank has joined (the NCCL unique id of training rank 0); `None` for
-    /// transports that need none.
-    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
-        None
+    /// A pair kv entry `(key, value)` this rank publishes right after it joined, once it holds
+    /// the pair secret ([`Transport::authenticate`]), for the other ranks to read (the NCCL
+    /// unique id of training rank 0, sealed with the secret); `None` for transports that need
+    /// none.
+    fn kv_at_join(&self) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
+        Ok(None)
     }
 
     /// A pair kv key this rank reads once every rank has joined, before it connects (published
-    /// by another rank's [`Transport::kv_before_join`]); `None` for transports that need none.
+    /// by another rank's [`Transport::kv_at_join`]); `None` for transports that need none.
     fn kv_after_join(&self) -> Option<String> {
         None
+    }
+
+    /// Checks a value read from the pair kv under `key` ([`Transport::kv_after_join`],
+    /// [`Transport::kv_for_attempt`]) before it is used: a sealed value that does not open
+    /// with the pair secret is refused (the reader waits for a genuine one until its deadline,
+    /// then fails with this error). Accepts everything by default.
+    fn check_kv(&self, _key: &str, _value: &serde_json::Value) -> Result<(), RuntimeError> {
+        Ok(())
     }
 
     /// Called once every rank has joined, before [`Transport::connect`]: the value read under
@@ -164,6 +175,21 @@ pub trait Transport: Send {
         _value: &serde_json::Value,
     ) -> Result<(), RuntimeError> {
         Ok(())
+    }
+
+    /// Whether this transport receives into staging tensors that [`Transport::apply`] copies
+    /// into the live ones (atomic apply: [`StagedTransport`]).
+    fn stages(&self) -> bool {
+        false
+    }
+
+    /// Atomic apply: copies what the last update received into staging into the live tensors;
+    /// the bytes copied. Transports that write the live tensors directly refuse.
+    fn apply(&mut self) -> Result<u64, RuntimeError> {
+        Err(crate::ConfigMismatch::NothingStaged {
+            transport: self.kind(),
+        }
+        .into())
     }
 
     /// Releases every resource (sockets, segments, handles).

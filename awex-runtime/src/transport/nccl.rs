@@ -22,9 +22,16 @@
 //! ([`awex_gpu::nccl::AttemptComm`]): training rank 0 publishes a new unique id under
 //! `nccl.uid.<version>.<attempt>` ([`Transport::kv_before_attempt`]), every other rank reads it
 //! ([`Transport::kv_for_attempt`]), and both ends re-initialise before the retry's first group.
+//!
+//! Whoever holds a unique id can join its communicator (and the id names the bootstrap
+//! socket), so the id never goes into the kv in clear: it is sealed with the pair secret under
+//! the key it is published as ([`seal_uid`]); every reader opens it ([`open_uid`]) and refuses a
+//! value that does not verify (forged by a process without the secret, tampered with, or
+//! replayed from another key, version, attempt, pair or connect), waiting for the genuine one
+//! until its deadline. No rank ever builds a communicator from an id it could not verify.
 
 use crate::RuntimeError;
-use crate::transport::{ExecContext, ExecStats, Transport, TransportKind};
+use crate::transport::{ExecContext, ExecStats, PairSecret, SealError, Transport, TransportKind};
 use crate::{Location, TensorSet};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
@@ -139,6 +146,8 @@ pub struct NcclTransport {
     me: u32,
     gpu: Gpu,
     conn: Option<Connected>,
+    /// The pair secret (from the join answer), which seals and opens the unique ids.
+    secret: Option<PairSecret>,
 }
 
 impl NcclTransport {
@@ -213,6 +222,7 @@ impl NcclTransport {
             me,
             gpu,
             conn: None,
+            secret: None,
         })
     }
 
@@ -412,16 +422,63 @@ impl NcclTransport {
     }
 }
 
-/// What a rank publishes before joining: the unique id, from training rank 0 only.
-fn uid_before_join(
+/// The kv value of unique id `uid` published under `key`: `{"sealed": hex}`, sealed with the
+/// pair secret and bound to `key` (which names the version and attempt).
+pub fn seal_uid(secret: &PairSecret, key: &str, uid: &UniqueId) -> serde_json::Value {
+    serde_json::json!({ "sealed": secret.seal(key, &uid.0) })
+}
+
+/// Opens the unique id published under `key` ([`seal_uid`]); refuses, naming why, a value
+/// that is not sealed or does not verify with the pair secret for `key`.
+pub fn open_uid(
+    secret: &PairSecret,
+    key: &str,
+    value: &serde_json::Value,
+) -> Result<UniqueId, NcclError> {
+    let refused = |why: String| {
+        NcclError::Rendezvous(format!(
+            "refused the NCCL unique id in kv `{key}` of pair `{}`: {why}; no communicator is built from it",
+            secret.pair()
+        ))
+    };
+    let Some(sealed) = value.get("sealed").and_then(|v| v.as_str()) else {
+        return Err(refused(
+            "it is not sealed with the pair secret (a bare id is what a process without the secret, or an awex that predates sealing, writes)".into(),
+        ));
+    };
+    let plain = secret.open(key, sealed).map_err(|e| match e {
+        SealError::Forged => refused(e.to_string()),
+        SealError::Malformed(m) => refused(format!("its sealed form is malformed ({m})")),
+    })?;
+    let bytes: [u8; 128] = plain
+        .as_slice()
+        .try_into()
+        .map_err(|_| refused(format!("it holds {} bytes, not 128", plain.len())))?;
+    Ok(UniqueId(bytes))
+}
+
+/// What a rank publishes once joined: the sealed unique id, from training rank 0 only.
+fn uid_at_join(
     side: Side,
     rank: RankId,
     uid: Option<UniqueId>,
-) -> Option<(String, serde_json::Value)> {
+    secret: Option<&PairSecret>,
+) -> Result<Option<(String, serde_json::Value)>, NcclError> {
     match uid {
-        Some(uid) if creates_uid(side, rank) => Some((UID_KEY.to_string(), uid.to_kv())),
-        _ => None,
+        Some(uid) if creates_uid(side, rank) => {
+            let secret = need_secret(secret)?;
+            Ok(Some((UID_KEY.to_string(), seal_uid(secret, UID_KEY, &uid))))
+        }
+        _ => Ok(None),
     }
+}
+
+fn need_secret(secret: Option<&PairSecret>) -> Result<&PairSecret, NcclError> {
+    secret.ok_or_else(|| {
+        NcclError::Rendezvous(
+            "the nccl transport seals its unique id with the pair secret, but this rank has none (the gateway's join answer carried no secret: upgrade the gateway)".into(),
+        )
+    })
 }
 
 /// What a rank reads once every rank has joined: the unique id, on every rank but its creator.
@@ -524,12 +581,26 @@ impl Transport for NcclTransport {
         )
     }
 
-    fn kv_before_join(&self) -> Option<(String, serde_json::Value)> {
-        uid_before_join(self.plan.side, self.plan.rank, self.unique_id())
+    fn authenticate(&mut self, secret: &PairSecret) {
+        self.secret = Some(secret.clone());
+    }
+
+    fn kv_at_join(&self) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
+        Ok(uid_at_join(
+            self.plan.side,
+            self.plan.rank,
+            self.unique_id(),
+            self.secret.as_ref(),
+        )?)
     }
 
     fn kv_after_join(&self) -> Option<String> {
         uid_after_join(self.plan.side, self.plan.rank)
+    }
+
+    fn check_kv(&self, key: &str, value: &serde_json::Value) -> Result<(), RuntimeError> {
+        open_uid(need_secret(self.secret.as_ref())?, key, value)?;
+        Ok(())
     }
 
     fn joined(
@@ -538,7 +609,8 @@ impl Transport for NcclTransport {
         join_deadline: Duration,
     ) -> Result<(), RuntimeError> {
         if let Some(v) = value {
-            self.comms.set_uid(UID_KEY, UniqueId::from_kv(v)?);
+            let uid = open_uid(need_secret(self.secret.as_ref())?, UID_KEY, v)?;
+            self.comms.set_uid(UID_KEY, uid);
         }
         self.cfg.init_timeout = join_deadline;
         Ok(())
@@ -562,9 +634,19 @@ impl Transport for NcclTransport {
         attempt: u32,
     ) -> Result<Option<(String, serde_json::Value)>, RuntimeError> {
         let _ = self.gpu.dev.bind();
-        Ok(self
+        let Some((key, _)) =
+            self.comms
+                .publish_for_attempt(self.plan.side, self.plan.rank, version, attempt)?
+        else {
+            return Ok(None);
+        };
+        let secret = need_secret(self.secret.as_ref())?;
+        let uid = self
             .comms
-            .publish_for_attempt(self.plan.side, self.plan.rank, version, attempt)?)
+            .uid()
+            .map(|(_, u)| u)
+            .ok_or_else(|| NcclError::Usage(format!("no unique id for kv `{key}`")))?;
+        Ok(Some((key.clone(), seal_uid(secret, &key, &uid))))
     }
 
     fn kv_for_attempt(&self, version: u64, attempt: u32) -> Option<String> {
@@ -573,7 +655,8 @@ impl Transport for NcclTransport {
 
     fn begin_attempt(&mut self, key: &str, value: &serde_json::Value) -> Result<(), RuntimeError> {
         let _ = self.gpu.dev.bind();
-        self.comms.set_uid(key, UniqueId::from_kv(value)?);
+        let uid = open_uid(need_secret(self.secret.as_ref())?, key, value)?;
+        self.comms.set_uid(key, uid);
         Ok(())
     }
 
@@ -596,21 +679,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_training_rank_0_publishes_the_uid_and_every_other_rank_reads_it_after_joining() {
+    fn only_training_rank_0_publishes_the_uid_sealed_and_every_other_rank_reads_it() {
         let uid = UniqueId([0xab; 128]);
-        let (key, value) = uid_before_join(Side::Training, RankId::train(0), Some(uid)).unwrap();
+        let secret = PairSecret::random("p");
+        let (key, value) = uid_at_join(Side::Training, RankId::train(0), Some(uid), Some(&secret))
+            .unwrap()
+            .unwrap();
         assert_eq!(key, "nccl.uid");
-        assert_eq!(value, serde_json::Value::String("ab".repeat(128)));
-        assert_eq!(UniqueId::from_kv(&value).unwrap(), uid);
+        // the kv value reveals nothing of the id
+        assert!(!value.to_string().contains(&"ab".repeat(8)), "{value}");
+        assert_eq!(open_uid(&secret, "nccl.uid", &value).unwrap(), uid);
         assert_eq!(uid_after_join(Side::Training, RankId::train(0)), None);
         for (side, rank) in [
             (Side::Training, RankId::train(1)),
             (Side::Inference, RankId::infer(0, 0)),
             (Side::Inference, RankId::infer(1, 3)),
         ] {
-            assert_eq!(uid_before_join(side, rank, Some(uid)), None);
+            assert_eq!(
+                uid_at_join(side, rank, Some(uid), Some(&secret)).unwrap(),
+                None
+            );
             assert_eq!(uid_after_join(side, rank), Some("nccl.uid".to_string()));
         }
+        // without the secret the creator refuses to publish a bare id
+        let e = uid_at_join(Side::Training, RankId::train(0), Some(uid), None).unwrap_err();
+        assert!(e.to_string().contains("has none"), "{e}");
+    }
+
+    #[test]
+    fn forged_tampered_and_replayed_uids_are_refused() {
+        let secret = PairSecret::random("p");
+        let uid = UniqueId([0x11; 128]);
+        // a bare id, as an injector with everything public (or an old awex) writes it
+        let e = open_uid(&secret, "nccl.uid", &UniqueId([0x22; 128]).to_kv()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "refused the NCCL unique id in kv `nccl.uid` of pair `p`: it is not sealed with the pair secret (a bare id is what a process without the secret, or an awex that predates sealing, writes); no communicator is built from it"
+        );
+        // sealed with another secret (the injector's own)
+        let forged = seal_uid(&PairSecret::random("p"), "nccl.uid", &UniqueId([0x22; 128]));
+        let e = open_uid(&secret, "nccl.uid", &forged)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not verify with the pair secret"), "{e}");
+        // replayed from a retry's key (another version or attempt)
+        let retry = seal_uid(&secret, "nccl.uid.3.2", &uid);
+        assert_eq!(open_uid(&secret, "nccl.uid.3.2", &retry).unwrap(), uid);
+        assert!(open_uid(&secret, "nccl.uid.4.2", &retry).is_err());
+        assert!(open_uid(&secret, "nccl.uid.3.3", &retry).is_err());
+        // tampered
+        let mut t = retry.clone();
+        let s = t["sealed"].as_str().unwrap().to_string();
+        let flipped = format!("{}{}", if s.starts_with('0') { "1" } else { "0" }, &s[1..]);
+        t["sealed"] = flipped.into();
+        assert!(open_uid(&secret, "nccl.uid.3.2", &t).is_err());
+        let e = open_uid(&secret, "nccl.uid", &serde_json::json!({"sealed": "xyz"}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("malformed"), "{e}");
     }
 
     #[test]

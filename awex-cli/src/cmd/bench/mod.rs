@@ -4,8 +4,10 @@
 //! ([`transport`]: the `cuda-ipc` transport of the rank runtime, real plans, two processes).
 //! `bench ipc --path copies` keeps the hand-built copy path ([`copies`]), with its stream/method
 //! sweep. The training ranks' deterministic contents and the byte check are in [`content`].
-//! The floors both print are in [`floors`], shared with `demo`.
+//! The floors both print are in [`floors`], shared with `demo`. `bench apply` ([`apply`])
+//! measures what atomic apply costs on the CPU transports.
 
+mod apply;
 mod content;
 mod copies;
 pub mod floors;
@@ -29,6 +31,12 @@ enum What {
         after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0"
     )]
     Ipc(IpcArgs),
+    /// What atomic apply costs: the same CPU pair in place and atomically, the apply copy alone
+    /// and the memcpy floor, measured in one run.
+    #[command(
+        after_help = "Examples:\n  awex-cli bench apply\n  awex-cli bench apply --model qwen3-8b --transport tcp --updates 4 --json"
+    )]
+    Apply(apply::ApplyArgs),
     /// The training side of `bench ipc --path copies` (started by it).
     #[command(hide = true)]
     IpcSender(SenderArgs),
@@ -166,6 +174,7 @@ enum SenderAlloc {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.what {
+        What::Apply(a) => apply::run(a),
         What::Ipc(a) if a.path == Path::Transport => transport::run(a),
         What::Ipc(a) => copies::ipc(a),
         What::IpcSender(a) => copies::sender(a),

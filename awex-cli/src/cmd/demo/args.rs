@@ -43,6 +43,10 @@ pub struct Args {
     /// Per-bucket xxh3 checksums, verified by receivers and compared by the gateway.
     #[arg(long, alias = "checksum")]
     pub checksums: bool,
+    /// Apply updates atomically (inference ranks receive into staging, then copy into their
+    /// live tensors once every rank received).
+    #[arg(long)]
+    pub atomic: bool,
     /// After the last update, write canonical and per-rank safetensors here.
     #[arg(long)]
     pub dump_dir: Option<PathBuf>,

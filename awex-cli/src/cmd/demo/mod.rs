@@ -40,7 +40,7 @@ use anyhow::{Context, bail};
 use args::first_version;
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
-use awex_control::wire::{PairOptions, UpdateState};
+use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
 use awex_core::layout::RankId;
 use awex_runtime::shm::list_segments;
 use awex_runtime::transport::TransportKind;
@@ -133,6 +133,11 @@ async fn demo(
                     update_deadline_ms: deadline_ms,
                     bucket_mib: a.bucket_mib,
                     checksums: a.checksums,
+                    apply: if a.atomic {
+                        ApplyMode::Atomic
+                    } else {
+                        ApplyMode::InPlace
+                    },
                     ..PairOptions::default()
                 },
             );
@@ -249,6 +254,16 @@ async fn demo(
                 .spawn()?;
                 workers.children.push((name, c));
                 wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
+                // what the failed attempt left behind: the pair's torn mark, and whether every
+                // inference rank's live tensors still hold the last committed version
+                let torn = client.status(&pair).await?.torn_version == Some(version);
+                let mut live_intact = true;
+                for rank in r.inference.ranks() {
+                    let key = format!("verify.{}.{}", rank.engine, rank.rank);
+                    let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
+                    live_intact &=
+                        e.value.get("live_holds_committed") == Some(&serde_json::Value::Bool(true));
+                }
                 rows.push(UpdateRow {
                     version,
                     seconds,
@@ -257,6 +272,8 @@ async fn demo(
                     verified: false,
                     attempts,
                     error: Some(error),
+                    torn: Some(torn),
+                    live_intact: Some(live_intact),
                 });
                 continue;
             }
@@ -268,6 +285,8 @@ async fn demo(
                 verified: false,
                 attempts,
                 error: Some(error),
+                torn: None,
+                live_intact: None,
             });
             break;
         }
@@ -301,6 +320,8 @@ async fn demo(
             verified,
             attempts,
             error,
+            torn: None,
+            live_intact: None,
         });
         progress.say(&format!(
             "version {version} committed in {seconds:.3} s ({}), {}",

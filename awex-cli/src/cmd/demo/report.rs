@@ -21,6 +21,13 @@ pub struct UpdateRow {
     /// Why it failed, when it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Fault drill, the failed attempt: whether the gateway marked the version torn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torn: Option<bool>,
+    /// Fault drill, the failed attempt: whether every inference rank's live tensors still held
+    /// the last committed version, byte for byte.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_intact: Option<bool>,
 }
 
 /// The `--json` report.

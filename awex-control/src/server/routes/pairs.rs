@@ -281,17 +281,19 @@ pub(crate) async fn connect(
     // validation builds both catalogues and layouts (seconds for a 1T model): off the async
     // workers, and a core fewer at once than the machine has, so that health checks and
     // long-polls keep answering meanwhile
-    let _slot = gw
+    // (the slot is held for the validation only, not for the engine checks that follow)
+    let slot = gw
         .validations
         .acquire()
         .await
         .map_err(|_| ApiError::Unavailable("the gateway is shutting down".to_string()))?;
-    let (req, (slots, training, inference)) = tokio::task::spawn_blocking(move || {
+    let validated = tokio::task::spawn_blocking(move || {
         let checked = check(&req, &raw);
         checked.map(|c| (req, c))
     })
-    .await
-    .map_err(|e| {
+    .await;
+    drop(slot);
+    let (req, (slots, training, inference)) = validated.map_err(|e| {
         ApiError::Unprocessable(format!("validating the connect request failed: {e}"))
     })??;
     let name = req.name.clone();
@@ -317,6 +319,16 @@ pub(crate) async fn connect(
         }
         None => Vec::new(),
     };
+    if req.options.apply == crate::wire::ApplyMode::Atomic
+        && let Some(c) = control
+        && facts.iter().any(|f| c.trigger(f, 0).is_some())
+    {
+        // the loader receives straight into the engine's live weights inside the trigger call,
+        // which answers only once it is done: there is no staging and no second phase there
+        return Err(ApiError::Unprocessable(
+            "options.apply = atomic needs inference ranks that receive on their own (awex-cli worker, the Python Reader); these engines receive their weights inside the update trigger (awex's SGLang loader, vLLM's weight transfer), which writes their live weights as it receives; connect with apply = in_place".into(),
+        ));
+    }
     let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
     let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
     let entry = Arc::new_cyclic(|weak| PairEntry {
@@ -500,7 +512,7 @@ pub(crate) fn forget_later(gw: &AppState, name: String, id: u64, keep: Duration)
 /// tombstone, joining pairs keep their join deadline. Returns how many pairs came back.
 pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loaded>) -> usize {
     use crate::server::store::updates::{RankSlot, Update};
-    use crate::wire::{Event, UpdateState};
+    use crate::wire::Event;
     let now = Instant::now();
     let now_ms = unix_ms();
     let ago = |unix: u64| {
@@ -546,12 +558,14 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                 Vec::new()
             };
             let (mut succeeded, mut bytes, mut sums) = (0, [0u64; 2], [0u64; 2]);
+            let mut applied = 0;
             for (slot, r) in reports {
                 let slot = slot as usize;
                 let side = usize::from(!slots.is_training(slot));
                 bytes[side] = bytes[side].saturating_add(r.bytes);
                 sums[side] = sums[side].wrapping_add(r.checksum.unwrap_or(0));
                 succeeded += usize::from(r.ok == Some(true));
+                applied += usize::from(r.applied == Some(true));
                 if let Some(x) = ranks.get_mut(slot) {
                     *x = RankSlot {
                         state: r.ok,
@@ -560,6 +574,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                         checksum: r.checksum,
                         error: r.error,
                         after_ms: r.after_ms,
+                        applied: r.applied,
                     };
                 }
             }
@@ -589,6 +604,8 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                     engine_errors: u.engine_errors,
                     trigger_waiting: false,
                     finishing: false,
+                    applying: u.applying,
+                    applied,
                 },
             );
         }
@@ -670,15 +687,12 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
             .filter(|u| !u.state.is_final())
             .map(|u| u.version);
         if let Some(v) = in_flight {
-            let announced = p
-                .updates
-                .latest()
-                .is_some_and(|u| u.state == UpdateState::Running);
             entry.fail(&mut p, format!("gateway restarted during update {v}"));
+            let torn = p.updates.torn() == Some(v);
             tracing::warn!(
                 pair = %entry.name,
                 version = v,
-                torn = announced,
+                torn,
                 "an update was in flight when the gateway stopped: failed"
             );
         }

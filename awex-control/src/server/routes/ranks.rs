@@ -9,7 +9,7 @@ use crate::server::state::{AppState, PairEntry};
 use crate::server::store::disk::Op;
 use crate::server::store::roster::rank_name;
 use crate::server::validate;
-use crate::wire::MAX_INFO_BYTES;
+use crate::wire::{ApplyMode, CAP_ATOMIC_APPLY, MAX_INFO_BYTES};
 use crate::wire::{JoinPending, JoinRequest, JoinResponse, PairState, RosterEntry};
 use axum::Json;
 use axum::body::Bytes;
@@ -88,6 +88,15 @@ pub(crate) async fn join(
     if info_bytes > MAX_INFO_BYTES {
         return Err(ApiError::TooLarge(format!(
             "{} sent {info_bytes} bytes of info; at most {MAX_INFO_BYTES} are accepted",
+            rank_name(req.side, req.rank)
+        )));
+    }
+    if entry.request.options.apply == ApplyMode::Atomic
+        && !req.capabilities.iter().any(|c| c == CAP_ATOMIC_APPLY)
+    {
+        // it would write received bytes into its live tensors, and cannot read `apply` events
+        return Err(ApiError::Unprocessable(format!(
+            "pair `{name}` applies updates atomically (options.apply = atomic), but {} did not list the capability `{CAP_ATOMIC_APPLY}` when joining; run an awex that supports atomic apply on every rank, or connect the pair with apply = in_place",
             rank_name(req.side, req.rank)
         )));
     }

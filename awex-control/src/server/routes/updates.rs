@@ -8,6 +8,13 @@
 //! ranks' checksums sum to the inference ranks' sum. A failed report, a checksum mismatch, a
 //! missed deadline or a disconnect fails it, naming the ranks and reasons; a failed version can
 //! be started again with the same number (a new attempt).
+//!
+//! In atomic pairs (`options.apply = atomic`) the reports of every rank mean "received and
+//! verified into staging"; once all are in (and the checksums agree) the gateway publishes an
+//! `apply` event, the inference ranks copy staging into their live tensors and report a second
+//! time, and only then the version commits. A failure before `apply` wrote nothing live (the
+//! version is not torn, the engines resume on the last committed one); a failure after it is
+//! torn, as in place.
 
 use crate::server::engine::{EngineCmd, EngineEvents};
 use crate::server::error::ApiError;
@@ -18,7 +25,7 @@ use crate::server::store::roster::{list_ranks, rank_name};
 use crate::server::store::updates::RankSlot;
 use crate::server::store::updates::{RankDetail, Update};
 use crate::wire::{
-    EventKind, PairState, Report, ReportAck, StartUpdate, UpdateState, UpdateStatus,
+    ApplyMode, EventKind, PairState, Report, ReportAck, StartUpdate, UpdateState, UpdateStatus,
 };
 use crate::wire::{MAX_ERROR_BYTES, ms};
 use axum::Json;
@@ -99,6 +106,8 @@ pub(crate) async fn start(
         engine_errors: Vec::new(),
         trigger_waiting: false,
         finishing: false,
+        applying: false,
+        applied: 0,
     });
     for v in gone {
         p.changed(Op::Update(v));
@@ -230,6 +239,47 @@ pub(crate) async fn report(
         }
     }
     let after = ms(u.elapsed());
+    if u.applying {
+        // atomic pairs, second phase: every rank received; inference ranks say they applied
+        let attempt = u.attempt;
+        if entry.slots.is_training(slot) {
+            return Err(ApiError::Conflict(format!(
+                "{who} already reported for version {version} attempt {attempt}; while the inference ranks apply it, only they report"
+            )));
+        }
+        let Some(rank) = u.ranks.get_mut(slot) else {
+            return Err(ApiError::Conflict(format!(
+                "version {version} has no per-rank record of {who}"
+            )));
+        };
+        if rank.applied.is_some() {
+            return Err(ApiError::Conflict(format!(
+                "{who} already reported applying version {version} attempt {attempt}"
+            )));
+        }
+        rank.applied = Some(r.ok);
+        if !r.ok {
+            rank.error = Some(
+                r.error
+                    .clone()
+                    .unwrap_or_else(|| "no reason given".to_string()),
+            );
+        }
+        if r.ok {
+            u.applied += 1;
+        }
+        p_changed_report(&mut p, version, slot);
+        if r.ok {
+            entry.settle(&mut p);
+        } else {
+            let why = r.error.unwrap_or_else(|| "no reason given".to_string());
+            entry.fail(
+                &mut p,
+                format!("{who} failed applying the staged version to its live tensors: {why}"),
+            );
+        }
+        return ack(&entry, &p, version);
+    }
     let Some(rank) = u.ranks.get_mut(slot) else {
         return Err(ApiError::Conflict(format!(
             "version {version} has no per-rank record of {who}"
@@ -260,6 +310,10 @@ pub(crate) async fn report(
         let why = r.error.unwrap_or_else(|| "no reason given".to_string());
         entry.fail(&mut p, format!("{who} reported failure: {why}"));
     }
+    ack(&entry, &p, version)
+}
+
+fn ack(entry: &PairEntry, p: &Pair, version: u64) -> Result<Json<ReportAck>, ApiError> {
     let u = p
         .updates
         .history
@@ -309,6 +363,8 @@ impl PairEntry {
             return;
         }
         let announced = u.state == UpdateState::Running;
+        // in atomic pairs the live tensors are written only once `apply` went out
+        let wrote = announced && (self.request.options.apply == ApplyMode::InPlace || u.applying);
         u.state = UpdateState::Failed;
         u.finished = Some(Instant::now());
         let error = format!(
@@ -341,13 +397,15 @@ impl PairEntry {
             Some(attempt),
             Some(error),
         );
-        if announced {
+        if wrote {
             // the ranks may have written part of this version: never serve it silently
             p.updates.torn = Some(version);
             p.changed(Op::State);
         }
-        if resume || !announced || self.engines.is_none() {
-            // nothing was written yet (or the pair is gone): the engines serve again
+        if resume || (!wrote && p.updates.torn.is_none()) || self.engines.is_none() {
+            // nothing was written (the live weights are the last committed version's), or the
+            // pair is gone: the engines serve again. After an earlier torn attempt they stay
+            // paused, even when this attempt wrote nothing.
             self.engine_cmd(EngineCmd::Continue { version, attempt });
         }
         self.update_tx.send_replace(());
@@ -378,6 +436,24 @@ impl PairEntry {
         }
         if u.trigger_waiting || u.finishing {
             return;
+        }
+        if self.request.options.apply == ApplyMode::Atomic {
+            if !u.applying {
+                // every rank received and verified: now, and only now, the live tensors change
+                u.applying = true;
+                let (version, attempt) = (u.version, u.attempt);
+                tracing::info!(pair = %self.name, version, attempt, "every rank received; applying");
+                p.changed(Op::Update(version));
+                self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
+                self.update_tx.send_replace(());
+                return;
+            }
+            let inference = (0..u.ranks.len())
+                .filter(|&i| !self.slots.is_training(i))
+                .count();
+            if u.applied < inference {
+                return;
+            }
         }
         if self.engines.as_ref().is_some_and(|l| l.finishes) {
             u.finishing = true;
@@ -539,8 +615,16 @@ impl PairEntry {
         if u.state.is_final() || u.elapsed() < u.deadline {
             return;
         }
-        for r in u.ranks.iter_mut().filter(|r| r.state.is_none()) {
-            r.missing = true;
+        let applying = u.applying;
+        for (i, r) in u.ranks.iter_mut().enumerate() {
+            let waiting = if applying {
+                !self.slots.is_training(i) && r.applied.is_none()
+            } else {
+                r.state.is_none()
+            };
+            if waiting {
+                r.missing = true;
+            }
         }
         let missing: Vec<usize> = u
             .ranks
@@ -573,6 +657,13 @@ impl PairEntry {
                 } else {
                     "were closing the update"
                 }
+            )
+        } else if applying {
+            format!(
+                "the deadline of {} ms passed while the inference ranks applied the version; {} did not report applying: {}",
+                ms(deadline),
+                missing.len(),
+                list_ranks(&self.slots, missing.into_iter())
             )
         } else {
             format!(

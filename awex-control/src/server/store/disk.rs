@@ -125,6 +125,9 @@ pub(crate) struct UpdateRecord {
     /// Whether this attempt reached the ranks (an `update` event went out).
     #[serde(default)]
     pub(crate) detail: bool,
+    /// Atomic pairs: the `apply` event went out.
+    #[serde(default)]
+    pub(crate) applying: bool,
 }
 
 /// One rank's report.
@@ -136,6 +139,9 @@ pub(crate) struct ReportRecord {
     pub(crate) checksum: Option<u64>,
     pub(crate) error: Option<String>,
     pub(crate) after_ms: Option<u64>,
+    /// Atomic pairs, inference ranks: the second report (applied to the live tensors).
+    #[serde(default)]
+    pub(crate) applied: Option<bool>,
 }
 
 /// One stored update: its version, header, and the reports by slot.

@@ -31,6 +31,8 @@ pub(crate) struct RankSlot {
     pub(crate) checksum: Option<u64>,
     pub(crate) error: Option<String>,
     pub(crate) after_ms: Option<u64>,
+    /// Atomic pairs, inference ranks: the second report (copied staging into live tensors).
+    pub(crate) applied: Option<bool>,
 }
 
 /// One attempt of one version.
@@ -53,6 +55,11 @@ pub(crate) struct Update {
     pub(crate) trigger_waiting: bool,
     /// Whether the engines' closing calls (ending the update session) are running.
     pub(crate) finishing: bool,
+    /// Atomic pairs: the `apply` event went out (every rank received); from here on the
+    /// inference ranks write their live tensors.
+    pub(crate) applying: bool,
+    /// Atomic pairs: inference ranks that reported their live tensors applied.
+    pub(crate) applied: usize,
 }
 
 impl Update {
@@ -107,6 +114,7 @@ impl Update {
                         checksum: r.checksum,
                         error: r.error.clone(),
                         reported_after_ms: r.after_ms,
+                        applied: r.applied,
                     }
                 })
                 .collect(),
@@ -133,6 +141,8 @@ impl Update {
             ranks,
             error: self.error.clone(),
             engine_errors: self.engine_errors.clone(),
+            applying: self.applying,
+            applied: self.applied as u32,
         }
     }
 }
