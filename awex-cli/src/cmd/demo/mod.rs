@@ -160,7 +160,16 @@ async fn demo(
     let t_spawn = Instant::now();
     let train_gpu = |rank: RankId| gpus.of_rank(Side::Training, rank.rank as usize);
     for rank in r.training.ranks() {
-        let mut c = worker_command(a, &gateway, &pair, &token, "train", rank, train_gpu(rank))?;
+        let mut c = worker_command(
+            a,
+            &gateway,
+            &pair,
+            &token,
+            "train",
+            rank,
+            train_gpu(rank),
+            first_version(a),
+        )?;
         if a.fault_kill_train_rank == Some(rank.rank) {
             c.args(["--die-at-version", &a.fault_version.to_string()]);
         }
@@ -175,7 +184,16 @@ async fn demo(
             own.infer = bad.clone();
         }
         let gpu = gpus.of_rank(Side::Inference, i);
-        let mut c = worker_command(&own, &gateway, &pair, &token, "infer", rank, gpu)?;
+        let mut c = worker_command(
+            &own,
+            &gateway,
+            &pair,
+            &token,
+            "infer",
+            rank,
+            gpu,
+            first_version(a),
+        )?;
         if rank == RankId::infer(0, 0)
             && let Some(v) = a.fault_corrupt_version
         {
@@ -250,6 +268,9 @@ async fn demo(
                     "train",
                     RankId::train(k),
                     train_gpu(RankId::train(k)),
+                    // it holds the version being retried, and says so (`filled`) on GPU
+                    // transports, where the retry waits for that before it starts
+                    version,
                 )?
                 .spawn()?;
                 workers.children.push((name, c));

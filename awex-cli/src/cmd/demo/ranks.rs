@@ -1,6 +1,6 @@
 //! Spawning the rank processes and waiting for them through the gateway.
 
-use super::args::{Args, first_version};
+use super::args::Args;
 use super::gpus::nccl_nvls_default;
 use crate::cmd::plan::Resolved;
 use anyhow::{Context, bail};
@@ -201,7 +201,8 @@ impl Drop for Workers {
     }
 }
 
-/// The command line of one rank process (this binary's hidden `worker` subcommand).
+/// The command line of one rank process (this binary's hidden `worker` subcommand); a training
+/// rank starts out holding version `holds`.
 #[allow(clippy::too_many_arguments)]
 pub fn worker_command(
     a: &Args,
@@ -211,6 +212,7 @@ pub fn worker_command(
     side: &str,
     rank: RankId,
     gpu: u32,
+    holds: u64,
 ) -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("locating this binary")?;
     let mut c = Command::new(exe);
@@ -231,7 +233,7 @@ pub fn worker_command(
             "--bucket-mib",
             &a.bucket_mib.to_string(),
         ])
-        .args(["--first-version", &first_version(a).to_string()])
+        .args(["--first-version", &holds.to_string()])
         .args(["--gpu", &gpu.to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());
