@@ -36,6 +36,8 @@ pub(super) struct Scratch {
     rr: Vec<(u64, u32)>,
     /// per set: the bytes of all its pieces when they are equal (u64::MAX: they differ)
     set_bytes: Vec<u64>,
+    /// per rank number: its index in the universe (valid for the universe's ranks only)
+    slot: Vec<u32>,
     /// structures of recent tensors, by their holders
     cache: Vec<Saved>,
     /// the slot the next new structure replaces
@@ -82,9 +84,14 @@ struct Turns {
     cands: (u32, u32),
     /// pieces assigned so far
     done: u32,
-    /// start of its sorted keys in `Scratch::rr` (`u32::MAX`: not sorted yet)
+    /// start of its (tie, position) keys in `Scratch::rr` (`u32::MAX`: not made yet)
     keys: u32,
+    /// whether those keys are sorted (else only one turn has been looked up in them)
+    sorted: bool,
 }
+
+/// Source universes whose ranks are all below this find each rank's index in a table.
+const DENSE_MAX: u32 = 1 << 16;
 
 /// Candidate sets up to this size are searched linearly instead of through a heap.
 const LINEAR_MAX: u32 = 32;
@@ -226,6 +233,7 @@ pub(super) fn assign_tensor(
                 cands: (a, b),
                 done: 0,
                 keys: u32::MAX,
+                sorted: false,
             }));
         } else {
             s.rr_sets.push(None);
@@ -296,17 +304,28 @@ pub(super) fn assign_tensor(
         // a turn-taking set's piece holds its turn; any other piece its candidate's position
         let chosen = match &mut s.rr_sets[p.set as usize] {
             Some(t) => {
+                // positions differ, so the keys are distinct: the turn-th smallest is one key
+                let turn = p.chosen as usize;
                 if t.keys == u32::MAX {
+                    // first lookup (often the only one, on the inference side): a selection
                     t.keys = s.rr.len() as u32;
                     let ties = &s.ties;
                     s.rr.extend(
                         (t.cands.0..t.cands.1)
                             .map(|pos| (ties[flat[pos as usize].rank as usize], pos)),
                     );
-                    // positions differ, so the keys are distinct and any sort is stable
-                    s.rr[t.keys as usize..].sort_unstable();
+                    let keys = &mut s.rr[t.keys as usize..];
+                    keys.select_nth_unstable(turn);
+                    keys[turn].1
+                } else {
+                    let keys =
+                        &mut s.rr[t.keys as usize..(t.keys + t.cands.1 - t.cands.0) as usize];
+                    if !t.sorted {
+                        keys.sort_unstable();
+                        t.sorted = true;
+                    }
+                    keys[turn].1
                 }
-                s.rr[(t.keys + p.chosen) as usize].1
             }
             None => p.chosen,
         };
@@ -370,6 +389,20 @@ fn structure(
         s.ranks.sort_unstable();
     }
     s.ranks.dedup();
+    // ranks of one engine numbered below a bound find their index in a table, not by search
+    let dense = match (s.ranks.first(), s.ranks.last()) {
+        (Some(a), Some(b)) => a.engine == b.engine && b.rank < DENSE_MAX,
+        _ => false,
+    };
+    if dense {
+        let top = s.ranks.last().map_or(0, |r| r.rank as usize + 1);
+        if s.slot.len() < top {
+            s.slot.resize(top, 0);
+        }
+        for (i, r) in s.ranks.iter().enumerate() {
+            s.slot[r.rank as usize] = i as u32;
+        }
+    }
 
     // distinct source regions, each with its candidates (in holder order)
     s.region_boxes.clear();
@@ -383,7 +416,10 @@ fn structure(
             }
         };
         for r in &h.ranks {
-            let ri = s.ranks.binary_search(r).unwrap_or(0) as u32;
+            let ri = match dense {
+                true => s.slot[r.rank as usize],
+                false => s.ranks.binary_search(r).unwrap_or(0) as u32,
+            };
             s.region_cands.push((
                 pos as u32,
                 Cand {
