@@ -30,6 +30,8 @@ pub(super) struct Scratch {
     set_keys: Vec<u32>,
     /// per rank of the universe: how many candidate positions of this tensor name it
     occ: Vec<u32>,
+    /// per set: its range in `flat` when its pieces take its candidates in turn
+    turn_taking: Vec<Option<(u32, u32)>>,
     /// per set that takes its candidates in turn: see [`Turns`]
     rr_sets: Vec<Option<Turns>>,
     /// the (tie, position) keys of turn-taking sets, sorted, once a piece of the set is needed
@@ -61,6 +63,7 @@ struct Saved {
     set_keys: Vec<u32>,
     pieces: Vec<Piece>,
     order: Vec<u32>,
+    turn_taking: Vec<Option<(u32, u32)>>,
 }
 
 /// Exchanges the structure buffers of the scratch with a saved structure's.
@@ -75,6 +78,7 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
     swap(&mut s.set_keys, &mut k.set_keys);
     swap(&mut s.pieces, &mut k.pieces);
     swap(&mut s.order, &mut k.order);
+    swap(&mut s.turn_taking, &mut k.turn_taking);
 }
 
 /// A candidate set whose pieces take its candidates in turn, in (tie, position) order.
@@ -82,8 +86,8 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
 struct Turns {
     /// the set's range in the flat candidate list
     cands: (u32, u32),
-    /// pieces assigned so far
-    done: u32,
+    /// the turn of the set's next piece
+    next: u32,
     /// start of its (tie, position) keys in `Scratch::rr` (`u32::MAX`: not made yet)
     keys: u32,
     /// whether those keys are sorted (else only one turn has been looked up in them)
@@ -115,6 +119,11 @@ struct Piece {
     /// position of the chosen candidate in the flat list, or, in a set that takes its
     /// candidates in turn, the piece's turn
     chosen: u32,
+}
+
+/// The tie-break of source rank `r` in tensor `id`.
+fn tie(id: u32, r: RankId) -> u64 {
+    splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -190,15 +199,6 @@ pub(super) fn assign_tensor(
     if hit.is_some() {
         swap_structure(s, &mut saved);
     }
-    // loads, and a per-tensor tie-break
-    s.loads.clear();
-    s.loads.resize(s.ranks.len(), 0);
-    s.ties.clear();
-    s.ties.extend(
-        s.ranks
-            .iter()
-            .map(|r| splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)),
-    );
     let flat = &s.flat;
     let sets = &s.sets;
 
@@ -207,37 +207,24 @@ pub(super) fn assign_tensor(
     // pieces change them: the greedy then takes its candidates in turn, in (tie, position)
     // order. Such sets skip the search; since no other set reads their candidates' loads, the
     // loads are not kept, and the order is sorted only once a piece of the set is emitted.
-    s.occ.clear();
-    s.occ.resize(s.ranks.len(), 0);
-    for c in flat.iter() {
-        s.occ[c.rank as usize] += 1;
-    }
-    s.set_bytes.clear();
-    s.set_bytes.resize(sets.len(), u64::MAX - 1);
-    for p in &s.pieces {
-        let b = &mut s.set_bytes[p.set as usize];
-        if *b == u64::MAX - 1 {
-            *b = p.bytes;
-        } else if *b != p.bytes {
-            *b = u64::MAX;
-        }
-    }
+    // (which sets qualify depends on the structure only: see `turn_taking`)
     s.rr_sets.clear();
     s.rr.clear();
-    for (k, &(_, (a, b))) in sets.iter().enumerate() {
-        let exclusive = flat[a as usize..b as usize]
-            .iter()
-            .all(|c| s.occ[c.rank as usize] == 1);
-        if b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX {
-            s.rr_sets.push(Some(Turns {
-                cands: (a, b),
-                done: 0,
-                keys: u32::MAX,
-                sorted: false,
-            }));
-        } else {
-            s.rr_sets.push(None);
-        }
+    s.rr_sets.extend(s.turn_taking.iter().map(|t| {
+        t.map(|cands| Turns {
+            cands,
+            next: 0,
+            keys: u32::MAX,
+            sorted: false,
+        })
+    }));
+    let searched = s.rr_sets.iter().any(Option::is_none);
+    // loads, and a per-tensor tie-break, for the sets that search
+    if searched {
+        s.loads.clear();
+        s.loads.resize(s.ranks.len(), 0);
+        s.ties.clear();
+        s.ties.extend(s.ranks.iter().map(|&r| tie(id, r)));
     }
     // small sets: the same minimum of (load, tie, position), found by a scan
     for h in s.heaps.iter_mut().take(sets.len()) {
@@ -249,8 +236,11 @@ pub(super) fn assign_tensor(
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
         if let Some(t) = &mut s.rr_sets[p.set as usize] {
-            p.chosen = t.done % (t.cands.1 - t.cands.0);
-            t.done += 1;
+            p.chosen = t.next;
+            t.next += 1;
+            if t.next == t.cands.1 - t.cands.0 {
+                t.next = 0;
+            }
             continue;
         }
         if p.cands.1 - p.cands.0 <= LINEAR_MAX {
@@ -309,10 +299,10 @@ pub(super) fn assign_tensor(
                 if t.keys == u32::MAX {
                     // first lookup (often the only one, on the inference side): a selection
                     t.keys = s.rr.len() as u32;
-                    let ties = &s.ties;
+                    let ranks = &s.ranks;
                     s.rr.extend(
                         (t.cands.0..t.cands.1)
-                            .map(|pos| (ties[flat[pos as usize].rank as usize], pos)),
+                            .map(|pos| (tie(id, ranks[flat[pos as usize].rank as usize]), pos)),
                     );
                     let keys = &mut s.rr[t.keys as usize..];
                     keys.select_nth_unstable(turn);
@@ -566,6 +556,33 @@ fn structure(
         if !s.order.is_sorted_by(|a, b| by_size(a, b).is_le()) {
             s.order.sort_by(by_size);
         }
+    }
+
+    // A set whose pieces are all of one size and whose candidates are ranks that no other
+    // candidate position of this tensor names takes its candidates in turn (see the greedy).
+    let flat = &s.flat;
+    s.occ.clear();
+    s.occ.resize(s.ranks.len(), 0);
+    for c in flat.iter() {
+        s.occ[c.rank as usize] += 1;
+    }
+    s.set_bytes.clear();
+    s.set_bytes.resize(s.sets.len(), u64::MAX - 1);
+    for p in &s.pieces {
+        let b = &mut s.set_bytes[p.set as usize];
+        if *b == u64::MAX - 1 {
+            *b = p.bytes;
+        } else if *b != p.bytes {
+            *b = u64::MAX;
+        }
+    }
+    s.turn_taking.clear();
+    for (k, &(_, (a, b))) in s.sets.iter().enumerate() {
+        let exclusive = flat[a as usize..b as usize]
+            .iter()
+            .all(|c| s.occ[c.rank as usize] == 1);
+        let turns = b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX;
+        s.turn_taking.push(turns.then_some((a, b)));
     }
     Ok(())
 }
