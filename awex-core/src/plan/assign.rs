@@ -46,8 +46,9 @@ pub(super) struct Scratch {
     victim: usize,
 }
 
-/// Structures kept for tensors laid out alike (an expert's three matrices have two layouts).
-const CACHED: usize = 4;
+/// Structures kept for tensors laid out alike (an expert's three matrices have two layouts, and
+/// the tensors of a layer interleave several).
+const CACHED: usize = 16;
 
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
