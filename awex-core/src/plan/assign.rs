@@ -30,20 +30,25 @@ pub(super) struct Scratch {
     set_keys: Vec<u32>,
     /// per rank of the universe: how many candidate positions of this tensor name it
     occ: Vec<u32>,
+    /// per set: its range in `flat` when its pieces take its candidates in turn
+    turn_taking: Vec<Option<(u32, u32)>>,
     /// per set that takes its candidates in turn: see [`Turns`]
     rr_sets: Vec<Option<Turns>>,
     /// the (tie, position) keys of turn-taking sets, sorted, once a piece of the set is needed
     rr: Vec<(u64, u32)>,
     /// per set: the bytes of all its pieces when they are equal (u64::MAX: they differ)
     set_bytes: Vec<u64>,
+    /// per rank number: its index in the universe (valid for the universe's ranks only)
+    slot: Vec<u32>,
     /// structures of recent tensors, by their holders
     cache: Vec<Saved>,
     /// the slot the next new structure replaces
     victim: usize,
 }
 
-/// Structures kept for tensors laid out alike (an expert's three matrices have two layouts).
-const CACHED: usize = 4;
+/// Structures kept for tensors laid out alike (an expert's three matrices have two layouts, and
+/// the tensors of a layer interleave several).
+const CACHED: usize = 16;
 
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
@@ -59,6 +64,7 @@ struct Saved {
     set_keys: Vec<u32>,
     pieces: Vec<Piece>,
     order: Vec<u32>,
+    turn_taking: Vec<Option<(u32, u32)>>,
 }
 
 /// Exchanges the structure buffers of the scratch with a saved structure's.
@@ -73,6 +79,7 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
     swap(&mut s.set_keys, &mut k.set_keys);
     swap(&mut s.pieces, &mut k.pieces);
     swap(&mut s.order, &mut k.order);
+    swap(&mut s.turn_taking, &mut k.turn_taking);
 }
 
 /// A candidate set whose pieces take its candidates in turn, in (tie, position) order.
@@ -80,11 +87,16 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
 struct Turns {
     /// the set's range in the flat candidate list
     cands: (u32, u32),
-    /// pieces assigned so far
-    done: u32,
-    /// start of its sorted keys in `Scratch::rr` (`u32::MAX`: not sorted yet)
+    /// the turn of the set's next piece
+    next: u32,
+    /// start of its (tie, position) keys in `Scratch::rr` (`u32::MAX`: not made yet)
     keys: u32,
+    /// whether those keys are sorted (else only one turn has been looked up in them)
+    sorted: bool,
 }
+
+/// Source universes whose ranks are all below this find each rank's index in a table.
+const DENSE_MAX: u32 = 1 << 16;
 
 /// Candidate sets up to this size are searched linearly instead of through a heap.
 const LINEAR_MAX: u32 = 32;
@@ -108,6 +120,11 @@ struct Piece {
     /// position of the chosen candidate in the flat list, or, in a set that takes its
     /// candidates in turn, the piece's turn
     chosen: u32,
+}
+
+/// The tie-break of source rank `r` in tensor `id`.
+fn tie(id: u32, r: RankId) -> u64 {
+    splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)
 }
 
 fn splitmix(mut x: u64) -> u64 {
@@ -183,15 +200,6 @@ pub(super) fn assign_tensor(
     if hit.is_some() {
         swap_structure(s, &mut saved);
     }
-    // loads, and a per-tensor tie-break
-    s.loads.clear();
-    s.loads.resize(s.ranks.len(), 0);
-    s.ties.clear();
-    s.ties.extend(
-        s.ranks
-            .iter()
-            .map(|r| splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)),
-    );
     let flat = &s.flat;
     let sets = &s.sets;
 
@@ -200,36 +208,24 @@ pub(super) fn assign_tensor(
     // pieces change them: the greedy then takes its candidates in turn, in (tie, position)
     // order. Such sets skip the search; since no other set reads their candidates' loads, the
     // loads are not kept, and the order is sorted only once a piece of the set is emitted.
-    s.occ.clear();
-    s.occ.resize(s.ranks.len(), 0);
-    for c in flat.iter() {
-        s.occ[c.rank as usize] += 1;
-    }
-    s.set_bytes.clear();
-    s.set_bytes.resize(sets.len(), u64::MAX - 1);
-    for p in &s.pieces {
-        let b = &mut s.set_bytes[p.set as usize];
-        if *b == u64::MAX - 1 {
-            *b = p.bytes;
-        } else if *b != p.bytes {
-            *b = u64::MAX;
-        }
-    }
+    // (which sets qualify depends on the structure only: see `turn_taking`)
     s.rr_sets.clear();
     s.rr.clear();
-    for (k, &(_, (a, b))) in sets.iter().enumerate() {
-        let exclusive = flat[a as usize..b as usize]
-            .iter()
-            .all(|c| s.occ[c.rank as usize] == 1);
-        if b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX {
-            s.rr_sets.push(Some(Turns {
-                cands: (a, b),
-                done: 0,
-                keys: u32::MAX,
-            }));
-        } else {
-            s.rr_sets.push(None);
-        }
+    s.rr_sets.extend(s.turn_taking.iter().map(|t| {
+        t.map(|cands| Turns {
+            cands,
+            next: 0,
+            keys: u32::MAX,
+            sorted: false,
+        })
+    }));
+    let searched = s.rr_sets.iter().any(Option::is_none);
+    // loads, and a per-tensor tie-break, for the sets that search
+    if searched {
+        s.loads.clear();
+        s.loads.resize(s.ranks.len(), 0);
+        s.ties.clear();
+        s.ties.extend(s.ranks.iter().map(|&r| tie(id, r)));
     }
     // small sets: the same minimum of (load, tie, position), found by a scan
     for h in s.heaps.iter_mut().take(sets.len()) {
@@ -241,8 +237,11 @@ pub(super) fn assign_tensor(
     for &pi in &s.order {
         let p = &mut s.pieces[pi as usize];
         if let Some(t) = &mut s.rr_sets[p.set as usize] {
-            p.chosen = t.done % (t.cands.1 - t.cands.0);
-            t.done += 1;
+            p.chosen = t.next;
+            t.next += 1;
+            if t.next == t.cands.1 - t.cands.0 {
+                t.next = 0;
+            }
             continue;
         }
         if p.cands.1 - p.cands.0 <= LINEAR_MAX {
@@ -296,17 +295,28 @@ pub(super) fn assign_tensor(
         // a turn-taking set's piece holds its turn; any other piece its candidate's position
         let chosen = match &mut s.rr_sets[p.set as usize] {
             Some(t) => {
+                // positions differ, so the keys are distinct: the turn-th smallest is one key
+                let turn = p.chosen as usize;
                 if t.keys == u32::MAX {
+                    // first lookup (often the only one, on the inference side): a selection
                     t.keys = s.rr.len() as u32;
-                    let ties = &s.ties;
+                    let ranks = &s.ranks;
                     s.rr.extend(
                         (t.cands.0..t.cands.1)
-                            .map(|pos| (ties[flat[pos as usize].rank as usize], pos)),
+                            .map(|pos| (tie(id, ranks[flat[pos as usize].rank as usize]), pos)),
                     );
-                    // positions differ, so the keys are distinct and any sort is stable
-                    s.rr[t.keys as usize..].sort_unstable();
+                    let keys = &mut s.rr[t.keys as usize..];
+                    keys.select_nth_unstable(turn);
+                    keys[turn].1
+                } else {
+                    let keys =
+                        &mut s.rr[t.keys as usize..(t.keys + t.cands.1 - t.cands.0) as usize];
+                    if !t.sorted {
+                        keys.sort_unstable();
+                        t.sorted = true;
+                    }
+                    keys[turn].1
                 }
-                s.rr[(t.keys + p.chosen) as usize].1
             }
             None => p.chosen,
         };
@@ -370,6 +380,20 @@ fn structure(
         s.ranks.sort_unstable();
     }
     s.ranks.dedup();
+    // ranks of one engine numbered below a bound find their index in a table, not by search
+    let dense = match (s.ranks.first(), s.ranks.last()) {
+        (Some(a), Some(b)) => a.engine == b.engine && b.rank < DENSE_MAX,
+        _ => false,
+    };
+    if dense {
+        let top = s.ranks.last().map_or(0, |r| r.rank as usize + 1);
+        if s.slot.len() < top {
+            s.slot.resize(top, 0);
+        }
+        for (i, r) in s.ranks.iter().enumerate() {
+            s.slot[r.rank as usize] = i as u32;
+        }
+    }
 
     // distinct source regions, each with its candidates (in holder order)
     s.region_boxes.clear();
@@ -383,7 +407,10 @@ fn structure(
             }
         };
         for r in &h.ranks {
-            let ri = s.ranks.binary_search(r).unwrap_or(0) as u32;
+            let ri = match dense {
+                true => s.slot[r.rank as usize],
+                false => s.ranks.binary_search(r).unwrap_or(0) as u32,
+            };
             s.region_cands.push((
                 pos as u32,
                 Cand {
@@ -530,6 +557,33 @@ fn structure(
         if !s.order.is_sorted_by(|a, b| by_size(a, b).is_le()) {
             s.order.sort_by(by_size);
         }
+    }
+
+    // A set whose pieces are all of one size and whose candidates are ranks that no other
+    // candidate position of this tensor names takes its candidates in turn (see the greedy).
+    let flat = &s.flat;
+    s.occ.clear();
+    s.occ.resize(s.ranks.len(), 0);
+    for c in flat.iter() {
+        s.occ[c.rank as usize] += 1;
+    }
+    s.set_bytes.clear();
+    s.set_bytes.resize(s.sets.len(), u64::MAX - 1);
+    for p in &s.pieces {
+        let b = &mut s.set_bytes[p.set as usize];
+        if *b == u64::MAX - 1 {
+            *b = p.bytes;
+        } else if *b != p.bytes {
+            *b = u64::MAX;
+        }
+    }
+    s.turn_taking.clear();
+    for (k, &(_, (a, b))) in s.sets.iter().enumerate() {
+        let exclusive = flat[a as usize..b as usize]
+            .iter()
+            .all(|c| s.occ[c.rank as usize] == 1);
+        let turns = b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX;
+        s.turn_taking.push(turns.then_some((a, b)));
     }
     Ok(())
 }

@@ -74,13 +74,16 @@ fn group(a: &Transfer, b: &Transfer) -> Ordering {
 ///
 /// Transfers merge when they connect the same two local tensors and their boxes are adjacent
 /// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
-/// The transfers stay where they are while indices into them are sorted and merged; each moves
-/// once, into the result.
+/// `live` lists the peer's transfers in `ts` (in emission order); the transfers stay where they
+/// are while these indices are sorted and merged (a merged transfer grows in place in `ts`), and
+/// the indices of the result come back in execution order.
 #[inline(never)]
-pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
-    let max_k = ts.iter().map(|t| t.extent.ndim()).max().unwrap_or(0);
-    // the live transfers, in the current order; a merged transfer grows in place in `ts`
-    let mut live: Vec<u32> = (0..ts.len() as u32).collect();
+pub(super) fn coalesce(ts: &mut [Transfer], mut live: Vec<u32>) -> Vec<u32> {
+    let max_k = live
+        .iter()
+        .map(|&i| ts[i as usize].extent.ndim())
+        .max()
+        .unwrap_or(0);
     let mut out: Vec<u32> = Vec::with_capacity(live.len());
     loop {
         let before = live.len();
@@ -94,8 +97,8 @@ pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
                     cmp_along(a, b, d)
                 })
             };
-            let ordered = live
-                .is_sorted_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]).is_le());
+            let ordered =
+                live.is_sorted_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]).is_le());
             if !ordered {
                 live.sort_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]));
             }
@@ -134,11 +137,5 @@ pub(super) fn coalesce(mut ts: Vec<Transfer>) -> Vec<Transfer> {
     if !live.is_sorted_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]).is_le()) {
         live.sort_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]));
     }
-    if live.len() == ts.len() && live.iter().enumerate().all(|(k, &i)| k == i as usize) {
-        return ts;
-    }
-    let mut slots: Vec<Option<Transfer>> = ts.into_iter().map(Some).collect();
-    live.iter()
-        .filter_map(|&i| slots[i as usize].take())
-        .collect()
+    live
 }

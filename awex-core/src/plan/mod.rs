@@ -19,7 +19,6 @@ use crate::dtype::DType;
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// One box moved from a source rank's local tensor into a destination rank's local tensor.
@@ -214,23 +213,42 @@ impl Pair<'_> {
         }
         ids.sort_unstable();
         ids.dedup();
-        let mut by_peer: BTreeMap<RankId, Vec<Transfer>> = BTreeMap::new();
+        // every transfer in emission order, with its peer; grouped by peer once all are known
+        let mut all: Vec<Transfer> = Vec::new();
+        let mut peer_of: Vec<RankId> = Vec::new();
         let mut scratch = assign::Scratch::default();
         for id in ids {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
-                let peer = match side {
+                peer_of.push(match side {
                     Side::Training => t.dst_rank,
                     Side::Inference => t.src_rank,
-                };
-                by_peer.entry(peer).or_default().push(t);
+                });
+                all.push(t);
             })?;
         }
-        let mut peers = Vec::with_capacity(by_peer.len());
+        // the transfers of each peer (by emission index), peers in order
+        let mut by_peer: Vec<(RankId, u32)> = peer_of
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| (p, i as u32))
+            .collect();
+        by_peer.sort_unstable();
+        let mut groups: Vec<(RankId, Vec<u32>)> = Vec::new();
+        for (p, i) in by_peer {
+            match groups.last_mut() {
+                Some((q, v)) if *q == p => v.push(i),
+                _ => groups.push((p, vec![i])),
+            }
+        }
+        let mut peers = Vec::with_capacity(groups.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut bytes = Vec::new();
-        for (peer, transfers) in by_peer {
-            let transfers = coalesce::coalesce(transfers);
+        for (peer, live) in groups {
+            let transfers: Vec<Transfer> = coalesce::coalesce(&mut all, live)
+                .into_iter()
+                .map(|i| all[i as usize].clone())
+                .collect();
             bytes.clear();
             for t in &transfers {
                 t.hash_bytes(&mut bytes);
