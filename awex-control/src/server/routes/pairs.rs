@@ -79,6 +79,67 @@ fn option(name: &str, v: u64, lo: u64, hi: u64) -> Result<(), ApiError> {
 
 /// The inference backend's engine control, when the pair names engine URLs: a backend that
 /// cannot drive its servers refuses URLs instead of ignoring them.
+/// What a pair's entry is made of, besides its channels and its engine lane.
+struct EntryParts {
+    name: String,
+    id: u64,
+    uid: String,
+    secret: String,
+    slots: Slots,
+    created_unix_ms: u64,
+    join_deadline: Instant,
+    join_deadline_unix_ms: u64,
+    training: SideStatus,
+    inference: SideStatus,
+    /// the pair's state (`None`: a new pair's, from its slots)
+    pair: Option<Pair>,
+    facts: Vec<awex_core::backend::EngineFacts>,
+    request: ConnectRequest,
+}
+
+/// A pair's entry, for a new connect or one restored from the gateway's state: its channels, and
+/// the lane that drives its engines when `control` is given and the pair names engine URLs.
+fn new_entry(
+    gw: &crate::server::state::Gateway,
+    e: EntryParts,
+    control: Option<&'static dyn EngineControl>,
+) -> Arc<PairEntry> {
+    let urls = e.request.inference.urls.clone();
+    let trigger_timeout = Duration::from_millis(e.request.options.update_deadline_ms);
+    let inner = e.pair.unwrap_or_else(|| Pair::new(&e.slots));
+    Arc::new_cyclic(|weak| PairEntry {
+        name: e.name,
+        id: e.id,
+        uid: e.uid,
+        secret: e.secret,
+        slots: e.slots,
+        created_unix_ms: e.created_unix_ms,
+        join_deadline: e.join_deadline,
+        join_deadline_unix_ms: e.join_deadline_unix_ms,
+        training: e.training,
+        inference: e.inference,
+        inner: Mutex::new(inner),
+        roster_tx: watch::Sender::new(()),
+        events_tx: watch::Sender::new(0),
+        kv_tx: watch::Sender::new(()),
+        update_tx: watch::Sender::new(()),
+        metrics: gw.metrics.clone(),
+        facts: e.facts.clone(),
+        store: gw.store.clone(),
+        engines: control.filter(|_| !urls.is_empty()).map(|control| {
+            EngineLane::spawn(
+                weak.clone() as Weak<dyn EngineEvents>,
+                control,
+                urls,
+                e.facts,
+                gw.engines.clone(),
+                trigger_timeout,
+            )
+        }),
+        request: e.request,
+    })
+}
+
 pub(crate) fn engine_control(
     backend: &str,
     urls: &[String],
@@ -329,39 +390,26 @@ pub(crate) async fn connect(
             "options.apply = atomic needs inference ranks that receive on their own (awex-cli worker, the Python Reader); these engines receive their weights inside the update trigger (awex's SGLang loader, vLLM's weight transfer), which writes their live weights as it receives; connect with apply = in_place".into(),
         ));
     }
-    let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
     let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
-    let entry = Arc::new_cyclic(|weak| PairEntry {
-        name: name.clone(),
-        id: gw.next_id.fetch_add(1, Ordering::Relaxed),
-        uid,
-        secret,
-        slots,
-        created_unix_ms: unix_ms(),
-        join_deadline,
-        training,
-        inference,
-        join_deadline_unix_ms: unix_ms() + req.options.join_deadline_ms,
-        inner: Mutex::new(Pair::new(&slots)),
-        roster_tx: watch::Sender::new(()),
-        events_tx: watch::Sender::new(0),
-        kv_tx: watch::Sender::new(()),
-        update_tx: watch::Sender::new(()),
-        metrics: gw.metrics.clone(),
-        facts: facts.clone(),
-        store: gw.store.clone(),
-        engines: control.filter(|_| !urls.is_empty()).map(|control| {
-            EngineLane::spawn(
-                weak.clone() as Weak<dyn EngineEvents>,
-                control,
-                urls,
-                facts,
-                gw.engines.clone(),
-                trigger_timeout,
-            )
-        }),
-        request: req,
-    });
+    let entry = new_entry(
+        &gw,
+        EntryParts {
+            name: name.clone(),
+            id: gw.next_id.fetch_add(1, Ordering::Relaxed),
+            uid,
+            secret,
+            slots,
+            created_unix_ms: unix_ms(),
+            join_deadline,
+            join_deadline_unix_ms: unix_ms() + req.options.join_deadline_ms,
+            training,
+            inference,
+            pair: None,
+            facts,
+            request: req,
+        },
+        control,
+    );
     {
         let mut pairs = gw.pairs.write().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = pairs.get(&name) {
@@ -621,40 +669,27 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
         let req = rec.request;
         let urls = req.inference.urls.clone();
         let control = engine_control(&req.inference.backend, &urls).ok().flatten();
-        let trigger_timeout = Duration::from_millis(req.options.update_deadline_ms);
         let facts = rec.facts;
         let name = req.name.clone();
-        let entry = Arc::new_cyclic(|weak| PairEntry {
-            name: name.clone(),
-            id: rec.id,
-            uid: rec.uid,
-            secret: rec.secret,
-            slots,
-            created_unix_ms: rec.created_unix_ms,
-            join_deadline,
-            join_deadline_unix_ms: rec.join_deadline_unix_ms,
-            training: rec.training,
-            inference: rec.inference,
-            inner: Mutex::new(p),
-            roster_tx: watch::Sender::new(()),
-            events_tx: watch::Sender::new(0),
-            kv_tx: watch::Sender::new(()),
-            update_tx: watch::Sender::new(()),
-            metrics: gw.metrics.clone(),
-            facts: facts.clone(),
-            store: gw.store.clone(),
-            engines: control.filter(|_| !urls.is_empty()).map(|control| {
-                EngineLane::spawn(
-                    weak.clone() as Weak<dyn EngineEvents>,
-                    control,
-                    urls,
-                    facts,
-                    gw.engines.clone(),
-                    trigger_timeout,
-                )
-            }),
-            request: req,
-        });
+        let entry = new_entry(
+            gw,
+            EntryParts {
+                name: name.clone(),
+                id: rec.id,
+                uid: rec.uid,
+                secret: rec.secret,
+                slots,
+                created_unix_ms: rec.created_unix_ms,
+                join_deadline,
+                join_deadline_unix_ms: rec.join_deadline_unix_ms,
+                training: rec.training,
+                inference: rec.inference,
+                pair: Some(p),
+                facts,
+                request: req,
+            },
+            control,
+        );
         gw.next_id.fetch_max(rec.id + 1, Ordering::Relaxed);
         gw.pairs
             .write()
