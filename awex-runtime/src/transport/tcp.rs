@@ -385,6 +385,8 @@ impl TcpTransport {
     fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
         let plan = self.plan.clone();
         let mut streams = Vec::new();
+        // the tag of the stream taken from each peer
+        let mut used: HashMap<RankId, u64> = HashMap::new();
         {
             let (lock, cv) = &*self.incoming;
             let mut map = lock
@@ -408,17 +410,20 @@ impl TcpTransport {
                         .map_err(|_| RuntimeError::from(TransportError::Poisoned))?
                         .0;
                 }
-                let s = map[&peer.peer]
-                    .1
-                    .try_clone()
-                    .map_err(io_err("clone socket".into()))?;
+                let (tag, s) = &map[&peer.peer];
+                used.insert(peer.peer, *tag);
+                let s = s.try_clone().map_err(io_err("clone socket".into()))?;
                 streams.push((i, s));
             }
         }
         self.run_peers(&plan, streams, ctx, receive_peer)
             .map_err(|(peer, e)| {
-                // a broken stream is dropped; the peer reconnects on retry
-                if let Ok(mut m) = self.incoming.0.lock() {
+                // a broken stream is dropped (the peer reconnects on retry), but only the one
+                // this attempt used: the peer may already have opened its retry's connection,
+                // which replaced it in the map while this attempt was failing
+                if let Ok(mut m) = self.incoming.0.lock()
+                    && m.get(&peer).map(|(t, _)| *t) == used.get(&peer).copied()
+                {
                     m.remove(&peer);
                 }
                 e
