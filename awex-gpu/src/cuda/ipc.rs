@@ -218,6 +218,11 @@ impl IpcImport {
         self.mapped.get(i).copied()
     }
 
+    /// The local base address and size of the largest mapped allocation, if any.
+    pub fn largest(&self) -> Option<(u64, u64)> {
+        self.mapped.iter().copied().max_by_key(|&(_, size)| size)
+    }
+
     /// Number of mapped allocations.
     pub fn len(&self) -> usize {
         self.mapped.len()

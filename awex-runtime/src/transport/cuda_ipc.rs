@@ -556,10 +556,7 @@ impl CudaIpcTransport {
     /// The local address and size of the largest allocation of `peer` this rank mapped (for
     /// measuring a copy floor out of the sender's memory), once connected.
     pub fn largest_mapping(&self, peer: RankId) -> Option<(u64, u64)> {
-        let r = self.remotes.get(&peer)?;
-        (0..r._import.len())
-            .filter_map(|i| r._import.mapping(i))
-            .max_by_key(|&(_, size)| size)
+        self.remotes.get(&peer)?._import.largest()
     }
 
     fn export(&self, ctl_name: &str) -> Result<Sender, RuntimeError> {
@@ -703,12 +700,7 @@ impl CudaIpcTransport {
             import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
         });
         let descs = split_linear(&joined, SPLIT_BYTES);
-        let largest = (0..import.len())
-            .filter_map(|i| import.mapping(i))
-            .map(|(_, size)| size)
-            .max()
-            .unwrap_or(0);
-        let driver_min = driver_min(largest);
+        let driver_min = driver_min(import.largest().map_or(0, |(_, size)| size));
         let driver_copies = match &self.engine {
             Some(e) => {
                 e.set_driver_min(driver_min);
