@@ -94,7 +94,7 @@ fn copy_setup() -> (CopyMethod, usize) {
 /// Measured on an H200 (`docs/benchmarks.md`, 2026-12-01): out of allocations of up to a few GB
 /// (PyTorch's per-tensor allocations) the driver's copy is about 6 % faster than the kernel on
 /// large blocks, so linear copies of at least [`DRIVER_MIN_BYTES`] go through it (smaller ones,
-/// such as qwen3-30b-a3b's 3 MiB experts, ran 3.6 % slower through the driver); out of one very
+/// such as qwen3-30b-a3b's 3 MiB experts, were slower through the driver); out of one very
 /// large mapping (Megatron's contiguous
 /// buffer, 16 GB) the driver reads about 25 % slower than local memory while the kernel, cut
 /// into pieces, does not, so the kernel keeps those. `AWEX_IPC_DRIVER_MIN_MIB` (a size in MiB,
