@@ -1013,3 +1013,26 @@ async fn connect_checks_every_server_against_the_declared_layout() {
     );
     assert_eq!(client.status("chk").await.unwrap_err().status(), Some(404));
 }
+
+/// Ranks not given the model read it from `model.{side}`: the gateway stores both sides' models
+/// from the connect request before the connect answers, so a rank asking at once (SGLang's
+/// loader, which the connect's warm-up starts) finds them without any controller writing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_stores_both_models_before_it_answers() {
+    let base = start(GatewayConfig::default()).await;
+    let client = Client::new(&base, None).unwrap();
+    let req = connect_request("models", 1, 1, 1);
+    client.connect(&req).await.unwrap();
+    for (side, model) in [
+        (Side::Training, &req.training.model),
+        (Side::Inference, &req.inference.model),
+    ] {
+        let got = client
+            .get_kv("models", &awex_control::wire::model_key(side), Duration::ZERO)
+            .await
+            .unwrap_or_else(|e| panic!("{side} model not stored at connect: {e}"));
+        assert_eq!(got.value, serde_json::to_value(model).unwrap(), "{side}");
+        let back: awex_core::model::ModelSpec = serde_json::from_value(got.value).unwrap();
+        assert_eq!(back.fingerprint(), model.fingerprint());
+    }
+}

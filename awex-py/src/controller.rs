@@ -4,7 +4,7 @@
 
 use crate::endpoint::{runtime, seconds, to_py, wait};
 use crate::errors::{Fail, Result};
-use crate::spec::{ModelArg, model_key};
+use crate::spec::ModelArg;
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::wire::{
@@ -136,24 +136,15 @@ impl Controller {
             ..PairOptions::default()
         };
         let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);
-        let model_value = serde_json::to_value(&spec)
-            .map_err(|e| Fail::Awex(format!("cannot encode the model: {e}")))?;
+        // the gateway stores both sides' models from the request (under `model_key`) before
+        // it answers, so ranks need not be told the model
         let client = self.client.clone();
-        let name = pair.clone();
         let status = wait(
             py,
             &self.rt,
             "connecting the pair",
             Some(Duration::from_secs(60)),
-            async move {
-                let st = client.connect(&req).await?;
-                for side in [Side::Training, Side::Inference] {
-                    client
-                        .put_kv(&name, &model_key(side), model_value.clone())
-                        .await?;
-                }
-                Ok::<_, awex_control::client::ClientError>(st)
-            },
+            async move { client.connect(&req).await },
         )?
         .map_err(Fail::from)?;
         *self.pair.lock().unwrap_or_else(|e| e.into_inner()) = Some(pair);

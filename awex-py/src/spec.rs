@@ -13,10 +13,7 @@ use awex_runtime::transport::TransportKind;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// The kv key under which a controller stores the model of one side.
-pub(crate) fn model_key(side: Side) -> String {
-    format!("model.{side}")
-}
+pub(crate) use awex_control::wire::model_key;
 
 /// The model as the caller gave it.
 #[derive(Clone, Debug)]

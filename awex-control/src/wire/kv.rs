@@ -1,7 +1,16 @@
 //! Rendezvous values (`PUT`/`GET .../kv/{key}`).
 
+use awex_core::layout::Side;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// The key under which a pair holds one side's model description (`ModelSpec` as JSON): the
+/// gateway stores both from the connect request before anything else can read the pair, so
+/// that a rank that needs the model (one not given it, for a model that is no preset) finds it
+/// however early it asks.
+pub fn model_key(side: Side) -> String {
+    format!("model.{side}")
+}
 
 /// `PUT /v1/pairs/{name}/kv/{key}` body.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

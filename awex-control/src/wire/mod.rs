@@ -9,7 +9,7 @@ mod ranks;
 mod updates;
 
 pub use events::{Event, EventKind, EventsResponse};
-pub use kv::{KvEntry, KvPut};
+pub use kv::{KvEntry, KvPut, model_key};
 pub use options::{ApplyMode, PairOptions};
 pub use pairs::{
     ConnectRequest, InferenceSpec, PairState, PairStatus, Resume, SideStatus, TrainingSpec,

@@ -13,7 +13,7 @@ use crate::server::store::disk::{Op, Write};
 use crate::server::store::roster::Slots;
 use crate::server::validate;
 use crate::wire::MAX_RANKS;
-use crate::wire::{ConnectRequest, PairState, PairStatus, Resume, SideStatus};
+use crate::wire::{ConnectRequest, PairState, PairStatus, Resume, SideStatus, model_key};
 use awex_core::backend::{EngineControl, EngineExpect, ParallelConfig, inference_backend};
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
@@ -441,6 +441,7 @@ pub(crate) async fn connect(
             store.submit(rows);
             entry.lock().changed(Op::State);
         }
+        store_models(&entry);
         pairs.insert(name, entry.clone());
     }
     entry.engine_cmd(EngineCmd::WarmUp);
@@ -461,6 +462,26 @@ pub(crate) async fn connect(
         "pair connected"
     );
     Ok((StatusCode::CREATED, Json(entry.status())))
+}
+
+/// Puts both sides' models of the connect request under [`model_key`] before the pair can be
+/// read: ranks that were not given the model (SGLang's loader, warmed up by this connect)
+/// resolve it from there, and must find it however soon they ask.
+fn store_models(entry: &PairEntry) {
+    let mut p = entry.lock();
+    for (side, model) in [
+        (Side::Training, &entry.request.training.model),
+        (Side::Inference, &entry.request.inference.model),
+    ] {
+        let Ok(raw) = serde_json::value::to_raw_value(model) else {
+            continue;
+        };
+        let key = model_key(side);
+        p.kv.revision += 1;
+        let revision = p.kv.revision;
+        p.kv.values.insert(key.clone(), (raw, revision));
+        p.changed(Op::Kv(key));
+    }
 }
 
 /// The inference side's parallel config with the backend's defaults filled in (as given when
