@@ -104,10 +104,21 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split(".")[:3])
 
 
+class _LongTensor(list):
+    """``torch.LongTensor(values)`` without torch (``--mode numpy``): the one tensor type an
+    awex trigger's payload holds (an empty one, beside the work's name)."""
+
+    def to(self, device: Any) -> "_LongTensor":
+        return self
+
+
 class _SafeUnpickler(pickle.Unpickler):
-    """Plain containers and strings only (SGLang's ``SafeUnpickler`` also admits tensors)."""
+    """Plain containers and strings, and ``torch.LongTensor`` (SGLang's ``SafeUnpickler``,
+    ``utils/common.py``, admits it among its tensor globals) as ``_LongTensor``."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch", "LongTensor"):
+            return _LongTensor
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in a stand-in payload")
 
 
@@ -254,6 +265,9 @@ def _rank_main(rank: int, conn: Any, opts: dict[str, Any]) -> None:
             if kind == "load":
                 _, load_format, payload, versioned = msg
                 named_tensors = deserialize(payload, sglang=opts["mode"] != "numpy")
+                # every entry's tensor goes to the device first (`weight_updater.py`,
+                # `update_weights_from_tensor`, `_unwrap_tensor`)
+                named_tensors = [(n, t.to("cpu")) for n, t in named_tensors]
                 loader = _dynamic_import(load_format)
                 loader(model, named_tensors)
                 if fails_left > 0 and versioned:

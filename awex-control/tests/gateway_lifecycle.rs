@@ -1028,7 +1028,11 @@ async fn connect_stores_both_models_before_it_answers() {
         (Side::Inference, &req.inference.model),
     ] {
         let got = client
-            .get_kv("models", &awex_control::wire::model_key(side), Duration::ZERO)
+            .get_kv(
+                "models",
+                &awex_control::wire::model_key(side),
+                Duration::ZERO,
+            )
             .await
             .unwrap_or_else(|e| panic!("{side} model not stored at connect: {e}"));
         assert_eq!(got.value, serde_json::to_value(model).unwrap(), "{side}");

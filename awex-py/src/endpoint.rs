@@ -465,14 +465,17 @@ impl Endpoint {
     }
 
     /// Waits for the gateway's update event of `version` (the next one when `None`), executes
-    /// this rank's part and, with `wait_commit`, waits until the version committed.
-    #[pyo3(signature = (version=None, timeout=None, wait_commit=true))]
+    /// this rank's part and, with `wait_commit`, waits until the version committed. With
+    /// `attempt` (and `version`), the caller already knows the live attempt (the engine's
+    /// trigger carries it): the event is not waited for.
+    #[pyo3(signature = (version=None, timeout=None, wait_commit=true, attempt=None))]
     fn update<'py>(
         &self,
         py: Python<'py>,
         version: Option<u64>,
         timeout: Option<f64>,
         wait_commit: bool,
+        attempt: Option<u32>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let mut guard = self.core()?;
         let core = &mut *guard;
@@ -488,45 +491,62 @@ impl Endpoint {
         let deadline = Duration::from_millis(j.rank.joined.options.update_deadline_ms);
         let default_wait = deadline + deadline.min(UPDATE_WAIT_MARGIN);
         let timeout = Some(explicit.unwrap_or(default_wait));
-        // 1. the update event
+        // 1. the update event (unless the caller was told the attempt)
         let started = Instant::now();
-        let work = loop {
-            let next = match j.pending.take() {
-                Some(w) => Some(w),
-                None => {
-                    let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
-                    let what = match version {
-                        Some(v) => format!("waiting for update {v} of pair `{pair}`"),
-                        None => format!("waiting for an update of pair `{pair}`"),
-                    };
-                    match wait(py, &core.rt, &what, left, j.rank.next_live_work()) {
-                        Err(Fail::Timeout(_)) if explicit.is_none() => {
-                            return Ok(py.None().into_bound(py));
-                        }
-                        r => r?.map_err(Fail::from)?,
-                    }
-                }
-            };
-            let Some(w) = next else {
-                return Err(Fail::Disconnected(format!(
-                    "pair `{pair}` was disconnected while {who} waited for an update"
+        let given = match (version, attempt) {
+            (Some(version), Some(attempt)) if attempt >= 1 => Some(Work { version, attempt }),
+            (_, None) => None,
+            (None, Some(_)) => {
+                return Err(Fail::Value("update(attempt=...) needs the version too".into()).into());
+            }
+            (Some(_), Some(a)) => {
+                return Err(Fail::Value(format!(
+                    "attempt {a} is not an attempt (they count from 1)"
                 ))
                 .into());
-            };
-            match version {
-                Some(v) if w.version < v => continue,
-                Some(v) if w.version > v => {
-                    j.pending = Some(w);
-                    return Err(Fail::Awex(format!(
+            }
+        };
+        let work = if let Some(w) = given {
+            w
+        } else {
+            loop {
+                let next = match j.pending.take() {
+                    Some(w) => Some(w),
+                    None => {
+                        let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
+                        let what = match version {
+                            Some(v) => format!("waiting for update {v} of pair `{pair}`"),
+                            None => format!("waiting for an update of pair `{pair}`"),
+                        };
+                        match wait(py, &core.rt, &what, left, j.rank.next_live_work()) {
+                            Err(Fail::Timeout(_)) if explicit.is_none() => {
+                                return Ok(py.None().into_bound(py));
+                            }
+                            r => r?.map_err(Fail::from)?,
+                        }
+                    }
+                };
+                let Some(w) = next else {
+                    return Err(Fail::Disconnected(format!(
+                        "pair `{pair}` was disconnected while {who} waited for an update"
+                    ))
+                    .into());
+                };
+                match version {
+                    Some(v) if w.version < v => continue,
+                    Some(v) if w.version > v => {
+                        j.pending = Some(w);
+                        return Err(Fail::Awex(format!(
                         "the gateway started version {} while {who} waited for version {v}; call update({})",
                         w.version, w.version
                     ))
                     .into());
+                    }
+                    _ => {}
                 }
-                _ => {}
+                // (next_live_work skipped events of attempts that are over)
+                break w;
             }
-            // (next_live_work skipped events of attempts that are over)
-            break w;
         };
         // 2. this rank's part
         let t0 = Instant::now();

@@ -254,6 +254,42 @@ def test_update_failure_names_the_missing_rank(gateway, pair_name):
         p.close()
 
 
+def test_a_rank_told_its_attempt_runs_it_without_the_event_and_a_retry_ignores_the_old_abort(gateway, pair_name):
+    # an engine's trigger names version and attempt (awex.sglang.receive): update(v, attempt=a)
+    # does not wait for the event; attempt 1's abort, still in the event stream, must not stop
+    # attempt 2
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "shm", update_deadline_s=1.0)
+    try:
+        for x in p.all():
+            x.register({t["name"]: np.zeros(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        (w,), (r,) = p.writers, p.readers
+        from concurrent.futures import ThreadPoolExecutor
+
+        # attempt 1 fails: the reader never takes part
+        with ThreadPoolExecutor(max_workers=1) as ex:
+            fw = ex.submit(w.update, 1, timeout=30)
+            with pytest.raises(awex.UpdateFailed):
+                p.ctl.update(1, timeout=30)
+            with pytest.raises(awex.UpdateFailed):
+                fw.result(timeout=30)
+        # attempt 2: the reader is told its attempt and never reads the event stream first
+        p.ctl.start_update(1)
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            fw = ex.submit(w.update, 1, timeout=30)
+            fr = ex.submit(r.update, 1, attempt=2, timeout=30)
+            assert p.ctl.wait_update(1, timeout=30)["attempt"] == 2
+            assert fw.result(timeout=30)["attempt"] == 2
+            got = fr.result(timeout=30)
+        assert (got["version"], got["attempt"], got["state"]) == (1, 2, "committed")
+        with pytest.raises(ValueError, match=r"attempt 0 is not an attempt \(they count from 1\)"):
+            r.update(2, attempt=0)
+        with pytest.raises(ValueError, match=r"update\(attempt=\.\.\.\) needs the version too"):
+            r.update(None, attempt=1)
+    finally:
+        p.close()
+
+
 def test_rank_waiting_without_an_update_times_out(gateway, pair_name):
     p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
     try:

@@ -34,12 +34,52 @@ def test_missing_environment_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_payload_must_be_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_payload_carries_no_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWEX_TP_RANK", "0")
     monkeypatch.setenv("AWEX_ENGINE", "0")
     with pytest.raises(RuntimeError, match=r"^awex.sglang.receive \(engine 0, TP rank 0\): awex.sglang.receive "
-                       r"takes its bytes from awex, not from the HTTP payload, but this rank received 2 tensors"):
+                       r"takes its bytes from awex, not from the HTTP payload, but this rank received 2 tensors "
+                       r"\(first `a`\)"):
         aws.receive(object(), [("a", 1), ("b", 2)])
+
+
+class _NoParameters:
+    """A model without parameters: the Reader is built, and the gateway asked, at once."""
+
+    def named_parameters(self):
+        return iter(())
+
+
+class _Empty:
+    """Stands for a tensor: ``work_of`` reads only the entry's name."""
+
+
+@pytest.mark.parametrize(
+    ("payload", "want"),
+    [
+        ([], None),
+        ([("awex.work/7/2/receive", _Empty())], {"version": 7, "attempt": 2, "phase": "receive"}),
+        ([("awex.work/18446744073709551615/1/receive", _Empty())],
+         {"version": 2**64 - 1, "attempt": 1, "phase": "receive"}),
+    ],
+)
+def test_the_trigger_names_the_work(payload, want) -> None:
+    assert aws.work_of(payload) == want
+
+
+@pytest.mark.parametrize(
+    "name", ["awex.work/7/0/receive", "awex.work/7/1/apply-all", "awex.work/x/1/receive", "awex.work/7/1",
+             "awex.work/7/1/receive/extra", "awex.work/-1/1/receive"],
+)
+def test_a_malformed_work_entry_is_refused(name) -> None:
+    with pytest.raises(RuntimeError, match=r"^the trigger's work entry `awex\.work/.*` is not "
+                       r"`awex\.work/<version>/<attempt>/<phase>` with phase one of receive"):
+        aws.work_of([(name, _Empty())])
+
+
+def test_a_work_entry_beside_other_tensors_is_refused() -> None:
+    with pytest.raises(RuntimeError, match=r"received 2 tensors \(first `awex.work/1/1/receive`\)"):
+        aws.work_of([("awex.work/1/1/receive", _Empty()), ("model.norm.weight", _Empty())])
 
 
 def test_unreachable_gateway_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,8 +87,8 @@ def test_unreachable_gateway_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWEX_ENGINE", "1")
     monkeypatch.setenv("AWEX_GATEWAY", "http://127.0.0.1:9")
     monkeypatch.setenv("AWEX_PAIR", "rl")
-    with pytest.raises(RuntimeError, match=r"^awex.sglang.receive \(engine 1, TP rank 0\): "):
-        aws.receive(object(), [])
+    with pytest.raises(RuntimeError, match=r"^awex.sglang.receive \(engine 1, TP rank 0\): .*127\.0\.0\.1:9"):
+        aws.receive(_NoParameters(), [("awex.work/1/1/receive", _Empty())])
     assert aws._receiver is None
 
 
@@ -74,10 +114,3 @@ def test_by_default_a_failure_is_logged_and_the_call_returns(
     assert "not raised: SGLang 0.5.23 ends the server on a loader exception" in messages[-1]
     if setting == "bogus":
         assert messages[0] == "AWEX_SGLANG_ON_ERROR='bogus' is neither `report` nor `raise`; using `report`"
-
-
-def test_the_wait_for_an_updates_event_ends_after_its_deadline() -> None:
-    # the gateway fails an update at its deadline: a loader never waits past it (plus 10 s)
-    assert aws._event_wait({"deadline_ms": 60_000, "elapsed_ms": 15_000}) == 55.0
-    assert aws._event_wait({"deadline_ms": 5_000, "elapsed_ms": 9_000}) == 10.0
-    assert aws._event_wait({"version": 3}) == 610.0

@@ -1284,7 +1284,12 @@ impl Rank {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             let stop = r.events.iter().any(|ev| match ev.kind {
-                                EventKind::Abort => ev.version == Some(work.version),
+                                // (an earlier attempt's abort stays in the stream: a rank
+                                // told its attempt directly starts watching before it)
+                                EventKind::Abort => {
+                                    ev.version == Some(work.version)
+                                        && ev.attempt.unwrap_or(1) >= work.attempt
+                                }
                                 EventKind::Disconnect => true,
                                 EventKind::Update | EventKind::Apply => false,
                             });

@@ -21,15 +21,63 @@
 //! otherwise the gateway only pauses and resumes and the ranks receive on their own.
 
 use crate::detect::{SERVER_INFO_PATHS, ServerInfo};
-use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts};
+use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts, TriggerWork};
 use serde_json::{Value, json};
 
 /// The custom weight loader SGLang calls in every TP scheduler (`awex-py`'s Python package).
 pub const LOADER: &str = "awex.sglang.receive";
 
 /// SGLang's `MultiprocessingSerializer` encoding of an empty list (`ForkingPickler` protocol 4,
-/// base64): each TP rank's payload of a trigger that carries no tensor bytes.
+/// base64): each TP rank's payload of the warm-up trigger (join the pair, no work yet).
 pub const EMPTY_PAYLOAD: &str = "gARdlC4=";
+
+/// The name of the one entry of an update trigger's payload: `awex.work/<version>/<attempt>/<phase>`
+/// (read by the loader, `awex.sglang.work_of`).
+pub const WORK_PREFIX: &str = "awex.work/";
+
+/// Each TP rank's payload of an update trigger: SGLang's `MultiprocessingSerializer` encoding
+/// (a pickle, base64) of `[("awex.work/<version>/<attempt>/<phase>", torch.LongTensor([]))]`.
+///
+/// The loader learns from it which attempt runs, without asking the gateway. SGLang 0.5.23
+/// reads the payload with its `SafeUnpickler` (`utils/common.py`), which admits
+/// `torch.LongTensor` among a fixed set of globals, and moves each entry's tensor to the
+/// device before it calls the loader (`weight_updater.py`, `_unwrap_tensor`), so the entry's
+/// value is an (empty) tensor; the name carries the work. Pickle protocol 2, written out here:
+/// `PROTO 2`, `EMPTY_LIST`, `BINUNICODE name`, `GLOBAL torch LongTensor`, `EMPTY_LIST`,
+/// `TUPLE1`, `REDUCE`, `TUPLE2`, `APPEND`, `STOP`.
+pub fn work_payload(work: &TriggerWork) -> String {
+    let name = format!(
+        "{WORK_PREFIX}{}/{}/{}",
+        work.version,
+        work.attempt,
+        work.phase.as_str()
+    );
+    let mut p = vec![0x80, 2, b']', b'X'];
+    p.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    p.extend_from_slice(name.as_bytes());
+    p.extend_from_slice(b"ctorch\nLongTensor\n");
+    p.extend_from_slice(&[b']', 0x85, b'R', 0x86, b'a', b'.']);
+    base64(&p)
+}
+
+/// Standard base64 with padding (RFC 4648), what SGLang's `b64decode(validate=True)` reads.
+fn base64(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
 
 /// The first version with `begin_weight_update` / `end_weight_update`.
 pub const SESSION_SINCE: (u64, u64, u64) = (0, 5, 21);
@@ -172,12 +220,13 @@ impl EngineControl for SglangControl {
         calls
     }
 
-    fn trigger(&self, facts: &EngineFacts, version: u64) -> Option<EngineCall> {
+    fn trigger(&self, facts: &EngineFacts, work: &TriggerWork) -> Option<EngineCall> {
         uses_loader(facts).then(|| {
+            let payload = work_payload(work);
             let mut body = json!({
-                "serialized_named_tensors": payloads(facts),
+                "serialized_named_tensors": vec![payload; facts.ranks.max(1) as usize],
                 "load_format": LOADER,
-                "weight_version": version.to_string(),
+                "weight_version": work.version.to_string(),
                 "flush_cache": true,
             });
             target_only(facts, &mut body);
@@ -242,4 +291,33 @@ fn begin() -> EngineCall {
 
 fn end() -> EngineCall {
     EngineCall::post("/end_weight_update", json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648_and_the_empty_payload() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        // pickle protocol 4 of [] (PROTO 4, EMPTY_LIST, MEMOIZE, STOP)
+        assert_eq!(base64(&[0x80, 4, b']', 0x94, b'.']), EMPTY_PAYLOAD);
+    }
+
+    #[test]
+    fn the_work_payload_names_version_attempt_and_phase() {
+        let w = TriggerWork::receive(u64::MAX, 3);
+        let p = work_payload(&w);
+        // decoded by hand: the name sits after PROTO, EMPTY_LIST, BINUNICODE and its length
+        let name = format!("awex.work/{}/3/receive", u64::MAX);
+        let mut want = vec![0x80, 2, b']', b'X'];
+        want.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        want.extend_from_slice(name.as_bytes());
+        want.extend_from_slice(b"ctorch\nLongTensor\n]\x85R\x86a.");
+        assert_eq!(p, base64(&want));
+    }
 }

@@ -3,6 +3,7 @@
 
 use awex_core::backend::{
     EngineCall, EngineControl, EngineExpect, HttpMethod, InferenceBackend, ParallelConfig,
+    TriggerWork,
 };
 use awex_sglang::SglangBackend;
 use serde_json::{Value, json};
@@ -91,7 +92,9 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
         c.abandon(&facts),
         vec![EngineCall::post("/end_weight_update", json!({}))]
     );
-    let trigger = c.trigger(&facts, 7).expect("the loader is allowed");
+    let trigger = c
+        .trigger(&facts, &TriggerWork::receive(7, 1))
+        .expect("the loader is allowed");
     assert_eq!(trigger.body.unwrap()["selector"], json!("target"));
     assert_eq!(
         c.warm_up(&facts)[1].body.as_ref().unwrap()["selector"],
@@ -103,7 +106,7 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
         .expect("agrees");
     assert_eq!(c.abandon(&old), vec![]);
     assert!(
-        c.trigger(&old, 7)
+        c.trigger(&old, &TriggerWork::receive(7, 1))
             .unwrap()
             .body
             .unwrap()

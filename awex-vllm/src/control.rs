@@ -21,7 +21,7 @@
 //! (`ErrorResponse`) or FastAPI's `{"detail"}`; [`VllmControl`] reports that message.
 
 use crate::detect::{SERVER_INFO_PATHS, ServerInfo};
-use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts};
+use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts, TriggerWork};
 use serde_json::{Value, json};
 
 /// The weight-transfer backend name awex's Python package registers with vLLM.
@@ -94,10 +94,10 @@ impl EngineControl for VllmControl {
         ]
     }
 
-    fn trigger(&self, _facts: &EngineFacts, version: u64) -> Option<EngineCall> {
+    fn trigger(&self, _facts: &EngineFacts, work: &TriggerWork) -> Option<EngineCall> {
         Some(EngineCall::post(
             "/update_weights",
-            json!({ "update_info": { "version": version } }),
+            json!({ "update_info": { "version": work.version } }),
         ))
     }
 

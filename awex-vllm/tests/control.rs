@@ -2,7 +2,7 @@
 //! vLLM 0.33.0) and the check of a live server's `/server_info?config_format=json`.
 
 use awex_core::backend::{
-    EngineCall, EngineControl, EngineExpect, InferenceBackend, ParallelConfig,
+    EngineCall, EngineControl, EngineExpect, InferenceBackend, ParallelConfig, TriggerWork,
 };
 use awex_vllm::VllmBackend;
 use serde_json::{Value, json};
@@ -54,7 +54,7 @@ fn an_update_is_pause_start_update_finish_resume() {
         ]
     );
     assert_eq!(
-        c.trigger(&facts, 7),
+        c.trigger(&facts, &TriggerWork::receive(7, 1)),
         Some(EngineCall::post(
             "/update_weights",
             json!({"update_info": {"version": 7}})

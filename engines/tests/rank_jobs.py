@@ -35,6 +35,14 @@ def wait_running(gateway: str, pair: str, version: int, timeout: float = 120.0, 
     raise TimeoutError(f"update {version} of {pair} did not start within {timeout} s")
 
 
+def work(version: int, attempt: int = 1) -> list[tuple[str, Any]]:
+    """A TP rank's payload of the gateway's trigger of ``version``/``attempt``, as SGLang hands
+    it to the loader (``awex-sglang``'s ``work_payload``, deserialised and moved to the device)."""
+    import torch
+
+    return [(f"awex.work/{version}/{attempt}/receive", torch.LongTensor([]))]
+
+
 def compare(model: Any, want: dict[str, Any]) -> list[str]:
     """Every parameter of ``model`` against SGLang's own load of the same checkpoint."""
     got = {n: p.detach() for n, p in model.named_parameters()}
@@ -107,7 +115,7 @@ def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int,
             ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
             for v in versions:
                 wait_running(gateway, pair, v)
-                aws.receive(model, [])
+                aws.receive(model, work(v))
                 diffs = compare(model, want[v])
                 if untied_head:
                     result["head_is_embedding"].append(not any("`lm_head.weight`" in d for d in diffs))
@@ -157,7 +165,7 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         _point_at(gateway, pair)
         aws.receive(model, [])  # warm-up
         wait_running(gateway, pair, 1)
-        aws.receive(model, [])
+        aws.receive(model, work(1))
         returned.put((rank, 1))
         result["v1"] = compare(model, want[1])
         # SGLang (begin_weight_update, memory release/resume) may rebind storage: a new pointer
@@ -166,7 +174,7 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         p.data = p.data.clone()
         result["moved"] = p.data_ptr()
         wait_running(gateway, pair, 2)
-        aws.receive(model, [])
+        aws.receive(model, work(2))
         returned.put((rank, 2))
         result["v2"] = compare(model, want[2])
         result["recreated"] = aws._receiver.recreated if aws._receiver else None
@@ -181,7 +189,7 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
             os.environ.pop("AWEX_SGLANG_ON_ERROR")
         wait_running(gateway, pair, 3)
         try:
-            result["v3"] = f"returned {aws.receive(model, [])!r}"
+            result["v3"] = f"returned {aws.receive(model, work(3))!r}"
         except RuntimeError as e:
             result["v3"] = str(e)
         # version 3 again, by default on both ranks: rank 0 reports its refusal and returns
@@ -189,7 +197,7 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         os.environ.pop("AWEX_SGLANG_ON_ERROR", None)
         wait_running(gateway, pair, 3, attempt=2, states=("pending", "running", "failed"))
         try:
-            result["v3_retry"] = f"returned {aws.receive(model, [])!r}"
+            result["v3_retry"] = f"returned {aws.receive(model, work(3, 2))!r}"
         except RuntimeError as e:
             result["v3_retry"] = str(e)
         aws._reset()

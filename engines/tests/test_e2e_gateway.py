@@ -163,8 +163,15 @@ def test_update_follows_sglangs_session_and_lands_every_byte(served_gateway, ckp
         # trigger names the target model, for which the session was opened
         assert warm == {"serialized_named_tensors": [EMPTY_PAYLOAD_B64] * 2, "load_format": LOADER,
                         "flush_cache": False, "selector": "target"}
-        assert upd == {"serialized_named_tensors": [EMPTY_PAYLOAD_B64] * 2, "load_format": LOADER,
-                       "weight_version": "1", "flush_cache": True, "selector": "target"}
+        payloads = upd.pop("serialized_named_tensors")
+        assert upd == {"load_format": LOADER, "weight_version": "1", "flush_cache": True, "selector": "target"}
+        # each TP rank's payload names the work; SGLang's own deserialiser reads it
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        assert len(payloads) == 2 and payloads[0] == payloads[1]
+        [(name, tensor)] = MultiprocessingSerializer.deserialize(payloads[0])
+        assert name == "awex.work/1/1/receive"
+        assert (str(tensor.dtype), tuple(tensor.shape)) == ("torch.int64", (0,))
         begins = [e["body"] for e in state["log"] if e["route"] == "/begin_weight_update"]
         assert begins == [{"selector": "target"}] * 2
         pause = [e["body"] for e in state["log"] if e["route"] == "/pause_generation"]

@@ -10,7 +10,9 @@
 //! stopped half-way) and sends them the backend's `abandon` calls before their next pause or
 //! resume: SGLang refuses to open a second update session while one is open.
 
-use awex_core::backend::{EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod};
+use awex_core::backend::{
+    EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod, TriggerWork,
+};
 use serde_json::Value;
 use std::sync::Weak;
 use std::time::Duration;
@@ -277,7 +279,9 @@ impl EngineLane {
         client: EngineClient,
         trigger_timeout: Duration,
     ) -> Self {
-        let triggers = facts.iter().any(|f| control.trigger(f, 0).is_some());
+        let triggers = facts
+            .iter()
+            .any(|f| control.trigger(f, &TriggerWork::receive(0, 1)).is_some());
         let finishes = facts.iter().any(|f| !control.after_update(f, 0).is_empty());
         let (tx, mut rx) = mpsc::unbounded_channel::<EngineCmd>();
         let quick = client.timeout;
@@ -344,7 +348,10 @@ impl EngineLane {
                     EngineCmd::Trigger { version, attempt } => {
                         let errors = client
                             .call_all(control, &urls, &facts, trigger_timeout, |f| {
-                                control.trigger(f, version).into_iter().collect()
+                                control
+                                    .trigger(f, &TriggerWork::receive(version, attempt))
+                                    .into_iter()
+                                    .collect()
                             })
                             .await;
                         match pair.upgrade() {

@@ -37,6 +37,46 @@ impl EngineCall {
     }
 }
 
+/// What a trigger asks of an engine's processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerPhase {
+    /// Receive the version into the engine's live weights.
+    Receive,
+}
+
+impl TriggerPhase {
+    /// The phase's name as it travels to the engine (`receive`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerPhase::Receive => "receive",
+        }
+    }
+}
+
+/// The work a trigger names: the engine's processes receive exactly this attempt, so they need
+/// not ask the gateway which one is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerWork {
+    /// The version.
+    pub version: u64,
+    /// Its attempt (from 1).
+    pub attempt: u32,
+    /// What to do with it.
+    pub phase: TriggerPhase,
+}
+
+impl TriggerWork {
+    /// `version`/`attempt`, received into the live weights.
+    pub fn receive(version: u64, attempt: u32) -> Self {
+        TriggerWork {
+            version,
+            attempt,
+            phase: TriggerPhase::Receive,
+        }
+    }
+}
+
 /// What the pair declares about one engine, to be checked against its live server.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineExpect<'a> {
@@ -95,9 +135,9 @@ pub trait EngineControl: Send + Sync + 'static {
     /// Calls before any byte moves (pause generation, open an update session).
     fn before_update(&self, facts: &EngineFacts, version: u64) -> Vec<EngineCall>;
 
-    /// The call that makes the engine's processes receive `version`; `None` when its ranks
-    /// receive by themselves.
-    fn trigger(&self, _facts: &EngineFacts, _version: u64) -> Option<EngineCall> {
+    /// The call that makes the engine's processes do `work`; `None` when its ranks receive by
+    /// themselves.
+    fn trigger(&self, _facts: &EngineFacts, _work: &TriggerWork) -> Option<EngineCall> {
         None
     }
 

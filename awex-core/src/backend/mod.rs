@@ -8,7 +8,9 @@ mod engine;
 mod parallel;
 mod probe;
 
-pub use engine::{EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod};
+pub use engine::{
+    EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod, TriggerPhase, TriggerWork,
+};
 pub use parallel::{BackendSpec, ParallelConfig, ParallelKey, SpecError};
 pub use probe::{Detection, Probe};
 

@@ -99,6 +99,7 @@ class _Rank:
         *,
         timeout: float | None = None,
         wait_commit: bool = True,
+        attempt: int | None = None,
     ) -> dict[str, Any] | None:
         """Waits for the controller to start ``version`` (the next version when ``None``),
         moves this rank's bytes and, with ``wait_commit``, waits until every rank finished and
@@ -112,8 +113,12 @@ class _Rank:
         gone), ``awex.GatewayError`` (the gateway does not know the pair, or stayed unreachable
         past ``AWEX_GATEWAY_LOST_S``) or ``TimeoutError`` (no update started within an explicit
         ``timeout`` seconds).
+
+        ``attempt`` (with ``version``): the caller knows the live attempt of ``version`` (an
+        engine's trigger names it, as for ``awex.sglang.receive``), so the update event is not
+        waited for and this rank's part starts at once.
         """
-        return self._rank.update(version, timeout, wait_commit)
+        return self._rank.update(version, timeout, wait_commit, attempt)
 
     def close(self) -> None:
         """Tears the transport down (shared memory unlinked, sockets closed) and releases the

@@ -8,9 +8,12 @@ Launch every SGLang server of a pair with the loader allowed and its engine name
       --custom-weight-loader awex.sglang.receive
 
 The gateway then calls ``POST /update_weights_from_tensor`` with ``load_format:
-"awex.sglang.receive"`` (one empty payload per TP rank): SGLang calls ``receive(model,
-named_tensors)`` in every TP scheduler process at once, and the bytes travel over awex's own
-transport straight into SGLang's parameters.
+"awex.sglang.receive"``: SGLang calls ``receive(model, named_tensors)`` in every TP scheduler
+process at once, and the bytes travel over awex's own transport straight into SGLang's
+parameters. The payload carries no weights: at connect it is empty (the warm-up: join the pair),
+during an update it names the work, one entry ``("awex.work/<version>/<attempt>/<phase>",
+<empty int64 tensor>)`` (see ``work_of``), so that the loader needs no question to the gateway
+to know what to receive.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from typing import Any
 
 logger = logging.getLogger("awex.sglang")
 
-#: States of the gateway's current update in which a loader call is an update, not a warm-up.
-_ACTIVE = ("pending", "running")
+#: The name of the one payload entry of an update's trigger (``awex-sglang``'s ``WORK_PREFIX``).
+WORK_PREFIX = "awex.work/"
+
+#: Phases a trigger names: ``receive`` (into the live parameters).
+_PHASES = ("receive",)
 
 #: What ``receive`` does with a failure it can report instead (``$AWEX_SGLANG_ON_ERROR``).
 _ON_ERROR = ("report", "raise")
@@ -245,7 +251,7 @@ _receiver: _Receiver | None = None
 
 #: Timings of this process's last ``receive`` call that received a version (seconds):
 #: ``version``, ``entry_s`` (from the call to the start of the receive: configuration, the
-#: gateway's current update, the parameter check; of which ``status_s`` asking the gateway and
+#: work the trigger names, the parameter check; of which ``status_s`` reading the work and
 #: ``check_s`` checking the parameters), ``receive_s`` (``Reader.update``),
 #: ``transfer_s`` (its part moving bytes), ``exit_s`` (from the end of the receive to the return:
 #: device synchronisation, ``post_load_weights``), ``bytes``, and the process's CPU time in each
@@ -263,34 +269,35 @@ def _reset() -> None:
         _receiver = None
 
 
-_controllers: dict[tuple[str, str | None], Any] = {}
-
-
-def _current_update(cfg: _Config) -> dict[str, Any] | None:
-    """The gateway's current update of the pair when it is pending or running, else ``None``.
-    The gateway client is kept for the process (creating one starts its runtime)."""
-    from ._controller import Controller
-
-    key = (cfg.gateway, cfg.token)
-    ctl = _controllers.get(key)
-    if ctl is None:
-        ctl = _controllers[key] = Controller(cfg.gateway, cfg.token)
-    status = ctl.status(cfg.pair)
-    update = status.get("current_update")
-    if update and update.get("state") in _ACTIVE:
-        return update
-    return None
-
-
-def _event_wait(update: dict[str, Any]) -> float:
-    """How long the Reader may wait for ``update``'s event: until the update's deadline (the
-    gateway fails it then), plus a margin; never unbounded, so that a loader whose event never
-    comes (the attempt ended before this rank asked) returns to SGLang's scheduler."""
+def work_of(named_tensors_: Any) -> dict[str, Any] | None:
+    """What a trigger asks of this rank: ``None`` for the gateway's warm-up (an empty payload),
+    else ``{"version", "attempt", "phase"}`` from the payload's one entry, named
+    ``awex.work/<version>/<attempt>/<phase>`` (its tensor is empty; SGLang moves every entry's
+    tensor to the device before calling the loader, ``weight_updater.py`` ``_unwrap_tensor``).
+    Anything else is refused: awex's bytes never travel in the HTTP payload."""
+    items = list(named_tensors_ or [])
+    if not items:
+        return None
+    first = items[0]
+    name = first[0] if isinstance(first, (tuple, list)) and len(first) == 2 else None
+    if len(items) != 1 or not isinstance(name, str) or not name.startswith(WORK_PREFIX):
+        raise RuntimeError(
+            "awex.sglang.receive takes its bytes from awex, not from the HTTP payload, but this rank "
+            f"received {len(items)} tensors"
+            + (f" (first `{str(name)[:80]}`)" if isinstance(name, str) else "")
+            + "; the gateway's trigger sends an empty payload or one `awex.work/...` entry per TP rank"
+        )
+    parts = name[len(WORK_PREFIX):].split("/")
     try:
-        left = (float(update["deadline_ms"]) - float(update.get("elapsed_ms") or 0)) / 1000.0
-    except (KeyError, TypeError, ValueError):
-        left = 600.0
-    return max(left, 0.0) + 10.0
+        version, attempt, phase = int(parts[0]), int(parts[1]), parts[2]
+        if len(parts) != 3 or version < 0 or attempt < 1 or phase not in _PHASES:
+            raise ValueError
+    except (IndexError, ValueError):
+        raise RuntimeError(
+            f"the trigger's work entry `{name[:120]}` is not `{WORK_PREFIX}<version>/<attempt>/<phase>` "
+            f"with phase one of {', '.join(_PHASES)}"
+        ) from None
+    return {"version": version, "attempt": attempt, "phase": phase}
 
 
 def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str) -> None:
@@ -305,9 +312,8 @@ def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str)
         "rank": {"engine": cfg.engine, "rank": rank},
         "ok": False,
         "error": error[:4000],
+        "attempt": int(update["attempt"]),
     }
-    if update.get("attempt") is not None:
-        body["attempt"] = update["attempt"]
     url = f"{cfg.gateway.rstrip('/')}/v1/pairs/{cfg.pair}/updates/{int(update['version'])}/report"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
@@ -333,13 +339,14 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
     """SGLang's custom weight loader (``--custom-weight-loader awex.sglang.receive``).
 
     Called by SGLang in every TP scheduler process with the live model and that rank's
-    deserialised payload (an empty list: the bytes travel over awex). Configured by
-    ``AWEX_GATEWAY``, ``AWEX_PAIR``, ``AWEX_ENGINE`` (default 0) and ``AWEX_TOKEN``.
+    deserialised payload (the bytes travel over awex; the payload names the work, ``work_of``).
+    Configured by ``AWEX_GATEWAY``, ``AWEX_PAIR``, ``AWEX_ENGINE`` (default 0) and
+    ``AWEX_TOKEN``.
 
-    - When no update of the pair is running (the gateway's warm-up trigger at connect), the
-      first call creates the process-wide ``awex.Reader``, registers ``model.named_parameters()``
-      and joins the pair in a background thread, and returns at once.
-    - When an update is running, it waits for that join, checks every parameter's storage
+    - An empty payload (the gateway's warm-up trigger at connect): the first call creates the
+      process-wide ``awex.Reader``, registers ``model.named_parameters()`` and joins the pair in
+      a background thread, and returns at once.
+    - A payload naming version ``v``, attempt ``a``: it waits for that join, checks every parameter's storage
       against what was registered (a changed shape or dtype is refused), receives the version in
       place into SGLang's storage (not waiting for the commit, which the gateway does after this
       call returned), synchronises the device and calls ``model.post_load_weights()`` when the
@@ -366,11 +373,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
     received = False
     try:
         rank = tp_rank()
-        if named_tensors_:
-            raise RuntimeError(
-                "awex.sglang.receive takes its bytes from awex, not from the HTTP payload, but this rank "
-                f"received {len(named_tensors_)} tensors; send one empty payload per TP rank"
-            )
+        t_status = time.perf_counter()
+        work = work_of(named_tensors_)
+        t_status = time.perf_counter() - t_status
         cfg = _Config()
         with _lock:
             rx = _receiver
@@ -382,9 +387,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
             update = None
             moved_bytes = False
             try:
-                t_status = time.perf_counter()
-                update = _current_update(cfg)
-                t_status = time.perf_counter() - t_status
+                update = work
                 if update is None:
                     if rx.reader is None:
                         rx.start(model)
@@ -407,7 +410,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 t_check = time.perf_counter() - t_check
                 moved_bytes = True
                 t_recv, cpu_recv = time.perf_counter(), time.process_time()
-                got = rx.reader.update(version, timeout=_event_wait(update), wait_commit=False)
+                got = rx.reader.update(version, attempt=int(update["attempt"]), wait_commit=False)
                 t_recvd, cpu_recvd = time.perf_counter(), time.process_time()
                 received = True
                 if moved:
@@ -452,8 +455,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
             except BaseException as e:
                 if update is not None and not moved_bytes:
                     _report_failure(cfg, rank, update, f"{rx.where()}: {e}")
-                # a failed join leaves nothing usable: the next call starts over
-                if rx.join_error is not None:
+                # a failed join (or a Reader that could not be built) leaves nothing usable:
+                # the next call starts over
+                if rx.join_error is not None or rx.reader is None:
                     rx.close()
                     _receiver = None
                 raise

@@ -14,7 +14,9 @@ use crate::server::store::roster::Slots;
 use crate::server::validate;
 use crate::wire::MAX_RANKS;
 use crate::wire::{ConnectRequest, PairState, PairStatus, Resume, SideStatus, model_key};
-use awex_core::backend::{EngineControl, EngineExpect, ParallelConfig, inference_backend};
+use awex_core::backend::{
+    EngineControl, EngineExpect, ParallelConfig, TriggerWork, inference_backend,
+};
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
 use axum::Json;
@@ -382,7 +384,9 @@ pub(crate) async fn connect(
     };
     if req.options.apply == crate::wire::ApplyMode::Atomic
         && let Some(c) = control
-        && facts.iter().any(|f| c.trigger(f, 0).is_some())
+        && facts
+            .iter()
+            .any(|f| c.trigger(f, &TriggerWork::receive(0, 1)).is_some())
     {
         // the loader receives straight into the engine's live weights inside the trigger call,
         // which answers only once it is done: there is no staging and no second phase there
