@@ -210,7 +210,12 @@ class _NumpyParam(np.ndarray):
         return self
 
     def data_ptr(self) -> int:
-        return int(self.ctypes.data)
+        # an array's buffer never moves; cached, as cheap as torch's C-level data_ptr (numpy's
+        # `.ctypes` builds an object per call, ten times torch's cost)
+        ptr = self.__dict__.get("_ptr")
+        if ptr is None:
+            ptr = self.__dict__["_ptr"] = int(self.ctypes.data)
+        return ptr
 
 
 class NumpyModel:

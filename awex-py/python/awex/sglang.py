@@ -327,12 +327,14 @@ def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str)
 
 
 def _synchronize(model: Any) -> None:
-    """Waits for the device when SGLang's parameters live on CUDA."""
-    for _, p in named_tensors(model)[:1]:
+    """Waits for the device when SGLang's parameters live on CUDA (the first parameter says)."""
+    module = model if hasattr(model, "named_parameters") else getattr(model, "model", model)
+    for _, p in module.named_parameters():
         if getattr(p, "is_cuda", False):
             import torch
 
             torch.cuda.synchronize(p.device)
+        return
 
 
 def receive(model: Any, named_tensors_: Any = None) -> None:
