@@ -1,8 +1,9 @@
 //! Atomic apply (`options.apply = atomic`) at the gateway: a version commits only after every
 //! rank received and then every inference rank applied; a failure before the `apply` event is
 //! not torn (the engines resume on the last committed version), a failure after it is; ranks
-//! that do not support atomic apply are refused at join; engines written by awex's loader
-//! inside the trigger cannot be atomic and are refused at connect.
+//! that do not support atomic apply are refused at join; engines whose receivers run inside the
+//! trigger apply inside it (awex's SGLang loader keeps the trigger open across `apply`), and
+//! those that cannot (vLLM's weight transfer) are refused at connect.
 
 mod gateway_common;
 
@@ -368,25 +369,143 @@ async fn ranks_without_the_capability_are_refused_and_in_place_pairs_read_as_bef
     assert!(body.get("capabilities").is_none());
 }
 
+/// An SGLang server with awex's loader (`/server_info` lists it; SGLang 0.5.23's session
+/// routes): an update's trigger stays open until the test releases it, as awex's loader in an
+/// atomic pair answers only after it applied; the warm-up's trigger (no `weight_version`)
+/// answers at once.
+async fn loader_engine(
+    calls: Arc<Mutex<Vec<&'static str>>>,
+    release: Arc<tokio::sync::Notify>,
+) -> String {
+    type St = (Arc<Mutex<Vec<&'static str>>>, Arc<tokio::sync::Notify>);
+    async fn info() -> axum::Json<serde_json::Value> {
+        axum::Json(
+            json!({"tp_size": 1, "dp_size": 1, "ep_size": 1, "version": "0.5.23",
+            "custom_weight_loader": ["awex.sglang.receive"]}),
+        )
+    }
+    fn route(
+        name: &'static str,
+    ) -> impl Fn(State<St>) -> std::future::Ready<axum::Json<serde_json::Value>> + Clone {
+        move |State((c, _)): State<St>| {
+            c.lock().unwrap().push(name);
+            std::future::ready(axum::Json(json!({"success": true, "message": "ok"})))
+        }
+    }
+    async fn trigger(
+        State((c, release)): State<St>,
+        axum::Json(body): axum::Json<serde_json::Value>,
+    ) -> axum::Json<serde_json::Value> {
+        if body.get("weight_version").is_some() {
+            c.lock().unwrap().push("trigger");
+            release.notified().await;
+            c.lock().unwrap().push("trigger answered");
+        }
+        axum::Json(json!({"success": true, "message": "Success"}))
+    }
+    let app = Router::new()
+        .route("/server_info", get(info))
+        .route("/pause_generation", post(route("pause")))
+        .route("/begin_weight_update", post(route("begin")))
+        .route("/update_weights_from_tensor", post(trigger))
+        .route("/end_weight_update", post(route("end")))
+        .route("/continue_generation", post(route("continue")))
+        .with_state((calls, release));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engines_written_by_the_loader_cannot_be_atomic() {
+async fn loader_engines_apply_inside_the_open_trigger_and_commit_after_it_answered() {
     let base = start(GatewayConfig::default()).await;
     let client = Client::new(&base, None).unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let mut req = connect_request("l", 1, 1, 1);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut req = connect_request("l", 1, 2, 1);
     req.options.apply = ApplyMode::Atomic;
-    req.inference.urls = vec![engine(calls.clone(), true).await];
-    let e = client.connect(&req).await.unwrap_err();
-    assert_eq!(e.status(), Some(422));
-    assert!(
-        e.to_string()
-            .contains("options.apply = atomic needs inference ranks that receive on their own"),
-        "{e}"
-    );
-    // the same engines in place are fine
-    req.options.apply = ApplyMode::InPlace;
+    req.inference.urls = vec![
+        loader_engine(calls.clone(), release.clone()).await,
+        loader_engine(calls.clone(), release.clone()).await,
+    ];
     client.connect(&req).await.unwrap();
-    assert_eq!(calls.lock().unwrap().len(), 0);
+    join_all(&client, "l").await;
+    settled(&calls, 4).await; // the warm-up's begin and end on both engines
+    calls.lock().unwrap().clear();
+
+    // version 1: every rank received (staged) while both triggers are open: `apply` goes out
+    client.start_update("l", 1).await.unwrap();
+    assert_eq!(running(&client, "l", 1).await, 1);
+    settled(&calls, 6).await;
+    receive_all(&client, "l", 1, 1).await;
+    let u = client.update_status("l", 1).await.unwrap();
+    assert!(u.applying, "apply must not wait for the open trigger");
+    assert!(kinds(&client, "l").await.contains(&"Apply 1/1".to_string()));
+    for rank in [I0, I1] {
+        client
+            .report("l", 1, &report(Side::Inference, rank, true, 1))
+            .await
+            .unwrap();
+    }
+    // applied everywhere, but the engines have not answered: no commit yet
+    let u = client.update_status("l", 1).await.unwrap();
+    assert_eq!((u.state, u.applied), (UpdateState::Running, 2));
+    release.notify_waiters();
+    let mut state = UpdateState::Running;
+    for _ in 0..300 {
+        state = client.update_status("l", 1).await.unwrap().state;
+        if state != UpdateState::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, UpdateState::Committed);
+    let seen = settled(&calls, 12).await;
+    let count = |name: &str| seen.iter().filter(|c| **c == name).count();
+    for name in [
+        "pause",
+        "begin",
+        "trigger",
+        "trigger answered",
+        "end",
+        "continue",
+    ] {
+        assert_eq!(count(name), 2, "{name} in {seen:?}");
+    }
+    let pos = |name: &str| seen.iter().rposition(|c| *c == name).unwrap();
+    assert!(
+        pos("trigger answered") < seen.iter().position(|c| *c == "end").unwrap(),
+        "{seen:?}"
+    );
+    assert!(
+        pos("end") < seen.iter().position(|c| *c == "continue").unwrap(),
+        "{seen:?}"
+    );
+    assert_eq!(client.status("l").await.unwrap().serving_version, Some(1));
+
+    // version 2: a training rank fails before `apply`: nothing live was written, not torn, and
+    // the engines serve again once their triggers answered
+    calls.lock().unwrap().clear();
+    client.start_update("l", 2).await.unwrap();
+    running(&client, "l", 2).await;
+    settled(&calls, 6).await;
+    client
+        .report("l", 2, &report(Side::Training, T, false, 1))
+        .await
+        .unwrap();
+    let u = client.update_status("l", 2).await.unwrap();
+    assert_eq!(u.state, UpdateState::Failed);
+    assert!(!u.applying);
+    release.notify_waiters();
+    let seen = settled(&calls, 10).await;
+    assert_eq!(
+        seen.iter().filter(|c| **c == "continue").count(),
+        2,
+        "{seen:?}"
+    );
+    let st = client.status("l").await.unwrap();
+    assert_eq!((st.serving_version, st.torn_version), (Some(1), None));
 }
 
 #[test]

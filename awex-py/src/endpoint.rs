@@ -557,6 +557,10 @@ impl Endpoint {
         let checksums = j.checksums;
         let rank = &mut j.rank;
         let ran = py.detach(|| core.rt.block_on(rank.run(work, checksums, None)));
+        if given.is_some() {
+            // told its attempts, this rank never reads work from the event stream
+            rank.skip_read_events();
+        }
         let stats = match ran {
             Outcome::Executed { stats, .. } => stats,
             Outcome::Failed {

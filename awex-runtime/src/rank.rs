@@ -18,7 +18,7 @@ use awex_core::pair::{PairError, PairSpec, ResolvedPair};
 use awex_core::plan::RankPlan;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Everything a rank needs to know to take part in a pair.
@@ -664,6 +664,9 @@ pub struct Rank {
     transport: Option<Box<dyn Transport>>,
     peers: HashMap<RankId, serde_json::Value>,
     last_seq: u64,
+    /// The newest event seq the update watchers of this rank read (see
+    /// [`Rank::skip_read_events`]).
+    watched_seq: Arc<AtomicU64>,
     pending: VecDeque<awex_control::wire::Event>,
     /// The stream's `disconnect` was taken.
     disconnected: bool,
@@ -819,6 +822,7 @@ impl Rank {
         Ok(Rank {
             client,
             last_seq: joined.last_event_seq,
+            watched_seq: Arc::new(AtomicU64::new(joined.last_event_seq)),
             joined,
             cfg,
             transport: Some(transport),
@@ -996,6 +1000,15 @@ impl Rank {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// For a rank that is told each attempt it runs (an engine's trigger names it) and never
+    /// waits for work on the event stream: forgets the events its last update's watchers read,
+    /// so that the next update's watchers do not read the whole history again. A rank that
+    /// takes its work from [`Rank::next_work`] must not call it (it would skip those events).
+    pub fn skip_read_events(&mut self) {
+        self.last_seq = self.last_seq.max(self.watched_seq.load(Ordering::Acquire));
+        self.pending.clear();
     }
 
     /// Whether an event already fetched ends `w` (its abort, a later attempt, or a disconnect).
@@ -1275,6 +1288,7 @@ impl Rank {
             let cancel = cancel.clone();
             let mut after = self.last_seq;
             let me = self.incarnation().to_string();
+            let watched = self.watched_seq.clone();
             tokio::spawn(async move {
                 loop {
                     let polled = client
@@ -1283,6 +1297,7 @@ impl Rank {
                     match polled {
                         Ok(r) => {
                             after = r.last_seq.max(after);
+                            watched.fetch_max(after, Ordering::AcqRel);
                             let stop = r.events.iter().any(|ev| match ev.kind {
                                 // (an earlier attempt's abort stays in the stream: a rank
                                 // told its attempt directly starts watching before it)
@@ -1353,6 +1368,7 @@ impl Rank {
             match polled {
                 Ok(r) => {
                     after = r.last_seq.max(after);
+                    self.watched_seq.fetch_max(after, Ordering::AcqRel);
                     for ev in r.events {
                         let attempt = ev.attempt.unwrap_or(1);
                         match ev.kind {

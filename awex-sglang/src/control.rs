@@ -234,6 +234,13 @@ impl EngineControl for SglangControl {
         })
     }
 
+    /// awex's loader receives through `awex.Reader.update`, which in an atomic pair receives
+    /// into staging, reports, waits for `apply`, copies into SGLang's parameters and reports
+    /// again before it returns: the trigger answers after the apply.
+    fn applies_in_trigger(&self, facts: &EngineFacts) -> bool {
+        uses_loader(facts)
+    }
+
     fn after_update(&self, facts: &EngineFacts, _version: u64) -> Vec<EngineCall> {
         if uses_loader(facts) && uses_session(facts) {
             vec![end()]

@@ -95,6 +95,8 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
     let trigger = c
         .trigger(&facts, &TriggerWork::receive(7, 1))
         .expect("the loader is allowed");
+    // awex's loader runs an atomic pair's apply inside the trigger
+    assert!(c.applies_in_trigger(&facts));
     assert_eq!(trigger.body.unwrap()["selector"], json!("target"));
     assert_eq!(
         c.warm_up(&facts)[1].body.as_ref().unwrap()["selector"],
@@ -113,7 +115,7 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
             .get("selector")
             .is_none()
     );
-    // without awex's loader no session was opened
+    // without awex's loader no session was opened (and the ranks stage on their own)
     let plain = c
         .check_server(&json!({"tp_size": 2, "version": "0.5.23"}), &expect(&p))
         .expect("agrees");

@@ -141,6 +141,15 @@ pub trait EngineControl: Send + Sync + 'static {
         None
     }
 
+    /// Whether the engine's receivers that [`EngineControl::trigger`] calls run an atomic
+    /// pair's two phases inside that one call: receive into staging, report, wait for the
+    /// gateway's `apply` event, copy into the live weights, report again, answer. The trigger
+    /// then stays open across `apply`, and the gateway must announce `apply` without waiting
+    /// for its answer. `false` (the default): such engines cannot be connected atomic.
+    fn applies_in_trigger(&self, _facts: &EngineFacts) -> bool {
+        false
+    }
+
     /// Calls after every rank received (close the update session).
     fn after_update(&self, _facts: &EngineFacts, _version: u64) -> Vec<EngineCall> {
         Vec::new()

@@ -384,14 +384,14 @@ pub(crate) async fn connect(
     };
     if req.options.apply == crate::wire::ApplyMode::Atomic
         && let Some(c) = control
-        && facts
-            .iter()
-            .any(|f| c.trigger(f, &TriggerWork::receive(0, 1)).is_some())
+        && facts.iter().any(|f| {
+            c.trigger(f, &TriggerWork::receive(0, 1)).is_some() && !c.applies_in_trigger(f)
+        })
     {
-        // the loader receives straight into the engine's live weights inside the trigger call,
-        // which answers only once it is done: there is no staging and no second phase there
+        // these engines' receivers write the live weights as they receive inside the trigger
+        // call, with no staging and no wait for `apply` (vLLM's weight transfer)
         return Err(ApiError::Unprocessable(
-            "options.apply = atomic needs inference ranks that receive on their own (awex-cli worker, the Python Reader); these engines receive their weights inside the update trigger (awex's SGLang loader, vLLM's weight transfer), which writes their live weights as it receives; connect with apply = in_place".into(),
+            "options.apply = atomic needs inference ranks that stage and wait for apply (awex-cli worker, the Python Reader, awex's SGLang loader); these engines receive their weights inside the update trigger (vLLM's weight transfer), which writes their live weights as it receives; connect with apply = in_place".into(),
         ));
     }
     let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);

@@ -434,7 +434,9 @@ impl PairEntry {
             self.fail(p, reason);
             return;
         }
-        if u.trigger_waiting || u.finishing {
+        // (an engine whose receivers apply inside the trigger keeps it open until they applied:
+        // `apply` goes out while it waits, the commit waits for its answer)
+        if u.finishing || (u.trigger_waiting && self.request.options.apply == ApplyMode::InPlace) {
             return;
         }
         if self.request.options.apply == ApplyMode::Atomic {
@@ -451,7 +453,7 @@ impl PairEntry {
             let inference = (0..u.ranks.len())
                 .filter(|&i| !self.slots.is_training(i))
                 .count();
-            if u.applied < inference {
+            if u.applied < inference || u.trigger_waiting {
                 return;
             }
         }
