@@ -212,6 +212,40 @@ def test_one_ranks_loader_fails_then_retry_commits(served_gateway, ckpts) -> Non
         s.close()
 
 
+def test_atomic_pair_through_the_loader_keeps_the_live_weights_on_a_failure_before_apply(served_gateway, ckpts) -> None:
+    # atomic: the loader receives into staging, reports, waits for `apply` inside the open
+    # trigger, then copies into SGLang's parameters. Version 1 fails before `apply` (the
+    # training rank never sends): every parameter is still the server's own load, the version
+    # is not torn and generation resumes; the retry commits every byte.
+    name, s, ctl, w = start_pair(served_gateway, ckpts, atomic=True, update_deadline_s=5)
+    before = Standin("--model-path", ckpts[0], "--tp", "2", "--mode", "sglang")
+    after = Standin("--model-path", ckpts[1], "--tp", "2", "--mode", "sglang")
+    try:
+        assert ctl.status(name)["options"]["apply"] == "atomic"
+        assert before.call("/standin/params")[1] != after.call("/standin/params")[1]  # the test can fail
+        with pytest.raises(awex.UpdateFailed):
+            ctl.update(1, timeout=60)
+        st = ctl.status(name)
+        assert st["torn_version"] is None and st["serving_version"] is None, st
+        deadline = time.monotonic() + 30
+        while s.call("/standin/state")[1]["paused"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.call("/standin/state")[1]["paused"] is False  # nothing live was written: it serves again
+        assert s.call("/standin/params")[1] == before.call("/standin/params")[1]
+        t = writer_update(w, 1)
+        u = ctl.update(1, timeout=60)
+        t.join(60)
+        assert (u["state"], u["attempt"]) == ("committed", 2)
+        assert s.call("/standin/params")[1] == after.call("/standin/params")[1]
+        routes = [e["route"] for e in s.call("/standin/state")[1]["log"]]
+        assert routes.count("/update_weights_from_tensor") == 3  # warm-up, attempt 1, attempt 2: one call each
+    finally:
+        w.close()
+        s.close()
+        before.close()
+        after.close()
+
+
 def test_server_rejects_the_update(served_gateway, ckpts) -> None:
     name, s, ctl, w = start_pair(served_gateway, ckpts, "--reject-update", "the server refuses")
     try:
