@@ -8,8 +8,9 @@ Part 1 (cuda-ipc): the writer registers random bf16 torch CUDA tensors in the la
 tensors it expects, converted by ``scripts/gpu_megatron_check.py``'s plain-PyTorch functions; the
 SGLang side is an ``nn.Module`` whose parameters are zeroed CUDA tensors named as SGLang's
 ``Qwen3ForCausalLM``; it calls ``awex.sglang.receive(model, [])`` once before the update (the
-warm-up trigger: registers and joins in the background) and once while update 1 runs, as
-SGLang's ``update_weights_from_tensor`` does, then compares byte for byte.
+warm-up trigger: registers and joins in the background) and once while update 1 runs with the
+trigger's payload naming version 1 and its attempt, as SGLang's ``update_weights_from_tensor``
+does, then compares byte for byte.
 
 Part 2 (nccl): a Writer and a Reader over ``nccl`` register torch CUDA tensors (the rank's GPU is
 the tensors'), join through the gateway (training rank 0 publishes the NCCL unique id under
@@ -96,12 +97,18 @@ def sglang_reader(args) -> int:
     sg.receive(model, [])  # warm-up trigger: registers and joins in the background
     log("sglang", "warm-up receive returned")
     t0 = time.time()
-    while sg._current_update(sg._Config()) is None:
+    ctl = awex.Controller(args.gateway)
+    while True:
+        cur = ctl.status(args.pair).get("current_update") or {}
+        if cur.get("version") == 1 and cur.get("state") in ("pending", "running"):
+            break
         if time.time() - t0 > 120:
             raise TimeoutError("update 1 never started")
         time.sleep(0.05)
     t0 = time.time()
-    sg.receive(model, [])  # the update: bytes straight into the parameters
+    # the update's trigger payload as SGLang hands it to the loader (awex-sglang's work_payload,
+    # each entry's tensor moved to the device): bytes straight into the parameters
+    sg.receive(model, [(f"awex.work/1/{cur['attempt']}/receive", torch.LongTensor([]).to("cuda"))])
     torch.cuda.synchronize()
     log("sglang", f"receive of update 1 returned after {time.time() - t0:.2f} s")
     expected = torch.load(os.path.join(args.workdir, "expected.pt"))
