@@ -61,7 +61,8 @@ for r in $RUNS; do
     8b-contiguous) bench 8b-contiguous 120 $P8 --sender-alloc contiguous --updates 7 ;;
     # 8b-<alloc>-<opts> with opts among dmN (linear copies of at least N MiB through the driver's
     # device copy, AWEX_IPC_DRIVER_MIN_MIB; dmoff: never), sN (N copy streams, AWEX_IPC_STREAMS),
-    # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), e.g. 8b-per-tensor-dm1-g-s8
+    # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), lpt (copies issued largest first,
+    # AWEX_IPC_ORDER=largest), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-lpt-g
     8b-per-tensor-*-*|8b-contiguous-*-*|moe-per-tensor-*-*|moe-contiguous-*-*)
       case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
       case $r in *-per-tensor-*) alloc=per-tensor ;; *) alloc=contiguous ;; esac
@@ -71,6 +72,7 @@ for r in $RUNS; do
           dm*) envs+=("AWEX_IPC_DRIVER_MIN_MIB=${o#dm}") ;;
           s*) envs+=("AWEX_IPC_STREAMS=${o#s}") ;;
           g) envs+=("AWEX_IPC_GRAPH_MIN=1") ;;
+          lpt) envs+=("AWEX_IPC_ORDER=largest") ;;
         esac
       done
       ( [ ${#envs[@]} = 0 ] || export "${envs[@]}"; bench "$r" "$lim" $base --sender-alloc $alloc --updates $n ) || status=1 ;;

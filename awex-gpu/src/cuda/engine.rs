@@ -129,6 +129,24 @@ pub fn assign_streams(descs: &[CopyDesc], streams: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Whether a batch's copies are issued largest first (`AWEX_IPC_ORDER=largest`), each to the
+/// stream with the fewest bytes so far (longest-processing-time first), instead of in
+/// submission order (the default): for measuring whether the streams then end closer together.
+/// The destinations of one batch never overlap, so the order does not change what lands.
+fn largest_first() -> bool {
+    static ORDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ORDER.get_or_init(|| {
+        std::env::var("AWEX_IPC_ORDER").is_ok_and(|v| v.trim().eq_ignore_ascii_case("largest"))
+    })
+}
+
+/// The indices of `descs`, largest copy first (ties in submission order).
+pub fn largest_first_order(descs: &[CopyDesc]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..descs.len()).collect();
+    order.sort_by_key(|&i| (std::cmp::Reverse(descs[i].bytes()), i));
+    order
+}
+
 /// Runs batches of device-to-device copies on a fixed set of streams.
 pub struct CopyEngine {
     dev: Device,
@@ -297,9 +315,18 @@ impl CopyEngine {
     ///
     /// As for [`CopyEngine::launch`].
     unsafe fn queue_copies(&self, descs: &[CopyDesc]) -> Result<(), CudaError> {
-        for (d, k) in descs.iter().zip(assign_streams(descs, self.streams.len())) {
-            // SAFETY: the caller vouches for every descriptor.
-            unsafe { self.issue(d, k)? };
+        if largest_first() {
+            let order = largest_first_order(descs);
+            let sorted: Vec<CopyDesc> = order.iter().map(|&i| descs[i]).collect();
+            for (d, k) in sorted.iter().zip(assign_streams(&sorted, self.streams.len())) {
+                // SAFETY: the caller vouches for every descriptor.
+                unsafe { self.issue(d, k)? };
+            }
+        } else {
+            for (d, k) in descs.iter().zip(assign_streams(descs, self.streams.len())) {
+                // SAFETY: the caller vouches for every descriptor.
+                unsafe { self.issue(d, k)? };
+            }
         }
         for k in 1..self.streams.len() {
             self.joins[k].record(&self.streams[k])?;
@@ -414,6 +441,16 @@ mod tests {
         };
         assert!(!kernel_fits(&pitched));
         assert!(!kernel_fits(&CopyDesc::linear(0, 0, 0)));
+    }
+
+    #[test]
+    fn largest_first_orders_by_bytes_then_submission() {
+        let descs: Vec<CopyDesc> = [8u64, 64, 8, 128, 64]
+            .iter()
+            .map(|&b| CopyDesc::linear(0x1000, 0x2000, b))
+            .collect();
+        assert_eq!(largest_first_order(&descs), vec![3, 1, 4, 0, 2]);
+        assert_eq!(largest_first_order(&[]), Vec::<usize>::new());
     }
 
     #[test]
