@@ -48,7 +48,8 @@ async fn versions_commit_when_every_rank_succeeds_and_disconnect_reaches_every_r
         .get_kv("lc", "nccl-unique-id", Duration::from_secs(1))
         .await
         .unwrap();
-    assert_eq!((kv.value, kv.revision), (json!("0a0b0c"), 1));
+    // (revisions 1 and 2: the two sides' models, stored at connect)
+    assert_eq!((kv.value, kv.revision), (json!("0a0b0c"), 3));
     for version in [1, 2] {
         // The first start may race the last joins: wait until ready.
         let started = loop {
@@ -103,7 +104,14 @@ async fn versions_commit_when_every_rank_succeeds_and_disconnect_reaches_every_r
         "a re-join replaces the rank's entry"
     );
     assert_eq!(join_raw["roster"].as_array().unwrap().len(), 6);
-    assert_eq!(join_raw["kv"], json!({"nccl-unique-id": "0a0b0c"}));
+    let kv = join_raw["kv"].as_object().unwrap();
+    let mut keys: Vec<&str> = kv.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        ["model.inference", "model.training", "nccl-unique-id"]
+    );
+    assert_eq!(kv["nccl-unique-id"], json!("0a0b0c"));
     assert_eq!(
         join_raw["last_event_seq"], 2,
         "a restarted rank starts after the events it missed"
@@ -837,7 +845,9 @@ async fn sglang_session_runs_pause_begin_trigger_end_continue_and_commits_after_
         assert_eq!(calls[4].1, json!({"selector": "target"}));
         assert_eq!(
             calls[5].1,
-            json!({"serialized_named_tensors": ["gARdlC4=", "gARdlC4="], "load_format": "awex.sglang.receive", "weight_version": "1", "flush_cache": true, "selector": "target"})
+            // each TP rank's payload names the work: the pickle of
+            // [("awex.work/1/1/receive", torch.LongTensor([]))], written out by hand
+            json!({"serialized_named_tensors": ["gAJdWBUAAABhd2V4LndvcmsvMS8xL3JlY2VpdmVjdG9yY2gKTG9uZ1RlbnNvcgpdhVKGYS4=", "gAJdWBUAAABhd2V4LndvcmsvMS8xL3JlY2VpdmVjdG9yY2gKTG9uZ1RlbnNvcgpdhVKGYS4="], "load_format": "awex.sglang.receive", "weight_version": "1", "flush_cache": true, "selector": "target"})
         );
     }
     client.disconnect("sess").await.unwrap();

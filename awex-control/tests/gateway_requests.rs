@@ -486,9 +486,10 @@ async fn kv_values_are_bounded_and_missing_keys_are_404() {
     .await;
     assert_eq!(s, 201);
     conforms("KvEntry", &v).unwrap();
+    // revisions 1 and 2 are the two sides' models, stored at connect
     assert_eq!(
         v,
-        json!({"key": "nccl.uid", "value": [1, 2, 3], "revision": 1})
+        json!({"key": "nccl.uid", "value": [1, 2, 3], "revision": 3})
     );
     let (s, v) = call(
         &app,
@@ -497,13 +498,13 @@ async fn kv_values_are_bounded_and_missing_keys_are_404() {
         Some(json!({"value": "abc"})),
     )
     .await;
-    assert_eq!((s, v["revision"].as_u64()), (200, Some(2)));
+    assert_eq!((s, v["revision"].as_u64()), (200, Some(4)));
     let (s, v) = call(&app, "GET", "/v1/pairs/p/kv/nccl.uid", None).await;
     assert_eq!(
         (s, v),
         (
             200,
-            json!({"key": "nccl.uid", "value": "abc", "revision": 2})
+            json!({"key": "nccl.uid", "value": "abc", "revision": 4})
         )
     );
     let (s, v) = call(&app, "GET", "/v1/pairs/p/kv/absent", None).await;
@@ -546,7 +547,8 @@ async fn kv_values_are_bounded_and_missing_keys_are_404() {
     );
     let (s, v) = call(&app, "PUT", "/v1/pairs/p/kv/k", Some(json!({"val": 1}))).await;
     assert_eq!(s, 422, "{v}");
-    for i in 1..1024 {
+    // 1,024 keys: nccl.uid, the two models and 1,021 more
+    for i in 3..1024 {
         let (s, _) = call(
             &app,
             "PUT",

@@ -318,7 +318,10 @@ impl CopyEngine {
         if largest_first() {
             let order = largest_first_order(descs);
             let sorted: Vec<CopyDesc> = order.iter().map(|&i| descs[i]).collect();
-            for (d, k) in sorted.iter().zip(assign_streams(&sorted, self.streams.len())) {
+            for (d, k) in sorted
+                .iter()
+                .zip(assign_streams(&sorted, self.streams.len()))
+            {
                 // SAFETY: the caller vouches for every descriptor.
                 unsafe { self.issue(d, k)? };
             }
