@@ -101,6 +101,13 @@ impl EngineControl for VllmControl {
         ))
     }
 
+    /// awex's weight-transfer engine (`awex.vllm`, `receive_weights`) receives through
+    /// `awex.Reader.update`, which in an atomic pair stages, reports, waits for `apply`,
+    /// applies and reports again before it returns: `/update_weights` answers after the apply.
+    fn applies_in_trigger(&self, _facts: &EngineFacts) -> bool {
+        true
+    }
+
     fn after_update(&self, _facts: &EngineFacts, version: u64) -> Vec<EngineCall> {
         vec![EngineCall::post(
             "/finish_weight_update",

@@ -60,8 +60,8 @@ fn an_update_is_pause_start_update_finish_resume() {
             json!({"update_info": {"version": 7}})
         ))
     );
-    // vLLM's weight transfer writes the live weights as it receives: never atomic
-    assert!(!c.applies_in_trigger(&facts));
+    // awex's weight-transfer engine stages and applies inside `/update_weights` (atomic pairs)
+    assert!(c.applies_in_trigger(&facts));
     assert_eq!(
         c.after_update(&facts, 7),
         vec![EngineCall::post(

@@ -45,7 +45,8 @@ TOKENS = [3, 17, 250, 42, 7, 299, 128, 64, 5, 11]
 L2 = {"num_hidden_layers": 2}
 
 CASES = [
-    dict(name="tp2_to_tp2", kind="qwen3", over=L2, parallel={"tp": 2}, vllm={"tp": 2}),
+    # atomic: vLLM's receive_weights stages, waits for `apply` and applies inside the one call
+    dict(name="tp2_to_tp2", kind="qwen3", over=L2, parallel={"tp": 2}, vllm={"tp": 2}, atomic=True),
     dict(name="pp2_uneven_tied_to_tp4", kind="qwen3", over={"num_hidden_layers": 3, "tie_word_embeddings": True},
          parallel={"pp": 2, "first_stage_layers": 1, "last_stage_layers": 2}, vllm={"tp": 4}),
     dict(name="moe_ep2_to_tp2_ep2", kind="qwen3_moe", over=L2, parallel={"dp": 2, "ep": 2}, vllm={"tp": 2, "ep": 2}),
@@ -120,8 +121,9 @@ def run_world(cases: list[dict], out: str) -> dict:
         ctl.connect(load, model=d, train="fsdp:dp=1", infer=megatron_spec(case["parallel"]), transport="shm",
                     join_deadline_s=harness.TIMEOUT)
         ctl.connect(upd, model=d, train=megatron_spec(case["parallel"]), infer=vllm_spec(case["vllm"]),
-                    transport="tcp", join_deadline_s=harness.TIMEOUT)
-        state[case["name"]] = dict(case=case, canon=canon, dir=d, expected=expected, update=upd)
+                    transport="tcp", join_deadline_s=harness.TIMEOUT, atomic=case.get("atomic", False))
+        state[case["name"]] = dict(case=case, canon=canon, dir=d, expected=expected, update=upd,
+                                   apply=ctl.status(upd)["options"].get("apply", "in_place"))
         wire.append(dict(name=case["name"], parallel=case["parallel"], hf=hf, tokens=TOKENS,
                          load_pair=load, update_pair=upd, wrong_pair=None))
     procs = harness.launch("megatron_worker.py", 2, gw, wire, out)
@@ -164,6 +166,7 @@ def world():
 @pytest.mark.parametrize("name", [c["name"] for c in ALL])
 def test_megatron_update_into_vllm_equals_vllms_load_weights(world, name):
     st = world[name]
+    assert st["apply"] == ("atomic" if st["case"].get("atomic") else "in_place")
     for r, res in enumerate(st["ranks"]):
         assert "error" not in res, f"megatron rank {r}: {res['error']}"
     for r in range(st["case"]["vllm"]["tp"]):

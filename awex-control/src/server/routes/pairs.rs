@@ -389,10 +389,11 @@ pub(crate) async fn connect(
         })
     {
         // these engines' receivers write the live weights as they receive inside the trigger
-        // call, with no staging and no wait for `apply` (vLLM's weight transfer)
-        return Err(ApiError::Unprocessable(
-            "options.apply = atomic needs inference ranks that stage and wait for apply (awex-cli worker, the Python Reader, awex's SGLang loader); these engines receive their weights inside the update trigger (vLLM's weight transfer), which writes their live weights as it receives; connect with apply = in_place".into(),
-        ));
+        // call, with no staging and no wait for `apply` (their backend says so)
+        return Err(ApiError::Unprocessable(format!(
+            "options.apply = atomic needs inference ranks that stage and wait for apply (awex-cli worker, the Python Reader, awex's SGLang loader and vLLM engine); the `{}` engines receive their weights inside the update trigger, which writes their live weights as it receives; connect with apply = in_place",
+            req.inference.backend
+        )));
     }
     let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
     let entry = new_entry(
