@@ -122,12 +122,12 @@ def start_pair(gw: str, ckpts: dict[int, str], *standin_args: str, tp: int = 2, 
     return name, s, ctl, w
 
 
-def writer_update(w, version: int) -> threading.Thread:
+def writer_update(w, version: int, timeout: float = 120) -> threading.Thread:
     out: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            out["result"] = w.update(version, timeout=120)
+            out["result"] = w.update(version, timeout=timeout)
         except Exception as e:
             out["error"] = e
 
@@ -249,10 +249,15 @@ def test_atomic_pair_through_the_loader_keeps_the_live_weights_on_a_failure_befo
 def test_server_rejects_the_update(served_gateway, ckpts) -> None:
     name, s, ctl, w = start_pair(served_gateway, ckpts, "--reject-update", "the server refuses")
     try:
-        t = writer_update(w, 1)
+        # the server's refusal may fail the version before the writer took its event: the
+        # writer then skips the dead attempt and waits for the next one, until its timeout
+        t = writer_update(w, 1, timeout=15)
         with pytest.raises(awex.UpdateFailed, match="the server refuses"):
             ctl.update(1, timeout=120)
-        t.join(120)
+        t.join(60)
+        assert not t.is_alive()
+        err = t.out.get("error")
+        assert isinstance(err, (awex.UpdateFailed, TimeoutError)), t.out
     finally:
         w.close()
         s.close()
