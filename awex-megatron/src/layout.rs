@@ -465,13 +465,22 @@ impl MegatronLayout {
         stage: u64,
         shard: Shard,
     ) {
-        let mut pieces: Vec<Piece> = Vec::new();
+        // the holders are pushed as the pieces come, their ranks filled in after
+        let first = out.len();
+        let tensor = self.name(local);
         let shape = self.describe(local, shard, &mut |p| {
             if p.canon == target {
-                pieces.push(p)
+                out.push(Holder {
+                    ranks: Vec::new(),
+                    tensor: tensor.clone(),
+                    tensor_shape: Dims::default(),
+                    dtype: self.dtype,
+                    region: p.region,
+                    local_offset: p.local_offset,
+                });
             }
         });
-        if pieces.is_empty() {
+        if out.len() == first {
             return;
         }
         let ranks = match shard {
@@ -479,16 +488,13 @@ impl MegatronLayout {
             Shard::Tp(r) => self.cfg.tp_ranks(stage, r),
             Shard::Expert { ep, etp } => self.cfg.expert_ranks(stage, ep, etp),
         };
-        let tensor = self.name(local);
-        for p in pieces {
-            out.push(Holder {
-                ranks: ranks.clone(),
-                tensor: tensor.clone(),
-                tensor_shape: shape,
-                dtype: self.dtype,
-                region: p.region,
-                local_offset: p.local_offset,
-            });
+        if let Some((last, rest)) = out[first..].split_last_mut() {
+            for h in rest {
+                h.ranks = ranks.clone();
+                h.tensor_shape = shape;
+            }
+            last.ranks = ranks;
+            last.tensor_shape = shape;
         }
     }
 }

@@ -355,18 +355,22 @@ impl FusedTpLayout {
     }
 
     fn all_ranks(&self) -> Vec<RankId> {
-        (0..self.engines)
-            .flat_map(|e| (0..self.tp).map(move |r| RankId::infer(e, r)))
-            .collect()
+        let mut v = Vec::with_capacity(self.engines as usize * self.tp as usize);
+        for e in 0..self.engines {
+            v.extend((0..self.tp).map(|r| RankId::infer(e, r)));
+        }
+        v
     }
 
     /// Ranks (all engines) that hold the same KV head as TP rank `r`.
     fn kv_group_ranks(&self, r: u64) -> Vec<RankId> {
         let n = self.d.kv_replicas;
         let first = r / n * n;
-        (0..self.engines)
-            .flat_map(|e| (first..first + n).map(move |t| RankId::infer(e, t as u32)))
-            .collect()
+        let mut v = Vec::with_capacity(self.engines as usize * n as usize);
+        for e in 0..self.engines {
+            v.extend((first..first + n).map(|t| RankId::infer(e, t as u32)));
+        }
+        v
     }
 
     // ---- rank view ----
@@ -460,9 +464,18 @@ impl FusedTpLayout {
             let mut w2 = Vec::with_capacity(ne as usize);
             for j in 0..ne {
                 let e = first + j;
-                let prefix = &n.experts_prefix;
-                let name =
-                    |part: &str| -> Arc<str> { Arc::from(format!("{prefix}{e}.{part}.weight")) };
+                // `{prefix}{e}.{part}.weight`, appended (this runs for every expert of a rank)
+                let mut at = String::with_capacity(n.experts_prefix.len() + 24);
+                at.push_str(&n.experts_prefix);
+                push_index(&mut at, e);
+                at.push('.');
+                let name = |part: &str| -> Arc<str> {
+                    let mut s = String::with_capacity(at.len() + part.len() + 7);
+                    s.push_str(&at);
+                    s.push_str(part);
+                    s.push_str(".weight");
+                    Arc::from(s)
+                };
                 w13.push(Placement {
                     canonical: name("gate_proj"),
                     region: Region::new([m * mi, 0], [mi, h]),
@@ -724,6 +737,22 @@ fn parse_index(s: &str) -> Option<u64> {
         return None;
     }
     s.parse().ok()
+}
+
+/// Appends `i` in decimal.
+fn push_index(s: &mut String, i: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = i;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    s.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// `shape` with dimension `dim` replaced by `full` (the canonical extent of a TP-split dim).
