@@ -336,33 +336,24 @@ impl LayerNames {
         experts: ExpertLayout,
     ) -> LayerNames {
         // built by appending, not `format!`: a layer has a few dozen names, built on first use
-        let mut base = String::with_capacity(prefix.len() + 24);
+        let mut base = String::with_capacity(prefix.len() + 96);
         base.push_str(prefix);
         base.push_str("decoder.layers.");
         push_index(&mut base, local);
         base.push('.');
-        let name = |parts: &[&str]| -> Arc<str> {
-            let mut s =
-                String::with_capacity(base.len() + parts.iter().map(|p| p.len()).sum::<usize>());
-            s.push_str(&base);
-            for p in parts {
-                s.push_str(p);
-            }
-            Arc::from(s)
-        };
-        let n = |suffix: &str| name(&[suffix]);
         let mut j_buf = String::new();
-        let mut expert = |j: u64, fc: &str| -> Option<Arc<str>> {
+        let mut expert = |base: &mut String, j: u64, fc: &str| -> Option<Arc<str>> {
             j_buf.clear();
             push_index(&mut j_buf, j);
-            expert_name(experts, &j_buf, fc).map(|parts| name(&parts))
+            expert_name(experts, &j_buf, fc).map(|parts| joined(base, &parts))
         };
         let expert_fc1: Vec<Arc<str>> = (0..experts_local)
-            .filter_map(|j| expert(j, "fc1"))
+            .filter_map(|j| expert(&mut base, j, "fc1"))
             .collect();
         let expert_fc2: Vec<Arc<str>> = (0..experts_local)
-            .filter_map(|j| expert(j, "fc2"))
+            .filter_map(|j| expert(&mut base, j, "fc2"))
             .collect();
+        let mut n = |suffix: &str| joined(&mut base, &[suffix]);
         let (qkv_norm, fc1_norm) = if local_spec {
             ("input_layernorm.weight", "pre_mlp_layernorm.weight")
         } else {
@@ -389,6 +380,17 @@ impl LayerNames {
             stacked_fc2: n("mlp.experts.linear_fc2.weight"),
         }
     }
+}
+
+/// `base` followed by `parts`, as one allocation (`base` is left as it was).
+fn joined(base: &mut String, parts: &[&str]) -> Arc<str> {
+    let len = base.len();
+    for p in parts {
+        base.push_str(p);
+    }
+    let name = Arc::from(base.as_str());
+    base.truncate(len);
+    name
 }
 
 /// Appends `i` in decimal, as Python prints it.

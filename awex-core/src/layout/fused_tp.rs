@@ -469,12 +469,13 @@ impl FusedTpLayout {
                 at.push_str(&n.experts_prefix);
                 push_index(&mut at, e);
                 at.push('.');
-                let name = |part: &str| -> Arc<str> {
-                    let mut s = String::with_capacity(at.len() + part.len() + 7);
-                    s.push_str(&at);
-                    s.push_str(part);
-                    s.push_str(".weight");
-                    Arc::from(s)
+                let stem = at.len();
+                let mut name = |part: &str| -> Arc<str> {
+                    at.push_str(part);
+                    at.push_str(".weight");
+                    let name = Arc::from(at.as_str());
+                    at.truncate(stem);
+                    name
                 };
                 w13.push(Placement {
                     canonical: name("gate_proj"),
