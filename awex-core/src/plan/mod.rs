@@ -197,25 +197,34 @@ impl Pair<'_> {
     /// The plan of one rank, computed from that rank's own pieces only.
     pub fn plan_rank(&self, side: Side, rank: RankId) -> Result<RankPlan, PlanError> {
         let layout = match side {
-            Side::Training => self.training.rank_layout(rank),
-            Side::Inference => self.inference.rank_layout(rank),
-        }
-        .ok_or(PlanError::NoSuchRank { side, rank })?;
+            Side::Training => self.training,
+            Side::Inference => self.inference,
+        };
         // canonical tensors this rank touches, in catalogue order; a rank's placements mostly
         // follow the catalogue, so each name is first looked for just after the previous one
         let mut ids: Vec<u32> = Vec::new();
         let mut placements = 0usize;
         let mut near = None;
-        for t in &layout.tensors {
-            placements += t.placements.len();
-            for p in &t.placements {
-                let id = self
-                    .catalogue
-                    .id_near(&p.canonical, near)
-                    .ok_or_else(|| PlanError::UnknownCanonical(p.canonical.to_string()))?;
-                near = Some(id);
-                ids.push(id);
+        let mut unknown = None;
+        let found = layout.for_each_canonical(rank, &mut |name| {
+            placements += 1;
+            match self.catalogue.id_near(name, near) {
+                Some(id) => {
+                    near = Some(id);
+                    ids.push(id);
+                }
+                None => {
+                    if unknown.is_none() {
+                        unknown = Some(name.to_string());
+                    }
+                }
             }
+        });
+        if !found {
+            return Err(PlanError::NoSuchRank { side, rank });
+        }
+        if let Some(name) = unknown {
+            return Err(PlanError::UnknownCanonical(name));
         }
         ids.sort_unstable();
         ids.dedup();
