@@ -46,6 +46,8 @@ pub(super) struct Scratch {
     slot: Vec<u32>,
     /// structures of recent tensors, by their holders
     cache: Vec<Saved>,
+    /// the [`holders_key`] of each cached structure
+    keys: Vec<u64>,
     /// the slot the next new structure replaces
     victim: usize,
 }
@@ -57,8 +59,6 @@ const CACHED: usize = 16;
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
 struct Saved {
-    /// [`holders_key`] of the holders
-    key: u64,
     src: Vec<Holder>,
     dst: Vec<Holder>,
     ranks: Vec<RankId>,
@@ -187,16 +187,17 @@ pub(super) fn assign_tensor(
     // their tie-break: a recent tensor's structure is reused when its holders hold the same
     // boxes on the same ranks.
     let key = holders_key(&src, &dst);
-    let hit = s
-        .cache
-        .iter()
-        .position(|k| k.key == key && same_holders(&k.src, &src) && same_holders(&k.dst, &dst));
+    let hit = (0..s.keys.len()).find(|&i| {
+        let k = &s.cache[i];
+        s.keys[i] == key && same_holders(&k.src, &src) && same_holders(&k.dst, &dst)
+    });
     let slot = match hit {
         Some(i) => i,
         None => {
             structure(c, &src, &dst, s)?;
             if s.cache.len() < CACHED {
                 s.cache.push(Saved::default());
+                s.keys.push(0);
                 s.cache.len() - 1
             } else {
                 s.victim = (s.victim + 1) % CACHED;
@@ -348,7 +349,7 @@ pub(super) fn assign_tensor(
     // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
     swap_structure(s, &mut saved);
     if hit.is_none() {
-        saved.key = key;
+        s.keys[slot] = key;
         saved.src = src;
         saved.dst = dst;
     }
@@ -356,26 +357,20 @@ pub(super) fn assign_tensor(
     Ok(())
 }
 
-/// A digest of part of what [`same_holders`] compares (boxes, dtypes, the ends of the rank
-/// lists): equal holders have equal keys, so most cached structures are passed over without
-/// comparing their holders.
+/// A digest of part of what [`same_holders`] compares (the number of holders; the box, dtype
+/// and rank list ends of the first and last holder): equal holders have equal keys, so most
+/// cached structures are passed over without comparing their holders.
 fn holders_key(src: &[Holder], dst: &[Holder]) -> u64 {
     let mut k = 0u64;
     let mut mix = |x: u64| k = (k ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
     for list in [src, dst] {
         mix(list.len() as u64);
-        for h in list {
+        for h in list.first().into_iter().chain(list.last()) {
             mix(h.dtype as u64);
-            for d in h
-                .region
-                .offset
-                .as_slice()
-                .iter()
-                .chain(h.region.extent.as_slice())
-            {
+            let (o, e) = (h.region.offset.as_slice(), h.region.extent.as_slice());
+            for d in o.iter().chain(e) {
                 mix(*d);
             }
-            // the number of ranks and the two ends of the list tell most lists apart
             mix(h.ranks.len() as u64);
             for r in h.ranks.first().into_iter().chain(h.ranks.last()) {
                 mix((u64::from(r.engine) << 32) | u64::from(r.rank));
