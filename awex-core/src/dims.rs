@@ -15,6 +15,7 @@ pub struct Dims {
 
 impl Dims {
     /// Builds from a slice; panics only if more than [`MAX_DIMS`] values (a programming error).
+    #[inline]
     pub fn new(v: &[u64]) -> Self {
         assert!(v.len() <= MAX_DIMS, "awex supports at most {MAX_DIMS} dims");
         let mut d = Dims {
@@ -26,26 +27,31 @@ impl Dims {
     }
 
     /// Builds from a slice, or `None` with more than [`MAX_DIMS`] values.
+    #[inline]
     pub fn try_new(v: &[u64]) -> Option<Self> {
         (v.len() <= MAX_DIMS).then(|| Dims::new(v))
     }
 
     /// All zeros with `n` dims.
+    #[inline]
     pub fn zeros(n: usize) -> Self {
         Dims::new(&[0; MAX_DIMS][..n.min(MAX_DIMS)])
     }
 
     /// Number of dimensions.
+    #[inline]
     pub fn ndim(&self) -> usize {
         self.n as usize
     }
 
     /// The values.
+    #[inline]
     pub fn as_slice(&self) -> &[u64] {
         &self.v[..self.n as usize]
     }
 
     /// The values, mutable.
+    #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u64] {
         &mut self.v[..self.n as usize]
     }
@@ -53,6 +59,7 @@ impl Dims {
     /// Product of the values (number of elements of a shape or extent), saturating at
     /// `u64::MAX`: a shape within `crate::limits` never gets there, and an unchecked one reads
     /// as too large rather than wrapping to a small count.
+    #[inline]
     pub fn numel(&self) -> u64 {
         self.as_slice()
             .iter()
@@ -67,6 +74,7 @@ impl Dims {
     }
 
     /// Element-wise sum (offset + extent), saturating at `u64::MAX` (see [`Dims::checked_add`]).
+    #[inline]
     pub fn add(&self, o: &Dims) -> Dims {
         let mut r = *self;
         for (a, b) in r.as_mut_slice().iter_mut().zip(o.as_slice()) {
@@ -85,11 +93,13 @@ impl Dims {
     }
 
     /// Value of dimension `i`.
+    #[inline]
     pub fn get(&self, i: usize) -> u64 {
         self.as_slice()[i]
     }
 
     /// Sets dimension `i`.
+    #[inline]
     pub fn set(&mut self, i: usize, v: u64) {
         self.as_mut_slice()[i] = v;
     }
@@ -135,12 +145,14 @@ impl fmt::Display for Dims {
 }
 
 impl From<&[u64]> for Dims {
+    #[inline]
     fn from(v: &[u64]) -> Self {
         Dims::new(v)
     }
 }
 
 impl<const N: usize> From<[u64; N]> for Dims {
+    #[inline]
     fn from(v: [u64; N]) -> Self {
         Dims::new(&v)
     }

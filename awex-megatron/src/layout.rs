@@ -40,6 +40,8 @@ pub struct MegatronLayout {
     chunks: Chunks,
     layers: u64,
     moe_layers: Vec<bool>,
+    /// the pipeline stage of every layer
+    stages: Vec<u64>,
     tied: bool,
     attention_bias: bool,
     qk_norm: bool,
@@ -69,6 +71,9 @@ impl MegatronLayout {
         let cfg = Config::resolve(parallel)?;
         let geo = Geometry::new(model, &cfg)?;
         let chunks = Chunks::new(model.num_layers, &cfg)?;
+        let stages = (0..model.num_layers)
+            .map(|l| chunks.place(l).stage)
+            .collect();
         let first = chunk_prefix(cfg.vpp, 0);
         let last = chunk_prefix(cfg.vpp, cfg.vpp - 1);
         Ok(MegatronLayout {
@@ -78,6 +83,7 @@ impl MegatronLayout {
             moe_layers: (0..model.num_layers)
                 .map(|l| model.is_moe_layer(l))
                 .collect(),
+            stages,
             tied: model.tie_word_embeddings,
             attention_bias: model.attention_bias,
             qk_norm: model.qk_norm(),
@@ -418,7 +424,10 @@ impl MegatronLayout {
     /// The local parameters (with their stage) that can hold canonical tensor `c`.
     fn locals_of(&self, c: Canon) -> ([Option<(Local, u64)>; 2], Option<u64>) {
         let last = self.cfg.pp - 1;
-        let stage = |l: u64| self.chunks.place(l).stage;
+        let stage = |l: u64| match self.stages.get(l as usize) {
+            Some(&s) => s,
+            None => self.chunks.place(l).stage,
+        };
         let one = |local: Local, s: u64| [Some((local, s)), None];
         let mut expert = None;
         let list = match c {
@@ -465,13 +474,22 @@ impl MegatronLayout {
         stage: u64,
         shard: Shard,
     ) {
-        let mut pieces: Vec<Piece> = Vec::new();
+        // the holders are pushed as the pieces come, their ranks filled in after
+        let first = out.len();
+        let tensor = self.name(local);
         let shape = self.describe(local, shard, &mut |p| {
             if p.canon == target {
-                pieces.push(p)
+                out.push(Holder {
+                    ranks: Vec::new(),
+                    tensor: tensor.clone(),
+                    tensor_shape: Dims::default(),
+                    dtype: self.dtype,
+                    region: p.region,
+                    local_offset: p.local_offset,
+                });
             }
         });
-        if pieces.is_empty() {
+        if out.len() == first {
             return;
         }
         let ranks = match shard {
@@ -479,16 +497,13 @@ impl MegatronLayout {
             Shard::Tp(r) => self.cfg.tp_ranks(stage, r),
             Shard::Expert { ep, etp } => self.cfg.expert_ranks(stage, ep, etp),
         };
-        let tensor = self.name(local);
-        for p in pieces {
-            out.push(Holder {
-                ranks: ranks.clone(),
-                tensor: tensor.clone(),
-                tensor_shape: shape,
-                dtype: self.dtype,
-                region: p.region,
-                local_offset: p.local_offset,
-            });
+        if let Some((last, rest)) = out[first..].split_last_mut() {
+            for h in rest {
+                h.ranks = ranks.clone();
+                h.tensor_shape = shape;
+            }
+            last.ranks = ranks;
+            last.tensor_shape = shape;
         }
     }
 }

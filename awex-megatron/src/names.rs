@@ -291,9 +291,9 @@ pub struct LayerNames {
     pub pre_mlp_norm: Arc<str>,
     /// `mlp.router.weight`
     pub router: Arc<str>,
-    /// fc1 of every local expert j (see [`expert_names`])
+    /// fc1 of every local expert j (see [`expert_name`])
     pub expert_fc1: Vec<Arc<str>>,
-    /// fc2 of every local expert j (see [`expert_names`])
+    /// fc2 of every local expert j (see [`expert_name`])
     pub expert_fc2: Vec<Arc<str>>,
     /// `mlp.experts.linear_fc1.weight` (the stacked parameter of `moe_single_grouped_weight`)
     pub stacked_fc1: Arc<str>,
@@ -301,26 +301,25 @@ pub struct LayerNames {
     pub stacked_fc2: Arc<str>,
 }
 
-/// The suffixes (after `decoder.layers.{i}.`) of local expert `j`'s fc1 and fc2 weights.
+/// The pieces of the suffix (after `decoder.layers.{i}.`) of local expert `j`'s `linear_{fc}`
+/// weight (`fc` is `fc1` or `fc2`; `j` is the index as written), to be joined in order.
 ///
 /// - `TEGroupedMLP` (`megatron/core/transformer/moe/experts.py`) holds `linear_fc1` /
 ///   `linear_fc2` as Transformer Engine `GroupedLinear`s, which register one parameter per GEMM,
-///   `weight{j}` (`megatron/core/extensions/transformer_engine.py`, `TEGroupedLinear`).
+///   `weight{j}` (`megatron/core/extensions/transformer_engine.py`, `TEGroupedLinear`):
+///   `mlp.experts.linear_fc1.weight{j}`.
 /// - `SequentialMLP` (same file) holds `local_experts = ModuleList([MLP, ...])`, each `MLP` with
 ///   its own `linear_fc1` / `linear_fc2` (`ColumnParallelLinear` / `RowParallelLinear` with the
-///   local spec, `megatron/core/models/backends.py` `LocalSpecProvider.grouped_mlp_modules`).
+///   local spec, `megatron/core/models/backends.py` `LocalSpecProvider.grouped_mlp_modules`):
+///   `mlp.experts.local_experts.{j}.linear_fc1.weight`.
 /// - With `moe_single_grouped_weight` the grouped layer has no per-expert parameter at all (see
 ///   [`Local::StackedFc1`]); `None` then.
-pub fn expert_names(layout: ExpertLayout, j: u64) -> Option<(String, String)> {
+fn expert_name<'a>(layout: ExpertLayout, j: &'a str, fc: &'a str) -> Option<[&'a str; 5]> {
     match layout {
-        ExpertLayout::Grouped => Some((
-            format!("mlp.experts.linear_fc1.weight{j}"),
-            format!("mlp.experts.linear_fc2.weight{j}"),
-        )),
-        ExpertLayout::Sequential => Some((
-            format!("mlp.experts.local_experts.{j}.linear_fc1.weight"),
-            format!("mlp.experts.local_experts.{j}.linear_fc2.weight"),
-        )),
+        ExpertLayout::Grouped => Some(["mlp.experts.linear_", fc, ".weight", j, ""]),
+        ExpertLayout::Sequential => {
+            Some(["mlp.experts.local_experts.", j, ".linear_", fc, ".weight"])
+        }
         ExpertLayout::SingleGrouped => None,
     }
 }
@@ -336,8 +335,25 @@ impl LayerNames {
         local_spec: bool,
         experts: ExpertLayout,
     ) -> LayerNames {
-        let base = format!("{prefix}decoder.layers.{local}.");
-        let n = |suffix: &str| -> Arc<str> { Arc::from(format!("{base}{suffix}")) };
+        // built by appending, not `format!`: a layer has a few dozen names, built on first use
+        let mut base = String::with_capacity(prefix.len() + 96);
+        base.push_str(prefix);
+        base.push_str("decoder.layers.");
+        push_index(&mut base, local);
+        base.push('.');
+        let mut j_buf = String::new();
+        let mut expert = |base: &mut String, j: u64, fc: &str| -> Option<Arc<str>> {
+            j_buf.clear();
+            push_index(&mut j_buf, j);
+            expert_name(experts, &j_buf, fc).map(|parts| joined(base, &parts))
+        };
+        let expert_fc1: Vec<Arc<str>> = (0..experts_local)
+            .filter_map(|j| expert(&mut base, j, "fc1"))
+            .collect();
+        let expert_fc2: Vec<Arc<str>> = (0..experts_local)
+            .filter_map(|j| expert(&mut base, j, "fc2"))
+            .collect();
+        let mut n = |suffix: &str| joined(&mut base, &[suffix]);
         let (qkv_norm, fc1_norm) = if local_spec {
             ("input_layernorm.weight", "pre_mlp_layernorm.weight")
         } else {
@@ -358,15 +374,40 @@ impl LayerNames {
             fc2: n("mlp.linear_fc2.weight"),
             pre_mlp_norm: n("pre_mlp_layernorm.weight"),
             router: n("mlp.router.weight"),
-            expert_fc1: (0..experts_local)
-                .filter_map(|j| expert_names(experts, j).map(|(fc1, _)| n(&fc1)))
-                .collect(),
-            expert_fc2: (0..experts_local)
-                .filter_map(|j| expert_names(experts, j).map(|(_, fc2)| n(&fc2)))
-                .collect(),
+            expert_fc1,
+            expert_fc2,
             stacked_fc1: n("mlp.experts.linear_fc1.weight"),
             stacked_fc2: n("mlp.experts.linear_fc2.weight"),
         }
+    }
+}
+
+/// `base` followed by `parts`, as one allocation (`base` is left as it was).
+fn joined(base: &mut String, parts: &[&str]) -> Arc<str> {
+    let len = base.len();
+    for p in parts {
+        base.push_str(p);
+    }
+    let name = Arc::from(base.as_str());
+    base.truncate(len);
+    name
+}
+
+/// Appends `i` in decimal, as Python prints it.
+fn push_index(s: &mut String, i: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = i;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        s.push(char::from(d));
     }
 }
 
@@ -415,6 +456,28 @@ mod tests {
             Canon::ExpertDown(63, 383).name(),
             "model.layers.63.mlp.experts.383.down_proj.weight"
         );
+    }
+
+    #[test]
+    fn layer_names_spell_megatron_parameter_names() {
+        let n = LayerNames::new("model1.", 10, 12, false, ExpertLayout::Grouped);
+        for j in [0usize, 7, 11] {
+            let p = "model1.decoder.layers.10.mlp.experts";
+            assert_eq!(&*n.expert_fc1[j], format!("{p}.linear_fc1.weight{j}"));
+            assert_eq!(&*n.expert_fc2[j], format!("{p}.linear_fc2.weight{j}"));
+        }
+        assert_eq!(
+            &*n.qkv,
+            "model1.decoder.layers.10.self_attention.linear_qkv.weight"
+        );
+        let n = LayerNames::new("", 3, 12, false, ExpertLayout::Sequential);
+        assert_eq!(
+            &*n.expert_fc2[11],
+            "decoder.layers.3.mlp.experts.local_experts.11.linear_fc2.weight"
+        );
+        let n = LayerNames::new("", 0, 12, true, ExpertLayout::SingleGrouped);
+        assert!(n.expert_fc1.is_empty() && n.expert_fc2.is_empty());
+        assert_eq!(&*n.qkv_norm, "decoder.layers.0.input_layernorm.weight");
     }
 
     #[test]

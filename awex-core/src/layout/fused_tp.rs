@@ -355,18 +355,22 @@ impl FusedTpLayout {
     }
 
     fn all_ranks(&self) -> Vec<RankId> {
-        (0..self.engines)
-            .flat_map(|e| (0..self.tp).map(move |r| RankId::infer(e, r)))
-            .collect()
+        let mut v = Vec::with_capacity(self.engines as usize * self.tp as usize);
+        for e in 0..self.engines {
+            v.extend((0..self.tp).map(|r| RankId::infer(e, r)));
+        }
+        v
     }
 
     /// Ranks (all engines) that hold the same KV head as TP rank `r`.
     fn kv_group_ranks(&self, r: u64) -> Vec<RankId> {
         let n = self.d.kv_replicas;
         let first = r / n * n;
-        (0..self.engines)
-            .flat_map(|e| (first..first + n).map(move |t| RankId::infer(e, t as u32)))
-            .collect()
+        let mut v = Vec::with_capacity(self.engines as usize * n as usize);
+        for e in 0..self.engines {
+            v.extend((first..first + n).map(|t| RankId::infer(e, t as u32)));
+        }
+        v
     }
 
     // ---- rank view ----
@@ -460,9 +464,19 @@ impl FusedTpLayout {
             let mut w2 = Vec::with_capacity(ne as usize);
             for j in 0..ne {
                 let e = first + j;
-                let prefix = &n.experts_prefix;
-                let name =
-                    |part: &str| -> Arc<str> { Arc::from(format!("{prefix}{e}.{part}.weight")) };
+                // `{prefix}{e}.{part}.weight`, appended (this runs for every expert of a rank)
+                let mut at = String::with_capacity(n.experts_prefix.len() + 24);
+                at.push_str(&n.experts_prefix);
+                push_index(&mut at, e);
+                at.push('.');
+                let stem = at.len();
+                let mut name = |part: &str| -> Arc<str> {
+                    at.push_str(part);
+                    at.push_str(".weight");
+                    let name = Arc::from(at.as_str());
+                    at.truncate(stem);
+                    name
+                };
                 w13.push(Placement {
                     canonical: name("gate_proj"),
                     region: Region::new([m * mi, 0], [mi, h]),
@@ -726,6 +740,22 @@ fn parse_index(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+/// Appends `i` in decimal.
+fn push_index(s: &mut String, i: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = i;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    s.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
 /// `shape` with dimension `dim` replaced by `full` (the canonical extent of a TP-split dim).
 fn shape_full(shape: Dims, dim: usize, full: u64) -> Dims {
     let mut s = shape;
@@ -769,6 +799,62 @@ impl SideLayout for FusedTpLayout {
             }
         }
         Some(RankLayout { rank, tensors })
+    }
+
+    fn for_each_canonical(&self, rank: RankId, f: &mut dyn FnMut(&str)) -> bool {
+        if rank.engine >= self.engines || rank.rank >= self.tp {
+            return false;
+        }
+        // the names `rank_layout` places, in catalogue order, without building the tensors
+        let r = u64::from(rank.rank);
+        let has_vocab = self.vocab_rows(r).1 > 0;
+        if has_vocab {
+            f(&self.embed);
+        }
+        let mut name = String::new();
+        for n in &self.layers {
+            f(&n.input_ln);
+            f(&n.q);
+            f(&n.k);
+            f(&n.v);
+            if self.attention_bias {
+                f(&n.q_bias);
+                f(&n.k_bias);
+                f(&n.v_bias);
+            }
+            f(&n.o);
+            if self.qk_norm {
+                f(&n.q_norm);
+                f(&n.k_norm);
+            }
+            f(&n.post_ln);
+            if n.moe {
+                f(&n.router);
+                let (first, ne) = expert_range(self.d.experts, self.d.ep, r / self.d.moe_tp);
+                for e in first..first + ne {
+                    name.clear();
+                    name.push_str(&n.experts_prefix);
+                    push_index(&mut name, e);
+                    name.push('.');
+                    let stem = name.len();
+                    for part in ["gate_proj.weight", "up_proj.weight", "down_proj.weight"] {
+                        name.truncate(stem);
+                        name.push_str(part);
+                        f(&name);
+                    }
+                }
+            } else {
+                f(&n.gate_proj);
+                f(&n.up_proj);
+                f(&n.down_proj);
+            }
+        }
+        f(&self.final_norm);
+        match &self.lm_head {
+            LmHead::Own(c) | LmHead::Tied(c) if has_vocab => f(c),
+            _ => {}
+        }
+        true
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
@@ -836,6 +922,53 @@ mod tests {
             lm_head: LmHead::Absent,
             experts_module: "mlp.experts",
         }
+    }
+
+    #[test]
+    fn for_each_canonical_names_what_rank_layout_places() {
+        let mut specs = Vec::new();
+        for name in ["qwen3-tiny", "moe-1t"] {
+            specs.push(ModelSpec::resolve(name).unwrap());
+        }
+        let mut biased = ModelSpec::resolve("qwen3-tiny").unwrap();
+        biased.attention_bias = true;
+        specs.push(biased);
+        let mut checked = 0;
+        for spec in &specs {
+            for (tp, ep, lm_head) in [
+                (2u64, 1u64, LmHead::Absent),
+                (4, 2, LmHead::Own(Arc::from("lm_head.weight"))),
+                (16, 16, LmHead::Tied(Arc::from("model.embed_tokens.weight"))),
+            ] {
+                let kv = spec.num_kv_heads;
+                if spec.num_heads % tp != 0 || !(kv % tp == 0 || tp % kv == 0) {
+                    continue;
+                }
+                let rows = spec.vocab_size.div_ceil(tp).div_ceil(64) * 64;
+                let c = FusedTp {
+                    engines: 2,
+                    lm_head,
+                    ..cfg(tp, ep, rows)
+                };
+                let Ok(layout) = FusedTpLayout::new(spec, c) else {
+                    continue;
+                };
+                for rank in layout.ranks() {
+                    let mut want: Vec<String> = Vec::new();
+                    for t in layout.rank_layout(rank).unwrap().tensors {
+                        want.extend(t.placements.iter().map(|p| p.canonical.to_string()));
+                    }
+                    let mut got: Vec<String> = Vec::new();
+                    assert!(layout.for_each_canonical(rank, &mut |n| got.push(n.to_string())));
+                    want.sort();
+                    got.sort();
+                    assert_eq!(got, want, "{} tp={tp} ep={ep} rank {rank}", spec.name);
+                }
+                assert!(!layout.for_each_canonical(RankId::infer(2, 0), &mut |_| {}));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 6, "only {checked} layouts checked");
     }
 
     #[test]

@@ -188,6 +188,23 @@ pub trait SideLayout: Send + Sync {
 
     /// Every shard of canonical tensor `canonical`, with the ranks holding each.
     fn holders(&self, canonical: &str) -> Vec<Holder>;
+
+    /// Calls `f` with the canonical tensor of every placement of `rank`'s local tensors (each
+    /// name at least once, in no promised order), or returns `false` if no such rank.
+    ///
+    /// What the planner needs of a rank's own layout. The default builds [`Self::rank_layout`];
+    /// a layout that can name the tensors without building the rank's placements overrides it.
+    fn for_each_canonical(&self, rank: RankId, f: &mut dyn FnMut(&str)) -> bool {
+        let Some(layout) = self.rank_layout(rank) else {
+            return false;
+        };
+        for t in &layout.tensors {
+            for p in &t.placements {
+                f(&p.canonical);
+            }
+        }
+        true
+    }
 }
 
 /// A side given as explicit rank layouts (e.g. reported by live processes), with its inverse index.

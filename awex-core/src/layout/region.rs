@@ -16,6 +16,7 @@ pub struct Region {
 
 impl Region {
     /// A box from offset and extent (same number of dims).
+    #[inline]
     pub fn new(offset: impl Into<Dims>, extent: impl Into<Dims>) -> Self {
         let (offset, extent) = (offset.into(), extent.into());
         debug_assert_eq!(offset.ndim(), extent.ndim());
@@ -23,6 +24,7 @@ impl Region {
     }
 
     /// The whole of a tensor of `shape`.
+    #[inline]
     pub fn full(shape: Dims) -> Self {
         Region {
             offset: Dims::zeros(shape.ndim()),
@@ -31,11 +33,13 @@ impl Region {
     }
 
     /// Rows `[start, start + len)` of a tensor of `shape` (all of the other dims).
+    #[inline]
     pub fn rows(shape: Dims, start: u64, len: u64) -> Self {
         Self::slice(shape, 0, start, len)
     }
 
     /// `[start, start + len)` along dimension `dim` of a tensor of `shape`.
+    #[inline]
     pub fn slice(shape: Dims, dim: usize, start: u64, len: u64) -> Self {
         let mut r = Region::full(shape);
         r.offset.set(dim, start);
@@ -44,26 +48,31 @@ impl Region {
     }
 
     /// Number of dimensions.
+    #[inline]
     pub fn ndim(&self) -> usize {
         self.offset.ndim()
     }
 
     /// Number of elements.
+    #[inline]
     pub fn numel(&self) -> u64 {
         self.extent.numel()
     }
 
     /// Whether the box holds no element.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.extent.as_slice().contains(&0)
     }
 
     /// One past the last coordinate.
+    #[inline]
     pub fn end(&self) -> Dims {
         self.offset.add(&self.extent)
     }
 
     /// The intersection, or `None` if empty (or the dims differ).
+    #[inline]
     pub fn intersect(&self, o: &Region) -> Option<Region> {
         if self.ndim() != o.ndim() {
             return None;
@@ -83,6 +92,7 @@ impl Region {
     }
 
     /// Whether `o` lies entirely inside `self`.
+    #[inline]
     pub fn contains(&self, o: &Region) -> bool {
         self.ndim() == o.ndim()
             && (0..self.ndim()).all(|i| {

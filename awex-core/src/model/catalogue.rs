@@ -5,6 +5,7 @@ use crate::dims::Dims;
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// One tensor of the canonical (HF checkpoint) model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,7 +34,55 @@ impl CanonicalTensor {
 #[derive(Clone, Debug)]
 pub struct Catalogue {
     tensors: Vec<CanonicalTensor>,
-    index: HashMap<String, u32>,
+    index: HashMap<String, u32, BuildHasherDefault<NameHasher>>,
+    /// whether every name appears once (else a name's index is the one the index keeps)
+    unique: bool,
+}
+
+/// A fast hash of tensor names (8 bytes per multiply) for the catalogue's index and the
+/// planner's tables.
+///
+/// The keys are the model's own tensor names (or addresses), not input an adversary picks, so
+/// these tables need no protection against collisions chosen on purpose (what SipHash, the
+/// default, pays for).
+#[derive(Default)]
+pub(crate) struct NameHasher(u64);
+
+impl NameHasher {
+    const K: u64 = 0xf135_7aea_2e62_a9c5;
+
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0 ^ word).wrapping_mul(Self::K).rotate_left(26);
+    }
+}
+
+impl Hasher for NameHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.mix(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        let mut w = [0u8; 8];
+        w[..rest.len()].copy_from_slice(rest);
+        self.mix(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+    }
+
+    fn write_u8(&mut self, b: u8) {
+        self.mix(u64::from(b));
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        // the table takes its bucket from the low bits and its tag from the high ones
+        let x = self.0;
+        (x ^ (x >> 32)).wrapping_mul(Self::K) ^ (x >> 29)
+    }
 }
 
 /// A compact summary of a catalogue, comparable across processes.
@@ -51,12 +100,17 @@ pub struct CatalogueSummary {
 impl Catalogue {
     /// Builds a catalogue from tensors (order kept).
     pub fn new(tensors: Vec<CanonicalTensor>) -> Self {
-        let index = tensors
+        let index: HashMap<String, u32, BuildHasherDefault<NameHasher>> = tensors
             .iter()
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i as u32))
             .collect();
-        Catalogue { tensors, index }
+        let unique = index.len() == tensors.len();
+        Catalogue {
+            tensors,
+            index,
+            unique,
+        }
     }
 
     /// The canonical tensors of an HF checkpoint of `spec`.
@@ -139,6 +193,20 @@ impl Catalogue {
     /// Index of a tensor by name.
     pub fn id(&self, name: &str) -> Option<u32> {
         self.index.get(name).copied()
+    }
+
+    /// Index of a tensor by name, looked for first among the few tensors just after `near`
+    /// (callers that walk names roughly in catalogue order, e.g. a rank's placements, pass the
+    /// previous name's index); the same answer as [`Catalogue::id`].
+    pub fn id_near(&self, name: &str, near: Option<u32>) -> Option<u32> {
+        if let Some(n) = near.filter(|_| self.unique) {
+            let start = n as usize + 1;
+            let end = (start + 3).min(self.tensors.len());
+            if let Some(i) = (start..end).find(|&i| self.tensors[i].name == name) {
+                return Some(i as u32);
+            }
+        }
+        self.id(name)
     }
 
     /// A tensor by name.

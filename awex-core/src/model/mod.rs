@@ -6,6 +6,7 @@ mod file;
 pub mod presets;
 mod spec;
 
+pub(crate) use catalogue::NameHasher;
 pub use catalogue::{CanonicalTensor, Catalogue, CatalogueSummary};
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use spec::{Architecture, ModelSpec, MoeSpec};

@@ -32,6 +32,10 @@ pub(super) struct Scratch {
     occ: Vec<u32>,
     /// per set: its range in `flat` when its pieces take its candidates in turn
     turn_taking: Vec<Option<(u32, u32)>>,
+    /// the pieces of the sets that search, in greedy order
+    searched: Vec<u32>,
+    /// per set, while the turns are dealt: the next piece's turn
+    next_turn: Vec<u32>,
     /// per set that takes its candidates in turn: see [`Turns`]
     rr_sets: Vec<Option<Turns>>,
     /// the (tie, position) keys of turn-taking sets, sorted, once a piece of the set is needed
@@ -42,6 +46,8 @@ pub(super) struct Scratch {
     slot: Vec<u32>,
     /// structures of recent tensors, by their holders
     cache: Vec<Saved>,
+    /// the [`holders_key`] of each cached structure
+    keys: Vec<u64>,
     /// the slot the next new structure replaces
     victim: usize,
 }
@@ -65,6 +71,7 @@ struct Saved {
     pieces: Vec<Piece>,
     order: Vec<u32>,
     turn_taking: Vec<Option<(u32, u32)>>,
+    searched: Vec<u32>,
 }
 
 /// Exchanges the structure buffers of the scratch with a saved structure's.
@@ -80,6 +87,7 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
     swap(&mut s.pieces, &mut k.pieces);
     swap(&mut s.order, &mut k.order);
     swap(&mut s.turn_taking, &mut k.turn_taking);
+    swap(&mut s.searched, &mut k.searched);
 }
 
 /// A candidate set whose pieces take its candidates in turn, in (tie, position) order.
@@ -87,8 +95,6 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
 struct Turns {
     /// the set's range in the flat candidate list
     cands: (u32, u32),
-    /// the turn of the set's next piece
-    next: u32,
     /// start of its (tie, position) keys in `Scratch::rr` (`u32::MAX`: not made yet)
     keys: u32,
     /// whether those keys are sorted (else only one turn has been looked up in them)
@@ -118,7 +124,8 @@ struct Piece {
     /// index of that candidate set (one heap each)
     set: u32,
     /// position of the chosen candidate in the flat list, or, in a set that takes its
-    /// candidates in turn, the piece's turn
+    /// candidates in turn, the piece's turn (dealt once per structure: it depends on nothing
+    /// else)
     chosen: u32,
 }
 
@@ -179,16 +186,18 @@ pub(super) fn assign_tensor(
     // Tensors laid out alike (experts of one layer, say) share everything up to the greedy but
     // their tie-break: a recent tensor's structure is reused when its holders hold the same
     // boxes on the same ranks.
-    let hit = s
-        .cache
-        .iter()
-        .position(|k| same_holders(&k.src, &src) && same_holders(&k.dst, &dst));
+    let key = holders_key(&src, &dst);
+    let hit = (0..s.keys.len()).find(|&i| {
+        let k = &s.cache[i];
+        s.keys[i] == key && same_holders(&k.src, &src) && same_holders(&k.dst, &dst)
+    });
     let slot = match hit {
         Some(i) => i,
         None => {
             structure(c, &src, &dst, s)?;
             if s.cache.len() < CACHED {
                 s.cache.push(Saved::default());
+                s.keys.push(0);
                 s.cache.len() - 1
             } else {
                 s.victim = (s.victim + 1) % CACHED;
@@ -214,14 +223,12 @@ pub(super) fn assign_tensor(
     s.rr_sets.extend(s.turn_taking.iter().map(|t| {
         t.map(|cands| Turns {
             cands,
-            next: 0,
             keys: u32::MAX,
             sorted: false,
         })
     }));
-    let searched = s.rr_sets.iter().any(Option::is_none);
     // loads, and a per-tensor tie-break, for the sets that search
-    if searched {
+    if !s.searched.is_empty() {
         s.loads.clear();
         s.loads.resize(s.ranks.len(), 0);
         s.ties.clear();
@@ -234,16 +241,9 @@ pub(super) fn assign_tensor(
     if s.heaps.len() < sets.len() {
         s.heaps.resize_with(sets.len(), BinaryHeap::new);
     }
-    for &pi in &s.order {
+    // (the pieces of turn-taking sets hold their turns already)
+    for &pi in &s.searched {
         let p = &mut s.pieces[pi as usize];
-        if let Some(t) = &mut s.rr_sets[p.set as usize] {
-            p.chosen = t.next;
-            t.next += 1;
-            if t.next == t.cands.1 - t.cands.0 {
-                t.next = 0;
-            }
-            continue;
-        }
         if p.cands.1 - p.cands.0 <= LINEAR_MAX {
             let mut best = p.cands.0;
             let mut key = (u64::MAX, u64::MAX);
@@ -348,10 +348,36 @@ pub(super) fn assign_tensor(
     }
     // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
     swap_structure(s, &mut saved);
-    saved.src = src;
-    saved.dst = dst;
+    if hit.is_none() {
+        s.keys[slot] = key;
+        saved.src = src;
+        saved.dst = dst;
+    }
     s.cache[slot] = saved;
     Ok(())
+}
+
+/// A digest of part of what [`same_holders`] compares (the number of holders; the box, dtype
+/// and rank list ends of the first and last holder): equal holders have equal keys, so most
+/// cached structures are passed over without comparing their holders.
+fn holders_key(src: &[Holder], dst: &[Holder]) -> u64 {
+    let mut k = 0u64;
+    let mut mix = |x: u64| k = (k ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    for list in [src, dst] {
+        mix(list.len() as u64);
+        for h in list.first().into_iter().chain(list.last()) {
+            mix(h.dtype as u64);
+            let (o, e) = (h.region.offset.as_slice(), h.region.extent.as_slice());
+            for d in o.iter().chain(e) {
+                mix(*d);
+            }
+            mix(h.ranks.len() as u64);
+            for r in h.ranks.first().into_iter().chain(h.ranks.last()) {
+                mix((u64::from(r.engine) << 32) | u64::from(r.rank));
+            }
+        }
+    }
+    k
 }
 
 /// Whether two holder lists hold the same boxes in the same dtypes on the same ranks (the local
@@ -584,6 +610,25 @@ fn structure(
             .all(|c| s.occ[c.rank as usize] == 1);
         let turns = b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX;
         s.turn_taking.push(turns.then_some((a, b)));
+    }
+    // deal the turns: the i-th piece of a turn-taking set in greedy order takes turn i, modulo
+    // the number of candidates; the other pieces search, in greedy order
+    s.next_turn.clear();
+    s.next_turn.resize(s.sets.len(), 0);
+    s.searched.clear();
+    for &pi in &s.order {
+        let p = &mut s.pieces[pi as usize];
+        match s.turn_taking[p.set as usize] {
+            Some((a, b)) => {
+                let next = &mut s.next_turn[p.set as usize];
+                p.chosen = *next;
+                *next += 1;
+                if *next == b - a {
+                    *next = 0;
+                }
+            }
+            None => s.searched.push(pi),
+        }
     }
     Ok(())
 }

@@ -2,7 +2,10 @@
 
 use super::Transfer;
 use crate::layout::Dims;
+use crate::model::NameHasher;
 use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 /// Whether `b` continues `a` along box dim `d` on both ends, with everything else equal.
@@ -60,59 +63,116 @@ fn cmp_name(a: &Arc<str>, b: &Arc<str>) -> Ordering {
     }
 }
 
+/// Numbers tensor names: equal names (by content) get one number, whichever allocation holds
+/// them. Transfers are numbered as they are emitted; the names are then compared by number.
+#[derive(Default)]
+pub(super) struct NameNumbers {
+    /// the number of each name allocation seen (the allocations stay alive in the transfers)
+    by_ptr: HashMap<*const u8, u32, BuildHasherDefault<NameHasher>>,
+    /// the number of each distinct name
+    by_name: HashMap<Arc<str>, u32, BuildHasherDefault<NameHasher>>,
+    /// the last allocation numbered (consecutive transfers mostly share their names)
+    last: Option<(*const u8, u32)>,
+}
+
+impl NameNumbers {
+    /// The number of the name `n`.
+    pub(super) fn number(&mut self, n: &Arc<str>) -> u32 {
+        let p = Arc::as_ptr(n) as *const u8;
+        if let Some((q, k)) = self.last
+            && q == p
+        {
+            return k;
+        }
+        let k = match self.by_ptr.get(&p) {
+            Some(&k) => k,
+            None => {
+                let fresh = self.by_name.len() as u32;
+                let k = *self.by_name.entry(n.clone()).or_insert(fresh);
+                self.by_ptr.insert(p, k);
+                k
+            }
+        };
+        self.last = Some((p, k));
+        k
+    }
+}
+
+/// A transfer of the peer, with the numbers of its two tensors' names.
+#[derive(Clone, Copy)]
+struct Item {
+    /// index into the transfers
+    at: u32,
+    src: u32,
+    dst: u32,
+}
+
 /// Transfers that may merge: between the same two ranks and local tensors, boxes of one rank.
-fn group(a: &Transfer, b: &Transfer) -> Ordering {
-    a.src_rank
-        .cmp(&b.src_rank)
-        .then_with(|| a.dst_rank.cmp(&b.dst_rank))
-        .then_with(|| cmp_name(&a.src_tensor, &b.src_tensor))
-        .then_with(|| cmp_name(&a.dst_tensor, &b.dst_tensor))
-        .then_with(|| a.extent.ndim().cmp(&b.extent.ndim()))
+///
+/// Only which transfers fall in one group matters, not the order of the groups: merges happen
+/// inside a group, in the group's own order (`cmp_along`, ties kept in their earlier order by
+/// the stable sort), and the final order ([`coalesce`]'s last sort) compares names
+/// alphabetically. So the names compare by their numbers.
+fn group(a: Item, b: Item, ts: &[Transfer]) -> Ordering {
+    let (x, y) = (&ts[a.at as usize], &ts[b.at as usize]);
+    x.src_rank
+        .cmp(&y.src_rank)
+        .then_with(|| x.dst_rank.cmp(&y.dst_rank))
+        .then_with(|| a.src.cmp(&b.src))
+        .then_with(|| a.dst.cmp(&b.dst))
+        .then_with(|| x.extent.ndim().cmp(&y.extent.ndim()))
 }
 
 /// Coalesces one peer's transfers and puts them in execution order.
 ///
 /// Transfers merge when they connect the same two local tensors and their boxes are adjacent
 /// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
-/// `live` lists the peer's transfers in `ts` (in emission order); the transfers stay where they
+/// `live` lists the peer's transfers in `ts` (in emission order), `names` the numbers of every
+/// transfer's source and destination tensor names ([`NameNumbers`]); the transfers stay where they
 /// are while these indices are sorted and merged (a merged transfer grows in place in `ts`), and
 /// the indices of the result come back in execution order.
 #[inline(never)]
-pub(super) fn coalesce(ts: &mut [Transfer], mut live: Vec<u32>) -> Vec<u32> {
+pub(super) fn coalesce(ts: &mut [Transfer], names: &[(u32, u32)], live: Vec<u32>) -> Vec<u32> {
     let max_k = live
         .iter()
         .map(|&i| ts[i as usize].extent.ndim())
         .max()
         .unwrap_or(0);
-    let mut out: Vec<u32> = Vec::with_capacity(live.len());
+    let mut live: Vec<Item> = live
+        .iter()
+        .map(|&at| {
+            let (src, dst) = names[at as usize];
+            Item { at, src, dst }
+        })
+        .collect();
+    let mut out: Vec<Item> = Vec::with_capacity(live.len());
     loop {
         let before = live.len();
         for d in (0..max_k).rev() {
-            let along = |a: &Transfer, b: &Transfer| -> Ordering {
-                group(a, b).then_with(|| {
-                    let (ka, kb) = (a.extent.ndim(), b.extent.ndim());
+            let along = |a: Item, b: Item| -> Ordering {
+                group(a, b, ts).then_with(|| {
+                    let (x, y) = (&ts[a.at as usize], &ts[b.at as usize]);
+                    let (ka, kb) = (x.extent.ndim(), y.extent.ndim());
                     if d >= ka || d >= kb {
                         return Ordering::Equal;
                     }
-                    cmp_along(a, b, d)
+                    cmp_along(x, y, d)
                 })
             };
-            let ordered =
-                live.is_sorted_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]).is_le());
-            if !ordered {
-                live.sort_by(|&a, &b| along(&ts[a as usize], &ts[b as usize]));
+            if !live.is_sorted_by(|&a, &b| along(a, b).is_le()) {
+                live.sort_by(|&a, &b| along(a, b));
             }
             out.clear();
             for &i in &live {
                 if let Some(&l) = out.last() {
-                    let (last, t) = (&ts[l as usize], &ts[i as usize]);
+                    let (last, t) = (&ts[l.at as usize], &ts[i.at as usize]);
                     if d < t.extent.ndim()
-                        && group(last, t) == Ordering::Equal
+                        && group(l, i, ts) == Ordering::Equal
                         && adjacent(last, t, d)
                     {
                         let e = last.extent.get(d) + t.extent.get(d);
                         let c = last.canonical.min(t.canonical);
-                        let last = &mut ts[l as usize];
+                        let last = &mut ts[l.at as usize];
                         last.extent.set(d, e);
                         last.canonical = c;
                         continue;
@@ -134,6 +194,7 @@ pub(super) fn coalesce(ts: &mut [Transfer], mut live: Vec<u32>) -> Vec<u32> {
             .then_with(|| cmp_name(&a.src_tensor, &b.src_tensor))
             .then_with(|| a.src_offset.cmp(&b.src_offset))
     };
+    let mut live: Vec<u32> = live.into_iter().map(|i| i.at).collect();
     if !live.is_sorted_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]).is_le()) {
         live.sort_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]));
     }

@@ -18,6 +18,7 @@ pub use simulate::{RankBuffers, SimulationError, simulate};
 use crate::dtype::DType;
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
+use coalesce::NameNumbers;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -196,26 +197,45 @@ impl Pair<'_> {
     /// The plan of one rank, computed from that rank's own pieces only.
     pub fn plan_rank(&self, side: Side, rank: RankId) -> Result<RankPlan, PlanError> {
         let layout = match side {
-            Side::Training => self.training.rank_layout(rank),
-            Side::Inference => self.inference.rank_layout(rank),
-        }
-        .ok_or(PlanError::NoSuchRank { side, rank })?;
-        // canonical tensors this rank touches, in catalogue order
+            Side::Training => self.training,
+            Side::Inference => self.inference,
+        };
+        // canonical tensors this rank touches, in catalogue order; a rank's placements mostly
+        // follow the catalogue, so each name is first looked for just after the previous one
         let mut ids: Vec<u32> = Vec::new();
-        for t in &layout.tensors {
-            for p in &t.placements {
-                let id = self
-                    .catalogue
-                    .id(&p.canonical)
-                    .ok_or_else(|| PlanError::UnknownCanonical(p.canonical.to_string()))?;
-                ids.push(id);
+        let mut placements = 0usize;
+        let mut near = None;
+        let mut unknown = None;
+        let found = layout.for_each_canonical(rank, &mut |name| {
+            placements += 1;
+            match self.catalogue.id_near(name, near) {
+                Some(id) => {
+                    near = Some(id);
+                    ids.push(id);
+                }
+                None => {
+                    if unknown.is_none() {
+                        unknown = Some(name.to_string());
+                    }
+                }
             }
+        });
+        if !found {
+            return Err(PlanError::NoSuchRank { side, rank });
+        }
+        if let Some(name) = unknown {
+            return Err(PlanError::UnknownCanonical(name));
         }
         ids.sort_unstable();
         ids.dedup();
         // every transfer in emission order, with its peer; grouped by peer once all are known
-        let mut all: Vec<Transfer> = Vec::new();
-        let mut peer_of: Vec<RankId> = Vec::new();
+        // (about one transfer per placement, a few more where a box is cut; reserving up front
+        // saves copying the transfers while the vector grows)
+        let mut all: Vec<Transfer> = Vec::with_capacity(placements + placements / 2);
+        let mut peer_of: Vec<RankId> = Vec::with_capacity(all.capacity());
+        // the numbers of each transfer's two tensor names, for coalescing
+        let mut names: Vec<(u32, u32)> = Vec::with_capacity(all.capacity());
+        let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
         for id in ids {
             let c = self.catalogue.by_id(id);
@@ -224,6 +244,10 @@ impl Pair<'_> {
                     Side::Training => t.dst_rank,
                     Side::Inference => t.src_rank,
                 });
+                names.push((
+                    src_names.number(&t.src_tensor),
+                    dst_names.number(&t.dst_tensor),
+                ));
                 all.push(t);
             })?;
         }
@@ -241,14 +265,19 @@ impl Pair<'_> {
                 _ => groups.push((p, vec![i])),
             }
         }
-        let mut peers = Vec::with_capacity(groups.len());
+        // coalesce every peer's transfers in place, then move (not copy) the survivors out
+        let orders: Vec<(RankId, Vec<u32>)> = groups
+            .into_iter()
+            .map(|(peer, live)| (peer, coalesce::coalesce(&mut all, &names, live)))
+            .collect();
+        let mut slots: Vec<Option<Transfer>> = all.into_iter().map(Some).collect();
+        let mut peers = Vec::with_capacity(orders.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut bytes = Vec::new();
-        for (peer, live) in groups {
-            let transfers: Vec<Transfer> = coalesce::coalesce(&mut all, live)
-                .into_iter()
-                .map(|i| all[i as usize].clone())
-                .collect();
+        for (peer, order) in orders {
+            // each index names one transfer of one peer, so every slot is taken once
+            let mut transfers: Vec<Transfer> = Vec::with_capacity(order.len());
+            transfers.extend(order.iter().filter_map(|&i| slots[i as usize].take()));
             bytes.clear();
             for t in &transfers {
                 t.hash_bytes(&mut bytes);
