@@ -278,4 +278,8 @@ impl SideLayout for VllmLayout {
     fn holders(&self, canonical: &str) -> Vec<Holder> {
         self.0.holders(canonical)
     }
+
+    fn for_each_canonical(&self, rank: RankId, f: &mut dyn FnMut(&str)) -> bool {
+        self.0.for_each_canonical(rank, f)
+    }
 }
