@@ -61,8 +61,9 @@ for r in $RUNS; do
     8b-contiguous) bench 8b-contiguous 120 $P8 --sender-alloc contiguous --updates 7 ;;
     # 8b-<alloc>-<opts> with opts among dmN (linear copies of at least N MiB through the driver's
     # device copy, AWEX_IPC_DRIVER_MIN_MIB; dmoff: never), sN (N copy streams, AWEX_IPC_STREAMS),
-    # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), lpt (copies issued largest first,
-    # AWEX_IPC_ORDER=largest), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-lpt-g
+    # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), lpt / sub (copies issued largest
+    # first, the default, or in submission order: AWEX_IPC_ORDER), pN (linear copies cut into
+    # N MiB pieces, AWEX_IPC_SPLIT_MIB), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g
     8b-per-tensor-*-*|8b-contiguous-*-*|moe-per-tensor-*-*|moe-contiguous-*-*)
       case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
       case $r in *-per-tensor-*) alloc=per-tensor ;; *) alloc=contiguous ;; esac
@@ -70,9 +71,11 @@ for r in $RUNS; do
       for o in $(echo "${r#*-$alloc-}" | tr - ' '); do
         case $o in
           dm*) envs+=("AWEX_IPC_DRIVER_MIN_MIB=${o#dm}") ;;
+          sub) envs+=("AWEX_IPC_ORDER=submission") ;;
           s*) envs+=("AWEX_IPC_STREAMS=${o#s}") ;;
           g) envs+=("AWEX_IPC_GRAPH_MIN=1") ;;
           lpt) envs+=("AWEX_IPC_ORDER=largest") ;;
+          p*) envs+=("AWEX_IPC_SPLIT_MIB=${o#p}") ;;
         esac
       done
       ( [ ${#envs[@]} = 0 ] || export "${envs[@]}"; bench "$r" "$lim" $base --sender-alloc $alloc --updates $n ) || status=1 ;;

@@ -129,14 +129,16 @@ pub fn assign_streams(descs: &[CopyDesc], streams: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Whether a batch's copies are issued largest first (`AWEX_IPC_ORDER=largest`), each to the
-/// stream with the fewest bytes so far (longest-processing-time first), instead of in
-/// submission order (the default): for measuring whether the streams then end closer together.
-/// The destinations of one batch never overlap, so the order does not change what lands.
+/// Whether a batch's copies are issued largest first, each to the stream with the fewest bytes
+/// so far (longest-processing-time first: the streams end closer together), the default, or in
+/// submission order (`AWEX_IPC_ORDER=submission`). Measured on an H200 (`docs/benchmarks.md`,
+/// 2026-12-01 19:01 UTC): qwen3-8b out of per-tensor allocations 8.41 -> 8.27 ms, qwen3-30b-a3b
+/// 34.00 -> 33.18 ms. The destinations of one batch never overlap, so the order does not change
+/// what lands.
 fn largest_first() -> bool {
     static ORDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ORDER.get_or_init(|| {
-        std::env::var("AWEX_IPC_ORDER").is_ok_and(|v| v.trim().eq_ignore_ascii_case("largest"))
+        !std::env::var("AWEX_IPC_ORDER").is_ok_and(|v| v.trim().eq_ignore_ascii_case("submission"))
     })
 }
 

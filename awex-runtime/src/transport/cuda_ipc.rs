@@ -56,6 +56,15 @@ const STREAMS: usize = 8;
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
 
+/// [`SPLIT_BYTES`], or `AWEX_IPC_SPLIT_MIB` MiB (1..=65,536), for measuring alternatives.
+fn split_bytes() -> u64 {
+    std::env::var("AWEX_IPC_SPLIT_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|m| (1..=65_536).contains(m))
+        .map_or(SPLIT_BYTES, |m| m << 20)
+}
+
 /// Spins on `ready()` for up to [`SPIN`] (yielding the core between looks), then waits as
 /// [`ExecContext::wait_until`] does. A colocated update lasts milliseconds: the sleeps of the
 /// generic back-off (up to 1 ms each) would add a good part of one to every update.
@@ -699,7 +708,7 @@ impl CudaIpcTransport {
         let joined = merge_contiguous(&merged, |s0, s1, d0, d1| {
             import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
         });
-        let descs = split_linear(&joined, SPLIT_BYTES);
+        let descs = split_linear(&joined, split_bytes());
         let driver_min = driver_min(import.largest().map_or(0, |(_, size)| size));
         let driver_copies = match &self.engine {
             Some(e) => {
