@@ -50,8 +50,10 @@ const TENSOR_WORDS: usize = 4;
 /// Words of one peer entry: peer key, first checksum index, buckets.
 const PEER_WORDS: usize = 3;
 /// Streams of a receiver's copy engine: 8 measured 1-2 % faster than 4 on an H200 once the
-/// copies are replayed from a graph (`docs/benchmarks.md`, 2026-12-01).
-const STREAMS: usize = 8;
+/// copies are replayed from a graph, and 16 another 2.7 % faster than 8 for qwen3-30b-a3b's
+/// 12,727 copies (33.17 -> 32.27 ms) while qwen3-8b's 371 did not change (8.25 / 8.29 ms;
+/// `docs/benchmarks.md`, 2026-12-01 19:11-19:17 UTC).
+const STREAMS: usize = 16;
 /// Linear copies are cut into pieces of this size, spread over the streams (the `bench ipc`
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
