@@ -2,6 +2,7 @@
 //! parameter names (`decoder.layers.{i}.self_attention.linear_qkv.weight`, ...).
 
 use crate::config::ExpertLayout;
+use awex_core::model::push_index;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -391,24 +392,6 @@ fn joined(base: &mut String, parts: &[&str]) -> Arc<str> {
     let name = Arc::from(base.as_str());
     base.truncate(len);
     name
-}
-
-/// Appends `i` in decimal, as Python prints it.
-fn push_index(s: &mut String, i: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut v = i;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for &d in &digits[at..] {
-        s.push(char::from(d));
-    }
 }
 
 /// The prefix of a model chunk's parameter names: `model{v}.` with virtual pipeline chunks, empty without.

@@ -26,7 +26,7 @@ use crate::DType;
 use crate::layout::{
     Dims, Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
-use crate::model::ModelSpec;
+use crate::model::{ModelSpec, push_index};
 use std::sync::Arc;
 
 /// Which `lm_head.weight` an engine's model class holds.
@@ -738,22 +738,6 @@ fn parse_index(s: &str) -> Option<u64> {
         return None;
     }
     s.parse().ok()
-}
-
-/// Appends `i` in decimal.
-fn push_index(s: &mut String, i: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut v = i;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    s.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 /// `shape` with dimension `dim` replaced by `full` (the canonical extent of a TP-split dim).

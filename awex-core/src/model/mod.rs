@@ -11,6 +11,35 @@ pub use catalogue::{CanonicalTensor, Catalogue, CatalogueSummary};
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use spec::{Architecture, ModelSpec, MoeSpec};
 
+/// Appends `i` in decimal (as Python prints it in a parameter name), without `format!`: the
+/// planner builds many names with indices in them.
+pub fn push_index(s: &mut String, i: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut v = i;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    s.extend(digits[at..].iter().map(|&d| char::from(d)));
+}
+
+#[cfg(test)]
+mod push_index_tests {
+    #[test]
+    fn appends_what_display_prints() {
+        for i in [0u64, 7, 10, 99, 1_000_003, u64::MAX] {
+            let mut s = String::from("layers.");
+            super::push_index(&mut s, i);
+            assert_eq!(s, format!("layers.{i}"));
+        }
+    }
+}
+
 /// Why a model could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ModelError {
