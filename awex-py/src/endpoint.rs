@@ -26,6 +26,7 @@ use pyo3::types::{PyDict, PyMapping};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often a blocking wait returns to Python to let it handle signals (Ctrl-C).
@@ -59,6 +60,23 @@ where
     F: Future + Send,
     F::Output: Send,
 {
+    wait_unless(py, rt, what, timeout, fut, None)
+}
+
+/// [`wait`], also giving up (dropping `fut`) once `closing` is set: another thread's `close()`
+/// of the rank that waits.
+fn wait_unless<F>(
+    py: Python<'_>,
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+    timeout: Option<Duration>,
+    fut: F,
+    closing: Option<&AtomicBool>,
+) -> Result<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
     let mut fut = std::pin::pin!(fut);
     let start = Instant::now();
     loop {
@@ -72,6 +90,11 @@ where
             return Ok(out);
         }
         py.check_signals()?;
+        if closing.is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(Fail::Awex(format!(
+                "the rank was closed (close() from another thread) while {what}"
+            )));
+        }
         if let Some(t) = timeout
             && start.elapsed() >= t
         {
@@ -124,7 +147,14 @@ struct Core {
 #[pyclass(name = "_Endpoint", module = "awex._awex")]
 pub(crate) struct Endpoint {
     core: Mutex<Core>,
+    /// Set by `close()` while another call holds the core: that call's waits (for the join,
+    /// an update's event, its commit) give up, so that the close can go ahead.
+    closing: AtomicBool,
 }
+
+/// How long `close()` waits for a call running on another thread to give the rank up: its
+/// waits notice within [`SIGNAL_POLL`]; a transfer in progress ends at the pair's deadline.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 fn side_arg(
     spec: Option<String>,
@@ -360,6 +390,7 @@ impl Endpoint {
                 closed: false,
                 rt,
             }),
+            closing: AtomicBool::new(false),
         })
     }
 
@@ -442,12 +473,13 @@ impl Endpoint {
         let transport =
             make_transport(&core.cfg, &core.prepared, tensors.clone()).map_err(Fail::from)?;
         let who = core.who();
-        let rank = wait(
+        let rank = wait_unless(
             py,
             &core.rt,
             &format!("joining pair `{}` as {who}", core.cfg.pair),
             timeout,
             Rank::join(core.cfg.clone(), &core.prepared, &tensors, transport),
+            Some(&self.closing),
         )?
         .map_err(Fail::from)?;
         let options = &rank.joined.options;
@@ -518,7 +550,14 @@ impl Endpoint {
                             Some(v) => format!("waiting for update {v} of pair `{pair}`"),
                             None => format!("waiting for an update of pair `{pair}`"),
                         };
-                        match wait(py, &core.rt, &what, left, j.rank.next_live_work()) {
+                        match wait_unless(
+                            py,
+                            &core.rt,
+                            &what,
+                            left,
+                            j.rank.next_live_work(),
+                            Some(&self.closing),
+                        ) {
                             Err(Fail::Timeout(_)) if explicit.is_none() => {
                                 return Ok(py.None().into_bound(py));
                             }
@@ -591,7 +630,14 @@ impl Endpoint {
                 work.version
             );
             let outcome = j.rank.outcome(work, stats, limit);
-            match wait(py, &core.rt, &what, Some(limit), outcome)? {
+            match wait_unless(
+                py,
+                &core.rt,
+                &what,
+                Some(limit),
+                outcome,
+                Some(&self.closing),
+            )? {
                 Outcome::Committed { .. } => state = "committed",
                 Outcome::Failed {
                     reason: Failure::Version(st),
@@ -629,9 +675,39 @@ impl Endpoint {
     }
 
     /// Tears the transport down (shared memory unlinked, sockets closed) and releases the
-    /// registered tensors; idempotent.
-    fn close(&self) -> PyResult<()> {
-        let mut core = self.core()?;
+    /// registered tensors; idempotent. A call of this rank waiting on another thread (for the
+    /// join, an update, a commit) gives up first and raises that the rank was closed.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let mut core = match self.core.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(_)) => {
+                return Err(
+                    Fail::Awex("this rank is unusable after an internal failure".into()).into(),
+                );
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.closing.store(true, Ordering::Release);
+                let start = Instant::now();
+                loop {
+                    match self.core.try_lock() {
+                        Ok(c) => break c,
+                        Err(std::sync::TryLockError::WouldBlock)
+                            if start.elapsed() < CLOSE_WAIT =>
+                        {
+                            py.detach(|| std::thread::sleep(Duration::from_millis(5)));
+                        }
+                        Err(_) => {
+                            self.closing.store(false, Ordering::Release);
+                            return Err(Fail::Awex(format!(
+                                "close(): another call on this rank is still running after {} s (a transfer in progress ends at the pair's update deadline); try again",
+                                CLOSE_WAIT.as_secs()
+                            ))
+                            .into());
+                        }
+                    }
+                }
+            }
+        };
         if let Some(mut j) = core.joined.take() {
             j.rank.close();
         }

@@ -290,6 +290,40 @@ def test_a_rank_told_its_attempt_runs_it_without_the_event_and_a_retry_ignores_t
         p.close()
 
 
+def test_close_from_another_thread_interrupts_a_waiting_update(gateway, pair_name):
+    import threading
+    import time
+
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "shm")
+    try:
+        for x in p.all():
+            x.register({t["name"]: np.zeros(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        r = p.readers[0]
+        out: dict[str, Any] = {}
+
+        def waiting() -> None:
+            try:
+                out["result"] = r.update(timeout=60)  # no update is ever started
+            except Exception as e:
+                out["error"] = e
+
+        t = threading.Thread(target=waiting)
+        t.start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        r.close()
+        t.join(10)
+        assert time.monotonic() - start < 5
+        assert not t.is_alive()
+        assert isinstance(out.get("error"), awex.AwexError), out
+        assert "the rank was closed (close() from another thread) while waiting for an update" in str(out["error"])
+        assert r.closed
+        r.close()  # idempotent
+    finally:
+        p.close()
+
+
 def test_rank_waiting_without_an_update_times_out(gateway, pair_name):
     p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", "tcp")
     try:

@@ -122,7 +122,10 @@ class _Rank:
 
     def close(self) -> None:
         """Tears the transport down (shared memory unlinked, sockets closed) and releases the
-        registered tensors. Idempotent; also done by ``with``."""
+        registered tensors. Idempotent; also done by ``with``. Called from another thread while
+        this rank waits (in ``join``, or in ``update`` for an update or its commit), that wait
+        gives up at once and raises ``awex.AwexError`` saying the rank was closed; a transfer
+        in progress is not interrupted (``close`` then raises after 10 s, try again)."""
         self._rank.close()
 
     def layout(self) -> list[dict[str, Any]]:
