@@ -1,13 +1,17 @@
 //! A pair's long-polls are bounded (4 per rank + 16 by default): requests that would wait beyond
 //! the bound get 503 at once with a body that says so, requests that do not wait need no
 //! permit, permits come back when their clients go away, and the pair's ranks still commit.
+//! Event polls of a rank's live holder (naming its claim id) have a pool of their own: a flood
+//! of other requests does not cut the ranks off their work.
 
 mod gateway_common;
 
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
-use awex_control::wire::{PairState, UpdateState};
+use awex_control::wire::{EventKind, JoinRequest, PairState, Report, UpdateState};
+use awex_core::{RankId, Side};
 use gateway_common::{always_ok, connect_request, logs, spawn_ranks, start};
+use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -144,4 +148,121 @@ async fn the_bound_is_configurable() {
     let mut other = send(&addr, "/v1/pairs/lp3/kv/nothing?timeout_ms=50").await;
     let a = answer(&mut other, Duration::from_secs(2)).await;
     assert!(a.starts_with("HTTP/1.1 404"), "{a}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_other_long_polls_does_not_take_the_ranks_event_polls() {
+    let base = start(GatewayConfig::default()).await;
+    let addr = base.trim_start_matches("http://").to_string();
+    let client = Client::new(&base, None).unwrap();
+    client
+        .connect(&connect_request("fl", 1, 1, 1))
+        .await
+        .unwrap();
+    // both ranks claim their slots with a claim id, as awex's ranks do
+    let (t, i) = (RankId::train(0), RankId::infer(0, 0));
+    let join = |side, rank, claim: &'static str| {
+        let c = client.clone();
+        async move {
+            c.join(
+                "fl",
+                &JoinRequest {
+                    side,
+                    rank,
+                    info: json!({"incarnation": claim, "pid": std::process::id()}),
+                    capabilities: vec![],
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let (joined, _) = tokio::join!(
+        join(Side::Training, t, "c1aim0000000000t"),
+        join(Side::Inference, i, "c1aim0000000000i")
+    );
+    let last = joined.last_event_seq;
+    // 40 anonymous polls for events that never come fill the shared pool (bound 24)
+    let poll = format!("/v1/pairs/fl/events?after={last}&timeout_ms=30000");
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        flood.push(send(&addr, &poll).await);
+    }
+    let mut refused = 0;
+    for s in flood.iter_mut() {
+        let a = answer(s, Duration::from_millis(20)).await;
+        if !a.is_empty() {
+            assert!(
+                a.contains("pair `fl` has 24 long-polls open, its bound (24)"),
+                "{a}"
+            );
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 16);
+    // an anonymous poll is refused now, the ranks' own polls are not: they get their update
+    let mut s = send(&addr, &poll).await;
+    assert!(
+        answer(&mut s, Duration::from_secs(2))
+            .await
+            .starts_with("HTTP/1.1 503")
+    );
+    let rank_poll = |claim: &'static str| {
+        let c = client.clone();
+        tokio::spawn(async move {
+            c.events_as("fl", last, Duration::from_secs(10), Some(claim))
+                .await
+        })
+    };
+    let polls = [rank_poll("c1aim0000000000t"), rank_poll("c1aim0000000000i")];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client.start_update("fl", 1).await.unwrap();
+    for p in polls {
+        let got = p
+            .await
+            .unwrap()
+            .expect("a rank's event poll during the flood");
+        assert!(
+            got.events
+                .iter()
+                .any(|e| e.kind == EventKind::Update && e.version == Some(1)),
+            "{got:?}"
+        );
+    }
+    for (side, rank) in [(Side::Training, t), (Side::Inference, i)] {
+        let r = Report {
+            side,
+            rank,
+            ok: true,
+            bytes: 100,
+            checksum: Some(7),
+            error: None,
+            attempt: Some(1),
+        };
+        client.report("fl", 1, &r).await.unwrap();
+    }
+    let st = client.update_status("fl", 1).await.unwrap();
+    assert_eq!(st.state, UpdateState::Committed, "{st:?}");
+    // a rank's own pool is bounded too: 4 polls of one holder wait, the fifth is refused
+    let after = client.status("fl").await.unwrap().last_event_seq;
+    let own =
+        format!("/v1/pairs/fl/events?after={after}&timeout_ms=30000&incarnation=c1aim0000000000i");
+    let mut mine = Vec::new();
+    for _ in 0..5 {
+        mine.push(send(&addr, &own).await);
+    }
+    let mut answers = Vec::new();
+    for s in mine.iter_mut() {
+        answers.push(answer(s, Duration::from_millis(50)).await);
+    }
+    let refused: Vec<&String> = answers.iter().filter(|a| !a.is_empty()).collect();
+    assert_eq!(refused.len(), 1, "{answers:?}");
+    assert!(
+        refused[0]
+            .contains("a rank of pair `fl` (slot 1) has 4 event polls open, its own bound (4)"),
+        "{}",
+        refused[0]
+    );
+    drop(flood);
+    drop(mine);
 }

@@ -399,7 +399,18 @@ impl Gateway {
         wait_ms: u64,
     ) -> Result<Option<Permit>, ApiError> {
         let limit = polls::bound(self.config.max_long_polls_per_pair, entry.slots.total());
-        self.long_polls.enter(entry, limit, wait_ms)
+        self.long_polls.enter(entry, limit, wait_ms, None)
+    }
+
+    /// [`Gateway::long_poll`] for an event poll of rank slot `slot`'s live holder: counted in
+    /// the slot's own pool.
+    pub(crate) fn rank_event_poll(
+        &self,
+        entry: &PairEntry,
+        wait_ms: u64,
+        slot: usize,
+    ) -> Result<Option<Permit>, ApiError> {
+        self.long_polls.enter(entry, 0, wait_ms, Some(slot))
     }
 
     /// The pair of that name (live or recently disconnected), or 400/404.

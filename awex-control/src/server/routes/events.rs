@@ -20,7 +20,16 @@ pub(crate) async fn poll(
 ) -> Result<Json<EventsResponse>, ApiError> {
     let wait = wait_ms(q.timeout_ms)?;
     let entry = gw.pair(&name)?;
-    let _permit = gw.long_poll(&entry, wait)?;
+    // a rank's live holder naming its claim id polls in its own pool (a flood of other
+    // requests does not cut it off its work)
+    let holder = q
+        .incarnation
+        .as_deref()
+        .and_then(|c| entry.lock().roster.holder_slot(c));
+    let _permit = match holder {
+        Some(slot) => gw.rank_event_poll(&entry, wait, slot)?,
+        None => gw.long_poll(&entry, wait)?,
+    };
     // a rank that names its claim id is seen live while its poll is open
     let mut seen = q.incarnation.as_deref().and_then(|c| {
         let slot = entry.lock().roster.begin_poll(c)?;

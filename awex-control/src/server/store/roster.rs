@@ -283,6 +283,11 @@ impl Roster {
         )))
     }
 
+    /// The slot whose current holder is `incarnation`, if any.
+    pub(crate) fn holder_slot(&self, incarnation: &str) -> Option<usize> {
+        self.holders.get(incarnation).copied()
+    }
+
     /// The holder `incarnation` polls for events: counted live until the returned guard's
     /// slot is released with [`Roster::end_poll`].
     pub(crate) fn begin_poll(&mut self, incarnation: &str) -> Option<usize> {
