@@ -63,7 +63,7 @@ for r in $RUNS; do
     # device copy, AWEX_IPC_DRIVER_MIN_MIB; dmoff: never), sN (N copy streams, AWEX_IPC_STREAMS),
     # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), lpt / sub (copies issued largest
     # first, the default, or in submission order: AWEX_IPC_ORDER), pN (linear copies cut into
-    # N MiB pieces, AWEX_IPC_SPLIT_MIB), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g
+    # N MiB pieces, AWEX_IPC_SPLIT_MIB), np (no pitched copies: AWEX_IPC_MERGE_PITCHED=0), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g
     8b-per-tensor-*-*|8b-contiguous-*-*|moe-per-tensor-*-*|moe-contiguous-*-*)
       case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
       case $r in *-per-tensor-*) alloc=per-tensor ;; *) alloc=contiguous ;; esac
@@ -75,6 +75,7 @@ for r in $RUNS; do
           s*) envs+=("AWEX_IPC_STREAMS=${o#s}") ;;
           g) envs+=("AWEX_IPC_GRAPH_MIN=1") ;;
           lpt) envs+=("AWEX_IPC_ORDER=largest") ;;
+          np) envs+=("AWEX_IPC_MERGE_PITCHED=0") ;;
           p*) envs+=("AWEX_IPC_SPLIT_MIB=${o#p}") ;;
         esac
       done

@@ -58,6 +58,12 @@ const STREAMS: usize = 16;
 /// default: one copy-kernel launch over a whole large IPC mapping is slow).
 const SPLIT_BYTES: u64 = 256 << 20;
 
+/// Whether regular series of planned boxes become pitched 2-D copies (the default), or stay one
+/// linear copy each (`AWEX_IPC_MERGE_PITCHED=0`), for measuring alternatives.
+fn merge_pitched() -> bool {
+    std::env::var("AWEX_IPC_MERGE_PITCHED").map_or(true, |v| v.trim() != "0")
+}
+
 /// [`SPLIT_BYTES`], or `AWEX_IPC_SPLIT_MIB` MiB (1..=65,536), for measuring alternatives.
 fn split_bytes() -> u64 {
     std::env::var("AWEX_IPC_SPLIT_MIB")
@@ -693,8 +699,8 @@ impl CudaIpcTransport {
                 })?;
             Ok((import.ptr(src.at, src.len)?, dst))
         };
-        let merged =
-            plan_copies(transfers, true, addr).map_err(transport_err("building the copies"))?;
+        let merged = plan_copies(transfers, merge_pitched(), addr)
+            .map_err(transport_err("building the copies"))?;
         // join back-to-back copies across tensors (a layer's experts) where both joined ranges
         // stay in one source allocation and one destination tensor
         let mut dst_ranges: Vec<(u64, u64)> = self
