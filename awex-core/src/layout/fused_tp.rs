@@ -26,7 +26,7 @@ use crate::DType;
 use crate::layout::{
     Dims, Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
-use crate::model::{ModelSpec, push_index};
+use crate::model::{Canon, ModelSpec, push_index};
 use std::sync::Arc;
 
 /// Which `lm_head.weight` an engine's model class holds.
@@ -107,30 +107,6 @@ enum ExpertPart {
     Gate,
     Up,
     Down,
-}
-
-/// What a canonical tensor name denotes, parsed without the catalogue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Canon {
-    Embed,
-    LmHead,
-    FinalNorm,
-    InputLn(u64),
-    PostLn(u64),
-    Q(u64),
-    K(u64),
-    V(u64),
-    QBias(u64),
-    KBias(u64),
-    VBias(u64),
-    O(u64),
-    QNorm(u64),
-    KNorm(u64),
-    Gate(u64),
-    Up(u64),
-    Down(u64),
-    Router(u64),
-    Expert(u64, u64, ExpertPart),
 }
 
 /// The sizes every rule needs, checked once.
@@ -530,54 +506,33 @@ impl FusedTpLayout {
 
     // ---- canonical view ----
 
+    /// The canonical tensor `name` denotes when this model has it (its layer, expert, biases,
+    /// q/k norms and dense or MoE MLP), parsed without the catalogue.
     fn parse(&self, name: &str) -> Option<Canon> {
-        match name {
-            "model.embed_tokens.weight" => return Some(Canon::Embed),
-            "lm_head.weight" => return Some(Canon::LmHead),
-            "model.norm.weight" => return Some(Canon::FinalNorm),
-            _ => {}
-        }
-        let rest = name.strip_prefix("model.layers.")?;
-        let (l, rest) = rest.split_once('.')?;
-        let l = parse_index(l)?;
-        if l >= self.num_layers {
+        let c = Canon::parse(name)?;
+        if c.layer().is_some_and(|l| l >= self.num_layers) {
             return None;
         }
-        let moe = self.layers[l as usize].moe;
-        let c = match rest {
-            "input_layernorm.weight" => Canon::InputLn(l),
-            "post_attention_layernorm.weight" => Canon::PostLn(l),
-            "self_attn.q_proj.weight" => Canon::Q(l),
-            "self_attn.k_proj.weight" => Canon::K(l),
-            "self_attn.v_proj.weight" => Canon::V(l),
-            "self_attn.q_proj.bias" if self.attention_bias => Canon::QBias(l),
-            "self_attn.k_proj.bias" if self.attention_bias => Canon::KBias(l),
-            "self_attn.v_proj.bias" if self.attention_bias => Canon::VBias(l),
-            "self_attn.o_proj.weight" => Canon::O(l),
-            "self_attn.q_norm.weight" if self.qk_norm => Canon::QNorm(l),
-            "self_attn.k_norm.weight" if self.qk_norm => Canon::KNorm(l),
-            "mlp.gate_proj.weight" if !moe => Canon::Gate(l),
-            "mlp.up_proj.weight" if !moe => Canon::Up(l),
-            "mlp.down_proj.weight" if !moe => Canon::Down(l),
-            "mlp.gate.weight" if moe => Canon::Router(l),
-            _ if moe => {
-                let rest = rest.strip_prefix("mlp.experts.")?;
-                let (e, part) = rest.split_once('.')?;
-                let e = parse_index(e)?;
-                if e >= self.d.experts {
-                    return None;
-                }
-                let part = match part {
-                    "gate_proj.weight" => ExpertPart::Gate,
-                    "up_proj.weight" => ExpertPart::Up,
-                    "down_proj.weight" => ExpertPart::Down,
-                    _ => return None,
-                };
-                Canon::Expert(l, e, part)
+        let moe = |l: u64| self.layers[l as usize].moe;
+        let has = match c {
+            Canon::Embed
+            | Canon::LmHead
+            | Canon::FinalNorm
+            | Canon::InputNorm(_)
+            | Canon::PostNorm(_)
+            | Canon::Q(_)
+            | Canon::K(_)
+            | Canon::V(_)
+            | Canon::O(_) => true,
+            Canon::QBias(_) | Canon::KBias(_) | Canon::VBias(_) => self.attention_bias,
+            Canon::QNorm(_) | Canon::KNorm(_) => self.qk_norm,
+            Canon::Gate(l) | Canon::Up(l) | Canon::Down(l) => !moe(l),
+            Canon::Router(l) => moe(l),
+            Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
+                moe(l) && e < self.d.experts
             }
-            _ => return None,
         };
-        Some(c)
+        has.then_some(c)
     }
 
     fn holder(
@@ -731,15 +686,6 @@ impl FusedTpLayout {
     }
 }
 
-/// Parses a decimal index as PyTorch module names write it (no sign, no leading zeros).
-fn parse_index(s: &str) -> Option<u64> {
-    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits || (s.len() > 1 && s.starts_with('0')) {
-        return None;
-    }
-    s.parse().ok()
-}
-
 /// `shape` with dimension `dim` replaced by `full` (the canonical extent of a TP-split dim).
 fn shape_full(shape: Dims, dim: usize, full: u64) -> Dims {
     let mut s = shape;
@@ -865,8 +811,8 @@ impl SideLayout for FusedTpLayout {
                 out
             }
             Canon::FinalNorm => self.replicated_holder(&self.final_norm, Dims::new(&[h])),
-            Canon::InputLn(l) => self.replicated_holder(&layer(l).input_ln, Dims::new(&[h])),
-            Canon::PostLn(l) => self.replicated_holder(&layer(l).post_ln, Dims::new(&[h])),
+            Canon::InputNorm(l) => self.replicated_holder(&layer(l).input_ln, Dims::new(&[h])),
+            Canon::PostNorm(l) => self.replicated_holder(&layer(l).post_ln, Dims::new(&[h])),
             Canon::QNorm(l) => self.replicated_holder(&layer(l).q_norm, Dims::new(&[hd])),
             Canon::KNorm(l) => self.replicated_holder(&layer(l).k_norm, Dims::new(&[hd])),
             Canon::Router(l) => {
@@ -888,7 +834,9 @@ impl SideLayout for FusedTpLayout {
                 let i = self.d.inter;
                 self.split_holders(&layer(l).down_proj, Self::dims2(h, i), 1, i)
             }
-            Canon::Expert(l, e, part) => self.expert_holders(l, e, part),
+            Canon::ExpertGate(l, e) => self.expert_holders(l, e, ExpertPart::Gate),
+            Canon::ExpertUp(l, e) => self.expert_holders(l, e, ExpertPart::Up),
+            Canon::ExpertDown(l, e) => self.expert_holders(l, e, ExpertPart::Down),
         }
     }
 }

@@ -3,12 +3,14 @@
 mod catalogue;
 mod checkpoint;
 mod file;
+mod names;
 pub mod presets;
 mod spec;
 
 pub(crate) use catalogue::NameHasher;
 pub use catalogue::{CanonicalTensor, Catalogue, CatalogueSummary};
 pub use checkpoint::{Checkpoint, CheckpointError};
+pub use names::Canon;
 pub use spec::{Architecture, ModelSpec, MoeSpec};
 
 /// Appends `i` in decimal (as Python prints it in a parameter name), without `format!`: the
