@@ -55,6 +55,18 @@ def _on_error() -> str:
     return v
 
 
+def _module(model: Any) -> Any:
+    """The model module of ``model``: itself, or a ``ModelRunner``'s ``.model``."""
+    if hasattr(model, "named_parameters"):
+        return model
+    module = getattr(model, "model", None)
+    if module is None or not hasattr(module, "named_parameters"):
+        raise TypeError(
+            f"expected an SGLang model (an nn.Module) or a ModelRunner with `.model`, not {type(model).__name__}"
+        )
+    return module
+
+
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
     """``[(name, tensor)]`` of an SGLang model, ready for ``Reader.register``.
 
@@ -62,15 +74,8 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     ``ModelRunner`` holding it. Tied embeddings appear once (``model.embed_tokens.weight``), as
     ``named_parameters()`` lists a shared parameter once and as awex's layout expects.
     """
-    module = model
-    if not hasattr(module, "named_parameters"):
-        module = getattr(model, "model", None)
-        if module is None or not hasattr(module, "named_parameters"):
-            raise TypeError(
-                f"expected an SGLang model (an nn.Module) or a ModelRunner with `.model`, not {type(model).__name__}"
-            )
     out: list[tuple[str, Any]] = []
-    for name, p in module.named_parameters():
+    for name, p in _module(model).named_parameters():
         out.append((name.replace("_orig_mod.", ""), p))
     return out
 
@@ -328,13 +333,11 @@ def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str)
 
 def _synchronize(model: Any) -> None:
     """Waits for the device when SGLang's parameters live on CUDA (the first parameter says)."""
-    module = model if hasattr(model, "named_parameters") else getattr(model, "model", model)
-    for _, p in module.named_parameters():
-        if getattr(p, "is_cuda", False):
-            import torch
+    first = next(iter(_module(model).named_parameters()), None)
+    if first is not None and getattr(first[1], "is_cuda", False):
+        import torch
 
-            torch.cuda.synchronize(p.device)
-        return
+        torch.cuda.synchronize(first[1].device)
 
 
 def receive(model: Any, named_tensors_: Any = None) -> None:
