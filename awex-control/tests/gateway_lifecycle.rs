@@ -788,6 +788,32 @@ async fn start_retrying(client: &Client, pair: &str, v: u64) {
     }
 }
 
+/// Waits (up to 5 s) until the engines have answered `n` calls in all: calls that follow
+/// the commit (continue_generation) may land after `wait_update` returns.
+async fn wait_calls(s: &Session, n: usize) {
+    for _ in 0..500 {
+        if s.calls.lock().unwrap().len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits (up to 5 s) until engine `i` has been called at `path`.
+async fn wait_path(s: &Session, i: usize, path: &str) {
+    for _ in 0..500 {
+        if s.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(e, p, _)| *e == i && p == path)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn session_pair(version: &'static str, pair: &'static str) -> (Client, Arc<Session>, Ranks) {
     let s = Arc::new(Session::default());
     let base = start(GatewayConfig::default()).await;
@@ -813,12 +839,8 @@ async fn sglang_session_runs_pause_begin_trigger_end_continue_and_commits_after_
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
-    for _ in 0..200 {
-        if s.calls.lock().unwrap().len() >= 14 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // continue_generation follows the commit: wait for all 8 calls of each engine
+    wait_calls(&s, 16).await;
     for i in 0..2 {
         let calls = take(&s, i);
         assert_eq!(
@@ -863,7 +885,7 @@ async fn a_pre_0_5_21_server_gets_no_update_session() {
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_calls(&s, 8).await;
     assert_eq!(
         paths(&take(&s, 0)),
         vec![
@@ -945,7 +967,7 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
         (st.serving_version, st.torn_version, st.serving_torn_version),
         (Some(1), None, Some(2))
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_path(&s, 0, "/continue_generation").await;
     // the failed attempt's session is closed before the engines serve again
     assert_eq!(
         paths(&take(&s, 0)),

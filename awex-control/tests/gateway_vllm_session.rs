@@ -217,7 +217,18 @@ async fn a_failed_receive_fails_the_version_with_vllms_message_and_a_retry_commi
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the resume follows the commit
+    for _ in 0..500 {
+        if s.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(e, p, _)| *e == 0 && p == "/resume")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let calls = take(&s, 0);
     assert_eq!(paths(&calls).last(), Some(&"/resume"));
     assert!(paths(&calls).contains(&"/finish_weight_update"));
