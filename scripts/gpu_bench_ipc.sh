@@ -63,7 +63,10 @@ for r in $RUNS; do
     # device copy, AWEX_IPC_DRIVER_MIN_MIB; dmoff: never), sN (N copy streams, AWEX_IPC_STREAMS),
     # g (every batch in a CUDA graph, AWEX_IPC_GRAPH_MIN=1), lpt / sub (copies issued largest
     # first, the default, or in submission order: AWEX_IPC_ORDER), pN (linear copies cut into
-    # N MiB pieces, AWEX_IPC_SPLIT_MIB), np (no pitched copies: AWEX_IPC_MERGE_PITCHED=0), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g
+    # N MiB pieces, AWEX_IPC_SPLIT_MIB), np (no pitched copies: AWEX_IPC_MERGE_PITCHED=0),
+    # ktiles / kcopies (a graph's kernel copies in one launch of the tile kernel, or a launch
+    # per copy: AWEX_IPC_KERNEL), tN (tiles of N KiB, AWEX_IPC_TILE_KIB),
+    # e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g, 8b-contiguous-ktiles-t256
     8b-per-tensor-*-*|8b-contiguous-*-*|moe-per-tensor-*-*|moe-contiguous-*-*)
       case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
       case $r in *-per-tensor-*) alloc=per-tensor ;; *) alloc=contiguous ;; esac
@@ -76,6 +79,9 @@ for r in $RUNS; do
           g) envs+=("AWEX_IPC_GRAPH_MIN=1") ;;
           lpt) envs+=("AWEX_IPC_ORDER=largest") ;;
           np) envs+=("AWEX_IPC_MERGE_PITCHED=0") ;;
+          ktiles) envs+=("AWEX_IPC_KERNEL=tiles") ;;
+          kcopies) envs+=("AWEX_IPC_KERNEL=copies") ;;
+          t*) envs+=("AWEX_IPC_TILE_KIB=${o#t}") ;;
           p*) envs+=("AWEX_IPC_SPLIT_MIB=${o#p}") ;;
         esac
       done
@@ -117,7 +123,8 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
         print(f"| {os.path.basename(f)} | unreadable ({e}) |"); continue
     j = b["join"]; n = lambda d: d["linear"] + d["pitched_2d"] + d["pitched_3d"]
     print(f"| {os.path.basename(f)[6:-5]} ({b['model']}) | {b['sender_alloc']}, {b['sender_allocations']} allocs | {b['join_ms']:.1f} "
-          f"(open {j['open_ms']:.1f}/{j['open_threads']}t, engine {j['engine_ms']:.1f} {j['kernel_image']}, warm {j['warm_up_ms']:.1f}, descs {j['descs_ms']:.1f}) "
+          f"(open {j['open_ms']:.1f}/{j['open_threads']}t, engine {j['engine_ms']:.1f} {j['kernel_image']}, warm {j['warm_up_ms']:.1f}, descs {j['descs_ms']:.1f}"
+          f"{', %d tiled in %d tiles, table %.1f MiB' % (j['tiled_copies'], j['tiles'], j['tile_table_bytes'] / 2**20) if j.get('tiles') else ''}) "
           f"| {b['first_update_ms']:.2f} | {b['steady_median_ms']:.2f} | {b['floor_ms']:.2f} / {b['ipc_floor_ms']:.2f} "
           f"| {b['ratio']:.3f} / {b['ipc_ratio']:.3f} | {n(j['descriptors'])} ({n(j['descriptors_unjoined'])}) "
           f"| {b['extra_device_bytes']/2**20:.1f} | {b['verified']} |")

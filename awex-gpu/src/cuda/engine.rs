@@ -18,8 +18,9 @@
 //! the caller vouches for the memory behind every descriptor.
 
 use super::desc::CopyDesc;
-use super::device::{Device, Event, Stream};
+use super::device::{Device, DeviceBuffer, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
+use super::tiles::{DEFAULT_TILE_BYTES, table_bytes, tile_bytes_from_env, tile_table, tiles_fit};
 use super::{CudaError, sys};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +43,16 @@ const KERNEL_PTX: &str = concat!(include_str!("copy_rows.ptx"), "\0");
 const KERNEL_CUBIN_SM90: &[u8] = include_bytes!("copy_rows.sm_90.cubin");
 /// The kernel's entry point.
 const KERNEL_NAME: &CStr = c"awex_copy_rows";
+/// The tile kernel (one launch for a whole batch, see [`super::tiles`]): PTX, the same
+/// compiled for sm_90 (`ptxas -arch=sm_90 -O3 copy_tiles.ptx`), entry point.
+const TILES_PTX: &str = concat!(include_str!("copy_tiles.ptx"), "\0");
+const TILES_CUBIN_SM90: &[u8] = include_bytes!("copy_tiles.sm_90.cubin");
+const TILES_NAME: &CStr = c"awex_copy_tiles";
+/// Resident blocks per SM of the tile kernel: 256 threads of 32 registers each (ptxas), so 8
+/// blocks fill an SM's 2,048 threads on sm_80 and sm_90.
+const TILE_BLOCKS_PER_SM: u32 = 8;
+/// Where a tile table starts in its device buffer: the block counter comes first.
+const TABLE_OFFSET: u64 = 256;
 /// Threads per block of the copy kernel.
 pub const KERNEL_THREADS: u32 = 256;
 /// Blocks a copy kernel launch aims at (about one full wave of resident blocks on an H100/H200).
@@ -75,19 +86,26 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn load(dev: &Device) -> Result<Kernel, CudaError> {
+    /// Loads `name` from the sm_90 `cubin` when there is one and the device takes it, else
+    /// from the `ptx` (NUL-terminated).
+    fn load(dev: &Device, ptx: &str, cubin: &[u8], name: &CStr) -> Result<Kernel, CudaError> {
         dev.bind()?;
-        if !KERNEL_CUBIN_SM90.is_empty()
-            && let Ok(k) = Kernel::load_image(dev, KERNEL_CUBIN_SM90, "cubin sm_90")
+        if !cubin.is_empty()
+            && let Ok(k) = Kernel::load_image(dev, cubin, name, "cubin sm_90")
         {
             return Ok(k);
         }
-        Kernel::load_image(dev, KERNEL_PTX.as_bytes(), "ptx")
+        Kernel::load_image(dev, ptx.as_bytes(), name, "ptx")
     }
 
-    fn load_image(dev: &Device, image: &[u8], what: &'static str) -> Result<Kernel, CudaError> {
+    fn load_image(
+        dev: &Device,
+        image: &[u8],
+        name: &CStr,
+        what: &'static str,
+    ) -> Result<Kernel, CudaError> {
         let module = sys::module_load(image)?;
-        match sys::module_function(module, KERNEL_NAME) {
+        match sys::module_function(module, name) {
             Ok(func) => Ok(Kernel {
                 dev: dev.clone(),
                 module,
@@ -149,6 +167,24 @@ pub fn largest_first_order(descs: &[CopyDesc]) -> Vec<usize> {
     order
 }
 
+/// Whether captured batches go through the tile kernel: `AWEX_IPC_KERNEL=tiles` (one launch
+/// over a tile table) or `copies` (a launch per copy); unset, [`TILES_BY_DEFAULT`].
+fn tiles_from_env() -> bool {
+    static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TILES.get_or_init(|| match std::env::var("AWEX_IPC_KERNEL") {
+        Ok(v) if v.trim().eq_ignore_ascii_case("tiles") => true,
+        Ok(v) if v.trim().eq_ignore_ascii_case("copies") => false,
+        Ok(v) => {
+            eprintln!("awex: AWEX_IPC_KERNEL={v:?} is neither `tiles` nor `copies`; ignored");
+            TILES_BY_DEFAULT
+        }
+        Err(_) => TILES_BY_DEFAULT,
+    })
+}
+
+/// Whether an engine with the kernel captures batches through the tile kernel unless told.
+pub const TILES_BY_DEFAULT: bool = false;
+
 /// Runs batches of device-to-device copies on a fixed set of streams.
 pub struct CopyEngine {
     dev: Device,
@@ -156,6 +192,12 @@ pub struct CopyEngine {
     /// joins[k] is recorded on stream k and waited on by stream 0; joins[0] forks captures
     joins: Vec<Event>,
     kernel: Option<Kernel>,
+    /// The tile kernel, loaded with the copy kernel.
+    tiles: Option<Kernel>,
+    /// Blocks of a tile launch: [`TILE_BLOCKS_PER_SM`] per SM.
+    tile_blocks: u32,
+    /// With the tile kernel: the tile size of captured batches (0: a launch per copy).
+    tile_bytes: AtomicU64,
     /// With the kernel: linear copies of at least this many bytes go through the driver
     /// (`u64::MAX`: none). Atomic so that it can change between batches through `&self`.
     driver_min: AtomicU64,
@@ -167,6 +209,15 @@ pub struct CopyGraph {
     exec: RawGraphExec,
     /// Descriptors in the graph.
     pub copies: usize,
+    /// Of them, the ones moved by the tile kernel's one launch.
+    pub tiled_copies: usize,
+    /// Tiles of that launch.
+    pub tiles: usize,
+    /// Device memory of the tile table and its counter.
+    pub table_bytes: u64,
+    /// The tile table and its counter, alive as long as the graph that reads them (dropped
+    /// after `exec` is destroyed).
+    _table: Option<DeviceBuffer>,
 }
 
 impl Drop for CopyGraph {
@@ -196,17 +247,52 @@ impl CopyEngine {
             s.push(dev.stream()?);
             j.push(dev.event(false)?);
         }
-        let kernel = match method {
-            CopyMethod::Driver => None,
-            CopyMethod::Kernel => Some(Kernel::load(dev)?),
+        let (kernel, tiles, tile_blocks) = match method {
+            CopyMethod::Driver => (None, None, 0),
+            CopyMethod::Kernel => (
+                Some(Kernel::load(
+                    dev,
+                    KERNEL_PTX,
+                    KERNEL_CUBIN_SM90,
+                    KERNEL_NAME,
+                )?),
+                Some(Kernel::load(dev, TILES_PTX, TILES_CUBIN_SM90, TILES_NAME)?),
+                sys::device_sm_count(dev.ordinal())? * TILE_BLOCKS_PER_SM,
+            ),
+        };
+        let tile_bytes = if tiles_from_env() {
+            tile_bytes_from_env()
+        } else {
+            0
         };
         Ok(CopyEngine {
             dev: dev.clone(),
             streams: s,
             joins: j,
             kernel,
+            tiles,
+            tile_blocks,
+            tile_bytes: AtomicU64::new(tile_bytes),
             driver_min: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// With the kernel, captures every later batch's kernel copies into one launch of the tile
+    /// kernel over tiles of about `bytes` (`Some`), or one launch per copy (`None`). Plain
+    /// [`CopyEngine::launch`]es always launch per copy. The default comes from
+    /// `AWEX_IPC_KERNEL` and `AWEX_IPC_TILE_KIB`.
+    pub fn set_tiles(&self, bytes: Option<u64>) {
+        self.tile_bytes
+            .store(bytes.map_or(0, |b| b.max(16)), Ordering::Relaxed);
+    }
+
+    /// See [`CopyEngine::set_tiles`]; `None` also for an engine without the kernel.
+    pub fn tiles(&self) -> Option<u64> {
+        match self.tile_bytes.load(Ordering::Relaxed) {
+            0 => None,
+            _ if self.tiles.is_none() => None,
+            b => Some(b),
+        }
     }
 
     /// With the kernel, sends every linear copy (one row) of at least `bytes` through the
@@ -258,6 +344,12 @@ impl CopyEngine {
             // SAFETY: both halves lie in `buf`, which lives until the sync below.
             unsafe { self.issue(&d, k)? };
         }
+        // the tile kernel's first launch too, over a table of that one copy
+        let table = self.table(&[d], 16)?;
+        if let Some((t, n)) = &table {
+            // SAFETY: the table's one tile lies in `buf`; both live until the sync below.
+            unsafe { self.issue_tiles(t, *n, 0)? };
+        }
         for s in &self.streams {
             s.sync()?;
         }
@@ -298,6 +390,62 @@ impl CopyEngine {
         })
     }
 
+    /// The tile table of `descs` (all for the tile kernel) in device memory, counter first,
+    /// and its tile count; `None` without the tile kernel or copies.
+    fn table(
+        &self,
+        descs: &[CopyDesc],
+        tile: u64,
+    ) -> Result<Option<(DeviceBuffer, u32)>, CudaError> {
+        if self.tiles.is_none() || descs.is_empty() {
+            return Ok(None);
+        }
+        let tiles = tile_table(descs, tile);
+        let n = u32::try_from(tiles.len()).map_err(|_| CudaError::Copy {
+            desc: format!("{} copies", descs.len()),
+            detail: format!(
+                "{} tiles of {tile} bytes are more than one launch takes",
+                tiles.len()
+            ),
+        })?;
+        let bytes = table_bytes(&tiles);
+        let buf = self.dev.alloc(TABLE_OFFSET + bytes.len() as u64)?;
+        buf.upload(TABLE_OFFSET, &bytes)?;
+        Ok(Some((buf, n)))
+    }
+
+    /// Queues the tile kernel over `n` tiles of `table` on stream `k`: zeroes the counter, then
+    /// launches.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::launch`], for every tile of the table.
+    unsafe fn issue_tiles(&self, table: &DeviceBuffer, n: u32, k: usize) -> Result<(), CudaError> {
+        let (Some(kern), s) = (&self.tiles, self.streams[k].raw) else {
+            return Ok(());
+        };
+        let r = (|| {
+            // SAFETY: the counter is the first word of `table`, which the caller keeps alive.
+            unsafe { sys::memset_d32_async(table.ptr(), 0, 1, s)? };
+            // SAFETY: the kernel is loaded in this context; the tiles are the caller's.
+            unsafe {
+                sys::launch_copy_tiles(
+                    kern.func,
+                    self.tile_blocks.max(1),
+                    KERNEL_THREADS,
+                    s,
+                    table.ptr() + TABLE_OFFSET,
+                    table.ptr(),
+                    n,
+                )
+            }
+        })();
+        r.map_err(|e| CudaError::Copy {
+            desc: format!("{n} tiles"),
+            detail: e.to_string(),
+        })
+    }
+
     /// The device.
     pub fn device(&self) -> &Device {
         &self.dev
@@ -317,20 +465,34 @@ impl CopyEngine {
     ///
     /// As for [`CopyEngine::launch`].
     unsafe fn queue_copies(&self, descs: &[CopyDesc]) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_copies_from(descs, 0) }
+    }
+
+    /// Queues `descs` on the streams from `first` on (all of them when `first` is the last
+    /// one or beyond), then joins every stream into the first.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::launch`].
+    unsafe fn queue_copies_from(&self, descs: &[CopyDesc], first: usize) -> Result<(), CudaError> {
+        let first = if first + 1 >= self.streams.len() {
+            0
+        } else {
+            first
+        };
+        let n = self.streams.len() - first;
         if largest_first() {
             let order = largest_first_order(descs);
             let sorted: Vec<CopyDesc> = order.iter().map(|&i| descs[i]).collect();
-            for (d, k) in sorted
-                .iter()
-                .zip(assign_streams(&sorted, self.streams.len()))
-            {
+            for (d, k) in sorted.iter().zip(assign_streams(&sorted, n)) {
                 // SAFETY: the caller vouches for every descriptor.
-                unsafe { self.issue(d, k)? };
+                unsafe { self.issue(d, first + k)? };
             }
         } else {
-            for (d, k) in descs.iter().zip(assign_streams(descs, self.streams.len())) {
+            for (d, k) in descs.iter().zip(assign_streams(descs, n)) {
                 // SAFETY: the caller vouches for every descriptor.
-                unsafe { self.issue(d, k)? };
+                unsafe { self.issue(d, first + k)? };
             }
         }
         for k in 1..self.streams.len() {
@@ -377,8 +539,20 @@ impl CopyEngine {
     /// Nothing is copied here, but the graph holds the descriptors' addresses: every replay
     /// must meet [`CopyEngine::launch`]'s conditions for them, which [`CopyEngine::replay`]'s
     /// caller vouches for.
+    ///
+    /// With tiles on ([`CopyEngine::set_tiles`]), every copy the kernel takes is moved by one
+    /// launch of the tile kernel on the first stream and the rest (the driver's) go to the
+    /// other streams.
     pub unsafe fn capture(&self, descs: &[CopyDesc]) -> Result<CopyGraph, CudaError> {
         self.dev.bind()?;
+        let (tiled, rest): (Vec<CopyDesc>, Vec<CopyDesc>) = match self.tiles() {
+            Some(_) => descs
+                .iter()
+                .copied()
+                .partition(|d| self.by_kernel(d) && tiles_fit(d)),
+            None => (Vec::new(), descs.to_vec()),
+        };
+        let table = self.table(&tiled, self.tiles().unwrap_or(DEFAULT_TILE_BYTES))?;
         let s0 = &self.streams[0];
         sys::capture_begin(s0.raw)?;
         let body = (|| {
@@ -387,8 +561,16 @@ impl CopyEngine {
             for s in &self.streams[1..] {
                 s.wait(&self.joins[0])?;
             }
-            // SAFETY: captured, not run; the replay's caller vouches for the memory.
-            unsafe { self.queue_copies(descs) }
+            match &table {
+                Some((t, n)) => {
+                    // SAFETY: captured, not run; the replay's caller vouches for the memory.
+                    unsafe { self.issue_tiles(t, *n, 0)? };
+                    // SAFETY: as above.
+                    unsafe { self.queue_copies_from(&rest, 1) }
+                }
+                // SAFETY: as above.
+                None => unsafe { self.queue_copies(&rest) },
+            }
         })();
         // end the capture whatever happened, so the stream is usable again
         let exec = sys::capture_end(s0.raw);
@@ -397,6 +579,10 @@ impl CopyEngine {
             dev: self.dev.clone(),
             exec: exec?,
             copies: descs.len(),
+            tiled_copies: if table.is_some() { tiled.len() } else { 0 },
+            tiles: table.as_ref().map_or(0, |(_, n)| *n as usize),
+            table_bytes: table.as_ref().map_or(0, |(t, _)| t.len()),
+            _table: table.map(|(t, _)| t),
         })
     }
 
@@ -473,13 +659,21 @@ mod tests {
     #[test]
     fn embedded_cubin_is_empty_or_an_elf_image() {
         assert!(KERNEL_CUBIN_SM90.is_empty() || KERNEL_CUBIN_SM90.starts_with(b"\x7fELF"));
+        assert!(TILES_CUBIN_SM90.starts_with(b"\x7fELF"));
     }
 
     #[test]
     fn kernel_ptx_is_one_nul_terminated_entry() {
-        assert!(KERNEL_PTX.ends_with('\0'));
-        assert_eq!(KERNEL_PTX.matches('\0').count(), 1);
-        assert!(KERNEL_PTX.contains(".visible .entry awex_copy_rows("));
+        for (ptx, entry) in [
+            (KERNEL_PTX, ".visible .entry awex_copy_rows("),
+            (TILES_PTX, ".visible .entry awex_copy_tiles("),
+        ] {
+            assert!(ptx.ends_with('\0'));
+            assert_eq!(ptx.matches('\0').count(), 1);
+            assert!(ptx.contains(entry));
+        }
+        assert_eq!(KERNEL_NAME, c"awex_copy_rows");
+        assert_eq!(TILES_NAME, c"awex_copy_tiles");
     }
 
     #[test]

@@ -120,7 +120,74 @@ fn gpu_descriptors_copy_exact_bytes_on_streams_and_in_a_graph() {
     for method in [CopyMethod::Driver, CopyMethod::Kernel] {
         let engine = CopyEngine::with_method(&d, 3, method).unwrap();
         assert_eq!(engine.method(), method);
+        engine.set_tiles(None);
         copy_shapes(&d, &engine);
+    }
+    // the tile kernel: tiles of one vector, of 64 bytes, and the default
+    let engine = CopyEngine::with_method(&d, 3, CopyMethod::Kernel).unwrap();
+    for tile in [16, 64, tiles::DEFAULT_TILE_BYTES] {
+        engine.set_tiles(Some(tile));
+        copy_shapes(&d, &engine);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_tile_kernel_moves_a_large_batch_exactly() {
+    let d = Device::open(0).unwrap();
+    let engine = CopyEngine::with_method(&d, 4, CopyMethod::Kernel).unwrap();
+    let n = 48usize << 20;
+    let src_host = pattern(n, 7);
+    let src = d.alloc(n as u64).unwrap();
+    src.upload(0, &src_host).unwrap();
+    let dst = d.alloc(n as u64).unwrap();
+    // linear copies of odd sizes back to back, one 2-D block of 3 KiB rows out of 4 KiB, one
+    // 16-byte copy, one unaligned copy (the driver's)
+    let (s, t) = (src.ptr(), dst.ptr());
+    let mut descs = Vec::new();
+    let mut at = 0u64;
+    for k in 0..40u64 {
+        let len = (1 << 18) + 16 * (k * 977 % 4096);
+        descs.push(CopyDesc::linear(s + at, t + at, len));
+        at += len + 16 * (k % 3);
+    }
+    let base = 24u64 << 20;
+    descs.push(CopyDesc {
+        height: 2048,
+        src_pitch: 4096,
+        dst_pitch: 4096,
+        ..CopyDesc::linear(s + base, t + base, 3072)
+    });
+    let tail = 40u64 << 20;
+    descs.push(CopyDesc::linear(s + tail, t + tail, 16));
+    descs.push(CopyDesc::linear(s + tail + 33, t + tail + 35, 1001));
+    let mut want = vec![0xCDu8; n];
+    for dd in &descs {
+        dd.for_each_row(|a, b, len| {
+            let (a, b, len) = ((a - s) as usize, (b - t) as usize, len as usize);
+            want[b..b + len].copy_from_slice(&src_host[a..a + len]);
+        });
+    }
+    for tile in [4096, tiles::DEFAULT_TILE_BYTES, 1 << 20] {
+        engine.set_tiles(Some(tile));
+        // SAFETY: every descriptor stays inside `src` and `dst`, alive until the syncs below.
+        let g = unsafe { engine.capture(&descs) }.unwrap();
+        assert_eq!((g.copies, g.tiled_copies), (43, 42), "tile {tile}");
+        assert!(
+            g.tiles >= 42 && g.table_bytes > 0,
+            "tile {tile}: {} tiles",
+            g.tiles
+        );
+        for _ in 0..2 {
+            dst.fill_u32(0xCDCD_CDCD, engine.main_stream()).unwrap();
+            // SAFETY: as above.
+            unsafe { engine.replay(&g, None, None) }.unwrap();
+            engine.sync().unwrap();
+            let mut got = vec![0u8; n];
+            dst.download(0, &mut got).unwrap();
+            let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert_eq!(bad, None, "tile {tile}: first wrong byte");
+        }
     }
 }
 

@@ -21,6 +21,7 @@ mod ipc;
 
 #[cfg_attr(not(feature = "cuda"), path = "sys_stub.rs")]
 mod sys;
+pub mod tiles;
 
 pub use desc::{
     CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, merge_contiguous, plan_copies,
@@ -29,7 +30,9 @@ pub use desc::{
 pub use device::{
     Device, DeviceBuffer, Event, Stream, device_count, driver_present, driver_version,
 };
-pub use engine::{CopyEngine, CopyGraph, CopyMethod, assign_streams, kernel_fits, kernel_grid};
+pub use engine::{
+    CopyEngine, CopyGraph, CopyMethod, TILES_BY_DEFAULT, assign_streams, kernel_fits, kernel_grid,
+};
 pub use error::CudaError;
 pub use handle::{IpcEventHandle, IpcMemHandle};
 pub use ipc::{AllocationIndex, ExportedAllocation, IpcExport, IpcImport, RemoteAddr};

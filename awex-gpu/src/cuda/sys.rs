@@ -22,6 +22,7 @@ const REQUIRED: &[&str] = &[
     "cuDeviceGet",
     "cuDeviceGetName",
     "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
     "cuDeviceCanAccessPeer",
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
@@ -183,6 +184,20 @@ pub(crate) fn device_total_mem(ordinal: u32) -> Result<u64, CudaError> {
         cu::cuDeviceTotalMem_v2(&mut b, d)
     })?;
     Ok(b as u64)
+}
+
+/// The device's streaming multiprocessors.
+pub(crate) fn device_sm_count(ordinal: u32) -> Result<u32, CudaError> {
+    let d = device(ordinal)?;
+    let mut n = 0;
+    check("cuDeviceGetAttribute", unsafe {
+        cu::cuDeviceGetAttribute(
+            &mut n,
+            cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            d,
+        )
+    })?;
+    Ok(n.max(1) as u32)
 }
 
 /// Whether device `a` can read device `b`'s memory directly.
@@ -613,6 +628,46 @@ pub(crate) unsafe fn launch_copy_rows(
             grid.1,
             1,
             block,
+            1,
+            1,
+            0,
+            s.0.cast(),
+            params.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    })
+}
+
+/// Launches `awex_copy_tiles` (`copy_tiles.ptx`) with `blocks` blocks of `threads` threads on
+/// `s`: the table of `ntiles` tiles at `tiles`, the block counter at `counter`.
+///
+/// # Safety
+///
+/// `f` must be that kernel, loaded in the current context; the table must describe copies
+/// between device memory of this context that stays allocated, with the table and counter,
+/// until the launch has finished, and `counter` must be zero when it starts.
+pub(crate) unsafe fn launch_copy_tiles(
+    f: RawFunction,
+    blocks: u32,
+    threads: u32,
+    s: RawStream,
+    tiles: u64,
+    counter: u64,
+    ntiles: u32,
+) -> Result<(), CudaError> {
+    let (mut t, mut c, mut n) = (tiles, counter, ntiles);
+    let mut params: [*mut c_void; 3] = [
+        (&mut t as *mut u64).cast(),
+        (&mut c as *mut u64).cast(),
+        (&mut n as *mut u32).cast(),
+    ];
+    check("cuLaunchKernel", unsafe {
+        cu::cuLaunchKernel(
+            f.0.cast(),
+            blocks,
+            1,
+            1,
+            threads,
             1,
             1,
             0,

@@ -251,6 +251,28 @@ pub(crate) unsafe fn launch_copy_rows(
 }
 
 /// Always [`CudaError::NotBuilt`].
+pub(crate) fn device_sm_count(_: u32) -> Result<u32, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn launch_copy_tiles(
+    _: RawFunction,
+    _: u32,
+    _: u32,
+    _: RawStream,
+    _: u64,
+    _: u64,
+    _: u32,
+) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
 pub(crate) fn graph_destroy(_: RawGraphExec) -> Result<(), CudaError> {
     Err(NO)
 }

@@ -188,6 +188,13 @@ pub struct JoinStats {
     pub graph_copies: usize,
     /// Copies that go through the driver's device copy rather than the copy kernel.
     pub driver_copies: usize,
+    /// Of the graphs' copies, those moved by one launch of the tile kernel per graph
+    /// (`AWEX_IPC_KERNEL=tiles`), and its tiles.
+    pub tiled_copies: usize,
+    /// Tiles of those launches.
+    pub tiles: usize,
+    /// Device memory of their tile tables.
+    pub tile_table_bytes: u64,
 }
 
 fn name_hash(name: &str) -> u64 {
@@ -563,6 +570,9 @@ impl CudaIpcTransport {
         add_stats(&mut j.descriptors_unjoined, &p.descriptors_unjoined);
         j.graph_copies += p.graph_copies;
         j.driver_copies += p.driver_copies;
+        j.tiled_copies += p.tiled_copies;
+        j.tiles += p.tiles;
+        j.tile_table_bytes += p.tile_table_bytes;
     }
 
     /// Where this rank's join went (an inference rank's; zeros for a training rank).
@@ -737,6 +747,9 @@ impl CudaIpcTransport {
         };
         let joined_stats = JoinStats {
             graph_copies: graph.as_ref().map_or(0, |g| g.copies),
+            tiled_copies: graph.as_ref().map_or(0, |g| g.tiled_copies),
+            tiles: graph.as_ref().map_or(0, |g| g.tiles),
+            tile_table_bytes: graph.as_ref().map_or(0, |g| g.table_bytes),
             driver_copies,
             control_ms,
             open_ms,
