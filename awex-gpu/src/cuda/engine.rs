@@ -20,7 +20,9 @@
 use super::desc::CopyDesc;
 use super::device::{Device, DeviceBuffer, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
-use super::tiles::{DEFAULT_TILE_BYTES, table_bytes, tile_bytes_from_env, tile_table, tiles_fit};
+use super::tiles::{
+    DEFAULT_TILE_BYTES, table_bytes, table_within_bound, tile_bytes_from_env, tile_table, tiles_fit,
+};
 use super::{CudaError, sys};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -183,7 +185,7 @@ fn tiles_from_env() -> bool {
 }
 
 /// Whether an engine with the kernel captures batches through the tile kernel unless told.
-pub const TILES_BY_DEFAULT: bool = false;
+pub const TILES_BY_DEFAULT: bool = true;
 
 /// Runs batches of device-to-device copies on a fixed set of streams.
 pub struct CopyEngine {
@@ -391,7 +393,8 @@ impl CopyEngine {
     }
 
     /// The tile table of `descs` (all for the tile kernel) in device memory, counter first,
-    /// and its tile count; `None` without the tile kernel or copies.
+    /// and its tile count; `None` without the tile kernel or copies, or when the table would
+    /// be over [`MAX_TABLE_BYTES`](super::tiles::MAX_TABLE_BYTES) (the batch is then launched per copy).
     fn table(
         &self,
         descs: &[CopyDesc],
@@ -401,13 +404,11 @@ impl CopyEngine {
             return Ok(None);
         }
         let tiles = tile_table(descs, tile);
-        let n = u32::try_from(tiles.len()).map_err(|_| CudaError::Copy {
-            desc: format!("{} copies", descs.len()),
-            detail: format!(
-                "{} tiles of {tile} bytes are more than one launch takes",
-                tiles.len()
-            ),
-        })?;
+        if !table_within_bound(tiles.len()) {
+            return Ok(None);
+        }
+        // within the bound, so far below u32::MAX
+        let n = tiles.len() as u32;
         let bytes = table_bytes(&tiles);
         let buf = self.dev.alloc(TABLE_OFFSET + bytes.len() as u64)?;
         buf.upload(TABLE_OFFSET, &bytes)?;
@@ -568,8 +569,9 @@ impl CopyEngine {
                     // SAFETY: as above.
                     unsafe { self.queue_copies_from(&rest, 1) }
                 }
+                // no tiles (off, none fit, or a table over the bound): every copy on its own
                 // SAFETY: as above.
-                None => unsafe { self.queue_copies(&rest) },
+                None => unsafe { self.queue_copies(descs) },
             }
         })();
         // end the capture whatever happened, so the stream is usable again

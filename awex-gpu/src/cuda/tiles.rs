@@ -23,6 +23,20 @@ pub const TILE_ENTRY_BYTES: usize = 32;
 /// The default tile: 64 KiB.
 pub const DEFAULT_TILE_BYTES: u64 = 64 << 10;
 
+/// The largest tile table a batch gets (16 MiB: 524,288 tiles, 32 GiB in 64 KiB tiles); a
+/// batch whose table would be larger is launched per copy. The table is device memory beside
+/// the receiver's own; this bound keeps a receiver's extra memory under two 64 MiB buckets for
+/// the largest models measured. On an H200 (`docs/benchmarks.md`, 2026-12-01 20:39 UTC):
+/// qwen3-8b's 250,097 tiles (7.6 MiB) and qwen3-30b-a3b's per-tensor 310,849 (9.5 MiB) take
+/// the tile kernel; qwen3-30b-a3b out of one 61 GB buffer, 931,953 tiles (28.4 MiB, 154 MiB
+/// extra in all against 116-120 MiB per copy), does not.
+pub const MAX_TABLE_BYTES: u64 = 16 << 20;
+
+/// Whether a table of `tiles` tiles is within [`MAX_TABLE_BYTES`].
+pub fn table_within_bound(tiles: usize) -> bool {
+    tiles as u64 * TILE_ENTRY_BYTES as u64 <= MAX_TABLE_BYTES
+}
+
 /// One tile of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tile {
@@ -242,6 +256,13 @@ mod tests {
             t.iter().map(|t| t.src).collect::<Vec<_>>(),
             vec![1024, 4096]
         );
+    }
+
+    #[test]
+    fn the_table_bound_admits_the_measured_small_tables_only() {
+        assert!(table_within_bound(250_097) && table_within_bound(310_849));
+        assert!(table_within_bound(524_288) && !table_within_bound(524_289));
+        assert!(!table_within_bound(931_953));
     }
 
     #[test]

@@ -17,6 +17,15 @@
 //!   makes its copy streams wait on the peer's event, issues the copies with the copy engine,
 //!   synchronises, verifies checksums if asked, and counts itself done.
 //!
+//! A receiver captures a peer's copies into one CUDA graph at join. In it, every copy the copy
+//! kernel takes is moved by one launch of the tile kernel (`awex_gpu::cuda::tiles`: the copies
+//! cut into 64 KiB tiles in source order, taken by the blocks from a counter), and the copies
+//! that go through the driver's device copy run beside it on the other streams. On an H200
+//! that read qwen3-8b out of Megatron's one contiguous buffer at 0.985-0.996 x the driver's
+//! own copy of that buffer, against 1.010-1.011 x with a launch per copy (`docs/benchmarks.md`,
+//! 2026-12-01 20:39 UTC). `AWEX_IPC_KERNEL=copies` launches per copy; a batch whose tile table
+//! would pass 16 MiB is launched per copy too.
+//!
 //! The copies move bytes only: a plan that converts dtypes is refused when the transport is
 //! built. Checksums are computed on the host (both ends copy their tensors to a host staging
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
