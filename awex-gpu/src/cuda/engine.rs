@@ -258,8 +258,10 @@ impl CopyEngine {
                     KERNEL_CUBIN_SM90,
                     KERNEL_NAME,
                 )?),
-                Some(Kernel::load(dev, TILES_PTX, TILES_CUBIN_SM90, TILES_NAME)?),
-                sys::device_sm_count(dev.ordinal())? * TILE_BLOCKS_PER_SM,
+                // a device that takes the copy kernel but not the tile kernel keeps the
+                // first: its batches are launched per copy (`tiles()` is then `None`)
+                Kernel::load(dev, TILES_PTX, TILES_CUBIN_SM90, TILES_NAME).ok(),
+                sys::device_sm_count(dev.ordinal()).unwrap_or(128) * TILE_BLOCKS_PER_SM,
             ),
         };
         let tile_bytes = if tiles_from_env() {

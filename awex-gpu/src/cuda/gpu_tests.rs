@@ -1,5 +1,6 @@
 //! Tests that need a GPU: ignored by default, run with
-//! `cargo test -p awex-core --features cuda -- --ignored` on a machine with one.
+//! `cargo test -p awex-gpu --features cuda --lib -- --ignored cuda::gpu_tests` on a machine with
+//! one (or the test binary built here and carried there: `bench/results/2026-12-01-d-call1/call.sh`).
 
 use super::*;
 use awex_core::dtype::DType;
