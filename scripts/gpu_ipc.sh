@@ -4,8 +4,8 @@
 #
 # Expects prebuilt x86-64 binaries in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && cp target/release/awex-cli .gpu/
-#   cargo test --release -p awex-core --features cuda --lib --no-run   # prints the test binary
-#   cp target/release/deps/awex_core-<hash> .gpu/awex-core-tests
+#   cargo test --release -p awex-gpu --features cuda --lib --no-run   # prints the test binary
+#   cp target/release/deps/awex_gpu-<hash> .gpu/awex-gpu-tests
 # Logs and JSON go to $OUT (a temporary folder when unset); a summary is printed last.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -23,7 +23,7 @@ echo "== environment"
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "== GPU tests (ignored unless asked)"
-timeout 180 "$G/awex-core-tests" --ignored --test-threads=1 cuda:: 2>&1 | tee "$OUT/gpu_tests.txt"
+timeout 180 "$G/awex-gpu-tests" --ignored --test-threads=1 cuda:: 2>&1 | tee "$OUT/gpu_tests.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 
 echo "== bench ipc, qwen3-0.6b (smoke)"
