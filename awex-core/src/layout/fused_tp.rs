@@ -384,6 +384,27 @@ impl FusedTpLayout {
         self.local(name, shape, placements)
     }
 
+    /// Where TP rank `r`'s fused qkv tensor takes its q, k and v rows from: `cols` hidden
+    /// columns for the weight, `None` for the bias.
+    fn qkv_placements(&self, parts: [&Arc<str>; 3], r: u64, cols: Option<u64>) -> Vec<Placement> {
+        parts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (start, len, at) = self.qkv_part(i, r);
+                let (region, local_offset) = match cols {
+                    Some(h) => (Region::new([start, 0], [len, h]), Dims::new(&[at, 0])),
+                    None => (Region::new([start], [len]), Dims::new(&[at])),
+                };
+                Placement {
+                    canonical: (*c).clone(),
+                    region,
+                    local_offset,
+                }
+            })
+            .collect()
+    }
+
     fn push_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
         let hd = self.d.head_dim;
@@ -392,34 +413,10 @@ impl FusedTpLayout {
             out.push(self.replicated(&n.k_norm, Dims::new(&[hd])));
         }
         let qkv_rows = self.qkv_rows();
-        let parts = [&n.q, &n.k, &n.v];
-        let placements = parts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let (start, len, at) = self.qkv_part(i, r);
-                Placement {
-                    canonical: (*c).clone(),
-                    region: Region::new([start, 0], [len, h]),
-                    local_offset: Dims::new(&[at, 0]),
-                }
-            })
-            .collect();
+        let placements = self.qkv_placements([&n.q, &n.k, &n.v], r, Some(h));
         out.push(self.local(&n.qkv, Self::dims2(qkv_rows, h), placements));
         if self.attention_bias {
-            let parts = [&n.q_bias, &n.k_bias, &n.v_bias];
-            let placements = parts
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let (start, len, at) = self.qkv_part(i, r);
-                    Placement {
-                        canonical: (*c).clone(),
-                        region: Region::new([start], [len]),
-                        local_offset: Dims::new(&[at]),
-                    }
-                })
-                .collect();
+            let placements = self.qkv_placements([&n.q_bias, &n.k_bias, &n.v_bias], r, None);
             out.push(self.local(&n.qkv_bias, Dims::new(&[qkv_rows]), placements));
         }
         let q_cols = self.d.q_heads * hd;
