@@ -116,6 +116,21 @@ pub enum CudaError {
         /// the driver's error
         detail: String,
     },
+    /// The driver would not give an IPC handle for an allocation behind a training tensor.
+    #[error(
+        "the allocation at {base:#x} ({size} bytes) behind a training tensor cannot be shared through CUDA IPC: {detail}. \
+         Legacy CUDA IPC handles cover memory from cuMemAlloc (PyTorch's default caching allocator) only, not memory from \
+         cuMemCreate such as PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): turn \
+         expandable segments off in the training process, or use the nccl transport"
+    )]
+    Export {
+        /// the allocation's first address
+        base: u64,
+        /// its size
+        size: u64,
+        /// the driver's error
+        detail: String,
+    },
     /// A copy engine asked to run with no streams.
     #[error("a copy engine needs at least one stream; {0} given")]
     Streams(usize),
@@ -128,5 +143,34 @@ impl CudaError {
             tensor: tensor.to_string(),
             detail: source.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_export_names_the_allocation_the_driver_and_the_way_out() {
+        let e = CudaError::Export {
+            base: 0x7f00_0000_0000,
+            size: 2 << 20,
+            detail: "cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE (1): invalid argument"
+                .into(),
+        };
+        let m = e.to_string();
+        assert!(
+            m.starts_with("the allocation at 0x7f0000000000 (2097152 bytes) behind a training tensor cannot be shared through CUDA IPC: cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE (1): invalid argument. Legacy CUDA IPC handles cover memory from cuMemAlloc"),
+            "{m}"
+        );
+        assert!(
+            m.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+            "{m}"
+        );
+        assert!(m.ends_with("or use the nccl transport"), "{m}");
+        assert!(
+            !m.contains("  "),
+            "no doubled spaces from the line breaks: {m}"
+        );
     }
 }

@@ -97,10 +97,12 @@ impl IpcExport {
         let new = self.index.add(ptrs, sys::address_range)?;
         for i in new {
             let (base, size) = self.index.allocations[i];
-            self.allocations.push(ExportedAllocation {
-                handle: sys::ipc_mem_handle(base)?,
+            let handle = sys::ipc_mem_handle(base).map_err(|e| CudaError::Export {
+                base,
                 size,
-            });
+                detail: e.to_string(),
+            })?;
+            self.allocations.push(ExportedAllocation { handle, size });
         }
         Ok(())
     }
