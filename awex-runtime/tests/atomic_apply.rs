@@ -127,7 +127,26 @@ impl Joined {
             .map(drop)
             .map_err(|e| e.to_string())
     }
+
+    /// [`Joined::run`] for a rank whose attempt may end before it takes it: a failure
+    /// elsewhere (the receiver's checksum, a deadline) can fail the attempt first, and a rank
+    /// then skips the dead attempt and waits for live work, which this phase never starts
+    /// (`Rank::next_live_work`). Gives up after `wait` with an error instead of panicking.
+    async fn run_unless_over(&mut self, wait: Duration) -> Result<(), String> {
+        let w = match tokio::time::timeout(wait, self.rank.next_live_work()).await {
+            Err(_) => return Err("the attempt was over before this rank took it".into()),
+            Ok(w) => w.map_err(|e| e.to_string())?.ok_or("disconnected")?,
+        };
+        tokio::time::timeout(LIMIT, self.rank.execute(w, true))
+            .await
+            .expect("execute hung")
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
 }
+
+/// How long a training rank of a failing phase may take to find its work.
+const OVER: Duration = Duration::from_secs(10);
 
 async fn outcome(client: &Client, pair: &str, v: u64) -> UpdateState {
     client
@@ -179,7 +198,11 @@ async fn drill(apply: ApplyMode) -> (Option<u64>, Option<u64>) {
     t1.fill(2);
     reader.rank.corrupt_version = Some(2);
     client.start_update(&pair, 2).await.unwrap();
-    let (_, _, c) = tokio::join!(t0.run(), t1.run(), reader.run());
+    let (_, _, c) = tokio::join!(
+        t0.run_unless_over(OVER),
+        t1.run_unless_over(OVER),
+        reader.run()
+    );
     let e = c.unwrap_err();
     assert!(e.contains("failed its checksum"), "{e}");
     assert_eq!(outcome(&client, &pair, 2).await, UpdateState::Failed);
@@ -199,7 +222,7 @@ async fn drill(apply: ApplyMode) -> (Option<u64>, Option<u64>) {
     // sends its half of version 2
     client.start_update(&pair, 2).await.unwrap();
     // (rank 0 waits for the receiver to be done with its segment, which it never is)
-    let (_, c) = tokio::join!(t0.run(), reader.run());
+    let (_, c) = tokio::join!(t0.run_unless_over(OVER), reader.run());
     assert!(c.is_err(), "the receiver misses training rank 1's half");
     assert_eq!(outcome(&client, &pair, 2).await, UpdateState::Failed);
     let st = client.status(&pair).await.unwrap();
