@@ -622,6 +622,14 @@ fn print_table(r: &Report) {
         j.event_ms,
         j.descs_ms
     );
+    println!(
+        "copies       {} in CUDA graphs, {} through the driver, {} in {} tiles of the tile kernel ({:.1} MiB of tables)",
+        j.graph_copies,
+        j.driver_copies,
+        j.tiled_copies,
+        j.tiles,
+        j.tile_table_bytes as f64 / (1u64 << 20) as f64
+    );
     println!("first update {:.2} ms", r.first_update_ms);
     let runs: Vec<String> = r.steady_ms.iter().map(|m| format!("{m:.2}")).collect();
     println!(
