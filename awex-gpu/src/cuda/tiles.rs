@@ -6,9 +6,9 @@
 //! (blocks x tile) bytes next to each other: the tiles are laid out in source address order,
 //! so the copy sweeps the sender's memory front to back. A launch per copy (or per 256 MiB
 //! piece) pays a ramp and a tail each, and one launch that strides over a whole large IPC
-//! mapping lets the blocks drift apart over it, which on an H200 read 2.6x slower than the
-//! same launch over local memory (`docs/benchmarks.md`, "copy kernel, from the sender's
-//! memory").
+//! mapping lets the blocks drift apart over it, which on an H200 read about 3x slower than the
+//! same launch over local memory (23.7-26.1 against 8.4 ms for 16.4 GB; `docs/benchmarks.md`,
+//! the floor "copy kernel, from the sender's memory").
 //!
 //! A tile is `rows` rows of `nvec` 16-byte vectors: `src + r * src_pitch` to
 //! `dst + r * dst_pitch` for `r` in `0..rows`. A row at least as wide as the tile is cut into
