@@ -21,7 +21,8 @@ use super::desc::CopyDesc;
 use super::device::{Device, DeviceBuffer, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
 use super::tiles::{
-    DEFAULT_TILE_BYTES, table_bytes, table_within_bound, tile_bytes_from_env, tile_table, tiles_fit,
+    DEFAULT_TILE_BYTES, table_within_bound, tile_bytes_from_env, tile_count, tile_table_bytes,
+    tiles_fit,
 };
 use super::{CudaError, sys};
 use std::ffi::CStr;
@@ -405,13 +406,14 @@ impl CopyEngine {
         if self.tiles.is_none() || descs.is_empty() {
             return Ok(None);
         }
-        let tiles = tile_table(descs, tile);
-        if !table_within_bound(tiles.len()) {
+        // counted before anything is made: a table over the bound is never built
+        let count = tile_count(descs, tile);
+        if count == 0 || !table_within_bound(count) {
             return Ok(None);
         }
         // within the bound, so far below u32::MAX
-        let n = tiles.len() as u32;
-        let bytes = table_bytes(&tiles);
+        let n = count as u32;
+        let bytes = tile_table_bytes(descs, tile);
         let buf = self.dev.alloc(TABLE_OFFSET + bytes.len() as u64)?;
         buf.upload(TABLE_OFFSET, &bytes)?;
         Ok(Some((buf, n)))

@@ -70,12 +70,57 @@ pub fn tiles_fit(d: &CopyDesc) -> bool {
 
 /// Cuts `descs` (each with 16-byte aligned addresses, width and pitches, and [`tiles_fit`]) into
 /// tiles of at most `tile` bytes (rounded down to whole vectors, at least one), in source
-/// address order of the descriptors.
+/// address order of the descriptors. Copies of no bytes (or narrower than one vector) make none.
 pub fn tile_table(descs: &[CopyDesc], tile: u64) -> Vec<Tile> {
-    let tile_vec = (tile / 16).clamp(1, u32::MAX as u64);
-    let mut order: Vec<&CopyDesc> = descs.iter().filter(|d| d.bytes() > 0).collect();
+    let mut out = Vec::with_capacity(tile_count(descs, tile));
+    for_each_tile(descs, tile, |t| out.push(t));
+    out
+}
+
+/// The number of tiles [`tile_table`] makes of `descs`, without making them.
+pub fn tile_count(descs: &[CopyDesc], tile: u64) -> usize {
+    let tile_vec = tile_vectors(tile);
+    descs
+        .iter()
+        .filter(|d| d.bytes() > 0 && d.width >= 16)
+        .map(|d| {
+            let nvec = d.width / 16;
+            let per_slice = if nvec >= tile_vec {
+                d.height * nvec.div_ceil(tile_vec)
+            } else {
+                d.height.div_ceil(rows_per_tile(tile_vec, nvec))
+            };
+            (per_slice * d.depth) as usize
+        })
+        .sum()
+}
+
+/// The tile table's bytes as the kernel reads them (see [`TILE_ENTRY_BYTES`]), made in one
+/// pass: `table_bytes(&tile_table(descs, tile))` without the tiles in between.
+pub fn tile_table_bytes(descs: &[CopyDesc], tile: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(tile_count(descs, tile) * TILE_ENTRY_BYTES);
+    for_each_tile(descs, tile, |t| push_entry(&mut b, &t));
+    b
+}
+
+/// 16-byte vectors in a tile of `tile` bytes: at least one.
+fn tile_vectors(tile: u64) -> u64 {
+    (tile / 16).clamp(1, u32::MAX as u64)
+}
+
+/// Whole rows of `nvec` vectors (fewer than `tile_vec`) that one tile takes.
+fn rows_per_tile(tile_vec: u64, nvec: u64) -> u64 {
+    (tile_vec / nvec).clamp(1, u32::MAX as u64)
+}
+
+/// Calls `f` with every tile of `descs`, in the order of [`tile_table`].
+fn for_each_tile(descs: &[CopyDesc], tile: u64, mut f: impl FnMut(Tile)) {
+    let tile_vec = tile_vectors(tile);
+    let mut order: Vec<&CopyDesc> = descs
+        .iter()
+        .filter(|d| d.bytes() > 0 && d.width >= 16)
+        .collect();
     order.sort_by_key(|d| (d.src, d.dst));
-    let mut out = Vec::new();
     for d in order {
         let nvec = d.width / 16;
         // a linear copy's pitch is its width: the table only needs pitches between rows
@@ -94,7 +139,7 @@ pub fn tile_table(descs: &[CopyDesc], tile: u64) -> Vec<Tile> {
                     let mut c = 0;
                     while c < nvec {
                         let n = tile_vec.min(nvec - c);
-                        out.push(Tile {
+                        f(Tile {
                             src: sr + c * 16,
                             dst: dr + c * 16,
                             nvec: n as u32,
@@ -107,11 +152,11 @@ pub fn tile_table(descs: &[CopyDesc], tile: u64) -> Vec<Tile> {
                 }
             } else {
                 // narrow rows: as many whole rows to a tile as fit
-                let per = (tile_vec / nvec).clamp(1, u32::MAX as u64);
+                let per = rows_per_tile(tile_vec, nvec);
                 let mut y = 0;
                 while y < d.height {
                     let k = per.min(d.height - y);
-                    out.push(Tile {
+                    f(Tile {
                         src: s0 + y * d.src_pitch,
                         dst: d0 + y * d.dst_pitch,
                         nvec: nvec as u32,
@@ -124,19 +169,22 @@ pub fn tile_table(descs: &[CopyDesc], tile: u64) -> Vec<Tile> {
             }
         }
     }
-    out
+}
+
+fn push_entry(b: &mut Vec<u8>, t: &Tile) {
+    b.extend_from_slice(&t.src.to_le_bytes());
+    b.extend_from_slice(&t.dst.to_le_bytes());
+    b.extend_from_slice(&t.nvec.to_le_bytes());
+    b.extend_from_slice(&t.rows.to_le_bytes());
+    b.extend_from_slice(&t.src_pitch.to_le_bytes());
+    b.extend_from_slice(&t.dst_pitch.to_le_bytes());
 }
 
 /// The table as the kernel reads it (see [`TILE_ENTRY_BYTES`]).
 pub fn table_bytes(tiles: &[Tile]) -> Vec<u8> {
     let mut b = Vec::with_capacity(tiles.len() * TILE_ENTRY_BYTES);
     for t in tiles {
-        b.extend_from_slice(&t.src.to_le_bytes());
-        b.extend_from_slice(&t.dst.to_le_bytes());
-        b.extend_from_slice(&t.nvec.to_le_bytes());
-        b.extend_from_slice(&t.rows.to_le_bytes());
-        b.extend_from_slice(&t.src_pitch.to_le_bytes());
-        b.extend_from_slice(&t.dst_pitch.to_le_bytes());
+        push_entry(&mut b, t);
     }
     b
 }
@@ -286,6 +334,14 @@ mod tests {
     }
 
     #[test]
+    fn copies_narrower_than_a_vector_make_no_tiles_and_no_panic() {
+        let d = [CopyDesc::linear(0, 64, 8), pitched(0, 64, 0, 3, 16, 16)];
+        assert!(tile_table(&d, 64).is_empty());
+        assert_eq!(tile_count(&d, 64), 0);
+        assert!(tile_table_bytes(&d, 64).is_empty());
+    }
+
+    #[test]
     fn pitches_past_32_bits_do_not_fit_but_linear_copies_of_any_size_do() {
         assert!(tiles_fit(&CopyDesc::linear(0, 0, 8 << 30)));
         assert!(!tiles_fit(&pitched(0, 0, 16, 2, 1 << 32, 16)));
@@ -334,6 +390,8 @@ mod tests {
             let bytes: u64 = descs.iter().map(CopyDesc::bytes).sum();
             prop_assert_eq!(tiles.iter().map(Tile::bytes).sum::<u64>(), bytes);
             prop_assert!(tiles.iter().all(|t| t.bytes() <= (tile_vec * 16).max(t.nvec as u64 * 16)));
+            prop_assert_eq!(tile_count(&descs, tile_vec * 16), tiles.len());
+            prop_assert!(tile_table_bytes(&descs, tile_vec * 16) == table_bytes(&tiles));
         }
     }
 }
