@@ -11,7 +11,9 @@
 //! copy kernel on the SMs ([`CopyMethod::Kernel`], `copy_rows.ptx`), which moves pitched rows
 //! of 16-byte vectors. The kernel loads from a cubin compiled ahead of time for sm_90 (the
 //! H100/H200) when the build carries one and the device takes it, else from the PTX, which the
-//! driver compiles at run time (see [`CopyEngine::kernel_image`]).
+//! driver compiles at run time (see [`CopyEngine::kernel_image`]). A captured batch moves all its
+//! kernel copies in one launch of the tile kernel (`copy_tiles.ptx`, see [`super::tiles`])
+//! unless told otherwise ([`CopyEngine::set_tiles`]).
 //!
 //! Copies read and write raw device addresses, so the functions that queue them
 //! ([`CopyEngine::launch`], [`CopyEngine::capture`], [`CopyEngine::replay`]) are `unsafe`:

@@ -197,8 +197,8 @@ pub struct JoinStats {
     pub graph_copies: usize,
     /// Copies that go through the driver's device copy rather than the copy kernel.
     pub driver_copies: usize,
-    /// Of the graphs' copies, those moved by one launch of the tile kernel per graph
-    /// (`AWEX_IPC_KERNEL=tiles`), and its tiles.
+    /// Of the graphs' copies, those moved by one launch of the tile kernel per graph (the
+    /// default; none with `AWEX_IPC_KERNEL=copies` or a table over the bound).
     pub tiled_copies: usize,
     /// Tiles of those launches.
     pub tiles: usize,
