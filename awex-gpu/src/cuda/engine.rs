@@ -72,7 +72,7 @@ pub fn kernel_fits(d: &CopyDesc) -> bool {
 }
 
 /// The copy kernel's grid (x blocks along a row, y blocks over rows) for `height` rows of
-/// `nvec` vectors: about [`KERNEL_BLOCKS`] blocks, no more than the rows and vectors need
+/// `nvec` vectors: about 1,024 blocks (`KERNEL_BLOCKS`), no more than the rows and vectors need
 /// (each thread moves four vectors per step).
 pub fn kernel_grid(nvec: u64, height: u64) -> (u32, u32) {
     let gy = height.clamp(1, 65_535).min(KERNEL_BLOCKS);
