@@ -1,6 +1,6 @@
 //! A peer plan's buckets, counted instead of built.
 //!
-//! The transports cut each peer's transfers with `make_buckets` (`awex-core/src/runtime/bucket.rs`);
+//! The transports cut each peer's transfers with `make_buckets` (`awex-runtime/src/bucket.rs`);
 //! a 1T-parameter pair has about 10^8 buckets, too many to build as piece lists. [`bucket_runs`]
 //! walks the same arithmetic and yields run-length encoded buckets (bytes, and whether each
 //! end can use it in place or must stage it), equal bucket for bucket to `make_buckets` (a

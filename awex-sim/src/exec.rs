@@ -14,16 +14,16 @@
 //!   costs the topology's per-message latency. On large pairs, consecutive steps are merged
 //!   into groups of `steps_per_group` steps (same bytes, the latency of every step; the pack
 //!   and unpack of a merged group overlap its transfers but for one step's share).
-//! - `cuda-ipc` (`awex-core/src/runtime/transport/cuda_ipc.rs`, `awex-core/src/cuda/engine.rs`):
+//! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc.rs`, `awex-gpu/src/cuda/engine.rs`):
 //!   an inference rank issues, peer after peer, one copy per transfer (linear pieces of at most
 //!   256 MiB) on 4 streams, each copy to the least-loaded stream of that peer's batch; the
 //!   host issues copies one after another (`launch_us` each); at the end of each peer's batch
 //!   stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
 //!   node, NVLink.
-//! - `shm` (`awex-core/src/runtime/transport/shm.rs`): an inference rank copies its peers'
+//! - `shm` (`awex-runtime/src/transport/shm.rs`): an inference rank copies its peers'
 //!   buckets one after another on its own thread, out of the training ranks' shared memory; every
 //!   copy of a host shares the host's memory bandwidth.
-//! - `tcp` (`awex-core/src/runtime/transport/tcp.rs`): every pair streams its buckets over its
+//! - `tcp` (`awex-runtime/src/transport/tcp.rs`): every pair streams its buckets over its
 //!   own connection, one after another, all pairs at once; pack and unpack overlap the wire
 //!   (two buffers per end) and are not charged. Not calibrated.
 
@@ -627,7 +627,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
     })
 }
 
-/// The NCCL transport's bucket size of a pair (`awex-core/src/nccl/schedule.rs`,
+/// The NCCL transport's bucket size of a pair (`awex-gpu/src/nccl/schedule.rs`,
 /// `pair_bucket_bytes`): each end's budget split over its peers, the smaller, at least 1.
 pub fn pair_bucket_bytes(budget_a: u64, peers_a: usize, budget_b: u64, peers_b: usize) -> u64 {
     let share = |budget: u64, peers: usize| budget / (peers.max(1) as u64);
