@@ -5,8 +5,9 @@
 //! schedule is then laid out as activities over the topology's links ([`crate::net`]):
 //!
 //! - `nccl` (`awex-gpu/src/nccl/{schedule,program}.rs`,
-//!   `awex-runtime/src/transport/nccl.rs`): a pair's transfers are cut into buckets of `pair_bucket_bytes(budget, peers, budget, peers)`; step `k` of a rank is
-//!   one NCCL group holding bucket `k` of every peer that has one, issued on one stream after
+//!   `awex-runtime/src/transport/nccl.rs`): a pair's transfers are cut into buckets of
+//!   `pair_bucket_bytes(budget, peers, budget, peers)`; step `k` of a rank is one NCCL group
+//!   holding bucket `k` of every peer that has one, issued on one stream after
 //!   step `k-1`; a bucket moves once both ends issued their step `k` (NCCL matches a send with
 //!   its receive). A training rank packs staged buckets of step `k` on its copy engine once
 //!   the sends of step `k-2` left that slot (two slots); an inference rank receives step `k`
