@@ -1,8 +1,6 @@
 //! Canonical (HF checkpoint) tensor names as values: what every backend's layout parses and
 //! spells, in one place.
 
-use std::fmt::Write as _;
-
 /// A canonical (HF checkpoint) tensor, identified without its string name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Canon {
@@ -59,66 +57,60 @@ fn index(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+/// A layer's tensor, given its layer.
+type LayerTensor = fn(u64) -> Canon;
+/// An expert's tensor, given its layer and expert.
+type ExpertTensor = fn(u64, u64) -> Canon;
+
+/// The tensors of a layer outside its experts: the name after `model.layers.{l}.`.
+const LAYER_TENSORS: [(&str, LayerTensor); 15] = [
+    ("input_layernorm.weight", Canon::InputNorm),
+    ("self_attn.q_proj.weight", Canon::Q),
+    ("self_attn.k_proj.weight", Canon::K),
+    ("self_attn.v_proj.weight", Canon::V),
+    ("self_attn.q_proj.bias", Canon::QBias),
+    ("self_attn.k_proj.bias", Canon::KBias),
+    ("self_attn.v_proj.bias", Canon::VBias),
+    ("self_attn.o_proj.weight", Canon::O),
+    ("self_attn.q_norm.weight", Canon::QNorm),
+    ("self_attn.k_norm.weight", Canon::KNorm),
+    ("post_attention_layernorm.weight", Canon::PostNorm),
+    ("mlp.gate_proj.weight", Canon::Gate),
+    ("mlp.up_proj.weight", Canon::Up),
+    ("mlp.down_proj.weight", Canon::Down),
+    ("mlp.gate.weight", Canon::Router),
+];
+
+/// An expert's tensors: the name after `model.layers.{l}.mlp.experts.{e}.`.
+const EXPERT_TENSORS: [(&str, ExpertTensor); 3] = [
+    ("gate_proj.weight", Canon::ExpertGate),
+    ("up_proj.weight", Canon::ExpertUp),
+    ("down_proj.weight", Canon::ExpertDown),
+];
+
 impl Canon {
     /// The HF name.
     pub fn name(&self) -> String {
-        let mut s = String::with_capacity(56);
-        let layer = |s: &mut String, l: u64| {
-            let _ = write!(s, "model.layers.{l}.");
-        };
+        let same = |c: Canon| std::mem::discriminant(&c) == std::mem::discriminant(self);
         match *self {
-            Canon::Embed => s.push_str("model.embed_tokens.weight"),
-            Canon::LmHead => s.push_str("lm_head.weight"),
-            Canon::FinalNorm => s.push_str("model.norm.weight"),
+            Canon::Embed => "model.embed_tokens.weight".into(),
+            Canon::LmHead => "lm_head.weight".into(),
+            Canon::FinalNorm => "model.norm.weight".into(),
             Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
-                layer(&mut s, l);
-                let _ = write!(s, "mlp.experts.{e}.");
-                s.push_str(match self {
-                    Canon::ExpertGate(..) => "gate_proj.weight",
-                    Canon::ExpertUp(..) => "up_proj.weight",
-                    _ => "down_proj.weight",
-                });
+                let (what, _) = EXPERT_TENSORS
+                    .iter()
+                    .find(|(_, mk)| same(mk(0, 0)))
+                    .expect("every expert tensor is in EXPERT_TENSORS");
+                format!("model.layers.{l}.mlp.experts.{e}.{what}")
             }
-            Canon::InputNorm(l)
-            | Canon::Q(l)
-            | Canon::K(l)
-            | Canon::V(l)
-            | Canon::QBias(l)
-            | Canon::KBias(l)
-            | Canon::VBias(l)
-            | Canon::O(l)
-            | Canon::QNorm(l)
-            | Canon::KNorm(l)
-            | Canon::PostNorm(l)
-            | Canon::Gate(l)
-            | Canon::Up(l)
-            | Canon::Down(l)
-            | Canon::Router(l) => {
-                layer(&mut s, l);
-                s.push_str(self.layer_suffix());
+            _ => {
+                let l = self.layer().expect("every other tensor is a layer's");
+                let (what, _) = LAYER_TENSORS
+                    .iter()
+                    .find(|(_, mk)| same(mk(0)))
+                    .expect("every layer tensor is in LAYER_TENSORS");
+                format!("model.layers.{l}.{what}")
             }
-        }
-        s
-    }
-
-    fn layer_suffix(&self) -> &'static str {
-        match self {
-            Canon::InputNorm(_) => "input_layernorm.weight",
-            Canon::Q(_) => "self_attn.q_proj.weight",
-            Canon::K(_) => "self_attn.k_proj.weight",
-            Canon::V(_) => "self_attn.v_proj.weight",
-            Canon::QBias(_) => "self_attn.q_proj.bias",
-            Canon::KBias(_) => "self_attn.k_proj.bias",
-            Canon::VBias(_) => "self_attn.v_proj.bias",
-            Canon::O(_) => "self_attn.o_proj.weight",
-            Canon::QNorm(_) => "self_attn.q_norm.weight",
-            Canon::KNorm(_) => "self_attn.k_norm.weight",
-            Canon::PostNorm(_) => "post_attention_layernorm.weight",
-            Canon::Gate(_) => "mlp.gate_proj.weight",
-            Canon::Up(_) => "mlp.up_proj.weight",
-            Canon::Down(_) => "mlp.down_proj.weight",
-            Canon::Router(_) => "mlp.gate.weight",
-            _ => "",
         }
     }
 
@@ -135,31 +127,11 @@ impl Canon {
         if let Some(expert) = rest.strip_prefix("mlp.experts.") {
             let (e, what) = expert.split_once('.')?;
             let e = index(e)?;
-            return match what {
-                "gate_proj.weight" => Some(Canon::ExpertGate(l, e)),
-                "up_proj.weight" => Some(Canon::ExpertUp(l, e)),
-                "down_proj.weight" => Some(Canon::ExpertDown(l, e)),
-                _ => None,
-            };
+            let (_, mk) = EXPERT_TENSORS.iter().find(|(n, _)| *n == what)?;
+            return Some(mk(l, e));
         }
-        Some(match rest {
-            "input_layernorm.weight" => Canon::InputNorm(l),
-            "self_attn.q_proj.weight" => Canon::Q(l),
-            "self_attn.k_proj.weight" => Canon::K(l),
-            "self_attn.v_proj.weight" => Canon::V(l),
-            "self_attn.q_proj.bias" => Canon::QBias(l),
-            "self_attn.k_proj.bias" => Canon::KBias(l),
-            "self_attn.v_proj.bias" => Canon::VBias(l),
-            "self_attn.o_proj.weight" => Canon::O(l),
-            "self_attn.q_norm.weight" => Canon::QNorm(l),
-            "self_attn.k_norm.weight" => Canon::KNorm(l),
-            "post_attention_layernorm.weight" => Canon::PostNorm(l),
-            "mlp.gate_proj.weight" => Canon::Gate(l),
-            "mlp.up_proj.weight" => Canon::Up(l),
-            "mlp.down_proj.weight" => Canon::Down(l),
-            "mlp.gate.weight" => Canon::Router(l),
-            _ => return None,
-        })
+        let (_, mk) = LAYER_TENSORS.iter().find(|(n, _)| *n == rest)?;
+        Some(mk(l))
     }
 
     /// The layer this tensor belongs to, if any.
