@@ -33,15 +33,20 @@ async fn answer(s: &mut TcpStream, wait: Duration) -> String {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_polls_beyond_the_pairs_bound_get_503_and_its_ranks_still_commit() {
+/// A gateway on a free port with pair `name` (1 x 1) connected: its address and a client.
+async fn gateway_with_pair(name: &str) -> (String, Client) {
     let base = start(GatewayConfig::default()).await;
-    let addr = base.trim_start_matches("http://").to_string();
     let client = Client::new(&base, None).unwrap();
     client
-        .connect(&connect_request("lp", 1, 1, 1))
+        .connect(&connect_request(name, 1, 1, 1))
         .await
         .unwrap();
+    (base.trim_start_matches("http://").to_string(), client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_beyond_the_pairs_bound_get_503_and_its_ranks_still_commit() {
+    let (addr, client) = gateway_with_pair("lp").await;
     let ranks = spawn_ranks(&client, "lp", 1, 1, 1, |_, _| always_ok(100, 7));
     let t0 = Instant::now();
     let last = loop {
@@ -152,13 +157,7 @@ async fn the_bound_is_configurable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_other_long_polls_does_not_take_the_ranks_event_polls() {
-    let base = start(GatewayConfig::default()).await;
-    let addr = base.trim_start_matches("http://").to_string();
-    let client = Client::new(&base, None).unwrap();
-    client
-        .connect(&connect_request("fl", 1, 1, 1))
-        .await
-        .unwrap();
+    let (addr, client) = gateway_with_pair("fl").await;
     // both ranks claim their slots with a claim id, as awex's ranks do
     let (t, i) = (RankId::train(0), RankId::infer(0, 0));
     let join = |side, rank, claim: &'static str| {
