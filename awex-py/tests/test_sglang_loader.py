@@ -69,7 +69,8 @@ def test_the_trigger_names_the_work(payload, want) -> None:
 
 @pytest.mark.parametrize(
     "name", ["awex.work/7/0/receive", "awex.work/7/1/apply-all", "awex.work/x/1/receive", "awex.work/7/1",
-             "awex.work/7/1/receive/extra", "awex.work/-1/1/receive"],
+             "awex.work/7/1/receive/extra", "awex.work/-1/1/receive",
+             "awex.work/18446744073709551616/1/receive", "awex.work/7/4294967296/receive"],
 )
 def test_a_malformed_work_entry_is_refused(name) -> None:
     with pytest.raises(RuntimeError, match=r"^the trigger's work entry `awex\.work/.*` is not "

@@ -295,7 +295,12 @@ def work_of(named_tensors_: Any) -> dict[str, Any] | None:
     parts = name[len(WORK_PREFIX):].split("/")
     try:
         version, attempt, phase = int(parts[0]), int(parts[1]), parts[2]
-        if len(parts) != 3 or version < 0 or attempt < 1 or phase not in _PHASES:
+        if (
+            len(parts) != 3
+            or not 0 <= version < 2**64
+            or not 1 <= attempt < 2**32
+            or phase not in _PHASES
+        ):
             raise ValueError
     except (IndexError, ValueError):
         raise RuntimeError(
