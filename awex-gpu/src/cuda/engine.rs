@@ -23,8 +23,7 @@ use super::desc::CopyDesc;
 use super::device::{Device, DeviceBuffer, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
 use super::tiles::{
-    DEFAULT_TILE_BYTES, table_within_bound, tile_bytes_from_env, tile_count, tile_table_bytes,
-    tiles_fit,
+    table_within_bound, tile_bytes_from_env, tile_count, tile_table_bytes, tiles_fit,
 };
 use super::{CudaError, sys};
 use std::ffi::CStr;
@@ -206,6 +205,15 @@ pub struct CopyEngine {
     /// With the kernel: linear copies of at least this many bytes go through the driver
     /// (`u64::MAX`: none). Atomic so that it can change between batches through `&self`.
     driver_min: AtomicU64,
+}
+
+/// How a captured batch splits with tiles on: the copies the tile kernel takes, in `tiles`
+/// tiles of `table`, and the `rest` (the driver's).
+struct Tiled {
+    copies: usize,
+    rest: Vec<CopyDesc>,
+    table: DeviceBuffer,
+    tiles: u32,
 }
 
 /// A batch captured into a CUDA graph, replayed with [`CopyEngine::replay`].
@@ -552,14 +560,22 @@ impl CopyEngine {
     /// other streams.
     pub unsafe fn capture(&self, descs: &[CopyDesc]) -> Result<CopyGraph, CudaError> {
         self.dev.bind()?;
-        let (tiled, rest): (Vec<CopyDesc>, Vec<CopyDesc>) = match self.tiles() {
-            Some(_) => descs
-                .iter()
-                .copied()
-                .partition(|d| self.by_kernel(d) && tiles_fit(d)),
-            None => (Vec::new(), descs.to_vec()),
+        // with tiles: the copies the tile kernel takes, the rest (the driver's), the table
+        let split = match self.tiles() {
+            Some(tile) => {
+                let (tiled, rest): (Vec<CopyDesc>, Vec<CopyDesc>) = descs
+                    .iter()
+                    .copied()
+                    .partition(|d| self.by_kernel(d) && tiles_fit(d));
+                self.table(&tiled, tile)?.map(|(table, tiles)| Tiled {
+                    copies: tiled.len(),
+                    rest,
+                    table,
+                    tiles,
+                })
+            }
+            None => None,
         };
-        let table = self.table(&tiled, self.tiles().unwrap_or(DEFAULT_TILE_BYTES))?;
         let s0 = &self.streams[0];
         sys::capture_begin(s0.raw)?;
         let body = (|| {
@@ -568,12 +584,12 @@ impl CopyEngine {
             for s in &self.streams[1..] {
                 s.wait(&self.joins[0])?;
             }
-            match &table {
-                Some((t, n)) => {
+            match &split {
+                Some(t) => {
                     // SAFETY: captured, not run; the replay's caller vouches for the memory.
-                    unsafe { self.issue_tiles(t, *n, 0)? };
+                    unsafe { self.issue_tiles(&t.table, t.tiles, 0)? };
                     // SAFETY: as above.
-                    unsafe { self.queue_copies_from(&rest, 1) }
+                    unsafe { self.queue_copies_from(&t.rest, 1) }
                 }
                 // no tiles (off, none fit, or a table over the bound): every copy on its own
                 // SAFETY: as above.
@@ -587,10 +603,10 @@ impl CopyEngine {
             dev: self.dev.clone(),
             exec: exec?,
             copies: descs.len(),
-            tiled_copies: if table.is_some() { tiled.len() } else { 0 },
-            tiles: table.as_ref().map_or(0, |(_, n)| *n as usize),
-            table_bytes: table.as_ref().map_or(0, |(t, _)| t.len()),
-            _table: table.map(|(t, _)| t),
+            tiled_copies: split.as_ref().map_or(0, |t| t.copies),
+            tiles: split.as_ref().map_or(0, |t| t.tiles as usize),
+            table_bytes: split.as_ref().map_or(0, |t| t.table.len()),
+            _table: split.map(|t| t.table),
         })
     }
 
