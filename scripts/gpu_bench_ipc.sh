@@ -129,16 +129,29 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
           f"| {b['ratio']:.3f} / {b['ipc_ratio']:.3f} | {n(j['descriptors'])} ({n(j['descriptors_unjoined'])}) "
           f"| {b['extra_device_bytes']/2**20:.1f} | {b['verified']} |")
     print("  runs", " ".join(f"{x:.2f}" for x in b["steady_ms"]), "| floors", "; ".join(f"{x['name']}: {x['ms']:.2f}" for x in b["floors"]))
+# the per-tensor bench of each model: what the demo's data plane is compared with
+bench_of = {}
+for f in glob.glob(os.path.join(out, "bench_*.json")):
+    try:
+        b = json.load(open(f))
+    except Exception:
+        continue
+    if os.path.basename(f)[6:-5] in ("8b-per-tensor", "moe-per-tensor"):
+        bench_of[b["model"]] = b["steady_median_ms"]
+med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")
 for f in sorted(glob.glob(os.path.join(out, "demo_*.json"))):
     try:
         d = json.load(open(f))
     except Exception as e:
         print(f"| {os.path.basename(f)} | unreadable ({e}) |"); continue
     ms = [u["seconds"] * 1e3 for u in d["updates"]]
-    st = sorted(ms[1:]); med = st[len(st) // 2] if st else float("nan")
+    moved = [u["transfer_ms"] for u in d["updates"][1:] if u.get("transfer_ms") is not None]
+    b = bench_of.get(d["model"])
+    vs = f"; data plane {med(moved):.2f} ms, {med(moved) / b - 1:+.1%} against bench {b:.2f}" if b and moved else ""
     print(f"| {d['model']} demo | per-tensor | {d.get('join_ms', float('nan')):.1f} (whole pair) | {d.get('first_update_ms', ms[0]):.2f} "
-          f"| {med:.2f} | device copy {d.get('device_copy_gbps', 0):.0f} GB/s | | | | {d['verified']} |")
-    print("  updates ms", " ".join(f"{x:.2f}" for x in ms))
+          f"| {med(ms[1:]):.2f} | device copy {d.get('device_copy_gbps', 0):.0f} GB/s{vs} | | | | {d['verified']} |")
+    print("  updates ms", " ".join(f"{x:.2f}" for x in ms), "| data plane ms",
+          " ".join("-" if u.get("transfer_ms") is None else f"{u['transfer_ms']:.2f}" for u in d["updates"]))
 t = os.path.join(out, "torch.json")
 if os.path.exists(t):
     try:

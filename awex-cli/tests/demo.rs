@@ -53,6 +53,13 @@ fn shm_demo_verifies_every_update_bit_for_bit() {
         assert_eq!(u["verified"], true);
         // two engines of qwen3-tiny (tp=2): every placed bf16 element once per engine
         assert_eq!(u["bytes"], ups[0]["bytes"]);
+        // the slowest inference rank's data plane: inside the update, which also waits on the
+        // gateway's round trips
+        let moved = u["transfer_ms"]
+            .as_f64()
+            .expect("transfer_ms of a committed update");
+        let whole = u["seconds"].as_f64().unwrap() * 1e3;
+        assert!(moved > 0.0 && moved < whole, "{moved} ms of {whole} ms");
     }
     assert!(ups[0]["bytes"].as_u64().unwrap() > 1_000_000);
     assert!(j["memcpy_gbps"].as_f64().unwrap() > 0.0);
@@ -106,6 +113,8 @@ fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
         failed["seconds"].as_f64().unwrap() < 6.0,
         "reported failed within twice the deadline"
     );
+    // a failed attempt has no data-plane time (its move did not finish)
+    assert!(failed.get("transfer_ms").is_none(), "{failed}");
     // in place, the ranks had been told to write: the version is torn
     assert_eq!(failed["torn"], true, "{failed}");
     assert!(failed["live_intact"].is_boolean(), "{failed}");

@@ -677,6 +677,8 @@ pub struct Rank {
     pub gateway_lost: Duration,
     /// The join request this rank re-attaches with after losing the gateway.
     join_request: JoinRequest,
+    /// The last work whose bytes this rank's transport moved, and how long that took.
+    last_transfer: Option<(Work, Duration)>,
 }
 
 /// One update a rank was asked to do.
@@ -832,7 +834,18 @@ impl Rank {
             corrupt_version: None,
             gateway_lost: lost,
             join_request: req,
+            last_transfer: None,
         })
+    }
+
+    /// How long this rank's transport took to move its bytes of `work`, when that was the last
+    /// work it moved and the move succeeded: the data plane alone (from the transport's start to
+    /// its end, waiting for peers included), without the gateway's round trips around it. An
+    /// atomic pair's apply is not in it.
+    pub fn transfer_time(&self, work: Work) -> Option<Duration> {
+        self.last_transfer
+            .filter(|(w, _)| *w == work)
+            .map(|(_, d)| d)
     }
 
     /// This rank process's claim id on its slot (random per [`Rank`]), sent with its join.
@@ -1267,6 +1280,7 @@ impl Rank {
         let peers = self.peers.clone();
         let corrupt = self.corrupt_version == Some(work.version);
         let c2 = cancel.clone();
+        let t_moved = Instant::now();
         let job = tokio::task::spawn_blocking(move || {
             let ctx = ExecContext {
                 version: work.version,
@@ -1319,6 +1333,9 @@ impl Rank {
         };
         let (transport, result) = job.await.map_err(TransportError::Task)?;
         watcher.abort();
+        if result.is_ok() {
+            self.last_transfer = Some((work, t_moved.elapsed()));
+        }
         let stages = transport.stages();
         self.transport = Some(transport);
         let received = self.report(work, result).await?;

@@ -236,6 +236,9 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
                 }
                 verdict["version"] = work.version.into();
                 verdict["attempt"] = work.attempt.into();
+                if let Some(d) = me.transfer_time(work) {
+                    verdict["transfer_ms"] = (d.as_secs_f64() * 1e3).into();
+                }
                 let key = format!("verify.{}.{}", rank.engine, rank.rank);
                 match me.client().put_kv(&args.pair, &key, verdict).await {
                     Ok(_) => {}

@@ -288,6 +288,7 @@ async fn demo(
                 rows.push(UpdateRow {
                     version,
                     seconds,
+                    transfer_ms: None,
                     bytes: 0,
                     gbps: 0.0,
                     verified: false,
@@ -301,6 +302,7 @@ async fn demo(
             rows.push(UpdateRow {
                 version,
                 seconds,
+                transfer_ms: None,
                 bytes: 0,
                 gbps: 0.0,
                 verified: false,
@@ -322,9 +324,13 @@ async fn demo(
         // every inference rank checks every byte, after its report
         let mut verified = true;
         let mut error = None;
+        // the slowest inference rank's data plane, when every rank timed its own
+        let mut transfer_ms = Some(0.0f64);
         for rank in r.inference.ranks() {
             let key = format!("verify.{}.{}", rank.engine, rank.rank);
             let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
+            let t = e.value.get("transfer_ms").and_then(|v| v.as_f64());
+            transfer_ms = transfer_ms.zip(t).map(|(a, b)| a.max(b));
             if e.value.get("ok") != Some(&serde_json::Value::Bool(true)) {
                 verified = false;
                 error = Some(format!(
@@ -336,6 +342,7 @@ async fn demo(
         rows.push(UpdateRow {
             version,
             seconds,
+            transfer_ms,
             bytes,
             gbps: bytes as f64 / seconds / 1e9,
             verified,

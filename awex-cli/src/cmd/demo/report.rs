@@ -10,6 +10,10 @@ pub struct UpdateRow {
     pub version: u64,
     /// Seconds from start to commit (or failure).
     pub seconds: f64,
+    /// Milliseconds the slowest inference rank's transport took to move its bytes (the data
+    /// plane alone, without the gateway's round trips; what `bench ipc` times), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_ms: Option<f64>,
     /// Bytes moved.
     pub bytes: u64,
     /// GB/s.
@@ -123,12 +127,14 @@ pub fn print_table(report: &DemoReport, gpu: u32) {
         "awex demo: {} | {} -> {} | transport {}",
         report.model, report.training, report.inference, report.transport
     );
-    println!("version    seconds       moved      GB/s  verified");
+    println!("version    seconds  data plane ms       moved      GB/s  verified");
     for u in &report.updates {
         println!(
-            "{:>7}  {:>9.3}  {:>10}  {:>8.2}  {}{}",
+            "{:>7}  {:>9.3}  {:>13}  {:>10}  {:>8.2}  {}{}",
             u.version,
             u.seconds,
+            u.transfer_ms
+                .map_or_else(|| "-".to_string(), |t| format!("{t:.2}")),
             human_bytes(u.bytes as f64),
             u.gbps,
             if u.verified { "yes" } else { "NO" },
