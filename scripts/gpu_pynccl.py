@@ -17,6 +17,12 @@ the tensors'), join through the gateway (training rank 0 publishes the NCCL uniq
 kv ``nccl.uid``) and initialise the communicator. Two processes on one GPU cannot share an NCCL
 communicator (NCCL refuses: "Duplicate GPU detected"), so this part records how the join fails
 (the error, no hang) and that ``close()`` tears down; the two-GPU run is its own issue.
+
+Part 3 (cuda-ipc, expandable segments): a Writer in a process with
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` registers its tensors (allocated by PyTorch
+through ``cuMemCreate``) and joins; legacy CUDA IPC handles cannot cover that memory, so the join
+must fail at once with awex's error naming the allocation and ``expandable_segments``, never
+hang or move bytes. Records the error and whether PyTorch's snapshot shows expandable segments.
 """
 
 from __future__ import annotations
@@ -157,6 +163,57 @@ def nccl_rank(args) -> int:
     return 0
 
 
+def expandable_writer(args) -> int:
+    import torch
+
+    import awex
+
+    w = awex.Writer(args.gateway, args.pair, 0)
+    params = [(t["name"], torch.ones(t["shape"], device="cuda", dtype=torch_dtype(t["dtype"]))) for t in w.layout()]
+    w.register(params)
+    torch.cuda.synchronize()
+    segments = torch.cuda.memory_snapshot()
+    out = {
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "segments": len(segments),
+        "expandable_segments": sum(1 for x in segments if x.get("is_expandable")),
+    }
+    t0 = time.time()
+    try:
+        w.join(timeout=30)
+        out["joined"] = True
+    except Exception as e:  # expected: the export is refused
+        out.update(joined=False, error=f"{type(e).__name__}: {e}")
+    out["after_s"] = round(time.time() - t0, 2)
+    log("writer", "expandable segments:", json.dumps(out))
+    w.close()
+    with open(os.path.join(args.workdir, "expandable_writer.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    return 0
+
+
+def expandable_check(ctl, pair: str, common: list, model_dir: str) -> dict:
+    ctl.connect(pair, model=model_dir, train=ref.TRAIN, infer=ref.INFER, transport="cuda-ipc")
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    me = os.path.abspath(__file__)
+    p = subprocess.Popen([sys.executable, me, "--role", "expandable-writer", "--pair", pair, *common], env=env)
+    try:
+        rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = "killed"
+    try:
+        ctl.disconnect(pair)
+    except Exception as e:  # noqa: BLE001
+        log("controller", f"disconnect {pair}: {e}")
+    path = os.path.join(common[common.index("--workdir") + 1], "expandable_writer.json")
+    res = json.load(open(path)) if os.path.exists(path) else {}
+    res["rc"] = rc
+    res["refused_by_name"] = res.get("joined") is False and "expandable_segments" in res.get("error", "")
+    print("EXPANDABLE SEGMENTS:", "REFUSED BY NAME" if res["refused_by_name"] else "NOT AS EXPECTED", flush=True)
+    return res
+
+
 def run_pair(ctl, pair: str, transport: str, roles: list, common: list, model_dir: str, update: bool) -> dict:
     st = ctl.connect(pair, model=model_dir, train=ref.TRAIN, infer=ref.INFER, transport=transport)
     log("controller", f"pair {pair}: {ref.TRAIN} -> {ref.INFER} over {transport}: {st.get('state')}")
@@ -212,7 +269,8 @@ def controller(args) -> int:
     pid = os.getpid()
     ipc = run_pair(ctl, f"ipc-{pid}", "cuda-ipc", ["ipc-writer", "sglang"], common, model_dir, True)
     nccl = run_pair(ctl, f"nccl-{pid}", "nccl", ["nccl-writer", "nccl-reader"], common, model_dir, False)
-    summary = {"cuda_ipc": ipc, "nccl_one_gpu": nccl}
+    expandable = expandable_check(ctl, f"exp-{pid}", common, model_dir)
+    summary = {"cuda_ipc": ipc, "nccl_one_gpu": nccl, "expandable_segments": expandable}
     for f in ("ipc_result.json", "nccl_writer.json", "nccl_reader.json"):
         p = os.path.join(args.workdir, f)
         if os.path.exists(p):
@@ -220,7 +278,8 @@ def controller(args) -> int:
     print(json.dumps(summary, indent=2), flush=True)
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    return 0 if ipc.get("sglang") == 0 and ipc.get("ipc-writer") == 0 else 1
+    ok = ipc.get("sglang") == 0 and ipc.get("ipc-writer") == 0 and expandable["refused_by_name"]
+    return 0 if ok else 1
 
 
 def main() -> int:
@@ -231,7 +290,7 @@ def main() -> int:
     ap.add_argument("--workdir", default=os.environ.get("AWEX_CHECK_DIR", "/tmp/awex-pynccl-check"))
     args = ap.parse_args()
     roles = {"controller": controller, "ipc-writer": ipc_writer, "sglang": sglang_reader,
-             "nccl-writer": nccl_rank, "nccl-reader": nccl_rank}
+             "nccl-writer": nccl_rank, "nccl-reader": nccl_rank, "expandable-writer": expandable_writer}
     return roles[args.role](args)
 
 
