@@ -18,11 +18,10 @@ kv ``nccl.uid``) and initialise the communicator. Two processes on one GPU canno
 communicator (NCCL refuses: "Duplicate GPU detected"), so this part records how the join fails
 (the error, no hang) and that ``close()`` tears down; the two-GPU run is its own issue.
 
-Part 3 (cuda-ipc, expandable segments): a Writer in a process with
-``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` registers its tensors (allocated by PyTorch
-through ``cuMemCreate``) and joins; legacy CUDA IPC handles cannot cover that memory, so the join
-must fail at once with awex's error naming the allocation and ``expandable_segments``, never
-hang or move bytes. Records the error and whether PyTorch's snapshot shows expandable segments.
+Part 3 (cuda-ipc, expandable segments): part 1 again with the writer's process under
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, so its tensors live in PyTorch's
+``cuMemCreate`` chunks, which awex shares as spans of file descriptors; checked bit for bit, and
+PyTorch's snapshot must show expandable segments.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ def module_of(named: dict):
     return root
 
 
-def ipc_writer(args) -> int:
+def ipc_writer(args, registered=None) -> int:
     import torch
 
     import awex
@@ -79,6 +78,8 @@ def ipc_writer(args) -> int:
         for t in w.layout()
     }
     log("writer", f"{len(params)} random torch CUDA tensors in Megatron's layout; registered", w.register(list(params.items())))
+    if registered:
+        registered()
     expected = ref.sglang_from_canonical(ref.canonical_from_megatron(params))
     torch.save({k: v.cpu() for k, v in expected.items()}, os.path.join(args.workdir, "expected.pt"))
     torch.cuda.synchronize()
@@ -163,55 +164,27 @@ def nccl_rank(args) -> int:
     return 0
 
 
-def expandable_writer(args) -> int:
+def ipc_writer_expandable(args) -> int:
+    """Part 1's writer with PyTorch's expandable segments on (set before torch is imported)."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
 
-    import awex
+    # pads, so that the weights straddle the chunk boundaries: 20 MiB chunks of the large pool,
+    # 2 MiB ones of the small pool (allocations of at most 1 MiB)
+    pads = [torch.empty((39 << 19) + 12345, dtype=torch.uint8, device="cuda")]
+    pads += [torch.empty(900 << 10, dtype=torch.uint8, device="cuda") for _ in range(2)]
 
-    w = awex.Writer(args.gateway, args.pair, 0)
-    params = [(t["name"], torch.ones(t["shape"], device="cuda", dtype=torch_dtype(t["dtype"]))) for t in w.layout()]
-    w.register(params)
-    torch.cuda.synchronize()
-    segments = torch.cuda.memory_snapshot()
-    out = {
-        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "segments": len(segments),
-        "expandable_segments": sum(1 for x in segments if x.get("is_expandable")),
-    }
-    t0 = time.time()
-    try:
-        w.join(timeout=30)
-        out["joined"] = True
-    except Exception as e:  # expected: the export is refused
-        out.update(joined=False, error=f"{type(e).__name__}: {e}")
-    out["after_s"] = round(time.time() - t0, 2)
-    log("writer", "expandable segments:", json.dumps(out))
-    w.close()
-    with open(os.path.join(args.workdir, "expandable_writer.json"), "w") as f:
-        json.dump(out, f, indent=2)
-    return 0
+    def snapshot():  # while the registered weights are alive
+        segments = torch.cuda.memory_snapshot()
+        blocks = [b for seg in segments for b in seg.get("blocks", []) if b.get("state") == "active_allocated"]
+        two_mib = 2 << 20
+        crossing = sum(1 for b in blocks if b["address"] // two_mib != (b["address"] + b["size"] - 1) // two_mib)
+        with open(os.path.join(args.workdir, "expandable.json"), "w") as f:
+            json.dump({"alloc_conf": os.environ["PYTORCH_CUDA_ALLOC_CONF"], "segments": len(segments),
+                       "expandable_segments": sum(1 for x in segments if x.get("is_expandable")),
+                       "active_blocks": len(blocks), "blocks_over_a_2mib_boundary": crossing, "pads": len(pads)}, f)
 
-
-def expandable_check(ctl, pair: str, common: list, model_dir: str) -> dict:
-    ctl.connect(pair, model=model_dir, train=ref.TRAIN, infer=ref.INFER, transport="cuda-ipc")
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    me = os.path.abspath(__file__)
-    p = subprocess.Popen([sys.executable, me, "--role", "expandable-writer", "--pair", pair, *common], env=env)
-    try:
-        rc = p.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = "killed"
-    try:
-        ctl.disconnect(pair)
-    except Exception as e:  # noqa: BLE001
-        log("controller", f"disconnect {pair}: {e}")
-    path = os.path.join(common[common.index("--workdir") + 1], "expandable_writer.json")
-    res = json.load(open(path)) if os.path.exists(path) else {}
-    res["rc"] = rc
-    res["refused_by_name"] = res.get("joined") is False and "expandable_segments" in res.get("error", "")
-    print("EXPANDABLE SEGMENTS:", "REFUSED BY NAME" if res["refused_by_name"] else "NOT AS EXPECTED", flush=True)
-    return res
+    return ipc_writer(args, snapshot)
 
 
 def run_pair(ctl, pair: str, transport: str, roles: list, common: list, model_dir: str, update: bool) -> dict:
@@ -269,7 +242,14 @@ def controller(args) -> int:
     pid = os.getpid()
     ipc = run_pair(ctl, f"ipc-{pid}", "cuda-ipc", ["ipc-writer", "sglang"], common, model_dir, True)
     nccl = run_pair(ctl, f"nccl-{pid}", "nccl", ["nccl-writer", "nccl-reader"], common, model_dir, False)
-    expandable = expandable_check(ctl, f"exp-{pid}", common, model_dir)
+    exp_dir = os.path.join(args.workdir, "expandable")
+    os.makedirs(exp_dir, exist_ok=True)
+    exp_common = ["--gateway", gateway, "--workdir", exp_dir]
+    expandable = run_pair(ctl, f"exp-{pid}", "cuda-ipc", ["ipc-writer-expandable", "sglang"], exp_common, model_dir, True)
+    for f in ("expandable.json", "ipc_result.json"):
+        p = os.path.join(exp_dir, f)
+        if os.path.exists(p):
+            expandable[f] = json.load(open(p))
     summary = {"cuda_ipc": ipc, "nccl_one_gpu": nccl, "expandable_segments": expandable}
     for f in ("ipc_result.json", "nccl_writer.json", "nccl_reader.json"):
         p = os.path.join(args.workdir, f)
@@ -278,7 +258,9 @@ def controller(args) -> int:
     print(json.dumps(summary, indent=2), flush=True)
     with open(os.path.join(args.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    ok = ipc.get("sglang") == 0 and ipc.get("ipc-writer") == 0 and expandable["refused_by_name"]
+    ok = all(r.get("sglang") == 0 for r in (ipc, expandable))
+    ok = ok and ipc.get("ipc-writer") == 0 and expandable.get("ipc-writer-expandable") == 0
+    ok = ok and expandable.get("expandable.json", {}).get("expandable_segments", 0) > 0
     return 0 if ok else 1
 
 
@@ -290,7 +272,7 @@ def main() -> int:
     ap.add_argument("--workdir", default=os.environ.get("AWEX_CHECK_DIR", "/tmp/awex-pynccl-check"))
     args = ap.parse_args()
     roles = {"controller": controller, "ipc-writer": ipc_writer, "sglang": sglang_reader,
-             "nccl-writer": nccl_rank, "nccl-reader": nccl_rank, "expandable-writer": expandable_writer}
+             "nccl-writer": nccl_rank, "nccl-reader": nccl_rank, "ipc-writer-expandable": ipc_writer_expandable}
     return roles[args.role](args)
 
 

@@ -116,12 +116,13 @@ pub enum CudaError {
         /// the driver's error
         detail: String,
     },
-    /// The driver would not give an IPC handle for an allocation behind a training tensor.
+    /// The driver would not give an IPC handle for an allocation behind a training tensor, and
+    /// the memory is not mapped with `cuMemMap` either.
     #[error(
         "the allocation at {base:#x} ({size} bytes) behind a training tensor cannot be shared through CUDA IPC: {detail}. \
-         Legacy CUDA IPC handles cover memory from cuMemAlloc (PyTorch's default caching allocator) only, not memory from \
-         cuMemCreate such as PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): turn \
-         expandable segments off in the training process, or use the nccl transport"
+         awex shares memory from cuMemAlloc (PyTorch's default caching allocator) through legacy IPC handles and memory \
+         mapped with cuMemMap (PyTorch's expandable segments, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) through \
+         file descriptors; this is neither: allocate the training tensors with one of those, or use the nccl transport"
     )]
     Export {
         /// the allocation's first address
@@ -130,6 +131,58 @@ pub enum CudaError {
         size: u64,
         /// the driver's error
         detail: String,
+    },
+    /// A physical allocation behind a training tensor (memory mapped with `cuMemMap`) cannot be
+    /// exported as a POSIX file descriptor.
+    #[error(
+        "the cuMemCreate allocation at {base:#x} ({size} bytes) behind a training tensor cannot be exported as a POSIX \
+         file descriptor: {detail}. awex shares such memory (PyTorch's expandable segments) through file descriptors, so \
+         it must be created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its handle types (PyTorch takes fabric \
+         handles instead where the system supports them): turn expandable segments off in the training process, or use \
+         the nccl transport"
+    )]
+    ExportFd {
+        /// the mapping's first address
+        base: u64,
+        /// its size
+        size: u64,
+        /// the driver's error
+        detail: String,
+    },
+    /// A training tensor lies over `cuMemMap` mappings with a hole between them.
+    #[error(
+        "the training tensor at {ptr:#x} ({len} bytes) lies over cuMemMap mappings that are not contiguous (a hole at {hole:#x})"
+    )]
+    NotContiguous {
+        /// the tensor's first address
+        ptr: u64,
+        /// its length
+        len: u64,
+        /// the first address no mapping covers
+        hole: u64,
+    },
+    /// A file descriptor of the training process could not be taken.
+    #[error(
+        "could not take file descriptor {fd} of training process {pid} (pidfd_getfd): {detail}. Sharing memory mapped with \
+         cuMemMap (PyTorch's expandable segments) needs this process to be allowed to trace the training process: the \
+         same user, and kernel.yama.ptrace_scope 0 or CAP_SYS_PTRACE; otherwise turn expandable segments off in the \
+         training process, or use the nccl transport"
+    )]
+    FetchFd {
+        /// the training process
+        pid: u32,
+        /// its file descriptor
+        fd: i32,
+        /// what the kernel answered
+        detail: String,
+    },
+    /// A published list of shared mappings that does not fit its allocation.
+    #[error("bad shared mapping list for an allocation of {size} bytes: {why}")]
+    BadChunks {
+        /// the allocation's size
+        size: u64,
+        /// what is wrong
+        why: String,
     },
     /// A copy engine asked to run with no streams.
     #[error("a copy engine needs at least one stream; {0} given")]
@@ -160,7 +213,7 @@ mod tests {
         };
         let m = e.to_string();
         assert!(
-            m.starts_with("the allocation at 0x7f0000000000 (2097152 bytes) behind a training tensor cannot be shared through CUDA IPC: cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE (1): invalid argument. Legacy CUDA IPC handles cover memory from cuMemAlloc"),
+            m.starts_with("the allocation at 0x7f0000000000 (2097152 bytes) behind a training tensor cannot be shared through CUDA IPC: cuIpcGetMemHandle failed: CUDA_ERROR_INVALID_VALUE (1): invalid argument. awex shares memory from cuMemAlloc"),
             "{m}"
         );
         assert!(
@@ -172,5 +225,42 @@ mod tests {
             !m.contains("  "),
             "no doubled spaces from the line breaks: {m}"
         );
+    }
+
+    #[test]
+    fn the_fd_errors_name_the_allocation_or_the_process_and_the_way_out() {
+        let e = CudaError::ExportFd {
+            base: 0x2a_0000_0000,
+            size: 20 << 20,
+            detail: "cuMemExportToShareableHandle failed: CUDA_ERROR_INVALID_VALUE (1)".into(),
+        };
+        let m = e.to_string();
+        assert!(m.starts_with("the cuMemCreate allocation at 0x2a00000000 (20971520 bytes) behind a training tensor cannot be exported as a POSIX file descriptor: cuMemExportToShareableHandle failed"), "{m}");
+        assert!(
+            m.contains("CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"),
+            "{m}"
+        );
+        let e = CudaError::FetchFd {
+            pid: 4242,
+            fd: 57,
+            detail: "Operation not permitted (os error 1)".into(),
+        };
+        let m = e.to_string();
+        assert!(m.starts_with("could not take file descriptor 57 of training process 4242 (pidfd_getfd): Operation not permitted (os error 1)."), "{m}");
+        assert!(
+            m.contains("kernel.yama.ptrace_scope 0 or CAP_SYS_PTRACE"),
+            "{m}"
+        );
+        for m in [
+            m,
+            CudaError::NotContiguous {
+                ptr: 1,
+                len: 2,
+                hole: 3,
+            }
+            .to_string(),
+        ] {
+            assert!(!m.contains("  "), "{m}");
+        }
     }
 }

@@ -6,6 +6,13 @@
 //! handle each, whatever the number of tensors. Handles are cached: exporting more pointers
 //! later only adds the new allocations. The inference side opens each handle once
 //! ([`IpcImport`]), addresses tensors as (allocation, offset), and closes them on drop.
+//!
+//! Memory mapped with `cuMemMap` (virtual memory management: PyTorch's expandable segments,
+//! whose physical chunks of 2 or 20 MiB are mapped back to back) has no legacy IPC handle. A
+//! tensor there is shared as a *span*: the chunks it lies over, in address order, each exported
+//! as a POSIX file descriptor that stays open in the exporting process. The importer takes those
+//! descriptors with `pidfd_getfd`, imports each chunk, and maps them back to back into one
+//! reserved address range of its own, so the span is addressed as one allocation.
 
 use super::device::Device;
 use super::handle::IpcMemHandle;
@@ -15,10 +22,97 @@ use serde::{Deserialize, Serialize};
 /// One allocation shared by the training side.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportedAllocation {
-    /// The driver's IPC handle.
+    /// The driver's IPC handle (all zero for a span of `cuMemMap` chunks).
     pub handle: IpcMemHandle,
-    /// Size of the allocation in bytes.
+    /// Size of the allocation (or span) in bytes.
     pub size: u64,
+    /// For memory mapped with `cuMemMap`: the chunks of the span and where to take them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<SharedChunks>,
+}
+
+/// A span of `cuMemMap` chunks: the exporting process and its descriptor of each chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedChunks {
+    /// The exporting process (whose file descriptors these are).
+    pub pid: u32,
+    /// The chunks in address order.
+    pub chunks: Vec<SharedChunk>,
+}
+
+/// One physical chunk of a span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedChunk {
+    /// Byte offset from the span's first address.
+    pub offset: u64,
+    /// Size in bytes (the whole physical allocation).
+    pub size: u64,
+    /// The exporting process's POSIX file descriptor for it.
+    pub fd: i32,
+}
+
+impl SharedChunks {
+    /// Checks the list against the span's size: chunks in order, none empty, none overlapping
+    /// the next or passing the end.
+    pub fn check(&self, size: u64) -> Result<(), CudaError> {
+        let bad = |why: String| CudaError::BadChunks { size, why };
+        if self.chunks.is_empty() {
+            return Err(bad("no chunks".into()));
+        }
+        let mut end = 0u64;
+        for (i, c) in self.chunks.iter().enumerate() {
+            if c.size == 0 || c.fd < 0 {
+                return Err(bad(format!("chunk {i}: size {}, fd {}", c.size, c.fd)));
+            }
+            if c.offset < end {
+                return Err(bad(format!(
+                    "chunk {i} at {} overlaps the one before",
+                    c.offset
+                )));
+            }
+            end = c
+                .offset
+                .checked_add(c.size)
+                .filter(|&e| e <= size)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "chunk {i} ({} + {}) passes the end",
+                        c.offset, c.size
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// The mappings behind `ptr..ptr + len`, walked with `range_of` (the driver's address range of
+/// the mapping at an address): (base, size) of each, back to back, the first holding `ptr`.
+pub fn span_of(
+    ptr: u64,
+    len: u64,
+    mut range_of: impl FnMut(u64) -> Result<(u64, u64), CudaError>,
+) -> Result<Vec<(u64, u64)>, CudaError> {
+    let end = ptr
+        .checked_add(len.max(1))
+        .ok_or(CudaError::UnknownPointer { ptr })?;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut at = ptr;
+    while at < end {
+        let (base, size) = range_of(at).map_err(|_| match out.last() {
+            Some(_) => CudaError::NotContiguous { ptr, len, hole: at },
+            None => CudaError::UnknownPointer { ptr },
+        })?;
+        if size == 0
+            || at < base
+            || at >= base + size
+            || out.last().is_some_and(|&(b, s)| b + s != base)
+        {
+            return Err(CudaError::NotContiguous { ptr, len, hole: at });
+        }
+        out.push((base, size));
+        at = base + size;
+    }
+    Ok(out)
 }
 
 /// A byte inside an exported allocation: how the other process names a training pointer.
@@ -60,6 +154,18 @@ impl AllocationIndex {
         Ok(new)
     }
 
+    /// The first allocation holding `ptr..ptr + len` whole.
+    pub fn find_range(&self, ptr: u64, len: u64) -> Option<RemoteAddr> {
+        let end = ptr.checked_add(len)?;
+        self.allocations
+            .iter()
+            .position(|&(b, s)| ptr >= b && end <= b + s)
+            .map(|i| RemoteAddr {
+                allocation: i as u32,
+                offset: ptr - self.allocations[i].0,
+            })
+    }
+
     /// The allocation containing `ptr`, as an address the other process understands.
     pub fn find(&self, ptr: u64) -> Option<RemoteAddr> {
         self.allocations
@@ -77,33 +183,117 @@ pub struct IpcExport {
     dev: Device,
     index: AllocationIndex,
     allocations: Vec<ExportedAllocation>,
+    /// Open descriptors of `cuMemMap` chunks, closed on drop.
+    fds: Vec<i32>,
 }
 
 impl IpcExport {
     /// Exports the allocations behind `ptrs` (device pointers of the training tensors).
     pub fn new(dev: &Device, ptrs: &[u64]) -> Result<IpcExport, CudaError> {
+        let ranges: Vec<(u64, u64)> = ptrs.iter().map(|&p| (p, 1)).collect();
+        IpcExport::of_ranges(dev, &ranges)
+    }
+
+    /// Exports the memory behind `ranges` ((device pointer, bytes) of the training tensors);
+    /// a tensor over `cuMemMap` chunks is shared as the span of chunks it covers.
+    pub fn of_ranges(dev: &Device, ranges: &[(u64, u64)]) -> Result<IpcExport, CudaError> {
         let mut e = IpcExport {
             dev: dev.clone(),
             index: AllocationIndex::default(),
             allocations: Vec::new(),
+            fds: Vec::new(),
         };
-        e.extend(ptrs)?;
+        e.extend_ranges(ranges)?;
         Ok(e)
     }
 
     /// Adds pointers; only allocations not exported before get a handle.
     pub fn extend(&mut self, ptrs: &[u64]) -> Result<(), CudaError> {
+        let ranges: Vec<(u64, u64)> = ptrs.iter().map(|&p| (p, 1)).collect();
+        self.extend_ranges(&ranges)
+    }
+
+    /// Adds (pointer, bytes) ranges; only memory not exported before is.
+    pub fn extend_ranges(&mut self, ranges: &[(u64, u64)]) -> Result<(), CudaError> {
         self.dev.bind()?;
-        let new = self.index.add(ptrs, sys::address_range)?;
-        for i in new {
-            let (base, size) = self.index.allocations[i];
-            let handle = sys::ipc_mem_handle(base).map_err(|e| CudaError::Export {
+        for &(p, len) in ranges {
+            let len = len.max(1);
+            if self.index.find_range(p, len).is_some() {
+                continue;
+            }
+            if let Some(at) = self.index.find(p)
+                && self.allocations[at.allocation as usize].chunks.is_none()
+            {
+                continue; // inside a cuMemAlloc allocation: its copies are checked against it
+            }
+            let (base, size) = sys::address_range(p)?;
+            if p < base || p >= base + size.max(1) {
+                return Err(CudaError::UnknownPointer { ptr: p });
+            }
+            let legacy = match sys::ipc_mem_handle(base) {
+                Ok(handle) => {
+                    self.index.allocations.push((base, size));
+                    self.allocations.push(ExportedAllocation {
+                        handle,
+                        size,
+                        chunks: None,
+                    });
+                    continue;
+                }
+                Err(e) => e,
+            };
+            match sys::vmm_retain(p) {
+                Ok(h) => {
+                    let _ = sys::vmm_release(h);
+                }
+                Err(_) => {
+                    return Err(CudaError::Export {
+                        base,
+                        size,
+                        detail: legacy.to_string(),
+                    });
+                }
+            }
+            self.export_span(p, len)?;
+        }
+        Ok(())
+    }
+
+    /// Exports the `cuMemMap` chunks under `p..p + len` as one span.
+    fn export_span(&mut self, p: u64, len: u64) -> Result<(), CudaError> {
+        let span = span_of(p, len, sys::address_range)?;
+        let first = span[0].0;
+        let (last, last_size) = span[span.len() - 1];
+        raise_fd_limit();
+        let mut chunks = Vec::with_capacity(span.len());
+        for &(base, size) in &span {
+            let fd = sys::vmm_retain(base).and_then(|h| {
+                let fd = sys::vmm_export_fd(h);
+                let _ = sys::vmm_release(h);
+                fd
+            });
+            let fd = fd.map_err(|e| CudaError::ExportFd {
                 base,
                 size,
                 detail: e.to_string(),
             })?;
-            self.allocations.push(ExportedAllocation { handle, size });
+            self.fds.push(fd);
+            chunks.push(SharedChunk {
+                offset: base - first,
+                size,
+                fd,
+            });
         }
+        let size = last + last_size - first;
+        self.index.allocations.push((first, size));
+        self.allocations.push(ExportedAllocation {
+            handle: IpcMemHandle([0; super::handle::HANDLE_BYTES]),
+            size,
+            chunks: Some(SharedChunks {
+                pid: std::process::id(),
+                chunks,
+            }),
+        });
         Ok(())
     }
 
@@ -118,15 +308,163 @@ impl IpcExport {
             .find(ptr)
             .ok_or(CudaError::UnknownPointer { ptr })
     }
+
+    /// Where `ptr..ptr + len` lies in the export: the first allocation or span holding it
+    /// whole, else the allocation holding `ptr` (the copies are checked against its size).
+    pub fn locate_range(&self, ptr: u64, len: u64) -> Result<RemoteAddr, CudaError> {
+        self.index
+            .find_range(ptr, len.max(1))
+            .or_else(|| self.index.find(ptr))
+            .ok_or(CudaError::UnknownPointer { ptr })
+    }
+}
+
+impl Drop for IpcExport {
+    fn drop(&mut self) {
+        for &fd in &self.fds {
+            // SAFETY: these descriptors were returned by the driver to this export, which owns them.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// A span exports one descriptor per chunk (about 800 for 16 GB in 20 MiB chunks), which the
+/// default soft limit of 1024 open files would soon stop: raise it to the hard limit, once.
+fn raise_fd_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain syscalls on a local struct.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+                r.rlim_cur = r.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+            }
+        }
+    });
+}
+
+/// Takes descriptor `fd` of process `pid` (`pidfd_getfd`): a new descriptor of this process.
+fn take_fd(pidfd: i32, pid: u32, fd: i32) -> Result<i32, CudaError> {
+    // SAFETY: a syscall with plain integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd, fd, 0) };
+    if r < 0 {
+        return Err(CudaError::FetchFd {
+            pid,
+            fd,
+            detail: std::io::Error::last_os_error().to_string(),
+        });
+    }
+    Ok(r as i32)
+}
+
+/// Maps a span of another process's `cuMemMap` chunks back to back into addresses reserved
+/// here, readable and writable by device `ordinal`; returns the first address.
+fn open_span(size: u64, shared: &SharedChunks, ordinal: u32) -> Result<u64, CudaError> {
+    shared.check(size)?;
+    // SAFETY: a syscall with plain integer arguments.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, shared.pid as libc::pid_t, 0) };
+    if pidfd < 0 {
+        return Err(CudaError::FetchFd {
+            pid: shared.pid,
+            fd: shared.chunks[0].fd,
+            detail: format!("pidfd_open: {}", std::io::Error::last_os_error()),
+        });
+    }
+    let pidfd = pidfd as i32;
+    let va = match sys::vmm_reserve(size) {
+        Ok(va) => va,
+        Err(e) => {
+            // SAFETY: our own descriptor.
+            unsafe { libc::close(pidfd) };
+            return Err(e);
+        }
+    };
+    let mut mapped: Vec<&SharedChunk> = Vec::with_capacity(shared.chunks.len());
+    let mut result = Ok(());
+    for c in &shared.chunks {
+        let step = take_fd(pidfd, shared.pid, c.fd).and_then(|fd| {
+            let h = sys::vmm_import_fd(fd);
+            // SAFETY: the descriptor was just taken by this process; the import holds the memory.
+            unsafe { libc::close(fd) };
+            let h = h?;
+            let m = sys::vmm_map(va + c.offset, c.size, h);
+            let _ = sys::vmm_release(h); // the mapping keeps the memory
+            m
+        });
+        if let Err(e) = step {
+            result = Err(e);
+            break;
+        }
+        mapped.push(c);
+        if let Err(e) = sys::vmm_set_access(va + c.offset, c.size, ordinal) {
+            result = Err(e);
+            break;
+        }
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(pidfd) };
+    match result {
+        Ok(()) => Ok(va),
+        Err(e) => {
+            for c in mapped {
+                let _ = sys::vmm_unmap(va + c.offset, c.size);
+            }
+            let _ = sys::vmm_free(va, size);
+            Err(e)
+        }
+    }
+}
+
+/// One mapped allocation of an import: local base, size, and for a span its chunks.
+#[derive(Clone, Debug)]
+struct Mapped {
+    base: u64,
+    size: u64,
+    chunks: Option<Vec<(u64, u64)>>,
+}
+
+impl Mapped {
+    fn open(a: &ExportedAllocation, ordinal: u32) -> Result<Mapped, CudaError> {
+        match &a.chunks {
+            None => Ok(Mapped {
+                base: sys::ipc_open_mem(&a.handle)?,
+                size: a.size,
+                chunks: None,
+            }),
+            Some(shared) => Ok(Mapped {
+                base: open_span(a.size, shared, ordinal)?,
+                size: a.size,
+                chunks: Some(shared.chunks.iter().map(|c| (c.offset, c.size)).collect()),
+            }),
+        }
+    }
+
+    fn close(&self) {
+        match &self.chunks {
+            None => {
+                let _ = sys::ipc_close_mem(self.base);
+            }
+            Some(chunks) => {
+                for &(off, size) in chunks {
+                    let _ = sys::vmm_unmap(self.base + off, size);
+                }
+                let _ = sys::vmm_free(self.base, self.size);
+            }
+        }
+    }
 }
 
 /// What one opening thread returns: the mappings it opened, and the error it stopped at.
-type OpenedPart = (Vec<(u64, u64)>, Option<CudaError>);
+type OpenedPart = (Vec<Mapped>, Option<CudaError>);
 
 /// The inference side's view of the training side's allocations, mapped into its own context.
 pub struct IpcImport {
     dev: Device,
-    mapped: Vec<(u64, u64)>,
+    mapped: Vec<Mapped>,
 }
 
 impl IpcImport {
@@ -143,6 +481,7 @@ impl IpcImport {
         threads: usize,
     ) -> Result<IpcImport, CudaError> {
         dev.bind()?;
+        let ordinal = dev.ordinal();
         let threads = threads.clamp(1, allocations.len().max(1));
         let mut imp = IpcImport {
             dev: dev.clone(),
@@ -151,8 +490,7 @@ impl IpcImport {
         if threads == 1 {
             for a in allocations {
                 // on error, the handles opened so far are closed by Drop
-                let p = sys::ipc_open_mem(&a.handle)?;
-                imp.mapped.push((p, a.size));
+                imp.mapped.push(Mapped::open(a, ordinal)?);
             }
             return Ok(imp);
         }
@@ -167,8 +505,8 @@ impl IpcImport {
                             return (got, Some(e));
                         }
                         for a in part {
-                            match sys::ipc_open_mem(&a.handle) {
-                                Ok(p) => got.push((p, a.size)),
+                            match Mapped::open(a, ordinal) {
+                                Ok(m) => got.push(m),
                                 Err(e) => return (got, Some(e)),
                             }
                         }
@@ -212,17 +550,20 @@ impl IpcImport {
         let end = ptr.checked_add(len)?;
         self.mapped
             .iter()
-            .position(|&(base, size)| ptr >= base && end <= base + size)
+            .position(|m| ptr >= m.base && end <= m.base + m.size)
     }
 
     /// The local base address and size of mapped allocation `i`.
     pub fn mapping(&self, i: usize) -> Option<(u64, u64)> {
-        self.mapped.get(i).copied()
+        self.mapped.get(i).map(|m| (m.base, m.size))
     }
 
     /// The local base address and size of the largest mapped allocation, if any.
     pub fn largest(&self) -> Option<(u64, u64)> {
-        self.mapped.iter().copied().max_by_key(|&(_, size)| size)
+        self.mapped
+            .iter()
+            .map(|m| (m.base, m.size))
+            .max_by_key(|&(_, size)| size)
     }
 
     /// Number of mapped allocations.
@@ -237,9 +578,8 @@ impl IpcImport {
 
     /// The local address of `len` bytes at `at`, checked against the allocation's size.
     pub fn ptr(&self, at: RemoteAddr, len: u64) -> Result<u64, CudaError> {
-        let &(base, size) =
-            self.mapped
-                .get(at.allocation as usize)
+        let (base, size) =
+            self.mapping(at.allocation as usize)
                 .ok_or(CudaError::NoSuchAllocation {
                     index: at.allocation as usize,
                     count: self.mapped.len(),
@@ -261,8 +601,8 @@ impl Drop for IpcImport {
         if self.dev.bind().is_err() {
             return;
         }
-        for &(p, _) in &self.mapped {
-            let _ = sys::ipc_close_mem(p);
+        for m in &self.mapped {
+            m.close();
         }
     }
 }
@@ -311,6 +651,78 @@ mod tests {
         assert_eq!(asked, vec![0x2008]);
         assert_eq!(new, vec![1]);
         assert_eq!(idx.allocations[1], (0x2000, 0x10));
+    }
+
+    /// Chunks of 0x100 bytes at 0x10000.. 0x10400, then a hole, then one at 0x10500.
+    fn chunked(p: u64) -> Result<(u64, u64), CudaError> {
+        match p {
+            0x10000..0x10400 => Ok((p & !0xff, 0x100)),
+            0x10500..0x10600 => Ok((0x10500, 0x100)),
+            _ => Err(CudaError::UnknownPointer { ptr: p }),
+        }
+    }
+
+    #[test]
+    fn a_span_is_the_chunks_a_tensor_lies_over_and_a_hole_is_named() {
+        assert_eq!(
+            span_of(0x10010, 0x10, chunked).unwrap(),
+            vec![(0x10000, 0x100)]
+        );
+        assert_eq!(
+            span_of(0x100f0, 0x111, chunked).unwrap(),
+            vec![(0x10000, 0x100), (0x10100, 0x100), (0x10200, 0x100)]
+        );
+        // ends exactly at a chunk's end: that chunk is the last
+        assert_eq!(span_of(0x10100, 0x200, chunked).unwrap().len(), 2);
+        let e = span_of(0x10300, 0x201, chunked).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the training tensor at 0x10300 (513 bytes) lies over cuMemMap mappings that are not contiguous (a hole at 0x10400)"
+        );
+        assert_eq!(
+            span_of(0x20000, 4, chunked).unwrap_err().to_string(),
+            "device pointer 0x20000 lies in no exported allocation"
+        );
+    }
+
+    #[test]
+    fn a_range_is_found_only_where_it_lies_whole() {
+        let idx = AllocationIndex {
+            allocations: vec![(0x1000, 0x100), (0x1000, 0x300)],
+        };
+        assert_eq!(idx.find_range(0x1010, 0x10).map(|a| a.allocation), Some(0));
+        assert_eq!(idx.find_range(0x1010, 0x100).map(|a| a.allocation), Some(1));
+        assert_eq!(idx.find_range(0x1200, 0x101), None);
+        assert_eq!(idx.find_range(u64::MAX, 2), None);
+    }
+
+    #[test]
+    fn a_chunk_list_must_be_ordered_inside_its_span() {
+        let c = |offset, size, fd| SharedChunk { offset, size, fd };
+        let list = |chunks| SharedChunks { pid: 1, chunks };
+        assert!(list(vec![c(0, 16, 3), c(16, 16, 4)]).check(32).is_ok());
+        for (chunks, why) in [
+            (vec![], "no chunks"),
+            (
+                vec![c(0, 16, 3), c(8, 16, 4)],
+                "chunk 1 at 8 overlaps the one before",
+            ),
+            (
+                vec![c(0, 16, 3), c(16, 17, 4)],
+                "chunk 1 (16 + 17) passes the end",
+            ),
+            (vec![c(0, 0, 3)], "chunk 0: size 0, fd 3"),
+            (vec![c(0, 16, -1)], "chunk 0: size 16, fd -1"),
+            (
+                vec![c(u64::MAX, 2, 3)],
+                "chunk 0 (18446744073709551615 + 2) passes the end",
+            ),
+        ] {
+            assert_eq!(
+                list(chunks).check(32).unwrap_err().to_string(),
+                format!("bad shared mapping list for an allocation of 32 bytes: {why}")
+            );
+        }
     }
 
     #[test]

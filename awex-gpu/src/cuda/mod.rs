@@ -35,7 +35,10 @@ pub use engine::{
 };
 pub use error::CudaError;
 pub use handle::{IpcEventHandle, IpcMemHandle};
-pub use ipc::{AllocationIndex, ExportedAllocation, IpcExport, IpcImport, RemoteAddr};
+pub use ipc::{
+    AllocationIndex, ExportedAllocation, IpcExport, IpcImport, RemoteAddr, SharedChunk,
+    SharedChunks, span_of,
+};
 
 /// Whether this build has CUDA support compiled in (the `cuda` feature).
 pub const BUILT: bool = cfg!(feature = "cuda");

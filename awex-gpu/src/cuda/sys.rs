@@ -17,6 +17,15 @@ use std::sync::OnceLock;
 /// Every driver entry point this module calls, under the name cudarc loads.
 const REQUIRED: &[&str] = &[
     "cuInit",
+    "cuMemRetainAllocationHandle",
+    "cuMemRelease",
+    "cuMemExportToShareableHandle",
+    "cuMemImportFromShareableHandle",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
     "cuDriverGetVersion",
     "cuDeviceGetCount",
     "cuDeviceGet",
@@ -281,6 +290,92 @@ fn handle_chars(b: &[u8; HANDLE_BYTES]) -> [c_char; HANDLE_BYTES] {
         *o = c as c_char;
     }
     r
+}
+
+/// The physical allocation mapped at `p`, when `p` is memory mapped with `cuMemMap` (virtual
+/// memory management, e.g. PyTorch's expandable segments); an error for `cuMemAlloc` memory.
+/// The handle is retained: release it with [`vmm_release`].
+pub(crate) fn vmm_retain(p: u64) -> Result<u64, CudaError> {
+    let mut h = 0;
+    check("cuMemRetainAllocationHandle", unsafe {
+        cu::cuMemRetainAllocationHandle(&mut h, p as *mut c_void)
+    })?;
+    Ok(h)
+}
+
+/// Drops one reference to a physical allocation handle.
+pub(crate) fn vmm_release(h: u64) -> Result<(), CudaError> {
+    check("cuMemRelease", unsafe { cu::cuMemRelease(h) })
+}
+
+/// A POSIX file descriptor for the physical allocation `h` (owned by the caller).
+pub(crate) fn vmm_export_fd(h: u64) -> Result<i32, CudaError> {
+    let mut fd: i32 = -1;
+    check("cuMemExportToShareableHandle", unsafe {
+        cu::cuMemExportToShareableHandle(
+            (&mut fd as *mut i32).cast(),
+            h,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// The physical allocation behind a POSIX file descriptor from [`vmm_export_fd`] (a new
+/// handle: release it once mapped).
+pub(crate) fn vmm_import_fd(fd: i32) -> Result<u64, CudaError> {
+    let mut h = 0;
+    check("cuMemImportFromShareableHandle", unsafe {
+        cu::cuMemImportFromShareableHandle(
+            &mut h,
+            fd as isize as *mut c_void,
+            cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    })?;
+    Ok(h)
+}
+
+/// Reserves `size` bytes of device virtual addresses.
+pub(crate) fn vmm_reserve(size: u64) -> Result<u64, CudaError> {
+    let mut p = 0;
+    check("cuMemAddressReserve", unsafe {
+        cu::cuMemAddressReserve(&mut p, size as usize, 0, 0, 0)
+    })?;
+    Ok(p)
+}
+
+/// Frees addresses from [`vmm_reserve`].
+pub(crate) fn vmm_free(p: u64, size: u64) -> Result<(), CudaError> {
+    check("cuMemAddressFree", unsafe {
+        cu::cuMemAddressFree(p, size as usize)
+    })
+}
+
+/// Maps the whole physical allocation `h` (of `size` bytes) at `p`.
+pub(crate) fn vmm_map(p: u64, size: u64, h: u64) -> Result<(), CudaError> {
+    check("cuMemMap", unsafe {
+        cu::cuMemMap(p, size as usize, 0, h, 0)
+    })
+}
+
+/// Unmaps `size` bytes at `p`.
+pub(crate) fn vmm_unmap(p: u64, size: u64) -> Result<(), CudaError> {
+    check("cuMemUnmap", unsafe { cu::cuMemUnmap(p, size as usize) })
+}
+
+/// Lets device `ordinal` read and write `size` mapped bytes at `p`.
+pub(crate) fn vmm_set_access(p: u64, size: u64, ordinal: u32) -> Result<(), CudaError> {
+    let desc = cu::CUmemAccessDesc {
+        location: cu::CUmemLocation {
+            type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal as i32,
+        },
+        flags: cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    check("cuMemSetAccess", unsafe {
+        cu::cuMemSetAccess(p, size as usize, &desc, 1)
+    })
 }
 
 /// The IPC handle of the allocation whose base is `base`.

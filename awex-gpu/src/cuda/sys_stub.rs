@@ -77,6 +77,51 @@ pub(crate) fn address_range(_: u64) -> Result<(u64, u64), CudaError> {
 }
 
 /// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_retain(_: u64) -> Result<u64, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_release(_: u64) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_export_fd(_: u64) -> Result<i32, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_import_fd(_: i32) -> Result<u64, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_reserve(_: u64) -> Result<u64, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_free(_: u64, _: u64) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_map(_: u64, _: u64, _: u64) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_unmap(_: u64, _: u64) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_set_access(_: u64, _: u64, _: u32) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
 pub(crate) fn ipc_mem_handle(_: u64) -> Result<IpcMemHandle, CudaError> {
     Err(NO)
 }

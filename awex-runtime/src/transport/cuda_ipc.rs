@@ -40,20 +40,24 @@ use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
     CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event,
-    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, Stream,
-    merge_contiguous, plan_copies, split_linear,
+    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr,
+    SharedChunk, SharedChunks, Stream, merge_contiguous, plan_copies, split_linear,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"AWEXIPC1");
-/// Header words: magic, ready, done, allocations, tensors, peers, sums, device.
-const HEADER_WORDS: usize = 8;
+const MAGIC: u64 = u64::from_le_bytes(*b"AWEXIPC2");
+/// Header words: magic, ready, done, allocations, tensors, peers, sums, device, chunks.
+const HEADER_WORDS: usize = 9;
 const NONE: u64 = u64::MAX;
-/// Words of one allocation entry: the handle's 64 bytes, then the size.
-const ALLOC_WORDS: usize = HANDLE_BYTES / 8 + 1;
+/// Words of one allocation entry: the handle's 64 bytes, the size, and the kind: 0 for a legacy
+/// IPC handle, 1 for a span of `cuMemMap` chunks, whose handle words then hold the exporting
+/// pid, the span's first entry in the chunk table and its number of chunks.
+const ALLOC_WORDS: usize = HANDLE_BYTES / 8 + 2;
+/// Words of one chunk entry: offset in its span, size, the exporter's file descriptor.
+const CHUNK_WORDS: usize = 3;
 /// Words of one tensor entry: name hash, allocation, offset, length.
 const TENSOR_WORDS: usize = 4;
 /// Words of one peer entry: peer key, first checksum index, buckets.
@@ -287,11 +291,20 @@ struct Published {
 }
 
 impl Published {
+    fn chunks(&self) -> usize {
+        self.allocations
+            .iter()
+            .filter_map(|a| a.chunks.as_ref())
+            .map(|c| c.chunks.len())
+            .sum()
+    }
+
     fn words(&self) -> usize {
         HEADER_WORDS
             + ALLOC_WORDS * self.allocations.len()
             + TENSOR_WORDS * self.tensors.len()
             + PEER_WORDS * self.peers.len()
+            + CHUNK_WORDS * self.chunks()
             + self.sums
     }
 }
@@ -341,13 +354,31 @@ impl Control {
             c.word(w).store(v, Ordering::Relaxed);
             w += 1;
         };
+        let mut first_chunk = 0u64;
         for a in &p.allocations {
-            for chunk in a.handle.0.chunks_exact(8) {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(chunk);
-                put(&mut c, u64::from_le_bytes(b));
+            match &a.chunks {
+                None => {
+                    for chunk in a.handle.0.chunks_exact(8) {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(chunk);
+                        put(&mut c, u64::from_le_bytes(b));
+                    }
+                    put(&mut c, a.size);
+                    put(&mut c, 0);
+                }
+                Some(sc) => {
+                    let n = sc.chunks.len() as u64;
+                    for v in [sc.pid as u64, first_chunk, n] {
+                        put(&mut c, v);
+                    }
+                    for _ in 3..HANDLE_BYTES / 8 {
+                        put(&mut c, 0);
+                    }
+                    put(&mut c, a.size);
+                    put(&mut c, 1);
+                    first_chunk += n;
+                }
             }
-            put(&mut c, a.size);
         }
         for t in &p.tensors {
             put(&mut c, t.hash);
@@ -360,12 +391,20 @@ impl Control {
             put(&mut c, e.first_sum);
             put(&mut c, e.buckets);
         }
+        for sc in p.allocations.iter().filter_map(|a| a.chunks.as_ref()) {
+            for ch in &sc.chunks {
+                put(&mut c, ch.offset);
+                put(&mut c, ch.size);
+                put(&mut c, ch.fd as u64);
+            }
+        }
         for (i, v) in [
             p.allocations.len(),
             p.tensors.len(),
             p.peers.len(),
             p.sums,
             p.device as usize,
+            p.chunks(),
         ]
         .into_iter()
         .enumerate()
@@ -400,11 +439,13 @@ impl Control {
             return Err(bad("no magic"));
         }
         let n = |i: usize| c.word(i).load(Ordering::Relaxed) as usize;
-        let (n_allocs, n_tensors, n_peers, n_sums, device) = (n(3), n(4), n(5), n(6), n(7));
+        let (n_allocs, n_tensors, n_peers, n_sums, device, n_chunks) =
+            (n(3), n(4), n(5), n(6), n(7), n(8));
         let words = [
             ALLOC_WORDS.checked_mul(n_allocs),
             TENSOR_WORDS.checked_mul(n_tensors),
             PEER_WORDS.checked_mul(n_peers),
+            CHUNK_WORDS.checked_mul(n_chunks),
             Some(n_sums),
         ]
         .into_iter()
@@ -419,14 +460,39 @@ impl Control {
             v
         };
         let mut allocations = Vec::with_capacity(n_allocs);
-        for _ in 0..n_allocs {
+        // spans: (allocation, pid, first chunk, chunks), filled in from the chunk table below
+        let mut spans = Vec::new();
+        for i in 0..n_allocs {
             let mut h = [0u8; HANDLE_BYTES];
             for chunk in h.chunks_exact_mut(8) {
                 chunk.copy_from_slice(&next().to_le_bytes());
             }
+            let size = next();
+            match next() {
+                0 => {}
+                1 => {
+                    let word = |k: usize| {
+                        let mut b = [0u8; 8];
+                        b.copy_from_slice(&h[8 * k..8 * k + 8]);
+                        u64::from_le_bytes(b)
+                    };
+                    let pid = u32::try_from(word(0)).map_err(|_| bad("span pid"))?;
+                    let (first, count) = (word(1), word(2));
+                    if first
+                        .checked_add(count)
+                        .is_none_or(|end| end > n_chunks as u64)
+                    {
+                        return Err(bad("a span's chunks run past the chunk table"));
+                    }
+                    spans.push((i, pid, first as usize, count as usize));
+                    h = [0u8; HANDLE_BYTES];
+                }
+                _ => return Err(bad("allocation kind")),
+            }
             allocations.push(ExportedAllocation {
                 handle: IpcMemHandle(h),
-                size: next(),
+                size,
+                chunks: None,
             });
         }
         let mut tensors = Vec::with_capacity(n_tensors);
@@ -446,6 +512,21 @@ impl Control {
                 first_sum: next(),
                 buckets: next(),
             });
+        }
+        let mut table = Vec::with_capacity(n_chunks);
+        for _ in 0..n_chunks {
+            let (offset, size, fd) = (next(), next(), next());
+            let fd = i32::try_from(fd).map_err(|_| bad("chunk file descriptor"))?;
+            table.push(SharedChunk { offset, size, fd });
+        }
+        for (i, pid, first, count) in spans {
+            let sc = SharedChunks {
+                pid,
+                chunks: table[first..first + count].to_vec(),
+            };
+            sc.check(allocations[i].size)
+                .map_err(|_| bad("a span's chunks do not fit it"))?;
+            allocations[i].chunks = Some(sc);
         }
         let sums_at = w;
         c.sums_at = sums_at;
@@ -597,9 +678,12 @@ impl CudaIpcTransport {
 
     fn export(&self, ctl_name: &str) -> Result<Sender, RuntimeError> {
         let views: Vec<_> = self.tensors.iter().collect();
-        let ptrs: Vec<u64> = views.iter().filter_map(|v| v.device_ptr()).collect();
+        let ranges: Vec<(u64, u64)> = views
+            .iter()
+            .filter_map(|v| v.device_ptr().map(|p| (p, v.len() as u64)))
+            .collect();
         let err = transport_err("exporting the training tensors");
-        let export = IpcExport::new(&self.dev, &ptrs).map_err(&err)?;
+        let export = IpcExport::of_ranges(&self.dev, &ranges).map_err(&err)?;
         let mut tensors = Vec::with_capacity(views.len());
         for v in &views {
             let ptr = v.device_ptr().ok_or_else(|| {
@@ -609,7 +693,7 @@ impl CudaIpcTransport {
             })?;
             tensors.push(TensorEntry {
                 hash: name_hash(&v.name),
-                at: export.locate(ptr).map_err(&err)?,
+                at: export.locate_range(ptr, v.len() as u64).map_err(&err)?,
                 len: v.len() as u64,
             });
         }
@@ -1071,10 +1155,31 @@ mod tests {
                 ExportedAllocation {
                     handle: handle(1),
                     size: 4096,
+                    chunks: None,
+                },
+                ExportedAllocation {
+                    handle: IpcMemHandle([0; HANDLE_BYTES]),
+                    size: 60 << 20,
+                    chunks: Some(SharedChunks {
+                        pid: 4242,
+                        chunks: vec![
+                            SharedChunk {
+                                offset: 0,
+                                size: 20 << 20,
+                                fd: 57,
+                            },
+                            SharedChunk {
+                                offset: 20 << 20,
+                                size: 40 << 20,
+                                fd: 58,
+                            },
+                        ],
+                    }),
                 },
                 ExportedAllocation {
                     handle: handle(2),
                     size: 1 << 40,
+                    chunks: None,
                 },
             ],
             tensors: vec![
@@ -1116,7 +1221,11 @@ mod tests {
         let name = format!("awex-test-ipc{}-ctl", std::process::id());
         let p = published();
         let writer = Control::create(&name, &p).unwrap();
-        assert_eq!(writer.seg.len(), 8 * (8 + 2 * 9 + 2 * 4 + 2 * 3 + 5));
+        // header, 3 allocations, 2 tensors, 2 peers, 2 chunks, 5 sums
+        assert_eq!(
+            writer.seg.len(),
+            8 * (9 + 3 * 10 + 2 * 4 + 2 * 3 + 2 * 3 + 5)
+        );
         writer.sum(4).unwrap().store(0xfeed, Ordering::Relaxed);
         writer.ready().store(7 << 16 | 2, Ordering::Release);
         let (reader, back) = Control::open(&name).unwrap();
@@ -1137,7 +1246,7 @@ mod tests {
     #[test]
     fn segment_without_the_magic_or_with_oversized_tables_is_refused() {
         let name = format!("awex-test-ipcbad{}-ctl", std::process::id());
-        let seg = ShmSegment::create(&name, 64).unwrap();
+        let seg = ShmSegment::create(&name, 80).unwrap();
         let e = Control::open(&name).err().unwrap();
         assert_eq!(
             e.to_string(),
@@ -1145,7 +1254,7 @@ mod tests {
                 "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment (no magic)"
             )
         );
-        // SAFETY: word 0 and word 3 lie inside the 64-byte segment.
+        // SAFETY: word 0 and word 3 lie inside the 80-byte segment.
         unsafe {
             *(seg.ptr() as *mut u64) = MAGIC;
             *(seg.ptr().add(24) as *mut u64) = 1_000_000;
@@ -1157,6 +1266,38 @@ mod tests {
                 "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment (its tables run past its end)"
             )
         );
+    }
+
+    #[test]
+    fn a_span_past_the_chunk_table_or_outside_its_size_or_of_an_unknown_kind_is_refused() {
+        let name = format!("awex-test-ipcspan{}-ctl", std::process::id());
+        let p = published();
+        // the span is allocation 1: its entry starts after the header, at allocation 0's end
+        let at = HEADER_WORDS + ALLOC_WORDS;
+        let word = |c: &Control, i: usize, v: u64| c.word(i).store(v, Ordering::Relaxed);
+        let cases: [(usize, u64, &str); 4] = [
+            (at + 1, 1, "a span's chunks run past the chunk table"), // 2 chunks from index 1
+            (at + 1, u64::MAX, "a span's chunks run past the chunk table"),
+            (
+                at + HANDLE_BYTES / 8,
+                30 << 20,
+                "a span's chunks do not fit it",
+            ), // size < 60 MiB
+            (at + HANDLE_BYTES / 8 + 1, 2, "allocation kind"),
+        ];
+        for (i, v, why) in cases {
+            let w = Control::create(&name, &p).unwrap();
+            word(&w, i, v);
+            let e = Control::open(&name).err().expect(why);
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment ({why})"
+                ),
+                "word {i} = {v}"
+            );
+            drop(w);
+        }
     }
 
     fn plan_with(src: DType, dst: DType) -> RankPlan {
