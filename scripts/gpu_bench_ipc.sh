@@ -5,7 +5,8 @@
 #
 # Expects a prebuilt x86-64 binary in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
-# Env: RUNS="8b-per-tensor 8b-contiguous moe-contiguous moe-per-tensor demo-8b demo-moe torch"
+# Env: RUNS="8b-per-tensor 8b-contiguous 8b-expandable moe-contiguous moe-per-tensor moe-expandable
+# demo-8b demo-moe torch"
 # picks the runs; CUBIN=1 also compiles the copy kernel for sm_90 with the machine's ptxas
 # (written to $OUT/copy_rows.sm_90.cubin). Logs and JSON go to $OUT (a temporary folder when unset).
 set -uo pipefail
@@ -97,6 +98,9 @@ for r in $RUNS; do
     8b-per-tensor-s8) AWEX_IPC_STREAMS=8 bench 8b-per-tensor-s8 120 $P8 --sender-alloc per-tensor --updates 7 --no-verify ;;
     8b-contiguous-driver) AWEX_IPC_COPY=driver bench 8b-contiguous-driver 120 $P8 --sender-alloc contiguous --updates 7 --no-verify ;;
     moe-contiguous) bench moe-contiguous 240 $PM --sender-alloc contiguous --updates 5 ;;
+    # one buffer of 20 MiB cuMemCreate chunks (PyTorch's expandable segments), shared as spans
+    8b-expandable) bench 8b-expandable 120 $P8 --sender-alloc expandable --updates 7 ;;
+    moe-expandable) bench moe-expandable 240 $PM --sender-alloc expandable --updates 5 ;;
     moe-per-tensor) bench moe-per-tensor 240 $PM --sender-alloc per-tensor --updates 5 ;;
     moe-per-tensor-t8) AWEX_IPC_OPEN_THREADS=8 bench moe-per-tensor-t8 240 $PM --sender-alloc per-tensor --updates 3 --no-verify ;;
     demo-tiny) demo tiny 120 --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1 --updates 7 ;;

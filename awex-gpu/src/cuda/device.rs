@@ -93,7 +93,43 @@ impl Device {
             dev: self.clone(),
             ptr,
             len: bytes,
+            mapped: None,
         })
+    }
+
+    /// Allocates `bytes` as physical chunks of `chunk` bytes (a multiple of 2 MiB) created with
+    /// `cuMemCreate` and mapped back to back into one reserved range: the memory PyTorch's
+    /// expandable segments hold (its large pool maps 20 MiB chunks), for measuring that path.
+    pub fn alloc_chunked(&self, bytes: u64, chunk: u64) -> Result<DeviceBuffer, CudaError> {
+        const GRANULE: u64 = 2 << 20;
+        if chunk == 0 || chunk % GRANULE != 0 {
+            return Err(CudaError::OutOfRange {
+                what: "a chunk size (a multiple of 2 MiB)",
+                offset: 0,
+                len: chunk,
+                size: GRANULE,
+            });
+        }
+        self.bind()?;
+        let total = bytes.max(1).div_ceil(chunk) * chunk;
+        let ptr = sys::vmm_reserve(total)?;
+        let mut buf = DeviceBuffer {
+            dev: self.clone(),
+            ptr,
+            len: bytes,
+            mapped: Some((total, 0, chunk)),
+        };
+        let mut at = 0;
+        while at < total {
+            let h = sys::vmm_create(chunk, self.inner.ordinal)?;
+            let m = sys::vmm_map(ptr + at, chunk, h);
+            let _ = sys::vmm_release(h); // the mapping keeps the memory
+            m?;
+            at += chunk;
+            buf.mapped = Some((total, at, chunk)); // what Drop unmaps if the next step fails
+            sys::vmm_set_access(ptr + at - chunk, chunk, self.inner.ordinal)?;
+        }
+        Ok(buf)
     }
 
     /// A new stream that does not synchronise with the legacy default stream.
@@ -195,6 +231,8 @@ pub struct DeviceBuffer {
     dev: Device,
     ptr: u64,
     len: u64,
+    /// For [`Device::alloc_chunked`]: (reserved bytes, bytes mapped from the start, chunk).
+    mapped: Option<(u64, u64, u64)>,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -270,7 +308,22 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // freeing at teardown: the context may already be gone, nothing else to do
-        let _ = self.dev.bind().and_then(|_| sys::mem_free(self.ptr));
+        if self.dev.bind().is_err() {
+            return;
+        }
+        match self.mapped {
+            None => {
+                let _ = sys::mem_free(self.ptr);
+            }
+            Some((reserved, mapped, chunk)) => {
+                let mut at = 0;
+                while at < mapped {
+                    let _ = sys::vmm_unmap(self.ptr + at, chunk);
+                    at += chunk;
+                }
+                let _ = sys::vmm_free(self.ptr, reserved);
+            }
+        }
     }
 }
 

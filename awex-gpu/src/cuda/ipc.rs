@@ -178,6 +178,34 @@ impl AllocationIndex {
     }
 }
 
+/// The spans of `cuMemMap` chunks behind `ranges` ((pointer, bytes), any order): one per run of
+/// ranges that overlap or lie in chunks that follow each other, in address order, each its
+/// chunks' (base, size) back to back ([`span_of`]).
+pub fn spans_of(
+    mut ranges: Vec<(u64, u64)>,
+    mut range_of: impl FnMut(u64) -> Result<(u64, u64), CudaError>,
+) -> Result<Vec<Vec<(u64, u64)>>, CudaError> {
+    ranges.sort_unstable();
+    let mut spans: Vec<Vec<(u64, u64)>> = Vec::new();
+    for (p, len) in ranges {
+        let len = len.max(1);
+        let end = p
+            .checked_add(len)
+            .ok_or(CudaError::UnknownPointer { ptr: p })?;
+        if let Some(last) = spans.last_mut()
+            && let Some(&(b, s)) = last.last()
+            && (p <= b + s || range_of(p).is_ok_and(|(base, _)| base == b + s))
+        {
+            if end > b + s {
+                last.extend(span_of(b + s, end - (b + s), &mut range_of)?);
+            }
+            continue;
+        }
+        spans.push(span_of(p, len, &mut range_of)?);
+    }
+    Ok(spans)
+}
+
 /// The training side's shared memory: one handle per allocation behind its tensors.
 pub struct IpcExport {
     dev: Device,
@@ -213,9 +241,11 @@ impl IpcExport {
         self.extend_ranges(&ranges)
     }
 
-    /// Adds (pointer, bytes) ranges; only memory not exported before is.
+    /// Adds (pointer, bytes) ranges; only memory not exported before is. Ranges over
+    /// `cuMemMap` chunks that overlap or follow each other chunk to chunk become one span.
     pub fn extend_ranges(&mut self, ranges: &[(u64, u64)]) -> Result<(), CudaError> {
         self.dev.bind()?;
+        let mut vmm: Vec<(u64, u64)> = Vec::new();
         for &(p, len) in ranges {
             let len = len.max(1);
             if self.index.find_range(p, len).is_some() {
@@ -254,19 +284,21 @@ impl IpcExport {
                     });
                 }
             }
-            self.export_span(p, len)?;
+            vmm.push((p, len));
+        }
+        for span in spans_of(vmm, sys::address_range)? {
+            self.export_span(&span)?;
         }
         Ok(())
     }
 
-    /// Exports the `cuMemMap` chunks under `p..p + len` as one span.
-    fn export_span(&mut self, p: u64, len: u64) -> Result<(), CudaError> {
-        let span = span_of(p, len, sys::address_range)?;
+    /// Exports back-to-back `cuMemMap` chunks ((base, size) each) as one span.
+    fn export_span(&mut self, span: &[(u64, u64)]) -> Result<(), CudaError> {
         let first = span[0].0;
         let (last, last_size) = span[span.len() - 1];
         raise_fd_limit();
         let mut chunks = Vec::with_capacity(span.len());
-        for &(base, size) in &span {
+        for &(base, size) in span {
             let fd = sys::vmm_retain(base).and_then(|h| {
                 let fd = sys::vmm_export_fd(h);
                 let _ = sys::vmm_release(h);
@@ -683,6 +715,38 @@ mod tests {
             span_of(0x20000, 4, chunked).unwrap_err().to_string(),
             "device pointer 0x20000 lies in no exported allocation"
         );
+    }
+
+    #[test]
+    fn tensors_over_back_to_back_chunks_share_one_span() {
+        // four tensors over chunks 0x10000..0x10400, out of order (the third starts inside the
+        // chunk after the span so far, the fourth in the one after that); one after the hole
+        let spans = spans_of(
+            vec![
+                (0x10180, 0x100),
+                (0x10000, 0x80),
+                (0x10080, 0x80),
+                (0x10300, 0x20),
+                (0x10510, 8),
+            ],
+            chunked,
+        )
+        .unwrap();
+        assert_eq!(
+            spans,
+            vec![
+                vec![
+                    (0x10000, 0x100),
+                    (0x10100, 0x100),
+                    (0x10200, 0x100),
+                    (0x10300, 0x100)
+                ],
+                vec![(0x10500, 0x100)],
+            ]
+        );
+        // a tensor starting right at a span's end continues it
+        let spans = spans_of(vec![(0x10000, 0x100), (0x10100, 0x10)], chunked).unwrap();
+        assert_eq!(spans, vec![vec![(0x10000, 0x100), (0x10100, 0x100)]]);
     }
 
     #[test]

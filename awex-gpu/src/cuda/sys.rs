@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 /// Every driver entry point this module calls, under the name cudarc loads.
 const REQUIRED: &[&str] = &[
     "cuInit",
+    "cuMemCreate",
     "cuMemRetainAllocationHandle",
     "cuMemRelease",
     "cuMemExportToShareableHandle",
@@ -299,6 +300,25 @@ pub(crate) fn vmm_retain(p: u64) -> Result<u64, CudaError> {
     let mut h = 0;
     check("cuMemRetainAllocationHandle", unsafe {
         cu::cuMemRetainAllocationHandle(&mut h, p as *mut c_void)
+    })?;
+    Ok(h)
+}
+
+/// A new physical allocation of `size` bytes on device `ordinal` (a multiple of the 2 MiB
+/// granularity), exportable as a POSIX file descriptor, as PyTorch's expandable segments make.
+pub(crate) fn vmm_create(size: u64, ordinal: u32) -> Result<u64, CudaError> {
+    // SAFETY: a plain-data struct; zero is a valid value of every field.
+    let mut prop: cu::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    prop.type_ = cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes =
+        cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location = cu::CUmemLocation {
+        type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal as i32,
+    };
+    let mut h = 0;
+    check("cuMemCreate", unsafe {
+        cu::cuMemCreate(&mut h, size as usize, &prop, 0)
     })?;
     Ok(h)
 }

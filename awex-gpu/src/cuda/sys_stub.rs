@@ -77,6 +77,11 @@ pub(crate) fn address_range(_: u64) -> Result<(u64, u64), CudaError> {
 }
 
 /// Always [`CudaError::NotBuilt`].
+pub(crate) fn vmm_create(_: u64, _: u32) -> Result<u64, CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
 pub(crate) fn vmm_retain(_: u64) -> Result<u64, CudaError> {
     Err(NO)
 }

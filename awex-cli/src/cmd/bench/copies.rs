@@ -112,6 +112,11 @@ pub(super) fn sender(a: SenderArgs) -> anyhow::Result<ExitCode> {
                     buffers.push((rank, dev.alloc(t.nbytes())?, vec![(t, 0)]));
                 }
             }
+            SenderAlloc::Expandable => {
+                bail!(
+                    "--sender-alloc expandable is measured on the transport path (`bench ipc` without --path copies)"
+                )
+            }
         }
     }
     let alloc_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -220,6 +225,7 @@ impl SenderProc {
             .arg(match a.sender_alloc {
                 SenderAlloc::Contiguous => "contiguous",
                 SenderAlloc::PerTensor => "per-tensor",
+                SenderAlloc::Expandable => "expandable",
             })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -169,7 +169,14 @@ enum SenderAlloc {
     Contiguous,
     /// One allocation per tensor (what PyTorch's caching allocator gives large tensors).
     PerTensor,
+    /// One buffer per training rank as `contiguous`, made of 20 MiB `cuMemCreate` chunks mapped
+    /// back to back (what PyTorch's expandable segments hold), shared through file descriptors
+    /// (the transport path only).
+    Expandable,
 }
+
+/// Chunk size of `--sender-alloc expandable` (PyTorch's large-pool segment size).
+const EXPANDABLE_CHUNK: u64 = 20 << 20;
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {

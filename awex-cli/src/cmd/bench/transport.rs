@@ -4,8 +4,9 @@
 //! from (the hidden `bench ipc-ranks`). Both ends plan their own rank with the real planner,
 //! hold their tensors as the rank runtime does (`TensorSet::allocate_cuda`, one allocation per
 //! tensor; or, with `--sender-alloc contiguous`, device views into one buffer per training rank,
-//! as Megatron's contiguous parameter buffer holds them) and build a [`CudaIpcTransport`]. The
-//! training side's rendezvous values reach this process over the pipe (the gateway's job in a
+//! as Megatron's contiguous parameter buffer holds them; `expandable`: the same buffer made of
+//! 20 MiB `cuMemCreate` chunks, as PyTorch's expandable segments hold memory) and build a
+//! [`CudaIpcTransport`]. The training side's rendezvous values reach this process over the pipe (the gateway's job in a
 //! real pair); per update both ends call `execute` with the same version, exactly as the rank
 //! loop does after the gateway's `update` event. Timed here:
 //!
@@ -144,14 +145,17 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
                 tensors: Arc::new(TensorSet::allocate_cuda(&layout, &dev)?),
                 _buffer: None,
             }),
-            SenderAlloc::Contiguous => {
+            SenderAlloc::Contiguous | SenderAlloc::Expandable => {
                 let mut off = 0u64;
                 let mut at = Vec::new();
                 for t in &layout.tensors {
                     at.push(off);
                     off += t.nbytes().div_ceil(ALIGN) * ALIGN;
                 }
-                let buf = dev.alloc(off)?;
+                let buf = match a.alloc {
+                    SenderAlloc::Expandable => dev.alloc_chunked(off, super::EXPANDABLE_CHUNK)?,
+                    _ => dev.alloc(off)?,
+                };
                 let mut views = Vec::new();
                 for (t, o) in layout.tensors.iter().zip(at) {
                     // SAFETY: `buf` holds every tensor at its aligned offset and lives in `held`
@@ -203,12 +207,13 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         allocations: held
             .iter()
-            .map(|h| {
-                if h._buffer.is_some() {
-                    1
-                } else {
-                    h.tensors.len()
+            .map(|h| match (&h._buffer, a.alloc) {
+                // the physical chunks behind the buffer
+                (Some(b), SenderAlloc::Expandable) => {
+                    b.len().div_ceil(super::EXPANDABLE_CHUNK) as usize
                 }
+                (Some(_), _) => 1,
+                (None, _) => h.tensors.len(),
             })
             .sum(),
         tensors: held.iter().map(|h| h.tensors.len()).sum(),
@@ -297,6 +302,7 @@ impl RanksProc {
             .arg(match a.sender_alloc {
                 SenderAlloc::Contiguous => "contiguous",
                 SenderAlloc::PerTensor => "per-tensor",
+                SenderAlloc::Expandable => "expandable",
             })
             .arg("--bucket-mib")
             .arg(a.bucket_mib.to_string())
