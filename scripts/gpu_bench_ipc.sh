@@ -68,9 +68,9 @@ for r in $RUNS; do
     # ktiles / kcopies (a graph's kernel copies in one launch of the tile kernel, or a launch
     # per copy: AWEX_IPC_KERNEL), tN (tiles of N KiB, AWEX_IPC_TILE_KIB),
     # e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g, 8b-contiguous-ktiles-t256
-    8b-per-tensor-*-*|8b-contiguous-*-*|moe-per-tensor-*-*|moe-contiguous-*-*)
+    8b-per-tensor-*-*|8b-contiguous-*-*|8b-expandable-*-*|moe-per-tensor-*-*|moe-contiguous-*-*|moe-expandable-*-*)
       case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
-      case $r in *-per-tensor-*) alloc=per-tensor ;; *) alloc=contiguous ;; esac
+      case $r in *-per-tensor-*) alloc=per-tensor ;; *-expandable-*) alloc=expandable ;; *) alloc=contiguous ;; esac
       envs=()
       for o in $(echo "${r#*-$alloc-}" | tr - ' '); do
         case $o in

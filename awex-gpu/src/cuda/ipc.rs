@@ -598,6 +598,16 @@ impl IpcImport {
             .max_by_key(|&(_, size)| size)
     }
 
+    /// The local base address and size of the largest allocation opened through a legacy IPC
+    /// handle (spans of `cuMemMap` chunks left out), if any.
+    pub fn largest_ipc_mapping(&self) -> Option<(u64, u64)> {
+        self.mapped
+            .iter()
+            .filter(|m| m.chunks.is_none())
+            .map(|m| (m.base, m.size))
+            .max_by_key(|&(_, size)| size)
+    }
+
     /// Number of mapped allocations.
     pub fn len(&self) -> usize {
         self.mapped.len()
