@@ -176,6 +176,14 @@ pub enum CudaError {
         /// what the kernel answered
         detail: String,
     },
+    /// Handing file descriptors over a Unix socket failed.
+    #[error("passing file descriptors: {what}: {detail}")]
+    FdPass {
+        /// the step
+        what: String,
+        /// what went wrong
+        detail: String,
+    },
     /// A published list of shared mappings that does not fit its allocation.
     #[error("bad shared mapping list for an allocation of {size} bytes: {why}")]
     BadChunks {

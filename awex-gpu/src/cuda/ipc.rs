@@ -11,13 +11,18 @@
 //! whose physical chunks of 2 or 20 MiB are mapped back to back) has no legacy IPC handle. A
 //! tensor there is shared as a *span*: the chunks it lies over, in address order, each exported
 //! as a POSIX file descriptor that stays open in the exporting process. The importer takes those
-//! descriptors with `pidfd_getfd`, imports each chunk, and maps them back to back into one
-//! reserved address range of its own, so the span is addressed as one allocation.
+//! descriptors with `pidfd_getfd` (or, where the kernel refuses that, from the exporter's
+//! socket: [`super::fdpass`]), imports each chunk, and maps them back to back into one reserved
+//! address range of its own, so the span is addressed as one allocation.
 
 use super::device::Device;
+use super::fdpass::{FdServer, fetch_fds};
 use super::handle::IpcMemHandle;
 use super::{CudaError, sys};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
 
 /// One allocation shared by the training side.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,6 +218,8 @@ pub struct IpcExport {
     allocations: Vec<ExportedAllocation>,
     /// Open descriptors of `cuMemMap` chunks, closed on drop.
     fds: Vec<i32>,
+    /// Serves `fds` to receivers that `pidfd_getfd` refuses ([`IpcExport::serve_fds`]).
+    server: Option<FdServer>,
 }
 
 impl IpcExport {
@@ -230,6 +237,7 @@ impl IpcExport {
             index: AllocationIndex::default(),
             allocations: Vec::new(),
             fds: Vec::new(),
+            server: None,
         };
         e.extend_ranges(ranges)?;
         Ok(e)
@@ -341,6 +349,18 @@ impl IpcExport {
             .ok_or(CudaError::UnknownPointer { ptr })
     }
 
+    /// Serves the descriptors of the exported spans on a Unix socket at `path`, for receivers
+    /// the kernel does not let take them with `pidfd_getfd`; returns the path, or `None` when
+    /// nothing is mapped with `cuMemMap` (then no socket is made).
+    pub fn serve_fds(&mut self, path: &Path) -> Result<Option<PathBuf>, CudaError> {
+        if self.fds.is_empty() {
+            return Ok(None);
+        }
+        self.server = None;
+        self.server = Some(FdServer::start(path, self.fds.clone())?);
+        Ok(Some(path.to_path_buf()))
+    }
+
     /// Where `ptr..ptr + len` lies in the export: the first allocation or span holding it
     /// whole, else the allocation holding `ptr` (the copies are checked against its size).
     pub fn locate_range(&self, ptr: u64, len: u64) -> Result<RemoteAddr, CudaError> {
@@ -353,6 +373,7 @@ impl IpcExport {
 
 impl Drop for IpcExport {
     fn drop(&mut self) {
+        self.server = None; // no peer is handed a descriptor closed below
         for &fd in &self.fds {
             // SAFETY: these descriptors were returned by the driver to this export, which owns them.
             unsafe { libc::close(fd) };
@@ -393,20 +414,48 @@ fn take_fd(pidfd: i32, pid: u32, fd: i32) -> Result<i32, CudaError> {
     Ok(r as i32)
 }
 
-/// Maps a span of another process's `cuMemMap` chunks back to back into addresses reserved
-/// here, readable and writable by device `ordinal`; returns the first address.
-fn open_span(size: u64, shared: &SharedChunks, ordinal: u32) -> Result<u64, CudaError> {
-    shared.check(size)?;
+/// A pidfd of process `pid` (closed by the caller).
+fn pidfd_of(pid: u32, fd: i32) -> Result<i32, CudaError> {
     // SAFETY: a syscall with plain integer arguments.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, shared.pid as libc::pid_t, 0) };
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if pidfd < 0 {
         return Err(CudaError::FetchFd {
-            pid: shared.pid,
-            fd: shared.chunks[0].fd,
+            pid,
+            fd,
             detail: format!("pidfd_open: {}", std::io::Error::last_os_error()),
         });
     }
-    let pidfd = pidfd as i32;
+    Ok(pidfd as i32)
+}
+
+/// Whether this process may take descriptor `fd` of `pid` with `pidfd_getfd`.
+fn can_take(pid: u32, fd: i32) -> Result<(), CudaError> {
+    let pidfd = pidfd_of(pid, fd)?;
+    let r = take_fd(pidfd, pid, fd);
+    // SAFETY: our own descriptors.
+    unsafe {
+        libc::close(pidfd);
+        if let Ok(t) = r {
+            libc::close(t);
+        }
+    }
+    r.map(|_| ())
+}
+
+/// Maps a span of another process's `cuMemMap` chunks back to back into addresses reserved
+/// here, readable and writable by device `ordinal`; returns the first address. The chunks'
+/// descriptors come from `fds` (the exporter's socket) when given, else by `pidfd_getfd`.
+fn open_span(
+    size: u64,
+    shared: &SharedChunks,
+    ordinal: u32,
+    fds: Option<&HashMap<RawFd, OwnedFd>>,
+) -> Result<u64, CudaError> {
+    shared.check(size)?;
+    let pidfd = match fds {
+        Some(_) => -1,
+        None => pidfd_of(shared.pid, shared.chunks[0].fd)?,
+    };
     let va = match sys::vmm_reserve(size) {
         Ok(va) => va,
         Err(e) => {
@@ -418,11 +467,24 @@ fn open_span(size: u64, shared: &SharedChunks, ordinal: u32) -> Result<u64, Cuda
     let mut mapped: Vec<&SharedChunk> = Vec::with_capacity(shared.chunks.len());
     let mut result = Ok(());
     for c in &shared.chunks {
-        let step = take_fd(pidfd, shared.pid, c.fd).and_then(|fd| {
-            let h = sys::vmm_import_fd(fd);
-            // SAFETY: the descriptor was just taken by this process; the import holds the memory.
-            unsafe { libc::close(fd) };
-            let h = h?;
+        let imported = match fds {
+            Some(map) => match map.get(&c.fd) {
+                Some(f) => sys::vmm_import_fd(f.as_raw_fd()),
+                None => Err(CudaError::FetchFd {
+                    pid: shared.pid,
+                    fd: c.fd,
+                    detail: "the exporter's socket did not hand it over".into(),
+                }),
+            },
+            None => take_fd(pidfd, shared.pid, c.fd).and_then(|fd| {
+                let h = sys::vmm_import_fd(fd);
+                // SAFETY: the descriptor was just taken by this process; the import holds the
+                // memory.
+                unsafe { libc::close(fd) };
+                h
+            }),
+        };
+        let step = imported.and_then(|h| {
             let m = sys::vmm_map(va + c.offset, c.size, h);
             let _ = sys::vmm_release(h); // the mapping keeps the memory
             m
@@ -437,8 +499,10 @@ fn open_span(size: u64, shared: &SharedChunks, ordinal: u32) -> Result<u64, Cuda
             break;
         }
     }
-    // SAFETY: our own descriptor.
-    unsafe { libc::close(pidfd) };
+    if pidfd >= 0 {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(pidfd) };
+    }
     match result {
         Ok(()) => Ok(va),
         Err(e) => {
@@ -460,7 +524,11 @@ struct Mapped {
 }
 
 impl Mapped {
-    fn open(a: &ExportedAllocation, ordinal: u32) -> Result<Mapped, CudaError> {
+    fn open(
+        a: &ExportedAllocation,
+        ordinal: u32,
+        fds: Option<&HashMap<RawFd, OwnedFd>>,
+    ) -> Result<Mapped, CudaError> {
         match &a.chunks {
             None => Ok(Mapped {
                 base: sys::ipc_open_mem(&a.handle)?,
@@ -468,7 +536,7 @@ impl Mapped {
                 chunks: None,
             }),
             Some(shared) => Ok(Mapped {
-                base: open_span(a.size, shared, ordinal)?,
+                base: open_span(a.size, shared, ordinal, fds)?,
                 size: a.size,
                 chunks: Some(shared.chunks.iter().map(|c| (c.offset, c.size)).collect()),
             }),
@@ -512,8 +580,38 @@ impl IpcImport {
         allocations: &[ExportedAllocation],
         threads: usize,
     ) -> Result<IpcImport, CudaError> {
+        IpcImport::open_from(dev, allocations, threads, None)
+    }
+
+    /// [`IpcImport::open_with`], taking the descriptors of spans of `cuMemMap` chunks from the
+    /// exporter's socket `fd_socket` ([`IpcExport::serve_fds`]) where the kernel refuses
+    /// `pidfd_getfd`.
+    pub fn open_from(
+        dev: &Device,
+        allocations: &[ExportedAllocation],
+        threads: usize,
+        fd_socket: Option<&Path>,
+    ) -> Result<IpcImport, CudaError> {
         dev.bind()?;
         let ordinal = dev.ordinal();
+        let chunks: usize = allocations
+            .iter()
+            .filter_map(|a| a.chunks.as_ref())
+            .map(|c| c.chunks.len())
+            .sum();
+        let first = allocations
+            .iter()
+            .find_map(|a| a.chunks.as_ref())
+            .and_then(|c| c.chunks.first().map(|ch| (c.pid, ch.fd)));
+        let taken = match (first, fd_socket) {
+            // `pidfd_getfd` first (no round trip); the socket where the kernel refuses it
+            (Some((pid, fd)), Some(path)) if can_take(pid, fd).is_err() => {
+                raise_fd_limit();
+                Some(fetch_fds(path, chunks)?)
+            }
+            _ => None,
+        };
+        let taken = taken.as_ref();
         let threads = threads.clamp(1, allocations.len().max(1));
         let mut imp = IpcImport {
             dev: dev.clone(),
@@ -522,7 +620,7 @@ impl IpcImport {
         if threads == 1 {
             for a in allocations {
                 // on error, the handles opened so far are closed by Drop
-                imp.mapped.push(Mapped::open(a, ordinal)?);
+                imp.mapped.push(Mapped::open(a, ordinal, taken)?);
             }
             return Ok(imp);
         }
@@ -537,7 +635,7 @@ impl IpcImport {
                             return (got, Some(e));
                         }
                         for a in part {
-                            match Mapped::open(a, ordinal) {
+                            match Mapped::open(a, ordinal, taken) {
                                 Ok(m) => got.push(m),
                                 Err(e) => return (got, Some(e)),
                             }

@@ -16,6 +16,7 @@ pub mod desc;
 mod device;
 mod engine;
 mod error;
+pub mod fdpass;
 pub mod handle;
 mod ipc;
 

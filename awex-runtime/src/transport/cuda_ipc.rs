@@ -553,6 +553,8 @@ struct Sender {
     ctl: Control,
     /// Kept for the life of the transport: its handles were published once.
     _export: IpcExport,
+    /// The socket serving the descriptors of its `cuMemMap` spans, if it has any.
+    fd_socket: Option<std::path::PathBuf>,
     stream: Stream,
     ready: Event,
     ready_handle: IpcEventHandle,
@@ -686,7 +688,12 @@ impl CudaIpcTransport {
             .filter_map(|v| v.device_ptr().map(|p| (p, v.len() as u64)))
             .collect();
         let err = transport_err("exporting the training tensors");
-        let export = IpcExport::of_ranges(&self.dev, &ranges).map_err(&err)?;
+        let mut export = IpcExport::of_ranges(&self.dev, &ranges).map_err(&err)?;
+        // memory mapped with cuMemMap travels as file descriptors: served on a socket too, for
+        // receivers the kernel does not let take them with pidfd_getfd
+        let fd_socket = export
+            .serve_fds(&std::env::temp_dir().join(format!("{ctl_name}.fds")))
+            .map_err(&err)?;
         let mut tensors = Vec::with_capacity(views.len());
         for v in &views {
             let ptr = v.device_ptr().ok_or_else(|| {
@@ -727,6 +734,7 @@ impl CudaIpcTransport {
         Ok(Sender {
             ctl,
             _export: export,
+            fd_socket,
             stream,
             ready,
             ready_handle,
@@ -746,6 +754,11 @@ impl CudaIpcTransport {
             })
         };
         let ctl_name = field("ctl")?.to_string();
+        // where the training rank serves the descriptors of its cuMemMap spans, if it has any
+        let fd_socket = info
+            .get("fds")
+            .and_then(|v| v.as_str())
+            .map(std::path::PathBuf::from);
         let event: IpcEventHandle = field("event")?
             .parse()
             .map_err(|source| TransportError::Event { peer, source })?;
@@ -762,8 +775,13 @@ impl CudaIpcTransport {
         let err = transport_err("opening the training rank's memory");
         let threads = open_threads();
         let t0 = Instant::now();
-        let import =
-            IpcImport::open_with(&self.dev, &published.allocations, threads).map_err(&err)?;
+        let import = IpcImport::open_from(
+            &self.dev,
+            &published.allocations,
+            threads,
+            fd_socket.as_deref(),
+        )
+        .map_err(&err)?;
         let open_ms = ms_since(t0);
         let t0 = Instant::now();
         let event = self.dev.open_event(&event).map_err(&err)?;
@@ -1065,11 +1083,17 @@ impl Transport for CudaIpcTransport {
 
     fn rendezvous(&self) -> serde_json::Value {
         match &self.sender {
-            Some(s) => serde_json::json!({
-                "ctl": s.ctl.seg.name(),
-                "event": s.ready_handle.to_string(),
-                "device": self.dev.ordinal(),
-            }),
+            Some(s) => {
+                let mut v = serde_json::json!({
+                    "ctl": s.ctl.seg.name(),
+                    "event": s.ready_handle.to_string(),
+                    "device": self.dev.ordinal(),
+                });
+                if let Some(p) = &s.fd_socket {
+                    v["fds"] = p.to_string_lossy().into_owned().into();
+                }
+                v
+            }
             None => serde_json::json!({ "device": self.dev.ordinal() }),
         }
     }
