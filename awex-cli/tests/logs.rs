@@ -159,7 +159,10 @@ fn gc_reports_what_it_removed_as_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v, serde_json::json!({ "removed": [] }));
+    assert_eq!(
+        v,
+        serde_json::json!({ "removed": [], "removed_sockets": [] })
+    );
 }
 
 #[test]

@@ -321,6 +321,46 @@ fn gc_where(keep: impl Fn(&str, &SegmentName) -> bool) -> Vec<String> {
     removed
 }
 
+/// The Unix socket on which a cuda-ipc training rank whose control segment is `ctl_name`
+/// serves the descriptors of its `cuMemMap` spans (in the temp directory).
+pub fn fd_socket_path(ctl_name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{ctl_name}.fds"))
+}
+
+/// Removes the descriptor sockets ([`fd_socket_path`]) of `pair` (all pairs with `None`) that
+/// nobody serves any more (their rank died without removing them: connecting is refused);
+/// returns their paths. A live rank's socket stays.
+pub fn gc_fd_sockets(pair: Option<&str>) -> Vec<String> {
+    gc_fd_sockets_in(&std::env::temp_dir(), pair)
+}
+
+fn gc_fd_sockets_in(dir: &std::path::Path, pair: Option<&str>) -> Vec<String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return removed;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(n) = name.strip_suffix(".fds").and_then(parse_name) else {
+            continue;
+        };
+        if pair.is_some_and(|p| p != n.pair) || !e.file_type().is_ok_and(|t| t.is_socket()) {
+            continue;
+        }
+        let path = e.path();
+        match std::os::unix::net::UnixStream::connect(&path) {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if std::fs::remove_file(&path).is_ok() {
+                    removed.push(path.to_string_lossy().into_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    removed
+}
+
 /// Removes the dead awex segments whose names start with `prefix` (see [`gc`]; liveness by
 /// lock, never by PID).
 pub fn sweep_dead(prefix: &str) -> Vec<String> {
@@ -361,5 +401,37 @@ mod tests {
             ShmSegment::create("../etc", 1),
             Err(RuntimeError::Shm(_))
         ));
+    }
+
+    #[test]
+    fn gc_removes_the_descriptor_sockets_nobody_serves_and_keeps_live_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let uid = "0123456789abcdef0123456789abcdef";
+        let name = |pair: &str, r: u32| {
+            format!("{}.fds", segment_name(pair, uid, &format!("t0.{r}"), "ctl"))
+        };
+        // dead: bound, then the listener dropped (the file stays, nobody accepts)
+        let dead = dir.path().join(name("p1", 0));
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        let other = dir.path().join(name("p2", 0));
+        drop(std::os::unix::net::UnixListener::bind(&other).unwrap());
+        // live: still listening
+        let live = dir.path().join(name("p1", 1));
+        let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+        // not a socket, and not an awex name
+        let plain = dir.path().join(name("p1", 2));
+        std::fs::write(&plain, b"x").unwrap();
+        let stray = dir.path().join("someone-else.fds");
+        drop(std::os::unix::net::UnixListener::bind(&stray).unwrap());
+        assert_eq!(
+            gc_fd_sockets_in(dir.path(), Some("p1")),
+            vec![dead.to_string_lossy().into_owned()]
+        );
+        assert!(live.exists() && plain.exists() && other.exists() && stray.exists());
+        assert_eq!(
+            gc_fd_sockets_in(dir.path(), None),
+            vec![other.to_string_lossy().into_owned()]
+        );
+        assert!(live.exists() && stray.exists());
     }
 }

@@ -692,7 +692,7 @@ impl CudaIpcTransport {
         // memory mapped with cuMemMap travels as file descriptors: served on a socket too, for
         // receivers the kernel does not let take them with pidfd_getfd
         let fd_socket = export
-            .serve_fds(&std::env::temp_dir().join(format!("{ctl_name}.fds")))
+            .serve_fds(&crate::shm::fd_socket_path(ctl_name))
             .map_err(&err)?;
         let mut tensors = Vec::with_capacity(views.len());
         for v in &views {
