@@ -349,13 +349,10 @@ fn gc_fd_sockets_in(dir: &std::path::Path, pair: Option<&str>) -> Vec<String> {
             continue;
         }
         let path = e.path();
-        match std::os::unix::net::UnixStream::connect(&path) {
-            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
-                if std::fs::remove_file(&path).is_ok() {
-                    removed.push(path.to_string_lossy().into_owned());
-                }
-            }
-            _ => {}
+        let refused = std::os::unix::net::UnixStream::connect(&path)
+            .is_err_and(|err| err.kind() == std::io::ErrorKind::ConnectionRefused);
+        if refused && std::fs::remove_file(&path).is_ok() {
+            removed.push(path.to_string_lossy().into_owned());
         }
     }
     removed
