@@ -146,20 +146,16 @@ fn send_batch(conn: &UnixStream, total: u64, batch: &[RawFd]) -> io::Result<()> 
         data.extend_from_slice(&fd.to_le_bytes());
     }
     let fd_bytes = std::mem::size_of_val(batch) as u32;
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
-    let mut control = vec![0u8; space.max(1)];
+    let mut control = control_for(batch.len());
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if !batch.is_empty() {
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
+    let mut msg = message(&mut iov, &mut control);
+    if batch.is_empty() {
+        msg.msg_control = std::ptr::null_mut();
+        msg.msg_controllen = 0;
+    } else {
         // SAFETY: the control buffer holds CMSG_SPACE(fd_bytes) bytes, room for one header and
         // the descriptors.
         unsafe {
@@ -192,17 +188,39 @@ pub fn fetch_fds(path: &Path, max: usize) -> Result<HashMap<RawFd, OwnedFd>, Cud
     let conn = UnixStream::connect(path).map_err(|e| err("connecting to the socket", e))?;
     conn.set_read_timeout(Some(Duration::from_secs(30)))
         .map_err(|e| err("setting up the socket", e))?;
+    let bad = |detail: String| CudaError::FdPass {
+        what: "reading the descriptors".into(),
+        detail,
+    };
     let mut got = HashMap::new();
+    let (mut offered, mut received) = (None, 0u64);
     loop {
         let (total, batch) = recv_batch(&conn)?;
         if total > max as u64 {
-            return Err(CudaError::FdPass {
-                what: "reading the descriptors".into(),
-                detail: format!("the exporter offers {total}, more than the {max} expected"),
-            });
+            return Err(bad(format!(
+                "the exporter offers {total}, more than the {max} expected"
+            )));
+        }
+        if *offered.get_or_insert(total) != total {
+            return Err(bad(format!(
+                "the exporter offered {} descriptors, then {total}",
+                offered.unwrap_or(total)
+            )));
+        }
+        // counted as sent, not as distinct numbers: a peer repeating itself cannot keep this
+        // loop going
+        received += batch.len() as u64;
+        if received > total {
+            return Err(bad(format!("{received} descriptors sent, {total} offered")));
         }
         got.extend(batch);
-        if got.len() as u64 >= total {
+        if received == total {
+            if got.len() as u64 != total {
+                return Err(bad(format!(
+                    "{total} descriptors sent under {} distinct numbers",
+                    got.len()
+                )));
+            }
             return Ok(got);
         }
     }
@@ -210,25 +228,35 @@ pub fn fetch_fds(path: &Path, max: usize) -> Result<HashMap<RawFd, OwnedFd>, Cud
 
 type Batch = Vec<(RawFd, OwnedFd)>;
 
+/// A control buffer with room for `fds` descriptors.
+fn control_for(fds: usize) -> Vec<u8> {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    vec![0u8; unsafe { libc::CMSG_SPACE((4 * fds) as u32) } as usize]
+}
+
+/// A message header over one data buffer and a control buffer; both must outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut [u8]) -> libc::msghdr {
+    // SAFETY: a zeroed msghdr is valid; the pointers set are the caller's live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() as _;
+    msg
+}
+
 fn recv_batch(conn: &UnixStream) -> Result<(u64, Batch), CudaError> {
     let bad = |detail: String| CudaError::FdPass {
         what: "reading the descriptors".into(),
         detail,
     };
     let mut data = vec![0u8; 12 + 4 * BATCH];
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE((4 * BATCH) as u32) } as usize;
-    let mut control = vec![0u8; space];
+    let mut control = control_for(BATCH);
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: data.len(),
     };
-    // SAFETY: a zeroed msghdr is valid; its pointers are set to live buffers below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut msg = message(&mut iov, &mut control);
     // SAFETY: `msg` points at live buffers of the lengths it states.
     let n = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
@@ -332,6 +360,18 @@ mod tests {
             "passing file descriptors: reading the descriptors: the exporter offers 3, more than the 2 expected"
         );
         assert_eq!(fetch_fds(&path, 3).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_peer_repeating_one_descriptor_number_is_refused() {
+        let (dir, fs) = files(1);
+        let path = dir.path().join("same.sock");
+        let fd = fs[0].as_raw_fd();
+        let _server = FdServer::start(&path, vec![fd, fd, fd]).unwrap();
+        assert_eq!(
+            fetch_fds(&path, 3).unwrap_err().to_string(),
+            "passing file descriptors: reading the descriptors: 3 descriptors sent under 1 distinct numbers"
+        );
     }
 
     #[test]
