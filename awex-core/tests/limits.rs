@@ -97,7 +97,7 @@ fn sizes_each_within_limits_can_still_be_too_large_together() {
 
 #[test]
 fn every_preset_is_within_the_limits() {
-    for name in awex_core::model::presets::PRESET_NAMES {
+    for name in awex_core::model::presets::names() {
         let spec = preset(name).expect("preset");
         assert_eq!(spec.validate(), Ok(()), "{name}");
     }

@@ -142,9 +142,6 @@ impl From<VllmConfigError> for LayoutError {
     }
 }
 
-/// The module of a layer's fused experts: `MoERunner.routed_experts` below `mlp.experts`.
-const EXPERTS_MODULE: &str = "mlp.experts.routed_experts";
-
 /// The layout of vLLM engines (replicas) for one model and `tp`/`ep`/`engines`: the fused-TP
 /// layout ([`FusedTpLayout`]) with vLLM's vocabulary padding, its tied head (absent) and its
 /// expert module.
@@ -236,7 +233,8 @@ impl VllmLayout {
                 engines,
                 vocab_rows,
                 lm_head,
-                experts_module: EXPERTS_MODULE,
+                routed_experts: ROUTED_EXPERTS,
+                drops: &[],
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;
