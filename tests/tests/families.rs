@@ -117,3 +117,86 @@ fn fsdp_holds_mixtral_in_checkpoint_names_or_transformers_5_fused_experts() {
     );
     assert!(!t.keys().any(|n| n.contains("block_sparse_moe")), "{t:?}");
 }
+
+/// qwen3-tiny with attention_bias: q/k/v and o_proj biases (transformers' Qwen3).
+fn qwen3_biased() -> ModelSpec {
+    ModelSpec {
+        attention_bias: true,
+        ..presets::preset("qwen3-tiny").unwrap()
+    }
+}
+
+#[test]
+fn qwen3_o_proj_bias_is_whole_on_every_rank_of_megatron_fsdp_and_sglang() {
+    let m = qwen3_biased();
+    let o_bias = "model.layers.2.self_attn.o_proj.bias".to_string();
+    // Megatron-Core: RowParallelLinear's bias is not split (added after the reduction)
+    let l = layout(Side::Training, "megatron:tp=2", &m);
+    for r in 0..2 {
+        let t = tensors(&*l, RankId::train(r));
+        assert_eq!(
+            t["decoder.layers.2.self_attention.linear_proj.bias"],
+            vec![o_bias.clone()]
+        );
+    }
+    // FSDP + TP: transformers' rowwise plan replicates the bias over TP
+    let l = layout(Side::Training, "fsdp:tp=2", &m);
+    let h = l.holders(&o_bias);
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ranks.len(), 2);
+    // SGLang 0.5.23 (models/qwen3.py): o_proj = RowParallelLinear(bias=attention_bias)
+    let l = layout(Side::Inference, "sglang:tp=2", &m);
+    for r in 0..2 {
+        let t = tensors(&*l, RankId::infer(0, r));
+        assert_eq!(t[&o_bias], vec![o_bias.clone()]);
+    }
+    assert!(l.dropped().is_empty());
+}
+
+#[test]
+fn vllm_holds_no_qwen3_o_proj_bias_and_says_it_drops_it() {
+    let m = qwen3_biased();
+    let l = layout(Side::Inference, "vllm:tp=2", &m);
+    let t = tensors(&*l, RankId::infer(0, 0));
+    assert!(!t.keys().any(|n| n.contains("o_proj.bias")), "{t:?}");
+    assert!(t.contains_key("model.layers.0.self_attn.qkv_proj.bias"));
+    assert!(l.holders("model.layers.0.self_attn.o_proj.bias").is_empty());
+    assert_eq!(
+        l.dropped(),
+        (0..4)
+            .map(|i| format!("model.layers.{i}.self_attn.o_proj.bias"))
+            .collect::<Vec<_>>()
+    );
+    // vLLM's Llama keeps the o_proj bias (models/llama.py: bias_o_proj = attention_bias)
+    let llama = ModelSpec {
+        architecture: awex_core::model::Architecture::Llama,
+        ..m
+    };
+    let l = layout(Side::Inference, "vllm:tp=2", &llama);
+    assert!(l.dropped().is_empty());
+    assert_eq!(l.holders("model.layers.0.self_attn.o_proj.bias").len(), 1);
+}
+
+#[test]
+fn a_plan_into_vllm_moves_everything_but_the_dropped_tensors() {
+    let m = qwen3_biased();
+    let cat = awex_core::Catalogue::of(&m);
+    let t = layout(Side::Training, "megatron:tp=2", &m);
+    let i = layout(Side::Inference, "vllm:tp=2", &m);
+    let pair = awex_core::plan::Pair {
+        catalogue: &cat,
+        training: &*t,
+        inference: &*i,
+    };
+    let mut moved = 0;
+    for r in i.ranks() {
+        let plan = pair.plan_rank(Side::Inference, r).unwrap();
+        for peer in &plan.peers {
+            for tr in &peer.transfers {
+                assert!(!tr.dst_tensor.contains("o_proj.bias"), "{}", tr.dst_tensor);
+            }
+        }
+        moved += plan.bytes();
+    }
+    assert!(moved > 0);
+}

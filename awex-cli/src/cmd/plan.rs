@@ -221,6 +221,9 @@ pub struct PlanSummary {
     pub fingerprints_agree: bool,
     /// Every inference rank receives exactly the bytes its placements need.
     pub exact: bool,
+    /// Trained tensors the inference engine's model class does not hold (its load drops them):
+    /// the update moves nothing into them.
+    pub dropped_by_inference: Vec<String>,
 }
 
 /// Plans every rank of both sides and summarises.
@@ -298,6 +301,7 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
         plan_ms_total: ms_total,
         fingerprints_agree: agree,
         exact,
+        dropped_by_inference: r.inference.dropped(),
     })
 }
 
@@ -416,6 +420,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "NOT EXACT"
             }
         );
+        if let Some(first) = s.dropped_by_inference.first() {
+            println!(
+                "dropped      {} the inference engine does not hold (its load drops them; not moved): {first}{}",
+                plural(s.dropped_by_inference.len() as u64, "trained tensor"),
+                if s.dropped_by_inference.len() > 1 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            );
+        }
     }
     if !s.fingerprints_agree || !s.exact {
         bail!("plan check failed");

@@ -179,20 +179,20 @@ fn registered_layout(
     backend: &str,
     parallel: &ParallelConfig,
     model: &ModelSpec,
-) -> Result<(), ApiError> {
+) -> Result<Vec<String>, ApiError> {
     let registered = match side {
         Side::Training => awex_core::backend::training_backend(backend).is_ok(),
         Side::Inference => awex_core::backend::inference_backend(backend).is_ok(),
     };
     if !registered {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let spec = awex_core::backend::BackendSpec {
         backend: backend.to_string(),
         parallel: parallel.clone(),
     };
     awex_core::backend::side_layout(side, &spec, model)
-        .map(|_| ())
+        .map(|l| l.dropped())
         .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel `{spec}`: {e}")))
 }
 
@@ -265,13 +265,13 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         Side::Inference,
         raw.pointer("/inference/model").unwrap_or(&null),
     )?;
-    registered_layout(
+    let dropped_t = registered_layout(
         Side::Training,
         &req.training.backend,
         &req.training.parallel,
         &tm,
     )?;
-    registered_layout(
+    let dropped_i = registered_layout(
         Side::Inference,
         &req.inference.backend,
         &req.inference.parallel,
@@ -284,20 +284,27 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             "the two sides do not describe the same canonical tensors: {diff}"
         )));
     }
-    let side =
-        |backend: &str, parallel: &ParallelConfig, w, e, urls: &[String], m: &ModelSpec, c| {
-            SideStatus {
-                backend: backend.to_string(),
-                parallel: parallel.clone(),
-                world_size: w,
-                engines: e,
-                urls: urls.to_vec(),
-                model: validate::clip(&m.name, 128),
-                fingerprint: format!("{:016x}", m.fingerprint()),
-                catalogue: c,
-                joined: 0,
-            }
-        };
+    let side = |backend: &str,
+                parallel: &ParallelConfig,
+                w,
+                e,
+                urls: &[String],
+                m: &ModelSpec,
+                c,
+                dropped: Vec<String>| {
+        SideStatus {
+            backend: backend.to_string(),
+            parallel: parallel.clone(),
+            world_size: w,
+            engines: e,
+            urls: urls.to_vec(),
+            model: validate::clip(&m.name, 128),
+            fingerprint: format!("{:016x}", m.fingerprint()),
+            catalogue: c,
+            dropped,
+            joined: 0,
+        }
+    };
     Ok((
         Slots::new(tw, e, iw / e),
         side(
@@ -308,6 +315,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             &[],
             &tm,
             req.training.catalogue.clone(),
+            dropped_t,
         ),
         side(
             &req.inference.backend,
@@ -317,6 +325,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             urls,
             &im,
             req.inference.catalogue.clone(),
+            dropped_i,
         ),
     ))
 }
