@@ -544,3 +544,21 @@ fn plan_names_the_trained_tensors_the_inference_engine_drops() {
     let j: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(j["dropped_by_inference"], serde_json::json!([]));
 }
+
+#[test]
+fn plan_help_lists_every_family_and_its_presets() {
+    let (code, out, err) = cli(&["plan", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    for family in [
+        "llama (LlamaForCausalLM)",
+        "qwen2 (Qwen2ForCausalLM)",
+        "qwen3 (Qwen3ForCausalLM)",
+        "qwen3-moe (Qwen3MoeForCausalLM)",
+        "mixtral (MixtralForCausalLM)",
+    ] {
+        assert!(out.contains(family), "{family}: {out}");
+    }
+    for preset in awex_core::model::presets::names() {
+        assert!(out.contains(&format!("    {preset} ")), "{preset}: {out}");
+    }
+}

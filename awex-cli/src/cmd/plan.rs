@@ -24,7 +24,7 @@ pub const DEFAULT_INFER: &str = "sglang:tp=2,engines=2";
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory (whose safetensors weights, if any, are checked too).
-    #[arg(long, default_value = DEFAULT_MODEL)]
+    #[arg(long, default_value = DEFAULT_MODEL, long_help = model_help())]
     pub model: String,
     /// Training side: `backend:key=value,...`.
     #[arg(long, default_value = DEFAULT_TRAIN, long_help = spec_help(Side::Training))]
@@ -48,6 +48,20 @@ pub fn plural(n: impl Into<u64>, thing: &str) -> String {
     } else {
         format!("{n} {thing}s")
     }
+}
+
+/// `--model`'s long help: what it accepts, then every family (its HF class) with its presets.
+pub fn model_help() -> String {
+    let mut s = String::from(
+        "Model: a preset name, a config.json, or an HF model directory (whose safetensors weights, if any, are checked too). A config's `architectures[0]` picks the family. Families and their presets:",
+    );
+    for f in awex_core::model::family::ALL {
+        s.push_str(&format!("\n  {} ({})", f.name, f.hf_class));
+        for p in f.presets {
+            s.push_str(&format!("\n    {:<18} {}", p.name, p.about));
+        }
+    }
+    s
 }
 
 /// One key with its default, as the `--help` texts show it (`tp=1`, `vpp (unset)`).
