@@ -144,11 +144,14 @@ def ref_awex_python(x, scale_ue8m0, block=(128, 128)):
 
 def ref_slime(x, force_pow_2_scale, block=(128, 128)):
     """THUDM/slime slime/utils/fp8_kernel.py::_blockwise_cast_to_fp8_triton, its arithmetic in
-    torch (the kernel is Triton; finite input, so its inf/NaN branches do not apply)."""
+    torch (the kernel is Triton; finite input, so its inf/NaN branches do not apply). The
+    compiled kernel divides ``_absmax / fp8_max`` as ``_absmax * fl(1/448)`` and takes an IEEE
+    ``1.0 / x_s``: on CUDA this transcription gives the Triton kernel's bytes (checked on an
+    H200 with the kernel itself); on the CPU it is torch's true division."""
     m, n = x.shape
     xp, xv = _pad_view(x, *block)
     absmax = torch.maximum(xv.abs().float().amax(dim=(1, 3), keepdim=True), torch.tensor(1e-10, device=x.device))
-    x_s = absmax / torch.tensor(448.0, device=x.device)
+    x_s = absmax / 448.0
     if force_pow_2_scale:
         x_s = torch.exp2(torch.ceil(torch.log2(x_s)))
     s_inv = torch.reciprocal(x_s)

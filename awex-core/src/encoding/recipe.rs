@@ -21,7 +21,8 @@
 //! The `log2` recipes (`vllm-ue8m0`, `awex-python-ue8m0`, `slime-pow2`) take the correctly
 //! rounded fp32 `log2`; torch's and Triton's `log2` may differ from it by one ulp, which
 //! changes the scale only when `sf` lies within about 2^-20 (relative) above a power of two.
-//! slime's Triton kernel divides with Triton's fp32 `/`; awex takes the IEEE quotient.
+//! slime's Triton kernel, compiled on an H200, computes `_absmax / fp8_max` as `_absmax *
+//! fl(1/448)` and `1.0 / x_s` exactly: `slime` on [`TorchDevice::Cuda`] gives its bytes.
 
 use super::e4m3;
 use super::fp8_block::ScaleFormat;
@@ -203,8 +204,8 @@ impl Recipe {
                 (sf, Op::Div(sf))
             }
             Recipe::Slime | Recipe::SlimePow2 => {
-                // a Triton kernel: fp32 scalars divide as they are (no CPU-scalar path)
-                let mut s = amax.max(EPS) / e4m3::MAX;
+                // the compiled Triton kernel multiplies by fl(1/448), as CUDA torch does
+                let mut s = div448(amax.max(EPS), dev);
                 if self == Recipe::SlimePow2 {
                     s = ceil_pow2_log2(s);
                 }
@@ -327,7 +328,7 @@ mod tests {
         let (s, op) = Recipe::Vllm.rule(0.0, TorchDevice::Cpu);
         assert_eq!(s, 1e-4f32 / 448.0);
         assert_eq!(op.apply(0.0), 0);
-        let (s, _) = Recipe::Slime.rule(0.0, TorchDevice::Cuda);
+        let (s, _) = Recipe::Slime.rule(0.0, TorchDevice::Cpu);
         assert_eq!(s, 1e-10f32 / 448.0);
     }
 }
