@@ -2,8 +2,8 @@
 
     python vllm_rank.py CASE_JSON RANK OUT_DIR
 
-Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`) inside
-`set_current_vllm_config`, loads the canonical checkpoint with the class's own `load_weights`,
+Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`) with
+vLLM's `initialize_model`, loads the canonical checkpoint with the class's own `load_weights`,
 and saves `named_parameters()` (names, shapes, bytes) to OUT_DIR/rank{R}.pt.
 """
 
@@ -44,9 +44,9 @@ def stub_gpu_kernels() -> None:
 
 
 def build(case: dict, rank: int):
-    """``(model, vllm_config)``: TP rank ``rank`` of the case's vLLM model class, built on CPU
-    inside ``set_current_vllm_config`` with vLLM's parallel groups over gloo, its parameters as
-    the class's constructor left them."""
+    """``(model, vllm_config)``: TP rank ``rank`` of the case's vLLM model class, built on CPU by
+    vLLM's ``initialize_model`` (``vllm/model_executor/model_loader/utils.py``) with vLLM's
+    parallel groups over gloo, its parameters as the class's constructor left them."""
     tp, ep = case["tp"], case.get("ep", 1)
     from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig, ParallelConfig,
                              VllmConfig, set_current_vllm_config)
@@ -63,13 +63,14 @@ def build(case: dict, rank: int):
                                      distributed_init_method=f"tcp://127.0.0.1:{case['port']}",
                                      backend="gloo")
         initialize_model_parallel(tensor_model_parallel_size=tp)
-        from vllm.model_executor.model_loader.utils import get_model_architecture
+        from vllm.model_executor.model_loader.utils import initialize_model
 
         stub_gpu_kernels()
 
-        cls, _ = get_model_architecture(model_config)
         torch.set_default_dtype(torch.float32)
-        model = cls(vllm_config=vc, prefix="")
+        # what vLLM's model loaders call: the class's constructor, then
+        # `record_metadata_for_reloading` (what layerwise reload restores the model to)
+        model = initialize_model(vllm_config=vc)
     return model, vc
 
 
