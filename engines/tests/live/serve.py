@@ -190,3 +190,114 @@ def hf_greedy(model_dir: str, weights: str | None, prompt: list[int], n: int = T
             lps.append(float(lp[t]))
             ids.append(t)
     return toks, lps
+
+
+#: the largest difference allowed between a server's and transformers' log-probability of a
+#: generated token (float32 on both sides; the engines' CPU kernels and transformers' sum differently)
+LOGPROB_TOL = 1e-3
+#: how long one update (or a re-join) may take on a loaded 2-core machine
+UPDATE_S = 300.0
+
+
+def completion(url: str, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """The server's greedy tokens for ``prompt`` (``/v1/completions``, ``ignore_eos``) and their
+    log-probabilities."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True, "logprobs": 1}
+    status, out = http(url + "/v1/completions", body, timeout=120)
+    if status != 200:
+        raise AssertionError(f"/v1/completions answered {status}: {out}")
+    choice = out["choices"][0]
+    return [int(t) for t in choice["token_ids"]], [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+
+def assert_serves(url: str, model_dir: str, weights: str | None, what: str) -> list[int]:
+    """Checks that the server at ``url`` generates what transformers does with ``weights``;
+    returns the tokens."""
+    import tiny_model
+
+    prompt = tiny_model.prompt_ids(model_dir)
+    want, want_lp = hf_greedy(model_dir, weights, prompt)
+    got, got_lp = completion(url, prompt)
+    assert got == want, f"{what}: the server generates {got}, transformers on the trainer's weights {want}"
+    worst = max(abs(a - b) for a, b in zip(got_lp, want_lp))
+    assert worst <= LOGPROB_TOL, f"{what}: log-probabilities differ by up to {worst:.2e} (> {LOGPROB_TOL})"
+    return want
+
+
+def wait_for(cond, timeout: float, what: str, check=lambda: None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def scenario(live: dict[str, Any], pair: str, infer: str, served_version) -> None:
+    """The live tests' story against one started server (``live``: ``dir``, ``model``,
+    ``gateway``, ``url``, ``server``, ``procs``): the untouched server generates what
+    transformers does with the saved model; an FSDP2 job (dp 2) connected through the gateway
+    with the server's URL (an atomic pair) sends versions 1-3, each committed, served (greedy
+    tokens equal, log-probabilities within ``LOGPROB_TOL``) and reported by
+    ``served_version(url)``; version 4 runs while the job is killed: it fails, the server answers
+    with version 3 and reports it; a restarted job (the same steps) retries, version 4 commits
+    and is served."""
+    import awex
+
+    d, url, model = live["dir"], live["url"], live["model"]
+    before = assert_serves(url, model, None, "before any update")
+    ctl = awex.Controller(live["gateway"])
+    ctl.connect(pair, model=model, train="fsdp:dp=2", infer=infer, transport="tcp", urls=[url], atomic=True,
+                join_deadline_s=UPDATE_S, update_deadline_s=60)
+    job = Job(d, live["gateway"], pair, model, versions=[1, 2, 3, 4], hold=4)
+    try:
+        ctl.wait_ready(UPDATE_S)
+        served = {0: before}
+        for v in (1, 2, 3):
+            t0 = time.monotonic()
+            st = ctl.update(v, timeout=UPDATE_S)
+            assert st["state"] == "committed", st
+            print(f"version {v} committed in {time.monotonic() - t0:.1f} s")
+            served[v] = assert_serves(url, model, os.path.join(d, f"v{v}.pt"), f"version {v}")
+            assert served[v] != served[v - 1], f"versions {v - 1} and {v} generate the same tokens: the check cannot fail"
+            assert served_version(url) == str(v)
+
+        # version 4: rank 1 holds its part back; the job is killed while the version runs
+        ctl.start_update(4)
+        wait_for(lambda: os.path.exists(os.path.join(d, "held4")), UPDATE_S, "held version 4", job.check)
+        wait_for(lambda: (ctl.status(pair)["current_update"] or {}).get("state") == "running", 60,
+                 "running version 4")
+        job.kill()
+        try:
+            ctl.wait_update(4, timeout=UPDATE_S)
+        except awex.UpdateFailed as e:
+            print(f"version 4 failed as it must: {e}")
+        else:
+            raise AssertionError("version 4 committed although the training job was killed while it ran")
+        st = ctl.status(pair)
+        assert (st["torn_version"], st["serving_version"]) == (None, 3), st
+        live["server"].check()
+        wait_for(lambda: served_version(url) == "3", 60, "version 3 reported after the failure")
+        assert assert_serves(url, model, os.path.join(d, "v3.pt"), "after the failed version 4") == served[3]
+
+        # the retry: a restarted job takes the same four steps and sends version 4 again
+        job = Job(d, live["gateway"], pair, model, versions=[4], tag="restart")
+        wait_for(job.joined, UPDATE_S, "re-join of the restarted job", job.check)
+        st = ctl.update(4, timeout=UPDATE_S)
+        assert (st["state"], st["attempt"]) == ("committed", 2), st
+        assert_serves(url, model, os.path.join(d, "v4.pt"), "version 4, retried")
+        assert served_version(url) == "4"
+        job.wait(120)
+    except BaseException:
+        for p in job.ranks + live["procs"]:
+            print(f"--- the end of {p.log}:\n{tail(p.log)}")
+        for r in range(2):
+            print(f"--- training rank {r}'s log:\n{tail(os.path.join(d, f'rank{r}.log'))}")
+        raise
+    finally:
+        job.stop()
+        try:
+            ctl.disconnect(pair)
+        except Exception:  # noqa: BLE001 -- the pair may be gone with a failure above
+            pass

@@ -10,9 +10,12 @@ run in torch):
   so it is implemented, in torch, after the Triton kernel ``assign_req_to_token_pool`` of the
   same file;
 - ``copy_all_layer_kv_cache_cpu`` (``kernels/ops/kvcache/cache_move.py``),
+  ``assign_draft_cache_locs_contiguous_cpu``, ``assign_extend_cache_locs_cpu``
+  (``kernels/ops/speculative/cache_locs.py``),
   ``fill_accept_out_cache_loc_cpu``, ``fill_bonus_tokens_cpu`` (``kernels/ops/speculative/
   eagle.py``), ``rotate_input_ids_cpu`` (``kernels/ops/speculative/multi_layer_eagle.py``),
-  ``verify_tree_greedy_cpu`` (``kernels/ops/speculative/spec_tree.py``): KV-cache moves and
+  ``build_tree_kernel_efficient_cpu``, ``verify_tree_greedy_cpu`` (``kernels/ops/speculative/
+  spec_tree.py``): KV-cache moves and
   speculative decoding, which the test does not use; they raise ``NotImplementedError``;
 - ``sgl_kernel.mamba``: see its docstring.
 """
@@ -45,6 +48,9 @@ def _missing(name: str):
     return missing
 
 
+assign_draft_cache_locs_contiguous_cpu = _missing("assign_draft_cache_locs_contiguous_cpu")
+assign_extend_cache_locs_cpu = _missing("assign_extend_cache_locs_cpu")
+build_tree_kernel_efficient_cpu = _missing("build_tree_kernel_efficient_cpu")
 copy_all_layer_kv_cache_cpu = _missing("copy_all_layer_kv_cache_cpu")
 fill_accept_out_cache_loc_cpu = _missing("fill_accept_out_cache_loc_cpu")
 fill_bonus_tokens_cpu = _missing("fill_bonus_tokens_cpu")
