@@ -40,7 +40,8 @@ def make(out: str, seed: int = 29) -> str:
                                                 pad_token="<|endoftext|>")
     cfg = transformers.Qwen3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        head_dim=32,  # the smallest vLLM's CPU attention serves (CPUAttentionBackend.get_supported_head_sizes)
         rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, attention_bias=False,
         initializer_range=0.25,  # logits far apart: greedy decoding has no near-ties
         bos_token_id=None, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)

@@ -34,13 +34,16 @@ def stub_gpu_kernels() -> None:
         m.Attention = _NoAttention
 
     # `select_unquantized_moe_backend` (`model_executor/layers/fused_moe/oracle/unquantized.py`)
-    # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound); the
-    # kernel runs in `forward` only. TRITON is what a Hopper GPU picks; it pads nothing
-    # (`unquantized_round_up_hidden_size_and_intermediate_size`).
+    # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound). OOT,
+    # what the function picks on an out-of-tree platform, pads nothing, like TRITON (what a
+    # Hopper GPU picks; `unquantized_round_up_hidden_size_and_intermediate_size`), and leaves
+    # the kernel's set-up to the platform, so that the post-load step
+    # (`UnquantizedFusedMoEMethod.process_weights_after_loading`) runs on a machine without a
+    # GPU kernel class; the kernel itself runs in `forward` only.
     import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as um
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-    um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.TRITON, None)
+    um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.OOT, None)
 
 
 def build(case: dict, rank: int):
