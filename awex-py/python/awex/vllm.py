@@ -32,6 +32,7 @@ that fails leaves the model untouched. The landing tensors cost one copy of the 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from typing import Any
 BACKEND = "awex"
 
 _lock = threading.Lock()
+_log = logging.getLogger("awex.vllm")
+
 #: the process-wide Reader (one vLLM worker is one TP rank)
 _reader: Any = None
 #: the Reader's registered landing tensors, ``{name: tensor}`` in the layout's order
@@ -289,12 +292,24 @@ def _engine_class() -> type:
             pass
 
         def receive_weights(self, update_info: AwexUpdateInfo) -> None:
+            from .errors import AwexError
+
             reader = build_reader(self.model, self.vllm_config, device=self.device)
             if not reader.joined:
                 reader.join()
-            # raises awex.UpdateFailed / Disconnected / TimeoutError before the model is touched:
-            # vLLM turns it into an error answer and keeps serving the last version
-            reader.update(int(update_info.version), timeout=update_info.timeout, wait_commit=False)
+            try:
+                reader.update(int(update_info.version), timeout=update_info.timeout, wait_commit=False)
+            except (AwexError, TimeoutError) as e:
+                # The version failed before the model was touched, and the gateway knows it (this
+                # rank's report, another rank's, or the deadline). Not raised: an exception in
+                # one worker's RPC with tp > 1 leaves vLLM's executor reading the other workers'
+                # answers one call late (`MultiprocExecutor.collective_rpc`'s `get_response`
+                # stops at the first failed rank, `vllm/v1/executor/multiproc_executor.py`),
+                # which breaks the server's next calls. The worker's update session stays open;
+                # the gateway closes it (`/finish_weight_update`) before resuming.
+                _log.warning("awex.vllm: version %s not received, the model keeps the last one: %s",
+                             update_info.version, e)
+                return
             load_landed(self.model, self.model_config, _landing)
 
         def finish_weight_update(self) -> None:  # load_landed finalised the reload
