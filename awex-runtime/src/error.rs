@@ -574,6 +574,12 @@ pub enum TransportError {
     /// The blocking execution task failed.
     #[error("execution task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// The rank's transport unwound in a panic of an earlier update (or apply); the rank
+    /// cannot move bytes any more.
+    #[error(
+        "this rank's transport was lost when an earlier update panicked in it; restart the rank"
+    )]
+    Lost,
     /// The transport was used after closing.
     #[error("{0} is closed")]
     Closed(&'static str),

@@ -681,6 +681,25 @@ pub struct Rank {
     last_transfer: Option<(Work, Duration)>,
 }
 
+/// The task that watches the pair's event stream for an abort while a transport moves bytes
+/// ([`Rank::execute`]); stopped when dropped, so no way out of an update leaves it polling.
+struct Watcher(tokio::task::JoinHandle<()>);
+
+impl Watcher {
+    /// Stops the task and waits until it is gone.
+    async fn stop(mut self) {
+        self.0.abort();
+        // a cancelled task answers a JoinError; nothing else is left to learn from it
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// One update a rank was asked to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Work {
@@ -1273,10 +1292,10 @@ impl Rank {
         let deadline =
             Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
         let cancel = Arc::new(AtomicBool::new(false));
-        let mut transport = self
-            .transport
-            .take()
-            .ok_or(TransportError::Closed("transport"))?;
+        // a transport lost to a panic of an earlier update: this one fails, and says so
+        let Some(mut transport) = self.transport.take() else {
+            return self.report(work, Err(TransportError::Lost.into())).await;
+        };
         let peers = self.peers.clone();
         let corrupt = self.corrupt_version == Some(work.version);
         let c2 = cancel.clone();
@@ -1296,7 +1315,7 @@ impl Rank {
         });
         // watch the event stream for an abort of this version while the bytes move; the events
         // stay on the gateway, so `next_work` still sees them afterwards
-        let watcher = {
+        let watcher = Watcher({
             let client = self.client.clone();
             let pair = self.cfg.pair.clone();
             let cancel = cancel.clone();
@@ -1330,9 +1349,15 @@ impl Rank {
                     }
                 }
             })
+        });
+        let joined = job.await;
+        watcher.stop().await;
+        // a transport that panicked is gone (its task unwound); the failure is reported all the
+        // same, so the version fails now instead of at its deadline
+        let (transport, result) = match joined {
+            Ok(done) => done,
+            Err(e) => return self.report(work, Err(TransportError::Task(e).into())).await,
         };
-        let (transport, result) = job.await.map_err(TransportError::Task)?;
-        watcher.abort();
         if result.is_ok() {
             self.last_transfer = Some((work, t_moved.elapsed()));
         }
@@ -1352,8 +1377,13 @@ impl Rank {
             let r = transport.apply();
             (transport, r)
         });
-        let (transport, applied) = job.await.map_err(TransportError::Task)?;
-        self.transport = Some(transport);
+        let applied = match job.await {
+            Ok((transport, applied)) => {
+                self.transport = Some(transport);
+                applied
+            }
+            Err(e) => Err(TransportError::Task(e).into()),
+        };
         let applied = applied.map(|_| received).map_err(|e| RuntimeError::Apply {
             version: work.version,
             cause: Box::new(e),
@@ -1483,7 +1513,6 @@ impl Drop for Rank {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(not(feature = "cuda"))]
     use super::*;
     // the backends register themselves (inventory) only when linked
     use awex_megatron as _;
@@ -1529,5 +1558,124 @@ mod tests {
             e.to_string(),
             "the nccl transport needs awex built with --features cuda"
         );
+    }
+
+    /// A tcp transport whose update panics (everything else is the real transport's).
+    struct PanicsOnExecute(Box<dyn Transport>);
+
+    impl Transport for PanicsOnExecute {
+        fn kind(&self) -> awex_core::Transport {
+            self.0.kind()
+        }
+        fn rendezvous(&self) -> serde_json::Value {
+            self.0.rendezvous()
+        }
+        fn authenticate(&mut self, secret: &PairSecret) {
+            self.0.authenticate(secret)
+        }
+        fn connect(
+            &mut self,
+            peers: &HashMap<RankId, serde_json::Value>,
+        ) -> Result<(), RuntimeError> {
+            self.0.connect(peers)
+        }
+        fn execute(&mut self, _ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+            panic!("the transport broke on purpose")
+        }
+        fn close(&mut self) {
+            self.0.close()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_transport_that_panics_is_reported_as_failed_and_its_watcher_stopped() {
+        use awex_control::server::{GatewayConfig, bind, serve};
+        use awex_control::wire::{PairOptions, UpdateState};
+        const LIMIT: Duration = Duration::from_secs(60);
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let gw = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(serve(listener, GatewayConfig::default()));
+        let client = Client::new(&gw, None).unwrap();
+        let cfg = |side, rank| RankConfig {
+            gateway: gw.clone(),
+            token: None,
+            pair: "panics".into(),
+            side,
+            rank,
+            model: ModelSpec::resolve("qwen3-tiny").unwrap(),
+            train: "megatron:tp=1".parse().unwrap(),
+            infer: "sglang:tp=1".parse().unwrap(),
+            transport: awex_core::Transport::Tcp,
+            bucket_bytes: 1 << 20,
+            host: "127.0.0.1".into(),
+            uid: String::new(),
+            apply: ApplyMode::InPlace,
+        };
+        // the deadline is far beyond the test's waits: only the report can fail the version
+        let options = PairOptions {
+            bucket_mib: 1,
+            update_deadline_ms: 600_000,
+            ..PairOptions::default()
+        };
+        let pair = cfg(Side::Training, RankId::train(0))
+            .pair_spec()
+            .resolve()
+            .unwrap();
+        let req = awex_control::connect::connect_request("panics", &pair, vec![], options);
+        client.connect(&req).await.unwrap();
+        let join = |c: RankConfig, panics: bool| async move {
+            let prepared = prepare(&c).unwrap();
+            let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
+            let mut t = make_transport(&c, &prepared, tensors.clone()).unwrap();
+            if panics {
+                t = Box::new(PanicsOnExecute(t));
+            }
+            tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
+                .await
+                .expect("join in time")
+                .unwrap()
+        };
+        let (mut trainer, _reader) = tokio::join!(
+            join(cfg(Side::Training, RankId::train(0)), true),
+            join(cfg(Side::Inference, RankId::infer(0, 0)), false),
+        );
+        client.start_update("panics", 1).await.unwrap();
+        let work = tokio::time::timeout(LIMIT, trainer.next_live_work())
+            .await
+            .expect("work in time")
+            .unwrap()
+            .unwrap();
+        let e = tokio::time::timeout(LIMIT, trainer.execute(work, true))
+            .await
+            .expect("execute in time")
+            .unwrap_err();
+        assert!(e.to_string().contains("panicked"), "{e}");
+        assert_eq!(
+            Arc::strong_count(&trainer.watched_seq),
+            1,
+            "the abort watcher (which holds the other count) is gone"
+        );
+        // the report failed the version long before its deadline
+        let st = client.wait_update("panics", 1, LIMIT).await.unwrap();
+        assert_eq!(st.state, UpdateState::Failed, "{st:?}");
+        let why = st.error.unwrap_or_default();
+        assert!(why.contains("the transport broke on purpose"), "{why}");
+        // the next update fails at once and is reported with why
+        client.start_update("panics", 2).await.unwrap();
+        let work = tokio::time::timeout(LIMIT, trainer.next_live_work())
+            .await
+            .expect("work in time")
+            .unwrap()
+            .unwrap();
+        let e = trainer.execute(work, true).await.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("lost when an earlier update panicked"),
+            "{e}"
+        );
+        let st = client.wait_update("panics", 2, LIMIT).await.unwrap();
+        assert_eq!(st.state, UpdateState::Failed, "{st:?}");
+        let why = st.error.unwrap_or_default();
+        assert!(why.contains("restart the rank"), "{why}");
     }
 }
