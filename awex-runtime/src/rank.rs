@@ -4,7 +4,7 @@
 use super::tensors::TensorSet;
 use super::transport::{
     CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, StagedTransport,
-    TcpTransport, Transport, TransportKind,
+    TcpTransport, Transport,
 };
 use super::{ConfigMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
@@ -41,7 +41,7 @@ pub struct RankConfig {
     /// Inference layout spec.
     pub infer: BackendSpec,
     /// How bytes move.
-    pub transport: TransportKind,
+    pub transport: awex_core::Transport,
     /// Staging bucket size in bytes.
     pub bucket_bytes: u64,
     /// Host this rank advertises to peers (tcp).
@@ -289,18 +289,18 @@ fn transport_over(
         &crate::host::rank_tag(&cfg.side.short()[..1], cfg.rank),
         "ctl",
     );
-    if matches!(cfg.transport, TransportKind::Shm | TransportKind::CudaIpc) {
+    if cfg.transport.uses_shm_segments() {
         // the segments of ranks killed earlier on this host (the next connect reclaims them)
         crate::shm::gc(None);
     }
     match cfg.transport {
-        TransportKind::Shm => Ok(Box::new(ShmTransport::new(
+        awex_core::Transport::Shm => Ok(Box::new(ShmTransport::new(
             prepared.plan.clone(),
             tensors,
             cfg.bucket_bytes,
             &ctl,
         )?)),
-        TransportKind::Tcp => {
+        awex_core::Transport::Tcp => {
             let bind = std::env::var("AWEX_TCP_BIND").unwrap_or_else(|_| format!("{}:0", cfg.host));
             Ok(Box::new(TcpTransport::new(
                 prepared.plan.clone(),
@@ -310,13 +310,13 @@ fn transport_over(
                 &cfg.host,
             )?))
         }
-        TransportKind::CudaIpc => Ok(Box::new(CudaIpcTransport::new(
+        awex_core::Transport::CudaIpc => Ok(Box::new(CudaIpcTransport::new(
             prepared.plan.clone(),
             tensors,
             cfg.bucket_bytes,
             &ctl,
         )?)),
-        TransportKind::Nccl => nccl_transport(cfg, prepared, tensors),
+        awex_core::Transport::Nccl => nccl_transport(cfg, prepared, tensors),
     }
 }
 
@@ -433,7 +433,7 @@ fn normalised(side: Side, spec: &BackendSpec) -> awex_core::backend::ParallelCon
     }
 }
 
-fn transport_mismatch(pair: &str, theirs: &str, ours: TransportKind) -> RuntimeError {
+fn transport_mismatch(pair: &str, theirs: &str, ours: awex_core::Transport) -> RuntimeError {
     ConfigMismatch::Pair {
         pair: pair.to_string(),
         field: "uses transport",
@@ -795,7 +795,7 @@ impl Rank {
             .and_then(|k| PairSecret::from_hex(&cfg.pair, &k.0))
         {
             Some(k) => transport.authenticate(&k),
-            None if matches!(cfg.transport, TransportKind::Tcp | TransportKind::Nccl) => {
+            None if cfg.transport.needs_pair_secret() => {
                 return Err(RuntimeError::from(ConfigMismatch::NoSecret {
                     pair: cfg.pair.clone(),
                     transport: cfg.transport,
@@ -1532,7 +1532,7 @@ mod tests {
             model,
             train: "megatron:tp=1".parse().unwrap(),
             infer: "sglang:tp=1".parse().unwrap(),
-            transport: TransportKind::Nccl,
+            transport: awex_core::Transport::Nccl,
             bucket_bytes: 1 << 20,
             host: "127.0.0.1".into(),
             uid: String::new(),

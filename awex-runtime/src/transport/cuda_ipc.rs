@@ -30,7 +30,7 @@
 //! built. Checksums are computed on the host (both ends copy their tensors to a host staging
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
-use super::{ExecContext, ExecStats, Transport, TransportKind};
+use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
 use crate::tensors::{Location, TensorSet, cuda_err};
@@ -1077,8 +1077,8 @@ impl CudaIpcTransport {
 }
 
 impl Transport for CudaIpcTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::CudaIpc
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::CudaIpc
     }
 
     fn rendezvous(&self) -> serde_json::Value {

@@ -25,9 +25,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// The transport a [`Transport`] implements (one enum for the whole project).
-pub use awex_core::Transport as TransportKind;
-
 /// What one execution of an update needs besides the plan and tensors.
 pub struct ExecContext<'a> {
     /// The version being executed.
@@ -100,7 +97,7 @@ impl ExecStats {
 /// Moves one rank's planned bytes for each update.
 pub trait Transport: Send {
     /// Which transport this is.
-    fn kind(&self) -> TransportKind;
+    fn kind(&self) -> awex_core::Transport;
 
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;

@@ -6,7 +6,7 @@
 //! it computes checksums (when on), publishes `ready = version`, and waits until every peer
 //! counted itself done. Receivers wait for `ready`, copy, verify, and count themselves done.
 
-use super::{ExecContext, ExecStats, Transport, TransportKind};
+use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
@@ -471,8 +471,8 @@ pub(crate) fn corrupt_first_byte(
 }
 
 impl Transport for ShmTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Shm
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::Shm
     }
 
     fn rendezvous(&self) -> serde_json::Value {
