@@ -10,6 +10,7 @@ use awex_core::backend::{BackendSpec, ParallelConfig, inference_backend, trainin
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_runtime::rank::RankConfig;
+use awex_runtime::transport::TransportConfig;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -189,5 +190,11 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
             .unwrap_or_else(|| "127.0.0.1".into()),
         uid: st.uid.clone(),
         apply: st.options.apply,
+        transports: TransportConfig::from_vars(|k| std::env::var(k).ok())
+            .map_err(|e| Fail::Value(e.to_string()))?,
+        gateway_lost: awex_runtime::rank::gateway_lost_from(
+            std::env::var("AWEX_GATEWAY_LOST_S").ok().as_deref(),
+        )
+        .map_err(|e| Fail::Value(e.to_string()))?,
     })
 }

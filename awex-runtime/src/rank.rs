@@ -3,8 +3,8 @@
 
 use super::tensors::TensorSet;
 use super::transport::{
-    CudaIpcTransport, ExecContext, ExecStats, PairSecret, ShmTransport, StagedTransport,
-    TcpTransport, Transport,
+    CudaIpcTransport, ExecContext, ExecStats, PairSecret, SettingError, ShmTransport,
+    StagedTransport, TcpTransport, Transport, TransportConfig,
 };
 use super::{ConfigMismatch, RuntimeError, TransportError};
 use awex_control::client::{Client, ClientError};
@@ -42,6 +42,10 @@ pub struct RankConfig {
     pub infer: BackendSpec,
     /// How bytes move.
     pub transport: awex_core::Transport,
+    /// The transports' settings (the caller reads them, e.g. from the `AWEX_*` variables).
+    pub transports: TransportConfig,
+    /// How long an idle rank keeps retrying a gateway it lost ([`Rank::gateway_lost`]).
+    pub gateway_lost: Duration,
     /// Staging bucket size in bytes.
     pub bucket_bytes: u64,
     /// Host this rank advertises to peers (tcp).
@@ -143,13 +147,25 @@ pub enum RankError {
     },
 }
 
-/// How long an idle rank (waiting for work) keeps retrying a gateway it lost before it gives up:
-/// `AWEX_GATEWAY_LOST_S` seconds, default 300.
-pub fn default_gateway_lost() -> Duration {
-    std::env::var("AWEX_GATEWAY_LOST_S")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .map_or(Duration::from_secs(300), Duration::from_secs)
+/// How long an idle rank (waiting for work) keeps retrying a gateway it lost before it gives up,
+/// unless told ([`RankConfig::gateway_lost`]).
+pub const DEFAULT_GATEWAY_LOST: Duration = Duration::from_secs(300);
+
+/// [`RankConfig::gateway_lost`] from the value of `AWEX_GATEWAY_LOST_S` (seconds; `None`:
+/// unset, [`DEFAULT_GATEWAY_LOST`]).
+pub fn gateway_lost_from(value: Option<&str>) -> Result<Duration, SettingError> {
+    match value {
+        None => Ok(DEFAULT_GATEWAY_LOST),
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| SettingError {
+                var: "AWEX_GATEWAY_LOST_S",
+                value: v.to_string(),
+                expected: "a whole number of seconds",
+            }),
+    }
 }
 
 /// Whether a gateway failure may be transient (the gateway restarting, overloaded, or the
@@ -301,7 +317,12 @@ fn transport_over(
             &ctl,
         )?)),
         awex_core::Transport::Tcp => {
-            let bind = std::env::var("AWEX_TCP_BIND").unwrap_or_else(|_| format!("{}:0", cfg.host));
+            let bind = cfg
+                .transports
+                .tcp
+                .bind
+                .clone()
+                .unwrap_or_else(|| format!("{}:0", cfg.host));
             Ok(Box::new(TcpTransport::new(
                 prepared.plan.clone(),
                 tensors,
@@ -315,6 +336,7 @@ fn transport_over(
             tensors,
             cfg.bucket_bytes,
             &ctl,
+            &cfg.transports.cuda_ipc,
         )?)),
         awex_core::Transport::Nccl => nccl_transport(cfg, prepared, tensors),
     }
@@ -335,7 +357,7 @@ fn nccl_transport(
         return Err(RuntimeError::Nccl(NcclError::NeedsCuda));
     }
     let world = CommWorld::of(&*prepared.pair.training, &*prepared.pair.inference)?;
-    let lib = Arc::new(Library::load()?);
+    let lib = Arc::new(Library::load(cfg.transports.nccl_library.as_deref())?);
     let uid = if creates_uid(cfg.side, cfg.rank) {
         Some(lib.unique_id()?)
     } else {
@@ -673,7 +695,7 @@ pub struct Rank {
     /// Test hook: corrupt one received byte of this version.
     pub corrupt_version: Option<u64>,
     /// How long this rank keeps retrying a lost gateway while it waits for work
-    /// ([`default_gateway_lost`]).
+    /// ([`RankConfig::gateway_lost`]).
     pub gateway_lost: Duration,
     /// The join request this rank re-attaches with after losing the gateway.
     join_request: JoinRequest,
@@ -729,7 +751,7 @@ impl Rank {
             .into());
         }
         let client = Client::new(&cfg.gateway, cfg.token.clone())?;
-        let lost = default_gateway_lost();
+        let lost = cfg.gateway_lost;
         let gw = cfg.gateway.clone();
         let st = retry_gateway(&gw, "checking the pair", lost, || client.status(&cfg.pair))
             .await
@@ -1537,6 +1559,8 @@ mod tests {
             host: "127.0.0.1".into(),
             uid: String::new(),
             apply: ApplyMode::InPlace,
+            transports: TransportConfig::default(),
+            gateway_lost: DEFAULT_GATEWAY_LOST,
         };
         let prepared = Prepared {
             pair: Arc::new(cfg.pair_spec().resolve().unwrap()),
@@ -1610,6 +1634,8 @@ mod tests {
             host: "127.0.0.1".into(),
             uid: String::new(),
             apply: ApplyMode::InPlace,
+            transports: TransportConfig::default(),
+            gateway_lost: DEFAULT_GATEWAY_LOST,
         };
         // the deadline is far beyond the test's waits: only the report can fail the version
         let options = PairOptions {

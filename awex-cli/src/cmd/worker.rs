@@ -138,6 +138,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
         uid: String::new(),
         apply: Default::default(),
+        transports: crate::settings::transports()?,
+        gateway_lost: crate::settings::gateway_lost()?,
     };
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;

@@ -30,6 +30,7 @@
 //! built. Checksums are computed on the host (both ends copy their tensors to a host staging
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
+use super::config::{CudaIpcConfig, DriverMin};
 use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
@@ -39,9 +40,9 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event,
-    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr,
-    SharedChunk, SharedChunks, Stream, merge_contiguous, plan_copies, split_linear,
+    CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, ExportedAllocation,
+    IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr, SharedChunk, SharedChunks,
+    Stream, merge_contiguous, plan_copies, split_linear,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -62,30 +63,6 @@ const CHUNK_WORDS: usize = 3;
 const TENSOR_WORDS: usize = 4;
 /// Words of one peer entry: peer key, first checksum index, buckets.
 const PEER_WORDS: usize = 3;
-/// Streams of a receiver's copy engine: 8 measured 1-2 % faster than 4 on an H200 once the
-/// copies are replayed from a graph, and 16 another 2.7 % faster than 8 for qwen3-30b-a3b's
-/// 12,727 copies (33.17 -> 32.27 ms) while qwen3-8b's 371 did not change (8.25 / 8.29 ms;
-/// `docs/benchmarks.md`, 2026-12-01 19:11-19:17 UTC).
-const STREAMS: usize = 16;
-/// Linear copies are cut into pieces of this size, spread over the streams (the `bench ipc`
-/// default: one copy-kernel launch over a whole large IPC mapping is slow).
-const SPLIT_BYTES: u64 = 256 << 20;
-
-/// Whether regular series of planned boxes become pitched 2-D copies (the default), or stay one
-/// linear copy each (`AWEX_IPC_MERGE_PITCHED=0`), for measuring alternatives.
-fn merge_pitched() -> bool {
-    std::env::var("AWEX_IPC_MERGE_PITCHED").map_or(true, |v| v.trim() != "0")
-}
-
-/// [`SPLIT_BYTES`], or `AWEX_IPC_SPLIT_MIB` MiB (1..=65,536), for measuring alternatives.
-fn split_bytes() -> u64 {
-    std::env::var("AWEX_IPC_SPLIT_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|m| (1..=65_536).contains(m))
-        .map_or(SPLIT_BYTES, |m| m << 20)
-}
-
 /// Spins on `ready()` for up to [`SPIN`] (yielding the core between looks), then waits as
 /// [`ExecContext::wait_until`] does. A colocated update lasts milliseconds: the sleeps of the
 /// generic back-off (up to 1 ms each) would add a good part of one to every update.
@@ -103,21 +80,6 @@ fn wait_fast(ctx: &ExecContext<'_>, mut ready: impl FnMut() -> bool) -> Result<(
 /// How long [`wait_fast`] spins before it sleeps between looks.
 const SPIN: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The receivers' copy method (`AWEX_IPC_COPY`: `kernel`, the default, or `driver`) and
-/// stream count (`AWEX_IPC_STREAMS`, default [`STREAMS`]), for measuring alternatives.
-fn copy_setup() -> (CopyMethod, usize) {
-    let method = match std::env::var("AWEX_IPC_COPY").as_deref() {
-        Ok("driver") => CopyMethod::Driver,
-        _ => CopyMethod::Kernel,
-    };
-    let streams = std::env::var("AWEX_IPC_STREAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(STREAMS)
-        .clamp(1, 32);
-    (method, streams)
-}
-
 /// Which of a peer's linear copies go through the driver's device copy (`cuMemcpyDtoDAsync`)
 /// instead of awex's copy kernel: those of at least the returned bytes (`None`: none).
 ///
@@ -131,20 +93,14 @@ fn copy_setup() -> (CopyMethod, usize) {
 /// do not count: out of a 16 GB span the driver read at local speed, and sending the large
 /// copies through it took qwen3-8b from 8.68 to 8.17 ms and qwen3-30b-a3b from 31.17 to 29.20
 /// ms (2026-12-01, 00:33 UTC). `AWEX_IPC_DRIVER_MIN_MIB` (a size in MiB, or `off`) overrides the
-/// choice for every peer, for measuring alternatives.
-fn driver_min(largest_allocation: u64) -> Option<u64> {
-    driver_min_with(
-        largest_allocation,
-        std::env::var("AWEX_IPC_DRIVER_MIN_MIB").ok().as_deref(),
-    )
-}
-
-/// [`driver_min`] with the override given (`None`: unset; an unparsable value is ignored).
-fn driver_min_with(largest_allocation: u64, setting: Option<&str>) -> Option<u64> {
-    match setting.map(|v| (v, v.parse::<u64>())) {
-        Some(("off", _)) => None,
-        Some((_, Ok(mib))) => Some(mib.saturating_mul(1 << 20)),
-        _ => (largest_allocation <= DRIVER_MAX_ALLOCATION).then_some(DRIVER_MIN_BYTES),
+/// choice for every peer, for measuring alternatives ([`DriverMin`]).
+fn driver_min(largest_allocation: u64, setting: DriverMin) -> Option<u64> {
+    match setting {
+        DriverMin::Off => None,
+        DriverMin::AtLeast(bytes) => Some(bytes),
+        DriverMin::Auto => {
+            (largest_allocation <= DRIVER_MAX_ALLOCATION).then_some(DRIVER_MIN_BYTES)
+        }
     }
 }
 
@@ -153,27 +109,6 @@ const DRIVER_MIN_BYTES: u64 = 4 << 20;
 
 /// The largest source allocation [`driver_min`] sends through the driver by default.
 const DRIVER_MAX_ALLOCATION: u64 = 4 << 30;
-
-/// From how many copies on a peer a receiver captures them into a CUDA graph at join and
-/// replays it per update (`AWEX_IPC_GRAPH_MIN`, default 1: always; 0 never). Launching each
-/// copy costs the host a few microseconds (qwen3-30b-a3b from one allocation per expert is 12.7k
-/// copies, tens of milliseconds of launches), and even qwen3-8b's 371 copies ran 3-4 % faster
-/// replayed from a graph on an H200 (`docs/benchmarks.md`, 2026-12-01).
-fn graph_min() -> usize {
-    std::env::var("AWEX_IPC_GRAPH_MIN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-}
-
-/// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, default 1).
-fn open_threads() -> usize {
-    std::env::var("AWEX_IPC_OPEN_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1usize)
-        .clamp(1, 64)
-}
 
 /// Where an inference rank's join went (milliseconds; everything before its first update).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -567,7 +502,7 @@ struct Remote {
     event: Event,
     descs: Vec<CopyDesc>,
     /// the copies captured into a CUDA graph, replayed with one launch per update, when they
-    /// are many (see [`graph_min`]); dropped before the mappings (field order)
+    /// are many ([`CudaIpcConfig::graph_min`]); dropped before the mappings (field order)
     graph: Option<CopyGraph>,
     /// which linear copies go through the driver (see [`driver_min`]), set on the engine
     /// before this peer's copies are captured or queued
@@ -596,6 +531,8 @@ pub struct CudaIpcTransport {
     staging: Option<TensorSet>,
     scratch: Vec<u8>,
     join: JoinStats,
+    /// The receivers' copy settings.
+    cfg: CudaIpcConfig,
 }
 
 impl CudaIpcTransport {
@@ -607,6 +544,7 @@ impl CudaIpcTransport {
         tensors: Arc<TensorSet>,
         bucket_bytes: u64,
         ctl_name: &str,
+        cfg: &CudaIpcConfig,
     ) -> Result<Self, RuntimeError> {
         refuse_conversions(&plan)?;
         if tensors.location()? == Location::Host && !tensors.is_empty() {
@@ -631,15 +569,18 @@ impl CudaIpcTransport {
             staging: None,
             scratch: Vec::new(),
             join: JoinStats::default(),
+            cfg: cfg.clone(),
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
             Side::Inference => {
                 let t0 = Instant::now();
-                let (method, streams) = copy_setup();
-                let engine = CopyEngine::with_method(&t.dev, streams, method)
+                let streams = t.cfg.streams.clamp(1, 32);
+                let engine = CopyEngine::with_method(&t.dev, streams, t.cfg.copy)
                     .or_else(|_| CopyEngine::new(&t.dev, streams))
                     .map_err(transport_err("creating the copy engine"))?;
+                engine.set_order(t.cfg.order);
+                engine.set_tiles(t.cfg.tiles);
                 t.join.engine_ms = ms_since(t0);
                 t.join.kernel_image = engine.kernel_image().map(str::to_string);
                 let t0 = Instant::now();
@@ -773,7 +714,7 @@ impl CudaIpcTransport {
             .map(|e| e.first_sum)
             .ok_or_else(|| RuntimeError::from(TransportError::NoPlanFor { peer, me: self.me }))?;
         let err = transport_err("opening the training rank's memory");
-        let threads = open_threads();
+        let threads = self.cfg.open_threads.clamp(1, 64);
         let t0 = Instant::now();
         let import = IpcImport::open_from(
             &self.dev,
@@ -823,7 +764,7 @@ impl CudaIpcTransport {
                 })?;
             Ok((import.ptr(src.at, src.len)?, dst))
         };
-        let merged = plan_copies(transfers, merge_pitched(), addr)
+        let merged = plan_copies(transfers, self.cfg.merge_pitched, addr)
             .map_err(transport_err("building the copies"))?;
         // join back-to-back copies across tensors (a layer's experts) where both joined ranges
         // stay in one source allocation and one destination tensor
@@ -840,8 +781,11 @@ impl CudaIpcTransport {
         let joined = merge_contiguous(&merged, |s0, s1, d0, d1| {
             import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
         });
-        let descs = split_linear(&joined, split_bytes());
-        let driver_min = driver_min(import.largest_ipc_mapping().map_or(0, |(_, size)| size));
+        let descs = split_linear(&joined, self.cfg.split_bytes.max(1));
+        let driver_min = driver_min(
+            import.largest_ipc_mapping().map_or(0, |(_, size)| size),
+            self.cfg.driver_min,
+        );
         let driver_copies = match &self.engine {
             Some(e) => {
                 e.set_driver_min(driver_min);
@@ -849,7 +793,7 @@ impl CudaIpcTransport {
             }
             None => 0,
         };
-        let min = graph_min();
+        let min = self.cfg.graph_min;
         let graph = match &self.engine {
             Some(e) if min > 0 && descs.len() >= min => {
                 // SAFETY: the graph holds descriptors built above over this peer's mappings
@@ -1152,20 +1096,18 @@ mod tests {
     #[test]
     fn large_copies_go_through_the_driver_only_out_of_moderate_allocations() {
         // PyTorch-sized allocations: copies of 4 MiB and more through the driver
-        assert_eq!(driver_min_with(1 << 30, None), Some(4 << 20));
-        assert_eq!(driver_min_with(4 << 30, None), Some(4 << 20));
+        assert_eq!(driver_min(1 << 30, DriverMin::Auto), Some(4 << 20));
+        assert_eq!(driver_min(4 << 30, DriverMin::Auto), Some(4 << 20));
         // one huge mapping (Megatron's contiguous buffer): the kernel for every copy
-        assert_eq!(driver_min_with((4 << 30) + 1, None), None);
-        assert_eq!(driver_min_with(16 << 30, None), None);
-        // the override, either way, and an unparsable one ignored
-        assert_eq!(driver_min_with(16 << 30, Some("0")), Some(0));
-        assert_eq!(driver_min_with(1 << 30, Some("64")), Some(64 << 20));
-        assert_eq!(driver_min_with(1 << 30, Some("off")), None);
-        assert_eq!(driver_min_with(1 << 30, Some("lots")), Some(4 << 20));
+        assert_eq!(driver_min((4 << 30) + 1, DriverMin::Auto), None);
+        assert_eq!(driver_min(16 << 30, DriverMin::Auto), None);
+        // the override, either way
+        assert_eq!(driver_min(16 << 30, DriverMin::AtLeast(0)), Some(0));
         assert_eq!(
-            driver_min_with(1, Some("18446744073709551615")),
-            Some(u64::MAX)
+            driver_min(1 << 30, DriverMin::AtLeast(64 << 20)),
+            Some(64 << 20)
         );
+        assert_eq!(driver_min(1 << 30, DriverMin::Off), None);
     }
 
     fn published() -> Published {
@@ -1368,6 +1310,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(t.err().unwrap().to_string(), e.to_string());
     }
@@ -1391,6 +1334,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![v]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(
             t.err().unwrap().to_string(),
@@ -1418,6 +1362,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![v]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(
             t.err().unwrap().to_string(),
@@ -1449,6 +1394,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![v]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(
             t.err().unwrap().to_string(),

@@ -6,6 +6,7 @@
 //! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
 
 pub mod auth;
+pub mod config;
 mod cuda_ipc;
 mod nccl;
 mod shm;
@@ -13,6 +14,7 @@ mod staged;
 mod tcp;
 
 pub use auth::{PairSecret, SealError};
+pub use config::{CudaIpcConfig, DriverMin, SettingError, TcpConfig, TransportConfig};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;

@@ -239,6 +239,8 @@ async fn run_mode(
                 host: "127.0.0.1".into(),
                 uid: String::new(),
                 apply: ApplyMode::InPlace,
+                transports: crate::settings::transports()?,
+                gateway_lost: crate::settings::gateway_lost()?,
             };
             (cfg.uid, cfg.apply) = pair_settings(&cfg).await?;
             tasks.push(tokio::spawn(rank_task(cfg)));

@@ -24,7 +24,7 @@ pub fn check_gpu_transport(transport: Transport, gpus: &[u32]) -> anyhow::Result
         });
     }
     if transport == Transport::Nccl {
-        awex_gpu::nccl::Library::load()?;
+        awex_gpu::nccl::Library::load(crate::settings::transports()?.nccl_library.as_deref())?;
     }
     Ok(())
 }
