@@ -3,10 +3,13 @@
 //! Every transport executes the same per-rank plan; they differ in how bytes travel:
 //! `shm` (receivers copy straight out of the sender's shared memory: one copy), `tcp`
 //! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
-//! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
+//! (`cuda-ipc`, `nccl`) behind the `cuda` feature. [`config`] holds each transport's typed
+//! settings (filled by the caller); `control` the control-segment codec `shm` and `cuda-ipc`
+//! share.
 
 pub mod auth;
 pub mod config;
+mod control;
 mod cuda_ipc;
 mod nccl;
 mod shm;
