@@ -4,6 +4,7 @@ mod cmd;
 mod link;
 mod logs;
 mod safetensors;
+mod settings;
 
 use clap::{Parser, Subcommand};
 

@@ -20,7 +20,6 @@ use awex_runtime::host::Memory;
 use awex_runtime::rank::{
     Failure, Outcome, Prepared, Rank, RankConfig, Work, make_transport, prepare,
 };
-use awex_runtime::transport::TransportKind;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMapping};
 use std::collections::{BTreeMap, HashMap};
@@ -407,10 +406,9 @@ impl Endpoint {
             .into());
         }
         let writable = core.cfg.side == Side::Inference;
-        let accept = match core.cfg.transport {
-            TransportKind::CudaIpc => Accept::Cuda("cuda-ipc"),
-            TransportKind::Nccl => Accept::Cuda("nccl"),
-            _ => Accept::Host,
+        let accept = match core.cfg.transport.memory() {
+            awex_core::transport::Memory::Gpu => Accept::Cuda(core.cfg.transport.as_str()),
+            awex_core::transport::Memory::Host => Accept::Host,
         };
         let mut batch: Vec<Held> = Vec::new();
         for (name, obj) in pairs(tensors)? {
@@ -787,7 +785,7 @@ impl Endpoint {
     #[getter]
     fn uses_mirror(&self) -> PyResult<bool> {
         let core = self.core()?;
-        Ok(core.cfg.side == Side::Training && core.cfg.transport == TransportKind::Shm)
+        Ok(core.cfg.side == Side::Training && core.cfg.transport.sends_from_shared_memory())
     }
 
     fn __repr__(&self) -> PyResult<String> {

@@ -5,11 +5,12 @@
 use crate::errors::{Fail, Result};
 use awex_control::client::Client;
 use awex_control::wire::{PairStatus, SideStatus};
+use awex_core::Transport;
 use awex_core::backend::{BackendSpec, ParallelConfig, inference_backend, training_backend};
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_runtime::rank::RankConfig;
-use awex_runtime::transport::TransportKind;
+use awex_runtime::transport::TransportConfig;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -156,11 +157,11 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
     let train = side_spec(Side::Training, &args.train, &st.training, &args.pair)?;
     let infer = side_spec(Side::Inference, &args.infer, &st.inference, &args.pair)?;
     let model = model(args, &client, &st).await?;
-    let pair_transport: TransportKind = st.transport;
+    let pair_transport: Transport = st.transport;
     let transport = match &args.transport {
         None => pair_transport,
         Some(t) => {
-            let t: TransportKind = t.parse().map_err(Fail::Value)?;
+            let t: Transport = t.parse().map_err(Fail::Value)?;
             if t != pair_transport {
                 return Err(Fail::Value(format!(
                     "pair `{}` uses transport {pair_transport} but this rank was given {t}",
@@ -189,5 +190,11 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
             .unwrap_or_else(|| "127.0.0.1".into()),
         uid: st.uid.clone(),
         apply: st.options.apply,
+        transports: TransportConfig::from_vars(|k| std::env::var(k).ok())
+            .map_err(|e| Fail::Value(e.to_string()))?,
+        gateway_lost: awex_runtime::rank::gateway_lost_from(
+            std::env::var("AWEX_GATEWAY_LOST_S").ok().as_deref(),
+        )
+        .map_err(|e| Fail::Value(e.to_string()))?,
     })
 }

@@ -6,7 +6,6 @@ use awex_control::client::ClientError;
 use awex_core::dims::Dims as Shape;
 use awex_core::dtype::DType;
 use awex_core::layout::RankId;
-use awex_core::transport::Transport as TransportKind;
 use awex_gpu::cuda::CudaError;
 use awex_gpu::nccl::NcclError;
 use std::time::Duration;
@@ -418,20 +417,20 @@ pub enum ConfigMismatch {
     #[error("this rank was configured for transport {configured} but built a {built} transport")]
     BuiltTransport {
         /// configured
-        configured: TransportKind,
+        configured: awex_core::Transport,
         /// built
-        built: TransportKind,
+        built: awex_core::Transport,
     },
-    /// A tcp or nccl pair without a secret in the join answer.
+    /// A pair whose transport needs the pair secret, without one in the join answer.
     #[error(
         "the gateway's join answer for pair `{pair}` carries no pair secret; the {transport} transport {} (upgrade the gateway)",
-        if matches!(.transport, TransportKind::Nccl) { "seals its communicator id with it" } else { "authenticates its peers with it" }
+        .transport.pair_secret_use().unwrap_or("needs it")
     )]
     NoSecret {
         /// the pair
         pair: String,
         /// the transport that needs it
-        transport: TransportKind,
+        transport: awex_core::Transport,
     },
     /// A transport that writes the live tensors directly was asked to apply a staged version.
     #[error(
@@ -439,7 +438,7 @@ pub enum ConfigMismatch {
     )]
     NothingStaged {
         /// the transport
-        transport: TransportKind,
+        transport: awex_core::Transport,
     },
 }
 
@@ -574,6 +573,12 @@ pub enum TransportError {
     /// The blocking execution task failed.
     #[error("execution task failed: {0}")]
     Task(#[source] tokio::task::JoinError),
+    /// The rank's transport unwound in a panic of an earlier update (or apply); the rank
+    /// cannot move bytes any more.
+    #[error(
+        "this rank's transport was lost when an earlier update panicked in it; restart the rank"
+    )]
+    Lost,
     /// The transport was used after closing.
     #[error("{0} is closed")]
     Closed(&'static str),

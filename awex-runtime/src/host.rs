@@ -76,11 +76,6 @@ pub fn shm_data_segment(scope: &ShmScope, rank: RankId) -> String {
     scope.name(&rank_tag("t", rank), "data")
 }
 
-/// Whether a transport moves device memory.
-pub fn on_gpu(transport: Transport) -> bool {
-    matches!(transport, Transport::CudaIpc | Transport::Nccl)
-}
-
 /// A rank's tensors as the transport sees them, and how they are kept in step with the
 /// engine's own memory.
 pub struct Memory {
@@ -104,7 +99,7 @@ impl Memory {
         transport: Transport,
         gpu: u32,
     ) -> Result<Memory, RuntimeError> {
-        let (tensors, staging) = if on_gpu(transport) {
+        let (tensors, staging) = if transport.on_gpu() {
             let dev = Device::open(gpu).map_err(|source| RuntimeError::Cuda {
                 what: "opening the GPU for the tensors".into(),
                 source,
@@ -112,7 +107,7 @@ impl Memory {
             let tensors = TensorSet::allocate_cuda(layout, &dev)?;
             let staging = tensors.host_mirror()?;
             (tensors, Some(staging))
-        } else if side == Side::Training && transport == Transport::Shm {
+        } else if side == Side::Training && transport.sends_from_shared_memory() {
             let name = shm_data_segment(scope, layout.rank);
             (TensorSet::allocate_shm(layout, &name)?, None)
         } else {
@@ -136,7 +131,7 @@ impl Memory {
     ) -> Result<Memory, RuntimeError> {
         let set = TensorSet::from_views(views.clone())?;
         set.check_layout(layout)?;
-        if side == Side::Training && transport == Transport::Shm {
+        if side == Side::Training && transport.sends_from_shared_memory() {
             let name = shm_data_segment(scope, layout.rank);
             let mirror = TensorSet::allocate_shm(layout, &name)?;
             return Ok(Memory {

@@ -50,6 +50,8 @@ fn cfg(gw: &str, pair: &str, side: Side, rank: u32, apply: ApplyMode) -> RankCon
         host: "127.0.0.1".into(),
         uid: String::new(),
         apply,
+        transports: Default::default(),
+        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
     }
 }
 

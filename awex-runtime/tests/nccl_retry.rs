@@ -20,7 +20,6 @@ use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::{PairOptions, UpdateState};
-use awex_core::Transport as TransportKind;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::{Catalogue, ModelSpec};
 use awex_core::pair::PairSpec;
@@ -80,8 +79,8 @@ impl StubNccl {
 }
 
 impl Transport for StubNccl {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Nccl
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::Nccl
     }
 
     fn rendezvous(&self) -> serde_json::Value {
@@ -210,11 +209,13 @@ fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),
-        transport: TransportKind::Nccl,
+        transport: awex_core::Transport::Nccl,
         bucket_bytes: 1 << 20,
         host: "127.0.0.1".into(),
         uid: String::new(),
         apply: Default::default(),
+        transports: Default::default(),
+        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
     }
 }
 
@@ -229,7 +230,7 @@ async fn join(c: RankConfig, lib: Arc<Library>, inside: Arc<AtomicBool>) -> Join
     let prepared = prepare(&c).unwrap();
     let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
     let mut tcp = c.clone();
-    tcp.transport = TransportKind::Tcp;
+    tcp.transport = awex_core::Transport::Tcp;
     let inner = make_transport(&tcp, &prepared, tensors.clone()).unwrap();
     let nranks_rank = match c.side {
         Side::Training => 0,
@@ -295,7 +296,7 @@ async fn an_aborted_attempt_retries_on_a_fresh_communicator_from_the_attempts_kv
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),
-        transport: TransportKind::Nccl,
+        transport: awex_core::Transport::Nccl,
     };
     let options = PairOptions {
         bucket_mib: 1,

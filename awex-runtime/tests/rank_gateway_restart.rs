@@ -75,6 +75,8 @@ fn cfg(gw: &str, pair: &str, side: Side, rank: RankId) -> RankConfig {
         host: "127.0.0.1".into(),
         uid: String::new(),
         apply: Default::default(),
+        transports: Default::default(),
+        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
     }
 }
 

@@ -43,6 +43,8 @@ fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64
         host: "127.0.0.1".into(),
         uid: String::new(),
         apply: Default::default(),
+        transports: Default::default(),
+        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
     }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! Layouts come from the registered backends: the caller links the backend crates.
 
-use crate::exec::{Options, SimTransport};
+use crate::exec::Options;
 use crate::topology::{Placement, Topology};
 use crate::{Names, SimError, simulate};
+use awex_core::Transport;
 use awex_core::backend::side_layout;
 use awex_core::layout::Side;
 use awex_core::plan::Pair;
@@ -114,7 +115,11 @@ impl Run {
             inference: &*inference,
         };
         let opts = Options {
-            transport: Some(self.transport.parse::<SimTransport>()?),
+            transport: Some(
+                self.transport
+                    .parse::<Transport>()
+                    .map_err(SimError::Usage)?,
+            ),
             bucket_bytes: self.bucket_mib << 20,
             ..Options::default()
         };

@@ -3,10 +3,11 @@
 //! A binary that links the backend crates (so that their layouts are registered) wires it
 //! with `Simulate(awex_sim::cli::Args)` and `awex_sim::cli::run(args)`.
 
-use crate::exec::{Options, SimTransport};
+use crate::exec::Options;
 use crate::topology::{Placement, Topology};
 use crate::{Names, simulate};
 use anyhow::Context;
+use awex_core::Transport;
 use awex_core::backend::side_layout;
 use awex_core::layout::Side;
 use awex_core::plan::Pair;
@@ -107,8 +108,9 @@ pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
         transport: a
             .transport
             .as_deref()
-            .map(str::parse::<SimTransport>)
-            .transpose()?,
+            .map(str::parse::<Transport>)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
         bucket_bytes: a.bucket_mib << 20,
         max_flows: a.max_flows.max(1),
         quantum: a.quantum.max(0.0),

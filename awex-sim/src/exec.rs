@@ -16,10 +16,10 @@
 //!   into groups of `steps_per_group` steps (same bytes, the latency of every step; the pack
 //!   and unpack of a merged group overlap its transfers but for one step's share).
 //! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc.rs`, `awex-gpu/src/cuda/engine.rs`):
-//!   an inference rank issues, peer after peer, one copy per transfer (linear pieces of at most
-//!   256 MiB) on 4 streams, each copy to the least-loaded stream of that peer's batch; the
-//!   host issues copies one after another (`launch_us` each); at the end of each peer's batch
-//!   stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
+//!   an inference rank replays, peer after peer, the CUDA graph it captured at join for that
+//!   peer (one launch, `launch_us`): one copy per transfer (linear pieces of at most 256 MiB)
+//!   over 16 streams, largest first, each copy to the least-loaded stream of the batch; at the
+//!   end of each peer's batch stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
 //!   node, NVLink.
 //! - `shm` (`awex-runtime/src/transport/shm.rs`): an inference rank copies its peers'
 //!   buckets one after another on its own thread, out of the training ranks' shared memory; every
@@ -32,59 +32,18 @@ use crate::SimError;
 use crate::buckets::{BucketRun, bucket_runs, count};
 use crate::net::{Act, Graph, Kind, NONE, RunStats};
 use crate::topology::{DeviceKind, Topology};
+use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::{Pair, Transfer};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Instant;
-
-/// Which transport's schedule to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SimTransport {
-    /// NCCL point-to-point groups.
-    Nccl,
-    /// Device copies through CUDA IPC (same node).
-    CudaIpc,
-    /// Host copies out of shared memory (same host).
-    Shm,
-    /// Buckets over TCP streams.
-    Tcp,
-}
-
-impl FromStr for SimTransport {
-    type Err = SimError;
-    fn from_str(s: &str) -> Result<Self, SimError> {
-        match s {
-            "nccl" => Ok(SimTransport::Nccl),
-            "cuda-ipc" | "ipc" => Ok(SimTransport::CudaIpc),
-            "shm" => Ok(SimTransport::Shm),
-            "tcp" => Ok(SimTransport::Tcp),
-            _ => Err(SimError::Usage(format!(
-                "unknown transport `{s}`; choose nccl, cuda-ipc, shm or tcp"
-            ))),
-        }
-    }
-}
-
-impl fmt::Display for SimTransport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SimTransport::Nccl => "nccl",
-            SimTransport::CudaIpc => "cuda-ipc",
-            SimTransport::Shm => "shm",
-            SimTransport::Tcp => "tcp",
-        })
-    }
-}
 
 /// How to run a simulation.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// The transport; `None` picks cuda-ipc for colocated GPUs, nccl for other GPUs, shm on CPU.
-    pub transport: Option<SimTransport>,
+    pub transport: Option<Transport>,
     /// Staging bucket size (the NCCL per-step budget), bytes.
     pub bucket_bytes: u64,
     /// Most flows in the graph before consecutive NCCL steps are merged.
@@ -308,7 +267,7 @@ pub struct Built {
     /// Its shape.
     pub shape: Shape,
     /// The transport it runs.
-    pub transport: SimTransport,
+    pub transport: Transport,
     /// Devices (or CPU rank slots) of the training ranks.
     pub train_dev: Vec<u32>,
     /// Devices of the inference ranks.
@@ -325,36 +284,33 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
         .iter()
         .any(|p| train_dev[p.t as usize] == infer_dev[p.i as usize]);
     let transport = opts.transport.unwrap_or(match topo.kind {
-        DeviceKind::Cpu => SimTransport::Shm,
-        DeviceKind::Gpu if colocated => SimTransport::CudaIpc,
-        DeviceKind::Gpu => SimTransport::Nccl,
+        DeviceKind::Cpu => Transport::Shm,
+        DeviceKind::Gpu if colocated => Transport::CudaIpc,
+        DeviceKind::Gpu => Transport::Nccl,
     });
     let gpn = topo.gpus_per_node;
     let same_node = |p: &PairPlan| train_dev[p.t as usize] / gpn == infer_dev[p.i as usize] / gpn;
-    match (transport, topo.kind) {
-        (SimTransport::Nccl | SimTransport::CudaIpc, DeviceKind::Cpu) => {
+    if transport.on_gpu() && topo.kind == DeviceKind::Cpu {
+        return Err(SimError::Usage(format!(
+            "{transport} needs GPUs, but topology `{}` describes CPU hosts; use shm or tcp",
+            topo.name
+        )));
+    }
+    if transport.on_gpu() && colocated && !transport.shares_a_gpu() {
+        return Err(SimError::Usage(format!(
+            "{transport} cannot put a training and an inference rank on the same GPU (colocated placement); use cuda-ipc"
+        )));
+    }
+    if transport.same_host_only() {
+        if let Some(p) = plans.pairs.iter().find(|p| !same_node(p)) {
             return Err(SimError::Usage(format!(
-                "{transport} needs GPUs, but topology `{}` describes CPU hosts; use shm or tcp",
-                topo.name
+                "{transport} moves bytes inside one node, but training rank {} (device {}) and inference rank {} (device {}) are on different nodes of {gpn}; use nccl or tcp, or place them together",
+                plans.training[p.t as usize],
+                train_dev[p.t as usize],
+                plans.inference[p.i as usize],
+                infer_dev[p.i as usize]
             )));
         }
-        (SimTransport::Nccl, _) if colocated => {
-            return Err(SimError::Usage(
-                "nccl cannot put a training and an inference rank on the same GPU (colocated placement); use cuda-ipc".into(),
-            ));
-        }
-        (SimTransport::CudaIpc | SimTransport::Shm, _) => {
-            if let Some(p) = plans.pairs.iter().find(|p| !same_node(p)) {
-                return Err(SimError::Usage(format!(
-                    "{transport} moves bytes inside one node, but training rank {} (device {}) and inference rank {} (device {}) are on different nodes of {gpn}; use nccl or tcp, or place them together",
-                    plans.training[p.t as usize],
-                    train_dev[p.t as usize],
-                    plans.inference[p.i as usize],
-                    infer_dev[p.i as usize]
-                )));
-            }
-        }
-        _ => {}
     }
     let mut g = Graph::new();
     let mut links = Links::new(topo);
@@ -363,7 +319,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
     let lat = topo.latency_us * 1e-6;
     let (t_n, i_n) = (plans.training.len(), plans.inference.len());
     match transport {
-        SimTransport::Nccl => {
+        Transport::Nccl => {
             let mut peers_t = vec![0usize; t_n];
             let mut peers_i = vec![0usize; i_n];
             for p in &plans.pairs {
@@ -496,8 +452,11 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                 }
             }
         }
-        SimTransport::CudaIpc => {
-            const STREAMS: usize = 4;
+        Transport::CudaIpc => {
+            // the receiver's copy engine (`CudaIpcConfig`'s defaults): 16 streams, linear copies
+            // cut into 256 MiB pieces, each peer's copies captured into one CUDA graph at join
+            // and replayed with one launch per update
+            const STREAMS: usize = 16;
             const SPLIT: u64 = 256 << 20;
             let launch = topo.launch_us * 1e-6;
             let mut by_dst: Vec<Vec<usize>> = vec![Vec::new(); i_n];
@@ -535,31 +494,33 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     }
                     batches = vec![merged];
                 }
-                for batch in &batches {
+                for batch in &mut batches {
+                    // the graph's replay: one launch per batch
+                    let h = g.add(Kind::Delay(launch), host.as_slice());
+                    host = Some(h);
+                    // largest first, each to the least-loaded stream (`CopyOrder::LargestFirst`;
+                    // the tile kernel's blocks likewise keep every stream's share moving)
+                    batch.sort_by_key(|&(_, piece)| std::cmp::Reverse(piece));
                     let mut load = [0u64; STREAMS];
-                    for &(path, piece) in batch {
-                        {
-                            let (s, _) = load
-                                .iter()
-                                .enumerate()
-                                .min_by_key(|&(i, &l)| (l, i))
-                                .unwrap_or((0, &0));
-                            load[s] += piece;
-                            let h = g.add(Kind::Delay(launch), host.as_slice());
-                            host = Some(h);
-                            let mut deps = vec![h];
-                            deps.extend(stream_last[s]);
-                            let f = g.add(
-                                Kind::Flow {
-                                    links: path,
-                                    bytes: piece as f64,
-                                },
-                                &deps,
-                            );
-                            stream_last[s] = Some(f);
-                            shape.flows += 1;
-                            shape.buckets += 1;
-                        }
+                    for &(path, piece) in batch.iter() {
+                        let (s, _) = load
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|&(i, &l)| (l, i))
+                            .unwrap_or((0, &0));
+                        load[s] += piece;
+                        let mut deps = vec![h];
+                        deps.extend(stream_last[s]);
+                        let f = g.add(
+                            Kind::Flow {
+                                links: path,
+                                bytes: piece as f64,
+                            },
+                            &deps,
+                        );
+                        stream_last[s] = Some(f);
+                        shape.flows += 1;
+                        shape.buckets += 1;
                     }
                     // stream 0 waits for the other streams at the end of each peer's batch
                     let others: Vec<Act> = stream_last.iter().flatten().copied().collect();
@@ -570,7 +531,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                 finals.extend(stream_last[0]);
             }
         }
-        SimTransport::Shm | SimTransport::Tcp => {
+        Transport::Shm | Transport::Tcp => {
             let mut by_dst: Vec<Vec<usize>> = vec![Vec::new(); i_n];
             for (k, p) in plans.pairs.iter().enumerate() {
                 by_dst[p.i as usize].push(k);
@@ -583,7 +544,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     let n = count(&runs);
                     shape.buckets += n;
                     let (s, d) = (train_dev[p.t as usize], infer_dev[i]);
-                    let path = if transport == SimTransport::Shm {
+                    let path = if transport == Transport::Shm {
                         // the receiver's own copy loop, inside its host's memory bandwidth
                         let host = links.path(&mut g, topo, s, d)[0];
                         let host = if topo.kind == DeviceKind::Cpu {
@@ -604,7 +565,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                         &[lat_d],
                     );
                     shape.flows += 1;
-                    if transport == SimTransport::Shm {
+                    if transport == Transport::Shm {
                         // one receiver thread: peers one after another
                         prev = Some(f);
                     } else {
@@ -628,10 +589,17 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
     })
 }
 
+/// The NCCL transport's smallest pair bucket (`awex-gpu/src/nccl/schedule.rs`,
+/// `PAIR_BUCKET_FLOOR`).
+pub const PAIR_BUCKET_FLOOR: u64 = 4 << 20;
+
 /// The NCCL transport's bucket size of a pair (`awex-gpu/src/nccl/schedule.rs`,
-/// `pair_bucket_bytes`): each end's budget split over its peers, the smaller, at least 1.
+/// `pair_bucket_bytes`): each end's budget split over its peers, but at least
+/// [`PAIR_BUCKET_FLOOR`] (or the budget when smaller); the smaller end, at least 1.
 pub fn pair_bucket_bytes(budget_a: u64, peers_a: usize, budget_b: u64, peers_b: usize) -> u64 {
-    let share = |budget: u64, peers: usize| budget / (peers.max(1) as u64);
+    let share = |budget: u64, peers: usize| {
+        (budget / (peers.max(1) as u64)).max(budget.min(PAIR_BUCKET_FLOOR))
+    };
     share(budget_a, peers_a)
         .min(share(budget_b, peers_b))
         .max(1)
@@ -684,12 +652,15 @@ mod tests {
             (1, 8, 1, 8),
             (10, 0, 10, 0),
             (1 << 30, 406, 1 << 30, 44),
+            (64 << 20, 406, 64 << 20, 44),
+            (1 << 20, 406, 64 << 20, 1),
         ] {
             assert_eq!(
                 pair_bucket_bytes(a, pa, b, pb),
                 awex_gpu::nccl::pair_bucket_bytes(a, pa, b, pb)
             );
         }
+        assert_eq!(PAIR_BUCKET_FLOOR, awex_gpu::nccl::PAIR_BUCKET_FLOOR);
     }
 
     #[test]

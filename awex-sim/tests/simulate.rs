@@ -2,11 +2,12 @@
 //! project's measured runs.
 
 use awex_core::DType;
+use awex_core::Transport;
 use awex_core::layout::Side;
 use awex_core::plan::Pair;
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_sim::calibration::{Calibration, DATA};
-use awex_sim::exec::{Options, SimTransport};
+use awex_sim::exec::Options;
 use awex_sim::topology::{Placement, Topology};
 use awex_sim::{Names, simulate};
 
@@ -64,7 +65,7 @@ fn two_ranks_over_nvlink_take_the_time_worked_out_by_hand() {
         inference: &i,
     };
     let opts = Options {
-        transport: Some(SimTransport::Nccl),
+        transport: Some(Transport::Nccl),
         bucket_bytes: 64 << 20,
         ..Options::default()
     };
@@ -84,7 +85,7 @@ fn two_ranks_over_nvlink_take_the_time_worked_out_by_hand() {
     // the same pair on one GPU over cuda-ipc: one copy of 128 MiB (under the 256 MiB piece
     // limit) issued after 1 us, at 1000 GB/s
     let opts = Options {
-        transport: Some(SimTransport::CudaIpc),
+        transport: Some(Transport::CudaIpc),
         ..opts
     };
     let r = simulate(&pair, &Names::default(), &topo(Placement::Colocated), &opts).unwrap();
@@ -106,7 +107,7 @@ fn staged_buckets_pay_the_first_pack_and_the_last_unpack() {
         inference: &i,
     };
     let opts = Options {
-        transport: Some(SimTransport::Nccl),
+        transport: Some(Transport::Nccl),
         ..Options::default()
     };
     let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
@@ -147,7 +148,7 @@ fn the_topology_moves_the_bottleneck() {
         inference: &i,
     };
     let opts = Options {
-        transport: Some(SimTransport::Nccl),
+        transport: Some(Transport::Nccl),
         ..Options::default()
     };
     let per_rank = (8192u64 * 2048 * 2) as f64; // 8 tensors x 1/8 of each
@@ -187,13 +188,13 @@ fn bad_requests_are_refused_with_the_fix_named() {
         inference: &i,
     };
     let nccl = Options {
-        transport: Some(SimTransport::Nccl),
+        transport: Some(Transport::Nccl),
         ..Options::default()
     };
     let e = simulate(&pair, &Names::default(), &topo(Placement::Colocated), &nccl).unwrap_err();
     assert!(e.to_string().contains("use cuda-ipc"), "{e}");
     let ipc = Options {
-        transport: Some(SimTransport::CudaIpc),
+        transport: Some(Transport::CudaIpc),
         ..Options::default()
     };
     let e = simulate(&pair, &Names::default(), &topo(Placement::Separate), &ipc).unwrap_err();
@@ -248,7 +249,7 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
         inference: &i,
     };
     let opts = Options {
-        transport: Some(SimTransport::CudaIpc),
+        transport: Some(Transport::CudaIpc),
         ..Options::default()
     };
     let b = (64u64 << 20) as f64;
@@ -266,7 +267,8 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
         ..opts
     };
     let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
-    let want = 2e-6 + b / c;
+    // one graph launch for the one batch
+    let want = 1e-6 + b / c;
     assert!(
         (r.transfer_s - want).abs() < 1e-9,
         "{} vs {want}",

@@ -15,12 +15,12 @@
 //! through the gateway (`runtime::rank`).
 
 use anyhow::bail;
+use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::{BackendSpec, ModelSpec};
 use awex_runtime::fill::Weights;
 use awex_runtime::host::Memory;
 use awex_runtime::rank::{Failure, Outcome, Rank, RankConfig, make_transport, prepare};
-use awex_runtime::transport::TransportKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -122,7 +122,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         Side::Training => RankId::train(args.rank),
         Side::Inference => RankId::infer(args.engine, args.rank),
     };
-    let transport: TransportKind = args.transport.parse().map_err(anyhow::Error::msg)?;
+    let transport: Transport = args.transport.parse().map_err(anyhow::Error::msg)?;
     let model = ModelSpec::resolve(&args.model)?;
     let cfg = RankConfig {
         gateway: args.gateway.clone(),
@@ -138,12 +138,14 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         host: std::env::var("AWEX_HOST").unwrap_or_else(|_| "127.0.0.1".into()),
         uid: String::new(),
         apply: Default::default(),
+        transports: crate::settings::transports()?,
+        gateway_lost: crate::settings::gateway_lost()?,
     };
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
     let weights = weights_of(&args.model, &prepared.catalogue)?;
-    let on_gpu = awex_runtime::host::on_gpu(transport);
+    let on_gpu = transport.on_gpu();
     let mem = Memory::allocate(
         &prepared.layout,
         &cfg.shm_scope(),

@@ -23,11 +23,11 @@ use super::desc::CopyDesc;
 use super::device::{Device, DeviceBuffer, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
 use super::tiles::{
-    table_within_bound, tile_bytes_from_env, tile_count, tile_table_bytes, tiles_fit,
+    DEFAULT_TILE_BYTES, table_within_bound, tile_count, tile_table_bytes, tiles_fit,
 };
 use super::{CudaError, sys};
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How a copy engine moves bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -161,17 +161,18 @@ pub fn assign_streams(descs: &[CopyDesc], streams: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Whether a batch's copies are issued largest first, each to the stream with the fewest bytes
-/// so far (longest-processing-time first: the streams end closer together), the default, or in
-/// submission order (`AWEX_IPC_ORDER=submission`). Measured on an H200 (`docs/benchmarks.md`,
-/// 2026-12-01 19:01 UTC): qwen3-8b out of per-tensor allocations 8.41 -> 8.27 ms, qwen3-30b-a3b
-/// 34.00 -> 33.18 ms. The destinations of one batch never overlap, so the order does not change
-/// what lands.
-fn largest_first() -> bool {
-    static ORDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ORDER.get_or_init(|| {
-        !std::env::var("AWEX_IPC_ORDER").is_ok_and(|v| v.trim().eq_ignore_ascii_case("submission"))
-    })
+/// The order in which a batch's copies are issued to the streams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CopyOrder {
+    /// Largest first, each to the stream with the fewest bytes so far (longest-processing-time
+    /// first: the streams end closer together). Measured on an H200 (`docs/benchmarks.md`,
+    /// 2026-12-01 19:01 UTC): qwen3-8b out of per-tensor allocations 8.41 -> 8.27 ms,
+    /// qwen3-30b-a3b 34.00 -> 33.18 ms. The destinations of one batch never overlap, so the
+    /// order does not change what lands.
+    #[default]
+    LargestFirst,
+    /// In submission order, each to the stream with the fewest bytes so far.
+    Submission,
 }
 
 /// The indices of `descs`, largest copy first (ties in submission order).
@@ -179,21 +180,6 @@ pub fn largest_first_order(descs: &[CopyDesc]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..descs.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(descs[i].bytes()), i));
     order
-}
-
-/// Whether captured batches go through the tile kernel: `AWEX_IPC_KERNEL=tiles` (one launch
-/// over a tile table) or `copies` (a launch per copy); unset, [`TILES_BY_DEFAULT`].
-fn tiles_from_env() -> bool {
-    static TILES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TILES.get_or_init(|| match std::env::var("AWEX_IPC_KERNEL") {
-        Ok(v) if v.trim().eq_ignore_ascii_case("tiles") => true,
-        Ok(v) if v.trim().eq_ignore_ascii_case("copies") => false,
-        Ok(v) => {
-            eprintln!("awex: AWEX_IPC_KERNEL={v:?} is neither `tiles` nor `copies`; ignored");
-            TILES_BY_DEFAULT
-        }
-        Err(_) => TILES_BY_DEFAULT,
-    })
 }
 
 /// Whether an engine with the kernel captures batches through the tile kernel unless told.
@@ -215,6 +201,8 @@ pub struct CopyEngine {
     /// With the kernel: linear copies of at least this many bytes go through the driver
     /// (`u64::MAX`: none). Atomic so that it can change between batches through `&self`.
     driver_min: AtomicU64,
+    /// Issue copies in submission order ([`CopyOrder::Submission`]) rather than largest first.
+    submission_order: AtomicBool,
 }
 
 /// How a captured batch splits with tiles on: the copies the tile kernel takes, in `tiles`
@@ -285,8 +273,8 @@ impl CopyEngine {
                 sys::device_sm_count(dev.ordinal()).unwrap_or(128) * TILE_BLOCKS_PER_SM,
             ),
         };
-        let tile_bytes = if tiles_from_env() {
-            tile_bytes_from_env()
+        let tile_bytes = if TILES_BY_DEFAULT {
+            DEFAULT_TILE_BYTES
         } else {
             0
         };
@@ -299,13 +287,20 @@ impl CopyEngine {
             tile_blocks,
             tile_bytes: AtomicU64::new(tile_bytes),
             driver_min: AtomicU64::new(u64::MAX),
+            submission_order: AtomicBool::new(false),
         })
+    }
+
+    /// Issues every later batch's copies in `order` ([`CopyOrder::LargestFirst`] by default).
+    pub fn set_order(&self, order: CopyOrder) {
+        self.submission_order
+            .store(order == CopyOrder::Submission, Ordering::Relaxed);
     }
 
     /// With the kernel, captures every later batch's kernel copies into one launch of the tile
     /// kernel over tiles of about `bytes` (`Some`), or one launch per copy (`None`). Plain
-    /// [`CopyEngine::launch`]es always launch per copy. The default comes from
-    /// `AWEX_IPC_KERNEL` and `AWEX_IPC_TILE_KIB`.
+    /// [`CopyEngine::launch`]es always launch per copy. The default: [`TILES_BY_DEFAULT`],
+    /// tiles of [`DEFAULT_TILE_BYTES`].
     pub fn set_tiles(&self, bytes: Option<u64>) {
         self.tile_bytes
             .store(bytes.map_or(0, |b| b.max(16)), Ordering::Relaxed);
@@ -507,7 +502,7 @@ impl CopyEngine {
             first
         };
         let n = self.streams.len() - first;
-        if largest_first() {
+        if !self.submission_order.load(Ordering::Relaxed) {
             let order = largest_first_order(descs);
             let sorted: Vec<CopyDesc> = order.iter().map(|&i| descs[i]).collect();
             for (d, k) in sorted.iter().zip(assign_streams(&sorted, n)) {

@@ -34,7 +34,8 @@ pub use device::{
     Device, DeviceBuffer, Event, Stream, device_count, driver_present, driver_version,
 };
 pub use engine::{
-    CopyEngine, CopyGraph, CopyMethod, TILES_BY_DEFAULT, assign_streams, kernel_fits, kernel_grid,
+    CopyEngine, CopyGraph, CopyMethod, CopyOrder, TILES_BY_DEFAULT, assign_streams, kernel_fits,
+    kernel_grid,
 };
 pub use error::CudaError;
 pub use fp8::{Fp8Job, Fp8Kernel, GPU_BLOCK, gpu_mode};

@@ -189,26 +189,6 @@ pub fn table_bytes(tiles: &[Tile]) -> Vec<u8> {
     b
 }
 
-/// The tile size for batches: [`DEFAULT_TILE_BYTES`], or `AWEX_IPC_TILE_KIB` KiB (1..=65,536)
-/// for measuring alternatives. An unusable value is reported once and ignored.
-pub fn tile_bytes_from_env() -> u64 {
-    static TILE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TILE.get_or_init(|| match std::env::var("AWEX_IPC_TILE_KIB") {
-        Err(_) => DEFAULT_TILE_BYTES,
-        Ok(v) => match v.trim().parse::<u64>() {
-            Ok(k) if (1..=65_536).contains(&k) => k << 10,
-            _ => {
-                eprintln!(
-                    "awex: AWEX_IPC_TILE_KIB={v:?} is not a size in KiB between 1 and 65536; \
-                     using {} KiB",
-                    DEFAULT_TILE_BYTES >> 10
-                );
-                DEFAULT_TILE_BYTES
-            }
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

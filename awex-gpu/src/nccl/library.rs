@@ -130,9 +130,10 @@ fn file_of(addr: *const c_void) -> Option<String> {
 }
 
 impl Library {
-    /// Loads the first NCCL of `$AWEX_NCCL_LIBRARY`, `libnccl.so.2`, `libnccl.so`.
-    pub fn load() -> Result<Library, NcclError> {
-        Self::load_first(&candidates(std::env::var_os(LIBRARY_ENV)))
+    /// Loads the first NCCL of `preferred` (the caller's choice, `$AWEX_NCCL_LIBRARY` for the
+    /// binary and the Python package), `libnccl.so.2`, `libnccl.so`.
+    pub fn load(preferred: Option<&OsStr>) -> Result<Library, NcclError> {
+        Self::load_first(&candidates(preferred.map(OsStr::to_os_string)))
     }
 
     /// Loads NCCL from one path (or library name).

@@ -3,9 +3,13 @@
 //! Every transport executes the same per-rank plan; they differ in how bytes travel:
 //! `shm` (receivers copy straight out of the sender's shared memory: one copy), `tcp`
 //! (buckets streamed over sockets, packing overlapped with sending), and the GPU transports
-//! (`cuda-ipc`, `nccl`) behind the `cuda` feature.
+//! (`cuda-ipc`, `nccl`) behind the `cuda` feature. [`config`] holds each transport's typed
+//! settings (filled by the caller); `control` the control-segment codec `shm` and `cuda-ipc`
+//! share.
 
 pub mod auth;
+pub mod config;
+mod control;
 mod cuda_ipc;
 mod nccl;
 mod shm;
@@ -13,6 +17,7 @@ mod staged;
 mod tcp;
 
 pub use auth::{PairSecret, SealError};
+pub use config::{CudaIpcConfig, DriverMin, SettingError, TcpConfig, TransportConfig};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
@@ -24,9 +29,6 @@ use awex_core::layout::RankId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// The transport a [`Transport`] implements (one enum for the whole project).
-pub use awex_core::Transport as TransportKind;
 
 /// What one execution of an update needs besides the plan and tensors.
 pub struct ExecContext<'a> {
@@ -100,7 +102,7 @@ impl ExecStats {
 /// Moves one rank's planned bytes for each update.
 pub trait Transport: Send {
     /// Which transport this is.
-    fn kind(&self) -> TransportKind;
+    fn kind(&self) -> awex_core::Transport;
 
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;

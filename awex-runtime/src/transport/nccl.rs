@@ -31,7 +31,7 @@
 //! until its deadline. No rank ever builds a communicator from an id it could not verify.
 
 use crate::RuntimeError;
-use crate::transport::{ExecContext, ExecStats, PairSecret, SealError, Transport, TransportKind};
+use crate::transport::{ExecContext, ExecStats, PairSecret, SealError, Transport};
 use crate::{Location, TensorSet};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
@@ -568,8 +568,8 @@ fn wait_streams(
 }
 
 impl Transport for NcclTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Nccl
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::Nccl
     }
 
     fn rendezvous(&self) -> serde_json::Value {

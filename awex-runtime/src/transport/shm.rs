@@ -6,7 +6,8 @@
 //! it computes checksums (when on), publishes `ready = version`, and waits until every peer
 //! counted itself done. Receivers wait for `ready`, copy, verify, and count themselves done.
 
-use super::{ExecContext, ExecStats, Transport, TransportKind};
+use super::control::{ControlSegment, NONE, table_words};
+use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
@@ -21,46 +22,33 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"AWEXSHM1");
 const HEADER: usize = 64;
-const NONE: u64 = u64::MAX;
 
 fn name_hash(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
 }
 
-/// Typed access to a control segment.
-///
-/// A receiver reads a control segment another process wrote: every count and index taken from
-/// it is checked (with checked arithmetic) against the mapping before it is used.
+/// The `shm` tables of a control segment ([`ControlSegment`]): after the header, one entry of 3
+/// words per tensor (name hash, offset in the data segment, length), one per peer (peer key,
+/// first checksum index, buckets), then one word per bucket checksum.
 struct Control {
-    seg: ShmSegment,
+    seg: ControlSegment,
 }
 
 /// Header words: magic, ready, done, tensors, peers, sums, bucket bytes.
 const W_BUCKET: usize = 6;
 
 impl Control {
-    /// Word `i`, or `None` outside the mapping.
     fn word_at(&self, i: usize) -> Option<&AtomicU64> {
-        let end = i.checked_mul(8)?.checked_add(8)?;
-        if end > self.seg.len() {
-            return None;
-        }
-        // SAFETY: in bounds (checked above) and 8-byte aligned (page-aligned mapping).
-        Some(unsafe { &*(self.seg.ptr().add(i * 8) as *const AtomicU64) })
+        self.seg.word_at(i)
     }
-    /// A header word, or a word of this rank's own control segment (sized by `create`).
     fn word(&self, i: usize) -> &AtomicU64 {
-        self.word_at(i)
-            .unwrap_or_else(|| unreachable!("header and own tables are inside the segment"))
-    }
-    fn magic(&self) -> &AtomicU64 {
-        self.word(0)
+        self.seg.word(i)
     }
     fn ready(&self) -> &AtomicU64 {
-        self.word(1)
+        self.seg.ready()
     }
     fn done(&self) -> &AtomicU64 {
-        self.word(2)
+        self.seg.done()
     }
     fn n_tensors(&self) -> u64 {
         self.word(3).load(Ordering::Acquire)
@@ -112,19 +100,14 @@ impl Control {
                 .checked_add(usize::try_from(i).ok()?)?,
         )
     }
-    /// Bytes of a control segment with these tables; `None` when that overflows.
+    /// Words of a control segment with these tables; `None` when that overflows.
     fn size(n_tensors: u64, n_peers: u64, n_sums: u64) -> Option<usize> {
-        let words = n_tensors
-            .checked_mul(3)?
-            .checked_add(n_peers.checked_mul(3)?)?
-            .checked_add(n_sums)?;
-        usize::try_from(words.checked_mul(8)?.checked_add(HEADER as u64)?).ok()
+        table_words(HEADER / 8, &[(3, n_tensors), (3, n_peers), (1, n_sums)])
     }
     fn valid(&self) -> bool {
-        self.seg.len() >= HEADER
-            && self.magic().load(Ordering::Acquire) == MAGIC
+        self.seg.has_magic(MAGIC, HEADER / 8)
             && Control::size(self.n_tensors(), self.n_peers(), self.n_sums())
-                .is_some_and(|n| n <= self.seg.len())
+                .is_some_and(|n| n <= self.seg.words())
     }
 }
 
@@ -201,8 +184,9 @@ impl ShmTransport {
             n_sums as u64,
         )
         .ok_or(ShmError::TablesOverflow)?;
-        let seg = ShmSegment::create(name, size)?;
-        let ctl = Control { seg };
+        let ctl = Control {
+            seg: ControlSegment::create(name, size)?,
+        };
         let base = data.ptr() as usize;
         ctl.word(3).store(views.len() as u64, Ordering::Relaxed);
         ctl.word(4)
@@ -232,8 +216,7 @@ impl ShmTransport {
             ctl.word(w + 2).store(b.len() as u64, Ordering::Relaxed);
             first += b.len() as u64;
         }
-        ctl.ready().store(NONE, Ordering::Relaxed);
-        ctl.magic().store(MAGIC, Ordering::Release);
+        ctl.seg.seal(MAGIC);
         self.ctl = Some(ctl);
         Ok(())
     }
@@ -252,7 +235,7 @@ impl ShmTransport {
         };
         let ctl_name = field("ctl")?.to_string();
         let ctl = Control {
-            seg: ShmSegment::open(&ctl_name)?,
+            seg: ControlSegment::open(&ctl_name)?,
         };
         if !ctl.valid() {
             return Err(TransportError::NotShmControl {
@@ -471,13 +454,15 @@ pub(crate) fn corrupt_first_byte(
 }
 
 impl Transport for ShmTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Shm
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::Shm
     }
 
     fn rendezvous(&self) -> serde_json::Value {
         match (&self.ctl, self.tensors.shm()) {
-            (Some(c), Some(d)) => serde_json::json!({ "ctl": c.seg.name(), "data": d.name() }),
+            (Some(c), Some(d)) => {
+                serde_json::json!({ "ctl": c.seg.segment().name(), "data": d.name() })
+            }
             _ => serde_json::json!({}),
         }
     }
@@ -504,7 +489,7 @@ impl Transport for ShmTransport {
     fn close(&mut self) {
         self.remotes.clear();
         if let Some(c) = self.ctl.take() {
-            c.seg.unlink();
+            c.seg.segment().unlink();
         }
         if let Some(d) = self.tensors.shm() {
             d.unlink();

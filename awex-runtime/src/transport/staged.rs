@@ -4,7 +4,7 @@
 //! of both sides receive and verify (its `apply` event). A failure before that leaves the live
 //! tensors exactly as the last committed version wrote them.
 
-use crate::transport::{ExecContext, ExecStats, PairSecret, Transport, TransportKind};
+use crate::transport::{ExecContext, ExecStats, PairSecret, Transport};
 use crate::{RuntimeError, TensorSet};
 use awex_core::layout::RankId;
 use std::collections::HashMap;
@@ -36,7 +36,7 @@ impl StagedTransport {
 }
 
 impl Transport for StagedTransport {
-    fn kind(&self) -> TransportKind {
+    fn kind(&self) -> awex_core::Transport {
         self.inner.kind()
     }
 

@@ -14,7 +14,7 @@
 //! of a pipeline stops, the other sees its channels close and stops too.
 
 use super::auth::{PairSecret, random_bytes};
-use super::{ExecContext, ExecStats, Transport, TransportKind};
+use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, make_buckets, pack, unpack};
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
@@ -807,8 +807,8 @@ fn receive_peer(
 }
 
 impl Transport for TcpTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Tcp
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::Tcp
     }
 
     fn rendezvous(&self) -> serde_json::Value {

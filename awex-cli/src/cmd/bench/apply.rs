@@ -11,12 +11,12 @@ use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
+use awex_core::Transport;
 use awex_core::layout::Side;
 use awex_runtime::TensorSet;
 use awex_runtime::fill::Weights;
 use awex_runtime::host::Memory;
 use awex_runtime::rank::{Rank, RankConfig, make_transport, pair_settings, prepare};
-use awex_runtime::transport::TransportKind;
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -80,8 +80,8 @@ struct ApplyReport {
 
 /// Runs the subcommand.
 pub fn run(a: ApplyArgs) -> anyhow::Result<ExitCode> {
-    let transport: TransportKind = a.transport.parse().map_err(anyhow::Error::msg)?;
-    if !matches!(transport, TransportKind::Shm | TransportKind::Tcp) {
+    let transport: Transport = a.transport.parse().map_err(anyhow::Error::msg)?;
+    if transport.on_gpu() {
         bail!("bench apply runs on the CPU transports, shm or tcp, not {transport}");
     }
     let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
@@ -201,7 +201,7 @@ fn apply_copy_ms(r: &crate::cmd::plan::Resolved) -> anyhow::Result<f64> {
 async fn run_mode(
     a: &ApplyArgs,
     r: &crate::cmd::plan::Resolved,
-    transport: TransportKind,
+    transport: Transport,
     apply: ApplyMode,
 ) -> anyhow::Result<Vec<f64>> {
     let listener = bind("127.0.0.1:0".parse()?)?;
@@ -239,6 +239,8 @@ async fn run_mode(
                 host: "127.0.0.1".into(),
                 uid: String::new(),
                 apply: ApplyMode::InPlace,
+                transports: crate::settings::transports()?,
+                gateway_lost: crate::settings::gateway_lost()?,
             };
             (cfg.uid, cfg.apply) = pair_settings(&cfg).await?;
             tasks.push(tokio::spawn(rank_task(cfg)));

@@ -195,6 +195,7 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
             h.tensors.clone(),
             a.bucket_mib << 20,
             &name,
+            &crate::settings::transports()?.cuda_ipc,
         )?);
     }
     let export_ms = ms_since(t0);
@@ -449,7 +450,14 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let (free_before, _) = dev.mem_info()?;
     let mut least_free = free_before;
     let t_join = Instant::now();
-    let mut tr = CudaIpcTransport::new(plan.clone(), tensors.clone(), a.bucket_mib << 20, "-")?;
+    let settings = crate::settings::transports()?;
+    let mut tr = CudaIpcTransport::new(
+        plan.clone(),
+        tensors.clone(),
+        a.bucket_mib << 20,
+        "-",
+        &settings.cuda_ipc,
+    )?;
     tr.connect(&peers)?;
     let join_ms = ms_since(t_join);
     least_free = least_free.min(dev.mem_info()?.0);

@@ -2,13 +2,13 @@
 
 use super::args::Args;
 use anyhow::bail;
+use awex_core::Transport;
 use awex_core::layout::RankId;
-use awex_runtime::transport::TransportKind;
 
 /// Refuses the GPU transports where they cannot run, saying why: a build without CUDA, no
 /// driver, no GPU, one of `gpus` missing, or (nccl) no usable NCCL library.
-pub fn check_gpu_transport(transport: TransportKind, gpus: &[u32]) -> anyhow::Result<()> {
-    if matches!(transport, TransportKind::Shm | TransportKind::Tcp) {
+pub fn check_gpu_transport(transport: Transport, gpus: &[u32]) -> anyhow::Result<()> {
+    if !transport.on_gpu() {
         return Ok(());
     }
     if !awex_gpu::cuda::BUILT {
@@ -23,14 +23,14 @@ pub fn check_gpu_transport(transport: TransportKind, gpus: &[u32]) -> anyhow::Re
             count
         });
     }
-    if transport == TransportKind::Nccl {
-        awex_gpu::nccl::Library::load()?;
+    if transport == Transport::Nccl {
+        awex_gpu::nccl::Library::load(crate::settings::transports()?.nccl_library.as_deref())?;
     }
     Ok(())
 }
 
 /// Why a CPU transport refuses the GPU flags, saying which flag applies to which transport.
-pub fn cpu_transport_takes_no_gpu(transport: TransportKind) -> String {
+pub fn cpu_transport_takes_no_gpu(transport: Transport) -> String {
     format!(
         "`{transport}` runs on the CPU and takes no GPU flags: --gpu applies to --transport cuda-ipc (the GPU of every rank) and nccl (the default of --train-gpus and --infer-gpus); --train-gpus and --infer-gpus apply to nccl only"
     )
@@ -65,13 +65,13 @@ pub struct Gpus {
 impl Gpus {
     /// The placement the arguments ask for; `--train-gpus` / `--infer-gpus` only place the
     /// ranks of `--transport nccl` (cuda-ipc puts every rank on `--gpu`).
-    pub fn of(a: &Args, transport: TransportKind) -> anyhow::Result<Gpus> {
-        if matches!(transport, TransportKind::Shm | TransportKind::Tcp)
+    pub fn of(a: &Args, transport: Transport) -> anyhow::Result<Gpus> {
+        if !transport.on_gpu()
             && (a.gpu.is_some() || a.train_gpus.is_some() || a.infer_gpus.is_some())
         {
             bail!("{}", cpu_transport_takes_no_gpu(transport));
         }
-        if transport != TransportKind::Nccl && (a.train_gpus.is_some() || a.infer_gpus.is_some()) {
+        if transport != Transport::Nccl && (a.train_gpus.is_some() || a.infer_gpus.is_some()) {
             bail!(
                 "--train-gpus and --infer-gpus place the ranks of --transport nccl; with `{transport}` use --gpu"
             );
@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn cpu_transports_need_no_gpu() {
-        for t in [TransportKind::Shm, TransportKind::Tcp] {
+        for t in [Transport::Shm, Transport::Tcp] {
             assert!(check_gpu_transport(t, &[7]).is_ok());
         }
     }
@@ -191,7 +191,7 @@ mod tests {
         );
         let g = Gpus::of(
             &args("nccl", &["--train-gpus", "0,1", "--infer-gpus", "2,3,4"]),
-            TransportKind::Nccl,
+            Transport::Nccl,
         )
         .unwrap();
         use awex_core::layout::Side;
@@ -200,7 +200,7 @@ mod tests {
         assert_eq!((train, infer), (vec![0, 1, 0, 1], vec![2, 3, 4, 2]));
         assert_eq!(g.all(), vec![0, 1, 2, 3, 4]);
         // both default to --gpu
-        let d = Gpus::of(&args("nccl", &["--gpu", "3"]), TransportKind::Nccl).unwrap();
+        let d = Gpus::of(&args("nccl", &["--gpu", "3"]), Transport::Nccl).unwrap();
         assert_eq!(
             d,
             Gpus {
@@ -214,7 +214,7 @@ mod tests {
     fn placement_flags_are_refused_outside_nccl() {
         let e = Gpus::of(
             &args("cuda-ipc", &["--infer-gpus", "1"]),
-            TransportKind::CudaIpc,
+            Transport::CudaIpc,
         )
         .unwrap_err();
         assert_eq!(
@@ -222,7 +222,7 @@ mod tests {
             "--train-gpus and --infer-gpus place the ranks of --transport nccl; with `cuda-ipc` use --gpu"
         );
         // a CPU transport takes none of the GPU flags, --gpu included
-        for t in [TransportKind::Shm, TransportKind::Tcp] {
+        for t in [Transport::Shm, Transport::Tcp] {
             for flags in [
                 &["--gpu", "1"][..],
                 &["--train-gpus", "0"],
@@ -293,7 +293,7 @@ mod tests {
     #[test]
     fn nccl_without_the_cuda_feature_says_the_binary_lacks_cuda() {
         assert_eq!(
-            check_gpu_transport(TransportKind::Nccl, &[0, 1])
+            check_gpu_transport(Transport::Nccl, &[0, 1])
                 .unwrap_err()
                 .to_string(),
             "this awex-cli was built without CUDA, so the demo cannot use `nccl`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
@@ -304,7 +304,7 @@ mod tests {
     #[test]
     fn cuda_ipc_without_the_cuda_feature_says_the_binary_lacks_cuda() {
         assert_eq!(
-            check_gpu_transport(TransportKind::CudaIpc, &[0])
+            check_gpu_transport(Transport::CudaIpc, &[0])
                 .unwrap_err()
                 .to_string(),
             "this awex-cli was built without CUDA, so the demo cannot use `cuda-ipc`; rebuild with `cargo build --release -p awex-cli --features cuda`, or use --transport shm or tcp"
@@ -319,7 +319,7 @@ mod tests {
             return;
         }
         assert_eq!(
-            check_gpu_transport(TransportKind::CudaIpc, &[0])
+            check_gpu_transport(Transport::CudaIpc, &[0])
                 .unwrap_err()
                 .to_string(),
             "no CUDA driver found: libcuda could not be loaded (tried libcuda.so and libcuda.so.1 on the library search path); install the NVIDIA driver or run on a machine with a GPU"

@@ -41,9 +41,9 @@ use args::first_version;
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
 use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
+use awex_core::Transport;
 use awex_core::layout::RankId;
 use awex_runtime::shm::list_segments;
-use awex_runtime::transport::TransportKind;
 use progress::Progress;
 use ranks::{
     Workers, wait_connected, wait_filled, wait_ready, wait_rejoined, wait_verdict, worker_command,
@@ -53,13 +53,13 @@ use std::time::{Duration, Instant};
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let transport: TransportKind = args.transport.parse().map_err(anyhow::Error::msg)?;
+    let transport: Transport = args.transport.parse().map_err(anyhow::Error::msg)?;
     if args.updates == 0 {
         bail!("--updates must be at least 1");
     }
     let gpus = Gpus::of(&args, transport)?;
     let r = crate::cmd::plan::resolve(&args.model, &args.train, &args.infer)?;
-    if transport == TransportKind::Nccl {
+    if transport == Transport::Nccl {
         gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
     }
     check_gpu_transport(transport, &gpus.all())?;
@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 async fn demo(
     a: &Args,
     r: &Resolved,
-    transport: TransportKind,
+    transport: Transport,
     gpus: &Gpus,
 ) -> anyhow::Result<DemoReport> {
     let mut progress = Progress::default();
@@ -93,13 +93,13 @@ async fn demo(
     ));
     let floor = memcpy_gbps();
     let device_floor = match transport {
-        TransportKind::CudaIpc => Some(
+        Transport::CudaIpc => Some(
             device_copy_gbps(a.gpu())
                 .with_context(|| format!("measuring the copy floor on GPU {}", a.gpu()))?,
         ),
         _ => None,
     };
-    let tcp_floor = if transport == TransportKind::Tcp {
+    let tcp_floor = if transport == Transport::Tcp {
         Some(tcp_loopback_gbps()?)
     } else {
         None
@@ -206,7 +206,7 @@ async fn demo(
     }
     let joining = Instant::now();
     wait_ready(&client, &pair, &mut workers).await?;
-    if awex_runtime::host::on_gpu(transport) {
+    if transport.on_gpu() {
         wait_connected(&client, &pair, r, &mut workers).await?;
     }
     let join_ms = t_spawn.elapsed().as_secs_f64() * 1e3;
@@ -224,7 +224,7 @@ async fn demo(
     while version < first + a.updates {
         attempts += 1;
         progress.message(format!("version {version}, attempt {attempts}"));
-        if matches!(transport, TransportKind::CudaIpc | TransportKind::Nccl) {
+        if transport.on_gpu() {
             // the trainers upload each version before it is timed, as the shm trainers fill it
             wait_filled(&client, &pair, r, version, &mut workers).await?;
         }

@@ -5,8 +5,8 @@ use super::gpus::nccl_nvls_default;
 use crate::cmd::plan::Resolved;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
+use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_runtime::transport::TransportKind;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -242,7 +242,7 @@ pub fn worker_command(
     if std::env::var_os("RUST_LOG").is_none() {
         c.env("RUST_LOG", "warn");
     }
-    if a.transport.parse::<TransportKind>().ok() == Some(TransportKind::Nccl)
+    if a.transport.parse::<Transport>().ok() == Some(Transport::Nccl)
         && let Some((k, v)) = nccl_nvls_default(std::env::var_os("NCCL_NVLS_ENABLE").as_deref())
     {
         c.env(k, v);

@@ -30,61 +30,25 @@
 //! built. Checksums are computed on the host (both ends copy their tensors to a host staging
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
-use super::{ExecContext, ExecStats, Transport, TransportKind};
+mod control;
+
+use super::config::{CudaIpcConfig, DriverMin};
+use super::control::NONE;
+use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
-use crate::shm::ShmSegment;
 use crate::tensors::{Location, TensorSet, cuda_err};
 use crate::{PlacementError, RuntimeError, TransportError};
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
-use awex_gpu::cuda::handle::HANDLE_BYTES;
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyGraph, CopyMethod, CudaError, DescStats, Device, Event,
-    ExportedAllocation, IpcEventHandle, IpcExport, IpcImport, IpcMemHandle, RemoteAddr,
-    SharedChunk, SharedChunks, Stream, merge_contiguous, plan_copies, split_linear,
+    CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, IpcEventHandle,
+    IpcExport, IpcImport, Stream, merge_contiguous, plan_copies, split_linear,
 };
+use control::{Control, PeerEntry, Published, TensorEntry};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-const MAGIC: u64 = u64::from_le_bytes(*b"AWEXIPC2");
-/// Header words: magic, ready, done, allocations, tensors, peers, sums, device, chunks.
-const HEADER_WORDS: usize = 9;
-const NONE: u64 = u64::MAX;
-/// Words of one allocation entry: the handle's 64 bytes, the size, and the kind: 0 for a legacy
-/// IPC handle, 1 for a span of `cuMemMap` chunks, whose handle words then hold the exporting
-/// pid, the span's first entry in the chunk table and its number of chunks.
-const ALLOC_WORDS: usize = HANDLE_BYTES / 8 + 2;
-/// Words of one chunk entry: offset in its span, size, the exporter's file descriptor.
-const CHUNK_WORDS: usize = 3;
-/// Words of one tensor entry: name hash, allocation, offset, length.
-const TENSOR_WORDS: usize = 4;
-/// Words of one peer entry: peer key, first checksum index, buckets.
-const PEER_WORDS: usize = 3;
-/// Streams of a receiver's copy engine: 8 measured 1-2 % faster than 4 on an H200 once the
-/// copies are replayed from a graph, and 16 another 2.7 % faster than 8 for qwen3-30b-a3b's
-/// 12,727 copies (33.17 -> 32.27 ms) while qwen3-8b's 371 did not change (8.25 / 8.29 ms;
-/// `docs/benchmarks.md`, 2026-12-01 19:11-19:17 UTC).
-const STREAMS: usize = 16;
-/// Linear copies are cut into pieces of this size, spread over the streams (the `bench ipc`
-/// default: one copy-kernel launch over a whole large IPC mapping is slow).
-const SPLIT_BYTES: u64 = 256 << 20;
-
-/// Whether regular series of planned boxes become pitched 2-D copies (the default), or stay one
-/// linear copy each (`AWEX_IPC_MERGE_PITCHED=0`), for measuring alternatives.
-fn merge_pitched() -> bool {
-    std::env::var("AWEX_IPC_MERGE_PITCHED").map_or(true, |v| v.trim() != "0")
-}
-
-/// [`SPLIT_BYTES`], or `AWEX_IPC_SPLIT_MIB` MiB (1..=65,536), for measuring alternatives.
-fn split_bytes() -> u64 {
-    std::env::var("AWEX_IPC_SPLIT_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|m| (1..=65_536).contains(m))
-        .map_or(SPLIT_BYTES, |m| m << 20)
-}
 
 /// Spins on `ready()` for up to [`SPIN`] (yielding the core between looks), then waits as
 /// [`ExecContext::wait_until`] does. A colocated update lasts milliseconds: the sleeps of the
@@ -103,21 +67,6 @@ fn wait_fast(ctx: &ExecContext<'_>, mut ready: impl FnMut() -> bool) -> Result<(
 /// How long [`wait_fast`] spins before it sleeps between looks.
 const SPIN: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The receivers' copy method (`AWEX_IPC_COPY`: `kernel`, the default, or `driver`) and
-/// stream count (`AWEX_IPC_STREAMS`, default [`STREAMS`]), for measuring alternatives.
-fn copy_setup() -> (CopyMethod, usize) {
-    let method = match std::env::var("AWEX_IPC_COPY").as_deref() {
-        Ok("driver") => CopyMethod::Driver,
-        _ => CopyMethod::Kernel,
-    };
-    let streams = std::env::var("AWEX_IPC_STREAMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(STREAMS)
-        .clamp(1, 32);
-    (method, streams)
-}
-
 /// Which of a peer's linear copies go through the driver's device copy (`cuMemcpyDtoDAsync`)
 /// instead of awex's copy kernel: those of at least the returned bytes (`None`: none).
 ///
@@ -131,20 +80,14 @@ fn copy_setup() -> (CopyMethod, usize) {
 /// do not count: out of a 16 GB span the driver read at local speed, and sending the large
 /// copies through it took qwen3-8b from 8.68 to 8.17 ms and qwen3-30b-a3b from 31.17 to 29.20
 /// ms (2026-12-01, 00:33 UTC). `AWEX_IPC_DRIVER_MIN_MIB` (a size in MiB, or `off`) overrides the
-/// choice for every peer, for measuring alternatives.
-fn driver_min(largest_allocation: u64) -> Option<u64> {
-    driver_min_with(
-        largest_allocation,
-        std::env::var("AWEX_IPC_DRIVER_MIN_MIB").ok().as_deref(),
-    )
-}
-
-/// [`driver_min`] with the override given (`None`: unset; an unparsable value is ignored).
-fn driver_min_with(largest_allocation: u64, setting: Option<&str>) -> Option<u64> {
-    match setting.map(|v| (v, v.parse::<u64>())) {
-        Some(("off", _)) => None,
-        Some((_, Ok(mib))) => Some(mib.saturating_mul(1 << 20)),
-        _ => (largest_allocation <= DRIVER_MAX_ALLOCATION).then_some(DRIVER_MIN_BYTES),
+/// choice for every peer, for measuring alternatives ([`DriverMin`]).
+fn driver_min(largest_allocation: u64, setting: DriverMin) -> Option<u64> {
+    match setting {
+        DriverMin::Off => None,
+        DriverMin::AtLeast(bytes) => Some(bytes),
+        DriverMin::Auto => {
+            (largest_allocation <= DRIVER_MAX_ALLOCATION).then_some(DRIVER_MIN_BYTES)
+        }
     }
 }
 
@@ -153,27 +96,6 @@ const DRIVER_MIN_BYTES: u64 = 4 << 20;
 
 /// The largest source allocation [`driver_min`] sends through the driver by default.
 const DRIVER_MAX_ALLOCATION: u64 = 4 << 30;
-
-/// From how many copies on a peer a receiver captures them into a CUDA graph at join and
-/// replays it per update (`AWEX_IPC_GRAPH_MIN`, default 1: always; 0 never). Launching each
-/// copy costs the host a few microseconds (qwen3-30b-a3b from one allocation per expert is 12.7k
-/// copies, tens of milliseconds of launches), and even qwen3-8b's 371 copies ran 3-4 % faster
-/// replayed from a graph on an H200 (`docs/benchmarks.md`, 2026-12-01).
-fn graph_min() -> usize {
-    std::env::var("AWEX_IPC_GRAPH_MIN")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-}
-
-/// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, default 1).
-fn open_threads() -> usize {
-    std::env::var("AWEX_IPC_OPEN_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1usize)
-        .clamp(1, 64)
-}
 
 /// Where an inference rank's join went (milliseconds; everything before its first update).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -267,287 +189,6 @@ pub(crate) fn refuse_conversions(plan: &RankPlan) -> Result<(), RuntimeError> {
     }
 }
 
-/// A tensor of the training rank, as the control segment lists it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TensorEntry {
-    hash: u64,
-    at: RemoteAddr,
-    len: u64,
-}
-
-/// A peer of the training rank: its key, its first checksum index and its bucket count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct PeerEntry {
-    key: u64,
-    first_sum: u64,
-    buckets: u64,
-}
-
-/// What a training rank publishes in its control segment besides the header words.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Published {
-    device: u32,
-    allocations: Vec<ExportedAllocation>,
-    tensors: Vec<TensorEntry>,
-    peers: Vec<PeerEntry>,
-    sums: usize,
-}
-
-impl Published {
-    fn chunks(&self) -> usize {
-        self.allocations
-            .iter()
-            .filter_map(|a| a.chunks.as_ref())
-            .map(|c| c.chunks.len())
-            .sum()
-    }
-
-    fn words(&self) -> usize {
-        HEADER_WORDS
-            + ALLOC_WORDS * self.allocations.len()
-            + TENSOR_WORDS * self.tensors.len()
-            + PEER_WORDS * self.peers.len()
-            + CHUNK_WORDS * self.chunks()
-            + self.sums
-    }
-}
-
-/// Typed access to a control segment.
-struct Control {
-    seg: ShmSegment,
-    /// first word of the checksums
-    sums_at: usize,
-    sums: usize,
-}
-
-impl Control {
-    fn word(&self, i: usize) -> &AtomicU64 {
-        debug_assert!((i + 1) * 8 <= self.seg.len());
-        // SAFETY: callers stay inside the segment (checked when it was created or opened); the
-        // mapping is page aligned, so every word is 8-byte aligned.
-        unsafe { &*(self.seg.ptr().add(i * 8) as *const AtomicU64) }
-    }
-    fn ready(&self) -> &AtomicU64 {
-        self.word(1)
-    }
-    fn done(&self) -> &AtomicU64 {
-        self.word(2)
-    }
-    fn sum(&self, i: u64) -> Result<&AtomicU64, RuntimeError> {
-        if i as usize >= self.sums {
-            return Err(TransportError::ChecksumOutside {
-                index: i,
-                sums: self.sums,
-            }
-            .into());
-        }
-        Ok(self.word(self.sums_at + i as usize))
-    }
-
-    /// Creates segment `name` holding `p`, then marks it valid.
-    fn create(name: &str, p: &Published) -> Result<Control, RuntimeError> {
-        let seg = ShmSegment::create(name, 8 * p.words())?;
-        let mut c = Control {
-            seg,
-            sums_at: p.words() - p.sums,
-            sums: p.sums,
-        };
-        let mut w = HEADER_WORDS;
-        let mut put = |c: &mut Control, v: u64| {
-            c.word(w).store(v, Ordering::Relaxed);
-            w += 1;
-        };
-        let mut first_chunk = 0u64;
-        for a in &p.allocations {
-            match &a.chunks {
-                None => {
-                    for chunk in a.handle.0.chunks_exact(8) {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(chunk);
-                        put(&mut c, u64::from_le_bytes(b));
-                    }
-                    put(&mut c, a.size);
-                    put(&mut c, 0);
-                }
-                Some(sc) => {
-                    let n = sc.chunks.len() as u64;
-                    for v in [sc.pid as u64, first_chunk, n] {
-                        put(&mut c, v);
-                    }
-                    for _ in 3..HANDLE_BYTES / 8 {
-                        put(&mut c, 0);
-                    }
-                    put(&mut c, a.size);
-                    put(&mut c, 1);
-                    first_chunk += n;
-                }
-            }
-        }
-        for t in &p.tensors {
-            put(&mut c, t.hash);
-            put(&mut c, t.at.allocation as u64);
-            put(&mut c, t.at.offset);
-            put(&mut c, t.len);
-        }
-        for e in &p.peers {
-            put(&mut c, e.key);
-            put(&mut c, e.first_sum);
-            put(&mut c, e.buckets);
-        }
-        for sc in p.allocations.iter().filter_map(|a| a.chunks.as_ref()) {
-            for ch in &sc.chunks {
-                put(&mut c, ch.offset);
-                put(&mut c, ch.size);
-                put(&mut c, ch.fd as u64);
-            }
-        }
-        for (i, v) in [
-            p.allocations.len(),
-            p.tensors.len(),
-            p.peers.len(),
-            p.sums,
-            p.device as usize,
-            p.chunks(),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            c.word(3 + i).store(v as u64, Ordering::Relaxed);
-        }
-        c.ready().store(NONE, Ordering::Relaxed);
-        c.done().store(0, Ordering::Relaxed);
-        c.word(0).store(MAGIC, Ordering::Release);
-        c.sums_at = p.words() - p.sums;
-        Ok(c)
-    }
-
-    /// Opens segment `name` and reads what it publishes, checking every count against its size.
-    fn open(name: &str) -> Result<(Control, Published), RuntimeError> {
-        let seg = ShmSegment::open(name)?;
-        let bad = |why: &'static str| {
-            RuntimeError::from(TransportError::NotIpcControl {
-                name: name.to_string(),
-                why,
-            })
-        };
-        let mut c = Control {
-            seg,
-            sums_at: 0,
-            sums: 0,
-        };
-        if c.seg.len() < HEADER_WORDS * 8 {
-            return Err(bad("too short"));
-        }
-        if c.word(0).load(Ordering::Acquire) != MAGIC {
-            return Err(bad("no magic"));
-        }
-        let n = |i: usize| c.word(i).load(Ordering::Relaxed) as usize;
-        let (n_allocs, n_tensors, n_peers, n_sums, device, n_chunks) =
-            (n(3), n(4), n(5), n(6), n(7), n(8));
-        let words = [
-            ALLOC_WORDS.checked_mul(n_allocs),
-            TENSOR_WORDS.checked_mul(n_tensors),
-            PEER_WORDS.checked_mul(n_peers),
-            CHUNK_WORDS.checked_mul(n_chunks),
-            Some(n_sums),
-        ]
-        .into_iter()
-        .try_fold(HEADER_WORDS, |acc, x| acc.checked_add(x?));
-        if words.is_none_or(|w| w.saturating_mul(8) > c.seg.len()) {
-            return Err(bad("its tables run past its end"));
-        }
-        let mut w = HEADER_WORDS;
-        let mut next = || {
-            let v = c.word(w).load(Ordering::Relaxed);
-            w += 1;
-            v
-        };
-        let mut allocations = Vec::with_capacity(n_allocs);
-        // spans: (allocation, pid, first chunk, chunks), filled in from the chunk table below
-        let mut spans = Vec::new();
-        for i in 0..n_allocs {
-            let mut h = [0u8; HANDLE_BYTES];
-            for chunk in h.chunks_exact_mut(8) {
-                chunk.copy_from_slice(&next().to_le_bytes());
-            }
-            let size = next();
-            match next() {
-                0 => {}
-                1 => {
-                    let word = |k: usize| {
-                        let mut b = [0u8; 8];
-                        b.copy_from_slice(&h[8 * k..8 * k + 8]);
-                        u64::from_le_bytes(b)
-                    };
-                    let pid = u32::try_from(word(0)).map_err(|_| bad("span pid"))?;
-                    let (first, count) = (word(1), word(2));
-                    if first
-                        .checked_add(count)
-                        .is_none_or(|end| end > n_chunks as u64)
-                    {
-                        return Err(bad("a span's chunks run past the chunk table"));
-                    }
-                    spans.push((i, pid, first as usize, count as usize));
-                    h = [0u8; HANDLE_BYTES];
-                }
-                _ => return Err(bad("allocation kind")),
-            }
-            allocations.push(ExportedAllocation {
-                handle: IpcMemHandle(h),
-                size,
-                chunks: None,
-            });
-        }
-        let mut tensors = Vec::with_capacity(n_tensors);
-        for _ in 0..n_tensors {
-            let (hash, allocation, offset, len) = (next(), next(), next(), next());
-            let allocation = u32::try_from(allocation).map_err(|_| bad("allocation index"))?;
-            tensors.push(TensorEntry {
-                hash,
-                at: RemoteAddr { allocation, offset },
-                len,
-            });
-        }
-        let mut peers = Vec::with_capacity(n_peers);
-        for _ in 0..n_peers {
-            peers.push(PeerEntry {
-                key: next(),
-                first_sum: next(),
-                buckets: next(),
-            });
-        }
-        let mut table = Vec::with_capacity(n_chunks);
-        for _ in 0..n_chunks {
-            let (offset, size, fd) = (next(), next(), next());
-            let fd = i32::try_from(fd).map_err(|_| bad("chunk file descriptor"))?;
-            table.push(SharedChunk { offset, size, fd });
-        }
-        for (i, pid, first, count) in spans {
-            let sc = SharedChunks {
-                pid,
-                chunks: table[first..first + count].to_vec(),
-            };
-            sc.check(allocations[i].size)
-                .map_err(|_| bad("a span's chunks do not fit it"))?;
-            allocations[i].chunks = Some(sc);
-        }
-        let sums_at = w;
-        c.sums_at = sums_at;
-        c.sums = n_sums;
-        let device = u32::try_from(device).map_err(|_| bad("device ordinal"))?;
-        Ok((
-            c,
-            Published {
-                device,
-                allocations,
-                tensors,
-                peers,
-                sums: n_sums,
-            },
-        ))
-    }
-}
-
 /// The training rank's side: its export, its event and its control segment.
 struct Sender {
     ctl: Control,
@@ -567,7 +208,7 @@ struct Remote {
     event: Event,
     descs: Vec<CopyDesc>,
     /// the copies captured into a CUDA graph, replayed with one launch per update, when they
-    /// are many (see [`graph_min`]); dropped before the mappings (field order)
+    /// are many ([`CudaIpcConfig::graph_min`]); dropped before the mappings (field order)
     graph: Option<CopyGraph>,
     /// which linear copies go through the driver (see [`driver_min`]), set on the engine
     /// before this peer's copies are captured or queued
@@ -596,6 +237,8 @@ pub struct CudaIpcTransport {
     staging: Option<TensorSet>,
     scratch: Vec<u8>,
     join: JoinStats,
+    /// The receivers' copy settings.
+    cfg: CudaIpcConfig,
 }
 
 impl CudaIpcTransport {
@@ -607,6 +250,7 @@ impl CudaIpcTransport {
         tensors: Arc<TensorSet>,
         bucket_bytes: u64,
         ctl_name: &str,
+        cfg: &CudaIpcConfig,
     ) -> Result<Self, RuntimeError> {
         refuse_conversions(&plan)?;
         if tensors.location()? == Location::Host && !tensors.is_empty() {
@@ -631,15 +275,18 @@ impl CudaIpcTransport {
             staging: None,
             scratch: Vec::new(),
             join: JoinStats::default(),
+            cfg: cfg.clone(),
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
             Side::Inference => {
                 let t0 = Instant::now();
-                let (method, streams) = copy_setup();
-                let engine = CopyEngine::with_method(&t.dev, streams, method)
+                let streams = t.cfg.streams.clamp(1, 32);
+                let engine = CopyEngine::with_method(&t.dev, streams, t.cfg.copy)
                     .or_else(|_| CopyEngine::new(&t.dev, streams))
                     .map_err(transport_err("creating the copy engine"))?;
+                engine.set_order(t.cfg.order);
+                engine.set_tiles(t.cfg.tiles);
                 t.join.engine_ms = ms_since(t0);
                 t.join.kernel_image = engine.kernel_image().map(str::to_string);
                 let t0 = Instant::now();
@@ -773,7 +420,7 @@ impl CudaIpcTransport {
             .map(|e| e.first_sum)
             .ok_or_else(|| RuntimeError::from(TransportError::NoPlanFor { peer, me: self.me }))?;
         let err = transport_err("opening the training rank's memory");
-        let threads = open_threads();
+        let threads = self.cfg.open_threads.clamp(1, 64);
         let t0 = Instant::now();
         let import = IpcImport::open_from(
             &self.dev,
@@ -823,7 +470,7 @@ impl CudaIpcTransport {
                 })?;
             Ok((import.ptr(src.at, src.len)?, dst))
         };
-        let merged = plan_copies(transfers, merge_pitched(), addr)
+        let merged = plan_copies(transfers, self.cfg.merge_pitched, addr)
             .map_err(transport_err("building the copies"))?;
         // join back-to-back copies across tensors (a layer's experts) where both joined ranges
         // stay in one source allocation and one destination tensor
@@ -840,8 +487,11 @@ impl CudaIpcTransport {
         let joined = merge_contiguous(&merged, |s0, s1, d0, d1| {
             import.allocation_of(s0, s1 - s0).is_some() && in_one_dst(d0, d1)
         });
-        let descs = split_linear(&joined, split_bytes());
-        let driver_min = driver_min(import.largest_ipc_mapping().map_or(0, |(_, size)| size));
+        let descs = split_linear(&joined, self.cfg.split_bytes.max(1));
+        let driver_min = driver_min(
+            import.largest_ipc_mapping().map_or(0, |(_, size)| size),
+            self.cfg.driver_min,
+        );
         let driver_copies = match &self.engine {
             Some(e) => {
                 e.set_driver_min(driver_min);
@@ -849,7 +499,7 @@ impl CudaIpcTransport {
             }
             None => 0,
         };
-        let min = graph_min();
+        let min = self.cfg.graph_min;
         let graph = match &self.engine {
             Some(e) if min > 0 && descs.len() >= min => {
                 // SAFETY: the graph holds descriptors built above over this peer's mappings
@@ -1077,15 +727,15 @@ impl CudaIpcTransport {
 }
 
 impl Transport for CudaIpcTransport {
-    fn kind(&self) -> TransportKind {
-        TransportKind::CudaIpc
+    fn kind(&self) -> awex_core::Transport {
+        awex_core::Transport::CudaIpc
     }
 
     fn rendezvous(&self) -> serde_json::Value {
         match &self.sender {
             Some(s) => {
                 let mut v = serde_json::json!({
-                    "ctl": s.ctl.seg.name(),
+                    "ctl": s.ctl.seg.segment().name(),
                     "event": s.ready_handle.to_string(),
                     "device": self.dev.ordinal(),
                 });
@@ -1128,7 +778,7 @@ impl Transport for CudaIpcTransport {
         self.remotes.clear();
         if let Some(s) = self.sender.take() {
             let _ = s.stream.sync();
-            s.ctl.seg.unlink();
+            s.ctl.seg.segment().unlink();
         }
         self.engine = None;
         self.staging = None;
@@ -1152,179 +802,18 @@ mod tests {
     #[test]
     fn large_copies_go_through_the_driver_only_out_of_moderate_allocations() {
         // PyTorch-sized allocations: copies of 4 MiB and more through the driver
-        assert_eq!(driver_min_with(1 << 30, None), Some(4 << 20));
-        assert_eq!(driver_min_with(4 << 30, None), Some(4 << 20));
+        assert_eq!(driver_min(1 << 30, DriverMin::Auto), Some(4 << 20));
+        assert_eq!(driver_min(4 << 30, DriverMin::Auto), Some(4 << 20));
         // one huge mapping (Megatron's contiguous buffer): the kernel for every copy
-        assert_eq!(driver_min_with((4 << 30) + 1, None), None);
-        assert_eq!(driver_min_with(16 << 30, None), None);
-        // the override, either way, and an unparsable one ignored
-        assert_eq!(driver_min_with(16 << 30, Some("0")), Some(0));
-        assert_eq!(driver_min_with(1 << 30, Some("64")), Some(64 << 20));
-        assert_eq!(driver_min_with(1 << 30, Some("off")), None);
-        assert_eq!(driver_min_with(1 << 30, Some("lots")), Some(4 << 20));
+        assert_eq!(driver_min((4 << 30) + 1, DriverMin::Auto), None);
+        assert_eq!(driver_min(16 << 30, DriverMin::Auto), None);
+        // the override, either way
+        assert_eq!(driver_min(16 << 30, DriverMin::AtLeast(0)), Some(0));
         assert_eq!(
-            driver_min_with(1, Some("18446744073709551615")),
-            Some(u64::MAX)
+            driver_min(1 << 30, DriverMin::AtLeast(64 << 20)),
+            Some(64 << 20)
         );
-    }
-
-    fn published() -> Published {
-        let handle = |seed: u8| {
-            let mut h = [0u8; HANDLE_BYTES];
-            for (i, b) in h.iter_mut().enumerate() {
-                *b = seed.wrapping_mul(31).wrapping_add(i as u8);
-            }
-            IpcMemHandle(h)
-        };
-        Published {
-            device: 3,
-            allocations: vec![
-                ExportedAllocation {
-                    handle: handle(1),
-                    size: 4096,
-                    chunks: None,
-                },
-                ExportedAllocation {
-                    handle: IpcMemHandle([0; HANDLE_BYTES]),
-                    size: 60 << 20,
-                    chunks: Some(SharedChunks {
-                        pid: 4242,
-                        chunks: vec![
-                            SharedChunk {
-                                offset: 0,
-                                size: 20 << 20,
-                                fd: 57,
-                            },
-                            SharedChunk {
-                                offset: 20 << 20,
-                                size: 40 << 20,
-                                fd: 58,
-                            },
-                        ],
-                    }),
-                },
-                ExportedAllocation {
-                    handle: handle(2),
-                    size: 1 << 40,
-                    chunks: None,
-                },
-            ],
-            tensors: vec![
-                TensorEntry {
-                    hash: name_hash("a"),
-                    at: RemoteAddr {
-                        allocation: 0,
-                        offset: 256,
-                    },
-                    len: 100,
-                },
-                TensorEntry {
-                    hash: name_hash("b"),
-                    at: RemoteAddr {
-                        allocation: 1,
-                        offset: 0,
-                    },
-                    len: 1 << 39,
-                },
-            ],
-            peers: vec![
-                PeerEntry {
-                    key: peer_key(RankId::infer(0, 1)),
-                    first_sum: 0,
-                    buckets: 2,
-                },
-                PeerEntry {
-                    key: peer_key(RankId::infer(1, 0)),
-                    first_sum: 2,
-                    buckets: 3,
-                },
-            ],
-            sums: 5,
-        }
-    }
-
-    #[test]
-    fn control_segment_round_trips_handles_tensors_peers_and_sums() {
-        let name = format!("awex-test-ipc{}-ctl", std::process::id());
-        let p = published();
-        let writer = Control::create(&name, &p).unwrap();
-        // header, 3 allocations, 2 tensors, 2 peers, 2 chunks, 5 sums
-        assert_eq!(
-            writer.seg.len(),
-            8 * (9 + 3 * 10 + 2 * 4 + 2 * 3 + 2 * 3 + 5)
-        );
-        writer.sum(4).unwrap().store(0xfeed, Ordering::Relaxed);
-        writer.ready().store(7 << 16 | 2, Ordering::Release);
-        let (reader, back) = Control::open(&name).unwrap();
-        assert_eq!(back, p);
-        assert_eq!(reader.sum(4).unwrap().load(Ordering::Relaxed), 0xfeed);
-        assert_eq!(reader.ready().load(Ordering::Acquire), 7 << 16 | 2);
-        assert_eq!(
-            reader.sum(5).unwrap_err().to_string(),
-            "transport: checksum 5 lies outside the 5 the training rank publishes (plans disagree)"
-        );
-        reader.done().fetch_add(1, Ordering::AcqRel);
-        assert_eq!(writer.done().load(Ordering::Acquire), 1);
-        drop(reader);
-        drop(writer);
-        assert!(crate::shm::list_segments(&name).is_empty());
-    }
-
-    #[test]
-    fn segment_without_the_magic_or_with_oversized_tables_is_refused() {
-        let name = format!("awex-test-ipcbad{}-ctl", std::process::id());
-        let seg = ShmSegment::create(&name, 80).unwrap();
-        let e = Control::open(&name).err().unwrap();
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment (no magic)"
-            )
-        );
-        // SAFETY: word 0 and word 3 lie inside the 80-byte segment.
-        unsafe {
-            *(seg.ptr() as *mut u64) = MAGIC;
-            *(seg.ptr().add(24) as *mut u64) = 1_000_000;
-        }
-        let e = Control::open(&name).err().unwrap();
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment (its tables run past its end)"
-            )
-        );
-    }
-
-    #[test]
-    fn a_span_past_the_chunk_table_or_outside_its_size_or_of_an_unknown_kind_is_refused() {
-        let name = format!("awex-test-ipcspan{}-ctl", std::process::id());
-        let p = published();
-        // the span is allocation 1: its entry starts after the header, at allocation 0's end
-        let at = HEADER_WORDS + ALLOC_WORDS;
-        let word = |c: &Control, i: usize, v: u64| c.word(i).store(v, Ordering::Relaxed);
-        let cases: [(usize, u64, &str); 4] = [
-            (at + 1, 1, "a span's chunks run past the chunk table"), // 2 chunks from index 1
-            (at + 1, u64::MAX, "a span's chunks run past the chunk table"),
-            (
-                at + HANDLE_BYTES / 8,
-                30 << 20,
-                "a span's chunks do not fit it",
-            ), // size < 60 MiB
-            (at + HANDLE_BYTES / 8 + 1, 2, "allocation kind"),
-        ];
-        for (i, v, why) in cases {
-            let w = Control::create(&name, &p).unwrap();
-            word(&w, i, v);
-            let e = Control::open(&name).err().expect(why);
-            assert_eq!(
-                e.to_string(),
-                format!(
-                    "transport: shared-memory segment `{name}` is not an awex cuda-ipc control segment ({why})"
-                ),
-                "word {i} = {v}"
-            );
-            drop(w);
-        }
+        assert_eq!(driver_min(1 << 30, DriverMin::Off), None);
     }
 
     fn plan_with(src: DType, dst: DType) -> RankPlan {
@@ -1368,6 +857,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(t.err().unwrap().to_string(), e.to_string());
     }
@@ -1391,6 +881,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![v]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(
             t.err().unwrap().to_string(),
@@ -1418,6 +909,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![v]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(
             t.err().unwrap().to_string(),
@@ -1449,6 +941,7 @@ mod tests {
             Arc::new(TensorSet::from_views(vec![v]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
+            &CudaIpcConfig::default(),
         );
         assert_eq!(
             t.err().unwrap().to_string(),

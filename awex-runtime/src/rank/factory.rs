@@ -1,0 +1,111 @@
+//! The one place a rank's transport is built ([`make_transport`]): the transport its
+//! [`RankConfig`](super::RankConfig) names, with that transport's typed config.
+
+use super::{Prepared, RankConfig};
+use crate::RuntimeError;
+use crate::tensors::TensorSet;
+use crate::transport::{CudaIpcTransport, ShmTransport, StagedTransport, TcpTransport, Transport};
+use awex_control::wire::ApplyMode;
+use awex_core::layout::Side;
+use std::sync::Arc;
+
+/// Builds the transport of a rank over its live `tensors`. An inference rank of an atomic pair
+/// (`cfg.apply`) gets a [`StagedTransport`]: the transport moves bytes into a staging copy of
+/// its tensors (same kind of memory), which is copied into `tensors` only on the gateway's
+/// `apply` event.
+pub fn make_transport(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    if cfg.apply == ApplyMode::Atomic && cfg.side == Side::Inference {
+        let staging = Arc::new(tensors.staging_like()?);
+        let inner = transport_over(cfg, prepared, staging.clone())?;
+        return Ok(Box::new(StagedTransport::new(inner, staging, tensors)));
+    }
+    transport_over(cfg, prepared, tensors)
+}
+
+pub(super) fn transport_over(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    // `awex-{pair}-{uid}-{rank}-ctl`: exact names, liveness by lock (see `crate::shm`)
+    let ctl = cfg.shm_scope().name(
+        &crate::host::rank_tag(&cfg.side.short()[..1], cfg.rank),
+        "ctl",
+    );
+    if cfg.transport.uses_shm_segments() {
+        // the segments of ranks killed earlier on this host (the next connect reclaims them)
+        crate::shm::gc(None);
+    }
+    match cfg.transport {
+        awex_core::Transport::Shm => Ok(Box::new(ShmTransport::new(
+            prepared.plan.clone(),
+            tensors,
+            cfg.bucket_bytes,
+            &ctl,
+        )?)),
+        awex_core::Transport::Tcp => {
+            let bind = cfg
+                .transports
+                .tcp
+                .bind
+                .clone()
+                .unwrap_or_else(|| format!("{}:0", cfg.host));
+            Ok(Box::new(TcpTransport::new(
+                prepared.plan.clone(),
+                tensors,
+                cfg.bucket_bytes,
+                &bind,
+                &cfg.host,
+            )?))
+        }
+        awex_core::Transport::CudaIpc => Ok(Box::new(CudaIpcTransport::new(
+            prepared.plan.clone(),
+            tensors,
+            cfg.bucket_bytes,
+            &ctl,
+            &cfg.transports.cuda_ipc,
+        )?)),
+        awex_core::Transport::Nccl => nccl_transport(cfg, prepared, tensors),
+    }
+}
+
+/// The `nccl` transport of a rank over its device tensors: one communicator for the whole
+/// pair. Training rank 0 creates the communicator's unique id here and publishes it, sealed
+/// with the pair secret, right after it joined ([`Transport::kv_at_join`]); every other rank
+/// reads and verifies it once all ranks have joined, so no rank waits on one that waits on it.
+pub(super) fn nccl_transport(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    use crate::transport::{NcclConfig, NcclTransport};
+    use awex_gpu::nccl::{CommWorld, Library, NcclError, creates_uid};
+    if !awex_gpu::cuda::BUILT {
+        return Err(RuntimeError::Nccl(NcclError::NeedsCuda));
+    }
+    let world = CommWorld::of(&*prepared.pair.training, &*prepared.pair.inference)?;
+    let lib = Arc::new(Library::load(cfg.transports.nccl_library.as_deref())?);
+    let uid = if creates_uid(cfg.side, cfg.rank) {
+        Some(lib.unique_id()?)
+    } else {
+        None
+    };
+    // the GPU of the registered tensors (for_rank checks they all share it)
+    let device = match tensors.location() {
+        Ok(crate::Location::Cuda(d)) => d,
+        _ => 0,
+    };
+    let mut nc = NcclConfig::new(device, world);
+    nc.bucket_bytes = cfg.bucket_bytes;
+    Ok(Box::new(NcclTransport::for_rank(
+        lib,
+        nc,
+        prepared.plan.clone(),
+        tensors,
+        uid,
+    )?))
+}

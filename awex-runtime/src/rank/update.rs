@@ -1,0 +1,320 @@
+//! One update on a joined rank ([`Rank::execute`]): the transport moves the bytes on a blocking
+//! task while a watcher follows the pair's event stream for an abort; the result is reported,
+//! and an atomic pair's staging is applied on the gateway's `apply`.
+
+use super::kv::checked;
+use super::{Rank, RankError, Work, read_checked_kv, rendezvous_key, retry_gateway};
+use crate::transport::{ExecContext, ExecStats};
+use crate::{RuntimeError, TransportError};
+use awex_control::client::ClientError;
+use awex_control::wire::{EventKind, Report};
+use awex_core::layout::RankId;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The task that watches the pair's event stream for an abort while a transport moves bytes
+/// ([`Rank::execute`]); stopped when dropped, so no way out of an update leaves it polling.
+struct Watcher(tokio::task::JoinHandle<()>);
+
+impl Watcher {
+    /// Stops the task and waits until it is gone.
+    async fn stop(mut self) {
+        self.0.abort();
+        // a cancelled task answers a JoinError; nothing else is left to learn from it
+        let _ = (&mut self.0).await;
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Rank {
+    async fn refresh_peers(&mut self) -> Result<(), ClientError> {
+        let other = self.cfg.side.other();
+        let ranks: Vec<RankId> = self.peers.keys().copied().collect();
+        for r in ranks {
+            let e = self
+                .client
+                .get_kv(&self.cfg.pair, &rendezvous_key(other, r), Duration::ZERO)
+                .await?;
+            self.peers
+                .insert(r, e.value.get("transport").cloned().unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    /// Before a retry: publishes what the transport publishes for it, reads what it reads
+    /// (waiting at most the update deadline) and hands that to the transport.
+    async fn attempt_kv(&mut self, work: Work) -> Result<(), RuntimeError> {
+        let t = self
+            .transport
+            .as_mut()
+            .ok_or(TransportError::Closed("transport"))?;
+        let gw = |source: ClientError| RuntimeError::Gateway {
+            what: "pair kv",
+            source,
+        };
+        if let Some((key, value)) = t.kv_before_attempt(work.version, work.attempt)? {
+            self.client
+                .put_kv(&self.cfg.pair, &key, value)
+                .await
+                .map_err(gw)?;
+        }
+        if let Some(key) = t.kv_for_attempt(work.version, work.attempt) {
+            let wait = Duration::from_millis(self.joined.options.update_deadline_ms);
+            let t = std::sync::Mutex::new(
+                self.transport
+                    .take()
+                    .ok_or(TransportError::Closed("transport"))?,
+            );
+            let value = read_checked_kv(&self.client, &self.cfg.pair, &key, wait, |v| {
+                checked(&t, &key, v)
+            })
+            .await;
+            self.transport = Some(t.into_inner().unwrap_or_else(|e| e.into_inner()));
+            let value = value?;
+            let t = self
+                .transport
+                .as_mut()
+                .ok_or(TransportError::Closed("transport"))?;
+            t.begin_attempt(&key, &value)?;
+        }
+        Ok(())
+    }
+
+    /// Executes one piece of work and reports it; returns what moved, or the error reported.
+    pub async fn execute(
+        &mut self,
+        work: Work,
+        checksums: bool,
+    ) -> Result<ExecStats, RuntimeError> {
+        if work.attempt > 1 {
+            // a restarted peer publishes new rendezvous values
+            if let Err(e) = self.refresh_peers().await {
+                return self
+                    .report(
+                        work,
+                        Err(RuntimeError::Gateway {
+                            what: "reading the peers' rendezvous values",
+                            source: e,
+                        }),
+                    )
+                    .await;
+            }
+            // nccl: a fresh communicator per retry, its id shared through the kv
+            if let Err(e) = self.attempt_kv(work).await {
+                return self.report(work, Err(e)).await;
+            }
+        }
+        let deadline =
+            Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
+        let cancel = Arc::new(AtomicBool::new(false));
+        // a transport lost to a panic of an earlier update: this one fails, and says so
+        let Some(mut transport) = self.transport.take() else {
+            return self.report(work, Err(TransportError::Lost.into())).await;
+        };
+        let peers = self.peers.clone();
+        let corrupt = self.corrupt_version == Some(work.version);
+        let c2 = cancel.clone();
+        let t_moved = Instant::now();
+        let job = tokio::task::spawn_blocking(move || {
+            let ctx = ExecContext {
+                version: work.version,
+                attempt: work.attempt,
+                deadline,
+                cancel: &c2,
+                checksums,
+                peers: &peers,
+                corrupt,
+            };
+            let r = transport.execute(&ctx);
+            (transport, r)
+        });
+        // watch the event stream for an abort of this version while the bytes move; the events
+        // stay on the gateway, so `next_work` still sees them afterwards
+        let watcher = Watcher({
+            let client = self.client.clone();
+            let pair = self.cfg.pair.clone();
+            let cancel = cancel.clone();
+            let mut after = self.last_seq;
+            let me = self.incarnation().to_string();
+            let watched = self.watched_seq.clone();
+            tokio::spawn(async move {
+                loop {
+                    let polled = client
+                        .events_as(&pair, after, Duration::from_secs(2), Some(&me))
+                        .await;
+                    match polled {
+                        Ok(r) => {
+                            after = r.last_seq.max(after);
+                            watched.fetch_max(after, Ordering::AcqRel);
+                            let stop = r.events.iter().any(|ev| match ev.kind {
+                                // (an earlier attempt's abort stays in the stream: a rank
+                                // told its attempt directly starts watching before it)
+                                EventKind::Abort => {
+                                    ev.version == Some(work.version)
+                                        && ev.attempt.unwrap_or(1) >= work.attempt
+                                }
+                                EventKind::Disconnect => true,
+                                EventKind::Update | EventKind::Apply => false,
+                            });
+                            if stop {
+                                cancel.store(true, Ordering::Release);
+                            }
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+            })
+        });
+        let joined = job.await;
+        watcher.stop().await;
+        // a transport that panicked is gone (its task unwound); the failure is reported all the
+        // same, so the version fails now instead of at its deadline
+        let (transport, result) = match joined {
+            Ok(done) => done,
+            Err(e) => return self.report(work, Err(TransportError::Task(e).into())).await,
+        };
+        if result.is_ok() {
+            self.last_transfer = Some((work, t_moved.elapsed()));
+        }
+        let stages = transport.stages();
+        self.transport = Some(transport);
+        let received = self.report(work, result).await?;
+        if !stages {
+            return Ok(received);
+        }
+        // atomic: received and verified into staging; the live tensors change only on `apply`
+        self.wait_apply(work, deadline).await?;
+        let mut transport = self
+            .transport
+            .take()
+            .ok_or(TransportError::Closed("transport"))?;
+        let job = tokio::task::spawn_blocking(move || {
+            let r = transport.apply();
+            (transport, r)
+        });
+        let applied = match job.await {
+            Ok((transport, applied)) => {
+                self.transport = Some(transport);
+                applied
+            }
+            Err(e) => Err(TransportError::Task(e).into()),
+        };
+        let applied = applied.map(|_| received).map_err(|e| RuntimeError::Apply {
+            version: work.version,
+            cause: Box::new(e),
+        });
+        self.report(work, applied).await
+    }
+
+    /// Atomic pairs, inference ranks: waits for the gateway's `apply` event of `work` (every
+    /// rank of both sides received). Its abort, a later attempt, a disconnect or the deadline
+    /// end the wait with an error: the live tensors were not touched.
+    async fn wait_apply(&mut self, work: Work, deadline: Instant) -> Result<(), RuntimeError> {
+        let mut after = self.last_seq;
+        let v = Some(work.version);
+        let me = self.incarnation().to_string();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RuntimeError::Deadline(work.version));
+            }
+            let polled = self
+                .client
+                .events_as(
+                    &self.cfg.pair,
+                    after,
+                    left.min(Duration::from_secs(30)),
+                    Some(&me),
+                )
+                .await;
+            match polled {
+                Ok(r) => {
+                    after = r.last_seq.max(after);
+                    self.watched_seq.fetch_max(after, Ordering::AcqRel);
+                    for ev in r.events {
+                        let attempt = ev.attempt.unwrap_or(1);
+                        match ev.kind {
+                            EventKind::Apply if ev.version == v && attempt == work.attempt => {
+                                return Ok(());
+                            }
+                            EventKind::Abort if ev.version == v && attempt >= work.attempt => {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            EventKind::Update
+                                if ev.version > v
+                                    || (ev.version == v && attempt > work.attempt) =>
+                            {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            EventKind::Disconnect => {
+                                return Err(RuntimeError::Aborted(work.version));
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) if matches!(e.status(), Some(404) | Some(410)) => {
+                    return Err(RuntimeError::Aborted(work.version));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    async fn report(
+        &mut self,
+        work: Work,
+        result: Result<ExecStats, RuntimeError>,
+    ) -> Result<ExecStats, RuntimeError> {
+        let report = match &result {
+            Ok(s) => Report {
+                side: self.cfg.side,
+                rank: self.cfg.rank,
+                ok: true,
+                bytes: s.bytes,
+                checksum: Some(s.checksum),
+                error: None,
+                attempt: Some(work.attempt),
+            },
+            Err(e) => Report {
+                side: self.cfg.side,
+                rank: self.cfg.rank,
+                ok: false,
+                bytes: 0,
+                checksum: None,
+                error: Some(e.to_string()),
+                attempt: Some(work.attempt),
+            },
+        };
+        // a report that may have arrived is re-sent only after a transient failure: the gateway
+        // refuses a duplicate with 409, which is what a version that failed meanwhile answers
+        let sent = retry_gateway(&self.cfg.gateway, "reporting", self.update_limit(), || {
+            self.client.report(&self.cfg.pair, work.version, &report)
+        })
+        .await;
+        if let Err(e) = sent {
+            let refused = matches!(&e, RankError::Gateway(c) if c.status() == Some(409));
+            // a report refused because the version already failed is not this rank's error
+            if result.is_ok() && !refused {
+                return Err(match e {
+                    RankError::Gateway(source) => RuntimeError::Gateway {
+                        what: "report to the gateway failed",
+                        source,
+                    },
+                    RankError::Runtime(r) => r,
+                    other => RuntimeError::GatewayLost {
+                        what: "report to the gateway failed",
+                        reason: other.to_string(),
+                    },
+                });
+            }
+        }
+        result
+    }
+}
