@@ -1430,6 +1430,7 @@ impl Rank {
                 checksum: Some(s.checksum),
                 error: None,
                 attempt: Some(work.attempt),
+                incarnation: Some(self.incarnation().to_string()),
             },
             Err(e) => Report {
                 side: self.cfg.side,
@@ -1439,6 +1440,7 @@ impl Rank {
                 checksum: None,
                 error: Some(e.to_string()),
                 attempt: Some(work.attempt),
+                incarnation: Some(self.incarnation().to_string()),
             },
         };
         // a report that may have arrived is re-sent only after a transient failure: the gateway
