@@ -30,8 +30,9 @@ pub struct Args {
     pub body_limit_mib: Option<u64>,
     /// Directory of the gateway's durable state (pairs, rosters, rendezvous values, updates,
     /// events), so that a restarted gateway loses nothing; `none` keeps it in memory only.
-    /// One gateway per directory. [default: $XDG_STATE_HOME/awex/gateway-PORT, else
-    /// ~/.local/state/awex/gateway-PORT; env AWEX_STATE_DIR]
+    /// One gateway per directory; created mode 0700, and one another user owns or can read is
+    /// refused. [default: $XDG_STATE_HOME/awex/gateway-PORT, else
+    /// $HOME/.local/state/awex/gateway-PORT; env AWEX_STATE_DIR]
     #[arg(long, env = "AWEX_STATE_DIR", value_name = "DIR|none")]
     pub state_dir: Option<String>,
     /// Keep the state in memory only (the same as --state-dir none).
