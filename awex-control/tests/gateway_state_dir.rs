@@ -173,9 +173,8 @@ fn another_uid_can_read_nothing_of_the_state_and_no_pair_secret_is_stored() {
             p.display()
         );
     }
-    // a token-less gateway started on the same state gets a different key: no secret leaks
-    // through the key file either (there is none with a token)
-    assert!(!dir.join("pair-secret.key").exists());
+    // the key file alone does not give the secret: it is combined with the token
+    assert!(dir.join("pair-secret.key").exists());
     if !is_root() {
         eprintln!("skipped the second-uid check: it needs root to switch to uid 65534");
         return;
@@ -314,4 +313,43 @@ fn a_database_older_than_the_last_acknowledged_commit_is_refused() {
     // the operator accepts the older state knowingly: the pair comes back at version 1
     std::fs::remove_file(dir.path().join("gateway.commit")).unwrap();
     open(dir.path()).unwrap();
+}
+
+#[test]
+fn a_pair_restored_under_another_token_is_join_failed_not_served_with_another_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gw::start(dir.path(), Some("token-one"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let first = rt.block_on(pair_with_commits(
+        &gw.client(Some("token-one")),
+        "tok",
+        1..=1,
+    ));
+    gw.stop();
+    // the same token: the same secret
+    let gw = Gw::start(dir.path(), Some("token-one"));
+    let again = rt.block_on(async {
+        let c = gw.client(Some("token-one"));
+        let st = c.status("tok").await.unwrap();
+        assert_eq!(st.state, awex_control::wire::PairState::Ready);
+        c.join("tok", &jr(T.0, T.1))
+            .await
+            .unwrap()
+            .secret
+            .unwrap()
+            .0
+    });
+    assert_eq!(again, first);
+    gw.stop();
+    let gw = Gw::start(dir.path(), Some("token-two"));
+    rt.block_on(async {
+        let st = gw.client(Some("token-two")).status("tok").await.unwrap();
+        assert_eq!(st.state, awex_control::wire::PairState::JoinFailed);
+        let why = st.join_error.unwrap_or_default();
+        assert!(
+            why.starts_with("the gateway's token changed since this pair was connected"),
+            "{why}"
+        );
+    });
+    gw.stop();
 }

@@ -178,10 +178,11 @@ pub fn router(config: GatewayConfig) -> Router {
         state_dir: None,
         ..config
     };
+    // (no random source: a fixed key still gives each connect, by its random uid, its own secret)
+    let base = secret::SecretKey::random().unwrap_or_else(|_| secret::SecretKey::fixed());
     let secrets = match &config.token {
-        Some(t) => secret::SecretKey::from_token(t),
-        // no random source: a fixed key still gives each connect (its random uid) its own secret
-        None => secret::SecretKey::random().unwrap_or_else(|_| secret::SecretKey::from_token("")),
+        Some(t) => base.with_token(t),
+        None => base,
     };
     routes_of(gateway_of(config, None, secrets))
 }
@@ -198,16 +199,19 @@ pub fn open_router(config: GatewayConfig) -> Result<Router, ServeError> {
         Some(s) => Some(s.load()?),
         None => None,
     };
-    let secrets = match (&config.token, &store) {
-        (Some(t), _) => secret::SecretKey::from_token(t),
-        // without a token any local process may join and learn a secret: a key file is no worse
-        (None, Some(s)) => secret::SecretKey::from_file(s.dir()).map_err(|message| {
+    // the pair secrets' key: the state directory's key file combined with the token
+    let base = match &store {
+        Some(s) => secret::SecretKey::from_file(s.dir()).map_err(|message| {
             store::disk::StoreError::Io {
                 path: s.dir().to_path_buf(),
                 message,
             }
         })?,
-        (None, None) => secret::SecretKey::random()?,
+        None => secret::SecretKey::random()?,
+    };
+    let secrets = match &config.token {
+        Some(t) => base.with_token(t),
+        None => base,
     };
     let gw = gateway_of(config, store, secrets);
     if let Some((pairs, next_id)) = loaded {

@@ -1,8 +1,8 @@
 //! Pair secrets derived, not stored: each pair's data-plane secret is
-//! `HMAC-SHA256(key, "awex pair secret v1" ‖ name ‖ uid)`, where the key comes from the bearer
-//! token (or, on a gateway without a token, from a key file beside the state). The state on disk
-//! holds only a check value of each secret, so that a copy of the state directory grants no
-//! access to any pair's data plane.
+//! `HMAC-SHA256(key, "awex pair secret v1" ‖ name ‖ uid)`, where the key is derived from a
+//! random key file beside the state *and* the bearer token. The state on disk holds only a check
+//! value of each secret: a copy of the state directory without the token grants no pair's data
+//! plane, and neither does the token without the directory.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -42,16 +42,22 @@ fn hex(b: &[u8]) -> String {
 }
 
 impl SecretKey {
-    /// The key of a gateway with a bearer token: derived from the token, so that it lives
-    /// wherever the token lives and nowhere else.
-    pub(crate) fn from_token(token: &str) -> SecretKey {
+    /// This key combined with the gateway's bearer token: the key of a gateway with a token,
+    /// which neither the key file nor the token alone yields.
+    pub(crate) fn with_token(&self, token: &str) -> SecretKey {
         SecretKey(hmac(
-            b"awex gateway pair-secret key v1",
-            &[token.as_bytes()],
+            &self.0,
+            &[b"awex gateway pair-secret key v1", token.as_bytes()],
         ))
     }
 
-    /// A fresh random key (an in-memory gateway without a token).
+    /// A fixed key, for an in-memory gateway on a system without a random source (the pair uids
+    /// then come from nowhere either: connect fails before it is used).
+    pub(crate) fn fixed() -> SecretKey {
+        SecretKey([0x5a; 32])
+    }
+
+    /// A fresh random key (an in-memory gateway).
     pub(crate) fn random() -> std::io::Result<SecretKey> {
         let mut b = [0u8; 32];
         std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
@@ -108,9 +114,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn secrets_differ_per_pair_uid_and_token_and_the_check_value_is_not_the_secret() {
-        let a = SecretKey::from_token("tok-a");
-        let b = SecretKey::from_token("tok-b");
+    fn secrets_differ_per_pair_uid_key_and_token_and_the_check_value_is_not_the_secret() {
+        let base = SecretKey([7; 32]);
+        let a = base.with_token("tok-a");
+        let b = base.with_token("tok-b");
+        assert_ne!(
+            a.pair_secret("p", "00ff"),
+            SecretKey([8; 32])
+                .with_token("tok-a")
+                .pair_secret("p", "00ff"),
+            "the token alone does not give the secret"
+        );
         let s = a.pair_secret("p", "00ff");
         assert_eq!(s.len(), 64);
         assert_eq!(s, a.pair_secret("p", "00ff"), "deterministic");
