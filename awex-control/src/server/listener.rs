@@ -62,6 +62,8 @@ const EVICTING_SLACK: usize = 64;
 #[derive(Default)]
 struct Pool {
     open: AtomicUsize,
+    /// The most connections open since memory was last given back.
+    peak: AtomicUsize,
     unproven: AtomicUsize,
     /// Unproven connections, oldest first (proven and closed ones are skipped lazily).
     queue: Mutex<VecDeque<Weak<ConnState>>>,
@@ -157,7 +159,8 @@ impl Bounded {
             evicted: AtomicBool::new(false),
             waker: Mutex::new(None),
         });
-        self.pool.open.fetch_add(1, Ordering::AcqRel);
+        let open = self.pool.open.fetch_add(1, Ordering::AcqRel) + 1;
+        self.pool.peak.fetch_max(open, Ordering::AcqRel);
         if self.limits.token_required {
             self.pool.unproven.fetch_add(1, Ordering::AcqRel);
             let mut q = self.pool.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -243,9 +246,26 @@ pub(crate) struct Guarded {
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        self.state.pool.open.fetch_sub(1, Ordering::AcqRel);
+        let pool = &self.state.pool;
+        let open = pool.open.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
         if !self.state.proven.swap(true, Ordering::AcqRel) {
-            self.state.pool.unproven.fetch_sub(1, Ordering::AcqRel);
+            pool.unproven.fetch_sub(1, Ordering::AcqRel);
+        }
+        // a flood went away: give its connections' buffers back to the system (glibc keeps
+        // freed memory otherwise), once per flood
+        let peak = pool.peak.load(Ordering::Acquire);
+        if peak >= 256
+            && open * 4 < peak
+            && pool
+                .peak
+                .compare_exchange(peak, open, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only releases free memory of the process's own heap.
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
     }
 }
