@@ -248,12 +248,24 @@ fn a_truncated_database_is_refused_with_a_message_not_a_panic() {
     rt.block_on(pair_with_commits(&gw.client(None), "tr", 1..=2));
     gw.stop();
     let db = dir.path().join("gateway.redb");
-    let len = std::fs::metadata(&db).unwrap().len();
-    let f = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
-    f.set_len(len / 2).unwrap();
-    drop(f);
-    let e = open(dir.path()).unwrap_err().to_string();
-    assert!(e.contains("gateway.redb cannot be used"), "{e}");
+    let whole = std::fs::read(&db).unwrap();
+    let len = whole.len();
+    for cut in [len / 2, len - 1, 4096, 100, 20, 5] {
+        std::fs::write(&db, &whole[..cut]).unwrap();
+        let e = open(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("gateway.redb cannot be used: "),
+            "cut at {cut}: {e}"
+        );
+        if cut >= 32 {
+            assert!(
+                e.contains(&format!(
+                    "it is truncated: {cut} bytes, where its header describes"
+                )),
+                "cut at {cut}: {e}"
+            );
+        }
+    }
 }
 
 /// Replaces every copy of `from` in `file` by `to` (same length); returns how many.

@@ -306,6 +306,46 @@ fn create_db(dir: &Path, file: &Path) -> Result<(), StoreError> {
         .map_err(|e| io(dir, format!("cannot create {}: {e}", file.display())))
 }
 
+/// A database file shorter than its own header says it is (a truncated copy), as a message;
+/// `None` when it is not, or when the header is not one this check reads (then the database
+/// library's own checks speak). The header layout is redb 2's (`tree_store/page_store/
+/// header.rs` and `layout.rs`): the magic number, then at byte 12 the page size, the pages of a
+/// region's header, the data pages of a full region, the number of full regions and the data
+/// pages of the trailing partial region (u32, little-endian); the file is one page of header,
+/// then the regions. Checked first, because redb asserts (panics) on such a file.
+fn truncated(file: &Path) -> Option<String> {
+    use std::io::Read;
+    const MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+    let mut f = std::fs::File::open(file).ok()?;
+    let len = f.metadata().ok()?.len();
+    let mut h = [0u8; 32];
+    f.read_exact(&mut h).ok()?;
+    if h[..9] != MAGIC {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&h[at..at + 4]);
+        u64::from(u32::from_le_bytes(w))
+    };
+    let (page, header_pages, region_pages, full, trailing) =
+        (word(12), word(16), word(20), word(24), word(28));
+    if !page.is_power_of_two() || !(512..=1 << 20).contains(&page) {
+        return None;
+    }
+    let region = (header_pages + region_pages).checked_mul(page)?;
+    let tail = if trailing > 0 {
+        (header_pages + trailing).checked_mul(page)?
+    } else {
+        0
+    };
+    let want = full
+        .checked_mul(region)?
+        .checked_add(tail)?
+        .checked_add(page)?;
+    (len < want).then(|| format!("it is truncated: {len} bytes, where its header describes {want}"))
+}
+
 /// Opens the existing database `file`: a file redb cannot read, one whose newest commit fails
 /// its checksums (never silently replaced by the commit before it: every commit is two-phase),
 /// is refused naming the file.
@@ -315,6 +355,9 @@ fn open_db(dir: &Path, file: &Path) -> Result<redb::Database, StoreError> {
         message,
         hint: DAMAGED_HINT,
     };
+    if let Some(message) = truncated(file) {
+        return Err(damaged(message));
+    }
     let opened = no_panic(|| match builder().create(file) {
         Ok(db) => Ok(Ok(db)),
         Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(Err(())),
