@@ -15,7 +15,7 @@
 //! never rewrites the pair.
 
 use awex_core::backend::EngineFacts;
-use redb::{ReadableTable, TableDefinition};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -850,7 +850,12 @@ impl Writer {
             }
         };
         let seq = self.seq + 1;
+        let deleted = self
+            .pending
+            .iter()
+            .any(|w| matches!(w, Write::DeletePair(_)));
         commit(&db, self.pending.iter(), seq).map_err(|e| e.to_string())?;
+        drop(db);
         self.seq = seq;
         self.pending.clear();
         self.pending.shrink_to(1024);
@@ -860,7 +865,30 @@ impl Writer {
                 db_id: self.db_id,
                 seq,
             })
-            .map_err(|e| format!("cannot write {}: {e}", self.witness.path().display()))
+            .map_err(|e| format!("cannot write {}: {e}", self.witness.path().display()))?;
+        if deleted {
+            self.compact_if_empty();
+        }
+        Ok(())
+    }
+
+    /// Once the last pair is gone, gives the file's free pages back (redb keeps the file at its
+    /// high-water mark otherwise). Best effort: a failure is logged and changes nothing.
+    fn compact_if_empty(&mut self) {
+        let Some(db) = self.db.as_mut().and_then(std::sync::Arc::get_mut) else {
+            return;
+        };
+        let empty = db
+            .begin_read()
+            .ok()
+            .and_then(|r| r.open_table(PAIRS).ok()?.len().ok())
+            == Some(0);
+        if !empty {
+            return;
+        }
+        if let Err(e) = db.compact() {
+            tracing::warn!(error = %e, file = %self.file.display(), "compacting the gateway's database failed");
+        }
     }
 }
 
