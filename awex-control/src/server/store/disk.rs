@@ -8,11 +8,19 @@
 //! `durable` layer waits for them), so a rank never acts on state a crash could lose.
 //!
 //! Tables, each keyed by the pair name first: `pairs` (what connect fixed: the request, ids,
-//! secret, sides, engine facts), `pair_state` (state, join error, committed / torn versions,
-//! last event seq), `roster` (pair, slot), `kv` (pair, key), `updates` (pair, version: one
-//! attempt's header), `reports` (pair, version, slot: one rank's report, so that a report writes
-//! one small row), `events` (pair, seq), and `meta` (the next pair id). A report or a join
-//! never rewrites the pair.
+//! a check value of the derived secret, sides, engine facts), `pair_state` (state, join error,
+//! committed / torn versions, last event seq), `roster` (pair, slot), `kv` (pair, key),
+//! `updates` (pair, version: one attempt's header), `reports` (pair, version, slot: one rank's
+//! report, so that a report writes one small row), `events` (pair, seq), and `meta` (the next
+//! pair id, the database's id and its commit number). A report or a join never rewrites the
+//! pair.
+//!
+//! Faults: every commit is two-phase and its number is recorded in `gateway.commit`
+//! ([`super::witness`]) before anyone is answered; at start a zero-length, truncated or damaged
+//! file (every page's checksum is checked) and a database older than the record are refused
+//! with a message naming the file. A failed commit keeps its rows queued; the writer reopens
+//! the database and tries again every second, so the gateway recovers when the disk does. The
+//! file is compacted once the last pair is gone.
 
 use awex_core::backend::EngineFacts;
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
