@@ -365,3 +365,55 @@ fn a_pair_restored_under_another_token_is_join_failed_not_served_with_another_se
     });
     gw.stop();
 }
+
+#[test]
+fn the_database_file_shrinks_once_every_pair_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = dir.path().join("gateway.redb");
+    let config = GatewayConfig {
+        state_dir: Some(dir.path().to_path_buf()),
+        tombstone: Duration::from_millis(200),
+        ..GatewayConfig::default()
+    };
+    let peak = rt.block_on(async {
+        let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(serve(l, config));
+        let c = Client::new(&url, None).unwrap().with_retries(0);
+        let value = json!("v".repeat(48 * 1024));
+        for i in 0..60 {
+            let name = format!("p{i}");
+            c.connect(&connect_request(&name, 1, 1, 1)).await.unwrap();
+            for k in 0..2 {
+                c.put_kv(&name, &format!("k{k}"), value.clone())
+                    .await
+                    .unwrap();
+            }
+        }
+        let peak = std::fs::metadata(&db).unwrap().len();
+        for i in 0..60 {
+            c.disconnect(&format!("p{i}")).await.unwrap();
+        }
+        peak
+    });
+    assert!(peak > 4 << 20, "the pairs took {peak} bytes");
+    let mut now = peak;
+    for _ in 0..240 {
+        now = std::fs::metadata(&db).unwrap().len();
+        if now < peak / 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        now < peak / 4,
+        "{peak} bytes with 60 pairs, still {now} once they are gone"
+    );
+    rt.shutdown_timeout(Duration::from_secs(5));
+}

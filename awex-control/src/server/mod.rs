@@ -5,10 +5,13 @@
 //! The modules form one chain, each importing only those before it:
 //!
 //! 1. leaves: `error` (every failure mapped to a 4xx status and a `{"error": ...}` body),
-//!    `config`, `validate` (names, bounds, model and catalogue checks);
+//!    `config`, `validate` (names, bounds, model and catalogue checks), `secret` (pair secrets
+//!    derived from the key file and the token, never stored), `listener` (connection limits,
+//!    request-head deadlines, the reserve of slots for token holders);
 //! 2. `store`: the data a pair's state is made of (`events`, `kv`, `roster`, `updates`,
 //!    `metrics`), knowing nothing of handlers, and `disk`, the durable copy of it (an embedded
-//!    `redb` database under the state directory, written through before each answer);
+//!    `redb` database under the state directory, written through before each answer), with
+//!    `witness`, the record of the last acknowledged commit;
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
 //! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;

@@ -8,14 +8,22 @@
 //! `durable` layer waits for them), so a rank never acts on state a crash could lose.
 //!
 //! Tables, each keyed by the pair name first: `pairs` (what connect fixed: the request, ids,
-//! secret, sides, engine facts), `pair_state` (state, join error, committed / torn versions,
-//! last event seq), `roster` (pair, slot), `kv` (pair, key), `updates` (pair, version: one
-//! attempt's header), `reports` (pair, version, slot: one rank's report, so that a report writes
-//! one small row), `events` (pair, seq), and `meta` (the next pair id). A report or a join
-//! never rewrites the pair.
+//! a check value of the derived secret, sides, engine facts), `pair_state` (state, join error,
+//! committed / torn versions, last event seq), `roster` (pair, slot), `kv` (pair, key),
+//! `updates` (pair, version: one attempt's header), `reports` (pair, version, slot: one rank's
+//! report, so that a report writes one small row), `events` (pair, seq), and `meta` (the next
+//! pair id, the database's id and its commit number). A report or a join never rewrites the
+//! pair.
+//!
+//! Faults: every commit is two-phase and its number is recorded in `gateway.commit`
+//! ([`super::witness`]) before anyone is answered; at start a zero-length, truncated or damaged
+//! file (every page's checksum is checked) and a database older than the record are refused
+//! with a message naming the file. A failed commit keeps its rows queued; the writer reopens
+//! the database and tries again every second, so the gateway recovers when the disk does. The
+//! file is compacted once the last pair is gone.
 
 use awex_core::backend::EngineFacts;
-use redb::{ReadableTable, TableDefinition};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -850,7 +858,12 @@ impl Writer {
             }
         };
         let seq = self.seq + 1;
+        let deleted = self
+            .pending
+            .iter()
+            .any(|w| matches!(w, Write::DeletePair(_)));
         commit(&db, self.pending.iter(), seq).map_err(|e| e.to_string())?;
+        drop(db);
         self.seq = seq;
         self.pending.clear();
         self.pending.shrink_to(1024);
@@ -860,7 +873,30 @@ impl Writer {
                 db_id: self.db_id,
                 seq,
             })
-            .map_err(|e| format!("cannot write {}: {e}", self.witness.path().display()))
+            .map_err(|e| format!("cannot write {}: {e}", self.witness.path().display()))?;
+        if deleted {
+            self.compact_if_empty();
+        }
+        Ok(())
+    }
+
+    /// Once the last pair is gone, gives the file's free pages back (redb keeps the file at its
+    /// high-water mark otherwise). Best effort: a failure is logged and changes nothing.
+    fn compact_if_empty(&mut self) {
+        let Some(db) = self.db.as_mut().and_then(std::sync::Arc::get_mut) else {
+            return;
+        };
+        let empty = db
+            .begin_read()
+            .ok()
+            .and_then(|r| r.open_table(PAIRS).ok()?.len().ok())
+            == Some(0);
+        if !empty {
+            return;
+        }
+        if let Err(e) = db.compact() {
+            tracing::warn!(error = %e, file = %self.file.display(), "compacting the gateway's database failed");
+        }
     }
 }
 
