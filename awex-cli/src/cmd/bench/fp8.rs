@@ -29,7 +29,7 @@ pub struct Fp8Args {
     /// GPU ordinal.
     #[arg(long, default_value_t = 0)]
     gpu: u32,
-    /// Timed kernel launches (and copies) per shape, after one warm-up.
+    /// Kernel launches (and copies) per timed round; three rounds after a warm-up, the best.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     runs: u32,
     /// Quantise on the CPU only (no GPU needed).
@@ -56,10 +56,10 @@ struct ShapeRun {
     /// CPU quantisation, ms, and its read + write bandwidth, GB/s.
     cpu_ms: f64,
     cpu_gbps: f64,
-    /// GPU kernel, median ms over the runs, and its read + write bandwidth, GB/s.
+    /// GPU kernel, ms (best round's mean), and its read + write bandwidth, GB/s.
     gpu_ms: Option<f64>,
     gpu_gbps: Option<f64>,
-    /// Device copy of the bf16 bytes, median ms, read + write GB/s.
+    /// Device copy of the bf16 bytes, ms (best round's mean), read + write GB/s.
     copy_ms: Option<f64>,
     copy_gbps: Option<f64>,
     /// Kernel bandwidth over copy bandwidth.
@@ -228,26 +228,30 @@ pub fn run(a: Fp8Args) -> anyhow::Result<ExitCode> {
             bad |= e4m3_bad != 0 || scale_bad != 0;
             run.e4m3_mismatches = Some(e4m3_bad);
             run.scale_mismatches = Some(scale_bad);
-            // timed: the kernel and a device copy of the bf16 bytes, alternating, medians
+            // timed: `runs` kernel launches back to back, then as many device copies of the bf16
+            // bytes; three rounds after a warm-up, the best round of each
             let copy = [CopyDesc::linear(src.ptr(), copy_dst.ptr(), 2 * n as u64)];
-            let (mut kt, mut ct) = (vec![], vec![]);
-            for r in 0..=a.runs {
+            let (mut k, mut c) = (f64::MAX, f64::MAX);
+            for round in 0..4 {
                 let t = Instant::now();
-                // SAFETY: as above.
-                unsafe { kernel.launch(stream, &job, recipe, &enc)? };
+                for _ in 0..a.runs {
+                    // SAFETY: as above.
+                    unsafe { kernel.launch(stream, &job, recipe, &enc)? };
+                }
                 stream.sync()?;
-                let k = t.elapsed().as_secs_f64();
+                let kr = t.elapsed().as_secs_f64() / a.runs as f64;
                 let t = Instant::now();
-                // SAFETY: both ranges are live buffers of 2n bytes.
-                unsafe { engine.launch(&copy, None, None)? };
+                for _ in 0..a.runs {
+                    // SAFETY: both ranges are live buffers of 2n bytes.
+                    unsafe { engine.launch(&copy, None, None)? };
+                }
                 engine.sync()?;
-                let c = t.elapsed().as_secs_f64();
-                if r > 0 {
-                    kt.push(k);
-                    ct.push(c);
+                let cr = t.elapsed().as_secs_f64() / a.runs as f64;
+                if round > 0 {
+                    k = k.min(kr);
+                    c = c.min(cr);
                 }
             }
-            let (k, c) = (super::median(&kt), super::median(&ct));
             run.gpu_ms = Some(k * 1e3);
             run.gpu_gbps = Some(moved / k / 1e9);
             run.copy_ms = Some(c * 1e3);
