@@ -4,7 +4,7 @@
 //! per element); the floor copies the 32 MiB source once. divan prints each one's throughput
 //! in bytes of bf16 source per second. Run: `cargo bench -p awex-core --bench fp8`.
 
-use awex_core::encoding::{Fp8Block, Fp8Quantiser, Recipe, Shape2d};
+use awex_core::encoding::{Fp8Quantiser, Recipe, Shape2d};
 use divan::{Bencher, counter::BytesCount};
 
 const ROWS: usize = 4096;
@@ -38,7 +38,8 @@ fn memcpy_floor(b: Bencher) {
 #[divan::bench(args = ["vllm", "deepgemm-ue8m0", "deepgemm-legacy", "awex-python", "slime", "sglang-ue8m0"])]
 fn quantise(b: Bencher, recipe: &str) {
     let x = matrix();
-    let quant = Fp8Quantiser::new(recipe.parse::<Recipe>().unwrap(), Fp8Block::default());
+    let recipe: Recipe = recipe.parse().unwrap();
+    let quant = Fp8Quantiser::new(recipe, recipe.encoding([128, 128]));
     let mut q = vec![0u8; ROWS * COLS];
     let mut s = vec![0f32; (ROWS / 128) * (COLS / 128)];
     b.counter(BytesCount::new(2 * ROWS * COLS)).bench_local(|| {

@@ -3,7 +3,7 @@
 //! `tests/fixtures/fp8_reference.json` (the Python side checks its transcriptions against the
 //! engines' own functions and regenerates those digests; see `engines/tests`).
 
-use awex_core::encoding::{Fp8Block, Fp8Quantiser, Recipe, Shape2d, TorchDevice};
+use awex_core::encoding::{Fp8Quantiser, Recipe, Shape2d, TorchDevice};
 use serde_json::Value;
 
 /// The bf16 test matrices of `engines/fp8_refs.py::matrix_bits`, bit for bit.
@@ -84,10 +84,7 @@ fn check_device(key: &str, device: TorchDevice) -> (usize, Vec<String>) {
         let x = matrix_bits(rows, cols, seed);
         for (name, want) in recipes.as_object().expect("recipes") {
             let recipe: Recipe = name.parse().expect("a known recipe");
-            let enc = Fp8Block {
-                block,
-                ..Fp8Block::default()
-            };
+            let enc = recipe.encoding(block);
             let [sr, sc] = enc.scale_shape(rows as u64, cols as u64);
             let mut q = vec![0u8; rows * cols];
             let mut s = vec![0f32; (sr * sc) as usize];

@@ -442,10 +442,10 @@ fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
     let d = Device::open(0).unwrap();
     let k = Fp8Kernel::load(&d).unwrap();
     let s = d.stream().unwrap();
-    let enc = Fp8Block::default();
+    let grid = Fp8Block::default();
     for (rows, cols) in [(300usize, 520usize), (257, 130), (1, 1000), (1024, 1024)] {
         let x = fp8_matrix(rows, cols, rows as u64 * 31 + cols as u64);
-        let [sr, sc] = enc.scale_shape(rows as u64, cols as u64);
+        let [sr, sc] = grid.scale_shape(rows as u64, cols as u64);
         let (sr, sc) = (sr as usize, sc as usize);
         for recipe in [
             Recipe::Vllm,
@@ -453,6 +453,7 @@ fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
             Recipe::DeepGemmLegacy,
             Recipe::AwexPython,
         ] {
+            let enc = recipe.encoding(GPU_BLOCK);
             let mut want = vec![0u8; rows * cols];
             let mut want_s = vec![0f32; sr * sc];
             Fp8Quantiser::new(recipe, enc.clone())
@@ -545,7 +546,7 @@ fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
         scale_pitch: 2,
     };
     // SAFETY: as above.
-    let e = unsafe { k.quantise(&s, &job, Recipe::Vllm, &enc) }.unwrap_err();
+    let e = unsafe { k.quantise(&s, &job, Recipe::Vllm, &grid) }.unwrap_err();
     assert_eq!(e, CudaError::Fp8NonFinite { blocks: 1 });
     assert_eq!(k.take_status(&s).unwrap(), 0);
 }

@@ -9,8 +9,8 @@
 
 use crate::cmd::demo::memcpy_gbps;
 use anyhow::{Context, bail};
-use awex_core::encoding::{Fp8Block, Fp8Quantiser, Recipe, Shape2d};
-use awex_gpu::cuda::{CopyDesc, CopyEngine, Device, Fp8Job, Fp8Kernel};
+use awex_core::encoding::{Fp8Quantiser, Recipe, Shape2d};
+use awex_gpu::cuda::{CopyDesc, CopyEngine, Device, Fp8Job, Fp8Kernel, GPU_BLOCK};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -137,7 +137,7 @@ fn bytes_of_f32(v: &[f32]) -> Vec<u8> {
 /// Runs `bench fp8`.
 pub fn run(a: Fp8Args) -> anyhow::Result<ExitCode> {
     let recipe: Recipe = a.recipe.parse()?;
-    let enc = Fp8Block::default();
+    let enc = recipe.encoding(GPU_BLOCK);
     let shapes = parse_shapes(&a.shapes)?;
     if let Some(d) = &a.dump {
         std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
