@@ -16,10 +16,10 @@
 //!   into groups of `steps_per_group` steps (same bytes, the latency of every step; the pack
 //!   and unpack of a merged group overlap its transfers but for one step's share).
 //! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc.rs`, `awex-gpu/src/cuda/engine.rs`):
-//!   an inference rank issues, peer after peer, one copy per transfer (linear pieces of at most
-//!   256 MiB) on 4 streams, each copy to the least-loaded stream of that peer's batch; the
-//!   host issues copies one after another (`launch_us` each); at the end of each peer's batch
-//!   stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
+//!   an inference rank replays, peer after peer, the CUDA graph it captured at join for that
+//!   peer (one launch, `launch_us`): one copy per transfer (linear pieces of at most 256 MiB)
+//!   over 16 streams, largest first, each copy to the least-loaded stream of the batch; at the
+//!   end of each peer's batch stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
 //!   node, NVLink.
 //! - `shm` (`awex-runtime/src/transport/shm.rs`): an inference rank copies its peers'
 //!   buckets one after another on its own thread, out of the training ranks' shared memory; every
@@ -453,7 +453,10 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
             }
         }
         Transport::CudaIpc => {
-            const STREAMS: usize = 4;
+            // the receiver's copy engine (`CudaIpcConfig`'s defaults): 16 streams, linear copies
+            // cut into 256 MiB pieces, each peer's copies captured into one CUDA graph at join
+            // and replayed with one launch per update
+            const STREAMS: usize = 16;
             const SPLIT: u64 = 256 << 20;
             let launch = topo.launch_us * 1e-6;
             let mut by_dst: Vec<Vec<usize>> = vec![Vec::new(); i_n];
@@ -491,31 +494,33 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     }
                     batches = vec![merged];
                 }
-                for batch in &batches {
+                for batch in &mut batches {
+                    // the graph's replay: one launch per batch
+                    let h = g.add(Kind::Delay(launch), host.as_slice());
+                    host = Some(h);
+                    // largest first, each to the least-loaded stream (`CopyOrder::LargestFirst`;
+                    // the tile kernel's blocks likewise keep every stream's share moving)
+                    batch.sort_by_key(|&(_, piece)| std::cmp::Reverse(piece));
                     let mut load = [0u64; STREAMS];
-                    for &(path, piece) in batch {
-                        {
-                            let (s, _) = load
-                                .iter()
-                                .enumerate()
-                                .min_by_key(|&(i, &l)| (l, i))
-                                .unwrap_or((0, &0));
-                            load[s] += piece;
-                            let h = g.add(Kind::Delay(launch), host.as_slice());
-                            host = Some(h);
-                            let mut deps = vec![h];
-                            deps.extend(stream_last[s]);
-                            let f = g.add(
-                                Kind::Flow {
-                                    links: path,
-                                    bytes: piece as f64,
-                                },
-                                &deps,
-                            );
-                            stream_last[s] = Some(f);
-                            shape.flows += 1;
-                            shape.buckets += 1;
-                        }
+                    for &(path, piece) in batch.iter() {
+                        let (s, _) = load
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|&(i, &l)| (l, i))
+                            .unwrap_or((0, &0));
+                        load[s] += piece;
+                        let mut deps = vec![h];
+                        deps.extend(stream_last[s]);
+                        let f = g.add(
+                            Kind::Flow {
+                                links: path,
+                                bytes: piece as f64,
+                            },
+                            &deps,
+                        );
+                        stream_last[s] = Some(f);
+                        shape.flows += 1;
+                        shape.buckets += 1;
                     }
                     // stream 0 waits for the other streams at the end of each peer's batch
                     let others: Vec<Act> = stream_last.iter().flatten().copied().collect();
@@ -584,10 +589,22 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
     })
 }
 
+/// The NCCL transport's smallest pair bucket (`awex-gpu/src/nccl/schedule.rs`,
+/// `PAIR_BUCKET_FLOOR`).
+pub const PAIR_BUCKET_FLOOR: u64 = 4 << 20;
+
 /// The NCCL transport's bucket size of a pair (`awex-gpu/src/nccl/schedule.rs`,
-/// `pair_bucket_bytes`): each end's budget split over its peers, the smaller, at least 1.
+/// `pair_bucket_bytes`): each end's budget split over its peers, but at least
+/// [`PAIR_BUCKET_FLOOR`] when the budget is at least that; the smaller end, at least 1.
 pub fn pair_bucket_bytes(budget_a: u64, peers_a: usize, budget_b: u64, peers_b: usize) -> u64 {
-    let share = |budget: u64, peers: usize| budget / (peers.max(1) as u64);
+    let share = |budget: u64, peers: usize| {
+        let split = budget / (peers.max(1) as u64);
+        if budget >= PAIR_BUCKET_FLOOR {
+            split.max(PAIR_BUCKET_FLOOR)
+        } else {
+            split
+        }
+    };
     share(budget_a, peers_a)
         .min(share(budget_b, peers_b))
         .max(1)
@@ -640,12 +657,15 @@ mod tests {
             (1, 8, 1, 8),
             (10, 0, 10, 0),
             (1 << 30, 406, 1 << 30, 44),
+            (64 << 20, 406, 64 << 20, 44),
+            (1 << 20, 406, 64 << 20, 1),
         ] {
             assert_eq!(
                 pair_bucket_bytes(a, pa, b, pb),
                 awex_gpu::nccl::pair_bucket_bytes(a, pa, b, pb)
             );
         }
+        assert_eq!(PAIR_BUCKET_FLOOR, awex_gpu::nccl::PAIR_BUCKET_FLOOR);
     }
 
     #[test]

@@ -36,5 +36,7 @@ pub use error::NcclError;
 pub use library::{FALLBACK_NAMES, LIBRARY_ENV, Library, NcclVersion, candidates};
 pub use program::{DeviceTensor, DeviceTensors, OpIo, Program, SLOT_ALIGN, StepIo, Wire};
 pub use ranks::CommWorld;
-pub use schedule::{Op, OpKind, Step, pair_bucket_bytes, peer_buckets, schedule};
+pub use schedule::{
+    Op, OpKind, PAIR_BUCKET_FLOOR, Step, pair_bucket_bytes, peer_buckets, schedule,
+};
 pub use uid::{UID_CREATOR, UID_KEY, UniqueId, creates_uid};
