@@ -29,6 +29,7 @@ import transformers
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
+    MixtralConfig,
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
@@ -63,6 +64,9 @@ def fixtures():
         ("qwen2", Qwen2Config(**COMMON, tie_word_embeddings=False)),
         ("qwen3", Qwen3Config(**COMMON, tie_word_embeddings=False)),
         ("qwen3-tied", Qwen3Config(**COMMON, tie_word_embeddings=True)),
+        # q/k/v *and* o_proj biases.
+        ("qwen3-attention-bias", Qwen3Config(**COMMON, attention_bias=True, tie_word_embeddings=False)),
+        ("llama-attention-bias", LlamaConfig(**COMMON, attention_bias=True, tie_word_embeddings=False)),
         # num_attention_heads * head_dim = 128 != hidden_size = 64.
         ("qwen3-wide-head", Qwen3Config(**dict(COMMON, head_dim=32), tie_word_embeddings=False)),
         # Layer 0 dense through mlp_only_layers; layers 1..3 MoE.
@@ -77,6 +81,16 @@ def fixtures():
             "qwen3-moe-step2",
             Qwen3MoeConfig(
                 **MOE, decoder_sparse_step=2, mlp_only_layers=[], tie_word_embeddings=False
+            ),
+        ),
+        # Every layer MoE: `block_sparse_moe.gate`, experts w1/w2/w3 of intermediate_size rows.
+        (
+            "mixtral",
+            MixtralConfig(
+                **dict(COMMON, num_hidden_layers=2, intermediate_size=32),
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                tie_word_embeddings=False,
             ),
         ),
     ]

@@ -25,9 +25,12 @@ pub fn init(level: Option<&str>, format: LogFormat, default: &str) -> anyhow::Re
             "--log-level/RUST_LOG `{directives}` is not a log filter ({e}); use a level (error, warn, info, debug, trace) or directives like `awex_control=debug,warn`"
         )
     })?;
+    // colour codes only for a terminal: a log file or a pipe gets plain text
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(true);
     let installed = match format {
         LogFormat::Text => builder.try_init(),

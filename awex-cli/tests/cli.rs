@@ -515,3 +515,50 @@ fn every_help_lists_every_spec_key_with_its_default() {
         }
     }
 }
+
+#[test]
+fn plan_names_the_trained_tensors_the_inference_engine_drops() {
+    // Qwen3 with attention_bias has o_proj biases; vLLM 0.33's Qwen3 class holds none
+    let dir = config_dir("attention_bias", serde_json::json!(true));
+    let model = dir.path().to_str().unwrap();
+    let (code, out, err) = cli(&["plan", "--model", model, "--infer", "vllm:tp=2", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["exact"], true);
+    assert_eq!(j["dropped_by_inference"].as_array().map(Vec::len), Some(4));
+    assert_eq!(
+        j["dropped_by_inference"][0],
+        "model.layers.0.self_attn.o_proj.bias"
+    );
+    let (code, out, err) = cli(&["plan", "--model", model, "--infer", "vllm:tp=2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "dropped      4 trained tensors the inference engine does not hold (its load drops them; not moved): model.layers.0.self_attn.o_proj.bias, ..."
+        ),
+        "{out}"
+    );
+    // SGLang 0.5.23 holds them
+    let (code, out, err) = cli(&["plan", "--model", model, "--infer", "sglang:tp=2", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["dropped_by_inference"], serde_json::json!([]));
+}
+
+#[test]
+fn plan_help_lists_every_family_and_its_presets() {
+    let (code, out, err) = cli(&["plan", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    for family in [
+        "llama (LlamaForCausalLM)",
+        "qwen2 (Qwen2ForCausalLM)",
+        "qwen3 (Qwen3ForCausalLM)",
+        "qwen3-moe (Qwen3MoeForCausalLM)",
+        "mixtral (MixtralForCausalLM)",
+    ] {
+        assert!(out.contains(family), "{family}: {out}");
+    }
+    for preset in awex_core::model::presets::names() {
+        assert!(out.contains(&format!("    {preset} ")), "{preset}: {out}");
+    }
+}

@@ -521,10 +521,11 @@ fn progress_reaches_a_piped_stderr_within_a_second() {
         .unwrap();
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
-    let took = t0.elapsed();
+    // the line comes first, while the demo still runs (not with the result at the end)
     assert!(
-        took < std::time::Duration::from_secs(1),
-        "first progress line after {took:?}"
+        child.try_wait().unwrap().is_none(),
+        "the demo had ended before its first progress line was read ({:?})",
+        t0.elapsed()
     );
     assert_eq!(
         first,

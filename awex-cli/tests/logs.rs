@@ -302,3 +302,73 @@ fn ranks_log_join_ready_and_each_update_with_its_version_as_json_lines() {
     let _ = serve.kill();
     let _ = serve.wait();
 }
+
+#[test]
+fn text_logs_to_a_pipe_carry_no_terminal_colour_codes() {
+    let port = free_port();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args([
+            "serve",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--ephemeral",
+        ])
+        .env_remove("RUST_LOG")
+        .env("AWEX_TOKEN", "t0ken")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start serve");
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "serve did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // a refused request is logged as a warning
+    let r = http(
+        port,
+        "GET /v1/pairs/x/status HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 401"), "{r}");
+    let _ = serve.kill();
+    let mut err = String::new();
+    serve
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    let _ = serve.wait();
+    assert!(
+        err.contains("refused a request without the gateway's token"),
+        "{err}"
+    );
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour codes in a piped log: {err:?}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_bad_token_before_it_opens_its_state_or_says_it_listens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(["serve", "--bind", &format!("127.0.0.1:{}", free_port())])
+        .arg("--state-dir")
+        .arg(&state)
+        .env("AWEX_TOKEN", "has space")
+        .output()
+        .expect("run serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the gateway token must be 1 to 4096 visible ASCII characters without spaces"),
+        "{err}"
+    );
+    assert!(!err.contains("listening"), "{err}");
+    assert!(!state.exists(), "the state directory was created");
+}

@@ -165,6 +165,7 @@ async fn rank(
                         checksum: None,
                         error: None,
                         attempt: e.attempt,
+                        incarnation: None,
                     };
                     client
                         .report(&pair, e.version.unwrap_or(0), &r)

@@ -35,6 +35,7 @@ fn report(side: Side, rank: RankId, ok: bool, attempt: u32) -> Report {
         checksum: Some(0),
         error: (!ok).then(|| "peer reset".to_string()),
         attempt: Some(attempt),
+        incarnation: None,
     }
 }
 

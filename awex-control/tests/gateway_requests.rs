@@ -747,13 +747,10 @@ async fn connect_applies_the_same_bounds_as_every_other_entry_point() {
             "training model is too large: num_hidden_layers=1000000000 is above awex's limit of 1024 (8x the most layers of a real model, 126)",
         ),
     ];
+    // (each is refused by the limit check that runs before any catalogue or layout is built:
+    // awex-core/tests/limits.rs counts what such a refusal allocates)
     for (body, message) in cases {
-        let t0 = std::time::Instant::now();
         let (s, v) = call(&app, "POST", "/v1/pairs", Some(body.clone())).await;
-        assert!(
-            t0.elapsed() < std::time::Duration::from_millis(100),
-            "{message}"
-        );
         assert_eq!((s, error(&v)), (422, message), "{body}");
     }
     let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;

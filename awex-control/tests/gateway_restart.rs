@@ -30,6 +30,11 @@ impl Gw {
             .enable_all()
             .build()
             .unwrap();
+        // a state directory must be private (tempdir makes it 0755 under the usual umask)
+        if let Some(d) = dir {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
         let config = GatewayConfig {
             state_dir: dir.map(Path::to_path_buf),
             ..GatewayConfig::default()
@@ -77,6 +82,7 @@ fn report(side: Side, rank: RankId, attempt: u32) -> Report {
         checksum: Some(7),
         error: None,
         attempt: Some(attempt),
+        incarnation: None,
     }
 }
 
@@ -250,7 +256,7 @@ fn a_disconnected_pair_stays_disconnected_after_a_restart() {
 async fn a_second_gateway_on_the_same_state_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let config = GatewayConfig {
-        state_dir: Some(dir.path().to_path_buf()),
+        state_dir: Some(dir.path().join("state")),
         ..GatewayConfig::default()
     };
     let first = open_router(config.clone()).unwrap();
@@ -260,7 +266,7 @@ async fn a_second_gateway_on_the_same_state_directory_is_refused() {
         e.to_string(),
         format!(
             "the state directory {} is in use by another gateway (its database is locked); stop that gateway or give this one another --state-dir",
-            dir.path().display()
+            dir.path().join("state").display()
         )
     );
     drop(first);

@@ -3,6 +3,8 @@
 //! It holds:
 //!
 //! - [`dtype`] and [`dims`]: element types (with conversion) and inline N-d coordinates;
+//! - [`encoding`]: how a side stores a tensor (plain or FP8 block), the FP8 quantisers awex
+//!   reproduces byte for byte, and their CPU reference;
 //! - [`model`]: the model spec parsed from an HF `config.json` or a preset, the canonical
 //!   tensor catalogue, and a safetensors checkpoint reader;
 //! - [`layout`]: the placement algebra that describes what every rank of an engine holds as
@@ -26,6 +28,7 @@
 pub mod backend;
 pub mod dims;
 pub mod dtype;
+pub mod encoding;
 pub mod layout;
 pub mod limits;
 pub mod model;

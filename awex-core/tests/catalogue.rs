@@ -22,6 +22,9 @@ const FIXTURES: &[&str] = &[
     "qwen3-wide-head",
     "qwen3-moe",
     "qwen3-moe-step2",
+    "qwen3-attention-bias",
+    "llama-attention-bias",
+    "mixtral",
 ];
 
 /// One tensor as (name, shape, safetensors dtype name), the unit both sides are compared in.
@@ -171,8 +174,8 @@ fn every_fixture_file_is_checked() {
 fn fixtures_record_the_transformers_and_torch_that_wrote_them() {
     for name in FIXTURES {
         let doc = load(name);
-        assert_eq!(doc["transformers_version"], "5.17.0", "{name}");
-        assert_eq!(doc["torch_version"], "2.11.0+cu130", "{name}");
+        assert_eq!(doc["transformers_version"], "5.19.0", "{name}");
+        assert_eq!(doc["torch_version"], "2.14.1+cu130", "{name}");
         assert_eq!(doc["config"]["dtype"], "bfloat16", "{name}");
     }
 }
@@ -280,13 +283,14 @@ fn qwen3_moe_tiny_preset_equals_the_transformers_checkpoint() {
 
 #[test]
 fn every_preset_name_resolves_to_a_spec_of_that_name() {
-    for &name in presets::PRESET_NAMES {
+    for name in presets::names() {
         let spec = ModelSpec::resolve(name).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(spec.name, name);
         assert_eq!(spec.validate(), Ok(()), "{name}");
-        assert!(spec.architecture.has_qk_norm(), "{name}");
+        let qwen3 = spec.architecture.hf_name().starts_with("Qwen3");
+        assert_eq!(spec.qk_norm(), qwen3, "{name}");
     }
-    assert_eq!(presets::PRESET_NAMES.len(), 7);
+    assert_eq!(presets::names().len(), 9);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 
@@ -452,4 +456,90 @@ fn moe_1t_layer_0_is_dense_and_layer_1_has_384_experts() {
     );
     assert!(cat.get("model.layers.1.mlp.gate_proj.weight").is_none());
     assert_eq!((1..64).filter(|&l| spec.is_moe_layer(l)).count(), 63);
+}
+
+#[test]
+fn qwen3_attention_bias_catalogue_holds_the_o_proj_bias_too() {
+    let spec = check_fixture("qwen3-attention-bias");
+    assert!(spec.attention_bias);
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 33);
+    assert_eq!(
+        cat.get("model.layers.1.self_attn.o_proj.bias")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![64])
+    );
+}
+
+#[test]
+fn llama_attention_bias_catalogue_holds_q_k_v_and_o_biases() {
+    let spec = check_fixture("llama-attention-bias");
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 29);
+    assert!(cat.get("model.layers.0.self_attn.o_proj.bias").is_some());
+}
+
+#[test]
+fn mixtral_catalogue_matches_transformers_block_sparse_moe_names() {
+    let spec = check_fixture("mixtral");
+    assert_eq!(spec.architecture, Architecture::Mixtral);
+    assert_eq!(spec.num_experts(), 4);
+    assert!((0..spec.num_layers).all(|l| spec.is_moe_layer(l)));
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 41);
+    for (name, shape) in [
+        ("model.layers.1.block_sparse_moe.gate.weight", vec![4, 64]),
+        (
+            "model.layers.1.block_sparse_moe.experts.3.w1.weight",
+            vec![32, 64],
+        ),
+        (
+            "model.layers.1.block_sparse_moe.experts.3.w2.weight",
+            vec![64, 32],
+        ),
+        (
+            "model.layers.1.block_sparse_moe.experts.3.w3.weight",
+            vec![32, 64],
+        ),
+    ] {
+        assert_eq!(
+            cat.get(name).map(|t| t.shape.as_slice().to_vec()),
+            Some(shape),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn every_family_preset_is_of_its_family_and_every_part_has_an_hf_name() {
+    for (family, preset) in presets::all() {
+        let spec = (preset.spec)(preset.name);
+        assert_eq!(spec.architecture.family(), family, "{}", preset.name);
+        // the catalogue drops a part its family does not spell: every part must be spelled
+        assert_eq!(
+            Catalogue::of(&spec).len() as u128,
+            spec_size(&spec),
+            "{}",
+            preset.name
+        );
+    }
+}
+
+/// The number of canonical tensors the family lists (experts expanded).
+fn spec_size(spec: &ModelSpec) -> u128 {
+    use awex_core::layout::Dims;
+    use awex_core::model::family::{Sink, walk};
+    use awex_core::model::{Canon, Part};
+    struct Count(u128);
+    impl Sink for Count {
+        fn part(&mut self, _: Canon, _: Dims) {
+            self.0 += 1;
+        }
+        fn experts(&mut self, _: u64, count: u64, parts: &[(Part, Dims)]) {
+            self.0 += u128::from(count) * parts.len() as u128;
+        }
+    }
+    let mut c = Count(0);
+    walk(spec, &mut c);
+    c.0
 }

@@ -11,7 +11,40 @@ use awex_core::DType;
 use awex_core::layout::{
     Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
-use awex_core::model::ModelSpec;
+use awex_core::model::family::Sink;
+use awex_core::model::{Canon, ModelSpec, Part, Role, Split as ExpertSplit};
+
+/// The module transformers 5 holds a MoE block under in memory, whatever the checkpoint calls it
+/// (`conversion_mapping.py` renames Mixtral's `block_sparse_moe` to `mlp`): `mlp.gate` (the
+/// router) and `mlp.experts` (`gate_up_proj`, `down_proj`).
+const FUSED_MOE: &str = "mlp";
+
+/// Where a part comes among its layer's HF parameters (`named_parameters()` order); with
+/// transformers 5's fused experts, `mlp.experts` is declared before `mlp.gate`.
+fn module_rank(part: Part, fused_experts: bool) -> u8 {
+    use Part::*;
+    match part {
+        Q => 0,
+        QBias => 1,
+        K => 2,
+        KBias => 3,
+        V => 4,
+        VBias => 5,
+        O => 6,
+        OBias => 7,
+        QNorm => 8,
+        KNorm => 9,
+        Gate => 10,
+        Up => 11,
+        Down => 12,
+        Router if fused_experts => 15,
+        Router => 13,
+        ExpertGate | ExpertUp | ExpertDown => 14,
+        InputNorm => 20,
+        PostNorm => 21,
+        _ => 16,
+    }
+}
 use std::sync::Arc;
 
 /// A parallel configuration the FSDP layout cannot describe.
@@ -96,14 +129,6 @@ enum Fused {
     Down,
 }
 
-/// `(layer, expert, part)` of a canonical per-expert name (`part` is `gate_proj`, `up_proj` or `down_proj`).
-fn expert_parts(name: &str) -> Option<(u64, u64, &str)> {
-    let (l, rest) = name.strip_prefix("model.layers.")?.split_once('.')?;
-    let (e, part) = rest.strip_prefix("mlp.experts.")?.split_once('.')?;
-    let part = part.strip_suffix(".weight")?;
-    Some((parse_index(l)?, parse_index(e)?, part))
-}
-
 /// One parameter's local tensor on a rank: its shape, and the canonical box it holds (if any).
 struct Shard {
     shape: Dims,
@@ -177,9 +202,9 @@ impl FsdpLayout {
         if l >= self.spec.num_layers || !self.spec.is_moe_layer(l) {
             return None;
         }
-        match rest {
-            "mlp.experts.gate_up_proj" => Some((l, Fused::GateUp)),
-            "mlp.experts.down_proj" => Some((l, Fused::Down)),
+        match rest.strip_prefix(FUSED_MOE)?.strip_prefix(".experts.")? {
+            "gate_up_proj" => Some((l, Fused::GateUp)),
+            "down_proj" => Some((l, Fused::Down)),
             _ => None,
         }
     }
@@ -190,15 +215,16 @@ impl FsdpLayout {
         let (h, e_all) = (s.hidden_size, s.num_experts());
         let mi = s.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
         let (e0, n) = chunk(e_all, u64::from(self.dp), u64::from(dp_rank));
+        let names = s.names();
         let mut placements = Vec::new();
         for j in 0..n {
             let e = e0 + j;
-            let canon = |part: &str| -> Arc<str> {
-                Arc::from(format!("model.layers.{l}.mlp.experts.{e}.{part}.weight"))
+            let canon = |part: Part| -> Arc<str> {
+                Arc::from(names.name(Canon::expert_at(part, l, e)).unwrap_or_default())
             };
             match which {
                 Fused::GateUp => {
-                    for (i, part) in ["gate_proj", "up_proj"].into_iter().enumerate() {
+                    for (i, part) in [Part::ExpertGate, Part::ExpertUp].into_iter().enumerate() {
                         placements.push(Placement {
                             canonical: canon(part),
                             region: Region::new([0, 0], [mi, h]),
@@ -207,7 +233,7 @@ impl FsdpLayout {
                     }
                 }
                 Fused::Down => placements.push(Placement {
-                    canonical: canon("down_proj"),
+                    canonical: canon(Part::ExpertDown),
                     region: Region::new([0, 0], [h, mi]),
                     local_offset: Dims::new(&[j, 0, 0]),
                 }),
@@ -241,108 +267,118 @@ impl FsdpLayout {
         u64::from(self.replicate) * u64::from(self.dp) * u64::from(self.tp)
     }
 
-    /// Every parameter name in HF `named_parameters()` order.
-    fn param_names(&self) -> Vec<String> {
-        let s = &self.spec;
-        let mut v = Vec::new();
-        v.push("model.embed_tokens.weight".to_string());
-        for l in 0..s.num_layers {
-            let p = format!("model.layers.{l}");
-            for proj in ["q_proj", "k_proj", "v_proj"] {
-                v.push(format!("{p}.self_attn.{proj}.weight"));
-                if s.attention_bias {
-                    v.push(format!("{p}.self_attn.{proj}.bias"));
+    /// Every parameter in HF `named_parameters()` order: its local name and the canonical
+    /// tensor it is (for fused experts, the first expert's gate or down projection).
+    ///
+    /// Within a layer HF modules come as `self_attn` (each projection's weight then bias, then
+    /// the q/k norms), `mlp`, `input_layernorm`, `post_attention_layernorm`; the family lists
+    /// the same parts in checkpoint order, so they are sorted by [`module_rank`].
+    fn params(&self) -> Vec<(String, Canon)> {
+        /// One layer's parts, experts expanded.
+        struct Collect(Vec<Canon>);
+        impl Sink for Collect {
+            fn part(&mut self, c: Canon, _: Dims) {
+                self.0.push(c);
+            }
+            fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]) {
+                for e in 0..count {
+                    self.0
+                        .extend(parts.iter().map(|(p, _)| Canon::expert_at(*p, l, e)));
                 }
             }
-            v.push(format!("{p}.self_attn.o_proj.weight"));
-            if s.qk_norm() {
-                v.push(format!("{p}.self_attn.q_norm.weight"));
-                v.push(format!("{p}.self_attn.k_norm.weight"));
-            }
-            if s.is_moe_layer(l) && self.fused_experts {
-                // Qwen3MoeSparseMoeBlock (transformers 5) registers `experts` before `gate`
-                v.push(format!("{p}.mlp.experts.gate_up_proj"));
-                v.push(format!("{p}.mlp.experts.down_proj"));
-                v.push(format!("{p}.mlp.gate.weight"));
-            } else if s.is_moe_layer(l) {
-                v.push(format!("{p}.mlp.gate.weight"));
-                for e in 0..s.num_experts() {
-                    for part in ["gate_proj", "up_proj", "down_proj"] {
-                        v.push(format!("{p}.mlp.experts.{e}.{part}.weight"));
-                    }
-                }
-            } else {
-                for part in ["gate_proj", "up_proj", "down_proj"] {
-                    v.push(format!("{p}.mlp.{part}.weight"));
-                }
-            }
-            v.push(format!("{p}.input_layernorm.weight"));
-            v.push(format!("{p}.post_attention_layernorm.weight"));
         }
-        v.push("model.norm.weight".to_string());
+        let s = &self.spec;
+        let names = s.names();
+        let name = |c: Canon| names.name(c).unwrap_or_default();
+        let mut v = vec![(name(Canon::global(Part::Embed)), Canon::global(Part::Embed))];
+        let layer = s.architecture.family().layer;
+        for l in 0..s.num_layers {
+            let mut parts = Collect(Vec::new());
+            layer(s, l, &mut parts);
+            let mut parts = parts.0;
+            parts.sort_by_key(|c| module_rank(c.part, self.fused_experts));
+            for c in parts {
+                match c.part {
+                    Part::ExpertGate | Part::ExpertUp | Part::ExpertDown if self.fused_experts => {
+                        // one `gate_up_proj` and one `down_proj` for all experts
+                        if c.expert() == Some(0) && c.part != Part::ExpertUp {
+                            let leaf = if c.part == Part::ExpertDown {
+                                "down_proj"
+                            } else {
+                                "gate_up_proj"
+                            };
+                            v.push((format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}"), c));
+                        }
+                    }
+                    _ => v.push((self.local_name(c), c)),
+                }
+            }
+        }
+        v.push((
+            name(Canon::global(Part::FinalNorm)),
+            Canon::global(Part::FinalNorm),
+        ));
         if !s.tie_word_embeddings {
-            v.push("lm_head.weight".to_string());
+            v.push((
+                name(Canon::global(Part::LmHead)),
+                Canon::global(Part::LmHead),
+            ));
         }
         v
     }
 
-    /// The canonical shape and TP split of a parameter, parsed from its HF name.
-    pub fn param(&self, name: &str) -> Option<(Dims, TpSplit)> {
-        let s = &self.spec;
-        let (h, hd) = (s.hidden_size, s.head_dim);
-        let d2 = |a: u64, b: u64| Dims::new(&[a, b]);
-        let d1 = |a: u64| Dims::new(&[a]);
-        match name {
-            "model.embed_tokens.weight" => return Some((d2(s.vocab_size, h), TpSplit::Rows)),
-            "lm_head.weight" if !s.tie_word_embeddings => {
-                return Some((d2(s.vocab_size, h), TpSplit::Rows));
+    /// The local name of a (not fused) parameter: its HF name, but the router of a layer with
+    /// transformers 5's fused experts is `mlp.gate.weight` whatever the checkpoint calls it.
+    fn local_name(&self, c: Canon) -> String {
+        match (c.part, c.layer()) {
+            (Part::Router, Some(l)) if self.fused_experts => {
+                format!("model.layers.{l}.{FUSED_MOE}.gate.weight")
             }
-            "model.norm.weight" => return Some((d1(h), TpSplit::Replicated)),
-            _ => {}
+            _ => self.spec.canonical_name(c).unwrap_or_default(),
         }
-        let rest = name.strip_prefix("model.layers.")?;
-        let (l, rest) = rest.split_once('.')?;
-        let l = parse_index(l)?;
-        if l >= s.num_layers {
-            return None;
-        }
-        let moe = s.is_moe_layer(l);
-        let bias = s.attention_bias;
-        let qk = s.qk_norm();
-        let (q, kv, i) = (s.q_size(), s.kv_size(), s.intermediate_size);
-        Some(match rest {
-            "input_layernorm.weight" | "post_attention_layernorm.weight" => {
-                (d1(h), TpSplit::Replicated)
-            }
-            "self_attn.q_proj.weight" => (d2(q, h), TpSplit::Rows),
-            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => (d2(kv, h), TpSplit::Rows),
-            "self_attn.q_proj.bias" if bias => (d1(q), TpSplit::Rows),
-            "self_attn.k_proj.bias" | "self_attn.v_proj.bias" if bias => (d1(kv), TpSplit::Rows),
-            "self_attn.o_proj.weight" => (d2(h, q), TpSplit::Cols),
-            "self_attn.q_norm.weight" | "self_attn.k_norm.weight" if qk => {
-                (d1(hd), TpSplit::Replicated)
-            }
-            "mlp.gate_proj.weight" | "mlp.up_proj.weight" if !moe => (d2(i, h), TpSplit::Rows),
-            "mlp.down_proj.weight" if !moe => (d2(h, i), TpSplit::Cols),
-            "mlp.gate.weight" if moe => (d2(s.num_experts(), h), TpSplit::Replicated),
-            _ if moe => {
-                let rest = rest.strip_prefix("mlp.experts.")?;
-                let (e, part) = rest.split_once('.')?;
-                if parse_index(e)? >= s.num_experts() {
-                    return None;
-                }
-                let mi = s.moe.as_ref()?.moe_intermediate_size;
-                match part {
-                    "gate_proj.weight" | "up_proj.weight" => (d2(mi, h), TpSplit::Rows),
-                    "down_proj.weight" => (d2(h, mi), TpSplit::Cols),
-                    _ => return None,
-                }
-            }
-            _ => return None,
-        })
     }
 
-    /// What mesh position `(dp_rank, tp_rank)` holds of a parameter of `shape` split by `split`.
+    /// The full shape and the TP split of canonical tensor `c`, when the model has it.
+    fn param(&self, c: Canon) -> Option<(Dims, TpSplit)> {
+        /// Finds one part's shape.
+        struct Find(Part, Option<Dims>);
+        impl Sink for Find {
+            fn part(&mut self, c: Canon, shape: Dims) {
+                if c.part == self.0 {
+                    self.1 = Some(shape);
+                }
+            }
+            fn experts(&mut self, _: u64, _: u64, parts: &[(Part, Dims)]) {
+                if let Some((_, shape)) = parts.iter().find(|(p, _)| *p == self.0) {
+                    self.1 = Some(*shape);
+                }
+            }
+        }
+        let s = &self.spec;
+        let shape = match c.layer() {
+            None => match c.part {
+                Part::LmHead if s.tie_word_embeddings => return None,
+                Part::Embed | Part::LmHead => Dims::new(&[s.vocab_size, s.hidden_size]),
+                _ => Dims::new(&[s.hidden_size]),
+            },
+            Some(l) if l >= s.num_layers => return None,
+            Some(l) => {
+                if c.expert().is_some_and(|e| e >= s.num_experts()) {
+                    return None;
+                }
+                let mut f = Find(c.part, None);
+                (s.architecture.family().layer)(s, l, &mut f);
+                f.1?
+            }
+        };
+        let split = match c.part.role() {
+            Role::Vocab | Role::Column | Role::Expert(ExpertSplit::Column) => TpSplit::Rows,
+            Role::Row | Role::Expert(ExpertSplit::Row) => TpSplit::Cols,
+            Role::Replicated => TpSplit::Replicated,
+        };
+        Some((shape, split))
+    }
+
     fn shard(&self, shape: Dims, split: TpSplit, dp_rank: u32, tp_rank: u32) -> Shard {
         let mut tp_local = shape;
         let mut origin = Dims::zeros(shape.ndim());
@@ -400,19 +436,24 @@ impl SideLayout for FsdpLayout {
         let (_, dp_rank, tp_rank) = self.coords(rank.rank);
         let dtype: DType = self.spec.dtype;
         let tensors = self
-            .param_names()
+            .params()
             .into_iter()
-            .filter_map(|name| {
+            .filter_map(|(name, c)| {
                 if let Some((l, which)) = self.fused(&name) {
                     return Some(self.fused_tensor(&name, l, which, dp_rank));
                 }
-                let (shape, split) = self.param(&name)?;
+                let (shape, split) = self.param(c)?;
                 let shard = self.shard(shape, split, dp_rank, tp_rank);
-                let name: Arc<str> = Arc::from(name);
+                let canonical: Arc<str> = Arc::from(self.spec.canonical_name(c)?);
+                let name: Arc<str> = if *name == *canonical {
+                    canonical.clone()
+                } else {
+                    Arc::from(name)
+                };
                 let placements = shard
                     .region
                     .map(|region| Placement {
-                        canonical: name.clone(),
+                        canonical: canonical.clone(),
                         region,
                         local_offset: Dims::zeros(shape.ndim()),
                     })
@@ -430,18 +471,21 @@ impl SideLayout for FsdpLayout {
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
+        let Some(c) = self.spec.names().parse(canonical) else {
+            return Vec::new();
+        };
         if self.fused_experts
-            && let Some((l, e, part)) = expert_parts(canonical)
-            && self.param(canonical).is_some()
+            && let (Some(l), Some(e)) = (c.layer(), c.expert())
+            && self.param(c).is_some()
         {
-            let (which, name) = match part {
-                "down_proj" => (
+            let (which, name) = match c.part {
+                Part::ExpertDown => (
                     Fused::Down,
-                    format!("model.layers.{l}.mlp.experts.down_proj"),
+                    format!("model.layers.{l}.{FUSED_MOE}.experts.down_proj"),
                 ),
                 _ => (
                     Fused::GateUp,
-                    format!("model.layers.{l}.mlp.experts.gate_up_proj"),
+                    format!("model.layers.{l}.{FUSED_MOE}.experts.gate_up_proj"),
                 ),
             };
             let per = self.spec.num_experts().div_ceil(u64::from(self.dp));
@@ -464,10 +508,10 @@ impl SideLayout for FsdpLayout {
                 })
                 .collect();
         }
-        let Some((shape, split)) = self.param(canonical) else {
+        let Some((shape, split)) = self.param(c) else {
             return Vec::new();
         };
-        let name: Arc<str> = Arc::from(canonical);
+        let name: Arc<str> = Arc::from(self.local_name(c));
         // TP ranks that hold distinct shards; a replicated parameter's shard is shared by all TP ranks.
         let tp_groups: Vec<Vec<u32>> = match split {
             TpSplit::Replicated => vec![(0..self.tp).collect()],

@@ -232,7 +232,12 @@ fn init_that_never_finishes_is_aborted_at_its_deadline() {
     let t0 = Instant::now();
     let e = Communicator::init(lib.clone(), &uid, 8, 3, Duration::from_millis(150)).unwrap_err();
     let waited = t0.elapsed();
-    assert!(waited >= Duration::from_millis(150) && waited < Duration::from_secs(5));
+    // aborted at its deadline, never before; the upper bound only says it did not hang (a
+    // loaded machine may be slow to get there)
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(120),
+        "{waited:?}"
+    );
     assert_eq!(
         e.to_string(),
         "NCCL communicator init (rank 3 of 8) did not finish within 150ms; it was aborted. Every rank of the pair must join, and the ranks must reach each other (NCCL_SOCKET_IFNAME, firewall)"

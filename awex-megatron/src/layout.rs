@@ -11,7 +11,8 @@ use awex_core::DType;
 use awex_core::layout::{
     Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
-use awex_core::model::ModelSpec;
+use awex_core::model::family::Sink;
+use awex_core::model::{HfNames, ModelSpec, Part};
 use std::sync::{Arc, OnceLock};
 
 /// Which shard of a local parameter a rank holds.
@@ -43,8 +44,9 @@ pub struct MegatronLayout {
     /// the pipeline stage of every layer
     stages: Vec<u64>,
     tied: bool,
-    attention_bias: bool,
-    qk_norm: bool,
+    /// the parts each layer has (bit `part as u64`), from the model's family
+    layer_parts: Vec<u64>,
+    names: &'static HfNames,
     dtype: DType,
     embedding: Arc<str>,
     final_norm: Arc<str>,
@@ -68,6 +70,9 @@ impl MegatronLayout {
         model: &ModelSpec,
         parallel: &awex_core::ParallelConfig,
     ) -> Result<Self, LayoutError> {
+        if let Some(p) = model.parts().into_iter().find(|p| !MAPPED.contains(p)) {
+            return Err(LayoutError::Config(unmapped(model, p)));
+        }
         let cfg = Config::resolve(parallel)?;
         let geo = Geometry::new(model, &cfg)?;
         let chunks = Chunks::new(model.num_layers, &cfg)?;
@@ -85,8 +90,10 @@ impl MegatronLayout {
                 .collect(),
             stages,
             tied: model.tie_word_embeddings,
-            attention_bias: model.attention_bias,
-            qk_norm: model.qk_norm(),
+            layer_parts: (0..model.num_layers)
+                .map(|l| layer_parts(model, l))
+                .collect(),
+            names: model.names(),
             dtype: if cfg.fp32 { DType::F32 } else { model.dtype },
             embedding: Arc::from(format!("{first}embedding.word_embeddings.weight")),
             final_norm: Arc::from(format!("{last}decoder.final_layernorm.weight")),
@@ -110,6 +117,13 @@ impl MegatronLayout {
     pub fn coord(&self, rank: RankId) -> Option<Coord> {
         (rank.engine == 0 && (rank.rank as u64) < self.cfg.world_size())
             .then(|| self.cfg.coord(rank.rank as u64))
+    }
+
+    /// Whether the family lists `part` in layer `l`.
+    fn has(&self, l: u64, part: Part) -> bool {
+        self.layer_parts
+            .get(l as usize)
+            .is_some_and(|m| m & (1 << part as u64) != 0)
     }
 
     fn is_moe(&self, l: u64) -> bool {
@@ -145,6 +159,7 @@ impl MegatronLayout {
             Local::QLayerNorm(l) => self.names(l).q_layernorm.clone(),
             Local::KLayerNorm(l) => self.names(l).k_layernorm.clone(),
             Local::Proj(l) => self.names(l).proj.clone(),
+            Local::ProjBias(l) => self.names(l).proj_bias.clone(),
             Local::Fc1Norm(l) => self.names(l).fc1_norm.clone(),
             Local::Fc1(l) => self.names(l).fc1.clone(),
             Local::Fc2(l) => self.names(l).fc2.clone(),
@@ -165,10 +180,18 @@ impl MegatronLayout {
         } else {
             out.extend([Local::Proj(l), Local::QkvNorm(l), Local::Qkv(l)]);
         }
-        if self.attention_bias {
+        if self.has(l, Part::OBias) {
+            // `linear_proj.bias` follows `linear_proj.weight` in its module
+            let at = out
+                .iter()
+                .rposition(|x| *x == Local::Proj(l))
+                .map_or(out.len(), |i| i + 1);
+            out.insert(at, Local::ProjBias(l));
+        }
+        if self.has(l, Part::QBias) {
             out.push(Local::QkvBias(l));
         }
-        if self.qk_norm {
+        if self.has(l, Part::QNorm) {
             out.extend([Local::QLayerNorm(l), Local::KLayerNorm(l)]);
         }
         if self.is_moe(l) {
@@ -237,19 +260,31 @@ impl MegatronLayout {
             let base = group * g.group_rows;
             let blocks = [
                 (
-                    if bias { Canon::QBias(l) } else { Canon::Q(l) },
+                    if bias {
+                        Canon::at(Part::QBias, l)
+                    } else {
+                        Canon::at(Part::Q, l)
+                    },
                     base,
                     g.group_q_rows,
                     group * g.group_q_rows,
                 ),
                 (
-                    if bias { Canon::KBias(l) } else { Canon::K(l) },
+                    if bias {
+                        Canon::at(Part::KBias, l)
+                    } else {
+                        Canon::at(Part::K, l)
+                    },
                     base + g.group_q_rows,
                     g.head_dim,
                     group * g.head_dim,
                 ),
                 (
-                    if bias { Canon::VBias(l) } else { Canon::V(l) },
+                    if bias {
+                        Canon::at(Part::VBias, l)
+                    } else {
+                        Canon::at(Part::V, l)
+                    },
                     base + g.group_q_rows + g.head_dim,
                     g.head_dim,
                     group * g.head_dim,
@@ -288,8 +323,8 @@ impl MegatronLayout {
         match local {
             Local::Embedding | Local::OutputLayer => {
                 let canon = match (local, self.tied) {
-                    (Local::OutputLayer, false) => Canon::LmHead,
-                    _ => Canon::Embed,
+                    (Local::OutputLayer, false) => Canon::global(Part::LmHead),
+                    _ => Canon::global(Part::Embed),
                 };
                 let per = g.vocab_local_rows;
                 let start = tp_r * per;
@@ -303,14 +338,14 @@ impl MegatronLayout {
                 }
                 Dims::new(&[per, h])
             }
-            Local::FinalNorm => whole(f, Canon::FinalNorm, Dims::new(&[h])),
-            Local::QkvNorm(l) => whole(f, Canon::InputNorm(l), Dims::new(&[h])),
-            Local::QLayerNorm(l) => whole(f, Canon::QNorm(l), Dims::new(&[g.head_dim])),
-            Local::KLayerNorm(l) => whole(f, Canon::KNorm(l), Dims::new(&[g.head_dim])),
+            Local::FinalNorm => whole(f, Canon::global(Part::FinalNorm), Dims::new(&[h])),
+            Local::QkvNorm(l) => whole(f, Canon::at(Part::InputNorm, l), Dims::new(&[h])),
+            Local::QLayerNorm(l) => whole(f, Canon::at(Part::QNorm, l), Dims::new(&[g.head_dim])),
+            Local::KLayerNorm(l) => whole(f, Canon::at(Part::KNorm, l), Dims::new(&[g.head_dim])),
             Local::Fc1Norm(l) | Local::PreMlpNorm(l) => {
-                whole(f, Canon::PostNorm(l), Dims::new(&[h]))
+                whole(f, Canon::at(Part::PostNorm, l), Dims::new(&[h]))
             }
-            Local::Router(l) => whole(f, Canon::Router(l), Dims::new(&[g.experts, h])),
+            Local::Router(l) => whole(f, Canon::at(Part::Router, l), Dims::new(&[g.experts, h])),
             Local::Qkv(l) => {
                 self.qkv_pieces(l, tp_r, Some(h), f);
                 Dims::new(&[g.qkv_local_rows, h])
@@ -322,15 +357,19 @@ impl MegatronLayout {
             Local::Proj(l) => {
                 let cols = g.q_rows / self.cfg.tp;
                 f(Piece {
-                    canon: Canon::O(l),
+                    canon: Canon::at(Part::O, l),
                     region: Region::new([0, tp_r * cols], [h, cols]),
                     local_offset: Dims::new(&[0, 0]),
                 });
                 Dims::new(&[h, cols])
             }
+            Local::ProjBias(l) => whole(f, Canon::at(Part::OBias, l), Dims::new(&[h])),
             Local::Fc1(l) => {
                 let n = g.inter_local;
-                for (i, canon) in [Canon::Gate(l), Canon::Up(l)].into_iter().enumerate() {
+                for (i, canon) in [Canon::at(Part::Gate, l), Canon::at(Part::Up, l)]
+                    .into_iter()
+                    .enumerate()
+                {
                     f(Piece {
                         canon,
                         region: Region::new([tp_r * n, 0], [n, h]),
@@ -342,7 +381,7 @@ impl MegatronLayout {
             Local::Fc2(l) => {
                 let n = g.inter_local;
                 f(Piece {
-                    canon: Canon::Down(l),
+                    canon: Canon::at(Part::Down, l),
                     region: Region::new([0, tp_r * n], [h, n]),
                     local_offset: Dims::new(&[0, 0]),
                 });
@@ -351,9 +390,12 @@ impl MegatronLayout {
             Local::ExpertFc1(l, j) => {
                 let e = ep_r * g.experts_local + j;
                 let n = g.moe_inter_local;
-                for (i, canon) in [Canon::ExpertGate(l, e), Canon::ExpertUp(l, e)]
-                    .into_iter()
-                    .enumerate()
+                for (i, canon) in [
+                    Canon::expert_at(Part::ExpertGate, l, e),
+                    Canon::expert_at(Part::ExpertUp, l, e),
+                ]
+                .into_iter()
+                .enumerate()
                 {
                     f(Piece {
                         canon,
@@ -367,7 +409,7 @@ impl MegatronLayout {
                 let e = ep_r * g.experts_local + j;
                 let n = g.moe_inter_local;
                 f(Piece {
-                    canon: Canon::ExpertDown(l, e),
+                    canon: Canon::expert_at(Part::ExpertDown, l, e),
                     region: Region::new([0, etp_r * n], [h, n]),
                     local_offset: Dims::new(&[0, 0]),
                 });
@@ -377,9 +419,12 @@ impl MegatronLayout {
                 let (per, n) = (g.experts_local, g.moe_inter_local);
                 for j in 0..per {
                     let e = ep_r * per + j;
-                    for (i, canon) in [Canon::ExpertGate(l, e), Canon::ExpertUp(l, e)]
-                        .into_iter()
-                        .enumerate()
+                    for (i, canon) in [
+                        Canon::expert_at(Part::ExpertGate, l, e),
+                        Canon::expert_at(Part::ExpertUp, l, e),
+                    ]
+                    .into_iter()
+                    .enumerate()
                     {
                         f(Piece {
                             canon,
@@ -394,7 +439,7 @@ impl MegatronLayout {
                 let (per, n) = (g.experts_local, g.moe_inter_local);
                 for j in 0..per {
                     f(Piece {
-                        canon: Canon::ExpertDown(l, ep_r * per + j),
+                        canon: Canon::expert_at(Part::ExpertDown, l, ep_r * per + j),
                         region: Region::new([0, etp_r * n], [h, n]),
                         local_offset: Dims::new(&[j, 0, 0]),
                     });
@@ -404,63 +449,61 @@ impl MegatronLayout {
         }
     }
 
-    /// Whether the model has this canonical tensor.
+    /// Whether the model has this canonical tensor (its family lists the part in that layer).
     fn exists(&self, c: Canon) -> bool {
-        let layer_ok = c.layer().is_none_or(|l| l < self.layers);
-        layer_ok
-            && match c {
-                Canon::LmHead => !self.tied,
-                Canon::QBias(_) | Canon::KBias(_) | Canon::VBias(_) => self.attention_bias,
-                Canon::QNorm(_) | Canon::KNorm(_) => self.qk_norm,
-                Canon::Gate(l) | Canon::Up(l) | Canon::Down(l) => !self.is_moe(l),
-                Canon::Router(l) => self.is_moe(l),
-                Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
-                    self.is_moe(l) && e < self.geo.experts
-                }
-                _ => true,
-            }
+        match (c.layer(), c.expert()) {
+            (None, _) => c.part != Part::LmHead || !self.tied,
+            (Some(l), _) if l >= self.layers => false,
+            (Some(l), None) => self.has(l, c.part),
+            (Some(l), Some(e)) => self.has(l, c.part) && e < self.geo.experts,
+        }
     }
 
     /// The local parameters (with their stage) that can hold canonical tensor `c`.
     fn locals_of(&self, c: Canon) -> ([Option<(Local, u64)>; 2], Option<u64>) {
         let last = self.cfg.pp - 1;
-        let stage = |l: u64| match self.stages.get(l as usize) {
+        let l = c.layer().unwrap_or(0);
+        let stage = match self.stages.get(l as usize) {
             Some(&s) => s,
             None => self.chunks.place(l).stage,
         };
-        let one = |local: Local, s: u64| [Some((local, s)), None];
+        let one = |local: Local| [Some((local, stage)), None];
         let mut expert = None;
-        let list = match c {
-            Canon::Embed => [
+        let list = match c.part {
+            Part::Embed => [
                 Some((Local::Embedding, 0)),
                 (self.tied && self.cfg.pp > 1).then_some((Local::OutputLayer, last)),
             ],
-            Canon::LmHead => one(Local::OutputLayer, last),
-            Canon::FinalNorm => one(Local::FinalNorm, last),
-            Canon::InputNorm(l) => one(Local::QkvNorm(l), stage(l)),
-            Canon::Q(l) | Canon::K(l) | Canon::V(l) => one(Local::Qkv(l), stage(l)),
-            Canon::QBias(l) | Canon::KBias(l) | Canon::VBias(l) => one(Local::QkvBias(l), stage(l)),
-            Canon::O(l) => one(Local::Proj(l), stage(l)),
-            Canon::QNorm(l) => one(Local::QLayerNorm(l), stage(l)),
-            Canon::KNorm(l) => one(Local::KLayerNorm(l), stage(l)),
-            Canon::PostNorm(l) if self.is_moe(l) => one(Local::PreMlpNorm(l), stage(l)),
-            Canon::PostNorm(l) => one(Local::Fc1Norm(l), stage(l)),
-            Canon::Gate(l) | Canon::Up(l) => one(Local::Fc1(l), stage(l)),
-            Canon::Down(l) => one(Local::Fc2(l), stage(l)),
-            Canon::Router(l) => one(Local::Router(l), stage(l)),
-            Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
+            Part::LmHead => [Some((Local::OutputLayer, last)), None],
+            Part::FinalNorm => [Some((Local::FinalNorm, last)), None],
+            Part::InputNorm => one(Local::QkvNorm(l)),
+            Part::Q | Part::K | Part::V => one(Local::Qkv(l)),
+            Part::QBias | Part::KBias | Part::VBias => one(Local::QkvBias(l)),
+            Part::O => one(Local::Proj(l)),
+            Part::OBias => one(Local::ProjBias(l)),
+            Part::QNorm => one(Local::QLayerNorm(l)),
+            Part::KNorm => one(Local::KLayerNorm(l)),
+            Part::PostNorm if self.is_moe(l) => one(Local::PreMlpNorm(l)),
+            Part::PostNorm => one(Local::Fc1Norm(l)),
+            Part::Gate | Part::Up => one(Local::Fc1(l)),
+            Part::Down => one(Local::Fc2(l)),
+            Part::Router => one(Local::Router(l)),
+            Part::ExpertGate | Part::ExpertUp | Part::ExpertDown => {
+                let e = c.expert().unwrap_or(0);
                 let per = self.geo.experts_local;
                 expert = Some(e / per);
                 let j = e % per;
-                let down = matches!(c, Canon::ExpertDown(..));
+                let down = c.part == Part::ExpertDown;
                 let local = match (self.cfg.experts, down) {
                     (ExpertLayout::SingleGrouped, true) => Local::StackedFc2(l),
                     (ExpertLayout::SingleGrouped, false) => Local::StackedFc1(l),
                     (_, true) => Local::ExpertFc2(l, j),
                     (_, false) => Local::ExpertFc1(l, j),
                 };
-                one(local, stage(l))
+                one(local)
             }
+            // refused by `new` ([`MAPPED`])
+            _ => [None, None],
         };
         (list, expert)
     }
@@ -508,6 +551,65 @@ impl MegatronLayout {
     }
 }
 
+/// The parts the Megatron layout places; a family with any other part is refused by name.
+const MAPPED: [Part; 22] = [
+    Part::Embed,
+    Part::LmHead,
+    Part::FinalNorm,
+    Part::InputNorm,
+    Part::PostNorm,
+    Part::Q,
+    Part::K,
+    Part::V,
+    Part::QBias,
+    Part::KBias,
+    Part::VBias,
+    Part::O,
+    Part::OBias,
+    Part::QNorm,
+    Part::KNorm,
+    Part::Gate,
+    Part::Up,
+    Part::Down,
+    Part::Router,
+    Part::ExpertGate,
+    Part::ExpertUp,
+    Part::ExpertDown,
+];
+
+/// The parts of one layer as a set (bit `part as u64`), from the family's list.
+fn layer_parts(model: &ModelSpec, l: u64) -> u64 {
+    /// Collects part bits.
+    struct Bits(u64);
+    impl Sink for Bits {
+        fn part(&mut self, c: Canon, _: Dims) {
+            self.0 |= 1 << c.part as u64;
+        }
+        fn experts(&mut self, _: u64, count: u64, parts: &[(Part, Dims)]) {
+            if count > 0 {
+                self.0 |= parts.iter().fold(0, |m, (p, _)| m | 1 << *p as u64);
+            }
+        }
+    }
+    let mut b = Bits(0);
+    (model.architecture.family().layer)(model, l, &mut b);
+    b.0
+}
+
+/// Why a family with `part` has no Megatron layout yet.
+fn unmapped(model: &ModelSpec, part: Part) -> String {
+    let family = model.architecture.family();
+    let example = (0..model.num_layers)
+        .find_map(|l| family.names.name(Canon::at(part, l)))
+        .unwrap_or_else(|| part.label().to_string());
+    format!(
+        "megatron: {} ({}) has `{example}` ({}), which awex does not map to Megatron-Core's parameters yet",
+        family.hf_class,
+        family.name,
+        part.label()
+    )
+}
+
 impl SideLayout for MegatronLayout {
     fn side(&self) -> Side {
         Side::Training
@@ -548,7 +650,7 @@ impl SideLayout for MegatronLayout {
                 let canonical = match names.iter().find(|(k, _)| *k == p.canon) {
                     Some((_, n)) => n.clone(),
                     None => {
-                        let n: Arc<str> = Arc::from(p.canon.name());
+                        let n: Arc<str> = Arc::from(self.names.name(p.canon).unwrap_or_default());
                         names.push((p.canon, n.clone()));
                         n
                     }
@@ -570,7 +672,7 @@ impl SideLayout for MegatronLayout {
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
-        let Some(target) = Canon::parse(canonical) else {
+        let Some(target) = self.names.parse(canonical) else {
             return Vec::new();
         };
         if !self.exists(target) {

@@ -28,6 +28,8 @@ pub enum Local {
     KLayerNorm(u64),
     /// `self_attention.linear_proj.weight`
     Proj(u64),
+    /// `self_attention.linear_proj.bias` (full on every TP rank: added after the reduction)
+    ProjBias(u64),
     /// `mlp.linear_fc1.layer_norm_weight` (`pre_mlp_layernorm.weight` with the local spec)
     Fc1Norm(u64),
     /// `mlp.linear_fc1.weight`
@@ -69,6 +71,7 @@ impl Local {
             | Local::KLayerNorm(_)
             | Local::Fc1Norm(_)
             | Local::PreMlpNorm(_)
+            | Local::ProjBias(_)
             | Local::Router(_) => Split::Replicated,
             Local::Embedding
             | Local::OutputLayer
@@ -100,6 +103,8 @@ pub struct LayerNames {
     pub k_layernorm: Arc<str>,
     /// `linear_proj.weight`
     pub proj: Arc<str>,
+    /// `linear_proj.bias`
+    pub proj_bias: Arc<str>,
     /// `mlp.linear_fc1.layer_norm_weight` (Transformer Engine) or `pre_mlp_layernorm.weight` (local spec)
     pub fc1_norm: Arc<str>,
     /// `mlp.linear_fc1.weight`
@@ -188,6 +193,7 @@ impl LayerNames {
             q_layernorm: n("self_attention.q_layernorm.weight"),
             k_layernorm: n("self_attention.k_layernorm.weight"),
             proj: n("self_attention.linear_proj.weight"),
+            proj_bias: n("self_attention.linear_proj.bias"),
             fc1_norm: n(fc1_norm),
             fc1: n("mlp.linear_fc1.weight"),
             fc2: n("mlp.linear_fc2.weight"),

@@ -733,6 +733,17 @@ impl Endpoint {
         Ok(self.core()?.cfg.rank.engine)
     }
 
+    /// This process's claim id on its slot once joined (`None` before): the gateway accepts
+    /// a report for the slot only with it (awex's SGLang loader reporting an early failure).
+    #[getter]
+    fn incarnation(&self) -> PyResult<Option<String>> {
+        Ok(self
+            .core()?
+            .joined
+            .as_ref()
+            .map(|j| j.rank.incarnation().to_string()))
+    }
+
     /// The pair's name.
     #[getter]
     fn pair(&self) -> PyResult<String> {

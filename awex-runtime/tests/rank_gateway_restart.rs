@@ -38,6 +38,11 @@ impl Gw {
             .enable_all()
             .build()
             .unwrap();
+        // a state directory must be private (tempdir makes it 0755 under the usual umask)
+        if let Some(d) = dir {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
         let config = GatewayConfig {
             state_dir: dir.map(Path::to_path_buf),
             ..GatewayConfig::default()

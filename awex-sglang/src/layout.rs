@@ -193,7 +193,8 @@ impl SglangLayout {
                 engines,
                 vocab_rows,
                 lm_head,
-                experts_module: "mlp.experts",
+                routed_experts: "",
+                drops: &[],
             },
         )
         .map_err(|e| SglangConfigError::Layout(e.to_string()))?;

@@ -100,3 +100,96 @@ fn whole_pair_digests_are_pinned() {
     let want: Vec<u64> = vec![0x56b479a33c8f0bd0, 0xcf6a4a2796395988, 0x0e8eca48717b760f];
     assert_eq!(got, want);
 }
+
+/// A model from the text of its `config.json` (not a preset: the family's own parser reads it).
+fn from_config(config: &str, train: &str, infer: &str) -> Resolved {
+    std::hint::black_box(awex_vllm::CRATE);
+    let model = ModelSpec::from_config_json(config).unwrap();
+    let ts: BackendSpec = train.parse().unwrap();
+    let is: BackendSpec = infer.parse().unwrap();
+    Resolved {
+        cat: Catalogue::of(&model),
+        training: side_layout(Side::Training, &ts, &model).unwrap(),
+        inference: side_layout(Side::Inference, &is, &model).unwrap(),
+    }
+}
+
+/// A tiny config of `class` (GQA 8 heads over 2 KV heads) with the given extra fields.
+fn tiny_config(class: &str, extra: &str) -> String {
+    format!(
+        r#"{{"architectures": ["{class}"], "hidden_size": 64, "num_hidden_layers": 3,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 128, "vocab_size": 1000{extra}}}"#
+    )
+}
+
+#[test]
+fn every_family_s_dense_pair_digest_is_pinned() {
+    let cases = [
+        // Llama, tied embeddings
+        (
+            tiny_config("LlamaForCausalLM", r#", "tie_word_embeddings": true"#),
+            "megatron:tp=2,pp=3",
+            "sglang:tp=4,engines=2",
+        ),
+        (
+            tiny_config("LlamaForCausalLM", ""),
+            "fsdp:dp=2,tp=2",
+            "vllm:tp=2,engines=2",
+        ),
+        // Qwen2: q/k/v biases
+        (
+            tiny_config("Qwen2ForCausalLM", ""),
+            "megatron:tp=2,dp=2",
+            "sglang:tp=8",
+        ),
+        (
+            tiny_config("Qwen2ForCausalLM", r#", "tie_word_embeddings": true"#),
+            "fsdp:dp=3",
+            "vllm:tp=4",
+        ),
+        // Qwen3: q/k norms
+        (
+            tiny_config("Qwen3ForCausalLM", ""),
+            "megatron:tp=2,pp=3",
+            "vllm:tp=2,engines=3",
+        ),
+        (
+            tiny_config("Qwen3ForCausalLM", r#", "tie_word_embeddings": true"#),
+            "fsdp:dp=2,replicate=2",
+            "sglang:tp=2,engines=2",
+        ),
+        // Qwen3-MoE: a dense layer, experts
+        (
+            tiny_config(
+                "Qwen3MoeForCausalLM",
+                r#", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [0]"#,
+            ),
+            "megatron:tp=2,ep=2,etp=1,dp=2",
+            "vllm:tp=2,ep=2,engines=2",
+        ),
+        (
+            tiny_config(
+                "Qwen3MoeForCausalLM",
+                r#", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32"#,
+            ),
+            "fsdp:dp=4",
+            "sglang:tp=4,ep=2",
+        ),
+    ];
+    let got: Vec<String> = cases
+        .iter()
+        .map(|(cfg, t, i)| format!("{t} -> {i}: {:#018x}", from_config(cfg, t, i).digest()))
+        .collect();
+    let want = [
+        "megatron:tp=2,pp=3 -> sglang:tp=4,engines=2: 0xd678c108d9dda379",
+        "fsdp:dp=2,tp=2 -> vllm:tp=2,engines=2: 0x8a36917b6b8f61e0",
+        "megatron:tp=2,dp=2 -> sglang:tp=8: 0x76b680f872a90c02",
+        "fsdp:dp=3 -> vllm:tp=4: 0x51e5556e1b3f5b79",
+        "megatron:tp=2,pp=3 -> vllm:tp=2,engines=3: 0xeb929042ccd65a49",
+        "fsdp:dp=2,replicate=2 -> sglang:tp=2,engines=2: 0x7d5a5a7fece96daa",
+        "megatron:tp=2,ep=2,etp=1,dp=2 -> vllm:tp=2,ep=2,engines=2: 0xbd0c79eeb4f9d7d3",
+        "fsdp:dp=4 -> sglang:tp=4,ep=2: 0xd18f66485f7a26b7",
+    ];
+    assert_eq!(got, want);
+}

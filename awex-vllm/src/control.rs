@@ -14,7 +14,10 @@
 //!   `receive_weights` -- the trigger; awex's engine (`awex.vllm.AwexWeightTransferEngine`)
 //!   receives `{"version": N}`;
 //! - `POST /finish_weight_update {"weight_version": "N"}` (`Body(embed=True)`, `str | None`);
-//! - `POST /resume` (no body), `{"status": "resumed"}`.
+//! - `POST /resume` (no body), `{"status": "resumed"}`;
+//! - after an attempt that failed while it ran: `POST /finish_weight_update {}` (no version: the
+//!   one the server reports stays) ends the workers' update session before the next pause or
+//!   resume ([`VllmControl`]'s `abandon`).
 //!
 //! The update routes have no `try`: an exception in a worker reaches the API server's exception
 //! handler and comes back as a non-2xx answer with an `{"error": {"message"}}` body
@@ -117,6 +120,16 @@ impl EngineControl for VllmControl {
 
     fn resume(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
         vec![EngineCall::post("/resume", json!({}))]
+    }
+
+    /// An attempt that failed while it ran leaves every worker's update session open: awex's
+    /// engine answers `/update_weights` without raising when the version failed before the model
+    /// was touched (an exception in one worker of several leaves vLLM's executor reading the
+    /// others' answers one call late), so vLLM's `Worker.update_weights` does not end the
+    /// session. `/finish_weight_update` without a `weight_version` ends it and keeps the version
+    /// the server reports.
+    fn abandon(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
+        vec![EngineCall::post("/finish_weight_update", json!({}))]
     }
 
     fn check_answer(&self, _call: &EngineCall, status: u16, body: &Value) -> Result<(), String> {

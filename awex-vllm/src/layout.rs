@@ -31,11 +31,23 @@
 //!   and the experts' tp to 1, and `determine_expert_map` (`expert_map_manager.py`, the default
 //!   `linear` placement) gives rank `r` `num_experts // ep (+1 for r < num_experts % ep)`
 //!   consecutive experts.
+//! - parameters a class does not build ([`CLASS_DROPS`]): `models/qwen3.py` and
+//!   `models/qwen3_moe.py` build `o_proj` as `RowParallelLinear(..., bias=False)` whatever
+//!   `attention_bias` says, and `AutoWeightsLoader` (`models/utils.py`) ignores an unexpected
+//!   `.bias`, so a Qwen3 checkpoint's `o_proj.bias` is dropped; `models/llama.py` keeps it
+//!   (`bias_o_proj = attention_bias`).
 
 use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
 use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
-use awex_core::model::ModelSpec;
+use awex_core::model::{ModelSpec, Part};
 use std::sync::Arc;
+
+/// The parts of a model that vLLM 0.33's class for its HF class builds no parameter for (facts
+/// of vLLM's model files, cited in the module docs): those tensors are dropped by vLLM's load.
+pub const CLASS_DROPS: &[(&str, &[Part])] = &[
+    ("Qwen3ForCausalLM", &[Part::OBias]),
+    ("Qwen3MoeForCausalLM", &[Part::OBias]),
+];
 
 /// vLLM pads the vocabulary of `VocabParallelEmbedding` / `ParallelLMHead` to a multiple of this
 /// (`DEFAULT_VOCAB_PADDING_SIZE`, `model_executor/layers/vocab_parallel_embedding.py`).
@@ -142,9 +154,6 @@ impl From<VllmConfigError> for LayoutError {
     }
 }
 
-/// The module of a layer's fused experts: `MoERunner.routed_experts` below `mlp.experts`.
-const EXPERTS_MODULE: &str = "mlp.experts.routed_experts";
-
 /// The layout of vLLM engines (replicas) for one model and `tp`/`ep`/`engines`: the fused-TP
 /// layout ([`FusedTpLayout`]) with vLLM's vocabulary padding, its tied head (absent) and its
 /// expert module.
@@ -236,7 +245,11 @@ impl VllmLayout {
                 engines,
                 vocab_rows,
                 lm_head,
-                experts_module: EXPERTS_MODULE,
+                routed_experts: ROUTED_EXPERTS,
+                drops: CLASS_DROPS
+                    .iter()
+                    .find(|(class, _)| *class == spec.architecture.hf_name())
+                    .map_or(&[], |(_, parts)| parts),
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;
@@ -273,6 +286,10 @@ impl SideLayout for VllmLayout {
 
     fn rank_layout(&self, rank: RankId) -> Option<RankLayout> {
         self.0.rank_layout(rank)
+    }
+
+    fn dropped(&self) -> Vec<String> {
+        self.0.dropped()
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {

@@ -72,7 +72,7 @@ impl Backend for VllmBackend {
     }
 
     fn description(&self) -> &'static str {
-        "vLLM engines (0.33): fused qkv_proj / gate_up_proj split over TP (KV heads replicated when tp > KV heads), vocab padded to 64 then split over TP, tied lm_head shares embed_tokens, FusedMoE routed_experts.w13/w2 split over TP or (--enable-expert-parallel) over ep=tp; engines are replicas"
+        "vLLM engines (0.32, 0.33): fused qkv_proj / gate_up_proj split over TP (KV heads replicated when tp > KV heads), vocab padded to 64 then split over TP, tied lm_head shares embed_tokens, FusedMoE routed_experts.w13/w2 split over TP or (--enable-expert-parallel) over ep=tp; engines are replicas"
     }
 
     fn parallel_keys(&self) -> &'static [ParallelKey] {

@@ -76,6 +76,21 @@ fn an_update_is_pause_start_update_finish_resume() {
 }
 
 #[test]
+fn a_failed_attempt_is_abandoned_with_a_finish_that_names_no_version() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 2)]);
+    let facts = c
+        .check_server(&info(2, false, Some("awex")), &expect(&p))
+        .expect("agrees");
+    // `weight_version` absent: vLLM keeps reporting the last committed version
+    // (`AsyncLLM.finish_weight_update`, `vllm/v1/engine/async_llm.py`)
+    assert_eq!(
+        c.abandon(&facts),
+        vec![EngineCall::post("/finish_weight_update", json!({}))]
+    );
+}
+
+#[test]
 fn a_server_that_disagrees_is_named_with_both_values() {
     let c = control();
     let p = ParallelConfig::from_pairs([("tp", 4), ("ep", 4)]);

@@ -36,7 +36,15 @@ fn models() -> Vec<ModelSpec> {
         num_layers: 2,
         ..tiny.clone()
     };
-    vec![tiny, moe, qwen2, tied, llama]
+    // Qwen3 with attention_bias: q/k/v and o_proj biases
+    let biased = ModelSpec {
+        name: "qwen3-tiny-biased".into(),
+        attention_bias: true,
+        num_layers: 2,
+        ..tiny.clone()
+    };
+    let mixtral = presets::preset("mixtral-tiny").unwrap();
+    vec![tiny, moe, qwen2, tied, llama, biased, mixtral]
 }
 
 /// Configs from the keys: all defaults, each defaulted key at 2 and 4, and every pair of keys at 2.

@@ -12,7 +12,12 @@ use serde_json::Value;
 use tower::ServiceExt;
 
 // Linked so that their backends register.
-const _: [&str; 3] = [awex_megatron::CRATE, awex_fsdp::CRATE, awex_sglang::CRATE];
+const _: [&str; 4] = [
+    awex_megatron::CRATE,
+    awex_fsdp::CRATE,
+    awex_sglang::CRATE,
+    awex_vllm::CRATE,
+];
 
 fn request(train: &str, train_parallel: &[(&str, u64)], world: u32) -> ConnectRequest {
     let model = preset("qwen3-0.6b").expect("preset");
@@ -77,4 +82,37 @@ async fn connect_refuses_what_the_registered_backend_refuses() {
     );
     let (s, v) = connect(&request("fsdp", &[("tp", 2)], 2)).await;
     assert_eq!(s, 201, "{v}");
+}
+
+#[tokio::test]
+async fn connect_says_which_trained_tensors_the_inference_engine_drops() {
+    // a Qwen3 with attention_bias has o_proj biases; vLLM 0.33's Qwen3 class builds o_proj
+    // without a bias and its loader skips them
+    let model = awex_core::ModelSpec {
+        attention_bias: true,
+        num_layers: 2,
+        ..preset("qwen3-0.6b").expect("preset")
+    };
+    let summary = Catalogue::of(&model).summary();
+    let mut req = request("megatron", &[("tp", 2)], 2);
+    req.training.model = model.clone();
+    req.training.catalogue = summary.clone();
+    req.inference.model = model;
+    req.inference.catalogue = summary;
+    req.inference.backend = "vllm".into();
+    let (s, v) = connect(&req).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(
+        v["inference"]["dropped"],
+        serde_json::json!([
+            "model.layers.0.self_attn.o_proj.bias",
+            "model.layers.1.self_attn.o_proj.bias"
+        ])
+    );
+    assert!(v["training"].get("dropped").is_none(), "{v}");
+    // SGLang 0.5.23's Qwen3 builds o_proj with bias=attention_bias: nothing is dropped
+    req.inference.backend = "sglang".into();
+    let (s, v) = connect(&req).await;
+    assert_eq!(s, 201, "{v}");
+    assert!(v["inference"].get("dropped").is_none(), "{v}");
 }

@@ -24,7 +24,7 @@ pub const DEFAULT_INFER: &str = "sglang:tp=2,engines=2";
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory (whose safetensors weights, if any, are checked too).
-    #[arg(long, default_value = DEFAULT_MODEL)]
+    #[arg(long, default_value = DEFAULT_MODEL, long_help = model_help())]
     pub model: String,
     /// Training side: `backend:key=value,...`.
     #[arg(long, default_value = DEFAULT_TRAIN, long_help = spec_help(Side::Training))]
@@ -48,6 +48,20 @@ pub fn plural(n: impl Into<u64>, thing: &str) -> String {
     } else {
         format!("{n} {thing}s")
     }
+}
+
+/// `--model`'s long help: what it accepts, then every family (its HF class) with its presets.
+pub fn model_help() -> String {
+    let mut s = String::from(
+        "Model: a preset name, a config.json, or an HF model directory (whose safetensors weights, if any, are checked too). A config's `architectures[0]` picks the family. Families and their presets:",
+    );
+    for f in awex_core::model::family::ALL {
+        s.push_str(&format!("\n  {} ({})", f.name, f.hf_class));
+        for p in f.presets {
+            s.push_str(&format!("\n    {:<18} {}", p.name, p.about));
+        }
+    }
+    s
 }
 
 /// One key with its default, as the `--help` texts show it (`tp=1`, `vpp (unset)`).
@@ -221,6 +235,9 @@ pub struct PlanSummary {
     pub fingerprints_agree: bool,
     /// Every inference rank receives exactly the bytes its placements need.
     pub exact: bool,
+    /// Trained tensors the inference engine's model class does not hold (its load drops them):
+    /// the update moves nothing into them.
+    pub dropped_by_inference: Vec<String>,
 }
 
 /// Plans every rank of both sides and summarises.
@@ -298,6 +315,7 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
         plan_ms_total: ms_total,
         fingerprints_agree: agree,
         exact,
+        dropped_by_inference: r.inference.dropped(),
     })
 }
 
@@ -416,6 +434,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "NOT EXACT"
             }
         );
+        if let Some(first) = s.dropped_by_inference.first() {
+            println!(
+                "dropped      {} the inference engine does not hold (its load drops them; not moved): {first}{}",
+                plural(s.dropped_by_inference.len() as u64, "trained tensor"),
+                if s.dropped_by_inference.len() > 1 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            );
+        }
     }
     if !s.fingerprints_agree || !s.exact {
         bail!("plan check failed");

@@ -5,7 +5,7 @@
 //! `AWEX_BODY_LIMIT_MIB`; `AWEX_TOKEN` carries the token itself) < flags.
 
 use anyhow::{Context, bail};
-use awex_control::server::{GatewayConfig, default_state_dir, open_router, serve_router};
+use awex_control::server::{GatewayConfig, open_router, serve_router};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -30,8 +30,9 @@ pub struct Args {
     pub body_limit_mib: Option<u64>,
     /// Directory of the gateway's durable state (pairs, rosters, rendezvous values, updates,
     /// events), so that a restarted gateway loses nothing; `none` keeps it in memory only.
-    /// One gateway per directory. [default: $XDG_STATE_HOME/awex/gateway-PORT, else
-    /// ~/.local/state/awex/gateway-PORT; env AWEX_STATE_DIR]
+    /// One gateway per directory; created mode 0700, and one another user owns or can read is
+    /// refused. [default: $XDG_STATE_HOME/awex/gateway-PORT, else
+    /// $HOME/.local/state/awex/gateway-PORT; env AWEX_STATE_DIR]
     #[arg(long, env = "AWEX_STATE_DIR", value_name = "DIR|none")]
     pub state_dir: Option<String>,
     /// Keep the state in memory only (the same as --state-dir none).
@@ -39,14 +40,39 @@ pub struct Args {
     pub ephemeral: bool,
 }
 
-/// The state directory `--state-dir` / `--ephemeral` name for a gateway on `port`.
-pub fn state_dir(args: &Args, port: u16) -> Option<PathBuf> {
-    match args.state_dir.as_deref().map(str::trim) {
+/// The state directory `--state-dir` / `--ephemeral` name for a gateway on `port`; `env` reads
+/// an environment variable (for the default under the user's home).
+pub fn state_dir(
+    args: &Args,
+    port: u16,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> anyhow::Result<Option<PathBuf>> {
+    Ok(match args.state_dir.as_deref().map(str::trim) {
         _ if args.ephemeral => None,
         Some("none") => None,
         Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-        _ => Some(default_state_dir(port)),
+        _ => Some(default_state_dir(port, env)?),
+    })
+}
+
+/// Where `serve` keeps its state by default: `$XDG_STATE_HOME/awex/gateway-<port>`, else
+/// `$HOME/.local/state/awex/gateway-<port>`. Never a shared temporary directory, where another
+/// user could create the directory first: without either variable, `--state-dir` is needed.
+pub fn default_state_dir(
+    port: u16,
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> anyhow::Result<PathBuf> {
+    let leaf = format!("gateway-{port}");
+    let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
+    if let Some(x) = nonempty("XDG_STATE_HOME") {
+        return Ok(PathBuf::from(x).join("awex").join(leaf));
     }
+    if let Some(h) = nonempty("HOME") {
+        return Ok(PathBuf::from(h).join(".local/state/awex").join(leaf));
+    }
+    bail!(
+        "neither XDG_STATE_HOME nor HOME is set, so the gateway has no private default state directory; give --state-dir DIR (created mode 0700), or --ephemeral to keep the state in memory"
+    )
 }
 
 /// The layered settings of the server.
@@ -185,9 +211,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let config = GatewayConfig {
         token: token.clone(),
         body_limit,
-        state_dir: state_dir(&args, addr.port()),
+        state_dir: state_dir(&args, addr.port(), |k| std::env::var_os(k))?,
         ..GatewayConfig::default()
     };
+    // a bad token is refused before anything is opened or announced
+    awex_control::server::check_token_and_bind(addr, &config)?;
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
         let listener =
@@ -225,26 +253,46 @@ mod tests {
 
     #[test]
     fn state_dir_defaults_to_a_directory_per_port_and_none_or_ephemeral_keep_it_in_memory() {
-        let d = state_dir(&Args::default(), 7480).unwrap();
-        assert!(d.ends_with("awex/gateway-7480"), "{}", d.display());
+        let home = |k: &str| (k == "HOME").then(|| std::ffi::OsString::from("/home/u"));
+        let d = state_dir(&Args::default(), 7480, home).unwrap().unwrap();
+        assert_eq!(d, PathBuf::from("/home/u/.local/state/awex/gateway-7480"));
+        let xdg = |k: &str| (k == "XDG_STATE_HOME").then(|| std::ffi::OsString::from("/x"));
+        let d = state_dir(&Args::default(), 7480, xdg).unwrap().unwrap();
+        assert_eq!(d, PathBuf::from("/x/awex/gateway-7480"));
         let none = Args {
             state_dir: Some("none".into()),
             ..Args::default()
         };
-        assert_eq!(state_dir(&none, 7480), None);
+        assert_eq!(state_dir(&none, 7480, home).unwrap(), None);
         let eph = Args {
             ephemeral: true,
             ..Args::default()
         };
-        assert_eq!(state_dir(&eph, 7480), None);
+        assert_eq!(state_dir(&eph, 7480, home).unwrap(), None);
         let given = Args {
             state_dir: Some("/var/lib/awex".into()),
             ..Args::default()
         };
         assert_eq!(
-            state_dir(&given, 7480),
+            state_dir(&given, 7480, home).unwrap(),
             Some(PathBuf::from("/var/lib/awex"))
         );
+    }
+
+    #[test]
+    fn without_home_or_xdg_state_home_the_default_is_refused_not_a_shared_temp_directory() {
+        let e = state_dir(&Args::default(), 7480, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("neither XDG_STATE_HOME nor HOME is set"),
+            "{e}"
+        );
+        let eph = Args {
+            ephemeral: true,
+            ..Args::default()
+        };
+        assert_eq!(state_dir(&eph, 7480, |_| None).unwrap(), None);
     }
 
     #[test]

@@ -19,7 +19,16 @@ pub(crate) async fn require_token(
         return next.run(request).await;
     };
     match check(request.headers().get(header::AUTHORIZATION), expected) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            // the connection keeps its slot in a flood of connections without the token
+            let conn = request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<super::listener::Conn>>();
+            if let Some(axum::extract::ConnectInfo(c)) = conn {
+                c.0.prove();
+            }
+            next.run(request).await
+        }
         Err(e) => {
             tracing::warn!(
                 method = %request.method(),

@@ -17,10 +17,14 @@ pub struct GatewayConfig {
     pub engine_timeout: Duration,
     /// How long a disconnected pair stays visible (its event stream ends with `disconnect`).
     pub tombstone: Duration,
-    /// Most connections open at once; beyond it a connection gets 503 and is closed.
+    /// Most connections open at once; beyond it a connection gets 503 and is closed. With a
+    /// token, connections that have not presented it hold at most three quarters of them.
     pub max_connections: usize,
-    /// Time a new connection has to send its first bytes.
+    /// Time a request head (request line and headers) has to arrive whole, from its first byte
+    /// (for a new connection: from its start), however its bytes trickle in.
     pub header_timeout: Duration,
+    /// Time a request body has to arrive whole once its head arrived.
+    pub body_timeout: Duration,
     /// Time a connection may stay silent in both directions (longer than the longest long-poll).
     pub idle_timeout: Duration,
     /// Most long-polls (event polls, joins waiting for the other ranks, update-status and kv
@@ -30,24 +34,9 @@ pub struct GatewayConfig {
     /// Directory of the durable state (pairs, rosters, rendezvous values, updates, events):
     /// written through on every change and read back at start, so that a restarted gateway
     /// loses nothing. `None` keeps everything in memory (the library default; `awex-cli serve`
-    /// defaults to a directory, see [`default_state_dir`]).
+    /// defaults to a directory under the user's home). The directory is created mode 0700; one
+    /// another user owns or can read is refused.
     pub state_dir: Option<std::path::PathBuf>,
-}
-
-/// Where `awex-cli serve` keeps its state by default: `$XDG_STATE_HOME/awex/gateway-<port>`,
-/// else `~/.local/state/awex/gateway-<port>`, else `<temp dir>/awex-state/gateway-<port>`.
-pub fn default_state_dir(port: u16) -> std::path::PathBuf {
-    let leaf = format!("gateway-{port}");
-    let nonempty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    if let Some(x) = nonempty("XDG_STATE_HOME") {
-        return std::path::PathBuf::from(x).join("awex").join(leaf);
-    }
-    if let Some(h) = nonempty("HOME") {
-        return std::path::PathBuf::from(h)
-            .join(".local/state/awex")
-            .join(leaf);
-    }
-    std::env::temp_dir().join("awex-state").join(leaf)
 }
 
 /// The default connection limit: what the process's open-file limit leaves room for (minus
@@ -76,6 +65,8 @@ impl Default for GatewayConfig {
             tombstone: Duration::from_secs(60),
             max_connections: default_max_connections(),
             header_timeout: Duration::from_secs(10),
+            // 8 MiB (the default body limit) at 1 Mbit/s takes a minute
+            body_timeout: Duration::from_secs(60),
             // longer than the longest long-poll and than clients' pool idle time (reqwest: 90 s),
             // so that a client never reuses a connection the gateway is closing
             idle_timeout: Duration::from_millis(crate::wire::MAX_WAIT_MS) + Duration::from_secs(60),

@@ -29,6 +29,9 @@ pub enum ApiError {
     /// 408: a rank waited for the others to join and the join deadline passed.
     #[error("{0}")]
     JoinTimeout(String),
+    /// 408: the request body did not arrive within the gateway's body timeout.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// 409: the request conflicts with the pair's state (name taken, update running, stale version).
     #[error("{0}")]
     Conflict(String),
@@ -58,7 +61,7 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::JoinTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::JoinTimeout(_) | ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Gone(_) => StatusCode::GONE,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,

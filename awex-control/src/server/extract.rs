@@ -29,7 +29,17 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
             ));
         }
         let limit = state.config.body_limit;
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+        // the whole body within the body timeout, however its bytes trickle in
+        let within = state.config.body_timeout;
+        let read = tokio::time::timeout(within, Bytes::from_request(req, state))
+            .await
+            .map_err(|_| {
+                ApiError::RequestTimeout(format!(
+                    "the request body did not arrive within {} s; send it whole",
+                    within.as_secs_f64()
+                ))
+            })?;
+        let bytes = read.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::TooLarge(format!(
                     "the request body exceeds the gateway's limit of {limit} bytes"

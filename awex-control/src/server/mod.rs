@@ -5,10 +5,13 @@
 //! The modules form one chain, each importing only those before it:
 //!
 //! 1. leaves: `error` (every failure mapped to a 4xx status and a `{"error": ...}` body),
-//!    `config`, `validate` (names, bounds, model and catalogue checks);
+//!    `config`, `validate` (names, bounds, model and catalogue checks), `secret` (pair secrets
+//!    derived from the key file and the token, never stored), `listener` (connection limits,
+//!    request-head deadlines, the reserve of slots for token holders);
 //! 2. `store`: the data a pair's state is made of (`events`, `kv`, `roster`, `updates`,
 //!    `metrics`), knowing nothing of handlers, and `disk`, the durable copy of it (an embedded
-//!    `redb` database under the state directory, written through before each answer);
+//!    `redb` database under the state directory, written through before each answer), with
+//!    `witness`, the record of the last acknowledged commit;
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
 //! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;
@@ -37,11 +40,12 @@ mod extract;
 mod listener;
 mod polls;
 mod routes;
+mod secret;
 mod state;
 mod store;
 mod validate;
 
-pub use config::{GatewayConfig, ServeError, default_state_dir};
+pub use config::{GatewayConfig, ServeError};
 pub use error::ApiError;
 pub use routes::openapi::DOCUMENT as OPENAPI_DOCUMENT;
 pub use store::disk::StoreError;
@@ -150,9 +154,24 @@ pub(crate) fn route_table() -> Vec<(RouteSpec, MethodRouter<AppState>)> {
     ]
 }
 
-/// `GET /healthz`: the process is up.
-async fn health() -> axum::Json<serde_json::Value> {
-    axum::Json(serde_json::json!({ "status": "ok" }))
+/// `GET /healthz`: the process is up (`ok`), or up while its state cannot be written
+/// (`degraded`, with the store's error: changes are refused until the disk takes writes again).
+/// Always 200: restarting the gateway would not help a full disk.
+async fn health(
+    axum::extract::State(gw): axum::extract::State<AppState>,
+) -> axum::Json<serde_json::Value> {
+    let failing = gw.store.as_ref().and_then(|s| s.failing().map(|f| (s, f)));
+    axum::Json(match failing {
+        None => serde_json::json!({ "status": "ok" }),
+        Some((s, f)) => serde_json::json!({
+            "status": "degraded",
+            "store": {
+                "dir": s.dir().display().to_string(),
+                "error": f.error,
+                "failing_since_unix_ms": f.failing_since_unix_ms,
+            }
+        }),
+    })
 }
 
 /// The router of an in-memory gateway (for tests and for embedding in another server):
@@ -162,7 +181,13 @@ pub fn router(config: GatewayConfig) -> Router {
         state_dir: None,
         ..config
     };
-    routes_of(gateway_of(config, None))
+    // (no random source: a fixed key still gives each connect, by its random uid, its own secret)
+    let base = secret::SecretKey::random().unwrap_or_else(|_| secret::SecretKey::fixed());
+    let secrets = match &config.token {
+        Some(t) => base.with_token(t),
+        None => base,
+    };
+    routes_of(gateway_of(config, None, secrets))
 }
 
 /// The router of a gateway whose state lives under `config.state_dir` (when set): opens the
@@ -177,7 +202,21 @@ pub fn open_router(config: GatewayConfig) -> Result<Router, ServeError> {
         Some(s) => Some(s.load()?),
         None => None,
     };
-    let gw = gateway_of(config, store);
+    // the pair secrets' key: the state directory's key file combined with the token
+    let base = match &store {
+        Some(s) => secret::SecretKey::from_file(s.dir()).map_err(|message| {
+            store::disk::StoreError::Io {
+                path: s.dir().to_path_buf(),
+                message,
+            }
+        })?,
+        None => secret::SecretKey::random()?,
+    };
+    let secrets = match &config.token {
+        Some(t) => base.with_token(t),
+        None => base,
+    };
+    let gw = gateway_of(config, store, secrets);
     if let Some((pairs, next_id)) = loaded {
         gw.next_id
             .fetch_max(next_id, std::sync::atomic::Ordering::Relaxed);
@@ -189,8 +228,13 @@ pub fn open_router(config: GatewayConfig) -> Result<Router, ServeError> {
     Ok(routes_of(gw))
 }
 
-fn gateway_of(config: GatewayConfig, store: Option<Arc<store::disk::Store>>) -> AppState {
+fn gateway_of(
+    config: GatewayConfig,
+    store: Option<Arc<store::disk::Store>>,
+    secrets: secret::SecretKey,
+) -> AppState {
     Arc::new(Gateway {
+        secrets,
         engines: engine::EngineClient::new(config.engine_timeout),
         config,
         pairs: RwLock::new(HashMap::new()),
@@ -210,6 +254,24 @@ async fn durable(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    // while the disk refuses writes, a change is refused before it is made (reads still answer)
+    if req.method() != axum::http::Method::GET {
+        if let Some(f) = gw.store.as_ref().and_then(|s| s.failing()) {
+            let body = serde_json::json!({
+                "error": format!(
+                    "the gateway cannot write its state in {} ({}); changes are refused until it can again (GET /healthz says when): retry later",
+                    gw.store.as_ref().map(|s| s.dir().display().to_string()).unwrap_or_default(),
+                    f.error.unwrap_or_default()
+                )
+            });
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "1")],
+                axum::Json(body),
+            )
+                .into_response();
+        }
+    }
     let resp = next.run(req).await;
     if let Some(store) = &gw.store {
         if let Err(e) = store.sync().await {
@@ -261,7 +323,9 @@ fn routes_of(gateway: AppState) -> Router {
         .with_state(gateway)
 }
 
-fn check_token_and_bind(addr: SocketAddr, config: &GatewayConfig) -> Result<(), ServeError> {
+/// Refuses a config the gateway cannot serve on `addr`: a malformed token, or no token on a
+/// non-loopback address. `serve` checks it too; callers check it before opening the state.
+pub fn check_token_and_bind(addr: SocketAddr, config: &GatewayConfig) -> Result<(), ServeError> {
     match &config.token {
         Some(t) if t.is_empty() || t.len() > 4096 || !t.bytes().all(|b| b.is_ascii_graphic()) => {
             return Err(ServeError::BadToken);
@@ -326,11 +390,16 @@ pub async fn serve_router(
             max_connections: config.max_connections,
             header_timeout: config.header_timeout,
             idle_timeout: config.idle_timeout,
+            token_required: config.token.is_some(),
         },
     );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    // each request knows its connection: presenting the token proves it (see `listener`)
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<listener::Conn>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await?;
     Ok(())
 }
 

@@ -36,6 +36,8 @@ pub(crate) struct Gateway {
     pub(crate) validations: tokio::sync::Semaphore,
     /// The durable state (`None`: in memory only).
     pub(crate) store: Option<Arc<Store>>,
+    /// What every pair's data-plane secret is derived from (never stored with the state).
+    pub(crate) secrets: crate::server::secret::SecretKey,
 }
 
 /// How many connect validations may run at once: one fewer than the cores, at least one.
@@ -180,7 +182,8 @@ impl PairEntry {
             request: self.request.clone(),
             id: self.id,
             uid: self.uid.clone(),
-            secret: self.secret.clone(),
+            secret: String::new(),
+            secret_check: crate::server::secret::check_value(&self.secret),
             slots: [self.slots.train, self.slots.engines, self.slots.per_engine],
             created_unix_ms: self.created_unix_ms,
             join_deadline_unix_ms: self.join_deadline_unix_ms,

@@ -6,8 +6,14 @@ use awex_core::layout::Side;
 use awex_core::model::{Catalogue, CatalogueSummary, ModelSpec};
 use serde_json::Value;
 
-/// Checks a pair name or rendezvous key: `[A-Za-z0-9._-]{1,128}`.
+/// Checks a pair name or rendezvous key: `[A-Za-z0-9._-]{1,128}`, not `.` or `..` (which no
+/// URL can name: clients resolve them as path steps).
 pub(crate) fn name(what: &str, s: &str) -> Result<(), ApiError> {
+    if s == "." || s == ".." {
+        return Err(ApiError::BadRequest(format!(
+            "{what} `{s}` is invalid: `.` and `..` cannot be named in a URL; use 1 to 128 characters from A-Z a-z 0-9 . _ - other than these two"
+        )));
+    }
     let ok = !s.is_empty()
         && s.len() <= 128
         && s.bytes()
@@ -151,6 +157,17 @@ pub(crate) fn first_difference(training: &Catalogue, inference: &Catalogue) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_and_dot_dot_are_not_names_but_names_with_dots_are() {
+        for bad in [".", ".."] {
+            let e = name("pair name", bad).unwrap_err().to_string();
+            assert!(e.contains("cannot be named in a URL"), "{e}");
+        }
+        for good in ["a.b", "...", ".x", "x.."] {
+            assert!(name("pair name", good).is_ok(), "{good}");
+        }
+    }
     use awex_core::DType;
     use awex_core::model::presets::preset;
 

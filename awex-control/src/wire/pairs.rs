@@ -119,6 +119,10 @@ pub struct SideStatus {
     pub fingerprint: String,
     /// The canonical catalogue summary.
     pub catalogue: CatalogueSummary,
+    /// Canonical tensors this side's engine does not hold (its model class builds no parameter
+    /// for them and its load drops them): an update moves nothing into them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
     /// Ranks of this side that joined.
     pub joined: u32,
 }

@@ -33,6 +33,10 @@ pub struct Report {
     /// The attempt the rank worked on (from its `update` event); a stale attempt is refused.
     #[serde(default)]
     pub attempt: Option<u32>,
+    /// The reporting process's claim id (what it joined with as `info.incarnation`): the gateway
+    /// refuses a report that does not carry the claim of the slot's holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
 }
 
 /// State of an update.

@@ -203,6 +203,7 @@ pub async fn rank(
                             checksum: Some(0),
                             error: None,
                             attempt: Some(a),
+                            incarnation: None,
                         }),
                         Act::Ok { bytes, checksum } => Some(Report {
                             side,
@@ -212,6 +213,7 @@ pub async fn rank(
                             checksum: Some(checksum),
                             error: None,
                             attempt: Some(a),
+                            incarnation: None,
                         }),
                         Act::Fail(why) => Some(Report {
                             side,
@@ -221,6 +223,7 @@ pub async fn rank(
                             checksum: None,
                             error: Some(why.into()),
                             attempt: Some(a),
+                            incarnation: None,
                         }),
                         Act::Silent => None,
                     };
@@ -249,6 +252,7 @@ pub async fn rank(
                             checksum: Some(0),
                             error,
                             attempt: Some(a),
+                            incarnation: None,
                         };
                         match client.report(&pair, v, &r).await {
                             Err(e) if e.status() == Some(409) => {}

@@ -26,7 +26,8 @@ use crate::DType;
 use crate::layout::{
     Dims, Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
-use crate::model::{Canon, ModelSpec, push_index};
+use crate::model::family::Sink;
+use crate::model::{Canon, HfNames, ModelSpec, Part, push_index};
 use std::sync::Arc;
 
 /// Which `lm_head.weight` an engine's model class holds.
@@ -54,6 +55,7 @@ struct LayerNames {
     k_bias: Arc<str>,
     v_bias: Arc<str>,
     o: Arc<str>,
+    o_bias: Arc<str>,
     q_norm: Arc<str>,
     k_norm: Arc<str>,
     qkv: Arc<str>,
@@ -65,41 +67,115 @@ struct LayerNames {
     router: Arc<str>,
     w13: Arc<str>,
     w2: Arc<str>,
-    /// `model.layers.{l}.mlp.experts.`, the prefix of per-expert canonical names
+    /// `model.layers.{l}.{experts}.`, the prefix of per-expert canonical names
     experts_prefix: String,
+    /// the parts the family lists for this layer ([`mask`])
+    parts: u64,
     moe: bool,
 }
 
-impl LayerNames {
-    fn new(l: u64, moe: bool, experts_module: &str) -> Self {
-        let p = format!("model.layers.{l}");
-        let n = |s: &str| -> Arc<str> { Arc::from(format!("{p}.{s}")) };
-        LayerNames {
-            input_ln: n("input_layernorm.weight"),
-            post_ln: n("post_attention_layernorm.weight"),
-            q: n("self_attn.q_proj.weight"),
-            k: n("self_attn.k_proj.weight"),
-            v: n("self_attn.v_proj.weight"),
-            q_bias: n("self_attn.q_proj.bias"),
-            k_bias: n("self_attn.k_proj.bias"),
-            v_bias: n("self_attn.v_proj.bias"),
-            o: n("self_attn.o_proj.weight"),
-            q_norm: n("self_attn.q_norm.weight"),
-            k_norm: n("self_attn.k_norm.weight"),
-            qkv: n("self_attn.qkv_proj.weight"),
-            qkv_bias: n("self_attn.qkv_proj.bias"),
-            gate_proj: n("mlp.gate_proj.weight"),
-            up_proj: n("mlp.up_proj.weight"),
-            down_proj: n("mlp.down_proj.weight"),
-            gate_up: n("mlp.gate_up_proj.weight"),
-            router: n("mlp.gate.weight"),
-            w13: n(&format!("{experts_module}.w13_weight")),
-            w2: n(&format!("{experts_module}.w2_weight")),
-            experts_prefix: format!("{p}.mlp.experts."),
-            moe,
+/// The bit of a part in a layer's part set.
+const fn mask(p: Part) -> u64 {
+    1 << (p as u64)
+}
+
+/// The parts of one layer as a set, from the family's list.
+fn layer_parts(spec: &ModelSpec, l: u64) -> u64 {
+    /// Collects part bits.
+    struct Bits(u64);
+    impl Sink for Bits {
+        fn part(&mut self, c: Canon, _: Dims) {
+            self.0 |= mask(c.part);
+        }
+        fn experts(&mut self, _: u64, count: u64, parts: &[(Part, Dims)]) {
+            if count > 0 {
+                self.0 |= parts.iter().fold(0, |m, (p, _)| m | mask(*p));
+            }
         }
     }
+    let mut b = Bits(0);
+    (spec.architecture.family().layer)(spec, l, &mut b);
+    b.0
 }
+
+impl LayerNames {
+    fn new(spec: &ModelSpec, l: u64, routed: &str) -> Self {
+        let names = spec.names();
+        let p = format!("model.layers.{l}");
+        // a canonical name the family spells (empty for a part it does not have: never placed)
+        let c = |part: Part| -> Arc<str> {
+            Arc::from(names.name(Canon::at(part, l)).unwrap_or_default())
+        };
+        // the engine's fused tensor `leaf` in the module of `part`
+        let fused = |part: Part, leaf: &str| -> Arc<str> {
+            match names.module(part) {
+                Some(m) => Arc::from(format!("{p}.{m}.{leaf}")),
+                None => Arc::from(""),
+            }
+        };
+        let experts = match routed {
+            "" => format!("{p}.{}", names.experts),
+            r => format!("{p}.{}.{r}", names.experts),
+        };
+        LayerNames {
+            input_ln: c(Part::InputNorm),
+            post_ln: c(Part::PostNorm),
+            q: c(Part::Q),
+            k: c(Part::K),
+            v: c(Part::V),
+            q_bias: c(Part::QBias),
+            k_bias: c(Part::KBias),
+            v_bias: c(Part::VBias),
+            o: c(Part::O),
+            o_bias: c(Part::OBias),
+            q_norm: c(Part::QNorm),
+            k_norm: c(Part::KNorm),
+            qkv: fused(Part::Q, "qkv_proj.weight"),
+            qkv_bias: fused(Part::QBias, "qkv_proj.bias"),
+            gate_proj: c(Part::Gate),
+            up_proj: c(Part::Up),
+            down_proj: c(Part::Down),
+            gate_up: fused(Part::Gate, "gate_up_proj.weight"),
+            router: c(Part::Router),
+            w13: Arc::from(format!("{experts}.w13_weight")),
+            w2: Arc::from(format!("{experts}.w2_weight")),
+            experts_prefix: format!("{p}.{}.", names.experts),
+            parts: layer_parts(spec, l),
+            moe: spec.is_moe_layer(l),
+        }
+    }
+
+    /// Whether the family lists `part` in this layer.
+    fn has(&self, part: Part) -> bool {
+        self.parts & mask(part) != 0
+    }
+}
+
+/// The parts a fused-TP layout places; a family with any other part is refused by name.
+pub const MAPPED: [Part; 22] = [
+    Part::Embed,
+    Part::LmHead,
+    Part::FinalNorm,
+    Part::InputNorm,
+    Part::PostNorm,
+    Part::Q,
+    Part::K,
+    Part::V,
+    Part::QBias,
+    Part::KBias,
+    Part::VBias,
+    Part::O,
+    Part::OBias,
+    Part::QNorm,
+    Part::KNorm,
+    Part::Gate,
+    Part::Up,
+    Part::Down,
+    Part::Router,
+    Part::ExpertGate,
+    Part::ExpertUp,
+    Part::ExpertDown,
+];
 
 /// The three per-expert canonical tensors an engine fuses into `w13_weight` / `w2_weight`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,9 +216,12 @@ pub struct FusedTpLayout {
     engines: u32,
     dtype: DType,
     num_layers: u64,
-    attention_bias: bool,
-    qk_norm: bool,
+    names: &'static HfNames,
     d: Dimensions,
+    /// the per-expert parts' names below `{experts}.{e}.`: gate, up, down
+    expert_leaves: [&'static str; 3],
+    /// the parts of the model the engine's class does not hold ([`mask`])
+    dropped: u64,
     embed: Arc<str>,
     final_norm: Arc<str>,
     lm_head: LmHead,
@@ -171,9 +250,12 @@ pub struct FusedTp {
     pub vocab_rows: u64,
     /// Which `lm_head.weight` the model class holds.
     pub lm_head: LmHead,
-    /// The module path of a layer's fused experts, below `model.layers.{l}.`: `w13_weight` and
-    /// `w2_weight` are its parameters (SGLang `mlp.experts`, vLLM `mlp.experts.routed_experts`).
-    pub experts_module: &'static str,
+    /// The submodule of the family's experts module (`mlp.experts`) whose parameters are
+    /// `w13_weight` and `w2_weight`: empty for SGLang, `routed_experts` for vLLM.
+    pub routed_experts: &'static str,
+    /// Parts of the model the engine's class builds no parameter for (its loader skips them):
+    /// they are not placed, and [`FusedTpLayout::dropped`] names them.
+    pub drops: &'static [Part],
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -192,7 +274,8 @@ impl FusedTpLayout {
             engines,
             vocab_rows,
             lm_head,
-            experts_module,
+            routed_experts,
+            drops,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -202,6 +285,9 @@ impl FusedTpLayout {
         }
         if tp > u64::from(u32::MAX) || engines > u64::from(u32::MAX) {
             return bad(format!("tp={tp} or engines={engines} above u32"));
+        }
+        if let Some(p) = spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
+            return Err(FusedTpError(unmapped(spec, p)));
         }
         if spec.num_heads % tp != 0 {
             return bad(format!("{} attention heads over tp={tp}", spec.num_heads));
@@ -245,8 +331,16 @@ impl FusedTpLayout {
             engines: engines as u32,
             dtype: spec.dtype,
             num_layers: spec.num_layers,
-            attention_bias: spec.attention_bias,
-            qk_norm: spec.qk_norm(),
+            names: spec.names(),
+            expert_leaves: [Part::ExpertGate, Part::ExpertUp, Part::ExpertDown].map(|p| {
+                let names = spec.names();
+                names
+                    .expert
+                    .iter()
+                    .find(|(q, _)| *q == p)
+                    .map_or("", |(_, n)| *n)
+            }),
+            dropped: drops.iter().fold(0, |m, p| m | mask(*p)),
             d: Dimensions {
                 hidden: spec.hidden_size,
                 head_dim: spec.head_dim,
@@ -270,9 +364,23 @@ impl FusedTpLayout {
             lm_head,
             lm_head_local: Arc::from("lm_head.weight"),
             layers: (0..spec.num_layers)
-                .map(|l| LayerNames::new(l, spec.is_moe_layer(l), experts_module))
+                .map(|l| LayerNames::new(spec, l, routed_experts))
                 .collect(),
         })
+    }
+
+    /// The canonical tensors of the model that the engine's class holds no parameter for, in
+    /// catalogue order (an update moves nothing into them: the engine drops them).
+    pub fn dropped(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for n in &self.layers {
+            for (part, name) in [(Part::OBias, &n.o_bias)] {
+                if n.has(part) && self.dropped & mask(part) != 0 {
+                    out.push(name.to_string());
+                }
+            }
+        }
+        out
     }
 
     /// Tensor-parallel size of each engine.
@@ -408,14 +516,14 @@ impl FusedTpLayout {
     fn push_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
         let hd = self.d.head_dim;
-        if self.qk_norm {
+        if n.has(Part::QNorm) {
             out.push(self.replicated(&n.q_norm, Dims::new(&[hd])));
             out.push(self.replicated(&n.k_norm, Dims::new(&[hd])));
         }
         let qkv_rows = self.qkv_rows();
         let placements = self.qkv_placements([&n.q, &n.k, &n.v], r, Some(h));
         out.push(self.local(&n.qkv, Self::dims2(qkv_rows, h), placements));
-        if self.attention_bias {
+        if n.has(Part::QBias) {
             let placements = self.qkv_placements([&n.q_bias, &n.k_bias, &n.v_bias], r, None);
             out.push(self.local(&n.qkv_bias, Dims::new(&[qkv_rows]), placements));
         }
@@ -429,6 +537,9 @@ impl FusedTpLayout {
                 local_offset: Dims::zeros(2),
             }],
         ));
+        if self.holds(n, Part::OBias) {
+            out.push(self.replicated(&n.o_bias, Dims::new(&[h])));
+        }
         if n.moe {
             let mi = self.d.moe_inter;
             let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
@@ -443,25 +554,25 @@ impl FusedTpLayout {
                 push_index(&mut at, e);
                 at.push('.');
                 let stem = at.len();
-                let mut name = |part: &str| -> Arc<str> {
-                    at.push_str(part);
-                    at.push_str(".weight");
+                let [gate, up, down] = self.expert_leaves;
+                let mut name = |leaf: &str| -> Arc<str> {
+                    at.push_str(leaf);
                     let name = Arc::from(at.as_str());
                     at.truncate(stem);
                     name
                 };
                 w13.push(Placement {
-                    canonical: name("gate_proj"),
+                    canonical: name(gate),
                     region: Region::new([m * mi, 0], [mi, h]),
                     local_offset: Dims::new(&[j, 0, 0]),
                 });
                 w13.push(Placement {
-                    canonical: name("up_proj"),
+                    canonical: name(up),
                     region: Region::new([m * mi, 0], [mi, h]),
                     local_offset: Dims::new(&[j, mi, 0]),
                 });
                 w2.push(Placement {
-                    canonical: name("down_proj"),
+                    canonical: name(down),
                     region: Region::new([0, m * mi], [h, mi]),
                     local_offset: Dims::new(&[j, 0, 0]),
                 });
@@ -503,30 +614,21 @@ impl FusedTpLayout {
 
     // ---- canonical view ----
 
-    /// The canonical tensor `name` denotes when this model has it (its layer, expert, biases,
-    /// q/k norms and dense or MoE MLP), parsed without the catalogue.
+    /// Whether the engine holds `part` of layer `n` (the family lists it, the class keeps it).
+    fn holds(&self, n: &LayerNames, part: Part) -> bool {
+        n.has(part) && self.dropped & mask(part) == 0
+    }
+
+    /// The canonical tensor `name` denotes when this model has it and the engine holds it,
+    /// parsed without the catalogue.
     fn parse(&self, name: &str) -> Option<Canon> {
-        let c = Canon::parse(name)?;
-        if c.layer().is_some_and(|l| l >= self.num_layers) {
-            return None;
-        }
-        let moe = |l: u64| self.layers[l as usize].moe;
-        let has = match c {
-            Canon::Embed
-            | Canon::LmHead
-            | Canon::FinalNorm
-            | Canon::InputNorm(_)
-            | Canon::PostNorm(_)
-            | Canon::Q(_)
-            | Canon::K(_)
-            | Canon::V(_)
-            | Canon::O(_) => true,
-            Canon::QBias(_) | Canon::KBias(_) | Canon::VBias(_) => self.attention_bias,
-            Canon::QNorm(_) | Canon::KNorm(_) => self.qk_norm,
-            Canon::Gate(l) | Canon::Up(l) | Canon::Down(l) => !moe(l),
-            Canon::Router(l) => moe(l),
-            Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
-                moe(l) && e < self.d.experts
+        let c = self.names.parse(name)?;
+        let has = match (c.layer(), c.expert()) {
+            (None, _) => true,
+            (Some(l), _) if l >= self.num_layers => false,
+            (Some(l), None) => self.holds(&self.layers[l as usize], c.part),
+            (Some(l), Some(e)) => {
+                self.holds(&self.layers[l as usize], c.part) && e < self.d.experts
             }
         };
         has.then_some(c)
@@ -712,7 +814,7 @@ impl SideLayout for FusedTpLayout {
             return None;
         }
         let r = u64::from(rank.rank);
-        let per_layer = 8 + usize::from(self.qk_norm) * 2;
+        let per_layer = 10;
         let mut tensors = Vec::with_capacity(3 + self.layers.len() * per_layer);
         tensors.push(self.embed_tensor(&self.embed, &self.embed, r));
         for n in &self.layers {
@@ -744,13 +846,16 @@ impl SideLayout for FusedTpLayout {
             f(&n.q);
             f(&n.k);
             f(&n.v);
-            if self.attention_bias {
+            if n.has(Part::QBias) {
                 f(&n.q_bias);
                 f(&n.k_bias);
                 f(&n.v_bias);
             }
             f(&n.o);
-            if self.qk_norm {
+            if self.holds(n, Part::OBias) {
+                f(&n.o_bias);
+            }
+            if n.has(Part::QNorm) {
                 f(&n.q_norm);
                 f(&n.k_norm);
             }
@@ -764,9 +869,9 @@ impl SideLayout for FusedTpLayout {
                     push_index(&mut name, e);
                     name.push('.');
                     let stem = name.len();
-                    for part in ["gate_proj.weight", "up_proj.weight", "down_proj.weight"] {
+                    for (_, leaf) in self.names.expert {
                         name.truncate(stem);
-                        name.push_str(part);
+                        name.push_str(leaf);
                         f(&name);
                     }
                 }
@@ -791,8 +896,9 @@ impl SideLayout for FusedTpLayout {
         let h = self.d.hidden;
         let hd = self.d.head_dim;
         let layer = |l: u64| &self.layers[l as usize];
-        match c {
-            Canon::Embed => {
+        let (l, e) = (c.layer().unwrap_or(0), c.expert().unwrap_or(0));
+        match c.part {
+            Part::Embed => {
                 let mut out = Vec::with_capacity(2 * self.tp as usize);
                 self.vocab_holders(&self.embed, &mut out);
                 if let LmHead::Tied(_) = self.lm_head {
@@ -800,42 +906,59 @@ impl SideLayout for FusedTpLayout {
                 }
                 out
             }
-            Canon::LmHead => {
+            Part::LmHead => {
                 let mut out = Vec::with_capacity(self.tp as usize);
                 if let LmHead::Own(_) = self.lm_head {
                     self.vocab_holders(&self.lm_head_local, &mut out);
                 }
                 out
             }
-            Canon::FinalNorm => self.replicated_holder(&self.final_norm, Dims::new(&[h])),
-            Canon::InputNorm(l) => self.replicated_holder(&layer(l).input_ln, Dims::new(&[h])),
-            Canon::PostNorm(l) => self.replicated_holder(&layer(l).post_ln, Dims::new(&[h])),
-            Canon::QNorm(l) => self.replicated_holder(&layer(l).q_norm, Dims::new(&[hd])),
-            Canon::KNorm(l) => self.replicated_holder(&layer(l).k_norm, Dims::new(&[hd])),
-            Canon::Router(l) => {
+            Part::FinalNorm => self.replicated_holder(&self.final_norm, Dims::new(&[h])),
+            Part::InputNorm => self.replicated_holder(&layer(l).input_ln, Dims::new(&[h])),
+            Part::PostNorm => self.replicated_holder(&layer(l).post_ln, Dims::new(&[h])),
+            Part::QNorm => self.replicated_holder(&layer(l).q_norm, Dims::new(&[hd])),
+            Part::KNorm => self.replicated_holder(&layer(l).k_norm, Dims::new(&[hd])),
+            Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
+            Part::Router => {
                 self.replicated_holder(&layer(l).router, Self::dims2(self.d.experts, h))
             }
-            Canon::Q(l) => self.qkv_holders(l, 0, false),
-            Canon::K(l) => self.qkv_holders(l, 1, false),
-            Canon::V(l) => self.qkv_holders(l, 2, false),
-            Canon::QBias(l) => self.qkv_holders(l, 0, true),
-            Canon::KBias(l) => self.qkv_holders(l, 1, true),
-            Canon::VBias(l) => self.qkv_holders(l, 2, true),
-            Canon::O(l) => {
+            Part::Q => self.qkv_holders(l, 0, false),
+            Part::K => self.qkv_holders(l, 1, false),
+            Part::V => self.qkv_holders(l, 2, false),
+            Part::QBias => self.qkv_holders(l, 0, true),
+            Part::KBias => self.qkv_holders(l, 1, true),
+            Part::VBias => self.qkv_holders(l, 2, true),
+            Part::O => {
                 let q_cols = self.d.q_heads * hd;
                 self.split_holders(&layer(l).o, Self::dims2(h, q_cols), 1, q_cols)
             }
-            Canon::Gate(l) => self.gate_up_holders(l, false),
-            Canon::Up(l) => self.gate_up_holders(l, true),
-            Canon::Down(l) => {
+            Part::Gate => self.gate_up_holders(l, false),
+            Part::Up => self.gate_up_holders(l, true),
+            Part::Down => {
                 let i = self.d.inter;
                 self.split_holders(&layer(l).down_proj, Self::dims2(h, i), 1, i)
             }
-            Canon::ExpertGate(l, e) => self.expert_holders(l, e, ExpertPart::Gate),
-            Canon::ExpertUp(l, e) => self.expert_holders(l, e, ExpertPart::Up),
-            Canon::ExpertDown(l, e) => self.expert_holders(l, e, ExpertPart::Down),
+            Part::ExpertGate => self.expert_holders(l, e, ExpertPart::Gate),
+            Part::ExpertUp => self.expert_holders(l, e, ExpertPart::Up),
+            Part::ExpertDown => self.expert_holders(l, e, ExpertPart::Down),
+            // refused by `new` ([`MAPPED`])
+            _ => Vec::new(),
         }
     }
+}
+
+/// Why a family with `part` has no fused-TP layout yet.
+fn unmapped(spec: &ModelSpec, part: Part) -> String {
+    let family = spec.architecture.family();
+    let example = (0..spec.num_layers)
+        .find_map(|l| family.names.name(Canon::at(part, l)))
+        .unwrap_or_else(|| part.label().to_string());
+    format!(
+        "{} ({}) has `{example}` ({}), which awex does not map to the engine's tensors yet",
+        family.hf_class,
+        family.name,
+        part.label()
+    )
 }
 
 #[cfg(test)]
@@ -849,7 +972,8 @@ mod tests {
             engines: 1,
             vocab_rows,
             lm_head: LmHead::Absent,
-            experts_module: "mlp.experts",
+            routed_experts: "",
+            drops: &[],
         }
     }
 

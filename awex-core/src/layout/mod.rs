@@ -189,6 +189,13 @@ pub trait SideLayout: Send + Sync {
     /// Every shard of canonical tensor `canonical`, with the ranks holding each.
     fn holders(&self, canonical: &str) -> Vec<Holder>;
 
+    /// Canonical tensors of the model this side holds no copy of because the engine's model
+    /// class builds no parameter for them (its loader skips them): an update moves nothing
+    /// into them, and `plan` and connect say so. Empty for a side that holds the whole model.
+    fn dropped(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Calls `f` with the canonical tensor of every placement of `rank`'s local tensors (each
     /// name at least once, in no promised order), or returns `false` if no such rank.
     ///

@@ -186,7 +186,11 @@ pub(crate) fn grid_cells(within: &Region, boxes: &[Region], mut f: impl FnMut(Re
 /// Every gap in coverage: each canonical element must be held at least once in every replica.
 pub fn coverage(side: &dyn SideLayout, cat: &Catalogue) -> Vec<CoverageGap> {
     let mut gaps = Vec::new();
+    let dropped = side.dropped();
     for c in cat.tensors() {
+        if dropped.contains(&c.name) {
+            continue;
+        }
         let holders = side.holders(&c.name);
         let full = Region::full(c.shape);
         for engine in 0..side.engines() {

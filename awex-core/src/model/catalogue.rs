@@ -1,6 +1,9 @@
 //! The canonical catalogue: names, shapes and dtypes of a model's HF safetensors checkpoint.
 
-use super::{Architecture, ModelSpec};
+use super::ModelSpec;
+use super::family::{self, Sink};
+use super::names::{Canon, HfNames};
+use super::part::Part;
 use crate::dims::Dims;
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
@@ -113,66 +116,47 @@ impl Catalogue {
         }
     }
 
-    /// The canonical tensors of an HF checkpoint of `spec`.
+    /// The canonical tensors of an HF checkpoint of `spec`: its family's parts, named as the
+    /// family names them.
     pub fn of(spec: &ModelSpec) -> Self {
-        let mut t = Vec::new();
-        let d = spec.dtype;
-        let h = spec.hidden_size;
-        let mut push = |name: String, shape: &[u64]| {
-            t.push(CanonicalTensor {
-                name,
-                shape: Dims::new(shape),
-                dtype: d,
-            })
-        };
-        push("model.embed_tokens.weight".into(), &[spec.vocab_size, h]);
-        for l in 0..spec.num_layers {
-            let p = format!("model.layers.{l}");
-            push(format!("{p}.input_layernorm.weight"), &[h]);
-            push(format!("{p}.self_attn.q_proj.weight"), &[spec.q_size(), h]);
-            push(format!("{p}.self_attn.k_proj.weight"), &[spec.kv_size(), h]);
-            push(format!("{p}.self_attn.v_proj.weight"), &[spec.kv_size(), h]);
-            if spec.attention_bias {
-                push(format!("{p}.self_attn.q_proj.bias"), &[spec.q_size()]);
-                push(format!("{p}.self_attn.k_proj.bias"), &[spec.kv_size()]);
-                push(format!("{p}.self_attn.v_proj.bias"), &[spec.kv_size()]);
+        /// Names and shapes each part the family lists.
+        struct Build {
+            names: &'static HfNames,
+            dtype: DType,
+            out: Vec<CanonicalTensor>,
+        }
+        impl Build {
+            fn push(&mut self, c: Canon, shape: Dims) {
+                // a family lists only parts its names spell (a test checks every family)
+                if let Some(name) = self.names.name(c) {
+                    self.out.push(CanonicalTensor {
+                        name,
+                        shape,
+                        dtype: self.dtype,
+                    });
+                }
             }
-            push(format!("{p}.self_attn.o_proj.weight"), &[h, spec.q_size()]);
-            if spec.architecture.has_qk_norm() {
-                push(format!("{p}.self_attn.q_norm.weight"), &[spec.head_dim]);
-                push(format!("{p}.self_attn.k_norm.weight"), &[spec.head_dim]);
+        }
+        impl Sink for Build {
+            fn part(&mut self, c: Canon, shape: Dims) {
+                self.push(c, shape);
             }
-            push(format!("{p}.post_attention_layernorm.weight"), &[h]);
-            match (&spec.moe, spec.is_moe_layer(l)) {
-                (Some(moe), true) => {
-                    let i = moe.moe_intermediate_size;
-                    push(format!("{p}.mlp.gate.weight"), &[moe.num_experts, h]);
-                    for e in 0..moe.num_experts {
-                        push(format!("{p}.mlp.experts.{e}.gate_proj.weight"), &[i, h]);
-                        push(format!("{p}.mlp.experts.{e}.up_proj.weight"), &[i, h]);
-                        push(format!("{p}.mlp.experts.{e}.down_proj.weight"), &[h, i]);
+            fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]) {
+                for e in 0..count {
+                    for (p, shape) in parts {
+                        self.push(Canon::expert_at(*p, l, e), *shape);
                     }
                 }
-                _ => {
-                    let i = spec.intermediate_size;
-                    push(format!("{p}.mlp.gate_proj.weight"), &[i, h]);
-                    push(format!("{p}.mlp.up_proj.weight"), &[i, h]);
-                    push(format!("{p}.mlp.down_proj.weight"), &[h, i]);
-                }
             }
         }
-        push("model.norm.weight".into(), &[h]);
-        if !spec.tie_word_embeddings {
-            push("lm_head.weight".into(), &[spec.vocab_size, h]);
-        }
-        debug_assert!(matches!(
-            spec.architecture,
-            Architecture::Llama
-                | Architecture::Qwen2
-                | Architecture::Qwen3
-                | Architecture::Qwen3Moe
-        ));
-        Catalogue::new(t)
+        let (tensors, _) = spec.catalogue_size();
+        let mut b = Build {
+            names: spec.names(),
+            dtype: spec.dtype,
+            out: Vec::with_capacity(usize::try_from(tensors).unwrap_or(0)),
+        };
+        family::walk(spec, &mut b);
+        Catalogue::new(b.out)
     }
 
     /// Tensors in catalogue order.

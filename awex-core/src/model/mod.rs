@@ -2,15 +2,19 @@
 
 mod catalogue;
 mod checkpoint;
+pub mod family;
 mod file;
 mod names;
+pub mod part;
 pub mod presets;
 mod spec;
 
 pub(crate) use catalogue::NameHasher;
 pub use catalogue::{CanonicalTensor, Catalogue, CatalogueSummary};
 pub use checkpoint::{Checkpoint, CheckpointError};
-pub use names::Canon;
+pub use family::Family;
+pub use names::{Canon, HfNames, LLAMA_NAMES};
+pub use part::{Fusion, Part, Role, Split};
 pub use spec::{Architecture, ModelSpec, MoeSpec};
 
 /// Appends `i` in decimal (as Python prints it in a parameter name), without `format!`: the

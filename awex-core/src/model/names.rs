@@ -1,52 +1,112 @@
-//! Canonical (HF checkpoint) tensor names as values: what every backend's layout parses and
-//! spells, in one place.
+//! Canonical (HF checkpoint) tensors as values ([`Canon`]: a part at a layer and expert), and
+//! each family's HF spelling of them ([`HfNames`]), in one place.
 
-/// A canonical (HF checkpoint) tensor, identified without its string name.
+use super::part::Part;
+
+/// A canonical (HF checkpoint) tensor, identified without its string name: a [`Part`] at a
+/// layer (per-layer parts) and an expert (per-expert parts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Canon {
-    /// `model.embed_tokens.weight`
-    Embed,
-    /// `lm_head.weight`
-    LmHead,
-    /// `model.norm.weight`
-    FinalNorm,
-    /// `model.layers.{l}.input_layernorm.weight`
-    InputNorm(u64),
-    /// `model.layers.{l}.self_attn.q_proj.weight`
-    Q(u64),
-    /// `model.layers.{l}.self_attn.k_proj.weight`
-    K(u64),
-    /// `model.layers.{l}.self_attn.v_proj.weight`
-    V(u64),
-    /// `model.layers.{l}.self_attn.q_proj.bias`
-    QBias(u64),
-    /// `model.layers.{l}.self_attn.k_proj.bias`
-    KBias(u64),
-    /// `model.layers.{l}.self_attn.v_proj.bias`
-    VBias(u64),
-    /// `model.layers.{l}.self_attn.o_proj.weight`
-    O(u64),
-    /// `model.layers.{l}.self_attn.q_norm.weight`
-    QNorm(u64),
-    /// `model.layers.{l}.self_attn.k_norm.weight`
-    KNorm(u64),
-    /// `model.layers.{l}.post_attention_layernorm.weight`
-    PostNorm(u64),
-    /// `model.layers.{l}.mlp.gate_proj.weight`
-    Gate(u64),
-    /// `model.layers.{l}.mlp.up_proj.weight`
-    Up(u64),
-    /// `model.layers.{l}.mlp.down_proj.weight`
-    Down(u64),
-    /// `model.layers.{l}.mlp.gate.weight` (the MoE router)
-    Router(u64),
-    /// `model.layers.{l}.mlp.experts.{e}.gate_proj.weight`
-    ExpertGate(u64, u64),
-    /// `model.layers.{l}.mlp.experts.{e}.up_proj.weight`
-    ExpertUp(u64, u64),
-    /// `model.layers.{l}.mlp.experts.{e}.down_proj.weight`
-    ExpertDown(u64, u64),
+pub struct Canon {
+    /// What the tensor is.
+    pub part: Part,
+    layer: u64,
+    expert: u64,
 }
+
+impl Canon {
+    /// A tensor outside the layers (embedding, final norm, output projection).
+    pub const fn global(part: Part) -> Canon {
+        Canon {
+            part,
+            layer: 0,
+            expert: 0,
+        }
+    }
+
+    /// A tensor of layer `l`.
+    pub const fn at(part: Part, l: u64) -> Canon {
+        Canon {
+            part,
+            layer: l,
+            expert: 0,
+        }
+    }
+
+    /// A tensor of routed expert `e` of layer `l`.
+    pub const fn expert_at(part: Part, l: u64, e: u64) -> Canon {
+        Canon {
+            part,
+            layer: l,
+            expert: e,
+        }
+    }
+
+    /// The layer this tensor belongs to, if any.
+    pub const fn layer(&self) -> Option<u64> {
+        if self.part.per_layer() {
+            Some(self.layer)
+        } else {
+            None
+        }
+    }
+
+    /// The routed expert this tensor belongs to, if any.
+    pub const fn expert(&self) -> Option<u64> {
+        if self.part.per_expert() {
+            Some(self.expert)
+        } else {
+            None
+        }
+    }
+}
+
+/// How one family spells its parts in an HF checkpoint: `model.layers.{l}.{layer part}` and
+/// `model.layers.{l}.{experts}.{e}.{expert part}`; the embedding, final norm and output
+/// projection are the same in every family.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HfNames {
+    /// Each per-layer part's name below `model.layers.{l}.`.
+    pub layer: &'static [(Part, &'static str)],
+    /// The module of the routed experts below `model.layers.{l}.` (`mlp.experts`).
+    pub experts: &'static str,
+    /// Each per-expert part's name below `{experts}.{e}.`.
+    pub expert: &'static [(Part, &'static str)],
+}
+
+/// The names outside the layers, shared by every family.
+const GLOBAL: [(Part, &str); 3] = [
+    (Part::Embed, "model.embed_tokens.weight"),
+    (Part::LmHead, "lm_head.weight"),
+    (Part::FinalNorm, "model.norm.weight"),
+];
+
+/// The HF names of Llama-shaped models (Llama, Qwen2, Qwen3, Qwen3-MoE).
+pub const LLAMA_NAMES: HfNames = HfNames {
+    layer: &[
+        (Part::InputNorm, "input_layernorm.weight"),
+        (Part::Q, "self_attn.q_proj.weight"),
+        (Part::K, "self_attn.k_proj.weight"),
+        (Part::V, "self_attn.v_proj.weight"),
+        (Part::QBias, "self_attn.q_proj.bias"),
+        (Part::KBias, "self_attn.k_proj.bias"),
+        (Part::VBias, "self_attn.v_proj.bias"),
+        (Part::O, "self_attn.o_proj.weight"),
+        (Part::OBias, "self_attn.o_proj.bias"),
+        (Part::QNorm, "self_attn.q_norm.weight"),
+        (Part::KNorm, "self_attn.k_norm.weight"),
+        (Part::PostNorm, "post_attention_layernorm.weight"),
+        (Part::Gate, "mlp.gate_proj.weight"),
+        (Part::Up, "mlp.up_proj.weight"),
+        (Part::Down, "mlp.down_proj.weight"),
+        (Part::Router, "mlp.gate.weight"),
+    ],
+    experts: "mlp.experts",
+    expert: &[
+        (Part::ExpertGate, "gate_proj.weight"),
+        (Part::ExpertUp, "up_proj.weight"),
+        (Part::ExpertDown, "down_proj.weight"),
+    ],
+};
 
 /// Parses a decimal index written the way Python prints it (no sign, no leading zeros).
 fn index(s: &str) -> Option<u64> {
@@ -57,104 +117,56 @@ fn index(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-/// A layer's tensor, given its layer.
-type LayerTensor = fn(u64) -> Canon;
-/// An expert's tensor, given its layer and expert.
-type ExpertTensor = fn(u64, u64) -> Canon;
-
-/// The tensors of a layer outside its experts: the name after `model.layers.{l}.`.
-const LAYER_TENSORS: [(&str, LayerTensor); 15] = [
-    ("input_layernorm.weight", Canon::InputNorm),
-    ("self_attn.q_proj.weight", Canon::Q),
-    ("self_attn.k_proj.weight", Canon::K),
-    ("self_attn.v_proj.weight", Canon::V),
-    ("self_attn.q_proj.bias", Canon::QBias),
-    ("self_attn.k_proj.bias", Canon::KBias),
-    ("self_attn.v_proj.bias", Canon::VBias),
-    ("self_attn.o_proj.weight", Canon::O),
-    ("self_attn.q_norm.weight", Canon::QNorm),
-    ("self_attn.k_norm.weight", Canon::KNorm),
-    ("post_attention_layernorm.weight", Canon::PostNorm),
-    ("mlp.gate_proj.weight", Canon::Gate),
-    ("mlp.up_proj.weight", Canon::Up),
-    ("mlp.down_proj.weight", Canon::Down),
-    ("mlp.gate.weight", Canon::Router),
-];
-
-/// An expert's tensors: the name after `model.layers.{l}.mlp.experts.{e}.`.
-const EXPERT_TENSORS: [(&str, ExpertTensor); 3] = [
-    ("gate_proj.weight", Canon::ExpertGate),
-    ("up_proj.weight", Canon::ExpertUp),
-    ("down_proj.weight", Canon::ExpertDown),
-];
-
-impl Canon {
-    /// The HF name.
-    pub fn name(&self) -> String {
-        let same = |c: Canon| std::mem::discriminant(&c) == std::mem::discriminant(self);
-        match *self {
-            Canon::Embed => "model.embed_tokens.weight".into(),
-            Canon::LmHead => "lm_head.weight".into(),
-            Canon::FinalNorm => "model.norm.weight".into(),
-            Canon::ExpertGate(l, e) | Canon::ExpertUp(l, e) | Canon::ExpertDown(l, e) => {
-                let (what, _) = EXPERT_TENSORS
-                    .iter()
-                    .find(|(_, mk)| same(mk(0, 0)))
-                    .expect("every expert tensor is in EXPERT_TENSORS");
-                format!("model.layers.{l}.mlp.experts.{e}.{what}")
-            }
-            _ => {
-                let l = self.layer().expect("every other tensor is a layer's");
-                let (what, _) = LAYER_TENSORS
-                    .iter()
-                    .find(|(_, mk)| same(mk(0)))
-                    .expect("every layer tensor is in LAYER_TENSORS");
-                format!("model.layers.{l}.{what}")
-            }
+impl HfNames {
+    /// The HF name of `c`; `None` when this family has no such part.
+    pub fn name(&self, c: Canon) -> Option<String> {
+        if let Some((_, n)) = GLOBAL.iter().find(|(p, _)| *p == c.part) {
+            return Some((*n).to_string());
         }
+        let l = c.layer;
+        if c.part.per_expert() {
+            let (_, leaf) = self.expert.iter().find(|(p, _)| *p == c.part)?;
+            return Some(format!(
+                "model.layers.{l}.{}.{}.{leaf}",
+                self.experts, c.expert
+            ));
+        }
+        let (_, leaf) = self.layer.iter().find(|(p, _)| *p == c.part)?;
+        Some(format!("model.layers.{l}.{leaf}"))
     }
 
-    /// Parses an HF name; `None` for names no supported model has.
-    pub fn parse(name: &str) -> Option<Canon> {
-        match name {
-            "model.embed_tokens.weight" => return Some(Canon::Embed),
-            "lm_head.weight" => return Some(Canon::LmHead),
-            "model.norm.weight" => return Some(Canon::FinalNorm),
-            _ => {}
+    /// Parses an HF name; `None` for names this family does not spell.
+    pub fn parse(&self, name: &str) -> Option<Canon> {
+        if let Some((p, _)) = GLOBAL.iter().find(|(_, n)| *n == name) {
+            return Some(Canon::global(*p));
         }
         let (l, rest) = name.strip_prefix("model.layers.")?.split_once('.')?;
         let l = index(l)?;
-        if let Some(expert) = rest.strip_prefix("mlp.experts.") {
-            let (e, what) = expert.split_once('.')?;
-            let e = index(e)?;
-            let (_, mk) = EXPERT_TENSORS.iter().find(|(n, _)| *n == what)?;
-            return Some(mk(l, e));
+        if let Some(expert) = rest
+            .strip_prefix(self.experts)
+            .and_then(|r| r.strip_prefix('.'))
+        {
+            if let Some((e, what)) = expert.split_once('.') {
+                if let Some(e) = index(e) {
+                    let (p, _) = self.expert.iter().find(|(_, n)| *n == what)?;
+                    return Some(Canon::expert_at(*p, l, e));
+                }
+            }
         }
-        let (_, mk) = LAYER_TENSORS.iter().find(|(n, _)| *n == rest)?;
-        Some(mk(l))
+        let (p, _) = self.layer.iter().find(|(_, n)| *n == rest)?;
+        Some(Canon::at(*p, l))
     }
 
-    /// The layer this tensor belongs to, if any.
-    pub fn layer(&self) -> Option<u64> {
-        match *self {
-            Canon::Embed | Canon::LmHead | Canon::FinalNorm => None,
-            Canon::ExpertGate(l, _) | Canon::ExpertUp(l, _) | Canon::ExpertDown(l, _) => Some(l),
-            Canon::InputNorm(l)
-            | Canon::Q(l)
-            | Canon::K(l)
-            | Canon::V(l)
-            | Canon::QBias(l)
-            | Canon::KBias(l)
-            | Canon::VBias(l)
-            | Canon::O(l)
-            | Canon::QNorm(l)
-            | Canon::KNorm(l)
-            | Canon::PostNorm(l)
-            | Canon::Gate(l)
-            | Canon::Up(l)
-            | Canon::Down(l)
-            | Canon::Router(l) => Some(l),
+    /// The module of a per-layer part below `model.layers.{l}.` (`self_attn` for `Q`), where an
+    /// engine's fused tensor of the part's group lives; the experts module for per-expert parts.
+    pub fn module(&self, part: Part) -> Option<&'static str> {
+        if part.per_expert() {
+            return Some(self.experts);
         }
+        let (_, name) = self.layer.iter().find(|(p, _)| *p == part)?;
+        // `{module}.{leaf}.{weight|bias}`
+        let (module, _) = name.rsplit_once('.')?.0.rsplit_once('.')?;
+        Some(module)
     }
 }
 
@@ -164,36 +176,27 @@ mod tests {
 
     #[test]
     fn canonical_names_round_trip_through_parse() {
-        let all = [
-            Canon::Embed,
-            Canon::LmHead,
-            Canon::FinalNorm,
-            Canon::InputNorm(3),
-            Canon::Q(10),
-            Canon::K(0),
-            Canon::V(1),
-            Canon::QBias(2),
-            Canon::KBias(2),
-            Canon::VBias(2),
-            Canon::O(7),
-            Canon::QNorm(7),
-            Canon::KNorm(7),
-            Canon::PostNorm(7),
-            Canon::Gate(1),
-            Canon::Up(1),
-            Canon::Down(1),
-            Canon::Router(5),
-            Canon::ExpertGate(5, 127),
-            Canon::ExpertUp(5, 0),
-            Canon::ExpertDown(63, 383),
+        let n = &LLAMA_NAMES;
+        let mut all = vec![
+            Canon::global(Part::Embed),
+            Canon::global(Part::LmHead),
+            Canon::global(Part::FinalNorm),
         ];
+        for (p, _) in n.layer {
+            all.push(Canon::at(*p, 7));
+        }
+        for (p, _) in n.expert {
+            all.push(Canon::expert_at(*p, 63, 383));
+        }
         for c in all {
-            assert_eq!(Canon::parse(&c.name()), Some(c), "{}", c.name());
+            let name = n.name(c).unwrap_or_default();
+            assert_eq!(n.parse(&name), Some(c), "{name}");
         }
         assert_eq!(
-            Canon::ExpertDown(63, 383).name(),
-            "model.layers.63.mlp.experts.383.down_proj.weight"
+            n.name(Canon::expert_at(Part::ExpertDown, 63, 383)),
+            Some("model.layers.63.mlp.experts.383.down_proj.weight".to_string())
         );
+        assert_eq!(n.name(Canon::at(Part::KvUp, 0)), None);
     }
 
     #[test]
@@ -202,11 +205,19 @@ mod tests {
             "model.layers.01.input_layernorm.weight",
             "model.layers.+1.input_layernorm.weight",
             "model.layers.1.mlp.experts.x.up_proj.weight",
-            "model.layers.1.self_attn.o_proj.bias",
+            "model.layers.1.self_attn.o_proj.scale",
             "model.embed_tokens",
             "",
         ] {
-            assert_eq!(Canon::parse(bad), None, "{bad}");
+            assert_eq!(LLAMA_NAMES.parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_part_s_module_is_its_name_without_the_leaf() {
+        assert_eq!(LLAMA_NAMES.module(Part::Q), Some("self_attn"));
+        assert_eq!(LLAMA_NAMES.module(Part::Gate), Some("mlp"));
+        assert_eq!(LLAMA_NAMES.module(Part::ExpertUp), Some("mlp.experts"));
+        assert_eq!(LLAMA_NAMES.module(Part::InputNorm), None);
     }
 }

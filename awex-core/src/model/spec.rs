@@ -1,62 +1,65 @@
 //! `ModelSpec`: the architecture and sizes of a model, parsed from an HF `config.json`.
 
 use super::ModelError;
+use super::family::{self, Family, Sink};
+use super::names::Canon;
+use super::part::Part;
+use crate::dims::Dims;
 use crate::dtype::DType;
 use crate::limits::LimitError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;
 
-/// The model families awex knows (HF `architectures[0]`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Architecture {
-    /// `LlamaForCausalLM`
-    #[serde(rename = "LlamaForCausalLM")]
-    Llama,
-    /// `Qwen2ForCausalLM` (q/k/v biases)
-    #[serde(rename = "Qwen2ForCausalLM")]
-    Qwen2,
-    /// `Qwen3ForCausalLM` (q_norm / k_norm)
-    #[serde(rename = "Qwen3ForCausalLM")]
-    Qwen3,
-    /// `Qwen3MoeForCausalLM` (router + per-expert MLPs)
-    #[serde(rename = "Qwen3MoeForCausalLM")]
-    Qwen3Moe,
-}
+/// The model family of a spec: its HF class (`architectures[0]`), serialised as that name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Architecture(pub(crate) &'static Family);
 
+#[allow(non_upper_case_globals)]
 impl Architecture {
-    /// Every supported architecture, for error messages.
-    pub const ALL: [Architecture; 4] = [
-        Architecture::Llama,
-        Architecture::Qwen2,
-        Architecture::Qwen3,
-        Architecture::Qwen3Moe,
-    ];
+    /// `LlamaForCausalLM`
+    pub const Llama: Architecture = Architecture(&family::llama::FAMILY);
+    /// `Qwen2ForCausalLM` (q/k/v biases)
+    pub const Qwen2: Architecture = Architecture(&family::qwen2::FAMILY);
+    /// `Qwen3ForCausalLM` (q_norm / k_norm)
+    pub const Qwen3: Architecture = Architecture(&family::qwen3::FAMILY);
+    /// `Qwen3MoeForCausalLM` (router + per-expert MLPs)
+    pub const Qwen3Moe: Architecture = Architecture(&family::qwen3_moe::FAMILY);
+    /// `MixtralForCausalLM` (every layer MoE, `block_sparse_moe`)
+    pub const Mixtral: Architecture = Architecture(&family::mixtral::FAMILY);
 
     /// The HF class name.
     pub const fn hf_name(self) -> &'static str {
-        match self {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-            Architecture::Qwen3 => "Qwen3ForCausalLM",
-            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
-        }
+        self.0.hf_class
+    }
+
+    /// The family: its names, its parts, its presets.
+    pub const fn family(self) -> &'static Family {
+        self.0
     }
 
     /// Parses an HF class name.
     pub fn from_hf_name(name: &str) -> Result<Self, ModelError> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.hf_name() == name)
-            .ok_or_else(|| ModelError::UnknownArchitecture {
-                found: name.to_string(),
-                supported: Self::ALL.iter().map(|a| a.hf_name()).collect(),
-            })
+        Family::of(name).map(Architecture)
     }
+}
 
-    /// Whether the attention has q_norm / k_norm (Qwen3 family).
-    pub const fn has_qk_norm(self) -> bool {
-        matches!(self, Architecture::Qwen3 | Architecture::Qwen3Moe)
+impl std::hash::Hash for Architecture {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hf_class.hash(state)
+    }
+}
+
+impl Serialize for Architecture {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.hf_class)
+    }
+}
+
+impl<'de> Deserialize<'de> for Architecture {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Architecture::from_hf_name(&name).map_err(serde::de::Error::custom)
     }
 }
 
@@ -106,14 +109,14 @@ pub struct ModelSpec {
     pub moe: Option<MoeSpec>,
 }
 
-fn field<'a>(cfg: &'a Value, name: &'static str) -> Result<&'a Value, ModelError> {
+pub(crate) fn field<'a>(cfg: &'a Value, name: &'static str) -> Result<&'a Value, ModelError> {
     match cfg.get(name) {
         Some(v) if !v.is_null() => Ok(v),
         _ => Err(ModelError::MissingField(name)),
     }
 }
 
-fn uint(cfg: &Value, name: &'static str) -> Result<u64, ModelError> {
+pub(crate) fn uint(cfg: &Value, name: &'static str) -> Result<u64, ModelError> {
     let v = field(cfg, name)?;
     v.as_u64().ok_or_else(|| ModelError::BadField {
         field: name,
@@ -121,14 +124,14 @@ fn uint(cfg: &Value, name: &'static str) -> Result<u64, ModelError> {
     })
 }
 
-fn opt_uint(cfg: &Value, name: &'static str) -> Result<Option<u64>, ModelError> {
+pub(crate) fn opt_uint(cfg: &Value, name: &'static str) -> Result<Option<u64>, ModelError> {
     match cfg.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(_) => uint(cfg, name).map(Some),
     }
 }
 
-fn opt_bool(cfg: &Value, name: &'static str, default: bool) -> Result<bool, ModelError> {
+pub(crate) fn opt_bool(cfg: &Value, name: &'static str, default: bool) -> Result<bool, ModelError> {
     match cfg.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
@@ -161,95 +164,14 @@ impl ModelSpec {
                 field: "architectures",
                 message: "expected a list with one class name, e.g. [\"Qwen3ForCausalLM\"]".into(),
             })?;
-        let architecture = Architecture::from_hf_name(arch_name)?;
-        let hidden_size = uint(cfg, "hidden_size")?;
-        let num_layers = uint(cfg, "num_hidden_layers")?;
-        let num_heads = uint(cfg, "num_attention_heads")?;
-        let num_kv_heads = opt_uint(cfg, "num_key_value_heads")?.unwrap_or(num_heads);
-        let head_dim = match opt_uint(cfg, "head_dim")? {
-            Some(h) => h,
-            None => {
-                if num_heads == 0 || hidden_size % num_heads != 0 {
-                    return Err(ModelError::Inconsistent(format!(
-                        "config has no `head_dim` and num_attention_heads={num_heads} does not divide hidden_size={hidden_size}; set `head_dim` explicitly"
-                    )));
-                }
-                hidden_size / num_heads
-            }
-        };
-        let intermediate_size = uint(cfg, "intermediate_size")?;
-        let vocab_size = uint(cfg, "vocab_size")?;
-        let tie_word_embeddings = opt_bool(cfg, "tie_word_embeddings", false)?;
-        let attention_bias = match architecture {
-            Architecture::Qwen2 => true,
-            _ => opt_bool(cfg, "attention_bias", false)?,
-        };
-        let dtype = match cfg.get("torch_dtype").or_else(|| cfg.get("dtype")) {
-            Some(Value::String(s)) => {
-                s.parse()
-                    .map_err(|e: crate::dtype::DTypeError| ModelError::BadField {
-                        field: "torch_dtype",
-                        message: e.to_string(),
-                    })?
-            }
-            _ => DType::Bf16,
-        };
-        let moe = if architecture == Architecture::Qwen3Moe {
-            let mlp_only_layers = match cfg.get("mlp_only_layers") {
-                None | Some(Value::Null) => Vec::new(),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| {
-                        v.as_u64().ok_or_else(|| ModelError::BadField {
-                            field: "mlp_only_layers",
-                            message: format!("expected layer indices, found {v}"),
-                        })
-                    })
-                    .collect::<Result<_, _>>()?,
-                Some(v) => {
-                    return Err(ModelError::BadField {
-                        field: "mlp_only_layers",
-                        message: format!("expected a list of layer indices, found {v}"),
-                    });
-                }
-            };
-            Some(MoeSpec {
-                // Published Qwen3-MoE checkpoints write `num_experts`; transformers 5 writes
-                // `num_local_experts` when it saves a Qwen3-MoE model.
-                num_experts: match opt_uint(cfg, "num_experts")? {
-                    Some(n) => n,
-                    None => opt_uint(cfg, "num_local_experts")?
-                        .ok_or(ModelError::MissingField("num_experts"))?,
-                },
-                experts_per_token: uint(cfg, "num_experts_per_tok")?,
-                moe_intermediate_size: uint(cfg, "moe_intermediate_size")?,
-                decoder_sparse_step: opt_uint(cfg, "decoder_sparse_step")?.unwrap_or(1),
-                mlp_only_layers,
-            })
-        } else {
-            None
-        };
+        let family = Family::of(arch_name)?;
         let name = cfg
             .get("_name_or_path")
             .and_then(|v| v.as_str())
             .filter(|s| !s.is_empty())
-            .unwrap_or(arch_name)
-            .to_string();
-        let spec = ModelSpec {
-            name,
-            architecture,
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            intermediate_size,
-            vocab_size,
-            tie_word_embeddings,
-            attention_bias,
-            dtype,
-            moe,
-        };
+            .unwrap_or(arch_name);
+        let mut spec = family::common(cfg, name, family)?;
+        (family.parse)(cfg, &mut spec)?;
         spec.validate()?;
         Ok(spec)
     }
@@ -282,7 +204,7 @@ impl ModelSpec {
         }
         Err(ModelError::UnknownModel {
             arg: arg.to_string(),
-            presets: super::presets::PRESET_NAMES.to_vec(),
+            presets: super::presets::names(),
         })
     }
 
@@ -441,56 +363,91 @@ impl ModelSpec {
     }
 
     /// The number of canonical tensors and their elements, exactly as [`super::Catalogue::of`]
-    /// builds them, in 128-bit arithmetic (every size is below 2^32 after the per-field checks).
-    fn catalogue_size(&self) -> (u128, u128) {
-        let w = u128::from;
-        let (h, q, kv) = (
-            w(self.hidden_size),
-            w(self.num_heads) * w(self.head_dim),
-            w(self.num_kv_heads) * w(self.head_dim),
-        );
-        let v = w(self.vocab_size);
-        let lm_head = if self.tie_word_embeddings { 0 } else { 1 };
-        let mut tensors = 2 + lm_head;
-        let mut elements = v * h * (1 + lm_head) + h;
-        // attention and norms, the same in every layer
-        // two norms and q, k, v, o
-        let mut attn_t = 6;
-        let mut attn_e = 2 * h + 2 * q * h + 2 * kv * h;
-        if self.attention_bias {
-            attn_t += 3;
-            attn_e += q + 2 * kv;
-        }
-        if self.qk_norm() {
-            attn_t += 2;
-            attn_e += 2 * w(self.head_dim);
-        }
-        let moe_layers = match &self.moe {
-            // a zero step is refused by `validate`; count no MoE layer rather than divide by it
-            Some(m) if m.decoder_sparse_step > 0 => {
-                (0..self.num_layers.min(crate::limits::MAX_LAYERS))
-                    .filter(|&l| self.is_moe_layer(l))
-                    .count() as u128
+    /// builds them (counted from the family's parts, each expert's parts once times the expert
+    /// count), in 128-bit arithmetic (every size is below 2^32 after the per-field checks).
+    pub(crate) fn catalogue_size(&self) -> (u128, u128) {
+        /// Counts what a family lists.
+        struct Count(u128, u128);
+        impl Sink for Count {
+            fn part(&mut self, _: Canon, shape: Dims) {
+                self.0 += 1;
+                self.1 += u128::from(shape.numel());
             }
-            _ => 0,
-        };
-        let layers = w(self.num_layers);
-        let dense_layers = layers - moe_layers;
-        tensors += layers * attn_t + dense_layers * 3;
-        elements += layers * attn_e + dense_layers * 3 * w(self.intermediate_size) * h;
-        if let Some(m) = &self.moe {
-            let e = w(m.num_experts);
-            tensors += moe_layers * (1 + 3 * e);
-            elements += moe_layers * (e * h + 3 * e * w(m.moe_intermediate_size) * h);
+            fn experts(&mut self, _: u64, count: u64, parts: &[(Part, Dims)]) {
+                let n = u128::from(count);
+                self.0 += n * parts.len() as u128;
+                self.1 += n * parts
+                    .iter()
+                    .map(|(_, s)| u128::from(s.numel()))
+                    .sum::<u128>();
+            }
         }
-        (tensors, elements)
+        let mut c = Count(0, 0);
+        family::walk(self, &mut c);
+        (c.0, c.1)
+    }
+
+    /// Whether the model has `part` in some layer (or, for the embedding, final norm and output
+    /// projection, at all).
+    pub fn has(&self, part: Part) -> bool {
+        /// Looks for one part.
+        struct Find(Part, bool);
+        impl Sink for Find {
+            fn part(&mut self, c: Canon, _: Dims) {
+                self.1 |= c.part == self.0;
+            }
+            fn experts(&mut self, _: u64, count: u64, parts: &[(Part, Dims)]) {
+                self.1 |= count > 0 && parts.iter().any(|(p, _)| *p == self.0);
+            }
+        }
+        let mut f = Find(part, false);
+        family::walk(self, &mut f);
+        f.1
+    }
+
+    /// Every part the model has, each once, in first-seen order.
+    pub fn parts(&self) -> Vec<Part> {
+        /// Collects distinct parts.
+        struct Distinct(Vec<Part>);
+        impl Sink for Distinct {
+            fn part(&mut self, c: Canon, _: Dims) {
+                if !self.0.contains(&c.part) {
+                    self.0.push(c.part);
+                }
+            }
+            fn experts(&mut self, _: u64, count: u64, parts: &[(Part, Dims)]) {
+                for (p, _) in parts.iter().filter(|_| count > 0) {
+                    if !self.0.contains(p) {
+                        self.0.push(*p);
+                    }
+                }
+            }
+        }
+        let mut d = Distinct(Vec::new());
+        family::walk(self, &mut d);
+        d.0
+    }
+
+    /// The HF name of a canonical tensor of this model's family (`None` when the family has no
+    /// such part).
+    pub fn canonical_name(&self, c: Canon) -> Option<String> {
+        self.architecture.family().names.name(c)
+    }
+
+    /// How this model's checkpoints spell its parts.
+    pub fn names(&self) -> &'static super::names::HfNames {
+        self.architecture.family().names
     }
 
     /// Whether layer `l` has a mixture-of-experts MLP (HF Qwen3-MoE rule).
     pub fn is_moe_layer(&self, l: u64) -> bool {
         match &self.moe {
             None => false,
-            Some(m) => !m.mlp_only_layers.contains(&l) && (l + 1) % m.decoder_sparse_step == 0,
+            Some(m) => {
+                m.decoder_sparse_step > 0
+                    && !m.mlp_only_layers.contains(&l)
+                    && (l + 1) % m.decoder_sparse_step == 0
+            }
         }
     }
 
@@ -506,7 +463,7 @@ impl ModelSpec {
 
     /// Whether the attention has q_norm / k_norm.
     pub fn qk_norm(&self) -> bool {
-        self.architecture.has_qk_norm()
+        self.has(Part::QNorm)
     }
 
     /// The number of experts, zero for a dense model.
@@ -599,7 +556,7 @@ mod tests {
         assert_eq!(
             err(&cfg),
             "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
-             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM"
+             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM"
         );
     }
 
@@ -824,8 +781,8 @@ mod tests {
             e.map(|s| s.name),
             Err(
                 "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
-                 config.json or HF directory; presets: qwen3-tiny, qwen3-moe-tiny, qwen3-0.6b, \
-                 qwen3-8b, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t"
+                 config.json or HF directory; presets: qwen3-tiny, qwen3-0.6b, qwen3-8b, \
+                 qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b"
                     .to_string()
             )
         );
@@ -882,9 +839,9 @@ mod tests {
 
     #[test]
     fn the_bounded_catalogue_size_is_exactly_the_catalogue() {
-        let mut specs: Vec<ModelSpec> = crate::model::presets::PRESET_NAMES
-            .iter()
-            .filter_map(|n| crate::model::presets::preset(n))
+        let mut specs: Vec<ModelSpec> = crate::model::presets::names()
+            .into_iter()
+            .filter_map(crate::model::presets::preset)
             .collect();
         let base = specs[0].clone();
         specs.push(ModelSpec {

@@ -80,19 +80,24 @@ pub fn kernel_grid(nvec: u64, height: u64) -> (u32, u32) {
     (gx as u32, gy as u32)
 }
 
-/// The loaded copy kernel, unloaded on drop.
-struct Kernel {
+/// A loaded kernel (the copy kernels, the FP8 quantiser), unloaded on drop.
+pub(crate) struct Kernel {
     dev: Device,
     module: RawModule,
-    func: RawFunction,
+    pub(crate) func: RawFunction,
     /// which image loaded: "cubin sm_90" or "ptx"
-    image: &'static str,
+    pub(crate) image: &'static str,
 }
 
 impl Kernel {
     /// Loads `name` from the sm_90 `cubin` when there is one and the device takes it, else
     /// from the `ptx` (NUL-terminated).
-    fn load(dev: &Device, ptx: &str, cubin: &[u8], name: &CStr) -> Result<Kernel, CudaError> {
+    pub(crate) fn load(
+        dev: &Device,
+        ptx: &str,
+        cubin: &[u8],
+        name: &CStr,
+    ) -> Result<Kernel, CudaError> {
         dev.bind()?;
         if !cubin.is_empty()
             && let Ok(k) = Kernel::load_image(dev, cubin, name, "cubin sm_90")
@@ -100,6 +105,11 @@ impl Kernel {
             return Ok(k);
         }
         Kernel::load_image(dev, ptx.as_bytes(), name, "ptx")
+    }
+
+    /// Makes the kernel's device current on this thread.
+    pub(crate) fn dev_bind(&self) -> Result<(), CudaError> {
+        self.dev.bind()
     }
 
     fn load_image(

@@ -195,6 +195,17 @@ pub enum CudaError {
     /// A copy engine asked to run with no streams.
     #[error("a copy engine needs at least one stream; {0} given")]
     Streams(usize),
+    /// A block-FP8 quantisation the GPU kernel cannot run as asked.
+    #[error("FP8 block quantisation on the GPU: {0}")]
+    Fp8(String),
+    /// Blocks of a GPU quantisation held infinity or NaN (they were left unwritten).
+    #[error(
+        "FP8 block quantisation on the GPU: {blocks} block(s) hold infinity or NaN; awex quantises finite weights only"
+    )]
+    Fp8NonFinite {
+        /// how many blocks
+        blocks: u32,
+    },
 }
 
 impl CudaError {

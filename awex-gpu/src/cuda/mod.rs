@@ -10,13 +10,15 @@
 //! This module always compiles. Built without the `cuda` feature, its API is the same and
 //! every call returns [`CudaError::NotBuilt`]; built with it, libcuda is loaded at run time and
 //! a missing driver or GPU is an error ([`CudaError::NoDriver`], [`CudaError::NoGpu`]), never a
-//! panic. The geometry ([`desc`]) and handle encoding ([`handle`]) are pure and need no GPU.
+//! panic. [`fp8`] holds the block-FP8 quantising kernel (bf16 in, e4m3 and scales out). The
+//! geometry ([`desc`]) and handle encoding ([`handle`]) are pure and need no GPU.
 
 pub mod desc;
 mod device;
 mod engine;
 mod error;
 pub mod fdpass;
+pub mod fp8;
 pub mod handle;
 mod ipc;
 
@@ -36,6 +38,7 @@ pub use engine::{
     kernel_grid,
 };
 pub use error::CudaError;
+pub use fp8::{Fp8Job, Fp8Kernel, GPU_BLOCK, gpu_mode};
 pub use handle::{IpcEventHandle, IpcMemHandle};
 pub use ipc::{
     AllocationIndex, ExportedAllocation, IpcExport, IpcImport, RemoteAddr, SharedChunk,

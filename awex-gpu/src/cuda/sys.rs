@@ -793,6 +793,47 @@ pub(crate) unsafe fn launch_copy_tiles(
     })
 }
 
+/// Launches `awex_fp8_block_quant` (`fp8_block.ptx`) over a `grid` of 128 x 128 blocks, 256
+/// threads each, on `s`: `ptrs` are source, destination, scales and status; `dims` are rows,
+/// columns, source pitch, destination pitch (bytes), scale pitch (elements) and mode.
+///
+/// # Safety
+///
+/// `f` must be that kernel, loaded in the current context, and every address with the extents
+/// `dims` describe must lie in device memory of this context that stays allocated until the
+/// launch has finished, the destination, scales and status used by nothing else meanwhile.
+pub(crate) unsafe fn launch_fp8_block_quant(
+    f: RawFunction,
+    grid: (u32, u32),
+    s: RawStream,
+    ptrs: [u64; 4],
+    dims: [u32; 6],
+) -> Result<(), CudaError> {
+    let (mut p, mut d) = (ptrs, dims);
+    let mut params: [*mut c_void; 10] = [ptr::null_mut(); 10];
+    for (slot, v) in params.iter_mut().zip(p.iter_mut()) {
+        *slot = (v as *mut u64).cast();
+    }
+    for (slot, v) in params[4..].iter_mut().zip(d.iter_mut()) {
+        *slot = (v as *mut u32).cast();
+    }
+    check("cuLaunchKernel", unsafe {
+        cu::cuLaunchKernel(
+            f.0.cast(),
+            grid.0,
+            grid.1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            s.0.cast(),
+            params.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    })
+}
+
 /// Destroys an instantiated graph.
 pub(crate) fn graph_destroy(g: RawGraphExec) -> Result<(), CudaError> {
     check("cuGraphExecDestroy", unsafe {

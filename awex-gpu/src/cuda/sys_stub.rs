@@ -323,6 +323,21 @@ pub(crate) unsafe fn launch_copy_tiles(
 }
 
 /// Always [`CudaError::NotBuilt`].
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn launch_fp8_block_quant(
+    _: RawFunction,
+    _: (u32, u32),
+    _: RawStream,
+    _: [u64; 4],
+    _: [u32; 6],
+) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
 pub(crate) fn graph_destroy(_: RawGraphExec) -> Result<(), CudaError> {
     Err(NO)
 }

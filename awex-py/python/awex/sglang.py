@@ -310,10 +310,22 @@ def work_of(named_tensors_: Any) -> dict[str, Any] | None:
     return {"version": version, "attempt": attempt, "phase": phase}
 
 
-def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str) -> None:
+def _claim(reader: Any) -> str | None:
+    """The claim id of ``reader``'s process on its slot once it joined (``None`` otherwise)."""
+    try:
+        return reader._rank.incarnation if reader is not None else None
+    except Exception:  # a call of the Reader still running, or it is closed
+        return None
+
+
+def _report_failure(
+    cfg: _Config, rank: int, update: dict[str, Any], error: str, claim: str | None = None
+) -> None:
     """Tells the gateway at once that this rank failed ``update`` before its Reader took part in
-    it (so the version fails now, not at its deadline). Best effort: the HTTP answer of SGLang
-    and the deadline still catch it when the gateway cannot be reached."""
+    it (so the version fails now, not at its deadline). The gateway accepts it only with the
+    claim id of the slot's holder (``claim``, the Reader's once it joined). Best effort: the
+    HTTP answer of SGLang and the deadline still catch it when the gateway cannot be reached or
+    refuses it."""
     import json
     import urllib.request
 
@@ -324,6 +336,8 @@ def _report_failure(cfg: _Config, rank: int, update: dict[str, Any], error: str)
         "error": error[:4000],
         "attempt": int(update["attempt"]),
     }
+    if claim is not None:
+        body["incarnation"] = claim
     url = f"{cfg.gateway.rstrip('/')}/v1/pairs/{cfg.pair}/updates/{int(update['version'])}/report"
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
@@ -464,7 +478,7 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
                 )
             except BaseException as e:
                 if update is not None and not moved_bytes:
-                    _report_failure(cfg, rank, update, f"{rx.where()}: {e}")
+                    _report_failure(cfg, rank, update, f"{rx.where()}: {e}", _claim(rx.reader))
                 # a failed join (or a Reader that could not be built) leaves nothing usable:
                 # the next call starts over
                 if rx.join_error is not None or rx.reader is None:

@@ -1,4 +1,4 @@
-"""vLLM: awex as a native weight-transfer backend of an unmodified vLLM 0.33.
+"""vLLM: awex as a native weight-transfer backend of an unmodified vLLM (0.32, 0.33).
 
 vLLM runs every ``vllm.general_plugins`` entry point in each worker before the model is built;
 awex's wheel declares ``awex = "awex.vllm:register"``, which registers
@@ -11,12 +11,28 @@ awex's wheel declares ``awex = "awex.vllm:register"``, which registers
 and connect the pair with ``infer="vllm:tp=N,..."`` and the server's URL: the gateway calls
 ``/init_weight_transfer_engine`` once (every worker builds and joins its ``awex.Reader``), then per
 update ``/pause`` -> ``/start_weight_update`` -> ``/update_weights {"update_info": {"version": N}}``
--> ``/finish_weight_update`` -> ``/resume`` (``vllm/entrypoints/rl/online/api_router.py``). In
-``receive_weights`` every TP worker receives its shard in place into the live parameters.
+-> ``/finish_weight_update`` -> ``/resume`` (``vllm/entrypoints/rl/online/api_router.py``).
+
+The live parameters are not always what was loaded: after loading, each layer's quantisation
+method runs ``process_weights_after_loading``, which may repack or replace them (vLLM's CPU
+platform prepacks every unquantised linear layer and leaves ``layer.weight`` an empty parameter:
+``dispatch_cpu_unquantized_gemm(..., remove_weight=True)``, ``vllm/model_executor/layers/utils.py``;
+FP8 and other quantised methods transform their weights). So every worker receives into awex's
+own *landing* tensors, one per parameter of the rank's layout in the shape vLLM loads it in
+(what ``record_metadata_for_reloading`` recorded when the model was built), and only once its
+``awex.Reader`` returned (in an atomic pair: once every rank received and the gateway said
+``apply``) feeds them to the model through vLLM's layerwise reload
+(``vllm/model_executor/model_loader/reload/layerwise.py``: ``initialize_layerwise_reload``, each
+parameter loaded with vLLM's ``default_weight_loader`` since the tensor is this rank's shard
+already, ``finalize_layerwise_reload``), which re-runs every layer's post-load processing and
+copies the result into the live tensors' storage (CUDA graphs keep their addresses). A transfer
+that fails leaves the model untouched. The landing tensors cost one copy of the rank's weights
+(on the model's device).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -26,8 +42,16 @@ from typing import Any
 BACKEND = "awex"
 
 _lock = threading.Lock()
+_log = logging.getLogger("awex.vllm")
+
 #: the process-wide Reader (one vLLM worker is one TP rank)
 _reader: Any = None
+#: the Reader's registered landing tensors, ``{name: tensor}`` in the layout's order
+_landing: dict[str, Any] = {}
+
+#: awex's dtype names (``awex-core/src/dtype.rs``) -> torch's attribute names
+_TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64",
+                 "u8": "uint8", "i8": "int8", "i32": "int32", "i64": "int64"}
 
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
@@ -42,6 +66,124 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
         if module is None or not hasattr(module, "named_parameters"):
             raise TypeError(f"expected a vLLM model (an nn.Module), not {type(model).__name__}")
     return [(n.replace("_orig_mod.", ""), p.data) for n, p in module.named_parameters()]
+
+
+def _modules(model: Any) -> dict[str, Any]:
+    """``{module name: module}`` of a vLLM model, named as ``named_tensors`` names parameters
+    (without ``torch.compile``'s ``_orig_mod``)."""
+    if not hasattr(model, "named_modules"):
+        raise TypeError(f"expected a vLLM model (an nn.Module), not {type(model).__name__}")
+    return {".".join(p for p in n.split(".") if p != "_orig_mod"): m for n, m in model.named_modules()}
+
+
+def _parameter(modules: dict[str, Any], name: str) -> tuple[Any, str]:
+    """``(module, attribute)`` that holds parameter ``name``."""
+    owner, _, attr = name.rpartition(".")
+    module = modules.get(owner)
+    if module is None or module._parameters.get(attr) is None:
+        raise ValueError(f"awex.vllm: the layout names `{name}`, which is not a parameter of the served "
+                         "model; the pair's model or vllm parallel config differs from the server's")
+    return module, attr
+
+
+def loadable_shapes(model: Any, names: list[str]) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """``{name: (shape, torch dtype)}`` each parameter is *loaded* in: what vLLM recorded for
+    layerwise reload when it built the model (``record_metadata_for_reloading``, called by
+    ``initialize_model`` in ``vllm/model_executor/model_loader/utils.py``), or the live parameter
+    for the few that vLLM keeps live through a reload (``SKIP_TENSORS``, e.g. ``bias``).
+    A parameter with neither raises ``ValueError``: the reload would drop it."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    from vllm.model_executor.model_loader.reload.meta import SKIP_TENSORS
+
+    modules = _modules(model)
+    out = {}
+    for name in names:
+        module, attr = _parameter(modules, name)
+        if attr in SKIP_TENSORS:
+            t = module._parameters[attr]
+        else:
+            info = LAYERWISE_INFO.get(module)
+            t = info.restore_metadata[0].get(attr) if info is not None else None
+            if t is None:
+                raise ValueError(
+                    f"awex.vllm: vLLM recorded no reload metadata for `{name}` (record_metadata_for_reloading "
+                    "runs when vLLM's model loader builds the model, vllm/model_executor/model_loader/utils.py); "
+                    "build the model with vLLM's initialize_model")
+        out[name] = (tuple(int(d) for d in t.shape), t.dtype)
+    return out
+
+
+def landing_tensors(layout: list[dict[str, Any]], model: Any, device: Any) -> dict[str, Any]:
+    """Zeroed tensors of the rank's layout on ``device`` (zero: padding rows no placement covers
+    stay zero, as vLLM's loaders leave them), after checking each against the shape and dtype vLLM
+    loads that parameter in; a mismatch raises ``ValueError`` naming the parameter."""
+    import torch
+
+    names = [t["name"] for t in layout]
+    if not names:
+        raise ValueError("awex.vllm: the rank's layout is empty")
+    want = loadable_shapes(model, names)
+    out = {}
+    for t in layout:
+        name, shape = t["name"], tuple(int(d) for d in t["shape"])
+        dtype = getattr(torch, _TORCH_DTYPES.get(str(t["dtype"]), ""), None)
+        if dtype is None:
+            raise ValueError(f"awex.vllm: layout tensor `{name}` has dtype {t['dtype']!r}, which awex.vllm cannot allocate")
+        vshape, vdtype = want[name]
+        if vshape != shape or vdtype != dtype:
+            raise ValueError(
+                f"awex.vllm: vLLM loads `{name}` as {vdtype} {list(vshape)}, but the pair's layout says "
+                f"{dtype} {list(shape)}; connect the pair with the served model's config, dtype and parallel config")
+        out[name] = torch.zeros(shape, dtype=dtype, device=device)
+    return out
+
+
+def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
+    """Loads the landing tensors into ``model`` through vLLM's layerwise reload, so that every
+    layer's post-load processing runs again and its result lands in the live tensors' storage.
+
+    Each landed tensor is this rank's shard already, so the loader vLLM's reload wraps is
+    ``default_weight_loader`` (a checked copy) for the length of the call; the parameters' own
+    loaders (which cut a checkpoint tensor to the rank) are put back after. The reload is always
+    finalised, also on an error: no layer is left on the meta device.
+    """
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+    from vllm.model_executor.model_loader.reload.layerwise import initialize_online_processing
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    missing = object()
+    modules = _modules(model)
+    # a parameter vLLM keeps live through the reload (bias) gets back the loader it had before;
+    # the others (on the meta device during the reload) the one vLLM's reload gave them
+    before = {}
+    for name in landing:
+        module, attr = _parameter(modules, name)
+        param = module._parameters[attr]
+        before[id(param)] = param.__dict__.get("weight_loader", missing)
+    swapped: list[tuple[Any, Any]] = []
+    initialize_layerwise_reload(model)
+    try:
+        targets = []
+        for name, src in landing.items():
+            module, attr = _parameter(modules, name)
+            param = module._parameters[attr]
+            swapped.append((param, before.get(id(param), param.__dict__.get("weight_loader", missing))))
+            param.weight_loader = default_weight_loader
+            targets.append((module, param, src))
+        for module in {id(m): m for m, _, _ in targets}.values():
+            initialize_online_processing(module)  # wraps the swapped loaders for deferred processing
+        # a layer is processed (and its live tensors written) once its last parameter is loaded
+        for _, param, src in targets:
+            param.weight_loader(param, src)
+    finally:
+        try:
+            finalize_layerwise_reload(model, model_config)
+        finally:
+            for param, loader in swapped:
+                if loader is missing:
+                    param.__dict__.pop("weight_loader", None)
+                else:
+                    param.weight_loader = loader
 
 
 def parallel_of(vllm_config: Any) -> dict[str, int]:
@@ -62,13 +204,14 @@ def _tp_rank() -> int:
 
 
 def build_reader(model: Any, vllm_config: Any, *, gateway: str | None = None, pair: str | None = None,
-                 engine: int | None = None, rank: int | None = None, **opts: Any) -> Any:
-    """The process-wide ``awex.Reader`` of this worker, registered with the live parameters.
+                 engine: int | None = None, rank: int | None = None, device: Any = None, **opts: Any) -> Any:
+    """The process-wide ``awex.Reader`` of this worker, registered with its landing tensors
+    (``landing_tensors``, on ``device``: the model's device by default).
 
     ``gateway``/``pair``/``engine`` default to ``AWEX_GATEWAY``, ``AWEX_PAIR``, ``AWEX_ENGINE``
     (0); ``rank`` to the worker's TP rank. Built once; later calls return the same Reader.
     """
-    global _reader
+    global _reader, _landing
     from ._rank import Reader
 
     with _lock:
@@ -83,20 +226,23 @@ def build_reader(model: Any, vllm_config: Any, *, gateway: str | None = None, pa
         r = Reader(gateway, pair, _tp_rank() if rank is None else rank, engine=engine,
                    backend="vllm", parallel=parallel_of(vllm_config), **opts)
         try:
-            r.register(named_tensors(model))
+            if device is None:
+                device = next(iter(model.parameters())).device
+            landing = landing_tensors(r.layout(), model, device)
+            r.register(list(landing.items()))
         except BaseException:
             r.close()
             raise
-        _reader = r
+        _reader, _landing = r, landing
         return r
 
 
 def _close_reader() -> None:
-    global _reader
+    global _reader, _landing
     with _lock:
         if _reader is not None:
             _reader.close()
-            _reader = None
+            _reader, _landing = None, {}
 
 
 @dataclass
@@ -122,7 +268,14 @@ def _engine_class() -> type:
     from vllm.distributed.weight_transfer.base import WeightTransferEngine
 
     class AwexWeightTransferEngine(WeightTransferEngine):
-        """Receives each version in place from the training ranks through awex."""
+        """Receives each version from the training ranks through awex into its landing tensors,
+        then loads them through vLLM's layerwise reload (see the module's docstring).
+
+        The reload opens and closes inside ``receive_weights``, not at ``start_weight_update`` /
+        ``finish_weight_update`` as vLLM's ``nccl`` engine does (it receives a version over
+        several ``/update_weights`` calls): awex receives a whole version in one call, and the
+        model leaves its serving state only after every byte arrived, never across HTTP calls
+        (an attempt abandoned between them cannot leave it on the meta device)."""
 
         init_info_cls = AwexInitInfo
         update_info_cls = AwexUpdateInfo
@@ -131,21 +284,35 @@ def _engine_class() -> type:
         def init_transfer_engine(self, init_info: AwexInitInfo) -> None:
             opts = {"timeout": init_info.timeout} if init_info.timeout is not None else {}
             reader = build_reader(self.model, self.vllm_config, gateway=init_info.gateway,
-                                  pair=init_info.pair, engine=init_info.engine, **opts)
+                                  pair=init_info.pair, engine=init_info.engine, device=self.device, **opts)
             if not reader.joined:
                 reader.join()
 
-        def start_weight_update(self) -> None:  # in place: nothing to prepare
+        def start_weight_update(self) -> None:  # the reload opens once the version arrived
             pass
 
         def receive_weights(self, update_info: AwexUpdateInfo) -> None:
-            reader = build_reader(self.model, self.vllm_config)
+            from .errors import AwexError
+
+            reader = build_reader(self.model, self.vllm_config, device=self.device)
             if not reader.joined:
                 reader.join()
-            # raises awex.UpdateFailed / Disconnected / TimeoutError: vLLM turns it into an error answer
-            reader.update(int(update_info.version), timeout=update_info.timeout, wait_commit=False)
+            try:
+                reader.update(int(update_info.version), timeout=update_info.timeout, wait_commit=False)
+            except (AwexError, TimeoutError) as e:
+                # The version failed before the model was touched, and the gateway knows it (this
+                # rank's report, another rank's, or the deadline). Not raised: an exception in
+                # one worker's RPC with tp > 1 leaves vLLM's executor reading the other workers'
+                # answers one call late (`MultiprocExecutor.collective_rpc`'s `get_response`
+                # stops at the first failed rank, `vllm/v1/executor/multiproc_executor.py`),
+                # which breaks the server's next calls. The worker's update session stays open;
+                # the gateway closes it (`/finish_weight_update`) before resuming.
+                _log.warning("awex.vllm: version %s not received, the model keeps the last one: %s",
+                             update_info.version, e)
+                return
+            load_landed(self.model, self.model_config, _landing)
 
-        def finish_weight_update(self) -> None:
+        def finish_weight_update(self) -> None:  # load_landed finalised the reload
             pass
 
         def shutdown(self) -> None:
@@ -163,4 +330,5 @@ def register() -> None:
     WeightTransferEngineFactory.register_engine(BACKEND, _engine_class())
 
 
-__all__ = ["BACKEND", "register", "named_tensors", "parallel_of", "build_reader", "AwexInitInfo", "AwexUpdateInfo"]
+__all__ = ["BACKEND", "register", "named_tensors", "parallel_of", "build_reader", "loadable_shapes",
+           "landing_tensors", "load_landed", "AwexInitInfo", "AwexUpdateInfo"]

@@ -6,12 +6,15 @@ checkpoint; the Megatron ranks (``train/megatron_worker.py``: real GPTModel chun
 gloo) receive it through awex, rewrite every parameter in place (``p * 1.5 + 0.25``) and send
 the live parameters with ``awex.Writer.attach(model, ...)`` to a pair whose inference side is
 ``vllm:tp=T,ep=E``. Every vLLM TP rank (``vllm_receive.py``) builds the model class with vLLM's
-parallel groups over gloo, zeroes it, and receives through the ``awex`` backend that vLLM's
-plugin loader registered, driven by vLLM's own ``Worker`` methods (init, start, update,
-finish). The received parameters must be byte-identical to what the class's own
-``load_weights`` makes of the rewritten checkpoint (``canonical * 1.5 + 0.25``, which the
-Megatron suite checks is exactly what the rewritten parameters hold), with the same names and
-shapes.
+``initialize_model`` and parallel groups over gloo, zeroes it, runs vLLM's post-load pass (in the
+``prepack`` cases every linear layer's post-load step replaces its weight with an empty
+parameter and keeps a packed copy, as vLLM's CPU platform does), and receives through the
+``awex`` backend that vLLM's plugin loader registered, driven by vLLM's own ``Worker`` methods
+(init, start, update, finish). What every layer computes with afterwards must be
+byte-identical to what the class's own ``load_weights`` makes of the rewritten checkpoint
+(``canonical * 1.5 + 0.25``, which the Megatron suite checks is exactly what the rewritten
+parameters hold), with the same names and shapes: the update went through vLLM's layerwise
+reload, which re-ran the post-load step.
 
 CI runs ``CASES`` (one Megatron world of 2 ranks: TP, uneven PP with tied embeddings into vLLM
 TP=4 with KV-head replication, MoE with EP into vLLM with EP); ``AWEX_VLLM_FULL=1`` adds
@@ -45,11 +48,13 @@ TOKENS = [3, 17, 250, 42, 7, 299, 128, 64, 5, 11]
 L2 = {"num_hidden_layers": 2}
 
 CASES = [
-    # atomic: vLLM's receive_weights stages, waits for `apply` and applies inside the one call
-    dict(name="tp2_to_tp2", kind="qwen3", over=L2, parallel={"tp": 2}, vllm={"tp": 2}, atomic=True),
+    # atomic: vLLM's receive_weights stages, waits for `apply` and applies inside the one call;
+    # prepack: every linear layer's post-load step replaces its weight, as vLLM's CPU platform does
+    dict(name="tp2_to_tp2", kind="qwen3", over=L2, parallel={"tp": 2}, vllm={"tp": 2}, atomic=True, prepack=True),
     dict(name="pp2_uneven_tied_to_tp4", kind="qwen3", over={"num_hidden_layers": 3, "tie_word_embeddings": True},
          parallel={"pp": 2, "first_stage_layers": 1, "last_stage_layers": 2}, vllm={"tp": 4}),
-    dict(name="moe_ep2_to_tp2_ep2", kind="qwen3_moe", over=L2, parallel={"dp": 2, "ep": 2}, vllm={"tp": 2, "ep": 2}),
+    dict(name="moe_ep2_to_tp2_ep2", kind="qwen3_moe", over=L2, parallel={"dp": 2, "ep": 2}, vllm={"tp": 2, "ep": 2},
+         prepack=True),
 ]
 MORE = [
     dict(name="tp2_to_tp1", kind="qwen3", over=L2, parallel={"tp": 2}, vllm={"tp": 1}),
@@ -75,7 +80,8 @@ def vllm_spec(v: dict) -> str:
 def launch_vllm(case: dict, st: dict, gw: str) -> list[subprocess.Popen]:
     out = st["dir"]
     spec = dict(tp=case["vllm"]["tp"], ep=case["vllm"].get("ep", 1), hf_dir=out, port=harness.free_port(),
-                gateway=gw, pair=st["update"], expected=st["expected"], timeout=harness.TIMEOUT)
+                gateway=gw, pair=st["update"], expected=st["expected"], timeout=harness.TIMEOUT,
+                prepack=case.get("prepack", False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return [
         subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_receive.py"), json.dumps(spec), str(r), out],

@@ -2,8 +2,8 @@
 
     python vllm_rank.py CASE_JSON RANK OUT_DIR
 
-Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`) inside
-`set_current_vllm_config`, loads the canonical checkpoint with the class's own `load_weights`,
+Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`) with
+vLLM's `initialize_model`, loads the canonical checkpoint with the class's own `load_weights`,
 and saves `named_parameters()` (names, shapes, bytes) to OUT_DIR/rank{R}.pt.
 """
 
@@ -34,19 +34,22 @@ def stub_gpu_kernels() -> None:
         m.Attention = _NoAttention
 
     # `select_unquantized_moe_backend` (`model_executor/layers/fused_moe/oracle/unquantized.py`)
-    # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound); the
-    # kernel runs in `forward` only. TRITON is what a Hopper GPU picks; it pads nothing
-    # (`unquantized_round_up_hidden_size_and_intermediate_size`).
+    # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound). OOT,
+    # what the function picks on an out-of-tree platform, pads nothing, like TRITON (what a
+    # Hopper GPU picks; `unquantized_round_up_hidden_size_and_intermediate_size`), and leaves
+    # the kernel's set-up to the platform, so that the post-load step
+    # (`UnquantizedFusedMoEMethod.process_weights_after_loading`) runs on a machine without a
+    # GPU kernel class; the kernel itself runs in `forward` only.
     import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as um
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-    um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.TRITON, None)
+    um.select_unquantized_moe_backend = lambda moe_config: (UnquantizedMoeBackend.OOT, None)
 
 
 def build(case: dict, rank: int):
-    """``(model, vllm_config)``: TP rank ``rank`` of the case's vLLM model class, built on CPU
-    inside ``set_current_vllm_config`` with vLLM's parallel groups over gloo, its parameters as
-    the class's constructor left them."""
+    """``(model, vllm_config)``: TP rank ``rank`` of the case's vLLM model class, built on CPU by
+    vLLM's ``initialize_model`` (``vllm/model_executor/model_loader/utils.py``) with vLLM's
+    parallel groups over gloo, its parameters as the class's constructor left them."""
     tp, ep = case["tp"], case.get("ep", 1)
     from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig, ParallelConfig,
                              VllmConfig, set_current_vllm_config)
@@ -63,13 +66,14 @@ def build(case: dict, rank: int):
                                      distributed_init_method=f"tcp://127.0.0.1:{case['port']}",
                                      backend="gloo")
         initialize_model_parallel(tensor_model_parallel_size=tp)
-        from vllm.model_executor.model_loader.utils import get_model_architecture
+        from vllm.model_executor.model_loader.utils import initialize_model
 
         stub_gpu_kernels()
 
-        cls, _ = get_model_architecture(model_config)
         torch.set_default_dtype(torch.float32)
-        model = cls(vllm_config=vc, prefix="")
+        # what vLLM's model loaders call: the class's constructor, then
+        # `record_metadata_for_reloading` (what layerwise reload restores the model to)
+        model = initialize_model(vllm_config=vc)
     return model, vc
 
 

@@ -4,22 +4,27 @@ model class's own ``load_weights`` for the reference.
 
     python vllm_receive.py CASE_JSON RANK OUT_DIR
 
-1. builds the model class on CPU with vLLM's parallel groups over gloo (``vllm_rank.build``) and
-   zeroes every parameter (so a parameter the receive misses shows);
+1. builds the model class on CPU with vLLM's parallel groups over gloo (``vllm_rank.build``:
+   vLLM's ``initialize_model``), loads CASE["expected"] (an HF checkpoint) with the class's own
+   ``load_weights`` and keeps that as the reference (OUT_DIR/ref{R}.pt), then zeroes every
+   parameter (so a parameter the receive misses shows) and runs vLLM's own post-load pass
+   (``process_weights_after_loading``, ``vllm/model_executor/model_loader/utils.py``), as the
+   server's loader does; with CASE["prepack"] the unquantised linear layers' post-load step does
+   what vLLM's CPU platform does to them (``cpu_prepack``): keep a packed copy for the kernel
+   and leave ``layer.weight`` an empty parameter;
 2. runs vLLM's ``load_general_plugins()`` (``vllm/plugins/__init__.py``: every
    ``vllm.general_plugins`` entry point, awex's wheel declares ``awex = "awex.vllm:register"``)
    and creates the engine with ``WeightTransferEngineFactory.create_engine(config, vllm_config,
    device, model)``, as ``Worker.load_model`` does (``vllm/v1/worker/gpu_worker.py``);
 3. calls the worker's own methods on it: ``Worker.init_weight_transfer_engine(init_info)``
-   (``parse_init_info`` then ``init_transfer_engine``: the ``awex.Reader`` joins with the live
-   parameters), ``Worker.start_weight_update()``, ``Worker.update_weights({"version": 1})``
+   (``parse_init_info`` then ``init_transfer_engine``: the ``awex.Reader`` joins),
+   ``Worker.start_weight_update()``, ``Worker.update_weights({"version": 1})``
    (``WeightTransferEngine.update_weights``, ``vllm/distributed/weight_transfer/base.py``:
    ``parse_update_info`` then ``receive_weights``), ``Worker.finish_weight_update()``; the
    worker object is ``Worker.__new__`` with the attributes those methods read (its ``__init__``,
    ``load_model`` and GPU model runner need a GPU);
-4. saves the received parameters, zeroes the model again, loads CASE["expected"] (an HF
-   checkpoint) with the class's own ``load_weights`` and saves those: OUT_DIR/recv{R}.pt and
-   OUT_DIR/ref{R}.pt.
+4. saves what the model computes with after the update (a prepacked layer's packed copy, else
+   the parameter) under the parameters' names: OUT_DIR/recv{R}.pt.
 """
 
 from __future__ import annotations
@@ -47,15 +52,61 @@ class _LoraState:
         self.reset_lora_state = LoRAModelRunnerMixin.reset_lora_state.__get__(self)
 
 
+def cpu_prepack() -> None:
+    """Makes ``UnquantizedLinearMethod.process_weights_after_loading`` do to every unquantised
+    linear layer what vLLM's CPU platform does (``dispatch_cpu_unquantized_gemm(layer,
+    remove_weight=True)``, ``vllm/model_executor/layers/utils.py``): the kernel keeps its own
+    packed copy of the weight (here ``layer.packed_weight``, a plain attribute as the CPU
+    platform's ``layer.cpu_linear`` closure is) and ``layer.weight`` becomes an empty parameter.
+    The oneDNN / sgl-kernel packers need vLLM's CPU build; the effect on the parameters is the same."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    own = UnquantizedLinearMethod.process_weights_after_loading
+
+    def prepack(self, layer: torch.nn.Module) -> None:
+        own(self, layer)
+        layer.packed_weight = layer.weight.detach().clone()
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype, device=layer.weight.device),
+                                          requires_grad=False)
+
+    UnquantizedLinearMethod.process_weights_after_loading = prepack
+
+
+def computed_with(model: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """``{name: tensor}``: what each parameter's layer computes with (its packed copy when the
+    post-load step prepacked it, else the parameter)."""
+    modules = dict(model.named_modules())
+    out = {}
+    for name in names:
+        owner, _, attr = name.rpartition(".")
+        module = modules[owner]
+        t = module.packed_weight if attr == "weight" and hasattr(module, "packed_weight") else getattr(module, attr)
+        out[name] = t.detach().clone()
+    return out
+
+
 def main() -> None:
     case = json.loads(sys.argv[1])
     rank, out = int(sys.argv[2]), sys.argv[3]
     model, vc = vllm_rank.build(case, rank)
-    with torch.no_grad():
+
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    expected = torch.load(case["expected"])
+    with set_current_vllm_config(vc):
+        model.load_weights(iter(expected.items()))
+    ref = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.save(ref, os.path.join(out, f"ref{rank}.pt"))
+    with torch.no_grad():  # nothing of the reference survives into the receive
         for p in model.parameters():
             p.zero_()
+    if case.get("prepack"):
+        cpu_prepack()
+    with set_current_vllm_config(vc):
+        process_weights_after_loading(model, vc.model_config, torch.device("cpu"))
 
-    from vllm.config import WeightTransferConfig, set_current_vllm_config
+    from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     from vllm.plugins import load_general_plugins
     from vllm.v1.worker.gpu_worker import Worker
@@ -86,17 +137,8 @@ def main() -> None:
     worker.start_weight_update()
     worker.update_weights({"version": 1, "timeout": case.get("timeout", 240.0)})
     worker.finish_weight_update()
-    received = {n: p.detach().clone() for n, p in model.named_parameters()}
-    torch.save(received, os.path.join(out, f"recv{rank}.pt"))
+    torch.save(computed_with(model, list(ref)), os.path.join(out, f"recv{rank}.pt"))
     worker.shutdown_weight_transfer_engine()
-
-    expected = torch.load(case["expected"])
-    with torch.no_grad():  # nothing received survives into the reference
-        for p in model.parameters():
-            p.zero_()
-    with set_current_vllm_config(vc):
-        model.load_weights(iter(expected.items()))
-    torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, os.path.join(out, f"ref{rank}.pt"))
     with open(os.path.join(out, f"engine{rank}.json"), "w") as f:
         json.dump({"engine": engine_name}, f)
 

@@ -179,20 +179,20 @@ fn registered_layout(
     backend: &str,
     parallel: &ParallelConfig,
     model: &ModelSpec,
-) -> Result<(), ApiError> {
+) -> Result<Vec<String>, ApiError> {
     let registered = match side {
         Side::Training => awex_core::backend::training_backend(backend).is_ok(),
         Side::Inference => awex_core::backend::inference_backend(backend).is_ok(),
     };
     if !registered {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let spec = awex_core::backend::BackendSpec {
         backend: backend.to_string(),
         parallel: parallel.clone(),
     };
     awex_core::backend::side_layout(side, &spec, model)
-        .map(|_| ())
+        .map(|l| l.dropped())
         .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel `{spec}`: {e}")))
 }
 
@@ -265,13 +265,13 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         Side::Inference,
         raw.pointer("/inference/model").unwrap_or(&null),
     )?;
-    registered_layout(
+    let dropped_t = registered_layout(
         Side::Training,
         &req.training.backend,
         &req.training.parallel,
         &tm,
     )?;
-    registered_layout(
+    let dropped_i = registered_layout(
         Side::Inference,
         &req.inference.backend,
         &req.inference.parallel,
@@ -284,20 +284,27 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             "the two sides do not describe the same canonical tensors: {diff}"
         )));
     }
-    let side =
-        |backend: &str, parallel: &ParallelConfig, w, e, urls: &[String], m: &ModelSpec, c| {
-            SideStatus {
-                backend: backend.to_string(),
-                parallel: parallel.clone(),
-                world_size: w,
-                engines: e,
-                urls: urls.to_vec(),
-                model: validate::clip(&m.name, 128),
-                fingerprint: format!("{:016x}", m.fingerprint()),
-                catalogue: c,
-                joined: 0,
-            }
-        };
+    let side = |backend: &str,
+                parallel: &ParallelConfig,
+                w,
+                e,
+                urls: &[String],
+                m: &ModelSpec,
+                c,
+                dropped: Vec<String>| {
+        SideStatus {
+            backend: backend.to_string(),
+            parallel: parallel.clone(),
+            world_size: w,
+            engines: e,
+            urls: urls.to_vec(),
+            model: validate::clip(&m.name, 128),
+            fingerprint: format!("{:016x}", m.fingerprint()),
+            catalogue: c,
+            dropped,
+            joined: 0,
+        }
+    };
     Ok((
         Slots::new(tw, e, iw / e),
         side(
@@ -308,6 +315,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             &[],
             &tm,
             req.training.catalogue.clone(),
+            dropped_t,
         ),
         side(
             &req.inference.backend,
@@ -317,11 +325,12 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             urls,
             &im,
             req.inference.catalogue.clone(),
+            dropped_i,
         ),
     ))
 }
 
-/// `N` bytes from the kernel's random source, in hex (pair uids and data-plane secrets).
+/// `N` bytes from the kernel's random source, in hex (pair uids).
 fn random_hex<const N: usize>() -> Result<String, ApiError> {
     use std::io::Read;
     let mut b = [0u8; N];
@@ -395,7 +404,9 @@ pub(crate) async fn connect(
             req.inference.backend
         )));
     }
-    let (uid, secret) = (random_hex::<16>()?, random_hex::<32>()?);
+    let uid = random_hex::<16>()?;
+    // derived, never stored: a copy of the state directory grants no data plane
+    let secret = gw.secrets.pair_secret(&name, &uid);
     let entry = new_entry(
         &gw,
         EntryParts {
@@ -425,13 +436,35 @@ pub(crate) async fn connect(
                 )));
             }
         }
-        // disconnected pairs count while they are remembered (their tombstone)
-        let held = pairs.len() - usize::from(pairs.contains_key(&name));
-        if held >= gw.config.max_pairs {
+        // live pairs count toward the limit; disconnected ones (remembered for their ranks to
+        // see `disconnect`) do not, and at most as many of them as the limit are remembered:
+        // the oldest is forgotten early to make room
+        let mut tombstones: Vec<(u64, String)> = Vec::new();
+        let mut live = 0;
+        for (n, p) in pairs.iter() {
+            let q = p.lock();
+            if q.state == PairState::Disconnected {
+                if *n != name {
+                    tombstones.push((q.disconnected_unix_ms.unwrap_or(0), n.clone()));
+                }
+            } else {
+                live += 1;
+            }
+        }
+        if live >= gw.config.max_pairs {
             return Err(ApiError::Conflict(format!(
-                "the gateway holds {held} pairs (disconnected ones are remembered for {} ms), its limit; disconnect one and wait, or raise the limit",
-                gw.config.tombstone.as_millis()
+                "the gateway holds {live} live pairs, its limit; disconnect one, or raise the limit"
             )));
+        }
+        if tombstones.len() >= gw.config.max_pairs {
+            tombstones.sort();
+            let excess = tombstones.len() + 1 - gw.config.max_pairs;
+            for (_, old) in tombstones.into_iter().take(excess) {
+                pairs.remove(&old);
+                if let Some(store) = &gw.store {
+                    store.submit(vec![Write::DeletePair(old)]);
+                }
+            }
         }
         if let Some(store) = &gw.store {
             // a remembered disconnected pair of that name is replaced: its rows go first
@@ -575,9 +608,24 @@ pub(crate) fn forget_later(gw: &AppState, name: String, id: u64, keep: Duration)
                 if let Some(store) = &gw.store {
                     store.submit(vec![Write::DeletePair(name)]);
                 }
+                give_back_memory(&mut pairs);
             }
         }
     });
+}
+
+/// Once most pairs are gone, gives their memory back to the system: the map shrinks, and the
+/// allocator returns its free pages (glibc keeps them otherwise).
+fn give_back_memory(pairs: &mut std::collections::HashMap<String, Arc<PairEntry>>) {
+    if pairs.capacity() <= 4 * pairs.len() + 64 {
+        return;
+    }
+    pairs.shrink_to_fit();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the process's own heap.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Brings back every pair the store holds (at start): in-flight updates are failed (the
@@ -649,6 +697,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                         error: r.error,
                         after_ms: r.after_ms,
                         applied: r.applied,
+                        claim: None,
                     };
                 }
             }
@@ -692,6 +741,24 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
         p.events.events = events.into();
         let join_deadline =
             now + Duration::from_millis(rec.join_deadline_unix_ms.saturating_sub(now_ms));
+        let secret = if rec.secret.is_empty() {
+            let derived = gw.secrets.pair_secret(&rec.request.name, &rec.uid);
+            if crate::server::secret::check_value(&derived) != rec.secret_check
+                && p.state != PairState::Disconnected
+            {
+                // ranks running hold the old secret; one joining now would get the new one
+                tracing::error!(pair = %rec.request.name, "the gateway's token changed since this pair was connected: pair join_failed");
+                p.state = PairState::JoinFailed;
+                p.join_error = Some(
+                    "the gateway's token changed since this pair was connected, and its data-plane secret derives from the token: ranks joining now could not reach the ranks already running. Start the gateway with the old token, or disconnect the pair and connect it again".into(),
+                );
+                p.changed(Op::State);
+            }
+            derived
+        } else {
+            // stored by a gateway before derived secrets: kept until the pair goes
+            rec.secret
+        };
         let req = rec.request;
         let urls = req.inference.urls.clone();
         let control = engine_control(&req.inference.backend, &urls).ok().flatten();
@@ -703,7 +770,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                 name: name.clone(),
                 id: rec.id,
                 uid: rec.uid,
-                secret: rec.secret,
+                secret,
                 slots,
                 created_unix_ms: rec.created_unix_ms,
                 join_deadline,

@@ -38,7 +38,7 @@ fn roster_bytes(entry: &PairEntry, p: &mut Pair) -> Bytes {
                     RosterEntry {
                         side,
                         rank,
-                        info: j.info.clone(),
+                        info: without_claim(&j.info),
                     }
                 })
             })
@@ -57,6 +57,16 @@ fn roster_bytes(entry: &PairEntry, p: &mut Pair) -> Bytes {
     let bytes = Bytes::from(serde_json::to_vec(&response).unwrap_or_default());
     p.roster.cached = Some(bytes.clone());
     bytes
+}
+
+/// A rank's info as the other ranks see it: without its claim id (`incarnation`), which binds
+/// the holder's reports and rendezvous writes and is never handed out.
+fn without_claim(info: &serde_json::Value) -> serde_json::Value {
+    let mut v = info.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("incarnation");
+    }
+    v
 }
 
 fn join_failed(entry: &PairEntry, p: &Pair, status: StatusCode) -> ApiError {

@@ -122,6 +122,7 @@ pub(crate) async fn start(
     if pending {
         entry.engine_cmd(EngineCmd::Pause { version, attempt });
     } else {
+        bind_claims(&mut p, version);
         entry.publish(
             &mut p,
             EventKind::Update,
@@ -210,6 +211,19 @@ pub(crate) async fn report(
     if p.state == PairState::Disconnected {
         return Err(ApiError::disconnected(&name));
     }
+    // only the process that held the slot when the version was announced reports for it
+    let announced = p
+        .updates
+        .history
+        .get(&version)
+        .and_then(|u| u.ranks.get(slot))
+        .and_then(|r| r.claim.clone());
+    p.roster.check_reporter(
+        &entry.slots,
+        slot,
+        announced.as_deref(),
+        r.incarnation.as_deref(),
+    )?;
     let Some(u) = p.updates.history.get_mut(&version) else {
         return Err(ApiError::Conflict(format!(
             "pair `{name}` has no update of version {version}; report only versions announced by an `update` event"
@@ -311,6 +325,17 @@ pub(crate) async fn report(
         entry.fail(&mut p, format!("{who} reported failure: {why}"));
     }
     ack(&entry, &p, version)
+}
+
+/// Binds each rank's part of `version` to the claim id of the slot's holder now, as the version
+/// is announced: only that process may report it.
+fn bind_claims(p: &mut Pair, version: u64) {
+    let claims = p.roster.claims();
+    if let Some(u) = p.updates.history.get_mut(&version) {
+        for (r, c) in u.ranks.iter_mut().zip(claims) {
+            r.claim = c;
+        }
+    }
 }
 
 fn ack(entry: &PairEntry, p: &Pair, version: u64) -> Result<Json<ReportAck>, ApiError> {
@@ -576,6 +601,7 @@ impl PairEntry {
             if triggers {
                 self.engine_cmd(EngineCmd::Trigger { version, attempt });
             }
+            bind_claims(&mut p, version);
             self.publish(
                 &mut p,
                 EventKind::Update,
@@ -611,6 +637,14 @@ impl PairEntry {
     /// Fails `version`/`attempt` if it is still unfinished once its deadline passed.
     fn enforce_update_deadline(&self, version: u64, attempt: u32) {
         let mut p = self.lock();
+        // which holders are still there (an event poll open, or seen lately): a rank whose
+        // process died (its poll's connection closed) is told from the live ones that waited
+        let live: Vec<bool> = p
+            .roster
+            .slots
+            .iter()
+            .map(|s| s.as_ref().is_some_and(|j| j.live()))
+            .collect();
         let Some(u) = p.updates.attempt_mut(version, attempt) else {
             return;
         };
@@ -618,23 +652,47 @@ impl PairEntry {
             return;
         }
         let applying = u.applying;
-        for (i, r) in u.ranks.iter_mut().enumerate() {
-            let waiting = if applying {
-                !self.slots.is_training(i) && r.applied.is_none()
-            } else {
-                r.state.is_none()
-            };
-            if waiting {
-                r.missing = true;
-            }
-        }
-        let missing: Vec<usize> = u
+        let waiting: Vec<usize> = u
             .ranks
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.missing)
+            .filter(|(i, r)| {
+                if applying {
+                    !self.slots.is_training(*i) && r.applied.is_none()
+                } else {
+                    r.state.is_none()
+                }
+            })
             .map(|(i, _)| i)
             .collect();
+        let (gone, stayed): (Vec<usize>, Vec<usize>) = waiting
+            .iter()
+            .partition(|&&i| !live.get(i).copied().unwrap_or(false));
+        // the ranks to blame: the gone ones when some are gone and others stayed
+        let blamed = if gone.is_empty() || stayed.is_empty() {
+            &waiting
+        } else {
+            &gone
+        };
+        for &i in blamed {
+            if let Some(r) = u.ranks.get_mut(i) {
+                r.missing = true;
+            }
+        }
+        let missing = blamed.clone();
+        let (did_not, waited_for) = if gone.is_empty() || stayed.is_empty() {
+            ("did not report", String::new())
+        } else {
+            (
+                "are gone without reporting",
+                format!(
+                    " (no event poll open: the process's connection closed, or it was silent for {} s); {} live that did not report waited for them: {}",
+                    crate::server::store::roster::HOLDER_LIVENESS.as_secs(),
+                    stayed.len(),
+                    list_ranks(&self.slots, stayed.iter().copied())
+                ),
+            )
+        };
         let (is_pending, trigger_waiting, finishing, deadline, n) = (
             u.state == UpdateState::Pending,
             u.trigger_waiting,
@@ -662,14 +720,14 @@ impl PairEntry {
             )
         } else if applying {
             format!(
-                "the deadline of {} ms passed while the inference ranks applied the version; {} did not report applying: {}",
+                "the deadline of {} ms passed while the inference ranks applied the version; {} did not report applying: {}{waited_for}",
                 ms(deadline),
                 missing.len(),
                 list_ranks(&self.slots, missing.into_iter())
             )
         } else {
             format!(
-                "the deadline of {} ms passed; {} of {} ranks did not report: {}",
+                "the deadline of {} ms passed; {} of {} ranks {did_not}: {}{waited_for}",
                 ms(deadline),
                 missing.len(),
                 n,

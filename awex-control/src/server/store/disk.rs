@@ -8,19 +8,29 @@
 //! `durable` layer waits for them), so a rank never acts on state a crash could lose.
 //!
 //! Tables, each keyed by the pair name first: `pairs` (what connect fixed: the request, ids,
-//! secret, sides, engine facts), `pair_state` (state, join error, committed / torn versions,
-//! last event seq), `roster` (pair, slot), `kv` (pair, key), `updates` (pair, version: one
-//! attempt's header), `reports` (pair, version, slot: one rank's report, so that a report writes
-//! one small row), `events` (pair, seq), and `meta` (the next pair id). A report or a join
-//! never rewrites the pair.
+//! a check value of the derived secret, sides, engine facts), `pair_state` (state, join error,
+//! committed / torn versions, last event seq), `roster` (pair, slot), `kv` (pair, key),
+//! `updates` (pair, version: one attempt's header), `reports` (pair, version, slot: one rank's
+//! report, so that a report writes one small row), `events` (pair, seq), and `meta` (the next
+//! pair id, the database's id and its commit number). A report or a join never rewrites the
+//! pair.
+//!
+//! Faults: every commit is two-phase and its number is recorded in `gateway.commit`
+//! ([`super::witness`]) before anyone is answered; at start a zero-length, truncated or damaged
+//! file (every page's checksum is checked) and a database older than the record are refused
+//! with a message naming the file. A failed commit keeps its rows queued; the writer reopens
+//! the database and tries again every second, so the gateway recovers when the disk does. The
+//! file is compacted once the last pair is gone.
 
 use awex_core::backend::EngineFacts;
-use redb::{ReadableTable, TableDefinition};
+use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::mpsc;
 use tokio::sync::watch;
+
+use super::witness::{self, Acked, Witness};
 
 pub(crate) const PAIRS: TableDefinition<&str, &[u8]> = TableDefinition::new("pairs");
 pub(crate) const PAIR_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("pair_state");
@@ -73,7 +83,13 @@ pub(crate) struct PairRecord {
     pub(crate) request: crate::wire::ConnectRequest,
     pub(crate) id: u64,
     pub(crate) uid: String,
+    /// The data-plane secret, as gateways before derived secrets stored it (empty since: the
+    /// secret is derived from the gateway's key, see `server::secret`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub(crate) secret: String,
+    /// A check value of the derived secret (tells a restart whether its key changed).
+    #[serde(default)]
+    pub(crate) secret_check: String,
     pub(crate) slots: [u32; 3],
     pub(crate) created_unix_ms: u64,
     pub(crate) join_deadline_unix_ms: u64,
@@ -168,6 +184,37 @@ pub enum StoreError {
         "the state directory {0} is in use by another gateway (its database is locked); stop that gateway or give this one another --state-dir"
     )]
     InUse(PathBuf),
+    /// Another user owns the directory or could read it: the state is refused as ssh refuses
+    /// a key file others can read.
+    #[error("refusing the gateway state directory {path}: {reason}")]
+    Unsafe {
+        /// the directory
+        path: PathBuf,
+        /// what is wrong and what would be right
+        reason: String,
+    },
+    /// The database (or its acknowledged-commit record) is damaged: refused, never served.
+    #[error("the gateway's database {file} cannot be used: {message}; {hint}")]
+    Damaged {
+        /// the damaged file
+        file: PathBuf,
+        /// what is wrong with it
+        message: String,
+        /// what to do
+        hint: &'static str,
+    },
+    /// The database is older than the last commit the gateway acknowledged.
+    #[error(
+        "the gateway's database {file} cannot be used: {message}. Restore the newest backup; or, to run on this older state knowingly, remove {witness} and start again"
+    )]
+    RolledBack {
+        /// the database
+        file: PathBuf,
+        /// what was found
+        message: String,
+        /// the acknowledged-commit record
+        witness: PathBuf,
+    },
     /// The directory or the database could not be opened, read or written.
     #[error("gateway state in {path}: {message}")]
     Io {
@@ -181,13 +228,26 @@ pub enum StoreError {
 /// The database and its writer thread.
 pub(crate) struct Store {
     dir: PathBuf,
-    db: std::sync::Arc<redb::Database>,
+    /// The database, for [`Store::load`] at start (then handed to the writer alone, which
+    /// must be its only holder to reopen it after a failure).
+    db: Mutex<Option<std::sync::Arc<redb::Database>>>,
     tx: Mutex<Option<mpsc::Sender<Batch>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Tickets handed out so far.
     submitted: std::sync::atomic::AtomicU64,
-    /// (tickets committed, the last commit error).
-    synced: watch::Receiver<(u64, Option<String>)>,
+    /// How far the writer got.
+    synced: watch::Receiver<Synced>,
+}
+
+/// How far the writer got: every ticket up to `durable` is on disk; tickets up to `failed` were
+/// tried and failed with `error` (they stay queued and are tried again).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Synced {
+    pub(crate) durable: u64,
+    pub(crate) failed: u64,
+    pub(crate) error: Option<String>,
+    /// When the writes began failing (Unix ms).
+    pub(crate) failing_since_unix_ms: Option<u64>,
 }
 
 fn io(dir: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -197,23 +257,161 @@ fn io(dir: &Path, e: impl std::fmt::Display) -> StoreError {
     }
 }
 
+/// The database file's name in the state directory.
+pub(crate) const DB_FILE: &str = "gateway.redb";
+
+/// What to do about a damaged database, for messages.
+const DAMAGED_HINT: &str = "restore gateway.redb (and gateway.commit) from a backup taken while the gateway was stopped, or move the directory away to start with no pairs (every pair then connects again)";
+
+/// Runs `f`, turning a panic inside the database library (it asserts on some damaged files)
+/// into an error.
+fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "an internal check failed".to_string());
+            Err(format!(
+                "the database library could not read it ({what}): it is truncated or damaged"
+            ))
+        }
+    }
+}
+
+/// The database's builder: a bounded cache (the gateway's state is small; redb's default cache
+/// would keep up to 1 GiB of pages alive).
+fn builder() -> redb::Builder {
+    let mut b = redb::Builder::new();
+    b.set_cache_size(16 << 20);
+    b
+}
+
+/// Creates a new database at `file` without ever leaving a partial one under that name: it
+/// is built under a temporary name (mode 0600), synced, then renamed.
+fn create_db(dir: &Path, file: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(format!("{DB_FILE}.new"));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io(dir, format!("cannot create {}: {e}", tmp.display())))?;
+    let db = builder()
+        .create_file(f)
+        .map_err(|e| io(dir, format!("cannot create {}: {e}", tmp.display())))?;
+    drop(db);
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, file))
+        .and_then(|()| std::fs::File::open(dir))
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(dir, format!("cannot create {}: {e}", file.display())))
+}
+
+/// A database file shorter than its own header says it is (a truncated copy), as a message;
+/// `None` when it is not, or when the header is not one this check reads (then the database
+/// library's own checks speak). The header layout is redb 2's (`tree_store/page_store/
+/// header.rs` and `layout.rs`): the magic number, then at byte 12 the page size, the pages of a
+/// region's header, the data pages of a full region, the number of full regions and the data
+/// pages of the trailing partial region (u32, little-endian); the file is one page of header,
+/// then the regions. Checked first, because redb asserts (panics) on such a file.
+fn truncated(file: &Path) -> Option<String> {
+    use std::io::Read;
+    const MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+    let mut f = std::fs::File::open(file).ok()?;
+    let len = f.metadata().ok()?.len();
+    let mut h = [0u8; 32];
+    f.read_exact(&mut h).ok()?;
+    if h[..9] != MAGIC {
+        return None;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&h[at..at + 4]);
+        u64::from(u32::from_le_bytes(w))
+    };
+    let (page, header_pages, region_pages, full, trailing) =
+        (word(12), word(16), word(20), word(24), word(28));
+    if !page.is_power_of_two() || !(512..=1 << 20).contains(&page) {
+        return None;
+    }
+    let region = (header_pages + region_pages).checked_mul(page)?;
+    let tail = if trailing > 0 {
+        (header_pages + trailing).checked_mul(page)?
+    } else {
+        0
+    };
+    let want = full
+        .checked_mul(region)?
+        .checked_add(tail)?
+        .checked_add(page)?;
+    (len < want).then(|| format!("it is truncated: {len} bytes, where its header describes {want}"))
+}
+
+/// Opens the existing database `file`: a file redb cannot read, one whose newest commit fails
+/// its checksums (never silently replaced by the commit before it: every commit is two-phase),
+/// is refused naming the file.
+fn open_db(dir: &Path, file: &Path) -> Result<redb::Database, StoreError> {
+    let damaged = |message: String| StoreError::Damaged {
+        file: file.to_path_buf(),
+        message,
+        hint: DAMAGED_HINT,
+    };
+    if let Some(message) = truncated(file) {
+        return Err(damaged(message));
+    }
+    let opened = no_panic(|| match builder().create(file) {
+        Ok(db) => Ok(Ok(db)),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Ok(Err(())),
+        Err(e) => Err(e.to_string()),
+    })
+    .map_err(damaged)?;
+    let Ok(mut db) = opened else {
+        return Err(StoreError::InUse(dir.to_path_buf()));
+    };
+    // every page's checksum, every time: a changed byte anywhere is found now, not served
+    no_panic(|| db.check_integrity().map_err(|e| e.to_string())).map_err(damaged)?;
+    Ok(db)
+}
+
 impl Store {
     /// Opens (creating) the database `gateway.redb` in `dir` and starts the writer thread.
+    ///
+    /// Refuses a directory another user owns or can read, a zero-length, truncated or damaged
+    /// database, and one older than the last commit the gateway acknowledged (`gateway.commit`).
     pub(crate) fn open(dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, format!("cannot create it: {e}")))?;
-        let file = dir.join("gateway.redb");
-        let db = match redb::Database::create(&file) {
-            Ok(db) => db,
-            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-                return Err(StoreError::InUse(dir.to_path_buf()));
+        private_dir(dir)?;
+        let file = dir.join(DB_FILE);
+        match std::fs::metadata(&file) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_db(dir, &file)?,
+            Err(e) => return Err(io(dir, format!("cannot read {}: {e}", file.display()))),
+            Ok(m) if m.len() == 0 => {
+                return Err(StoreError::Damaged {
+                    file,
+                    message: "it is empty (0 bytes); a gateway database never is, so its content was lost".into(),
+                    hint: DAMAGED_HINT,
+                });
             }
-            Err(e) => return Err(io(dir, format!("cannot open {}: {e}", file.display()))),
-        };
-        let db = std::sync::Arc::new(db);
-        {
+            Ok(_) => {}
+        }
+        private_file(dir, &file)?;
+        // the database first: its lock says no other gateway writes the record read next
+        let db = open_db(dir, &file)?;
+        let acked = Witness::read(dir).map_err(|message| StoreError::Damaged {
+            file: dir.join(witness::FILE),
+            message,
+            hint: DAMAGED_HINT,
+        })?;
+        let (db_id, seq) = {
             // every table exists from the start, so that readers never meet a missing one
             let w = db.begin_write().map_err(|e| io(dir, e))?;
-            {
+            let ids = {
                 w.open_table(PAIRS).map_err(|e| io(dir, e))?;
                 w.open_table(PAIR_STATE).map_err(|e| io(dir, e))?;
                 w.open_table(ROSTER).map_err(|e| io(dir, e))?;
@@ -221,20 +419,54 @@ impl Store {
                 w.open_table(UPDATES).map_err(|e| io(dir, e))?;
                 w.open_table(REPORTS).map_err(|e| io(dir, e))?;
                 w.open_table(EVENTS).map_err(|e| io(dir, e))?;
-                w.open_table(META).map_err(|e| io(dir, e))?;
-            }
+                let mut meta = w.open_table(META).map_err(|e| io(dir, e))?;
+                let get = |k: &str| -> Result<Option<u64>, StoreError> {
+                    Ok(meta.get(k).map_err(|e| io(dir, e))?.map(|v| v.value()))
+                };
+                let (id, seq) = (get(META_DB_ID)?, get(META_SEQ)?.unwrap_or(0));
+                let id = match id {
+                    Some(id) => id,
+                    None => {
+                        let id = random_u64().map_err(|e| io(dir, e))?;
+                        meta.insert(META_DB_ID, id).map_err(|e| io(dir, e))?;
+                        id
+                    }
+                };
+                (id, seq)
+            };
+            check_acked(dir, &file, acked, ids.0, ids.1)?;
             w.commit().map_err(|e| io(dir, e))?;
-        }
+            ids
+        };
+        let witness = Witness::open(dir).map_err(|e| {
+            io(
+                dir,
+                format!("cannot open {}: {e}", dir.join(witness::FILE).display()),
+            )
+        })?;
+        private_file(dir, witness.path())?;
+        let db = std::sync::Arc::new(db);
         let (tx, rx) = mpsc::channel::<Batch>();
-        let (synced_tx, synced) = watch::channel((0u64, None));
-        let wdb = db.clone();
+        let (synced_tx, synced) = watch::channel(Synced::default());
+        let mut w = Writer {
+            file,
+            db: Some(db.clone()),
+            witness,
+            db_id,
+            seq,
+            pending: Vec::new(),
+            pending_rows: 0,
+            last_ticket: 0,
+            synced: synced_tx,
+            lost: 0,
+        };
         let handle = std::thread::Builder::new()
             .name("awex-gateway-store".into())
-            .spawn(move || writer(&wdb, &rx, &synced_tx))
+            .spawn(move || w.run(&rx))
             .map_err(|e| io(dir, format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
             dir: dir.to_path_buf(),
-            db,
+            db: Mutex::new(Some(db)),
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
             submitted: std::sync::atomic::AtomicU64::new(0),
@@ -261,18 +493,19 @@ impl Store {
         ticket
     }
 
-    /// Waits until every change queued so far is durable; `Err` is the writer's last failure.
+    /// Waits until every change queued so far is durable; `Err` is the writer's failure while
+    /// some of them are not (they stay queued: once the disk takes writes again, they land).
     pub(crate) async fn sync(&self) -> Result<(), String> {
         let want = self.submitted.load(std::sync::atomic::Ordering::SeqCst);
         let mut rx = self.synced.clone();
         loop {
             {
-                let (done, err) = &*rx.borrow_and_update();
-                if *done >= want {
-                    return match err {
-                        Some(e) => Err(e.clone()),
-                        None => Ok(()),
-                    };
+                let s = &*rx.borrow_and_update();
+                if s.durable >= want {
+                    return Ok(());
+                }
+                if s.failed >= want {
+                    return Err(s.error.clone().unwrap_or_default());
                 }
             }
             if rx.changed().await.is_err() {
@@ -281,10 +514,23 @@ impl Store {
         }
     }
 
+    /// How the writes go: `None` when the last one succeeded, else the failure.
+    pub(crate) fn failing(&self) -> Option<Synced> {
+        let s = self.synced.borrow();
+        s.error.is_some().then(|| s.clone())
+    }
+
     /// Reads every pair and the next pair id.
     pub(crate) fn load(&self) -> Result<(Vec<Loaded>, u64), StoreError> {
         let dir = &self.dir;
-        let r = self.db.begin_read().map_err(|e| io(dir, e))?;
+        // read once, at start; the writer is then the database's only holder
+        let db = self
+            .db
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| io(dir, "the state was already loaded"))?;
+        let r = db.begin_read().map_err(|e| io(dir, e))?;
         let e = |e: redb::Error| io(dir, e);
         let pairs = r.open_table(PAIRS).map_err(|x| e(x.into()))?;
         let states = r.open_table(PAIR_STATE).map_err(|x| e(x.into()))?;
@@ -375,10 +621,63 @@ impl Store {
     }
 }
 
+/// Meta keys: the database's random id (tells it from another file), and the sequence number of
+/// its last commit (compared with `gateway.commit`).
+const META_DB_ID: &str = "db_id";
+const META_SEQ: &str = "commit_seq";
+
+fn random_u64() -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Refuses a database older than the last commit the gateway acknowledged, or another database
+/// than the one acknowledged.
+fn check_acked(
+    dir: &Path,
+    file: &Path,
+    acked: Option<Acked>,
+    db_id: u64,
+    seq: u64,
+) -> Result<(), StoreError> {
+    let Some(a) = acked else {
+        if seq > 0 {
+            tracing::warn!(
+                dir = %dir.display(),
+                "no {} beside {}: cannot check that the database holds the last acknowledged commit; it is written from now on",
+                witness::FILE,
+                file.display()
+            );
+        }
+        return Ok(());
+    };
+    let went_back = |message: String| StoreError::RolledBack {
+        file: file.to_path_buf(),
+        message,
+        witness: dir.join(witness::FILE),
+    };
+    if a.db_id != db_id {
+        return Err(went_back(format!(
+            "it is another database than the one the gateway last wrote (id {db_id:016x}, expected {:016x}): it was replaced",
+            a.db_id
+        )));
+    }
+    if seq < a.seq {
+        return Err(went_back(format!(
+            "it holds commit {seq}, but the gateway acknowledged commit {}: the database went back in time (a restored backup, a repair, or a disk that lost writes), so acknowledged state such as committed versions may be missing",
+            a.seq
+        )));
+    }
+    Ok(())
+}
+
 impl Drop for Store {
     /// Lets the writer commit what is queued and waits for it, so that the database is closed
     /// (and its lock released) when the store is gone.
     fn drop(&mut self) {
+        self.db.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(h) = handle {
@@ -387,34 +686,231 @@ impl Drop for Store {
     }
 }
 
-/// The writer thread: commits every queued batch in one transaction, then says how far it got.
-fn writer(
-    db: &redb::Database,
-    rx: &mpsc::Receiver<Batch>,
-    synced: &watch::Sender<(u64, Option<String>)>,
-) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            batch.push(more);
+/// Creates `dir` (mode 0700, parents too) when absent, and refuses one that another user owns
+/// or that others can read, write or enter: it holds the pairs' rosters and rendezvous values
+/// (and, without a token, the key of every pair secret).
+pub(crate) fn private_dir(dir: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io(dir, format!("cannot create it: {e}")))?;
+    }
+    let unsafe_dir = |reason: String| StoreError::Unsafe {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let meta = std::fs::metadata(dir).map_err(|e| io(dir, format!("cannot read it: {e}")))?;
+    if !meta.is_dir() {
+        return Err(unsafe_dir(
+            "it is not a directory; give --state-dir a directory".into(),
+        ));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(unsafe_dir(format!(
+            "it is owned by uid {}, and this gateway runs as uid {me}: that user could read or replace the gateway's state; give --state-dir a directory owned by uid {me} (mode 0700)",
+            meta.uid()
+        )));
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(unsafe_dir(format!(
+            "its mode is {mode:04o}: other users can read or enter it; run `chmod 700 {}` (the gateway creates its directory 0700), or give another --state-dir",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Makes `file` private (mode 0600) if it exists: the directory already keeps others out, this
+/// keeps a copied or moved file private too.
+fn private_file(dir: &Path, file: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(file) {
+        Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| io(dir, format!("cannot chmod 600 {}: {e}", file.display())))
         }
-        let last = batch.last().map_or(0, |b| b.0);
-        let result = commit(db, batch.into_iter().flat_map(|(_, w)| w));
-        let err = match result {
-            Ok(()) => None,
+        _ => Ok(()),
+    }
+}
+
+/// Most row changes kept queued while the disk refuses writes (mutating requests are refused
+/// meanwhile, so only timers add to them); beyond it, further changes are dropped and counted.
+const MAX_PENDING_ROWS: usize = 1 << 20;
+
+/// The writer thread's state: the database (reopened after a failure), the acknowledged-commit
+/// record, and the changes not yet durable.
+struct Writer {
+    file: PathBuf,
+    db: Option<std::sync::Arc<redb::Database>>,
+    witness: Witness,
+    db_id: u64,
+    seq: u64,
+    pending: Vec<Write>,
+    pending_rows: usize,
+    last_ticket: u64,
+    synced: watch::Sender<Synced>,
+    /// Changes dropped because too many were queued while failing.
+    lost: u64,
+}
+
+impl Writer {
+    /// Commits every queued batch in one transaction, then says how far it got; after a failure
+    /// keeps the batches and tries again every second (reopening the database), so that the
+    /// gateway recovers once the disk takes writes again.
+    fn run(&mut self, rx: &mpsc::Receiver<Batch>) {
+        loop {
+            let first = if self.pending.is_empty() {
+                match rx.recv() {
+                    Ok(b) => Some(b),
+                    Err(_) => return,
+                }
+            } else {
+                match rx.recv_timeout(std::time::Duration::from_secs(1)) {
+                    Ok(b) => Some(b),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    // shutting down: one last try for what is queued
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        let _ = self.flush();
+                        return;
+                    }
+                }
+            };
+            if let Some(b) = first {
+                self.queue(b);
+            }
+            while let Ok(more) = rx.try_recv() {
+                self.queue(more);
+            }
+            let _ = self.flush();
+        }
+    }
+
+    fn queue(&mut self, (ticket, writes): Batch) {
+        self.last_ticket = ticket;
+        if self.pending_rows + writes.len() > MAX_PENDING_ROWS {
+            self.lost += writes.len() as u64;
+            return;
+        }
+        self.pending_rows += writes.len();
+        self.pending.extend(writes);
+    }
+
+    /// Tries to make everything queued durable.
+    fn flush(&mut self) -> Result<(), ()> {
+        let result = self.try_commit();
+        let mut s = self.synced.borrow().clone();
+        match result {
+            Ok(()) if self.lost == 0 => {
+                if s.error.is_some() {
+                    tracing::warn!(file = %self.file.display(), "the gateway's state is written again");
+                }
+                s = Synced {
+                    durable: self.last_ticket,
+                    failed: s.failed,
+                    error: None,
+                    failing_since_unix_ms: None,
+                };
+                self.synced.send_replace(s);
+                Ok(())
+            }
+            Ok(()) => {
+                s.failed = self.last_ticket;
+                s.error = Some(format!(
+                    "{} changes were dropped while writes failed; the state on disk misses them: restart the gateway",
+                    self.lost
+                ));
+                s.failing_since_unix_ms.get_or_insert_with(super::unix_ms);
+                self.synced.send_replace(s);
+                Err(())
+            }
             Err(e) => {
-                tracing::error!(error = %e, "the gateway could not persist its state");
-                Some(e.to_string())
+                // a database that met an I/O error refuses every later write: reopen it next time
+                self.db = None;
+                if s.error.is_none() {
+                    tracing::error!(error = %e, file = %self.file.display(), "the gateway could not persist its state; retrying every second");
+                }
+                s.failed = self.last_ticket;
+                s.error = Some(e);
+                s.failing_since_unix_ms.get_or_insert_with(super::unix_ms);
+                self.synced.send_replace(s);
+                Err(())
+            }
+        }
+    }
+
+    fn try_commit(&mut self) -> Result<(), String> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let db = match &self.db {
+            Some(db) => db.clone(),
+            None => {
+                let db = no_panic(|| builder().create(&self.file).map_err(|e| e.to_string()))?;
+                let db = std::sync::Arc::new(db);
+                self.db = Some(db.clone());
+                db
             }
         };
-        synced.send_replace((last, err));
+        let seq = self.seq + 1;
+        let deleted = self
+            .pending
+            .iter()
+            .any(|w| matches!(w, Write::DeletePair(_)));
+        commit(&db, self.pending.iter(), seq).map_err(|e| e.to_string())?;
+        drop(db);
+        self.seq = seq;
+        self.pending.clear();
+        self.pending.shrink_to(1024);
+        self.pending_rows = 0;
+        self.witness
+            .record(Acked {
+                db_id: self.db_id,
+                seq,
+            })
+            .map_err(|e| format!("cannot write {}: {e}", self.witness.path().display()))?;
+        if deleted {
+            self.compact_if_empty();
+        }
+        Ok(())
+    }
+
+    /// Once the last pair is gone, gives the file's free pages back (redb keeps the file at its
+    /// high-water mark otherwise). Best effort: a failure is logged and changes nothing.
+    fn compact_if_empty(&mut self) {
+        let Some(db) = self.db.as_mut().and_then(std::sync::Arc::get_mut) else {
+            return;
+        };
+        let empty = db
+            .begin_read()
+            .ok()
+            .and_then(|r| r.open_table(PAIRS).ok()?.len().ok())
+            == Some(0);
+        if !empty {
+            return;
+        }
+        if let Err(e) = db.compact() {
+            tracing::warn!(error = %e, file = %self.file.display(), "compacting the gateway's database failed");
+        }
     }
 }
 
 // redb's error is large, but it is made once per failed commit (a disk failure), not per row
 #[allow(clippy::result_large_err)]
-fn commit(db: &redb::Database, writes: impl Iterator<Item = Write>) -> Result<(), redb::Error> {
-    let w = db.begin_write()?;
+fn commit<'a>(
+    db: &redb::Database,
+    writes: impl Iterator<Item = &'a Write>,
+    seq: u64,
+) -> Result<(), redb::Error> {
+    let mut w = db.begin_write()?;
+    // the new commit is published only once its pages are on disk: a damaged newest commit is
+    // found at start instead of silently replaced by the one before
+    w.set_two_phase_commit(true);
     {
         let mut pairs = w.open_table(PAIRS)?;
         let mut states = w.open_table(PAIR_STATE)?;
@@ -424,6 +920,7 @@ fn commit(db: &redb::Database, writes: impl Iterator<Item = Write>) -> Result<()
         let mut reports = w.open_table(REPORTS)?;
         let mut events = w.open_table(EVENTS)?;
         let mut meta = w.open_table(META)?;
+        meta.insert(META_SEQ, seq)?;
         for op in writes {
             match op {
                 Write::Pair(n, b) => {
@@ -433,35 +930,35 @@ fn commit(db: &redb::Database, writes: impl Iterator<Item = Write>) -> Result<()
                     states.insert(n.as_str(), b.as_slice())?;
                 }
                 Write::Roster(n, s, b) => {
-                    roster.insert((n.as_str(), s), b.as_slice())?;
+                    roster.insert((n.as_str(), *s), b.as_slice())?;
                 }
                 Write::Kv(n, k, b) => {
                     kv.insert((n.as_str(), k.as_str()), b.as_slice())?;
                 }
                 Write::Update(n, v, Some(b)) => {
-                    updates.insert((n.as_str(), v), b.as_slice())?;
+                    updates.insert((n.as_str(), *v), b.as_slice())?;
                 }
                 Write::Update(n, v, None) => {
-                    updates.remove((n.as_str(), v))?;
-                    let n = n.as_str();
+                    let (n, v) = (n.as_str(), *v);
+                    updates.remove((n, v))?;
                     reports.retain_in((n, v, 0)..=(n, v, u64::MAX), |_, _| false)?;
                 }
                 Write::ClearReports(n, v) => {
-                    let n = n.as_str();
+                    let (n, v) = (n.as_str(), *v);
                     reports.retain_in((n, v, 0)..=(n, v, u64::MAX), |_, _| false)?;
                 }
                 Write::Report(n, v, s, b) => {
-                    reports.insert((n.as_str(), v, s), b.as_slice())?;
+                    reports.insert((n.as_str(), *v, *s), b.as_slice())?;
                 }
                 Write::Event(n, seq, b, keep_from) => {
                     let n = n.as_str();
-                    events.insert((n, seq), b.as_slice())?;
-                    if keep_from > 0 {
-                        events.retain_in((n, 0)..(n, keep_from), |_, _| false)?;
+                    events.insert((n, *seq), b.as_slice())?;
+                    if *keep_from > 0 {
+                        events.retain_in((n, 0)..(n, *keep_from), |_, _| false)?;
                     }
                 }
                 Write::NextId(id) => {
-                    meta.insert("next_id", id)?;
+                    meta.insert("next_id", *id)?;
                 }
                 Write::DeletePair(n) => {
                     let n = n.as_str();

@@ -18,19 +18,31 @@ fn parsed(v: &RawValue) -> Value {
     serde_json::from_str(v.get()).unwrap_or(Value::Null)
 }
 
+/// A stored value as served: a rank's rendezvous value (`rdv.*`) without its claim id
+/// (`incarnation`), which binds the rank's reports and writes to it and so is never handed out.
+fn served(key: &str, v: &RawValue) -> Value {
+    let mut value = parsed(v);
+    if key.starts_with("rdv.") {
+        if let Some(o) = value.as_object_mut() {
+            o.remove("incarnation");
+        }
+    }
+    value
+}
+
 impl KvStore {
     /// Every value, for the roster.
     pub(crate) fn values(&self) -> BTreeMap<String, Value> {
         self.values
             .iter()
-            .map(|(k, (v, _))| (k.clone(), parsed(v)))
+            .map(|(k, (v, _))| (k.clone(), served(k, v)))
             .collect()
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<KvEntry> {
         self.values.get(key).map(|(v, r)| KvEntry {
             key: key.to_string(),
-            value: parsed(v),
+            value: served(key, v),
             revision: *r,
         })
     }

@@ -7,6 +7,7 @@ pub(crate) mod kv;
 pub(crate) mod metrics;
 pub(crate) mod roster;
 pub(crate) mod updates;
+pub(crate) mod witness;
 
 /// Milliseconds since the Unix epoch (for status timestamps).
 pub(crate) fn unix_ms() -> u64 {

@@ -119,6 +119,12 @@ impl Joined {
     }
 }
 
+/// Whether two claim ids are equal, in time independent of where they differ.
+fn same_claim(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
 /// The claim id a rank sends in its info (`incarnation`).
 pub(crate) fn incarnation_of(info: &Value) -> Option<&str> {
     info.get("incarnation").and_then(Value::as_str)
@@ -268,19 +274,59 @@ impl Roster {
         let Some(held) = h.incarnation.as_deref() else {
             return Ok(());
         };
-        if incarnation == Some(held) || !h.live() {
+        if incarnation.is_some_and(|c| same_claim(c, held)) || !h.live() {
             return Ok(());
         }
         let (side, rank) = slots.rank(i);
         let pid_of = |p: Option<u64>| p.map_or("unknown".to_string(), |p| p.to_string());
+        // the holder's claim id is never echoed: it is what binds the slot to its holder
         Err(ApiError::Conflict(format!(
-            "{} is held by a live process (pid {}, incarnation {held}); this second claimant (pid {}, incarnation {}) is refused and changed nothing. Stop the duplicate; a holder counts as gone {} s after its last event poll",
+            "{} is held by a live process (pid {}); this second claimant (pid {}, incarnation {}) is refused and changed nothing. Stop the duplicate; a holder counts as gone {} s after its last event poll",
             rank_name(side, rank),
             pid_of(h.pid),
             pid_of(pid),
             incarnation.unwrap_or("none"),
             HOLDER_LIVENESS.as_secs()
         )))
+    }
+
+    /// Refuses a report for slot `i` that does not carry `holder`, the claim id of the process
+    /// that held the slot when the version was announced (else of the slot's holder now): 409,
+    /// and nothing changes. A slot whose holder joined without a claim id accepts any report.
+    pub(crate) fn check_reporter(
+        &self,
+        slots: &Slots,
+        i: usize,
+        announced: Option<&str>,
+        claim: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let holder = self.slots.get(i).and_then(Option::as_ref);
+        let Some(want) = announced.or_else(|| holder.and_then(|h| h.incarnation.as_deref())) else {
+            return Ok(());
+        };
+        if claim.is_some_and(|c| same_claim(c, want)) {
+            return Ok(());
+        }
+        let (side, rank) = slots.rank(i);
+        let pid = holder
+            .and_then(|h| h.pid)
+            .map_or("unknown".to_string(), |p| p.to_string());
+        Err(ApiError::Conflict(format!(
+            "{} is held by the process (pid {pid}) that joined it before this version was announced; only it may report, with the claim id it joined with (`incarnation`). This report ({}) is refused and changed nothing",
+            rank_name(side, rank),
+            match claim {
+                Some(_) => "another claim id",
+                None => "no claim id",
+            }
+        )))
+    }
+
+    /// Every slot's holder claim id (`None`: empty, or joined without one).
+    pub(crate) fn claims(&self) -> Vec<Option<String>> {
+        self.slots
+            .iter()
+            .map(|s| s.as_ref().and_then(|j| j.incarnation.clone()))
+            .collect()
     }
 
     /// The slot whose current holder is `incarnation`, if any.
@@ -349,7 +395,7 @@ mod tests {
         let e = r.check_claim(&s, 0, Some("bbbb"), Some(8)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "training rank 0 is held by a live process (pid 7, incarnation aaaa); this second claimant (pid 8, incarnation bbbb) is refused and changed nothing. Stop the duplicate; a holder counts as gone 15 s after its last event poll"
+            "training rank 0 is held by a live process (pid 7); this second claimant (pid 8, incarnation bbbb) is refused and changed nothing. Stop the duplicate; a holder counts as gone 15 s after its last event poll"
         );
         assert!(
             r.check_claim(&s, 0, Some("aaaa"), Some(7)).is_ok(),

@@ -33,6 +33,8 @@ pub(crate) struct RankSlot {
     pub(crate) after_ms: Option<u64>,
     /// Atomic pairs, inference ranks: the second report (copied staging into live tensors).
     pub(crate) applied: Option<bool>,
+    /// The claim id of the slot's holder when the version was announced: only it may report.
+    pub(crate) claim: Option<String>,
 }
 
 /// One attempt of one version.

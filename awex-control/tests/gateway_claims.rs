@@ -1,0 +1,212 @@
+//! Reports are bound to the claim of the slot's holder, as joins, rendezvous writes and event
+//! polls are: a token holder that is not the rank cannot commit (or fail) a version for it, and
+//! the claim ids that bind the slots are never handed out (roster, kv, messages).
+
+mod gateway_common;
+
+use awex_control::client::Client;
+use awex_control::server::GatewayConfig;
+use awex_control::wire::{JoinRequest, Report, UpdateState};
+use awex_core::{RankId, Side};
+use gateway_common::{connect_request, start};
+use serde_json::json;
+use std::time::Duration;
+
+const T: (Side, RankId) = (Side::Training, RankId { engine: 0, rank: 0 });
+const I: (Side, RankId) = (Side::Inference, RankId { engine: 0, rank: 0 });
+const T_CLAIM: &str = "c1a1m0000000000t";
+const I_CLAIM: &str = "c1a1m0000000000i";
+
+fn report(side: Side, rank: RankId, ok: bool, claim: Option<&str>) -> Report {
+    Report {
+        side,
+        rank,
+        ok,
+        bytes: 10,
+        checksum: ok.then_some(7),
+        error: (!ok).then(|| "forged".to_string()),
+        attempt: Some(1),
+        incarnation: claim.map(str::to_string),
+    }
+}
+
+/// A ready pair whose two ranks joined with claim ids (as awex's ranks do), version 1 running.
+async fn running(c: &Client, name: &str) {
+    c.connect(&connect_request(name, 1, 1, 1)).await.unwrap();
+    for ((side, _), claim) in [(T, T_CLAIM), (I, I_CLAIM)] {
+        let key = format!(
+            "rdv.{}.0.0",
+            if side == Side::Training {
+                "train"
+            } else {
+                "infer"
+            }
+        );
+        c.put_kv(
+            name,
+            &key,
+            json!({"incarnation": claim, "transport": {"port": 1}}),
+        )
+        .await
+        .unwrap();
+    }
+    let join = |side, rank, claim: &str| JoinRequest {
+        side,
+        rank,
+        info: json!({"incarnation": claim, "pid": 4242, "transport": {"port": 1}}),
+        capabilities: vec![],
+    };
+    let (jt, ji) = (join(T.0, T.1, T_CLAIM), join(I.0, I.1, I_CLAIM));
+    let (a, b) = tokio::join!(c.join(name, &jt), c.join(name, &ji));
+    let roster = a.unwrap();
+    b.unwrap();
+    // nobody learns a claim id from the roster or the rendezvous values
+    let text = serde_json::to_string(&roster).unwrap();
+    assert!(!text.contains(T_CLAIM) && !text.contains(I_CLAIM), "{text}");
+    let kv = c
+        .get_kv(name, "rdv.train.0.0", Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(kv.value, json!({"transport": {"port": 1}}));
+    c.start_update(name, 1).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_report_without_the_holders_claim_is_refused_and_changes_nothing() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "cl").await;
+    c.report("cl", 1, &report(T.0, T.1, true, Some(T_CLAIM)))
+        .await
+        .unwrap();
+    // a token holder posts `ok` for the inference rank: no claim, then a guessed one
+    for claim in [None, Some("0123456789abcdef"), Some(T_CLAIM)] {
+        let e = c
+            .report("cl", 1, &report(I.0, I.1, true, claim))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("inference rank 0/0 is held by the process (pid 4242)"),
+            "{msg}"
+        );
+        assert!(msg.contains("is refused and changed nothing"), "{msg}");
+        assert!(
+            !msg.contains(I_CLAIM),
+            "the holder's claim is never echoed: {msg}"
+        );
+    }
+    // and a forged failure does not fail the version
+    let e = c
+        .report("cl", 1, &report(I.0, I.1, false, None))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    let st = c.update_status("cl", 1).await.unwrap();
+    assert_eq!(st.state, UpdateState::Running, "{st:?}");
+    assert_eq!(st.succeeded, 1);
+    // the rank itself reports, and the version commits
+    c.report("cl", 1, &report(I.0, I.1, true, Some(I_CLAIM)))
+        .await
+        .unwrap();
+    let st = c
+        .wait_update("cl", 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(st.state, UpdateState::Committed, "{st:?}");
+}
+
+#[tokio::test]
+async fn a_rendezvous_write_by_another_claim_is_refused_without_echoing_the_holders_claim() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "kv").await;
+    let e = c
+        .put_kv(
+            "kv",
+            "rdv.infer.0.0",
+            json!({"incarnation": "ffffffffffffffff", "transport": {"port": 9}}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(!e.to_string().contains(I_CLAIM), "{e}");
+    let kv = c
+        .get_kv("kv", "rdv.infer.0.0", Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(kv.value, json!({"transport": {"port": 1}}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_whose_process_died_is_listed_missing_not_the_live_rank_that_waited_for_it() {
+    use awex_control::wire::RankReportState;
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    let mut req = connect_request("gone", 1, 1, 1);
+    req.options.update_deadline_ms = 2_000;
+    c.connect(&req).await.unwrap();
+    let join = |side, rank, claim: &str| JoinRequest {
+        side,
+        rank,
+        info: json!({"incarnation": claim, "pid": 4242}),
+        capabilities: vec![],
+    };
+    let (jt, ji) = (join(T.0, T.1, T_CLAIM), join(I.0, I.1, I_CLAIM));
+    let (a, b) = tokio::join!(c.join("gone", &jt), c.join("gone", &ji));
+    let after = a.unwrap().last_event_seq;
+    b.unwrap();
+    // the training rank waits for work with its poll open, as a live rank does
+    let live = {
+        let c = Client::new(&url, None).unwrap().with_retries(0);
+        tokio::spawn(async move {
+            let mut after = after;
+            loop {
+                match c
+                    .events_as("gone", after, Duration::from_secs(30), Some(T_CLAIM))
+                    .await
+                {
+                    Ok(r) => after = r.last_seq,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        })
+    };
+    // the inference rank's process dies while its poll is open: the connection closes
+    let dying = {
+        let c = Client::new(&url, None).unwrap().with_retries(0);
+        tokio::spawn(async move {
+            let _ = c
+                .events_as("gone", after, Duration::from_secs(30), Some(I_CLAIM))
+                .await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dying.abort();
+    let _ = dying.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.start_update("gone", 1).await.unwrap();
+    let st = c
+        .wait_update("gone", 1, Duration::from_secs(120))
+        .await
+        .unwrap();
+    live.abort();
+    assert_eq!(st.state, UpdateState::Failed, "{st:?}");
+    let error = st.error.unwrap_or_default();
+    assert!(
+        error.contains("1 of 2 ranks are gone without reporting: inference rank 0/0"),
+        "{error}"
+    );
+    assert!(
+        error.contains("1 live that did not report waited for them: training rank 0"),
+        "{error}"
+    );
+    let missing: Vec<_> = st
+        .ranks
+        .iter()
+        .filter(|r| r.state == RankReportState::Missing)
+        .map(|r| r.side)
+        .collect();
+    assert_eq!(missing, vec![Side::Inference], "{:?}", st.ranks);
+}

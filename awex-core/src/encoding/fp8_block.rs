@@ -1,0 +1,302 @@
+//! The FP8 block encoding and its parsing from an HF `quantization_config`.
+//!
+//! A block-FP8 checkpoint (DeepSeek-V3, Kimi-K2, Qwen3-FP8) stores each quantised weight as
+//! `float8_e4m3fn` plus an fp32 `weight_scale_inv` of shape `[ceil(rows / bn), ceil(cols /
+//! bk)]`, one scale per `bn x bk` block (`weight = e4m3 * scale`). The fields and defaults are
+//! the engines' own: vLLM 0.33 `vllm/model_executor/layers/quantization/fp8.py`
+//! (`Fp8Config.from_config`: `quant_method` must contain `fp8`, `activation_scheme` is required
+//! and is `static` or `dynamic`, `weight_block_size` has two entries and needs `dynamic`,
+//! `ignored_layers` or else `modules_to_not_convert`), and SGLang 0.5.23
+//! `sglang/srt/layers/quantization/fp8.py` (`scale_fmt`, which DeepSeek-V3.1 sets to `ue8m0`
+//! for power-of-two scales).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The block edge every known FP8 checkpoint uses (`weight_block_size: [128, 128]`).
+pub const DEFAULT_BLOCK: [u32; 2] = [128, 128];
+
+/// The largest block edge awex accepts (a bound on per-block work and staging).
+pub const MAX_BLOCK_EDGE: u32 = 4096;
+
+/// How a block's scale is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleFormat {
+    /// Any fp32 value (`amax / 448`), what most checkpoints hold.
+    F32,
+    /// A power of two held in fp32 (UE8M0: exponent only), as DeepGEMM wants on Blackwell.
+    Ue8m0,
+}
+
+/// The FP8 block encoding of one tensor: e4m3fn elements and one fp32 scale per block.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fp8Block {
+    /// `[bn, bk]`: rows and columns of one block.
+    pub block: [u32; 2],
+    /// How the scales are stored.
+    pub scale_format: ScaleFormat,
+}
+
+impl Default for Fp8Block {
+    fn default() -> Self {
+        Fp8Block {
+            block: DEFAULT_BLOCK,
+            scale_format: ScaleFormat::F32,
+        }
+    }
+}
+
+/// A `quantization_config` awex cannot encode, with the field at fault.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum QuantConfigError {
+    /// A required field is absent.
+    #[error("quantization_config has no `{field}`; {hint}")]
+    Missing {
+        /// the field name
+        field: &'static str,
+        /// what would be right
+        hint: &'static str,
+    },
+    /// A field holds a value awex does not support.
+    #[error("quantization_config `{field}` is {got}; {hint}")]
+    Unsupported {
+        /// the field name
+        field: &'static str,
+        /// the value found, as JSON
+        got: String,
+        /// what would be right
+        hint: &'static str,
+    },
+}
+
+/// A parsed FP8 `quantization_config`: the encoding plus the layers it leaves alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fp8Config {
+    /// The encoding of every quantised weight.
+    pub encoding: Fp8Block,
+    /// `activation_scheme` (always `dynamic` for block FP8).
+    pub activation_scheme: String,
+    /// `ignored_layers` (or `modules_to_not_convert`): module names kept in their dtype.
+    pub ignored_layers: Vec<String>,
+}
+
+fn unsupported(field: &'static str, v: &Value, hint: &'static str) -> QuantConfigError {
+    QuantConfigError::Unsupported {
+        field,
+        got: v.to_string(),
+        hint,
+    }
+}
+
+impl Fp8Config {
+    /// Parses an HF `quantization_config` object (the value, not the whole `config.json`).
+    pub fn from_hf(q: &Value) -> Result<Fp8Config, QuantConfigError> {
+        if !q.is_object() {
+            return Err(unsupported(
+                "quantization_config",
+                q,
+                "it must be a JSON object such as {\"quant_method\": \"fp8\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]}",
+            ));
+        }
+        let method = q.get("quant_method").ok_or(QuantConfigError::Missing {
+            field: "quant_method",
+            hint: "awex encodes `quant_method: \"fp8\"` checkpoints",
+        })?;
+        match method.as_str() {
+            Some("fp8") => {}
+            _ => {
+                return Err(unsupported(
+                    "quant_method",
+                    method,
+                    "awex encodes block FP8 only (`\"fp8\"`); mxfp8, fp4, gptq, awq and compressed-tensors are not supported",
+                ));
+            }
+        }
+        if let Some(fmt) = q.get("fmt")
+            && fmt.as_str() != Some("e4m3")
+        {
+            return Err(unsupported(
+                "fmt",
+                fmt,
+                "awex writes e4m3 (float8_e4m3fn) elements; e5m2 is not supported",
+            ));
+        }
+        let act = q
+            .get("activation_scheme")
+            .ok_or(QuantConfigError::Missing {
+                field: "activation_scheme",
+                hint: "vLLM requires it; block FP8 uses \"dynamic\"",
+            })?;
+        let activation_scheme = match act.as_str() {
+            Some(s @ ("dynamic" | "static")) => s.to_string(),
+            _ => {
+                return Err(unsupported(
+                    "activation_scheme",
+                    act,
+                    "it must be \"dynamic\" or \"static\" (vLLM's ACTIVATION_SCHEMES)",
+                ));
+            }
+        };
+        let bs = match q.get("weight_block_size") {
+            None | Some(Value::Null) => {
+                return Err(QuantConfigError::Missing {
+                    field: "weight_block_size",
+                    hint: "without it the checkpoint is per-tensor FP8, which awex does not encode; block FP8 sets e.g. [128, 128]",
+                });
+            }
+            Some(v) => v,
+        };
+        let edges: Option<Vec<u32>> = bs.as_array().map(|a| {
+            a.iter()
+                .filter_map(|e| e.as_u64())
+                .filter(|&e| (1..=MAX_BLOCK_EDGE as u64).contains(&e))
+                .map(|e| e as u32)
+                .collect()
+        });
+        let block = match edges.as_deref() {
+            Some(&[bn, bk]) if bs.as_array().map(Vec::len) == Some(2) => [bn, bk],
+            _ => {
+                return Err(unsupported(
+                    "weight_block_size",
+                    bs,
+                    "it must be two integers [rows, cols] from 1 to 4096, e.g. [128, 128]",
+                ));
+            }
+        };
+        if activation_scheme != "dynamic" {
+            return Err(unsupported(
+                "activation_scheme",
+                act,
+                "block FP8 (weight_block_size set) needs \"dynamic\" (vLLM refuses the pair too)",
+            ));
+        }
+        let scale_format = match q.get("scale_fmt") {
+            None | Some(Value::Null) => ScaleFormat::F32,
+            Some(v) if v.as_str() == Some("ue8m0") => ScaleFormat::Ue8m0,
+            Some(v) => {
+                return Err(unsupported(
+                    "scale_fmt",
+                    v,
+                    "it must be absent (fp32 scales) or \"ue8m0\" (power-of-two scales)",
+                ));
+            }
+        };
+        let names = |key: &str| -> Option<Vec<String>> {
+            q.get(key)?.as_array().map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+        };
+        let ignored_layers = names("ignored_layers")
+            .filter(|v| !v.is_empty())
+            .or_else(|| names("modules_to_not_convert"))
+            .unwrap_or_default();
+        Ok(Fp8Config {
+            encoding: Fp8Block {
+                block,
+                scale_format,
+            },
+            activation_scheme,
+            ignored_layers,
+        })
+    }
+
+    /// Parses the `quantization_config` of a whole HF `config.json`; `None` when it has none.
+    pub fn from_hf_model_config(config: &Value) -> Result<Option<Fp8Config>, QuantConfigError> {
+        match config.get("quantization_config") {
+            None | Some(Value::Null) => Ok(None),
+            Some(q) => Fp8Config::from_hf(q).map(Some),
+        }
+    }
+}
+
+impl Fp8Block {
+    /// The scale tensor's shape for a `[rows, cols]` weight: `[ceil(rows / bn), ceil(cols / bk)]`.
+    pub fn scale_shape(&self, rows: u64, cols: u64) -> [u64; 2] {
+        [
+            rows.div_ceil(self.block[0] as u64),
+            cols.div_ceil(self.block[1] as u64),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_a_deepseek_v3_style_config() {
+        let c = Fp8Config::from_hf(&json!({
+            "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+            "weight_block_size": [128, 128]
+        }))
+        .unwrap();
+        assert_eq!(c.encoding, Fp8Block::default());
+        assert_eq!(c.activation_scheme, "dynamic");
+        assert!(c.ignored_layers.is_empty());
+    }
+
+    #[test]
+    fn reads_ue8m0_scales_odd_blocks_and_ignored_layers() {
+        let c = Fp8Config::from_hf(&json!({
+            "activation_scheme": "dynamic", "quant_method": "fp8", "scale_fmt": "ue8m0",
+            "weight_block_size": [64, 32], "modules_to_not_convert": ["lm_head"]
+        }))
+        .unwrap();
+        assert_eq!(c.encoding.block, [64, 32]);
+        assert_eq!(c.encoding.scale_format, ScaleFormat::Ue8m0);
+        assert_eq!(c.ignored_layers, vec!["lm_head".to_string()]);
+        assert_eq!(c.encoding.scale_shape(100, 65), [2, 3]);
+    }
+
+    #[test]
+    fn refuses_what_awex_cannot_encode_naming_the_field() {
+        let base = json!({"activation_scheme": "dynamic", "quant_method": "fp8", "weight_block_size": [128, 128]});
+        let with = |k: &str, v: Value| {
+            let mut q = base.clone();
+            q[k] = v;
+            Fp8Config::from_hf(&q).unwrap_err().to_string()
+        };
+        let without = |k: &str| {
+            let mut q = base.clone();
+            q.as_object_mut().unwrap().remove(k);
+            Fp8Config::from_hf(&q).unwrap_err().to_string()
+        };
+        assert!(
+            with("quant_method", json!("awq"))
+                .starts_with("quantization_config `quant_method` is \"awq\"")
+        );
+        assert!(with("quant_method", json!("mxfp8")).contains("block FP8 only"));
+        assert!(with("fmt", json!("e5m2")).contains("`fmt` is \"e5m2\"; awex writes e4m3"));
+        assert!(without("weight_block_size").contains("per-tensor FP8"));
+        assert!(with("weight_block_size", json!([128])).contains("`weight_block_size` is [128]"));
+        assert!(with("weight_block_size", json!([0, 128])).contains("from 1 to 4096"));
+        assert!(with("weight_block_size", json!([128, 128, 1])).contains("two integers"));
+        assert!(with("activation_scheme", json!("static")).contains("needs \"dynamic\""));
+        assert!(with("activation_scheme", json!("weird")).contains("\"dynamic\" or \"static\""));
+        assert!(without("activation_scheme").contains("no `activation_scheme`"));
+        assert!(without("quant_method").contains("no `quant_method`"));
+        assert!(with("scale_fmt", json!("e8m0x")).contains("`scale_fmt`"));
+        assert!(
+            Fp8Config::from_hf(&json!([1]))
+                .unwrap_err()
+                .to_string()
+                .contains("JSON object")
+        );
+    }
+
+    #[test]
+    fn a_model_config_without_quantization_is_plain() {
+        assert_eq!(
+            Fp8Config::from_hf_model_config(&json!({"hidden_size": 8})),
+            Ok(None)
+        );
+        let c = Fp8Config::from_hf_model_config(&json!({"quantization_config": {
+            "activation_scheme": "dynamic", "quant_method": "fp8", "weight_block_size": [128, 128]}}))
+        .unwrap();
+        assert!(c.is_some());
+    }
+}

@@ -1,0 +1,41 @@
+//! Encodings: how a side stores a tensor, with the CPU reference of each.
+//!
+//! A tensor is stored [`Encoding::Plain`] (bf16/fp16/fp32 elements, as the training side
+//! holds them) or [`Encoding::Fp8Block`] (`float8_e4m3fn` elements plus an fp32 scale per
+//! block, the layout of DeepSeek-V3's, Kimi-K2's and Qwen3's FP8 checkpoints). This module
+//! holds the FP8 format ([`e4m3`]), the encoding and its parsing from an HF
+//! `quantization_config` ([`fp8_block`]), the quantisers awex reproduces byte for byte
+//! ([`recipe`]) and the CPU reference quantiser and dequantiser ([`quantise`]). The GPU kernel
+//! with the same bytes is in `awex-gpu` (`cuda::fp8`).
+
+pub mod e4m3;
+pub mod fp8_block;
+pub mod quantise;
+pub mod recipe;
+
+use crate::dtype::DType;
+use serde::{Deserialize, Serialize};
+
+pub use fp8_block::{Fp8Block, Fp8Config, QuantConfigError, ScaleFormat};
+pub use quantise::{DequantTo, Fp8Quantiser, QuantiseError, Shape2d, dequantise};
+pub use recipe::{Recipe, TorchDevice};
+
+/// How one side stores a tensor.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// Elements of one dtype, as they are.
+    Plain(DType),
+    /// e4m3fn elements and an fp32 `weight_scale_inv` per block.
+    Fp8Block(Fp8Block),
+}
+
+impl Encoding {
+    /// Bytes of one element's payload (the scales are a tensor of their own).
+    pub fn element_size(&self) -> usize {
+        match self {
+            Encoding::Plain(d) => d.size(),
+            Encoding::Fp8Block(_) => 1,
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! Model families: one file per HF class, each parsing its config's own fields and listing
+//! every layer's parts (from the shared [`super::part`] vocabulary) with their shapes, its
+//! presets beside it. The catalogue, its size and every backend's view come from these lists.
+//!
+//! Adding a family: write `family/<name>.rs` with a `pub const FAMILY: Family` (see
+//! `qwen3.rs`), and add it to [`ALL`].
+
+pub(crate) mod llama;
+pub(crate) mod mixtral;
+pub(crate) mod qwen2;
+pub(crate) mod qwen3;
+pub(crate) mod qwen3_moe;
+
+use super::names::{Canon, HfNames};
+use super::part::Part;
+use super::{ModelError, ModelSpec, MoeSpec};
+use crate::dims::Dims;
+use crate::dtype::DType;
+use serde_json::Value;
+
+/// Every family awex knows, in the order `plan --help` lists them.
+pub const ALL: &[&Family] = &[
+    &llama::FAMILY,
+    &qwen2::FAMILY,
+    &qwen3::FAMILY,
+    &qwen3_moe::FAMILY,
+    &mixtral::FAMILY,
+];
+
+/// One model family: its HF class, its names, how it reads a config and which parts a layer has.
+#[derive(Debug)]
+pub struct Family {
+    /// Short name (`qwen3`), for help text and docs.
+    pub name: &'static str,
+    /// The HF class, `architectures[0]` of a config (`Qwen3ForCausalLM`).
+    pub hf_class: &'static str,
+    /// How the family's checkpoints spell its parts.
+    pub names: &'static HfNames,
+    /// Reads the family's own config fields into a spec whose common sizes are already read.
+    pub parse: fn(&Value, &mut ModelSpec) -> Result<(), ModelError>,
+    /// Lists layer `l`'s parts, in checkpoint (catalogue) order.
+    pub layer: fn(&ModelSpec, u64, &mut dyn Sink),
+    /// Built-in presets of the family.
+    pub presets: &'static [Preset],
+}
+
+/// A built-in model.
+#[derive(Debug)]
+pub struct Preset {
+    /// The `--model` name.
+    pub name: &'static str,
+    /// What it is, for help text.
+    pub about: &'static str,
+    /// Its spec (named `name`).
+    pub spec: fn(&str) -> ModelSpec,
+}
+
+/// Receives a family's parts.
+pub trait Sink {
+    /// One tensor.
+    fn part(&mut self, c: Canon, shape: Dims);
+    /// `count` routed experts of layer `l`, each with these parts (in this order).
+    fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]);
+}
+
+impl Family {
+    /// The family of an HF class name.
+    pub fn of(hf_class: &str) -> Result<&'static Family, ModelError> {
+        ALL.iter()
+            .copied()
+            .find(|f| f.hf_class == hf_class)
+            .ok_or_else(|| ModelError::UnknownArchitecture {
+                found: hf_class.to_string(),
+                supported: ALL.iter().map(|f| f.hf_class).collect(),
+            })
+    }
+}
+
+impl PartialEq for Family {
+    fn eq(&self, other: &Self) -> bool {
+        self.hf_class == other.hf_class
+    }
+}
+
+impl Eq for Family {}
+
+/// Every part of `spec` in catalogue order: the embedding, each layer's parts, the final norm
+/// and (untied) the output projection.
+pub fn walk(spec: &ModelSpec, sink: &mut dyn Sink) {
+    let (v, h) = (spec.vocab_size, spec.hidden_size);
+    sink.part(Canon::global(Part::Embed), Dims::new(&[v, h]));
+    let layer = spec.architecture.family().layer;
+    for l in 0..spec.num_layers {
+        layer(spec, l, sink);
+    }
+    sink.part(Canon::global(Part::FinalNorm), Dims::new(&[h]));
+    if !spec.tie_word_embeddings {
+        sink.part(Canon::global(Part::LmHead), Dims::new(&[v, h]));
+    }
+}
+
+// ---- the building blocks family files compose ----
+
+/// Whether the q/k/v (and o) projections carry biases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Biases {
+    /// No bias.
+    None,
+    /// q, k and v biases (Qwen2).
+    Qkv,
+    /// q, k, v and o biases (Llama, Qwen3 with `attention_bias`).
+    QkvO,
+}
+
+/// Grouped-query attention with optional biases and per-head q/k norms, between the input norm
+/// and the post-attention norm (the Llama layout of a layer's first half).
+pub(crate) fn gqa_attention(
+    spec: &ModelSpec,
+    l: u64,
+    biases: Biases,
+    qk_norm: bool,
+    sink: &mut dyn Sink,
+) {
+    let h = spec.hidden_size;
+    let (q, kv) = (spec.q_size(), spec.kv_size());
+    let mut part = |p: Part, shape: &[u64]| sink.part(Canon::at(p, l), Dims::new(shape));
+    part(Part::InputNorm, &[h]);
+    part(Part::Q, &[q, h]);
+    part(Part::K, &[kv, h]);
+    part(Part::V, &[kv, h]);
+    if biases != Biases::None {
+        part(Part::QBias, &[q]);
+        part(Part::KBias, &[kv]);
+        part(Part::VBias, &[kv]);
+    }
+    part(Part::O, &[h, q]);
+    if biases == Biases::QkvO {
+        part(Part::OBias, &[h]);
+    }
+    if qk_norm {
+        part(Part::QNorm, &[spec.head_dim]);
+        part(Part::KNorm, &[spec.head_dim]);
+    }
+    part(Part::PostNorm, &[h]);
+}
+
+/// The gated dense MLP (gate, up, down) of `intermediate` rows.
+pub(crate) fn dense_mlp(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {
+    let (h, i) = (spec.hidden_size, spec.intermediate_size);
+    sink.part(Canon::at(Part::Gate, l), Dims::new(&[i, h]));
+    sink.part(Canon::at(Part::Up, l), Dims::new(&[i, h]));
+    sink.part(Canon::at(Part::Down, l), Dims::new(&[h, i]));
+}
+
+/// A router and routed experts, each a gated MLP whose parts come in `order`.
+pub(crate) fn routed_experts(spec: &ModelSpec, l: u64, order: [Part; 3], sink: &mut dyn Sink) {
+    let Some(m) = &spec.moe else { return };
+    let (h, i) = (spec.hidden_size, m.moe_intermediate_size);
+    sink.part(Canon::at(Part::Router, l), Dims::new(&[m.num_experts, h]));
+    let parts = order.map(|p| {
+        let shape = if p == Part::ExpertDown {
+            [h, i]
+        } else {
+            [i, h]
+        };
+        (p, Dims::new(&shape))
+    });
+    sink.experts(l, m.num_experts, &parts);
+}
+
+/// The common sizes every family's config carries.
+pub(crate) fn common(
+    cfg: &Value,
+    name: &str,
+    family: &'static Family,
+) -> Result<ModelSpec, ModelError> {
+    use super::spec::{opt_bool, opt_uint, uint};
+    let hidden_size = uint(cfg, "hidden_size")?;
+    let num_layers = uint(cfg, "num_hidden_layers")?;
+    let num_heads = uint(cfg, "num_attention_heads")?;
+    let num_kv_heads = opt_uint(cfg, "num_key_value_heads")?.unwrap_or(num_heads);
+    let head_dim = match opt_uint(cfg, "head_dim")? {
+        Some(h) => h,
+        None => {
+            if num_heads == 0 || hidden_size % num_heads != 0 {
+                return Err(ModelError::Inconsistent(format!(
+                    "config has no `head_dim` and num_attention_heads={num_heads} does not divide hidden_size={hidden_size}; set `head_dim` explicitly"
+                )));
+            }
+            hidden_size / num_heads
+        }
+    };
+    let intermediate_size = uint(cfg, "intermediate_size")?;
+    let vocab_size = uint(cfg, "vocab_size")?;
+    let tie_word_embeddings = opt_bool(cfg, "tie_word_embeddings", false)?;
+    let dtype = match cfg.get("torch_dtype").or_else(|| cfg.get("dtype")) {
+        Some(Value::String(s)) => {
+            s.parse()
+                .map_err(|e: crate::dtype::DTypeError| ModelError::BadField {
+                    field: "torch_dtype",
+                    message: e.to_string(),
+                })?
+        }
+        _ => DType::Bf16,
+    };
+    Ok(ModelSpec {
+        name: name.to_string(),
+        architecture: super::Architecture(family),
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        intermediate_size,
+        vocab_size,
+        tie_word_embeddings,
+        attention_bias: false,
+        dtype,
+        moe: None,
+    })
+}
+
+/// A list of layer indices (`mlp_only_layers`).
+pub(crate) fn layer_list(cfg: &Value, field: &'static str) -> Result<Vec<u64>, ModelError> {
+    match cfg.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_u64().ok_or_else(|| ModelError::BadField {
+                    field,
+                    message: format!("expected layer indices, found {v}"),
+                })
+            })
+            .collect(),
+        Some(v) => Err(ModelError::BadField {
+            field,
+            message: format!("expected a list of layer indices, found {v}"),
+        }),
+    }
+}
+
+/// A Llama-shaped dense spec for presets.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dense(
+    family: &'static Family,
+    name: &str,
+    hidden: u64,
+    layers: u64,
+    heads: u64,
+    kv: u64,
+    head_dim: u64,
+    inter: u64,
+    vocab: u64,
+    tied: bool,
+) -> ModelSpec {
+    ModelSpec {
+        name: name.to_string(),
+        architecture: super::Architecture(family),
+        hidden_size: hidden,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv,
+        head_dim,
+        intermediate_size: inter,
+        vocab_size: vocab,
+        tie_word_embeddings: tied,
+        attention_bias: false,
+        dtype: DType::Bf16,
+        moe: None,
+    }
+}
+
+/// `spec` with routed experts.
+pub(crate) fn with_experts(
+    spec: ModelSpec,
+    experts: u64,
+    per_token: u64,
+    moe_inter: u64,
+    dense_layers: Vec<u64>,
+) -> ModelSpec {
+    ModelSpec {
+        moe: Some(MoeSpec {
+            num_experts: experts,
+            experts_per_token: per_token,
+            moe_intermediate_size: moe_inter,
+            decoder_sparse_step: 1,
+            mlp_only_layers: dense_layers,
+        }),
+        ..spec
+    }
+}

@@ -1,0 +1,236 @@
+//! The vocabulary every family and every backend shares: the parts a decoder model can have,
+//! how tensor parallelism splits each one (its role), and which parts engines fuse into one
+//! tensor (engine-neutral fusion groups).
+//!
+//! A family file lists its parts with their shapes ([`super::family`]); a backend maps
+//! (part, role, fusion) to its own names and shards. Neither spells the other's names.
+
+/// A part of a decoder model, without its layer or expert index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Part {
+    /// The token embedding `[vocab, hidden]`.
+    Embed,
+    /// The output projection `[vocab, hidden]` (absent when tied to the embedding).
+    LmHead,
+    /// The norm after the last layer.
+    FinalNorm,
+    /// The norm before attention.
+    InputNorm,
+    /// The norm before the MLP.
+    PostNorm,
+    /// Query projection `[heads * head_dim, hidden]`.
+    Q,
+    /// Key projection `[kv_heads * head_dim, hidden]`.
+    K,
+    /// Value projection `[kv_heads * head_dim, hidden]`.
+    V,
+    /// Query bias.
+    QBias,
+    /// Key bias.
+    KBias,
+    /// Value bias.
+    VBias,
+    /// Attention output projection `[hidden, heads * head_dim]`.
+    O,
+    /// Attention output bias `[hidden]` (added once, after the row-parallel reduction).
+    OBias,
+    /// Per-head query norm `[head_dim]`.
+    QNorm,
+    /// Per-head key norm `[head_dim]`.
+    KNorm,
+    /// MLA: query down projection `[q_lora_rank, hidden]`.
+    QDown,
+    /// MLA: norm after the query down projection `[q_lora_rank]`.
+    QDownNorm,
+    /// MLA: query up projection `[heads * qk_head_dim, q_lora_rank]`.
+    QUp,
+    /// MLA: key/value down projection with the rope part `[kv_lora_rank + rope_dim, hidden]`.
+    KvDown,
+    /// MLA: norm after the key/value down projection `[kv_lora_rank]`.
+    KvDownNorm,
+    /// MLA: key/value up projection `[heads * (nope_dim + v_dim), kv_lora_rank]`.
+    KvUp,
+    /// Dense MLP gate projection `[intermediate, hidden]`.
+    Gate,
+    /// Dense MLP up projection `[intermediate, hidden]`.
+    Up,
+    /// Dense MLP down projection `[hidden, intermediate]`.
+    Down,
+    /// MoE router `[experts, hidden]`.
+    Router,
+    /// MoE router score correction bias `[experts]`.
+    RouterBias,
+    /// One routed expert's gate projection `[moe_intermediate, hidden]`.
+    ExpertGate,
+    /// One routed expert's up projection `[moe_intermediate, hidden]`.
+    ExpertUp,
+    /// One routed expert's down projection `[hidden, moe_intermediate]`.
+    ExpertDown,
+    /// Shared experts' gate projection `[shared_intermediate, hidden]`.
+    SharedGate,
+    /// Shared experts' up projection `[shared_intermediate, hidden]`.
+    SharedUp,
+    /// Shared experts' down projection `[hidden, shared_intermediate]`.
+    SharedDown,
+}
+
+/// How tensor parallelism splits a part (engines agree on these; their padding and fusions
+/// differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Vocabulary-parallel: rows split over TP (padded by each engine).
+    Vocab,
+    /// Column-parallel: output rows (dim 0; a bias's only dim) split over TP.
+    Column,
+    /// Row-parallel: input columns (dim 1) split over TP.
+    Row,
+    /// The same on every TP rank (norms, routers, biases added after a reduction).
+    Replicated,
+    /// One routed expert's matrix: experts split over EP, then column- or row-parallel over
+    /// expert TP.
+    Expert(Split),
+}
+
+/// The TP direction of an expert matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Split {
+    /// Output rows split.
+    Column,
+    /// Input columns split.
+    Row,
+}
+
+/// An engine-neutral fusion group: parts that engines hold as one tensor, concatenated in the
+/// group's slot order along dim 0 (per TP rank).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fusion {
+    /// q, k, v projections.
+    Qkv,
+    /// q, k, v biases.
+    QkvBias,
+    /// Dense gate and up projections.
+    GateUp,
+    /// A routed expert's gate and up projections.
+    ExpertGateUp,
+    /// Shared experts' gate and up projections.
+    SharedGateUp,
+    /// MLA's query down and key/value down projections (both replicated).
+    MlaDown,
+}
+
+impl Part {
+    /// How tensor parallelism splits this part.
+    pub const fn role(self) -> Role {
+        use Part::*;
+        match self {
+            Embed | LmHead => Role::Vocab,
+            Q | K | V | QBias | KBias | VBias | QUp | KvUp | Gate | Up | SharedGate | SharedUp => {
+                Role::Column
+            }
+            O | Down | SharedDown => Role::Row,
+            FinalNorm | InputNorm | PostNorm | OBias | QNorm | KNorm | QDown | QDownNorm
+            | KvDown | KvDownNorm | Router | RouterBias => Role::Replicated,
+            ExpertGate | ExpertUp => Role::Expert(Split::Column),
+            ExpertDown => Role::Expert(Split::Row),
+        }
+    }
+
+    /// The fusion group this part belongs to and its slot in it.
+    pub const fn fusion(self) -> Option<(Fusion, u8)> {
+        use Part::*;
+        Some(match self {
+            Q => (Fusion::Qkv, 0),
+            K => (Fusion::Qkv, 1),
+            V => (Fusion::Qkv, 2),
+            QBias => (Fusion::QkvBias, 0),
+            KBias => (Fusion::QkvBias, 1),
+            VBias => (Fusion::QkvBias, 2),
+            Gate => (Fusion::GateUp, 0),
+            Up => (Fusion::GateUp, 1),
+            ExpertGate => (Fusion::ExpertGateUp, 0),
+            ExpertUp => (Fusion::ExpertGateUp, 1),
+            SharedGate => (Fusion::SharedGateUp, 0),
+            SharedUp => (Fusion::SharedGateUp, 1),
+            QDown => (Fusion::MlaDown, 0),
+            KvDown => (Fusion::MlaDown, 1),
+            _ => return None,
+        })
+    }
+
+    /// Whether the part belongs to one decoder layer.
+    pub const fn per_layer(self) -> bool {
+        !matches!(self, Part::Embed | Part::LmHead | Part::FinalNorm)
+    }
+
+    /// Whether the part belongs to one routed expert of a layer.
+    pub const fn per_expert(self) -> bool {
+        matches!(self, Part::ExpertGate | Part::ExpertUp | Part::ExpertDown)
+    }
+
+    /// A short lowercase name for messages (`q_bias`, `expert_gate`).
+    pub const fn label(self) -> &'static str {
+        use Part::*;
+        match self {
+            Embed => "embed",
+            LmHead => "lm_head",
+            FinalNorm => "final_norm",
+            InputNorm => "input_norm",
+            PostNorm => "post_norm",
+            Q => "q",
+            K => "k",
+            V => "v",
+            QBias => "q_bias",
+            KBias => "k_bias",
+            VBias => "v_bias",
+            O => "o",
+            OBias => "o_bias",
+            QNorm => "q_norm",
+            KNorm => "k_norm",
+            QDown => "q_down",
+            QDownNorm => "q_down_norm",
+            QUp => "q_up",
+            KvDown => "kv_down",
+            KvDownNorm => "kv_down_norm",
+            KvUp => "kv_up",
+            Gate => "gate",
+            Up => "up",
+            Down => "down",
+            Router => "router",
+            RouterBias => "router_bias",
+            ExpertGate => "expert_gate",
+            ExpertUp => "expert_up",
+            ExpertDown => "expert_down",
+            SharedGate => "shared_gate",
+            SharedUp => "shared_up",
+            SharedDown => "shared_down",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fusion_group_holds_parts_of_one_role_in_consecutive_slots() {
+        use Part::*;
+        let all = [
+            Embed, LmHead, FinalNorm, InputNorm, PostNorm, Q, K, V, QBias, KBias, VBias, O, OBias,
+            QNorm, KNorm, QDown, QDownNorm, QUp, KvDown, KvDownNorm, KvUp, Gate, Up, Down, Router,
+            RouterBias, ExpertGate, ExpertUp, ExpertDown, SharedGate, SharedUp, SharedDown,
+        ];
+        let mut groups: std::collections::HashMap<Fusion, Vec<(u8, Role)>> = Default::default();
+        for p in all {
+            if let Some((f, slot)) = p.fusion() {
+                groups.entry(f).or_default().push((slot, p.role()));
+            }
+        }
+        assert_eq!(groups.len(), 6);
+        for (f, mut members) in groups {
+            members.sort_by_key(|m| m.0);
+            let slots: Vec<u8> = members.iter().map(|m| m.0).collect();
+            assert_eq!(slots, (0..members.len() as u8).collect::<Vec<_>>(), "{f:?}");
+            assert!(members.iter().all(|m| m.1 == members[0].1), "{f:?}");
+        }
+    }
+}

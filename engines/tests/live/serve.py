@@ -1,0 +1,310 @@
+"""What the live-server tests share: starting processes with their logs kept, waiting for a
+server with a deadline, ending every process by its PID (its process group: a server's own
+children go with it), the gateway (``awex-cli serve``), the training job, and the HF reference
+(greedy decoding with transformers on the trainer's weights of a version)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+#: greedy tokens the server generates per check (with ``ignore_eos``)
+TOKENS = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path: str, n: int = 6000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+class Proc:
+    """A process in its own process group, its output in ``log``; ``stop`` ends the group."""
+
+    def __init__(self, name: str, argv: list[str], log: str, env: dict[str, str] | None = None) -> None:
+        self.name, self.log = name, log
+        self.out = open(log, "w")
+        self.p = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
+        self.pid = self.p.pid
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def check(self) -> None:
+        """Raises with the log's tail if the process exited."""
+        if not self.alive():
+            raise RuntimeError(f"{self.name} (pid {self.pid}) exited with {self.p.returncode}; "
+                               f"the end of {self.log}:\n{tail(self.log)}")
+
+    def stop(self, grace_s: float = 20.0, sig: int = signal.SIGTERM) -> None:
+        """Sends ``sig`` to the process group, then SIGKILL after ``grace_s``."""
+        for s in (sig, signal.SIGKILL):
+            try:
+                os.killpg(self.pid, s)
+            except ProcessLookupError:
+                break
+            try:
+                self.p.wait(grace_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # what the leader left behind
+        except ProcessLookupError:
+            pass
+        self.out.close()
+
+
+def http(url: str, body: Any = None, timeout: float = 60.0, method: str | None = None) -> tuple[int, Any]:
+    """``(status, parsed JSON or text)`` of one request."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method or ("GET" if body is None else "POST"),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw, status = r.read(), r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def wait_http(proc: Proc, url: str, deadline_s: float) -> float:
+    """Waits until ``url`` answers 200 (``proc`` exiting first is an error); returns the seconds."""
+    start = time.monotonic()
+    while True:
+        proc.check()
+        try:
+            if http(url, timeout=5)[0] == 200:
+                return time.monotonic() - start
+        except OSError:
+            pass
+        if time.monotonic() - start > deadline_s:
+            raise TimeoutError(f"{proc.name} did not answer {url} within {deadline_s:.0f} s; "
+                               f"the end of {proc.log}:\n{tail(proc.log)}")
+        time.sleep(2)
+
+
+def awex_cli() -> str:
+    for c in (os.environ.get("AWEX_CLI"), f"{ROOT}/target/debug/awex-cli", f"{ROOT}/target/release/awex-cli",
+              shutil.which("awex-cli")):
+        if c and os.path.exists(c):
+            return c
+    raise RuntimeError("no awex-cli binary (cargo build -p awex-cli, or set AWEX_CLI)")
+
+
+def start_gateway(d: str) -> tuple[Proc, str]:
+    port = free_port()
+    p = Proc("the gateway", [awex_cli(), "serve", "--bind", f"127.0.0.1:{port}", "--ephemeral"],
+             os.path.join(d, "gateway.log"))
+    url = f"http://127.0.0.1:{port}"
+    wait_http(p, url + "/healthz", 60)
+    return p, url
+
+
+class Job:
+    """The training job (``trainer.py``): WORLD FSDP2 ranks over gloo, one process each."""
+
+    def __init__(self, d: str, gateway: str, pair: str, model_dir: str, versions: list[int],
+                 hold: int | None = None, world: int = 2, tag: str = "job") -> None:
+        self.d = d
+        port = free_port()
+        spec = json.dumps({"versions": versions, "hold": hold})
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        self.ranks = [
+            Proc(f"training rank {r} ({tag})",
+                 [sys.executable, os.path.join(HERE, "trainer.py"), str(r), str(world), str(port), gateway, pair,
+                  model_dir, d, spec],
+                 os.path.join(d, f"{tag}-rank{r}.out"), env=env)
+            for r in range(world)
+        ]
+
+    def check(self) -> None:
+        for p in self.ranks:
+            if not p.alive() and p.p.returncode != 0:
+                p.check()
+
+    def joined(self) -> bool:
+        """Whether every rank of this job joined the pair (its log says ``joined`` after its
+        last ``attached``: a restarted job appends to the same logs)."""
+        return all("joined" in tail(os.path.join(self.d, f"rank{r}.log"), 10**6).rsplit("attached", 1)[-1]
+                   for r in range(len(self.ranks)))
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.ranks:
+            p.p.wait(max(1.0, deadline - time.monotonic()))
+            if p.p.returncode != 0:
+                p.check()
+
+    def kill(self) -> None:
+        for p in self.ranks:
+            p.stop(grace_s=10, sig=signal.SIGKILL)
+
+    def stop(self) -> None:
+        for p in self.ranks:
+            p.stop(grace_s=10)
+
+
+def hf_greedy(model_dir: str, weights: str | None, prompt: list[int], n: int = TOKENS) -> tuple[list[int], list[float]]:
+    """Greedy decoding of ``n`` tokens with transformers' own forward on the model (the weights of
+    ``weights``, a ``{name: tensor}`` file the trainer wrote, else the saved model): the tokens and
+    each one's log-probability."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if weights is not None:
+        missing, unexpected = model.load_state_dict(torch.load(weights), strict=False)
+        if missing or unexpected:
+            raise RuntimeError(f"{weights}: missing {missing}, unexpected {unexpected}")
+    ids, toks, lps = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            lp = torch.log_softmax(logits, -1)
+            t = int(torch.argmax(logits))
+            toks.append(t)
+            lps.append(float(lp[t]))
+            ids.append(t)
+    return toks, lps
+
+
+#: the largest difference allowed between a server's and transformers' log-probability of a
+#: generated token (float32 on both sides; the engines' CPU kernels and transformers' sum differently)
+LOGPROB_TOL = 1e-3
+#: how long one update (or a re-join) may take on a loaded 2-core machine
+UPDATE_S = 300.0
+
+
+def completion(url: str, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """The server's greedy tokens for ``prompt`` (``/v1/completions``, ``ignore_eos``) and their
+    log-probabilities."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": TOKENS, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True, "logprobs": 1}
+    status, out = http(url + "/v1/completions", body, timeout=120)
+    if status != 200:
+        raise AssertionError(f"/v1/completions answered {status}: {out}")
+    choice = out["choices"][0]
+    return [int(t) for t in choice["token_ids"]], [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+
+def assert_serves(url: str, model_dir: str, weights: str | None, what: str) -> list[int]:
+    """Checks that the server at ``url`` generates what transformers does with ``weights``;
+    returns the tokens."""
+    import tiny_model
+
+    prompt = tiny_model.prompt_ids(model_dir)
+    want, want_lp = hf_greedy(model_dir, weights, prompt)
+    got, got_lp = completion(url, prompt)
+    assert got == want, f"{what}: the server generates {got}, transformers on the trainer's weights {want}"
+    worst = max(abs(a - b) for a, b in zip(got_lp, want_lp))
+    assert worst <= LOGPROB_TOL, f"{what}: log-probabilities differ by up to {worst:.2e} (> {LOGPROB_TOL})"
+    return want
+
+
+def wait_for(cond, timeout: float, what: str, check=lambda: None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def scenario(live: dict[str, Any], pair: str, infer: str, served_version,
+             failed_version_reported: str | None = None) -> None:
+    """The live tests' story against one started server (``live``: ``dir``, ``model``,
+    ``gateway``, ``url``, ``server``, ``procs``): the untouched server generates what
+    transformers does with the saved model; an FSDP2 job (dp 2) connected through the gateway
+    with the server's URL (an atomic pair) sends versions 1-3, each committed, served (greedy
+    tokens equal, log-probabilities within ``LOGPROB_TOL``) and reported by
+    ``served_version(url)``; version 4 runs while the job is killed: it fails, the server answers
+    with version 3 and reports it; a restarted job (the same steps) retries, version 4 commits
+    and is served. ``failed_version_reported``: what the server is known to report after the
+    failed version instead of version 3 (a known gap, see the caller), else None."""
+    import awex
+
+    d, url, model = live["dir"], live["url"], live["model"]
+    before = assert_serves(url, model, None, "before any update")
+    ctl = awex.Controller(live["gateway"])
+    ctl.connect(pair, model=model, train="fsdp:dp=2", infer=infer, transport="tcp", urls=[url], atomic=True,
+                join_deadline_s=UPDATE_S, update_deadline_s=60)
+    job = Job(d, live["gateway"], pair, model, versions=[1, 2, 3, 4], hold=4)
+    try:
+        ctl.wait_ready(UPDATE_S)
+        served = {0: before}
+        for v in (1, 2, 3):
+            t0 = time.monotonic()
+            st = ctl.update(v, timeout=UPDATE_S)
+            assert st["state"] == "committed", st
+            print(f"version {v} committed in {time.monotonic() - t0:.1f} s")
+            served[v] = assert_serves(url, model, os.path.join(d, f"v{v}.pt"), f"version {v}")
+            assert served[v] != served[v - 1], f"versions {v - 1} and {v} generate the same tokens: the check cannot fail"
+            assert served_version(url) == str(v)
+
+        # version 4: rank 1 holds its part back; the job is killed while the version runs
+        ctl.start_update(4)
+        wait_for(lambda: os.path.exists(os.path.join(d, "held4")), UPDATE_S, "held version 4", job.check)
+        wait_for(lambda: (ctl.status(pair)["current_update"] or {}).get("state") == "running", 60,
+                 "running version 4")
+        job.kill()
+        try:
+            ctl.wait_update(4, timeout=UPDATE_S)
+        except awex.UpdateFailed as e:
+            print(f"version 4 failed as it must: {e}")
+        else:
+            raise AssertionError("version 4 committed although the training job was killed while it ran")
+        st = ctl.status(pair)
+        assert (st["torn_version"], st["serving_version"]) == (None, 3), st
+        live["server"].check()
+        if failed_version_reported is None:
+            wait_for(lambda: served_version(url) == "3", 60, "version 3 reported after the failure")
+        else:
+            reported = served_version(url)
+            print(f"after the failed version 4 the server reports version {reported!r} (known gap)")
+            assert reported in ("3", failed_version_reported), reported
+        assert assert_serves(url, model, os.path.join(d, "v3.pt"), "after the failed version 4") == served[3]
+
+        # the retry: a restarted job takes the same four steps and sends version 4 again
+        job = Job(d, live["gateway"], pair, model, versions=[4], tag="restart")
+        wait_for(job.joined, UPDATE_S, "re-join of the restarted job", job.check)
+        st = ctl.update(4, timeout=UPDATE_S)
+        assert (st["state"], st["attempt"]) == ("committed", 2), st
+        assert_serves(url, model, os.path.join(d, "v4.pt"), "version 4, retried")
+        assert served_version(url) == "4"
+        job.wait(120)
+    except BaseException:
+        for p in job.ranks + live["procs"]:
+            print(f"--- the end of {p.log}:\n{tail(p.log)}")
+        for r in range(2):
+            print(f"--- training rank {r}'s log:\n{tail(os.path.join(d, f'rank{r}.log'))}")
+        raise
+    finally:
+        job.stop()
+        try:
+            ctl.disconnect(pair)
+        except Exception:  # noqa: BLE001 -- the pair may be gone with a failure above
+            pass

@@ -1,0 +1,125 @@
+"""A live SGLang server updated by awex from a real training job, end to end on CPU.
+
+SGLang 0.5.23 (the real-engine venv, plus the HTTP server's packages from
+``engines/sglang-server-pkgs.sh``) serves a tiny Qwen3 made on the spot (``tiny_model.py``) with
+its CPU engine, started as users start it::
+
+    SGLANG_USE_CPU_ENGINE=1 AWEX_GATEWAY=... AWEX_PAIR=... python -m sglang.launch_server \\
+        --model-path MODEL --tp 2 --device cpu --attention-backend torch_native \\
+        --sampling-backend pytorch --custom-weight-loader awex.sglang.receive ...
+
+with ``cpu_kernels/`` on its ``PYTHONPATH``: a pure-torch ``sgl_kernel`` stand-in (every
+``sgl-kernel`` wheel on the index is a CUDA build; see its docstring for the names it provides),
+the only code in the server that is not SGLang's or awex's. Then the story of
+``serve.scenario``: a real FSDP2 job sends three versions through the gateway, each served
+(``/v1/completions`` greedy tokens equal transformers' on the trainer's weights, log-probabilities
+within ``serve.LOGPROB_TOL``) and reported (``/model_info``'s ``weight_version``); the job killed
+mid-update fails the version, the server keeps serving the previous one (but reports the failed
+version's number: a known gap, see the test); the retry commits.
+
+``AWEX_SGLANG_SERVER_PKGS`` names the package folder (``.ci/engines`` sets it;
+``AWEX_REQUIRE_LIVE=1`` makes a missing one fail instead of skip); ``AWEX_LIVE_TP`` (default 2)
+is the server's tensor parallel size; ``AWEX_LIVE_KEEP=1`` keeps the scratch folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+import pytest
+
+import serve
+import tiny_model
+
+awex = pytest.importorskip("awex")
+
+# the server's start-up (4-5 minutes on a loaded 2-core machine) counts against the first test
+pytestmark = pytest.mark.timeout(2400)
+
+PKGS = os.environ.get("AWEX_SGLANG_SERVER_PKGS", "")
+TP = int(os.environ.get("AWEX_LIVE_TP", "2"))
+PAIR = "live-sglang"
+KERNELS = os.path.join(serve.HERE, "cpu_kernels")
+START_S = 900.0
+
+
+@pytest.fixture(scope="module")
+def live():
+    if not PKGS or not os.path.isdir(os.path.join(PKGS, "uvicorn")):
+        why = f"no live SGLang server packages (AWEX_SGLANG_SERVER_PKGS={PKGS!r}; engines/sglang-server-pkgs.sh builds them)"
+        if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
+            pytest.fail(why)
+        pytest.skip(why)
+    d = tempfile.mkdtemp(prefix="awex-live-sglang-")
+    procs: list[serve.Proc] = []
+    try:
+        model = tiny_model.make(os.path.join(d, "model"))
+        gw_proc, gw = serve.start_gateway(d)
+        procs.append(gw_proc)
+        port = serve.free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "AWEX_"))}
+        path = [KERNELS, PKGS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env.update(
+            SGLANG_USE_CPU_ENGINE="1", AWEX_GATEWAY=gw, AWEX_PAIR=PAIR, AWEX_ENGINE="0",
+            PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+            # PyPI's torch ships a libnccl that SGLang would load for its CPU TP group
+            # ("Expected a cuda device, but got: cpu"): point it at nothing
+            SGLANG_NCCL_SO_PATH=os.path.join(d, "no-libnccl.so"),
+            SGLANG_CPU_OMP_THREADS_BIND="0|1" if TP == 2 else "0")
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--served-model-name", "tiny",
+                "--host", "127.0.0.1", "--port", str(port), "--tp", str(TP), "--device", "cpu",
+                "--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--dtype", "float32",
+                "--max-total-tokens", "4096", "--max-running-requests", "4", "--disable-cuda-graph",
+                "--custom-weight-loader", "awex.sglang.receive"]
+        server = serve.Proc("the SGLang server", argv, os.path.join(d, "sglang.log"), env=env)
+        procs.append(server)
+        url = f"http://127.0.0.1:{port}"
+        took = serve.wait_http(server, url + "/health", START_S)
+        print(f"SGLang server (tp {TP}) answered /health after {took:.0f} s")
+        yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
+    except BaseException:
+        for p in procs:
+            print(f"--- the end of {p.log}:\n{serve.tail(p.log)}")
+        raise
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        if os.environ.get("AWEX_LIVE_KEEP"):
+            print(f"kept {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def served_version(url: str) -> str | None:
+    """The version SGLang reports (``/model_info``'s ``weight_version``,
+    ``srt/entrypoints/http_server.py``)."""
+    status, out = serve.http(url + "/model_info", timeout=30)
+    assert status == 200, f"/model_info answered {status}: {out}"
+    return out["weight_version"]
+
+
+def test_assign_req_to_token_pool_cpu_writes_each_requests_slots_after_the_earlier_ones() -> None:
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("sgl_kernel_standin", os.path.join(KERNELS, "sgl_kernel", "__init__.py"))
+    k = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(k)
+    pool = torch.full((3, 6), -1, dtype=torch.int32)
+    k.assign_req_to_token_pool_cpu(torch.tensor([2, 0]), pool, torch.tensor([1, 0]), torch.tensor([3, 3]),
+                                   torch.tensor([10, 11, 20, 21, 22]), 6)
+    assert pool.tolist() == [[20, 21, 22, -1, -1, -1], [-1] * 6, [-1, 10, 11, -1, -1, -1]]
+    with pytest.raises(NotImplementedError, match="copy_all_layer_kv_cache_cpu"):
+        k.copy_all_layer_kv_cache_cpu()
+
+
+def test_live_sglang_serves_each_committed_version_and_the_last_one_after_a_killed_trainer(live) -> None:
+    # Known gap: SGLang records the trigger's `weight_version` once the loader returned, and
+    # awex's loader returns (SGLang 0.5.23 ends the server on a loader exception) also when the
+    # version failed, so after the failed version 4 the server reports "4" while it serves
+    # version 3's weights (checked); the gateway does not set the version back yet.
+    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version, failed_version_reported="4")

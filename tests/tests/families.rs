@@ -1,0 +1,202 @@
+//! A family added through its family file alone (Mixtral) gets every backend's own names: each
+//! backend maps the family's parts, roles and fusions, and spells nothing of Mixtral itself.
+
+use awex_core::backend::side_layout;
+use awex_core::layout::{RankId, Side, SideLayout};
+use awex_core::model::presets;
+use awex_core::{BackendSpec, ModelSpec};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn layout(side: Side, spec: &str, model: &ModelSpec) -> Arc<dyn SideLayout> {
+    std::hint::black_box(awex_tests::link_backends());
+    let s: BackendSpec = spec.parse().unwrap();
+    side_layout(side, &s, model).unwrap_or_else(|e| panic!("{spec}: {e}"))
+}
+
+/// Rank `rank`'s local tensors: local name -> the canonical names placed in it.
+fn tensors(l: &dyn SideLayout, rank: RankId) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for t in l.rank_layout(rank).unwrap().tensors {
+        let mut c: Vec<String> = t
+            .placements
+            .iter()
+            .map(|p| p.canonical.to_string())
+            .collect();
+        c.dedup();
+        out.insert(t.name.to_string(), c);
+    }
+    out
+}
+
+fn mixtral() -> ModelSpec {
+    presets::preset("mixtral-tiny").unwrap()
+}
+
+#[test]
+fn sglang_holds_mixtral_experts_fused_under_block_sparse_moe() {
+    let l = layout(Side::Inference, "sglang:tp=2,ep=2", &mixtral());
+    let t = tensors(&*l, RankId::infer(0, 1));
+    let p = "model.layers.3";
+    // sglang/srt/models/mixtral.py: `block_sparse_moe.experts` is a FusedMoE, the gate a
+    // ReplicatedLinear, the attention a QKVParallelLinear
+    assert_eq!(
+        t[&format!("{p}.block_sparse_moe.experts.w13_weight")],
+        (4..8)
+            .flat_map(
+                |e| ["w1", "w3"].map(|w| format!("{p}.block_sparse_moe.experts.{e}.{w}.weight"))
+            )
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        t[&format!("{p}.block_sparse_moe.experts.w2_weight")],
+        (4..8)
+            .map(|e| format!("{p}.block_sparse_moe.experts.{e}.w2.weight"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        t[&format!("{p}.block_sparse_moe.gate.weight")],
+        vec![format!("{p}.block_sparse_moe.gate.weight")]
+    );
+    assert_eq!(t[&format!("{p}.self_attn.qkv_proj.weight")].len(), 3);
+    assert!(!t.keys().any(|n| n.contains(".mlp.")), "{t:?}");
+}
+
+#[test]
+fn vllm_holds_mixtral_experts_below_routed_experts() {
+    let l = layout(Side::Inference, "vllm:tp=2,ep=2", &mixtral());
+    let t = tensors(&*l, RankId::infer(0, 0));
+    // vllm/model_executor/models/mixtral.py: `block_sparse_moe.experts` is a FusedMoE whose
+    // runner holds the weights in `routed_experts`
+    assert!(t.contains_key("model.layers.0.block_sparse_moe.experts.routed_experts.w13_weight"));
+    assert!(t.contains_key("model.layers.0.block_sparse_moe.experts.routed_experts.w2_weight"));
+    assert!(t.contains_key("model.layers.0.block_sparse_moe.gate.weight"));
+}
+
+#[test]
+fn megatron_holds_mixtral_experts_in_its_own_names() {
+    let l = layout(Side::Training, "megatron:tp=2,ep=2,etp=1", &mixtral());
+    let t = tensors(&*l, RankId::train(1));
+    assert_eq!(
+        t["decoder.layers.0.mlp.router.weight"],
+        vec!["model.layers.0.block_sparse_moe.gate.weight".to_string()]
+    );
+    // global experts 4..8 on EP rank 1, gate then up rows in linear_fc1
+    assert_eq!(
+        t["decoder.layers.0.mlp.experts.linear_fc1.weight0"],
+        vec![
+            "model.layers.0.block_sparse_moe.experts.4.w1.weight".to_string(),
+            "model.layers.0.block_sparse_moe.experts.4.w3.weight".to_string()
+        ]
+    );
+}
+
+#[test]
+fn fsdp_holds_mixtral_in_checkpoint_names_or_transformers_5_fused_experts() {
+    let l = layout(Side::Training, "fsdp:dp=2", &mixtral());
+    let t = tensors(&*l, RankId::train(0));
+    let names: Vec<&String> = t.keys().collect();
+    assert!(
+        t.contains_key("model.layers.0.block_sparse_moe.experts.3.w2.weight"),
+        "{names:?}"
+    );
+    // transformers 5 renames `block_sparse_moe` to `mlp` in memory (conversion_mapping.py) and
+    // fuses the experts: `mlp.gate.weight`, `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`
+    let l = layout(Side::Training, "fsdp:dp=2,fused_experts=1", &mixtral());
+    let t = tensors(&*l, RankId::train(1));
+    assert_eq!(
+        t["model.layers.0.mlp.gate.weight"],
+        vec!["model.layers.0.block_sparse_moe.gate.weight".to_string()]
+    );
+    assert_eq!(
+        t["model.layers.0.mlp.experts.gate_up_proj"],
+        (4..8)
+            .flat_map(|e| ["w1", "w3"]
+                .map(|w| format!("model.layers.0.block_sparse_moe.experts.{e}.{w}.weight")))
+            .collect::<Vec<_>>()
+    );
+    assert!(!t.keys().any(|n| n.contains("block_sparse_moe")), "{t:?}");
+}
+
+/// qwen3-tiny with attention_bias: q/k/v and o_proj biases (transformers' Qwen3).
+fn qwen3_biased() -> ModelSpec {
+    ModelSpec {
+        attention_bias: true,
+        ..presets::preset("qwen3-tiny").unwrap()
+    }
+}
+
+#[test]
+fn qwen3_o_proj_bias_is_whole_on_every_rank_of_megatron_fsdp_and_sglang() {
+    let m = qwen3_biased();
+    let o_bias = "model.layers.2.self_attn.o_proj.bias".to_string();
+    // Megatron-Core: RowParallelLinear's bias is not split (added after the reduction)
+    let l = layout(Side::Training, "megatron:tp=2", &m);
+    for r in 0..2 {
+        let t = tensors(&*l, RankId::train(r));
+        assert_eq!(
+            t["decoder.layers.2.self_attention.linear_proj.bias"],
+            vec![o_bias.clone()]
+        );
+    }
+    // FSDP + TP: transformers' rowwise plan replicates the bias over TP
+    let l = layout(Side::Training, "fsdp:tp=2", &m);
+    let h = l.holders(&o_bias);
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ranks.len(), 2);
+    // SGLang 0.5.23 (models/qwen3.py): o_proj = RowParallelLinear(bias=attention_bias)
+    let l = layout(Side::Inference, "sglang:tp=2", &m);
+    for r in 0..2 {
+        let t = tensors(&*l, RankId::infer(0, r));
+        assert_eq!(t[&o_bias], vec![o_bias.clone()]);
+    }
+    assert!(l.dropped().is_empty());
+}
+
+#[test]
+fn vllm_holds_no_qwen3_o_proj_bias_and_says_it_drops_it() {
+    let m = qwen3_biased();
+    let l = layout(Side::Inference, "vllm:tp=2", &m);
+    let t = tensors(&*l, RankId::infer(0, 0));
+    assert!(!t.keys().any(|n| n.contains("o_proj.bias")), "{t:?}");
+    assert!(t.contains_key("model.layers.0.self_attn.qkv_proj.bias"));
+    assert!(l.holders("model.layers.0.self_attn.o_proj.bias").is_empty());
+    assert_eq!(
+        l.dropped(),
+        (0..4)
+            .map(|i| format!("model.layers.{i}.self_attn.o_proj.bias"))
+            .collect::<Vec<_>>()
+    );
+    // vLLM's Llama keeps the o_proj bias (models/llama.py: bias_o_proj = attention_bias)
+    let llama = ModelSpec {
+        architecture: awex_core::model::Architecture::Llama,
+        ..m
+    };
+    let l = layout(Side::Inference, "vllm:tp=2", &llama);
+    assert!(l.dropped().is_empty());
+    assert_eq!(l.holders("model.layers.0.self_attn.o_proj.bias").len(), 1);
+}
+
+#[test]
+fn a_plan_into_vllm_moves_everything_but_the_dropped_tensors() {
+    let m = qwen3_biased();
+    let cat = awex_core::Catalogue::of(&m);
+    let t = layout(Side::Training, "megatron:tp=2", &m);
+    let i = layout(Side::Inference, "vllm:tp=2", &m);
+    let pair = awex_core::plan::Pair {
+        catalogue: &cat,
+        training: &*t,
+        inference: &*i,
+    };
+    let mut moved = 0;
+    for r in i.ranks() {
+        let plan = pair.plan_rank(Side::Inference, r).unwrap();
+        for peer in &plan.peers {
+            for tr in &peer.transfers {
+                assert!(!tr.dst_tensor.contains("o_proj.bias"), "{}", tr.dst_tensor);
+            }
+        }
+        moved += plan.bytes();
+    }
+    assert!(moved > 0);
+}
