@@ -15,7 +15,7 @@
 //!   costs the topology's per-message latency. On large pairs, consecutive steps are merged
 //!   into groups of `steps_per_group` steps (same bytes, the latency of every step; the pack
 //!   and unpack of a merged group overlap its transfers but for one step's share).
-//! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc.rs`, `awex-gpu/src/cuda/engine.rs`):
+//! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc/`, `awex-gpu/src/cuda/engine.rs`):
 //!   an inference rank replays the CUDA graph it captured at join for each peer (one launch,
 //!   `launch_us`, each): one copy per transfer (linear pieces of at most 256 MiB) over 16
 //!   streams, largest first, each copy to the least-loaded stream of the batch. The peers'
