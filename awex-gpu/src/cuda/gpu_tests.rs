@@ -234,6 +234,54 @@ fn copy_shapes(d: &Device, engine: &CopyEngine) {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn gpu_graphs_replayed_on_lanes_at_once_move_every_byte_before_the_sync() {
+    // a receiver's peers read concurrently: two captured graphs (two peers' batches, tiles on)
+    // replayed on lanes 0 and 1, joined, synced: every byte of both lands, twice over a poisoned
+    // destination
+    let d = Device::open(0).unwrap();
+    let engine = CopyEngine::with_method(&d, 4, CopyMethod::Kernel).unwrap();
+    let n = 16usize << 20;
+    let src_host = pattern(n, 11);
+    let src = d.alloc(n as u64).unwrap();
+    src.upload(0, &src_host).unwrap();
+    let dst = d.alloc(n as u64).unwrap();
+    let (s, t) = (src.ptr(), dst.ptr());
+    let half = (n / 2) as u64;
+    let peer = |from: u64| -> Vec<CopyDesc> {
+        (0..8u64)
+            .map(|k| {
+                let at = from + k * (half / 8);
+                CopyDesc::linear(s + at, t + at, half / 8)
+            })
+            .collect()
+    };
+    // SAFETY: every descriptor stays inside `src` and `dst`, alive until the syncs below.
+    let (g0, g1) = unsafe {
+        (
+            engine.capture(&peer(0)).unwrap(),
+            engine.capture(&peer(half)).unwrap(),
+        )
+    };
+    for round in 0..2u8 {
+        dst.upload(0, &vec![0xA0 | round; n]).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            engine.replay_on(&g0, 0, None).unwrap();
+            engine.replay_on(&g1, 1, None).unwrap();
+        }
+        engine.join_lanes().unwrap();
+        engine.sync().unwrap();
+        let mut got = vec![0u8; n];
+        dst.download(0, &mut got).unwrap();
+        assert!(
+            got == src_host,
+            "round {round}: the lanes' copies did not all land"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn gpu_export_has_one_handle_per_allocation() {
     let d = Device::open(0).unwrap();
     let a = d.alloc(1 << 20).unwrap();
