@@ -176,6 +176,18 @@ def ref_sglang_ue8m0(x):
     return ref_deepgemm(deq, use_ue8m0=True)
 
 
+# recipes whose reference takes a block shape, with a matrix quantised in [64, 96] blocks
+BLOCK_RECIPES = {
+    "vllm": lambda x, b: ref_vllm(x, b),
+    "vllm-ue8m0": lambda x, b: ref_vllm(x, b, use_ue8m0=True),
+    "deepgemm-legacy": lambda x, b: ref_deepgemm_legacy(x, b),
+    "awex-python": lambda x, b: ref_awex_python(x, False, b),
+    "awex-python-ue8m0": lambda x, b: ref_awex_python(x, True, b),
+    "slime": lambda x, b: ref_slime(x, False, b),
+    "slime-pow2": lambda x, b: ref_slime(x, True, b),
+}
+BLOCK_CASES = [(300, 520, 7, (64, 96))]
+
 RECIPES = {
     "vllm": lambda x: ref_vllm(x),
     "vllm-ue8m0": lambda x: ref_vllm(x, use_ue8m0=True),
@@ -201,6 +213,15 @@ def digests(device: str) -> dict:
             sb = s.float().cpu().contiguous().numpy().tobytes()
             per[name] = [fnv1a(qb), fnv1a(sb)]
         out[f"{rows}x{cols}:{seed}"] = per
+    for rows, cols, seed, block in BLOCK_CASES:
+        x = matrix(rows, cols, seed).to(device)
+        per = {}
+        for name, f in BLOCK_RECIPES.items():
+            q, s = f(x, block)
+            qb = q.view(torch.uint8).cpu().contiguous().numpy().tobytes()
+            sb = s.float().cpu().contiguous().numpy().tobytes()
+            per[name] = [fnv1a(qb), fnv1a(sb)]
+        out[f"{rows}x{cols}:{seed}:{block[0]}x{block[1]}"] = per
     return out
 
 

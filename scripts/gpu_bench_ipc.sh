@@ -66,16 +66,25 @@ for r in $RUNS; do
     # first, the default, or in submission order: AWEX_IPC_ORDER), pN (linear copies cut into
     # N MiB pieces, AWEX_IPC_SPLIT_MIB), np (no pitched copies: AWEX_IPC_MERGE_PITCHED=0),
     # ktiles / kcopies (a graph's kernel copies in one launch of the tile kernel, or a launch
-    # per copy: AWEX_IPC_KERNEL), tN (tiles of N KiB, AWEX_IPC_TILE_KIB),
-    # e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g, 8b-contiguous-ktiles-t256
-    8b-per-tensor-*-*|8b-contiguous-*-*|8b-expandable-*-*|moe-per-tensor-*-*|moe-contiguous-*-*|moe-expandable-*-*)
-      case $r in 8b-*) base=$P8 n=7 lim=120 ;; *) base=$PM n=5 lim=240 ;; esac
+    # per copy: AWEX_IPC_KERNEL), tN (tiles of N KiB, AWEX_IPC_TILE_KIB), pseq / pcon (a
+    # receiver's peers one after the other, or all at once: AWEX_IPC_PEERS), rN (a repeat,
+    # nothing set), e.g. 8b-per-tensor-dm1-g-s8, 8b-per-tensor-sub-g, 8b-contiguous-ktiles-t256;
+    # 8b-tp2-<alloc>-<opts>: qwen3-8b from 2 training ranks (Megatron tp=2), so 2 peers
+    8b-per-tensor-*-*|8b-contiguous-*-*|8b-expandable-*-*|moe-per-tensor-*-*|moe-contiguous-*-*|moe-expandable-*-*|8b-tp2-per-tensor-*-*|8b-tp2-contiguous-*-*)
+      case $r in
+        8b-tp2-*) base="--model qwen3-8b --train megatron:tp=2 --infer sglang:tp=1" n=7 lim=120 ;;
+        8b-*) base=$P8 n=7 lim=120 ;;
+        *) base=$PM n=5 lim=240 ;;
+      esac
       case $r in *-per-tensor-*) alloc=per-tensor ;; *-expandable-*) alloc=expandable ;; *) alloc=contiguous ;; esac
       envs=()
       for o in $(echo "${r#*-$alloc-}" | tr - ' '); do
         case $o in
           dm*) envs+=("AWEX_IPC_DRIVER_MIN_MIB=${o#dm}") ;;
           sub) envs+=("AWEX_IPC_ORDER=submission") ;;
+          pseq) envs+=("AWEX_IPC_PEERS=sequential") ;;
+          pcon) envs+=("AWEX_IPC_PEERS=concurrent") ;;
+          r[0-9]*) ;;
           s*) envs+=("AWEX_IPC_STREAMS=${o#s}") ;;
           g) envs+=("AWEX_IPC_GRAPH_MIN=1") ;;
           lpt) envs+=("AWEX_IPC_ORDER=largest") ;;

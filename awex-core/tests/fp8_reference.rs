@@ -3,7 +3,7 @@
 //! `tests/fixtures/fp8_reference.json` (the Python side checks its transcriptions against the
 //! engines' own functions and regenerates those digests; see `engines/tests`).
 
-use awex_core::encoding::{Fp8Block, Fp8Quantiser, Recipe, Shape2d, TorchDevice};
+use awex_core::encoding::{Fp8Quantiser, Recipe, Shape2d, TorchDevice};
 use serde_json::Value;
 
 /// The bf16 test matrices of `engines/fp8_refs.py::matrix_bits`, bit for bit.
@@ -69,17 +69,22 @@ fn check_device(key: &str, device: TorchDevice) -> (usize, Vec<String>) {
     let mut checked = 0;
     let mut wrong = vec![];
     for (case, recipes) in cases {
-        let (shape, seed) = case.split_once(':').expect("rows x cols:seed");
-        let (rows, cols) = shape.split_once('x').expect("rows x cols");
-        let (rows, cols, seed): (usize, usize, u64) = (
-            rows.parse().unwrap(),
-            cols.parse().unwrap(),
-            seed.parse().unwrap(),
-        );
+        // `ROWSxCOLS:SEED`, or `ROWSxCOLS:SEED:BNxBK` for blocks other than 128 x 128
+        let mut parts = case.split(':');
+        let pair = |s: &str| -> (usize, usize) {
+            let (a, b) = s.split_once('x').expect("AxB");
+            (a.parse().unwrap(), b.parse().unwrap())
+        };
+        let (rows, cols) = pair(parts.next().expect("shape"));
+        let seed: u64 = parts.next().expect("seed").parse().unwrap();
+        let block = parts.next().map_or([128, 128], |b| {
+            let (bn, bk) = pair(b);
+            [bn as u32, bk as u32]
+        });
         let x = matrix_bits(rows, cols, seed);
         for (name, want) in recipes.as_object().expect("recipes") {
             let recipe: Recipe = name.parse().expect("a known recipe");
-            let enc = Fp8Block::default();
+            let enc = recipe.encoding(block);
             let [sr, sc] = enc.scale_shape(rows as u64, cols as u64);
             let mut q = vec![0u8; rows * cols];
             let mut s = vec![0f32; (sr * sc) as usize];
@@ -123,7 +128,8 @@ fn every_recipe_matches_torch_on_the_cpu_byte_for_byte() {
         "digests differ from torch's:\n{}",
         wrong.join("\n")
     );
-    assert_eq!(n, 6 * Recipe::ALL.len());
+    // six matrices in 128 x 128 blocks, one in 64 x 96 blocks (the recipes that take a block)
+    assert_eq!(n, 6 * Recipe::ALL.len() + 7);
 }
 
 #[test]
@@ -135,8 +141,7 @@ fn every_recipe_matches_torch_on_cuda_byte_for_byte() {
         "digests differ from torch's:\n{}",
         wrong.join("\n")
     );
-    // every recipe but slime's two, whose CUDA digests are to be regenerated on a GPU machine
-    assert!(n >= 6 * (Recipe::ALL.len() - 2), "{n}");
+    assert_eq!(n, 6 * Recipe::ALL.len() + 7);
 }
 
 #[test]

@@ -50,7 +50,7 @@ struct StubNccl {
     comms: AttemptComm,
     side: Side,
     rank: RankId,
-    /// The id training rank 0 creates before it joins (`nccl_transport` in `src/rank.rs`).
+    /// The id training rank 0 creates before it joins (`nccl_transport` in `src/rank/factory.rs`).
     join_uid: Option<UniqueId>,
     used: Used,
     /// The pair secret (from the join answer), which seals the ids.

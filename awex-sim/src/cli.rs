@@ -3,7 +3,7 @@
 //! A binary that links the backend crates (so that their layouts are registered) wires it
 //! with `Simulate(awex_sim::cli::Args)` and `awex_sim::cli::run(args)`.
 
-use crate::exec::Options;
+use crate::exec::{Options, PeerOrder};
 use crate::topology::{Placement, Topology};
 use crate::{Names, simulate};
 use anyhow::Context;
@@ -55,9 +55,11 @@ pub struct Args {
     /// Flows ending within this fraction of the lower bound of an event end with it.
     #[arg(long, default_value_t = 1e-4)]
     pub quantum: f64,
-    /// What-if: cuda-ipc receivers take their peers' copies in turn, in one batch, instead of peer after peer.
-    #[arg(long)]
-    pub interleave_peers: bool,
+    /// How cuda-ipc receivers take their peers' copies: concurrent (every peer's graph at once,
+    /// the transport's default), sequential (peer after peer, AWEX_IPC_PEERS=sequential) or
+    /// interleaved (one batch taking the peers' copies in turn, a what-if).
+    #[arg(long, default_value = "concurrent")]
+    pub peers: String,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -114,7 +116,7 @@ pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
         bucket_bytes: a.bucket_mib << 20,
         max_flows: a.max_flows.max(1),
         quantum: a.quantum.max(0.0),
-        interleave_peers: a.interleave_peers,
+        peers: a.peers.parse::<PeerOrder>()?,
         ..Options::default()
     };
     let names = Names {

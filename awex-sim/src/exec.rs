@@ -15,11 +15,12 @@
 //!   costs the topology's per-message latency. On large pairs, consecutive steps are merged
 //!   into groups of `steps_per_group` steps (same bytes, the latency of every step; the pack
 //!   and unpack of a merged group overlap its transfers but for one step's share).
-//! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc.rs`, `awex-gpu/src/cuda/engine.rs`):
-//!   an inference rank replays, peer after peer, the CUDA graph it captured at join for that
-//!   peer (one launch, `launch_us`): one copy per transfer (linear pieces of at most 256 MiB)
-//!   over 16 streams, largest first, each copy to the least-loaded stream of the batch; at the
-//!   end of each peer's batch stream 0 waits for the others. Copies inside one GPU use its memory; between GPUs of a
+//! - `cuda-ipc` (`awex-runtime/src/transport/cuda_ipc/`, `awex-gpu/src/cuda/engine.rs`):
+//!   an inference rank replays the CUDA graph it captured at join for each peer (one launch,
+//!   `launch_us`, each): one copy per transfer (linear pieces of at most 256 MiB) over 16
+//!   streams, largest first, each copy to the least-loaded stream of the batch. The peers'
+//!   graphs run at once (`AWEX_IPC_PEERS=concurrent`, the default) or peer after peer
+//!   (`sequential`, [`PeerOrder`]). Copies inside one GPU use its memory; between GPUs of a
 //!   node, NVLink.
 //! - `shm` (`awex-runtime/src/transport/shm.rs`): an inference rank copies its peers'
 //!   buckets one after another on its own thread, out of the training ranks' shared memory; every
@@ -52,9 +53,50 @@ pub struct Options {
     pub quantum: f64,
     /// Threads that plan the ranks.
     pub threads: usize,
-    /// What-if: a cuda-ipc receiver issues all its peers' copies as one batch, taking them
-    /// from the peers in turn, instead of one batch per peer in plan order (the transport).
-    pub interleave_peers: bool,
+    /// How a cuda-ipc receiver takes its peers' copies.
+    pub peers: PeerOrder,
+}
+
+/// How a simulated cuda-ipc receiver takes its peers' copies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PeerOrder {
+    /// Every peer's graph replayed at once, each on its own stream (the transport's default,
+    /// `AWEX_IPC_PEERS=concurrent`).
+    #[default]
+    Concurrent,
+    /// One peer after the other, in plan order (`AWEX_IPC_PEERS=sequential`, the order before).
+    Sequential,
+    /// What-if: one batch taking the peers' copies in turn.
+    Interleaved,
+}
+
+impl PeerOrder {
+    /// The name the command line and the report use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerOrder::Concurrent => "concurrent",
+            PeerOrder::Sequential => "sequential",
+            PeerOrder::Interleaved => "interleaved",
+        }
+    }
+}
+
+impl std::str::FromStr for PeerOrder {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, SimError> {
+        [
+            PeerOrder::Concurrent,
+            PeerOrder::Sequential,
+            PeerOrder::Interleaved,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+        .ok_or_else(|| {
+            SimError::Usage(format!(
+                "unknown peer order `{s}`; choose concurrent, sequential or interleaved"
+            ))
+        })
+    }
 }
 
 impl Default for Options {
@@ -65,7 +107,7 @@ impl Default for Options {
             max_flows: 300_000,
             quantum: 1e-4,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            interleave_peers: false,
+            peers: PeerOrder::default(),
         }
     }
 }
@@ -468,9 +510,8 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     continue;
                 }
                 let mut host: Option<Act> = None;
-                let mut stream_last: [Option<Act>; STREAMS] = [None; STREAMS];
-                // one batch per peer, in plan order (the transport); or, as a what-if, one
-                // batch taking the peers' copies in turn
+                // one batch per peer (one captured graph each); or, as a what-if, one batch
+                // taking the peers' copies in turn
                 let mut batches: Vec<Vec<([u32; 2], u64)>> = Vec::new();
                 for &k in pairs {
                     let p = &plans.pairs[k];
@@ -486,7 +527,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     }
                     batches.push(b);
                 }
-                if opts.interleave_peers {
+                if opts.peers == PeerOrder::Interleaved {
                     let mut merged = Vec::new();
                     let longest = batches.iter().map(Vec::len).max().unwrap_or(0);
                     for j in 0..longest {
@@ -494,10 +535,18 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     }
                     batches = vec![merged];
                 }
+                // sequential (and interleaved): every batch after the previous one ended;
+                // concurrent: every peer's graph from the start, on its own stream
+                let mut ends: Vec<Act> = Vec::new();
                 for batch in &mut batches {
                     // the graph's replay: one launch per batch
                     let h = g.add(Kind::Delay(launch), host.as_slice());
                     host = Some(h);
+                    let mut stream_last: [Option<Act>; STREAMS] = [None; STREAMS];
+                    let after = match opts.peers {
+                        PeerOrder::Concurrent => None,
+                        PeerOrder::Sequential | PeerOrder::Interleaved => ends.last().copied(),
+                    };
                     // largest first, each to the least-loaded stream (`CopyOrder::LargestFirst`;
                     // the tile kernel's blocks likewise keep every stream's share moving)
                     batch.sort_by_key(|&(_, piece)| std::cmp::Reverse(piece));
@@ -510,7 +559,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                             .unwrap_or((0, &0));
                         load[s] += piece;
                         let mut deps = vec![h];
-                        deps.extend(stream_last[s]);
+                        deps.extend(stream_last[s].or(after));
                         let f = g.add(
                             Kind::Flow {
                                 links: path,
@@ -522,13 +571,15 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                         shape.flows += 1;
                         shape.buckets += 1;
                     }
-                    // stream 0 waits for the other streams at the end of each peer's batch
-                    let others: Vec<Act> = stream_last.iter().flatten().copied().collect();
-                    if !others.is_empty() {
-                        stream_last[0] = Some(g.add(Kind::Join, &others));
+                    // the batch ends when all its streams did
+                    let all: Vec<Act> = stream_last.iter().flatten().copied().collect();
+                    if !all.is_empty() {
+                        ends.push(g.add(Kind::Join, &all));
                     }
                 }
-                finals.extend(stream_last[0]);
+                if !ends.is_empty() {
+                    finals.push(g.add(Kind::Join, &ends));
+                }
             }
         }
         Transport::Shm | Transport::Tcp => {
@@ -595,10 +646,15 @@ pub const PAIR_BUCKET_FLOOR: u64 = 4 << 20;
 
 /// The NCCL transport's bucket size of a pair (`awex-gpu/src/nccl/schedule.rs`,
 /// `pair_bucket_bytes`): each end's budget split over its peers, but at least
-/// [`PAIR_BUCKET_FLOOR`] (or the budget when smaller); the smaller end, at least 1.
+/// [`PAIR_BUCKET_FLOOR`] when the budget is at least that; the smaller end, at least 1.
 pub fn pair_bucket_bytes(budget_a: u64, peers_a: usize, budget_b: u64, peers_b: usize) -> u64 {
     let share = |budget: u64, peers: usize| {
-        (budget / (peers.max(1) as u64)).max(budget.min(PAIR_BUCKET_FLOOR))
+        let split = budget / (peers.max(1) as u64);
+        if budget >= PAIR_BUCKET_FLOOR {
+            split.max(PAIR_BUCKET_FLOOR)
+        } else {
+            split
+        }
     };
     share(budget_a, peers_a)
         .min(share(budget_b, peers_b))

@@ -137,12 +137,7 @@ pub fn simulate_plans(
         placement: topo.placement.to_string(),
         transport: built.transport.to_string(),
         bucket_bytes: opts.bucket_bytes,
-        peer_order: if opts.interleave_peers {
-            "interleaved"
-        } else {
-            "plan"
-        }
-        .to_string(),
+        peer_order: opts.peers.as_str().to_string(),
         training_ranks: plans.training.len(),
         inference_ranks: plans.inference.len(),
         nodes: built.nodes,

@@ -77,7 +77,8 @@ pub struct Report {
     pub transport: String,
     /// Staging bucket size (NCCL per-step budget), bytes.
     pub bucket_bytes: u64,
-    /// Receivers' peer order: `plan` (peer after peer, as the transports do) or `interleaved` (a what-if).
+    /// How cuda-ipc receivers take their peers: `concurrent` (the transport's default),
+    /// `sequential` (peer after peer) or `interleaved` (a what-if).
     pub peer_order: String,
     /// Training ranks.
     pub training_ranks: usize,

@@ -236,8 +236,10 @@ fn predictions_of_the_measured_runs_are_within_15_percent() {
 fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
     // a 4096 x 8192 bf16 tensor (64 MiB) split in two row halves over 2 training ranks (GPUs 0
     // and 1); 2 inference engines of one rank each (GPUs 2 and 3) need all of it. Peer after
-    // peer (the transport), both receivers read training rank 0, then training rank 1: each
-    // sender's NVLink serves both, 2 x 32 MiB at a time. Interleaved, every link runs full.
+    // peer (`sequential`), both receivers read training rank 0, then training rank 1: each
+    // sender's NVLink serves both, 2 x 32 MiB at a time. Concurrent (the transport's default)
+    // or interleaved, every link runs full.
+    use awex_sim::exec::PeerOrder;
     let mut cat_side = side(Side::Inference, 1, 4096, 1);
     cat_side.engines = 2;
     let cat = catalogue(&[vec![4096, 8192]]);
@@ -248,31 +250,33 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
         training: &t,
         inference: &i,
     };
-    let opts = Options {
-        transport: Some(Transport::CudaIpc),
-        ..Options::default()
-    };
     let b = (64u64 << 20) as f64;
     let c = 100e9;
-    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
-    let want = 1e-6 + 2.0 * b / c;
-    assert!(
-        (r.transfer_s - want).abs() < 1e-9,
-        "{} vs {want}",
-        r.transfer_s
-    );
-    assert!((r.lower_bound_s - b / c).abs() < 1e-12);
-    let opts = Options {
-        interleave_peers: true,
-        ..opts
+    let run = |peers: PeerOrder| {
+        let opts = Options {
+            transport: Some(Transport::CudaIpc),
+            peers,
+            ..Options::default()
+        };
+        simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap()
     };
-    let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
-    // one graph launch for the one batch
-    let want = 1e-6 + b / c;
-    assert!(
-        (r.transfer_s - want).abs() < 1e-9,
-        "{} vs {want}",
-        r.transfer_s
-    );
-    assert_eq!(r.peer_order, "interleaved");
+    // (order, time worked out by hand: one graph launch of 1 us per peer, issued one after the
+    // other by the host)
+    for (peers, want) in [
+        // the first peer's graph after 1 us, the second's after the first's 2 x 32 MiB
+        (PeerOrder::Sequential, 1e-6 + 2.0 * b / c),
+        // the second sender's link starts 1 us after the first's and carries 64 MiB
+        (PeerOrder::Concurrent, 2e-6 + b / c),
+        // one graph for both peers
+        (PeerOrder::Interleaved, 1e-6 + b / c),
+    ] {
+        let r = run(peers);
+        assert!(
+            (r.transfer_s - want).abs() < 1e-9,
+            "{peers:?}: {} vs {want}",
+            r.transfer_s
+        );
+        assert!((r.lower_bound_s - b / c).abs() < 1e-12);
+        assert_eq!(r.peer_order, peers.as_str());
+    }
 }

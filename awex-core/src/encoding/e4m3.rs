@@ -12,33 +12,35 @@
 pub const MAX: f32 = 448.0;
 
 /// The e4m3fn byte nearest to `x` (ties to even), saturated to ±448; NaN maps to `0x7f`/`0xff`.
-#[inline]
+///
+/// Branch-free (every path computed, then selected) so that loops over it vectorise.
+#[inline(always)]
 pub fn from_f32(x: f32) -> u8 {
+    // below 2^-6, the smallest normal: adding 2^14 lets the FPU's own round-to-nearest-even
+    // put the subnormal's three mantissa bits (steps of 2^-9) at the bottom of the word
+    const DENORM: u32 = 141 << 23;
     let bits = x.to_bits();
     let sign = ((bits >> 24) & 0x80) as u8;
     let a = bits & 0x7fff_ffff;
-    if a > 0x7f80_0000 {
-        return sign | 0x7f;
-    }
+    let sub = (f32::from_bits(a) + f32::from_bits(DENORM))
+        .to_bits()
+        .wrapping_sub(DENORM) as u8;
+    // normal: rebias the exponent (127 -> 7) and round the 20 dropped mantissa bits to even
+    let odd = (a >> 20) & 1;
+    let normal = (a
+        .wrapping_sub(120 << 23)
+        .wrapping_add(0x7_ffff)
+        .wrapping_add(odd)
+        >> 20) as u8;
+    let mut mag = if a < (121 << 23) { sub } else { normal };
     // 448.0 and beyond (infinity included) saturate to the largest finite value
     if a >= 0x43e0_0000 {
-        return sign | 0x7e;
+        mag = 0x7e;
     }
-    if a < (121 << 23) {
-        // below 2^-6, the smallest normal: add 2^14 so that the FPU's own round-to-nearest-even
-        // puts the subnormal's three mantissa bits (steps of 2^-9) at the bottom of the word
-        const DENORM: u32 = 141 << 23;
-        let r = (f32::from_bits(a) + f32::from_bits(DENORM)).to_bits() - DENORM;
-        sign | r as u8
-    } else {
-        // rebias the exponent (127 -> 7) and round the 20 dropped mantissa bits to even
-        let odd = (a >> 20) & 1;
-        let r = a
-            .wrapping_sub(120 << 23)
-            .wrapping_add(0x7_ffff)
-            .wrapping_add(odd);
-        sign | (r >> 20) as u8
+    if a > 0x7f80_0000 {
+        mag = 0x7f;
     }
+    sign | mag
 }
 
 /// The exact f32 value of an e4m3fn byte (`0x7f`/`0xff` are NaN).

@@ -39,3 +39,28 @@ impl Encoding {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_serialise_by_name_and_fp8_stores_one_byte_per_element() {
+        let plain = Encoding::Plain(DType::Bf16);
+        let fp8 = Encoding::Fp8Block(Recipe::DeepGemmUe8m0.encoding([128, 128]));
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            r#"{"plain":"bf16"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&fp8).unwrap(),
+            r#"{"fp8_block":{"block":[128,128],"scale_format":"ue8m0"}}"#
+        );
+        for e in [&plain, &fp8] {
+            let back: Encoding = serde_json::from_str(&serde_json::to_string(e).unwrap()).unwrap();
+            assert_eq!(&back, e);
+        }
+        assert_eq!(plain.element_size(), 2);
+        assert_eq!(fp8.element_size(), 1);
+    }
+}

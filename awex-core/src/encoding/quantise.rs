@@ -122,6 +122,18 @@ pub enum QuantiseError {
         /// the block asked for
         got: [u32; 2],
     },
+    /// The recipe writes scales in another format than the encoding stores.
+    #[error(
+        "the {recipe} quantiser writes {recipe_format:?} scales but the encoding stores {encoding_format:?} scales; pick a recipe of that format"
+    )]
+    ScaleFormat {
+        /// the recipe's name
+        recipe: &'static str,
+        /// what it writes
+        recipe_format: super::ScaleFormat,
+        /// what the encoding holds
+        encoding_format: super::ScaleFormat,
+    },
     /// A block edge is zero.
     #[error("block {0:?} has a zero edge; block edges are at least 1")]
     ZeroBlock([u32; 2]),
@@ -208,6 +220,13 @@ impl Fp8Quantiser {
         let b = self.encoding.block;
         if b[0] == 0 || b[1] == 0 {
             return Err(QuantiseError::ZeroBlock(b));
+        }
+        if self.recipe.scale_format() != self.encoding.scale_format {
+            return Err(QuantiseError::ScaleFormat {
+                recipe: self.recipe.name(),
+                recipe_format: self.recipe.scale_format(),
+                encoding_format: self.encoding.scale_format,
+            });
         }
         if let Some(want) = self.recipe.required_block()
             && want != b
@@ -402,7 +421,7 @@ mod tests {
     use crate::dtype::f32_to_bf16;
 
     fn q(recipe: Recipe, rows: usize, cols: usize, x: &[u16]) -> (Vec<u8>, Vec<f32>) {
-        let e = Fp8Block::default();
+        let e = recipe.encoding([128, 128]);
         let [sr, sc] = e.scale_shape(rows as u64, cols as u64);
         let mut out = vec![0u8; rows * cols];
         let mut s = vec![0f32; (sr * sc) as usize];
@@ -524,18 +543,20 @@ mod tests {
             .quantise(&x[..8], Shape2d::dense(2, 4), &mut [0; 8], 4, &mut [], 1)
             .unwrap_err();
         assert!(err.to_string().starts_with("scale buffer holds 0 elements"));
-        let sg = Fp8Quantiser::new(
-            Recipe::SglangUe8m0,
-            Fp8Block {
-                block: [64, 64],
-                ..Fp8Block::default()
-            },
-        );
+        let sg = Fp8Quantiser::new(Recipe::SglangUe8m0, Recipe::SglangUe8m0.encoding([64, 64]));
         assert_eq!(
             sg.quantise(&x[..8], Shape2d::dense(2, 4), &mut [0; 8], 4, &mut [0.0], 1)
                 .unwrap_err()
                 .to_string(),
             "the sglang-ue8m0 quantiser works on [128, 128] blocks only, not [64, 64]"
+        );
+        let wrong = Fp8Quantiser::new(Recipe::DeepGemmUe8m0, Fp8Block::default());
+        assert_eq!(
+            wrong
+                .quantise(&x[..8], Shape2d::dense(2, 4), &mut [0; 8], 4, &mut [0.0], 1)
+                .unwrap_err()
+                .to_string(),
+            "the deepgemm-ue8m0 quantiser writes Ue8m0 scales but the encoding stores F32 scales; pick a recipe of that format"
         );
     }
 

@@ -25,7 +25,7 @@
 //! fl(1/448)` and `1.0 / x_s` exactly: `slime` on [`TorchDevice::Cuda`] gives its bytes.
 
 use super::e4m3;
-use super::fp8_block::ScaleFormat;
+use super::fp8_block::{Fp8Block, ScaleFormat};
 use crate::dtype::{bf16_to_f32, f32_to_bf16};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -163,6 +163,14 @@ impl Recipe {
                 ScaleFormat::F32
             }
             _ => ScaleFormat::Ue8m0,
+        }
+    }
+
+    /// The encoding this recipe writes for `block`: its scale format.
+    pub fn encoding(self, block: [u32; 2]) -> Fp8Block {
+        Fp8Block {
+            block,
+            scale_format: self.scale_format(),
         }
     }
 

@@ -639,6 +639,40 @@ impl CopyEngine {
         Ok(())
     }
 
+    /// Like [`CopyEngine::replay`], but launches the graph on stream `lane` (modulo the stream
+    /// count) after `after`, so that graphs replayed on different lanes run at once (a
+    /// receiver's peers, read concurrently). [`CopyEngine::join_lanes`] makes the first stream
+    /// wait for every lane before [`CopyEngine::sync`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::replay`].
+    pub unsafe fn replay_on(
+        &self,
+        g: &CopyGraph,
+        lane: usize,
+        after: Option<&Event>,
+    ) -> Result<(), CudaError> {
+        self.dev.bind()?;
+        let s = &self.streams[lane % self.streams.len()];
+        if let Some(e) = after {
+            s.wait(e)?;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { sys::graph_launch(g.exec, s.raw) }
+    }
+
+    /// Makes the first stream wait for the work queued on every other stream (the lanes of
+    /// [`CopyEngine::replay_on`]), so that [`CopyEngine::sync`] and later batches follow it.
+    pub fn join_lanes(&self) -> Result<(), CudaError> {
+        self.dev.bind()?;
+        for (s, j) in self.streams.iter().zip(&self.joins).skip(1) {
+            j.record(s)?;
+            self.streams[0].wait(j)?;
+        }
+        Ok(())
+    }
+
     /// Blocks until every queued batch has finished.
     pub fn sync(&self) -> Result<(), CudaError> {
         self.streams[0].sync()

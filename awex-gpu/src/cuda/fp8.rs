@@ -142,6 +142,13 @@ impl Fp8Kernel {
     ) -> Result<(), CudaError> {
         job.check(encoding)?;
         let mode = gpu_mode(recipe)?;
+        if recipe.scale_format() != encoding.scale_format {
+            return Err(CudaError::Fp8(format!(
+                "the {recipe} recipe writes {:?} scales but the encoding stores {:?} scales",
+                recipe.scale_format(),
+                encoding.scale_format
+            )));
+        }
         if job.rows == 0 || job.cols == 0 {
             return Ok(());
         }

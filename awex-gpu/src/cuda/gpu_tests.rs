@@ -234,6 +234,54 @@ fn copy_shapes(d: &Device, engine: &CopyEngine) {
 
 #[test]
 #[ignore = "needs a GPU"]
+fn gpu_graphs_replayed_on_lanes_at_once_move_every_byte_before_the_sync() {
+    // a receiver's peers read concurrently: two captured graphs (two peers' batches, tiles on)
+    // replayed on lanes 0 and 1, joined, synced: every byte of both lands, twice over a poisoned
+    // destination
+    let d = Device::open(0).unwrap();
+    let engine = CopyEngine::with_method(&d, 4, CopyMethod::Kernel).unwrap();
+    let n = 16usize << 20;
+    let src_host = pattern(n, 11);
+    let src = d.alloc(n as u64).unwrap();
+    src.upload(0, &src_host).unwrap();
+    let dst = d.alloc(n as u64).unwrap();
+    let (s, t) = (src.ptr(), dst.ptr());
+    let half = (n / 2) as u64;
+    let peer = |from: u64| -> Vec<CopyDesc> {
+        (0..8u64)
+            .map(|k| {
+                let at = from + k * (half / 8);
+                CopyDesc::linear(s + at, t + at, half / 8)
+            })
+            .collect()
+    };
+    // SAFETY: every descriptor stays inside `src` and `dst`, alive until the syncs below.
+    let (g0, g1) = unsafe {
+        (
+            engine.capture(&peer(0)).unwrap(),
+            engine.capture(&peer(half)).unwrap(),
+        )
+    };
+    for round in 0..2u8 {
+        dst.upload(0, &vec![0xA0 | round; n]).unwrap();
+        // SAFETY: as above.
+        unsafe {
+            engine.replay_on(&g0, 0, None).unwrap();
+            engine.replay_on(&g1, 1, None).unwrap();
+        }
+        engine.join_lanes().unwrap();
+        engine.sync().unwrap();
+        let mut got = vec![0u8; n];
+        dst.download(0, &mut got).unwrap();
+        assert!(
+            got == src_host,
+            "round {round}: the lanes' copies did not all land"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
 fn gpu_export_has_one_handle_per_allocation() {
     let d = Device::open(0).unwrap();
     let a = d.alloc(1 << 20).unwrap();
@@ -417,4 +465,136 @@ fn gpu_pitched_copy_may_end_at_its_allocation_end() {
         })
         .collect();
     assert_eq!(got, want);
+}
+
+/// bf16 bits of magnitudes 2^-20 .. 2^6 with random signs, and a zero block at the start.
+fn fp8_matrix(rows: usize, cols: usize, seed: u64) -> Vec<u16> {
+    let mut s = seed | 1;
+    (0..rows * cols)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if i / cols < 128 && i % cols < 128 {
+                return 0;
+            }
+            (((s >> 63) << 15) | ((107 + (s >> 8) % 26) << 7) | (s & 0x7f)) as u16
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
+    use awex_core::encoding::{Fp8Block, Fp8Quantiser, Recipe, Shape2d};
+    let d = Device::open(0).unwrap();
+    let k = Fp8Kernel::load(&d).unwrap();
+    let s = d.stream().unwrap();
+    let grid = Fp8Block::default();
+    for (rows, cols) in [(300usize, 520usize), (257, 130), (1, 1000), (1024, 1024)] {
+        let x = fp8_matrix(rows, cols, rows as u64 * 31 + cols as u64);
+        let [sr, sc] = grid.scale_shape(rows as u64, cols as u64);
+        let (sr, sc) = (sr as usize, sc as usize);
+        for recipe in [
+            Recipe::Vllm,
+            Recipe::DeepGemmUe8m0,
+            Recipe::DeepGemmLegacy,
+            Recipe::AwexPython,
+        ] {
+            let enc = recipe.encoding(GPU_BLOCK);
+            let mut want = vec![0u8; rows * cols];
+            let mut want_s = vec![0f32; sr * sc];
+            Fp8Quantiser::new(recipe, enc.clone())
+                .quantise(
+                    &x,
+                    Shape2d::dense(rows, cols),
+                    &mut want,
+                    cols,
+                    &mut want_s,
+                    sc,
+                )
+                .unwrap();
+            // (source offset in elements, source padding, destination offset, padding)
+            for (soff, spad, doff, dpad) in [(0, 0, 0, 0), (0, 24, 0, 40), (1, 7, 3, 5)] {
+                let sp = cols + soff + spad;
+                let dp = cols + doff + dpad;
+                let mut host = vec![0u8; 2 * rows * sp];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let b = x[r * cols + c].to_le_bytes();
+                        let at = 2 * (r * sp + soff + c);
+                        host[at..at + 2].copy_from_slice(&b);
+                    }
+                }
+                let src = d.alloc(host.len() as u64).unwrap();
+                src.upload(0, &host).unwrap();
+                let dst = d.alloc((rows * dp) as u64).unwrap();
+                dst.upload(0, &vec![0xaa; rows * dp]).unwrap();
+                let sbuf = d.alloc((4 * sr * (sc + 1)) as u64).unwrap();
+                let job = Fp8Job {
+                    src: src.ptr() + 2 * soff as u64,
+                    dst: dst.ptr() + doff as u64,
+                    scales: sbuf.ptr(),
+                    rows: rows as u32,
+                    cols: cols as u32,
+                    src_pitch: 2 * sp as u32,
+                    dst_pitch: dp as u32,
+                    scale_pitch: sc as u32 + 1,
+                };
+                // SAFETY: the buffers above hold the rows and scale rows the job describes.
+                unsafe { k.quantise(&s, &job, recipe, &enc).unwrap() };
+                let mut got = vec![0u8; rows * dp];
+                dst.download(0, &mut got).unwrap();
+                let mut gs = vec![0u8; 4 * sr * (sc + 1)];
+                sbuf.download(0, &mut gs).unwrap();
+                for r in 0..rows {
+                    let row = &got[r * dp..(r + 1) * dp];
+                    assert_eq!(
+                        &row[doff..doff + cols],
+                        &want[r * cols..(r + 1) * cols],
+                        "{recipe} {rows}x{cols} row {r}"
+                    );
+                    assert!(
+                        row[..doff]
+                            .iter()
+                            .chain(&row[doff + cols..])
+                            .all(|&b| b == 0xaa)
+                    );
+                }
+                for br in 0..sr {
+                    for bc in 0..sc {
+                        let at = 4 * (br * (sc + 1) + bc);
+                        let g = f32::from_le_bytes(gs[at..at + 4].try_into().unwrap());
+                        assert_eq!(
+                            g.to_bits(),
+                            want_s[br * sc + bc].to_bits(),
+                            "{recipe} scale [{br}, {bc}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // a block with infinity is counted and refused
+    let mut x = fp8_matrix(256, 256, 5);
+    x[200 * 256 + 3] = 0x7f80;
+    let src = d.alloc(2 * 256 * 256).unwrap();
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    src.upload(0, &bytes).unwrap();
+    let dst = d.alloc(256 * 256).unwrap();
+    let sbuf = d.alloc(16).unwrap();
+    let job = Fp8Job {
+        src: src.ptr(),
+        dst: dst.ptr(),
+        scales: sbuf.ptr(),
+        rows: 256,
+        cols: 256,
+        src_pitch: 512,
+        dst_pitch: 256,
+        scale_pitch: 2,
+    };
+    // SAFETY: as above.
+    let e = unsafe { k.quantise(&s, &job, Recipe::Vllm, &grid) }.unwrap_err();
+    assert_eq!(e, CudaError::Fp8NonFinite { blocks: 1 });
+    assert_eq!(k.take_status(&s).unwrap(), 0);
 }

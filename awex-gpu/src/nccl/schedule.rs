@@ -14,9 +14,9 @@
 //!   operations to different peers progress independently, so every step-`k` group completes.
 //!
 //! A rank holds at most two steps' staging at once (double buffering). A pair's bucket is the
-//! rank's budget divided by its peer count, but not below [`PAIR_BUCKET_FLOOR`] (nor above the
-//! budget), on both ends; one step's buckets together stay within the larger of the budget and
-//! the floor times the peer count (a single row larger than a bucket travels alone). The floor
+//! rank's budget divided by its peer count, but not below [`PAIR_BUCKET_FLOOR`] when the budget
+//! is at least that, on both ends; one step's buckets together stay within the larger of the
+//! budget and the floor times the peer count (a single row larger than a bucket travels alone). The floor
 //! keeps a rank with hundreds of peers from cutting its pairs into buckets of a few hundred KB,
 //! whose per-step latency would dominate (`docs/simulate.md`: the 1T case's inference ranks
 //! have 376-406 peers).
@@ -26,18 +26,23 @@ use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_core::plan::bucket::{Bucket, make_buckets};
 
-/// The smallest pair bucket a budget is split into ([`pair_bucket_bytes`]), unless the budget
-/// itself is smaller: 4 MiB, with which the simulated 1T update over 376-406 peers per
+/// The smallest pair bucket a budget of at least this size is split into
+/// ([`pair_bucket_bytes`]; a smaller budget is split as it is): 4 MiB, with which the simulated 1T update over 376-406 peers per
 /// inference rank comes within 1.10 x its bound (`docs/simulate.md`); pairs of up to 16 peers
 /// under the default 64 MiB budget are not affected.
 pub const PAIR_BUCKET_FLOOR: u64 = 4 << 20;
 
 /// Wire bytes of a bucket of the pair `(a, b)`: each end's budget split over its peers, but at
-/// least [`PAIR_BUCKET_FLOOR`] (or the whole budget when that is smaller); the smaller of the two
-/// ends, at least 1. Symmetric, so both ends cut the pair alike.
+/// least [`PAIR_BUCKET_FLOOR`] when the budget is at least that; the smaller of the two ends, at
+/// least 1. Symmetric, so both ends cut the pair alike.
 pub fn pair_bucket_bytes(budget_a: u64, peers_a: usize, budget_b: u64, peers_b: usize) -> u64 {
     let share = |budget: u64, peers: usize| {
-        (budget / (peers.max(1) as u64)).max(budget.min(PAIR_BUCKET_FLOOR))
+        let split = budget / (peers.max(1) as u64);
+        if budget >= PAIR_BUCKET_FLOOR {
+            split.max(PAIR_BUCKET_FLOOR)
+        } else {
+            split
+        }
     };
     share(budget_a, peers_a)
         .min(share(budget_b, peers_b))
@@ -150,7 +155,7 @@ mod tests {
         // 64 MiB over 4 peers on one end, 64 MiB over 1 peer on the other
         assert_eq!(pair_bucket_bytes(64 << 20, 4, 64 << 20, 1), 16 << 20);
         assert_eq!(pair_bucket_bytes(64 << 20, 1, 64 << 20, 4), 16 << 20);
-        assert_eq!(pair_bucket_bytes(64 << 20, 8, 256 << 20, 2), 8 << 20);
+        assert_eq!(pair_bucket_bytes(100, 3, 1000, 2), 33);
         assert_eq!(pair_bucket_bytes(1, 8, 1, 8), 1);
         assert_eq!(pair_bucket_bytes(10, 0, 10, 0), 10);
     }
@@ -165,8 +170,11 @@ mod tests {
         // up to 16 peers a 64 MiB budget is split as before
         assert_eq!(pair_bucket_bytes(64 << 20, 16, 64 << 20, 1), 4 << 20);
         assert_eq!(pair_bucket_bytes(64 << 20, 8, 64 << 20, 1), 8 << 20);
-        // a budget below the floor is not raised
-        assert_eq!(pair_bucket_bytes(1 << 20, 400, 64 << 20, 1), 1 << 20);
+        // a budget below the floor is split as it is: it bounds the rank's staging
+        assert_eq!(
+            pair_bucket_bytes(1 << 20, 400, 64 << 20, 1),
+            (1 << 20) / 400
+        );
         // a larger budget still grows the bucket
         assert_eq!(pair_bucket_bytes(1 << 30, 64, 1 << 30, 64), 16 << 20);
     }

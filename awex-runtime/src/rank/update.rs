@@ -281,6 +281,7 @@ impl Rank {
                 checksum: Some(s.checksum),
                 error: None,
                 attempt: Some(work.attempt),
+                incarnation: Some(self.incarnation().to_string()),
             },
             Err(e) => Report {
                 side: self.cfg.side,
@@ -290,6 +291,7 @@ impl Rank {
                 checksum: None,
                 error: Some(e.to_string()),
                 attempt: Some(work.attempt),
+                incarnation: Some(self.incarnation().to_string()),
             },
         };
         // a report that may have arrived is re-sent only after a transient failure: the gateway

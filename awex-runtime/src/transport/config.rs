@@ -40,6 +40,19 @@ pub enum DriverMin {
     AtLeast(u64),
 }
 
+/// How a `cuda-ipc` receiver takes its peers' copies (`AWEX_IPC_PEERS`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PeerOrder {
+    /// Every peer's graph on its own stream, all at once (`concurrent`, the default): two
+    /// receivers that read the same two senders load both senders' links together, instead of
+    /// both reading the first sender, then both the second (`docs/simulate.md`: qwen3-30b-a3b
+    /// colocated on 8 GPUs, 1.96 x its NVLink bound peer after peer).
+    #[default]
+    Concurrent,
+    /// One peer after the other, in plan order (`sequential`, the order before).
+    Sequential,
+}
+
 /// The `cuda-ipc` receivers' settings: the defaults are what measured fastest on an H200
 /// (`docs/benchmarks.md`); the rest are there to measure alternatives.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +85,8 @@ pub struct CudaIpcConfig {
     pub graph_min: usize,
     /// Threads that open a peer's IPC handles (`AWEX_IPC_OPEN_THREADS`, 1..=64, default 1).
     pub open_threads: usize,
+    /// How the peers' captured copies are replayed (`AWEX_IPC_PEERS`).
+    pub peers: PeerOrder,
 }
 
 impl Default for CudaIpcConfig {
@@ -86,6 +101,7 @@ impl Default for CudaIpcConfig {
             driver_min: DriverMin::Auto,
             graph_min: 1,
             open_threads: 1,
+            peers: PeerOrder::Concurrent,
         }
     }
 }
@@ -103,7 +119,7 @@ pub struct SettingError {
 }
 
 /// Every variable [`TransportConfig::from_vars`] reads.
-pub const TRANSPORT_VARS: [&str; 12] = [
+pub const TRANSPORT_VARS: [&str; 13] = [
     "AWEX_TCP_BIND",
     "AWEX_NCCL_LIBRARY",
     "AWEX_IPC_COPY",
@@ -116,6 +132,7 @@ pub const TRANSPORT_VARS: [&str; 12] = [
     "AWEX_IPC_DRIVER_MIN_MIB",
     "AWEX_IPC_GRAPH_MIN",
     "AWEX_IPC_OPEN_THREADS",
+    "AWEX_IPC_PEERS",
 ];
 
 /// Parses `var`'s value (`None`: unset, the default) as a whole number in `range`.
@@ -252,6 +269,16 @@ impl TransportConfig {
                 "a thread count from 1 to 64",
             )?
             .map_or(d.open_threads, |n| n as usize),
+            peers: choice(
+                &get,
+                "AWEX_IPC_PEERS",
+                &[
+                    ("concurrent", PeerOrder::Concurrent),
+                    ("sequential", PeerOrder::Sequential),
+                ],
+                "`concurrent` or `sequential`",
+            )?
+            .unwrap_or(d.peers),
         };
         Ok(TransportConfig {
             tcp: TcpConfig {
@@ -302,6 +329,7 @@ mod tests {
             ("AWEX_IPC_DRIVER_MIN_MIB", "8"),
             ("AWEX_IPC_GRAPH_MIN", "0"),
             ("AWEX_IPC_OPEN_THREADS", "8"),
+            ("AWEX_IPC_PEERS", "sequential"),
         ])
         .unwrap();
         assert_eq!(c.tcp.bind.as_deref(), Some("0.0.0.0:7000"));
@@ -324,6 +352,7 @@ mod tests {
             (false, 64 << 20, DriverMin::AtLeast(8 << 20))
         );
         assert_eq!((i.graph_min, i.open_threads), (0, 8));
+        assert_eq!(i.peers, PeerOrder::Sequential);
         let c = from(&[("AWEX_IPC_ORDER", "largest")]).unwrap();
         assert_eq!(c.cuda_ipc.order, CopyOrder::LargestFirst);
         let c = from(&[

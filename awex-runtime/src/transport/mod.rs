@@ -17,7 +17,7 @@ mod staged;
 mod tcp;
 
 pub use auth::{PairSecret, SealError};
-pub use config::{CudaIpcConfig, DriverMin, SettingError, TcpConfig, TransportConfig};
+pub use config::{CudaIpcConfig, DriverMin, PeerOrder, SettingError, TcpConfig, TransportConfig};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;

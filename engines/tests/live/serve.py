@@ -130,6 +130,9 @@ class Job:
     def __init__(self, d: str, gateway: str, pair: str, model_dir: str, versions: list[int],
                  hold: int | None = None, world: int = 2, tag: str = "job") -> None:
         self.d = d
+        # a restarted job appends to the same rank logs: read only what this job wrote
+        self.logs = [os.path.join(d, f"rank{r}.log") for r in range(world)]
+        self.offsets = [os.path.getsize(p) if os.path.exists(p) else 0 for p in self.logs]
         port = free_port()
         spec = json.dumps({"versions": versions, "hold": hold})
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -147,10 +150,16 @@ class Job:
                 p.check()
 
     def joined(self) -> bool:
-        """Whether every rank of this job joined the pair (its log says ``joined`` after its
-        last ``attached``: a restarted job appends to the same logs)."""
-        return all("joined" in tail(os.path.join(self.d, f"rank{r}.log"), 10**6).rsplit("attached", 1)[-1]
-                   for r in range(len(self.ranks)))
+        """Whether every rank of this job joined the pair (wrote ``joined`` to its log)."""
+        for path, offset in zip(self.logs, self.offsets):
+            try:
+                with open(path, errors="replace") as f:
+                    f.seek(offset)
+                    if " joined\n" not in f.read():  # trainer.py's line "HH:MM:SS joined"
+                        return False
+            except OSError:
+                return False
+        return True
 
     def wait(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

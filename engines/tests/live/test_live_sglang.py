@@ -19,7 +19,8 @@ version's number: a known gap, see the test); the retry commits.
 
 ``AWEX_SGLANG_SERVER_PKGS`` names the package folder (``.ci/engines`` sets it;
 ``AWEX_REQUIRE_LIVE=1`` makes a missing one fail instead of skip); ``AWEX_LIVE_TP`` (default 2)
-is the server's tensor parallel size; ``AWEX_LIVE_KEEP=1`` keeps the scratch folder.
+is the server's tensor parallel size; the scratch folder (model, logs) is kept after a failure,
+and always with ``AWEX_LIVE_KEEP=1``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ START_S = 900.0
 
 
 @pytest.fixture(scope="module")
-def live():
+def live(request):
     if not PKGS or not os.path.isdir(os.path.join(PKGS, "uvicorn")):
         why = f"no live SGLang server packages (AWEX_SGLANG_SERVER_PKGS={PKGS!r}; engines/sglang-server-pkgs.sh builds them)"
         if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
@@ -55,6 +56,7 @@ def live():
         pytest.skip(why)
     d = tempfile.mkdtemp(prefix="awex-live-sglang-")
     procs: list[serve.Proc] = []
+    failed_before, failed = request.session.testsfailed, True
     try:
         model = tiny_model.make(os.path.join(d, "model"))
         gw_proc, gw = serve.start_gateway(d)
@@ -80,6 +82,7 @@ def live():
         took = serve.wait_http(server, url + "/health", START_S)
         print(f"SGLang server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
+        failed = request.session.testsfailed > failed_before
     except BaseException:
         for p in procs:
             print(f"--- the end of {p.log}:\n{serve.tail(p.log)}")
@@ -87,8 +90,8 @@ def live():
     finally:
         for p in reversed(procs):
             p.stop()
-        if os.environ.get("AWEX_LIVE_KEEP"):
-            print(f"kept {d}")
+        if failed or os.environ.get("AWEX_LIVE_KEEP"):
+            print(f"kept {d} (the model, the server's, the gateway's and the training ranks' logs)")
         else:
             shutil.rmtree(d, ignore_errors=True)
 

@@ -19,7 +19,7 @@ version, which commits and is served.
 Runs in the real-engine venv (transformers, torch, awex) with ``AWEX_VLLM_SERVER_VENV`` naming
 the server's venv; ``.ci/engines`` sets it (``AWEX_REQUIRE_LIVE=1`` makes a missing venv fail
 instead of skip). ``AWEX_LIVE_TP`` (default 2) is the server's tensor parallel size;
-``AWEX_LIVE_KEEP=1`` keeps the scratch folder (model, logs).
+the scratch folder (model, logs) is kept after a failure, and always with ``AWEX_LIVE_KEEP=1``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ START_S = 900.0
 
 
 @pytest.fixture(scope="module")
-def live():
+def live(request):
     if not VENV or not os.path.exists(os.path.join(VENV, "bin", "vllm")):
         why = f"no live vLLM server venv (AWEX_VLLM_SERVER_VENV={VENV!r}; engines/vllm-server-venv.sh builds it)"
         if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
@@ -54,6 +54,7 @@ def live():
         pytest.skip(why)
     d = tempfile.mkdtemp(prefix="awex-live-vllm-")
     procs: list[serve.Proc] = []
+    failed_before, failed = request.session.testsfailed, True
     try:
         model = tiny_model.make(os.path.join(d, "model"))
         gw_proc, gw = serve.start_gateway(d)
@@ -75,6 +76,7 @@ def live():
         took = serve.wait_http(server, url + "/health", START_S)
         print(f"vLLM server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
+        failed = request.session.testsfailed > failed_before
     except BaseException:
         for p in procs:
             print(f"--- the end of {p.log}:\n{serve.tail(p.log)}")
@@ -82,8 +84,8 @@ def live():
     finally:
         for p in reversed(procs):
             p.stop()
-        if os.environ.get("AWEX_LIVE_KEEP"):
-            print(f"kept {d}")
+        if failed or os.environ.get("AWEX_LIVE_KEEP"):
+            print(f"kept {d} (the model, the server's, the gateway's and the training ranks' logs)")
         else:
             shutil.rmtree(d, ignore_errors=True)
 

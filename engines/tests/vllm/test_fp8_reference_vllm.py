@@ -21,14 +21,15 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize("rows,cols,seed", fp8_refs.CASES[:5])
 @pytest.mark.parametrize("use_ue8m0", [False, True])
-def test_vllm_per_block_cast_to_fp8_is_the_transcription(rows, cols, seed, use_ue8m0):
+@pytest.mark.parametrize("block", [(128, 128), (64, 96)])
+def test_vllm_per_block_cast_to_fp8_is_the_transcription(rows, cols, seed, use_ue8m0, block):
     from vllm.utils import deep_gemm
 
     # the eager function under vLLM's torch.compile wrapper (compiled and eager give the same
     # bytes on CUDA: scripts/gpu_fp8_check.sh checks both)
     f = getattr(deep_gemm.per_block_cast_to_fp8, "_torchdynamo_orig_callable", deep_gemm.per_block_cast_to_fp8)
     x = fp8_refs.matrix(rows, cols, seed)
-    _same(f(x, block_size=[128, 128], use_ue8m0=use_ue8m0), fp8_refs.ref_vllm(x, use_ue8m0=use_ue8m0))
+    _same(f(x, block_size=list(block), use_ue8m0=use_ue8m0), fp8_refs.ref_vllm(x, block, use_ue8m0=use_ue8m0))
 
 
 @pytest.mark.parametrize("rows,cols,seed", fp8_refs.CASES[:5])

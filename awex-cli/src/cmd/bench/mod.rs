@@ -5,12 +5,14 @@
 //! `bench ipc --path copies` keeps the hand-built copy path ([`copies`]), with its stream/method
 //! sweep. The training ranks' deterministic contents and the byte check are in [`content`].
 //! The floors both print are in [`floors`], shared with `demo`. `bench apply` ([`apply`])
-//! measures what atomic apply costs on the CPU transports.
+//! measures what atomic apply costs on the CPU transports. `bench fp8` ([`fp8`]) times the block-FP8
+//! quantisers (CPU reference and GPU kernel) and checks their bytes against each other.
 
 mod apply;
 mod content;
 mod copies;
 pub mod floors;
+mod fp8;
 mod transport;
 
 use awex_gpu::cuda::CopyMethod;
@@ -37,6 +39,13 @@ enum What {
         after_help = "Examples:\n  awex-cli bench apply\n  awex-cli bench apply --model qwen3-8b --transport tcp --updates 4 --json"
     )]
     Apply(apply::ApplyArgs),
+    /// The block-FP8 quantisers on model-shaped random bf16: the CPU reference against a memcpy
+    /// floor and, with a GPU, the kernel's bytes against the CPU's and its bandwidth against a
+    /// device copy, measured in the same run.
+    #[command(
+        after_help = "Examples:\n  awex-cli bench fp8 --cpu-only\n  awex-cli bench fp8 --shapes 4096x4096,qwen3-8b --recipe vllm --gpu 0\n  awex-cli bench fp8 --recipe awex-python --dump /tmp/fp8 --json"
+    )]
+    Fp8(fp8::Fp8Args),
     /// The training side of `bench ipc --path copies` (started by it).
     #[command(hide = true)]
     IpcSender(SenderArgs),
@@ -182,6 +191,7 @@ const EXPANDABLE_CHUNK: u64 = 20 << 20;
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.what {
         What::Apply(a) => apply::run(a),
+        What::Fp8(a) => fp8::run(a),
         What::Ipc(a) if a.path == Path::Transport => transport::run(a),
         What::Ipc(a) => copies::ipc(a),
         What::IpcSender(a) => copies::sender(a),

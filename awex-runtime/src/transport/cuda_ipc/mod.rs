@@ -32,7 +32,7 @@
 
 mod control;
 
-use super::config::{CudaIpcConfig, DriverMin};
+use super::config::{CudaIpcConfig, DriverMin, PeerOrder};
 use super::control::NONE;
 use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
@@ -617,8 +617,9 @@ impl CudaIpcTransport {
             .engine
             .as_ref()
             .ok_or(TransportError::Closed("cuda-ipc transport"))?;
+        let concurrent = self.cfg.peers == PeerOrder::Concurrent;
         let copied = (|| {
-            for peer in &self.plan.peers {
+            for (lane, peer) in self.plan.peers.iter().enumerate() {
                 let remote = &self.remotes[&peer.peer];
                 wait_fast(ctx, || {
                     remote.ctl.ready().load(Ordering::Acquire) == ctx.tag()
@@ -628,7 +629,12 @@ impl CudaIpcTransport {
                 // inside one allocation) and this rank's own tensors; the mappings live in
                 // `remote` until the sync below, and the tensors in `self.tensors`.
                 match &remote.graph {
-                    // SAFETY: as below, for the captured copies.
+                    // SAFETY: as below, for the captured copies. Concurrent: each peer's graph
+                    // on its own stream, joined below; their destinations never overlap (the
+                    // plan writes every destination byte once).
+                    Some(g) if concurrent => unsafe {
+                        engine.replay_on(g, lane, Some(&remote.event))
+                    },
                     Some(g) => unsafe { engine.replay(g, Some(&remote.event), None) },
                     None => {
                         engine.set_driver_min(remote.driver_min);
@@ -638,11 +644,13 @@ impl CudaIpcTransport {
                 .map_err(transport_err("queueing the copies"))?;
             }
             engine
-                .sync()
+                .join_lanes()
+                .and_then(|()| engine.sync())
                 .map_err(transport_err("waiting for the copies"))
         })();
         if let Err(e) = copied {
             // leave no copy running into memory that the caller may reuse
+            let _ = engine.join_lanes();
             let _ = engine.sync();
             return Err(e);
         }
