@@ -1216,4 +1216,40 @@ mod tests {
             "{start:?}"
         );
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missed_deadline_fails_the_version_naming_the_ranks_that_did_not_report() {
+        let entry = ready_pair(PairOptions {
+            update_deadline_ms: 1_000,
+            ..PairOptions::default()
+        });
+        entry.start_update(1).expect("started");
+        for i in 0..3 {
+            entry.report(1, ok(i, None)).expect("accepted");
+        }
+        // the paused clock jumps to the deadline once every task waits: no wall-clock bound
+        let end = Instant::now() + Duration::from_secs(60);
+        let status = entry.wait_update(1, end, RankDetail::None).await;
+        let status = status.expect("version 1 exists");
+        assert_eq!(status.state, UpdateState::Failed);
+        let error = entry.lock().updates.history[&1]
+            .error
+            .clone()
+            .unwrap_or_default();
+        assert!(error.contains("1 of 4 ranks did not report"), "{error}");
+        assert!(error.contains("inference rank 0/1"), "{error}");
+        assert!(entry.lock().updates.history[&1].ranks[3].missing);
+        let unknown = entry.wait_update(2, end, RankDetail::None).await;
+        assert!(
+            matches!(
+                unknown,
+                Err(UpdateError::NoSuchVersion {
+                    version: 2,
+                    latest: Some(1),
+                    ..
+                })
+            ),
+            "{unknown:?}"
+        );
+    }
 }
