@@ -18,6 +18,28 @@ use awex_core::model::{Canon, ModelSpec, Part, Role, Split as ExpertSplit};
 /// (`conversion_mapping.py` renames Mixtral's `block_sparse_moe` to `mlp`): `mlp.gate` (the
 /// router) and `mlp.experts` (`gate_up_proj`, `down_proj`).
 const FUSED_MOE: &str = "mlp";
+/// transformers 5's fused gate and up projections of every expert, under `{FUSED_MOE}.experts.`.
+const FUSED_GATE_UP: &str = "gate_up_proj";
+/// transformers 5's fused down projections of every expert, under `{FUSED_MOE}.experts.`.
+const FUSED_DOWN: &str = "down_proj";
+
+/// The parallel keys a live rank's parameter names decide: `fused_experts=1` when some name
+/// ends in transformers 5's `mlp.experts.gate_up_proj` (the name [`FsdpLayout`] gives it);
+/// nothing when none does (a dense model says nothing about its experts). Names may carry
+/// any prefix, and wrapper segments (`_orig_mod.`) before the layer.
+pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
+    let fused = names.iter().any(|n| {
+        n.strip_suffix(FUSED_GATE_UP)
+            .and_then(|n| n.strip_suffix(".experts."))
+            .and_then(|n| n.strip_suffix(FUSED_MOE))
+            .is_some_and(|n| n.ends_with('.'))
+    });
+    if fused {
+        vec![("fused_experts", 1)]
+    } else {
+        Vec::new()
+    }
+}
 
 /// The parts the FSDP layout places (one dtype, checked HF module order); a family with any
 /// other part is refused by name.
@@ -255,8 +277,8 @@ impl FsdpLayout {
             return None;
         }
         match rest.strip_prefix(FUSED_MOE)?.strip_prefix(".experts.")? {
-            "gate_up_proj" => Some((l, Fused::GateUp)),
-            "down_proj" => Some((l, Fused::Down)),
+            FUSED_GATE_UP => Some((l, Fused::GateUp)),
+            FUSED_DOWN => Some((l, Fused::Down)),
             _ => None,
         }
     }
@@ -355,9 +377,9 @@ impl FsdpLayout {
                         // one `gate_up_proj` and one `down_proj` for all experts
                         if c.expert() == Some(0) && c.part != Part::ExpertUp {
                             let leaf = if c.part == Part::ExpertDown {
-                                "down_proj"
+                                FUSED_DOWN
                             } else {
-                                "gate_up_proj"
+                                FUSED_GATE_UP
                             };
                             v.push((format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}"), c));
                         }
@@ -533,11 +555,11 @@ impl SideLayout for FsdpLayout {
             let (which, name) = match c.part {
                 Part::ExpertDown => (
                     Fused::Down,
-                    format!("model.layers.{l}.{FUSED_MOE}.experts.down_proj"),
+                    format!("model.layers.{l}.{FUSED_MOE}.experts.{FUSED_DOWN}"),
                 ),
                 _ => (
                     Fused::GateUp,
-                    format!("model.layers.{l}.{FUSED_MOE}.experts.gate_up_proj"),
+                    format!("model.layers.{l}.{FUSED_MOE}.experts.{FUSED_GATE_UP}"),
                 ),
             };
             let per = self.spec.num_experts().div_ceil(u64::from(self.dp));

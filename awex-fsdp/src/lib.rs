@@ -10,7 +10,7 @@
 pub mod detect;
 pub mod layout;
 
-pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk};
+pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk, options_from_names};
 
 use awex_core::backend::{
     Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend, TrainingRegistration,
@@ -109,7 +109,11 @@ impl Backend for FsdpBackend {
     }
 }
 
-impl TrainingBackend for FsdpBackend {}
+impl TrainingBackend for FsdpBackend {
+    fn options_from_names(&self, names: &[&str]) -> Vec<(&'static str, u64)> {
+        layout::options_from_names(names)
+    }
+}
 
 awex_core::inventory::submit! {
     TrainingRegistration(&FsdpBackend)

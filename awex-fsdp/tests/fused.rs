@@ -121,3 +121,34 @@ fn fused_experts_refuse_tp_and_bad_values() {
     );
     assert!(err(&[("fused_experts", 2)]).contains("fsdp fused_experts=2; use fused_experts=1"));
 }
+
+/// The names rank 0 of an `fsdp:` config holds.
+fn names_of(model: &str, pairs: &[(&str, u64)]) -> Vec<String> {
+    let s = FsdpBackend
+        .layout(
+            &preset(model).expect("preset"),
+            &ParallelConfig::from_pairs(pairs.iter().copied()),
+        )
+        .expect("layout");
+    let rl = s.rank_layout(RankId::train(0)).expect("rank");
+    rl.tensors.iter().map(|t| t.name.to_string()).collect()
+}
+
+#[test]
+fn options_from_names_find_fused_experts_in_the_names_the_layout_gives() {
+    use awex_core::backend::TrainingBackend;
+    let options = |names: &[String]| {
+        FsdpBackend.options_from_names(&names.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let fused = names_of("qwen3-moe-tiny", &[("dp", 2), ("fused_experts", 1)]);
+    assert_eq!(options(&fused), [("fused_experts", 1)]);
+    // transformers 4's per-expert names and a dense model say nothing
+    assert!(options(&names_of("qwen3-moe-tiny", &[("dp", 2)])).is_empty());
+    assert!(options(&names_of("qwen3-tiny", &[("dp", 2)])).is_empty());
+    // the wrappers torch.compile and FSDP1 put in front of the layer do not hide it
+    let wrapped: Vec<String> = fused.iter().map(|n| format!("_orig_mod.{n}")).collect();
+    assert_eq!(options(&wrapped), [("fused_experts", 1)]);
+    // a name that only ends like it is not it
+    let near = ["model.layers.0.moe_mlp.experts.gate_up_proj".to_string()];
+    assert!(options(&near).is_empty());
+}

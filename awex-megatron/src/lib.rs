@@ -17,6 +17,7 @@ mod receive;
 pub use config::{Config, Coord, ExpertLayout, KEYS, VOCAB_DIVISIBLE_BY};
 pub use detect::TRACKER_FILE;
 pub use layout::MegatronLayout;
+pub use names::options_from_names;
 pub use receive::MegatronReceiver;
 
 use awex_core::backend::{Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend};
@@ -61,6 +62,10 @@ impl Backend for MegatronBackend {
     }
 }
 
-impl TrainingBackend for MegatronBackend {}
+impl TrainingBackend for MegatronBackend {
+    fn options_from_names(&self, names: &[&str]) -> Vec<(&'static str, u64)> {
+        names::options_from_names(names)
+    }
+}
 
 awex_core::inventory::submit! { awex_core::backend::TrainingRegistration(&MegatronBackend) }

@@ -7,6 +7,24 @@ use std::sync::Arc;
 
 pub use awex_core::model::Canon;
 
+/// The local spec's input norm, a module of its own (`get_gpt_layer_local_spec`,
+/// `megatron/core/models/gpt/gpt_layer_specs.py`); its presence marks the local spec.
+const LOCAL_QKV_NORM: &str = "input_layernorm.weight";
+/// The input norm with Transformer Engine, fused into `linear_qkv` (`TELayerNormColumnParallelLinear`).
+const TE_QKV_NORM: &str = "self_attention.linear_qkv.layer_norm_weight";
+/// The pre-MLP norm as a module: the local spec's, and every spec's in a MoE layer.
+const PRE_MLP_NORM: &str = "pre_mlp_layernorm.weight";
+/// The pre-MLP norm with Transformer Engine in a dense layer, fused into `linear_fc1`.
+const TE_FC1_NORM: &str = "mlp.linear_fc1.layer_norm_weight";
+/// The start of every `SequentialMLP` expert parameter (`mlp.experts.local_experts.{j}.`).
+const SEQUENTIAL_EXPERTS: &str = "mlp.experts.local_experts.";
+/// The start of every `TEGroupedMLP` expert parameter (`mlp.experts.linear_fc1.weight{j}`).
+const GROUPED_FC: &str = "mlp.experts.linear_";
+/// `TEGroupedMLP`'s stacked fc1 with `moe_single_grouped_weight`; with a suffix `{j}`, expert j's fc1.
+const STACKED_FC1: &str = "mlp.experts.linear_fc1.weight";
+/// `TEGroupedMLP`'s stacked fc2 with `moe_single_grouped_weight`.
+const STACKED_FC2: &str = "mlp.experts.linear_fc2.weight";
+
 /// A Megatron local parameter, by kind; layer tensors carry their global layer index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Local {
@@ -140,10 +158,8 @@ pub struct LayerNames {
 ///   [`Local::StackedFc1`]); `None` then.
 fn expert_name<'a>(layout: ExpertLayout, j: &'a str, fc: &'a str) -> Option<[&'a str; 5]> {
     match layout {
-        ExpertLayout::Grouped => Some(["mlp.experts.linear_", fc, ".weight", j, ""]),
-        ExpertLayout::Sequential => {
-            Some(["mlp.experts.local_experts.", j, ".linear_", fc, ".weight"])
-        }
+        ExpertLayout::Grouped => Some([GROUPED_FC, fc, ".weight", j, ""]),
+        ExpertLayout::Sequential => Some([SEQUENTIAL_EXPERTS, j, ".linear_", fc, ".weight"]),
         ExpertLayout::SingleGrouped => None,
     }
 }
@@ -179,12 +195,9 @@ impl LayerNames {
             .collect();
         let mut n = |suffix: &str| joined(&mut base, &[suffix]);
         let (qkv_norm, fc1_norm) = if local_spec {
-            ("input_layernorm.weight", "pre_mlp_layernorm.weight")
+            (LOCAL_QKV_NORM, PRE_MLP_NORM)
         } else {
-            (
-                "self_attention.linear_qkv.layer_norm_weight",
-                "mlp.linear_fc1.layer_norm_weight",
-            )
+            (TE_QKV_NORM, TE_FC1_NORM)
         };
         LayerNames {
             qkv_norm: n(qkv_norm),
@@ -197,14 +210,52 @@ impl LayerNames {
             fc1_norm: n(fc1_norm),
             fc1: n("mlp.linear_fc1.weight"),
             fc2: n("mlp.linear_fc2.weight"),
-            pre_mlp_norm: n("pre_mlp_layernorm.weight"),
+            pre_mlp_norm: n(PRE_MLP_NORM),
             router: n("mlp.router.weight"),
             expert_fc1,
             expert_fc2,
-            stacked_fc1: n("mlp.experts.linear_fc1.weight"),
-            stacked_fc2: n("mlp.experts.linear_fc2.weight"),
+            stacked_fc1: n(STACKED_FC1),
+            stacked_fc2: n(STACKED_FC2),
         }
     }
+}
+
+/// The parallel keys a live rank's parameter names decide, in [`crate::KEYS`] order:
+/// `local_spec` (always: 1 when some name ends in the local spec's `input_layernorm.weight`),
+/// then, when the names hold MoE experts, `grouped_gemm` (0 for `SequentialMLP`'s
+/// `mlp.experts.local_experts.{j}.`, 1 for `TEGroupedMLP`'s `mlp.experts.linear_fc1.weight{j}`)
+/// and `single_grouped_weight=1` for a stacked `mlp.experts.linear_fc1.weight`. Names may carry
+/// any prefix (`model{v}.`, `decoder.layers.{i}.`); the markers are the names [`LayerNames`] spells.
+pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
+    // where `part` starts a module path in `name` (after a `.`), and what follows it
+    let after = |name: &'_ str, part: &str| -> Vec<usize> {
+        name.match_indices(part)
+            .filter(|(at, _)| name[..*at].ends_with('.'))
+            .map(|(at, _)| at + part.len())
+            .collect()
+    };
+    let ends_with_part = |name: &str, part: &str| after(name, part).contains(&name.len());
+    let local = names.iter().any(|n| ends_with_part(n, LOCAL_QKV_NORM));
+    let mut out = vec![("local_spec", u64::from(local))];
+    // `mlp.experts.linear_fc1.weight{j}`: the stacked name followed by an expert index
+    let grouped_expert = |name: &str| {
+        after(name, STACKED_FC1).into_iter().any(|end| {
+            let j = &name[end..];
+            !j.is_empty() && j.bytes().all(|b| b.is_ascii_digit())
+        })
+    };
+    if names
+        .iter()
+        .any(|n| !after(n, SEQUENTIAL_EXPERTS).is_empty())
+    {
+        out.push(("grouped_gemm", 0));
+    } else if names.iter().any(|n| ends_with_part(n, STACKED_FC1)) {
+        out.push(("grouped_gemm", 1));
+        out.push(("single_grouped_weight", 1));
+    } else if names.iter().any(|n| grouped_expert(n)) {
+        out.push(("grouped_gemm", 1));
+    }
+    out
 }
 
 /// `base` followed by `parts`, as one allocation (`base` is left as it was).
@@ -251,5 +302,99 @@ mod tests {
         let n = LayerNames::new("", 0, 12, true, ExpertLayout::SingleGrouped);
         assert!(n.expert_fc1.is_empty() && n.expert_fc2.is_empty());
         assert_eq!(&*n.qkv_norm, "decoder.layers.0.input_layernorm.weight");
+    }
+
+    /// The names one rank's layer holds under a spec and expert layout, as Megatron lists them.
+    fn layer(prefix: &str, local_spec: bool, experts: Option<ExpertLayout>) -> Vec<String> {
+        let n = LayerNames::new(
+            prefix,
+            3,
+            2,
+            local_spec,
+            experts.unwrap_or(ExpertLayout::Grouped),
+        );
+        let mut out: Vec<Arc<str>> = vec![n.qkv_norm.clone(), n.qkv.clone(), n.proj.clone()];
+        match experts {
+            None => out.extend([n.fc1_norm.clone(), n.fc1.clone(), n.fc2.clone()]),
+            Some(ExpertLayout::SingleGrouped) => out.extend([
+                n.pre_mlp_norm.clone(),
+                n.router.clone(),
+                n.stacked_fc1.clone(),
+                n.stacked_fc2.clone(),
+            ]),
+            Some(_) => {
+                out.extend([n.pre_mlp_norm.clone(), n.router.clone()]);
+                out.extend(n.expert_fc1.iter().chain(&n.expert_fc2).cloned());
+            }
+        }
+        out.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn options(names: &[String]) -> Vec<(&'static str, u64)> {
+        options_from_names(&names.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// A spec (local or not), an expert module (none: dense), and the options its names decide.
+    type Case = (bool, Option<ExpertLayout>, &'static [(&'static str, u64)]);
+
+    #[test]
+    fn options_from_names_read_the_layer_spec_and_expert_module_megatron_names_spell() {
+        use ExpertLayout::*;
+        let cases: [Case; 6] = [
+            (true, None, &[("local_spec", 1)]),
+            (false, None, &[("local_spec", 0)]),
+            (
+                true,
+                Some(Sequential),
+                &[("local_spec", 1), ("grouped_gemm", 0)],
+            ),
+            (
+                false,
+                Some(Sequential),
+                &[("local_spec", 0), ("grouped_gemm", 0)],
+            ),
+            (
+                false,
+                Some(Grouped),
+                &[("local_spec", 0), ("grouped_gemm", 1)],
+            ),
+            (
+                false,
+                Some(SingleGrouped),
+                &[
+                    ("local_spec", 0),
+                    ("grouped_gemm", 1),
+                    ("single_grouped_weight", 1),
+                ],
+            ),
+        ];
+        for prefix in ["", "model1."] {
+            for (local_spec, experts, want) in cases {
+                let names = layer(prefix, local_spec, experts);
+                assert_eq!(options(&names), want, "{names:?}");
+            }
+        }
+        // a dense layer beside a MoE layer (`moe_layer_freq`) still says grouped experts
+        let mut mixed = layer("", false, None);
+        mixed.extend(layer("", false, Some(Grouped)));
+        assert_eq!(options(&mixed), [("local_spec", 0), ("grouped_gemm", 1)]);
+        // every key is a megatron parallel key
+        for (key, _) in options(&layer("", false, Some(SingleGrouped))) {
+            assert!(crate::KEYS.iter().any(|k| k.name == key), "{key}");
+        }
+    }
+
+    #[test]
+    fn options_from_names_need_a_whole_module_name_not_a_substring() {
+        // no `.` before the marker, a marker in the middle, or a non-index after `weight`
+        let names = [
+            "decoder.layers.0.my_input_layernorm.weight",
+            "input_layernorm.weight",
+            "decoder.layers.0.input_layernorm.weight_scale",
+            "decoder.layers.0.mlp.experts.linear_fc1.weight_scale",
+            "decoder.layers.0.moe_mlp.experts.local_experts.0.linear_fc1.weight",
+        ];
+        assert_eq!(options_from_names(&names), [("local_spec", 0)]);
+        assert_eq!(options_from_names(&[]), [("local_spec", 0)]);
     }
 }

@@ -5,9 +5,11 @@
 //! `Controller`, `detect()`, the error classes, and the engine helpers. This module holds the
 //! machinery they drive: [`endpoint`] (a rank: register, join, update, close), [`memory`]
 //! (zero-copy access to numpy / torch / DLPack memory), [`spec`] (the pair's description from the
-//! gateway), [`controller`], [`detect`], [`logs`] (a stderr subscriber, only when `AWEX_LOG`
+//! gateway), [`controller`], [`detect`], [`attach`] (the options a live model's parameter names
+//! decide, answered by the backend crates), [`logs`] (a stderr subscriber, only when `AWEX_LOG`
 //! asks) and [`testing`] (an in-process gateway for tests).
 
+mod attach;
 mod controller;
 mod detect;
 mod endpoint;
@@ -39,6 +41,7 @@ fn _awex(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<controller::Controller>()?;
     m.add_function(wrap_pyfunction!(detect::detect, m)?)?;
     m.add_function(wrap_pyfunction!(detect::detect_packages, m)?)?;
+    m.add_function(wrap_pyfunction!(attach::options_from_names, m)?)?;
     m.add_function(wrap_pyfunction!(testing::start_gateway, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LINKED_BACKEND_CRATES", BACKENDS.to_vec())?;

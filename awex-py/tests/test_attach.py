@@ -5,7 +5,7 @@ real Megatron-Core / FSDP2 runs are engines/tests/train.)"""
 import pytest
 
 import awex
-from awex import _attach
+from awex import _attach, _awex
 
 
 def names(*suffixes):
@@ -23,6 +23,20 @@ def test_layer_spec_and_expert_layout_come_from_the_real_names():
     assert _attach._names_spec(single) == {"local_spec": 0, "grouped_gemm": 1, "single_grouped_weight": 1}
     dense = names("self_attention.linear_qkv.layer_norm_weight", "mlp.linear_fc1.weight")
     assert _attach._names_spec(dense) == {"local_spec": 0}
+
+    # VPP chunks (`model{v}.`) and a dense layer beside the MoE ones
+    vpp = ["model1." + n for n in names("input_layernorm.weight", "mlp.linear_fc1.weight")] + local
+    assert _attach._names_spec(vpp) == {"local_spec": 1, "grouped_gemm": 0}
+
+
+def test_fsdp_fused_experts_and_unknown_backends_are_answered_by_the_backend_crates():
+    fused = ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.gate_up_proj",
+             "model.layers.1.mlp.experts.down_proj"]
+    assert _awex.options_from_names("fsdp", fused) == [("fused_experts", 1)]
+    per_expert = ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.0.gate_proj.weight"]
+    assert _awex.options_from_names("fsdp", per_expert) == []
+    with pytest.raises(ValueError, match=r"fsdq"):
+        _awex.options_from_names("fsdq", fused)
 
 
 def test_mesh_roles_from_names_or_placements():

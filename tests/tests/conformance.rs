@@ -129,6 +129,58 @@ fn four_backends_are_registered_through_inventory() {
 }
 
 #[test]
+fn options_read_from_a_training_rank_names_rebuild_the_same_names() {
+    awex_tests::link_backends();
+    let mut decided = 0;
+    for model in models() {
+        for b in training_backends() {
+            for p in configs(b.parallel_keys()) {
+                let Ok(l) = b.layout(&model, &p) else {
+                    continue;
+                };
+                let names_of = |l: &dyn SideLayout| -> Vec<String> {
+                    let rl = l.rank_layout(RankId::train(0)).unwrap();
+                    rl.tensors.iter().map(|t| t.name.to_string()).collect()
+                };
+                let names = names_of(l.as_ref());
+                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+                let found = b.options_from_names(&refs);
+                let order: Vec<usize> = found
+                    .iter()
+                    .map(|(k, _)| {
+                        b.parallel_keys()
+                            .iter()
+                            .position(|pk| pk.name == *k)
+                            .unwrap_or_else(|| panic!("{} decides unknown key {k}", b.name()))
+                    })
+                    .collect();
+                assert!(
+                    order.is_sorted(),
+                    "{} keys out of order: {found:?}",
+                    b.name()
+                );
+                // what the names decide, over the config, describes the same names
+                let mut with = p.clone();
+                for (k, v) in &found {
+                    with.0.insert(k.to_string(), *v);
+                }
+                let again = b
+                    .layout(&model, &with)
+                    .unwrap_or_else(|e| panic!("{} {p} + {found:?}: {e}", b.name()));
+                assert_eq!(
+                    names_of(again.as_ref()),
+                    names,
+                    "{} {p} + {found:?}",
+                    b.name()
+                );
+                decided += found.len();
+            }
+        }
+    }
+    assert!(decided > 0);
+}
+
+#[test]
 fn every_backend_layout_is_valid_covering_and_round_trips() {
     awex_tests::link_backends();
     let mut checked = 0;

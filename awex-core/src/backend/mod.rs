@@ -52,7 +52,16 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// A training engine awex can read weights from.
-pub trait TrainingBackend: Backend {}
+pub trait TrainingBackend: Backend {
+    /// The parallel keys that a live rank's own parameter names decide (Megatron's layer spec
+    /// and expert module, FSDP's fused experts), in the order of [`Backend::parallel_keys`]:
+    /// `Writer.attach` reads them from the model instead of asking. A key is left out when the
+    /// names say nothing about it (no expert parameter, say); the default says nothing at all.
+    fn options_from_names(&self, names: &[&str]) -> Vec<(&'static str, u64)> {
+        let _ = names;
+        Vec::new()
+    }
+}
 
 /// An inference engine awex can write weights into.
 pub trait InferenceBackend: Backend {

@@ -3,7 +3,9 @@ the rank, the layer spec and expert layout, from the model and its process group
 
 Megatron-Core: ``megatron.core.parallel_state`` (tp, pp, dp, cp, ep, etp, vpp) and the model's
 ``TransformerConfig`` (first/last stage layers); the layer spec and the expert module from the
-real parameter names. FSDP2: every DTensor parameter's device mesh and placements.
+real parameter names, which the backend crates read (``_awex.options_from_names``), so that
+the names are spelt once, in Rust. FSDP2: every DTensor parameter's device mesh and
+placements, and the fused experts from the names.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from . import _awex
 from . import fsdp as _fsdp
 from . import megatron as _megatron
 from .errors import LayoutError
@@ -49,18 +52,10 @@ def _is_dtensor(p: Any) -> bool:
 
 
 def _names_spec(names: list[str]) -> dict[str, int]:
-    """The layer spec and expert module, from the real parameter names."""
-    out: dict[str, int] = {}
-    # the local spec has `input_layernorm` as a module; Transformer Engine fuses it into linear_qkv
-    out["local_spec"] = int(any(n.endswith(".input_layernorm.weight") for n in names))
-    if any(".mlp.experts.local_experts." in n for n in names):
-        out["grouped_gemm"] = 0
-    elif any(n.endswith(".mlp.experts.linear_fc1.weight") for n in names):
-        out["grouped_gemm"] = 1
-        out["single_grouped_weight"] = 1
-    elif any(".mlp.experts.linear_fc1.weight" in n for n in names):
-        out["grouped_gemm"] = 1
-    return out
+    """The layer spec and expert module (``local_spec``, ``grouped_gemm``,
+    ``single_grouped_weight``), from the real parameter names: awex-megatron, which spells
+    those names, reads them (``_awex.options_from_names``)."""
+    return dict(_awex.options_from_names("megatron", names))
 
 
 def megatron_parallel(chunks: list[Any] | None = None) -> dict[str, int]:
@@ -195,8 +190,8 @@ def fsdp_parallel(params: list[tuple[str, Any]], rank: int) -> dict[str, int]:
         if awex_rank != rank:
             raise LayoutError(f"global rank {rank} sits at mesh coordinate {coord}, which awex numbers {awex_rank}")
     out = dict(sizes)
-    if any(n.endswith(".mlp.experts.gate_up_proj") for n, _ in params):
-        out["fused_experts"] = 1
+    # transformers 5's fused experts, from the names awex-fsdp gives them
+    out.update(_awex.options_from_names("fsdp", [n for n, _ in params]))
     return out
 
 
@@ -219,8 +214,6 @@ def inspect(model: Any) -> dict[str, Any]:
         _megatron_coords_check(p, rank)
         names = [n for n, _ in tensors]
         p.update(_names_spec(names))
-        if not any(".mlp.experts." in n for n in names):
-            p.pop("grouped_gemm", None)
         backend = "megatron"
         layer_spec = "local" if p["local_spec"] else "transformer_engine"
         expected = p["tp"] * p["pp"] * p["dp"] * p["cp"]

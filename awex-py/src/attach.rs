@@ -1,0 +1,19 @@
+//! `options_from_names`: what `Writer.attach` reads from a live model's parameter names (the
+//! Megatron layer spec and expert module, FSDP's fused experts), answered by the backend that
+//! spells those names, so that Python restates none of them.
+
+use crate::errors::Fail;
+use awex_core::backend::training_backend;
+use pyo3::prelude::*;
+
+/// The parallel keys that the parameter names of a live `backend` rank decide, as
+/// `[(key, value)]` in the backend's key order (keys the names say nothing about are left out).
+#[pyfunction]
+pub(crate) fn options_from_names(
+    backend: &str,
+    names: Vec<String>,
+) -> PyResult<Vec<(&'static str, u64)>> {
+    let b = training_backend(backend).map_err(Fail::from)?;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    Ok(b.options_from_names(&names))
+}
