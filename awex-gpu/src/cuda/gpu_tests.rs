@@ -552,7 +552,7 @@ fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
                     assert_eq!(
                         &row[doff..doff + cols],
                         &want[r * cols..(r + 1) * cols],
-                        "{recipe} {rows}x{cols} row {r}"
+                        "{recipe} {rows}x{cols} row {r}, source offset {soff} pad {spad}, destination offset {doff} pad {dpad}"
                     );
                     assert!(
                         row[..doff]

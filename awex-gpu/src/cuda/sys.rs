@@ -593,7 +593,12 @@ pub(crate) unsafe fn copy_async(d: &CopyDesc, s: RawStream) -> Result<(), CudaEr
 pub(crate) unsafe fn memcpy_htod(dst: u64, src: &[u8]) -> Result<(), CudaError> {
     check("cuMemcpyHtoD", unsafe {
         cu::cuMemcpyHtoD_v2(dst, src.as_ptr().cast::<c_void>(), src.len())
-    })
+    })?;
+    // From pageable memory the call returns once the bytes are staged, before the DMA has
+    // written them (CUDA's "API synchronization behavior"), and the non-blocking streams awex
+    // launches on do not wait for it: without this a kernel launched next may read, or be
+    // overwritten by, the bytes still in flight.
+    check("cuCtxSynchronize", unsafe { cu::cuCtxSynchronize() })
 }
 
 /// Copies device memory to host bytes (synchronous).
