@@ -28,6 +28,7 @@ import torch
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV3Config,
     LlamaConfig,
     MixtralConfig,
     Qwen2Config,
@@ -93,7 +94,31 @@ def fixtures():
                 tie_word_embeddings=False,
             ),
         ),
+        # MLA with q_lora_rank; layer 0 dense (first_k_dense_replace), layers 1..2 MoE with a
+        # shared expert and the fp32 router bias.
+        ("deepseek-v3", DeepseekV3Config(**DEEPSEEK, q_lora_rank=32)),
+        # MLA without q_lora_rank: a plain q_proj.
+        ("deepseek-v3-no-q-lora", DeepseekV3Config(**DEEPSEEK, q_lora_rank=None)),
     ]
+
+
+DEEPSEEK = dict(
+    COMMON,
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    tie_word_embeddings=False,
+)
 
 
 def read_header(path):
@@ -128,7 +153,15 @@ def build(cfg):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     except TypeError:
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
-    return model.to(torch.bfloat16)
+    model = model.to(torch.bfloat16)
+    # `from_pretrained` keeps `_keep_in_fp32_modules_strict` in fp32 whatever the dtype (DeepSeek-V3's
+    # router `e_score_correction_bias`, stored fp32 in the published checkpoints); `from_config`
+    # does not, so do what loading does
+    keep = getattr(model, "_keep_in_fp32_modules_strict", None) or []
+    for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
+        if any(k in name for k in keep):
+            buf.data = buf.data.float()
+    return model
 
 
 def main():

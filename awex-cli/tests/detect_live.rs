@@ -2,6 +2,7 @@
 //! own (torch.distributed variables only), or another process's through `--pid`.
 
 use serde_json::Value;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 fn cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
@@ -81,12 +82,15 @@ fn this_process_reports_its_torch_distributed_variables() {
 
 #[test]
 fn pid_reads_another_process_environment_and_command_line() {
-    // a shell that stays the process (`; :` keeps it from exec-ing sleep), with a Megatron
-    // launch's variables and flags as its arguments
+    // a shell that stays the process (`read` is a builtin; `; :` keeps it from exec-ing
+    // anything) until its stdin closes, with a Megatron launch's variables and flags as its
+    // arguments. It says `ready` once it runs its script: `spawn` returns as soon as the child
+    // left this process's memory, before the kernel set up the new image's arguments and
+    // environment, so a read of /proc/PID/environ right after `spawn` can find them empty.
     let child = Command::new("/bin/sh")
         .args([
             "-c",
-            "sleep 30; :",
+            "echo ready; read line; :",
             "pretrain_gpt.py",
             "--tensor-model-parallel-size",
             "2",
@@ -100,10 +104,17 @@ fn pid_reads_another_process_environment_and_command_line() {
             ("TORCHELASTIC_RUN_ID", "job"),
             ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),
         ])
-        .stdout(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .spawn()
         .expect("start /bin/sh");
-    let child = Child(child);
+    let mut child = Child(child);
+    let mut ready = String::new();
+    let stdout = child.0.stdout.take().expect("the child's stdout is piped");
+    BufReader::new(stdout)
+        .read_line(&mut ready)
+        .expect("read the child's first line");
+    assert_eq!(ready, "ready\n", "the shell did not start its script");
     let pid = child.0.id().to_string();
     let (code, out, err) = cli(&["detect", "--json", "--pid", &pid], &[]);
     assert_eq!(code, 0, "{err}");

@@ -25,6 +25,8 @@ const FIXTURES: &[&str] = &[
     "qwen3-attention-bias",
     "llama-attention-bias",
     "mixtral",
+    "deepseek-v3",
+    "deepseek-v3-no-q-lora",
 ];
 
 /// One tensor as (name, shape, safetensors dtype name), the unit both sides are compared in.
@@ -290,7 +292,7 @@ fn every_preset_name_resolves_to_a_spec_of_that_name() {
         let qwen3 = spec.architecture.hf_name().starts_with("Qwen3");
         assert_eq!(spec.qk_norm(), qwen3, "{name}");
     }
-    assert_eq!(presets::names().len(), 9);
+    assert_eq!(presets::names().len(), 12);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 
@@ -542,4 +544,57 @@ fn spec_size(spec: &ModelSpec) -> u128 {
     let mut c = Count(0);
     walk(spec, &mut c);
     c.0
+}
+
+#[test]
+fn deepseek_v3_catalogue_matches_transformers_mla_shared_experts_and_fp32_router_bias() {
+    let spec = check_fixture("deepseek-v3");
+    assert_eq!(spec.architecture, Architecture::DeepseekV3);
+    let moe_layers: Vec<u64> = (0..spec.num_layers)
+        .filter(|&l| spec.is_moe_layer(l))
+        .collect();
+    assert_eq!(moe_layers, vec![1, 2]);
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 91);
+    let bias = cat
+        .get("model.layers.1.mlp.gate.e_score_correction_bias")
+        .map(|t| (t.shape.as_slice().to_vec(), t.dtype.as_str()));
+    assert_eq!(bias, Some((vec![8], "f32")));
+    assert!(
+        cat.get("model.layers.0.mlp.gate.e_score_correction_bias")
+            .is_none()
+    );
+    assert!(
+        cat.get("model.layers.2.mlp.shared_experts.down_proj.weight")
+            .is_some()
+    );
+}
+
+#[test]
+fn deepseek_v3_without_q_lora_rank_has_a_plain_q_proj() {
+    let spec = check_fixture("deepseek-v3-no-q-lora");
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 85);
+    assert_eq!(
+        cat.get("model.layers.0.self_attn.q_proj.weight")
+            .map(|t| t.shape.as_slice().to_vec()),
+        Some(vec![4 * 24, 64])
+    );
+    assert!(
+        cat.get("model.layers.0.self_attn.q_a_proj.weight")
+            .is_none()
+    );
+}
+
+#[test]
+fn deepseek_v3_refuses_a_moe_layer_freq_other_than_one_by_name() {
+    let mut cfg = load("deepseek-v3")["config"].clone();
+    cfg["moe_layer_freq"] = serde_json::json!(2);
+    let e = ModelSpec::from_config_value(&cfg)
+        .map(|s| s.name)
+        .map_err(|e| e.to_string());
+    assert_eq!(
+        e,
+        Err("config.json field `moe_layer_freq`: awex supports moe_layer_freq 1 (every layer from first_k_dense_replace on is MoE), found 2".to_string())
+    );
 }

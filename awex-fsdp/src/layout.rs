@@ -19,6 +19,33 @@ use awex_core::model::{Canon, ModelSpec, Part, Role, Split as ExpertSplit};
 /// router) and `mlp.experts` (`gate_up_proj`, `down_proj`).
 const FUSED_MOE: &str = "mlp";
 
+/// The parts the FSDP layout places (one dtype, checked HF module order); a family with any
+/// other part is refused by name.
+const MAPPED: [Part; 22] = [
+    Part::Embed,
+    Part::LmHead,
+    Part::FinalNorm,
+    Part::InputNorm,
+    Part::PostNorm,
+    Part::Q,
+    Part::K,
+    Part::V,
+    Part::QBias,
+    Part::KBias,
+    Part::VBias,
+    Part::O,
+    Part::OBias,
+    Part::QNorm,
+    Part::KNorm,
+    Part::Gate,
+    Part::Up,
+    Part::Down,
+    Part::Router,
+    Part::ExpertGate,
+    Part::ExpertUp,
+    Part::ExpertDown,
+];
+
 /// Where a part comes among its layer's HF parameters (`named_parameters()` order); with
 /// transformers 5's fused experts, `mlp.experts` is declared before `mlp.gate`.
 fn module_rank(part: Part, fused_experts: bool) -> u8 {
@@ -66,6 +93,20 @@ pub enum FsdpConfigError {
     FusedExpertsWithTp {
         /// tensor-parallel size
         tp: u64,
+    },
+    /// The model has a part awex does not lay out for FSDP yet.
+    #[error(
+        "fsdp: {class} ({family}) has `{example}` ({part}), which awex does not map to FSDP's parameters yet"
+    )]
+    Unmapped {
+        /// the HF class
+        class: &'static str,
+        /// the family
+        family: &'static str,
+        /// one tensor of the part
+        example: String,
+        /// the part
+        part: &'static str,
     },
     /// Tensor parallelism must give every rank whole query and KV heads.
     #[error(
@@ -156,6 +197,17 @@ impl FsdpLayout {
             "fsdp",
             &[("replicate", replicate), ("dp", dp), ("tp", tp)],
         )?;
+        if let Some(p) = spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
+            let family = spec.architecture.family();
+            return Err(FsdpConfigError::Unmapped {
+                class: family.hf_class,
+                family: family.name,
+                example: (0..spec.num_layers)
+                    .find_map(|l| family.names.name(Canon::at(p, l)))
+                    .unwrap_or_default(),
+                part: p.label(),
+            });
+        }
         // Transformers' TP plan (models/qwen3/configuration_qwen3.py, transformers 5.24) makes
         // q/k/v_proj colwise and o_proj rowwise; the attention reshapes each local projection
         // to (-1, head_dim) heads and repeats KV heads by the global

@@ -111,7 +111,10 @@ prop_compose! {
                 moe_intermediate_size: mi,
                 decoder_sparse_step: 1,
                 mlp_only_layers: vec![0],
+                shared_intermediate_size: 0,
+                router_bias: false,
             }),
+            mla: None,
         }
     }
 }

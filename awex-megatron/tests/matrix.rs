@@ -109,6 +109,8 @@ fn model_strategy(layers: u64) -> impl Strategy<Value = ModelSpec> {
                     moe_intermediate_size: mi,
                     decoder_sparse_step: step,
                     mlp_only_layers: if dense0 { vec![0] } else { vec![] },
+                    shared_intermediate_size: 0,
+                    router_bias: false,
                 });
                 ModelSpec {
                     name: "random".into(),
@@ -128,6 +130,7 @@ fn model_strategy(layers: u64) -> impl Strategy<Value = ModelSpec> {
                     attention_bias: bias,
                     dtype: awex_core::DType::Bf16,
                     moe,
+                    mla: None,
                 }
             },
         )

@@ -186,7 +186,10 @@ prop_compose! {
                 moe_intermediate_size: mi,
                 decoder_sparse_step: step,
                 mlp_only_layers: if dense0 { vec![0] } else { vec![] },
+                shared_intermediate_size: 0,
+                router_bias: false,
             }),
+            mla: None,
         }
     }
 }

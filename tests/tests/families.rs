@@ -200,3 +200,26 @@ fn a_plan_into_vllm_moves_everything_but_the_dropped_tensors() {
     }
     assert!(moved > 0);
 }
+
+#[test]
+fn every_backend_refuses_deepseek_v3_naming_the_first_part_it_does_not_map() {
+    let m = presets::preset("deepseek-v3-tiny").unwrap();
+    for (side, spec, backend) in [
+        (Side::Training, "megatron:tp=2", "megatron"),
+        (Side::Training, "fsdp:dp=2", "fsdp"),
+        (Side::Inference, "sglang:tp=2", "sglang"),
+        (Side::Inference, "vllm:tp=2", "vllm"),
+    ] {
+        let s: BackendSpec = spec.parse().unwrap();
+        let e = match side_layout(side, &s, &m) {
+            Ok(_) => panic!("{spec} accepted DeepSeek-V3"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains(
+                "DeepseekV3ForCausalLM (deepseek-v3) has `model.layers.0.self_attn.q_a_proj.weight` (q_down), which awex does not map"
+            ),
+            "{backend}: {e}"
+        );
+    }
+}

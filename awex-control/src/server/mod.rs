@@ -15,9 +15,12 @@
 //! 3. `engine`: the inference engines' calls, as the backend's `EngineControl` describes them,
 //!    reporting back through a trait the pair implements;
 //! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;
-//! 5. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
+//! 5. `lifecycle`: the update state machine on a pair's entry (start, reports, fail, settle,
+//!    commit, the deadline, the engines' session), answering typed refusals (`UpdateError`);
+//! 6. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
 //!    (bearer token, constant-time compare);
-//! 6. `routes`: one file per resource, and the update lifecycle they drive:
+//! 7. `routes`: one file per resource, thin handlers that parse, authorise, call the state and
+//!    map its refusals to status codes:
 //!
 //! | file | routes |
 //! | --- | --- |
@@ -37,6 +40,7 @@ mod config;
 mod engine;
 mod error;
 mod extract;
+mod lifecycle;
 mod listener;
 mod polls;
 mod routes;

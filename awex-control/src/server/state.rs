@@ -1,6 +1,7 @@
 //! The gateway's state: every pair's entry (its immutable description, its mutable state behind
 //! a mutex, the channels waiters watch) and the gateway that holds them. Handlers live in
-//! `routes`; the data structures the state is made of live in `store`.
+//! `routes`, the update lifecycle in `lifecycle`; the data structures the state is made of live
+//! in `store`.
 
 use crate::server::config::GatewayConfig;
 use crate::server::engine::{EngineClient, EngineCmd, EngineLane};

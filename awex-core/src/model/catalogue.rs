@@ -126,25 +126,24 @@ impl Catalogue {
             out: Vec<CanonicalTensor>,
         }
         impl Build {
-            fn push(&mut self, c: Canon, shape: Dims) {
+            fn push(&mut self, c: Canon, shape: Dims, dtype: DType) {
                 // a family lists only parts its names spell (a test checks every family)
                 if let Some(name) = self.names.name(c) {
-                    self.out.push(CanonicalTensor {
-                        name,
-                        shape,
-                        dtype: self.dtype,
-                    });
+                    self.out.push(CanonicalTensor { name, shape, dtype });
                 }
             }
         }
         impl Sink for Build {
             fn part(&mut self, c: Canon, shape: Dims) {
-                self.push(c, shape);
+                self.push(c, shape, self.dtype);
+            }
+            fn part_as(&mut self, c: Canon, shape: Dims, dtype: DType) {
+                self.push(c, shape, dtype);
             }
             fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]) {
                 for e in 0..count {
                     for (p, shape) in parts {
-                        self.push(Canon::expert_at(*p, l, e), *shape);
+                        self.push(Canon::expert_at(*p, l, e), *shape, self.dtype);
                     }
                 }
             }

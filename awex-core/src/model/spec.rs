@@ -27,6 +27,8 @@ impl Architecture {
     pub const Qwen3Moe: Architecture = Architecture(&family::qwen3_moe::FAMILY);
     /// `MixtralForCausalLM` (every layer MoE, `block_sparse_moe`)
     pub const Mixtral: Architecture = Architecture(&family::mixtral::FAMILY);
+    /// `DeepseekV3ForCausalLM` (MLA, shared experts, router bias; Kimi-K2 too)
+    pub const DeepseekV3: Architecture = Architecture(&family::deepseek_v3::FAMILY);
 
     /// The HF class name.
     pub const fn hf_name(self) -> &'static str {
@@ -76,6 +78,31 @@ pub struct MoeSpec {
     pub decoder_sparse_step: u64,
     /// Layers that stay dense whatever the step says.
     pub mlp_only_layers: Vec<u64>,
+    /// Rows of the shared experts' MLP every token also goes through (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_intermediate_size: u64,
+    /// The router has a score-correction bias (`e_score_correction_bias`, fp32).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub router_bias: bool,
+}
+
+/// Multi-head latent attention sizes (DeepSeek-V2/V3, Kimi-K2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MlaSpec {
+    /// Rank of the query down projection; `None`: a plain `q_proj`.
+    pub q_lora_rank: Option<u64>,
+    /// Rank of the key/value down projection.
+    pub kv_lora_rank: u64,
+    /// Per-head query/key size without rotary embedding.
+    pub qk_nope_head_dim: u64,
+    /// Per-head query/key size with rotary embedding (shared by all heads for the key).
+    pub qk_rope_head_dim: u64,
+    /// Per-head value size.
+    pub v_head_dim: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The architecture and sizes of a model: everything needed to name and shape its tensors.
@@ -107,6 +134,9 @@ pub struct ModelSpec {
     pub dtype: DType,
     /// MoE sizes, when the model has experts.
     pub moe: Option<MoeSpec>,
+    /// Multi-head latent attention sizes, when the attention is MLA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSpec>,
 }
 
 pub(crate) fn field<'a>(cfg: &'a Value, name: &'static str) -> Result<&'a Value, ModelError> {
@@ -319,7 +349,30 @@ impl ModelSpec {
         for (field, v, max, why) in size {
             check(field, u128::from(v), max, why)?;
         }
+        if let Some(a) = &self.mla {
+            let ranks = [
+                ("q_lora_rank", a.q_lora_rank.unwrap_or(0)),
+                ("kv_lora_rank", a.kv_lora_rank),
+                ("qk_nope_head_dim", a.qk_nope_head_dim),
+                ("qk_rope_head_dim", a.qk_rope_head_dim),
+                ("v_head_dim", a.v_head_dim),
+            ];
+            for (field, v) in ranks {
+                check(
+                    field,
+                    u128::from(v),
+                    l::MAX_HIDDEN,
+                    "2.5x the largest real hidden size, 25600",
+                )?;
+            }
+        }
         if let Some(m) = &self.moe {
+            check(
+                "shared experts' intermediate size",
+                u128::from(m.shared_intermediate_size),
+                l::MAX_INTERMEDIATE,
+                "14x the largest real intermediate size, 73728",
+            )?;
             let experts = "8x the most experts of a real model, 512";
             check(
                 "num_experts",
@@ -538,6 +591,7 @@ mod tests {
                 attention_bias: false,
                 dtype: DType::Bf16,
                 moe: None,
+                mla: None,
             }
         );
         assert_eq!(
@@ -556,7 +610,8 @@ mod tests {
         assert_eq!(
             err(&cfg),
             "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
-             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM"
+             Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
+             DeepseekV3ForCausalLM"
         );
     }
 
@@ -738,6 +793,8 @@ mod tests {
                 moe_intermediate_size: 32,
                 decoder_sparse_step: 1,
                 mlp_only_layers: vec![0],
+                shared_intermediate_size: 0,
+                router_bias: false,
             })
         );
         // transformers 5 saves Qwen3-MoE configs with `num_local_experts`.
@@ -782,7 +839,8 @@ mod tests {
             Err(
                 "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
                  config.json or HF directory; presets: qwen3-tiny, qwen3-0.6b, qwen3-8b, \
-                 qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b"
+                 qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b, \
+                 deepseek-v3-tiny, deepseek-v3, kimi-k2"
                     .to_string()
             )
         );

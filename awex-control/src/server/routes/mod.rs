@@ -1,4 +1,5 @@
-//! The route handlers, one file per resource, and the lifecycle of updates they drive.
+//! The route handlers, one file per resource: they parse, authorise, call the pair's state (the
+//! update lifecycle lives in `server::lifecycle`) and map its refusals to status codes.
 
 pub(crate) mod events;
 pub(crate) mod kv;

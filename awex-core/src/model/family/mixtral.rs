@@ -74,6 +74,8 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
         moe_intermediate_size: spec.intermediate_size,
         decoder_sparse_step: 1,
         mlp_only_layers: Vec::new(),
+        shared_intermediate_size: 0,
+        router_bias: false,
     });
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! Adding a family: write `family/<name>.rs` with a `pub const FAMILY: Family` (see
 //! `qwen3.rs`), and add it to [`ALL`].
 
+pub(crate) mod deepseek_v3;
 pub(crate) mod llama;
 pub(crate) mod mixtral;
 pub(crate) mod qwen2;
@@ -25,6 +26,7 @@ pub const ALL: &[&Family] = &[
     &qwen3::FAMILY,
     &qwen3_moe::FAMILY,
     &mixtral::FAMILY,
+    &deepseek_v3::FAMILY,
 ];
 
 /// One model family: its HF class, its names, how it reads a config and which parts a layer has.
@@ -57,8 +59,14 @@ pub struct Preset {
 
 /// Receives a family's parts.
 pub trait Sink {
-    /// One tensor.
+    /// One tensor, in the model's dtype.
     fn part(&mut self, c: Canon, shape: Dims);
+    /// One tensor that a checkpoint stores in `dtype` whatever the model's dtype (DeepSeek-V3's
+    /// fp32 router bias); a sink that needs no dtype treats it as [`Sink::part`].
+    fn part_as(&mut self, c: Canon, shape: Dims, dtype: DType) {
+        let _ = dtype;
+        self.part(c, shape);
+    }
     /// `count` routed experts of layer `l`, each with these parts (in this order).
     fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]);
 }
@@ -217,6 +225,7 @@ pub(crate) fn common(
         attention_bias: false,
         dtype,
         moe: None,
+        mla: None,
     })
 }
 
@@ -268,6 +277,7 @@ pub(crate) fn dense(
         attention_bias: false,
         dtype: DType::Bf16,
         moe: None,
+        mla: None,
     }
 }
 
@@ -286,6 +296,8 @@ pub(crate) fn with_experts(
             moe_intermediate_size: moe_inter,
             decoder_sparse_step: 1,
             mlp_only_layers: dense_layers,
+            shared_intermediate_size: 0,
+            router_bias: false,
         }),
         ..spec
     }

@@ -87,6 +87,8 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
         moe_intermediate_size: uint(cfg, "moe_intermediate_size")?,
         decoder_sparse_step: opt_uint(cfg, "decoder_sparse_step")?.unwrap_or(1),
         mlp_only_layers: layer_list(cfg, "mlp_only_layers")?,
+        shared_intermediate_size: 0,
+        router_bias: false,
     });
     Ok(())
 }

@@ -1,0 +1,1255 @@
+//! The update lifecycle of a pair: the state machine the update routes drive.
+//!
+//! A version goes `pending` (pausing the inference engines, when the pair names their URLs) ->
+//! `running` (ranks were told through an `update` event) -> `committed` | `failed`. It commits
+//! only when every rank of both sides reported success and, with checksums on, the training
+//! ranks' checksums sum to the inference ranks' sum. A failed report, a checksum mismatch, a
+//! missed deadline or a disconnect fails it, naming the ranks and reasons; a failed version can
+//! be started again with the same number (a new attempt).
+//!
+//! In atomic pairs (`options.apply = atomic`) the reports of every rank mean "received and
+//! verified into staging"; once all are in (and the checksums agree) the gateway publishes an
+//! `apply` event, the inference ranks copy staging into their live tensors and report a second
+//! time, and only then the version commits. A failure before `apply` wrote nothing live (the
+//! version is not torn, the engines resume on the last committed one); a failure after it is
+//! torn, as in place.
+//!
+//! The engines' session (pause, trigger, finish, continue) is driven from here through the
+//! pair's engine lane, whose answers come back through [`EngineEvents`]. Everything here works
+//! on a [`PairEntry`] and answers with an [`UpdateError`]; `routes/updates` only parses,
+//! authorises, calls and maps the error to a status code.
+
+use crate::server::engine::{EngineCmd, EngineEvents};
+use crate::server::error::ApiError;
+use crate::server::state::{Pair, PairEntry, unix_ms};
+use crate::server::store::disk::Op;
+use crate::server::store::roster::{list_ranks, rank_name};
+use crate::server::store::updates::{RankDetail, RankSlot, Update};
+use crate::wire::{
+    ApplyMode, EventKind, MAX_ERROR_BYTES, PairState, Report, ReportAck, UpdateState, UpdateStatus,
+    ms,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Why the lifecycle refused a start, a report or a status read (the route maps each to its
+/// status code; the message says what is wrong and what would be right).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UpdateError {
+    /// The pair is still joining: updates start once every rank joined.
+    #[error(
+        "pair `{pair}` is still joining: {joined} of {total} ranks joined; start updates once every rank joined"
+    )]
+    Joining {
+        pair: String,
+        joined: usize,
+        total: usize,
+    },
+    /// The pair's join failed: it must be connected again.
+    #[error("pair `{pair}` failed to join; disconnect it and connect again")]
+    JoinFailed { pair: String },
+    /// The pair was disconnected.
+    #[error("pair `{pair}` was disconnected; connect it again with POST /v1/pairs")]
+    Disconnected { pair: String },
+    /// Another version is still pending or running.
+    #[error(
+        "version {current} of pair `{pair}` is {}; wait for it to commit or fail before starting version {version}",
+        state.as_str()
+    )]
+    Busy {
+        pair: String,
+        current: u64,
+        state: UpdateState,
+        version: u64,
+    },
+    /// The version is not newer than the latest (or repeats a committed one).
+    #[error(
+        "version {version} is stale: pair `{pair}` already ran version {latest} ({}); versions must increase, and only a failed version may be retried",
+        state.as_str()
+    )]
+    Stale {
+        pair: String,
+        version: u64,
+        latest: u64,
+        state: UpdateState,
+    },
+    /// No update of that version exists (status read).
+    #[error(
+        "pair `{pair}` has no update of version {version}{}",
+        match latest {
+            Some(l) => format!(" (latest: {l})"),
+            None => " (none was started)".to_string(),
+        }
+    )]
+    NoSuchVersion {
+        pair: String,
+        version: u64,
+        latest: Option<u64>,
+    },
+    /// A report for a version that was never announced.
+    #[error(
+        "pair `{pair}` has no update of version {version}; report only versions announced by an `update` event"
+    )]
+    NotAnnounced { pair: String, version: u64 },
+    /// The version was dropped from the history while it was being answered.
+    #[error("version {version} vanished")]
+    Vanished { version: u64 },
+    /// A report's error is longer than the wire allows.
+    #[error("the error {who} reported is longer than {MAX_ERROR_BYTES} bytes")]
+    ErrorTooLong { who: String },
+    /// A successful report without the checksum the pair asks for.
+    #[error("pair `{pair}` has checksums on: the successful report of {who} needs `checksum`")]
+    ChecksumMissing { pair: String, who: String },
+    /// A report for an attempt that is over.
+    #[error("attempt {attempt} of version {version} is over; the current attempt is {current}")]
+    AttemptOver {
+        version: u64,
+        attempt: u32,
+        current: u32,
+    },
+    /// A report while the engines are still being paused.
+    #[error(
+        "version {version} has not started running (the engines are being paused); wait for its `update` event"
+    )]
+    NotRunning { version: u64 },
+    /// A report after the version committed or failed.
+    #[error(
+        "version {version} attempt {attempt} already {}; the report of {who} came too late",
+        state.as_str()
+    )]
+    Settled {
+        version: u64,
+        attempt: u32,
+        state: UpdateState,
+        who: String,
+    },
+    /// A second report of the same rank for the same attempt.
+    #[error("{who} already reported for version {version} attempt {attempt}")]
+    AlreadyReported {
+        who: String,
+        version: u64,
+        attempt: u32,
+    },
+    /// A training rank's report while the inference ranks apply an atomic version.
+    #[error(
+        "{who} already reported for version {version} attempt {attempt}; while the inference ranks apply it, only they report"
+    )]
+    ApplyingOnlyInference {
+        who: String,
+        version: u64,
+        attempt: u32,
+    },
+    /// A second "applied" report of the same inference rank.
+    #[error("{who} already reported applying version {version} attempt {attempt}")]
+    AlreadyApplied {
+        who: String,
+        version: u64,
+        attempt: u32,
+    },
+    /// The version holds no record of the rank (a history trimmed of per-rank detail).
+    #[error("version {version} has no per-rank record of {who}")]
+    NoRankRecord { who: String, version: u64 },
+    /// The roster refused the reporter (a rank outside the pair, or not the slot's holder).
+    #[error(transparent)]
+    Reporter(ApiError),
+}
+
+impl PairEntry {
+    /// Starts `version` (a new one, or a new attempt of a failed one): pauses the engines or
+    /// announces it to the ranks, and arms its deadline. Answers its status.
+    pub(crate) fn start_update(
+        self: &Arc<Self>,
+        version: u64,
+    ) -> Result<UpdateStatus, UpdateError> {
+        let name = &self.name;
+        let mut p = self.lock();
+        match p.state {
+            PairState::Ready => {}
+            PairState::Joining => {
+                return Err(UpdateError::Joining {
+                    pair: name.clone(),
+                    joined: p.roster.joined(),
+                    total: self.slots.total(),
+                });
+            }
+            PairState::JoinFailed => {
+                return Err(UpdateError::JoinFailed { pair: name.clone() });
+            }
+            PairState::Disconnected => {
+                return Err(UpdateError::Disconnected { pair: name.clone() });
+            }
+        }
+        let mut attempt = 1;
+        if let Some(cur) = p.updates.latest() {
+            if !cur.state.is_final() {
+                return Err(UpdateError::Busy {
+                    pair: name.clone(),
+                    current: cur.version,
+                    state: cur.state,
+                    version,
+                });
+            }
+            if version < cur.version
+                || (version == cur.version && cur.state == UpdateState::Committed)
+            {
+                return Err(UpdateError::Stale {
+                    pair: name.clone(),
+                    version,
+                    latest: cur.version,
+                    state: cur.state,
+                });
+            }
+            if version == cur.version {
+                attempt = cur.attempt.saturating_add(1);
+            }
+        }
+        let deadline = Duration::from_millis(self.request.options.update_deadline_ms);
+        let pending = self.engines.is_some();
+        tracing::info!(pair = %name, version, attempt, "update started");
+        let (gone, trimmed) = p.updates.insert(Update {
+            version,
+            attempt,
+            state: if pending {
+                UpdateState::Pending
+            } else {
+                UpdateState::Running
+            },
+            started: Instant::now(),
+            started_unix_ms: unix_ms(),
+            deadline,
+            pause: None,
+            finished: None,
+            ranks: vec![RankSlot::default(); self.slots.total()],
+            succeeded: 0,
+            bytes: [0; 2],
+            checksums: [0; 2],
+            error: None,
+            engine_errors: Vec::new(),
+            trigger_waiting: false,
+            finishing: false,
+            applying: false,
+            applied: 0,
+        });
+        for v in gone {
+            p.changed(Op::Update(v));
+        }
+        for v in trimmed {
+            // its header says it has no per-rank detail any more
+            p.changed(Op::ClearReports(v));
+            p.changed(Op::Update(v));
+        }
+        p.changed(Op::ClearReports(version));
+        p.changed(Op::Update(version));
+        if pending {
+            self.engine_cmd(EngineCmd::Pause { version, attempt });
+        } else {
+            bind_claims(&mut p, version);
+            self.publish(
+                &mut p,
+                EventKind::Update,
+                Some(version),
+                Some(attempt),
+                None,
+            );
+        }
+        self.update_tx.send_replace(());
+        let status = p
+            .updates
+            .latest()
+            .map(|u| self.update_status(u, RankDetail::None));
+        drop(p);
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            if let Some(e) = weak.upgrade() {
+                e.enforce_update_deadline(version, attempt);
+            }
+        });
+        status.ok_or(UpdateError::Vanished { version })
+    }
+
+    /// The status of `version` once it committed or failed, or as it is at `end`; fails it on
+    /// the way if its deadline passes while waiting.
+    pub(crate) async fn wait_update(
+        &self,
+        version: u64,
+        end: Instant,
+        detail: RankDetail,
+    ) -> Result<UpdateStatus, UpdateError> {
+        let mut rx = self.update_tx.subscribe();
+        loop {
+            let (v, attempt, done) = {
+                let p = self.lock();
+                let Some(u) = p.updates.history.get(&version) else {
+                    return Err(UpdateError::NoSuchVersion {
+                        pair: self.name.clone(),
+                        version,
+                        latest: p.updates.latest().map(|l| l.version),
+                    });
+                };
+                if u.state.is_final() || Instant::now() >= end {
+                    return Ok(self.update_status(u, detail));
+                }
+                (u.version, u.attempt, u.elapsed() >= u.deadline)
+            };
+            if done {
+                self.enforce_update_deadline(v, attempt);
+                continue;
+            }
+            let _ = tokio::time::timeout_at(end, rx.changed()).await;
+        }
+    }
+
+    /// Records a rank's report of `version`: a success settles the version (it commits once
+    /// every rank succeeded), a failure fails it with the rank's reason.
+    pub(crate) fn report(&self, version: u64, r: Report) -> Result<ReportAck, UpdateError> {
+        let name = &self.name;
+        let slot = self
+            .slots
+            .index(r.side, r.rank)
+            .map_err(UpdateError::Reporter)?;
+        let who = rank_name(r.side, r.rank);
+        if r.error.as_ref().is_some_and(|e| e.len() > MAX_ERROR_BYTES) {
+            return Err(UpdateError::ErrorTooLong { who });
+        }
+        if self.request.options.checksums && r.ok && r.checksum.is_none() {
+            return Err(UpdateError::ChecksumMissing {
+                pair: name.clone(),
+                who,
+            });
+        }
+        let mut p = self.lock();
+        if p.state == PairState::Disconnected {
+            return Err(UpdateError::Disconnected { pair: name.clone() });
+        }
+        // only the process that held the slot when the version was announced reports for it
+        let announced = p
+            .updates
+            .history
+            .get(&version)
+            .and_then(|u| u.ranks.get(slot))
+            .and_then(|r| r.claim.clone());
+        p.roster
+            .check_reporter(
+                &self.slots,
+                slot,
+                announced.as_deref(),
+                r.incarnation.as_deref(),
+            )
+            .map_err(UpdateError::Reporter)?;
+        let Some(u) = p.updates.history.get_mut(&version) else {
+            return Err(UpdateError::NotAnnounced {
+                pair: name.clone(),
+                version,
+            });
+        };
+        if let Some(a) = r.attempt {
+            if a != u.attempt {
+                return Err(UpdateError::AttemptOver {
+                    version,
+                    attempt: a,
+                    current: u.attempt,
+                });
+            }
+        }
+        match u.state {
+            UpdateState::Running => {}
+            UpdateState::Pending => return Err(UpdateError::NotRunning { version }),
+            UpdateState::Committed | UpdateState::Failed => {
+                return Err(UpdateError::Settled {
+                    version,
+                    attempt: u.attempt,
+                    state: u.state,
+                    who,
+                });
+            }
+        }
+        let after = ms(u.elapsed());
+        let attempt = u.attempt;
+        if u.applying {
+            // atomic pairs, second phase: every rank received; inference ranks say they applied
+            if self.slots.is_training(slot) {
+                return Err(UpdateError::ApplyingOnlyInference {
+                    who,
+                    version,
+                    attempt,
+                });
+            }
+            let Some(rank) = u.ranks.get_mut(slot) else {
+                return Err(UpdateError::NoRankRecord { who, version });
+            };
+            if rank.applied.is_some() {
+                return Err(UpdateError::AlreadyApplied {
+                    who,
+                    version,
+                    attempt,
+                });
+            }
+            rank.applied = Some(r.ok);
+            if !r.ok {
+                rank.error = Some(
+                    r.error
+                        .clone()
+                        .unwrap_or_else(|| "no reason given".to_string()),
+                );
+            }
+            if r.ok {
+                u.applied += 1;
+            }
+            p.changed(Op::Report(version, slot));
+            if r.ok {
+                self.settle(&mut p);
+            } else {
+                let why = r.error.unwrap_or_else(|| "no reason given".to_string());
+                self.fail(
+                    &mut p,
+                    format!("{who} failed applying the staged version to its live tensors: {why}"),
+                );
+            }
+            return self.ack(&p, version);
+        }
+        let Some(rank) = u.ranks.get_mut(slot) else {
+            return Err(UpdateError::NoRankRecord { who, version });
+        };
+        if rank.state.is_some() {
+            return Err(UpdateError::AlreadyReported {
+                who,
+                version,
+                attempt,
+            });
+        }
+        rank.state = Some(r.ok);
+        rank.bytes = r.bytes;
+        rank.checksum = r.checksum;
+        rank.error = r.error.clone();
+        rank.after_ms = Some(after);
+        p.changed(Op::Report(version, slot));
+        let Some(u) = p.updates.history.get_mut(&version) else {
+            return Err(UpdateError::Vanished { version });
+        };
+        let side = usize::from(!self.slots.is_training(slot));
+        u.bytes[side] = u.bytes[side].saturating_add(r.bytes);
+        u.checksums[side] = u.checksums[side].wrapping_add(r.checksum.unwrap_or(0));
+        if r.ok {
+            u.succeeded += 1;
+            self.settle(&mut p);
+        } else {
+            let why = r.error.unwrap_or_else(|| "no reason given".to_string());
+            self.fail(&mut p, format!("{who} reported failure: {why}"));
+        }
+        self.ack(&p, version)
+    }
+
+    /// The answer to a report: where `version` stands now.
+    fn ack(&self, p: &Pair, version: u64) -> Result<ReportAck, UpdateError> {
+        let u = p
+            .updates
+            .history
+            .get(&version)
+            .ok_or(UpdateError::Vanished { version })?;
+        Ok(ReportAck {
+            version,
+            attempt: u.attempt,
+            state: u.state,
+            succeeded: u.succeeded as u32,
+            world_size: self.slots.total() as u32,
+        })
+    }
+
+    /// Marks the current attempt failed, tells ranks that were told to run it (`abort`), resumes
+    /// the engines.
+    pub(crate) fn fail(&self, p: &mut Pair, reason: String) {
+        self.fail_and(p, reason, false);
+    }
+
+    /// [`Self::fail`]; with `resume`, the engines are resumed even on torn weights (the pair
+    /// is going away).
+    fn fail_and(&self, p: &mut Pair, reason: String, resume: bool) {
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        if u.state.is_final() {
+            return;
+        }
+        let announced = u.state == UpdateState::Running;
+        // in atomic pairs the live tensors are written only once `apply` went out
+        let wrote = announced && (self.request.options.apply == ApplyMode::InPlace || u.applying);
+        u.state = UpdateState::Failed;
+        u.finished = Some(Instant::now());
+        let error = format!(
+            "version {} attempt {} failed: {reason}",
+            u.version, u.attempt
+        );
+        u.error = Some(error.clone());
+        let (version, attempt) = (u.version, u.attempt);
+        p.changed(Op::Update(version));
+        p.changed(Op::State);
+        let Some(u) = p.updates.history.get(&version) else {
+            return;
+        };
+        tracing::warn!(
+            pair = %self.name,
+            version,
+            attempt,
+            elapsed_ms = ms(u.elapsed()),
+            error = %error,
+            "update failed"
+        );
+        self.metrics
+            .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
+        // ranks waiting for this version learn at once that it failed, even when it never
+        // reached them (e.g. pausing the engines failed)
+        self.publish(
+            p,
+            EventKind::Abort,
+            Some(version),
+            Some(attempt),
+            Some(error),
+        );
+        if wrote {
+            // the ranks may have written part of this version: never serve it silently
+            p.updates.torn = Some(version);
+            p.changed(Op::State);
+        }
+        if resume || (!wrote && p.updates.torn.is_none()) || self.engines.is_none() {
+            // nothing was written (the live weights are the last committed version's), or the
+            // pair is gone: the engines serve again. After an earlier torn attempt they stay
+            // paused, even when this attempt wrote nothing.
+            self.engine_cmd(EngineCmd::Continue { version, attempt });
+        }
+        self.update_tx.send_replace(());
+    }
+
+    /// Fails a pending or running update and resumes the engines (used on disconnect: the
+    /// controller ended the pair).
+    pub(crate) fn fail_running_update(&self, p: &mut Pair, reason: String) {
+        self.fail_and(p, reason, true);
+    }
+
+    /// Commits the current attempt if every rank succeeded, or fails it on a checksum mismatch.
+    fn settle(&self, p: &mut Pair) {
+        let checksums = self.request.options.checksums;
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        if u.state != UpdateState::Running || u.succeeded < u.ranks.len() {
+            return;
+        }
+        if checksums && u.checksums[0] != u.checksums[1] {
+            let reason = format!(
+                "checksum mismatch: the training ranks' checksums sum to {:#018x}, the inference ranks' to {:#018x}",
+                u.checksums[0], u.checksums[1]
+            );
+            self.fail(p, reason);
+            return;
+        }
+        // (an engine whose receivers apply inside the trigger keeps it open until they applied:
+        // `apply` goes out while it waits, the commit waits for its answer)
+        if u.finishing || (u.trigger_waiting && self.request.options.apply == ApplyMode::InPlace) {
+            return;
+        }
+        if self.request.options.apply == ApplyMode::Atomic {
+            if !u.applying {
+                // every rank received and verified: now, and only now, the live tensors change
+                u.applying = true;
+                let (version, attempt) = (u.version, u.attempt);
+                tracing::info!(pair = %self.name, version, attempt, "every rank received; applying");
+                p.changed(Op::Update(version));
+                self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
+                self.update_tx.send_replace(());
+                return;
+            }
+            let inference = (0..u.ranks.len())
+                .filter(|&i| !self.slots.is_training(i))
+                .count();
+            if u.applied < inference || u.trigger_waiting {
+                return;
+            }
+        }
+        if self.engines.as_ref().is_some_and(|l| l.finishes) {
+            u.finishing = true;
+            let (version, attempt) = (u.version, u.attempt);
+            self.engine_cmd(EngineCmd::Finish { version, attempt });
+            return;
+        }
+        self.commit(p);
+    }
+
+    /// Commits the current attempt (every rank and every engine said success).
+    fn commit(&self, p: &mut Pair) {
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        u.state = UpdateState::Committed;
+        u.finished = Some(Instant::now());
+        let (version, attempt) = (u.version, u.attempt);
+        tracing::info!(
+            pair = %self.name,
+            version,
+            attempt,
+            elapsed_ms = ms(u.elapsed()),
+            training_bytes = u.bytes[0],
+            inference_bytes = u.bytes[1],
+            "update committed"
+        );
+        self.metrics
+            .update_finished(true, u.elapsed().as_secs_f64(), u.bytes);
+        p.updates.committed = Some(version);
+        p.updates.torn = None;
+        p.updates.serving_torn = None;
+        p.changed(Op::Update(version));
+        p.changed(Op::State);
+        self.engine_cmd(EngineCmd::Continue { version, attempt });
+        self.update_tx.send_replace(());
+    }
+
+    /// The engines' loaders answered the trigger of `version`/`attempt`.
+    pub(crate) fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        let mut p = self.lock();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        u.trigger_waiting = false;
+        if errors.is_empty() {
+            self.settle(&mut p);
+        } else {
+            u.engine_errors.extend(errors.iter().cloned());
+            self.fail(
+                &mut p,
+                format!(
+                    "the inference engines' weight loaders failed: {}",
+                    errors.join("; ")
+                ),
+            );
+        }
+    }
+
+    /// The engines closed the update of `version`/`attempt` (or failed to).
+    pub(crate) fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        let mut p = self.lock();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        u.finishing = false;
+        if errors.is_empty() {
+            self.commit(&mut p);
+        } else {
+            u.engine_errors.extend(errors.iter().cloned());
+            self.fail(
+                &mut p,
+                format!(
+                    "closing the inference engines' update failed: {}",
+                    errors.join("; ")
+                ),
+            );
+        }
+    }
+
+    /// The warm-up calls after connect finished; their errors are kept for the status.
+    pub(crate) fn engines_warmed(&self, errors: Vec<String>) {
+        if !errors.is_empty() {
+            tracing::warn!(pair = %self.name, errors = %errors.join("; "), "engine warm-up failed");
+            let mut p = self.lock();
+            p.engine_errors.extend(errors);
+            p.changed(Op::State);
+        }
+    }
+
+    /// The engines were paused (or failed to be) for `version`/`attempt`.
+    pub(crate) fn engines_paused(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        let mut p = self.lock();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state != UpdateState::Pending {
+            return;
+        }
+        u.pause = Some(u.elapsed());
+        if errors.is_empty() {
+            u.state = UpdateState::Running;
+            p.changed(Op::Update(version));
+            let Some(u) = p.updates.attempt_mut(version, attempt) else {
+                return;
+            };
+            let triggers = self.engines.as_ref().is_some_and(|l| l.triggers);
+            u.trigger_waiting = triggers;
+            if triggers {
+                self.engine_cmd(EngineCmd::Trigger { version, attempt });
+            }
+            bind_claims(&mut p, version);
+            self.publish(
+                &mut p,
+                EventKind::Update,
+                Some(version),
+                Some(attempt),
+                None,
+            );
+            self.update_tx.send_replace(());
+        } else {
+            u.engine_errors.extend(errors.iter().cloned());
+            self.fail(
+                &mut p,
+                format!(
+                    "pausing the inference engines failed: {}",
+                    errors.join("; ")
+                ),
+            );
+        }
+    }
+
+    /// The engines were resumed after `version`/`attempt`; records errors.
+    pub(crate) fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        if errors.is_empty() {
+            return;
+        }
+        let mut p = self.lock();
+        if let Some(u) = p.updates.attempt_mut(version, attempt) {
+            u.engine_errors.extend(errors);
+            p.changed(Op::Update(version));
+        }
+    }
+
+    /// Fails `version`/`attempt` if it is still unfinished once its deadline passed.
+    fn enforce_update_deadline(&self, version: u64, attempt: u32) {
+        let mut p = self.lock();
+        // which holders are still there (an event poll open, or seen lately): a rank whose
+        // process died (its poll's connection closed) is told from the live ones that waited
+        let live: Vec<bool> = p
+            .roster
+            .slots
+            .iter()
+            .map(|s| s.as_ref().is_some_and(|j| j.live()))
+            .collect();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state.is_final() || u.elapsed() < u.deadline {
+            return;
+        }
+        let applying = u.applying;
+        let waiting: Vec<usize> = u
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| {
+                if applying {
+                    !self.slots.is_training(*i) && r.applied.is_none()
+                } else {
+                    r.state.is_none()
+                }
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let (gone, stayed): (Vec<usize>, Vec<usize>) = waiting
+            .iter()
+            .partition(|&&i| !live.get(i).copied().unwrap_or(false));
+        // the ranks to blame: the gone ones when some are gone and others stayed
+        let blamed = if gone.is_empty() || stayed.is_empty() {
+            &waiting
+        } else {
+            &gone
+        };
+        for &i in blamed {
+            if let Some(r) = u.ranks.get_mut(i) {
+                r.missing = true;
+            }
+        }
+        let missing = blamed.clone();
+        let (did_not, waited_for) = if gone.is_empty() || stayed.is_empty() {
+            ("did not report", String::new())
+        } else {
+            (
+                "are gone without reporting",
+                format!(
+                    " (no event poll open: the process's connection closed, or it was silent for {} s); {} live that did not report waited for them: {}",
+                    crate::server::store::roster::HOLDER_LIVENESS.as_secs(),
+                    stayed.len(),
+                    list_ranks(&self.slots, stayed.iter().copied())
+                ),
+            )
+        };
+        let (is_pending, trigger_waiting, finishing, deadline, n) = (
+            u.state == UpdateState::Pending,
+            u.trigger_waiting,
+            u.finishing,
+            u.deadline,
+            u.ranks.len(),
+        );
+        for &i in &missing {
+            p.changed(Op::Report(version, i));
+        }
+        let reason = if is_pending {
+            format!(
+                "the deadline of {} ms passed while pausing the inference engines",
+                ms(deadline)
+            )
+        } else if missing.is_empty() && (trigger_waiting || finishing) {
+            format!(
+                "the deadline of {} ms passed while the inference engines {}",
+                ms(deadline),
+                if trigger_waiting {
+                    "were receiving (their weight loaders did not answer)"
+                } else {
+                    "were closing the update"
+                }
+            )
+        } else if applying {
+            format!(
+                "the deadline of {} ms passed while the inference ranks applied the version; {} did not report applying: {}{waited_for}",
+                ms(deadline),
+                missing.len(),
+                list_ranks(&self.slots, missing.into_iter())
+            )
+        } else {
+            format!(
+                "the deadline of {} ms passed; {} of {} ranks {did_not}: {}{waited_for}",
+                ms(deadline),
+                missing.len(),
+                n,
+                list_ranks(&self.slots, missing.into_iter())
+            )
+        };
+        self.fail(&mut p, reason);
+    }
+}
+
+impl EngineEvents for PairEntry {
+    fn engines_warmed(&self, errors: Vec<String>) {
+        PairEntry::engines_warmed(self, errors)
+    }
+
+    fn engines_paused(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        PairEntry::engines_paused(self, version, attempt, errors)
+    }
+
+    fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        PairEntry::engines_triggered(self, version, attempt, errors)
+    }
+
+    fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        PairEntry::engines_finished(self, version, attempt, errors)
+    }
+
+    fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>) {
+        PairEntry::engines_resumed(self, version, attempt, errors)
+    }
+}
+
+/// Binds each rank's part of `version` to the claim id of the slot's holder now, as the version
+/// is announced: only that process may report it.
+fn bind_claims(p: &mut Pair, version: u64) {
+    let claims = p.roster.claims();
+    if let Some(u) = p.updates.history.get_mut(&version) {
+        for (r, c) in u.ranks.iter_mut().zip(claims) {
+            r.claim = c;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::store::metrics::Metrics;
+    use crate::server::store::roster::Slots;
+    use crate::wire::{
+        ConnectRequest, InferenceSpec, PairOptions, SideStatus, TrainingSpec, Transport,
+    };
+    use awex_core::layout::{RankId, Side};
+    use awex_core::model::presets::preset;
+    use awex_core::{Catalogue, ParallelConfig};
+    use std::sync::Mutex;
+    use tokio::sync::watch;
+
+    /// A ready pair of 2 training ranks and one engine of 2 ranks, no engine URLs, no store.
+    fn ready_pair(options: PairOptions) -> Arc<PairEntry> {
+        let model = preset("qwen3-tiny").expect("the qwen3-tiny preset exists");
+        let summary = Catalogue::of(&model).summary();
+        let side = |backend: &str, world_size| SideStatus {
+            backend: backend.into(),
+            parallel: ParallelConfig::default(),
+            world_size,
+            engines: 1,
+            urls: Vec::new(),
+            model: "tiny".into(),
+            fingerprint: String::new(),
+            catalogue: summary.clone(),
+            dropped: Vec::new(),
+            joined: world_size,
+        };
+        let request = ConnectRequest {
+            name: "p".into(),
+            training: TrainingSpec {
+                backend: "megatron".into(),
+                parallel: ParallelConfig::default(),
+                world_size: 2,
+                model: model.clone(),
+                catalogue: summary.clone(),
+            },
+            inference: InferenceSpec {
+                backend: "sglang".into(),
+                parallel: ParallelConfig::default(),
+                engines: 1,
+                world_size: 2,
+                urls: Vec::new(),
+                model,
+                catalogue: summary.clone(),
+            },
+            transport: Transport::Shm,
+            options,
+        };
+        let slots = Slots::new(2, 1, 2);
+        let mut pair = Pair::new(&slots);
+        pair.state = PairState::Ready;
+        Arc::new(PairEntry {
+            name: "p".into(),
+            id: 1,
+            uid: "0".repeat(32),
+            secret: String::new(),
+            request,
+            slots,
+            created_unix_ms: 0,
+            join_deadline: Instant::now(),
+            join_deadline_unix_ms: 0,
+            training: side("megatron", 2),
+            inference: side("sglang", 2),
+            inner: Mutex::new(pair),
+            roster_tx: watch::Sender::new(()),
+            events_tx: watch::Sender::new(0),
+            kv_tx: watch::Sender::new(()),
+            update_tx: watch::Sender::new(()),
+            metrics: Arc::new(Metrics::default()),
+            engines: None,
+            facts: Vec::new(),
+            store: None,
+        })
+    }
+
+    /// The four ranks of [`ready_pair`], training first.
+    const RANKS: [(Side, RankId); 4] = [
+        (Side::Training, RankId::train(0)),
+        (Side::Training, RankId::train(1)),
+        (Side::Inference, RankId { engine: 0, rank: 0 }),
+        (Side::Inference, RankId { engine: 0, rank: 1 }),
+    ];
+
+    fn ok(rank: usize, checksum: Option<u64>) -> Report {
+        let (side, rank) = RANKS[rank];
+        Report {
+            side,
+            rank,
+            ok: true,
+            bytes: 10,
+            checksum,
+            error: None,
+            attempt: Some(1),
+            incarnation: None,
+        }
+    }
+
+    fn failed(rank: usize, why: &str) -> Report {
+        Report {
+            ok: false,
+            error: Some(why.to_string()),
+            ..ok(rank, None)
+        }
+    }
+
+    fn kinds(entry: &PairEntry) -> Vec<EventKind> {
+        entry
+            .lock()
+            .events
+            .since(0)
+            .iter()
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    fn state(entry: &PairEntry, version: u64) -> UpdateState {
+        entry.lock().updates.history[&version].state
+    }
+
+    #[tokio::test]
+    async fn commits_only_once_every_rank_of_both_sides_reported_ok() {
+        let entry = ready_pair(PairOptions::default());
+        let started = entry
+            .start_update(1)
+            .expect("a ready pair starts version 1");
+        assert_eq!(started.state, UpdateState::Running);
+        for (i, succeeded) in [(0, 1), (3, 2), (1, 3)] {
+            let ack = entry.report(1, ok(i, None)).expect("report accepted");
+            assert_eq!(
+                (ack.state, ack.succeeded),
+                (UpdateState::Running, succeeded)
+            );
+            assert_eq!(entry.lock().updates.committed(), None);
+        }
+        let ack = entry.report(1, ok(2, None)).expect("the last report");
+        assert_eq!(
+            (ack.state, ack.succeeded, ack.world_size),
+            (UpdateState::Committed, 4, 4)
+        );
+        let p = entry.lock();
+        assert_eq!(p.updates.committed(), Some(1));
+        assert_eq!(p.updates.history[&1].bytes, [20, 20]);
+        drop(p);
+        assert_eq!(kinds(&entry), [EventKind::Update]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_report_fails_the_version_with_the_rank_and_its_reason() {
+        let entry = ready_pair(PairOptions::default());
+        entry.start_update(1).expect("started");
+        entry.report(1, ok(0, None)).expect("accepted");
+        let ack = entry
+            .report(1, failed(2, "NCCL watchdog timeout"))
+            .expect("a failure report is accepted");
+        assert_eq!(ack.state, UpdateState::Failed);
+        let p = entry.lock();
+        let u = &p.updates.history[&1];
+        let error = u.error.clone().unwrap_or_default();
+        assert_eq!(
+            error,
+            "version 1 attempt 1 failed: inference rank 0/0 reported failure: NCCL watchdog timeout"
+        );
+        // in place: the ranks may have written part of it
+        assert_eq!(p.updates.torn(), Some(1));
+        assert_eq!(p.updates.committed(), None);
+        let abort = p.events.since(0).pop().expect("an event was published");
+        assert_eq!((abort.kind, abort.version), (EventKind::Abort, Some(1)));
+        assert_eq!(abort.reason, Some(error));
+    }
+
+    #[tokio::test]
+    async fn a_settled_version_refuses_later_reports_and_stays_settled() {
+        let entry = ready_pair(PairOptions::default());
+        entry.start_update(1).expect("started");
+        for i in 0..4 {
+            entry.report(1, ok(i, None)).expect("accepted");
+        }
+        let late = entry.report(1, ok(0, None));
+        assert!(
+            matches!(
+                late,
+                Err(UpdateError::Settled {
+                    version: 1,
+                    attempt: 1,
+                    state: UpdateState::Committed,
+                    ..
+                })
+            ),
+            "{late:?}"
+        );
+        entry
+            .start_update(2)
+            .expect("version 2 starts after 1 committed");
+        entry
+            .report(2, failed(1, "out of memory"))
+            .expect("accepted");
+        let late = entry.report(2, ok(0, None));
+        assert!(
+            matches!(
+                late,
+                Err(UpdateError::Settled {
+                    version: 2,
+                    state: UpdateState::Failed,
+                    ..
+                })
+            ),
+            "{late:?}"
+        );
+        let late = late.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(late.contains("training rank 0 came too late"), "{late}");
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+        assert_eq!(state(&entry, 2), UpdateState::Failed);
+        assert_eq!(entry.lock().updates.history[&2].succeeded, 0);
+    }
+
+    #[tokio::test]
+    async fn a_second_report_of_one_rank_is_refused_and_not_counted() {
+        let entry = ready_pair(PairOptions::default());
+        entry.start_update(1).expect("started");
+        entry.report(1, ok(1, None)).expect("accepted");
+        let again = entry.report(1, ok(1, None));
+        assert!(
+            matches!(
+                again,
+                Err(UpdateError::AlreadyReported {
+                    version: 1,
+                    attempt: 1,
+                    ..
+                })
+            ),
+            "{again:?}"
+        );
+        assert_eq!(entry.lock().updates.history[&1].succeeded, 1);
+    }
+
+    #[tokio::test]
+    async fn checksums_that_disagree_fail_the_version_instead_of_committing_it() {
+        let entry = ready_pair(PairOptions {
+            checksums: true,
+            ..PairOptions::default()
+        });
+        entry.start_update(1).expect("started");
+        let missing = entry.report(1, ok(0, None));
+        assert!(
+            matches!(missing, Err(UpdateError::ChecksumMissing { .. })),
+            "{missing:?}"
+        );
+        for (i, sum) in [(0, 1), (1, 2), (2, 1), (3, 3)] {
+            entry.report(1, ok(i, Some(sum))).expect("accepted");
+        }
+        assert_eq!(state(&entry, 1), UpdateState::Failed);
+        let error = entry.lock().updates.history[&1]
+            .error
+            .clone()
+            .unwrap_or_default();
+        assert!(error.contains("checksum mismatch"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn atomic_commits_only_after_every_inference_rank_applied() {
+        let entry = ready_pair(PairOptions {
+            apply: ApplyMode::Atomic,
+            ..PairOptions::default()
+        });
+        entry.start_update(1).expect("started");
+        for i in 0..4 {
+            entry.report(1, ok(i, None)).expect("accepted");
+        }
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        assert_eq!(kinds(&entry), [EventKind::Update, EventKind::Apply]);
+        let training = entry.report(1, ok(0, None));
+        assert!(
+            matches!(training, Err(UpdateError::ApplyingOnlyInference { .. })),
+            "{training:?}"
+        );
+        entry.report(1, ok(2, None)).expect("applied");
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        let ack = entry.report(1, ok(3, None)).expect("applied");
+        assert_eq!(ack.state, UpdateState::Committed);
+    }
+
+    #[tokio::test]
+    async fn an_atomic_failure_before_apply_is_not_torn() {
+        let entry = ready_pair(PairOptions {
+            apply: ApplyMode::Atomic,
+            ..PairOptions::default()
+        });
+        entry.start_update(1).expect("started");
+        entry.report(1, failed(3, "bad digest")).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Failed);
+        assert_eq!(entry.lock().updates.torn(), None);
+    }
+
+    #[tokio::test]
+    async fn start_refuses_a_busy_pair_and_stale_versions_and_retries_a_failed_one() {
+        let entry = ready_pair(PairOptions::default());
+        entry.start_update(5).expect("started");
+        let busy = entry.start_update(6);
+        assert!(
+            matches!(
+                busy,
+                Err(UpdateError::Busy {
+                    current: 5,
+                    version: 6,
+                    ..
+                })
+            ),
+            "{busy:?}"
+        );
+        entry.report(5, failed(0, "x")).expect("accepted");
+        let stale = entry.start_update(4);
+        assert!(
+            matches!(
+                stale,
+                Err(UpdateError::Stale {
+                    version: 4,
+                    latest: 5,
+                    ..
+                })
+            ),
+            "{stale:?}"
+        );
+        let retry = entry
+            .start_update(5)
+            .expect("a failed version may be retried");
+        assert_eq!((retry.version, retry.attempt), (5, 2));
+        let old = entry.report(5, ok(0, None));
+        assert!(
+            matches!(
+                old,
+                Err(UpdateError::AttemptOver {
+                    attempt: 1,
+                    current: 2,
+                    ..
+                })
+            ),
+            "{old:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn disconnect_fails_the_running_version_and_refuses_reports() {
+        let entry = ready_pair(PairOptions::default());
+        entry.start_update(1).expect("started");
+        entry.disconnect();
+        assert_eq!(state(&entry, 1), UpdateState::Failed);
+        let late = entry.report(1, ok(0, None));
+        assert!(
+            matches!(late, Err(UpdateError::Disconnected { .. })),
+            "{late:?}"
+        );
+        let start = entry.start_update(2);
+        assert!(
+            matches!(start, Err(UpdateError::Disconnected { .. })),
+            "{start:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missed_deadline_fails_the_version_naming_the_ranks_that_did_not_report() {
+        let entry = ready_pair(PairOptions {
+            update_deadline_ms: 1_000,
+            ..PairOptions::default()
+        });
+        entry.start_update(1).expect("started");
+        for i in 0..3 {
+            entry.report(1, ok(i, None)).expect("accepted");
+        }
+        // the paused clock jumps to the deadline once every task waits: no wall-clock bound
+        let end = Instant::now() + Duration::from_secs(60);
+        let status = entry.wait_update(1, end, RankDetail::None).await;
+        let status = status.expect("version 1 exists");
+        assert_eq!(status.state, UpdateState::Failed);
+        let error = entry.lock().updates.history[&1]
+            .error
+            .clone()
+            .unwrap_or_default();
+        assert!(error.contains("1 of 4 ranks did not report"), "{error}");
+        assert!(error.contains("inference rank 0/1"), "{error}");
+        assert!(entry.lock().updates.history[&1].ranks[3].missing);
+        let unknown = entry.wait_update(2, end, RankDetail::None).await;
+        assert!(
+            matches!(
+                unknown,
+                Err(UpdateError::NoSuchVersion {
+                    version: 2,
+                    latest: Some(1),
+                    ..
+                })
+            ),
+            "{unknown:?}"
+        );
+    }
+}
