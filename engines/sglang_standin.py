@@ -48,6 +48,11 @@ What each route copies (paths relative to ``python/sglang/srt/`` of SGLang 0.5.2
   ``"Weights were updated, but the cache was not flushed because requests are still running or
   queued. Retract or finish them, then call /flush_cache."``. 200 ``{"success": true, "message":
   "Success Weight version updated to V."}`` or 400 ``{"success": false, ...}``.
+- ``POST /update_weight_version`` ``{"new_version", "abort_all_requests"}`` (the latter
+  default true: it ends every request first) -- ``http_server.py`` ``update_weight_version``,
+  ``managers/io_struct.py`` ``UpdateWeightVersionReqInput``: records ``new_version`` (what
+  ``/model_info`` reports; the weights are not touched), 200 ``{"success": true, "message":
+  "Weight version updated to V", "new_version": V}``; 422 without ``new_version``.
 - ``GET|POST /flush_cache`` -- ``http_server.py`` ``flush_cache``, ``managers/scheduler.py``
   ``flush_cache`` / ``is_fully_idle``: 200 ``Cache flushed...`` text, or 400.
 
@@ -479,6 +484,16 @@ class Server:
             return 200, {"success": True, "message": "Success"}
         if path == "/update_weights_from_tensor":
             return self.update_weights_from_tensor(body)
+        if path == "/update_weight_version":
+            new_version = body.get("new_version")
+            if not isinstance(new_version, str):
+                return 422, {"detail": "new_version: a string is required"}
+            with self.lock:
+                if body.get("abort_all_requests", True):
+                    self.running = self.waiting = 0
+                self.weight_version = new_version
+            return 200, {"success": True, "message": f"Weight version updated to {new_version}",
+                         "new_version": new_version}
         return 404, {"detail": "Not Found"}
 
     def update_weights_from_tensor(self, body: dict[str, Any]) -> tuple[int, Any]:
@@ -533,7 +548,7 @@ class Server:
 
 
 _POST_ROUTES = {"/pause_generation", "/continue_generation", "/begin_weight_update", "/end_weight_update",
-                "/update_weights_from_tensor"}
+                "/update_weights_from_tensor", "/update_weight_version"}
 
 
 def _handler(server: Server) -> type[BaseHTTPRequestHandler]:

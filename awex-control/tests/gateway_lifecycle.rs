@@ -638,7 +638,9 @@ async fn disconnect_during_an_update_fails_it_and_resumes_the_engines() {
 /// `managers/scheduler_components/weight_updater.py` does (`begin_weight_update` refuses while one
 /// is open, `end_weight_update` and every `update_weights_from_*` while none is). The trigger
 /// stands in for the loader: it answers once the gateway shows the version running (the loader
-/// receives it), or fails / hangs on request.
+/// receives it), or fails / hangs on request. The version `/model_info` reports is the last
+/// successful trigger's `weight_version` (`tokenizer_control_mixin.py`,
+/// `update_weights_from_tensor`) or `/update_weight_version`'s `new_version`, "default" before.
 #[derive(Default)]
 struct Session {
     calls: Mutex<Vec<(usize, String, Value)>>,
@@ -648,6 +650,17 @@ struct Session {
     serves: Mutex<Option<&'static str>>,
     loader_fails: AtomicBool,
     trigger_hangs: AtomicBool,
+    /// The `weight_version` each server reports (`None`: "default", the launch value).
+    reported: Mutex<[Option<String>; 2]>,
+}
+
+impl Session {
+    /// The `weight_version` server `i` reports.
+    fn reported(&self, i: usize) -> String {
+        self.reported.lock().unwrap()[i]
+            .clone()
+            .unwrap_or_else(|| "default".into())
+    }
 }
 
 async fn sglang_server(
@@ -666,11 +679,11 @@ async fn sglang_server(
     }
     // `http_server.py` `model_info`: `architectures` is the served model's
     // `hf_config.architectures`
-    async fn model_info(State((s, _, _, _, _)): State<St>) -> axum::Json<Value> {
+    async fn model_info(State((s, i, _, _, _)): State<St>) -> axum::Json<Value> {
         let arch = s.serves.lock().unwrap().unwrap_or("Qwen3ForCausalLM");
         axum::Json(json!({
             "model_path": "/models/tiny", "model_type": "qwen3", "architectures": [arch],
-            "weight_version": "default", "is_generation": true,
+            "weight_version": s.reported(i), "is_generation": true,
         }))
     }
     async fn route(
@@ -743,8 +756,27 @@ async fn sglang_server(
                         ),
                     );
                 }
+                // recorded once the loader returned, as SGLang does (awex's loader returns
+                // also when the version failed elsewhere)
+                s.reported.lock().unwrap()[i] = body.0["weight_version"].as_str().map(String::from);
                 ok
             }
+            // `UpdateWeightVersionReqInput`: `new_version`, `abort_all_requests` (default true)
+            "/update_weight_version" => match body.0.get("new_version").and_then(Value::as_str) {
+                Some(v) => {
+                    s.reported.lock().unwrap()[i] = Some(v.to_string());
+                    (
+                        StatusCode::OK,
+                        axum::Json(
+                            json!({"success": true, "message": format!("Weight version updated to {v}"), "new_version": v}),
+                        ),
+                    )
+                }
+                None => (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    axum::Json(json!({"detail": "new_version: Field required"})),
+                ),
+            },
             _ => ok,
         }
     }
@@ -756,6 +788,7 @@ async fn sglang_server(
         .route("/begin_weight_update", post(route))
         .route("/end_weight_update", post(route))
         .route("/update_weights_from_tensor", post(route))
+        .route("/update_weight_version", post(route))
         .with_state((s, index, version, gateway, pair));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -942,10 +975,18 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
     let st = client.status("torn").await.unwrap();
     assert_eq!((st.serving_version, st.torn_version), (Some(1), None));
     for i in 0..2 {
+        let calls = take(&s, i);
+        // nothing committed yet: the version reported at connect is restored
         assert_eq!(
-            paths(&take(&s, i)),
+            calls[1].1,
+            json!({"new_version": "default", "abort_all_requests": false}),
+            "engine {i}"
+        );
+        assert_eq!(
+            paths(&calls),
             vec![
                 "/end_weight_update",
+                "/update_weight_version",
                 "/pause_generation",
                 "/begin_weight_update",
                 "/update_weights_from_tensor",
@@ -970,12 +1011,66 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
         (Some(1), None, Some(2))
     );
     wait_path(&s, 0, "/continue_generation").await;
-    // the failed attempt's session is closed before the engines serve again
+    // the failed attempt's session is closed, and the committed version reported again,
+    // before the engines serve again
+    let calls = take(&s, 0);
     assert_eq!(
-        paths(&take(&s, 0)),
-        vec!["/end_weight_update", "/continue_generation"]
+        paths(&calls),
+        vec![
+            "/end_weight_update",
+            "/update_weight_version",
+            "/continue_generation"
+        ]
+    );
+    assert_eq!(
+        calls[1].1,
+        json!({"new_version": "1", "abort_all_requests": false})
     );
     client.disconnect("torn").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failed_attempt_sglang_reports_the_last_committed_version_again() {
+    let (client, s, ranks) = session_pair("0.5.23", "ver").await;
+    start_retrying(&client, "ver", 1).await;
+    let done = client
+        .wait_update("ver", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    wait_calls(&s, 16).await;
+    assert_eq!((s.reported(0), s.reported(1)), ("1".into(), "1".into()));
+    // version 2: engine 0's loader returns (SGLang records "2"), engine 1's fails
+    s.loader_fails.store(true, Ordering::SeqCst);
+    start_retrying(&client, "ver", 2).await;
+    let failed = client
+        .wait_update("ver", 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(failed.state, UpdateState::Failed);
+    assert_eq!(s.reported(0), "2");
+    take(&s, 0);
+    take(&s, 1);
+    client.resume("ver", true).await.unwrap();
+    wait_path(&s, 0, "/continue_generation").await;
+    wait_path(&s, 1, "/continue_generation").await;
+    for i in 0..2 {
+        let calls = take(&s, i);
+        let restore: Vec<&Value> = calls
+            .iter()
+            .filter(|(p, _)| p == "/update_weight_version")
+            .map(|(_, b)| b)
+            .collect();
+        assert_eq!(
+            restore,
+            vec![&json!({"new_version": "1", "abort_all_requests": false})],
+            "engine {i}: {calls:?}"
+        );
+        assert_eq!(paths(&calls).last(), Some(&"/continue_generation"));
+        assert_eq!(s.reported(i), "1", "engine {i}");
+    }
+    client.disconnect("ver").await.unwrap();
     logs(ranks).await;
 }
 

@@ -179,6 +179,13 @@ impl EngineControl for SglangControl {
             .as_deref()
             .and_then(parse_version)
             .is_some_and(|v| v >= SESSION_SINCE);
+        // the version the server reports at connect (`/model_info`'s `weight_version`; its
+        // launch argument `--weight-version`, "default" unless given, or an earlier update's)
+        let weight_version = raw
+            .get("model_info")
+            .and_then(|m| m.get("weight_version"))
+            .or_else(|| raw.get("weight_version"))
+            .and_then(Value::as_str);
         Ok(EngineFacts {
             version: info.version.clone(),
             ranks: u32::try_from(info.tp_size).unwrap_or(u32::MAX),
@@ -187,6 +194,7 @@ impl EngineControl for SglangControl {
                 "architectures": architectures,
                 "loader": loader,
                 "session": session,
+                "weight_version": weight_version,
             }),
         })
     }
@@ -259,17 +267,51 @@ impl EngineControl for SglangControl {
     /// (`managers/scheduler_components/weight_updater.py`, `begin_weight_update`), so a retry
     /// after a failed trigger must close the failed attempt's session first. `end` runs
     /// `process_weights_after_loading` on the runners; generation stays paused.
-    fn abandon(&self, facts: &EngineFacts) -> Vec<EngineCall> {
-        if uses_loader(facts) && uses_session(facts) {
-            vec![end()]
-        } else {
-            Vec::new()
+    ///
+    /// Then the version the server reports is set back ([`restore_version`]): SGLang records
+    /// the trigger's `weight_version` once the loader returned
+    /// (`managers/tokenizer_control_mixin.py`, `update_weights_from_tensor`), and
+    /// awex's loader returns also when the version failed, so the server would report the
+    /// failed version's number while it serves the previous weights. The version set is the
+    /// pair's last committed one, or, before any commit, the one the server reported at
+    /// connect; when it reported none, nothing is sent.
+    fn abandon(&self, facts: &EngineFacts, committed: Option<u64>) -> Vec<EngineCall> {
+        if !uses_loader(facts) {
+            // no trigger, so no `weight_version` was sent
+            return Vec::new();
         }
+        let mut calls = Vec::new();
+        if uses_session(facts) {
+            calls.push(end());
+        }
+        let version = committed
+            .map(|v| v.to_string())
+            .or_else(|| connect_version(facts).map(str::to_string));
+        calls.extend(version.map(|v| restore_version(&v)));
+        calls
     }
 }
 
 fn uses_loader(facts: &EngineFacts) -> bool {
     facts.extra.get("loader").and_then(Value::as_bool) == Some(true)
+}
+
+/// The version the server reported at connect (`None` when it reported none).
+fn connect_version(facts: &EngineFacts) -> Option<&str> {
+    facts.extra.get("weight_version").and_then(Value::as_str)
+}
+
+/// `POST /update_weight_version {"new_version", "abort_all_requests": false}`
+/// (`entrypoints/http_server.py`, `update_weight_version`; `UpdateWeightVersionReqInput` in
+/// `managers/io_struct.py`, whose `abort_all_requests` defaults to `true`): sets the version the
+/// server reports (`/model_info`, `/server_info`) and every scheduler's (`scheduler.py`,
+/// `handle_update_weight_version`) without touching the weights; `false` keeps the requests
+/// that the pause retracted.
+pub fn restore_version(version: &str) -> EngineCall {
+    EngineCall::post(
+        "/update_weight_version",
+        json!({ "new_version": version, "abort_all_requests": false }),
+    )
 }
 
 fn uses_session(facts: &EngineFacts) -> bool {

@@ -89,7 +89,7 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
         .check_server(&info("0.5.23"), &expect(&p))
         .expect("agrees");
     assert_eq!(
-        c.abandon(&facts),
+        c.abandon(&facts, None),
         vec![EngineCall::post("/end_weight_update", json!({}))]
     );
     let trigger = c
@@ -106,7 +106,7 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
     let old = c
         .check_server(&info("0.5.20"), &expect(&p))
         .expect("agrees");
-    assert_eq!(c.abandon(&old), vec![]);
+    assert_eq!(c.abandon(&old, None), vec![]);
     assert!(
         c.trigger(&old, &TriggerWork::receive(7, 1))
             .unwrap()
@@ -119,7 +119,7 @@ fn a_failed_attempts_session_is_ended_and_triggers_name_the_target_model() {
     let plain = c
         .check_server(&json!({"tp_size": 2, "version": "0.5.23"}), &expect(&p))
         .expect("agrees");
-    assert_eq!(c.abandon(&plain), vec![]);
+    assert_eq!(c.abandon(&plain, Some(3)), vec![]);
 }
 
 #[test]
@@ -147,4 +147,43 @@ fn the_served_architecture_must_be_the_pairs_and_the_path_is_not_compared() {
     }
     assert!(c.check_server(&json!({"tp_size": 2}), &expect(&p)).is_ok());
     assert_eq!(c.model_info_paths(), ["/model_info", "/get_model_info"]);
+}
+
+#[test]
+fn abandon_sets_the_reported_version_back_to_the_committed_one_or_the_one_at_connect() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 2)]);
+    let info = |version: &str, weight_version: Option<&str>| {
+        json!({"tp_size": 2, "version": version, "custom_weight_loader": ["awex.sglang.receive"],
+               "model_info": {"architectures": ["Qwen3ForCausalLM"], "weight_version": weight_version}})
+    };
+    let restore = |v: &str| {
+        EngineCall::post(
+            "/update_weight_version",
+            json!({"new_version": v, "abort_all_requests": false}),
+        )
+    };
+    let end = EngineCall::post("/end_weight_update", json!({}));
+    let facts = c
+        .check_server(&info("0.5.23", Some("default")), &expect(&p))
+        .expect("agrees");
+    // a committed version: the session is ended, then that version is reported again
+    assert_eq!(c.abandon(&facts, Some(3)), vec![end.clone(), restore("3")]);
+    // none committed yet: the version the server reported at connect
+    assert_eq!(
+        c.abandon(&facts, None),
+        vec![end.clone(), restore("default")]
+    );
+    // a server that reported no version at connect, none committed: nothing to restore
+    let silent = c
+        .check_server(&info("0.5.23", None), &expect(&p))
+        .expect("agrees");
+    assert_eq!(c.abandon(&silent, None), vec![end]);
+    assert_eq!(c.abandon(&silent, Some(4))[1], restore("4"));
+    // before 0.5.21: no session, the version is still set back
+    let old = c
+        .check_server(&info("0.5.20", Some("7")), &expect(&p))
+        .expect("agrees");
+    assert_eq!(c.abandon(&old, None), vec![restore("7")]);
+    assert_eq!(c.abandon(&old, Some(9)), vec![restore("9")]);
 }

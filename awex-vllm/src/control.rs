@@ -127,8 +127,10 @@ impl EngineControl for VllmControl {
     /// was touched (an exception in one worker of several leaves vLLM's executor reading the
     /// others' answers one call late), so vLLM's `Worker.update_weights` does not end the
     /// session. `/finish_weight_update` without a `weight_version` ends it and keeps the version
-    /// the server reports.
-    fn abandon(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
+    /// the server reports: vLLM sets it only in `finish_weight_update` with a `weight_version`
+    /// (`vllm/v1/engine/async_llm.py`), sent after an attempt's ranks all received, so
+    /// `committed` is not needed.
+    fn abandon(&self, _facts: &EngineFacts, _committed: Option<u64>) -> Vec<EngineCall> {
         vec![EngineCall::post("/finish_weight_update", json!({}))]
     }
 

@@ -84,10 +84,12 @@ fn a_failed_attempt_is_abandoned_with_a_finish_that_names_no_version() {
         .expect("agrees");
     // `weight_version` absent: vLLM keeps reporting the last committed version
     // (`AsyncLLM.finish_weight_update`, `vllm/v1/engine/async_llm.py`)
-    assert_eq!(
-        c.abandon(&facts),
-        vec![EngineCall::post("/finish_weight_update", json!({}))]
-    );
+    for committed in [None, Some(6)] {
+        assert_eq!(
+            c.abandon(&facts, committed),
+            vec![EngineCall::post("/finish_weight_update", json!({}))]
+        );
+    }
 }
 
 #[test]

@@ -203,10 +203,13 @@ def test_one_ranks_loader_fails_then_retry_commits(served_gateway, ckpts) -> Non
         state = s.call("/standin/state")[1]
         assert state["paused"] is False and state["weight_version"] == "1"
         # the retry closed the failed attempt's session before opening its own (SGLang refuses
-        # a second begin_weight_update while one is open)
-        assert [e["route"] for e in state["log"][log:] if e["route"] != "/standin/params"] == [
-            "/end_weight_update", "/pause_generation", "/begin_weight_update", "/update_weights_from_tensor",
-            "/end_weight_update", "/continue_generation"]
+        # a second begin_weight_update while one is open) and set the reported version back to
+        # the one at connect (nothing was committed yet)
+        retry = [e for e in state["log"][log:] if e["route"] != "/standin/params"]
+        assert [e["route"] for e in retry] == [
+            "/end_weight_update", "/update_weight_version", "/pause_generation", "/begin_weight_update",
+            "/update_weights_from_tensor", "/end_weight_update", "/continue_generation"]
+        assert retry[1]["body"] == {"new_version": "default", "abort_all_requests": False}
     finally:
         w.close()
         s.close()

@@ -171,6 +171,24 @@ def test_pre_0_5_21_server_has_no_session_routes(config_dir, record) -> None:
         s.close()
 
 
+def test_update_weight_version_sets_the_reported_version_and_keeps_requests_when_asked(config_dir, record) -> None:
+    s = Standin("--model-path", config_dir, "--tp", "1", "--mode", "torch", "--custom-weight-loader", LOADER,
+                "--running-requests", "2", env=record)
+    try:
+        assert s.call("/model_info")[1]["weight_version"] == "default"
+        s.call("/pause_generation", {"mode": "retract"})
+        assert s.call("/update_weight_version", {"new_version": "3", "abort_all_requests": False}) == (
+            200, {"success": True, "message": "Weight version updated to 3", "new_version": "3"})
+        assert s.call("/model_info")[1]["weight_version"] == "3"
+        assert s.call("/standin/state")[1]["waiting"] == 2  # the retracted requests are kept
+        assert s.call("/update_weight_version", {})[0] == 422
+        assert s.call("/update_weight_version", {"new_version": "4"})[0] == 200  # aborts by default
+        assert s.call("/model_info")[1]["weight_version"] == "4"
+        assert s.call("/standin/state")[1]["waiting"] == 0
+    finally:
+        s.close()
+
+
 def test_faults(config_dir, record) -> None:
     s = Standin("--model-path", config_dir, "--tp", "2", "--mode", "torch", "--custom-weight-loader", LOADER,
                 "standin_loaders.boom", "--fail-rank", "1", env=record)

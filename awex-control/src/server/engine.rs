@@ -34,9 +34,16 @@ pub(crate) enum EngineCmd {
     Continue { version: u64, attempt: u32 },
 }
 
+/// What the lane reads of the pair it serves (implemented by the pair's entry).
+pub(crate) trait PairVersions {
+    /// The pair's last committed version (`None`: none yet), handed to
+    /// [`EngineControl::abandon`] so that an engine can report it again after a failed attempt.
+    fn committed_version(&self) -> Option<u64>;
+}
+
 /// What the lane reports back to the pair it serves (implemented by the pair's entry, so that
 /// this module needs nothing of the gateway's state).
-pub(crate) trait EngineEvents: Send + Sync + 'static {
+pub(crate) trait EngineEvents: PairVersions + Send + Sync + 'static {
     /// The warm-up calls after connect finished.
     fn engines_warmed(&self, errors: Vec<String>);
     /// The calls before `version`/`attempt` finished.
@@ -222,8 +229,8 @@ impl EngineClient {
     }
 
     /// Sends [`EngineControl::abandon`] to every engine marked in `open` (an attempt ended
-    /// there without its closing calls), clearing the marks of those that answered; returns
-    /// the failures.
+    /// there without its closing calls), with the pair's last `committed` version, clearing the
+    /// marks of those that answered; returns the failures.
     async fn abandon_open(
         &self,
         control: &'static dyn EngineControl,
@@ -231,6 +238,7 @@ impl EngineClient {
         facts: &[EngineFacts],
         timeout: Duration,
         open: &mut [bool],
+        committed: Option<u64>,
     ) -> Vec<String> {
         if !open.iter().any(|o| *o) {
             return Vec::new();
@@ -239,7 +247,7 @@ impl EngineClient {
         let results = self
             .call_each(control, urls, facts, timeout, |i, f| {
                 if marked.get(i).copied().unwrap_or(false) {
-                    control.abandon(f)
+                    control.abandon(f, committed)
                 } else {
                     Vec::new()
                 }
@@ -307,8 +315,9 @@ impl EngineLane {
                         }
                     }
                     EngineCmd::Pause { version, attempt } => {
+                        let committed = pair.upgrade().and_then(|p| p.committed_version());
                         let left = client
-                            .abandon_open(control, &urls, &facts, quick, &mut open)
+                            .abandon_open(control, &urls, &facts, quick, &mut open, committed)
                             .await;
                         if !left.is_empty() {
                             tracing::warn!(
@@ -336,7 +345,9 @@ impl EngineLane {
                             None => {
                                 // The pair is gone: do not leave its engines paused.
                                 client
-                                    .abandon_open(control, &urls, &facts, quick, &mut open)
+                                    .abandon_open(
+                                        control, &urls, &facts, quick, &mut open, committed,
+                                    )
                                     .await;
                                 client
                                     .call_all(control, &urls, &facts, quick, |f| control.resume(f))
@@ -374,8 +385,14 @@ impl EngineLane {
                         }
                     }
                     EngineCmd::Continue { version, attempt } => {
+                        let committed = pair.upgrade().and_then(|p| p.committed_version());
+                        if committed == Some(version) {
+                            // the attempt committed, so every closing call succeeded; engines
+                            // without closing calls (no session) were never unmarked
+                            open.fill(false);
+                        }
                         let mut errors = client
-                            .abandon_open(control, &urls, &facts, quick, &mut open)
+                            .abandon_open(control, &urls, &facts, quick, &mut open, committed)
                             .await;
                         errors.extend(
                             client

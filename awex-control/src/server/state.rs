@@ -158,6 +158,12 @@ pub(crate) struct PairEntry {
     pub(crate) store: Option<Arc<Store>>,
 }
 
+impl crate::server::engine::PairVersions for PairEntry {
+    fn committed_version(&self) -> Option<u64> {
+        self.lock().updates.committed()
+    }
+}
+
 impl PairEntry {
     /// The status document of one of this pair's updates.
     pub(crate) fn update_status(&self, u: &Update, detail: RankDetail) -> UpdateStatus {

@@ -161,8 +161,10 @@ pub trait EngineControl: Send + Sync + 'static {
     /// Calls that close what [`EngineControl::before_update`] (or a failed warm-up) left open
     /// when an attempt ended without [`EngineControl::after_update`] succeeding, without letting
     /// the engine serve again; sent before the engine's next `before_update` or `resume`. A
-    /// failure is recorded and does not stop what follows.
-    fn abandon(&self, _facts: &EngineFacts) -> Vec<EngineCall> {
+    /// failure is recorded and does not stop what follows. `committed` is the pair's last
+    /// committed version (`None`: none yet), for engines that must report it again after a
+    /// failed trigger recorded the failed version's number (SGLang).
+    fn abandon(&self, _facts: &EngineFacts, _committed: Option<u64>) -> Vec<EngineCall> {
         Vec::new()
     }
 

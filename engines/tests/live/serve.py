@@ -243,8 +243,7 @@ def wait_for(cond, timeout: float, what: str, check=lambda: None) -> None:
         time.sleep(0.5)
 
 
-def scenario(live: dict[str, Any], pair: str, infer: str, served_version,
-             failed_version_reported: str | None = None) -> None:
+def scenario(live: dict[str, Any], pair: str, infer: str, served_version) -> None:
     """The live tests' story against one started server (``live``: ``dir``, ``model``,
     ``gateway``, ``url``, ``server``, ``procs``): the untouched server generates what
     transformers does with the saved model; an FSDP2 job (dp 2) connected through the gateway
@@ -252,8 +251,7 @@ def scenario(live: dict[str, Any], pair: str, infer: str, served_version,
     tokens equal, log-probabilities within ``LOGPROB_TOL``) and reported by
     ``served_version(url)``; version 4 runs while the job is killed: it fails, the server answers
     with version 3 and reports it; a restarted job (the same steps) retries, version 4 commits
-    and is served. ``failed_version_reported``: what the server is known to report after the
-    failed version instead of version 3 (a known gap, see the caller), else None."""
+    and is served."""
     import awex
 
     d, url, model = live["dir"], live["url"], live["model"]
@@ -289,12 +287,7 @@ def scenario(live: dict[str, Any], pair: str, infer: str, served_version,
         st = ctl.status(pair)
         assert (st["torn_version"], st["serving_version"]) == (None, 3), st
         live["server"].check()
-        if failed_version_reported is None:
-            wait_for(lambda: served_version(url) == "3", 60, "version 3 reported after the failure")
-        else:
-            reported = served_version(url)
-            print(f"after the failed version 4 the server reports version {reported!r} (known gap)")
-            assert reported in ("3", failed_version_reported), reported
+        wait_for(lambda: served_version(url) == "3", 60, "version 3 reported after the failure")
         assert assert_serves(url, model, os.path.join(d, "v3.pt"), "after the failed version 4") == served[3]
 
         # the retry: a restarted job takes the same four steps and sends version 4 again

@@ -14,8 +14,8 @@ the only code in the server that is not SGLang's or awex's. Then the story of
 ``serve.scenario``: a real FSDP2 job sends three versions through the gateway, each served
 (``/v1/completions`` greedy tokens equal transformers' on the trainer's weights, log-probabilities
 within ``serve.LOGPROB_TOL``) and reported (``/model_info``'s ``weight_version``); the job killed
-mid-update fails the version, the server keeps serving the previous one (but reports the failed
-version's number: a known gap, see the test); the retry commits.
+mid-update fails the version, the server keeps serving the previous one and reports it again
+(the gateway sets the failed version's number back); the retry commits.
 
 ``AWEX_SGLANG_SERVER_PKGS`` names the package folder (``.ci/engines`` sets it;
 ``AWEX_REQUIRE_LIVE=1`` makes a missing one fail instead of skip); ``AWEX_LIVE_TP`` (default 2)
@@ -121,8 +121,8 @@ def test_assign_req_to_token_pool_cpu_writes_each_requests_slots_after_the_earli
 
 
 def test_live_sglang_serves_each_committed_version_and_the_last_one_after_a_killed_trainer(live) -> None:
-    # Known gap: SGLang records the trigger's `weight_version` once the loader returned, and
-    # awex's loader returns (SGLang 0.5.23 ends the server on a loader exception) also when the
-    # version failed, so after the failed version 4 the server reports "4" while it serves
-    # version 3's weights (checked); the gateway does not set the version back yet.
-    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version, failed_version_reported="4")
+    # SGLang records the trigger's `weight_version` once the loader returned, and awex's loader
+    # returns (SGLang 0.5.23 ends the server on a loader exception) also when the version
+    # failed: the scenario asserts that the gateway's `/update_weight_version` (sent with the
+    # failed attempt's `end_weight_update`) has the server report version 3 again.
+    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version)
