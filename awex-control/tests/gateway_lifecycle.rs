@@ -350,6 +350,8 @@ async fn disagreeing_checksums_fail_the_version_naming_both_sums() {
 struct Engines {
     calls: Mutex<Vec<(usize, &'static str)>>,
     fail_pause: AtomicBool,
+    /// `/continue_generation` answers only once this is false again.
+    hold_resume: AtomicBool,
 }
 
 async fn engine_server(engines: Arc<Engines>, index: usize) -> String {
@@ -362,6 +364,9 @@ async fn engine_server(engines: Arc<Engines>, index: usize) -> String {
         }
     }
     async fn resume(State((e, i)): State<(Arc<Engines>, usize)>) -> StatusCode {
+        while e.hold_resume.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         e.calls.lock().unwrap().push((i, "continue_generation"));
         StatusCode::OK
     }
@@ -381,6 +386,67 @@ async fn engine_server(engines: Arc<Engines>, index: usize) -> String {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}")
+}
+
+/// A controller's wait for an update answers once the engines were resumed after the commit,
+/// so that the version is served when `update` returns; a status read in between says the
+/// version committed and the engines are `resuming`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_an_update_answers_only_after_the_engines_were_resumed() {
+    let engines = Arc::new(Engines::default());
+    engines.hold_resume.store(true, Ordering::SeqCst);
+    let urls = vec![
+        engine_server(engines.clone(), 0).await,
+        engine_server(engines.clone(), 1).await,
+    ];
+    let base = start(GatewayConfig::default()).await;
+    let client = Client::new(&base, None).unwrap();
+    let mut req = connect_request("w", 1, 2, 1);
+    req.inference.urls = urls;
+    client.connect(&req).await.unwrap();
+    let ranks = spawn_ranks(&client, "w", 1, 2, 1, |_, _| always_ok(1, 0));
+    loop {
+        match client.start_update("w", 1).await {
+            Err(e) if e.status() == Some(409) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => {
+                other.unwrap();
+                break;
+            }
+        }
+    }
+    let waiter = {
+        let (client, engines) = (client.clone(), engines.clone());
+        tokio::spawn(async move {
+            let st = client
+                .wait_update("w", 1, Duration::from_secs(60))
+                .await
+                .unwrap();
+            // what the engines had been told when the wait answered
+            (st, engines.calls.lock().unwrap().clone())
+        })
+    };
+    // the version commits while the engines' resume is held
+    let held = loop {
+        match client.wait_update("w", 1, Duration::ZERO).await {
+            Ok(st) if st.state == UpdateState::Committed => break st,
+            Ok(st) => panic!("version 1 ended {:?}: {:?}", st.state, st.error),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    };
+    assert!(held.resuming, "{held:?}");
+    assert!(!waiter.is_finished());
+    engines.hold_resume.store(false, Ordering::SeqCst);
+    let (st, calls) = waiter.await.unwrap();
+    assert_eq!((st.state, st.resuming), (UpdateState::Committed, false));
+    let resumed = calls
+        .iter()
+        .filter(|(_, e)| *e == "continue_generation")
+        .count();
+    assert_eq!(resumed, 2, "{calls:?}");
+    client.disconnect("w").await.unwrap();
+    logs(ranks).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,13 +477,8 @@ async fn engines_are_paused_before_and_resumed_after_every_update_even_a_failed_
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed);
     assert!(done.pause_ms.is_some());
-    // Resume runs after the commit; wait for it to be recorded.
-    for _ in 0..200 {
-        if engines.calls.lock().unwrap().len() == 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // the wait answers once the engines were resumed after the commit
+    assert!(!done.resuming);
     let mut calls = engines.calls.lock().unwrap().clone();
     calls.sort_by_key(|(i, e)| (*e == "continue_generation", *i));
     assert_eq!(
@@ -444,12 +505,6 @@ async fn engines_are_paused_before_and_resumed_after_every_update_even_a_failed_
         error.ends_with("/pause_generation answered 500 Internal Server Error"),
         "{error}"
     );
-    for _ in 0..200 {
-        if engines.calls.lock().unwrap().len() == 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let mut calls = engines.calls.lock().unwrap().clone();
     calls.sort_by_key(|(i, e)| (*e == "continue_generation", *i));
     assert_eq!(

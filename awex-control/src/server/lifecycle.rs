@@ -230,6 +230,7 @@ impl PairEntry {
             finishing: false,
             applying: false,
             applied: 0,
+            resuming: false,
         });
         for v in gone {
             p.changed(Op::Update(v));
@@ -288,7 +289,9 @@ impl PairEntry {
                         latest: p.updates.latest().map(|l| l.version),
                     });
                 };
-                if u.state.is_final() || Instant::now() >= end {
+                // a final attempt answers once the engines were resumed after it (a committed
+                // version is served when the wait returns)
+                if (u.state.is_final() && !u.resuming) || Instant::now() >= end {
                     return Ok(self.update_status(u, detail));
                 }
                 (u.version, u.attempt, u.elapsed() >= u.deadline)
@@ -516,7 +519,7 @@ impl PairEntry {
             // nothing was written (the live weights are the last committed version's), or the
             // pair is gone: the engines serve again. After an earlier torn attempt they stay
             // paused, even when this attempt wrote nothing.
-            self.engine_cmd(EngineCmd::Continue { version, attempt });
+            self.resume_engines(p, version, attempt);
         }
         self.update_tx.send_replace(());
     }
@@ -603,7 +606,7 @@ impl PairEntry {
         p.updates.serving_torn = None;
         p.changed(Op::Update(version));
         p.changed(Op::State);
-        self.engine_cmd(EngineCmd::Continue { version, attempt });
+        self.resume_engines(p, version, attempt);
         self.update_tx.send_replace(());
     }
 
@@ -707,16 +710,19 @@ impl PairEntry {
         }
     }
 
-    /// The engines were resumed after `version`/`attempt`; records errors.
+    /// The engines were resumed after `version`/`attempt`; records errors and wakes the waits
+    /// for the attempt's end.
     pub(crate) fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>) {
-        if errors.is_empty() {
-            return;
-        }
         let mut p = self.lock();
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
-            u.engine_errors.extend(errors);
-            p.changed(Op::Update(version));
+            u.resuming = false;
+            if !errors.is_empty() {
+                u.engine_errors.extend(errors);
+                p.changed(Op::Update(version));
+            }
         }
+        drop(p);
+        self.update_tx.send_replace(());
     }
 
     /// Fails `version`/`attempt` if it is still unfinished once its deadline passed.

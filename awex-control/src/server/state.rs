@@ -326,6 +326,19 @@ impl PairEntry {
         }
     }
 
+    /// Queues the engines' resume after `version`/`attempt` and marks the attempt `resuming`
+    /// until the lane answers ([`Self::engines_resumed`]): waits for the attempt's end answer
+    /// after it.
+    pub(crate) fn resume_engines(&self, p: &mut Pair, version: u64, attempt: u32) {
+        let Some(lane) = &self.engines else {
+            return;
+        };
+        if let Some(u) = p.updates.attempt_mut(version, attempt) {
+            u.resuming = true;
+        }
+        lane.send(EngineCmd::Continue { version, attempt });
+    }
+
     /// Fails the join if its deadline passed while ranks were missing.
     pub(crate) fn enforce_join_deadline(&self) {
         let mut p = self.lock();

@@ -175,6 +175,10 @@ pub struct UpdateStatus {
     /// Atomic pairs: inference ranks that reported their live tensors applied.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub applied: u32,
+    /// The engines are being resumed after this committed or failed attempt
+    /// (`continue_generation`); a wait for the update answers once they were.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resuming: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

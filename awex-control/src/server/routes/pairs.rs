@@ -567,7 +567,7 @@ pub(crate) async fn resume(
             p.changed(Op::State);
         }
         if let Some((version, attempt, _)) = latest {
-            entry.engine_cmd(EngineCmd::Continue { version, attempt });
+            entry.resume_engines(&mut p, version, attempt);
         }
     }
     Ok(Json(entry.status()))
@@ -729,6 +729,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                     finishing: false,
                     applying: u.applying,
                     applied,
+                    resuming: false,
                 },
             );
         }

@@ -62,6 +62,11 @@ pub(crate) struct Update {
     pub(crate) applying: bool,
     /// Atomic pairs: inference ranks that reported their live tensors applied.
     pub(crate) applied: usize,
+    /// Whether the engines' resume after this attempt (`continue_generation`) is queued or
+    /// running: a wait for the attempt's end answers once it is done, so that a committed
+    /// version is being served when the wait returns. Not stored: after a restart nothing is
+    /// in flight.
+    pub(crate) resuming: bool,
 }
 
 impl Update {
@@ -145,6 +150,7 @@ impl Update {
             engine_errors: self.engine_errors.clone(),
             applying: self.applying,
             applied: self.applied as u32,
+            resuming: self.resuming,
         }
     }
 }
