@@ -99,6 +99,13 @@ fn bad_specs_are_clear_errors() {
     let (code, _, err) = cli(&["plan", "--train", "megatron:tp=3"]);
     assert_eq!(code, 2);
     assert!(err.contains("training layout `megatron:tp=3`"), "{err}");
+    // the backend's reason is said once (not once per error in the chain)
+    assert_eq!(
+        err.matches("needs num_attention_heads divisible by tp")
+            .count(),
+        1,
+        "{err}"
+    );
     let (code, _, err) = cli(&["plan", "--infer", "trtllm:tp=2"]);
     assert_eq!(code, 2);
     assert!(

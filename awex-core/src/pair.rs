@@ -36,24 +36,26 @@ pub struct ResolvedPair {
 
 /// Why a pair spec could not be resolved: which side, its spec, and the backend's reason.
 #[derive(Debug, thiserror::Error)]
-#[error("{side} layout `{spec}`: {source}")]
+// the reason is part of the message and not the error's `source`, so that a report of the
+// whole chain (`{:#}`) says it once
+#[error("{side} layout `{spec}`: {reason}")]
 pub struct PairError {
     /// The side whose layout failed.
     pub side: Side,
     /// That side's spec.
     pub spec: Box<BackendSpec>,
     /// Why.
-    pub source: Box<SideError>,
+    pub reason: Box<SideError>,
 }
 
 impl PairSpec {
     /// Builds the catalogue and both sides' layouts through the registered backends.
     pub fn resolve(&self) -> Result<ResolvedPair, PairError> {
         let layout = |side: Side, spec: &BackendSpec| {
-            side_layout(side, spec, &self.model).map_err(|source| PairError {
+            side_layout(side, spec, &self.model).map_err(|reason| PairError {
                 side,
                 spec: Box::new(spec.clone()),
-                source: Box::new(source),
+                reason: Box::new(reason),
             })
         };
         let training = layout(Side::Training, &self.train)?;
