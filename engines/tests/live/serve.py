@@ -1,10 +1,11 @@
 """What the live-server tests share: starting processes with their logs kept, waiting for a
 server with a deadline, ending every process by its PID (its process group: a server's own
-children go with it), the gateway (``awex-cli serve``), the training job, and the HF reference
-(greedy decoding with transformers on the trainer's weights of a version)."""
+children go with it; ``scratch``), the gateway (``awex-cli serve``), the training job, and the
+HF reference (greedy decoding with transformers on the trainer's weights of a version)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,10 +13,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -73,6 +75,32 @@ class Proc:
         except ProcessLookupError:
             pass
         self.out.close()
+
+
+@contextlib.contextmanager
+def scratch(request: Any, prefix: str) -> Iterator[tuple[str, list[Proc]]]:
+    """A live fixture's scratch folder and processes: yields ``(dir, procs)``, the fixture
+    appends every process it starts to ``procs``. An error (the fixture's own, e.g. a server
+    that does not start) prints the end of each process's log; in the end every process is
+    stopped, the last started first, and the folder is removed unless a test of the fixture's
+    scope failed or ``AWEX_LIVE_KEEP`` is set (it holds the model and every log)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    procs: list[Proc] = []
+    failed_before, failed = request.session.testsfailed, True
+    try:
+        yield d, procs
+        failed = request.session.testsfailed > failed_before
+    except BaseException:
+        for p in procs:
+            print(f"--- the end of {p.log}:\n{tail(p.log)}")
+        raise
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        if failed or os.environ.get("AWEX_LIVE_KEEP"):
+            print(f"kept {d} (the model, the server's, the gateway's and the training ranks' logs)")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def http(url: str, body: Any = None, timeout: float = 60.0, method: str | None = None) -> tuple[int, Any]:
