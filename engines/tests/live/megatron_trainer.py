@@ -10,7 +10,8 @@ backend (``awex.Writer.attach`` on the ``GPTModel``) to the pair the test connec
 The arguments, SPEC and the version loop are ``trainer.py``'s (``run_versions``). The model starts
 from the saved HF model: ``convert.hf_to_megatron`` cuts this rank's shards (the padded
 vocabulary rows zero), and the job checks that ``convert.megatron_to_hf`` of every rank's
-parameters gives the checkpoint back bit for bit before it trains. A step is Megatron's own
+parameters gives the checkpoint back bit for bit and that the loaded model's logits equal
+transformers' on the saved model (within 1e-4) before it trains. A step is Megatron's own
 loss (``GPTModel.forward`` with ``labels``: the vocabulary-parallel cross entropy) on the next
 tokens, ``backward``, then the gradient reduction Megatron's ``finalize_model_grads`` does for
 this layout (``megatron/core/distributed/finalize_model_grads.py``,
@@ -38,6 +39,7 @@ def main() -> None:
     import safetensors.torch
     import torch
     import torch.distributed as dist
+    import transformers
     from megatron.core import parallel_state as ps
 
     import awex
@@ -86,6 +88,15 @@ def main() -> None:
 
     ids = tiny_model.train_ids(model_dir)
     tokens, labels = torch.tensor([ids[:-1]]), torch.tensor([ids[1:]])
+    # the loaded Megatron model computes what transformers does with the saved model
+    got = megatron_cpu.forward([model], tokens, hf["vocab_size"])
+    if rank == 0:
+        ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            want = ref(tokens).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"the loaded Megatron model's logits differ from transformers': {m}")
+        say("the loaded model's logits equal transformers'")
     s = tokens.shape[1]
     pos = torch.arange(s).unsqueeze(0)
     mask = torch.triu(torch.ones(s, s), diagonal=1).bool().view(1, 1, s, s)  # True: masked out
