@@ -1,4 +1,4 @@
-"""One rank of the live tests' training job: a real FSDP2 job on CPU over gloo (``fully_shard``
+"""One rank of the live vLLM test's training job: a real FSDP2 job on CPU over gloo (``fully_shard``
 per decoder layer and on the model) that learns a few tokens with AdamW and sends every version
 through awex (``awex.Writer.attach``) to the pair the test connected.
 
