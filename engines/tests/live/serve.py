@@ -1,10 +1,12 @@
 """What the live-server tests share: starting processes with their logs kept, waiting for a
 server with a deadline, ending every process by its PID (its process group: a server's own
-children go with it), the gateway (``awex-cli serve``), the training job, and the HF reference
-(greedy decoding with transformers on the trainer's weights of a version)."""
+children go with it; ``scratch``), the gateway (``awex-cli serve``), the training job (FSDP2,
+``trainer.py``, or Megatron-Core, ``megatron_trainer.py``), and the HF reference (greedy
+decoding with transformers on the trainer's weights of a version)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,10 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -75,6 +78,32 @@ class Proc:
         self.out.close()
 
 
+@contextlib.contextmanager
+def scratch(request: Any, prefix: str) -> Iterator[tuple[str, list[Proc]]]:
+    """A live fixture's scratch folder and processes: yields ``(dir, procs)``, the fixture
+    appends every process it starts to ``procs``. An error (the fixture's own, e.g. a server
+    that does not start) prints the end of each process's log; in the end every process is
+    stopped, the last started first, and the folder is removed unless a test of the fixture's
+    scope failed or ``AWEX_LIVE_KEEP`` is set (it holds the model and every log)."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    procs: list[Proc] = []
+    failed_before, failed = request.session.testsfailed, True
+    try:
+        yield d, procs
+        failed = request.session.testsfailed > failed_before
+    except BaseException:
+        for p in procs:
+            print(f"--- the end of {p.log}:\n{tail(p.log)}")
+        raise
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        if failed or os.environ.get("AWEX_LIVE_KEEP"):
+            print(f"kept {d} (the model, the server's, the gateway's and the training ranks' logs)")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def http(url: str, body: Any = None, timeout: float = 60.0, method: str | None = None) -> tuple[int, Any]:
     """``(status, parsed JSON or text)`` of one request."""
     data = None if body is None else json.dumps(body).encode()
@@ -124,11 +153,16 @@ def start_gateway(d: str) -> tuple[Proc, str]:
     return p, url
 
 
+#: the training jobs the live tests run, by the pair's training side: one script each, the same
+#: arguments (``trainer.py``'s docstring)
+TRAINERS = {"fsdp:dp=2": "trainer.py", "megatron:tp=2,local_spec=1": "megatron_trainer.py"}
+
+
 class Job:
-    """The training job (``trainer.py``): WORLD FSDP2 ranks over gloo, one process each."""
+    """A training job (``TRAINERS[train]``): WORLD ranks over gloo, one process each."""
 
     def __init__(self, d: str, gateway: str, pair: str, model_dir: str, versions: list[int],
-                 hold: int | None = None, world: int = 2, tag: str = "job") -> None:
+                 hold: int | None = None, world: int = 2, tag: str = "job", train: str = "fsdp:dp=2") -> None:
         self.d = d
         # a restarted job appends to the same rank logs: read only what this job wrote
         self.logs = [os.path.join(d, f"rank{r}.log") for r in range(world)]
@@ -138,7 +172,7 @@ class Job:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         self.ranks = [
             Proc(f"training rank {r} ({tag})",
-                 [sys.executable, os.path.join(HERE, "trainer.py"), str(r), str(world), str(port), gateway, pair,
+                 [sys.executable, os.path.join(HERE, TRAINERS[train]), str(r), str(world), str(port), gateway, pair,
                   model_dir, d, spec],
                  os.path.join(d, f"{tag}-rank{r}.out"), env=env)
             for r in range(world)
@@ -243,10 +277,11 @@ def wait_for(cond, timeout: float, what: str, check=lambda: None) -> None:
         time.sleep(0.5)
 
 
-def scenario(live: dict[str, Any], pair: str, infer: str, served_version) -> None:
+def scenario(live: dict[str, Any], pair: str, infer: str, served_version, train: str = "fsdp:dp=2") -> None:
     """The live tests' story against one started server (``live``: ``dir``, ``model``,
     ``gateway``, ``url``, ``server``, ``procs``): the untouched server generates what
-    transformers does with the saved model; an FSDP2 job (dp 2) connected through the gateway
+    transformers does with the saved model; a training job (``train``, a key of ``TRAINERS``:
+    FSDP2 dp 2 or Megatron-Core tp 2, two processes over gloo) connected through the gateway
     with the server's URL (an atomic pair) sends versions 1-3, each committed, served (greedy
     tokens equal, log-probabilities within ``LOGPROB_TOL``) and reported by
     ``served_version(url)``; version 4 runs while the job is killed: it fails, the server answers
@@ -257,9 +292,9 @@ def scenario(live: dict[str, Any], pair: str, infer: str, served_version) -> Non
     d, url, model = live["dir"], live["url"], live["model"]
     before = assert_serves(url, model, None, "before any update")
     ctl = awex.Controller(live["gateway"])
-    ctl.connect(pair, model=model, train="fsdp:dp=2", infer=infer, transport="tcp", urls=[url], atomic=True,
+    ctl.connect(pair, model=model, train=train, infer=infer, transport="tcp", urls=[url], atomic=True,
                 join_deadline_s=UPDATE_S, update_deadline_s=60)
-    job = Job(d, live["gateway"], pair, model, versions=[1, 2, 3, 4], hold=4)
+    job = Job(d, live["gateway"], pair, model, versions=[1, 2, 3, 4], hold=4, train=train)
     try:
         ctl.wait_ready(UPDATE_S)
         served = {0: before}
@@ -291,7 +326,7 @@ def scenario(live: dict[str, Any], pair: str, infer: str, served_version) -> Non
         assert assert_serves(url, model, os.path.join(d, "v3.pt"), "after the failed version 4") == served[3]
 
         # the retry: a restarted job takes the same four steps and sends version 4 again
-        job = Job(d, live["gateway"], pair, model, versions=[4], tag="restart")
+        job = Job(d, live["gateway"], pair, model, versions=[4], tag="restart", train=train)
         wait_for(job.joined, UPDATE_S, "re-join of the restarted job", job.check)
         st = ctl.update(4, timeout=UPDATE_S)
         assert (st["state"], st["attempt"]) == ("committed", 2), st

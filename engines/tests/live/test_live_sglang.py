@@ -11,9 +11,12 @@ its CPU engine, started as users start it::
 with ``cpu_kernels/`` on its ``PYTHONPATH``: a pure-torch ``sgl_kernel`` stand-in (every
 ``sgl-kernel`` wheel on the index is a CUDA build; see its docstring for the names it provides),
 the only code in the server that is not SGLang's or awex's. Then the story of
-``serve.scenario``: a real FSDP2 job sends three versions through the gateway, each served
-(``/v1/completions`` greedy tokens equal transformers' on the trainer's weights, log-probabilities
-within ``serve.LOGPROB_TOL``) and reported (``/model_info``'s ``weight_version``); the job killed
+``serve.scenario``: a real Megatron-Core training job (``megatron_trainer.py``: Megatron-Core
+0.19.2 ``GPTModel``, local layer spec, tp 2 over gloo in two processes, AdamW on a few tokens;
+attached with awex's Megatron backend, the pair's training side ``megatron:tp=2,local_spec=1``)
+sends three versions through the gateway, each served (``/v1/completions`` greedy tokens equal
+transformers' on the trainer's weights gathered to one process, log-probabilities within
+``serve.LOGPROB_TOL``) and reported (``/model_info``'s ``weight_version``); the job killed
 mid-update fails the version, the server keeps serving the previous one and reports it again
 (the gateway sets the failed version's number back); the retry commits.
 
@@ -26,9 +29,7 @@ and always with ``AWEX_LIVE_KEEP=1``.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 
 import pytest
 
@@ -43,6 +44,8 @@ pytestmark = pytest.mark.timeout(2400)
 PKGS = os.environ.get("AWEX_SGLANG_SERVER_PKGS", "")
 TP = int(os.environ.get("AWEX_LIVE_TP", "2"))
 PAIR = "live-sglang"
+#: the training job (``serve.TRAINERS``): Megatron-Core here, FSDP2 feeds the live vLLM server
+TRAIN = "megatron:tp=2,local_spec=1"
 KERNELS = os.path.join(serve.HERE, "cpu_kernels")
 START_S = 900.0
 
@@ -54,10 +57,7 @@ def live(request):
         if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
             pytest.fail(why)
         pytest.skip(why)
-    d = tempfile.mkdtemp(prefix="awex-live-sglang-")
-    procs: list[serve.Proc] = []
-    failed_before, failed = request.session.testsfailed, True
-    try:
+    with serve.scratch(request, "awex-live-sglang-") as (d, procs):
         model = tiny_model.make(os.path.join(d, "model"))
         gw_proc, gw = serve.start_gateway(d)
         procs.append(gw_proc)
@@ -82,18 +82,6 @@ def live(request):
         took = serve.wait_http(server, url + "/health", START_S)
         print(f"SGLang server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
-        failed = request.session.testsfailed > failed_before
-    except BaseException:
-        for p in procs:
-            print(f"--- the end of {p.log}:\n{serve.tail(p.log)}")
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        if failed or os.environ.get("AWEX_LIVE_KEEP"):
-            print(f"kept {d} (the model, the server's, the gateway's and the training ranks' logs)")
-        else:
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def served_version(url: str) -> str | None:
@@ -125,4 +113,4 @@ def test_live_sglang_serves_each_committed_version_and_the_last_one_after_a_kill
     # returns (SGLang 0.5.23 ends the server on a loader exception) also when the version
     # failed: the scenario asserts that the gateway's `/update_weight_version` (sent with the
     # failed attempt's `end_weight_update`) has the server report version 3 again.
-    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version)
+    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version, train=TRAIN)

@@ -25,8 +25,6 @@ the scratch folder (model, logs) is kept after a failure, and always with ``AWEX
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -52,10 +50,7 @@ def live(request):
         if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
             pytest.fail(why)
         pytest.skip(why)
-    d = tempfile.mkdtemp(prefix="awex-live-vllm-")
-    procs: list[serve.Proc] = []
-    failed_before, failed = request.session.testsfailed, True
-    try:
+    with serve.scratch(request, "awex-live-vllm-") as (d, procs):
         model = tiny_model.make(os.path.join(d, "model"))
         gw_proc, gw = serve.start_gateway(d)
         procs.append(gw_proc)
@@ -76,18 +71,6 @@ def live(request):
         took = serve.wait_http(server, url + "/health", START_S)
         print(f"vLLM server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
-        failed = request.session.testsfailed > failed_before
-    except BaseException:
-        for p in procs:
-            print(f"--- the end of {p.log}:\n{serve.tail(p.log)}")
-        raise
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        if failed or os.environ.get("AWEX_LIVE_KEEP"):
-            print(f"kept {d} (the model, the server's, the gateway's and the training ranks' logs)")
-        else:
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def served_version(url: str) -> str | None:

@@ -1,4 +1,4 @@
-"""One rank of the live tests' training job: a real FSDP2 job on CPU over gloo (``fully_shard``
+"""One rank of the live vLLM test's training job: a real FSDP2 job on CPU over gloo (``fully_shard``
 per decoder layer and on the model) that learns a few tokens with AdamW and sends every version
 through awex (``awex.Writer.attach``) to the pair the test connected.
 
@@ -11,7 +11,8 @@ parameters (``DTensor.full_tensor()``, a gather) to OUT_DIR/v{V}.pt for the test
 then every rank runs ``Writer.update(V)`` (waits for the version to start, sends, waits for the
 commit). With ``hold`` H, rank 1 writes OUT_DIR/held{H} at version H instead of sending and
 waits to be killed (the test kills the job mid-update). Every rank writes OUT_DIR/rank{R}.log
-lines as it goes.
+lines as it goes. That loop (``run_versions``) and the arguments are shared with
+``megatron_trainer.py``, the Megatron-Core job.
 """
 
 from __future__ import annotations
@@ -41,10 +42,7 @@ def main() -> None:
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     gateway, pair, model_dir, out = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
     spec = json.loads(sys.argv[8])
-    log = open(os.path.join(out, f"rank{rank}.log"), "a", buffering=1)
-
-    def say(msg: str) -> None:
-        log.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+    say = logger(out, rank)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT))
@@ -57,23 +55,44 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     ids = torch.tensor([tiny_model.train_ids(model_dir)])
 
+    def step() -> float:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def full() -> dict[str, torch.Tensor]:
+        return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+
     w = awex.Writer.attach(model, gateway, pair, timeout=TIMEOUT)
+    run_versions(w, rank, out, spec, step, full, say)
+    dist.destroy_process_group()
+    say("done")
+
+
+def run_versions(w, rank: int, out: str, spec: dict, step, full, say) -> None:
+    """The job's loop after ``Writer.attach`` (``w``), shared with ``megatron_trainer.py``: joins,
+    then for each version takes ``step()`` (one optimizer step, returns the loss), and for a
+    version the test asks for has rank 0 save ``full()`` (every rank calls it: a gather; on
+    rank 0 the whole model in HF names) as OUT_DIR/v{V}.pt, then sends it (or, rank 1 at the held
+    version, writes OUT_DIR/held{V} and waits to be killed). Closes the writer."""
+    import torch
+    import torch.distributed as dist
+
     say(f"attached: {w.detected}")
     w.join(TIMEOUT)
     say("joined")
     try:
         for version in range(1, max(spec["versions"]) + 1):
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            say(f"step {version}: loss {loss.item():.4f}")
+            loss = step()
+            say(f"step {version}: loss {loss:.4f}")
             if version not in spec["versions"]:
                 continue
-            full = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+            weights = full()
             if rank == 0:
                 tmp = os.path.join(out, f"v{version}.pt.tmp")
-                torch.save(full, tmp)
+                torch.save(weights, tmp)
                 os.replace(tmp, os.path.join(out, f"v{version}.pt"))
             dist.barrier()
             if version == spec.get("hold") and rank == 1:
@@ -85,8 +104,16 @@ def main() -> None:
             say(f"version {version}: {r}")
     finally:
         w.close()
-    dist.destroy_process_group()
-    say("done")
+
+
+def logger(out: str, rank: int):
+    """``say(msg)``: appends ``HH:MM:SS msg`` to OUT_DIR/rank{R}.log (a restarted job appends)."""
+    log = open(os.path.join(out, f"rank{rank}.log"), "a", buffering=1)
+
+    def say(msg: str) -> None:
+        log.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+
+    return say
 
 
 if __name__ == "__main__":

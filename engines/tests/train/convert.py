@@ -187,3 +187,53 @@ def sglang_expected(name: str, shape: list[int], hf_t: dict[str, torch.Tensor], 
                 parts.append(d[:, mr * n : (mr + 1) * n])
         return torch.stack(parts, 0).contiguous().numpy()
     return hf_t[name].numpy()
+
+
+def hf_to_megatron(hf_t: dict[str, torch.Tensor], hf: dict[str, Any], tp: int, r: int,
+                   padded_vocab: int) -> dict[str, torch.Tensor]:
+    """TP rank r's Megatron-Core parameters (local spec, dense model, pp = 1) of the HF tensors:
+    the inverse of ``megatron_to_hf`` for that case, from the same Megatron facts (module
+    docstring); the vocabulary rows past the checkpoint's are zero (``padded_vocab`` is what the
+    model is built with)."""
+    nq, ng = hf["num_attention_heads"], hf["num_key_value_heads"]
+    hd = hf.get("head_dim", hf["hidden_size"] // nq)
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        n = t.shape[0] // tp
+        return t[r * n : (r + 1) * n].clone().contiguous()
+
+    def cols(t: torch.Tensor) -> torch.Tensor:
+        n = t.shape[1] // tp
+        return t[:, r * n : (r + 1) * n].clone().contiguous()
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        full = t.new_zeros(padded_vocab, t.shape[1])
+        full[: t.shape[0]] = t
+        return full
+
+    def qkv(h: str, suf: str) -> torch.Tensor:
+        q = hf_t[f"{h}self_attn.q_proj.{suf}"]
+        rest = q.shape[1:]
+        parts = [q.reshape(ng, nq // ng, hd, *rest)]
+        parts += [hf_t[f"{h}self_attn.{x}_proj.{suf}"].reshape(ng, 1, hd, *rest) for x in "kv"]
+        return rows(torch.cat(parts, 1).reshape(-1, *rest))
+
+    out: dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": rows(padded(hf_t["model.embed_tokens.weight"]))}
+    for l in range(hf["num_hidden_layers"]):
+        b, h = f"decoder.layers.{l}.", f"model.layers.{l}."
+        out[b + "input_layernorm.weight"] = hf_t[h + "input_layernorm.weight"].clone()
+        out[b + "self_attention.linear_qkv.weight"] = qkv(h, "weight")
+        if h + "self_attn.q_proj.bias" in hf_t:
+            out[b + "self_attention.linear_qkv.bias"] = qkv(h, "bias")
+        out[b + "self_attention.linear_proj.weight"] = cols(hf_t[h + "self_attn.o_proj.weight"])
+        if h + "self_attn.q_norm.weight" in hf_t:
+            out[b + "self_attention.q_layernorm.weight"] = hf_t[h + "self_attn.q_norm.weight"].clone()
+            out[b + "self_attention.k_layernorm.weight"] = hf_t[h + "self_attn.k_norm.weight"].clone()
+        out[b + "pre_mlp_layernorm.weight"] = hf_t[h + "post_attention_layernorm.weight"].clone()
+        out[b + "mlp.linear_fc1.weight"] = torch.cat(
+            [rows(hf_t[h + "mlp.gate_proj.weight"]), rows(hf_t[h + "mlp.up_proj.weight"])], 0)
+        out[b + "mlp.linear_fc2.weight"] = cols(hf_t[h + "mlp.down_proj.weight"])
+    out["decoder.final_layernorm.weight"] = hf_t["model.norm.weight"].clone()
+    if not hf.get("tie_word_embeddings", False):
+        out["output_layer.weight"] = rows(padded(hf_t["lm_head.weight"]))
+    return out
