@@ -20,7 +20,9 @@ pub use layout::MegatronLayout;
 pub use names::options_from_names;
 pub use receive::MegatronReceiver;
 
-use awex_core::backend::{Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend};
+use awex_core::backend::{
+    Backend, Detection, ParallelConfig, ParallelKey, Probe, SpecError, TrainingBackend,
+};
 use awex_core::layout::{LayoutError, SideLayout};
 use awex_core::model::ModelSpec;
 use std::sync::Arc;
@@ -43,6 +45,16 @@ impl Backend for MegatronBackend {
 
     fn parallel_keys(&self) -> &'static [ParallelKey] {
         KEYS
+    }
+
+    fn resolved_parallel(&self, parallel: &ParallelConfig) -> Result<ParallelConfig, SpecError> {
+        let mut p = parallel.checked(KEYS, "megatron")?;
+        // the defaults that follow other keys, as `Config::resolve` applies them
+        let tp = p.get_or("tp", 1);
+        let grouped = u64::from(p.get_or("local_spec", 0) == 0);
+        p.0.entry("etp".to_string()).or_insert(tp);
+        p.0.entry("grouped_gemm".to_string()).or_insert(grouped);
+        Ok(p)
     }
 
     fn python_packages(&self) -> &'static [&'static str] {
@@ -69,3 +81,42 @@ impl TrainingBackend for MegatronBackend {
 }
 
 awex_core::inventory::submit! { awex_core::backend::TrainingRegistration(&MegatronBackend) }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn spec(s: &str) -> ParallelConfig {
+        s.parse::<awex_core::BackendSpec>().unwrap().parallel
+    }
+
+    #[test]
+    fn resolved_parallel_fills_the_defaults_that_follow_other_keys_as_the_layout_does() {
+        let b = MegatronBackend;
+        let r = |s: &str| b.resolved_parallel(&spec(s)).unwrap();
+        assert_eq!(
+            r("megatron:tp=2"),
+            r("megatron:tp=2,etp=2,grouped_gemm=1,pp=1")
+        );
+        assert_ne!(r("megatron:tp=2"), r("megatron:tp=2,etp=1"));
+        assert_eq!(r("megatron:tp=2,local_spec=1").get("grouped_gemm"), Some(0));
+        assert_eq!(r("megatron:tp=4").get("etp"), Some(4));
+        for s in [
+            "megatron:tp=2",
+            "megatron:tp=2,ep=2",
+            "megatron:tp=4,etp=1,ep=2,pp=2",
+            "megatron:tp=2,local_spec=1",
+            "megatron:tp=2,grouped_gemm=1,single_grouped_weight=1",
+        ] {
+            // the layout reads the resolved config exactly as it reads the given one
+            assert_eq!(
+                Config::resolve(&r(s)).unwrap(),
+                Config::resolve(&spec(s)).unwrap(),
+                "{s}"
+            );
+        }
+        let e = b.resolved_parallel(&spec("megatron:tq=2")).unwrap_err();
+        assert!(e.to_string().contains("no parallel key `tq`"), "{e}");
+    }
+}

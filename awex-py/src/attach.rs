@@ -3,8 +3,9 @@
 //! spells those names, so that Python restates none of them.
 
 use crate::errors::Fail;
-use awex_core::backend::training_backend;
+use awex_core::backend::{ParallelConfig, training_backend};
 use pyo3::prelude::*;
+use std::collections::BTreeMap;
 
 /// The parallel keys that the parameter names of a live `backend` rank decide, as
 /// `[(key, value)]` in the backend's key order (keys the names say nothing about are left out).
@@ -16,4 +17,18 @@ pub(crate) fn options_from_names(
     let b = training_backend(backend).map_err(Fail::from)?;
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     Ok(b.options_from_names(&names))
+}
+
+/// A training `backend`'s parallel config with every default filled in, those that follow from
+/// other keys included (`Backend::resolved_parallel`), so that Python compares a live job's
+/// config with a pair's without restating the defaults.
+#[pyfunction]
+pub(crate) fn resolved_parallel(
+    backend: &str,
+    parallel: BTreeMap<String, u64>,
+) -> PyResult<BTreeMap<String, u64>> {
+    let b = training_backend(backend).map_err(Fail::from)?;
+    Ok(b.resolved_parallel(&ParallelConfig(parallel))
+        .map_err(Fail::from)?
+        .0)
 }

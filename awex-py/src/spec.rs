@@ -62,15 +62,18 @@ pub(crate) struct RankArgs {
     pub host: Option<String>,
 }
 
-/// Fills in a backend's default parallel keys, so that `tp=2` and `tp=2,pp=1` compare equal.
+/// Fills in a backend's default parallel keys, those that follow other keys included, so that
+/// `tp=2`, `tp=2,pp=1` and Megatron's `tp=2,etp=2` compare equal.
 pub(crate) fn normalised(side: Side, spec: &BackendSpec) -> ParallelConfig {
-    let keys = match side {
-        Side::Training => training_backend(&spec.backend).map(|b| b.parallel_keys()),
-        Side::Inference => inference_backend(&spec.backend).map(|b| b.parallel_keys()),
+    let resolved = match side {
+        Side::Training => {
+            training_backend(&spec.backend).and_then(|b| b.resolved_parallel(&spec.parallel))
+        }
+        Side::Inference => {
+            inference_backend(&spec.backend).and_then(|b| b.resolved_parallel(&spec.parallel))
+        }
     };
-    keys.ok()
-        .and_then(|k| spec.parallel.checked(k, &spec.backend).ok())
-        .unwrap_or_else(|| spec.parallel.clone())
+    resolved.unwrap_or_else(|_| spec.parallel.clone())
 }
 
 /// One side's spec: the caller's pieces where given, the pair's otherwise; a caller's spec that
@@ -197,4 +200,34 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
         )
         .map_err(|e| Fail::Value(e.to_string()))?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(side: Side, s: &str) -> ParallelConfig {
+        normalised(side, &s.parse().unwrap())
+    }
+
+    #[test]
+    fn a_rank_spec_that_spells_out_a_derived_default_equals_the_pairs() {
+        // Megatron's etp is tp unless given, grouped_gemm is the opposite of local_spec
+        assert_eq!(
+            norm(Side::Training, "megatron:tp=2"),
+            norm(Side::Training, "megatron:tp=2,etp=2,pp=1")
+        );
+        assert_eq!(
+            norm(Side::Training, "megatron:tp=2,local_spec=1"),
+            norm(Side::Training, "megatron:tp=2,local_spec=1,grouped_gemm=0")
+        );
+        assert_ne!(
+            norm(Side::Training, "megatron:tp=2"),
+            norm(Side::Training, "megatron:tp=2,etp=1")
+        );
+        assert_eq!(
+            norm(Side::Inference, "sglang:tp=2"),
+            norm(Side::Inference, "sglang:tp=2,ep=1,engines=1")
+        );
+    }
 }

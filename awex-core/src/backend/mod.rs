@@ -29,6 +29,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The parallel-config keys this backend accepts, with defaults and help.
     fn parallel_keys(&self) -> &'static [ParallelKey];
 
+    /// `parallel` with every default filled in, those that follow from other keys included
+    /// (Megatron's `etp` is `tp` unless given): two configs that lay out the same ranks resolve
+    /// equal. Unknown keys and values past their limits are refused.
+    fn resolved_parallel(&self, parallel: &ParallelConfig) -> Result<ParallelConfig, SpecError> {
+        parallel.checked(self.parallel_keys(), self.name())
+    }
+
     /// Python packages whose presence is evidence for this engine (probed with `python3`).
     fn python_packages(&self) -> &'static [&'static str] {
         &[]

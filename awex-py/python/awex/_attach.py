@@ -251,14 +251,6 @@ def inspect(model: Any) -> dict[str, Any]:
     }
 
 
-# defaults the backends fill in, so that a pair's `megatron:tp=2` and a live `tp=2,pp=1,...` agree
-_DEFAULTS = {
-    "megatron": {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "vpp": 1, "fp32": 0, "local_spec": 0,
-                 "single_grouped_weight": 0},
-    "fsdp": {"dp": 1, "replicate": 1, "tp": 1, "fused_experts": 0},
-}
-
-
 def parse_spec(spec: str) -> tuple[str, dict[str, int]]:
     """``"megatron:tp=2,pp=2"`` -> ``("megatron", {"tp": 2, "pp": 2})``."""
     backend, _, rest = spec.partition(":")
@@ -270,13 +262,10 @@ def parse_spec(spec: str) -> tuple[str, dict[str, int]]:
 
 
 def resolved(backend: str, p: dict[str, int]) -> dict[str, int]:
-    """A parallel config with the backend's defaults filled in (etp = tp, grouped_gemm = not local_spec)."""
-    out = dict(_DEFAULTS.get(backend, {}))
-    out.update(p)
-    if backend == "megatron":
-        out.setdefault("etp", out["tp"])
-        out.setdefault("grouped_gemm", 0 if out["local_spec"] else 1)
-    return out
+    """A parallel config with the backend's defaults filled in, those that follow other keys
+    included (Megatron's etp = tp, grouped_gemm = not local_spec), as the backend itself fills
+    them (``_awex.resolved_parallel``)."""
+    return dict(_awex.resolved_parallel(backend, p))
 
 
 def check_pair(found: dict[str, Any], pair: str, pair_spec: str, layout_dtype: str | None, moe: bool) -> None:
