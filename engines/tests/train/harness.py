@@ -24,6 +24,18 @@ TIMEOUT = 240.0
 NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np.int64, "i32": np.int32}
 
 
+
+def selected(cases: list[dict]) -> list[dict]:
+    """The cases ``AWEX_TRAIN_CASES`` keeps (a comma-separated subset of case names, for
+    working on one case; every case without it). The tests are parametrised over what it keeps,
+    so a left-out case neither runs nor starts its world's processes."""
+    only = os.environ.get("AWEX_TRAIN_CASES")
+    if not only:
+        return cases
+    keep = {n.strip() for n in only.split(",")}
+    return [c for c in cases if c["name"] in keep]
+
+
 @contextlib.contextmanager
 def scratch_dir(name: str) -> Iterator[str]:
     """A fresh folder of this test run (its own, not pytest's shared per-user base folder),
