@@ -23,7 +23,6 @@ OUT_DIR/v{V}.pt is ``convert.megatron_to_hf`` of every rank's parameters (``all_
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -48,13 +47,7 @@ def main() -> None:
     import tiny_model
     import trainer
 
-    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    gateway, pair, model_dir, out = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
-    spec = json.loads(sys.argv[8])
-    say = trainer.logger(out, rank)
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT))
+    rank, world, gateway, pair, model_dir, out, spec, say = trainer.start(sys.argv)
     megatron_cpu.install_shims()
     ps.initialize_model_parallel(tensor_model_parallel_size=world)
     torch.manual_seed(0)

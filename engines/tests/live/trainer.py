@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -39,13 +40,7 @@ def main() -> None:
     import awex
     import tiny_model
 
-    rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    gateway, pair, model_dir, out = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
-    spec = json.loads(sys.argv[8])
-    say = logger(out, rank)
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT))
+    rank, world, gateway, pair, model_dir, out, spec, say = start(sys.argv)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
@@ -104,6 +99,21 @@ def run_versions(w, rank: int, out: str, spec: dict, step, full, say) -> None:
             say(f"version {version}: {r}")
     finally:
         w.close()
+
+
+def start(argv: list[str]) -> tuple[int, int, str, str, str, str, dict, Any]:
+    """A trainer process's start: reads its command line (``RANK WORLD PORT GATEWAY PAIR
+    MODEL_DIR OUT_DIR SPEC_JSON``), opens its log and joins the gloo group; returns ``(rank,
+    world, gateway, pair, model_dir, out, spec, say)``."""
+    import torch.distributed as dist
+
+    rank, world, port = int(argv[1]), int(argv[2]), int(argv[3])
+    gateway, pair, model_dir, out = argv[4], argv[5], argv[6], argv[7]
+    spec = json.loads(argv[8])
+    say = logger(out, rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT))
+    return rank, world, gateway, pair, model_dir, out, spec, say
 
 
 def logger(out: str, rank: int):
