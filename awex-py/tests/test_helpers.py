@@ -57,6 +57,56 @@ def test_fsdp_takes_local_shards_under_hf_names():
     assert out[0][1] is shard and out[1][1] is plain
 
 
+class Buffered(Module):
+    """A stand-in for a module tree with buffers: named_modules() over (prefix, module), each
+    with torch's ``_buffers`` and ``_non_persistent_buffers_set``, and named_buffers()."""
+
+    def __init__(self, params: dict[str, object], modules: dict[str, tuple[dict, set]]) -> None:
+        super().__init__(params)
+        self._modules = []
+        for prefix, (buffers, skip) in modules.items():
+            m = Module({})
+            m._buffers = buffers
+            m._non_persistent_buffers_set = skip
+            self._modules.append((prefix, m))
+
+    def named_modules(self):
+        return iter(self._modules)
+
+    def named_buffers(self):
+        for prefix, m in self._modules:
+            for name, b in m._buffers.items():
+                if b is not None:
+                    yield (f"{prefix}.{name}" if prefix else name), b
+
+
+def test_fsdp_adds_the_persistent_buffers_a_checkpoint_stores():
+    w, bias, inv = np.zeros((8, 4)), np.zeros(8, np.float32), np.zeros(2)
+    m = Buffered(
+        {"model.layers.1.mlp.gate.weight": w},
+        {
+            "": ({}, set()),
+            "model.layers.1.mlp.gate": ({"e_score_correction_bias": bias}, set()),
+            "_orig_mod.model.rotary_emb": ({"inv_freq": inv, "original_inv_freq": None}, {"inv_freq"}),
+        },
+    )
+    out = awex.fsdp.named_tensors(m)
+    assert [n for n, _ in out] == ["model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias"]
+    assert out[1][1] is bias
+
+
+def test_megatron_adds_the_routers_expert_bias_buffer():
+    w, bias, other = np.zeros((8, 4)), np.zeros(8, np.float32), np.zeros(8)
+    m = Buffered(
+        {"module.decoder.layers.1.mlp.router.weight": w},
+        {"module.decoder.layers.1.mlp.router": ({"expert_bias": bias, "local_tokens_per_expert": other},
+                                                {"local_tokens_per_expert"})},
+    )
+    out = awex.megatron.named_tensors([m, Module({})])
+    assert out == [("model0.decoder.layers.1.mlp.router.weight", w),
+                   ("model0.decoder.layers.1.mlp.router.expert_bias", bias)]
+
+
 def test_sglang_accepts_the_model_or_its_runner():
     w = np.zeros(2)
     model = Module({"model.layers.0.self_attn.qkv_proj.weight": w})

@@ -28,7 +28,10 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     ``model`` is a ``GPTModel``, possibly wrapped (``DistributedDataParallel``,
     ``Float16Module``: their ``module.`` prefixes are removed), or the list of model chunks that
     Megatron builds with virtual pipeline parallelism (``vpp > 1``): chunk ``v``'s names get the
-    ``model{v}.`` prefix awex uses. A one-element list is a plain model.
+    ``model{v}.`` prefix awex uses. A one-element list is a plain model. Each chunk's router
+    score-correction biases follow its parameters: ``mlp.router.expert_bias``, an fp32 buffer
+    (``TopKRouter`` with ``moe_router_enable_expert_bias``), which awex moves as the checkpoint's
+    ``e_score_correction_bias``.
     """
     chunks: list[Any] = list(model) if isinstance(model, (list, tuple)) else [model]
     if not chunks:
@@ -44,7 +47,15 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
                 raise ValueError(f"parameter name `{full}` appears twice")
             seen.add(full)
             out.append((full, p))
+        buffers = getattr(chunk, "named_buffers", None)
+        for name, b in buffers() if buffers is not None else []:
+            if name.rsplit(".", 1)[-1] == _EXPERT_BIAS and b is not None:
+                out.append((prefix + _strip_wrappers(name), b))
     return out
+
+
+#: The router's score-correction bias buffer (megatron/core/transformer/moe/router.py).
+_EXPERT_BIAS = "expert_bias"
 
 
 def allocations(named: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
