@@ -105,6 +105,14 @@ fn module_rank(part: Part, fused_experts: bool) -> u8 {
 }
 use std::sync::Arc;
 
+/// Whether transformers holds `part` as a buffer, not a parameter: the router's
+/// score-correction bias (`e_score_correction_bias`: `nn.Buffer` in `Glm4MoeTopkRouter`,
+/// `register_buffer` in `DeepseekV3TopkRouter`). FSDP2 shards parameters only (`fully_shard`
+/// leaves buffers as they are), so every rank holds it whole.
+fn is_buffer(part: Part) -> bool {
+    part == Part::RouterBias
+}
+
 /// A parallel configuration the FSDP layout cannot describe.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FsdpConfigError {
@@ -536,7 +544,14 @@ impl SideLayout for FsdpLayout {
                     return Some(self.fused_tensor(&name, l, which, dp_rank));
                 }
                 let (shape, split, dtype) = self.param(c)?;
-                let shard = self.shard(shape, split, dp_rank, tp_rank);
+                let shard = if is_buffer(c.part) {
+                    Shard {
+                        shape,
+                        region: Some(Region::full(shape)),
+                    }
+                } else {
+                    self.shard(shape, split, dp_rank, tp_rank)
+                };
                 let canonical: Arc<str> = Arc::from(self.spec.canonical_name(c)?);
                 let name: Arc<str> = if *name == *canonical {
                     canonical.clone()
@@ -605,6 +620,16 @@ impl SideLayout for FsdpLayout {
             return Vec::new();
         };
         let name: Arc<str> = Arc::from(self.local_name(c));
+        if is_buffer(c.part) {
+            return vec![Holder {
+                ranks: self.ranks(),
+                tensor: name,
+                tensor_shape: shape,
+                dtype,
+                region: Region::full(shape),
+                local_offset: Dims::zeros(shape.ndim()),
+            }];
+        }
         // TP ranks that hold distinct shards; a replicated parameter's shard is shared by all TP ranks.
         let tp_groups: Vec<Vec<u32>> = match split {
             TpSplit::Replicated => vec![(0..self.tp).collect()],

@@ -458,6 +458,11 @@ fn fsdp_holds_glm_in_checkpoint_names_with_the_fp32_router_bias_buffer() {
     let l = layout(Side::Training, "fsdp:dp=2,fused_experts=1", &glm());
     let t = shaped(&*l, RankId::train(1));
     assert_eq!(t[&format!("{p}.experts.gate_up_proj")].0, vec![4, 64, 64]);
-    assert_eq!(t[&format!("{p}.gate.e_score_correction_bias")].0, vec![4]);
+    // a buffer: fully_shard leaves it whole on every rank (the router's weight is sharded)
+    assert_eq!(t[&format!("{p}.gate.e_score_correction_bias")].0, vec![8]);
+    assert_eq!(t[&format!("{p}.gate.weight")].0, vec![4, 64]);
+    let h = l.holders(&format!("{p}.gate.e_score_correction_bias"));
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ranks.len(), 2);
     assert!(t.contains_key("model.layers.0.mlp.gate_proj.weight"));
 }

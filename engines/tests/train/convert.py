@@ -161,12 +161,13 @@ def sglang_expected(name: str, shape: list[int], hf_t: dict[str, torch.Tensor], 
         return torch.cat([q, k, v], 0).numpy()
     if rest == "self_attn.o_proj.weight":
         return hf_t[f"{h}self_attn.o_proj.weight"][:, r * qh * hd : (r + 1) * qh * hd].contiguous().numpy()
-    if rest == "mlp.gate_up_proj.weight":
-        g, u = hf_t[f"{h}mlp.gate_proj.weight"], hf_t[f"{h}mlp.up_proj.weight"]
+    if rest in ("mlp.gate_up_proj.weight", "mlp.shared_experts.gate_up_proj.weight"):
+        mod = rest[: -len("gate_up_proj.weight")]
+        g, u = hf_t[f"{h}{mod}gate_proj.weight"], hf_t[f"{h}{mod}up_proj.weight"]
         n = g.shape[0] // tp
         return torch.cat([g[r * n : (r + 1) * n], u[r * n : (r + 1) * n]], 0).numpy()
-    if rest == "mlp.down_proj.weight":
-        d = hf_t[f"{h}mlp.down_proj.weight"]
+    if rest in ("mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"):
+        d = hf_t[f"{h}{rest}"]
         n = d.shape[1] // tp
         return d[:, r * n : (r + 1) * n].contiguous().numpy()
     if rest in ("mlp.experts.w13_weight", "mlp.experts.w2_weight"):
