@@ -244,7 +244,9 @@ impl SglangLayout {
             false
         };
         if !fused_shared && shared % tp != 0 {
-            return Err(SglangConfigError::Intermediate { size: shared, tp });
+            return Err(SglangConfigError::Layout(format!(
+                "model has shared experts of intermediate size {shared}; sglang tp={tp} needs it divisible by tp"
+            )));
         }
         let vocab_rows = padded_vocab(spec.vocab_size, tp) / tp;
         // tied dense classes: `lm_head` is the embedding module, listed once; the Qwen3-MoE class
