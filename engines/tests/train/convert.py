@@ -106,6 +106,15 @@ def megatron_to_hf(ranks: list[dict[str, Any]], hf: dict[str, Any], p: dict[str,
             out[h + "post_attention_layernorm.weight"] = r0[b + "pre_mlp_layernorm.weight"]
             if b + "mlp.router.weight" in r0:
                 out[h + "mlp.gate.weight"] = r0[b + "mlp.router.weight"]
+                if b + "mlp.router.expert_bias" in r0:  # GLM-4.5: the router bias buffer
+                    out[h + "mlp.gate.e_score_correction_bias"] = r0[b + "mlp.router.expert_bias"]
+                if b + "mlp.shared_experts.linear_fc1.weight" in r0:  # shared experts, over tp
+                    fc1 = tp_shards(st, b + "mlp.shared_experts.linear_fc1.weight")
+                    n = fc1[0].shape[0] // 2
+                    out[h + "mlp.shared_experts.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
+                    out[h + "mlp.shared_experts.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
+                    out[h + "mlp.shared_experts.down_proj.weight"] = torch.cat(
+                        tp_shards(st, b + "mlp.shared_experts.linear_fc2.weight"), 1)
                 per = hf["num_experts"] // ep
                 for ep_r in range(ep):
                     for j in range(per):
