@@ -149,8 +149,9 @@ impl SglangLayout {
     ///
     /// SGLang 0.5.23 decides before it builds the model (`resolve_shared_experts_config`,
     /// `layers/moe/utils.py`): fused unless `--disable-shared-experts-fusion` or the class's
-    /// `shared_experts_fusion_disable_reason` (`models/glm4_moe.py`: not CUDA with capability
-    /// >= 8.0 nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8). Fused, the loader renames
+    /// `shared_experts_fusion_disable_reason` (`models/glm4_moe.py`: neither CUDA of
+    /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8). Fused, the
+    /// loader renames
     /// `mlp.shared_experts.*` to expert `n_routed_experts` (`load_weights`,
     /// `iter_weights_with_fused_shared_experts`) and `FusedMoE` holds `n_routed_experts + 1`
     /// experts.
