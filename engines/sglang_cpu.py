@@ -20,6 +20,15 @@ What is not SGLang's own code, and why:
   (``configs/update_config.py:adjust_config_with_unaligned_cpu_tp``) and repacks weights, so its
   parameters differ from a GPU server's; these tests build the GPU server's parameters on CPU.
 
+- ``fuse_shared_experts_as_on_gpu`` (only where a test asks for it): SGLang decides before it
+  builds a model whether to fuse its shared experts into the routed experts
+  (``layers/moe/utils.py:resolve_shared_experts_config``), asking the class's
+  ``shared_experts_fusion_disable_reason``, which for GLM-4.5 says no on anything but CUDA of
+  capability >= 8.0 or HIP gfx942+. The helper makes that platform gate answer as it does on an
+  H100/H200 at ep=1 (no reason), so that the CPU build takes SGLang's own fused path: the
+  ``FusedMoE`` of ``n_routed_experts + 1`` experts and ``load_weights``' renaming of
+  ``mlp.shared_experts.*`` to that last expert.
+
 Nothing on the weight-loading path is replaced: every parameter is created by SGLang's layers
 and written by their own ``weight_loader``.
 """
@@ -113,6 +122,15 @@ def load_model(server_args: Any, model_dir: str | None = None) -> Any:
         load_config=LoadConfig(load_format="auto"),
         device_config=DeviceConfig(device="cpu", gpu_id=0),
     )
+
+
+def fuse_shared_experts_as_on_gpu(class_name: str) -> None:
+    """SGLang's shared-expert fusion gate of ``class_name`` answers as on an NVIDIA GPU of
+    capability >= 8.0 at ep=1: nothing rules the fusion out (see the module docstring)."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    cls = ModelRegistry.models[class_name]
+    cls.shared_experts_fusion_disable_reason = classmethod(lambda cls, hf_config, quant_config: None)
 
 
 def snapshot(model: Any) -> dict[str, Any]:

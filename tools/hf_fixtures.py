@@ -29,6 +29,7 @@ import transformers
 from transformers import (
     AutoModelForCausalLM,
     DeepseekV3Config,
+    Glm4MoeConfig,
     LlamaConfig,
     MixtralConfig,
     Qwen2Config,
@@ -99,6 +100,11 @@ def fixtures():
         ("deepseek-v3", DeepseekV3Config(**DEEPSEEK, q_lora_rank=32)),
         # MLA without q_lora_rank: a plain q_proj.
         ("deepseek-v3-no-q-lora", DeepseekV3Config(**DEEPSEEK, q_lora_rank=None)),
+        # GLM-4.5: q/k/v biases (no o bias), q/k norms, layer 0 dense (first_k_dense_replace),
+        # layers 1..2 MoE with a shared expert and the router bias.
+        ("glm4-moe", Glm4MoeConfig(**GLM, attention_bias=True, use_qk_norm=True)),
+        # GLM-4.5-Air's shape: no q/k norms; no biases either here.
+        ("glm4-moe-plain", Glm4MoeConfig(**GLM, attention_bias=False, use_qk_norm=False)),
     ]
 
 
@@ -119,6 +125,26 @@ DEEPSEEK = dict(
     v_head_dim=16,
     tie_word_embeddings=False,
 )
+
+
+GLM = dict(
+    COMMON,
+    num_hidden_layers=3,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    num_nextn_predict_layers=0,
+    tie_word_embeddings=False,
+)
+
+#: Buffers a model creates in fp32 whatever its dtype and that published checkpoints store in
+#: fp32 (GLM-4.5's `Glm4MoeTopkRouter.e_score_correction_bias`, which has no
+#: `_keep_in_fp32_modules_strict` entry): `.to(bf16)` must not cast them.
+FP32_BUFFERS = ("e_score_correction_bias",)
 
 
 def read_header(path):
@@ -153,7 +179,11 @@ def build(cfg):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     except TypeError:
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
+    fp32 = {n: b.data.clone() for n, b in model.named_buffers() if n.endswith(FP32_BUFFERS) and b.dtype == torch.float32}
     model = model.to(torch.bfloat16)
+    for name, buf in model.named_buffers():
+        if name in fp32:
+            buf.data = fp32[name]
     # `from_pretrained` keeps `_keep_in_fp32_modules_strict` in fp32 whatever the dtype (DeepSeek-V3's
     # router `e_score_correction_bias`, stored fp32 in the published checkpoints); `from_config`
     # does not, so do what loading does
@@ -167,11 +197,15 @@ def build(cfg):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "fixtures-out"))
+    ap.add_argument("--only", default="", help="comma-separated fixture names (default: all)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     failed = 0
+    only = set(args.only.split(",")) if args.only else None
     for name, cfg in fixtures():
+        if only is not None and name not in only:
+            continue
         try:
             torch.manual_seed(0)
             model = build(cfg)

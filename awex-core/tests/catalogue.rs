@@ -27,6 +27,8 @@ const FIXTURES: &[&str] = &[
     "mixtral",
     "deepseek-v3",
     "deepseek-v3-no-q-lora",
+    "glm4-moe",
+    "glm4-moe-plain",
 ];
 
 /// One tensor as (name, shape, safetensors dtype name), the unit both sides are compared in.
@@ -290,9 +292,11 @@ fn every_preset_name_resolves_to_a_spec_of_that_name() {
         assert_eq!(spec.name, name);
         assert_eq!(spec.validate(), Ok(()), "{name}");
         let qwen3 = spec.architecture.hf_name().starts_with("Qwen3");
-        assert_eq!(spec.qk_norm(), qwen3, "{name}");
+        // GLM-4.5 has q/k norms, GLM-4.5-Air does not (use_qk_norm)
+        let glm_qk = spec.architecture == Architecture::Glm4Moe && spec.use_qk_norm;
+        assert_eq!(spec.qk_norm(), qwen3 || glm_qk, "{name}");
     }
-    assert_eq!(presets::names().len(), 12);
+    assert_eq!(presets::names().len(), 15);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 
@@ -597,4 +601,98 @@ fn deepseek_v3_refuses_a_moe_layer_freq_other_than_one_by_name() {
         e,
         Err("config.json field `moe_layer_freq`: awex supports moe_layer_freq 1 (every layer from first_k_dense_replace on is MoE), found 2".to_string())
     );
+}
+
+#[test]
+fn glm4_moe_catalogue_matches_transformers_biases_qk_norms_shared_experts_and_fp32_router_bias() {
+    let spec = check_fixture("glm4-moe");
+    assert_eq!(spec.architecture, Architecture::Glm4Moe);
+    assert!(spec.attention_bias && spec.use_qk_norm && spec.qk_norm());
+    let moe_layers: Vec<u64> = (0..spec.num_layers)
+        .filter(|&l| spec.is_moe_layer(l))
+        .collect();
+    assert_eq!(moe_layers, vec![1, 2]);
+    let m = spec.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.shared_intermediate_size, m.router_bias, m.router_fp32),
+        (32, true, true)
+    );
+    let cat = Catalogue::of(&spec);
+    assert_eq!(cat.len(), 97);
+    let bias = cat
+        .get("model.layers.2.mlp.gate.e_score_correction_bias")
+        .map(|t| (t.shape.as_slice().to_vec(), t.dtype.as_str()));
+    assert_eq!(bias, Some((vec![8], "f32")));
+    // GLM's o_proj has no bias whatever attention_bias says
+    assert!(cat.get("model.layers.0.self_attn.o_proj.bias").is_none());
+    assert!(cat.get("model.layers.0.self_attn.v_proj.bias").is_some());
+    assert!(cat.get("model.layers.0.mlp.gate.weight").is_none());
+    let plain = check_fixture("glm4-moe-plain");
+    assert!(!plain.attention_bias && !plain.qk_norm());
+    assert_eq!(Catalogue::of(&plain).len(), 97 - 3 * 5);
+}
+
+#[test]
+fn glm4_moe_config_defaults_and_mtp_layers_follow_transformers() {
+    let mut cfg = load("glm4-moe")["config"].clone();
+    let o = cfg.as_object_mut().unwrap();
+    // transformers' Glm4MoeConfig: first_k_dense_replace 1 and n_shared_experts 1 by default;
+    // `num_local_experts` is its alias of `n_routed_experts`
+    o.remove("first_k_dense_replace");
+    o.remove("n_shared_experts");
+    let n = o.remove("n_routed_experts").unwrap();
+    o.insert("num_local_experts".into(), n);
+    // an MTP layer changes nothing: the catalogue holds the num_hidden_layers decoder layers
+    o.insert("num_nextn_predict_layers".into(), serde_json::json!(1));
+    o.insert("partial_rotary_factor".into(), serde_json::json!(0.5));
+    let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec, check_fixture("glm4-moe"));
+    assert!(
+        Catalogue::of(&spec)
+            .get("model.layers.3.input_layernorm.weight")
+            .is_none()
+    );
+    o_missing(&cfg, "moe_intermediate_size");
+}
+
+fn o_missing(cfg: &Value, field: &str) {
+    let mut cfg = cfg.clone();
+    cfg.as_object_mut().unwrap().remove(field);
+    let e = ModelSpec::from_config_value(&cfg)
+        .map(|s| s.name)
+        .map_err(|e| e.to_string());
+    assert_eq!(e, Err(format!("config.json has no `{field}`")));
+}
+
+#[test]
+fn glm_presets_have_the_published_sizes() {
+    let s = presets::preset("glm-4.5").unwrap();
+    assert_eq!(s.architecture, Architecture::Glm4Moe);
+    assert_eq!(
+        (
+            s.hidden_size,
+            s.num_layers,
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim
+        ),
+        (5120, 92, 96, 8, 128)
+    );
+    let m = s.moe.as_ref().unwrap();
+    assert_eq!(
+        (
+            m.num_experts,
+            m.moe_intermediate_size,
+            m.shared_intermediate_size
+        ),
+        (160, 1536, 1536)
+    );
+    assert_eq!((0..92).filter(|&l| !s.is_moe_layer(l)).count(), 3);
+    // about 355B parameters
+    let params = Catalogue::of(&s).total_bytes() / 2;
+    assert!((350e9..360e9).contains(&(params as f64)), "{params}");
+    let air = presets::preset("glm-4.5-air").unwrap();
+    let params = Catalogue::of(&air).total_bytes() / 2;
+    assert!((105e9..108e9).contains(&(params as f64)), "{params}");
+    assert!(!air.qk_norm());
 }

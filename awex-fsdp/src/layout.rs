@@ -41,9 +41,9 @@ pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
     }
 }
 
-/// The parts the FSDP layout places (one dtype, checked HF module order); a family with any
-/// other part is refused by name.
-const MAPPED: [Part; 22] = [
+/// The parts the FSDP layout places (each in the family's dtype for it, checked HF module
+/// order); a family with any other part is refused by name.
+const MAPPED: [Part; 26] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -63,13 +63,19 @@ const MAPPED: [Part; 22] = [
     Part::Up,
     Part::Down,
     Part::Router,
+    Part::RouterBias,
     Part::ExpertGate,
     Part::ExpertUp,
     Part::ExpertDown,
+    Part::SharedGate,
+    Part::SharedUp,
+    Part::SharedDown,
 ];
 
 /// Where a part comes among its layer's HF parameters (`named_parameters()` order); with
-/// transformers 5's fused experts, `mlp.experts` is declared before `mlp.gate`.
+/// transformers 5's fused experts, `mlp.experts` is declared before `mlp.gate`; shared experts
+/// (`mlp.shared_experts`, GLM-4.5's `Glm4MoeMoE`) after both. The router's score-correction
+/// bias is a buffer (`e_score_correction_bias`), listed after the router's weight.
 fn module_rank(part: Part, fused_experts: bool) -> u8 {
     use Part::*;
     match part {
@@ -86,15 +92,26 @@ fn module_rank(part: Part, fused_experts: bool) -> u8 {
         Gate => 10,
         Up => 11,
         Down => 12,
-        Router if fused_experts => 15,
-        Router => 13,
+        Router | RouterBias if fused_experts => 15,
+        Router | RouterBias => 13,
         ExpertGate | ExpertUp | ExpertDown => 14,
+        SharedGate => 17,
+        SharedUp => 18,
+        SharedDown => 19,
         InputNorm => 20,
         PostNorm => 21,
         _ => 16,
     }
 }
 use std::sync::Arc;
+
+/// Whether transformers holds `part` as a buffer, not a parameter: the router's
+/// score-correction bias (`e_score_correction_bias`: `nn.Buffer` in `Glm4MoeTopkRouter`,
+/// `register_buffer` in `DeepseekV3TopkRouter`). FSDP2 shards parameters only (`fully_shard`
+/// leaves buffers as they are), so every rank holds it whole.
+fn is_buffer(part: Part) -> bool {
+    part == Part::RouterBias
+}
 
 /// A parallel configuration the FSDP layout cannot describe.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -402,38 +419,49 @@ impl FsdpLayout {
     }
 
     /// The local name of a (not fused) parameter: its HF name, but the router of a layer with
-    /// transformers 5's fused experts is `mlp.gate.weight` whatever the checkpoint calls it.
+    /// transformers 5's fused experts is `mlp.gate.weight` whatever the checkpoint calls it
+    /// (and its bias `mlp.gate.e_score_correction_bias`).
     fn local_name(&self, c: Canon) -> String {
         match (c.part, c.layer()) {
             (Part::Router, Some(l)) if self.fused_experts => {
                 format!("model.layers.{l}.{FUSED_MOE}.gate.weight")
             }
+            (Part::RouterBias, Some(l)) if self.fused_experts => {
+                format!("model.layers.{l}.{FUSED_MOE}.gate.e_score_correction_bias")
+            }
             _ => self.spec.canonical_name(c).unwrap_or_default(),
         }
     }
 
-    /// The full shape and the TP split of canonical tensor `c`, when the model has it.
-    fn param(&self, c: Canon) -> Option<(Dims, TpSplit)> {
-        /// Finds one part's shape.
-        struct Find(Part, Option<Dims>);
+    /// The full shape, the TP split and the dtype of canonical tensor `c`, when the model has
+    /// it (the dtype the family gives the part: transformers creates GLM-4.5's router bias in
+    /// fp32, as the checkpoint stores it).
+    fn param(&self, c: Canon) -> Option<(Dims, TpSplit, DType)> {
+        /// Finds one part's shape and dtype.
+        struct Find(Part, Option<(Dims, Option<DType>)>);
         impl Sink for Find {
             fn part(&mut self, c: Canon, shape: Dims) {
                 if c.part == self.0 {
-                    self.1 = Some(shape);
+                    self.1 = Some((shape, None));
+                }
+            }
+            fn part_as(&mut self, c: Canon, shape: Dims, dtype: DType) {
+                if c.part == self.0 {
+                    self.1 = Some((shape, Some(dtype)));
                 }
             }
             fn experts(&mut self, _: u64, _: u64, parts: &[(Part, Dims)]) {
                 if let Some((_, shape)) = parts.iter().find(|(p, _)| *p == self.0) {
-                    self.1 = Some(*shape);
+                    self.1 = Some((*shape, None));
                 }
             }
         }
         let s = &self.spec;
-        let shape = match c.layer() {
+        let (shape, dtype) = match c.layer() {
             None => match c.part {
                 Part::LmHead if s.tie_word_embeddings => return None,
-                Part::Embed | Part::LmHead => Dims::new(&[s.vocab_size, s.hidden_size]),
-                _ => Dims::new(&[s.hidden_size]),
+                Part::Embed | Part::LmHead => (Dims::new(&[s.vocab_size, s.hidden_size]), None),
+                _ => (Dims::new(&[s.hidden_size]), None),
             },
             Some(l) if l >= s.num_layers => return None,
             Some(l) => {
@@ -450,7 +478,7 @@ impl FsdpLayout {
             Role::Row | Role::Expert(ExpertSplit::Row) => TpSplit::Cols,
             Role::Replicated => TpSplit::Replicated,
         };
-        Some((shape, split))
+        Some((shape, split, dtype.unwrap_or(s.dtype)))
     }
 
     fn shard(&self, shape: Dims, split: TpSplit, dp_rank: u32, tp_rank: u32) -> Shard {
@@ -508,7 +536,6 @@ impl SideLayout for FsdpLayout {
             return None;
         }
         let (_, dp_rank, tp_rank) = self.coords(rank.rank);
-        let dtype: DType = self.spec.dtype;
         let tensors = self
             .params()
             .into_iter()
@@ -516,8 +543,15 @@ impl SideLayout for FsdpLayout {
                 if let Some((l, which)) = self.fused(&name) {
                     return Some(self.fused_tensor(&name, l, which, dp_rank));
                 }
-                let (shape, split) = self.param(c)?;
-                let shard = self.shard(shape, split, dp_rank, tp_rank);
+                let (shape, split, dtype) = self.param(c)?;
+                let shard = if is_buffer(c.part) {
+                    Shard {
+                        shape,
+                        region: Some(Region::full(shape)),
+                    }
+                } else {
+                    self.shard(shape, split, dp_rank, tp_rank)
+                };
                 let canonical: Arc<str> = Arc::from(self.spec.canonical_name(c)?);
                 let name: Arc<str> = if *name == *canonical {
                     canonical.clone()
@@ -582,10 +616,20 @@ impl SideLayout for FsdpLayout {
                 })
                 .collect();
         }
-        let Some((shape, split)) = self.param(c) else {
+        let Some((shape, split, dtype)) = self.param(c) else {
             return Vec::new();
         };
         let name: Arc<str> = Arc::from(self.local_name(c));
+        if is_buffer(c.part) {
+            return vec![Holder {
+                ranks: self.ranks(),
+                tensor: name,
+                tensor_shape: shape,
+                dtype,
+                region: Region::full(shape),
+                local_offset: Dims::zeros(shape.ndim()),
+            }];
+        }
         // TP ranks that hold distinct shards; a replicated parameter's shard is shared by all TP ranks.
         let tp_groups: Vec<Vec<u32>> = match split {
             TpSplit::Replicated => vec![(0..self.tp).collect()],
@@ -606,7 +650,7 @@ impl SideLayout for FsdpLayout {
                     ranks,
                     tensor: name.clone(),
                     tensor_shape: shard.shape,
-                    dtype: self.spec.dtype,
+                    dtype,
                     region,
                     local_offset: Dims::zeros(shape.ndim()),
                 });

@@ -104,6 +104,7 @@ prop_compose! {
             vocab_size: vocab,
             tie_word_embeddings: tied,
             attention_bias: bias,
+            use_qk_norm: false,
             dtype: if f32 { DType::F32 } else { DType::Bf16 },
             moe: moe.map(|(experts, mi)| MoeSpec {
                 num_experts: experts,
@@ -113,6 +114,7 @@ prop_compose! {
                 mlp_only_layers: vec![0],
                 shared_intermediate_size: 0,
                 router_bias: false,
+                router_fp32: false,
             }),
             mla: None,
         }

@@ -345,6 +345,8 @@ pub struct Geometry {
     pub moe_inter: u64,
     /// One expert's intermediate rows on one ETP rank.
     pub moe_inter_local: u64,
+    /// The shared experts' intermediate rows on one TP rank (0: no shared experts).
+    pub shared_inter_local: u64,
 }
 
 impl Geometry {
@@ -406,6 +408,14 @@ impl Geometry {
                 )));
             }
         }
+        // the shared experts are an MLP split over tp (`SharedExpertMLP`,
+        // megatron/core/transformer/moe/shared_experts.py: `tp_group=pg_collection.tp`)
+        let shared = model.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
+        if shared % tp != 0 {
+            return Err(config_error(format!(
+                "model has shared experts of intermediate size {shared}; megatron tp={tp} needs it divisible by tp"
+            )));
+        }
         let per_stage = cfg.stage_size();
         if per_stage % (cfg.etp * cfg.ep) != 0 {
             return Err(config_error(format!(
@@ -436,6 +446,7 @@ impl Geometry {
             experts_local: if experts == 0 { 0 } else { experts / cfg.ep },
             moe_inter,
             moe_inter_local: moe_inter / cfg.etp,
+            shared_inter_local: shared / tp,
         })
     }
 }

@@ -119,6 +119,15 @@ impl MegatronLayout {
             .then(|| self.cfg.coord(rank.rank as u64))
     }
 
+    /// The dtype of a local parameter: the router's expert bias is fp32 whatever the parameters'
+    /// dtype (`TopKRouter._maintain_float32_expert_bias`), every other one [`Self::dtype`].
+    fn dtype_of(&self, local: Local) -> DType {
+        match local {
+            Local::ExpertBias(_) => DType::F32,
+            _ => self.dtype,
+        }
+    }
+
     /// Whether the family lists `part` in layer `l`.
     fn has(&self, l: u64, part: Part) -> bool {
         self.layer_parts
@@ -165,6 +174,9 @@ impl MegatronLayout {
             Local::Fc2(l) => self.names(l).fc2.clone(),
             Local::PreMlpNorm(l) => self.names(l).pre_mlp_norm.clone(),
             Local::Router(l) => self.names(l).router.clone(),
+            Local::ExpertBias(l) => self.names(l).expert_bias.clone(),
+            Local::SharedFc1(l) => self.names(l).shared_fc1.clone(),
+            Local::SharedFc2(l) => self.names(l).shared_fc2.clone(),
             Local::ExpertFc1(l, j) => self.names(l).expert_fc1[j as usize].clone(),
             Local::ExpertFc2(l, j) => self.names(l).expert_fc2[j as usize].clone(),
             Local::StackedFc1(l) => self.names(l).stacked_fc1.clone(),
@@ -196,6 +208,9 @@ impl MegatronLayout {
         }
         if self.is_moe(l) {
             out.extend([Local::PreMlpNorm(l), Local::Router(l)]);
+            if self.has(l, Part::RouterBias) {
+                out.push(Local::ExpertBias(l));
+            }
             let n = self.geo.experts_local;
             match self.cfg.experts {
                 // two GroupedLinear modules, each registering weight0..weight{n-1}
@@ -212,6 +227,10 @@ impl MegatronLayout {
                 ExpertLayout::SingleGrouped => {
                     out.extend([Local::StackedFc1(l), Local::StackedFc2(l)]);
                 }
+            }
+            // `MoELayer.__init__` builds the shared experts after the routed ones
+            if self.has(l, Part::SharedGate) {
+                out.extend([Local::SharedFc1(l), Local::SharedFc2(l)]);
             }
         } else {
             out.extend([Local::Fc1Norm(l), Local::Fc1(l), Local::Fc2(l)]);
@@ -346,6 +365,32 @@ impl MegatronLayout {
                 whole(f, Canon::at(Part::PostNorm, l), Dims::new(&[h]))
             }
             Local::Router(l) => whole(f, Canon::at(Part::Router, l), Dims::new(&[g.experts, h])),
+            Local::ExpertBias(l) => {
+                whole(f, Canon::at(Part::RouterBias, l), Dims::new(&[g.experts]))
+            }
+            Local::SharedFc1(l) => {
+                let n = g.shared_inter_local;
+                for (i, canon) in [Canon::at(Part::SharedGate, l), Canon::at(Part::SharedUp, l)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    f(Piece {
+                        canon,
+                        region: Region::new([tp_r * n, 0], [n, h]),
+                        local_offset: Dims::new(&[i as u64 * n, 0]),
+                    });
+                }
+                Dims::new(&[2 * n, h])
+            }
+            Local::SharedFc2(l) => {
+                let n = g.shared_inter_local;
+                f(Piece {
+                    canon: Canon::at(Part::SharedDown, l),
+                    region: Region::new([0, tp_r * n], [h, n]),
+                    local_offset: Dims::new(&[0, 0]),
+                });
+                Dims::new(&[h, n])
+            }
             Local::Qkv(l) => {
                 self.qkv_pieces(l, tp_r, Some(h), f);
                 Dims::new(&[g.qkv_local_rows, h])
@@ -488,6 +533,9 @@ impl MegatronLayout {
             Part::Gate | Part::Up => one(Local::Fc1(l)),
             Part::Down => one(Local::Fc2(l)),
             Part::Router => one(Local::Router(l)),
+            Part::RouterBias => one(Local::ExpertBias(l)),
+            Part::SharedGate | Part::SharedUp => one(Local::SharedFc1(l)),
+            Part::SharedDown => one(Local::SharedFc2(l)),
             Part::ExpertGate | Part::ExpertUp | Part::ExpertDown => {
                 let e = c.expert().unwrap_or(0);
                 let per = self.geo.experts_local;
@@ -526,7 +574,7 @@ impl MegatronLayout {
                     ranks: Vec::new(),
                     tensor: tensor.clone(),
                     tensor_shape: Dims::default(),
-                    dtype: self.dtype,
+                    dtype: self.dtype_of(local),
                     region: p.region,
                     local_offset: p.local_offset,
                 });
@@ -552,7 +600,7 @@ impl MegatronLayout {
 }
 
 /// The parts the Megatron layout places; a family with any other part is refused by name.
-const MAPPED: [Part; 22] = [
+const MAPPED: [Part; 26] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -572,9 +620,13 @@ const MAPPED: [Part; 22] = [
     Part::Up,
     Part::Down,
     Part::Router,
+    Part::RouterBias,
     Part::ExpertGate,
     Part::ExpertUp,
     Part::ExpertDown,
+    Part::SharedGate,
+    Part::SharedUp,
+    Part::SharedDown,
 ];
 
 /// The parts of one layer as a set (bit `part as u64`), from the family's list.
@@ -664,7 +716,7 @@ impl SideLayout for MegatronLayout {
             tensors.push(LocalTensor {
                 name: self.name(local),
                 shape,
-                dtype: self.dtype,
+                dtype: self.dtype_of(local),
                 placements,
             });
         }

@@ -58,6 +58,14 @@ pub enum Local {
     PreMlpNorm(u64),
     /// `mlp.router.weight`
     Router(u64),
+    /// `mlp.router.expert_bias`: the router's score-correction bias, an fp32 buffer
+    /// (`TopKRouter.__init__`, megatron/core/transformer/moe/router.py, with
+    /// `moe_router_enable_expert_bias`)
+    ExpertBias(u64),
+    /// `mlp.shared_experts.linear_fc1.weight`: the shared experts' `[gate | up]` rows of one TP rank
+    SharedFc1(u64),
+    /// `mlp.shared_experts.linear_fc2.weight`: the shared experts' down columns of one TP rank
+    SharedFc2(u64),
     /// `mlp.experts.linear_fc1.weight{j}` or `mlp.experts.local_experts.{j}.linear_fc1.weight` (layer, local expert j)
     ExpertFc1(u64, u64),
     /// `mlp.experts.linear_fc2.weight{j}` or `mlp.experts.local_experts.{j}.linear_fc2.weight` (layer, local expert j)
@@ -90,14 +98,17 @@ impl Local {
             | Local::Fc1Norm(_)
             | Local::PreMlpNorm(_)
             | Local::ProjBias(_)
-            | Local::Router(_) => Split::Replicated,
+            | Local::Router(_)
+            | Local::ExpertBias(_) => Split::Replicated,
             Local::Embedding
             | Local::OutputLayer
             | Local::Qkv(_)
             | Local::QkvBias(_)
             | Local::Proj(_)
             | Local::Fc1(_)
-            | Local::Fc2(_) => Split::Tp,
+            | Local::Fc2(_)
+            | Local::SharedFc1(_)
+            | Local::SharedFc2(_) => Split::Tp,
             Local::ExpertFc1(..)
             | Local::ExpertFc2(..)
             | Local::StackedFc1(_)
@@ -133,6 +144,12 @@ pub struct LayerNames {
     pub pre_mlp_norm: Arc<str>,
     /// `mlp.router.weight`
     pub router: Arc<str>,
+    /// `mlp.router.expert_bias`
+    pub expert_bias: Arc<str>,
+    /// `mlp.shared_experts.linear_fc1.weight`
+    pub shared_fc1: Arc<str>,
+    /// `mlp.shared_experts.linear_fc2.weight`
+    pub shared_fc2: Arc<str>,
     /// fc1 of every local expert j (see [`expert_name`])
     pub expert_fc1: Vec<Arc<str>>,
     /// fc2 of every local expert j (see [`expert_name`])
@@ -212,6 +229,9 @@ impl LayerNames {
             fc2: n("mlp.linear_fc2.weight"),
             pre_mlp_norm: n(PRE_MLP_NORM),
             router: n("mlp.router.weight"),
+            expert_bias: n("mlp.router.expert_bias"),
+            shared_fc1: n("mlp.shared_experts.linear_fc1.weight"),
+            shared_fc2: n("mlp.shared_experts.linear_fc2.weight"),
             expert_fc1,
             expert_fc2,
             stacked_fc1: n(STACKED_FC1),

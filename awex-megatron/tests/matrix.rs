@@ -111,6 +111,7 @@ fn model_strategy(layers: u64) -> impl Strategy<Value = ModelSpec> {
                     mlp_only_layers: if dense0 { vec![0] } else { vec![] },
                     shared_intermediate_size: 0,
                     router_bias: false,
+                    router_fp32: false,
                 });
                 ModelSpec {
                     name: "random".into(),
@@ -128,6 +129,7 @@ fn model_strategy(layers: u64) -> impl Strategy<Value = ModelSpec> {
                     vocab_size: vocab,
                     tie_word_embeddings: tied,
                     attention_bias: bias,
+                    use_qk_norm: false,
                     dtype: awex_core::DType::Bf16,
                     moe,
                     mla: None,

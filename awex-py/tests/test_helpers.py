@@ -57,6 +57,61 @@ def test_fsdp_takes_local_shards_under_hf_names():
     assert out[0][1] is shard and out[1][1] is plain
 
 
+class Tree:
+    """A stand-in for a torch module tree: named_modules() over (prefix, module), each module
+    with its own named_parameters(recurse=False), torch's ``_buffers`` and
+    ``_non_persistent_buffers_set``; named_parameters() over the whole tree."""
+
+    def __init__(self, modules: dict[str, tuple[dict, dict, set]]) -> None:
+        self._mods = []
+        for prefix, (params, buffers, skip) in modules.items():
+            m = Module(params)
+            m.named_parameters = lambda recurse=True, params=params: iter(params.items())
+            m._buffers = buffers
+            m._non_persistent_buffers_set = skip
+            self._mods.append((prefix, m))
+
+    def named_modules(self):
+        return iter(self._mods)
+
+    def named_parameters(self):
+        for prefix, m in self._mods:
+            for name, p in m.named_parameters(recurse=False):
+                yield (f"{prefix}.{name}" if prefix else name), p
+
+
+def test_fsdp_adds_the_persistent_buffers_a_checkpoint_stores_after_their_module():
+    w, s, bias, inv, norm = np.zeros((8, 4)), np.zeros((2, 4)), np.zeros(8, np.float32), np.zeros(2), np.zeros(4)
+    m = Tree({
+        "": ({}, {}, set()),
+        "_orig_mod.model.rotary_emb": ({}, {"inv_freq": inv, "original_inv_freq": None}, {"inv_freq"}),
+        "model.layers.1.mlp.gate": ({"weight": DTensorLike(w)}, {"e_score_correction_bias": bias}, set()),
+        "model.layers.1.mlp.shared_experts.gate_proj": ({"weight": s}, {}, set()),
+        "model.norm": ({"weight": norm}, {}, set()),
+    })
+    out = awex.fsdp.named_tensors(m)
+    assert [n for n, _ in out] == [
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.1.mlp.shared_experts.gate_proj.weight",
+        "model.norm.weight",
+    ]
+    assert out[0][1] is w and out[1][1] is bias
+
+
+def test_megatron_adds_the_routers_expert_bias_buffer_after_its_weight():
+    w, fc1, bias, other = np.zeros((8, 4)), np.zeros((4, 4)), np.zeros(8, np.float32), np.zeros(8)
+    m = Tree({
+        "module.decoder.layers.1.mlp.router": ({"weight": w}, {"expert_bias": bias, "local_tokens_per_expert": other},
+                                               {"local_tokens_per_expert"}),
+        "module.decoder.layers.1.mlp.shared_experts.linear_fc1": ({"weight": fc1}, {}, set()),
+    })
+    out = awex.megatron.named_tensors([m, Module({})])
+    assert out == [("model0.decoder.layers.1.mlp.router.weight", w),
+                   ("model0.decoder.layers.1.mlp.router.expert_bias", bias),
+                   ("model0.decoder.layers.1.mlp.shared_experts.linear_fc1.weight", fc1)]
+
+
 def test_sglang_accepts_the_model_or_its_runner():
     w = np.zeros(2)
     model = Module({"model.layers.0.self_attn.qkv_proj.weight": w})

@@ -7,9 +7,9 @@
 //! [`SideLayout::holders`] derives every shard of one canonical tensor from the sharding rules,
 //! without building any rank.
 
-use awex_core::layout::fused_tp::{FusedTp, FusedTpLayout, LmHead};
+use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
 use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
-use awex_core::model::ModelSpec;
+use awex_core::model::{ModelSpec, Part};
 use std::sync::Arc;
 
 /// SGLang pads the vocabulary of `VocabParallelEmbedding` / `ParallelLMHead` to a multiple of this.
@@ -86,6 +86,23 @@ pub enum SglangConfigError {
         /// expert-parallel size
         ep: u64,
     },
+    /// A model with shared experts at ep 1, where SGLang may hold them fused into the routed
+    /// experts or apart, and the deployment does not say which.
+    #[error(
+        "{class} has shared experts, which SGLang 0.5.23 at ep=1 fuses into the routed experts (one more expert in `mlp.experts.w13_weight` / `w2_weight`) on NVIDIA GPUs of compute capability >= 8.0 and AMD MI300 unless the server runs with --disable-shared-experts-fusion, and keeps apart (`mlp.shared_experts.gate_up_proj`) otherwise (CPU, older GPUs, that flag): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
+    )]
+    SharedExpertsFusionUnset {
+        /// the HF class
+        class: &'static str,
+    },
+    /// Fused shared experts where SGLang does not fuse them, or cannot.
+    #[error(
+        "sglang fused_shared_experts=1 with {why}: SGLang 0.5.23 fuses one shared expert of moe_intermediate_size rows, at ep=1 on NVIDIA (under expert parallelism only on AMD MI300, which awex does not describe); use fused_shared_experts=0"
+    )]
+    SharedExpertsFusion {
+        /// what rules the fusion out
+        why: String,
+    },
     /// A size or the world is above awex's limits.
     #[error(transparent)]
     Limit(#[from] awex_core::limits::LimitError),
@@ -116,12 +133,34 @@ pub fn padded_vocab(vocab: u64, tp: u64) -> u64 {
 }
 
 impl SglangLayout {
-    /// Checks the config against the model and prepares the names; builds no rank.
+    /// Checks the config against the model and prepares the names; builds no rank. A model
+    /// with shared experts needs [`SglangLayout::with_shared_experts`] at ep 1.
     pub fn new(
         spec: &ModelSpec,
         tp: u64,
         ep: u64,
         engines: u64,
+    ) -> Result<Self, SglangConfigError> {
+        Self::with_shared_experts(spec, tp, ep, engines, None)
+    }
+
+    /// [`SglangLayout::new`], saying whether the engine fuses shared experts into the routed
+    /// experts (`None`: not said; refused for a model with shared experts at ep 1).
+    ///
+    /// SGLang 0.5.23 decides before it builds the model (`resolve_shared_experts_config`,
+    /// `layers/moe/utils.py`): fused unless `--disable-shared-experts-fusion` or the class's
+    /// `shared_experts_fusion_disable_reason` (`models/glm4_moe.py`: neither CUDA of
+    /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8). Fused, the
+    /// loader renames
+    /// `mlp.shared_experts.*` to expert `n_routed_experts` (`load_weights`,
+    /// `iter_weights_with_fused_shared_experts`) and `FusedMoE` holds `n_routed_experts + 1`
+    /// experts.
+    pub fn with_shared_experts(
+        spec: &ModelSpec,
+        tp: u64,
+        ep: u64,
+        engines: u64,
+        fused_shared_experts: Option<bool>,
     ) -> Result<Self, SglangConfigError> {
         for (key, v) in [("tp", tp), ("ep", ep), ("engines", engines)] {
             if v == 0 {
@@ -175,6 +214,41 @@ impl SglangLayout {
             }
             _ => {}
         }
+        fused_tp::check_mapped(spec).map_err(|e| SglangConfigError::Layout(e.to_string()))?;
+        let shared = spec.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
+        let fused_shared = if spec.has(Part::SharedGate) {
+            match fused_shared_experts {
+                None if ep == 1 => {
+                    return Err(SglangConfigError::SharedExpertsFusionUnset {
+                        class: spec.architecture.hf_name(),
+                    });
+                }
+                None | Some(false) => false,
+                Some(true) => {
+                    let m = spec.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
+                    if ep != 1 {
+                        return Err(SglangConfigError::SharedExpertsFusion {
+                            why: format!("ep={ep}"),
+                        });
+                    }
+                    if shared != m {
+                        return Err(SglangConfigError::SharedExpertsFusion {
+                            why: format!(
+                                "shared experts of {shared} rows (moe_intermediate_size={m})"
+                            ),
+                        });
+                    }
+                    true
+                }
+            }
+        } else {
+            false
+        };
+        if !fused_shared && shared % tp != 0 {
+            return Err(SglangConfigError::Layout(format!(
+                "model has shared experts of intermediate size {shared}; sglang tp={tp} needs it divisible by tp"
+            )));
+        }
         let vocab_rows = padded_vocab(spec.vocab_size, tp) / tp;
         // tied dense classes: `lm_head` is the embedding module, listed once; the Qwen3-MoE class
         // keeps a separate `lm_head.weight` holding the tied embedding
@@ -195,6 +269,7 @@ impl SglangLayout {
                 lm_head,
                 routed_experts: "",
                 drops: &[],
+                fused_shared_experts: fused_shared,
             },
         )
         .map_err(|e| SglangConfigError::Layout(e.to_string()))?;

@@ -45,6 +45,11 @@ const KEYS: &[ParallelKey] = &[
         default: Some(1),
         help: "number of SGLang engines, each a full replica of the model",
     },
+    ParallelKey {
+        name: "fused_shared_experts",
+        default: None,
+        help: "1: the engine holds shared experts as one more routed expert (SGLang's default at ep=1 on NVIDIA compute capability >= 8.0), 0: apart (CPU, older GPUs, --disable-shared-experts-fusion); needed for a model with shared experts at ep=1",
+    },
 ];
 
 impl SglangBackend {
@@ -57,11 +62,22 @@ impl SglangBackend {
         let p = parallel
             .checked(KEYS, "sglang")
             .map_err(|e| LayoutError::Config(e.to_string()))?;
-        Ok(SglangLayout::new(
+        let fused = match p.get("fused_shared_experts") {
+            None => None,
+            Some(0) => Some(false),
+            Some(1) => Some(true),
+            Some(v) => {
+                return Err(LayoutError::Config(format!(
+                    "sglang fused_shared_experts={v}: use 1 (shared experts fused into the routed experts) or 0 (apart)"
+                )));
+            }
+        };
+        Ok(SglangLayout::with_shared_experts(
             model,
             p.get_or("tp", 1),
             p.get_or("ep", 1),
             p.get_or("engines", 1),
+            fused,
         )?)
     }
 }

@@ -603,7 +603,7 @@ fn invalid_configs_are_refused_with_clear_messages() {
     );
     assert_eq!(
         err(&tiny, &[("pp", 2)]),
-        "backend `sglang` has no parallel key `pp`; keys: tp, ep, engines"
+        "backend `sglang` has no parallel key `pp`; keys: tp, ep, engines, fused_shared_experts"
     );
     let mut kv = tiny.clone();
     kv.num_heads = 12;
@@ -659,7 +659,12 @@ fn backend_is_registered_as_sglang() {
         .collect();
     assert_eq!(
         keys,
-        vec![("tp", Some(1)), ("ep", Some(1)), ("engines", Some(1))]
+        vec![
+            ("tp", Some(1)),
+            ("ep", Some(1)),
+            ("engines", Some(1)),
+            ("fused_shared_experts", None)
+        ]
     );
     assert_eq!(b.python_packages(), &["sglang"]);
     assert_eq!(awex_sglang::CRATE, "awex-sglang");

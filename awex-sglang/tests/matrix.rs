@@ -179,6 +179,7 @@ prop_compose! {
             vocab_size: vocab,
             tie_word_embeddings: tied,
             attention_bias: bias,
+            use_qk_norm: false,
             dtype: if f32 { DType::F32 } else { DType::Bf16 },
             moe: moe.map(|(experts, mi, step, dense0)| MoeSpec {
                 num_experts: experts,
@@ -188,6 +189,7 @@ prop_compose! {
                 mlp_only_layers: if dense0 { vec![0] } else { vec![] },
                 shared_intermediate_size: 0,
                 router_bias: false,
+                router_fp32: false,
             }),
             mla: None,
         }

@@ -250,6 +250,9 @@ impl VllmLayout {
                     .iter()
                     .find(|(class, _)| *class == spec.architecture.hf_name())
                     .map_or(&[], |(_, parts)| parts),
+                // `resolve_layer_fused_shared_expert` (fused_moe/utils.py) fuses shared experts
+                // only with ROCm AITER; on NVIDIA and CPU they stay a `shared_experts` MLP
+                fused_shared_experts: false,
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;

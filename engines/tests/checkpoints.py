@@ -34,13 +34,33 @@ ARCHS = {
             "norm_topk_prob": True,
         },
     ),
+    # GLM-4.5 MoE: q/k/v biases, q/k norms, layer 0 dense (first_k_dense_replace), layer 1 MoE
+    # with a shared expert and the router's e_score_correction_bias (a buffer in transformers)
+    "Glm4MoeForCausalLM": (
+        "Glm4MoeConfig",
+        {
+            "moe_intermediate_size": 32,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": True,
+            "attention_bias": True,
+            "use_qk_norm": True,
+            "partial_rotary_factor": 0.5,
+            "num_nextn_predict_layers": 0,
+        },
+    ),
 }
 
 
 def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None = None) -> str:
     """Writes a checkpoint of ``arch`` to ``path``: ``config.json`` + ``model.safetensors`` with
     every tensor drawn from N(0, 1) by a generator seeded with ``seed`` (norm weights too, so
-    that no tensor is uniform). ``config_of`` reuses another checkpoint's config."""
+    that no tensor is uniform), the persistent buffers a checkpoint stores too (GLM-4.5's
+    ``e_score_correction_bias``). ``config_of`` reuses another checkpoint's config."""
     import torch
     import transformers
 
@@ -56,6 +76,9 @@ def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None 
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32))
+        saved = set(model.state_dict())
+        for _, b in sorted((n, b) for n, b in model.named_buffers() if n in saved):
+            b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float32))
     model.save_pretrained(path, safe_serialization=True)
     return path
 

@@ -28,12 +28,26 @@ CASES = [
     ("LlamaForCausalLM", True, 2, 1, [("megatron:tp=2", "tcp"), ("fsdp:dp=2", "shm")]),
     ("Qwen3MoeForCausalLM", False, 2, 1, [("megatron:tp=2", "shm"), ("fsdp:dp=2", "tcp")]),
     ("Qwen3MoeForCausalLM", True, 2, 2, [("megatron:tp=1,dp=2,ep=2", "tcp"), ("fsdp:dp=2", "shm")]),
+    # GLM-4.5: q/k/v biases, q/k norms, a dense first layer, a shared expert, the fp32 router
+    # and its fp32 bias
+    ("Glm4MoeForCausalLM", False, 1, 1, [("megatron:tp=1", "shm"), ("fsdp:dp=2", "tcp")]),
+    ("Glm4MoeForCausalLM", False, 2, 1, [("megatron:tp=2", "tcp"), ("fsdp:tp=2", "shm")]),
+    ("Glm4MoeForCausalLM", False, 2, 2, [("megatron:tp=1,dp=2,ep=2", "tcp"),
+                                         ("fsdp:dp=2,fused_experts=1", "shm")]),
+    # the shared expert fused into the routed experts, as SGLang does at ep=1 on an H100/H200
+    ("Glm4MoeForCausalLM", False, 1, 1, [("fsdp:dp=1", "shm")], "fused"),
+    ("Glm4MoeForCausalLM", False, 2, 1, [("megatron:tp=2", "tcp"), ("fsdp:dp=2", "shm")], "fused"),
 ]
+
+#: What the inference spec says beyond tp and ep for a class with shared experts: SGLang 0.5.23
+#: on CPU keeps GLM's shared experts apart (``Glm4MoeForCausalLM.shared_experts_fusion_disable_reason``:
+#: not CUDA), which awex must be told at ep=1; the fused cases fuse them as on a GPU.
+SHARED = {"Glm4MoeForCausalLM"}
 
 
 def _id(case) -> str:
-    arch, tied, tp, ep, _ = case
-    return f"{arch}-{'tied' if tied else 'untied'}-tp{tp}-ep{ep}"
+    arch, tied, tp, ep, _, *fused = case
+    return f"{arch}-{'tied' if tied else 'untied'}-tp{tp}-ep{ep}{'-fused' if fused else ''}"
 
 
 def drive(gateway: str, name: str, canon: dict[int, dict], versions: list[int]) -> list[dict]:
@@ -65,20 +79,23 @@ def drive(gateway: str, name: str, canon: dict[int, dict], versions: list[int]) 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
-    arch, tied, tp, ep, pairs = case
+    arch, tied, tp, ep, pairs, *fused = case
     ckpts = ckpt_dir(arch, tied)
+    extra = f",fused_shared_experts={int(bool(fused))}" if arch in SHARED else ""
     ctl = awex.Controller(gateway)
     names = []
     for train, transport in pairs:
         name = pair_name(f"{arch[:5]}-{transport}")
-        ctl.connect(name, model=ckpts[0], train=train, infer=f"sglang:tp={tp},ep={ep}", transport=transport,
+        infer = f"sglang:tp={tp},ep={ep}{extra}"
+        ctl.connect(name, model=ckpts[0], train=train, infer=infer, transport=transport,
                     join_deadline_s=600)
         names.append(name)
     # SGLang 0.5.23's Qwen3MoeForCausalLM ignores tie_word_embeddings: it always has its own
     # lm_head, which its load_weights leaves unloaded for a tied checkpoint (no lm_head.weight);
     # awex writes the tied embedding there. Pinned below instead of compared.
     untied_head = arch == "Qwen3MoeForCausalLM" and tied
-    ranks = Ranks(tp, rank_jobs.receive_job, tp, ep, free_port(), ckpts, gateway, names, [1, 2], untied_head)
+    ranks = Ranks(tp, rank_jobs.receive_job, tp, ep, free_port(), ckpts, gateway, names, [1, 2], untied_head,
+                  arch if fused else None)
     try:
         canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2)}
         for name in names:

@@ -44,7 +44,10 @@ fn models() -> Vec<ModelSpec> {
         ..tiny.clone()
     };
     let mixtral = presets::preset("mixtral-tiny").unwrap();
-    vec![tiny, moe, qwen2, tied, llama, biased, mixtral]
+    // q/k/v biases, q/k norms, a dense first layer, shared experts, the fp32 router bias (and
+    // an fp32 router on the engines)
+    let glm = presets::preset("glm-4.5-tiny").unwrap();
+    vec![tiny, moe, qwen2, tied, llama, biased, mixtral, glm]
 }
 
 /// Configs from the keys: all defaults, each defaulted key at 2 and 4, and every pair of keys at 2.
@@ -68,6 +71,24 @@ fn configs(keys: &[ParallelKey]) -> Vec<ParallelConfig> {
     out
 }
 
+/// [`configs`], and for a backend that asks whether shared experts are fused (SGLang), each
+/// of them with either answer.
+fn configs_with_switches(keys: &[ParallelKey]) -> Vec<ParallelConfig> {
+    let base = configs(keys);
+    if !keys.iter().any(|k| k.name == "fused_shared_experts") {
+        return base;
+    }
+    let mut out = base.clone();
+    for v in [0, 1] {
+        for p in &base {
+            let mut p = p.clone();
+            p.0.insert("fused_shared_experts".into(), v);
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Every accepted (config, layout) of one side for a model.
 fn layouts(side: Side, model: &ModelSpec) -> Vec<(String, ParallelConfig, Arc<dyn SideLayout>)> {
     let mut out = Vec::new();
@@ -85,7 +106,7 @@ fn layouts(side: Side, model: &ModelSpec) -> Vec<(String, ParallelConfig, Arc<dy
         }
         Side::Inference => {
             for b in inference_backends() {
-                for p in configs(b.parallel_keys()) {
+                for p in configs_with_switches(b.parallel_keys()) {
                     if let Ok(l) = b.layout(model, &p)
                         && l.world_size() <= 32
                     {
@@ -280,4 +301,61 @@ fn plans_against_every_backend_of_the_other_side_are_exact_and_agreed() {
         }
     }
     assert!(pairs > 20, "only {pairs} pairs checked");
+}
+
+/// GLM-4.5 from each training backend into SGLang with the shared experts fused into the
+/// routed experts and apart, and into vLLM: every plan moves exactly the destination's bytes,
+/// the router converted to the engines' fp32 on the way.
+#[test]
+fn glm_plans_into_fused_and_separate_shared_experts_are_exact() {
+    awex_tests::link_backends();
+    let model = presets::preset("glm-4.5-tiny").unwrap();
+    let cat = Catalogue::of(&model);
+    let canon = canonical(&cat);
+    let side = |side: Side, spec: &str| -> Arc<dyn SideLayout> {
+        let s: awex_core::BackendSpec = spec.parse().unwrap();
+        awex_core::backend::side_layout(side, &s, &model).unwrap_or_else(|e| panic!("{spec}: {e}"))
+    };
+    let mut converted = 0;
+    for (train, infer) in [
+        ("megatron:tp=2", "sglang:tp=2,fused_shared_experts=1"),
+        (
+            "megatron:tp=1,dp=2,ep=2",
+            "sglang:tp=2,fused_shared_experts=0",
+        ),
+        ("fsdp:dp=2", "sglang:tp=2,ep=2"),
+        ("fsdp:tp=2", "vllm:tp=2"),
+        ("megatron:tp=2,ep=2,etp=1", "vllm:tp=2,ep=2"),
+    ] {
+        let (tl, il) = (side(Side::Training, train), side(Side::Inference, infer));
+        let pair = Pair {
+            catalogue: &cat,
+            training: &*tl,
+            inference: &*il,
+        };
+        let plans: Vec<_> = tl
+            .ranks()
+            .into_iter()
+            .map(|r| pair.plan_rank(Side::Training, r).unwrap())
+            .collect();
+        converted += plans
+            .iter()
+            .flat_map(|p| &p.peers)
+            .flat_map(|peer| &peer.transfers)
+            .filter(|t| t.converts())
+            .count();
+        let src = buffers(&ExplicitSide::from_side(&*tl), &cat, &canon);
+        let want = buffers(&ExplicitSide::from_side(&*il), &cat, &canon);
+        let mut got: RankBuffers = want
+            .iter()
+            .map(|(r, m)| {
+                let zero = m.iter().map(|(n, b)| (n.clone(), vec![0u8; b.len()]));
+                (*r, zero.collect())
+            })
+            .collect();
+        simulate(&plans, &src, &mut got).unwrap();
+        assert!(got == want, "{train} -> {infer}: executed plans differ");
+    }
+    // every router (2 MoE layers) goes bf16 -> fp32 into each engine
+    assert!(converted >= 5 * 2, "{converted}");
 }

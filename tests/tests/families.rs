@@ -4,7 +4,7 @@
 use awex_core::backend::side_layout;
 use awex_core::layout::{RankId, Side, SideLayout};
 use awex_core::model::presets;
-use awex_core::{BackendSpec, ModelSpec};
+use awex_core::{BackendSpec, DType, ModelSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -222,4 +222,247 @@ fn every_backend_refuses_deepseek_v3_naming_the_first_part_it_does_not_map() {
             "{backend}: {e}"
         );
     }
+}
+
+fn glm() -> ModelSpec {
+    presets::preset("glm-4.5-tiny").unwrap()
+}
+
+/// Rank `rank`'s local tensors: local name -> (shape, dtype, canonical names placed in it).
+fn shaped(l: &dyn SideLayout, rank: RankId) -> BTreeMap<String, (Vec<u64>, DType, Vec<String>)> {
+    let mut out = BTreeMap::new();
+    for t in l.rank_layout(rank).unwrap().tensors {
+        let mut c: Vec<String> = t
+            .placements
+            .iter()
+            .map(|p| p.canonical.to_string())
+            .collect();
+        c.dedup();
+        out.insert(
+            t.name.to_string(),
+            (t.shape.as_slice().to_vec(), t.dtype, c),
+        );
+    }
+    out
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn sglang_holds_glm_shared_experts_apart_or_fused_as_one_more_expert_as_told() {
+    let m = glm();
+    let p = "model.layers.1";
+    // sglang/srt/models/glm4_moe.py: Glm4MoeGate holds weight and e_score_correction_bias in
+    // fp32; Glm4MoeAttention's qkv_proj has the biases, o_proj none; the shared experts are a
+    // Glm4MoeMLP (gate_up_proj, down_proj) unless fused
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=0", &m);
+    let t = shaped(&*l, RankId::infer(0, 1));
+    assert_eq!(
+        t[&format!("{p}.mlp.gate.weight")],
+        (
+            vec![8, 64],
+            DType::F32,
+            strings(&[&format!("{p}.mlp.gate.weight")])
+        )
+    );
+    assert_eq!(
+        t[&format!("{p}.mlp.gate.e_score_correction_bias")],
+        (
+            vec![8],
+            DType::F32,
+            strings(&[&format!("{p}.mlp.gate.e_score_correction_bias")])
+        )
+    );
+    assert_eq!(
+        t[&format!("{p}.mlp.shared_experts.gate_up_proj.weight")],
+        (
+            vec![32, 64],
+            DType::Bf16,
+            strings(&[
+                &format!("{p}.mlp.shared_experts.gate_proj.weight"),
+                &format!("{p}.mlp.shared_experts.up_proj.weight")
+            ])
+        )
+    );
+    assert_eq!(
+        t[&format!("{p}.mlp.shared_experts.down_proj.weight")].0,
+        vec![64, 16]
+    );
+    assert_eq!(t[&format!("{p}.mlp.experts.w13_weight")].0, vec![8, 32, 64]);
+    assert_eq!(t[&format!("{p}.mlp.experts.w2_weight")].0, vec![8, 64, 16]);
+    // 2 of 4 query heads and 1 of 2 KV heads, head_dim 16
+    assert_eq!(t[&format!("{p}.self_attn.qkv_proj.bias")].0, vec![64]);
+    assert_eq!(t["model.layers.0.self_attn.q_norm.weight"].0, vec![16]);
+    // layer 0 is dense (first_k_dense_replace)
+    assert_eq!(t["model.layers.0.mlp.gate_up_proj.weight"].0, vec![128, 64]);
+    assert!(!t.keys().any(|n| n.contains("o_proj.bias")), "{t:?}");
+    assert!(!t.contains_key("model.layers.0.mlp.gate.weight"));
+    // the second half of the shared experts' rows on TP rank 1
+    let h = l.holders(&format!("{p}.mlp.shared_experts.up_proj.weight"));
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[1].region.offset.as_slice(), &[16, 0]);
+    assert_eq!(h[1].local_offset.as_slice(), &[16, 0]);
+
+    // fused (SGLang's default at ep=1 on NVIDIA sm80+): expert 8 of w13/w2 is the shared one
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=1", &m);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    let (shape, _, names) = &t[&format!("{p}.mlp.experts.w13_weight")];
+    assert_eq!(shape, &vec![9, 32, 64]);
+    assert_eq!(
+        names[16..],
+        strings(&[
+            &format!("{p}.mlp.shared_experts.gate_proj.weight"),
+            &format!("{p}.mlp.shared_experts.up_proj.weight")
+        ])
+    );
+    assert_eq!(t[&format!("{p}.mlp.experts.w2_weight")].0, vec![9, 64, 16]);
+    assert!(!t.keys().any(|n| n.contains("shared_experts")), "{t:?}");
+    let h = l.holders(&format!("{p}.mlp.shared_experts.down_proj.weight"));
+    assert_eq!(h.len(), 2);
+    assert_eq!(&*h[1].tensor, &format!("{p}.mlp.experts.w2_weight"));
+    assert_eq!(h[1].local_offset.as_slice(), &[8, 0, 0]);
+    assert_eq!(h[1].region.offset.as_slice(), &[0, 16]);
+}
+
+#[test]
+fn sglang_refuses_glm_at_ep_1_until_told_whether_shared_experts_are_fused() {
+    let m = glm();
+    let err = |spec: &str| {
+        let s: BackendSpec = spec.parse().unwrap();
+        match side_layout(Side::Inference, &s, &m) {
+            Ok(_) => panic!("{spec} accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = err("sglang:tp=2");
+    assert!(
+        e.contains("Glm4MoeForCausalLM has shared experts")
+            && e.contains("fused_shared_experts=1 or fused_shared_experts=0"),
+        "{e}"
+    );
+    let e = err("sglang:tp=2,ep=2,fused_shared_experts=1");
+    assert!(e.contains("fused_shared_experts=1 with ep=2"), "{e}");
+    let e = err("sglang:tp=2,fused_shared_experts=2");
+    assert!(e.contains("use 1"), "{e}");
+    // with expert parallelism SGLang keeps them apart on NVIDIA: no need to say
+    let l = layout(Side::Inference, "sglang:tp=2,ep=2", &m);
+    let t = tensors(&*l, RankId::infer(0, 1));
+    assert_eq!(
+        t["model.layers.2.mlp.experts.w2_weight"],
+        (4..8)
+            .map(|e| format!("model.layers.2.mlp.experts.{e}.down_proj.weight"))
+            .collect::<Vec<_>>()
+    );
+    assert!(t.contains_key("model.layers.2.mlp.shared_experts.gate_up_proj.weight"));
+    // a model without shared experts needs no word about them
+    layout(
+        Side::Inference,
+        "sglang:tp=2",
+        &presets::preset("qwen3-moe-tiny").unwrap(),
+    );
+}
+
+#[test]
+fn vllm_holds_glm_shared_experts_apart_and_the_router_in_fp32() {
+    // vllm/model_executor/models/glm4_moe.py: GateLinear(params_dtype=torch.float32), an fp32
+    // e_score_correction_bias, shared experts a Glm4MoeMLP unless ROCm AITER fuses them
+    let l = layout(Side::Inference, "vllm:tp=2,ep=2", &glm());
+    let t = shaped(&*l, RankId::infer(0, 0));
+    let p = "model.layers.2.mlp";
+    assert_eq!(t[&format!("{p}.gate.weight")].1, DType::F32);
+    assert_eq!(
+        t[&format!("{p}.gate.e_score_correction_bias")].1,
+        DType::F32
+    );
+    assert_eq!(
+        t[&format!("{p}.experts.routed_experts.w13_weight")].0,
+        vec![4, 64, 64]
+    );
+    assert_eq!(
+        t[&format!("{p}.shared_experts.gate_up_proj.weight")].0,
+        vec![32, 64]
+    );
+    assert!(l.dropped().is_empty());
+}
+
+#[test]
+fn megatron_holds_glm_shared_experts_expert_bias_and_dense_first_layer_in_its_names() {
+    let l = layout(Side::Training, "megatron:tp=2,ep=2,etp=1", &glm());
+    let t = shaped(&*l, RankId::train(1));
+    let p = "decoder.layers.1.mlp";
+    // megatron/core/transformer/moe: TopKRouter's fp32 `expert_bias` buffer, SharedExpertMLP's
+    // linear_fc1 ([gate | up] rows of the TP rank) and linear_fc2
+    assert_eq!(
+        t[&format!("{p}.router.expert_bias")],
+        (
+            vec![8],
+            DType::F32,
+            strings(&["model.layers.1.mlp.gate.e_score_correction_bias"])
+        )
+    );
+    assert_eq!(t[&format!("{p}.router.weight")].1, DType::Bf16);
+    assert_eq!(
+        t[&format!("{p}.shared_experts.linear_fc1.weight")],
+        (
+            vec![32, 64],
+            DType::Bf16,
+            strings(&[
+                "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                "model.layers.1.mlp.shared_experts.up_proj.weight"
+            ])
+        )
+    );
+    assert_eq!(
+        t[&format!("{p}.shared_experts.linear_fc2.weight")].0,
+        vec![64, 16]
+    );
+    let h = l.holders("model.layers.1.mlp.shared_experts.up_proj.weight");
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[1].region.offset.as_slice(), &[16, 0]);
+    // layer 0 dense (moe_layer_freq [0, 1, 1]): Transformer Engine's fused norm in linear_fc1
+    assert_eq!(t["decoder.layers.0.mlp.linear_fc1.weight"].0, vec![128, 64]);
+    assert!(t.contains_key("decoder.layers.0.mlp.linear_fc1.layer_norm_weight"));
+    assert!(t.contains_key("decoder.layers.0.self_attention.linear_qkv.bias"));
+    assert!(t.contains_key("decoder.layers.0.self_attention.q_layernorm.weight"));
+    assert!(!t.contains_key("decoder.layers.0.self_attention.linear_proj.bias"));
+    assert_eq!(
+        t["decoder.layers.2.mlp.experts.linear_fc1.weight0"].2,
+        strings(&[
+            "model.layers.2.mlp.experts.4.gate_proj.weight",
+            "model.layers.2.mlp.experts.4.up_proj.weight"
+        ])
+    );
+}
+
+#[test]
+fn fsdp_holds_glm_in_checkpoint_names_with_the_fp32_router_bias_buffer() {
+    let l = layout(Side::Training, "fsdp:tp=2", &glm());
+    let t = shaped(&*l, RankId::train(1));
+    let p = "model.layers.1.mlp";
+    assert_eq!(t[&format!("{p}.gate.e_score_correction_bias")].0, vec![8]);
+    assert_eq!(
+        t[&format!("{p}.gate.e_score_correction_bias")].1,
+        DType::F32
+    );
+    // transformers' TP plan: shared_experts gate/up colwise, down rowwise
+    assert_eq!(
+        t[&format!("{p}.shared_experts.gate_proj.weight")].0,
+        vec![16, 64]
+    );
+    assert_eq!(
+        t[&format!("{p}.shared_experts.down_proj.weight")].0,
+        vec![64, 16]
+    );
+    let l = layout(Side::Training, "fsdp:dp=2,fused_experts=1", &glm());
+    let t = shaped(&*l, RankId::train(1));
+    assert_eq!(t[&format!("{p}.experts.gate_up_proj")].0, vec![4, 64, 64]);
+    // a buffer: fully_shard leaves it whole on every rank (the router's weight is sharded)
+    assert_eq!(t[&format!("{p}.gate.e_score_correction_bias")].0, vec![8]);
+    assert_eq!(t[&format!("{p}.gate.weight")].0, vec![4, 64]);
+    let h = l.holders(&format!("{p}.gate.e_score_correction_bias"));
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ranks.len(), 2);
+    assert!(t.contains_key("model.layers.0.mlp.gate_proj.weight"));
 }

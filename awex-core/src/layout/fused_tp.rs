@@ -20,7 +20,14 @@
 //! - experts: `{experts_module}.w13_weight` `[local_experts, 2 * inter, hidden]` (`[gate | up]`)
 //!   and `w2_weight` `[local_experts, hidden, inter]`; `inter` split over moe_tp = tp / ep; EP
 //!   rank `r` (TP ranks `r * moe_tp ..`) holds consecutive experts, [`expert_range`].
-//! - norms, q/k norms and the router: replicated.
+//! - norms, q/k norms, the router and its score-correction bias: replicated. The bias is fp32
+//!   (both engines build it so); the router weight is fp32 where the model routes in fp32
+//!   ([`crate::model::MoeSpec::router_fp32`]), the model's dtype otherwise.
+//! - shared experts: `mlp.shared_experts.gate_up_proj` (`[gate | up]` rows of rank `r`) and
+//!   `mlp.shared_experts.down_proj` (columns of rank `r`), a dense MLP of
+//!   `shared_intermediate_size` rows split over tp; or, when the engine fuses them
+//!   ([`FusedTp::fused_shared_experts`], ep 1 only), one more expert after the routed ones in
+//!   `w13_weight` / `w2_weight`, split over tp like them.
 
 use crate::DType;
 use crate::layout::{
@@ -65,6 +72,11 @@ struct LayerNames {
     down_proj: Arc<str>,
     gate_up: Arc<str>,
     router: Arc<str>,
+    router_bias: Arc<str>,
+    shared_gate: Arc<str>,
+    shared_up: Arc<str>,
+    shared_down: Arc<str>,
+    shared_gate_up: Arc<str>,
     w13: Arc<str>,
     w2: Arc<str>,
     /// `model.layers.{l}.{experts}.`, the prefix of per-expert canonical names
@@ -137,6 +149,11 @@ impl LayerNames {
             down_proj: c(Part::Down),
             gate_up: fused(Part::Gate, "gate_up_proj.weight"),
             router: c(Part::Router),
+            router_bias: c(Part::RouterBias),
+            shared_gate: c(Part::SharedGate),
+            shared_up: c(Part::SharedUp),
+            shared_down: c(Part::SharedDown),
+            shared_gate_up: fused(Part::SharedGate, "gate_up_proj.weight"),
             w13: Arc::from(format!("{experts}.w13_weight")),
             w2: Arc::from(format!("{experts}.w2_weight")),
             experts_prefix: format!("{p}.{}.", names.experts),
@@ -152,7 +169,7 @@ impl LayerNames {
 }
 
 /// The parts a fused-TP layout places; a family with any other part is refused by name.
-pub const MAPPED: [Part; 22] = [
+pub const MAPPED: [Part; 26] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -172,9 +189,13 @@ pub const MAPPED: [Part; 22] = [
     Part::Up,
     Part::Down,
     Part::Router,
+    Part::RouterBias,
     Part::ExpertGate,
     Part::ExpertUp,
     Part::ExpertDown,
+    Part::SharedGate,
+    Part::SharedUp,
+    Part::SharedDown,
 ];
 
 /// The three per-expert canonical tensors an engine fuses into `w13_weight` / `w2_weight`.
@@ -204,6 +225,12 @@ struct Dimensions {
     /// expert intermediate rows per MoE-TP rank
     moe_inter: u64,
     moe_tp: u64,
+    /// shared-expert intermediate rows per TP rank (0: no shared experts)
+    shared_inter: u64,
+    /// the shared experts are one more expert in `w13_weight` / `w2_weight` (after the routed)
+    fused_shared: bool,
+    /// the router weight's dtype
+    router_dtype: DType,
     vocab: u64,
     /// padded vocab rows per TP rank
     vocab_rows: u64,
@@ -256,6 +283,10 @@ pub struct FusedTp {
     /// Parts of the model the engine's class builds no parameter for (its loader skips them):
     /// they are not placed, and [`FusedTpLayout::dropped`] names them.
     pub drops: &'static [Part],
+    /// The engine holds the shared experts as one more routed expert (index `num_experts`) of
+    /// `w13_weight` / `w2_weight` instead of a `shared_experts` MLP; needs ep 1 and shared
+    /// experts of `moe_intermediate_size` rows.
+    pub fused_shared_experts: bool,
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -276,6 +307,7 @@ impl FusedTpLayout {
             lm_head,
             routed_experts,
             drops,
+            fused_shared_experts,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -286,9 +318,7 @@ impl FusedTpLayout {
         if tp > u64::from(u32::MAX) || engines > u64::from(u32::MAX) {
             return bad(format!("tp={tp} or engines={engines} above u32"));
         }
-        if let Some(p) = spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
-            return Err(FusedTpError(unmapped(spec, p)));
-        }
+        check_mapped(spec)?;
         if spec.num_heads % tp != 0 {
             return bad(format!("{} attention heads over tp={tp}", spec.num_heads));
         }
@@ -319,6 +349,24 @@ impl FusedTpLayout {
                 (m.num_experts, m.moe_intermediate_size)
             }
             _ => (0, 0),
+        };
+        let shared_full = spec.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
+        let has_shared = spec.has(Part::SharedGate);
+        let fused_shared = fused_shared_experts && has_shared;
+        if fused_shared && (ep != 1 || shared_full != moe_inter_full) {
+            return bad(format!(
+                "shared experts of {shared_full} rows fused into the routed experts with ep={ep}: \
+                 the fusion needs ep=1 and shared experts of moe_intermediate_size={moe_inter_full} rows"
+            ));
+        }
+        if has_shared && !fused_shared && shared_full % tp != 0 {
+            return bad(format!(
+                "shared experts' intermediate size {shared_full} over tp={tp}"
+            ));
+        }
+        let router_dtype = match &spec.moe {
+            Some(m) if m.router_fp32 => DType::F32,
+            _ => spec.dtype,
         };
         if vocab_rows * tp < spec.vocab_size {
             return bad(format!(
@@ -356,6 +404,13 @@ impl FusedTpLayout {
                 ep,
                 moe_inter: moe_inter_full / moe_tp,
                 moe_tp,
+                shared_inter: if has_shared && !fused_shared {
+                    shared_full / tp
+                } else {
+                    0
+                },
+                fused_shared,
+                router_dtype,
                 vocab: spec.vocab_size,
                 vocab_rows,
             },
@@ -484,12 +539,56 @@ impl FusedTpLayout {
     }
 
     fn replicated(&self, name: &Arc<str>, shape: Dims) -> LocalTensor {
+        self.replicated_as(name, shape, self.dtype)
+    }
+
+    fn replicated_as(&self, name: &Arc<str>, shape: Dims, dtype: DType) -> LocalTensor {
         let placements = vec![Placement {
             canonical: name.clone(),
             region: Region::full(shape),
             local_offset: Dims::zeros(shape.ndim()),
         }];
-        self.local(name, shape, placements)
+        LocalTensor {
+            dtype,
+            ..self.local(name, shape, placements)
+        }
+    }
+
+    /// A `[gate | up]` tensor of `i` rows each per rank and the down projection of `i` columns
+    /// per rank: TP rank `r`'s dense MLP (or shared experts).
+    fn push_mlp(
+        &self,
+        out: &mut Vec<LocalTensor>,
+        [gate_up, gate, up, down]: [&Arc<str>; 4],
+        i: u64,
+        r: u64,
+    ) {
+        let h = self.d.hidden;
+        out.push(self.local(
+            gate_up,
+            Self::dims2(2 * i, h),
+            vec![
+                Placement {
+                    canonical: gate.clone(),
+                    region: Region::new([r * i, 0], [i, h]),
+                    local_offset: Dims::zeros(2),
+                },
+                Placement {
+                    canonical: up.clone(),
+                    region: Region::new([r * i, 0], [i, h]),
+                    local_offset: Dims::new(&[i, 0]),
+                },
+            ],
+        ));
+        out.push(self.local(
+            down,
+            Self::dims2(h, i),
+            vec![Placement {
+                canonical: down.clone(),
+                region: Region::new([0, r * i], [h, i]),
+                local_offset: Dims::zeros(2),
+            }],
+        ));
     }
 
     /// Where TP rank `r`'s fused qkv tensor takes its q, k and v rows from: `cols` hidden
@@ -577,36 +676,43 @@ impl FusedTpLayout {
                     local_offset: Dims::new(&[j, 0, 0]),
                 });
             }
-            out.push(self.local(&n.w13, Dims::new(&[ne, 2 * mi, h]), w13));
-            out.push(self.local(&n.w2, Dims::new(&[ne, h, mi]), w2));
-            out.push(self.replicated(&n.router, Self::dims2(self.d.experts, h)));
+            let shared = self.d.fused_shared && n.has(Part::SharedGate);
+            if shared {
+                // the shared expert is local expert `ne` (ep 1: every routed expert is local)
+                for (canonical, at) in [(&n.shared_gate, 0), (&n.shared_up, mi)] {
+                    w13.push(Placement {
+                        canonical: canonical.clone(),
+                        region: Region::new([m * mi, 0], [mi, h]),
+                        local_offset: Dims::new(&[ne, at, 0]),
+                    });
+                }
+                w2.push(Placement {
+                    canonical: n.shared_down.clone(),
+                    region: Region::new([0, m * mi], [h, mi]),
+                    local_offset: Dims::new(&[ne, 0, 0]),
+                });
+            }
+            let slots = ne + u64::from(shared);
+            out.push(self.local(&n.w13, Dims::new(&[slots, 2 * mi, h]), w13));
+            out.push(self.local(&n.w2, Dims::new(&[slots, h, mi]), w2));
+            let router_shape = Self::dims2(self.d.experts, h);
+            out.push(self.replicated_as(&n.router, router_shape, self.d.router_dtype));
+            if n.has(Part::RouterBias) {
+                let shape = Dims::new(&[self.d.experts]);
+                out.push(self.replicated_as(&n.router_bias, shape, DType::F32));
+            }
+            if n.has(Part::SharedGate) && !shared {
+                let names = [
+                    &n.shared_gate_up,
+                    &n.shared_gate,
+                    &n.shared_up,
+                    &n.shared_down,
+                ];
+                self.push_mlp(out, names, self.d.shared_inter, r);
+            }
         } else {
-            let i = self.d.inter;
-            out.push(self.local(
-                &n.gate_up,
-                Self::dims2(2 * i, h),
-                vec![
-                    Placement {
-                        canonical: n.gate_proj.clone(),
-                        region: Region::new([r * i, 0], [i, h]),
-                        local_offset: Dims::zeros(2),
-                    },
-                    Placement {
-                        canonical: n.up_proj.clone(),
-                        region: Region::new([r * i, 0], [i, h]),
-                        local_offset: Dims::new(&[i, 0]),
-                    },
-                ],
-            ));
-            out.push(self.local(
-                &n.down_proj,
-                Self::dims2(h, i),
-                vec![Placement {
-                    canonical: n.down_proj.clone(),
-                    region: Region::new([0, r * i], [h, i]),
-                    local_offset: Dims::zeros(2),
-                }],
-            ));
+            let names = [&n.gate_up, &n.gate_proj, &n.up_proj, &n.down_proj];
+            self.push_mlp(out, names, self.d.inter, r);
         }
         out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
         out.push(self.replicated(&n.post_ln, Dims::new(&[h])));
@@ -653,13 +759,20 @@ impl FusedTpLayout {
     }
 
     fn replicated_holder(&self, name: &Arc<str>, shape: Dims) -> Vec<Holder> {
-        vec![self.holder(
-            self.all_ranks(),
-            name,
-            shape,
-            Region::full(shape),
-            Dims::zeros(shape.ndim()),
-        )]
+        self.replicated_holder_as(name, shape, self.dtype)
+    }
+
+    fn replicated_holder_as(&self, name: &Arc<str>, shape: Dims, dtype: DType) -> Vec<Holder> {
+        vec![Holder {
+            dtype,
+            ..self.holder(
+                self.all_ranks(),
+                name,
+                shape,
+                Region::full(shape),
+                Dims::zeros(shape.ndim()),
+            )
+        }]
     }
 
     fn vocab_holders(&self, local: &Arc<str>, out: &mut Vec<Holder>) {
@@ -730,20 +843,46 @@ impl FusedTpLayout {
             .collect()
     }
 
-    fn gate_up_holders(&self, l: u64, up: bool) -> Vec<Holder> {
-        let n = &self.layers[l as usize];
-        let (i, h) = (self.d.inter, self.d.hidden);
+    /// Holders of the gate (or up) projection in a `[gate | up]` tensor of `i` rows each per
+    /// rank (the dense MLP's or the shared experts').
+    fn gate_up_holders(&self, gate_up: &Arc<str>, i: u64, up: bool) -> Vec<Holder> {
+        let h = self.d.hidden;
         let shape = Self::dims2(2 * i, h);
         let at = if up { i } else { 0 };
         (0..u64::from(self.tp))
             .map(|r| {
                 self.holder(
                     self.engine_ranks(r),
-                    &n.gate_up,
+                    gate_up,
                     shape,
                     Region::new([r * i, 0], [i, h]),
                     Dims::new(&[at, 0]),
                 )
+            })
+            .collect()
+    }
+
+    /// Holders of a shared expert's part fused as local expert `experts` of every TP rank (ep 1).
+    fn fused_shared_holders(&self, l: u64, part: ExpertPart) -> Vec<Holder> {
+        let n = &self.layers[l as usize];
+        let (mi, h, slots) = (self.d.moe_inter, self.d.hidden, self.d.experts + 1);
+        let j = self.d.experts;
+        (0..self.d.moe_tp)
+            .map(|m| match part {
+                ExpertPart::Gate | ExpertPart::Up => self.holder(
+                    self.engine_ranks(m),
+                    &n.w13,
+                    Dims::new(&[slots, 2 * mi, h]),
+                    Region::new([m * mi, 0], [mi, h]),
+                    Dims::new(&[j, if part == ExpertPart::Up { mi } else { 0 }, 0]),
+                ),
+                ExpertPart::Down => self.holder(
+                    self.engine_ranks(m),
+                    &n.w2,
+                    Dims::new(&[slots, h, mi]),
+                    Region::new([0, m * mi], [h, mi]),
+                    Dims::new(&[j, 0, 0]),
+                ),
             })
             .collect()
     }
@@ -760,6 +899,8 @@ impl FusedTpLayout {
         };
         let (first, ne) = expert_range(self.d.experts, self.d.ep, ep_rank);
         let j = e - first;
+        // the fused shared expert after the routed ones (ep 1)
+        let ne = ne + u64::from(self.d.fused_shared && n.has(Part::SharedGate));
         (0..self.d.moe_tp)
             .map(|m| {
                 let tp_rank = ep_rank * self.d.moe_tp + m;
@@ -862,6 +1003,14 @@ impl SideLayout for FusedTpLayout {
             f(&n.post_ln);
             if n.moe {
                 f(&n.router);
+                if n.has(Part::RouterBias) {
+                    f(&n.router_bias);
+                }
+                if n.has(Part::SharedGate) {
+                    f(&n.shared_gate);
+                    f(&n.shared_up);
+                    f(&n.shared_down);
+                }
                 let (first, ne) = expert_range(self.d.experts, self.d.ep, r / self.d.moe_tp);
                 for e in first..first + ne {
                     name.clear();
@@ -920,7 +1069,12 @@ impl SideLayout for FusedTpLayout {
             Part::KNorm => self.replicated_holder(&layer(l).k_norm, Dims::new(&[hd])),
             Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
             Part::Router => {
-                self.replicated_holder(&layer(l).router, Self::dims2(self.d.experts, h))
+                let shape = Self::dims2(self.d.experts, h);
+                self.replicated_holder_as(&layer(l).router, shape, self.d.router_dtype)
+            }
+            Part::RouterBias => {
+                let shape = Dims::new(&[self.d.experts]);
+                self.replicated_holder_as(&layer(l).router_bias, shape, DType::F32)
             }
             Part::Q => self.qkv_holders(l, 0, false),
             Part::K => self.qkv_holders(l, 1, false),
@@ -932,8 +1086,26 @@ impl SideLayout for FusedTpLayout {
                 let q_cols = self.d.q_heads * hd;
                 self.split_holders(&layer(l).o, Self::dims2(h, q_cols), 1, q_cols)
             }
-            Part::Gate => self.gate_up_holders(l, false),
-            Part::Up => self.gate_up_holders(l, true),
+            Part::Gate => self.gate_up_holders(&layer(l).gate_up, self.d.inter, false),
+            Part::Up => self.gate_up_holders(&layer(l).gate_up, self.d.inter, true),
+            Part::SharedGate | Part::SharedUp | Part::SharedDown if self.d.fused_shared => {
+                let part = match c.part {
+                    Part::SharedGate => ExpertPart::Gate,
+                    Part::SharedUp => ExpertPart::Up,
+                    _ => ExpertPart::Down,
+                };
+                self.fused_shared_holders(l, part)
+            }
+            Part::SharedGate => {
+                self.gate_up_holders(&layer(l).shared_gate_up, self.d.shared_inter, false)
+            }
+            Part::SharedUp => {
+                self.gate_up_holders(&layer(l).shared_gate_up, self.d.shared_inter, true)
+            }
+            Part::SharedDown => {
+                let i = self.d.shared_inter;
+                self.split_holders(&layer(l).shared_down, Self::dims2(h, i), 1, i)
+            }
             Part::Down => {
                 let i = self.d.inter;
                 self.split_holders(&layer(l).down_proj, Self::dims2(h, i), 1, i)
@@ -944,6 +1116,14 @@ impl SideLayout for FusedTpLayout {
             // refused by `new` ([`MAPPED`])
             _ => Vec::new(),
         }
+    }
+}
+
+/// Refuses a model with a part the fused-TP layout does not place ([`MAPPED`]), naming it.
+pub fn check_mapped(spec: &ModelSpec) -> Result<(), FusedTpError> {
+    match spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
+        Some(p) => Err(FusedTpError(unmapped(spec, p))),
+        None => Ok(()),
     }
 }
 
@@ -974,6 +1154,7 @@ mod tests {
             lm_head: LmHead::Absent,
             routed_experts: "",
             drops: &[],
+            fused_shared_experts: false,
         }
     }
 

@@ -29,6 +29,9 @@ impl Architecture {
     pub const Mixtral: Architecture = Architecture(&family::mixtral::FAMILY);
     /// `DeepseekV3ForCausalLM` (MLA, shared experts, router bias; Kimi-K2 too)
     pub const DeepseekV3: Architecture = Architecture(&family::deepseek_v3::FAMILY);
+    /// `Glm4MoeForCausalLM` (GLM-4.5: q/k/v biases, optional q/k norms, shared experts, router
+    /// bias, dense first layers)
+    pub const Glm4Moe: Architecture = Architecture(&family::glm4_moe::FAMILY);
 
     /// The HF class name.
     pub const fn hf_name(self) -> &'static str {
@@ -84,6 +87,11 @@ pub struct MoeSpec {
     /// The router has a score-correction bias (`e_score_correction_bias`, fp32).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub router_bias: bool,
+    /// The model computes its router in fp32 (GLM-4.5: transformers' `Glm4MoeTopkRouter` casts
+    /// the weight to fp32): the checkpoint stores it in the model's dtype, and an engine class
+    /// that follows the model holds it in fp32 (its backend says which do).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub router_fp32: bool,
 }
 
 /// Multi-head latent attention sizes (DeepSeek-V2/V3, Kimi-K2).
@@ -130,6 +138,10 @@ pub struct ModelSpec {
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry biases.
     pub attention_bias: bool,
+    /// Per-head q/k norms, where the family makes them optional (GLM-4.5's `use_qk_norm`);
+    /// families that always have them (Qwen3) or never do ignore it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_qk_norm: bool,
     /// Parameter dtype of the checkpoint.
     pub dtype: DType,
     /// MoE sizes, when the model has experts.
@@ -589,6 +601,7 @@ mod tests {
                 vocab_size: 1000,
                 tie_word_embeddings: false,
                 attention_bias: false,
+                use_qk_norm: false,
                 dtype: DType::Bf16,
                 moe: None,
                 mla: None,
@@ -611,7 +624,7 @@ mod tests {
             err(&cfg),
             "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
-             DeepseekV3ForCausalLM"
+             DeepseekV3ForCausalLM, Glm4MoeForCausalLM"
         );
     }
 
@@ -795,6 +808,7 @@ mod tests {
                 mlp_only_layers: vec![0],
                 shared_intermediate_size: 0,
                 router_bias: false,
+                router_fp32: false,
             })
         );
         // transformers 5 saves Qwen3-MoE configs with `num_local_experts`.
@@ -840,7 +854,7 @@ mod tests {
                 "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
                  config.json or HF directory; presets: qwen3-tiny, qwen3-0.6b, qwen3-8b, \
                  qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b, \
-                 deepseek-v3-tiny, deepseek-v3, kimi-k2"
+                 deepseek-v3-tiny, deepseek-v3, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air"
                     .to_string()
             )
         );

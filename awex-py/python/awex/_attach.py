@@ -210,6 +210,8 @@ def inspect(model: Any) -> dict[str, Any]:
     rank, world = _rank_and_world()
     if _is_megatron(chunks):
         tensors = _megatron.named_tensors(chunks if len(chunks) > 1 else chunks[0])
+        # the parameters' dtype (the router's fp32 expert_bias buffer aside)
+        dtype = _dtype([t for c in chunks for t in c.named_parameters()])
         p = megatron_parallel(chunks)
         _megatron_coords_check(p, rank)
         names = [n for n, _ in tensors]
@@ -233,6 +235,7 @@ def inspect(model: Any) -> dict[str, Any]:
         ]
         backend = "fsdp"
         layer_spec = "hf"
+        dtype = _dtype(params)
         expected = p["dp"] * p["replicate"] * p["tp"]
     if expected != world:
         raise LayoutError(
@@ -245,7 +248,7 @@ def inspect(model: Any) -> dict[str, Any]:
         "rank": rank,
         "world_size": world,
         "layer_spec": layer_spec,
-        "dtype": _dtype(tensors),
+        "dtype": dtype,
         "spec": spec,
         "tensors": tensors,
     }

@@ -28,7 +28,10 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     ``model`` is a ``GPTModel``, possibly wrapped (``DistributedDataParallel``,
     ``Float16Module``: their ``module.`` prefixes are removed), or the list of model chunks that
     Megatron builds with virtual pipeline parallelism (``vpp > 1``): chunk ``v``'s names get the
-    ``model{v}.`` prefix awex uses. A one-element list is a plain model.
+    ``model{v}.`` prefix awex uses. A one-element list is a plain model. A router's
+    score-correction bias follows the router's weight: ``mlp.router.expert_bias``, an fp32
+    buffer (``TopKRouter`` with ``moe_router_enable_expert_bias``), which awex moves as the
+    checkpoint's ``e_score_correction_bias``.
     """
     chunks: list[Any] = list(model) if isinstance(model, (list, tuple)) else [model]
     if not chunks:
@@ -37,14 +40,34 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     seen: set[str] = set()
     for v, chunk in enumerate(chunks):
         prefix = f"model{v}." if len(chunks) > 1 else ""
-        params: Iterable[tuple[str, Any]] = chunk.named_parameters()
-        for name, p in params:
+        for name, p in _params_and_expert_bias(chunk):
             full = prefix + _strip_wrappers(name)
             if full in seen:
                 raise ValueError(f"parameter name `{full}` appears twice")
             seen.add(full)
             out.append((full, p))
     return out
+
+
+def _params_and_expert_bias(chunk: Any) -> Iterable[tuple[str, Any]]:
+    """``chunk.named_parameters()``, each module's ``expert_bias`` buffer after its parameters."""
+    modules = getattr(chunk, "named_modules", None)
+    if modules is None:
+        yield from chunk.named_parameters()
+        return
+    seen: set[int] = set()
+    for prefix, m in modules():
+        for name, p in m.named_parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield (f"{prefix}.{name}" if prefix else name), p
+        b = getattr(m, "_buffers", {}).get(_EXPERT_BIAS)
+        if b is not None:
+            yield (f"{prefix}.{_EXPERT_BIAS}" if prefix else _EXPERT_BIAS), b
+
+
+#: The router's score-correction bias buffer (megatron/core/transformer/moe/router.py).
+_EXPERT_BIAS = "expert_bias"
 
 
 def allocations(named: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:

@@ -106,6 +106,15 @@ def megatron_to_hf(ranks: list[dict[str, Any]], hf: dict[str, Any], p: dict[str,
             out[h + "post_attention_layernorm.weight"] = r0[b + "pre_mlp_layernorm.weight"]
             if b + "mlp.router.weight" in r0:
                 out[h + "mlp.gate.weight"] = r0[b + "mlp.router.weight"]
+                if b + "mlp.router.expert_bias" in r0:  # GLM-4.5: the router bias buffer
+                    out[h + "mlp.gate.e_score_correction_bias"] = r0[b + "mlp.router.expert_bias"]
+                if b + "mlp.shared_experts.linear_fc1.weight" in r0:  # shared experts, over tp
+                    fc1 = tp_shards(st, b + "mlp.shared_experts.linear_fc1.weight")
+                    n = fc1[0].shape[0] // 2
+                    out[h + "mlp.shared_experts.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
+                    out[h + "mlp.shared_experts.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
+                    out[h + "mlp.shared_experts.down_proj.weight"] = torch.cat(
+                        tp_shards(st, b + "mlp.shared_experts.linear_fc2.weight"), 1)
                 per = hf["num_experts"] // ep
                 for ep_r in range(ep):
                     for j in range(per):
@@ -161,12 +170,13 @@ def sglang_expected(name: str, shape: list[int], hf_t: dict[str, torch.Tensor], 
         return torch.cat([q, k, v], 0).numpy()
     if rest == "self_attn.o_proj.weight":
         return hf_t[f"{h}self_attn.o_proj.weight"][:, r * qh * hd : (r + 1) * qh * hd].contiguous().numpy()
-    if rest == "mlp.gate_up_proj.weight":
-        g, u = hf_t[f"{h}mlp.gate_proj.weight"], hf_t[f"{h}mlp.up_proj.weight"]
+    if rest in ("mlp.gate_up_proj.weight", "mlp.shared_experts.gate_up_proj.weight"):
+        mod = rest[: -len("gate_up_proj.weight")]
+        g, u = hf_t[f"{h}{mod}gate_proj.weight"], hf_t[f"{h}{mod}up_proj.weight"]
         n = g.shape[0] // tp
         return torch.cat([g[r * n : (r + 1) * n], u[r * n : (r + 1) * n]], 0).numpy()
-    if rest == "mlp.down_proj.weight":
-        d = hf_t[f"{h}mlp.down_proj.weight"]
+    if rest in ("mlp.down_proj.weight", "mlp.shared_experts.down_proj.weight"):
+        d = hf_t[f"{h}{rest}"]
         n = d.shape[1] // tp
         return d[:, r * n : (r + 1) * n].contiguous().numpy()
     if rest in ("mlp.experts.w13_weight", "mlp.experts.w2_weight"):

@@ -1,4 +1,4 @@
-"""Small HF models (Qwen2, Qwen3, Qwen3-MoE) with random weights, written as HF checkpoints
+"""Small HF models (Qwen2, Qwen3, Qwen3-MoE, GLM-4.5 MoE) with random weights, written as HF checkpoints
 (config.json + model.safetensors with the checkpoint's per-expert names), and their logits."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ BASE = dict(
 
 
 def config(kind: str, **over: Any) -> Any:
-    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe), float32."""
+    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe, glm4_moe), float32."""
     import transformers
 
     kw = dict(BASE)
@@ -30,6 +30,13 @@ def config(kind: str, **over: Any) -> Any:
         cfg = transformers.Qwen2Config(**kw)
     elif kind == "qwen3":
         cfg = transformers.Qwen3Config(attention_bias=False, **kw)
+    elif kind == "glm4_moe":
+        # q/k/v biases, q/k norms, layer 0 dense, then MoE with a shared expert and the router's
+        # e_score_correction_bias (a persistent buffer)
+        cfg = transformers.Glm4MoeConfig(
+            attention_bias=True, use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+            norm_topk_prob=True, num_nextn_predict_layers=0, **kw)
     else:
         kw.setdefault("num_experts", 4)
         kw.setdefault("num_experts_per_tok", 2)
@@ -51,7 +58,8 @@ def _random(name: str, shape: tuple[int, ...]) -> torch.Tensor:
 
 def build(cfg: Any) -> torch.nn.Module:
     """The HF model with every canonical tensor drawn by `_random` (fused experts filled from
-    their per-expert tensors: gate rows then up rows, as transformers 5's Qwen3MoeExperts reads them)."""
+    their per-expert tensors: gate rows then up rows, as transformers 5's Qwen3MoeExperts reads them;
+    the persistent buffers a checkpoint stores too)."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
@@ -69,6 +77,10 @@ def build(cfg: Any) -> torch.nn.Module:
                     i = p.shape[1] // 2
                     p[e, :i] = _random(f"{base}.{e}.gate_proj.weight", (i, p.shape[2]))
                     p[e, i:] = _random(f"{base}.{e}.up_proj.weight", (i, p.shape[2]))
+        saved = set(model.state_dict())
+        for name, b in model.named_buffers():
+            if name in saved:
+                b.copy_(_random(name, tuple(b.shape)))
     return model
 
 

@@ -54,7 +54,12 @@ def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
 
 
 def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
-    """This rank's model chunks of a Qwen2/Qwen3/Qwen3-MoE HF config, local spec, fp32, on CPU."""
+    """This rank's model chunks of a Qwen2/Qwen3/Qwen3-MoE/GLM-4.5 HF config, local spec, fp32,
+    on CPU. GLM-4.5 as Megatron-Core trains it: q/k/v biases, q/k norms (``use_qk_norm``),
+    rotary embedding on ``partial_rotary_factor`` of each head, dense first
+    ``first_k_dense_replace`` layers (``moe_layer_freq``), a sigmoid router with its expert bias
+    choosing the experts, top-k weights renormalised and scaled by ``routed_scaling_factor``,
+    shared experts."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -63,8 +68,26 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
     p = case["parallel"]
     tp, pp, vpp = p.get("tp", 1), p.get("pp", 1), p.get("vpp", 1)
     qwen2 = hf["architectures"][0].startswith("Qwen2")
+    glm = hf["architectures"][0] == "Glm4MoeForCausalLM"
     moe = "num_experts" in hf and hf.get("num_experts", 0) > 0
     kw: dict[str, Any] = {}
+    qkv_bias, qk_norm = qwen2, not qwen2
+    dense = set(hf.get("mlp_only_layers", []))
+    rotary_percent = 1.0
+    if glm:
+        qkv_bias, qk_norm = bool(hf["attention_bias"]), bool(hf["use_qk_norm"])
+        dense = set(range(hf["first_k_dense_replace"]))
+        # transformers 5 writes it into rope_parameters
+        rotary_percent = hf.get("partial_rotary_factor") or (hf.get("rope_parameters") or {}).get(
+            "partial_rotary_factor", 0.5)
+        kw.update(
+            moe_shared_expert_intermediate_size=hf["n_shared_experts"] * hf["moe_intermediate_size"],
+            moe_router_score_function="sigmoid",
+            moe_router_enable_expert_bias=True,
+            moe_router_bias_update_rate=0.0,
+            moe_router_topk_scaling_factor=hf.get("routed_scaling_factor", 1.0),
+            moe_router_dtype="fp32",
+        )
     if moe:
         kw.update(
             num_moe_experts=hf["num_experts"],
@@ -75,7 +98,7 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_grouped_gemm=False,
-            moe_layer_freq=[0 if l in hf.get("mlp_only_layers", []) else 1 for l in range(hf["num_hidden_layers"])],
+            moe_layer_freq=[0 if l in dense else 1 for l in range(hf["num_hidden_layers"])],
             expert_model_parallel_size=p.get("ep", 1),
             expert_tensor_parallel_size=p.get("etp", tp),
         )
@@ -100,8 +123,8 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
         gated_linear_unit=True,
         activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
-        add_qkv_bias=qwen2,
-        qk_layernorm=not qwen2,
+        add_qkv_bias=qkv_bias,
+        qk_layernorm=qk_norm,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -117,9 +140,15 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
     spec = get_gpt_layer_local_spec(
         num_experts=hf.get("num_experts") if moe else None,
         moe_grouped_gemm=False,
-        qk_layernorm=not qwen2,
+        qk_layernorm=qk_norm,
         normalization="RMSNorm",
     )
+    if moe and dense:
+        # dense layers beside MoE ones: one local spec per layer, by moe_layer_freq
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        assert vpp == 1, "dense and MoE layers are built with vpp 1 here"
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     tied = bool(hf.get("tie_word_embeddings", False))
     chunks = []
     for v in range(vpp):
@@ -138,6 +167,7 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
                 post_process=last,
                 share_embeddings_and_output_weights=tied,
                 position_embedding_type="rope",
+                rotary_percent=rotary_percent,
                 rotary_base=int(hf.get("rope_theta", 10000)),
                 **extra,
             ).eval()

@@ -33,6 +33,9 @@ WORLDS = {
              parallel={"dp": 2}, infer="sglang:tp=2"),
         dict(name="moe_fused_dp2", kind="qwen3_moe", over=MOE, parallel={"dp": 2, "fused_experts": 1},
              infer="sglang:tp=2"),
+        # GLM-4.5: the router's e_score_correction_bias is a buffer, registered by attach
+        dict(name="glm_fused_dp2", kind="glm4_moe", over=MOE, parallel={"dp": 2, "fused_experts": 1},
+             infer="sglang:tp=2,fused_shared_experts=0"),
     ],
     3: [
         dict(name="dp3_uneven", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"dp": 3}, infer="sglang:tp=1"),
@@ -73,6 +76,8 @@ def run_world(world: int, cases: list[dict], out: str, env: dict | None = None) 
         hf = dict(cfg)
         if "num_local_experts" in hf:
             hf.setdefault("num_experts", hf["num_local_experts"])
+        if "n_routed_experts" in hf:
+            hf.setdefault("num_experts", hf["n_routed_experts"])
         pair = f"{case['name']}-update"
         ctl.connect(pair, model={k: v for k, v in cfg.items() if isinstance(v, (int, float, str, list, bool, type(None)))},
                     train=spec(case["parallel"]), infer=case["infer"], transport="tcp",
@@ -148,6 +153,9 @@ def test_to_local_equals_awex_layout_byte_for_byte(request, name):
     if name.startswith("moe_fused"):
         names = [n for n, *_ in st["ranks"][0]["real"]]
         assert "model.layers.0.mlp.experts.gate_up_proj" in names
+    if name.startswith("glm"):
+        names = [n for n, *_ in st["ranks"][0]["real"]]
+        assert "model.layers.1.mlp.gate.e_score_correction_bias" in names
     if name.endswith("_tf4"):
         names = [n for n, *_ in st["ranks"][0]["real"]]
         assert "model.layers.0.mlp.experts.0.gate_proj.weight" in names

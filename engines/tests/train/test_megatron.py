@@ -39,6 +39,12 @@ WORLD2 = [
     dict(name="qwen2_tp2", kind="qwen2", parallel={"tp": 2}, infer="sglang:tp=2"),
     dict(name="moe_ep2", kind="qwen3_moe", over={"num_hidden_layers": 2}, parallel={"dp": 2, "ep": 2},
          infer="sglang:tp=2,ep=2"),
+    # GLM-4.5: q/k/v biases, q/k norms, partial rotary, a dense first layer, a shared expert and
+    # the router's expert_bias buffer
+    dict(name="glm_tp2", kind="glm4_moe", over={"num_hidden_layers": 2}, parallel={"tp": 2},
+         infer="sglang:tp=2,fused_shared_experts=0"),
+    dict(name="glm_ep2", kind="glm4_moe", over={"num_hidden_layers": 2}, parallel={"dp": 2, "ep": 2},
+         infer="sglang:tp=2,ep=2"),
 ]
 WORLD4 = [
     dict(name="tp4_kv2", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"tp": 4}, infer="sglang:tp=4"),
@@ -68,6 +74,8 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
         hf = json.load(open(os.path.join(d, "config.json")))
         if "num_local_experts" in hf:  # transformers 5 writes Qwen3-MoE's num_experts under this name
             hf.setdefault("num_experts", hf["num_local_experts"])
+        if "n_routed_experts" in hf:  # GLM-4.5's name for it
+            hf.setdefault("num_experts", hf["n_routed_experts"])
         load, upd, wrong = (f"{case['name']}-{x}" for x in ("load", "update", "wrong"))
         ctl.connect(load, model=d, train="fsdp:dp=1", infer=spec(case["parallel"]), transport="shm", join_deadline_s=harness.TIMEOUT)
         ctl.connect(upd, model=d, train=spec(case["parallel"]), infer=case["infer"], transport="tcp", join_deadline_s=harness.TIMEOUT)

@@ -5,19 +5,30 @@ H, L, nh, kv, hd, I, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_
 r = lambda *s: torch.randn(*s, generator=g)
 t = {"model.embed_tokens.weight": r(V, H), "model.norm.weight": r(H)}
 if not cfg.get("tie_word_embeddings"): t["lm_head.weight"] = r(V, H)
+glm = cfg["model_type"] == "glm4_moe"
+if glm:  # GLM-4.5's names for the same sizes: routed experts, dense first layers
+    cfg["num_experts"] = cfg["n_routed_experts"]
+    cfg["mlp_only_layers"] = list(range(cfg["first_k_dense_replace"]))
 moe = "num_experts" in cfg
 for l in range(L):
     p = f"model.layers.{l}."
     t[p+"input_layernorm.weight"] = r(H); t[p+"post_attention_layernorm.weight"] = r(H)
     t[p+"self_attn.q_proj.weight"] = r(nh*hd, H); t[p+"self_attn.k_proj.weight"] = r(kv*hd, H); t[p+"self_attn.v_proj.weight"] = r(kv*hd, H)
     t[p+"self_attn.o_proj.weight"] = r(H, nh*hd)
-    if cfg["model_type"] != "llama":
+    if cfg.get("attention_bias"):  # GLM: q/k/v biases, no o bias
+        t[p+"self_attn.q_proj.bias"] = r(nh*hd); t[p+"self_attn.k_proj.bias"] = r(kv*hd); t[p+"self_attn.v_proj.bias"] = r(kv*hd)
+    if cfg["model_type"] != "llama" and cfg.get("use_qk_norm", True):
         t[p+"self_attn.q_norm.weight"] = r(hd); t[p+"self_attn.k_norm.weight"] = r(hd)
     if moe and l not in cfg["mlp_only_layers"]:
         E, mi = cfg["num_experts"], cfg["moe_intermediate_size"]
         t[p+"mlp.gate.weight"] = r(E, H)
         for e in range(E):
             t[p+f"mlp.experts.{e}.gate_proj.weight"] = r(mi, H); t[p+f"mlp.experts.{e}.up_proj.weight"] = r(mi, H); t[p+f"mlp.experts.{e}.down_proj.weight"] = r(H, mi)
+        if glm:  # the router's fp32 score-correction bias and the shared expert
+            t[p+"mlp.gate.e_score_correction_bias"] = r(E)
+            s = cfg["n_shared_experts"] * mi
+            t[p+"mlp.shared_experts.gate_proj.weight"] = r(s, H); t[p+"mlp.shared_experts.up_proj.weight"] = r(s, H)
+            t[p+"mlp.shared_experts.down_proj.weight"] = r(H, s)
     else:
         t[p+"mlp.gate_proj.weight"] = r(I, H); t[p+"mlp.up_proj.weight"] = r(I, H); t[p+"mlp.down_proj.weight"] = r(H, I)
 torch.save(t, sys.argv[2])

@@ -7,6 +7,12 @@ if kind == "qwen3":
     cfg.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3")
 elif kind == "llama":
     cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=True)
+elif kind == "glm":
+    # GLM-4.5: q/k/v biases, q/k norms, layer 0 dense, layer 1 MoE with a shared expert
+    cfg.update(architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe", n_routed_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+               n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0, attention_bias=True,
+               use_qk_norm=True, partial_rotary_factor=0.5, num_nextn_predict_layers=0)
 else:
     cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                moe_intermediate_size=32, mlp_only_layers=[0], decoder_sparse_step=1, norm_topk_prob=True)

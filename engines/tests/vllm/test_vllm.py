@@ -35,6 +35,10 @@ CASES = [
     dict(name="qwen3_tp1", kind="qwen3", tp=1),
     dict(name="llama_tied_tp2", kind="llama", tp=2),
     dict(name="moe_tp2", kind="moe", tp=2),
+    # GLM-4.5: q/k/v biases, q/k norms, a dense first layer, a shared expert, fp32 router and bias
+    dict(name="glm_tp1", kind="glm", tp=1),
+    dict(name="glm_tp2", kind="glm", tp=2),
+    dict(name="glm_tp2_ep2", kind="glm", tp=2, ep=2),
 ]
 MORE = [
     dict(name="qwen3_tp2", kind="qwen3", tp=2),

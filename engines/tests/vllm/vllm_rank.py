@@ -2,7 +2,8 @@
 
     python vllm_rank.py CASE_JSON RANK OUT_DIR
 
-Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`) with
+Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`,
+`Glm4MoeForCausalLM`) with
 vLLM's `initialize_model`, loads the canonical checkpoint with the class's own `load_weights`,
 and saves `named_parameters()` (names, shapes, bytes) to OUT_DIR/rank{R}.pt.
 """
@@ -26,11 +27,12 @@ class _NoAttention(torch.nn.Module):
 
 
 def stub_gpu_kernels() -> None:
+    import vllm.model_executor.models.glm4_moe as glm4_moe
     import vllm.model_executor.models.llama as llama
     import vllm.model_executor.models.qwen3 as qwen3
     import vllm.model_executor.models.qwen3_moe as qwen3_moe
 
-    for m in (qwen3, qwen3_moe, llama):
+    for m in (qwen3, qwen3_moe, llama, glm4_moe):
         m.Attention = _NoAttention
 
     # `select_unquantized_moe_backend` (`model_executor/layers/fused_moe/oracle/unquantized.py`)

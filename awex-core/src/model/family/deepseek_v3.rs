@@ -10,9 +10,8 @@
 //! (`num_nextn_predict_layers`, `model.layers.{num_hidden_layers + i}.*`) are not part of the
 //! model awex moves: the catalogue lists the `num_hidden_layers` decoder layers only.
 
-use super::{Family, Preset, Sink, dense, dense_mlp, layer_list, with_experts};
+use super::{Family, Preset, Sink, dense, dense_mlp, layer_list, shared_moe, with_experts};
 use crate::dims::Dims;
-use crate::dtype::DType;
 use crate::model::names::{Canon, HfNames};
 use crate::model::part::Part;
 use crate::model::spec::{MlaSpec, opt_bool, opt_uint, uint};
@@ -172,6 +171,7 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
         mlp_only_layers,
         shared_intermediate_size: shared.saturating_mul(moe_inter),
         router_bias: true,
+        router_fp32: false,
     });
     let rope = uint(cfg, "qk_rope_head_dim")?;
     spec.mla = Some(MlaSpec {
@@ -213,30 +213,9 @@ fn layer(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {
         part(sink, Part::O, &[h, heads * a.v_head_dim]);
     }
     part(sink, Part::PostNorm, &[h]);
-    match &spec.moe {
-        Some(m) if spec.is_moe_layer(l) => {
-            let (e, i) = (m.num_experts, m.moe_intermediate_size);
-            part(sink, Part::Router, &[e, h]);
-            if m.router_bias {
-                // the published checkpoints store it in fp32 whatever the model's dtype
-                sink.part_as(Canon::at(Part::RouterBias, l), Dims::new(&[e]), DType::F32);
-            }
-            sink.experts(
-                l,
-                e,
-                &[
-                    (Part::ExpertGate, Dims::new(&[i, h])),
-                    (Part::ExpertUp, Dims::new(&[i, h])),
-                    (Part::ExpertDown, Dims::new(&[h, i])),
-                ],
-            );
-            let s = m.shared_intermediate_size;
-            if s > 0 {
-                part(sink, Part::SharedGate, &[s, h]);
-                part(sink, Part::SharedUp, &[s, h]);
-                part(sink, Part::SharedDown, &[h, s]);
-            }
-        }
-        _ => dense_mlp(spec, l, sink),
+    if spec.is_moe_layer(l) {
+        shared_moe(spec, l, sink);
+    } else {
+        dense_mlp(spec, l, sink);
     }
 }

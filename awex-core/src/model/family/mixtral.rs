@@ -76,6 +76,7 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
         mlp_only_layers: Vec::new(),
         shared_intermediate_size: 0,
         router_bias: false,
+        router_fp32: false,
     });
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! `qwen3.rs`), and add it to [`ALL`].
 
 pub(crate) mod deepseek_v3;
+pub(crate) mod glm4_moe;
 pub(crate) mod llama;
 pub(crate) mod mixtral;
 pub(crate) mod qwen2;
@@ -27,6 +28,7 @@ pub const ALL: &[&Family] = &[
     &qwen3_moe::FAMILY,
     &mixtral::FAMILY,
     &deepseek_v3::FAMILY,
+    &glm4_moe::FAMILY,
 ];
 
 /// One model family: its HF class, its names, how it reads a config and which parts a layer has.
@@ -176,6 +178,34 @@ pub(crate) fn routed_experts(spec: &ModelSpec, l: u64, order: [Part; 3], sink: &
     sink.experts(l, m.num_experts, &parts);
 }
 
+/// A DeepSeek-style MoE block (DeepSeek-V3, GLM-4.5): the router `[experts, hidden]`, its
+/// score-correction bias (fp32 in the checkpoint whatever the model's dtype) when the model has
+/// one, the routed experts (gate, up, down) and the shared experts' gated MLP of
+/// `shared_intermediate_size` rows when it is not 0.
+pub(crate) fn shared_moe(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {
+    let Some(m) = &spec.moe else { return };
+    let (h, e, i) = (spec.hidden_size, m.num_experts, m.moe_intermediate_size);
+    sink.part(Canon::at(Part::Router, l), Dims::new(&[e, h]));
+    if m.router_bias {
+        sink.part_as(Canon::at(Part::RouterBias, l), Dims::new(&[e]), DType::F32);
+    }
+    sink.experts(
+        l,
+        e,
+        &[
+            (Part::ExpertGate, Dims::new(&[i, h])),
+            (Part::ExpertUp, Dims::new(&[i, h])),
+            (Part::ExpertDown, Dims::new(&[h, i])),
+        ],
+    );
+    let s = m.shared_intermediate_size;
+    if s > 0 {
+        sink.part(Canon::at(Part::SharedGate, l), Dims::new(&[s, h]));
+        sink.part(Canon::at(Part::SharedUp, l), Dims::new(&[s, h]));
+        sink.part(Canon::at(Part::SharedDown, l), Dims::new(&[h, s]));
+    }
+}
+
 /// The common sizes every family's config carries.
 pub(crate) fn common(
     cfg: &Value,
@@ -223,6 +253,7 @@ pub(crate) fn common(
         vocab_size,
         tie_word_embeddings,
         attention_bias: false,
+        use_qk_norm: false,
         dtype,
         moe: None,
         mla: None,
@@ -275,6 +306,7 @@ pub(crate) fn dense(
         vocab_size: vocab,
         tie_word_embeddings: tied,
         attention_bias: false,
+        use_qk_norm: false,
         dtype: DType::Bf16,
         moe: None,
         mla: None,
@@ -298,6 +330,7 @@ pub(crate) fn with_experts(
             mlp_only_layers: dense_layers,
             shared_intermediate_size: 0,
             router_bias: false,
+            router_fp32: false,
         }),
         ..spec
     }

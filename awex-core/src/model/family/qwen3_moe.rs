@@ -89,6 +89,7 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
         mlp_only_layers: layer_list(cfg, "mlp_only_layers")?,
         shared_intermediate_size: 0,
         router_bias: false,
+        router_fp32: false,
     });
     Ok(())
 }

@@ -1,0 +1,165 @@
+//! GLM-4.5 MoE (`Glm4MoeForCausalLM`, transformers `models/glm4_moe/modeling_glm4_moe.py`;
+//! GLM-4.5-Air and GLM-4.6 use the same class): grouped-query attention whose q/k/v projections
+//! carry biases with `attention_bias` (`o_proj` never has one), per-head q/k norms with
+//! `use_qk_norm`; the first `first_k_dense_replace` layers dense (`mlp.{gate,up,down}_proj` of
+//! `intermediate_size` rows), the others MoE: the router `mlp.gate.weight` and its
+//! `mlp.gate.e_score_correction_bias` (fp32), routed experts `mlp.experts.{e}.{gate,up,down}_proj`
+//! and shared experts `mlp.shared_experts.{gate,up,down}_proj` of
+//! `n_shared_experts * moe_intermediate_size` rows.
+//!
+//! `partial_rotary_factor` (rotary embedding on part of each head) changes no weight's shape: the
+//! rotary frequencies are computed, not stored. The router computes in fp32 (transformers'
+//! `Glm4MoeTopkRouter` casts its weight): the spec says so (`router_fp32`) for the engines that
+//! hold it in fp32.
+//!
+//! The multi-token-prediction layers a checkpoint may hold after the decoder layers
+//! (`num_nextn_predict_layers`, `model.layers.{num_hidden_layers + i}.*`) are not part of the
+//! model awex moves: the catalogue lists the `num_hidden_layers` decoder layers only (as for
+//! DeepSeek-V3; transformers' class ignores them on load too).
+
+use super::with_experts;
+use super::{Biases, Family, Preset, Sink, dense, dense_mlp, gqa_attention, shared_moe};
+use crate::model::names::{HfNames, LLAMA_NAMES};
+use crate::model::part::Part;
+use crate::model::spec::{opt_bool, opt_uint, uint};
+use crate::model::{ModelError, ModelSpec, MoeSpec};
+use serde_json::Value;
+
+/// GLM-4.5's checkpoint names: Llama's attention and MLP, the router bias and shared experts.
+const NAMES: HfNames = HfNames {
+    layer: &[
+        (Part::InputNorm, "input_layernorm.weight"),
+        (Part::Q, "self_attn.q_proj.weight"),
+        (Part::K, "self_attn.k_proj.weight"),
+        (Part::V, "self_attn.v_proj.weight"),
+        (Part::QBias, "self_attn.q_proj.bias"),
+        (Part::KBias, "self_attn.k_proj.bias"),
+        (Part::VBias, "self_attn.v_proj.bias"),
+        (Part::O, "self_attn.o_proj.weight"),
+        (Part::QNorm, "self_attn.q_norm.weight"),
+        (Part::KNorm, "self_attn.k_norm.weight"),
+        (Part::PostNorm, "post_attention_layernorm.weight"),
+        (Part::Gate, "mlp.gate_proj.weight"),
+        (Part::Up, "mlp.up_proj.weight"),
+        (Part::Down, "mlp.down_proj.weight"),
+        (Part::Router, "mlp.gate.weight"),
+        (Part::RouterBias, "mlp.gate.e_score_correction_bias"),
+        (Part::SharedGate, "mlp.shared_experts.gate_proj.weight"),
+        (Part::SharedUp, "mlp.shared_experts.up_proj.weight"),
+        (Part::SharedDown, "mlp.shared_experts.down_proj.weight"),
+    ],
+    experts: LLAMA_NAMES.experts,
+    expert: LLAMA_NAMES.expert,
+};
+
+/// The GLM-4.5 MoE family.
+pub const FAMILY: Family = Family {
+    name: "glm4-moe",
+    hf_class: "Glm4MoeForCausalLM",
+    names: &NAMES,
+    parse,
+    layer,
+    presets: &[
+        Preset {
+            name: "glm-4.5-tiny",
+            about: "3 layers (layer 0 dense), q/k/v biases, q/k norms, 8 experts + 1 shared, router bias",
+            spec: |n| glm(n, (64, 3, 4, 2, 16, 128, 1000), (8, 2, 32, 1, 1), true),
+        },
+        Preset {
+            name: "glm-4.5",
+            about: "zai-org/GLM-4.5 (355B): 92 layers, first 3 dense, 160 experts + 1 shared, q/k norms",
+            spec: |n| {
+                glm(
+                    n,
+                    (5120, 92, 96, 8, 128, 12288, 151552),
+                    (160, 8, 1536, 1, 3),
+                    true,
+                )
+            },
+        },
+        Preset {
+            name: "glm-4.5-air",
+            about: "zai-org/GLM-4.5-Air (106B): 46 layers, first dense, 128 experts + 1 shared, no q/k norms",
+            spec: |n| {
+                glm(
+                    n,
+                    (4096, 46, 96, 8, 128, 10944, 151552),
+                    (128, 8, 1408, 1, 1),
+                    false,
+                )
+            },
+        },
+    ],
+};
+
+/// A preset: `(hidden, layers, heads, KV heads, head_dim, intermediate, vocab)`, `(experts, per
+/// token, moe_intermediate, shared experts, dense first layers)`, q/k norms. Every published
+/// GLM-4.5 MoE has q/k/v biases and an untied head.
+fn glm(
+    name: &str,
+    (hidden, layers, heads, kv, head_dim, inter, vocab): (u64, u64, u64, u64, u64, u64, u64),
+    (experts, per_token, moe_inter, shared, first_dense): (u64, u64, u64, u64, u64),
+    qk_norm: bool,
+) -> ModelSpec {
+    let spec = dense(
+        &FAMILY, name, hidden, layers, heads, kv, head_dim, inter, vocab, false,
+    );
+    let mut spec = with_experts(
+        spec,
+        experts,
+        per_token,
+        moe_inter,
+        (0..first_dense).collect(),
+    );
+    if let Some(m) = &mut spec.moe {
+        m.shared_intermediate_size = shared * moe_inter;
+        m.router_bias = true;
+        m.router_fp32 = true;
+    }
+    spec.attention_bias = true;
+    spec.use_qk_norm = qk_norm;
+    spec
+}
+
+fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
+    spec.attention_bias = opt_bool(cfg, "attention_bias", false)?;
+    spec.use_qk_norm = opt_bool(cfg, "use_qk_norm", false)?;
+    // transformers' Glm4MoeConfig defaults: first_k_dense_replace 1, n_shared_experts 1
+    let first_dense = opt_uint(cfg, "first_k_dense_replace")?.unwrap_or(1);
+    let moe_inter = uint(cfg, "moe_intermediate_size")?;
+    // `num_local_experts` is transformers' alias of `n_routed_experts` (attribute_map)
+    let experts = match opt_uint(cfg, "n_routed_experts")? {
+        Some(n) => n,
+        None => opt_uint(cfg, "num_local_experts")?
+            .ok_or(ModelError::MissingField("n_routed_experts"))?,
+    };
+    let shared = opt_uint(cfg, "n_shared_experts")?.unwrap_or(1);
+    // transformers, SGLang and vLLM build layer l MoE when l >= first_k_dense_replace (no
+    // `mlp_only_layers` or frequency in this class)
+    let mlp_only_layers: Vec<u64> = (0..first_dense.min(spec.num_layers)).collect();
+    spec.moe = Some(MoeSpec {
+        num_experts: experts,
+        experts_per_token: uint(cfg, "num_experts_per_tok")?,
+        moe_intermediate_size: moe_inter,
+        decoder_sparse_step: 1,
+        mlp_only_layers,
+        shared_intermediate_size: shared.saturating_mul(moe_inter),
+        router_bias: true,
+        router_fp32: true,
+    });
+    Ok(())
+}
+
+fn layer(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {
+    let biases = if spec.attention_bias {
+        Biases::Qkv
+    } else {
+        Biases::None
+    };
+    gqa_attention(spec, l, biases, spec.use_qk_norm, sink);
+    if spec.is_moe_layer(l) {
+        shared_moe(spec, l, sink);
+    } else {
+        dense_mlp(spec, l, sink);
+    }
+}
