@@ -63,7 +63,8 @@ class Controller:
         return self._c.wait_ready(timeout, pair)
 
     def update(self, version: int, timeout: float = 600.0, pair: str | None = None) -> dict[str, Any]:
-        """Starts ``version`` and waits until it committed; returns the update's status.
+        """Starts ``version`` and waits until it committed and the gateway resumed the engines
+        after it (they serve ``version`` when this returns); returns the update's status.
         Raises ``awex.UpdateFailed`` (with the gateway's reason and the failed ranks) when it
         did not commit, ``TimeoutError`` when it is still running after ``timeout`` seconds."""
         return self._c.update(version, timeout, pair)
