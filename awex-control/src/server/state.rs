@@ -327,8 +327,8 @@ impl PairEntry {
     }
 
     /// Queues the engines' resume after `version`/`attempt` and marks the attempt `resuming`
-    /// until the lane answers ([`Self::engines_resumed`]): waits for the attempt's end answer
-    /// after it.
+    /// until the lane answers ([`Self::engines_resumed`]), so that a wait for the attempt's
+    /// outcome answers only after the resume.
     pub(crate) fn resume_engines(&self, p: &mut Pair, version: u64, attempt: u32) {
         let Some(lane) = &self.engines else {
             return;
