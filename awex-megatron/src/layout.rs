@@ -339,6 +339,26 @@ impl MegatronLayout {
             });
             shape
         };
+        // a column-parallel gate/up pair fused along dim 0 (`linear_fc1`), `n` rows each per rank
+        let gate_up = |f: &mut dyn FnMut(Piece), parts: [Canon; 2], n: u64| {
+            for (i, canon) in parts.into_iter().enumerate() {
+                f(Piece {
+                    canon,
+                    region: Region::new([tp_r * n, 0], [n, h]),
+                    local_offset: Dims::new(&[i as u64 * n, 0]),
+                });
+            }
+            Dims::new(&[2 * n, h])
+        };
+        // a row-parallel down projection (`linear_fc2`), `n` columns per rank
+        let down = |f: &mut dyn FnMut(Piece), canon: Canon, n: u64| {
+            f(Piece {
+                canon,
+                region: Region::new([0, tp_r * n], [h, n]),
+                local_offset: Dims::new(&[0, 0]),
+            });
+            Dims::new(&[h, n])
+        };
         match local {
             Local::Embedding | Local::OutputLayer => {
                 let canon = match (local, self.tied) {
@@ -368,29 +388,12 @@ impl MegatronLayout {
             Local::ExpertBias(l) => {
                 whole(f, Canon::at(Part::RouterBias, l), Dims::new(&[g.experts]))
             }
-            Local::SharedFc1(l) => {
-                let n = g.shared_inter_local;
-                for (i, canon) in [Canon::at(Part::SharedGate, l), Canon::at(Part::SharedUp, l)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    f(Piece {
-                        canon,
-                        region: Region::new([tp_r * n, 0], [n, h]),
-                        local_offset: Dims::new(&[i as u64 * n, 0]),
-                    });
-                }
-                Dims::new(&[2 * n, h])
-            }
-            Local::SharedFc2(l) => {
-                let n = g.shared_inter_local;
-                f(Piece {
-                    canon: Canon::at(Part::SharedDown, l),
-                    region: Region::new([0, tp_r * n], [h, n]),
-                    local_offset: Dims::new(&[0, 0]),
-                });
-                Dims::new(&[h, n])
-            }
+            Local::SharedFc1(l) => gate_up(
+                f,
+                [Canon::at(Part::SharedGate, l), Canon::at(Part::SharedUp, l)],
+                g.shared_inter_local,
+            ),
+            Local::SharedFc2(l) => down(f, Canon::at(Part::SharedDown, l), g.shared_inter_local),
             Local::Qkv(l) => {
                 self.qkv_pieces(l, tp_r, Some(h), f);
                 Dims::new(&[g.qkv_local_rows, h])
@@ -409,29 +412,12 @@ impl MegatronLayout {
                 Dims::new(&[h, cols])
             }
             Local::ProjBias(l) => whole(f, Canon::at(Part::OBias, l), Dims::new(&[h])),
-            Local::Fc1(l) => {
-                let n = g.inter_local;
-                for (i, canon) in [Canon::at(Part::Gate, l), Canon::at(Part::Up, l)]
-                    .into_iter()
-                    .enumerate()
-                {
-                    f(Piece {
-                        canon,
-                        region: Region::new([tp_r * n, 0], [n, h]),
-                        local_offset: Dims::new(&[i as u64 * n, 0]),
-                    });
-                }
-                Dims::new(&[2 * n, h])
-            }
-            Local::Fc2(l) => {
-                let n = g.inter_local;
-                f(Piece {
-                    canon: Canon::at(Part::Down, l),
-                    region: Region::new([0, tp_r * n], [h, n]),
-                    local_offset: Dims::new(&[0, 0]),
-                });
-                Dims::new(&[h, n])
-            }
+            Local::Fc1(l) => gate_up(
+                f,
+                [Canon::at(Part::Gate, l), Canon::at(Part::Up, l)],
+                g.inter_local,
+            ),
+            Local::Fc2(l) => down(f, Canon::at(Part::Down, l), g.inter_local),
             Local::ExpertFc1(l, j) => {
                 let e = ep_r * g.experts_local + j;
                 let n = g.moe_inter_local;
