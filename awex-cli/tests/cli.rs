@@ -569,3 +569,97 @@ fn plan_help_lists_every_family_and_its_presets() {
         assert!(out.contains(&format!("    {preset} ")), "{preset}: {out}");
     }
 }
+
+/// Writes `tensors` (name, shape, dtype; zeros) as one safetensors file.
+fn write_zero_checkpoint(path: &std::path::Path, tensors: &[(String, Vec<u64>, awex_core::DType)]) {
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape, dtype) in tensors {
+        let len = shape.iter().product::<u64>() * dtype.size() as u64;
+        header.insert(
+            name.clone(),
+            serde_json::json!({
+                "dtype": dtype.safetensors_name(),
+                "shape": shape,
+                "data_offsets": [at, at + len]
+            }),
+        );
+        at += len;
+    }
+    let text = Value::Object(header).to_string();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text.as_bytes());
+    out.resize(out.len() + at as usize, 0);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn plan_says_the_mtp_layer_is_not_moved_and_skips_its_checkpoint_tensors() {
+    let fixture: Value = serde_json::from_str(include_str!(
+        "../../awex-core/tests/fixtures/hf/glm4-moe.json"
+    ))
+    .unwrap();
+    let mut cfg = fixture["config"].clone();
+    let spec = awex_core::model::ModelSpec::from_config_value(&cfg).unwrap();
+    let layers = spec.num_layers;
+    let mut tensors: Vec<_> = awex_core::Catalogue::of(&spec)
+        .tensors()
+        .iter()
+        .map(|t| (t.name.clone(), t.shape.as_slice().to_vec(), t.dtype))
+        .collect();
+    // the MTP layer a GLM-4.5 checkpoint holds after its decoder layers
+    for leaf in ["enorm.weight", "hnorm.weight", "eh_proj.weight"] {
+        tensors.push((
+            format!("model.layers.{layers}.{leaf}"),
+            vec![64],
+            awex_core::DType::Bf16,
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    write_zero_checkpoint(&dir.path().join("model.safetensors"), &tensors);
+    let model = dir.path().to_str().unwrap();
+    let plan = [
+        "plan",
+        "--model",
+        model,
+        "--train",
+        "megatron:tp=2",
+        "--infer",
+        "sglang:tp=1,fused_shared_experts=0",
+    ];
+
+    // undeclared: refused, naming the tensor and the field
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let err = refused(&plan);
+    assert!(
+        err.contains(&format!(
+            "`model.layers.{layers}.eh_proj.weight` is not a tensor of the model in config.json \
+             (past the model's {layers} decoder layers"
+        )) && err.contains("num_nextn_predict_layers"),
+        "{err}"
+    );
+
+    // declared: planned, the rule and the skipped tensors said, in text and JSON
+    cfg["num_nextn_predict_layers"] = serde_json::json!(1);
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let (code, out, err) = cli(&plan);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "not moved    model.layers.{layers}.*: the multi-token-prediction layer \
+             (num_nextn_predict_layers = 1)"
+        )) && out.contains("skipped      3 tensors of the checkpoint under that rule"),
+        "{out}"
+    );
+    let json: Vec<&str> = plan.iter().copied().chain(["--json"]).collect();
+    let (code, out, err) = cli(&json);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["exact"], true);
+    assert_eq!(j["not_moved"].as_array().map(Vec::len), Some(1));
+    assert_eq!(j["skipped_checkpoint_tensors"], 3);
+    // a model without MTP layers says nothing of them
+    let (_, out, _) = cli(&["plan", "--json"]);
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert!(j.get("not_moved").is_none() && j.get("skipped_checkpoint_tensors").is_none());
+}

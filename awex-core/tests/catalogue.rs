@@ -633,7 +633,7 @@ fn glm4_moe_catalogue_matches_transformers_biases_qk_norms_shared_experts_and_fp
 }
 
 #[test]
-fn glm4_moe_config_defaults_and_mtp_layers_follow_transformers() {
+fn glm4_moe_config_defaults_follow_transformers_and_mtp_layers_are_recorded_not_catalogued() {
     let mut cfg = load("glm4-moe")["config"].clone();
     let o = cfg.as_object_mut().unwrap();
     // transformers' Glm4MoeConfig: first_k_dense_replace 1 and n_shared_experts 1 by default;
@@ -646,12 +646,29 @@ fn glm4_moe_config_defaults_and_mtp_layers_follow_transformers() {
     o.insert("num_nextn_predict_layers".into(), serde_json::json!(1));
     o.insert("partial_rotary_factor".into(), serde_json::json!(0.5));
     let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(spec, check_fixture("glm4-moe"));
-    assert!(
-        Catalogue::of(&spec)
-            .get("model.layers.3.input_layernorm.weight")
-            .is_none()
+    // ... but the spec records it, and the catalogue names the rule that skips it
+    assert_eq!(spec.mtp_layers, 1);
+    assert_eq!(
+        spec,
+        ModelSpec {
+            mtp_layers: 1,
+            ..check_fixture("glm4-moe")
+        }
     );
+    let cat = Catalogue::of(&spec);
+    assert!(cat.get("model.layers.3.input_layernorm.weight").is_none());
+    assert_eq!(cat.len(), Catalogue::of(&check_fixture("glm4-moe")).len());
+    assert!(cat.not_moved()[0].covers("model.layers.3.eh_proj.weight"));
+    assert!(
+        Catalogue::of(&check_fixture("glm4-moe"))
+            .not_moved()
+            .is_empty()
+    );
+    // the count is bounded like the layers
+    let mut huge = cfg.clone();
+    huge["num_nextn_predict_layers"] = serde_json::json!(1u64 << 40);
+    let e = ModelSpec::from_config_value(&huge).unwrap_err().to_string();
+    assert!(e.contains("num_nextn_predict_layers"), "{e}");
     o_missing(&cfg, "moe_intermediate_size");
 }
 

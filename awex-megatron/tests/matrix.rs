@@ -133,6 +133,7 @@ fn model_strategy(layers: u64) -> impl Strategy<Value = ModelSpec> {
                     dtype: awex_core::DType::Bf16,
                     moe,
                     mla: None,
+                    mtp_layers: 0,
                 }
             },
         )

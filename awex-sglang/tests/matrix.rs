@@ -192,6 +192,7 @@ prop_compose! {
                 router_fp32: false,
             }),
             mla: None,
+            mtp_layers: 0,
         }
     }
 }

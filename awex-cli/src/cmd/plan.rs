@@ -238,6 +238,13 @@ pub struct PlanSummary {
     /// Trained tensors the inference engine's model class does not hold (its load drops them):
     /// the update moves nothing into them.
     pub dropped_by_inference: Vec<String>,
+    /// What a checkpoint of the model may hold that awex does not move, one rule each (the
+    /// multi-token-prediction layers of DeepSeek-V3 and GLM-4.5).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_moved: Vec<String>,
+    /// The tensors of `--model`'s checkpoint under those rules, skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_checkpoint_tensors: Option<usize>,
 }
 
 /// Plans every rank of both sides and summarises.
@@ -316,6 +323,13 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
         fingerprints_agree: agree,
         exact,
         dropped_by_inference: r.inference.dropped(),
+        not_moved: r
+            .catalogue
+            .not_moved()
+            .iter()
+            .map(|n| n.describe())
+            .collect(),
+        skipped_checkpoint_tensors: None,
     })
 }
 
@@ -336,9 +350,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let r = crate::cmd::plan::resolve(&args.model, &args.train, &args.infer)?;
     // An HF directory's weights are what `demo` would send: check them as it would (mapped, not read).
     let dir = std::path::Path::new(&args.model);
-    if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
-        awex_core::model::Checkpoint::open(dir, &r.catalogue)?;
-    }
+    let skipped = if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
+        Some(
+            awex_core::model::Checkpoint::open(dir, &r.catalogue)?
+                .skipped()
+                .len(),
+        )
+    } else {
+        None
+    };
     if let Some(rank) = &args.rank {
         let (side, rank) = parse_rank(rank)?;
         check_rank_exists(&r, side, rank)?;
@@ -384,7 +404,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let s = summarise(&r)?;
+    let s = PlanSummary {
+        skipped_checkpoint_tensors: skipped,
+        ..summarise(&r)?
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
@@ -434,6 +457,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "NOT EXACT"
             }
         );
+        for rule in &s.not_moved {
+            println!("not moved    {rule}");
+        }
+        if let Some(n) = s.skipped_checkpoint_tensors.filter(|&n| n > 0) {
+            println!(
+                "skipped      {} of the checkpoint under that rule",
+                plural(n as u64, "tensor")
+            );
+        }
         if let Some(first) = s.dropped_by_inference.first() {
             println!(
                 "dropped      {} the inference engine does not hold (its load drops them; not moved): {first}{}",

@@ -4,6 +4,7 @@ use super::ModelSpec;
 use super::family::{self, Sink};
 use super::names::{Canon, HfNames};
 use super::part::Part;
+use super::spec::NotMoved;
 use crate::dims::Dims;
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,8 @@ pub struct Catalogue {
     index: HashMap<String, u32, BuildHasherDefault<NameHasher>>,
     /// whether every name appears once (else a name's index is the one the index keeps)
     unique: bool,
+    /// what a checkpoint of the model may hold beyond these tensors, not moved
+    not_moved: Vec<NotMoved>,
 }
 
 /// A fast hash of tensor names (8 bytes per multiply) for the catalogue's index and the
@@ -113,6 +116,7 @@ impl Catalogue {
             tensors,
             index,
             unique,
+            not_moved: Vec::new(),
         }
     }
 
@@ -155,12 +159,20 @@ impl Catalogue {
             out: Vec::with_capacity(usize::try_from(tensors).unwrap_or(0)),
         };
         family::walk(spec, &mut b);
-        Catalogue::new(b.out)
+        let mut cat = Catalogue::new(b.out);
+        cat.not_moved = spec.not_moved();
+        cat
     }
 
     /// Tensors in catalogue order.
     pub fn tensors(&self) -> &[CanonicalTensor] {
         &self.tensors
+    }
+
+    /// What a checkpoint of the model may hold beyond the catalogue and is not moved
+    /// ([`ModelSpec::not_moved`]; empty for a catalogue not built from a spec).
+    pub fn not_moved(&self) -> &[NotMoved] {
+        &self.not_moved
     }
 
     /// Number of tensors.

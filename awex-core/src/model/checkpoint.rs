@@ -287,6 +287,33 @@ fn parse_header(bytes: &[u8]) -> Result<Vec<HeaderTensor>, String> {
     Ok(out)
 }
 
+/// A hint for a tensor of a decoder layer the model does not have: the layer index is past
+/// `num_hidden_layers`, which is what an MTP layer the config does not declare looks like.
+fn past_the_layers(name: &str, cat: &Catalogue) -> String {
+    let layer = |n: &str| -> Option<u64> {
+        n.strip_prefix("model.layers.")?
+            .split_once('.')?
+            .0
+            .parse()
+            .ok()
+    };
+    let (Some(l), Some(last)) = (
+        layer(name),
+        cat.tensors().iter().filter_map(|t| layer(&t.name)).max(),
+    ) else {
+        return String::new();
+    };
+    if l > last {
+        format!(
+            " (past the model's {} decoder layers; a config with multi-token-prediction layers \
+             declares them in num_nextn_predict_layers, and awex skips them)",
+            last + 1
+        )
+    } else {
+        String::new()
+    }
+}
+
 /// One tensor's bytes inside a mapped file.
 struct Entry {
     file: usize,
@@ -298,6 +325,8 @@ struct Entry {
 pub struct Checkpoint {
     files: Vec<Arc<Mapped>>,
     tensors: HashMap<String, Entry>,
+    /// tensors the checkpoint holds under a not-moved rule ([`Catalogue::not_moved`]), sorted
+    skipped: Vec<String>,
 }
 
 impl Checkpoint {
@@ -387,6 +416,7 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             files,
             tensors: HashMap::with_capacity(found.len()),
+            skipped: Vec::new(),
         };
         for (fi, header) in headers.iter().enumerate() {
             let shard = &shards[fi];
@@ -411,8 +441,13 @@ impl Checkpoint {
                     }
                 }
                 let Some(c) = cat.get(&t.name) else {
+                    if cat.not_moved().iter().any(|r| r.covers(&t.name)) {
+                        ck.skipped.push(t.name.clone());
+                        continue;
+                    }
                     return Err(mismatch(format!(
-                        "{name} is not a tensor of the model in config.json"
+                        "{name} is not a tensor of the model in config.json{}",
+                        past_the_layers(&t.name, cat)
                     )));
                 };
                 if c.shape.as_slice() != t.shape.as_slice() || t.dtype != c.dtype {
@@ -456,7 +491,14 @@ impl Checkpoint {
         {
             return Err(mismatch(format!("`{}` is missing", missing.name)));
         }
+        ck.skipped.sort();
         Ok(ck)
+    }
+
+    /// The tensors the checkpoint holds that a not-moved rule skips (the MTP layers' tensors of
+    /// a DeepSeek-V3 or GLM-4.5 checkpoint), sorted; they are neither checked nor moved.
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
     }
 
     /// A tensor's bytes (in its catalogue dtype).
@@ -504,7 +546,7 @@ mod tests {
             .map(|c| {
                 (
                     c.name.as_str(),
-                    "BF16",
+                    c.dtype.safetensors_name(),
                     c.shape.as_slice().to_vec(),
                     c.nbytes() as usize,
                 )
@@ -555,5 +597,65 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("is not a valid safetensors file"), "{e}");
+    }
+
+    #[test]
+    fn a_declared_mtp_layer_is_skipped_and_listed_an_undeclared_one_is_named() {
+        // a DeepSeek-V3 checkpoint with its MTP layer after the decoder layers (as the published
+        // one holds model.layers.61.*)
+        let mut spec = preset("deepseek-v3-tiny").unwrap();
+        let layers = spec.num_layers;
+        let mtp = [
+            format!("model.layers.{layers}.enorm.weight"),
+            format!("model.layers.{layers}.eh_proj.weight"),
+            format!("model.layers.{layers}.mlp.experts.0.gate_proj.weight"),
+        ];
+        fn with_mtp<'a>(
+            cat: &'a Catalogue,
+            mtp: &'a [String],
+        ) -> Vec<(&'a str, &'a str, Vec<u64>, usize)> {
+            let mut t = all(cat);
+            for n in mtp {
+                t.push((n.as_str(), "BF16", vec![64], 128));
+            }
+            t
+        }
+        let dir = tempfile::tempdir().unwrap();
+
+        // not declared: refused, naming the tensor and the field that declares it
+        let cat = Catalogue::of(&spec);
+        write(dir.path(), &with_mtp(&cat, &mtp));
+        let e = Checkpoint::open(dir.path(), &cat)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(
+                "is not a tensor of the model in config.json (past the model's 3 decoder layers"
+            ) && e.contains("num_nextn_predict_layers"),
+            "{e}"
+        );
+
+        // declared: every MTP tensor skipped and listed, every catalogue tensor opened
+        spec.mtp_layers = 1;
+        let cat = Catalogue::of(&spec);
+        write(dir.path(), &with_mtp(&cat, &mtp));
+        let ck = Checkpoint::open(dir.path(), &cat).unwrap();
+        assert_eq!(ck.len(), cat.len());
+        let mut want = mtp.to_vec();
+        want.sort();
+        assert_eq!(ck.skipped(), want.as_slice());
+        assert!(ck.tensor(&mtp[0]).is_none());
+
+        // a layer past the declared MTP layers is still refused
+        let mut t = with_mtp(&cat, &mtp);
+        let beyond = format!("model.layers.{}.enorm.weight", layers + 1);
+        t.push((beyond.as_str(), "BF16", vec![64], 128));
+        write(dir.path(), &t);
+        let e = Checkpoint::open(dir.path(), &cat)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(&beyond), "{e}");
     }
 }

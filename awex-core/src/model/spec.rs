@@ -149,6 +149,61 @@ pub struct ModelSpec {
     /// Multi-head latent attention sizes, when the attention is MLA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<MlaSpec>,
+    /// Multi-token-prediction layers a checkpoint holds after the decoder layers
+    /// (`num_nextn_predict_layers`: `model.layers.{num_hidden_layers + i}.*`). They are not part
+    /// of the catalogue and not moved ([`ModelSpec::not_moved`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mtp_layers: u64,
+}
+
+/// Tensors a checkpoint may hold that awex knows of and does not move, by a rule that names
+/// them ([`ModelSpec::not_moved`]): a checkpoint's tensors under it are skipped when it is
+/// opened, and `plan` and `demo` list the rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotMoved {
+    /// The first excluded layer index (`model.layers.{first_layer}.*`).
+    pub first_layer: u64,
+    /// How many layers from `first_layer` on.
+    pub layers: u64,
+}
+
+impl NotMoved {
+    /// Whether the checkpoint tensor `name` is under this rule (`model.layers.{l}.` with `l` in
+    /// the excluded range, the index written as Python writes it).
+    pub fn covers(&self, name: &str) -> bool {
+        let Some(rest) = name.strip_prefix("model.layers.") else {
+            return false;
+        };
+        let Some((index, _)) = rest.split_once('.') else {
+            return false;
+        };
+        if index.is_empty() || (index.len() > 1 && index.starts_with('0')) {
+            return false;
+        }
+        match index.parse::<u64>() {
+            Ok(l) => l >= self.first_layer && l - self.first_layer < self.layers,
+            Err(_) => false,
+        }
+    }
+
+    /// The rule in words, for `plan`, `demo` and error messages.
+    pub fn describe(&self) -> String {
+        let layers = if self.layers == 1 {
+            format!("model.layers.{}.*", self.first_layer)
+        } else {
+            format!(
+                "model.layers.{{{}..={}}}.*",
+                self.first_layer,
+                self.first_layer + self.layers - 1
+            )
+        };
+        format!(
+            "{layers}: the multi-token-prediction layer{} (num_nextn_predict_layers = {}), which \
+             no backend of awex holds; a checkpoint's tensors there are skipped",
+            if self.layers == 1 { "" } else { "s" },
+            self.layers
+        )
+    }
 }
 
 pub(crate) fn field<'a>(cfg: &'a Value, name: &'static str) -> Result<&'a Value, ModelError> {
@@ -248,6 +303,18 @@ impl ModelSpec {
             arg: arg.to_string(),
             presets: super::presets::names(),
         })
+    }
+
+    /// What a checkpoint of this model may hold that awex does not move: the
+    /// multi-token-prediction layers after the decoder layers.
+    pub fn not_moved(&self) -> Vec<NotMoved> {
+        if self.mtp_layers == 0 {
+            return Vec::new();
+        }
+        vec![NotMoved {
+            first_layer: self.num_layers,
+            layers: self.mtp_layers,
+        }]
     }
 
     /// Checks every size against [`crate::limits`] (before anything walks or allocates by them),
@@ -361,6 +428,12 @@ impl ModelSpec {
         for (field, v, max, why) in size {
             check(field, u128::from(v), max, why)?;
         }
+        check(
+            "num_nextn_predict_layers",
+            u128::from(self.mtp_layers),
+            l::MAX_LAYERS,
+            "8x the most layers of a real model, 126",
+        )?;
         if let Some(a) = &self.mla {
             let ranks = [
                 ("q_lora_rank", a.q_lora_rank.unwrap_or(0)),
@@ -605,6 +678,7 @@ mod tests {
                 dtype: DType::Bf16,
                 moe: None,
                 mla: None,
+                mtp_layers: 0,
             }
         );
         assert_eq!(
@@ -941,5 +1015,42 @@ mod tests {
         cfg["torch_dtype"] = json!("float32");
         let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(spec.dtype, DType::F32);
+    }
+
+    #[test]
+    fn the_mtp_rule_covers_exactly_its_layers_as_python_writes_them() {
+        let r = NotMoved {
+            first_layer: 61,
+            layers: 2,
+        };
+        for n in [
+            "model.layers.61.enorm.weight",
+            "model.layers.62.mlp.gate.weight",
+        ] {
+            assert!(r.covers(n), "{n}");
+        }
+        for n in [
+            "model.layers.60.enorm.weight",
+            "model.layers.63.enorm.weight",
+            "model.layers.061.enorm.weight",
+            "model.layers.61",
+            "model.layers..x",
+            "lm_head.weight",
+            "model.layers.99999999999999999999999.x",
+        ] {
+            assert!(!r.covers(n), "{n}");
+        }
+        assert!(
+            r.describe()
+                .starts_with("model.layers.{61..=62}.*: the multi-token-prediction layers")
+        );
+        let one = NotMoved {
+            first_layer: 61,
+            layers: 1,
+        };
+        assert!(
+            one.describe()
+                .starts_with("model.layers.61.*: the multi-token-prediction layer (")
+        );
     }
 }

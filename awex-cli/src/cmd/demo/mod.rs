@@ -91,6 +91,9 @@ async fn demo(
         "{} | {} -> {} | transport {}; measuring the floor",
         r.spec.model.name, r.spec.train, r.spec.infer, transport
     ));
+    for rule in r.catalogue.not_moved() {
+        progress.say(&format!("not moved: {}", rule.describe()));
+    }
     let floor = memcpy_gbps();
     let device_floor = match transport {
         Transport::CudaIpc => Some(

@@ -8,7 +8,9 @@
 //!
 //! The multi-token-prediction layers a checkpoint may hold after the decoder layers
 //! (`num_nextn_predict_layers`, `model.layers.{num_hidden_layers + i}.*`) are not part of the
-//! model awex moves: the catalogue lists the `num_hidden_layers` decoder layers only.
+//! model awex moves: the catalogue lists the `num_hidden_layers` decoder layers only, the spec
+//! records the count (`mtp_layers`), and a checkpoint's MTP tensors are skipped by the rule
+//! [`crate::model::NotMoved`] names.
 
 use super::{Family, Preset, Sink, dense, dense_mlp, layer_list, shared_moe, with_experts};
 use crate::dims::Dims;
@@ -72,12 +74,16 @@ pub const FAMILY: Family = Family {
             name: "deepseek-v3",
             about: "deepseek-ai/DeepSeek-V3 (671B): 61 layers, 256 experts + 1 shared, first 3 dense",
             spec: |n| {
-                deepseek(
-                    n,
-                    (7168, 61, 128, 129280, 18432),
-                    (256, 8, 2048, 1, 3),
-                    mla(Some(1536), 512, 128, 64, 128),
-                )
+                ModelSpec {
+                    // its checkpoint holds one MTP layer (model.layers.61); Kimi-K2's holds none
+                    mtp_layers: 1,
+                    ..deepseek(
+                        n,
+                        (7168, 61, 128, 129280, 18432),
+                        (256, 8, 2048, 1, 3),
+                        mla(Some(1536), 512, 128, 64, 128),
+                    )
+                }
             },
         },
         Preset {
@@ -133,6 +139,7 @@ fn deepseek(
 }
 
 fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
+    spec.mtp_layers = opt_uint(cfg, "num_nextn_predict_layers")?.unwrap_or(0);
     if opt_bool(cfg, "attention_bias", false)? {
         return Err(ModelError::BadField {
             field: "attention_bias",

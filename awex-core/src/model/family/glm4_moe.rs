@@ -15,7 +15,8 @@
 //! The multi-token-prediction layers a checkpoint may hold after the decoder layers
 //! (`num_nextn_predict_layers`, `model.layers.{num_hidden_layers + i}.*`) are not part of the
 //! model awex moves: the catalogue lists the `num_hidden_layers` decoder layers only (as for
-//! DeepSeek-V3; transformers' class ignores them on load too).
+//! DeepSeek-V3; transformers' class ignores them on load too), the spec records the count
+//! (`mtp_layers`), and a checkpoint's MTP tensors are skipped by [`crate::model::NotMoved`].
 
 use super::with_experts;
 use super::{Biases, Family, Preset, Sink, dense, dense_mlp, gqa_attention, shared_moe};
@@ -69,24 +70,32 @@ pub const FAMILY: Family = Family {
             name: "glm-4.5",
             about: "zai-org/GLM-4.5 (355B): 92 layers, first 3 dense, 160 experts + 1 shared, q/k norms",
             spec: |n| {
-                glm(
-                    n,
-                    (5120, 92, 96, 8, 128, 12288, 151552),
-                    (160, 8, 1536, 1, 3),
-                    true,
-                )
+                ModelSpec {
+                    // its checkpoint holds one MTP layer after the decoder layers
+                    mtp_layers: 1,
+                    ..glm(
+                        n,
+                        (5120, 92, 96, 8, 128, 12288, 151552),
+                        (160, 8, 1536, 1, 3),
+                        true,
+                    )
+                }
             },
         },
         Preset {
             name: "glm-4.5-air",
             about: "zai-org/GLM-4.5-Air (106B): 46 layers, first dense, 128 experts + 1 shared, no q/k norms",
             spec: |n| {
-                glm(
-                    n,
-                    (4096, 46, 96, 8, 128, 10944, 151552),
-                    (128, 8, 1408, 1, 1),
-                    false,
-                )
+                ModelSpec {
+                    // its checkpoint holds one MTP layer after the decoder layers
+                    mtp_layers: 1,
+                    ..glm(
+                        n,
+                        (4096, 46, 96, 8, 128, 10944, 151552),
+                        (128, 8, 1408, 1, 1),
+                        false,
+                    )
+                }
             },
         },
     ],
@@ -122,6 +131,7 @@ fn glm(
 }
 
 fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
+    spec.mtp_layers = opt_uint(cfg, "num_nextn_predict_layers")?.unwrap_or(0);
     spec.attention_bias = opt_bool(cfg, "attention_bias", false)?;
     spec.use_qk_norm = opt_bool(cfg, "use_qk_norm", false)?;
     // transformers' Glm4MoeConfig defaults: first_k_dense_replace 1, n_shared_experts 1

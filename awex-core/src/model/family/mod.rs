@@ -257,6 +257,7 @@ pub(crate) fn common(
         dtype,
         moe: None,
         mla: None,
+        mtp_layers: 0,
     })
 }
 
@@ -310,6 +311,7 @@ pub(crate) fn dense(
         dtype: DType::Bf16,
         moe: None,
         mla: None,
+        mtp_layers: 0,
     }
 }
 
