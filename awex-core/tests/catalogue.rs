@@ -378,10 +378,11 @@ fn preset_catalogues_have_the_exact_parameter_counts() {
         totals("qwen3-235b-a22b"),
         (36_945, 235_093_634_560, 470_187_269_120)
     );
-    // About 1.08e12 parameters.
+    // About 1.09e12 parameters (every layer MoE since 2026-12-02; 73,157 tensors and
+    // 1,076,795,563,008 parameters with the dense layer 0 before).
     assert_eq!(
         totals("moe-1t"),
-        (73_157, 1_076_795_563_008, 2_153_591_126_016)
+        (74_307, 1_093_313_387_520, 2_186_626_775_040)
     );
 }
 
@@ -413,30 +414,21 @@ fn qwen3_8b_ends_with_an_untied_lm_head() {
 }
 
 #[test]
-fn moe_1t_layer_0_is_dense_and_layer_1_has_384_experts() {
+fn moe_1t_has_384_experts_in_every_layer_and_no_dense_mlp() {
     let spec = presets::preset("moe-1t").unwrap_or_else(|| panic!("no moe-1t"));
     let cat = Catalogue::of(&spec);
     let all = names(&cat);
     let shape = |n: &str| cat.get(n).map(|t| t.shape.as_slice().to_vec());
 
-    let layer0: Vec<&str> = all
-        .iter()
-        .copied()
-        .filter(|n| n.starts_with("model.layers.0.mlp."))
-        .collect();
+    // as SGLang builds a Qwen3-MoE model: layer 0 MoE too, no dense MLP anywhere
+    assert!(spec.is_moe_layer(0));
+    assert!(!all.iter().any(|n| n.ends_with("mlp.gate_proj.weight")));
     assert_eq!(
-        layer0,
-        vec![
-            "model.layers.0.mlp.down_proj.weight",
-            "model.layers.0.mlp.gate_proj.weight",
-            "model.layers.0.mlp.up_proj.weight",
-        ]
+        all.iter()
+            .filter(|n| n.starts_with("model.layers.0.mlp.experts."))
+            .count(),
+        384 * 3
     );
-    assert_eq!(
-        shape("model.layers.0.mlp.gate_proj.weight"),
-        Some(vec![18432, 7168])
-    );
-
     assert!(spec.is_moe_layer(1));
     assert_eq!(
         shape("model.layers.1.mlp.gate.weight"),
@@ -461,7 +453,7 @@ fn moe_1t_layer_0_is_dense_and_layer_1_has_384_experts() {
             .is_none()
     );
     assert!(cat.get("model.layers.1.mlp.gate_proj.weight").is_none());
-    assert_eq!((1..64).filter(|&l| spec.is_moe_layer(l)).count(), 63);
+    assert_eq!((0..64).filter(|&l| spec.is_moe_layer(l)).count(), 64);
 }
 
 #[test]

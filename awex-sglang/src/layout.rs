@@ -15,6 +15,11 @@ use std::sync::Arc;
 /// SGLang pads the vocabulary of `VocabParallelEmbedding` / `ParallelLMHead` to a multiple of this.
 pub const VOCAB_PADDING: u64 = 64;
 
+/// The model classes SGLang 0.5.23 builds with every decoder layer MoE, whatever the config's
+/// `mlp_only_layers` and `decoder_sparse_step` say (`sglang/srt/models/qwen3_moe.py`,
+/// `stage_facts`: "Qwen3MoE all layers are sparse"; Mixtral has no dense layer to begin with).
+const EVERY_LAYER_MOE: &[&str] = &["Qwen3MoeForCausalLM"];
+
 /// A parallel configuration SGLang cannot run for this model.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SglangConfigError {
@@ -103,6 +108,18 @@ pub enum SglangConfigError {
         /// what rules the fusion out
         why: String,
     },
+    /// A dense layer in a class SGLang builds with every layer MoE.
+    #[error(
+        "{class} in SGLang 0.5.23 builds every layer as MoE (sglang/srt/models/qwen3_moe.py ignores mlp_only_layers and decoder_sparse_step), but this config's `{field}` makes layer {layer} dense: SGLang cannot load such a checkpoint. Serve it with vLLM (which honours `{field}`), or train a config without dense layers"
+    )]
+    DenseLayerEveryLayerMoe {
+        /// the HF class
+        class: &'static str,
+        /// the config field that makes the layer dense
+        field: &'static str,
+        /// the first dense layer
+        layer: u64,
+    },
     /// A size or the world is above awex's limits.
     #[error(transparent)]
     Limit(#[from] awex_core::limits::LimitError),
@@ -188,6 +205,20 @@ impl SglangLayout {
             return Err(SglangConfigError::KvHeads { kv_heads: kv, tp });
         }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
+        let class = spec.architecture.hf_name();
+        if let (Some(m), true) = (&spec.moe, EVERY_LAYER_MOE.contains(&class)) {
+            if let Some(layer) = (0..spec.num_layers).find(|&l| !spec.is_moe_layer(l)) {
+                return Err(SglangConfigError::DenseLayerEveryLayerMoe {
+                    class,
+                    field: if m.mlp_only_layers.contains(&layer) {
+                        "mlp_only_layers"
+                    } else {
+                        "decoder_sparse_step"
+                    },
+                    layer,
+                });
+            }
+        }
         if has_dense && spec.intermediate_size % tp != 0 {
             return Err(SglangConfigError::Intermediate {
                 size: spec.intermediate_size,

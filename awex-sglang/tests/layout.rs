@@ -12,8 +12,13 @@ fn tiny() -> ModelSpec {
     preset("qwen3-tiny").expect("preset")
 }
 
+/// qwen3-moe-tiny with every layer MoE, as SGLang 0.5.23 builds a Qwen3-MoE model.
 fn moe_tiny() -> ModelSpec {
-    preset("qwen3-moe-tiny").expect("preset")
+    let mut spec = preset("qwen3-moe-tiny").expect("preset");
+    if let Some(m) = &mut spec.moe {
+        m.mlp_only_layers.clear();
+    }
+    spec
 }
 
 fn layout(spec: &ModelSpec, tp: u64, ep: u64, engines: u64) -> SglangLayout {
@@ -406,7 +411,9 @@ fn moe_experts_fuse_into_w13_and_w2_under_ep_and_moe_tp() {
 
 #[test]
 fn moe_model_dense_layer_uses_dense_names() {
-    let side = layout(&moe_tiny(), 2, 2, 1);
+    // GLM-4.5's first layer is dense (first_k_dense_replace), in SGLang too
+    let glm = preset("glm-4.5-tiny").expect("preset");
+    let side = layout(&glm, 2, 2, 1);
     let rank = side.rank_layout(RankId::infer(0, 0)).expect("rank");
     assert!(
         rank.tensor("model.layers.0.mlp.gate_up_proj.weight")
@@ -434,6 +441,31 @@ fn moe_model_dense_layer_uses_dense_names() {
             &[0, 32, 0]
         )
     );
+}
+
+#[test]
+fn a_qwen3_moe_dense_layer_is_refused_naming_the_field_sglang_ignores() {
+    // qwen3-moe-tiny's layer 0 is dense through mlp_only_layers; SGLang 0.5.23 builds it as MoE
+    let e = SglangLayout::new(&preset("qwen3-moe-tiny").expect("preset"), 2, 1, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("Qwen3MoeForCausalLM in SGLang 0.5.23 builds every layer as MoE")
+            && e.contains("this config's `mlp_only_layers` makes layer 0 dense")
+            && e.contains("Serve it with vLLM"),
+        "{e}"
+    );
+    let mut step = moe_tiny();
+    if let Some(m) = &mut step.moe {
+        m.decoder_sparse_step = 2;
+    }
+    let e = SglangLayout::new(&step, 2, 1, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("this config's `decoder_sparse_step` makes layer 0 dense"),
+        "{e}"
+    );
+    // every layer MoE: accepted
+    assert!(SglangLayout::new(&moe_tiny(), 2, 1, 1).is_ok());
 }
 
 #[test]
@@ -531,7 +563,7 @@ fn holders_of_unknown_or_absent_names_are_empty() {
         "model.layers.01.input_layernorm.weight",
         "model.layers.+1.input_layernorm.weight",
         "model.layers.1.mlp.gate_proj.weight",
-        "model.layers.0.mlp.gate.weight",
+        "model.layers.0.mlp.gate_proj.weight",
         "model.layers.1.mlp.experts.8.gate_proj.weight",
         "model.layers.1.mlp.experts.1.bias",
         "model.layers.0.self_attn.q_proj.bias",

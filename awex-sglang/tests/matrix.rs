@@ -27,10 +27,19 @@ fn tied() -> ModelSpec {
     }
 }
 
+/// qwen3-moe-tiny with every layer MoE, as SGLang builds a Qwen3-MoE model.
+fn moe_tiny() -> ModelSpec {
+    let mut spec = preset("qwen3-moe-tiny").expect("preset");
+    if let Some(m) = &mut spec.moe {
+        m.mlp_only_layers.clear();
+    }
+    spec
+}
+
 fn tied_moe() -> ModelSpec {
     ModelSpec {
         tie_word_embeddings: true,
-        ..preset("qwen3-moe-tiny").expect("preset")
+        ..moe_tiny()
     }
 }
 
@@ -70,9 +79,9 @@ fn qwen3_tiny_round_trips_in_every_config() {
 }
 
 #[test]
-fn qwen3_moe_tiny_round_trips_in_every_config() {
+fn qwen3_moe_tiny_with_every_layer_moe_round_trips_in_every_config() {
     for &(tp, ep, engines) in MOE_CONFIGS {
-        check(&preset("qwen3-moe-tiny").expect("preset"), tp, ep, engines);
+        check(&moe_tiny(), tp, ep, engines);
     }
 }
 
@@ -122,8 +131,20 @@ fn predicted_error(spec: &ModelSpec, tp: u64, ep: u64) -> Option<SglangConfigErr
     if !kv_ok {
         return Some(SglangConfigError::KvHeads { kv_heads: kv, tp });
     }
-    let dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
-    if dense && spec.intermediate_size % tp != 0 {
+    let dense = (0..spec.num_layers).find(|&l| !spec.is_moe_layer(l));
+    // SGLang's Qwen3-MoE class builds every layer as MoE
+    if let (Some(m), Some(layer)) = (moe, dense) {
+        return Some(SglangConfigError::DenseLayerEveryLayerMoe {
+            class: "Qwen3MoeForCausalLM",
+            field: if m.mlp_only_layers.contains(&layer) {
+                "mlp_only_layers"
+            } else {
+                "decoder_sparse_step"
+            },
+            layer,
+        });
+    }
+    if dense.is_some() && spec.intermediate_size % tp != 0 {
         return Some(SglangConfigError::Intermediate {
             size: spec.intermediate_size,
             tp,

@@ -360,7 +360,7 @@ fn sglang_refuses_glm_at_ep_1_until_told_whether_shared_experts_are_fused() {
     layout(
         Side::Inference,
         "sglang:tp=2",
-        &presets::preset("qwen3-moe-tiny").unwrap(),
+        &presets::preset("mixtral-tiny").unwrap(),
     );
 }
 

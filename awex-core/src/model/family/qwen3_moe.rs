@@ -20,7 +20,7 @@ pub const FAMILY: Family = Family {
     presets: &[
         Preset {
             name: "qwen3-moe-tiny",
-            about: "qwen3-tiny with 8 experts; layer 0 dense through mlp_only_layers",
+            about: "qwen3-tiny with 8 experts; layer 0 dense through mlp_only_layers (vLLM, Megatron, FSDP; SGLang builds every Qwen3-MoE layer MoE and refuses it)",
             spec: |n| {
                 with_experts(
                     dense(&FAMILY, n, 64, 4, 4, 2, 16, 128, 1000, false),
@@ -59,14 +59,15 @@ pub const FAMILY: Family = Family {
         },
         Preset {
             name: "moe-1t",
-            about: "a 1T-parameter Qwen3-MoE-shaped model: 64 layers, 384 experts, layer 0 dense",
+            about: "a 1T-parameter Qwen3-MoE-shaped model: 64 layers, every one MoE, 384 experts",
+            // every layer MoE, as SGLang builds a Qwen3-MoE model (kimi-k2 is the real 1T)
             spec: |n| {
                 with_experts(
                     dense(&FAMILY, n, 7168, 64, 64, 8, 128, 18432, 163840, false),
                     384,
                     8,
                     2048,
-                    vec![0],
+                    vec![],
                 )
             },
         },
