@@ -596,6 +596,23 @@ fn deepseek_v3_refuses_a_moe_layer_freq_other_than_one_by_name() {
 }
 
 #[test]
+fn deepseek_v3_config_defaults_follow_transformers() {
+    // transformers' DeepseekV3Config: first_k_dense_replace 3 and n_shared_experts 1 when a
+    // config leaves them out (awex read 0 and 0 before: every layer MoE, no shared experts)
+    let mut cfg = load("deepseek-v3")["config"].clone();
+    let o = cfg.as_object_mut().unwrap();
+    o.remove("n_shared_experts");
+    o.insert("first_k_dense_replace".into(), serde_json::json!(3));
+    let want = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    cfg.as_object_mut().unwrap().remove("first_k_dense_replace");
+    let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec, want);
+    let m = spec.moe.as_ref().unwrap();
+    assert_eq!(m.mlp_only_layers, vec![0, 1, 2]);
+    assert_eq!(m.shared_intermediate_size, m.moe_intermediate_size);
+}
+
+#[test]
 fn glm4_moe_catalogue_matches_transformers_biases_qk_norms_shared_experts_and_fp32_router_bias() {
     let spec = check_fixture("glm4-moe");
     assert_eq!(spec.architecture, Architecture::Glm4Moe);

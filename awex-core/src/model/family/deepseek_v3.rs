@@ -12,12 +12,13 @@
 //! records the count (`mtp_layers`), and a checkpoint's MTP tensors are skipped by the rule
 //! [`crate::model::NotMoved`] names.
 
-use super::{Family, Preset, Sink, dense, dense_mlp, layer_list, shared_moe, with_experts};
+use super::{Family, Preset, Sink, dense, dense_mlp, shared_moe};
+use super::{SharedMoeDefaults, SharedMoeSizes, parse_shared_moe, with_shared_experts};
 use crate::dims::Dims;
 use crate::model::names::{Canon, HfNames};
 use crate::model::part::Part;
 use crate::model::spec::{MlaSpec, opt_bool, opt_uint, uint};
-use crate::model::{ModelError, ModelSpec, MoeSpec};
+use crate::model::{ModelError, ModelSpec};
 use serde_json::Value;
 
 /// DeepSeek-V3's checkpoint names.
@@ -116,30 +117,19 @@ const fn mla(q_lora: Option<u64>, kv_lora: u64, nope: u64, rope: u64, v: u64) ->
 fn deepseek(
     name: &str,
     (hidden, layers, heads, vocab, inter): (u64, u64, u64, u64, u64),
-    (experts, per_token, moe_inter, shared, first_dense): (u64, u64, u64, u64, u64),
+    moe: SharedMoeSizes,
     mla: MlaSpec,
 ) -> ModelSpec {
     let head_dim = mla.qk_rope_head_dim;
     let spec = dense(
         &FAMILY, name, hidden, layers, heads, heads, head_dim, inter, vocab, false,
     );
-    let mut spec = with_experts(
-        spec,
-        experts,
-        per_token,
-        moe_inter,
-        (0..first_dense).collect(),
-    );
-    if let Some(m) = &mut spec.moe {
-        m.shared_intermediate_size = shared * moe_inter;
-        m.router_bias = true;
-    }
+    let mut spec = with_shared_experts(spec, moe, false);
     spec.mla = Some(mla);
     spec
 }
 
 fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
-    spec.mtp_layers = opt_uint(cfg, "num_nextn_predict_layers")?.unwrap_or(0);
     if opt_bool(cfg, "attention_bias", false)? {
         return Err(ModelError::BadField {
             field: "attention_bias",
@@ -160,26 +150,17 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
             ),
         });
     }
-    let first_dense = opt_uint(cfg, "first_k_dense_replace")?.unwrap_or(0);
-    let moe_inter = uint(cfg, "moe_intermediate_size")?;
-    let experts = match opt_uint(cfg, "n_routed_experts")? {
-        Some(n) => n,
-        None => opt_uint(cfg, "num_local_experts")?
-            .ok_or(ModelError::MissingField("n_routed_experts"))?,
-    };
-    let shared = opt_uint(cfg, "n_shared_experts")?.unwrap_or(0);
-    let mut mlp_only_layers: Vec<u64> = (0..first_dense.min(spec.num_layers)).collect();
-    mlp_only_layers.extend(layer_list(cfg, "mlp_only_layers")?);
-    spec.moe = Some(MoeSpec {
-        num_experts: experts,
-        experts_per_token: uint(cfg, "num_experts_per_tok")?,
-        moe_intermediate_size: moe_inter,
-        decoder_sparse_step: 1,
-        mlp_only_layers,
-        shared_intermediate_size: shared.saturating_mul(moe_inter),
-        router_bias: true,
-        router_fp32: false,
-    });
+    // transformers' DeepseekV3Config: first_k_dense_replace 3, n_shared_experts 1; the router
+    // runs in the model's dtype
+    parse_shared_moe(
+        cfg,
+        spec,
+        SharedMoeDefaults {
+            first_dense: 3,
+            shared: 1,
+            router_fp32: false,
+        },
+    )?;
     let rope = uint(cfg, "qk_rope_head_dim")?;
     spec.mla = Some(MlaSpec {
         q_lora_rank: opt_uint(cfg, "q_lora_rank")?,

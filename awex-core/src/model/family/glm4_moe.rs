@@ -18,12 +18,12 @@
 //! DeepSeek-V3; transformers' class ignores them on load too), the spec records the count
 //! (`mtp_layers`), and a checkpoint's MTP tensors are skipped by [`crate::model::NotMoved`].
 
-use super::with_experts;
 use super::{Biases, Family, Preset, Sink, dense, dense_mlp, gqa_attention, shared_moe};
+use super::{SharedMoeDefaults, SharedMoeSizes, parse_shared_moe, with_shared_experts};
 use crate::model::names::{HfNames, LLAMA_NAMES};
 use crate::model::part::Part;
-use crate::model::spec::{opt_bool, opt_uint, uint};
-use crate::model::{ModelError, ModelSpec, MoeSpec};
+use crate::model::spec::opt_bool;
+use crate::model::{ModelError, ModelSpec};
 use serde_json::Value;
 
 /// GLM-4.5's checkpoint names: Llama's attention and MLP, the router bias and shared experts.
@@ -107,57 +107,33 @@ pub const FAMILY: Family = Family {
 fn glm(
     name: &str,
     (hidden, layers, heads, kv, head_dim, inter, vocab): (u64, u64, u64, u64, u64, u64, u64),
-    (experts, per_token, moe_inter, shared, first_dense): (u64, u64, u64, u64, u64),
+    moe: SharedMoeSizes,
     qk_norm: bool,
 ) -> ModelSpec {
     let spec = dense(
         &FAMILY, name, hidden, layers, heads, kv, head_dim, inter, vocab, false,
     );
-    let mut spec = with_experts(
-        spec,
-        experts,
-        per_token,
-        moe_inter,
-        (0..first_dense).collect(),
-    );
-    if let Some(m) = &mut spec.moe {
-        m.shared_intermediate_size = shared * moe_inter;
-        m.router_bias = true;
-        m.router_fp32 = true;
-    }
+    let mut spec = with_shared_experts(spec, moe, true);
     spec.attention_bias = true;
     spec.use_qk_norm = qk_norm;
     spec
 }
 
 fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
-    spec.mtp_layers = opt_uint(cfg, "num_nextn_predict_layers")?.unwrap_or(0);
     spec.attention_bias = opt_bool(cfg, "attention_bias", false)?;
     spec.use_qk_norm = opt_bool(cfg, "use_qk_norm", false)?;
-    // transformers' Glm4MoeConfig defaults: first_k_dense_replace 1, n_shared_experts 1
-    let first_dense = opt_uint(cfg, "first_k_dense_replace")?.unwrap_or(1);
-    let moe_inter = uint(cfg, "moe_intermediate_size")?;
-    // `num_local_experts` is transformers' alias of `n_routed_experts` (attribute_map)
-    let experts = match opt_uint(cfg, "n_routed_experts")? {
-        Some(n) => n,
-        None => opt_uint(cfg, "num_local_experts")?
-            .ok_or(ModelError::MissingField("n_routed_experts"))?,
-    };
-    let shared = opt_uint(cfg, "n_shared_experts")?.unwrap_or(1);
-    // transformers, SGLang and vLLM build layer l MoE when l >= first_k_dense_replace (no
-    // `mlp_only_layers` or frequency in this class)
-    let mlp_only_layers: Vec<u64> = (0..first_dense.min(spec.num_layers)).collect();
-    spec.moe = Some(MoeSpec {
-        num_experts: experts,
-        experts_per_token: uint(cfg, "num_experts_per_tok")?,
-        moe_intermediate_size: moe_inter,
-        decoder_sparse_step: 1,
-        mlp_only_layers,
-        shared_intermediate_size: shared.saturating_mul(moe_inter),
-        router_bias: true,
-        router_fp32: true,
-    });
-    Ok(())
+    // transformers' Glm4MoeConfig: first_k_dense_replace 1, n_shared_experts 1; transformers,
+    // SGLang and vLLM build layer l MoE when l >= first_k_dense_replace (no `mlp_only_layers`
+    // or frequency in this class), and compute the router in fp32
+    parse_shared_moe(
+        cfg,
+        spec,
+        SharedMoeDefaults {
+            first_dense: 1,
+            shared: 1,
+            router_fp32: true,
+        },
+    )
 }
 
 fn layer(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {

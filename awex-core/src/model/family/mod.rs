@@ -337,3 +337,76 @@ pub(crate) fn with_experts(
         ..spec
     }
 }
+
+/// The routed experts of a DeepSeek-style MoE preset: `(experts, per token, moe_intermediate,
+/// shared experts, dense first layers)`.
+pub(crate) type SharedMoeSizes = (u64, u64, u64, u64, u64);
+
+/// [`with_experts`] for a DeepSeek-style MoE (DeepSeek-V3, GLM-4.5): `shared` shared experts of
+/// `moe_intermediate` rows each, the first `first_dense` layers dense, a router bias, the
+/// router in fp32 when `router_fp32`.
+pub(crate) fn with_shared_experts(
+    spec: ModelSpec,
+    (experts, per_token, moe_inter, shared, first_dense): SharedMoeSizes,
+    router_fp32: bool,
+) -> ModelSpec {
+    let mut spec = with_experts(
+        spec,
+        experts,
+        per_token,
+        moe_inter,
+        (0..first_dense).collect(),
+    );
+    if let Some(m) = &mut spec.moe {
+        m.shared_intermediate_size = shared * moe_inter;
+        m.router_bias = true;
+        m.router_fp32 = router_fp32;
+    }
+    spec
+}
+
+/// What a DeepSeek-style MoE family's config leaves out, per family (transformers' config
+/// class defaults).
+pub(crate) struct SharedMoeDefaults {
+    /// `first_k_dense_replace` when absent.
+    pub first_dense: u64,
+    /// `n_shared_experts` when absent.
+    pub shared: u64,
+    /// Whether the model computes its router in fp32 ([`MoeSpec::router_fp32`]).
+    pub router_fp32: bool,
+}
+
+/// Parses a DeepSeek-style MoE config (DeepSeek-V3, GLM-4.5) into `spec`: `n_routed_experts`
+/// (or transformers' alias `num_local_experts`), `num_experts_per_tok`,
+/// `moe_intermediate_size`, `n_shared_experts`, the dense first `first_k_dense_replace` layers
+/// (layer `l` is MoE when `l >= first_k_dense_replace`), a router with its fp32
+/// `e_score_correction_bias`, and the multi-token-prediction layers after the decoder layers
+/// (`num_nextn_predict_layers`, recorded, not catalogued).
+pub(crate) fn parse_shared_moe(
+    cfg: &Value,
+    spec: &mut ModelSpec,
+    d: SharedMoeDefaults,
+) -> Result<(), ModelError> {
+    use super::spec::{opt_uint, uint};
+    spec.mtp_layers = opt_uint(cfg, "num_nextn_predict_layers")?.unwrap_or(0);
+    let first_dense = opt_uint(cfg, "first_k_dense_replace")?.unwrap_or(d.first_dense);
+    let moe_inter = uint(cfg, "moe_intermediate_size")?;
+    // `num_local_experts` is transformers' alias of `n_routed_experts` (attribute_map)
+    let experts = match opt_uint(cfg, "n_routed_experts")? {
+        Some(n) => n,
+        None => opt_uint(cfg, "num_local_experts")?
+            .ok_or(ModelError::MissingField("n_routed_experts"))?,
+    };
+    let shared = opt_uint(cfg, "n_shared_experts")?.unwrap_or(d.shared);
+    spec.moe = Some(MoeSpec {
+        num_experts: experts,
+        experts_per_token: uint(cfg, "num_experts_per_tok")?,
+        moe_intermediate_size: moe_inter,
+        decoder_sparse_step: 1,
+        mlp_only_layers: (0..first_dense.min(spec.num_layers)).collect(),
+        shared_intermediate_size: shared.saturating_mul(moe_inter),
+        router_bias: true,
+        router_fp32: d.router_fp32,
+    });
+    Ok(())
+}
