@@ -88,6 +88,18 @@ pub const FAMILY: Family = Family {
             },
         },
         Preset {
+            name: "mla-moe-30b",
+            about: "a 30B DeepSeek-V3-shaped model (the colocated benchmark's MLA + MoE): 24 layers, 64 experts + 1 shared, first dense",
+            spec: |n| {
+                deepseek(
+                    n,
+                    (4096, 24, 32, 129280, 11008),
+                    (64, 6, 1536, 1, 1),
+                    mla(Some(1536), 512, 128, 64, 128),
+                )
+            },
+        },
+        Preset {
             name: "kimi-k2",
             about: "moonshotai/Kimi-K2 (1T): 61 layers, 64 heads, 384 experts + 1 shared, first dense",
             spec: |n| {
