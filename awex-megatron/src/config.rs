@@ -357,13 +357,13 @@ pub struct Geometry {
 /// (`MLASelfAttention.__init__`, megatron/core/transformer/multi_latent_attention.py).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MlaGeometry {
-    /// Rows of the query down projection (`q_lora_rank`; `None`: `linear_q_proj`).
-    pub q_lora: Option<u64>,
+    /// Rows of the query down projection (`q_lora_rank`).
+    pub q_lora: u64,
     /// Rows of the key/value down projection: `kv_lora_rank + qk_rope_head_dim`.
     pub kv_down_rows: u64,
     /// `kv_lora_rank`: the size of the key/value latent and its norm.
     pub kv_lora: u64,
-    /// Rows of the query (up) projection on one TP rank: its heads' `nope + rope` rows, per head.
+    /// Rows of the query up projection on one TP rank: its heads' `nope + rope` rows, per head.
     pub q_rows_local: u64,
     /// Rows of the key/value up projection on one TP rank: its heads' `nope + v` rows, per head.
     pub kv_up_rows_local: u64,
@@ -494,15 +494,23 @@ impl Geometry {
         cfg: &Config,
     ) -> Result<MlaGeometry, LayoutError> {
         let tp = cfg.tp;
+        // With the latent norms on (`qk_layernorm`, which the kv norm needs),
+        // `QKNormConfigResolver._resolve_mla_qk_layernorm`
+        // (megatron/core/transformer/mla_qk_norm_config.py) makes `linear_q_proj` a fused
+        // norm + linear: Transformer Engine's carries a `layer_norm_weight` over the hidden
+        // state that no HF checkpoint has, and the local spec has no such module (the build
+        // fails). With them off there is no kv norm. Either way not the HF model.
+        let Some(q_lora) = a.q_lora_rank else {
+            return Err(config_error(
+                "model has multi-latent attention without q_lora_rank (a plain q_proj); Megatron-Core 0.19 cannot build it as the HF model: with the latent norms on (qk_layernorm, needed for kv_a_layernorm) QKNormConfigResolver makes linear_q_proj a fused norm + linear whose layer_norm_weight has no tensor in the checkpoint (Transformer Engine), or fails to build (local spec); awex supports Megatron MLA with q_lora_rank"
+                    .to_string(),
+            ));
+        };
         let kv_down_rows = a.kv_lora_rank + a.qk_rope_head_dim;
         let down_split = if cfg.local_spec { tp } else { 1 };
         if cfg.local_spec {
             let downs = [
-                (
-                    "q_lora_rank",
-                    a.q_lora_rank.unwrap_or(0),
-                    "linear_q_down_proj",
-                ),
+                ("q_lora_rank", q_lora, "linear_q_down_proj"),
                 (
                     "kv_lora_rank + qk_rope_head_dim",
                     kv_down_rows,
@@ -519,7 +527,7 @@ impl Geometry {
         }
         let heads_local = nq / tp;
         Ok(MlaGeometry {
-            q_lora: a.q_lora_rank,
+            q_lora,
             kv_down_rows,
             kv_lora: a.kv_lora_rank,
             q_rows_local: heads_local * (a.qk_nope_head_dim + a.qk_rope_head_dim),

@@ -182,7 +182,6 @@ impl MegatronLayout {
             Local::StackedFc1(l) => self.names(l).stacked_fc1.clone(),
             Local::StackedFc2(l) => self.names(l).stacked_fc2.clone(),
             Local::InputNorm(l) => self.names(l).input_norm.clone(),
-            Local::QProj(l) => self.names(l).q_proj.clone(),
             Local::QDown(l) => self.names(l).q_down.clone(),
             Local::QDownNorm(l) => self.names(l).q_down_norm.clone(),
             Local::QUp(l) => self.names(l).q_up.clone(),
@@ -250,32 +249,26 @@ impl MegatronLayout {
     /// Multi-latent attention's parameters of one layer, in `named_parameters()` order:
     /// `TransformerLayer` builds `input_layernorm` (a module under every MLA spec) before
     /// `self_attention`; `MultiLatentAttention.__init__` builds `linear_proj`, then
-    /// `MLASelfAttention.__init__` the q projection(s), `linear_kv_down_proj`,
+    /// `MLASelfAttention.__init__` the q projections, `linear_kv_down_proj`,
     /// `linear_kv_up_proj`, then the local spec's `q_layernorm` and `kv_layernorm`
     /// (megatron/core/transformer/multi_latent_attention.py). Transformer Engine's
     /// `TELayerNormColumnParallelLinear` holds its `layer_norm_weight` before its `weight`.
     fn mla_locals(&self, l: u64, out: &mut Vec<Local>) {
         out.extend([Local::InputNorm(l), Local::Proj(l)]);
         let local = self.cfg.local_spec;
-        if self.has(l, Part::QDown) {
-            out.push(Local::QDown(l));
-            if !local {
-                out.push(Local::QDownNorm(l));
-            }
-            out.push(Local::QUp(l));
-        } else {
-            out.push(Local::QProj(l));
+        // `Geometry::new` refuses MLA without q_lora_rank (no `linear_q_proj` here)
+        out.push(Local::QDown(l));
+        if !local {
+            out.push(Local::QDownNorm(l));
         }
+        out.push(Local::QUp(l));
         out.push(Local::KvDown(l));
         if !local {
             out.push(Local::KvDownNorm(l));
         }
         out.push(Local::KvUp(l));
         if local {
-            if self.has(l, Part::QDownNorm) {
-                out.push(Local::QDownNorm(l));
-            }
-            out.push(Local::KvDownNorm(l));
+            out.extend([Local::QDownNorm(l), Local::KvDownNorm(l)]);
         }
     }
 
@@ -509,8 +502,7 @@ impl MegatronLayout {
                 Dims::new(&[per, 2 * n, h])
             }
             Local::InputNorm(l) => whole(f, Canon::at(Part::InputNorm, l), Dims::new(&[h])),
-            Local::QProj(_)
-            | Local::QDown(_)
+            Local::QDown(_)
             | Local::QDownNorm(_)
             | Local::QUp(_)
             | Local::KvDown(_)
@@ -551,21 +543,12 @@ impl MegatronLayout {
             Dims::new(&[n, cols])
         };
         match local {
-            Local::QProj(l) => rows(Canon::at(Part::Q, l), m.q_rows_local, h),
-            Local::QUp(l) => rows(
-                Canon::at(Part::QUp, l),
-                m.q_rows_local,
-                m.q_lora.unwrap_or(0),
-            ),
+            Local::QUp(l) => rows(Canon::at(Part::QUp, l), m.q_rows_local, m.q_lora),
             Local::KvUp(l) => rows(Canon::at(Part::KvUp, l), m.kv_up_rows_local, m.kv_lora),
-            Local::QDown(l) => rows(
-                Canon::at(Part::QDown, l),
-                m.q_lora.unwrap_or(0) / m.down_split,
-                h,
-            ),
+            Local::QDown(l) => rows(Canon::at(Part::QDown, l), m.q_lora / m.down_split, h),
             Local::KvDown(l) => rows(Canon::at(Part::KvDown, l), m.kv_down_rows / m.down_split, h),
             Local::QDownNorm(l) => {
-                let n = m.q_lora.unwrap_or(0);
+                let n = m.q_lora;
                 f(Piece {
                     canon: Canon::at(Part::QDownNorm, l),
                     region: Region::new([0], [n]),
@@ -614,7 +597,6 @@ impl MegatronLayout {
             Part::FinalNorm => [Some((Local::FinalNorm, last)), None],
             Part::InputNorm if self.geo.mla.is_some() => one(Local::InputNorm(l)),
             Part::InputNorm => one(Local::QkvNorm(l)),
-            Part::Q if self.geo.mla.is_some() => one(Local::QProj(l)),
             Part::Q | Part::K | Part::V => one(Local::Qkv(l)),
             Part::QDown => one(Local::QDown(l)),
             Part::QDownNorm => one(Local::QDownNorm(l)),

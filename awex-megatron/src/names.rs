@@ -84,8 +84,6 @@ pub enum Local {
     /// `input_layernorm.weight`: MLA's input norm, a module of its own under every spec
     /// (`get_gpt_layer_with_transformer_engine_submodules` builds `input_layernorm=TENorm` for MLA)
     InputNorm(u64),
-    /// MLA `self_attention.linear_q_proj.weight` (no `q_lora_rank`): column-parallel
-    QProj(u64),
     /// MLA `self_attention.linear_q_down_proj.weight`: column-parallel with the local spec
     /// (`ColumnParallelLinear`, its output gathered), whole with Transformer Engine (`TELinear`,
     /// `parallel_mode='duplicated'`)
@@ -143,7 +141,6 @@ impl Local {
             | Local::Fc2(_)
             | Local::SharedFc1(_)
             | Local::SharedFc2(_)
-            | Local::QProj(_)
             | Local::QUp(_)
             | Local::KvUp(_) => Split::Tp,
             Local::ExpertFc1(..)
@@ -197,8 +194,6 @@ pub struct LayerNames {
     pub stacked_fc2: Arc<str>,
     /// `input_layernorm.weight` (MLA, every spec)
     pub input_norm: Arc<str>,
-    /// `self_attention.linear_q_proj.weight`
-    pub q_proj: Arc<str>,
     /// `self_attention.linear_q_down_proj.weight`
     pub q_down: Arc<str>,
     /// `self_attention.q_layernorm.weight` (local spec) or `linear_q_up_proj.layer_norm_weight`
@@ -300,7 +295,6 @@ impl LayerNames {
             stacked_fc1: n(STACKED_FC1),
             stacked_fc2: n(STACKED_FC2),
             input_norm: n(LOCAL_QKV_NORM),
-            q_proj: n("self_attention.linear_q_proj.weight"),
             q_down: n("self_attention.linear_q_down_proj.weight"),
             q_down_norm: n(q_down_norm),
             q_up: n("self_attention.linear_q_up_proj.weight"),

@@ -3,8 +3,8 @@
 //! megatron/core/models/gpt/gpt_layer_specs.py):
 //!
 //! - both specs: `input_layernorm` is a module (`TENorm` with Transformer Engine), `linear_proj`
-//!   row-parallel, `linear_q_up_proj` / `linear_q_proj` / `linear_kv_up_proj` column-parallel
-//!   over whole heads;
+//!   row-parallel, `linear_q_up_proj` / `linear_kv_up_proj` column-parallel over whole heads;
+//!   MLA without `q_lora_rank` is refused (see its test);
 //! - local spec: `linear_q_down_proj` / `linear_kv_down_proj` are `ColumnParallelLinear`s
 //!   (`gather_output=False`, the output gathered after), the latent norms are modules
 //!   `q_layernorm` / `kv_layernorm`;
@@ -68,7 +68,7 @@ const CONFIGS: &[&[(&str, u64)]] = &[
 
 #[test]
 fn mla_models_validate_and_round_trip_over_the_config_matrix_in_both_specs() {
-    for model in [deepseek(), deepseek_no_q_lora()] {
+    for model in [deepseek()] {
         for pairs in CONFIGS {
             for spec in [
                 &[("local_spec", 1)][..],
@@ -192,31 +192,21 @@ fn transformer_engine_spec_fuses_the_latent_norms_into_the_up_projections() {
 }
 
 #[test]
-fn without_q_lora_rank_the_query_is_one_column_parallel_linear_q_proj() {
+fn without_q_lora_rank_mla_is_refused_naming_megatrons_norm_resolver() {
+    // megatron/core/transformer/mla_qk_norm_config.py: with qk_layernorm (the kv norm) and no
+    // q_lora_rank, `linear_q_proj` must be a fused norm + linear: an extra `layer_norm_weight`
+    // with Transformer Engine, no module at all with the local spec
     for local in [0, 1] {
-        let side = layout(&deepseek_no_q_lora(), &[("tp", 2), ("local_spec", local)]).unwrap();
-        let n = layer_names(side.as_ref(), 1);
-        assert!(
-            n.contains(&"self_attention.linear_q_proj.weight".to_string()),
-            "{n:?}"
-        );
-        assert!(
-            !n.iter()
-                .any(|x| x.contains("q_down") || x.contains("q_up") || x.contains("q_layernorm")),
-            "{n:?}"
-        );
-        // 4 heads of nope 16 + rope 8: rank 1 holds heads 2 and 3
-        let rl = rank(side.as_ref(), 1);
-        let t = tensor(&rl, "decoder.layers.1.self_attention.linear_q_proj.weight");
-        assert_eq!(t.shape, Dims::new(&[48, 64]));
-        assert_eq!(
-            t.placements,
-            vec![p(
-                "model.layers.1.self_attn.q_proj.weight",
-                &[48, 0],
-                &[48, 64]
-            )]
-        );
+        match layout(&deepseek_no_q_lora(), &[("tp", 2), ("local_spec", local)]) {
+            Err(LayoutError::Config(e)) => assert!(
+                e.starts_with(
+                    "model has multi-latent attention without q_lora_rank (a plain q_proj); Megatron-Core 0.19 cannot build it as the HF model"
+                ) && e.contains("QKNormConfigResolver"),
+                "{e}"
+            ),
+            Err(e) => panic!("not a config error: {e:?}"),
+            Ok(_) => panic!("accepted MLA without q_lora_rank"),
+        }
     }
 }
 
