@@ -122,7 +122,7 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
     qwen2 = hf["architectures"][0].startswith("Qwen2")
     glm = hf["architectures"][0] == "Glm4MoeForCausalLM"
     deepseek = hf["architectures"][0] == "DeepseekV3ForCausalLM"
-    moe = hf.get("num_experts", 0) > 0
+    moe = "num_experts" in hf and hf.get("num_experts", 0) > 0
     kw: dict[str, Any] = {}
     qkv_bias, qk_norm = qwen2, not qwen2
     dense = set(hf.get("mlp_only_layers", []))
