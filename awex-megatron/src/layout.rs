@@ -252,7 +252,9 @@ impl MegatronLayout {
     /// `MLASelfAttention.__init__` the q projections, `linear_kv_down_proj`,
     /// `linear_kv_up_proj`, then the local spec's `q_layernorm` and `kv_layernorm`
     /// (megatron/core/transformer/multi_latent_attention.py). Transformer Engine's
-    /// `TELayerNormColumnParallelLinear` holds its `layer_norm_weight` before its `weight`.
+    /// `TELayerNormColumnParallelLinear` holds its `layer_norm_weight` before its `weight`
+    /// (`LayerNormLinear.__init__` registers them in that order,
+    /// transformer_engine/pytorch/module/layernorm_linear.py).
     fn mla_locals(&self, l: u64, out: &mut Vec<Local>) {
         out.extend([Local::InputNorm(l), Local::Proj(l)]);
         let local = self.cfg.local_spec;
