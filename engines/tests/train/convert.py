@@ -10,7 +10,7 @@ splits ``[ng, (nq/ng + 2) * hd]``), TP rank r holds rows ``[r/tp, (r+1)/tp)``
 ``linear_proj`` / ``linear_fc2`` split dim 1 (``RowParallelLinear``); embeddings split the padded
 vocabulary on dim 0 (``VocabParallelEmbedding``). Multi-latent attention
 (``transformer/multi_latent_attention.py`` ``MLASelfAttention``, local spec): ``linear_q_down_proj``,
-``linear_kv_down_proj``, ``linear_q_up_proj`` (or ``linear_q_proj``) and ``linear_kv_up_proj`` are
+``linear_kv_down_proj``, ``linear_q_up_proj`` and ``linear_kv_up_proj`` are
 ``ColumnParallelLinear``s, rank r holding rows ``[r/tp, (r+1)/tp)`` (the down projections' outputs
 are gathered after), ``q_layernorm`` / ``kv_layernorm`` whole; the rows keep HF's order (per head
 ``[nope | rope]`` for q and ``[nope | v]`` for kv up, ``[latent | rope]`` for kv down:
@@ -132,13 +132,14 @@ def megatron_to_hf(ranks: list[dict[str, Any]], hf: dict[str, Any], p: dict[str,
             out[h + "input_layernorm.weight"] = r0[b + "input_layernorm.weight"]
             if b + "self_attention.linear_kv_up_proj.weight" in r0:  # DeepSeek-V3's MLA
                 sa, ha = b + "self_attention.", h + "self_attn."
-                rows = lambda n: torch.cat(tp_shards(st, sa + n), 0)  # noqa: E731
-                if sa + "linear_q_proj.weight" in r0:
-                    out[ha + "q_proj.weight"] = rows("linear_q_proj.weight")
-                else:
-                    out[ha + "q_a_proj.weight"] = rows("linear_q_down_proj.weight")
-                    out[ha + "q_a_layernorm.weight"] = r0[sa + "q_layernorm.weight"]
-                    out[ha + "q_b_proj.weight"] = rows("linear_q_up_proj.weight")
+
+                def rows(n: str, st: int = st, sa: str = sa) -> torch.Tensor:
+                    return torch.cat(tp_shards(st, sa + n), 0)
+
+                # with q_lora_rank: Megatron-Core builds MLA only so (awex-megatron refuses the other)
+                out[ha + "q_a_proj.weight"] = rows("linear_q_down_proj.weight")
+                out[ha + "q_a_layernorm.weight"] = r0[sa + "q_layernorm.weight"]
+                out[ha + "q_b_proj.weight"] = rows("linear_q_up_proj.weight")
                 out[ha + "kv_a_proj_with_mqa.weight"] = rows("linear_kv_down_proj.weight")
                 out[ha + "kv_a_layernorm.weight"] = r0[sa + "kv_layernorm.weight"]
                 out[ha + "kv_b_proj.weight"] = rows("linear_kv_up_proj.weight")

@@ -35,7 +35,10 @@ DeepSeek-V3's multi-latent attention (MLA) with the local spec does not build as
 parameters are exactly Megatron's) and computes what ``DotProductAttention.forward`` computes
 (softmax(q k^T * softmax_scale, causal mask) v per head, probabilities in fp32), with MLA's
 value head size. MLA without ``q_lora_rank`` (``linear_q_proj``) does not build with the local
-spec in Megatron-Core 0.19.2 either; its layout is checked in Rust only.
+spec in Megatron-Core 0.19.2: ``QKNormConfigResolver`` (``transformer/mla_qk_norm_config.py``)
+refuses the spec's ``q_layernorm`` without ``q_lora_rank`` and, with it taken out, asks for a
+fused norm + linear ``linear_q_proj``, which only Transformer Engine provides (and whose
+``layer_norm_weight`` no HF checkpoint has): awex-megatron refuses that model.
 """
 
 from __future__ import annotations
@@ -82,19 +85,11 @@ class MlaCoreAttention(torch.nn.Module):
         return ctx.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
-def _use_mla_core_attention(spec: Any, q_lora: bool) -> Any:
-    """The layer spec(s) with ``MlaCoreAttention`` as every MLA layer's core attention; without
-    ``q_lora_rank``, no query norm (``IdentityOp``), as ``QKNormConfigResolver``
-    (``megatron/core/transformer/mla_qk_norm_config.py``) requires: the local spec's
-    ``q_layernorm=qk_norm`` has no latent query to normalise and is refused."""
-    from megatron.core.transformer.identity_op import IdentityOp
-
+def _use_mla_core_attention(spec: Any) -> Any:
+    """The layer spec(s) with ``MlaCoreAttention`` as every MLA layer's core attention."""
     layers = getattr(spec, "layer_specs", None)
     for layer in layers if layers is not None else [spec]:
-        attn = layer.submodules.self_attention.submodules
-        attn.core_attention = MlaCoreAttention
-        if not q_lora:
-            attn.q_layernorm = IdentityOp
+        layer.submodules.self_attention.submodules.core_attention = MlaCoreAttention
     return spec
 
 
@@ -228,7 +223,7 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
         assert vpp == 1, "dense and MoE layers are built with vpp 1 here"
         spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
     if deepseek:
-        spec = _use_mla_core_attention(spec, hf["q_lora_rank"] is not None)
+        spec = _use_mla_core_attention(spec)
     tied = bool(hf.get("tie_word_embeddings", False))
     chunks = []
     for v in range(vpp):
