@@ -43,7 +43,7 @@ pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
 
 /// The parts the FSDP layout places (each in the family's dtype for it, checked HF module
 /// order); a family with any other part is refused by name.
-const MAPPED: [Part; 26] = [
+const MAPPED: [Part; 32] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -70,37 +70,53 @@ const MAPPED: [Part; 26] = [
     Part::SharedGate,
     Part::SharedUp,
     Part::SharedDown,
+    Part::QDown,
+    Part::QDownNorm,
+    Part::QUp,
+    Part::KvDown,
+    Part::KvDownNorm,
+    Part::KvUp,
 ];
 
 /// Where a part comes among its layer's HF parameters (`named_parameters()` order); with
 /// transformers 5's fused experts, `mlp.experts` is declared before `mlp.gate`; shared experts
 /// (`mlp.shared_experts`, GLM-4.5's `Glm4MoeMoE`) after both. The router's score-correction
 /// bias is a buffer (`e_score_correction_bias`), listed after the router's weight.
+/// DeepSeek-V3's multi-latent attention (`DeepseekV3Attention.__init__`,
+/// transformers `models/deepseek_v3/modeling_deepseek_v3.py`) declares `q_proj` or
+/// `q_a_proj`, `q_a_layernorm`, `q_b_proj`, then `kv_a_proj_with_mqa`, `kv_a_layernorm`,
+/// `kv_b_proj`, then `o_proj`.
 fn module_rank(part: Part, fused_experts: bool) -> u8 {
     use Part::*;
     match part {
         Q => 0,
         QBias => 1,
-        K => 2,
-        KBias => 3,
-        V => 4,
-        VBias => 5,
-        O => 6,
-        OBias => 7,
-        QNorm => 8,
-        KNorm => 9,
-        Gate => 10,
-        Up => 11,
-        Down => 12,
-        Router | RouterBias if fused_experts => 15,
-        Router | RouterBias => 13,
-        ExpertGate | ExpertUp | ExpertDown => 14,
-        SharedGate => 17,
-        SharedUp => 18,
-        SharedDown => 19,
-        InputNorm => 20,
-        PostNorm => 21,
-        _ => 16,
+        QDown => 2,
+        QDownNorm => 3,
+        QUp => 4,
+        K => 5,
+        KBias => 6,
+        V => 7,
+        VBias => 8,
+        KvDown => 9,
+        KvDownNorm => 10,
+        KvUp => 11,
+        O => 12,
+        OBias => 13,
+        QNorm => 14,
+        KNorm => 15,
+        Gate => 16,
+        Up => 17,
+        Down => 18,
+        Router | RouterBias if fused_experts => 21,
+        Router | RouterBias => 19,
+        ExpertGate | ExpertUp | ExpertDown => 20,
+        SharedGate => 23,
+        SharedUp => 24,
+        SharedDown => 25,
+        InputNorm => 26,
+        PostNorm => 27,
+        _ => 22,
     }
 }
 use std::sync::Arc;
@@ -146,6 +162,17 @@ pub enum FsdpConfigError {
         example: String,
         /// the part
         part: &'static str,
+    },
+    /// Multi-latent attention with a TP mesh: transformers' DeepSeek-V3 TP plan splits no
+    /// attention projection, which awex does not describe.
+    #[error(
+        "fsdp tp={tp} with {class}'s multi-latent attention: transformers' tensor-parallel plan for it (`base_model_tp_plan`) splits the MLP only and leaves q_a_proj/q_b_proj/kv_a_proj_with_mqa/kv_b_proj/o_proj whole, which awex does not describe; use tp=1 (FSDP over dp, HSDP with replicate)"
+    )]
+    MlaWithTp {
+        /// the HF class
+        class: &'static str,
+        /// tensor-parallel size
+        tp: u64,
     },
     /// Tensor parallelism must give every rank whole query and KV heads.
     #[error(
@@ -245,6 +272,15 @@ impl FsdpLayout {
                     .find_map(|l| family.names.name(Canon::at(p, l)))
                     .unwrap_or_default(),
                 part: p.label(),
+            });
+        }
+        // transformers' DeepseekV3Config.base_model_tp_plan (configuration_deepseek_v3.py) names
+        // no attention projection: with tp > 1 MLA stays whole on every TP rank, while the
+        // parts' roles split its up projections; refuse rather than describe it wrongly
+        if spec.mla.is_some() && tp > 1 {
+            return Err(FsdpConfigError::MlaWithTp {
+                class: spec.architecture.family().hf_class,
+                tp,
             });
         }
         // Transformers' TP plan (models/qwen3/configuration_qwen3.py, transformers 5.24) makes

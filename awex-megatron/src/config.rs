@@ -347,6 +347,29 @@ pub struct Geometry {
     pub moe_inter_local: u64,
     /// The shared experts' intermediate rows on one TP rank (0: no shared experts).
     pub shared_inter_local: u64,
+    /// Input columns of the attention output projection (`linear_proj`) on one TP rank.
+    pub o_cols_local: u64,
+    /// Multi-latent attention's sizes (`None`: grouped-query attention).
+    pub mla: Option<MlaGeometry>,
+}
+
+/// The sizes of multi-latent attention's tensors as Megatron-Core shards them
+/// (`MLASelfAttention.__init__`, megatron/core/transformer/multi_latent_attention.py).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlaGeometry {
+    /// Rows of the query down projection (`q_lora_rank`).
+    pub q_lora: u64,
+    /// Rows of the key/value down projection: `kv_lora_rank + qk_rope_head_dim`.
+    pub kv_down_rows: u64,
+    /// `kv_lora_rank`: the size of the key/value latent and its norm.
+    pub kv_lora: u64,
+    /// Rows of the query up projection on one TP rank: its heads' `nope + rope` rows, per head.
+    pub q_rows_local: u64,
+    /// Rows of the key/value up projection on one TP rank: its heads' `nope + v` rows, per head.
+    pub kv_up_rows_local: u64,
+    /// Rows of each down projection on one TP rank: a 1/tp slice with the local spec
+    /// (`ColumnParallelLinear`), all of them with Transformer Engine (`TELinear`, duplicated).
+    pub down_split: u64,
 }
 
 impl Geometry {
@@ -428,9 +451,19 @@ impl Geometry {
                 cfg.etp * cfg.ep
             )));
         }
+        let mla = match &model.mla {
+            None => None,
+            Some(a) => Some(Self::mla(a, nq, cfg)?),
+        };
+        let o_cols = match &model.mla {
+            Some(a) => nq * a.v_head_dim,
+            None => nq * hd,
+        };
         let multiple = VOCAB_DIVISIBLE_BY * tp;
         let padded = model.vocab_size.div_ceil(multiple) * multiple;
         Ok(Geometry {
+            o_cols_local: o_cols / tp,
+            mla,
             hidden: model.hidden_size,
             head_dim: hd,
             q_rows: nq * hd,
@@ -447,6 +480,59 @@ impl Geometry {
             moe_inter,
             moe_inter_local: moe_inter / cfg.etp,
             shared_inter_local: shared / tp,
+        })
+    }
+}
+
+impl Geometry {
+    /// MLA's local sizes: the up projections split by heads over tp (`nq % tp` is checked
+    /// before); with the local spec the down projections are `ColumnParallelLinear`s too
+    /// (`get_gpt_layer_local_submodules`), so their rows must split evenly over tp.
+    fn mla(
+        a: &awex_core::model::MlaSpec,
+        nq: u64,
+        cfg: &Config,
+    ) -> Result<MlaGeometry, LayoutError> {
+        let tp = cfg.tp;
+        // With the latent norms on (`qk_layernorm`, which the kv norm needs),
+        // `QKNormConfigResolver._resolve_mla_qk_layernorm`
+        // (megatron/core/transformer/mla_qk_norm_config.py) makes `linear_q_proj` a fused
+        // norm + linear: Transformer Engine's carries a `layer_norm_weight` over the hidden
+        // state that no HF checkpoint has, and the local spec has no such module (the build
+        // fails). With them off there is no kv norm. Either way not the HF model.
+        let Some(q_lora) = a.q_lora_rank else {
+            return Err(config_error(
+                "model has multi-latent attention without q_lora_rank (a plain q_proj); Megatron-Core 0.19 cannot build it as the HF model: with the latent norms on (qk_layernorm, needed for kv_a_layernorm) QKNormConfigResolver makes linear_q_proj a fused norm + linear whose layer_norm_weight has no tensor in the checkpoint (Transformer Engine), or fails to build (local spec); awex supports Megatron MLA with q_lora_rank"
+                    .to_string(),
+            ));
+        };
+        let kv_down_rows = a.kv_lora_rank + a.qk_rope_head_dim;
+        let down_split = if cfg.local_spec { tp } else { 1 };
+        if cfg.local_spec {
+            let downs = [
+                ("q_lora_rank", q_lora, "linear_q_down_proj"),
+                (
+                    "kv_lora_rank + qk_rope_head_dim",
+                    kv_down_rows,
+                    "linear_kv_down_proj",
+                ),
+            ];
+            for (what, rows, module) in downs {
+                if rows % tp != 0 {
+                    return Err(config_error(format!(
+                        "model has {what} = {rows}; megatron tp={tp} with local_spec=1 splits {module} (a ColumnParallelLinear) over tp, which needs it divisible by tp (Transformer Engine's spec keeps it whole: local_spec=0)"
+                    )));
+                }
+            }
+        }
+        let heads_local = nq / tp;
+        Ok(MlaGeometry {
+            q_lora,
+            kv_down_rows,
+            kv_lora: a.kv_lora_rank,
+            q_rows_local: heads_local * (a.qk_nope_head_dim + a.qk_rope_head_dim),
+            kv_up_rows_local: heads_local * (a.qk_nope_head_dim + a.v_head_dim),
+            down_split,
         })
     }
 }

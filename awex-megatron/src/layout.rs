@@ -181,12 +181,21 @@ impl MegatronLayout {
             Local::ExpertFc2(l, j) => self.names(l).expert_fc2[j as usize].clone(),
             Local::StackedFc1(l) => self.names(l).stacked_fc1.clone(),
             Local::StackedFc2(l) => self.names(l).stacked_fc2.clone(),
+            Local::InputNorm(l) => self.names(l).input_norm.clone(),
+            Local::QDown(l) => self.names(l).q_down.clone(),
+            Local::QDownNorm(l) => self.names(l).q_down_norm.clone(),
+            Local::QUp(l) => self.names(l).q_up.clone(),
+            Local::KvDown(l) => self.names(l).kv_down.clone(),
+            Local::KvDownNorm(l) => self.names(l).kv_down_norm.clone(),
+            Local::KvUp(l) => self.names(l).kv_up.clone(),
         }
     }
 
     /// The local parameters of one layer, in Megatron's `named_parameters()` order.
     fn layer_locals(&self, l: u64, out: &mut Vec<Local>) {
-        if self.cfg.local_spec {
+        if self.geo.mla.is_some() {
+            self.mla_locals(l, out);
+        } else if self.cfg.local_spec {
             // the local spec's `input_layernorm` is the layer's first module
             out.extend([Local::QkvNorm(l), Local::Proj(l), Local::Qkv(l)]);
         } else {
@@ -234,6 +243,34 @@ impl MegatronLayout {
             }
         } else {
             out.extend([Local::Fc1Norm(l), Local::Fc1(l), Local::Fc2(l)]);
+        }
+    }
+
+    /// Multi-latent attention's parameters of one layer, in `named_parameters()` order:
+    /// `TransformerLayer` builds `input_layernorm` (a module under every MLA spec) before
+    /// `self_attention`; `MultiLatentAttention.__init__` builds `linear_proj`, then
+    /// `MLASelfAttention.__init__` the q projections, `linear_kv_down_proj`,
+    /// `linear_kv_up_proj`, then the local spec's `q_layernorm` and `kv_layernorm`
+    /// (megatron/core/transformer/multi_latent_attention.py). Transformer Engine's
+    /// `TELayerNormColumnParallelLinear` holds its `layer_norm_weight` before its `weight`
+    /// (`LayerNormLinear.__init__` registers them in that order,
+    /// transformer_engine/pytorch/module/layernorm_linear.py).
+    fn mla_locals(&self, l: u64, out: &mut Vec<Local>) {
+        out.extend([Local::InputNorm(l), Local::Proj(l)]);
+        let local = self.cfg.local_spec;
+        // `Geometry::new` refuses MLA without q_lora_rank (no `linear_q_proj` here)
+        out.push(Local::QDown(l));
+        if !local {
+            out.push(Local::QDownNorm(l));
+        }
+        out.push(Local::QUp(l));
+        out.push(Local::KvDown(l));
+        if !local {
+            out.push(Local::KvDownNorm(l));
+        }
+        out.push(Local::KvUp(l));
+        if local {
+            out.extend([Local::QDownNorm(l), Local::KvDownNorm(l)]);
         }
     }
 
@@ -403,7 +440,7 @@ impl MegatronLayout {
                 Dims::new(&[g.qkv_local_rows])
             }
             Local::Proj(l) => {
-                let cols = g.q_rows / self.cfg.tp;
+                let cols = g.o_cols_local;
                 f(Piece {
                     canon: Canon::at(Part::O, l),
                     region: Region::new([0, tp_r * cols], [h, cols]),
@@ -466,6 +503,13 @@ impl MegatronLayout {
                 }
                 Dims::new(&[per, 2 * n, h])
             }
+            Local::InputNorm(l) => whole(f, Canon::at(Part::InputNorm, l), Dims::new(&[h])),
+            Local::QDown(_)
+            | Local::QDownNorm(_)
+            | Local::QUp(_)
+            | Local::KvDown(_)
+            | Local::KvDownNorm(_)
+            | Local::KvUp(_) => self.mla_pieces(local, tp_r, f),
             Local::StackedFc2(l) => {
                 let (per, n) = (g.experts_local, g.moe_inter_local);
                 for j in 0..per {
@@ -477,6 +521,52 @@ impl MegatronLayout {
                 }
                 Dims::new(&[per, h, n])
             }
+        }
+    }
+
+    /// The pieces of one of MLA's parameters on TP rank `tp_r` (0 for a whole one): each is a
+    /// contiguous slice of its canonical tensor's rows, as Megatron-Core and HF agree on the
+    /// rows' order (per head `[nope | rope]` for the query, `[nope | v]` for the key/value up
+    /// projection, `[latent | rope]` for the key/value down projection: `torch.split` in
+    /// `MLASelfAttention.get_query_key_value_tensors` as in transformers' `DeepseekV3Attention`).
+    fn mla_pieces(&self, local: Local, tp_r: u64, f: &mut impl FnMut(Piece)) -> Dims {
+        let g = &self.geo;
+        let h = g.hidden;
+        let Some(m) = &g.mla else {
+            return Dims::new(&[0]);
+        };
+        // rows [r * n, (r + 1) * n) of a canonical [_, cols] matrix
+        let mut rows = |canon: Canon, n: u64, cols: u64| {
+            f(Piece {
+                canon,
+                region: Region::new([tp_r * n, 0], [n, cols]),
+                local_offset: Dims::new(&[0, 0]),
+            });
+            Dims::new(&[n, cols])
+        };
+        match local {
+            Local::QUp(l) => rows(Canon::at(Part::QUp, l), m.q_rows_local, m.q_lora),
+            Local::KvUp(l) => rows(Canon::at(Part::KvUp, l), m.kv_up_rows_local, m.kv_lora),
+            Local::QDown(l) => rows(Canon::at(Part::QDown, l), m.q_lora / m.down_split, h),
+            Local::KvDown(l) => rows(Canon::at(Part::KvDown, l), m.kv_down_rows / m.down_split, h),
+            Local::QDownNorm(l) => {
+                let n = m.q_lora;
+                f(Piece {
+                    canon: Canon::at(Part::QDownNorm, l),
+                    region: Region::new([0], [n]),
+                    local_offset: Dims::new(&[0]),
+                });
+                Dims::new(&[n])
+            }
+            Local::KvDownNorm(l) => {
+                f(Piece {
+                    canon: Canon::at(Part::KvDownNorm, l),
+                    region: Region::new([0], [m.kv_lora]),
+                    local_offset: Dims::new(&[0]),
+                });
+                Dims::new(&[m.kv_lora])
+            }
+            _ => Dims::new(&[0]),
         }
     }
 
@@ -507,8 +597,15 @@ impl MegatronLayout {
             ],
             Part::LmHead => [Some((Local::OutputLayer, last)), None],
             Part::FinalNorm => [Some((Local::FinalNorm, last)), None],
+            Part::InputNorm if self.geo.mla.is_some() => one(Local::InputNorm(l)),
             Part::InputNorm => one(Local::QkvNorm(l)),
             Part::Q | Part::K | Part::V => one(Local::Qkv(l)),
+            Part::QDown => one(Local::QDown(l)),
+            Part::QDownNorm => one(Local::QDownNorm(l)),
+            Part::QUp => one(Local::QUp(l)),
+            Part::KvDown => one(Local::KvDown(l)),
+            Part::KvDownNorm => one(Local::KvDownNorm(l)),
+            Part::KvUp => one(Local::KvUp(l)),
             Part::QBias | Part::KBias | Part::VBias => one(Local::QkvBias(l)),
             Part::O => one(Local::Proj(l)),
             Part::OBias => one(Local::ProjBias(l)),
@@ -536,8 +633,6 @@ impl MegatronLayout {
                 };
                 one(local)
             }
-            // refused by `new` ([`MAPPED`])
-            _ => [None, None],
         };
         (list, expert)
     }
@@ -586,7 +681,7 @@ impl MegatronLayout {
 }
 
 /// The parts the Megatron layout places; a family with any other part is refused by name.
-const MAPPED: [Part; 26] = [
+const MAPPED: [Part; 32] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -613,6 +708,12 @@ const MAPPED: [Part; 26] = [
     Part::SharedGate,
     Part::SharedUp,
     Part::SharedDown,
+    Part::QDown,
+    Part::QDownNorm,
+    Part::QUp,
+    Part::KvDown,
+    Part::KvDownNorm,
+    Part::KvUp,
 ];
 
 /// The parts of one layer as a set (bit `part as u64`), from the family's list.
@@ -674,7 +775,7 @@ impl SideLayout for MegatronLayout {
         // canonical names repeat within a tensor (q pieces of several groups): build each once
         let mut names: Vec<(Canon, Arc<str>)> = Vec::new();
         for local in locals {
-            let shard = match local.split() {
+            let shard = match local.split(self.cfg.local_spec) {
                 Split::Replicated => Shard::Whole,
                 Split::Tp => Shard::Tp(c.tp),
                 Split::Expert => Shard::Expert {
@@ -719,7 +820,7 @@ impl SideLayout for MegatronLayout {
         let (locals, expert) = self.locals_of(target);
         let mut out = Vec::new();
         for (local, stage) in locals.into_iter().flatten() {
-            match local.split() {
+            match local.split(self.cfg.local_spec) {
                 Split::Replicated => {
                     self.push_holders(&mut out, target, local, stage, Shard::Whole)
                 }

@@ -24,6 +24,13 @@ const GROUPED_FC: &str = "mlp.experts.linear_";
 const STACKED_FC1: &str = "mlp.experts.linear_fc1.weight";
 /// `TEGroupedMLP`'s stacked fc2 with `moe_single_grouped_weight`.
 const STACKED_FC2: &str = "mlp.experts.linear_fc2.weight";
+/// MLA's key/value up projection (`MLASelfAttention`, megatron/core/transformer/multi_latent_attention.py);
+/// its presence marks multi-latent attention, whose input norm is a module under every spec.
+const MLA_KV_UP: &str = "self_attention.linear_kv_up_proj.weight";
+/// MLA's norm after the key/value down projection as a module of its own: the local spec's
+/// (`get_gpt_layer_local_submodules`: `kv_layernorm=qk_norm`); Transformer Engine fuses it into
+/// `linear_kv_up_proj` as `layer_norm_weight`.
+const LOCAL_MLA_KV_NORM: &str = "self_attention.kv_layernorm.weight";
 
 /// A Megatron local parameter, by kind; layer tensors carry their global layer index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +81,25 @@ pub enum Local {
     StackedFc1(u64),
     /// `mlp.experts.linear_fc2.weight`: every local expert's fc2 stacked (`moe_single_grouped_weight`)
     StackedFc2(u64),
+    /// `input_layernorm.weight`: MLA's input norm, a module of its own under every spec
+    /// (`get_gpt_layer_with_transformer_engine_submodules` builds `input_layernorm=TENorm` for MLA)
+    InputNorm(u64),
+    /// MLA `self_attention.linear_q_down_proj.weight`: column-parallel with the local spec
+    /// (`ColumnParallelLinear`, its output gathered), whole with Transformer Engine (`TELinear`,
+    /// `parallel_mode='duplicated'`)
+    QDown(u64),
+    /// MLA `self_attention.q_layernorm.weight` (local spec) or
+    /// `self_attention.linear_q_up_proj.layer_norm_weight` (Transformer Engine)
+    QDownNorm(u64),
+    /// MLA `self_attention.linear_q_up_proj.weight`: column-parallel
+    QUp(u64),
+    /// MLA `self_attention.linear_kv_down_proj.weight`: split as [`Local::QDown`]
+    KvDown(u64),
+    /// MLA `self_attention.kv_layernorm.weight` (local spec) or
+    /// `self_attention.linear_kv_up_proj.layer_norm_weight` (Transformer Engine)
+    KvDownNorm(u64),
+    /// MLA `self_attention.linear_kv_up_proj.weight`: column-parallel
+    KvUp(u64),
 }
 
 /// How a local parameter is replicated and split across the ranks of its stage.
@@ -88,10 +114,16 @@ pub enum Split {
 }
 
 impl Local {
-    /// How this parameter is split.
-    pub fn split(&self) -> Split {
+    /// How this parameter is split; `local_spec`: the model uses the local layer spec, whose
+    /// MLA down projections are column-parallel (whole on every rank with Transformer Engine).
+    pub fn split(&self, local_spec: bool) -> Split {
         match self {
+            Local::QDown(_) | Local::KvDown(_) if local_spec => Split::Tp,
+            Local::QDown(_) | Local::KvDown(_) => Split::Replicated,
             Local::FinalNorm
+            | Local::InputNorm(_)
+            | Local::QDownNorm(_)
+            | Local::KvDownNorm(_)
             | Local::QkvNorm(_)
             | Local::QLayerNorm(_)
             | Local::KLayerNorm(_)
@@ -108,7 +140,9 @@ impl Local {
             | Local::Fc1(_)
             | Local::Fc2(_)
             | Local::SharedFc1(_)
-            | Local::SharedFc2(_) => Split::Tp,
+            | Local::SharedFc2(_)
+            | Local::QUp(_)
+            | Local::KvUp(_) => Split::Tp,
             Local::ExpertFc1(..)
             | Local::ExpertFc2(..)
             | Local::StackedFc1(_)
@@ -158,6 +192,20 @@ pub struct LayerNames {
     pub stacked_fc1: Arc<str>,
     /// `mlp.experts.linear_fc2.weight` (the stacked parameter of `moe_single_grouped_weight`)
     pub stacked_fc2: Arc<str>,
+    /// `input_layernorm.weight` (MLA, every spec)
+    pub input_norm: Arc<str>,
+    /// `self_attention.linear_q_down_proj.weight`
+    pub q_down: Arc<str>,
+    /// `self_attention.q_layernorm.weight` (local spec) or `linear_q_up_proj.layer_norm_weight`
+    pub q_down_norm: Arc<str>,
+    /// `self_attention.linear_q_up_proj.weight`
+    pub q_up: Arc<str>,
+    /// `self_attention.linear_kv_down_proj.weight`
+    pub kv_down: Arc<str>,
+    /// `self_attention.kv_layernorm.weight` (local spec) or `linear_kv_up_proj.layer_norm_weight`
+    pub kv_down_norm: Arc<str>,
+    /// `self_attention.linear_kv_up_proj.weight`
+    pub kv_up: Arc<str>,
 }
 
 /// The pieces of the suffix (after `decoder.layers.{i}.`) of local expert `j`'s `linear_{fc}`
@@ -216,6 +264,16 @@ impl LayerNames {
         } else {
             (TE_QKV_NORM, TE_FC1_NORM)
         };
+        // MLA's latent norms: modules of the local spec (`q_layernorm` / `kv_layernorm`), fused
+        // into the up projections by Transformer Engine (`TELayerNormColumnParallelLinear`)
+        let (q_down_norm, kv_down_norm) = if local_spec {
+            ("self_attention.q_layernorm.weight", LOCAL_MLA_KV_NORM)
+        } else {
+            (
+                "self_attention.linear_q_up_proj.layer_norm_weight",
+                "self_attention.linear_kv_up_proj.layer_norm_weight",
+            )
+        };
         LayerNames {
             qkv_norm: n(qkv_norm),
             qkv: n("self_attention.linear_qkv.weight"),
@@ -236,12 +294,21 @@ impl LayerNames {
             expert_fc2,
             stacked_fc1: n(STACKED_FC1),
             stacked_fc2: n(STACKED_FC2),
+            input_norm: n(LOCAL_QKV_NORM),
+            q_down: n("self_attention.linear_q_down_proj.weight"),
+            q_down_norm: n(q_down_norm),
+            q_up: n("self_attention.linear_q_up_proj.weight"),
+            kv_down: n("self_attention.linear_kv_down_proj.weight"),
+            kv_down_norm: n(kv_down_norm),
+            kv_up: n(MLA_KV_UP),
         }
     }
 }
 
 /// The parallel keys a live rank's parameter names decide, in [`crate::KEYS`] order:
-/// `local_spec` (always: 1 when some name ends in the local spec's `input_layernorm.weight`),
+/// `local_spec` (always: 1 when some name ends in the local spec's `input_layernorm.weight`;
+/// with multi-latent attention, whose input norm is a module under every spec, when some name
+/// ends in the local spec's `self_attention.kv_layernorm.weight`),
 /// then, when the names hold MoE experts, `grouped_gemm` (0 for `SequentialMLP`'s
 /// `mlp.experts.local_experts.{j}.`, 1 for `TEGroupedMLP`'s `mlp.experts.linear_fc1.weight{j}`)
 /// and `single_grouped_weight=1` for a stacked `mlp.experts.linear_fc1.weight`. Names may carry
@@ -255,7 +322,13 @@ pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
             .collect()
     };
     let ends_with_part = |name: &str, part: &str| after(name, part).contains(&name.len());
-    let local = names.iter().any(|n| ends_with_part(n, LOCAL_QKV_NORM));
+    let mla = names.iter().any(|n| ends_with_part(n, MLA_KV_UP));
+    let marker = if mla {
+        LOCAL_MLA_KV_NORM
+    } else {
+        LOCAL_QKV_NORM
+    };
+    let local = names.iter().any(|n| ends_with_part(n, marker));
     let mut out = vec![("local_spec", u64::from(local))];
     // `mlp.experts.linear_fc1.weight{j}`: the stacked name followed by an expert index
     let grouped_expert = |name: &str| {

@@ -98,3 +98,77 @@ def test_attach_needs_torch_distributed():
         pytest.skip("a process group is initialised")
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
         awex.Writer.attach(torch.nn.Linear(2, 2), "http://127.0.0.1:1", "rl")
+
+
+# ---- DeepSeek-V3 (multi-latent attention) on the training side ----
+
+DEEPSEEK_TINY = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
+
+class _Mod:
+    def __init__(self, params, buffers):
+        self._params, self._buffers, self._non_persistent_buffers_set = params, buffers, set()
+
+    def named_parameters(self, recurse=True):
+        return iter(self._params.items())
+
+
+class _Tree:
+    """A torch-like module tree holding exactly `names` (``expert_bias`` as a buffer)."""
+
+    def __init__(self, names):
+        self._mods = {}
+        for n in names:
+            prefix, leaf = n.rsplit(".", 1)
+            params, buffers = self._mods.setdefault(prefix, ({}, {}))
+            (buffers if leaf == "expert_bias" else params)[leaf] = n
+
+    def named_modules(self):
+        return ((p, _Mod(params, buffers)) for p, (params, buffers) in self._mods.items())
+
+    def named_parameters(self):
+        for p, (params, _) in self._mods.items():
+            for leaf, v in params.items():
+                yield f"{p}.{leaf}", v
+
+
+@pytest.mark.parametrize("local_spec", [1, 0])
+def test_megatron_attach_finds_every_deepseek_tensor_awex_lays_out(gateway, pair_name, local_spec):
+    """Every name of a Megatron rank's DeepSeek-V3 layout (from the Rust backend, MLA's
+    projections and latent norms, the router's expert_bias buffer) is found by
+    ``megatron.named_tensors`` in the layout's order, and the names read back the layer spec
+    (MLA's input_layernorm is a module under Transformer Engine too)."""
+    train = f"megatron:tp=2,ep=2,etp=1,local_spec={local_spec}"
+    ctl = awex.Controller(gateway)
+    ctl.connect(pair_name, model=DEEPSEEK_TINY, train=train, infer="megatron:tp=1,local_spec=1", transport="shm")
+    try:
+        for rank in range(2):
+            with awex.Writer(gateway, pair_name, rank) as w:
+                names = [t["name"] for t in w.layout()]
+            assert "decoder.layers.1.mlp.router.expert_bias" in names
+            assert any(n.endswith("self_attention.linear_kv_up_proj.weight") for n in names)
+            found = [n for n, _ in awex.megatron.named_tensors(_Tree(names))]
+            assert found == names
+            assert _attach._names_spec(names) == {"local_spec": local_spec, "grouped_gemm": 1 - local_spec}
+    finally:
+        ctl.disconnect()

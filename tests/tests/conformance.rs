@@ -359,3 +359,77 @@ fn glm_plans_into_fused_and_separate_shared_experts_are_exact() {
     // every router (2 MoE layers) goes bf16 -> fp32 into each engine
     assert!(converted >= 5 * 2, "{converted}");
 }
+
+// ---- DeepSeek-V3 on the training side ----
+
+/// DeepSeek-V3 (MLA with and without `q_lora_rank`, a dense first layer, shared experts, the
+/// fp32 router bias) in every accepted config of every training backend (Megatron only with
+/// `q_lora_rank`): each layout valid and
+/// covering, and a plan from each into a whole-checkpoint side (`fsdp:dp=1`, the checkpoint's
+/// names and shapes) moves exactly the canonical bytes. (The inference backends map MLA on
+/// their own; this checks the training side alone.)
+#[test]
+fn deepseek_training_layouts_are_valid_and_plan_exactly_into_the_checkpoint() {
+    awex_tests::link_backends();
+    let with = presets::preset("deepseek-v3-tiny").unwrap();
+    let mut without = with.clone();
+    without.name = "deepseek-v3-tiny-no-q-lora".into();
+    if let Some(a) = &mut without.mla {
+        a.q_lora_rank = None;
+    }
+    let mut checked = 0;
+    for model in [with, without] {
+        let cat = Catalogue::of(&model);
+        let canon = canonical(&cat);
+        let whole: awex_core::BackendSpec = "fsdp:dp=1".parse().unwrap();
+        let dst = awex_core::backend::side_layout(Side::Training, &whole, &model).unwrap();
+        let dst_side = ExplicitSide::from_side(&*dst);
+        let want = buffers(&dst_side, &cat, &canon);
+        let train = layouts(Side::Training, &model);
+        // Megatron-Core 0.19 builds MLA with q_lora_rank only (awex-megatron refuses the other)
+        let backends: &[&str] = if model.mla.is_some_and(|a| a.q_lora_rank.is_some()) {
+            &["fsdp", "megatron"]
+        } else {
+            &["fsdp"]
+        };
+        for want in backends {
+            assert!(
+                train.iter().any(|(b, ..)| b == want),
+                "{}: {want} accepts no config",
+                model.name
+            );
+        }
+        for (backend, p, tl) in train {
+            let what = format!("{backend}:{p} on {}", model.name);
+            check::side(&*tl, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let pair = Pair {
+                catalogue: &cat,
+                training: &*tl,
+                inference: &*dst,
+            };
+            let plans: Vec<_> = tl
+                .ranks()
+                .into_iter()
+                .map(|r| {
+                    pair.plan_rank(Side::Training, r)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"))
+                })
+                .collect();
+            let src = buffers(&ExplicitSide::from_side(&*tl), &cat, &canon);
+            let mut got: RankBuffers = want
+                .iter()
+                .map(|(r, m)| {
+                    let zero = m.iter().map(|(n, b)| (n.clone(), vec![0u8; b.len()]));
+                    (*r, zero.collect())
+                })
+                .collect();
+            simulate(&plans, &src, &mut got).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(
+                got == want,
+                "{what}: executed plans differ from the checkpoint"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} layouts checked");
+}

@@ -202,11 +202,9 @@ fn a_plan_into_vllm_moves_everything_but_the_dropped_tensors() {
 }
 
 #[test]
-fn every_backend_refuses_deepseek_v3_naming_the_first_part_it_does_not_map() {
+fn inference_backends_refuse_deepseek_v3_naming_the_first_part_they_do_not_map() {
     let m = presets::preset("deepseek-v3-tiny").unwrap();
     for (side, spec, backend) in [
-        (Side::Training, "megatron:tp=2", "megatron"),
-        (Side::Training, "fsdp:dp=2", "fsdp"),
         (Side::Inference, "sglang:tp=2", "sglang"),
         (Side::Inference, "vllm:tp=2", "vllm"),
     ] {
@@ -465,4 +463,97 @@ fn fsdp_holds_glm_in_checkpoint_names_with_the_fp32_router_bias_buffer() {
     assert_eq!(h.len(), 1);
     assert_eq!(h[0].ranks.len(), 2);
     assert!(t.contains_key("model.layers.0.mlp.gate_proj.weight"));
+}
+
+// ---- DeepSeek-V3 on the training side (MLA in Megatron-Core's and FSDP's names) ----
+
+#[test]
+fn megatron_holds_deepseek_mla_in_its_names_with_down_projections_by_spec() {
+    let m = presets::preset("deepseek-v3-tiny").unwrap();
+    // megatron/core/transformer/multi_latent_attention.py, MLASelfAttention: with Transformer
+    // Engine the down projections are TELinear(parallel_mode='duplicated') and the latent norms
+    // are fused into the up projections; the up projections are column-parallel over heads
+    let l = layout(Side::Training, "megatron:tp=2,ep=2,etp=1", &m);
+    let t = shaped(&*l, RankId::train(1));
+    let p = "decoder.layers.1.self_attention";
+    assert_eq!(
+        t[&format!("{p}.linear_q_down_proj.weight")],
+        (
+            vec![32, 64],
+            DType::Bf16,
+            strings(&["model.layers.1.self_attn.q_a_proj.weight"])
+        )
+    );
+    assert_eq!(
+        t[&format!("{p}.linear_q_up_proj.layer_norm_weight")].2,
+        strings(&["model.layers.1.self_attn.q_a_layernorm.weight"])
+    );
+    assert_eq!(t[&format!("{p}.linear_q_up_proj.weight")].0, vec![48, 32]);
+    assert_eq!(
+        t[&format!("{p}.linear_kv_down_proj.weight")].0,
+        vec![24, 64]
+    );
+    assert_eq!(
+        t[&format!("{p}.linear_kv_up_proj.layer_norm_weight")].2,
+        strings(&["model.layers.1.self_attn.kv_a_layernorm.weight"])
+    );
+    assert_eq!(t[&format!("{p}.linear_kv_up_proj.weight")].0, vec![64, 16]);
+    assert_eq!(t[&format!("{p}.linear_proj.weight")].0, vec![64, 32]);
+    assert_eq!(
+        t["decoder.layers.1.input_layernorm.weight"].2,
+        strings(&["model.layers.1.input_layernorm.weight"])
+    );
+    assert_eq!(
+        t["decoder.layers.1.mlp.router.expert_bias"],
+        (
+            vec![8],
+            DType::F32,
+            strings(&["model.layers.1.mlp.gate.e_score_correction_bias"])
+        )
+    );
+    assert!(t.contains_key("decoder.layers.0.mlp.linear_fc1.layer_norm_weight"));
+    // the local spec: ColumnParallelLinear down projections, q_layernorm / kv_layernorm modules
+    let l = layout(Side::Training, "megatron:tp=2,local_spec=1", &m);
+    let t = shaped(&*l, RankId::train(1));
+    assert_eq!(t[&format!("{p}.linear_q_down_proj.weight")].0, vec![16, 64]);
+    assert_eq!(
+        t[&format!("{p}.linear_kv_down_proj.weight")].0,
+        vec![12, 64]
+    );
+    assert_eq!(
+        t[&format!("{p}.kv_layernorm.weight")].2,
+        strings(&["model.layers.1.self_attn.kv_a_layernorm.weight"])
+    );
+    assert_eq!(
+        t[&format!("{p}.q_layernorm.weight")].2,
+        strings(&["model.layers.1.self_attn.q_a_layernorm.weight"])
+    );
+}
+
+#[test]
+fn fsdp_holds_deepseek_in_checkpoint_names_and_refuses_tp() {
+    let m = presets::preset("deepseek-v3-tiny").unwrap();
+    let l = layout(Side::Training, "fsdp:dp=2,fused_experts=1", &m);
+    let t = shaped(&*l, RankId::train(0));
+    assert_eq!(
+        t["model.layers.1.self_attn.kv_b_proj.weight"].0,
+        vec![64, 16]
+    );
+    assert_eq!(
+        t["model.layers.1.mlp.gate.e_score_correction_bias"],
+        (
+            vec![8],
+            DType::F32,
+            strings(&["model.layers.1.mlp.gate.e_score_correction_bias"])
+        )
+    );
+    let s: BackendSpec = "fsdp:tp=2".parse().unwrap();
+    let e = side_layout(Side::Training, &s, &m)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("fsdp tp=2 with DeepseekV3ForCausalLM's multi-latent attention"),
+        "{e}"
+    );
 }

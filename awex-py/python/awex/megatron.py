@@ -5,7 +5,10 @@ local spec (``input_layernorm.weight``, ``pre_mlp_layernorm.weight``; connect th
 ``megatron:...,local_spec=1``), and every expert module: TEGroupedMLP
 (``mlp.experts.linear_fc1.weight{j}``), SequentialMLP (``mlp.experts.local_experts.{j}.linear_fc1.weight``,
 ``grouped_gemm=0``; the only one the local spec builds) and a single grouped weight
-(``single_grouped_weight=1``). ``awex.Writer.attach`` picks all of it from the names.
+(``single_grouped_weight=1``). Multi-latent attention (DeepSeek-V3) has ``input_layernorm.weight``
+under both specs; its local spec shows in ``self_attention.kv_layernorm.weight`` (Transformer
+Engine's is ``linear_kv_up_proj.layer_norm_weight``). ``awex.Writer.attach`` picks all of it from
+the names.
 """
 
 from __future__ import annotations

@@ -8,7 +8,15 @@ splits ``[ng, (nq/ng + 2) * hd]``), TP rank r holds rows ``[r/tp, (r+1)/tp)``
 (``tensor_parallel/layers.py`` ``ColumnParallelLinear``); gated ``linear_fc1`` on rank r is
 ``[gate_r; up_r]`` (``transformer/mlp.py`` ``glu``: ``torch.chunk(x, 2, dim=-1)``);
 ``linear_proj`` / ``linear_fc2`` split dim 1 (``RowParallelLinear``); embeddings split the padded
-vocabulary on dim 0 (``VocabParallelEmbedding``). SGLang facts: see the awex design notes
+vocabulary on dim 0 (``VocabParallelEmbedding``). Multi-latent attention
+(``transformer/multi_latent_attention.py`` ``MLASelfAttention``, local spec): ``linear_q_down_proj``,
+``linear_kv_down_proj``, ``linear_q_up_proj`` and ``linear_kv_up_proj`` are
+``ColumnParallelLinear``s, rank r holding rows ``[r/tp, (r+1)/tp)`` (the down projections' outputs
+are gathered after), ``q_layernorm`` / ``kv_layernorm`` whole; the rows keep HF's order (per head
+``[nope | rope]`` for q and ``[nope | v]`` for kv up, ``[latent | rope]`` for kv down:
+``torch.split`` in ``get_query_key_value_tensors``), and the rope dims are de-interleaved at run
+time on both sides (``apply_rotary_pos_emb(mla_rotary_interleaved=True)``, transformers'
+``apply_rotary_pos_emb_interleave``), so no weight is permuted. SGLang facts: see the awex design notes
 (``qkv_proj = [q_r; k_r; v_r]``, kv heads replicated when tp > kv heads, vocab padded to 64).
 """
 
@@ -81,6 +89,39 @@ def megatron_to_hf(ranks: list[dict[str, Any]], hf: dict[str, Any], p: dict[str,
         # expert mesh inside a stage: etp fastest, then ep
         return ranks[st * stage + etp_r + etp * ep_r][name]
 
+    def mlp_of(st: int, b: str, h: str, l: int) -> None:
+        """Layer l's norm before the MLP and its MLP (dense, or router, experts, shared experts)."""
+        r0 = ranks[st * stage]
+        out[h + "post_attention_layernorm.weight"] = r0[b + "pre_mlp_layernorm.weight"]
+        if b + "mlp.router.weight" in r0:
+            out[h + "mlp.gate.weight"] = r0[b + "mlp.router.weight"]
+            if b + "mlp.router.expert_bias" in r0:  # GLM-4.5: the router bias buffer
+                out[h + "mlp.gate.e_score_correction_bias"] = r0[b + "mlp.router.expert_bias"]
+            if b + "mlp.shared_experts.linear_fc1.weight" in r0:  # shared experts, over tp
+                fc1 = tp_shards(st, b + "mlp.shared_experts.linear_fc1.weight")
+                n = fc1[0].shape[0] // 2
+                out[h + "mlp.shared_experts.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
+                out[h + "mlp.shared_experts.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
+                out[h + "mlp.shared_experts.down_proj.weight"] = torch.cat(
+                    tp_shards(st, b + "mlp.shared_experts.linear_fc2.weight"), 1)
+            per = hf["num_experts"] // ep
+            for ep_r in range(ep):
+                for j in range(per):
+                    e = ep_r * per + j
+                    x = f"{b}mlp.experts.local_experts.{j}."
+                    fc1 = [expert_shard(st, ep_r, t, x + "linear_fc1.weight") for t in range(etp)]
+                    n = fc1[0].shape[0] // 2
+                    out[f"{h}mlp.experts.{e}.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
+                    out[f"{h}mlp.experts.{e}.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
+                    out[f"{h}mlp.experts.{e}.down_proj.weight"] = torch.cat(
+                        [expert_shard(st, ep_r, t, x + "linear_fc2.weight") for t in range(etp)], 1
+                    )
+        else:
+            fc1 = tp_shards(st, b + "mlp.linear_fc1.weight")
+            n = fc1[0].shape[0] // 2
+            out[h + "mlp.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
+            out[h + "mlp.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
+            out[h + "mlp.down_proj.weight"] = torch.cat(tp_shards(st, b + "mlp.linear_fc2.weight"), 1)
     for c in range(pp * vpp):
         st, v = chunk_of(c)
         pre = f"model{v}." if vpp > 1 else ""
@@ -89,6 +130,22 @@ def megatron_to_hf(ranks: list[dict[str, Any]], hf: dict[str, Any], p: dict[str,
             h = f"model.layers.{l}."
             r0 = ranks[st * stage]
             out[h + "input_layernorm.weight"] = r0[b + "input_layernorm.weight"]
+            if b + "self_attention.linear_kv_up_proj.weight" in r0:  # DeepSeek-V3's MLA
+                sa, ha = b + "self_attention.", h + "self_attn."
+
+                def rows(n: str, st: int = st, sa: str = sa) -> torch.Tensor:
+                    return torch.cat(tp_shards(st, sa + n), 0)
+
+                # with q_lora_rank: Megatron-Core builds MLA only so (awex-megatron refuses the other)
+                out[ha + "q_a_proj.weight"] = rows("linear_q_down_proj.weight")
+                out[ha + "q_a_layernorm.weight"] = r0[sa + "q_layernorm.weight"]
+                out[ha + "q_b_proj.weight"] = rows("linear_q_up_proj.weight")
+                out[ha + "kv_a_proj_with_mqa.weight"] = rows("linear_kv_down_proj.weight")
+                out[ha + "kv_a_layernorm.weight"] = r0[sa + "kv_layernorm.weight"]
+                out[ha + "kv_b_proj.weight"] = rows("linear_kv_up_proj.weight")
+                out[ha + "o_proj.weight"] = torch.cat(tp_shards(st, sa + "linear_proj.weight"), 1)
+                mlp_of(st, b, h, l)
+                continue
             qkv = torch.cat(tp_shards(st, b + "self_attention.linear_qkv.weight"), 0)
             qkv = qkv.view(ng, nq // ng + 2, hd, -1)
             out[h + "self_attn.q_proj.weight"] = qkv[:, : nq // ng].reshape(nq * hd, -1)
@@ -103,36 +160,7 @@ def megatron_to_hf(ranks: list[dict[str, Any]], hf: dict[str, Any], p: dict[str,
             if b + "self_attention.q_layernorm.weight" in r0:
                 out[h + "self_attn.q_norm.weight"] = r0[b + "self_attention.q_layernorm.weight"]
                 out[h + "self_attn.k_norm.weight"] = r0[b + "self_attention.k_layernorm.weight"]
-            out[h + "post_attention_layernorm.weight"] = r0[b + "pre_mlp_layernorm.weight"]
-            if b + "mlp.router.weight" in r0:
-                out[h + "mlp.gate.weight"] = r0[b + "mlp.router.weight"]
-                if b + "mlp.router.expert_bias" in r0:  # GLM-4.5: the router bias buffer
-                    out[h + "mlp.gate.e_score_correction_bias"] = r0[b + "mlp.router.expert_bias"]
-                if b + "mlp.shared_experts.linear_fc1.weight" in r0:  # shared experts, over tp
-                    fc1 = tp_shards(st, b + "mlp.shared_experts.linear_fc1.weight")
-                    n = fc1[0].shape[0] // 2
-                    out[h + "mlp.shared_experts.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
-                    out[h + "mlp.shared_experts.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
-                    out[h + "mlp.shared_experts.down_proj.weight"] = torch.cat(
-                        tp_shards(st, b + "mlp.shared_experts.linear_fc2.weight"), 1)
-                per = hf["num_experts"] // ep
-                for ep_r in range(ep):
-                    for j in range(per):
-                        e = ep_r * per + j
-                        x = f"{b}mlp.experts.local_experts.{j}."
-                        fc1 = [expert_shard(st, ep_r, t, x + "linear_fc1.weight") for t in range(etp)]
-                        n = fc1[0].shape[0] // 2
-                        out[f"{h}mlp.experts.{e}.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
-                        out[f"{h}mlp.experts.{e}.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
-                        out[f"{h}mlp.experts.{e}.down_proj.weight"] = torch.cat(
-                            [expert_shard(st, ep_r, t, x + "linear_fc2.weight") for t in range(etp)], 1
-                        )
-            else:
-                fc1 = tp_shards(st, b + "mlp.linear_fc1.weight")
-                n = fc1[0].shape[0] // 2
-                out[h + "mlp.gate_proj.weight"] = torch.cat([s[:n] for s in fc1], 0)
-                out[h + "mlp.up_proj.weight"] = torch.cat([s[n:] for s in fc1], 0)
-                out[h + "mlp.down_proj.weight"] = torch.cat(tp_shards(st, b + "mlp.linear_fc2.weight"), 1)
+            mlp_of(st, b, h, l)
     vocab = hf["vocab_size"]
     first_pre = "model0." if vpp > 1 else ""
     last_pre = f"model{vpp - 1}." if vpp > 1 else ""

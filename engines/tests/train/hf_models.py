@@ -1,4 +1,4 @@
-"""Small HF models (Qwen2, Qwen3, Qwen3-MoE, GLM-4.5 MoE) with random weights, written as HF checkpoints
+"""Small HF models (Qwen2, Qwen3, Qwen3-MoE, GLM-4.5 MoE, DeepSeek-V3) with random weights, written as HF checkpoints
 (config.json + model.safetensors with the checkpoint's per-expert names), and their logits."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ BASE = dict(
 
 
 def config(kind: str, **over: Any) -> Any:
-    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe, glm4_moe), float32."""
+    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe, glm4_moe, deepseek_v3), float32."""
     import transformers
 
     kw = dict(BASE)
@@ -37,6 +37,18 @@ def config(kind: str, **over: Any) -> Any:
             attention_bias=True, use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
             norm_topk_prob=True, num_nextn_predict_layers=0, **kw)
+    elif kind == "deepseek_v3":
+        # DeepSeek-V3 (MLA: q down/up, kv down with the rope part, kv up),
+        # layer 0 dense, then MoE with a shared expert and the router's e_score_correction_bias
+        # (a persistent buffer); plain rope (no yarn) and no MTP layer
+        kw.pop("head_dim")  # transformers sets it to qk_rope_head_dim
+        kw["num_key_value_heads"] = kw["num_attention_heads"]  # one latent for all heads
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+        cfg = transformers.DeepseekV3Config(
+            q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+            norm_topk_prob=True, routed_scaling_factor=2.5, num_mtp_layers=0, **kw)
     else:
         kw.setdefault("num_experts", 4)
         kw.setdefault("num_experts_per_tok", 2)

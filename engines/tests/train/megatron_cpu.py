@@ -26,6 +26,19 @@ The fusions are off in the config (``bias_activation_fusion``, ``masked_softmax_
 ``persist_layer_norm``, ``gradient_accumulation_fusion``, ``apply_rope_fusion``,
 ``bias_dropout_fusion``), ``use_cpu_initialization=True``, and the layer spec is
 ``get_gpt_layer_local_spec`` (no Transformer Engine on CPU).
+
+DeepSeek-V3's multi-latent attention (MLA) with the local spec does not build as is: the local
+``DotProductAttention`` (``megatron/core/transformer/dot_product_attention.py``) takes no
+``k_channels`` / ``v_channels``, which ``MultiLatentAttention.__init__``
+(``megatron/core/transformer/multi_latent_attention.py``) passes to its core attention.
+``MlaCoreAttention`` below stands in for it: it holds no parameter or buffer (so the model's
+parameters are exactly Megatron's) and computes what ``DotProductAttention.forward`` computes
+(softmax(q k^T * softmax_scale, causal mask) v per head, probabilities in fp32), with MLA's
+value head size. MLA without ``q_lora_rank`` (``linear_q_proj``) does not build with the local
+spec in Megatron-Core 0.19.2: ``QKNormConfigResolver`` (``transformer/mla_qk_norm_config.py``)
+refuses the spec's ``q_layernorm`` without ``q_lora_rank`` and, with it taken out, asks for a
+fused norm + linear ``linear_q_proj``, which only Transformer Engine provides (and whose
+``layer_norm_weight`` no HF checkpoint has): awex-megatron refuses that model.
 """
 
 from __future__ import annotations
@@ -44,6 +57,40 @@ def install_shims() -> None:
 
     tracker = mrandom.get_cuda_rng_tracker()
     tracker.fork = lambda *a, **k: contextlib.nullcontext()  # type: ignore[method-assign]
+
+
+class MlaCoreAttention(torch.nn.Module):
+    """A parameter-free core attention for MLA on CPU (see the module docstring): the math of
+    ``DotProductAttention.forward`` for ``[s, b, heads, k]`` queries/keys and ``[s, b, heads, v]``
+    values, the boolean mask True where attention is masked; returns ``[s, b, heads * v]``."""
+
+    def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
+                 attention_dropout: float | None = None, softmax_scale: float | None = None,
+                 k_channels: int | None = None, v_channels: int | None = None, **_: Any) -> None:
+        super().__init__()
+        self.softmax_scale = softmax_scale if softmax_scale is not None else (k_channels or 1) ** -0.5
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
+                attention_bias: Any = None, packed_seq_params: Any = None) -> torch.Tensor:
+        assert packed_seq_params is None and attention_bias is None
+        # [s, b, n, d] -> [b, n, s, d]
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale
+        if attention_mask is not None:
+            scores = scores.masked_fill(attention_mask, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+        ctx = torch.matmul(probs, v)  # [b, n, s, v]
+        s, b = query.shape[0], query.shape[1]
+        return ctx.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def _use_mla_core_attention(spec: Any) -> Any:
+    """The layer spec(s) with ``MlaCoreAttention`` as every MLA layer's core attention."""
+    layers = getattr(spec, "layer_specs", None)
+    for layer in layers if layers is not None else [spec]:
+        layer.submodules.self_attention.submodules.core_attention = MlaCoreAttention
+    return spec
 
 
 def padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
@@ -69,11 +116,34 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
     tp, pp, vpp = p.get("tp", 1), p.get("pp", 1), p.get("vpp", 1)
     qwen2 = hf["architectures"][0].startswith("Qwen2")
     glm = hf["architectures"][0] == "Glm4MoeForCausalLM"
+    deepseek = hf["architectures"][0] == "DeepseekV3ForCausalLM"
     moe = "num_experts" in hf and hf.get("num_experts", 0) > 0
     kw: dict[str, Any] = {}
     qkv_bias, qk_norm = qwen2, not qwen2
     dense = set(hf.get("mlp_only_layers", []))
     rotary_percent = 1.0
+    if deepseek:
+        # multi-latent attention with its latent norms (q_layernorm / kv_layernorm with the local
+        # spec), plain rope on the rope dims (softmax scale 1/sqrt(nope + rope): no yarn mscale)
+        qk_norm = True
+        dense = set(range(hf["first_k_dense_replace"]))
+        kw.update(
+            multi_latent_attention=True,
+            q_lora_rank=hf["q_lora_rank"],
+            kv_lora_rank=hf["kv_lora_rank"],
+            qk_head_dim=hf["qk_nope_head_dim"],
+            qk_pos_emb_head_dim=hf["qk_rope_head_dim"],
+            v_head_dim=hf["v_head_dim"],
+            rope_type="rope",
+            rotary_base=(hf.get("rope_parameters") or {}).get("rope_theta", 10000),
+            rotary_scaling_factor=1.0,
+            moe_shared_expert_intermediate_size=hf["n_shared_experts"] * hf["moe_intermediate_size"],
+            moe_router_score_function="sigmoid",
+            moe_router_enable_expert_bias=True,
+            moe_router_bias_update_rate=0.0,
+            moe_router_topk_scaling_factor=hf.get("routed_scaling_factor", 1.0),
+            moe_router_dtype="fp32",
+        )
     if glm:
         qkv_bias, qk_norm = bool(hf["attention_bias"]), bool(hf["use_qk_norm"])
         dense = set(range(hf["first_k_dense_replace"]))
@@ -108,7 +178,9 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
         kw["num_layers_in_last_pipeline_stage"] = p["last_stage_layers"]
     if vpp > 1:
         kw["virtual_pipeline_model_parallel_size"] = vpp
-    cfg = TransformerConfig(
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    cfg = (MLATransformerConfig if deepseek else TransformerConfig)(
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
         num_attention_heads=hf["num_attention_heads"],
@@ -141,6 +213,7 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
         num_experts=hf.get("num_experts") if moe else None,
         moe_grouped_gemm=False,
         qk_layernorm=qk_norm,
+        multi_latent_attention=deepseek,
         normalization="RMSNorm",
     )
     if moe and dense:
@@ -149,6 +222,8 @@ def build_gpt(hf: dict[str, Any], case: dict[str, Any]) -> list[Any]:
 
         assert vpp == 1, "dense and MoE layers are built with vpp 1 here"
         spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization="RMSNorm")
+    if deepseek:
+        spec = _use_mla_core_attention(spec)
     tied = bool(hf.get("tie_word_embeddings", False))
     chunks = []
     for v in range(vpp):

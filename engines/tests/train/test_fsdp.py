@@ -2,7 +2,9 @@
 on every rank, each parameter's ``to_local()`` equals awex's layout for that rank byte for byte
 (name, shape, dtype and the bytes placed from the checkpoint), the mesh is read back by
 ``Writer.attach``, and an update from the real DTensors (rewritten in place) into SGLang-layout
-readers is bit-exact against an independent conversion.
+readers (for DeepSeek-V3, whose SGLang side is mapped apart, one Megatron tp=1 reader,
+converted back to HF by ``convert.megatron_to_hf``) is bit-exact against an independent
+conversion.
 
 transformers 5 holds Qwen3-MoE experts fused (``mlp.experts.gate_up_proj``); the per-expert
 names of transformers 4 are checked with transformers 4 imported from the folder named by
@@ -36,12 +38,19 @@ WORLDS = {
         # GLM-4.5: the router's e_score_correction_bias is a buffer, registered by attach
         dict(name="glm_fused_dp2", kind="glm4_moe", over=MOE, parallel={"dp": 2, "fused_experts": 1},
              infer="sglang:tp=2,fused_shared_experts=0"),
+        # DeepSeek-V3: MLA (q/kv down and up projections, their norms), a dense first layer, a
+        # shared expert, the router's e_score_correction_bias buffer
+        dict(name="deepseek_fused_dp2", kind="deepseek_v3", over=MOE, parallel={"dp": 2, "fused_experts": 1},
+             infer="megatron:tp=1,local_spec=1"),
     ],
     3: [
         dict(name="dp3_uneven", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"dp": 3}, infer="sglang:tp=1"),
         # 4 experts over 3 ranks: torch.chunk gives 2, 2 and an empty shard
         dict(name="moe_fused_dp3", kind="qwen3_moe", over=MOE, parallel={"dp": 3, "fused_experts": 1},
              infer="sglang:tp=1"),
+        # 4 experts over 3 ranks, MLA's rows unevenly
+        dict(name="deepseek_fused_dp3", kind="deepseek_v3", over=MOE, parallel={"dp": 3, "fused_experts": 1},
+             infer="megatron:tp=1,local_spec=1"),
     ],
     4: [
         dict(name="hsdp_2x2", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"dp": 2, "replicate": 2},
@@ -97,7 +106,7 @@ def run_world(world: int, cases: list[dict], out: str, env: dict | None = None) 
         for case in cases:
             name = case["name"]
             th = harness.Threads()
-            ranks = int(case["infer"].split("tp=")[1].split(",")[0])
+            ranks = 1 if case["infer"].startswith("megatron:") else int(case["infer"].split("tp=")[1].split(",")[0])
             state[name]["received"] = harness.receive(gw, f"{name}-update", ranks, th)
             harness.wait_ready(ctl, f"{name}-update", procs, out)
             ctl.update(1, timeout=harness.TIMEOUT, pair=f"{name}-update")
@@ -153,9 +162,12 @@ def test_to_local_equals_awex_layout_byte_for_byte(request, name):
     if name.startswith("moe_fused"):
         names = [n for n, *_ in st["ranks"][0]["real"]]
         assert "model.layers.0.mlp.experts.gate_up_proj" in names
-    if name.startswith("glm"):
+    if name.startswith(("glm", "deepseek")):
         names = [n for n, *_ in st["ranks"][0]["real"]]
         assert "model.layers.1.mlp.gate.e_score_correction_bias" in names
+    if name.startswith("deepseek"):
+        names = [n for n, *_ in st["ranks"][0]["real"]]
+        assert "model.layers.0.self_attn.kv_b_proj.weight" in names
     if name.endswith("_tf4"):
         names = [n for n, *_ in st["ranks"][0]["real"]]
         assert "model.layers.0.mlp.experts.0.gate_proj.weight" in names
@@ -166,6 +178,14 @@ def test_to_local_equals_awex_layout_byte_for_byte(request, name):
 def test_update_from_real_dtensors_is_bit_exact(request, name):
     st = result(request, name)
     rewritten = {n: t * 1.5 + 0.25 for n, t in st["canon"].items()}
+    if st["case"]["infer"].startswith("megatron:"):
+        # one Megatron tp=1 reader, back to HF by the independent conversion
+        (arrays,) = st["received"].values()
+        got = convert.megatron_to_hf([{n: torch.from_numpy(a) for n, a in arrays.items()}], st["hf"], {})
+        assert sorted(got) == sorted(rewritten)
+        for n, t in got.items():
+            assert t.numpy().tobytes() == rewritten[n].numpy().tobytes(), f"`{n}` differs"
+        return
     infer = dict(kv.split("=") for kv in st["case"]["infer"].split(":")[1].split(","))
     tp, ep = int(infer["tp"]), int(infer.get("ep", 1))
     for r, arrays in st["received"].items():

@@ -7,8 +7,14 @@ gloo (local layer spec, fp32): for every case, on every rank,
     ``fsdp:dp=1`` Writer of the checkpoint's tensors; the real parameters registered as the
     readers' tensors), gives the HF transformers model's logits within fp32 tolerance;
 (c) an update from the real parameters (rewritten in place, registered by ``Writer.attach``)
-    into SGLang-layout readers is bit-exact against an independent conversion, and the
+    into SGLang-layout readers (for DeepSeek-V3, whose SGLang side is mapped apart, one
+    Megatron tp=1 reader, converted back to HF by ``convert.megatron_to_hf``) is bit-exact
+    against an independent conversion, and the
     conversion of the rewritten parameters back to HF is bit-exact against the checkpoint.
+
+DeepSeek-V3 runs Megatron-Core's multi-latent attention with the local spec and a parameter-free
+core attention in place of the local ``DotProductAttention``, which refuses MLA's head sizes
+(``megatron_cpu.MlaCoreAttention``; it holds no weight, so every parameter is Megatron's own).
 """
 
 from __future__ import annotations
@@ -45,6 +51,15 @@ WORLD2 = [
          infer="sglang:tp=2,fused_shared_experts=0"),
     dict(name="glm_ep2", kind="glm4_moe", over={"num_hidden_layers": 2}, parallel={"dp": 2, "ep": 2},
          infer="sglang:tp=2,ep=2"),
+    # ---- DeepSeek-V3: MLA with q_lora_rank (Megatron-Core's local-spec down projections split
+    # over tp), a dense first layer, a shared expert, the router's expert_bias buffer; the update
+    # goes into one Megatron tp=1 reader
+    dict(name="deepseek_tp2", kind="deepseek_v3", over={"num_hidden_layers": 2}, parallel={"tp": 2},
+         infer="megatron:tp=1,local_spec=1"),
+    dict(name="deepseek_pp2", kind="deepseek_v3", over={"num_hidden_layers": 2}, parallel={"pp": 2},
+         infer="megatron:tp=1,local_spec=1"),
+    dict(name="deepseek_ep2", kind="deepseek_v3", over={"num_hidden_layers": 2}, parallel={"dp": 2, "ep": 2},
+         infer="megatron:tp=1,local_spec=1"),
 ]
 WORLD4 = [
     dict(name="tp4_kv2", kind="qwen3", over={"num_hidden_layers": 2}, parallel={"tp": 4}, infer="sglang:tp=4"),
@@ -93,7 +108,7 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
             harness.wait_ready(ctl, f"{name}-load", procs, out)
             ctl.update(1, timeout=harness.TIMEOUT, pair=f"{name}-load")
             th.wait()
-            infer_ranks = int(case["infer"].split("tp=")[1].split(",")[0])
+            infer_ranks = infer_world(case["infer"])
             th = harness.Threads()
             state[name]["received"] = harness.receive(gw, f"{name}-update", infer_ranks, th)
             harness.wait_ready(ctl, f"{name}-update", procs, out)
@@ -105,6 +120,13 @@ def run_world(world: int, cases: list[dict], out: str) -> dict:
     for name in state:
         state[name]["ranks"] = [r.get(name, {"error": "no result"}) for r in ranks]
     return state
+
+
+def infer_world(infer: str) -> int:
+    """The ranks of an update pair's receiving side: SGLang's tp, or 1 for a Megatron tp=1 side."""
+    if infer.startswith("megatron:"):
+        return 1
+    return int(infer.split("tp=")[1].split(",")[0])
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +183,14 @@ def test_update_from_real_parameters_is_bit_exact(request, name):
     assert sorted(rebuilt) == sorted(st["canon"])
     for n, t in st["canon"].items():
         assert torch.equal(rebuilt[n], t * 1.5 + 0.25), n
+    if st["case"]["infer"].startswith("megatron:"):
+        # one Megatron tp=1 reader: back to HF by the same independent conversion
+        (arrays,) = st["received"].values()
+        got = convert.megatron_to_hf([{n: torch.from_numpy(a) for n, a in arrays.items()}], st["hf"], {})
+        assert sorted(got) == sorted(rebuilt)
+        for n, t in got.items():
+            assert t.numpy().tobytes() == rebuilt[n].numpy().tobytes(), f"`{n}` differs"
+        return
     infer = dict(kv.split("=") for kv in st["case"]["infer"].split(":")[1].split(","))
     tp, ep = int(infer["tp"]), int(infer.get("ep", 1))
     for r, arrays in st["received"].items():
