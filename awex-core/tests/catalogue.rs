@@ -296,7 +296,7 @@ fn every_preset_name_resolves_to_a_spec_of_that_name() {
         let glm_qk = spec.architecture == Architecture::Glm4Moe && spec.use_qk_norm;
         assert_eq!(spec.qk_norm(), qwen3 || glm_qk, "{name}");
     }
-    assert_eq!(presets::names().len(), 15);
+    assert_eq!(presets::names().len(), 16);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 

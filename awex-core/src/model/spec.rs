@@ -928,7 +928,7 @@ mod tests {
                 "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
                  config.json or HF directory; presets: qwen3-tiny, qwen3-0.6b, qwen3-8b, \
                  qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b, \
-                 deepseek-v3-tiny, deepseek-v3, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air"
+                 deepseek-v3-tiny, deepseek-v3, mla-moe-30b, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air"
                     .to_string()
             )
         );
