@@ -6,7 +6,7 @@
 # Expects a prebuilt x86-64 binary in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
 # Env: RUNS="8b-per-tensor 8b-contiguous 8b-expandable moe-contiguous moe-per-tensor moe-expandable
-# demo-8b demo-moe torch"
+# mla-per-tensor mla-contiguous demo-8b demo-moe demo-mla torch"
 # picks the runs; CUBIN=1 also compiles the copy kernel for sm_90 with the machine's ptxas
 # (written to $OUT/copy_rows.sm_90.cubin). Logs and JSON go to $OUT (a temporary folder when unset).
 set -uo pipefail
@@ -56,6 +56,8 @@ demo() { # name timeout args...
 }
 P8="--model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1"
 PM="--model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1"
+# an MLA + MoE model of 30B (DeepSeek-V3's shape; SGLang fuses the shared expert at ep 1 on H200)
+PL="--model mla-moe-30b --train megatron:tp=1 --infer sglang:tp=1,fused_shared_experts=1"
 for r in $RUNS; do
   case $r in
     8b-per-tensor) bench 8b-per-tensor 120 $P8 --sender-alloc per-tensor --updates 7 ;;
@@ -111,6 +113,9 @@ for r in $RUNS; do
     8b-expandable) bench 8b-expandable 120 $P8 --sender-alloc expandable --updates 7 ;;
     moe-expandable) bench moe-expandable 240 $PM --sender-alloc expandable --updates 5 ;;
     moe-per-tensor) bench moe-per-tensor 240 $PM --sender-alloc per-tensor --updates 5 ;;
+    mla-per-tensor) bench mla-per-tensor 240 $PL --sender-alloc per-tensor --updates 5 ;;
+    mla-contiguous) bench mla-contiguous 240 $PL --sender-alloc contiguous --updates 5 ;;
+    demo-mla) demo mla 300 $PL --updates 3 ;;
     moe-per-tensor-t8) AWEX_IPC_OPEN_THREADS=8 bench moe-per-tensor-t8 240 $PM --sender-alloc per-tensor --updates 3 --no-verify ;;
     demo-tiny) demo tiny 120 --model qwen3-tiny --train megatron:tp=1 --infer sglang:tp=1 --updates 7 ;;
     demo-8b) demo 8b 200 $P8 --updates 5 ;;
