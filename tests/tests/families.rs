@@ -207,8 +207,6 @@ fn every_backend_refuses_deepseek_v3_naming_the_first_part_it_does_not_map() {
     for (side, spec, backend) in [
         (Side::Training, "megatron:tp=2", "megatron"),
         (Side::Training, "fsdp:dp=2", "fsdp"),
-        (Side::Inference, "sglang:tp=2", "sglang"),
-        (Side::Inference, "vllm:tp=2", "vllm"),
     ] {
         let s: BackendSpec = spec.parse().unwrap();
         let e = match side_layout(side, &s, &m) {
@@ -465,4 +463,149 @@ fn fsdp_holds_glm_in_checkpoint_names_with_the_fp32_router_bias_buffer() {
     assert_eq!(h.len(), 1);
     assert_eq!(h[0].ranks.len(), 2);
     assert!(t.contains_key("model.layers.0.mlp.gate_proj.weight"));
+}
+
+// ---- DeepSeek-V3 (MLA) on the inference engines ----
+
+fn deepseek() -> ModelSpec {
+    presets::preset("deepseek-v3-tiny").unwrap()
+}
+
+fn deepseek_without_q_lora() -> ModelSpec {
+    let mut m = deepseek();
+    m.mla.as_mut().unwrap().q_lora_rank = None;
+    m
+}
+
+#[test]
+fn sglang_holds_deepseek_mla_fused_down_projection_and_head_split_up_projections() {
+    let m = deepseek();
+    // sglang/srt/models/deepseek_v2.py, DeepseekV2AttentionMLA: fused_qkv_a_proj_with_mqa a
+    // ReplicatedLinear of q_lora_rank + kv_lora_rank + qk_rope_head_dim rows (32 + 16 + 8),
+    // filled by the loader with cat([q_a_proj, kv_a_proj_with_mqa]); q_b_proj and kv_b_proj
+    // ColumnParallelLinear (2 of 4 heads per rank: 2 * (16 + 8) and 2 * (16 + 16) rows);
+    // o_proj RowParallelLinear (2 heads of v_head_dim 16)
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=0", &m);
+    for r in 0..2 {
+        let t = shaped(&*l, RankId::infer(0, r));
+        let a = "model.layers.1.self_attn";
+        assert_eq!(
+            t[&format!("{a}.fused_qkv_a_proj_with_mqa.weight")],
+            (
+                vec![56, 64],
+                DType::Bf16,
+                strings(&[
+                    &format!("{a}.q_a_proj.weight"),
+                    &format!("{a}.kv_a_proj_with_mqa.weight")
+                ])
+            )
+        );
+        assert_eq!(t[&format!("{a}.q_a_layernorm.weight")].0, vec![32]);
+        assert_eq!(t[&format!("{a}.q_b_proj.weight")].0, vec![48, 32]);
+        assert_eq!(t[&format!("{a}.kv_a_layernorm.weight")].0, vec![16]);
+        assert_eq!(t[&format!("{a}.kv_b_proj.weight")].0, vec![64, 16]);
+        assert_eq!(t[&format!("{a}.o_proj.weight")].0, vec![64, 32]);
+        assert!(!t.keys().any(|n| n.contains("qkv_proj")), "{t:?}");
+        // DeepseekV2MoE: MoEGate's weight in the model's dtype (router_fp32 unset), its
+        // e_score_correction_bias fp32 (topk_method noaux_tc); layer 0 dense
+        let p = "model.layers.1.mlp";
+        assert_eq!(t[&format!("{p}.gate.weight")].1, DType::Bf16);
+        assert_eq!(
+            t[&format!("{p}.gate.e_score_correction_bias")],
+            (
+                vec![8],
+                DType::F32,
+                strings(&[&format!("{p}.gate.e_score_correction_bias")])
+            )
+        );
+        assert_eq!(t[&format!("{p}.experts.w13_weight")].0, vec![8, 32, 64]);
+        assert_eq!(
+            t[&format!("{p}.shared_experts.gate_up_proj.weight")].0,
+            vec![32, 64]
+        );
+        assert_eq!(t["model.layers.0.mlp.gate_up_proj.weight"].0, vec![128, 64]);
+        // untied: SGLang's own ParallelLMHead
+        assert_eq!(t["lm_head.weight"].0, vec![512, 64]);
+    }
+    // the query down projection is rows 0..32 of the fused tensor on every rank, the key/value
+    // down projection (with the rotary key) rows 32..56
+    let a = "model.layers.2.self_attn";
+    let h = l.holders(&format!("{a}.kv_a_proj_with_mqa.weight"));
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ranks.len(), 2);
+    assert_eq!(
+        &*h[0].tensor,
+        &format!("{a}.fused_qkv_a_proj_with_mqa.weight")
+    );
+    assert_eq!(h[0].local_offset.as_slice(), &[32, 0]);
+    assert_eq!(h[0].region.extent.as_slice(), &[24, 64]);
+    // heads 2 and 3 of kv_b_proj on rank 1: rows 64..128
+    let h = l.holders(&format!("{a}.kv_b_proj.weight"));
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[1].region.offset.as_slice(), &[64, 0]);
+    assert_eq!(h[1].region.extent.as_slice(), &[64, 16]);
+    // o_proj: rank 1 holds the value columns of heads 2 and 3
+    let h = l.holders(&format!("{a}.o_proj.weight"));
+    assert_eq!(h[1].region.offset.as_slice(), &[0, 32]);
+}
+
+#[test]
+fn sglang_holds_deepseek_without_q_lora_rank_as_plain_q_proj_and_kv_a_proj() {
+    let m = deepseek_without_q_lora();
+    // DeepseekV2AttentionMLA without q_lora_rank: q_proj a ColumnParallelLinear,
+    // kv_a_proj_with_mqa a ReplicatedLinear, nothing fused (the loader fuses only with
+    // q_lora_rank)
+    let l = layout(Side::Inference, "sglang:tp=2,ep=2", &m);
+    let t = shaped(&*l, RankId::infer(0, 1));
+    let a = "model.layers.0.self_attn";
+    assert_eq!(
+        t[&format!("{a}.q_proj.weight")],
+        (
+            vec![48, 64],
+            DType::Bf16,
+            strings(&[&format!("{a}.q_proj.weight")])
+        )
+    );
+    assert_eq!(t[&format!("{a}.kv_a_proj_with_mqa.weight")].0, vec![24, 64]);
+    assert!(!t.keys().any(|n| n.contains("fused_qkv_a_proj")), "{t:?}");
+    assert!(!t.keys().any(|n| n.contains("q_a_")), "{t:?}");
+    let h = l.holders(&format!("{a}.q_proj.weight"));
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[1].region.offset.as_slice(), &[48, 0]);
+    // ep=2: 4 of 8 experts per rank, the shared experts apart (fusion is off under EP)
+    assert_eq!(
+        t["model.layers.1.mlp.experts.w13_weight"].0,
+        vec![4, 64, 64]
+    );
+}
+
+#[test]
+fn sglang_fuses_deepseek_shared_experts_only_when_told_and_ties_the_head_to_the_embedding() {
+    let m = deepseek();
+    let e = match side_layout(
+        Side::Inference,
+        &"sglang:tp=2".parse::<BackendSpec>().unwrap(),
+        &m,
+    ) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("fused_shared_experts=1 or fused_shared_experts=0"),
+        "{e}"
+    );
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=1", &m);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    let p = "model.layers.2.mlp";
+    assert_eq!(t[&format!("{p}.experts.w13_weight")].0, vec![9, 32, 64]);
+    assert!(!t.keys().any(|n| n.contains("shared_experts")), "{t:?}");
+    // tied: DeepseekV2ForCausalLM makes lm_head the embedding module itself (listed once)
+    let tied = ModelSpec {
+        tie_word_embeddings: true,
+        ..m
+    };
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=0", &tied);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    assert!(!t.contains_key("lm_head.weight"), "{t:?}");
+    assert_eq!(l.holders("model.embed_tokens.weight").len(), 2);
 }
