@@ -609,3 +609,70 @@ fn sglang_fuses_deepseek_shared_experts_only_when_told_and_ties_the_head_to_the_
     assert!(!t.contains_key("lm_head.weight"), "{t:?}");
     assert_eq!(l.holders("model.embed_tokens.weight").len(), 2);
 }
+
+#[test]
+fn vllm_holds_deepseek_mla_as_fused_qkv_a_proj_and_experts_below_routed_experts() {
+    // vllm/model_executor/models/deepseek_v2.py, DeepseekV2MLAAttention: fused_qkv_a_proj a
+    // DeepSeekV2FusedQkvAProjLinear (MergedColumnParallelLinear, disable_tp) of
+    // [q_lora_rank, kv_lora_rank + qk_rope_head_dim] rows; q_b_proj / kv_b_proj column, o_proj
+    // row; DeepseekV2MoE: GateLinear in the model's dtype, the fp32 e_score_correction_bias, the
+    // shared experts a DeepseekV2MLP, the routed ones in the MoERunner's routed_experts
+    let m = deepseek();
+    let l = layout(Side::Inference, "vllm:tp=2", &m);
+    let t = shaped(&*l, RankId::infer(0, 1));
+    let a = "model.layers.1.self_attn";
+    assert_eq!(
+        t[&format!("{a}.fused_qkv_a_proj.weight")],
+        (
+            vec![56, 64],
+            DType::Bf16,
+            strings(&[
+                &format!("{a}.q_a_proj.weight"),
+                &format!("{a}.kv_a_proj_with_mqa.weight")
+            ])
+        )
+    );
+    assert_eq!(t[&format!("{a}.q_b_proj.weight")].0, vec![48, 32]);
+    assert_eq!(t[&format!("{a}.kv_b_proj.weight")].0, vec![64, 16]);
+    assert_eq!(t[&format!("{a}.o_proj.weight")].0, vec![64, 32]);
+    let p = "model.layers.1.mlp";
+    assert_eq!(t[&format!("{p}.gate.weight")].1, DType::Bf16);
+    assert_eq!(
+        t[&format!("{p}.gate.e_score_correction_bias")].1,
+        DType::F32
+    );
+    assert_eq!(
+        t[&format!("{p}.experts.routed_experts.w13_weight")].0,
+        vec![8, 32, 64]
+    );
+    assert_eq!(
+        t[&format!("{p}.shared_experts.gate_up_proj.weight")].0,
+        vec![32, 64]
+    );
+    // without q_lora_rank: q_proj and kv_a_proj_with_mqa apart
+    let l = layout(
+        Side::Inference,
+        "vllm:tp=2,ep=2",
+        &deepseek_without_q_lora(),
+    );
+    let t = shaped(&*l, RankId::infer(0, 0));
+    assert_eq!(t[&format!("{a}.q_proj.weight")].0, vec![48, 64]);
+    assert_eq!(t[&format!("{a}.kv_a_proj_with_mqa.weight")].0, vec![24, 64]);
+    assert!(!t.keys().any(|n| n.contains("fused_qkv_a_proj")), "{t:?}");
+    assert_eq!(
+        t[&format!("{p}.experts.routed_experts.w13_weight")].0,
+        vec![4, 64, 64]
+    );
+    // DeepseekV2ForCausalLM always builds its own ParallelLMHead (never tied): a tied config's
+    // head is a copy of the embedding
+    let tied = ModelSpec {
+        tie_word_embeddings: true,
+        ..deepseek()
+    };
+    let l = layout(Side::Inference, "vllm:tp=2", &tied);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    assert_eq!(
+        t["lm_head.weight"].2,
+        strings(&["model.embed_tokens.weight"])
+    );
+}
