@@ -28,7 +28,7 @@ use std::sync::Arc;
 /// (`named_parameters()` lists the embedding once): `DeepseekV2ForCausalLM.__init__`
 /// (`self.lm_head = self.model.embed_tokens` at pp 1). Other MoE classes (Qwen3-MoE, GLM-4.5,
 /// Mixtral) keep their own `lm_head` whatever the config says.
-pub const TIED_HEAD_IS_EMBEDDING: &[&str] = &["DeepseekV3ForCausalLM"];
+pub const TIED_HEAD_IS_EMBEDDING: &[&str] = &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"];
 
 /// SGLang's module of MLA's fused query and key/value down projections
 /// (`DeepseekV2AttentionMLA.fused_qkv_a_proj_with_mqa`).

@@ -63,7 +63,7 @@ pub const CLASS_DROPS: &[(&str, &[Part])] = &[
 ];
 
 /// vLLM 0.33 classes with their own `lm_head.weight` even for a tied config (module docs).
-pub const OWN_HEAD_WHEN_TIED: &[&str] = &["DeepseekV3ForCausalLM"];
+pub const OWN_HEAD_WHEN_TIED: &[&str] = &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"];
 
 /// vLLM's module of MLA's fused query and key/value down projections.
 pub const MLA_DOWN: &str = "fused_qkv_a_proj";

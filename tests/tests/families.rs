@@ -676,3 +676,50 @@ fn vllm_holds_deepseek_mla_as_fused_qkv_a_proj_and_experts_below_routed_experts(
         strings(&["model.embed_tokens.weight"])
     );
 }
+
+#[test]
+fn sglang_and_vllm_lay_out_kimi_k2_at_tp16_ep16() {
+    // Kimi-K2 (1T): 64 heads, 384 routed experts + 1 shared, q_lora_rank 1536, kv_lora_rank 512
+    let m = presets::preset("kimi-k2").unwrap();
+    for spec in ["sglang:tp=16,ep=16", "vllm:tp=16,ep=16"] {
+        let l = layout(Side::Inference, spec, &m);
+        let t = shaped(&*l, RankId::infer(0, 15));
+        let a = "model.layers.60.self_attn";
+        let down = if spec.starts_with("sglang") {
+            "fused_qkv_a_proj_with_mqa"
+        } else {
+            "fused_qkv_a_proj"
+        };
+        // 1536 + 512 + 64 rows, whole on every rank
+        assert_eq!(
+            t[&format!("{a}.{down}.weight")].0,
+            vec![2112, 7168],
+            "{spec}"
+        );
+        // 4 of 64 heads: 4 * (128 + 64) query rows, 4 * (128 + 128) key/value rows
+        assert_eq!(
+            t[&format!("{a}.q_b_proj.weight")].0,
+            vec![768, 1536],
+            "{spec}"
+        );
+        assert_eq!(
+            t[&format!("{a}.kv_b_proj.weight")].0,
+            vec![1024, 512],
+            "{spec}"
+        );
+        assert_eq!(
+            t[&format!("{a}.o_proj.weight")].0,
+            vec![7168, 512],
+            "{spec}"
+        );
+        // experts 360..384 on the last rank
+        let w13 = t
+            .iter()
+            .find(|(n, _)| {
+                n.starts_with("model.layers.60.mlp.experts") && n.ends_with("w13_weight")
+            })
+            .unwrap();
+        assert_eq!(w13.1.0, vec![24, 4096, 7168], "{spec}");
+        assert!(w13.1.2[0].contains(".360."), "{spec}: {:?}", &w13.1.2[..2]);
+    }
+}
