@@ -111,7 +111,7 @@ pub enum SglangConfigError {
     /// A model with shared experts at ep 1, where SGLang may hold them fused into the routed
     /// experts or apart, and the deployment does not say which.
     #[error(
-        "{class} has shared experts, which SGLang 0.5.23 at ep=1 fuses into the routed experts (one more expert in `mlp.experts.w13_weight` / `w2_weight`) on NVIDIA GPUs of compute capability >= 8.0 and AMD MI300 unless the server runs with --disable-shared-experts-fusion, and keeps apart (`mlp.shared_experts.gate_up_proj`) otherwise (CPU, older GPUs, that flag): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
+        "{class} has shared experts, which SGLang 0.5.23 at ep=1 may fuse into the routed experts (one more expert in `mlp.experts.w13_weight` / `w2_weight`): on NVIDIA GPUs of compute capability >= 8.0 and AMD MI300, unless the server runs with --disable-shared-experts-fusion, and for DeepSeek-V3 only with 256 routed experts and 1 shared expert (not Kimi-K2's 384 in bf16) unless it runs with --enforce-shared-experts-fusion; otherwise it keeps them apart (`mlp.shared_experts.gate_up_proj`; CPU, older GPUs): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
     )]
     SharedExpertsFusionUnset {
         /// the HF class
@@ -172,7 +172,10 @@ impl SglangLayout {
     /// SGLang 0.5.23 decides before it builds the model (`resolve_shared_experts_config`,
     /// `layers/moe/utils.py`): fused unless `--disable-shared-experts-fusion` or the class's
     /// `shared_experts_fusion_disable_reason` (`models/glm4_moe.py`: neither CUDA of
-    /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8). Fused, the
+    /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8;
+    /// `models/deepseek_v2.py` also: a `DeepseekV3ForCausalLM` config of 256 routed experts
+    /// (384 only Quark-quantised) and one shared expert, unless
+    /// `--enforce-shared-experts-fusion`). Fused, the
     /// loader renames
     /// `mlp.shared_experts.*` to expert `n_routed_experts` (`load_weights`,
     /// `iter_weights_with_fused_shared_experts`) and `FusedMoE` holds `n_routed_experts + 1`
