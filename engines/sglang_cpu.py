@@ -133,9 +133,27 @@ def fuse_shared_experts_as_on_gpu(class_name: str) -> None:
     cls.shared_experts_fusion_disable_reason = classmethod(lambda cls, hf_config, quant_config: None)
 
 
+def derived(model: Any) -> dict[str, Any]:
+    """Every tensor the model holds besides its parameters: its buffers (``buffer:NAME``) and the
+    tensors its modules keep as plain attributes (``derived:MODULE.ATTR``), which is where
+    ``post_load_weights`` puts what it derives from the loaded weights (DeepSeek's MLA:
+    ``self_attn.w_kc`` / ``w_vc`` from ``kv_b_proj.weight``, ``deepseek_weight_loader.py``)."""
+    import torch
+
+    out = {f"buffer:{n}": b for n, b in model.named_buffers()}
+    for name, module in model.named_modules():
+        for attr, v in vars(module).items():
+            if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter):
+                out[f"derived:{name}.{attr}"] = v
+    return out
+
+
 def snapshot(model: Any) -> dict[str, Any]:
-    """A copy of every parameter (``named_parameters()`` order and names)."""
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    """A copy of every parameter (``named_parameters()`` order and names), then of every derived
+    tensor and buffer (``derived``)."""
+    out = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out.update({n: t.detach().clone() for n, t in derived(model).items()})
+    return out
 
 
 def first_difference(got: Any, want: Any) -> str | None:

@@ -161,6 +161,28 @@ impl EngineControl for SglangControl {
                 info.dp_size
             ));
         }
+        if info.enable_dp_attention || info.attn_dp_size > 1 {
+            let what = if info.attn_dp_size > 1 {
+                format!("attn_dp_size={}", info.attn_dp_size)
+            } else {
+                "enable_dp_attention=true".to_string()
+            };
+            return Err(format!(
+                "the server runs attention data parallelism ({what}, --attn-dp-size / --enable-dp-attention): \
+                 it splits attention (MLA's q_b_proj, kv_b_proj, o_proj) over attn_tp = tp / attn_dp_size ranks and \
+                 replicates it across the groups, which awex does not lay out; start the server without it"
+            ));
+        }
+        if let Some(dense) = info.moe_dense_tp_size
+            && dense != info.tp_size
+        {
+            return Err(format!(
+                "the server runs moe_dense_tp_size={dense} with tp_size={}: SGLang then holds the dense MLP \
+                 layers of an MoE model over {dense} rank(s) instead of tp, which awex does not lay out; \
+                 start the server without --moe-dense-tp-size",
+                info.tp_size
+            ));
+        }
         for (key, live) in [("tp", info.tp_size), ("ep", info.ep_size)] {
             let declared = expect.parallel.get_or(key, 1);
             if declared != live {

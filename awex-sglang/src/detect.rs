@@ -32,6 +32,12 @@ pub struct ServerInfo {
     pub version: Option<String>,
     /// Whether attention runs data-parallel inside the TP group.
     pub enable_dp_attention: bool,
+    /// Attention data-parallel groups inside the TP group (`attn_dp_size`, SGLang >= 0.5.23;
+    /// 1 when absent).
+    pub attn_dp_size: u64,
+    /// The tensor-parallel size of the dense MLP layers of an MoE model (`moe_dense_tp_size`;
+    /// `None`: tp).
+    pub moe_dense_tp_size: Option<u64>,
 }
 
 impl ServerInfo {
@@ -62,6 +68,11 @@ impl ServerInfo {
                 .get("enable_dp_attention")
                 .and_then(Value::as_bool)
                 .unwrap_or(false),
+            attn_dp_size: size("attn_dp_size", Some(1))?,
+            moe_dense_tp_size: match obj.get("moe_dense_tp_size") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(size("moe_dense_tp_size", None)?),
+            },
         })
     }
 

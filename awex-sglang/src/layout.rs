@@ -6,11 +6,33 @@
 //! directions lazily: [`SideLayout::rank_layout`] builds one rank's tensors, and
 //! [`SideLayout::holders`] derives every shard of one canonical tensor from the sharding rules,
 //! without building any rank.
+//!
+//! Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2), from SGLang 0.5.23's
+//! `models/deepseek_v2.py` (`DeepseekV2AttentionMLA.__init__`) and
+//! `models/deepseek_common/deepseek_weight_loader.py` (`do_load_weights`): with `q_lora_rank`,
+//! `self_attn.fused_qkv_a_proj_with_mqa` is a `ReplicatedLinear` of
+//! `q_lora_rank + kv_lora_rank + qk_rope_head_dim` rows, which the loader fills with
+//! `torch.cat([q_a_proj, kv_a_proj_with_mqa])`; `q_a_layernorm` and `kv_a_layernorm` are
+//! replicated; `q_b_proj` and `kv_b_proj` are `ColumnParallelLinear` (heads over attention tp,
+//! which is tp without attention data parallelism); `o_proj` a `RowParallelLinear`. Without
+//! `q_lora_rank`, `q_proj` (column) and `kv_a_proj_with_mqa` (replicated) stay apart.
+//! `post_load_weights` derives `w_kc` / `w_vc` from `kv_b_proj.weight`, which stays a
+//! parameter: awex writes `kv_b_proj` and `awex.sglang.receive` runs `post_load_weights`.
 
 use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
 use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
 use awex_core::model::{ModelSpec, Part};
 use std::sync::Arc;
+
+/// SGLang classes whose `lm_head` is the embedding module itself when the config ties them
+/// (`named_parameters()` lists the embedding once): `DeepseekV2ForCausalLM.__init__`
+/// (`self.lm_head = self.model.embed_tokens` at pp 1). Other MoE classes (Qwen3-MoE, GLM-4.5,
+/// Mixtral) keep their own `lm_head` whatever the config says.
+pub const TIED_HEAD_IS_EMBEDDING: &[&str] = &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"];
+
+/// SGLang's module of MLA's fused query and key/value down projections
+/// (`DeepseekV2AttentionMLA.fused_qkv_a_proj_with_mqa`).
+pub const MLA_DOWN: &str = "fused_qkv_a_proj_with_mqa";
 
 /// SGLang pads the vocabulary of `VocabParallelEmbedding` / `ParallelLMHead` to a multiple of this.
 pub const VOCAB_PADDING: u64 = 64;
@@ -94,7 +116,7 @@ pub enum SglangConfigError {
     /// A model with shared experts at ep 1, where SGLang may hold them fused into the routed
     /// experts or apart, and the deployment does not say which.
     #[error(
-        "{class} has shared experts, which SGLang 0.5.23 at ep=1 fuses into the routed experts (one more expert in `mlp.experts.w13_weight` / `w2_weight`) on NVIDIA GPUs of compute capability >= 8.0 and AMD MI300 unless the server runs with --disable-shared-experts-fusion, and keeps apart (`mlp.shared_experts.gate_up_proj`) otherwise (CPU, older GPUs, that flag): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
+        "{class} has shared experts, which SGLang 0.5.23 at ep=1 may fuse into the routed experts (one more expert in `mlp.experts.w13_weight` / `w2_weight`): on NVIDIA GPUs of compute capability >= 8.0 and AMD MI300, unless the server runs with --disable-shared-experts-fusion, and for DeepSeek-V3 only with 256 routed experts and 1 shared expert (not Kimi-K2's 384 in bf16) unless it runs with --enforce-shared-experts-fusion; otherwise it keeps them apart (`mlp.shared_experts.gate_up_proj`; CPU, older GPUs): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
     )]
     SharedExpertsFusionUnset {
         /// the HF class
@@ -167,7 +189,10 @@ impl SglangLayout {
     /// SGLang 0.5.23 decides before it builds the model (`resolve_shared_experts_config`,
     /// `layers/moe/utils.py`): fused unless `--disable-shared-experts-fusion` or the class's
     /// `shared_experts_fusion_disable_reason` (`models/glm4_moe.py`: neither CUDA of
-    /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8). Fused, the
+    /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8;
+    /// `models/deepseek_v2.py` also: a `DeepseekV3ForCausalLM` config of 256 routed experts
+    /// (384 only Quark-quantised) and one shared expert, unless
+    /// `--enforce-shared-experts-fusion`). Fused, the
     /// loader renames
     /// `mlp.shared_experts.*` to expert `n_routed_experts` (`load_weights`,
     /// `iter_weights_with_fused_shared_experts`) and `FusedMoE` holds `n_routed_experts + 1`
@@ -201,7 +226,8 @@ impl SglangLayout {
         let kv = spec.num_kv_heads;
         let kv_split = tp <= kv && kv % tp == 0;
         let kv_replicated = tp > kv && kv > 0 && tp % kv == 0;
-        if !kv_split && !kv_replicated {
+        // MLA: one latent key/value for every head, replicated (no KV heads to split)
+        if spec.mla.is_none() && !kv_split && !kv_replicated {
             return Err(SglangConfigError::KvHeads { kv_heads: kv, tp });
         }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
@@ -285,6 +311,8 @@ impl SglangLayout {
         // keeps a separate `lm_head.weight` holding the tied embedding
         let lm_head = if !spec.tie_word_embeddings {
             LmHead::Own(Arc::from("lm_head.weight"))
+        } else if TIED_HEAD_IS_EMBEDDING.contains(&spec.architecture.hf_name()) {
+            LmHead::Absent
         } else if spec.moe.is_some() {
             LmHead::Tied(Arc::from("model.embed_tokens.weight"))
         } else {
@@ -301,6 +329,7 @@ impl SglangLayout {
                 routed_experts: "",
                 drops: &[],
                 fused_shared_experts: fused_shared,
+                mla_down: MLA_DOWN,
             },
         )
         .map_err(|e| SglangConfigError::Layout(e.to_string()))?;

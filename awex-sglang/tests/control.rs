@@ -63,6 +63,46 @@ fn a_server_that_disagrees_with_the_pair_is_named_with_both_values() {
 }
 
 #[test]
+fn attention_data_parallelism_and_a_dense_mlp_tp_of_its_own_are_refused_at_connect() {
+    let c = control();
+    let p = ParallelConfig::from_pairs([("tp", 4), ("ep", 1)]);
+    // SGLang 0.5.23 reports attn_dp_size, and enable_dp_attention = attn_dp_size > 1
+    for info in [
+        json!({"tp_size": 4, "attn_dp_size": 2}),
+        json!({"tp_size": 4, "enable_dp_attention": true}),
+    ] {
+        let e = c.check_server(&info, &expect(&p)).unwrap_err();
+        assert!(
+            e.starts_with("the server runs attention data parallelism (attn_dp_size=2")
+                || e.starts_with(
+                    "the server runs attention data parallelism (enable_dp_attention=true"
+                ),
+            "{e}"
+        );
+        assert!(e.contains("start the server without it"), "{e}");
+    }
+    let e = c
+        .check_server(&json!({"tp_size": 4, "moe_dense_tp_size": 1}), &expect(&p))
+        .unwrap_err();
+    assert!(
+        e.starts_with("the server runs moe_dense_tp_size=1 with tp_size=4"),
+        "{e}"
+    );
+    // the defaults pass
+    for info in [
+        json!({"tp_size": 4, "attn_dp_size": 1, "enable_dp_attention": false}),
+        json!({"tp_size": 4, "moe_dense_tp_size": null}),
+        json!({"tp_size": 4, "moe_dense_tp_size": 4}),
+    ] {
+        let e = c.check_server(&info, &expect(&p)).err().unwrap_or_default();
+        assert!(
+            !e.contains("attention data") && !e.contains("moe_dense"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn success_false_is_the_engines_own_message() {
     let c = control();
     let call = EngineCall::post("/pause_generation", json!({}));

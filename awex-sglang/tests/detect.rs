@@ -19,6 +19,8 @@ fn recorded_responses_parse_into_server_info() {
             model_path: Some("Qwen/Qwen3-30B-A3B".into()),
             version: Some("0.5.2".into()),
             enable_dp_attention: false,
+            attn_dp_size: 1,
+            moe_dense_tp_size: None,
         })
     );
     let v040: Value = serde_json::from_str(V040).expect("fixture is JSON");

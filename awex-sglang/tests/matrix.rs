@@ -102,6 +102,37 @@ fn tied_models_round_trip_in_every_config() {
     }
 }
 
+/// DeepSeek-V3's MLA (with and without `q_lora_rank`), shared experts apart and fused, in
+/// every MoE config SGLang accepts for it.
+#[test]
+fn deepseek_v3_mla_round_trips_in_every_config() {
+    let mut no_q_lora = preset("deepseek-v3-tiny").expect("preset");
+    no_q_lora.mla.as_mut().expect("mla").q_lora_rank = None;
+    let mut checked = 0;
+    for spec in [preset("deepseek-v3-tiny").expect("preset"), no_q_lora] {
+        let cat = Catalogue::of(&spec);
+        for &(tp, ep, engines) in MOE_CONFIGS {
+            for fused in [0, 1] {
+                let p = ParallelConfig::from_pairs([
+                    ("tp", tp),
+                    ("ep", ep),
+                    ("engines", engines),
+                    ("fused_shared_experts", fused),
+                ]);
+                match SglangBackend.layout(&spec, &p) {
+                    Ok(side) => {
+                        common::check_side(side.as_ref(), &cat);
+                        checked += 1;
+                    }
+                    // SGLang fuses the shared experts at ep=1 only
+                    Err(e) => assert!(fused == 1 && ep > 1, "{} {p}: {e}", spec.name),
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 2 * (6 + 3));
+}
+
 #[test]
 fn uneven_vocab_padding_round_trips_at_tp3() {
     let spec = ModelSpec {

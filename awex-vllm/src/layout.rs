@@ -36,6 +36,19 @@
 //!   `attention_bias` says, and `AutoWeightsLoader` (`models/utils.py`) ignores an unexpected
 //!   `.bias`, so a Qwen3 checkpoint's `o_proj.bias` is dropped; `models/llama.py` keeps it
 //!   (`bias_o_proj = attention_bias`).
+//! - multi-head latent attention (`models/deepseek_v2.py`, `DeepseekV2MLAAttention`; DeepSeek-V2,
+//!   V3, Kimi-K2): with `q_lora_rank`, `self_attn.fused_qkv_a_proj` is a
+//!   `DeepSeekV2FusedQkvAProjLinear` (a `MergedColumnParallelLinear` with `disable_tp=True`:
+//!   whole on every rank) of `[q_lora_rank, kv_lora_rank + qk_rope_head_dim]` rows, filled by
+//!   `load_weights` from `q_a_proj` (shard 0) and `kv_a_proj_with_mqa` (shard 1); without it,
+//!   `q_proj` (`ColumnParallelLinear`) and `kv_a_proj_with_mqa` (`ReplicatedLinear`) apart;
+//!   `q_a_layernorm` / `kv_a_layernorm` replicated; `q_b_proj`, `kv_b_proj` column-parallel by
+//!   heads, `o_proj` row-parallel. The router `mlp.gate` (`GateLinear`) keeps the model's dtype
+//!   (`moe_router_dtype` unset), its `e_score_correction_bias` is fp32 (`topk_method: noaux_tc`).
+//! - classes that build their own `lm_head` whatever `tie_word_embeddings` says
+//!   ([`OWN_HEAD_WHEN_TIED`]): `DeepseekV2ForCausalLM.__init__` always builds a
+//!   `ParallelLMHead` and its `load_weights` never ties it, so a tied checkpoint leaves it
+//!   unwritten there; awex writes the tied embedding into it.
 
 use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
 use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
@@ -48,6 +61,12 @@ pub const CLASS_DROPS: &[(&str, &[Part])] = &[
     ("Qwen3ForCausalLM", &[Part::OBias]),
     ("Qwen3MoeForCausalLM", &[Part::OBias]),
 ];
+
+/// vLLM 0.33 classes with their own `lm_head.weight` even for a tied config (module docs).
+pub const OWN_HEAD_WHEN_TIED: &[&str] = &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"];
+
+/// vLLM's module of MLA's fused query and key/value down projections.
+pub const MLA_DOWN: &str = "fused_qkv_a_proj";
 
 /// vLLM pads the vocabulary of `VocabParallelEmbedding` / `ParallelLMHead` to a multiple of this
 /// (`DEFAULT_VOCAB_PADDING_SIZE`, `model_executor/layers/vocab_parallel_embedding.py`).
@@ -193,7 +212,8 @@ impl VllmLayout {
         let kv = spec.num_kv_heads;
         let kv_split = tp <= kv && kv % tp == 0;
         let kv_replicated = tp > kv && kv > 0 && tp % kv == 0;
-        if !kv_split && !kv_replicated {
+        // MLA: one latent key/value for every head, replicated (no KV heads to split)
+        if spec.mla.is_none() && !kv_split && !kv_replicated {
             return Err(VllmConfigError::KvHeads { kv_heads: kv, tp });
         }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
@@ -232,7 +252,11 @@ impl VllmLayout {
             });
         }
         let vocab_rows = padded / tp;
-        let lm_head = if spec.tie_word_embeddings {
+        let lm_head = if spec.tie_word_embeddings
+            && OWN_HEAD_WHEN_TIED.contains(&spec.architecture.hf_name())
+        {
+            LmHead::Tied(Arc::from("model.embed_tokens.weight"))
+        } else if spec.tie_word_embeddings {
             LmHead::Absent
         } else {
             LmHead::Own(Arc::from("lm_head.weight"))
@@ -253,6 +277,7 @@ impl VllmLayout {
                 // `resolve_layer_fused_shared_expert` (fused_moe/utils.py) fuses shared experts
                 // only with ROCm AITER; on NVIDIA and CPU they stay a `shared_experts` MLP
                 fused_shared_experts: false,
+                mla_down: MLA_DOWN,
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;

@@ -55,6 +55,50 @@ ARCHS = {
     ),
 }
 
+# ---- DeepSeek-V3 (MLA) ----
+#: DeepSeek-V3: MLA with q_lora_rank (and a case without: a plain q_proj), layer 0 dense
+#: (first_k_dense_replace), layer 1 MoE with a shared expert and the router's fp32
+#: e_score_correction_bias (a buffer in transformers; SGLang and vLLM build it only with
+#: topk_method noaux_tc). 4 heads, so tp 2 holds 2 heads per rank.
+_DEEPSEEK = {
+    "num_key_value_heads": 4,
+    "head_dim": 8,  # transformers' DeepseekV3Config: qk_rope_head_dim
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "num_nextn_predict_layers": 0,
+}
+ARCHS["DeepseekV3ForCausalLM"] = ("DeepseekV3Config", {**_DEEPSEEK, "q_lora_rank": 32})
+ARCHS["DeepseekV3ForCausalLM-no-q-lora"] = ("DeepseekV3Config", {**_DEEPSEEK, "q_lora_rank": None})
+#: Config fields written into config.json after transformers saved it: what SGLang and vLLM read
+#: that transformers' DeepseekV3Config does not keep (it maps rope_scaling to rope_parameters and
+#: has no topk_method / scoring_func / moe_layer_freq): SGLang's CPU rotary embedding asserts on
+#: DeepSeek's yarn rope_scaling, DeepseekV2DecoderLayer reads moe_layer_freq, and both engines
+#: build the router bias only for topk_method noaux_tc.
+_DEEPSEEK_CONFIG = {
+    "rope_scaling": {"type": "yarn", "factor": 1.0, "original_max_position_embeddings": 256,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "moe_layer_freq": 1,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "routed_scaling_factor": 2.5,
+}
+#: A case's model class where its key is not one (a variant of a class).
+CLASS_OF = {"DeepseekV3ForCausalLM-no-q-lora": "DeepseekV3ForCausalLM"}
+#: Fields patched into a case's saved config.json.
+CONFIG_PATCH = {"DeepseekV3ForCausalLM": _DEEPSEEK_CONFIG, "DeepseekV3ForCausalLM-no-q-lora": _DEEPSEEK_CONFIG}
+# ---- end DeepSeek-V3 ----
+
 
 def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None = None) -> str:
     """Writes a checkpoint of ``arch`` to ``path``: ``config.json`` + ``model.safetensors`` with
@@ -69,9 +113,9 @@ def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None 
         with open(os.path.join(config_of, "config.json")) as f:
             cfg = getattr(transformers, cls_name).from_dict(json.load(f))
     else:
-        cfg = getattr(transformers, cls_name)(**BASE, **extra, tie_word_embeddings=tied, torch_dtype="float32")
+        cfg = getattr(transformers, cls_name)(**{**BASE, **extra}, tie_word_embeddings=tied, torch_dtype="float32")
     with torch.device("cpu"):
-        model = getattr(transformers, arch)(cfg)
+        model = getattr(transformers, CLASS_OF.get(arch, arch))(cfg)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(model.named_parameters()):
@@ -80,6 +124,12 @@ def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None 
         for _, b in sorted((n, b) for n, b in model.named_buffers() if n in saved):
             b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float32))
     model.save_pretrained(path, safe_serialization=True)
+    if arch in CONFIG_PATCH:
+        with open(os.path.join(path, "config.json")) as f:
+            saved_cfg = json.load(f)
+        saved_cfg.update(CONFIG_PATCH[arch])
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(saved_cfg, f, indent=2)
     return path
 
 

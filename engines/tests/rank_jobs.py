@@ -44,8 +44,11 @@ def work(version: int, attempt: int = 1) -> list[tuple[str, Any]]:
 
 
 def compare(model: Any, want: dict[str, Any]) -> list[str]:
-    """Every parameter of ``model`` against SGLang's own load of the same checkpoint."""
+    """Every parameter of ``model``, and every tensor SGLang derives after loading (buffers and
+    module attributes such as MLA's ``w_kc`` / ``w_vc``, ``sglang_cpu.derived``), against
+    SGLang's own load of the same checkpoint."""
     got = {n: p.detach() for n, p in model.named_parameters()}
+    got.update({n: t.detach() for n, t in sglang_cpu.derived(model).items()})
     for name, w in want.items():
         if name in got and w.shape[0] < got[name].shape[0]:  # compare only the first rows
             got[name] = got[name][: w.shape[0]]
@@ -92,7 +95,8 @@ def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int,
             sglang_cpu.fuse_shared_experts_as_on_gpu(fused_shared)
         want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in versions}
         result: dict[str, Any] = {"checked": 0, "diffs": [], "params": len(want[versions[0]]),
-                                  "head_is_embedding": []}
+                                  "head_is_embedding": [],
+                                  "derived": sorted(n for n in want[versions[0]] if n.startswith("derived:"))}
         if untied_head:
             w = want[versions[0]]
             # SGLang never writes this lm_head: its vocabulary padding rows hold whatever memory

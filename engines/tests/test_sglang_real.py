@@ -37,12 +37,25 @@ CASES = [
     # the shared expert fused into the routed experts, as SGLang does at ep=1 on an H100/H200
     ("Glm4MoeForCausalLM", False, 1, 1, [("fsdp:dp=1", "shm")], "fused"),
     ("Glm4MoeForCausalLM", False, 2, 1, [("megatron:tp=2", "tcp"), ("fsdp:dp=2", "shm")], "fused"),
+    # ---- DeepSeek-V3 (MLA): fused_qkv_a_proj_with_mqa, q_b_proj / kv_b_proj over tp, the w_kc /
+    # w_vc post_load_weights derives from kv_b_proj, a dense first layer, a shared expert (apart
+    # and fused), the fp32 router bias; and MLA without q_lora_rank (q_proj, kv_a_proj_with_mqa)
+    ("DeepseekV3ForCausalLM", False, 1, 1, [("fsdp:dp=1", "shm"), ("megatron:tp=1", "tcp")]),
+    ("DeepseekV3ForCausalLM", False, 2, 1, [("megatron:tp=2", "tcp"), ("fsdp:dp=2", "shm")]),
+    ("DeepseekV3ForCausalLM", False, 2, 2, [("megatron:tp=1,dp=2,ep=2", "tcp"), ("fsdp:dp=2", "shm")]),
+    ("DeepseekV3ForCausalLM", False, 1, 1, [("fsdp:dp=1", "shm")], "fused"),
+    ("DeepseekV3ForCausalLM", False, 2, 1, [("fsdp:dp=2", "tcp")], "fused"),
+    ("DeepseekV3ForCausalLM-no-q-lora", False, 2, 1, [("fsdp:dp=2", "shm")]),
 ]
 
 #: What the inference spec says beyond tp and ep for a class with shared experts: SGLang 0.5.23
 #: on CPU keeps GLM's shared experts apart (``Glm4MoeForCausalLM.shared_experts_fusion_disable_reason``:
 #: not CUDA), which awex must be told at ep=1; the fused cases fuse them as on a GPU.
-SHARED = {"Glm4MoeForCausalLM"}
+SHARED = {"Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora"}
+
+#: Cases with multi-head latent attention: SGLang derives ``w_kc`` / ``w_vc`` of every layer
+#: after loading (``post_load_weights``), which the comparison must have seen.
+MLA = {"DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora"}
 
 
 def _id(case) -> str:
@@ -83,19 +96,31 @@ def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
     ckpts = ckpt_dir(arch, tied)
     extra = f",fused_shared_experts={int(bool(fused))}" if arch in SHARED else ""
     ctl = awex.Controller(gateway)
-    names = []
+    names, refused = [], []
     for train, transport in pairs:
         name = pair_name(f"{arch[:5]}-{transport}")
         infer = f"sglang:tp={tp},ep={ep}{extra}"
-        ctl.connect(name, model=ckpts[0], train=train, infer=infer, transport=transport,
-                    join_deadline_s=600)
+        try:
+            ctl.connect(name, model=ckpts[0], train=train, infer=infer, transport=transport,
+                        join_deadline_s=600)
+        except Exception as e:  # noqa: BLE001 (the message decides)
+            # the inference side is what this test checks: a training layout that does not map
+            # the family yet (DeepSeek-V3's MLA on Megatron/FSDP comes on another branch) leaves
+            # its pair out, and the case is skipped, naming the refusals, when none is left
+            if "which awex does not map" not in str(e):
+                raise
+            refused.append(f"{train}: {e}")
+            continue
         names.append(name)
+    if not names:
+        pytest.skip("no training layout maps this model yet: " + "; ".join(refused))
+    pairs = [p for p in pairs if not any(r.startswith(f"{p[0]}: ") for r in refused)]
     # SGLang 0.5.23's Qwen3MoeForCausalLM ignores tie_word_embeddings: it always has its own
     # lm_head, which its load_weights leaves unloaded for a tied checkpoint (no lm_head.weight);
     # awex writes the tied embedding there. Pinned below instead of compared.
     untied_head = arch == "Qwen3MoeForCausalLM" and tied
     ranks = Ranks(tp, rank_jobs.receive_job, tp, ep, free_port(), ckpts, gateway, names, [1, 2], untied_head,
-                  arch if fused else None)
+                  checkpoints.CLASS_OF.get(arch, arch) if fused else None)
     try:
         canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2)}
         for name in names:
@@ -111,6 +136,12 @@ def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
         # the warm-up call returns at once (the join runs in the background)
         assert max(res["warmup_s"]) < 5.0, res["warmup_s"]
     assert len({res["params"] for res in results}) == 1
+    if arch in MLA:
+        for res in results:
+            # both layers' MLA absorption tensors were compared (not just the parameters)
+            for layer in (0, 1):
+                for w in ("w_kc", "w_vc"):
+                    assert f"derived:model.layers.{layer}.self_attn.{w}" in res["derived"], res["derived"]
     if untied_head:
         for res in results:
             # awex's lm_head is the embedding, byte for byte; SGLang's own load is not

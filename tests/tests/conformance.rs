@@ -433,3 +433,76 @@ fn deepseek_training_layouts_are_valid_and_plan_exactly_into_the_checkpoint() {
     }
     assert!(checked > 20, "only {checked} layouts checked");
 }
+
+// ---- DeepSeek-V3 (MLA) on the inference engines ----
+
+/// A one-rank training side holding every canonical tensor whole, in its canonical name: the
+/// source of a checkpoint load, for an inference layout checked without a training backend.
+fn canonical_side(cat: &Catalogue) -> ExplicitSide {
+    use awex_core::layout::{Dims, LocalTensor, Placement, RankLayout, Region};
+    let tensors = cat
+        .tensors()
+        .iter()
+        .map(|c| LocalTensor {
+            name: Arc::from(c.name.as_str()),
+            shape: c.shape,
+            dtype: c.dtype,
+            placements: vec![Placement {
+                canonical: Arc::from(c.name.as_str()),
+                region: Region::full(c.shape),
+                local_offset: Dims::zeros(c.shape.ndim()),
+            }],
+        })
+        .collect();
+    ExplicitSide::new(
+        Side::Training,
+        vec![RankLayout {
+            rank: RankId::train(0),
+            tensors,
+        }],
+    )
+}
+
+/// DeepSeek-V3's MLA (with and without `q_lora_rank`), dense first layer, shared experts (fused
+/// and apart) and fp32 router bias: every accepted SGLang and vLLM layout is valid, covering and
+/// round-trips, and a plan from the whole checkpoint moves exactly its bytes.
+#[test]
+fn deepseek_v3_inference_layouts_are_valid_and_plans_from_the_checkpoint_are_exact() {
+    awex_tests::link_backends();
+    let mut no_q_lora = presets::preset("deepseek-v3-tiny").unwrap();
+    no_q_lora.mla.as_mut().unwrap().q_lora_rank = None;
+    let mut checked = 0;
+    for model in [presets::preset("deepseek-v3-tiny").unwrap(), no_q_lora] {
+        let cat = Catalogue::of(&model);
+        let canon = canonical(&cat);
+        let src_side = canonical_side(&cat);
+        let src = buffers(&src_side, &cat, &canon);
+        let infer = layouts(Side::Inference, &model);
+        let backends: HashSet<&str> = infer.iter().map(|(b, _, _)| b.as_str()).collect();
+        assert_eq!(backends.len(), 2, "{backends:?}");
+        for (backend, p, l) in infer {
+            let what = format!("{backend}:{p} on {}", model.name);
+            check::side(&*l, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let pair = Pair {
+                catalogue: &cat,
+                training: &src_side,
+                inference: &*l,
+            };
+            let plan = pair
+                .plan_rank(Side::Training, RankId::train(0))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let want = buffers(&ExplicitSide::from_side(&*l), &cat, &canon);
+            let mut got: RankBuffers = want
+                .iter()
+                .map(|(r, m)| {
+                    let zero = m.iter().map(|(n, b)| (n.clone(), vec![0u8; b.len()]));
+                    (*r, zero.collect())
+                })
+                .collect();
+            simulate(&[plan], &src, &mut got).unwrap();
+            assert!(got == want, "{what}: executed plan differs");
+            checked += 1;
+        }
+    }
+    assert!(checked > 20, "only {checked} layouts checked");
+}

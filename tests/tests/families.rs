@@ -201,27 +201,6 @@ fn a_plan_into_vllm_moves_everything_but_the_dropped_tensors() {
     assert!(moved > 0);
 }
 
-#[test]
-fn inference_backends_refuse_deepseek_v3_naming_the_first_part_they_do_not_map() {
-    let m = presets::preset("deepseek-v3-tiny").unwrap();
-    for (side, spec, backend) in [
-        (Side::Inference, "sglang:tp=2", "sglang"),
-        (Side::Inference, "vllm:tp=2", "vllm"),
-    ] {
-        let s: BackendSpec = spec.parse().unwrap();
-        let e = match side_layout(side, &s, &m) {
-            Ok(_) => panic!("{spec} accepted DeepSeek-V3"),
-            Err(e) => e.to_string(),
-        };
-        assert!(
-            e.contains(
-                "DeepseekV3ForCausalLM (deepseek-v3) has `model.layers.0.self_attn.q_a_proj.weight` (q_down), which awex does not map"
-            ),
-            "{backend}: {e}"
-        );
-    }
-}
-
 fn glm() -> ModelSpec {
     presets::preset("glm-4.5-tiny").unwrap()
 }
@@ -556,4 +535,263 @@ fn fsdp_holds_deepseek_in_checkpoint_names_and_refuses_tp() {
         e.contains("fsdp tp=2 with DeepseekV3ForCausalLM's multi-latent attention"),
         "{e}"
     );
+}
+
+// ---- DeepSeek-V3 (MLA) on the inference engines ----
+
+fn deepseek() -> ModelSpec {
+    presets::preset("deepseek-v3-tiny").unwrap()
+}
+
+fn deepseek_without_q_lora() -> ModelSpec {
+    let mut m = deepseek();
+    m.mla.as_mut().unwrap().q_lora_rank = None;
+    m
+}
+
+#[test]
+fn sglang_holds_deepseek_mla_fused_down_projection_and_head_split_up_projections() {
+    let m = deepseek();
+    // sglang/srt/models/deepseek_v2.py, DeepseekV2AttentionMLA: fused_qkv_a_proj_with_mqa a
+    // ReplicatedLinear of q_lora_rank + kv_lora_rank + qk_rope_head_dim rows (32 + 16 + 8),
+    // filled by the loader with cat([q_a_proj, kv_a_proj_with_mqa]); q_b_proj and kv_b_proj
+    // ColumnParallelLinear (2 of 4 heads per rank: 2 * (16 + 8) and 2 * (16 + 16) rows);
+    // o_proj RowParallelLinear (2 heads of v_head_dim 16)
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=0", &m);
+    for r in 0..2 {
+        let t = shaped(&*l, RankId::infer(0, r));
+        let a = "model.layers.1.self_attn";
+        assert_eq!(
+            t[&format!("{a}.fused_qkv_a_proj_with_mqa.weight")],
+            (
+                vec![56, 64],
+                DType::Bf16,
+                strings(&[
+                    &format!("{a}.q_a_proj.weight"),
+                    &format!("{a}.kv_a_proj_with_mqa.weight")
+                ])
+            )
+        );
+        assert_eq!(t[&format!("{a}.q_a_layernorm.weight")].0, vec![32]);
+        assert_eq!(t[&format!("{a}.q_b_proj.weight")].0, vec![48, 32]);
+        assert_eq!(t[&format!("{a}.kv_a_layernorm.weight")].0, vec![16]);
+        assert_eq!(t[&format!("{a}.kv_b_proj.weight")].0, vec![64, 16]);
+        assert_eq!(t[&format!("{a}.o_proj.weight")].0, vec![64, 32]);
+        assert!(!t.keys().any(|n| n.contains("qkv_proj")), "{t:?}");
+        // DeepseekV2MoE: MoEGate's weight in the model's dtype (router_fp32 unset), its
+        // e_score_correction_bias fp32 (topk_method noaux_tc); layer 0 dense
+        let p = "model.layers.1.mlp";
+        assert_eq!(t[&format!("{p}.gate.weight")].1, DType::Bf16);
+        assert_eq!(
+            t[&format!("{p}.gate.e_score_correction_bias")],
+            (
+                vec![8],
+                DType::F32,
+                strings(&[&format!("{p}.gate.e_score_correction_bias")])
+            )
+        );
+        assert_eq!(t[&format!("{p}.experts.w13_weight")].0, vec![8, 32, 64]);
+        assert_eq!(
+            t[&format!("{p}.shared_experts.gate_up_proj.weight")].0,
+            vec![32, 64]
+        );
+        assert_eq!(t["model.layers.0.mlp.gate_up_proj.weight"].0, vec![128, 64]);
+        // untied: SGLang's own ParallelLMHead
+        assert_eq!(t["lm_head.weight"].0, vec![512, 64]);
+    }
+    // the query down projection is rows 0..32 of the fused tensor on every rank, the key/value
+    // down projection (with the rotary key) rows 32..56
+    let a = "model.layers.2.self_attn";
+    let h = l.holders(&format!("{a}.kv_a_proj_with_mqa.weight"));
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].ranks.len(), 2);
+    assert_eq!(
+        &*h[0].tensor,
+        &format!("{a}.fused_qkv_a_proj_with_mqa.weight")
+    );
+    assert_eq!(h[0].local_offset.as_slice(), &[32, 0]);
+    assert_eq!(h[0].region.extent.as_slice(), &[24, 64]);
+    // heads 2 and 3 of kv_b_proj on rank 1: rows 64..128
+    let h = l.holders(&format!("{a}.kv_b_proj.weight"));
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[1].region.offset.as_slice(), &[64, 0]);
+    assert_eq!(h[1].region.extent.as_slice(), &[64, 16]);
+    // o_proj: rank 1 holds the value columns of heads 2 and 3
+    let h = l.holders(&format!("{a}.o_proj.weight"));
+    assert_eq!(h[1].region.offset.as_slice(), &[0, 32]);
+}
+
+#[test]
+fn sglang_holds_deepseek_without_q_lora_rank_as_plain_q_proj_and_kv_a_proj() {
+    let m = deepseek_without_q_lora();
+    // DeepseekV2AttentionMLA without q_lora_rank: q_proj a ColumnParallelLinear,
+    // kv_a_proj_with_mqa a ReplicatedLinear, nothing fused (the loader fuses only with
+    // q_lora_rank)
+    let l = layout(Side::Inference, "sglang:tp=2,ep=2", &m);
+    let t = shaped(&*l, RankId::infer(0, 1));
+    let a = "model.layers.0.self_attn";
+    assert_eq!(
+        t[&format!("{a}.q_proj.weight")],
+        (
+            vec![48, 64],
+            DType::Bf16,
+            strings(&[&format!("{a}.q_proj.weight")])
+        )
+    );
+    assert_eq!(t[&format!("{a}.kv_a_proj_with_mqa.weight")].0, vec![24, 64]);
+    assert!(!t.keys().any(|n| n.contains("fused_qkv_a_proj")), "{t:?}");
+    assert!(!t.keys().any(|n| n.contains("q_a_")), "{t:?}");
+    let h = l.holders(&format!("{a}.q_proj.weight"));
+    assert_eq!(h.len(), 2);
+    assert_eq!(h[1].region.offset.as_slice(), &[48, 0]);
+    // ep=2: 4 of 8 experts per rank, the shared experts apart (fusion is off under EP)
+    assert_eq!(
+        t["model.layers.1.mlp.experts.w13_weight"].0,
+        vec![4, 64, 64]
+    );
+}
+
+#[test]
+fn sglang_fuses_deepseek_shared_experts_only_when_told_and_ties_the_head_to_the_embedding() {
+    let m = deepseek();
+    let e = match side_layout(
+        Side::Inference,
+        &"sglang:tp=2".parse::<BackendSpec>().unwrap(),
+        &m,
+    ) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("fused_shared_experts=1 or fused_shared_experts=0"),
+        "{e}"
+    );
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=1", &m);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    let p = "model.layers.2.mlp";
+    assert_eq!(t[&format!("{p}.experts.w13_weight")].0, vec![9, 32, 64]);
+    assert!(!t.keys().any(|n| n.contains("shared_experts")), "{t:?}");
+    // tied: DeepseekV2ForCausalLM makes lm_head the embedding module itself (listed once)
+    let tied = ModelSpec {
+        tie_word_embeddings: true,
+        ..m
+    };
+    let l = layout(Side::Inference, "sglang:tp=2,fused_shared_experts=0", &tied);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    assert!(!t.contains_key("lm_head.weight"), "{t:?}");
+    assert_eq!(l.holders("model.embed_tokens.weight").len(), 2);
+}
+
+#[test]
+fn vllm_holds_deepseek_mla_as_fused_qkv_a_proj_and_experts_below_routed_experts() {
+    // vllm/model_executor/models/deepseek_v2.py, DeepseekV2MLAAttention: fused_qkv_a_proj a
+    // DeepSeekV2FusedQkvAProjLinear (MergedColumnParallelLinear, disable_tp) of
+    // [q_lora_rank, kv_lora_rank + qk_rope_head_dim] rows; q_b_proj / kv_b_proj column, o_proj
+    // row; DeepseekV2MoE: GateLinear in the model's dtype, the fp32 e_score_correction_bias, the
+    // shared experts a DeepseekV2MLP, the routed ones in the MoERunner's routed_experts
+    let m = deepseek();
+    let l = layout(Side::Inference, "vllm:tp=2", &m);
+    let t = shaped(&*l, RankId::infer(0, 1));
+    let a = "model.layers.1.self_attn";
+    assert_eq!(
+        t[&format!("{a}.fused_qkv_a_proj.weight")],
+        (
+            vec![56, 64],
+            DType::Bf16,
+            strings(&[
+                &format!("{a}.q_a_proj.weight"),
+                &format!("{a}.kv_a_proj_with_mqa.weight")
+            ])
+        )
+    );
+    assert_eq!(t[&format!("{a}.q_b_proj.weight")].0, vec![48, 32]);
+    assert_eq!(t[&format!("{a}.kv_b_proj.weight")].0, vec![64, 16]);
+    assert_eq!(t[&format!("{a}.o_proj.weight")].0, vec![64, 32]);
+    let p = "model.layers.1.mlp";
+    assert_eq!(t[&format!("{p}.gate.weight")].1, DType::Bf16);
+    assert_eq!(
+        t[&format!("{p}.gate.e_score_correction_bias")].1,
+        DType::F32
+    );
+    assert_eq!(
+        t[&format!("{p}.experts.routed_experts.w13_weight")].0,
+        vec![8, 32, 64]
+    );
+    assert_eq!(
+        t[&format!("{p}.shared_experts.gate_up_proj.weight")].0,
+        vec![32, 64]
+    );
+    // without q_lora_rank: q_proj and kv_a_proj_with_mqa apart
+    let l = layout(
+        Side::Inference,
+        "vllm:tp=2,ep=2",
+        &deepseek_without_q_lora(),
+    );
+    let t = shaped(&*l, RankId::infer(0, 0));
+    assert_eq!(t[&format!("{a}.q_proj.weight")].0, vec![48, 64]);
+    assert_eq!(t[&format!("{a}.kv_a_proj_with_mqa.weight")].0, vec![24, 64]);
+    assert!(!t.keys().any(|n| n.contains("fused_qkv_a_proj")), "{t:?}");
+    assert_eq!(
+        t[&format!("{p}.experts.routed_experts.w13_weight")].0,
+        vec![4, 64, 64]
+    );
+    // DeepseekV2ForCausalLM always builds its own ParallelLMHead (never tied): a tied config's
+    // head is a copy of the embedding
+    let tied = ModelSpec {
+        tie_word_embeddings: true,
+        ..deepseek()
+    };
+    let l = layout(Side::Inference, "vllm:tp=2", &tied);
+    let t = shaped(&*l, RankId::infer(0, 0));
+    assert_eq!(
+        t["lm_head.weight"].2,
+        strings(&["model.embed_tokens.weight"])
+    );
+}
+
+#[test]
+fn sglang_and_vllm_lay_out_kimi_k2_at_tp16_ep16() {
+    // Kimi-K2 (1T): 64 heads, 384 routed experts + 1 shared, q_lora_rank 1536, kv_lora_rank 512
+    let m = presets::preset("kimi-k2").unwrap();
+    for spec in ["sglang:tp=16,ep=16", "vllm:tp=16,ep=16"] {
+        let l = layout(Side::Inference, spec, &m);
+        let t = shaped(&*l, RankId::infer(0, 15));
+        let a = "model.layers.60.self_attn";
+        let down = if spec.starts_with("sglang") {
+            "fused_qkv_a_proj_with_mqa"
+        } else {
+            "fused_qkv_a_proj"
+        };
+        // 1536 + 512 + 64 rows, whole on every rank
+        assert_eq!(
+            t[&format!("{a}.{down}.weight")].0,
+            vec![2112, 7168],
+            "{spec}"
+        );
+        // 4 of 64 heads: 4 * (128 + 64) query rows, 4 * (128 + 128) key/value rows
+        assert_eq!(
+            t[&format!("{a}.q_b_proj.weight")].0,
+            vec![768, 1536],
+            "{spec}"
+        );
+        assert_eq!(
+            t[&format!("{a}.kv_b_proj.weight")].0,
+            vec![1024, 512],
+            "{spec}"
+        );
+        assert_eq!(
+            t[&format!("{a}.o_proj.weight")].0,
+            vec![7168, 512],
+            "{spec}"
+        );
+        // experts 360..384 on the last rank
+        let w13 = t
+            .iter()
+            .find(|(n, _)| {
+                n.starts_with("model.layers.60.mlp.experts") && n.ends_with("w13_weight")
+            })
+            .unwrap();
+        assert_eq!(w13.1.0, vec![24, 4096, 7168], "{spec}");
+        assert!(w13.1.2[0].contains(".360."), "{spec}: {:?}", &w13.1.2[..2]);
+    }
 }

@@ -28,6 +28,13 @@
 //!   `shared_intermediate_size` rows split over tp; or, when the engine fuses them
 //!   ([`FusedTp::fused_shared_experts`], ep 1 only), one more expert after the routed ones in
 //!   `w13_weight` / `w2_weight`, split over tp like them.
+//! - multi-head latent attention (MLA, DeepSeek-V2/V3): the query down projection and the
+//!   key/value down projection (with the shared rotary key) are replicated, concatenated in
+//!   that order as one tensor `self_attn.{FusedTp::mla_down}.weight` when the model has a query
+//!   down projection (`q_lora_rank`), each under its own name otherwise; their norms
+//!   replicated; the query up projection (or the plain `q_proj` without `q_lora_rank`) and
+//!   the key/value up projection `kv_b_proj` split by heads over tp (column); `o_proj` split
+//!   by heads over tp (row), `v_head_dim` columns per head.
 
 use crate::DType;
 use crate::layout::{
@@ -79,6 +86,16 @@ struct LayerNames {
     shared_gate_up: Arc<str>,
     w13: Arc<str>,
     w2: Arc<str>,
+    q_down: Arc<str>,
+    q_down_norm: Arc<str>,
+    q_up: Arc<str>,
+    kv_down: Arc<str>,
+    kv_down_norm: Arc<str>,
+    kv_up: Arc<str>,
+    /// the engine's fused `[q down | kv down]` tensor (MLA with `q_lora_rank`)
+    mla_down: Arc<str>,
+    /// the layer's attention is MLA
+    mla: bool,
     /// `model.layers.{l}.{experts}.`, the prefix of per-expert canonical names
     experts_prefix: String,
     /// the parts the family lists for this layer ([`mask`])
@@ -111,7 +128,7 @@ fn layer_parts(spec: &ModelSpec, l: u64) -> u64 {
 }
 
 impl LayerNames {
-    fn new(spec: &ModelSpec, l: u64, routed: &str) -> Self {
+    fn new(spec: &ModelSpec, l: u64, routed: &str, mla_down: &str) -> Self {
         let names = spec.names();
         let p = format!("model.layers.{l}");
         // a canonical name the family spells (empty for a part it does not have: never placed)
@@ -129,6 +146,7 @@ impl LayerNames {
             "" => format!("{p}.{}", names.experts),
             r => format!("{p}.{}.{r}", names.experts),
         };
+        let parts = layer_parts(spec, l);
         LayerNames {
             input_ln: c(Part::InputNorm),
             post_ln: c(Part::PostNorm),
@@ -156,8 +174,16 @@ impl LayerNames {
             shared_gate_up: fused(Part::SharedGate, "gate_up_proj.weight"),
             w13: Arc::from(format!("{experts}.w13_weight")),
             w2: Arc::from(format!("{experts}.w2_weight")),
+            q_down: c(Part::QDown),
+            q_down_norm: c(Part::QDownNorm),
+            q_up: c(Part::QUp),
+            kv_down: c(Part::KvDown),
+            kv_down_norm: c(Part::KvDownNorm),
+            kv_up: c(Part::KvUp),
+            mla_down: fused(Part::QDown, &format!("{mla_down}.weight")),
+            mla: parts & mask(Part::KvDown) != 0,
             experts_prefix: format!("{p}.{}.", names.experts),
-            parts: layer_parts(spec, l),
+            parts,
             moe: spec.is_moe_layer(l),
         }
     }
@@ -169,7 +195,7 @@ impl LayerNames {
 }
 
 /// The parts a fused-TP layout places; a family with any other part is refused by name.
-pub const MAPPED: [Part; 26] = [
+pub const MAPPED: [Part; 32] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -196,6 +222,12 @@ pub const MAPPED: [Part; 26] = [
     Part::SharedGate,
     Part::SharedUp,
     Part::SharedDown,
+    Part::QDown,
+    Part::QDownNorm,
+    Part::QUp,
+    Part::KvDown,
+    Part::KvDownNorm,
+    Part::KvUp,
 ];
 
 /// The three per-expert canonical tensors an engine fuses into `w13_weight` / `w2_weight`.
@@ -234,6 +266,25 @@ struct Dimensions {
     vocab: u64,
     /// padded vocab rows per TP rank
     vocab_rows: u64,
+    /// `o_proj` input columns per TP rank
+    o_cols: u64,
+    /// MLA's sizes (a model with multi-head latent attention)
+    mla: Option<MlaDims>,
+}
+
+/// The sizes of multi-head latent attention.
+#[derive(Clone, Copy, Debug)]
+struct MlaDims {
+    /// query down rank (`q_lora_rank`; `None`: a plain column-parallel `q_proj`)
+    q_lora: Option<u64>,
+    /// key/value down rank plus the rotary key (rows of the key/value down projection)
+    kv_down: u64,
+    /// key/value down rank (`kv_lora_rank`, the norm and the up projection's columns)
+    kv_lora: u64,
+    /// query rows per head (`qk_nope_head_dim + qk_rope_head_dim`)
+    qk_head: u64,
+    /// key/value up rows per head (`qk_nope_head_dim + v_head_dim`)
+    kv_up_head: u64,
 }
 
 /// The fused-TP layout of inference engines (replicas) for one model and `tp`/`ep`/`engines`.
@@ -287,6 +338,10 @@ pub struct FusedTp {
     /// `w13_weight` / `w2_weight` instead of a `shared_experts` MLP; needs ep 1 and shared
     /// experts of `moe_intermediate_size` rows.
     pub fused_shared_experts: bool,
+    /// The module below `self_attn` whose `weight` holds MLA's query and key/value down
+    /// projections concatenated (`fused_qkv_a_proj_with_mqa` for SGLang, `fused_qkv_a_proj`
+    /// for vLLM); unused by a model without MLA.
+    pub mla_down: &'static str,
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -308,6 +363,7 @@ impl FusedTpLayout {
             routed_experts,
             drops,
             fused_shared_experts,
+            mla_down,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -323,7 +379,10 @@ impl FusedTpLayout {
             return bad(format!("{} attention heads over tp={tp}", spec.num_heads));
         }
         let kv = spec.num_kv_heads;
-        let (kv_heads, kv_replicas) = if tp <= kv && kv % tp == 0 {
+        let (kv_heads, kv_replicas) = if spec.mla.is_some() {
+            // MLA has no per-head keys and values: one latent shared by every head
+            (0, 1)
+        } else if tp <= kv && kv % tp == 0 {
             (kv / tp, 1)
         } else if tp > kv && kv > 0 && tp % kv == 0 {
             (1, tp / kv)
@@ -413,13 +472,24 @@ impl FusedTpLayout {
                 router_dtype,
                 vocab: spec.vocab_size,
                 vocab_rows,
+                o_cols: match &spec.mla {
+                    Some(a) => spec.num_heads / tp * a.v_head_dim,
+                    None => spec.num_heads / tp * spec.head_dim,
+                },
+                mla: spec.mla.as_ref().map(|a| MlaDims {
+                    q_lora: a.q_lora_rank,
+                    kv_down: a.kv_lora_rank + a.qk_rope_head_dim,
+                    kv_lora: a.kv_lora_rank,
+                    qk_head: a.qk_nope_head_dim + a.qk_rope_head_dim,
+                    kv_up_head: a.qk_nope_head_dim + a.v_head_dim,
+                }),
             },
             embed: Arc::from("model.embed_tokens.weight"),
             final_norm: Arc::from("model.norm.weight"),
             lm_head,
             lm_head_local: Arc::from("lm_head.weight"),
             layers: (0..spec.num_layers)
-                .map(|l| LayerNames::new(spec, l, routed_experts))
+                .map(|l| LayerNames::new(spec, l, routed_experts, mla_down))
                 .collect(),
         })
     }
@@ -612,7 +682,78 @@ impl FusedTpLayout {
             .collect()
     }
 
+    /// TP rank `r`'s MLA tensors of one layer (without `o_proj`).
+    fn push_mla(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, a: MlaDims, r: u64) {
+        let h = self.d.hidden;
+        let heads = self.d.q_heads;
+        // a tensor split by heads over tp: `rows` rows per rank of `cols` columns
+        let column = |name: &Arc<str>, rows: u64, cols: u64| {
+            self.local(
+                name,
+                Self::dims2(rows, cols),
+                vec![Placement {
+                    canonical: name.clone(),
+                    region: Region::new([r * rows, 0], [rows, cols]),
+                    local_offset: Dims::zeros(2),
+                }],
+            )
+        };
+        match a.q_lora {
+            Some(q_lora) => {
+                out.push(self.local(
+                    &n.mla_down,
+                    Self::dims2(q_lora + a.kv_down, h),
+                    vec![
+                        Placement {
+                            canonical: n.q_down.clone(),
+                            region: Region::new([0, 0], [q_lora, h]),
+                            local_offset: Dims::zeros(2),
+                        },
+                        Placement {
+                            canonical: n.kv_down.clone(),
+                            region: Region::new([0, 0], [a.kv_down, h]),
+                            local_offset: Dims::new(&[q_lora, 0]),
+                        },
+                    ],
+                ));
+                out.push(self.replicated(&n.q_down_norm, Dims::new(&[q_lora])));
+                out.push(column(&n.q_up, heads * a.qk_head, q_lora));
+            }
+            None => {
+                out.push(column(&n.q, heads * a.qk_head, h));
+                out.push(self.replicated(&n.kv_down, Self::dims2(a.kv_down, h)));
+            }
+        }
+        out.push(self.replicated(&n.kv_down_norm, Dims::new(&[a.kv_lora])));
+        out.push(column(&n.kv_up, heads * a.kv_up_head, a.kv_lora));
+    }
+
     fn push_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
+        let h = self.d.hidden;
+        match self.d.mla {
+            Some(a) if n.mla => self.push_mla(out, n, a, r),
+            _ => self.push_gqa(out, n, r),
+        }
+        let o_cols = self.d.o_cols;
+        out.push(self.local(
+            &n.o,
+            Self::dims2(h, o_cols),
+            vec![Placement {
+                canonical: n.o.clone(),
+                region: Region::new([0, r * o_cols], [h, o_cols]),
+                local_offset: Dims::zeros(2),
+            }],
+        ));
+        if self.holds(n, Part::OBias) {
+            out.push(self.replicated(&n.o_bias, Dims::new(&[h])));
+        }
+        self.push_mlp_of_layer(out, n, r);
+        out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
+        out.push(self.replicated(&n.post_ln, Dims::new(&[h])));
+    }
+
+    /// TP rank `r`'s grouped-query attention tensors of one layer (without `o_proj`).
+    fn push_gqa(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
         let hd = self.d.head_dim;
         if n.has(Part::QNorm) {
@@ -626,19 +767,11 @@ impl FusedTpLayout {
             let placements = self.qkv_placements([&n.q_bias, &n.k_bias, &n.v_bias], r, None);
             out.push(self.local(&n.qkv_bias, Dims::new(&[qkv_rows]), placements));
         }
-        let q_cols = self.d.q_heads * hd;
-        out.push(self.local(
-            &n.o,
-            Self::dims2(h, q_cols),
-            vec![Placement {
-                canonical: n.o.clone(),
-                region: Region::new([0, r * q_cols], [h, q_cols]),
-                local_offset: Dims::zeros(2),
-            }],
-        ));
-        if self.holds(n, Part::OBias) {
-            out.push(self.replicated(&n.o_bias, Dims::new(&[h])));
-        }
+    }
+
+    /// TP rank `r`'s MLP tensors of one layer: the dense MLP or the MoE block.
+    fn push_mlp_of_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
+        let h = self.d.hidden;
         if n.moe {
             let mi = self.d.moe_inter;
             let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
@@ -714,8 +847,6 @@ impl FusedTpLayout {
             let names = [&n.gate_up, &n.gate_proj, &n.up_proj, &n.down_proj];
             self.push_mlp(out, names, self.d.inter, r);
         }
-        out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
-        out.push(self.replicated(&n.post_ln, Dims::new(&[h])));
     }
 
     // ---- canonical view ----
@@ -862,6 +993,52 @@ impl FusedTpLayout {
             .collect()
     }
 
+    /// Holders of one of MLA's parts of layer `l` (the query projection of a layer without
+    /// `q_lora_rank` included).
+    fn mla_holders(&self, l: u64, part: Part) -> Vec<Holder> {
+        let n = &self.layers[l as usize];
+        let Some(a) = self.d.mla else {
+            return Vec::new();
+        };
+        let h = self.d.hidden;
+        let heads = self.d.q_heads;
+        // the fused down projection, whole on every rank: the query part at row 0, the
+        // key/value part after it
+        let fused_down = |q_lora: u64, rows: u64, at: u64| {
+            vec![self.holder(
+                self.all_ranks(),
+                &n.mla_down,
+                Self::dims2(q_lora + a.kv_down, h),
+                Region::new([0, 0], [rows, h]),
+                Dims::new(&[at, 0]),
+            )]
+        };
+        match (part, a.q_lora) {
+            (Part::QDown, Some(q_lora)) => fused_down(q_lora, q_lora, 0),
+            (Part::KvDown, Some(q_lora)) => fused_down(q_lora, a.kv_down, q_lora),
+            (Part::KvDown, None) => self.replicated_holder(&n.kv_down, Self::dims2(a.kv_down, h)),
+            (Part::QDownNorm, Some(q_lora)) => {
+                self.replicated_holder(&n.q_down_norm, Dims::new(&[q_lora]))
+            }
+            (Part::KvDownNorm, _) => {
+                self.replicated_holder(&n.kv_down_norm, Dims::new(&[a.kv_lora]))
+            }
+            (Part::QUp, Some(q_lora)) => {
+                let rows = heads * a.qk_head;
+                self.split_holders(&n.q_up, Self::dims2(rows, q_lora), 0, rows)
+            }
+            (Part::Q, None) => {
+                let rows = heads * a.qk_head;
+                self.split_holders(&n.q, Self::dims2(rows, h), 0, rows)
+            }
+            (Part::KvUp, _) => {
+                let rows = heads * a.kv_up_head;
+                self.split_holders(&n.kv_up, Self::dims2(rows, a.kv_lora), 0, rows)
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Holders of a shared expert's part fused as local expert `experts` of every TP rank (ep 1).
     fn fused_shared_holders(&self, l: u64, part: ExpertPart) -> Vec<Holder> {
         let n = &self.layers[l as usize];
@@ -984,9 +1161,22 @@ impl SideLayout for FusedTpLayout {
         let mut name = String::new();
         for n in &self.layers {
             f(&n.input_ln);
-            f(&n.q);
-            f(&n.k);
-            f(&n.v);
+            if n.mla {
+                if n.has(Part::QDown) {
+                    f(&n.q_down);
+                    f(&n.q_down_norm);
+                    f(&n.q_up);
+                } else {
+                    f(&n.q);
+                }
+                f(&n.kv_down);
+                f(&n.kv_down_norm);
+                f(&n.kv_up);
+            } else {
+                f(&n.q);
+                f(&n.k);
+                f(&n.v);
+            }
             if n.has(Part::QBias) {
                 f(&n.q_bias);
                 f(&n.k_bias);
@@ -1076,6 +1266,13 @@ impl SideLayout for FusedTpLayout {
                 let shape = Dims::new(&[self.d.experts]);
                 self.replicated_holder_as(&layer(l).router_bias, shape, DType::F32)
             }
+            Part::Q if layer(l).mla => self.mla_holders(l, c.part),
+            Part::QDown
+            | Part::QDownNorm
+            | Part::QUp
+            | Part::KvDown
+            | Part::KvDownNorm
+            | Part::KvUp => self.mla_holders(l, c.part),
             Part::Q => self.qkv_holders(l, 0, false),
             Part::K => self.qkv_holders(l, 1, false),
             Part::V => self.qkv_holders(l, 2, false),
@@ -1083,8 +1280,8 @@ impl SideLayout for FusedTpLayout {
             Part::KBias => self.qkv_holders(l, 1, true),
             Part::VBias => self.qkv_holders(l, 2, true),
             Part::O => {
-                let q_cols = self.d.q_heads * hd;
-                self.split_holders(&layer(l).o, Self::dims2(h, q_cols), 1, q_cols)
+                let o_cols = self.d.o_cols;
+                self.split_holders(&layer(l).o, Self::dims2(h, o_cols), 1, o_cols)
             }
             Part::Gate => self.gate_up_holders(&layer(l).gate_up, self.d.inter, false),
             Part::Up => self.gate_up_holders(&layer(l).gate_up, self.d.inter, true),
@@ -1113,8 +1310,6 @@ impl SideLayout for FusedTpLayout {
             Part::ExpertGate => self.expert_holders(l, e, ExpertPart::Gate),
             Part::ExpertUp => self.expert_holders(l, e, ExpertPart::Up),
             Part::ExpertDown => self.expert_holders(l, e, ExpertPart::Down),
-            // refused by `new` ([`MAPPED`])
-            _ => Vec::new(),
         }
     }
 }
@@ -1155,18 +1350,23 @@ mod tests {
             routed_experts: "",
             drops: &[],
             fused_shared_experts: false,
+            mla_down: "fused_qkv_a_proj_with_mqa",
         }
     }
 
     #[test]
     fn for_each_canonical_names_what_rank_layout_places() {
         let mut specs = Vec::new();
-        for name in ["qwen3-tiny", "moe-1t"] {
+        for name in ["qwen3-tiny", "moe-1t", "deepseek-v3-tiny"] {
             specs.push(ModelSpec::resolve(name).unwrap());
         }
         let mut biased = ModelSpec::resolve("qwen3-tiny").unwrap();
         biased.attention_bias = true;
         specs.push(biased);
+        // MLA without q_lora_rank: a plain column-parallel q_proj, kv_a_proj_with_mqa apart
+        let mut no_q_lora = ModelSpec::resolve("deepseek-v3-tiny").unwrap();
+        no_q_lora.mla.as_mut().unwrap().q_lora_rank = None;
+        specs.push(no_q_lora);
         let mut checked = 0;
         for spec in &specs {
             for (tp, ep, lm_head) in [

@@ -5,7 +5,8 @@ H, L, nh, kv, hd, I, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_
 r = lambda *s: torch.randn(*s, generator=g)
 t = {"model.embed_tokens.weight": r(V, H), "model.norm.weight": r(H)}
 if not cfg.get("tie_word_embeddings"): t["lm_head.weight"] = r(V, H)
-glm = cfg["model_type"] == "glm4_moe"
+mla = cfg["model_type"] == "deepseek_v3"
+glm = cfg["model_type"] in ("glm4_moe", "deepseek_v3")  # shared experts and the router bias
 if glm:  # GLM-4.5's names for the same sizes: routed experts, dense first layers
     cfg["num_experts"] = cfg["n_routed_experts"]
     cfg["mlp_only_layers"] = list(range(cfg["first_k_dense_replace"]))
@@ -13,11 +14,21 @@ moe = "num_experts" in cfg
 for l in range(L):
     p = f"model.layers.{l}."
     t[p+"input_layernorm.weight"] = r(H); t[p+"post_attention_layernorm.weight"] = r(H)
-    t[p+"self_attn.q_proj.weight"] = r(nh*hd, H); t[p+"self_attn.k_proj.weight"] = r(kv*hd, H); t[p+"self_attn.v_proj.weight"] = r(kv*hd, H)
-    t[p+"self_attn.o_proj.weight"] = r(H, nh*hd)
+    if mla:  # DeepSeek-V3's MLA (transformers' modeling_deepseek_v3.py names and shapes)
+        ql, kvl, nope, rope, vd = cfg["q_lora_rank"], cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        if ql is None:
+            t[p+"self_attn.q_proj.weight"] = r(nh*(nope+rope), H)
+        else:
+            t[p+"self_attn.q_a_proj.weight"] = r(ql, H); t[p+"self_attn.q_a_layernorm.weight"] = r(ql)
+            t[p+"self_attn.q_b_proj.weight"] = r(nh*(nope+rope), ql)
+        t[p+"self_attn.kv_a_proj_with_mqa.weight"] = r(kvl+rope, H); t[p+"self_attn.kv_a_layernorm.weight"] = r(kvl)
+        t[p+"self_attn.kv_b_proj.weight"] = r(nh*(nope+vd), kvl); t[p+"self_attn.o_proj.weight"] = r(H, nh*vd)
+    else:
+        t[p+"self_attn.q_proj.weight"] = r(nh*hd, H); t[p+"self_attn.k_proj.weight"] = r(kv*hd, H); t[p+"self_attn.v_proj.weight"] = r(kv*hd, H)
+        t[p+"self_attn.o_proj.weight"] = r(H, nh*hd)
     if cfg.get("attention_bias"):  # GLM: q/k/v biases, no o bias
         t[p+"self_attn.q_proj.bias"] = r(nh*hd); t[p+"self_attn.k_proj.bias"] = r(kv*hd); t[p+"self_attn.v_proj.bias"] = r(kv*hd)
-    if cfg["model_type"] != "llama" and cfg.get("use_qk_norm", True):
+    if cfg["model_type"] not in ("llama", "deepseek_v3") and cfg.get("use_qk_norm", True):
         t[p+"self_attn.q_norm.weight"] = r(hd); t[p+"self_attn.k_norm.weight"] = r(hd)
     if moe and l not in cfg["mlp_only_layers"]:
         E, mi = cfg["num_experts"], cfg["moe_intermediate_size"]

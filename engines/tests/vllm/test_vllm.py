@@ -39,6 +39,12 @@ CASES = [
     dict(name="glm_tp1", kind="glm", tp=1),
     dict(name="glm_tp2", kind="glm", tp=2),
     dict(name="glm_tp2_ep2", kind="glm", tp=2, ep=2),
+    # DeepSeek-V3: fused_qkv_a_proj, q_b_proj / kv_b_proj over tp, a dense first layer, a shared
+    # expert, the fp32 router bias; MLA without q_lora_rank (q_proj, kv_a_proj_with_mqa)
+    dict(name="deepseek_tp1", kind="deepseek", tp=1),
+    dict(name="deepseek_tp2", kind="deepseek", tp=2),
+    dict(name="deepseek_tp2_ep2", kind="deepseek", tp=2, ep=2),
+    dict(name="deepseek_no_q_lora_tp2", kind="deepseek_no_q_lora", tp=2),
 ]
 MORE = [
     dict(name="qwen3_tp2", kind="qwen3", tp=2),
@@ -84,9 +90,15 @@ def vllm_ranks(case: dict, hf: str, canon: str, d: str) -> list[dict[str, torch.
 
 def awex_rank(case: dict, hf: str, canon: dict[str, torch.Tensor], r: int) -> dict[str, torch.Tensor]:
     infer = f"vllm:tp={case['tp']},ep={case.get('ep', 1)}"
-    out = subprocess.run([CLI, "plan", "--model", os.path.join(hf, "config.json"), "--train", "fsdp:dp=1",
+    run = subprocess.run([CLI, "plan", "--model", os.path.join(hf, "config.json"), "--train", "fsdp:dp=1",
                           "--infer", infer, "--rank", f"infer:0/{r}", "--json"],
-                         check=True, capture_output=True, text=True).stdout
+                         capture_output=True, text=True)
+    if run.returncode != 0 and "which awex does not map" in run.stderr and "fsdp" in run.stderr:
+        # the one-rank canonical sender is FSDP's layout: a family it does not map yet
+        # (DeepSeek-V3's MLA comes to the training backends on another branch) is named
+        pytest.skip(f"the canonical sender (fsdp:dp=1) does not map this model yet: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
     plan = json.loads(out)["plan"]
     got: dict[str, torch.Tensor] = {}
     for peer in plan["peers"]:
@@ -108,8 +120,11 @@ def test_vllm_load_weights_equals_awex_receive(case: dict) -> None:
     with tempfile.TemporaryDirectory(prefix=f"awex-vllm-{case['name']}-") as d:
         hf, canon_path = make_case(case, d)
         canon = torch.load(canon_path)
+        # awex's plans first: a model the canonical sender cannot lay out is skipped before
+        # vLLM builds anything
+        all_ours = [awex_rank(case, hf, canon, r) for r in range(case["tp"])]
         for r, theirs in enumerate(vllm_ranks(case, hf, canon_path, d)):
-            ours = awex_rank(case, hf, canon, r)
+            ours = all_ours[r]
             assert sorted(theirs) == sorted(ours), f"rank {r}: names differ: {sorted(set(theirs) ^ set(ours))}"
             for n, t in theirs.items():
                 assert tuple(t.shape) == tuple(ours[n].shape), f"rank {r} `{n}`: {tuple(t.shape)} vs {tuple(ours[n].shape)}"

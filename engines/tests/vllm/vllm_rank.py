@@ -3,7 +3,7 @@
     python vllm_rank.py CASE_JSON RANK OUT_DIR
 
 Builds the model class (`Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `LlamaForCausalLM`,
-`Glm4MoeForCausalLM`) with
+`Glm4MoeForCausalLM`, `DeepseekV3ForCausalLM`) with
 vLLM's `initialize_model`, loads the canonical checkpoint with the class's own `load_weights`,
 and saves `named_parameters()` (names, shapes, bytes) to OUT_DIR/rank{R}.pt.
 """
@@ -34,6 +34,14 @@ def stub_gpu_kernels() -> None:
 
     for m in (qwen3, qwen3_moe, llama, glm4_moe):
         m.Attention = _NoAttention
+    # DeepSeek's MLA: `MultiHeadLatentAttentionWrapper` (`model_executor/layers/mla.py`) builds an
+    # `MLAAttention`, which selects an MLA attention backend (none on CPU); it creates no
+    # parameter (it keeps a reference to `kv_b_proj`, registered first under `self_attn`) and is
+    # not called by `load_weights`. Its post-load step (absorbing `kv_b_proj` into W_UK/W_UV)
+    # does not run here: the parameters are compared, not what the backend derives.
+    import vllm.model_executor.layers.mla as mla
+
+    mla.MLAAttention = _NoAttention
 
     # `select_unquantized_moe_backend` (`model_executor/layers/fused_moe/oracle/unquantized.py`)
     # picks a GPU MoE kernel from the platform (none here: `_AVAILABLE_BACKENDS` is unbound). OOT,
