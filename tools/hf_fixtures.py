@@ -28,6 +28,7 @@ import torch
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV2Config,
     DeepseekV3Config,
     Glm4MoeConfig,
     LlamaConfig,
@@ -100,6 +101,14 @@ def fixtures():
         ("deepseek-v3", DeepseekV3Config(**DEEPSEEK, q_lora_rank=32)),
         # MLA without q_lora_rank: a plain q_proj.
         ("deepseek-v3-no-q-lora", DeepseekV3Config(**DEEPSEEK, q_lora_rank=None)),
+        # DeepSeek-V2 (V2-Lite's shape): MLA without q_lora_rank, layer 0 dense, two shared
+        # experts, a router without a score-correction bias (topk_method greedy).
+        (
+            "deepseek-v2",
+            DeepseekV2Config(
+                **dict(DEEPSEEK, n_shared_experts=2), q_lora_rank=None, topk_method="greedy"
+            ),
+        ),
         # GLM-4.5: q/k/v biases (no o bias), q/k norms, layer 0 dense (first_k_dense_replace),
         # layers 1..2 MoE with a shared expert and the router bias.
         ("glm4-moe", Glm4MoeConfig(**GLM, attention_bias=True, use_qk_norm=True)),

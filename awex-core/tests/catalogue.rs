@@ -25,6 +25,7 @@ const FIXTURES: &[&str] = &[
     "qwen3-attention-bias",
     "llama-attention-bias",
     "mixtral",
+    "deepseek-v2",
     "deepseek-v3",
     "deepseek-v3-no-q-lora",
     "glm4-moe",
@@ -296,7 +297,7 @@ fn every_preset_name_resolves_to_a_spec_of_that_name() {
         let glm_qk = spec.architecture == Architecture::Glm4Moe && spec.use_qk_norm;
         assert_eq!(spec.qk_norm(), qwen3 || glm_qk, "{name}");
     }
-    assert_eq!(presets::names().len(), 16);
+    assert_eq!(presets::names().len(), 17);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 
@@ -593,6 +594,58 @@ fn deepseek_v3_refuses_a_moe_layer_freq_other_than_one_by_name() {
         e,
         Err("config.json field `moe_layer_freq`: awex supports moe_layer_freq 1 (every layer from first_k_dense_replace on is MoE), found 2".to_string())
     );
+}
+
+#[test]
+fn deepseek_v2_is_deepseek_v3_s_layer_with_v2_s_defaults_and_no_router_bias() {
+    let spec = check_fixture("deepseek-v2");
+    assert_eq!(spec.architecture, Architecture::DeepseekV2);
+    let m = spec.moe.as_ref().unwrap();
+    assert!(!m.router_bias);
+    assert_eq!(m.shared_intermediate_size, 2 * m.moe_intermediate_size);
+    let cat = Catalogue::of(&spec);
+    assert!(
+        cat.get("model.layers.1.mlp.gate.e_score_correction_bias")
+            .is_none()
+    );
+    assert!(cat.get("model.layers.1.self_attn.q_proj.weight").is_some());
+    // the same tensors as the V3 class of the same sizes, but for the router bias
+    let v3 = check_fixture("deepseek-v3-no-q-lora");
+    let v3_names: Vec<String> = Catalogue::of(&v3)
+        .tensors()
+        .iter()
+        .map(|t| t.name.clone())
+        .filter(|n| !n.ends_with("e_score_correction_bias") && !n.contains("shared_experts"))
+        .collect();
+    let v2_names: Vec<String> = cat
+        .tensors()
+        .iter()
+        .map(|t| t.name.clone())
+        .filter(|n| !n.contains("shared_experts"))
+        .collect();
+    assert_eq!(v2_names, v3_names);
+
+    // transformers' DeepseekV2Config defaults: first_k_dense_replace 0, n_shared_experts 2;
+    // topk_method noaux_tc gives the router its bias (SGLang's and vLLM's MoEGate)
+    let mut cfg = load("deepseek-v2")["config"].clone();
+    let o = cfg.as_object_mut().unwrap();
+    o.remove("first_k_dense_replace");
+    o.remove("n_shared_experts");
+    o.insert("topk_method".into(), serde_json::json!("noaux_tc"));
+    let s = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let m = s.moe.as_ref().unwrap();
+    assert!(m.mlp_only_layers.is_empty() && m.router_bias);
+    assert_eq!(m.shared_intermediate_size, 2 * m.moe_intermediate_size);
+    assert!(
+        Catalogue::of(&s)
+            .get("model.layers.0.mlp.gate.e_score_correction_bias")
+            .is_some()
+    );
+    // what transformers' V2 class would add and awex does not describe is refused by name
+    let mut bias = load("deepseek-v2")["config"].clone();
+    bias["mlp_bias"] = serde_json::json!(true);
+    let e = ModelSpec::from_config_value(&bias).unwrap_err().to_string();
+    assert!(e.contains("mlp_bias"), "{e}");
 }
 
 #[test]

@@ -377,8 +377,9 @@ fn deepseek_training_layouts_are_valid_and_plan_exactly_into_the_checkpoint() {
     if let Some(a) = &mut without.mla {
         a.q_lora_rank = None;
     }
+    let v2 = deepseek_v2_tiny();
     let mut checked = 0;
-    for model in [with, without] {
+    for model in [with, without, v2] {
         let cat = Catalogue::of(&model);
         let canon = canonical(&cat);
         let whole: awex_core::BackendSpec = "fsdp:dp=1".parse().unwrap();
@@ -472,7 +473,11 @@ fn deepseek_v3_inference_layouts_are_valid_and_plans_from_the_checkpoint_are_exa
     let mut no_q_lora = presets::preset("deepseek-v3-tiny").unwrap();
     no_q_lora.mla.as_mut().unwrap().q_lora_rank = None;
     let mut checked = 0;
-    for model in [presets::preset("deepseek-v3-tiny").unwrap(), no_q_lora] {
+    for model in [
+        presets::preset("deepseek-v3-tiny").unwrap(),
+        no_q_lora,
+        deepseek_v2_tiny(),
+    ] {
         let cat = Catalogue::of(&model);
         let canon = canonical(&cat);
         let src_side = canonical_side(&cat);
@@ -505,4 +510,20 @@ fn deepseek_v3_inference_layouts_are_valid_and_plans_from_the_checkpoint_are_exa
         }
     }
     assert!(checked > 20, "only {checked} layouts checked");
+}
+
+/// deepseek-v3-tiny as a DeepSeek-V2 config (`DeepseekV2ForCausalLM`, V2-Lite's shape): no
+/// `q_lora_rank`, two shared experts, a router without a score-correction bias.
+fn deepseek_v2_tiny() -> awex_core::ModelSpec {
+    let mut m = presets::preset("deepseek-v3-tiny").unwrap();
+    m.name = "deepseek-v2-tiny".into();
+    m.architecture = awex_core::model::Architecture::DeepseekV2;
+    if let Some(a) = &mut m.mla {
+        a.q_lora_rank = None;
+    }
+    if let Some(moe) = &mut m.moe {
+        moe.router_bias = false;
+        moe.shared_intermediate_size = 2 * moe.moe_intermediate_size;
+    }
+    m
 }

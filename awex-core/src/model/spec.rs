@@ -27,6 +27,9 @@ impl Architecture {
     pub const Qwen3Moe: Architecture = Architecture(&family::qwen3_moe::FAMILY);
     /// `MixtralForCausalLM` (every layer MoE, `block_sparse_moe`)
     pub const Mixtral: Architecture = Architecture(&family::mixtral::FAMILY);
+    /// `DeepseekV2ForCausalLM` (DeepSeek-V3's layer, V2's defaults, no router bias but for
+    /// `topk_method: noaux_tc`)
+    pub const DeepseekV2: Architecture = Architecture(&family::deepseek_v2::FAMILY);
     /// `DeepseekV3ForCausalLM` (MLA, shared experts, router bias; Kimi-K2 too)
     pub const DeepseekV3: Architecture = Architecture(&family::deepseek_v3::FAMILY);
     /// `Glm4MoeForCausalLM` (GLM-4.5: q/k/v biases, optional q/k norms, shared experts, router
@@ -698,7 +701,7 @@ mod tests {
             err(&cfg),
             "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
-             DeepseekV3ForCausalLM, Glm4MoeForCausalLM"
+             DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM"
         );
     }
 
@@ -928,7 +931,7 @@ mod tests {
                 "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
                  config.json or HF directory; presets: qwen3-tiny, qwen3-0.6b, qwen3-8b, \
                  qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b, \
-                 deepseek-v3-tiny, deepseek-v3, mla-moe-30b, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air"
+                 deepseek-v2-lite, deepseek-v3-tiny, deepseek-v3, mla-moe-30b, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air"
                     .to_string()
             )
         );

@@ -21,8 +21,8 @@ use crate::model::spec::{MlaSpec, opt_bool, opt_uint, uint};
 use crate::model::{ModelError, ModelSpec};
 use serde_json::Value;
 
-/// DeepSeek-V3's checkpoint names.
-const NAMES: HfNames = HfNames {
+/// DeepSeek-V3's checkpoint names (DeepSeek-V2's too).
+pub(crate) const NAMES: HfNames = HfNames {
     layer: &[
         (Part::InputNorm, "input_layernorm.weight"),
         (Part::Q, "self_attn.q_proj.weight"),
@@ -114,7 +114,13 @@ pub const FAMILY: Family = Family {
     ],
 };
 
-const fn mla(q_lora: Option<u64>, kv_lora: u64, nope: u64, rope: u64, v: u64) -> MlaSpec {
+pub(crate) const fn mla(
+    q_lora: Option<u64>,
+    kv_lora: u64,
+    nope: u64,
+    rope: u64,
+    v: u64,
+) -> MlaSpec {
     MlaSpec {
         q_lora_rank: q_lora,
         kv_lora_rank: kv_lora,
@@ -142,11 +148,32 @@ fn deepseek(
 }
 
 fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
+    // transformers' DeepseekV3Config: first_k_dense_replace 3, n_shared_experts 1; the router
+    // runs in the model's dtype and always has its score-correction bias
+    parse_mla(
+        cfg,
+        spec,
+        SharedMoeDefaults {
+            first_dense: 3,
+            shared: 1,
+            router_fp32: false,
+        },
+    )
+}
+
+/// The config of a DeepSeek-V2 or V3 model: MLA's sizes, the MoE block with `defaults` for
+/// what the config leaves out, no attention biases, `moe_layer_freq` 1.
+pub(crate) fn parse_mla(
+    cfg: &Value,
+    spec: &mut ModelSpec,
+    defaults: SharedMoeDefaults,
+) -> Result<(), ModelError> {
     if opt_bool(cfg, "attention_bias", false)? {
         return Err(ModelError::BadField {
             field: "attention_bias",
-            message: "awex supports DeepSeek-V3 without attention biases (attention_bias: false)"
-                .into(),
+            message:
+                "awex supports DeepSeek models without attention biases (attention_bias: false)"
+                    .into(),
         });
     }
     // SGLang and DeepSeek's own code make layer l MoE when l >= first_k_dense_replace and
@@ -162,17 +189,7 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
             ),
         });
     }
-    // transformers' DeepseekV3Config: first_k_dense_replace 3, n_shared_experts 1; the router
-    // runs in the model's dtype
-    parse_shared_moe(
-        cfg,
-        spec,
-        SharedMoeDefaults {
-            first_dense: 3,
-            shared: 1,
-            router_fp32: false,
-        },
-    )?;
+    parse_shared_moe(cfg, spec, defaults)?;
     let rope = uint(cfg, "qk_rope_head_dim")?;
     spec.mla = Some(MlaSpec {
         q_lora_rank: opt_uint(cfg, "q_lora_rank")?,
@@ -186,7 +203,7 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
     Ok(())
 }
 
-fn layer(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {
+pub(crate) fn layer(spec: &ModelSpec, l: u64, sink: &mut dyn Sink) {
     let h = spec.hidden_size;
     let heads = spec.num_heads;
     let part =

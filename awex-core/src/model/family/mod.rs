@@ -5,6 +5,7 @@
 //! Adding a family: write `family/<name>.rs` with a `pub const FAMILY: Family` (see
 //! `qwen3.rs`), and add it to [`ALL`].
 
+pub(crate) mod deepseek_v2;
 pub(crate) mod deepseek_v3;
 pub(crate) mod glm4_moe;
 pub(crate) mod llama;
@@ -27,6 +28,7 @@ pub const ALL: &[&Family] = &[
     &qwen3::FAMILY,
     &qwen3_moe::FAMILY,
     &mixtral::FAMILY,
+    &deepseek_v2::FAMILY,
     &deepseek_v3::FAMILY,
     &glm4_moe::FAMILY,
 ];
