@@ -24,6 +24,10 @@ pub enum DType {
     I32,
     /// 64-bit integers.
     I64,
+    /// `float8_e4m3fn` (one byte: sign, 4 exponent bits, 3 mantissa bits, no infinities), the
+    /// elements of an FP8 block encoding ([`crate::encoding::Encoding::Fp8Block`]); no implicit
+    /// conversion reaches it: an FP8 tensor is written by a block quantiser.
+    F8E4m3,
 }
 
 /// A dtype name that awex does not know, or a conversion it does not support.
@@ -31,7 +35,7 @@ pub enum DType {
 pub enum DTypeError {
     /// The name is not a dtype awex knows.
     #[error(
-        "unknown dtype `{0}`; supported: bf16, f16, f32, f64, u8, i8, i32, i64 (also torch/HF spellings such as bfloat16, float32)"
+        "unknown dtype `{0}`; supported: bf16, f16, f32, f64, u8, i8, i32, i64, f8e4m3 (also torch/HF spellings such as bfloat16, float32)"
     )]
     Unknown(String),
     /// The two dtypes cannot be converted into one another.
@@ -62,7 +66,7 @@ pub enum DTypeError {
 
 impl DType {
     /// All dtypes, in a fixed order.
-    pub const ALL: [DType; 8] = [
+    pub const ALL: [DType; 9] = [
         DType::Bf16,
         DType::F16,
         DType::F32,
@@ -71,6 +75,7 @@ impl DType {
         DType::I8,
         DType::I32,
         DType::I64,
+        DType::F8E4m3,
     ];
 
     /// Size of one element in bytes.
@@ -79,7 +84,7 @@ impl DType {
             DType::Bf16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
-            DType::U8 | DType::I8 => 1,
+            DType::U8 | DType::I8 | DType::F8E4m3 => 1,
         }
     }
 
@@ -94,6 +99,7 @@ impl DType {
             DType::I8 => "i8",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F8E4m3 => "f8e4m3",
         }
     }
 
@@ -108,6 +114,7 @@ impl DType {
             DType::I8 => "I8",
             DType::I32 => "I32",
             DType::I64 => "I64",
+            DType::F8E4m3 => "F8_E4M3",
         }
     }
 
@@ -142,6 +149,7 @@ impl FromStr for DType {
             "i8" | "int8" => DType::I8,
             "i32" | "int32" | "int" => DType::I32,
             "i64" | "int64" | "long" => DType::I64,
+            "f8e4m3" | "f8_e4m3" | "float8_e4m3fn" => DType::F8E4m3,
             _ => return Err(DTypeError::Unknown(s.to_string())),
         })
     }

@@ -338,6 +338,7 @@ impl FsdpLayout {
             name: Arc::from(name),
             shape,
             dtype: s.dtype,
+            encoding: awex_core::encoding::Encoding::Plain(s.dtype),
             placements,
         }
     }
@@ -571,6 +572,7 @@ impl SideLayout for FsdpLayout {
                     name,
                     shape: shard.shape,
                     dtype,
+                    encoding: awex_core::encoding::Encoding::Plain(dtype),
                     placements,
                 })
             })

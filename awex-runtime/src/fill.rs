@@ -173,6 +173,7 @@ mod tests {
             name: Arc::from(name),
             shape: Dims::new(&[rows, 4]),
             dtype: awex_core::DType::Bf16,
+            encoding: awex_core::encoding::Encoding::Plain(awex_core::DType::Bf16),
             placements: vec![],
         }
     }

@@ -482,6 +482,7 @@ impl TensorSet {
                             name: v.name.clone(),
                             shape: v.shape,
                             dtype: v.dtype,
+                            encoding: awex_core::encoding::Encoding::Plain(v.dtype),
                             placements: vec![],
                         })
                         .collect(),
@@ -781,6 +782,7 @@ mod tests {
                 name: Arc::from("model.w"),
                 shape: Dims::new(&[4, 8]),
                 dtype: DType::Bf16,
+                encoding: awex_core::encoding::Encoding::Plain(DType::Bf16),
                 placements: vec![],
             }],
         };
@@ -877,6 +879,7 @@ mod tests {
                     name: Arc::from(*n),
                     shape: Dims::new(&[rows, 8]),
                     dtype: DType::Bf16,
+                    encoding: awex_core::encoding::Encoding::Plain(DType::Bf16),
                     placements: vec![],
                 })
                 .collect(),

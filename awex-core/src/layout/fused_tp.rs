@@ -534,6 +534,7 @@ impl FusedTpLayout {
             name: name.clone(),
             shape,
             dtype: self.dtype,
+            encoding: crate::encoding::Encoding::Plain(self.dtype),
             placements,
         }
     }
@@ -550,6 +551,7 @@ impl FusedTpLayout {
         }];
         LocalTensor {
             dtype,
+            encoding: crate::encoding::Encoding::Plain(dtype),
             ..self.local(name, shape, placements)
         }
     }
