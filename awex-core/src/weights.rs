@@ -38,6 +38,11 @@ pub enum Weights {
     Synthetic,
     /// An HF checkpoint (version 0), perturbed deterministically for later versions.
     Checkpoint(std::sync::Arc<crate::model::Checkpoint>),
+    /// Another source with bit 6 of every odd byte cleared: the top exponent bit of every
+    /// little-endian bf16 or f16 element and of every f32's high byte, so every float is finite
+    /// (|x| < 2 in bf16 and f32, < 2 in f16). What an FP8 inference side is fed: its
+    /// quantisers refuse infinity and NaN, which random bytes hold about once in 256 elements.
+    Finite(Box<Weights>),
 }
 
 impl Weights {
@@ -57,6 +62,13 @@ impl Weights {
                     for (o, n) in out.iter_mut().zip(noise) {
                         *o ^= n;
                     }
+                }
+            }
+            Weights::Finite(w) => {
+                w.bytes_at(name, version, at, out);
+                let first_odd = (at % 2 == 0) as usize;
+                for b in out.iter_mut().skip(first_odd).step_by(2) {
+                    *b &= !0x40;
                 }
             }
         }

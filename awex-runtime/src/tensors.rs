@@ -800,6 +800,7 @@ mod tests {
     fn bucket_packing_refuses_device_views() {
         use crate::bucket::{hash_destination, make_buckets, pack};
         let t = awex_core::plan::Transfer {
+            encode: None,
             src_rank: RankId::train(0),
             dst_rank: RankId::infer(0, 0),
             canonical: 0,

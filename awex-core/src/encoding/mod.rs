@@ -12,6 +12,7 @@ pub mod e4m3;
 pub mod fp8_block;
 pub mod quantise;
 pub mod recipe;
+pub mod side;
 
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use fp8_block::{Fp8Block, Fp8Config, QuantConfigError, ScaleFormat};
 pub use quantise::{DequantTo, Fp8Quantiser, QuantiseError, Shape2d, dequantise};
 pub use recipe::{Recipe, TorchDevice};
+pub use side::{Fp8Side, InferFp8};
 
 /// How one side stores a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
