@@ -30,6 +30,7 @@ async fn gateway() -> String {
 
 fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64) -> RankConfig {
     RankConfig {
+        infer_fp8: None,
         gateway: gw.into(),
         token: None,
         pair: "dup".into(),
@@ -63,6 +64,7 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),
@@ -159,6 +161,7 @@ async fn a_step_answers_committed_timed_out_or_disconnected() {
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),
