@@ -7,7 +7,7 @@
 //! tcp transports themselves carry FP8 pairs in `awex-cli/tests/demo.rs`.
 
 use awex_core::encoding::{Encoding, Fp8Config, InferFp8, Recipe};
-use awex_core::layout::{RankLayout, Side, SideLayout};
+use awex_core::layout::{RankLayout, Side};
 use awex_core::model::presets;
 use awex_core::pair::{PairSpec, ResolvedPair};
 use awex_core::weights::Weights;

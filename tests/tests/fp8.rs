@@ -5,7 +5,7 @@
 use awex_core::backend::{BackendSpec, inference_backends};
 use awex_core::dtype::DType;
 use awex_core::encoding::{Encoding, Fp8Block, Fp8Config, InferFp8, Recipe};
-use awex_core::layout::{ExplicitSide, LocalTensor, RankLayout, Side, SideLayout};
+use awex_core::layout::{ExplicitSide, LocalTensor, RankLayout, Side};
 use awex_core::model::presets;
 use awex_core::pair::{PairSpec, ResolvedPair};
 use awex_core::plan::{EncodeAt, Transfer};
@@ -72,7 +72,10 @@ fn check_rank(model: &ModelSpec, l: &RankLayout, block: [u32; 2]) -> usize {
                 let (ts, ss) = (t.shape.as_slice(), s.shape.as_slice());
                 let n = ts.len();
                 assert_eq!(ss[..n - 2], ts[..n - 2]);
-                assert_eq!(ss[n - 2..], [ts[n - 2].div_ceil(bn), ts[n - 1].div_ceil(bk)]);
+                assert_eq!(
+                    ss[n - 2..],
+                    [ts[n - 2].div_ceil(bn), ts[n - 1].div_ceil(bk)]
+                );
                 // the scales' placements cover the weight's blocks, part by part
                 assert_eq!(s.placements.len(), t.placements.len());
                 for (w, sp) in t.placements.iter().zip(&s.placements) {
@@ -83,7 +86,10 @@ fn check_rank(model: &ModelSpec, l: &RankLayout, block: [u32; 2]) -> usize {
                     let we = w.region.extent.as_slice();
                     let se = sp.region.extent.as_slice();
                     let r = we.len();
-                    assert_eq!(se[r - 2..], [we[r - 2].div_ceil(bn), we[r - 1].div_ceil(bk)]);
+                    assert_eq!(
+                        se[r - 2..],
+                        [we[r - 2].div_ceil(bn), we[r - 1].div_ceil(bk)]
+                    );
                 }
             }
             Encoding::Fp8Scales(_) => {
@@ -119,7 +125,12 @@ fn stripped(ts: &[Transfer]) -> Vec<Transfer> {
 #[test]
 fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_staging() {
     let block = [8, 8];
-    let models = ["qwen3-tiny", "qwen3-moe-tiny", "mixtral-tiny", "glm-4.5-tiny"];
+    let models = [
+        "qwen3-tiny",
+        "qwen3-moe-tiny",
+        "mixtral-tiny",
+        "glm-4.5-tiny",
+    ];
     let mut checked = 0;
     for name in models {
         let model = presets::preset(name).unwrap();
@@ -129,8 +140,7 @@ fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_s
                 format!("{}:tp=2", b.name()),
                 format!("{}:tp=2,ep=2", b.name()),
             ] {
-                let Ok(p) = try_pair(&model, "megatron:tp=2", &infer, Some(fp8(block, &[])))
-                else {
+                let Ok(p) = try_pair(&model, "megatron:tp=2", &infer, Some(fp8(block, &[]))) else {
                     continue; // a config the backend itself refuses (no ep for dense models)
                 };
                 let plain = pair(&model, "megatron:tp=2", &infer, None);
@@ -200,7 +210,10 @@ fn reported_fp8_layouts_round_trip_through_json_and_plan_the_same() {
         .collect();
     // a plain layout writes no encoding at all (its JSON is what it was before encodings)
     let plain = pair(&model, "megatron:tp=2,dp=2,ep=2", "sglang:tp=2,ep=2", None);
-    let l0 = plain.inference.rank_layout(plain.inference.ranks()[0]).unwrap();
+    let l0 = plain
+        .inference
+        .rank_layout(plain.inference.ranks()[0])
+        .unwrap();
     assert!(!serde_json::to_string(&l0).unwrap().contains("encoding"));
     let explicit = ExplicitSide::new(Side::Inference, layouts);
     let again = awex_core::plan::Pair {
@@ -223,7 +236,10 @@ fn ignored_layers_stay_plain_and_a_half_ignored_fused_tensor_is_refused() {
         &model,
         "megatron:tp=1",
         "sglang:tp=1",
-        Some(fp8([16, 16], &["model.layers.0.self_attn", "mlp.down_proj"])),
+        Some(fp8(
+            [16, 16],
+            &["model.layers.0.self_attn", "mlp.down_proj"],
+        )),
     );
     let l = p.inference.rank_layout(p.inference.ranks()[0]).unwrap();
     let enc = |name: &str| l.tensor(name).unwrap().encoding.clone();
@@ -252,7 +268,10 @@ fn ignored_layers_stay_plain_and_a_half_ignored_fused_tensor_is_refused() {
     ] {
         assert!(matches!(enc(plain), Encoding::Plain(_)), "{plain}");
     }
-    assert!(l.tensor("model.layers.0.self_attn.qkv_proj.weight_scale_inv").is_none());
+    assert!(
+        l.tensor("model.layers.0.self_attn.qkv_proj.weight_scale_inv")
+            .is_none()
+    );
     let e = try_pair(
         &model,
         "megatron:tp=1",
@@ -271,27 +290,49 @@ fn ignored_layers_stay_plain_and_a_half_ignored_fused_tensor_is_refused() {
 fn shards_that_cut_a_block_are_refused_by_name_rows_and_columns() {
     let model = presets::preset("qwen3-tiny").unwrap();
     // column: 64 query rows over tp 2 in 64-row blocks
-    let e = try_pair(&model, "megatron:tp=1", "vllm:tp=2", Some(fp8([64, 16], &[])))
-        .err()
-        .unwrap();
+    let e = try_pair(
+        &model,
+        "megatron:tp=1",
+        "vllm:tp=2",
+        Some(fp8([64, 16], &[])),
+    )
+    .err()
+    .unwrap();
     assert!(
-        e.contains("output_partition_size = 32 is not divisible by weight quantization block_n = 64"),
+        e.contains(
+            "output_partition_size = 32 is not divisible by weight quantization block_n = 64"
+        ),
         "{e}"
     );
     // row: o_proj's 64 input columns over tp 2 in 64-column blocks
-    let e = try_pair(&model, "megatron:tp=1", "sglang:tp=2", Some(fp8([16, 64], &[])))
-        .err()
-        .unwrap();
+    let e = try_pair(
+        &model,
+        "megatron:tp=1",
+        "sglang:tp=2",
+        Some(fp8([16, 64], &[])),
+    )
+    .err()
+    .unwrap();
     assert!(
-        e.contains("input_size_per_partition = 32 is not divisible by weight quantization block_k = 64"),
+        e.contains(
+            "input_size_per_partition = 32 is not divisible by weight quantization block_k = 64"
+        ),
         "{e}"
     );
     // tp 1: an edge block may be partial (64 rows in 48-row blocks: 48 + 16 of q)... but a fused
     // part boundary inside a block is not (k starts at row 64, inside the second 48-row block)
-    let e = try_pair(&model, "megatron:tp=1", "sglang:tp=1", Some(fp8([48, 16], &[])))
-        .err()
-        .unwrap();
-    assert!(e.contains("not divisible by weight quantization block_n = 48"), "{e}");
+    let e = try_pair(
+        &model,
+        "megatron:tp=1",
+        "sglang:tp=1",
+        Some(fp8([48, 16], &[])),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.contains("not divisible by weight quantization block_n = 48"),
+        "{e}"
+    );
     // tp 1 with blocks that only cut the canonical edges: accepted (partial edge blocks)
     let m = ModelSpec {
         hidden_size: 72,

@@ -205,69 +205,67 @@ fn quantise(
     quantiser: &Fp8Quantiser,
     j: &Job,
 ) -> Result<(), RuntimeError> {
-    {
-        let missing = |n: &str| fp8_error(format!("`{n}` is not registered"));
-        let src = staging.get(&j.name).ok_or_else(|| missing(&j.name))?;
-        let q = target.get(&j.name).ok_or_else(|| missing(&j.name))?;
-        let s = target.get(&j.scales).ok_or_else(|| missing(&j.scales))?;
-        let src = src.try_bytes()?;
-        // SAFETY: the target tensors are written by this rank's update only, which is this
-        // call (the transfers are over); each job writes its own two tensors.
-        let (qb, sb) = unsafe { (q.try_bytes_mut()?, s.try_bytes_mut()?) };
-        // SAFETY: f32 has no invalid bit patterns; the alignment is checked.
-        let (pre, scales, post) = unsafe { sb.align_to_mut::<f32>() };
-        if !pre.is_empty() || !post.is_empty() {
-            return Err(fp8_error(format!(
-                "scale tensor `{}` is not 4-byte aligned",
-                j.scales
-            )));
-        }
-        let m = j.rows * j.cols;
-        let [sr, sc] = quantiser
-            .encoding
-            .scale_shape(j.rows as u64, j.cols as u64)
-            .map(|x| x as usize);
-        let shape = Shape2d::dense(j.rows, j.cols);
-        let named = |mat: usize, e: QuantiseError| {
-            fp8_error(format!(
-                "quantising `{}`{} to FP8 ({}) failed: {e}; the update is not committed",
-                j.name,
-                if j.mats > 1 {
-                    format!(" (matrix {mat})")
-                } else {
-                    String::new()
-                },
-                quantiser.recipe.name()
-            ))
-        };
-        for mat in 0..j.mats {
-            let qm = &mut qb[mat * m..(mat + 1) * m];
-            let sm = &mut scales[mat * sr * sc..(mat + 1) * sr * sc];
-            match j.dtype {
-                DType::F32 => {
-                    // SAFETY: as above; host staging is 8-byte aligned (checked).
-                    let (pre, x, _) = unsafe { src.align_to::<f32>() };
-                    if !pre.is_empty() {
-                        return Err(fp8_error(format!("staging of `{}` is misaligned", j.name)));
-                    }
-                    quantiser
-                        .quantise(&x[mat * m..(mat + 1) * m], shape, qm, j.cols, sm, sc)
-                        .map_err(|e| named(mat, e))?;
+    let missing = |n: &str| fp8_error(format!("`{n}` is not registered"));
+    let src = staging.get(&j.name).ok_or_else(|| missing(&j.name))?;
+    let q = target.get(&j.name).ok_or_else(|| missing(&j.name))?;
+    let s = target.get(&j.scales).ok_or_else(|| missing(&j.scales))?;
+    let src = src.try_bytes()?;
+    // SAFETY: the target tensors are written by this rank's update only, which is this
+    // call (the transfers are over); each job writes its own two tensors.
+    let (qb, sb) = unsafe { (q.try_bytes_mut()?, s.try_bytes_mut()?) };
+    // SAFETY: f32 has no invalid bit patterns; the alignment is checked.
+    let (pre, scales, post) = unsafe { sb.align_to_mut::<f32>() };
+    if !pre.is_empty() || !post.is_empty() {
+        return Err(fp8_error(format!(
+            "scale tensor `{}` is not 4-byte aligned",
+            j.scales
+        )));
+    }
+    let m = j.rows * j.cols;
+    let [sr, sc] = quantiser
+        .encoding
+        .scale_shape(j.rows as u64, j.cols as u64)
+        .map(|x| x as usize);
+    let shape = Shape2d::dense(j.rows, j.cols);
+    let named = |mat: usize, e: QuantiseError| {
+        fp8_error(format!(
+            "quantising `{}`{} to FP8 ({}) failed: {e}; the update is not committed",
+            j.name,
+            if j.mats > 1 {
+                format!(" (matrix {mat})")
+            } else {
+                String::new()
+            },
+            quantiser.recipe.name()
+        ))
+    };
+    for mat in 0..j.mats {
+        let qm = &mut qb[mat * m..(mat + 1) * m];
+        let sm = &mut scales[mat * sr * sc..(mat + 1) * sr * sc];
+        match j.dtype {
+            DType::F32 => {
+                // SAFETY: as above; host staging is 8-byte aligned (checked).
+                let (pre, x, _) = unsafe { src.align_to::<f32>() };
+                if !pre.is_empty() {
+                    return Err(fp8_error(format!("staging of `{}` is misaligned", j.name)));
                 }
-                _ => {
-                    // SAFETY: as above (bf16 bits as u16).
-                    let (pre, x, _) = unsafe { src.align_to::<u16>() };
-                    if !pre.is_empty() {
-                        return Err(fp8_error(format!("staging of `{}` is misaligned", j.name)));
-                    }
-                    quantiser
-                        .quantise(&x[mat * m..(mat + 1) * m], shape, qm, j.cols, sm, sc)
-                        .map_err(|e| named(mat, e))?;
+                quantiser
+                    .quantise(&x[mat * m..(mat + 1) * m], shape, qm, j.cols, sm, sc)
+                    .map_err(|e| named(mat, e))?;
+            }
+            _ => {
+                // SAFETY: as above (bf16 bits as u16).
+                let (pre, x, _) = unsafe { src.align_to::<u16>() };
+                if !pre.is_empty() {
+                    return Err(fp8_error(format!("staging of `{}` is misaligned", j.name)));
                 }
+                quantiser
+                    .quantise(&x[mat * m..(mat + 1) * m], shape, qm, j.cols, sm, sc)
+                    .map_err(|e| named(mat, e))?;
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 impl Transport for EncodingTransport {
