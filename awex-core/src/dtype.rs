@@ -26,7 +26,8 @@ pub enum DType {
     I64,
     /// `float8_e4m3fn` (one byte: sign, 4 exponent bits, 3 mantissa bits, no infinities), the
     /// elements of an FP8 block encoding ([`crate::encoding::Encoding::Fp8Block`]); no implicit
-    /// conversion reaches it: an FP8 tensor is written by a block quantiser.
+    /// conversion reaches it: an FP8 tensor is written by a block quantiser. Not a model's
+    /// dtype: `from_str` (config.json's `torch_dtype`) does not parse it.
     F8E4m3,
 }
 
@@ -35,7 +36,7 @@ pub enum DType {
 pub enum DTypeError {
     /// The name is not a dtype awex knows.
     #[error(
-        "unknown dtype `{0}`; supported: bf16, f16, f32, f64, u8, i8, i32, i64, f8e4m3 (also torch/HF spellings such as bfloat16, float32)"
+        "unknown dtype `{0}`; supported: bf16, f16, f32, f64, u8, i8, i32, i64 (also torch/HF spellings such as bfloat16, float32)"
     )]
     Unknown(String),
     /// The two dtypes cannot be converted into one another.
@@ -149,7 +150,6 @@ impl FromStr for DType {
             "i8" | "int8" => DType::I8,
             "i32" | "int32" | "int" => DType::I32,
             "i64" | "int64" | "long" => DType::I64,
-            "f8e4m3" | "f8_e4m3" | "float8_e4m3fn" => DType::F8E4m3,
             _ => return Err(DTypeError::Unknown(s.to_string())),
         })
     }
