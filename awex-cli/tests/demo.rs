@@ -688,6 +688,13 @@ fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
         for u in ups {
             assert_eq!(u["verified"], true, "{transport}: {u}");
         }
+        assert!(
+            j["checks"].to_string().contains(
+                "FP8 tensors and their scales: the CPU reference quantiser, fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm"
+            ),
+            "{}",
+            j["checks"]
+        );
         no_segments_left();
     }
 }

@@ -91,6 +91,22 @@ pub fn weights_of(model: &str, cat: &awex_core::Catalogue) -> anyhow::Result<Wei
     Ok(Weights::Synthetic)
 }
 
+/// The weights of a demo: [`weights_of`], made finite (`Weights::Finite`) when the inference
+/// side is FP8 (its quantisers refuse infinity and NaN, which random bytes hold); both sides
+/// and the canonical dump use the same.
+pub fn demo_weights(
+    model: &str,
+    cat: &awex_core::Catalogue,
+    infer_fp8: bool,
+) -> anyhow::Result<Weights> {
+    let w = weights_of(model, cat)?;
+    Ok(if infer_fp8 {
+        Weights::Finite(Box::new(w))
+    } else {
+        w
+    })
+}
+
 /// The kv key under which a training rank says which version its tensors hold (cuda-ipc).
 pub fn filled_key(rank: u32) -> String {
     format!("filled.{rank}")
@@ -149,12 +165,11 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
-    let mut weights = weights_of(&args.model, &prepared.catalogue)?;
-    if cfg.infer_fp8.is_some() {
-        // the quantisers refuse infinity and NaN, which random bytes hold: both sides move
-        // finite weights (see `Weights::Finite`)
-        weights = Weights::Finite(Box::new(weights));
-    }
+    let weights = demo_weights(
+        &args.model,
+        &prepared.catalogue,
+        cfg.infer_fp8.is_some(),
+    )?;
     let on_gpu = transport.on_gpu();
     let mut mem = Memory::allocate(
         &prepared.layout,

@@ -411,6 +411,7 @@ async fn demo(
             a.updates,
             r.inference.world_size(),
             r.inference.engines(),
+            r.spec.infer_fp8.as_ref().map(|f| f.describe()).as_deref(),
         ),
         checksums: a
             .checksums
