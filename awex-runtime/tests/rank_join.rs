@@ -117,6 +117,24 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
         .err()
         .unwrap();
     assert!(e.contains("bucket_mib"), "{e}");
+    // ... and one given an FP8 inference side the pair was not connected with
+    let mut fp8 = cfg(&gw, Side::Inference, i, Transport::Tcp, 1);
+    fp8.infer_fp8 = Some(
+        awex_core::encoding::InferFp8::new(
+            awex_core::encoding::Fp8Config::from_hf(&serde_json::json!({
+                "quant_method": "fp8", "activation_scheme": "dynamic",
+                "weight_block_size": [16, 16]
+            }))
+            .unwrap(),
+            awex_core::encoding::Recipe::Vllm,
+        )
+        .unwrap(),
+    );
+    let e = join(fp8).await.err().unwrap();
+    assert!(
+        e.contains("pair `dup` stores its inference weights as plain (no FP8) but this rank was started with fp8 e4m3, 16x16 blocks, fp32 scales, recipe vllm"),
+        "{e}"
+    );
     let after = client
         .get_kv("dup", &key, Duration::ZERO)
         .await

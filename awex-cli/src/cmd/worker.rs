@@ -165,11 +165,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
-    let weights = demo_weights(
-        &args.model,
-        &prepared.catalogue,
-        cfg.infer_fp8.is_some(),
-    )?;
+    let weights = demo_weights(&args.model, &prepared.catalogue, cfg.infer_fp8.is_some())?;
     let on_gpu = transport.on_gpu();
     let mut mem = Memory::allocate(
         &prepared.layout,
