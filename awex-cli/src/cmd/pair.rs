@@ -35,7 +35,7 @@ pub struct Args {
 #[derive(clap::Subcommand, Debug)]
 enum PairCommand {
     /// Create a pair: validate both sides against each other and register it.
-    Connect(ConnectArgs),
+    Connect(Box<ConnectArgs>),
     /// Start an update to a version (and optionally wait for its commit).
     Update(UpdateArgs),
     /// Show a pair: state, serving version, latest update, ranks.
