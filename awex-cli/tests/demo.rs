@@ -656,11 +656,18 @@ fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
         "weight_block_size": [128, 128]
     })));
     let model = bf16.path().to_str().unwrap();
-    // shm (atomic) with --infer-quant, tcp (checksums) with the FP8 checkpoint's config.json
-    let runs: [(&str, Vec<&str>); 2] = [
-        ("shm", vec!["--infer-quant", "fp8", "--atomic"]),
+    // shm (atomic) with --infer-quant from Megatron tp 2; tcp (checksums) with the FP8
+    // checkpoint's config.json from FSDP dp 3, whose 86-row chunks cut 128-row blocks (the
+    // receiver quantises whole blocks once their pieces arrived)
+    let runs: [(&str, &str, Vec<&str>); 2] = [
+        (
+            "shm",
+            "megatron:tp=2",
+            vec!["--infer-quant", "fp8", "--atomic"],
+        ),
         (
             "tcp",
+            "fsdp:dp=3",
             vec![
                 "--infer-config",
                 fp8.path().to_str().unwrap(),
@@ -668,12 +675,12 @@ fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
             ],
         ),
     ];
-    for (transport, extra) in runs {
+    for (transport, train, extra) in runs {
         let mut args = vec![
             "--transport",
             transport,
             "--train",
-            "megatron:tp=2",
+            train,
             "--infer",
             "sglang:tp=2",
             "--updates",

@@ -134,16 +134,21 @@ fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_s
     let mut checked = 0;
     for name in models {
         let model = presets::preset(name).unwrap();
-        for b in inference_backends() {
+        // fsdp dp=3: Shard(0) chunks that cut blocks on the training side (the receiver
+        // quantises whole blocks all the same)
+        for (train, b) in ["megatron:tp=2", "fsdp:dp=3"]
+            .into_iter()
+            .flat_map(|t| inference_backends().into_iter().map(move |b| (t, b)))
+        {
             for infer in [
                 format!("{}:tp=1", b.name()),
                 format!("{}:tp=2", b.name()),
                 format!("{}:tp=2,ep=2", b.name()),
             ] {
-                let Ok(p) = try_pair(&model, "megatron:tp=2", &infer, Some(fp8(block, &[]))) else {
+                let Ok(p) = try_pair(&model, train, &infer, Some(fp8(block, &[]))) else {
                     continue; // a config the backend itself refuses (no ep for dense models)
                 };
-                let plain = pair(&model, "megatron:tp=2", &infer, None);
+                let plain = pair(&model, train, &infer, None);
                 let mut fp8_tensors = 0;
                 for rank in p.inference.ranks() {
                     let l = p.inference.rank_layout(rank).unwrap();
@@ -153,7 +158,11 @@ fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_s
                     assert_eq!(a.peers.len(), z.peers.len());
                     for (x, y) in a.peers.iter().zip(&z.peers) {
                         // the same boxes, in the same order, delivered in the same dtype
-                        assert_eq!(stripped(&x.transfers), y.transfers, "{name} {infer}");
+                        assert_eq!(
+                            stripped(&x.transfers),
+                            y.transfers,
+                            "{name} {train} {infer}"
+                        );
                         assert_eq!(x.bytes, y.bytes);
                         for t in &x.transfers {
                             let into_fp8 = matches!(
@@ -184,7 +193,7 @@ fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_s
             }
         }
     }
-    assert!(checked >= 12, "only {checked} configs checked");
+    assert!(checked >= 24, "only {checked} configs checked");
 }
 
 #[test]
