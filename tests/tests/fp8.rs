@@ -366,3 +366,65 @@ fn shards_that_cut_a_block_are_refused_by_name_rows_and_columns() {
         [8, 5]
     );
 }
+
+/// `tests/tests/fixtures/fp8_sglang_params.json`: every parameter (name, shape, dtype) of
+/// SGLang 0.5.23's own block-FP8 models on CPU, per TP rank, written by
+/// `engines/tests/test_fp8_sglang_params.py` (which loads the reference-quantised checkpoint
+/// with SGLang's real classes and checks the file still holds what they create).
+#[test]
+fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
+    let fixture: serde_json::Value =
+        serde_json::from_str(include_str!("fixtures/fp8_sglang_params.json")).unwrap();
+    let dtype = |d: &str| match d {
+        "float8_e4m3fn" => DType::F8E4m3,
+        "float32" => DType::F32,
+        "bfloat16" => DType::Bf16,
+        other => panic!("dtype {other}"),
+    };
+    let mut fp8_params = 0;
+    for case in fixture["cases"].as_array().unwrap() {
+        let config = &case["config"];
+        let model = ModelSpec::from_config_value(config).unwrap();
+        let f = Fp8Config::from_hf_model_config(config).unwrap().unwrap();
+        let (tp, ep) = (case["tp"].as_u64().unwrap(), case["ep"].as_u64().unwrap());
+        let infer = format!("sglang:tp={tp},ep={ep}");
+        let p = pair(
+            &model,
+            "megatron:tp=1",
+            &infer,
+            Some(InferFp8::new(f, Recipe::Vllm).unwrap()),
+        );
+        for (r, params) in case["ranks"].as_array().unwrap().iter().enumerate() {
+            let rank = p.inference.ranks()[r];
+            let l = p.inference.rank_layout(rank).unwrap();
+            let mut theirs: Vec<(String, Vec<u64>, DType)> = params
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| {
+                    let shape = x[1]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|d| d.as_u64().unwrap())
+                        .collect();
+                    (
+                        x[0].as_str().unwrap().to_string(),
+                        shape,
+                        dtype(x[2].as_str().unwrap()),
+                    )
+                })
+                .collect();
+            let mut ours: Vec<(String, Vec<u64>, DType)> = l
+                .tensors
+                .iter()
+                .map(|t| (t.name.to_string(), t.shape.as_slice().to_vec(), t.dtype))
+                .collect();
+            fp8_params += theirs.iter().filter(|t| t.2 == DType::F8E4m3).count();
+            theirs.sort();
+            ours.sort();
+            assert_eq!(ours, theirs, "{} {infer} rank {r}", case["arch"]);
+        }
+    }
+    assert!(fp8_params >= 40, "{fp8_params}");
+}
