@@ -663,3 +663,120 @@ fn plan_says_the_mtp_layer_is_not_moved_and_skips_its_checkpoint_tensors() {
     let j: Value = serde_json::from_str(&out).unwrap();
     assert!(j.get("not_moved").is_none() && j.get("skipped_checkpoint_tensors").is_none());
 }
+
+#[test]
+fn fp8_plan_reports_bytes_per_encoding_and_plain_plans_say_nothing_of_it() {
+    let plain = [
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--infer",
+        "sglang:tp=2",
+        "--json",
+    ];
+    let (code, out, err) = cli(&plain);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert!(j.get("fp8").is_none(), "{j}");
+    let plain_moved = j["moved_bytes"].as_u64().unwrap();
+
+    let mut fp8 = plain.to_vec();
+    fp8.extend(["--infer-quant", "fp8", "--fp8-block", "16x16"]);
+    let (code, out, err) = cli(&fp8);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["exact"], true);
+    assert_eq!(j["fingerprints_agree"], true);
+    let f = &j["fp8"];
+    assert_eq!(
+        f["encoding"],
+        "fp8 e4m3, 16x16 blocks, fp32 scales, recipe vllm"
+    );
+    assert_eq!(f["encoded_at"], "receiver");
+    // receiver-encoded: bf16 on the wire (2 bytes per element), e4m3 lands (1 byte)
+    let (wire, e4m3) = (
+        f["wire_bytes"].as_u64().unwrap(),
+        f["e4m3_bytes"].as_u64().unwrap(),
+    );
+    assert!(e4m3 > 0 && wire == 2 * e4m3, "{f}");
+    // qwen3-tiny's linear weights per engine: 4 layers x (qkv, o, gate_up, down) per rank x 2
+    assert_eq!(f["fp8_tensors"], 16);
+    // one fp32 scale per 16x16 block
+    assert_eq!(f["scale_bytes"].as_u64().unwrap(), e4m3 / 256 * 4);
+    // what moves is what a plain pair moves: the plan differs only in where bf16 lands
+    assert_eq!(j["moved_bytes"].as_u64().unwrap(), plain_moved);
+    assert_eq!(
+        f["plain_bytes"].as_u64().unwrap() + wire,
+        plain_moved,
+        "{f}"
+    );
+
+    let (code, out, err) = cli(&[
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--infer",
+        "sglang:tp=2",
+        "--infer-quant",
+        "fp8",
+        "--fp8-block",
+        "16x16",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("encoding     fp8 e4m3, 16x16 blocks, fp32 scales, recipe vllm")
+            && out.contains("land in the engines"),
+        "{out}"
+    );
+}
+
+#[test]
+fn fp8_flags_are_refused_clearly() {
+    let refused_with = |args: &[&str], want: &str| {
+        let (code, _, err) = cli(args);
+        assert_ne!(code, 0);
+        assert!(err.contains(want), "{args:?}: {err}");
+    };
+    let base = ["plan", "--model", "qwen3-tiny", "--infer", "sglang:tp=2"];
+    fn with<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        let mut v: Vec<&str> = base.to_vec();
+        v.extend(extra);
+        v
+    }
+    // 64 query rows over tp 2 cut 128-row blocks, as SGLang refuses them
+    refused_with(
+        &with(&base, &["--infer-quant", "fp8"]),
+        "output_partition_size = 32 is not divisible by weight quantization block_n = 128",
+    );
+    refused_with(
+        &with(&base, &["--fp8-recipe", "vllm"]),
+        "need --infer-quant fp8",
+    );
+    refused_with(
+        &with(&base, &["--infer-quant", "fp8", "--fp8-recipe", "nope"]),
+        "nope",
+    );
+    refused_with(
+        &with(&base, &["--infer-quant", "fp8", "--fp8-block", "16"]),
+        "expected ROWSxCOLS",
+    );
+    // an inference config whose model is not --model's
+    let other = config_dir("num_hidden_layers", serde_json::json!(2));
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(other.path().join("config.json")).unwrap())
+            .unwrap();
+    cfg["quantization_config"] = serde_json::json!({
+        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]
+    });
+    std::fs::write(other.path().join("config.json"), cfg.to_string()).unwrap();
+    refused_with(
+        &with(&base, &["--infer-config", other.path().to_str().unwrap()]),
+        "differs from --model `qwen3-tiny` in more than the quantisation",
+    );
+    // a config without quantization_config
+    let plain = config_dir("num_hidden_layers", serde_json::json!(4));
+    refused_with(
+        &with(&base, &["--infer-config", plain.path().to_str().unwrap()]),
+        "has no quantization_config",
+    );
+}

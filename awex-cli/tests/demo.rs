@@ -610,3 +610,133 @@ fn nccl_demo_verifies_every_update_across_two_gpus() {
     assert_eq!(j["worker_errors"], serde_json::json!([]));
     no_segments_left();
 }
+
+/// A Qwen3 model directory whose every linear dimension is a multiple of 128 (hidden 256, two
+/// 128-wide heads over one KV head, intermediate 256), with `quantization` as its
+/// `quantization_config` when given (an FP8 checkpoint's config).
+fn fp8_model_dir(quantization: Option<Value>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "intermediate_size": 256,
+        "vocab_size": 1000,
+        "dtype": "bfloat16"
+    });
+    if let Some(q) = quantization {
+        cfg["quantization_config"] = q;
+    }
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+fn demo_of(model: &str, args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .arg("demo")
+        .args(["--model", model, "--json"])
+        .args(args)
+        .output()
+        .expect("run awex-cli demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), json, stderr)
+}
+
+#[test]
+fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
+    let _one = one_at_a_time();
+    let bf16 = fp8_model_dir(None);
+    let fp8 = fp8_model_dir(Some(serde_json::json!({
+        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+        "weight_block_size": [128, 128]
+    })));
+    let model = bf16.path().to_str().unwrap();
+    // shm (atomic) with --infer-quant from Megatron tp 2; tcp (checksums) with the FP8
+    // checkpoint's config.json from FSDP dp 3, whose 86-row chunks cut 128-row blocks (the
+    // receiver quantises whole blocks once their pieces arrived)
+    let runs: [(&str, &str, Vec<&str>); 2] = [
+        (
+            "shm",
+            "megatron:tp=2",
+            vec!["--infer-quant", "fp8", "--atomic"],
+        ),
+        (
+            "tcp",
+            "fsdp:dp=3",
+            vec![
+                "--infer-config",
+                fp8.path().to_str().unwrap(),
+                "--checksums",
+            ],
+        ),
+    ];
+    for (transport, train, extra) in runs {
+        let mut args = vec![
+            "--transport",
+            transport,
+            "--train",
+            train,
+            "--infer",
+            "sglang:tp=2",
+            "--updates",
+            "2",
+        ];
+        args.extend(extra);
+        let (code, j, err) = demo_of(model, &args);
+        assert_eq!(code, 0, "{transport}: {err}");
+        assert_eq!(j["verified"], true, "{transport}");
+        let ups = j["updates"].as_array().unwrap();
+        assert_eq!(ups.len(), 2);
+        for u in ups {
+            assert_eq!(u["verified"], true, "{transport}: {u}");
+        }
+        assert!(
+            j["checks"].to_string().contains(
+                "FP8 tensors and their scales: the CPU reference quantiser, fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm"
+            ),
+            "{}",
+            j["checks"]
+        );
+        no_segments_left();
+    }
+}
+
+#[test]
+fn fp8_demo_refuses_gpu_transports_and_blocks_cut_by_tensor_parallelism() {
+    let _one = one_at_a_time();
+    let (code, _, err) = demo_of(
+        "qwen3-tiny",
+        &[
+            "--infer-quant",
+            "fp8",
+            "--fp8-block",
+            "16x16",
+            "--transport",
+            "cuda-ipc",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("FP8 inference side is quantised on the CPU")
+            && err.contains("use --transport shm or tcp"),
+        "{err}"
+    );
+    // qwen3-tiny's q projection has 64 rows: 32 per rank cut a 128-row block
+    let (code, _, err) = demo_of(
+        "qwen3-tiny",
+        &["--infer", "sglang:tp=2", "--infer-quant", "fp8"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("`model.layers.0.self_attn.qkv_proj.weight`")
+            && err.contains(
+                "output_partition_size = 32 is not divisible by weight quantization block_n = 128"
+            ),
+        "{err}"
+    );
+}

@@ -111,6 +111,7 @@ fn request(name: &str, ranks: u32) -> ConnectRequest {
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", u64::from(half / 2)), ("engines", 2)]),
             engines: 2,

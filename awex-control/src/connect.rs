@@ -30,6 +30,7 @@ pub fn connect_request(
             urls,
             model: pair.spec.model.clone(),
             catalogue: summary,
+            fp8: pair.spec.infer_fp8.clone(),
         },
         transport: pair.spec.transport,
         options,

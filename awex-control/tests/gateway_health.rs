@@ -29,6 +29,7 @@ fn moe_1t(name: &str) -> ConnectRequest {
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", 8)]),
             engines: 16,

@@ -24,6 +24,11 @@ pub enum DType {
     I32,
     /// 64-bit integers.
     I64,
+    /// `float8_e4m3fn` (one byte: sign, 4 exponent bits, 3 mantissa bits, no infinities), the
+    /// elements of an FP8 block encoding ([`crate::encoding::Encoding::Fp8Block`]); no implicit
+    /// conversion reaches it: an FP8 tensor is written by a block quantiser. Not a model's
+    /// dtype: `from_str` (config.json's `torch_dtype`) does not parse it.
+    F8E4m3,
 }
 
 /// A dtype name that awex does not know, or a conversion it does not support.
@@ -62,7 +67,7 @@ pub enum DTypeError {
 
 impl DType {
     /// All dtypes, in a fixed order.
-    pub const ALL: [DType; 8] = [
+    pub const ALL: [DType; 9] = [
         DType::Bf16,
         DType::F16,
         DType::F32,
@@ -71,6 +76,7 @@ impl DType {
         DType::I8,
         DType::I32,
         DType::I64,
+        DType::F8E4m3,
     ];
 
     /// Size of one element in bytes.
@@ -79,7 +85,7 @@ impl DType {
             DType::Bf16 | DType::F16 => 2,
             DType::F32 | DType::I32 => 4,
             DType::F64 | DType::I64 => 8,
-            DType::U8 | DType::I8 => 1,
+            DType::U8 | DType::I8 | DType::F8E4m3 => 1,
         }
     }
 
@@ -94,6 +100,7 @@ impl DType {
             DType::I8 => "i8",
             DType::I32 => "i32",
             DType::I64 => "i64",
+            DType::F8E4m3 => "f8e4m3",
         }
     }
 
@@ -108,6 +115,7 @@ impl DType {
             DType::I8 => "I8",
             DType::I32 => "I32",
             DType::I64 => "I64",
+            DType::F8E4m3 => "F8_E4M3",
         }
     }
 

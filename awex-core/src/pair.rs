@@ -2,6 +2,7 @@
 //! the catalogue and both sides' layouts: the one place where "build both layouts" happens.
 
 use crate::backend::{BackendSpec, SideError, side_layout};
+use crate::encoding::{Fp8Side, InferFp8};
 use crate::layout::{Side, SideLayout};
 use crate::model::{Catalogue, ModelSpec};
 use crate::plan;
@@ -19,6 +20,9 @@ pub struct PairSpec {
     pub infer: BackendSpec,
     /// How the bytes move.
     pub transport: Transport,
+    /// The inference side stores the linear weights as FP8 blocks (from its
+    /// `quantization_config`); `None`: it stores what the training side holds.
+    pub infer_fp8: Option<InferFp8>,
 }
 
 /// A pair spec with its catalogue and both sides' layouts built.
@@ -59,9 +63,21 @@ impl PairSpec {
             })
         };
         let training = layout(Side::Training, &self.train)?;
-        let inference = layout(Side::Inference, &self.infer)?;
+        let mut inference = layout(Side::Inference, &self.infer)?;
+        let catalogue = Catalogue::of(&self.model);
+        if let Some(fp8) = &self.infer_fp8 {
+            inference = Arc::new(
+                Fp8Side::new(inference, &self.model, &catalogue, fp8.clone()).map_err(|e| {
+                    PairError {
+                        side: Side::Inference,
+                        spec: Box::new(self.infer.clone()),
+                        reason: Box::new(SideError::Layout(e)),
+                    }
+                })?,
+            );
+        }
         Ok(ResolvedPair {
-            catalogue: Catalogue::of(&self.model),
+            catalogue,
             spec: self.clone(),
             training,
             inference,

@@ -107,6 +107,7 @@ impl SyntheticSide {
                 name: Arc::from(format!("local.{}", c.name).as_str()),
                 shape,
                 dtype: self.dtype,
+                encoding: crate::encoding::Encoding::Plain(self.dtype),
                 placements: if hi > lo {
                     vec![Placement {
                         canonical,
@@ -123,6 +124,7 @@ impl SyntheticSide {
                 name: Arc::from("local.fused"),
                 shape: Dims::new(&[fused_rows, cols]),
                 dtype: self.dtype,
+                encoding: crate::encoding::Encoding::Plain(self.dtype),
                 placements: fused,
             });
         }

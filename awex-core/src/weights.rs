@@ -38,6 +38,11 @@ pub enum Weights {
     Synthetic,
     /// An HF checkpoint (version 0), perturbed deterministically for later versions.
     Checkpoint(std::sync::Arc<crate::model::Checkpoint>),
+    /// Another source with bit 6 of every odd byte cleared: the top exponent bit of every
+    /// little-endian bf16 or f16 element and of every f32's high byte, so every float is finite
+    /// (|x| < 2 in bf16 and f32, < 2 in f16). What an FP8 inference side is fed: its
+    /// quantisers refuse infinity and NaN, which random bytes hold about once in 256 elements.
+    Finite(Box<Weights>),
 }
 
 impl Weights {
@@ -59,6 +64,13 @@ impl Weights {
                     }
                 }
             }
+            Weights::Finite(w) => {
+                w.bytes_at(name, version, at, out);
+                let first_odd = (at % 2 == 0) as usize;
+                for b in out.iter_mut().skip(first_odd).step_by(2) {
+                    *b &= !0x40;
+                }
+            }
         }
     }
 
@@ -77,4 +89,36 @@ pub fn canonical_tensor(cat: &Catalogue, name: &str, version: u64) -> Option<Vec
     let mut v = vec![0u8; c.nbytes() as usize];
     canonical_bytes_at(seed(name, version), 0, &mut v);
     Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::bf16_to_f32;
+
+    #[test]
+    fn finite_weights_hold_no_infinity_or_nan_at_any_offset_and_differ_from_the_source_only_there()
+    {
+        let w = Weights::Finite(Box::new(Weights::Synthetic));
+        let mut all = vec![0u8; 1 << 16];
+        w.bytes_at("t", 3, 0, &mut all);
+        let mut raw = vec![0u8; 1 << 16];
+        Weights::Synthetic.bytes_at("t", 3, 0, &mut raw);
+        let mut nonfinite = 0;
+        for (i, (a, r)) in all.chunks_exact(2).zip(raw.chunks_exact(2)).enumerate() {
+            let (a, r) = (
+                u16::from_le_bytes([a[0], a[1]]),
+                u16::from_le_bytes([r[0], r[1]]),
+            );
+            assert!(bf16_to_f32(a).is_finite(), "element {i}: {a:#06x}");
+            assert_eq!(a, r & !0x4000, "element {i}");
+            nonfinite += usize::from(!bf16_to_f32(r).is_finite());
+        }
+        // the synthetic stream itself holds non-finite values (why Finite exists)
+        assert!(nonfinite > 0);
+        // a read at an odd offset sees the same bytes
+        let mut part = vec![0u8; 101];
+        w.bytes_at("t", 3, 77, &mut part);
+        assert_eq!(part, all[77..178]);
+    }
 }

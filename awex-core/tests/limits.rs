@@ -150,6 +150,7 @@ fn hostile(region: Region, local_offset: Dims, shape: Dims) -> RankLayout {
             name: name.clone(),
             shape,
             dtype: DType::Bf16,
+            encoding: awex_core::encoding::Encoding::Plain(DType::Bf16),
             placements: vec![Placement {
                 canonical: name,
                 region,

@@ -374,6 +374,7 @@ impl FsdpLayout {
             name: Arc::from(name),
             shape,
             dtype: s.dtype,
+            encoding: awex_core::encoding::Encoding::Plain(s.dtype),
             placements,
         }
     }
@@ -607,6 +608,7 @@ impl SideLayout for FsdpLayout {
                     name,
                     shape: shard.shape,
                     dtype,
+                    encoding: awex_core::encoding::Encoding::Plain(dtype),
                     placements,
                 })
             })

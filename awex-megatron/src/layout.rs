@@ -804,6 +804,7 @@ impl SideLayout for MegatronLayout {
                 name: self.name(local),
                 shape,
                 dtype: self.dtype_of(local),
+                encoding: awex_core::encoding::Encoding::Plain(self.dtype_of(local)),
                 placements,
             });
         }

@@ -111,6 +111,7 @@ impl Controller {
         let infer_spec: BackendSpec = infer.parse().map_err(Fail::from)?;
         let transport: Transport = transport.parse().map_err(Fail::Value)?;
         let resolved = PairSpec {
+            infer_fp8: None,
             model: spec.clone(),
             train: train_spec,
             infer: infer_spec,

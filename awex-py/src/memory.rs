@@ -61,6 +61,7 @@ pub(crate) fn dtype_of_name(name: &str) -> Option<DType> {
         "int8" => DType::I8,
         "int32" | "int" => DType::I32,
         "int64" | "long" => DType::I64,
+        "float8_e4m3fn" => DType::F8E4m3,
         _ => return None,
     })
 }

@@ -176,6 +176,7 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
     };
     let bucket_mib = args.bucket_mib.unwrap_or(st.options.bucket_mib).max(1);
     Ok(RankConfig {
+        infer_fp8: None,
         gateway: args.gateway.clone(),
         token: args.token.clone(),
         pair: args.pair.clone(),

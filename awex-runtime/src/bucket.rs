@@ -119,6 +119,7 @@ mod tests {
 
     fn transfer(rows: u64, cols: u64) -> Transfer {
         Transfer {
+            encode: None,
             src_rank: RankId::train(0),
             dst_rank: RankId::infer(0, 0),
             canonical: 0,

@@ -122,6 +122,10 @@ pub enum RuntimeError {
     /// Planning failed.
     #[error(transparent)]
     Plan(#[from] awex_core::plan::PlanError),
+    /// An FP8 inference rank could not be set up, or an update's weights not quantised (the
+    /// message names the tensor).
+    #[error("{0}")]
+    Fp8(String),
 }
 
 impl From<LayoutMismatch> for RuntimeError {

@@ -2,8 +2,10 @@
 //! ([`awex_core::weights`]).
 
 use crate::TensorSet;
-use awex_core::layout::RankLayout;
+use awex_core::dtype::DType;
+use awex_core::encoding::{Encoding, Fp8Block, InferFp8, Shape2d};
 use awex_core::layout::copy::StridedBox;
+use awex_core::layout::{Dims, LocalTensor, RankLayout};
 use awex_core::model::Catalogue;
 pub use awex_core::weights::Weights;
 
@@ -29,9 +31,40 @@ pub fn fill_or_check_from(
     version: u64,
     check: bool,
 ) -> Result<(), String> {
+    fill_or_check_with(weights, layout, cat, tensors, version, check, None)
+}
+
+/// [`fill_or_check_from`] for a layout that may hold FP8 tensors: each FP8 tensor's expected
+/// e4m3 bytes and scales are what `fp8`'s quantiser writes for the whole canonical tensors
+/// (the checkpoint the reference quantiser would write from that version's weights), at the
+/// placements' boxes; scale tensors are filled or checked with their weight.
+pub fn fill_or_check_with(
+    weights: &Weights,
+    layout: &RankLayout,
+    cat: &Catalogue,
+    tensors: &TensorSet,
+    version: u64,
+    check: bool,
+    fp8: Option<&InferFp8>,
+) -> Result<(), String> {
     let mut row = Vec::new();
     let mut conv = Vec::new();
     for t in &layout.tensors {
+        match &t.encoding {
+            Encoding::Plain(_) => {}
+            // written and checked with their weight
+            Encoding::Fp8Scales(_) => continue,
+            Encoding::Fp8Block(_) => {
+                let fp8 = fp8.ok_or_else(|| {
+                    format!(
+                        "`{}` is FP8 but no FP8 config was given to fill or check it",
+                        t.name
+                    )
+                })?;
+                fp8_fill_or_check(weights, t, cat, tensors, version, check, fp8)?;
+                continue;
+            }
+        }
         let v = tensors
             .get(&t.name)
             .ok_or_else(|| format!("`{}` is not registered", t.name))?;
@@ -107,6 +140,174 @@ pub fn fill_or_check_from(
     Ok(())
 }
 
+/// The expected e4m3 bytes and scales of FP8 tensor `t` at `version` (quantised from the
+/// whole canonical tensors), written (`check = false`) or compared.
+fn fp8_fill_or_check(
+    weights: &Weights,
+    t: &LocalTensor,
+    cat: &Catalogue,
+    tensors: &TensorSet,
+    version: u64,
+    check: bool,
+    fp8: &InferFp8,
+) -> Result<(), String> {
+    let q = fp8.quantiser();
+    let [bn, bk] = fp8.encoding().block.map(u64::from);
+    let scale_name = Fp8Block::scale_name(&t.name);
+    let qv = tensors
+        .get(&t.name)
+        .ok_or_else(|| format!("`{}` is not registered", t.name))?;
+    let sv = tensors
+        .get(&scale_name)
+        .ok_or_else(|| format!("`{scale_name}` is not registered"))?;
+    // SAFETY: filling and checking happen while no update runs on these tensors.
+    let (qb, sb) = unsafe { (qv.try_bytes_mut(), sv.try_bytes_mut()) };
+    let (qb, sb) = (
+        qb.map_err(|e| e.to_string())?,
+        sb.map_err(|e| e.to_string())?,
+    );
+    let nd = t.shape.ndim();
+    let mut covered = vec![false; if check { qb.len() } else { 0 }];
+    let block_dims = |d: &Dims, ceil: bool| {
+        let mut v = d.as_slice().to_vec();
+        let n = v.len();
+        for (i, b) in [bn, bk].into_iter().enumerate() {
+            v[n - 2 + i] = if ceil {
+                v[n - 2 + i].div_ceil(b)
+            } else {
+                v[n - 2 + i] / b
+            };
+        }
+        Dims::new(&v)
+    };
+    let scale_shape = block_dims(&t.shape, true);
+    for p in &t.placements {
+        let c = cat
+            .get(&p.canonical)
+            .ok_or_else(|| format!("unknown canonical `{}`", p.canonical))?;
+        let cs = c.shape.as_slice();
+        let cd = cs.len();
+        if cd < 2 || nd < 2 {
+            return Err(format!(
+                "`{}` is FP8 but `{}` is not a matrix",
+                t.name, c.name
+            ));
+        }
+        let (rows, cols) = (cs[cd - 2] as usize, cs[cd - 1] as usize);
+        let mats = (c.numel() as usize) / (rows * cols).max(1);
+        let raw = weights
+            .tensor(cat, &c.name, version)
+            .ok_or_else(|| format!("no weights for `{}`", c.name))?;
+        let [sr, sc] = fp8
+            .encoding()
+            .scale_shape(rows as u64, cols as u64)
+            .map(|x| x as usize);
+        let mut cq = vec![0u8; mats * rows * cols];
+        let mut cscale = vec![0f32; mats * sr * sc];
+        for m in 0..mats {
+            let (e0, s0) = (m * rows * cols, m * sr * sc);
+            let shape = Shape2d::dense(rows, cols);
+            let (qm, smat) = (&mut cq[e0..e0 + rows * cols], &mut cscale[s0..s0 + sr * sc]);
+            let r = match c.dtype {
+                DType::F32 => {
+                    let x: Vec<f32> = raw[e0 * 4..(e0 + rows * cols) * 4]
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
+                    q.quantise(&x, shape, qm, cols, smat, sc)
+                }
+                _ => {
+                    let x: Vec<u16> = raw[e0 * 2..(e0 + rows * cols) * 2]
+                        .chunks_exact(2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                        .collect();
+                    q.quantise(&x, shape, qm, cols, smat, sc)
+                }
+            };
+            r.map_err(|e| format!("quantising `{}` at version {version}: {e}", c.name))?;
+        }
+        let scale_bytes: Vec<u8> = cscale.iter().flat_map(|f| f.to_le_bytes()).collect();
+        // the weight's box in elements, then its scales' box in blocks
+        for (es, src, dst, local_shape, canon_shape, region, local_offset, what) in [
+            (
+                1usize,
+                &cq[..],
+                &mut *qb,
+                t.shape,
+                c.shape,
+                p.region,
+                p.local_offset,
+                "element",
+            ),
+            (
+                4,
+                &scale_bytes[..],
+                &mut *sb,
+                scale_shape,
+                block_dims(&c.shape, true),
+                awex_core::layout::Region {
+                    offset: block_dims(&p.region.offset, false),
+                    extent: block_dims(&p.region.extent, true),
+                },
+                block_dims(&p.local_offset, false),
+                "scale",
+            ),
+        ] {
+            let b = StridedBox::new(
+                &canon_shape,
+                &region.offset,
+                &local_shape,
+                &local_offset,
+                &region.extent,
+            )
+            .map_err(|e| e.to_string())?;
+            let mut err = None;
+            b.for_each_run(|s, d, n| {
+                if err.is_some() {
+                    return;
+                }
+                let want = &src[s as usize * es..(s + n) as usize * es];
+                let range = d as usize * es..(d + n) as usize * es;
+                if !check {
+                    dst[range].copy_from_slice(want);
+                    return;
+                }
+                if dst[range.clone()] != *want {
+                    let off = dst[range.clone()]
+                        .iter()
+                        .zip(want)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(0);
+                    err = Some(format!(
+                        "`{}` {what} {} (from `{}`, quantised with recipe {}) differs from version {version}",
+                        if es == 1 { t.name.to_string() } else { scale_name.clone() },
+                        d as usize + off / es,
+                        p.canonical,
+                        q.recipe.name()
+                    ));
+                }
+                if es == 1 {
+                    for c in &mut covered[d as usize..(d + n) as usize] {
+                        *c = true;
+                    }
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+    }
+    if check
+        && let Some(i) = covered
+            .iter()
+            .zip(qb.iter())
+            .position(|(c, b)| !c && *b != 0)
+    {
+        return Err(format!("`{}` padding element {i} is not zero", t.name));
+    }
+    Ok(())
+}
+
 /// Cuts a rank layout into at most `parts` layouts of about equal bytes (whole tensors each),
 /// so that filling or checking can run on several threads.
 pub fn split_layout(layout: &RankLayout, parts: usize) -> Vec<RankLayout> {
@@ -143,13 +344,28 @@ pub fn fill_or_check_parallel(
     version: u64,
     check: bool,
 ) -> Result<(), String> {
+    fill_or_check_parallel_with(weights, layout, cat, tensors, version, check, None)
+}
+
+/// [`fill_or_check_with`] on every core: the layout's tensors split over threads.
+pub fn fill_or_check_parallel_with(
+    weights: &Weights,
+    layout: &RankLayout,
+    cat: &Catalogue,
+    tensors: &TensorSet,
+    version: u64,
+    check: bool,
+    fp8: Option<&InferFp8>,
+) -> Result<(), String> {
     let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
     let parts = split_layout(layout, threads);
     let results: Vec<Result<(), String>> = std::thread::scope(|s| {
         let jobs: Vec<_> = parts
             .iter()
             .map(|part| {
-                s.spawn(move || fill_or_check_from(weights, part, cat, tensors, version, check))
+                s.spawn(move || {
+                    fill_or_check_with(weights, part, cat, tensors, version, check, fp8)
+                })
             })
             .collect();
         jobs.into_iter()
@@ -173,6 +389,7 @@ mod tests {
             name: Arc::from(name),
             shape: Dims::new(&[rows, 4]),
             dtype: awex_core::DType::Bf16,
+            encoding: awex_core::encoding::Encoding::Plain(awex_core::DType::Bf16),
             placements: vec![],
         }
     }

@@ -6,7 +6,7 @@
 //! - [`Memory`]: the tensor set the transport works on, with its host staging copy (weights on
 //!   a GPU) or its shared-memory mirror (registered host tensors on the `shm` transport).
 
-use crate::fill::{Weights, fill_or_check_from, fill_or_check_parallel};
+use crate::fill::{Weights, fill_or_check_parallel_with, fill_or_check_with};
 use crate::shm::{gc, segment_name};
 use crate::{RuntimeError, TensorError, TensorSet, TensorView};
 use awex_core::Transport;
@@ -86,6 +86,8 @@ pub struct Memory {
     /// Registered host tensors copied into `tensors` (a shared-memory mirror) before each
     /// update; empty unless the mirror is in use.
     mirrored: Vec<TensorView>,
+    /// The inference side's FP8 encoding, for filling and checking FP8 tensors.
+    pub fp8: Option<awex_core::encoding::InferFp8>,
 }
 
 impl Memory {
@@ -117,6 +119,7 @@ impl Memory {
             tensors: Arc::new(tensors),
             staging,
             mirrored: Vec::new(),
+            fp8: None,
         })
     }
 
@@ -138,12 +141,14 @@ impl Memory {
                 tensors: Arc::new(mirror),
                 staging: None,
                 mirrored: views,
+                fp8: None,
             });
         }
         Ok(Memory {
             tensors: Arc::new(set),
             staging: None,
             mirrored: Vec::new(),
+            fp8: None,
         })
     }
 
@@ -178,9 +183,10 @@ impl Memory {
         cat: &Catalogue,
         v: u64,
     ) -> Result<(), RuntimeError> {
+        let fp8 = self.fp8.as_ref();
         match &self.staging {
-            None => fill_or_check_from(weights, layout, cat, &self.tensors, v, false),
-            Some(host) => fill_or_check_parallel(weights, layout, cat, host, v, false),
+            None => fill_or_check_with(weights, layout, cat, &self.tensors, v, false, fp8),
+            Some(host) => fill_or_check_parallel_with(weights, layout, cat, host, v, false, fp8),
         }
         .map_err(|detail| RuntimeError::Weights { version: v, detail })?;
         if let Some(host) = &self.staging {
@@ -198,11 +204,12 @@ impl Memory {
         cat: &Catalogue,
         v: u64,
     ) -> Result<(), String> {
+        let fp8 = self.fp8.as_ref();
         match &self.staging {
-            None => fill_or_check_from(weights, layout, cat, &self.tensors, v, true),
+            None => fill_or_check_with(weights, layout, cat, &self.tensors, v, true, fp8),
             Some(host) => {
                 self.tensors.download_to(host).map_err(|e| e.to_string())?;
-                fill_or_check_parallel(weights, layout, cat, host, v, true)
+                fill_or_check_parallel_with(weights, layout, cat, host, v, true, fp8)
             }
         }
     }

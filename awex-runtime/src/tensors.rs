@@ -482,6 +482,7 @@ impl TensorSet {
                             name: v.name.clone(),
                             shape: v.shape,
                             dtype: v.dtype,
+                            encoding: awex_core::encoding::Encoding::Plain(v.dtype),
                             placements: vec![],
                         })
                         .collect(),
@@ -781,6 +782,7 @@ mod tests {
                 name: Arc::from("model.w"),
                 shape: Dims::new(&[4, 8]),
                 dtype: DType::Bf16,
+                encoding: awex_core::encoding::Encoding::Plain(DType::Bf16),
                 placements: vec![],
             }],
         };
@@ -798,6 +800,7 @@ mod tests {
     fn bucket_packing_refuses_device_views() {
         use crate::bucket::{hash_destination, make_buckets, pack};
         let t = awex_core::plan::Transfer {
+            encode: None,
             src_rank: RankId::train(0),
             dst_rank: RankId::infer(0, 0),
             canonical: 0,
@@ -877,6 +880,7 @@ mod tests {
                     name: Arc::from(*n),
                     shape: Dims::new(&[rows, 8]),
                     dtype: DType::Bf16,
+                    encoding: awex_core::encoding::Encoding::Plain(DType::Bf16),
                     placements: vec![],
                 })
                 .collect(),

@@ -34,6 +34,7 @@ async fn gateway() -> String {
 
 fn cfg(gw: &str, pair: &str, side: Side, rank: u32, apply: ApplyMode) -> RankConfig {
     RankConfig {
+        infer_fp8: None,
         gateway: gw.into(),
         token: None,
         pair: pair.into(),
@@ -164,6 +165,7 @@ async fn drill(apply: ApplyMode) -> (Option<u64>, Option<u64>) {
     let pair = format!("drill-{}", apply.as_str());
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=2".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),

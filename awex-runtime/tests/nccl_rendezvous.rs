@@ -34,6 +34,7 @@ async fn gateway() -> String {
 async fn pair(gw: &str) -> (Client, PairSecret) {
     let client = Client::new(gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),

@@ -201,6 +201,7 @@ impl Transport for StubNccl {
 
 fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
     RankConfig {
+        infer_fp8: None,
         gateway: gw.into(),
         token: None,
         pair: PAIR.into(),
@@ -293,6 +294,7 @@ async fn an_aborted_attempt_retries_on_a_fresh_communicator_from_the_attempts_kv
     tokio::spawn(serve(l, GatewayConfig::default()));
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),

@@ -24,6 +24,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
     RankConfig {
+        infer_fp8: None,
         gateway: gw.into(),
         token: None,
         pair: "claim".into(),
@@ -59,6 +60,7 @@ async fn a_second_live_claimant_is_refused_without_touching_the_holder() {
     tokio::spawn(serve(l, GatewayConfig::default()));
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),

@@ -67,6 +67,7 @@ impl Gw {
 
 fn cfg(gw: &str, pair: &str, side: Side, rank: RankId) -> RankConfig {
     RankConfig {
+        infer_fp8: None,
         gateway: gw.into(),
         token: None,
         pair: pair.into(),
@@ -98,6 +99,7 @@ async fn join(c: RankConfig) -> Rank {
 async fn connect(gw: &str, pair: &str) -> Client {
     let client = Client::new(gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),

@@ -30,6 +30,7 @@ async fn gateway() -> String {
 
 fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64) -> RankConfig {
     RankConfig {
+        infer_fp8: None,
         gateway: gw.into(),
         token: None,
         pair: "dup".into(),
@@ -63,6 +64,7 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),
@@ -115,6 +117,24 @@ async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank()
         .err()
         .unwrap();
     assert!(e.contains("bucket_mib"), "{e}");
+    // ... and one given an FP8 inference side the pair was not connected with
+    let mut fp8 = cfg(&gw, Side::Inference, i, Transport::Tcp, 1);
+    fp8.infer_fp8 = Some(
+        awex_core::encoding::InferFp8::new(
+            awex_core::encoding::Fp8Config::from_hf(&serde_json::json!({
+                "quant_method": "fp8", "activation_scheme": "dynamic",
+                "weight_block_size": [16, 16]
+            }))
+            .unwrap(),
+            awex_core::encoding::Recipe::Vllm,
+        )
+        .unwrap(),
+    );
+    let e = join(fp8).await.err().unwrap();
+    assert!(
+        e.contains("pair `dup` stores its inference weights as plain (no FP8) but this rank was started with fp8 e4m3, 16x16 blocks, fp32 scales, recipe vllm"),
+        "{e}"
+    );
     let after = client
         .get_kv("dup", &key, Duration::ZERO)
         .await
@@ -159,6 +179,7 @@ async fn a_step_answers_committed_timed_out_or_disconnected() {
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
     let spec = PairSpec {
+        infer_fp8: None,
         model: ModelSpec::resolve("qwen3-tiny").unwrap(),
         train: "megatron:tp=1".parse().unwrap(),
         infer: "sglang:tp=1".parse().unwrap(),

@@ -167,6 +167,7 @@ mod tests {
             }
         };
         Transfer {
+            encode: None,
             src_rank: RankId::train(0),
             dst_rank: RankId::infer(0, 0),
             canonical: 0,

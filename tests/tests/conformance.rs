@@ -448,6 +448,7 @@ fn canonical_side(cat: &Catalogue) -> ExplicitSide {
             name: Arc::from(c.name.as_str()),
             shape: c.shape,
             dtype: c.dtype,
+            encoding: awex_core::encoding::Encoding::Plain(c.dtype),
             placements: vec![Placement {
                 canonical: Arc::from(c.name.as_str()),
                 region: Region::full(c.shape),

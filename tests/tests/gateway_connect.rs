@@ -32,6 +32,7 @@ fn request(train: &str, train_parallel: &[(&str, u64)], world: u32) -> ConnectRe
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", 2)]),
             engines: 1,
@@ -115,4 +116,46 @@ async fn connect_says_which_trained_tensors_the_inference_engine_drops() {
     let (s, v) = connect(&req).await;
     assert_eq!(s, 201, "{v}");
     assert!(v["inference"].get("dropped").is_none(), "{v}");
+}
+
+#[tokio::test]
+async fn connect_carries_the_fp8_encoding_and_refuses_one_the_engines_cannot_hold() {
+    let fp8 = |block: [u32; 2], recipe: &str| {
+        let config = awex_core::encoding::Fp8Config::from_hf(&serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": block
+        }))
+        .unwrap();
+        // built field by field, as a client could send it (no check on this side)
+        awex_core::encoding::InferFp8 {
+            config,
+            recipe: recipe.parse().unwrap(),
+        }
+    };
+    let mut req = request("megatron", &[("tp", 2)], 2);
+    req.inference.fp8 = Some(fp8([128, 128], "vllm"));
+    let (s, v) = connect(&req).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["inference"]["fp8"]["recipe"], "vllm", "{v}");
+    assert!(v["training"].get("fp8").is_none(), "{v}");
+    // qwen3-0.6b's 1024 query rows over sglang tp 2 cut no 128-row block; 384-row blocks do
+    req.inference.fp8 = Some(fp8([384, 128], "vllm"));
+    let (s, v) = connect(&req).await;
+    assert_eq!(s, 422, "{v}");
+    let e = v["error"].as_str().unwrap_or_default();
+    assert!(
+        e.starts_with("inference.fp8 with `sglang:tp=2`: ")
+            && e.contains("not divisible by weight quantization block_n = 384"),
+        "{e}"
+    );
+    // a recipe that writes power-of-two scales for an encoding of fp32 scales
+    req.inference.fp8 = Some(fp8([128, 128], "deepgemm-ue8m0"));
+    let (s, v) = connect(&req).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("inference.fp8: the deepgemm-ue8m0 quantiser writes Ue8m0 scales"),
+        "{v}"
+    );
 }

@@ -7,5 +7,6 @@ pub mod gc;
 pub mod live;
 pub mod pair;
 pub mod plan;
+pub mod quant;
 pub mod serve;
 pub mod worker;

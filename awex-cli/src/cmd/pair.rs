@@ -35,7 +35,7 @@ pub struct Args {
 #[derive(clap::Subcommand, Debug)]
 enum PairCommand {
     /// Create a pair: validate both sides against each other and register it.
-    Connect(ConnectArgs),
+    Connect(Box<ConnectArgs>),
     /// Start an update to a version (and optionally wait for its commit).
     Update(UpdateArgs),
     /// Show a pair: state, serving version, latest update, ranks.
@@ -110,6 +110,9 @@ struct ConnectArgs {
     /// Print the pair's status as JSON.
     #[arg(long)]
     json: bool,
+    /// The inference side's FP8 encoding (every rank must be started with the same).
+    #[command(flatten)]
+    quant: crate::cmd::quant::QuantArgs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -180,6 +183,7 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
             model: train_model,
         },
         inference: InferenceSpec {
+            fp8: a.quant.resolve(&infer_model)?,
             backend: a.infer.backend.clone(),
             parallel: a.infer.parallel.clone(),
             engines: infer_layout.engines(),

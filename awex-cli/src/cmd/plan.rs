@@ -3,6 +3,7 @@
 use anyhow::bail;
 use awex_core::ModelSpec;
 use awex_core::backend::{ParallelKey, inference_backends, training_backends};
+use awex_core::encoding::Encoding;
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use serde::Serialize;
@@ -38,6 +39,9 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The inference side's FP8 encoding.
+    #[command(flatten)]
+    pub quant: crate::cmd::quant::QuantArgs,
 }
 
 /// `n thing` or `n things`.
@@ -133,6 +137,16 @@ pub type Resolved = awex_core::pair::ResolvedPair;
 
 /// Resolves `--model`, `--train` and `--infer` (noting a backend given without keys).
 pub fn resolve(model: &str, train: &str, infer: &str) -> anyhow::Result<Resolved> {
+    resolve_with(model, train, infer, &Default::default())
+}
+
+/// [`resolve`] with the inference side's FP8 flags.
+pub fn resolve_with(
+    model: &str,
+    train: &str,
+    infer: &str,
+    quant: &crate::cmd::quant::QuantArgs,
+) -> anyhow::Result<Resolved> {
     for (flag, spec, side) in [
         ("--train", train, Side::Training),
         ("--infer", infer, Side::Inference),
@@ -141,8 +155,10 @@ pub fn resolve(model: &str, train: &str, infer: &str) -> anyhow::Result<Resolved
             eprintln!("{note}");
         }
     }
+    let model = ModelSpec::resolve(model)?;
     let spec = awex_core::pair::PairSpec {
-        model: ModelSpec::resolve(model)?,
+        infer_fp8: quant.resolve(&model)?,
+        model,
         train: train.parse()?,
         infer: infer.parse()?,
         transport: awex_core::Transport::Shm,
@@ -245,6 +261,28 @@ pub struct PlanSummary {
     /// The tensors of `--model`'s checkpoint under those rules, skipped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped_checkpoint_tensors: Option<usize>,
+    /// With an FP8 inference side: what lands in the engines per encoding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Fp8Bytes>,
+}
+
+/// Bytes per encoding of an FP8 inference side (all inference ranks together).
+#[derive(Serialize, Debug, Default)]
+pub struct Fp8Bytes {
+    /// The encoding (`fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm`).
+    pub encoding: String,
+    /// Where blocks are quantised (`receiver`: every block, in this version).
+    pub encoded_at: String,
+    /// FP8 tensors per engine.
+    pub fp8_tensors: usize,
+    /// Bytes the plans move into FP8 tensors (the canonical dtype: bf16 on the wire).
+    pub wire_bytes: u64,
+    /// e4m3 bytes the receivers write from them.
+    pub e4m3_bytes: u64,
+    /// fp32 scale bytes the receivers write with them.
+    pub scale_bytes: u64,
+    /// Bytes moved into plain tensors (embeddings, norms, `lm_head`, router), as before.
+    pub plain_bytes: u64,
 }
 
 /// Plans every rank of both sides and summarises.
@@ -273,6 +311,22 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
     }
     let mut agree = true;
     let mut exact = true;
+    let mut fp8 = r.spec.infer_fp8.as_ref().map(|f| Fp8Bytes {
+        encoding: f.describe(),
+        encoded_at: "receiver".into(),
+        fp8_tensors: r
+            .inference
+            .ranks()
+            .first()
+            .and_then(|&rank| r.inference.rank_layout(rank))
+            .map_or(0, |l| {
+                l.tensors
+                    .iter()
+                    .filter(|t| matches!(t.encoding, Encoding::Fp8Block(_)))
+                    .count()
+            }),
+        ..Default::default()
+    });
     let mut required = 0u64;
     let mut received = 0u64;
     for rank in r.inference.ranks() {
@@ -280,20 +334,43 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
         for peer in &p.peers {
             agree &= fps.remove(&(peer.peer, rank)) == Some(peer.fingerprint);
         }
-        let need: u64 = r
-            .inference
-            .rank_layout(rank)
+        let layout = r.inference.rank_layout(rank);
+        // what the plan must deliver: FP8 tensors in the canonical dtype (into their staging),
+        // scales nothing (the receiver writes them)
+        let need: u64 = layout
+            .as_ref()
             .map(|l| {
                 l.tensors
                     .iter()
                     .flat_map(|t| {
-                        t.placements
-                            .iter()
-                            .map(move |p| p.region.numel() * t.dtype.size() as u64)
+                        t.placements.iter().map(move |p| match &t.encoding {
+                            Encoding::Plain(_) => p.region.numel() * t.dtype.size() as u64,
+                            Encoding::Fp8Block(_) => r
+                                .catalogue
+                                .get(&p.canonical)
+                                .map_or(0, |c| p.region.numel() * c.dtype.size() as u64),
+                            Encoding::Fp8Scales(_) => 0,
+                        })
                     })
                     .sum()
             })
             .unwrap_or(0);
+        if let (Some(f), Some(l)) = (&mut fp8, &layout) {
+            for t in &l.tensors {
+                match &t.encoding {
+                    Encoding::Fp8Block(_) => f.e4m3_bytes += t.nbytes(),
+                    Encoding::Fp8Scales(_) => f.scale_bytes += t.nbytes(),
+                    Encoding::Plain(_) => {}
+                }
+            }
+            for t in p.peers.iter().flat_map(|p| &p.transfers) {
+                if t.encode.is_some() {
+                    f.wire_bytes += t.bytes();
+                } else {
+                    f.plain_bytes += t.bytes();
+                }
+            }
+        }
         exact &= need == p.bytes();
         required += need;
         received += p.bytes();
@@ -330,6 +407,7 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
             .map(|n| n.describe())
             .collect(),
         skipped_checkpoint_tensors: None,
+        fp8,
     })
 }
 
@@ -347,7 +425,7 @@ pub fn human_bytes(b: f64) -> String {
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let r = crate::cmd::plan::resolve(&args.model, &args.train, &args.infer)?;
+    let r = resolve_with(&args.model, &args.train, &args.infer, &args.quant)?;
     // An HF directory's weights are what `demo` would send: check them as it would (mapped, not read).
     let dir = std::path::Path::new(&args.model);
     let skipped = if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
@@ -389,7 +467,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 );
                 for t in &peer.transfers {
                     println!(
-                        "    {}{} @{} -> {}{} @{}  extent {}  {}",
+                        "    {}{} @{} -> {}{} @{}  extent {}  {}{}",
                         t.src_tensor,
                         t.src_shape,
                         t.src_offset,
@@ -397,7 +475,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         t.dst_shape,
                         t.dst_offset,
                         t.extent,
-                        human_bytes(t.bytes() as f64)
+                        human_bytes(t.bytes() as f64),
+                        if t.encode.is_some() {
+                            format!("  ({} into staging, fp8 by the receiver)", t.dst_dtype)
+                        } else {
+                            String::new()
+                        }
                     );
                 }
             }
@@ -427,6 +510,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             s.inference,
             plural(s.inference_ranks as u64, "rank")
         );
+        if let Some(f) = &s.fp8 {
+            println!(
+                "encoding     {} (every block quantised by the receiver)",
+                f.encoding
+            );
+            println!(
+                "fp8 bytes    {} e4m3 + {} scales land in the engines, from {} of bf16 on the wire; plain tensors {}",
+                human_bytes(f.e4m3_bytes as f64),
+                human_bytes(f.scale_bytes as f64),
+                human_bytes(f.wire_bytes as f64),
+                human_bytes(f.plain_bytes as f64)
+            );
+        }
         println!("required     {}", human_bytes(s.required_bytes as f64));
         println!("moved        {}", human_bytes(s.moved_bytes as f64));
         println!(

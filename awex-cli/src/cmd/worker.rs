@@ -76,6 +76,9 @@ pub struct Args {
     /// Fault injection: corrupt one received byte of this version.
     #[arg(long, hide = true)]
     pub corrupt_version: Option<u64>,
+    /// The inference side's FP8 encoding (the demo passes its own flags).
+    #[command(flatten)]
+    pub quant: crate::cmd::quant::QuantArgs,
 }
 
 /// The weights a `--model` argument implies: an HF directory's checkpoint, else synthetic.
@@ -86,6 +89,22 @@ pub fn weights_of(model: &str, cat: &awex_core::Catalogue) -> anyhow::Result<Wei
         return Ok(Weights::Checkpoint(Arc::new(ck)));
     }
     Ok(Weights::Synthetic)
+}
+
+/// The weights of a demo: [`weights_of`], made finite (`Weights::Finite`) when the inference
+/// side is FP8 (its quantisers refuse infinity and NaN, which random bytes hold); both sides
+/// and the canonical dump use the same.
+pub fn demo_weights(
+    model: &str,
+    cat: &awex_core::Catalogue,
+    infer_fp8: bool,
+) -> anyhow::Result<Weights> {
+    let w = weights_of(model, cat)?;
+    Ok(if infer_fp8 {
+        Weights::Finite(Box::new(w))
+    } else {
+        w
+    })
 }
 
 /// The kv key under which a training rank says which version its tensors hold (cuda-ipc).
@@ -124,7 +143,9 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     };
     let transport: Transport = args.transport.parse().map_err(anyhow::Error::msg)?;
     let model = ModelSpec::resolve(&args.model)?;
+    let infer_fp8 = args.quant.resolve(&model)?;
     let cfg = RankConfig {
+        infer_fp8,
         gateway: args.gateway.clone(),
         token: std::env::var("AWEX_TOKEN").ok(),
         pair: args.pair.clone(),
@@ -144,15 +165,16 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
-    let weights = weights_of(&args.model, &prepared.catalogue)?;
+    let weights = demo_weights(&args.model, &prepared.catalogue, cfg.infer_fp8.is_some())?;
     let on_gpu = transport.on_gpu();
-    let mem = Memory::allocate(
+    let mut mem = Memory::allocate(
         &prepared.layout,
         &cfg.shm_scope(),
         side,
         transport,
         args.gpu,
     )?;
+    mem.fp8 = cfg.infer_fp8.clone();
     let tensors = mem.tensors.clone();
     let (layout, cat) = (&prepared.layout, &prepared.catalogue);
     let mut filled: Option<u64> = None;

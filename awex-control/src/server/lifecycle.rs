@@ -881,6 +881,7 @@ mod tests {
         let model = preset("qwen3-tiny").expect("the qwen3-tiny preset exists");
         let summary = Catalogue::of(&model).summary();
         let side = |backend: &str, world_size| SideStatus {
+            fp8: None,
             backend: backend.into(),
             parallel: ParallelConfig::default(),
             world_size,
@@ -902,6 +903,7 @@ mod tests {
                 catalogue: summary.clone(),
             },
             inference: InferenceSpec {
+                fp8: None,
                 backend: "sglang".into(),
                 parallel: ParallelConfig::default(),
                 engines: 1,

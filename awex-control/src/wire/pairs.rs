@@ -4,6 +4,7 @@ use super::options::PairOptions;
 use super::ranks::RosterRank;
 use super::updates::UpdateStatus;
 use awex_core::backend::ParallelConfig;
+use awex_core::encoding::InferFp8;
 use awex_core::model::{CatalogueSummary, ModelSpec};
 use serde::{Deserialize, Serialize};
 
@@ -46,6 +47,10 @@ pub struct InferenceSpec {
     pub model: ModelSpec,
     /// `Catalogue::of(model).summary()`, as computed by the inference side.
     pub catalogue: CatalogueSummary,
+    /// The engines store the linear weights as FP8 blocks (quantization_config and recipe);
+    /// absent for engines that store what the trainer holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<InferFp8>,
 }
 
 /// `POST /v1/pairs` body: a training job and inference engines to pair.
@@ -125,6 +130,10 @@ pub struct SideStatus {
     pub dropped: Vec<String>,
     /// Ranks of this side that joined.
     pub joined: u32,
+    /// The inference side's FP8 encoding (absent when plain, and on the training side); every
+    /// rank must be configured with the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<InferFp8>,
 }
 
 /// `GET /v1/pairs/{name}/status`: everything about a pair.

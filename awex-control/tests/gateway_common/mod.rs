@@ -33,6 +33,7 @@ pub fn connect_request(name: &str, train: u32, engines: u32, per_engine: u32) ->
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", u64::from(per_engine))]),
             engines,

@@ -213,6 +213,16 @@ impl Fp8Config {
 }
 
 impl Fp8Block {
+    /// The name of the scale tensor of an FP8 tensor named `weight`, as SGLang 0.5.23 and vLLM
+    /// 0.33 register it next to the weight (`Fp8LinearMethod.create_weights`:
+    /// `weight_scale_inv`; `Fp8MoEMethod.create_weights`: `w13_weight_scale_inv`,
+    /// `w2_weight_scale_inv`): the weight's name with `_scale_inv` appended. The canonical
+    /// (HF FP8 checkpoint) name of a canonical tensor's scales follows the same rule
+    /// (`model.layers.0.self_attn.q_proj.weight_scale_inv`).
+    pub fn scale_name(weight: &str) -> String {
+        format!("{weight}_scale_inv")
+    }
+
     /// The scale tensor's shape for a `[rows, cols]` weight: `[ceil(rows / bn), ceil(cols / bk)]`.
     pub fn scale_shape(&self, rows: u64, cols: u64) -> [u64; 2] {
         [

@@ -12,6 +12,7 @@ pub mod e4m3;
 pub mod fp8_block;
 pub mod quantise;
 pub mod recipe;
+pub mod side;
 
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use fp8_block::{Fp8Block, Fp8Config, QuantConfigError, ScaleFormat};
 pub use quantise::{DequantTo, Fp8Quantiser, QuantiseError, Shape2d, dequantise};
 pub use recipe::{Recipe, TorchDevice};
+pub use side::{Fp8Side, InferFp8};
 
 /// How one side stores a tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -28,6 +30,9 @@ pub enum Encoding {
     Plain(DType),
     /// e4m3fn elements and an fp32 `weight_scale_inv` per block.
     Fp8Block(Fp8Block),
+    /// The fp32 scales of an [`Encoding::Fp8Block`] tensor (`weight_scale_inv`), one per block,
+    /// in block coordinates: written with the weight by the quantiser, never on their own.
+    Fp8Scales(Fp8Block),
 }
 
 impl Encoding {
@@ -36,7 +41,13 @@ impl Encoding {
         match self {
             Encoding::Plain(d) => d.size(),
             Encoding::Fp8Block(_) => 1,
+            Encoding::Fp8Scales(_) => 4,
         }
+    }
+
+    /// Whether this is an FP8 encoding (the weight or its scales).
+    pub fn is_fp8(&self) -> bool {
+        !matches!(self, Encoding::Plain(_))
     }
 }
 

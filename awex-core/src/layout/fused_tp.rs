@@ -604,6 +604,7 @@ impl FusedTpLayout {
             name: name.clone(),
             shape,
             dtype: self.dtype,
+            encoding: crate::encoding::Encoding::Plain(self.dtype),
             placements,
         }
     }
@@ -620,6 +621,7 @@ impl FusedTpLayout {
         }];
         LocalTensor {
             dtype,
+            encoding: crate::encoding::Encoding::Plain(dtype),
             ..self.local(name, shape, placements)
         }
     }

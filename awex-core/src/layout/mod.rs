@@ -15,6 +15,7 @@ pub use ops::{CoverageGap, coverage, materialize, reconstruct, validate_holders,
 pub use region::Region;
 
 use crate::dtype::DType;
+use crate::encoding::Encoding;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
@@ -97,21 +98,74 @@ pub struct Placement {
     pub local_offset: Dims,
 }
 
-/// A tensor as one engine rank holds it: native name, local shape, dtype, and what it contains.
+/// A tensor as one engine rank holds it: native name, local shape, dtype, encoding, and what
+/// it contains.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "LocalTensorRepr", into = "LocalTensorRepr")]
 pub struct LocalTensor {
     /// Engine-native name (e.g. `decoder.layers.0.self_attention.linear_qkv.weight`).
     pub name: Arc<str>,
     /// Local shape, padding included.
     pub shape: Dims,
-    /// Local dtype.
+    /// Local dtype (the element type of the bytes held: `f8e4m3` for an FP8 block tensor).
     pub dtype: DType,
+    /// How the elements are stored: `Plain(dtype)` (every tensor of a side that does not
+    /// quantise), or `Fp8Block` (e4m3 elements whose per-block scales are the tensor
+    /// [`Fp8Block::scale_name`](crate::encoding::Fp8Block::scale_name) of the same rank).
+    pub encoding: Encoding,
     /// What canonical boxes the tensor holds; elements covered by none are padding.
     pub placements: Vec<Placement>,
 }
 
+/// [`LocalTensor`] as serialised: `encoding` is left out when it is `Plain(dtype)`, so the
+/// layouts of plain sides read and write exactly as before the field existed.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LocalTensorRepr {
+    name: Arc<str>,
+    shape: Dims,
+    dtype: DType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    encoding: Option<Encoding>,
+    placements: Vec<Placement>,
+}
+
+impl From<LocalTensorRepr> for LocalTensor {
+    fn from(r: LocalTensorRepr) -> Self {
+        LocalTensor {
+            encoding: r.encoding.unwrap_or(Encoding::Plain(r.dtype)),
+            name: r.name,
+            shape: r.shape,
+            dtype: r.dtype,
+            placements: r.placements,
+        }
+    }
+}
+
+impl From<LocalTensor> for LocalTensorRepr {
+    fn from(t: LocalTensor) -> Self {
+        LocalTensorRepr {
+            encoding: (t.encoding != Encoding::Plain(t.dtype)).then_some(t.encoding),
+            name: t.name,
+            shape: t.shape,
+            dtype: t.dtype,
+            placements: t.placements,
+        }
+    }
+}
+
 impl LocalTensor {
+    /// A tensor stored as plain elements of `dtype` (what every backend lays out).
+    pub fn plain(name: Arc<str>, shape: Dims, dtype: DType, placements: Vec<Placement>) -> Self {
+        LocalTensor {
+            name,
+            shape,
+            dtype,
+            encoding: Encoding::Plain(dtype),
+            placements,
+        }
+    }
+
     /// Size in bytes (saturating; [`validate_rank`] refuses a shape whose bytes do not fit).
     pub fn nbytes(&self) -> u64 {
         self.shape.numel().saturating_mul(self.dtype.size() as u64)
@@ -205,13 +259,27 @@ pub trait SideLayout: Send + Sync {
         let Some(layout) = self.rank_layout(rank) else {
             return false;
         };
-        for t in &layout.tensors {
+        // an FP8 tensor's scales are written with it, from no canonical tensor of their own
+        for t in layout.tensors.iter().filter(|t| !is_scales(t)) {
             for p in &t.placements {
                 f(&p.canonical);
             }
         }
         true
     }
+
+    /// The encoding of local tensor `tensor` when it is not plain elements of its holders'
+    /// dtype (an FP8 inference side's quantised weights: [`crate::encoding::Fp8Side`]); `None`
+    /// (plain) by default. The planner asks it for holders of dtype `f8e4m3` only.
+    fn tensor_encoding(&self, tensor: &str) -> Option<Encoding> {
+        let _ = tensor;
+        None
+    }
+}
+
+/// Whether `t` holds the scales of an FP8 tensor (no transfer writes it).
+fn is_scales(t: &LocalTensor) -> bool {
+    matches!(t.encoding, Encoding::Fp8Scales(_))
 }
 
 /// A side given as explicit rank layouts (e.g. reported by live processes), with its inverse index.
@@ -221,6 +289,8 @@ pub struct ExplicitSide {
     engines: u32,
     ranks: Vec<RankLayout>,
     by_canonical: HashMap<Arc<str>, Vec<Holder>>,
+    /// the tensors whose encoding is not plain
+    encodings: HashMap<Arc<str>, Encoding>,
 }
 
 impl ExplicitSide {
@@ -231,8 +301,15 @@ impl ExplicitSide {
         // group identical shards held by several ranks
         let mut by_key: HashMap<(Arc<str>, Arc<str>, Region, Dims), usize> = HashMap::new();
         let mut by_canonical: HashMap<Arc<str>, Vec<Holder>> = HashMap::new();
+        let mut encodings = HashMap::new();
         for r in &ranks {
             for t in &r.tensors {
+                if t.encoding.is_fp8() {
+                    encodings.insert(t.name.clone(), t.encoding.clone());
+                }
+                if is_scales(t) {
+                    continue;
+                }
                 for p in &t.placements {
                     let key = (
                         p.canonical.clone(),
@@ -265,6 +342,7 @@ impl ExplicitSide {
             engines,
             ranks,
             by_canonical,
+            encodings,
         }
     }
 
@@ -309,6 +387,10 @@ impl SideLayout for ExplicitSide {
             .get(canonical)
             .cloned()
             .unwrap_or_default()
+    }
+
+    fn tensor_encoding(&self, tensor: &str) -> Option<Encoding> {
+        self.encodings.get(tensor).cloned()
     }
 }
 

@@ -160,6 +160,7 @@ fn dtype_of(name: &str) -> Option<DType> {
         DType::I8,
         DType::I32,
         DType::I64,
+        DType::F8E4m3,
     ]
     .into_iter()
     .find(|d| d.safetensors_name() == name)

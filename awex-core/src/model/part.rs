@@ -157,6 +157,34 @@ impl Part {
         })
     }
 
+    /// Whether an FP8 block checkpoint stores this part quantised: the linear weights of
+    /// attention (MLA's included), the dense MLP, the routed and the shared experts. The
+    /// embedding, `lm_head`, norms, biases, the router and its bias keep their dtype (as in
+    /// DeepSeek-V3's and Qwen3's FP8 checkpoints, and as SGLang's and vLLM's FP8 methods create
+    /// them: only `LinearBase` and `FusedMoE` layers get FP8 weights).
+    pub const fn fp8_linear(self) -> bool {
+        use Part::*;
+        matches!(
+            self,
+            Q | K
+                | V
+                | O
+                | QDown
+                | QUp
+                | KvDown
+                | KvUp
+                | Gate
+                | Up
+                | Down
+                | ExpertGate
+                | ExpertUp
+                | ExpertDown
+                | SharedGate
+                | SharedUp
+                | SharedDown
+        )
+    }
+
     /// Whether the part belongs to one decoder layer.
     pub const fn per_layer(self) -> bool {
         !matches!(self, Part::Embed | Part::LmHead | Part::FinalNorm)

@@ -1,6 +1,8 @@
 //! Assigning every destination piece of one canonical tensor to one source rank.
 
-use super::{Pair, PlanError, Transfer};
+use super::{Encode, EncodeAt, Pair, PlanError, Transfer};
+use crate::dtype::DType;
+use crate::encoding::Encoding;
 use crate::layout::{Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
 use std::cmp::Reverse;
@@ -182,6 +184,8 @@ pub(super) fn assign_tensor(
             h.ranks.sort_unstable();
         }
     }
+    // FP8 destinations receive the canonical dtype into their staging (the receiver quantises)
+    let encodes = fp8_destinations(pair, c, &mut dst)?;
 
     // Tensors laid out alike (experts of one layer, say) share everything up to the greedy but
     // their tie-break: a recent tensor's structure is reused when its holders hold the same
@@ -344,6 +348,9 @@ pub(super) fn assign_tensor(
             dst_offset: local_at(dh, &p.cell),
             dst_dtype: dh.dtype,
             extent: p.cell.extent,
+            encode: encodes
+                .as_ref()
+                .and_then(|e| e[p.dst_holder as usize].clone()),
         });
     }
     // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
@@ -355,6 +362,46 @@ pub(super) fn assign_tensor(
     }
     s.cache[slot] = saved;
     Ok(())
+}
+
+/// For a tensor some of whose destination holders are FP8 (`f8e4m3`): each holder's
+/// [`Encode`] (receiver-encoded), with its dtype turned into the canonical dtype the transfers
+/// deliver into the staging. `None` (and nothing changed) when no destination is FP8.
+fn fp8_destinations(
+    pair: &Pair<'_>,
+    c: &CanonicalTensor,
+    dst: &mut [Holder],
+) -> Result<Option<Vec<Option<Encode>>>, PlanError> {
+    if !dst.iter().any(|h| h.dtype == DType::F8E4m3) {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(dst.len());
+    for h in dst.iter_mut() {
+        if h.dtype != DType::F8E4m3 {
+            out.push(None);
+            continue;
+        }
+        let err = |reason: String| PlanError::Encoding {
+            canonical: c.name.clone(),
+            tensor: h.tensor.to_string(),
+            reason,
+        };
+        let Some(Encoding::Fp8Block(b)) = pair.inference.tensor_encoding(&h.tensor) else {
+            return Err(err("its side gives no FP8 block encoding for it".into()));
+        };
+        if !matches!(c.dtype, DType::Bf16 | DType::F32) {
+            return Err(err(format!(
+                "the canonical tensor is {}, and awex quantises bf16 or f32",
+                c.dtype
+            )));
+        }
+        h.dtype = c.dtype;
+        out.push(Some(Encode {
+            encoding: b,
+            at: EncodeAt::Receiver,
+        }));
+    }
+    Ok(Some(out))
 }
 
 /// A digest of part of what [`same_holders`] compares (the number of holders; the box, dtype

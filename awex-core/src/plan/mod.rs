@@ -16,6 +16,7 @@ mod simulate;
 pub use simulate::{RankBuffers, SimulationError, simulate};
 
 use crate::dtype::DType;
+use crate::encoding::{Fp8Block, ScaleFormat};
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
 use coalesce::NameNumbers;
@@ -49,6 +50,31 @@ pub struct Transfer {
     pub dst_dtype: DType,
     /// Extent of the box; aligns with the trailing dims of both local tensors.
     pub extent: Dims,
+    /// Set when the destination tensor is FP8 blocks: the transfer delivers `dst_dtype` (the
+    /// canonical dtype) into the destination's staging, and [`Encode::at`] says who
+    /// quantises. `None` (plain) for every transfer of a plain pair, which is then planned,
+    /// serialised and fingerprinted exactly as before encodings existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encode: Option<Encode>,
+}
+
+/// Who turns the bf16 of a destination block into e4m3 bytes and its scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncodeAt {
+    /// The receiving rank, once every transfer of the update landed in its staging: every
+    /// block today. (The seam for the next step: `Sender(rank)` for blocks one training
+    /// rank holds whole, so that the wire carries e4m3 and scales; see docs/architecture.md.)
+    Receiver,
+}
+
+/// How a transfer into an FP8 tensor is encoded.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Encode {
+    /// The destination tensor's encoding.
+    pub encoding: Fp8Block,
+    /// Where its blocks are quantised.
+    pub at: EncodeAt,
 }
 
 impl Transfer {
@@ -97,6 +123,20 @@ impl Transfer {
         }
         for d in self.extent.as_slice() {
             h.extend_from_slice(&d.to_le_bytes());
+        }
+        // plain transfers hash nothing more (their fingerprints predate encodings)
+        if let Some(e) = &self.encode {
+            h.extend_from_slice(b"fp8");
+            for b in e.encoding.block {
+                h.extend_from_slice(&b.to_le_bytes());
+            }
+            h.push(match e.encoding.scale_format {
+                ScaleFormat::F32 => 0,
+                ScaleFormat::Ue8m0 => 1,
+            });
+            h.push(match e.at {
+                EncodeAt::Receiver => 0,
+            });
         }
     }
 }
@@ -171,6 +211,19 @@ pub enum PlanError {
     /// The inference side places a tensor the model does not have.
     #[error("`{0}` is placed by a rank but is not a tensor of the model")]
     UnknownCanonical(String),
+    /// An inference tensor is `f8e4m3` but its side gives no FP8 encoding for it, or its
+    /// canonical dtype is not one the quantisers read.
+    #[error(
+        "`{canonical}`: inference tensor `{tensor}` is FP8 but {reason}; an FP8 inference side is built from a quantization_config (`plan --infer-quant fp8`)"
+    )]
+    Encoding {
+        /// canonical tensor
+        canonical: String,
+        /// the inference tensor
+        tensor: String,
+        /// what is missing
+        reason: String,
+    },
     /// Source and destination dtypes cannot be converted.
     #[error("`{canonical}`: training holds {src} and inference needs {dst}; no conversion exists")]
     DType {

@@ -382,6 +382,7 @@ mod tests {
         dtype: DType,
     ) -> Transfer {
         Transfer {
+            encode: None,
             src_rank: RankId::train(0),
             dst_rank: RankId::infer(0, 0),
             canonical: 0,

@@ -20,6 +20,7 @@ fn transfer(
     dtype: DType,
 ) -> Transfer {
     Transfer {
+        encode: None,
         src_rank: RankId::train(0),
         dst_rank: RankId::infer(0, 0),
         canonical: 0,

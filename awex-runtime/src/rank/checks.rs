@@ -1,5 +1,5 @@
-//! The checks a rank makes of the pair it joins (model, layouts, transport, bucket size, apply
-//! mode, connect uid) before it publishes anything.
+//! The checks a rank makes of the pair it joins (model, layouts, FP8 encoding, transport,
+//! bucket size, apply mode, connect uid) before it publishes anything.
 
 use super::{RankConfig, RankError};
 use crate::{ConfigMismatch, RuntimeError};
@@ -79,6 +79,20 @@ pub(super) fn check_pair(
             expected: st.options.apply.to_string(),
             got: cfg.apply.to_string(),
             hint: "; take the apply mode from the pair's status (rank::pair_settings)",
+        })
+        .into());
+    }
+    if st.inference.fp8 != cfg.infer_fp8 {
+        let say = |f: &Option<awex_core::encoding::InferFp8>| match f {
+            Some(f) => f.describe(),
+            None => "plain (no FP8)".to_string(),
+        };
+        return Err(RuntimeError::from(ConfigMismatch::Pair {
+            pair: cfg.pair.clone(),
+            field: "stores its inference weights as",
+            expected: say(&st.inference.fp8),
+            got: say(&cfg.infer_fp8),
+            hint: "; every rank must be given the inference side's FP8 config the pair was connected with (the plan and the receivers' tensors follow from it)",
         })
         .into());
     }

@@ -6,6 +6,7 @@ use crate::transport::TransportConfig;
 use awex_control::client::Client;
 use awex_control::wire::ApplyMode;
 use awex_core::backend::BackendSpec;
+use awex_core::encoding::InferFp8;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_core::pair::PairSpec;
@@ -46,12 +47,16 @@ pub struct RankConfig {
     /// How the pair applies updates (`PairOptions::apply`, from its status); an inference
     /// rank of an `atomic` pair receives into staging ([`make_transport`](super::make_transport)).
     pub apply: ApplyMode,
+    /// The inference side's FP8 encoding (its `quantization_config` and recipe), when it
+    /// stores the linear weights as FP8 blocks; every rank of the pair must be given the same.
+    pub infer_fp8: Option<InferFp8>,
 }
 
 impl RankConfig {
     /// The pair this rank belongs to, as a [`PairSpec`] (model, both sides, transport).
     pub fn pair_spec(&self) -> PairSpec {
         PairSpec {
+            infer_fp8: self.infer_fp8.clone(),
             model: self.model.clone(),
             train: self.train.clone(),
             infer: self.infer.clone(),

@@ -4,7 +4,10 @@
 use super::{Prepared, RankConfig};
 use crate::RuntimeError;
 use crate::tensors::TensorSet;
-use crate::transport::{CudaIpcTransport, ShmTransport, StagedTransport, TcpTransport, Transport};
+use crate::transport::{
+    CudaIpcTransport, EncodingTransport, ShmTransport, StagedTransport, TcpTransport, Transport,
+    fp8_tensors,
+};
 use awex_control::wire::ApplyMode;
 use awex_core::layout::Side;
 use std::sync::Arc;
@@ -20,10 +23,54 @@ pub fn make_transport(
 ) -> Result<Box<dyn Transport>, RuntimeError> {
     if cfg.apply == ApplyMode::Atomic && cfg.side == Side::Inference {
         let staging = Arc::new(tensors.staging_like()?);
-        let inner = transport_over(cfg, prepared, staging.clone())?;
+        let inner = encoding_over(cfg, prepared, staging.clone())?;
         return Ok(Box::new(StagedTransport::new(inner, staging, tensors)));
     }
-    transport_over(cfg, prepared, tensors)
+    encoding_over(cfg, prepared, tensors)
+}
+
+/// The transport over `tensors`; an inference rank holding FP8 tensors gets an
+/// [`EncodingTransport`] around it (bf16 staging, quantised after the transfers). The GPU
+/// transports do not encode yet: a pair whose plan encodes is refused on both sides.
+fn encoding_over(
+    cfg: &RankConfig,
+    prepared: &Prepared,
+    tensors: Arc<TensorSet>,
+) -> Result<Box<dyn Transport>, RuntimeError> {
+    let encodes = prepared
+        .plan
+        .peers
+        .iter()
+        .any(|p| p.transfers.iter().any(|t| t.encode.is_some()));
+    let fp8 = !fp8_tensors(&prepared.layout).is_empty();
+    if !(encodes || fp8) {
+        return transport_over(cfg, prepared, tensors);
+    }
+    if !matches!(
+        cfg.transport,
+        awex_core::Transport::Shm | awex_core::Transport::Tcp
+    ) {
+        return Err(RuntimeError::Fp8(format!(
+            "the inference side stores FP8 weights, which awex quantises on the CPU for now: the {} transport does not encode them yet; use --transport shm or tcp",
+            cfg.transport
+        )));
+    }
+    if cfg.side == Side::Training || !fp8 {
+        return transport_over(cfg, prepared, tensors);
+    }
+    let Some(f) = &cfg.infer_fp8 else {
+        return Err(RuntimeError::Fp8(
+            "this rank's layout has FP8 tensors but it was configured without the inference side's FP8 config".into(),
+        ));
+    };
+    Ok(Box::new(EncodingTransport::new(
+        &prepared.layout,
+        &prepared.catalogue,
+        &prepared.plan,
+        f,
+        tensors,
+        |over| transport_over(cfg, prepared, over),
+    )?))
 }
 
 pub(super) fn transport_over(

@@ -453,6 +453,7 @@ mod tests {
         let model = awex_core::model::ModelSpec::resolve("qwen3-tiny").unwrap();
         let catalogue = Catalogue::of(&model);
         let cfg = RankConfig {
+            infer_fp8: None,
             gateway: "http://127.0.0.1:1".into(),
             token: None,
             pair: "p".into(),
@@ -528,6 +529,7 @@ mod tests {
         tokio::spawn(serve(listener, GatewayConfig::default()));
         let client = Client::new(&gw, None).unwrap();
         let cfg = |side, rank| RankConfig {
+            infer_fp8: None,
             gateway: gw.clone(),
             token: None,
             pair: "panics".into(),

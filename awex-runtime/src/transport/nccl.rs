@@ -747,6 +747,7 @@ mod tests {
                 name: Arc::from("w"),
                 shape: awex_core::layout::Dims::new(&[2, 4]),
                 dtype: awex_core::dtype::DType::Bf16,
+                encoding: awex_core::encoding::Encoding::Plain(awex_core::dtype::DType::Bf16),
                 placements: vec![],
             }],
         };

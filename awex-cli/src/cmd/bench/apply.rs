@@ -226,6 +226,7 @@ async fn run_mode(
     for (side, ranks) in sides {
         for rank in ranks {
             let mut cfg = RankConfig {
+                infer_fp8: None,
                 gateway: gateway.clone(),
                 token: None,
                 pair: pair.clone(),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// Arguments of `awex-cli demo`.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
-    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksums --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --transport nccl --train megatron:tp=1 --infer sglang:tp=1 --train-gpus 0 --infer-gpus 1   (2 GPUs, --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json"
+    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksums --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --transport nccl --train megatron:tp=1 --infer sglang:tp=1 --train-gpus 0 --infer-gpus 1   (2 GPUs, --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json\n  awex-cli demo --model qwen3-tiny --infer sglang:tp=2 --infer-quant fp8 --fp8-block 16x16 --transport tcp"
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory.
@@ -69,6 +69,10 @@ pub struct Args {
     /// The version the fault drills act on.
     #[arg(long, hide = true, default_value_t = 2)]
     pub fault_version: u64,
+    /// The inference side's FP8 encoding (every inference byte is then checked against the
+    /// CPU reference quantiser applied to that version's weights).
+    #[command(flatten)]
+    pub quant: crate::cmd::quant::QuantArgs,
 }
 
 impl Args {

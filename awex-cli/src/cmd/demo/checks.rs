@@ -4,14 +4,28 @@ use super::report::{Check, UpdateRow};
 use crate::cmd::plan::plural;
 
 /// Every byte of every inference rank compared with the canonical weights of each version.
-pub fn every_byte(rows: &[UpdateRow], updates: u64, ranks: usize, engines: u32) -> Check {
+/// With an FP8 inference side (`fp8`: its description), the expected bytes of its FP8 tensors
+/// are the reference quantiser's.
+pub fn every_byte(
+    rows: &[UpdateRow],
+    updates: u64,
+    ranks: usize,
+    engines: u32,
+    fp8: Option<&str>,
+) -> Check {
     let verified = rows.iter().filter(|u| u.verified).count() as u64;
     Check::new(
         verified == updates,
         format!(
-            "every byte of every inference rank ({}, {}) compared with the canonical weights of that version after each update: {verified} of {} verified",
+            "every byte of every inference rank ({}, {}) compared with the canonical weights of that version{} after each update: {verified} of {} verified",
             plural(ranks as u64, "rank"),
             plural(engines, "engine"),
+            match fp8 {
+                Some(d) => format!(
+                    " (FP8 tensors and their scales: the CPU reference quantiser, {d}, applied to them)"
+                ),
+                None => String::new(),
+            },
             plural(updates, "update")
         ),
     )

@@ -6,7 +6,8 @@ use std::path::Path;
 
 /// Writes `canonical.safetensors`: every tensor of version `version` in the HF layout.
 pub fn write_canonical(dir: &Path, model: &str, r: &Resolved, version: u64) -> anyhow::Result<()> {
-    let weights = crate::cmd::worker::weights_of(model, &r.catalogue)?;
+    let weights =
+        crate::cmd::worker::demo_weights(model, &r.catalogue, r.spec.infer_fp8.is_some())?;
     let tensors: Vec<(String, awex_core::DType, Vec<u64>, Vec<u8>)> = r
         .catalogue
         .tensors()

@@ -58,7 +58,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--updates must be at least 1");
     }
     let gpus = Gpus::of(&args, transport)?;
-    let r = crate::cmd::plan::resolve(&args.model, &args.train, &args.infer)?;
+    let r = crate::cmd::plan::resolve_with(&args.model, &args.train, &args.infer, &args.quant)?;
+    if r.spec.infer_fp8.is_some() && transport.on_gpu() {
+        bail!(
+            "an FP8 inference side is quantised on the CPU in this version: use --transport shm or tcp (cuda-ipc and nccl do not encode yet)"
+        );
+    }
     if transport == Transport::Nccl {
         gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
     }
@@ -409,6 +414,7 @@ async fn demo(
             a.updates,
             r.inference.world_size(),
             r.inference.engines(),
+            r.spec.infer_fp8.as_ref().map(|f| f.describe()).as_deref(),
         ),
         checksums: a
             .checksums

@@ -234,6 +234,7 @@ pub fn worker_command(
             &a.bucket_mib.to_string(),
         ])
         .args(["--first-version", &holds.to_string()])
+        .args(a.quant.to_args())
         .args(["--gpu", &gpu.to_string()])
         .env("AWEX_TOKEN", token)
         .stdin(Stdio::null());

@@ -17,6 +17,7 @@ use crate::wire::{ConnectRequest, PairState, PairStatus, Resume, SideStatus, mod
 use awex_core::backend::{
     EngineControl, EngineExpect, ParallelConfig, TriggerWork, inference_backend,
 };
+use awex_core::encoding::InferFp8;
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
 use axum::Json;
@@ -179,7 +180,13 @@ fn registered_layout(
     backend: &str,
     parallel: &ParallelConfig,
     model: &ModelSpec,
+    fp8: Option<&InferFp8>,
 ) -> Result<Vec<String>, ApiError> {
+    if let Some(f) = fp8 {
+        // a deserialised encoding is checked as the CLI's is: the recipe can write it
+        InferFp8::new(f.config.clone(), f.recipe)
+            .map_err(|e| ApiError::Unprocessable(format!("inference.fp8: {e}")))?;
+    }
     let registered = match side {
         Side::Training => awex_core::backend::training_backend(backend).is_ok(),
         Side::Inference => awex_core::backend::inference_backend(backend).is_ok(),
@@ -191,9 +198,15 @@ fn registered_layout(
         backend: backend.to_string(),
         parallel: parallel.clone(),
     };
-    awex_core::backend::side_layout(side, &spec, model)
-        .map(|l| l.dropped())
-        .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel `{spec}`: {e}")))
+    let layout = awex_core::backend::side_layout(side, &spec, model)
+        .map_err(|e| ApiError::Unprocessable(format!("{side}.parallel `{spec}`: {e}")))?;
+    if let Some(f) = fp8 {
+        // shards that cut a block, fused tensors only partly quantised: refused at connect
+        let cat = awex_core::Catalogue::of(model);
+        awex_core::encoding::Fp8Side::new(layout.clone(), model, &cat, f.clone())
+            .map_err(|e| ApiError::Unprocessable(format!("inference.fp8 with `{spec}`: {e}")))?;
+    }
+    Ok(layout.dropped())
 }
 
 /// Checks a connect request, returning the rank slots and both sides' status templates.
@@ -270,12 +283,14 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         &req.training.backend,
         &req.training.parallel,
         &tm,
+        None,
     )?;
     let dropped_i = registered_layout(
         Side::Inference,
         &req.inference.backend,
         &req.inference.parallel,
         &im,
+        req.inference.fp8.as_ref(),
     )?;
     let tc = validate::catalogue(Side::Training, &tm, &req.training.catalogue)?;
     let ic = validate::catalogue(Side::Inference, &im, &req.inference.catalogue)?;
@@ -291,7 +306,8 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
                 urls: &[String],
                 m: &ModelSpec,
                 c,
-                dropped: Vec<String>| {
+                dropped: Vec<String>,
+                fp8: Option<InferFp8>| {
         SideStatus {
             backend: backend.to_string(),
             parallel: parallel.clone(),
@@ -303,8 +319,10 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             catalogue: c,
             dropped,
             joined: 0,
+            fp8,
         }
     };
+
     Ok((
         Slots::new(tw, e, iw / e),
         side(
@@ -316,6 +334,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             &tm,
             req.training.catalogue.clone(),
             dropped_t,
+            None,
         ),
         side(
             &req.inference.backend,
@@ -326,6 +345,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             &im,
             req.inference.catalogue.clone(),
             dropped_i,
+            req.inference.fp8.clone(),
         ),
     ))
 }

@@ -826,6 +826,7 @@ mod tests {
 
     fn plan_with(src: DType, dst: DType) -> RankPlan {
         let t = Transfer {
+            encode: None,
             src_rank: RankId::train(0),
             dst_rank: RankId::infer(0, 0),
             canonical: 0,
