@@ -562,6 +562,9 @@ fn plan_help_lists_every_family_and_its_presets() {
         "qwen3 (Qwen3ForCausalLM)",
         "qwen3-moe (Qwen3MoeForCausalLM)",
         "mixtral (MixtralForCausalLM)",
+        "deepseek-v2 (DeepseekV2ForCausalLM)",
+        "deepseek-v3 (DeepseekV3ForCausalLM)",
+        "glm4-moe (Glm4MoeForCausalLM)",
     ] {
         assert!(out.contains(family), "{family}: {out}");
     }

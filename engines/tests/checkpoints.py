@@ -97,6 +97,13 @@ _DEEPSEEK_CONFIG = {
 CLASS_OF = {"DeepseekV3ForCausalLM-no-q-lora": "DeepseekV3ForCausalLM"}
 #: Fields patched into a case's saved config.json.
 CONFIG_PATCH = {"DeepseekV3ForCausalLM": _DEEPSEEK_CONFIG, "DeepseekV3ForCausalLM-no-q-lora": _DEEPSEEK_CONFIG}
+#: DeepSeek-V2 (V2-Lite's shape): DeepSeek-V3's layer without q_lora_rank, two shared experts and
+#: a router without a score-correction bias (topk_method greedy: SGLang's and vLLM's MoEGate
+#: build no e_score_correction_bias then).
+ARCHS["DeepseekV2ForCausalLM"] = (
+    "DeepseekV2Config", {**_DEEPSEEK, "q_lora_rank": None, "n_shared_experts": 2, "topk_method": "greedy"})
+CONFIG_PATCH["DeepseekV2ForCausalLM"] = {
+    **_DEEPSEEK_CONFIG, "topk_method": "greedy", "scoring_func": "softmax", "routed_scaling_factor": 1.0}
 # ---- end DeepSeek-V3 ----
 
 

@@ -46,16 +46,19 @@ CASES = [
     ("DeepseekV3ForCausalLM", False, 1, 1, [("fsdp:dp=1", "shm")], "fused"),
     ("DeepseekV3ForCausalLM", False, 2, 1, [("fsdp:dp=2", "tcp")], "fused"),
     ("DeepseekV3ForCausalLM-no-q-lora", False, 2, 1, [("fsdp:dp=2", "shm")]),
+    # DeepSeek-V2 (V2-Lite's shape): no q_lora_rank, two shared experts, no router bias
+    ("DeepseekV2ForCausalLM", False, 2, 1, [("fsdp:dp=2", "shm")]),
 ]
 
 #: What the inference spec says beyond tp and ep for a class with shared experts: SGLang 0.5.23
 #: on CPU keeps GLM's shared experts apart (``Glm4MoeForCausalLM.shared_experts_fusion_disable_reason``:
 #: not CUDA), which awex must be told at ep=1; the fused cases fuse them as on a GPU.
-SHARED = {"Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora"}
+SHARED = {"Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora",
+          "DeepseekV2ForCausalLM"}
 
 #: Cases with multi-head latent attention: SGLang derives ``w_kc`` / ``w_vc`` of every layer
 #: after loading (``post_load_weights``), which the comparison must have seen.
-MLA = {"DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora"}
+MLA = {"DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora", "DeepseekV2ForCausalLM"}
 
 
 def _id(case) -> str:
