@@ -7,9 +7,9 @@ use awex_control::client::Client;
 use awex_control::wire::{PairStatus, SideStatus};
 use awex_core::Transport;
 use awex_core::backend::{BackendSpec, ParallelConfig, inference_backend, training_backend};
-use awex_core::layout::{RankId, Side};
 use awex_core::encoding::fp8_block::{DEFAULT_BLOCK, MAX_BLOCK_EDGE};
 use awex_core::encoding::{Fp8Block, Fp8Config, InferFp8, Recipe, ScaleFormat};
+use awex_core::layout::{RankId, Side};
 use awex_core::model::{Catalogue, ModelSpec};
 use awex_runtime::rank::RankConfig;
 use awex_runtime::transport::TransportConfig;
@@ -221,7 +221,10 @@ pub(crate) fn infer_fp8(
     recipe: Option<&str>,
 ) -> Result<Option<InferFp8>> {
     let recipe = match recipe {
-        Some(r) => Some(r.parse::<Recipe>().map_err(|e| Fail::Value(format!("fp8_recipe: {e}")))?),
+        Some(r) => Some(
+            r.parse::<Recipe>()
+                .map_err(|e| Fail::Value(format!("fp8_recipe: {e}")))?,
+        ),
         None => None,
     };
     if let Some(q) = infer_quant
@@ -315,21 +318,21 @@ mod tests {
         assert_eq!(f.config.encoding.block, [128, 128]);
         assert_eq!(infer_fp8(&model, None, None, "", None, None).unwrap(), None);
         let e = infer_fp8(&model, Some("int4"), None, "", None, None).unwrap_err();
-        assert!(e.to_string().contains("infer_quant must be"), "{e}");
+        assert!(format!("{e:?}").contains("infer_quant must be"), "{e:?}");
         let e = infer_fp8(&model, None, None, "", Some([16, 16]), None).unwrap_err();
-        assert!(e.to_string().contains("need infer_quant"), "{e}");
+        assert!(format!("{e:?}").contains("need infer_quant"), "{e:?}");
         let e = infer_fp8(&model, Some("fp8"), None, "", Some([0, 16]), None).unwrap_err();
-        assert!(e.to_string().contains("block edges"), "{e}");
+        assert!(format!("{e:?}").contains("block edges"), "{e:?}");
         let ue = infer_fp8(&model, Some("fp8"), None, "", None, Some("deepgemm-ue8m0"))
             .unwrap()
             .unwrap();
         assert_eq!(ue.config.encoding.scale_format, ScaleFormat::Ue8m0);
         let e = infer_fp8(&model, Some("fp8"), None, "", None, Some("nope")).unwrap_err();
-        assert!(e.to_string().contains("fp8_recipe"), "{e}");
+        assert!(format!("{e:?}").contains("fp8_recipe"), "{e:?}");
         // a checkpoint's config: its block; a config without quantization_config is refused
         let mut cfg = qwen3();
         let e = infer_fp8(&model, None, Some(&cfg.to_string()), "c.json", None, None).unwrap_err();
-        assert!(e.to_string().contains("no quantization_config"), "{e}");
+        assert!(format!("{e:?}").contains("no quantization_config"), "{e:?}");
         cfg["quantization_config"] = serde_json::json!({
             "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 64]
         });
@@ -337,9 +340,16 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(f.config.encoding.block, [32, 64]);
-        let e = infer_fp8(&model, None, Some(&cfg.to_string()), "c.json", Some([16, 16]), None)
-            .unwrap_err();
-        assert!(e.to_string().contains("drop one of them"), "{e}");
+        let e = infer_fp8(
+            &model,
+            None,
+            Some(&cfg.to_string()),
+            "c.json",
+            Some([16, 16]),
+            None,
+        )
+        .unwrap_err();
+        assert!(format!("{e:?}").contains("drop one of them"), "{e:?}");
     }
 
     fn norm(side: Side, s: &str) -> ParallelConfig {
