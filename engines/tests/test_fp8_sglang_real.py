@@ -55,8 +55,10 @@ def _id(case) -> str:
     return f"{arch}-tp{tp}-ep{ep}"
 
 
-def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]]:
-    """``({version: bf16 checkpoint}, {version: FP8 checkpoint})`` for versions 0, 1, 2."""
+def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str], int]:
+    """``({version: bf16 checkpoint}, {version: FP8 checkpoint}, n)`` for versions 0, 1, 2, where
+    ``n`` counts the scales of version 1 in which CPU torch's ``ref_vllm`` differs from CUDA's
+    (``ref_vllm_cuda``): non-zero, so the comparison tells which arithmetic awex followed."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -69,6 +71,7 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
     getattr(transformers, cls_name)(**{**checkpoints.BASE, **extra, **sizes}, tie_word_embeddings=False,
                                     torch_dtype="float32").save_pretrained(cfg_dir)
     bf16, fp8 = {}, {}
+    cpu_differs = 0
     for v in (0, 1, 2):
         f32 = checkpoints.write(os.path.join(base, f"f32-v{v}"), arch, tied=False, seed=200 + v,
                                 config_of=cfg_dir)
@@ -80,6 +83,8 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
         for name, t in weights.items():
             if name.endswith("_proj.weight"):  # attention, MLP and expert linears; not the router
                 q, s = fp8_refs.ref_vllm_cuda(t, block=BLOCK)
+                if v == 1:
+                    cpu_differs += int((fp8_refs.ref_vllm(t, block=BLOCK)[1] != s).sum())
                 quantised[name], quantised[name + "_scale_inv"] = q, s.contiguous()
             else:
                 quantised[name] = t
@@ -94,7 +99,7 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
                 json.dump({**cfg, **extra_cfg}, f, indent=1)
             save_file(tensors, os.path.join(d, "model.safetensors"))
             out[v] = d
-    return bf16, fp8
+    return bf16, fp8, cpu_differs
 
 
 def fill_bf16(layout: list[dict[str, Any]], canonical: dict[str, Any], out: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -145,7 +150,8 @@ def test_fp8_receive_matches_sglang_load_of_the_reference_checkpoint(case, gatew
     from safetensors.torch import load_file
 
     arch, tp, ep, pairs = case
-    bf16, fp8 = checkpoints_of(str(tmp_path), arch)
+    bf16, fp8, cpu_differs = checkpoints_of(str(tmp_path), arch)
+    assert cpu_differs > 0, "CPU and CUDA torch agree on every scale: the check cannot tell them apart"
     ctl = awex.Controller(gateway)
     names = []
     for train, transport in pairs:
