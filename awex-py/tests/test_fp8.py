@@ -83,3 +83,35 @@ def test_fp8_block_must_be_two_edges(gateway, pair_name):
     with pytest.raises(TypeError, match="two block edges"):
         awex.Controller(gateway).connect(pair_name, model=TINY_F32, train="fsdp:dp=1", infer="sglang:tp=1",
                                          infer_quant="fp8", fp8_block="16x16")
+
+
+def test_registering_across_the_fp8_boundary_says_how_to_connect(gateway, pair_name):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import numpy as np
+
+    ctl = awex.Controller(gateway)
+    # an FP8 engine's weight into a plain pair
+    ctl.connect(pair_name, model=TINY_F32, train="fsdp:dp=1", infer="sglang:tp=1")
+    try:
+        with awex.Reader(gateway, pair_name, 0) as r:
+            shape = next(t["shape"] for t in r.layout() if t["name"] == QKV)
+            with pytest.raises(awex.LayoutError) as e:
+                r.register({QKV: np.zeros(shape, ml_dtypes.float8_e4m3fn)})
+            assert str(e.value).startswith(f"`{QKV}` is f8e4m3 but inference rank 0/0's layout needs f32; ")
+            assert "connect it with the FP8 checkpoint's config" in str(e.value), str(e.value)
+    finally:
+        ctl.disconnect()
+    # an unquantised engine's weight into an FP8 pair
+    ctl.connect(pair_name, model=TINY_F32, train="fsdp:dp=1", infer="sglang:tp=1", infer_quant="fp8",
+                fp8_block=(16, 16))
+    try:
+        with awex.Reader(gateway, pair_name, 0) as r:
+            shape = next(t["shape"] for t in r.layout() if t["name"] == QKV)
+            with pytest.raises(awex.LayoutError) as e:
+                r.register({QKV: np.zeros(shape, np.float32)})
+            assert str(e.value).startswith(f"`{QKV}` is f32 but inference rank 0/0's layout needs f8e4m3; ")
+            assert "launch the engine from the FP8 checkpoint" in str(e.value), str(e.value)
+            # SGLang's FP8 tensors register
+            assert r.register({QKV: np.zeros(shape, ml_dtypes.float8_e4m3fn)}) == 1
+    finally:
+        ctl.disconnect()
