@@ -103,6 +103,20 @@ def ref_vllm(x, block=(128, 128), use_ue8m0=False):
     return x_scaled.view_as(xp)[:m, :n].contiguous(), sf.view(xv.size(0), xv.size(2))
 
 
+def ref_vllm_cuda(x, block=(128, 128)):
+    """``ref_vllm`` as CUDA torch evaluates it, on any device: aten's ``div_true_kernel_cuda``
+    computes ``x_amax / 448.0`` (a tensor divided by a Python float) as ``x_amax * fl32(1 /
+    448)``, where the CPU divides (``awex_core::encoding::TorchDevice``); the reciprocal, the
+    product and the e4m3 cast (of values within +-448) are the same on both. What awex's
+    default (``vllm`` recipe, CUDA arithmetic) must write, checked on a CPU-only machine."""
+    m, n = x.shape
+    xp, xv = _pad_view(x, *block)
+    x_amax = xv.abs().float().amax(dim=(1, 3), keepdim=True).clamp(1e-4)
+    sf = x_amax * torch.tensor(1.0 / torch.finfo(FP8).max, dtype=torch.float32)
+    x_scaled = (xv * (1.0 / sf)).to(FP8)
+    return x_scaled.view_as(xp)[:m, :n].contiguous(), sf.view(xv.size(0), xv.size(2))
+
+
 def ceil_to_ue8m0(x):
     """DeepGEMM deep_gemm/utils/math.py::ceil_to_ue8m0 (also SGLang fp8_utils.py's copy)."""
     bits = x.abs().float().view(torch.int)

@@ -78,7 +78,8 @@ impl Controller {
     /// and the model is stored on the gateway so that ranks need not be told it.
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
         urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
-        atomic=false))]
+        atomic=false, infer_quant=None, infer_config_json=None, infer_config_what=None,
+        fp8_block=None, fp8_recipe=None))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
         &self,
@@ -95,6 +96,11 @@ impl Controller {
         join_deadline_s: f64,
         update_deadline_s: f64,
         atomic: bool,
+        infer_quant: Option<String>,
+        infer_config_json: Option<String>,
+        infer_config_what: Option<String>,
+        fp8_block: Option<[u32; 2]>,
+        fp8_recipe: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let model = match (model, model_json) {
             (Some(m), None) => ModelArg::Resolve(m),
@@ -110,8 +116,16 @@ impl Controller {
         let train_spec: BackendSpec = train.parse().map_err(Fail::from)?;
         let infer_spec: BackendSpec = infer.parse().map_err(Fail::from)?;
         let transport: Transport = transport.parse().map_err(Fail::Value)?;
+        let infer_fp8 = crate::spec::infer_fp8(
+            &spec,
+            infer_quant.as_deref(),
+            infer_config_json.as_deref(),
+            infer_config_what.as_deref().unwrap_or("(a config dict)"),
+            fp8_block,
+            fp8_recipe.as_deref(),
+        )?;
         let resolved = PairSpec {
-            infer_fp8: None,
+            infer_fp8,
             model: spec.clone(),
             train: train_spec,
             infer: infer_spec,

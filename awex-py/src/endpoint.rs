@@ -216,8 +216,18 @@ impl Core {
             )));
         }
         if v.dtype != t.dtype {
+            use awex_core::DType;
+            let hint = match (v.dtype, t.dtype) {
+                (DType::F8E4m3, _) => {
+                    "; the engine holds FP8 weights but the pair was connected with a plain inference side: connect it with the FP8 checkpoint's config (Controller.connect(infer_config=...) or infer_quant=\"fp8\"; awex-cli --infer-config / --infer-quant fp8)"
+                }
+                (_, DType::F8E4m3) => {
+                    "; the pair was connected with an FP8 inference side but the engine holds this weight unquantised: launch the engine from the FP8 checkpoint, or connect the pair without infer_quant / infer_config"
+                }
+                _ => "",
+            };
             return Err(Fail::Layout(format!(
-                "`{}` is {} but {}'s layout needs {}",
+                "`{}` is {} but {}'s layout needs {}{hint}",
                 v.name,
                 v.dtype,
                 self.who(),

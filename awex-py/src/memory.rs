@@ -80,6 +80,8 @@ pub(crate) fn dtype_of_dlpack(code: u8, bits: u8, lanes: u16) -> Option<DType> {
         (2, 32) => DType::F32,
         (2, 64) => DType::F64,
         (4, 16) => DType::Bf16,
+        // DLPack 1.1 `kDLFloat8_e4m3fn` (torch.float8_e4m3fn: FP8 engine weights)
+        (10, 8) => DType::F8E4m3,
         _ => return None,
     })
 }
@@ -103,8 +105,7 @@ pub(crate) fn c_contiguous(shape: &[u64], strides: &[i64], unit: i64) -> bool {
     true
 }
 
-const SUPPORTED: &str =
-    "awex moves float32, float16, bfloat16, float64, uint8, int8, int32 and int64 tensors";
+const SUPPORTED: &str = "awex moves float32, float16, bfloat16, float64, uint8, int8, int32, int64 and float8_e4m3fn tensors";
 
 /// Why a tensor is not C-contiguous, as a layout error.
 fn not_contiguous(name: &str, shape: &[u64], strides: &[i64], unit: &str) -> Fail {
@@ -534,6 +535,12 @@ mod tests {
         assert_eq!(dtype_of_dlpack(4, 16, 1), Some(DType::Bf16));
         assert_eq!(dtype_of_dlpack(2, 32, 1), Some(DType::F32));
         assert_eq!(dtype_of_dlpack(1, 8, 1), Some(DType::U8));
+        assert_eq!(
+            dtype_of_dlpack(10, 8, 1),
+            Some(DType::F8E4m3),
+            "float8_e4m3fn"
+        );
+        assert_eq!(dtype_of_dlpack(12, 8, 1), None, "float8_e5m2");
         assert_eq!(dtype_of_dlpack(2, 32, 4), None, "vector lanes");
         assert_eq!(dtype_of_dlpack(5, 64, 1), None, "complex");
     }

@@ -7,8 +7,10 @@ use awex_control::client::Client;
 use awex_control::wire::{PairStatus, SideStatus};
 use awex_core::Transport;
 use awex_core::backend::{BackendSpec, ParallelConfig, inference_backend, training_backend};
+use awex_core::encoding::fp8_block::{DEFAULT_BLOCK, MAX_BLOCK_EDGE};
+use awex_core::encoding::{Fp8Block, Fp8Config, InferFp8, Recipe, ScaleFormat};
 use awex_core::layout::{RankId, Side};
-use awex_core::model::ModelSpec;
+use awex_core::model::{Catalogue, ModelSpec};
 use awex_runtime::rank::RankConfig;
 use awex_runtime::transport::TransportConfig;
 use std::collections::BTreeMap;
@@ -176,7 +178,9 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
     };
     let bucket_mib = args.bucket_mib.unwrap_or(st.options.bucket_mib).max(1);
     Ok(RankConfig {
-        infer_fp8: None,
+        // every rank takes the inference side's FP8 encoding the pair was connected with: the
+        // plan (which transfers are receiver-encoded) and the receivers' tensors follow from it
+        infer_fp8: st.inference.fp8.clone(),
         gateway: args.gateway.clone(),
         token: args.token.clone(),
         pair: args.pair.clone(),
@@ -203,9 +207,150 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
     })
 }
 
+/// The inference side's FP8 settings of a connect, as `awex-cli`'s `--infer-quant`,
+/// `--infer-config`, `--fp8-block` and `--fp8-recipe` take them (`awex-cli/src/cmd/quant.rs`):
+/// `None` for a plain side. `config_json` is the text of the inference model's `config.json`
+/// (`config_what` names it in messages); its `quantization_config` gives the encoding and its
+/// model must be `model` in everything but the quantisation.
+pub(crate) fn infer_fp8(
+    model: &ModelSpec,
+    infer_quant: Option<&str>,
+    config_json: Option<&str>,
+    config_what: &str,
+    block: Option<[u32; 2]>,
+    recipe: Option<&str>,
+) -> Result<Option<InferFp8>> {
+    let recipe = match recipe {
+        Some(r) => Some(
+            r.parse::<Recipe>()
+                .map_err(|e| Fail::Value(format!("fp8_recipe: {e}")))?,
+        ),
+        None => None,
+    };
+    if let Some(q) = infer_quant
+        && q != "fp8"
+    {
+        return Err(Fail::Value(format!(
+            "infer_quant must be \"fp8\" (or None for a plain inference side), not {q:?}"
+        )));
+    }
+    if let Some(b) = block
+        && b.iter().any(|&e| e == 0 || e > MAX_BLOCK_EDGE)
+    {
+        return Err(Fail::Value(format!(
+            "fp8_block {b:?}: block edges go from 1 to {MAX_BLOCK_EDGE}, e.g. (128, 128)"
+        )));
+    }
+    let config = match (config_json, infer_quant) {
+        (Some(text), _) => {
+            if block.is_some() {
+                return Err(Fail::Value(format!(
+                    "fp8_block is given by the quantization_config of infer_config {config_what} (`weight_block_size`); drop one of them"
+                )));
+            }
+            let value: serde_json::Value = serde_json::from_str(text)
+                .map_err(|e| Fail::Value(format!("infer_config {config_what} is not JSON: {e}")))?;
+            let config = Fp8Config::from_hf_model_config(&value)
+                .map_err(|e| Fail::Value(format!("infer_config {config_what}: {e}")))?
+                .ok_or_else(|| {
+                    Fail::Value(format!(
+                        "infer_config {config_what} has no quantization_config; give an FP8 checkpoint's config (quant_method fp8) or infer_quant=\"fp8\""
+                    ))
+                })?;
+            let theirs = ModelSpec::from_config_json(text)
+                .map_err(|e| Fail::Value(format!("infer_config {config_what}: {e}")))?;
+            if let Some(d) = Catalogue::of(&theirs).first_difference(&Catalogue::of(model)) {
+                return Err(Fail::Value(format!(
+                    "the inference model of infer_config {config_what} differs from the pair's model `{}` in more than the quantisation: {d}",
+                    model.name
+                )));
+            }
+            config
+        }
+        (None, Some(_)) => Fp8Config {
+            encoding: Fp8Block {
+                block: block.unwrap_or(DEFAULT_BLOCK),
+                scale_format: recipe.map_or(ScaleFormat::F32, Recipe::scale_format),
+            },
+            activation_scheme: "dynamic".into(),
+            ignored_layers: vec![],
+        },
+        (None, None) => {
+            if block.is_some() || recipe.is_some() {
+                return Err(Fail::Value(
+                    "fp8_block and fp8_recipe need infer_quant=\"fp8\" or infer_config".into(),
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    // the default recipe: vLLM's, with power-of-two scales where the config stores them
+    let recipe = recipe.unwrap_or(match config.encoding.scale_format {
+        ScaleFormat::F32 => Recipe::Vllm,
+        ScaleFormat::Ue8m0 => Recipe::VllmUe8m0,
+    });
+    Ok(Some(InferFp8::new(config, recipe).map_err(|e| {
+        Fail::Value(format!("fp8_recipe {}: {e}", recipe.name()))
+    })?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Qwen3 `config.json` (the qwen3-tiny sizes).
+    fn qwen3() -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": false,
+            "dtype": "bfloat16"
+        })
+    }
+
+    #[test]
+    fn fp8_settings_follow_the_cli_and_bad_ones_say_what_to_change() {
+        let model = ModelSpec::from_config_value(&qwen3()).unwrap();
+        let f = infer_fp8(&model, Some("fp8"), None, "", None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.recipe, Recipe::Vllm);
+        assert_eq!(f.config.encoding.block, [128, 128]);
+        assert_eq!(infer_fp8(&model, None, None, "", None, None).unwrap(), None);
+        let e = infer_fp8(&model, Some("int4"), None, "", None, None).unwrap_err();
+        assert!(format!("{e:?}").contains("infer_quant must be"), "{e:?}");
+        let e = infer_fp8(&model, None, None, "", Some([16, 16]), None).unwrap_err();
+        assert!(format!("{e:?}").contains("need infer_quant"), "{e:?}");
+        let e = infer_fp8(&model, Some("fp8"), None, "", Some([0, 16]), None).unwrap_err();
+        assert!(format!("{e:?}").contains("block edges"), "{e:?}");
+        let ue = infer_fp8(&model, Some("fp8"), None, "", None, Some("deepgemm-ue8m0"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ue.config.encoding.scale_format, ScaleFormat::Ue8m0);
+        let e = infer_fp8(&model, Some("fp8"), None, "", None, Some("nope")).unwrap_err();
+        assert!(format!("{e:?}").contains("fp8_recipe"), "{e:?}");
+        // a checkpoint's config: its block; a config without quantization_config is refused
+        let mut cfg = qwen3();
+        let e = infer_fp8(&model, None, Some(&cfg.to_string()), "c.json", None, None).unwrap_err();
+        assert!(format!("{e:?}").contains("no quantization_config"), "{e:?}");
+        cfg["quantization_config"] = serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 64]
+        });
+        let f = infer_fp8(&model, None, Some(&cfg.to_string()), "c.json", None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.config.encoding.block, [32, 64]);
+        let e = infer_fp8(
+            &model,
+            None,
+            Some(&cfg.to_string()),
+            "c.json",
+            Some([16, 16]),
+            None,
+        )
+        .unwrap_err();
+        assert!(format!("{e:?}").contains("drop one of them"), "{e:?}");
+    }
 
     fn norm(side: Side, s: &str) -> ParallelConfig {
         normalised(side, &s.parse().unwrap())

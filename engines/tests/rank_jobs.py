@@ -212,3 +212,70 @@ def faults_job(rank: int, q: Any, tp: int, port: int, ckpts: dict[int, str], gat
         q.put((rank, result))
     except BaseException:
         q.put((rank, {"error": traceback.format_exc()}))
+
+
+def session_updater(model: Any, rank: int) -> Any:
+    """SGLang 0.5.23's own ``WeightUpdater`` of a model runner (``model_executor/
+    model_runner_components/weight_updater.py``) over ``model``, with awex's loader allowed: what
+    a scheduler process runs for the gateway's ``begin_weight_update``, its trigger
+    (``update_weights_from_tensor`` with ``load_format="awex.sglang.receive"``) and
+    ``end_weight_update``. Only the fields those three calls read are set; the CUDA-graph and
+    model-runner callbacks are never called by them."""
+    from sglang.srt.model_executor.model_runner_components.weight_updater import WeightUpdater
+
+    def never(*_: Any, **__: Any) -> None:
+        raise AssertionError("not called by a weight-update session")
+
+    return WeightUpdater(tp_rank=rank, device="cpu", gpu_id=0, model_config=None,
+                         custom_weight_loaders=["awex.sglang.receive"], get_model=lambda: model,
+                         update_model_fields=never, recapture_cuda_graph=never, get_model_runner=never)
+
+
+def session(updater: Any, payload: list) -> None:
+    """One weight-update session as SGLang's scheduler runs it for the gateway
+    (``managers/scheduler_components/weight_updater.py``): ``begin_weight_update`` (restores
+    in-place-packed weights), the trigger through SGLang's own dispatch to the custom loader,
+    ``end_weight_update(run_post_load=False)`` (the trigger loaded weights, so SGLang skips
+    ``post_load_weights`` and runs every quant method's ``process_weights_after_loading``)."""
+    updater.begin_weight_update()
+    ok, message = updater.update_weights_from_tensor(payload, load_format="awex.sglang.receive")
+    assert ok, message
+    updater.end_weight_update(run_post_load=False)
+
+
+def fp8_receive_job(rank: int, q: Any, tp: int, ep: int, port: int, fp8: dict[int, str], gateway: str,
+                    pairs: list[str], versions: list[int]) -> None:
+    """An SGLang server's TP rank holding block-FP8 weights: the model built by SGLang from the
+    FP8 checkpoint of version 0; for every pair, the warm-up session, then one session per
+    version, each compared byte for byte (e4m3 weights, fp32 scales, every other parameter and
+    derived tensor) with SGLang's own load of that version's FP8 checkpoint, which the reference
+    quantiser wrote from the bf16 weights the Writers send."""
+    try:
+        import awex.sglang as aws
+
+        sa = sglang_cpu.init_rank(fp8[0], tp=tp, ep=ep, rank=rank, port=port, dtype="bfloat16")
+        want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, fp8[v])) for v in versions}
+        result: dict[str, Any] = {"checked": 0, "diffs": [], "params": len(want[versions[0]]),
+                                  "fp8": sorted(n for n, t in want[versions[0]].items()
+                                                if str(t.dtype) == "torch.float8_e4m3fn")}
+        for pair in pairs:
+            model = sglang_cpu.load_model(sa, fp8[0])
+            if not compare(model, want[versions[0]]):
+                raise AssertionError("version 0 equals the first update's weights: the test cannot fail")
+            updater = session_updater(model, rank)
+            _point_at(gateway, pair)
+            os.environ["AWEX_SGLANG_ON_ERROR"] = "raise"  # a failure shows its cause here
+            session(updater, [])  # warm-up: joins in the background
+            ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+            for v in versions:
+                wait_running(gateway, pair, v)
+                session(updater, work(v))
+                diffs = compare(model, want[v])
+                result["diffs"] += [f"{pair} v{v} rank {rank}: {d}" for d in diffs]
+                result["checked"] += 1
+                if {n: p.data_ptr() for n, p in model.named_parameters()} != ptrs:
+                    result["diffs"].append(f"{pair} v{v} rank {rank}: a parameter was rebound")
+        aws._reset()
+        q.put((rank, result))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))

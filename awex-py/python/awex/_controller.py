@@ -6,7 +6,7 @@ import os
 from typing import Any, Sequence
 
 from . import _awex
-from ._spec import model_args
+from ._spec import fp8_args, model_args
 
 
 class Controller:
@@ -36,6 +36,10 @@ class Controller:
         join_deadline_s: float = 60.0,
         update_deadline_s: float = 120.0,
         atomic: bool = False,
+        infer_quant: str | None = None,
+        infer_config: Any = None,
+        fp8_block: Sequence[int] | None = None,
+        fp8_recipe: str | None = None,
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
@@ -43,7 +47,15 @@ class Controller:
         gateway so that ranks need only ``(gateway, pair, rank)``. With ``atomic``, inference
         ranks receive into staging and copy into their live tensors only once every rank
         received (one extra copy of each shard; a failure before that leaves the live weights
-        at the last committed version). Returns the pair's status."""
+        at the last committed version).
+
+        FP8 rollouts (``docs/fp8.md``), as ``awex-cli``'s ``--infer-quant`` / ``--infer-config`` /
+        ``--fp8-block`` / ``--fp8-recipe``: ``infer_quant="fp8"`` stores the inference side's
+        linear weights as block FP8 (128 x 128 blocks unless ``fp8_block=(bn, bk)``);
+        ``infer_config`` (the FP8 checkpoint's ``config.json`` path, HF directory or config
+        dict) takes the encoding from its ``quantization_config`` instead; ``fp8_recipe`` names
+        the quantiser (default ``vllm``, ``vllm-ue8m0`` for ``scale_fmt: ue8m0``). Every rank
+        takes the encoding from the pair. Returns the pair's status."""
         return self._c.connect(
             pair,
             train,
@@ -55,6 +67,7 @@ class Controller:
             join_deadline_s=join_deadline_s,
             update_deadline_s=update_deadline_s,
             atomic=atomic,
+            **fp8_args(infer_quant, infer_config, fp8_block, fp8_recipe),
             **model_args(model),
         )
 

@@ -21,6 +21,35 @@ def model_args(model: Any) -> dict[str, str]:
     )
 
 
+def fp8_args(infer_quant: Any, infer_config: Any, fp8_block: Any, fp8_recipe: Any) -> dict[str, Any]:
+    """``connect``'s FP8 arguments as the extension takes them: ``infer_config`` (a
+    ``config.json`` path, an HF directory or a config dict) read into its JSON text."""
+    out: dict[str, Any] = {"infer_quant": infer_quant, "fp8_recipe": fp8_recipe}
+    if fp8_block is not None:
+        if isinstance(fp8_block, (str, bytes)) or len(fp8_block) != 2:
+            raise TypeError(f"fp8_block must be two block edges (rows, cols) such as (128, 128), not {fp8_block!r}")
+        out["fp8_block"] = [int(e) for e in fp8_block]
+    if infer_config is None:
+        return out
+    if isinstance(infer_config, Mapping):
+        out["infer_config_json"] = json.dumps(dict(infer_config))
+        return out
+    if not isinstance(infer_config, (str, os.PathLike)):
+        raise TypeError(
+            "infer_config must be the FP8 checkpoint's config.json path, its HF directory or a config dict, "
+            f"not {type(infer_config).__name__}"
+        )
+    path = os.fspath(infer_config)
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    try:
+        with open(file) as f:
+            out["infer_config_json"] = f.read()
+    except OSError as e:
+        raise ValueError(f"infer_config: cannot read {file}: {e}") from None
+    out["infer_config_what"] = file
+    return out
+
+
 def parallel_config(parallel: Mapping[str, Any] | None, what: str) -> dict[str, int] | None:
     """Checks a parallel config: string keys, non-negative integer values."""
     if parallel is None:

@@ -379,6 +379,13 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
       one; the Reader is then closed and recreated on the new storage for the next update
       (logged as a warning: a Reader created during an update would miss it).
 
+    A block-FP8 server (a pair connected with the FP8 checkpoint's ``infer_config``): the
+    registered parameters are SGLang's ``float8_e4m3fn`` weights and fp32 ``weight_scale_inv``;
+    the Reader receives bf16 into host staging and quantises into them. SGLang's own FP8
+    post-load (``process_weights_after_loading``) is not run here: SGLang 0.5.23 runs it at the
+    ``end_weight_update`` that closes the gateway's session (``DefaultModelLoader.
+    postprocess_weights``), and running it twice would repack twice.
+
     Failures (``AWEX_SGLANG_ON_ERROR``, default ``report``): a failure before or while this
     rank receives is logged with the engine, the TP rank and the cause, reported to the gateway
     (which fails the version; generation stays paused until a retry commits or the controller
