@@ -707,7 +707,7 @@ fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
 }
 
 #[test]
-fn fp8_demo_refuses_gpu_transports_and_blocks_cut_by_tensor_parallelism() {
+fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tensor_parallelism() {
     let _one = one_at_a_time();
     let (code, _, err) = demo_of(
         "qwen3-tiny",
@@ -722,8 +722,35 @@ fn fp8_demo_refuses_gpu_transports_and_blocks_cut_by_tensor_parallelism() {
     );
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("FP8 inference side is quantised on the CPU")
+        err.contains("the cuda-ipc transport quantises FP8 on the GPU, and the GPU kernel cannot write this encoding (fp8 e4m3, 16x16 blocks")
+            && err.contains("it quantises 128x128 blocks only, not 16x16; use --transport shm or tcp, which quantise on the CPU"),
+        "{err}"
+    );
+    // a recipe the GPU kernel does not run: refused, not quantised on the host
+    let (code, _, err) = demo_of(
+        "qwen3-tiny",
+        &[
+            "--infer-quant",
+            "fp8",
+            "--fp8-recipe",
+            "slime",
+            "--transport",
+            "cuda-ipc",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("the slime recipe has no GPU kernel yet")
             && err.contains("use --transport shm or tcp"),
+        "{err}"
+    );
+    let (code, _, err) = demo_of(
+        "qwen3-tiny",
+        &["--infer-quant", "fp8", "--transport", "nccl"],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("nccl does not encode yet; use --transport cuda-ipc, shm or tcp"),
         "{err}"
     );
     // qwen3-tiny's q projection has 64 rows: 32 per rank cut a 128-row block

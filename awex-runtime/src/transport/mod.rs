@@ -20,7 +20,7 @@ mod tcp;
 pub use auth::{PairSecret, SealError};
 pub use config::{CudaIpcConfig, DriverMin, PeerOrder, SettingError, TcpConfig, TransportConfig};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
-pub use encoded::{EncodingTransport, fp8_tensors};
+pub use encoded::{EncodingTransport, fp8_tensors, refuse_on_gpu};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
 pub use staged::StagedTransport;
