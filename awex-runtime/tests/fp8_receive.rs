@@ -5,6 +5,10 @@
 //! The inner transport is a stand-in that writes what a real one would deliver (the version's
 //! canonical bf16 at every placement, `fill_or_check_from` over the plain layout); the shm and
 //! tcp transports themselves carry FP8 pairs in `awex-cli/tests/demo.rs`.
+//!
+//! The GPU quantiser (cuda-ipc) has the same tests, ignored here (no GPU): run them with
+//! `cargo test -p awex-runtime --features cuda --test fp8_receive -- --ignored` on a machine
+//! with one (`scripts/gpu_fp8_ipc.sh` runs the test binary it finds in `.gpu/`).
 
 use awex_core::encoding::{Encoding, Fp8Config, InferFp8, Recipe};
 use awex_core::layout::{RankLayout, Side};
@@ -13,7 +17,9 @@ use awex_core::pair::{PairSpec, ResolvedPair};
 use awex_core::weights::Weights;
 use awex_core::{BackendSpec, Transport as TransportKind};
 use awex_runtime::fill::{fill_or_check_from, fill_or_check_with};
-use awex_runtime::transport::{EncodingTransport, ExecContext, ExecStats, Transport};
+use awex_runtime::transport::{
+    EncodingTransport, ExecContext, ExecStats, Transport, refuse_on_gpu,
+};
 use awex_runtime::{RuntimeError, TensorSet};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -172,6 +178,185 @@ fn a_nan_in_the_weights_fails_the_update_naming_the_tensor_and_element() {
     let e = r.unwrap_err().to_string();
     assert!(
         e.contains("quantising `model.layers.1.mlp.down_proj.weight` to FP8 (vllm) failed: element [1, 6] is NaN")
+            && e.contains("the update is not committed"),
+        "{e}"
+    );
+}
+
+/// The four recipes the GPU kernel runs.
+const GPU_RECIPES: [Recipe; 4] = [
+    Recipe::Vllm,
+    Recipe::DeepGemmUe8m0,
+    Recipe::DeepGemmLegacy,
+    Recipe::AwexPython,
+];
+
+/// 128 x 128 blocks with `recipe` (UE8M0 scales for a recipe that writes them).
+fn fp8_128(recipe: Recipe) -> InferFp8 {
+    let mut q = serde_json::json!({
+        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]
+    });
+    if recipe.scale_format() == awex_core::encoding::ScaleFormat::Ue8m0 {
+        q["scale_fmt"] = "ue8m0".into();
+    }
+    InferFp8::new(Fp8Config::from_hf(&q).unwrap(), recipe).unwrap()
+}
+
+#[test]
+fn the_gpu_quantiser_refuses_what_its_kernel_cannot_write_instead_of_falling_back_to_the_host() {
+    for recipe in GPU_RECIPES {
+        assert!(refuse_on_gpu(&fp8_128(recipe)).is_ok(), "{}", recipe.name());
+    }
+    let e = refuse_on_gpu(&fp8()).unwrap_err().to_string();
+    assert!(
+        e.contains("the cuda-ipc transport quantises FP8 on the GPU, and the GPU kernel cannot write this encoding (fp8 e4m3, 16x16 blocks")
+            && e.contains("it quantises 128x128 blocks only, not 16x16; use --transport shm or tcp, which quantise on the CPU"),
+        "{e}"
+    );
+    let e = refuse_on_gpu(&fp8_128(Recipe::Slime))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the slime recipe has no GPU kernel yet")
+            && e.contains("use --transport shm or tcp"),
+        "{e}"
+    );
+    // the transport refuses before it touches a GPU, and host tensors are no GPU's
+    let p = pair(Some(fp8()));
+    let rank = p.inference.ranks()[1];
+    let layout = p.inference.rank_layout(rank).unwrap();
+    let plan = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+    let target = Arc::new(TensorSet::allocate_host(&layout).unwrap());
+    let built = EncodingTransport::on_gpu(&layout, &p.catalogue, &plan, &fp8(), target, |_| {
+        unreachable!("refused before the inner transport")
+    });
+    assert!(
+        built.err().unwrap().to_string().contains("16x16"),
+        "refused by name"
+    );
+}
+
+/// As [`run`] on GPU 0 with 128 x 128 blocks (Megatron tp 2 into SGLang tp 1): device target
+/// and staging, the stand-in uploads what a real transport would copy.
+#[cfg(feature = "cuda")]
+fn run_gpu(
+    recipe: Recipe,
+    nan: Option<(&str, usize)>,
+) -> (
+    Result<ExecStats, RuntimeError>,
+    ResolvedPair,
+    Arc<TensorSet>,
+) {
+    use awex_gpu::cuda::Device;
+
+    struct Upload(Deliver);
+    impl Transport for Upload {
+        fn kind(&self) -> TransportKind {
+            TransportKind::CudaIpc
+        }
+        fn rendezvous(&self) -> serde_json::Value {
+            serde_json::Value::Null
+        }
+        fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+            let d = &self.0;
+            let host = d.set.host_mirror()?;
+            fill_or_check_from(&d.weights, &d.plain, &d.cat, &host, ctx.version, false)
+                .map_err(RuntimeError::Fp8)?;
+            if let Some((name, i)) = &d.nan {
+                let v = host.get(name).unwrap();
+                // SAFETY: nobody else touches the host copy.
+                let b = unsafe { v.try_bytes_mut() }.unwrap();
+                b[2 * i..2 * i + 2].copy_from_slice(&0x7fc0u16.to_le_bytes());
+            }
+            d.set.upload_from(&host)?;
+            Ok(ExecStats::default())
+        }
+        fn close(&mut self) {}
+    }
+
+    let f = fp8_128(recipe);
+    let spec = |fp8: Option<InferFp8>| {
+        PairSpec {
+            model: presets::preset("qwen3-tiny").unwrap(),
+            train: "megatron:tp=2".parse::<BackendSpec>().unwrap(),
+            infer: "sglang:tp=1".parse::<BackendSpec>().unwrap(),
+            transport: TransportKind::CudaIpc,
+            infer_fp8: fp8,
+        }
+        .resolve()
+        .unwrap()
+    };
+    let p = spec(Some(f.clone()));
+    let plain = spec(None);
+    let rank = p.inference.ranks()[0];
+    let layout = p.inference.rank_layout(rank).unwrap();
+    let plan = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+    let dev = Device::open(0).unwrap();
+    let target = Arc::new(TensorSet::allocate_cuda(&layout, &dev).unwrap());
+    let plain_layout = plain.inference.rank_layout(rank).unwrap();
+    let cat = p.catalogue.clone();
+    let mut t =
+        EncodingTransport::on_gpu(&layout, &p.catalogue, &plan, &f, target.clone(), |set| {
+            Ok(Box::new(Upload(Deliver {
+                set,
+                plain: plain_layout,
+                cat,
+                weights: Weights::Finite(Box::new(Weights::Synthetic)),
+                nan: nan.map(|(n, i)| (n.to_string(), i)),
+            })))
+        })
+        .unwrap();
+    let cancel = AtomicBool::new(false);
+    let peers = HashMap::new();
+    let ctx = ExecContext {
+        version: 3,
+        attempt: 1,
+        deadline: Instant::now() + Duration::from_secs(600),
+        cancel: &cancel,
+        checksums: false,
+        peers: &peers,
+        corrupt: false,
+    };
+    (t.execute(&ctx), p, target)
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_the_rank_quantises_its_device_staging_into_the_reference_bytes_for_each_gpu_recipe() {
+    for recipe in GPU_RECIPES {
+        let f = fp8_128(recipe);
+        let (r, p, target) = run_gpu(recipe, None);
+        r.unwrap();
+        let layout = p.inference.rank_layout(p.inference.ranks()[0]).unwrap();
+        assert!(
+            layout
+                .tensors
+                .iter()
+                .any(|t| matches!(t.encoding, Encoding::Fp8Block(_)))
+        );
+        let host = target.host_mirror().unwrap();
+        target.download_to(&host).unwrap();
+        let w = Weights::Finite(Box::new(Weights::Synthetic));
+        fill_or_check_with(&w, &layout, &p.catalogue, &host, 3, true, Some(&f))
+            .unwrap_or_else(|e| panic!("{}: {e}", recipe.name()));
+        let e =
+            fill_or_check_with(&w, &layout, &p.catalogue, &host, 4, true, Some(&f)).unwrap_err();
+        assert!(e.contains("differs from version 4"), "{e}");
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_a_nan_in_the_weights_fails_the_update_naming_the_tensor() {
+    let (r, _, _) = run_gpu(
+        Recipe::Vllm,
+        Some(("model.layers.1.mlp.down_proj.weight", 70)),
+    );
+    let e = r.unwrap_err().to_string();
+    assert!(
+        e.contains("quantising `model.layers.1.mlp.down_proj.weight` to FP8 (vllm) on the GPU failed: 1 block(s) hold infinity or NaN")
             && e.contains("the update is not committed"),
         "{e}"
     );
