@@ -263,6 +263,21 @@ impl EncodingTransport {
         })
     }
 
+    /// Quantises the staging as it is into the target again, on the GPU, and waits: what an
+    /// update does after its copies (for timing the kernel alone against a floor). `Ok(false)`
+    /// for the CPU quantiser.
+    pub fn quantise_on_gpu(&self) -> Result<bool, RuntimeError> {
+        match &self.gpu {
+            Some(g) => self.quantise_all_gpu(g).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Bytes of the bf16 staging (what the FP8 tensors' copies land in).
+    pub fn staging_bytes(&self) -> u64 {
+        self.staging.iter().map(|v| v.len() as u64).sum()
+    }
+
     /// The GPU path: every matrix of every staging tensor quantised by the kernel on one
     /// stream (the inner transport synchronised its copies before returning), then one wait.
     /// Blocks holding infinity or NaN are counted by the kernel; if any were, each tensor is
@@ -494,6 +509,10 @@ fn quantise(
 impl Transport for EncodingTransport {
     fn kind(&self) -> awex_core::Transport {
         self.inner.kind()
+    }
+
+    fn cuda_ipc(&self) -> Option<&crate::transport::CudaIpcTransport> {
+        self.inner.cuda_ipc()
     }
 
     fn rendezvous(&self) -> serde_json::Value {

@@ -106,6 +106,12 @@ pub trait Transport: Send {
     /// Which transport this is.
     fn kind(&self) -> awex_core::Transport;
 
+    /// The cuda-ipc transport this one is or wraps (an FP8 rank's encoding around it), for
+    /// its join figures and mappings; `None` for the others.
+    fn cuda_ipc(&self) -> Option<&CudaIpcTransport> {
+        None
+    }
+
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;
 
