@@ -288,6 +288,48 @@ mod tests {
     }
 
     #[test]
+    fn expected_tensors_pass_the_byte_check_of_a_real_plan() {
+        let r = crate::cmd::plan::resolve("qwen3-tiny", "megatron:tp=2", "sglang:tp=1").unwrap();
+        let rank = awex_core::layout::RankId::infer(0, 0);
+        let plan = r
+            .plan_pair()
+            .plan_rank(awex_core::layout::Side::Inference, rank)
+            .unwrap();
+        let transfers: Vec<Transfer> = plan
+            .peers
+            .iter()
+            .flat_map(|p| p.transfers.iter().cloned())
+            .collect();
+        let layout = r.inference.rank_layout(rank).unwrap();
+        for finite in [false, true] {
+            let mut fetch = |i: usize, out: &mut [u8]| {
+                let t = &layout.tensors[i];
+                let ts: Vec<&Transfer> = transfers
+                    .iter()
+                    .filter(|x| *x.dst_tensor == *t.name)
+                    .collect();
+                out.copy_from_slice(&expected_tensor(&ts, out.len(), finite)?);
+                Ok(())
+            };
+            let (ok, detail) =
+                verify_with(&transfers, &layout.tensors, finite, &mut fetch).unwrap();
+            assert!(ok, "{detail}");
+            // and the other content is caught
+            let mut other = |i: usize, out: &mut [u8]| {
+                let t = &layout.tensors[i];
+                let ts: Vec<&Transfer> = transfers
+                    .iter()
+                    .filter(|x| *x.dst_tensor == *t.name)
+                    .collect();
+                out.copy_from_slice(&expected_tensor(&ts, out.len(), !finite)?);
+                Ok(())
+            };
+            let (ok, _) = verify_with(&transfers, &layout.tensors, finite, &mut other).unwrap();
+            assert!(!ok);
+        }
+    }
+
+    #[test]
     fn tensor_keys_differ_by_rank_and_name() {
         let a = tensor_key(RankId::train(0), "x");
         assert_ne!(a, tensor_key(RankId::train(1), "x"));
