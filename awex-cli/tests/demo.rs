@@ -726,10 +726,15 @@ fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tens
             && err.contains("it quantises 128x128 blocks only, not 16x16; use --transport shm or tcp, which quantise on the CPU"),
         "{err}"
     );
-    // a recipe the GPU kernel does not run: refused, not quantised on the host
+    // a recipe the GPU kernel does not run: refused, not quantised on the host (a Qwen3 whose
+    // dims are multiples of 128, so that the blocks are the GPU's)
+    let bf16 = fp8_model_dir(None);
+    let model = bf16.path().to_str().unwrap();
     let (code, _, err) = demo_of(
-        "qwen3-tiny",
+        model,
         &[
+            "--infer",
+            "sglang:tp=1",
             "--infer-quant",
             "fp8",
             "--fp8-recipe",
@@ -745,8 +750,15 @@ fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tens
         "{err}"
     );
     let (code, _, err) = demo_of(
-        "qwen3-tiny",
-        &["--infer-quant", "fp8", "--transport", "nccl"],
+        model,
+        &[
+            "--infer",
+            "sglang:tp=1",
+            "--infer-quant",
+            "fp8",
+            "--transport",
+            "nccl",
+        ],
     );
     assert_eq!(code, 2, "{err}");
     assert!(

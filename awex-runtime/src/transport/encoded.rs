@@ -60,10 +60,12 @@ pub struct EncodingTransport {
     gpu: Option<GpuQuantiser>,
 }
 
-/// The GPU quantiser of a cuda-ipc inference rank: the kernel and its stream.
+/// The GPU quantiser of a cuda-ipc inference rank: the kernel, its stream, and the launches
+/// of each FP8 tensor (built once: the staging and the target live as long as the transport).
 struct GpuQuantiser {
     kernel: Fp8Kernel,
     stream: Stream,
+    launches: Vec<Vec<Fp8Job>>,
 }
 
 /// Refuses an FP8 encoding the GPU kernel cannot write (cuda-ipc quantises on the GPU only:
@@ -239,11 +241,21 @@ impl EncodingTransport {
                 }
             };
             let staging = TensorSet::allocate_cuda(&staging_layout, &dev)?;
+            let quantiser = fp8.quantiser();
+            let launches = jobs
+                .iter()
+                .map(|j| gpu_jobs(&staging, &target, &quantiser, j))
+                .collect::<Result<_, _>>()?;
             let kernel = Fp8Kernel::load(&dev).map_err(cuda("loading the FP8 kernel"))?;
             let stream = dev
                 .stream()
                 .map_err(cuda("creating the FP8 kernel's stream"))?;
-            (staging, Some(GpuQuantiser { kernel, stream }))
+            let g = GpuQuantiser {
+                kernel,
+                stream,
+                launches,
+            };
+            (staging, Some(g))
         } else {
             (TensorSet::allocate_host(&staging_layout)?, None)
         };
@@ -284,25 +296,16 @@ impl EncodingTransport {
     /// quantised again alone to name the first that holds them.
     fn quantise_all_gpu(&self, g: &GpuQuantiser) -> Result<(), RuntimeError> {
         let cuda = |what: String| move |source| RuntimeError::Cuda { what, source };
-        let jobs = self
-            .jobs
-            .iter()
-            .map(|j| {
-                Ok((
-                    j,
-                    gpu_jobs(&self.staging, &self.target, &self.quantiser, j)?,
-                ))
-            })
-            .collect::<Result<Vec<_>, RuntimeError>>()?;
+        let jobs: Vec<(&Job, &Vec<Fp8Job>)> = self.jobs.iter().zip(&g.launches).collect();
         let (recipe, enc) = (self.quantiser.recipe, &self.quantiser.encoding);
         // queues the launches of one tensor; on an error, waits and clears the status word
         let launch = |j: &Job, ks: &[Fp8Job]| -> Result<(), RuntimeError> {
             for k in ks {
                 // SAFETY: `gpu_jobs` built `k` from the staging tensor and the target e4m3 and
                 // scale tensors of `j` (lengths checked against its shape), all device memory
-                // on this GPU that lives as long as `self`; each job writes its own two
-                // tensors, and nothing else touches them during the update (its copies are
-                // over: the inner transport synchronised them).
+                // on this GPU held by `self.staging` and `self.target` as long as `self`; each
+                // job writes its own two tensors, and nothing else touches them during the
+                // update (its copies are over: the inner transport synchronised them).
                 if let Err(e) = unsafe { g.kernel.launch(&g.stream, k, recipe, enc) } {
                     let _ = g.kernel.take_status(&g.stream);
                     return Err(cuda(format!("quantising `{}` to FP8 on the GPU", j.name))(
