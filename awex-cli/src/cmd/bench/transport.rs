@@ -450,6 +450,22 @@ struct Fp8Figures {
     ratio: f64,
 }
 
+/// What the byte-for-byte check covers: the transfers into plain tensors and those tensors
+/// (FP8 tensors are checked against the CPU reference, their scale tensors with them).
+fn plain_part(transfers: &[Transfer], lts: &[LocalTensor]) -> (Vec<Transfer>, Vec<LocalTensor>) {
+    let plain: Vec<LocalTensor> = lts
+        .iter()
+        .filter(|t| matches!(t.encoding, Encoding::Plain(_)))
+        .cloned()
+        .collect();
+    let transfers = transfers
+        .iter()
+        .filter(|t| plain.iter().any(|p| p.name == t.dst_tensor))
+        .cloned()
+        .collect();
+    (transfers, plain)
+}
+
 /// The receiving rank's transport: the cuda-ipc transport, or the FP8 encoding around it.
 enum Receiver {
     Plain(Box<CudaIpcTransport>),
@@ -733,13 +749,11 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .any(|t| *t.name == *name && matches!(t.encoding, Encoding::Fp8Block(_)))
     };
-    let plain_transfers: Vec<Transfer> = transfers
+    let (plain_transfers, plain_lts) = plain_part(&transfers, &lts);
+    let fp8_lts: Vec<&LocalTensor> = lts
         .iter()
-        .filter(|t| !is_fp8(&t.dst_tensor))
-        .cloned()
+        .filter(|t| matches!(t.encoding, Encoding::Fp8Block(_)))
         .collect();
-    let plain_lts: Vec<LocalTensor> = lts.iter().filter(|t| !is_fp8(&t.name)).cloned().collect();
-    let fp8_lts: Vec<&LocalTensor> = lts.iter().filter(|t| is_fp8(&t.name)).collect();
     let check = || -> anyhow::Result<(bool, String)> {
         let (ok, detail) = verify_with(
             &plain_transfers,
@@ -1069,6 +1083,44 @@ mod tests {
         let mut bad = x.clone();
         bad[5] = 0x7fc0;
         assert!(reference_fp8(&q, &bad, mats, rows, cols).is_err());
+    }
+
+    #[test]
+    fn the_byte_check_of_an_fp8_rank_covers_its_plain_tensors_whole() {
+        use crate::cmd::quant::QuantArgs;
+        let q = QuantArgs {
+            infer_quant: Some("fp8".into()),
+            fp8_block: Some("16x16".into()),
+            ..QuantArgs::default()
+        };
+        let r = crate::cmd::plan::resolve_with("qwen3-tiny", "megatron:tp=2", "sglang:tp=1", &q)
+            .unwrap();
+        let rank = RankId::infer(0, 0);
+        let plan = r.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+        let transfers: Vec<Transfer> = plan
+            .peers
+            .iter()
+            .flat_map(|p| p.transfers.iter().cloned())
+            .collect();
+        let lts = r.inference.rank_layout(rank).unwrap().tensors;
+        assert!(
+            lts.iter()
+                .any(|t| matches!(t.encoding, Encoding::Fp8Scales(_)))
+        );
+        let (pt, pl) = plain_part(&transfers, &lts);
+        assert!(pt.len() < transfers.len() && !pt.is_empty());
+        assert!(pl.iter().all(|t| matches!(t.encoding, Encoding::Plain(_))));
+        let mut fetch = |i: usize, out: &mut [u8]| {
+            let ts: Vec<&Transfer> = pt.iter().filter(|x| x.dst_tensor == pl[i].name).collect();
+            out.copy_from_slice(&super::super::content::expected_tensor(
+                &ts,
+                out.len(),
+                true,
+            )?);
+            Ok(())
+        };
+        let (ok, detail) = verify_with(&pt, &pl, true, &mut fetch).unwrap();
+        assert!(ok, "{detail}");
     }
 
     #[test]
