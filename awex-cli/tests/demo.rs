@@ -584,6 +584,48 @@ fn cuda_ipc_demo_verifies_every_update_on_the_gpu() {
     no_segments_left();
 }
 
+/// FP8 over cuda-ipc: the receivers quantise on the GPU; every byte of every update equals the
+/// CPU reference's, with checksums and atomic apply. Needs a GPU and a `--features cuda`
+/// build: `cargo test -p awex-cli --features cuda --test demo -- --ignored cuda_ipc`.
+#[test]
+#[ignore = "needs a GPU and --features cuda"]
+fn cuda_ipc_fp8_demo_quantises_on_the_gpu_and_every_byte_equals_the_reference() {
+    let _one = one_at_a_time();
+    let bf16 = fp8_model_dir(None);
+    let model = bf16.path().to_str().unwrap();
+    for extra in [&[][..], &["--checksums", "--atomic"][..]] {
+        let (code, j, err) = demo_of(
+            model,
+            &[
+                &[
+                    "--transport",
+                    "cuda-ipc",
+                    "--train",
+                    "megatron:tp=2",
+                    "--infer",
+                    "sglang:tp=2",
+                    "--infer-quant",
+                    "fp8",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        );
+        assert_eq!(code, 0, "{err}\n{j}");
+        assert_eq!(j["transport"], "cuda-ipc");
+        assert_eq!(j["verified"], true, "{j}");
+        assert!(
+            j["checks"].to_string().contains(
+                "FP8 tensors and their scales: the CPU reference quantiser, fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm"
+            ),
+            "{}",
+            j["checks"]
+        );
+        assert_eq!(j["leaked_segments"], serde_json::json!([]));
+    }
+    no_segments_left();
+}
+
 /// Needs 2 GPUs, NCCL >= 2.19 and a `--features cuda` build: `cargo test -p awex-cli --features
 /// cuda --test demo -- --ignored nccl_demo`.
 #[test]
