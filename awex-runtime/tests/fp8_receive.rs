@@ -236,8 +236,98 @@ fn the_gpu_quantiser_refuses_what_its_kernel_cannot_write_instead_of_falling_bac
     );
 }
 
-/// As [`run`] on GPU 0 with 128 x 128 blocks (Megatron tp 2 into SGLang tp 1): device target
-/// and staging, the stand-in uploads what a real transport would copy.
+/// A Qwen3 whose dims are multiples of 128 (qwen3-tiny's are not: its 64-row q projection would
+/// cut a block), Megatron tp 2 into SGLang tp 1.
+fn gpu_pair(fp8: Option<InferFp8>) -> ResolvedPair {
+    let mut model = presets::preset("qwen3-tiny").unwrap();
+    (model.hidden_size, model.num_heads, model.num_kv_heads) = (256, 2, 1);
+    (model.head_dim, model.intermediate_size) = (128, 256);
+    PairSpec {
+        model,
+        train: "megatron:tp=2".parse::<BackendSpec>().unwrap(),
+        infer: "sglang:tp=1".parse::<BackendSpec>().unwrap(),
+        transport: TransportKind::CudaIpc,
+        infer_fp8: fp8,
+    }
+    .resolve()
+    .unwrap()
+}
+
+#[test]
+fn the_gpu_tests_pair_takes_128_blocks_and_plans_every_fp8_tensor_as_received_bf16() {
+    for recipe in GPU_RECIPES {
+        let p = gpu_pair(Some(fp8_128(recipe)));
+        let rank = p.inference.ranks()[0];
+        let layout = p.inference.rank_layout(rank).unwrap();
+        let plan = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+        let fp8: Vec<_> = layout
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.encoding, Encoding::Fp8Block(_)))
+            .collect();
+        assert!(fp8.len() >= 8, "{}", fp8.len());
+        assert!(
+            fp8.iter()
+                .any(|t| &*t.name == "model.layers.1.mlp.down_proj.weight")
+        );
+        let into_fp8 = plan
+            .peers
+            .iter()
+            .flat_map(|p| &p.transfers)
+            .filter(|t| fp8.iter().any(|f| f.name == t.dst_tensor));
+        assert!(into_fp8.clone().count() > 0);
+        assert!(
+            into_fp8
+                .into_iter()
+                .all(|t| t.encode.is_some() && t.dst_dtype == awex_core::DType::Bf16)
+        );
+    }
+}
+
+#[test]
+fn the_cpu_quantiser_writes_the_reference_bytes_of_the_gpu_tests_pair_for_each_gpu_recipe() {
+    // what the GPU tests below expect, on the CPU quantiser: the same pair, recipes and check
+    for recipe in GPU_RECIPES {
+        let f = fp8_128(recipe);
+        let (p, plain) = (gpu_pair(Some(f.clone())), gpu_pair(None));
+        let rank = p.inference.ranks()[0];
+        let layout = p.inference.rank_layout(rank).unwrap();
+        let plan = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+        let target = Arc::new(TensorSet::allocate_host(&layout).unwrap());
+        let (plain_layout, cat) = (
+            plain.inference.rank_layout(rank).unwrap(),
+            p.catalogue.clone(),
+        );
+        let mut t =
+            EncodingTransport::new(&layout, &p.catalogue, &plan, &f, target.clone(), |set| {
+                Ok(Box::new(Deliver {
+                    set,
+                    plain: plain_layout,
+                    cat,
+                    weights: Weights::Finite(Box::new(Weights::Synthetic)),
+                    nan: None,
+                }))
+            })
+            .unwrap();
+        let (cancel, peers) = (AtomicBool::new(false), HashMap::new());
+        let ctx = ExecContext {
+            version: 3,
+            attempt: 1,
+            deadline: Instant::now() + Duration::from_secs(600),
+            cancel: &cancel,
+            checksums: false,
+            peers: &peers,
+            corrupt: false,
+        };
+        t.execute(&ctx).unwrap();
+        let w = Weights::Finite(Box::new(Weights::Synthetic));
+        fill_or_check_with(&w, &layout, &p.catalogue, &target, 3, true, Some(&f))
+            .unwrap_or_else(|e| panic!("{}: {e}", recipe.name()));
+    }
+}
+
+/// As [`run`] on GPU 0 with 128 x 128 blocks ([`gpu_pair`]): device target and staging, the
+/// stand-in uploads what a real transport would copy.
 #[cfg(feature = "cuda")]
 fn run_gpu(
     recipe: Recipe,
@@ -275,17 +365,7 @@ fn run_gpu(
     }
 
     let f = fp8_128(recipe);
-    let spec = |fp8: Option<InferFp8>| {
-        PairSpec {
-            model: presets::preset("qwen3-tiny").unwrap(),
-            train: "megatron:tp=2".parse::<BackendSpec>().unwrap(),
-            infer: "sglang:tp=1".parse::<BackendSpec>().unwrap(),
-            transport: TransportKind::CudaIpc,
-            infer_fp8: fp8,
-        }
-        .resolve()
-        .unwrap()
-    };
+    let spec = gpu_pair;
     let p = spec(Some(f.clone()));
     let plain = spec(None);
     let rank = p.inference.ranks()[0];
