@@ -10,7 +10,7 @@
 #             the kernel alone and the in-run FP8 floor (read the bf16 once, write the e4m3 and
 #             scales once, at the local device copy's rate) and the ratio
 #   bench-moe the same for qwen3-30b-a3b into SGLang tp 2 (rank 0/0 receives half): at tp 1 the
-#             sender's 61 GB plus the receiver's e4m3, bf16 staging and the floors' buffers
+#             sender's 61 GB plus the receiver's 30 GB of e4m3 and 60 GB of bf16 staging
 #             pass the H200's 141 GB
 #   demo-8b   awex-cli demo --transport cuda-ipc --infer-quant fp8, qwen3-8b, 3 updates: the real
 #             gateway flow, every byte of every update checked against the CPU reference
