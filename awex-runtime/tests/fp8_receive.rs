@@ -183,6 +183,45 @@ fn a_nan_in_the_weights_fails_the_update_naming_the_tensor_and_element() {
     );
 }
 
+#[test]
+fn both_sides_of_a_cuda_ipc_pair_refuse_an_encoding_the_gpu_kernel_cannot_write() {
+    use awex_runtime::rank::{RankConfig, make_transport, prepare};
+    for side in [Side::Training, Side::Inference] {
+        let c = RankConfig {
+            infer_fp8: Some(fp8()),
+            gateway: "http://127.0.0.1:9".into(),
+            token: None,
+            pair: "p".into(),
+            side,
+            rank: match side {
+                Side::Training => awex_core::layout::RankId::train(0),
+                Side::Inference => awex_core::layout::RankId::infer(0, 0),
+            },
+            model: presets::preset("qwen3-tiny").unwrap(),
+            train: "megatron:tp=2".parse().unwrap(),
+            infer: "sglang:tp=2".parse().unwrap(),
+            transport: TransportKind::CudaIpc,
+            bucket_bytes: 1 << 20,
+            host: "127.0.0.1".into(),
+            uid: String::new(),
+            apply: Default::default(),
+            transports: Default::default(),
+            gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+        };
+        let prepared = prepare(&c).unwrap();
+        let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
+        let e = make_transport(&c, &prepared, tensors)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("the GPU kernel cannot write this encoding")
+                && e.contains("it quantises 128x128 blocks only, not 16x16"),
+            "{side:?}: {e}"
+        );
+    }
+}
+
 /// The four recipes the GPU kernel runs.
 const GPU_RECIPES: [Recipe; 4] = [
     Recipe::Vllm,

@@ -53,6 +53,12 @@ fn encoding_over(
             cfg.transport
         )));
     }
+    // an encoding the GPU kernel cannot write refuses the pair on both sides (no host fallback)
+    if cfg.transport == awex_core::Transport::CudaIpc
+        && let Some(f) = &cfg.infer_fp8
+    {
+        crate::transport::refuse_on_gpu(f)?;
+    }
     if cfg.side == Side::Training || !fp8 {
         return transport_over(cfg, prepared, tensors);
     }
