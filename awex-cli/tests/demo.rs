@@ -584,6 +584,48 @@ fn cuda_ipc_demo_verifies_every_update_on_the_gpu() {
     no_segments_left();
 }
 
+/// FP8 over cuda-ipc: the receivers quantise on the GPU; every byte of every update equals the
+/// CPU reference's, with checksums and atomic apply. Needs a GPU and a `--features cuda`
+/// build: `cargo test -p awex-cli --features cuda --test demo -- --ignored cuda_ipc`.
+#[test]
+#[ignore = "needs a GPU and --features cuda"]
+fn cuda_ipc_fp8_demo_quantises_on_the_gpu_and_every_byte_equals_the_reference() {
+    let _one = one_at_a_time();
+    let bf16 = fp8_model_dir(None);
+    let model = bf16.path().to_str().unwrap();
+    for extra in [&[][..], &["--checksums", "--atomic"][..]] {
+        let (code, j, err) = demo_of(
+            model,
+            &[
+                &[
+                    "--transport",
+                    "cuda-ipc",
+                    "--train",
+                    "megatron:tp=2",
+                    "--infer",
+                    "sglang:tp=2",
+                    "--infer-quant",
+                    "fp8",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        );
+        assert_eq!(code, 0, "{err}\n{j}");
+        assert_eq!(j["transport"], "cuda-ipc");
+        assert_eq!(j["verified"], true, "{j}");
+        assert!(
+            j["checks"].to_string().contains(
+                "FP8 tensors and their scales: the CPU reference quantiser, fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm"
+            ),
+            "{}",
+            j["checks"]
+        );
+        assert_eq!(j["leaked_segments"], serde_json::json!([]));
+    }
+    no_segments_left();
+}
+
 /// Needs 2 GPUs, NCCL >= 2.19 and a `--features cuda` build: `cargo test -p awex-cli --features
 /// cuda --test demo -- --ignored nccl_demo`.
 #[test]
@@ -707,7 +749,7 @@ fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
 }
 
 #[test]
-fn fp8_demo_refuses_gpu_transports_and_blocks_cut_by_tensor_parallelism() {
+fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tensor_parallelism() {
     let _one = one_at_a_time();
     let (code, _, err) = demo_of(
         "qwen3-tiny",
@@ -722,8 +764,47 @@ fn fp8_demo_refuses_gpu_transports_and_blocks_cut_by_tensor_parallelism() {
     );
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("FP8 inference side is quantised on the CPU")
+        err.contains("the cuda-ipc transport quantises FP8 on the GPU, and the GPU kernel cannot write this encoding (fp8 e4m3, 16x16 blocks")
+            && err.contains("it quantises 128x128 blocks only, not 16x16; use --transport shm or tcp, which quantise on the CPU"),
+        "{err}"
+    );
+    // a recipe the GPU kernel does not run: refused, not quantised on the host (a Qwen3 whose
+    // dims are multiples of 128, so that the blocks are the GPU's)
+    let bf16 = fp8_model_dir(None);
+    let model = bf16.path().to_str().unwrap();
+    let (code, _, err) = demo_of(
+        model,
+        &[
+            "--infer",
+            "sglang:tp=1",
+            "--infer-quant",
+            "fp8",
+            "--fp8-recipe",
+            "slime",
+            "--transport",
+            "cuda-ipc",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("the slime recipe has no GPU kernel yet")
             && err.contains("use --transport shm or tcp"),
+        "{err}"
+    );
+    let (code, _, err) = demo_of(
+        model,
+        &[
+            "--infer",
+            "sglang:tp=1",
+            "--infer-quant",
+            "fp8",
+            "--transport",
+            "nccl",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("nccl does not encode yet; use --transport cuda-ipc, shm or tcp"),
         "{err}"
     );
     // qwen3-tiny's q projection has 64 rows: 32 per rank cut a 128-row block

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 pub struct QuantArgs {
     /// Store the inference side's linear weights (attention, MLP, experts) as block FP8:
     /// e4m3 elements plus an fp32 `weight_scale_inv` per block, quantised by awex from the
-    /// training side's bf16 (on the receiving rank, on the CPU: shm and tcp). Embeddings,
+    /// training side's bf16 (on the receiving rank: on the CPU over shm and tcp, on the GPU
+    /// over cuda-ipc, 128x128 blocks). Embeddings,
     /// norms, `lm_head` and the router keep their dtype. `fp8` is the only value.
     #[arg(long, value_name = "fp8", value_parser = ["fp8"])]
     pub infer_quant: Option<String>,

@@ -117,6 +117,8 @@ impl Fp8Kernel {
     pub fn load(dev: &Device) -> Result<Fp8Kernel, CudaError> {
         let kernel = Kernel::load(dev, FP8_PTX, &[], FP8_NAME)?;
         let status = dev.alloc(256)?;
+        // device memory comes uninitialised: the count starts at zero
+        status.upload(0, &[0; 4])?;
         Ok(Fp8Kernel { kernel, status })
     }
 

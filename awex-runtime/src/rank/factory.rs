@@ -30,8 +30,9 @@ pub fn make_transport(
 }
 
 /// The transport over `tensors`; an inference rank holding FP8 tensors gets an
-/// [`EncodingTransport`] around it (bf16 staging, quantised after the transfers). The GPU
-/// transports do not encode yet: a pair whose plan encodes is refused on both sides.
+/// [`EncodingTransport`] around it (bf16 staging, quantised after the transfers: on the CPU for
+/// shm and tcp, on the GPU for cuda-ipc). nccl does not encode yet: a pair whose plan encodes
+/// is refused on both sides.
 fn encoding_over(
     cfg: &RankConfig,
     prepared: &Prepared,
@@ -46,14 +47,17 @@ fn encoding_over(
     if !(encodes || fp8) {
         return transport_over(cfg, prepared, tensors);
     }
-    if !matches!(
-        cfg.transport,
-        awex_core::Transport::Shm | awex_core::Transport::Tcp
-    ) {
+    if cfg.transport == awex_core::Transport::Nccl {
         return Err(RuntimeError::Fp8(format!(
-            "the inference side stores FP8 weights, which awex quantises on the CPU for now: the {} transport does not encode them yet; use --transport shm or tcp",
+            "the inference side stores FP8 weights, which awex quantises on the receiver (on the CPU over shm and tcp, on the GPU over cuda-ipc): the {} transport does not encode them yet; use --transport cuda-ipc, shm or tcp",
             cfg.transport
         )));
+    }
+    // an encoding the GPU kernel cannot write refuses the pair on both sides (no host fallback)
+    if cfg.transport == awex_core::Transport::CudaIpc
+        && let Some(f) = &cfg.infer_fp8
+    {
+        crate::transport::refuse_on_gpu(f)?;
     }
     if cfg.side == Side::Training || !fp8 {
         return transport_over(cfg, prepared, tensors);
@@ -63,14 +67,13 @@ fn encoding_over(
             "this rank's layout has FP8 tensors but it was configured without the inference side's FP8 config".into(),
         ));
     };
-    Ok(Box::new(EncodingTransport::new(
-        &prepared.layout,
-        &prepared.catalogue,
-        &prepared.plan,
-        f,
-        tensors,
-        |over| transport_over(cfg, prepared, over),
-    )?))
+    let (layout, cat, plan) = (&prepared.layout, &prepared.catalogue, &prepared.plan);
+    let inner = |over| transport_over(cfg, prepared, over);
+    Ok(Box::new(if cfg.transport.on_gpu() {
+        EncodingTransport::on_gpu(layout, cat, plan, f, tensors, inner)?
+    } else {
+        EncodingTransport::new(layout, cat, plan, f, tensors, inner)?
+    }))
 }
 
 pub(super) fn transport_over(

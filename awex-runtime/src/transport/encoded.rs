@@ -8,6 +8,14 @@
 //! tensor and the element: the rank reports the error, so the version is never committed (an
 //! atomic pair's live tensors are not touched: this transport runs inside the staging one).
 //! Checksums cover the bf16 bytes on the wire, on both ends, before they are quantised.
+//!
+//! Two quantisers: the CPU one ([`EncodingTransport::new`], shm and tcp: host staging,
+//! `Fp8Quantiser` on up to 8 threads) and the GPU one ([`EncodingTransport::on_gpu`], cuda-ipc:
+//! device staging allocated once per pair, then `awex_gpu::cuda::Fp8Kernel` launched once per
+//! matrix on one stream after the inner transport's copies were synchronised, and one wait for
+//! its status word). The GPU kernel reads a pitched source, so the seam for fusing the
+//! quantiser into the copy (reading a block straight out of the trainer's memory where one
+//! sender holds it whole) is the [`Job`]'s source address; it is the staging for now.
 
 use crate::transport::{ExecContext, ExecStats, PairSecret, Transport};
 use crate::{RuntimeError, TensorSet, TensorView};
@@ -16,6 +24,7 @@ use awex_core::encoding::{Encoding, Fp8Block, Fp8Quantiser, InferFp8, QuantiseEr
 use awex_core::layout::{LocalTensor, RankId, RankLayout};
 use awex_core::model::Catalogue;
 use awex_core::plan::RankPlan;
+use awex_gpu::cuda::{CudaError, Fp8Job, Fp8Kernel, GPU_BLOCK, Stream, gpu_mode};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +56,44 @@ pub struct EncodingTransport {
     target: Arc<TensorSet>,
     jobs: Vec<Job>,
     quantiser: Fp8Quantiser,
+    /// the GPU quantiser (cuda-ipc), or `None` for the CPU one
+    gpu: Option<GpuQuantiser>,
+}
+
+/// The GPU quantiser of a cuda-ipc inference rank: the kernel, its stream, and the launches
+/// of each FP8 tensor (built once: the staging and the target live as long as the transport).
+struct GpuQuantiser {
+    kernel: Fp8Kernel,
+    stream: Stream,
+    launches: Vec<Vec<Fp8Job>>,
+}
+
+/// Refuses an FP8 encoding the GPU kernel cannot write (cuda-ipc quantises on the GPU only:
+/// there is no fallback to the host), naming what and the fix.
+pub fn refuse_on_gpu(fp8: &InferFp8) -> Result<(), RuntimeError> {
+    let say = |why: String| {
+        fp8_error(format!(
+            "the cuda-ipc transport quantises FP8 on the GPU, and the GPU kernel cannot write this encoding ({}): {why}; use --transport shm or tcp, which quantise on the CPU",
+            fp8.describe()
+        ))
+    };
+    if fp8.encoding().block != GPU_BLOCK {
+        return Err(say(format!(
+            "it quantises {}x{} blocks only, not {}x{}",
+            GPU_BLOCK[0],
+            GPU_BLOCK[1],
+            fp8.encoding().block[0],
+            fp8.encoding().block[1]
+        )));
+    }
+    if let Err(e) = gpu_mode(fp8.recipe) {
+        let why = match e {
+            CudaError::Fp8(m) => m,
+            e => e.to_string(),
+        };
+        return Err(say(why));
+    }
+    Ok(())
 }
 
 /// The FP8 (e4m3) tensors of a layout.
@@ -72,6 +119,33 @@ impl EncodingTransport {
         inner: impl FnOnce(Arc<TensorSet>) -> Result<Box<dyn Transport>, RuntimeError>,
     ) -> Result<EncodingTransport, RuntimeError> {
         target.require_host("quantising FP8 tensors on the CPU (shm, tcp)")?;
+        Self::build(layout, catalogue, plan, fp8, target, inner, false)
+    }
+
+    /// As [`EncodingTransport::new`] for tensors on a GPU (cuda-ipc): the staging is device
+    /// memory on `target`'s GPU (bf16 only), and the GPU kernel quantises it after the inner
+    /// transport's copies. An encoding the kernel cannot write is refused ([`refuse_on_gpu`]).
+    pub fn on_gpu(
+        layout: &RankLayout,
+        catalogue: &Catalogue,
+        plan: &RankPlan,
+        fp8: &InferFp8,
+        target: Arc<TensorSet>,
+        inner: impl FnOnce(Arc<TensorSet>) -> Result<Box<dyn Transport>, RuntimeError>,
+    ) -> Result<EncodingTransport, RuntimeError> {
+        refuse_on_gpu(fp8)?;
+        Self::build(layout, catalogue, plan, fp8, target, inner, true)
+    }
+
+    fn build(
+        layout: &RankLayout,
+        catalogue: &Catalogue,
+        plan: &RankPlan,
+        fp8: &InferFp8,
+        target: Arc<TensorSet>,
+        inner: impl FnOnce(Arc<TensorSet>) -> Result<Box<dyn Transport>, RuntimeError>,
+        on_gpu: bool,
+    ) -> Result<EncodingTransport, RuntimeError> {
         let mut jobs = Vec::new();
         let mut staging_tensors = Vec::new();
         for t in fp8_tensors(layout) {
@@ -91,6 +165,12 @@ impl EncodingTransport {
                 .and_then(|p| catalogue.get(&p.canonical))
                 .map(|c| c.dtype)
                 .unwrap_or(DType::Bf16);
+            if on_gpu && dtype != DType::Bf16 {
+                return Err(fp8_error(format!(
+                    "`{}` arrives as {dtype}, but the GPU FP8 kernel (cuda-ipc) quantises bf16 only; train in bf16 or use --transport shm or tcp",
+                    t.name
+                )));
+            }
             let s = t.shape.as_slice();
             let nd = s.len();
             if nd < 2 {
@@ -148,10 +228,38 @@ impl EncodingTransport {
                 )));
             }
         }
-        let staging = Arc::new(TensorSet::allocate_host(&RankLayout {
+        let staging_layout = RankLayout {
             rank: layout.rank,
             tensors: staging_tensors,
-        })?);
+        };
+        let (staging, gpu) = if on_gpu {
+            let dev = target.cuda_device()?;
+            let cuda = |what: &'static str| {
+                move |source| RuntimeError::Cuda {
+                    what: what.into(),
+                    source,
+                }
+            };
+            let staging = TensorSet::allocate_cuda(&staging_layout, &dev)?;
+            let quantiser = fp8.quantiser();
+            let launches = jobs
+                .iter()
+                .map(|j| gpu_jobs(&staging, &target, &quantiser, j))
+                .collect::<Result<_, _>>()?;
+            let kernel = Fp8Kernel::load(&dev).map_err(cuda("loading the FP8 kernel"))?;
+            let stream = dev
+                .stream()
+                .map_err(cuda("creating the FP8 kernel's stream"))?;
+            let g = GpuQuantiser {
+                kernel,
+                stream,
+                launches,
+            };
+            (staging, Some(g))
+        } else {
+            (TensorSet::allocate_host(&staging_layout)?, None)
+        };
+        let staging = Arc::new(staging);
         let views: Vec<TensorView> = target
             .iter()
             .map(|v| staging.get(&v.name).unwrap_or(v).clone())
@@ -163,7 +271,73 @@ impl EncodingTransport {
             target,
             jobs,
             quantiser: fp8.quantiser(),
+            gpu,
         })
+    }
+
+    /// Quantises the staging as it is into the target again, on the GPU, and waits: what an
+    /// update does after its copies (for timing the kernel alone against a floor). `Ok(false)`
+    /// for the CPU quantiser.
+    pub fn quantise_on_gpu(&self) -> Result<bool, RuntimeError> {
+        match &self.gpu {
+            Some(g) => self.quantise_all_gpu(g).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Bytes of the bf16 staging (what the FP8 tensors' copies land in).
+    pub fn staging_bytes(&self) -> u64 {
+        self.staging.iter().map(|v| v.len() as u64).sum()
+    }
+
+    /// The GPU path: every matrix of every staging tensor quantised by the kernel on one
+    /// stream (the inner transport synchronised its copies before returning), then one wait.
+    /// Blocks holding infinity or NaN are counted by the kernel; if any were, each tensor is
+    /// quantised again alone to name the first that holds them.
+    fn quantise_all_gpu(&self, g: &GpuQuantiser) -> Result<(), RuntimeError> {
+        let cuda = |what: String| move |source| RuntimeError::Cuda { what, source };
+        let jobs: Vec<(&Job, &Vec<Fp8Job>)> = self.jobs.iter().zip(&g.launches).collect();
+        let (recipe, enc) = (self.quantiser.recipe, &self.quantiser.encoding);
+        // queues the launches of one tensor; on an error, waits and clears the status word
+        let launch = |j: &Job, ks: &[Fp8Job]| -> Result<(), RuntimeError> {
+            for k in ks {
+                // SAFETY: `gpu_jobs` built `k` from the staging tensor and the target e4m3 and
+                // scale tensors of `j` (lengths checked against its shape), all device memory
+                // on this GPU held by `self.staging` and `self.target` as long as `self`; each
+                // job writes its own two tensors, and nothing else touches them during the
+                // update (its copies are over: the inner transport synchronised them).
+                if let Err(e) = unsafe { g.kernel.launch(&g.stream, k, recipe, enc) } {
+                    let _ = g.kernel.take_status(&g.stream);
+                    return Err(cuda(format!("quantising `{}` to FP8 on the GPU", j.name))(
+                        e,
+                    ));
+                }
+            }
+            Ok(())
+        };
+        let status = || {
+            g.kernel
+                .take_status(&g.stream)
+                .map_err(cuda("waiting for the FP8 kernel".into()))
+        };
+        for (j, ks) in &jobs {
+            launch(j, ks)?;
+        }
+        let bad = status()?;
+        if bad == 0 {
+            return Ok(());
+        }
+        // name the first tensor holding them (the kernel writes the same bytes again)
+        for (j, ks) in &jobs {
+            launch(j, ks)?;
+            let blocks = status()?;
+            if blocks > 0 {
+                return Err(non_finite(&j.name, blocks, recipe));
+            }
+        }
+        Err(fp8_error(format!(
+            "the GPU FP8 kernel counted {bad} block(s) holding infinity or NaN, but none when quantising each tensor again; the update is not committed"
+        )))
     }
 
     /// Quantises every staging tensor into its e4m3 tensor and scales; the first failure,
@@ -196,6 +370,73 @@ impl EncodingTransport {
         });
         results.into_iter().collect()
     }
+}
+
+/// The error for FP8 tensor `name` whose weights hold infinity or NaN in `blocks` blocks.
+fn non_finite(name: &str, blocks: u32, recipe: awex_core::encoding::Recipe) -> RuntimeError {
+    fp8_error(format!(
+        "quantising `{name}` to FP8 ({}) on the GPU failed: {blocks} block(s) hold infinity or NaN; the update is not committed",
+        recipe.name()
+    ))
+}
+
+/// The kernel launches of one FP8 tensor (one per matrix of a stack): the bf16 staging in,
+/// the e4m3 tensor and its scales out, all dense.
+fn gpu_jobs(
+    staging: &TensorSet,
+    target: &TensorSet,
+    quantiser: &Fp8Quantiser,
+    j: &Job,
+) -> Result<Vec<Fp8Job>, RuntimeError> {
+    let missing = |n: &str| fp8_error(format!("`{n}` is not registered"));
+    let ptr = |set: &TensorSet, n: &str, want: usize| {
+        let v = set.get(n).ok_or_else(|| missing(n))?;
+        let p = v.device_ptr().ok_or_else(|| {
+            fp8_error(format!(
+                "`{n}` is not in GPU memory; the cuda-ipc FP8 path quantises on the GPU"
+            ))
+        })?;
+        if v.len() != want {
+            return Err(fp8_error(format!(
+                "`{n}` holds {} bytes; its FP8 job needs {want}",
+                v.len()
+            )));
+        }
+        Ok(p)
+    };
+    let [sr, sc] = quantiser
+        .encoding
+        .scale_shape(j.rows as u64, j.cols as u64)
+        .map(|x| x as usize);
+    let m = j.rows * j.cols;
+    let src = ptr(staging, &j.name, 2 * m * j.mats)?;
+    let dst = ptr(target, &j.name, m * j.mats)?;
+    let scales = ptr(target, &j.scales, 4 * sr * sc * j.mats)?;
+    let u32_of = |x: usize, what: &str| {
+        u32::try_from(x).map_err(|_| {
+            fp8_error(format!(
+                "`{}`: {what} {x} is past what one GPU FP8 launch takes",
+                j.name
+            ))
+        })
+    };
+    let (rows, cols) = (u32_of(j.rows, "rows")?, u32_of(j.cols, "columns")?);
+    let (src_pitch, scale_pitch) = (
+        u32_of(2 * j.cols, "row bytes")?,
+        u32_of(sc, "scale columns")?,
+    );
+    Ok((0..j.mats)
+        .map(|mat| Fp8Job {
+            src: src + (2 * m * mat) as u64,
+            dst: dst + (m * mat) as u64,
+            scales: scales + (4 * sr * sc * mat) as u64,
+            rows,
+            cols,
+            src_pitch,
+            dst_pitch: cols,
+            scale_pitch,
+        })
+        .collect())
 }
 
 /// Quantises one staging tensor into its e4m3 tensor and scales.
@@ -273,6 +514,10 @@ impl Transport for EncodingTransport {
         self.inner.kind()
     }
 
+    fn cuda_ipc(&self) -> Option<&crate::transport::CudaIpcTransport> {
+        self.inner.cuda_ipc()
+    }
+
     fn rendezvous(&self) -> serde_json::Value {
         self.inner.rendezvous()
     }
@@ -308,7 +553,10 @@ impl Transport for EncodingTransport {
     fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
         let stats = self.inner.execute(ctx)?;
         ctx.check()?;
-        self.quantise_all()?;
+        match &self.gpu {
+            Some(g) => self.quantise_all_gpu(g)?,
+            None => self.quantise_all()?,
+        }
         Ok(stats)
     }
 

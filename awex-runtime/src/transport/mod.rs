@@ -20,7 +20,7 @@ mod tcp;
 pub use auth::{PairSecret, SealError};
 pub use config::{CudaIpcConfig, DriverMin, PeerOrder, SettingError, TcpConfig, TransportConfig};
 pub use cuda_ipc::{CudaIpcTransport, JoinStats};
-pub use encoded::{EncodingTransport, fp8_tensors};
+pub use encoded::{EncodingTransport, fp8_tensors, refuse_on_gpu};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
 pub use staged::StagedTransport;
@@ -105,6 +105,12 @@ impl ExecStats {
 pub trait Transport: Send {
     /// Which transport this is.
     fn kind(&self) -> awex_core::Transport;
+
+    /// The cuda-ipc transport this one is or wraps (an FP8 rank's encoding around it), for
+    /// its join figures and mappings; `None` for the others.
+    fn cuda_ipc(&self) -> Option<&CudaIpcTransport> {
+        None
+    }
 
     /// Values this rank publishes when it joins (addresses, segment names).
     fn rendezvous(&self) -> serde_json::Value;

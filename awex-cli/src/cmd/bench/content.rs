@@ -85,10 +85,65 @@ pub(super) fn read_line<T: for<'de> Deserialize<'de>>(
     serde_json::from_str(line.trim()).with_context(|| format!("bad message from the {who}: {line}"))
 }
 
-/// [`verify`] over any receiver: `fetch(i, out)` reads tensor `i` of `tensors` whole.
+/// Makes generated 16-bit words finite (bit 14 of each cleared: the high byte's bit 6, at odd
+/// offsets `start + i`), as `Weights::Finite` does: the FP8 quantisers refuse the infinity and
+/// NaN that random bf16 holds. Offsets are those of [`gen_bytes`], so a range made finite
+/// alone equals the same range of a larger one made finite.
+pub(super) fn make_finite(start: u64, out: &mut [u8]) {
+    let first = (start % 2 == 0) as usize;
+    for b in out.iter_mut().skip(first).step_by(2) {
+        *b &= !0x40;
+    }
+}
+
+/// The bytes the plan's `transfers` into one destination tensor of `nbytes` bytes write there
+/// (the generated content of their sources, made finite if asked); bytes no transfer writes
+/// are zero.
+pub(super) fn expected_tensor(
+    transfers: &[&Transfer],
+    nbytes: usize,
+    finite: bool,
+) -> anyhow::Result<Vec<u8>> {
+    let mut out = vec![0u8; nbytes];
+    for t in transfers {
+        let es = t.dst_dtype.size() as u64;
+        let key = tensor_key(t.src_rank, &t.src_tensor);
+        let b = StridedBox::new(
+            &t.src_shape,
+            &t.src_offset,
+            &t.dst_shape,
+            &t.dst_offset,
+            &t.extent,
+        )?;
+        let mut bad = None;
+        b.for_each_run(|s, d, n| {
+            let (s, d, n) = (s * es, (d * es) as usize, (n * es) as usize);
+            match out.get_mut(d..d + n) {
+                Some(o) => {
+                    gen_bytes(key, s, o);
+                    if finite {
+                        make_finite(s, o);
+                    }
+                }
+                None => bad = Some(d + n),
+            }
+        });
+        if let Some(end) = bad {
+            bail!(
+                "`{}`: a transfer writes up to byte {end} of {nbytes}",
+                t.dst_tensor
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// [`verify`] over any receiver: `fetch(i, out)` reads tensor `i` of `tensors` whole. With
+/// `finite`, the senders' content was made finite ([`make_finite`]).
 pub(super) fn verify_with(
     transfers: &[Transfer],
     tensors: &[LocalTensor],
+    finite: bool,
     fetch: &mut dyn FnMut(usize, &mut [u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<(bool, String)> {
     let mut by_dst: HashMap<&str, Vec<&Transfer>> = HashMap::new();
@@ -138,6 +193,9 @@ pub(super) fn verify_with(
                         };
                         want.resize(n as usize, 0);
                         gen_bytes(key, sb, &mut want);
+                        if finite {
+                            make_finite(sb, &mut want);
+                        }
                         let got = &host[db as usize..(db + n) as usize];
                         if got != &want[..] {
                             let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
@@ -201,6 +259,74 @@ mod tests {
         let mut one = vec![0u8; 300_000];
         gen_bytes(key, 5, &mut one);
         assert_eq!(big, one);
+    }
+
+    #[test]
+    fn finite_content_clears_bit_14_of_every_word_wherever_a_range_starts() {
+        let key = tensor_key(RankId::train(0), "w");
+        let mut whole = vec![0u8; 4096];
+        gen_bytes(key, 0, &mut whole);
+        make_finite(0, &mut whole);
+        // bf16 with bit 14 clear has an exponent under 0x80: finite
+        for w in whole.chunks(2) {
+            let x = u16::from_le_bytes([w[0], w[1]]);
+            assert_eq!(x & 0x4000, 0);
+        }
+        let mut part = vec![0u8; 1001];
+        gen_bytes(key, 77, &mut part);
+        make_finite(77, &mut part);
+        assert_eq!(&whole[77..1078], &part[..]);
+        let raw = {
+            let mut r = vec![0u8; 4096];
+            gen_bytes(key, 0, &mut r);
+            r
+        };
+        assert!(
+            raw.chunks(2).any(|w| w[1] & 0x40 != 0),
+            "random bytes hold bit 14"
+        );
+    }
+
+    #[test]
+    fn expected_tensors_pass_the_byte_check_of_a_real_plan() {
+        let r = crate::cmd::plan::resolve("qwen3-tiny", "megatron:tp=2", "sglang:tp=1").unwrap();
+        let rank = awex_core::layout::RankId::infer(0, 0);
+        let plan = r
+            .plan_pair()
+            .plan_rank(awex_core::layout::Side::Inference, rank)
+            .unwrap();
+        let transfers: Vec<Transfer> = plan
+            .peers
+            .iter()
+            .flat_map(|p| p.transfers.iter().cloned())
+            .collect();
+        let layout = r.inference.rank_layout(rank).unwrap();
+        for finite in [false, true] {
+            let mut fetch = |i: usize, out: &mut [u8]| {
+                let t = &layout.tensors[i];
+                let ts: Vec<&Transfer> = transfers
+                    .iter()
+                    .filter(|x| *x.dst_tensor == *t.name)
+                    .collect();
+                out.copy_from_slice(&expected_tensor(&ts, out.len(), finite)?);
+                Ok(())
+            };
+            let (ok, detail) =
+                verify_with(&transfers, &layout.tensors, finite, &mut fetch).unwrap();
+            assert!(ok, "{detail}");
+            // and the other content is caught
+            let mut other = |i: usize, out: &mut [u8]| {
+                let t = &layout.tensors[i];
+                let ts: Vec<&Transfer> = transfers
+                    .iter()
+                    .filter(|x| *x.dst_tensor == *t.name)
+                    .collect();
+                out.copy_from_slice(&expected_tensor(&ts, out.len(), !finite)?);
+                Ok(())
+            };
+            let (ok, _) = verify_with(&transfers, &layout.tensors, finite, &mut other).unwrap();
+            assert!(!ok);
+        }
     }
 
     #[test]

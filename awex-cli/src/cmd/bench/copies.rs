@@ -398,13 +398,16 @@ impl DstTensors {
 /// Checks every destination byte the plan writes against the sender's deterministic content.
 fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, String)> {
     let tensors: Vec<LocalTensor> = dst.tensors.iter().map(|(t, _)| t.clone()).collect();
-    verify_with(transfers, &tensors, &mut |i, out: &mut [u8]| {
+    verify_with(transfers, &tensors, false, &mut |i, out: &mut [u8]| {
         dst.tensors[i].1.download(0, out)?;
         Ok(())
     })
 }
 
 pub(super) fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {
+    if a.quant.infer_quant.is_some() || a.quant.infer_config.is_some() {
+        bail!("an FP8 inference side is benchmarked on the transport path: drop --path copies");
+    }
     let (_, rank) = crate::cmd::plan::parse_rank(&format!("infer:{}", a.rank))?;
     let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
     let dev = Device::open(a.gpu)?;

@@ -30,7 +30,7 @@ pub struct Args {
 enum What {
     /// Colocated weight update over CUDA IPC between two processes (needs `--features cuda` and a GPU).
     #[command(
-        after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0"
+        after_help = "Examples:\n  awex-cli bench ipc --model qwen3-8b\n  awex-cli bench ipc --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7 --gpu 0 --json\n  awex-cli bench ipc --model qwen3-0.6b --sender-gpu 1 --gpu 0\n  awex-cli bench ipc --model qwen3-8b --infer-quant fp8   (the receiver quantises on the GPU)"
     )]
     Ipc(IpcArgs),
     /// What atomic apply costs: the same CPU pair in place and atomically, the apply copy alone
@@ -150,6 +150,10 @@ struct IpcArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// An FP8 inference side (transport path): the receiver's FP8 tensors land in bf16 device
+    /// staging and the GPU kernel quantises them; the senders' weights are made finite.
+    #[command(flatten)]
+    quant: crate::cmd::quant::QuantArgs,
 }
 
 /// Arguments of the hidden `bench ipc-sender`.

@@ -20,14 +20,29 @@
 //! - the floors of [`super::floors`], out of the same mapped allocations.
 //!
 //! Every destination byte is checked after the first and the last update.
+//!
+//! With an FP8 inference side (`--infer-quant fp8`, `--infer-config`) the receiver is the rank
+//! runtime's [`EncodingTransport`] around the cuda-ipc transport: the FP8 tensors' copies land
+//! in bf16 device staging and the GPU kernel quantises them after the copies, in the update.
+//! The senders' weights are made finite; the check quantises the expected bf16 of every FP8
+//! tensor with the CPU reference and compares every e4m3 byte and scale. Timed besides: the
+//! kernel alone over the staging, and the FP8 floor: the device copy's rate (the local copy
+//! floor) applied to reading the bf16 once and writing the e4m3 bytes and scales once (plus
+//! the plain tensors' copies).
 
-use super::content::{par_gen, read_line, send_line, tensor_key, verify_with};
+use super::content::{
+    expected_tensor, make_finite, par_gen, read_line, send_line, tensor_key, verify_with,
+};
 use super::floors::{self, FloorPoint};
 use super::{IpcArgs, SenderAlloc, median};
 use anyhow::{Context, anyhow, bail};
+use awex_core::encoding::{Encoding, Fp8Block, Fp8Quantiser, InferFp8, Shape2d};
 use awex_core::layout::{LocalTensor, RankId, Side};
+use awex_core::plan::Transfer;
 use awex_gpu::cuda::{Device, DeviceBuffer, driver_version};
-use awex_runtime::transport::{CudaIpcTransport, ExecContext, JoinStats, Transport};
+use awex_runtime::transport::{
+    CudaIpcTransport, EncodingTransport, ExecContext, JoinStats, Transport,
+};
 use awex_runtime::{TensorSet, TensorView};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -60,6 +75,8 @@ pub struct RanksArgs {
     alloc: SenderAlloc,
     #[arg(long)]
     bucket_mib: u64,
+    #[command(flatten)]
+    quant: crate::cmd::quant::QuantArgs,
 }
 
 /// What the training ranks tell the inference rank once their transports exist.
@@ -101,8 +118,9 @@ fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
-/// Uploads the deterministic content of every tensor of `set` (training rank `rank`).
-fn fill(dev: &Device, rank: RankId, set: &TensorSet) -> anyhow::Result<()> {
+/// Uploads the deterministic content of every tensor of `set` (training rank `rank`), made
+/// finite if asked (an FP8 inference side).
+fn fill(dev: &Device, rank: RankId, set: &TensorSet, finite: bool) -> anyhow::Result<()> {
     let chunk = 256usize << 20;
     let mut host = vec![0u8; chunk];
     for v in set.iter() {
@@ -114,6 +132,9 @@ fn fill(dev: &Device, rank: RankId, set: &TensorSet) -> anyhow::Result<()> {
         while done < v.len() {
             let n = chunk.min(v.len() - done);
             par_gen(key, done as u64, &mut host[..n]);
+            if finite {
+                make_finite(done as u64, &mut host[..n]);
+            }
             // SAFETY: the view covers `v.len()` bytes of device memory on `dev`.
             unsafe { dev.copy_from_host(ptr + done as u64, &host[..n])? };
             done += n;
@@ -124,7 +145,8 @@ fn fill(dev: &Device, rank: RankId, set: &TensorSet) -> anyhow::Result<()> {
 
 /// The training side: holds the ranks, builds their transports, executes each version asked.
 pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
-    let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
+    let r = crate::cmd::plan::resolve_with(&a.model, &a.train, &a.infer, &a.quant)?;
+    let finite = r.spec.infer_fp8.is_some();
     let ranks: Vec<RankId> = a
         .ranks
         .split(',')
@@ -182,7 +204,7 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
     let alloc_ms = ms_since(t0);
     let t0 = Instant::now();
     for h in &held {
-        fill(&dev, h.rank, &h.tensors)?;
+        fill(&dev, h.rank, &h.tensors, finite)?;
     }
     let fill_ms = ms_since(t0);
     let t0 = Instant::now();
@@ -307,6 +329,7 @@ impl RanksProc {
             })
             .arg("--bucket-mib")
             .arg(a.bucket_mib.to_string())
+            .args(a.quant.to_args())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -395,7 +418,220 @@ struct Report {
     ipc_ratio: f64,
     verified: bool,
     verify_detail: String,
+    /// With an FP8 inference side: what was quantised, the kernel alone and the FP8 floor.
+    fp8: Option<Fp8Figures>,
     unix_time: u64,
+}
+
+/// `bench ipc` with an FP8 inference side: bytes, the kernel alone, the floor, the ratio.
+#[derive(Serialize, Debug)]
+struct Fp8Figures {
+    encoding: String,
+    fp8_tensors: usize,
+    /// bf16 bytes copied into the FP8 tensors' staging (read once by the kernel)
+    bf16_bytes: u64,
+    /// e4m3 bytes and scale bytes the kernel writes
+    e4m3_bytes: u64,
+    scale_bytes: u64,
+    /// bytes of the plain tensors (copied as they are)
+    plain_bytes: u64,
+    /// device memory of the staging (held for the pair's life)
+    staging_bytes: u64,
+    /// the kernel alone over the whole staging, every run (the first warms up), and the median
+    kernel_runs_ms: Vec<f64>,
+    kernel_ms: f64,
+    /// its bytes read + written per second, and that over the local device copy's rate
+    kernel_gbps: f64,
+    kernel_vs_copy: f64,
+    /// the floor: reading the bf16 once, writing e4m3 + scales once, and copying the plain
+    /// tensors, at the local device copy's rate (its read + write bytes per second)
+    floor_ms: f64,
+    /// the steady update over that floor
+    ratio: f64,
+}
+
+/// What the byte-for-byte check covers: the transfers into plain tensors and those tensors
+/// (FP8 tensors are checked against the CPU reference, their scale tensors with them).
+fn plain_part(transfers: &[Transfer], lts: &[LocalTensor]) -> (Vec<Transfer>, Vec<LocalTensor>) {
+    let plain: Vec<LocalTensor> = lts
+        .iter()
+        .filter(|t| matches!(t.encoding, Encoding::Plain(_)))
+        .cloned()
+        .collect();
+    let transfers = transfers
+        .iter()
+        .filter(|t| plain.iter().any(|p| p.name == t.dst_tensor))
+        .cloned()
+        .collect();
+    (transfers, plain)
+}
+
+/// The receiving rank's transport: the cuda-ipc transport, or the FP8 encoding around it.
+enum Receiver {
+    Plain(Box<CudaIpcTransport>),
+    Fp8(EncodingTransport),
+}
+
+impl Receiver {
+    fn t(&mut self) -> &mut dyn Transport {
+        match self {
+            Receiver::Plain(t) => &mut **t,
+            Receiver::Fp8(t) => t,
+        }
+    }
+
+    fn ipc(&self) -> anyhow::Result<&CudaIpcTransport> {
+        match self {
+            Receiver::Plain(t) => Ok(t),
+            Receiver::Fp8(t) => t
+                .cuda_ipc()
+                .ok_or_else(|| anyhow!("the FP8 receiver holds no cuda-ipc transport")),
+        }
+    }
+}
+
+/// The CPU reference's e4m3 bytes and scales of `mats` dense `rows x cols` bf16 matrices `x`,
+/// quantised in bands of whole block rows on every core (the same bytes as one call per matrix:
+/// blocks are independent).
+fn reference_fp8(
+    q: &Fp8Quantiser,
+    x: &[u16],
+    mats: usize,
+    rows: usize,
+    cols: usize,
+) -> anyhow::Result<(Vec<u8>, Vec<f32>)> {
+    let [bn, _] = q.encoding.block.map(|b| b as usize);
+    let [sr, sc] = q
+        .encoding
+        .scale_shape(rows as u64, cols as u64)
+        .map(|x| x as usize);
+    let mut want_q = vec![0u8; mats * rows * cols];
+    let mut want_s = vec![0f32; mats * sr * sc];
+    // bands of whole block rows, quantised on every core
+    let band = (rows.div_ceil(bn).div_ceil(super::content::threads()).max(1)) * bn;
+    let mut work = Vec::new();
+    for (mat, (qm, sm)) in want_q
+        .chunks_mut(rows * cols)
+        .zip(want_s.chunks_mut(sr * sc))
+        .enumerate()
+    {
+        let xm = &x[mat * rows * cols..(mat + 1) * rows * cols];
+        work.extend(
+            xm.chunks(band * cols)
+                .zip(qm.chunks_mut(band * cols))
+                .zip(sm.chunks_mut(band / bn * sc)),
+        );
+    }
+    let work = std::sync::Mutex::new(work);
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..super::content::threads() {
+            scope.spawn(|| {
+                loop {
+                    let next = work.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                    let Some(((xb, qb), sb)) = next else { break };
+                    let r = xb.len() / cols;
+                    if let Err(e) = q.quantise(xb, Shape2d::dense(r, cols), qb, cols, sb, sc) {
+                        failed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(e.to_string());
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        bail!("{e}");
+    }
+    Ok((want_q, want_s))
+}
+
+/// Checks every e4m3 byte and scale of the FP8 tensors `fp8s` (of `lts`) against the CPU
+/// reference quantiser applied to the bf16 the plan's `transfers` put in their staging.
+fn verify_fp8(
+    dev: &Device,
+    tensors: &TensorSet,
+    transfers: &[Transfer],
+    fp8s: &[&LocalTensor],
+    f: &InferFp8,
+) -> anyhow::Result<(bool, String)> {
+    let q = f.quantiser();
+    let (mut e4m3, mut scales) = (0u64, 0u64);
+    for t in fp8s {
+        let ts: Vec<&Transfer> = transfers
+            .iter()
+            .filter(|x| *x.dst_tensor == *t.name)
+            .collect();
+        let s = t.shape.as_slice();
+        let nd = s.len();
+        if nd < 2 {
+            bail!("FP8 tensor `{}` has shape {s:?}", t.name);
+        }
+        let mats = s[..nd - 2].iter().product::<u64>() as usize;
+        let (rows, cols) = (s[nd - 2] as usize, s[nd - 1] as usize);
+        let bf16 = expected_tensor(&ts, 2 * mats * rows * cols, true)?;
+        let x: Vec<u16> = bf16
+            .chunks_exact(2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]))
+            .collect();
+        let (want_q, want_s) = reference_fp8(&q, &x, mats, rows, cols)
+            .with_context(|| format!("the CPU reference refused `{}`", t.name))?;
+        let scale_name = Fp8Block::scale_name(&t.name);
+        let mut got_q = vec![0u8; want_q.len()];
+        let mut got_s = vec![0u8; 4 * want_s.len()];
+        for (name, out) in [(&*t.name, &mut got_q), (&*scale_name, &mut got_s)] {
+            let v = tensors
+                .get(name)
+                .ok_or_else(|| anyhow!("no tensor `{name}`"))?;
+            let p = v
+                .device_ptr()
+                .ok_or_else(|| anyhow!("`{name}` is not on the GPU"))?;
+            if v.len() != out.len() {
+                bail!("`{name}`: {} bytes, expected {}", v.len(), out.len());
+            }
+            // SAFETY: the view covers `out.len()` bytes of this rank's device memory, and the
+            // update that wrote it was synchronised by `execute`.
+            unsafe { dev.copy_to_host(p, out)? };
+        }
+        if let Some(i) = got_q.iter().zip(&want_q).position(|(a, b)| a != b) {
+            return Ok((
+                false,
+                format!(
+                    "`{}` e4m3 byte {i}: got {:#04x}, the CPU reference ({}) wants {:#04x}",
+                    t.name,
+                    got_q[i],
+                    f.recipe.name(),
+                    want_q[i]
+                ),
+            ));
+        }
+        let want_sb: Vec<u8> = want_s.iter().flat_map(|x| x.to_le_bytes()).collect();
+        if let Some(i) = got_s.iter().zip(&want_sb).position(|(a, b)| a != b) {
+            return Ok((
+                false,
+                format!(
+                    "`{scale_name}` scale {}: got {:?}, the CPU reference ({}) wants {}",
+                    i / 4,
+                    got_s[i / 4 * 4..i / 4 * 4 + 4]
+                        .try_into()
+                        .map(f32::from_le_bytes),
+                    f.recipe.name(),
+                    want_s[i / 4]
+                ),
+            ));
+        }
+        e4m3 += got_q.len() as u64;
+        scales += want_s.len() as u64;
+    }
+    Ok((
+        true,
+        format!(
+            "{} FP8 tensors: all {e4m3} e4m3 bytes and {scales} scales equal the CPU reference's ({})",
+            fp8s.len(),
+            f.recipe.name()
+        ),
+    ))
 }
 
 /// `bench ipc` (transport path): see the module doc.
@@ -403,7 +639,11 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let (_, rank) = crate::cmd::plan::parse_rank(&format!("infer:{}", a.rank))?;
     let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
     let dev = Device::open(a.gpu)?;
-    let r = crate::cmd::plan::resolve(&a.model, &a.train, &a.infer)?;
+    let r = crate::cmd::plan::resolve_with(&a.model, &a.train, &a.infer, &a.quant)?;
+    let fp8 = r.spec.infer_fp8.clone();
+    if let Some(f) = &fp8 {
+        awex_runtime::transport::refuse_on_gpu(f)?;
+    }
     let t0 = Instant::now();
     let plan = Arc::new(r.plan_pair().plan_rank(Side::Inference, rank)?);
     let plan_ms = ms_since(t0);
@@ -451,14 +691,27 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let mut least_free = free_before;
     let t_join = Instant::now();
     let settings = crate::settings::transports()?;
-    let mut tr = CudaIpcTransport::new(
-        plan.clone(),
-        tensors.clone(),
-        a.bucket_mib << 20,
-        "-",
-        &settings.cuda_ipc,
-    )?;
-    tr.connect(&peers)?;
+    let ipc = |over: Arc<TensorSet>| {
+        CudaIpcTransport::new(
+            plan.clone(),
+            over,
+            a.bucket_mib << 20,
+            "-",
+            &settings.cuda_ipc,
+        )
+    };
+    let mut tr = match &fp8 {
+        None => Receiver::Plain(Box::new(ipc(tensors.clone())?)),
+        Some(f) => Receiver::Fp8(EncodingTransport::on_gpu(
+            &layout,
+            &r.catalogue,
+            &plan,
+            f,
+            tensors.clone(),
+            |over| Ok(Box::new(ipc(over)?) as Box<dyn Transport>),
+        )?),
+    };
+    tr.t().connect(&peers)?;
     let join_ms = ms_since(t_join);
     least_free = least_free.min(dev.mem_info()?.0);
 
@@ -475,7 +728,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             peers: &peers,
             corrupt: false,
         };
-        let got = tr.execute(&ctx);
+        let got = tr.t().execute(&ctx);
         let ms = ms_since(t0);
         let answer = proc.recv::<FromRanks>()?;
         got.with_context(|| format!("inference rank {rank}, version {version}"))?;
@@ -489,27 +742,51 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     };
     let first_update_ms = update(1, &mut proc)?;
     least_free = least_free.min(dev.mem_info()?.0);
+    // the FP8 tensors are checked against the CPU reference, the rest byte for byte
+    let is_fp8 = |name: &str| {
+        layout
+            .tensors
+            .iter()
+            .any(|t| *t.name == *name && matches!(t.encoding, Encoding::Fp8Block(_)))
+    };
+    let (plain_transfers, plain_lts) = plain_part(&transfers, &lts);
+    let fp8_lts: Vec<&LocalTensor> = lts
+        .iter()
+        .filter(|t| matches!(t.encoding, Encoding::Fp8Block(_)))
+        .collect();
     let check = || -> anyhow::Result<(bool, String)> {
-        verify_with(&transfers, &lts, &mut |i, out: &mut [u8]| {
-            let v = tensors
-                .get(&lts[i].name)
-                .ok_or_else(|| anyhow!("no tensor `{}`", lts[i].name))?;
-            let p = v
-                .device_ptr()
-                .ok_or_else(|| anyhow!("`{}` is not on the GPU", v.name))?;
-            if out.len() != v.len() {
-                bail!(
-                    "`{}`: {} bytes, the layout says {}",
-                    v.name,
-                    v.len(),
-                    out.len()
-                );
+        let (ok, detail) = verify_with(
+            &plain_transfers,
+            &plain_lts,
+            fp8.is_some(),
+            &mut |i, out: &mut [u8]| {
+                let v = tensors
+                    .get(&plain_lts[i].name)
+                    .ok_or_else(|| anyhow!("no tensor `{}`", plain_lts[i].name))?;
+                let p = v
+                    .device_ptr()
+                    .ok_or_else(|| anyhow!("`{}` is not on the GPU", v.name))?;
+                if out.len() != v.len() {
+                    bail!(
+                        "`{}`: {} bytes, the layout says {}",
+                        v.name,
+                        v.len(),
+                        out.len()
+                    );
+                }
+                // SAFETY: the view covers `out.len()` bytes of this rank's device memory, and the
+                // copies into it were synchronised by `execute`.
+                unsafe { dev.copy_to_host(p, out)? };
+                Ok(())
+            },
+        )?;
+        match &fp8 {
+            Some(f) if ok => {
+                let (ok8, d8) = verify_fp8(&dev, &tensors, &transfers, &fp8_lts, f)?;
+                Ok((ok8, format!("{detail}; {d8}")))
             }
-            // SAFETY: the view covers `out.len()` bytes of this rank's device memory, and the
-            // copies into it were synchronised by `execute`.
-            unsafe { dev.copy_to_host(p, out)? };
-            Ok(())
-        })
+            _ => Ok((ok, detail)),
+        }
     };
     let (mut verified, mut detail) = if a.no_verify {
         (false, "not checked (--no-verify)".to_string())
@@ -532,14 +809,27 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         verified &= ok;
     }
     let bytes = plan.bytes();
+    // the kernel alone over the staging as the last update left it (it writes the same bytes)
+    let mut kernel_runs_ms = Vec::new();
+    if let Receiver::Fp8(t) = &tr {
+        for _ in 0..6 {
+            let t0 = Instant::now();
+            t.quantise_on_gpu()?;
+            kernel_runs_ms.push(ms_since(t0));
+        }
+    }
+    let staging_bytes = match &tr {
+        Receiver::Fp8(t) => t.staging_bytes(),
+        Receiver::Plain(_) => 0,
+    };
     let (ipc_src, ipc_bytes) = peers_wanted
         .iter()
-        .filter_map(|p| tr.largest_mapping(*p))
+        .filter_map(|p| tr.ipc().ok()?.largest_mapping(*p))
         .max_by_key(|m| m.1)
         .ok_or_else(|| anyhow!("no training memory was mapped"))?;
     let fl = floors::measure(&dev, bytes, ipc_src, ipc_bytes)?;
-    let join = tr.join_stats().clone();
-    tr.close();
+    let join = tr.ipc()?.join_stats().clone();
+    tr.t().close();
     drop(tr);
     proc.finish()?;
     let steady_median_ms = median(&steady);
@@ -547,6 +837,42 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let ipc_floor_ms = fl.get(1).map_or(f64::NAN, |f| f.ms);
     let extra = free_before.saturating_sub(least_free);
     let bucket_bytes = a.bucket_mib << 20;
+    let fp8_figures = fp8.as_ref().map(|f| {
+        let e4m3_bytes: u64 = fp8_lts.iter().map(|t| t.nbytes()).sum();
+        let scale_bytes: u64 = layout
+            .tensors
+            .iter()
+            .filter(|t| matches!(t.encoding, Encoding::Fp8Scales(_)))
+            .map(|t| t.nbytes())
+            .sum();
+        let bf16_bytes: u64 = transfers
+            .iter()
+            .filter(|t| is_fp8(&t.dst_tensor))
+            .map(Transfer::bytes)
+            .sum();
+        let plain_bytes = bytes - bf16_bytes;
+        let kernel_ms = median(kernel_runs_ms.get(1..).unwrap_or(&[]));
+        let moved = (bf16_bytes + e4m3_bytes + scale_bytes) as f64;
+        let kernel_gbps = moved / kernel_ms / 1e6;
+        // the local copy floor moves `bytes` read + `bytes` written in floor_ms
+        let traffic = (2 * plain_bytes + bf16_bytes + e4m3_bytes + scale_bytes) as f64;
+        let floor = floor_ms * traffic / (2.0 * bytes as f64);
+        Fp8Figures {
+            encoding: f.describe(),
+            fp8_tensors: fp8_lts.len(),
+            bf16_bytes,
+            e4m3_bytes,
+            scale_bytes,
+            plain_bytes,
+            staging_bytes,
+            kernel_runs_ms: kernel_runs_ms.clone(),
+            kernel_ms,
+            kernel_gbps,
+            kernel_vs_copy: kernel_gbps / fl.first().map_or(f64::NAN, |f| f.gbps),
+            floor_ms: floor,
+            ratio: steady_median_ms / floor,
+        }
+    });
     let report = Report {
         path: "transport",
         model: r.spec.model.name.clone(),
@@ -582,6 +908,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         ipc_ratio: steady_median_ms / ipc_floor_ms,
         verified,
         verify_detail: detail,
+        fp8: fp8_figures,
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -668,12 +995,34 @@ fn print_table(r: &Report) {
         "ratio        {:.3} x local copy floor, {:.3} x one copy out of the sender's memory",
         r.ratio, r.ipc_ratio
     );
+    if let Some(f) = &r.fp8 {
+        let gb = |b: u64| b as f64 / 1e9;
+        println!(
+            "fp8          {}: {} tensors, {:.2} GB bf16 into staging ({:.2} GB of device memory) -> {:.2} GB e4m3 + {:.1} MB scales; {:.2} GB plain",
+            f.encoding,
+            f.fp8_tensors,
+            gb(f.bf16_bytes),
+            gb(f.staging_bytes),
+            gb(f.e4m3_bytes),
+            f.scale_bytes as f64 / 1e6,
+            gb(f.plain_bytes)
+        );
+        println!(
+            "  kernel     {:.2} ms alone over the staging ({:.0} GB/s read+write, {:.2} x the local device copy's rate)",
+            f.kernel_ms, f.kernel_gbps, f.kernel_vs_copy
+        );
+        println!(
+            "  floor      {:.2} ms  read the bf16 once, write e4m3 + scales once, copy the plain tensors, at the local device copy's rate",
+            f.floor_ms
+        );
+        println!("ratio fp8    {:.3} x that floor", f.ratio);
+    }
     println!("verified     {}  ({})", r.verified, r.verify_detail);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::content::gen_bytes;
+    use super::super::content::{gen_bytes, make_finite};
     use super::*;
 
     #[test]
@@ -698,6 +1047,80 @@ mod tests {
                 error: None
             }
         ));
+    }
+
+    #[test]
+    fn the_banded_cpu_reference_equals_one_call_per_matrix() {
+        use awex_core::encoding::Recipe;
+        let q = Fp8Quantiser::new(Recipe::Vllm, Fp8Block::default());
+        // 2 matrices of 300 x 260: partial blocks on both edges, several bands
+        let (mats, rows, cols) = (2, 300, 260);
+        let mut bytes = vec![0u8; 2 * mats * rows * cols];
+        gen_bytes(7, 0, &mut bytes);
+        make_finite(0, &mut bytes);
+        let x: Vec<u16> = bytes
+            .chunks_exact(2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]))
+            .collect();
+        let (got_q, got_s) = reference_fp8(&q, &x, mats, rows, cols).unwrap();
+        let (sr, sc) = (3, 3);
+        for m in 0..mats {
+            let mut wq = vec![0u8; rows * cols];
+            let mut ws = vec![0f32; sr * sc];
+            q.quantise(
+                &x[m * rows * cols..(m + 1) * rows * cols],
+                Shape2d::dense(rows, cols),
+                &mut wq,
+                cols,
+                &mut ws,
+                sc,
+            )
+            .unwrap();
+            assert_eq!(&got_q[m * rows * cols..(m + 1) * rows * cols], &wq[..]);
+            assert_eq!(&got_s[m * sr * sc..(m + 1) * sr * sc], &ws[..]);
+        }
+        // a NaN is refused, not quantised
+        let mut bad = x.clone();
+        bad[5] = 0x7fc0;
+        assert!(reference_fp8(&q, &bad, mats, rows, cols).is_err());
+    }
+
+    #[test]
+    fn the_byte_check_of_an_fp8_rank_covers_its_plain_tensors_whole() {
+        use crate::cmd::quant::QuantArgs;
+        let q = QuantArgs {
+            infer_quant: Some("fp8".into()),
+            fp8_block: Some("16x16".into()),
+            ..QuantArgs::default()
+        };
+        let r = crate::cmd::plan::resolve_with("qwen3-tiny", "megatron:tp=2", "sglang:tp=1", &q)
+            .unwrap();
+        let rank = RankId::infer(0, 0);
+        let plan = r.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+        let transfers: Vec<Transfer> = plan
+            .peers
+            .iter()
+            .flat_map(|p| p.transfers.iter().cloned())
+            .collect();
+        let lts = r.inference.rank_layout(rank).unwrap().tensors;
+        assert!(
+            lts.iter()
+                .any(|t| matches!(t.encoding, Encoding::Fp8Scales(_)))
+        );
+        let (pt, pl) = plain_part(&transfers, &lts);
+        assert!(pt.len() < transfers.len() && !pt.is_empty());
+        assert!(pl.iter().all(|t| matches!(t.encoding, Encoding::Plain(_))));
+        let mut fetch = |i: usize, out: &mut [u8]| {
+            let ts: Vec<&Transfer> = pt.iter().filter(|x| x.dst_tensor == pl[i].name).collect();
+            out.copy_from_slice(&super::super::content::expected_tensor(
+                &ts,
+                out.len(),
+                true,
+            )?);
+            Ok(())
+        };
+        let (ok, detail) = verify_with(&pt, &pl, true, &mut fetch).unwrap();
+        assert!(ok, "{detail}");
     }
 
     #[test]

@@ -59,10 +59,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let gpus = Gpus::of(&args, transport)?;
     let r = crate::cmd::plan::resolve_with(&args.model, &args.train, &args.infer, &args.quant)?;
-    if r.spec.infer_fp8.is_some() && transport.on_gpu() {
-        bail!(
-            "an FP8 inference side is quantised on the CPU in this version: use --transport shm or tcp (cuda-ipc and nccl do not encode yet)"
-        );
+    if let Some(fp8) = &r.spec.infer_fp8 {
+        match transport {
+            Transport::Nccl => bail!(
+                "an FP8 inference side is quantised by the receiver, on the CPU over shm and tcp and on the GPU over cuda-ipc: nccl does not encode yet; use --transport cuda-ipc, shm or tcp"
+            ),
+            Transport::CudaIpc => awex_runtime::transport::refuse_on_gpu(fp8)?,
+            _ => {}
+        }
     }
     if transport == Transport::Nccl {
         gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;

@@ -739,6 +739,10 @@ impl Transport for CudaIpcTransport {
         awex_core::Transport::CudaIpc
     }
 
+    fn cuda_ipc(&self) -> Option<&CudaIpcTransport> {
+        Some(self)
+    }
+
     fn rendezvous(&self) -> serde_json::Value {
         match &self.sender {
             Some(s) => {

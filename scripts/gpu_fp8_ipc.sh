@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# FP8 rollouts over cuda-ipc on one GPU, in one call: the receiver's FP8 tensors land in bf16
+# device staging and awex's GPU kernel quantises them into the engine's e4m3 tensors and scales
+# after the copies. Runs, in order (RUNS picks; the default is all):
+#   test      the ignored GPU tests of awex-runtime/tests/fp8_receive.rs, if .gpu/fp8_receive is
+#             there (device staging quantised into the CPU reference's bytes for the four GPU
+#             recipes; a NaN fails the update naming the tensor)
+#   bench-8b  awex-cli bench ipc --infer-quant fp8, qwen3-8b, Megatron tp 1 -> SGLang tp 1,
+#             per-tensor sender: every e4m3 byte and scale checked against the CPU reference,
+#             the kernel alone and the in-run FP8 floor (read the bf16 once, write the e4m3 and
+#             scales once, at the local device copy's rate) and the ratio
+#   bench-moe the same for qwen3-30b-a3b into SGLang tp 2 (rank 0/0 receives half): at tp 1 the
+#             sender's 61 GB plus the receiver's 30 GB of e4m3 and 60 GB of bf16 staging
+#             pass the H200's 141 GB
+#   demo-8b   awex-cli demo --transport cuda-ipc --infer-quant fp8, qwen3-8b, 3 updates: the real
+#             gateway flow, every byte of every update checked against the CPU reference
+# and prints a short table last. The time limits (60 + 120 + 150 + 240 s) keep one call under 10 minutes.
+#
+# Expects binaries built on the development machine:
+#   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
+#   cp "$(cargo test --release -p awex-runtime --features cuda --test fp8_receive --no-run 2>&1 \
+#        | sed -n 's/.*(\(.*fp8_receive-[0-9a-f]*\)).*/\1/p')" .gpu/fp8_receive      (optional)
+# Logs and JSON go to $OUT (a temporary folder when unset), packed into $OUT/all.tar.gz.
+set -uo pipefail
+OUT=${OUT:-$(mktemp -d)}
+G=${AWEX_GPU_DIR:-.gpu}
+BIN=${AWEX_CLI:-$G/awex-cli}
+RUNS=${RUNS:-"test bench-8b bench-moe demo-8b"}
+export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
+status=0
+
+echo "== environment"
+{
+  date -u '+%Y-%m-%dT%H:%M:%SZ'
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nproc
+  "$BIN" --version
+} 2>&1 | tee "$OUT/env.txt"
+
+bench() { # name timeout args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== bench $name: awex-cli bench ipc $* --json"
+  local t0=$SECONDS
+  timeout "$limit" "$BIN" bench ipc "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err"
+  local rc=$?
+  echo "exit $rc after $((SECONDS - t0)) s"
+  [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/bench_$name.err"; }
+}
+demo() { # name timeout args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== demo $name: awex-cli demo --transport cuda-ipc --gpu 0 $* --json"
+  local t0=$SECONDS
+  timeout "$limit" "$BIN" demo --transport cuda-ipc --gpu 0 "$@" --json \
+    >"$OUT/demo_$name.json" 2>"$OUT/demo_$name.err"
+  local rc=$?
+  echo "exit $rc after $((SECONDS - t0)) s"
+  [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/demo_$name.err"; }
+}
+Q="--infer-quant fp8"
+for r in $RUNS; do
+  case $r in
+    test)
+      if [ -x "$G/fp8_receive" ]; then
+        echo "== test: fp8_receive --ignored"
+        timeout 60 "$G/fp8_receive" --ignored --test-threads=1 2>&1 | tee "$OUT/test.txt" | tail -12
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      else
+        echo "== test: no $G/fp8_receive, skipped"
+      fi ;;
+    bench-8b) bench 8b 120 --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 \
+      --sender-alloc per-tensor --updates 7 $Q ;;
+    bench-moe) bench moe 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=2 \
+      --rank 0/0 --sender-alloc per-tensor --updates 5 $Q ;;
+    demo-8b) demo 8b 240 --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 3 $Q ;;
+  esac
+done
+
+echo "== shared memory left behind"
+ls /dev/shm | grep '^awex-' || echo none
+
+echo "== summary"
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import json, os, sys, glob
+out = sys.argv[1]
+t = os.path.join(out, "test.txt")
+if os.path.exists(t):
+    print("test:", " ".join(l.strip() for l in open(t) if l.startswith("test result")))
+print("| run | bf16 in / e4m3 out GB | steady ms | FP8 floor ms | x floor | kernel alone ms | kernel x copy rate | local copy floor ms | verified |")
+print("|---|---|---|---|---|---|---|---|---|")
+for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+    try:
+        b = json.load(open(f)); q = b["fp8"]
+        print(f"| {b['model']} ({b['inference']} rank {b['rank']}) | {q['bf16_bytes']/1e9:.2f} / {q['e4m3_bytes']/1e9:.2f} "
+              f"| {b['steady_median_ms']:.2f} | {q['floor_ms']:.2f} | {q['ratio']:.3f} | {q['kernel_ms']:.2f} | {q['kernel_vs_copy']:.2f} "
+              f"| {b['floor_ms']:.2f} | {b['verified']} |")
+        print("  runs", " ".join(f"{x:.2f}" for x in b["steady_ms"]), "| kernel runs", " ".join(f"{x:.2f}" for x in q["kernel_runs_ms"]),
+              "|", b["verify_detail"][:300])
+    except Exception as e:
+        print(f"| {os.path.basename(f)} | unreadable ({e}) |")
+med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")
+for f in sorted(glob.glob(os.path.join(out, "demo_*.json"))):
+    try:
+        d = json.load(open(f))
+        ms = [u["seconds"] * 1e3 for u in d["updates"]]
+        moved = [u["transfer_ms"] for u in d["updates"][1:] if u.get("transfer_ms") is not None]
+        print(f"| {d['model']} demo, {len(ms)} updates | | {med(ms[1:]):.2f} (data plane {med(moved):.2f}) | | | | | | {d['verified']} |")
+        print("  updates ms", " ".join(f"{x:.2f}" for x in ms), "| checks", json.dumps(d.get("checks"))[:400])
+    except Exception as e:
+        print(f"| {os.path.basename(f)} | unreadable ({e}) |")
+PY
+tar -C "$OUT" -czf "$OUT/all.tar.gz" --exclude all.tar.gz . 2>/dev/null
+exit $status
