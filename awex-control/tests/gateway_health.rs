@@ -114,12 +114,19 @@ async fn healthz_answers_in_milliseconds_while_24_moe_1t_connects_are_validated(
     // the connects took long enough for the probes to say something
     assert!(took.len() >= 5, "{} probes in {validated:?}", took.len());
     // a shared machine stalls any thread now and then (the prober's too) for as long as it
-    // likes; a thread that only sleeps, running beside the prober, measures those stalls, and
-    // the bound is 50 ms beyond the longest of them
+    // likes; a thread that only sleeps, running beside the prober, measures those stalls. The
+    // bound is on the median probe, 50 ms beyond the longest stall: validation on the async
+    // workers would hold most probes for a whole validation, while one probe (the worst) can
+    // meet a stall the sleeping thread did not (seen: 296 ms on a loaded 2-core machine). No
+    // probe may wait as long as the connects took.
     let stalled = stall.join().expect("stall meter");
     println!("longest stall of a thread that only sleeps meanwhile: {stalled:?}");
     assert!(
-        worst < Duration::from_millis(50) + stalled,
+        median < Duration::from_millis(50) + stalled,
         "median {median:?}, worst {worst:?}, machine stall {stalled:?}"
+    );
+    assert!(
+        worst < validated,
+        "a probe waited {worst:?}, as long as the connects took ({validated:?})"
     );
 }
