@@ -266,9 +266,10 @@ fn the_gpu_quantiser_refuses_what_its_kernel_cannot_write_instead_of_falling_bac
     let layout = p.inference.rank_layout(rank).unwrap();
     let plan = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
     let target = Arc::new(TensorSet::allocate_host(&layout).unwrap());
-    let built = EncodingTransport::on_gpu(&layout, &p.catalogue, &plan, &fp8(), target, |_| {
-        unreachable!("refused before the inner transport")
-    });
+    let built =
+        EncodingTransport::on_gpu(&layout, &p.catalogue, &plan, &fp8(), target, true, |_| {
+            unreachable!("refused before the inner transport")
+        });
     assert!(
         built.err().unwrap().to_string().contains("16x16"),
         "refused by name"
@@ -414,8 +415,14 @@ fn run_gpu(
     let target = Arc::new(TensorSet::allocate_cuda(&layout, &dev).unwrap());
     let plain_layout = plain.inference.rank_layout(rank).unwrap();
     let cat = p.catalogue.clone();
-    let mut t =
-        EncodingTransport::on_gpu(&layout, &p.catalogue, &plan, &f, target.clone(), |set| {
+    let mut t = EncodingTransport::on_gpu(
+        &layout,
+        &p.catalogue,
+        &plan,
+        &f,
+        target.clone(),
+        false,
+        |set| {
             Ok(Box::new(Upload(Deliver {
                 set,
                 plain: plain_layout,
@@ -423,8 +430,9 @@ fn run_gpu(
                 weights: Weights::Finite(Box::new(Weights::Synthetic)),
                 nan: nan.map(|(n, i)| (n.to_string(), i)),
             })))
-        })
-        .unwrap();
+        },
+    )
+    .unwrap();
     let cancel = AtomicBool::new(false);
     let peers = HashMap::new();
     let ctx = ExecContext {

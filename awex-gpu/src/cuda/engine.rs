@@ -82,7 +82,7 @@ pub fn kernel_grid(nvec: u64, height: u64) -> (u32, u32) {
 
 /// A loaded kernel (the copy kernels, the FP8 quantiser), unloaded on drop.
 pub(crate) struct Kernel {
-    dev: Device,
+    pub(crate) dev: Device,
     module: RawModule,
     pub(crate) func: RawFunction,
     /// which image loaded: "cubin sm_90" or "ptx"

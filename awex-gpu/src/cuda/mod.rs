@@ -38,7 +38,7 @@ pub use engine::{
     kernel_grid,
 };
 pub use error::CudaError;
-pub use fp8::{Fp8Job, Fp8Kernel, GPU_BLOCK, gpu_mode};
+pub use fp8::{Fp8Batch, Fp8Job, Fp8Kernel, Fp8Status, GPU_BLOCK, gpu_mode};
 pub use handle::{IpcEventHandle, IpcMemHandle};
 pub use ipc::{
     AllocationIndex, ExportedAllocation, IpcExport, IpcImport, RemoteAddr, SharedChunk,

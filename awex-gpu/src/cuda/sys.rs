@@ -839,6 +839,45 @@ pub(crate) unsafe fn launch_fp8_block_quant(
     })
 }
 
+/// Launches `awex_fp8_block_table` (`fp8_table.ptx`) with `blocks` blocks of 256 threads on
+/// `s`: `ptrs` are the job table, the block-to-job index and the status words.
+///
+/// # Safety
+///
+/// `f` must be that kernel, loaded in the current context; the table must describe jobs over
+/// device memory of this context (or mapped into it) that stays allocated, with the table, the
+/// index and the status, until the launch has finished, the destinations, scales and status
+/// used by nothing else meanwhile; `blocks` must not pass the index's length.
+pub(crate) unsafe fn launch_fp8_table(
+    f: RawFunction,
+    blocks: u32,
+    s: RawStream,
+    ptrs: [u64; 3],
+    mode: u32,
+) -> Result<(), CudaError> {
+    let (mut p, mut m) = (ptrs, mode);
+    let mut params: [*mut c_void; 4] = [ptr::null_mut(); 4];
+    for (slot, v) in params.iter_mut().zip(p.iter_mut()) {
+        *slot = (v as *mut u64).cast();
+    }
+    params[3] = (&mut m as *mut u32).cast();
+    check("cuLaunchKernel", unsafe {
+        cu::cuLaunchKernel(
+            f.0.cast(),
+            blocks,
+            1,
+            1,
+            256,
+            1,
+            1,
+            0,
+            s.0.cast(),
+            params.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    })
+}
+
 /// Destroys an instantiated graph.
 pub(crate) fn graph_destroy(g: RawGraphExec) -> Result<(), CudaError> {
     check("cuGraphExecDestroy", unsafe {

@@ -338,6 +338,17 @@ pub(crate) unsafe fn launch_fp8_block_quant(
 }
 
 /// Always [`CudaError::NotBuilt`].
+pub(crate) unsafe fn launch_fp8_table(
+    _: RawFunction,
+    _: u32,
+    _: RawStream,
+    _: [u64; 3],
+    _: u32,
+) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
 pub(crate) fn graph_destroy(_: RawGraphExec) -> Result<(), CudaError> {
     Err(NO)
 }

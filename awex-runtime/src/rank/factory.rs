@@ -70,7 +70,8 @@ fn encoding_over(
     let (layout, cat, plan) = (&prepared.layout, &prepared.catalogue, &prepared.plan);
     let inner = |over| transport_over(cfg, prepared, over);
     Ok(Box::new(if cfg.transport.on_gpu() {
-        EncodingTransport::on_gpu(layout, cat, plan, f, tensors, inner)?
+        let fuse = cfg.transports.cuda_ipc.fuse_fp8;
+        EncodingTransport::on_gpu(layout, cat, plan, f, tensors, fuse, inner)?
     } else {
         EncodingTransport::new(layout, cat, plan, f, tensors, inner)?
     }))

@@ -87,6 +87,10 @@ pub struct CudaIpcConfig {
     pub open_threads: usize,
     /// How the peers' captured copies are replayed (`AWEX_IPC_PEERS`).
     pub peers: PeerOrder,
+    /// Whether an FP8 inference rank quantises the blocks one training rank holds whole
+    /// straight out of that rank's memory (`AWEX_IPC_FP8`: `fused`, the default, or `staged`:
+    /// every FP8 tensor copied into a bf16 staging first, then quantised).
+    pub fuse_fp8: bool,
 }
 
 impl Default for CudaIpcConfig {
@@ -102,6 +106,7 @@ impl Default for CudaIpcConfig {
             graph_min: 1,
             open_threads: 1,
             peers: PeerOrder::Concurrent,
+            fuse_fp8: true,
         }
     }
 }
@@ -119,7 +124,7 @@ pub struct SettingError {
 }
 
 /// Every variable [`TransportConfig::from_vars`] reads.
-pub const TRANSPORT_VARS: [&str; 13] = [
+pub const TRANSPORT_VARS: [&str; 14] = [
     "AWEX_TCP_BIND",
     "AWEX_NCCL_LIBRARY",
     "AWEX_IPC_COPY",
@@ -133,6 +138,7 @@ pub const TRANSPORT_VARS: [&str; 13] = [
     "AWEX_IPC_GRAPH_MIN",
     "AWEX_IPC_OPEN_THREADS",
     "AWEX_IPC_PEERS",
+    "AWEX_IPC_FP8",
 ];
 
 /// Parses `var`'s value (`None`: unset, the default) as a whole number in `range`.
@@ -279,6 +285,13 @@ impl TransportConfig {
                 "`concurrent` or `sequential`",
             )?
             .unwrap_or(d.peers),
+            fuse_fp8: choice(
+                &get,
+                "AWEX_IPC_FP8",
+                &[("fused", true), ("staged", false)],
+                "`fused` or `staged`",
+            )?
+            .unwrap_or(d.fuse_fp8),
         };
         Ok(TransportConfig {
             tcp: TcpConfig {
@@ -330,6 +343,7 @@ mod tests {
             ("AWEX_IPC_GRAPH_MIN", "0"),
             ("AWEX_IPC_OPEN_THREADS", "8"),
             ("AWEX_IPC_PEERS", "sequential"),
+            ("AWEX_IPC_FP8", "staged"),
         ])
         .unwrap();
         assert_eq!(c.tcp.bind.as_deref(), Some("0.0.0.0:7000"));
@@ -353,6 +367,8 @@ mod tests {
         );
         assert_eq!((i.graph_min, i.open_threads), (0, 8));
         assert_eq!(i.peers, PeerOrder::Sequential);
+        assert!(!i.fuse_fp8);
+        assert!(from(&[]).unwrap().cuda_ipc.fuse_fp8);
         let c = from(&[("AWEX_IPC_ORDER", "largest")]).unwrap();
         assert_eq!(c.cuda_ipc.order, CopyOrder::LargestFirst);
         let c = from(&[

@@ -17,14 +17,15 @@
 //! quantiser into the copy (reading a block straight out of the trainer's memory where one
 //! sender holds it whole) is the [`Job`]'s source address; it is the staging for now.
 
-use crate::transport::{ExecContext, ExecStats, PairSecret, Transport};
+use crate::transport::cuda_ipc_fusable as fusable;
+use crate::transport::{ExecContext, ExecStats, Fp8Target, FusedFp8, PairSecret, Transport};
 use crate::{RuntimeError, TensorSet, TensorView};
 use awex_core::dtype::DType;
 use awex_core::encoding::{Encoding, Fp8Block, Fp8Quantiser, InferFp8, QuantiseError, Shape2d};
 use awex_core::layout::{LocalTensor, RankId, RankLayout};
 use awex_core::model::Catalogue;
 use awex_core::plan::RankPlan;
-use awex_gpu::cuda::{CudaError, Fp8Job, Fp8Kernel, GPU_BLOCK, Stream, gpu_mode};
+use awex_gpu::cuda::{CudaError, Fp8Batch, Fp8Job, Fp8Kernel, GPU_BLOCK, Stream, gpu_mode};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +59,8 @@ pub struct EncodingTransport {
     quantiser: Fp8Quantiser,
     /// the GPU quantiser (cuda-ipc), or `None` for the CPU one
     gpu: Option<GpuQuantiser>,
+    /// FP8 tensors the cuda-ipc transport quantises out of the senders' memory (no staging)
+    fused: usize,
 }
 
 /// The GPU quantiser of a cuda-ipc inference rank: the kernel, its stream, and the launches
@@ -65,7 +68,10 @@ pub struct EncodingTransport {
 struct GpuQuantiser {
     kernel: Fp8Kernel,
     stream: Stream,
-    launches: Vec<Vec<Fp8Job>>,
+    /// every matrix of every staging tensor, one launch
+    batch: Fp8Batch,
+    /// the tensor of each job of the batch
+    names: Vec<Arc<str>>,
 }
 
 /// Refuses an FP8 encoding the GPU kernel cannot write (cuda-ipc quantises on the GPU only:
@@ -119,22 +125,34 @@ impl EncodingTransport {
         inner: impl FnOnce(Arc<TensorSet>) -> Result<Box<dyn Transport>, RuntimeError>,
     ) -> Result<EncodingTransport, RuntimeError> {
         target.require_host("quantising FP8 tensors on the CPU (shm, tcp)")?;
-        Self::build(layout, catalogue, plan, fp8, target, inner, false)
+        Self::build(layout, catalogue, plan, fp8, target, inner, None)
     }
 
     /// As [`EncodingTransport::new`] for tensors on a GPU (cuda-ipc): the staging is device
     /// memory on `target`'s GPU (bf16 only), and the GPU kernel quantises it after the inner
     /// transport's copies. An encoding the kernel cannot write is refused ([`refuse_on_gpu`]).
+    ///
+    /// With `fuse`, an FP8 tensor every planned transfer into which covers whole blocks
+    /// ([`crate::transport::cuda_ipc_fusable`]) gets no staging: `inner` must then be the
+    /// cuda-ipc transport, whose receive quantises those blocks straight out of the training
+    /// ranks' memory ([`CudaIpcTransport::fuse_fp8`](crate::transport::CudaIpcTransport::fuse_fp8)).
     pub fn on_gpu(
         layout: &RankLayout,
         catalogue: &Catalogue,
         plan: &RankPlan,
         fp8: &InferFp8,
         target: Arc<TensorSet>,
+        fuse: bool,
         inner: impl FnOnce(Arc<TensorSet>) -> Result<Box<dyn Transport>, RuntimeError>,
     ) -> Result<EncodingTransport, RuntimeError> {
         refuse_on_gpu(fp8)?;
-        Self::build(layout, catalogue, plan, fp8, target, inner, true)
+        Self::build(layout, catalogue, plan, fp8, target, inner, Some(fuse))
+    }
+
+    /// How many FP8 tensors of this rank are quantised out of the senders' memory, and how
+    /// many through the staging.
+    pub fn fused_and_staged(&self) -> (usize, usize) {
+        (self.fused, self.jobs.len())
     }
 
     fn build(
@@ -144,10 +162,25 @@ impl EncodingTransport {
         fp8: &InferFp8,
         target: Arc<TensorSet>,
         inner: impl FnOnce(Arc<TensorSet>) -> Result<Box<dyn Transport>, RuntimeError>,
-        on_gpu: bool,
+        gpu_fuse: Option<bool>,
     ) -> Result<EncodingTransport, RuntimeError> {
+        let on_gpu = gpu_fuse.is_some();
         let mut jobs = Vec::new();
         let mut staging_tensors = Vec::new();
+        // the FP8 tensors every transfer into which covers whole blocks (cuda-ipc fuses them)
+        let fused: std::collections::HashSet<&str> = if gpu_fuse == Some(true) {
+            let mut into: HashMap<&str, bool> = HashMap::new();
+            for t in plan.peers.iter().flat_map(|p| &p.transfers) {
+                *into.entry(&*t.dst_tensor).or_insert(true) &= fusable(t, fp8.encoding());
+            }
+            into.into_iter()
+                .filter(|&(_, ok)| ok)
+                .map(|(n, _)| n)
+                .collect()
+        } else {
+            Default::default()
+        };
+        let mut targets = HashMap::new();
         for t in fp8_tensors(layout) {
             let Encoding::Fp8Block(b) = &t.encoding else {
                 continue;
@@ -200,6 +233,34 @@ impl EncodingTransport {
                     mats * sr * sc
                 )));
             }
+            if fused.contains(&*t.name) {
+                let ptr = |n: &str, v: &TensorView| {
+                    v.device_ptr().ok_or_else(|| {
+                        fp8_error(format!(
+                            "`{n}` is not in GPU memory; the cuda-ipc FP8 path quantises on the GPU"
+                        ))
+                    })
+                };
+                let q = target.get(&t.name).ok_or_else(|| {
+                    fp8_error(format!("FP8 tensor `{}` is not registered", t.name))
+                })?;
+                if q.len() as u64 != t.shape.numel() {
+                    return Err(fp8_error(format!(
+                        "`{}` holds {} bytes; its {:?} e4m3 elements need {}",
+                        t.name,
+                        q.len(),
+                        s,
+                        t.shape.numel()
+                    )));
+                }
+                let target = Fp8Target {
+                    dst: ptr(&t.name, q)?,
+                    scales: ptr(&scales, sv)?,
+                    shape: t.shape,
+                };
+                targets.insert(t.name.clone(), target);
+                continue;
+            }
             staging_tensors.push(LocalTensor::plain(t.name.clone(), t.shape, dtype, vec![]));
             jobs.push(Job {
                 name: t.name.clone(),
@@ -211,7 +272,11 @@ impl EncodingTransport {
             });
         }
         // every transfer into an FP8 tensor delivers its staging dtype, receiver-encoded
-        let staged: HashMap<&str, DType> = jobs.iter().map(|j| (&*j.name, j.dtype)).collect();
+        let staged: HashMap<&str, DType> = jobs
+            .iter()
+            .map(|j| (&*j.name, j.dtype))
+            .chain(targets.keys().map(|n| (&**n, DType::Bf16)))
+            .collect();
         for t in plan.peers.iter().flat_map(|p| &p.transfers) {
             if let Some(&d) = staged.get(&*t.dst_tensor)
                 && (t.encode.is_none() || t.dst_dtype != d)
@@ -242,18 +307,25 @@ impl EncodingTransport {
             };
             let staging = TensorSet::allocate_cuda(&staging_layout, &dev)?;
             let quantiser = fp8.quantiser();
-            let launches = jobs
-                .iter()
-                .map(|j| gpu_jobs(&staging, &target, &quantiser, j))
-                .collect::<Result<_, _>>()?;
+            let mut launches = Vec::new();
+            let mut names = Vec::new();
+            for j in &jobs {
+                let ks = gpu_jobs(&staging, &target, &quantiser, j)?;
+                names.extend(std::iter::repeat_n(j.name.clone(), ks.len()));
+                launches.extend(ks);
+            }
             let kernel = Fp8Kernel::load(&dev).map_err(cuda("loading the FP8 kernel"))?;
             let stream = dev
                 .stream()
                 .map_err(cuda("creating the FP8 kernel's stream"))?;
+            let batch = kernel
+                .batch(&launches, fp8.encoding())
+                .map_err(cuda("building the FP8 kernel's jobs"))?;
             let g = GpuQuantiser {
                 kernel,
                 stream,
-                launches,
+                batch,
+                names,
             };
             (staging, Some(g))
         } else {
@@ -265,13 +337,28 @@ impl EncodingTransport {
             .map(|v| staging.get(&v.name).unwrap_or(v).clone())
             .collect();
         let over = Arc::new(TensorSet::from_views(views)?);
+        let mut inner = inner(over)?;
+        let n_fused = targets.len();
+        if !targets.is_empty() {
+            let ipc = inner.cuda_ipc_mut().ok_or_else(|| {
+                fp8_error(
+                    "quantising FP8 blocks out of the training ranks' memory needs the cuda-ipc transport".into(),
+                )
+            })?;
+            ipc.fuse_fp8(FusedFp8 {
+                recipe: fp8.recipe,
+                encoding: fp8.encoding().clone(),
+                targets,
+            })?;
+        }
         Ok(EncodingTransport {
-            inner: inner(over)?,
+            inner,
             staging,
             target,
             jobs,
             quantiser: fp8.quantiser(),
             gpu,
+            fused: n_fused,
         })
     }
 
@@ -290,54 +377,34 @@ impl EncodingTransport {
         self.staging.iter().map(|v| v.len() as u64).sum()
     }
 
-    /// The GPU path: every matrix of every staging tensor quantised by the kernel on one
-    /// stream (the inner transport synchronised its copies before returning), then one wait.
-    /// Blocks holding infinity or NaN are counted by the kernel; if any were, each tensor is
-    /// quantised again alone to name the first that holds them.
+    /// The GPU path: every matrix of every staging tensor quantised by one launch of the batch
+    /// kernel (the inner transport synchronised its copies before returning), then one wait.
+    /// Blocks holding infinity or NaN are counted by the kernel, which also keeps the lowest
+    /// job holding one: the error names its tensor.
     fn quantise_all_gpu(&self, g: &GpuQuantiser) -> Result<(), RuntimeError> {
         let cuda = |what: String| move |source| RuntimeError::Cuda { what, source };
-        let jobs: Vec<(&Job, &Vec<Fp8Job>)> = self.jobs.iter().zip(&g.launches).collect();
         let (recipe, enc) = (self.quantiser.recipe, &self.quantiser.encoding);
-        // queues the launches of one tensor; on an error, waits and clears the status word
-        let launch = |j: &Job, ks: &[Fp8Job]| -> Result<(), RuntimeError> {
-            for k in ks {
-                // SAFETY: `gpu_jobs` built `k` from the staging tensor and the target e4m3 and
-                // scale tensors of `j` (lengths checked against its shape), all device memory
-                // on this GPU held by `self.staging` and `self.target` as long as `self`; each
-                // job writes its own two tensors, and nothing else touches them during the
-                // update (its copies are over: the inner transport synchronised them).
-                if let Err(e) = unsafe { g.kernel.launch(&g.stream, k, recipe, enc) } {
-                    let _ = g.kernel.take_status(&g.stream);
-                    return Err(cuda(format!("quantising `{}` to FP8 on the GPU", j.name))(
-                        e,
-                    ));
-                }
-            }
-            Ok(())
-        };
-        let status = || {
-            g.kernel
-                .take_status(&g.stream)
-                .map_err(cuda("waiting for the FP8 kernel".into()))
-        };
-        for (j, ks) in &jobs {
-            launch(j, ks)?;
+        // SAFETY: `gpu_jobs` built every job of the batch from a staging tensor and the target
+        // e4m3 and scale tensors of its FP8 tensor (lengths checked against its shape), all
+        // device memory on this GPU held by `self.staging` and `self.target` as long as
+        // `self`; each job writes its own bytes, and nothing else touches them during the
+        // update (its copies are over: the inner transport synchronised them).
+        if let Err(e) = unsafe { g.kernel.launch_batch(&g.stream, &g.batch, recipe, enc) } {
+            let _ = g.kernel.take_batch_status(&g.stream);
+            return Err(cuda("quantising the staging to FP8 on the GPU".into())(e));
         }
-        let bad = status()?;
-        if bad == 0 {
+        let st = g
+            .kernel
+            .take_batch_status(&g.stream)
+            .map_err(cuda("waiting for the FP8 kernel".into()))?;
+        if st.blocks == 0 {
             return Ok(());
         }
-        // name the first tensor holding them (the kernel writes the same bytes again)
-        for (j, ks) in &jobs {
-            launch(j, ks)?;
-            let blocks = status()?;
-            if blocks > 0 {
-                return Err(non_finite(&j.name, blocks, recipe));
-            }
-        }
-        Err(fp8_error(format!(
-            "the GPU FP8 kernel counted {bad} block(s) holding infinity or NaN, but none when quantising each tensor again; the update is not committed"
-        )))
+        let name = st
+            .first_job
+            .and_then(|j| g.names.get(j as usize))
+            .map_or("?", |n| &**n);
+        Err(non_finite(name, st.blocks, recipe))
     }
 
     /// Quantises every staging tensor into its e4m3 tensor and scales; the first failure,

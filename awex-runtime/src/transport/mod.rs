@@ -19,7 +19,9 @@ mod tcp;
 
 pub use auth::{PairSecret, SealError};
 pub use config::{CudaIpcConfig, DriverMin, PeerOrder, SettingError, TcpConfig, TransportConfig};
-pub use cuda_ipc::{CudaIpcTransport, JoinStats};
+pub use cuda_ipc::{
+    CudaIpcTransport, Fp8Target, FusedFp8, JoinStats, fusable as cuda_ipc_fusable, fused_jobs,
+};
 pub use encoded::{EncodingTransport, fp8_tensors, refuse_on_gpu};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
@@ -109,6 +111,13 @@ pub trait Transport: Send {
     /// The cuda-ipc transport this one is or wraps (an FP8 rank's encoding around it), for
     /// its join figures and mappings; `None` for the others.
     fn cuda_ipc(&self) -> Option<&CudaIpcTransport> {
+        None
+    }
+
+    /// The cuda-ipc transport this one is, to be configured before it connects (the FP8
+    /// encoding hands it the tensors it quantises straight out of the senders' memory);
+    /// `None` for the others.
+    fn cuda_ipc_mut(&mut self) -> Option<&mut CudaIpcTransport> {
         None
     }
 

@@ -75,6 +75,10 @@ pub struct RanksArgs {
     alloc: SenderAlloc,
     #[arg(long)]
     bucket_mib: u64,
+    /// The one inference rank that reads them (`E/R`): each training rank's plan keeps that
+    /// peer only, so it waits for that reader alone (the bench runs one inference rank).
+    #[arg(long)]
+    reader: String,
     #[command(flatten)]
     quant: crate::cmd::quant::QuantArgs,
 }
@@ -209,8 +213,11 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
     let fill_ms = ms_since(t0);
     let t0 = Instant::now();
     let mut transports = Vec::new();
+    let (_, reader) = crate::cmd::plan::parse_rank(&format!("infer:{}", a.reader))?;
     for h in &held {
-        let plan = Arc::new(r.plan_pair().plan_rank(Side::Training, h.rank)?);
+        let mut plan = r.plan_pair().plan_rank(Side::Training, h.rank)?;
+        plan.peers.retain(|p| p.peer == reader);
+        let plan = Arc::new(plan);
         let name = format!("awex-bench-{}-train{}-ctl", std::process::id(), h.rank.rank);
         transports.push(CudaIpcTransport::new(
             plan,
@@ -319,6 +326,7 @@ impl RanksProc {
                 &a.train,
             ])
             .args(["--infer", &a.infer, "--ranks", &ranks.join(",")])
+            .args(["--reader", &a.rank])
             .arg("--gpu")
             .arg(gpu.to_string())
             .arg("--alloc")
@@ -371,8 +379,18 @@ impl RanksProc {
 }
 
 impl Drop for RanksProc {
+    /// On an error path: asks the training ranks to quit (they close their transports, which
+    /// unlinks their control segments) and kills them only if they have not within 10 s.
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
+            let _ = self.send(&ToRanks::Quit);
+            let until = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < until {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
@@ -437,6 +455,13 @@ struct Fp8Figures {
     plain_bytes: u64,
     /// device memory of the staging (held for the pair's life)
     staging_bytes: u64,
+    /// FP8 tensors quantised straight out of the training ranks' memory (`AWEX_IPC_FP8=fused`,
+    /// the default: no staging) and through the staging
+    fused_tensors: usize,
+    staged_tensors: usize,
+    /// the fused kernel's batch: 128 x 128 blocks and jobs (one per matrix of a box)
+    fused_blocks: u64,
+    fused_jobs: u64,
     /// the kernel alone over the whole staging, every run (the first warms up), and the median
     kernel_runs_ms: Vec<f64>,
     kernel_ms: f64,
@@ -708,6 +733,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             &plan,
             f,
             tensors.clone(),
+            settings.cuda_ipc.fuse_fp8,
             |over| Ok(Box::new(ipc(over)?) as Box<dyn Transport>),
         )?),
     };
@@ -818,10 +844,11 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             kernel_runs_ms.push(ms_since(t0));
         }
     }
-    let staging_bytes = match &tr {
-        Receiver::Fp8(t) => t.staging_bytes(),
-        Receiver::Plain(_) => 0,
+    let (staging_bytes, (fused_tensors, staged_tensors)) = match &tr {
+        Receiver::Fp8(t) => (t.staging_bytes(), t.fused_and_staged()),
+        Receiver::Plain(_) => (0, (0, 0)),
     };
+    let (fused_blocks, fused_jobs) = tr.ipc()?.fused_fp8_stats();
     let (ipc_src, ipc_bytes) = peers_wanted
         .iter()
         .filter_map(|p| tr.ipc().ok()?.largest_mapping(*p))
@@ -865,6 +892,10 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             scale_bytes,
             plain_bytes,
             staging_bytes,
+            fused_tensors,
+            staged_tensors,
+            fused_blocks,
+            fused_jobs,
             kernel_runs_ms: kernel_runs_ms.clone(),
             kernel_ms,
             kernel_gbps,

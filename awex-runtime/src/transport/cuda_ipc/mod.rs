@@ -31,6 +31,9 @@
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
 mod control;
+mod fused;
+
+pub use fused::{Fp8Target, fusable, fused_jobs};
 
 use super::config::{CudaIpcConfig, DriverMin, PeerOrder};
 use super::control::NONE;
@@ -38,11 +41,13 @@ use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
 use crate::tensors::{Location, TensorSet, cuda_err};
 use crate::{PlacementError, RuntimeError, TransportError};
-use awex_core::layout::{RankId, Side};
-use awex_core::plan::RankPlan;
+use awex_core::dtype::DType;
+use awex_core::encoding::{Fp8Block, Recipe};
+use awex_core::layout::{LocalTensor, RankId, RankLayout, Side};
+use awex_core::plan::{RankPlan, Transfer};
 use awex_gpu::cuda::{
-    CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, IpcEventHandle,
-    IpcExport, IpcImport, Stream, merge_contiguous, plan_copies, split_linear,
+    CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, Fp8Batch, Fp8Kernel,
+    IpcEventHandle, IpcExport, IpcImport, Stream, merge_contiguous, plan_copies, split_linear,
 };
 use control::{Control, PeerEntry, Published, TensorEntry};
 use std::collections::HashMap;
@@ -213,6 +218,8 @@ struct Remote {
     /// which linear copies go through the driver (see [`driver_min`]), set on the engine
     /// before this peer's copies are captured or queued
     driver_min: Option<u64>,
+    /// the FP8 blocks quantised straight out of this peer's memory (see [`FusedFp8`])
+    fp8: Option<RemoteFp8>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
     /// what opening this peer cost
@@ -220,6 +227,50 @@ struct Remote {
     /// Mapped allocations, closed on drop (after the copies that read them were synchronised,
     /// and after the graph that holds their addresses is destroyed: fields drop in order).
     _import: IpcImport,
+}
+
+/// The FP8 tensors an inference rank quantises straight out of its training peers' memory:
+/// every transfer into them covers whole blocks ([`fusable`]), so the kernel reads the
+/// sender's bf16 where it lies and writes the engine's e4m3 bytes and scales, with no staging
+/// and no second pass (set with [`CudaIpcTransport::fuse_fp8`] before the rank connects).
+pub struct FusedFp8 {
+    /// the quantiser's recipe
+    pub recipe: Recipe,
+    /// the tensors' encoding
+    pub encoding: Fp8Block,
+    /// the engine tensors, by name
+    pub targets: HashMap<Arc<str>, Fp8Target>,
+}
+
+/// The fused FP8 state of an inference rank: its configuration, kernel and stream, and the
+/// bf16 scratch a checksummed update copies the fused boxes into (allocated on first use).
+struct Fused {
+    cfg: FusedFp8,
+    kernel: Fp8Kernel,
+    stream: Stream,
+    verify: Option<Verify>,
+}
+
+/// What a checksummed update of fused tensors hashes: the receiver's tensors with a bf16
+/// scratch (device) in place of each fused tensor, and its host mirror.
+struct Verify {
+    /// device views: the scratch for fused tensors, the rank's own tensors for the rest
+    device: TensorSet,
+    host: TensorSet,
+    /// owns the scratch's device memory
+    _scratch: TensorSet,
+}
+
+/// One peer's fused FP8 work: the kernel's batch over its memory and what to name.
+struct RemoteFp8 {
+    batch: Fp8Batch,
+    /// the engine tensor of each job of the batch
+    names: Vec<Arc<str>>,
+    /// the fused transfers and their source tensors' addresses here, for verification
+    transfers: Vec<Transfer>,
+    srcs: Vec<u64>,
+    /// copies of the fused boxes into the verification scratch (built on first use)
+    verify: Option<Vec<CopyDesc>>,
 }
 
 /// CUDA IPC transport for one rank whose tensors live on a GPU.
@@ -239,6 +290,8 @@ pub struct CudaIpcTransport {
     join: JoinStats,
     /// The receivers' copy settings.
     cfg: CudaIpcConfig,
+    /// FP8 tensors quantised out of the senders' memory (inference ranks of an FP8 pair)
+    fused: Option<Fused>,
 }
 
 impl CudaIpcTransport {
@@ -276,6 +329,7 @@ impl CudaIpcTransport {
             scratch: Vec::new(),
             join: JoinStats::default(),
             cfg: cfg.clone(),
+            fused: None,
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
@@ -298,6 +352,57 @@ impl CudaIpcTransport {
             }
         }
         Ok(t)
+    }
+
+    /// Makes this inference rank quantise the FP8 tensors of `fp8` straight out of its
+    /// training peers' memory (before it connects): every planned transfer into them must
+    /// cover whole blocks ([`fusable`]), and their bytes are not copied.
+    pub fn fuse_fp8(&mut self, fp8: FusedFp8) -> Result<(), RuntimeError> {
+        if self.side != Side::Inference {
+            return Err(RuntimeError::Fp8(
+                "only an inference rank quantises FP8 blocks".into(),
+            ));
+        }
+        for t in self.plan.peers.iter().flat_map(|p| &p.transfers) {
+            if fp8.targets.contains_key(&t.dst_tensor) && !fusable(t, &fp8.encoding) {
+                return Err(RuntimeError::Fp8(format!(
+                    "the transfer into `{}` at {:?} (extent {:?}) does not cover whole {}x{} blocks; it cannot be quantised out of the sender's memory",
+                    t.dst_tensor,
+                    t.dst_offset.as_slice(),
+                    t.extent.as_slice(),
+                    fp8.encoding.block[0],
+                    fp8.encoding.block[1]
+                )));
+            }
+        }
+        let cuda = |what: &'static str| {
+            move |source| RuntimeError::Cuda {
+                what: what.into(),
+                source,
+            }
+        };
+        let kernel = Fp8Kernel::load(&self.dev).map_err(cuda("loading the FP8 kernel"))?;
+        let stream = self
+            .dev
+            .stream()
+            .map_err(cuda("creating the FP8 kernel's stream"))?;
+        self.fused = Some(Fused {
+            cfg: fp8,
+            kernel,
+            stream,
+            verify: None,
+        });
+        Ok(())
+    }
+
+    /// Blocks and jobs of the fused FP8 batches over every connected peer (zeros without).
+    pub fn fused_fp8_stats(&self) -> (u64, u64) {
+        self.remotes
+            .values()
+            .filter_map(|r| r.fp8.as_ref())
+            .fold((0, 0), |(b, j), f| {
+                (b + f.batch.blocks() as u64, j + f.batch.jobs() as u64)
+            })
     }
 
     fn add_join(&mut self, p: &JoinStats) {
@@ -443,7 +548,7 @@ impl CudaIpcTransport {
             .find(|p| p.peer == peer)
             .map(|p| &p.transfers[..])
             .unwrap_or(&[]);
-        let addr = |t: &awex_core::plan::Transfer| {
+        let src_addr = |t: &Transfer| {
             let src = remote_tensors
                 .get(&name_hash(&t.src_tensor))
                 .ok_or_else(|| CudaError::MissingTensor {
@@ -460,6 +565,10 @@ impl CudaIpcTransport {
                     tensor: t.src_tensor.to_string(),
                 });
             }
+            import.ptr(src.at, src.len)
+        };
+        let addr = |t: &Transfer| {
+            let src = src_addr(t)?;
             let dst = self
                 .tensors
                 .get(&t.dst_tensor)
@@ -468,9 +577,48 @@ impl CudaIpcTransport {
                     holder: format!("inference rank {}", self.me),
                     tensor: t.dst_tensor.to_string(),
                 })?;
-            Ok((import.ptr(src.at, src.len)?, dst))
+            Ok((src, dst))
         };
-        let merged = plan_copies(transfers, self.cfg.merge_pitched, addr)
+        // the fused FP8 transfers become kernel jobs reading this peer's memory; the rest copies
+        let (fp8, plain) = match &self.fused {
+            None => (None, std::borrow::Cow::Borrowed(transfers)),
+            Some(f) => {
+                let mut jobs = Vec::new();
+                let mut names = Vec::new();
+                let mut plain = Vec::new();
+                let (mut fused, mut srcs) = (Vec::new(), Vec::new());
+                for t in transfers {
+                    let Some(target) = f.cfg.targets.get(&t.dst_tensor) else {
+                        plain.push(t.clone());
+                        continue;
+                    };
+                    let src = src_addr(t).map_err(transport_err("opening the FP8 sources"))?;
+                    fused.push(t.clone());
+                    srcs.push(src);
+                    let js = fused_jobs(t, src, target, &f.cfg.encoding).ok_or_else(|| {
+                        RuntimeError::Fp8(format!(
+                            "the transfer into `{}` from training rank {peer} cannot be quantised out of its memory (its box or shape changed since the pair was built)",
+                            t.dst_tensor
+                        ))
+                    })?;
+                    names.extend(std::iter::repeat_n(t.dst_tensor.clone(), js.len()));
+                    jobs.extend(js);
+                }
+                let batch = f
+                    .kernel
+                    .batch(&jobs, &f.cfg.encoding)
+                    .map_err(transport_err("building the FP8 kernel's jobs"))?;
+                let fp8 = RemoteFp8 {
+                    batch,
+                    names,
+                    transfers: fused,
+                    srcs,
+                    verify: None,
+                };
+                (Some(fp8), std::borrow::Cow::Owned(plain))
+            }
+        };
+        let merged = plan_copies(&plain, self.cfg.merge_pitched, addr)
             .map_err(transport_err("building the copies"))?;
         // join back-to-back copies across tensors (a layer's experts) where both joined ranges
         // stay in one source allocation and one destination tensor
@@ -534,6 +682,7 @@ impl CudaIpcTransport {
             _import: import,
             event,
             descs,
+            fp8,
             sums_at,
         })
     }
@@ -642,26 +791,59 @@ impl CudaIpcTransport {
                     }
                 }
                 .map_err(transport_err("queueing the copies"))?;
+                if let (Some(f), Some(rf)) = (&self.fused, &remote.fp8) {
+                    // SAFETY: the batch's jobs were built in `open_remote` from the plan against
+                    // this peer's mappings (bounds-checked by `IpcImport::ptr`) and this rank's
+                    // e4m3 and scale tensors, which no copy writes; the stream waits for the
+                    // peer's event and is synchronised below, before the mappings can close.
+                    f.stream
+                        .wait(&remote.event)
+                        .and_then(|()| unsafe {
+                            f.kernel.launch_batch(
+                                &f.stream,
+                                &rf.batch,
+                                f.cfg.recipe,
+                                &f.cfg.encoding,
+                            )
+                        })
+                        .map_err(transport_err("queueing the FP8 kernel"))?;
+                }
             }
             engine
                 .join_lanes()
                 .and_then(|()| engine.sync())
-                .map_err(transport_err("waiting for the copies"))
+                .map_err(transport_err("waiting for the copies"))?;
+            self.fused_status()
         })();
         if let Err(e) = copied {
             // leave no copy running into memory that the caller may reuse
             let _ = engine.join_lanes();
             let _ = engine.sync();
+            if let Some(f) = &self.fused {
+                let _ = f.kernel.take_batch_status(&f.stream);
+            }
             return Err(e);
+        }
+        if ctx.checksums && self.fused.is_some() {
+            self.copy_fused_for_checksums()?;
         }
         if ctx.corrupt {
             self.corrupt_first_byte()?;
         }
         let mut stats = ExecStats::default();
         if ctx.checksums {
-            self.staging()?;
-            let staging = self.staging.as_ref().ok_or(TransportError::NoStaging)?;
-            self.tensors.download_to(staging)?;
+            let staging = match self.fused.as_ref().and_then(|f| f.verify.as_ref()) {
+                Some(v) => {
+                    v.device.download_to(&v.host)?;
+                    &v.host
+                }
+                None => {
+                    self.staging()?;
+                    let staging = self.staging.as_ref().ok_or(TransportError::NoStaging)?;
+                    self.tensors.download_to(staging)?;
+                    staging
+                }
+            };
             for (pi, peer) in self.plan.peers.iter().enumerate() {
                 let remote = &self.remotes[&peer.peer];
                 for (bi, b) in self.buckets[pi].iter().enumerate() {
@@ -701,6 +883,119 @@ impl CudaIpcTransport {
         Ok(stats)
     }
 
+    /// Waits for the fused FP8 kernel and reads its status: an error naming the first tensor
+    /// holding infinity or NaN (its blocks are left unwritten; the update fails).
+    fn fused_status(&self) -> Result<(), RuntimeError> {
+        let Some(f) = &self.fused else {
+            return Ok(());
+        };
+        let err = transport_err("waiting for the FP8 kernel");
+        let st = f.kernel.take_batch_status(&f.stream).map_err(&err)?;
+        if st.blocks == 0 {
+            return Ok(());
+        }
+        // the status word is shared by the peers' batches: run each again alone to name it
+        // (the kernel writes the same bytes again; the senders still hold this version)
+        for peer in &self.plan.peers {
+            let Some(rf) = self.remotes.get(&peer.peer).and_then(|r| r.fp8.as_ref()) else {
+                continue;
+            };
+            // SAFETY: as for the launch in `receive`; the mappings are open.
+            unsafe {
+                f.kernel
+                    .launch_batch(&f.stream, &rf.batch, f.cfg.recipe, &f.cfg.encoding)
+            }
+            .map_err(&err)?;
+            let again = f.kernel.take_batch_status(&f.stream).map_err(&err)?;
+            if let Some(j) = again.first_job {
+                let name = rf.names.get(j as usize).map_or("?", |n| &**n);
+                return Err(RuntimeError::Fp8(format!(
+                    "quantising `{name}` to FP8 ({}) on the GPU failed: {} block(s) hold infinity or NaN (training rank {}); the update is not committed",
+                    f.cfg.recipe.name(),
+                    again.blocks,
+                    peer.peer
+                )));
+            }
+        }
+        Err(RuntimeError::Fp8(format!(
+            "the GPU FP8 kernel counted {} block(s) holding infinity or NaN, but none when quantising each peer's tensors again; the update is not committed",
+            st.blocks
+        )))
+    }
+
+    /// A checksummed update of fused FP8 tensors: copies their boxes (bf16, as the senders
+    /// hashed them) out of the senders' memory into a scratch of the fused tensors (allocated,
+    /// and the copies built, on the first such update), which the checksums then hash in
+    /// place of the engine's e4m3 tensors.
+    fn copy_fused_for_checksums(&mut self) -> Result<(), RuntimeError> {
+        let (Some(f), Some(engine)) = (self.fused.as_mut(), self.engine.as_ref()) else {
+            return Ok(());
+        };
+        if f.verify.is_none() {
+            let scratch = RankLayout {
+                rank: self.me,
+                tensors: f
+                    .cfg
+                    .targets
+                    .iter()
+                    .map(|(n, t)| LocalTensor::plain(n.clone(), t.shape, DType::Bf16, vec![]))
+                    .collect(),
+            };
+            let scratch = TensorSet::allocate_cuda(&scratch, &self.dev)?;
+            let device = TensorSet::from_views(
+                self.tensors
+                    .iter()
+                    .map(|v| scratch.get(&v.name).unwrap_or(v).clone())
+                    .collect(),
+            )?;
+            let host = device.host_mirror()?;
+            f.verify = Some(Verify {
+                device,
+                host,
+                _scratch: scratch,
+            });
+        }
+        let Some(v) = f.verify.as_ref() else {
+            return Ok(());
+        };
+        let err = transport_err("copying the FP8 sources for the checksums");
+        for peer in &self.plan.peers {
+            let Some(rf) = self
+                .remotes
+                .get_mut(&peer.peer)
+                .and_then(|r| r.fp8.as_mut())
+            else {
+                continue;
+            };
+            if rf.verify.is_none() {
+                let mut srcs = rf.srcs.iter();
+                let descs = plan_copies(&rf.transfers, self.cfg.merge_pitched, |t| {
+                    let src = *srcs.next().ok_or(CudaError::MissingTensor {
+                        holder: "the fused FP8 sources".into(),
+                        tensor: t.src_tensor.to_string(),
+                    })?;
+                    let dst = v
+                        .device
+                        .get(&t.dst_tensor)
+                        .and_then(|x| x.device_ptr())
+                        .ok_or_else(|| CudaError::MissingTensor {
+                            holder: "the FP8 checksum scratch".into(),
+                            tensor: t.dst_tensor.to_string(),
+                        })?;
+                    Ok((src, dst))
+                })
+                .map_err(&err)?;
+                rf.verify = Some(descs);
+            }
+            if let Some(descs) = &rf.verify {
+                // SAFETY: built above from the fused transfers' sources in this peer's open
+                // mappings and the scratch held by `f.verify`; synchronised below.
+                unsafe { engine.launch(descs, None, None) }.map_err(&err)?;
+            }
+        }
+        engine.sync().map_err(&err)
+    }
+
     /// Flips one received byte on the GPU (fault injection for tests).
     fn corrupt_first_byte(&self) -> Result<(), RuntimeError> {
         let Some((peer, b)) = self
@@ -716,7 +1011,12 @@ impl CudaIpcTransport {
             return Ok(());
         };
         let t = &peer.transfers[piece.transfer as usize];
-        let Some(v) = self.tensors.get(&t.dst_tensor) else {
+        // a fused FP8 tensor's received bytes are its checksum scratch's (bf16)
+        let set = match self.fused.as_ref().and_then(|f| f.verify.as_ref()) {
+            Some(v) => &v.device,
+            None => &*self.tensors,
+        };
+        let Some(v) = set.get(&t.dst_tensor) else {
             return Ok(());
         };
         let Some(base) = v.device_ptr() else {
@@ -740,6 +1040,10 @@ impl Transport for CudaIpcTransport {
     }
 
     fn cuda_ipc(&self) -> Option<&CudaIpcTransport> {
+        Some(self)
+    }
+
+    fn cuda_ipc_mut(&mut self) -> Option<&mut CudaIpcTransport> {
         Some(self)
     }
 
@@ -791,6 +1095,9 @@ impl Transport for CudaIpcTransport {
         if let Some(s) = self.sender.take() {
             let _ = s.stream.sync();
             s.ctl.seg.segment().unlink();
+        }
+        if let Some(f) = self.fused.take() {
+            let _ = f.stream.sync();
         }
         self.engine = None;
         self.staging = None;
