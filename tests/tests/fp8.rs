@@ -386,12 +386,16 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
         other => panic!("dtype {other}"),
     };
     let mut fp8_params = 0;
+    let mut deepseek_ranks = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let config = &case["config"];
         let model = ModelSpec::from_config_value(config).unwrap();
         let f = Fp8Config::from_hf_model_config(config).unwrap().unwrap();
         let (tp, ep) = (case["tp"].as_u64().unwrap(), case["ep"].as_u64().unwrap());
-        let infer = format!("sglang:tp={tp},ep={ep}");
+        // the spec the engine test ran (DeepSeek-V3 says its shared experts stay apart)
+        let infer = case["infer"]
+            .as_str()
+            .map_or_else(|| format!("sglang:tp={tp},ep={ep}"), str::to_string);
         let p = pair(
             &model,
             "megatron:tp=1",
@@ -428,7 +432,27 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
             theirs.sort();
             ours.sort();
             assert_eq!(ours, theirs, "{} {infer} rank {r}", case["arch"]);
+            if case["arch"] == "DeepseekV3ForCausalLM" {
+                // DeepSeek-V3's MLA projections are FP8 (the fused q/kv down projection too, as
+                // in its FP8 checkpoint), the router and its bias are not
+                let dtype_of = |n: &str| ours.iter().find(|t| t.0 == n).map(|t| t.2);
+                for proj in ["fused_qkv_a_proj_with_mqa", "q_b_proj", "kv_b_proj", "o_proj"] {
+                    let n = format!("model.layers.0.self_attn.{proj}.weight");
+                    assert_eq!(dtype_of(&n), Some(DType::F8E4m3), "{n}");
+                    assert_eq!(dtype_of(&format!("{n}_scale_inv")), Some(DType::F32), "{n}");
+                }
+                assert_eq!(
+                    dtype_of("model.layers.1.mlp.gate.weight"),
+                    Some(DType::Bf16)
+                );
+                assert_eq!(
+                    dtype_of("model.layers.1.mlp.gate.e_score_correction_bias"),
+                    Some(DType::F32)
+                );
+                deepseek_ranks += 1;
+            }
         }
     }
     assert!(fp8_params >= 40, "{fp8_params}");
+    assert!(deepseek_ranks >= 5, "{deepseek_ranks}");
 }
