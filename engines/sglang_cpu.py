@@ -183,8 +183,9 @@ def first_difference(got: Any, want: Any) -> str | None:
 
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
         return f"{got.dtype} {list(got.shape)} vs {want.dtype} {list(want.shape)}"
-    a = got.contiguous().view(torch.uint8).reshape(-1)
-    b = want.contiguous().view(torch.uint8).reshape(-1)
+    # reshape first: a 0-d tensor (an attention layer's k_scale) has no bytes view
+    a = got.contiguous().reshape(-1).view(torch.uint8)
+    b = want.contiguous().reshape(-1).view(torch.uint8)
     diff = (a != b).nonzero()
     if diff.numel() == 0:
         return None

@@ -127,15 +127,17 @@ def run_threads(calls: list[Callable[[], Any]], timeout: float = 240.0) -> list[
 
 
 def fill_bf16(layout: list[dict[str, Any]], canonical: dict[str, Any], out: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``fill`` for a bf16 training side: torch bf16 tensors holding the canonical values at
-    every placement, junk elsewhere."""
+    """``fill`` for a bf16 training side: torch tensors of the layout's dtype (bf16; fp32 for
+    the tensors a bf16 model keeps in fp32, such as DeepSeek's router bias) holding the
+    canonical values at every placement, junk elsewhere."""
     import torch
 
+    dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     g = torch.Generator().manual_seed(0)
     res = {}
     for t in layout:
-        assert t["dtype"] == "bf16", t
-        a = out[t["name"]] if out is not None else torch.empty(t["shape"], dtype=torch.bfloat16)
+        assert t["dtype"] in dtypes, t
+        a = out[t["name"]] if out is not None else torch.empty(t["shape"], dtype=dtypes[t["dtype"]])
         a.copy_(torch.randn(t["shape"], generator=g) * 1e3)
         for name, canon, local in boxes(t):
             a[local] = canonical[name][canon].reshape(a[local].shape)

@@ -82,13 +82,15 @@ def params_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> Non
     try:
         sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port, dtype="bfloat16")
         model = sglang_cpu.load_model(sa)
-        q.put((rank, [[n, list(p.shape), str(p.dtype).removeprefix("torch.")]
-                      for n, p in model.named_parameters()]))
+        params = list(model.named_parameters())
+        q.put((rank, {"params": [[n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in params],
+                      # not model weights (SGLang's FP8 KV-cache scales): awex.sglang registers none
+                      "skip_weight_check": [n for n, p in params if getattr(p, "_skip_weight_check", False)]}))
     except BaseException:
         q.put((rank, traceback.format_exc()))
 
 
-def sglang_params(arch: str, tp: int, ep: int, tmp: str) -> list[list]:
+def sglang_params(arch: str, tp: int, ep: int, tmp: str) -> list[dict]:
     src = checkpoints.write(os.path.join(tmp, "bf16"), arch, tied=False, seed=7)
     ckpt = fp8_checkpoint(src, os.path.join(tmp, "fp8"))
     ctx = mp.get_context("spawn")
@@ -116,8 +118,11 @@ def test_sglang_fp8_parameters_are_the_fixture_awex_lays_out(tmp_path) -> None:
         cases.append({"arch": arch, "tp": tp, "ep": ep, "infer": sglang_infer(arch, tp, ep), "config": config,
                       "ranks": ranks})
         # what SGLang holds FP8: exactly the linear weights, each with its block scales
-        for params in ranks:
-            names = {n: (s, d) for n, s, d in params}
+        for rank in ranks:
+            names = {n: (s, d) for n, s, d in rank["params"]}
+            # what awex leaves out: scalar fp32 KV-cache scales of attention layers
+            for n in rank["skip_weight_check"]:
+                assert n.endswith((".k_scale", ".v_scale")) and names[n] == ([], "float32"), (n, names[n])
             for n, (shape, dtype) in names.items():
                 if dtype == "float8_e4m3fn":
                     s_shape, s_dtype = names[n + "_scale_inv"]

@@ -101,7 +101,10 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
         with open(os.path.join(f32, "config.json")) as f:
             cfg = json.load(f)
         cfg["dtype"] = cfg["torch_dtype"] = "bfloat16"
-        weights = {n: t.to(torch.bfloat16) for n, t in load_file(os.path.join(f32, "model.safetensors")).items()}
+        # bf16, but the router's score-correction bias, which DeepSeek-V3's checkpoints and every
+        # engine keep in fp32
+        weights = {n: t if n.endswith(".e_score_correction_bias") else t.to(torch.bfloat16)
+                   for n, t in load_file(os.path.join(f32, "model.safetensors")).items()}
         quantised = {}
         for name, t in weights.items():
             if checkpoints.fp8_linear(name):
