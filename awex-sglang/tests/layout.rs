@@ -756,7 +756,10 @@ fn tp_above_the_routed_experts_is_refused_as_sglang_refuses_it() {
         err(&qwen, &[("tp", 16)]),
         "model has 8 routed experts per MoE layer (`num_experts`), fewer than sglang moe_tp = tp/ep = 16 (tp=16, ep=1): SGLang 0.5.23's Qwen3MoeForCausalLM refuses that when it builds its first MoE layer (`Qwen3MoeSparseMoeBlock.__init__` raises \"Tensor parallel size 16 is greater than the number of experts 8.\"), so the server never starts; use moe_tp = tp/ep <= 8"
     );
-    assert!(SglangLayout::new(&qwen, 16, 2, 1).is_ok(), "moe_tp 8 over 8 experts");
+    assert!(
+        SglangLayout::new(&qwen, 16, 2, 1).is_ok(),
+        "moe_tp 8 over 8 experts"
+    );
     // Mixtral's block has no such check
     let mut mixtral = preset("mixtral-tiny").expect("preset");
     let experts = mixtral.moe.as_ref().expect("moe").num_experts;

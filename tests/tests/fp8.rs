@@ -451,7 +451,12 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
                 // DeepSeek-V3's MLA projections are FP8 (the fused q/kv down projection too, as
                 // in its FP8 checkpoint), the router and its bias are not
                 let dtype_of = |n: &str| ours.iter().find(|t| t.0 == n).map(|t| t.2);
-                for proj in ["fused_qkv_a_proj_with_mqa", "q_b_proj", "kv_b_proj", "o_proj"] {
+                for proj in [
+                    "fused_qkv_a_proj_with_mqa",
+                    "q_b_proj",
+                    "kv_b_proj",
+                    "o_proj",
+                ] {
                     let n = format!("model.layers.0.self_attn.{proj}.weight");
                     assert_eq!(dtype_of(&n), Some(DType::F8E4m3), "{n}");
                     assert_eq!(dtype_of(&format!("{n}_scale_inv")), Some(DType::F32), "{n}");
