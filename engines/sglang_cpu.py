@@ -29,6 +29,15 @@ What is not SGLang's own code, and why:
   ``FusedMoE`` of ``n_routed_experts + 1`` experts and ``load_weights``' renaming of
   ``mlp.shared_experts.*`` to that last expert.
 
+- ``derive_mla_as_on_gpu`` (the FP8 tests): DeepSeek's ``post_load_weights``
+  (``models/deepseek_common/deepseek_weight_loader.py``, SGLang 0.5.23 lines 690-712) derives
+  MLA's ``w_kc`` / ``w_vc`` from an FP8 ``kv_b_proj`` with 128 x 128 blocks by
+  ``block_quant_dequant`` to bf16 when the module's platform flag ``_is_cuda`` (or MUSA, XPU) is
+  set, and otherwise by ``block_quant_to_tensor_quant`` (per-tensor FP8 ``w_kc`` / ``w_vc`` plus
+  ``self_attn.w_scale``), a branch only a CPU server takes. The helper sets that module's
+  ``_is_cuda`` so that the GPU's derivation runs; both are plain torch (no kernel), and the flag
+  is read nowhere else in that module.
+
 Nothing on the weight-loading path is replaced: every parameter is created by SGLang's layers
 and written by their own ``weight_loader``.
 """
@@ -133,6 +142,18 @@ def fuse_shared_experts_as_on_gpu(class_name: str) -> None:
     cls.shared_experts_fusion_disable_reason = classmethod(lambda cls, hf_config, quant_config: None)
 
 
+def derive_mla_as_on_gpu() -> None:
+    """DeepSeek's ``post_load_weights`` derives ``w_kc`` / ``w_vc`` from a block-FP8
+    ``kv_b_proj`` as on a CUDA GPU: bf16 from ``block_quant_dequant`` (see the module
+    docstring). DeepGEMM's batched FP8 matmul path (``ENABLE_JIT_DEEPGEMM``) must be off, as it
+    is without a GPU, or the branch would keep the FP8 bytes instead."""
+    from sglang.srt.layers import deep_gemm_wrapper
+    from sglang.srt.models.deepseek_common import deepseek_weight_loader
+
+    assert not deep_gemm_wrapper.ENABLE_JIT_DEEPGEMM, "DeepGEMM is enabled on a CPU run"
+    deepseek_weight_loader._is_cuda = True
+
+
 def derived(model: Any) -> dict[str, Any]:
     """Every tensor the model holds besides its parameters: its buffers (``buffer:NAME``) and the
     tensors its modules keep as plain attributes (``derived:MODULE.ATTR``), which is where
@@ -162,8 +183,9 @@ def first_difference(got: Any, want: Any) -> str | None:
 
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
         return f"{got.dtype} {list(got.shape)} vs {want.dtype} {list(want.shape)}"
-    a = got.contiguous().view(torch.uint8).reshape(-1)
-    b = want.contiguous().view(torch.uint8).reshape(-1)
+    # reshape first: a 0-d tensor (an attention layer's k_scale) has no bytes view
+    a = got.contiguous().reshape(-1).view(torch.uint8)
+    b = want.contiguous().reshape(-1).view(torch.uint8)
     diff = (a != b).nonzero()
     if diff.numel() == 0:
         return None

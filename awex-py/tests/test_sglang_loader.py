@@ -115,3 +115,30 @@ def test_by_default_a_failure_is_logged_and_the_call_returns(
     assert "not raised: SGLang 0.5.23 ends the server on a loader exception" in messages[-1]
     if setting == "bogus":
         assert messages[0] == "AWEX_SGLANG_ON_ERROR='bogus' is neither `report` nor `raise`; using `report`"
+
+
+def test_named_tensors_leave_out_what_sglang_marks_as_no_weight() -> None:
+    """SGLang 0.5.23's FP8 KV-cache scales (``BaseKVCacheMethod.create_weights``: ``k_scale`` /
+    ``v_scale`` of an attention layer, marked ``_skip_weight_check``) are not registered; the
+    rest keep ``named_parameters()``'s order and lose ``torch.compile``'s ``_orig_mod.``."""
+
+    class Param:
+        pass
+
+    weight, k_scale, v_scale, norm = Param(), Param(), Param(), Param()
+    k_scale._skip_weight_check = True  # type: ignore[attr-defined]
+    v_scale._skip_weight_check = True  # type: ignore[attr-defined]
+
+    class Model:
+        def named_parameters(self):
+            return iter([
+                ("model.layers.0.self_attn.kv_b_proj.weight", weight),
+                ("model.layers.0.self_attn.attn_mqa.k_scale", k_scale),
+                ("model.layers.0.self_attn.attn_mqa.v_scale", v_scale),
+                ("_orig_mod.model.norm.weight", norm),
+            ])
+
+    assert aws.named_tensors(Model()) == [
+        ("model.layers.0.self_attn.kv_b_proj.weight", weight),
+        ("model.norm.weight", norm),
+    ]

@@ -42,6 +42,59 @@ pub const VOCAB_PADDING: u64 = 64;
 /// `stage_facts`: "Qwen3MoE all layers are sparse"; Mixtral has no dense layer to begin with).
 const EVERY_LAYER_MOE: &[&str] = &["Qwen3MoeForCausalLM"];
 
+/// The model classes whose SGLang 0.5.23 MoE block refuses a tensor-parallel size above the
+/// routed experts: the class, that block, the config field counting the experts, and the size
+/// compared. `models/deepseek_v2.py` (`DeepseekV2MoE.__init__`, which DeepSeek-V3 and Kimi-K2
+/// build too) and `models/glm4_moe.py` (`Glm4MoeSparseMoeBlock.__init__`) compare the whole
+/// `get_parallel().tp_size`, whatever the expert parallelism; `models/qwen3_moe.py`
+/// (`Qwen3MoeSparseMoeBlock.__init__`) compares `get_parallel().moe_tp_size` (tp / ep). Each
+/// raises `ValueError("Tensor parallel size {size} is greater than the number of experts {n}.")`.
+/// Mixtral's block has no such check.
+const TP_AT_MOST_EXPERTS: &[(&str, &str, &str, Compared)] = &[
+    (
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2MoE",
+        "n_routed_experts",
+        Compared::Tp,
+    ),
+    (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV2MoE",
+        "n_routed_experts",
+        Compared::Tp,
+    ),
+    (
+        "Glm4MoeForCausalLM",
+        "Glm4MoeSparseMoeBlock",
+        "n_routed_experts",
+        Compared::Tp,
+    ),
+    (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeSparseMoeBlock",
+        "num_experts",
+        Compared::MoeTp,
+    ),
+];
+
+/// Which tensor-parallel size an SGLang MoE block compares with its routed experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compared {
+    /// the whole tensor-parallel size, `tp`
+    Tp,
+    /// the MoE tensor-parallel size, `moe_tp = tp / ep`
+    MoeTp,
+}
+
+impl std::fmt::Display for Compared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Compared::Tp => "tp",
+            Compared::MoeTp => "moe_tp = tp/ep",
+        })
+    }
+}
+
 /// A parallel configuration SGLang cannot run for this model.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SglangConfigError {
@@ -96,6 +149,28 @@ pub enum SglangConfigError {
     Experts {
         /// routed experts
         experts: u64,
+        /// expert-parallel size
+        ep: u64,
+    },
+    /// A tensor-parallel size above the routed experts, which SGLang's MoE block refuses.
+    #[error(
+        "model has {experts} routed experts per MoE layer (`{field}`), fewer than sglang {compared} = {size} (tp={tp}, ep={ep}): SGLang 0.5.23's {class} refuses that when it builds its first MoE layer (`{module}.__init__` raises \"Tensor parallel size {size} is greater than the number of experts {experts}.\"), so the server never starts; use {compared} <= {experts}"
+    )]
+    TpAboveExperts {
+        /// the HF class
+        class: &'static str,
+        /// the SGLang module that refuses it
+        module: &'static str,
+        /// the config field that counts the routed experts
+        field: &'static str,
+        /// which size the module compares
+        compared: Compared,
+        /// that size
+        size: u64,
+        /// routed experts
+        experts: u64,
+        /// tensor-parallel size
+        tp: u64,
         /// expert-parallel size
         ep: u64,
     },
@@ -259,6 +334,26 @@ impl SglangLayout {
                         experts: m.num_experts,
                         ep,
                     });
+                }
+                if let Some(&(class, module, field, compared)) =
+                    TP_AT_MOST_EXPERTS.iter().find(|c| c.0 == class)
+                {
+                    let size = match compared {
+                        Compared::Tp => tp,
+                        Compared::MoeTp => moe_tp,
+                    };
+                    if size > m.num_experts {
+                        return Err(SglangConfigError::TpAboveExperts {
+                            class,
+                            module,
+                            field,
+                            compared,
+                            size,
+                            experts: m.num_experts,
+                            tp,
+                            ep,
+                        });
+                    }
                 }
                 if m.moe_intermediate_size % moe_tp != 0 {
                     return Err(SglangConfigError::MoeIntermediate {

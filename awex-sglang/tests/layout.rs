@@ -708,3 +708,66 @@ fn backend_is_registered_as_sglang() {
         .expect("layout");
     assert_eq!((side.world_size(), side.engines()), (4, 2));
 }
+
+/// SGLang 0.5.23's MoE blocks refuse a tensor-parallel size above the routed experts when the
+/// server builds the model (`models/deepseek_v2.py`, `DeepseekV2MoE.__init__`: "Tensor parallel
+/// size {tp} is greater than the number of experts {n}."; GLM-4.5 and Qwen3-MoE likewise):
+/// awex refuses the same layout by name, before any rank starts.
+#[test]
+fn tp_above_the_routed_experts_is_refused_as_sglang_refuses_it() {
+    // DeepSeek-V3 (8 routed experts): tp 16, even with expert parallelism (SGLang compares the
+    // whole tp)
+    let ds = preset("deepseek-v3-tiny").expect("preset");
+    let mut ds = ds.clone();
+    ds.num_heads = 16;
+    let msg = |tp: u64, ep: u64| {
+        format!(
+            "model has 8 routed experts per MoE layer (`n_routed_experts`), fewer than sglang tp = {tp} (tp={tp}, ep={ep}): SGLang 0.5.23's DeepseekV3ForCausalLM refuses that when it builds its first MoE layer (`DeepseekV2MoE.__init__` raises \"Tensor parallel size {tp} is greater than the number of experts 8.\"), so the server never starts; use tp <= 8"
+        )
+    };
+    assert_eq!(
+        err(&ds, &[("tp", 16), ("fused_shared_experts", 0)]),
+        msg(16, 1)
+    );
+    assert_eq!(err(&ds, &[("tp", 16), ("ep", 8)]), msg(16, 8));
+    // tp equal to the experts is what SGLang builds
+    assert!(
+        SglangLayout::with_shared_experts(&ds, 8, 1, 1, Some(false)).is_ok(),
+        "tp 8 over 8 experts"
+    );
+    // GLM-4.5 compares the whole tp as well
+    let mut glm = preset("glm-4.5-tiny").expect("preset");
+    let experts = glm.moe.as_ref().expect("moe").num_experts;
+    glm.num_heads = experts * 2;
+    glm.num_kv_heads = experts * 2;
+    let tp = experts * 2;
+    let e = err(&glm, &[("tp", tp), ("fused_shared_experts", 0)]);
+    assert!(
+        e.starts_with(&format!(
+            "model has {experts} routed experts per MoE layer (`n_routed_experts`), fewer than sglang tp = {tp}"
+        )) && e.contains("Glm4MoeSparseMoeBlock.__init__"),
+        "{e}"
+    );
+    // Qwen3-MoE compares moe_tp = tp / ep: tp 16 over 8 experts is refused at ep 1, built at ep 2
+    let mut qwen = moe_tiny();
+    qwen.num_heads = 16;
+    qwen.num_kv_heads = 16;
+    assert_eq!(
+        err(&qwen, &[("tp", 16)]),
+        "model has 8 routed experts per MoE layer (`num_experts`), fewer than sglang moe_tp = tp/ep = 16 (tp=16, ep=1): SGLang 0.5.23's Qwen3MoeForCausalLM refuses that when it builds its first MoE layer (`Qwen3MoeSparseMoeBlock.__init__` raises \"Tensor parallel size 16 is greater than the number of experts 8.\"), so the server never starts; use moe_tp = tp/ep <= 8"
+    );
+    assert!(
+        SglangLayout::new(&qwen, 16, 2, 1).is_ok(),
+        "moe_tp 8 over 8 experts"
+    );
+    // Mixtral's block has no such check
+    let mut mixtral = preset("mixtral-tiny").expect("preset");
+    let experts = mixtral.moe.as_ref().expect("moe").num_experts;
+    mixtral.num_heads = experts * 2;
+    mixtral.num_kv_heads = experts * 2;
+    assert!(
+        SglangLayout::new(&mixtral, experts * 2, 1, 1).is_ok(),
+        "mixtral at tp {}",
+        experts * 2
+    );
+}

@@ -8,6 +8,7 @@ use awex_core::backend::Backend;
 use awex_core::backend::ParallelConfig;
 use awex_core::model::presets::preset;
 use awex_core::model::{Architecture, Catalogue, ModelSpec, MoeSpec};
+use awex_sglang::layout::Compared;
 use awex_sglang::{SglangBackend, SglangConfigError, SglangLayout};
 use proptest::prelude::*;
 
@@ -185,6 +186,20 @@ fn predicted_error(spec: &ModelSpec, tp: u64, ep: u64) -> Option<SglangConfigErr
         if m.num_experts % ep != 0 {
             return Some(SglangConfigError::Experts {
                 experts: m.num_experts,
+                ep,
+            });
+        }
+        // Qwen3MoeSparseMoeBlock: "Tensor parallel size {moe_tp} is greater than the number
+        // of experts {n}."
+        if tp / ep > m.num_experts {
+            return Some(SglangConfigError::TpAboveExperts {
+                class: "Qwen3MoeForCausalLM",
+                module: "Qwen3MoeSparseMoeBlock",
+                field: "num_experts",
+                compared: Compared::MoeTp,
+                size: tp / ep,
+                experts: m.num_experts,
+                tp,
                 ep,
             });
         }

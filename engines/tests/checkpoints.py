@@ -140,6 +140,16 @@ def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None 
     return path
 
 
+def fp8_linear(name: str) -> bool:
+    """Whether a block-FP8 checkpoint stores tensor ``name`` quantised (with a
+    ``<name>_scale_inv``): every linear weight of attention, the dense MLP, the routed and the
+    shared experts, DeepSeek-V3's MLA projections included (``q_a_proj``, ``q_b_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj``: its FP8 checkpoint holds
+    ``kv_a_proj_with_mqa.weight`` as F8_E4M3 [576, 7168] with ``weight_scale_inv`` [5, 56]); not
+    the router (``mlp.gate.weight``), its bias, the embedding, ``lm_head`` or the norms."""
+    return name.endswith(("_proj.weight", ".kv_a_proj_with_mqa.weight"))
+
+
 def tensors(path: str) -> dict[str, Any]:
     """The checkpoint's tensors as float32 numpy arrays (canonical names)."""
     from safetensors.numpy import load_file

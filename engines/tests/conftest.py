@@ -124,3 +124,80 @@ def run_threads(calls: list[Callable[[], Any]], timeout: float = 240.0) -> list[
     with ThreadPoolExecutor(max_workers=len(calls)) as ex:
         futures = [ex.submit(c) for c in calls]
         return [f.result(timeout=timeout) for f in futures]
+
+
+def fill_bf16(layout: list[dict[str, Any]], canonical: dict[str, Any], out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``fill`` for a bf16 training side: torch tensors of the layout's dtype (bf16; fp32 for
+    the tensors a bf16 model keeps in fp32, such as DeepSeek's router bias) holding the
+    canonical values at every placement, junk elsewhere."""
+    import torch
+
+    dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
+    g = torch.Generator().manual_seed(0)
+    res = {}
+    for t in layout:
+        assert t["dtype"] in dtypes, t
+        a = out[t["name"]] if out is not None else torch.empty(t["shape"], dtype=dtypes[t["dtype"]])
+        a.copy_(torch.randn(t["shape"], generator=g) * 1e3)
+        for name, canon, local in boxes(t):
+            a[local] = canonical[name][canon].reshape(a[local].shape)
+        res[t["name"]] = a
+    return res
+
+
+def drive(gateway: str, name: str, canon: dict[int, dict], versions: list[int],
+          fill_rank: Callable[..., dict[str, Any]] = fill, timeout: float = 120.0) -> list[dict]:
+    """The training side of one pair: Writers filled from the canonical weights in awex's
+    training layout (``fill_rank``: ``fill`` for f32 numpy, ``fill_bf16`` for bf16 torch),
+    joined, then one update per version (new weights written in place)."""
+    import awex
+
+    ctl = awex.Controller(gateway)
+    n = ctl.status(name)["training"]["world_size"]
+    writers = [awex.Writer(gateway, name, r) for r in range(n)]
+    try:
+        arrays = [fill_rank(w.layout(), canon[versions[0]]) for w in writers]
+        for w, a in zip(writers, arrays):
+            assert w.register(list(a.items())) == len(a)
+        run_threads([lambda w=w: w.join(timeout=120) for w in writers])
+        out = []
+        for v in versions:
+            if v != versions[0]:
+                for w, a in zip(writers, arrays):
+                    fill_rank(w.layout(), canon[v], out=a)
+            with ThreadPoolExecutor(max_workers=n) as ex:
+                futures = [ex.submit(w.update, v, timeout=timeout) for w in writers]
+                out.append(ctl.update(v, timeout=timeout, pair=name))
+                for f in futures:
+                    assert f.result(timeout=timeout)["state"] == "committed"
+        return out
+    finally:
+        for w in writers:
+            w.close()
+
+
+#: Cases whose class has shared experts: SGLang 0.5.23 on CPU keeps them apart
+#: (``shared_experts_fusion_disable_reason``: not CUDA), which awex must be told at ep=1
+#: (``fused_shared_experts=0``); a fused case fuses them as on a GPU.
+SHARED = {"Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora",
+          "DeepseekV2ForCausalLM"}
+
+#: Cases with multi-head latent attention: SGLang derives ``w_kc`` / ``w_vc`` of every layer
+#: after loading (``post_load_weights``), which the comparison must have seen.
+MLA = {"DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora", "DeepseekV2ForCausalLM"}
+
+
+def sglang_infer(arch: str, tp: int, ep: int, fused: bool = False) -> str:
+    """The inference spec of an SGLang case (``sglang:tp=..,ep=..``, plus whether its shared
+    experts are fused for a class that has them)."""
+    extra = f",fused_shared_experts={int(fused)}" if arch in SHARED else ""
+    return f"sglang:tp={tp},ep={ep}{extra}"
+
+
+def assert_mla_derived(results: list[dict[str, Any]], layers: int = 2) -> None:
+    """Every rank compared every layer's MLA absorption tensors (``w_kc`` / ``w_vc``, derived by
+    ``post_load_weights``), not just the parameters."""
+    for res in results:
+        for layer in range(layers):
+            for w in ("w_kc", "w_vc"):
+                assert f"derived:model.layers.{layer}.self_attn.{w}" in res["derived"], res["derived"]

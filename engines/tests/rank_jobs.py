@@ -50,7 +50,7 @@ def compare(model: Any, want: dict[str, Any]) -> list[str]:
     got = {n: p.detach() for n, p in model.named_parameters()}
     got.update({n: t.detach() for n, t in sglang_cpu.derived(model).items()})
     for name, w in want.items():
-        if name in got and w.shape[0] < got[name].shape[0]:  # compare only the first rows
+        if name in got and w.dim() > 0 and w.shape[0] < got[name].shape[0]:  # compare only the first rows
             got[name] = got[name][: w.shape[0]]
     diffs = []
     if sorted(got) != sorted(want):
@@ -254,10 +254,15 @@ def fp8_receive_job(rank: int, q: Any, tp: int, ep: int, port: int, fp8: dict[in
         import awex.sglang as aws
 
         sa = sglang_cpu.init_rank(fp8[0], tp=tp, ep=ep, rank=rank, port=port, dtype="bfloat16")
+        # DeepSeek's MLA: the GPU's w_kc / w_vc, for SGLang's own loads and for awex's updates alike
+        sglang_cpu.derive_mla_as_on_gpu()
         want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, fp8[v])) for v in versions}
         result: dict[str, Any] = {"checked": 0, "diffs": [], "params": len(want[versions[0]]),
                                   "fp8": sorted(n for n, t in want[versions[0]].items()
-                                                if str(t.dtype) == "torch.float8_e4m3fn")}
+                                                if str(t.dtype) == "torch.float8_e4m3fn"),
+                                  "derived": sorted(n for n in want[versions[0]] if n.startswith("derived:")),
+                                  "derived_dtypes": sorted({str(t.dtype) for n, t in want[versions[0]].items()
+                                                            if n.endswith((".w_kc", ".w_vc"))})}
         for pair in pairs:
             model = sglang_cpu.load_model(sa, fp8[0])
             if not compare(model, want[versions[0]]):

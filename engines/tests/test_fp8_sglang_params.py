@@ -21,7 +21,7 @@ import pytest
 
 import checkpoints
 import sglang_cpu
-from conftest import free_port
+from conftest import free_port, sglang_infer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "tests", "fixtures", "fp8_sglang_params.json")
@@ -33,13 +33,21 @@ CASES = [
     ("Qwen3ForCausalLM", 2, 1),
     ("Qwen3MoeForCausalLM", 2, 1),
     ("Qwen3MoeForCausalLM", 2, 2),
+    # MLA: the fused q/kv down projection (32 + 24 rows: the last block row is half a block),
+    # q_b / kv_b over tp, the shared expert apart (as SGLang on CPU), the router and its bias
+    ("DeepseekV3ForCausalLM", 1, 1),
+    ("DeepseekV3ForCausalLM", 2, 1),
+    ("DeepseekV3ForCausalLM", 2, 2),
+    # MLA without q_lora_rank: q_proj over tp, kv_a_proj_with_mqa replicated
+    ("DeepseekV3ForCausalLM-no-q-lora", 2, 1),
 ]
 
 
 def fp8_checkpoint(src: str, dst: str) -> str:
-    """``src`` with every linear weight (``*_proj.weight``, experts included; not the
-    embedding, the norms, ``lm_head`` or the router ``mlp.gate``) quantised by the ``vllm``
-    reference into e4m3 plus ``*_scale_inv``, the rest bf16, and a ``quantization_config``."""
+    """``src`` with every linear weight (``checkpoints.fp8_linear``: experts and MLA's
+    projections included; not the embedding, the norms, ``lm_head`` or the router ``mlp.gate``)
+    quantised by the ``vllm`` reference into e4m3 plus ``*_scale_inv``, the rest bf16, and a
+    ``quantization_config``."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -60,7 +68,7 @@ def fp8_checkpoint(src: str, dst: str) -> str:
     out = {}
     for name, t in load_file(os.path.join(src, "model.safetensors")).items():
         t = t.to(torch.bfloat16)
-        if name.endswith("_proj.weight"):
+        if checkpoints.fp8_linear(name):
             q, s = fp8_refs.ref_vllm(t, block=BLOCK)
             out[name] = q
             out[name + "_scale_inv"] = s.contiguous()
@@ -74,13 +82,15 @@ def params_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> Non
     try:
         sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port, dtype="bfloat16")
         model = sglang_cpu.load_model(sa)
-        q.put((rank, [[n, list(p.shape), str(p.dtype).removeprefix("torch.")]
-                      for n, p in model.named_parameters()]))
+        params = list(model.named_parameters())
+        q.put((rank, {"params": [[n, list(p.shape), str(p.dtype).removeprefix("torch.")] for n, p in params],
+                      # not model weights (SGLang's FP8 KV-cache scales): awex.sglang registers none
+                      "skip_weight_check": [n for n, p in params if getattr(p, "_skip_weight_check", False)]}))
     except BaseException:
         q.put((rank, traceback.format_exc()))
 
 
-def sglang_params(arch: str, tp: int, ep: int, tmp: str) -> list[list]:
+def sglang_params(arch: str, tp: int, ep: int, tmp: str) -> list[dict]:
     src = checkpoints.write(os.path.join(tmp, "bf16"), arch, tied=False, seed=7)
     ckpt = fp8_checkpoint(src, os.path.join(tmp, "fp8"))
     ctx = mp.get_context("spawn")
@@ -105,10 +115,14 @@ def test_sglang_fp8_parameters_are_the_fixture_awex_lays_out(tmp_path) -> None:
         ranks = sglang_params(arch, tp, ep, str(d))
         with open(os.path.join(str(d), "fp8", "config.json")) as f:
             config = json.load(f)
-        cases.append({"arch": arch, "tp": tp, "ep": ep, "config": config, "ranks": ranks})
+        cases.append({"arch": arch, "tp": tp, "ep": ep, "infer": sglang_infer(arch, tp, ep), "config": config,
+                      "ranks": ranks})
         # what SGLang holds FP8: exactly the linear weights, each with its block scales
-        for params in ranks:
-            names = {n: (s, d) for n, s, d in params}
+        for rank in ranks:
+            names = {n: (s, d) for n, s, d in rank["params"]}
+            # what awex leaves out: scalar fp32 KV-cache scales of attention layers
+            for n in rank["skip_weight_check"]:
+                assert n.endswith((".k_scale", ".v_scale")) and names[n] == ([], "float32"), (n, names[n])
             for n, (shape, dtype) in names.items():
                 if dtype == "float8_e4m3fn":
                     s_shape, s_dtype = names[n + "_scale_inv"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -29,7 +28,7 @@ import pytest
 import awex
 import checkpoints
 import rank_jobs
-from conftest import Ranks, boxes, free_port, pair_name, run_threads
+from conftest import MLA, Ranks, assert_mla_derived, drive, fill_bf16, free_port, pair_name, sglang_infer
 
 BLOCK = (128, 128)
 
@@ -39,6 +38,23 @@ BLOCK = (128, 128)
 SIZES = {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
          "intermediate_size": 512}
 MOE_SIZES = {"moe_intermediate_size": 256}
+#: DeepSeek-V3 (MLA with q_lora_rank) at DeepSeek-V3's proportions, every TP shard whole blocks at
+#: tp 2: 4 heads (2 per rank) of nope 64 + rope 64 (q_b_proj: 256 rows per rank) and v 64
+#: (kv_b_proj: 256 rows per rank; o_proj: 128 input columns per rank), q_lora_rank 128,
+#: kv_lora_rank 128; the replicated ``fused_qkv_a_proj_with_mqa`` has 128 + 128 + 64 = 320 rows,
+#: so its last block row is half a block (as DeepSeek-V3's 1536 + 576 = 2112 rows: 16.5 blocks),
+#: and the scales of ``q_a_proj`` (1 block row) and ``kv_a_proj_with_mqa`` (2) concatenate.
+#: Dense first layer MLP 512, 4 routed experts and one shared expert of 256 rows.
+DEEPSEEK_SIZES = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
+                  "q_lora_rank": 128, "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64,
+                  "v_head_dim": 64, "intermediate_size": 512, "moe_intermediate_size": 256}
+
+
+def sizes_of(arch: str) -> dict[str, Any]:
+    if arch.startswith("Deepseek"):
+        return DEEPSEEK_SIZES
+    return {**SIZES, **(MOE_SIZES if "Moe" in arch else {})}
+
 
 # arch, tp, ep, [(training layout, transport)]
 CASES = [
@@ -47,6 +63,13 @@ CASES = [
     ("Qwen3ForCausalLM", 2, 1, [("megatron:tp=2", "shm"), ("fsdp:dp=2", "tcp")]),
     ("Qwen3MoeForCausalLM", 2, 1, [("megatron:tp=2", "tcp")]),
     ("Qwen3MoeForCausalLM", 2, 2, [("fsdp:dp=2", "shm")]),
+    # DeepSeek-V3: every MLA projection FP8 (the fused q/kv down projection too), w_kc / w_vc
+    # derived from the FP8 kv_b_proj, the shared expert apart (as SGLang on CPU), the bf16 router
+    # and its fp32 bias. Megatron's local spec splits the down projections over tp (64 of q_a's
+    # 128 rows per training rank): SGLang's replicated copy is quantised from both halves.
+    ("DeepseekV3ForCausalLM", 1, 1, [("megatron:tp=1,local_spec=1", "shm")]),
+    ("DeepseekV3ForCausalLM", 2, 1, [("megatron:tp=2,local_spec=1", "shm"), ("fsdp:dp=2", "tcp")]),
+    ("DeepseekV3ForCausalLM", 2, 2, [("fsdp:dp=2", "shm")]),
 ]
 
 
@@ -66,7 +89,7 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
     import fp8_refs
 
     cls_name, extra = checkpoints.ARCHS[arch]
-    sizes = {**SIZES, **(MOE_SIZES if "Moe" in arch else {})}
+    sizes = sizes_of(arch)
     cfg_dir = os.path.join(base, "config")
     getattr(transformers, cls_name)(**{**checkpoints.BASE, **extra, **sizes}, tie_word_embeddings=False,
                                     torch_dtype="float32").save_pretrained(cfg_dir)
@@ -78,10 +101,13 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
         with open(os.path.join(f32, "config.json")) as f:
             cfg = json.load(f)
         cfg["dtype"] = cfg["torch_dtype"] = "bfloat16"
-        weights = {n: t.to(torch.bfloat16) for n, t in load_file(os.path.join(f32, "model.safetensors")).items()}
+        # bf16, but the router's score-correction bias, which DeepSeek-V3's checkpoints and every
+        # engine keep in fp32
+        weights = {n: t if n.endswith(".e_score_correction_bias") else t.to(torch.bfloat16)
+                   for n, t in load_file(os.path.join(f32, "model.safetensors")).items()}
         quantised = {}
         for name, t in weights.items():
-            if name.endswith("_proj.weight"):  # attention, MLP and expert linears; not the router
+            if checkpoints.fp8_linear(name):
                 q, s = fp8_refs.ref_vllm_cuda(t, block=BLOCK)
                 if v == 1:
                     cpu_differs += int((fp8_refs.ref_vllm(t, block=BLOCK)[1] != s).sum())
@@ -102,49 +128,6 @@ def checkpoints_of(base: str, arch: str) -> tuple[dict[int, str], dict[int, str]
     return bf16, fp8, cpu_differs
 
 
-def fill_bf16(layout: list[dict[str, Any]], canonical: dict[str, Any], out: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A training rank's bf16 tensors in awex's training layout (``conftest.fill`` for torch
-    bf16): the canonical values at every placement, junk elsewhere."""
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    res = {}
-    for t in layout:
-        assert t["dtype"] == "bf16", t
-        a = out[t["name"]] if out is not None else torch.empty(t["shape"], dtype=torch.bfloat16)
-        a.copy_(torch.randn(t["shape"], generator=g) * 1e3)
-        for name, canon, local in boxes(t):
-            a[local] = canonical[name][canon].reshape(a[local].shape)
-        res[t["name"]] = a
-    return res
-
-
-def drive(gateway: str, name: str, canon: dict[int, dict], versions: list[int]) -> list[dict]:
-    """The training side of one pair (``test_sglang_real.drive`` with bf16 torch tensors)."""
-    ctl = awex.Controller(gateway)
-    n = ctl.status(name)["training"]["world_size"]
-    writers = [awex.Writer(gateway, name, r) for r in range(n)]
-    try:
-        tensors = [fill_bf16(w.layout(), canon[versions[0]]) for w in writers]
-        for w, a in zip(writers, tensors):
-            assert w.register(list(a.items())) == len(a)
-        run_threads([lambda w=w: w.join(timeout=120) for w in writers])
-        out = []
-        for v in versions:
-            if v != versions[0]:
-                for w, a in zip(writers, tensors):
-                    fill_bf16(w.layout(), canon[v], out=a)
-            with ThreadPoolExecutor(max_workers=n) as ex:
-                futures = [ex.submit(w.update, v, timeout=240) for w in writers]
-                out.append(ctl.update(v, timeout=240, pair=name))
-                for f in futures:
-                    assert f.result(timeout=240)["state"] == "committed"
-        return out
-    finally:
-        for w in writers:
-            w.close()
-
-
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_fp8_receive_matches_sglang_load_of_the_reference_checkpoint(case, gateway, tmp_path) -> None:
     from safetensors.torch import load_file
@@ -157,7 +140,7 @@ def test_fp8_receive_matches_sglang_load_of_the_reference_checkpoint(case, gatew
     for train, transport in pairs:
         name = pair_name(f"fp8-{arch[:5]}-{transport}")
         st = ctl.connect(name, model=bf16[0], infer_config=fp8[0], train=train,
-                         infer=f"sglang:tp={tp},ep={ep}", transport=transport, join_deadline_s=600,
+                         infer=sglang_infer(arch, tp, ep), transport=transport, join_deadline_s=600,
                          update_deadline_s=300)
         assert st["inference"]["fp8"]["config"]["encoding"]["block"] == list(BLOCK), st["inference"]
         assert st["inference"]["fp8"]["recipe"] == "vllm", st["inference"]
@@ -166,7 +149,7 @@ def test_fp8_receive_matches_sglang_load_of_the_reference_checkpoint(case, gatew
     try:
         canon = {v: load_file(os.path.join(bf16[v], "model.safetensors")) for v in (1, 2)}
         for name in names:
-            updates = drive(gateway, name, canon, [1, 2])
+            updates = drive(gateway, name, canon, [1, 2], fill_rank=fill_bf16, timeout=240)
             assert [u["state"] for u in updates] == ["committed", "committed"]
             ctl.disconnect(name)
     finally:
@@ -175,6 +158,17 @@ def test_fp8_receive_matches_sglang_load_of_the_reference_checkpoint(case, gatew
         assert res["diffs"] == [], "\n".join(res["diffs"][:20])
         assert res["checked"] == 2 * len(pairs), res
         # SGLang holds the linear weights as e4m3: the comparison covered them
-        assert any(n.endswith("qkv_proj.weight") for n in res["fp8"]), res["fp8"]
+        assert any(n.endswith(("qkv_proj.weight", "qkv_a_proj_with_mqa.weight")) for n in res["fp8"]), res["fp8"]
         assert any(n.endswith(("gate_up_proj.weight", "w13_weight")) for n in res["fp8"]), res["fp8"]
     assert len({res["params"] for res in results}) == 1
+    if arch in MLA:
+        assert_mla_derived(results)
+        for res in results:
+            # the MLA projections SGLang holds FP8: the fused down projection, q_b, kv_b, o
+            for proj in ("fused_qkv_a_proj_with_mqa", "q_b_proj", "kv_b_proj", "o_proj"):
+                assert f"model.layers.0.self_attn.{proj}.weight" in res["fp8"], res["fp8"]
+            # post_load_weights took the GPU's branch (sglang_cpu.derive_mla_as_on_gpu): bf16
+            # w_kc / w_vc dequantised from the FP8 kv_b_proj, not the CPU's per-tensor FP8
+            assert res["derived_dtypes"] == ["torch.bfloat16"], res["derived_dtypes"]
+            # the router stays bf16
+            assert "model.layers.1.mlp.gate.weight" not in res["fp8"], res["fp8"]

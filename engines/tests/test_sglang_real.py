@@ -16,7 +16,7 @@ import pytest
 import awex
 import checkpoints
 import rank_jobs
-from conftest import Ranks, fill, free_port, pair_name, run_threads
+from conftest import MLA, Ranks, assert_mla_derived, drive, fill, free_port, pair_name, sglang_infer
 
 # arch, tied, tp, ep, [(training layout, transport)]
 CASES = [
@@ -50,59 +50,20 @@ CASES = [
     ("DeepseekV2ForCausalLM", False, 2, 1, [("fsdp:dp=2", "shm")]),
 ]
 
-#: What the inference spec says beyond tp and ep for a class with shared experts: SGLang 0.5.23
-#: on CPU keeps GLM's shared experts apart (``Glm4MoeForCausalLM.shared_experts_fusion_disable_reason``:
-#: not CUDA), which awex must be told at ep=1; the fused cases fuse them as on a GPU.
-SHARED = {"Glm4MoeForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora",
-          "DeepseekV2ForCausalLM"}
-
-#: Cases with multi-head latent attention: SGLang derives ``w_kc`` / ``w_vc`` of every layer
-#: after loading (``post_load_weights``), which the comparison must have seen.
-MLA = {"DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM-no-q-lora", "DeepseekV2ForCausalLM"}
-
-
 def _id(case) -> str:
     arch, tied, tp, ep, _, *fused = case
     return f"{arch}-{'tied' if tied else 'untied'}-tp{tp}-ep{ep}{'-fused' if fused else ''}"
-
-
-def drive(gateway: str, name: str, canon: dict[int, dict], versions: list[int]) -> list[dict]:
-    """The training side of one pair: Writers filled from the canonical weights in awex's
-    training layout, joined, then one update per version (new weights written in place)."""
-    ctl = awex.Controller(gateway)
-    n = ctl.status(name)["training"]["world_size"]
-    writers = [awex.Writer(gateway, name, r) for r in range(n)]
-    try:
-        arrays = [fill(w.layout(), canon[versions[0]]) for w in writers]
-        for w, a in zip(writers, arrays):
-            assert w.register(list(a.items())) == len(a)
-        run_threads([lambda w=w: w.join(timeout=120) for w in writers])
-        out = []
-        for v in versions:
-            if v != versions[0]:
-                for w, a in zip(writers, arrays):
-                    fill(w.layout(), canon[v], out=a)
-            with ThreadPoolExecutor(max_workers=n) as ex:
-                futures = [ex.submit(w.update, v, timeout=120) for w in writers]
-                out.append(ctl.update(v, timeout=120, pair=name))
-                for f in futures:
-                    assert f.result(timeout=120)["state"] == "committed"
-        return out
-    finally:
-        for w in writers:
-            w.close()
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
     arch, tied, tp, ep, pairs, *fused = case
     ckpts = ckpt_dir(arch, tied)
-    extra = f",fused_shared_experts={int(bool(fused))}" if arch in SHARED else ""
     ctl = awex.Controller(gateway)
     names, refused = [], []
     for train, transport in pairs:
         name = pair_name(f"{arch[:5]}-{transport}")
-        infer = f"sglang:tp={tp},ep={ep}{extra}"
+        infer = sglang_infer(arch, tp, ep, bool(fused))
         try:
             ctl.connect(name, model=ckpts[0], train=train, infer=infer, transport=transport,
                         join_deadline_s=600)
@@ -140,11 +101,7 @@ def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
         assert max(res["warmup_s"]) < 5.0, res["warmup_s"]
     assert len({res["params"] for res in results}) == 1
     if arch in MLA:
-        for res in results:
-            # both layers' MLA absorption tensors were compared (not just the parameters)
-            for layer in (0, 1):
-                for w in ("w_kc", "w_vc"):
-                    assert f"derived:model.layers.{layer}.self_attn.{w}" in res["derived"], res["derived"]
+        assert_mla_derived(results)
     if untied_head:
         for res in results:
             # awex's lm_head is the embedding, byte for byte; SGLang's own load is not

@@ -374,7 +374,8 @@ fn shards_that_cut_a_block_are_refused_by_name_rows_and_columns() {
 /// `tests/tests/fixtures/fp8_sglang_params.json`: every parameter (name, shape, dtype) of
 /// SGLang 0.5.23's own block-FP8 models on CPU, per TP rank, written by
 /// `engines/tests/test_fp8_sglang_params.py` (which loads the reference-quantised checkpoint
-/// with SGLang's real classes and checks the file still holds what they create).
+/// with SGLang's real classes and checks the file still holds what they create), Qwen3,
+/// Qwen3-MoE and DeepSeek-V3 (with and without `q_lora_rank`).
 #[test]
 fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
     let fixture: serde_json::Value =
@@ -386,25 +387,43 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
         other => panic!("dtype {other}"),
     };
     let mut fp8_params = 0;
+    let mut deepseek_ranks = 0;
+    let mut skipped = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let config = &case["config"];
         let model = ModelSpec::from_config_value(config).unwrap();
         let f = Fp8Config::from_hf_model_config(config).unwrap().unwrap();
         let (tp, ep) = (case["tp"].as_u64().unwrap(), case["ep"].as_u64().unwrap());
-        let infer = format!("sglang:tp={tp},ep={ep}");
+        // the spec the engine test ran (DeepSeek-V3 says its shared experts stay apart)
+        let infer = case["infer"]
+            .as_str()
+            .map_or_else(|| format!("sglang:tp={tp},ep={ep}"), str::to_string);
+        // the inference layout does not depend on the training side (FSDP maps every case,
+        // MLA without q_lora_rank included)
         let p = pair(
             &model,
-            "megatron:tp=1",
+            "fsdp:dp=1",
             &infer,
             Some(InferFp8::new(f, Recipe::Vllm).unwrap()),
         );
         for (r, params) in case["ranks"].as_array().unwrap().iter().enumerate() {
             let rank = p.inference.ranks()[r];
             let l = p.inference.rank_layout(rank).unwrap();
-            let mut theirs: Vec<(String, Vec<u64>, DType)> = params
+            // SGLang's parameters but those it marks `_skip_weight_check` (DeepSeek's FP8
+            // KV-cache k_scale / v_scale), which are no weights and which awex.sglang does not
+            // register
+            let skip: Vec<&str> = params["skip_weight_check"]
                 .as_array()
                 .unwrap()
                 .iter()
+                .map(|n| n.as_str().unwrap())
+                .collect();
+            skipped += skip.len();
+            let mut theirs: Vec<(String, Vec<u64>, DType)> = params["params"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|x| !skip.contains(&x[0].as_str().unwrap()))
                 .map(|x| {
                     let shape = x[1]
                         .as_array()
@@ -428,7 +447,34 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
             theirs.sort();
             ours.sort();
             assert_eq!(ours, theirs, "{} {infer} rank {r}", case["arch"]);
+            if case["arch"] == "DeepseekV3ForCausalLM" {
+                // DeepSeek-V3's MLA projections are FP8 (the fused q/kv down projection too, as
+                // in its FP8 checkpoint), the router and its bias are not
+                let dtype_of = |n: &str| ours.iter().find(|t| t.0 == n).map(|t| t.2);
+                for proj in [
+                    "fused_qkv_a_proj_with_mqa",
+                    "q_b_proj",
+                    "kv_b_proj",
+                    "o_proj",
+                ] {
+                    let n = format!("model.layers.0.self_attn.{proj}.weight");
+                    assert_eq!(dtype_of(&n), Some(DType::F8E4m3), "{n}");
+                    assert_eq!(dtype_of(&format!("{n}_scale_inv")), Some(DType::F32), "{n}");
+                }
+                assert_eq!(
+                    dtype_of("model.layers.1.mlp.gate.weight"),
+                    Some(DType::Bf16)
+                );
+                assert_eq!(
+                    dtype_of("model.layers.1.mlp.gate.e_score_correction_bias"),
+                    Some(DType::F32)
+                );
+                deepseek_ranks += 1;
+            }
         }
     }
     assert!(fp8_params >= 40, "{fp8_params}");
+    assert!(deepseek_ranks >= 5, "{deepseek_ranks}");
+    // 2 MLA attention modules x k/v scale x 2 layers, on every DeepSeek rank
+    assert_eq!(skipped, 8 * (deepseek_ranks + 2), "{skipped}");
 }

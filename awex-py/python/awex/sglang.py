@@ -73,9 +73,19 @@ def named_tensors(model: Any) -> list[tuple[str, Any]]:
     ``model`` is the model module (``model_runner.model``, e.g. ``Qwen3ForCausalLM``) or the
     ``ModelRunner`` holding it. Tied embeddings appear once (``model.embed_tokens.weight``), as
     ``named_parameters()`` lists a shared parameter once and as awex's layout expects.
+
+    Left out: the parameters SGLang marks ``_skip_weight_check``, which are no model weights.
+    In SGLang 0.5.23 they are the FP8 KV-cache scales ``k_scale`` / ``v_scale`` that
+    ``BaseKVCacheMethod.create_weights`` (``layers/quantization/kv_cache.py``) adds to an
+    attention layer built with a quantisation config (DeepSeek's MLA ``attn_mqa`` / ``attn_mha``
+    in a block-FP8 model): a trainer has no such tensor, SGLang's own post-load sets them (1.0
+    when the checkpoint has none) and its weight checker skips them
+    (``utils/weight_checker.py``); awex leaves them as SGLang set them.
     """
     out: list[tuple[str, Any]] = []
     for name, p in _module(model).named_parameters():
+        if getattr(p, "_skip_weight_check", False):
+            continue
         out.append((name.replace("_orig_mod.", ""), p))
     return out
 
