@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import checkpoints
+import fp8_ckpts
 import sglang_cpu
 from conftest import free_port
 
@@ -36,40 +37,6 @@ CASES = [
 ]
 
 
-def fp8_checkpoint(src: str, dst: str) -> str:
-    """``src`` with every linear weight (``*_proj.weight``, experts included; not the
-    embedding, the norms, ``lm_head`` or the router ``mlp.gate``) quantised by the ``vllm``
-    reference into e4m3 plus ``*_scale_inv``, the rest bf16, and a ``quantization_config``."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    import fp8_refs
-
-    os.makedirs(dst, exist_ok=True)
-    with open(os.path.join(src, "config.json")) as f:
-        cfg = json.load(f)
-    cfg["dtype"] = cfg["torch_dtype"] = "bfloat16"
-    cfg["quantization_config"] = {
-        "quant_method": "fp8",
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "weight_block_size": list(BLOCK),
-    }
-    with open(os.path.join(dst, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    out = {}
-    for name, t in load_file(os.path.join(src, "model.safetensors")).items():
-        t = t.to(torch.bfloat16)
-        if name.endswith("_proj.weight"):
-            q, s = fp8_refs.ref_vllm(t, block=BLOCK)
-            out[name] = q
-            out[name + "_scale_inv"] = s.contiguous()
-        else:
-            out[name] = t
-    save_file(out, os.path.join(dst, "model.safetensors"))
-    return dst
-
-
 def params_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> None:
     try:
         sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port, dtype="bfloat16")
@@ -82,7 +49,7 @@ def params_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> Non
 
 def sglang_params(arch: str, tp: int, ep: int, tmp: str) -> list[list]:
     src = checkpoints.write(os.path.join(tmp, "bf16"), arch, tied=False, seed=7)
-    ckpt = fp8_checkpoint(src, os.path.join(tmp, "fp8"))
+    ckpt = fp8_ckpts.fp8_checkpoint(src, os.path.join(tmp, "fp8"), BLOCK)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()

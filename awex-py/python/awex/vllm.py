@@ -51,7 +51,7 @@ _landing: dict[str, Any] = {}
 
 #: awex's dtype names (``awex-core/src/dtype.rs``) -> torch's attribute names
 _TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64",
-                 "u8": "uint8", "i8": "int8", "i32": "int32", "i64": "int64"}
+                 "u8": "uint8", "i8": "int8", "i32": "int32", "i64": "int64", "f8e4m3": "float8_e4m3fn"}
 
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
