@@ -37,7 +37,7 @@ SIZES = {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2,
 MOE_SIZES = {"moe_intermediate_size": 256}
 
 
-def quantised(name: str, router: bool) -> bool:
+def stored_fp8(name: str, router: bool) -> bool:
     """Whether an FP8 checkpoint stores tensor ``name`` as e4m3 blocks: the attention, MLP and
     expert linears (``*_proj.weight``), and with ``router`` the MoE router ``mlp.gate.weight``
     (vLLM 0.33's Qwen3-MoE builds its router with the checkpoint's quantisation; SGLang never
@@ -49,7 +49,7 @@ def checkpoints_of(base: str, arch: str, router: bool = False) -> tuple[dict[int
     """``({version: bf16 checkpoint}, {version: FP8 checkpoint}, n)`` for versions 0, 1, 2, where
     ``n`` counts the scales of version 1 in which CPU torch's ``ref_vllm`` differs from CUDA's
     (``ref_vllm_cuda``): non-zero, so the comparison tells which arithmetic awex followed.
-    ``router``: the FP8 checkpoints quantise the MoE router too (``quantised``)."""
+    ``router``: the FP8 checkpoints quantise the MoE router too (``stored_fp8``)."""
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
@@ -72,7 +72,7 @@ def checkpoints_of(base: str, arch: str, router: bool = False) -> tuple[dict[int
         weights = {n: t.to(torch.bfloat16) for n, t in load_file(os.path.join(f32, "model.safetensors")).items()}
         quantised = {}
         for name, t in weights.items():
-            if quantised(name, router):
+            if stored_fp8(name, router):
                 q, s = fp8_refs.ref_vllm_cuda(t, block=BLOCK)
                 if v == 1:
                     cpu_differs += int((fp8_refs.ref_vllm(t, block=BLOCK)[1] != s).sum())
@@ -163,7 +163,7 @@ def fp8_checkpoint(src: str, dst: str, block: tuple[int, int], router: bool = Fa
     out = {}
     for name, t in load_file(os.path.join(src, "model.safetensors")).items():
         t = t.to(torch.bfloat16)
-        if quantised(name, router):
+        if stored_fp8(name, router):
             q, s = fp8_refs.ref_vllm(t, block=block)
             out[name] = q
             out[name + "_scale_inv"] = s.contiguous()

@@ -306,8 +306,9 @@ fn ignored_layers_stay_plain_and_a_half_ignored_fused_tensor_is_refused() {
 /// the router (as Qwen's published FP8 checkpoints do); no other vLLM class quantises its router.
 #[test]
 fn vllm_quantises_the_qwen3_moe_router_unless_ignored_and_sglang_never_does() {
-    let model = presets::preset("qwen3-moe-tiny").unwrap();
-    // layer 0 is dense (mlp_only_layers), layer 1 MoE
+    // every layer MoE (SGLang refuses qwen3-moe-tiny's dense layer 0)
+    let mut model = presets::preset("qwen3-moe-tiny").unwrap();
+    model.moe.as_mut().unwrap().mlp_only_layers.clear();
     let router = "model.layers.1.mlp.gate.weight";
     let enc = |infer: &str, ignored: &[&str]| {
         let p = pair(&model, "megatron:tp=2", infer, Some(fp8([16, 16], ignored)));

@@ -28,6 +28,14 @@ already, ``finalize_layerwise_reload``), which re-runs every layer's post-load p
 copies the result into the live tensors' storage (CUDA graphs keep their addresses). A transfer
 that fails leaves the model untouched. The landing tensors cost one copy of the rank's weights
 (on the model's device).
+
+A block-FP8 server (a pair connected with the FP8 checkpoint's ``infer_config``): the layout's
+FP8 tensors are ``f8e4m3`` and the landing tensors are vLLM's loadable ``float8_e4m3fn`` weights
+and fp32 ``weight_scale_inv`` (``Fp8LinearMethod`` / ``Fp8MoEMethod.create_weights``); the
+Reader receives the trainer's bf16 into host staging and quantises into them with the pair's
+recipe, and the layerwise reload runs vLLM's FP8 post-load on them. A pair whose encoding does
+not match the served model (connected without the FP8 config, or with another block) is refused
+when the landing tensors are built, naming the parameter (``landing_tensors``).
 """
 
 from __future__ import annotations

@@ -56,6 +56,23 @@ def load(model, vc, ckpt: str) -> None:
         process_weights_after_loading(model, vc.model_config, torch.device("cpu"))
 
 
+def new_model(vc):
+    """Another model of the same config, built as ``vllm_rank.build`` builds one (vLLM's
+    ``initialize_model``). vLLM registers every MoE layer by name in the config's static forward
+    context and refuses a second layer of the same name (``register_layer_for_moe_forward_op``,
+    ``model_executor/layers/fused_moe/runner/moe_runner.py``): the registry is emptied first, so
+    the model built last is the one registered."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    cc = vc.compilation_config
+    cc.static_forward_context.clear()
+    cc.static_all_moe_layers.clear()
+    with set_current_vllm_config(vc):
+        torch.set_default_dtype(vc.model_config.dtype)
+        return initialize_model(vllm_config=vc)
+
+
 def snapshot(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -98,16 +115,15 @@ def receive(case: dict, rank: int, out: str) -> None:
 
     fp8 = {int(v): d for v, d in case["fp8"].items()}
     versions = case["versions"]
-    model, vc = build(case, rank)
+    ref, vc = build(case, rank)
     want = {}
-    for v in versions:  # vLLM's own load of each version's FP8 checkpoint, in a model of its own
-        with set_current_vllm_config(vc):
-            from vllm.model_executor.model_loader.utils import initialize_model
-
-            ref = initialize_model(vllm_config=vc)
+    for i, v in enumerate(versions):  # vLLM's own load of each version's FP8 checkpoint, in a model of its own
+        if i:
+            ref = new_model(vc)
         load(ref, vc, fp8[v])
         want[v] = snapshot(ref)
         del ref
+    model = new_model(vc)  # the served model
     load(model, vc, fp8[0])
     result = {"checked": 0, "diffs": [], "params": len(want[versions[0]]), "params_names": sorted(want[versions[0]]),
               "fp8": sorted(n for n, t in want[versions[0]].items() if t.dtype == torch.float8_e4m3fn)}
