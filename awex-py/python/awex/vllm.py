@@ -106,6 +106,13 @@ def loadable_shapes(model: Any, names: list[str]) -> dict[str, tuple[tuple[int, 
     modules = _modules(model)
     out = {}
     for name in names:
+        owner, _, attr = name.rpartition(".")
+        module = modules.get(owner)
+        if attr.endswith("_scale_inv") and (module is None or module._parameters.get(attr) is None):
+            raise ValueError(
+                f"awex.vllm: the pair's layout has the FP8 block scales `{name}`, but the served model holds no such "
+                "parameter: the pair is block FP8 and the server's checkpoint is not; connect the pair without "
+                "infer_config / infer_quant, or serve the FP8 checkpoint")
         module, attr = _parameter(modules, name)
         if attr in SKIP_TENSORS:
             t = module._parameters[attr]
@@ -138,6 +145,19 @@ def landing_tensors(layout: list[dict[str, Any]], model: Any, device: Any) -> di
         if dtype is None:
             raise ValueError(f"awex.vllm: layout tensor `{name}` has dtype {t['dtype']!r}, which awex.vllm cannot allocate")
         vshape, vdtype = want[name]
+        fp8 = torch.float8_e4m3fn
+        if vdtype != dtype and fp8 in (vdtype, dtype):
+            served = "block FP8" if vdtype == fp8 else f"{vdtype}"
+            paired = "block FP8" if dtype == fp8 else f"{dtype}"
+            raise ValueError(
+                f"awex.vllm: vLLM holds `{name}` as {vdtype} {list(vshape)} (the served model is {served}), but the "
+                f"pair's layout says {dtype} {list(shape)} ({paired}); connect the pair with the served checkpoint's "
+                "config (infer_config=<its config.json or directory>) so that both sides agree on FP8")
+        if vshape != shape and name.endswith("_scale_inv"):
+            raise ValueError(
+                f"awex.vllm: vLLM holds the FP8 block scales `{name}` as {list(vshape)}, but the pair's layout says "
+                f"{list(shape)}: the pair's block size differs from the served checkpoint's weight_block_size; "
+                "connect the pair with infer_config=<the served checkpoint> (or the same fp8_block)")
         if vshape != shape or vdtype != dtype:
             raise ValueError(
                 f"awex.vllm: vLLM loads `{name}` as {vdtype} {list(vshape)}, but the pair's layout says "
