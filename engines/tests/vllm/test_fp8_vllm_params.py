@@ -20,6 +20,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
@@ -72,6 +74,7 @@ def vllm_params(arch: str, tp: int, ep: int, d: str) -> list[list]:
     return out
 
 
+@pytest.mark.timeout(1500)  # seven vLLM processes, one after another per case
 def test_vllm_fp8_parameters_are_the_fixture_awex_lays_out(tmp_path) -> None:
     cases = []
     for i, (arch, tp, ep) in enumerate(CASES):
