@@ -73,8 +73,8 @@ pub const CLASS_DROPS: &[(&str, &[Part])] = &[
 /// beyond the linear weights every engine quantises (`Part::fp8_linear`): `models/qwen3_moe.py`
 /// builds the router `mlp.gate` as `GateLinear(..., quant_config=quant_config)`, so
 /// `Fp8Config.get_quant_method` gives it an `Fp8LinearMethod` (e4m3 `weight` and fp32
-/// `weight_scale_inv`) unless `ignored_layers` / `modules_to_not_convert` names it (Qwen's
-/// published FP8 checkpoints list every router there); the other classes build their router
+/// `weight_scale_inv`) unless `ignored_layers` / `modules_to_not_convert` names it (a checkpoint
+/// that keeps its routers unquantised must list them there); the other classes build their router
 /// without `quant_config` (`qwen2_moe.py`, `glm4_moe.py`, `deepseek_v2.py`, `mixtral.py`), as
 /// SGLang 0.5.23 builds every router.
 pub const CLASS_FP8_PARTS: &[(&str, &[Part])] = &[("Qwen3MoeForCausalLM", &[Part::Router])];

@@ -303,7 +303,7 @@ fn ignored_layers_stay_plain_and_a_half_ignored_fused_tensor_is_refused() {
 /// vLLM 0.33's Qwen3-MoE builds its router with the checkpoint's quantisation
 /// (`models/qwen3_moe.py`: `GateLinear(..., quant_config=quant_config)`), SGLang's without:
 /// the vLLM side holds `mlp.gate.weight` as e4m3 with its scales unless `ignored_layers` names
-/// the router (as Qwen's published FP8 checkpoints do); no other vLLM class quantises its router.
+/// the router; no other vLLM class quantises its router.
 #[test]
 fn vllm_quantises_the_qwen3_moe_router_unless_ignored_and_sglang_never_does() {
     // every layer MoE (SGLang refuses qwen3-moe-tiny's dense layer 0)
