@@ -49,6 +49,13 @@
 //!   ([`OWN_HEAD_WHEN_TIED`]): `DeepseekV2ForCausalLM.__init__` always builds a
 //!   `ParallelLMHead` and its `load_weights` never ties it, so a tied checkpoint leaves it
 //!   unwritten there; awex writes the tied embedding into it.
+//! - block FP8 (`quantization_config` with `weight_block_size`; `awex_core::encoding::Fp8Side`
+//!   marks the tensors): `Fp8LinearMethod` / `Fp8MoEMethod.create_weights`
+//!   (`model_executor/layers/quantization/fp8.py`) keep every name and shape above, store the
+//!   weight as `float8_e4m3fn` and add an fp32 `weight_scale_inv` (`w13_weight_scale_inv`,
+//!   `w2_weight_scale_inv` for the expert stacks) of `ceil(rows / block_n) x ceil(cols /
+//!   block_k)` blocks per matrix; besides the linear weights, a class may quantise more
+//!   ([`CLASS_FP8_PARTS`]: Qwen3-MoE's router).
 
 use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
 use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
@@ -61,6 +68,16 @@ pub const CLASS_DROPS: &[(&str, &[Part])] = &[
     ("Qwen3ForCausalLM", &[Part::OBias]),
     ("Qwen3MoeForCausalLM", &[Part::OBias]),
 ];
+
+/// The parts that vLLM 0.33's class for an HF class stores as block FP8 in an FP8 checkpoint,
+/// beyond the linear weights every engine quantises (`Part::fp8_linear`): `models/qwen3_moe.py`
+/// builds the router `mlp.gate` as `GateLinear(..., quant_config=quant_config)`, so
+/// `Fp8Config.get_quant_method` gives it an `Fp8LinearMethod` (e4m3 `weight` and fp32
+/// `weight_scale_inv`) unless `ignored_layers` / `modules_to_not_convert` names it (a checkpoint
+/// that keeps its routers unquantised must list them there); the other classes build their router
+/// without `quant_config` (`qwen2_moe.py`, `glm4_moe.py`, `deepseek_v2.py`, `mixtral.py`), as
+/// SGLang 0.5.23 builds every router.
+pub const CLASS_FP8_PARTS: &[(&str, &[Part])] = &[("Qwen3MoeForCausalLM", &[Part::Router])];
 
 /// vLLM 0.33 classes with their own `lm_head.weight` even for a tied config (module docs).
 pub const OWN_HEAD_WHEN_TIED: &[&str] = &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"];
@@ -177,7 +194,7 @@ impl From<VllmConfigError> for LayoutError {
 /// layout ([`FusedTpLayout`]) with vLLM's vocabulary padding, its tied head (absent) and its
 /// expert module.
 #[derive(Clone, Debug)]
-pub struct VllmLayout(FusedTpLayout);
+pub struct VllmLayout(FusedTpLayout, &'static [Part]);
 
 /// vLLM's padded vocabulary (`pad_vocab_size`): a multiple of 64, whatever `tp` is.
 pub fn padded_vocab(vocab: u64) -> u64 {
@@ -281,7 +298,11 @@ impl VllmLayout {
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;
-        Ok(VllmLayout(inner))
+        let fp8_parts = CLASS_FP8_PARTS
+            .iter()
+            .find(|(class, _)| *class == spec.architecture.hf_name())
+            .map_or(&[][..], |(_, parts)| parts);
+        Ok(VllmLayout(inner, fp8_parts))
     }
 
     /// Tensor-parallel size of each engine.
@@ -326,5 +347,9 @@ impl SideLayout for VllmLayout {
 
     fn for_each_canonical(&self, rank: RankId, f: &mut dyn FnMut(&str)) -> bool {
         self.0.for_each_canonical(rank, f)
+    }
+
+    fn fp8_extra_parts(&self) -> &[Part] {
+        self.1
     }
 }

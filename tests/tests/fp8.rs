@@ -6,7 +6,7 @@ use awex_core::backend::{BackendSpec, inference_backends};
 use awex_core::dtype::DType;
 use awex_core::encoding::{Encoding, Fp8Block, Fp8Config, InferFp8, Recipe};
 use awex_core::layout::{ExplicitSide, LocalTensor, RankLayout, Side};
-use awex_core::model::presets;
+use awex_core::model::{Part, presets};
 use awex_core::pair::{PairSpec, ResolvedPair};
 use awex_core::plan::{EncodeAt, Transfer};
 use awex_core::{ModelSpec, Transport};
@@ -46,9 +46,14 @@ fn part_of(model: &ModelSpec, canonical: &str) -> awex_core::model::Part {
     model.names().parse(canonical).unwrap().part
 }
 
-/// The structure every FP8 rank layout must have: FP8 tensors hold linear weights only and
-/// each is followed by its scales in block coordinates; everything else is plain.
-fn check_rank(model: &ModelSpec, l: &RankLayout, block: [u32; 2]) -> usize {
+/// The structure every FP8 rank layout must have: FP8 tensors hold linear weights (and the
+/// parts the engine's class quantises too, `extra`) only and each is followed by its scales in
+/// block coordinates; everything else is plain.
+fn check_rank(model: &ModelSpec, l: &RankLayout, block: [u32; 2], extra: &[Part]) -> usize {
+    let fp8_part = |c: &str| {
+        let part = part_of(model, c);
+        part.fp8_linear() || extra.contains(&part)
+    };
     let [bn, bk] = block.map(u64::from);
     let mut fp8 = 0;
     for (i, t) in l.tensors.iter().enumerate() {
@@ -58,12 +63,7 @@ fn check_rank(model: &ModelSpec, l: &RankLayout, block: [u32; 2]) -> usize {
                 assert_eq!(b.block, block);
                 assert_eq!(t.dtype, DType::F8E4m3, "{}", t.name);
                 for p in &t.placements {
-                    assert!(
-                        part_of(model, &p.canonical).fp8_linear(),
-                        "{} holds {}",
-                        t.name,
-                        p.canonical
-                    );
+                    assert!(fp8_part(&p.canonical), "{} holds {}", t.name, p.canonical);
                 }
                 let s: &LocalTensor = &l.tensors[i + 1];
                 assert_eq!(*s.name, Fp8Block::scale_name(&t.name));
@@ -99,7 +99,7 @@ fn check_rank(model: &ModelSpec, l: &RankLayout, block: [u32; 2]) -> usize {
                 assert_eq!(*d, t.dtype);
                 for p in &t.placements {
                     assert!(
-                        !part_of(model, &p.canonical).fp8_linear(),
+                        !fp8_part(&p.canonical),
                         "{} holds linear weight {} but is plain",
                         t.name,
                         p.canonical
@@ -152,7 +152,8 @@ fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_s
                 let mut fp8_tensors = 0;
                 for rank in p.inference.ranks() {
                     let l = p.inference.rank_layout(rank).unwrap();
-                    fp8_tensors += check_rank(&model, &l, block);
+                    let extra = p.inference.fp8_extra_parts();
+                    fp8_tensors += check_rank(&model, &l, block, extra);
                     let a = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
                     let z = plain.plan_pair().plan_rank(Side::Inference, rank).unwrap();
                     assert_eq!(a.peers.len(), z.peers.len());
@@ -299,6 +300,69 @@ fn ignored_layers_stay_plain_and_a_half_ignored_fused_tensor_is_refused() {
     );
 }
 
+/// vLLM 0.33's Qwen3-MoE builds its router with the checkpoint's quantisation
+/// (`models/qwen3_moe.py`: `GateLinear(..., quant_config=quant_config)`), SGLang's without:
+/// the vLLM side holds `mlp.gate.weight` as e4m3 with its scales unless `ignored_layers` names
+/// the router; no other vLLM class quantises its router.
+#[test]
+fn vllm_quantises_the_qwen3_moe_router_unless_ignored_and_sglang_never_does() {
+    // every layer MoE (SGLang refuses qwen3-moe-tiny's dense layer 0)
+    let mut model = presets::preset("qwen3-moe-tiny").unwrap();
+    model.moe.as_mut().unwrap().mlp_only_layers.clear();
+    let router = "model.layers.1.mlp.gate.weight";
+    let enc = |infer: &str, ignored: &[&str]| {
+        let p = pair(&model, "megatron:tp=2", infer, Some(fp8([16, 16], ignored)));
+        let l = p.inference.rank_layout(p.inference.ranks()[1]).unwrap();
+        let scales = l
+            .tensor(&format!("{router}_scale_inv"))
+            .map(|t| t.shape.as_slice().to_vec());
+        (
+            l.tensor(router).unwrap().encoding.clone(),
+            l.tensor(router).unwrap().dtype,
+            scales,
+        )
+    };
+    let (e, d, s) = enc("vllm:tp=2", &[]);
+    assert!(matches!(e, Encoding::Fp8Block(_)), "{e:?}");
+    assert_eq!(d, DType::F8E4m3);
+    // 8 experts x hidden 64 in 16 x 16 blocks, whole on every rank
+    assert_eq!(s, Some(vec![1, 4]));
+    let (e, d, s) = enc("vllm:tp=2,ep=2", &[]);
+    assert!(matches!(e, Encoding::Fp8Block(_)) && d == DType::F8E4m3 && s.is_some());
+    for (infer, ignored) in [
+        ("vllm:tp=2", &["model.layers.1.mlp.gate"][..]),
+        ("vllm:tp=2", &["mlp.gate"][..]),
+        ("sglang:tp=2", &[][..]),
+    ] {
+        let (e, d, s) = enc(infer, ignored);
+        assert!(
+            matches!(e, Encoding::Plain(DType::Bf16)),
+            "{infer} {ignored:?}: {e:?}"
+        );
+        assert_eq!((d, s), (DType::Bf16, None), "{infer} {ignored:?}");
+    }
+    // the other MoE families keep their router's dtype on vLLM
+    for name in ["mixtral-tiny", "glm-4.5-tiny"] {
+        let model = presets::preset(name).unwrap();
+        let p = pair(&model, "megatron:tp=1", "vllm:tp=1", Some(fp8([8, 8], &[])));
+        assert!(p.inference.fp8_extra_parts().is_empty(), "{name}");
+        let l = p.inference.rank_layout(p.inference.ranks()[0]).unwrap();
+        let routers: Vec<_> = l
+            .tensors
+            .iter()
+            .filter(|t| t.name.ends_with(".gate.weight"))
+            .collect();
+        assert!(!routers.is_empty(), "{name}");
+        for t in routers {
+            assert!(
+                matches!(t.encoding, Encoding::Plain(_)),
+                "{name} {}",
+                t.name
+            );
+        }
+    }
+}
+
 #[test]
 fn shards_that_cut_a_block_are_refused_by_name_rows_and_columns() {
     let model = presets::preset("qwen3-tiny").unwrap();
@@ -371,15 +435,12 @@ fn shards_that_cut_a_block_are_refused_by_name_rows_and_columns() {
     );
 }
 
-/// `tests/tests/fixtures/fp8_sglang_params.json`: every parameter (name, shape, dtype) of
-/// SGLang 0.5.23's own block-FP8 models on CPU, per TP rank, written by
-/// `engines/tests/test_fp8_sglang_params.py` (which loads the reference-quantised checkpoint
-/// with SGLang's real classes and checks the file still holds what they create), Qwen3,
-/// Qwen3-MoE and DeepSeek-V3 (with and without `q_lora_rank`).
-#[test]
-fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
-    let fixture: serde_json::Value =
-        serde_json::from_str(include_str!("fixtures/fp8_sglang_params.json")).unwrap();
+/// Every case of a fixture written by an engine's own FP8 classes (`fixtures/fp8_<engine>_params.json`:
+/// every parameter's name, shape and dtype per TP rank, from the engine's load of the
+/// reference-quantised checkpoint) against awex's FP8 layout of the same pair on `backend`;
+/// returns how many FP8 parameters the fixture holds.
+fn check_engine_fixture(fixture: &str, backend: &str) -> FixtureCounts {
+    let fixture: serde_json::Value = serde_json::from_str(fixture).unwrap();
     let dtype = |d: &str| match d {
         "float8_e4m3fn" => DType::F8E4m3,
         "float32" => DType::F32,
@@ -397,7 +458,7 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
         // the spec the engine test ran (DeepSeek-V3 says its shared experts stay apart)
         let infer = case["infer"]
             .as_str()
-            .map_or_else(|| format!("sglang:tp={tp},ep={ep}"), str::to_string);
+            .map_or_else(|| format!("{backend}:tp={tp},ep={ep}"), str::to_string);
         // the inference layout does not depend on the training side (FSDP maps every case,
         // MLA without q_lora_rank included)
         let p = pair(
@@ -406,20 +467,24 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
             &infer,
             Some(InferFp8::new(f, Recipe::Vllm).unwrap()),
         );
-        for (r, params) in case["ranks"].as_array().unwrap().iter().enumerate() {
+        let ranks = case["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), p.inference.ranks().len(), "{infer}");
+        for (r, params) in ranks.iter().enumerate() {
             let rank = p.inference.ranks()[r];
             let l = p.inference.rank_layout(rank).unwrap();
             // SGLang's parameters but those it marks `_skip_weight_check` (DeepSeek's FP8
             // KV-cache k_scale / v_scale), which are no weights and which awex.sglang does not
             // register
+            // (vLLM's fixture lists the parameters alone)
             let skip: Vec<&str> = params["skip_weight_check"]
                 .as_array()
-                .unwrap()
+                .map_or(&[][..], |v| &v[..])
                 .iter()
                 .map(|n| n.as_str().unwrap())
                 .collect();
             skipped += skip.len();
-            let mut theirs: Vec<(String, Vec<u64>, DType)> = params["params"]
+            let list = params.get("params").unwrap_or(params);
+            let mut theirs: Vec<(String, Vec<u64>, DType)> = list
                 .as_array()
                 .unwrap()
                 .iter()
@@ -473,8 +538,41 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
             }
         }
     }
-    assert!(fp8_params >= 40, "{fp8_params}");
-    assert!(deepseek_ranks >= 5, "{deepseek_ranks}");
+    FixtureCounts {
+        fp8_params,
+        deepseek_ranks,
+        skipped,
+    }
+}
+
+/// What [`check_engine_fixture`] saw.
+struct FixtureCounts {
+    fp8_params: usize,
+    deepseek_ranks: usize,
+    skipped: usize,
+}
+
+/// `tests/tests/fixtures/fp8_sglang_params.json`: every parameter (name, shape, dtype) of
+/// SGLang 0.5.23's own block-FP8 models on CPU, per TP rank, written by
+/// `engines/tests/test_fp8_sglang_params.py` (which loads the reference-quantised checkpoint
+/// with SGLang's real classes and checks the file still holds what they create), Qwen3,
+/// Qwen3-MoE and DeepSeek-V3 (with and without `q_lora_rank`).
+#[test]
+fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
+    let c = check_engine_fixture(include_str!("fixtures/fp8_sglang_params.json"), "sglang");
+    assert!(c.fp8_params >= 40, "{}", c.fp8_params);
+    assert!(c.deepseek_ranks >= 5, "{}", c.deepseek_ranks);
     // 2 MLA attention modules x k/v scale x 2 layers, on every DeepSeek rank
-    assert_eq!(skipped, 8 * (deepseek_ranks + 2), "{skipped}");
+    assert_eq!(c.skipped, 8 * (c.deepseek_ranks + 2), "{}", c.skipped);
+}
+
+/// `tests/tests/fixtures/fp8_vllm_params.json`: every parameter (name, shape, dtype) of vLLM
+/// 0.33's own block-FP8 models on CPU (`Fp8LinearMethod` / `Fp8MoEMethod.create_weights`), per
+/// TP rank, written by `engines/tests/vllm/test_fp8_vllm_params.py` (which builds them with
+/// vLLM's `initialize_model` from the reference-quantised checkpoint, loads it with the
+/// class's `load_weights`, and checks the file still holds what they create).
+#[test]
+fn the_vllm_fp8_layout_holds_exactly_vllm_s_own_fp8_parameters() {
+    let c = check_engine_fixture(include_str!("fixtures/fp8_vllm_params.json"), "vllm");
+    assert!(c.fp8_params >= 40, "{}", c.fp8_params);
 }

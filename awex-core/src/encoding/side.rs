@@ -16,7 +16,7 @@ use super::{Encoding, Fp8Block, Fp8Config, Fp8Quantiser, QuantiseError, Recipe};
 use crate::dtype::DType;
 use crate::layout::{Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout};
 use crate::layout::{Region, Side, SideLayout};
-use crate::model::{Catalogue, ModelSpec};
+use crate::model::{Catalogue, ModelSpec, Part};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -92,6 +92,8 @@ pub struct Fp8Side {
     fp8: InferFp8,
     /// local names of the FP8 tensors
     tensors: HashSet<Arc<str>>,
+    /// parts the engine quantises beyond `Part::fp8_linear` ([`SideLayout::fp8_extra_parts`])
+    extra: Vec<Part>,
 }
 
 impl Fp8Side {
@@ -105,11 +107,13 @@ impl Fp8Side {
         catalogue: &Catalogue,
         fp8: InferFp8,
     ) -> Result<Fp8Side, LayoutError> {
+        let extra = inner.fp8_extra_parts().to_vec();
         let mut side = Fp8Side {
             inner,
             model: model.clone(),
             fp8,
             tensors: HashSet::new(),
+            extra,
         };
         // every engine lays out the same tensors: the first engine's ranks decide
         let ranks = side.inner.ranks();
@@ -132,12 +136,14 @@ impl Fp8Side {
         &self.fp8
     }
 
-    /// Whether the checkpoint stores canonical tensor `canonical` as FP8 blocks.
+    /// Whether the checkpoint stores canonical tensor `canonical` as FP8 blocks: a linear weight
+    /// ([`Part::fp8_linear`]) or a part the engine's class quantises too
+    /// ([`SideLayout::fp8_extra_parts`]), unless `ignored_layers` names its module.
     pub fn quantised(&self, canonical: &str) -> bool {
         let Some(c) = self.model.names().parse(canonical) else {
             return false;
         };
-        if !c.part.fp8_linear() {
+        if !c.part.fp8_linear() && !self.extra.contains(&c.part) {
             return false;
         }
         let module = canonical.strip_suffix(".weight").unwrap_or(canonical);
@@ -352,6 +358,10 @@ impl SideLayout for Fp8Side {
         self.tensors
             .contains(tensor)
             .then(|| Encoding::Fp8Block(self.fp8.config.encoding.clone()))
+    }
+
+    fn fp8_extra_parts(&self) -> &[Part] {
+        &self.extra
     }
 }
 

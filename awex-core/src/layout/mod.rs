@@ -275,6 +275,14 @@ pub trait SideLayout: Send + Sync {
         let _ = tensor;
         None
     }
+
+    /// Parts that this engine's model class also stores as block FP8 when the checkpoint is
+    /// block FP8, beyond the linear weights every engine quantises
+    /// ([`crate::model::Part::fp8_linear`]), unless `ignored_layers` names their module (vLLM
+    /// 0.33's Qwen3-MoE builds its router with the checkpoint's quantisation). Empty by default.
+    fn fp8_extra_parts(&self) -> &[crate::model::Part] {
+        &[]
+    }
 }
 
 /// Whether `t` holds the scales of an FP8 tensor (no transfer writes it).

@@ -28,6 +28,14 @@ already, ``finalize_layerwise_reload``), which re-runs every layer's post-load p
 copies the result into the live tensors' storage (CUDA graphs keep their addresses). A transfer
 that fails leaves the model untouched. The landing tensors cost one copy of the rank's weights
 (on the model's device).
+
+A block-FP8 server (a pair connected with the FP8 checkpoint's ``infer_config``): the layout's
+FP8 tensors are ``f8e4m3`` and the landing tensors are vLLM's loadable ``float8_e4m3fn`` weights
+and fp32 ``weight_scale_inv`` (``Fp8LinearMethod`` / ``Fp8MoEMethod.create_weights``); the
+Reader receives the trainer's bf16 into host staging and quantises into them with the pair's
+recipe, and the layerwise reload runs vLLM's FP8 post-load on them. A pair whose encoding does
+not match the served model (connected without the FP8 config, or with another block) is refused
+when the landing tensors are built, naming the parameter (``landing_tensors``).
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ _landing: dict[str, Any] = {}
 
 #: awex's dtype names (``awex-core/src/dtype.rs``) -> torch's attribute names
 _TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64",
-                 "u8": "uint8", "i8": "int8", "i32": "int32", "i64": "int64"}
+                 "u8": "uint8", "i8": "int8", "i32": "int32", "i64": "int64", "f8e4m3": "float8_e4m3fn"}
 
 
 def named_tensors(model: Any) -> list[tuple[str, Any]]:
@@ -98,6 +106,13 @@ def loadable_shapes(model: Any, names: list[str]) -> dict[str, tuple[tuple[int, 
     modules = _modules(model)
     out = {}
     for name in names:
+        owner, _, attr = name.rpartition(".")
+        module = modules.get(owner)
+        if attr.endswith("_scale_inv") and (module is None or module._parameters.get(attr) is None):
+            raise ValueError(
+                f"awex.vllm: the pair's layout has the FP8 block scales `{name}`, but the served model holds no such "
+                "parameter: the pair is block FP8 and the server's checkpoint is not; connect the pair without "
+                "infer_config / infer_quant, or serve the FP8 checkpoint")
         module, attr = _parameter(modules, name)
         if attr in SKIP_TENSORS:
             t = module._parameters[attr]
@@ -130,6 +145,19 @@ def landing_tensors(layout: list[dict[str, Any]], model: Any, device: Any) -> di
         if dtype is None:
             raise ValueError(f"awex.vllm: layout tensor `{name}` has dtype {t['dtype']!r}, which awex.vllm cannot allocate")
         vshape, vdtype = want[name]
+        fp8 = torch.float8_e4m3fn
+        if vdtype != dtype and fp8 in (vdtype, dtype):
+            served = "block FP8" if vdtype == fp8 else f"{vdtype}"
+            paired = "block FP8" if dtype == fp8 else f"{dtype}"
+            raise ValueError(
+                f"awex.vllm: vLLM holds `{name}` as {vdtype} {list(vshape)} (the served model is {served}), but the "
+                f"pair's layout says {dtype} {list(shape)} ({paired}); connect the pair with the served checkpoint's "
+                "config (infer_config=<its config.json or directory>) so that both sides agree on FP8")
+        if vshape != shape and name.endswith("_scale_inv"):
+            raise ValueError(
+                f"awex.vllm: vLLM holds the FP8 block scales `{name}` as {list(vshape)}, but the pair's layout says "
+                f"{list(shape)}: the pair's block size differs from the served checkpoint's weight_block_size; "
+                "connect the pair with infer_config=<the served checkpoint> (or the same fp8_block)")
         if vshape != shape or vdtype != dtype:
             raise ValueError(
                 f"awex.vllm: vLLM loads `{name}` as {vdtype} {list(vshape)}, but the pair's layout says "

@@ -119,3 +119,48 @@ def test_load_landed_leaves_no_layer_on_the_meta_device_when_the_post_load_step_
         plugin.load_landed(m, CONFIG, landing)
     assert not any(t.is_meta for t in list(m.parameters()) + list(m.buffers()))
     assert torch.equal(m.proj.packed, W0)  # still the version it served
+
+
+def fp8_model() -> torch.nn.Module:
+    """A block-FP8 linear layer as vLLM's ``Fp8LinearMethod.create_weights`` leaves one
+    (``weight`` e4m3, fp32 ``weight_scale_inv`` of 16 x 16 blocks), recorded for reloading."""
+    from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+
+    m = torch.nn.Module()
+    m.proj = torch.nn.Module()
+    m.proj.weight = torch.nn.Parameter(torch.zeros(32, 16, dtype=torch.float8_e4m3fn), requires_grad=False)
+    m.proj.weight_scale_inv = torch.nn.Parameter(torch.ones(2, 1), requires_grad=False)
+    record_metadata_for_reloading(m)
+    return m
+
+
+FP8_LAYOUT = [{"name": "proj.weight", "shape": [32, 16], "dtype": "f8e4m3", "placements": []},
+              {"name": "proj.weight_scale_inv", "shape": [2, 1], "dtype": "f32", "placements": []}]
+
+
+def test_landing_tensors_hold_vllm_s_fp8_weights_and_scales() -> None:
+    plugin = load_plugin()
+    landing = plugin.landing_tensors(FP8_LAYOUT, fp8_model(), "cpu")
+    assert landing["proj.weight"].dtype == torch.float8_e4m3fn and tuple(landing["proj.weight"].shape) == (32, 16)
+    assert landing["proj.weight_scale_inv"].dtype == torch.float32
+
+
+def test_landing_tensors_refuse_a_pair_whose_fp8_encoding_differs_from_the_served_model() -> None:
+    plugin = load_plugin()
+    # a bf16 pair against an FP8 server
+    plain = [dict(FP8_LAYOUT[0], dtype="bf16")]
+    with pytest.raises(ValueError, match=r"the served model is block FP8\), but the pair's layout says torch.bfloat16 .*infer_config="):
+        plugin.landing_tensors(plain, fp8_model(), "cpu")
+    # an FP8 pair against a bf16 server: its scales name no parameter
+    m = torch.nn.Module()
+    m.proj = torch.nn.Module()
+    m.proj.weight = torch.nn.Parameter(torch.zeros(32, 16, dtype=torch.bfloat16), requires_grad=False)
+    from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+
+    record_metadata_for_reloading(m)
+    with pytest.raises(ValueError, match=r"FP8 block scales `proj.weight_scale_inv`, but the served model holds no such parameter"):
+        plugin.landing_tensors(FP8_LAYOUT, m, "cpu")
+    # another block size: the scales' shape
+    other = [FP8_LAYOUT[0], dict(FP8_LAYOUT[1], shape=[1, 1])]
+    with pytest.raises(ValueError, match="block size differs from the served checkpoint's weight_block_size"):
+        plugin.landing_tensors(other, fp8_model(), "cpu")

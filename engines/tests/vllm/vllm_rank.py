@@ -65,7 +65,8 @@ def build(case: dict, rank: int):
                              VllmConfig, set_current_vllm_config)
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    model_config = ModelConfig(model=case["hf_dir"], skip_tokenizer_init=True, dtype="float32",
+    dtype = case.get("dtype", "float32")
+    model_config = ModelConfig(model=case["hf_dir"], skip_tokenizer_init=True, dtype=dtype,
                                enforce_eager=True)
     parallel = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep > 1)
     vc = VllmConfig(model_config=model_config, parallel_config=parallel,
@@ -80,7 +81,7 @@ def build(case: dict, rank: int):
 
         stub_gpu_kernels()
 
-        torch.set_default_dtype(torch.float32)
+        torch.set_default_dtype(getattr(torch, dtype))
         # what vLLM's model loaders call: the class's constructor, then
         # `record_metadata_for_reloading` (what layerwise reload restores the model to)
         model = initialize_model(vllm_config=vc)
