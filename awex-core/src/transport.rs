@@ -129,7 +129,11 @@ impl Transport {
     /// its runtime sends and writes sender-encoded transfers.
     pub fn encodes_fp8_on_sender(self) -> bool {
         match self {
-            Transport::Shm | Transport::Tcp | Transport::CudaIpc | Transport::Nccl => false,
+            // shm: the receiver quantises each whole block as it reads it from the sender's
+            // shared memory (and the sender as it checksums); tcp: the sender as it packs
+            Transport::Shm | Transport::Tcp => true,
+            // cuda-ipc: the receiver quantises its bf16 staging on the GPU; nccl refuses FP8
+            Transport::CudaIpc | Transport::Nccl => false,
         }
     }
 
