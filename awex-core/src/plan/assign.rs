@@ -419,8 +419,8 @@ fn split_whole_blocks(
     }
     // per trailing dim: the segment bounds [o, a) [a, z) [z, o + e), in destination coordinates
     let mut segs = [[0u64; 4]; 2];
-    for i in 0..2 {
-        let b = block[i] as u64;
+    for (i, (&bl, seg)) in block.iter().zip(segs.iter_mut()).enumerate() {
+        let b = bl as u64;
         let (o, e, edge) = (
             dst_offset.get(n - 2 + i),
             cell.extent.get(k - 2 + i),
@@ -433,7 +433,7 @@ fn split_whole_blocks(
             out[0] = Some((*cell, false));
             return out;
         }
-        segs[i] = [o, a, z, end];
+        *seg = [o, a, z, end];
     }
     let mut at = 0;
     for r in 0..3 {

@@ -177,9 +177,9 @@ impl Transfer {
         let blocks = |d: &Dims, ceil: bool| {
             let mut v = *d;
             let n = v.ndim();
-            for i in 0..2 {
+            for (i, &bi) in b.iter().enumerate() {
                 let x = v.get(n - 2 + i);
-                v.set(n - 2 + i, if ceil { x.div_ceil(b[i]) } else { x / b[i] });
+                v.set(n - 2 + i, if ceil { x.div_ceil(bi) } else { x / bi });
             }
             v
         };
