@@ -41,10 +41,21 @@ enum Command {
     /// Remove the shared-memory segments of awex ranks that died without cleaning up.
     Gc(cmd::gc::Args),
     /// Predict an update's time on a stated cluster from every rank's real plan.
-    Simulate(awex_sim::cli::Args),
+    Simulate(SimulateArgs),
     /// One rank process of a pair (spawned by `demo`).
     #[command(hide = true)]
     Worker(cmd::worker::Args),
+}
+
+/// `simulate`'s arguments: the simulator's and the inference side's FP8 flags (as `plan`'s).
+#[derive(clap::Args, Debug)]
+#[command(after_help = awex_sim::cli::AFTER_HELP)]
+struct SimulateArgs {
+    #[command(flatten)]
+    sim: awex_sim::cli::Args,
+    /// The inference side's FP8 encoding.
+    #[command(flatten)]
+    quant: cmd::quant::QuantArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,7 +80,11 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Gc(a) => cmd::gc::run(a),
-        Command::Simulate(a) => awex_sim::cli::run(a).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Simulate(a) => a
+            .quant
+            .resolve_model(&a.sim.model)
+            .and_then(|fp8| awex_sim::cli::run_with(a.sim, fp8))
+            .map(|()| std::process::ExitCode::SUCCESS),
         Command::Worker(a) => cmd::worker::run(a),
     };
     match result {

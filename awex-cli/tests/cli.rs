@@ -684,7 +684,14 @@ fn fp8_plan_reports_bytes_per_encoding_and_plain_plans_say_nothing_of_it() {
     let plain_moved = j["moved_bytes"].as_u64().unwrap();
 
     let mut fp8 = plain.to_vec();
-    fp8.extend(["--infer-quant", "fp8", "--fp8-block", "16x16"]);
+    fp8.extend([
+        "--infer-quant",
+        "fp8",
+        "--fp8-block",
+        "16x16",
+        "--fp8-encode-at",
+        "receiver",
+    ]);
     let (code, out, err) = cli(&fp8);
     assert_eq!(code, 0, "{err}");
     let j: Value = serde_json::from_str(&out).unwrap();
@@ -731,6 +738,100 @@ fn fp8_plan_reports_bytes_per_encoding_and_plain_plans_say_nothing_of_it() {
             && out.contains("land in the engines"),
         "{out}"
     );
+}
+
+#[test]
+fn fp8_plan_reports_sender_encoded_bytes_on_the_wire() {
+    let base = [
+        "plan",
+        "--model",
+        "qwen3-tiny",
+        "--infer",
+        "sglang:tp=2",
+        "--infer-quant",
+        "fp8",
+        "--fp8-block",
+        "16x16",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        let (code, out, err) = cli(&a);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    let recv = run(&["--fp8-encode-at", "receiver"]);
+    // megatron tp 2 -> sglang tp 2: every block held whole by one sender
+    let j = run(&["--fp8-encode-at", "sender"]);
+    // `plan` plans as shm, which quantises on the sender
+    assert_eq!(run(&[])["fp8"], j["fp8"]);
+    assert_eq!(j["exact"], true, "{j}");
+    assert_eq!(j["fingerprints_agree"], true);
+    let (f, fr) = (&j["fp8"], &recv["fp8"]);
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap();
+    assert_eq!(f["encoded_at"], "sender");
+    assert_eq!(n(f, "receiver_blocks"), 0);
+    assert_eq!(n(f, "receiver_wire_bytes"), 0);
+    assert_eq!(n(f, "sender_e4m3_bytes"), n(f, "e4m3_bytes"));
+    assert_eq!(n(f, "sender_scale_bytes"), n(f, "scale_bytes"));
+    assert_eq!(n(f, "sender_blocks") * 4, n(f, "scale_bytes"));
+    assert_eq!(
+        n(f, "wire_bytes"),
+        n(f, "e4m3_bytes") + n(f, "scale_bytes"),
+        "{f}"
+    );
+    // half the bf16 plus the scales
+    assert_eq!(
+        n(fr, "wire_bytes"),
+        2 * n(f, "wire_bytes") - 2 * n(f, "scale_bytes")
+    );
+    assert_eq!(
+        n(&j, "moved_bytes"),
+        n(f, "plain_bytes") + n(f, "wire_bytes")
+    );
+    assert_eq!(n(f, "plain_bytes"), n(fr, "plain_bytes"));
+    assert_eq!(n(&j, "required_bytes"), n(&recv, "required_bytes"));
+    // fsdp dp 3: its row chunks cut blocks, which the receiver quantises
+    let mut fsdp = base.to_vec();
+    fsdp.extend(["--train", "fsdp:dp=3", "--fp8-encode-at", "sender"]);
+    let (code, out, err) = cli(&fsdp);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    let f = &j["fp8"];
+    assert_eq!(j["exact"], true, "{j}");
+    assert_eq!(f["encoded_at"], "sender+receiver");
+    assert!(n(f, "receiver_blocks") > 0 && n(f, "sender_blocks") > n(f, "receiver_blocks"));
+    assert_eq!(
+        n(f, "sender_blocks") + n(f, "receiver_blocks"),
+        n(f, "scale_bytes") / 4
+    );
+    assert!(n(f, "receiver_wire_bytes") > 0);
+    assert_eq!(
+        n(f, "wire_bytes"),
+        n(f, "sender_e4m3_bytes") + n(f, "sender_scale_bytes") + n(f, "receiver_wire_bytes")
+    );
+    // the table says both
+    let table: Vec<&str> = fsdp.iter().copied().filter(|a| *a != "--json").collect();
+    let (code, out, err) = cli(&table);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("quantised by their sender")
+            && out.contains("cut between senders by the receiver")
+            && out.contains("sender-encoded")
+            && out.contains("receiver-encoded"),
+        "{out}"
+    );
+    // a rank's transfers say where their scales land
+    let mut rank = table.clone();
+    rank.extend(["--rank", "infer:0/0"]);
+    let (code, out, err) = cli(&rank);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("fp8 by the sender") && out.contains("weight_scale_inv"),
+        "{out}"
+    );
+    assert!(out.contains("fp8 by the receiver"), "{out}");
 }
 
 #[test]

@@ -51,6 +51,7 @@ fn training_rank_plan(bencher: divan::Bencher, dp: u32) {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     bencher.bench(|| {
         pair.plan_rank(Side::Training, RankId::train(3))
@@ -68,6 +69,7 @@ fn inference_rank_plan(bencher: divan::Bencher, engines: u32) {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     bencher.bench(|| {
         pair.plan_rank(Side::Inference, RankId::infer(0, 5))

@@ -108,6 +108,7 @@ impl ResolvedPair {
             catalogue: &self.catalogue,
             training: &*self.training,
             inference: &*self.inference,
+            encode_on_sender: self.spec.transport.encodes_fp8_on_sender(),
         }
     }
 }

@@ -123,6 +123,20 @@ impl Transport {
         }
     }
 
+    /// Whether the transport's senders quantise the FP8 blocks they hold whole, so that the
+    /// wire carries e4m3 bytes and scales for them (`plan::EncodeAt::Sender`). `false`: the
+    /// receiver quantises every block from the canonical dtype. A transport opts in here once
+    /// its runtime sends and writes sender-encoded transfers.
+    pub fn encodes_fp8_on_sender(self) -> bool {
+        match self {
+            // shm: the receiver quantises each whole block as it reads it from the sender's
+            // shared memory (and the sender as it checksums); tcp: the sender as it packs
+            Transport::Shm | Transport::Tcp => true,
+            // cuda-ipc: the receiver quantises its bf16 staging on the GPU; nccl refuses FP8
+            Transport::CudaIpc | Transport::Nccl => false,
+        }
+    }
+
     /// Where a transfer between different dtypes is converted, if anywhere.
     pub fn conversion(self) -> Conversion {
         match self {

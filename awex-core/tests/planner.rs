@@ -61,6 +61,7 @@ fn check_pair(cat: &Catalogue, train: &ExplicitSide, infer: &ExplicitSide) -> Ve
         catalogue: cat,
         training: train,
         inference: infer,
+        encode_on_sender: false,
     };
     let tplans = all_plans(&pair, Side::Training);
     let iplans = all_plans(&pair, Side::Inference);
@@ -224,7 +225,7 @@ proptest! {
     fn plans_do_not_depend_on_input_order((shapes, t, i) in case(), seed in any::<u64>()) {
         let cat = catalogue(&shapes);
         let (train, infer) = (t.build(&cat), i.build(&cat));
-        let pair = Pair { catalogue: &cat, training: &train, inference: &infer };
+        let pair = Pair { catalogue: &cat, training: &train, inference: &infer, encode_on_sender: false };
         let base = all_plans(&pair, Side::Training);
         // shuffle ranks and each rank's tensor order, rebuild the sides
         let shuffle = |mut v: Vec<awex_core::RankLayout>| {
@@ -240,7 +241,7 @@ proptest! {
         };
         let train2 = ExplicitSide::new(Side::Training, shuffle(t.rank_layouts(&cat)));
         let infer2 = ExplicitSide::new(Side::Inference, shuffle(i.rank_layouts(&cat)));
-        let pair2 = Pair { catalogue: &cat, training: &train2, inference: &infer2 };
+        let pair2 = Pair { catalogue: &cat, training: &train2, inference: &infer2, encode_on_sender: false };
         let again = all_plans(&pair2, Side::Training);
         prop_assert_eq!(base, again);
     }
@@ -328,6 +329,7 @@ fn missing_source_coverage_is_a_clear_error() {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let e = pair
         .plan_rank(Side::Inference, RankId::infer(0, 0))

@@ -226,7 +226,7 @@ proptest! {
     ) {
         let cat = catalogue(&shapes);
         let (train, infer) = (t.build(&cat), i.build(&cat));
-        let pair = Pair { catalogue: &cat, training: &train, inference: &infer };
+        let pair = Pair { catalogue: &cat, training: &train, inference: &infer, encode_on_sender: false };
         let plans = plans(&pair);
         // budgets differ per rank, so the two ends of a pair must agree on the smaller share
         let budget = |w: Who| budgets[(w.1.engine as usize * 5 + w.1.rank as usize + w.0 as usize) % budgets.len()];
@@ -409,6 +409,7 @@ fn a_small_pair_schedules_exact_buckets_per_step() {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let plans = plans(&pair);
     // training rank 0 holds rows 0..12: rows 0..8 to inference ranks */0, rows 8..12 to */1;
@@ -471,6 +472,7 @@ fn schedule_refuses_bucket_lists_that_do_not_match_the_peers() {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let plan = pair.plan_rank(Side::Training, RankId::train(1)).unwrap();
     assert_eq!(

@@ -817,7 +817,7 @@ mod tests {
         let set = TensorSet::from_views(vec![device_view("model.w")]).unwrap();
         let b = make_buckets(std::slice::from_ref(&t), 1 << 20);
         let mut out = vec![0u8; 64];
-        let e = pack(&b[0], std::slice::from_ref(&t), &set, &mut out).unwrap_err();
+        let e = pack(&b[0], std::slice::from_ref(&t), &set, &mut out, None).unwrap_err();
         assert!(
             e.to_string()
                 .starts_with("tensor: `model.w` lives in GPU 1 memory"),

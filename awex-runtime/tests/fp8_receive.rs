@@ -98,7 +98,11 @@ fn run(
     let plain = pair(None);
     let rank = p.inference.ranks()[1];
     let layout = p.inference.rank_layout(rank).unwrap();
-    let plan = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+    // every block receiver-encoded (the stand-in delivers bf16 everywhere; the senders'
+    // encoding runs through the real transports in awex-cli/tests/demo.rs)
+    let mut pp = p.plan_pair();
+    pp.encode_on_sender = false;
+    let plan = pp.plan_rank(Side::Inference, rank).unwrap();
     let target = Arc::new(TensorSet::allocate_host(&layout).unwrap());
     let weights = Weights::Finite(Box::new(Weights::Synthetic));
     let plain_layout = plain.inference.rank_layout(rank).unwrap();

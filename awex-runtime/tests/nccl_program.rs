@@ -80,6 +80,7 @@ fn run_update(
         catalogue: cat,
         training: train,
         inference: infer,
+        encode_on_sender: false,
     };
     let world = CommWorld::of(train, infer).unwrap();
     let mut plans: BTreeMap<Who, RankPlan> = BTreeMap::new();
@@ -420,6 +421,7 @@ fn conversions_and_unregistered_tensors_are_refused() {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let world = CommWorld::of(&train, &infer).unwrap();
     let plan = pair.plan_rank(Side::Training, RankId::train(0)).unwrap();
@@ -453,6 +455,7 @@ fn conversions_and_unregistered_tensors_are_refused() {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let plan = pair.plan_rank(Side::Training, RankId::train(0)).unwrap();
     let buckets = peer_buckets(&plan, |_| 1 << 20);

@@ -54,6 +54,7 @@ fn pair_of(sb: u64, rb: u64) -> (ShmTransport, ShmTransport, serde_json::Value) 
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let scope = ShmScope::new("shmfaults", &uid());
     let (t, i) = (RankId::train(0), RankId::infer(0, 0));

@@ -58,6 +58,7 @@ fn ends(s: &Setup, secret: Option<&PairSecret>) -> (End, End) {
         catalogue: &s.cat,
         training: &s.train,
         inference: &s.infer,
+        encode_on_sender: false,
     };
     let mk = |side: Side, r: RankId, l: &dyn SideLayout| {
         let layout = l.rank_layout(r).unwrap();

@@ -73,6 +73,7 @@ fn run(
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let tag = format!(
@@ -228,6 +229,7 @@ fn shm_sender_needs_shared_memory_tensors() {
         catalogue: &cat,
         training: &train,
         inference: &infer,
+        encode_on_sender: false,
     };
     let r = RankId::train(0);
     let plan = Arc::new(pair.plan_rank(Side::Training, r).unwrap());

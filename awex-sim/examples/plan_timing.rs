@@ -29,6 +29,7 @@ fn main() -> anyhow::Result<()> {
         catalogue: &cat,
         training: &*training,
         inference: &*inference,
+        encode_on_sender: false,
     };
     let mut best = f64::MAX;
     let mut fp = 0;

@@ -4,10 +4,12 @@
 //! a 1T-parameter pair has about 10^8 buckets, too many to build as piece lists. [`bucket_runs`]
 //! walks the same arithmetic and yields run-length encoded buckets (bytes, and whether each
 //! end can use it in place or must stage it), equal bucket for bucket to `make_buckets` (a
-//! test checks it against the real function).
+//! test checks it against the real function). A sender-encoded FP8 piece (e4m3 + scales) is
+//! staged on both ends: the sender quantises it into a slot, the receiver writes two tensors.
 
 use awex_core::layout::Dims;
 use awex_core::plan::Transfer;
+use awex_core::plan::bucket::Units;
 
 /// Consecutive buckets alike in size and staging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,25 +85,30 @@ pub fn bucket_runs(transfers: &[Transfer], max_bytes: u64) -> Vec<BucketRun> {
     };
     for t in transfers {
         let rows = t.extent.get(0);
-        let row_bytes = t.bytes() / rows.max(1);
-        let per = max_bytes / row_bytes.max(1);
-        let mut row0 = 0;
-        while row0 < rows {
-            // many whole buckets of one piece each, in one step
-            if acc.pieces == 0 && per >= 1 && (rows - row0) / per >= 2 {
-                let n = (rows - row0) / per - 1;
+        let u = Units::of(t);
+        let units = if rows == 0 { 0 } else { u.count };
+        let per = max_bytes / u.bytes.max(1);
+        // a sender-encoded piece is quantised into a slot and lands in two tensors: staged
+        let enc = t.sender_encoded();
+        let mut u0 = 0;
+        while u0 < units {
+            // many whole buckets of one piece each, in one step (the last unit, which may be
+            // smaller, stays out of it)
+            if acc.pieces == 0 && per >= 1 && (units - u0) / per >= 2 {
+                let n = (units - u0) / per - 1;
+                let (_, run_rows) = u.rows_of(u0, per, rows);
                 let r = BucketRun {
-                    bytes: per * row_bytes,
+                    bytes: per * u.bytes,
                     count: n,
-                    staged_src: !contiguous(&t.src_shape, &t.extent, per),
-                    staged_dst: !contiguous(&t.dst_shape, &t.extent, per),
+                    staged_src: enc || !contiguous(&t.src_shape, &t.extent, run_rows),
+                    staged_dst: enc || !contiguous(&t.dst_shape, &t.extent, run_rows),
                 };
                 acc.push_run(r);
-                row0 += n * per;
+                u0 += n * per;
                 continue;
             }
             let room = max_bytes.saturating_sub(acc.bytes);
-            let mut take = (room / row_bytes.max(1)).min(rows - row0);
+            let mut take = (room / u.bytes.max(1)).min(units - u0);
             if take == 0 {
                 if acc.pieces > 0 {
                     acc.close();
@@ -109,11 +116,12 @@ pub fn bucket_runs(transfers: &[Transfer], max_bytes: u64) -> Vec<BucketRun> {
                 }
                 take = 1;
             }
+            let (_, take_rows) = u.rows_of(u0, take, rows);
             acc.pieces += 1;
-            acc.src_ok = contiguous(&t.src_shape, &t.extent, take);
-            acc.dst_ok = contiguous(&t.dst_shape, &t.extent, take);
-            acc.bytes += take * row_bytes;
-            row0 += take;
+            acc.src_ok = !enc && contiguous(&t.src_shape, &t.extent, take_rows);
+            acc.dst_ok = !enc && contiguous(&t.dst_shape, &t.extent, take_rows);
+            acc.bytes += u.bytes_of(u0, take);
+            u0 += take;
             if acc.bytes >= max_bytes {
                 acc.close();
             }
@@ -214,6 +222,76 @@ mod tests {
                 .flat_map(|r| (0..r.count).map(|_| (r.bytes, r.staged_src, r.staged_dst)))
                 .collect();
             assert_eq!(got, want, "case {case}: max {max}, transfers {ts:?}");
+        }
+    }
+
+    #[test]
+    fn runs_equal_make_buckets_for_sender_encoded_fp8_transfers() {
+        use awex_core::encoding::Fp8Block;
+        use awex_core::plan::{Encode, EncodeAt};
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for case in 0..300 {
+            let n = 1 + rng(&mut seed) % 5;
+            let ts: Vec<Transfer> = (0..n)
+                .map(|_| {
+                    let mut t = transfer(&mut seed);
+                    if rng(&mut seed) % 3 > 0 {
+                        // a sender-encoded box of whole blocks: the whole destination tensor
+                        let (bn, bk) = (1 + rng(&mut seed) % 5, 1 + rng(&mut seed) % 4);
+                        let (rows, cols) = (t.extent.get(0), t.extent.get(1));
+                        t.dst_shape = Dims::new(&[rows, cols]);
+                        t.dst_offset = Dims::zeros(2);
+                        t.dst_dtype = DType::F8E4m3;
+                        t.encode = Some(Encode {
+                            encoding: Fp8Block {
+                                block: [bn as u32, bk as u32],
+                                ..Fp8Block::default()
+                            },
+                            at: EncodeAt::Sender,
+                        });
+                    }
+                    t
+                })
+                .collect();
+            let max = 1 + rng(&mut seed) % 300;
+            let real = make_buckets(&ts, max);
+            // every piece of a sender-encoded transfer holds whole block rows
+            for b in &real {
+                for p in &b.pieces {
+                    let t = &ts[p.transfer as usize];
+                    if let Some(e) = &t.encode {
+                        let bn = e.encoding.block[0] as u64;
+                        assert_eq!(p.row0 % bn, 0);
+                        assert!(p.rows % bn == 0 || p.row0 + p.rows == t.extent.get(0));
+                    }
+                }
+            }
+            let total: u64 = real.iter().map(|b| b.bytes).sum();
+            assert_eq!(
+                total,
+                ts.iter().map(Transfer::bytes).sum::<u64>(),
+                "case {case}"
+            );
+            let want: Vec<u64> = real.iter().map(|b| b.bytes).collect();
+            let runs = bucket_runs(&ts, max);
+            let got: Vec<u64> = runs
+                .iter()
+                .flat_map(|r| (0..r.count).map(|_| r.bytes))
+                .collect();
+            assert_eq!(got, want, "case {case}: max {max}, transfers {ts:?}");
+            // a bucket holding a sender-encoded piece is staged on both ends
+            let staged: Vec<bool> = runs
+                .iter()
+                .flat_map(|r| (0..r.count).map(|_| r.staged_src && r.staged_dst))
+                .collect();
+            for (b, s) in real.iter().zip(staged) {
+                if b.pieces
+                    .iter()
+                    .any(|p| ts[p.transfer as usize].encode.is_some())
+                {
+                    assert!(s, "case {case}");
+                }
+            }
         }
     }
 }

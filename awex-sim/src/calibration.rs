@@ -113,6 +113,7 @@ impl Run {
             catalogue: &cat,
             training: &*training,
             inference: &*inference,
+            encode_on_sender: false,
         };
         let opts = Options {
             transport: Some(

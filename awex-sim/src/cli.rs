@@ -4,19 +4,23 @@
 //! with `Simulate(awex_sim::cli::Args)` and `awex_sim::cli::run(args)`.
 
 use crate::exec::{Options, PeerOrder};
-use crate::topology::{Placement, Topology};
+use crate::topology::{DeviceKind, Placement, Topology};
 use crate::{Names, simulate};
 use anyhow::Context;
 use awex_core::Transport;
 use awex_core::backend::side_layout;
+use awex_core::encoding::{Fp8Side, InferFp8};
 use awex_core::layout::Side;
 use awex_core::plan::Pair;
 use awex_core::{BackendSpec, Catalogue, ModelSpec};
 
+/// `simulate`'s examples, for its help.
+pub const AFTER_HELP: &str = "Every figure is a PREDICTION from awex's own plans over a flow-level model of the stated cluster.\n\nExamples:\n  simulate --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --topology h200x8 --placement packed\n  simulate --model moe-1t --train megatron:tp=8,pp=4,dp=8,ep=32,etp=1 --infer sglang:tp=16,ep=16,engines=8 --topology h200x8 --json --svg util.svg\n  simulate --model moe-1t --train megatron:tp=8,pp=8,dp=4,ep=32,etp=1 --infer sglang:tp=16,ep=16,engines=8 --infer-quant fp8";
+
 /// Arguments of `simulate`.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
-    after_help = "Every figure is a PREDICTION from awex's own plans over a flow-level model of the stated cluster.\n\nExamples:\n  simulate --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --topology h200x8 --placement packed\n  simulate --model moe-1t --train megatron:tp=8,pp=4,dp=8,ep=32,etp=1 --infer sglang:tp=16,ep=16,engines=8 --topology h200x8 --json --svg util.svg"
+    after_help = AFTER_HELP
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory.
@@ -87,8 +91,34 @@ pub fn topology(a: &Args) -> anyhow::Result<Topology> {
     Ok(t)
 }
 
+/// The transport an update over `topo` uses: `--transport`, or the simulator's default for
+/// the topology (cuda-ipc colocated, nccl on GPUs, shm on CPU hosts).
+fn transport_of(a: &Args, topo: &Topology) -> anyhow::Result<Transport> {
+    if let Some(t) = a.transport.as_deref() {
+        return t.parse::<Transport>().map_err(anyhow::Error::msg);
+    }
+    Ok(match topo.kind {
+        DeviceKind::Cpu => Transport::Shm,
+        DeviceKind::Gpu if topo.placement == Placement::Colocated => Transport::CudaIpc,
+        DeviceKind::Gpu => Transport::Nccl,
+    })
+}
+
+/// Whether the simulated plans quantise FP8 blocks on the sender over `t`: where the transport
+/// does, and over nccl, whose planned FP8 path quantises on the sender (the prediction is for
+/// that path: nccl itself refuses an FP8 inference side today).
+pub fn encodes_on_sender(t: Transport) -> bool {
+    t.encodes_fp8_on_sender() || t == Transport::Nccl
+}
+
 /// Plans and simulates as the arguments say.
 pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
+    report_with(a, None)
+}
+
+/// [`report`] with an FP8 inference side (`--infer-quant fp8` and the other FP8 flags, which
+/// the binary resolves as `plan` does).
+pub fn report_with(a: &Args, fp8: Option<InferFp8>) -> anyhow::Result<crate::report::Report> {
     let topo = topology(a)?;
     let model = ModelSpec::resolve(&a.model)?;
     let catalogue = Catalogue::of(&model);
@@ -96,23 +126,27 @@ pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
     let is: BackendSpec = a.infer.parse()?;
     let training = side_layout(Side::Training, &ts, &model)
         .with_context(|| format!("training layout `{}`", a.train))?;
-    let inference = side_layout(Side::Inference, &is, &model)
+    let mut inference = side_layout(Side::Inference, &is, &model)
         .with_context(|| format!("inference layout `{}`", a.infer))?;
+    let fp8_name = fp8.as_ref().map(InferFp8::describe);
+    if let Some(f) = fp8 {
+        inference = std::sync::Arc::new(
+            Fp8Side::new(inference, &model, &catalogue, f)
+                .with_context(|| format!("inference layout `{}`", a.infer))?,
+        );
+    }
+    let transport = transport_of(a, &topo)?;
     let pair = Pair {
         catalogue: &catalogue,
         training: &*training,
         inference: &*inference,
+        encode_on_sender: encodes_on_sender(transport),
     };
     if a.bucket_mib == 0 {
         anyhow::bail!("--bucket-mib must be at least 1");
     }
     let opts = Options {
-        transport: a
-            .transport
-            .as_deref()
-            .map(str::parse::<Transport>)
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+        transport: Some(transport),
         bucket_bytes: a.bucket_mib << 20,
         max_flows: a.max_flows.max(1),
         quantum: a.quantum.max(0.0),
@@ -124,12 +158,21 @@ pub fn report(a: &Args) -> anyhow::Result<crate::report::Report> {
         training: ts.to_string(),
         inference: is.to_string(),
     };
-    Ok(simulate(&pair, &names, &topo, &opts)?)
+    let mut r = simulate(&pair, &names, &topo, &opts)?;
+    if let (Some(f), Some(name)) = (&mut r.fp8, fp8_name) {
+        f.encoding = name;
+    }
+    Ok(r)
 }
 
 /// Runs the command: prints the report (text or JSON) and writes the picture.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let r = report(&a)?;
+    run_with(a, None)
+}
+
+/// [`run`] with an FP8 inference side.
+pub fn run_with(a: Args, fp8: Option<InferFp8>) -> anyhow::Result<()> {
+    let r = report_with(&a, fp8)?;
     if let Some(path) = &a.svg {
         std::fs::write(path, r.svg()).with_context(|| format!("writing {}", path.display()))?;
     }

@@ -169,6 +169,10 @@ pub fn simulate_plans(
             run_s,
             quantum_s,
         },
+        fp8: report::Fp8Wire::of(plans.pairs.iter().flat_map(|p| &p.transfers)).map(|mut f| {
+            f.encoding = "fp8".into();
+            f
+        }),
     })
 }
 

@@ -119,6 +119,45 @@ pub struct Report {
     pub timeline: Timeline,
     /// The simulation's own figures.
     pub sim: SimFigures,
+    /// With an FP8 inference side: the bytes the plans move per encoding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Fp8Wire>,
+}
+
+/// Bytes on the wire per encoding of an FP8 inference side (every pair together).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Fp8Wire {
+    /// The encoding, in words (`fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm`).
+    pub encoding: String,
+    /// Sender-encoded: e4m3 bytes.
+    pub sender_e4m3_bytes: u64,
+    /// Sender-encoded: fp32 scale bytes.
+    pub sender_scale_bytes: u64,
+    /// Receiver-encoded: canonical-dtype (bf16) bytes into the receivers' staging.
+    pub receiver_wire_bytes: u64,
+    /// Bytes into plain tensors.
+    pub plain_bytes: u64,
+}
+
+impl Fp8Wire {
+    /// The figures of a set of transfers; `None` when none is into an FP8 tensor.
+    pub fn of<'a>(ts: impl Iterator<Item = &'a awex_core::plan::Transfer>) -> Option<Fp8Wire> {
+        let mut w = Fp8Wire::default();
+        let mut any = false;
+        for t in ts {
+            if t.sender_encoded() {
+                w.sender_e4m3_bytes += t.numel();
+                w.sender_scale_bytes += t.scale_bytes();
+            } else if t.encode.is_some() {
+                w.receiver_wire_bytes += t.bytes();
+            } else {
+                w.plain_bytes += t.bytes();
+                continue;
+            }
+            any = true;
+        }
+        any.then_some(w)
+    }
 }
 
 /// How the simulation ran.
@@ -304,6 +343,17 @@ impl Report {
             self.transfers,
             self.pairs
         );
+        if let Some(f) = &self.fp8 {
+            let _ = writeln!(
+                o,
+                "fp8          {}: {} e4m3 + {} scales sender-encoded, {} receiver-encoded (the canonical dtype), plain {}",
+                f.encoding,
+                human_bytes(f.sender_e4m3_bytes as f64),
+                human_bytes(f.sender_scale_bytes as f64),
+                human_bytes(f.receiver_wire_bytes as f64),
+                human_bytes(f.plain_bytes as f64)
+            );
+        }
         let _ = writeln!(
             o,
             "predicted    {} (transfers {} + control {})",

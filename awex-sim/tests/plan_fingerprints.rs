@@ -31,6 +31,7 @@ impl Resolved {
             catalogue: &self.cat,
             training: &*self.training,
             inference: &*self.inference,
+            encode_on_sender: false,
         }
     }
 

@@ -63,6 +63,7 @@ fn two_ranks_over_nvlink_take_the_time_worked_out_by_hand() {
         catalogue: &cat,
         training: &t,
         inference: &i,
+        encode_on_sender: false,
     };
     let opts = Options {
         transport: Some(Transport::Nccl),
@@ -105,6 +106,7 @@ fn staged_buckets_pay_the_first_pack_and_the_last_unpack() {
         catalogue: &cat,
         training: &t,
         inference: &i,
+        encode_on_sender: false,
     };
     let opts = Options {
         transport: Some(Transport::Nccl),
@@ -125,6 +127,7 @@ fn staged_buckets_pay_the_first_pack_and_the_last_unpack() {
         catalogue: &cat,
         training: &t,
         inference: &i,
+        encode_on_sender: false,
     };
     let r = simulate(&pair, &Names::default(), &topo(Placement::Packed), &opts).unwrap();
     let want = mib32 / 1000e9 + 10e-6 + mib32 / 100e9 + mib32 / 1000e9;
@@ -146,6 +149,7 @@ fn the_topology_moves_the_bottleneck() {
         catalogue: &cat,
         training: &t,
         inference: &i,
+        encode_on_sender: false,
     };
     let opts = Options {
         transport: Some(Transport::Nccl),
@@ -186,6 +190,7 @@ fn bad_requests_are_refused_with_the_fix_named() {
         catalogue: &cat,
         training: &t,
         inference: &i,
+        encode_on_sender: false,
     };
     let nccl = Options {
         transport: Some(Transport::Nccl),
@@ -249,6 +254,7 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
         catalogue: &cat,
         training: &t,
         inference: &i,
+        encode_on_sender: false,
     };
     let b = (64u64 << 20) as f64;
     let c = 100e9;
@@ -279,4 +285,69 @@ fn cuda_ipc_receivers_reading_peer_after_peer_queue_on_one_sender() {
         assert!((r.lower_bound_s - b / c).abs() < 1e-12);
         assert_eq!(r.peer_order, peers.as_str());
     }
+}
+
+/// An FP8 inference side over nccl: the plans quantise on the sender (as nccl's FP8 path
+/// will), so the wire carries e4m3 + scales and the bound follows those bytes.
+#[test]
+fn an_fp8_inference_side_moves_e4m3_and_scales_and_its_bound_follows() {
+    use awex_core::encoding::{Fp8Config, InferFp8, Recipe};
+    use awex_core::pair::PairSpec;
+    link_backends();
+    let fp8 = InferFp8::new(
+        Fp8Config::from_hf(&serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]
+        }))
+        .unwrap(),
+        Recipe::Vllm,
+    )
+    .unwrap();
+    let model = awex_core::model::presets::preset("qwen3-0.6b").unwrap();
+    let spec = |f: Option<InferFp8>| PairSpec {
+        model: model.clone(),
+        train: "megatron:tp=2".parse().unwrap(),
+        infer: "sglang:tp=2".parse().unwrap(),
+        transport: Transport::Nccl,
+        infer_fp8: f,
+    };
+    let opts = Options {
+        transport: Some(Transport::Nccl),
+        ..Options::default()
+    };
+    let topo = topo(Placement::Separate);
+    let plain = spec(None).resolve().unwrap();
+    let r0 = simulate(&plain.plan_pair(), &Names::default(), &topo, &opts).unwrap();
+    assert!(r0.fp8.is_none());
+    let p = spec(Some(fp8)).resolve().unwrap();
+    let mut pair = p.plan_pair();
+    pair.encode_on_sender = awex_sim::cli::encodes_on_sender(Transport::Nccl);
+    assert!(pair.encode_on_sender);
+    let r = simulate(&pair, &Names::default(), &topo, &opts).unwrap();
+    let f = r.fp8.as_ref().unwrap();
+    // tp 2 -> tp 2 in 128 x 128 blocks: every block is held whole by its sender
+    assert_eq!(f.receiver_wire_bytes, 0);
+    assert!(f.sender_e4m3_bytes > 0);
+    // one fp32 scale per block of 16384 elements
+    assert_eq!(f.sender_scale_bytes * 128 * 128 / 4, f.sender_e4m3_bytes);
+    assert_eq!(
+        r.moved_bytes,
+        f.sender_e4m3_bytes + f.sender_scale_bytes + f.plain_bytes
+    );
+    // the linear weights' bf16 became e4m3 + scales, the rest moves as before
+    assert_eq!(
+        r0.moved_bytes,
+        2 * f.sender_e4m3_bytes + f.plain_bytes,
+        "{f:?}"
+    );
+    // the bound is the busiest link's bytes, which shrink as the plan's do
+    let moved = r.moved_bytes as f64 / r0.moved_bytes as f64;
+    let bound = r.lower_bound_s / r0.lower_bound_s;
+    assert!(
+        bound < 0.75 && (bound - moved).abs() < 0.05,
+        "{bound} vs {moved}"
+    );
+    assert!(r.transfer_s < r0.transfer_s);
+    assert!(r.ratio_to_bound >= 1.0 - 1e-9);
+    // the text says what moved per encoding
+    assert!(r.text().contains("sender-encoded"), "{}", r.text());
 }

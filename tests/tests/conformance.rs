@@ -251,6 +251,7 @@ fn plans_against_every_backend_of_the_other_side_are_exact_and_agreed() {
                 catalogue: &cat,
                 training: &**tl,
                 inference: &**il,
+                encode_on_sender: false,
             };
             let tplans: Vec<_> = tl
                 .ranks()
@@ -332,6 +333,7 @@ fn glm_plans_into_fused_and_separate_shared_experts_are_exact() {
             catalogue: &cat,
             training: &*tl,
             inference: &*il,
+            encode_on_sender: false,
         };
         let plans: Vec<_> = tl
             .ranks()
@@ -407,6 +409,7 @@ fn deepseek_training_layouts_are_valid_and_plan_exactly_into_the_checkpoint() {
                 catalogue: &cat,
                 training: &*tl,
                 inference: &*dst,
+                encode_on_sender: false,
             };
             let plans: Vec<_> = tl
                 .ranks()
@@ -493,6 +496,7 @@ fn deepseek_v3_inference_layouts_are_valid_and_plans_from_the_checkpoint_are_exa
                 catalogue: &cat,
                 training: &src_side,
                 inference: &*l,
+                encode_on_sender: false,
             };
             let plan = pair
                 .plan_rank(Side::Training, RankId::train(0))

@@ -187,6 +187,7 @@ fn a_plan_into_vllm_moves_everything_but_the_dropped_tensors() {
         catalogue: &cat,
         training: &*t,
         inference: &*i,
+        encode_on_sender: false,
     };
     let mut moved = 0;
     for r in i.ranks() {

@@ -1,14 +1,15 @@
 //! FP8 inference sides over every registered inference backend: which tensors are FP8, their
-//! scale tensors, the refusals, and plans that differ from the plain pair's only in where the
-//! bf16 lands (receiver-encoded).
+//! scale tensors, the refusals, plans that differ from the plain pair's only in where the bf16
+//! lands (receiver-encoded), and plans whose senders quantise the blocks they hold whole.
 
 use awex_core::backend::{BackendSpec, inference_backends};
 use awex_core::dtype::DType;
 use awex_core::encoding::{Encoding, Fp8Block, Fp8Config, InferFp8, Recipe};
+use awex_core::layout::RankId;
 use awex_core::layout::{ExplicitSide, LocalTensor, RankLayout, Side};
 use awex_core::model::{Part, presets};
 use awex_core::pair::{PairSpec, ResolvedPair};
-use awex_core::plan::{EncodeAt, Transfer};
+use awex_core::plan::{EncodeAt, RankPlan, SCALE_BYTES, Transfer, covers_whole_blocks};
 use awex_core::{ModelSpec, Transport};
 
 fn fp8(block: [u32; 2], ignored: &[&str]) -> InferFp8 {
@@ -35,7 +36,9 @@ fn try_pair(
         model: model.clone(),
         train: train.parse::<BackendSpec>().unwrap(),
         infer: infer.parse::<BackendSpec>().unwrap(),
-        transport: Transport::Shm,
+        // a transport that quantises on the receiver: `plan_pair()` plans every block
+        // receiver-encoded (the sender-encoded plans below switch `encode_on_sender` on)
+        transport: Transport::CudaIpc,
         infer_fp8: f,
     }
     .resolve()
@@ -234,6 +237,7 @@ fn reported_fp8_layouts_round_trip_through_json_and_plan_the_same() {
         catalogue: &p.catalogue,
         training: &*p.training,
         inference: &explicit,
+        encode_on_sender: false,
     };
     for rank in p.inference.ranks() {
         assert_eq!(
@@ -575,4 +579,243 @@ fn the_sglang_fp8_layout_holds_exactly_sglang_s_own_fp8_parameters() {
 fn the_vllm_fp8_layout_holds_exactly_vllm_s_own_fp8_parameters() {
     let c = check_engine_fixture(include_str!("fixtures/fp8_vllm_params.json"), "vllm");
     assert!(c.fp8_params >= 40, "{}", c.fp8_params);
+}
+
+/// One inference rank's plan with sender encoding on (as a transport that encodes on the
+/// sender plans it).
+fn sender_plan(p: &ResolvedPair, side: Side, rank: RankId) -> RankPlan {
+    let mut pp = p.plan_pair();
+    pp.encode_on_sender = true;
+    pp.plan_rank(side, rank).unwrap()
+}
+
+/// Checks the sender-encoding contract over one inference rank's transfers and counts, over
+/// its FP8 tensors, the blocks quantised by a sender and by the receiver. Every block of every
+/// FP8 tensor is covered by exactly one of: one sender-encoded transfer (its scale box names
+/// it once), or receiver-encoded transfers only.
+fn check_blocks(l: &RankLayout, ts: &[&Transfer]) -> (u64, u64) {
+    let (mut sent, mut received) = (0, 0);
+    for t in &l.tensors {
+        let Encoding::Fp8Block(enc) = &t.encoding else {
+            continue;
+        };
+        let [bn, bk] = enc.block.map(u64::from);
+        let n = t.shape.ndim();
+        let scales = l.tensor(&Fp8Block::scale_name(&t.name)).unwrap();
+        let (rows, cols) = (scales.shape.get(n - 2), scales.shape.get(n - 1));
+        let lead: u64 = t.shape.as_slice()[..n - 2].iter().product();
+        let idx = |lead_i: u64, r: u64, c: u64| ((lead_i * rows + r) * cols + c) as usize;
+        let mut by_sender = vec![0u32; (lead * rows * cols) as usize];
+        let mut by_receiver = vec![false; by_sender.len()];
+        for x in ts.iter().filter(|x| *x.dst_tensor == *t.name) {
+            let e = x.encode.as_ref().expect("a transfer into FP8 is encoded");
+            assert_eq!(e.encoding, *enc);
+            let k = x.extent.ndim();
+            // the leading (stack) indices the box covers
+            let mut leads = vec![0u64];
+            for j in 0..n - 2 {
+                let len = if j >= n - k {
+                    x.extent.get(j - (n - k))
+                } else {
+                    1
+                };
+                let o = x.dst_offset.get(j);
+                leads = leads
+                    .iter()
+                    .flat_map(|&l0| (o..o + len).map(move |i| l0 * t.shape.get(j) + i))
+                    .collect();
+            }
+            let (r0, c0) = (x.dst_offset.get(n - 2), x.dst_offset.get(n - 1));
+            let (re, ce) = (x.extent.get(k - 2), x.extent.get(k - 1));
+            match e.at {
+                EncodeAt::Sender => {
+                    assert!(covers_whole_blocks(
+                        enc.block,
+                        &x.dst_shape,
+                        &x.dst_offset,
+                        &x.extent
+                    ));
+                    assert_eq!(x.dst_dtype, DType::F8E4m3);
+                    let sb = x.scale_box().unwrap();
+                    assert_eq!(sb.tensor, *scales.name);
+                    assert_eq!(sb.shape, scales.shape);
+                    assert_eq!(sb.extent.get(k - 2), re.div_ceil(bn));
+                    assert_eq!(sb.extent.get(k - 1), ce.div_ceil(bk));
+                    assert_eq!(sb.offset.get(n - 2), r0 / bn);
+                    assert_eq!(sb.offset.get(n - 1), c0 / bk);
+                    assert_eq!(
+                        x.bytes(),
+                        x.numel() + sb.extent.numel() * SCALE_BYTES,
+                        "e4m3 bytes + fp32 scales"
+                    );
+                    for &li in &leads {
+                        for r in r0 / bn..(r0 + re).div_ceil(bn) {
+                            for c in c0 / bk..(c0 + ce).div_ceil(bk) {
+                                by_sender[idx(li, r, c)] += 1;
+                            }
+                        }
+                    }
+                }
+                EncodeAt::Receiver => {
+                    assert_eq!(x.dst_dtype, DType::Bf16);
+                    assert!(x.scale_box().is_none());
+                    assert_eq!(x.bytes(), x.numel() * 2);
+                    for &li in &leads {
+                        for r in r0 / bn..(r0 + re).div_ceil(bn) {
+                            for c in c0 / bk..(c0 + ce).div_ceil(bk) {
+                                by_receiver[idx(li, r, c)] = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (i, (&s, &r)) in by_sender.iter().zip(&by_receiver).enumerate() {
+            assert!(s <= 1, "`{}` block {i} sender-encoded {s} times", t.name);
+            assert!(
+                (s == 1) != r,
+                "`{}` block {i}: sender {s}, receiver {r}",
+                t.name
+            );
+            if s == 1 {
+                sent += 1;
+            } else {
+                received += 1;
+            }
+        }
+    }
+    (sent, received)
+}
+
+/// (sender-encoded blocks, receiver-encoded blocks) over every inference rank of `p`, checking
+/// the contract, both ends' agreement and the boxes against the receiver-encoded plan.
+fn check_sender_pair(p: &ResolvedPair) -> (u64, u64) {
+    let (mut sent, mut received) = (0, 0);
+    for rank in p.inference.ranks() {
+        let l = p.inference.rank_layout(rank).unwrap();
+        let a = sender_plan(p, Side::Inference, rank);
+        let z = p.plan_pair().plan_rank(Side::Inference, rank).unwrap();
+        let ts: Vec<&Transfer> = a.peers.iter().flat_map(|x| &x.transfers).collect();
+        let (s, r) = check_blocks(&l, &ts);
+        sent += s;
+        received += r;
+        // the same elements land, per destination tensor
+        let count = |ts: &mut dyn Iterator<Item = &Transfer>| {
+            let mut m = std::collections::BTreeMap::<String, u64>::new();
+            for t in ts {
+                *m.entry(t.dst_tensor.to_string()).or_default() += t.numel();
+            }
+            m
+        };
+        assert_eq!(
+            count(&mut ts.iter().copied()),
+            count(&mut z.peers.iter().flat_map(|x| &x.transfers))
+        );
+        // bytes: each peer's total is its transfers'; FP8 data moves as e4m3 + scales
+        for x in &a.peers {
+            assert_eq!(
+                x.bytes,
+                x.transfers.iter().map(Transfer::bytes).sum::<u64>()
+            );
+        }
+        if s > 0 {
+            assert!(a.bytes() < z.bytes(), "{} >= {}", a.bytes(), z.bytes());
+            assert_ne!(a.fingerprint, z.fingerprint);
+        } else {
+            assert_eq!(a, z);
+        }
+    }
+    // both ends agree
+    for rank in p.training.ranks() {
+        let t = sender_plan(p, Side::Training, rank);
+        for peer in &t.peers {
+            let i = sender_plan(p, Side::Inference, peer.peer);
+            let mine = i.peer(rank).unwrap();
+            assert_eq!(mine.fingerprint, peer.fingerprint);
+            assert_eq!(mine.transfers, peer.transfers);
+        }
+    }
+    (sent, received)
+}
+
+#[test]
+fn megatron_tp2_into_sglang_tp2_is_sender_encoded_throughout() {
+    for name in ["qwen3-tiny", "qwen3-moe-tiny"] {
+        let mut model = presets::preset(name).unwrap();
+        // every layer MoE, as SGLang builds a Qwen3-MoE model
+        if let Some(m) = &mut model.moe {
+            m.mlp_only_layers.clear();
+        }
+        let p = pair(
+            &model,
+            "megatron:tp=2",
+            "sglang:tp=2",
+            Some(fp8([16, 16], &[])),
+        );
+        let (sent, received) = check_sender_pair(&p);
+        assert!(sent > 0, "{name}");
+        assert_eq!(
+            received, 0,
+            "{name}: every block is held whole by one sender"
+        );
+        // every transfer into an FP8 tensor is sender-encoded, into the engine's own tensor
+        for rank in p.inference.ranks() {
+            let a = sender_plan(&p, Side::Inference, rank);
+            for t in a.peers.iter().flat_map(|x| &x.transfers) {
+                if let Some(e) = &t.encode {
+                    assert_eq!(e.at, EncodeAt::Sender, "{}", t.dst_tensor);
+                }
+            }
+        }
+        // a transport that does not encode on the sender plans every block receiver-encoded
+        let r = p
+            .plan_pair()
+            .plan_rank(Side::Inference, p.inference.ranks()[0])
+            .unwrap();
+        assert!(
+            r.peers
+                .iter()
+                .flat_map(|x| &x.transfers)
+                .all(|t| !t.sender_encoded())
+        );
+    }
+}
+
+#[test]
+fn fsdp_chunks_that_cut_blocks_leave_the_cut_blocks_to_the_receiver() {
+    let model = presets::preset("qwen3-tiny").unwrap();
+    for infer in ["sglang:tp=2", "vllm:tp=1"] {
+        let p = pair(&model, "fsdp:dp=3", infer, Some(fp8([8, 8], &[])));
+        let (sent, received) = check_sender_pair(&p);
+        // dp 3's row chunks end inside blocks: those blocks (a row of blocks per cut) are the
+        // receiver's, the rest the senders'
+        assert!(received > 0, "{infer}");
+        assert!(
+            sent > 2 * received,
+            "{infer}: {sent} sent, {received} received"
+        );
+    }
+}
+
+#[test]
+fn sender_encoded_plans_round_trip_through_json_and_plain_pairs_ignore_the_switch() {
+    let mut model = presets::preset("qwen3-moe-tiny").unwrap();
+    if let Some(m) = &mut model.moe {
+        m.mlp_only_layers.clear();
+    }
+    let p = pair(&model, "fsdp:dp=3", "sglang:tp=2", Some(fp8([8, 8], &[])));
+    let r = sender_plan(&p, Side::Inference, p.inference.ranks()[0]);
+    let json = serde_json::to_string(&r).unwrap();
+    assert!(json.contains(r#""at":"sender""#), "{json}");
+    assert!(json.contains(r#""at":"receiver""#));
+    let back: RankPlan = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, r);
+    // a plain pair plans byte-identically whatever the transport does with FP8
+    let plain = pair(&model, "fsdp:dp=3", "sglang:tp=2", None);
+    for rank in plain.inference.ranks() {
+        assert_eq!(
+            sender_plan(&plain, Side::Inference, rank),
+            plain.plan_pair().plan_rank(Side::Inference, rank).unwrap()
+        );
+    }
 }

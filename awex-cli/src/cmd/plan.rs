@@ -42,6 +42,34 @@ pub struct Args {
     /// The inference side's FP8 encoding.
     #[command(flatten)]
     pub quant: crate::cmd::quant::QuantArgs,
+    /// Who quantises the FP8 blocks: `auto` (as the transport does; `plan` plans as shm,
+    /// whose blocks held whole by one training rank move as e4m3 + scales), `sender` (as a
+    /// transport that quantises on the sender) or `receiver` (every block quantised by the
+    /// receiver from bf16, as cuda-ipc does).
+    #[arg(long, value_enum, default_value_t = EncodeAtArg::Auto)]
+    pub fp8_encode_at: EncodeAtArg,
+}
+
+/// `--fp8-encode-at`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncodeAtArg {
+    /// As the transport does.
+    Auto,
+    /// Blocks a sender holds whole are quantised by it.
+    Sender,
+    /// Every block is quantised by the receiver.
+    Receiver,
+}
+
+impl EncodeAtArg {
+    /// The planner's switch for a pair over `transport`.
+    pub fn encode_on_sender(self, transport: awex_core::Transport) -> bool {
+        match self {
+            EncodeAtArg::Auto => transport.encodes_fp8_on_sender(),
+            EncodeAtArg::Sender => true,
+            EncodeAtArg::Receiver => false,
+        }
+    }
 }
 
 /// `n thing` or `n things`.
@@ -261,7 +289,7 @@ pub struct PlanSummary {
     /// The tensors of `--model`'s checkpoint under those rules, skipped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped_checkpoint_tensors: Option<usize>,
-    /// With an FP8 inference side: what lands in the engines per encoding.
+    /// With an FP8 inference side: what moves and lands per encoding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Fp8Bytes>,
 }
@@ -271,23 +299,53 @@ pub struct PlanSummary {
 pub struct Fp8Bytes {
     /// The encoding (`fp8 e4m3, 128x128 blocks, fp32 scales, recipe vllm`).
     pub encoding: String,
-    /// Where blocks are quantised (`receiver`: every block, in this version).
+    /// Where blocks are quantised: `receiver` (every block), `sender` (every block by the
+    /// training rank that holds it whole) or `sender+receiver` (the blocks cut between
+    /// senders by the receiver, the rest by their sender).
     pub encoded_at: String,
     /// FP8 tensors per engine.
     pub fp8_tensors: usize,
-    /// Bytes the plans move into FP8 tensors (the canonical dtype: bf16 on the wire).
+    /// Blocks of every inference rank's FP8 tensors quantised by their sender.
+    pub sender_blocks: u64,
+    /// Blocks quantised by the receiver.
+    pub receiver_blocks: u64,
+    /// Bytes the plans move into FP8 tensors: `sender_e4m3_bytes + sender_scale_bytes +
+    /// receiver_wire_bytes`.
     pub wire_bytes: u64,
-    /// e4m3 bytes the receivers write from them.
+    /// Sender-encoded: e4m3 bytes on the wire (written straight into the engines' tensors).
+    pub sender_e4m3_bytes: u64,
+    /// Sender-encoded: fp32 scale bytes on the wire (into the engines' scale tensors).
+    pub sender_scale_bytes: u64,
+    /// Receiver-encoded: canonical-dtype (bf16) bytes on the wire into the receivers' staging.
+    pub receiver_wire_bytes: u64,
+    /// e4m3 bytes that land in the engines.
     pub e4m3_bytes: u64,
-    /// fp32 scale bytes the receivers write with them.
+    /// fp32 scale bytes that land in the engines.
     pub scale_bytes: u64,
     /// Bytes moved into plain tensors (embeddings, norms, `lm_head`, router), as before.
     pub plain_bytes: u64,
 }
 
+impl Fp8Bytes {
+    /// Who quantises, in words, for the table.
+    fn who(&self) -> String {
+        match (self.sender_blocks, self.receiver_blocks) {
+            (0, _) => "every block quantised by the receiver".into(),
+            (_, 0) => "every block quantised by its sender".into(),
+            (s, r) => format!(
+                "{s} blocks quantised by their sender, {r} cut between senders by the receiver"
+            ),
+        }
+    }
+}
+
 /// Plans every rank of both sides and summarises.
-pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
-    let pair = r.plan_pair();
+///
+/// FP8 blocks are planned sender-encoded where whole (`encode_on_sender`) or all
+/// receiver-encoded.
+pub fn summarise_with(r: &Resolved, encode_on_sender: bool) -> anyhow::Result<PlanSummary> {
+    let mut pair = r.plan_pair();
+    pair.encode_on_sender = encode_on_sender;
     let mut ms_max = 0f64;
     let mut ms_total = 0f64;
     let mut fps: HashMap<(RankId, RankId), u64> = HashMap::new();
@@ -313,7 +371,6 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
     let mut exact = true;
     let mut fp8 = r.spec.infer_fp8.as_ref().map(|f| Fp8Bytes {
         encoding: f.describe(),
-        encoded_at: "receiver".into(),
         fp8_tensors: r
             .inference
             .ranks()
@@ -329,6 +386,9 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
     });
     let mut required = 0u64;
     let mut received = 0u64;
+    // what the inference ranks' plans deliver, counted as `need` is (sender-encoded elements
+    // in the canonical dtype)
+    let mut delivered = 0u64;
     for rank in r.inference.ranks() {
         let p = time(Side::Inference, rank)?;
         for peer in &p.peers {
@@ -364,20 +424,40 @@ pub fn summarise(r: &Resolved) -> anyhow::Result<PlanSummary> {
                 }
             }
             for t in p.peers.iter().flat_map(|p| &p.transfers) {
-                if t.encode.is_some() {
-                    f.wire_bytes += t.bytes();
+                if let Some(s) = t.scale_box() {
+                    f.sender_e4m3_bytes += t.numel();
+                    f.sender_scale_bytes += t.scale_bytes();
+                    f.sender_blocks += s.extent.numel();
+                } else if t.encode.is_some() {
+                    f.receiver_wire_bytes += t.bytes();
                 } else {
                     f.plain_bytes += t.bytes();
                 }
             }
         }
-        exact &= need == p.bytes();
+        for t in p.peers.iter().flat_map(|p| &p.transfers) {
+            delivered += if t.sender_encoded() {
+                t.numel() * r.catalogue.by_id(t.canonical).dtype.size() as u64
+            } else {
+                t.bytes()
+            };
+        }
         required += need;
         received += p.bytes();
     }
     agree &= fps.is_empty();
     let moved: u64 = egress.iter().sum();
-    exact &= moved == received;
+    exact &= moved == received && delivered == required;
+    if let Some(f) = &mut fp8 {
+        f.wire_bytes = f.sender_e4m3_bytes + f.sender_scale_bytes + f.receiver_wire_bytes;
+        f.receiver_blocks = (f.scale_bytes / awex_core::plan::SCALE_BYTES) - f.sender_blocks;
+        f.encoded_at = match (f.sender_blocks, f.receiver_blocks) {
+            (0, _) => "receiver",
+            (_, 0) => "sender",
+            _ => "sender+receiver",
+        }
+        .into();
+    }
     Ok(PlanSummary {
         model: r.spec.model.name.clone(),
         training: r.spec.train.to_string(),
@@ -426,6 +506,7 @@ pub fn human_bytes(b: f64) -> String {
 /// Runs the subcommand.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let r = resolve_with(&args.model, &args.train, &args.infer, &args.quant)?;
+    let on_sender = args.fp8_encode_at.encode_on_sender(r.spec.transport);
     // An HF directory's weights are what `demo` would send: check them as it would (mapped, not read).
     let dir = std::path::Path::new(&args.model);
     let skipped = if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {
@@ -441,7 +522,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (side, rank) = parse_rank(rank)?;
         check_rank_exists(&r, side, rank)?;
         let t0 = Instant::now();
-        let plan = r.plan_pair().plan_rank(side, rank)?;
+        let mut pair = r.plan_pair();
+        pair.encode_on_sender = on_sender;
+        let plan = pair.plan_rank(side, rank)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         if args.json {
             println!(
@@ -476,10 +559,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         t.dst_offset,
                         t.extent,
                         human_bytes(t.bytes() as f64),
-                        if t.encode.is_some() {
-                            format!("  ({} into staging, fp8 by the receiver)", t.dst_dtype)
-                        } else {
-                            String::new()
+                        match t.scale_box() {
+                            Some(s) => format!(
+                                "  (e4m3 + {} into `{}` @{}, fp8 by the sender)",
+                                plural(s.extent.numel(), "scale"),
+                                s.tensor,
+                                s.offset
+                            ),
+                            None if t.encode.is_some() => {
+                                format!("  ({} into staging, fp8 by the receiver)", t.dst_dtype)
+                            }
+                            None => String::new(),
                         }
                     );
                 }
@@ -489,7 +579,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let s = PlanSummary {
         skipped_checkpoint_tensors: skipped,
-        ..summarise(&r)?
+        ..summarise_with(&r, on_sender)?
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
@@ -511,16 +601,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             plural(s.inference_ranks as u64, "rank")
         );
         if let Some(f) = &s.fp8 {
+            println!("encoding     {} ({})", f.encoding, f.who());
             println!(
-                "encoding     {} (every block quantised by the receiver)",
-                f.encoding
-            );
-            println!(
-                "fp8 bytes    {} e4m3 + {} scales land in the engines, from {} of bf16 on the wire; plain tensors {}",
+                "fp8 bytes    {} e4m3 + {} scales land in the engines; plain tensors {}",
                 human_bytes(f.e4m3_bytes as f64),
                 human_bytes(f.scale_bytes as f64),
-                human_bytes(f.wire_bytes as f64),
                 human_bytes(f.plain_bytes as f64)
+            );
+            println!(
+                "fp8 wire     {}: {} e4m3 + {} scales sender-encoded, {} receiver-encoded (the canonical dtype, into staging)",
+                human_bytes(f.wire_bytes as f64),
+                human_bytes(f.sender_e4m3_bytes as f64),
+                human_bytes(f.sender_scale_bytes as f64),
+                human_bytes(f.receiver_wire_bytes as f64)
             );
         }
         println!("required     {}", human_bytes(s.required_bytes as f64));

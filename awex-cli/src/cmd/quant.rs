@@ -83,6 +83,18 @@ impl QuantArgs {
         })?))
     }
 
+    /// [`QuantArgs::resolve`] against `--model` as given (a preset, config or HF directory).
+    pub fn resolve_model(&self, model: &str) -> anyhow::Result<Option<InferFp8>> {
+        if self.infer_quant.is_none()
+            && self.infer_config.is_none()
+            && self.fp8_block.is_none()
+            && self.fp8_recipe.is_none()
+        {
+            return Ok(None);
+        }
+        self.resolve(&ModelSpec::resolve(model)?)
+    }
+
     /// The same flags for another process (the demo's workers).
     pub fn to_args(&self) -> Vec<String> {
         let mut v = Vec::new();

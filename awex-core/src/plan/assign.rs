@@ -335,23 +335,58 @@ pub(super) fn assign_tensor(
         }
         let sh = &src[cand.holder as usize];
         let dh = &dst[p.dst_holder as usize];
-        emit(Transfer {
-            src_rank,
-            dst_rank: p.dst_rank,
-            canonical: id,
-            src_tensor: sh.tensor.clone(),
-            src_shape: sh.tensor_shape,
-            src_offset: local_at(sh, &p.cell),
-            src_dtype: sh.dtype,
-            dst_tensor: dh.tensor.clone(),
-            dst_shape: dh.tensor_shape,
-            dst_offset: local_at(dh, &p.cell),
-            dst_dtype: dh.dtype,
-            extent: p.cell.extent,
-            encode: encodes
-                .as_ref()
-                .and_then(|e| e[p.dst_holder as usize].clone()),
-        });
+        let encode = encodes
+            .as_ref()
+            .and_then(|e| e[p.dst_holder as usize].clone());
+        let mut send = |cell: &Region, encode: Option<Encode>| {
+            let dst_dtype = match &encode {
+                Some(e) if e.at == EncodeAt::Sender => DType::F8E4m3,
+                _ => dh.dtype,
+            };
+            emit(Transfer {
+                src_rank,
+                dst_rank: p.dst_rank,
+                canonical: id,
+                src_tensor: sh.tensor.clone(),
+                src_shape: sh.tensor_shape,
+                src_offset: local_at(sh, cell),
+                src_dtype: sh.dtype,
+                dst_tensor: dh.tensor.clone(),
+                dst_shape: dh.tensor_shape,
+                dst_offset: local_at(dh, cell),
+                dst_dtype,
+                extent: cell.extent,
+                encode,
+            })
+        };
+        match encode {
+            // the whole blocks of the box are quantised by its sender, the cut ones (at the
+            // box's edges) by the receiver; the sender quantises its own elements, so only
+            // where it holds the canonical dtype (which the receiver's staging holds)
+            Some(e) if pair.encode_on_sender && sh.dtype == dh.dtype => {
+                let parts = split_whole_blocks(
+                    e.encoding.block,
+                    &dh.tensor_shape,
+                    &local_at(dh, &p.cell),
+                    &p.cell,
+                );
+                for (cell, whole) in parts.iter().flatten() {
+                    let at = if *whole {
+                        EncodeAt::Sender
+                    } else {
+                        EncodeAt::Receiver
+                    };
+                    send(
+                        cell,
+                        Some(Encode {
+                            encoding: e.encoding.clone(),
+                            at,
+                        }),
+                    );
+                }
+            }
+            encode => send(&p.cell, encode),
+        }
     }
     // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
     swap_structure(s, &mut saved);
@@ -364,9 +399,68 @@ pub(super) fn assign_tensor(
     Ok(())
 }
 
+/// Splits `cell` (a box of a canonical tensor, at `dst_offset` in an FP8 destination tensor of
+/// `dst_shape`) into the part covering whole blocks of the destination (`true`) and the parts
+/// around it (`false`), at most 3 x 3 boxes in row-major order. In each of the two trailing
+/// dims the whole-block part starts on the first block boundary in the box and ends on the
+/// last one, or at the tensor's edge when the box reaches it. A box holding no whole block is
+/// returned as it is (`false`).
+fn split_whole_blocks(
+    block: [u32; 2],
+    dst_shape: &Dims,
+    dst_offset: &Dims,
+    cell: &Region,
+) -> [Option<(Region, bool)>; 9] {
+    let mut out = [None; 9];
+    let (n, k) = (dst_shape.ndim(), cell.extent.ndim());
+    if n < 2 || k < 2 || k > n {
+        out[0] = Some((*cell, false));
+        return out;
+    }
+    // per trailing dim: the segment bounds [o, a) [a, z) [z, o + e), in destination coordinates
+    let mut segs = [[0u64; 4]; 2];
+    for (i, (&bl, seg)) in block.iter().zip(segs.iter_mut()).enumerate() {
+        let b = bl as u64;
+        let (o, e, edge) = (
+            dst_offset.get(n - 2 + i),
+            cell.extent.get(k - 2 + i),
+            dst_shape.get(n - 2 + i),
+        );
+        let end = o + e;
+        let a = o.next_multiple_of(b).min(end);
+        let z = if end == edge { end } else { end / b * b };
+        if z <= a {
+            out[0] = Some((*cell, false));
+            return out;
+        }
+        *seg = [o, a, z, end];
+    }
+    let mut at = 0;
+    for r in 0..3 {
+        for c in 0..3 {
+            let (r0, r1) = (segs[0][r], segs[0][r + 1]);
+            let (c0, c1) = (segs[1][c], segs[1][c + 1]);
+            if r1 == r0 || c1 == c0 {
+                continue;
+            }
+            let mut sub = *cell;
+            sub.offset
+                .set(k - 2, cell.offset.get(k - 2) + (r0 - segs[0][0]));
+            sub.offset
+                .set(k - 1, cell.offset.get(k - 1) + (c0 - segs[1][0]));
+            sub.extent.set(k - 2, r1 - r0);
+            sub.extent.set(k - 1, c1 - c0);
+            out[at] = Some((sub, r == 1 && c == 1));
+            at += 1;
+        }
+    }
+    out
+}
+
 /// For a tensor some of whose destination holders are FP8 (`f8e4m3`): each holder's
-/// [`Encode`] (receiver-encoded), with its dtype turned into the canonical dtype the transfers
-/// deliver into the staging. `None` (and nothing changed) when no destination is FP8.
+/// [`Encode`] (receiver-encoded; a transfer covering whole blocks becomes sender-encoded where
+/// it is emitted), with its dtype turned into the canonical dtype the transfers deliver into
+/// the staging. `None` (and nothing changed) when no destination is FP8.
 fn fp8_destinations(
     pair: &Pair<'_>,
     c: &CanonicalTensor,

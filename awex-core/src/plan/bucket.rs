@@ -4,7 +4,7 @@
 //! transfers and bucket size.
 
 use crate::dims::Dims;
-use crate::plan::Transfer;
+use crate::plan::{SCALE_BYTES, Transfer};
 
 /// Rows `[row0, row0 + rows)` (along the box's first dim) of one transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,32 +26,105 @@ pub struct Bucket {
     pub bytes: u64,
 }
 
-/// Cuts a peer's transfers (in order) into buckets of at most `max_bytes` wire bytes.
+/// How a transfer is cut into pieces: whole units of `rows` rows (along the box's first dim).
+///
+/// A unit is one row, except for a sender-encoded transfer ([`Transfer::scale_box`]) whose box
+/// has two dims: there a unit is one row of blocks (`bn` rows, the last one possibly fewer at
+/// the tensor's edge), so that every piece holds whole blocks and their scales. A unit's wire
+/// bytes are its elements in the destination dtype plus, sender-encoded, its blocks' scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Units {
+    /// Rows of the box per unit.
+    pub rows: u64,
+    /// Units in the transfer (the last may hold fewer rows).
+    pub count: u64,
+    /// Wire bytes of a full unit.
+    pub bytes: u64,
+    /// Wire bytes of the last unit.
+    pub last_bytes: u64,
+}
+
+impl Units {
+    /// The units of transfer `t`.
+    pub fn of(t: &Transfer) -> Units {
+        let rows = t.extent.get(0).max(1);
+        let row_elems = t.extent.numel() / t.extent.get(0).max(1);
+        let dsize = t.dst_dtype.size() as u64;
+        match t.scale_box() {
+            Some(s) => {
+                let k = t.extent.ndim();
+                let unit = if k == 2 {
+                    t.encode.as_ref().map_or(1, |e| e.encoding.block[0] as u64)
+                } else {
+                    1
+                };
+                let count = rows.div_ceil(unit);
+                // scales per unit: a row of blocks (k = 2) or one stacked box
+                let scales = s.extent.numel() / s.extent.get(0).max(1) * SCALE_BYTES;
+                let last_rows = rows - (count - 1) * unit;
+                Units {
+                    rows: unit,
+                    count,
+                    bytes: unit * row_elems * dsize + scales,
+                    last_bytes: last_rows * row_elems * dsize + scales,
+                }
+            }
+            None => Units {
+                rows: 1,
+                count: rows,
+                bytes: row_elems * dsize,
+                last_bytes: row_elems * dsize,
+            },
+        }
+    }
+
+    /// Wire bytes of units `[u0, u0 + n)`.
+    pub fn bytes_of(&self, u0: u64, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else if u0 + n == self.count {
+            (n - 1) * self.bytes + self.last_bytes
+        } else {
+            n * self.bytes
+        }
+    }
+
+    /// The box rows of units `[u0, u0 + n)` of a transfer of `rows` rows: (first row, rows).
+    pub fn rows_of(&self, u0: u64, n: u64, rows: u64) -> (u64, u64) {
+        let r0 = u0 * self.rows;
+        (r0, ((u0 + n) * self.rows).min(rows) - r0)
+    }
+}
+
+/// Cuts a peer's transfers (in order) into buckets of at most `max_bytes` wire bytes, in whole
+/// [`Units`] (rows; rows of blocks for a sender-encoded transfer).
 pub fn make_buckets(transfers: &[Transfer], max_bytes: u64) -> Vec<Bucket> {
     let max_bytes = max_bytes.max(1);
     let mut out = Vec::new();
     let mut cur = Bucket::default();
     for (i, t) in transfers.iter().enumerate() {
         let rows = t.extent.get(0);
-        let row_bytes = t.bytes() / rows.max(1);
-        let mut row0 = 0;
-        while row0 < rows {
+        let u = Units::of(t);
+        let units = if rows == 0 { 0 } else { u.count };
+        let mut u0 = 0;
+        while u0 < units {
             let room = max_bytes.saturating_sub(cur.bytes);
-            let mut take = (room / row_bytes.max(1)).min(rows - row0);
+            let mut take = (room / u.bytes.max(1)).min(units - u0);
             if take == 0 {
                 if !cur.pieces.is_empty() {
                     out.push(std::mem::take(&mut cur));
                     continue;
                 }
-                take = 1; // one row larger than a bucket travels alone
+                take = 1; // one unit larger than a bucket travels alone
             }
+            let (row0, n) = u.rows_of(u0, take, rows);
             cur.pieces.push(Piece {
                 transfer: i as u32,
                 row0,
-                rows: take,
+                rows: n,
             });
-            cur.bytes += take * row_bytes;
-            row0 += take;
+            cur.bytes += u.bytes_of(u0, take);
+            u0 += take;
             if cur.bytes >= max_bytes {
                 out.push(std::mem::take(&mut cur));
             }
@@ -74,4 +147,23 @@ pub fn piece_box(t: &Transfer, p: &Piece) -> (Dims, Dims, Dims) {
     d.set(dn - k, d.get(dn - k) + p.row0);
     e.set(0, p.rows);
     (s, d, e)
+}
+
+/// Where a piece of a sender-encoded transfer puts its blocks' scales: offset and extent in
+/// the destination's scale tensor ([`Transfer::scale_box`] narrowed to the piece's rows of
+/// blocks, or of stacked matrices for a box of more than two dims). `None` for any other
+/// transfer.
+pub fn piece_scale_box(t: &Transfer, p: &Piece) -> Option<(Dims, Dims)> {
+    let sb = t.scale_box()?;
+    let bn = t.encode.as_ref()?.encoding.block[0] as u64;
+    let (k, n) = (t.extent.ndim(), sb.offset.ndim());
+    let (mut off, mut ext) = (sb.offset, sb.extent);
+    if k == 2 {
+        off.set(n - 2, off.get(n - 2) + p.row0 / bn);
+        ext.set(0, p.rows.div_ceil(bn));
+    } else {
+        off.set(n - k, off.get(n - k) + p.row0);
+        ext.set(0, p.rows);
+    }
+    Some((off, ext))
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 /// Whether `b` continues `a` along box dim `d` on both ends, with everything else equal.
 fn adjacent(a: &Transfer, b: &Transfer, d: usize) -> bool {
     let k = a.extent.ndim();
-    if b.extent.ndim() != k {
+    // (into one FP8 tensor, sender- and receiver-encoded boxes stay apart)
+    if b.extent.ndim() != k || a.encode != b.encode {
         return false;
     }
     let (sn, dn) = (a.src_offset.ndim(), a.dst_offset.ndim());

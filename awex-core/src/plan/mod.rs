@@ -50,22 +50,77 @@ pub struct Transfer {
     pub dst_dtype: DType,
     /// Extent of the box; aligns with the trailing dims of both local tensors.
     pub extent: Dims,
-    /// Set when the destination tensor is FP8 blocks: the transfer delivers `dst_dtype` (the
-    /// canonical dtype) into the destination's staging, and [`Encode::at`] says who
-    /// quantises. `None` (plain) for every transfer of a plain pair, which is then planned,
-    /// serialised and fingerprinted exactly as before encodings existed.
+    /// Set when the destination tensor is FP8 blocks; [`Encode::at`] says who quantises. A
+    /// receiver-encoded transfer delivers `dst_dtype` (the canonical dtype) into the
+    /// destination's staging; a sender-encoded one (`dst_dtype` is `f8e4m3`) delivers the
+    /// e4m3 bytes of its box into the destination tensor itself and the scales of its blocks
+    /// into the scale tensor ([`Transfer::scale_box`]). `None` (plain) for every transfer of
+    /// a plain pair, which is then planned, serialised and fingerprinted exactly as before
+    /// encodings existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encode: Option<Encode>,
 }
 
 /// Who turns the bf16 of a destination block into e4m3 bytes and its scale.
+///
+/// A block is quantised where all its elements are. When the pair's transport encodes on the
+/// sender ([`Pair::encode_on_sender`]), the planner cuts every destination box of an FP8
+/// tensor into the part that covers whole blocks of the destination's local tensor (in each
+/// of its two trailing dims the part starts on a block boundary and ends on one or at the
+/// tensor's edge; leading dims, an expert stack's, are free) and the pieces of cut blocks
+/// around it. Every destination byte is written by one transfer, so the whole-block part's
+/// one sender holds each of its blocks whole: it is [`EncodeAt::Sender`] (where the sender
+/// holds the canonical dtype, which it quantises as the receiver would from its staging; a
+/// source of another dtype leaves the box receiver-encoded). The pieces of cut
+/// blocks are [`EncodeAt::Receiver`], and so is every transfer into an FP8 tensor when the
+/// transport does not encode on the sender: the receiver quantises exactly the blocks that
+/// no sender-encoded transfer covers. Both ends cut alike, from the same plan inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EncodeAt {
-    /// The receiving rank, once every transfer of the update landed in its staging: every
-    /// block today. (The seam for the next step: `Sender(rank)` for blocks one training
-    /// rank holds whole, so that the wire carries e4m3 and scales; see docs/architecture.md.)
+    /// The receiving rank, once every transfer of the update landed in its staging: the
+    /// transfer carries the canonical dtype (`dst_dtype`) into the staging.
     Receiver,
+    /// The sending rank, which holds every block of the box whole: the transfer carries the
+    /// box's e4m3 bytes (`dst_dtype` is `f8e4m3`) into the destination tensor and its blocks'
+    /// fp32 scales into the scale tensor ([`Transfer::scale_box`]).
+    Sender,
+}
+
+/// Where a sender-encoded transfer's scales land: a box of the destination's scale tensor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleBox {
+    /// The scale tensor (`Fp8Block::scale_name(dst_tensor)`).
+    pub tensor: String,
+    /// Its shape: the destination tensor's with the two trailing dims in blocks (rounded up).
+    pub shape: Dims,
+    /// Offset of the box: the transfer's `dst_offset` with the two trailing dims in blocks.
+    pub offset: Dims,
+    /// Extent of the box (the transfer's box dims): its `extent` with the two trailing dims
+    /// in blocks (rounded up: a box ending at the tensor's edge ends in a partial block).
+    pub extent: Dims,
+}
+
+/// Bytes of one FP8 scale (fp32, whichever [`ScaleFormat`]).
+pub const SCALE_BYTES: u64 = 4;
+
+/// Whether a box of an FP8 tensor covers whole blocks: in each of the two trailing dims it
+/// starts on a block boundary and ends on one or at the tensor's edge. `offset` and `shape`
+/// are the local tensor's (`n` dims); `extent` the box's (`k <= n` trailing dims).
+pub fn covers_whole_blocks(block: [u32; 2], shape: &Dims, offset: &Dims, extent: &Dims) -> bool {
+    let (n, k) = (shape.ndim(), extent.ndim());
+    if n < 2 || k < 2 || offset.ndim() != n || k > n {
+        return false;
+    }
+    (0..2).all(|i| {
+        let b = block[i] as u64;
+        let (o, e, edge) = (
+            offset.get(n - 2 + i),
+            extent.get(k - 2 + i),
+            shape.get(n - 2 + i),
+        );
+        o % b == 0 && ((o + e) % b == 0 || o + e == edge)
+    })
 }
 
 /// How a transfer into an FP8 tensor is encoded.
@@ -83,9 +138,63 @@ impl Transfer {
         self.extent.numel()
     }
 
-    /// Bytes on the wire (destination dtype).
+    /// Bytes on the wire: the destination dtype's; for a sender-encoded transfer its e4m3
+    /// bytes plus its blocks' fp32 scales ([`Transfer::scale_box`]).
     pub fn bytes(&self) -> u64 {
-        self.numel() * self.dst_dtype.size() as u64
+        self.numel() * self.dst_dtype.size() as u64 + self.scale_bytes()
+    }
+
+    /// Whether the sender quantises this transfer's blocks ([`EncodeAt::Sender`]).
+    pub fn sender_encoded(&self) -> bool {
+        matches!(
+            self.encode,
+            Some(Encode {
+                at: EncodeAt::Sender,
+                ..
+            })
+        )
+    }
+
+    /// Whether the receiver quantises this transfer's blocks ([`EncodeAt::Receiver`]).
+    pub fn receiver_encoded(&self) -> bool {
+        matches!(
+            self.encode,
+            Some(Encode {
+                at: EncodeAt::Receiver,
+                ..
+            })
+        )
+    }
+
+    /// The box of the destination's scale tensor a sender-encoded transfer writes (`None` for
+    /// any other transfer): its blocks' scales, in block coordinates of the local tensor.
+    pub fn scale_box(&self) -> Option<ScaleBox> {
+        let e = self.encode.as_ref()?;
+        if e.at != EncodeAt::Sender {
+            return None;
+        }
+        let b = e.encoding.block.map(u64::from);
+        let blocks = |d: &Dims, ceil: bool| {
+            let mut v = *d;
+            let n = v.ndim();
+            for (i, &bi) in b.iter().enumerate() {
+                let x = v.get(n - 2 + i);
+                v.set(n - 2 + i, if ceil { x.div_ceil(bi) } else { x / bi });
+            }
+            v
+        };
+        Some(ScaleBox {
+            tensor: Fp8Block::scale_name(&self.dst_tensor),
+            shape: blocks(&self.dst_shape, true),
+            offset: blocks(&self.dst_offset, false),
+            extent: blocks(&self.extent, true),
+        })
+    }
+
+    /// Scale bytes on the wire: a sender-encoded transfer's blocks' scales, else 0.
+    pub fn scale_bytes(&self) -> u64 {
+        self.scale_box()
+            .map_or(0, |s| s.extent.numel() * SCALE_BYTES)
     }
 
     /// Whether the sender converts the dtype.
@@ -136,6 +245,7 @@ impl Transfer {
             });
             h.push(match e.at {
                 EncodeAt::Receiver => 0,
+                EncodeAt::Sender => 1,
             });
         }
     }
@@ -244,6 +354,11 @@ pub struct Pair<'a> {
     pub training: &'a dyn SideLayout,
     /// The inference side (destinations).
     pub inference: &'a dyn SideLayout,
+    /// Whether the pair's transport quantises FP8 blocks on the sender
+    /// ([`crate::Transport::encodes_fp8_on_sender`]): transfers that cover whole blocks of
+    /// their FP8 destination are then [`EncodeAt::Sender`]. `false`: every FP8 block is
+    /// receiver-encoded. (No effect on a plain pair.)
+    pub encode_on_sender: bool,
 }
 
 impl Pair<'_> {

@@ -92,12 +92,11 @@ pub(super) fn transport_over(
         crate::shm::gc(None);
     }
     match cfg.transport {
-        awex_core::Transport::Shm => Ok(Box::new(ShmTransport::new(
-            prepared.plan.clone(),
-            tensors,
-            cfg.bucket_bytes,
-            &ctl,
-        )?)),
+        awex_core::Transport::Shm => {
+            let mut t = ShmTransport::new(prepared.plan.clone(), tensors, cfg.bucket_bytes, &ctl)?;
+            t.set_fp8(cfg.infer_fp8.as_ref().map(|f| f.quantiser()));
+            Ok(Box::new(t))
+        }
         awex_core::Transport::Tcp => {
             let bind = cfg
                 .transports
@@ -105,13 +104,15 @@ pub(super) fn transport_over(
                 .bind
                 .clone()
                 .unwrap_or_else(|| format!("{}:0", cfg.host));
-            Ok(Box::new(TcpTransport::new(
+            let mut t = TcpTransport::new(
                 prepared.plan.clone(),
                 tensors,
                 cfg.bucket_bytes,
                 &bind,
                 &cfg.host,
-            )?))
+            )?;
+            t.set_fp8(cfg.infer_fp8.as_ref().map(|f| f.quantiser()));
+            Ok(Box::new(t))
         }
         awex_core::Transport::CudaIpc => Ok(Box::new(CudaIpcTransport::new(
             prepared.plan.clone(),

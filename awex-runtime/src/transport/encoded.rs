@@ -42,6 +42,48 @@ struct Job {
     cols: usize,
     /// the staging dtype (the canonical dtype: bf16 or f32)
     dtype: DType,
+    /// the blocks to quantise, when not all of them: `(matrix, block rows, block columns)`
+    /// ranges touched by receiver-encoded transfers (the others arrive sender-encoded, straight
+    /// into the target, and must not be overwritten from the staging). `None`: every block.
+    only: Option<Vec<BlockRect>>,
+}
+
+/// A rectangle of blocks of one FP8 tensor: matrices `[m0, m1)`, block rows `[r0, r1)`, block
+/// columns `[c0, c1)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct BlockRect {
+    m0: u64,
+    m1: u64,
+    r0: u64,
+    r1: u64,
+    c0: u64,
+    c1: u64,
+}
+
+/// The blocks a receiver-encoded transfer touches in its FP8 destination of `shape` (`[.., R,
+/// C]`) in `block` blocks.
+fn touched_blocks(t: &awex_core::plan::Transfer, block: [u32; 2]) -> BlockRect {
+    let (shape, off, ext) = (&t.dst_shape, &t.dst_offset, &t.extent);
+    let (n, k) = (shape.ndim(), ext.ndim());
+    let [bn, bk] = block.map(u64::from);
+    // the matrices: the leading dims of the box (stacked), as a flat range
+    let mut m0 = 0u64;
+    let mut m1 = 0u64;
+    for i in 0..n - 2 {
+        let len = if i >= n - k { ext.get(i - (n - k)) } else { 1 };
+        m0 = m0 * shape.get(i) + off.get(i);
+        m1 = m1 * shape.get(i) + off.get(i) + len - 1;
+    }
+    let (r, c) = (off.get(n - 2), off.get(n - 1));
+    let (re, ce) = (ext.get(k - 2), ext.get(k - 1));
+    BlockRect {
+        m0,
+        m1: m1 + 1,
+        r0: r / bn,
+        r1: (r + re).div_ceil(bn),
+        c0: c / bk,
+        c1: (c + ce).div_ceil(bk),
+    }
 }
 
 /// Why an FP8 rank could not be set up, or an update not quantised.
@@ -261,6 +303,30 @@ impl EncodingTransport {
                 targets.insert(t.name.clone(), target);
                 continue;
             }
+            // the blocks receiver-encoded transfers touch: all of them (the whole tensor, as
+            // every block of a receiver-encoded plan), some, or none (no staging at all)
+            let into = || {
+                plan.peers
+                    .iter()
+                    .flat_map(|p| &p.transfers)
+                    .filter(|x| x.dst_tensor == t.name)
+            };
+            let senders = into().any(|x| x.sender_encoded());
+            let mut rects: Vec<BlockRect> = into()
+                .filter(|x| x.receiver_encoded())
+                .map(|x| touched_blocks(x, b.block))
+                .collect();
+            if senders && rects.is_empty() {
+                continue;
+            }
+            if senders && on_gpu {
+                return Err(fp8_error(format!(
+                    "the plan quantises blocks of `{}` on the sender, which the cuda-ipc receiver does not read; both sides must plan with the same transport",
+                    t.name
+                )));
+            }
+            rects.sort_unstable();
+            rects.dedup();
             staging_tensors.push(LocalTensor::plain(t.name.clone(), t.shape, dtype, vec![]));
             jobs.push(Job {
                 name: t.name.clone(),
@@ -269,15 +335,38 @@ impl EncodingTransport {
                 rows: rows as usize,
                 cols: cols as usize,
                 dtype,
+                only: senders.then_some(rects),
             });
         }
-        // every transfer into an FP8 tensor delivers its staging dtype, receiver-encoded
+        let fp8_names: HashMap<&str, ()> = fp8_tensors(layout)
+            .into_iter()
+            .map(|t| (&*t.name, ()))
+            .collect();
+        // every transfer into an FP8 tensor delivers its staging dtype, receiver-encoded, or
+        // e4m3 and scales, sender-encoded in the pair's encoding
+        // (fused tensors take bf16 straight out of the senders' memory)
         let staged: HashMap<&str, DType> = jobs
             .iter()
             .map(|j| (&*j.name, j.dtype))
             .chain(targets.keys().map(|n| (&**n, DType::Bf16)))
             .collect();
         for t in plan.peers.iter().flat_map(|p| &p.transfers) {
+            if let Some(e) = &t.encode
+                && t.sender_encoded()
+            {
+                if !fp8_names.contains_key(&*t.dst_tensor)
+                    || t.dst_dtype != DType::F8E4m3
+                    || e.encoding != *fp8.encoding()
+                {
+                    return Err(fp8_error(format!(
+                        "the plan moves e4m3 blocks ({:?}) into `{}`, which this rank does not hold in the pair's FP8 encoding ({:?}); both sides must be built with the same FP8 inference config",
+                        e.encoding,
+                        t.dst_tensor,
+                        fp8.encoding()
+                    )));
+                }
+                continue;
+            }
             if let Some(&d) = staged.get(&*t.dst_tensor)
                 && (t.encode.is_none() || t.dst_dtype != d)
             {
@@ -332,10 +421,19 @@ impl EncodingTransport {
             (TensorSet::allocate_host(&staging_layout)?, None)
         };
         let staging = Arc::new(staging);
-        let views: Vec<TensorView> = target
+        let mut views: Vec<TensorView> = target
             .iter()
             .map(|v| staging.get(&v.name).unwrap_or(v).clone())
             .collect();
+        // a staged FP8 tensor that also takes sender-encoded blocks: its e4m3 tensor too, under
+        // the name sender-encoded transfers look it up by
+        for j in jobs.iter().filter(|j| j.only.is_some()) {
+            if let Some(v) = target.get(&j.name) {
+                let mut e = v.clone();
+                e.name = Arc::from(crate::bucket::encoded_name(&j.name));
+                views.push(e);
+            }
+        }
         let over = Arc::new(TensorSet::from_views(views)?);
         let mut inner = inner(over)?;
         let n_fused = targets.len();
@@ -547,6 +645,9 @@ fn quantise(
             quantiser.recipe.name()
         ))
     };
+    if let Some(rects) = &j.only {
+        return quantise_blocks(src, qb, scales, quantiser, j, rects, named);
+    }
     for mat in 0..j.mats {
         let qm = &mut qb[mat * m..(mat + 1) * m];
         let sm = &mut scales[mat * sr * sc..(mat + 1) * sr * sc];
@@ -570,6 +671,63 @@ fn quantise(
                 quantiser
                     .quantise(&x[mat * m..(mat + 1) * m], shape, qm, j.cols, sm, sc)
                     .map_err(|e| named(mat, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Quantises the blocks of `rects` only (the receiver-encoded blocks of a tensor whose other
+/// blocks arrived sender-encoded) from the staging into the e4m3 tensor and its scales.
+fn quantise_blocks(
+    src: &[u8],
+    qb: &mut [u8],
+    scales: &mut [f32],
+    quantiser: &Fp8Quantiser,
+    j: &Job,
+    rects: &[BlockRect],
+    named: impl Fn(usize, QuantiseError) -> RuntimeError,
+) -> Result<(), RuntimeError> {
+    let [bn, bk] = quantiser.encoding.block.map(|b| b as usize);
+    let m = j.rows * j.cols;
+    let [sr, sc] = quantiser
+        .encoding
+        .scale_shape(j.rows as u64, j.cols as u64)
+        .map(|x| x as usize);
+    for r in rects {
+        let (r0, r1) = (r.r0 as usize * bn, (r.r1 as usize * bn).min(j.rows));
+        let (c0, c1) = (r.c0 as usize * bk, (r.c1 as usize * bk).min(j.cols));
+        let shape = Shape2d {
+            rows: r1 - r0,
+            cols: c1 - c0,
+            pitch: j.cols,
+        };
+        for mat in r.m0 as usize..r.m1 as usize {
+            let at = mat * m + r0 * j.cols + c0;
+            let qm = &mut qb[at..(mat + 1) * m];
+            let s0 = mat * sr * sc + r.r0 as usize * sc + r.c0 as usize;
+            let sm = &mut scales[s0..(mat + 1) * sr * sc];
+            match j.dtype {
+                DType::F32 => {
+                    // SAFETY: f32 has no invalid bit patterns; the alignment is checked.
+                    let (pre, x, _) = unsafe { src.align_to::<f32>() };
+                    if !pre.is_empty() {
+                        return Err(fp8_error(format!("staging of `{}` is misaligned", j.name)));
+                    }
+                    quantiser
+                        .quantise(&x[at..], shape, qm, j.cols, sm, sc)
+                        .map_err(|e| named(mat, e))?;
+                }
+                _ => {
+                    // SAFETY: as above (bf16 bits as u16).
+                    let (pre, x, _) = unsafe { src.align_to::<u16>() };
+                    if !pre.is_empty() {
+                        return Err(fp8_error(format!("staging of `{}` is misaligned", j.name)));
+                    }
+                    quantiser
+                        .quantise(&x[at..], shape, qm, j.cols, sm, sc)
+                        .map_err(|e| named(mat, e))?;
+                }
             }
         }
     }

@@ -8,10 +8,14 @@
 
 use super::control::{ControlSegment, NONE, table_words};
 use super::{ExecContext, ExecStats, Transport};
-use crate::bucket::{Bucket, hash_destination, make_buckets, pack, piece_box};
+use crate::bucket::{
+    Bucket, Dest, dst_view, hash_destination, make_buckets, pack, piece_box, piece_scale_box,
+    quantise_box,
+};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
 use crate::{PlacementError, RuntimeError, ShmError, TensorError, TransportError};
+use awex_core::encoding::Fp8Quantiser;
 use awex_core::layout::RankId;
 use awex_core::layout::Side;
 use awex_core::layout::copy::copy_box;
@@ -137,9 +141,18 @@ pub struct ShmTransport {
     remotes: HashMap<RankId, Remote>,
     scratch: Vec<u8>,
     bucket_bytes: u64,
+    /// the quantiser of sender-encoded FP8 transfers (either side of an FP8 pair)
+    fp8: Option<Fp8Quantiser>,
 }
 
 impl ShmTransport {
+    /// Quantises the plan's sender-encoded FP8 transfers with `q` (the pair's recipe): the
+    /// receiver as it reads the sender's shared memory straight into the engine's e4m3 and
+    /// scale tensors, the sender as it packs a bucket to checksum it.
+    pub fn set_fp8(&mut self, q: Option<Fp8Quantiser>) {
+        self.fp8 = q;
+    }
+
     /// A transport for one rank; a training rank's tensors must live in a shared-memory segment
     /// (`TensorSet::allocate_shm`), whose name it publishes with its control segment `ctl_name`.
     pub fn new(
@@ -164,6 +177,7 @@ impl ShmTransport {
             remotes: HashMap::new(),
             scratch: Vec::new(),
             bucket_bytes: bucket_bytes.max(1),
+            fp8: None,
         };
         if t.side == Side::Training {
             t.create_control(ctl_name)?;
@@ -310,7 +324,13 @@ impl ShmTransport {
             for b in buckets {
                 if ctx.checksums {
                     self.scratch.resize(b.bytes as usize, 0);
-                    let n = pack(b, &peer.transfers, &self.tensors, &mut self.scratch)?;
+                    let n = pack(
+                        b,
+                        &peer.transfers,
+                        &self.tensors,
+                        &mut self.scratch,
+                        self.fp8.as_ref(),
+                    )?;
                     let h = xxhash_rust::xxh3::xxh3_64(&self.scratch[..n]);
                     ctl.sum(idx)
                         .ok_or(TransportError::ChecksumTable)?
@@ -371,6 +391,12 @@ impl ShmTransport {
                             len as usize,
                         )
                     };
+                    if t.sender_encoded() {
+                        // the blocks whole in this box: quantised from the sender's memory
+                        // straight into the engine's e4m3 and scale tensors
+                        receive_encoded(t, p, src, &self.tensors, self.fp8.as_ref())?;
+                        continue;
+                    }
                     let dst = self.tensors.get(&t.dst_tensor).ok_or_else(|| {
                         RuntimeError::from(TensorError::NotRegistered {
                             side: "destination",
@@ -431,6 +457,61 @@ impl ShmTransport {
     }
 }
 
+/// Writes one piece of a sender-encoded transfer from the sender's shared copy of its source
+/// tensor (`src`): the piece's blocks quantised into the e4m3 tensor and the scale tensor.
+fn receive_encoded(
+    t: &awex_core::plan::Transfer,
+    p: &crate::bucket::Piece,
+    src: &[u8],
+    tensors: &TensorSet,
+    fp8: Option<&Fp8Quantiser>,
+) -> Result<(), RuntimeError> {
+    let q = fp8.ok_or_else(|| {
+        RuntimeError::Fp8(format!(
+            "the plan quantises `{}` from its sender's memory, but this rank was not given the inference side's FP8 config",
+            t.dst_tensor
+        ))
+    })?;
+    let (so, d, e) = piece_box(t, p);
+    let (soff, _) = piece_scale_box(t, p).expect("a sender-encoded transfer has scales");
+    let v = dst_view(tensors, t)?;
+    let scale_name = awex_core::encoding::Fp8Block::scale_name(&t.dst_tensor);
+    let sv = tensors.get(&scale_name).ok_or_else(|| {
+        RuntimeError::from(TensorError::NotRegistered {
+            side: "destination",
+            name: scale_name.clone(),
+        })
+    })?;
+    // SAFETY: the plan writes each destination box, and each block's scale, exactly once.
+    let (qb, sb) = unsafe { (v.try_bytes_mut()?, sv.try_bytes_mut()?) };
+    // SAFETY: f32 has no invalid bit patterns; the alignment is checked.
+    let (pre, scales, _) = unsafe { sb.align_to_mut::<f32>() };
+    if !pre.is_empty() || sv.dtype != awex_core::dtype::DType::F32 {
+        return Err(RuntimeError::Fp8(format!(
+            "scale tensor `{scale_name}` is not 4-byte aligned f32"
+        )));
+    }
+    quantise_box(
+        q,
+        &t.dst_tensor,
+        src,
+        &t.src_shape,
+        t.src_dtype,
+        &so,
+        &e,
+        Dest {
+            data: qb,
+            shape: v.shape,
+            offset: d,
+        },
+        Dest {
+            data: scales,
+            shape: sv.shape,
+            offset: soff,
+        },
+    )
+}
+
 /// Flips one byte of a bucket's first destination box (fault injection for tests).
 pub(crate) fn corrupt_first_byte(
     b: &Bucket,
@@ -439,7 +520,7 @@ pub(crate) fn corrupt_first_byte(
 ) {
     if let Some(p) = b.pieces.first() {
         let t = &transfers[p.transfer as usize];
-        if let Some(v) = tensors.get(&t.dst_tensor) {
+        if let Ok(v) = dst_view(tensors, t) {
             let (_, d, _) = piece_box(t, p);
             let at = v.shape.linear(&d) as usize * v.dtype.size();
             // SAFETY: the box is inside the tensor (checked by the copy that wrote it).

@@ -18,6 +18,7 @@ use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, make_buckets, pack, unpack};
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
+use awex_core::encoding::Fp8Quantiser;
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::{PeerPlan, RankPlan};
 use std::collections::HashMap;
@@ -60,6 +61,8 @@ pub struct TcpTransport {
     stop: Arc<AtomicBool>,
     secret: Arc<Mutex<Option<PairSecret>>>,
     refused: Arc<AtomicU64>,
+    /// the quantiser of sender-encoded FP8 transfers (a training rank of an FP8 pair)
+    fp8: Option<Fp8Quantiser>,
 }
 
 /// Where a blocking socket call stands: the deadline, the abort flag, whom it waits for.
@@ -223,6 +226,12 @@ fn key(r: RankId) -> u64 {
 }
 
 impl TcpTransport {
+    /// Quantises the plan's sender-encoded FP8 transfers with `q` (the pair's recipe) as it
+    /// packs them: set on a training rank of a pair with an FP8 inference side.
+    pub fn set_fp8(&mut self, q: Option<Fp8Quantiser>) {
+        self.fp8 = q;
+    }
+
     /// A transport for one rank; inference ranks listen on `bind` (e.g. `127.0.0.1:0`) and
     /// advertise `advertise_host` with the bound port.
     pub fn new(
@@ -251,6 +260,7 @@ impl TcpTransport {
             stop: Arc::new(AtomicBool::new(false)),
             secret: Arc::new(Mutex::new(None)),
             refused: Arc::new(AtomicU64::new(0)),
+            fp8: None,
         };
         if t.side == Side::Inference {
             let listener =
@@ -444,8 +454,8 @@ impl TcpTransport {
                 .map(|(i, s)| {
                     let (peer, buckets, tensors) =
                         (&plan.peers[i], self.buckets[i].clone(), &self.tensors);
-                    let bb = self.bucket_bytes;
-                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, bb))
+                    let (bb, fp8) = (self.bucket_bytes, self.fp8.as_ref());
+                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, bb, fp8))
                 })
                 .collect();
             handles
@@ -472,6 +482,7 @@ type PeerFn = fn(
     TcpStream,
     &ExecContext<'_>,
     u64,
+    Option<&Fp8Quantiser>,
 ) -> Result<ExecStats, RuntimeError>;
 
 /// The listening end: accepts connections and runs each hello on its own thread.
@@ -666,6 +677,7 @@ fn send_peer(
     mut s: TcpStream,
     ctx: &ExecContext<'_>,
     bb: u64,
+    fp8: Option<&Fp8Quantiser>,
 ) -> Result<ExecStats, RuntimeError> {
     let cap = max_bucket(buckets, bb);
     let (full_tx, full_rx): (SyncSender<Filled>, Receiver<Filled>) = sync_channel(1);
@@ -681,7 +693,7 @@ fn send_peer(
             for b in buckets {
                 ctx.check()?;
                 let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
-                let n = pack(b, &peer.transfers, tensors, &mut buf)?;
+                let n = pack(b, &peer.transfers, tensors, &mut buf, fp8)?;
                 let h = if ctx.checksums {
                     xxhash_rust::xxh3::xxh3_64(&buf[..n])
                 } else {
@@ -724,6 +736,7 @@ fn receive_peer(
     mut s: TcpStream,
     ctx: &ExecContext<'_>,
     bb: u64,
+    _fp8: Option<&Fp8Quantiser>,
 ) -> Result<ExecStats, RuntimeError> {
     let cap = max_bucket(buckets, bb);
     let (full_tx, full_rx) = sync_channel::<(usize, Vec<u8>, u64)>(1);

@@ -712,7 +712,7 @@ impl CudaIpcTransport {
             for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
                 for b in buckets {
                     self.scratch.resize(b.bytes as usize, 0);
-                    let n = pack(b, &peer.transfers, staging, &mut self.scratch)?;
+                    let n = pack(b, &peer.transfers, staging, &mut self.scratch, None)?;
                     let h = xxhash_rust::xxh3::xxh3_64(&self.scratch[..n]);
                     sender.ctl.sum(idx)?.store(h, Ordering::Relaxed);
                     stats.checksum = stats.checksum.wrapping_add(h);
