@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# FP8 rollouts over cuda-ipc on one GPU, in one call: the receiver's FP8 tensors land in bf16
-# device staging and awex's GPU kernel quantises them into the engine's e4m3 tensors and scales
-# after the copies. Runs, in order (RUNS picks; the default is all):
+# FP8 rollouts over cuda-ipc on one GPU, in one call: the receiver's kernel quantises the blocks
+# one training rank holds whole straight out of that rank's memory into the engine's e4m3
+# tensors and scales (AWEX_IPC_FP8=fused, the default), or copies every FP8 tensor into a bf16
+# device staging first and quantises that (staged). Runs, in order (RUNS picks; the default is
+# all):
 #   test      the ignored GPU tests of awex-runtime/tests/fp8_receive.rs, if .gpu/fp8_receive is
 #             there (device staging quantised into the CPU reference's bytes for the four GPU
 #             recipes; a NaN fails the update naming the tensor)
+#   kernel    awex-cli bench fp8: the single and the batch kernel against the CPU reference
+#             (whole blocks, and edges: 300x520, DeepSeek-V3's 2112x7168) and a device copy
 #   bench-8b  awex-cli bench ipc --infer-quant fp8, qwen3-8b, Megatron tp 1 -> SGLang tp 1,
 #             per-tensor sender: every e4m3 byte and scale checked against the CPU reference,
 #             the kernel alone and the in-run FP8 floor (read the bf16 once, write the e4m3 and
 #             scales once, at the local device copy's rate) and the ratio
-#   bench-moe the same for qwen3-30b-a3b into SGLang tp 2 (rank 0/0 receives half): at tp 1 the
-#             sender's 61 GB plus the receiver's 30 GB of e4m3 and 60 GB of bf16 staging
-#             pass the H200's 141 GB
+#   bench-8b-staged  the same with AWEX_IPC_FP8=staged (the kernel alone over the staging)
+#   bench-moe the same for qwen3-30b-a3b into SGLang tp 1 (fused: the sender's 61 GB and the
+#             receiver's 30 GB of e4m3; staged, the 60 GB of bf16 staging would pass the H200's
+#             141 GB); bench-moe-tp2 (not in the default): into SGLang tp 2, rank 0/0
 #   demo-8b   awex-cli demo --transport cuda-ipc --infer-quant fp8, qwen3-8b, 3 updates: the real
 #             gateway flow, every byte of every update checked against the CPU reference
-# and prints a short table last. The time limits (60 + 120 + 150 + 240 s) keep one call under 10 minutes.
+# and prints a short table last. The time limits (60 + 120 + 120 + 150 + 240 s) pass one device
+# call's 10 minutes: run it in two calls (RUNS="test bench-8b bench-8b-staged bench-moe", then
+# RUNS=demo-8b).
 #
 # Expects binaries built on the development machine:
 #   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
@@ -25,7 +32,7 @@ set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 G=${AWEX_GPU_DIR:-.gpu}
 BIN=${AWEX_CLI:-$G/awex-cli}
-RUNS=${RUNS:-"test bench-8b bench-moe demo-8b"}
+RUNS=${RUNS:-"test kernel bench-8b bench-8b-staged bench-moe demo-8b"}
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 status=0
 
@@ -69,9 +76,18 @@ for r in $RUNS; do
       else
         echo "== test: no $G/fp8_receive, skipped"
       fi ;;
+    kernel)
+      echo "== kernel: awex-cli bench fp8"
+      timeout 120 "$BIN" bench fp8 --shapes 4096x4096,qwen3-8b,300x520,2112x7168 --json \
+        >"$OUT/kernel.json" 2>"$OUT/kernel.err" || { status=1; tail -c 2000 "$OUT/kernel.err"; }
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [print(s['name'], s['rows'], s['cols'], 'single', s['gpu_ms'], s['gpu_over_copy'], s['e4m3_mismatches'], s['scale_mismatches'], 'batch', s.get('batch_ms'), s.get('batch_over_copy'), s.get('batch_mismatches'), 'copy', s['copy_ms'], s['copy_gbps']) for s in r['shapes']]" "$OUT/kernel.json" | tee "$OUT/kernel.txt" ;;
     bench-8b) bench 8b 120 --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 \
       --sender-alloc per-tensor --updates 7 $Q ;;
-    bench-moe) bench moe 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=2 \
+    bench-8b-staged) AWEX_IPC_FP8=staged bench 8b-staged 120 --model qwen3-8b --train megatron:tp=1 \
+      --infer sglang:tp=1 --sender-alloc per-tensor --updates 7 $Q ;;
+    bench-moe) bench moe 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1 \
+      --sender-alloc per-tensor --updates 5 $Q ;;
+    bench-moe-tp2) bench moe-tp2 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=2 \
       --rank 0/0 --sender-alloc per-tensor --updates 5 $Q ;;
     demo-8b) demo 8b 240 --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 3 $Q ;;
   esac
@@ -95,6 +111,7 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
         print(f"| {b['model']} ({b['inference']} rank {b['rank']}) | {q['bf16_bytes']/1e9:.2f} / {q['e4m3_bytes']/1e9:.2f} "
               f"| {b['steady_median_ms']:.2f} | {q['floor_ms']:.2f} | {q['ratio']:.3f} | {q['kernel_ms']:.2f} | {q['kernel_vs_copy']:.2f} "
               f"| {b['floor_ms']:.2f} | {b['verified']} |")
+        print(f"  fused tensors {q.get('fused_tensors')} staged {q.get('staged_tensors')} fused blocks {q.get('fused_blocks')} jobs {q.get('fused_jobs')} staging bytes {q.get('staging_bytes')}")
         print("  runs", " ".join(f"{x:.2f}" for x in b["steady_ms"]), "| kernel runs", " ".join(f"{x:.2f}" for x in q["kernel_runs_ms"]),
               "|", b["verify_detail"][:300])
     except Exception as e:

@@ -67,6 +67,12 @@ struct ShapeRun {
     /// e4m3 bytes and scales where GPU and CPU differ.
     e4m3_mismatches: Option<u64>,
     scale_mismatches: Option<u64>,
+    /// The batch kernel (`fp8_table.ptx`, what an update launches) over the same matrix: ms,
+    /// read + write GB/s, that over the copy's rate, and its mismatches with the CPU.
+    batch_ms: Option<f64>,
+    batch_gbps: Option<f64>,
+    batch_over_copy: Option<f64>,
+    batch_mismatches: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -190,6 +196,10 @@ pub fn run(a: Fp8Args) -> anyhow::Result<ExitCode> {
             gpu_over_copy: None,
             e4m3_mismatches: None,
             scale_mismatches: None,
+            batch_ms: None,
+            batch_gbps: None,
+            batch_over_copy: None,
+            batch_mismatches: None,
         };
         let mut gq = vec![];
         let mut gs = vec![];
@@ -259,6 +269,46 @@ pub fn run(a: Fp8Args) -> anyhow::Result<ExitCode> {
             run.gpu_over_copy = Some((moved / k) / (4.0 * n as f64 / c));
             if kernel.take_status(stream)? != 0 {
                 bail!("{name}: the kernel saw non-finite blocks in finite random input");
+            }
+            // the batch kernel: same bytes into fresh buffers, then timed as above
+            let bdst = dev.alloc(n as u64)?;
+            let bs = dev.alloc(4 * ns as u64)?;
+            let bjob = Fp8Job {
+                dst: bdst.ptr(),
+                scales: bs.ptr(),
+                ..job
+            };
+            let batch = kernel.batch(&[bjob], &enc)?;
+            // SAFETY: as above, into the batch's own buffers.
+            unsafe { kernel.launch_batch(stream, &batch, recipe, &enc)? };
+            stream.sync()?;
+            let mut bq = vec![0u8; n];
+            let mut bsb = vec![0u8; 4 * ns];
+            bdst.download(0, &mut bq)?;
+            bs.download(0, &mut bsb)?;
+            let want_s = bytes_of_f32(&s);
+            let mism = (bq.iter().zip(&q).filter(|(g, c)| g != c).count()
+                + bsb.iter().zip(&want_s).filter(|(g, c)| g != c).count())
+                as u64;
+            bad |= mism != 0;
+            run.batch_mismatches = Some(mism);
+            let mut b = f64::MAX;
+            for round in 0..4 {
+                let t = Instant::now();
+                for _ in 0..a.runs {
+                    // SAFETY: as above.
+                    unsafe { kernel.launch_batch(stream, &batch, recipe, &enc)? };
+                }
+                stream.sync()?;
+                if round > 0 {
+                    b = b.min(t.elapsed().as_secs_f64() / a.runs as f64);
+                }
+            }
+            run.batch_ms = Some(b * 1e3);
+            run.batch_gbps = Some(moved / b / 1e9);
+            run.batch_over_copy = Some((moved / b) / (4.0 * n as f64 / c));
+            if kernel.take_batch_status(stream)?.blocks != 0 {
+                bail!("{name}: the batch kernel saw non-finite blocks in finite random input");
             }
         }
         if let Some(d) = &a.dump {
