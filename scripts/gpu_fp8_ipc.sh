@@ -85,7 +85,7 @@ for r in $RUNS; do
       --sender-alloc per-tensor --updates 7 $Q ;;
     bench-8b-staged) AWEX_IPC_FP8=staged bench 8b-staged 120 --model qwen3-8b --train megatron:tp=1 \
       --infer sglang:tp=1 --sender-alloc per-tensor --updates 7 $Q ;;
-    bench-moe) bench moe 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1 \
+    bench-moe) bench moe 420 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1 \
       --sender-alloc per-tensor --updates 5 $Q ;;
     bench-moe-tp2) bench moe-tp2 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=2 \
       --rank 0/0 --sender-alloc per-tensor --updates 5 $Q ;;
