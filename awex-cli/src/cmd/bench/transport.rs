@@ -494,14 +494,14 @@ fn plain_part(transfers: &[Transfer], lts: &[LocalTensor]) -> (Vec<Transfer>, Ve
 /// The receiving rank's transport: the cuda-ipc transport, or the FP8 encoding around it.
 enum Receiver {
     Plain(Box<CudaIpcTransport>),
-    Fp8(EncodingTransport),
+    Fp8(Box<EncodingTransport>),
 }
 
 impl Receiver {
     fn t(&mut self) -> &mut dyn Transport {
         match self {
             Receiver::Plain(t) => &mut **t,
-            Receiver::Fp8(t) => t,
+            Receiver::Fp8(t) => &mut **t,
         }
     }
 
@@ -727,7 +727,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     };
     let mut tr = match &fp8 {
         None => Receiver::Plain(Box::new(ipc(tensors.clone())?)),
-        Some(f) => Receiver::Fp8(EncodingTransport::on_gpu(
+        Some(f) => Receiver::Fp8(Box::new(EncodingTransport::on_gpu(
             &layout,
             &r.catalogue,
             &plan,
@@ -735,7 +735,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             tensors.clone(),
             settings.cuda_ipc.fuse_fp8,
             |over| Ok(Box::new(ipc(over)?) as Box<dyn Transport>),
-        )?),
+        )?)),
     };
     tr.t().connect(&peers)?;
     let join_ms = ms_since(t_join);
