@@ -6,7 +6,6 @@ import itertools
 import multiprocessing as mp
 import os
 import queue
-import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -19,6 +18,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import checkpoints  # noqa: E402
+from ports import free_port  # noqa: E402,F401  (re-exported to the tests)
 
 _names = itertools.count()
 
@@ -54,10 +54,6 @@ def pair_name(tag: str) -> str:
     return f"eng-{os.getpid()}-{next(_names)}-{tag}"[:60]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Ranks:

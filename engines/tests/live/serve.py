@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,11 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 #: greedy tokens the server generates per check (with ``ignore_eos``)
 TOKENS = 16
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.dirname(HERE))
+from ports import free_port  # noqa: E402  (engines/tests/ports.py)
 
 
 def tail(path: str, n: int = 6000) -> str:
@@ -120,11 +116,23 @@ def http(url: str, body: Any = None, timeout: float = 60.0, method: str | None =
         return status, raw.decode(errors="replace")
 
 
+class PortTaken(RuntimeError):
+    """A server's log says its port was taken before it could bind it."""
+
+
+#: what a server's log says when its port is taken (uvicorn: "[Errno 98] error while attempting
+#: to bind on address ...: address already in use"); the server may stay up without listening
+PORT_TAKEN = "address already in use"
+
+
 def wait_http(proc: Proc, url: str, deadline_s: float) -> float:
-    """Waits until ``url`` answers 200 (``proc`` exiting first is an error); returns the seconds."""
+    """Waits until ``url`` answers 200 (``proc`` exiting first is an error, its log saying its
+    port was taken raises :class:`PortTaken` at once); returns the seconds."""
     start = time.monotonic()
     while True:
         proc.check()
+        if PORT_TAKEN in tail(proc.log, 1 << 20).lower():
+            raise PortTaken(f"{proc.name} could not bind the port of {url}; the end of {proc.log}:\n{tail(proc.log)}")
         try:
             if http(url, timeout=5)[0] == 200:
                 return time.monotonic() - start
@@ -144,13 +152,32 @@ def awex_cli() -> str:
     raise RuntimeError("no awex-cli binary (cargo build -p awex-cli, or set AWEX_CLI)")
 
 
-def start_gateway(d: str) -> tuple[Proc, str]:
-    port = free_port()
-    p = Proc("the gateway", [awex_cli(), "serve", "--bind", f"127.0.0.1:{port}", "--ephemeral"],
-             os.path.join(d, "gateway.log"))
-    url = f"http://127.0.0.1:{port}"
-    wait_http(p, url + "/healthz", 60)
-    return p, url
+def start_http(name: str, argv: Any, log: str, health: str, deadline_s: float, procs: list[Proc],
+               env: dict[str, str] | None = None, attempts: int = 3) -> tuple[Proc, str, float]:
+    """Starts an HTTP server on a :func:`free_port` and waits for ``health`` to answer 200:
+    ``argv(port)`` is its command line. A port taken before the server bound it (its log says
+    so) stops that server and starts it again on another port, up to ``attempts`` times; each
+    attempt after the first logs to ``log`` with ``-N`` before the extension. Every process
+    started is appended to ``procs``. Returns ``(proc, url, seconds)``."""
+    root, ext = os.path.splitext(log)
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        p = Proc(name, argv(port), log if attempt == 1 else f"{root}-{attempt}{ext}", env=env)
+        procs.append(p)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            return p, url, wait_http(p, url + health, deadline_s)
+        except PortTaken:
+            p.stop()
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_gateway(d: str, procs: list[Proc]) -> str:
+    _, url, _ = start_http("the gateway", lambda port: [awex_cli(), "serve", "--bind", f"127.0.0.1:{port}", "--ephemeral"],
+                           os.path.join(d, "gateway.log"), "/healthz", 60, procs)
+    return url
 
 
 #: the training jobs the live tests run, by the pair's training side: one script each, the same

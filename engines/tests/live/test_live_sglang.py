@@ -59,9 +59,7 @@ def live(request):
         pytest.skip(why)
     with serve.scratch(request, "awex-live-sglang-") as (d, procs):
         model = tiny_model.make(os.path.join(d, "model"))
-        gw_proc, gw = serve.start_gateway(d)
-        procs.append(gw_proc)
-        port = serve.free_port()
+        gw = serve.start_gateway(d, procs)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "AWEX_"))}
         path = [KERNELS, PKGS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         env.update(
@@ -71,15 +69,15 @@ def live(request):
             # ("Expected a cuda device, but got: cpu"): point it at nothing
             SGLANG_NCCL_SO_PATH=os.path.join(d, "no-libnccl.so"),
             SGLANG_CPU_OMP_THREADS_BIND="0|1" if TP == 2 else "0")
-        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--served-model-name", "tiny",
-                "--host", "127.0.0.1", "--port", str(port), "--tp", str(TP), "--device", "cpu",
-                "--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--dtype", "float32",
-                "--max-total-tokens", "4096", "--max-running-requests", "4", "--disable-cuda-graph",
-                "--custom-weight-loader", "awex.sglang.receive"]
-        server = serve.Proc("the SGLang server", argv, os.path.join(d, "sglang.log"), env=env)
-        procs.append(server)
-        url = f"http://127.0.0.1:{port}"
-        took = serve.wait_http(server, url + "/health", START_S)
+        def argv(port: int) -> list[str]:
+            return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--served-model-name", "tiny",
+                    "--host", "127.0.0.1", "--port", str(port), "--tp", str(TP), "--device", "cpu",
+                    "--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--dtype", "float32",
+                    "--max-total-tokens", "4096", "--max-running-requests", "4", "--disable-cuda-graph",
+                    "--custom-weight-loader", "awex.sglang.receive"]
+
+        server, url, took = serve.start_http("the SGLang server", argv, os.path.join(d, "sglang.log"), "/health",
+                                             START_S, procs, env=env)
         print(f"SGLang server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
 

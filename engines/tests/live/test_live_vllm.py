@@ -52,23 +52,21 @@ def live(request):
         pytest.skip(why)
     with serve.scratch(request, "awex-live-vllm-") as (d, procs):
         model = tiny_model.make(os.path.join(d, "model"))
-        gw_proc, gw = serve.start_gateway(d)
-        procs.append(gw_proc)
-        port = serve.free_port()
+        gw = serve.start_gateway(d, procs)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "AWEX_", "PYTHON"))}
         env.update(
             VLLM_SERVER_DEV_MODE="1", AWEX_GATEWAY=gw, AWEX_PAIR=PAIR, AWEX_ENGINE="0",
             VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1",
             VLLM_CPU_OMP_THREADS_BIND="0|1" if TP == 2 else "0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
             PATH=os.path.join(VENV, "bin") + os.pathsep + os.environ.get("PATH", ""))
-        argv = [os.path.join(VENV, "bin", "vllm"), "serve", model, "--served-model-name", "tiny",
-                "--host", "127.0.0.1", "--port", str(port), "--tensor-parallel-size", str(TP),
-                "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4",
-                "--weight-transfer-config", '{"backend": "awex"}']
-        server = serve.Proc("the vLLM server", argv, os.path.join(d, "vllm.log"), env=env)
-        procs.append(server)
-        url = f"http://127.0.0.1:{port}"
-        took = serve.wait_http(server, url + "/health", START_S)
+        def argv(port: int) -> list[str]:
+            return [os.path.join(VENV, "bin", "vllm"), "serve", model, "--served-model-name", "tiny",
+                    "--host", "127.0.0.1", "--port", str(port), "--tensor-parallel-size", str(TP),
+                    "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4",
+                    "--weight-transfer-config", '{"backend": "awex"}']
+
+        server, url, took = serve.start_http("the vLLM server", argv, os.path.join(d, "vllm.log"), "/health",
+                                             START_S, procs, env=env)
         print(f"vLLM server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
 

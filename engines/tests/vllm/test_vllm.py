@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from ports import free_port  # noqa: E402  (engines/tests/ports.py)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 CLI = os.environ.get("AWEX_CLI", os.path.join(ROOT, "target", "debug", "awex-cli"))
 
@@ -57,10 +58,6 @@ MORE = [
 ALL = CASES + (MORE if os.environ.get("AWEX_VLLM_FULL") else [])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_case(case: dict, d: str) -> tuple[str, str]:
