@@ -338,7 +338,13 @@ class Server:
         self.procs: list[Any] = []
 
     def start_ranks(self) -> None:
-        ctx = mp.get_context("spawn")
+        if self.args.mode == "sglang":
+            # the ranks fork from a process that imported SGLang once (sglang_preload.py)
+            sys.path.insert(0, HERE)
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["sglang_preload"])
+        else:
+            ctx = mp.get_context("spawn")
         opts = {
             "tp": self.args.tp,
             "ep": self.args.ep,

@@ -56,11 +56,29 @@ def pair_name(tag: str) -> str:
 
 
 
+_RANK_CONTEXT: Any = None
+
+
+def rank_context() -> Any:
+    """The multiprocessing context of SGLang rank processes: a forkserver that imported SGLang
+    once (``engines/sglang_preload.py``), so a rank starts in a fraction of a second instead of importing
+    it again; each rank is still a new process with its own torch.distributed and SGLang state.
+    ``AWEX_RANKS_SPAWN=1`` spawns every rank afresh instead."""
+    global _RANK_CONTEXT
+    if _RANK_CONTEXT is None:
+        if os.environ.get("AWEX_RANKS_SPAWN", "") not in ("", "0"):
+            _RANK_CONTEXT = mp.get_context("spawn")
+        else:
+            _RANK_CONTEXT = mp.get_context("forkserver")
+            _RANK_CONTEXT.set_forkserver_preload(["sglang_preload"])
+    return _RANK_CONTEXT
+
+
 class Ranks:
-    """``n`` spawned processes running ``target(rank, queue, *args)``."""
+    """``n`` processes (``rank_context``) running ``target(rank, queue, *args)``."""
 
     def __init__(self, n: int, target: Callable[..., None], *args: Any) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = rank_context()
         self.q = ctx.Queue()
         self.procs = [ctx.Process(target=target, args=(r, self.q, *args), daemon=True) for r in range(n)]
         for p in self.procs:

@@ -12,7 +12,6 @@ awex's own FP8 layout of the same pair. ``AWEX_WRITE_FP8_FIXTURE=1`` rewrites th
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import traceback
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 
 import checkpoints
 import sglang_cpu
-from conftest import free_port, sglang_infer
+from conftest import free_port, rank_context, sglang_infer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "..", "tests", "tests", "fixtures", "fp8_sglang_params.json")
@@ -93,7 +92,7 @@ def params_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> Non
 def sglang_params(arch: str, tp: int, ep: int, tmp: str) -> list[dict]:
     src = checkpoints.write(os.path.join(tmp, "bf16"), arch, tied=False, seed=7)
     ckpt = fp8_checkpoint(src, os.path.join(tmp, "fp8"))
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=params_job, args=(r, q, tp, ep, port, ckpt)) for r in range(tp)]

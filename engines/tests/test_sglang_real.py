@@ -8,7 +8,6 @@ padding included; for two consecutive versions through one process-wide Reader p
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import awex
 import checkpoints
 import rank_jobs
-from conftest import MLA, Ranks, assert_mla_derived, drive, fill, free_port, pair_name, sglang_infer
+from conftest import MLA, Ranks, assert_mla_derived, drive, fill, free_port, pair_name, rank_context, sglang_infer
 
 # arch, tied, tp, ep, [(training layout, transport)]
 CASES = [
@@ -116,7 +115,7 @@ def test_loader_faults(gateway, ckpt_dir) -> None:
     ctl = awex.Controller(gateway)
     name = pair_name("faults")
     ctl.connect(name, model=ckpts[0], train="fsdp:dp=1", infer="sglang:tp=2", transport="shm", join_deadline_s=600)
-    returned = mp.get_context("spawn").Queue()
+    returned = rank_context().Queue()
     ranks = Ranks(2, rank_jobs.faults_job, 2, free_port(), ckpts, gateway, name, returned)
     canon = {v: checkpoints.tensors(ckpts[v]) for v in (1, 2)}
     canon[3] = canon[1]

@@ -98,13 +98,15 @@ pub(super) fn make_finite(start: u64, out: &mut [u8]) {
 
 /// The bytes the plan's `transfers` into one destination tensor of `nbytes` bytes write there
 /// (the generated content of their sources, made finite if asked); bytes no transfer writes
-/// are zero.
+/// are zero. Generated on every core, in pieces of at most 4 MiB.
 pub(super) fn expected_tensor(
     transfers: &[&Transfer],
     nbytes: usize,
     finite: bool,
 ) -> anyhow::Result<Vec<u8>> {
     let mut out = vec![0u8; nbytes];
+    // (destination byte, length, key, source byte)
+    let mut items: Vec<(usize, usize, u64, u64)> = Vec::new();
     for t in transfers {
         let es = t.dst_dtype.size() as u64;
         let key = tensor_key(t.src_rank, &t.src_tensor);
@@ -117,15 +119,15 @@ pub(super) fn expected_tensor(
         )?;
         let mut bad = None;
         b.for_each_run(|s, d, n| {
-            let (s, d, n) = (s * es, (d * es) as usize, (n * es) as usize);
-            match out.get_mut(d..d + n) {
-                Some(o) => {
-                    gen_bytes(key, s, o);
-                    if finite {
-                        make_finite(s, o);
-                    }
-                }
-                None => bad = Some(d + n),
+            let (mut s, mut d, mut n) = (s * es, d * es, n * es);
+            if d + n > nbytes as u64 {
+                bad = Some(d + n);
+                return;
+            }
+            while n > 0 {
+                let k = n.min(4 << 20);
+                items.push((d as usize, k as usize, key, s));
+                (s, d, n) = (s + k, d + k, n - k);
             }
         });
         if let Some(end) = bad {
@@ -135,6 +137,35 @@ pub(super) fn expected_tensor(
             );
         }
     }
+    items.sort_unstable_by_key(|i| i.0);
+    // disjoint pieces of `out`, one per item (transfers into one tensor never overlap)
+    let mut pieces = Vec::with_capacity(items.len());
+    let (mut rest, mut at) = (&mut out[..], 0usize);
+    for &(d, n, key, s) in &items {
+        if d < at {
+            bail!(
+                "two transfers write byte {d} of `{}`",
+                transfers[0].dst_tensor
+            );
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(d - at);
+        let (piece, tail) = tail.split_at_mut(n);
+        pieces.push((piece, key, s));
+        (rest, at) = (tail, d + n);
+    }
+    let per = pieces.len().div_ceil(threads()).max(1);
+    std::thread::scope(|scope| {
+        for group in pieces.chunks_mut(per) {
+            scope.spawn(move || {
+                for (piece, key, s) in group.iter_mut() {
+                    gen_bytes(*key, *s, piece);
+                    if finite {
+                        make_finite(*s, piece);
+                    }
+                }
+            });
+        }
+    });
     Ok(out)
 }
 
@@ -335,5 +366,47 @@ mod tests {
         assert_ne!(a, tensor_key(RankId::train(1), "x"));
         assert_ne!(a, tensor_key(RankId::train(0), "y"));
         assert_eq!(a, tensor_key(RankId::train(0), "x"));
+    }
+
+    #[test]
+    fn expected_tensor_on_every_core_equals_each_runs_content_and_zero_elsewhere() {
+        use awex_core::dims::Dims;
+        use awex_core::dtype::DType;
+        // two senders' boxes into a [4, 3_000_000] bf16 tensor (rows 0 and 2, pieces of 4 MiB
+        // and more), rows 1 and 3 written by no one
+        let t = |rank: u32, row: u64| Transfer {
+            src_rank: RankId::train(rank),
+            dst_rank: RankId::infer(0, 0),
+            canonical: 0,
+            src_tensor: "w".into(),
+            src_shape: Dims::new(&[1, 3_000_000]),
+            src_offset: Dims::new(&[0, 0]),
+            src_dtype: DType::Bf16,
+            dst_tensor: "q".into(),
+            dst_shape: Dims::new(&[4, 3_000_000]),
+            dst_offset: Dims::new(&[row, 0]),
+            dst_dtype: DType::Bf16,
+            extent: Dims::new(&[1, 3_000_000]),
+            encode: None,
+        };
+        let (a, b) = (t(0, 2), t(1, 0));
+        let row = 6_000_000usize;
+        let got = expected_tensor(&[&a, &b], 4 * row, true).unwrap();
+        for (r, rank) in [(0usize, Some(1u32)), (1, None), (2, Some(0)), (3, None)] {
+            let mut want = vec![0u8; row];
+            if let Some(k) = rank {
+                gen_bytes(tensor_key(RankId::train(k), "w"), 0, &mut want);
+                make_finite(0, &mut want);
+            }
+            assert!(got[r * row..(r + 1) * row] == want[..], "row {r}");
+        }
+        // a byte written twice, or past the tensor, is refused by name
+        let e = expected_tensor(&[&a, &a], 4 * row, true).unwrap_err();
+        assert!(e.to_string().contains("two transfers write byte"), "{e}");
+        let e = expected_tensor(&[&a], 2 * row, true).unwrap_err();
+        assert!(
+            e.to_string().contains("`q`: a transfer writes up to byte"),
+            "{e}"
+        );
     }
 }

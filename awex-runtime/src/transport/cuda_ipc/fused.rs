@@ -14,6 +14,7 @@ use awex_core::dtype::DType;
 use awex_core::encoding::Fp8Block;
 use awex_core::plan::Transfer;
 use awex_gpu::cuda::Fp8Job;
+use std::sync::Arc;
 
 /// Where an FP8 engine tensor's bytes lie on the receiver's GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +113,48 @@ pub fn fused_jobs(
         });
     }
     Some(jobs)
+}
+
+/// Joins back-to-back jobs of one destination tensor into one job, the way copies of a layer's
+/// experts are joined: job `b` continues job `a` when `a` ends on a block-row boundary and
+/// `b`'s rows, e4m3 rows and scale rows start right after `a`'s at the same pitches and width
+/// (the next expert of a stack, read out of a sender that holds the experts back to back), and
+/// `same_source(start, end)` says the joined source bytes lie in one allocation. No block of
+/// the joined job mixes the two, so every byte and scale is what the two jobs write. `names`
+/// holds each job's destination tensor (kept aligned).
+pub fn join_jobs(
+    jobs: Vec<Fp8Job>,
+    names: Vec<Arc<str>>,
+    encoding: &Fp8Block,
+    mut same_source: impl FnMut(u64, u64) -> bool,
+) -> (Vec<Fp8Job>, Vec<Arc<str>>) {
+    let bn = encoding.block[0] as u64;
+    let mut out: Vec<Fp8Job> = Vec::with_capacity(jobs.len());
+    let mut out_names: Vec<Arc<str>> = Vec::with_capacity(names.len());
+    for (b, name) in jobs.into_iter().zip(names) {
+        if let (Some(a), Some(an)) = (out.last_mut(), out_names.last())
+            && *an == name
+            && bn > 0
+            && (a.cols, a.src_pitch, a.dst_pitch, a.scale_pitch)
+                == (b.cols, b.src_pitch, b.dst_pitch, b.scale_pitch)
+            && a.rows as u64 % bn == 0
+            && a.rows as u64 + b.rows as u64 <= u32::MAX as u64
+        {
+            let rows = a.rows as u64;
+            let src_end = b.src + b.rows as u64 * b.src_pitch as u64;
+            if b.src == a.src + rows * a.src_pitch as u64
+                && b.dst == a.dst + rows * a.dst_pitch as u64
+                && b.scales == a.scales + 4 * (rows / bn) * a.scale_pitch as u64
+                && same_source(a.src, src_end)
+            {
+                a.rows += b.rows;
+                continue;
+            }
+        }
+        out.push(b);
+        out_names.push(name);
+    }
+    (out, out_names)
 }
 
 #[cfg(test)]
@@ -235,5 +278,121 @@ mod tests {
             );
             assert_eq!(j.scale_pitch, 3);
         }
+    }
+
+    /// A block's scale address and its rows: (source row, e4m3 row, width).
+    type BlockRows = (u64, Vec<(u64, u64, u64)>);
+
+    /// What each block of `jobs` reads and writes: (scale address, [(source row, e4m3 row,
+    /// width)]) for every 128 x 128 block, sorted: two job lists with the same blocks write the
+    /// same bytes and scales from the same elements.
+    fn blocks(jobs: &[Fp8Job]) -> Vec<BlockRows> {
+        let mut out = Vec::new();
+        for j in jobs {
+            let (gx, gy) = j.grid();
+            for by in 0..gy as u64 {
+                for bx in 0..gx as u64 {
+                    let rows = (by * 128..((by + 1) * 128).min(j.rows as u64)).map(|r| {
+                        let c0 = bx * 128;
+                        let w = (j.cols as u64 - c0).min(128);
+                        (
+                            j.src + r * j.src_pitch as u64 + 2 * c0,
+                            j.dst + r * j.dst_pitch as u64 + c0,
+                            w,
+                        )
+                    });
+                    out.push((
+                        j.scales + 4 * (by * j.scale_pitch as u64 + bx),
+                        rows.collect(),
+                    ));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn names(n: usize, name: &str) -> Vec<Arc<str>> {
+        vec![Arc::from(name); n]
+    }
+
+    #[test]
+    fn back_to_back_experts_join_into_one_job_with_the_same_blocks() {
+        // experts 1..4 of a [4, 256, 512] sender stack (all its rows, columns 128..) into
+        // experts 2..5 of an [8, 256, 384] engine stack
+        let t = transfer(
+            (&[4, 256, 512], &[1, 0, 128]),
+            (&[8, 256, 384], &[2, 0, 0]),
+            &[3, 256, 384],
+        );
+        let target = Fp8Target {
+            dst: 1 << 40,
+            scales: 1 << 41,
+            shape: Dims::new(&[8, 256, 384]),
+        };
+        let jobs = fused_jobs(&t, 1 << 30, &target, &BLOCK).unwrap();
+        assert_eq!(jobs.len(), 3);
+        let mut asked = Vec::new();
+        let (joined, n) = join_jobs(jobs.clone(), names(3, "q"), &BLOCK, |a, b| {
+            asked.push((a, b));
+            true
+        });
+        assert_eq!(joined.len(), 1);
+        assert_eq!(n, names(1, "q"));
+        assert_eq!(
+            joined[0],
+            Fp8Job {
+                rows: 768,
+                ..jobs[0]
+            }
+        );
+        assert_eq!(blocks(&joined), blocks(&jobs));
+        // the source range asked about is the joined one
+        let end = jobs[0].src + 512 * 1024;
+        assert_eq!(
+            asked,
+            vec![(jobs[0].src, end), (jobs[0].src, end + 256 * 1024)]
+        );
+    }
+
+    #[test]
+    fn jobs_stay_apart_across_tensors_allocations_gaps_and_partial_block_rows() {
+        let t = transfer(
+            (&[4, 256, 512], &[0, 0, 0]),
+            (&[4, 256, 512], &[0, 0, 0]),
+            &[2, 256, 512],
+        );
+        let target = Fp8Target {
+            dst: 0,
+            scales: 1 << 30,
+            shape: Dims::new(&[4, 256, 512]),
+        };
+        let jobs = fused_jobs(&t, 1 << 20, &target, &BLOCK).unwrap();
+        let apart = |js: Vec<Fp8Job>, n: Vec<Arc<str>>, same: bool| {
+            join_jobs(js, n, &BLOCK, |_, _| same).0.len()
+        };
+        assert_eq!(apart(jobs.clone(), names(2, "q"), true), 1);
+        // two engine tensors
+        let two = vec![Arc::from("q"), Arc::from("k")];
+        assert_eq!(apart(jobs.clone(), two, true), 2);
+        // the sources in two allocations
+        assert_eq!(apart(jobs.clone(), names(2, "q"), false), 2);
+        // a sender whose experts are not back to back (the second one elsewhere)
+        let mut gap = jobs.clone();
+        gap[1].src += 4096;
+        assert_eq!(apart(gap, names(2, "q"), true), 2);
+        // 200-row experts: the first one's last block row is partial, joining would mix experts
+        let t = transfer(
+            (&[2, 200, 256], &[0, 0, 0]),
+            (&[2, 200, 256], &[0, 0, 0]),
+            &[2, 200, 256],
+        );
+        let target = Fp8Target {
+            shape: Dims::new(&[2, 200, 256]),
+            ..target
+        };
+        let jobs = fused_jobs(&t, 1 << 20, &target, &BLOCK).unwrap();
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(apart(jobs, names(2, "q"), true), 2);
     }
 }

@@ -33,7 +33,7 @@
 mod control;
 mod fused;
 
-pub use fused::{Fp8Target, fusable, fused_jobs};
+pub use fused::{Fp8Target, fusable, fused_jobs, join_jobs};
 
 use super::config::{CudaIpcConfig, DriverMin, PeerOrder};
 use super::control::NONE;
@@ -604,6 +604,10 @@ impl CudaIpcTransport {
                     names.extend(std::iter::repeat_n(t.dst_tensor.clone(), js.len()));
                     jobs.extend(js);
                 }
+                // a sender holding a layer's experts back to back gives one job per stack
+                let (jobs, names) = join_jobs(jobs, names, &f.cfg.encoding, |s0, s1| {
+                    import.allocation_of(s0, s1 - s0).is_some()
+                });
                 let batch = f
                     .kernel
                     .batch(&jobs, &f.cfg.encoding)
