@@ -16,12 +16,14 @@
 #   bench-8b-staged  the same with AWEX_IPC_FP8=staged (the kernel alone over the staging)
 #   bench-moe the same for qwen3-30b-a3b into SGLang tp 1 (fused: the sender's 61 GB and the
 #             receiver's 30 GB of e4m3; staged, the 60 GB of bf16 staging would pass the H200's
-#             141 GB); bench-moe-tp2 (not in the default): into SGLang tp 2, rank 0/0
+#             141 GB); bench-moe-one: the same out of a sender holding its tensors back to back
+#             in one buffer (`--sender-alloc contiguous`: a layer's experts join into one kernel
+#             job); bench-moe-tp2 (not in the default): into SGLang tp 2, rank 0/0
 #   demo-8b   awex-cli demo --transport cuda-ipc --infer-quant fp8, qwen3-8b, 3 updates: the real
 #             gateway flow, every byte of every update checked against the CPU reference
-# and prints a short table last. The time limits (60 + 120 + 120 + 150 + 240 s) pass one device
-# call's 10 minutes: run it in two calls (RUNS="test bench-8b bench-8b-staged bench-moe", then
-# RUNS=demo-8b).
+# and prints a short table last. The time limits (60 + 120 + 120 + 120 + 280 + 280 + 240 s) pass
+# one device call's 10 minutes: run it in calls (e.g. RUNS="test kernel bench-8b bench-8b-staged",
+# RUNS="bench-moe bench-moe-one", RUNS=demo-8b).
 #
 # Expects binaries built on the development machine:
 #   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
@@ -32,7 +34,7 @@ set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 G=${AWEX_GPU_DIR:-.gpu}
 BIN=${AWEX_CLI:-$G/awex-cli}
-RUNS=${RUNS:-"test kernel bench-8b bench-8b-staged bench-moe demo-8b"}
+RUNS=${RUNS:-"test kernel bench-8b bench-8b-staged bench-moe bench-moe-one demo-8b"}
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 status=0
 
@@ -85,8 +87,10 @@ for r in $RUNS; do
       --sender-alloc per-tensor --updates 7 $Q ;;
     bench-8b-staged) AWEX_IPC_FP8=staged bench 8b-staged 120 --model qwen3-8b --train megatron:tp=1 \
       --infer sglang:tp=1 --sender-alloc per-tensor --updates 7 $Q ;;
-    bench-moe) bench moe 420 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1 \
+    bench-moe) bench moe 280 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1 \
       --sender-alloc per-tensor --updates 5 $Q ;;
+    bench-moe-one) bench moe-one 280 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=1 \
+      --sender-alloc contiguous --updates 5 $Q ;;
     bench-moe-tp2) bench moe-tp2 150 --model qwen3-30b-a3b --train megatron:tp=1 --infer sglang:tp=2 \
       --rank 0/0 --sender-alloc per-tensor --updates 5 $Q ;;
     demo-8b) demo 8b 240 --model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 3 $Q ;;

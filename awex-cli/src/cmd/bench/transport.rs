@@ -23,10 +23,11 @@
 //!
 //! With an FP8 inference side (`--infer-quant fp8`, `--infer-config`) the receiver is the rank
 //! runtime's [`EncodingTransport`] around the cuda-ipc transport: the FP8 tensors' copies land
-//! in bf16 device staging and the GPU kernel quantises them after the copies, in the update.
+//! in bf16 device staging and the GPU kernel quantises them after the copies, in the update,
+//! or (fused, the default) the kernel quantises them straight out of the senders' memory.
 //! The senders' weights are made finite; the check quantises the expected bf16 of every FP8
 //! tensor with the CPU reference and compares every e4m3 byte and scale. Timed besides: the
-//! kernel alone over the staging, and the FP8 floor: the device copy's rate (the local copy
+//! kernels alone over every FP8 tensor (staged and fused), and the FP8 floor: the device copy's rate (the local copy
 //! floor) applied to reading the bf16 once and writing the e4m3 bytes and scales once (plus
 //! the plain tensors' copies).
 
@@ -462,7 +463,8 @@ struct Fp8Figures {
     /// the fused kernel's batch: 128 x 128 blocks and jobs (one per matrix of a box)
     fused_blocks: u64,
     fused_jobs: u64,
-    /// the kernel alone over the whole staging, every run (the first warms up), and the median
+    /// the kernels alone over every FP8 tensor (the staging's batch, then the fused batches),
+    /// every run (the first warms up), and the median
     kernel_runs_ms: Vec<f64>,
     kernel_ms: f64,
     /// its bytes read + written per second, and that over the local device copy's rate
@@ -847,12 +849,14 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         verified &= ok;
     }
     let bytes = plan.bytes();
-    // the kernel alone over the staging as the last update left it (it writes the same bytes)
+    // the kernels alone over every FP8 tensor (the staging's batch, then the fused batches out
+    // of the senders' memory) as the last update left them: they write the same bytes
     let mut kernel_runs_ms = Vec::new();
     if let Receiver::Fp8(t) = &tr {
         for _ in 0..6 {
             let t0 = Instant::now();
             t.quantise_on_gpu()?;
+            tr.ipc()?.quantise_fused_alone()?;
             kernel_runs_ms.push(ms_since(t0));
         }
     }

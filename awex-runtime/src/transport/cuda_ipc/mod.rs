@@ -395,6 +395,31 @@ impl CudaIpcTransport {
         Ok(())
     }
 
+    /// Runs every connected peer's fused FP8 batch again, alone (no copy), and waits: what the
+    /// kernel takes without the copies beside it (`bench ipc`). It writes the bytes the last
+    /// update wrote as long as the senders still hold that version. `false` without fused
+    /// tensors.
+    pub fn quantise_fused_alone(&self) -> Result<bool, RuntimeError> {
+        let Some(f) = &self.fused else {
+            return Ok(false);
+        };
+        let mut any = false;
+        for rf in self.remotes.values().filter_map(|r| r.fp8.as_ref()) {
+            // SAFETY: as for the launch in `receive`: the batch's jobs were built against this
+            // peer's mappings (open while it is connected) and this rank's e4m3 and scale
+            // tensors; nothing else runs on them between updates, and `fused_status` below
+            // synchronises the stream.
+            unsafe {
+                f.kernel
+                    .launch_batch(&f.stream, &rf.batch, f.cfg.recipe, &f.cfg.encoding)
+            }
+            .map_err(transport_err("queueing the FP8 kernel"))?;
+            any = true;
+        }
+        self.fused_status()?;
+        Ok(any)
+    }
+
     /// Blocks and jobs of the fused FP8 batches over every connected peer (zeros without).
     pub fn fused_fp8_stats(&self) -> (u64, u64) {
         self.remotes
