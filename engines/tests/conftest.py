@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import checkpoints  # noqa: E402
 from ports import free_port  # noqa: E402,F401  (re-exported to the tests)
+import forked  # noqa: E402
 
 _names = itertools.count()
 
@@ -56,22 +57,12 @@ def pair_name(tag: str) -> str:
 
 
 
-_RANK_CONTEXT: Any = None
-
-
 def rank_context() -> Any:
     """The multiprocessing context of SGLang rank processes: a forkserver that imported SGLang
-    once (``engines/sglang_preload.py``), so a rank starts in a fraction of a second instead of importing
-    it again; each rank is still a new process with its own torch.distributed and SGLang state.
-    ``AWEX_RANKS_SPAWN=1`` spawns every rank afresh instead."""
-    global _RANK_CONTEXT
-    if _RANK_CONTEXT is None:
-        if os.environ.get("AWEX_RANKS_SPAWN", "") not in ("", "0"):
-            _RANK_CONTEXT = mp.get_context("spawn")
-        else:
-            _RANK_CONTEXT = mp.get_context("forkserver")
-            _RANK_CONTEXT.set_forkserver_preload(["sglang_preload"])
-    return _RANK_CONTEXT
+    once (``engines/sglang_preload.py``, ``forked.context``), so a rank starts in a fraction of a
+    second instead of importing it again; each rank is still a new process with its own
+    torch.distributed and SGLang state. ``AWEX_RANKS_SPAWN=1`` spawns every rank afresh."""
+    return forked.context("sglang_preload") or mp.get_context("spawn")
 
 
 class Ranks:

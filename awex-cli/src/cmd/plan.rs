@@ -175,6 +175,19 @@ pub fn resolve_with(
     infer: &str,
     quant: &crate::cmd::quant::QuantArgs,
 ) -> anyhow::Result<Resolved> {
+    resolve_over(model, train, infer, quant, awex_core::Transport::Shm)
+}
+
+/// [`resolve_with`] for a pair over `transport`: what its plans carry depends on it (an FP8
+/// side's whole blocks are quantised by the sender over shm and tcp, by the receiver over
+/// cuda-ipc, whose copies carry bytes only).
+pub fn resolve_over(
+    model: &str,
+    train: &str,
+    infer: &str,
+    quant: &crate::cmd::quant::QuantArgs,
+    transport: awex_core::Transport,
+) -> anyhow::Result<Resolved> {
     for (flag, spec, side) in [
         ("--train", train, Side::Training),
         ("--infer", infer, Side::Inference),
@@ -189,7 +202,7 @@ pub fn resolve_with(
         model,
         train: train.parse()?,
         infer: infer.parse()?,
-        transport: awex_core::Transport::Shm,
+        transport,
     };
     Ok(spec.resolve()?)
 }

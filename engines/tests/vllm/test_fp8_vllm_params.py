@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # vllm_preload.py, for the forkserver
+import forked  # noqa: E402  (engines/tests/forked.py)
 
 import checkpoints  # noqa: E402
 import fp8_ckpts  # noqa: E402
@@ -46,8 +47,8 @@ def run_ranks(mode: str, spec: dict, tp: int, d: str) -> None:
     """``vllm_fp8_rank.py MODE`` in one process per TP rank; a failed rank's log is raised."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     procs = [
-        subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_fp8_rank.py"), mode, json.dumps(spec), str(r), d],
-                         stdout=open(os.path.join(d, f"{mode}{r}.log"), "w"), stderr=subprocess.STDOUT, env=env)
+        forked.popen(os.path.join(HERE, "vllm_fp8_rank.py"), [mode, json.dumps(spec), str(r), d],
+                     os.path.join(d, f"{mode}{r}.log"), "vllm_preload", env=env)
         for r in range(tp)
     ]
     try:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -32,6 +31,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # vllm_preload.py, for the forkserver
+import forked  # noqa: E402  (engines/tests/forked.py)
 
 import fp8_ckpts  # noqa: E402
 from fp8_ckpts import BLOCK, checkpoints_of  # noqa: E402
@@ -83,8 +84,8 @@ def test_fp8_receive_matches_vllm_load_of_the_reference_checkpoint(case, gateway
                 gateway=gateway, pair=name, timeout=300.0)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     procs = [
-        subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_fp8_rank.py"), "receive", json.dumps(spec), str(r), d],
-                         stdout=open(os.path.join(d, f"receive{r}.log"), "w"), stderr=subprocess.STDOUT, env=env)
+        forked.popen(os.path.join(HERE, "vllm_fp8_rank.py"), ["receive", json.dumps(spec), str(r), d],
+                     os.path.join(d, f"receive{r}.log"), "vllm_preload", env=env)
         for r in range(tp)
     ]
 

@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(os.path.dirname(HERE), "train")
 sys.path.insert(0, TRAIN)
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # vllm_preload.py, for the forkserver
+import forked  # noqa: E402  (engines/tests/forked.py)
 
 torch = pytest.importorskip("torch")
 awex = pytest.importorskip("awex")
@@ -77,20 +80,20 @@ def vllm_spec(v: dict) -> str:
     return f"vllm:tp={v['tp']},ep={v.get('ep', 1)}"
 
 
-def launch_vllm(case: dict, st: dict, gw: str) -> list[subprocess.Popen]:
+def launch_vllm(case: dict, st: dict, gw: str) -> list[Any]:
     out = st["dir"]
     spec = dict(tp=case["vllm"]["tp"], ep=case["vllm"].get("ep", 1), hf_dir=out, port=harness.free_port(),
                 gateway=gw, pair=st["update"], expected=st["expected"], timeout=harness.TIMEOUT,
                 prepack=case.get("prepack", False))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     return [
-        subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_receive.py"), json.dumps(spec), str(r), out],
-                         stdout=open(os.path.join(out, f"vllm{r}.log"), "w"), stderr=subprocess.STDOUT, env=env)
+        forked.popen(os.path.join(HERE, "vllm_receive.py"), [json.dumps(spec), str(r), out],
+                     os.path.join(out, f"vllm{r}.log"), "vllm_preload", env=env)
         for r in range(spec["tp"])
     ]
 
 
-def vllm_failed(procs: list[subprocess.Popen], out: str) -> None:
+def vllm_failed(procs: list[Any], out: str) -> None:
     for r, p in enumerate(procs):
         if p.poll() not in (None, 0):
             tail = open(os.path.join(out, f"vllm{r}.log")).read()[-4000:]

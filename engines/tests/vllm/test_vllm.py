@@ -25,6 +25,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)  # vllm_preload.py, for the forkserver
+import forked  # noqa: E402  (engines/tests/forked.py)
 from ports import free_port  # noqa: E402  (engines/tests/ports.py)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 CLI = os.environ.get("AWEX_CLI", os.path.join(ROOT, "target", "debug", "awex-cli"))
@@ -62,21 +64,21 @@ ALL = CASES + (MORE if os.environ.get("AWEX_VLLM_FULL") else [])
 
 def make_case(case: dict, d: str) -> tuple[str, str]:
     hf = os.path.join(d, "hf")
-    subprocess.run([sys.executable, os.path.join(HERE, "hf_tiny.py"), case["kind"], hf], check=True)
+    forked.run(os.path.join(HERE, "hf_tiny.py"), [case["kind"], hf], os.path.join(d, "hf_tiny.log"), "vllm_preload")
     if "tied" in case:
         cfg = json.load(open(os.path.join(hf, "config.json")))
         cfg["tie_word_embeddings"] = case["tied"]
         json.dump(cfg, open(os.path.join(hf, "config.json"), "w"))
     canon = os.path.join(d, "canon.pt")
-    subprocess.run([sys.executable, os.path.join(HERE, "canonical.py"), hf, canon], check=True)
+    forked.run(os.path.join(HERE, "canonical.py"), [hf, canon], os.path.join(d, "canonical.log"), "vllm_preload")
     return hf, canon
 
 
 def vllm_ranks(case: dict, hf: str, canon: str, d: str) -> list[dict[str, torch.Tensor]]:
     spec = dict(tp=case["tp"], ep=case.get("ep", 1), hf_dir=hf, canonical=canon, port=free_port())
     procs = [
-        subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_rank.py"), json.dumps(spec), str(r), d],
-                         stdout=open(os.path.join(d, f"rank{r}.log"), "w"), stderr=subprocess.STDOUT)
+        forked.popen(os.path.join(HERE, "vllm_rank.py"), [json.dumps(spec), str(r), d], os.path.join(d, f"rank{r}.log"),
+                     "vllm_preload")
         for r in range(case["tp"])
     ]
     for r, p in enumerate(procs):

@@ -150,7 +150,7 @@ fn fill(dev: &Device, rank: RankId, set: &TensorSet, finite: bool) -> anyhow::Re
 
 /// The training side: holds the ranks, builds their transports, executes each version asked.
 pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
-    let r = crate::cmd::plan::resolve_with(&a.model, &a.train, &a.infer, &a.quant)?;
+    let r = resolve_ipc(&a.model, &a.train, &a.infer, &a.quant)?;
     let finite = r.spec.infer_fp8.is_some();
     let ranks: Vec<RankId> = a
         .ranks
@@ -493,6 +493,17 @@ fn plain_part(transfers: &[Transfer], lts: &[LocalTensor]) -> (Vec<Transfer>, Ve
     (transfers, plain)
 }
 
+/// The pair both ends of the bench plan: over cuda-ipc (an FP8 side's blocks are all
+/// quantised by the receiver, out of bf16: its copies carry bytes only).
+fn resolve_ipc(
+    model: &str,
+    train: &str,
+    infer: &str,
+    quant: &crate::cmd::quant::QuantArgs,
+) -> anyhow::Result<crate::cmd::plan::Resolved> {
+    crate::cmd::plan::resolve_over(model, train, infer, quant, awex_core::Transport::CudaIpc)
+}
+
 /// The receiving rank's transport: the cuda-ipc transport, or the FP8 encoding around it.
 enum Receiver {
     Plain(Box<CudaIpcTransport>),
@@ -678,7 +689,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let (_, rank) = crate::cmd::plan::parse_rank(&format!("infer:{}", a.rank))?;
     let sender_gpu = a.sender_gpu.unwrap_or(a.gpu);
     let dev = Device::open(a.gpu)?;
-    let r = crate::cmd::plan::resolve_with(&a.model, &a.train, &a.infer, &a.quant)?;
+    let r = resolve_ipc(&a.model, &a.train, &a.infer, &a.quant)?;
     let fp8 = r.spec.infer_fp8.clone();
     if let Some(f) = &fp8 {
         awex_runtime::transport::refuse_on_gpu(f)?;
@@ -1168,6 +1179,37 @@ mod tests {
         };
         let (ok, detail) = verify_with(&pt, &pl, true, &mut fetch).unwrap();
         assert!(ok, "{detail}");
+    }
+
+    #[test]
+    fn the_bench_plans_every_fp8_block_for_the_receiver_as_cuda_ipc_copies_bytes_only() {
+        use crate::cmd::quant::QuantArgs;
+        let q = QuantArgs {
+            infer_quant: Some("fp8".into()),
+            fp8_block: Some("16x16".into()),
+            ..QuantArgs::default()
+        };
+        let transfers = |r: &crate::cmd::plan::Resolved| -> Vec<Transfer> {
+            let plan = r
+                .plan_pair()
+                .plan_rank(Side::Inference, RankId::infer(0, 0))
+                .unwrap();
+            plan.peers
+                .iter()
+                .flat_map(|p| p.transfers.iter().cloned())
+                .collect()
+        };
+        let ipc =
+            transfers(&resolve_ipc("qwen3-tiny", "megatron:tp=2", "sglang:tp=1", &q).unwrap());
+        assert!(ipc.iter().any(|t| t.encode.is_some()));
+        assert!(
+            ipc.iter()
+                .all(|t| !t.sender_encoded() && t.src_dtype == t.dst_dtype)
+        );
+        // planned as shm, the same pair's whole blocks would travel as e4m3 (which the
+        // cuda-ipc copies refuse: "the CUDA path copies bytes only")
+        let shm = crate::cmd::plan::resolve_with("qwen3-tiny", "megatron:tp=2", "sglang:tp=1", &q);
+        assert!(transfers(&shm.unwrap()).iter().any(|t| t.sender_encoded()));
     }
 
     #[test]

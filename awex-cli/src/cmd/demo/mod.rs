@@ -58,7 +58,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--updates must be at least 1");
     }
     let gpus = Gpus::of(&args, transport)?;
-    let r = crate::cmd::plan::resolve_with(&args.model, &args.train, &args.infer, &args.quant)?;
+    let r = crate::cmd::plan::resolve_over(
+        &args.model,
+        &args.train,
+        &args.infer,
+        &args.quant,
+        transport,
+    )?;
     if let Some(fp8) = &r.spec.infer_fp8 {
         match transport {
             Transport::Nccl => bail!(
