@@ -32,6 +32,20 @@ def context(preload: str) -> Any:
     if _CHOSEN is None:
         _CHOSEN = preload
         mp.get_context("forkserver").set_forkserver_preload([preload])
+        # the forkserver imports `preload` with the sys.path of a fresh interpreter (Python
+        # 3.12.1's does not take the parent's): hand this one over through PYTHONPATH while
+        # it starts (it starts now, and preloads while the caller goes on)
+        from multiprocessing import forkserver
+
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            forkserver.ensure_running()
+        finally:
+            if old is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = old
     return mp.get_context("forkserver") if _CHOSEN == preload else None
 
 
