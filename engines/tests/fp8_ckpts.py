@@ -37,6 +37,25 @@ SIZES = {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2,
 MOE_SIZES = {"moe_intermediate_size": 256}
 
 
+#: DeepSeek-V3 (MLA with q_lora_rank) at DeepSeek-V3's proportions, every TP shard whole blocks at
+#: tp 2: 4 heads (2 per rank) of nope 64 + rope 64 (q_b_proj: 256 rows per rank) and v 64
+#: (kv_b_proj: 256 rows per rank; o_proj: 128 input columns per rank), q_lora_rank 128,
+#: kv_lora_rank 128; the replicated ``fused_qkv_a_proj_with_mqa`` has 128 + 128 + 64 = 320 rows,
+#: so its last block row is half a block (as DeepSeek-V3's 1536 + 576 = 2112 rows: 16.5 blocks),
+#: and the scales of ``q_a_proj`` (1 block row) and ``kv_a_proj_with_mqa`` (2) concatenate.
+#: Dense first layer MLP 512, 4 routed experts and one shared expert of 256 rows.
+DEEPSEEK_SIZES = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
+                  "q_lora_rank": 128, "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64,
+                  "v_head_dim": 64, "intermediate_size": 512, "moe_intermediate_size": 256}
+
+
+def sizes_of(arch: str) -> dict[str, Any]:
+    """The config sizes of an FP8 case of ``arch``: every TP shard of 2 whole 128 x 128 blocks."""
+    if arch.startswith("Deepseek"):
+        return DEEPSEEK_SIZES
+    return {**SIZES, **(MOE_SIZES if "Moe" in arch else {})}
+
+
 def stored_fp8(name: str, router: bool) -> bool:
     """Whether an FP8 checkpoint stores tensor ``name`` as e4m3 blocks: the attention, MLP and
     expert linears (``*_proj.weight``), and with ``router`` the MoE router ``mlp.gate.weight``
@@ -58,7 +77,7 @@ def checkpoints_of(base: str, arch: str, router: bool = False) -> tuple[dict[int
     import fp8_refs
 
     cls_name, extra = checkpoints.ARCHS[arch]
-    sizes = {**SIZES, **(MOE_SIZES if "Moe" in arch else {})}
+    sizes = sizes_of(arch)
     cfg_dir = os.path.join(base, "config")
     getattr(transformers, cls_name)(**{**checkpoints.BASE, **extra, **sizes}, tie_word_embeddings=False,
                                     torch_dtype="float32").save_pretrained(cfg_dir)
@@ -94,21 +113,9 @@ def checkpoints_of(base: str, arch: str, router: bool = False) -> tuple[dict[int
     return bf16, fp8, cpu_differs
 
 
-def fill_bf16(layout: list[dict[str, Any]], canonical: dict[str, Any], out: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A training rank's bf16 tensors in awex's training layout (``conftest.fill`` for torch
-    bf16): the canonical values at every placement, junk elsewhere."""
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    res = {}
-    for t in layout:
-        assert t["dtype"] == "bf16", t
-        a = out[t["name"]] if out is not None else torch.empty(t["shape"], dtype=torch.bfloat16)
-        a.copy_(torch.randn(t["shape"], generator=g) * 1e3)
-        for name, canon, local in boxes(t):
-            a[local] = canonical[name][canon].reshape(a[local].shape)
-        res[t["name"]] = a
-    return res
+#: a training rank's bf16 tensors in awex's training layout (fp32 where a bf16 model keeps fp32,
+#: such as DeepSeek's router bias): ``conftest.fill_bf16``
+fill_bf16 = _conftest.fill_bf16
 
 
 def drive(gateway: str, name: str, canon: dict[int, dict], versions: list[int], join_timeout: float = 120) -> list[dict]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import pytest
 
@@ -30,30 +29,9 @@ import checkpoints
 import rank_jobs
 from conftest import MLA, Ranks, assert_mla_derived, drive, fill_bf16, free_port, pair_name, sglang_infer
 
-BLOCK = (128, 128)
-
-#: Tiny models whose every TP shard is whole 128 x 128 blocks: 2 heads of 128 (q, k and v are
-#: one head per rank at tp 2), hidden 256, MLP 512 (256 per rank), experts 256 (128 per rank at
-#: tp 2, ep 1; whole at ep 2).
-SIZES = {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
-         "intermediate_size": 512}
-MOE_SIZES = {"moe_intermediate_size": 256}
-#: DeepSeek-V3 (MLA with q_lora_rank) at DeepSeek-V3's proportions, every TP shard whole blocks at
-#: tp 2: 4 heads (2 per rank) of nope 64 + rope 64 (q_b_proj: 256 rows per rank) and v 64
-#: (kv_b_proj: 256 rows per rank; o_proj: 128 input columns per rank), q_lora_rank 128,
-#: kv_lora_rank 128; the replicated ``fused_qkv_a_proj_with_mqa`` has 128 + 128 + 64 = 320 rows,
-#: so its last block row is half a block (as DeepSeek-V3's 1536 + 576 = 2112 rows: 16.5 blocks),
-#: and the scales of ``q_a_proj`` (1 block row) and ``kv_a_proj_with_mqa`` (2) concatenate.
-#: Dense first layer MLP 512, 4 routed experts and one shared expert of 256 rows.
-DEEPSEEK_SIZES = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
-                  "q_lora_rank": 128, "kv_lora_rank": 128, "qk_nope_head_dim": 64, "qk_rope_head_dim": 64,
-                  "v_head_dim": 64, "intermediate_size": 512, "moe_intermediate_size": 256}
-
-
-def sizes_of(arch: str) -> dict[str, Any]:
-    if arch.startswith("Deepseek"):
-        return DEEPSEEK_SIZES
-    return {**SIZES, **(MOE_SIZES if "Moe" in arch else {})}
+#: 128 x 128 blocks, and tiny models whose every TP shard is whole blocks (Qwen3, Qwen3-MoE,
+#: DeepSeek-V3's MLA at its proportions): shared with vLLM's FP8 test
+from fp8_ckpts import BLOCK, sizes_of  # noqa: E402
 
 
 # arch, tp, ep, [(training layout, transport)]

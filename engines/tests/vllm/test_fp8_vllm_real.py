@@ -18,6 +18,9 @@ landing tensors (e4m3 and fp32 ``weight_scale_inv``), which vLLM's layerwise rel
 the FP8 layers' post-load step. awex Writers in a bf16 training layout (Megatron, FSDP) send the
 bf16 weights. After each version every parameter must equal a fresh vLLM model's own load of
 that version's FP8 checkpoint, byte for byte, in the same storage as before the update.
+DeepSeek-V3's MLA attention backend is stubbed (``vllm_rank.stub_gpu_kernels``: it selects a GPU
+backend and creates no parameter), so what that backend derives from ``kv_b_proj`` after loading
+is not compared; every parameter is.
 """
 
 from __future__ import annotations
@@ -46,7 +49,14 @@ CASES = [
     ("Qwen3ForCausalLM", 2, 1, "fsdp:dp=2", "tcp"),
     ("Qwen3MoeForCausalLM", 2, 1, "megatron:tp=2", "shm"),
     ("Qwen3MoeForCausalLM", 2, 2, "fsdp:dp=2", "shm"),
+    # DeepSeek-V3 (MLA; fp8_ckpts.DEEPSEEK_SIZES): the fused q/kv down projection (its last
+    # block row half a block), q_b_proj and kv_b_proj over tp, o_proj, the dense first layer, the
+    # routed and shared experts as e4m3; the router and its fp32 bias keep their dtypes
+    ("DeepseekV3ForCausalLM", 2, 1, "fsdp:dp=2", "shm"),
 ]
+#: the MLA projections vLLM's DeepSeek-V3 holds as e4m3 (with ``*_scale_inv``)
+MLA_FP8 = ("self_attn.fused_qkv_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight",
+           "self_attn.o_proj.weight")
 VERSIONS = [1, 2]
 
 
@@ -122,9 +132,15 @@ def test_fp8_receive_matches_vllm_load_of_the_reference_checkpoint(case, gateway
         assert res["diffs"] == [], "\n".join(res["diffs"][:20])
         assert res["checked"] == len(VERSIONS), res
         # vLLM holds the linear weights and the expert stacks as e4m3: the comparison covered them
-        assert any(n.endswith("qkv_proj.weight") for n in res["fp8"]), res["fp8"]
+        attn = MLA_FP8 if arch.startswith("Deepseek") else ("qkv_proj.weight",)
+        for suffix in attn:
+            assert any(n.endswith(suffix) for n in res["fp8"]), (suffix, res["fp8"])
+            assert any(n.endswith(suffix + "_scale_inv") for n in res["params_names"]), (suffix, res)
         assert any(n.endswith(("gate_up_proj.weight", "w13_weight")) for n in res["fp8"]), res["fp8"]
-        assert any(n.endswith("qkv_proj.weight_scale_inv") for n in res["params_names"]), res
+        if arch.startswith("Deepseek"):
+            assert any(n.endswith("experts.w13_weight") for n in res["fp8"]), res["fp8"]
+            # DeepSeek's router and its fp32 bias keep their dtypes in vLLM
+            assert not any(n.endswith("mlp.gate.weight") for n in res["fp8"]), res["fp8"]
         if moe:
             assert any(n.endswith("mlp.gate.weight") for n in res["fp8"]), res["fp8"]
     assert len({res["params"] for res in results}) == 1
