@@ -53,6 +53,9 @@ CASES = [
     # block row half a block), q_b_proj and kv_b_proj over tp, o_proj, the dense first layer, the
     # routed and shared experts as e4m3; the router and its fp32 bias keep their dtypes
     ("DeepseekV3ForCausalLM", 2, 1, "fsdp:dp=2", "shm"),
+    # Megatron's local spec splits the down projections over its tp: vLLM's replicated copy is
+    # quantised from both halves; experts over vLLM's ep 2
+    ("DeepseekV3ForCausalLM", 2, 2, "megatron:tp=2,local_spec=1", "tcp"),
 ]
 #: the MLA projections vLLM's DeepSeek-V3 holds as e4m3 (with ``*_scale_inv``)
 MLA_FP8 = ("self_attn.fused_qkv_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight",
