@@ -338,25 +338,15 @@ class Server:
         self.procs: list[Any] = []
 
     def start_ranks(self) -> None:
+        ctx = mp.get_context("spawn")
         if self.args.mode == "sglang":
-            # the ranks fork from a process that imported SGLang once (sglang_preload.py); the
-            # forkserver starts with a fresh interpreter's sys.path (Python 3.12.1): this
-            # folder goes to it through PYTHONPATH
-            from multiprocessing import forkserver
+            # the ranks fork from a process that imported SGLang once (sglang_preload.py, next
+            # to this file; tests/forked.py starts that forkserver)
+            sys.path.insert(0, HERE)
+            sys.path.insert(0, os.path.join(HERE, "tests"))
+            import forked
 
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["sglang_preload"])
-            old = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = os.pathsep.join([HERE] + [p for p in sys.path if p])
-            try:
-                forkserver.ensure_running()
-            finally:
-                if old is None:
-                    del os.environ["PYTHONPATH"]
-                else:
-                    os.environ["PYTHONPATH"] = old
-        else:
-            ctx = mp.get_context("spawn")
+            ctx = forked.context("sglang_preload") or ctx
         opts = {
             "tp": self.args.tp,
             "ep": self.args.ep,

@@ -125,11 +125,14 @@ class _Plain:
         return self.p.poll()
 
     def wait(self, timeout: float | None = None) -> int:
-        return self.p.wait(timeout)
+        code = self.p.wait(timeout)
+        self.out.close()
+        return code
 
     def kill(self) -> None:
         self.p.kill()
         self.p.wait(10)
+        self.out.close()
 
 
 def popen(script: str, args: list[str], log: str, preload: str, env: dict[str, str] | None = None) -> Any:

@@ -27,9 +27,9 @@
 //! or (fused, the default) the kernel quantises them straight out of the senders' memory.
 //! The senders' weights are made finite; the check quantises the expected bf16 of every FP8
 //! tensor with the CPU reference and compares every e4m3 byte and scale. Timed besides: the
-//! kernels alone over every FP8 tensor (staged and fused), and the FP8 floor: the device copy's rate (the local copy
-//! floor) applied to reading the bf16 once and writing the e4m3 bytes and scales once (plus
-//! the plain tensors' copies).
+//! kernels alone over every FP8 tensor (staged and fused), and the FP8 floor: the device
+//! copy's rate (the local copy floor) applied to reading the bf16 once and writing the e4m3
+//! bytes and scales once (plus the plain tensors' copies).
 
 use super::content::{
     expected_tensor, make_finite, par_gen, read_line, send_line, tensor_key, verify_with,
