@@ -379,7 +379,9 @@ pub(crate) async fn connect(
         .acquire()
         .await
         .map_err(|_| ApiError::Unavailable("the gateway is shutting down".to_string()))?;
+    let running = gw.metrics.validating();
     let validated = tokio::task::spawn_blocking(move || {
+        let _running = running;
         let checked = check(&req, &raw);
         checked.map(|c| (req, c))
     })

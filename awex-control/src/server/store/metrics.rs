@@ -21,6 +21,17 @@ pub(crate) struct Metrics {
     pub(crate) buckets: [AtomicU64; BUCKETS.len()],
     pub(crate) duration_count: AtomicU64,
     pub(crate) duration_sum_us: AtomicU64,
+    /// connect requests being validated now (a gauge)
+    pub(crate) validating: AtomicU64,
+}
+
+/// Counts one connect validation as running until it is dropped.
+pub(crate) struct Validating(std::sync::Arc<Metrics>);
+
+impl Drop for Validating {
+    fn drop(&mut self) {
+        self.0.validating.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
@@ -41,6 +52,13 @@ impl Metrics {
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
         self.bytes_training.fetch_add(bytes[0], Ordering::Relaxed);
         self.bytes_inference.fetch_add(bytes[1], Ordering::Relaxed);
+    }
+
+    /// Counts a connect validation as running; it stops counting when the guard drops (moved
+    /// into the blocking task, so that it counts what runs, also after the request is gone).
+    pub(crate) fn validating(self: &std::sync::Arc<Self>) -> Validating {
+        self.validating.fetch_add(1, Ordering::Relaxed);
+        Validating(self.clone())
     }
 
     /// Records a rank joining (or re-joining) a pair.
@@ -119,6 +137,16 @@ impl Metrics {
         );
         let _ = writeln!(s, "# TYPE awex_gateway_rank_joins_total counter");
         let _ = writeln!(s, "awex_gateway_rank_joins_total {}", get(&self.joins));
+        let _ = writeln!(
+            s,
+            "# HELP awex_gateway_connect_validations Connect requests being validated now (catalogues and layouts, on the blocking pool)."
+        );
+        let _ = writeln!(s, "# TYPE awex_gateway_connect_validations gauge");
+        let _ = writeln!(
+            s,
+            "awex_gateway_connect_validations {}",
+            get(&self.validating)
+        );
         s
     }
 }
@@ -129,7 +157,8 @@ mod tests {
 
     #[test]
     fn histogram_is_cumulative_and_counts_outcomes_and_bytes() {
-        let m = Metrics::default();
+        let m = std::sync::Arc::new(Metrics::default());
+        let running = m.validating();
         m.update_finished(true, 0.003, [100, 200]);
         m.update_finished(false, 0.2, [5, 0]);
         let text = m.text(&[(PairState::Ready, 2)]);
@@ -144,11 +173,17 @@ mod tests {
             "awex_gateway_update_duration_seconds_count 2",
             "awex_gateway_update_bytes_total{side=\"training\"} 105",
             "awex_gateway_update_bytes_total{side=\"inference\"} 200",
+            "awex_gateway_connect_validations 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
                 "missing `{line}` in\n{text}"
             );
         }
+        drop(running);
+        assert!(
+            m.text(&[])
+                .contains("\nawex_gateway_connect_validations 0\n")
+        );
     }
 }
