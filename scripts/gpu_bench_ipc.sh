@@ -125,8 +125,9 @@ for r in $RUNS; do
   esac
 done
 
-echo "== shared memory left behind"
+echo "== shared memory left behind (then removed by awex-cli gc: segments of killed runs)"
 ls /dev/shm | grep '^awex-' || echo none
+"$BIN" gc
 
 echo "== summary"
 python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"

@@ -219,7 +219,7 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
         let mut plan = r.plan_pair().plan_rank(Side::Training, h.rank)?;
         plan.peers.retain(|p| p.peer == reader);
         let plan = Arc::new(plan);
-        let name = format!("awex-bench-{}-train{}-ctl", std::process::id(), h.rank.rank);
+        let name = ctl_name(std::process::id(), h.rank.rank);
         transports.push(CudaIpcTransport::new(
             plan,
             h.tensors.clone(),
@@ -1078,8 +1078,30 @@ fn print_table(r: &Report) {
     println!("verified     {}  ({})", r.verified, r.verify_detail);
 }
 
+/// The control segment of the bench's training rank `rank` in process `pid`: named as the
+/// runtime names its segments (pair `bench-{pid}`), so that `awex-cli gc` removes it when the
+/// bench is killed before it could.
+fn ctl_name(pid: u32, rank: u32) -> String {
+    awex_runtime::shm::segment_name(
+        &format!("bench-{pid}"),
+        &format!("{pid:032x}"),
+        &format!("t0.{rank}"),
+        "ctl",
+    )
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_killed_bench_s_control_segments_are_named_for_gc() {
+        let n = awex_runtime::shm::parse_name(&super::ctl_name(4242, 3))
+            .expect("gc parses the bench's control segment name");
+        assert_eq!(
+            (n.pair.as_str(), n.who.as_str(), n.kind.as_str()),
+            ("bench-4242", "t0.3", "ctl")
+        );
+    }
+
     use super::super::content::{gen_bytes, make_finite};
     use super::*;
 
