@@ -226,9 +226,10 @@ fn both_sides_of_a_cuda_ipc_pair_refuse_an_encoding_the_gpu_kernel_cannot_write(
     }
 }
 
-/// The four recipes the GPU kernel runs.
-const GPU_RECIPES: [Recipe; 4] = [
+/// The five recipes the GPU kernel runs.
+const GPU_RECIPES: [Recipe; 5] = [
     Recipe::Vllm,
+    Recipe::VllmUe8m0,
     Recipe::DeepGemmUe8m0,
     Recipe::DeepGemmLegacy,
     Recipe::AwexPython,

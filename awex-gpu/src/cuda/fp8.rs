@@ -32,13 +32,15 @@ pub const GPU_BLOCK: [u32; 2] = [128, 128];
 
 /// The kernel's mode for `recipe`, or why the GPU cannot run it.
 pub fn gpu_mode(recipe: Recipe) -> Result<u32, CudaError> {
-    match recipe {
+    // the kernel reads bf16 only: a recipe runs as the one that gives its bytes on bf16
+    // (`vllm-ue8m0` as `deepgemm-ue8m0`)
+    match recipe.on_bf16() {
         Recipe::Vllm => Ok(0),
         Recipe::DeepGemmUe8m0 => Ok(1),
         Recipe::DeepGemmLegacy => Ok(2),
         Recipe::AwexPython => Ok(3),
         other => Err(CudaError::Fp8(format!(
-            "the {other} recipe has no GPU kernel yet (the GPU runs vllm, deepgemm-ue8m0, deepgemm-legacy and awex-python); quantise it on the CPU"
+            "the {other} recipe has no GPU kernel yet (the GPU runs vllm, vllm-ue8m0, deepgemm-ue8m0, deepgemm-legacy and awex-python); quantise it on the CPU"
         ))),
     }
 }
@@ -409,6 +411,7 @@ mod tests {
     fn the_gpu_runs_four_recipes_and_names_the_others() {
         assert_eq!(gpu_mode(Recipe::Vllm).unwrap(), 0);
         assert_eq!(gpu_mode(Recipe::AwexPython).unwrap(), 3);
+        assert_eq!(gpu_mode(Recipe::VllmUe8m0).unwrap(), 1);
         let e = gpu_mode(Recipe::SglangUe8m0).unwrap_err().to_string();
         assert!(e.starts_with(
             "FP8 block quantisation on the GPU: the sglang-ue8m0 recipe has no GPU kernel yet"

@@ -498,6 +498,7 @@ fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
         let (sr, sc) = (sr as usize, sc as usize);
         for recipe in [
             Recipe::Vllm,
+            Recipe::VllmUe8m0,
             Recipe::DeepGemmUe8m0,
             Recipe::DeepGemmLegacy,
             Recipe::AwexPython,
