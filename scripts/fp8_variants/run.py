@@ -29,7 +29,8 @@ CHUNK = os.path.join(HERE, "fp8_table_chunk.ptx")
 
 
 def tuned(src, directives):
-    """The PTX with performance directives between the parameter list and the body."""
+    """The PTX with `directives` (and no others) between the parameter list and the body."""
+    src = re.sub(r"^\.(maxntid|minnctapersm|maxnreg)[^\n]*\n", "", src, flags=re.M)
     i = src.index(")\n{")
     return src[: i + 2] + directives + "\n" + src[i + 2 :]
 

@@ -1092,18 +1092,18 @@ fn ctl_name(pid: u32, rank: u32) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::content::{gen_bytes, make_finite};
+    use super::*;
+
     #[test]
     fn a_killed_bench_s_control_segments_are_named_for_gc() {
-        let n = awex_runtime::shm::parse_name(&super::ctl_name(4242, 3))
+        let n = awex_runtime::shm::parse_name(&ctl_name(4242, 3))
             .expect("gc parses the bench's control segment name");
         assert_eq!(
             (n.pair.as_str(), n.who.as_str(), n.kind.as_str()),
             ("bench-4242", "t0.3", "ctl")
         );
     }
-
-    use super::super::content::{gen_bytes, make_finite};
-    use super::*;
 
     #[test]
     fn rank_messages_are_tagged_json_lines() {
