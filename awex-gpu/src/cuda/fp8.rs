@@ -408,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn the_gpu_runs_four_recipes_and_names_the_others() {
+    fn the_gpu_runs_five_recipes_and_names_the_others() {
         assert_eq!(gpu_mode(Recipe::Vllm).unwrap(), 0);
         assert_eq!(gpu_mode(Recipe::AwexPython).unwrap(), 3);
         assert_eq!(gpu_mode(Recipe::VllmUe8m0).unwrap(), 1);
