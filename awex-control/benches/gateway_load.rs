@@ -167,6 +167,7 @@ async fn rank(
                         error: None,
                         attempt: e.attempt,
                         incarnation: None,
+                        delta: None,
                     };
                     client
                         .report(&pair, e.version.unwrap_or(0), &r)

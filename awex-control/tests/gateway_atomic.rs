@@ -36,6 +36,7 @@ fn report(side: Side, rank: RankId, ok: bool, attempt: u32) -> Report {
         error: (!ok).then(|| "peer reset".to_string()),
         attempt: Some(attempt),
         incarnation: None,
+        delta: None,
     }
 }
 

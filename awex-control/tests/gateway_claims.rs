@@ -27,6 +27,7 @@ fn report(side: Side, rank: RankId, ok: bool, claim: Option<&str>) -> Report {
         error: (!ok).then(|| "forged".to_string()),
         attempt: Some(1),
         incarnation: claim.map(str::to_string),
+        delta: None,
     }
 }
 

@@ -275,6 +275,7 @@ async fn a_rank_that_never_reports_fails_the_version_at_the_deadline() {
         error: None,
         attempt: Some(1),
         incarnation: None,
+        delta: None,
     };
     let e = client.report("s", 7, &late).await.unwrap_err();
     assert_eq!(
@@ -333,6 +334,7 @@ async fn disagreeing_checksums_fail_the_version_naming_both_sums() {
                 error: None,
                 attempt: None,
                 incarnation: None,
+                delta: None,
             },
         )
         .await

@@ -241,6 +241,7 @@ async fn a_flood_of_other_long_polls_does_not_take_the_ranks_event_polls() {
             error: None,
             attempt: Some(1),
             incarnation: Some(claim.to_string()),
+            delta: None,
         };
         client.report("fl", 1, &r).await.unwrap();
     }

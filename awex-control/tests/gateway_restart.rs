@@ -83,6 +83,7 @@ fn report(side: Side, rank: RankId, attempt: u32) -> Report {
         error: None,
         attempt: Some(attempt),
         incarnation: None,
+        delta: None,
     }
 }
 

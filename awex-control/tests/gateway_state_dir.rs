@@ -118,6 +118,7 @@ async fn pair_with_commits(
                 error: None,
                 attempt: Some(1),
                 incarnation: None,
+                delta: None,
             };
             c.report(name, v, &r).await.unwrap();
         }

@@ -3,7 +3,12 @@
 //!
 //! The source is either synthetic (pseudo-random bytes) or an HF checkpoint, whose bytes are
 //! version 0; later versions flip bits of it with the synthetic stream, so every version differs.
+//! [`Weights::Stepped`] makes versions as an optimiser does instead (a seeded fp32 master moved by
+//! a bounded step of a given learning rate each version, cast to the tensor's dtype), so that
+//! only the elements a real step would change differ from one version to the next: what deltas
+//! are measured on.
 
+use crate::dtype::DType;
 use crate::model::Catalogue;
 
 fn splitmix(mut x: u64) -> u64 {
@@ -43,6 +48,131 @@ pub enum Weights {
     /// (|x| < 2 in bf16 and f32, < 2 in f16). What an FP8 inference side is fed: its
     /// quantisers refuse infinity and NaN, which random bytes hold about once in 256 elements.
     Finite(Box<Weights>),
+    /// Versions made by optimiser-like steps ([`Stepped`]).
+    Stepped(std::sync::Arc<Stepped>),
+}
+
+/// Versions made as an optimiser makes them: an fp32 master per element (version 0: a seeded
+/// init of scale about 0.014, or a checkpoint's values), moved at every version `k` by `lr *
+/// u_k` with `u_k` uniform in `[-1, 1)` (Adam's step is bounded by the learning rate in the
+/// same way), then cast to the tensor's dtype (bf16 and f16 round to nearest even). Version
+/// `v` is a closed form of `(tensor, element, v)`: `master_0 + lr * (u_1 + ... + u_v)`, summed
+/// in f64 and rounded to f32 once, so any rank computes any version alone (cost grows with `v`).
+///
+/// A bf16 element changes in a step when the master crosses a rounding boundary, with a
+/// probability of about `lr / ulp`: at lr 1e-6 a few per cent of the elements, as measured on a
+/// real AdamW run (docs/deltas.md). Tensors of other dtypes (integers) take the synthetic stream.
+#[derive(Clone)]
+pub struct Stepped {
+    /// The learning rate (the largest step of one element per version).
+    pub lr: f64,
+    dtypes: std::collections::HashMap<String, DType>,
+    start: Option<std::sync::Arc<crate::model::Checkpoint>>,
+}
+
+/// Elements of one tensor computed at once by [`Stepped`].
+const STEP_RUN: usize = 1024;
+
+impl Stepped {
+    /// Versions of the catalogue's tensors stepped at `lr` from a seeded init, or from
+    /// `start`'s values (version 0 is then the checkpoint, widened and cast back exactly).
+    pub fn new(
+        cat: &Catalogue,
+        lr: f64,
+        start: Option<std::sync::Arc<crate::model::Checkpoint>>,
+    ) -> Stepped {
+        Stepped {
+            lr,
+            dtypes: cat
+                .tensors()
+                .iter()
+                .map(|c| (c.name.clone(), c.dtype))
+                .collect(),
+            start,
+        }
+    }
+
+    /// Element `i`'s master at version 0.
+    fn init(&self, name: &str, seed0: u64, dtype: DType, i: u64) -> f64 {
+        if let Some(ck) = &self.start
+            && let Some(src) = ck.tensor(name)
+        {
+            let es = dtype.size();
+            let at = i as usize * es;
+            return match src.get(at..at + es) {
+                Some(b) => element_to_f64(b, dtype),
+                None => 0.0,
+            };
+        }
+        let h = splitmix(seed0 ^ i.wrapping_mul(0xd134_2543_de82_ef95));
+        let (a, b) = ((h >> 32) as f64, (h & 0xffff_ffff) as f64);
+        // triangular on (-1, 1), times 0.035: standard deviation about 0.014
+        ((a + b) / 4_294_967_296.0 - 1.0) * 0.035
+    }
+
+    /// Writes the elements `[first, first + out.len() / es)` of tensor `name` at `version`.
+    fn elements(&self, name: &str, dtype: DType, version: u64, first: u64, out: &mut [u8]) {
+        let es = dtype.size();
+        let n = out.len() / es;
+        let seed0 = seed(name, 0) ^ 0x5eed_0f_5eed;
+        let mut master: Vec<f64> = (0..n as u64)
+            .map(|j| self.init(name, seed0, dtype, first + j))
+            .collect();
+        let mut sum = vec![0i64; n];
+        for k in 1..=version {
+            let sk = seed(name, k) ^ 0x57e9_57e9;
+            for (j, s) in sum.iter_mut().enumerate() {
+                let h = splitmix(sk ^ (first + j as u64).wrapping_mul(0x9e6c_63d0_676a_9a99));
+                // uniform in [-2^31, 2^31): the step u_k times 2^31
+                *s += (h >> 32) as i64 - (1i64 << 31);
+            }
+        }
+        let scale = self.lr / 2_147_483_648.0;
+        for (m, s) in master.iter_mut().zip(&sum) {
+            *m += *s as f64 * scale;
+        }
+        for (j, m) in master.iter().enumerate() {
+            let x = *m as f32;
+            let o = &mut out[j * es..(j + 1) * es];
+            match dtype {
+                DType::Bf16 => o.copy_from_slice(&crate::dtype::f32_to_bf16(x).to_le_bytes()),
+                DType::F16 => o.copy_from_slice(&crate::dtype::f32_to_f16(x).to_le_bytes()),
+                DType::F32 => o.copy_from_slice(&x.to_le_bytes()),
+                _ => o.copy_from_slice(&(*m).to_le_bytes()[..es]),
+            }
+        }
+    }
+
+    fn bytes_at(&self, name: &str, version: u64, at: u64, out: &mut [u8]) {
+        let dtype = match self.dtypes.get(name) {
+            Some(d @ (DType::Bf16 | DType::F16 | DType::F32)) => *d,
+            _ => return canonical_bytes_at(seed(name, version), at, out),
+        };
+        let es = dtype.size() as u64;
+        let end = at + out.len() as u64;
+        let mut e = at / es;
+        let mut buf = vec![0u8; STEP_RUN * es as usize];
+        while e * es < end {
+            let n = ((end.div_ceil(es)) - e).min(STEP_RUN as u64);
+            let run = &mut buf[..(n * es) as usize];
+            self.elements(name, dtype, version, e, run);
+            // the part of this run inside [at, end)
+            let (lo, hi) = ((e * es).max(at), ((e + n) * es).min(end));
+            out[(lo - at) as usize..(hi - at) as usize]
+                .copy_from_slice(&run[(lo - e * es) as usize..(hi - e * es) as usize]);
+            e += n;
+        }
+    }
+}
+
+/// One little-endian element of a float dtype, widened (0 for the others).
+fn element_to_f64(b: &[u8], dtype: DType) -> f64 {
+    match dtype {
+        DType::Bf16 => crate::dtype::bf16_to_f32(u16::from_le_bytes([b[0], b[1]])) as f64,
+        DType::F16 => crate::dtype::f16_to_f32(u16::from_le_bytes([b[0], b[1]])) as f64,
+        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        _ => 0.0,
+    }
 }
 
 impl Weights {
@@ -64,6 +194,7 @@ impl Weights {
                     }
                 }
             }
+            Weights::Stepped(s) => s.bytes_at(name, version, at, out),
             Weights::Finite(w) => {
                 w.bytes_at(name, version, at, out);
                 let first_odd = (at % 2 == 0) as usize;
@@ -120,5 +251,59 @@ mod tests {
         let mut part = vec![0u8; 101];
         w.bytes_at("t", 3, 77, &mut part);
         assert_eq!(part, all[77..178]);
+    }
+
+    fn stepped(lr: f64) -> (Weights, Catalogue) {
+        let cat = crate::synthetic::catalogue(&[vec![512, 1024]]);
+        let w = Weights::Stepped(std::sync::Arc::new(Stepped::new(&cat, lr, None)));
+        (w, cat)
+    }
+
+    fn changed_fraction(a: &[u8], b: &[u8]) -> f64 {
+        let n = a.len() / 2;
+        let k = a
+            .chunks_exact(2)
+            .zip(b.chunks_exact(2))
+            .filter(|(x, y)| x != y)
+            .count();
+        k as f64 / n as f64
+    }
+
+    #[test]
+    fn stepped_versions_change_a_few_per_cent_of_bf16_elements_per_step_at_lr_1e_6() {
+        let (w, cat) = stepped(1e-6);
+        let v: Vec<Vec<u8>> = (0..4).map(|k| w.tensor(&cat, "t0", k).unwrap()).collect();
+        for k in 1..4 {
+            let f = changed_fraction(&v[k - 1], &v[k]);
+            assert!((0.005..0.08).contains(&f), "step {k}: {f}");
+        }
+        // a larger learning rate changes more, and every value stays finite and small
+        let (w5, _) = stepped(1e-5);
+        let f5 = changed_fraction(
+            &w5.tensor(&cat, "t0", 1).unwrap(),
+            &w5.tensor(&cat, "t0", 2).unwrap(),
+        );
+        assert!(f5 > changed_fraction(&v[1], &v[2]) * 3.0, "lr 1e-5: {f5}");
+        for x in v[3].chunks_exact(2) {
+            let f = bf16_to_f32(u16::from_le_bytes([x[0], x[1]]));
+            assert!(f.is_finite() && f.abs() < 0.05, "{f}");
+        }
+    }
+
+    #[test]
+    fn stepped_bytes_at_any_offset_equal_the_whole_tensor() {
+        let (w, cat) = stepped(1e-6);
+        let all = w.tensor(&cat, "t0", 2).unwrap();
+        for (at, len) in [
+            (0usize, 1usize),
+            (1, 3),
+            (77, 2049),
+            (2047, 4096),
+            (all.len() - 5, 5),
+        ] {
+            let mut part = vec![0u8; len];
+            w.bytes_at("t0", 2, at as u64, &mut part);
+            assert_eq!(part, all[at..at + len], "at {at} len {len}");
+        }
     }
 }

@@ -204,6 +204,10 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
             std::env::var("AWEX_GATEWAY_LOST_S").ok().as_deref(),
         )
         .map_err(|e| Fail::Value(e.to_string()))?,
+        // a training rank keeps a copy of what it sent; the engines' receivers load through
+        // the engines' own loaders, which may rewrite the weights after loading: they get every
+        // byte (their tensors do not provably hold what they received)
+        deltas: args.side == awex_core::layout::Side::Training,
     })
 }
 

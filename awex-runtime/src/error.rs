@@ -592,6 +592,9 @@ pub enum TransportError {
         /// its capacity
         cap: usize,
     },
+    /// A delta that cannot be applied (malformed, or against a version this rank does not hold).
+    #[error("delta update: {0}")]
+    Delta(String),
     /// A bucket shorter than its plan.
     #[error("bucket of {len} bytes is shorter than its plan")]
     ShortBucket {

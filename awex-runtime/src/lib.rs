@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod bucket;
+pub mod delta;
 mod error;
 pub mod fill;
 pub mod host;

@@ -53,6 +53,7 @@ fn cfg(gw: &str, pair: &str, side: Side, rank: u32, apply: ApplyMode) -> RankCon
         apply,
         transports: Default::default(),
         gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+        deltas: true,
     }
 }
 

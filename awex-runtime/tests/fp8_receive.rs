@@ -127,6 +127,7 @@ fn run(
         checksums: false,
         peers: &peers,
         corrupt: false,
+        bases: None,
     };
     (t.execute(&ctx), p, target)
 }
@@ -211,6 +212,7 @@ fn both_sides_of_a_cuda_ipc_pair_refuse_an_encoding_the_gpu_kernel_cannot_write(
             apply: Default::default(),
             transports: Default::default(),
             gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+            deltas: true,
         };
         let prepared = prepare(&c).unwrap();
         let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
@@ -363,6 +365,7 @@ fn the_cpu_quantiser_writes_the_reference_bytes_of_the_gpu_tests_pair_for_each_g
             checksums: false,
             peers: &peers,
             corrupt: false,
+            bases: None,
         };
         t.execute(&ctx).unwrap();
         let w = Weights::Finite(Box::new(Weights::Synthetic));
@@ -448,6 +451,7 @@ fn run_gpu(
         checksums: false,
         peers: &peers,
         corrupt: false,
+        bases: None,
     };
     (t.execute(&ctx), p, target)
 }

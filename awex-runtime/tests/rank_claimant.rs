@@ -40,6 +40,7 @@ fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
         apply: Default::default(),
         transports: Default::default(),
         gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+        deltas: true,
     }
 }
 

@@ -46,6 +46,7 @@ fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64
         apply: Default::default(),
         transports: Default::default(),
         gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+        deltas: true,
     }
 }
 

@@ -117,6 +117,7 @@ fn ctx<'a>(
         checksums: true,
         peers,
         corrupt: false,
+        bases: None,
     }
 }
 

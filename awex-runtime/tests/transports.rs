@@ -143,6 +143,7 @@ fn run(
             checksums,
             peers: &infer_rdv,
             corrupt: false,
+            bases: None,
         };
         let rctx = ExecContext {
             peers: &train_rdv,

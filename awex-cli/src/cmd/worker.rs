@@ -161,6 +161,7 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         apply: Default::default(),
         transports: crate::settings::transports()?,
         gateway_lost: crate::settings::gateway_lost()?,
+        deltas: true,
     };
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;

@@ -206,6 +206,13 @@ impl PairEntry {
         }
         let deadline = Duration::from_millis(self.request.options.update_deadline_ms);
         let pending = self.engines.is_some();
+        // what the last attempt left each inference rank holding (before its record is replaced)
+        let held = self
+            .request
+            .options
+            .deltas
+            .then(|| p.updates.latest().map(|u| self.held_after(u)))
+            .flatten();
         tracing::info!(pair = %name, version, attempt, "update started");
         let (gone, trimmed) = p.updates.insert(Update {
             version,
@@ -221,6 +228,8 @@ impl PairEntry {
             pause: None,
             finished: None,
             ranks: vec![RankSlot::default(); self.slots.total()],
+            base: None,
+            held,
             succeeded: 0,
             bytes: [0; 2],
             checksums: [0; 2],
@@ -246,13 +255,7 @@ impl PairEntry {
             self.engine_cmd(EngineCmd::Pause { version, attempt });
         } else {
             bind_claims(&mut p, version);
-            self.publish(
-                &mut p,
-                EventKind::Update,
-                Some(version),
-                Some(attempt),
-                None,
-            );
+            self.publish_update(&mut p, version, attempt);
         }
         self.update_tx.send_replace(());
         let status = p
@@ -427,6 +430,7 @@ impl PairEntry {
         rank.checksum = r.checksum;
         rank.error = r.error.clone();
         rank.after_ms = Some(after);
+        rank.delta = if r.ok { r.delta } else { None };
         p.changed(Op::Report(version, slot));
         let Some(u) = p.updates.history.get_mut(&version) else {
             return Err(UpdateError::Vanished { version });
@@ -690,13 +694,7 @@ impl PairEntry {
                 self.engine_cmd(EngineCmd::Trigger { version, attempt });
             }
             bind_claims(&mut p, version);
-            self.publish(
-                &mut p,
-                EventKind::Update,
-                Some(version),
-                Some(attempt),
-                None,
-            );
+            self.publish_update(&mut p, version, attempt);
             self.update_tx.send_replace(());
         } else {
             u.engine_errors.extend(errors.iter().cloned());
@@ -851,6 +849,74 @@ impl EngineEvents for PairEntry {
     }
 }
 
+impl PairEntry {
+    /// Announces `version`/`attempt` to the ranks (`update` event), with deltas on naming the
+    /// version the inference ranks hold ([`PairEntry::delta_base`]), also kept in its status.
+    fn publish_update(&self, p: &mut Pair, version: u64, attempt: u32) {
+        let base = if self.request.options.deltas {
+            self.delta_base(p, version)
+        } else {
+            None
+        };
+        if let Some(u) = p.updates.attempt_mut(version, attempt) {
+            u.base = base.clone();
+        }
+        self.publish(p, EventKind::Update, Some(version), Some(attempt), None);
+        if let Some(ev) = p.events.events.back_mut() {
+            ev.base = base;
+        }
+    }
+
+    /// What `u` (a settled attempt) left each slot holding: its version, and per inference
+    /// slot the claim id of the process that reported it applied it whole and keeps its bytes as
+    /// received (`ReportDelta::holds`; in atomic pairs: applied to its live tensors).
+    fn held_after(&self, u: &crate::server::store::updates::Update) -> (u64, Vec<Option<String>>) {
+        let atomic = self.request.options.apply == ApplyMode::Atomic;
+        let claims = (0..self.slots.total())
+            .map(|i| {
+                let r = u.ranks.get(i)?;
+                let held = !self.slots.is_training(i)
+                    && r.state == Some(true)
+                    && r.delta.is_some_and(|d| d.holds)
+                    && (!atomic || r.applied == Some(true));
+                if held { r.claim.clone() } else { None }
+            })
+            .collect();
+        (u.version, claims)
+    }
+
+    /// The version the inference ranks provably hold as an attempt is announced: what the
+    /// attempt before it left them holding ([`PairEntry::held_after`]), for each slot whose
+    /// holder is still the same process. Every other inference rank (failed, torn, restarted,
+    /// new, or any after a gateway restart: claims are not stored) is in `except`; `None` when
+    /// no rank holds it.
+    fn delta_base(&self, p: &Pair, version: u64) -> Option<crate::wire::DeltaBase> {
+        let u = p.updates.history.get(&version)?;
+        let (base, held) = u.held.as_ref()?;
+        let claims = p.roster.claims();
+        let mut except = Vec::new();
+        let mut holders = 0usize;
+        for i in 0..self.slots.total() {
+            if self.slots.is_training(i) {
+                continue;
+            }
+            let same = held
+                .get(i)
+                .and_then(|c| c.as_ref())
+                .is_some_and(|c| claims.get(i).and_then(|x| x.as_ref()) == Some(c));
+            if same {
+                holders += 1;
+            } else {
+                except.push(self.slots.rank(i).1);
+            }
+        }
+        (holders > 0).then_some(crate::wire::DeltaBase {
+            version: *base,
+            except,
+        })
+    }
+}
+
 /// Binds each rank's part of `version` to the claim id of the slot's holder now, as the version
 /// is announced: only that process may report it.
 fn bind_claims(p: &mut Pair, version: u64) {
@@ -961,6 +1027,7 @@ mod tests {
             error: None,
             attempt: Some(1),
             incarnation: None,
+            delta: None,
         }
     }
 

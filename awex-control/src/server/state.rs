@@ -278,6 +278,7 @@ impl PairEntry {
                                 error: r.error.clone(),
                                 after_ms: r.after_ms,
                                 applied: r.applied,
+                                delta: r.delta,
                             }),
                         ));
                     }

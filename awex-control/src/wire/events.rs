@@ -1,5 +1,6 @@
 //! Events the ranks long-poll for (`update`, `apply`, `abort`, `disconnect`).
 
+use awex_core::layout::RankId;
 use serde::{Deserialize, Serialize};
 
 /// What happened.
@@ -33,6 +34,23 @@ pub struct Event {
     /// Why (`abort`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Pairs with deltas on (`update`): the version the inference ranks provably hold, which
+    /// deltas may be taken against; absent when none does (the update moves every byte).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<DeltaBase>,
+}
+
+/// The version the inference ranks of a pair hold as an update starts: every inference rank
+/// holds `version` except those in `except`. A rank holds a version when it reported that it
+/// applied it whole and keeps its bytes as received (`Report::holds`), as the same process that
+/// holds its slot now; a rank that failed, was torn, restarted or is new holds none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaBase {
+    /// The version.
+    pub version: u64,
+    /// Inference ranks that do not hold it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub except: Vec<RankId>,
 }
 
 /// Answer of `GET .../events`.

@@ -8,7 +8,7 @@ mod pairs;
 mod ranks;
 mod updates;
 
-pub use events::{Event, EventKind, EventsResponse};
+pub use events::{DeltaBase, Event, EventKind, EventsResponse};
 pub use kv::{KvEntry, KvPut, model_key};
 pub use options::{ApplyMode, PairOptions};
 pub use pairs::{
@@ -20,8 +20,8 @@ pub use ranks::{
     RosterRank,
 };
 pub use updates::{
-    RankReportState, RankUpdate, Report, ReportAck, SideTotals, StartUpdate, UpdateState,
-    UpdateStatus,
+    DeltaTotals, RankReportState, RankUpdate, Report, ReportAck, ReportDelta, SideTotals,
+    StartUpdate, UpdateState, UpdateStatus,
 };
 
 use std::time::Duration;

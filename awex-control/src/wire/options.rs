@@ -1,4 +1,4 @@
-//! Per-pair options (deadlines, buckets, checksums, apply mode).
+//! Per-pair options (deadlines, buckets, checksums, apply mode, deltas).
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +21,12 @@ pub struct PairOptions {
     /// it still read in-place pairs.
     #[serde(skip_serializing_if = "ApplyMode::is_in_place")]
     pub apply: ApplyMode,
+    /// Delta updates: the gateway tells the training ranks, with each update, which version
+    /// every inference rank provably holds, and a training rank that kept a copy of what it last
+    /// sent moves only the changed elements to those ranks (docs/deltas.md). Off by default;
+    /// absent from the JSON when off.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub deltas: bool,
 }
 
 /// How an update reaches the inference ranks' live tensors.
@@ -67,6 +73,7 @@ impl Default for PairOptions {
             buckets: 2,
             checksums: false,
             apply: ApplyMode::InPlace,
+            deltas: false,
         }
     }
 }

@@ -37,6 +37,26 @@ pub struct Report {
     /// refuses a report that does not carry the claim of the slot's holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<String>,
+    /// Delta figures of a successful part (pairs with deltas on): what a dense update would have
+    /// moved, how many elements it covered and changed, and whether this inference rank now
+    /// holds the version's bytes exactly as sent, so the next update may be a delta against it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<ReportDelta>,
+}
+
+/// A rank's delta figures for one update ([`Report::delta`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportDelta {
+    /// Bytes a dense update would have moved (`Report::bytes` is what did move).
+    pub dense_bytes: u64,
+    /// Elements the update covered.
+    pub elements: u64,
+    /// Elements whose bytes changed.
+    pub changed: u64,
+    /// Inference ranks: the tensors now hold the version exactly as sent (a delta against it
+    /// applies). An engine that rewrites its weights after loading says false.
+    #[serde(default)]
+    pub holds: bool,
 }
 
 /// State of an update.
@@ -157,6 +177,14 @@ pub struct UpdateStatus {
     pub succeeded: u32,
     /// Bytes reported per side.
     pub bytes: SideTotals,
+    /// Pairs with deltas on: the figures the ranks reported, per side (bytes a dense update
+    /// would have moved, elements covered, elements changed); absent when none reported any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaTotals>,
+    /// Pairs with deltas on: the version this update's deltas were taken against, and the
+    /// inference ranks that did not hold it (they got every byte).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<crate::wire::DeltaBase>,
     /// Wrapping sums of the checksums reported per side (with checksums on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checksums: Option<SideTotals>,
@@ -179,6 +207,28 @@ pub struct UpdateStatus {
     /// (`continue_generation`); a wait for the update answers once they were.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resuming: bool,
+}
+
+/// Delta figures summed per side ([`UpdateStatus::delta`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaTotals {
+    /// Bytes a dense update would have moved.
+    pub dense_bytes: SideTotals,
+    /// Elements covered.
+    pub elements: SideTotals,
+    /// Elements whose bytes changed.
+    pub changed: SideTotals,
+}
+
+impl DeltaTotals {
+    /// The fraction of the inference side's elements that changed.
+    pub fn density(&self) -> f64 {
+        if self.elements.inference == 0 {
+            0.0
+        } else {
+            self.changed.inference as f64 / self.elements.inference as f64
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

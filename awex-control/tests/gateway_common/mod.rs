@@ -205,6 +205,7 @@ pub async fn rank(
                             error: None,
                             attempt: Some(a),
                             incarnation: None,
+                            delta: None,
                         }),
                         Act::Ok { bytes, checksum } => Some(Report {
                             side,
@@ -215,6 +216,7 @@ pub async fn rank(
                             error: None,
                             attempt: Some(a),
                             incarnation: None,
+                            delta: None,
                         }),
                         Act::Fail(why) => Some(Report {
                             side,
@@ -225,6 +227,7 @@ pub async fn rank(
                             error: Some(why.into()),
                             attempt: Some(a),
                             incarnation: None,
+                            delta: None,
                         }),
                         Act::Silent => None,
                     };
@@ -254,6 +257,7 @@ pub async fn rank(
                             error,
                             attempt: Some(a),
                             incarnation: None,
+                            delta: None,
                         };
                         match client.report(&pair, v, &r).await {
                             Err(e) if e.status() == Some(409) => {}

@@ -5,9 +5,11 @@
 //! block, the layout of DeepSeek-V3's, Kimi-K2's and Qwen3's FP8 checkpoints). This module
 //! holds the FP8 format ([`e4m3`]), the encoding and its parsing from an HF
 //! `quantization_config` ([`fp8_block`]), the quantisers awex reproduces byte for byte
-//! ([`recipe`]) and the CPU reference quantiser and dequantiser ([`quantise`]). The GPU kernel
+//! ([`recipe`]), the CPU reference quantiser and dequantiser ([`quantise`]) and exact deltas
+//! against the version a receiver holds ([`delta`]). The GPU kernel
 //! with the same bytes is in `awex-gpu` (`cuda::fp8`).
 
+pub mod delta;
 pub mod e4m3;
 pub mod fp8_block;
 pub mod quantise;
@@ -17,6 +19,7 @@ pub mod side;
 use crate::dtype::DType;
 use serde::{Deserialize, Serialize};
 
+pub use delta::{DeltaError, DeltaStats};
 pub use fp8_block::{Fp8Block, Fp8Config, QuantConfigError, ScaleFormat};
 pub use quantise::{DequantTo, Fp8Quantiser, QuantiseError, Shape2d, dequantise};
 pub use recipe::{Recipe, TorchDevice};

@@ -50,6 +50,12 @@ pub struct RankConfig {
     /// The inference side's FP8 encoding (its `quantization_config` and recipe), when it
     /// stores the linear weights as FP8 blocks; every rank of the pair must be given the same.
     pub infer_fp8: Option<InferFp8>,
+    /// Whether this process takes part in delta updates when its pair has them on
+    /// (`PairOptions::deltas`): a training rank keeps a host copy of its tensors as last sent;
+    /// an inference rank applies deltas to its tensors, which must hold exactly what it received
+    /// between updates (an engine whose loader rewrites its weights after loading says false
+    /// and gets every byte).
+    pub deltas: bool,
 }
 
 impl RankConfig {

@@ -229,6 +229,23 @@ impl Rank {
             None => None,
         };
         transport.joined(shared.as_ref(), join_deadline)?;
+        if joined.options.deltas && cfg.deltas {
+            let on = transport.enable_deltas()?;
+            tracing::info!(
+                pair = %cfg.pair,
+                side = %cfg.side,
+                rank = %cfg.rank,
+                "{}",
+                if on {
+                    format!("delta updates on ({} transport)", cfg.transport)
+                } else {
+                    format!(
+                        "the pair has delta updates on, but the {} transport moves every byte (deltas run over shm and tcp)",
+                        cfg.transport
+                    )
+                }
+            );
+        }
         transport.connect(&peers)?;
         tracing::info!(
             pair = %cfg.pair,
@@ -251,6 +268,7 @@ impl Rank {
             gateway_lost: lost,
             join_request: req,
             last_transfer: None,
+            bases: None,
         })
     }
 }

@@ -60,6 +60,9 @@ pub struct Rank {
     join_request: JoinRequest,
     /// The last work whose bytes this rank's transport moved, and how long that took.
     last_transfer: Option<(Work, Duration)>,
+    /// Deltas on: the version the inference ranks hold, as announced with the last `update`
+    /// event taken, and the work it was announced with.
+    bases: Option<(Work, crate::delta::PeerBases)>,
 }
 
 impl Rank {
@@ -141,10 +144,20 @@ impl Rank {
                     }
                     EventKind::Update => {
                         if let Some(version) = ev.version {
-                            return Ok(Some(Work {
+                            let work = Work {
                                 version,
                                 attempt: ev.attempt.unwrap_or(1),
-                            }));
+                            };
+                            self.bases = ev.base.map(|b| {
+                                (
+                                    work,
+                                    crate::delta::PeerBases {
+                                        version: b.version,
+                                        except: b.except.into_iter().collect(),
+                                    },
+                                )
+                            });
+                            return Ok(Some(work));
                         }
                     }
                     EventKind::Abort | EventKind::Apply => {}
@@ -469,6 +482,7 @@ mod tests {
             apply: ApplyMode::InPlace,
             transports: TransportConfig::default(),
             gateway_lost: DEFAULT_GATEWAY_LOST,
+            deltas: true,
         };
         let prepared = Prepared {
             pair: Arc::new(cfg.pair_spec().resolve().unwrap()),
@@ -545,6 +559,7 @@ mod tests {
             apply: ApplyMode::InPlace,
             transports: TransportConfig::default(),
             gateway_lost: DEFAULT_GATEWAY_LOST,
+            deltas: true,
         };
         // the deadline is far beyond the test's waits: only the report can fail the version
         let options = PairOptions {

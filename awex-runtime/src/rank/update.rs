@@ -7,7 +7,7 @@ use super::{Rank, RankError, Work, read_checked_kv, rendezvous_key, retry_gatewa
 use crate::transport::{ExecContext, ExecStats};
 use crate::{RuntimeError, TransportError};
 use awex_control::client::ClientError;
-use awex_control::wire::{EventKind, Report};
+use awex_control::wire::{EventKind, Report, ReportDelta};
 use awex_core::layout::RankId;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -118,6 +118,11 @@ impl Rank {
             return self.report(work, Err(TransportError::Lost.into())).await;
         };
         let peers = self.peers.clone();
+        let bases = self
+            .bases
+            .as_ref()
+            .filter(|(w, _)| *w == work)
+            .map(|(_, b)| b.clone());
         let corrupt = self.corrupt_version == Some(work.version);
         let c2 = cancel.clone();
         let t_moved = Instant::now();
@@ -130,6 +135,7 @@ impl Rank {
                 checksums,
                 peers: &peers,
                 corrupt,
+                bases: bases.as_ref(),
             };
             let r = transport.execute(&ctx);
             (transport, r)
@@ -272,6 +278,14 @@ impl Rank {
         work: Work,
         result: Result<ExecStats, RuntimeError>,
     ) -> Result<ExecStats, RuntimeError> {
+        let delta = |s: &ExecStats| {
+            self.joined.options.deltas.then_some(ReportDelta {
+                dense_bytes: s.dense_bytes(),
+                elements: s.delta.elements,
+                changed: s.delta.changed,
+                holds: self.transport.as_ref().is_some_and(|t| t.holds_base()),
+            })
+        };
         let report = match &result {
             Ok(s) => Report {
                 side: self.cfg.side,
@@ -282,6 +296,7 @@ impl Rank {
                 error: None,
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
+                delta: delta(s),
             },
             Err(e) => Report {
                 side: self.cfg.side,
@@ -292,6 +307,7 @@ impl Rank {
                 error: Some(e.to_string()),
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
+                delta: None,
             },
         };
         // a report that may have arrived is re-sent only after a transient failure: the gateway

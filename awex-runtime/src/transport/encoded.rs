@@ -809,6 +809,16 @@ impl Transport for EncodingTransport {
         self.inner.apply()
     }
 
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        // the staging holds the canonical bytes as received (deltas land there), and every
+        // receiver-encoded block is quantised from it again after each update
+        self.inner.enable_deltas()
+    }
+
+    fn holds_base(&self) -> bool {
+        self.inner.holds_base()
+    }
+
     fn close(&mut self) {
         self.inner.close()
     }

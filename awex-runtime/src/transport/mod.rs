@@ -50,6 +50,9 @@ pub struct ExecContext<'a> {
     pub peers: &'a HashMap<RankId, serde_json::Value>,
     /// Test hook: corrupt one received byte before verification.
     pub corrupt: bool,
+    /// Delta updates (training ranks): the version each inference rank holds, as the gateway
+    /// announced it with this update; `None`: every byte moves.
+    pub bases: Option<&'a crate::delta::PeerBases>,
 }
 
 impl ExecContext<'_> {
@@ -92,6 +95,9 @@ pub struct ExecStats {
     pub checksum: u64,
     /// Buckets moved.
     pub buckets: u64,
+    /// Delta figures: the elements covered and changed, the bytes a dense update would have
+    /// moved and what moved instead (zero when every bucket moved dense).
+    pub delta: awex_core::encoding::DeltaStats,
 }
 
 impl ExecStats {
@@ -100,6 +106,12 @@ impl ExecStats {
         self.bytes += o.bytes;
         self.buckets += o.buckets;
         self.checksum = self.checksum.wrapping_add(o.checksum);
+        self.delta.add(&o.delta);
+    }
+
+    /// Bytes a dense update would have moved: `bytes` with every delta counted at its dense size.
+    pub fn dense_bytes(&self) -> u64 {
+        self.bytes - self.delta.delta_bytes.min(self.bytes) + self.delta.dense_bytes
     }
 }
 
@@ -209,6 +221,20 @@ pub trait Transport: Send {
             transport: self.kind(),
         }
         .into())
+    }
+
+    /// Turns delta updates on ([`crate::delta`]): a training rank keeps a host copy of its
+    /// tensors as it last sent them and moves only the changed elements to inference ranks that
+    /// hold that version; an inference rank applies them in place. Answers whether this
+    /// transport does deltas; one that does not yet (the default) keeps moving every byte.
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        Ok(false)
+    }
+
+    /// Inference ranks: whether the tensors this transport writes hold exactly the bytes of the
+    /// last update it completed, so that a delta against that version applies (deltas on).
+    fn holds_base(&self) -> bool {
+        false
     }
 
     /// Releases every resource (sockets, segments, handles).

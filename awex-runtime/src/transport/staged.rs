@@ -96,6 +96,14 @@ impl Transport for StagedTransport {
         true
     }
 
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        self.inner.enable_deltas()
+    }
+
+    fn holds_base(&self) -> bool {
+        self.inner.holds_base()
+    }
+
     fn apply(&mut self) -> Result<u64, RuntimeError> {
         self.live.copy_from(&self.staging)
     }

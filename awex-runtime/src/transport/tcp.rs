@@ -9,13 +9,19 @@
 //! pack (with dtype conversion) overlaps send on the sender, receive overlaps unpack on the
 //! receiver. Every frame names its version and bucket; a mismatch fails the update.
 //!
+//! With deltas on ([`crate::delta`]), a frame to an inference rank that holds the version the
+//! sender's copy holds carries the bucket's delta instead of its bytes (flag bit 0, and the
+//! base version in the header); the receiver refuses a delta against a version its tensors from
+//! that sender do not hold, and applies it in place otherwise.
+//!
 //! Every blocking call waits in slices of at most [`SLICE`], so that each thread of the
 //! transport stops on an I/O error, on abort, at the deadline or on disconnect; when one stage
 //! of a pipeline stops, the other sees its channels close and stops too.
 
 use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport};
-use crate::bucket::{Bucket, make_buckets, pack, unpack};
+use crate::bucket::{Bucket, hash_destination, make_buckets, pack, unpack};
+use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket, max_len};
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
 use awex_core::encoding::Fp8Quantiser;
@@ -39,10 +45,13 @@ const HANDSHAKE: Duration = Duration::from_secs(5);
 /// Hellos being read at once; connections beyond are refused (a flood cannot starve peers).
 const MAX_HANDSHAKES: usize = 64;
 const FRAME: u32 = u32::from_le_bytes(*b"AWXB");
-const FRAME_HEADER: usize = 40;
+/// Magic, flags, version, bucket, length, checksum, base version.
+const FRAME_HEADER: usize = 48;
+/// Frame flag: the payload is the bucket's delta against the header's base version.
+const FLAG_DELTA: u32 = 1;
 
-/// A filled bucket buffer: (bytes used, buffer, checksum).
-type Filled = (usize, Vec<u8>, u64);
+/// A filled bucket buffer: (bytes used, buffer, checksum of the dense bytes, delta base).
+type Filled = (usize, Vec<u8>, u64, Option<u64>);
 
 /// Accepted streams by peer, with the tag (version, attempt) of the retry they were opened for (0: first).
 type Streams = Arc<(Mutex<HashMap<RankId, (u64, TcpStream)>>, Condvar)>;
@@ -63,6 +72,19 @@ pub struct TcpTransport {
     refused: Arc<AtomicU64>,
     /// the quantiser of sender-encoded FP8 transfers (a training rank of an FP8 pair)
     fp8: Option<Fp8Quantiser>,
+    /// deltas on: a training rank's copy of what it last sent
+    base: Option<SenderBase>,
+    /// deltas on: what an inference rank's tensors hold, per sender
+    held: Arc<HeldBases>,
+    deltas: bool,
+}
+
+/// A peer stream's part in deltas.
+struct PeerDelta<'a> {
+    /// sending: the version the peer holds and the copy holding it, when the peer gets deltas
+    base: Option<(u64, &'a TensorSet)>,
+    /// receiving: what this rank's tensors hold per sender
+    held: &'a HeldBases,
 }
 
 /// Where a blocking socket call stands: the deadline, the abort flag, whom it waits for.
@@ -261,6 +283,9 @@ impl TcpTransport {
             secret: Arc::new(Mutex::new(None)),
             refused: Arc::new(AtomicU64::new(0)),
             fp8: None,
+            base: None,
+            held: Arc::new(HeldBases::default()),
+            deltas: false,
         };
         if t.side == Side::Inference {
             let listener =
@@ -385,11 +410,23 @@ impl TcpTransport {
                 .map_err(io_err("clone socket".into()))?;
             streams.push((i, s));
         }
-        self.run_peers(&plan, streams, ctx, send_peer)
+        let sent = self
+            .run_peers(&plan, streams, ctx, send_peer)
             .map_err(|(peer, e)| {
                 self.outgoing.remove(&peer);
                 e
-            })
+            });
+        if let Some(b) = self.base.as_mut() {
+            match &sent {
+                // what every peer now holds, unless a peer failed after all (then the gateway
+                // names it in `except` and it gets every byte)
+                Ok(_) => {
+                    b.refresh(&self.tensors, ctx.version)?;
+                }
+                Err(_) => b.invalidate(),
+            }
+        }
+        sent
     }
 
     fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
@@ -455,7 +492,14 @@ impl TcpTransport {
                     let (peer, buckets, tensors) =
                         (&plan.peers[i], self.buckets[i].clone(), &self.tensors);
                     let (bb, fp8) = (self.bucket_bytes, self.fp8.as_ref());
-                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, bb, fp8))
+                    let delta = PeerDelta {
+                        base: self
+                            .base
+                            .as_ref()
+                            .and_then(|b| Some((b.base_for(ctx.bases, peer.peer)?, b.copy()))),
+                        held: &self.held,
+                    };
+                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, bb, fp8, &delta))
                 })
                 .collect();
             handles
@@ -483,6 +527,7 @@ type PeerFn = fn(
     &ExecContext<'_>,
     u64,
     Option<&Fp8Quantiser>,
+    &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError>;
 
 /// The listening end: accepts connections and runs each hello on its own thread.
@@ -651,14 +696,32 @@ impl Acceptor {
     }
 }
 
-fn frame_header(version: u64, bucket: u64, len: u64, checksum: u64) -> [u8; FRAME_HEADER] {
+fn frame_header(
+    version: u64,
+    bucket: u64,
+    len: u64,
+    checksum: u64,
+    base: Option<u64>,
+) -> [u8; FRAME_HEADER] {
     let mut h = [0u8; FRAME_HEADER];
     h[0..4].copy_from_slice(&FRAME.to_le_bytes());
+    if let Some(b) = base {
+        h[4..8].copy_from_slice(&FLAG_DELTA.to_le_bytes());
+        h[40..48].copy_from_slice(&b.to_le_bytes());
+    }
     h[8..16].copy_from_slice(&version.to_le_bytes());
     h[16..24].copy_from_slice(&bucket.to_le_bytes());
     h[24..32].copy_from_slice(&len.to_le_bytes());
     h[32..40].copy_from_slice(&checksum.to_le_bytes());
     h
+}
+
+fn hash_if(on: bool, bytes: &[u8]) -> u64 {
+    if on {
+        xxhash_rust::xxh3::xxh3_64(bytes)
+    } else {
+        0
+    }
 }
 
 fn max_bucket(buckets: &[Bucket], bb: u64) -> usize {
@@ -670,6 +733,16 @@ fn max_bucket(buckets: &[Bucket], bb: u64) -> usize {
         .max(bb.min(1 << 20)) as usize
 }
 
+/// The largest frame payload of these buckets when deltas may arrive.
+fn max_frame(buckets: &[Bucket], bb: u64) -> usize {
+    buckets
+        .iter()
+        .map(max_len)
+        .max()
+        .unwrap_or(0)
+        .max(max_bucket(buckets, bb))
+}
+
 fn send_peer(
     peer: &PeerPlan,
     buckets: &[Bucket],
@@ -678,8 +751,10 @@ fn send_peer(
     ctx: &ExecContext<'_>,
     bb: u64,
     fp8: Option<&Fp8Quantiser>,
+    delta: &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError> {
     let cap = max_bucket(buckets, bb);
+    let base = delta.base;
     let (full_tx, full_rx): (SyncSender<Filled>, Receiver<Filled>) = sync_channel(1);
     let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2);
     for _ in 0..2 {
@@ -690,19 +765,32 @@ fn send_peer(
         // the packer stops when the writer stops: its channels close (no wait without an end)
         let packer = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
             let mut st = ExecStats::default();
+            // deltas: the bucket packed from the live tensors and from the copy of the base
+            let (mut new, mut old) = match base {
+                Some(_) => (vec![0u8; cap], vec![0u8; cap]),
+                None => (Vec::new(), Vec::new()),
+            };
             for b in buckets {
                 ctx.check()?;
                 let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
-                let n = pack(b, &peer.transfers, tensors, &mut buf, fp8)?;
-                let h = if ctx.checksums {
-                    xxhash_rust::xxh3::xxh3_64(&buf[..n])
-                } else {
-                    0
+                let (n, h, sent_base) = match base {
+                    None => {
+                        let n = pack(b, &peer.transfers, tensors, &mut buf, fp8)?;
+                        (n, hash_if(ctx.checksums, &buf[..n]), None)
+                    }
+                    Some((v, copy)) => {
+                        let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
+                        let m = pack(b, &peer.transfers, copy, &mut old, fp8)?;
+                        buf.clear();
+                        let d = encode_bucket(b, &peer.transfers, &old[..m], &new[..n], &mut buf)?;
+                        st.delta.add(&d);
+                        (buf.len(), hash_if(ctx.checksums, &new[..n]), Some(v))
+                    }
                 };
                 st.checksum = st.checksum.wrapping_add(h);
                 st.bytes += n as u64;
                 st.buckets += 1;
-                if full_tx.send((n, buf, h)).is_err() {
+                if full_tx.send((n, buf, h, sent_base)).is_err() {
                     return Err(TransportError::Broken { peer: peer.peer }.into());
                 }
             }
@@ -711,10 +799,10 @@ fn send_peer(
         // the writer owns the other ends of both channels: returning drops them
         let written = (move || -> Result<(), RuntimeError> {
             let what = format!("send to inference rank {}", peer.peer);
-            for (i, (n, buf, h)) in full_rx.iter().enumerate() {
+            for (i, (n, buf, h, b)) in full_rx.iter().enumerate() {
                 io.write(
                     &mut s,
-                    &frame_header(ctx.version, i as u64, n as u64, h),
+                    &frame_header(ctx.version, i as u64, n as u64, h, b),
                     &what,
                 )?;
                 io.write(&mut s, &buf[..n], &what)?;
@@ -737,9 +825,12 @@ fn receive_peer(
     ctx: &ExecContext<'_>,
     bb: u64,
     _fp8: Option<&Fp8Quantiser>,
+    delta: &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError> {
-    let cap = max_bucket(buckets, bb);
-    let (full_tx, full_rx) = sync_channel::<(usize, Vec<u8>, u64)>(1);
+    let cap = max_frame(buckets, bb);
+    // from here on this sender's boxes may be torn until every bucket landed
+    let held = delta.held.begin(peer.peer);
+    let (full_tx, full_rx) = sync_channel::<Filled>(1);
     let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2);
     for _ in 0..2 {
         let _ = free_tx.send(vec![0u8; cap]);
@@ -748,10 +839,32 @@ fn receive_peer(
     std::thread::scope(|scope| {
         let unpacker = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
             let mut st = ExecStats::default();
-            for (i, (n, mut buf, h)) in full_rx.iter().enumerate() {
+            for (i, (n, mut buf, h, base)) in full_rx.iter().enumerate() {
                 let b = buckets.get(i).ok_or_else(|| {
                     RuntimeError::from(TransportError::TooManyBuckets { peer: peer.peer })
                 })?;
+                if base.is_some() {
+                    // a delta lands in place; the checksum covers the bytes it leaves there
+                    let d = apply_bucket(b, &peer.transfers, tensors, &buf[..n])?;
+                    if ctx.corrupt && i == 0 {
+                        super::shm::corrupt_first_byte(b, &peer.transfers, tensors);
+                    }
+                    if ctx.checksums {
+                        let got = hash_destination(b, &peer.transfers, tensors)?;
+                        if got != h {
+                            return Err(RuntimeError::Checksum {
+                                peer: peer.peer,
+                                bucket: i as u64,
+                            });
+                        }
+                        st.checksum = st.checksum.wrapping_add(got);
+                    }
+                    st.delta.add(&d);
+                    st.bytes += n as u64;
+                    st.buckets += 1;
+                    let _ = free_tx.send(buf);
+                    continue;
+                }
                 if ctx.corrupt && i == 0 && n > 0 {
                     buf[0] ^= 0x5a;
                 }
@@ -784,10 +897,20 @@ fn receive_peer(
                 io.read(&mut s, &mut hdr, &what)?;
                 let w = |a: usize| u64::from_le_bytes(hdr[a..a + 8].try_into().unwrap_or([0; 8]));
                 let (version, bucket, len, h) = (w(8), w(16), w(24), w(32));
+                let flags = u32::from_le_bytes(hdr[4..8].try_into().unwrap_or([0; 4]));
+                let base = (flags & FLAG_DELTA != 0).then(|| w(40));
+                if let Some(v) = base {
+                    check_base(peer.peer, v, held)?;
+                }
+                let fits = match base {
+                    None => len == b.bytes,
+                    Some(_) => len <= max_len(b) as u64,
+                };
                 if hdr[0..4] != FRAME.to_le_bytes()
+                    || flags & !FLAG_DELTA != 0
                     || version != ctx.version
                     || bucket != i as u64
-                    || len != b.bytes
+                    || !fits
                     || len > buf.len() as u64
                 {
                     return Err(TransportError::UnexpectedBucket {
@@ -802,7 +925,7 @@ fn receive_peer(
                     .into());
                 }
                 io.read(&mut s, &mut buf[..len as usize], &what)?;
-                if full_tx.send((len as usize, buf, h)).is_err() {
+                if full_tx.send((len as usize, buf, h, base)).is_err() {
                     return Ok(());
                 }
             }
@@ -814,7 +937,10 @@ fn receive_peer(
         match (unpacked, read) {
             (Err(e), _) => Err(e),
             (Ok(_), Err(e)) => Err(e),
-            (Ok(st), Ok(())) => Ok(st),
+            (Ok(st), Ok(())) => {
+                delta.held.finish(peer.peer, ctx.version);
+                Ok(st)
+            }
         }
     })
 }
@@ -842,6 +968,18 @@ impl Transport for TcpTransport {
             Side::Training => self.send(ctx),
             Side::Inference => self.receive(ctx),
         }
+    }
+
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        if self.side == Side::Training && self.base.is_none() {
+            self.base = Some(SenderBase::new(&self.tensors)?);
+        }
+        self.deltas = true;
+        Ok(true)
+    }
+
+    fn holds_base(&self) -> bool {
+        self.deltas && self.side == Side::Inference
     }
 
     fn close(&mut self) {

@@ -242,6 +242,7 @@ async fn run_mode(
                 apply: ApplyMode::InPlace,
                 transports: crate::settings::transports()?,
                 gateway_lost: crate::settings::gateway_lost()?,
+                deltas: true,
             };
             (cfg.uid, cfg.apply) = pair_settings(&cfg).await?;
             tasks.push(tokio::spawn(rank_task(cfg)));

@@ -268,6 +268,7 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
                     checksums: false,
                     peers: &no_peers,
                     corrupt: false,
+                    bases: None,
                 };
                 // every training rank publishes at once and waits for its readers, as each
                 // rank process of a real pair does
@@ -778,6 +779,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             checksums: false,
             peers: &peers,
             corrupt: false,
+            bases: None,
         };
         let got = tr.t().execute(&ctx);
         let ms = ms_since(t0);

@@ -720,6 +720,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                         after_ms: r.after_ms,
                         applied: r.applied,
                         claim: None,
+                        delta: r.delta,
                     };
                 }
             }
@@ -742,6 +743,8 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                     pause: u.pause_ms.map(Duration::from_millis),
                     finished,
                     ranks,
+                    base: None,
+                    held: None,
                     succeeded,
                     bytes,
                     checksums: sums,

@@ -158,6 +158,9 @@ pub(crate) struct ReportRecord {
     /// Atomic pairs, inference ranks: the second report (applied to the live tensors).
     #[serde(default)]
     pub(crate) applied: Option<bool>,
+    /// Pairs with deltas on: the report's delta figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) delta: Option<crate::wire::ReportDelta>,
 }
 
 /// One stored update: its version, header, and the reports by slot.

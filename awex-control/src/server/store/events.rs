@@ -29,6 +29,7 @@ impl EventLog {
             version,
             attempt,
             reason,
+            base: None,
         });
         self.last
     }

@@ -35,6 +35,8 @@ pub(crate) struct RankSlot {
     pub(crate) applied: Option<bool>,
     /// The claim id of the slot's holder when the version was announced: only it may report.
     pub(crate) claim: Option<String>,
+    /// The delta figures of its successful report (pairs with deltas on).
+    pub(crate) delta: Option<crate::wire::ReportDelta>,
 }
 
 /// One attempt of one version.
@@ -48,6 +50,11 @@ pub(crate) struct Update {
     pub(crate) pause: Option<Duration>,
     pub(crate) finished: Option<Instant>,
     pub(crate) ranks: Vec<RankSlot>,
+    /// Pairs with deltas on: the version the inference ranks held as this attempt started.
+    pub(crate) base: Option<crate::wire::DeltaBase>,
+    /// Pairs with deltas on, until the attempt is announced: the version before it, and per slot
+    /// the claim id of the process that applied it and holds it (`None`: the slot holds none).
+    pub(crate) held: Option<(u64, Vec<Option<String>>)>,
     pub(crate) succeeded: usize,
     pub(crate) bytes: [u64; 2],
     pub(crate) checksums: [u64; 2],
@@ -87,6 +94,27 @@ impl Update {
 
     pub(crate) fn elapsed(&self) -> Duration {
         self.finished.unwrap_or_else(Instant::now) - self.started
+    }
+
+    /// The delta figures the ranks reported, summed per side (`None` when none reported any).
+    fn delta_totals(&self, slots: &Slots) -> Option<crate::wire::DeltaTotals> {
+        let mut t = crate::wire::DeltaTotals::default();
+        let mut any = false;
+        for (i, r) in self.ranks.iter().enumerate() {
+            let Some(d) = r.delta else { continue };
+            any = true;
+            let add = |s: &mut SideTotals, x: u64| {
+                if slots.is_training(i) {
+                    s.training = s.training.saturating_add(x);
+                } else {
+                    s.inference = s.inference.saturating_add(x);
+                }
+            };
+            add(&mut t.dense_bytes, d.dense_bytes);
+            add(&mut t.elements, d.elements);
+            add(&mut t.changed, d.changed);
+        }
+        any.then_some(t)
     }
 
     /// The status document, listing ranks per `detail`.
@@ -141,6 +169,8 @@ impl Update {
                 training: self.bytes[0],
                 inference: self.bytes[1],
             },
+            delta: self.delta_totals(slots),
+            base: self.base.clone(),
             checksums: checksums.then_some(SideTotals {
                 training: self.checksums[0],
                 inference: self.checksums[1],

@@ -1,0 +1,514 @@
+//! Exact deltas: the elements of a payload that differ from the version the receiver holds,
+//! encoded densely or sparsely, whichever is smaller.
+//!
+//! A delta is an encoding of a transfer's payload, not a new plan: the sender packs the bytes a
+//! transfer would move (destination dtype; for an FP8 destination its e4m3 bytes and scales)
+//! for the new version and for the base version, and encodes each *segment* (one piece's
+//! elements of one element size) against the base. The receiver holds the base in its
+//! destination tensors and writes only the changed elements; the result is bit-identical to a
+//! dense update. Measured on optimiser-made versions (lr 1e-6, bf16), 1.6-3.8 % of elements
+//! change per step, and 0.15-0.35 % of FP8 bytes: every 128 x 128 block and nearly every 64 KiB
+//! chunk hold a change, so the unit is the element.
+//!
+//! # Wire format of one segment (`n` elements of `s` bytes, both known to both ends from the plan)
+//!
+//! ```text
+//! segment  := tag:u8 body
+//! tag 0    dense:      n * s value bytes (the whole segment)
+//! tag 1    sparse:     counts[ceil(n / 256)]:u8, then per chunk of 256 elements, in order:
+//!                        count 255: the whole chunk's values (min(256, rest) * s bytes)
+//!                        count c < 255: c local offsets (u8, strictly increasing), c * s values
+//! tag 2    unchanged:  no body
+//! ```
+//!
+//! Values are the elements' bytes as they sit in memory (little-endian). The encoder picks, per
+//! segment, the smallest of the three, and per chunk dense (255) where `c * (1 + s) >=
+//! chunk * s`. At 3 % density a bf16 segment costs about 4.7 % of its dense bytes, an FP8
+//! segment at 0.35 % about 1.1 %. Decoding checks every count, offset and length against the
+//! segment and the buffer: a malformed delta is an error naming what is wrong, never a panic
+//! or a write outside the segment.
+
+use thiserror::Error;
+
+/// Elements per chunk of a sparse segment.
+pub const CHUNK: usize = 256;
+/// The count byte of a chunk sent whole.
+pub const DENSE_CHUNK: u8 = 255;
+
+const TAG_DENSE: u8 = 0;
+const TAG_SPARSE: u8 = 1;
+const TAG_UNCHANGED: u8 = 2;
+
+/// A malformed or mismatched delta.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DeltaError {
+    /// The buffer ended inside a segment.
+    #[error("delta segment of {n} elements ends early: needs {need} more bytes at byte {at}")]
+    Truncated {
+        /// elements of the segment
+        n: usize,
+        /// where the read started, in the segment
+        at: usize,
+        /// bytes missing
+        need: usize,
+    },
+    /// An unknown segment tag.
+    #[error("delta segment tag {tag} at byte {at} is none of dense (0), sparse (1), unchanged (2)")]
+    Tag {
+        /// the tag read
+        tag: u8,
+        /// where
+        at: usize,
+    },
+    /// A chunk count larger than its chunk.
+    #[error("delta chunk {chunk} counts {count} changed elements, but holds {len}")]
+    Count {
+        /// the chunk
+        chunk: usize,
+        /// its count
+        count: u8,
+        /// its elements
+        len: usize,
+    },
+    /// Offsets not strictly increasing or outside their chunk.
+    #[error(
+        "delta chunk {chunk}: offset {offset} after {prev:?} is not increasing within its {len} elements"
+    )]
+    Offset {
+        /// the chunk
+        chunk: usize,
+        /// the offending offset
+        offset: u8,
+        /// the offset before it
+        prev: Option<u8>,
+        /// the chunk's elements
+        len: usize,
+    },
+    /// Old and new payloads of different lengths, or not whole elements.
+    #[error(
+        "delta of {old} against {new} bytes with {elem}-byte elements: both must be the same whole number of elements"
+    )]
+    Lengths {
+        /// bytes of the base
+        old: usize,
+        /// bytes of the new payload
+        new: usize,
+        /// element size
+        elem: usize,
+    },
+    /// An element size the format does not carry.
+    #[error("delta element size {0} is none of 1, 2, 4, 8")]
+    ElementSize(usize),
+}
+
+/// What one encoded segment (or a sum of them) holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeltaStats {
+    /// Elements covered.
+    pub elements: u64,
+    /// Elements whose bytes changed.
+    pub changed: u64,
+    /// Bytes of the dense payload.
+    pub dense_bytes: u64,
+    /// Bytes of the encoded delta.
+    pub delta_bytes: u64,
+}
+
+impl DeltaStats {
+    /// Adds another segment's figures.
+    pub fn add(&mut self, o: &DeltaStats) {
+        self.elements += o.elements;
+        self.changed += o.changed;
+        self.dense_bytes += o.dense_bytes;
+        self.delta_bytes += o.delta_bytes;
+    }
+
+    /// The fraction of elements that changed (0 for none).
+    pub fn density(&self) -> f64 {
+        if self.elements == 0 {
+            0.0
+        } else {
+            self.changed as f64 / self.elements as f64
+        }
+    }
+}
+
+fn check_elem(elem: usize) -> Result<(), DeltaError> {
+    match elem {
+        1 | 2 | 4 | 8 => Ok(()),
+        e => Err(DeltaError::ElementSize(e)),
+    }
+}
+
+/// Whether a chunk of `len` elements with `c` changes is cheaper sent whole.
+fn dense_chunk(c: usize, len: usize, elem: usize) -> bool {
+    c * (1 + elem) >= len * elem || c >= DENSE_CHUNK as usize
+}
+
+/// Appends the delta of `new` against `old` (same length, whole `elem`-byte elements) to
+/// `out`: the smallest of dense, sparse and unchanged. Returns its figures.
+pub fn encode(
+    old: &[u8],
+    new: &[u8],
+    elem: usize,
+    out: &mut Vec<u8>,
+) -> Result<DeltaStats, DeltaError> {
+    check_elem(elem)?;
+    if old.len() != new.len() || new.len() % elem != 0 {
+        return Err(DeltaError::Lengths {
+            old: old.len(),
+            new: new.len(),
+            elem,
+        });
+    }
+    let n = new.len() / elem;
+    let chunks = n.div_ceil(CHUNK);
+    let mut counts = vec![0u8; chunks];
+    let mut changed = 0usize;
+    let mut sparse_body = 0usize;
+    for (c, count) in counts.iter_mut().enumerate() {
+        let lo = c * CHUNK * elem;
+        let hi = (lo + CHUNK * elem).min(new.len());
+        let (o, w) = (&old[lo..hi], &new[lo..hi]);
+        let k = if o == w {
+            0
+        } else {
+            o.chunks_exact(elem)
+                .zip(w.chunks_exact(elem))
+                .filter(|(a, b)| a != b)
+                .count()
+        };
+        let len = (hi - lo) / elem;
+        changed += k;
+        if dense_chunk(k, len, elem) {
+            *count = DENSE_CHUNK;
+            sparse_body += len * elem;
+        } else {
+            *count = k as u8;
+            sparse_body += k * (1 + elem);
+        }
+    }
+    let start = out.len();
+    let dense = 1 + new.len();
+    let sparse = 1 + chunks + sparse_body;
+    if changed == 0 {
+        out.push(TAG_UNCHANGED);
+    } else if dense <= sparse {
+        out.push(TAG_DENSE);
+        out.extend_from_slice(new);
+    } else {
+        out.push(TAG_SPARSE);
+        out.extend_from_slice(&counts);
+        for (c, &count) in counts.iter().enumerate() {
+            let lo = c * CHUNK * elem;
+            let hi = (lo + CHUNK * elem).min(new.len());
+            if count == DENSE_CHUNK {
+                out.extend_from_slice(&new[lo..hi]);
+                continue;
+            }
+            if count == 0 {
+                continue;
+            }
+            let (o, w) = (&old[lo..hi], &new[lo..hi]);
+            let at = out.len();
+            out.resize(at + count as usize * (1 + elem), 0);
+            let (offs, vals) = out[at..].split_at_mut(count as usize);
+            let mut k = 0;
+            for (i, (a, b)) in o.chunks_exact(elem).zip(w.chunks_exact(elem)).enumerate() {
+                if a != b {
+                    offs[k] = i as u8;
+                    vals[k * elem..(k + 1) * elem].copy_from_slice(b);
+                    k += 1;
+                }
+            }
+        }
+    }
+    Ok(DeltaStats {
+        elements: n as u64,
+        changed: changed as u64,
+        dense_bytes: new.len() as u64,
+        delta_bytes: (out.len() - start) as u64,
+    })
+}
+
+fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize, n: usize) -> Result<&'a [u8], DeltaError> {
+    let end = at
+        .checked_add(len)
+        .filter(|&e| e <= buf.len())
+        .ok_or(DeltaError::Truncated {
+            n,
+            at: *at,
+            need: len.saturating_sub(buf.len().saturating_sub(*at)),
+        })?;
+    let s = &buf[*at..end];
+    *at = end;
+    Ok(s)
+}
+
+/// Decodes one segment of `n` elements of `elem` bytes at the start of `delta`, calling
+/// `write(first, values)` for each run of changed elements (`values` holds whole elements,
+/// `first` is the index of the first); returns the bytes the segment took. Every count, offset
+/// and length is checked before anything is written for its chunk.
+pub fn decode(
+    delta: &[u8],
+    elem: usize,
+    n: usize,
+    mut write: impl FnMut(usize, &[u8]),
+) -> Result<usize, DeltaError> {
+    check_elem(elem)?;
+    let mut at = 0usize;
+    let tag = *take(delta, &mut at, 1, n)?.first().unwrap_or(&0);
+    match tag {
+        TAG_UNCHANGED => {}
+        TAG_DENSE => {
+            let bytes = n.checked_mul(elem).ok_or(DeltaError::Truncated {
+                n,
+                at,
+                need: usize::MAX,
+            })?;
+            let v = take(delta, &mut at, bytes, n)?;
+            if n > 0 {
+                write(0, v);
+            }
+        }
+        TAG_SPARSE => {
+            let chunks = n.div_ceil(CHUNK);
+            let counts = take(delta, &mut at, chunks, n)?;
+            for (c, &count) in counts.iter().enumerate() {
+                let first = c * CHUNK;
+                let len = (n - first).min(CHUNK);
+                if count == DENSE_CHUNK {
+                    let v = take(delta, &mut at, len * elem, n)?;
+                    write(first, v);
+                    continue;
+                }
+                let k = count as usize;
+                if k > len {
+                    return Err(DeltaError::Count {
+                        chunk: c,
+                        count,
+                        len,
+                    });
+                }
+                let offs = take(delta, &mut at, k, n)?;
+                let vals = take(delta, &mut at, k * elem, n)?;
+                let mut prev: Option<u8> = None;
+                for &o in offs {
+                    if prev.is_some_and(|p| o <= p) || o as usize >= len {
+                        return Err(DeltaError::Offset {
+                            chunk: c,
+                            offset: o,
+                            prev,
+                            len,
+                        });
+                    }
+                    prev = Some(o);
+                }
+                // runs of consecutive offsets are written together
+                let mut i = 0;
+                while i < k {
+                    let mut j = i + 1;
+                    while j < k && offs[j] as usize == offs[j - 1] as usize + 1 {
+                        j += 1;
+                    }
+                    write(first + offs[i] as usize, &vals[i * elem..j * elem]);
+                    i = j;
+                }
+            }
+        }
+        tag => return Err(DeltaError::Tag { tag, at: 0 }),
+    }
+    Ok(at)
+}
+
+/// Applies one segment at the start of `delta` to `base` (the whole segment's bytes, which it
+/// turns into the new version's); returns the bytes the segment took.
+pub fn apply(delta: &[u8], elem: usize, base: &mut [u8]) -> Result<usize, DeltaError> {
+    check_elem(elem)?;
+    if base.len() % elem != 0 {
+        return Err(DeltaError::Lengths {
+            old: base.len(),
+            new: base.len(),
+            elem,
+        });
+    }
+    let n = base.len() / elem;
+    decode(delta, elem, n, |first, v| {
+        base[first * elem..first * elem + v.len()].copy_from_slice(v)
+    })
+}
+
+/// The encoded size of a segment without writing it (what [`encode`] would append).
+pub fn encoded_len(old: &[u8], new: &[u8], elem: usize) -> Result<usize, DeltaError> {
+    let mut v = Vec::new();
+    encode(old, new, elem, &mut v).map(|s| s.delta_bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    /// `n` elements of `elem` bytes, and a copy with about `per_mille` of them changed.
+    fn versions(n: usize, elem: usize, per_mille: u64, seed: u64) -> (Vec<u8>, Vec<u8>) {
+        let mut s = seed;
+        let old: Vec<u8> = (0..n * elem).map(|_| rng(&mut s) as u8).collect();
+        let mut new = old.clone();
+        for i in 0..n {
+            if rng(&mut s) % 1000 < per_mille {
+                let b = &mut new[i * elem + (rng(&mut s) as usize % elem)];
+                *b = b.wrapping_add(1 + (rng(&mut s) % 255) as u8);
+            }
+        }
+        (old, new)
+    }
+
+    #[test]
+    fn applying_a_delta_gives_the_new_bytes_at_every_density_and_element_size() {
+        for elem in [1, 2, 4, 8] {
+            for n in [0, 1, 255, 256, 257, 1000, 4099] {
+                for per_mille in [0, 1, 30, 300, 700, 1000] {
+                    let (old, new) = versions(n, elem, per_mille, (n * elem) as u64 + per_mille);
+                    let mut d = Vec::new();
+                    let st = encode(&old, &new, elem, &mut d).unwrap();
+                    assert_eq!(st.delta_bytes as usize, d.len());
+                    let mut got = old.clone();
+                    let used = apply(&d, elem, &mut got).unwrap();
+                    assert_eq!(used, d.len(), "elem {elem} n {n} ‰{per_mille}");
+                    assert_eq!(got, new, "elem {elem} n {n} ‰{per_mille}");
+                    let changed = old
+                        .chunks_exact(elem)
+                        .zip(new.chunks_exact(elem))
+                        .filter(|(a, b)| a != b)
+                        .count();
+                    assert_eq!(st.changed as usize, changed);
+                    assert!(
+                        d.len() <= 1 + new.len(),
+                        "never larger than dense + its tag"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sparse_deltas_are_small_at_optimiser_densities() {
+        // 3 % of bf16 elements: under 5 % of the dense bytes; 0.35 % of e4m3 bytes: under 1.3 %
+        let (old, new) = versions(1 << 20, 2, 30, 7);
+        let bf16 = encoded_len(&old, &new, 2).unwrap() as f64 / new.len() as f64;
+        assert!(bf16 < 0.05, "bf16 at 3 %: {bf16}");
+        let (old, new) = versions(1 << 20, 1, 3, 8);
+        let fp8 = encoded_len(&old, &new, 1).unwrap() as f64 / new.len() as f64;
+        assert!(fp8 < 0.013, "e4m3 at 0.3 %: {fp8}");
+        // and an unchanged segment is one byte
+        assert_eq!(encoded_len(&old, &old, 1).unwrap(), 1);
+    }
+
+    #[test]
+    fn a_dropped_change_is_caught_by_the_bytes() {
+        let (old, new) = versions(4096, 2, 30, 3);
+        let mut d = Vec::new();
+        encode(&old, &new, 2, &mut d).unwrap();
+        assert_eq!(d[0], TAG_SPARSE);
+        // drop the first sparse change of the first chunk that has one by marking it unchanged
+        let chunks = 4096usize.div_ceil(CHUNK);
+        let c = d[1..1 + chunks]
+            .iter()
+            .position(|&c| c > 0 && c < DENSE_CHUNK)
+            .unwrap();
+        // rebuild that chunk without its first offset
+        let mut at = 1 + chunks;
+        for &k in &d[1..1 + c] {
+            at += if k == DENSE_CHUNK {
+                CHUNK * 2
+            } else {
+                k as usize * 3
+            };
+        }
+        let k = d[1 + c] as usize;
+        let mut planted = d[..at].to_vec();
+        planted[1 + c] -= 1;
+        planted.extend_from_slice(&d[at + 1..at + k]);
+        planted.extend_from_slice(&d[at + k + 2..]);
+        let mut got = old.clone();
+        apply(&planted, 2, &mut got).unwrap();
+        assert_ne!(got, new, "one change fewer leaves one element at the base");
+        let diff = got
+            .chunks_exact(2)
+            .zip(new.chunks_exact(2))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(diff, 1);
+    }
+
+    #[test]
+    fn malformed_deltas_are_errors_not_panics() {
+        let mut base = vec![0u8; 600];
+        // unknown tag
+        assert!(matches!(
+            apply(&[9], 2, &mut base),
+            Err(DeltaError::Tag { tag: 9, .. })
+        ));
+        // truncated dense
+        assert!(matches!(
+            apply(&[0, 1, 2], 2, &mut base),
+            Err(DeltaError::Truncated { .. })
+        ));
+        // empty buffer
+        assert!(matches!(
+            apply(&[], 2, &mut base),
+            Err(DeltaError::Truncated { .. })
+        ));
+        // a count larger than the last (short) chunk: 300 elements -> chunks of 256 and 44
+        let mut d = vec![TAG_SPARSE, 0, 45];
+        d.extend(std::iter::repeat_n(0u8, 45 * 3));
+        assert!(matches!(
+            apply(&d, 2, &mut base),
+            Err(DeltaError::Count { chunk: 1, .. })
+        ));
+        // offsets not increasing
+        let d = [TAG_SPARSE, 2, 0, 5, 5, 1, 1, 2, 2];
+        assert!(matches!(
+            apply(&d, 2, &mut base),
+            Err(DeltaError::Offset { .. })
+        ));
+        // an offset outside the short chunk
+        let d = [TAG_SPARSE, 0, 1, 44, 1, 1];
+        assert!(matches!(
+            apply(&d, 2, &mut base),
+            Err(DeltaError::Offset { offset: 44, .. })
+        ));
+        // a bad element size
+        assert_eq!(apply(&[2], 3, &mut base), Err(DeltaError::ElementSize(3)));
+        // random bytes never panic
+        let mut s = 11u64;
+        for _ in 0..2000 {
+            let len = rng(&mut s) as usize % 64;
+            let mut d: Vec<u8> = (0..len).map(|_| rng(&mut s) as u8).collect();
+            if let Some(t) = d.first_mut() {
+                *t %= 3;
+            }
+            let _ = apply(&d, 2, &mut base);
+        }
+    }
+
+    #[test]
+    fn decode_reports_runs_in_increasing_order_within_the_segment() {
+        let (old, new) = versions(3000, 4, 50, 5);
+        let mut d = Vec::new();
+        encode(&old, &new, 4, &mut d).unwrap();
+        let mut last_end = 0usize;
+        decode(&d, 4, 3000, |first, v| {
+            assert!(first >= last_end);
+            last_end = first + v.len() / 4;
+            assert!(last_end <= 3000);
+        })
+        .unwrap();
+    }
+}

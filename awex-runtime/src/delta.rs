@@ -1,0 +1,410 @@
+//! Delta updates on a rank ([`awex_core::encoding::delta`] holds the format): the training
+//! rank's copy of what it last sent ([`SenderBase`]), the per-bucket encoder, the receiver's
+//! in-place apply ([`apply_bucket`]) and the versions each end knows the other holds.
+//!
+//! A bucket's payload is its pieces' packed bytes in order (destination dtype; a sender-encoded
+//! FP8 piece is its e4m3 bytes then its scales). Each piece (and each piece's scales) is one
+//! segment of the delta, encoded against the same bucket packed from the sender's copy of the
+//! base version. The receiver, which holds the base in its destination tensors, writes each
+//! changed element where [`crate::bucket::unpack`] would have written it.
+//!
+//! Memory: the sender keeps one host copy of its registered tensors (its shard as it holds it,
+//! in its dtype: 2 bytes per parameter in bf16, 4 in fp32), refreshed after each update it sent
+//! whole. Receivers keep nothing: their tensors are the base.
+
+use crate::bucket::{dst_view, piece_box, piece_scale_box};
+use crate::tensors::{TensorSet, TensorView};
+use crate::{RuntimeError, TransportError};
+use awex_core::dtype::DType;
+use awex_core::encoding::delta::{self, DeltaStats};
+use awex_core::layout::copy::StridedBox;
+use awex_core::layout::{Dims, RankId};
+use awex_core::plan::Transfer;
+use awex_core::plan::bucket::Bucket;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+/// Which version each inference rank provably holds, as the gateway announced it with the
+/// update: every inference rank holds `version` except those in `except` (restarted, torn, new
+/// or failed ranks), which get dense bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerBases {
+    /// The version the holders hold.
+    pub version: u64,
+    /// Inference ranks that do not hold it.
+    pub except: HashSet<RankId>,
+}
+
+impl PeerBases {
+    /// The version inference rank `r` holds, if any.
+    pub fn of(&self, r: RankId) -> Option<u64> {
+        (!self.except.contains(&r)).then_some(self.version)
+    }
+}
+
+/// A training rank's copy of the bytes it last sent, and their version.
+pub struct SenderBase {
+    copy: TensorSet,
+    version: Option<u64>,
+}
+
+impl SenderBase {
+    /// A zeroed host copy of `live`'s tensors, holding no version yet.
+    pub fn new(live: &TensorSet) -> Result<Self, RuntimeError> {
+        Ok(SenderBase {
+            copy: live.host_mirror()?,
+            version: None,
+        })
+    }
+
+    /// The version the copy holds (`None` before the first update sent whole, or after one
+    /// that failed).
+    pub fn version(&self) -> Option<u64> {
+        self.version
+    }
+
+    /// The copy.
+    pub fn copy(&self) -> &TensorSet {
+        &self.copy
+    }
+
+    /// Bytes the copy takes.
+    pub fn bytes(&self) -> u64 {
+        self.copy.iter().map(|v| v.len() as u64).sum()
+    }
+
+    /// Forgets the version (a send failed part-way: some receivers may hold either version).
+    pub fn invalidate(&mut self) {
+        self.version = None;
+    }
+
+    /// Copies `live` (host tensors) into the copy, which then holds `version`.
+    pub fn refresh(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
+        self.version = None;
+        let n = self.copy.copy_from(live)?;
+        self.version = Some(version);
+        Ok(n)
+    }
+
+    /// The base a delta to `peer` is taken against: the copy's version when the gateway says
+    /// the peer holds exactly that one.
+    pub fn base_for(&self, bases: Option<&PeerBases>, peer: RankId) -> Option<u64> {
+        let held = bases?.of(peer)?;
+        (self.version == Some(held)).then_some(held)
+    }
+}
+
+/// The segments of a bucket's payload, in order: `(element bytes, elements)`.
+pub fn segments(bucket: &Bucket, transfers: &[Transfer]) -> Vec<(usize, usize)> {
+    let mut out = Vec::with_capacity(bucket.pieces.len());
+    for p in &bucket.pieces {
+        let t = &transfers[p.transfer as usize];
+        let (_, _, e) = piece_box(t, p);
+        out.push((t.dst_dtype.size(), e.numel() as usize));
+        if let Some((_, sext)) = piece_scale_box(t, p) {
+            out.push((4, sext.numel() as usize));
+        }
+    }
+    out
+}
+
+/// The most bytes a bucket's delta can take (dense plus one tag per segment).
+pub fn max_len(bucket: &Bucket) -> usize {
+    bucket.bytes as usize + 2 * bucket.pieces.len()
+}
+
+fn delta_err(what: String) -> impl FnOnce(delta::DeltaError) -> RuntimeError {
+    move |e| RuntimeError::from(TransportError::Delta(format!("{what}: {e}")))
+}
+
+/// Appends the delta of bucket payload `new` against `old` (both packed by
+/// [`crate::bucket::pack`]) to `out`, segment by segment.
+pub fn encode_bucket(
+    bucket: &Bucket,
+    transfers: &[Transfer],
+    old: &[u8],
+    new: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<DeltaStats, RuntimeError> {
+    let mut st = DeltaStats::default();
+    let mut at = 0usize;
+    for (elem, n) in segments(bucket, transfers) {
+        let len = elem * n;
+        let (o, w) = match (old.get(at..at + len), new.get(at..at + len)) {
+            (Some(o), Some(w)) => (o, w),
+            _ => {
+                return Err(TransportError::ShortBucket {
+                    len: new.len().min(old.len()),
+                }
+                .into());
+            }
+        };
+        st.add(&delta::encode(o, w, elem, out).map_err(delta_err("encoding a delta".into()))?);
+        at += len;
+    }
+    Ok(st)
+}
+
+/// Where one segment's elements land: a box of a tensor.
+struct Target<'a> {
+    view: &'a TensorView,
+    /// the dtype on the wire (the plan's destination dtype)
+    wire: DType,
+    sb: StridedBox,
+    name: &'a str,
+}
+
+impl Target<'_> {
+    /// Element offset in the tensor of run `r` of the box.
+    fn run_at(&self, mut r: u64) -> u64 {
+        let mut d = self.sb.dst_base;
+        for &(c, _, ds) in &self.sb.outer[..self.sb.n_outer] {
+            d += (r % c) * ds;
+            r /= c;
+        }
+        d
+    }
+
+    /// Writes the consecutive elements `values` (wire dtype) from box element `first` on.
+    fn write(&self, out: &mut [u8], first: usize, values: &[u8]) -> Result<(), RuntimeError> {
+        let (we, te) = (self.wire.size(), self.view.dtype.size());
+        let run = self.sb.run as usize;
+        let mut i = first;
+        let mut v = values;
+        while !v.is_empty() {
+            let (r, off) = (i / run, i % run);
+            let k = (run - off).min(v.len() / we);
+            let at = (self.run_at(r as u64) as usize + off) * te;
+            let dst = out.get_mut(at..at + k * te).ok_or_else(|| {
+                RuntimeError::from(TransportError::Delta(format!(
+                    "a delta writes outside `{}`",
+                    self.name
+                )))
+            })?;
+            if self.wire == self.view.dtype {
+                dst.copy_from_slice(&v[..k * we]);
+            } else {
+                awex_core::dtype::convert(&v[..k * we], self.wire, dst, self.view.dtype)
+                    .map_err(|e| RuntimeError::from(TransportError::Delta(e.to_string())))?;
+            }
+            v = &v[k * we..];
+            i += k;
+        }
+        Ok(())
+    }
+}
+
+/// Applies a bucket's delta to the destination tensors (which hold the base version): every
+/// changed element lands where [`crate::bucket::unpack`] would have put it. The whole delta
+/// must be consumed.
+pub fn apply_bucket(
+    bucket: &Bucket,
+    transfers: &[Transfer],
+    dst: &TensorSet,
+    delta_bytes: &[u8],
+) -> Result<DeltaStats, RuntimeError> {
+    let mut st = DeltaStats::default();
+    let mut at = 0usize;
+    for p in &bucket.pieces {
+        let t = &transfers[p.transfer as usize];
+        let (_, d, e) = piece_box(t, p);
+        let v = dst_view(dst, t)?;
+        let mut targets = vec![Target {
+            view: v,
+            wire: t.dst_dtype,
+            sb: StridedBox::new(&e, &Dims::zeros(e.ndim()), &v.shape, &d, &e)?,
+            name: &t.dst_tensor,
+        }];
+        let scale_name;
+        if let Some((soff, sext)) = piece_scale_box(t, p) {
+            scale_name = awex_core::encoding::Fp8Block::scale_name(&t.dst_tensor);
+            let sv = dst.get(&scale_name).ok_or_else(|| {
+                RuntimeError::from(crate::TensorError::NotRegistered {
+                    side: "destination",
+                    name: scale_name.clone(),
+                })
+            })?;
+            targets.push(Target {
+                view: sv,
+                wire: DType::F32,
+                sb: StridedBox::new(&sext, &Dims::zeros(sext.ndim()), &sv.shape, &soff, &sext)?,
+                name: &scale_name,
+            });
+        }
+        for tg in &targets {
+            let elem = tg.wire.size();
+            let n = tg.sb.run as usize * {
+                let mut runs = 1usize;
+                for &(c, _, _) in &tg.sb.outer[..tg.sb.n_outer] {
+                    runs *= c as usize;
+                }
+                runs
+            };
+            // SAFETY: the plan writes each destination box exactly once per update.
+            let out = unsafe { tg.view.try_bytes_mut()? };
+            let mut failed = None;
+            let mut changed = 0u64;
+            let rest = delta_bytes.get(at..).unwrap_or(&[]);
+            let used = delta::decode(rest, elem, n, |first, values| {
+                if failed.is_none() {
+                    changed += (values.len() / elem) as u64;
+                    failed = tg.write(out, first, values).err();
+                }
+            })
+            .map_err(delta_err(format!("the delta for `{}`", tg.name)))?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            at += used;
+            st.add(&DeltaStats {
+                elements: n as u64,
+                changed,
+                dense_bytes: (n * elem) as u64,
+                delta_bytes: used as u64,
+            });
+        }
+    }
+    if at != delta_bytes.len() {
+        return Err(TransportError::Delta(format!(
+            "a bucket's delta holds {} bytes but its segments take {at}",
+            delta_bytes.len()
+        ))
+        .into());
+    }
+    Ok(st)
+}
+
+/// What a receiving rank knows it holds, per sending peer: the version whose bytes from that
+/// peer it received whole. A peer's entry is dropped as soon as a receive from it starts (a
+/// failure from then on may leave its boxes torn).
+#[derive(Default)]
+pub struct HeldBases {
+    held: Mutex<HashMap<RankId, u64>>,
+}
+
+impl HeldBases {
+    /// Starts a receive from `peer`: returns the version its boxes held, and forgets it.
+    pub fn begin(&self, peer: RankId) -> Option<u64> {
+        self.held.lock().ok()?.remove(&peer)
+    }
+
+    /// A receive of `version` from `peer` completed.
+    pub fn finish(&self, peer: RankId, version: u64) {
+        if let Ok(mut h) = self.held.lock() {
+            h.insert(peer, version);
+        }
+    }
+
+    /// Forgets everything (the tensors were written by someone else).
+    pub fn clear(&self) {
+        if let Ok(mut h) = self.held.lock() {
+            h.clear();
+        }
+    }
+}
+
+/// Refuses a delta against `base` from `peer` when this rank's boxes from it hold `held`.
+pub fn check_base(peer: RankId, base: u64, held: Option<u64>) -> Result<(), RuntimeError> {
+    if held == Some(base) {
+        return Ok(());
+    }
+    Err(TransportError::Delta(format!(
+        "training rank {peer} sent a delta against version {base}, but this rank's tensors from it hold {}; the update fails rather than apply it (the next one is sent whole)",
+        held.map_or("no complete version".to_string(), |v| format!("version {v}"))
+    ))
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::{make_buckets, pack, unpack};
+    use awex_core::layout::RankId;
+    use std::sync::Arc;
+
+    fn view(name: &str, buf: &mut [u8], dtype: DType, shape: &[u64]) -> TensorView {
+        // SAFETY: the buffer outlives the set in each test.
+        unsafe {
+            TensorView::new(name, buf.as_mut_ptr(), buf.len(), dtype, Dims::new(shape)).unwrap()
+        }
+    }
+
+    /// A transfer of a 3 x 5 box from a 4 x 6 bf16 source at (1, 1) into a 5 x 7 destination
+    /// at (2, 1).
+    fn transfer() -> Transfer {
+        Transfer {
+            encode: None,
+            src_rank: RankId::train(0),
+            dst_rank: RankId::infer(0, 0),
+            canonical: 0,
+            src_tensor: Arc::from("s"),
+            src_shape: Dims::new(&[4, 6]),
+            src_offset: Dims::new(&[1, 1]),
+            src_dtype: DType::Bf16,
+            dst_tensor: Arc::from("d"),
+            dst_shape: Dims::new(&[5, 7]),
+            dst_offset: Dims::new(&[2, 1]),
+            dst_dtype: DType::Bf16,
+            extent: Dims::new(&[3, 5]),
+        }
+    }
+
+    #[test]
+    fn a_bucket_delta_applied_in_place_equals_unpacking_the_new_bucket() {
+        let ts = vec![transfer()];
+        let b = &make_buckets(&ts, 1 << 20)[0];
+        let mut old_src: Vec<u8> = (0..48).map(|i| i as u8).collect();
+        let mut new_src = old_src.clone();
+        // change two elements inside the box and one outside it
+        new_src[2 * (6 + 2)] ^= 1; // (1, 2)
+        new_src[2 * (3 * 6 + 5) + 1] ^= 4; // (3, 5)
+        new_src[0] ^= 9; // (0, 0): not moved
+        let (mut d_full, mut d_delta) = (vec![0xaau8; 70], vec![0xaau8; 70]);
+        let old =
+            TensorSet::from_views(vec![view("s", &mut old_src, DType::Bf16, &[4, 6])]).unwrap();
+        let new =
+            TensorSet::from_views(vec![view("s", &mut new_src, DType::Bf16, &[4, 6])]).unwrap();
+        let full =
+            TensorSet::from_views(vec![view("d", &mut d_full, DType::Bf16, &[5, 7])]).unwrap();
+        let inc =
+            TensorSet::from_views(vec![view("d", &mut d_delta, DType::Bf16, &[5, 7])]).unwrap();
+        let (mut po, mut pn) = (vec![0u8; 30], vec![0u8; 30]);
+        pack(b, &ts, &old, &mut po, None).unwrap();
+        pack(b, &ts, &new, &mut pn, None).unwrap();
+        // the receiver holds the base, then gets the delta
+        unpack(b, &ts, &inc, &po).unwrap();
+        let mut dl = Vec::new();
+        let st = encode_bucket(b, &ts, &po, &pn, &mut dl).unwrap();
+        assert_eq!((st.elements, st.changed), (15, 2));
+        let applied = apply_bucket(b, &ts, &inc, &dl).unwrap();
+        assert_eq!(applied, st);
+        unpack(b, &ts, &full, &pn).unwrap();
+        drop((full, inc));
+        assert_eq!(d_delta, d_full);
+        // a delta with a trailing byte is refused
+        dl.push(0);
+        let inc =
+            TensorSet::from_views(vec![view("d", &mut d_delta, DType::Bf16, &[5, 7])]).unwrap();
+        assert!(apply_bucket(b, &ts, &inc, &dl).is_err());
+    }
+
+    #[test]
+    fn bases_name_who_holds_what_and_a_mismatch_is_refused() {
+        let bases = PeerBases {
+            version: 4,
+            except: [RankId::infer(0, 1)].into_iter().collect(),
+        };
+        assert_eq!(bases.of(RankId::infer(0, 0)), Some(4));
+        assert_eq!(bases.of(RankId::infer(0, 1)), None);
+        let held = HeldBases::default();
+        held.finish(RankId::train(0), 4);
+        assert_eq!(held.begin(RankId::train(0)), Some(4));
+        // a receive that started and did not finish leaves nothing held
+        assert_eq!(held.begin(RankId::train(0)), None);
+        assert!(check_base(RankId::train(0), 4, Some(4)).is_ok());
+        let e = check_base(RankId::train(0), 4, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("against version 4"), "{e}");
+    }
+}
