@@ -204,6 +204,7 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
             } else {
                 ApplyMode::InPlace
             },
+            deltas: false,
         },
     })
 }

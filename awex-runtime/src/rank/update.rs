@@ -278,12 +278,14 @@ impl Rank {
         work: Work,
         result: Result<ExecStats, RuntimeError>,
     ) -> Result<ExecStats, RuntimeError> {
+        let deltas_on = self.joined.options.deltas;
+        let holds = self.transport.as_ref().is_some_and(|t| t.holds_base());
         let delta = |s: &ExecStats| {
-            self.joined.options.deltas.then_some(ReportDelta {
+            deltas_on.then_some(ReportDelta {
                 dense_bytes: s.dense_bytes(),
                 elements: s.delta.elements,
                 changed: s.delta.changed,
-                holds: self.transport.as_ref().is_some_and(|t| t.holds_base()),
+                holds,
             })
         };
         let report = match &result {
