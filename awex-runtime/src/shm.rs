@@ -232,7 +232,7 @@ pub struct SegmentName {
     pub uid: String,
     /// The rank (`t0.1`, `i1.0`).
     pub who: String,
-    /// `data` or `ctl`.
+    /// `data`, `ctl` or `delta`.
     pub kind: String,
 }
 
@@ -262,7 +262,7 @@ pub fn parse_name(name: &str) -> Option<SegmentName> {
             && p.get(2)
                 .is_none_or(|x| x.len() == 8 && x.bytes().all(|b| b.is_ascii_hexdigit()))
     };
-    if pair.is_empty() || !hex(uid) || !rank(who) || !matches!(kind, "data" | "ctl") {
+    if pair.is_empty() || !hex(uid) || !rank(who) || !matches!(kind, "data" | "ctl" | "delta") {
         return None;
     }
     Some(SegmentName {

@@ -67,6 +67,9 @@ pub struct Args {
     /// Write this rank's tensors here on disconnect.
     #[arg(long)]
     pub dump_dir: Option<PathBuf>,
+    /// Versions made by an optimiser-like step at this learning rate (`demo --lr`).
+    #[arg(long, value_parser = crate::cmd::demo::parse_lr)]
+    pub lr: Option<f64>,
     /// The first version the demo will ask for (the trainer holds it before joining).
     #[arg(long, default_value_t = 1)]
     pub first_version: u64,
@@ -98,8 +101,19 @@ pub fn demo_weights(
     model: &str,
     cat: &awex_core::Catalogue,
     infer_fp8: bool,
+    lr: Option<f64>,
 ) -> anyhow::Result<Weights> {
     let w = weights_of(model, cat)?;
+    // optimiser-like versions are finite by construction
+    if let Some(lr) = lr {
+        let start = match w {
+            Weights::Checkpoint(ck) => Some(ck),
+            _ => None,
+        };
+        return Ok(Weights::Stepped(Arc::new(
+            awex_core::weights::Stepped::new(cat, lr, start),
+        )));
+    }
     Ok(if infer_fp8 {
         Weights::Finite(Box::new(w))
     } else {
@@ -166,7 +180,12 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let mut cfg = cfg;
     (cfg.uid, cfg.apply) = awex_runtime::rank::pair_settings(&cfg).await?;
     let prepared = prepare(&cfg)?;
-    let weights = demo_weights(&args.model, &prepared.catalogue, cfg.infer_fp8.is_some())?;
+    let weights = demo_weights(
+        &args.model,
+        &prepared.catalogue,
+        cfg.infer_fp8.is_some(),
+        args.lr,
+    )?;
     let on_gpu = transport.on_gpu();
     let mut mem = Memory::allocate(
         &prepared.layout,

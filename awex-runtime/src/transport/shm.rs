@@ -5,6 +5,12 @@
 //! table of its tensors' offsets in its data segment, and per-peer bucket checksums. Per update
 //! it computes checksums (when on), publishes `ready = version`, and waits until every peer
 //! counted itself done. Receivers wait for `ready`, copy, verify, and count themselves done.
+//!
+//! With deltas on ([`crate::delta`]), the sender encodes, for each receiver that holds the
+//! version its copy holds, every bucket's delta into its delta segment (`…-delta`, sized for
+//! the worst case but written only as far as the deltas reach: tmpfs commits the pages written)
+//! and names the base per receiver in the control segment; such a receiver reads the deltas
+//! instead of the tensors and applies them in place.
 
 use super::control::{ControlSegment, NONE, table_words};
 use super::{ExecContext, ExecStats, Transport};
@@ -12,6 +18,7 @@ use crate::bucket::{
     Bucket, Dest, dst_view, hash_destination, make_buckets, pack, piece_box, piece_scale_box,
     quantise_box,
 };
+use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket, max_len};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
 use crate::{PlacementError, RuntimeError, ShmError, TensorError, TransportError};
@@ -33,7 +40,9 @@ fn name_hash(name: &str) -> u64 {
 
 /// The `shm` tables of a control segment ([`ControlSegment`]): after the header, one entry of 3
 /// words per tensor (name hash, offset in the data segment, length), one per peer (peer key,
-/// first checksum index, buckets), then one word per bucket checksum.
+/// first checksum index, buckets), then one word per bucket checksum; then for deltas one word
+/// per peer (the base its deltas are against, [`NONE`] for dense) and two per bucket (offset
+/// and length of its delta in the delta segment).
 struct Control {
     seg: ControlSegment,
 }
@@ -106,7 +115,42 @@ impl Control {
     }
     /// Words of a control segment with these tables; `None` when that overflows.
     fn size(n_tensors: u64, n_peers: u64, n_sums: u64) -> Option<usize> {
-        table_words(HEADER / 8, &[(3, n_tensors), (3, n_peers), (1, n_sums)])
+        table_words(
+            HEADER / 8,
+            &[
+                (3, n_tensors),
+                (3, n_peers),
+                (1, n_sums),
+                (1, n_peers),
+                (2, n_sums),
+            ],
+        )
+    }
+    /// First word of the delta tables.
+    fn delta_tables(&self) -> Option<usize> {
+        let t = usize::try_from(self.n_tensors()).ok()?.checked_mul(3)?;
+        let p = usize::try_from(self.n_peers()).ok()?.checked_mul(3)?;
+        let s = usize::try_from(self.n_sums()).ok()?;
+        (HEADER / 8).checked_add(t)?.checked_add(p)?.checked_add(s)
+    }
+    /// The base peer `i`'s deltas are against ([`NONE`]: dense).
+    fn peer_base(&self, i: u64) -> Option<&AtomicU64> {
+        if i >= self.n_peers() {
+            return None;
+        }
+        self.word_at(self.delta_tables()?.checked_add(usize::try_from(i).ok()?)?)
+    }
+    /// Bucket `i`'s delta: (offset, length) in the delta segment.
+    fn delta_at(&self, i: u64) -> Option<(&AtomicU64, &AtomicU64)> {
+        if i >= self.n_sums() {
+            return None;
+        }
+        let p = usize::try_from(self.n_peers()).ok()?;
+        let at = self
+            .delta_tables()?
+            .checked_add(p)?
+            .checked_add(usize::try_from(i).ok()?.checked_mul(2)?)?;
+        Some((self.word_at(at)?, self.word_at(at.checked_add(1)?)?))
     }
     fn valid(&self) -> bool {
         self.seg.has_magic(MAGIC, HEADER / 8)
@@ -128,6 +172,10 @@ struct Remote {
     tensors: HashMap<u64, (u64, u64)>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
+    /// this receiver's index in the sender's peer table
+    peer_at: u64,
+    /// the sender's delta segment, once a delta arrived
+    delta: Option<ShmSegment>,
 }
 
 /// Shared-memory transport for one rank.
@@ -143,6 +191,20 @@ pub struct ShmTransport {
     bucket_bytes: u64,
     /// the quantiser of sender-encoded FP8 transfers (either side of an FP8 pair)
     fp8: Option<Fp8Quantiser>,
+    /// deltas on, training side: the copy of what was last sent, and the delta segment
+    base: Option<SenderBase>,
+    delta_seg: Option<ShmSegment>,
+    /// deltas on: what this (inference) rank's tensors hold, per sender
+    held: HeldBases,
+    deltas: bool,
+}
+
+/// The delta segment's name of the control segment `ctl`.
+fn delta_name(ctl: &str) -> String {
+    match ctl.strip_suffix("-ctl") {
+        Some(stem) => format!("{stem}-delta"),
+        None => format!("{ctl}-delta"),
+    }
 }
 
 impl ShmTransport {
@@ -178,6 +240,10 @@ impl ShmTransport {
             scratch: Vec::new(),
             bucket_bytes: bucket_bytes.max(1),
             fp8: None,
+            base: None,
+            delta_seg: None,
+            held: HeldBases::default(),
+            deltas: false,
         };
         if t.side == Side::Training {
             t.create_control(ctl_name)?;
@@ -281,10 +347,12 @@ impl ShmTransport {
             tensors.insert(h, (off, len));
         }
         let me = peer_key(self.me);
-        let (_, sums_at, n) = (0..ctl.n_peers())
+        let (peer_at, (_, sums_at, n)) = (0..ctl.n_peers())
             .map_while(|i| ctl.peer_entry(i))
-            .find(|e| e.0 == me)
+            .enumerate()
+            .find(|(_, e)| e.0 == me)
             .ok_or_else(|| RuntimeError::from(TransportError::NoPlanFor { peer, me: self.me }))?;
+        let peer_at = peer_at as u64;
         // the sender's bucket count for this rank must be this rank's, and its checksums
         // inside the sender's table
         let mine = self
@@ -310,17 +378,73 @@ impl ShmTransport {
             data,
             tensors,
             sums_at,
+            peer_at,
+            delta: None,
         })
     }
 
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        let (stats, deltas) = self.encode_send(ctx)?;
+        if !deltas.is_empty() {
+            self.write_deltas(&deltas)?;
+        }
+        self.publish(ctx, stats)
+    }
+
+    /// Checksums (with checksums on) and this update's deltas (to peers that hold the copy's
+    /// version), written into the control segment's tables; the deltas' bytes are returned.
+    fn encode_send(&mut self, ctx: &ExecContext<'_>) -> Result<(ExecStats, Vec<u8>), RuntimeError> {
         let ctl = self
             .ctl
             .as_ref()
             .ok_or(TransportError::Closed("shm transport"))?;
         let mut stats = ExecStats::default();
         let mut idx = 0u64;
-        for (peer, buckets) in self.plan.peers.iter().zip(&self.buckets) {
+        let mut deltas: Vec<u8> = Vec::new();
+        let (mut new, mut old) = (Vec::new(), Vec::new());
+        for (pi, (peer, buckets)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
+            let base = self
+                .base
+                .as_ref()
+                .and_then(|b| b.base_for(ctx.bases, peer.peer));
+            if let Some(w) = ctl.peer_base(pi as u64) {
+                w.store(base.unwrap_or(NONE), Ordering::Relaxed);
+            }
+            if let (Some(v), Some(sb)) = (base, self.base.as_ref()) {
+                // every bucket's delta against the copy, into the delta segment's image
+                for b in buckets {
+                    ctx.check()?;
+                    let cap = b.bytes as usize;
+                    new.resize(cap, 0);
+                    old.resize(cap, 0);
+                    let n = pack(
+                        b,
+                        &peer.transfers,
+                        &self.tensors,
+                        &mut new,
+                        self.fp8.as_ref(),
+                    )?;
+                    let m = pack(b, &peer.transfers, sb.copy(), &mut old, self.fp8.as_ref())?;
+                    let at = deltas.len();
+                    let d = encode_bucket(b, &peer.transfers, &old[..m], &new[..n], &mut deltas)?;
+                    let (wo, wl) = ctl.delta_at(idx).ok_or(TransportError::ChecksumTable)?;
+                    wo.store(at as u64, Ordering::Relaxed);
+                    wl.store((deltas.len() - at) as u64, Ordering::Relaxed);
+                    if ctx.checksums {
+                        let h = xxhash_rust::xxh3::xxh3_64(&new[..n]);
+                        ctl.sum(idx)
+                            .ok_or(TransportError::ChecksumTable)?
+                            .store(h, Ordering::Relaxed);
+                        stats.checksum = stats.checksum.wrapping_add(h);
+                    }
+                    stats.delta.add(&d);
+                    stats.bytes += (deltas.len() - at) as u64;
+                    idx += 1;
+                    stats.buckets += 1;
+                }
+                let _ = v;
+                continue;
+            }
             for b in buckets {
                 if ctx.checksums {
                     self.scratch.resize(b.bytes as usize, 0);
@@ -342,6 +466,19 @@ impl ShmTransport {
             }
             stats.bytes += peer.bytes;
         }
+        Ok((stats, deltas))
+    }
+
+    /// Publishes the version to the receivers and waits until every one is done.
+    fn publish(
+        &mut self,
+        ctx: &ExecContext<'_>,
+        stats: ExecStats,
+    ) -> Result<ExecStats, RuntimeError> {
+        let ctl = self
+            .ctl
+            .as_ref()
+            .ok_or(TransportError::Closed("shm transport"))?;
         ctl.done().store(0, Ordering::Relaxed);
         ctl.ready().store(ctx.tag(), Ordering::Release);
         let want = self.plan.peers.len() as u64;
@@ -349,7 +486,44 @@ impl ShmTransport {
         // once every peer is done (or this rank gave up) nobody may read these weights as this
         // version any more: the trainer is free to change them
         ctl.ready().store(NONE, Ordering::Release);
+        if let Some(b) = self.base.as_mut() {
+            match &result {
+                Ok(()) => {
+                    b.refresh(&self.tensors, ctx.version)?;
+                }
+                Err(_) => b.invalidate(),
+            }
+        }
         result.map(|_| stats)
+    }
+
+    /// Copies this update's deltas into the delta segment, created at the first delta with
+    /// room for the largest possible one (every bucket of every peer dense, plus its tags).
+    fn write_deltas(&mut self, deltas: &[u8]) -> Result<(), RuntimeError> {
+        if self.delta_seg.is_none() {
+            let ctl = self
+                .ctl
+                .as_ref()
+                .ok_or(TransportError::Closed("shm transport"))?;
+            let most: usize = self.buckets.iter().flatten().map(max_len).sum();
+            let name = delta_name(ctl.seg.segment().name());
+            self.delta_seg = Some(ShmSegment::create(&name, most.max(1))?);
+        }
+        let seg = self
+            .delta_seg
+            .as_ref()
+            .ok_or(TransportError::Closed("shm transport"))?;
+        if deltas.len() > seg.len() {
+            return Err(TransportError::Delta(format!(
+                "{} bytes of deltas exceed the delta segment's {}",
+                deltas.len(),
+                seg.len()
+            ))
+            .into());
+        }
+        // SAFETY: the segment is this rank's; receivers read it only after `ready` is published.
+        unsafe { std::ptr::copy_nonoverlapping(deltas.as_ptr(), seg.ptr(), deltas.len()) };
+        Ok(())
     }
 
     fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
@@ -367,8 +541,28 @@ impl ShmTransport {
                 let r = self.open_remote(peer.peer, &info)?;
                 self.remotes.insert(peer.peer, r);
             }
+            // from here on this sender's boxes may be torn until every bucket landed
+            let held = self.held.begin(peer.peer);
             let remote = &self.remotes[&peer.peer];
             ctx.wait_until(|| remote.ctl.ready().load(Ordering::Acquire) == ctx.tag())?;
+            let base = remote
+                .ctl
+                .peer_base(remote.peer_at)
+                .map_or(NONE, |w| w.load(Ordering::Acquire));
+            if base != NONE {
+                check_base(peer.peer, base, held)?;
+                if let Some(r) = self.remotes.get_mut(&peer.peer)
+                    && r.delta.is_none()
+                {
+                    r.delta = Some(ShmSegment::open(&delta_name(&r.ctl_name))?);
+                }
+                let remote = &self.remotes[&peer.peer];
+                let st = receive_deltas(remote, peer, &self.buckets[pi], &self.tensors, ctx)?;
+                stats.add(&st);
+                remote.ctl.done().fetch_add(1, Ordering::AcqRel);
+                self.held.finish(peer.peer, ctx.version);
+                continue;
+            }
             for (bi, b) in self.buckets[pi].iter().enumerate() {
                 ctx.check()?;
                 for p in &b.pieces {
@@ -452,9 +646,80 @@ impl ShmTransport {
             }
             remote.ctl.done().fetch_add(1, Ordering::AcqRel);
             stats.bytes += peer.bytes;
+            self.held.finish(peer.peer, ctx.version);
         }
         Ok(stats)
     }
+}
+
+/// Applies one sender's deltas of this update (its delta segment, at the offsets its control
+/// segment names for this rank's buckets) to this rank's tensors; checks the checksums of the
+/// bytes they leave there.
+fn receive_deltas(
+    remote: &Remote,
+    peer: &awex_core::plan::PeerPlan,
+    buckets: &[Bucket],
+    tensors: &TensorSet,
+    ctx: &ExecContext<'_>,
+) -> Result<ExecStats, RuntimeError> {
+    let mut stats = ExecStats::default();
+    let seg = remote
+        .delta
+        .as_ref()
+        .ok_or(TransportError::Closed("delta segment"))?;
+    // SAFETY: the mapping is the segment's whole length; the sender wrote it before `ready`.
+    let all = unsafe { std::slice::from_raw_parts(seg.ptr(), seg.len()) };
+    for (bi, b) in buckets.iter().enumerate() {
+        ctx.check()?;
+        let i = remote.sums_at.checked_add(bi as u64);
+        let (off, len) = i
+            .and_then(|i| remote.ctl.delta_at(i))
+            .map(|(o, l)| (o.load(Ordering::Relaxed), l.load(Ordering::Relaxed)))
+            .ok_or(TransportError::ChecksumTable)?;
+        let bytes = off
+            .checked_add(len)
+            .and_then(|end| all.get(off as usize..end as usize))
+            .ok_or_else(|| {
+                RuntimeError::from(TransportError::Delta(format!(
+                    "training rank {}'s delta for bucket {bi} lies outside its delta segment",
+                    peer.peer
+                )))
+            })?;
+        let d = apply_bucket(b, &peer.transfers, tensors, bytes)?;
+        if ctx.corrupt && bi == 0 {
+            corrupt_first_byte(b, &peer.transfers, tensors);
+        }
+        if ctx.checksums {
+            let h = hash_destination(b, &peer.transfers, tensors)?;
+            let want = i
+                .and_then(|i| remote.ctl.sum(i))
+                .ok_or_else(|| {
+                    RuntimeError::from(TransportError::NoChecksum {
+                        peer: peer.peer,
+                        bucket: bi,
+                    })
+                })?
+                .load(Ordering::Relaxed);
+            if h != want {
+                return Err(RuntimeError::Checksum {
+                    peer: peer.peer,
+                    bucket: bi as u64,
+                });
+            }
+            stats.checksum = stats.checksum.wrapping_add(h);
+        }
+        stats.delta.add(&d);
+        stats.bytes += len;
+        stats.buckets += 1;
+    }
+    if remote.ctl.ready().load(Ordering::Acquire) != ctx.tag() {
+        return Err(TransportError::Withdrawn {
+            peer: peer.peer,
+            version: ctx.version,
+        }
+        .into());
+    }
+    Ok(stats)
 }
 
 /// Writes one piece of a sender-encoded transfer from the sender's shared copy of its source
@@ -567,7 +832,22 @@ impl Transport for ShmTransport {
         }
     }
 
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        if self.side == Side::Training && self.base.is_none() {
+            self.base = Some(SenderBase::new(&self.tensors)?);
+        }
+        self.deltas = true;
+        Ok(true)
+    }
+
+    fn holds_base(&self) -> bool {
+        self.deltas && self.side == Side::Inference
+    }
+
     fn close(&mut self) {
+        if let Some(d) = self.delta_seg.take() {
+            d.unlink();
+        }
         self.remotes.clear();
         if let Some(c) = self.ctl.take() {
             c.seg.segment().unlink();

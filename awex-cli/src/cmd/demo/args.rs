@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// Arguments of `awex-cli demo`.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
-    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksums --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --transport nccl --train megatron:tp=1 --infer sglang:tp=1 --train-gpus 0 --infer-gpus 1   (2 GPUs, --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json\n  awex-cli demo --model qwen3-tiny --infer sglang:tp=2 --infer-quant fp8 --fp8-block 16x16 --transport tcp"
+    after_help = "Examples:\n  awex-cli demo\n  awex-cli demo --transport tcp --checksums --updates 5\n  awex-cli demo --transport tcp --deltas --lr 1e-6 --updates 5\n  awex-cli demo --transport cuda-ipc --gpu 0   (a build with --features cuda)\n  awex-cli demo --transport nccl --train megatron:tp=1 --infer sglang:tp=1 --train-gpus 0 --infer-gpus 1   (2 GPUs, --features cuda)\n  awex-cli demo --model qwen3-tiny --train megatron:tp=2,dp=2 --infer sglang:tp=4 --json\n  awex-cli demo --model qwen3-tiny --infer sglang:tp=2 --infer-quant fp8 --fp8-block 16x16 --transport tcp"
 )]
 pub struct Args {
     /// Model: a preset name, a config.json, or an HF model directory.
@@ -47,6 +47,17 @@ pub struct Args {
     /// live tensors once every rank received).
     #[arg(long)]
     pub atomic: bool,
+    /// Delta updates: after the first update, training ranks move only the elements that
+    /// changed since the version each inference rank provably holds (a host copy of each
+    /// training rank's shard; see docs/deltas.md). Pair with `--lr` for realistic densities.
+    #[arg(long)]
+    pub deltas: bool,
+    /// Make versions as an optimiser step does at this learning rate (a seeded fp32 master, a
+    /// step of at most LR per element per version, cast to bf16), instead of random bytes that
+    /// change every element: deltas are then measured at real densities (lr 1e-6: a few per
+    /// cent of bf16 elements per version).
+    #[arg(long, value_parser = parse_lr)]
+    pub lr: Option<f64>,
     /// After the last update, write canonical and per-rank safetensors here.
     #[arg(long)]
     pub dump_dir: Option<PathBuf>,
@@ -83,6 +94,18 @@ impl Args {
 }
 
 /// The first version: 0 when the model is an HF directory with weights (they are version 0), else 1.
+/// A learning rate: finite and in (0, 1].
+pub fn parse_lr(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number (e.g. 1e-6)"))?;
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("learning rate {s} is outside (0, 1]"))
+    }
+}
+
 pub fn first_version(a: &Args) -> u64 {
     let dir = std::path::Path::new(&a.model);
     if dir.is_dir() && awex_core::model::Checkpoint::present(dir) {

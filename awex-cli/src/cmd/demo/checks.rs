@@ -56,3 +56,36 @@ pub fn shared_memory(leaked: &[String], prefix: &str) -> Check {
         )
     }
 }
+
+/// `--deltas`: every verified update after the first verified one was a delta against the
+/// version before it, held by every inference rank (each verified byte for byte like the rest).
+pub fn deltas(rows: &[UpdateRow]) -> Check {
+    let done: Vec<&UpdateRow> = rows.iter().filter(|u| u.verified).collect();
+    let later = done.len().saturating_sub(1);
+    let mut deltas = 0usize;
+    let (mut moved, mut dense) = (0u64, 0u64);
+    for w in done.windows(2) {
+        if w[1].base == Some((w[0].version, 0)) {
+            deltas += 1;
+            moved += w[1].bytes;
+            dense += w[1].dense_bytes.unwrap_or(0);
+        }
+    }
+    let share = if dense > 0 {
+        format!(
+            ": {} of {} dense bytes moved ({:.2} %)",
+            crate::cmd::plan::human_bytes(moved as f64),
+            crate::cmd::plan::human_bytes(dense as f64),
+            moved as f64 * 100.0 / dense as f64
+        )
+    } else {
+        String::new()
+    };
+    Check::new(
+        deltas == later,
+        format!(
+            "delta updates: {deltas} of the {} after the first sent only the elements that changed since the version every inference rank held{share}",
+            plural(later as u64, "verified update")
+        ),
+    )
+}

@@ -5,9 +5,15 @@ use crate::cmd::plan::{Resolved, plural};
 use std::path::Path;
 
 /// Writes `canonical.safetensors`: every tensor of version `version` in the HF layout.
-pub fn write_canonical(dir: &Path, model: &str, r: &Resolved, version: u64) -> anyhow::Result<()> {
+pub fn write_canonical(
+    dir: &Path,
+    model: &str,
+    lr: Option<f64>,
+    r: &Resolved,
+    version: u64,
+) -> anyhow::Result<()> {
     let weights =
-        crate::cmd::worker::demo_weights(model, &r.catalogue, r.spec.infer_fp8.is_some())?;
+        crate::cmd::worker::demo_weights(model, &r.catalogue, r.spec.infer_fp8.is_some(), lr)?;
     let tensors: Vec<(String, awex_core::DType, Vec<u64>, Vec<u8>)> = r
         .catalogue
         .tensors()

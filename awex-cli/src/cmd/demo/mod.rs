@@ -30,7 +30,7 @@ mod progress;
 mod ranks;
 mod report;
 
-pub use args::Args;
+pub use args::{Args, parse_lr};
 pub use floors::{device_copy_gbps, memcpy_gbps, tcp_loopback_gbps};
 pub use gpus::{Gpus, check_gpu_transport};
 pub use report::{Checks, DemoReport, UpdateRow};
@@ -56,6 +56,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let transport: Transport = args.transport.parse().map_err(anyhow::Error::msg)?;
     if args.updates == 0 {
         bail!("--updates must be at least 1");
+    }
+    if args.deltas && transport.on_gpu() {
+        bail!(
+            "--deltas runs over shm and tcp; the {transport} transport moves every byte yet (drop --deltas, or use --transport shm or tcp)"
+        );
     }
     let gpus = Gpus::of(&args, transport)?;
     let r = crate::cmd::plan::resolve_over(
@@ -151,6 +156,7 @@ async fn demo(
                     update_deadline_ms: deadline_ms,
                     bucket_mib: a.bucket_mib,
                     checksums: a.checksums,
+                    deltas: a.deltas,
                     apply: if a.atomic {
                         ApplyMode::Atomic
                     } else {
@@ -314,6 +320,9 @@ async fn demo(
                     error: Some(error),
                     torn: Some(torn),
                     live_intact: Some(live_intact),
+                    dense_bytes: None,
+                    density: None,
+                    base: None,
                 });
                 continue;
             }
@@ -322,6 +331,9 @@ async fn demo(
                 seconds,
                 transfer_ms: None,
                 bytes: 0,
+                dense_bytes: None,
+                density: None,
+                base: None,
                 gbps: 0.0,
                 verified: false,
                 attempts,
@@ -362,6 +374,9 @@ async fn demo(
             seconds,
             transfer_ms,
             bytes,
+            dense_bytes: status.delta.map(|d| d.dense_bytes.inference),
+            density: status.delta.map(|d| d.density()),
+            base: status.base.as_ref().map(|b| (b.version, b.except.len())),
             gbps: bytes as f64 / seconds / 1e9,
             verified,
             attempts,
@@ -391,7 +406,7 @@ async fn demo(
         .max()
         .unwrap_or(first);
     if let Some(dir) = &a.dump_dir {
-        dump::write_canonical(dir, &a.model, r, last)?;
+        dump::write_canonical(dir, &a.model, a.lr, r, last)?;
     }
 
     client.disconnect(&pair).await.context("disconnecting")?;
@@ -431,6 +446,7 @@ async fn demo(
             .then(|| checks::checksums(checksums_compared, a.updates)),
         shared_memory: checks::shared_memory(&leaked, &prefix),
         dumps: a.dump_dir.as_ref().map(|d| dump::check(d, r, last)),
+        deltas: a.deltas.then(|| checks::deltas(&rows)),
     };
     let median = {
         let mut g: Vec<f64> = rows.iter().filter(|u| u.verified).map(|u| u.gbps).collect();

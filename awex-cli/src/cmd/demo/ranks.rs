@@ -254,5 +254,8 @@ pub fn worker_command(
     if a.checksums {
         c.arg("--checksums");
     }
+    if let Some(lr) = a.lr {
+        c.args(["--lr", &lr.to_string()]);
+    }
     Ok(c)
 }

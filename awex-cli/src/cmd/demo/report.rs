@@ -16,6 +16,16 @@ pub struct UpdateRow {
     pub transfer_ms: Option<f64>,
     /// Bytes moved.
     pub bytes: u64,
+    /// `--deltas`: bytes a dense update would have moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_bytes: Option<u64>,
+    /// `--deltas`: the fraction of the elements sent as deltas that changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub density: Option<f64>,
+    /// `--deltas`: the version this update's deltas were taken against, and how many inference
+    /// ranks did not hold it (they got every byte).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base: Option<(u64, usize)>,
     /// GB/s.
     pub gbps: f64,
     /// Committed and every inference rank verified every byte.
@@ -103,6 +113,10 @@ pub struct Checks {
     /// What `--dump-dir` wrote.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dumps: Option<Check>,
+    /// `--deltas`: the updates after the first were deltas against the version every inference
+    /// rank held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deltas: Option<Check>,
 }
 
 impl Checks {
@@ -112,6 +126,7 @@ impl Checks {
         v.extend(&self.checksums);
         v.push(&self.shared_memory);
         v.extend(&self.dumps);
+        v.extend(&self.deltas);
         v
     }
 
@@ -127,10 +142,26 @@ pub fn print_table(report: &DemoReport, gpu: u32) {
         "awex demo: {} | {} -> {} | transport {}",
         report.model, report.training, report.inference, report.transport
     );
-    println!("version    seconds  data plane ms       moved      GB/s  verified");
+    let deltas = report.updates.iter().any(|u| u.dense_bytes.is_some());
+    println!(
+        "version    seconds  data plane ms       moved{}      GB/s  verified",
+        if deltas { "       dense  changed" } else { "" }
+    );
     for u in &report.updates {
+        let delta = if deltas {
+            format!(
+                "  {:>10}  {:>7}",
+                u.dense_bytes
+                    .map_or_else(|| "-".to_string(), |d| human_bytes(d as f64)),
+                u.density
+                    .filter(|_| u.base.is_some())
+                    .map_or_else(|| "all".to_string(), |d| format!("{:.2} %", d * 100.0))
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{:>7}  {:>9.3}  {:>13}  {:>10}  {:>8.2}  {}{}",
+            "{:>7}  {:>9.3}  {:>13}  {:>10}{delta}  {:>8.2}  {}{}",
             u.version,
             u.seconds,
             u.transfer_ms
