@@ -145,6 +145,36 @@ fn dense_chunk(c: usize, len: usize, elem: usize) -> bool {
     c * (1 + elem) >= len * elem || c >= DENSE_CHUNK as usize
 }
 
+/// Pushes the indices (within `o` and `w`, in elements of `elem` bytes) of the elements that
+/// differ, comparing eight bytes at a time and looking into a word only where it differs.
+fn changed_elements(o: &[u8], w: &[u8], elem: usize, first: u32, out: &mut Vec<u32>) {
+    let words = o.len() / 8;
+    let per = 8 / elem;
+    for i in 0..words {
+        let a = u64::from_le_bytes(o[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let b = u64::from_le_bytes(w[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let x = a ^ b;
+        if x == 0 {
+            continue;
+        }
+        let mask = if elem == 8 {
+            u64::MAX
+        } else {
+            (1u64 << (8 * elem)) - 1
+        };
+        for lane in 0..per {
+            if (x >> (8 * elem * lane)) & mask != 0 {
+                out.push(first + (i * per + lane) as u32);
+            }
+        }
+    }
+    for e in (words * 8 / elem)..(o.len() / elem) {
+        if o[e * elem..(e + 1) * elem] != w[e * elem..(e + 1) * elem] {
+            out.push(first + e as u32);
+        }
+    }
+}
+
 /// Appends the delta of `new` against `old` (same length, whole `elem`-byte elements) to
 /// `out`: the smallest of dense, sparse and unchanged. Returns its figures.
 pub fn encode(
@@ -162,73 +192,67 @@ pub fn encode(
         });
     }
     let n = new.len() / elem;
-    let chunks = n.div_ceil(CHUNK);
-    let mut counts = vec![0u8; chunks];
-    let mut changed = 0usize;
-    let mut sparse_body = 0usize;
-    for (c, count) in counts.iter_mut().enumerate() {
-        let lo = c * CHUNK * elem;
-        let hi = (lo + CHUNK * elem).min(new.len());
-        let (o, w) = (&old[lo..hi], &new[lo..hi]);
-        let k = if o == w {
-            0
-        } else {
-            o.chunks_exact(elem)
-                .zip(w.chunks_exact(elem))
-                .filter(|(a, b)| a != b)
-                .count()
-        };
-        let len = (hi - lo) / elem;
-        changed += k;
-        if dense_chunk(k, len, elem) {
-            *count = DENSE_CHUNK;
-            sparse_body += len * elem;
-        } else {
-            *count = k as u8;
-            sparse_body += k * (1 + elem);
-        }
-    }
     let start = out.len();
-    let dense = 1 + new.len();
-    let sparse = 1 + chunks + sparse_body;
-    if changed == 0 {
-        out.push(TAG_UNCHANGED);
-    } else if dense <= sparse {
-        out.push(TAG_DENSE);
-        out.extend_from_slice(new);
-    } else {
-        out.push(TAG_SPARSE);
-        out.extend_from_slice(&counts);
-        for (c, &count) in counts.iter().enumerate() {
-            let lo = c * CHUNK * elem;
-            let hi = (lo + CHUNK * elem).min(new.len());
-            if count == DENSE_CHUNK {
-                out.extend_from_slice(&new[lo..hi]);
-                continue;
-            }
-            if count == 0 {
-                continue;
-            }
-            let (o, w) = (&old[lo..hi], &new[lo..hi]);
-            let at = out.len();
-            out.resize(at + count as usize * (1 + elem), 0);
-            let (offs, vals) = out[at..].split_at_mut(count as usize);
-            let mut k = 0;
-            for (i, (a, b)) in o.chunks_exact(elem).zip(w.chunks_exact(elem)).enumerate() {
-                if a != b {
-                    offs[k] = i as u8;
-                    vals[k * elem..(k + 1) * elem].copy_from_slice(b);
-                    k += 1;
-                }
-            }
-        }
-    }
-    Ok(DeltaStats {
+    let stats = |out: &Vec<u8>, changed: usize| DeltaStats {
         elements: n as u64,
         changed: changed as u64,
         dense_bytes: new.len() as u64,
         delta_bytes: (out.len() - start) as u64,
-    })
+    };
+    if old == new {
+        out.push(TAG_UNCHANGED);
+        return Ok(stats(out, 0));
+    }
+    let chunks = n.div_ceil(CHUNK);
+    // the changed elements of each chunk, found a chunk at a time
+    let mut idx: Vec<u32> = Vec::new();
+    let mut ends = Vec::with_capacity(chunks);
+    for c in 0..chunks {
+        let lo = c * CHUNK * elem;
+        let hi = (lo + CHUNK * elem).min(new.len());
+        changed_elements(&old[lo..hi], &new[lo..hi], elem, 0, &mut idx);
+        ends.push(idx.len());
+    }
+    let changed = idx.len();
+    let mut sparse = 1 + chunks;
+    let mut from = 0usize;
+    for (c, &end) in ends.iter().enumerate() {
+        let len = (n - c * CHUNK).min(CHUNK);
+        let k = end - from;
+        sparse += if dense_chunk(k, len, elem) {
+            len * elem
+        } else {
+            k * (1 + elem)
+        };
+        from = end;
+    }
+    if 1 + new.len() <= sparse {
+        out.push(TAG_DENSE);
+        out.extend_from_slice(new);
+        return Ok(stats(out, changed));
+    }
+    out.push(TAG_SPARSE);
+    let counts_at = out.len();
+    out.resize(counts_at + chunks, 0);
+    let mut from = 0usize;
+    for (c, &end) in ends.iter().enumerate() {
+        let len = (n - c * CHUNK).min(CHUNK);
+        let k = end - from;
+        let lo = c * CHUNK * elem;
+        if dense_chunk(k, len, elem) {
+            out[counts_at + c] = DENSE_CHUNK;
+            out.extend_from_slice(&new[lo..lo + len * elem]);
+        } else if k > 0 {
+            out[counts_at + c] = k as u8;
+            out.extend(idx[from..end].iter().map(|&i| i as u8));
+            for &i in &idx[from..end] {
+                let at = lo + i as usize * elem;
+                out.extend_from_slice(&new[at..at + elem]);
+            }
+        }
+        from = end;
+    }
+    Ok(stats(out, changed))
 }
 
 fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize, n: usize) -> Result<&'a [u8], DeltaError> {
