@@ -55,6 +55,10 @@ pub struct Options {
     pub threads: usize,
     /// How a cuda-ipc receiver takes its peers' copies.
     pub peers: PeerOrder,
+    /// Bytes on the wire per planned (dense) byte: 1 for dense updates, the delta's expected
+    /// fraction at a density (`awex_core::encoding::delta::expected_fraction`); the buckets
+    /// and their steps stay those of the plan, each carrying fewer bytes.
+    pub wire_scale: f64,
 }
 
 /// How a simulated cuda-ipc receiver takes its peers' copies.
@@ -108,6 +112,7 @@ impl Default for Options {
             quantum: 1e-4,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             peers: PeerOrder::default(),
+            wire_scale: 1.0,
         }
     }
 }
@@ -484,7 +489,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     let f = g.add(
                         Kind::Flow {
                             links: path,
-                            bytes: bytes as f64,
+                            bytes: bytes as f64 * opts.wire_scale,
                         },
                         &[rt[t].lat[j], ri[i].lat[j]],
                     );
@@ -563,7 +568,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                         let f = g.add(
                             Kind::Flow {
                                 links: path,
-                                bytes: piece as f64,
+                                bytes: piece as f64 * opts.wire_scale,
                             },
                             &deps,
                         );
@@ -611,7 +616,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     let f = g.add(
                         Kind::Flow {
                             links: path,
-                            bytes: p.bytes as f64,
+                            bytes: p.bytes as f64 * opts.wire_scale,
                         },
                         &[lat_d],
                     );

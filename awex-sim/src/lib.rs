@@ -173,6 +173,7 @@ pub fn simulate_plans(
             f.encoding = "fp8".into();
             f
         }),
+        delta: None,
     })
 }
 

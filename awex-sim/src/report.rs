@@ -122,6 +122,27 @@ pub struct Report {
     /// With an FP8 inference side: the bytes the plans move per encoding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Fp8Wire>,
+    /// Delta updates (`--delta-density`): what the prediction assumed and added.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<DeltaPrediction>,
+}
+
+/// How a delta update was predicted: the flows carry `wire_scale` of their planned bytes, and
+/// before them every training rank diffs its shard against its copy of the base.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeltaPrediction {
+    /// The fraction of elements assumed changed.
+    pub density: f64,
+    /// Bytes of an element on the wire (2: bf16; 1: e4m3 with an FP8 inference side).
+    pub element_bytes: usize,
+    /// Wire bytes per planned byte.
+    pub wire_scale: f64,
+    /// Seconds of the busiest training rank's diff and encode pass (reading what it sends and
+    /// its copy of the base in bf16, writing the copy), at `encode_rate` bytes per second.
+    pub encode_s: f64,
+    /// The rate assumed for that pass (an H200's device copy, 4.27 TB/s read+write, on GPU
+    /// topologies; a core's memcpy, 8 GB/s, on CPU ones).
+    pub encode_rate: f64,
 }
 
 /// Bytes on the wire per encoding of an FP8 inference side (every pair together).
@@ -343,6 +364,16 @@ impl Report {
             self.transfers,
             self.pairs
         );
+        if let Some(d) = &self.delta {
+            let _ = writeln!(
+                o,
+                "delta        density {:.3} %: {:.3} % of the planned bytes on the wire ({}-byte elements), diff and encode {:.2} ms on the busiest training rank (included below)",
+                d.density * 100.0,
+                d.wire_scale * 100.0,
+                d.element_bytes,
+                d.encode_s * 1e3
+            );
+        }
         if let Some(f) = &self.fp8 {
             let _ = writeln!(
                 o,

@@ -362,6 +362,15 @@ pub fn apply(delta: &[u8], elem: usize, base: &mut [u8]) -> Result<usize, DeltaE
     })
 }
 
+/// The expected wire bytes of a delta per dense byte, for `elem`-byte elements that change
+/// independently with probability `density`: one count byte per 256 elements plus an offset
+/// and a value per change, at most the dense bytes (the encoder then sends them whole).
+pub fn expected_fraction(density: f64, elem: usize) -> f64 {
+    let d = density.clamp(0.0, 1.0);
+    let e = elem.max(1) as f64;
+    ((1.0 / CHUNK as f64 + d * (1.0 + e)) / e).min(1.0)
+}
+
 /// The encoded size of a segment without writing it (what [`encode`] would append).
 pub fn encoded_len(old: &[u8], new: &[u8], elem: usize) -> Result<usize, DeltaError> {
     let mut v = Vec::new();
@@ -432,6 +441,20 @@ mod tests {
         assert!(fp8 < 0.013, "e4m3 at 0.3 %: {fp8}");
         // and an unchanged segment is one byte
         assert_eq!(encoded_len(&old, &old, 1).unwrap(), 1);
+    }
+
+    #[test]
+    fn the_expected_fraction_matches_what_the_encoder_writes() {
+        for (elem, per_mille) in [(2usize, 30u64), (1, 3), (4, 10)] {
+            let (old, new) = versions(1 << 18, elem, per_mille, 21);
+            let got = encoded_len(&old, &new, elem).unwrap() as f64 / new.len() as f64;
+            let want = expected_fraction(per_mille as f64 / 1000.0, elem);
+            assert!(
+                (got - want).abs() < 0.15 * want,
+                "elem {elem}: {got} vs {want}"
+            );
+        }
+        assert_eq!(expected_fraction(1.0, 2), 1.0);
     }
 
     #[test]
