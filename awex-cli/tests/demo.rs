@@ -821,3 +821,76 @@ fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tens
         "{err}"
     );
 }
+
+#[test]
+fn delta_demos_over_shm_and_tcp_move_a_few_per_cent_and_verify_every_byte() {
+    let _one = one_at_a_time();
+    for transport in ["shm", "tcp"] {
+        let (code, j, err) = demo(&[
+            "--transport",
+            transport,
+            "--deltas",
+            "--lr",
+            "1e-6",
+            "--checksums",
+            "--updates",
+            "3",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        assert_eq!(j["verified"], true, "{j}");
+        assert_eq!(j["checks"]["deltas"]["ok"], true, "{j}");
+        let ups = j["updates"].as_array().unwrap();
+        // the first update moves every byte; the later ones only what changed
+        assert!(ups[0].get("base").is_none(), "{}", ups[0]);
+        for (i, u) in ups.iter().enumerate().skip(1) {
+            assert_eq!(u["base"], serde_json::json!([i as u64, 0]), "{u}");
+            let (moved, dense) = (
+                u["bytes"].as_f64().unwrap(),
+                u["dense_bytes"].as_f64().unwrap(),
+            );
+            assert_eq!(dense, ups[0]["bytes"].as_f64().unwrap());
+            assert!(moved < 0.10 * dense, "{transport}: {moved} of {dense}");
+            let d = u["density"].as_f64().unwrap();
+            assert!((0.005..0.08).contains(&d), "{transport}: density {d}");
+        }
+        // this demo's own segments (its pair's names), delta segments included
+        assert_eq!(j["leaked_segments"], Value::Array(vec![]), "{transport}");
+    }
+}
+
+#[test]
+fn with_deltas_a_killed_training_rank_is_retried_with_every_byte_and_deltas_resume() {
+    let _one = one_at_a_time();
+    let (code, j, err) = demo(&[
+        "--transport",
+        "tcp",
+        "--deltas",
+        "--lr",
+        "1e-6",
+        "--fault-kill-train-rank",
+        "1",
+        "--fault-version",
+        "2",
+        "--deadline-s",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ups = j["updates"].as_array().unwrap();
+    assert_eq!(ups.len(), 4, "{j}");
+    assert_eq!(ups[1]["verified"], false);
+    // the retry: the restarted trainer keeps no copy and the torn ranks hold nothing, so
+    // whoever cannot prove the base gets every byte; every byte is verified
+    let retry = &ups[2];
+    assert_eq!(
+        (retry["version"].as_u64(), retry["verified"].as_bool()),
+        (Some(2), Some(true))
+    );
+    assert!(
+        retry["bytes"].as_u64() > Some(ups[0]["bytes"].as_u64().unwrap() / 4),
+        "{retry}"
+    );
+    // the next one is a delta again, for every rank
+    assert_eq!(ups[3]["base"], serde_json::json!([2, 0]), "{}", ups[3]);
+    assert_eq!(ups[3]["verified"], true);
+    assert_eq!(j["checks"]["deltas"]["ok"], true, "{j}");
+}
