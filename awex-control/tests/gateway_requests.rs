@@ -203,7 +203,7 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
         (
             with(&|v| v["options"]["retries"] = json!(3)),
             422,
-            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`, `apply`",
+            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`, `apply`, `deltas`",
         ),
         (with(&|v| v["transport"] = json!("pigeon")), 422, ""),
         (
