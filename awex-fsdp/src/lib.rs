@@ -14,7 +14,8 @@ pub mod transformers;
 pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk, options_from_names};
 
 use awex_core::backend::{
-    Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend, TrainingRegistration,
+    Backend, Detection, ParallelConfig, ParallelKey, Probe, SpecError, TrainingBackend,
+    TrainingRegistration,
 };
 use awex_core::DType;
 use awex_core::layout::{LayoutError, SideLayout};
@@ -98,6 +99,18 @@ impl Backend for FsdpBackend {
 
     fn parallel_keys(&self) -> &'static [ParallelKey] {
         KEYS
+    }
+
+    fn resolved_parallel(&self, parallel: &ParallelConfig) -> Result<ParallelConfig, SpecError> {
+        let mut p = parallel.checked(KEYS, "fsdp")?;
+        // releases with the same dtype rules lay out the same ranks (a value that names no
+        // release is left for the layout to refuse)
+        if let Some(v) = p.0.get_mut("transformers")
+            && let Ok(rules) = transformers::Rules::of_release(*v)
+        {
+            *v = rules.release();
+        }
+        Ok(p)
     }
 
     fn python_packages(&self) -> &'static [&'static str] {

@@ -65,6 +65,15 @@ impl Rules {
         }
     }
 
+    /// The release that stands for these rules: [`PINNED`] or [`FP32_ROUTERS`] (releases with
+    /// the same rules lay out the same ranks, so a spec resolves to this one).
+    pub fn release(self) -> u64 {
+        match self {
+            Rules::ModelDtypeRouters => PINNED,
+            Rules::Fp32Routers => FP32_ROUTERS,
+        }
+    }
+
     /// The dtype transformers holds `part` in, for a part the family gives `dtype`.
     pub fn dtype(self, spec: &ModelSpec, part: Part, dtype: DType) -> DType {
         let class = spec.architecture.family().hf_class;
