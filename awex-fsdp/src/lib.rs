@@ -13,11 +13,11 @@ pub mod transformers;
 
 pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk, options_from_names};
 
+use awex_core::DType;
 use awex_core::backend::{
     Backend, Detection, ParallelConfig, ParallelKey, Probe, SpecError, TrainingBackend,
     TrainingRegistration,
 };
-use awex_core::DType;
 use awex_core::layout::{LayoutError, SideLayout};
 use awex_core::model::ModelSpec;
 use std::sync::Arc;

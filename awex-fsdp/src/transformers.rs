@@ -128,8 +128,14 @@ mod tests {
             vec![
                 ("model.embed_tokens.weight", DType::Bf16),
                 ("model.layers.1.mlp.gate.weight", router),
-                ("model.layers.1.mlp.gate.e_score_correction_bias", DType::F32),
-                ("model.layers.1.mlp.shared_experts.gate_proj.weight", DType::Bf16),
+                (
+                    "model.layers.1.mlp.gate.e_score_correction_bias",
+                    DType::F32,
+                ),
+                (
+                    "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                    DType::Bf16,
+                ),
             ]
         };
         assert_eq!(

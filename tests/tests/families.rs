@@ -849,11 +849,16 @@ fn fsdp_routers_follow_the_transformers_release_and_plans_convert_to_each_engine
                 if m.moe.as_ref().is_some_and(|x| x.router_bias) {
                     assert_eq!(held[bias].1, DType::F32, "{what}");
                 }
-                // nothing else leaves the model's dtype
+                // every layer's router likewise, and nothing else leaves the model's dtype
                 for (n, (_, d, _)) in &held {
-                    if n != router && n != bias {
-                        assert_eq!(*d, DType::Bf16, "{what}: {n}");
-                    }
+                    let want = if n.ends_with(".mlp.gate.weight") {
+                        train_router
+                    } else if n.ends_with(".mlp.gate.e_score_correction_bias") {
+                        DType::F32
+                    } else {
+                        DType::Bf16
+                    };
+                    assert_eq!(*d, want, "{what}: {n}");
                 }
             }
             assert!(t.holders(router).iter().all(|h| h.dtype == train_router));

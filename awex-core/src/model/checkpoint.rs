@@ -318,7 +318,11 @@ fn past_the_layers(name: &str, cat: &Catalogue) -> String {
 /// One tensor's bytes: inside a mapped file, or widened from a narrower float type.
 enum Entry {
     /// `[start, end)` of mapped file `file`, in the catalogue's dtype.
-    Mapped { file: usize, start: usize, end: usize },
+    Mapped {
+        file: usize,
+        start: usize,
+        end: usize,
+    },
     /// The stored tensor widened to the catalogue's fp32 ([`widens`]).
     Widened(Vec<u8>),
 }
@@ -637,7 +641,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stored = |dt: &'static str, size: usize| {
             let mut t = all(&cat);
-            for x in t.iter_mut().filter(|x| x.0.ends_with("e_score_correction_bias")) {
+            for x in t
+                .iter_mut()
+                .filter(|x| x.0.ends_with("e_score_correction_bias"))
+            {
                 x.1 = dt;
                 x.3 = 8 * size;
             }
@@ -665,7 +672,10 @@ mod tests {
         // nothing else changes: F64 and I32 stay refused, and a narrower copy of a BF16 tensor
         // too (awex never narrows a checkpoint)
         write(dir.path(), &stored("F64", 8));
-        let e = Checkpoint::open(dir.path(), &cat).err().unwrap().to_string();
+        let e = Checkpoint::open(dir.path(), &cat)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             e.contains(&format!(
                 "`{bias}` is F64 [8] but the model needs F32 [8] (or BF16 / F16, which awex widens)"
@@ -677,7 +687,10 @@ mod tests {
         norm.1 = "F32";
         norm.3 = 64 * 4;
         write(dir.path(), &t);
-        let e = Checkpoint::open(dir.path(), &cat).err().unwrap().to_string();
+        let e = Checkpoint::open(dir.path(), &cat)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             e.contains("`model.norm.weight` is F32 [64] but the model needs BF16 [64]"),
             "{e}"
