@@ -101,10 +101,11 @@ def run_case(case, rank, gateway, out):
     import convert
     import hf_models
 
-    model = hf_models.build(hf_models.config(case["kind"], **case.get("over", {})))
-    if case.get("dtype") == "bf16":
+    if case.get("bf16_checkpoint"):
         # as users load a bf16 checkpoint: the release's own dtype rules decide each tensor's dtype
-        model = hf_models.load_bf16(model, os.path.join(out, f"ckpt-{case['name']}-rank{rank}"))
+        model = hf_models.load_auto(case["bf16_checkpoint"])
+    else:
+        model = hf_models.build(hf_models.config(case["kind"], **case.get("over", {})))
     canon = convert.hf_canonical(model)
     model = shard(model, case)
     named = awex.fsdp.named_tensors(model)

@@ -119,15 +119,20 @@ def build(cfg: Any) -> torch.nn.Module:
     return model
 
 
-def load_bf16(model: torch.nn.Module, path: str) -> torch.nn.Module:
-    """The model as users load a bf16 checkpoint: written by ``model.to(torch.bfloat16)
-    .save_pretrained(path)`` (every tensor BF16, a router's ``e_score_correction_bias``
-    included), then ``from_pretrained(path, dtype="auto")``, which applies the release's own
-    dtype rules (``_keep_in_fp32_modules_strict``: the router bias fp32, and from transformers 5.24
-    DeepSeek-V2/V3's and GLM-4.5's ``mlp.gate.weight`` fp32 too)."""
+def save_bf16(model: torch.nn.Module, path: str) -> str:
+    """A bf16 checkpoint as users write one: ``model.to(torch.bfloat16).save_pretrained(path)``
+    (every tensor BF16, a router's ``e_score_correction_bias`` included). Called outside the
+    ranks' process group (``save_pretrained`` writes on the main process only)."""
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def load_auto(path: str) -> torch.nn.Module:
+    """The model as users load a checkpoint: ``from_pretrained(path, dtype="auto")``, which
+    applies the release's own dtype rules (``_keep_in_fp32_modules_strict``: the router bias fp32,
+    and from transformers 5.24 DeepSeek-V2/V3's and GLM-4.5's ``mlp.gate.weight`` fp32 too)."""
     import transformers
 
-    model.to(torch.bfloat16).save_pretrained(path)
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
 
 
