@@ -78,6 +78,20 @@ def load_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> None:
         q.put((rank, {"error": traceback.format_exc()}))
 
 
+def tensors_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str, dtype: str, names: list[str]) -> None:
+    """(a) only: SGLang's own load of ``ckpt`` by a ``--dtype dtype`` server; reports the named
+    parameters as ``(dtype, bytes)``."""
+    try:
+        import torch
+
+        sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port, dtype=dtype)
+        params = dict(sglang_cpu.load_model(sa).named_parameters())
+        q.put((rank, {n: (str(params[n].dtype), params[n].detach().contiguous().reshape(-1).view(torch.uint8)
+                          .numpy().tobytes()) for n in names}))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
+
+
 def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int, str], gateway: str,
                 pairs: list[str], versions: list[int], untied_head: bool = False,
                 fused_shared: str | None = None, dtype: str = "float32") -> None:

@@ -8,6 +8,8 @@ padding included; for two consecutive versions through one process-wide Reader p
 
 from __future__ import annotations
 
+import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,6 +19,8 @@ import checkpoints
 import rank_jobs
 from conftest import (MLA, Ranks, assert_mla_derived, drive, fill, fill_bf16, free_port, pair_name, rank_context,
                       sglang_infer)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # arch, tied, tp, ep, [(training layout, transport)]
 CASES = [
@@ -156,6 +160,48 @@ def test_fp32_routers_of_a_bf16_trainer_land_as_sglangs_own_load_narrows_them(ca
         assert res["checked"] == 2 * len(pairs), res
     if arch in MLA:
         assert_mla_derived(results)
+
+
+def test_a_bf16_router_bias_checkpoint_is_widened_as_sglangs_own_load_widens_it(ckpt_dir, tmp_path) -> None:
+    """A DeepSeek-V3 checkpoint as ``model.to(torch.bfloat16).save_pretrained`` writes it: every
+    tensor BF16, the router's ``e_score_correction_bias`` (fp32 in the model) included. awex
+    (``awex-cli demo --model DIR``: the checkpoint is version 0, every rank's tensors dumped)
+    opens it and delivers the bias widened; the bytes equal SGLang's own load of the same
+    directory into its fp32 parameter, and torch's widening."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cli = os.path.join(os.path.dirname(os.path.dirname(HERE)), "target", "debug", "awex-cli")
+    assert os.path.exists(cli), f"{cli} is missing: cargo build -p awex-cli (.ci/engines builds it)"
+    src = ckpt_dir("DeepseekV3ForCausalLM", False)[1]
+    ckpt = str(tmp_path / "bf16")
+    os.makedirs(ckpt)
+    tensors = {n: t.to(torch.bfloat16) for n, t in load_file(os.path.join(src, "model.safetensors")).items()}
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert tensors[bias].dtype == torch.bfloat16
+    save_file(tensors, os.path.join(ckpt, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["dtype"] = cfg["torch_dtype"] = "bfloat16"
+    with open(os.path.join(ckpt, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    dump = str(tmp_path / "dump")
+    run = subprocess.run([cli, "demo", "--model", ckpt, "--train", "fsdp:dp=1", "--infer",
+                          "sglang:tp=1,fused_shared_experts=0", "--transport", "tcp", "--updates", "1",
+                          "--dump-dir", dump, "--json"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["verified"] is True
+    # version 0 is the checkpoint itself: what the SGLang rank received
+    got = load_file(os.path.join(dump, "infer", "engine-0", "rank-0.safetensors"))
+    (res,) = Ranks(1, rank_jobs.tensors_job, 1, 1, free_port(), ckpt, "bfloat16", [bias]).results()
+    sglang_dtype, sglang_bytes = res[bias]
+    assert sglang_dtype == "torch.float32"
+    assert got[bias].dtype == torch.float32
+    raw = got[bias].contiguous().view(torch.uint8).numpy().tobytes()
+    assert raw == sglang_bytes
+    assert raw == tensors[bias].float().view(torch.uint8).numpy().tobytes()
 
 
 def test_loader_faults(gateway, ckpt_dir) -> None:
