@@ -894,3 +894,86 @@ fn with_deltas_a_killed_training_rank_is_retried_with_every_byte_and_deltas_resu
     assert_eq!(ups[3]["verified"], true);
     assert_eq!(j["checks"]["deltas"]["ok"], true, "{j}");
 }
+
+/// A DeepSeek-V3 directory (the deepseek-v3-tiny sizes, bf16) whose every tensor is BF16, as
+/// `model.to(torch.bfloat16).save_pretrained(...)` writes it: the router's
+/// `e_score_correction_bias`, F32 in the model, included. Values are finite (high byte 0x3c).
+fn deepseek_bf16_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 1000,
+        "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "q_lora_rank": 32,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "tie_word_embeddings": false, "dtype": "bfloat16"
+    });
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    let spec = awex_core::ModelSpec::from_config_value(&cfg).unwrap();
+    let cat = awex_core::Catalogue::of(&spec);
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (t, c) in cat.tensors().iter().enumerate() {
+        let n = c.shape.numel() as usize;
+        let at = data.len();
+        for i in 0..n {
+            data.extend_from_slice(&[((i * 31 + t * 7) % 251) as u8, 0x3c]);
+        }
+        header.insert(
+            c.name.clone(),
+            serde_json::json!({"dtype": "BF16", "shape": c.shape.as_slice(), "data_offsets": [at, data.len()]}),
+        );
+    }
+    let text = serde_json::to_vec(&header).unwrap();
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend(text);
+    out.extend(data);
+    std::fs::write(dir.path().join("model.safetensors"), out).unwrap();
+    dir
+}
+
+#[test]
+fn fsdp_demo_follows_the_transformers_release_into_both_engines_from_a_bf16_router_bias_checkpoint()
+{
+    let _one = one_at_a_time();
+    let dir = deepseek_bf16_dir();
+    let model = dir.path().to_str().unwrap();
+    // transformers 5.24's fp32 routers narrowed into SGLang's and vLLM's bf16 DeepSeek gates,
+    // 5.19's bf16 ones moved as they are; GLM-4.5's bf16 routers widened into the engines' fp32
+    let runs = [
+        (
+            model,
+            "fsdp:dp=2,fused_experts=1,transformers=524",
+            "sglang:tp=2,fused_shared_experts=0",
+        ),
+        (model, "fsdp:dp=2,fused_experts=1", "vllm:tp=2"),
+        ("glm-4.5-tiny", "fsdp:dp=2,transformers=519", "vllm:tp=2"),
+        (
+            "glm-4.5-tiny",
+            "fsdp:dp=2,transformers=525",
+            "sglang:tp=2,fused_shared_experts=0",
+        ),
+    ];
+    for (m, train, infer) in runs {
+        let (code, j, err) = demo_of(
+            m,
+            &[
+                "--transport",
+                "tcp",
+                "--train",
+                train,
+                "--infer",
+                infer,
+                "--updates",
+                "2",
+                "--checksums",
+            ],
+        );
+        assert_eq!(code, 0, "{train} -> {infer}: {err}");
+        assert_eq!(j["verified"], true, "{train} -> {infer}");
+        for u in j["updates"].as_array().unwrap() {
+            assert_eq!(u["verified"], true, "{train} -> {infer}: {u}");
+        }
+    }
+}

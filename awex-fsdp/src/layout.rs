@@ -14,6 +14,8 @@ use awex_core::layout::{
 use awex_core::model::family::Sink;
 use awex_core::model::{Canon, ModelSpec, Part, Role, Split as ExpertSplit};
 
+use crate::transformers::Rules;
+
 /// The module transformers 5 holds a MoE block under in memory, whatever the checkpoint calls it
 /// (`conversion_mapping.py` renames Mixtral's `block_sparse_moe` to `mlp`): `mlp.gate` (the
 /// router) and `mlp.experts` (`gate_up_proj`, `down_proj`).
@@ -174,6 +176,9 @@ pub enum FsdpConfigError {
         /// tensor-parallel size
         tp: u64,
     },
+    /// A `transformers` value that names no release.
+    #[error(transparent)]
+    Transformers(#[from] crate::transformers::RulesError),
     /// Tensor parallelism must give every rank whole query and KV heads.
     #[error(
         "model has {heads} attention heads and {kv_heads} KV heads; fsdp tp={tp} needs both divisible by tp (a colwise q/k/v_proj shard must hold whole heads, in the model's query-to-KV ratio)"
@@ -221,6 +226,7 @@ pub struct FsdpLayout {
     replicate: u32,
     tp: u32,
     fused_experts: bool,
+    rules: Rules,
 }
 
 /// A transformers 5 fused expert tensor (`Qwen3MoeExperts` in
@@ -302,7 +308,16 @@ impl FsdpLayout {
             replicate: replicate as u32,
             tp: tp as u32,
             fused_experts: false,
+            rules: Rules::default(),
         })
+    }
+
+    /// The same mesh with the dtypes transformers release `version` (`major * 100 + minor`)
+    /// gives the parameters ([`crate::transformers`]): from 5.24 on, DeepSeek-V2/V3, Kimi-K2
+    /// and GLM-4.5 hold their routers in fp32 in a bf16 or fp16 model.
+    pub fn with_transformers(mut self, version: u64) -> Result<Self, FsdpConfigError> {
+        self.rules = Rules::of_release(version)?;
+        Ok(self)
     }
 
     /// The same mesh with MoE experts as transformers 5 holds them in memory: per layer one
@@ -471,8 +486,8 @@ impl FsdpLayout {
     }
 
     /// The full shape, the TP split and the dtype of canonical tensor `c`, when the model has
-    /// it (the dtype the family gives the part: transformers creates GLM-4.5's router bias in
-    /// fp32, as the checkpoint stores it).
+    /// it (the dtype the family gives the part, as the layout's transformers release holds it:
+    /// the router's bias always fp32, the router fp32 from 5.24 on for the classes that say so).
     fn param(&self, c: Canon) -> Option<(Dims, TpSplit, DType)> {
         /// Finds one part's shape and dtype.
         struct Find(Part, Option<(Dims, Option<DType>)>);
@@ -515,7 +530,8 @@ impl FsdpLayout {
             Role::Row | Role::Expert(ExpertSplit::Row) => TpSplit::Cols,
             Role::Replicated => TpSplit::Replicated,
         };
-        Some((shape, split, dtype.unwrap_or(s.dtype)))
+        let dtype = self.rules.dtype(s, c.part, dtype.unwrap_or(s.dtype));
+        Some((shape, split, dtype))
     }
 
     fn shard(&self, shape: Dims, split: TpSplit, dp_rank: u32, tp_rank: u32) -> Shard {

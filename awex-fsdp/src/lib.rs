@@ -9,11 +9,14 @@
 
 pub mod detect;
 pub mod layout;
+pub mod transformers;
 
 pub use layout::{FsdpConfigError, FsdpLayout, TpSplit, chunk, options_from_names};
 
+use awex_core::DType;
 use awex_core::backend::{
-    Backend, Detection, ParallelConfig, ParallelKey, Probe, TrainingBackend, TrainingRegistration,
+    Backend, Detection, ParallelConfig, ParallelKey, Probe, SpecError, TrainingBackend,
+    TrainingRegistration,
 };
 use awex_core::layout::{LayoutError, SideLayout};
 use awex_core::model::ModelSpec;
@@ -48,6 +51,11 @@ const KEYS: &[ParallelKey] = &[
         default: Some(0),
         help: "1 for transformers 5's fused MoE experts (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I], sharded on the expert dim); 0 for transformers 4's per-expert mlp.experts.{e}.gate_proj.weight",
     },
+    ParallelKey {
+        name: "transformers",
+        default: Some(transformers::PINNED),
+        help: "the transformers release the trainer runs, as major * 100 + minor (519 for 5.19): its rules decide which parameters of a bf16/fp16 model are fp32; from 524 (5.24) DeepSeek-V2/V3, Kimi-K2 and GLM-4.5 keep their routers (mlp.gate.weight) in fp32 (the sender converts where the engine holds another dtype); default 519, the release awex's engine tests pin",
+    },
 ];
 
 impl FsdpBackend {
@@ -75,7 +83,8 @@ impl FsdpBackend {
             p.get_or("replicate", 1),
             p.get_or("tp", 1),
         )?
-        .with_fused_experts(fused)?)
+        .with_fused_experts(fused)?
+        .with_transformers(p.get_or("transformers", transformers::PINNED))?)
     }
 }
 
@@ -90,6 +99,18 @@ impl Backend for FsdpBackend {
 
     fn parallel_keys(&self) -> &'static [ParallelKey] {
         KEYS
+    }
+
+    fn resolved_parallel(&self, parallel: &ParallelConfig) -> Result<ParallelConfig, SpecError> {
+        let mut p = parallel.checked(KEYS, "fsdp")?;
+        // releases with the same dtype rules lay out the same ranks (a value that names no
+        // release is left for the layout to refuse)
+        if let Some(v) = p.0.get_mut("transformers")
+            && let Ok(rules) = transformers::Rules::of_release(*v)
+        {
+            *v = rules.release();
+        }
+        Ok(p)
     }
 
     fn python_packages(&self) -> &'static [&'static str] {
@@ -112,6 +133,13 @@ impl Backend for FsdpBackend {
 impl TrainingBackend for FsdpBackend {
     fn options_from_names(&self, names: &[&str]) -> Vec<(&'static str, u64)> {
         layout::options_from_names(names)
+    }
+
+    fn options_from_tensors(&self, tensors: &[(&str, DType)]) -> Vec<(&'static str, u64)> {
+        let names: Vec<&str> = tensors.iter().map(|t| t.0).collect();
+        let mut out = layout::options_from_names(&names);
+        out.extend(transformers::options_from_tensors(tensors));
+        out
     }
 }
 

@@ -365,7 +365,7 @@ fn invalid_configs_are_refused_with_clear_messages() {
     );
     assert_eq!(
         err(&[("pp", 2)]),
-        "backend `fsdp` has no parallel key `pp`; keys: dp, replicate, tp, fused_experts"
+        "backend `fsdp` has no parallel key `pp`; keys: dp, replicate, tp, fused_experts, transformers"
     );
 }
 
@@ -385,7 +385,8 @@ fn backend_is_registered_as_fsdp() {
             ("dp", Some(1)),
             ("replicate", Some(1)),
             ("tp", Some(1)),
-            ("fused_experts", Some(0))
+            ("fused_experts", Some(0)),
+            ("transformers", Some(519))
         ]
     );
     assert_eq!(b.python_packages(), &["torch"]);

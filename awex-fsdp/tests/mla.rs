@@ -132,3 +132,53 @@ fn tensor_parallel_mla_is_refused_naming_transformers_tp_plan() {
         Ok(_) => panic!("fsdp tp=2 accepted DeepSeek-V3"),
     }
 }
+
+#[test]
+fn the_router_is_fp32_from_transformers_5_24_and_in_the_model_dtype_before() {
+    // DeepseekV3PreTrainedModel._keep_in_fp32_modules_strict: ["e_score_correction_bias"] up to
+    // 5.23, ["e_score_correction_bias", "gate.weight"] from 5.24
+    for (pairs, router) in [
+        (&[][..], DType::Bf16),
+        (&[("transformers", 519)][..], DType::Bf16),
+        (&[("transformers", 524)][..], DType::F32),
+        (&[("transformers", 600)][..], DType::F32),
+    ] {
+        for model in [deepseek(), deepseek_no_q_lora()] {
+            let mut all = vec![("dp", 2), ("fused_experts", 1)];
+            all.extend_from_slice(pairs);
+            let side = layout(&model, &all).unwrap();
+            let l1 = layer(side.as_ref(), 1, 1);
+            let find = |n: &str| l1.iter().find(|x| x.0 == n).unwrap().clone();
+            assert_eq!(find("mlp.gate.weight").2, router, "{pairs:?}");
+            assert_eq!(find("mlp.gate.weight").1, vec![4, 64]);
+            assert_eq!(find("mlp.gate.e_score_correction_bias").2, DType::F32);
+            assert_eq!(find("mlp.experts.gate_up_proj").2, DType::Bf16);
+            let cat = Catalogue::of(&model);
+            common::check_side(side.as_ref(), &cat);
+            common::check_holders_partition(side.as_ref(), &cat);
+        }
+    }
+    match layout(&deepseek(), &[("transformers", 5)]) {
+        Err(e) => assert_eq!(
+            e.to_string(),
+            "fsdp transformers=5: write the transformers release the trainer runs as major * 100 + minor (519 for 5.19, 524 for 5.24), at least 400 (4.0)"
+        ),
+        Ok(_) => panic!("fsdp transformers=5 accepted"),
+    }
+}
+
+#[test]
+fn releases_with_the_same_rules_resolve_equal() {
+    let b = FsdpBackend;
+    let resolved = |pairs: &[(&str, u64)]| {
+        b.resolved_parallel(&ParallelConfig::from_pairs(pairs.iter().copied()))
+            .unwrap()
+            .get("transformers")
+    };
+    assert_eq!(resolved(&[]), Some(519));
+    assert_eq!(resolved(&[("transformers", 457)]), Some(519));
+    assert_eq!(resolved(&[("transformers", 524)]), Some(524));
+    assert_eq!(resolved(&[("transformers", 525)]), Some(524));
+    // a value that names no release is left for the layout to refuse
+    assert_eq!(resolved(&[("transformers", 5)]), Some(5));
+}

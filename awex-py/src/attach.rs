@@ -19,6 +19,37 @@ pub(crate) fn options_from_names(
     Ok(b.options_from_names(&names))
 }
 
+/// The parallel keys that the names and dtypes of a live `backend` rank's tensors decide (FSDP's
+/// fused experts from the names, its `transformers` release from the dtype the routers are
+/// kept in), as `[(key, value)]`; a dtype awex does not know (`torch.float8_e4m3fn`) says
+/// nothing.
+#[pyfunction]
+pub(crate) fn options_from_tensors(
+    backend: &str,
+    tensors: Vec<(String, String)>,
+) -> PyResult<Vec<(&'static str, u64)>> {
+    let b = training_backend(backend).map_err(Fail::from)?;
+    let named: Vec<(&str, Option<awex_core::DType>)> = tensors
+        .iter()
+        .map(|(n, d)| (n.as_str(), d.parse().ok()))
+        .collect();
+    let known: Vec<(&str, awex_core::DType)> = named
+        .iter()
+        .filter_map(|(n, d)| Some((*n, (*d)?)))
+        .collect();
+    let mut out = b.options_from_tensors(&known);
+    if known.len() < named.len() {
+        // the names still decide what they decide
+        let names: Vec<&str> = named.iter().map(|t| t.0).collect();
+        for kv in b.options_from_names(&names) {
+            if !out.iter().any(|o| o.0 == kv.0) {
+                out.push(kv);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A training `backend`'s parallel config with every default filled in, those that follow from
 /// other keys included (`Backend::resolved_parallel`), so that Python compares a live job's
 /// config with a pair's without restating the defaults.

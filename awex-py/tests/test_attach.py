@@ -39,6 +39,67 @@ def test_fsdp_fused_experts_and_unknown_backends_are_answered_by_the_backend_cra
         _awex.options_from_names("fsdq", fused)
 
 
+def test_fsdp_transformers_release_comes_from_the_routers_dtype():
+    """transformers 5.24 keeps DeepSeek-V2/V3, Kimi-K2 and GLM-4.5 routers in fp32 in a bf16 model:
+    awex-fsdp reads the release's rules (``transformers=524``) from the live dtypes."""
+    live = [("model.embed_tokens.weight", "bfloat16"), ("model.layers.1.mlp.gate.weight", "float32"),
+            ("model.layers.1.mlp.experts.gate_up_proj", "bfloat16"), ("model.layers.1.mlp.experts.down_proj", "bfloat16"),
+            ("model.layers.1.mlp.gate.e_score_correction_bias", "float32")]
+    assert _awex.options_from_tensors("fsdp", live) == [("fused_experts", 1), ("transformers", 524)]
+    bf16_router = [(n, "bfloat16" if n.endswith("gate.weight") else d) for n, d in live]
+    assert _awex.options_from_tensors("fsdp", bf16_router) == [("fused_experts", 1)]
+    # a dtype awex does not know says nothing; the names still decide the experts
+    assert _awex.options_from_tensors("fsdp", [(n, "float8_e8m0fnu") for n, _ in live]) == [("fused_experts", 1)]
+    # releases with the same rules resolve to one value
+    assert _attach.resolved("fsdp", {"transformers": 525})["transformers"] == 524
+    assert _attach.resolved("fsdp", {"transformers": 510})["transformers"] == 519
+    assert _attach.resolved("fsdp", {})["transformers"] == 519
+
+
+def test_check_tensors_names_every_tensor_whose_dtype_or_shape_differs():
+    np = pytest.importorskip("numpy")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    layout = [
+        {"name": "model.embed_tokens.weight", "shape": [50, 64], "dtype": "bf16"},
+        {"name": "model.layers.1.mlp.gate.weight", "shape": [8, 64], "dtype": "bf16"},
+        {"name": "model.layers.2.mlp.gate.weight", "shape": [8, 64], "dtype": "bf16"},
+    ]
+    tensors = [("model.embed_tokens.weight", np.zeros((50, 64), bf16)),
+               ("model.layers.1.mlp.gate.weight", np.zeros((8, 64), np.float32)),
+               ("model.layers.2.mlp.gate.weight", np.zeros((8, 64), np.float32))]
+    live = {"dp": 2, "replicate": 1, "tp": 1, "transformers": 524}
+    f = dict(found(live, "fsdp", "bfloat16"), tensors=tensors)
+    with pytest.raises(awex.LayoutError) as e:
+        _attach.check_tensors(f, "rl", "fsdp:dp=2", layout)
+    assert str(e.value) == (
+        "2 live tensors of this rank disagree with pair `rl`'s training layout (`fsdp:dp=2`): "
+        "`model.layers.1.mlp.gate.weight` is float32 [8, 64] here but the layout needs bf16 [8, 64]; "
+        "`model.layers.2.mlp.gate.weight` is float32 [8, 64] here but the layout needs bf16 [8, 64]; "
+        "the live dtypes follow the rules of transformers=524 (the release the fsdp key `transformers` names, "
+        "major * 100 + minor), the pair's layout those of transformers=519: "
+        'connect the pair with train="fsdp:dp=2,replicate=1,tp=1,transformers=524"'
+    )
+    # the layout of that spec agrees
+    fp32 = [dict(t, dtype="f32") if "gate" in t["name"] else t for t in layout]
+    _attach.check_tensors(f, "rl", "fsdp:dp=2,transformers=524", fp32)
+    # a shape is named too, without a release hint when the releases agree
+    f["tensors"] = tensors[:1] + [("model.layers.1.mlp.gate.weight", np.zeros((4, 64), np.float32))]
+    with pytest.raises(awex.LayoutError) as e:
+        _attach.check_tensors(f, "rl", "fsdp:dp=2,transformers=524", fp32)
+    assert str(e.value) == (
+        "1 live tensor of this rank disagrees with pair `rl`'s training layout (`fsdp:dp=2,transformers=524`): "
+        "`model.layers.1.mlp.gate.weight` is float32 [4, 64] here but the layout needs f32 [8, 64]"
+    )
+
+
+def test_a_transformers_release_is_no_parallel_difference():
+    """check_pair leaves `transformers` to check_tensors: a model without routers is laid out
+    the same under every release."""
+    fs = {"dp": 2, "replicate": 1, "tp": 1, "transformers": 524}
+    _attach.check_pair(found(fs, "fsdp", "bfloat16"), "rl", "fsdp:dp=2", "bf16", moe=False)
+
+
 def test_mesh_roles_from_names_or_placements():
     assert _attach._mesh_roles(["replicate", "shard"], [{"R"}, {"S0"}]) == ["replicate", "dp"]
     assert _attach._mesh_roles(["dp", "tp"], [{"S0"}, {"S0", "S1", "R"}]) == ["dp", "tp"]

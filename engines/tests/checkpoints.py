@@ -107,11 +107,15 @@ CONFIG_PATCH["DeepseekV2ForCausalLM"] = {
 # ---- end DeepSeek-V3 ----
 
 
-def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None = None) -> str:
+def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None = None,
+          config_dtype: str | None = None) -> str:
     """Writes a checkpoint of ``arch`` to ``path``: ``config.json`` + ``model.safetensors`` with
     every tensor drawn from N(0, 1) by a generator seeded with ``seed`` (norm weights too, so
     that no tensor is uniform), the persistent buffers a checkpoint stores too (GLM-4.5's
-    ``e_score_correction_bias``). ``config_of`` reuses another checkpoint's config."""
+    ``e_score_correction_bias``). ``config_of`` reuses another checkpoint's config.
+    ``config_dtype`` (``"bfloat16"``) is the model dtype config.json names while the tensors stay
+    float32: what a bf16 trainer that keeps some tensors in fp32 saves of them, and what an
+    engine's own load narrows into its bf16 parameters."""
     import torch
     import transformers
 
@@ -131,10 +135,13 @@ def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None 
         for _, b in sorted((n, b) for n, b in model.named_buffers() if n in saved):
             b.copy_(torch.randn(b.shape, generator=g, dtype=torch.float32))
     model.save_pretrained(path, safe_serialization=True)
-    if arch in CONFIG_PATCH:
+    patch = dict(CONFIG_PATCH.get(arch, {}))
+    if config_dtype is not None:
+        patch.update(dtype=config_dtype, torch_dtype=config_dtype)
+    if patch:
         with open(os.path.join(path, "config.json")) as f:
             saved_cfg = json.load(f)
-        saved_cfg.update(CONFIG_PATCH[arch])
+        saved_cfg.update(patch)
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(saved_cfg, f, indent=2)
     return path

@@ -32,19 +32,21 @@ def gateway() -> str:
 
 
 @pytest.fixture(scope="session")
-def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], dict[int, str]]:
-    """``ckpts(arch, tied)`` -> ``{version: checkpoint dir}`` for versions 0, 1, 2 of one config."""
-    made: dict[tuple[str, bool], dict[int, str]] = {}
+def ckpt_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[int, str]]:
+    """``ckpts(arch, tied, config_dtype=None)`` -> ``{version: checkpoint dir}`` for versions 0,
+    1, 2 of one config (``config_dtype``: ``checkpoints.write``'s)."""
+    made: dict[tuple[str, bool, str | None], dict[int, str]] = {}
 
-    def get(arch: str, tied: bool) -> dict[int, str]:
-        key = (arch, tied)
+    def get(arch: str, tied: bool, config_dtype: str | None = None) -> dict[int, str]:
+        key = (arch, tied, config_dtype)
         if key not in made:
-            base = tmp_path_factory.mktemp(f"{arch}-{'tied' if tied else 'untied'}")
-            v0 = checkpoints.write(str(base / "v0"), arch, tied=tied, seed=100)
+            base = tmp_path_factory.mktemp(f"{arch}-{'tied' if tied else 'untied'}-{config_dtype or 'f32'}")
+            kw = dict(tied=tied, config_dtype=config_dtype)
+            v0 = checkpoints.write(str(base / "v0"), arch, seed=100, **kw)
             made[key] = {
                 0: v0,
-                1: checkpoints.write(str(base / "v1"), arch, tied=tied, seed=101, config_of=v0),
-                2: checkpoints.write(str(base / "v2"), arch, tied=tied, seed=102, config_of=v0),
+                1: checkpoints.write(str(base / "v1"), arch, seed=101, config_of=v0, **kw),
+                2: checkpoints.write(str(base / "v2"), arch, seed=102, config_of=v0, **kw),
             }
         return made[key]
 

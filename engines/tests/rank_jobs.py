@@ -78,19 +78,34 @@ def load_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str) -> None:
         q.put((rank, {"error": traceback.format_exc()}))
 
 
+def tensors_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpt: str, dtype: str, names: list[str]) -> None:
+    """(a) only: SGLang's own load of ``ckpt`` by a ``--dtype dtype`` server; reports the named
+    parameters as ``(dtype, bytes)``."""
+    try:
+        import torch
+
+        sa = sglang_cpu.init_rank(ckpt, tp=tp, ep=ep, rank=rank, port=port, dtype=dtype)
+        params = dict(sglang_cpu.load_model(sa).named_parameters())
+        q.put((rank, {n: (str(params[n].dtype), params[n].detach().contiguous().reshape(-1).view(torch.uint8)
+                          .numpy().tobytes()) for n in names}))
+    except BaseException:
+        q.put((rank, {"error": traceback.format_exc()}))
+
+
 def receive_job(rank: int, q: Any, tp: int, ep: int, port: int, ckpts: dict[int, str], gateway: str,
                 pairs: list[str], versions: list[int], untied_head: bool = False,
-                fused_shared: str | None = None) -> None:
+                fused_shared: str | None = None, dtype: str = "float32") -> None:
     """For every pair in turn: the server's model loaded from version 0 by SGLang, the warm-up
     call, then one ``receive`` per version; after each, every parameter is compared byte for byte
     with SGLang's own ``load_weights`` of that version's checkpoint. With ``untied_head`` (a tied
     checkpoint on a class with its own ``lm_head``), ``lm_head.weight`` is compared with the
     embedding instead. With ``fused_shared`` (a class name), SGLang fuses that class's shared
-    experts into the routed experts as on a GPU (``sglang_cpu.fuse_shared_experts_as_on_gpu``)."""
+    experts into the routed experts as on a GPU (``sglang_cpu.fuse_shared_experts_as_on_gpu``).
+    ``dtype`` is the server's ``--dtype``."""
     try:
         import awex.sglang as aws
 
-        sa = sglang_cpu.init_rank(ckpts[0], tp=tp, ep=ep, rank=rank, port=port)
+        sa = sglang_cpu.init_rank(ckpts[0], tp=tp, ep=ep, rank=rank, port=port, dtype=dtype)
         if fused_shared:
             sglang_cpu.fuse_shared_experts_as_on_gpu(fused_shared)
         want = {v: sglang_cpu.snapshot(sglang_cpu.load_model(sa, ckpts[v])) for v in versions}

@@ -8,6 +8,8 @@ padding included; for two consecutive versions through one process-wide Reader p
 
 from __future__ import annotations
 
+import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,7 +17,10 @@ import pytest
 import awex
 import checkpoints
 import rank_jobs
-from conftest import MLA, Ranks, assert_mla_derived, drive, fill, free_port, pair_name, rank_context, sglang_infer
+from conftest import (MLA, Ranks, assert_mla_derived, drive, fill, fill_bf16, free_port, pair_name, rank_context,
+                      sglang_infer)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 # arch, tied, tp, ep, [(training layout, transport)]
 CASES = [
@@ -106,6 +111,97 @@ def test_receive_matches_sglang_load(case, gateway, ckpt_dir) -> None:
             # awex's lm_head is the embedding, byte for byte; SGLang's own load is not
             assert res["head_is_embedding"] == [True] * 2 * len(pairs), res["head_is_embedding"]
             assert res["sglang_head_is_embedding"] is False
+
+
+#: A bf16 trainer on transformers >= 5.24 keeps DeepSeek-V2/V3's and GLM-4.5's routers in fp32
+#: (``fsdp:...,transformers=524``); its checkpoint then holds fp32 values there that bf16 cannot
+#: hold. SGLang's own load of such values (a bf16 server on a checkpoint of fp32 tensors) narrows
+#: them into its bf16 parameters (DeepSeek's gate) and keeps them in its fp32 ones (the router
+#: bias, GLM-4.5's gate): awex's sender must convert exactly so. The 5.19 layout (bf16 routers,
+#: rounded by torch on the trainer) must land the same bytes in DeepSeek's bf16 gate.
+ROUTER_CASES = [
+    ("DeepseekV3ForCausalLM", 2, [("fsdp:dp=2,transformers=524", "shm"), ("fsdp:dp=2", "tcp")]),
+    ("DeepseekV2ForCausalLM", 2, [("fsdp:dp=2,fused_experts=1,transformers=525", "tcp")]),
+    ("Glm4MoeForCausalLM", 2, [("fsdp:dp=2,transformers=524", "shm")]),
+]
+
+
+@pytest.mark.parametrize("case", ROUTER_CASES, ids=lambda c: c[0])
+def test_fp32_routers_of_a_bf16_trainer_land_as_sglangs_own_load_narrows_them(case, gateway, ckpt_dir) -> None:
+    import torch
+
+    arch, tp, pairs = case
+    ckpts = ckpt_dir(arch, False, "bfloat16")
+    ctl = awex.Controller(gateway)
+    names = []
+    for train, transport in pairs:
+        name = pair_name(f"{arch[:5]}-router-{transport}")
+        ctl.connect(name, model=ckpts[0], train=train, infer=sglang_infer(arch, tp, 1), transport=transport,
+                    join_deadline_s=600)
+        names.append(name)
+    ranks = Ranks(tp, rank_jobs.receive_job, tp, 1, free_port(), ckpts, gateway, names, [1, 2], False, None,
+                  "bfloat16")
+    try:
+        canon = {v: {n: torch.from_numpy(a) for n, a in checkpoints.tensors(ckpts[v]).items()} for v in (1, 2)}
+        for name, (train, _) in zip(names, pairs):
+            w = awex.Writer(gateway, name, 0)
+            try:
+                router = [t["dtype"] for t in w.layout() if t["name"].endswith(".mlp.gate.weight")]
+            finally:
+                w.close()
+            assert router and set(router) == {"f32" if "transformers=52" in train else "bf16"}, (train, router)
+            updates = drive(gateway, name, canon, [1, 2], fill_rank=fill_bf16)
+            assert [u["state"] for u in updates] == ["committed", "committed"]
+            ctl.disconnect(name)
+    finally:
+        results = ranks.results()
+    for res in results:
+        assert res["diffs"] == [], "\n".join(res["diffs"][:20])
+        assert res["checked"] == 2 * len(pairs), res
+    if arch in MLA:
+        assert_mla_derived(results)
+
+
+def test_a_bf16_router_bias_checkpoint_is_widened_as_sglangs_own_load_widens_it(ckpt_dir, tmp_path) -> None:
+    """A DeepSeek-V3 checkpoint as ``model.to(torch.bfloat16).save_pretrained`` writes it: every
+    tensor BF16, the router's ``e_score_correction_bias`` (fp32 in the model) included. awex
+    (``awex-cli demo --model DIR``: the checkpoint is version 0, every rank's tensors dumped)
+    opens it and delivers the bias widened; the bytes equal SGLang's own load of the same
+    directory into its fp32 parameter, and torch's widening."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cli = os.path.join(os.path.dirname(os.path.dirname(HERE)), "target", "debug", "awex-cli")
+    assert os.path.exists(cli), f"{cli} is missing: cargo build -p awex-cli (.ci/engines builds it)"
+    src = ckpt_dir("DeepseekV3ForCausalLM", False)[1]
+    ckpt = str(tmp_path / "bf16")
+    os.makedirs(ckpt)
+    tensors = {n: t.to(torch.bfloat16) for n, t in load_file(os.path.join(src, "model.safetensors")).items()}
+    bias = "model.layers.1.mlp.gate.e_score_correction_bias"
+    assert tensors[bias].dtype == torch.bfloat16
+    save_file(tensors, os.path.join(ckpt, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["dtype"] = cfg["torch_dtype"] = "bfloat16"
+    with open(os.path.join(ckpt, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    dump = str(tmp_path / "dump")
+    run = subprocess.run([cli, "demo", "--model", ckpt, "--train", "fsdp:dp=1", "--infer",
+                          "sglang:tp=1,fused_shared_experts=0", "--transport", "tcp", "--updates", "1",
+                          "--dump-dir", dump, "--json"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["verified"] is True
+    # version 0 is the checkpoint itself: what the SGLang rank received
+    got = load_file(os.path.join(dump, "infer", "engine-0", "rank-0.safetensors"))
+    (res,) = Ranks(1, rank_jobs.tensors_job, 1, 1, free_port(), ckpt, "bfloat16", [bias]).results()
+    sglang_dtype, sglang_bytes = res[bias]
+    assert sglang_dtype == "torch.float32"
+    assert got[bias].dtype == torch.float32
+    raw = got[bias].contiguous().view(torch.uint8).numpy().tobytes()
+    assert raw == sglang_bytes
+    assert raw == tensors[bias].float().view(torch.uint8).numpy().tobytes()
 
 
 def test_loader_faults(gateway, ckpt_dir) -> None:

@@ -796,3 +796,132 @@ fn sglang_and_vllm_lay_out_kimi_k2_at_tp16_ep16() {
         assert!(w13.1.2[0].contains(".360."), "{spec}: {:?}", &w13.1.2[..2]);
     }
 }
+
+// ---- transformers' dtype rules on the FSDP side, converted where an engine holds another ----
+
+/// A DeepSeek-V2-Lite-shaped model (no q_lora_rank, no router bias), bf16.
+fn deepseek_v2_tiny() -> ModelSpec {
+    ModelSpec::from_config_value(&serde_json::json!({
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 1000,
+        "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+        "n_shared_experts": 2, "first_k_dense_replace": 1, "q_lora_rank": null,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16"
+    }))
+    .unwrap()
+}
+
+#[test]
+fn fsdp_routers_follow_the_transformers_release_and_plans_convert_to_each_engines_dtype() {
+    // transformers 5.24 keeps DeepSeek-V2/V3 (Kimi-K2) and GLM-4.5 routers in fp32
+    // (`_keep_in_fp32_modules_strict`), 5.19 in the model's dtype; SGLang's and vLLM's gates
+    // are bf16 for DeepSeek (MoEGate / GateLinear in the model's dtype) and fp32 for GLM-4.5
+    // (router_fp32): the sender narrows or widens exactly there and nowhere else
+    let router = "model.layers.1.mlp.gate.weight";
+    let bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+    for (m, engine_router) in [
+        (deepseek(), DType::Bf16),
+        (deepseek_without_q_lora(), DType::Bf16),
+        (deepseek_v2_tiny(), DType::Bf16),
+        (glm(), DType::F32),
+    ] {
+        assert_eq!(m.dtype, DType::Bf16, "{}", m.name);
+        let cat = awex_core::Catalogue::of(&m);
+        for (release, train_router) in [
+            ("", DType::Bf16),
+            (",transformers=519", DType::Bf16),
+            (",transformers=523", DType::Bf16),
+            (",transformers=524", DType::F32),
+            (",transformers=525", DType::F32),
+        ] {
+            let what = format!("{} fsdp{release}", m.name);
+            let t = layout(
+                Side::Training,
+                &format!("fsdp:dp=2,fused_experts=1{release}"),
+                &m,
+            );
+            for r in 0..2 {
+                let held = shaped(&*t, RankId::train(r));
+                assert_eq!(held[router].1, train_router, "{what}");
+                assert_eq!(held[router].0, vec![4, 64], "{what}");
+                if m.moe.as_ref().is_some_and(|x| x.router_bias) {
+                    assert_eq!(held[bias].1, DType::F32, "{what}");
+                }
+                // every layer's router likewise, and nothing else leaves the model's dtype
+                for (n, (_, d, _)) in &held {
+                    let want = if n.ends_with(".mlp.gate.weight") {
+                        train_router
+                    } else if n.ends_with(".mlp.gate.e_score_correction_bias") {
+                        DType::F32
+                    } else {
+                        DType::Bf16
+                    };
+                    assert_eq!(*d, want, "{what}: {n}");
+                }
+            }
+            assert!(t.holders(router).iter().all(|h| h.dtype == train_router));
+            for infer in ["sglang:tp=2,fused_shared_experts=0", "vllm:tp=2"] {
+                let i = layout(Side::Inference, infer, &m);
+                let pair = awex_core::plan::Pair {
+                    catalogue: &cat,
+                    training: &*t,
+                    inference: &*i,
+                    encode_on_sender: false,
+                };
+                let mut routers = 0;
+                for r in i.ranks() {
+                    let plan = pair.plan_rank(Side::Inference, r).unwrap();
+                    for tr in plan.peers.iter().flat_map(|p| &p.transfers) {
+                        let want = if tr.dst_tensor.ends_with("mlp.gate.weight") {
+                            routers += 1;
+                            (train_router, engine_router)
+                        } else if tr.dst_tensor.ends_with("e_score_correction_bias") {
+                            (DType::F32, DType::F32)
+                        } else {
+                            (DType::Bf16, DType::Bf16)
+                        };
+                        assert_eq!(
+                            (tr.src_dtype, tr.dst_dtype),
+                            want,
+                            "{what} -> {infer}: {}",
+                            tr.dst_tensor
+                        );
+                    }
+                }
+                // every layer's router on every rank of the engine
+                assert!(routers >= 2 * 2, "{what} -> {infer}: {routers}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fsdp_refuses_a_transformers_value_that_names_no_release() {
+    std::hint::black_box(awex_tests::link_backends());
+    let s: BackendSpec = "fsdp:dp=2,transformers=24".parse().unwrap();
+    let e = side_layout(Side::Training, &s, &deepseek())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(
+            "fsdp transformers=24: write the transformers release the trainer runs as major * 100 + minor (519 for 5.19, 524 for 5.24)"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn qwen3_moe_routers_stay_in_the_model_dtype_under_every_release() {
+    let m = presets::preset("qwen3-moe-tiny").unwrap();
+    for release in ["", ",transformers=524"] {
+        let t = layout(Side::Training, &format!("fsdp:dp=2{release}"), &m);
+        let held = shaped(&*t, RankId::train(0));
+        assert!(
+            held.values().all(|(_, d, _)| *d == m.dtype),
+            "qwen3-moe fsdp{release}"
+        );
+    }
+}

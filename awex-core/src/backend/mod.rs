@@ -68,6 +68,14 @@ pub trait TrainingBackend: Backend {
         let _ = names;
         Vec::new()
     }
+
+    /// The parallel keys that a live rank's parameters decide by their names and dtypes (FSDP's
+    /// `transformers` release, from the dtype its model classes keep routers in), in the order
+    /// of [`Backend::parallel_keys`]; by default what the names decide.
+    fn options_from_tensors(&self, tensors: &[(&str, crate::DType)]) -> Vec<(&'static str, u64)> {
+        let names: Vec<&str> = tensors.iter().map(|t| t.0).collect();
+        self.options_from_names(&names)
+    }
 }
 
 /// An inference engine awex can write weights into.

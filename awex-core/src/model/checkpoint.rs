@@ -315,11 +315,25 @@ fn past_the_layers(name: &str, cat: &Catalogue) -> String {
     }
 }
 
-/// One tensor's bytes inside a mapped file.
-struct Entry {
-    file: usize,
-    start: usize,
-    end: usize,
+/// One tensor's bytes: inside a mapped file, or widened from a narrower float type.
+enum Entry {
+    /// `[start, end)` of mapped file `file`, in the catalogue's dtype.
+    Mapped {
+        file: usize,
+        start: usize,
+        end: usize,
+    },
+    /// The stored tensor widened to the catalogue's fp32 ([`widens`]).
+    Widened(Vec<u8>),
+}
+
+/// Whether a tensor stored as `stored` is read as the catalogue's `needed` by widening it, which
+/// is exact: a bf16 or fp16 tensor where the model holds fp32 (a DeepSeek-V3 router's
+/// `e_score_correction_bias` in a checkpoint written by `model.to(torch.bfloat16)`). SGLang and
+/// vLLM load such a tensor with `param.data.copy_(loaded_weight)` into their fp32 parameter,
+/// which widens it so.
+fn widens(stored: DType, needed: DType) -> bool {
+    needed == DType::F32 && matches!(stored, DType::Bf16 | DType::F16)
 }
 
 /// A memory-mapped HF checkpoint whose tensors match a model's catalogue exactly.
@@ -451,24 +465,39 @@ impl Checkpoint {
                         past_the_layers(&t.name, cat)
                     )));
                 };
-                if c.shape.as_slice() != t.shape.as_slice() || t.dtype != c.dtype {
+                if c.shape.as_slice() != t.shape.as_slice()
+                    || (t.dtype != c.dtype && !widens(t.dtype, c.dtype))
+                {
                     return Err(mismatch(format!(
-                        "{name} is {} {:?} but the model needs {} {}",
+                        "{name} is {} {:?} but the model needs {} {}{}",
                         t.dtype.safetensors_name(),
                         t.shape,
                         c.dtype.safetensors_name(),
-                        c.shape
+                        c.shape,
+                        if c.shape.as_slice() == t.shape.as_slice() && c.dtype == DType::F32 {
+                            " (or BF16 / F16, which awex widens)"
+                        } else {
+                            ""
+                        }
                     )));
                 }
                 // parse_header checked start <= end <= the file's length, which is the mapping's
-                ck.tensors.insert(
-                    t.name.clone(),
-                    Entry {
+                let (start, end) = (t.start as usize, t.end as usize);
+                let entry = if t.dtype == c.dtype {
+                    Entry::Mapped {
                         file: fi,
-                        start: t.start as usize,
-                        end: t.end as usize,
-                    },
-                );
+                        start,
+                        end,
+                    }
+                } else {
+                    let stored = ck.files[fi].bytes().get(start..end).unwrap_or_default();
+                    let mut wide = vec![0u8; stored.len() / t.dtype.size() * c.dtype.size()];
+                    crate::dtype::convert(stored, t.dtype, &mut wide, c.dtype).map_err(|e| {
+                        mismatch(format!("{name}: widening {} to {}: {e}", t.dtype, c.dtype))
+                    })?;
+                    Entry::Widened(wide)
+                };
+                ck.tensors.insert(t.name.clone(), entry);
             }
         }
         if let Some(map) = &weight_map {
@@ -502,10 +531,12 @@ impl Checkpoint {
         &self.skipped
     }
 
-    /// A tensor's bytes (in its catalogue dtype).
+    /// A tensor's bytes (in its catalogue dtype: a narrower float tensor widened).
     pub fn tensor(&self, name: &str) -> Option<&[u8]> {
-        let e = self.tensors.get(name)?;
-        self.files[e.file].bytes().get(e.start..e.end)
+        match self.tensors.get(name)? {
+            Entry::Mapped { file, start, end } => self.files[*file].bytes().get(*start..*end),
+            Entry::Widened(v) => Some(v),
+        }
     }
 
     /// Number of tensors.
@@ -598,6 +629,72 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("is not a valid safetensors file"), "{e}");
+    }
+
+    #[test]
+    fn a_bf16_router_bias_is_widened_to_the_fp32_the_model_holds() {
+        // what `model.to(torch.bfloat16).save_pretrained(...)` writes for DeepSeek-V3: every
+        // tensor BF16, the router's e_score_correction_bias ([8], F32 in the model) included
+        let cat = Catalogue::of(&preset("deepseek-v3-tiny").unwrap());
+        let bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+        assert_eq!(cat.get(bias).unwrap().dtype, DType::F32);
+        let dir = tempfile::tempdir().unwrap();
+        let stored = |dt: &'static str, size: usize| {
+            let mut t = all(&cat);
+            for x in t
+                .iter_mut()
+                .filter(|x| x.0.ends_with("e_score_correction_bias"))
+            {
+                x.1 = dt;
+                x.3 = 8 * size;
+            }
+            t
+        };
+        for dt in ["BF16", "F16"] {
+            write(dir.path(), &stored(dt, 2));
+            let ck = Checkpoint::open(dir.path(), &cat).unwrap();
+            // every stored byte is 7: bf16 0x0707 widens to f32 0x07070000 exactly, fp16 0x0707
+            // (a subnormal) to its exact f32
+            let want: Vec<u8> = if dt == "BF16" {
+                [0u8, 0, 7, 7].repeat(8)
+            } else {
+                let mut v = vec![0u8; 32];
+                crate::dtype::convert(&[7u8; 16], DType::F16, &mut v, DType::F32).unwrap();
+                assert_eq!(
+                    f32::from_le_bytes(v[..4].try_into().unwrap()),
+                    0x0707 as f32 * 2f32.powi(-24)
+                );
+                v
+            };
+            assert_eq!(ck.tensor(bias).unwrap(), &want[..], "{dt}");
+            assert_eq!(ck.tensor("model.norm.weight").unwrap(), &[7u8; 128][..]);
+        }
+        // nothing else changes: F64 and I32 stay refused, and a narrower copy of a BF16 tensor
+        // too (awex never narrows a checkpoint)
+        write(dir.path(), &stored("F64", 8));
+        let e = Checkpoint::open(dir.path(), &cat)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "`{bias}` is F64 [8] but the model needs F32 [8] (or BF16 / F16, which awex widens)"
+            )),
+            "{e}"
+        );
+        let mut t = all(&cat);
+        let norm = t.iter_mut().find(|x| x.0 == "model.norm.weight").unwrap();
+        norm.1 = "F32";
+        norm.3 = 64 * 4;
+        write(dir.path(), &t);
+        let e = Checkpoint::open(dir.path(), &cat)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("`model.norm.weight` is F32 [64] but the model needs BF16 [64]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -190,14 +190,29 @@ def fsdp_parallel(params: list[tuple[str, Any]], rank: int) -> dict[str, int]:
         if awex_rank != rank:
             raise LayoutError(f"global rank {rank} sits at mesh coordinate {coord}, which awex numbers {awex_rank}")
     out = dict(sizes)
-    # transformers 5's fused experts, from the names awex-fsdp gives them
-    out.update(_awex.options_from_names("fsdp", [n for n, _ in params]))
+    # transformers 5's fused experts from the names awex-fsdp gives them, and the transformers
+    # release whose dtype rules the parameters follow (fp32 routers from 5.24)
+    out.update(_awex.options_from_tensors("fsdp", [(n, _dtype_name(p)) for n, p in params]))
     return out
 
 
+def _dtype_name(t: Any) -> str:
+    return str(getattr(t, "dtype", "")).replace("torch.", "")
+
+
 def _dtype(tensors: list[tuple[str, Any]]) -> str | None:
-    kinds = {str(getattr(t, "dtype", "")).replace("torch.", "") for _, t in tensors}
+    kinds = {_dtype_name(t) for _, t in tensors}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def _main_dtype(tensors: list[tuple[str, Any]]) -> str | None:
+    """The dtype that holds most elements (a bf16 model whose routers transformers keeps in fp32
+    is bf16)."""
+    count: dict[str, int] = {}
+    for _, t in tensors:
+        n = t.numel() if hasattr(t, "numel") else 0
+        count[_dtype_name(t)] = count.get(_dtype_name(t), 0) + int(n)
+    return max(count, key=lambda k: count[k]) if count else None
 
 
 def inspect(model: Any) -> dict[str, Any]:
@@ -235,7 +250,7 @@ def inspect(model: Any) -> dict[str, Any]:
         ]
         backend = "fsdp"
         layer_spec = "hf"
-        dtype = _dtype(params)
+        dtype = _main_dtype(params)
         expected = p["dp"] * p["replicate"] * p["tp"]
     if expected != world:
         raise LayoutError(
@@ -280,7 +295,9 @@ def check_pair(found: dict[str, Any], pair: str, pair_spec: str, layout_dtype: s
             f"`{pair_spec}`; connect the pair with train=\"{found['spec']}\""
         )
     mine, theirs_r = resolved(backend, found["parallel"]), resolved(backend, theirs)
-    ignore = {"fp32"} | (set() if moe else {"grouped_gemm", "single_grouped_weight", "etp", "ep"})
+    # the dtypes that `fp32` (Megatron) and `transformers` (FSDP) decide are compared tensor by
+    # tensor (check_tensors): a model without routers looks the same under every release
+    ignore = {"fp32", "transformers"} | (set() if moe else {"grouped_gemm", "single_grouped_weight", "etp", "ep"})
     diffs = [
         f"{k}={mine.get(k)} here but {k}={theirs_r.get(k)} in the pair"
         for k in sorted(set(mine) | set(theirs_r))
@@ -299,4 +316,41 @@ def check_pair(found: dict[str, Any], pair: str, pair_spec: str, layout_dtype: s
         )
 
 
-_DTYPE_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64"}
+def check_tensors(found: dict[str, Any], pair: str, pair_spec: str, layout: list[dict[str, Any]]) -> None:
+    """Refuses live tensors whose dtype or shape differ from the pair's training layout, naming
+    every one: a rank registers its tensors in place, so awex converts dtypes between the sides
+    (the sender narrows or widens to what the engine holds), never within a rank."""
+    want = {t["name"]: (list(t["shape"]), t["dtype"]) for t in layout}
+    diffs = []
+    for name, t in found["tensors"]:
+        if name not in want:
+            continue  # register names a tensor the layout does not have
+        shape, dtype = [int(x) for x in getattr(t, "shape", ())], _dtype_name(t)
+        w_shape, w_dtype = want[name]
+        if shape != w_shape or dtype != _DTYPE_NAMES.get(w_dtype, w_dtype):
+            diffs.append(f"`{name}` is {dtype} {shape} here but the layout needs {w_dtype} {w_shape}")
+    if not diffs:
+        return
+    n = len(diffs)
+    shown = diffs if n <= 8 else diffs[:8] + [f"and {n - 8} more"]
+    backend, theirs = parse_spec(pair_spec)
+    hint = ""
+    if backend == found["backend"] == "fsdp":
+        mine_v = resolved(backend, found["parallel"]).get("transformers")
+        theirs_v = resolved(backend, theirs).get("transformers")
+        if mine_v != theirs_v:
+            hint = (
+                f"; the live dtypes follow the rules of transformers={mine_v} (the release the fsdp key "
+                f"`transformers` names, major * 100 + minor), the pair's layout those of transformers={theirs_v}: "
+                f"connect the pair with train=\"{found['spec']}\""
+            )
+    raise LayoutError(
+        f"{n} live tensor{'s' if n != 1 else ''} of this rank disagree{'s' if n == 1 else ''} with pair "
+        f"`{pair}`'s training layout (`{pair_spec}`): " + "; ".join(shown) + hint
+    )
+
+
+_DTYPE_NAMES = {
+    "f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "u8": "uint8", "i8": "int8",
+    "i32": "int32", "i64": "int64", "f8e4m3": "float8_e4m3fn",
+}

@@ -194,7 +194,12 @@ class Writer(_Rank):
         (``megatron.core.parallel_state``; the DTensors' meshes and placements), the rank
         (``torch.distributed``), the layer spec and the expert layout (from the parameter names)
         are read from the process; a pair whose training side says otherwise is refused with an
-        ``awex.LayoutError`` naming every difference and the spec to connect with. ``opts`` are
+        ``awex.LayoutError`` naming every difference and the spec to connect with. Every local
+        tensor's dtype and shape are compared with the pair's training layout, and the ones that
+        differ are refused by name: the dtypes are those of the framework release in use (FSDP:
+        from transformers 5.24 on, DeepSeek-V2/V3, Kimi-K2 and GLM-4.5 keep their routers in
+        fp32, the fsdp spec's ``transformers=524``, which attach reads from the live routers);
+        awex converts between the sides where the engine holds another dtype. ``opts`` are
         ``Writer``'s keyword arguments (``token=``, ``transport=``, ``timeout=``, ...).
         """
         from . import _attach
@@ -206,6 +211,7 @@ class Writer(_Rank):
             moe = any(".mlp.experts." in t["name"] for t in layout)
             dtype = layout[0]["dtype"] if layout else None
             _attach.check_pair(found, pair, w.train, dtype, moe)
+            _attach.check_tensors(found, pair, w.train, layout)
             w.register(found["tensors"])
         except BaseException:
             w.close()

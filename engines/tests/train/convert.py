@@ -190,6 +190,17 @@ def sglang_expected(name: str, shape: list[int], hf_t: dict[str, torch.Tensor], 
     kv_rep = tp > nkv
     kvh = 1 if kv_rep else nkv // tp
     kv_first = (r // (tp // nkv)) if kv_rep else r * kvh
+    if "kv_lora_rank" in hf and rest in ("self_attn.q_proj.weight", "self_attn.q_b_proj.weight",
+                                          "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"):
+        # multi-latent attention (SGLang's DeepseekV2AttentionMLA): the query (up) projection and
+        # kv_b_proj column-parallel by heads (per head [nope | rope] and [nope | v] rows), o_proj
+        # row-parallel by heads (v_head_dim columns each); the down projections replicated
+        nope, rope, vd = hf["qk_nope_head_dim"], hf["qk_rope_head_dim"], hf["v_head_dim"]
+        t = hf_t[name]
+        if rest == "self_attn.o_proj.weight":
+            return t[:, r * qh * vd : (r + 1) * qh * vd].contiguous().numpy()
+        per = nope + (vd if rest == "self_attn.kv_b_proj.weight" else rope)
+        return t[r * qh * per : (r + 1) * qh * per].contiguous().numpy()
     if rest in ("self_attn.qkv_proj.weight", "self_attn.qkv_proj.bias"):
         suf = rest.rsplit(".", 1)[1]
         q = hf_t[f"{h}self_attn.q_proj.{suf}"][r * qh * hd : (r + 1) * qh * hd]

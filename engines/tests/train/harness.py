@@ -23,6 +23,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 from ports import free_port  # noqa: E402,F401  (engines/tests/ports.py)
 TIMEOUT = 240.0
 NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i64": np.int64, "i32": np.int32}
+try:
+    import ml_dtypes
+
+    NP["bf16"] = ml_dtypes.bfloat16
+except ImportError:  # bf16 readers need it
+    pass
 
 
 

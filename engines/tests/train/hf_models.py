@@ -1,4 +1,4 @@
-"""Small HF models (Qwen2, Qwen3, Qwen3-MoE, GLM-4.5 MoE, DeepSeek-V3) with random weights, written as HF checkpoints
+"""Small HF models (Qwen2, Qwen3, Qwen3-MoE, GLM-4.5 MoE, DeepSeek-V2/V3, Kimi-K2) with random weights, written as HF checkpoints
 (config.json + model.safetensors with the checkpoint's per-expert names), and their logits."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ BASE = dict(
 
 
 def config(kind: str, **over: Any) -> Any:
-    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe, glm4_moe, deepseek_v3), float32."""
+    """A transformers config of `kind` (qwen2, qwen3, qwen3_moe, glm4_moe, deepseek_v3, kimi_k2,
+    deepseek_v2), float32."""
     import transformers
 
     kw = dict(BASE)
@@ -37,6 +38,28 @@ def config(kind: str, **over: Any) -> Any:
             attention_bias=True, use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
             norm_topk_prob=True, num_nextn_predict_layers=0, **kw)
+    elif kind == "deepseek_v2":
+        # DeepSeek-V2-Lite's shape: MLA without q_lora_rank, layer 0 dense, two shared experts, a
+        # greedy router without a score-correction bias
+        kw.pop("head_dim")
+        kw["num_key_value_heads"] = kw["num_attention_heads"]
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+        cfg = transformers.DeepseekV2Config(
+            q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=2,
+            first_k_dense_replace=1, n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False,
+            routed_scaling_factor=1.0, **kw)
+    elif kind == "kimi_k2":
+        # Kimi-K2's shape (a DeepseekV3ForCausalLM): MLA with q_lora_rank, twice DeepSeek-V3's
+        # heads per hidden size here, one dense layer, one shared expert, routed_scaling_factor 2.827
+        kw.pop("head_dim")
+        kw["num_attention_heads"] = kw["num_key_value_heads"] = 8
+        kw["rope_parameters"] = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
+        cfg = transformers.DeepseekV3Config(**{**dict(
+            q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+            norm_topk_prob=True, routed_scaling_factor=2.827, num_mtp_layers=0), **kw})
     elif kind == "deepseek_v3":
         # DeepSeek-V3 (MLA: q down/up, kv down with the rope part, kv up),
         # layer 0 dense, then MoE with a shared expert and the router's e_score_correction_bias
@@ -44,11 +67,11 @@ def config(kind: str, **over: Any) -> Any:
         kw.pop("head_dim")  # transformers sets it to qk_rope_head_dim
         kw["num_key_value_heads"] = kw["num_attention_heads"]  # one latent for all heads
         kw["rope_parameters"] = {"rope_type": "default", "rope_theta": kw.pop("rope_theta")}
-        cfg = transformers.DeepseekV3Config(
+        cfg = transformers.DeepseekV3Config(**{**dict(
             q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
             qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
-            norm_topk_prob=True, routed_scaling_factor=2.5, num_mtp_layers=0, **kw)
+            norm_topk_prob=True, routed_scaling_factor=2.5, num_mtp_layers=0), **kw})
     else:
         kw.setdefault("num_experts", 4)
         kw.setdefault("num_experts_per_tok", 2)
@@ -94,6 +117,23 @@ def build(cfg: Any) -> torch.nn.Module:
             if name in saved:
                 b.copy_(_random(name, tuple(b.shape)))
     return model
+
+
+def save_bf16(model: torch.nn.Module, path: str) -> str:
+    """A bf16 checkpoint as users write one: ``model.to(torch.bfloat16).save_pretrained(path)``
+    (every tensor BF16, a router's ``e_score_correction_bias`` included). Called outside the
+    ranks' process group (``save_pretrained`` writes on the main process only)."""
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def load_auto(path: str) -> torch.nn.Module:
+    """The model as users load a checkpoint: ``from_pretrained(path, dtype="auto")``, which
+    applies the release's own dtype rules (``_keep_in_fp32_modules_strict``: the router bias fp32,
+    and from transformers 5.24 DeepSeek-V2/V3's and GLM-4.5's ``mlp.gate.weight`` fp32 too)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
 
 
 def write_checkpoint(model: torch.nn.Module, path: str) -> dict[str, torch.Tensor]:

@@ -57,7 +57,22 @@ MORE = [
     dict(name="moe_tp4_ep4", kind="moe", tp=4, ep=4),
     dict(name="moe_tied_tp2_ep2", kind="moe", tp=2, ep=2, tied=True),
 ]
+# A bf16 server on a checkpoint of fp32 values (what a bf16 trainer that keeps tensors in fp32
+# holds): vLLM's own load narrows them into its bf16 parameters and keeps its fp32 ones (the
+# router bias, GLM-4.5's GateLinear). The sender's layout follows the trainer's transformers
+# release (`transformers=524`: fp32 routers, narrowed for DeepSeek's bf16 gate on the way).
+CASES += [
+    dict(name="deepseek_bf16_fp32_routers_tp2", kind="deepseek", tp=2, dtype="bfloat16",
+         train="fsdp:dp=1,transformers=524"),
+    dict(name="deepseek_bf16_bf16_routers_tp2", kind="deepseek", tp=2, dtype="bfloat16", train="fsdp:dp=1"),
+    dict(name="glm_bf16_fp32_routers_tp2", kind="glm", tp=2, dtype="bfloat16", train="fsdp:dp=1,transformers=524"),
+]
 ALL = CASES + (MORE if os.environ.get("AWEX_VLLM_FULL") else [])
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def raw(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 
@@ -65,9 +80,11 @@ ALL = CASES + (MORE if os.environ.get("AWEX_VLLM_FULL") else [])
 def make_case(case: dict, d: str) -> tuple[str, str]:
     hf = os.path.join(d, "hf")
     forked.run(os.path.join(HERE, "hf_tiny.py"), [case["kind"], hf], os.path.join(d, "hf_tiny.log"), "vllm_preload")
-    if "tied" in case:
+    if "tied" in case or "dtype" in case:
         cfg = json.load(open(os.path.join(hf, "config.json")))
-        cfg["tie_word_embeddings"] = case["tied"]
+        cfg["tie_word_embeddings"] = case.get("tied", cfg["tie_word_embeddings"])
+        if "dtype" in case:
+            cfg["torch_dtype"] = cfg["dtype"] = case["dtype"]
         json.dump(cfg, open(os.path.join(hf, "config.json"), "w"))
     canon = os.path.join(d, "canon.pt")
     forked.run(os.path.join(HERE, "canonical.py"), [hf, canon], os.path.join(d, "canonical.log"), "vllm_preload")
@@ -75,7 +92,8 @@ def make_case(case: dict, d: str) -> tuple[str, str]:
 
 
 def vllm_ranks(case: dict, hf: str, canon: str, d: str) -> list[dict[str, torch.Tensor]]:
-    spec = dict(tp=case["tp"], ep=case.get("ep", 1), hf_dir=hf, canonical=canon, port=free_port())
+    spec = dict(tp=case["tp"], ep=case.get("ep", 1), hf_dir=hf, canonical=canon, port=free_port(),
+                dtype=case.get("dtype", "float32"))
     procs = [
         forked.popen(os.path.join(HERE, "vllm_rank.py"), [json.dumps(spec), str(r), d], os.path.join(d, f"rank{r}.log"),
                      "vllm_preload")
@@ -89,7 +107,7 @@ def vllm_ranks(case: dict, hf: str, canon: str, d: str) -> list[dict[str, torch.
 
 def awex_rank(case: dict, hf: str, canon: dict[str, torch.Tensor], r: int) -> dict[str, torch.Tensor]:
     infer = f"vllm:tp={case['tp']},ep={case.get('ep', 1)}"
-    run = subprocess.run([CLI, "plan", "--model", os.path.join(hf, "config.json"), "--train", "fsdp:dp=1",
+    run = subprocess.run([CLI, "plan", "--model", os.path.join(hf, "config.json"), "--train", case.get("train", "fsdp:dp=1"),
                           "--infer", infer, "--rank", f"infer:0/{r}", "--json"],
                          capture_output=True, text=True)
     if run.returncode != 0 and "which awex does not map" in run.stderr and "fsdp" in run.stderr:
@@ -102,15 +120,17 @@ def awex_rank(case: dict, hf: str, canon: dict[str, torch.Tensor], r: int) -> di
     got: dict[str, torch.Tensor] = {}
     for peer in plan["peers"]:
         for t in peer["transfers"]:
-            dst = got.setdefault(t["dst_tensor"], torch.zeros(t["dst_shape"], dtype=torch.float32))
-            src = canon[t["src_tensor"]]
+            dst = got.setdefault(t["dst_tensor"], torch.zeros(t["dst_shape"], dtype=DTYPES[t["dst_dtype"]]))
+            # the trainer holds the canonical values in its layout's dtype (torch rounds them
+            # there); the sender converts them to the destination's
+            src = canon[t["src_tensor"]].to(DTYPES[t["src_dtype"]])
             assert list(src.shape) == t["src_shape"], t["src_tensor"]
             s = tuple(slice(o, o + e) for o, e in zip(t["src_offset"], t["extent"]))
             # a destination may have more dims than the canonical box (a fused expert stack)
             lead = len(t["dst_shape"]) - len(t["extent"])
             dsl = tuple(slice(o, o + 1) for o in t["dst_offset"][:lead]) + tuple(
                 slice(o, o + e) for o, e in zip(t["dst_offset"][lead:], t["extent"]))
-            dst[dsl] = src[s].reshape(dst[dsl].shape)
+            dst[dsl] = src[s].reshape(dst[dsl].shape).to(dst.dtype)
     return got
 
 
@@ -127,4 +147,5 @@ def test_vllm_load_weights_equals_awex_receive(case: dict) -> None:
             assert sorted(theirs) == sorted(ours), f"rank {r}: names differ: {sorted(set(theirs) ^ set(ours))}"
             for n, t in theirs.items():
                 assert tuple(t.shape) == tuple(ours[n].shape), f"rank {r} `{n}`: {tuple(t.shape)} vs {tuple(ours[n].shape)}"
-                assert t.contiguous().numpy().tobytes() == ours[n].numpy().tobytes(), f"rank {r} `{n}` differs"
+                assert t.dtype == ours[n].dtype, f"rank {r} `{n}`: {t.dtype} vs {ours[n].dtype}"
+                assert raw(t) == raw(ours[n]), f"rank {r} `{n}` differs"
