@@ -114,7 +114,7 @@ impl Stepped {
     fn elements(&self, name: &str, dtype: DType, version: u64, first: u64, out: &mut [u8]) {
         let es = dtype.size();
         let n = out.len() / es;
-        let seed0 = seed(name, 0) ^ 0x5eed_0f_5eed;
+        let seed0 = seed(name, 0) ^ 0x005e_ed0f_5eed;
         let mut master: Vec<f64> = (0..n as u64)
             .map(|j| self.init(name, seed0, dtype, first + j))
             .collect();

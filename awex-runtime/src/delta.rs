@@ -145,6 +145,97 @@ pub fn encode_bucket(
     Ok(st)
 }
 
+/// Appends the delta of a bucket to `out`, reading the live tensors and the sender's copy of
+/// the base in place: a plain piece whose dtype does not change is compared run by run where
+/// it sits (no packing); a converted or FP8-encoded piece is packed from both (`scratch`) and
+/// compared packed. The bytes equal [`encode_bucket`] over the two packed buckets.
+pub fn encode_bucket_from(
+    bucket: &Bucket,
+    transfers: &[Transfer],
+    live: &TensorSet,
+    copy: &TensorSet,
+    fp8: Option<&awex_core::encoding::Fp8Quantiser>,
+    out: &mut Vec<u8>,
+    scratch: &mut (Vec<u8>, Vec<u8>, Vec<u32>),
+) -> Result<DeltaStats, RuntimeError> {
+    let mut st = DeltaStats::default();
+    for p in &bucket.pieces {
+        let t = &transfers[p.transfer as usize];
+        let (so, _, e) = piece_box(t, p);
+        fn view<'s>(
+            set: &'s TensorSet,
+            name: &str,
+            side: &'static str,
+        ) -> Result<&'s TensorView, RuntimeError> {
+            set.get(name).ok_or_else(|| {
+                RuntimeError::from(crate::TensorError::NotRegistered {
+                    side,
+                    name: name.to_string(),
+                })
+            })
+        }
+        let (lv, cv) = (
+            view(live, &t.src_tensor, "source")?,
+            view(copy, &t.src_tensor, "copy of the source")?,
+        );
+        if t.sender_encoded() || t.src_dtype != t.dst_dtype || lv.dtype != t.dst_dtype {
+            // one piece packed from both sets, compared packed
+            let one = Bucket {
+                pieces: vec![*p],
+                bytes: bucket.bytes,
+            };
+            let (new, old, _) = scratch;
+            let cap = max_len(&one).max(16);
+            new.resize(cap, 0);
+            old.resize(cap, 0);
+            let n = crate::bucket::pack(&one, transfers, live, new, fp8)?;
+            let m = crate::bucket::pack(&one, transfers, copy, old, fp8)?;
+            st.add(&encode_bucket(&one, transfers, &old[..m], &new[..n], out)?);
+            continue;
+        }
+        let es = t.dst_dtype.size();
+        let sb = StridedBox::new(&lv.shape, &so, &e, &Dims::zeros(e.ndim()), &e)?;
+        let (lb, cb) = (lv.try_bytes()?, cv.try_bytes()?);
+        let idx = &mut scratch.2;
+        idx.clear();
+        let mut starts = Vec::new();
+        let mut bad = false;
+        sb.for_each_run(|s, d, n| {
+            let (a, b) = ((s as usize) * es, ((s + n) as usize) * es);
+            match (cb.get(a..b), lb.get(a..b)) {
+                (Some(o), Some(w)) => delta::changed_elements(o, w, es, d as u32, idx),
+                _ => bad = true,
+            }
+            starts.push(s as usize * es);
+        });
+        if bad || e.numel() > u32::MAX as u64 {
+            return Err(TransportError::Delta(format!(
+                "`{}`: a box outside the tensor, or over 2^32 elements",
+                t.src_tensor
+            ))
+            .into());
+        }
+        let run = sb.run as usize;
+        st.add(
+            &delta::encode_indexed(
+                e.numel() as usize,
+                es,
+                idx,
+                |i| {
+                    let at = starts[i / run] + (i % run) * es;
+                    &lb[at..at + es]
+                },
+                out,
+            )
+            .map_err(delta_err(format!(
+                "encoding the delta of `{}`",
+                t.src_tensor
+            )))?,
+        );
+    }
+    Ok(st)
+}
+
 /// Where one segment's elements land: a box of a tensor.
 struct Target<'a> {
     view: &'a TensorView,

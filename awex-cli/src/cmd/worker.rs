@@ -209,8 +209,9 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
     let checksums = me.joined.options.checksums || args.checksums;
     // the last version that committed: what a training rank's dump must hold
     let mut committed = args.first_version;
-    // with weights on the GPU the controller waits for each version's upload before timing it
-    let say_filled = side == Side::Training && on_gpu;
+    // with weights on the GPU, or versions that take a while to compute (`--lr`), the
+    // controller waits for each version's weights before timing its update
+    let say_filled = side == Side::Training && (on_gpu || args.lr.is_some());
     if on_gpu {
         let key = connected_key(side, rank);
         me.client()

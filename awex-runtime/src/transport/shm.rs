@@ -18,7 +18,7 @@ use crate::bucket::{
     Bucket, Dest, dst_view, hash_destination, make_buckets, pack, piece_box, piece_scale_box,
     quantise_box,
 };
-use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket, max_len};
+use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
 use crate::{PlacementError, RuntimeError, ShmError, TensorError, TransportError};
@@ -401,7 +401,8 @@ impl ShmTransport {
         let mut stats = ExecStats::default();
         let mut idx = 0u64;
         let mut deltas: Vec<u8> = Vec::new();
-        let (mut new, mut old) = (Vec::new(), Vec::new());
+        let mut new = Vec::new();
+        let mut scratch = (Vec::new(), Vec::new(), Vec::new());
         for (pi, (peer, buckets)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
             let base = self
                 .base
@@ -414,23 +415,29 @@ impl ShmTransport {
                 // every bucket's delta against the copy, into the delta segment's image
                 for b in buckets {
                     ctx.check()?;
-                    let cap = b.bytes as usize;
-                    new.resize(cap, 0);
-                    old.resize(cap, 0);
-                    let n = pack(
+                    let at = deltas.len();
+                    let d = encode_bucket_from(
                         b,
                         &peer.transfers,
                         &self.tensors,
-                        &mut new,
+                        sb.copy(),
                         self.fp8.as_ref(),
+                        &mut deltas,
+                        &mut scratch,
                     )?;
-                    let m = pack(b, &peer.transfers, sb.copy(), &mut old, self.fp8.as_ref())?;
-                    let at = deltas.len();
-                    let d = encode_bucket(b, &peer.transfers, &old[..m], &new[..n], &mut deltas)?;
                     let (wo, wl) = ctl.delta_at(idx).ok_or(TransportError::ChecksumTable)?;
                     wo.store(at as u64, Ordering::Relaxed);
                     wl.store((deltas.len() - at) as u64, Ordering::Relaxed);
                     if ctx.checksums {
+                        // of the bytes the receiver ends with: the dense bucket
+                        new.resize(b.bytes as usize, 0);
+                        let n = pack(
+                            b,
+                            &peer.transfers,
+                            &self.tensors,
+                            &mut new,
+                            self.fp8.as_ref(),
+                        )?;
                         let h = xxhash_rust::xxh3::xxh3_64(&new[..n]);
                         ctl.sum(idx)
                             .ok_or(TransportError::ChecksumTable)?

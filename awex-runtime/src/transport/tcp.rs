@@ -21,7 +21,7 @@
 use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, unpack};
-use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket, max_len};
+use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len};
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
 use awex_core::encoding::Fp8Quantiser;
@@ -765,11 +765,9 @@ fn send_peer(
         // the packer stops when the writer stops: its channels close (no wait without an end)
         let packer = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
             let mut st = ExecStats::default();
-            // deltas: the bucket packed from the live tensors and from the copy of the base
-            let (mut new, mut old) = match base {
-                Some(_) => (vec![0u8; cap], vec![0u8; cap]),
-                None => (Vec::new(), Vec::new()),
-            };
+            // deltas: scratch for pieces compared packed; the dense bytes for checksums
+            let mut scratch = (Vec::new(), Vec::new(), Vec::new());
+            let mut new = Vec::new();
             for b in buckets {
                 ctx.check()?;
                 let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
@@ -779,12 +777,26 @@ fn send_peer(
                         (n, hash_if(ctx.checksums, &buf[..n]), None)
                     }
                     Some((v, copy)) => {
-                        let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
-                        let m = pack(b, &peer.transfers, copy, &mut old, fp8)?;
                         buf.clear();
-                        let d = encode_bucket(b, &peer.transfers, &old[..m], &new[..n], &mut buf)?;
+                        let d = encode_bucket_from(
+                            b,
+                            &peer.transfers,
+                            tensors,
+                            copy,
+                            fp8,
+                            &mut buf,
+                            &mut scratch,
+                        )?;
                         st.delta.add(&d);
-                        (buf.len(), hash_if(ctx.checksums, &new[..n]), Some(v))
+                        // checksums cover the bytes the receiver ends with: the dense bucket
+                        let h = if ctx.checksums {
+                            new.resize(cap, 0);
+                            let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
+                            hash_if(true, &new[..n])
+                        } else {
+                            0
+                        };
+                        (buf.len(), h, Some(v))
                     }
                 };
                 st.checksum = st.checksum.wrapping_add(h);

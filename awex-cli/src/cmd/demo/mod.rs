@@ -248,8 +248,9 @@ async fn demo(
     while version < first + a.updates {
         attempts += 1;
         progress.message(format!("version {version}, attempt {attempts}"));
-        if transport.on_gpu() {
-            // the trainers upload each version before it is timed, as the shm trainers fill it
+        if transport.on_gpu() || a.lr.is_some() {
+            // the trainers upload (or compute: optimiser-like versions) each version before it
+            // is timed, as a trainer holds its new weights before the update starts
             wait_filled(&client, &pair, r, version, &mut workers).await?;
         }
         let t0 = Instant::now();
