@@ -228,6 +228,69 @@ fn a_state_directory_another_uid_owns_or_others_can_read_is_refused() {
 }
 
 #[test]
+fn two_gateways_started_at_once_on_a_fresh_directory_one_serves_the_other_is_refused() {
+    use std::sync::Barrier;
+    for round in 0..20 {
+        let parent = tempfile::tempdir().unwrap();
+        private(parent.path());
+        let dir = parent.path().join("state");
+        let (start, answered) = (Barrier::new(2), Barrier::new(2));
+        let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let starts: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        start.wait();
+                        let r = rt.block_on(async {
+                            open_router(GatewayConfig {
+                                state_dir: Some(dir.clone()),
+                                ..GatewayConfig::default()
+                            })
+                        });
+                        // the winner holds the directory until both have their answer
+                        answered.wait();
+                        r.map(drop).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            starts.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let served = outcomes.iter().filter(|r| r.is_ok()).count();
+        let refused: Vec<&String> = outcomes.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert_eq!(served, 1, "round {round}: {outcomes:?}");
+        assert_eq!(
+            refused,
+            [&format!(
+                "the state directory {} is in use by another gateway (it holds the directory's lock); stop that gateway or give this one another --state-dir",
+                dir.display()
+            )],
+            "round {round}"
+        );
+        // the directory is usable afterwards: the loser wrote nothing in it
+        assert_eq!(
+            open(&dir).map_err(|e| e.to_string()),
+            Ok(()),
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn an_unfinished_new_database_never_held_data_and_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    // what a gateway killed while building its database leaves
+    let tmp = dir.path().join("gateway.redb.new");
+    std::fs::write(&tmp, vec![0xA5u8; 100_000]).unwrap();
+    assert_eq!(open(dir.path()).map_err(|e| e.to_string()), Ok(()));
+    assert!(!tmp.exists());
+    assert!(dir.path().join("gateway.redb").exists());
+}
+
+#[test]
 fn a_zero_length_database_is_refused_not_taken_as_new() {
     let dir = tempfile::tempdir().unwrap();
     private(dir.path());

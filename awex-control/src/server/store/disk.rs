@@ -181,7 +181,7 @@ pub(crate) struct Loaded {
 pub enum StoreError {
     /// Another gateway holds the database.
     #[error(
-        "the state directory {0} is in use by another gateway (its database is locked); stop that gateway or give this one another --state-dir"
+        "the state directory {0} is in use by another gateway (it holds the directory's lock); stop that gateway or give this one another --state-dir"
     )]
     InUse(PathBuf),
     /// Another user owns the directory or could read it: the state is refused as ssh refuses
@@ -227,6 +227,9 @@ pub enum StoreError {
 
 /// The database and its writer thread.
 pub(crate) struct Store {
+    /// The state directory, opened and locked (`flock`, exclusive) for as long as the store
+    /// lives: one gateway per directory. Released after the writer closed the database.
+    _lock: std::fs::File,
     dir: PathBuf,
     /// The database, for [`Store::load`] at start (then handed to the writer alone, which
     /// must be its only holder to reopen it after a failure).
@@ -289,11 +292,33 @@ fn builder() -> redb::Builder {
     b
 }
 
+/// The temporary name a new database is built under.
+const TMP_DB_FILE: &str = "gateway.redb.new";
+
+/// Opens the state directory and takes its lock (`flock`, exclusive, not waiting); the lock
+/// lasts as long as the returned file. Another gateway holding it is [`StoreError::InUse`].
+fn lock_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+    use std::os::fd::AsRawFd;
+    // opened close-on-exec (as std opens every file): a child process never inherits the lock
+    let f = std::fs::File::open(dir).map_err(|e| io(dir, format!("cannot open it: {e}")))?;
+    // SAFETY: flock on a descriptor owned by `f`, alive for the call; no memory is passed.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::InUse(dir.to_path_buf()));
+        }
+        return Err(io(dir, format!("cannot lock it: {e}")));
+    }
+    Ok(f)
+}
+
 /// Creates a new database at `file` without ever leaving a partial one under that name: it
-/// is built under a temporary name (mode 0600), synced, then renamed.
+/// is built under a temporary name (mode 0600), synced, then renamed (under the directory's
+/// lock, so no other gateway writes the same temporary file).
 fn create_db(dir: &Path, file: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = dir.join(format!("{DB_FILE}.new"));
+    let tmp = dir.join(TMP_DB_FILE);
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -387,6 +412,20 @@ impl Store {
     /// database, and one older than the last commit the gateway acknowledged (`gateway.commit`).
     pub(crate) fn open(dir: &Path) -> Result<Store, StoreError> {
         private_dir(dir)?;
+        // the directory's lock before any file in it is created, read or removed: a second
+        // gateway started at the same instant is refused here, and never writes a file the
+        // first one uses
+        let lock = lock_dir(dir)?;
+        // a database whose creation never finished (the gateway died building it) never held
+        // data: it is not damage, and it goes
+        let tmp = dir.join(TMP_DB_FILE);
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => {
+                tracing::info!(file = %tmp.display(), "removed an unfinished new database (it never held data)")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(dir, format!("cannot remove {}: {e}", tmp.display()))),
+        }
         let file = dir.join(DB_FILE);
         match std::fs::metadata(&file) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_db(dir, &file)?,
@@ -465,6 +504,7 @@ impl Store {
             .spawn(move || w.run(&rx))
             .map_err(|e| io(dir, format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
+            _lock: lock,
             dir: dir.to_path_buf(),
             db: Mutex::new(Some(db)),
             tx: Mutex::new(Some(tx)),
