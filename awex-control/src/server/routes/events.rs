@@ -1,13 +1,18 @@
 //! Events: `GET /v1/pairs/{name}/events?after=N&timeout_ms=T`, the per-pair sequence ranks
 //! long-poll to learn of work (`update`), of failures (`abort`) and of the end (`disconnect`).
 //! It answers every event with `seq > N`, or an empty list after `T`; it never hangs a rank.
+//! A rank names its claim id in the `awex-claim` header (never in the URL): its slot then
+//! counts as held while the poll is open, and a poll whose connection closes unanswered says
+//! the process is gone.
 
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams, wait_ms};
 use crate::server::state::AppState;
+use crate::wire::CLAIM_HEADER;
 use crate::wire::{EventsResponse, PairState};
 use axum::Json;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use serde::Deserialize;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -17,21 +22,33 @@ pub(crate) async fn poll(
     State(gw): State<AppState>,
     PathParams(name): PathParams<String>,
     QueryParams(q): QueryParams<EventsQuery>,
+    headers: HeaderMap,
 ) -> Result<Json<EventsResponse>, ApiError> {
     let wait = wait_ms(q.timeout_ms)?;
+    if q.incarnation.is_some() {
+        // a URL is logged by proxies and printed in retry lines: a claim id never goes there
+        return Err(ApiError::BadRequest(format!(
+            "`incarnation` does not belong in the URL, where it would be logged: send the rank's claim id in the `{CLAIM_HEADER}` header"
+        )));
+    }
+    let claim = match headers.get(CLAIM_HEADER) {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::BadRequest(format!(
+                "the `{CLAIM_HEADER}` header must be visible ASCII (the claim id the rank joined with)"
+            ))
+        })?),
+    };
     let entry = gw.pair(&name)?;
     // a rank's live holder naming its claim id polls in its own pool (a flood of other
     // requests does not cut it off its work)
-    let holder = q
-        .incarnation
-        .as_deref()
-        .and_then(|c| entry.lock().roster.holder_slot(c));
+    let holder = claim.and_then(|c| entry.lock().roster.holder_slot(c));
     let _permit = match holder {
         Some(slot) => gw.rank_event_poll(&entry, wait, slot)?,
         None => gw.long_poll(&entry, wait)?,
     };
     // a rank that names its claim id is seen live while its poll is open
-    let mut seen = q.incarnation.as_deref().and_then(|c| {
+    let mut seen = claim.and_then(|c| {
         let slot = entry.lock().roster.begin_poll(c)?;
         Some(PollSeen {
             entry: entry.clone(),
@@ -93,7 +110,7 @@ pub(crate) struct EventsQuery {
     #[serde(default)]
     after: u64,
     timeout_ms: Option<u64>,
-    /// The polling rank's claim id (what it sent as `info.incarnation` when it joined).
+    /// Refused: older ranks sent their claim id here; it goes in [`CLAIM_HEADER`] now.
     incarnation: Option<String>,
 }
 
