@@ -291,6 +291,56 @@ fn an_unfinished_new_database_never_held_data_and_is_not_damage() {
 }
 
 #[test]
+fn a_fifo_or_a_device_in_place_of_the_database_is_refused_for_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    let file = dir.path().join("gateway.redb");
+    let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path that lives for the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("gateway.redb cannot be used: it is not a regular file but a FIFO"),
+        "{e}"
+    );
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+    let e = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("gateway.redb cannot be used: it is not a regular file but a character device"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_commit_record_is_damage_beside_a_database_with_commits_and_not_beside_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    // a gateway that started and never changed anything: its record is written at start
+    assert_eq!(open(dir.path()).map_err(|e| e.to_string()), Ok(()));
+    let record = dir.path().join("gateway.commit");
+    // one slot: commit 0 of this database
+    assert_eq!(std::fs::metadata(&record).unwrap().len(), 32);
+    // a leftover record that never held data, beside a database without commits: fine
+    std::fs::write(&record, b"").unwrap();
+    assert_eq!(open(dir.path()).map_err(|e| e.to_string()), Ok(()));
+    // a database with commits
+    let gw = Gw::start(dir.path(), None);
+    let c = gw.client(None);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async { c.connect(&connect_request("p", 1, 1, 1)).await.unwrap() });
+    gw.stop();
+    std::fs::write(&record, b"").unwrap();
+    let e = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "gateway.commit cannot be used: it is empty (0 bytes), but the database holds commit"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_zero_length_database_is_refused_not_taken_as_new() {
     let dir = tempfile::tempdir().unwrap();
     private(dir.path());
