@@ -280,12 +280,13 @@ async fn a_silent_holder_keeps_its_slot_a_gone_one_changes_hands_and_its_version
         }
     }
     assert!(joined.is_some(), "the gone holder's slot was never free");
+    // the version announced to the dead holder failed as it died (before the takeover)
     let st = c.update_status("silent", 1).await.unwrap();
     assert_eq!(st.state, UpdateState::Failed, "{st:?}");
     assert_eq!(
         st.error.as_deref(),
         Some(
-            "version 1 attempt 1 failed: inference rank 0/0 changed hands while it ran: the process it was announced to (pid 4242) was replaced by pid 999 (its event poll's connection closed (the process is gone)), which never received this version; retry the version"
+            "version 1 attempt 1 failed: inference rank 0/0 is gone without reporting: its event poll's connection closed (the process, pid 4242, died or was cut off), so this version cannot commit; start the rank again and retry the version"
         )
     );
     // the replaced holder's report changes nothing
@@ -394,4 +395,55 @@ async fn a_claim_id_never_travels_in_a_url() {
         "{e}"
     );
     assert!(!e.to_string().contains(I_CLAIM), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_dies_during_an_update_fails_it_at_once_not_at_its_deadline() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    let mut req = connect_request("dies", 1, 1, 1);
+    // far beyond the test's own wait: only the death can end the version in time
+    req.options.update_deadline_ms = 3_600_000;
+    c.connect(&req).await.unwrap();
+    let join = |side, rank, claim: &str| JoinRequest {
+        side,
+        rank,
+        info: json!({"incarnation": claim, "pid": 4242}),
+        capabilities: vec![],
+    };
+    let (jt, ji) = (join(T.0, T.1, T_CLAIM), join(I.0, I.1, I_CLAIM));
+    let (a, b) = tokio::join!(c.join("dies", &jt), c.join("dies", &ji));
+    a.unwrap();
+    b.unwrap();
+    c.start_update("dies", 1).await.unwrap();
+    let last = c.events("dies", 0, Duration::ZERO).await.unwrap().last_seq;
+    // the inference rank moves its bytes with its watcher's poll open, and dies
+    for round in 1..=20u64 {
+        let dying = {
+            let c = Client::new(&url, None).unwrap().with_retries(0);
+            tokio::spawn(async move {
+                let _ = c
+                    .events_as("dies", last, Duration::from_secs(30), Some(I_CLAIM))
+                    .await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100 * round)).await;
+        dying.abort();
+        let _ = dying.await;
+        let st = c
+            .wait_update("dies", 1, Duration::from_millis(100 * round))
+            .await;
+        if let Ok(st) = st
+            && st.state == UpdateState::Failed
+        {
+            assert_eq!(
+                st.error.as_deref(),
+                Some(
+                    "version 1 attempt 1 failed: inference rank 0/0 is gone without reporting: its event poll's connection closed (the process, pid 4242, died or was cut off), so this version cannot commit; start the rank again and retry the version"
+                )
+            );
+            return;
+        }
+    }
+    panic!("the version did not fail when its rank's process died");
 }

@@ -8,8 +8,9 @@
 use crate::server::error::ApiError;
 use crate::server::extract::{PathParams, QueryParams, wait_ms};
 use crate::server::state::AppState;
+use crate::server::store::roster::rank_name;
 use crate::wire::CLAIM_HEADER;
-use crate::wire::{EventsResponse, PairState};
+use crate::wire::{EventsResponse, PairState, UpdateState};
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -125,9 +126,40 @@ struct PollSeen {
 
 impl Drop for PollSeen {
     fn drop(&mut self) {
-        self.entry
-            .lock()
-            .roster
+        let mut p = self.entry.lock();
+        p.roster
             .end_poll(self.slot, &self.incarnation, self.answered);
+        if self.answered || !p.roster.is_gone(self.slot) {
+            return;
+        }
+        // the holder is gone: a running version it was told to run and has not finished
+        // cannot commit, so it fails now instead of at its deadline
+        let entry = &self.entry;
+        let unfinished = p.updates.latest().is_some_and(|u| {
+            u.state == UpdateState::Running
+                && u.ranks.get(self.slot).is_some_and(|r| {
+                    r.claim.as_deref() == Some(self.incarnation.as_str())
+                        && if u.applying {
+                            !entry.slots.is_training(self.slot) && r.applied.is_none()
+                        } else {
+                            r.state.is_none()
+                        }
+                })
+        });
+        if unfinished {
+            let (side, rank) = entry.slots.rank(self.slot);
+            let pid = p
+                .roster
+                .slots
+                .get(self.slot)
+                .and_then(Option::as_ref)
+                .and_then(|j| j.pid)
+                .map_or("unknown".to_string(), |p| p.to_string());
+            let reason = format!(
+                "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), so this version cannot commit; start the rank again and retry the version",
+                rank_name(side, rank)
+            );
+            entry.fail(&mut p, reason);
+        }
     }
 }

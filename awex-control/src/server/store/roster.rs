@@ -323,6 +323,14 @@ impl Roster {
         )))
     }
 
+    /// Whether slot `i`'s holder is known gone (its last open poll's connection closed).
+    pub(crate) fn is_gone(&self, i: usize) -> bool {
+        self.slots
+            .get(i)
+            .and_then(Option::as_ref)
+            .is_some_and(|j| j.gone && j.polls == 0)
+    }
+
     /// The operator releases slot `i`: its holder (if any) may be replaced by the next
     /// claimant; the holder's pid, when one holds it. `None`: the slot is empty.
     pub(crate) fn release(&mut self, i: usize) -> Option<Option<u64>> {
