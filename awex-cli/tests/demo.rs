@@ -157,13 +157,12 @@ fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
         (failed["version"].as_u64(), failed["verified"].as_bool()),
         (Some(2), Some(false))
     );
+    // the killed process's presence poll closed: the version fails at once, naming it
     assert!(
-        failed["error"].as_str().unwrap().contains("deadline"),
+        failed["error"].as_str().unwrap().contains(
+            "training rank 1 is gone without reporting: its event poll's connection closed"
+        ),
         "{failed}"
-    );
-    assert!(
-        failed["seconds"].as_f64().unwrap() < 6.0,
-        "reported failed within twice the deadline"
     );
     // a failed attempt has no data-plane time (its move did not finish)
     assert!(failed.get("transfer_ms").is_none(), "{failed}");

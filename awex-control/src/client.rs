@@ -499,6 +499,35 @@ impl Client {
         Self::decode(&text, &bytes)
     }
 
+    /// `GET /v1/pairs/{name}/events?presence=true` by the rank whose claim id is `claim`: held
+    /// open for `wait` whatever events come (the disconnect ends it, 410), answering none. A
+    /// rank keeps one open while it holds its slot, so that its death closes it.
+    pub async fn presence(
+        &self,
+        name: &str,
+        claim: &str,
+        wait: Duration,
+    ) -> Result<EventsResponse, ClientError> {
+        let wait_ms = wait.as_millis().min(u128::from(crate::wire::MAX_WAIT_MS)) as u64;
+        let query = [
+            ("presence", "true".to_string()),
+            ("timeout_ms", wait_ms.to_string()),
+        ];
+        let url = self.url(&["v1", "pairs", name, "events"], &query)?;
+        let text = url.to_string();
+        let (_, bytes) = self
+            .send_as(
+                Method::GET,
+                url,
+                None,
+                false,
+                Duration::from_millis(wait_ms) + POLL_MARGIN,
+                Some(claim),
+            )
+            .await?;
+        Self::decode(&text, &bytes)
+    }
+
     /// `POST /v1/pairs/{name}/ranks/release`: the operator says the holder of a rank slot is
     /// gone; the next process that joins the slot takes it over.
     pub async fn release_slot(

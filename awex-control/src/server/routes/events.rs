@@ -58,11 +58,44 @@ pub(crate) async fn poll(
             answered: false,
         })
     });
-    let answer = wait_for_events(&entry, &name, q.after, wait).await;
+    let answer = if q.presence {
+        hold(&entry, wait).await
+    } else {
+        wait_for_events(&entry, &name, q.after, wait).await
+    };
     if let Some(s) = seen.as_mut() {
         s.answered = true;
     }
     answer
+}
+
+/// A rank's presence poll: open for the whole `wait` (events do not end it; the disconnect
+/// does), so that the holder's process has a poll open whatever it is doing, and its death
+/// closes it. Answers no events.
+async fn hold(
+    entry: &crate::server::state::PairEntry,
+    wait: u64,
+) -> Result<Json<EventsResponse>, ApiError> {
+    let mut rx = entry.events_tx.subscribe();
+    let end = Instant::now() + Duration::from_millis(wait);
+    loop {
+        let last = {
+            let p = entry.lock();
+            if p.state == PairState::Disconnected {
+                return Err(ApiError::disconnected(&entry.name));
+            }
+            p.events.last_seq()
+        };
+        match tokio::time::timeout_at(end, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => {
+                return Ok(Json(EventsResponse {
+                    events: Vec::new(),
+                    last_seq: last,
+                }));
+            }
+        }
+    }
 }
 
 /// Waits up to `wait` ms for events of `entry` after `after`.
@@ -113,6 +146,9 @@ pub(crate) struct EventsQuery {
     timeout_ms: Option<u64>,
     /// Refused: older ranks sent their claim id here; it goes in [`CLAIM_HEADER`] now.
     incarnation: Option<String>,
+    /// A presence poll: held for the whole `timeout_ms`, answering no events ([`hold`]).
+    #[serde(default)]
+    presence: bool,
 }
 
 /// Ends a rank's open poll; a poll dropped before it was answered (the rank's connection
