@@ -18,17 +18,24 @@ thread_local! {
     static STARTED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn demo(args: &[&str]) -> (i32, Value, String) {
-    let child = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .arg("demo")
-        .args(["--model", "qwen3-tiny", "--json"])
-        .args(args)
+/// Runs a demo command to its end, remembering its pid for [`no_segments_left`].
+fn run_demo(cmd: &mut Command) -> std::process::Output {
+    let child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("run awex-cli demo");
     STARTED.with(|s| s.borrow_mut().push(child.id()));
-    let out = child.wait_with_output().expect("wait for awex-cli demo");
+    child.wait_with_output().expect("wait for awex-cli demo")
+}
+
+fn demo(args: &[&str]) -> (i32, Value, String) {
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .arg("demo")
+            .args(["--model", "qwen3-tiny", "--json"])
+            .args(args),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
@@ -374,18 +381,18 @@ fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
     )
     .unwrap();
     let second = tmp.path().join("second");
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .args([
-            "demo",
-            "--json",
-            "--updates",
-            "1",
-            "--model",
-            hf.to_str().unwrap(),
-        ])
-        .args(["--dump-dir", second.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args([
+                "demo",
+                "--json",
+                "--updates",
+                "1",
+                "--model",
+                hf.to_str().unwrap(),
+            ])
+            .args(["--dump-dir", second.to_str().unwrap()]),
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -491,18 +498,18 @@ fn demo_says_what_it_checked_in_the_table_and_in_json() {
     let _one = one_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("dump");
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .args([
-            "demo",
-            "--model",
-            "qwen3-tiny",
-            "--updates",
-            "2",
-            "--checksums",
-        ])
-        .args(["--dump-dir", d.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args([
+                "demo",
+                "--model",
+                "qwen3-tiny",
+                "--updates",
+                "2",
+                "--checksums",
+            ])
+            .args(["--dump-dir", d.to_str().unwrap()]),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -570,6 +577,7 @@ fn progress_reaches_a_piped_stderr_within_a_second() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    STARTED.with(|s| s.borrow_mut().push(child.id()));
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     // the line comes first, while the demo still runs (not with the result at the end)
@@ -728,12 +736,12 @@ fn fp8_model_dir(quantization: Option<Value>) -> tempfile::TempDir {
 }
 
 fn demo_of(model: &str, args: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .arg("demo")
-        .args(["--model", model, "--json"])
-        .args(args)
-        .output()
-        .expect("run awex-cli demo");
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .arg("demo")
+            .args(["--model", model, "--json"])
+            .args(args),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
