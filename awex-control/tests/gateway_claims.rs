@@ -447,3 +447,26 @@ async fn a_rank_that_dies_during_an_update_fails_it_at_once_not_at_its_deadline(
     }
     panic!("the version did not fail when its rank's process died");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presence_poll_is_held_through_events_and_ends_with_the_disconnect() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "pres").await;
+    let held = {
+        let c = Client::new(&url, None).unwrap().with_retries(0);
+        tokio::spawn(async move { c.presence("pres", I_CLAIM, Duration::from_secs(60)).await })
+    };
+    // events come (a failed attempt, its abort, a retry): the presence poll stays open
+    c.report("pres", 1, &report(T.0, T.1, false, Some(T_CLAIM)))
+        .await
+        .unwrap();
+    c.start_update("pres", 1).await.unwrap();
+    let seen = c.events("pres", 0, Duration::ZERO).await.unwrap();
+    assert!(seen.events.len() >= 3, "{seen:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!held.is_finished(), "a presence poll answered an event");
+    c.disconnect("pres").await.unwrap();
+    let e = held.await.unwrap().unwrap_err();
+    assert_eq!(e.status(), Some(410), "{e}");
+}
