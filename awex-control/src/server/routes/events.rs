@@ -162,40 +162,55 @@ struct PollSeen {
 
 impl Drop for PollSeen {
     fn drop(&mut self) {
-        let mut p = self.entry.lock();
-        p.roster
-            .end_poll(self.slot, &self.incarnation, self.answered);
-        if self.answered || !p.roster.is_gone(self.slot) {
+        let gone = {
+            let mut p = self.entry.lock();
+            p.roster
+                .end_poll(self.slot, &self.incarnation, self.answered);
+            !self.answered && p.roster.is_gone(self.slot)
+        };
+        if !gone {
             return;
         }
-        // the holder is gone: a running version it was told to run and has not finished
-        // cannot commit, so it fails now instead of at its deadline
-        let entry = &self.entry;
-        let unfinished = p.updates.latest().is_some_and(|u| {
-            u.state == UpdateState::Running
-                && u.ranks.get(self.slot).is_some_and(|r| {
-                    r.claim.as_deref() == Some(self.incarnation.as_str())
-                        && if u.applying {
-                            !entry.slots.is_training(self.slot) && r.applied.is_none()
-                        } else {
-                            r.state.is_none()
-                        }
-                })
-        });
-        if unfinished {
-            let (side, rank) = entry.slots.rank(self.slot);
-            let pid = p
-                .roster
-                .slots
-                .get(self.slot)
-                .and_then(Option::as_ref)
-                .and_then(|j| j.pid)
-                .map_or("unknown".to_string(), |p| p.to_string());
-            let reason = format!(
-                "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), so this version cannot commit; start the rank again and retry the version",
-                rank_name(side, rank)
-            );
-            entry.fail(&mut p, reason);
+        // acted on from a task of its own: a gateway shutting down drops every poll (its
+        // runtime then runs no new task), which says nothing about the ranks
+        let (entry, slot, claim) = (self.entry.clone(), self.slot, self.incarnation.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { fail_unfinished_part(&entry, slot, &claim) });
         }
+    }
+}
+
+/// The holder `claim` of `slot` is gone: a running version it was told to run and has not
+/// finished cannot commit, so it fails now instead of at its deadline.
+fn fail_unfinished_part(entry: &crate::server::state::PairEntry, slot: usize, claim: &str) {
+    let mut p = entry.lock();
+    if !p.roster.is_gone(slot) {
+        return;
+    }
+    let unfinished = p.updates.latest().is_some_and(|u| {
+        u.state == UpdateState::Running
+            && u.ranks.get(slot).is_some_and(|r| {
+                r.claim.as_deref() == Some(claim)
+                    && if u.applying {
+                        !entry.slots.is_training(slot) && r.applied.is_none()
+                    } else {
+                        r.state.is_none()
+                    }
+            })
+    });
+    if unfinished {
+        let (side, rank) = entry.slots.rank(slot);
+        let pid = p
+            .roster
+            .slots
+            .get(slot)
+            .and_then(Option::as_ref)
+            .and_then(|j| j.pid)
+            .map_or("unknown".to_string(), |p| p.to_string());
+        let reason = format!(
+            "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), so this version cannot commit; start the rank again and retry the version",
+            rank_name(side, rank)
+        );
+        entry.fail(&mut p, reason);
     }
 }
