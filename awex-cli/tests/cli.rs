@@ -201,6 +201,67 @@ fn config_dir(field: &str, value: Value) -> tempfile::TempDir {
 }
 
 #[test]
+fn deepseek_configs_with_an_empty_mla_size_are_refused_by_every_tool_not_a_panic() {
+    let fixture: Value = serde_json::from_str(include_str!(
+        "../../awex-core/tests/fixtures/hf/deepseek-v3.json"
+    ))
+    .unwrap();
+    for (field, want) in [
+        (
+            "kv_lora_rank",
+            "config.json field `kv_lora_rank`: must be at least 1 (DeepSeek-V3 has 512)",
+        ),
+        (
+            "q_lora_rank",
+            "config.json field `q_lora_rank`: must be at least 1 (DeepSeek-V3 has 1536), or null for a plain q_proj (DeepSeek-V2-Lite)",
+        ),
+        (
+            "v_head_dim",
+            "config.json field `v_head_dim`: must be at least 1 (DeepSeek-V3 has 128)",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = fixture["config"].clone();
+        cfg[field] = serde_json::json!(0);
+        std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+        let model = dir.path().to_str().unwrap();
+        for args in [
+            vec![
+                "plan",
+                "--model",
+                model,
+                "--train",
+                "megatron:tp=1",
+                "--infer",
+                "sglang:tp=1",
+            ],
+            vec!["demo", "--model", model, "--updates", "1"],
+            vec!["simulate", "--model", model],
+            vec![
+                "pair",
+                "--gateway",
+                "http://127.0.0.1:9",
+                "connect",
+                "--name",
+                "p",
+                "--model",
+                model,
+                "--train",
+                "megatron:tp=1",
+                "--infer",
+                "sglang:tp=1",
+            ],
+        ] {
+            // exit 2 with the message, never a panic (101)
+            let (code, out, err) = cli(&args);
+            assert_eq!(code, 2, "{args:?}: {out}{err}");
+            assert!(err.contains(want), "{args:?}: {err}");
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+        }
+    }
+}
+
+#[test]
 fn model_sizes_above_the_limits_are_refused_by_plan_and_pair_connect() {
     for (field, value, want) in [
         (

@@ -1,37 +1,96 @@
 //! The main job end to end: rank processes, a real gateway, verified updates, and fault drills.
 
 use serde_json::Value;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
 /// The drills are timing-sensitive: run one demo at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Taken for the whole test, so that the shared-memory checks see no other demo's segments.
+/// Taken for the whole test: one demo of this test binary runs at a time.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn demo(args: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .arg("demo")
-        .args(["--model", "qwen3-tiny", "--json"])
-        .args(args)
-        .output()
+thread_local! {
+    /// The process ids of the demos this test (its thread) started: their segments, and no
+    /// one else's, are what [`no_segments_left`] checks.
+    static STARTED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs a demo command to its end, remembering its pid for [`no_segments_left`].
+fn run_demo(cmd: &mut Command) -> std::process::Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run awex-cli demo");
+    STARTED.with(|s| s.borrow_mut().push(child.id()));
+    child.wait_with_output().expect("wait for awex-cli demo")
+}
+
+fn demo(args: &[&str]) -> (i32, Value, String) {
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .arg("demo")
+            .args(["--model", "qwen3-tiny", "--json"])
+            .args(args),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
     (out.status.code().unwrap_or(-1), json, stderr)
 }
 
+/// The prefix of every segment of the demo process `pid` (its pair is `demo-{pid}`).
+fn segment_prefix(pid: u32) -> String {
+    format!("awex-demo-{pid}-")
+}
+
+/// Checks that no demo this test started left a shared-memory segment behind; segments of
+/// other processes (another test binary's demo, an operator's) are not this test's business.
 fn no_segments_left() {
+    let prefixes: Vec<String> =
+        STARTED.with(|s| s.borrow().iter().map(|&p| segment_prefix(p)).collect());
+    assert!(!prefixes.is_empty(), "no demo was started by this test");
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.starts_with("awex-demo-"))
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())))
         .collect();
     assert!(left.is_empty(), "shared memory left behind: {left:?}");
+}
+
+/// Removes a file this test created, also when the test fails.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn the_segment_check_sees_only_the_demos_this_test_started() {
+    let _one = one_at_a_time();
+    // what another demo on the machine (another `cargo test`, an operator) would have open
+    let other = std::path::PathBuf::from(format!(
+        "/dev/shm/awex-demo-other{}-t0.0.bucket0",
+        std::process::id()
+    ));
+    std::fs::write(&other, b"another demo's segment").unwrap();
+    let _gone = RemoveOnDrop(other);
+    let (code, j, err) = demo(&["--updates", "1"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(j["verified"], true);
+    no_segments_left();
+    // and a segment of this test's own demo is found
+    let pid = STARTED.with(|s| s.borrow()[0]);
+    let mine = std::path::PathBuf::from(format!("/dev/shm/{}t0.0.left", segment_prefix(pid)));
+    std::fs::write(&mine, b"left behind").unwrap();
+    let _mine = RemoveOnDrop(mine);
+    let found = std::panic::catch_unwind(no_segments_left).is_err();
+    assert!(found, "a segment of this test's demo was not found");
 }
 
 #[test]
@@ -105,13 +164,12 @@ fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
         (failed["version"].as_u64(), failed["verified"].as_bool()),
         (Some(2), Some(false))
     );
+    // the killed process's presence poll closed: the version fails at once, naming it
     assert!(
-        failed["error"].as_str().unwrap().contains("deadline"),
+        failed["error"].as_str().unwrap().contains(
+            "training rank 1 is gone without reporting: its event poll's connection closed"
+        ),
         "{failed}"
-    );
-    assert!(
-        failed["seconds"].as_f64().unwrap() < 6.0,
-        "reported failed within twice the deadline"
     );
     // a failed attempt has no data-plane time (its move did not finish)
     assert!(failed.get("transfer_ms").is_none(), "{failed}");
@@ -323,18 +381,18 @@ fn hf_directory_weights_are_version_zero_and_dumps_hold_engine_layouts() {
     )
     .unwrap();
     let second = tmp.path().join("second");
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .args([
-            "demo",
-            "--json",
-            "--updates",
-            "1",
-            "--model",
-            hf.to_str().unwrap(),
-        ])
-        .args(["--dump-dir", second.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args([
+                "demo",
+                "--json",
+                "--updates",
+                "1",
+                "--model",
+                hf.to_str().unwrap(),
+            ])
+            .args(["--dump-dir", second.to_str().unwrap()]),
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -440,18 +498,18 @@ fn demo_says_what_it_checked_in_the_table_and_in_json() {
     let _one = one_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().join("dump");
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .args([
-            "demo",
-            "--model",
-            "qwen3-tiny",
-            "--updates",
-            "2",
-            "--checksums",
-        ])
-        .args(["--dump-dir", d.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .args([
+                "demo",
+                "--model",
+                "qwen3-tiny",
+                "--updates",
+                "2",
+                "--checksums",
+            ])
+            .args(["--dump-dir", d.to_str().unwrap()]),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -519,6 +577,7 @@ fn progress_reaches_a_piped_stderr_within_a_second() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    STARTED.with(|s| s.borrow_mut().push(child.id()));
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     // the line comes first, while the demo still runs (not with the result at the end)
@@ -677,12 +736,12 @@ fn fp8_model_dir(quantization: Option<Value>) -> tempfile::TempDir {
 }
 
 fn demo_of(model: &str, args: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
-        .arg("demo")
-        .args(["--model", model, "--json"])
-        .args(args)
-        .output()
-        .expect("run awex-cli demo");
+    let out = run_demo(
+        Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+            .arg("demo")
+            .args(["--model", model, "--json"])
+            .args(args),
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);

@@ -8,8 +8,8 @@
 //! connecting and reporting are never re-sent after they may have reached the gateway.
 
 use crate::wire::{
-    ConnectRequest, EventsResponse, JoinPending, JoinRequest, JoinResponse, KvEntry, KvPut,
-    PairStatus, Report, ReportAck, StartUpdate, UpdateStatus,
+    CLAIM_HEADER, ConnectRequest, EventsResponse, JoinPending, JoinRequest, JoinResponse, KvEntry,
+    KvPut, PairStatus, ReleaseSlot, Report, ReportAck, SlotReleased, StartUpdate, UpdateStatus,
 };
 use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
@@ -54,6 +54,14 @@ pub enum ClientError {
     /// The gateway URL is not an `http://host:port` URL.
     #[error("`{0}` is not a gateway URL; expected e.g. http://127.0.0.1:7480")]
     BadUrl(String),
+    /// The gateway made the change but could not write it to its state directory (503 with
+    /// `"queued": true`): the change is in effect (a started version runs) and is written once
+    /// the disk takes writes again. Not a refusal: read the state instead of repeating it.
+    #[error("gateway answered 503, and the change was made: {message}")]
+    Queued {
+        /// The gateway's message.
+        message: String,
+    },
     /// Waiting for an update ended before it committed or failed.
     #[error("version {version} is still {state} after waiting {waited_ms} ms")]
     StillRunning {
@@ -71,8 +79,14 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
+            ClientError::Queued { .. } => Some(503),
             _ => None,
         }
+    }
+
+    /// Whether the gateway made the change though it answered 503 ([`ClientError::Queued`]).
+    pub fn queued(&self) -> bool {
+        matches!(self, ClientError::Queued { .. })
     }
 }
 
@@ -93,6 +107,14 @@ pub struct Client {
     token: Option<String>,
     retries: u32,
     timeout: Duration,
+}
+
+/// Whether an error answer says the change was made and queued (`"queued": true`).
+fn says_queued(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("queued").and_then(serde_json::Value::as_bool))
+        == Some(true)
 }
 
 /// Margin added to a long-poll's server-side wait for the HTTP request timeout.
@@ -166,6 +188,21 @@ impl Client {
         idempotent: bool,
         timeout: Duration,
     ) -> Result<(StatusCode, Vec<u8>), ClientError> {
+        self.send_as(method, url, body, idempotent, timeout, None)
+            .await
+    }
+
+    /// [`Client::send`] by the rank whose claim id is `claim`, sent in the [`CLAIM_HEADER`]
+    /// header (never in the URL, which error messages and logs print).
+    async fn send_as(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        idempotent: bool,
+        timeout: Duration,
+        claim: Option<&str>,
+    ) -> Result<(StatusCode, Vec<u8>), ClientError> {
         let mut attempt = 0;
         loop {
             let mut req = self
@@ -174,6 +211,9 @@ impl Client {
                 .timeout(timeout);
             if let Some(t) = &self.token {
                 req = req.bearer_auth(t);
+            }
+            if let Some(c) = claim {
+                req = req.header(CLAIM_HEADER, c);
             }
             if let Some(b) = &body {
                 req = req
@@ -203,7 +243,9 @@ impl Client {
             let retryable = match &result {
                 Err(ClientError::Connect { .. }) => true,
                 Err(_) => idempotent,
-                Ok((s, _)) => idempotent && matches!(s.as_u16(), 502..=504),
+                // a change the gateway made and queued is never re-sent (not even an
+                // idempotent one: its answer says what happened)
+                Ok((s, b)) => idempotent && matches!(s.as_u16(), 502..=504) && !says_queued(b),
             };
             if retryable && attempt < self.retries {
                 attempt += 1;
@@ -215,10 +257,14 @@ impl Client {
             if status.is_success() {
                 return Ok((status, bytes));
             }
-            let message = serde_json::from_slice::<serde_json::Value>(&bytes)
-                .ok()
+            let answer = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+            let message = answer
+                .as_ref()
                 .and_then(|v| v.get("error").and_then(|m| m.as_str()).map(str::to_string))
                 .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            if status == StatusCode::SERVICE_UNAVAILABLE && says_queued(&bytes) {
+                return Err(ClientError::Queued { message });
+            }
             return Err(ClientError::Api {
                 status: status.as_u16(),
                 message,
@@ -423,7 +469,9 @@ impl Client {
     }
 
     /// [`Client::events`] by the rank whose claim id is `incarnation` (what it joined with as
-    /// `info.incarnation`): the gateway counts it live while the poll is open.
+    /// `info.incarnation`), sent in the `awex-claim` header: the gateway counts the slot as held
+    /// while the poll is open, and a poll whose connection closes unanswered as the process
+    /// gone. A rank that lives never drops a poll it opened.
     pub async fn events_as(
         &self,
         name: &str,
@@ -432,20 +480,69 @@ impl Client {
         incarnation: Option<&str>,
     ) -> Result<EventsResponse, ClientError> {
         let wait_ms = wait.as_millis().min(u128::from(crate::wire::MAX_WAIT_MS)) as u64;
-        let mut query = vec![
+        let query = [
             ("after", after.to_string()),
             ("timeout_ms", wait_ms.to_string()),
         ];
-        if let Some(c) = incarnation {
-            query.push(("incarnation", c.to_string()));
-        }
+        let url = self.url(&["v1", "pairs", name, "events"], &query)?;
+        let text = url.to_string();
+        let (_, bytes) = self
+            .send_as(
+                Method::GET,
+                url,
+                None,
+                true,
+                Duration::from_millis(wait_ms) + POLL_MARGIN,
+                incarnation,
+            )
+            .await?;
+        Self::decode(&text, &bytes)
+    }
+
+    /// `GET /v1/pairs/{name}/events?presence=true` by the rank whose claim id is `claim`: held
+    /// open for `wait` whatever events come (the disconnect ends it, 410), answering none. A
+    /// rank keeps one open while it holds its slot, so that its death closes it.
+    pub async fn presence(
+        &self,
+        name: &str,
+        claim: &str,
+        wait: Duration,
+    ) -> Result<EventsResponse, ClientError> {
+        let wait_ms = wait.as_millis().min(u128::from(crate::wire::MAX_WAIT_MS)) as u64;
+        let query = [
+            ("presence", "true".to_string()),
+            ("timeout_ms", wait_ms.to_string()),
+        ];
+        let url = self.url(&["v1", "pairs", name, "events"], &query)?;
+        let text = url.to_string();
+        let (_, bytes) = self
+            .send_as(
+                Method::GET,
+                url,
+                None,
+                false,
+                Duration::from_millis(wait_ms) + POLL_MARGIN,
+                Some(claim),
+            )
+            .await?;
+        Self::decode(&text, &bytes)
+    }
+
+    /// `POST /v1/pairs/{name}/ranks/release`: the operator says the holder of a rank slot is
+    /// gone; the next process that joins the slot takes it over.
+    pub async fn release_slot(
+        &self,
+        name: &str,
+        req: &ReleaseSlot,
+    ) -> Result<SlotReleased, ClientError> {
+        let body = Self::encode(req)?;
         self.call(
-            Method::GET,
-            &["v1", "pairs", name, "events"],
-            &query,
-            None,
-            true,
-            Duration::from_millis(wait_ms) + POLL_MARGIN,
+            Method::POST,
+            &["v1", "pairs", name, "ranks", "release"],
+            &[],
+            Some(body),
+            false,
+            self.timeout,
         )
         .await
     }

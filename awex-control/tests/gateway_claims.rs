@@ -211,3 +211,263 @@ async fn a_rank_whose_process_died_is_listed_missing_not_the_live_rank_that_wait
         .collect();
     assert_eq!(missing, vec![Side::Inference], "{:?}", st.ranks);
 }
+
+/// Joins `slot` of `name` as a process that is not its holder: a made-up claim id, its `info`
+/// otherwise the holder's (as a token holder copies it from the rendezvous value).
+fn intruder(side: Side, rank: RankId) -> JoinRequest {
+    JoinRequest {
+        side,
+        rank,
+        info: json!({"incarnation": "1ntruder00000000", "pid": 999, "transport": {"port": 1}}),
+        capabilities: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_holder_keeps_its_slot_a_gone_one_changes_hands_and_its_version_fails() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "silent").await;
+    // the inference rank polled once (answered), then went silent, as a SIGSTOPped process:
+    // far past the 15 s a holder used to count as live without a poll
+    let polled = c
+        .events_as("silent", 0, Duration::ZERO, Some(I_CLAIM))
+        .await
+        .unwrap();
+    assert!(!polled.events.is_empty());
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let e = c.join("silent", &intruder(I.0, I.1)).await.unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("inference rank 0/0 is held by a live process (pid 4242)"),
+        "{msg}"
+    );
+    assert!(!msg.contains(I_CLAIM) && !msg.contains("1ntruder"), "{msg}");
+    let st = c.update_status("silent", 1).await.unwrap();
+    assert_eq!(st.state, UpdateState::Running, "{st:?}");
+
+    // the holder's process dies with its poll open: its connection closes unanswered. (The
+    // poll must have reached the gateway before it dies: each round waits longer for that.)
+    let last = c
+        .events("silent", 0, Duration::ZERO)
+        .await
+        .unwrap()
+        .last_seq;
+    let mut joined = None;
+    for round in 1..=20u64 {
+        let dying = {
+            let c = Client::new(&url, None).unwrap().with_retries(0);
+            tokio::spawn(async move {
+                let _ = c
+                    .events_as("silent", last, Duration::from_secs(30), Some(I_CLAIM))
+                    .await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100 * round)).await;
+        // while the holder's poll is open, the slot is held
+        let e = c.join("silent", &intruder(I.0, I.1)).await.unwrap_err();
+        assert_eq!(e.status(), Some(409), "{e}");
+        dying.abort();
+        let _ = dying.await;
+        tokio::time::sleep(Duration::from_millis(100 * round)).await;
+        match c.join("silent", &intruder(I.0, I.1)).await {
+            Ok(r) => {
+                joined = Some(r);
+                break;
+            }
+            Err(e) if e.status() == Some(409) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(joined.is_some(), "the gone holder's slot was never free");
+    // the version announced to the dead holder failed as it died (before the takeover)
+    let st = c.update_status("silent", 1).await.unwrap();
+    assert_eq!(st.state, UpdateState::Failed, "{st:?}");
+    assert_eq!(
+        st.error.as_deref(),
+        Some(
+            "version 1 attempt 1 failed: inference rank 0/0 is gone without reporting: its event poll's connection closed (the process, pid 4242, died or was cut off), so this version cannot commit; start the rank again and retry the version"
+        )
+    );
+    // the replaced holder's report changes nothing
+    let e = c
+        .report("silent", 1, &report(I.0, I.1, true, Some(I_CLAIM)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+}
+
+#[tokio::test]
+async fn the_operator_releases_a_silent_holders_slot_and_only_then_it_changes_hands() {
+    use awex_control::wire::ReleaseSlot;
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "rel").await;
+    let e = c.join("rel", &intruder(T.0, T.1)).await.unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    let r = c
+        .release_slot(
+            "rel",
+            &ReleaseSlot {
+                side: T.0,
+                rank: T.1,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.holder_pid, Some(4242));
+    c.join("rel", &intruder(T.0, T.1)).await.unwrap();
+    let st = c.update_status("rel", 1).await.unwrap();
+    assert_eq!(st.state, UpdateState::Failed, "{st:?}");
+    assert!(
+        st.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("training rank 0 changed hands while it ran: the process it was announced to (pid 4242) was replaced by pid 999 (the operator released the slot)"),
+        "{st:?}"
+    );
+    // a rank outside the pair, and a pair without the slot's holder
+    let e = c
+        .release_slot(
+            "rel",
+            &ReleaseSlot {
+                side: Side::Training,
+                rank: RankId::train(5),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(422), "{e}");
+    c.connect(&connect_request("empty", 1, 1, 1)).await.unwrap();
+    let e = c
+        .release_slot(
+            "empty",
+            &ReleaseSlot {
+                side: T.0,
+                rank: T.1,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.status(), e.to_string()),
+        (
+            Some(409),
+            "gateway answered 409: training rank 0 of pair `empty` has not joined: there is no holder to release; start the rank".to_string()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_claim_id_never_travels_in_a_url() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "url").await;
+    // the gateway refuses one in the query, naming the header
+    let http = reqwest::Client::new();
+    let resp = http
+        .get(format!(
+            "{url}/v1/pairs/url/events?after=0&timeout_ms=0&incarnation={I_CLAIM}"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        body["error"],
+        "`incarnation` does not belong in the URL, where it would be logged: send the rank's claim id in the `awex-claim` header"
+    );
+    // the typed client sends it as a header: an error naming the URL names no claim id
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let gone = Client::new(&format!("http://{closed}"), None)
+        .unwrap()
+        .with_retries(0);
+    let e = gone
+        .events_as("url", 0, Duration::ZERO, Some(I_CLAIM))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("/v1/pairs/url/events?after=0"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains(I_CLAIM), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_that_dies_during_an_update_fails_it_at_once_not_at_its_deadline() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    let mut req = connect_request("dies", 1, 1, 1);
+    // far beyond the test's own wait: only the death can end the version in time
+    req.options.update_deadline_ms = 3_600_000;
+    c.connect(&req).await.unwrap();
+    let join = |side, rank, claim: &str| JoinRequest {
+        side,
+        rank,
+        info: json!({"incarnation": claim, "pid": 4242}),
+        capabilities: vec![],
+    };
+    let (jt, ji) = (join(T.0, T.1, T_CLAIM), join(I.0, I.1, I_CLAIM));
+    let (a, b) = tokio::join!(c.join("dies", &jt), c.join("dies", &ji));
+    a.unwrap();
+    b.unwrap();
+    c.start_update("dies", 1).await.unwrap();
+    let last = c.events("dies", 0, Duration::ZERO).await.unwrap().last_seq;
+    // the inference rank moves its bytes with its watcher's poll open, and dies
+    for round in 1..=20u64 {
+        let dying = {
+            let c = Client::new(&url, None).unwrap().with_retries(0);
+            tokio::spawn(async move {
+                let _ = c
+                    .events_as("dies", last, Duration::from_secs(30), Some(I_CLAIM))
+                    .await;
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100 * round)).await;
+        dying.abort();
+        let _ = dying.await;
+        let st = c
+            .wait_update("dies", 1, Duration::from_millis(100 * round))
+            .await;
+        if let Ok(st) = st
+            && st.state == UpdateState::Failed
+        {
+            assert_eq!(
+                st.error.as_deref(),
+                Some(
+                    "version 1 attempt 1 failed: inference rank 0/0 is gone without reporting: its event poll's connection closed (the process, pid 4242, died or was cut off), so this version cannot commit; start the rank again and retry the version"
+                )
+            );
+            return;
+        }
+    }
+    panic!("the version did not fail when its rank's process died");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_presence_poll_is_held_through_events_and_ends_with_the_disconnect() {
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    running(&c, "pres").await;
+    let held = {
+        let c = Client::new(&url, None).unwrap().with_retries(0);
+        tokio::spawn(async move { c.presence("pres", I_CLAIM, Duration::from_secs(60)).await })
+    };
+    // events come (a failed attempt, its abort, a retry): the presence poll stays open
+    c.report("pres", 1, &report(T.0, T.1, false, Some(T_CLAIM)))
+        .await
+        .unwrap();
+    c.start_update("pres", 1).await.unwrap();
+    let seen = c.events("pres", 0, Duration::ZERO).await.unwrap();
+    assert!(seen.events.len() >= 3, "{seen:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!held.is_finished(), "a presence poll answered an event");
+    c.disconnect("pres").await.unwrap();
+    let e = held.await.unwrap().unwrap_err();
+    assert_eq!(e.status(), Some(410), "{e}");
+}

@@ -104,6 +104,12 @@ async fn after_a_full_disk_the_gateway_writes_again_once_space_is_freed_without_
     let (at, e) = failed.expect("a write on a full disk failed");
     assert_eq!(e.status(), Some(503), "{e}");
     assert!(e.to_string().contains("could not persist its state"), "{e}");
+    // the value is set in memory and queued: the answer says so, it is not a refusal
+    assert!(e.queued(), "{e:?}");
+    assert!(
+        e.to_string().contains("the change WAS MADE and is queued"),
+        "{e}"
+    );
     let h = health(&base).await;
     assert_eq!(h["status"], "degraded", "{h}");
     assert!(
@@ -133,6 +139,12 @@ async fn after_a_full_disk_the_gateway_writes_again_once_space_is_freed_without_
         "healthz still degraded a minute after space was freed"
     );
     c.put_kv("disk", "after", json!(2)).await.unwrap();
+    // the change answered "queued" is there, as its answer said
+    let kept = c
+        .get_kv("disk", &format!("k{at}"), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(kept.value, value);
     let st = c.status("disk").await.unwrap();
     assert_eq!(st.name, "disk");
     assert!(at > 0 || st.name == "disk");

@@ -294,8 +294,132 @@ async fn connect_names_the_side_whose_summary_disagrees_with_its_model() {
     assert_eq!(s, 422);
     assert_eq!(
         error(&e),
-        "the inference catalogue summary does not match its model `qwen3-tiny`: the model yields 47 tensors, 552320 bytes, digest 6b2995f5a16cfb55; the request says 47 tensors, 552320 bytes, digest 0000000000000000"
+        "the inference catalogue summary does not match its model `qwen3-tiny`: the request says 47 tensors, 552320 bytes, digest 0000000000000000, which is not what this model yields; send the summary awex computes from the model itself (`Catalogue::of(model).summary()`, as `awex-cli pair connect` and the Python package do), and check that both were built from the same config"
     );
+    // the summary that would pass is not handed out
+    let right = awex_core::Catalogue::of(&gateway_common::tiny()).summary();
+    assert!(!error(&e).contains(&right.digest), "{e}");
+}
+
+#[tokio::test]
+async fn connect_bounds_free_form_fields_by_what_a_real_model_needs() {
+    let app = app();
+    let mut body = serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap();
+    body["training"]["model"]["name"] = json!("m".repeat(2000));
+    let (s, v) = call(&app, "POST", "/v1/pairs", Some(body)).await;
+    assert_eq!(
+        (s, error(&v)),
+        (
+            422,
+            "training model is too large: name (`_name_or_path`) bytes=2000 is above awex's limit of 1024 (an HF model id has at most 96 characters, a local path rarely 256)"
+        )
+    );
+    let mut body = serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap();
+    body["inference"]["catalogue"]["digest"] = json!("f".repeat(40_000));
+    let (s, v) = call(&app, "POST", "/v1/pairs", Some(body)).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(error(&v).len() < 1000, "{} bytes", error(&v).len());
+    let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn connect_checks_an_fp8_config_as_the_cli_and_the_python_package_do() {
+    let app = app();
+    let base = serde_json::to_value(connect_request("p", 1, 1, 1)).unwrap();
+    let fp8 = |config: Value| json!({"config": config, "recipe": "vllm"});
+    let good = json!({"encoding": {"block": [128, 128], "scale_format": "f32"},
+                      "activation_scheme": "dynamic", "ignored_layers": []});
+    let with = |k: &str, v: Value| {
+        let mut c = good.clone();
+        c[k] = v;
+        c
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            fp8(with("activation_scheme", json!("static"))),
+            "inference.fp8.config: quantization_config `activation_scheme` is \"static\"; block FP8 (weight_block_size set) needs \"dynamic\" (vLLM refuses the pair too)",
+        ),
+        (
+            fp8(with("ignored_layers", json!([""]))),
+            "inference.fp8.config: quantization_config `ignored_layers` is \"\"; every entry must be a module name of 1 to 512 bytes, e.g. \"lm_head\"",
+        ),
+        (fp8(with("colour", json!("blue"))), "colour"),
+        (
+            {
+                let mut f = fp8(good.clone());
+                f["extra"] = json!(1);
+                f
+            },
+            "extra",
+        ),
+        (
+            fp8(with("ignored_layers", json!([123, null]))),
+            "invalid request body",
+        ),
+    ];
+    for (f, want) in cases {
+        let mut body = base.clone();
+        body["inference"]["fp8"] = f.clone();
+        let (s, v) = call(&app, "POST", "/v1/pairs", Some(body)).await;
+        assert_eq!(s, 422, "{v} for {f}");
+        assert!(error(&v).contains(want), "{} for {f}", error(&v));
+    }
+    // a huge activation_scheme: refused, and not echoed back whole
+    let mut body = base.clone();
+    body["inference"]["fp8"] = fp8(with("activation_scheme", json!("d".repeat(50_000))));
+    let (s, v) = call(&app, "POST", "/v1/pairs", Some(body)).await;
+    assert_eq!(s, 422, "{v}");
+    assert!(error(&v).len() < 1000, "{} bytes", error(&v).len());
+    let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn connect_refuses_a_deepseek_model_with_an_empty_mla_size() {
+    let app = app();
+    let deepseek = awex_core::model::presets::preset("deepseek-v3-tiny").unwrap();
+    for (field, want) in [
+        (
+            "kv_lora_rank",
+            "training model is invalid: config.json field `kv_lora_rank`: must be at least 1 (DeepSeek-V3 has 512)",
+        ),
+        (
+            "q_lora_rank",
+            "training model is invalid: config.json field `q_lora_rank`: must be at least 1 (DeepSeek-V3 has 1536), or null for a plain q_proj (DeepSeek-V2-Lite)",
+        ),
+        (
+            "v_head_dim",
+            "training model is invalid: config.json field `v_head_dim`: must be at least 1 (DeepSeek-V3 has 128)",
+        ),
+    ] {
+        let mut model = deepseek.clone();
+        if let Some(m) = &mut model.mla {
+            match field {
+                "kv_lora_rank" => m.kv_lora_rank = 0,
+                "q_lora_rank" => m.q_lora_rank = Some(0),
+                _ => m.v_head_dim = 0,
+            }
+        }
+        let mut req = connect_request("p", 1, 1, 1);
+        // both sides the same hostile model, each with the summary it yields (built without
+        // panicking: the catalogue lists the empty tensors; the layouts never see them)
+        let summary = awex_core::Catalogue::of(&model).summary();
+        req.training.model = model.clone();
+        req.training.catalogue = summary.clone();
+        req.inference.model = model;
+        req.inference.catalogue = summary;
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/v1/pairs",
+            Some(serde_json::to_value(&req).unwrap()),
+        )
+        .await;
+        assert_eq!((s, error(&v)), (422, want), "{field}");
+    }
+    let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;
+    assert_eq!(s, 404);
 }
 
 #[tokio::test]

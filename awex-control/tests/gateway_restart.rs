@@ -266,7 +266,7 @@ async fn a_second_gateway_on_the_same_state_directory_is_refused() {
     assert_eq!(
         e.to_string(),
         format!(
-            "the state directory {} is in use by another gateway (its database is locked); stop that gateway or give this one another --state-dir",
+            "the state directory {} is in use by another gateway (it holds the directory's lock); stop that gateway or give this one another --state-dir",
             dir.path().join("state").display()
         )
     );

@@ -229,6 +229,119 @@ fn a_state_directory_another_uid_owns_or_others_can_read_is_refused() {
 }
 
 #[test]
+fn two_gateways_started_at_once_on_a_fresh_directory_one_serves_the_other_is_refused() {
+    use std::sync::Barrier;
+    for round in 0..20 {
+        let parent = tempfile::tempdir().unwrap();
+        private(parent.path());
+        let dir = parent.path().join("state");
+        let (start, answered) = (Barrier::new(2), Barrier::new(2));
+        let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let starts: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        start.wait();
+                        let r = rt.block_on(async {
+                            open_router(GatewayConfig {
+                                state_dir: Some(dir.clone()),
+                                ..GatewayConfig::default()
+                            })
+                        });
+                        // the winner holds the directory until both have their answer
+                        answered.wait();
+                        r.map(drop).map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            starts.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let served = outcomes.iter().filter(|r| r.is_ok()).count();
+        let refused: Vec<&String> = outcomes.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert_eq!(served, 1, "round {round}: {outcomes:?}");
+        assert_eq!(
+            refused,
+            [&format!(
+                "the state directory {} is in use by another gateway (it holds the directory's lock); stop that gateway or give this one another --state-dir",
+                dir.display()
+            )],
+            "round {round}"
+        );
+        // the directory is usable afterwards: the loser wrote nothing in it
+        assert_eq!(
+            open(&dir).map_err(|e| e.to_string()),
+            Ok(()),
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn an_unfinished_new_database_never_held_data_and_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    // what a gateway killed while building its database leaves
+    let tmp = dir.path().join("gateway.redb.new");
+    std::fs::write(&tmp, vec![0xA5u8; 100_000]).unwrap();
+    assert_eq!(open(dir.path()).map_err(|e| e.to_string()), Ok(()));
+    assert!(!tmp.exists());
+    assert!(dir.path().join("gateway.redb").exists());
+}
+
+#[test]
+fn a_fifo_or_a_device_in_place_of_the_database_is_refused_for_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    let file = dir.path().join("gateway.redb");
+    let c = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path that lives for the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let e = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("gateway.redb cannot be used: it is not a regular file but a FIFO"),
+        "{e}"
+    );
+    std::fs::remove_file(&file).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+    let e = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("gateway.redb cannot be used: it is not a regular file but a character device"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_commit_record_is_damage_beside_a_database_with_commits_and_not_beside_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    private(dir.path());
+    // a gateway that started and never changed anything: its record is written at start
+    assert_eq!(open(dir.path()).map_err(|e| e.to_string()), Ok(()));
+    let record = dir.path().join("gateway.commit");
+    // one slot: commit 0 of this database
+    assert_eq!(std::fs::metadata(&record).unwrap().len(), 32);
+    // a leftover record that never held data, beside a database without commits: fine
+    std::fs::write(&record, b"").unwrap();
+    assert_eq!(open(dir.path()).map_err(|e| e.to_string()), Ok(()));
+    // a database with commits
+    let gw = Gw::start(dir.path(), None);
+    let c = gw.client(None);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async { c.connect(&connect_request("p", 1, 1, 1)).await.unwrap() });
+    gw.stop();
+    std::fs::write(&record, b"").unwrap();
+    let e = open(dir.path()).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "gateway.commit cannot be used: it is empty (0 bytes), but the database holds commit"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_zero_length_database_is_refused_not_taken_as_new() {
     let dir = tempfile::tempdir().unwrap();
     private(dir.path());

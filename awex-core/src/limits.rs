@@ -25,6 +25,7 @@
 //! | [`MAX_CONTEXT_PARALLEL`] (`cp`) | 1,024 | 32 (long-context training) |
 //! | [`MAX_EXPERT_PARALLEL`] (`ep`) | 4,096 | 256 (DeepSeek-V3 inference); ep divides the experts |
 //! | [`MAX_WORLD_SIZE`] (ranks of one side, and `dp`, `replicate`, `engines`) | 65,536 | 16,384 GPUs (Llama-3 training) |
+//! | [`MAX_MODEL_NAME_BYTES`] (a model's display name, `_name_or_path`) | 1,024 bytes | 96 (an HF model id); a local path rarely 256 |
 //! | [`MAX_JSON_BYTES`] (`config.json`, the safetensors index) | 64 MiB | about 6 MB (a 1T model's index) |
 //! | [`MAX_SAFETENSORS_HEADER_BYTES`] | 100,000,000 | the safetensors crate's own limit |
 //!
@@ -66,6 +67,8 @@ pub const MAX_CONTEXT_PARALLEL: u64 = 1024;
 pub const MAX_EXPERT_PARALLEL: u64 = 4096;
 /// Most ranks on one side of a pair (also bounds `dp`, `replicate`, `engines`).
 pub const MAX_WORLD_SIZE: u64 = 65_536;
+/// Longest model display name (`ModelSpec::name`, a config's `_name_or_path`), in bytes.
+pub const MAX_MODEL_NAME_BYTES: u64 = 1024;
 /// Largest JSON file awex reads from a model directory (`config.json`, the index).
 pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// Largest safetensors header (the JSON after the 8-byte length), as the safetensors crate allows.

@@ -26,6 +26,8 @@ pub(crate) enum Fail {
         status: Option<u16>,
         /// The message.
         message: String,
+        /// The gateway made the change though it could not write it yet (503 `queued`).
+        queued: bool,
     },
     /// An update did not commit (`awex.UpdateFailed`).
     UpdateFailed {
@@ -57,6 +59,7 @@ impl From<ClientError> for Fail {
         Fail::Gateway {
             status: e.status(),
             message: e.to_string(),
+            queued: e.queued(),
         }
     }
 }
@@ -69,6 +72,7 @@ impl From<RuntimeError> for Fail {
             RuntimeError::Weights { detail, .. } => Fail::Layout(detail),
             RuntimeError::Gateway { ref source, .. } => Fail::Gateway {
                 status: source.status(),
+                queued: source.queued(),
                 message: e.to_string(),
             },
             other => Fail::Awex(other.to_string()),
@@ -87,10 +91,12 @@ impl From<RankError> for Fail {
             e @ RankError::UnknownPair { .. } => Fail::Gateway {
                 status: Some(404),
                 message: e.to_string(),
+                queued: false,
             },
             e @ RankError::GatewayLost { .. } => Fail::Gateway {
                 status: None,
                 message: e.to_string(),
+                queued: false,
             },
         }
     }
@@ -140,15 +146,26 @@ impl From<Fail> for PyErr {
             Fail::Layout(m) => awex_error(py, "LayoutError", &m, &[]),
             Fail::Type(m) => PyTypeError::new_err(m),
             Fail::Value(m) => PyValueError::new_err(m),
-            Fail::Gateway { status, message } => {
+            Fail::Gateway {
+                status,
+                message,
+                queued,
+            } => {
                 let status = match status {
                     Some(s) => s.into_pyobject(py).map(|s| s.into_any().unbind()),
                     None => Ok(py.None()),
                 };
-                match status {
-                    Ok(s) => awex_error(py, "GatewayError", &message, &[("status", s)]),
-                    Err(_) => awex_error(py, "GatewayError", &message, &[]),
-                }
+                let queued = queued
+                    .into_pyobject(py)
+                    .map(|q| q.to_owned().into_any().unbind());
+                let Ok(status) = status;
+                let Ok(queued) = queued;
+                awex_error(
+                    py,
+                    "GatewayError",
+                    &message,
+                    &[("status", status), ("queued", queued)],
+                )
             }
             Fail::UpdateFailed {
                 version,

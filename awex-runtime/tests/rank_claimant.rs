@@ -2,7 +2,8 @@
 //! every check a mis-started one fails), is refused by the gateway without touching the
 //! holder: its join gets 409 naming the slot and the holder's pid, the holder's rendezvous value
 //! and roster entry stay as they were, and the next update commits. A claimant whose holder is
-//! gone (no poll for the liveness window) takes the slot over (`store::roster` unit tests).
+//! known gone (its poll's connection closed) or whose slot the operator released takes the
+//! slot over (`store::roster` unit tests, `awex-control/tests/gateway_claims.rs`).
 
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
@@ -96,7 +97,7 @@ async fn a_second_live_claimant_is_refused_without_touching_the_holder() {
         })
     };
     // a duplicate of the live training rank, configured exactly like it: it retries for 20 s
-    // (longer than the liveness window) and is refused
+    // and is refused
     let e = join(cfg(&gw, Side::Training, t)).await.err().unwrap();
     let pid = std::process::id();
     assert!(

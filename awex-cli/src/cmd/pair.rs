@@ -43,8 +43,46 @@ enum PairCommand {
     /// Let a pair's engines serve again outside an update (after a failed version, only with
     /// --accept-torn: its weights may be partially written).
     Resume(ResumeArgs),
+    /// Release a rank slot whose holder is gone though the gateway cannot see it (a stopped
+    /// process, one lost while the gateway was down): the next process that joins the slot
+    /// takes it over, and a version announced to the old holder fails.
+    Release(ReleaseArgs),
     /// Disconnect a pair; its ranks tear down their transports.
     Disconnect(NameArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ReleaseArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+    /// The slot: `training:R` or `inference:E/R` (engine E, rank R).
+    #[arg(long, value_parser = parse_slot)]
+    rank: (Side, awex_core::RankId),
+}
+
+/// Parses `training:R` or `inference:E/R`.
+fn parse_slot(s: &str) -> Result<(Side, awex_core::RankId), String> {
+    let bad = || {
+        format!(
+            "`{s}` is not a rank slot; expected training:R or inference:E/R, e.g. training:0 or inference:1/0"
+        )
+    };
+    let (side, rank) = s.split_once(':').ok_or_else(bad)?;
+    match side {
+        "training" => rank
+            .parse()
+            .map(|r| (Side::Training, awex_core::RankId::train(r)))
+            .map_err(|_| bad()),
+        "inference" => {
+            let (e, r) = rank.split_once('/').ok_or_else(bad)?;
+            match (e.parse(), r.parse()) {
+                (Ok(e), Ok(r)) => Ok((Side::Inference, awex_core::RankId::infer(e, r))),
+                _ => Err(bad()),
+            }
+        }
+        _ => Err(bad()),
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -353,7 +391,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             PairCommand::Update(a) => {
-                let mut u = client.start_update(&a.name, a.version).await?;
+                let mut u = match client.start_update(&a.name, a.version).await {
+                    Ok(u) => u,
+                    // started, though not yet on the gateway's disk: follow it, never retry it
+                    Err(e) if e.queued() => {
+                        eprintln!("version {} was started: {e}", a.version);
+                        client
+                            .update_status(&a.name, a.version)
+                            .await
+                            .context("reading the started version's status")?
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 if a.wait {
                     u = client
                         .wait_update(&a.name, a.version, Duration::from_secs(a.timeout_s))
@@ -397,6 +446,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                             .map_or_else(|| "none".to_string(), |v| v.to_string())
                     ),
                 }
+                Ok(ExitCode::SUCCESS)
+            }
+            PairCommand::Release(a) => {
+                let (side, rank) = a.rank;
+                let r = client
+                    .release_slot(&a.name, &awex_control::wire::ReleaseSlot { side, rank })
+                    .await?;
+                let who = match side {
+                    Side::Training => format!("training rank {}", rank.rank),
+                    Side::Inference => format!("inference rank {}/{}", rank.engine, rank.rank),
+                };
+                println!(
+                    "pair {}: {who} released (holder pid {}); the next process that joins it takes it over",
+                    a.name,
+                    r.holder_pid
+                        .map_or_else(|| "unknown".to_string(), |p| p.to_string())
+                );
                 Ok(ExitCode::SUCCESS)
             }
             PairCommand::Disconnect(a) => {

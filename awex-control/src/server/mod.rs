@@ -134,6 +134,12 @@ pub(crate) fn route_table() -> Vec<(RouteSpec, MethodRouter<AppState>)> {
             pairs::resume,
         ),
         route(Method::POST, "/v1/pairs/{name}/ranks", Token, ranks::join),
+        route(
+            Method::POST,
+            "/v1/pairs/{name}/ranks/release",
+            Token,
+            ranks::release,
+        ),
         route(Method::PUT, "/v1/pairs/{name}/kv/{key}", Token, kv::put),
         route(Method::GET, "/v1/pairs/{name}/kv/{key}", Token, kv::get),
         route(
@@ -251,7 +257,9 @@ fn gateway_of(
 }
 
 /// Answers a request only once the state changes queued before its answer are durable; a
-/// failed write is a 503 naming the state directory.
+/// failed write is a 503 naming the state directory. A change the handler already made (a
+/// successful `POST`, `PUT` or `DELETE`) stays made and queued, so its 503 says so
+/// (`"queued": true`): the request was not refused, and must not be repeated as if it were.
 async fn durable(
     axum::extract::State(gw): axum::extract::State<AppState>,
     req: axum::extract::Request,
@@ -276,15 +284,29 @@ async fn durable(
                 .into_response();
         }
     }
+    let changes = req.method() != axum::http::Method::GET;
     let resp = next.run(req).await;
     if let Some(store) = &gw.store {
         if let Err(e) = store.sync().await {
-            let body = serde_json::json!({
-                "error": format!(
-                    "the gateway could not persist its state in {}: {e}",
-                    store.dir().display()
-                )
-            });
+            // the handler's change is in memory and queued for the disk: it takes effect (the
+            // ranks may already act on it), so the answer must not read as a refusal
+            let made = changes && resp.status().is_success();
+            let body = if made {
+                serde_json::json!({
+                    "error": format!(
+                        "the gateway could not persist its state in {}: {e}; the change WAS MADE and is queued: it is in effect now and is written once the disk takes writes again (lost only if the gateway stops first). Do not repeat the request as if it were refused: read the state (status, update status) to follow it",
+                        store.dir().display()
+                    ),
+                    "queued": true,
+                })
+            } else {
+                serde_json::json!({
+                    "error": format!(
+                        "the gateway could not persist its state in {}: {e}",
+                        store.dir().display()
+                    )
+                })
+            };
             return (
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
                 axum::Json(body),

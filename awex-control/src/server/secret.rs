@@ -67,7 +67,33 @@ impl SecretKey {
     /// The key file `dir/pair-secret.key` (mode 0600), created with a random key when absent;
     /// refuses a file of the wrong size.
     pub(crate) fn from_file(dir: &Path) -> Result<SecretKey, String> {
+        use std::os::unix::fs::MetadataExt;
         let path = dir.join(KEY_FILE);
+        // checked before it is read: a FIFO would hang the read, and a key others could read
+        // or replace is no key (as ssh refuses such a key file)
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            let refuse = |why: String| format!("refusing {}: {why}", path.display());
+            if !m.is_file() {
+                return Err(refuse(
+                    "it is not a regular file; the pair-secret key always is: restore it from a backup, or remove it (every pair then needs to connect again)".into(),
+                ));
+            }
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let me = unsafe { libc::geteuid() };
+            if m.uid() != me {
+                return Err(refuse(format!(
+                    "it is owned by uid {}, and this gateway runs as uid {me}: that user could read or replace the key of every pair secret; if it is the right key, `chown {me}` it, else remove it (every pair then needs to connect again)",
+                    m.uid()
+                )));
+            }
+            let mode = m.mode() & 0o777;
+            if mode & 0o077 != 0 {
+                return Err(refuse(format!(
+                    "its mode is {mode:04o}: other users could read or replace the key of every pair secret; if no one else could have read it, run `chmod 600 {}`, else remove it (every pair then needs to connect again)",
+                    path.display()
+                )));
+            }
+        }
         match std::fs::read(&path) {
             Ok(b) => <[u8; 32]>::try_from(b.as_slice()).map(SecretKey).map_err(|_| {
                 format!(
@@ -152,5 +178,29 @@ mod tests {
         std::fs::write(dir.path().join(KEY_FILE), b"short").unwrap();
         let e = SecretKey::from_file(dir.path()).unwrap_err();
         assert!(e.contains("holds 5 bytes, not the 32 of a key"), "{e}");
+    }
+
+    #[test]
+    fn a_key_file_others_can_read_or_that_is_not_a_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        SecretKey::from_file(dir.path()).unwrap();
+        let path = dir.path().join(KEY_FILE);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = SecretKey::from_file(dir.path()).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "refusing {}: its mode is 0644: other users could read or replace the key of every pair secret; if no one else could have read it, run `chmod 600 {}`, else remove it (every pair then needs to connect again)",
+                path.display(),
+                path.display()
+            )
+        );
+        std::fs::remove_file(&path).unwrap();
+        let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path that lives for the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let e = SecretKey::from_file(dir.path()).unwrap_err();
+        assert!(e.contains("it is not a regular file"), "{e}");
     }
 }

@@ -105,12 +105,11 @@ pub(crate) fn catalogue(
     let cat = Catalogue::of(spec);
     let own = cat.summary();
     if &own != sent {
+        // the summary that would pass is not handed out: a client that sends one computes it
+        // from the same model, as awex's own clients do
         return Err(ApiError::Unprocessable(format!(
-            "the {side} catalogue summary does not match its model `{}`: the model yields {} tensors, {} bytes, digest {}; the request says {} tensors, {} bytes, digest {}",
+            "the {side} catalogue summary does not match its model `{}`: the request says {} tensors, {} bytes, digest {}, which is not what this model yields; send the summary awex computes from the model itself (`Catalogue::of(model).summary()`, as `awex-cli pair connect` and the Python package do), and check that both were built from the same config",
             clip(&spec.name, 128),
-            own.tensors,
-            own.bytes,
-            own.digest,
             sent.tensors,
             sent.bytes,
             clip(&sent.digest, 64)

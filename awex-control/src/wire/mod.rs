@@ -16,8 +16,8 @@ pub use pairs::{
     Transport,
 };
 pub use ranks::{
-    CAP_ATOMIC_APPLY, JoinPending, JoinRequest, JoinResponse, PairSecretHex, RosterEntry,
-    RosterRank,
+    CAP_ATOMIC_APPLY, CLAIM_HEADER, JoinPending, JoinRequest, JoinResponse, PairSecretHex,
+    ReleaseSlot, RosterEntry, RosterRank, SlotReleased,
 };
 pub use updates::{
     DeltaTotals, RankReportState, RankUpdate, Report, ReportAck, ReportDelta, SideTotals,

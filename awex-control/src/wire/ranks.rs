@@ -29,6 +29,33 @@ pub struct JoinRequest {
 /// it receives into staging, waits for the `apply` event and reports again once applied.
 pub const CAP_ATOMIC_APPLY: &str = "apply.atomic";
 
+/// The header in which a rank names its claim id (`info.incarnation`) when it polls for
+/// events: never in the URL, which proxies log and retry lines print.
+pub const CLAIM_HEADER: &str = "awex-claim";
+
+/// `POST /v1/pairs/{name}/ranks/release` body: the operator says the holder of this slot is
+/// gone, so that the next process that joins it takes it over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseSlot {
+    /// The slot's side.
+    pub side: Side,
+    /// The slot's rank.
+    pub rank: RankId,
+}
+
+/// 200 answer of a release.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotReleased {
+    /// The slot's side.
+    pub side: Side,
+    /// The slot's rank.
+    pub rank: RankId,
+    /// The pid of the process that held it (as it said when it joined), if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_pid: Option<u64>,
+}
+
 /// One rank of the roster, with its rendezvous info.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RosterEntry {

@@ -19,6 +19,13 @@ pub const DEFAULT_BLOCK: [u32; 2] = [128, 128];
 /// The largest block edge awex accepts (a bound on per-block work and staging).
 pub const MAX_BLOCK_EDGE: u32 = 4096;
 
+/// Most `ignored_layers` patterns a config may list: one per module of the largest model awex
+/// plans (a few per layer of 4,096 layers), far above what a real checkpoint lists.
+pub const MAX_IGNORED_LAYERS: usize = 16_384;
+
+/// Longest `ignored_layers` pattern, in bytes (a real module name has under 100).
+pub const MAX_LAYER_NAME_BYTES: usize = 512;
+
 /// How a block's scale is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -31,6 +38,7 @@ pub enum ScaleFormat {
 
 /// The FP8 block encoding of one tensor: e4m3fn elements and one fp32 scale per block.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Fp8Block {
     /// `[bn, bk]`: rows and columns of one block.
     pub block: [u32; 2],
@@ -58,6 +66,16 @@ pub enum QuantConfigError {
         /// what would be right
         hint: &'static str,
     },
+    /// A list is longer than awex accepts.
+    #[error("quantization_config `{field}` lists {count} entries; awex accepts at most {max}")]
+    TooMany {
+        /// the field name
+        field: &'static str,
+        /// how many it lists
+        count: usize,
+        /// the bound
+        max: usize,
+    },
     /// A field holds a value awex does not support.
     #[error("quantization_config `{field}` is {got}; {hint}")]
     Unsupported {
@@ -70,8 +88,11 @@ pub enum QuantConfigError {
     },
 }
 
-/// A parsed FP8 `quantization_config`: the encoding plus the layers it leaves alone.
+/// A parsed FP8 `quantization_config`: the encoding plus the layers it leaves alone. Built
+/// from a checkpoint's config by [`Fp8Config::from_hf`] (the CLI, the Python package) or
+/// deserialised (the gateway's connect): both are checked by [`Fp8Config::validate`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Fp8Config {
     /// The encoding of every quantised weight.
     pub encoding: Fp8Block,
@@ -84,8 +105,43 @@ pub struct Fp8Config {
 fn unsupported(field: &'static str, v: &Value, hint: &'static str) -> QuantConfigError {
     QuantConfigError::Unsupported {
         field,
-        got: v.to_string(),
+        got: clipped(&v.to_string()),
         hint,
+    }
+}
+
+/// At most 120 characters of a value, for messages (a hostile value may be megabytes).
+fn clipped(s: &str) -> String {
+    if s.chars().count() <= 120 {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(120).collect();
+    out.push_str(&format!("... ({} bytes)", s.len()));
+    out
+}
+
+/// A list of module names (`ignored_layers`, `modules_to_not_convert`): absent or null is
+/// none; anything but a list of strings is refused, not skipped (skipping quantises every
+/// layer the list meant to keep).
+fn module_names(q: &Value, field: &'static str) -> Result<Option<Vec<String>>, QuantConfigError> {
+    let hint = "it must be a list of module names (strings), e.g. [\"lm_head\"]";
+    match q.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Array(a)) => {
+            if a.len() > MAX_IGNORED_LAYERS {
+                return Err(QuantConfigError::TooMany {
+                    field,
+                    count: a.len(),
+                    max: MAX_IGNORED_LAYERS,
+                });
+            }
+            a.iter()
+                .map(|e| e.as_str().map(str::to_string).ok_or(()))
+                .collect::<Result<Vec<String>, ()>>()
+                .map(Some)
+                .map_err(|()| unsupported(field, v, hint))
+        }
+        Some(v) => Err(unsupported(field, v, hint)),
     }
 }
 
@@ -182,25 +238,66 @@ impl Fp8Config {
                 ));
             }
         };
-        let names = |key: &str| -> Option<Vec<String>> {
-            q.get(key)?.as_array().map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_string))
-                    .collect()
-            })
-        };
-        let ignored_layers = names("ignored_layers")
+        let not_converted = module_names(q, "modules_to_not_convert")?;
+        let ignored_layers = module_names(q, "ignored_layers")?
             .filter(|v| !v.is_empty())
-            .or_else(|| names("modules_to_not_convert"))
+            .or(not_converted)
             .unwrap_or_default();
-        Ok(Fp8Config {
+        let config = Fp8Config {
             encoding: Fp8Block {
                 block,
                 scale_format,
             },
             activation_scheme,
             ignored_layers,
-        })
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks a config however it was made (parsed here, or deserialised from a connect
+    /// request): block FP8 with dynamic activations, block edges 1 to [`MAX_BLOCK_EDGE`], at
+    /// most [`MAX_IGNORED_LAYERS`] module names of 1 to [`MAX_LAYER_NAME_BYTES`] bytes each.
+    /// The CLI, the Python package and the gateway all run this one check.
+    pub fn validate(&self) -> Result<(), QuantConfigError> {
+        if self.activation_scheme != "dynamic" {
+            return Err(unsupported(
+                "activation_scheme",
+                &Value::String(self.activation_scheme.clone()),
+                "block FP8 (weight_block_size set) needs \"dynamic\" (vLLM refuses the pair too)",
+            ));
+        }
+        if !self
+            .encoding
+            .block
+            .iter()
+            .all(|e| (1..=MAX_BLOCK_EDGE).contains(e))
+        {
+            return Err(unsupported(
+                "weight_block_size",
+                &serde_json::json!(self.encoding.block),
+                "it must be two integers [rows, cols] from 1 to 4096, e.g. [128, 128]",
+            ));
+        }
+        if self.ignored_layers.len() > MAX_IGNORED_LAYERS {
+            return Err(QuantConfigError::TooMany {
+                field: "ignored_layers",
+                count: self.ignored_layers.len(),
+                max: MAX_IGNORED_LAYERS,
+            });
+        }
+        if let Some(bad) = self
+            .ignored_layers
+            .iter()
+            .find(|n| n.is_empty() || n.len() > MAX_LAYER_NAME_BYTES)
+        {
+            return Err(unsupported(
+                "ignored_layers",
+                &Value::String(bad.clone()),
+                "every entry must be a module name of 1 to 512 bytes, e.g. \"lm_head\"",
+            ));
+        }
+        Ok(())
     }
 
     /// Parses the `quantization_config` of a whole HF `config.json`; `None` when it has none.
@@ -296,6 +393,93 @@ mod tests {
                 .to_string()
                 .contains("JSON object")
         );
+    }
+
+    #[test]
+    fn ignored_layers_must_be_a_bounded_list_of_names() {
+        let base = json!({"activation_scheme": "dynamic", "quant_method": "fp8", "weight_block_size": [128, 128]});
+        let with = |k: &str, v: Value| {
+            let mut q = base.clone();
+            q[k] = v;
+            Fp8Config::from_hf(&q).map_err(|e| e.to_string())
+        };
+        let names = "it must be a list of module names (strings), e.g. [\"lm_head\"]";
+        assert_eq!(
+            with("ignored_layers", json!([123, null])),
+            Err(format!(
+                "quantization_config `ignored_layers` is [123,null]; {names}"
+            ))
+        );
+        assert_eq!(
+            with("ignored_layers", json!("lm_head")),
+            Err(format!(
+                "quantization_config `ignored_layers` is \"lm_head\"; {names}"
+            ))
+        );
+        assert_eq!(
+            with("modules_to_not_convert", json!({"lm_head": true})),
+            Err(format!(
+                "quantization_config `modules_to_not_convert` is {{\"lm_head\":true}}; {names}"
+            ))
+        );
+        let many: Vec<String> = (0..=MAX_IGNORED_LAYERS).map(|i| format!("m{i}")).collect();
+        assert_eq!(
+            with("ignored_layers", json!(many)),
+            Err("quantization_config `ignored_layers` lists 16385 entries; awex accepts at most 16384".into())
+        );
+        let e = with("ignored_layers", json!(["x".repeat(100_000)])).unwrap_err();
+        assert!(
+            e.contains("every entry must be a module name of 1 to 512 bytes"),
+            "{e}"
+        );
+        assert!(
+            e.len() < 400,
+            "a hostile value is not echoed whole: {} bytes",
+            e.len()
+        );
+        assert_eq!(
+            with("ignored_layers", json!(["lm_head"])).map(|c| c.ignored_layers),
+            Ok(vec!["lm_head".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_deserialised_config_is_checked_as_a_parsed_one() {
+        let ok: Fp8Config = serde_json::from_value(json!({
+            "encoding": {"block": [128, 128], "scale_format": "f32"},
+            "activation_scheme": "dynamic", "ignored_layers": []
+        }))
+        .unwrap();
+        assert_eq!(ok.validate(), Ok(()));
+        let e = Fp8Config {
+            activation_scheme: "static".into(),
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "quantization_config `activation_scheme` is \"static\"; block FP8 (weight_block_size set) needs \"dynamic\" (vLLM refuses the pair too)"
+        );
+        let e = Fp8Config {
+            activation_scheme: "d".repeat(100_000),
+            ..ok.clone()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.len() < 400, "{} bytes", e.len());
+        let unknown = serde_json::from_value::<Fp8Config>(json!({
+            "encoding": {"block": [128, 128], "scale_format": "f32"},
+            "activation_scheme": "dynamic", "ignored_layers": [], "colour": "blue"
+        }));
+        assert!(unknown.is_err());
+        let unknown = serde_json::from_value::<Fp8Config>(json!({
+            "encoding": {"block": [128, 128], "scale_format": "f32", "x": 1},
+            "activation_scheme": "dynamic", "ignored_layers": []
+        }));
+        assert!(unknown.is_err());
     }
 
     #[test]

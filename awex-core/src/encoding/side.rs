@@ -24,6 +24,7 @@ use std::sync::Arc;
 /// What makes an inference side FP8: the checkpoint's `quantization_config` and the quantiser
 /// whose bytes the engine is to hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InferFp8 {
     /// The parsed `quantization_config` (block, scale format, ignored layers).
     pub config: Fp8Config,

@@ -142,7 +142,7 @@ pub fn side(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), CheckError> {
         layouts.push(l);
     }
     validate_holders(side, cat).map_err(CheckError::Holders)?;
-    if let Some(g) = coverage(side, cat).into_iter().next() {
+    if let Some(g) = coverage(side, cat)?.into_iter().next() {
         return Err(CheckError::Gap(g));
     }
     holders_partition(side, cat)?;
@@ -227,6 +227,30 @@ mod tests {
         assert_eq!(
             side(&broken, &cat).unwrap_err().to_string(),
             "coverage gap: engine 1: [3..8, 0..2] of `t0` is held by no rank"
+        );
+    }
+
+    #[test]
+    fn an_empty_canonical_tensor_is_an_error_not_an_index_panic() {
+        // a catalogue built from an unvalidated spec: `t1` has a zero dimension
+        let cat = catalogue(&[vec![8, 2], vec![4, 0]]);
+        let side = ExplicitSide::new(
+            Side::Inference,
+            vec![RankLayout {
+                rank: crate::layout::RankId::infer(0, 0),
+                tensors: Vec::new(),
+            }],
+        );
+        let e = crate::layout::ops::coverage(&side, &cat).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "canonical tensor `t1` has shape [4, 0], with no elements (dimension 1 is 0); every tensor of a model needs at least one element along each dimension"
+        );
+        let mut cells = 0;
+        let r = crate::layout::ops::grid_cells(&Region::new([0, 0], [0, 3]), &[], |_| cells += 1);
+        assert_eq!(
+            (r, cells),
+            (Err(crate::layout::ops::EmptyExtent { dim: 0 }), 0)
         );
     }
 

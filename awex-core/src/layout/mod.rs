@@ -464,4 +464,17 @@ pub enum LayoutError {
     /// A parallel configuration the backend cannot lay out.
     #[error("{0}")]
     Config(String),
+    /// A canonical tensor with no elements: a model whose spec was not validated
+    /// ([`crate::model::ModelSpec::validate`] refuses every zero size).
+    #[error(
+        "canonical tensor `{canonical}` has shape {shape}, with no elements (dimension {dim} is 0); every tensor of a model needs at least one element along each dimension"
+    )]
+    EmptyTensor {
+        /// the canonical tensor
+        canonical: String,
+        /// its shape
+        shape: Dims,
+        /// the dimension that is 0
+        dim: usize,
+    },
 }

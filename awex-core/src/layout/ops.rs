@@ -140,9 +140,24 @@ impl std::fmt::Display for CoverageGap {
     }
 }
 
-/// Splits `within` by every boundary of `boxes` into grid cells, calling `f` for each.
-pub(crate) fn grid_cells(within: &Region, boxes: &[Region], mut f: impl FnMut(Region)) {
+/// A box with no elements where one with elements is needed: its first zero dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EmptyExtent {
+    /// The dimension whose extent is 0.
+    pub(crate) dim: usize,
+}
+
+/// Splits `within` by every boundary of `boxes` into grid cells, calling `f` for each; a
+/// `within` with a zero extent (no cells, no elements) is an error, never an index.
+pub(crate) fn grid_cells(
+    within: &Region,
+    boxes: &[Region],
+    mut f: impl FnMut(Region),
+) -> Result<(), EmptyExtent> {
     let n = within.ndim();
+    if let Some(dim) = (0..n).find(|&d| within.extent.get(d) == 0) {
+        return Err(EmptyExtent { dim });
+    }
     let mut cuts: Vec<Vec<u64>> = Vec::with_capacity(n);
     for d in 0..n {
         let lo = within.offset.get(d);
@@ -171,7 +186,7 @@ pub(crate) fn grid_cells(within: &Region, boxes: &[Region], mut f: impl FnMut(Re
         let mut d = n;
         loop {
             if d == 0 {
-                return;
+                return Ok(());
             }
             d -= 1;
             idx[d] += 1;
@@ -184,7 +199,8 @@ pub(crate) fn grid_cells(within: &Region, boxes: &[Region], mut f: impl FnMut(Re
 }
 
 /// Every gap in coverage: each canonical element must be held at least once in every replica.
-pub fn coverage(side: &dyn SideLayout, cat: &Catalogue) -> Vec<CoverageGap> {
+/// A canonical tensor with no elements (a zero dimension) is an error.
+pub fn coverage(side: &dyn SideLayout, cat: &Catalogue) -> Result<Vec<CoverageGap>, LayoutError> {
     let mut gaps = Vec::new();
     let dropped = side.dropped();
     for c in cat.tensors() {
@@ -204,7 +220,12 @@ pub fn coverage(side: &dyn SideLayout, cat: &Catalogue) -> Vec<CoverageGap> {
                 if first_gap.is_none() && !boxes.iter().any(|b| b.contains(&cell)) {
                     first_gap = Some(cell);
                 }
-            });
+            })
+            .map_err(|e| LayoutError::EmptyTensor {
+                canonical: c.name.clone(),
+                shape: c.shape,
+                dim: e.dim,
+            })?;
             if let Some(region) = first_gap {
                 gaps.push(CoverageGap {
                     canonical: c.name.clone(),
@@ -214,7 +235,7 @@ pub fn coverage(side: &dyn SideLayout, cat: &Catalogue) -> Vec<CoverageGap> {
             }
         }
     }
-    gaps
+    Ok(gaps)
 }
 
 fn normalise(mut hs: Vec<Holder>) -> Vec<Holder> {

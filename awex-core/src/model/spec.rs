@@ -324,6 +324,8 @@ impl ModelSpec {
     /// then that the sizes agree with each other.
     pub fn validate(&self) -> Result<(), ModelError> {
         self.check_limits()?;
+        // the family's own sizes first: DeepSeek's head_dim is its qk_rope_head_dim
+        (self.architecture.family().check)(self)?;
         let positive = [
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_layers),
@@ -378,7 +380,39 @@ impl ModelSpec {
                 message: "must be at least 1 for dense MLP layers".into(),
             });
         }
+        // what no check above names: no tensor may be empty (a zero dimension would reach the
+        // layout and the planner as a box with no elements)
+        if let Some((name, shape)) = self.first_empty_tensor() {
+            return Err(ModelError::Inconsistent(format!(
+                "tensor `{name}` would have shape {shape}, with no elements; every size it is made of must be at least 1"
+            )));
+        }
         Ok(())
+    }
+
+    /// The first tensor of the catalogue with a zero dimension, named, with its shape.
+    fn first_empty_tensor(&self) -> Option<(String, Dims)> {
+        /// Remembers the first empty tensor.
+        struct Empty<'a>(&'a ModelSpec, Option<(String, Dims)>);
+        impl Sink for Empty<'_> {
+            fn part(&mut self, c: Canon, shape: Dims) {
+                if self.1.is_none() && shape.as_slice().contains(&0) {
+                    let name = self.0.canonical_name(c).unwrap_or_else(|| format!("{c:?}"));
+                    self.1 = Some((name, shape));
+                }
+            }
+            fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]) {
+                if count == 0 {
+                    return;
+                }
+                for (p, shape) in parts {
+                    self.part(Canon::expert_at(*p, l, 0), *shape);
+                }
+            }
+        }
+        let mut e = Empty(self, None);
+        family::walk(self, &mut e);
+        e.1
     }
 
     /// Checks each size and the derived tensor count and bytes against [`crate::limits`].
@@ -431,6 +465,12 @@ impl ModelSpec {
         for (field, v, max, why) in size {
             check(field, u128::from(v), max, why)?;
         }
+        check(
+            "name (`_name_or_path`) bytes",
+            self.name.len() as u128,
+            l::MAX_MODEL_NAME_BYTES,
+            "an HF model id has at most 96 characters, a local path rarely 256",
+        )?;
         check(
             "num_nextn_predict_layers",
             u128::from(self.mtp_layers),
@@ -651,6 +691,14 @@ mod tests {
         cfg["moe_intermediate_size"] = json!(32);
         cfg["mlp_only_layers"] = json!([0]);
         cfg
+    }
+
+    /// A valid DeepSeek-V3 config (the tiny fixture's).
+    fn deepseek_v3() -> Value {
+        let fixture: Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/hf/deepseek-v3.json"))
+                .unwrap_or_else(|e| panic!("fixture: {e}"));
+        fixture["config"].clone()
     }
 
     fn err(cfg: &Value) -> String {
@@ -901,6 +949,122 @@ mod tests {
         cfg.as_object_mut().map(|o| o.remove("num_experts"));
         cfg.as_object_mut().map(|o| o.remove("num_local_experts"));
         assert_eq!(err(&cfg), "config.json has no `num_experts`");
+    }
+
+    #[test]
+    fn a_model_name_longer_than_a_path_is_refused() {
+        let mut cfg = qwen3();
+        cfg["_name_or_path"] = json!("m".repeat(1024));
+        assert!(ModelSpec::from_config_value(&cfg).is_ok());
+        cfg["_name_or_path"] = json!("m".repeat(3_000_000));
+        assert_eq!(
+            err(&cfg),
+            "model name (`_name_or_path`) bytes=3000000 is above awex's limit of 1024 (an HF model id has at most 96 characters, a local path rarely 256)"
+        );
+    }
+
+    #[test]
+    fn zero_mla_sizes_are_refused_naming_the_field() {
+        assert!(ModelSpec::from_config_value(&deepseek_v3()).is_ok());
+        let cases = [
+            (
+                "kv_lora_rank",
+                "config.json field `kv_lora_rank`: must be at least 1 (DeepSeek-V3 has 512)",
+            ),
+            (
+                "q_lora_rank",
+                "config.json field `q_lora_rank`: must be at least 1 (DeepSeek-V3 has 1536), or null for a plain q_proj (DeepSeek-V2-Lite)",
+            ),
+            (
+                "v_head_dim",
+                "config.json field `v_head_dim`: must be at least 1 (DeepSeek-V3 has 128)",
+            ),
+            (
+                "qk_nope_head_dim",
+                "config.json field `qk_nope_head_dim`: must be at least 1 (DeepSeek-V3 has 128)",
+            ),
+            (
+                "qk_rope_head_dim",
+                "config.json field `qk_rope_head_dim`: must be at least 1 (DeepSeek-V3 has 64)",
+            ),
+        ];
+        for arch in ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"] {
+            for (field, want) in cases {
+                let mut cfg = deepseek_v3();
+                cfg["architectures"] = json!([arch]);
+                cfg[field] = json!(0);
+                assert_eq!(err(&cfg), want, "{arch} {field}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_spec_sent_as_json_without_or_with_foreign_mla_sizes_is_refused() {
+        let spec = ModelSpec::from_config_value(&deepseek_v3()).unwrap_or_else(|e| panic!("{e}"));
+        let e = ModelSpec {
+            mla: None,
+            ..spec.clone()
+        }
+        .validate()
+        .map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err("inconsistent model sizes: DeepseekV3ForCausalLM has multi-head latent attention, but the model gives no MLA sizes (`mla`: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank)".to_string())
+        );
+        let e = ModelSpec {
+            head_dim: 16,
+            ..spec.clone()
+        }
+        .validate()
+        .map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err("inconsistent model sizes: head_dim=16 must equal qk_rope_head_dim=8 in a model with multi-head latent attention".to_string())
+        );
+        let qwen = ModelSpec::from_config_value(&qwen3()).unwrap_or_else(|e| panic!("{e}"));
+        let e = ModelSpec {
+            mla: spec.mla.clone(),
+            ..qwen
+        }
+        .validate()
+        .map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err("inconsistent model sizes: the model gives multi-head latent attention sizes (`mla`), but Qwen3ForCausalLM has no MLA; only DeepseekV2ForCausalLM and DeepseekV3ForCausalLM models have them".to_string())
+        );
+    }
+
+    #[test]
+    fn no_accepted_spec_has_an_empty_tensor() {
+        // GLM-4.5 with every layer MoE reads no intermediate_size; the shared experts' rows
+        // come from n_shared_experts: a spec sent as JSON can still say 0 for a size that
+        // shapes a tensor
+        let glm =
+            crate::model::presets::preset("glm-4.5-tiny").unwrap_or_else(|| panic!("glm-4.5-tiny"));
+        assert!(glm.validate().is_ok());
+        let mut hostile = glm.clone();
+        if let Some(m) = &mut hostile.moe {
+            m.num_experts = 0;
+        }
+        assert!(hostile.validate().is_err());
+        let e = ModelSpec {
+            intermediate_size: 0,
+            ..glm
+        }
+        .validate()
+        .map_err(|e| e.to_string());
+        assert_eq!(
+            e,
+            Err(
+                "config.json field `intermediate_size`: must be at least 1 for dense MLP layers"
+                    .to_string()
+            )
+        );
+        for name in crate::model::presets::names() {
+            let spec = crate::model::presets::preset(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(spec.first_empty_tensor(), None, "{name}");
+            assert!(spec.validate().is_ok(), "{name}");
+        }
     }
 
     #[test]

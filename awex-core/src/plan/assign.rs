@@ -677,7 +677,12 @@ fn structure(
                 {
                     err = Some(e);
                 }
-            });
+            })
+            .map_err(|e| PlanError::EmptyBox {
+                canonical: c.name.clone(),
+                region: want.to_string(),
+                dim: e.dim,
+            })?;
             if let Some(e) = err {
                 return Err(e);
             }

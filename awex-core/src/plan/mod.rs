@@ -318,6 +318,19 @@ pub enum PlanError {
         /// the destination rank
         dst: RankId,
     },
+    /// A destination box with no elements (a zero dimension): a layout of a model whose spec
+    /// was not validated.
+    #[error(
+        "`{canonical}`: the destination box {region} has no elements (dimension {dim} is 0); every tensor of a model needs at least one element along each dimension"
+    )]
+    EmptyBox {
+        /// canonical tensor
+        canonical: String,
+        /// the empty box
+        region: String,
+        /// the dimension that is 0
+        dim: usize,
+    },
     /// The inference side places a tensor the model does not have.
     #[error("`{0}` is placed by a rank but is not a tensor of the model")]
     UnknownCanonical(String),

@@ -118,7 +118,7 @@ pub fn check_everything(model: &ModelSpec, pairs: &[(&str, u64)]) {
     }
     validate_holders(side.as_ref(), &cat)
         .unwrap_or_else(|e| panic!("{} {pairs:?}: {e}", model.name));
-    let gaps = coverage(side.as_ref(), &cat);
+    let gaps = coverage(side.as_ref(), &cat).unwrap_or_else(|e| panic!("{e}"));
     assert!(gaps.is_empty(), "{} {pairs:?}: {gaps:?}", model.name);
     let canon = canonical_bytes(&cat);
     let get = |n: &str| canon.get(n).map(|v| v.as_slice());

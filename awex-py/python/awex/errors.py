@@ -14,9 +14,12 @@ class LayoutError(AwexError, ValueError):
 
 class GatewayError(AwexError):
     """The gateway refused a request (``status`` is its HTTP status) or could not be reached
-    (``status`` is ``None``)."""
+    (``status`` is ``None``). ``queued`` is true when the gateway answered 503 because it could
+    not write its state, but had made the change: it is in effect (a started version runs) and
+    is written once the disk takes writes again; read the state instead of repeating it."""
 
     status: int | None = None
+    queued: bool = False
 
 
 class UpdateFailed(AwexError):

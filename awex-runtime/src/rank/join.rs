@@ -254,7 +254,9 @@ impl Rank {
             ms = t0.elapsed().as_millis() as u64,
             "rank ready"
         );
+        let presence = super::Presence::start(&cfg, incarnation);
         Ok(Rank {
+            _presence: presence,
             client,
             last_seq: joined.last_event_seq,
             watched_seq: Arc::new(AtomicU64::new(joined.last_event_seq)),

@@ -63,6 +63,71 @@ pub struct Rank {
     /// Deltas on: the version the inference ranks hold, as announced with the last `update`
     /// event taken, and the work it was announced with.
     bases: Option<(Work, crate::delta::PeerBases)>,
+    /// The event poll this rank's process keeps open while it holds its slot.
+    _presence: Presence,
+}
+
+/// A presence poll of the rank's process (`events?presence=true` in the `awex-claim` header's
+/// name), kept open from its join until the rank is dropped, on a thread and a runtime of its
+/// own (so that a busy or blocked rank still holds it): the gateway learns of the process's
+/// death, whatever the rank was doing then, from that poll's connection closing, fails a
+/// version the rank had not finished at once and lets a restarted rank take the slot. A silent
+/// (stopped) process keeps its slot: its poll stays open.
+struct Presence(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Presence {
+    fn start(cfg: &RankConfig, claim: String) -> Presence {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (gateway, token, pair) = (cfg.gateway.clone(), cfg.token.clone(), cfg.pair.clone());
+        let held = std::thread::Builder::new()
+            .name("awex-presence".into())
+            .spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                // a client of its own: its connections live on this runtime
+                let Ok(client) = Client::new(&gateway, token) else {
+                    return;
+                };
+                rt.block_on(async move {
+                    let hold = async {
+                        loop {
+                            match client
+                                .presence(&pair, &claim, Duration::from_secs(60))
+                                .await
+                            {
+                                Ok(_) => {}
+                                // the pair is gone: nothing left to hold
+                                Err(e) if matches!(e.status(), Some(404 | 410)) => return,
+                                // a lost gateway: the rank's own waits say so; try again shortly
+                                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                            }
+                        }
+                    };
+                    tokio::select! {
+                        _ = stopped => {}
+                        () = hold => {}
+                    }
+                });
+            });
+        if let Err(e) = held {
+            // the rank works without it; its death is then seen only while it polls
+            tracing::warn!(error = %e, "awex rank: cannot start the presence thread");
+        }
+        Presence(Some(stop))
+    }
+}
+
+impl Drop for Presence {
+    fn drop(&mut self) {
+        // the rank leaves its slot: the poll is dropped, and the gateway counts its holder gone
+        if let Some(stop) = self.0.take() {
+            let _ = stop.send(());
+        }
+    }
 }
 
 impl Rank {
@@ -600,11 +665,16 @@ mod tests {
             .expect("execute in time")
             .unwrap_err();
         assert!(e.to_string().contains("panicked"), "{e}");
-        assert_eq!(
-            Arc::strong_count(&trainer.watched_seq),
-            1,
-            "the abort watcher (which holds the other count) is gone"
-        );
+        // the abort watcher (which holds the other count) ends after the poll it has open
+        // (never cut mid-poll: the gateway would take that for the process gone)
+        let watcher_gone = async {
+            while Arc::strong_count(&trainer.watched_seq) > 1 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(LIMIT, watcher_gone)
+            .await
+            .expect("the abort watcher stops");
         // the report failed the version long before its deadline
         let st = client.wait_update("panics", 1, LIMIT).await.unwrap();
         assert_eq!(st.state, UpdateState::Failed, "{st:?}");

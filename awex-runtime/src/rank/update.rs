@@ -14,21 +14,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The task that watches the pair's event stream for an abort while a transport moves bytes
-/// ([`Rank::execute`]); stopped when dropped, so no way out of an update leaves it polling.
-struct Watcher(tokio::task::JoinHandle<()>);
+/// ([`Rank::execute`]); told to stop when dropped, so no way out of an update leaves it
+/// polling. It is never aborted mid-poll: the gateway takes a poll whose connection closes
+/// unanswered for the rank's process gone, and lets another process take its slot; the poll
+/// open when it is stopped (at most 2 s) ends in the background, answered.
+struct Watcher(Arc<AtomicBool>);
 
 impl Watcher {
-    /// Stops the task and waits until it is gone.
-    async fn stop(mut self) {
-        self.0.abort();
-        // a cancelled task answers a JoinError; nothing else is left to learn from it
-        let _ = (&mut self.0).await;
+    /// Starts `watch` (a loop that ends once the flag it is given is set).
+    fn start<F: std::future::Future<Output = ()> + Send + 'static>(
+        watch: impl FnOnce(Arc<AtomicBool>) -> F,
+    ) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        tokio::spawn(watch(stop.clone()));
+        Watcher(stop)
     }
+
+    /// Stops the task after the poll it has open.
+    async fn stop(self) {}
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        self.0.abort();
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -142,15 +150,15 @@ impl Rank {
         });
         // watch the event stream for an abort of this version while the bytes move; the events
         // stay on the gateway, so `next_work` still sees them afterwards
-        let watcher = Watcher({
+        let watcher = Watcher::start({
             let client = self.client.clone();
             let pair = self.cfg.pair.clone();
             let cancel = cancel.clone();
             let mut after = self.last_seq;
             let me = self.incarnation().to_string();
             let watched = self.watched_seq.clone();
-            tokio::spawn(async move {
-                loop {
+            move |stop: Arc<AtomicBool>| async move {
+                while !stop.load(Ordering::Acquire) {
                     let polled = client
                         .events_as(&pair, after, Duration::from_secs(2), Some(&me))
                         .await;
@@ -158,7 +166,7 @@ impl Rank {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             watched.fetch_max(after, Ordering::AcqRel);
-                            let stop = r.events.iter().any(|ev| match ev.kind {
+                            let aborted = r.events.iter().any(|ev| match ev.kind {
                                 // (an earlier attempt's abort stays in the stream: a rank
                                 // told its attempt directly starts watching before it)
                                 EventKind::Abort => {
@@ -168,14 +176,14 @@ impl Rank {
                                 EventKind::Disconnect => true,
                                 EventKind::Update | EventKind::Apply => false,
                             });
-                            if stop {
+                            if aborted {
                                 cancel.store(true, Ordering::Release);
                             }
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                     }
                 }
-            })
+            }
         });
         let joined = job.await;
         watcher.stop().await;

@@ -305,6 +305,21 @@ async fn demo(
                 let torn = client.status(&pair).await?.torn_version == Some(version);
                 let mut live_intact = true;
                 for rank in r.inference.ranks() {
+                    // a rank that never reported this attempt never ran it (the attempt was
+                    // over before it started: the gateway fails a version as soon as a rank's
+                    // process is gone), so it has no verdict and its tensors were not touched
+                    let never_ran = status.ranks.iter().any(|u| {
+                        u.side == Side::Inference
+                            && u.rank == rank
+                            && matches!(
+                                u.state,
+                                awex_control::wire::RankReportState::Waiting
+                                    | awex_control::wire::RankReportState::Missing
+                            )
+                    });
+                    if never_ran {
+                        continue;
+                    }
                     let key = format!("verify.{}.{}", rank.engine, rank.rank);
                     let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
                     live_intact &=

@@ -183,7 +183,11 @@ fn registered_layout(
     fp8: Option<&InferFp8>,
 ) -> Result<Vec<String>, ApiError> {
     if let Some(f) = fp8 {
-        // a deserialised encoding is checked as the CLI's is: the recipe can write it
+        // a deserialised config is checked as the CLI's and the Python package's are (one
+        // check: `Fp8Config::validate`), and the recipe can write its encoding
+        f.config
+            .validate()
+            .map_err(|e| ApiError::Unprocessable(format!("inference.fp8.config: {e}")))?;
         InferFp8::new(f.config.clone(), f.recipe)
             .map_err(|e| ApiError::Unprocessable(format!("inference.fp8: {e}")))?;
     }
@@ -681,8 +685,9 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                 if p.roster.put(slot, r.info, size).is_ok() {
                     if let Some(Some(j)) = p.roster.slots.get_mut(slot) {
                         j.unix_ms = r.unix_ms;
-                        // its holder has the join deadline to re-attach before another
-                        // process may take the slot
+                        // its holder keeps the slot until it re-attaches (with its claim id)
+                        // or the operator releases it: no connection of it was seen to close;
+                        // it counts as live for the join deadline
                         j.live_until =
                             now + Duration::from_millis(rec.request.options.join_deadline_ms);
                     }

@@ -9,8 +9,8 @@ use crate::server::state::{AppState, PairEntry};
 use crate::server::store::disk::Op;
 use crate::server::store::roster::rank_name;
 use crate::server::validate;
-use crate::wire::{ApplyMode, CAP_ATOMIC_APPLY, MAX_INFO_BYTES};
-use crate::wire::{JoinPending, JoinRequest, JoinResponse, PairState, RosterEntry};
+use crate::wire::{ApplyMode, CAP_ATOMIC_APPLY, MAX_INFO_BYTES, ReleaseSlot, SlotReleased};
+use crate::wire::{JoinPending, JoinRequest, JoinResponse, PairState, RosterEntry, UpdateState};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -119,9 +119,10 @@ pub(crate) async fn join(
             PairState::JoinFailed => return Err(join_failed(&entry, &p, StatusCode::CONFLICT)),
             PairState::Joining | PairState::Ready => {}
         }
-        // a second live claimant of the slot is refused before it changes anything
+        // a second claimant of a slot whose holder is not known gone (nor released) is
+        // refused before it changes anything
         let pid = req.info.get("pid").and_then(serde_json::Value::as_u64);
-        p.roster.check_claim(
+        let takeover = p.roster.check_claim(
             &entry.slots,
             slot,
             crate::server::store::roster::incarnation_of(&req.info),
@@ -129,6 +130,9 @@ pub(crate) async fn join(
         )?;
         p.roster.put(slot, req.info, info_bytes)?;
         p.changed(Op::Roster(slot));
+        if let Some(t) = takeover {
+            took_over(&entry, &mut p, slot, t, pid);
+        }
         if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
             p.state = PairState::Ready;
             p.changed(Op::State);
@@ -176,6 +180,82 @@ pub(crate) async fn join(
         if let Ok(Err(_)) = tokio::time::timeout_at(until, rx.changed()).await {
             return Err(ApiError::disconnected(&name));
         }
+    }
+}
+
+/// `POST /v1/pairs/{name}/ranks/release`: the operator says the holder of a slot is gone (a
+/// process the gateway cannot see go: stopped, or lost while the gateway was down), so the
+/// next process that joins the slot takes it over. The holder itself, re-joining with its
+/// claim id, keeps it.
+pub(crate) async fn release(
+    State(gw): State<AppState>,
+    PathParams(name): PathParams<String>,
+    JsonBody(req): JsonBody<ReleaseSlot>,
+) -> Result<Json<SlotReleased>, ApiError> {
+    let entry = gw.pair(&name)?;
+    let slot = entry.slots.index(req.side, req.rank)?;
+    let mut p = entry.lock();
+    if p.state == PairState::Disconnected {
+        return Err(ApiError::disconnected(&name));
+    }
+    let who = rank_name(req.side, req.rank);
+    let Some(holder_pid) = p.roster.release(slot) else {
+        return Err(ApiError::Conflict(format!(
+            "{who} of pair `{name}` has not joined: there is no holder to release; start the rank"
+        )));
+    };
+    drop(p);
+    tracing::warn!(
+        pair = %name,
+        slot = %who,
+        holder_pid = holder_pid.map_or("unknown".to_string(), |p| p.to_string()),
+        "rank slot released by the operator: the next process that joins it takes it over"
+    );
+    Ok(Json(SlotReleased {
+        side: req.side,
+        rank: req.rank,
+        holder_pid,
+    }))
+}
+
+/// Slot `slot` changed hands: logged naming both processes (by pid: claim ids are never
+/// logged), and a version announced to the replaced holder fails now, since the process that
+/// was told to run it is not the one holding the slot any more.
+fn took_over(
+    entry: &PairEntry,
+    p: &mut Pair,
+    slot: usize,
+    t: crate::server::store::roster::Takeover,
+    pid: Option<u64>,
+) {
+    let (side, rank) = entry.slots.rank(slot);
+    let who = rank_name(side, rank);
+    let pid_of = |p: Option<u64>| p.map_or("unknown".to_string(), |p| p.to_string());
+    tracing::warn!(
+        pair = %entry.name,
+        slot = %who,
+        replaced_pid = %pid_of(t.pid),
+        new_pid = %pid_of(pid),
+        why = t.why,
+        "rank slot taken over"
+    );
+    let announced = p.updates.latest().is_some_and(|u| {
+        u.state == UpdateState::Running
+            && u.ranks
+                .get(slot)
+                .and_then(|r| r.claim.as_deref())
+                .is_some_and(|c| c == t.claim)
+    });
+    if announced {
+        entry.fail(
+            p,
+            format!(
+                "{who} changed hands while it ran: the process it was announced to (pid {}) was replaced by pid {} ({}), which never received this version; retry the version",
+                pid_of(t.pid),
+                pid_of(pid),
+                t.why
+            ),
+        );
     }
 }
 

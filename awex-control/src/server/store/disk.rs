@@ -184,7 +184,7 @@ pub(crate) struct Loaded {
 pub enum StoreError {
     /// Another gateway holds the database.
     #[error(
-        "the state directory {0} is in use by another gateway (its database is locked); stop that gateway or give this one another --state-dir"
+        "the state directory {0} is in use by another gateway (it holds the directory's lock); stop that gateway or give this one another --state-dir"
     )]
     InUse(PathBuf),
     /// Another user owns the directory or could read it: the state is refused as ssh refuses
@@ -230,6 +230,9 @@ pub enum StoreError {
 
 /// The database and its writer thread.
 pub(crate) struct Store {
+    /// The state directory, opened and locked (`flock`, exclusive) for as long as the store
+    /// lives: one gateway per directory. Released after the writer closed the database.
+    _lock: std::fs::File,
     dir: PathBuf,
     /// The database, for [`Store::load`] at start (then handed to the writer alone, which
     /// must be its only holder to reopen it after a failure).
@@ -266,10 +269,33 @@ pub(crate) const DB_FILE: &str = "gateway.redb";
 /// What to do about a damaged database, for messages.
 const DAMAGED_HINT: &str = "restore gateway.redb (and gateway.commit) from a backup taken while the gateway was stopped, or move the directory away to start with no pairs (every pair then connects again)";
 
+thread_local! {
+    /// Set while [`no_panic`] runs on this thread: a panic there is an answer, not a bug.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs (once) a panic hook that stays silent for panics [`no_panic`] catches on its own
+/// thread and hands every other panic to the hook that was there before.
+fn quiet_panics_in_no_panic() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+}
+
 /// Runs `f`, turning a panic inside the database library (it asserts on some damaged files)
-/// into an error.
+/// into an error, without printing the panic and its backtrace (the error says it all).
 fn no_panic<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    quiet_panics_in_no_panic();
+    let was = QUIET.with(|q| q.replace(true));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    match caught {
         Ok(r) => r,
         Err(p) => {
             let what = p
@@ -292,11 +318,66 @@ fn builder() -> redb::Builder {
     b
 }
 
+/// What a file that is not a regular one is, for messages.
+fn file_kind(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The ancestors of `dir` that every user may write and that are not sticky: another user
+/// could rename or replace the state directory inside them (`/tmp` is sticky, so fine).
+pub(crate) fn loose_parents(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    abs.ancestors()
+        .skip(1)
+        .filter(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.mode() & 0o002 != 0 && m.mode() & 0o1000 == 0)
+        })
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// The temporary name a new database is built under.
+const TMP_DB_FILE: &str = "gateway.redb.new";
+
+/// Opens the state directory and takes its lock (`flock`, exclusive, not waiting); the lock
+/// lasts as long as the returned file. Another gateway holding it is [`StoreError::InUse`].
+fn lock_dir(dir: &Path) -> Result<std::fs::File, StoreError> {
+    use std::os::fd::AsRawFd;
+    // opened close-on-exec (as std opens every file): a child process never inherits the lock
+    let f = std::fs::File::open(dir).map_err(|e| io(dir, format!("cannot open it: {e}")))?;
+    // SAFETY: flock on a descriptor owned by `f`, alive for the call; no memory is passed.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::InUse(dir.to_path_buf()));
+        }
+        return Err(io(dir, format!("cannot lock it: {e}")));
+    }
+    Ok(f)
+}
+
 /// Creates a new database at `file` without ever leaving a partial one under that name: it
-/// is built under a temporary name (mode 0600), synced, then renamed.
+/// is built under a temporary name (mode 0600), synced, then renamed (under the directory's
+/// lock, so no other gateway writes the same temporary file).
 fn create_db(dir: &Path, file: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = dir.join(format!("{DB_FILE}.new"));
+    let tmp = dir.join(TMP_DB_FILE);
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -390,10 +471,34 @@ impl Store {
     /// database, and one older than the last commit the gateway acknowledged (`gateway.commit`).
     pub(crate) fn open(dir: &Path) -> Result<Store, StoreError> {
         private_dir(dir)?;
+        // the directory's lock before any file in it is created, read or removed: a second
+        // gateway started at the same instant is refused here, and never writes a file the
+        // first one uses
+        let lock = lock_dir(dir)?;
+        // a database whose creation never finished (the gateway died building it) never held
+        // data: it is not damage, and it goes
+        let tmp = dir.join(TMP_DB_FILE);
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => {
+                tracing::info!(file = %tmp.display(), "removed an unfinished new database (it never held data)")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(dir, format!("cannot remove {}: {e}", tmp.display()))),
+        }
         let file = dir.join(DB_FILE);
         match std::fs::metadata(&file) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_db(dir, &file)?,
             Err(e) => return Err(io(dir, format!("cannot read {}: {e}", file.display()))),
+            Ok(m) if !m.is_file() => {
+                return Err(StoreError::Damaged {
+                    file,
+                    message: format!(
+                        "it is not a regular file but {}; a gateway database always is",
+                        file_kind(&m)
+                    ),
+                    hint: DAMAGED_HINT,
+                });
+            }
             Ok(m) if m.len() == 0 => {
                 return Err(StoreError::Damaged {
                     file,
@@ -406,8 +511,23 @@ impl Store {
         private_file(dir, &file)?;
         // the database first: its lock says no other gateway writes the record read next
         let db = open_db(dir, &file)?;
+        let witness_file = dir.join(witness::FILE);
+        match std::fs::metadata(&witness_file) {
+            Ok(m) if !m.is_file() => {
+                return Err(StoreError::Damaged {
+                    file: witness_file,
+                    message: format!(
+                        "it is not a regular file but {}; the acknowledged-commit record always is",
+                        file_kind(&m)
+                    ),
+                    hint: DAMAGED_HINT,
+                });
+            }
+            _ => {}
+        }
+        let empty_witness = std::fs::metadata(&witness_file).is_ok_and(|m| m.len() == 0);
         let acked = Witness::read(dir).map_err(|message| StoreError::Damaged {
-            file: dir.join(witness::FILE),
+            file: witness_file.clone(),
             message,
             hint: DAMAGED_HINT,
         })?;
@@ -437,6 +557,19 @@ impl Store {
                 };
                 (id, seq)
             };
+            if empty_witness && ids.1 > 0 {
+                // created empty and never written: only a gateway that never acknowledged a
+                // commit leaves it so; this database holds commits, so the record was lost
+                return Err(StoreError::Damaged {
+                    file: witness_file,
+                    message: format!(
+                        "it is empty (0 bytes), but the database holds commit {}: the record of the last commit the gateway acknowledged was lost, so a database that went back in time could not be told. If gateway.redb is intact, remove {} and start again (the check is then skipped once)",
+                        ids.1,
+                        dir.join(witness::FILE).display()
+                    ),
+                    hint: DAMAGED_HINT,
+                });
+            }
             check_acked(dir, &file, acked, ids.0, ids.1)?;
             w.commit().map_err(|e| io(dir, e))?;
             ids
@@ -448,6 +581,14 @@ impl Store {
             )
         })?;
         private_file(dir, witness.path())?;
+        // the record holds what this start found, so that it is never left empty by a
+        // gateway that serves
+        witness.record(Acked { db_id, seq }).map_err(|e| {
+            io(
+                dir,
+                format!("cannot write {}: {e}", witness.path().display()),
+            )
+        })?;
         let db = std::sync::Arc::new(db);
         let (tx, rx) = mpsc::channel::<Batch>();
         let (synced_tx, synced) = watch::channel(Synced::default());
@@ -468,6 +609,7 @@ impl Store {
             .spawn(move || w.run(&rx))
             .map_err(|e| io(dir, format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
+            _lock: lock,
             dir: dir.to_path_buf(),
             db: Mutex::new(Some(db)),
             tx: Mutex::new(Some(tx)),
@@ -718,6 +860,13 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), StoreError> {
             "it is owned by uid {}, and this gateway runs as uid {me}: that user could read or replace the gateway's state; give --state-dir a directory owned by uid {me} (mode 0700)",
             meta.uid()
         )));
+    }
+    for p in loose_parents(dir) {
+        tracing::warn!(
+            dir = %dir.display(),
+            parent = %p.display(),
+            "a parent of the gateway's state directory is writable by every user and not sticky: another user could rename or replace the state directory; make it writable by its owner only (or sticky, as /tmp is)"
+        );
     }
     let mode = meta.mode() & 0o777;
     if mode & 0o077 != 0 {
@@ -978,4 +1127,26 @@ fn commit<'a>(
     }
     w.commit()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_parent_every_user_may_write_is_loose_unless_it_is_sticky() {
+        let root = tempfile::tempdir().unwrap();
+        let open = root.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let state = open.join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let canon = std::fs::canonicalize(&open).unwrap();
+        assert!(loose_parents(&state).contains(&canon));
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(!loose_parents(&state).contains(&canon));
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(!loose_parents(&state).contains(&canon));
+    }
 }

@@ -109,6 +109,22 @@ pub(crate) struct Joined {
     pub(crate) live_until: tokio::time::Instant,
     /// Event polls the holder has open.
     pub(crate) polls: u32,
+    /// The holder is known gone: its last open event poll was dropped unanswered (the
+    /// connection closed, as when the process dies) and it has not polled or joined since.
+    pub(crate) gone: bool,
+    /// The operator released the slot (`POST .../ranks/release`): the next claimant takes it.
+    pub(crate) released: bool,
+}
+
+/// A slot changing hands: who held it, and why it may be taken.
+#[derive(Debug)]
+pub(crate) struct Takeover {
+    /// The replaced holder's claim id (compared, never shown).
+    pub(crate) claim: String,
+    /// The replaced holder's pid, for messages and logs.
+    pub(crate) pid: Option<u64>,
+    /// Why the slot is free: the holder's connection closed, or the operator released it.
+    pub(crate) why: &'static str,
 }
 
 impl Joined {
@@ -254,40 +270,73 @@ impl Roster {
             pid,
             live_until: tokio::time::Instant::now() + HOLDER_LIVENESS,
             polls,
+            gone: false,
+            released: false,
         });
         self.cached = None;
         Ok(())
     }
 
-    /// Refuses a claimant of slot `i` (claim id `incarnation`, pid `pid`) other than its live
-    /// holder: 409 naming the slot and the holder's pid.
+    /// Decides whether a claimant of slot `i` (claim id `incarnation`, pid `pid`) may join or
+    /// write its rendezvous value: the holder itself (its claim id), anyone for an empty slot or
+    /// one whose holder joined without a claim id, and anyone once the holder is known gone
+    /// (its event poll's connection closed) or the operator released the slot: then the slot
+    /// changes hands ([`Takeover`]). A silent holder is not a gone one: any other claimant is
+    /// refused, 409 naming the slot and the holder's pid, never a claim id.
     pub(crate) fn check_claim(
         &self,
         slots: &Slots,
         i: usize,
         incarnation: Option<&str>,
         pid: Option<u64>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Option<Takeover>, ApiError> {
         let Some(h) = self.slots.get(i).and_then(Option::as_ref) else {
-            return Ok(());
+            return Ok(None);
         };
         let Some(held) = h.incarnation.as_deref() else {
-            return Ok(());
+            return Ok(None);
         };
-        if incarnation.is_some_and(|c| same_claim(c, held)) || !h.live() {
-            return Ok(());
+        if incarnation.is_some_and(|c| same_claim(c, held)) {
+            return Ok(None);
+        }
+        let takeover = |why| {
+            Ok(Some(Takeover {
+                claim: held.to_string(),
+                pid: h.pid,
+                why,
+            }))
+        };
+        if h.released {
+            return takeover("the operator released the slot");
+        }
+        if h.gone && h.polls == 0 {
+            return takeover("its event poll's connection closed (the process is gone)");
         }
         let (side, rank) = slots.rank(i);
         let pid_of = |p: Option<u64>| p.map_or("unknown".to_string(), |p| p.to_string());
-        // the holder's claim id is never echoed: it is what binds the slot to its holder
+        // no claim id is echoed: the holder's binds the slot to it, and a claimant's is its own
         Err(ApiError::Conflict(format!(
-            "{} is held by a live process (pid {}); this second claimant (pid {}, incarnation {}) is refused and changed nothing. Stop the duplicate; a holder counts as gone {} s after its last event poll",
+            "{} is held by a live process (pid {}): it has not been seen to go (its connection did not close), and a silent or stopped process keeps its slot; this second claimant (pid {}) is refused and changed nothing. Stop the duplicate; if the holder is really gone, release its slot (`awex-cli pair release`, POST /v1/pairs/{{name}}/ranks/release) and start the rank again",
             rank_name(side, rank),
             pid_of(h.pid),
             pid_of(pid),
-            incarnation.unwrap_or("none"),
-            HOLDER_LIVENESS.as_secs()
         )))
+    }
+
+    /// Whether slot `i`'s holder is known gone (its last open poll's connection closed).
+    pub(crate) fn is_gone(&self, i: usize) -> bool {
+        self.slots
+            .get(i)
+            .and_then(Option::as_ref)
+            .is_some_and(|j| j.gone && j.polls == 0)
+    }
+
+    /// The operator releases slot `i`: its holder (if any) may be replaced by the next
+    /// claimant; the holder's pid, when one holds it. `None`: the slot is empty.
+    pub(crate) fn release(&mut self, i: usize) -> Option<Option<u64>> {
+        let j = self.slots.get_mut(i)?.as_mut()?;
+        j.released = true;
+        Some(j.pid)
     }
 
     /// Refuses a report for slot `i` that does not carry `holder`, the claim id of the process
@@ -340,6 +389,7 @@ impl Roster {
         let i = *self.holders.get(incarnation)?;
         let j = self.slots.get_mut(i)?.as_mut()?;
         j.polls += 1;
+        j.gone = false;
         Some(i)
     }
 
@@ -355,6 +405,11 @@ impl Roster {
                 } else {
                     j.live_until.min(now)
                 };
+                // the last open poll's connection closed before its answer: the process is
+                // gone (awex's ranks never drop a poll they opened while they live)
+                if !answered && j.polls == 0 {
+                    j.gone = true;
+                }
             }
         }
     }
@@ -387,7 +442,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_live_holder_keeps_its_slot_and_a_gone_one_can_be_taken_over() {
+    async fn a_silent_holder_keeps_its_slot_and_only_a_gone_or_released_one_changes_hands() {
         let s = Slots::new(1, 1, 1);
         let mut r = Roster::new(s.total());
         let info = serde_json::json!({"incarnation": "aaaa", "pid": 7});
@@ -395,35 +450,56 @@ mod tests {
         let e = r.check_claim(&s, 0, Some("bbbb"), Some(8)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "training rank 0 is held by a live process (pid 7); this second claimant (pid 8, incarnation bbbb) is refused and changed nothing. Stop the duplicate; a holder counts as gone 15 s after its last event poll"
+            "training rank 0 is held by a live process (pid 7): it has not been seen to go (its connection did not close), and a silent or stopped process keeps its slot; this second claimant (pid 8) is refused and changed nothing. Stop the duplicate; if the holder is really gone, release its slot (`awex-cli pair release`, POST /v1/pairs/{name}/ranks/release) and start the rank again"
         );
+        assert!(!e.to_string().contains("bbbb") && !e.to_string().contains("aaaa"));
         assert!(
-            r.check_claim(&s, 0, Some("aaaa"), Some(7)).is_ok(),
+            matches!(r.check_claim(&s, 0, Some("aaaa"), Some(7)), Ok(None)),
             "the holder itself"
         );
         assert!(
-            r.check_claim(&s, 1, Some("bbbb"), None).is_ok(),
+            matches!(r.check_claim(&s, 1, Some("bbbb"), None), Ok(None)),
             "an empty slot"
         );
-        // an open poll keeps the holder live however long it lasts
+        // an open poll, then silence far past the liveness window (SIGSTOP): still held
         let slot = r.begin_poll("aaaa").unwrap();
         tokio::time::advance(HOLDER_LIVENESS * 4).await;
         assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
         r.end_poll(slot, "aaaa", true);
-        tokio::time::advance(HOLDER_LIVENESS - std::time::Duration::from_secs(1)).await;
+        tokio::time::advance(HOLDER_LIVENESS * 100).await;
         assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
-        // silent past the window: gone, the slot can be taken over
-        tokio::time::advance(std::time::Duration::from_secs(2)).await;
-        assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_ok());
+        // a poll dropped unanswered while another is open: not gone
+        let (a, b) = (r.begin_poll("aaaa").unwrap(), r.begin_poll("aaaa").unwrap());
+        r.end_poll(a, "aaaa", false);
+        assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
+        // the last open poll's connection closed: gone, the slot changes hands
+        r.end_poll(b, "aaaa", false);
+        let t = r
+            .check_claim(&s, 0, Some("bbbb"), Some(8))
+            .unwrap()
+            .unwrap();
+        assert_eq!((t.claim.as_str(), t.pid), ("aaaa", Some(7)));
+        assert_eq!(
+            t.why,
+            "its event poll's connection closed (the process is gone)"
+        );
+        // ... unless it polls again first
+        r.begin_poll("aaaa").unwrap();
+        assert!(r.check_claim(&s, 0, Some("bbbb"), None).is_err());
         r.put(0, serde_json::json!({"incarnation": "bbbb"}), 10)
             .unwrap();
         assert_eq!(r.holders.get("bbbb"), Some(&0));
         assert!(!r.holders.contains_key("aaaa"));
         assert_eq!(r.joined(), 1);
-        // a poll dropped unanswered (the holder's connection closed) frees the slot at once
-        let slot = r.begin_poll("bbbb").unwrap();
-        r.end_poll(slot, "bbbb", false);
-        assert!(r.check_claim(&s, 0, Some("cccc"), None).is_ok());
+        // the operator releases a silent holder's slot
+        assert_eq!(r.release(1), None, "an empty slot");
+        assert_eq!(r.release(0), Some(None));
+        let t = r.check_claim(&s, 0, Some("cccc"), None).unwrap().unwrap();
+        assert_eq!(t.why, "the operator released the slot");
+        // the holder re-joining with its own claim keeps it, and the release is spent
+        r.put(0, serde_json::json!({"incarnation": "bbbb"}), 10)
+            .unwrap();
+        assert!(r.check_claim(&s, 0, Some("cccc"), None).is_err());
     }
 
     #[test]

@@ -74,7 +74,8 @@ impl Witness {
             Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         if bytes.is_empty() {
-            // created, and the gateway stopped before its first commit
+            // created, and the gateway stopped before it wrote the record: damage when the
+            // database holds commits (`Store::open` tells), a leftover when it holds none
             return Ok(None);
         }
         let slots = [bytes.get(..SLOT), bytes.get(SLOT..2 * SLOT)];

@@ -6,7 +6,7 @@
 //! vLLM's `MoEGate` create `e_score_correction_bias` only for `topk_method: noaux_tc` (V3's
 //! method), which a V2 config then carries.
 
-use super::deepseek_v3::{NAMES, layer, mla, parse_mla};
+use super::deepseek_v3::{NAMES, check_mla, layer, mla, parse_mla};
 use super::{Family, Preset, SharedMoeDefaults, dense, with_shared_experts};
 use crate::model::spec::opt_bool;
 use crate::model::{ModelError, ModelSpec};
@@ -19,6 +19,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
+    check: check_mla,
     presets: &[Preset {
         name: "deepseek-v2-lite",
         about: "deepseek-ai/DeepSeek-V2-Lite (15.7B): 27 layers, MLA without q_lora_rank, 64 experts + 2 shared, first dense",

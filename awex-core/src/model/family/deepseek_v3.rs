@@ -58,6 +58,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
+    check: check_mla,
     presets: &[
         Preset {
             name: "deepseek-v3-tiny",
@@ -200,6 +201,49 @@ pub(crate) fn parse_mla(
     });
     // transformers sets head_dim = qk_rope_head_dim; MLA's shapes come from `mla`
     spec.head_dim = rope;
+    Ok(())
+}
+
+/// Checks MLA's sizes: present, each at least 1 (`q_lora_rank` may be absent: a plain
+/// `q_proj`), and `head_dim` the rotary size as the parser sets it. Every one of them is a
+/// dimension of some tensor of the layer; a zero would make that tensor empty.
+pub(crate) fn check_mla(spec: &ModelSpec) -> Result<(), ModelError> {
+    let Some(a) = &spec.mla else {
+        return Err(ModelError::Inconsistent(format!(
+            "{} has multi-head latent attention, but the model gives no MLA sizes (`mla`: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank)",
+            spec.architecture.hf_name()
+        )));
+    };
+    if a.q_lora_rank == Some(0) {
+        return Err(ModelError::BadField {
+            field: "q_lora_rank",
+            message: "must be at least 1 (DeepSeek-V3 has 1536), or null for a plain q_proj (DeepSeek-V2-Lite)".into(),
+        });
+    }
+    let sizes = [
+        ("kv_lora_rank", a.kv_lora_rank, "DeepSeek-V3 has 512"),
+        (
+            "qk_nope_head_dim",
+            a.qk_nope_head_dim,
+            "DeepSeek-V3 has 128",
+        ),
+        ("qk_rope_head_dim", a.qk_rope_head_dim, "DeepSeek-V3 has 64"),
+        ("v_head_dim", a.v_head_dim, "DeepSeek-V3 has 128"),
+    ];
+    for (field, v, example) in sizes {
+        if v == 0 {
+            return Err(ModelError::BadField {
+                field,
+                message: format!("must be at least 1 ({example})"),
+            });
+        }
+    }
+    if spec.head_dim != a.qk_rope_head_dim {
+        return Err(ModelError::Inconsistent(format!(
+            "head_dim={} must equal qk_rope_head_dim={} in a model with multi-head latent attention",
+            spec.head_dim, a.qk_rope_head_dim
+        )));
+    }
     Ok(())
 }
 

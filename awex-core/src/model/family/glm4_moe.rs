@@ -60,6 +60,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
+    check: super::no_mla,
     presets: &[
         Preset {
             name: "glm-4.5-tiny",

@@ -15,6 +15,7 @@ pub const FAMILY: Family = Family {
     names: &LLAMA_NAMES,
     parse,
     layer,
+    check: super::no_mla,
     presets: &[],
 };
 

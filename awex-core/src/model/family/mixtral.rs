@@ -36,6 +36,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
+    check: super::no_mla,
     presets: &[
         Preset {
             name: "mixtral-tiny",

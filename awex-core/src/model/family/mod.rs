@@ -46,6 +46,9 @@ pub struct Family {
     pub parse: fn(&Value, &mut ModelSpec) -> Result<(), ModelError>,
     /// Lists layer `l`'s parts, in checkpoint (catalogue) order.
     pub layer: fn(&ModelSpec, u64, &mut dyn Sink),
+    /// Checks the sizes only this family reads (MLA's ranks, ...), beyond the common ones
+    /// [`ModelSpec::validate`] checks, so that no tensor of a spec it accepts is empty.
+    pub check: fn(&ModelSpec) -> Result<(), ModelError>,
     /// Built-in presets of the family.
     pub presets: &'static [Preset],
 }
@@ -95,6 +98,18 @@ impl PartialEq for Family {
 }
 
 impl Eq for Family {}
+
+/// The check of a family without multi-head latent attention: a spec (sent as JSON) that
+/// carries MLA sizes anyway is refused, not silently ignored.
+pub(crate) fn no_mla(spec: &ModelSpec) -> Result<(), ModelError> {
+    if spec.mla.is_some() {
+        return Err(ModelError::Inconsistent(format!(
+            "the model gives multi-head latent attention sizes (`mla`), but {} has no MLA; only DeepseekV2ForCausalLM and DeepseekV3ForCausalLM models have them",
+            spec.architecture.hf_name()
+        )));
+    }
+    Ok(())
+}
 
 /// Every part of `spec` in catalogue order: the embedding, each layer's parts, the final norm
 /// and (untied) the output projection.

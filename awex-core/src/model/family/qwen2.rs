@@ -13,6 +13,7 @@ pub const FAMILY: Family = Family {
     names: &LLAMA_NAMES,
     parse,
     layer,
+    check: super::no_mla,
     presets: &[],
 };
 
