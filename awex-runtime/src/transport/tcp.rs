@@ -79,8 +79,13 @@ pub struct TcpTransport {
     deltas: bool,
 }
 
-/// A peer stream's part in deltas.
+/// What a peer stream's end needs besides its plan, tensors and socket: the bucket size, the
+/// FP8 quantiser and its part in deltas.
 struct PeerDelta<'a> {
+    /// the pair's bucket size
+    bb: u64,
+    /// the quantiser of sender-encoded FP8 transfers
+    fp8: Option<&'a Fp8Quantiser>,
     /// sending: the version the peer holds and the copy holding it, when the peer gets deltas
     base: Option<(u64, &'a TensorSet)>,
     /// receiving: what this rank's tensors hold per sender
@@ -491,15 +496,16 @@ impl TcpTransport {
                 .map(|(i, s)| {
                     let (peer, buckets, tensors) =
                         (&plan.peers[i], self.buckets[i].clone(), &self.tensors);
-                    let (bb, fp8) = (self.bucket_bytes, self.fp8.as_ref());
                     let delta = PeerDelta {
+                        bb: self.bucket_bytes,
+                        fp8: self.fp8.as_ref(),
                         base: self
                             .base
                             .as_ref()
                             .and_then(|b| Some((b.base_for(ctx.bases, peer.peer)?, b.copy()))),
                         held: &self.held,
                     };
-                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, bb, fp8, &delta))
+                    scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, &delta))
                 })
                 .collect();
             handles
@@ -525,8 +531,6 @@ type PeerFn = fn(
     &TensorSet,
     TcpStream,
     &ExecContext<'_>,
-    u64,
-    Option<&Fp8Quantiser>,
     &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError>;
 
@@ -749,10 +753,9 @@ fn send_peer(
     tensors: &TensorSet,
     mut s: TcpStream,
     ctx: &ExecContext<'_>,
-    bb: u64,
-    fp8: Option<&Fp8Quantiser>,
     delta: &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError> {
+    let (bb, fp8) = (delta.bb, delta.fp8);
     let cap = max_bucket(buckets, bb);
     let base = delta.base;
     let (full_tx, full_rx): (SyncSender<Filled>, Receiver<Filled>) = sync_channel(1);
@@ -835,11 +838,9 @@ fn receive_peer(
     tensors: &TensorSet,
     mut s: TcpStream,
     ctx: &ExecContext<'_>,
-    bb: u64,
-    _fp8: Option<&Fp8Quantiser>,
     delta: &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError> {
-    let cap = max_frame(buckets, bb);
+    let cap = max_frame(buckets, delta.bb);
     // from here on this sender's boxes may be torn until every bucket landed
     let held = delta.held.begin(peer.peer);
     let (full_tx, full_rx) = sync_channel::<Filled>(1);
