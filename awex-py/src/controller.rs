@@ -79,7 +79,7 @@ impl Controller {
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
         urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
         atomic=false, infer_quant=None, infer_config_json=None, infer_config_what=None,
-        fp8_block=None, fp8_recipe=None))]
+        fp8_block=None, fp8_recipe=None, deltas=false))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
         &self,
@@ -101,6 +101,7 @@ impl Controller {
         infer_config_what: Option<String>,
         fp8_block: Option<[u32; 2]>,
         fp8_recipe: Option<String>,
+        deltas: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let model = match (model, model_json) {
             (Some(m), None) => ModelArg::Resolve(m),
@@ -148,6 +149,7 @@ impl Controller {
             } else {
                 ApplyMode::InPlace
             },
+            deltas,
             ..PairOptions::default()
         };
         let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);

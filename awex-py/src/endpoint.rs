@@ -314,7 +314,7 @@ impl Endpoint {
     #[pyo3(signature = (side, gateway, pair, rank, engine=0, *, token=None, model=None, model_json=None,
         train=None, train_backend=None, train_parallel=None,
         infer=None, infer_backend=None, infer_parallel=None,
-        transport=None, bucket_mib=None, host=None, timeout=None))]
+        transport=None, bucket_mib=None, host=None, timeout=None, deltas=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -336,6 +336,7 @@ impl Endpoint {
         bucket_mib: Option<u64>,
         host: Option<String>,
         timeout: Option<f64>,
+        deltas: Option<bool>,
     ) -> PyResult<Self> {
         let side = match side {
             "train" | "training" => Side::Training,
@@ -375,6 +376,7 @@ impl Endpoint {
             transport,
             bucket_mib,
             host,
+            deltas,
         };
         let rt = runtime(match side {
             Side::Training => "awex-writer",

@@ -62,6 +62,9 @@ pub(crate) struct RankArgs {
     pub transport: Option<String>,
     pub bucket_mib: Option<u64>,
     pub host: Option<String>,
+    /// Whether this rank takes part in delta updates (a pair with deltas on): `None` for the
+    /// default, a Writer yes (it keeps a host copy of what it sent), a Reader no.
+    pub deltas: Option<bool>,
 }
 
 /// Fills in a backend's default parallel keys, those that follow other keys included, so that
@@ -204,10 +207,13 @@ pub(crate) async fn resolve(args: &RankArgs) -> Result<RankConfig> {
             std::env::var("AWEX_GATEWAY_LOST_S").ok().as_deref(),
         )
         .map_err(|e| Fail::Value(e.to_string()))?,
-        // a training rank keeps a copy of what it sent; the engines' receivers load through
-        // the engines' own loaders, which may rewrite the weights after loading: they get every
-        // byte (their tensors do not provably hold what they received)
-        deltas: args.side == awex_core::layout::Side::Training,
+        // a training rank keeps a copy of what it sent; a Reader takes deltas only when its
+        // owner says that nothing but awex writes its registered tensors between updates (an
+        // engine whose loader rewrites weights after loading must not: its tensors do not
+        // provably hold what they received)
+        deltas: args
+            .deltas
+            .unwrap_or(args.side == awex_core::layout::Side::Training),
     })
 }
 

@@ -198,7 +198,6 @@ pub fn encode_bucket_from(
         let (lb, cb) = (lv.try_bytes()?, cv.try_bytes()?);
         let idx = &mut scratch.2;
         idx.clear();
-        let mut starts = Vec::new();
         let mut bad = false;
         sb.for_each_run(|s, d, n| {
             let (a, b) = ((s as usize) * es, ((s + n) as usize) * es);
@@ -206,7 +205,6 @@ pub fn encode_bucket_from(
                 (Some(o), Some(w)) => delta::changed_elements(o, w, es, d as u32, idx),
                 _ => bad = true,
             }
-            starts.push(s as usize * es);
         });
         if bad || e.numel() > u32::MAX as u64 {
             return Err(TransportError::Delta(format!(
@@ -222,7 +220,7 @@ pub fn encode_bucket_from(
                 es,
                 idx,
                 |i| {
-                    let at = starts[i / run] + (i % run) * es;
+                    let at = (sb.run_at((i / run) as u64).0 as usize + i % run) * es;
                     &lb[at..at + es]
                 },
                 out,
@@ -236,6 +234,125 @@ pub fn encode_bucket_from(
     Ok(st)
 }
 
+/// What a bucket's delta depends on at the sender: per piece, the source box, the dtypes and
+/// the encoding (not the receiving rank, nor where the receiver puts the bytes). Replicas of
+/// one inference layout (engines) get buckets with equal keys, hence equal deltas.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BucketKey(Vec<PieceKey>);
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PieceKey {
+    src: std::sync::Arc<str>,
+    offset: Dims,
+    extent: Dims,
+    src_dtype: DType,
+    dst_dtype: DType,
+    encode: Option<awex_core::plan::Encode>,
+}
+
+impl BucketKey {
+    /// The key of `bucket` of a peer plan's `transfers`.
+    pub fn of(bucket: &Bucket, transfers: &[Transfer]) -> Self {
+        BucketKey(
+            bucket
+                .pieces
+                .iter()
+                .map(|p| {
+                    let t = &transfers[p.transfer as usize];
+                    let (so, _, e) = piece_box(t, p);
+                    PieceKey {
+                        src: t.src_tensor.clone(),
+                        offset: so,
+                        extent: e,
+                        src_dtype: t.src_dtype,
+                        dst_dtype: t.dst_dtype,
+                        encode: t.encode.clone(),
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+/// One bucket's delta as the sender encoded it.
+#[derive(Debug, Default)]
+pub struct Encoded {
+    /// The delta's bytes.
+    pub bytes: Vec<u8>,
+    /// Its figures.
+    pub stats: DeltaStats,
+    /// Checksum of the dense bucket (the bytes the receiver ends with); 0 without checksums.
+    pub checksum: u64,
+}
+
+struct SharedEntry {
+    uses_left: usize,
+    value: Option<std::sync::Arc<Encoded>>,
+}
+
+/// The deltas of one update that more than one peer of a training rank takes (engines that
+/// replicate a layout receive the same source boxes): each is encoded once and kept until its
+/// last peer took it, so a rank compares its bytes once per update, not once per engine.
+/// Buckets only one peer takes are encoded by that peer and never kept.
+#[derive(Default)]
+pub struct SharedDeltas {
+    entries: HashMap<BucketKey, Mutex<SharedEntry>>,
+}
+
+impl SharedDeltas {
+    /// The shared keys among the buckets of each peer (`(buckets, transfers)` per peer).
+    pub fn new<'a>(peers: impl IntoIterator<Item = (&'a [Bucket], &'a [Transfer])>) -> Self {
+        let mut count: HashMap<BucketKey, usize> = HashMap::new();
+        for (buckets, transfers) in peers {
+            for b in buckets {
+                *count.entry(BucketKey::of(b, transfers)).or_default() += 1;
+            }
+        }
+        SharedDeltas {
+            entries: count
+                .into_iter()
+                .filter(|&(_, n)| n > 1)
+                .map(|(k, n)| {
+                    let e = SharedEntry {
+                        uses_left: n,
+                        value: None,
+                    };
+                    (k, Mutex::new(e))
+                })
+                .collect(),
+        }
+    }
+
+    /// Buckets two or more peers take.
+    pub fn shared(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The delta of `bucket`: encoded by `encode` on its first use (a peer asking meanwhile
+    /// waits for it), then handed to every other peer with the same key; dropped after the
+    /// last. A failed encode is not kept (the next peer tries again).
+    pub fn get(
+        &self,
+        bucket: &Bucket,
+        transfers: &[Transfer],
+        encode: impl FnOnce() -> Result<Encoded, RuntimeError>,
+    ) -> Result<std::sync::Arc<Encoded>, RuntimeError> {
+        let Some(entry) = self.entries.get(&BucketKey::of(bucket, transfers)) else {
+            return encode().map(std::sync::Arc::new);
+        };
+        let mut e = entry
+            .lock()
+            .map_err(|_| TransportError::Panicked("a peer encoding a shared delta"))?;
+        let v = match &e.value {
+            Some(v) => v.clone(),
+            None => std::sync::Arc::new(encode()?),
+        };
+        e.uses_left = e.uses_left.saturating_sub(1);
+        e.value = (e.uses_left > 0).then(|| v.clone());
+        Ok(v)
+    }
+}
+
 /// Where one segment's elements land: a box of a tensor.
 struct Target<'a> {
     view: &'a TensorView,
@@ -247,13 +364,8 @@ struct Target<'a> {
 
 impl Target<'_> {
     /// Element offset in the tensor of run `r` of the box.
-    fn run_at(&self, mut r: u64) -> u64 {
-        let mut d = self.sb.dst_base;
-        for &(c, _, ds) in &self.sb.outer[..self.sb.n_outer] {
-            d += (r % c) * ds;
-            r /= c;
-        }
-        d
+    fn run_at(&self, r: u64) -> u64 {
+        self.sb.run_at(r).1
     }
 
     /// Writes the consecutive elements `values` (wire dtype) from box element `first` on.

@@ -52,12 +52,10 @@ struct World {
 
 fn transport(
     kind: Kind,
-    side: Side,
     plan: Arc<awex_core::plan::RankPlan>,
     t: Arc<TensorSet>,
     ctl: &str,
 ) -> Box<dyn Transport> {
-    let _ = side;
     match kind {
         Kind::Shm => Box::new(ShmTransport::new(plan, t, 4096, ctl).unwrap()),
         Kind::Tcp => {
@@ -135,7 +133,7 @@ fn world(kind: Kind, train_dtype: DType) -> World {
             Kind::Tcp => TensorSet::allocate_host(&layout).unwrap(),
         });
         let ctl = format!("{}-t{}-ctl", w.tag, r.rank);
-        let mut t = transport(kind, Side::Training, plan, tensors.clone(), &ctl);
+        let mut t = transport(kind, plan, tensors.clone(), &ctl);
         t.authenticate(&w.secret);
         assert!(t.enable_deltas().unwrap());
         w.train_rdv.insert(r, t.rendezvous());
@@ -160,20 +158,20 @@ fn new_receiver(w: &World, r: RankId) -> Rank {
     let layout = w.pair_sides.1.rank_layout(r).unwrap();
     let plan = Arc::new(pair.plan_rank(Side::Inference, r).unwrap());
     let tensors = Arc::new(TensorSet::allocate_host(&layout).unwrap());
-    let mut t = transport(w.kind, Side::Inference, plan, tensors.clone(), "unused");
+    let mut t = transport(w.kind, plan, tensors.clone(), "unused");
     t.authenticate(&w.secret);
     assert!(t.enable_deltas().unwrap());
     assert!(t.holds_base());
     (layout, tensors, t)
 }
 
-/// Runs `version` with `bases`; returns the senders' and the receivers' results, each receiver's
-/// result checked against the canonical weights of the version.
-fn update(
+/// Runs `version` with `bases` within `limit`; returns the senders' and the receivers' results.
+fn run(
     w: &mut World,
     version: u64,
     bases: Option<&PeerBases>,
     checksums: bool,
+    limit: Duration,
 ) -> (Vec<ExecStats>, Vec<Result<ExecStats, String>>) {
     for (l, t, _) in &w.senders {
         fill_or_check_from(&w.weights, l, &w.cat, t, version, false).unwrap();
@@ -182,7 +180,7 @@ fn update(
     let ctx = ExecContext {
         version,
         attempt: w.attempt,
-        deadline: Instant::now() + Duration::from_secs(60),
+        deadline: Instant::now() + limit,
         cancel: &cancel,
         checksums,
         peers: &w.infer_rdv,
@@ -210,16 +208,32 @@ fn update(
             hr.into_iter().map(|h| h.join().unwrap()).collect(),
         )
     });
+    (
+        sent.into_iter().map(|r| r.unwrap_or_default()).collect(),
+        got.into_iter()
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect(),
+    )
+}
+
+/// Runs `version` with `bases`; returns the senders' and the receivers' results, each receiver's
+/// result checked against the canonical weights of the version.
+fn update(
+    w: &mut World,
+    version: u64,
+    bases: Option<&PeerBases>,
+    checksums: bool,
+) -> (Vec<ExecStats>, Vec<Result<ExecStats, String>>) {
+    let (sent, got) = run(w, version, bases, checksums, Duration::from_secs(60));
     let got = got
         .into_iter()
         .zip(&w.receivers)
         .map(|(r, (l, t, _))| {
-            let st = r.map_err(|e| e.to_string())?;
+            let st = r?;
             fill_or_check_from(&w.weights, l, &w.cat, t, version, true)?;
             Ok(st)
         })
         .collect();
-    let sent = sent.into_iter().map(|r| r.unwrap_or_default()).collect();
     (sent, got)
 }
 
@@ -257,6 +271,15 @@ fn delta_updates_equal_dense_ones_and_move_a_few_per_cent_over_shm_and_tcp() {
                 assert_eq!(
                     sent_bytes, total.bytes,
                     "{kind:?} both ends count the same bytes"
+                );
+                // the two engines replicate one layout: a sender compares each byte it sends as
+                // a delta once per update, not once per engine
+                let compared: u64 = sent.iter().map(|s| s.compared).sum();
+                let dense: u64 = sent.iter().map(|s| s.delta.dense_bytes).sum();
+                assert_eq!(
+                    2 * compared,
+                    dense,
+                    "{kind:?} v{v}: compared once per update"
                 );
                 if checksums {
                     let a = sent.iter().fold(0u64, |a, s| a.wrapping_add(s.checksum));
@@ -324,58 +347,9 @@ fn a_rank_outside_the_base_gets_every_byte_and_one_that_cannot_prove_it_refuses_
 /// Runs `version` with `bases` where receiver `bad` cannot prove its base; returns its error
 /// (the others' results are not checked: the version fails as a whole).
 fn update_expecting_refusal(w: &mut World, version: u64, bases: &PeerBases, bad: usize) -> String {
-    let (_, got) = update_with_deadline(w, version, bases, Duration::from_secs(5));
+    let (_, got) = run(w, version, Some(bases), false, Duration::from_secs(5));
     match &got[bad] {
         Ok(_) => panic!("receiver {bad} applied a delta it cannot prove the base of"),
         Err(e) => e.clone(),
     }
-}
-
-fn update_with_deadline(
-    w: &mut World,
-    version: u64,
-    bases: &PeerBases,
-    limit: Duration,
-) -> (Vec<ExecStats>, Vec<Result<ExecStats, String>>) {
-    for (l, t, _) in &w.senders {
-        fill_or_check_from(&w.weights, l, &w.cat, t, version, false).unwrap();
-    }
-    let cancel = AtomicBool::new(false);
-    let ctx = ExecContext {
-        version,
-        attempt: w.attempt,
-        deadline: Instant::now() + limit,
-        cancel: &cancel,
-        checksums: false,
-        peers: &w.infer_rdv,
-        corrupt: false,
-        bases: Some(bases),
-    };
-    let rctx = ExecContext {
-        peers: &w.train_rdv,
-        bases: None,
-        ..ExecContext { ..ctx }
-    };
-    let (sent, got): (Vec<_>, Vec<_>) = std::thread::scope(|s| {
-        let hs: Vec<_> = w
-            .senders
-            .iter_mut()
-            .map(|(_, _, t)| s.spawn(|| t.execute(&ctx)))
-            .collect();
-        let hr: Vec<_> = w
-            .receivers
-            .iter_mut()
-            .map(|(_, _, t)| s.spawn(|| t.execute(&rctx)))
-            .collect();
-        (
-            hs.into_iter().map(|h| h.join().unwrap()).collect(),
-            hr.into_iter().map(|h| h.join().unwrap()).collect(),
-        )
-    });
-    (
-        sent.into_iter().map(|r| r.unwrap_or_default()).collect(),
-        got.into_iter()
-            .map(|r| r.map_err(|e| e.to_string()))
-            .collect(),
-    )
 }

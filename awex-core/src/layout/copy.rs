@@ -146,6 +146,17 @@ impl StridedBox {
         self.run * self.runs()
     }
 
+    /// First elements of run `r` (row-major) in the source and the destination tensor.
+    pub fn run_at(&self, mut r: u64) -> (u64, u64) {
+        let (mut s, mut d) = (self.src_base, self.dst_base);
+        for &(c, ss, ds) in &self.outer[..self.n_outer] {
+            s += (r % c) * ss;
+            d += (r % c) * ds;
+            r /= c;
+        }
+        (s, d)
+    }
+
     /// Calls `f(src_elem, dst_elem, run_elems)` for every run, in row-major order.
     pub fn for_each_run(&self, mut f: impl FnMut(u64, u64, u64)) {
         let n = self.runs();

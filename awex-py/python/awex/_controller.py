@@ -40,6 +40,7 @@ class Controller:
         infer_config: Any = None,
         fp8_block: Sequence[int] | None = None,
         fp8_recipe: str | None = None,
+        deltas: bool = False,
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
@@ -55,7 +56,12 @@ class Controller:
         ``infer_config`` (the FP8 checkpoint's ``config.json`` path, HF directory or config
         dict) takes the encoding from its ``quantization_config`` instead; ``fp8_recipe`` names
         the quantiser (default ``vllm``, ``vllm-ue8m0`` for ``scale_fmt: ue8m0``). Every rank
-        takes the encoding from the pair. Returns the pair's status."""
+        takes the encoding from the pair.
+
+        ``deltas`` (``docs/deltas.md``): each update moves only the elements that changed since
+        the version an inference rank provably holds; ranks that hold none (new, restarted,
+        failed) get every byte. Training ranks keep a host copy of what they last sent (2 bytes
+        per parameter of their shard in bf16). Returns the pair's status."""
         return self._c.connect(
             pair,
             train,
@@ -67,6 +73,7 @@ class Controller:
             join_deadline_s=join_deadline_s,
             update_deadline_s=update_deadline_s,
             atomic=atomic,
+            deltas=deltas,
             **fp8_args(infer_quant, infer_config, fp8_block, fp8_recipe),
             **model_args(model),
         )

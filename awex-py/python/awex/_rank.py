@@ -33,6 +33,7 @@ class _Rank:
         bucket_mib: int | None = None,
         host: str | None = None,
         timeout: float | None = 60.0,
+        deltas: bool | None = None,
     ) -> None:
         own = {"backend": backend, "parallel": parallel_config(parallel, "parallel")}
         peer = {"backend": peer_backend, "parallel": parallel_config(peer_parallel, "peer_parallel")}
@@ -58,6 +59,7 @@ class _Rank:
             bucket_mib=bucket_mib,
             host=host,
             timeout=timeout,
+            deltas=deltas,
             **model_args(model),
             **sides,
         )
@@ -223,6 +225,12 @@ class Writer(_Rank):
 class Reader(_Rank):
     """An inference rank (rank ``rank`` of engine ``engine``): registers its local tensors
     (writable) and receives into them in place at every update. Same arguments as ``Writer``;
-    ``backend``/``parallel`` describe the inference side, ``peer_*`` the training side."""
+    ``backend``/``parallel`` describe the inference side, ``peer_*`` the training side.
+
+    ``deltas=True`` (a pair connected with ``deltas``, ``docs/deltas.md``): the registered
+    tensors hold exactly what this rank last received until the next update (nothing else
+    writes them), so updates may move only the changed elements; without it (the default) the
+    rank reports that it holds no base and gets every byte. A Writer takes part in deltas by
+    default (``deltas=False`` saves its host copy of what it sent)."""
 
     _SIDE = "infer"

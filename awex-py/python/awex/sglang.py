@@ -153,9 +153,13 @@ class _Config:
         self.gateway: str = gateway  # type: ignore[assignment]
         self.pair: str = pair  # type: ignore[assignment]
         self.token = os.environ.get("AWEX_TOKEN") or None
+        deltas = os.environ.get("AWEX_SGLANG_DELTAS", "1")
+        if deltas not in ("0", "1"):
+            raise RuntimeError(f"AWEX_SGLANG_DELTAS={deltas!r}: 1 (take delta updates, the default) or 0")
+        self.deltas = deltas == "1"
 
-    def key(self) -> tuple[str, str, int, str | None]:
-        return (self.gateway, self.pair, self.engine, self.token)
+    def key(self) -> tuple[str, str, int, str | None, bool]:
+        return (self.gateway, self.pair, self.engine, self.token, self.deltas)
 
 
 def _storage(t: Any) -> tuple[tuple[int, ...], str, int]:
@@ -189,7 +193,11 @@ class _Receiver:
         from ._rank import Reader
 
         tensors = [(n, t.detach()) for n, t in named_tensors(model)]
-        reader = Reader(self.cfg.gateway, self.cfg.pair, self.rank, engine=self.cfg.engine, token=self.cfg.token)
+        # SGLang's loader path writes the registered parameters only through awex (a rebound
+        # parameter is detected at the next update and gets a new Reader, which holds no
+        # base): the storage holds what was received, so deltas apply to it
+        reader = Reader(self.cfg.gateway, self.cfg.pair, self.rank, engine=self.cfg.engine, token=self.cfg.token,
+                        deltas=self.cfg.deltas)
         try:
             reader.register(tensors)
         except BaseException:
@@ -375,7 +383,9 @@ def receive(model: Any, named_tensors_: Any = None) -> None:
     Called by SGLang in every TP scheduler process with the live model and that rank's
     deserialised payload (the bytes travel over awex; the payload names the work, ``work_of``).
     Configured by ``AWEX_GATEWAY``, ``AWEX_PAIR``, ``AWEX_ENGINE`` (default 0) and
-    ``AWEX_TOKEN``.
+    ``AWEX_TOKEN``; ``AWEX_SGLANG_DELTAS=0`` makes the rank refuse delta updates (a pair
+    connected with ``deltas`` then sends it every byte; by default it takes them: the
+    parameters hold what awex wrote, ``docs/deltas.md``).
 
     - An empty payload (the gateway's warm-up trigger at connect): the first call creates the
       process-wide ``awex.Reader``, registers ``model.named_parameters()`` and joins the pair in

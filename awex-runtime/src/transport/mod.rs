@@ -98,6 +98,10 @@ pub struct ExecStats {
     /// Delta figures: the elements covered and changed, the bytes a dense update would have
     /// moved and what moved instead (zero when every bucket moved dense).
     pub delta: awex_core::encoding::DeltaStats,
+    /// Sending with deltas: bytes of the new version this rank compared against its base.
+    /// A bucket several peers take (engines replicating a layout) is compared once, so this
+    /// is at most `delta.dense_bytes`.
+    pub compared: u64,
 }
 
 impl ExecStats {
@@ -107,6 +111,7 @@ impl ExecStats {
         self.buckets += o.buckets;
         self.checksum = self.checksum.wrapping_add(o.checksum);
         self.delta.add(&o.delta);
+        self.compared += o.compared;
     }
 
     /// Bytes a dense update would have moved: `bytes` with every delta counted at its dense size.

@@ -18,11 +18,14 @@ use crate::bucket::{
     Bucket, Dest, dst_view, hash_destination, make_buckets, pack, piece_box, piece_scale_box,
     quantise_box,
 };
-use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len};
+use crate::delta::{
+    BucketKey, HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len,
+};
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
 use crate::{PlacementError, RuntimeError, ShmError, TensorError, TransportError};
 use awex_core::encoding::Fp8Quantiser;
+use awex_core::encoding::delta::DeltaStats;
 use awex_core::layout::RankId;
 use awex_core::layout::Side;
 use awex_core::layout::copy::copy_box;
@@ -403,6 +406,9 @@ impl ShmTransport {
         let mut deltas: Vec<u8> = Vec::new();
         let mut new = Vec::new();
         let mut scratch = (Vec::new(), Vec::new(), Vec::new());
+        // a bucket that several peers take (engines replicating a layout) is encoded once and
+        // its delta read by each of them from one place in the delta segment
+        let mut done: HashMap<BucketKey, (usize, usize, DeltaStats, u64)> = HashMap::new();
         for (pi, (peer, buckets)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
             let base = self
                 .base
@@ -411,45 +417,58 @@ impl ShmTransport {
             if let Some(w) = ctl.peer_base(pi as u64) {
                 w.store(base.unwrap_or(NONE), Ordering::Relaxed);
             }
-            if let (Some(v), Some(sb)) = (base, self.base.as_ref()) {
+            if let (Some(_), Some(sb)) = (base, self.base.as_ref()) {
                 // every bucket's delta against the copy, into the delta segment's image
                 for b in buckets {
                     ctx.check()?;
-                    let at = deltas.len();
-                    let d = encode_bucket_from(
-                        b,
-                        &peer.transfers,
-                        &self.tensors,
-                        sb.copy(),
-                        self.fp8.as_ref(),
-                        &mut deltas,
-                        &mut scratch,
-                    )?;
+                    let key = BucketKey::of(b, &peer.transfers);
+                    let (at, len, d, h) = match done.get(&key) {
+                        Some(&seen) => seen,
+                        None => {
+                            let at = deltas.len();
+                            let d = encode_bucket_from(
+                                b,
+                                &peer.transfers,
+                                &self.tensors,
+                                sb.copy(),
+                                self.fp8.as_ref(),
+                                &mut deltas,
+                                &mut scratch,
+                            )?;
+                            // checksums are of the bytes the receiver ends with: the dense bucket
+                            let h = if ctx.checksums {
+                                new.resize(b.bytes as usize, 0);
+                                let n = pack(
+                                    b,
+                                    &peer.transfers,
+                                    &self.tensors,
+                                    &mut new,
+                                    self.fp8.as_ref(),
+                                )?;
+                                xxhash_rust::xxh3::xxh3_64(&new[..n])
+                            } else {
+                                0
+                            };
+                            stats.compared += d.dense_bytes;
+                            let seen = (at, deltas.len() - at, d, h);
+                            done.insert(key, seen);
+                            seen
+                        }
+                    };
                     let (wo, wl) = ctl.delta_at(idx).ok_or(TransportError::ChecksumTable)?;
                     wo.store(at as u64, Ordering::Relaxed);
-                    wl.store((deltas.len() - at) as u64, Ordering::Relaxed);
+                    wl.store(len as u64, Ordering::Relaxed);
                     if ctx.checksums {
-                        // of the bytes the receiver ends with: the dense bucket
-                        new.resize(b.bytes as usize, 0);
-                        let n = pack(
-                            b,
-                            &peer.transfers,
-                            &self.tensors,
-                            &mut new,
-                            self.fp8.as_ref(),
-                        )?;
-                        let h = xxhash_rust::xxh3::xxh3_64(&new[..n]);
                         ctl.sum(idx)
                             .ok_or(TransportError::ChecksumTable)?
                             .store(h, Ordering::Relaxed);
                         stats.checksum = stats.checksum.wrapping_add(h);
                     }
                     stats.delta.add(&d);
-                    stats.bytes += (deltas.len() - at) as u64;
+                    stats.bytes += len as u64;
                     idx += 1;
                     stats.buckets += 1;
                 }
-                let _ = v;
                 continue;
             }
             for b in buckets {
@@ -622,24 +641,7 @@ impl ShmTransport {
                     corrupt_first_byte(b, &peer.transfers, &self.tensors);
                 }
                 if ctx.checksums {
-                    let h = hash_destination(b, &peer.transfers, &self.tensors)?;
-                    let want = remote
-                        .sums_at
-                        .checked_add(bi as u64)
-                        .and_then(|i| remote.ctl.sum(i))
-                        .ok_or_else(|| {
-                            RuntimeError::from(TransportError::NoChecksum {
-                                peer: peer.peer,
-                                bucket: bi,
-                            })
-                        })?
-                        .load(Ordering::Relaxed);
-                    if h != want {
-                        return Err(RuntimeError::Checksum {
-                            peer: peer.peer,
-                            bucket: bi as u64,
-                        });
-                    }
+                    let h = check_bucket(remote, peer, bi, b, &self.tensors)?;
                     stats.checksum = stats.checksum.wrapping_add(h);
                 }
                 stats.buckets += 1;
@@ -657,6 +659,36 @@ impl ShmTransport {
         }
         Ok(stats)
     }
+}
+
+/// The checksum of the bytes bucket `bi` from `peer` left in `tensors`, refused unless it is
+/// the one the sender published for that bucket.
+fn check_bucket(
+    remote: &Remote,
+    peer: &awex_core::plan::PeerPlan,
+    bi: usize,
+    b: &Bucket,
+    tensors: &TensorSet,
+) -> Result<u64, RuntimeError> {
+    let h = hash_destination(b, &peer.transfers, tensors)?;
+    let want = remote
+        .sums_at
+        .checked_add(bi as u64)
+        .and_then(|i| remote.ctl.sum(i))
+        .ok_or_else(|| {
+            RuntimeError::from(TransportError::NoChecksum {
+                peer: peer.peer,
+                bucket: bi,
+            })
+        })?
+        .load(Ordering::Relaxed);
+    if h != want {
+        return Err(RuntimeError::Checksum {
+            peer: peer.peer,
+            bucket: bi as u64,
+        });
+    }
+    Ok(h)
 }
 
 /// Applies one sender's deltas of this update (its delta segment, at the offsets its control
@@ -697,22 +729,7 @@ fn receive_deltas(
             corrupt_first_byte(b, &peer.transfers, tensors);
         }
         if ctx.checksums {
-            let h = hash_destination(b, &peer.transfers, tensors)?;
-            let want = i
-                .and_then(|i| remote.ctl.sum(i))
-                .ok_or_else(|| {
-                    RuntimeError::from(TransportError::NoChecksum {
-                        peer: peer.peer,
-                        bucket: bi,
-                    })
-                })?
-                .load(Ordering::Relaxed);
-            if h != want {
-                return Err(RuntimeError::Checksum {
-                    peer: peer.peer,
-                    bucket: bi as u64,
-                });
-            }
+            let h = check_bucket(remote, peer, bi, b, tensors)?;
             stats.checksum = stats.checksum.wrapping_add(h);
         }
         stats.delta.add(&d);

@@ -21,7 +21,10 @@
 use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, unpack};
-use crate::delta::{HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len};
+use crate::delta::{
+    Encoded, HeldBases, SenderBase, SharedDeltas, apply_bucket, check_base, encode_bucket_from,
+    max_len,
+};
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
 use awex_core::encoding::Fp8Quantiser;
@@ -88,6 +91,8 @@ struct PeerDelta<'a> {
     fp8: Option<&'a Fp8Quantiser>,
     /// sending: the version the peer holds and the copy holding it, when the peer gets deltas
     base: Option<(u64, &'a TensorSet)>,
+    /// sending: the deltas this rank's peers share (each encoded once per update)
+    shared: &'a SharedDeltas,
     /// receiving: what this rank's tensors hold per sender
     held: &'a HeldBases,
 }
@@ -490,6 +495,20 @@ impl TcpTransport {
         ctx: &ExecContext<'_>,
         per_peer: PeerFn,
     ) -> Result<ExecStats, (RankId, RuntimeError)> {
+        let base_of = |peer: RankId| {
+            self.base
+                .as_ref()
+                .and_then(|b| Some((b.base_for(ctx.bases, peer)?, b.copy())))
+        };
+        // the buckets more than one delta-taking peer shares (engines replicating a layout)
+        let shared = SharedDeltas::new(
+            plan.peers
+                .iter()
+                .zip(&self.buckets)
+                .filter(|(p, _)| base_of(p.peer).is_some())
+                .map(|(p, b)| (b.as_slice(), p.transfers.as_slice())),
+        );
+        let shared = &shared;
         let results: Vec<Result<ExecStats, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = streams
                 .into_iter()
@@ -499,10 +518,8 @@ impl TcpTransport {
                     let delta = PeerDelta {
                         bb: self.bucket_bytes,
                         fp8: self.fp8.as_ref(),
-                        base: self
-                            .base
-                            .as_ref()
-                            .and_then(|b| Some((b.base_for(ctx.bases, peer.peer)?, b.copy()))),
+                        base: base_of(peer.peer),
+                        shared,
                         held: &self.held,
                     };
                     scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, &delta))
@@ -780,26 +797,38 @@ fn send_peer(
                         (n, hash_if(ctx.checksums, &buf[..n]), None)
                     }
                     Some((v, copy)) => {
+                        let mut compared = 0;
+                        let enc = delta.shared.get(b, &peer.transfers, || {
+                            let mut bytes = Vec::new();
+                            let stats = encode_bucket_from(
+                                b,
+                                &peer.transfers,
+                                tensors,
+                                copy,
+                                fp8,
+                                &mut bytes,
+                                &mut scratch,
+                            )?;
+                            // checksums cover the bytes the receiver ends with: the dense bucket
+                            let checksum = if ctx.checksums {
+                                new.resize(cap, 0);
+                                let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
+                                hash_if(true, &new[..n])
+                            } else {
+                                0
+                            };
+                            compared = stats.dense_bytes;
+                            Ok(Encoded {
+                                bytes,
+                                stats,
+                                checksum,
+                            })
+                        })?;
+                        st.compared += compared;
+                        st.delta.add(&enc.stats);
                         buf.clear();
-                        let d = encode_bucket_from(
-                            b,
-                            &peer.transfers,
-                            tensors,
-                            copy,
-                            fp8,
-                            &mut buf,
-                            &mut scratch,
-                        )?;
-                        st.delta.add(&d);
-                        // checksums cover the bytes the receiver ends with: the dense bucket
-                        let h = if ctx.checksums {
-                            new.resize(cap, 0);
-                            let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
-                            hash_if(true, &new[..n])
-                        } else {
-                            0
-                        };
-                        (buf.len(), h, Some(v))
+                        buf.extend_from_slice(&enc.bytes);
+                        (buf.len(), enc.checksum, Some(v))
                     }
                 };
                 st.checksum = st.checksum.wrapping_add(h);

@@ -304,7 +304,8 @@ def wait_for(cond, timeout: float, what: str, check=lambda: None) -> None:
         time.sleep(0.5)
 
 
-def scenario(live: dict[str, Any], pair: str, infer: str, served_version, train: str = "fsdp:dp=2") -> None:
+def scenario(live: dict[str, Any], pair: str, infer: str, served_version, train: str = "fsdp:dp=2",
+             deltas: bool = False) -> None:
     """The live tests' story against one started server (``live``: ``dir``, ``model``,
     ``gateway``, ``url``, ``server``, ``procs``): the untouched server generates what
     transformers does with the saved model; a training job (``train``, a key of ``TRAINERS``:
@@ -313,14 +314,16 @@ def scenario(live: dict[str, Any], pair: str, infer: str, served_version, train:
     tokens equal, log-probabilities within ``LOGPROB_TOL``) and reported by
     ``served_version(url)``; version 4 runs while the job is killed: it fails, the server answers
     with version 3 and reports it; a restarted job (the same steps) retries, version 4 commits
-    and is served."""
+    and is served. With ``deltas`` the pair is connected with delta updates: versions 2 and 3
+    must move only what the optimiser step changed against the version the server holds (the
+    update's ``base``), and their measured density and bytes are printed."""
     import awex
 
     d, url, model = live["dir"], live["url"], live["model"]
     before = assert_serves(url, model, None, "before any update")
     ctl = awex.Controller(live["gateway"])
     ctl.connect(pair, model=model, train=train, infer=infer, transport="tcp", urls=[url], atomic=True,
-                join_deadline_s=UPDATE_S, update_deadline_s=60)
+                join_deadline_s=UPDATE_S, update_deadline_s=60, deltas=deltas)
     job = Job(d, live["gateway"], pair, model, versions=[1, 2, 3, 4], hold=4, train=train)
     try:
         ctl.wait_ready(UPDATE_S)
@@ -330,6 +333,17 @@ def scenario(live: dict[str, Any], pair: str, infer: str, served_version, train:
             st = ctl.update(v, timeout=UPDATE_S)
             assert st["state"] == "committed", st
             print(f"version {v} committed in {time.monotonic() - t0:.1f} s")
+            if deltas and v > 1:
+                # taken against the version the server provably holds, and counted
+                base, delta = st.get("base") or {}, st.get("delta") or {}
+                assert base.get("version") == v - 1 and not base.get("except"), st
+                dense, elements = delta["dense_bytes"]["inference"], delta["elements"]["inference"]
+                changed, moved = delta["changed"]["inference"], st["bytes"]["inference"]
+                assert elements > 0 and dense > 0, st
+                print(f"version {v}: a delta against version {v - 1}: {changed / elements:.2%} of the "
+                      f"elements changed, {moved} of {dense} dense bytes moved ({moved / dense:.2%})")
+            elif deltas:
+                assert not st.get("base"), f"the first update must move every byte: {st}"
             served[v] = assert_serves(url, model, os.path.join(d, f"v{v}.pt"), f"version {v}")
             assert served[v] != served[v - 1], f"versions {v - 1} and {v} generate the same tokens: the check cannot fail"
             assert served_version(url) == str(v)

@@ -18,7 +18,9 @@ sends three versions through the gateway, each served (``/v1/completions`` greed
 transformers' on the trainer's weights gathered to one process, log-probabilities within
 ``serve.LOGPROB_TOL``) and reported (``/model_info``'s ``weight_version``); the job killed
 mid-update fails the version, the server keeps serving the previous one and reports it again
-(the gateway sets the failed version's number back); the retry commits.
+(the gateway sets the failed version's number back); the retry commits. The pair has deltas on:
+versions 2 and 3 move only the elements the optimiser step changed (``awex.sglang.receive``
+applies them to the live parameters), and the test prints the density it measured.
 
 ``AWEX_SGLANG_SERVER_PKGS`` names the package folder (``.ci/engines`` sets it;
 ``AWEX_REQUIRE_LIVE=1`` makes a missing one fail instead of skip); ``AWEX_LIVE_TP`` (default 2)
@@ -111,4 +113,4 @@ def test_live_sglang_serves_each_committed_version_and_the_last_one_after_a_kill
     # returns (SGLang 0.5.23 ends the server on a loader exception) also when the version
     # failed: the scenario asserts that the gateway's `/update_weight_version` (sent with the
     # failed attempt's `end_weight_update`) has the server report version 3 again.
-    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version, train=TRAIN)
+    serve.scenario(live, PAIR, f"sglang:tp={TP},engines=1", served_version, train=TRAIN, deltas=True)

@@ -385,15 +385,16 @@ async fn demo(
                 ));
             }
         }
+        let dense_bytes = status.delta.map(|d| d.dense_bytes.inference);
         rows.push(UpdateRow {
             version,
             seconds,
             transfer_ms,
             bytes,
-            dense_bytes: status.delta.map(|d| d.dense_bytes.inference),
+            dense_bytes,
             density: status.delta.map(|d| d.density()),
             base: status.base.as_ref().map(|b| (b.version, b.except.len())),
-            gbps: bytes as f64 / seconds / 1e9,
+            gbps: dense_bytes.unwrap_or(bytes) as f64 / seconds / 1e9,
             verified,
             attempts,
             error,

@@ -26,7 +26,8 @@ pub struct UpdateRow {
     /// ranks did not hold it (they got every byte).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub base: Option<(u64, usize)>,
-    /// GB/s.
+    /// GB/s of the model's bytes: with `--deltas`, the bytes a dense update moves (so a delta
+    /// update that moved less in the same time reads faster, not slower).
     pub gbps: f64,
     /// Committed and every inference rank verified every byte.
     pub verified: bool,
