@@ -165,7 +165,7 @@ pub fn changed_elements(o: &[u8], w: &[u8], elem: usize, first: u32, out: &mut V
         x.copy_from_slice(&b[i * 8..i * 8 + 8]);
         u64::from_le_bytes(x)
     };
-    let mut push_word = |i: usize, x: u64, out: &mut Vec<u32>| {
+    let push_word = |i: usize, x: u64, out: &mut Vec<u32>| {
         for lane in 0..per {
             if (x >> (8 * elem * lane)) & mask != 0 {
                 out.push(first + (i * per + lane) as u32);
