@@ -945,3 +945,39 @@ fn fp8_flags_are_refused_clearly() {
         "has no quantization_config",
     );
 }
+
+#[test]
+fn plan_predicts_a_delta_update_from_a_density_and_refuses_one_outside_zero_to_one() {
+    // the default pair moves bf16 only: at the density the demo measures at lr 1e-6 (3.03 %)
+    // the format's size is what the demo's delta updates moved (4.73 % of the dense bytes)
+    let (code, out, err) = cli(&["plan", "--json", "--delta-density", "0.0303"]);
+    assert_eq!(code, 0, "{err}");
+    let j: Value = serde_json::from_str(&out).unwrap();
+    let f = j["delta"]["fraction_of_dense"].as_f64().unwrap();
+    assert!((0.046..0.049).contains(&f), "{f}");
+    let moved = j["moved_bytes"].as_f64().unwrap();
+    let expected = j["delta"]["expected_bytes"].as_f64().unwrap();
+    assert!((expected / moved - f).abs() < 1e-9);
+    // nothing changed: one count byte per 256 elements
+    let (_, out, _) = cli(&["plan", "--json", "--delta-density", "0"]);
+    let j: Value = serde_json::from_str(&out).unwrap();
+    let f0 = j["delta"]["fraction_of_dense"].as_f64().unwrap();
+    assert!((f0 - 1.0 / 512.0).abs() < 1e-6, "{f0}");
+    // the table says it too
+    let (code, out, _) = cli(&["plan", "--delta-density", "0.03"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("delta ") && out.contains("of the dense bytes"),
+        "{out}"
+    );
+    let (code, _, err) = cli(&["plan", "--delta-density", "1.5"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--delta-density 1.5 is outside [0, 1]"),
+        "{err}"
+    );
+    // without it, no prediction
+    let (_, out, _) = cli(&["plan", "--json"]);
+    let j: Value = serde_json::from_str(&out).unwrap();
+    assert!(j.get("delta").is_none());
+}

@@ -48,6 +48,12 @@ pub struct Args {
     /// receiver from bf16, as cuda-ipc does).
     #[arg(long, value_enum, default_value_t = EncodeAtArg::Auto)]
     pub fp8_encode_at: EncodeAtArg,
+    /// Predict a delta update (`docs/deltas.md`): the fraction of elements that changed since
+    /// the version the inference ranks hold (bf16 at lr 1e-6: about 0.03; the e4m3 bytes of an
+    /// FP8 side change less). Reports the bytes the delta format takes for the planned
+    /// transfers at that density, next to the dense bytes.
+    #[arg(long, value_name = "D")]
+    pub delta_density: Option<f64>,
 }
 
 /// `--fp8-encode-at`.
@@ -305,6 +311,47 @@ pub struct PlanSummary {
     /// With an FP8 inference side: what moves and lands per encoding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Fp8Bytes>,
+    /// With `--delta-density`: the predicted delta bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<PlanDelta>,
+    /// Bytes the plans move, by element size on the wire (e4m3 1, bf16 2, scales and fp32 4).
+    #[serde(skip)]
+    pub moved_by_element: std::collections::BTreeMap<usize, u64>,
+}
+
+/// A delta update predicted from the plan (`--delta-density`).
+#[derive(Serialize, Debug)]
+pub struct PlanDelta {
+    /// The fraction of elements that changed.
+    pub density: f64,
+    /// Bytes the delta format takes for every planned transfer at that density
+    /// (`awex_core::encoding::delta::expected_fraction` of each element size's bytes).
+    pub expected_bytes: u64,
+    /// `expected_bytes` over the dense `moved_bytes`.
+    pub fraction_of_dense: f64,
+}
+
+impl PlanSummary {
+    /// The delta update at `density` over this plan's transfers.
+    pub fn predict_delta(&self, density: f64) -> anyhow::Result<PlanDelta> {
+        if !(density.is_finite() && (0.0..=1.0).contains(&density)) {
+            anyhow::bail!("--delta-density {density} is outside [0, 1]");
+        }
+        let expected: f64 = self
+            .moved_by_element
+            .iter()
+            .map(|(&e, &b)| b as f64 * awex_core::encoding::delta::expected_fraction(density, e))
+            .sum();
+        Ok(PlanDelta {
+            density,
+            expected_bytes: expected.round() as u64,
+            fraction_of_dense: if self.moved_bytes == 0 {
+                0.0
+            } else {
+                expected / self.moved_bytes as f64
+            },
+        })
+    }
 }
 
 /// Bytes per encoding of an FP8 inference side (all inference ranks together).
@@ -402,6 +449,7 @@ pub fn summarise_with(r: &Resolved, encode_on_sender: bool) -> anyhow::Result<Pl
     // what the inference ranks' plans deliver, counted as `need` is (sender-encoded elements
     // in the canonical dtype)
     let mut delivered = 0u64;
+    let mut by_element = std::collections::BTreeMap::new();
     for rank in r.inference.ranks() {
         let p = time(Side::Inference, rank)?;
         for peer in &p.peers {
@@ -449,6 +497,12 @@ pub fn summarise_with(r: &Resolved, encode_on_sender: bool) -> anyhow::Result<Pl
             }
         }
         for t in p.peers.iter().flat_map(|p| &p.transfers) {
+            if t.scale_box().is_some() {
+                *by_element.entry(1).or_default() += t.numel();
+                *by_element.entry(4).or_default() += t.scale_bytes();
+            } else {
+                *by_element.entry(t.dst_dtype.size()).or_default() += t.bytes();
+            }
             delivered += if t.sender_encoded() {
                 t.numel() * r.catalogue.by_id(t.canonical).dtype.size() as u64
             } else {
@@ -501,6 +555,8 @@ pub fn summarise_with(r: &Resolved, encode_on_sender: bool) -> anyhow::Result<Pl
             .collect(),
         skipped_checkpoint_tensors: None,
         fp8,
+        delta: None,
+        moved_by_element: by_element,
     })
 }
 
@@ -590,10 +646,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let s = PlanSummary {
+    let mut s = PlanSummary {
         skipped_checkpoint_tensors: skipped,
         ..summarise_with(&r, on_sender)?
     };
+    if let Some(d) = args.delta_density {
+        s.delta = Some(s.predict_delta(d)?);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
@@ -631,6 +690,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         println!("required     {}", human_bytes(s.required_bytes as f64));
         println!("moved        {}", human_bytes(s.moved_bytes as f64));
+        if let Some(d) = &s.delta {
+            println!(
+                "delta        {} at {:.2} % of elements changed ({:.2} % of the dense bytes; docs/deltas.md)",
+                human_bytes(d.expected_bytes as f64),
+                d.density * 100.0,
+                d.fraction_of_dense * 100.0
+            );
+        }
         println!(
             "egress max   {}  (mean {}, {} of {} training ranks send)",
             human_bytes(s.max_egress_bytes as f64),
