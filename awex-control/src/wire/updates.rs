@@ -207,6 +207,20 @@ pub struct UpdateStatus {
     /// (`continue_generation`); a wait for the update answers once they were.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resuming: bool,
+    /// Pairs whose commit policy is `quorum:K` or `available`: the engines that failed this
+    /// attempt and are left out of it, each with why (a committed version is not served by
+    /// them: they are behind).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<EngineLeftOut>,
+}
+
+/// An engine left out of an update ([`UpdateStatus::left_out`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineLeftOut {
+    /// The engine index.
+    pub engine: u32,
+    /// Why: its rank's failure, its rank gone, or the deadline.
+    pub error: String,
 }
 
 /// Delta figures summed per side ([`UpdateStatus::delta`]).

@@ -181,7 +181,8 @@ impl Drop for PollSeen {
 }
 
 /// The holder `claim` of `slot` is gone: a running version it was told to run and has not
-/// finished cannot commit, so it fails now instead of at its deadline.
+/// finished cannot commit on its engine, so it fails now instead of at its deadline (with
+/// commit policies `quorum:K` and `available`, only its engine is left out).
 fn fail_unfinished_part(entry: &crate::server::state::PairEntry, slot: usize, claim: &str) {
     let mut p = entry.lock();
     if !p.roster.is_gone(slot) {
@@ -211,6 +212,6 @@ fn fail_unfinished_part(entry: &crate::server::state::PairEntry, slot: usize, cl
             "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), so this version cannot commit; start the rank again and retry the version",
             rank_name(side, rank)
         );
-        entry.fail(&mut p, reason);
+        entry.rank_failed(&mut p, slot, reason);
     }
 }
