@@ -578,16 +578,16 @@ fn commit_policy(
         return Ok(());
     }
     let why = if o.checksums {
-        "options.checksums compares the two sides' checksum sums, which are not per engine: a version left out by an engine could never commit; connect with checksums off, or with commit = all"
+        "options.checksums is on, and it compares the two sides' checksum sums, which are not per engine: a version left out by an engine could never commit; connect with checksums off, or with commit = all"
     } else if o.apply == crate::wire::ApplyMode::Atomic {
-        "options.apply = atomic: the `apply` event does not name the engines left out, so a failed engine's ranks would apply a version it did not receive whole; connect with apply = in_place, or with commit = all"
+        "options.apply is atomic, and the `apply` event does not name the engines left out, so a failed engine's ranks would apply a version it did not receive whole; connect with apply = in_place, or with commit = all"
     } else if !urls.is_empty() {
-        "inference.urls: the engines' pause and resume calls go to every server together, so a failed engine would be resumed with the others; connect without urls (ranks drive the engines), or with commit = all"
+        "inference.urls are given, and the engines' pause and resume calls go to every server together, so a failed engine would be resumed with the others; connect without urls (ranks drive the engines), or with commit = all"
     } else {
         return Ok(());
     };
     Err(ApiError::Unprocessable(format!(
-        "options.commit = `{policy}` is not supported with {why}"
+        "options.commit = `{policy}` is refused: {why}"
     )))
 }
 
