@@ -168,6 +168,7 @@ async fn rank(
                         attempt: e.attempt,
                         incarnation: None,
                         delta: None,
+                        unreached: Vec::new(),
                     };
                     client
                         .report(&pair, e.version.unwrap_or(0), &r)

@@ -84,6 +84,7 @@ fn report(side: Side, rank: RankId, attempt: u32) -> Report {
         attempt: Some(attempt),
         incarnation: None,
         delta: None,
+        unreached: Vec::new(),
     }
 }
 
@@ -366,7 +367,11 @@ async fn ready_fleet(c: &Client, name: &str, engines: u32) {
     c.connect(&req).await.unwrap();
     for e in 0..engines {
         let _ = c
-            .join_once(name, &jr(Side::Inference, RankId::infer(e, 0)), Duration::ZERO)
+            .join_once(
+                name,
+                &jr(Side::Inference, RankId::infer(e, 0)),
+                Duration::ZERO,
+            )
             .await
             .unwrap();
     }
@@ -432,7 +437,10 @@ fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits
         );
         let e = &st.engines;
         assert_eq!(e.len(), 3);
-        assert_eq!((e[0].serving_version, e[2].serving_version), (Some(1), Some(1)));
+        assert_eq!(
+            (e[0].serving_version, e[2].serving_version),
+            (Some(1), Some(1))
+        );
         assert_eq!(e[1].serving_version, None, "{:?}", e[1]);
         assert!(e[1].behind_since_unix_ms.is_some(), "{:?}", e[1]);
         assert!(
@@ -454,7 +462,11 @@ fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits
         // version 2 may have written part of every engine's weights: all are torn, so resume
         // refuses without accept_torn
         for x in e {
-            assert_eq!((x.state, x.torn_version), (EngineState::Torn, Some(2)), "{x:?}");
+            assert_eq!(
+                (x.state, x.torn_version),
+                (EngineState::Torn, Some(2)),
+                "{x:?}"
+            );
         }
         let refused = c.resume("fleet", false).await.unwrap_err();
         assert_eq!(refused.status(), Some(409), "{refused}");
@@ -486,7 +498,10 @@ fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits
             );
         }
         let m = c.metrics().await.unwrap();
-        assert!(m.contains("awex_gateway_engines{state=\"serving\"} 3"), "{m}");
+        assert!(
+            m.contains("awex_gateway_engines{state=\"serving\"} 3"),
+            "{m}"
+        );
         assert!(
             m.contains("awex_gateway_engine_serving_version{pair=\"fleet\",engine=\"1\"} 2"),
             "{m}"

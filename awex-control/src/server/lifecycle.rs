@@ -101,6 +101,9 @@ pub(crate) enum UpdateError {
     /// A successful report without the checksum the pair asks for.
     #[error("pair `{pair}` has checksums on: the successful report of {who} needs `checksum`")]
     ChecksumMissing { pair: String, who: String },
+    /// A report's `unreached` names no engine of the pair, or comes from an inference rank.
+    #[error("the report of {who} is refused: {why}")]
+    BadUnreached { who: String, why: String },
     /// A report for an attempt that is over.
     #[error("attempt {attempt} of version {version} is over; the current attempt is {current}")]
     AttemptOver {
@@ -320,6 +323,23 @@ impl PairEntry {
         if r.error.as_ref().is_some_and(|e| e.len() > MAX_ERROR_BYTES) {
             return Err(UpdateError::ErrorTooLong { who });
         }
+        if !r.unreached.is_empty() {
+            let why = if !self.slots.is_training(slot) {
+                Some("`unreached` is for training ranks, which name the engines they could not send to".to_string())
+            } else if let Some(e) = r.unreached.iter().find(|&&e| e >= self.slots.engines) {
+                Some(format!(
+                    "`unreached` names engine {e}, but the pair's engines are 0..{}",
+                    self.slots.engines
+                ))
+            } else if !r.ok {
+                Some("`unreached` goes with a successful part (`ok`: true); a failed part fails the version".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(UpdateError::BadUnreached { who, why });
+            }
+        }
         if self.request.options.checksums && r.ok && r.checksum.is_none() {
             return Err(UpdateError::ChecksumMissing {
                 pair: name.clone(),
@@ -441,6 +461,15 @@ impl PairEntry {
         u.checksums[side] = u.checksums[side].wrapping_add(r.checksum.unwrap_or(0));
         if r.ok {
             u.succeeded += 1;
+            for &e in &r.unreached {
+                let detail = r
+                    .error
+                    .as_deref()
+                    .map(|x| format!(": {x}"))
+                    .unwrap_or_default();
+                let why = format!("{who} could not reach engine {e}{detail}");
+                self.engine_failed(&mut p, e, why);
+            }
             self.settle(&mut p);
         } else {
             let why = r.error.unwrap_or_else(|| "no reason given".to_string());
@@ -944,13 +973,19 @@ impl PairEntry {
     /// `all`, or a training rank, the version fails; otherwise its engine is left out of the
     /// version, which commits on the others once they settle and the policy is met.
     pub(crate) fn rank_failed(&self, p: &mut Pair, slot: usize, why: String) {
-        let engine = match self.engine_of(slot) {
-            Some(e) if !self.request.options.commit.is_all() => e,
-            _ => {
-                self.fail(p, why);
-                return;
-            }
-        };
+        match self.engine_of(slot) {
+            Some(e) => self.engine_failed(p, e, why),
+            None => self.fail(p, why),
+        }
+    }
+
+    /// Engine `engine` failed the running attempt (`why`): with commit policy `all` the version
+    /// fails; otherwise the engine is left out of it, and the version settles if it can.
+    fn engine_failed(&self, p: &mut Pair, engine: u32, why: String) {
+        if self.request.options.commit.is_all() {
+            self.fail(p, why);
+            return;
+        }
         let Some(u) = p.updates.latest_mut() else {
             return;
         };
@@ -1199,6 +1234,7 @@ mod tests {
             attempt: Some(1),
             incarnation: None,
             delta: None,
+            unreached: Vec::new(),
         }
     }
 
@@ -1511,6 +1547,7 @@ mod tests {
             attempt: None,
             incarnation: None,
             delta: None,
+            unreached: Vec::new(),
         }
     }
 
@@ -1816,5 +1853,81 @@ mod tests {
                 (crate::wire::EngineState::Serving, Some(2))
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_training_rank_that_could_not_reach_an_engine_leaves_only_that_engine_out() {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(policy(CommitPolicy::Available, 60_000), 3, 1);
+        entry.start_update(1).expect("started");
+        let partial = Report {
+            unreached: vec![1],
+            error: Some("engine 1: connection reset by peer".into()),
+            ..training_report(0)
+        };
+        entry
+            .report(1, partial)
+            .expect("a partial success is accepted");
+        entry.report(1, training_report(1)).expect("accepted");
+        for e in 0..3 {
+            entry.report(1, engine_report(e, true)).expect("accepted");
+        }
+        // engine 1's own rank said it received, but a training rank's bytes never reached it
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+        let engines = engine_states(&entry);
+        assert_eq!(engines[1].state, EngineState::Torn);
+        assert_eq!(engines[1].serving_version, None);
+        assert!(
+            engines[1]
+                .last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("training rank 0 could not reach engine 1: engine 1: connection reset"),
+            "{:?}",
+            engines[1]
+        );
+        assert_eq!(engines[0].serving_version, Some(1));
+
+        // refused: from an inference rank, with a failure, or naming no engine of the pair
+        entry.start_update(2).expect("started");
+        for (bad, want) in [
+            (
+                Report {
+                    unreached: vec![0],
+                    ..engine_report(2, true)
+                },
+                "is for training ranks",
+            ),
+            (
+                Report {
+                    unreached: vec![3],
+                    ..training_report(0)
+                },
+                "names engine 3, but the pair's engines are 0..3",
+            ),
+            (
+                Report {
+                    unreached: vec![0],
+                    ok: false,
+                    ..training_report(0)
+                },
+                "goes with a successful part",
+            ),
+        ] {
+            let e = entry.report(2, bad).expect_err("refused");
+            assert!(matches!(e, UpdateError::BadUnreached { .. }), "{e:?}");
+            assert!(e.to_string().contains(want), "{e}");
+        }
+        assert_eq!(entry.lock().updates.history[&2].succeeded, 0);
+
+        // with `all`, an unreached engine fails the version
+        let entry = pair_of(PairOptions::default(), 3, 1);
+        entry.start_update(1).expect("started");
+        let partial = Report {
+            unreached: vec![2],
+            ..training_report(0)
+        };
+        entry.report(1, partial).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Failed);
     }
 }

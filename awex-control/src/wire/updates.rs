@@ -42,6 +42,12 @@ pub struct Report {
     /// holds the version's bytes exactly as sent, so the next update may be a delta against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<ReportDelta>,
+    /// Training ranks of pairs whose commit policy is `quorum:K` or `available`: engines this
+    /// rank could not reach (their ranks died or were cut off while it sent); the rest of its
+    /// part succeeded. Those engines are left out of the version (with `all`, the version
+    /// fails). Absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<u32>,
 }
 
 /// A rank's delta figures for one update ([`Report::delta`]).

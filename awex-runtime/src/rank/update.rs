@@ -307,6 +307,7 @@ impl Rank {
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
                 delta: delta(s),
+                unreached: Vec::new(),
             },
             Err(e) => Report {
                 side: self.cfg.side,
@@ -318,6 +319,7 @@ impl Rank {
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
                 delta: None,
+                unreached: Vec::new(),
             },
         };
         // a report that may have arrived is re-sent only after a transient failure: the gateway
