@@ -1070,13 +1070,21 @@ impl PairEntry {
 
     /// What `u` (a settled attempt) left each slot holding: its version, and per inference
     /// slot the claim id of the process that reported it applied it whole and keeps its bytes as
-    /// received (`ReportDelta::holds`; in atomic pairs: applied to its live tensors).
+    /// received (`ReportDelta::holds`; in atomic pairs: applied to its live tensors), unless its
+    /// engine was left out of the attempt.
     fn held_after(&self, u: &crate::server::store::updates::Update) -> (u64, Vec<Option<String>>) {
         let atomic = self.request.options.apply == ApplyMode::Atomic;
         let claims = (0..self.slots.total())
             .map(|i| {
                 let r = u.ranks.get(i)?;
+                // an engine left out of the attempt holds none of it (a training rank's bytes
+                // may not have reached it, though its own ranks reported success)
+                let left_out = self
+                    .engine_of(i)
+                    .and_then(|e| u.left_out.get(e as usize))
+                    .is_some_and(Option::is_some);
                 let held = !self.slots.is_training(i)
+                    && !left_out
                     && r.state == Some(true)
                     && r.delta.is_some_and(|d| d.holds)
                     && (!atomic || r.applied == Some(true));
@@ -1929,5 +1937,61 @@ mod tests {
         };
         entry.report(1, partial).expect("accepted");
         assert_eq!(state(&entry, 1), UpdateState::Failed);
+    }
+
+    #[tokio::test]
+    async fn an_engine_left_out_holds_no_delta_base_and_gets_every_byte_next() {
+        use crate::wire::{CommitPolicy, ReportDelta};
+        let entry = pair_of(
+            PairOptions {
+                deltas: true,
+                ..policy(CommitPolicy::Available, 60_000)
+            },
+            2,
+            1,
+        );
+        let holds = ReportDelta {
+            dense_bytes: 10,
+            elements: 5,
+            changed: 5,
+            holds: true,
+        };
+        entry.start_update(1).expect("started");
+        {
+            // as if each slot's holder had joined with a claim id
+            let mut p = entry.lock();
+            let u = p.updates.history.get_mut(&1).expect("version 1");
+            for (i, r) in u.ranks.iter_mut().enumerate() {
+                r.claim = Some(format!("claim-{i}"));
+            }
+        }
+        for e in 0..2 {
+            // engine 1's rank says it holds version 1, but training rank 0 never reached it
+            let r = Report {
+                delta: Some(holds),
+                incarnation: Some(format!("claim-{}", 2 + e)),
+                ..engine_report(e, true)
+            };
+            entry.report(1, r).expect("accepted");
+        }
+        let partial = Report {
+            unreached: vec![1],
+            incarnation: Some("claim-0".into()),
+            ..training_report(0)
+        };
+        entry.report(1, partial).expect("accepted");
+        let last = Report {
+            incarnation: Some("claim-1".into()),
+            ..training_report(1)
+        };
+        entry.report(1, last).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+        // engine 0's rank (slot 2) holds version 1; engine 1's (slot 3) holds none, so it is in
+        // the next update's `except` and gets every byte
+        let held = entry.held_after(&entry.lock().updates.history[&1]);
+        assert_eq!(
+            held,
+            (1, vec![None, None, Some("claim-2".to_string()), None])
+        );
     }
 }
