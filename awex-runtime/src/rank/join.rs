@@ -271,6 +271,7 @@ impl Rank {
             join_request: req,
             last_transfer: None,
             bases: None,
+            unreached: Vec::new(),
         })
     }
 }

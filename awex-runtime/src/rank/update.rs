@@ -100,8 +100,9 @@ impl Rank {
         work: Work,
         checksums: bool,
     ) -> Result<ExecStats, RuntimeError> {
-        if work.attempt > 1 {
-            // a restarted peer publishes new rendezvous values
+        if work.attempt > 1 || !self.unreached.is_empty() {
+            // a restarted peer publishes new rendezvous values (a retry, or an engine this rank
+            // could not reach last time: it may have been restarted since)
             if let Err(e) = self.refresh_peers().await {
                 return self
                     .report(
@@ -113,6 +114,8 @@ impl Rank {
                     )
                     .await;
             }
+        }
+        if work.attempt > 1 {
             // nccl: a fresh communicator per retry, its id shared through the kv
             if let Err(e) = self.attempt_kv(work).await {
                 return self.report(work, Err(e)).await;
@@ -125,6 +128,9 @@ impl Rank {
         let Some(mut transport) = self.transport.take() else {
             return self.report(work, Err(TransportError::Lost.into())).await;
         };
+        // a failed engine is left out of the version instead of failing it, where the pair's
+        // commit policy allows and the transport can
+        transport.tolerate_lost_engines(!self.joined.options.commit.is_all());
         let peers = self.peers.clone();
         let bases = self
             .bases
@@ -197,6 +203,7 @@ impl Rank {
             self.last_transfer = Some((work, t_moved.elapsed()));
         }
         let stages = transport.stages();
+        self.unreached = transport.unreached();
         self.transport = Some(transport);
         let received = self.report(work, result).await?;
         if !stages {
@@ -307,7 +314,7 @@ impl Rank {
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
                 delta: delta(s),
-                unreached: Vec::new(),
+                unreached: self.unreached.clone(),
             },
             Err(e) => Report {
                 side: self.cfg.side,

@@ -237,6 +237,21 @@ pub trait Transport: Send {
         false
     }
 
+    /// Training ranks of pairs whose commit policy leaves failed engines out (`quorum:K`,
+    /// `available`): with `on`, a peer this rank cannot reach (its connection refused or broken,
+    /// not an abort or the deadline) no longer fails the whole part; the others' transfers go
+    /// on and [`Transport::unreached`] names its engine. Answers whether this transport does
+    /// so; one that does not (the default) keeps failing the part on any peer's failure.
+    fn tolerate_lost_engines(&mut self, _on: bool) -> bool {
+        false
+    }
+
+    /// The engines the last [`Transport::execute`] could not reach (see
+    /// [`Transport::tolerate_lost_engines`]), ascending; empty by default.
+    fn unreached(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
     /// Releases every resource (sockets, segments, handles).
     fn close(&mut self);
 }
