@@ -64,8 +64,7 @@ pub struct Rank {
     /// event taken, and the work it was announced with.
     bases: Option<(Work, crate::delta::PeerBases)>,
     /// Training ranks: engines the last update could not reach (commit policies `quorum:K`,
-    /// `available`); their ranks' rendezvous values are read again before the next update, as
-    /// a restarted rank publishes new ones.
+    /// `available`), reported with it (`Report::unreached`).
     unreached: Vec<u32>,
     /// The event poll this rank's process keeps open while it holds its slot.
     _presence: Presence,

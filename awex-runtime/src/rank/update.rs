@@ -100,9 +100,11 @@ impl Rank {
         work: Work,
         checksums: bool,
     ) -> Result<ExecStats, RuntimeError> {
-        if work.attempt > 1 || !self.unreached.is_empty() {
-            // a restarted peer publishes new rendezvous values (a retry, or an engine this rank
-            // could not reach last time: it may have been restarted since)
+        let tolerant = !self.joined.options.commit.is_all();
+        if work.attempt > 1 || tolerant {
+            // a restarted peer publishes new rendezvous values (a retry; or, where engines may
+            // be left out of a version, before every update: an engine left out may have been
+            // restarted since, and a sender whose bytes it took before it died never knew)
             if let Err(e) = self.refresh_peers().await {
                 return self
                     .report(

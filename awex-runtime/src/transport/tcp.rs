@@ -67,6 +67,8 @@ pub struct TcpTransport {
     addr: Option<String>,
     incoming: Streams,
     outgoing: HashMap<RankId, TcpStream>,
+    /// the rendezvous value each outgoing connection was opened with
+    connected: HashMap<RankId, serde_json::Value>,
     stop: Arc<AtomicBool>,
     secret: Arc<Mutex<Option<PairSecret>>>,
     refused: Arc<AtomicU64>,
@@ -289,6 +291,7 @@ impl TcpTransport {
             addr: None,
             incoming: Arc::new((Mutex::new(HashMap::new()), Condvar::new())),
             outgoing: HashMap::new(),
+            connected: HashMap::new(),
             stop: Arc::new(AtomicBool::new(false)),
             secret: Arc::new(Mutex::new(None)),
             refused: Arc::new(AtomicU64::new(0)),
@@ -353,7 +356,14 @@ impl TcpTransport {
                 let _ = old.shutdown(std::net::Shutdown::Both);
             }
         } else if self.outgoing.contains_key(&peer.peer) {
-            return Ok(());
+            if self.connected.get(&peer.peer) == ctx.peers.get(&peer.peer) {
+                return Ok(());
+            }
+            // the peer published new rendezvous values since (a restarted process): the old
+            // connection leads to the process it replaced
+            if let Some(old) = self.outgoing.remove(&peer.peer) {
+                let _ = old.shutdown(std::net::Shutdown::Both);
+            }
         }
         let addr = ctx
             .peers
@@ -407,6 +417,9 @@ impl TcpTransport {
             .into());
         }
         self.outgoing.insert(peer.peer, s);
+        if let Some(v) = ctx.peers.get(&peer.peer) {
+            self.connected.insert(peer.peer, v.clone());
+        }
         Ok(())
     }
 

@@ -157,6 +157,7 @@ async fn demo(
                     bucket_mib: a.bucket_mib,
                     checksums: a.checksums,
                     deltas: a.deltas,
+                    commit: a.commit,
                     apply: if a.atomic {
                         ApplyMode::Atomic
                     } else {
@@ -222,6 +223,9 @@ async fn demo(
             && let Some(v) = a.fault_corrupt_version
         {
             c.args(["--corrupt-version", &v.to_string()]);
+        }
+        if a.fault_kill_infer_engine == Some(rank.engine) && rank.rank == 0 {
+            c.args(["--die-at-version", &a.fault_version.to_string()]);
         }
         workers.children.push((
             format!("infer {rank}"),
@@ -299,7 +303,15 @@ async fn demo(
                 )?
                 .spawn()?;
                 workers.children.push((name, c));
-                wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
+                wait_rejoined(
+                    &client,
+                    &pair,
+                    Side::Training,
+                    RankId::train(k),
+                    restarted,
+                    &mut workers,
+                )
+                .await?;
                 // what the failed attempt left behind: the pair's torn mark, and whether every
                 // inference rank's live tensors still hold the last committed version
                 let torn = client.status(&pair).await?.torn_version == Some(version);
@@ -339,6 +351,9 @@ async fn demo(
                     dense_bytes: None,
                     density: None,
                     base: None,
+                    left_out: Vec::new(),
+                    behind: None,
+                    caught_up: None,
                 });
                 continue;
             }
@@ -356,6 +371,9 @@ async fn demo(
                 error: Some(error),
                 torn: None,
                 live_intact: None,
+                left_out: Vec::new(),
+                behind: None,
+                caught_up: None,
             });
             break;
         }
@@ -367,12 +385,17 @@ async fn demo(
         {
             checksums_compared += 1;
         }
-        // every inference rank checks every byte, after its report
+        // every inference rank checks every byte, after its report (but those of engines left
+        // out of the version: they do not serve it)
+        let left_out: Vec<u32> = status.left_out.iter().map(|l| l.engine).collect();
         let mut verified = true;
         let mut error = None;
         // the slowest inference rank's data plane, when every rank timed its own
         let mut transfer_ms = Some(0.0f64);
         for rank in r.inference.ranks() {
+            if left_out.contains(&rank.engine) {
+                continue;
+            }
             let key = format!("verify.{}.{}", rank.engine, rank.rank);
             let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
             let t = e.value.get("transfer_ms").and_then(|v| v.as_f64());
@@ -385,7 +408,60 @@ async fn demo(
                 ));
             }
         }
+        // fault drill: the killed engine is reported behind, then restarted to catch up
+        let mut behind = None;
+        let mut caught_up = None;
+        if let Some(e) = a.fault_kill_infer_engine {
+            let st = client.status(&pair).await?;
+            if version == a.fault_version {
+                behind = Some(st.engines.get(e as usize).is_some_and(|x| {
+                    x.state != awex_control::wire::EngineState::Serving
+                        && x.serving_version != Some(version)
+                }));
+                let rank = RankId::infer(e, 0);
+                let name = format!("infer {rank}");
+                if let Some(pos) = workers.children.iter().position(|(n, _)| *n == name) {
+                    let (_, mut old) = workers.children.remove(pos);
+                    let _ = old.wait();
+                }
+                let restarted = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                let i = r
+                    .inference
+                    .ranks()
+                    .iter()
+                    .position(|x| *x == rank)
+                    .unwrap_or(0);
+                let c = worker_command(
+                    a,
+                    &gateway,
+                    &pair,
+                    &token,
+                    "infer",
+                    rank,
+                    gpus.of_rank(Side::Inference, i),
+                    first_version(a),
+                )?
+                .spawn()?;
+                workers.children.push((name, c));
+                wait_rejoined(&client, &pair, Side::Inference, rank, restarted, &mut workers)
+                    .await?;
+                progress.say(&format!(
+                    "version {version}: engine {e} left out and reported behind; its rank restarted"
+                ));
+            } else if version == a.fault_version + 1 {
+                caught_up = Some(st.engines.iter().all(|x| {
+                    x.state == awex_control::wire::EngineState::Serving
+                        && x.serving_version == Some(version)
+                }));
+            }
+        }
         rows.push(UpdateRow {
+            left_out,
+            behind,
+            caught_up,
             version,
             seconds,
             transfer_ms,
@@ -463,6 +539,9 @@ async fn demo(
         shared_memory: checks::shared_memory(&leaked, &prefix),
         dumps: a.dump_dir.as_ref().map(|d| dump::check(d, r, last)),
         deltas: a.deltas.then(|| checks::deltas(&rows)),
+        engines: a
+            .fault_kill_infer_engine
+            .map(|e| checks::engines(&rows, e, a.fault_version)),
     };
     let median = {
         let mut g: Vec<f64> = rows.iter().filter(|u| u.verified).map(|u| u.gbps).collect();

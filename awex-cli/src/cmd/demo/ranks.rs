@@ -40,10 +40,11 @@ impl Workers {
     }
 }
 
-/// Waits until a restarted training rank joined again (after `since`, ms since the epoch).
+/// Waits until a restarted rank joined again (after `since`, ms since the epoch).
 pub async fn wait_rejoined(
     client: &Client,
     pair: &str,
+    side: awex_core::layout::Side,
     rank: RankId,
     since: u64,
     workers: &mut Workers,
@@ -52,7 +53,7 @@ pub async fn wait_rejoined(
     loop {
         let s = client.status(pair).await?;
         if s.roster.iter().any(|e| {
-            e.side == awex_core::layout::Side::Training
+            e.side == side
                 && e.rank == rank
                 && e.joined_unix_ms >= since
         }) {
@@ -62,7 +63,7 @@ pub async fn wait_rejoined(
             bail!("{e} before rejoining");
         }
         if Instant::now() > stop_by {
-            bail!("training rank {rank} did not rejoin within 60 s");
+            bail!("{side} rank {rank} did not rejoin within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
