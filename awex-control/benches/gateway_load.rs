@@ -175,7 +175,7 @@ async fn rank(
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                EventKind::Abort | EventKind::Apply => {}
+                EventKind::Abort | EventKind::Apply | EventKind::LeftOut => {}
                 EventKind::Disconnect => return Ok(()),
             }
         }

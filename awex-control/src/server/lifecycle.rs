@@ -992,11 +992,22 @@ impl PairEntry {
         if u.state != UpdateState::Running {
             return;
         }
-        let version = u.version;
-        if let Some(x) = u.left_out.get_mut(engine as usize) {
-            if x.is_none() {
-                tracing::warn!(pair = %self.name, version, engine, error = %why, "engine left out of the update");
-                *x = Some(why);
+        let (version, attempt) = (u.version, u.attempt);
+        if let Some(x) = u.left_out.get_mut(engine as usize)
+            && x.is_none()
+        {
+            tracing::warn!(pair = %self.name, version, engine, error = %why, "engine left out of the update");
+            *x = Some(why.clone());
+            // the training ranks stop sending to it and waiting for it
+            self.publish(
+                p,
+                EventKind::LeftOut,
+                Some(version),
+                Some(attempt),
+                Some(why),
+            );
+            if let Some(ev) = p.events.events.back_mut() {
+                ev.engines = vec![engine];
             }
         }
         p.changed(Op::Update(version));

@@ -272,6 +272,7 @@ impl Rank {
             last_transfer: None,
             bases: None,
             unreached: Vec::new(),
+            lost: Default::default(),
         })
     }
 }

@@ -132,7 +132,8 @@ impl Rank {
         };
         // a failed engine is left out of the version instead of failing it, where the pair's
         // commit policy allows and the transport can
-        transport.tolerate_lost_engines(!self.joined.options.commit.is_all());
+        self.lost.clear();
+        transport.tolerate_lost_engines(tolerant.then(|| self.lost.clone()));
         let peers = self.peers.clone();
         let bases = self
             .bases
@@ -165,6 +166,7 @@ impl Rank {
             let mut after = self.last_seq;
             let me = self.incarnation().to_string();
             let watched = self.watched_seq.clone();
+            let lost = self.lost.clone();
             move |stop: Arc<AtomicBool>| async move {
                 while !stop.load(Ordering::Acquire) {
                     let polled = client
@@ -174,6 +176,17 @@ impl Rank {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             watched.fetch_max(after, Ordering::AcqRel);
+                            for ev in &r.events {
+                                // an engine left out: stop sending to it and waiting for it
+                                if ev.kind == EventKind::LeftOut
+                                    && ev.version == Some(work.version)
+                                    && ev.attempt.unwrap_or(1) == work.attempt
+                                {
+                                    for &e in &ev.engines {
+                                        lost.insert(e);
+                                    }
+                                }
+                            }
                             let aborted = r.events.iter().any(|ev| match ev.kind {
                                 // (an earlier attempt's abort stays in the stream: a rank
                                 // told its attempt directly starts watching before it)
@@ -182,7 +195,7 @@ impl Rank {
                                         && ev.attempt.unwrap_or(1) >= work.attempt
                                 }
                                 EventKind::Disconnect => true,
-                                EventKind::Update | EventKind::Apply => false,
+                                EventKind::Update | EventKind::Apply | EventKind::LeftOut => false,
                             });
                             if aborted {
                                 cancel.store(true, Ordering::Release);

@@ -819,8 +819,8 @@ impl Transport for EncodingTransport {
         self.inner.holds_base()
     }
 
-    fn tolerate_lost_engines(&mut self, on: bool) -> bool {
-        self.inner.tolerate_lost_engines(on)
+    fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
+        self.inner.tolerate_lost_engines(lost)
     }
 
     fn unreached(&self) -> Vec<u32> {

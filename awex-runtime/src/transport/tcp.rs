@@ -84,6 +84,8 @@ pub struct TcpTransport {
     tolerate: bool,
     /// the engines the last send could not reach
     unreached: std::collections::BTreeSet<u32>,
+    /// the engines the gateway left out of the running version
+    lost: Option<Arc<super::LostEngines>>,
 }
 
 /// What a peer stream's end needs besides its plan, tensors and socket: the bucket size, the
@@ -301,6 +303,7 @@ impl TcpTransport {
             deltas: false,
             tolerate: false,
             unreached: Default::default(),
+            lost: None,
         };
         if t.side == Side::Inference {
             let listener =
@@ -428,6 +431,13 @@ impl TcpTransport {
         self.unreached.clear();
         let mut streams: Vec<(usize, TcpStream)> = Vec::new();
         for (i, peer) in plan.peers.iter().enumerate() {
+            let lost = self
+                .lost
+                .as_ref()
+                .is_some_and(|l| l.contains(peer.peer.engine));
+            if lost {
+                self.unreached.insert(peer.peer.engine);
+            }
             if self.unreached.contains(&peer.peer.engine) {
                 // its engine is out of this version: close the stream, so that the engine's
                 // other ranks stop waiting for it now (a fresh one opens next time)
@@ -1064,8 +1074,9 @@ impl Transport for TcpTransport {
         self.deltas && self.side == Side::Inference
     }
 
-    fn tolerate_lost_engines(&mut self, on: bool) -> bool {
-        self.tolerate = on && self.side == Side::Training;
+    fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
+        self.tolerate = lost.is_some() && self.side == Side::Training;
+        self.lost = lost.filter(|_| self.tolerate);
         self.tolerate
     }
 

@@ -116,7 +116,11 @@ pub fn engines(rows: &[UpdateRow], engine: u32, fault_version: u64) -> Check {
             } else {
                 "did NOT commit"
             },
-            if left_out { "only it" } else { "NOT as expected" },
+            if left_out {
+                "only it"
+            } else {
+                "NOT as expected"
+            },
             if behind { "reported" } else { "NOT reported" },
             if caught_up {
                 "caught up, every byte verified,"

@@ -446,8 +446,15 @@ async fn demo(
                 )?
                 .spawn()?;
                 workers.children.push((name, c));
-                wait_rejoined(&client, &pair, Side::Inference, rank, restarted, &mut workers)
-                    .await?;
+                wait_rejoined(
+                    &client,
+                    &pair,
+                    Side::Inference,
+                    rank,
+                    restarted,
+                    &mut workers,
+                )
+                .await?;
                 progress.say(&format!(
                     "version {version}: engine {e} left out and reported behind; its rank restarted"
                 ));

@@ -52,11 +52,10 @@ pub async fn wait_rejoined(
     let stop_by = Instant::now() + Duration::from_secs(60);
     loop {
         let s = client.status(pair).await?;
-        if s.roster.iter().any(|e| {
-            e.side == side
-                && e.rank == rank
-                && e.joined_unix_ms >= since
-        }) {
+        if s.roster
+            .iter()
+            .any(|e| e.side == side && e.rank == rank && e.joined_unix_ms >= since)
+        {
             return Ok(());
         }
         if let Some(e) = workers.exited() {
