@@ -76,6 +76,10 @@ pub struct Args {
     /// behind; then the rank is restarted and catches up in the next update.
     #[arg(long, hide = true)]
     pub fault_kill_infer_engine: Option<u32>,
+    /// Fault drill: SIGSTOP inference rank E/0 of each of these engines as update
+    /// `--fault-version` starts; SIGCONT them once it settled, and retry it if it failed.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub fault_stop_infer_engines: Vec<u32>,
     /// Fault drill: SIGKILL this training rank during update `--fault-version`, then restart it
     /// and retry that version.
     #[arg(long, hide = true)]

@@ -262,6 +262,12 @@ async fn demo(
             .start_update(&pair, version)
             .await
             .with_context(|| format!("starting version {version}"))?;
+        // fault drill: the engines' ranks stop as the update starts (silent, not gone)
+        let stopped = if version == a.fault_version && attempts == 1 {
+            signal_infer_ranks(&workers, &a.fault_stop_infer_engines, libc::SIGSTOP)
+        } else {
+            Vec::new()
+        };
         let status = client
             .wait_update(
                 &pair,
@@ -270,6 +276,42 @@ async fn demo(
             )
             .await?;
         let seconds = t0.elapsed().as_secs_f64();
+        if !stopped.is_empty() {
+            signal_infer_ranks(&workers, &a.fault_stop_infer_engines, libc::SIGCONT);
+        }
+        if !stopped.is_empty() && status.state != UpdateState::Committed {
+            // nothing is reported serving the version that did not commit; then retry it
+            let st = client.status(&pair).await?;
+            let none_serving = st.engines.iter().all(|e| {
+                e.serving_version != Some(version)
+                    && (e.state != awex_control::wire::EngineState::Serving
+                        || e.serving_version == st.serving_version)
+            });
+            let error = status.error.clone().unwrap_or_else(|| "failed".into());
+            progress.say(&format!(
+                "version {version} attempt {attempts} failed after {seconds:.2} s with engines {stopped:?} stopped: {error}"
+            ));
+            rows.push(UpdateRow {
+                version,
+                seconds,
+                transfer_ms: None,
+                bytes: 0,
+                dense_bytes: None,
+                density: None,
+                base: None,
+                gbps: 0.0,
+                verified: false,
+                attempts,
+                error: Some(error),
+                torn: Some(st.torn_version == Some(version)),
+                live_intact: None,
+                left_out: status.left_out.iter().map(|l| l.engine).collect(),
+                behind: None,
+                caught_up: None,
+                none_serving: Some(none_serving),
+            });
+            continue;
+        }
         if status.state != UpdateState::Committed {
             let error = status.error.clone().unwrap_or_else(|| "failed".into());
             progress.say(&format!(
@@ -354,6 +396,7 @@ async fn demo(
                     left_out: Vec::new(),
                     behind: None,
                     caught_up: None,
+                    none_serving: None,
                 });
                 continue;
             }
@@ -374,6 +417,7 @@ async fn demo(
                 left_out: Vec::new(),
                 behind: None,
                 caught_up: None,
+                none_serving: None,
             });
             break;
         }
@@ -469,6 +513,7 @@ async fn demo(
             left_out,
             behind,
             caught_up,
+            none_serving: None,
             version,
             seconds,
             transfer_ms,
@@ -577,4 +622,19 @@ async fn demo(
         leaked_segments: leaked,
         worker_errors,
     })
+}
+
+/// Sends `signal` to inference rank E/0 of each engine in `engines`; the engines signalled.
+fn signal_infer_ranks(workers: &Workers, engines: &[u32], signal: libc::c_int) -> Vec<u32> {
+    let mut done = Vec::new();
+    for &e in engines {
+        let name = format!("infer {}", RankId::infer(e, 0));
+        if let Some((_, c)) = workers.children.iter().find(|(n, _)| *n == name) {
+            // SAFETY: a signal to a child process this demo spawned and still holds.
+            if unsafe { libc::kill(c.id() as libc::pid_t, signal) } == 0 {
+                done.push(e);
+            }
+        }
+    }
+    done
 }

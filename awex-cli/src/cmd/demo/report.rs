@@ -54,6 +54,10 @@ pub struct UpdateRow {
     /// the restarted one too, serves this version (it caught up), every byte verified.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub caught_up: Option<bool>,
+    /// `--fault-stop-infer-engines`, a failed attempt: whether no engine was reported serving
+    /// the version (each kept the version it applied whole, or is shown torn).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub none_serving: Option<bool>,
 }
 
 /// The `--json` report.

@@ -10,6 +10,7 @@ use crate::server::extract::{PathParams, QueryParams, wait_ms};
 use crate::server::state::AppState;
 use crate::server::store::roster::rank_name;
 use crate::wire::CLAIM_HEADER;
+use awex_core::layout::Side;
 use crate::wire::{EventsResponse, PairState, UpdateState};
 use axum::Json;
 use axum::extract::State;
@@ -208,8 +209,13 @@ fn fail_unfinished_part(entry: &crate::server::state::PairEntry, slot: usize, cl
             .and_then(Option::as_ref)
             .and_then(|j| j.pid)
             .map_or("unknown".to_string(), |p| p.to_string());
+        let consequence = if entry.request.options.commit.is_all() || side == Side::Training {
+            "so this version cannot commit; start the rank again and retry the version"
+        } else {
+            "so its engine is left out of this version; start the rank again: its engine catches up in the next update"
+        };
         let reason = format!(
-            "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), so this version cannot commit; start the rank again and retry the version",
+            "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), {consequence}",
             rank_name(side, rank)
         );
         entry.rank_failed(&mut p, slot, reason);
