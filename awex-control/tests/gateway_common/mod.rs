@@ -272,6 +272,7 @@ pub async fn rank(
                     }
                 }
                 EventKind::Abort => log.push(format!("abort {v}/{a}")),
+                EventKind::LeftOut => log.push(format!("left_out {v}/{a} {:?}", e.engines)),
                 EventKind::Disconnect => {
                     log.push("disconnect".into());
                     return Ok(log);
