@@ -8,7 +8,8 @@ use crate::spec::ModelArg;
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::wire::{
-    ApplyMode, CommitPolicy, PairOptions, PairState, RankReportState, Transport, UpdateState, UpdateStatus,
+    ApplyMode, CommitPolicy, PairOptions, PairState, RankReportState, Transport, UpdateState,
+    UpdateStatus,
 };
 use awex_core::backend::BackendSpec;
 use awex_core::layout::Side;
@@ -149,8 +150,7 @@ impl Controller {
             } else {
                 ApplyMode::InPlace
             },
-            commit: CommitPolicy::parse(commit)
-                .map_err(|e| Fail::Value(format!("commit: {e}")))?,
+            commit: CommitPolicy::parse(commit).map_err(|e| Fail::Value(format!("commit: {e}")))?,
             ..PairOptions::default()
         };
         let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);
