@@ -364,6 +364,43 @@ fn detect_refuses_a_missing_checkpoint_and_a_bad_url() {
 }
 
 #[test]
+fn commit_policies_are_checked_at_parse_time_with_what_is_accepted() {
+    let connect = |policy: &'static str| {
+        vec![
+            "pair",
+            "connect",
+            "--name",
+            "p",
+            "--model",
+            "qwen3-tiny",
+            "--train",
+            "megatron",
+            "--infer",
+            "sglang",
+            "--commit",
+            policy,
+        ]
+    };
+    for (args, want) in [
+        (
+            connect("most"),
+            "invalid value 'most' for '--commit <COMMIT>': `most` is not a commit policy: use `all`, `available` or `quorum:K` (K engines, at least 1)",
+        ),
+        (
+            connect("quorum:0"),
+            "invalid value 'quorum:0' for '--commit <COMMIT>': `quorum:0`: the quorum K in `quorum:K` must be a whole number of engines, at least 1",
+        ),
+        (
+            vec!["demo", "--commit", "quorum:x"],
+            "invalid value 'quorum:x' for '--commit <COMMIT>'",
+        ),
+    ] {
+        let err = refused(&args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn zero_deadlines_and_buckets_are_refused_at_parse_time_with_the_range() {
     for (args, want) in [
         (
