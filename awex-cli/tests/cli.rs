@@ -364,6 +364,43 @@ fn detect_refuses_a_missing_checkpoint_and_a_bad_url() {
 }
 
 #[test]
+fn commit_policies_are_checked_at_parse_time_with_what_is_accepted() {
+    let connect = |policy: &'static str| {
+        vec![
+            "pair",
+            "connect",
+            "--name",
+            "p",
+            "--model",
+            "qwen3-tiny",
+            "--train",
+            "megatron",
+            "--infer",
+            "sglang",
+            "--commit",
+            policy,
+        ]
+    };
+    for (args, want) in [
+        (
+            connect("most"),
+            "invalid value 'most' for '--commit <COMMIT>': `most` is not a commit policy: use `all`, `available` or `quorum:K` (K engines, at least 1)",
+        ),
+        (
+            connect("quorum:0"),
+            "invalid value 'quorum:0' for '--commit <COMMIT>': `quorum:0`: the quorum K in `quorum:K` must be a whole number of engines, at least 1",
+        ),
+        (
+            vec!["demo", "--commit", "quorum:x"],
+            "invalid value 'quorum:x' for '--commit <COMMIT>'",
+        ),
+    ] {
+        let err = refused(&args);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
 fn zero_deadlines_and_buckets_are_refused_at_parse_time_with_the_range() {
     for (args, want) in [
         (
@@ -980,4 +1017,52 @@ fn plan_predicts_a_delta_update_from_a_density_and_refuses_one_outside_zero_to_o
     let (_, out, _) = cli(&["plan", "--json"]);
     let j: Value = serde_json::from_str(&out).unwrap();
     assert!(j.get("delta").is_none());
+}
+
+#[test]
+fn simulate_with_a_failed_engine_predicts_the_others_as_a_smaller_fleet() {
+    let run = |args: &[&str]| -> Value {
+        let mut all = vec![
+            "simulate",
+            "--model",
+            "qwen3-0.6b",
+            "--train",
+            "megatron:tp=2",
+            "--topology",
+            "h200x8",
+            "--json",
+        ];
+        all.extend_from_slice(args);
+        let (code, out, err) = cli(&all);
+        assert_eq!(code, 0, "{all:?}: {err}");
+        serde_json::from_str(&out).expect("simulate --json prints JSON")
+    };
+    let eight_one_failed = run(&["--infer", "sglang:tp=1,engines=8", "--failed-engines", "7"]);
+    let seven = run(&["--infer", "sglang:tp=1,engines=7"]);
+    assert_eq!(eight_one_failed["failed_engines"], serde_json::json!([7]));
+    // the failed engine's ranks get nothing: the others move what seven engines move
+    assert_eq!(eight_one_failed["moved_bytes"], seven["moved_bytes"]);
+    let (a, b) = (
+        eight_one_failed["predicted_s"].as_f64().unwrap(),
+        seven["predicted_s"].as_f64().unwrap(),
+    );
+    assert!(
+        a <= 1.10 * b,
+        "{a} s with one of 8 engines failed vs {b} s for 7"
+    );
+    let err = refused(&[
+        "simulate",
+        "--model",
+        "qwen3-0.6b",
+        "--infer",
+        "sglang:tp=1,engines=8",
+        "--failed-engines",
+        "8",
+    ]);
+    assert!(
+        err.contains(
+            "--failed-engines names engine 8, but `sglang:tp=1,engines=8` has engines 0..8"
+        ),
+        "{err}"
+    );
 }

@@ -187,6 +187,102 @@ fn killed_training_rank_fails_the_update_and_a_restart_commits_the_retry() {
 }
 
 #[test]
+fn available_commits_without_a_killed_engine_which_is_behind_then_catches_up() {
+    let _one = one_at_a_time();
+    for transport in ["shm", "tcp"] {
+        // three engines; engine 1's rank is SIGKILLed as version 2 starts
+        let (code, j, err) = demo(&[
+            "--transport",
+            transport,
+            "--infer",
+            "sglang:tp=1,engines=3",
+            "--commit",
+            "available",
+            "--fault-kill-infer-engine",
+            "1",
+            "--fault-version",
+            "2",
+            "--updates",
+            "4",
+            "--deadline-s",
+            "60",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        let ups = j["updates"].as_array().unwrap();
+        assert_eq!(ups.len(), 4, "{transport}: {j}");
+        // version 2 commits on engines 0 and 2, every byte verified there, without waiting
+        // for the deadline (the dead rank's presence poll closed: its engine is left out)
+        let v2 = &ups[1];
+        assert_eq!(
+            (v2["version"].as_u64(), v2["attempts"].as_u64()),
+            (Some(2), Some(1)),
+            "{transport}: {v2}"
+        );
+        assert_eq!(v2["verified"], true, "{transport}: {v2}");
+        assert_eq!(v2["left_out"], serde_json::json!([1]), "{transport}: {v2}");
+        assert!(v2["seconds"].as_f64().unwrap() < 60.0, "{transport}: {v2}");
+        // the killed engine was reported behind, never serving version 2
+        assert_eq!(v2["behind"], true, "{transport}: {v2}");
+        // restarted, it took every byte of version 3 (verified) and serves it like the others
+        let v3 = &ups[2];
+        assert_eq!(v3["verified"], true, "{transport}: {v3}");
+        assert!(v3.get("left_out").is_none(), "{transport}: {v3}");
+        assert_eq!(v3["caught_up"], true, "{transport}: {v3}");
+        assert_eq!(ups[3]["verified"], true, "{transport}: {j}");
+        assert_eq!(j["checks"]["engines"]["ok"], true, "{transport}: {j}");
+        assert_eq!(j["verified"], true, "{transport}: {j}");
+    }
+    no_segments_left();
+}
+
+#[test]
+fn quorum_with_two_engines_stopped_does_not_commit_and_the_retry_commits_everywhere() {
+    let _one = one_at_a_time();
+    for transport in ["shm", "tcp"] {
+        let (code, j, err) = demo(&[
+            "--transport",
+            transport,
+            "--infer",
+            "sglang:tp=1,engines=3",
+            "--commit",
+            "quorum:2",
+            "--fault-stop-infer-engines",
+            "1,2",
+            "--fault-version",
+            "2",
+            "--updates",
+            "3",
+            "--deadline-s",
+            "4",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        let ups = j["updates"].as_array().unwrap();
+        assert_eq!(ups.len(), 4, "{transport}: {j}");
+        let failed = &ups[1];
+        assert_eq!(
+            (failed["version"].as_u64(), failed["verified"].as_bool()),
+            (Some(2), Some(false)),
+            "{transport}: {failed}"
+        );
+        // one engine cannot make a quorum of two: the version does not commit, and no engine
+        // is reported serving it (in place, it may have written: torn, kept from serving)
+        assert_eq!(failed["none_serving"], true, "{transport}: {failed}");
+        assert_eq!(failed["torn"], true, "{transport}: {failed}");
+        // after SIGCONT, the retry commits on every engine, every byte verified
+        assert_eq!(
+            (ups[2]["version"].as_u64(), ups[2]["attempts"].as_u64()),
+            (Some(2), Some(2)),
+            "{transport}: {j}"
+        );
+        assert_eq!(ups[2]["verified"], true, "{transport}: {j}");
+        assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
+        assert_eq!(ups[3]["verified"], true, "{transport}: {j}");
+        assert_eq!(j["verified"], true, "{transport}: {j}");
+    }
+    no_segments_left();
+}
+
+#[test]
 fn atomic_killed_training_rank_leaves_the_live_weights_intact_and_not_torn() {
     let _one = one_at_a_time();
     let (code, j, err) = demo(&[

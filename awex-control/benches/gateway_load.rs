@@ -168,13 +168,14 @@ async fn rank(
                         attempt: e.attempt,
                         incarnation: None,
                         delta: None,
+                        unreached: Vec::new(),
                     };
                     client
                         .report(&pair, e.version.unwrap_or(0), &r)
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                EventKind::Abort | EventKind::Apply => {}
+                EventKind::Abort | EventKind::Apply | EventKind::LeftOut => {}
                 EventKind::Disconnect => return Ok(()),
             }
         }

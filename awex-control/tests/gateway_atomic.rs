@@ -37,6 +37,7 @@ fn report(side: Side, rank: RankId, ok: bool, attempt: u32) -> Report {
         attempt: Some(attempt),
         incarnation: None,
         delta: None,
+        unreached: Vec::new(),
     }
 }
 

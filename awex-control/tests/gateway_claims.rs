@@ -28,6 +28,7 @@ fn report(side: Side, rank: RankId, ok: bool, claim: Option<&str>) -> Report {
         attempt: Some(1),
         incarnation: claim.map(str::to_string),
         delta: None,
+        unreached: Vec::new(),
     }
 }
 

@@ -43,6 +43,7 @@ fn report(side: Side, rank: RankId, ok: bool, holds: bool) -> Report {
             changed: 1,
             holds,
         }),
+        unreached: Vec::new(),
     }
 }
 

@@ -276,6 +276,7 @@ async fn a_rank_that_never_reports_fails_the_version_at_the_deadline() {
         attempt: Some(1),
         incarnation: None,
         delta: None,
+        unreached: Vec::new(),
     };
     let e = client.report("s", 7, &late).await.unwrap_err();
     assert_eq!(
@@ -335,6 +336,7 @@ async fn disagreeing_checksums_fail_the_version_naming_both_sums() {
                 attempt: None,
                 incarnation: None,
                 delta: None,
+                unreached: Vec::new(),
             },
         )
         .await

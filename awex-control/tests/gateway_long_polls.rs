@@ -248,6 +248,7 @@ async fn a_flood_of_other_long_polls_does_not_take_the_ranks_event_polls() {
             attempt: Some(1),
             incarnation: Some(claim.to_string()),
             delta: None,
+            unreached: Vec::new(),
         };
         client.report("fl", 1, &r).await.unwrap();
     }

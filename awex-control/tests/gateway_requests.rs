@@ -203,7 +203,7 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
         (
             with(&|v| v["options"]["retries"] = json!(3)),
             422,
-            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`, `apply`, `deltas`",
+            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`, `apply`, `deltas`, `commit`",
         ),
         (with(&|v| v["transport"] = json!("pigeon")), 422, ""),
         (
@@ -244,6 +244,45 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
             with(&|v| v["options"]["buckets"] = json!(1000)),
             422,
             "options.buckets=1000 is out of range; it must be between 1 and 64",
+        ),
+        (
+            with(&|v| v["options"]["commit"] = json!("most")),
+            422,
+            "invalid request body: `most` is not a commit policy: use `all`, `available` or `quorum:K` (K engines, at least 1)",
+        ),
+        (
+            with(&|v| v["options"]["commit"] = json!("quorum:0")),
+            422,
+            "invalid request body: `quorum:0`: the quorum K in `quorum:K` must be a whole number of engines, at least 1",
+        ),
+        (
+            with(&|v| v["options"]["commit"] = json!("quorum:3")),
+            422,
+            "options.commit = `quorum:3` needs 3 engines to apply each version, but the pair has inference.engines=2; use quorum:K with 1 <= K <= 2, or `available`",
+        ),
+        (
+            with(&|v| {
+                v["options"]["commit"] = json!("available");
+                v["options"]["checksums"] = json!(true);
+            }),
+            422,
+            "options.commit = `available` is refused: options.checksums is on, and it compares the two sides' checksum sums, which are not per engine: a version left out by an engine could never commit; connect with checksums off, or with commit = all",
+        ),
+        (
+            with(&|v| {
+                v["options"]["commit"] = json!("quorum:1");
+                v["options"]["apply"] = json!("atomic");
+            }),
+            422,
+            "",
+        ),
+        (
+            with(&|v| {
+                v["options"]["commit"] = json!("available");
+                v["inference"]["urls"] = json!(["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+            }),
+            422,
+            "",
         ),
         (
             with(&|v| v["training"]["backend"] = json!("mega tron")),

@@ -84,6 +84,7 @@ fn report(side: Side, rank: RankId, attempt: u32) -> Report {
         attempt: Some(attempt),
         incarnation: None,
         delta: None,
+        unreached: Vec::new(),
     }
 }
 
@@ -354,6 +355,157 @@ fn an_atomic_update_in_flight_at_a_restart_is_torn_only_once_apply_went_out() {
         assert!(u.applying, "the apply phase is remembered");
         let st = c.status("at").await.unwrap();
         assert_eq!((st.serving_version, st.torn_version), (Some(1), Some(2)));
+    });
+    gw.kill();
+}
+
+/// Connects `name` with commit policy `available` over `engines` engines of one rank and one
+/// training rank, and joins every rank.
+async fn ready_fleet(c: &Client, name: &str, engines: u32) {
+    let mut req = connect_request(name, 1, engines, 1);
+    req.options.commit = awex_control::wire::CommitPolicy::Available;
+    c.connect(&req).await.unwrap();
+    for e in 0..engines {
+        let _ = c
+            .join_once(
+                name,
+                &jr(Side::Inference, RankId::infer(e, 0)),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+    }
+    let r = c.join(name, &jr(T.0, T.1)).await.unwrap();
+    assert_eq!(r.roster.len(), engines as usize + 1);
+}
+
+fn engine_report(engine: u32, ok: bool, attempt: u32) -> Report {
+    Report {
+        ok,
+        error: (!ok).then(|| "connection reset by peer".to_string()),
+        checksum: None,
+        ..report(Side::Inference, RankId::infer(engine, 0), attempt)
+    }
+}
+
+#[test]
+fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits_nothing() {
+    use awex_control::wire::EngineState;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gw::start(Some(dir.path()), 0);
+    let c = Client::new(&gw.url(), None).unwrap().with_retries(0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        ready_fleet(&c, "fleet", 3).await;
+        c.start_update("fleet", 1).await.unwrap();
+        c.report("fleet", 1, &engine_report(1, false, 1))
+            .await
+            .unwrap();
+        for r in [
+            report(T.0, T.1, 1),
+            engine_report(0, true, 1),
+            engine_report(2, true, 1),
+        ] {
+            c.report("fleet", 1, &r).await.unwrap();
+        }
+        let u = c
+            .wait_update("fleet", 1, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(u.state, UpdateState::Committed, "{u:?}");
+        assert_eq!(u.left_out.len(), 1);
+        // version 2 starts; engine 0 applies it, then the gateway dies
+        c.start_update("fleet", 2).await.unwrap();
+        c.report("fleet", 2, &engine_report(0, true, 1))
+            .await
+            .unwrap();
+    });
+    let port = gw.kill();
+    let gw = Gw::start(Some(dir.path()), port);
+    rt.block_on(async {
+        let st = c.status("fleet").await.unwrap();
+        assert_eq!(
+            st.options.commit,
+            awex_control::wire::CommitPolicy::Available
+        );
+        // nothing committed that was not applied: version 2 failed, every engine serves what
+        // it applied whole before, and none is reported serving version 2
+        assert_eq!(st.serving_version, Some(1));
+        assert_eq!(
+            c.update_status("fleet", 2).await.unwrap().state,
+            UpdateState::Failed
+        );
+        let e = &st.engines;
+        assert_eq!(e.len(), 3);
+        assert_eq!(
+            (e[0].serving_version, e[2].serving_version),
+            (Some(1), Some(1))
+        );
+        assert_eq!(e[1].serving_version, None, "{:?}", e[1]);
+        assert!(e[1].behind_since_unix_ms.is_some(), "{:?}", e[1]);
+        assert!(
+            e[1].last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("gateway restarted during update 2"),
+            "{:?}",
+            e[1]
+        );
+        // why engine 1 was left out of version 1 is kept with the version
+        let u1 = c.update_status("fleet", 1).await.unwrap();
+        assert_eq!(u1.left_out.len(), 1, "{u1:?}");
+        assert_eq!(u1.left_out[0].engine, 1);
+        assert!(
+            u1.left_out[0].error.contains("connection reset by peer"),
+            "{u1:?}"
+        );
+        // version 2 may have written part of every engine's weights: all are torn, so resume
+        // refuses without accept_torn
+        for x in e {
+            assert_eq!(
+                (x.state, x.torn_version),
+                (EngineState::Torn, Some(2)),
+                "{x:?}"
+            );
+        }
+        let refused = c.resume("fleet", false).await.unwrap_err();
+        assert_eq!(refused.status(), Some(409), "{refused}");
+        // the ranks re-attach and the retry commits everywhere: engine 1 caught up
+        for e in 0..3 {
+            c.join("fleet", &jr(Side::Inference, RankId::infer(e, 0)))
+                .await
+                .unwrap();
+        }
+        c.join("fleet", &jr(T.0, T.1)).await.unwrap();
+        let st = c.start_update("fleet", 2).await.unwrap();
+        assert_eq!(st.attempt, 2);
+        c.report("fleet", 2, &report(T.0, T.1, 2)).await.unwrap();
+        for e in 0..3 {
+            c.report("fleet", 2, &engine_report(e, true, 2))
+                .await
+                .unwrap();
+        }
+        let u = c
+            .wait_update("fleet", 2, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(u.state, UpdateState::Committed, "{u:?}");
+        for x in c.status("fleet").await.unwrap().engines {
+            assert_eq!(
+                (x.state, x.serving_version, x.behind_since_unix_ms),
+                (EngineState::Serving, Some(2), None),
+                "{x:?}"
+            );
+        }
+        let m = c.metrics().await.unwrap();
+        assert!(
+            m.contains("awex_gateway_engines{state=\"serving\"} 3"),
+            "{m}"
+        );
+        assert!(
+            m.contains("awex_gateway_engine_serving_version{pair=\"fleet\",engine=\"1\"} 2"),
+            "{m}"
+        );
     });
     gw.kill();
 }

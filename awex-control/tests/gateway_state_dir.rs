@@ -119,6 +119,7 @@ async fn pair_with_commits(
                 attempt: Some(1),
                 incarnation: None,
                 delta: None,
+                unreached: Vec::new(),
             };
             c.report(name, v, &r).await.unwrap();
         }

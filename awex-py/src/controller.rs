@@ -8,7 +8,8 @@ use crate::spec::ModelArg;
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::wire::{
-    ApplyMode, PairOptions, PairState, RankReportState, Transport, UpdateState, UpdateStatus,
+    ApplyMode, CommitPolicy, PairOptions, PairState, RankReportState, Transport, UpdateState,
+    UpdateStatus,
 };
 use awex_core::backend::BackendSpec;
 use awex_core::layout::Side;
@@ -78,7 +79,7 @@ impl Controller {
     /// and the model is stored on the gateway so that ranks need not be told it.
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
         urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
-        atomic=false, infer_quant=None, infer_config_json=None, infer_config_what=None,
+        atomic=false, commit="all", infer_quant=None, infer_config_json=None, infer_config_what=None,
         fp8_block=None, fp8_recipe=None, deltas=false))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
@@ -96,6 +97,7 @@ impl Controller {
         join_deadline_s: f64,
         update_deadline_s: f64,
         atomic: bool,
+        commit: &str,
         infer_quant: Option<String>,
         infer_config_json: Option<String>,
         infer_config_what: Option<String>,
@@ -150,6 +152,7 @@ impl Controller {
                 ApplyMode::InPlace
             },
             deltas,
+            commit: CommitPolicy::parse(commit).map_err(|e| Fail::Value(format!("commit: {e}")))?,
             ..PairOptions::default()
         };
         let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);

@@ -70,6 +70,10 @@ pub struct Args {
     /// training ranks' diff and encode pass is added before them.
     #[arg(long)]
     pub delta_density: Option<f64>,
+    /// Engines left out of the update (commit policies `quorum:K` and `available`: dead or
+    /// stopped engines): their ranks get nothing, and the others' update is predicted alone.
+    #[arg(long, value_delimiter = ',')]
+    pub failed_engines: Vec<u32>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -174,7 +178,26 @@ pub fn report_with(a: &Args, fp8: Option<InferFp8>) -> anyhow::Result<crate::rep
         training: ts.to_string(),
         inference: is.to_string(),
     };
-    let mut r = simulate(&pair, &names, &topo, &opts)?;
+    let mut r = if a.failed_engines.is_empty() {
+        simulate(&pair, &names, &topo, &opts)?
+    } else {
+        let engines = inference.engines();
+        if let Some(e) = a.failed_engines.iter().find(|&&e| e >= engines) {
+            anyhow::bail!(
+                "--failed-engines names engine {e}, but `{}` has engines 0..{engines}",
+                a.infer
+            );
+        }
+        topo.check()?;
+        let mut plans = crate::exec::plan_all(&pair, opts.threads)?;
+        let ranks = plans.inference.clone();
+        plans
+            .pairs
+            .retain(|p| !a.failed_engines.contains(&ranks[p.i as usize].engine));
+        let mut r = crate::simulate_plans(&plans, &names, &topo, &opts)?;
+        r.failed_engines = a.failed_engines.clone();
+        r
+    };
     if let (Some(f), Some(name)) = (&mut r.fp8, fp8_name) {
         f.encoding = name;
     }

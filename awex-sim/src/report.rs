@@ -65,6 +65,9 @@ pub struct Timeline {
 pub struct Report {
     /// Model name.
     pub model: String,
+    /// Engines left out of the update (`--failed-engines`): their ranks got nothing.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_engines: Vec<u32>,
     /// Training spec.
     pub training: String,
     /// Inference spec.
@@ -346,6 +349,13 @@ impl Report {
             "inference    {} ({} ranks)",
             self.inference, self.inference_ranks
         );
+        if !self.failed_engines.is_empty() {
+            let _ = writeln!(
+                o,
+                "left out     engines {:?} (failed: their ranks get nothing)",
+                self.failed_engines
+            );
+        }
         let _ = writeln!(
             o,
             "topology     {} ({} placement, {} nodes)",

@@ -5,8 +5,8 @@ use super::serve::read_token;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
 use awex_control::wire::{
-    ApplyMode, ConnectRequest, InferenceSpec, PairOptions, PairStatus, TrainingSpec, Transport,
-    UpdateState, UpdateStatus,
+    ApplyMode, CommitPolicy, ConnectRequest, EngineState, EngineStatus, InferenceSpec, PairOptions,
+    PairStatus, TrainingSpec, Transport, UpdateState, UpdateStatus,
 };
 use awex_core::backend::side_layout;
 use awex_core::{BackendSpec, Catalogue, ModelSpec, Side};
@@ -133,6 +133,12 @@ struct ConnectArgs {
     /// before that leaves the live weights at the last committed version.
     #[arg(long)]
     atomic: bool,
+    /// When a version commits across engines: `all` (every engine applied it; one failed
+    /// engine fails it for all), `quorum:K` (at least K engines applied it) or `available`
+    /// (at least one did); engines left out are reported behind and catch up in the next
+    /// update (docs/gateway.md, "Engines and commit policies").
+    #[arg(long, default_value = "all")]
+    commit: CommitPolicy,
     /// Time for every rank to join, in seconds (1 to 3600).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     join_deadline_s: u64,
@@ -243,6 +249,7 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
                 ApplyMode::InPlace
             },
             deltas: false,
+            commit: a.commit,
         },
     })
 }
@@ -305,6 +312,28 @@ pub fn describe_update(u: &UpdateStatus) -> String {
     s
 }
 
+/// One engine's standing, for people (`engine 1: torn, serving version 3, behind since ...`).
+pub fn describe_engine(e: &EngineStatus) -> String {
+    let serving = e
+        .serving_version
+        .map(|v| format!("serving version {v}"))
+        .unwrap_or_else(|| "no committed version applied".into());
+    let mut s = format!("engine {}: {}, {serving}", e.engine, e.state.as_str());
+    if let Some(t) = e.torn_version {
+        s.push_str(&format!(", weights partly written by version {t}"));
+    }
+    if let Some(t) = e.serving_torn_version {
+        s.push_str(&format!(", serving torn version {t} (accepted)"));
+    }
+    if let Some(since) = e.behind_since_unix_ms {
+        s.push_str(&format!(", behind since unix ms {since}"));
+    }
+    if let Some(err) = &e.last_error {
+        s.push_str(&format!("; last error: {err}"));
+    }
+    s
+}
+
 /// A pair's status, for people.
 pub fn describe_pair(p: &PairStatus) -> String {
     let serving = p
@@ -346,6 +375,19 @@ pub fn describe_pair(p: &PairStatus) -> String {
         p.options.buckets,
         p.options.bucket_mib
     ));
+    if !p.options.commit.is_all() {
+        s.push_str(&format!(", commit {}", p.options.commit));
+    }
+    // per engine, when engines may differ (a policy other than `all`, or one not serving)
+    if !p.options.commit.is_all() || p.engines.iter().any(|e| e.state != EngineState::Serving) {
+        for e in &p.engines {
+            s.push_str(&format!(
+                "
+  {}",
+                describe_engine(e)
+            ));
+        }
+    }
     if let Some(e) = &p.join_error {
         s.push_str(&format!("\n  join failed: {e}"));
     }

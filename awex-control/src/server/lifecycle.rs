@@ -101,6 +101,9 @@ pub(crate) enum UpdateError {
     /// A successful report without the checksum the pair asks for.
     #[error("pair `{pair}` has checksums on: the successful report of {who} needs `checksum`")]
     ChecksumMissing { pair: String, who: String },
+    /// A report's `unreached` names no engine of the pair, or comes from an inference rank.
+    #[error("the report of {who} is refused: {why}")]
+    BadUnreached { who: String, why: String },
     /// A report for an attempt that is over.
     #[error("attempt {attempt} of version {version} is over; the current attempt is {current}")]
     AttemptOver {
@@ -240,6 +243,7 @@ impl PairEntry {
             applying: false,
             applied: 0,
             resuming: false,
+            left_out: vec![None; self.slots.engines as usize],
         });
         for v in gone {
             p.changed(Op::Update(v));
@@ -318,6 +322,23 @@ impl PairEntry {
         let who = rank_name(r.side, r.rank);
         if r.error.as_ref().is_some_and(|e| e.len() > MAX_ERROR_BYTES) {
             return Err(UpdateError::ErrorTooLong { who });
+        }
+        if !r.unreached.is_empty() {
+            let why = if !self.slots.is_training(slot) {
+                Some("`unreached` is for training ranks, which name the engines they could not send to".to_string())
+            } else if let Some(e) = r.unreached.iter().find(|&&e| e >= self.slots.engines) {
+                Some(format!(
+                    "`unreached` names engine {e}, but the pair's engines are 0..{}",
+                    self.slots.engines
+                ))
+            } else if !r.ok {
+                Some("`unreached` goes with a successful part (`ok`: true); a failed part fails the version".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(UpdateError::BadUnreached { who, why });
+            }
         }
         if self.request.options.checksums && r.ok && r.checksum.is_none() {
             return Err(UpdateError::ChecksumMissing {
@@ -440,10 +461,19 @@ impl PairEntry {
         u.checksums[side] = u.checksums[side].wrapping_add(r.checksum.unwrap_or(0));
         if r.ok {
             u.succeeded += 1;
+            for &e in &r.unreached {
+                let detail = r
+                    .error
+                    .as_deref()
+                    .map(|x| format!(": {x}"))
+                    .unwrap_or_default();
+                let why = format!("{who} could not reach engine {e}{detail}");
+                self.engine_failed(&mut p, e, why);
+            }
             self.settle(&mut p);
         } else {
             let why = r.error.unwrap_or_else(|| "no reason given".to_string());
-            self.fail(&mut p, format!("{who} reported failure: {why}"));
+            self.rank_failed(&mut p, slot, format!("{who} reported failure: {why}"));
         }
         self.ack(&p, version)
     }
@@ -505,6 +535,16 @@ impl PairEntry {
         );
         self.metrics
             .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
+        let now = unix_ms();
+        let left_out = u.left_out.clone();
+        for (e, rec) in p.engines.iter_mut().enumerate() {
+            let why = left_out
+                .get(e)
+                .cloned()
+                .flatten()
+                .unwrap_or_else(|| error.clone());
+            rec.failed(version, wrote, false, &why, now);
+        }
         // ranks waiting for this version learn at once that it failed, even when it never
         // reached them (e.g. pausing the engines failed)
         self.publish(
@@ -536,6 +576,10 @@ impl PairEntry {
 
     /// Commits the current attempt if every rank succeeded, or fails it on a checksum mismatch.
     fn settle(&self, p: &mut Pair) {
+        if !self.request.options.commit.is_all() {
+            self.settle_by_engines(p);
+            return;
+        }
         let checksums = self.request.options.checksums;
         let Some(u) = p.updates.latest_mut() else {
             return;
@@ -605,9 +649,23 @@ impl PairEntry {
         );
         self.metrics
             .update_finished(true, u.elapsed().as_secs_f64(), u.bytes);
+        let left_out = u.left_out.clone();
         p.updates.committed = Some(version);
         p.updates.torn = None;
         p.updates.serving_torn = None;
+        let now = unix_ms();
+        // in place, a left-out engine's ranks may have written part of the version (atomic
+        // pairs commit across every engine: policies other than `all` are refused with them)
+        let wrote = self.request.options.apply == ApplyMode::InPlace;
+        for (e, rec) in p.engines.iter_mut().enumerate() {
+            match left_out.get(e).cloned().flatten() {
+                None => rec.applied(version),
+                Some(why) => {
+                    tracing::warn!(pair = %self.name, version, engine = e, error = %why, "engine left out of a committed version: behind");
+                    rec.failed(version, wrote, true, &why, now);
+                }
+            }
+        }
         p.changed(Op::Update(version));
         p.changed(Op::State);
         self.resume_engines(p, version, attempt);
@@ -740,6 +798,54 @@ impl PairEntry {
         if u.state.is_final() || u.elapsed() < u.deadline {
             return;
         }
+        if !self.request.options.commit.is_all()
+            && u.state == UpdateState::Running
+            && (0..self.slots.train as usize)
+                .all(|i| u.ranks.get(i).is_some_and(|r| r.state.is_some()))
+        {
+            // every training rank reported: the engines that did not are left out, and the
+            // version commits on the others if the policy is met
+            let deadline = ms(u.deadline);
+            let mut touched = Vec::new();
+            for e in 0..self.slots.engines {
+                let silent: Vec<usize> = self
+                    .engine_slots(e)
+                    .filter(|&i| u.ranks.get(i).is_some_and(|r| r.state.is_none()))
+                    .collect();
+                if silent.is_empty() {
+                    continue;
+                }
+                for &i in &silent {
+                    if let Some(r) = u.ranks.get_mut(i) {
+                        r.missing = true;
+                    }
+                }
+                if let Some(x) = u.left_out.get_mut(e as usize) {
+                    x.get_or_insert_with(|| {
+                        format!(
+                            "the deadline of {deadline} ms passed; engine {e}'s {} did not report",
+                            list_ranks(&self.slots, silent.iter().copied())
+                        )
+                    });
+                }
+                touched.extend(silent);
+            }
+            for i in touched {
+                p.changed(Op::Report(version, i));
+            }
+            p.changed(Op::Update(version));
+            self.settle_by_engines(&mut p);
+            if p.updates
+                .attempt_mut(version, attempt)
+                .is_some_and(|u| !u.state.is_final())
+            {
+                self.fail(
+                    &mut p,
+                    format!("the deadline of {deadline} ms passed before the version could settle"),
+                );
+            }
+            return;
+        }
         let applying = u.applying;
         let waiting: Vec<usize> = u
             .ranks
@@ -850,6 +956,112 @@ impl EngineEvents for PairEntry {
 }
 
 impl PairEntry {
+    /// The slots of engine `e`'s ranks.
+    fn engine_slots(&self, e: u32) -> std::ops::Range<usize> {
+        let per = self.slots.per_engine as usize;
+        let first = self.slots.train as usize + e as usize * per;
+        first..first + per
+    }
+
+    /// The engine of an inference slot (`None`: a training slot).
+    fn engine_of(&self, slot: usize) -> Option<u32> {
+        let (side, rank) = self.slots.rank(slot);
+        (side == awex_core::layout::Side::Inference).then_some(rank.engine)
+    }
+
+    /// The rank in `slot` failed the running attempt (`why` names it): with commit policy
+    /// `all`, or a training rank, the version fails; otherwise its engine is left out of the
+    /// version, which commits on the others once they settle and the policy is met.
+    pub(crate) fn rank_failed(&self, p: &mut Pair, slot: usize, why: String) {
+        match self.engine_of(slot) {
+            Some(e) => self.engine_failed(p, e, why),
+            None => self.fail(p, why),
+        }
+    }
+
+    /// Engine `engine` failed the running attempt (`why`): with commit policy `all` the version
+    /// fails; otherwise the engine is left out of it, and the version settles if it can.
+    fn engine_failed(&self, p: &mut Pair, engine: u32, why: String) {
+        if self.request.options.commit.is_all() {
+            self.fail(p, why);
+            return;
+        }
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        let (version, attempt) = (u.version, u.attempt);
+        if let Some(x) = u.left_out.get_mut(engine as usize)
+            && x.is_none()
+        {
+            tracing::warn!(pair = %self.name, version, engine, error = %why, "engine left out of the update");
+            *x = Some(why.clone());
+            // the training ranks stop sending to it and waiting for it
+            self.publish(
+                p,
+                EventKind::LeftOut,
+                Some(version),
+                Some(attempt),
+                Some(why),
+            );
+            if let Some(ev) = p.events.events.back_mut() {
+                ev.engines = vec![engine];
+            }
+        }
+        p.changed(Op::Update(version));
+        self.settle_by_engines(p);
+        self.update_tx.send_replace(());
+    }
+
+    /// Commit policies `quorum:K` and `available`: commits the running attempt once every
+    /// training rank succeeded and every engine either applied it (each of its ranks
+    /// succeeded) or was left out, if enough engines applied it; fails it as soon as too few
+    /// engines can still apply it.
+    fn settle_by_engines(&self, p: &mut Pair) {
+        let policy = self.request.options.commit;
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        let engines = self.slots.engines;
+        let need = policy.needs(engines);
+        let ok = |i: usize| u.ranks.get(i).is_some_and(|r| r.state == Some(true));
+        let training_ok = (0..self.slots.train as usize).all(ok);
+        let (mut applied, mut open) = (0u32, 0u32);
+        for e in 0..engines {
+            if u.left_out.get(e as usize).is_some_and(Option::is_some) {
+                continue;
+            }
+            if self.engine_slots(e).all(ok) {
+                applied += 1;
+            } else {
+                open += 1;
+            }
+        }
+        if applied + open < need {
+            let why: Vec<String> = u
+                .left_out()
+                .into_iter()
+                .map(|l| format!("engine {}: {}", l.engine, l.error))
+                .collect();
+            let reason = format!(
+                "only {} of {engines} engines can still apply it and the commit policy `{policy}` needs {need}; left out: {}",
+                applied + open,
+                why.join("; ")
+            );
+            self.fail(p, reason);
+            return;
+        }
+        if !training_ok || open > 0 {
+            return;
+        }
+        self.commit(p);
+    }
+
     /// Announces `version`/`attempt` to the ranks (`update` event), with deltas on naming the
     /// version the inference ranks hold ([`PairEntry::delta_base`]), also kept in its status.
     fn publish_update(&self, p: &mut Pair, version: u64, attempt: u32) {
@@ -869,13 +1081,21 @@ impl PairEntry {
 
     /// What `u` (a settled attempt) left each slot holding: its version, and per inference
     /// slot the claim id of the process that reported it applied it whole and keeps its bytes as
-    /// received (`ReportDelta::holds`; in atomic pairs: applied to its live tensors).
+    /// received (`ReportDelta::holds`; in atomic pairs: applied to its live tensors), unless its
+    /// engine was left out of the attempt.
     fn held_after(&self, u: &crate::server::store::updates::Update) -> (u64, Vec<Option<String>>) {
         let atomic = self.request.options.apply == ApplyMode::Atomic;
         let claims = (0..self.slots.total())
             .map(|i| {
                 let r = u.ranks.get(i)?;
+                // an engine left out of the attempt holds none of it (a training rank's bytes
+                // may not have reached it, though its own ranks reported success)
+                let left_out = self
+                    .engine_of(i)
+                    .and_then(|e| u.left_out.get(e as usize))
+                    .is_some_and(Option::is_some);
                 let held = !self.slots.is_training(i)
+                    && !left_out
                     && r.state == Some(true)
                     && r.delta.is_some_and(|d| d.holds)
                     && (!atomic || r.applied == Some(true));
@@ -944,6 +1164,11 @@ mod tests {
 
     /// A ready pair of 2 training ranks and one engine of 2 ranks, no engine URLs, no store.
     fn ready_pair(options: PairOptions) -> Arc<PairEntry> {
+        pair_of(options, 1, 2)
+    }
+
+    /// A ready pair of 2 training ranks and `engines` engines of `per` ranks each.
+    fn pair_of(options: PairOptions, engines: u32, per: u32) -> Arc<PairEntry> {
         let model = preset("qwen3-tiny").expect("the qwen3-tiny preset exists");
         let summary = Catalogue::of(&model).summary();
         let side = |backend: &str, world_size| SideStatus {
@@ -951,7 +1176,7 @@ mod tests {
             backend: backend.into(),
             parallel: ParallelConfig::default(),
             world_size,
-            engines: 1,
+            engines,
             urls: Vec::new(),
             model: "tiny".into(),
             fingerprint: String::new(),
@@ -972,8 +1197,8 @@ mod tests {
                 fp8: None,
                 backend: "sglang".into(),
                 parallel: ParallelConfig::default(),
-                engines: 1,
-                world_size: 2,
+                engines,
+                world_size: engines * per,
                 urls: Vec::new(),
                 model,
                 catalogue: summary.clone(),
@@ -981,7 +1206,7 @@ mod tests {
             transport: Transport::Shm,
             options,
         };
-        let slots = Slots::new(2, 1, 2);
+        let slots = Slots::new(2, engines, per);
         let mut pair = Pair::new(&slots);
         pair.state = PairState::Ready;
         Arc::new(PairEntry {
@@ -995,7 +1220,7 @@ mod tests {
             join_deadline: Instant::now(),
             join_deadline_unix_ms: 0,
             training: side("megatron", 2),
-            inference: side("sglang", 2),
+            inference: side("sglang", engines * per),
             inner: Mutex::new(pair),
             roster_tx: watch::Sender::new(()),
             events_tx: watch::Sender::new(0),
@@ -1028,6 +1253,7 @@ mod tests {
             attempt: Some(1),
             incarnation: None,
             delta: None,
+            unreached: Vec::new(),
         }
     }
 
@@ -1325,6 +1551,458 @@ mod tests {
                 })
             ),
             "{unknown:?}"
+        );
+    }
+
+    /// A report of inference rank `{engine, 0}` (engines of one rank), or of training rank `t`.
+    fn engine_report(engine: u32, ok: bool) -> Report {
+        Report {
+            side: Side::Inference,
+            rank: RankId { engine, rank: 0 },
+            ok,
+            bytes: 10,
+            checksum: None,
+            error: (!ok).then(|| "peer reset".to_string()),
+            attempt: None,
+            incarnation: None,
+            delta: None,
+            unreached: Vec::new(),
+        }
+    }
+
+    fn training_report(t: u32) -> Report {
+        Report {
+            side: Side::Training,
+            rank: RankId::train(t),
+            ..engine_report(0, true)
+        }
+    }
+
+    fn policy(commit: crate::wire::CommitPolicy, deadline_ms: u64) -> PairOptions {
+        PairOptions {
+            commit,
+            update_deadline_ms: deadline_ms,
+            ..PairOptions::default()
+        }
+    }
+
+    fn engine_states(entry: &PairEntry) -> Vec<crate::wire::EngineStatus> {
+        entry.engines().1
+    }
+
+    #[tokio::test]
+    async fn available_commits_on_the_engines_that_applied_and_reports_the_failed_one_behind() {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(policy(CommitPolicy::Available, 60_000), 3, 1);
+        entry.start_update(1).expect("started");
+        entry.report(1, training_report(0)).expect("accepted");
+        let ack = entry
+            .report(1, engine_report(1, false))
+            .expect("a failure is accepted");
+        // engine 1 is left out; the version goes on for the others
+        assert_eq!(ack.state, UpdateState::Running);
+        entry.report(1, engine_report(0, true)).expect("accepted");
+        entry.report(1, training_report(1)).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        let ack = entry.report(1, engine_report(2, true)).expect("accepted");
+        assert_eq!(ack.state, UpdateState::Committed);
+        assert_eq!(entry.lock().updates.committed(), Some(1));
+        // the version's status names the engine left out and why
+        let status = entry.update_status(&entry.lock().updates.history[&1], RankDetail::None);
+        assert_eq!(status.left_out.len(), 1);
+        assert_eq!(status.left_out[0].engine, 1);
+        assert!(
+            status.left_out[0]
+                .error
+                .contains("inference rank 1/0 reported failure: peer reset"),
+            "{:?}",
+            status.left_out
+        );
+        let engines = engine_states(&entry);
+        let by = |e: usize| (engines[e].state, engines[e].serving_version);
+        assert_eq!(by(0), (EngineState::Serving, Some(1)));
+        assert_eq!(by(2), (EngineState::Serving, Some(1)));
+        // never reported serving what it holds only partly: torn, serving nothing whole
+        assert_eq!(by(1), (EngineState::Torn, None));
+        assert_eq!(engines[1].torn_version, Some(1));
+        assert!(engines[1].behind_since_unix_ms.is_some());
+        assert!(
+            engines[1]
+                .last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("peer reset")
+        );
+        // the pair itself is not torn: the committed engines serve
+        assert_eq!(entry.lock().updates.torn(), None);
+
+        // catch-up: the behind engine takes part in the next update and serves it once applied
+        entry
+            .start_update(2)
+            .expect("the next update starts at once");
+        let engines = engine_states(&entry);
+        assert_eq!(engines[1].state, EngineState::CatchingUp);
+        assert_eq!(engines[0].state, EngineState::Serving);
+        for r in [training_report(0), training_report(1)] {
+            entry.report(2, r).expect("accepted");
+        }
+        for e in 0..3 {
+            entry.report(2, engine_report(e, true)).expect("accepted");
+        }
+        assert_eq!(state(&entry, 2), UpdateState::Committed);
+        for e in engine_states(&entry) {
+            assert_eq!(
+                (
+                    e.state,
+                    e.serving_version,
+                    e.torn_version,
+                    e.behind_since_unix_ms
+                ),
+                (EngineState::Serving, Some(2), None, None),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn quorum_commits_with_k_engines_and_fails_at_once_when_k_cannot_be_reached() {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(policy(CommitPolicy::Quorum(2), 60_000), 3, 1);
+        entry.start_update(1).expect("started");
+        entry.report(1, engine_report(2, false)).expect("accepted");
+        for r in [training_report(0), training_report(1)] {
+            entry.report(1, r).expect("accepted");
+        }
+        entry.report(1, engine_report(0, true)).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        entry.report(1, engine_report(1, true)).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+
+        // two of three fail: quorum 2 is out of reach, the version fails without waiting
+        entry.start_update(2).expect("started");
+        entry.report(2, engine_report(0, false)).expect("accepted");
+        assert_eq!(state(&entry, 2), UpdateState::Running);
+        entry.report(2, engine_report(1, false)).expect("accepted");
+        assert_eq!(state(&entry, 2), UpdateState::Failed);
+        let error = entry.lock().updates.history[&2]
+            .error
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            error.contains(
+                "only 1 of 3 engines can still apply it and the commit policy `quorum:2` needs 2"
+            ),
+            "{error}"
+        );
+        assert_eq!(entry.lock().updates.committed(), Some(1));
+        // nothing is reported serving version 2; every engine that may have written it is torn
+        for e in engine_states(&entry) {
+            assert_ne!(e.serving_version, Some(2), "{e:?}");
+            assert_eq!(e.state, EngineState::Torn, "{e:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_training_rank_failure_fails_the_version_under_every_policy() {
+        use crate::wire::CommitPolicy;
+        for commit in [CommitPolicy::Available, CommitPolicy::Quorum(1)] {
+            let entry = pair_of(policy(commit, 60_000), 3, 1);
+            entry.start_update(1).expect("started");
+            for e in 0..3 {
+                entry.report(1, engine_report(e, true)).expect("accepted");
+            }
+            let failed = Report {
+                ok: false,
+                error: Some("out of memory".into()),
+                ..training_report(1)
+            };
+            entry.report(1, failed).expect("accepted");
+            assert_eq!(state(&entry, 1), UpdateState::Failed, "{commit}");
+            assert_eq!(entry.lock().updates.committed(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_gone_inference_rank_leaves_only_its_engine_out() {
+        use crate::wire::CommitPolicy;
+        let entry = pair_of(policy(CommitPolicy::Available, 60_000), 2, 2);
+        entry.start_update(1).expect("started");
+        {
+            let mut p = entry.lock();
+            // slot 2 + 2 = engine 1, rank 0
+            entry.rank_failed(&mut p, 4, "inference rank 1/0 is gone".into());
+        }
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        for r in [training_report(0), training_report(1)] {
+            entry.report(1, r).expect("accepted");
+        }
+        for rank in 0..2 {
+            let r = Report {
+                rank: RankId { engine: 0, rank },
+                ..engine_report(0, true)
+            };
+            entry.report(1, r).expect("accepted");
+        }
+        // engine 1's other rank never reported: the engine is out anyway, the version commits
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+        let engines = engine_states(&entry);
+        assert_eq!(engines[0].serving_version, Some(1));
+        assert_eq!(engines[1].serving_version, None);
+        // with `all`, the same loss fails the version (unchanged behaviour)
+        let entry = pair_of(PairOptions::default(), 2, 2);
+        entry.start_update(1).expect("started");
+        {
+            let mut p = entry.lock();
+            entry.rank_failed(&mut p, 4, "inference rank 1/0 is gone".into());
+        }
+        assert_eq!(state(&entry, 1), UpdateState::Failed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_deadline_available_commits_on_the_healthy_engines_and_the_next_starts_at_once()
+    {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(policy(CommitPolicy::Available, 1_000), 3, 1);
+        let started = Instant::now();
+        entry.start_update(1).expect("started");
+        for r in [training_report(0), training_report(1)] {
+            entry.report(1, r).expect("accepted");
+        }
+        entry.report(1, engine_report(0, true)).expect("accepted");
+        entry.report(1, engine_report(1, true)).expect("accepted");
+        // engine 2 is silent (a stopped or hung process): the trainer waits for the deadline,
+        // no longer (the paused clock jumps to it: no wall-clock bound)
+        let end = Instant::now() + Duration::from_secs(600);
+        let status = entry
+            .wait_update(1, end, RankDetail::All)
+            .await
+            .expect("version 1 exists");
+        assert_eq!(status.state, UpdateState::Committed);
+        assert!(
+            started.elapsed() < Duration::from_millis(1_500),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(status.left_out.len(), 1);
+        assert!(
+            status.left_out[0]
+                .error
+                .contains("engine 2's inference rank 2/0 did not report"),
+            "{:?}",
+            status.left_out
+        );
+        assert!(
+            status
+                .ranks
+                .iter()
+                .any(|r| r.rank == RankId { engine: 2, rank: 0 }
+                    && r.state == crate::wire::RankReportState::Missing)
+        );
+        let engines = engine_states(&entry);
+        assert_eq!(engines[2].state, EngineState::Torn);
+        assert_eq!(engines[0].serving_version, Some(1));
+        // the next update starts on time for the healthy engines
+        entry
+            .start_update(2)
+            .expect("version 2 starts once 1 settled");
+
+        // a silent training rank still fails the version at its deadline
+        for e in 0..3 {
+            entry.report(2, engine_report(e, true)).expect("accepted");
+        }
+        entry.report(2, training_report(0)).expect("accepted");
+        let status = entry
+            .wait_update(
+                2,
+                Instant::now() + Duration::from_secs(600),
+                RankDetail::None,
+            )
+            .await
+            .expect("version 2 exists");
+        assert_eq!(status.state, UpdateState::Failed);
+        assert!(
+            status
+                .error
+                .as_deref()
+                .unwrap_or("")
+                .contains("training rank 1"),
+            "{:?}",
+            status.error
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn quorum_fails_at_the_deadline_when_too_few_engines_applied() {
+        use crate::wire::CommitPolicy;
+        let entry = pair_of(policy(CommitPolicy::Quorum(2), 1_000), 3, 1);
+        entry.start_update(1).expect("started");
+        for r in [training_report(0), training_report(1)] {
+            entry.report(1, r).expect("accepted");
+        }
+        entry.report(1, engine_report(0, true)).expect("accepted");
+        // engines 1 and 2 are stopped
+        let status = entry
+            .wait_update(
+                1,
+                Instant::now() + Duration::from_secs(600),
+                RankDetail::None,
+            )
+            .await
+            .expect("version 1 exists");
+        assert_eq!(status.state, UpdateState::Failed);
+        assert_eq!(entry.lock().updates.committed(), None);
+        let error = status.error.unwrap_or_default();
+        assert!(error.contains("needs 2"), "{error}");
+        // nothing is reported serving version 1
+        for e in engine_states(&entry) {
+            assert_eq!(e.serving_version, None, "{e:?}");
+        }
+        // resumed, the next update commits everywhere
+        entry.start_update(2).expect("started");
+        for r in [training_report(0), training_report(1)] {
+            entry.report(2, r).expect("accepted");
+        }
+        for e in 0..3 {
+            entry.report(2, engine_report(e, true)).expect("accepted");
+        }
+        assert_eq!(state(&entry, 2), UpdateState::Committed);
+        for e in engine_states(&entry) {
+            assert_eq!(
+                (e.state, e.serving_version),
+                (crate::wire::EngineState::Serving, Some(2))
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_training_rank_that_could_not_reach_an_engine_leaves_only_that_engine_out() {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(policy(CommitPolicy::Available, 60_000), 3, 1);
+        entry.start_update(1).expect("started");
+        let partial = Report {
+            unreached: vec![1],
+            error: Some("engine 1: connection reset by peer".into()),
+            ..training_report(0)
+        };
+        entry
+            .report(1, partial)
+            .expect("a partial success is accepted");
+        entry.report(1, training_report(1)).expect("accepted");
+        for e in 0..3 {
+            entry.report(1, engine_report(e, true)).expect("accepted");
+        }
+        // engine 1's own rank said it received, but a training rank's bytes never reached it
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+        let engines = engine_states(&entry);
+        assert_eq!(engines[1].state, EngineState::Torn);
+        assert_eq!(engines[1].serving_version, None);
+        assert!(
+            engines[1]
+                .last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("training rank 0 could not reach engine 1: engine 1: connection reset"),
+            "{:?}",
+            engines[1]
+        );
+        assert_eq!(engines[0].serving_version, Some(1));
+
+        // refused: from an inference rank, with a failure, or naming no engine of the pair
+        entry.start_update(2).expect("started");
+        for (bad, want) in [
+            (
+                Report {
+                    unreached: vec![0],
+                    ..engine_report(2, true)
+                },
+                "is for training ranks",
+            ),
+            (
+                Report {
+                    unreached: vec![3],
+                    ..training_report(0)
+                },
+                "names engine 3, but the pair's engines are 0..3",
+            ),
+            (
+                Report {
+                    unreached: vec![0],
+                    ok: false,
+                    ..training_report(0)
+                },
+                "goes with a successful part",
+            ),
+        ] {
+            let e = entry.report(2, bad).expect_err("refused");
+            assert!(matches!(e, UpdateError::BadUnreached { .. }), "{e:?}");
+            assert!(e.to_string().contains(want), "{e}");
+        }
+        assert_eq!(entry.lock().updates.history[&2].succeeded, 0);
+
+        // with `all`, an unreached engine fails the version
+        let entry = pair_of(PairOptions::default(), 3, 1);
+        entry.start_update(1).expect("started");
+        let partial = Report {
+            unreached: vec![2],
+            ..training_report(0)
+        };
+        entry.report(1, partial).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Failed);
+    }
+
+    #[tokio::test]
+    async fn an_engine_left_out_holds_no_delta_base_and_gets_every_byte_next() {
+        use crate::wire::{CommitPolicy, ReportDelta};
+        let entry = pair_of(
+            PairOptions {
+                deltas: true,
+                ..policy(CommitPolicy::Available, 60_000)
+            },
+            2,
+            1,
+        );
+        let holds = ReportDelta {
+            dense_bytes: 10,
+            elements: 5,
+            changed: 5,
+            holds: true,
+        };
+        entry.start_update(1).expect("started");
+        {
+            // as if each slot's holder had joined with a claim id
+            let mut p = entry.lock();
+            let u = p.updates.history.get_mut(&1).expect("version 1");
+            for (i, r) in u.ranks.iter_mut().enumerate() {
+                r.claim = Some(format!("claim-{i}"));
+            }
+        }
+        for e in 0..2 {
+            // engine 1's rank says it holds version 1, but training rank 0 never reached it
+            let r = Report {
+                delta: Some(holds),
+                incarnation: Some(format!("claim-{}", 2 + e)),
+                ..engine_report(e, true)
+            };
+            entry.report(1, r).expect("accepted");
+        }
+        let partial = Report {
+            unreached: vec![1],
+            incarnation: Some("claim-0".into()),
+            ..training_report(0)
+        };
+        entry.report(1, partial).expect("accepted");
+        let last = Report {
+            incarnation: Some("claim-1".into()),
+            ..training_report(1)
+        };
+        entry.report(1, last).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Committed);
+        // engine 0's rank (slot 2) holds version 1; engine 1's (slot 3) holds none, so it is in
+        // the next update's `except` and gets every byte
+        let held = entry.held_after(&entry.lock().updates.history[&1]);
+        assert_eq!(
+            held,
+            (1, vec![None, None, Some("claim-2".to_string()), None])
         );
     }
 }

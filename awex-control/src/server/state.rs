@@ -62,6 +62,8 @@ pub(crate) struct Pair {
     pub(crate) events: EventLog,
     /// Engine errors outside an update (warm-up), kept for the status.
     pub(crate) engine_errors: Vec<String>,
+    /// Where each inference engine stands (the version it serves, behind, torn).
+    pub(crate) engines: Vec<crate::server::store::engines::EngineRecord>,
     /// When the pair was disconnected (its tombstone's age after a restart).
     pub(crate) disconnected_unix_ms: Option<u64>,
     /// What changed since the lock was taken, written through when it is released.
@@ -79,6 +81,7 @@ impl Pair {
             updates: Updates::default(),
             events: EventLog::default(),
             engine_errors: Vec::new(),
+            engines: vec![Default::default(); slots.engines as usize],
             disconnected_unix_ms: None,
             journal: Vec::new(),
         }
@@ -219,6 +222,7 @@ impl PairEntry {
                         last_event_seq: p.events.last_seq(),
                         kv_revision: p.kv.revision,
                         disconnected_unix_ms: p.disconnected_unix_ms,
+                        engines: p.engines.clone(),
                     }),
                 )),
                 Op::Roster(slot) => {
@@ -260,6 +264,7 @@ impl PairEntry {
                             engine_errors: u.engine_errors.clone(),
                             detail: !u.ranks.is_empty(),
                             applying: u.applying,
+                            left_out: u.left_out(),
                         })
                     }),
                 )),
@@ -411,8 +416,25 @@ impl PairEntry {
             torn_version: p.updates.torn(),
             serving_torn_version: p.updates.serving_torn(),
             engine_errors: p.engine_errors.clone(),
+            engines: engine_statuses(&p),
         }
     }
+
+    /// The pair's state and its engines' (for `/metrics`: no copy of the rest of the status).
+    pub(crate) fn engines(&self) -> (PairState, Vec<crate::wire::EngineStatus>) {
+        let p = self.lock();
+        (p.state, engine_statuses(&p))
+    }
+}
+
+/// Where each of the pair's engines stands (catching up while an update is pending or running).
+fn engine_statuses(p: &Pair) -> Vec<crate::wire::EngineStatus> {
+    let running = p.updates.latest().is_some_and(|u| !u.state.is_final());
+    p.engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.status(i as u32, running))
+        .collect()
 }
 
 impl Gateway {

@@ -1,4 +1,4 @@
-//! Events the ranks long-poll for (`update`, `apply`, `abort`, `disconnect`).
+//! Events the ranks long-poll for (`update`, `apply`, `abort`, `disconnect`, `left_out`).
 
 use awex_core::layout::RankId;
 use serde::{Deserialize, Serialize};
@@ -16,6 +16,10 @@ pub enum EventKind {
     Abort,
     /// The pair was disconnected: tear down transports and stop polling.
     Disconnect,
+    /// Commit policies `quorum:K` and `available`: the `engines` failed attempt `attempt` of
+    /// `version` and are left out of it (`reason` says why); training ranks stop sending to
+    /// them and no longer wait for them, the version goes on for the others.
+    LeftOut,
 }
 
 /// One event of a pair.
@@ -38,6 +42,9 @@ pub struct Event {
     /// deltas may be taken against; absent when none does (the update moves every byte).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<DeltaBase>,
+    /// The engines left out (`left_out`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<u32>,
 }
 
 /// The version the inference ranks of a pair hold as an update starts: every inference rank

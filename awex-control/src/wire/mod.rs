@@ -10,18 +10,18 @@ mod updates;
 
 pub use events::{DeltaBase, Event, EventKind, EventsResponse};
 pub use kv::{KvEntry, KvPut, model_key};
-pub use options::{ApplyMode, PairOptions};
+pub use options::{ApplyMode, CommitPolicy, PairOptions};
 pub use pairs::{
-    ConnectRequest, InferenceSpec, PairState, PairStatus, Resume, SideStatus, TrainingSpec,
-    Transport,
+    ConnectRequest, EngineState, EngineStatus, InferenceSpec, PairState, PairStatus, Resume,
+    SideStatus, TrainingSpec, Transport,
 };
 pub use ranks::{
     CAP_ATOMIC_APPLY, CLAIM_HEADER, JoinPending, JoinRequest, JoinResponse, PairSecretHex,
     ReleaseSlot, RosterEntry, RosterRank, SlotReleased,
 };
 pub use updates::{
-    DeltaTotals, RankReportState, RankUpdate, Report, ReportAck, ReportDelta, SideTotals,
-    StartUpdate, UpdateState, UpdateStatus,
+    DeltaTotals, EngineLeftOut, RankReportState, RankUpdate, Report, ReportAck, ReportDelta,
+    SideTotals, StartUpdate, UpdateState, UpdateStatus,
 };
 
 use std::time::Duration;

@@ -185,6 +185,73 @@ pub struct PairStatus {
     /// What the engines' servers answered to calls outside an update (warm-up after connect).
     #[serde(default)]
     pub engine_errors: Vec<String>,
+    /// Per engine: the version it serves, whether it is behind, torn or catching up, and why
+    /// it last failed (docs/gateway.md, "Engines and commit policies").
+    #[serde(default)]
+    pub engines: Vec<EngineStatus>,
+}
+
+/// Where one inference engine stands ([`PairStatus::engines`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStatus {
+    /// The engine index (its ranks are `{engine, rank: 0..}`).
+    pub engine: u32,
+    /// `serving`, `behind`, `torn` or `catching_up`.
+    pub state: EngineState,
+    /// The last committed version this engine applied whole: what it serves (null before the
+    /// first commit). Never a version it holds only partly.
+    pub serving_version: Option<u64>,
+    /// When it first missed a committed version (ms since the Unix epoch); null when current.
+    #[serde(default)]
+    pub behind_since_unix_ms: Option<u64>,
+    /// A version that failed on it after its ranks may have written: its weights are partly
+    /// written; it is not served until it catches up or the controller accepts it.
+    #[serde(default)]
+    pub torn_version: Option<u64>,
+    /// A torn version the controller chose to serve on it (`resume` with `accept_torn`).
+    #[serde(default)]
+    pub serving_torn_version: Option<u64>,
+    /// It is behind and takes part in the running update, which brings it to that version.
+    #[serde(default)]
+    pub catching_up: bool,
+    /// Why it last failed an update.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+/// Where an engine stands, in one word ([`EngineStatus::state`]): route requests only to
+/// `serving` engines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineState {
+    /// It serves `serving_version`, the pair's latest committed version (or none was yet).
+    Serving,
+    /// It missed a committed version and serves an older one, whole.
+    Behind,
+    /// Its weights are partly written by a failed version: it must not serve.
+    Torn,
+    /// It is behind and the running update brings it to the new version.
+    CatchingUp,
+}
+
+impl EngineState {
+    /// Every state, in the order `/metrics` lists them.
+    pub const ALL: [EngineState; 4] = [
+        EngineState::Serving,
+        EngineState::Behind,
+        EngineState::Torn,
+        EngineState::CatchingUp,
+    ];
+
+    /// The wire name (`catching_up`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineState::Serving => "serving",
+            EngineState::Behind => "behind",
+            EngineState::Torn => "torn",
+            EngineState::CatchingUp => "catching_up",
+        }
+    }
 }
 
 /// `POST /v1/pairs/{name}/resume` body: let the engines serve again outside an update.

@@ -42,6 +42,12 @@ pub struct Report {
     /// holds the version's bytes exactly as sent, so the next update may be a delta against it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta: Option<ReportDelta>,
+    /// Training ranks of pairs whose commit policy is `quorum:K` or `available`: engines this
+    /// rank could not reach (their ranks died or were cut off while it sent); the rest of its
+    /// part succeeded. Those engines are left out of the version (with `all`, the version
+    /// fails). Absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreached: Vec<u32>,
 }
 
 /// A rank's delta figures for one update ([`Report::delta`]).
@@ -207,6 +213,20 @@ pub struct UpdateStatus {
     /// (`continue_generation`); a wait for the update answers once they were.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resuming: bool,
+    /// Pairs whose commit policy is `quorum:K` or `available`: the engines that failed this
+    /// attempt and are left out of it, each with why (a committed version is not served by
+    /// them: they are behind).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<EngineLeftOut>,
+}
+
+/// An engine left out of an update ([`UpdateStatus::left_out`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineLeftOut {
+    /// The engine index.
+    pub engine: u32,
+    /// Why: its rank's failure, its rank gone, or the deadline.
+    pub error: String,
 }
 
 /// Delta figures summed per side ([`UpdateStatus::delta`]).

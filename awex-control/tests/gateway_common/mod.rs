@@ -206,6 +206,7 @@ pub async fn rank(
                             attempt: Some(a),
                             incarnation: None,
                             delta: None,
+                            unreached: Vec::new(),
                         }),
                         Act::Ok { bytes, checksum } => Some(Report {
                             side,
@@ -217,6 +218,7 @@ pub async fn rank(
                             attempt: Some(a),
                             incarnation: None,
                             delta: None,
+                            unreached: Vec::new(),
                         }),
                         Act::Fail(why) => Some(Report {
                             side,
@@ -228,6 +230,7 @@ pub async fn rank(
                             attempt: Some(a),
                             incarnation: None,
                             delta: None,
+                            unreached: Vec::new(),
                         }),
                         Act::Silent => None,
                     };
@@ -258,6 +261,7 @@ pub async fn rank(
                             attempt: Some(a),
                             incarnation: None,
                             delta: None,
+                            unreached: Vec::new(),
                         };
                         match client.report(&pair, v, &r).await {
                             Err(e) if e.status() == Some(409) => {}
@@ -268,6 +272,7 @@ pub async fn rank(
                     }
                 }
                 EventKind::Abort => log.push(format!("abort {v}/{a}")),
+                EventKind::LeftOut => log.push(format!("left_out {v}/{a} {:?}", e.engines)),
                 EventKind::Disconnect => {
                     log.push("disconnect".into());
                     return Ok(log);

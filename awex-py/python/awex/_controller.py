@@ -36,6 +36,7 @@ class Controller:
         join_deadline_s: float = 60.0,
         update_deadline_s: float = 120.0,
         atomic: bool = False,
+        commit: str = "all",
         infer_quant: str | None = None,
         infer_config: Any = None,
         fp8_block: Sequence[int] | None = None,
@@ -48,7 +49,12 @@ class Controller:
         gateway so that ranks need only ``(gateway, pair, rank)``. With ``atomic``, inference
         ranks receive into staging and copy into their live tensors only once every rank
         received (one extra copy of each shard; a failure before that leaves the live weights
-        at the last committed version).
+        at the last committed version). ``commit`` says when a version commits across engines:
+        ``"all"`` (every engine applied it), ``"quorum:K"`` (at least K engines did) or
+        ``"available"`` (at least one did); engines left out are reported per engine in the
+        status's ``engines`` (``state``, ``serving_version``, ``behind_since_unix_ms``,
+        ``torn_version``, ``catching_up``, ``last_error``) and catch up in the next update.
+        Route requests only to engines whose ``state`` is ``"serving"``.
 
         FP8 rollouts (``docs/fp8.md``), as ``awex-cli``'s ``--infer-quant`` / ``--infer-config`` /
         ``--fp8-block`` / ``--fp8-recipe``: ``infer_quant="fp8"`` stores the inference side's
@@ -74,6 +80,7 @@ class Controller:
             update_deadline_s=update_deadline_s,
             atomic=atomic,
             deltas=deltas,
+            commit=commit,
             **fp8_args(infer_quant, infer_config, fp8_block, fp8_recipe),
             **model_args(model),
         )

@@ -271,6 +271,8 @@ impl Rank {
             join_request: req,
             last_transfer: None,
             bases: None,
+            unreached: Vec::new(),
+            lost: Default::default(),
         })
     }
 }

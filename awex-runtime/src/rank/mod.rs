@@ -63,6 +63,11 @@ pub struct Rank {
     /// Deltas on: the version the inference ranks hold, as announced with the last `update`
     /// event taken, and the work it was announced with.
     bases: Option<(Work, crate::delta::PeerBases)>,
+    /// Training ranks: engines the last update could not reach (commit policies `quorum:K`,
+    /// `available`), reported with it (`Report::unreached`).
+    unreached: Vec<u32>,
+    /// The engines the gateway left out of the running version (its `left_out` events).
+    lost: Arc<crate::transport::LostEngines>,
     /// The event poll this rank's process keeps open while it holds its slot.
     _presence: Presence,
 }
@@ -225,7 +230,7 @@ impl Rank {
                             return Ok(Some(work));
                         }
                     }
-                    EventKind::Abort | EventKind::Apply => {}
+                    EventKind::Abort | EventKind::Apply | EventKind::LeftOut => {}
                 }
             }
             let me = self.incarnation().to_string();
@@ -337,7 +342,7 @@ impl Rank {
                 ev.version == Some(w.version) && ev.attempt.unwrap_or(1) > w.attempt
             }
             EventKind::Disconnect => true,
-            EventKind::Apply => false,
+            EventKind::Apply | EventKind::LeftOut => false,
         })
     }
 

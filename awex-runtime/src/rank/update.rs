@@ -100,8 +100,11 @@ impl Rank {
         work: Work,
         checksums: bool,
     ) -> Result<ExecStats, RuntimeError> {
-        if work.attempt > 1 {
-            // a restarted peer publishes new rendezvous values
+        let tolerant = !self.joined.options.commit.is_all();
+        if work.attempt > 1 || tolerant {
+            // a restarted peer publishes new rendezvous values (a retry; or, where engines may
+            // be left out of a version, before every update: an engine left out may have been
+            // restarted since, and a sender whose bytes it took before it died never knew)
             if let Err(e) = self.refresh_peers().await {
                 return self
                     .report(
@@ -113,6 +116,8 @@ impl Rank {
                     )
                     .await;
             }
+        }
+        if work.attempt > 1 {
             // nccl: a fresh communicator per retry, its id shared through the kv
             if let Err(e) = self.attempt_kv(work).await {
                 return self.report(work, Err(e)).await;
@@ -125,6 +130,10 @@ impl Rank {
         let Some(mut transport) = self.transport.take() else {
             return self.report(work, Err(TransportError::Lost.into())).await;
         };
+        // a failed engine is left out of the version instead of failing it, where the pair's
+        // commit policy allows and the transport can
+        self.lost.clear();
+        transport.tolerate_lost_engines(tolerant.then(|| self.lost.clone()));
         let peers = self.peers.clone();
         let bases = self
             .bases
@@ -157,6 +166,7 @@ impl Rank {
             let mut after = self.last_seq;
             let me = self.incarnation().to_string();
             let watched = self.watched_seq.clone();
+            let lost = self.lost.clone();
             move |stop: Arc<AtomicBool>| async move {
                 while !stop.load(Ordering::Acquire) {
                     let polled = client
@@ -166,6 +176,17 @@ impl Rank {
                         Ok(r) => {
                             after = r.last_seq.max(after);
                             watched.fetch_max(after, Ordering::AcqRel);
+                            for ev in &r.events {
+                                // an engine left out: stop sending to it and waiting for it
+                                if ev.kind == EventKind::LeftOut
+                                    && ev.version == Some(work.version)
+                                    && ev.attempt.unwrap_or(1) == work.attempt
+                                {
+                                    for &e in &ev.engines {
+                                        lost.insert(e);
+                                    }
+                                }
+                            }
                             let aborted = r.events.iter().any(|ev| match ev.kind {
                                 // (an earlier attempt's abort stays in the stream: a rank
                                 // told its attempt directly starts watching before it)
@@ -174,7 +195,7 @@ impl Rank {
                                         && ev.attempt.unwrap_or(1) >= work.attempt
                                 }
                                 EventKind::Disconnect => true,
-                                EventKind::Update | EventKind::Apply => false,
+                                EventKind::Update | EventKind::Apply | EventKind::LeftOut => false,
                             });
                             if aborted {
                                 cancel.store(true, Ordering::Release);
@@ -197,6 +218,7 @@ impl Rank {
             self.last_transfer = Some((work, t_moved.elapsed()));
         }
         let stages = transport.stages();
+        self.unreached = transport.unreached();
         self.transport = Some(transport);
         let received = self.report(work, result).await?;
         if !stages {
@@ -307,6 +329,7 @@ impl Rank {
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
                 delta: delta(s),
+                unreached: self.unreached.clone(),
             },
             Err(e) => Report {
                 side: self.cfg.side,
@@ -318,6 +341,7 @@ impl Rank {
                 attempt: Some(work.attempt),
                 incarnation: Some(self.incarnation().to_string()),
                 delta: None,
+                unreached: Vec::new(),
             },
         };
         // a report that may have arrived is re-sent only after a transient failure: the gateway

@@ -819,6 +819,14 @@ impl Transport for EncodingTransport {
         self.inner.holds_base()
     }
 
+    fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
+        self.inner.tolerate_lost_engines(lost)
+    }
+
+    fn unreached(&self) -> Vec<u32> {
+        self.inner.unreached()
+    }
+
     fn close(&mut self) {
         self.inner.close()
     }

@@ -31,6 +31,7 @@ pub use tcp::TcpTransport;
 use super::RuntimeError;
 use awex_core::layout::RankId;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -83,6 +84,31 @@ impl ExecContext<'_> {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(1));
         }
+    }
+}
+
+/// The engines the gateway left out of the running version (its `left_out` events), shared by
+/// the rank that reads the events and the transport that moves the bytes.
+#[derive(Debug, Default)]
+pub struct LostEngines(std::sync::Mutex<std::collections::BTreeSet<u32>>);
+
+impl LostEngines {
+    /// Engine `e` is left out.
+    pub fn insert(&self, e: u32) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(e);
+    }
+
+    /// Whether engine `e` is left out.
+    pub fn contains(&self, e: u32) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&e)
+    }
+
+    /// A new version: none is left out yet.
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -240,6 +266,23 @@ pub trait Transport: Send {
     /// last update it completed, so that a delta against that version applies (deltas on).
     fn holds_base(&self) -> bool {
         false
+    }
+
+    /// Training ranks of pairs whose commit policy leaves failed engines out (`quorum:K`,
+    /// `available`): with `lost` (the engines the gateway left out of the running version, filled
+    /// as its `left_out` events come), a peer this rank cannot reach (its connection refused or
+    /// broken, not an abort or the deadline), or whose engine is left out before it took its
+    /// bytes, no longer fails the whole part; the others' transfers go on and
+    /// [`Transport::unreached`] names its engine. Answers whether this transport does so; one
+    /// that does not (the default) keeps failing the part on any peer's failure.
+    fn tolerate_lost_engines(&mut self, _lost: Option<Arc<LostEngines>>) -> bool {
+        false
+    }
+
+    /// The engines the last [`Transport::execute`] could not reach (see
+    /// [`Transport::tolerate_lost_engines`]), ascending; empty by default.
+    fn unreached(&self) -> Vec<u32> {
+        Vec::new()
     }
 
     /// Releases every resource (sockets, segments, handles).

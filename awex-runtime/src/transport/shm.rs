@@ -126,6 +126,7 @@ impl Control {
                 (1, n_sums),
                 (1, n_peers),
                 (2, n_sums),
+                (1, n_peers),
             ],
         )
     }
@@ -154,6 +155,21 @@ impl Control {
             .checked_add(p)?
             .checked_add(usize::try_from(i).ok()?.checked_mul(2)?)?;
         Some((self.word_at(at)?, self.word_at(at.checked_add(1)?)?))
+    }
+    /// The tag of the last update peer `i` took all its bytes of (receivers set it before
+    /// counting themselves `done`): which peers are done, when some engines are left out.
+    fn peer_done(&self, i: u64) -> Option<&AtomicU64> {
+        if i >= self.n_peers() {
+            return None;
+        }
+        let p = usize::try_from(self.n_peers()).ok()?;
+        let s = usize::try_from(self.n_sums()).ok()?;
+        let at = self
+            .delta_tables()?
+            .checked_add(p)?
+            .checked_add(s.checked_mul(2)?)?
+            .checked_add(usize::try_from(i).ok()?)?;
+        self.word_at(at)
     }
     fn valid(&self) -> bool {
         self.seg.has_magic(MAGIC, HEADER / 8)
@@ -197,6 +213,10 @@ pub struct ShmTransport {
     /// deltas on, training side: the copy of what was last sent, and the delta segment
     base: Option<SenderBase>,
     delta_seg: Option<ShmSegment>,
+    /// training ranks: the engines the gateway left out of the running version
+    lost: Option<Arc<super::LostEngines>>,
+    /// the engines the last send left out before they took its bytes
+    unreached: std::collections::BTreeSet<u32>,
     /// deltas on: what this (inference) rank's tensors hold, per sender
     held: HeldBases,
     deltas: bool,
@@ -245,6 +265,8 @@ impl ShmTransport {
             fp8: None,
             base: None,
             delta_seg: None,
+            lost: None,
+            unreached: Default::default(),
             held: HeldBases::default(),
             deltas: false,
         };
@@ -508,7 +530,36 @@ impl ShmTransport {
         ctl.done().store(0, Ordering::Relaxed);
         ctl.ready().store(ctx.tag(), Ordering::Release);
         let want = self.plan.peers.len() as u64;
-        let result = ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want);
+        self.unreached.clear();
+        let tag = ctx.tag();
+        let peers = &self.plan.peers;
+        let done = |i: usize| {
+            ctl.peer_done(i as u64)
+                .is_some_and(|w| w.load(Ordering::Acquire) == tag)
+        };
+        let result = match &self.lost {
+            // engines the gateway left out are not waited for
+            Some(lost) => ctx.wait_until(|| {
+                ctl.done().load(Ordering::Acquire) >= want
+                    || peers
+                        .iter()
+                        .enumerate()
+                        .all(|(i, p)| done(i) || lost.contains(p.peer.engine))
+            }),
+            None => ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want),
+        };
+        if result.is_ok() && ctl.done().load(Ordering::Acquire) < want {
+            for (i, p) in peers.iter().enumerate() {
+                if !done(i) {
+                    self.unreached.insert(p.peer.engine);
+                }
+            }
+            tracing::warn!(
+                version = ctx.version,
+                engines = ?self.unreached,
+                "the gateway left engines out of this version before they took this rank's bytes"
+            );
+        }
         // once every peer is done (or this rank gave up) nobody may read these weights as this
         // version any more: the trainer is free to change them
         ctl.ready().store(NONE, Ordering::Release);
@@ -585,6 +636,9 @@ impl ShmTransport {
                 let remote = &self.remotes[&peer.peer];
                 let st = receive_deltas(remote, peer, &self.buckets[pi], &self.tensors, ctx)?;
                 stats.add(&st);
+                if let Some(w) = remote.ctl.peer_done(remote.peer_at) {
+                    w.store(ctx.tag(), Ordering::Release);
+                }
                 remote.ctl.done().fetch_add(1, Ordering::AcqRel);
                 self.held.finish(peer.peer, ctx.version);
                 continue;
@@ -652,6 +706,9 @@ impl ShmTransport {
                     version: ctx.version,
                 }
                 .into());
+            }
+            if let Some(w) = remote.ctl.peer_done(remote.peer_at) {
+                w.store(ctx.tag(), Ordering::Release);
             }
             remote.ctl.done().fetch_add(1, Ordering::AcqRel);
             stats.bytes += peer.bytes;
@@ -862,6 +919,15 @@ impl Transport for ShmTransport {
         }
         self.deltas = true;
         Ok(true)
+    }
+
+    fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
+        self.lost = lost.filter(|_| self.plan.side == Side::Training);
+        self.lost.is_some()
+    }
+
+    fn unreached(&self) -> Vec<u32> {
+        self.unreached.iter().copied().collect()
     }
 
     fn holds_base(&self) -> bool {

@@ -104,6 +104,14 @@ impl Transport for StagedTransport {
         self.inner.holds_base()
     }
 
+    fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
+        self.inner.tolerate_lost_engines(lost)
+    }
+
+    fn unreached(&self) -> Vec<u32> {
+        self.inner.unreached()
+    }
+
     fn apply(&mut self) -> Result<u64, RuntimeError> {
         self.live.copy_from(&self.staging)
     }

@@ -70,6 +70,8 @@ pub struct TcpTransport {
     addr: Option<String>,
     incoming: Streams,
     outgoing: HashMap<RankId, TcpStream>,
+    /// the rendezvous value each outgoing connection was opened with
+    connected: HashMap<RankId, serde_json::Value>,
     stop: Arc<AtomicBool>,
     secret: Arc<Mutex<Option<PairSecret>>>,
     refused: Arc<AtomicU64>,
@@ -80,6 +82,13 @@ pub struct TcpTransport {
     /// deltas on: what an inference rank's tensors hold, per sender
     held: Arc<HeldBases>,
     deltas: bool,
+    /// training ranks: a peer that cannot be reached leaves only its engine out
+    /// ([`Transport::tolerate_lost_engines`])
+    tolerate: bool,
+    /// the engines the last send could not reach
+    unreached: std::collections::BTreeSet<u32>,
+    /// the engines the gateway left out of the running version
+    lost: Option<Arc<super::LostEngines>>,
 }
 
 /// What a peer stream's end needs besides its plan, tensors and socket: the bucket size, the
@@ -289,6 +298,7 @@ impl TcpTransport {
             addr: None,
             incoming: Arc::new((Mutex::new(HashMap::new()), Condvar::new())),
             outgoing: HashMap::new(),
+            connected: HashMap::new(),
             stop: Arc::new(AtomicBool::new(false)),
             secret: Arc::new(Mutex::new(None)),
             refused: Arc::new(AtomicU64::new(0)),
@@ -296,6 +306,9 @@ impl TcpTransport {
             base: None,
             held: Arc::new(HeldBases::default()),
             deltas: false,
+            tolerate: false,
+            unreached: Default::default(),
+            lost: None,
         };
         if t.side == Side::Inference {
             let listener =
@@ -351,7 +364,14 @@ impl TcpTransport {
                 let _ = old.shutdown(std::net::Shutdown::Both);
             }
         } else if self.outgoing.contains_key(&peer.peer) {
-            return Ok(());
+            if self.connected.get(&peer.peer) == ctx.peers.get(&peer.peer) {
+                return Ok(());
+            }
+            // the peer published new rendezvous values since (a restarted process): the old
+            // connection leads to the process it replaced
+            if let Some(old) = self.outgoing.remove(&peer.peer) {
+                let _ = old.shutdown(std::net::Shutdown::Both);
+            }
         }
         let addr = ctx
             .peers
@@ -405,27 +425,59 @@ impl TcpTransport {
             .into());
         }
         self.outgoing.insert(peer.peer, s);
+        if let Some(v) = ctx.peers.get(&peer.peer) {
+            self.connected.insert(peer.peer, v.clone());
+        }
         Ok(())
     }
 
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
         let plan = self.plan.clone();
-        for peer in &plan.peers {
-            self.connect(peer, ctx)?;
-        }
+        self.unreached.clear();
         let mut streams: Vec<(usize, TcpStream)> = Vec::new();
         for (i, peer) in plan.peers.iter().enumerate() {
+            let lost = self
+                .lost
+                .as_ref()
+                .is_some_and(|l| l.contains(peer.peer.engine));
+            if lost {
+                self.unreached.insert(peer.peer.engine);
+            }
+            if self.unreached.contains(&peer.peer.engine) {
+                // its engine is out of this version: close the stream, so that the engine's
+                // other ranks stop waiting for it now (a fresh one opens next time)
+                if let Some(s) = self.outgoing.remove(&peer.peer) {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+                continue;
+            }
+            if let Err(e) = self.connect(peer, ctx) {
+                self.lose(peer.peer, e, ctx)?;
+                continue;
+            }
             let s = self.outgoing[&peer.peer]
                 .try_clone()
                 .map_err(io_err("clone socket".into()))?;
             streams.push((i, s));
         }
-        let sent = self
-            .run_peers(&plan, streams, ctx, send_peer)
-            .map_err(|(peer, e)| {
-                self.outgoing.remove(&peer);
-                e
-            });
+        let mut sent = Ok(ExecStats::default());
+        for (peer, r) in self.run_peers(&plan, streams, ctx, send_peer) {
+            match r {
+                Ok(s) => {
+                    if let Ok(total) = sent.as_mut() {
+                        total.add(&s);
+                    }
+                }
+                Err(e) => {
+                    self.outgoing.remove(&peer);
+                    if sent.is_ok()
+                        && let Err(e) = self.lose(peer, e, ctx)
+                    {
+                        sent = Err(e);
+                    }
+                }
+            }
+        }
         if let Some(b) = self.base.as_mut() {
             match &sent {
                 // what every peer now holds, unless a peer failed after all (then the gateway
@@ -474,6 +526,11 @@ impl TcpTransport {
             }
         }
         self.run_peers(&plan, streams, ctx, receive_peer)
+            .into_iter()
+            .try_fold(ExecStats::default(), |mut total, (peer, r)| {
+                total.add(&r.map_err(|e| (peer, e))?);
+                Ok(total)
+            })
             .map_err(|(peer, e)| {
                 // a broken stream is dropped (the peer reconnects on retry), but only the one
                 // this attempt used: the peer may already have opened its retry's connection,
@@ -487,14 +544,39 @@ impl TcpTransport {
             })
     }
 
-    /// Runs one thread per peer stream and sums their stats; the first failure names its peer.
+    /// A training rank could not reach `peer` (`e`): with lost engines tolerated, and unless
+    /// the update was aborted or its deadline passed, its engine is left out of this part and
+    /// the other peers' transfers go on; otherwise the part fails with `e`.
+    fn lose(
+        &mut self,
+        peer: RankId,
+        e: RuntimeError,
+        ctx: &ExecContext<'_>,
+    ) -> Result<(), RuntimeError> {
+        if !self.tolerate || ctx.check().is_err() {
+            return Err(e);
+        }
+        tracing::warn!(
+            rank = self.me.rank,
+            peer = %peer,
+            engine = peer.engine,
+            version = ctx.version,
+            error = %e,
+            "could not reach an inference rank: its engine is left out of this version"
+        );
+        self.outgoing.remove(&peer);
+        self.unreached.insert(peer.engine);
+        Ok(())
+    }
+
+    /// Runs one thread per peer stream; each peer's stats or failure.
     fn run_peers(
         &self,
         plan: &RankPlan,
         streams: Vec<(usize, TcpStream)>,
         ctx: &ExecContext<'_>,
         per_peer: PeerFn,
-    ) -> Result<ExecStats, (RankId, RuntimeError)> {
+    ) -> Vec<(RankId, Result<ExecStats, RuntimeError>)> {
         let base_of = |peer: RankId| {
             self.base
                 .as_ref()
@@ -509,6 +591,7 @@ impl TcpTransport {
                 .map(|(p, b)| (b.as_slice(), p.transfers.as_slice())),
         );
         let shared = &shared;
+        let peers: Vec<RankId> = streams.iter().map(|(i, _)| plan.peers[*i].peer).collect();
         let results: Vec<Result<ExecStats, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = streams
                 .into_iter()
@@ -533,11 +616,7 @@ impl TcpTransport {
                 })
                 .collect()
         });
-        let mut total = ExecStats::default();
-        for (peer, r) in plan.peers.iter().zip(results) {
-            total.add(&r.map_err(|e| (peer.peer, e))?);
-        }
-        Ok(total)
+        peers.into_iter().zip(results).collect()
     }
 }
 
@@ -1022,6 +1101,16 @@ impl Transport for TcpTransport {
 
     fn holds_base(&self) -> bool {
         self.deltas && self.side == Side::Inference
+    }
+
+    fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
+        self.tolerate = lost.is_some() && self.side == Side::Training;
+        self.lost = lost.filter(|_| self.tolerate);
+        self.tolerate
+    }
+
+    fn unreached(&self) -> Vec<u32> {
+        self.unreached.iter().copied().collect()
     }
 
     fn close(&mut self) {

@@ -67,6 +67,19 @@ pub struct Args {
     /// Deadline of one update in seconds (1 to 86400).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub deadline_s: u64,
+    /// When a version commits across engines: `all` (every engine applied it), `quorum:K` or
+    /// `available` (see `awex-cli pair connect --commit`).
+    #[arg(long, default_value = "all")]
+    pub commit: awex_control::wire::CommitPolicy,
+    /// Fault drill: SIGKILL inference rank E/0 during update `--fault-version`; where the commit
+    /// policy allows, that version commits on the other engines and engine E is reported
+    /// behind; then the rank is restarted and catches up in the next update.
+    #[arg(long, hide = true)]
+    pub fault_kill_infer_engine: Option<u32>,
+    /// Fault drill: SIGSTOP inference rank E/0 of each of these engines as update
+    /// `--fault-version` starts; SIGCONT them once it settled, and retry it if it failed.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub fault_stop_infer_engines: Vec<u32>,
     /// Fault drill: SIGKILL this training rank during update `--fault-version`, then restart it
     /// and retry that version.
     #[arg(long, hide = true)]

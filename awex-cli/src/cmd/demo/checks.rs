@@ -93,3 +93,41 @@ pub fn deltas(rows: &[UpdateRow]) -> Check {
         ),
     )
 }
+
+/// `--fault-kill-infer-engine E`: the version the rank was killed in committed on the other
+/// engines with E left out and reported behind, and E caught up in the next update (every byte
+/// verified on every engine).
+pub fn engines(rows: &[UpdateRow], engine: u32, fault_version: u64) -> Check {
+    let fault = rows
+        .iter()
+        .find(|u| u.version == fault_version && u.verified);
+    let next = rows
+        .iter()
+        .find(|u| u.version == fault_version + 1 && u.verified);
+    let left_out = fault.is_some_and(|u| u.left_out == [engine]);
+    let behind = fault.and_then(|u| u.behind) == Some(true);
+    let caught_up = next.is_some_and(|u| u.left_out.is_empty() && u.caught_up == Some(true));
+    Check::new(
+        left_out && behind && caught_up,
+        format!(
+            "engine {engine}'s rank killed in version {fault_version}: the version {} on the other engines with engine {engine} left out ({}), engine {engine} {} behind; restarted, it {} in version {}",
+            if fault.is_some() {
+                "committed, verified,"
+            } else {
+                "did NOT commit"
+            },
+            if left_out {
+                "only it"
+            } else {
+                "NOT as expected"
+            },
+            if behind { "reported" } else { "NOT reported" },
+            if caught_up {
+                "caught up, every byte verified,"
+            } else {
+                "did NOT catch up"
+            },
+            fault_version + 1
+        ),
+    )
+}

@@ -157,6 +157,7 @@ async fn demo(
                     bucket_mib: a.bucket_mib,
                     checksums: a.checksums,
                     deltas: a.deltas,
+                    commit: a.commit,
                     apply: if a.atomic {
                         ApplyMode::Atomic
                     } else {
@@ -223,6 +224,9 @@ async fn demo(
         {
             c.args(["--corrupt-version", &v.to_string()]);
         }
+        if a.fault_kill_infer_engine == Some(rank.engine) && rank.rank == 0 {
+            c.args(["--die-at-version", &a.fault_version.to_string()]);
+        }
         workers.children.push((
             format!("infer {rank}"),
             c.spawn().context("spawning an inference rank")?,
@@ -258,6 +262,12 @@ async fn demo(
             .start_update(&pair, version)
             .await
             .with_context(|| format!("starting version {version}"))?;
+        // fault drill: the engines' ranks stop as the update starts (silent, not gone)
+        let stopped = if version == a.fault_version && attempts == 1 {
+            signal_infer_ranks(&workers, &a.fault_stop_infer_engines, libc::SIGSTOP)
+        } else {
+            Vec::new()
+        };
         let status = client
             .wait_update(
                 &pair,
@@ -266,6 +276,42 @@ async fn demo(
             )
             .await?;
         let seconds = t0.elapsed().as_secs_f64();
+        if !stopped.is_empty() {
+            signal_infer_ranks(&workers, &a.fault_stop_infer_engines, libc::SIGCONT);
+        }
+        if !stopped.is_empty() && status.state != UpdateState::Committed {
+            // nothing is reported serving the version that did not commit; then retry it
+            let st = client.status(&pair).await?;
+            let none_serving = st.engines.iter().all(|e| {
+                e.serving_version != Some(version)
+                    && (e.state != awex_control::wire::EngineState::Serving
+                        || e.serving_version == st.serving_version)
+            });
+            let error = status.error.clone().unwrap_or_else(|| "failed".into());
+            progress.say(&format!(
+                "version {version} attempt {attempts} failed after {seconds:.2} s with engines {stopped:?} stopped: {error}"
+            ));
+            rows.push(UpdateRow {
+                version,
+                seconds,
+                transfer_ms: None,
+                bytes: 0,
+                dense_bytes: None,
+                density: None,
+                base: None,
+                gbps: 0.0,
+                verified: false,
+                attempts,
+                error: Some(error),
+                torn: Some(st.torn_version == Some(version)),
+                live_intact: None,
+                left_out: status.left_out.iter().map(|l| l.engine).collect(),
+                behind: None,
+                caught_up: None,
+                none_serving: Some(none_serving),
+            });
+            continue;
+        }
         if status.state != UpdateState::Committed {
             let error = status.error.clone().unwrap_or_else(|| "failed".into());
             progress.say(&format!(
@@ -299,7 +345,15 @@ async fn demo(
                 )?
                 .spawn()?;
                 workers.children.push((name, c));
-                wait_rejoined(&client, &pair, RankId::train(k), restarted, &mut workers).await?;
+                wait_rejoined(
+                    &client,
+                    &pair,
+                    Side::Training,
+                    RankId::train(k),
+                    restarted,
+                    &mut workers,
+                )
+                .await?;
                 // what the failed attempt left behind: the pair's torn mark, and whether every
                 // inference rank's live tensors still hold the last committed version
                 let torn = client.status(&pair).await?.torn_version == Some(version);
@@ -339,6 +393,10 @@ async fn demo(
                     dense_bytes: None,
                     density: None,
                     base: None,
+                    left_out: Vec::new(),
+                    behind: None,
+                    caught_up: None,
+                    none_serving: None,
                 });
                 continue;
             }
@@ -356,6 +414,10 @@ async fn demo(
                 error: Some(error),
                 torn: None,
                 live_intact: None,
+                left_out: Vec::new(),
+                behind: None,
+                caught_up: None,
+                none_serving: None,
             });
             break;
         }
@@ -367,12 +429,17 @@ async fn demo(
         {
             checksums_compared += 1;
         }
-        // every inference rank checks every byte, after its report
+        // every inference rank checks every byte, after its report (but those of engines left
+        // out of the version: they do not serve it)
+        let left_out: Vec<u32> = status.left_out.iter().map(|l| l.engine).collect();
         let mut verified = true;
         let mut error = None;
         // the slowest inference rank's data plane, when every rank timed its own
         let mut transfer_ms = Some(0.0f64);
         for rank in r.inference.ranks() {
+            if left_out.contains(&rank.engine) {
+                continue;
+            }
             let key = format!("verify.{}.{}", rank.engine, rank.rank);
             let e = wait_verdict(&client, &pair, &key, version, status.attempt).await?;
             let t = e.value.get("transfer_ms").and_then(|v| v.as_f64());
@@ -386,7 +453,68 @@ async fn demo(
             }
         }
         let dense_bytes = status.delta.map(|d| d.dense_bytes.inference);
+        // fault drill: the killed engine is reported behind, then restarted to catch up
+        let mut behind = None;
+        let mut caught_up = None;
+        if let Some(e) = a.fault_kill_infer_engine {
+            let st = client.status(&pair).await?;
+            if version == a.fault_version {
+                behind = Some(st.engines.get(e as usize).is_some_and(|x| {
+                    x.state != awex_control::wire::EngineState::Serving
+                        && x.serving_version != Some(version)
+                }));
+                let rank = RankId::infer(e, 0);
+                let name = format!("infer {rank}");
+                if let Some(pos) = workers.children.iter().position(|(n, _)| *n == name) {
+                    let (_, mut old) = workers.children.remove(pos);
+                    let _ = old.wait();
+                }
+                let restarted = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(0);
+                let i = r
+                    .inference
+                    .ranks()
+                    .iter()
+                    .position(|x| *x == rank)
+                    .unwrap_or(0);
+                let c = worker_command(
+                    a,
+                    &gateway,
+                    &pair,
+                    &token,
+                    "infer",
+                    rank,
+                    gpus.of_rank(Side::Inference, i),
+                    first_version(a),
+                )?
+                .spawn()?;
+                workers.children.push((name, c));
+                wait_rejoined(
+                    &client,
+                    &pair,
+                    Side::Inference,
+                    rank,
+                    restarted,
+                    &mut workers,
+                )
+                .await?;
+                progress.say(&format!(
+                    "version {version}: engine {e} left out and reported behind; its rank restarted"
+                ));
+            } else if version == a.fault_version + 1 {
+                caught_up = Some(st.engines.iter().all(|x| {
+                    x.state == awex_control::wire::EngineState::Serving
+                        && x.serving_version == Some(version)
+                }));
+            }
+        }
         rows.push(UpdateRow {
+            left_out,
+            behind,
+            caught_up,
+            none_serving: None,
             version,
             seconds,
             transfer_ms,
@@ -464,6 +592,9 @@ async fn demo(
         shared_memory: checks::shared_memory(&leaked, &prefix),
         dumps: a.dump_dir.as_ref().map(|d| dump::check(d, r, last)),
         deltas: a.deltas.then(|| checks::deltas(&rows)),
+        engines: a
+            .fault_kill_infer_engine
+            .map(|e| checks::engines(&rows, e, a.fault_version)),
     };
     let median = {
         let mut g: Vec<f64> = rows.iter().filter(|u| u.verified).map(|u| u.gbps).collect();
@@ -492,4 +623,19 @@ async fn demo(
         leaked_segments: leaked,
         worker_errors,
     })
+}
+
+/// Sends `signal` to inference rank E/0 of each engine in `engines`; the engines signalled.
+fn signal_infer_ranks(workers: &Workers, engines: &[u32], signal: libc::c_int) -> Vec<u32> {
+    let mut done = Vec::new();
+    for &e in engines {
+        let name = format!("infer {}", RankId::infer(e, 0));
+        if let Some((_, c)) = workers.children.iter().find(|(n, _)| *n == name) {
+            // SAFETY: a signal to a child process this demo spawned and still holds.
+            if unsafe { libc::kill(c.id() as libc::pid_t, signal) } == 0 {
+                done.push(e);
+            }
+        }
+    }
+    done
 }

@@ -40,10 +40,11 @@ impl Workers {
     }
 }
 
-/// Waits until a restarted training rank joined again (after `since`, ms since the epoch).
+/// Waits until a restarted rank joined again (after `since`, ms since the epoch).
 pub async fn wait_rejoined(
     client: &Client,
     pair: &str,
+    side: awex_core::layout::Side,
     rank: RankId,
     since: u64,
     workers: &mut Workers,
@@ -51,18 +52,17 @@ pub async fn wait_rejoined(
     let stop_by = Instant::now() + Duration::from_secs(60);
     loop {
         let s = client.status(pair).await?;
-        if s.roster.iter().any(|e| {
-            e.side == awex_core::layout::Side::Training
-                && e.rank == rank
-                && e.joined_unix_ms >= since
-        }) {
+        if s.roster
+            .iter()
+            .any(|e| e.side == side && e.rank == rank && e.joined_unix_ms >= since)
+        {
             return Ok(());
         }
         if let Some(e) = workers.exited() {
             bail!("{e} before rejoining");
         }
         if Instant::now() > stop_by {
-            bail!("training rank {rank} did not rejoin within 60 s");
+            bail!("{side} rank {rank} did not rejoin within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -43,6 +43,22 @@ pub struct UpdateRow {
     /// the last committed version, byte for byte.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live_intact: Option<bool>,
+    /// Engines left out of this version (commit policies `quorum:K`, `available`): their ranks
+    /// were not verified, they do not serve it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<u32>,
+    /// `--fault-kill-infer-engine`, the fault version: whether the gateway reported the killed
+    /// engine behind (not serving this version) once it committed on the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub behind: Option<bool>,
+    /// `--fault-kill-infer-engine`, the update after the fault version: whether every engine,
+    /// the restarted one too, serves this version (it caught up), every byte verified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caught_up: Option<bool>,
+    /// `--fault-stop-infer-engines`, a failed attempt: whether no engine was reported serving
+    /// the version (each kept the version it applied whole, or is shown torn).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub none_serving: Option<bool>,
 }
 
 /// The `--json` report.
@@ -118,6 +134,10 @@ pub struct Checks {
     /// rank held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deltas: Option<Check>,
+    /// `--fault-kill-infer-engine`: the killed engine was left out and reported behind, and
+    /// caught up after its restart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engines: Option<Check>,
 }
 
 impl Checks {
@@ -128,6 +148,7 @@ impl Checks {
         v.push(&self.shared_memory);
         v.extend(&self.dumps);
         v.extend(&self.deltas);
+        v.extend(&self.engines);
         v
     }
 

@@ -11,6 +11,7 @@ use crate::server::state::AppState;
 use crate::server::store::roster::rank_name;
 use crate::wire::CLAIM_HEADER;
 use crate::wire::{EventsResponse, PairState, UpdateState};
+use awex_core::layout::Side;
 use axum::Json;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -181,7 +182,8 @@ impl Drop for PollSeen {
 }
 
 /// The holder `claim` of `slot` is gone: a running version it was told to run and has not
-/// finished cannot commit, so it fails now instead of at its deadline.
+/// finished cannot commit on its engine, so it fails now instead of at its deadline (with
+/// commit policies `quorum:K` and `available`, only its engine is left out).
 fn fail_unfinished_part(entry: &crate::server::state::PairEntry, slot: usize, claim: &str) {
     let mut p = entry.lock();
     if !p.roster.is_gone(slot) {
@@ -207,10 +209,15 @@ fn fail_unfinished_part(entry: &crate::server::state::PairEntry, slot: usize, cl
             .and_then(Option::as_ref)
             .and_then(|j| j.pid)
             .map_or("unknown".to_string(), |p| p.to_string());
+        let consequence = if entry.request.options.commit.is_all() || side == Side::Training {
+            "so this version cannot commit; start the rank again and retry the version"
+        } else {
+            "so its engine is left out of this version; start the rank again: its engine catches up in the next update"
+        };
         let reason = format!(
-            "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), so this version cannot commit; start the rank again and retry the version",
+            "{} is gone without reporting: its event poll's connection closed (the process, pid {pid}, died or was cut off), {consequence}",
             rank_name(side, rank)
         );
-        entry.fail(&mut p, reason);
+        entry.rank_failed(&mut p, slot, reason);
     }
 }

@@ -272,6 +272,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     option("update_deadline_ms", o.update_deadline_ms, 1, 86_400_000)?;
     option("bucket_mib", o.bucket_mib, 1, 65_536)?;
     option("buckets", u64::from(o.buckets), 1, 64)?;
+    commit_policy(o, e, urls)?;
 
     let null = Value::Null;
     let tm = validate::model(
@@ -557,6 +558,39 @@ fn checked_parallel(backend: &str, p: &ParallelConfig) -> ParallelConfig {
         .unwrap_or_else(|| p.clone())
 }
 
+/// Checks the commit policy against the pair: a quorum no larger than the engines, and the
+/// combinations that per-engine commits do not support yet refused, each saying why.
+fn commit_policy(
+    o: &crate::wire::PairOptions,
+    engines: u32,
+    urls: &[String],
+) -> Result<(), ApiError> {
+    use crate::wire::CommitPolicy;
+    let policy = o.commit;
+    if let CommitPolicy::Quorum(k) = policy
+        && k > engines
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "options.commit = `{policy}` needs {k} engines to apply each version, but the pair has inference.engines={engines}; use quorum:K with 1 <= K <= {engines}, or `available`"
+        )));
+    }
+    if policy.is_all() {
+        return Ok(());
+    }
+    let why = if o.checksums {
+        "options.checksums is on, and it compares the two sides' checksum sums, which are not per engine: a version left out by an engine could never commit; connect with checksums off, or with commit = all"
+    } else if o.apply == crate::wire::ApplyMode::Atomic {
+        "options.apply is atomic, and the `apply` event does not name the engines left out, so a failed engine's ranks would apply a version it did not receive whole; connect with apply = in_place, or with commit = all"
+    } else if !urls.is_empty() {
+        "inference.urls are given, and the engines' pause and resume calls go to every server together, so a failed engine would be resumed with the others; connect without urls (ranks drive the engines), or with commit = all"
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::Unprocessable(format!(
+        "options.commit = `{policy}` is refused: {why}"
+    )))
+}
+
 /// `POST /v1/pairs/{name}/resume`: lets the engines serve again outside an update. Refused
 /// while an update runs, and (without `accept_torn`) while the last failed version left the
 /// weights partially written.
@@ -590,6 +624,24 @@ pub(crate) async fn resume(
                 )));
             }
             p.updates.accept_torn();
+            p.changed(Op::State);
+        }
+        let torn: Vec<String> = p
+            .engines
+            .iter()
+            .enumerate()
+            .filter_map(|(e, r)| r.torn.map(|v| format!("engine {e} (version {v})")))
+            .collect();
+        if !torn.is_empty() {
+            if !req.accept_torn {
+                return Err(ApiError::Conflict(format!(
+                    "{} of pair `{name}` failed an update after their ranks started writing: their weights are partially written; they catch up in the next update, or resume with accept_torn to serve them anyway",
+                    torn.join(", ")
+                )));
+            }
+            for r in &mut p.engines {
+                r.accept_torn();
+            }
             p.changed(Op::State);
         }
         if let Some((version, attempt, _)) = latest {
@@ -760,12 +812,24 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                     applying: u.applying,
                     applied,
                     resuming: false,
+                    left_out: {
+                        let mut out = vec![None; slots.engines as usize];
+                        for l in u.left_out {
+                            if let Some(x) = out.get_mut(l.engine as usize) {
+                                *x = Some(l.error);
+                            }
+                        }
+                        out
+                    },
                 },
             );
         }
         p.updates.committed = st.committed;
         p.updates.torn = st.torn;
         p.updates.serving_torn = st.serving_torn;
+        if st.engines.len() == slots.engines as usize {
+            p.engines = st.engines;
+        }
         let mut events: Vec<Event> = l.events;
         events.sort_by_key(|e| e.seq);
         p.events.last = st.last_event_seq.max(events.last().map_or(0, |e| e.seq));

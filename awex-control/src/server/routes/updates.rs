@@ -88,6 +88,7 @@ impl From<UpdateError> for ApiError {
             E::NoSuchVersion { .. } | E::Vanished { .. } => ApiError::NotFound(message),
             E::ErrorTooLong { .. } => ApiError::TooLarge(message),
             E::ChecksumMissing { .. } => ApiError::Unprocessable(message),
+            E::BadUnreached { .. } => ApiError::Unprocessable(message),
             E::Reporter(api) => api,
         }
     }

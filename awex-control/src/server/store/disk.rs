@@ -111,6 +111,9 @@ pub(crate) struct StateRecord {
     pub(crate) last_event_seq: u64,
     pub(crate) kv_revision: u64,
     pub(crate) disconnected_unix_ms: Option<u64>,
+    /// Where each inference engine stands.
+    #[serde(default)]
+    pub(crate) engines: Vec<super::engines::EngineRecord>,
 }
 
 /// One roster slot.
@@ -144,6 +147,9 @@ pub(crate) struct UpdateRecord {
     /// Atomic pairs: the `apply` event went out.
     #[serde(default)]
     pub(crate) applying: bool,
+    /// Engines left out of the attempt (commit policies `quorum:K`, `available`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) left_out: Vec<crate::wire::EngineLeftOut>,
 }
 
 /// One rank's report.

@@ -30,6 +30,7 @@ impl EventLog {
             attempt,
             reason,
             base: None,
+            engines: Vec::new(),
         });
         self.last
     }

@@ -2,6 +2,7 @@
 //! that holds them.
 
 pub(crate) mod disk;
+pub(crate) mod engines;
 pub(crate) mod events;
 pub(crate) mod kv;
 pub(crate) mod metrics;

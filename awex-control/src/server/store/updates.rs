@@ -74,6 +74,9 @@ pub(crate) struct Update {
     /// version is being served when the wait returns. Not stored: after a restart nothing is
     /// in flight.
     pub(crate) resuming: bool,
+    /// Per engine, why it failed this attempt and is left out of it (commit policies
+    /// `quorum:K`, `available`; `None`: not failed).
+    pub(crate) left_out: Vec<Option<String>>,
 }
 
 impl Update {
@@ -94,6 +97,20 @@ impl Update {
 
     pub(crate) fn elapsed(&self) -> Duration {
         self.finished.unwrap_or_else(Instant::now) - self.started
+    }
+
+    /// The engines left out of this attempt, with why.
+    pub(crate) fn left_out(&self) -> Vec<EngineLeftOut> {
+        self.left_out
+            .iter()
+            .enumerate()
+            .filter_map(|(e, why)| {
+                why.as_ref().map(|w| EngineLeftOut {
+                    engine: e as u32,
+                    error: w.clone(),
+                })
+            })
+            .collect()
     }
 
     /// The delta figures the ranks reported, summed per side (`None` when none reported any).
@@ -181,6 +198,7 @@ impl Update {
             applying: self.applying,
             applied: self.applied as u32,
             resuming: self.resuming,
+            left_out: self.left_out(),
         }
     }
 }
