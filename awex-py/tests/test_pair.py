@@ -31,7 +31,7 @@ class Pair:
     """A connected pair with one Writer/Reader per rank, all in this process."""
 
     def __init__(self, gateway: str, name: str, model: Any, train: str, infer: str, transport: str,
-                 **connect: Any) -> None:
+                 delta_engines: tuple[int, ...] = (), **connect: Any) -> None:
         self.ctl = awex.Controller(gateway)
         st = self.ctl.connect(name, model=model, train=train, infer=infer, transport=transport, **connect)
         self.name = name
@@ -41,7 +41,8 @@ class Pair:
         per_engine = st["inference"]["world_size"] // engines
         # ranks need only (gateway, pair, rank): the rest comes from the gateway
         self.writers = [awex.Writer(gateway, name, r) for r in range(n_train)]
-        self.readers = [awex.Reader(gateway, name, r, engine=e)
+        # `delta_engines`: the engines whose Readers say their tensors hold what they received
+        self.readers = [awex.Reader(gateway, name, r, engine=e, deltas=True if e in delta_engines else None)
                         for e in range(engines) for r in range(per_engine)]
 
     def all(self):
@@ -433,3 +434,52 @@ def test_ctrl_c_interrupts_a_rank_waiting_for_an_update_and_leaves_it_usable(gat
     finally:
         p.close()
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_readers_that_hold_what_they_received_take_deltas_and_the_others_every_byte(gateway, pair_name, transport):
+    # engine 0's Readers say nothing else writes their tensors (deltas=True), engine 1's do not
+    # (the default): with the pair's deltas on, version 2 moves only the changed elements to
+    # engine 0 and every byte to engine 1, and both end byte-equal to the trainer's version
+    rng = np.random.default_rng(11)
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=2", "sglang:tp=1,engines=2", transport,
+             delta_engines=(0,), deltas=True)
+    try:
+        w_layouts = [w.layout() for w in p.writers]
+        shapes = canonical_shapes(w_layouts)
+        canonical = {n: finite_f32(rng, s) for n, s in shapes.items()}
+        w_arrays = [fill_from_canonical(layout, canonical, np_dtype, rng) for layout in w_layouts]
+        for w, arrays in zip(p.writers, w_arrays):
+            w.register(list(arrays.items()))
+        r_arrays = []
+        for r in p.readers:
+            arrays = {t["name"]: np.zeros(t["shape"], dtype=np_dtype(t["dtype"])) for t in r.layout()}
+            r.register(arrays)
+            r_arrays.append(arrays)
+        p.join()
+        first = p.update(1)
+        for version in (2, 3):
+            # an optimiser-like step: about 2 % of the elements change
+            for n, a in canonical.items():
+                flat = a.reshape(-1)
+                hit = rng.random(flat.size) < 0.02
+                flat[hit] = np.nextafter(flat[hit], np.float32(np.inf))
+            for arrays, layout in zip(w_arrays, w_layouts):
+                fresh = fill_from_canonical(layout, canonical, np_dtype, rng)
+                for n, a in arrays.items():
+                    a[...] = fresh[n]
+            results = p.update(version)
+            readers = results[len(p.writers):]
+            delta_rx, dense_rx = readers[0]["bytes"], readers[1]["bytes"]
+            # engine 1 gets what version 1 moved; engine 0 a few per cent of it
+            assert dense_rx == first[len(p.writers) + 1]["bytes"], (version, readers)
+            assert 0 < delta_rx < 0.15 * dense_rx, (version, delta_rx, dense_rx)
+            for reader, arrays in zip(p.readers, r_arrays):
+                for t in reader.layout():
+                    want = expected_local(t, canonical, np_dtype(t["dtype"]))
+                    assert same_bits(arrays[t["name"]], want), (
+                        f"version {version}: {reader!r} `{t['name']}` differs")
+        p.ctl.disconnect()
+    finally:
+        p.close()
+    assert shm_segments(pair_name) == []
