@@ -258,6 +258,16 @@ pub enum SglangConfigError {
         /// tensor-parallel size
         tp: u64,
     },
+    /// Full-attention layers SGLang cannot place: not every `k`-th layer.
+    #[error(
+        "{class} has full attention at layers {layers:?}; SGLang 0.5.23 places a hybrid model's full-attention layers by `full_attention_interval` alone (sglang/srt/configs/qwen3_next.py `layers_block_type`: layer l is full when (l + 1) % full_attention_interval == 0, whatever `layer_types` says), so it would build other layers than the checkpoint holds; serve a model whose full-attention layers are every k-th layer (with `full_attention_interval: k` in its config.json)"
+    )]
+    HybridLayers {
+        /// the HF class
+        class: &'static str,
+        /// the full-attention layers
+        layers: Vec<u64>,
+    },
     /// A size or the world is above awex's limits.
     #[error(transparent)]
     Limit(#[from] awex_core::limits::LimitError),
@@ -346,13 +356,25 @@ impl SglangLayout {
         if spec.mla.is_none() && !kv_split && !kv_replicated {
             return Err(SglangConfigError::KvHeads { kv_heads: kv, tp });
         }
-        if let Some(a) = &spec.linear
-            && a.num_key_heads % tp != 0
-        {
-            return Err(SglangConfigError::LinearKeyHeads {
-                key_heads: a.num_key_heads,
-                tp,
+        if let Some(a) = &spec.linear {
+            if a.num_key_heads % tp != 0 {
+                return Err(SglangConfigError::LinearKeyHeads {
+                    key_heads: a.num_key_heads,
+                    tp,
+                });
+            }
+            // every k-th layer, k the first full-attention layer + 1
+            let full = &a.full_attention_layers;
+            let every_kth = full.first().is_some_and(|&f| {
+                let k = f + 1;
+                *full == (0..spec.num_layers).filter(|l| (l + 1) % k == 0).collect::<Vec<_>>()
             });
+            if !every_kth {
+                return Err(SglangConfigError::HybridLayers {
+                    class: spec.architecture.hf_name(),
+                    layers: full.clone(),
+                });
+            }
         }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
         let class = spec.architecture.hf_name();
