@@ -4,8 +4,8 @@
 //! `tests/fixtures/hybrid_sglang_params.json` is written by
 //! `engines/tests/test_hybrid_sglang_params.py`: SGLang's real model classes load, one process
 //! per TP rank, a checkpoint whose every element names itself, and every parameter of every rank
-//! is recorded as runs `[local start, canonical tensor, canonical start, length]` of the
-//! canonical elements it holds (zeros, which no checkpoint element is, are padding). Here awex's
+//! is recorded as runs `[local start, canonical tensor (index into the case's sorted
+//! `tensors`), canonical start, length]` of the canonical elements it holds (zeros, which no checkpoint element is, are padding). Here awex's
 //! layout of the same model places, on every rank, exactly the same parameters (names, shapes,
 //! dtypes) and exactly the same runs.
 
@@ -100,6 +100,12 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
         let layout = SglangLayout::with_shared_experts(&spec, tp, ep, 1, fused)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let cat = Catalogue::of(&spec);
+        let tensors: Vec<&str> = case["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
         for (r, params) in case["ranks"].as_array().unwrap().iter().enumerate() {
             let l = layout.rank_layout(RankId::infer(0, r as u32)).unwrap();
             let ours = layout_runs(&l, &cat);
@@ -115,7 +121,7 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
                         .map(|x| {
                             (
                                 x[0].as_u64().unwrap(),
-                                x[1].as_str().unwrap().to_string(),
+                                tensors[x[1].as_u64().unwrap() as usize].to_string(),
                                 x[2].as_u64().unwrap(),
                                 x[3].as_u64().unwrap(),
                             )
