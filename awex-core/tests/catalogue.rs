@@ -790,17 +790,24 @@ fn hybrid_qwen_catalogues_match_transformers_and_their_tiny_presets() {
     ] {
         let spec = check_fixture(fixture);
         assert_eq!(spec.architecture, arch);
-        let a = spec.linear.as_ref().unwrap_or_else(|| panic!("{fixture}: no linear sizes"));
+        let a = spec
+            .linear
+            .as_ref()
+            .unwrap_or_else(|| panic!("{fixture}: no linear sizes"));
         assert_eq!(a.full_attention_layers, vec![3], "{fixture}");
         assert!((0..3).all(|l| spec.is_linear_layer(l)) && !spec.is_linear_layer(3));
         let cat = Catalogue::of(&spec);
         // A_log in fp32 (the engines' dtype), dt_bias in the model's
         let a_log = cat.get("model.layers.0.linear_attn.A_log").expect("A_log");
         assert_eq!(a_log.dtype, awex_core::DType::F32);
-        let dt = cat.get("model.layers.0.linear_attn.dt_bias").expect("dt_bias");
+        let dt = cat
+            .get("model.layers.0.linear_attn.dt_bias")
+            .expect("dt_bias");
         assert_eq!(dt.dtype, awex_core::DType::Bf16);
         // the gated q_proj: [query | gate] per head
-        let q = cat.get("model.layers.3.self_attn.q_proj.weight").expect("q_proj");
+        let q = cat
+            .get("model.layers.3.self_attn.q_proj.weight")
+            .expect("q_proj");
         assert_eq!(q.shape.as_slice(), &[2 * 4 * 16, 64]);
         let tiny = presets::preset(preset).unwrap_or_else(|| panic!("no {preset}"));
         assert_eq!(
@@ -824,8 +831,16 @@ fn hybrid_qwen_presets_have_the_published_parameter_counts() {
         "Qwen3-Next-80B-A3B"
     );
     assert_eq!(totals("qwen3.5-9b").1, 8_953_803_264, "Qwen3.5-9B");
-    assert_eq!(totals("qwen3.5-35b-a3b").1, 34_660_610_688, "Qwen3.5-35B-A3B");
-    assert_eq!(totals("qwen3.5-397b-a17b").1, 396_346_350_336, "Qwen3.5-397B-A17B");
+    assert_eq!(
+        totals("qwen3.5-35b-a3b").1,
+        34_660_610_688,
+        "Qwen3.5-35B-A3B"
+    );
+    assert_eq!(
+        totals("qwen3.5-397b-a17b").1,
+        396_346_350_336,
+        "Qwen3.5-397B-A17B"
+    );
     assert_eq!(totals("qwen3-next-80b-a3b").0, 74_391);
     assert_eq!(totals("qwen3.5-397b-a17b").0, 93_078);
 }
@@ -841,21 +856,48 @@ fn hybrid_qwen_configs_that_cannot_load_are_refused_by_field() {
             .expect_err(want);
         assert!(e.to_string().contains(want), "{e}");
     };
-    refused(&|c| c["attention_bias"] = Value::Bool(true), "attention_bias");
-    refused(&|c| c["attn_output_gate"] = Value::Bool(false), "attn_output_gate");
-    refused(&|c| c["linear_num_value_heads"] = 6.into(), "multiple of linear_num_key_heads=4");
-    refused(&|c| c["shared_expert_intermediate_size"] = 0.into(), "shared_expert_intermediate_size");
     refused(
-        &|c| c["layer_types"] = serde_json::json!(["linear_attention", "sliding_attention", "full_attention", "full_attention"]),
+        &|c| c["attention_bias"] = Value::Bool(true),
+        "attention_bias",
+    );
+    refused(
+        &|c| c["attn_output_gate"] = Value::Bool(false),
+        "attn_output_gate",
+    );
+    refused(
+        &|c| c["linear_num_value_heads"] = 6.into(),
+        "multiple of linear_num_key_heads=4",
+    );
+    refused(
+        &|c| c["shared_expert_intermediate_size"] = 0.into(),
+        "shared_expert_intermediate_size",
+    );
+    refused(
+        &|c| {
+            c["layer_types"] = serde_json::json!([
+                "linear_attention",
+                "sliding_attention",
+                "full_attention",
+                "full_attention"
+            ])
+        },
         "layer 1 is \"sliding_attention\"",
     );
-    refused(&|c| c["layer_types"] = serde_json::json!(["full_attention"]), "layer_types lists 1 layers");
-    refused(&|c| c["linear_conv_kernel_dim"] = 0.into(), "linear_conv_kernel_dim");
+    refused(
+        &|c| c["layer_types"] = serde_json::json!(["full_attention"]),
+        "layer_types lists 1 layers",
+    );
+    refused(
+        &|c| c["linear_conv_kernel_dim"] = 0.into(),
+        "linear_conv_kernel_dim",
+    );
     // without layer_types, full_attention_interval decides
     let mut cfg = doc["config"].clone();
     cfg.as_object_mut().map(|o| o.remove("layer_types"));
     cfg["full_attention_interval"] = 2.into();
     let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(spec.linear.map(|a| a.full_attention_layers), Some(vec![1, 3]));
+    assert_eq!(
+        spec.linear.map(|a| a.full_attention_layers),
+        Some(vec![1, 3])
+    );
 }
-

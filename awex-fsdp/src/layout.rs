@@ -486,7 +486,9 @@ impl FsdpLayout {
             let mut parts = Collect(Vec::new());
             layer(s, l, &mut parts);
             let mut parts = parts.0;
-            parts.sort_by_key(|c| module_rank(c.part, self.fused_experts, self.spec.linear.is_some()));
+            parts.sort_by_key(|c| {
+                module_rank(c.part, self.fused_experts, self.spec.linear.is_some())
+            });
             for c in parts {
                 match c.part {
                     Part::ExpertGate | Part::ExpertUp | Part::ExpertDown if self.fused_experts => {

@@ -6,8 +6,8 @@ mod common;
 use awex_core::DType;
 use awex_core::backend::{Backend, ParallelConfig};
 use awex_core::layout::{RankId, SideLayout};
-use awex_core::model::{Catalogue, ModelSpec};
 use awex_core::model::presets::preset;
+use awex_core::model::{Catalogue, ModelSpec};
 use awex_fsdp::FsdpBackend;
 use std::sync::Arc;
 

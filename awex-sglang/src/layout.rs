@@ -367,7 +367,10 @@ impl SglangLayout {
             let full = &a.full_attention_layers;
             let every_kth = full.first().is_some_and(|&f| {
                 let k = f + 1;
-                *full == (0..spec.num_layers).filter(|l| (l + 1) % k == 0).collect::<Vec<_>>()
+                *full
+                    == (0..spec.num_layers)
+                        .filter(|l| (l + 1) % k == 0)
+                        .collect::<Vec<_>>()
             });
             if !every_kth {
                 return Err(SglangConfigError::HybridLayers {

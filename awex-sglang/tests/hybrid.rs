@@ -177,7 +177,10 @@ fn hybrid_configs_sglang_cannot_run_are_refused_by_name() {
         a.full_attention_layers = vec![0, 3];
     }
     let e = SglangLayout::with_shared_experts(&odd, 2, 1, 1, Some(false)).unwrap_err();
-    assert!(e.to_string().contains("`full_attention_interval` alone"), "{e}");
+    assert!(
+        e.to_string().contains("`full_attention_interval` alone"),
+        "{e}"
+    );
     let mut dense = next.clone();
     if let Some(m) = &mut dense.moe {
         m.mlp_only_layers = vec![1];

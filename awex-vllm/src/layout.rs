@@ -287,8 +287,7 @@ impl VllmLayout {
                         ep,
                     });
                 }
-                if QWEN3_NEXT_MOE_BLOCK.contains(&spec.architecture.hf_name())
-                    && tp > m.num_experts
+                if QWEN3_NEXT_MOE_BLOCK.contains(&spec.architecture.hf_name()) && tp > m.num_experts
                 {
                     return Err(VllmConfigError::TpAboveExperts {
                         experts: m.num_experts,

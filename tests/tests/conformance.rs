@@ -58,7 +58,9 @@ fn models() -> Vec<ModelSpec> {
     let next = f32("qwen3-next-tiny");
     let qwen35 = f32("qwen3.5-tiny");
     let qwen35_moe = f32("qwen3.5-moe-tiny");
-    vec![tiny, moe, qwen2, tied, llama, biased, mixtral, glm, next, qwen35, qwen35_moe]
+    vec![
+        tiny, moe, qwen2, tied, llama, biased, mixtral, glm, next, qwen35, qwen35_moe,
+    ]
 }
 
 /// Configs from the keys: all defaults, each defaulted key at 2 and 4, and every pair of keys at 2.

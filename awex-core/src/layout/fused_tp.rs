@@ -879,7 +879,10 @@ impl FusedTpLayout {
         let mut out = Vec::new();
         for r in 0..u64::from(self.tp) {
             for (name, shape, dtype, placements) in self.linear_pieces(n, r) {
-                for p in placements.into_iter().filter(|p| &*p.canonical == canonical) {
+                for p in placements
+                    .into_iter()
+                    .filter(|p| &*p.canonical == canonical)
+                {
                     out.push(Holder {
                         dtype,
                         ..self.holder(self.engine_ranks(r), &name, shape, p.region, p.local_offset)
@@ -1851,7 +1854,10 @@ mod tests {
             vec![(format!("{l0}.in_proj_qkvz.weight"), 192, 192, 0)]
         );
         let ba = find(&r1, &format!("{l0}.in_proj_ba.weight"));
-        assert_eq!(spans(&ba), vec![(format!("{l0}.in_proj_ba.weight"), 8, 8, 0)]);
+        assert_eq!(
+            spans(&ba),
+            vec![(format!("{l0}.in_proj_ba.weight"), 8, 8, 0)]
+        );
         // conv1d: [q_r | k_r | v_r]
         let conv = find(&r1, &format!("{l0}.conv1d.weight"));
         assert_eq!(conv.shape, Dims::new(&[128, 1, 4]));
@@ -1868,7 +1874,10 @@ mod tests {
         assert_eq!(a_log.dtype, DType::F32);
         assert_eq!(spans(&a_log), vec![(format!("{l0}.A_log"), 4, 4, 0)]);
         let out = find(&r1, &format!("{l0}.out_proj.weight"));
-        assert_eq!((out.placements[0].region.offset.get(1), out.shape), (64, Dims::new(&[64, 64])));
+        assert_eq!(
+            (out.placements[0].region.offset.get(1), out.shape),
+            (64, Dims::new(&[64, 64]))
+        );
         // the gated q_proj: 2 heads of [query | gate] per rank, then the rank's KV head
         let qkv = find(&r1, "model.layers.3.qkv_proj.weight");
         assert_eq!(qkv.shape, Dims::new(&[(2 * 2 * 16) + 2 * 16, 64]));
@@ -1880,7 +1889,11 @@ mod tests {
                 ("model.layers.3.self_attn.v_proj.weight".into(), 16, 16, 80),
             ]
         );
-        assert!(r1.tensors.iter().any(|t| &*t.name == "model.layers.3.o_proj.weight"));
+        assert!(
+            r1.tensors
+                .iter()
+                .any(|t| &*t.name == "model.layers.3.o_proj.weight")
+        );
         // Qwen3.5: in_proj_qkv and in_proj_z each split, [q_r | k_r | v_r | z_r]; [b_r | a_r]
         let q35 = ModelSpec::resolve("qwen3.5-tiny").unwrap();
         let c = FusedTp {
@@ -1890,7 +1903,10 @@ mod tests {
         let layout = FusedTpLayout::new(&q35, c).unwrap();
         let r1 = layout.rank_layout(RankId::infer(0, 1)).unwrap();
         let qkvz = find(&r1, &format!("{l0}.in_proj_qkvz.weight"));
-        let (qkv, z) = (format!("{l0}.in_proj_qkv.weight"), format!("{l0}.in_proj_z.weight"));
+        let (qkv, z) = (
+            format!("{l0}.in_proj_qkv.weight"),
+            format!("{l0}.in_proj_z.weight"),
+        );
         assert_eq!(
             spans(&qkvz),
             vec![
@@ -1908,13 +1924,21 @@ mod tests {
                 (format!("{l0}.in_proj_a.weight"), 4, 4, 4)
             ]
         );
-        assert!(r1.tensors.iter().any(|t| &*t.name == "model.layers.3.self_attn.qkv_proj.weight"));
+        assert!(
+            r1.tensors
+                .iter()
+                .any(|t| &*t.name == "model.layers.3.self_attn.qkv_proj.weight")
+        );
         // more ranks than key heads: refused by name
         let wide = ModelSpec {
             num_heads: 8,
             ..next
         };
         let e = FusedTpLayout::new(&wide, cfg(8, 1, 128)).unwrap_err();
-        assert!(e.to_string().contains("4 linear-attention key heads over tp=8"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("4 linear-attention key heads over tp=8"),
+            "{e}"
+        );
     }
 }

@@ -89,7 +89,10 @@ pub const FAMILY: Family = Family {
             about: "4 layers (3 Gated DeltaNet, 1 gated full attention), 4 key / 8 value linear heads, 8 experts + a shared expert",
             spec: |n| {
                 hybrid(
-                    with_shared_expert(dense(&FAMILY, n, 64, 4, 4, 2, 16, 128, 1000, false), (8, 2, 32, 32)),
+                    with_shared_expert(
+                        dense(&FAMILY, n, 64, 4, 4, 2, 16, 128, 1000, false),
+                        (8, 2, 32, 32),
+                    ),
                     linear(4, 8, 16, 16, 4, 4),
                 )
             },
@@ -292,7 +295,11 @@ pub(crate) fn check_linear(spec: &ModelSpec) -> Result<(), ModelError> {
             a.num_value_heads, a.num_key_heads
         )));
     }
-    if let Some(&l) = a.full_attention_layers.iter().find(|&&l| l >= spec.num_layers) {
+    if let Some(&l) = a
+        .full_attention_layers
+        .iter()
+        .find(|&&l| l >= spec.num_layers)
+    {
         return Err(ModelError::Inconsistent(format!(
             "full-attention layer {l} but the model has {} layers",
             spec.num_layers
@@ -301,7 +308,9 @@ pub(crate) fn check_linear(spec: &ModelSpec) -> Result<(), ModelError> {
     if !a.attn_output_gate {
         return Err(ModelError::BadField {
             field: "attn_output_gate",
-            message: "must be true: transformers builds every full-attention q_proj with its output gate".into(),
+            message:
+                "must be true: transformers builds every full-attention q_proj with its output gate"
+                    .into(),
         });
     }
     Ok(())
