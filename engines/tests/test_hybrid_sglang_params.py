@@ -80,6 +80,7 @@ def sglang_ranks(arch: str, tp: int, ep: int, tmp: str) -> tuple[dict, list[str]
     return config, names, [got[r] for r in range(tp)]
 
 
+@pytest.mark.timeout(900)  # eighteen SGLang rank processes, case after case
 def test_sglang_hybrid_parameters_are_the_fixture_awex_lays_out(tmp_path) -> None:
     cases = []
     for i, (arch, tp, ep) in enumerate(CASES):
