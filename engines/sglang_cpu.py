@@ -38,6 +38,11 @@ What is not SGLang's own code, and why:
   ``_is_cuda`` so that the GPU's derivation runs; both are plain torch (no kernel), and the flag
   is read nowhere else in that module.
 
+- ``cpu_device_module_at_construction`` (the hybrid linear-attention models: Qwen3-Next,
+  Qwen3.5): their Gated DeltaNet layers create a norm on ``torch.get_device_module()``'s current
+  device, the CUDA device whatever the server's ``device``; the helper makes that call answer the
+  CPU (see its docstring).
+
 Nothing on the weight-loading path is replaced: every parameter is created by SGLang's layers
 and written by their own ``weight_loader``.
 """
@@ -79,9 +84,14 @@ def install_stubs() -> None:
     sys.modules["vllm._custom_ops"] = ops
 
 
-def init_rank(model_dir: str, *, tp: int, rank: int, port: int, ep: int = 1, dtype: str = "float32") -> Any:
+def init_rank(model_dir: str, *, tp: int, rank: int, port: int, ep: int = 1, dtype: str = "float32",
+              **server: Any) -> Any:
     """Publishes SGLang's config for TP rank ``rank`` of ``tp`` (expert parallel ``ep``) and
-    initialises SGLang's parallel groups over gloo. Returns the ``ServerArgs``."""
+    initialises SGLang's parallel groups over gloo. Returns the ``ServerArgs``; ``server`` are
+    further ``ServerArgs`` fields (``mamba_radix_cache_strategy="no_buffer"`` for the hybrid
+    linear-attention models: SGLang's default ``extra_buffer`` asserts platform support for
+    Mamba cache snapshots, which a CPU build lacks; the strategy shapes the cache, not the
+    weights)."""
     install_stubs()
     import torch  # noqa: F401  (before SGLang, as its entry points do)
     from sglang.srt import runtime_context as rc
@@ -99,6 +109,7 @@ def init_rank(model_dir: str, *, tp: int, rank: int, port: int, ep: int = 1, dty
         dtype=dtype,
         skip_tokenizer_init=True,
         load_format="auto",
+        **server,
     )
     rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank, gpu_id=0))
     init_distributed_environment(
@@ -131,6 +142,33 @@ def load_model(server_args: Any, model_dir: str | None = None) -> Any:
         load_config=LoadConfig(load_format="auto"),
         device_config=DeviceConfig(device="cpu", gpu_id=0),
     )
+
+
+def cpu_device_module_at_construction() -> None:
+    """``torch.get_device_module()`` without an argument answers ``torch.cpu``, so that SGLang's
+    Gated DeltaNet layers can be built on CPU (see the module docstring's list).
+
+    SGLang 0.5.23 builds the gated norm of every linear-attention layer on the accelerator's
+    current device: ``models/qwen3_next.py`` ``Qwen3GatedDeltaNet.__init__`` and
+    ``models/qwen3_5.py`` ``Qwen3_5GatedDeltaNet.__init__`` pass
+    ``device=torch.get_device_module().current_device()`` to ``RMSNormGated`` /
+    ``FusedRMSNormGated``; without an argument ``get_device_module`` is ``torch.cuda``, whose
+    ``current_device()`` raises "Found no NVIDIA driver on your system" without a GPU. Answering
+    ``torch.cpu`` (``current_device()`` is ``"cpu"``) creates that norm weight on the CPU like
+    every other parameter; calls naming a device are unchanged, and nothing on the weight path
+    is: every parameter is still created by SGLang's layers and written by their own
+    ``weight_loader``."""
+    import torch
+
+    if getattr(torch.get_device_module, "_awex_cpu", False):
+        return
+    orig = torch.get_device_module
+
+    def get_device_module(device: Any = None) -> Any:
+        return torch.cpu if device is None else orig(device)
+
+    get_device_module._awex_cpu = True  # type: ignore[attr-defined]
+    torch.get_device_module = get_device_module
 
 
 def fuse_shared_experts_as_on_gpu(class_name: str) -> None:

@@ -36,7 +36,10 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig
 
 # Sizes shared by every fixture: GQA (4 query heads over 2 KV heads), head_dim 16,
 # a vocabulary that is not a multiple of 64.
@@ -114,6 +117,13 @@ def fixtures():
         ("glm4-moe", Glm4MoeConfig(**GLM, attention_bias=True, use_qk_norm=True)),
         # GLM-4.5-Air's shape: no q/k norms; no biases either here.
         ("glm4-moe-plain", Glm4MoeConfig(**GLM, attention_bias=False, use_qk_norm=False)),
+        # Gated DeltaNet + gated full attention (layers 0..2 linear, 3 full), every layer MoE
+        # with a shared expert and its gate; fused in_proj_qkvz / in_proj_ba.
+        ("qwen3-next", Qwen3NextConfig(**HYBRID, **HYBRID_MOE, decoder_sparse_step=1, mlp_only_layers=[])),
+        # Qwen3.5 dense: in_proj_qkv / in_proj_z / in_proj_b / in_proj_a apart.
+        ("qwen3.5", Qwen3_5TextConfig(**HYBRID)),
+        # Qwen3.5-MoE: every layer MoE with the gated shared expert, no dense intermediate size.
+        ("qwen3.5-moe", Qwen3_5MoeTextConfig(**{k: v for k, v in HYBRID.items() if k != "intermediate_size"}, **HYBRID_MOE)),
     ]
 
 
@@ -149,6 +159,31 @@ GLM = dict(
     num_nextn_predict_layers=0,
     tie_word_embeddings=False,
 )
+
+# The hybrid Qwen models (Qwen3-Next, Qwen3.5): 4 layers, every 4th full attention; 4 key
+# heads and 8 value heads of 16 in the linear-attention layers.
+HYBRID = dict(
+    COMMON,
+    num_hidden_layers=4,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    tie_word_embeddings=False,
+)
+
+HYBRID_MOE = dict(
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+)
+
+#: Parameters published checkpoints store in fp32 whatever the model's dtype and that the
+#: engines create in fp32 (the Gated DeltaNet `A_log`: SGLang 0.5.23 `Qwen3GatedDeltaNet`,
+#: vLLM 0.33 `QwenGatedDeltaNetAttention`, `dtype=torch.float32`): kept so, as `FP32_BUFFERS`.
+FP32_PARAMS = (".A_log",)
 
 #: Buffers a model creates in fp32 whatever its dtype and that published checkpoints store in
 #: fp32 (GLM-4.5's `Glm4MoeTopkRouter.e_score_correction_bias`, which has no
@@ -198,7 +233,7 @@ def build(cfg):
     # does not, so do what loading does
     keep = getattr(model, "_keep_in_fp32_modules_strict", None) or []
     for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
-        if any(k in name for k in keep):
+        if any(k in name for k in keep) or name.endswith(FP32_PARAMS):
             buf.data = buf.data.float()
     return model
 

@@ -663,6 +663,9 @@ fn plan_help_lists_every_family_and_its_presets() {
         "deepseek-v2 (DeepseekV2ForCausalLM)",
         "deepseek-v3 (DeepseekV3ForCausalLM)",
         "glm4-moe (Glm4MoeForCausalLM)",
+        "qwen3-next (Qwen3NextForCausalLM)",
+        "qwen3.5 (Qwen3_5ForCausalLM)",
+        "qwen3.5-moe (Qwen3_5MoeForCausalLM)",
     ] {
         assert!(out.contains(family), "{family}: {out}");
     }

@@ -30,6 +30,9 @@ const FIXTURES: &[&str] = &[
     "deepseek-v3-no-q-lora",
     "glm4-moe",
     "glm4-moe-plain",
+    "qwen3-next",
+    "qwen3.5",
+    "qwen3.5-moe",
 ];
 
 /// One tensor as (name, shape, safetensors dtype name), the unit both sides are compared in.
@@ -297,7 +300,7 @@ fn every_preset_name_resolves_to_a_spec_of_that_name() {
         let glm_qk = spec.architecture == Architecture::Glm4Moe && spec.use_qk_norm;
         assert_eq!(spec.qk_norm(), qwen3 || glm_qk, "{name}");
     }
-    assert_eq!(presets::names().len(), 17);
+    assert_eq!(presets::names().len(), 24);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 
@@ -774,4 +777,127 @@ fn glm_presets_have_the_published_sizes() {
     let params = Catalogue::of(&air).total_bytes() / 2;
     assert!((105e9..108e9).contains(&(params as f64)), "{params}");
     assert!(!air.qk_norm());
+}
+
+/// The hybrid Qwen fixtures (transformers 5.19.0): Gated DeltaNet layers 0..2, a gated full
+/// attention layer 3; the tiny presets are these models.
+#[test]
+fn hybrid_qwen_catalogues_match_transformers_and_their_tiny_presets() {
+    for (fixture, preset, arch) in [
+        ("qwen3-next", "qwen3-next-tiny", Architecture::Qwen3Next),
+        ("qwen3.5", "qwen3.5-tiny", Architecture::Qwen3_5),
+        ("qwen3.5-moe", "qwen3.5-moe-tiny", Architecture::Qwen3_5Moe),
+    ] {
+        let spec = check_fixture(fixture);
+        assert_eq!(spec.architecture, arch);
+        let a = spec
+            .linear
+            .as_ref()
+            .unwrap_or_else(|| panic!("{fixture}: no linear sizes"));
+        assert_eq!(a.full_attention_layers, vec![3], "{fixture}");
+        assert!((0..3).all(|l| spec.is_linear_layer(l)) && !spec.is_linear_layer(3));
+        let cat = Catalogue::of(&spec);
+        // A_log in fp32 (the engines' dtype), dt_bias in the model's
+        let a_log = cat.get("model.layers.0.linear_attn.A_log").expect("A_log");
+        assert_eq!(a_log.dtype, awex_core::DType::F32);
+        let dt = cat
+            .get("model.layers.0.linear_attn.dt_bias")
+            .expect("dt_bias");
+        assert_eq!(dt.dtype, awex_core::DType::Bf16);
+        // the gated q_proj: [query | gate] per head
+        let q = cat
+            .get("model.layers.3.self_attn.q_proj.weight")
+            .expect("q_proj");
+        assert_eq!(q.shape.as_slice(), &[2 * 4 * 16, 64]);
+        let tiny = presets::preset(preset).unwrap_or_else(|| panic!("no {preset}"));
+        assert_eq!(
+            ModelSpec {
+                name: spec.name.clone(),
+                ..tiny
+            },
+            spec,
+            "{preset} is the {fixture} fixture's model"
+        );
+    }
+}
+
+#[test]
+fn hybrid_qwen_presets_have_the_published_parameter_counts() {
+    // (tensors, parameters, bytes): the text models of the published checkpoints (the
+    // Qwen3.5 counts leave out the vision tower of Qwen3_5ForConditionalGeneration)
+    assert_eq!(
+        totals("qwen3-next-80b-a3b").1,
+        79_674_391_296,
+        "Qwen3-Next-80B-A3B"
+    );
+    assert_eq!(totals("qwen3.5-9b").1, 8_953_803_264, "Qwen3.5-9B");
+    assert_eq!(
+        totals("qwen3.5-35b-a3b").1,
+        34_660_610_688,
+        "Qwen3.5-35B-A3B"
+    );
+    assert_eq!(
+        totals("qwen3.5-397b-a17b").1,
+        396_346_350_336,
+        "Qwen3.5-397B-A17B"
+    );
+    assert_eq!(totals("qwen3-next-80b-a3b").0, 74_391);
+    assert_eq!(totals("qwen3.5-397b-a17b").0, 93_078);
+}
+
+#[test]
+fn hybrid_qwen_configs_that_cannot_load_are_refused_by_field() {
+    let doc = load("qwen3-next");
+    let refused = |edit: &dyn Fn(&mut Value), want: &str| {
+        let mut cfg = doc["config"].clone();
+        edit(&mut cfg);
+        let e = ModelSpec::from_config_value(&cfg)
+            .and_then(|s| s.validate().map(|()| s))
+            .expect_err(want);
+        assert!(e.to_string().contains(want), "{e}");
+    };
+    refused(
+        &|c| c["attention_bias"] = Value::Bool(true),
+        "attention_bias",
+    );
+    refused(
+        &|c| c["attn_output_gate"] = Value::Bool(false),
+        "attn_output_gate",
+    );
+    refused(
+        &|c| c["linear_num_value_heads"] = 6.into(),
+        "multiple of linear_num_key_heads=4",
+    );
+    refused(
+        &|c| c["shared_expert_intermediate_size"] = 0.into(),
+        "shared_expert_intermediate_size",
+    );
+    refused(
+        &|c| {
+            c["layer_types"] = serde_json::json!([
+                "linear_attention",
+                "sliding_attention",
+                "full_attention",
+                "full_attention"
+            ])
+        },
+        "layer 1 is \"sliding_attention\"",
+    );
+    refused(
+        &|c| c["layer_types"] = serde_json::json!(["full_attention"]),
+        "layer_types lists 1 layers",
+    );
+    refused(
+        &|c| c["linear_conv_kernel_dim"] = 0.into(),
+        "linear_conv_kernel_dim",
+    );
+    // without layer_types, full_attention_interval decides
+    let mut cfg = doc["config"].clone();
+    cfg.as_object_mut().map(|o| o.remove("layer_types"));
+    cfg["full_attention_interval"] = 2.into();
+    let spec = ModelSpec::from_config_value(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        spec.linear.map(|a| a.full_attention_layers),
+        Some(vec![1, 3])
+    );
 }

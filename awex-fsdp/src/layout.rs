@@ -45,7 +45,7 @@ pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
 
 /// The parts the FSDP layout places (each in the family's dtype for it, checked HF module
 /// order); a family with any other part is refused by name.
-const MAPPED: [Part; 32] = [
+const MAPPED: [Part; 44] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -78,6 +78,18 @@ const MAPPED: [Part; 32] = [
     Part::KvDown,
     Part::KvDownNorm,
     Part::KvUp,
+    Part::SharedExpertGate,
+    Part::LinQkvz,
+    Part::LinBa,
+    Part::LinQkv,
+    Part::LinZ,
+    Part::LinB,
+    Part::LinA,
+    Part::LinConv,
+    Part::LinALog,
+    Part::LinDtBias,
+    Part::LinNorm,
+    Part::LinOut,
 ];
 
 /// Where a part comes among its layer's HF parameters (`named_parameters()` order); with
@@ -88,9 +100,27 @@ const MAPPED: [Part; 32] = [
 /// transformers `models/deepseek_v3/modeling_deepseek_v3.py`) declares `q_proj` or
 /// `q_a_proj`, `q_a_layernorm`, `q_b_proj`, then `kv_a_proj_with_mqa`, `kv_a_layernorm`,
 /// `kv_b_proj`, then `o_proj`.
-fn module_rank(part: Part, fused_experts: bool) -> u8 {
+/// The hybrid Qwen models (transformers 5.19 `Qwen3NextGatedDeltaNet`, `Qwen3_5GatedDeltaNet`,
+/// as `named_parameters()` lists them): `dt_bias`, `A_log`, `conv1d`, then Qwen3-Next's
+/// `in_proj_qkvz`, `in_proj_ba`, `norm`, `out_proj`, or Qwen3.5's `norm`, `out_proj`,
+/// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (a layer holds either these or
+/// attention, so the ranks may repeat attention's); their MoE block declares the router
+/// (`mlp.gate`) before the fused experts, then the shared expert and its gate.
+fn module_rank(part: Part, fused_experts: bool, hybrid: bool) -> u8 {
     use Part::*;
     match part {
+        LinDtBias => 0,
+        LinALog => 1,
+        LinConv => 2,
+        LinQkvz => 3,
+        LinBa => 4,
+        LinNorm => 5,
+        LinOut => 6,
+        LinQkv => 7,
+        LinZ => 8,
+        LinB => 9,
+        LinA => 10,
+        Router if hybrid => 19,
         Q => 0,
         QBias => 1,
         QDown => 2,
@@ -116,8 +146,9 @@ fn module_rank(part: Part, fused_experts: bool) -> u8 {
         SharedGate => 23,
         SharedUp => 24,
         SharedDown => 25,
-        InputNorm => 26,
-        PostNorm => 27,
+        SharedExpertGate => 26,
+        InputNorm => 27,
+        PostNorm => 28,
         _ => 22,
     }
 }
@@ -171,6 +202,16 @@ pub enum FsdpConfigError {
         "fsdp tp={tp} with {class}'s multi-latent attention: transformers' tensor-parallel plan for it (`base_model_tp_plan`) splits the MLP only and leaves q_a_proj/q_b_proj/kv_a_proj_with_mqa/kv_b_proj/o_proj whole, which awex does not describe; use tp=1 (FSDP over dp, HSDP with replicate)"
     )]
     MlaWithTp {
+        /// the HF class
+        class: &'static str,
+        /// tensor-parallel size
+        tp: u64,
+    },
+    /// Gated DeltaNet with a TP mesh, which awex does not describe yet.
+    #[error(
+        "fsdp tp={tp} with {class}'s Gated DeltaNet linear attention: transformers' tensor-parallel plan for it (`base_model_tp_plan`: in_proj_* `colwise_gather_output`, conv1d, A_log and dt_bias not named) is not described by awex yet; use tp=1 (FSDP over dp, HSDP with replicate)"
+    )]
+    LinearWithTp {
         /// the HF class
         class: &'static str,
         /// tensor-parallel size
@@ -285,6 +326,12 @@ impl FsdpLayout {
         // parts' roles split its up projections; refuse rather than describe it wrongly
         if spec.mla.is_some() && tp > 1 {
             return Err(FsdpConfigError::MlaWithTp {
+                class: spec.architecture.family().hf_class,
+                tp,
+            });
+        }
+        if spec.linear.is_some() && tp > 1 {
+            return Err(FsdpConfigError::LinearWithTp {
                 class: spec.architecture.family().hf_class,
                 tp,
             });
@@ -439,7 +486,9 @@ impl FsdpLayout {
             let mut parts = Collect(Vec::new());
             layer(s, l, &mut parts);
             let mut parts = parts.0;
-            parts.sort_by_key(|c| module_rank(c.part, self.fused_experts));
+            parts.sort_by_key(|c| {
+                module_rank(c.part, self.fused_experts, self.spec.linear.is_some())
+            });
             for c in parts {
                 match c.part {
                     Part::ExpertGate | Part::ExpertUp | Part::ExpertDown if self.fused_experts => {

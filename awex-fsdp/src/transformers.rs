@@ -81,6 +81,10 @@ impl Rules {
             (Rules::Fp32Routers, Part::Router) if FP32_ROUTER_CLASSES.contains(&class) => {
                 DType::F32
             }
+            // the Gated DeltaNet `A_log`: fp32 in the checkpoints and the engines, but
+            // transformers (5.19: `Qwen3NextGatedDeltaNet`, `Qwen3_5GatedDeltaNet`, no
+            // `_keep_in_fp32_modules`) holds it in the model's dtype
+            (_, Part::LinALog) => spec.dtype,
             _ => dtype,
         }
     }

@@ -70,6 +70,9 @@ impl MegatronLayout {
         model: &ModelSpec,
         parallel: &awex_core::ParallelConfig,
     ) -> Result<Self, LayoutError> {
+        if model.linear.is_some() {
+            return Err(LayoutError::Config(hybrid_unmapped(model)));
+        }
         if let Some(p) = model.parts().into_iter().find(|p| !MAPPED.contains(p)) {
             return Err(LayoutError::Config(unmapped(model, p)));
         }
@@ -633,6 +636,19 @@ impl MegatronLayout {
                 };
                 one(local)
             }
+            // a hybrid model has no Megatron layout (`MegatronLayout::new` refuses it)
+            Part::SharedExpertGate
+            | Part::LinQkvz
+            | Part::LinBa
+            | Part::LinQkv
+            | Part::LinZ
+            | Part::LinB
+            | Part::LinA
+            | Part::LinConv
+            | Part::LinALog
+            | Part::LinDtBias
+            | Part::LinNorm
+            | Part::LinOut => [None, None],
         };
         (list, expert)
     }
@@ -736,6 +752,16 @@ fn layer_parts(model: &ModelSpec, l: u64) -> u64 {
 }
 
 /// Why a family with `part` has no Megatron layout yet.
+/// Why a hybrid linear-attention model (Qwen3-Next, Qwen3.5) has no Megatron layout: what
+/// Megatron-Core 0.19.2 builds for it, and that awex does not map it.
+fn hybrid_unmapped(model: &ModelSpec) -> String {
+    let family = model.architecture.family();
+    format!(
+        "megatron: {} ({}) mixes Gated DeltaNet linear attention with gated full attention. Megatron-Core 0.19.2 builds Gated DeltaNet (megatron/core/ssm/gated_delta_net/gdn.py `GatedDeltaNet`, in the hybrid layer specs of models/hybrid/hybrid_layer_specs.py): one `in_proj` of [query | key | value | z | beta | alpha] rows per tensor-parallel rank (`in_proj_split_sections`), `conv1d` of [query | key | value] channels, `dt_bias`, `A_log`, `out_norm` and `out_proj`; awex does not map those parameters, the full-attention layers' gated q_proj or the gated shared expert to Megatron-Core yet. Train it with FSDP2 (fsdp:dp=N at tp 1)",
+        family.hf_class, family.name
+    )
+}
+
 fn unmapped(model: &ModelSpec, part: Part) -> String {
     let family = model.architecture.family();
     let example = (0..model.num_layers)

@@ -167,3 +167,13 @@ fn unknown_keys_and_bad_fp32_values_are_refused() {
         "megatron fp32=2; use fp32=1 for fp32 parameters or fp32=0 for the model dtype"
     );
 }
+
+#[test]
+fn hybrid_linear_attention_models_are_refused_naming_what_megatron_builds() {
+    for name in ["qwen3-next-tiny", "qwen3.5-tiny", "qwen3.5-moe-tiny"] {
+        let m = err(&preset(name), &[("tp", 1)]);
+        assert!(m.contains("Gated DeltaNet"), "{m}");
+        assert!(m.contains("gated_delta_net/gdn.py"), "{m}");
+        assert!(m.contains("Train it with FSDP2"), "{m}");
+    }
+}

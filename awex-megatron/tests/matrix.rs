@@ -134,6 +134,7 @@ fn model_strategy(layers: u64) -> impl Strategy<Value = ModelSpec> {
                     moe,
                     mla: None,
                     mtp_layers: 0,
+                    linear: None,
                 }
             },
         )

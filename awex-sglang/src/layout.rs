@@ -26,13 +26,27 @@ use std::sync::Arc;
 
 /// SGLang classes whose `lm_head` is the embedding module itself when the config ties them
 /// (`named_parameters()` lists the embedding once): `DeepseekV2ForCausalLM.__init__`
-/// (`self.lm_head = self.model.embed_tokens` at pp 1). Other MoE classes (Qwen3-MoE, GLM-4.5,
-/// Mixtral) keep their own `lm_head` whatever the config says.
-pub const TIED_HEAD_IS_EMBEDDING: &[&str] = &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"];
+/// (`self.lm_head = self.model.embed_tokens` at pp 1), and `models/qwen3_5_text.py`
+/// `Qwen3_5ForCausalLM.__init__` (Qwen3.5 and Qwen3.5-MoE, the same at pp 1). Other MoE
+/// classes (Qwen3-MoE, Qwen3-Next, GLM-4.5, Mixtral) keep their own `lm_head` whatever the
+/// config says.
+pub const TIED_HEAD_IS_EMBEDDING: &[&str] = &[
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+];
 
 /// SGLang's module of MLA's fused query and key/value down projections
 /// (`DeepseekV2AttentionMLA.fused_qkv_a_proj_with_mqa`).
 pub const MLA_DOWN: &str = "fused_qkv_a_proj_with_mqa";
+
+/// Where SGLang 0.5.23 holds a hybrid model's full-attention `qkv_proj`, `o_proj`, `q_norm`
+/// and `k_norm`: in the decoder layer itself (`models/qwen3_next.py`
+/// `Qwen3HybridAttentionDecoderLayer.__init__`, `models/qwen3_5.py`
+/// `Qwen3_5AttentionDecoderLayer.__init__`; their `load_weights` drop `.self_attn` from the
+/// checkpoint's names).
+pub const HYBRID_ATTENTION: &str = "";
 
 /// SGLang pads the vocabulary of `VocabParallelEmbedding` / `ParallelLMHead` to a multiple of this.
 pub const VOCAB_PADDING: u64 = 64;
@@ -40,7 +54,10 @@ pub const VOCAB_PADDING: u64 = 64;
 /// The model classes SGLang 0.5.23 builds with every decoder layer MoE, whatever the config's
 /// `mlp_only_layers` and `decoder_sparse_step` say (`sglang/srt/models/qwen3_moe.py`,
 /// `stage_facts`: "Qwen3MoE all layers are sparse"; Mixtral has no dense layer to begin with).
-const EVERY_LAYER_MOE: &[&str] = &["Qwen3MoeForCausalLM"];
+/// `models/qwen3_next.py` builds every layer of `Qwen3NextForCausalLM` with a
+/// `Qwen2MoeSparseMoeBlock` too (`Qwen3HybridLinearDecoderLayer.__init__` and
+/// `Qwen3HybridAttentionDecoderLayer.__init__`: "Qwen3Next all layers are sparse").
+const EVERY_LAYER_MOE: &[&str] = &["Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"];
 
 /// The model classes whose SGLang 0.5.23 MoE block refuses a tensor-parallel size above the
 /// routed experts: the class, that block, the config field counting the experts, and the size
@@ -74,6 +91,20 @@ const TP_AT_MOST_EXPERTS: &[(&str, &str, &str, Compared)] = &[
         "Qwen3MoeSparseMoeBlock",
         "num_experts",
         Compared::MoeTp,
+    ),
+    // `models/qwen2_moe.py` `Qwen2MoeSparseMoeBlock.__init__` compares `get_parallel().tp_size`
+    // (Qwen3-Next's and Qwen3.5-MoE's block)
+    (
+        "Qwen3NextForCausalLM",
+        "Qwen2MoeSparseMoeBlock",
+        "num_experts",
+        Compared::Tp,
+    ),
+    (
+        "Qwen3_5MoeForCausalLM",
+        "Qwen2MoeSparseMoeBlock",
+        "num_experts",
+        Compared::Tp,
     ),
 ];
 
@@ -207,7 +238,7 @@ pub enum SglangConfigError {
     },
     /// A dense layer in a class SGLang builds with every layer MoE.
     #[error(
-        "{class} in SGLang 0.5.23 builds every layer as MoE (sglang/srt/models/qwen3_moe.py ignores mlp_only_layers and decoder_sparse_step), but this config's `{field}` makes layer {layer} dense: SGLang cannot load such a checkpoint. Serve it with vLLM (which honours `{field}`), or train a config without dense layers"
+        "{class} in SGLang 0.5.23 builds every layer as MoE (its model file, sglang/srt/models/qwen3_moe.py or qwen3_next.py, ignores mlp_only_layers and decoder_sparse_step), but this config's `{field}` makes layer {layer} dense: SGLang cannot load such a checkpoint. Serve it with vLLM (which honours `{field}`), or train a config without dense layers"
     )]
     DenseLayerEveryLayerMoe {
         /// the HF class
@@ -216,6 +247,26 @@ pub enum SglangConfigError {
         field: &'static str,
         /// the first dense layer
         layer: u64,
+    },
+    /// Gated DeltaNet key heads that do not split evenly over TP.
+    #[error(
+        "model has {key_heads} linear-attention key heads (linear_num_key_heads); sglang tp={tp} needs them divisible by tp: SGLang 0.5.23's Gated DeltaNet (models/qwen3_next.py Qwen3GatedDeltaNet, models/qwen3_5.py Qwen3_5GatedDeltaNet) splits the linear-attention heads by key-head group, num_k_heads // attn_tp_size per rank, with no replication of key heads for tp above them"
+    )]
+    LinearKeyHeads {
+        /// linear-attention key heads
+        key_heads: u64,
+        /// tensor-parallel size
+        tp: u64,
+    },
+    /// Full-attention layers SGLang cannot place: not every `k`-th layer.
+    #[error(
+        "{class} has full attention at layers {layers:?}; SGLang 0.5.23 places a hybrid model's full-attention layers by `full_attention_interval` alone (sglang/srt/configs/qwen3_next.py `layers_block_type`: layer l is full when (l + 1) % full_attention_interval == 0, whatever `layer_types` says), so it would build other layers than the checkpoint holds; serve a model whose full-attention layers are every k-th layer (with `full_attention_interval: k` in its config.json)"
+    )]
+    HybridLayers {
+        /// the HF class
+        class: &'static str,
+        /// the full-attention layers
+        layers: Vec<u64>,
     },
     /// A size or the world is above awex's limits.
     #[error(transparent)]
@@ -304,6 +355,29 @@ impl SglangLayout {
         // MLA: one latent key/value for every head, replicated (no KV heads to split)
         if spec.mla.is_none() && !kv_split && !kv_replicated {
             return Err(SglangConfigError::KvHeads { kv_heads: kv, tp });
+        }
+        if let Some(a) = &spec.linear {
+            if a.num_key_heads % tp != 0 {
+                return Err(SglangConfigError::LinearKeyHeads {
+                    key_heads: a.num_key_heads,
+                    tp,
+                });
+            }
+            // every k-th layer, k the first full-attention layer + 1
+            let full = &a.full_attention_layers;
+            let every_kth = full.first().is_some_and(|&f| {
+                let k = f + 1;
+                *full
+                    == (0..spec.num_layers)
+                        .filter(|l| (l + 1) % k == 0)
+                        .collect::<Vec<_>>()
+            });
+            if !every_kth {
+                return Err(SglangConfigError::HybridLayers {
+                    class: spec.architecture.hf_name(),
+                    layers: full.clone(),
+                });
+            }
         }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
         let class = spec.architecture.hf_name();
@@ -425,6 +499,7 @@ impl SglangLayout {
                 drops: &[],
                 fused_shared_experts: fused_shared,
                 mla_down: MLA_DOWN,
+                hybrid_attention: HYBRID_ATTENTION,
             },
         )
         .map_err(|e| SglangConfigError::Layout(e.to_string()))?;

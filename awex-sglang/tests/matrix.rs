@@ -260,6 +260,7 @@ prop_compose! {
             }),
             mla: None,
             mtp_layers: 0,
+            linear: None,
         }
     }
 }

@@ -93,6 +93,16 @@ pub const VOCAB_PADDING: u64 = 64;
 /// `model_executor/layers/fused_moe/layer.py`; `routed_experts_prefix` there).
 pub const ROUTED_EXPERTS: &str = "routed_experts";
 
+/// Where vLLM 0.33 holds a hybrid model's full-attention `qkv_proj`, `o_proj`, `q_norm` and
+/// `k_norm`: `self_attn` (`models/qwen3_next.py` `Qwen3NextDecoderLayer.__init__`:
+/// `self.self_attn = Qwen3NextAttention(...)`, whose `qkv_proj` is a `QKVParallelLinear` of
+/// `num_attention_heads * (1 + attn_output_gate)` query heads).
+pub const HYBRID_ATTENTION: &str = "self_attn";
+
+/// The classes whose MoE block is vLLM 0.33's `Qwen3NextSparseMoeBlock` (`models/qwen3_next.py`;
+/// `models/qwen3_5.py` builds it for Qwen3.5-MoE), which refuses `tp > num_experts`.
+const QWEN3_NEXT_MOE_BLOCK: &[&str] = &["Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM"];
+
 /// A parallel configuration vLLM cannot run for this model.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VllmConfigError {
@@ -176,6 +186,26 @@ pub enum VllmConfigError {
         /// tensor-parallel size
         tp: u64,
     },
+    /// Gated DeltaNet key heads that do not split evenly over TP.
+    #[error(
+        "model has {key_heads} linear-attention key heads (linear_num_key_heads); vllm tp={tp} needs them divisible by tp: vLLM 0.33's QwenGatedDeltaNetAttention (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py) splits the linear-attention heads by key-head group, num_k_heads // tp_size per rank, with no replication of key heads for tp above them"
+    )]
+    LinearKeyHeads {
+        /// linear-attention key heads
+        key_heads: u64,
+        /// tensor-parallel size
+        tp: u64,
+    },
+    /// A tensor-parallel size above the routed experts, which vLLM's Qwen3-Next MoE block refuses.
+    #[error(
+        "model has {experts} routed experts per MoE layer, fewer than vllm tp={tp}: vLLM 0.33's Qwen3NextSparseMoeBlock.__init__ (models/qwen3_next.py, Qwen3.5-MoE's block too) raises \"Tensor parallel size {tp} is greater than the number of experts {experts}.\"; use tp <= {experts}"
+    )]
+    TpAboveExperts {
+        /// routed experts
+        experts: u64,
+        /// tensor-parallel size
+        tp: u64,
+    },
     /// A size or the world is above awex's limits.
     #[error(transparent)]
     Limit(#[from] awex_core::limits::LimitError),
@@ -233,6 +263,14 @@ impl VllmLayout {
         if spec.mla.is_none() && !kv_split && !kv_replicated {
             return Err(VllmConfigError::KvHeads { kv_heads: kv, tp });
         }
+        if let Some(a) = &spec.linear
+            && a.num_key_heads % tp != 0
+        {
+            return Err(VllmConfigError::LinearKeyHeads {
+                key_heads: a.num_key_heads,
+                tp,
+            });
+        }
         let has_dense = (0..spec.num_layers).any(|l| !spec.is_moe_layer(l));
         if has_dense && spec.intermediate_size % tp != 0 {
             return Err(VllmConfigError::Intermediate {
@@ -247,6 +285,13 @@ impl VllmLayout {
                     return Err(VllmConfigError::Experts {
                         experts: m.num_experts,
                         ep,
+                    });
+                }
+                if QWEN3_NEXT_MOE_BLOCK.contains(&spec.architecture.hf_name()) && tp > m.num_experts
+                {
+                    return Err(VllmConfigError::TpAboveExperts {
+                        experts: m.num_experts,
+                        tp,
                     });
                 }
                 if m.moe_intermediate_size % moe_tp != 0 {
@@ -295,6 +340,7 @@ impl VllmLayout {
                 // only with ROCm AITER; on NVIDIA and CPU they stay a `shared_experts` MLP
                 fused_shared_experts: false,
                 mla_down: MLA_DOWN,
+                hybrid_attention: HYBRID_ATTENTION,
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;

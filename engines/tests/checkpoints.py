@@ -55,6 +55,35 @@ ARCHS = {
     ),
 }
 
+# ---- hybrid Qwen (Gated DeltaNet + gated full attention) ----
+#: Layer 0 Gated DeltaNet, layer 1 full attention (its q_proj with the per-head output gate);
+#: 4 key heads and 8 value heads of 16 (tp 4 holds one key-head group per rank); Qwen3-Next and
+#: Qwen3.5-MoE with 4 experts and a gated shared expert on every layer.
+_HYBRID = {
+    "layer_types": ["linear_attention", "full_attention"],
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+}
+_HYBRID_MOE = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+}
+ARCHS["Qwen3NextForCausalLM"] = ("Qwen3NextConfig", {**_HYBRID, **_HYBRID_MOE, "decoder_sparse_step": 1,
+                                                     "mlp_only_layers": []})
+ARCHS["Qwen3_5ForCausalLM"] = ("Qwen3_5TextConfig", dict(_HYBRID))
+ARCHS["Qwen3_5MoeForCausalLM"] = ("Qwen3_5MoeTextConfig", {**_HYBRID, **_HYBRID_MOE})
+#: SGLang 0.5.23 places the full-attention layers of Qwen3-Next, Qwen3.5 and Qwen3.5-MoE by
+#: ``full_attention_interval`` (``sglang/srt/configs/qwen3_next.py``, ``layers_block_type``,
+#: which its Qwen3.5 configs inherit), which transformers 5.19 drops from the config it saves
+#: (it keeps ``layer_types``): written back, agreeing with layer_types.
+_QWEN3_NEXT_CONFIG = {"full_attention_interval": 2}
+# ---- end hybrid Qwen ----
+
 # ---- DeepSeek-V3 (MLA) ----
 #: DeepSeek-V3: MLA with q_lora_rank (and a case without: a plain q_proj), layer 0 dense
 #: (first_k_dense_replace), layer 1 MoE with a shared expert and the router's fp32
@@ -96,7 +125,9 @@ _DEEPSEEK_CONFIG = {
 #: A case's model class where its key is not one (a variant of a class).
 CLASS_OF = {"DeepseekV3ForCausalLM-no-q-lora": "DeepseekV3ForCausalLM"}
 #: Fields patched into a case's saved config.json.
-CONFIG_PATCH = {"DeepseekV3ForCausalLM": _DEEPSEEK_CONFIG, "DeepseekV3ForCausalLM-no-q-lora": _DEEPSEEK_CONFIG}
+CONFIG_PATCH = {"DeepseekV3ForCausalLM": _DEEPSEEK_CONFIG, "DeepseekV3ForCausalLM-no-q-lora": _DEEPSEEK_CONFIG,
+                "Qwen3NextForCausalLM": _QWEN3_NEXT_CONFIG, "Qwen3_5ForCausalLM": _QWEN3_NEXT_CONFIG,
+                "Qwen3_5MoeForCausalLM": _QWEN3_NEXT_CONFIG}
 #: DeepSeek-V2 (V2-Lite's shape): DeepSeek-V3's layer without q_lora_rank, two shared experts and
 #: a router without a score-correction bias (topk_method greedy: SGLang's and vLLM's MoEGate
 #: build no e_score_correction_bias then).

@@ -47,7 +47,20 @@ fn models() -> Vec<ModelSpec> {
     // q/k/v biases, q/k norms, a dense first layer, shared experts, the fp32 router bias (and
     // an fp32 router on the engines)
     let glm = presets::preset("glm-4.5-tiny").unwrap();
-    vec![tiny, moe, qwen2, tied, llama, biased, mixtral, glm]
+    // hybrid linear attention: Gated DeltaNet layers, a gated full-attention layer, a gated
+    // shared expert (Megatron refuses them, FSDP2 maps them at tp 1); in fp32, where the
+    // trainer's `A_log` has the catalogue's dtype (in bf16 transformers holds it bf16, and the
+    // transfer widens it, which a byte round trip cannot compare)
+    let f32 = |name: &str| ModelSpec {
+        dtype: awex_core::DType::F32,
+        ..presets::preset(name).unwrap()
+    };
+    let next = f32("qwen3-next-tiny");
+    let qwen35 = f32("qwen3.5-tiny");
+    let qwen35_moe = f32("qwen3.5-moe-tiny");
+    vec![
+        tiny, moe, qwen2, tied, llama, biased, mixtral, glm, next, qwen35, qwen35_moe,
+    ]
 }
 
 /// Configs from the keys: all defaults, each defaulted key at 2 and 4, and every pair of keys at 2.

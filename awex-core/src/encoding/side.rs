@@ -108,6 +108,12 @@ impl Fp8Side {
         catalogue: &Catalogue,
         fp8: InferFp8,
     ) -> Result<Fp8Side, LayoutError> {
+        if model.linear.is_some() {
+            return Err(LayoutError::Config(format!(
+                "{} with FP8 blocks: which Gated DeltaNet projections the engines hold as FP8 is not described by awex (SGLang 0.5.23 builds `in_proj_qkvz`, `in_proj_ba` and `out_proj` with the checkpoint's quantization config, vLLM 0.33 `in_proj_ba` without blockwise FP8); serve these models in bf16",
+                model.architecture.hf_name()
+            )));
+        }
         let extra = inner.fp8_extra_parts().to_vec();
         let mut side = Fp8Side {
             inner,
@@ -389,5 +395,40 @@ mod tests {
             "model.layers.1",
             "model.layers.10.mlp.up_proj"
         ));
+    }
+
+    #[test]
+    fn hybrid_linear_attention_models_are_refused_fp8_by_name() {
+        use crate::layout::fused_tp::{FusedTp, FusedTpLayout, LmHead};
+        let spec = ModelSpec::resolve("qwen3-next-tiny").unwrap();
+        let layout = FusedTpLayout::new(
+            &spec,
+            FusedTp {
+                tp: 1,
+                ep: 1,
+                engines: 1,
+                vocab_rows: 1024,
+                lm_head: LmHead::Own(Arc::from("lm_head.weight")),
+                routed_experts: "",
+                drops: &[],
+                fused_shared_experts: false,
+                mla_down: "",
+                hybrid_attention: "",
+            },
+        )
+        .unwrap();
+        let config = serde_json::json!({"quantization_config": {
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}});
+        let f = Fp8Config::from_hf_model_config(&config).unwrap().unwrap();
+        let fp8 = InferFp8::new(f, Recipe::Vllm).unwrap();
+        let e = Fp8Side::new(Arc::new(layout), &spec, &Catalogue::of(&spec), fp8)
+            .err()
+            .expect("refused");
+        assert!(
+            e.to_string()
+                .contains("Qwen3NextForCausalLM with FP8 blocks"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("serve these models in bf16"), "{e}");
     }
 }

@@ -96,6 +96,29 @@ struct LayerNames {
     mla_down: Arc<str>,
     /// the layer's attention is MLA
     mla: bool,
+    /// the engine's names of a hybrid model's full-attention tensors (`qkv_proj`, `o_proj`,
+    /// `q_norm`, `k_norm`; the canonical names' module replaced by [`FusedTp::hybrid_attention`])
+    o_local: Arc<str>,
+    q_norm_local: Arc<str>,
+    k_norm_local: Arc<str>,
+    /// Gated DeltaNet canonical names
+    lin_qkvz: Arc<str>,
+    lin_ba: Arc<str>,
+    lin_qkv: Arc<str>,
+    lin_z: Arc<str>,
+    lin_b: Arc<str>,
+    lin_a: Arc<str>,
+    lin_conv: Arc<str>,
+    lin_dt_bias: Arc<str>,
+    lin_a_log: Arc<str>,
+    lin_norm: Arc<str>,
+    lin_out: Arc<str>,
+    /// the engines' fused `linear_attn.in_proj_qkvz` / `linear_attn.in_proj_ba`
+    lin_qkvz_local: Arc<str>,
+    lin_ba_local: Arc<str>,
+    /// the layer is a Gated DeltaNet layer
+    linear: bool,
+    shared_expert_gate: Arc<str>,
     /// `model.layers.{l}.{experts}.`, the prefix of per-expert canonical names
     experts_prefix: String,
     /// the parts the family lists for this layer ([`mask`])
@@ -128,7 +151,7 @@ fn layer_parts(spec: &ModelSpec, l: u64) -> u64 {
 }
 
 impl LayerNames {
-    fn new(spec: &ModelSpec, l: u64, routed: &str, mla_down: &str) -> Self {
+    fn new(spec: &ModelSpec, l: u64, routed: &str, mla_down: &str, hybrid_attn: &str) -> Self {
         let names = spec.names();
         let p = format!("model.layers.{l}");
         // a canonical name the family spells (empty for a part it does not have: never placed)
@@ -147,7 +170,39 @@ impl LayerNames {
             r => format!("{p}.{}.{r}", names.experts),
         };
         let parts = layer_parts(spec, l);
+        let hybrid = spec.linear.is_some();
+        // a hybrid model's full-attention tensor `leaf` in the engine's attention module
+        let attn = |part: Part, leaf: &str| -> Arc<str> {
+            match (hybrid, hybrid_attn) {
+                (false, _) => c(part),
+                (true, "") => Arc::from(format!("{p}.{leaf}")),
+                (true, m) => Arc::from(format!("{p}.{m}.{leaf}")),
+            }
+        };
+        let qkv = match (hybrid, hybrid_attn) {
+            (false, _) => fused(Part::Q, "qkv_proj.weight"),
+            (true, "") => Arc::from(format!("{p}.qkv_proj.weight")),
+            (true, m) => Arc::from(format!("{p}.{m}.qkv_proj.weight")),
+        };
         LayerNames {
+            o_local: attn(Part::O, "o_proj.weight"),
+            q_norm_local: attn(Part::QNorm, "q_norm.weight"),
+            k_norm_local: attn(Part::KNorm, "k_norm.weight"),
+            lin_qkvz: c(Part::LinQkvz),
+            lin_ba: c(Part::LinBa),
+            lin_qkv: c(Part::LinQkv),
+            lin_z: c(Part::LinZ),
+            lin_b: c(Part::LinB),
+            lin_a: c(Part::LinA),
+            lin_conv: c(Part::LinConv),
+            lin_dt_bias: c(Part::LinDtBias),
+            lin_a_log: c(Part::LinALog),
+            lin_norm: c(Part::LinNorm),
+            lin_out: c(Part::LinOut),
+            lin_qkvz_local: Arc::from(format!("{p}.linear_attn.in_proj_qkvz.weight")),
+            lin_ba_local: Arc::from(format!("{p}.linear_attn.in_proj_ba.weight")),
+            linear: spec.is_linear_layer(l),
+            shared_expert_gate: c(Part::SharedExpertGate),
             input_ln: c(Part::InputNorm),
             post_ln: c(Part::PostNorm),
             q: c(Part::Q),
@@ -160,7 +215,7 @@ impl LayerNames {
             o_bias: c(Part::OBias),
             q_norm: c(Part::QNorm),
             k_norm: c(Part::KNorm),
-            qkv: fused(Part::Q, "qkv_proj.weight"),
+            qkv,
             qkv_bias: fused(Part::QBias, "qkv_proj.bias"),
             gate_proj: c(Part::Gate),
             up_proj: c(Part::Up),
@@ -195,7 +250,7 @@ impl LayerNames {
 }
 
 /// The parts a fused-TP layout places; a family with any other part is refused by name.
-pub const MAPPED: [Part; 32] = [
+pub const MAPPED: [Part; 44] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -228,6 +283,18 @@ pub const MAPPED: [Part; 32] = [
     Part::KvDown,
     Part::KvDownNorm,
     Part::KvUp,
+    Part::SharedExpertGate,
+    Part::LinQkvz,
+    Part::LinBa,
+    Part::LinQkv,
+    Part::LinZ,
+    Part::LinB,
+    Part::LinA,
+    Part::LinConv,
+    Part::LinALog,
+    Part::LinDtBias,
+    Part::LinNorm,
+    Part::LinOut,
 ];
 
 /// The three per-expert canonical tensors an engine fuses into `w13_weight` / `w2_weight`.
@@ -270,7 +337,32 @@ struct Dimensions {
     o_cols: u64,
     /// MLA's sizes (a model with multi-head latent attention)
     mla: Option<MlaDims>,
+    /// 2 when `q_proj` holds a per-head output gate after each head's query rows (hybrid
+    /// Qwen models), 1 otherwise
+    q_gate: u64,
+    /// Gated DeltaNet sizes per TP rank (a hybrid model)
+    lin: Option<LinDims>,
 }
+
+/// The sizes of Gated DeltaNet linear attention, per TP rank.
+#[derive(Clone, Copy, Debug)]
+struct LinDims {
+    /// query (= key) rows, `key_dim / tp`
+    key: u64,
+    /// value (= z) rows, `value_dim / tp`
+    value: u64,
+    /// value heads, `value_heads / tp`
+    heads: u64,
+    /// canonical `key_dim` and `value_dim`
+    key_full: u64,
+    value_full: u64,
+    /// size of one value head (the gated norm)
+    head_v: u64,
+    kernel: u64,
+}
+
+/// One engine tensor of a rank: its name, shape, dtype and where its pieces come from.
+type Piece = (Arc<str>, Dims, DType, Vec<Placement>);
 
 /// The sizes of multi-head latent attention.
 #[derive(Clone, Copy, Debug)]
@@ -342,6 +434,10 @@ pub struct FusedTp {
     /// projections concatenated (`fused_qkv_a_proj_with_mqa` for SGLang, `fused_qkv_a_proj`
     /// for vLLM); unused by a model without MLA.
     pub mla_down: &'static str,
+    /// The module below `model.layers.{l}` that holds a hybrid model's (Qwen3-Next, Qwen3.5)
+    /// full-attention `qkv_proj`, `o_proj`, `q_norm` and `k_norm`: empty for SGLang (the
+    /// decoder layer itself), `self_attn` for vLLM; unused by other models.
+    pub hybrid_attention: &'static str,
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -364,6 +460,7 @@ impl FusedTpLayout {
             drops,
             fused_shared_experts,
             mla_down,
+            hybrid_attention,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -423,6 +520,29 @@ impl FusedTpLayout {
                 "shared experts' intermediate size {shared_full} over tp={tp}"
             ));
         }
+        let lin = match &spec.linear {
+            Some(a) => {
+                // both engines split the linear-attention heads by key-head group over tp
+                // (SGLang 0.5.23 `Qwen3GatedDeltaNet.fix_query_key_value_ordering`, vLLM 0.33
+                // `QwenGatedDeltaNetAttention.fix_query_key_value_ordering`: num_k_heads // tp)
+                if a.num_key_heads % tp != 0 {
+                    return bad(format!(
+                        "{} linear-attention key heads over tp={tp}",
+                        a.num_key_heads
+                    ));
+                }
+                Some(LinDims {
+                    key: a.key_dim() / tp,
+                    value: a.value_dim() / tp,
+                    heads: a.num_value_heads / tp,
+                    key_full: a.key_dim(),
+                    value_full: a.value_dim(),
+                    head_v: a.value_head_dim,
+                    kernel: a.conv_kernel,
+                })
+            }
+            None => None,
+        };
         let router_dtype = match &spec.moe {
             Some(m) if m.router_fp32 => DType::F32,
             _ => spec.dtype,
@@ -483,13 +603,15 @@ impl FusedTpLayout {
                     qk_head: a.qk_nope_head_dim + a.qk_rope_head_dim,
                     kv_up_head: a.qk_nope_head_dim + a.v_head_dim,
                 }),
+                q_gate: if spec.gated_q() { 2 } else { 1 },
+                lin,
             },
             embed: Arc::from("model.embed_tokens.weight"),
             final_norm: Arc::from("model.norm.weight"),
             lm_head,
             lm_head_local: Arc::from("lm_head.weight"),
             layers: (0..spec.num_layers)
-                .map(|l| LayerNames::new(spec, l, routed_experts, mla_down))
+                .map(|l| LayerNames::new(spec, l, routed_experts, mla_down, hybrid_attention))
                 .collect(),
         })
     }
@@ -538,13 +660,13 @@ impl FusedTpLayout {
 
     /// Rows of `qkv_proj` on one rank.
     fn qkv_rows(&self) -> u64 {
-        (self.d.q_heads + 2 * self.d.kv_heads) * self.d.head_dim
+        (self.d.q_gate * self.d.q_heads + 2 * self.d.kv_heads) * self.d.head_dim
     }
 
     /// For one of q/k/v on TP rank `r`: (canonical row start, rows, local row offset).
     fn qkv_part(&self, part: usize, r: u64) -> (u64, u64, u64) {
         let hd = self.d.head_dim;
-        let q_rows = self.d.q_heads * hd;
+        let q_rows = self.d.q_gate * self.d.q_heads * hd;
         let kv_rows = self.d.kv_heads * hd;
         match part {
             0 => (r * q_rows, q_rows, 0),
@@ -611,6 +733,164 @@ impl FusedTpLayout {
 
     fn replicated(&self, name: &Arc<str>, shape: Dims) -> LocalTensor {
         self.replicated_as(name, shape, self.dtype)
+    }
+
+    /// A replicated tensor the engine names `local` holding canonical `canonical` whole.
+    fn replicated_named(&self, local: &Arc<str>, canonical: &Arc<str>, shape: Dims) -> LocalTensor {
+        let placements = vec![Placement {
+            canonical: canonical.clone(),
+            region: Region::full(shape),
+            local_offset: Dims::zeros(shape.ndim()),
+        }];
+        self.local(local, shape, placements)
+    }
+
+    /// TP rank `r`'s Gated DeltaNet tensors of one linear-attention layer (both engines build
+    /// the same ones):
+    ///
+    /// - `linear_attn.in_proj_qkvz` `[(2 * key_dim + 2 * value_dim) / tp, hidden]`. Qwen3-Next's
+    ///   checkpoint tensor is grouped by key head, and both engines load it with one contiguous
+    ///   row slice per rank (SGLang 0.5.23 `models/qwen3_next.py`,
+    ///   `Qwen3GatedDeltaNet._make_packed_weight_loader`: "Do contiguous TP slice like
+    ///   ColumnParallelLinear"; vLLM 0.33 `layers/mamba/gdn/qwen_gdn_linear_attn.py`,
+    ///   `create_qkvz_proj`: one output size "to preserve the interleaving across TP ranks").
+    ///   Qwen3.5's `in_proj_qkv` and `in_proj_z` load into the four output sizes
+    ///   `[key_dim, key_dim, value_dim, value_dim]` of the same `MergedColumnParallelLinear`
+    ///   (SGLang `models/qwen3_5.py` `load_weights`: `in_proj_qkv` shard `(0, 1, 2)`,
+    ///   `in_proj_z` shard 3; vLLM `create_qkvz_proj` with `gqa_interleaved_layout=False`):
+    ///   rank `r` holds `[q_r | k_r | v_r | z_r]`, each the `r`-th tp-th of its part.
+    /// - `linear_attn.in_proj_ba` `[2 * value_heads / tp, hidden]`: Qwen3-Next's grouped tensor
+    ///   sliced contiguously (output sizes `[2 * value_heads]`), Qwen3.5's `in_proj_b` and
+    ///   `in_proj_a` as `[b_r | a_r]` (output sizes `[value_heads, value_heads]`).
+    /// - `linear_attn.conv1d.weight` `[conv_dim / tp, 1, kernel]`: `[q_r | k_r | v_r]`, each the
+    ///   `r`-th tp-th of its channels (`mamba_v2_sharded_weight_loader` with shard specs
+    ///   `(key_dim, key_dim, value_dim)`, no duplicated groups, in both engines).
+    /// - `dt_bias` and `A_log` (fp32) `[value_heads / tp]`: `sharded_weight_loader(0)`, the
+    ///   `r`-th tp-th of the value heads.
+    /// - `linear_attn.norm.weight` `[value_head_dim]`: replicated.
+    /// - `linear_attn.out_proj.weight` `[hidden, value_dim / tp]`: `RowParallelLinear`.
+    fn linear_pieces(&self, n: &LayerNames, r: u64) -> Vec<Piece> {
+        let Some(d) = self.d.lin else {
+            return Vec::new();
+        };
+        let h = self.d.hidden;
+        let dt = self.dtype;
+        let pl = |c: &Arc<str>, region: Region, at: Dims| Placement {
+            canonical: c.clone(),
+            region,
+            local_offset: at,
+        };
+        let rows = |c: &Arc<str>, start: u64, len: u64, at: u64| {
+            pl(c, Region::new([start, 0], [len, h]), Dims::new(&[at, 0]))
+        };
+        let (k, v, nv, kf) = (d.key, d.value, d.heads, d.key_full);
+        let mut out: Vec<Piece> = Vec::with_capacity(7);
+        if n.has(Part::LinQkvz) {
+            let qkvz = 2 * k + 2 * v;
+            out.push((
+                n.lin_qkvz_local.clone(),
+                Self::dims2(qkvz, h),
+                dt,
+                vec![rows(&n.lin_qkvz, r * qkvz, qkvz, 0)],
+            ));
+            out.push((
+                n.lin_ba_local.clone(),
+                Self::dims2(2 * nv, h),
+                dt,
+                vec![rows(&n.lin_ba, r * 2 * nv, 2 * nv, 0)],
+            ));
+        } else {
+            out.push((
+                n.lin_qkvz_local.clone(),
+                Self::dims2(2 * k + 2 * v, h),
+                dt,
+                vec![
+                    rows(&n.lin_qkv, r * k, k, 0),
+                    rows(&n.lin_qkv, kf + r * k, k, k),
+                    rows(&n.lin_qkv, 2 * kf + r * v, v, 2 * k),
+                    rows(&n.lin_z, r * v, v, 2 * k + v),
+                ],
+            ));
+            out.push((
+                n.lin_ba_local.clone(),
+                Self::dims2(2 * nv, h),
+                dt,
+                vec![
+                    rows(&n.lin_b, r * nv, nv, 0),
+                    rows(&n.lin_a, r * nv, nv, nv),
+                ],
+            ));
+        }
+        let kernel = d.kernel;
+        let conv = |start: u64, len: u64, at: u64| {
+            pl(
+                &n.lin_conv,
+                Region::new([start, 0, 0], [len, 1, kernel]),
+                Dims::new(&[at, 0, 0]),
+            )
+        };
+        out.push((
+            n.lin_conv.clone(),
+            Dims::new(&[2 * k + v, 1, kernel]),
+            dt,
+            vec![
+                conv(r * k, k, 0),
+                conv(kf + r * k, k, k),
+                conv(2 * kf + r * v, v, 2 * k),
+            ],
+        ));
+        let heads = |c: &Arc<str>| pl(c, Region::new([r * nv], [nv]), Dims::zeros(1));
+        out.push((
+            n.lin_dt_bias.clone(),
+            Dims::new(&[nv]),
+            dt,
+            vec![heads(&n.lin_dt_bias)],
+        ));
+        out.push((
+            n.lin_a_log.clone(),
+            Dims::new(&[nv]),
+            DType::F32,
+            vec![heads(&n.lin_a_log)],
+        ));
+        let norm = Dims::new(&[d.head_v]);
+        out.push((
+            n.lin_norm.clone(),
+            norm,
+            dt,
+            vec![pl(&n.lin_norm, Region::full(norm), Dims::zeros(1))],
+        ));
+        out.push((
+            n.lin_out.clone(),
+            Self::dims2(h, v),
+            dt,
+            vec![pl(
+                &n.lin_out,
+                Region::new([0, r * v], [h, v]),
+                Dims::zeros(2),
+            )],
+        ));
+        let _ = d.value_full;
+        out
+    }
+
+    /// Holders of a Gated DeltaNet part of layer `l`: every rank's pieces taken from it.
+    fn linear_holders(&self, l: u64, canonical: &str) -> Vec<Holder> {
+        let n = &self.layers[l as usize];
+        let mut out = Vec::new();
+        for r in 0..u64::from(self.tp) {
+            for (name, shape, dtype, placements) in self.linear_pieces(n, r) {
+                for p in placements
+                    .into_iter()
+                    .filter(|p| &*p.canonical == canonical)
+                {
+                    out.push(Holder {
+                        dtype,
+                        ..self.holder(self.engine_ranks(r), &name, shape, p.region, p.local_offset)
+                    });
+                }
+            }
+        }
+        out
     }
 
     fn replicated_as(&self, name: &Arc<str>, shape: Dims, dtype: DType) -> LocalTensor {
@@ -732,13 +1012,26 @@ impl FusedTpLayout {
 
     fn push_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
+        if n.linear {
+            for (name, shape, dtype, placements) in self.linear_pieces(n, r) {
+                out.push(LocalTensor {
+                    dtype,
+                    encoding: crate::encoding::Encoding::Plain(dtype),
+                    ..self.local(&name, shape, placements)
+                });
+            }
+            self.push_mlp_of_layer(out, n, r);
+            out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
+            out.push(self.replicated(&n.post_ln, Dims::new(&[h])));
+            return;
+        }
         match self.d.mla {
             Some(a) if n.mla => self.push_mla(out, n, a, r),
             _ => self.push_gqa(out, n, r),
         }
         let o_cols = self.d.o_cols;
         out.push(self.local(
-            &n.o,
+            &n.o_local,
             Self::dims2(h, o_cols),
             vec![Placement {
                 canonical: n.o.clone(),
@@ -759,8 +1052,8 @@ impl FusedTpLayout {
         let h = self.d.hidden;
         let hd = self.d.head_dim;
         if n.has(Part::QNorm) {
-            out.push(self.replicated(&n.q_norm, Dims::new(&[hd])));
-            out.push(self.replicated(&n.k_norm, Dims::new(&[hd])));
+            out.push(self.replicated_named(&n.q_norm_local, &n.q_norm, Dims::new(&[hd])));
+            out.push(self.replicated_named(&n.k_norm_local, &n.k_norm, Dims::new(&[hd])));
         }
         let qkv_rows = self.qkv_rows();
         let placements = self.qkv_placements([&n.q, &n.k, &n.v], r, Some(h));
@@ -835,6 +1128,9 @@ impl FusedTpLayout {
             if n.has(Part::RouterBias) {
                 let shape = Dims::new(&[self.d.experts]);
                 out.push(self.replicated_as(&n.router_bias, shape, DType::F32));
+            }
+            if n.has(Part::SharedExpertGate) {
+                out.push(self.replicated(&n.shared_expert_gate, Self::dims2(1, h)));
             }
             if n.has(Part::SharedGate) && !shared {
                 let names = [
@@ -1163,7 +1459,13 @@ impl SideLayout for FusedTpLayout {
         let mut name = String::new();
         for n in &self.layers {
             f(&n.input_ln);
-            if n.mla {
+            if n.linear {
+                for (_, _, _, placements) in self.linear_pieces(n, r) {
+                    for p in placements {
+                        f(&p.canonical);
+                    }
+                }
+            } else if n.mla {
                 if n.has(Part::QDown) {
                     f(&n.q_down);
                     f(&n.q_down_norm);
@@ -1184,11 +1486,13 @@ impl SideLayout for FusedTpLayout {
                 f(&n.k_bias);
                 f(&n.v_bias);
             }
-            f(&n.o);
+            if !n.linear {
+                f(&n.o);
+            }
             if self.holds(n, Part::OBias) {
                 f(&n.o_bias);
             }
-            if n.has(Part::QNorm) {
+            if n.has(Part::QNorm) && !n.linear {
                 f(&n.q_norm);
                 f(&n.k_norm);
             }
@@ -1202,6 +1506,9 @@ impl SideLayout for FusedTpLayout {
                     f(&n.shared_gate);
                     f(&n.shared_up);
                     f(&n.shared_down);
+                }
+                if n.has(Part::SharedExpertGate) {
+                    f(&n.shared_expert_gate);
                 }
                 let (first, ne) = expert_range(self.d.experts, self.d.ep, r / self.d.moe_tp);
                 for e in first..first + ne {
@@ -1257,8 +1564,25 @@ impl SideLayout for FusedTpLayout {
             Part::FinalNorm => self.replicated_holder(&self.final_norm, Dims::new(&[h])),
             Part::InputNorm => self.replicated_holder(&layer(l).input_ln, Dims::new(&[h])),
             Part::PostNorm => self.replicated_holder(&layer(l).post_ln, Dims::new(&[h])),
-            Part::QNorm => self.replicated_holder(&layer(l).q_norm, Dims::new(&[hd])),
-            Part::KNorm => self.replicated_holder(&layer(l).k_norm, Dims::new(&[hd])),
+            Part::QNorm => self.replicated_holder(&layer(l).q_norm_local, Dims::new(&[hd])),
+            Part::KNorm => self.replicated_holder(&layer(l).k_norm_local, Dims::new(&[hd])),
+            Part::SharedExpertGate => {
+                self.replicated_holder(&layer(l).shared_expert_gate, Self::dims2(1, h))
+            }
+            Part::LinNorm => match self.d.lin {
+                Some(d) => self.replicated_holder(&layer(l).lin_norm, Dims::new(&[d.head_v])),
+                None => Vec::new(),
+            },
+            Part::LinQkvz
+            | Part::LinBa
+            | Part::LinQkv
+            | Part::LinZ
+            | Part::LinB
+            | Part::LinA
+            | Part::LinConv
+            | Part::LinALog
+            | Part::LinDtBias
+            | Part::LinOut => self.linear_holders(l, canonical),
             Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
             Part::Router => {
                 let shape = Self::dims2(self.d.experts, h);
@@ -1283,7 +1607,7 @@ impl SideLayout for FusedTpLayout {
             Part::VBias => self.qkv_holders(l, 2, true),
             Part::O => {
                 let o_cols = self.d.o_cols;
-                self.split_holders(&layer(l).o, Self::dims2(h, o_cols), 1, o_cols)
+                self.split_holders(&layer(l).o_local, Self::dims2(h, o_cols), 1, o_cols)
             }
             Part::Gate => self.gate_up_holders(&layer(l).gate_up, self.d.inter, false),
             Part::Up => self.gate_up_holders(&layer(l).gate_up, self.d.inter, true),
@@ -1353,13 +1677,21 @@ mod tests {
             drops: &[],
             fused_shared_experts: false,
             mla_down: "fused_qkv_a_proj_with_mqa",
+            hybrid_attention: "",
         }
     }
 
     #[test]
     fn for_each_canonical_names_what_rank_layout_places() {
         let mut specs = Vec::new();
-        for name in ["qwen3-tiny", "moe-1t", "deepseek-v3-tiny"] {
+        for name in [
+            "qwen3-tiny",
+            "moe-1t",
+            "deepseek-v3-tiny",
+            "qwen3-next-tiny",
+            "qwen3.5-tiny",
+            "qwen3.5-moe-tiny",
+        ] {
             specs.push(ModelSpec::resolve(name).unwrap());
         }
         let mut biased = ModelSpec::resolve("qwen3-tiny").unwrap();
@@ -1451,5 +1783,162 @@ mod tests {
         assert_eq!(h[2].region, h[0].region);
         let r0 = tied.rank_layout(RankId::infer(0, 0)).unwrap();
         assert_eq!(&*r0.tensors.last().unwrap().name, "lm_head.weight");
+    }
+
+    /// A hybrid model's rank `r` at `tp`: every whole-side check (holders agree with the rank
+    /// view, full coverage per engine, materialize -> reconstruct gives back every canonical
+    /// byte) for the tiny hybrid presets at tp 1, 2, 4 (one key-head group per rank at 4) and
+    /// ep 2, with SGLang's and vLLM's attention modules.
+    #[test]
+    fn hybrid_models_pass_every_whole_side_check() {
+        let mut checked = 0;
+        for name in ["qwen3-next-tiny", "qwen3.5-tiny", "qwen3.5-moe-tiny"] {
+            let spec = ModelSpec::resolve(name).unwrap();
+            let cat = crate::model::Catalogue::of(&spec);
+            for (tp, ep) in [(1u64, 1u64), (2, 1), (4, 1), (2, 2), (4, 2)] {
+                if ep > 1 && spec.moe.is_none() {
+                    continue;
+                }
+                for attn in ["", "self_attn"] {
+                    let rows = spec.vocab_size.div_ceil(tp).div_ceil(64) * 64;
+                    let c = FusedTp {
+                        engines: 2,
+                        hybrid_attention: attn,
+                        lm_head: LmHead::Own(Arc::from("lm_head.weight")),
+                        ..cfg(tp, ep, rows)
+                    };
+                    let layout = FusedTpLayout::new(&spec, c).unwrap();
+                    crate::layout::check::side(&layout, &cat)
+                        .unwrap_or_else(|e| panic!("{name} tp={tp} ep={ep} `{attn}`: {e}"));
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 2 * (3 + 5 + 5));
+    }
+
+    /// The pieces of rank 1 of 2 of a Qwen3-Next and a Qwen3.5 linear-attention layer, and of
+    /// the gated `qkv_proj`, spelled out (4 key heads of 16, 8 value heads of 16: key_dim 64,
+    /// value_dim 128).
+    #[test]
+    fn linear_attention_pieces_follow_the_engines_splits() {
+        let find = |l: &RankLayout, name: &str| -> LocalTensor {
+            l.tensors
+                .iter()
+                .find(|t| &*t.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .clone()
+        };
+        let spans = |t: &LocalTensor| -> Vec<(String, u64, u64, u64)> {
+            t.placements
+                .iter()
+                .map(|p| {
+                    (
+                        p.canonical.to_string(),
+                        p.region.offset.get(0),
+                        p.region.extent.get(0),
+                        p.local_offset.get(0),
+                    )
+                })
+                .collect()
+        };
+        let l0 = "model.layers.0.linear_attn";
+        // Qwen3-Next: one contiguous slice of the grouped in_proj_qkvz / in_proj_ba
+        let next = ModelSpec::resolve("qwen3-next-tiny").unwrap();
+        let layout = FusedTpLayout::new(&next, cfg(2, 1, 512)).unwrap();
+        let r1 = layout.rank_layout(RankId::infer(0, 1)).unwrap();
+        let qkvz = find(&r1, &format!("{l0}.in_proj_qkvz.weight"));
+        assert_eq!(qkvz.shape, Dims::new(&[192, 64]));
+        assert_eq!(
+            spans(&qkvz),
+            vec![(format!("{l0}.in_proj_qkvz.weight"), 192, 192, 0)]
+        );
+        let ba = find(&r1, &format!("{l0}.in_proj_ba.weight"));
+        assert_eq!(
+            spans(&ba),
+            vec![(format!("{l0}.in_proj_ba.weight"), 8, 8, 0)]
+        );
+        // conv1d: [q_r | k_r | v_r]
+        let conv = find(&r1, &format!("{l0}.conv1d.weight"));
+        assert_eq!(conv.shape, Dims::new(&[128, 1, 4]));
+        let c = format!("{l0}.conv1d.weight");
+        assert_eq!(
+            spans(&conv),
+            vec![
+                (c.clone(), 32, 32, 0),
+                (c.clone(), 96, 32, 32),
+                (c.clone(), 192, 64, 64)
+            ]
+        );
+        let a_log = find(&r1, &format!("{l0}.A_log"));
+        assert_eq!(a_log.dtype, DType::F32);
+        assert_eq!(spans(&a_log), vec![(format!("{l0}.A_log"), 4, 4, 0)]);
+        let out = find(&r1, &format!("{l0}.out_proj.weight"));
+        assert_eq!(
+            (out.placements[0].region.offset.get(1), out.shape),
+            (64, Dims::new(&[64, 64]))
+        );
+        // the gated q_proj: 2 heads of [query | gate] per rank, then the rank's KV head
+        let qkv = find(&r1, "model.layers.3.qkv_proj.weight");
+        assert_eq!(qkv.shape, Dims::new(&[(2 * 2 * 16) + 2 * 16, 64]));
+        assert_eq!(
+            spans(&qkv),
+            vec![
+                ("model.layers.3.self_attn.q_proj.weight".into(), 64, 64, 0),
+                ("model.layers.3.self_attn.k_proj.weight".into(), 16, 16, 64),
+                ("model.layers.3.self_attn.v_proj.weight".into(), 16, 16, 80),
+            ]
+        );
+        assert!(
+            r1.tensors
+                .iter()
+                .any(|t| &*t.name == "model.layers.3.o_proj.weight")
+        );
+        // Qwen3.5: in_proj_qkv and in_proj_z each split, [q_r | k_r | v_r | z_r]; [b_r | a_r]
+        let q35 = ModelSpec::resolve("qwen3.5-tiny").unwrap();
+        let c = FusedTp {
+            hybrid_attention: "self_attn",
+            ..cfg(2, 1, 512)
+        };
+        let layout = FusedTpLayout::new(&q35, c).unwrap();
+        let r1 = layout.rank_layout(RankId::infer(0, 1)).unwrap();
+        let qkvz = find(&r1, &format!("{l0}.in_proj_qkvz.weight"));
+        let (qkv, z) = (
+            format!("{l0}.in_proj_qkv.weight"),
+            format!("{l0}.in_proj_z.weight"),
+        );
+        assert_eq!(
+            spans(&qkvz),
+            vec![
+                (qkv.clone(), 32, 32, 0),
+                (qkv.clone(), 96, 32, 32),
+                (qkv.clone(), 192, 64, 64),
+                (z, 64, 64, 128)
+            ]
+        );
+        let ba = find(&r1, &format!("{l0}.in_proj_ba.weight"));
+        assert_eq!(
+            spans(&ba),
+            vec![
+                (format!("{l0}.in_proj_b.weight"), 4, 4, 0),
+                (format!("{l0}.in_proj_a.weight"), 4, 4, 4)
+            ]
+        );
+        assert!(
+            r1.tensors
+                .iter()
+                .any(|t| &*t.name == "model.layers.3.self_attn.qkv_proj.weight")
+        );
+        // more ranks than key heads: refused by name
+        let wide = ModelSpec {
+            num_heads: 8,
+            ..next
+        };
+        let e = FusedTpLayout::new(&wide, cfg(8, 1, 128)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("4 linear-attention key heads over tp=8"),
+            "{e}"
+        );
     }
 }

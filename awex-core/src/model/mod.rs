@@ -15,7 +15,7 @@ pub use checkpoint::{Checkpoint, CheckpointError};
 pub use family::Family;
 pub use names::{Canon, HfNames, LLAMA_NAMES};
 pub use part::{Fusion, Part, Role, Split};
-pub use spec::{Architecture, MlaSpec, ModelSpec, MoeSpec, NotMoved};
+pub use spec::{Architecture, LinearAttnSpec, MlaSpec, ModelSpec, MoeSpec, NotMoved};
 
 /// Appends `i` in decimal (as Python prints it in a parameter name), without `format!`: the
 /// planner builds many names with indices in them.

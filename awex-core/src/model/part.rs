@@ -72,6 +72,36 @@ pub enum Part {
     SharedUp,
     /// Shared experts' down projection `[hidden, shared_intermediate]`.
     SharedDown,
+    /// The sigmoid gate of the shared expert's output `[1, hidden]` (Qwen3-Next, Qwen3.5-MoE:
+    /// `mlp.shared_expert_gate`).
+    SharedExpertGate,
+    /// Gated DeltaNet (linear attention): the fused input projection of Qwen3-Next,
+    /// `[2 * key_dim + 2 * value_dim, hidden]`, rows grouped by key head: for each key head
+    /// `[q (key_head_dim) | k (key_head_dim) | v | z (value heads per key head * value_head_dim each)]`.
+    LinQkvz,
+    /// Gated DeltaNet: Qwen3-Next's fused `[b | a]` projection `[2 * value_heads, hidden]`, rows
+    /// grouped by key head: for each key head `[b | a]` (value heads per key head each).
+    LinBa,
+    /// Gated DeltaNet: Qwen3.5's query/key/value projection `[2 * key_dim + value_dim, hidden]`,
+    /// rows `[q (all key heads) | k (all key heads) | v (all value heads)]`.
+    LinQkv,
+    /// Gated DeltaNet: Qwen3.5's output-gate projection `[value_dim, hidden]`.
+    LinZ,
+    /// Gated DeltaNet: Qwen3.5's beta projection `[value_heads, hidden]`.
+    LinB,
+    /// Gated DeltaNet: Qwen3.5's alpha projection `[value_heads, hidden]`.
+    LinA,
+    /// Gated DeltaNet: the depthwise causal convolution `[2 * key_dim + value_dim, 1, kernel]`,
+    /// channels `[q | k | v]` (all heads each).
+    LinConv,
+    /// Gated DeltaNet: per-value-head `A_log` `[value_heads]` (fp32).
+    LinALog,
+    /// Gated DeltaNet: per-value-head `dt_bias` `[value_heads]`.
+    LinDtBias,
+    /// Gated DeltaNet: the gated RMS norm of one value head `[value_head_dim]`.
+    LinNorm,
+    /// Gated DeltaNet: the output projection `[hidden, value_dim]`.
+    LinOut,
 }
 
 /// How tensor parallelism splits a part (engines agree on these; their padding and fusions
@@ -124,12 +154,15 @@ impl Part {
         use Part::*;
         match self {
             Embed | LmHead => Role::Vocab,
-            Q | K | V | QBias | KBias | VBias | QUp | KvUp | Gate | Up | SharedGate | SharedUp => {
+            Q | K | V | QBias | KBias | VBias | QUp | KvUp | Gate | Up | SharedGate | SharedUp
+            | LinQkvz | LinBa | LinQkv | LinZ | LinB | LinA | LinConv | LinALog | LinDtBias => {
                 Role::Column
             }
-            O | Down | SharedDown => Role::Row,
+            O | Down | SharedDown | LinOut => Role::Row,
             FinalNorm | InputNorm | PostNorm | OBias | QNorm | KNorm | QDown | QDownNorm
-            | KvDown | KvDownNorm | Router | RouterBias => Role::Replicated,
+            | KvDown | KvDownNorm | Router | RouterBias | SharedExpertGate | LinNorm => {
+                Role::Replicated
+            }
             ExpertGate | ExpertUp => Role::Expert(Split::Column),
             ExpertDown => Role::Expert(Split::Row),
         }
@@ -231,6 +264,18 @@ impl Part {
             SharedGate => "shared_gate",
             SharedUp => "shared_up",
             SharedDown => "shared_down",
+            SharedExpertGate => "shared_expert_gate",
+            LinQkvz => "linear_qkvz",
+            LinBa => "linear_ba",
+            LinQkv => "linear_qkv",
+            LinZ => "linear_z",
+            LinB => "linear_b",
+            LinA => "linear_a",
+            LinConv => "linear_conv1d",
+            LinALog => "linear_a_log",
+            LinDtBias => "linear_dt_bias",
+            LinNorm => "linear_norm",
+            LinOut => "linear_out",
         }
     }
 }
@@ -243,9 +288,50 @@ mod tests {
     fn every_fusion_group_holds_parts_of_one_role_in_consecutive_slots() {
         use Part::*;
         let all = [
-            Embed, LmHead, FinalNorm, InputNorm, PostNorm, Q, K, V, QBias, KBias, VBias, O, OBias,
-            QNorm, KNorm, QDown, QDownNorm, QUp, KvDown, KvDownNorm, KvUp, Gate, Up, Down, Router,
-            RouterBias, ExpertGate, ExpertUp, ExpertDown, SharedGate, SharedUp, SharedDown,
+            Embed,
+            LmHead,
+            FinalNorm,
+            InputNorm,
+            PostNorm,
+            Q,
+            K,
+            V,
+            QBias,
+            KBias,
+            VBias,
+            O,
+            OBias,
+            QNorm,
+            KNorm,
+            QDown,
+            QDownNorm,
+            QUp,
+            KvDown,
+            KvDownNorm,
+            KvUp,
+            Gate,
+            Up,
+            Down,
+            Router,
+            RouterBias,
+            ExpertGate,
+            ExpertUp,
+            ExpertDown,
+            SharedGate,
+            SharedUp,
+            SharedDown,
+            SharedExpertGate,
+            LinQkvz,
+            LinBa,
+            LinQkv,
+            LinZ,
+            LinB,
+            LinA,
+            LinConv,
+            LinALog,
+            LinDtBias,
+            LinNorm,
+            LinOut,
         ];
         let mut groups: std::collections::HashMap<Fusion, Vec<(u8, Role)>> = Default::default();
         for p in all {

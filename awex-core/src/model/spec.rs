@@ -35,6 +35,13 @@ impl Architecture {
     /// `Glm4MoeForCausalLM` (GLM-4.5: q/k/v biases, optional q/k norms, shared experts, router
     /// bias, dense first layers)
     pub const Glm4Moe: Architecture = Architecture(&family::glm4_moe::FAMILY);
+    /// `Qwen3NextForCausalLM` (Gated DeltaNet + gated full attention, MoE with a gated shared
+    /// expert)
+    pub const Qwen3Next: Architecture = Architecture(&family::qwen3_next::FAMILY);
+    /// `Qwen3_5ForCausalLM` (Qwen3.5 dense: Gated DeltaNet + gated full attention)
+    pub const Qwen3_5: Architecture = Architecture(&family::qwen3_5::FAMILY);
+    /// `Qwen3_5MoeForCausalLM` (Qwen3.5-MoE)
+    pub const Qwen3_5Moe: Architecture = Architecture(&family::qwen3_5_moe::FAMILY);
 
     /// The HF class name.
     pub const fn hf_name(self) -> &'static str {
@@ -112,6 +119,45 @@ pub struct MlaSpec {
     pub v_head_dim: u64,
 }
 
+/// Gated DeltaNet (linear attention) sizes of a hybrid model (Qwen3-Next, Qwen3.5): which
+/// layers keep full attention, and the linear-attention heads of the others.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinearAttnSpec {
+    /// Key (and query) heads of a linear-attention layer (`linear_num_key_heads`).
+    pub num_key_heads: u64,
+    /// Value heads (`linear_num_value_heads`), a multiple of the key heads.
+    pub num_value_heads: u64,
+    /// Size of one key head (`linear_key_head_dim`).
+    pub key_head_dim: u64,
+    /// Size of one value head (`linear_value_head_dim`).
+    pub value_head_dim: u64,
+    /// Kernel of the depthwise causal convolution (`linear_conv_kernel_dim`).
+    pub conv_kernel: u64,
+    /// The layers with full (softmax) attention (`layer_types[l] == "full_attention"`); every
+    /// other layer is a linear-attention layer.
+    pub full_attention_layers: Vec<u64>,
+    /// The full-attention layers' `q_proj` holds a per-head output gate after each head's
+    /// query rows (`attn_output_gate`, `[heads * 2 * head_dim, hidden]`).
+    pub attn_output_gate: bool,
+}
+
+impl LinearAttnSpec {
+    /// `key_head_dim * num_key_heads`.
+    pub fn key_dim(&self) -> u64 {
+        self.key_head_dim * self.num_key_heads
+    }
+
+    /// `value_head_dim * num_value_heads`.
+    pub fn value_dim(&self) -> u64 {
+        self.value_head_dim * self.num_value_heads
+    }
+
+    /// Channels of the convolution, `2 * key_dim + value_dim`.
+    pub fn conv_dim(&self) -> u64 {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -157,6 +203,9 @@ pub struct ModelSpec {
     /// of the catalogue and not moved ([`ModelSpec::not_moved`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub mtp_layers: u64,
+    /// Gated DeltaNet sizes, when some layers are linear attention (Qwen3-Next, Qwen3.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear: Option<LinearAttnSpec>,
 }
 
 /// Tensors a checkpoint may hold that awex knows of and does not move, by a rule that names
@@ -632,9 +681,22 @@ impl ModelSpec {
         }
     }
 
+    /// Whether layer `l` is a Gated DeltaNet (linear-attention) layer of a hybrid model.
+    pub fn is_linear_layer(&self, l: u64) -> bool {
+        self.linear
+            .as_ref()
+            .is_some_and(|a| !a.full_attention_layers.contains(&l))
+    }
+
     /// Rows of `q_proj` (`num_heads * head_dim`).
     pub fn q_size(&self) -> u64 {
         self.num_heads * self.head_dim
+    }
+
+    /// Whether the full-attention layers' `q_proj` holds a per-head output gate
+    /// ([`LinearAttnSpec::attn_output_gate`]): `2 * q_size()` rows, `[query | gate]` per head.
+    pub fn gated_q(&self) -> bool {
+        self.linear.as_ref().is_some_and(|a| a.attn_output_gate)
     }
 
     /// Rows of `k_proj` / `v_proj` (`num_kv_heads * head_dim`).
@@ -730,6 +792,7 @@ mod tests {
                 moe: None,
                 mla: None,
                 mtp_layers: 0,
+                linear: None,
             }
         );
         assert_eq!(
@@ -749,7 +812,8 @@ mod tests {
             err(&cfg),
             "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
-             DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM"
+             DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, \
+             Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM"
         );
     }
 
@@ -1095,7 +1159,9 @@ mod tests {
                 "`qwen3-9b-does-not-exist` is neither a built-in preset nor an existing \
                  config.json or HF directory; presets: qwen3-tiny, qwen3-0.6b, qwen3-8b, \
                  qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b, \
-                 deepseek-v2-lite, deepseek-v3-tiny, deepseek-v3, mla-moe-30b, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air"
+                 deepseek-v2-lite, deepseek-v3-tiny, deepseek-v3, mla-moe-30b, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air, \
+                 qwen3-next-tiny, qwen3-next-80b-a3b, qwen3.5-tiny, qwen3.5-9b, qwen3.5-moe-tiny, \
+                 qwen3.5-35b-a3b, qwen3.5-397b-a17b"
                     .to_string()
             )
         );

@@ -32,8 +32,20 @@ def stub_gpu_kernels() -> None:
     import vllm.model_executor.models.qwen3 as qwen3
     import vllm.model_executor.models.qwen3_moe as qwen3_moe
 
-    for m in (qwen3, qwen3_moe, llama, glm4_moe):
+    import vllm.model_executor.models.qwen3_next as qwen3_next
+
+    for m in (qwen3, qwen3_moe, llama, glm4_moe, qwen3_next):
         m.Attention = _NoAttention
+    # The hybrid models' Gated DeltaNet (`QwenGatedDeltaNetAttention.__init__`,
+    # `model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`) builds its gated norm on
+    # `current_platform.current_device()`; without a GPU vLLM's platform is
+    # `UnspecifiedPlatform`, whose `__getattr__` answers None for it ("'NoneType' object is not
+    # callable"). Answering the CPU creates that norm weight on the CPU like every other
+    # parameter; its weight path (the layers' own `weight_loader`s) is untouched.
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda_alike():
+        current_platform.current_device = lambda: "cpu"
     # DeepSeek's MLA: `MultiHeadLatentAttentionWrapper` (`model_executor/layers/mla.py`) builds an
     # `MLAAttention`, which selects an MLA attention backend (none on CPU); it creates no
     # parameter (it keeps a reference to `kv_b_proj`, registered first under `self_attn`) and is

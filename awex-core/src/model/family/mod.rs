@@ -12,7 +12,10 @@ pub(crate) mod llama;
 pub(crate) mod mixtral;
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
+pub(crate) mod qwen3_5;
+pub(crate) mod qwen3_5_moe;
 pub(crate) mod qwen3_moe;
+pub(crate) mod qwen3_next;
 
 use super::names::{Canon, HfNames};
 use super::part::Part;
@@ -31,6 +34,9 @@ pub const ALL: &[&Family] = &[
     &deepseek_v2::FAMILY,
     &deepseek_v3::FAMILY,
     &glm4_moe::FAMILY,
+    &qwen3_next::FAMILY,
+    &qwen3_5::FAMILY,
+    &qwen3_5_moe::FAMILY,
 ];
 
 /// One model family: its HF class, its names, how it reads a config and which parts a layer has.
@@ -245,7 +251,13 @@ pub(crate) fn common(
             hidden_size / num_heads
         }
     };
-    let intermediate_size = uint(cfg, "intermediate_size")?;
+    // Qwen3_5MoeTextConfig has no dense intermediate size (every layer is MoE); a family whose
+    // layers may be dense needs it (`ModelSpec::validate` refuses 0 then)
+    let intermediate_size = match opt_uint(cfg, "intermediate_size")? {
+        Some(i) => i,
+        None if family.hf_class == "Qwen3_5MoeForCausalLM" => 0,
+        None => return Err(ModelError::MissingField("intermediate_size")),
+    };
     let vocab_size = uint(cfg, "vocab_size")?;
     let tie_word_embeddings = opt_bool(cfg, "tie_word_embeddings", false)?;
     let dtype = match cfg.get("torch_dtype").or_else(|| cfg.get("dtype")) {
@@ -275,6 +287,7 @@ pub(crate) fn common(
         moe: None,
         mla: None,
         mtp_layers: 0,
+        linear: None,
     })
 }
 
@@ -329,6 +342,7 @@ pub(crate) fn dense(
         moe: None,
         mla: None,
         mtp_layers: 0,
+        linear: None,
     }
 }
 

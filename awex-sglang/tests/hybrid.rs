@@ -1,0 +1,203 @@
+//! SGLang 0.5.23's own hybrid linear-attention models (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) against
+//! awex's SGLang layout, element by element.
+//!
+//! `tests/fixtures/hybrid_sglang_params.json` is written by
+//! `engines/tests/test_hybrid_sglang_params.py`: SGLang's real model classes load, one process
+//! per TP rank, a checkpoint whose every element names itself, and every parameter of every rank
+//! is recorded as runs `[local start, canonical tensor (index into the case's sorted
+//! `tensors`), canonical start, length]` of the canonical elements it holds (zeros, which no checkpoint element is, are padding). Here awex's
+//! layout of the same model places, on every rank, exactly the same parameters (names, shapes,
+//! dtypes) and exactly the same runs.
+
+use awex_core::DType;
+use awex_core::layout::{RankId, RankLayout, SideLayout};
+use awex_core::model::{Catalogue, ModelSpec};
+use awex_sglang::SglangLayout;
+use serde_json::Value;
+
+/// One run of consecutive canonical elements in a local tensor.
+type Run = (u64, String, u64, u64);
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[u64]) -> Vec<u64> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// The maximal runs of canonical elements every local tensor of `l` holds, by tensor name.
+fn layout_runs(l: &RankLayout, cat: &Catalogue) -> Vec<(String, Vec<u64>, DType, Vec<Run>)> {
+    let mut out = Vec::new();
+    for t in &l.tensors {
+        let local = t.shape.as_slice().to_vec();
+        let ls = strides(&local);
+        let mut runs: Vec<Run> = Vec::new();
+        for p in &t.placements {
+            let c = cat
+                .get(&p.canonical)
+                .unwrap_or_else(|| panic!("{} places unknown {}", t.name, p.canonical));
+            let cs = strides(c.shape.as_slice());
+            let (o, x, lo) = (
+                p.region.offset.as_slice(),
+                p.region.extent.as_slice(),
+                p.local_offset.as_slice(),
+            );
+            let n = x.len();
+            // a region of fewer dims than the local tensor sits at the local offset's leading
+            // indices (one expert of `w13_weight`)
+            let k = lo.len() - n;
+            let base: u64 = (0..k).map(|d| lo[d] * ls[d]).sum();
+            let rows: u64 = x[..n - 1].iter().product();
+            for row in 0..rows {
+                // the row's index over the leading dims
+                let (mut rem, mut lf, mut cf) = (row, base + lo[k + n - 1], o[n - 1]);
+                for d in (0..n - 1).rev() {
+                    let i = rem % x[d];
+                    rem /= x[d];
+                    lf += (lo[k + d] + i) * ls[k + d];
+                    cf += (o[d] + i) * cs[d];
+                }
+                runs.push((lf, p.canonical.to_string(), cf, x[n - 1]));
+            }
+        }
+        runs.sort();
+        let mut merged: Vec<Run> = Vec::new();
+        for r in runs {
+            match merged.last_mut() {
+                Some(m) if m.0 + m.3 == r.0 && m.1 == r.1 && m.2 + m.3 == r.2 => m.3 += r.3,
+                _ => merged.push(r),
+            }
+        }
+        out.push((t.name.to_string(), local, t.dtype, merged));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn dtype(d: &str) -> DType {
+    match d {
+        "float32" => DType::F32,
+        "bfloat16" => DType::Bf16,
+        other => panic!("dtype {other}"),
+    }
+}
+
+#[test]
+fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
+    let fixture: Value =
+        serde_json::from_str(include_str!("fixtures/hybrid_sglang_params.json")).unwrap();
+    let mut ranks_checked = 0;
+    let mut runs_checked = 0;
+    for case in fixture["cases"].as_array().unwrap() {
+        let spec = ModelSpec::from_config_value(&case["config"]).unwrap();
+        let (tp, ep) = (case["tp"].as_u64().unwrap(), case["ep"].as_u64().unwrap());
+        let what = format!("{} tp={tp} ep={ep}", case["arch"]);
+        // SGLang on CPU keeps the shared expert apart (`Qwen2MoeSparseMoeBlock` fuses it only
+        // on CUDA / AITER)
+        let fused = spec.moe.as_ref().map(|_| false);
+        let layout = SglangLayout::with_shared_experts(&spec, tp, ep, 1, fused)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let cat = Catalogue::of(&spec);
+        let tensors: Vec<&str> = case["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        for (r, params) in case["ranks"].as_array().unwrap().iter().enumerate() {
+            let l = layout.rank_layout(RankId::infer(0, r as u32)).unwrap();
+            let ours = layout_runs(&l, &cat);
+            let mut theirs: Vec<(String, Vec<u64>, DType, Vec<Run>)> = params
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    let runs = p[3]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| {
+                            (
+                                x[0].as_u64().unwrap(),
+                                tensors[x[1].as_u64().unwrap() as usize].to_string(),
+                                x[2].as_u64().unwrap(),
+                                x[3].as_u64().unwrap(),
+                            )
+                        })
+                        .collect();
+                    let shape = p[1].as_array().unwrap().iter().map(|d| d.as_u64().unwrap());
+                    (
+                        p[0].as_str().unwrap().to_string(),
+                        shape.collect(),
+                        dtype(p[2].as_str().unwrap()),
+                        runs,
+                    )
+                })
+                .collect();
+            theirs.sort_by(|a, b| a.0.cmp(&b.0));
+            let names = |v: &[(String, Vec<u64>, DType, Vec<Run>)]| -> Vec<String> {
+                v.iter().map(|t| t.0.clone()).collect()
+            };
+            assert_eq!(names(&ours), names(&theirs), "{what} rank {r}: parameters");
+            for (a, b) in ours.iter().zip(&theirs) {
+                assert_eq!(a, b, "{what} rank {r}: {}", a.0);
+                runs_checked += a.3.len();
+            }
+            ranks_checked += 1;
+        }
+    }
+    assert_eq!(ranks_checked, 1 + 1 + 2 + 4 + 2 + 2 + 4 + 2);
+    assert!(runs_checked > 7000, "{runs_checked}");
+}
+
+/// What SGLang 0.5.23 cannot run of a hybrid model is refused naming the reason: more ranks
+/// than linear-attention key heads, full-attention layers that are not every k-th layer, a
+/// Qwen3-Next layer made dense, more ranks than experts.
+#[test]
+fn hybrid_configs_sglang_cannot_run_are_refused_by_name() {
+    let next = awex_core::model::presets::preset("qwen3-next-tiny").unwrap();
+    let wide = ModelSpec {
+        num_heads: 8,
+        ..next.clone()
+    };
+    let e = SglangLayout::with_shared_experts(&wide, 8, 1, 1, Some(false)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("4 linear-attention key heads (linear_num_key_heads); sglang tp=8"),
+        "{e}"
+    );
+    let mut odd = next.clone();
+    if let Some(a) = &mut odd.linear {
+        a.full_attention_layers = vec![1, 3];
+    }
+    assert!(SglangLayout::with_shared_experts(&odd, 2, 1, 1, Some(false)).is_ok());
+    if let Some(a) = &mut odd.linear {
+        a.full_attention_layers = vec![0, 3];
+    }
+    let e = SglangLayout::with_shared_experts(&odd, 2, 1, 1, Some(false)).unwrap_err();
+    assert!(
+        e.to_string().contains("`full_attention_interval` alone"),
+        "{e}"
+    );
+    let mut dense = next.clone();
+    if let Some(m) = &mut dense.moe {
+        m.mlp_only_layers = vec![1];
+    }
+    let e = SglangLayout::with_shared_experts(&dense, 2, 1, 1, Some(false)).unwrap_err();
+    assert!(e.to_string().contains("builds every layer as MoE"), "{e}");
+    let few = ModelSpec {
+        moe: next.moe.clone().map(|m| awex_core::model::MoeSpec {
+            num_experts: 2,
+            experts_per_token: 2,
+            ..m
+        }),
+        ..next.clone()
+    };
+    let e = SglangLayout::with_shared_experts(&few, 4, 1, 1, Some(false)).unwrap_err();
+    assert!(e.to_string().contains("Qwen2MoeSparseMoeBlock"), "{e}");
+    // the shared expert at ep 1 needs the deployment to say whether SGLang fuses it
+    assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, None).is_err());
+    assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, Some(true)).is_ok());
+}
