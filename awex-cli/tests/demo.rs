@@ -123,9 +123,9 @@ fn the_segment_check_sees_only_the_demos_this_test_started() {
 /// A live segment named like the demo's own but of another connect: what a demo of the same
 /// pid in another PID namespace sharing /dev/shm holds, or the ranks of a killed demo whose pid
 /// this one reused (they keep their segments until they give the lost gateway up). The demo
-/// used to take every `awex-demo-{pid}-*` segment for its own: it reported it LEAKED and
-/// failed, and its test's check found it after the demo exited 0 ("all four training ranks'
-/// segments present just after the demo exited, gone a minute or two later").
+/// used to take every `awex-demo-{pid}-*` segment for its own: it reported such a segment
+/// LEAKED and failed, and the test's check (by pid, after the demo exited) could find another
+/// demo's live ranks' segments, which are gone once that demo ends.
 #[test]
 fn a_live_segment_of_another_demo_with_the_same_pid_is_neither_reported_nor_removed() {
     let _one = one_at_a_time();
