@@ -7,21 +7,15 @@
 #
 #   AWEX_ENGINES_VENV   the venv's path (default $AWEX_ENGINES_CACHE/engines-<hash>)
 #   AWEX_ENGINES_CACHE  where keyed venvs live (default $HOME/.cache/awex)
-#   AWEX_ENGINES_PYTHON the Python 3.12 interpreter (default python3.12)
+#   AWEX_ENGINES_PYTHON the Python 3.12 interpreter (default: the first of python3.12, pyenv's,
+#                       uv's, /usr/bin/python3.12 that runs; engines/python312.sh)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LOCK="$ROOT/engines/requirements.lock"
-PY=${AWEX_ENGINES_PYTHON:-python3.12}
 log() { echo "engines/venv.sh: $*" >&2; }
-
-if ! command -v "$PY" >/dev/null 2>&1; then
-  log "no Python 3.12 interpreter '$PY' on PATH; set AWEX_ENGINES_PYTHON to one (megatron-core 0.19.2 needs >= 3.12)"
-  exit 1
-fi
-if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 12) else 1)'; then
-  log "$PY is $("$PY" --version 2>&1); the lock file is for Python 3.12 (set AWEX_ENGINES_PYTHON)"
-  exit 1
-fi
+# shellcheck source=engines/python312.sh
+. "$ROOT/engines/python312.sh"
+PY=$(awex_python312) || exit 1
 
 hash=$(sha256sum "$LOCK" | cut -c1-16)
 VENV=${AWEX_ENGINES_VENV:-${AWEX_ENGINES_CACHE:-$HOME/.cache/awex}/engines-$hash}

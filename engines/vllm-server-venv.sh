@@ -11,17 +11,14 @@
 # it every time. Prints the venv's path on stdout; progress goes to stderr.
 #
 #   AWEX_VLLM_SERVER_VENV  the venv's path (default $AWEX_ENGINES_CACHE/vllm-server-<hash>)
-#   AWEX_ENGINES_PYTHON    the Python 3.12 interpreter (default python3.12)
+#   AWEX_ENGINES_PYTHON    the Python 3.12 interpreter (default: engines/python312.sh's search)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LOCK="$ROOT/engines/requirements-vllm-server.lock"
-PY=${AWEX_ENGINES_PYTHON:-python3.12}
 log() { echo "engines/vllm-server-venv.sh: $*" >&2; }
-
-if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 12) else 1)' 2>/dev/null; then
-  log "$PY is not a Python 3.12 interpreter; the lock file is for Python 3.12 (set AWEX_ENGINES_PYTHON)"
-  exit 1
-fi
+# shellcheck source=engines/python312.sh
+. "$ROOT/engines/python312.sh"
+PY=$(awex_python312) || exit 1
 hash=$(sha256sum "$LOCK" | cut -c1-16)
 VENV=${AWEX_VLLM_SERVER_VENV:-${AWEX_ENGINES_CACHE:-$HOME/.cache/awex}/vllm-server-$hash}
 mkdir -p "$(dirname "$VENV")"

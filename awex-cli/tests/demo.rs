@@ -16,6 +16,9 @@ thread_local! {
     /// The process ids of the demos this test (its thread) started: their segments, and no
     /// one else's, are what [`no_segments_left`] checks.
     static STARTED: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The segment prefixes the demos this test started reported (`segment_prefix`: their
+    /// pair and connect uid): what [`no_segments_left`] looks for when a demo reported one.
+    static PREFIXES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Runs a demo command to its end, remembering its pid for [`no_segments_left`].
@@ -39,6 +42,9 @@ fn demo(args: &[&str]) -> (i32, Value, String) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    if let Some(p) = json["segment_prefix"].as_str() {
+        PREFIXES.with(|s| s.borrow_mut().push(p.to_string()));
+    }
     (out.status.code().unwrap_or(-1), json, stderr)
 }
 
@@ -50,9 +56,17 @@ fn segment_prefix(pid: u32) -> String {
 /// Checks that no demo this test started left a shared-memory segment behind; segments of
 /// other processes (another test binary's demo, an operator's) are not this test's business.
 fn no_segments_left() {
-    let prefixes: Vec<String> =
+    let started: Vec<String> =
         STARTED.with(|s| s.borrow().iter().map(|&p| segment_prefix(p)).collect());
-    assert!(!prefixes.is_empty(), "no demo was started by this test");
+    assert!(!started.is_empty(), "no demo was started by this test");
+    // a demo's pid is not unique on a machine whose /dev/shm other PID namespaces share, or
+    // once pids wrap: the prefix of its own connect (pair and uid) is, when it reported one
+    let reported: Vec<String> = PREFIXES.with(|s| s.borrow().clone());
+    let prefixes = if reported.len() == started.len() {
+        reported
+    } else {
+        started
+    };
     let left: Vec<String> = std::fs::read_dir("/dev/shm")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -90,7 +104,63 @@ fn the_segment_check_sees_only_the_demos_this_test_started() {
     std::fs::write(&mine, b"left behind").unwrap();
     let _mine = RemoveOnDrop(mine);
     let found = std::panic::catch_unwind(no_segments_left).is_err();
+    assert!(
+        !found,
+        "a segment of another connect of the demo's pair name was taken for its own"
+    );
+    let own = PREFIXES.with(|s| s.borrow()[0].clone());
+    assert!(
+        own.starts_with(&segment_prefix(pid)) && own.len() == segment_prefix(pid).len() + 33,
+        "{own}"
+    );
+    let mine = std::path::PathBuf::from(format!("/dev/shm/{own}t0.0.left-data"));
+    std::fs::write(&mine, b"left behind").unwrap();
+    let _mine = RemoveOnDrop(mine);
+    let found = std::panic::catch_unwind(no_segments_left).is_err();
     assert!(found, "a segment of this test's demo was not found");
+}
+
+/// A live segment named like the demo's own but of another connect: what a demo of the same
+/// pid in another PID namespace sharing /dev/shm holds, or the ranks of a killed demo whose pid
+/// this one reused (they keep their segments until they give the lost gateway up). The demo
+/// used to take every `awex-demo-{pid}-*` segment for its own: it reported such a segment
+/// LEAKED and failed, and the test's check (by pid, after the demo exited) could find another
+/// demo's live ranks' segments, which are gone once that demo ends.
+#[test]
+fn a_live_segment_of_another_demo_with_the_same_pid_is_neither_reported_nor_removed() {
+    let _one = one_at_a_time();
+    let child = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(["demo", "--model", "qwen3-tiny", "--json", "--updates", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run awex-cli demo");
+    let pid = child.id();
+    STARTED.with(|s| s.borrow_mut().push(pid));
+    // created (and its liveness lock held, as a live rank holds it) while the demo measures
+    // its floors, seconds before its ranks start: long before its check
+    let foreign = awex_runtime::shm::segment_name(
+        &format!("demo-{pid}"),
+        "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0",
+        "t0.0.0badf00d",
+        "data",
+    );
+    let seg = awex_runtime::shm::ShmSegment::create(&foreign, 4096).unwrap();
+    let out = child.wait_with_output().expect("wait for awex-cli demo");
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    if let Some(p) = j["segment_prefix"].as_str() {
+        PREFIXES.with(|s| s.borrow_mut().push(p.to_string()));
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}\n{j}");
+    assert_eq!(j["checks"]["shared_memory"]["ok"], true, "{j}");
+    assert_eq!(j["leaked_segments"], Value::Array(vec![]), "{j}");
+    assert!(
+        std::path::Path::new(&format!("/dev/shm/{foreign}")).exists(),
+        "the demo removed a live segment that was not its own"
+    );
+    no_segments_left();
+    drop(seg);
 }
 
 #[test]
@@ -841,6 +911,9 @@ fn demo_of(model: &str, args: &[&str]) -> (i32, Value, String) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    if let Some(p) = json["segment_prefix"].as_str() {
+        PREFIXES.with(|s| s.borrow_mut().push(p.to_string()));
+    }
     (out.status.code().unwrap_or(-1), json, stderr)
 }
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,10 +41,11 @@ def tail(path: str, n: int = 6000) -> str:
 class Proc:
     """A process in its own process group, its output in ``log``; ``stop`` ends the group."""
 
-    def __init__(self, name: str, argv: list[str], log: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, argv: list[str], log: str, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> None:
         self.name, self.log = name, log
         self.out = open(log, "w")
-        self.p = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env,
+        self.p = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                   start_new_session=True)
         self.pid = self.p.pid
 
@@ -153,7 +156,8 @@ def awex_cli() -> str:
 
 
 def start_http(name: str, argv: Any, log: str, health: str, deadline_s: float, procs: list[Proc],
-               env: dict[str, str] | None = None, attempts: int = 3) -> tuple[Proc, str, float]:
+               env: dict[str, str] | None = None, attempts: int = 3,
+               cwd: str | None = None) -> tuple[Proc, str, float]:
     """Starts an HTTP server on a :func:`free_port` and waits for ``health`` to answer 200:
     ``argv(port)`` is its command line. A port taken before the server bound it (its log says
     so) stops that server and starts it again on another port, up to ``attempts`` times; each
@@ -162,7 +166,7 @@ def start_http(name: str, argv: Any, log: str, health: str, deadline_s: float, p
     root, ext = os.path.splitext(log)
     for attempt in range(1, attempts + 1):
         port = free_port()
-        p = Proc(name, argv(port), log if attempt == 1 else f"{root}-{attempt}{ext}", env=env)
+        p = Proc(name, argv(port), log if attempt == 1 else f"{root}-{attempt}{ext}", env=env, cwd=cwd)
         procs.append(p)
         url = f"http://127.0.0.1:{port}"
         try:
@@ -172,6 +176,130 @@ def start_http(name: str, argv: Any, log: str, health: str, deadline_s: float, p
             if attempt == attempts:
                 raise
     raise AssertionError("unreachable")
+
+
+#: the marker before a fenced block of the docs that the tests run (``doc_block``)
+MARKER = re.compile(r"^<!-- awex-command: ([\w-]+) -->\n```\w*\n(.*?)^```", re.M | re.S)
+
+
+def doc_blocks(path: str) -> dict[str, str]:
+    """Every block of the page ``path`` (relative to the repository's root) that follows a
+    ``<!-- awex-command: NAME -->`` line, by NAME (a name given twice on one page is an error)."""
+    with open(os.path.join(ROOT, path)) as f:
+        text = f.read()
+    out: dict[str, str] = {}
+    for m in MARKER.finditer(text):
+        if m.group(1) in out:
+            raise ValueError(f"{path}: two blocks marked awex-command: {m.group(1)}")
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def doc_block(path: str, name: str) -> str:
+    """The block of the page ``path`` marked ``<!-- awex-command: NAME -->``."""
+    blocks = doc_blocks(path)
+    if name not in blocks:
+        raise ValueError(f"{path} has no block marked <!-- awex-command: {name} --> (it has {sorted(blocks)}): "
+                         "the live tests run the commands the docs show, so the page must keep that marker")
+    return blocks[name]
+
+
+VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def shell_command(block: str, values: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """One shell command of a docs block, as the shell would run it: ``(env, argv)``. The block
+    is one command (lines joined at a trailing backslash; ``#`` comments dropped), optionally
+    ``env NAME=value ... PROGRAM ARGS``; quotes are removed as the shell removes them and every
+    ``$NAME`` / ``${NAME}`` inside double quotes is replaced by ``values[NAME]`` (a name not in
+    ``values`` is an error, so a variable the docs add must be given by the test; an unquoted
+    ``$`` is refused, the shell would split its value)."""
+    lines = [ln for ln in block.replace("\\\n", " ").splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if len(lines) != 1:
+        raise ValueError(f"a docs command block must hold one command, not {len(lines)}: {block!r}")
+    words: list[str] = []
+    # shlex drops the quotes: expand `$` in the raw word unless it was single-quoted
+    for raw in _raw_words(lines[0]):
+        word = "".join(shlex.split(raw, comments=False))
+        if "'" in raw and "$" in raw:
+            raise ValueError(f"a docs command word mixes single quotes and $: {raw} (quote it with \" instead)")
+        if "$" in raw and not (raw.count('"') >= 2 and all(_inside_double(raw, m.start()) for m in VAR.finditer(raw))):
+            raise ValueError(f"a docs command word with an unquoted $: {raw} (the shell would split it; quote it with \")")
+        if "'" not in raw:
+            def sub(m: re.Match) -> str:
+                name = m.group(1) or m.group(2)
+                if name not in values:
+                    raise ValueError(f"the docs command uses ${name}, which the test does not set: {lines[0]}")
+                return values[name]
+            word = VAR.sub(sub, word)
+        words.append(word)
+    env: dict[str, str] = {}
+    if words and words[0] == "env":
+        words = words[1:]
+    while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    if not words:
+        raise ValueError(f"a docs command without a program: {lines[0]}")
+    return env, words
+
+
+def _inside_double(word: str, at: int) -> bool:
+    """Whether position ``at`` of ``word`` lies inside double quotes."""
+    return word[:at].count('"') % 2 == 1
+
+
+def _raw_words(line: str) -> list[str]:
+    """``line`` split into shell words with their quotes kept (a comment ends it)."""
+    words, cur, quote, i = [], "", None, 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            cur += c
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote, cur = c, cur + c
+        elif c == "#" and not cur:
+            break
+        elif c.isspace():
+            if cur:
+                words.append(cur)
+            cur = ""
+        else:
+            cur += c
+        i += 1
+    if quote:
+        raise ValueError(f"an unclosed {quote} in {line}")
+    if cur:
+        words.append(cur)
+    return words
+
+
+def at_port(argv: list[str], port: int) -> list[str]:
+    """``argv`` with its ``{port}`` placeholder (what :func:`shell_command` was given for
+    ``$PORT``) replaced: :func:`start_http` picks the port of each attempt."""
+    return [a.replace("{port}", str(port)) for a in argv]
+
+
+def commands(block: str) -> list[str]:
+    """The shell commands of a docs block, one a line (lines joined at a trailing backslash,
+    comments and blank lines dropped)."""
+    return [ln.strip() for ln in block.replace("\\\n", " ").splitlines()
+            if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def with_tp(env: dict[str, str], argv: list[str], tp: int) -> tuple[dict[str, str], list[str]]:
+    """A docs command (tensor parallel 2) for ``tp`` ranks: the size flag's value and the
+    OpenMP binding (``0|1`` to one core a rank)."""
+    if tp == 2:
+        return env, argv
+    argv = list(argv)
+    for flag in ("--tensor-parallel-size", "--tp"):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = str(tp)
+    env = {k: ("|".join(str(i) for i in range(tp)) if k.endswith("_OMP_THREADS_BIND") else v) for k, v in env.items()}
+    return env, argv
 
 
 def start_gateway(d: str, procs: list[Proc]) -> str:

@@ -2,13 +2,10 @@
 
 SGLang 0.5.23 (the real-engine venv, plus the HTTP server's packages from
 ``engines/sglang-server-pkgs.sh``) serves a tiny Qwen3 made on the spot (``tiny_model.py``) with
-its CPU engine, started as users start it::
-
-    SGLANG_USE_CPU_ENGINE=1 AWEX_GATEWAY=... AWEX_PAIR=... python -m sglang.launch_server \\
-        --model-path MODEL --tp 2 --device cpu --attention-backend torch_native \\
-        --sampling-backend pytorch --custom-weight-loader awex.sglang.receive ...
-
-with ``cpu_kernels/`` on its ``PYTHONPATH``: a pure-torch ``sgl_kernel`` stand-in (every
+its CPU engine, started with the CPU command of docs/sglang.md ("Launch": the block marked
+``awex-command: sglang-cpu``), read from the page and run as written with its variables set
+(``serve.shell_command``), so the page cannot go stale; it puts ``cpu_kernels/`` on the
+server's ``PYTHONPATH``: a pure-torch ``sgl_kernel`` stand-in (every
 ``sgl-kernel`` wheel on the index is a CUDA build; see its docstring for the names it provides),
 the only code in the server that is not SGLang's or awex's. Then the story of
 ``serve.scenario``: a real Megatron-Core training job (``megatron_trainer.py``: Megatron-Core
@@ -46,6 +43,7 @@ pytestmark = pytest.mark.timeout(2400)
 PKGS = os.environ.get("AWEX_SGLANG_SERVER_PKGS", "")
 TP = int(os.environ.get("AWEX_LIVE_TP", "2"))
 PAIR = "live-sglang"
+DOC = "docs/sglang.md"
 #: the training job (``serve.TRAINERS``): Megatron-Core here, FSDP2 feeds the live vLLM server
 TRAIN = "megatron:tp=2,local_spec=1"
 KERNELS = os.path.join(serve.HERE, "cpu_kernels")
@@ -62,24 +60,16 @@ def live(request):
     with serve.scratch(request, "awex-live-sglang-") as (d, procs):
         model = tiny_model.make(os.path.join(d, "model"))
         gw = serve.start_gateway(d, procs)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "AWEX_"))}
-        path = [KERNELS, PKGS] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env.update(
-            SGLANG_USE_CPU_ENGINE="1", AWEX_GATEWAY=gw, AWEX_PAIR=PAIR, AWEX_ENGINE="0",
-            PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-            # PyPI's torch ships a libnccl that SGLang would load for its CPU TP group
-            # ("Expected a cuda device, but got: cpu"): point it at nothing
-            SGLANG_NCCL_SO_PATH=os.path.join(d, "no-libnccl.so"),
-            SGLANG_CPU_OMP_THREADS_BIND="0|1" if TP == 2 else "0")
-        def argv(port: int) -> list[str]:
-            return [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--served-model-name", "tiny",
-                    "--host", "127.0.0.1", "--port", str(port), "--tp", str(TP), "--device", "cpu",
-                    "--attention-backend", "torch_native", "--sampling-backend", "pytorch", "--dtype", "float32",
-                    "--max-total-tokens", "4096", "--max-running-requests", "4", "--disable-cuda-graph",
-                    "--custom-weight-loader", "awex.sglang.receive"]
+        # the CPU command of docs/sglang.md ("Launch"), as written, with its variables set; the
+        # page's `$PWD` is the repository's root, where the server starts
+        env, argv = serve.with_tp(*serve.shell_command(serve.doc_block(DOC, "sglang-cpu"), dict(
+            GATEWAY=gw, PAIR=PAIR, MODEL=model, PORT="{port}", VENV=sys.prefix, SGLANG_PKGS=PKGS,
+            PWD=serve.ROOT)), TP)
+        env = dict({k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "AWEX_", "PYTHON"))}, **env)
 
-        server, url, took = serve.start_http("the SGLang server", argv, os.path.join(d, "sglang.log"), "/health",
-                                             START_S, procs, env=env)
+        server, url, took = serve.start_http("the SGLang server", lambda port: serve.at_port(argv, port),
+                                             os.path.join(d, "sglang.log"), "/health", START_S, procs, env=env,
+                                             cwd=serve.ROOT)
         print(f"SGLang server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
 

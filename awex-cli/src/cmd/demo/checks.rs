@@ -42,8 +42,13 @@ pub fn checksums(compared: u64, updates: u64) -> Check {
     )
 }
 
-/// No shared-memory segment of the pair is left after disconnect.
-pub fn shared_memory(leaked: &[String], prefix: &str) -> Check {
+/// No shared-memory segment of the pair's connect is left after disconnect (`leaked`: what
+/// /dev/shm holds under `prefix`, or why it could not be read).
+pub fn shared_memory(leaked: &Result<Vec<String>, String>, prefix: &str) -> Check {
+    let leaked = match leaked {
+        Ok(l) => l,
+        Err(e) => return Check::new(false, format!("shared memory NOT checked: {e}")),
+    };
     if leaked.is_empty() {
         Check::new(
             true,

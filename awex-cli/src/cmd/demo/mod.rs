@@ -43,7 +43,6 @@ use awex_control::server::GatewayConfig;
 use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::RankId;
-use awex_runtime::shm::list_segments;
 use progress::Progress;
 use ranks::{
     Workers, wait_connected, wait_filled, wait_ready, wait_rejoined, wait_verdict, worker_command,
@@ -145,7 +144,7 @@ async fn demo(
     let _summary = r.catalogue.summary();
     let deadline_ms = a.deadline_s * 1000;
     let _engines = r.inference.engines();
-    client
+    let connected = client
         .connect(&{
             let mut req = awex_control::connect::connect_request(
                 &pair,
@@ -171,10 +170,14 @@ async fn demo(
         })
         .await
         .context("connecting the demo pair")?;
+    // this connect's segments, and no one else's: the pair's name holds this process's id,
+    // which another demo's can equal (another PID namespace sharing /dev/shm, or a pid reused
+    // while a killed demo's ranks still hold theirs), the connect's uid is this run's own
+    let segments = segment_prefix(&pair, &connected.uid);
 
     let mut workers = Workers {
         children: Vec::new(),
-        prefix: format!("awex-{pair}-"),
+        prefix: segments.clone(),
     };
     use awex_core::layout::Side;
     progress.say(&format!(
@@ -574,10 +577,12 @@ async fn demo(
             }
         }
     }
+    // every rank process was waited for (kill_all reaps each one), so nothing of this run can
+    // create a segment after the listing below
     workers.kill_all();
     server.abort();
-    let prefix = format!("awex-{pair}-");
-    let leaked = list_segments(&prefix);
+    let prefix = segments;
+    let leaked = own_segments(&prefix);
     let checks = Checks {
         every_byte: checks::every_byte(
             &rows,
@@ -620,7 +625,8 @@ async fn demo(
         },
         tcp_loopback_gbps: tcp_floor,
         checks,
-        leaked_segments: leaked,
+        leaked_segments: leaked.clone().unwrap_or_default(),
+        segment_prefix: prefix,
         worker_errors,
     })
 }
@@ -638,4 +644,49 @@ fn signal_infer_ranks(workers: &Workers, engines: &[u32], signal: libc::c_int) -
         }
     }
     done
+}
+
+/// The prefix of the segments of the pair `pair` connected as `uid` (`awex-{pair}-{uid}-`;
+/// the pair's alone when the gateway gave no uid).
+fn segment_prefix(pair: &str, uid: &str) -> String {
+    if uid.is_empty() {
+        format!("awex-{pair}-")
+    } else {
+        format!("awex-{pair}-{uid}-")
+    }
+}
+
+/// The segments in /dev/shm whose names start with `prefix`; an unreadable /dev/shm is an
+/// error, not an empty list (a check that cannot look must not pass).
+fn own_segments(prefix: &str) -> Result<Vec<String>, String> {
+    let dir = std::fs::read_dir("/dev/shm").map_err(|e| format!("cannot read /dev/shm: {e}"))?;
+    let mut names = Vec::new();
+    for e in dir {
+        let e = e.map_err(|e| format!("cannot read /dev/shm: {e}"))?;
+        if let Ok(n) = e.file_name().into_string()
+            && n.starts_with(prefix)
+        {
+            names.push(n);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_segment_prefix_is_the_connects_own() {
+        let uid = "0123456789abcdef0123456789abcdef";
+        assert_eq!(segment_prefix("demo-7", uid), format!("awex-demo-7-{uid}-"));
+        assert_eq!(segment_prefix("demo-7", ""), "awex-demo-7-");
+        // a name of another connect of a pair with the same name is not this run's
+        let other =
+            awex_runtime::shm::segment_name("demo-7", &"f".repeat(32), "t0.0.12345678", "data");
+        assert!(!other.starts_with(&segment_prefix("demo-7", uid)));
+        let mine = awex_runtime::shm::segment_name("demo-7", uid, "t0.0.12345678", "data");
+        assert!(mine.starts_with(&segment_prefix("demo-7", uid)));
+    }
 }

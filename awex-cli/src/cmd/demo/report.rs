@@ -94,6 +94,9 @@ pub struct DemoReport {
     pub checks: Checks,
     /// Shared-memory segments of this pair left behind after disconnect.
     pub leaked_segments: Vec<String>,
+    /// The prefix of this run's segments (`awex-{pair}-{connect uid}-`): what the
+    /// shared-memory check looked for.
+    pub segment_prefix: String,
     /// Rank processes that did not exit cleanly.
     pub worker_errors: Vec<String>,
 }
