@@ -239,13 +239,23 @@ fn took_over(
         why = t.why,
         "rank slot taken over"
     );
-    let announced = p.updates.latest().is_some_and(|u| {
-        u.state == UpdateState::Running
-            && u.ranks
-                .get(slot)
-                .and_then(|r| r.claim.as_deref())
-                .is_some_and(|c| c == t.claim)
-    });
+    // the same process took its own slot over after it reported this version received, in
+    // place (an engine's loader that recreates its rank for storage the engine rebound, as
+    // `awex.sglang.receive` does, having copied the bytes into it): the version stands
+    let same_process_after_its_report = pid.is_some()
+        && t.pid == pid
+        && entry.request.options.apply == ApplyMode::InPlace
+        && p.updates
+            .latest()
+            .is_some_and(|u| u.ranks.get(slot).is_some_and(|r| r.state == Some(true)));
+    let announced = !same_process_after_its_report
+        && p.updates.latest().is_some_and(|u| {
+            u.state == UpdateState::Running
+                && u.ranks
+                    .get(slot)
+                    .and_then(|r| r.claim.as_deref())
+                    .is_some_and(|c| c == t.claim)
+        });
     if announced {
         entry.fail(
             p,
