@@ -203,7 +203,7 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
         (
             with(&|v| v["options"]["retries"] = json!(3)),
             422,
-            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`, `apply`, `deltas`, `commit`",
+            "invalid request body: unknown field `retries`, expected one of `join_deadline_ms`, `update_deadline_ms`, `bucket_mib`, `buckets`, `checksums`, `apply`, `deltas`, `commit`, `check_finite`",
         ),
         (with(&|v| v["transport"] = json!("pigeon")), 422, ""),
         (
@@ -283,6 +283,14 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
             }),
             422,
             "",
+        ),
+        (
+            with(&|v| {
+                v["options"]["check_finite"] = json!(true);
+                v["transport"] = json!("nccl");
+            }),
+            422,
+            "options.check_finite reads the training ranks' sources on the host, and the nccl transport keeps them in GPU memory, where awex has no such check yet; use shm or tcp, or connect without check_finite",
         ),
         (
             with(&|v| v["training"]["backend"] = json!("mega tron")),

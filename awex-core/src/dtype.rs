@@ -265,6 +265,59 @@ fn write_f64(dst: &mut [u8], dtype: DType, v: f64) {
     }
 }
 
+/// The index of the first element of `bytes` (little-endian elements of `dtype`) that is
+/// infinite or NaN; `None` when all are finite, or for a dtype without such values (integers).
+/// `f8e4m3` has no infinities: its NaN is `0x7f`/`0xff`. A trailing partial element is ignored.
+///
+/// Reads 64 bytes per step with no branch inside, then finds the element within the step
+/// that holds it.
+pub fn first_non_finite(bytes: &[u8], dtype: DType) -> Option<usize> {
+    /// The first element whose bits under `mask` (the exponent; for e4m3 also the mantissa)
+    /// are all set. Words of 8 bytes hold `8 / N` elements: `x = (w & M) ^ M` has a zero lane
+    /// exactly where an element is bad, found with the zero-lane test `(x - low) & !x & high`
+    /// (each lane's top bit is outside the mask, so a lane never borrows into the test by
+    /// itself; a borrow out of a zero lane only marks lanes above it, and a hit is then
+    /// located element by element).
+    fn scan<const N: usize>(bytes: &[u8], mask: u64) -> Option<usize> {
+        let lanes = |v: u64| (0..8 / N).fold(0u64, |a, k| a | v << (8 * N * k));
+        let m = lanes(mask);
+        let (low, high) = (lanes(1), lanes(1u64 << (8 * N - 1)));
+        let word_hit = |w: &[u8]| {
+            let w = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+            let x = (w & m) ^ m;
+            if N == 8 {
+                u64::from(x == 0)
+            } else {
+                x.wrapping_sub(low) & !x & high
+            }
+        };
+        let bad = |e: &[u8]| {
+            let mut w = [0u8; 8];
+            w[..N].copy_from_slice(e);
+            u64::from_le_bytes(w) & mask == mask
+        };
+        let first = |c: &[u8]| c.chunks_exact(N).position(bad);
+        let mut steps = bytes.chunks_exact(64);
+        let mut at = 0usize;
+        for step in steps.by_ref() {
+            // eight words, no branch among them
+            if step.chunks_exact(8).fold(0, |a, w| a | word_hit(w)) != 0 {
+                return first(step).map(|k| at + k);
+            }
+            at += 64 / N;
+        }
+        first(steps.remainder()).map(|k| at + k)
+    }
+    match dtype {
+        DType::Bf16 => scan::<2>(bytes, 0x7f80),
+        DType::F16 => scan::<2>(bytes, 0x7c00),
+        DType::F32 => scan::<4>(bytes, 0x7f80_0000),
+        DType::F64 => scan::<8>(bytes, 0x7ff0_0000_0000_0000),
+        DType::F8E4m3 => scan::<1>(bytes, 0x7f),
+        DType::U8 | DType::I8 | DType::I32 | DType::I64 => None,
+    }
+}
+
 /// Converts a run of elements from one dtype to another (little-endian bytes).
 ///
 /// Equal dtypes copy bytes. f32 -> bf16, the common case (fp32 master weights
@@ -313,6 +366,56 @@ pub fn convert(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_non_finite_finds_each_infinity_and_nan_at_every_offset_and_passes_the_largest_finite_values()
+     {
+        // (dtype, largest finite bits, +inf, nan); e4m3 has no infinity (its NaN twice)
+        let cases: [(DType, u64, u64, u64); 5] = [
+            (DType::Bf16, 0x7f7f, 0x7f80, 0x7fc1),
+            (DType::F16, 0x7bff, 0x7c00, 0x7e01),
+            (DType::F32, 0x7f7f_ffff, 0x7f80_0000, 0x7fc0_0001),
+            (
+                DType::F64,
+                0x7fef_ffff_ffff_ffff,
+                0x7ff0_0000_0000_0000,
+                0x7ff8_0000_0000_0001,
+            ),
+            (DType::F8E4m3, 0x7e, 0x7f, 0x7f),
+        ];
+        for (dt, max, inf, nan) in cases {
+            let n = dt.size();
+            let put = |v: &mut Vec<u8>, k: usize, x: u64| {
+                v[k * n..(k + 1) * n].copy_from_slice(&x.to_le_bytes()[..n]);
+            };
+            for len in [0usize, 1, 3, 15, 16, 17, 33, 80] {
+                // finite values everywhere: the largest, its negative, a subnormal, zero
+                let mut v = vec![0u8; len * n];
+                for k in 0..len {
+                    let sign = 1u64 << (8 * n - 1);
+                    put(&mut v, k, [max, max | sign, 1, 0][k % 4]);
+                }
+                assert_eq!(first_non_finite(&v, dt), None, "{dt} len {len}");
+                // a partial trailing element is not read
+                let mut partial = v.clone();
+                partial.extend(std::iter::repeat_n(0xff, n - 1));
+                assert_eq!(first_non_finite(&partial, dt), None, "{dt} len {len}+");
+                for k in 0..len {
+                    for bad in [inf, inf | (1u64 << (8 * n - 1)), nan] {
+                        let mut w = v.clone();
+                        put(&mut w, k, bad);
+                        if k + 1 < len {
+                            put(&mut w, len - 1, nan); // a later one does not win
+                        }
+                        assert_eq!(first_non_finite(&w, dt), Some(k), "{dt} len {len} at {k}");
+                    }
+                }
+            }
+        }
+        for dt in [DType::U8, DType::I8, DType::I32, DType::I64] {
+            assert_eq!(first_non_finite(&[0xff; 64], dt), None, "{dt}");
+        }
+    }
 
     #[test]
     fn parses_torch_and_hf_spellings() {

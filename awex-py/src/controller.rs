@@ -80,7 +80,7 @@ impl Controller {
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
         urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
         atomic=false, commit="all", infer_quant=None, infer_config_json=None, infer_config_what=None,
-        fp8_block=None, fp8_recipe=None, deltas=false))]
+        fp8_block=None, fp8_recipe=None, deltas=false, check_finite=false))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
         &self,
@@ -104,6 +104,7 @@ impl Controller {
         fp8_block: Option<[u32; 2]>,
         fp8_recipe: Option<String>,
         deltas: bool,
+        check_finite: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         let model = match (model, model_json) {
             (Some(m), None) => ModelArg::Resolve(m),
@@ -152,6 +153,7 @@ impl Controller {
                 ApplyMode::InPlace
             },
             deltas,
+            check_finite,
             commit: CommitPolicy::parse(commit).map_err(|e| Fail::Value(format!("commit: {e}")))?,
             ..PairOptions::default()
         };

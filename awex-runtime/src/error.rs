@@ -126,6 +126,18 @@ pub enum RuntimeError {
     /// message names the tensor).
     #[error("{0}")]
     Fp8(String),
+    /// A source tensor holds infinity or NaN (pair option `check_finite`): nothing was sent.
+    #[error(
+        "`{tensor}` holds {value} at element {element} of this rank's shard; the update is not sent (check_finite is on): fix the training step that produced it"
+    )]
+    NonFinite {
+        /// the tensor
+        tensor: String,
+        /// its first non-finite element (flat index into the rank's shard)
+        element: u64,
+        /// what it holds
+        value: String,
+    },
 }
 
 impl From<LayoutMismatch> for RuntimeError {
@@ -595,6 +607,9 @@ pub enum TransportError {
     /// A delta that cannot be applied (malformed, or against a version this rank does not hold).
     #[error("delta update: {0}")]
     Delta(String),
+    /// A pair option this transport does not implement (the message names the alternatives).
+    #[error("{0}")]
+    Unsupported(String),
     /// A bucket shorter than its plan.
     #[error("bucket of {len} bytes is shorter than its plan")]
     ShortBucket {

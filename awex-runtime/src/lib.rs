@@ -10,6 +10,7 @@
 //! - [`host`]: rank hosting (where tensors live, staging, shm mirrors, segment names), shared
 //!   by the CLI worker and the Python binding;
 //! - [`fill`]: filling and checking tensors against deterministic canonical weights;
+//! - [`finite`]: the check of a training rank's sources for infinity and NaN;
 //! - [`shm`]: POSIX shared-memory segments;
 //! - [`RuntimeError`]: every failure, typed (tensor, placement, setting, CUDA, NCCL, segment,
 //!   peer, gateway), with the failing layer's error as its source.
@@ -20,6 +21,7 @@ pub mod bucket;
 pub mod delta;
 mod error;
 pub mod fill;
+pub mod finite;
 pub mod host;
 pub mod rank;
 pub mod shm;

@@ -4,7 +4,7 @@ use awex_core::DType;
 use awex_core::layout::{RankId, Side, SideLayout};
 use awex_core::plan::Pair;
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
-use awex_runtime::fill::fill_or_check;
+use awex_runtime::fill::{Weights, fill_or_check_from};
 use awex_runtime::transport::{ExecContext, PairSecret, ShmTransport, TcpTransport, Transport};
 use awex_runtime::{PlacementError, RuntimeError, TensorSet};
 use std::collections::HashMap;
@@ -67,7 +67,38 @@ fn run(
     checksums: bool,
     corrupt: bool,
     versions: u64,
-) -> Vec<Result<(), String>> {
+) -> Results {
+    let w = Weights::Synthetic;
+    run_with(
+        kind,
+        train_dtype,
+        checksums,
+        corrupt,
+        versions,
+        &w,
+        &|_, _, _| {},
+    )
+    .1
+}
+
+/// Each rank's result of an update.
+type Results = Vec<Result<(), String>>;
+
+/// What a test does to training rank `i`'s transport and tensors once they are filled for a
+/// version.
+type Tweak<'a> = &'a dyn Fn(usize, &mut dyn Transport, &TensorSet);
+
+/// [`run`] with `weights`, and `tweak` applied to every training rank before each version;
+/// returns the senders' and the receivers' results of the last version.
+fn run_with(
+    kind: Kind,
+    train_dtype: DType,
+    checksums: bool,
+    corrupt: bool,
+    versions: u64,
+    weights: &Weights,
+    tweak: Tweak<'_>,
+) -> (Results, Results) {
     let (cat, train, infer) = sides(train_dtype);
     let pair = Pair {
         catalogue: &cat,
@@ -131,9 +162,11 @@ fn run(
     }
     let cancel = AtomicBool::new(false);
     let mut last = Vec::new();
+    let mut last_sent = Vec::new();
     for version in 1..=versions {
-        for (l, t, _) in &senders {
-            fill_or_check(l, &cat, t, version, false).unwrap();
+        for (i, (l, t, tr)) in senders.iter_mut().enumerate() {
+            fill_or_check_from(weights, l, &cat, t, version, false).unwrap();
+            tweak(i, tr.as_mut(), t);
         }
         let ctx = ExecContext {
             version,
@@ -172,6 +205,10 @@ fn run(
             )
         });
         last.clear();
+        last_sent = sent
+            .iter()
+            .map(|r| r.as_ref().map(|_| ()).map_err(|e| e.to_string()))
+            .collect();
         let sent_sum = sent
             .iter()
             .filter_map(|r| r.as_ref().ok())
@@ -186,12 +223,12 @@ fn run(
         }
         for ((l, t, _), r) in receivers.iter().zip(got) {
             last.push(match r {
-                Ok(_) => fill_or_check(l, &cat, t, version, true),
+                Ok(_) => fill_or_check_from(weights, l, &cat, t, version, true),
                 Err(e) => Err(e.to_string()),
             });
         }
     }
-    last
+    (last_sent, last)
 }
 
 #[test]
@@ -243,4 +280,58 @@ fn shm_sender_needs_shared_memory_tensors() {
             && e.to_string().contains("use tcp"),
         "{e}"
     );
+}
+
+/// With `check_finite`, a training rank whose source holds a NaN or an infinity fails the
+/// update naming the tensor and element before it sends anything; the others' updates with
+/// finite sources move every byte as without the check; without the check, the NaN is sent.
+#[test]
+fn check_finite_fails_a_sender_whose_source_holds_nan_and_passes_finite_sources() {
+    for kind in [Kind::Shm, Kind::Tcp] {
+        // the check on every sender, finite sources: every receiver gets every byte
+        let finite = Weights::Finite(Box::new(Weights::Synthetic));
+        let (sent, got) = run_with(kind, DType::Bf16, true, false, 2, &finite, &|_, t, _| {
+            t.check_finite_sources().unwrap();
+        });
+        assert!(sent.iter().all(Result::is_ok), "{sent:?}");
+        assert!(got.iter().all(Result::is_ok), "{got:?}");
+        // a NaN at element 5 of training rank 1's first tensor (bf16 0x7fc0), -inf in rank 0's
+        let poison = |i: usize, t: &mut dyn Transport, set: &TensorSet, check: bool| {
+            if check {
+                t.check_finite_sources().unwrap();
+            }
+            let v = set.iter().next().unwrap();
+            // SAFETY: the test owns the tensors; nothing moves them between versions.
+            let b = unsafe { v.try_bytes_mut().unwrap() };
+            let bits: u16 = if i == 1 { 0x7fc0 } else { 0xff80 };
+            b[10..12].copy_from_slice(&bits.to_le_bytes());
+        };
+        let (sent, _) = run_with(kind, DType::Bf16, false, true, 1, &finite, &|i, t, set| {
+            poison(i, t, set, true)
+        });
+        for (i, r) in sent.iter().enumerate() {
+            let e = r.as_ref().unwrap_err();
+            let what = if i == 1 {
+                "NaN (bf16 bits 0x7fc0)"
+            } else {
+                "-inf (bf16 bits 0xff80)"
+            };
+            assert!(
+                e.contains(&format!("holds {what} at element 5 of this rank's shard"))
+                    && e.contains("check_finite is on"),
+                "sender {i}: {e}"
+            );
+        }
+        // without the check the same sources are sent (what the check is for)
+        let (sent, got) = run_with(kind, DType::Bf16, false, false, 1, &finite, &|i, t, set| {
+            poison(i, t, set, false)
+        });
+        assert!(sent.iter().all(Result::is_ok), "{sent:?}");
+        // the receivers holding element 5 of the first tensor got the NaN or -inf
+        assert!(
+            got.iter()
+                .any(|r| r.as_ref().is_err_and(|e| !e.contains("check_finite"))),
+            "{got:?}"
+        );
+    }
 }

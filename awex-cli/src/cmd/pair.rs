@@ -133,6 +133,16 @@ struct ConnectArgs {
     /// before that leaves the live weights at the last committed version.
     #[arg(long)]
     atomic: bool,
+    /// Delta updates: each training rank keeps a host copy of what it last sent and moves only
+    /// the changed elements to inference ranks that provably hold that version (shm, tcp;
+    /// docs/deltas.md).
+    #[arg(long)]
+    deltas: bool,
+    /// Training ranks read every tensor they send for infinity and NaN before an update moves
+    /// anything, and fail it naming the tensor and element (one read of each rank's shard per
+    /// update; shm, tcp). FP8 pairs check their quantised tensors without it.
+    #[arg(long)]
+    check_finite: bool,
     /// When a version commits across engines: `all` (every engine applied it; one failed
     /// engine fails it for all), `quorum:K` (at least K engines applied it) or `available`
     /// (at least one did); engines left out are reported behind and catch up in the next
@@ -248,8 +258,9 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
             } else {
                 ApplyMode::InPlace
             },
-            deltas: false,
+            deltas: a.deltas,
             commit: a.commit,
+            check_finite: a.check_finite,
         },
     })
 }
@@ -375,6 +386,12 @@ pub fn describe_pair(p: &PairStatus) -> String {
         p.options.buckets,
         p.options.bucket_mib
     ));
+    if p.options.deltas {
+        s.push_str(", deltas");
+    }
+    if p.options.check_finite {
+        s.push_str(", check_finite");
+    }
     if !p.options.commit.is_all() {
         s.push_str(&format!(", commit {}", p.options.commit));
     }

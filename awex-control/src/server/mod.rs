@@ -47,6 +47,7 @@ mod routes;
 mod secret;
 mod state;
 mod store;
+mod trim;
 mod validate;
 
 pub use config::{GatewayConfig, ServeError};
@@ -253,6 +254,7 @@ fn gateway_of(
         long_polls: Arc::default(),
         validations: tokio::sync::Semaphore::new(state::validation_slots()),
         store,
+        trim: Arc::default(),
     })
 }
 

@@ -39,6 +39,8 @@ pub(crate) struct Gateway {
     pub(crate) store: Option<Arc<Store>>,
     /// What every pair's data-plane secret is derived from (never stored with the state).
     pub(crate) secrets: crate::server::secret::SecretKey,
+    /// Gives the memory of forgotten pairs and large requests back to the system.
+    pub(crate) trim: Arc<crate::server::trim::Trim>,
 }
 
 /// How many connect validations may run at once: one fewer than the cores, at least one.
@@ -374,6 +376,10 @@ impl PairEntry {
         self.fail_running_update(&mut p, "the pair was disconnected".to_string());
         p.state = PairState::Disconnected;
         p.disconnected_unix_ms = Some(unix_ms());
+        // what only a live pair answers (rendezvous reads of a disconnected pair are 410): its
+        // bulk goes now, not when the tombstone is forgotten
+        p.kv.values = Default::default();
+        p.roster.cached = None;
         p.changed(Op::State);
         tracing::info!(pair = %self.name, id = self.id, "pair disconnected");
         self.publish(&mut p, EventKind::Disconnect, None, None, None);
@@ -403,6 +409,8 @@ impl PairEntry {
             },
             inference: SideStatus {
                 joined: joined_i,
+                // held once, in the request (a config may list thousands of ignored layers)
+                fp8: self.request.inference.fp8.clone(),
                 ..self.inference.clone()
             },
             transport: self.request.transport,

@@ -31,6 +31,12 @@ pub struct PairOptions {
     /// docs/gateway.md, "Engines and commit policies"); absent from the JSON when `all`.
     #[serde(skip_serializing_if = "CommitPolicy::is_all")]
     pub commit: CommitPolicy,
+    /// Training ranks read every tensor they send for infinity and NaN before an update moves
+    /// anything, and fail it naming the tensor and element (one read of each rank's shard per
+    /// update; shm and tcp). FP8 pairs check their quantised tensors whatever this says. Off by
+    /// default; absent from the JSON when off.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub check_finite: bool,
 }
 
 /// When a version commits across a pair's engines (inside one engine: all or nothing).
@@ -160,6 +166,7 @@ impl Default for PairOptions {
             checksums: false,
             apply: ApplyMode::InPlace,
             deltas: false,
+            check_finite: false,
             commit: CommitPolicy::All,
         }
     }

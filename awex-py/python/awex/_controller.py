@@ -42,6 +42,7 @@ class Controller:
         fp8_block: Sequence[int] | None = None,
         fp8_recipe: str | None = None,
         deltas: bool = False,
+        check_finite: bool = False,
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
@@ -67,7 +68,12 @@ class Controller:
         ``deltas`` (``docs/deltas.md``): each update moves only the elements that changed since
         the version an inference rank provably holds; ranks that hold none (new, restarted,
         failed) get every byte. Training ranks keep a host copy of what they last sent (2 bytes
-        per parameter of their shard in bf16). Returns the pair's status."""
+        per parameter of their shard in bf16).
+
+        ``check_finite``: before an update moves anything, each training rank reads every
+        tensor it sends for infinity and NaN and fails the update naming the tensor and
+        element (one read of its shard per update; shm and tcp). FP8 pairs check their
+        quantised tensors without it. Returns the pair's status."""
         return self._c.connect(
             pair,
             train,
@@ -80,6 +86,7 @@ class Controller:
             update_deadline_s=update_deadline_s,
             atomic=atomic,
             deltas=deltas,
+            check_finite=check_finite,
             commit=commit,
             **fp8_args(infer_quant, infer_config, fp8_block, fp8_recipe),
             **model_args(model),

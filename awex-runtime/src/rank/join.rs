@@ -229,6 +229,9 @@ impl Rank {
             None => None,
         };
         transport.joined(shared.as_ref(), join_deadline)?;
+        if joined.options.check_finite && cfg.side == Side::Training {
+            transport.check_finite_sources()?;
+        }
         if joined.options.deltas && cfg.deltas {
             let on = transport.enable_deltas()?;
             tracing::info!(

@@ -819,6 +819,10 @@ impl Transport for EncodingTransport {
         self.inner.holds_base()
     }
 
+    fn check_finite_sources(&mut self) -> Result<(), RuntimeError> {
+        self.inner.check_finite_sources()
+    }
+
     fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
         self.inner.tolerate_lost_engines(lost)
     }

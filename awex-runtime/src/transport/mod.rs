@@ -262,6 +262,18 @@ pub trait Transport: Send {
         Ok(false)
     }
 
+    /// Training ranks of pairs with `check_finite`: before each update moves anything, the
+    /// sources this rank sends are read for infinity and NaN ([`crate::finite`]), and the first
+    /// one fails the update naming the tensor and element. Transports whose sources live in host
+    /// memory (shm, tcp) do it; the default refuses, naming the transports that can.
+    fn check_finite_sources(&mut self) -> Result<(), RuntimeError> {
+        Err(crate::TransportError::Unsupported(format!(
+            "check_finite reads the training ranks' sources on the host: the {} transport keeps them in GPU memory, where awex has no such check yet; use shm or tcp, or connect without check_finite",
+            self.kind()
+        ))
+        .into())
+    }
+
     /// Inference ranks: whether the tensors this transport writes hold exactly the bytes of the
     /// last update it completed, so that a delta against that version applies (deltas on).
     fn holds_base(&self) -> bool {

@@ -220,6 +220,8 @@ pub struct ShmTransport {
     /// deltas on: what this (inference) rank's tensors hold, per sender
     held: HeldBases,
     deltas: bool,
+    /// Pair option `check_finite` (training ranks): sources read for infinity and NaN first.
+    check_finite: bool,
 }
 
 /// The delta segment's name of the control segment `ctl`.
@@ -269,6 +271,7 @@ impl ShmTransport {
             unreached: Default::default(),
             held: HeldBases::default(),
             deltas: false,
+            check_finite: false,
         };
         if t.side == Side::Training {
             t.create_control(ctl_name)?;
@@ -409,6 +412,10 @@ impl ShmTransport {
     }
 
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
+        if self.check_finite {
+            let sources = self.plan.peers.iter().flat_map(|p| &p.transfers);
+            crate::finite::check_sources(&self.tensors, sources.map(|t| &*t.src_tensor))?;
+        }
         let (stats, deltas) = self.encode_send(ctx)?;
         if !deltas.is_empty() {
             self.write_deltas(&deltas)?;
@@ -911,6 +918,11 @@ impl Transport for ShmTransport {
             Side::Training => self.send(ctx),
             Side::Inference => self.receive(ctx),
         }
+    }
+
+    fn check_finite_sources(&mut self) -> Result<(), RuntimeError> {
+        self.check_finite = true;
+        Ok(())
     }
 
     fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {

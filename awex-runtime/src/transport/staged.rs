@@ -104,6 +104,10 @@ impl Transport for StagedTransport {
         self.inner.holds_base()
     }
 
+    fn check_finite_sources(&mut self) -> Result<(), RuntimeError> {
+        self.inner.check_finite_sources()
+    }
+
     fn tolerate_lost_engines(&mut self, lost: Option<Arc<super::LostEngines>>) -> bool {
         self.inner.tolerate_lost_engines(lost)
     }

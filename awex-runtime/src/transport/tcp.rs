@@ -82,6 +82,8 @@ pub struct TcpTransport {
     /// deltas on: what an inference rank's tensors hold, per sender
     held: Arc<HeldBases>,
     deltas: bool,
+    /// Pair option `check_finite` (training ranks): sources read for infinity and NaN first.
+    check_finite: bool,
     /// training ranks: a peer that cannot be reached leaves only its engine out
     /// ([`Transport::tolerate_lost_engines`])
     tolerate: bool,
@@ -306,6 +308,7 @@ impl TcpTransport {
             base: None,
             held: Arc::new(HeldBases::default()),
             deltas: false,
+            check_finite: false,
             tolerate: false,
             unreached: Default::default(),
             lost: None,
@@ -434,6 +437,10 @@ impl TcpTransport {
     fn send(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
         let plan = self.plan.clone();
         self.unreached.clear();
+        if self.check_finite {
+            let sources = plan.peers.iter().flat_map(|p| &p.transfers);
+            crate::finite::check_sources(&self.tensors, sources.map(|t| &*t.src_tensor))?;
+        }
         let mut streams: Vec<(usize, TcpStream)> = Vec::new();
         for (i, peer) in plan.peers.iter().enumerate() {
             let lost = self
@@ -1089,6 +1096,11 @@ impl Transport for TcpTransport {
             Side::Training => self.send(ctx),
             Side::Inference => self.receive(ctx),
         }
+    }
+
+    fn check_finite_sources(&mut self) -> Result<(), RuntimeError> {
+        self.check_finite = true;
+        Ok(())
     }
 
     fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {

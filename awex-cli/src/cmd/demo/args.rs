@@ -52,6 +52,10 @@ pub struct Args {
     /// training rank's shard; see docs/deltas.md). Pair with `--lr` for realistic densities.
     #[arg(long)]
     pub deltas: bool,
+    /// Training ranks read every tensor they send for infinity and NaN before each update
+    /// (pair option `check_finite`; shm, tcp). Needs `--lr`: random-byte versions hold NaN.
+    #[arg(long, requires = "lr")]
+    pub check_finite: bool,
     /// Make versions as an optimiser step does at this learning rate (a seeded fp32 master, a
     /// step of at most LR per element per version, cast to bf16), instead of random bytes that
     /// change every element: deltas are then measured at real densities (lr 1e-6: a few per

@@ -156,6 +156,7 @@ async fn demo(
                     bucket_mib: a.bucket_mib,
                     checksums: a.checksums,
                     deltas: a.deltas,
+                    check_finite: a.check_finite,
                     commit: a.commit,
                     apply: if a.atomic {
                         ApplyMode::Atomic

@@ -39,6 +39,16 @@ pub(crate) async fn render(State(gateway): State<AppState>) -> impl IntoResponse
     let mut text = gateway.metrics.text(&counts);
     let _ = writeln!(
         text,
+        "# HELP awex_gateway_memory_trims_total Times the gateway gave freed memory back to the system (after pairs were disconnected or forgotten, or a large connect was handled)."
+    );
+    let _ = writeln!(text, "# TYPE awex_gateway_memory_trims_total counter");
+    let _ = writeln!(
+        text,
+        "awex_gateway_memory_trims_total {}",
+        gateway.trim.done.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        text,
         "# HELP awex_gateway_engines Inference engines of ready pairs, by state (serving, behind, torn, catching_up)."
     );
     let _ = writeln!(text, "# TYPE awex_gateway_engines gauge");

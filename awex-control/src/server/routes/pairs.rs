@@ -273,6 +273,12 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     option("bucket_mib", o.bucket_mib, 1, 65_536)?;
     option("buckets", u64::from(o.buckets), 1, 64)?;
     commit_policy(o, e, urls)?;
+    if o.check_finite && req.transport.on_gpu() {
+        return Err(ApiError::Unprocessable(format!(
+            "options.check_finite reads the training ranks' sources on the host, and the {} transport keeps them in GPU memory, where awex has no such check yet; use shm or tcp, or connect without check_finite",
+            req.transport
+        )));
+    }
 
     let null = Value::Null;
     let tm = validate::model(
@@ -350,7 +356,8 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             &im,
             req.inference.catalogue.clone(),
             dropped_i,
-            req.inference.fp8.clone(),
+            // the status takes it from the request: one copy per pair
+            None,
         ),
     ))
 }
@@ -374,6 +381,9 @@ pub(crate) async fn connect(
     State(gw): State<AppState>,
     JsonBody(raw): JsonBody<Value>,
 ) -> Result<(StatusCode, Json<PairStatus>), ApiError> {
+    // however it ends, the parsed body (up to the body limit, several times its size as a JSON
+    // tree) and any disconnected pair it replaced are freed: their pages go back
+    let _trim = gw.trim.on_drop();
     let req: ConnectRequest = serde_json::from_value(raw.clone()).map_err(|e| json_error(&e))?;
     // validation builds both catalogues and layouts (seconds for a 1T model): off the async
     // workers, and a core fewer at once than the machine has, so that health checks and
@@ -669,6 +679,7 @@ pub(crate) async fn disconnect(
         return Err(ApiError::disconnected(&name));
     }
     entry.disconnect();
+    gw.trim.freed();
     forget_later(&gw, name, entry.id, gw.config.tombstone);
     Ok(Json(entry.status()))
 }
@@ -686,24 +697,15 @@ pub(crate) fn forget_later(gw: &AppState, name: String, id: u64, keep: Duration)
                 if let Some(store) = &gw.store {
                     store.submit(vec![Write::DeletePair(name)]);
                 }
-                give_back_memory(&mut pairs);
+                // once most pairs are gone the map shrinks too
+                if pairs.capacity() > 4 * pairs.len() + 64 {
+                    pairs.shrink_to_fit();
+                }
+                drop(pairs);
+                gw.trim.freed();
             }
         }
     });
-}
-
-/// Once most pairs are gone, gives their memory back to the system: the map shrinks, and the
-/// allocator returns its free pages (glibc keeps them otherwise).
-fn give_back_memory(pairs: &mut std::collections::HashMap<String, Arc<PairEntry>>) {
-    if pairs.capacity() <= 4 * pairs.len() + 64 {
-        return;
-    }
-    pairs.shrink_to_fit();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory of the process's own heap.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Brings back every pair the store holds (at start): in-flight updates are failed (the
