@@ -1584,6 +1584,12 @@ impl SideLayout for FusedTpLayout {
             | Part::LinDtBias
             | Part::LinOut => self.linear_holders(l, canonical),
             Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
+            // not in `MAPPED`: a model with them (gpt-oss) is refused before a layout exists
+            Part::Sinks
+            | Part::ExpertsGateUp
+            | Part::ExpertsGateUpBias
+            | Part::ExpertsDown
+            | Part::ExpertsDownBias => Vec::new(),
             Part::Router => {
                 let shape = Self::dims2(self.d.experts, h);
                 self.replicated_holder_as(&layer(l).router, shape, self.d.router_dtype)
