@@ -649,6 +649,12 @@ impl MegatronLayout {
             | Part::LinDtBias
             | Part::LinNorm
             | Part::LinOut => [None, None],
+            // gpt-oss has no Megatron layout (`MegatronLayout::new` refuses it)
+            Part::Sinks
+            | Part::ExpertsGateUp
+            | Part::ExpertsGateUpBias
+            | Part::ExpertsDown
+            | Part::ExpertsDownBias => [None, None],
         };
         (list, expert)
     }
