@@ -137,6 +137,7 @@ fn moe(experts: u64, per_token: u64, inter: u64) -> MoeSpec {
 }
 
 fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
+    mxfp4(cfg)?;
     // transformers' GptOssConfig default is true (every published gpt-oss has the biases)
     spec.attention_bias = opt_bool(cfg, "attention_bias", true)?;
     // `num_experts` is transformers' alias of `num_local_experts` (`attribute_map`)
@@ -168,6 +169,23 @@ fn parse(cfg: &Value, spec: &mut ModelSpec) -> Result<(), ModelError> {
     layer_types(cfg, spec.num_layers)?;
     for field in ["swiglu_limit", "swiglu_alpha"] {
         positive_number(cfg, field)?;
+    }
+    Ok(())
+}
+
+/// Refuses the published checkpoints' MXFP4 experts (`quantization_config.quant_method:
+/// "mxfp4"`): an engine loading such a config holds `w13_weight` / `w2_weight` as packed e2m1
+/// blocks with ue8m0 scales per 32 elements, which awex neither lays out nor quantises to.
+fn mxfp4(cfg: &Value) -> Result<(), ModelError> {
+    let method = cfg
+        .get("quantization_config")
+        .and_then(|q| q.get("quant_method"))
+        .and_then(Value::as_str);
+    if method == Some("mxfp4") {
+        return Err(ModelError::BadField {
+            field: "quantization_config",
+            message: "quant_method \"mxfp4\" (the experts of openai/gpt-oss-* as published: `gate_up_proj_blocks` / `_scales`) is not supported: awex moves gpt-oss in bf16 only, it has no MXFP4 encoding (e2m1 blocks with a ue8m0 scale per 32 elements) to quantise the trainer's bf16 experts into what the engine holds; serve a bf16 checkpoint (its config without `quantization_config`)".into(),
+        });
     }
     Ok(())
 }
@@ -434,6 +452,15 @@ mod tests {
                 "head_dim",
                 Box::new(|c| {
                     c.insert("head_dim".into(), json!(0));
+                }),
+            ),
+            (
+                "quant_method \"mxfp4\"",
+                Box::new(|c| {
+                    c.insert(
+                        "quantization_config".into(),
+                        json!({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}),
+                    );
                 }),
             ),
         ];
