@@ -370,9 +370,12 @@ mod tests {
         }
     }
 
+    /// A change to the tiny config.
+    type Edit = Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>;
+
     #[test]
     fn every_bad_field_is_named() {
-        let cases: Vec<(&str, Box<dyn FnOnce(&mut serde_json::Map<String, Value>)>)> = vec![
+        let cases: Vec<(&str, Edit)> = vec![
             (
                 "num_local_experts",
                 Box::new(|c| {
