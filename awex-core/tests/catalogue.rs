@@ -861,8 +861,8 @@ fn gpt_oss_catalogue_matches_transformers_and_its_tiny_preset() {
 
 #[test]
 fn gpt_oss_presets_have_the_published_parameter_counts() {
-    // (tensors, parameters): the bf16 checkpoints of openai/gpt-oss-20b and -120b (model card:
-    // 21B and 117B in total); 17 tensors a layer plus the embedding, final norm and lm_head
+    // (tensors, parameters): openai/gpt-oss-20b and -120b in bf16 (the model card: 20.91B and
+    // 116.83B in total); 17 tensors a layer plus the embedding, final norm and lm_head
     assert_eq!(totals("gpt-oss-20b").0, 24 * 17 + 3);
     assert_eq!(totals("gpt-oss-20b").1, 20_914_757_184);
     assert_eq!(totals("gpt-oss-120b").0, 36 * 17 + 3);

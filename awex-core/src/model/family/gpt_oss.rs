@@ -96,7 +96,7 @@ pub const FAMILY: Family = Family {
 /// on the Hub, and transformers 5.19.0 `GptOssConfig`'s defaults, which are 120b's):
 /// hidden_size 2880, intermediate_size 2880, head_dim 64, num_attention_heads 64,
 /// num_key_value_heads 8, vocab_size 201088, num_experts_per_tok 4, tie_word_embeddings false;
-/// num_hidden_layers 24 / 36 and num_local_experts 32 / 128. The model card gives 21B / 117B
+/// num_hidden_layers 24 / 36 and num_local_experts 32 / 128. The model card gives 20.91B / 116.83B
 /// parameters in total (the test `presets_have_the_published_parameter_counts` checks them).
 #[allow(clippy::too_many_arguments)]
 fn gpt_oss(
@@ -357,8 +357,8 @@ mod tests {
 
     #[test]
     fn presets_have_the_published_parameter_counts() {
-        // openai/gpt-oss model card: 21B parameters in total (20b), 117B (120b); the
-        // bf16 checkpoints' tensors sum to 20,914,757,184 and 116,829,156,672
+        // the openai/gpt-oss model card: 20.91B parameters in total (20b), 116.83B (120b);
+        // the catalogue's tensors of the published sizes sum to exactly these
         for (name, total) in [
             ("gpt-oss-20b", 20_914_757_184u128),
             ("gpt-oss-120b", 116_829_156_672),
