@@ -15,10 +15,10 @@
 //!   `mlp.experts.down_proj_bias` `[experts, hidden]`. Each expert is an MLP of
 //!   `intermediate_size` rows; there is no dense MLP and no shared expert.
 //!
-//! The catalogue names these tensors as the checkpoints and transformers hold them (the bf16
-//! checkpoints and transformers 5.19.0's `save_pretrained` write exactly these names and
-//! shapes: `tests/fixtures/hf/gpt-oss.json`), so the expert parts are per-layer tensors over
-//! all experts ([`Part::ExpertsGateUp`] etc., role [`crate::model::Role::StackedExperts`]),
+//! The catalogue names these tensors as transformers holds them and as its `save_pretrained`
+//! writes a bf16 checkpoint (transformers 5.19.0: `tests/fixtures/hf/gpt-oss.json`), so the
+//! expert parts are per-layer tensors over all experts ([`Part::ExpertsGateUp`] etc., role
+//! [`crate::model::Role::StackedExperts`]),
 //! not per-expert ones. The published `openai/gpt-oss-*` checkpoints store the expert weights
 //! in MXFP4 (`gate_up_proj_blocks` / `_scales`, `quantization_config.quant_method: "mxfp4"`),
 //! which awex does not encode: such a config is refused by name (see `docs/models.md`).
