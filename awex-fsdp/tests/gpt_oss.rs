@@ -245,3 +245,25 @@ fn awex_places_exactly_the_elements_real_fsdp2_holds() {
     }
     assert!(runs_checked > 300, "{runs_checked}");
 }
+
+/// A live gpt-oss model's names read as `fused_experts=1` (its experts are transformers' fused
+/// `mlp.experts.gate_up_proj`): `Writer.attach` then asks for a pair connected with that key,
+/// whose layout is the same as without it.
+#[test]
+fn live_names_read_as_fused_experts_which_lays_out_the_same() {
+    use awex_core::backend::TrainingBackend;
+    let rl = side(&[("dp", 2)])
+        .rank_layout(RankId::train(0))
+        .expect("rank");
+    let names: Vec<&str> = rl.tensors.iter().map(|t| &*t.name).collect();
+    assert_eq!(
+        FsdpBackend.options_from_names(&names),
+        [("fused_experts", 1)]
+    );
+    assert_eq!(
+        side(&[("dp", 2), ("fused_experts", 1)])
+            .rank_layout(RankId::train(0))
+            .expect("rank"),
+        rl
+    );
+}
