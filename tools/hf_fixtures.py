@@ -31,6 +31,7 @@ from transformers import (
     DeepseekV2Config,
     DeepseekV3Config,
     Glm4MoeConfig,
+    GptOssConfig,
     LlamaConfig,
     MixtralConfig,
     Qwen2Config,
@@ -124,6 +125,11 @@ def fixtures():
         ("qwen3.5", Qwen3_5TextConfig(**HYBRID)),
         # Qwen3.5-MoE: every layer MoE with the gated shared expert, no dense intermediate size.
         ("qwen3.5-moe", Qwen3_5MoeTextConfig(**{k: v for k, v in HYBRID.items() if k != "intermediate_size"}, **HYBRID_MOE)),
+        # gpt-oss: q/k/v/o biases, per-head attention sinks, sliding / full layers alternating
+        # (the config's default `layer_types`), a router with a bias, every layer MoE with the
+        # experts fused and transposed (`gate_up_proj` [E, H, 2I] interleaved, `down_proj`
+        # [E, I, H]) and their biases, as transformers saves them.
+        ("gpt-oss", GptOssConfig(**dict(COMMON, intermediate_size=48), num_local_experts=8, num_experts_per_tok=2, sliding_window=8)),
     ]
 
 

@@ -33,6 +33,7 @@ const FIXTURES: &[&str] = &[
     "qwen3-next",
     "qwen3.5",
     "qwen3.5-moe",
+    "gpt-oss",
 ];
 
 /// One tensor as (name, shape, safetensors dtype name), the unit both sides are compared in.
@@ -300,7 +301,7 @@ fn every_preset_name_resolves_to_a_spec_of_that_name() {
         let glm_qk = spec.architecture == Architecture::Glm4Moe && spec.use_qk_norm;
         assert_eq!(spec.qk_norm(), qwen3 || glm_qk, "{name}");
     }
-    assert_eq!(presets::names().len(), 24);
+    assert_eq!(presets::names().len(), 27);
     assert!(presets::preset("qwen3-9b").is_none());
 }
 
@@ -819,6 +820,53 @@ fn hybrid_qwen_catalogues_match_transformers_and_their_tiny_presets() {
             "{preset} is the {fixture} fixture's model"
         );
     }
+}
+
+/// The gpt-oss fixture (transformers 5.19.0): what `save_pretrained` writes is what the model
+/// holds in memory (fused, transposed experts with biases, sinks), and the tiny preset is it.
+#[test]
+fn gpt_oss_catalogue_matches_transformers_and_its_tiny_preset() {
+    let spec = check_fixture("gpt-oss");
+    assert_eq!(spec.architecture, Architecture::GptOss);
+    let cat = Catalogue::of(&spec);
+    let shape = |n: &str| {
+        cat.get(n)
+            .unwrap_or_else(|| panic!("no {n}"))
+            .shape
+            .as_slice()
+            .to_vec()
+    };
+    // [experts, hidden, 2 * intermediate]: transposed against a linear layer's [out, in]
+    assert_eq!(
+        shape("model.layers.1.mlp.experts.gate_up_proj"),
+        [8, 64, 96]
+    );
+    assert_eq!(shape("model.layers.1.mlp.experts.down_proj"), [8, 48, 64]);
+    assert_eq!(shape("model.layers.0.self_attn.sinks"), [4]);
+    assert_eq!(shape("model.layers.0.mlp.router.bias"), [8]);
+    assert!(
+        cat.tensors()
+            .iter()
+            .all(|t| t.dtype == awex_core::DType::Bf16)
+    );
+    let tiny = presets::preset("gpt-oss-tiny").unwrap_or_else(|| panic!("no gpt-oss-tiny"));
+    assert_eq!(
+        ModelSpec {
+            name: spec.name.clone(),
+            ..tiny
+        },
+        spec
+    );
+}
+
+#[test]
+fn gpt_oss_presets_have_the_published_parameter_counts() {
+    // (tensors, parameters): openai/gpt-oss-20b and -120b in bf16 (the model card: 20.91B and
+    // 116.83B in total); 17 tensors a layer plus the embedding, final norm and lm_head
+    assert_eq!(totals("gpt-oss-20b").0, 24 * 17 + 3);
+    assert_eq!(totals("gpt-oss-20b").1, 20_914_757_184);
+    assert_eq!(totals("gpt-oss-120b").0, 36 * 17 + 3);
+    assert_eq!(totals("gpt-oss-120b").1, 116_829_156_672);
 }
 
 #[test]

@@ -45,7 +45,7 @@ pub fn options_from_names(names: &[&str]) -> Vec<(&'static str, u64)> {
 
 /// The parts the FSDP layout places (each in the family's dtype for it, checked HF module
 /// order); a family with any other part is refused by name.
-const MAPPED: [Part; 44] = [
+const MAPPED: [Part; 49] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -90,6 +90,11 @@ const MAPPED: [Part; 44] = [
     Part::LinDtBias,
     Part::LinNorm,
     Part::LinOut,
+    Part::Sinks,
+    Part::ExpertsGateUp,
+    Part::ExpertsGateUpBias,
+    Part::ExpertsDown,
+    Part::ExpertsDownBias,
 ];
 
 /// Where a part comes among its layer's HF parameters (`named_parameters()` order); with
@@ -106,6 +111,9 @@ const MAPPED: [Part; 44] = [
 /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a` (a layer holds either these or
 /// attention, so the ranks may repeat attention's); their MoE block declares the router
 /// (`mlp.gate`) before the fused experts, then the shared expert and its gate.
+/// gpt-oss (transformers 5.19 `GptOssAttention`, `GptOssMLP`, `GptOssExperts`): the attention's
+/// own `sinks` before its projections, `mlp.router` (weight, bias) before `mlp.experts`
+/// (`gate_up_proj`, `gate_up_proj_bias`, `down_proj`, `down_proj_bias`, the catalogue's order).
 fn module_rank(part: Part, fused_experts: bool, hybrid: bool) -> u8 {
     use Part::*;
     match part {
@@ -157,9 +165,10 @@ use std::sync::Arc;
 /// Whether transformers holds `part` as a buffer, not a parameter: the router's
 /// score-correction bias (`e_score_correction_bias`: `nn.Buffer` in `Glm4MoeTopkRouter`,
 /// `register_buffer` in `DeepseekV3TopkRouter`). FSDP2 shards parameters only (`fully_shard`
-/// leaves buffers as they are), so every rank holds it whole.
-fn is_buffer(part: Part) -> bool {
-    part == Part::RouterBias
+/// leaves buffers as they are), so every rank holds it whole. gpt-oss's router bias
+/// (`GptOssTopKRouter.bias`) is an `nn.Parameter`, sharded like the others.
+fn is_buffer(spec: &ModelSpec, part: Part) -> bool {
+    part == Part::RouterBias && !spec.has(Part::ExpertsGateUp)
 }
 
 /// A parallel configuration the FSDP layout cannot describe.
@@ -179,6 +188,16 @@ pub enum FsdpConfigError {
         "fsdp fused_experts=1 with tp={tp}: awex describes transformers' fused expert tensors sharded over dp only; use tp=1 (or experts with per-expert names)"
     )]
     FusedExpertsWithTp {
+        /// tensor-parallel size
+        tp: u64,
+    },
+    /// A model holding all its experts in one tensor per layer (gpt-oss) with a TP mesh.
+    #[error(
+        "fsdp tp={tp}: {class} holds each layer's experts in one tensor (`mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved), which transformers' TP plan for it splits in a way awex does not describe; use tp=1 (FSDP shards those tensors by experts over dp)"
+    )]
+    StackedExpertsWithTp {
+        /// the HF class
+        class: &'static str,
         /// tensor-parallel size
         tp: u64,
     },
@@ -330,6 +349,12 @@ impl FsdpLayout {
                 tp,
             });
         }
+        if spec.has(Part::ExpertsGateUp) && tp > 1 {
+            return Err(FsdpConfigError::StackedExpertsWithTp {
+                class: spec.architecture.family().hf_class,
+                tp,
+            });
+        }
         if spec.linear.is_some() && tp > 1 {
             return Err(FsdpConfigError::LinearWithTp {
                 class: spec.architecture.family().hf_class,
@@ -371,7 +396,12 @@ impl FsdpLayout {
     /// `mlp.experts.gate_up_proj` `[E, 2I, H]` and one `mlp.experts.down_proj` `[E, H, I]`,
     /// which FSDP2 shards on the expert dim, instead of transformers 4's per-expert
     /// `mlp.experts.{e}.gate_proj.weight`. The canonical tensors stay per-expert (the checkpoint's).
+    /// A model whose checkpoint already holds all experts in one tensor per layer (gpt-oss) has
+    /// the same names either way, so the key changes nothing for it.
     pub fn with_fused_experts(mut self, fused: bool) -> Result<Self, FsdpConfigError> {
+        if self.spec.has(Part::ExpertsGateUp) {
+            return Ok(self);
+        }
         if fused && self.tp > 1 {
             return Err(FsdpConfigError::FusedExpertsWithTp {
                 tp: u64::from(self.tp),
@@ -487,7 +517,11 @@ impl FsdpLayout {
             layer(s, l, &mut parts);
             let mut parts = parts.0;
             parts.sort_by_key(|c| {
-                module_rank(c.part, self.fused_experts, self.spec.linear.is_some())
+                // a module's own parameters (gpt-oss's `sinks`) before its children's
+                (
+                    c.part != Part::Sinks,
+                    module_rank(c.part, self.fused_experts, self.spec.linear.is_some()),
+                )
             });
             for c in parts {
                 match c.part {
@@ -577,7 +611,9 @@ impl FsdpLayout {
         let split = match c.part.role() {
             Role::Vocab | Role::Column | Role::Expert(ExpertSplit::Column) => TpSplit::Rows,
             Role::Row | Role::Expert(ExpertSplit::Row) => TpSplit::Cols,
-            Role::Replicated => TpSplit::Replicated,
+            // all experts in one tensor (gpt-oss): `new` refuses tp > 1 for them, so only
+            // FSDP's dim-0 sharding applies
+            Role::Replicated | Role::StackedExperts { .. } => TpSplit::Replicated,
         };
         let dtype = self.rules.dtype(s, c.part, dtype.unwrap_or(s.dtype));
         Some((shape, split, dtype))
@@ -646,7 +682,7 @@ impl SideLayout for FsdpLayout {
                     return Some(self.fused_tensor(&name, l, which, dp_rank));
                 }
                 let (shape, split, dtype) = self.param(c)?;
-                let shard = if is_buffer(c.part) {
+                let shard = if is_buffer(&self.spec, c.part) {
                     Shard {
                         shape,
                         region: Some(Region::full(shape)),
@@ -723,7 +759,7 @@ impl SideLayout for FsdpLayout {
             return Vec::new();
         };
         let name: Arc<str> = Arc::from(self.local_name(c));
-        if is_buffer(c.part) {
+        if is_buffer(&self.spec, c.part) {
             return vec![Holder {
                 ranks: self.ranks(),
                 tensor: name,

@@ -73,6 +73,9 @@ impl MegatronLayout {
         if model.linear.is_some() {
             return Err(LayoutError::Config(hybrid_unmapped(model)));
         }
+        if model.has(Part::ExpertsGateUp) {
+            return Err(LayoutError::Config(gpt_oss_unmapped(model)));
+        }
         if let Some(p) = model.parts().into_iter().find(|p| !MAPPED.contains(p)) {
             return Err(LayoutError::Config(unmapped(model, p)));
         }
@@ -649,6 +652,12 @@ impl MegatronLayout {
             | Part::LinDtBias
             | Part::LinNorm
             | Part::LinOut => [None, None],
+            // gpt-oss has no Megatron layout (`MegatronLayout::new` refuses it)
+            Part::Sinks
+            | Part::ExpertsGateUp
+            | Part::ExpertsGateUpBias
+            | Part::ExpertsDown
+            | Part::ExpertsDownBias => [None, None],
         };
         (list, expert)
     }
@@ -758,6 +767,16 @@ fn hybrid_unmapped(model: &ModelSpec) -> String {
     let family = model.architecture.family();
     format!(
         "megatron: {} ({}) mixes Gated DeltaNet linear attention with gated full attention. Megatron-Core 0.19.2 builds Gated DeltaNet (megatron/core/ssm/gated_delta_net/gdn.py `GatedDeltaNet`, in the hybrid layer specs of models/hybrid/hybrid_layer_specs.py): one `in_proj` of [query | key | value | z | beta | alpha] rows per tensor-parallel rank (`in_proj_split_sections`), `conv1d` of [query | key | value] channels, `dt_bias`, `A_log`, `out_norm` and `out_proj`; awex does not map those parameters, the full-attention layers' gated q_proj or the gated shared expert to Megatron-Core yet. Train it with FSDP2 (fsdp:dp=N at tp 1)",
+        family.hf_class, family.name
+    )
+}
+
+/// Why gpt-oss has no Megatron layout: what Megatron-Core 0.19.2 builds for it, what keeps it
+/// off the CPU, and the transpose awex's placements cannot express.
+fn gpt_oss_unmapped(model: &ModelSpec) -> String {
+    let family = model.architecture.family();
+    format!(
+        "megatron: {} ({}) holds each layer's experts in one tensor transposed against Megatron-Core's (`mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved). Megatron-Core 0.19.2 builds its parts: attention sinks as `core_attention.softmax_offset` [heads / tp] (softmax_type=\"learnable\", transformer/dot_product_attention.py, created on torch.cuda.current_device(), so not on CPU), biases on every linear layer (add_bias_linear, experts' biases only at expert_tensor_parallel_size=1), the router's weight and bias in fp32 (moe/router.py), the clamped activation (activation_func=quick_gelu, glu_linear_offset=1, activation_func_clamp_value); its experts' `linear_fc1` is [2 * intermediate, hidden] per expert, [gate | up] halves in SequentialMLP and interleaved only in TEGroupedMLP (moe_mlp_glu_interleave_size=1): either is the transpose of the checkpoint's, which awex's placements do not express. Train gpt-oss with FSDP2 (fsdp:dp=N at tp 1)",
         family.hf_class, family.name
     )
 }

@@ -177,3 +177,17 @@ fn hybrid_linear_attention_models_are_refused_naming_what_megatron_builds() {
         assert!(m.contains("Train it with FSDP2"), "{m}");
     }
 }
+
+#[test]
+fn gpt_oss_is_refused_naming_what_megatron_builds_and_the_transpose() {
+    for pairs in [
+        &[("tp", 1)][..],
+        &[("tp", 2), ("ep", 2)],
+        &[("local_spec", 1)],
+    ] {
+        let m = err(&preset("gpt-oss-tiny"), pairs);
+        assert!(m.starts_with("megatron: GptOssForCausalLM (gpt-oss) holds each layer's experts in one tensor transposed"), "{m}");
+        assert!(m.contains("softmax_type=\"learnable\""), "{m}");
+        assert!(m.contains("Train gpt-oss with FSDP2"), "{m}");
+    }
+}

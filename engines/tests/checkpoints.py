@@ -137,6 +137,15 @@ CONFIG_PATCH["DeepseekV2ForCausalLM"] = {
     **_DEEPSEEK_CONFIG, "topk_method": "greedy", "scoring_func": "softmax", "routed_scaling_factor": 1.0}
 # ---- end DeepSeek-V3 ----
 
+# ---- gpt-oss ----
+#: gpt-oss: q/k/v/o biases, per-head sinks, layer 0 sliding (window 8), layer 1 full, every layer
+#: MoE with a router bias and 4 experts of 48 rows fused and transposed as transformers holds
+#: and saves them (``mlp.experts.gate_up_proj`` [4, 64, 96], gate/up interleaved along the last
+#: dim; ``down_proj`` [4, 48, 64]; their biases). 48 rows so that no expert dim equals hidden.
+ARCHS["GptOssForCausalLM"] = ("GptOssConfig", {"intermediate_size": 48, "num_local_experts": 4,
+                                               "num_experts_per_tok": 2, "sliding_window": 8})
+# ---- end gpt-oss ----
+
 
 def write(path: str, arch: str, *, tied: bool, seed: int, config_of: str | None = None,
           config_dtype: str | None = None) -> str:

@@ -1584,6 +1584,12 @@ impl SideLayout for FusedTpLayout {
             | Part::LinDtBias
             | Part::LinOut => self.linear_holders(l, canonical),
             Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
+            // not in `MAPPED`: a model with them (gpt-oss) is refused before a layout exists
+            Part::Sinks
+            | Part::ExpertsGateUp
+            | Part::ExpertsGateUpBias
+            | Part::ExpertsDown
+            | Part::ExpertsDownBias => Vec::new(),
             Part::Router => {
                 let shape = Self::dims2(self.d.experts, h);
                 self.replicated_holder_as(&layer(l).router, shape, self.d.router_dtype)
@@ -1642,10 +1648,25 @@ impl SideLayout for FusedTpLayout {
 
 /// Refuses a model with a part the fused-TP layout does not place ([`MAPPED`]), naming it.
 pub fn check_mapped(spec: &ModelSpec) -> Result<(), FusedTpError> {
+    if spec.has(Part::ExpertsGateUp) {
+        return Err(FusedTpError(stacked_experts(spec)));
+    }
     match spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
         Some(p) => Err(FusedTpError(unmapped(spec, p))),
         None => Ok(()),
     }
+}
+
+/// Why a model whose checkpoint holds each layer's experts in one transposed tensor (gpt-oss)
+/// has no fused-TP layout yet: both engines hold them transposed (checked on CPU by
+/// `engines/tests/test_gpt_oss_sglang_params.py` and `engines/tests/vllm/test_gpt_oss_vllm_params.py`),
+/// and a placement copies a box as it is.
+fn stacked_experts(spec: &ModelSpec) -> String {
+    let family = spec.architecture.family();
+    format!(
+        "{} ({}) holds each layer's experts in one tensor transposed against the engines' (`model.layers.0.mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved; `down_proj` [experts, intermediate, hidden]); SGLang 0.5.23 and vLLM 0.33 hold `w13_weight` [local experts, 2 * intermediate / tp, hidden] and `w2_weight` [local experts, hidden, intermediate / tp], the transpose of a chunk of them, and awex's placements copy boxes without transposing: gpt-oss has no SGLang or vLLM layout yet (docs/models.md, gpt-oss)",
+        family.hf_class, family.name
+    )
 }
 
 /// Why a family with `part` has no fused-TP layout yet.

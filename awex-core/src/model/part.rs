@@ -102,6 +102,22 @@ pub enum Part {
     LinNorm,
     /// Gated DeltaNet: the output projection `[hidden, value_dim]`.
     LinOut,
+    /// Per-head attention sink logits `[heads]` (gpt-oss: `self_attn.sinks`, one learned
+    /// logit per query head that joins the softmax's denominator).
+    Sinks,
+    /// All routed experts' gate and up projections of a layer in one tensor, transposed and
+    /// interleaved (gpt-oss: `mlp.experts.gate_up_proj` `[experts, hidden, 2 * moe_intermediate]`;
+    /// column `2j` is gate row `j`, column `2j + 1` up row `j`).
+    ExpertsGateUp,
+    /// All routed experts' gate and up biases `[experts, 2 * moe_intermediate]`, interleaved as
+    /// [`Part::ExpertsGateUp`]'s last dim (gpt-oss: `mlp.experts.gate_up_proj_bias`).
+    ExpertsGateUpBias,
+    /// All routed experts' down projections of a layer in one tensor, transposed (gpt-oss:
+    /// `mlp.experts.down_proj` `[experts, moe_intermediate, hidden]`).
+    ExpertsDown,
+    /// All routed experts' down biases `[experts, hidden]` (gpt-oss: `mlp.experts.down_proj_bias`;
+    /// added once, after the expert-TP reduction).
+    ExpertsDownBias,
 }
 
 /// How tensor parallelism splits a part (engines agree on these; their padding and fusions
@@ -119,6 +135,14 @@ pub enum Role {
     /// One routed expert's matrix: experts split over EP, then column- or row-parallel over
     /// expert TP.
     Expert(Split),
+    /// All routed experts of a layer in one tensor, experts along dim 0 (gpt-oss): experts
+    /// split over EP, then dim `tp_dim` (the expert intermediate size, or the interleaved
+    /// gate/up pairs of it) in contiguous chunks over expert TP; `None`: the same on every
+    /// expert-TP rank (a bias added once after the reduction).
+    StackedExperts {
+        /// The dim split over expert TP, `None` when none is.
+        tp_dim: Option<u8>,
+    },
 }
 
 /// The TP direction of an expert matrix.
@@ -155,9 +179,8 @@ impl Part {
         match self {
             Embed | LmHead => Role::Vocab,
             Q | K | V | QBias | KBias | VBias | QUp | KvUp | Gate | Up | SharedGate | SharedUp
-            | LinQkvz | LinBa | LinQkv | LinZ | LinB | LinA | LinConv | LinALog | LinDtBias => {
-                Role::Column
-            }
+            | LinQkvz | LinBa | LinQkv | LinZ | LinB | LinA | LinConv | LinALog | LinDtBias
+            | Sinks => Role::Column,
             O | Down | SharedDown | LinOut => Role::Row,
             FinalNorm | InputNorm | PostNorm | OBias | QNorm | KNorm | QDown | QDownNorm
             | KvDown | KvDownNorm | Router | RouterBias | SharedExpertGate | LinNorm => {
@@ -165,6 +188,14 @@ impl Part {
             }
             ExpertGate | ExpertUp => Role::Expert(Split::Column),
             ExpertDown => Role::Expert(Split::Row),
+            // [experts, hidden, 2I]: the interleaved (gate, up) pairs split by contiguous
+            // chunks of the last dim, as SGLang 0.5.23 narrows its transposed copy
+            // (`FusedMoE._load_w13`, `shard_dim` 1 of `[experts, 2I, hidden]`)
+            ExpertsGateUp => Role::StackedExperts { tp_dim: Some(2) },
+            ExpertsGateUpBias => Role::StackedExperts { tp_dim: Some(1) },
+            // [experts, I, hidden]: the intermediate rows
+            ExpertsDown => Role::StackedExperts { tp_dim: Some(1) },
+            ExpertsDownBias => Role::StackedExperts { tp_dim: None },
         }
     }
 
@@ -276,6 +307,11 @@ impl Part {
             LinDtBias => "linear_dt_bias",
             LinNorm => "linear_norm",
             LinOut => "linear_out",
+            Sinks => "sinks",
+            ExpertsGateUp => "experts_gate_up",
+            ExpertsGateUpBias => "experts_gate_up_bias",
+            ExpertsDown => "experts_down",
+            ExpertsDownBias => "experts_down_bias",
         }
     }
 }
@@ -332,6 +368,11 @@ mod tests {
             LinDtBias,
             LinNorm,
             LinOut,
+            Sinks,
+            ExpertsGateUp,
+            ExpertsGateUpBias,
+            ExpertsDown,
+            ExpertsDownBias,
         ];
         let mut groups: std::collections::HashMap<Fusion, Vec<(u8, Role)>> = Default::default();
         for p in all {

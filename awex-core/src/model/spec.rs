@@ -42,6 +42,9 @@ impl Architecture {
     pub const Qwen3_5: Architecture = Architecture(&family::qwen3_5::FAMILY);
     /// `Qwen3_5MoeForCausalLM` (Qwen3.5-MoE)
     pub const Qwen3_5Moe: Architecture = Architecture(&family::qwen3_5_moe::FAMILY);
+    /// `GptOssForCausalLM` (gpt-oss: q/k/v/o biases, attention sinks, every layer MoE with a
+    /// router bias and fused, transposed experts with biases)
+    pub const GptOss: Architecture = Architecture(&family::gpt_oss::FAMILY);
 
     /// The HF class name.
     pub const fn hf_name(self) -> &'static str {
@@ -813,7 +816,7 @@ mod tests {
             "unsupported architecture `MistralForCausalLM`; supported: LlamaForCausalLM, \
              Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
              DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, \
-             Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM"
+             Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, GptOssForCausalLM"
         );
     }
 
@@ -1161,7 +1164,7 @@ mod tests {
                  qwen3-moe-tiny, qwen3-30b-a3b, qwen3-235b-a22b, moe-1t, mixtral-tiny, mixtral-8x7b, \
                  deepseek-v2-lite, deepseek-v3-tiny, deepseek-v3, mla-moe-30b, kimi-k2, glm-4.5-tiny, glm-4.5, glm-4.5-air, \
                  qwen3-next-tiny, qwen3-next-80b-a3b, qwen3.5-tiny, qwen3.5-9b, qwen3.5-moe-tiny, \
-                 qwen3.5-35b-a3b, qwen3.5-397b-a17b"
+                 qwen3.5-35b-a3b, qwen3.5-397b-a17b, gpt-oss-tiny, gpt-oss-20b, gpt-oss-120b"
                     .to_string()
             )
         );

@@ -33,8 +33,11 @@ def stub_gpu_kernels() -> None:
     import vllm.model_executor.models.qwen3_moe as qwen3_moe
 
     import vllm.model_executor.models.qwen3_next as qwen3_next
+    # gpt-oss: `OAIAttention.__init__` creates its `sinks` itself (`make_attention_sink`) and
+    # hands them to the `Attention` it builds, which holds no parameter
+    import vllm.model_executor.models.gpt_oss as gpt_oss
 
-    for m in (qwen3, qwen3_moe, llama, glm4_moe, qwen3_next):
+    for m in (qwen3, qwen3_moe, llama, glm4_moe, qwen3_next, gpt_oss):
         m.Attention = _NoAttention
     # The hybrid models' Gated DeltaNet (`QwenGatedDeltaNetAttention.__init__`,
     # `model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`) builds its gated norm on

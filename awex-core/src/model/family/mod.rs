@@ -8,6 +8,7 @@
 pub(crate) mod deepseek_v2;
 pub(crate) mod deepseek_v3;
 pub(crate) mod glm4_moe;
+pub(crate) mod gpt_oss;
 pub(crate) mod llama;
 pub(crate) mod mixtral;
 pub(crate) mod qwen2;
@@ -37,6 +38,7 @@ pub const ALL: &[&Family] = &[
     &qwen3_next::FAMILY,
     &qwen3_5::FAMILY,
     &qwen3_5_moe::FAMILY,
+    &gpt_oss::FAMILY,
 ];
 
 /// One model family: its HF class, its names, how it reads a config and which parts a layer has.
