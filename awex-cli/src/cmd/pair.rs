@@ -227,6 +227,7 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
             model: train_model,
         },
         inference: InferenceSpec {
+            spare: 0,
             fp8: a.quant.resolve(&infer_model)?,
             backend: a.infer.backend.clone(),
             parallel: a.infer.parallel.clone(),

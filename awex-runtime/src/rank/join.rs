@@ -273,6 +273,7 @@ impl Rank {
             bases: None,
             unreached: Vec::new(),
             lost: Default::default(),
+            out: None,
         })
     }
 }
