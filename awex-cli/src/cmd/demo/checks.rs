@@ -136,3 +136,79 @@ pub fn engines(rows: &[UpdateRow], engine: u32, fault_version: u64) -> Check {
         ),
     )
 }
+
+/// `--fault-add-engine`: engine `engine` (a spare slot) was left out of every version before
+/// `fault_version`, took part in that one (`serving`: the gateway then reported it serving that
+/// version) and every byte of it was verified.
+pub fn added(rows: &[UpdateRow], engine: u32, fault_version: u64, serving: bool) -> Check {
+    let before = rows
+        .iter()
+        .filter(|u| u.version < fault_version && u.verified)
+        .all(|u| u.left_out == [engine]);
+    let fault = rows
+        .iter()
+        .find(|u| u.version == fault_version && u.verified);
+    let took_part = fault.is_some_and(|u| u.left_out.is_empty());
+    Check::new(
+        before && took_part && serving,
+        format!(
+            "engine {engine} added to the running pair before version {fault_version}: out of the versions before ({}), its first version {} ({}), then reported {}",
+            if before {
+                "as expected"
+            } else {
+                "NOT as expected"
+            },
+            if fault.is_some() {
+                "committed"
+            } else {
+                "did NOT commit"
+            },
+            if took_part {
+                "it took part; every byte of it verified"
+            } else {
+                "it did NOT take part"
+            },
+            if serving {
+                "serving that version"
+            } else {
+                "NOT serving"
+            }
+        ),
+    )
+}
+
+/// `--fault-remove-engine E`: removed while `fault_version` ran, the version committed and was
+/// verified on the other engines, and so was the next one, with only E out; E's slot is free
+/// (`absent`) and its rank processes exited (`exited`).
+pub fn removed(
+    rows: &[UpdateRow],
+    engine: u32,
+    fault_version: u64,
+    absent: bool,
+    exited: bool,
+) -> Check {
+    let ok = |v: u64| {
+        rows.iter()
+            .find(|u| u.version == v)
+            .is_some_and(|u| u.verified && u.attempts == 1 && u.left_out == [engine])
+    };
+    let (fault, next) = (ok(fault_version), ok(fault_version + 1));
+    Check::new(
+        fault && next && absent && exited,
+        format!(
+            "engine {engine} removed while version {fault_version} ran: that version {} on the other engines, the next {}; its slot {}, its ranks {}",
+            if fault {
+                "committed at once, every byte verified,"
+            } else {
+                "did NOT commit at once, verified,"
+            },
+            if next {
+                "too, without it"
+            } else {
+                "NOT (or not without it alone)"
+            },
+            if absent { "is free" } else { "is NOT free" },
+            if exited { "exited" } else { "did NOT exit" }
+        ),
+    )
+}
