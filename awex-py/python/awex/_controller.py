@@ -42,6 +42,7 @@ class Controller:
         fp8_block: Sequence[int] | None = None,
         fp8_recipe: str | None = None,
         deltas: bool = False,
+        spare: int = 0,
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
@@ -67,7 +68,12 @@ class Controller:
         ``deltas`` (``docs/deltas.md``): each update moves only the elements that changed since
         the version an inference rank provably holds; ranks that hold none (new, restarted,
         failed) get every byte. Training ranks keep a host copy of what they last sent (2 bytes
-        per parameter of their shard in bf16). Returns the pair's status."""
+        per parameter of their shard in bf16).
+
+        ``spare``: how many of the last engines of ``infer`` start out of the pair; their
+        slots wait for engines added at run time (``add_engine``). Every rank plans against
+        every slot, so no plan changes when an engine joins or leaves; needs ``commit`` other
+        than ``"all"``. Returns the pair's status."""
         return self._c.connect(
             pair,
             train,
@@ -81,6 +87,7 @@ class Controller:
             atomic=atomic,
             deltas=deltas,
             commit=commit,
+            spare=spare,
             **fp8_args(infer_quant, infer_config, fp8_block, fp8_recipe),
             **model_args(model),
         )
@@ -103,6 +110,22 @@ class Controller:
     def wait_update(self, version: int, timeout: float = 600.0, pair: str | None = None) -> dict[str, Any]:
         """Waits for a started ``version`` as ``update`` does."""
         return self._c.wait_update(version, timeout, pair)
+
+    def add_engine(self, engine: int | None = None, pair: str | None = None) -> dict[str, Any]:
+        """Adds an engine to the running pair, in slot ``engine`` or the lowest free one (a
+        spare slot, or one whose engine was removed). Returns ``{"pair", "engine", "ranks",
+        "status"}``: start the engine's ranks as inference ranks ``(engine, 0..ranks)``. Its
+        status is ``"joining"`` until they all joined; it takes part in the first update that
+        starts after that, which moves every byte to it, and is ``"serving"`` once that version
+        committed. Needs a commit policy other than ``"all"``."""
+        return self._c.add_engine(engine, pair)
+
+    def remove_engine(self, engine: int, pair: str | None = None) -> dict[str, Any]:
+        """Removes engine ``engine`` from the pair: an update under way goes on without it,
+        its ranks are told to stop (their ``update`` raises ``awex.Disconnected``) and their
+        slots are freed; the other engines' plans do not change. Refused when the engines left
+        could not meet the commit policy. Returns ``{"pair", "engine", "ranks", "status"}``."""
+        return self._c.remove_engine(engine, pair)
 
     def status(self, pair: str | None = None) -> dict[str, Any]:
         """The pair's status document (state, both sides, roster, current update)."""
