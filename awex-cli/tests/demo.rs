@@ -323,6 +323,7 @@ fn an_engine_added_mid_run_catches_up_whole_and_then_serves() {
             "3",
             "--updates",
             "4",
+            "--deltas",
             "--deadline-s",
             "60",
         ]);
@@ -339,12 +340,18 @@ fn an_engine_added_mid_run_catches_up_whole_and_then_serves() {
             assert!(u.get("left_out").is_none(), "{transport}: {u}");
             assert_eq!(u["verified"], true, "{transport}: {u}");
         }
-        // the three engines' share of the bytes moved in its first version, not two engines'
+        // the three engines' share of the dense bytes in its first version, not two engines'
         let (two, three) = (
-            ups[1]["bytes"].as_u64().unwrap(),
-            ups[2]["bytes"].as_u64().unwrap(),
+            ups[1]["dense_bytes"].as_u64().unwrap(),
+            ups[2]["dense_bytes"].as_u64().unwrap(),
         );
         assert_eq!(two * 3, three * 2, "{transport}: {j}");
+        // deltas: the spare slot is no exception to the base; the added engine's rank is, in
+        // its first version (every byte to it), and no more after
+        assert_eq!(ups[1]["base"], serde_json::json!([1, 0]), "{transport}: {j}");
+        assert_eq!(ups[2]["base"], serde_json::json!([2, 1]), "{transport}: {j}");
+        assert_eq!(ups[3]["base"], serde_json::json!([3, 0]), "{transport}: {j}");
+        assert_eq!(j["checks"]["deltas"]["ok"], true, "{transport}: {j}");
         assert_eq!(j["checks"]["fleet"]["ok"], true, "{transport}: {j}");
         assert_eq!(j["verified"], true, "{transport}: {j}");
     }

@@ -320,3 +320,88 @@ async fn commit_policy_all_refuses_engines_joining_or_leaving_and_spare_slots() 
     let e: ClientError = c.remove_engine("nope", 0).await.unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
 }
+
+#[tokio::test]
+async fn a_delta_base_lists_only_engines_taking_part_and_an_added_one_gets_every_byte() {
+    use awex_control::wire::{DeltaBase, ReportDelta};
+    let c = Client::new(&start(GatewayConfig::default()).await, None).unwrap();
+    let name = "grow-deltas";
+    let mut req = fleet(name, 3, 1, CommitPolicy::Available);
+    req.options.deltas = true;
+    c.connect(&req).await.unwrap();
+    let claim = |e: u32| format!("{:016x}", 100 + e);
+    let join = |side: Side, rank: RankId, claim: String| JoinRequest {
+        side,
+        rank,
+        info: json!({ "incarnation": claim }),
+        capabilities: Vec::new(),
+    };
+    c.join_once(name, &join(Side::Training, T0, claim(99)), Duration::ZERO)
+        .await
+        .unwrap();
+    c.join_once(
+        name,
+        &join(Side::Inference, RankId::infer(0, 0), claim(0)),
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    c.join(name, &join(Side::Inference, RankId::infer(1, 0), claim(1)))
+        .await
+        .unwrap();
+    let held = |side: Side, rank: RankId, who: String| Report {
+        incarnation: Some(who),
+        delta: Some(ReportDelta {
+            dense_bytes: 16,
+            elements: 8,
+            changed: 1,
+            holds: true,
+        }),
+        ..ok(side, rank, 1)
+    };
+    let run = |v: u64, engines: Vec<u32>| {
+        let c = c.clone();
+        async move {
+            c.start_update(name, v).await.unwrap();
+            c.report(name, v, &held(Side::Training, T0, claim(99)))
+                .await
+                .unwrap();
+            for e in engines {
+                c.report(
+                    name,
+                    v,
+                    &held(Side::Inference, RankId::infer(e, 0), claim(e)),
+                )
+                .await
+                .unwrap();
+            }
+            c.wait_update(name, v, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .state
+        }
+    };
+    assert_eq!(run(1, vec![0, 1]).await, UpdateState::Committed);
+    assert_eq!(run(2, vec![0, 1]).await, UpdateState::Committed);
+    // the spare slot takes no part: every rank that does holds version 1
+    assert_eq!(
+        update_event(&c, name, 2).await.base,
+        Some(DeltaBase {
+            version: 1,
+            except: vec![]
+        })
+    );
+    c.add_engine(name, None).await.unwrap();
+    c.join(name, &join(Side::Inference, RankId::infer(2, 0), claim(2)))
+        .await
+        .unwrap();
+    assert_eq!(run(3, vec![0, 1, 2]).await, UpdateState::Committed);
+    // the added engine's rank holds nothing: it gets every byte, the others a delta
+    assert_eq!(
+        update_event(&c, name, 3).await.base,
+        Some(DeltaBase {
+            version: 2,
+            except: vec![RankId::infer(2, 0)]
+        })
+    );
+}

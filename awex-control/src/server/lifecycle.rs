@@ -1182,7 +1182,8 @@ impl PairEntry {
         let mut except = Vec::new();
         let mut holders = 0usize;
         for i in 0..self.slots.total() {
-            if self.slots.is_training(i) {
+            // (a slot out of the version from its start takes nothing: it is not listed)
+            if !self.waits_for(p, i) || self.slots.is_training(i) {
                 continue;
             }
             let same = held

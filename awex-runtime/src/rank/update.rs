@@ -169,7 +169,7 @@ impl Rank {
             && *w == work
         {
             for &e in out {
-                self.lost.insert(e);
+                self.lost.insert_absent(e);
             }
         }
         transport.tolerate_lost_engines(tolerant.then(|| self.lost.clone()));

@@ -64,13 +64,14 @@ pub fn shared_memory(leaked: &Result<Vec<String>, String>, prefix: &str) -> Chec
 
 /// `--deltas`: every verified update that followed a verified one was a delta against it,
 /// held by every inference rank (each verified byte for byte like the rest). An update after a
-/// failed attempt is not counted: the ranks it may have torn get every byte.
-pub fn deltas(rows: &[UpdateRow]) -> Check {
+/// failed attempt is not counted: the ranks it may have torn get every byte; nor is
+/// `catch_up`, the first version of an engine added mid-run (its ranks hold none: every byte).
+pub fn deltas(rows: &[UpdateRow], catch_up: Option<u64>) -> Check {
     let mut later = 0usize;
     let mut deltas = 0usize;
     let (mut moved, mut dense) = (0u64, 0u64);
     for w in rows.windows(2) {
-        if !(w[0].verified && w[1].verified) {
+        if !(w[0].verified && w[1].verified) || Some(w[1].version) == catch_up {
             continue;
         }
         later += 1;

@@ -709,7 +709,9 @@ async fn demo(
             .then(|| checks::checksums(checksums_compared, a.updates)),
         shared_memory: checks::shared_memory(&leaked, &prefix),
         dumps: a.dump_dir.as_ref().map(|d| dump::check(d, r, last)),
-        deltas: a.deltas.then(|| checks::deltas(&rows)),
+        deltas: a
+            .deltas
+            .then(|| checks::deltas(&rows, added.map(|_| a.fault_version))),
         engines: a
             .fault_kill_infer_engine
             .map(|e| checks::engines(&rows, e, a.fault_version)),
