@@ -348,9 +348,21 @@ fn an_engine_added_mid_run_catches_up_whole_and_then_serves() {
         assert_eq!(two * 3, three * 2, "{transport}: {j}");
         // deltas: the spare slot is no exception to the base; the added engine's rank is, in
         // its first version (every byte to it), and no more after
-        assert_eq!(ups[1]["base"], serde_json::json!([1, 0]), "{transport}: {j}");
-        assert_eq!(ups[2]["base"], serde_json::json!([2, 1]), "{transport}: {j}");
-        assert_eq!(ups[3]["base"], serde_json::json!([3, 0]), "{transport}: {j}");
+        assert_eq!(
+            ups[1]["base"],
+            serde_json::json!([1, 0]),
+            "{transport}: {j}"
+        );
+        assert_eq!(
+            ups[2]["base"],
+            serde_json::json!([2, 1]),
+            "{transport}: {j}"
+        );
+        assert_eq!(
+            ups[3]["base"],
+            serde_json::json!([3, 0]),
+            "{transport}: {j}"
+        );
         assert_eq!(j["checks"]["deltas"]["ok"], true, "{transport}: {j}");
         assert_eq!(j["checks"]["fleet"]["ok"], true, "{transport}: {j}");
         assert_eq!(j["verified"], true, "{transport}: {j}");
