@@ -274,6 +274,7 @@ impl Rank {
             unreached: Vec::new(),
             lost: Default::default(),
             out: None,
+            removed: false,
         })
     }
 }

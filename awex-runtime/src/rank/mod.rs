@@ -71,6 +71,8 @@ pub struct Rank {
     /// The engine slots out of the last `update` taken from its start (free, or an added
     /// engine whose ranks have not all joined), and the work it announced.
     out: Option<(Work, Vec<u32>)>,
+    /// This rank's engine was removed from the pair (its `engine_removed` event was taken).
+    removed: bool,
     /// The event poll this rank's process keeps open while it holds its slot.
     _presence: Presence,
 }
@@ -224,6 +226,7 @@ impl Rank {
                             "awex rank: this rank's engine was removed from the pair"
                         );
                         self.disconnected = true;
+                        self.removed = true;
                         return Ok(None);
                     }
                     EventKind::EngineRemoved => {}
@@ -365,6 +368,12 @@ impl Rank {
             EventKind::EngineRemoved => self.removed_by(ev),
             EventKind::Apply | EventKind::LeftOut => false,
         })
+    }
+
+    /// Whether this rank's work ended because its engine was removed from the pair (then
+    /// [`Rank::next_work`] answers `None`, as after a disconnect).
+    pub fn engine_removed(&self) -> bool {
+        self.removed
     }
 
     /// Whether `ev` (an `engine_removed` event) removes this rank's engine.
