@@ -122,6 +122,13 @@ async fn an_engine_added_mid_run_sits_out_until_its_ranks_joined_then_catches_up
     assert!(e.to_string().contains("add the engine first"), "{e}");
     assert_eq!(run(&c, name, 1, &[0, 1]).await, UpdateState::Committed);
     assert_eq!(update_event(&c, name, 1).await.engines, vec![2]);
+    let m = c.metrics().await.unwrap();
+    for line in [
+        "awex_gateway_engines{state=\"serving\"} 2",
+        "awex_gateway_engines{state=\"absent\"} 1",
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} not in\n{m}");
+    }
 
     // added: joining; a version that starts before its ranks joined goes on without it
     let added = c.add_engine(name, None).await.unwrap();
