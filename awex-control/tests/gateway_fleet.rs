@@ -324,6 +324,21 @@ async fn commit_policy_all_refuses_engines_joining_or_leaving_and_spare_slots() 
     }
     let st = c.status("all").await.unwrap();
     assert!(st.engines.iter().all(|e| e.state == EngineState::Serving));
+    // the GPU transports leave no engine out of a version: no spare slot, no join or leave
+    let mut req = fleet("spare-nccl", 2, 1, CommitPolicy::Available);
+    req.transport = awex_control::wire::Transport::Nccl;
+    let e = c.connect(&req).await.unwrap_err();
+    assert_eq!(e.status(), Some(422), "{e}");
+    assert!(
+        e.to_string()
+            .contains("engines join and leave pairs over shm and tcp"),
+        "{e}"
+    );
+    req.inference.spare = 0;
+    c.connect(&req).await.unwrap();
+    let e = c.remove_engine("spare-nccl", 1).await.unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("over shm and tcp"), "{e}");
     let e: ClientError = c.remove_engine("nope", 0).await.unwrap_err();
     assert_eq!(e.status(), Some(404), "{e}");
 }

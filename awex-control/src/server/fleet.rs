@@ -21,9 +21,22 @@ use crate::server::store::engines::{EngineRecord, Membership};
 use crate::server::store::roster::rendezvous_slot;
 use crate::wire::{CommitPolicy, EngineChanged, EventKind, PairState};
 
+/// Why a pair over `transport` keeps its engines fixed, if it does: the GPU transports do not
+/// leave an engine out of a version (`Transport::tolerate_lost_engines`), so a free slot would
+/// fail every version.
+pub(crate) fn fixed_engines(transport: crate::wire::Transport) -> Option<String> {
+    use crate::wire::Transport;
+    match transport {
+        Transport::Shm | Transport::Tcp => None,
+        t => Some(format!(
+            "the {t} transport does not leave an engine out of a version, so an empty engine slot would fail every version; engines join and leave pairs over shm and tcp"
+        )),
+    }
+}
+
 impl PairEntry {
     /// Refuses changing the engines of a pair that cannot take it (disconnected, join failed,
-    /// commit policy `all`).
+    /// commit policy `all`, a transport that keeps its engines fixed).
     fn check_fleet_change(&self, p: &Pair, what: &str) -> Result<(), ApiError> {
         let name = &self.name;
         match p.state {
@@ -34,6 +47,11 @@ impl PairEntry {
                 )));
             }
             PairState::Joining | PairState::Ready => {}
+        }
+        if let Some(why) = fixed_engines(self.request.transport) {
+            return Err(ApiError::Conflict(format!(
+                "pair `{name}` cannot {what}: {why}"
+            )));
         }
         if self.request.options.commit.is_all() {
             return Err(ApiError::Conflict(format!(

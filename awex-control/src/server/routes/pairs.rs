@@ -281,7 +281,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     option("bucket_mib", o.bucket_mib, 1, 65_536)?;
     option("buckets", u64::from(o.buckets), 1, 64)?;
     commit_policy(o, e, urls)?;
-    spare_slots(o, e, req.inference.spare)?;
+    spare_slots(o, e, req.inference.spare, req.transport)?;
 
     let null = Value::Null;
     let tm = validate::model(
@@ -603,10 +603,20 @@ fn commit_policy(
 /// Checks the spare engine slots: fewer than the slots, and only where engines may be missing
 /// from a version (a commit policy other than `all`), with a quorum the engines present at
 /// connect can meet.
-fn spare_slots(o: &crate::wire::PairOptions, engines: u32, spare: u32) -> Result<(), ApiError> {
+fn spare_slots(
+    o: &crate::wire::PairOptions,
+    engines: u32,
+    spare: u32,
+    transport: crate::wire::Transport,
+) -> Result<(), ApiError> {
     use crate::wire::CommitPolicy;
     if spare == 0 {
         return Ok(());
+    }
+    if let Some(why) = crate::server::fleet::fixed_engines(transport) {
+        return Err(ApiError::Unprocessable(format!(
+            "inference.spare={spare} is refused: {why}"
+        )));
     }
     if spare >= engines {
         return Err(ApiError::Unprocessable(format!(
