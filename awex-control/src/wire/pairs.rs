@@ -44,7 +44,7 @@ pub struct InferenceSpec {
     pub world_size: u32,
     /// How many of the last engine slots start empty: engines added at run time
     /// (`POST /v1/pairs/{name}/engines`) take them. 0 (the default) to `engines - 1`; needs a
-    /// commit policy other than `all`.
+    /// commit policy other than `all`, and transport shm or tcp.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub spare: u32,
     /// One base URL per engine; when given, the gateway pauses generation around each update.
