@@ -1023,6 +1023,60 @@ fn plan_predicts_a_delta_update_from_a_density_and_refuses_one_outside_zero_to_o
 }
 
 #[test]
+fn simulate_with_a_joining_engine_predicts_its_full_catch_up_beside_the_others_deltas() {
+    let run = |args: &[&str]| -> Value {
+        let mut all = vec![
+            "simulate",
+            "--model",
+            "qwen3-0.6b",
+            "--train",
+            "megatron:tp=2",
+            "--topology",
+            "h200x8",
+            "--infer",
+            "sglang:tp=1,engines=8",
+            "--json",
+        ];
+        all.extend_from_slice(args);
+        let (code, out, err) = cli(&all);
+        assert_eq!(code, 0, "{all:?}: {err}");
+        serde_json::from_str(&out).expect("simulate --json prints JSON")
+    };
+    let dense = run(&[]);
+    let deltas = run(&["--delta-density", "0.03"]);
+    let joining = run(&["--delta-density", "0.03", "--joining-engines", "7"]);
+    assert_eq!(joining["joining_engines"], serde_json::json!([7]));
+    let s = |v: &Value| v["predicted_s"].as_f64().unwrap();
+    // the joining engine takes every byte while the seven others take deltas: slower than
+    // deltas to all, never slower than every engine taking every byte
+    assert!(
+        s(&joining) > s(&deltas),
+        "{} vs {}",
+        s(&joining),
+        s(&deltas)
+    );
+    assert!(s(&joining) <= s(&dense), "{} vs {}", s(&joining), s(&dense));
+    // without deltas every rank takes every byte anyway: a joining engine changes nothing
+    let dense_joining = run(&["--joining-engines", "7"]);
+    assert_eq!(s(&dense_joining), s(&dense));
+    let err = refused(&[
+        "simulate",
+        "--model",
+        "qwen3-0.6b",
+        "--infer",
+        "sglang:tp=1,engines=8",
+        "--failed-engines",
+        "3",
+        "--joining-engines",
+        "3",
+    ]);
+    assert!(
+        err.contains("engine 3 is in both --failed-engines and --joining-engines"),
+        "{err}"
+    );
+}
+
+#[test]
 fn simulate_with_a_failed_engine_predicts_the_others_as_a_smaller_fleet() {
     let run = |args: &[&str]| -> Value {
         let mut all = vec![

@@ -306,6 +306,114 @@ fn available_commits_without_a_killed_engine_which_is_behind_then_catches_up() {
 }
 
 #[test]
+fn an_engine_added_mid_run_catches_up_whole_and_then_serves() {
+    let _one = one_at_a_time();
+    for transport in ["shm", "tcp"] {
+        // engine 2's slot starts empty; the engine is added (and its rank started) just before
+        // version 3
+        let (code, j, err) = demo(&[
+            "--transport",
+            transport,
+            "--infer",
+            "sglang:tp=1,engines=3",
+            "--commit",
+            "available",
+            "--fault-add-engine",
+            "--fault-version",
+            "3",
+            "--updates",
+            "4",
+            "--deltas",
+            "--deadline-s",
+            "60",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        let ups = j["updates"].as_array().unwrap();
+        assert_eq!(ups.len(), 4, "{transport}: {j}");
+        for u in &ups[..2] {
+            // out of the versions before it was added, which committed on the others at once
+            assert_eq!(u["left_out"], serde_json::json!([2]), "{transport}: {u}");
+            assert_eq!(u["attempts"], 1, "{transport}: {u}");
+        }
+        for u in &ups[2..] {
+            // its first version and the next: it took part, every byte of it verified
+            assert!(u.get("left_out").is_none(), "{transport}: {u}");
+            assert_eq!(u["verified"], true, "{transport}: {u}");
+        }
+        // the three engines' share of the dense bytes in its first version, not two engines'
+        let (two, three) = (
+            ups[1]["dense_bytes"].as_u64().unwrap(),
+            ups[2]["dense_bytes"].as_u64().unwrap(),
+        );
+        assert_eq!(two * 3, three * 2, "{transport}: {j}");
+        // deltas: the spare slot is no exception to the base; the added engine's rank is, in
+        // its first version (every byte to it), and no more after
+        assert_eq!(
+            ups[1]["base"],
+            serde_json::json!([1, 0]),
+            "{transport}: {j}"
+        );
+        assert_eq!(
+            ups[2]["base"],
+            serde_json::json!([2, 1]),
+            "{transport}: {j}"
+        );
+        assert_eq!(
+            ups[3]["base"],
+            serde_json::json!([3, 0]),
+            "{transport}: {j}"
+        );
+        assert_eq!(j["checks"]["deltas"]["ok"], true, "{transport}: {j}");
+        assert_eq!(j["checks"]["fleet"]["ok"], true, "{transport}: {j}");
+        assert_eq!(j["verified"], true, "{transport}: {j}");
+    }
+    no_segments_left();
+}
+
+#[test]
+fn an_engine_removed_mid_update_leaves_the_others_versions_whole() {
+    let _one = one_at_a_time();
+    for transport in ["shm", "tcp"] {
+        let (code, j, err) = demo(&[
+            "--transport",
+            transport,
+            "--infer",
+            "sglang:tp=1,engines=3",
+            "--commit",
+            "quorum:2",
+            "--fault-remove-engine",
+            "1",
+            "--fault-version",
+            "2",
+            "--updates",
+            "4",
+            "--deadline-s",
+            "60",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        let ups = j["updates"].as_array().unwrap();
+        assert_eq!(ups.len(), 4, "{transport}: {j}");
+        assert!(ups[0].get("left_out").is_none(), "{transport}: {j}");
+        for u in &ups[1..] {
+            // removed while version 2 ran: that one and every later one commit at once on
+            // the two others, every byte verified there
+            assert_eq!(u["left_out"], serde_json::json!([1]), "{transport}: {u}");
+            assert_eq!(u["attempts"], 1, "{transport}: {u}");
+            assert_eq!(u["verified"], true, "{transport}: {u}");
+        }
+        // its rank processes exited cleanly on their own (no worker error), its slot is free
+        assert_eq!(
+            j["worker_errors"],
+            serde_json::json!([]),
+            "{transport}: {j}"
+        );
+        assert_eq!(j["checks"]["fleet"]["ok"], true, "{transport}: {j}");
+        assert_eq!(j["verified"], true, "{transport}: {j}");
+    }
+    no_segments_left();
+}
+
+#[test]
 fn quorum_with_two_engines_stopped_does_not_commit_and_the_retry_commits_everywhere() {
     let _one = one_at_a_time();
     // shm only: over tcp a SIGSTOPped engine's rank, once resumed, runs the attempt it missed

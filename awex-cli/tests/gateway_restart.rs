@@ -232,3 +232,170 @@ fn workers_exit_non_zero_when_a_restarted_gateway_does_not_know_their_pair() {
     }
     drop(gw);
 }
+
+/// A rank process of pair `name` (inference side `sglang:tp=1,engines=3`).
+fn fleet_worker(url: &str, name: &str, side: &str, engine: u32) -> Child {
+    Command::new(CLI)
+        .args(["worker", "--gateway", url, "--pair", name, "--side", side])
+        .args(["--engine", &engine.to_string(), "--rank", "0"])
+        .args(["--model", "qwen3-tiny", "--train", "megatron:tp=1"])
+        .args(["--infer", "sglang:tp=1,engines=3", "--transport", "shm"])
+        .args(["--bucket-mib", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// `GET {path}` on the gateway (no token): the JSON body.
+fn get(port: u16, path: &str) -> Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+#[test]
+fn real_ranks_keep_an_added_and_a_removed_engine_straight_across_gateway_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let state = state.to_str().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let name = "fleet";
+    let gw = serve(port, state);
+    let (code, _) = pair(
+        &url,
+        &[
+            "connect",
+            "--name",
+            name,
+            "--model",
+            "qwen3-tiny",
+            "--train",
+            "megatron:tp=1",
+            "--infer",
+            "sglang:tp=1,engines=3",
+            "--spare",
+            "1",
+            "--commit",
+            "available",
+            "--transport",
+            "shm",
+            "--bucket-mib",
+            "1",
+            "--update-deadline-s",
+            "20",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "connect");
+    let t = fleet_worker(&url, name, "train", 0);
+    let i0 = fleet_worker(&url, name, "infer", 0);
+    let i1 = fleet_worker(&url, name, "infer", 1);
+    wait_ready(&url, name);
+    let u = update(&url, name, 1);
+    assert_eq!(u["state"], "committed", "{u}");
+    // engine 2 is added; the gateway dies before its rank joined
+    let (code, added) = pair(&url, &["add-engine", "--name", name, "--json"]);
+    assert_eq!((code, &added["engine"]), (0, &Value::from(2)), "{added}");
+    drop(gw);
+    let gw = serve(port, state);
+    let (_, st) = pair(&url, &["status", "--name", name, "--json"]);
+    assert_eq!(st["engines"][2]["state"], "joining", "{st}");
+    let i2 = fleet_worker(&url, name, "infer", 2);
+    let start = Instant::now();
+    loop {
+        let (_, st) = pair(&url, &["status", "--name", name, "--json"]);
+        let joined = st["roster"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|x| x["side"] == "inference" && x["rank"]["engine"] == 2)
+        });
+        if joined {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "engine 2 did not join: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // its first version catches it up: every byte verified by its rank
+    let u = update(&url, name, 2);
+    assert_eq!(u["state"], "committed", "{u}");
+    assert!(
+        u.get("left_out")
+            .is_none_or(|l| l == &serde_json::json!([])),
+        "{u}"
+    );
+    // (the rank publishes its verdict after its report)
+    let start = Instant::now();
+    let verdict = loop {
+        let v = get(
+            port,
+            &format!("/v1/pairs/{name}/kv/verify.2.0?timeout_ms=5000"),
+        );
+        if v["value"]["version"] == 2 {
+            break v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no verdict: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(verdict["value"]["ok"], true, "{verdict}");
+    let (_, st) = pair(&url, &["status", "--name", name, "--json"]);
+    assert_eq!(st["engines"][2]["state"], "serving", "{st}");
+    assert_eq!(st["engines"][2]["serving_version"], 2, "{st}");
+    // version 3 is held in flight (engine 0's rank stopped); engine 1 is removed, its rank
+    // exits; the gateway dies
+    signal(&i0, libc::SIGSTOP);
+    let (code, _) = pair(&url, &["update", "--name", name, "--version", "3"]);
+    assert_eq!(code, 0);
+    let (code, removed) = pair(
+        &url,
+        &["remove-engine", "--name", name, "--engine", "1", "--json"],
+    );
+    assert_eq!(
+        (code, &removed["status"]["state"]),
+        (0, &Value::from("absent")),
+        "{removed}"
+    );
+    let (code, err) = exit_of(i1);
+    assert_eq!(code, 0, "the removed engine's rank: {err}");
+    drop(gw);
+    let gw = serve(port, state);
+    signal(&i0, libc::SIGCONT);
+    let (_, st) = pair(&url, &["status", "--name", name, "--json"]);
+    assert_eq!(st["engines"][1]["state"], "absent", "{st}");
+    assert_eq!(st["serving_version"], 2, "never committed: {st}");
+    // the retry goes to engines 0 and 2 and commits
+    let u = update(&url, name, 3);
+    assert_eq!(u["state"], "committed", "{u}");
+    assert_eq!(u["attempt"], 2, "{u}");
+    let (_, st) = pair(&url, &["status", "--name", name, "--json"]);
+    let states: Vec<(&str, u64)> = st["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["state"].as_str().unwrap(),
+                e["serving_version"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [("serving", 3), ("absent", 0), ("serving", 3)],
+        "{st}"
+    );
+    let (code, _) = pair(&url, &["disconnect", "--name", name]);
+    assert_eq!(code, 0);
+    for (side, w) in [("train", t), ("infer 0", i0), ("infer 2", i2)] {
+        let (code, err) = exit_of(w);
+        assert_eq!(code, 0, "{side} worker: {err}");
+    }
+    drop(gw);
+}

@@ -111,6 +111,7 @@ fn request(name: &str, ranks: u32) -> ConnectRequest {
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            spare: 0,
             fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", u64::from(half / 2)), ("engines", 2)]),
@@ -175,7 +176,10 @@ async fn rank(
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                EventKind::Abort | EventKind::Apply | EventKind::LeftOut => {}
+                EventKind::Abort
+                | EventKind::Apply
+                | EventKind::LeftOut
+                | EventKind::EngineRemoved => {}
                 EventKind::Disconnect => return Ok(()),
             }
         }

@@ -8,8 +8,9 @@
 //! connecting and reporting are never re-sent after they may have reached the gateway.
 
 use crate::wire::{
-    CLAIM_HEADER, ConnectRequest, EventsResponse, JoinPending, JoinRequest, JoinResponse, KvEntry,
-    KvPut, PairStatus, ReleaseSlot, Report, ReportAck, SlotReleased, StartUpdate, UpdateStatus,
+    AddEngine, CLAIM_HEADER, ConnectRequest, EngineChanged, EventsResponse, JoinPending,
+    JoinRequest, JoinResponse, KvEntry, KvPut, PairStatus, ReleaseSlot, Report, ReportAck,
+    SlotReleased, StartUpdate, UpdateStatus,
 };
 use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
@@ -377,6 +378,43 @@ impl Client {
         self.call(
             Method::DELETE,
             &["v1", "pairs", name],
+            &[],
+            None,
+            false,
+            self.timeout,
+        )
+        .await
+    }
+
+    /// `POST /v1/pairs/{name}/engines`: adds an engine to a running pair, in slot `engine` or
+    /// the lowest free one; start its ranks as `{engine, rank: 0..ranks}` of the answer.
+    pub async fn add_engine(
+        &self,
+        name: &str,
+        engine: Option<u32>,
+    ) -> Result<EngineChanged, ClientError> {
+        let body = Self::encode(&AddEngine { engine })?;
+        self.call(
+            Method::POST,
+            &["v1", "pairs", name, "engines"],
+            &[],
+            Some(body),
+            false,
+            self.timeout,
+        )
+        .await
+    }
+
+    /// `DELETE /v1/pairs/{name}/engines/{engine}`: removes an engine from the pair.
+    pub async fn remove_engine(
+        &self,
+        name: &str,
+        engine: u32,
+    ) -> Result<EngineChanged, ClientError> {
+        let e = engine.to_string();
+        self.call(
+            Method::DELETE,
+            &["v1", "pairs", name, "engines", &e],
             &[],
             None,
             false,

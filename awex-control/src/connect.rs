@@ -23,6 +23,7 @@ pub fn connect_request(
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            spare: 0,
             backend: pair.spec.infer.backend.clone(),
             parallel: pair.spec.infer.parallel.clone(),
             engines: pair.inference.engines(),

@@ -30,6 +30,7 @@ fn moe_1t(name: &str) -> ConnectRequest {
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            spare: 0,
             fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", 8)]),

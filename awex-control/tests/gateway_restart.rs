@@ -509,3 +509,156 @@ fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits
     });
     gw.kill();
 }
+
+/// Reports success of `version` (attempt `attempt`) from the training rank and the inference
+/// ranks of `engines` (one rank each) and waits for it to settle.
+async fn settle_on(
+    c: &Client,
+    name: &str,
+    version: u64,
+    attempt: u32,
+    engines: &[u32],
+) -> UpdateState {
+    c.report(name, version, &report(T.0, T.1, attempt))
+        .await
+        .unwrap();
+    for &e in engines {
+        c.report(
+            name,
+            version,
+            &report(Side::Inference, RankId::infer(e, 0), attempt),
+        )
+        .await
+        .unwrap();
+    }
+    c.wait_update(name, version, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .state
+}
+
+#[test]
+fn engines_added_and_removed_keep_their_standing_across_restarts_in_the_middle_of_each() {
+    use awex_control::wire::{CommitPolicy, EngineState};
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Gw::start(Some(dir.path()), 0);
+    let c = Client::new(&gw.url(), None).unwrap().with_retries(0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = "fleet";
+    let engine_states = |st: &awex_control::wire::PairStatus| -> Vec<(EngineState, Option<u64>)> {
+        st.engines
+            .iter()
+            .map(|e| (e.state, e.serving_version))
+            .collect()
+    };
+    rt.block_on(async {
+        let mut req = connect_request(name, 1, 3, 1);
+        req.inference.spare = 1;
+        req.options.commit = CommitPolicy::Available;
+        c.connect(&req).await.unwrap();
+        c.join_once(name, &jr(T.0, T.1), Duration::ZERO)
+            .await
+            .unwrap();
+        c.join_once(
+            name,
+            &jr(Side::Inference, RankId::infer(0, 0)),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+        c.join(name, &jr(Side::Inference, RankId::infer(1, 0)))
+            .await
+            .unwrap();
+        c.start_update(name, 1).await.unwrap();
+        assert_eq!(
+            settle_on(&c, name, 1, 1, &[0, 1]).await,
+            UpdateState::Committed
+        );
+        // added, and the gateway dies before its ranks joined
+        assert_eq!(c.add_engine(name, None).await.unwrap().engine, 2);
+    });
+    let port = gw.kill();
+    let gw = Gw::start(Some(dir.path()), port);
+    rt.block_on(async {
+        let st = c.status(name).await.unwrap();
+        assert_eq!(
+            engine_states(&st),
+            vec![
+                (EngineState::Serving, Some(1)),
+                (EngineState::Serving, Some(1)),
+                (EngineState::Joining, None)
+            ]
+        );
+        let r = c
+            .join(name, &jr(Side::Inference, RankId::infer(2, 0)))
+            .await
+            .unwrap();
+        assert_eq!(r.roster.len(), 4);
+        c.put_kv(name, "rdv.infer.1.0", json!({"transport": {"port": 1}}))
+            .await
+            .unwrap();
+        // its first version catches it up; then engine 1 is removed while version 3 runs, and
+        // the gateway dies before that version settled
+        c.start_update(name, 2).await.unwrap();
+        assert_eq!(
+            settle_on(&c, name, 2, 1, &[0, 1, 2]).await,
+            UpdateState::Committed
+        );
+        c.start_update(name, 3).await.unwrap();
+        c.report(name, 3, &report(T.0, T.1, 1)).await.unwrap();
+        let removed = c.remove_engine(name, 1).await.unwrap();
+        assert_eq!(removed.status.state, EngineState::Absent);
+    });
+    let port = gw.kill();
+    let gw = Gw::start(Some(dir.path()), port);
+    rt.block_on(async {
+        // the version in flight failed (never committed), the removal holds: slot, roster
+        // entry and rendezvous value gone
+        let u = c.update_status(name, 3).await.unwrap();
+        assert_eq!(u.state, UpdateState::Failed);
+        let st = c.status(name).await.unwrap();
+        assert_eq!(st.serving_version, Some(2));
+        assert_eq!(
+            engine_states(&st),
+            vec![
+                (EngineState::Torn, Some(2)),
+                (EngineState::Absent, None),
+                (EngineState::Torn, Some(2))
+            ]
+        );
+        assert!(
+            !st.roster
+                .iter()
+                .any(|r| r.side == Side::Inference && r.rank.engine == 1)
+        );
+        let e = c
+            .get_kv(name, "rdv.infer.1.0", Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(404), "{e}");
+        // the retry goes to the two engines left, and commits on them
+        c.start_update(name, 3).await.unwrap();
+        let ev = c.events(name, 0, Duration::ZERO).await.unwrap().events;
+        let last = ev
+            .iter()
+            .rev()
+            .find(|e| e.kind == EventKind::Update)
+            .unwrap();
+        assert_eq!((last.version, last.attempt), (Some(3), Some(2)));
+        assert_eq!(last.engines, vec![1]);
+        assert_eq!(
+            settle_on(&c, name, 3, 2, &[0, 2]).await,
+            UpdateState::Committed
+        );
+        let st = c.status(name).await.unwrap();
+        assert_eq!(
+            engine_states(&st),
+            vec![
+                (EngineState::Serving, Some(3)),
+                (EngineState::Absent, None),
+                (EngineState::Serving, Some(3))
+            ]
+        );
+    });
+    gw.kill();
+}

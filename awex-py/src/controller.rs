@@ -80,7 +80,7 @@ impl Controller {
     #[pyo3(signature = (pair, train, infer, *, model=None, model_json=None, transport="shm",
         urls=None, checksums=false, bucket_mib=64, join_deadline_s=60.0, update_deadline_s=120.0,
         atomic=false, commit="all", infer_quant=None, infer_config_json=None, infer_config_what=None,
-        fp8_block=None, fp8_recipe=None, deltas=false, check_finite=false))]
+        fp8_block=None, fp8_recipe=None, deltas=false, check_finite=false, spare=0))]
     #[allow(clippy::too_many_arguments)]
     fn connect<'py>(
         &self,
@@ -105,6 +105,7 @@ impl Controller {
         fp8_recipe: Option<String>,
         deltas: bool,
         check_finite: bool,
+        spare: u32,
     ) -> PyResult<Bound<'py, PyAny>> {
         let model = match (model, model_json) {
             (Some(m), None) => ModelArg::Resolve(m),
@@ -157,7 +158,8 @@ impl Controller {
             commit: CommitPolicy::parse(commit).map_err(|e| Fail::Value(format!("commit: {e}")))?,
             ..PairOptions::default()
         };
-        let req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);
+        let mut req = connect_request(&pair, &resolved, urls.unwrap_or_default(), options);
+        req.inference.spare = spare;
         // the gateway stores both sides' models from the request (under `model_key`) before
         // it answers, so ranks need not be told the model
         let client = self.client.clone();
@@ -171,6 +173,49 @@ impl Controller {
         .map_err(Fail::from)?;
         *self.pair.lock().unwrap_or_else(|e| e.into_inner()) = Some(pair);
         Ok(to_py(py, &status)?)
+    }
+
+    /// Adds an engine to the running pair (`POST /v1/pairs/{name}/engines`), in slot `engine`
+    /// or the lowest free one; the answer names the slot its ranks join as.
+    #[pyo3(signature = (engine=None, pair=None))]
+    fn add_engine<'py>(
+        &self,
+        py: Python<'py>,
+        engine: Option<u32>,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let client = self.client.clone();
+        let r = wait(
+            py,
+            &self.rt,
+            "adding an engine",
+            Some(Duration::from_secs(60)),
+            async move { client.add_engine(&pair, engine).await },
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &r)?)
+    }
+
+    /// Removes engine `engine` from the pair (`DELETE /v1/pairs/{name}/engines/{engine}`).
+    #[pyo3(signature = (engine, pair=None))]
+    fn remove_engine<'py>(
+        &self,
+        py: Python<'py>,
+        engine: u32,
+        pair: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pair = self.pair_name(pair)?;
+        let client = self.client.clone();
+        let r = wait(
+            py,
+            &self.rt,
+            "removing an engine",
+            Some(Duration::from_secs(60)),
+            async move { client.remove_engine(&pair, engine).await },
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &r)?)
     }
 
     /// The pair's status document (`GET /v1/pairs/{name}/status`).

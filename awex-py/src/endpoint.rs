@@ -576,10 +576,14 @@ impl Endpoint {
                     }
                 };
                 let Some(w) = next else {
-                    return Err(Fail::Disconnected(format!(
-                        "pair `{pair}` was disconnected while {who} waited for an update"
-                    ))
-                    .into());
+                    let message = if j.rank.engine_removed() {
+                        format!(
+                            "this rank's engine was removed from pair `{pair}` while {who} waited for an update; its slot is free (add the engine again to take part)"
+                        )
+                    } else {
+                        format!("pair `{pair}` was disconnected while {who} waited for an update")
+                    };
+                    return Err(Fail::Disconnected(message).into());
                 };
                 match version {
                     Some(v) if w.version < v => continue,

@@ -483,3 +483,42 @@ def test_readers_that_hold_what_they_received_take_deltas_and_the_others_every_b
     finally:
         p.close()
     assert shm_segments(pair_name) == []
+
+
+def test_a_reader_whose_engine_is_removed_stops_and_the_other_engine_takes_the_next_version(gateway, pair_name):
+    import threading
+
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1,engines=2", "shm", commit="available")
+    try:
+        for x in p.all():
+            x.register({t["name"]: np.zeros(t["shape"], np.float32) for t in x.layout()})
+        p.join()
+        assert all(r["state"] == "committed" for r in p.update(1))
+        gone = p.readers[1]
+        out: dict[str, Any] = {}
+
+        def waiting() -> None:
+            try:
+                out["result"] = gone.update(timeout=60)
+            except Exception as e:
+                out["error"] = e
+
+        t = threading.Thread(target=waiting)
+        t.start()
+        assert p.ctl.remove_engine(1)["status"]["state"] == "absent"
+        t.join(30)
+        assert not t.is_alive()
+        assert isinstance(out.get("error"), awex.Disconnected), out
+        assert "this rank's engine was removed from pair" in str(out["error"])
+        # the others' next version: the same plan, without engine 1
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            futures = [ex.submit(x.update, 2, timeout=60) for x in (p.writers[0], p.readers[0])]
+            st = p.ctl.update(2, timeout=60)
+            assert [f.result(timeout=60)["state"] for f in futures] == ["committed", "committed"]
+        assert [e["engine"] for e in st["left_out"]] == [1], st
+        engines = p.ctl.status()["engines"]
+        assert [(e["state"], e["serving_version"]) for e in engines] == [("serving", 2), ("absent", None)]
+    finally:
+        p.close()

@@ -61,13 +61,7 @@ enum Kind {
 }
 
 /// Runs `versions` updates between all ranks; returns each receiver's result of the last one.
-fn run(
-    kind: Kind,
-    train_dtype: DType,
-    checksums: bool,
-    corrupt: bool,
-    versions: u64,
-) -> Results {
+fn run(kind: Kind, train_dtype: DType, checksums: bool, corrupt: bool, versions: u64) -> Results {
     let w = Weights::Synthetic;
     run_with(
         kind,

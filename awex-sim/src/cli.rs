@@ -74,6 +74,11 @@ pub struct Args {
     /// stopped engines): their ranks get nothing, and the others' update is predicted alone.
     #[arg(long, value_delimiter = ',')]
     pub failed_engines: Vec<u32>,
+    /// Engines that joined the pair since the last update (added at run time, or restarted):
+    /// they hold no version, so their ranks take every byte of this update (a full catch-up)
+    /// while the others take what `--delta-density` says.
+    #[arg(long, value_delimiter = ',')]
+    pub joining_engines: Vec<u32>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
@@ -178,16 +183,38 @@ pub fn report_with(a: &Args, fp8: Option<InferFp8>) -> anyhow::Result<crate::rep
         training: ts.to_string(),
         inference: is.to_string(),
     };
-    let mut r = if a.failed_engines.is_empty() {
-        simulate(&pair, &names, &topo, &opts)?
-    } else {
-        let engines = inference.engines();
-        if let Some(e) = a.failed_engines.iter().find(|&&e| e >= engines) {
+    let engines = inference.engines();
+    for (flag, list) in [
+        ("--failed-engines", &a.failed_engines),
+        ("--joining-engines", &a.joining_engines),
+    ] {
+        if let Some(e) = list.iter().find(|&&e| e >= engines) {
             anyhow::bail!(
-                "--failed-engines names engine {e}, but `{}` has engines 0..{engines}",
+                "{flag} names engine {e}, but `{}` has engines 0..{engines}",
                 a.infer
             );
         }
+    }
+    if let Some(e) = a
+        .joining_engines
+        .iter()
+        .find(|e| a.failed_engines.contains(e))
+    {
+        anyhow::bail!(
+            "engine {e} is in both --failed-engines and --joining-engines; an engine left out of the update takes no part in it"
+        );
+    }
+    let opts = Options {
+        dense_ranks: inference
+            .ranks()
+            .iter()
+            .map(|r| a.joining_engines.contains(&r.engine))
+            .collect(),
+        ..opts
+    };
+    let mut r = if a.failed_engines.is_empty() {
+        simulate(&pair, &names, &topo, &opts)?
+    } else {
         topo.check()?;
         let mut plans = crate::exec::plan_all(&pair, opts.threads)?;
         let ranks = plans.inference.clone();
@@ -198,6 +225,7 @@ pub fn report_with(a: &Args, fp8: Option<InferFp8>) -> anyhow::Result<crate::rep
         r.failed_engines = a.failed_engines.clone();
         r
     };
+    r.joining_engines = a.joining_engines.clone();
     if let (Some(f), Some(name)) = (&mut r.fp8, fp8_name) {
         f.encoding = name;
     }

@@ -59,6 +59,21 @@ pub struct Options {
     /// fraction at a density (`awex_core::encoding::delta::expected_fraction`); the buckets
     /// and their steps stay those of the plan, each carrying fewer bytes.
     pub wire_scale: f64,
+    /// Per inference rank (by index): it takes every byte whatever `wire_scale` says (a rank of
+    /// an engine that joined the pair and holds no version yet: its first update is dense).
+    /// Empty: none does.
+    pub dense_ranks: Vec<bool>,
+}
+
+impl Options {
+    /// Bytes on the wire per planned byte to inference rank `i`.
+    pub fn scale_to(&self, i: usize) -> f64 {
+        if self.dense_ranks.get(i).copied().unwrap_or(false) {
+            1.0
+        } else {
+            self.wire_scale
+        }
+    }
 }
 
 /// How a simulated cuda-ipc receiver takes its peers' copies.
@@ -113,6 +128,7 @@ impl Default for Options {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             peers: PeerOrder::default(),
             wire_scale: 1.0,
+            dense_ranks: Vec::new(),
         }
     }
 }
@@ -489,7 +505,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     let f = g.add(
                         Kind::Flow {
                             links: path,
-                            bytes: bytes as f64 * opts.wire_scale,
+                            bytes: bytes as f64 * opts.scale_to(i),
                         },
                         &[rt[t].lat[j], ri[i].lat[j]],
                     );
@@ -568,7 +584,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                         let f = g.add(
                             Kind::Flow {
                                 links: path,
-                                bytes: piece as f64 * opts.wire_scale,
+                                bytes: piece as f64 * opts.scale_to(i),
                             },
                             &deps,
                         );
@@ -616,7 +632,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     let f = g.add(
                         Kind::Flow {
                             links: path,
-                            bytes: p.bytes as f64 * opts.wire_scale,
+                            bytes: p.bytes as f64 * opts.scale_to(i),
                         },
                         &[lat_d],
                     );

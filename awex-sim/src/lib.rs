@@ -131,6 +131,7 @@ pub fn simulate_plans(
     let control_s = topo.control_ms * 1e-3;
     Ok(Report {
         failed_engines: Vec::new(),
+        joining_engines: Vec::new(),
         model: names.model.clone(),
         training: names.training.clone(),
         inference: names.inference.clone(),

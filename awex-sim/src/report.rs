@@ -68,6 +68,9 @@ pub struct Report {
     /// Engines left out of the update (`--failed-engines`): their ranks got nothing.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_engines: Vec<u32>,
+    /// Engines joining (`--joining-engines`): their ranks took every byte (a full catch-up).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub joining_engines: Vec<u32>,
     /// Training spec.
     pub training: String,
     /// Inference spec.
@@ -354,6 +357,13 @@ impl Report {
                 o,
                 "left out     engines {:?} (failed: their ranks get nothing)",
                 self.failed_engines
+            );
+        }
+        if !self.joining_engines.is_empty() {
+            let _ = writeln!(
+                o,
+                "joining      engines {:?} (they hold no version: their ranks get every byte)",
+                self.joining_engines
             );
         }
         let _ = writeln!(

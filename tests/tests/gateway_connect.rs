@@ -32,6 +32,7 @@ fn request(train: &str, train_parallel: &[(&str, u64)], world: u32) -> ConnectRe
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            spare: 0,
             fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", 2)]),

@@ -47,8 +47,42 @@ enum PairCommand {
     /// process, one lost while the gateway was down): the next process that joins the slot
     /// takes it over, and a version announced to the old holder fails.
     Release(ReleaseArgs),
+    /// Add an engine to a running pair, in a free engine slot (a spare one, or one whose engine
+    /// was removed); then start its ranks as inference ranks {engine, 0..}. It takes part in the
+    /// first update that starts once they all joined, which moves every byte to it. Needs
+    /// --commit quorum:K or available.
+    AddEngine(AddEngineArgs),
+    /// Remove an engine from a running pair: an update under way goes on without it, its ranks
+    /// are told to stop and exit, their slots are freed. Needs --commit quorum:K or available.
+    RemoveEngine(RemoveEngineArgs),
     /// Disconnect a pair; its ranks tear down their transports.
     Disconnect(NameArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AddEngineArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+    /// The engine slot to fill; default: the lowest free one.
+    #[arg(long)]
+    engine: Option<u32>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct RemoveEngineArgs {
+    /// Pair name.
+    #[arg(long)]
+    name: String,
+    /// The engine slot to free (as `pair status` lists them).
+    #[arg(long)]
+    engine: u32,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -149,6 +183,12 @@ struct ConnectArgs {
     /// update (docs/gateway.md, "Engines and commit policies").
     #[arg(long, default_value = "all")]
     commit: CommitPolicy,
+    /// How many of the last engines of --infer start out of the pair: their slots wait for
+    /// engines added at run time (`pair add-engine`). Every rank plans against every slot of
+    /// --infer (start all ranks with the same --infer), so no plan changes when an engine joins
+    /// or leaves. Needs --commit quorum:K or available.
+    #[arg(long, default_value_t = 0)]
+    spare: u32,
     /// Time for every rank to join, in seconds (1 to 3600).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
     join_deadline_s: u64,
@@ -227,6 +267,7 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
     };
     let train_world = world(Side::Training, a.train_world, train_layout.world_size())?;
     let infer_world = world(Side::Inference, a.infer_world, infer_layout.world_size())?;
+    let engines = infer_layout.engines();
     Ok(ConnectRequest {
         name: a.name.clone(),
         training: TrainingSpec {
@@ -237,10 +278,11 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
             model: train_model,
         },
         inference: InferenceSpec {
+            spare: a.spare,
             fp8: a.quant.resolve(&infer_model)?,
             backend: a.infer.backend.clone(),
             parallel: a.infer.parallel.clone(),
-            engines: infer_layout.engines(),
+            engines,
             world_size: infer_world,
             urls: a.urls.clone(),
             catalogue: Catalogue::of(&infer_model).summary(),
@@ -522,6 +564,34 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     r.holder_pid
                         .map_or_else(|| "unknown".to_string(), |p| p.to_string())
                 );
+                Ok(ExitCode::SUCCESS)
+            }
+            PairCommand::AddEngine(a) => {
+                let r = client.add_engine(&a.name, a.engine).await?;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    println!(
+                        "pair {}: engine {} added ({}); start its ranks as inference ranks {{engine: {}, rank: 0..{}}}: it takes part in the first update after they all joined",
+                        r.pair,
+                        r.engine,
+                        r.status.state.as_str(),
+                        r.engine,
+                        r.ranks
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            PairCommand::RemoveEngine(a) => {
+                let r = client.remove_engine(&a.name, a.engine).await?;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                } else {
+                    println!(
+                        "pair {}: engine {} removed; its ranks are told to stop, its slot is free",
+                        r.pair, r.engine
+                    );
+                }
                 Ok(ExitCode::SUCCESS)
             }
             PairCommand::Disconnect(a) => {

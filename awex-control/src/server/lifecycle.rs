@@ -209,6 +209,8 @@ impl PairEntry {
         }
         let deadline = Duration::from_millis(self.request.options.update_deadline_ms);
         let pending = self.engines.is_some();
+        // an added engine whose ranks all joined takes part from this version on
+        self.admit_joined_engines(&mut p);
         // what the last attempt left each inference rank holding (before its record is replaced)
         let held = self
             .request
@@ -217,6 +219,7 @@ impl PairEntry {
             .then(|| p.updates.latest().map(|u| self.held_after(u)))
             .flatten();
         tracing::info!(pair = %name, version, attempt, "update started");
+        let out = self.out_from_start(&p);
         let (gone, trimmed) = p.updates.insert(Update {
             version,
             attempt,
@@ -243,7 +246,7 @@ impl PairEntry {
             applying: false,
             applied: 0,
             resuming: false,
-            left_out: vec![None; self.slots.engines as usize],
+            left_out: out,
         });
         for v in gone {
             p.changed(Op::Update(v));
@@ -538,6 +541,9 @@ impl PairEntry {
         let now = unix_ms();
         let left_out = u.left_out.clone();
         for (e, rec) in p.engines.iter_mut().enumerate() {
+            if !rec.takes_part() {
+                continue;
+            }
             let why = left_out
                 .get(e)
                 .cloned()
@@ -658,6 +664,10 @@ impl PairEntry {
         // pairs commit across every engine: policies other than `all` are refused with them)
         let wrote = self.request.options.apply == ApplyMode::InPlace;
         for (e, rec) in p.engines.iter_mut().enumerate() {
+            // a free slot, or an added engine still joining, took no part: nothing changes
+            if !rec.takes_part() {
+                continue;
+            }
             match left_out.get(e).cloned().flatten() {
                 None => rec.applied(version),
                 Some(why) => {
@@ -792,6 +802,7 @@ impl PairEntry {
             .iter()
             .map(|s| s.as_ref().is_some_and(|j| j.live()))
             .collect();
+        let members: Vec<bool> = p.engines.iter().map(|r| r.takes_part()).collect();
         let Some(u) = p.updates.attempt_mut(version, attempt) else {
             return;
         };
@@ -808,6 +819,10 @@ impl PairEntry {
             let deadline = ms(u.deadline);
             let mut touched = Vec::new();
             for e in 0..self.slots.engines {
+                // a slot out of the version from its start has no rank that should report
+                if !members.get(e as usize).copied().unwrap_or(true) {
+                    continue;
+                }
                 let silent: Vec<usize> = self
                     .engine_slots(e)
                     .filter(|&i| u.ranks.get(i).is_some_and(|r| r.state.is_none()))
@@ -957,14 +972,14 @@ impl EngineEvents for PairEntry {
 
 impl PairEntry {
     /// The slots of engine `e`'s ranks.
-    fn engine_slots(&self, e: u32) -> std::ops::Range<usize> {
+    pub(crate) fn engine_slots(&self, e: u32) -> std::ops::Range<usize> {
         let per = self.slots.per_engine as usize;
         let first = self.slots.train as usize + e as usize * per;
         first..first + per
     }
 
     /// The engine of an inference slot (`None`: a training slot).
-    fn engine_of(&self, slot: usize) -> Option<u32> {
+    pub(crate) fn engine_of(&self, slot: usize) -> Option<u32> {
         let (side, rank) = self.slots.rank(slot);
         (side == awex_core::layout::Side::Inference).then_some(rank.engine)
     }
@@ -981,7 +996,7 @@ impl PairEntry {
 
     /// Engine `engine` failed the running attempt (`why`): with commit policy `all` the version
     /// fails; otherwise the engine is left out of it, and the version settles if it can.
-    fn engine_failed(&self, p: &mut Pair, engine: u32, why: String) {
+    pub(crate) fn engine_failed(&self, p: &mut Pair, engine: u32, why: String) {
         if self.request.options.commit.is_all() {
             self.fail(p, why);
             return;
@@ -1062,8 +1077,48 @@ impl PairEntry {
         self.commit(p);
     }
 
+    /// Makes every added engine whose ranks all joined a member (as a version starts: an
+    /// engine joins the versions that start after it is whole, never one under way).
+    fn admit_joined_engines(&self, p: &mut Pair) {
+        use crate::server::store::engines::Membership;
+        let mut changed = false;
+        for e in 0..self.slots.engines {
+            let joining = p
+                .engines
+                .get(e as usize)
+                .is_some_and(|r| r.member == Membership::Joining);
+            if joining && self.engine_slots(e).all(|i| p.roster.slots[i].is_some()) {
+                tracing::info!(pair = %self.name, engine = e, "added engine's ranks joined: it takes part from this version on");
+                if let Some(r) = p.engines.get_mut(e as usize) {
+                    r.member = Membership::Member;
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            p.changed(Op::State);
+        }
+    }
+
+    /// Per engine slot, why it is out of a version from its start: a free slot, or an added
+    /// engine whose ranks have not all joined (`None`: it takes part).
+    fn out_from_start(&self, p: &Pair) -> Vec<Option<String>> {
+        use crate::server::store::engines::Membership;
+        p.engines
+            .iter()
+            .map(|r| match r.member {
+                Membership::Member => None,
+                Membership::Joining => Some(
+                    "the engine was added and its ranks have not all joined yet; it takes part in the first update after they did".to_string(),
+                ),
+                Membership::Absent => Some("the engine slot is free".to_string()),
+            })
+            .collect()
+    }
+
     /// Announces `version`/`attempt` to the ranks (`update` event), with deltas on naming the
-    /// version the inference ranks hold ([`PairEntry::delta_base`]), also kept in its status.
+    /// version the inference ranks hold ([`PairEntry::delta_base`]), also kept in its status,
+    /// and naming the engine slots out of it from its start.
     fn publish_update(&self, p: &mut Pair, version: u64, attempt: u32) {
         let base = if self.request.options.deltas {
             self.delta_base(p, version)
@@ -1073,9 +1128,19 @@ impl PairEntry {
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
             u.base = base.clone();
         }
+        let out: Vec<u32> = p
+            .updates
+            .attempt_mut(version, attempt)
+            .map(|u| {
+                (0..u.left_out.len() as u32)
+                    .filter(|&e| u.left_out[e as usize].is_some())
+                    .collect()
+            })
+            .unwrap_or_default();
         self.publish(p, EventKind::Update, Some(version), Some(attempt), None);
         if let Some(ev) = p.events.events.back_mut() {
             ev.base = base;
+            ev.engines = out;
         }
     }
 
@@ -1117,7 +1182,8 @@ impl PairEntry {
         let mut except = Vec::new();
         let mut holders = 0usize;
         for i in 0..self.slots.total() {
-            if self.slots.is_training(i) {
+            // (a slot out of the version from its start takes nothing: it is not listed)
+            if !self.waits_for(p, i) || self.slots.is_training(i) {
                 continue;
             }
             let same = held
@@ -1194,6 +1260,7 @@ mod tests {
                 catalogue: summary.clone(),
             },
             inference: InferenceSpec {
+                spare: 0,
                 fp8: None,
                 backend: "sglang".into(),
                 parallel: ParallelConfig::default(),

@@ -17,6 +17,7 @@
 //! 4. `polls` (the per-pair bound on long-polls), `state`: the gateway and every pair's entry;
 //! 5. `lifecycle`: the update state machine on a pair's entry (start, reports, fail, settle,
 //!    commit, the deadline, the engines' session), answering typed refusals (`UpdateError`);
+//!    `fleet`: engines added to and removed from a running pair, on the same entry;
 //! 6. `extract` (JSON, path and query extractors whose rejections become errors), `auth`
 //!    (bearer token, constant-time compare);
 //! 7. `routes`: one file per resource, thin handlers that parse, authorise, call the state and
@@ -25,6 +26,7 @@
 //! | file | routes |
 //! | --- | --- |
 //! | `routes/pairs` | `POST /v1/pairs`, `GET /v1/pairs/{name}/status`, `POST .../resume`, `DELETE /v1/pairs/{name}` |
+//! | `routes/engines` | `POST /v1/pairs/{name}/engines`, `DELETE /v1/pairs/{name}/engines/{engine}` |
 //! | `routes/ranks` | `POST /v1/pairs/{name}/ranks` (join, long-poll) |
 //! | `routes/kv` | `PUT`/`GET /v1/pairs/{name}/kv/{key}` (rendezvous values) |
 //! | `routes/updates` | `POST /v1/pairs/{name}/updates`, `GET .../updates/{version}`, `POST .../updates/{version}/report` |
@@ -40,6 +42,7 @@ mod config;
 mod engine;
 mod error;
 mod extract;
+mod fleet;
 mod lifecycle;
 mod listener;
 mod polls;
@@ -55,7 +58,7 @@ pub use error::ApiError;
 pub use routes::openapi::DOCUMENT as OPENAPI_DOCUMENT;
 pub use store::disk::StoreError;
 
-use routes::{events, kv, metrics, openapi, pairs, ranks, updates};
+use routes::{engines, events, kv, metrics, openapi, pairs, ranks, updates};
 use state::{AppState, Gateway};
 
 use axum::Router;
@@ -133,6 +136,18 @@ pub(crate) fn route_table() -> Vec<(RouteSpec, MethodRouter<AppState>)> {
             "/v1/pairs/{name}/resume",
             Token,
             pairs::resume,
+        ),
+        route(
+            Method::POST,
+            "/v1/pairs/{name}/engines",
+            Token,
+            engines::add,
+        ),
+        route(
+            Method::DELETE,
+            "/v1/pairs/{name}/engines/{engine}",
+            Token,
+            engines::remove,
         ),
         route(Method::POST, "/v1/pairs/{name}/ranks", Token, ranks::join),
         route(

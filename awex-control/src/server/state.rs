@@ -228,6 +228,10 @@ impl PairEntry {
                     }),
                 )),
                 Op::Roster(slot) => {
+                    if let Some(None) = p.roster.slots.get(slot) {
+                        // emptied: its engine left the pair
+                        out.push(Write::DeleteRoster(n(), slot as u64));
+                    }
                     if let Some(Some(j)) = p.roster.slots.get(slot) {
                         out.push(Write::Roster(
                             n(),
@@ -240,6 +244,9 @@ impl PairEntry {
                     }
                 }
                 Op::Kv(key) => {
+                    if !p.kv.values.contains_key(&key) {
+                        out.push(Write::DeleteKv(n(), key.clone()));
+                    }
                     if let Some((v, rev)) = p.kv.values.get(&key) {
                         out.push(Write::Kv(
                             n(),
@@ -353,7 +360,10 @@ impl PairEntry {
         if p.state != PairState::Joining || Instant::now() < self.join_deadline {
             return;
         }
-        let missing = p.roster.describe_missing(&self.slots);
+        // (free engine slots, and added engines still joining, are not waited for)
+        let missing = p
+            .roster
+            .describe_missing(&self.slots, |i| self.waits_for(&p, i));
         tracing::warn!(pair = %self.name, missing = %missing, "join deadline passed; pair join_failed");
         p.state = PairState::JoinFailed;
         p.join_error = Some(format!(

@@ -20,6 +20,9 @@ pub enum EventKind {
     /// `version` and are left out of it (`reason` says why); training ranks stop sending to
     /// them and no longer wait for them, the version goes on for the others.
     LeftOut,
+    /// The `engines` were removed from the pair: their ranks stop (their slots are free), the
+    /// other ranks forget them as peers.
+    EngineRemoved,
 }
 
 /// One event of a pair.
@@ -42,7 +45,9 @@ pub struct Event {
     /// deltas may be taken against; absent when none does (the update moves every byte).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<DeltaBase>,
-    /// The engines left out (`left_out`).
+    /// The engines left out (`left_out`); the engines removed (`engine_removed`); on `update`,
+    /// the engine slots out of the version from its start (free, or waiting for an added
+    /// engine's ranks): training ranks send them nothing and wait for none of their ranks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<u32>,
 }

@@ -12,8 +12,8 @@ pub use events::{DeltaBase, Event, EventKind, EventsResponse};
 pub use kv::{KvEntry, KvPut, model_key};
 pub use options::{ApplyMode, CommitPolicy, PairOptions};
 pub use pairs::{
-    ConnectRequest, EngineState, EngineStatus, InferenceSpec, PairState, PairStatus, Resume,
-    SideStatus, TrainingSpec, Transport,
+    AddEngine, ConnectRequest, EngineChanged, EngineState, EngineStatus, InferenceSpec, PairState,
+    PairStatus, Resume, SideStatus, TrainingSpec, Transport,
 };
 pub use ranks::{
     CAP_ATOMIC_APPLY, CLAIM_HEADER, JoinPending, JoinRequest, JoinResponse, PairSecretHex,

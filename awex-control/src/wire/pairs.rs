@@ -36,10 +36,17 @@ pub struct InferenceSpec {
     /// Parallel config of one engine.
     #[serde(default)]
     pub parallel: ParallelConfig,
-    /// Number of engines (replicas).
+    /// Number of engine slots (replicas), spare ones included: the ranks of every slot plan
+    /// against all of them, so an engine that joins or leaves later changes no other
+    /// engine's plan.
     pub engines: u32,
-    /// Ranks of all engines together (`engines` x ranks per engine).
+    /// Ranks of all engine slots together (`engines` x ranks per engine).
     pub world_size: u32,
+    /// How many of the last engine slots start empty: engines added at run time
+    /// (`POST /v1/pairs/{name}/engines`) take them. 0 (the default) to `engines - 1`; needs a
+    /// commit policy other than `all`, and transport shm or tcp.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spare: u32,
     /// One base URL per engine; when given, the gateway pauses generation around each update.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub urls: Vec<String>,
@@ -51,6 +58,10 @@ pub struct InferenceSpec {
     /// absent for engines that store what the trainer holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8: Option<InferFp8>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// `POST /v1/pairs` body: a training job and inference engines to pair.
@@ -196,7 +207,7 @@ pub struct PairStatus {
 pub struct EngineStatus {
     /// The engine index (its ranks are `{engine, rank: 0..}`).
     pub engine: u32,
-    /// `serving`, `behind`, `torn` or `catching_up`.
+    /// `serving`, `behind`, `torn`, `catching_up`, `joining` or `absent`.
     pub state: EngineState,
     /// The last committed version this engine applied whole: what it serves (null before the
     /// first commit). Never a version it holds only partly.
@@ -232,15 +243,22 @@ pub enum EngineState {
     Torn,
     /// It is behind and the running update brings it to the new version.
     CatchingUp,
+    /// It was added at run time and waits for its ranks to join; it takes part in the first
+    /// update that starts once they all joined (a full one: it holds no version).
+    Joining,
+    /// Its slot is free (a spare slot, or the engine was removed): no version goes to it.
+    Absent,
 }
 
 impl EngineState {
     /// Every state, in the order `/metrics` lists them.
-    pub const ALL: [EngineState; 4] = [
+    pub const ALL: [EngineState; 6] = [
         EngineState::Serving,
         EngineState::Behind,
         EngineState::Torn,
         EngineState::CatchingUp,
+        EngineState::Joining,
+        EngineState::Absent,
     ];
 
     /// The wire name (`catching_up`).
@@ -250,6 +268,8 @@ impl EngineState {
             EngineState::Behind => "behind",
             EngineState::Torn => "torn",
             EngineState::CatchingUp => "catching_up",
+            EngineState::Joining => "joining",
+            EngineState::Absent => "absent",
         }
     }
 }
@@ -260,4 +280,26 @@ impl EngineState {
 pub struct Resume {
     /// Resume even though the last failed version left the weights partially written.
     pub accept_torn: bool,
+}
+
+/// `POST /v1/pairs/{name}/engines` body: add an engine to a running pair, in a free engine slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AddEngine {
+    /// The slot to fill; absent: the lowest free one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<u32>,
+}
+
+/// Answer of `POST /v1/pairs/{name}/engines` and `DELETE /v1/pairs/{name}/engines/{engine}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineChanged {
+    /// Pair name.
+    pub pair: String,
+    /// The engine's slot: start its ranks as `{engine, rank: 0..ranks}` (after an add).
+    pub engine: u32,
+    /// Ranks per engine.
+    pub ranks: u32,
+    /// Where the engine stands now (`joining` after an add, `absent` after a remove).
+    pub status: EngineStatus,
 }

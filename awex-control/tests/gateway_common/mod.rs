@@ -33,6 +33,7 @@ pub fn connect_request(name: &str, train: u32, engines: u32, per_engine: u32) ->
             catalogue: summary.clone(),
         },
         inference: InferenceSpec {
+            spare: 0,
             fp8: None,
             backend: "sglang".into(),
             parallel: ParallelConfig::from_pairs([("tp", u64::from(per_engine))]),
@@ -273,6 +274,7 @@ pub async fn rank(
                 }
                 EventKind::Abort => log.push(format!("abort {v}/{a}")),
                 EventKind::LeftOut => log.push(format!("left_out {v}/{a} {:?}", e.engines)),
+                EventKind::EngineRemoved => log.push(format!("engine_removed {:?}", e.engines)),
                 EventKind::Disconnect => {
                     log.push("disconnect".into());
                     return Ok(log);

@@ -43,6 +43,7 @@ class Controller:
         fp8_recipe: str | None = None,
         deltas: bool = False,
         check_finite: bool = False,
+        spare: int = 0,
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
@@ -73,7 +74,12 @@ class Controller:
         ``check_finite``: before an update moves anything, each training rank reads every
         tensor it sends for infinity and NaN and fails the update naming the tensor and
         element (one read of its shard per update; shm and tcp). FP8 pairs check their
-        quantised tensors without it. Returns the pair's status."""
+        quantised tensors without it.
+
+        ``spare``: how many of the last engines of ``infer`` start out of the pair; their
+        slots wait for engines added at run time (``add_engine``). Every rank plans against
+        every slot, so no plan changes when an engine joins or leaves; needs ``commit`` other
+        than ``"all"``. Returns the pair's status."""
         return self._c.connect(
             pair,
             train,
@@ -88,6 +94,7 @@ class Controller:
             deltas=deltas,
             check_finite=check_finite,
             commit=commit,
+            spare=spare,
             **fp8_args(infer_quant, infer_config, fp8_block, fp8_recipe),
             **model_args(model),
         )
@@ -110,6 +117,22 @@ class Controller:
     def wait_update(self, version: int, timeout: float = 600.0, pair: str | None = None) -> dict[str, Any]:
         """Waits for a started ``version`` as ``update`` does."""
         return self._c.wait_update(version, timeout, pair)
+
+    def add_engine(self, engine: int | None = None, pair: str | None = None) -> dict[str, Any]:
+        """Adds an engine to the running pair, in slot ``engine`` or the lowest free one (a
+        spare slot, or one whose engine was removed). Returns ``{"pair", "engine", "ranks",
+        "status"}``: start the engine's ranks as inference ranks ``(engine, 0..ranks)``. Its
+        status is ``"joining"`` until they all joined; it takes part in the first update that
+        starts after that, which moves every byte to it, and is ``"serving"`` once that version
+        committed. Needs a commit policy other than ``"all"``."""
+        return self._c.add_engine(engine, pair)
+
+    def remove_engine(self, engine: int, pair: str | None = None) -> dict[str, Any]:
+        """Removes engine ``engine`` from the pair: an update under way goes on without it,
+        its ranks are told to stop (their ``update`` raises ``awex.Disconnected``) and their
+        slots are freed; the other engines' plans do not change. Refused when the engines left
+        could not meet the commit policy. Returns ``{"pair", "engine", "ranks", "status"}``."""
+        return self._c.remove_engine(engine, pair)
 
     def status(self, pair: str | None = None) -> dict[str, Any]:
         """The pair's status document (state, both sides, roster, current update)."""

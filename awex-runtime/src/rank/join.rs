@@ -276,6 +276,8 @@ impl Rank {
             bases: None,
             unreached: Vec::new(),
             lost: Default::default(),
+            out: None,
+            removed: false,
         })
     }
 }

@@ -68,6 +68,11 @@ pub struct Rank {
     unreached: Vec<u32>,
     /// The engines the gateway left out of the running version (its `left_out` events).
     lost: Arc<crate::transport::LostEngines>,
+    /// The engine slots out of the last `update` taken from its start (free, or an added
+    /// engine whose ranks have not all joined), and the work it announced.
+    out: Option<(Work, Vec<u32>)>,
+    /// This rank's engine was removed from the pair (its `engine_removed` event was taken).
+    removed: bool,
     /// The event poll this rank's process keeps open while it holds its slot.
     _presence: Presence,
 }
@@ -212,12 +217,30 @@ impl Rank {
                         self.disconnected = true;
                         return Ok(None);
                     }
+                    EventKind::EngineRemoved if self.removed_by(&ev) => {
+                        // this rank's engine left the pair: its slot is free, nothing more
+                        // comes to it
+                        tracing::info!(
+                            pair = %self.cfg.pair,
+                            rank = %self.cfg.rank,
+                            "awex rank: this rank's engine was removed from the pair"
+                        );
+                        self.disconnected = true;
+                        self.removed = true;
+                        return Ok(None);
+                    }
+                    EventKind::EngineRemoved => {}
+                    EventKind::Update if self.out_of(&ev) => {
+                        // this rank's engine is out of the version from its start (an engine
+                        // added while its ranks were still joining): nothing comes to it
+                    }
                     EventKind::Update => {
                         if let Some(version) = ev.version {
                             let work = Work {
                                 version,
                                 attempt: ev.attempt.unwrap_or(1),
                             };
+                            self.out = Some((work, ev.engines.clone()));
                             self.bases = ev.base.map(|b| {
                                 (
                                     work,
@@ -342,8 +365,28 @@ impl Rank {
                 ev.version == Some(w.version) && ev.attempt.unwrap_or(1) > w.attempt
             }
             EventKind::Disconnect => true,
+            EventKind::EngineRemoved => self.removed_by(ev),
             EventKind::Apply | EventKind::LeftOut => false,
         })
+    }
+
+    /// Whether this rank's work ended because its engine was removed from the pair (then
+    /// [`Rank::next_work`] answers `None`, as after a disconnect).
+    pub fn engine_removed(&self) -> bool {
+        self.removed
+    }
+
+    /// Whether `ev` (an `engine_removed` event) removes this rank's engine.
+    fn removed_by(&self, ev: &awex_control::wire::Event) -> bool {
+        ev.kind == EventKind::EngineRemoved
+            && self.cfg.side == awex_core::layout::Side::Inference
+            && ev.engines.contains(&self.cfg.rank.engine)
+    }
+
+    /// Whether `ev` (an `update` event) leaves this rank's engine out from its start.
+    fn out_of(&self, ev: &awex_control::wire::Event) -> bool {
+        self.cfg.side == awex_core::layout::Side::Inference
+            && ev.engines.contains(&self.cfg.rank.engine)
     }
 
     /// The longest a rank waits for a lost gateway during an update: the pair's update

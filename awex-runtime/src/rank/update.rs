@@ -41,16 +41,47 @@ impl Drop for Watcher {
 }
 
 impl Rank {
-    async fn refresh_peers(&mut self) -> Result<(), ClientError> {
+    /// Reads the peers' rendezvous values again. A training rank of a pair whose engines may
+    /// join and leave also reads those of every inference rank of the engines that take part
+    /// in `work` (an engine added since this rank joined), and forgets the ranks of engines
+    /// out of it (a removed engine's values are gone).
+    async fn refresh_peers(&mut self, work: Work) -> Result<(), ClientError> {
         let other = self.cfg.side.other();
-        let ranks: Vec<RankId> = self.peers.keys().copied().collect();
+        let mut ranks: Vec<RankId> = self.peers.keys().copied().collect();
+        let out = self
+            .out
+            .as_ref()
+            .filter(|(w, _)| *w == work)
+            .map(|(_, o)| o.clone())
+            .unwrap_or_default();
+        let elastic = self.cfg.side == awex_core::layout::Side::Training
+            && !self.joined.options.commit.is_all();
+        if elastic {
+            let engines = self.joined.engines.max(1);
+            let per = self.joined.inference_world_size / engines;
+            ranks = (0..engines)
+                .filter(|e| !out.contains(e))
+                .flat_map(|e| (0..per).map(move |r| RankId::infer(e, r)))
+                .collect();
+            self.peers.retain(|r, _| !out.contains(&r.engine));
+        }
         for r in ranks {
-            let e = self
+            let got = self
                 .client
                 .get_kv(&self.cfg.pair, &rendezvous_key(other, r), Duration::ZERO)
-                .await?;
-            self.peers
-                .insert(r, e.value.get("transport").cloned().unwrap_or_default());
+                .await;
+            match got {
+                Ok(e) => {
+                    self.peers
+                        .insert(r, e.value.get("transport").cloned().unwrap_or_default());
+                }
+                // a rank of an engine that takes part but has not published (it left since
+                // the version started): its engine cannot be reached and is left out
+                Err(e) if elastic && e.status() == Some(404) => {
+                    self.peers.remove(&r);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -105,7 +136,7 @@ impl Rank {
             // a restarted peer publishes new rendezvous values (a retry; or, where engines may
             // be left out of a version, before every update: an engine left out may have been
             // restarted since, and a sender whose bytes it took before it died never knew)
-            if let Err(e) = self.refresh_peers().await {
+            if let Err(e) = self.refresh_peers(work).await {
                 return self
                     .report(
                         work,
@@ -133,6 +164,14 @@ impl Rank {
         // a failed engine is left out of the version instead of failing it, where the pair's
         // commit policy allows and the transport can
         self.lost.clear();
+        // the engine slots out of this version from its start (free, or still joining)
+        if let Some((w, out)) = &self.out
+            && *w == work
+        {
+            for &e in out {
+                self.lost.insert_absent(e);
+            }
+        }
         transport.tolerate_lost_engines(tolerant.then(|| self.lost.clone()));
         let peers = self.peers.clone();
         let bases = self
@@ -167,6 +206,7 @@ impl Rank {
             let me = self.incarnation().to_string();
             let watched = self.watched_seq.clone();
             let lost = self.lost.clone();
+            let (side, me_rank) = (self.cfg.side, self.cfg.rank);
             move |stop: Arc<AtomicBool>| async move {
                 while !stop.load(Ordering::Acquire) {
                     let polled = client
@@ -195,6 +235,11 @@ impl Rank {
                                         && ev.attempt.unwrap_or(1) >= work.attempt
                                 }
                                 EventKind::Disconnect => true,
+                                // this rank's engine left the pair: stop at once
+                                EventKind::EngineRemoved => {
+                                    side == awex_core::layout::Side::Inference
+                                        && ev.engines.contains(&me_rank.engine)
+                                }
                                 EventKind::Update | EventKind::Apply | EventKind::LeftOut => false,
                             });
                             if aborted {

@@ -87,28 +87,45 @@ impl ExecContext<'_> {
     }
 }
 
-/// The engines the gateway left out of the running version (its `left_out` events), shared by
-/// the rank that reads the events and the transport that moves the bytes.
+/// The engines the gateway left out of the running version (its `left_out` events, and the
+/// engine slots its `update` event names as out from the start), shared by the rank that reads
+/// the events and the transport that moves the bytes.
 #[derive(Debug, Default)]
-pub struct LostEngines(std::sync::Mutex<std::collections::BTreeSet<u32>>);
+pub struct LostEngines(std::sync::Mutex<(std::collections::BTreeSet<u32>, Vec<u32>)>);
 
 impl LostEngines {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::BTreeSet<u32>, Vec<u32>)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Engine `e` is left out.
     pub fn insert(&self, e: u32) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(e);
+        self.lock().0.insert(e);
+    }
+
+    /// Engine slot `e` is out of the version from its start (free, or an added engine still
+    /// joining): left out, and expected to be.
+    pub fn insert_absent(&self, e: u32) {
+        let mut g = self.lock();
+        g.0.insert(e);
+        g.1.push(e);
     }
 
     /// Whether engine `e` is left out.
     pub fn contains(&self, e: u32) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&e)
+        self.lock().0.contains(&e)
+    }
+
+    /// Whether engine slot `e` is out of the version from its start.
+    pub fn is_absent(&self, e: u32) -> bool {
+        self.lock().1.contains(&e)
     }
 
     /// A new version: none is left out yet.
     pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut g = self.lock();
+        g.0.clear();
+        g.1.clear();
     }
 }
 

@@ -561,11 +561,15 @@ impl ShmTransport {
                     self.unreached.insert(p.peer.engine);
                 }
             }
-            tracing::warn!(
-                version = ctx.version,
-                engines = ?self.unreached,
-                "the gateway left engines out of this version before they took this rank's bytes"
-            );
+            // (engine slots out of the version from its start were expected to take nothing)
+            let absent = |e: u32| self.lost.as_ref().is_some_and(|l| l.is_absent(e));
+            if self.unreached.iter().any(|&e| !absent(e)) {
+                tracing::warn!(
+                    version = ctx.version,
+                    engines = ?self.unreached,
+                    "the gateway left engines out of this version before they took this rank's bytes"
+                );
+            }
         }
         // once every peer is done (or this rank gave up) nobody may read these weights as this
         // version any more: the trainer is free to change them

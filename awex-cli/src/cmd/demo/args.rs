@@ -84,6 +84,15 @@ pub struct Args {
     /// `--fault-version` starts; SIGCONT them once it settled, and retry it if it failed.
     #[arg(long, hide = true, value_delimiter = ',')]
     pub fault_stop_infer_engines: Vec<u32>,
+    /// Fleet drill: the last engine's slot starts empty (a spare slot); just before update
+    /// `--fault-version` the engine is added over HTTP and its ranks started; that version
+    /// catches it up with every byte, and it is then reported serving.
+    #[arg(long, hide = true)]
+    pub fault_add_engine: bool,
+    /// Fleet drill: remove engine E over HTTP while update `--fault-version` runs; that version
+    /// commits on the other engines, E's ranks exit, and the next update goes to the others.
+    #[arg(long, hide = true)]
+    pub fault_remove_engine: Option<u32>,
     /// Fault drill: SIGKILL this training rank during update `--fault-version`, then restart it
     /// and retry that version.
     #[arg(long, hide = true)]

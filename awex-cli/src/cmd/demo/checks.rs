@@ -64,13 +64,14 @@ pub fn shared_memory(leaked: &Result<Vec<String>, String>, prefix: &str) -> Chec
 
 /// `--deltas`: every verified update that followed a verified one was a delta against it,
 /// held by every inference rank (each verified byte for byte like the rest). An update after a
-/// failed attempt is not counted: the ranks it may have torn get every byte.
-pub fn deltas(rows: &[UpdateRow]) -> Check {
+/// failed attempt is not counted: the ranks it may have torn get every byte; nor is
+/// `catch_up`, the first version of an engine added mid-run (its ranks hold none: every byte).
+pub fn deltas(rows: &[UpdateRow], catch_up: Option<u64>) -> Check {
     let mut later = 0usize;
     let mut deltas = 0usize;
     let (mut moved, mut dense) = (0u64, 0u64);
     for w in rows.windows(2) {
-        if !(w[0].verified && w[1].verified) {
+        if !(w[0].verified && w[1].verified) || Some(w[1].version) == catch_up {
             continue;
         }
         later += 1;
@@ -133,6 +134,82 @@ pub fn engines(rows: &[UpdateRow], engine: u32, fault_version: u64) -> Check {
                 "did NOT catch up"
             },
             fault_version + 1
+        ),
+    )
+}
+
+/// `--fault-add-engine`: engine `engine` (a spare slot) was left out of every version before
+/// `fault_version`, took part in that one (`serving`: the gateway then reported it serving that
+/// version) and every byte of it was verified.
+pub fn added(rows: &[UpdateRow], engine: u32, fault_version: u64, serving: bool) -> Check {
+    let before = rows
+        .iter()
+        .filter(|u| u.version < fault_version && u.verified)
+        .all(|u| u.left_out == [engine]);
+    let fault = rows
+        .iter()
+        .find(|u| u.version == fault_version && u.verified);
+    let took_part = fault.is_some_and(|u| u.left_out.is_empty());
+    Check::new(
+        before && took_part && serving,
+        format!(
+            "engine {engine} added to the running pair before version {fault_version}: out of the versions before ({}), its first version {} ({}), then reported {}",
+            if before {
+                "as expected"
+            } else {
+                "NOT as expected"
+            },
+            if fault.is_some() {
+                "committed"
+            } else {
+                "did NOT commit"
+            },
+            if took_part {
+                "it took part; every byte of it verified"
+            } else {
+                "it did NOT take part"
+            },
+            if serving {
+                "serving that version"
+            } else {
+                "NOT serving"
+            }
+        ),
+    )
+}
+
+/// `--fault-remove-engine E`: removed while `fault_version` ran, the version committed and was
+/// verified on the other engines, and so was the next one, with only E out; E's slot is free
+/// (`absent`) and its rank processes exited (`exited`).
+pub fn removed(
+    rows: &[UpdateRow],
+    engine: u32,
+    fault_version: u64,
+    absent: bool,
+    exited: bool,
+) -> Check {
+    let ok = |v: u64| {
+        rows.iter()
+            .find(|u| u.version == v)
+            .is_some_and(|u| u.verified && u.attempts == 1 && u.left_out == [engine])
+    };
+    let (fault, next) = (ok(fault_version), ok(fault_version + 1));
+    Check::new(
+        fault && next && absent && exited,
+        format!(
+            "engine {engine} removed while version {fault_version} ran: that version {} on the other engines, the next {}; its slot {}, its ranks {}",
+            if fault {
+                "committed at once, every byte verified,"
+            } else {
+                "did NOT commit at once, verified,"
+            },
+            if next {
+                "too, without it"
+            } else {
+                "NOT (or not without it alone)"
+            },
+            if absent { "is free" } else { "is NOT free" },
+            if exited { "exited" } else { "did NOT exit" }
         ),
     )
 }

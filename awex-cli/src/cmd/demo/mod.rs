@@ -167,6 +167,10 @@ async fn demo(
                 },
             );
             req.transport = transport;
+            if a.fault_add_engine {
+                // the last engine's slot starts empty: the drill adds that engine mid-run
+                req.inference.spare = 1;
+            }
             req
         })
         .await
@@ -207,7 +211,14 @@ async fn demo(
             c.spawn().context("spawning a training rank")?,
         ));
     }
+    // `--fault-add-engine`: the engine that joins mid-run (its ranks start later)
+    let added = a
+        .fault_add_engine
+        .then(|| r.inference.engines().saturating_sub(1));
     for (i, rank) in r.inference.ranks().into_iter().enumerate() {
+        if added == Some(rank.engine) {
+            continue;
+        }
         let mut own = a.clone();
         if let (Some(bad), true) = (&a.fault_bad_infer, rank == RankId::infer(0, 0)) {
             own.infer = bad.clone();
@@ -253,6 +264,7 @@ async fn demo(
     let mut version = first;
     let mut attempts = 0u32;
     let mut checksums_compared = 0u64;
+    let (mut added_serving, mut removed_absent, mut removed_exited) = (false, false, false);
     while version < first + a.updates {
         attempts += 1;
         progress.message(format!("version {version}, attempt {attempts}"));
@@ -261,11 +273,64 @@ async fn demo(
             // is timed, as a trainer holds its new weights before the update starts
             wait_filled(&client, &pair, r, version, &mut workers).await?;
         }
+        if let Some(e) = added
+            && version == a.fault_version
+            && attempts == 1
+        {
+            // fleet drill: the engine is added to the running pair and its ranks started; this
+            // version is its first
+            let since = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let changed = client
+                .add_engine(&pair, Some(e))
+                .await
+                .with_context(|| format!("adding engine {e}"))?;
+            for (i, rank) in r.inference.ranks().into_iter().enumerate() {
+                if rank.engine != changed.engine {
+                    continue;
+                }
+                let c = worker_command(
+                    a,
+                    &gateway,
+                    &pair,
+                    &token,
+                    "infer",
+                    rank,
+                    gpus.of_rank(Side::Inference, i),
+                    first_version(a),
+                )?
+                .spawn()
+                .context("spawning an added engine's rank")?;
+                workers.children.push((format!("infer {rank}"), c));
+            }
+            for rank in r.inference.ranks() {
+                if rank.engine == changed.engine {
+                    wait_rejoined(&client, &pair, Side::Inference, rank, since, &mut workers)
+                        .await?;
+                }
+            }
+            progress.say(&format!(
+                "engine {e} added to the running pair; its ranks joined"
+            ));
+        }
         let t0 = Instant::now();
         client
             .start_update(&pair, version)
             .await
             .with_context(|| format!("starting version {version}"))?;
+        if let Some(e) = a.fault_remove_engine
+            && version == a.fault_version
+            && attempts == 1
+        {
+            // fleet drill: the engine leaves while this version runs
+            client
+                .remove_engine(&pair, e)
+                .await
+                .with_context(|| format!("removing engine {e}"))?;
+            progress.say(&format!("engine {e} removed while version {version} runs"));
+        }
         // fault drill: the engines' ranks stop as the update starts (silent, not gone)
         let stopped = if version == a.fault_version && attempts == 1 {
             signal_infer_ranks(&workers, &a.fault_stop_infer_engines, libc::SIGSTOP)
@@ -514,6 +579,54 @@ async fn demo(
                 }));
             }
         }
+        if added.is_some() && version == a.fault_version {
+            let st = client.status(&pair).await?;
+            added_serving = added
+                .and_then(|e| st.engines.get(e as usize))
+                .is_some_and(|x| {
+                    x.state == awex_control::wire::EngineState::Serving
+                        && x.serving_version == Some(version)
+                });
+        }
+        if let Some(e) = a.fault_remove_engine
+            && version == a.fault_version + 1
+        {
+            let st = client.status(&pair).await?;
+            removed_absent = st
+                .engines
+                .get(e as usize)
+                .is_some_and(|x| x.state == awex_control::wire::EngineState::Absent);
+            // its ranks saw `engine_removed` and exit on their own
+            removed_exited = true;
+            let mine = |name: &str| {
+                r.inference
+                    .ranks()
+                    .iter()
+                    .any(|k| k.engine == e && name == format!("infer {k}"))
+            };
+            for (name, c) in &mut workers.children {
+                if mine(name) {
+                    let by = Instant::now() + Duration::from_secs(60);
+                    loop {
+                        match c.try_wait()? {
+                            Some(s) => {
+                                removed_exited &= s.success();
+                                break;
+                            }
+                            None if Instant::now() > by => {
+                                removed_exited = false;
+                                break;
+                            }
+                            None => tokio::time::sleep(Duration::from_millis(20)).await,
+                        }
+                    }
+                }
+            }
+            // reaped: no later wait takes their exit for a failure
+            if removed_exited {
+                workers.children.retain(|(name, _)| !mine(name));
+            }
+        }
         rows.push(UpdateRow {
             left_out,
             behind,
@@ -597,10 +710,23 @@ async fn demo(
             .then(|| checks::checksums(checksums_compared, a.updates)),
         shared_memory: checks::shared_memory(&leaked, &prefix),
         dumps: a.dump_dir.as_ref().map(|d| dump::check(d, r, last)),
-        deltas: a.deltas.then(|| checks::deltas(&rows)),
+        deltas: a
+            .deltas
+            .then(|| checks::deltas(&rows, added.map(|_| a.fault_version))),
         engines: a
             .fault_kill_infer_engine
             .map(|e| checks::engines(&rows, e, a.fault_version)),
+        fleet: match (added, a.fault_remove_engine) {
+            (Some(e), _) => Some(checks::added(&rows, e, a.fault_version, added_serving)),
+            (None, Some(e)) => Some(checks::removed(
+                &rows,
+                e,
+                a.fault_version,
+                removed_absent,
+                removed_exited,
+            )),
+            (None, None) => None,
+        },
     };
     let median = {
         let mut g: Vec<f64> = rows.iter().filter(|u| u.verified).map(|u| u.gbps).collect();

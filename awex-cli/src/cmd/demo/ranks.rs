@@ -179,8 +179,21 @@ pub async fn wait_ready(client: &Client, pair: &str, workers: &mut Workers) -> a
         match s.state {
             awex_control::wire::PairState::Ready => {
                 // a restarted rank re-joins a ready pair: wait until the roster is full again
+                // (but for engine slots that hold no engine yet)
+                let per = s.inference.world_size / s.inference.engines.max(1);
+                let free = s
+                    .engines
+                    .iter()
+                    .filter(|e| {
+                        matches!(
+                            e.state,
+                            awex_control::wire::EngineState::Absent
+                                | awex_control::wire::EngineState::Joining
+                        )
+                    })
+                    .count() as u32;
                 if s.training.joined + s.inference.joined
-                    >= s.training.world_size + s.inference.world_size
+                    >= s.training.world_size + s.inference.world_size - free * per
                 {
                     return Ok(());
                 }

@@ -141,6 +141,10 @@ pub struct Checks {
     /// caught up after its restart.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engines: Option<Check>,
+    /// `--fault-add-engine` / `--fault-remove-engine`: the engine added mid-run caught up and
+    /// serves; the engine removed mid-run left the others' versions whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<Check>,
 }
 
 impl Checks {
@@ -152,6 +156,7 @@ impl Checks {
         v.extend(&self.dumps);
         v.extend(&self.deltas);
         v.extend(&self.engines);
+        v.extend(&self.fleet);
         v
     }
 

@@ -44,6 +44,8 @@ pub(crate) async fn put(
         .map_err(|e| ApiError::Unprocessable(format!("the value of key `{key}`: {e}")))?;
     // a rank's rendezvous value: only the slot's live holder may replace it
     if let Some(slot) = crate::server::store::roster::rendezvous_slot(&entry.slots, &key) {
+        // a free engine slot takes no rendezvous value (its engine was not added)
+        entry.check_slot_taken(&p, slot)?;
         let pid = body.value.get("pid").and_then(serde_json::Value::as_u64);
         p.roster.check_claim(
             &entry.slots,

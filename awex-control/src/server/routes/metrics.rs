@@ -49,7 +49,7 @@ pub(crate) async fn render(State(gateway): State<AppState>) -> impl IntoResponse
     );
     let _ = writeln!(
         text,
-        "# HELP awex_gateway_engines Inference engines of ready pairs, by state (serving, behind, torn, catching_up)."
+        "# HELP awex_gateway_engines Inference engine slots of ready pairs, by state (serving, behind, torn, catching_up, joining, absent)."
     );
     let _ = writeln!(text, "# TYPE awex_gateway_engines gauge");
     for (state, n) in &engines {

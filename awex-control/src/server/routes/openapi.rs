@@ -38,7 +38,7 @@ mod tests {
             .map(|(s, _)| (s.method.as_str().to_string(), s.path.to_string()))
             .collect();
         assert_eq!(documented, routed);
-        assert_eq!(routed.len(), 15);
+        assert_eq!(routed.len(), 17);
     }
 
     #[test]

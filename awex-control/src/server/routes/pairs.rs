@@ -109,7 +109,15 @@ fn new_entry(
 ) -> Arc<PairEntry> {
     let urls = e.request.inference.urls.clone();
     let trigger_timeout = Duration::from_millis(e.request.options.update_deadline_ms);
-    let inner = e.pair.unwrap_or_else(|| Pair::new(&e.slots));
+    let inner = e.pair.unwrap_or_else(|| {
+        let mut p = Pair::new(&e.slots);
+        // the last `spare` slots start empty: engines added at run time take them
+        let present = e.slots.engines.saturating_sub(e.request.inference.spare) as usize;
+        for r in p.engines.iter_mut().skip(present) {
+            *r = crate::server::store::engines::EngineRecord::absent();
+        }
+        p
+    });
     Arc::new_cyclic(|weak| PairEntry {
         name: e.name,
         id: e.id,
@@ -279,6 +287,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
             req.transport
         )));
     }
+    spare_slots(o, e, req.inference.spare, req.transport)?;
 
     let null = Value::Null;
     let tm = validate::model(
@@ -599,6 +608,46 @@ fn commit_policy(
     Err(ApiError::Unprocessable(format!(
         "options.commit = `{policy}` is refused: {why}"
     )))
+}
+
+/// Checks the spare engine slots: fewer than the slots, and only where engines may be missing
+/// from a version (a commit policy other than `all`), with a quorum the engines present at
+/// connect can meet.
+fn spare_slots(
+    o: &crate::wire::PairOptions,
+    engines: u32,
+    spare: u32,
+    transport: crate::wire::Transport,
+) -> Result<(), ApiError> {
+    use crate::wire::CommitPolicy;
+    if spare == 0 {
+        return Ok(());
+    }
+    if let Some(why) = crate::server::fleet::fixed_engines(transport) {
+        return Err(ApiError::Unprocessable(format!(
+            "inference.spare={spare} is refused: {why}"
+        )));
+    }
+    if spare >= engines {
+        return Err(ApiError::Unprocessable(format!(
+            "inference.spare={spare} leaves none of the inference.engines={engines} slots to an engine at connect; spare slots are at most engines - 1"
+        )));
+    }
+    if o.commit.is_all() {
+        return Err(ApiError::Unprocessable(format!(
+            "inference.spare={spare} needs a commit policy other than `all`: an empty slot, or an engine whose ranks are still joining, applies no version, and under `all` every engine must; connect with options.commit = quorum:K or available"
+        )));
+    }
+    if let CommitPolicy::Quorum(k) = o.commit
+        && k > engines - spare
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "options.commit = `{}` needs {k} engines, but only {} of the {engines} slots hold an engine at connect (inference.spare={spare}); lower K or the spare slots",
+            o.commit,
+            engines - spare
+        )));
+    }
+    Ok(())
 }
 
 /// `POST /v1/pairs/{name}/resume`: lets the engines serve again outside an update. Refused

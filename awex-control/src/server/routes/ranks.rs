@@ -121,6 +121,7 @@ pub(crate) async fn join(
         }
         // a second claimant of a slot whose holder is not known gone (nor released) is
         // refused before it changes anything
+        entry.check_slot_taken(&p, slot)?;
         let pid = req.info.get("pid").and_then(serde_json::Value::as_u64);
         let takeover = p.roster.check_claim(
             &entry.slots,
@@ -133,7 +134,7 @@ pub(crate) async fn join(
         if let Some(t) = takeover {
             took_over(&entry, &mut p, slot, t, pid);
         }
-        if p.state == PairState::Joining && p.roster.joined() == entry.slots.total() {
+        if p.state == PairState::Joining && entry.members_joined(&p) {
             p.state = PairState::Ready;
             p.changed(Op::State);
             drop(p);

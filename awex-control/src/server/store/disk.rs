@@ -68,7 +68,9 @@ pub(crate) enum Write {
     Pair(String, Vec<u8>),
     State(String, Vec<u8>),
     Roster(String, u64, Vec<u8>),
+    DeleteRoster(String, u64),
     Kv(String, String, Vec<u8>),
+    DeleteKv(String, String),
     Update(String, u64, Option<Vec<u8>>),
     ClearReports(String, u64),
     Report(String, u64, u64, Vec<u8>),
@@ -1092,6 +1094,12 @@ fn commit<'a>(
                 }
                 Write::Kv(n, k, b) => {
                     kv.insert((n.as_str(), k.as_str()), b.as_slice())?;
+                }
+                Write::DeleteRoster(n, s) => {
+                    roster.remove((n.as_str(), *s))?;
+                }
+                Write::DeleteKv(n, k) => {
+                    kv.remove((n.as_str(), k.as_str()))?;
                 }
                 Write::Update(n, v, Some(b)) => {
                     updates.insert((n.as_str(), *v), b.as_slice())?;

@@ -20,6 +20,21 @@ pub(crate) struct EngineRecord {
     pub(crate) serving_torn: Option<u64>,
     /// Why it last failed an update.
     pub(crate) last_error: Option<String>,
+    /// Whether the slot holds an engine of the pair (absent from old records: a member).
+    pub(crate) member: Membership,
+}
+
+/// Whether an engine slot holds an engine of the pair.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Membership {
+    /// An engine of the pair: it takes part in every version (unless left out of one).
+    #[default]
+    Member,
+    /// Added at run time; waits for every one of its ranks to join, then becomes a member.
+    Joining,
+    /// A free slot: a spare one, or its engine was removed.
+    Absent,
 }
 
 impl EngineRecord {
@@ -51,6 +66,29 @@ impl EngineRecord {
         self.last_error = Some(why.to_string());
     }
 
+    /// A free slot (a spare one, or its engine removed): it serves nothing.
+    pub(crate) fn absent() -> EngineRecord {
+        EngineRecord {
+            member: Membership::Absent,
+            ..EngineRecord::default()
+        }
+    }
+
+    /// An engine added to the slot at `now`: it holds no version and is behind until its
+    /// first update, which moves every byte to it.
+    pub(crate) fn joining(now: u64) -> EngineRecord {
+        EngineRecord {
+            member: Membership::Joining,
+            behind_since_unix_ms: Some(now),
+            ..EngineRecord::default()
+        }
+    }
+
+    /// Whether the slot holds an engine that takes part in the next version (a member).
+    pub(crate) fn takes_part(&self) -> bool {
+        self.member == Membership::Member
+    }
+
     /// The controller resumed the engines on their torn weights.
     pub(crate) fn accept_torn(&mut self) {
         if let Some(t) = self.torn.take() {
@@ -62,8 +100,12 @@ impl EngineRecord {
     /// or torn engine takes part in it: it is catching up).
     pub(crate) fn status(&self, engine: u32, running: bool) -> EngineStatus {
         let lagging = self.behind_since_unix_ms.is_some() || self.torn.is_some();
-        let catching_up = lagging && running;
-        let state = if catching_up {
+        let catching_up = lagging && running && self.takes_part();
+        let state = if self.member == Membership::Absent {
+            EngineState::Absent
+        } else if self.member == Membership::Joining {
+            EngineState::Joining
+        } else if catching_up {
             EngineState::CatchingUp
         } else if self.torn.is_some() {
             EngineState::Torn
@@ -88,6 +130,35 @@ impl EngineRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joining_engine_is_behind_with_no_version_and_an_absent_one_serves_nothing() {
+        let j = EngineRecord::joining(5_000);
+        let s = j.status(3, true);
+        assert_eq!(
+            (
+                s.state,
+                s.serving_version,
+                s.behind_since_unix_ms,
+                s.catching_up
+            ),
+            (EngineState::Joining, None, Some(5_000), false)
+        );
+        assert!(!j.takes_part());
+        let a = EngineRecord::absent().status(4, true);
+        assert_eq!(
+            (a.state, a.serving_version, a.catching_up),
+            (EngineState::Absent, None, false)
+        );
+        // records written before membership existed read as members
+        let old: EngineRecord = serde_json::from_str(r#"{"serving": 2}"#).expect("old record");
+        assert!(old.takes_part());
+        // a member that was joining and is now in: catching up while an update runs
+        let mut m = j.clone();
+        m.member = Membership::Member;
+        assert_eq!(m.status(3, true).state, EngineState::CatchingUp);
+        assert_eq!(m.status(3, false).state, EngineState::Behind);
+    }
 
     #[test]
     fn a_failed_engine_is_never_reported_serving_what_it_holds_only_partly() {

@@ -200,14 +200,14 @@ impl Roster {
         self.cached = None;
     }
 
-    /// The missing ranks, for messages.
-    pub(crate) fn describe_missing(&self, slots: &Slots) -> String {
+    /// The missing ranks among the slots `waited` for, for messages.
+    pub(crate) fn describe_missing(&self, slots: &Slots, waited: impl Fn(usize) -> bool) -> String {
         list_ranks(
             slots,
             self.slots
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.is_none())
+                .filter(|&(i, s)| s.is_none() && waited(i))
                 .map(|(i, _)| i),
         )
     }
@@ -228,6 +228,20 @@ impl Roster {
                 })
             })
             .collect()
+    }
+
+    /// Empties slot `i` (its engine left the pair); whether it held a rank.
+    pub(crate) fn remove(&mut self, i: usize) -> bool {
+        let Some(j) = self.slots.get_mut(i).and_then(Option::take) else {
+            return false;
+        };
+        if let Some(c) = &j.incarnation {
+            self.holders.remove(c);
+        }
+        self.joined -= 1;
+        self.info_bytes -= j.info_bytes;
+        self.cached = None;
+        true
     }
 
     /// Records (or replaces) a rank's entry.
@@ -506,7 +520,7 @@ mod tests {
     fn missing_ranks_are_listed_up_to_sixteen() {
         let s = Slots::new(20, 1, 1);
         let r = Roster::new(s.total());
-        let text = r.describe_missing(&s);
+        let text = r.describe_missing(&s, |_| true);
         assert!(text.starts_with("training rank 0, training rank 1, "));
         assert!(text.ends_with("training rank 15, and 5 more"));
     }
