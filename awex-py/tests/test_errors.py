@@ -209,3 +209,56 @@ def test_parallel_sizes_the_backends_refuse_are_refused_at_connect(gateway, pair
     with pytest.raises(ValueError, match=re.escape(message)):
         ctl.connect(pair_name, model=TINY_F32, train=train, infer=infer)
     assert time.monotonic() - t0 < 1.0
+
+
+def _gateway_answering_503(queued: bool):
+    """A stand-in gateway whose every request gets the 503 awex's gateway answers when it could
+    not persist its state (awex-control/src/server/mod.rs, the persistence middleware): with
+    ``"queued": true`` when the change was made, without it when nothing changed. Tests only
+    the Python client's side; counts the requests it got."""
+    import http.server
+    import json
+    import threading
+
+    got = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(n)
+            got.append((self.command, self.path))
+            body = {"error": "the gateway could not persist its state in /state: No space left on device"}
+            if queued:
+                body["error"] += "; the change WAS MADE and is queued"
+                body["queued"] = True
+            data = json.dumps(body).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, got
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_503_that_could_not_persist_says_whether_the_update_was_made(queued):
+    srv, got = _gateway_answering_503(queued)
+    try:
+        ctl = awex.Controller(f"http://127.0.0.1:{srv.server_address[1]}", pair="p")
+        with pytest.raises(awex.GatewayError) as e:
+            ctl.start_update(2)
+        assert e.value.status == 503
+        assert e.value.queued is queued
+        assert "could not persist its state" in str(e.value)
+        # a started version is never sent twice: the queued one runs
+        assert [m for m, _ in got] == ["POST"], got
+    finally:
+        srv.shutdown()
