@@ -314,8 +314,8 @@ def test_close_from_another_thread_interrupts_a_waiting_update(gateway, pair_nam
         time.sleep(0.5)
         start = time.monotonic()
         r.close()
-        t.join(10)
-        assert time.monotonic() - start < 5
+        t.join(40)
+        assert time.monotonic() - start < 30  # the wait was for 60 s: close ended it
         assert not t.is_alive()
         assert isinstance(out.get("error"), awex.AwexError), out
         assert "the rank was closed (close() from another thread) while waiting for an update" in str(out["error"])
@@ -426,7 +426,7 @@ def test_ctrl_c_interrupts_a_rank_waiting_for_an_update_and_leaves_it_usable(gat
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             r.update(1, timeout=20)  # no update was started: only the interrupt ends this wait
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 15  # the wait was for 20 s: the interrupt ended it
         with ThreadPoolExecutor(max_workers=2) as ex:
             futures = [ex.submit(x.update, 1, timeout=30) for x in (w, r)]
             p.ctl.update(1, timeout=30)
