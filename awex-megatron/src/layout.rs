@@ -760,13 +760,45 @@ fn layer_parts(model: &ModelSpec, l: u64) -> u64 {
     b.0
 }
 
-/// Why a family with `part` has no Megatron layout yet.
-/// Why a hybrid linear-attention model (Qwen3-Next, Qwen3.5) has no Megatron layout: what
-/// Megatron-Core 0.19.2 builds for it, and that awex does not map it.
+/// Why a hybrid linear-attention model (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) has no Megatron
+/// layout: Megatron-Core 0.19.2 builds Gated DeltaNet only with Transformer Engine and FLA
+/// (flash-linear-attention), so it cannot be built on CPU, where awex checks every Megatron
+/// layout against the real parameters.
+///
+/// What 0.19.2 builds (read from its code, not built): a `GPTModel` whose layers come from
+/// `get_transformer_block_with_experimental_attention_variant_spec`
+/// (models/gpt/experimental_attention_variant_module_specs.py; `experimental_attention_variant
+/// = "gated_delta_net"`, `linear_attention_freq` places the full-attention layers). A Gated
+/// DeltaNet layer's `self_attention` (ssm/gated_delta_net/gdn.py `GatedDeltaNet`, common.py
+/// `_GDNBase.__init__`) holds `in_proj.layer_norm_weight` [hidden] (the input norm, fused: the
+/// layer's `input_layernorm` is IdentityOp), `in_proj.weight` [(2 qk + 2 v + 2 nv) / tp, hidden]
+/// whose rows on each tp rank are [query | key | value | z | beta | alpha] of that rank
+/// (`in_proj_split_sections`; the checkpoint groups them by key head), `conv1d.weight`
+/// [(2 qk + v) / tp, 1, kernel] of [query | key | value] channels per rank, `dt_bias` and
+/// `A_log` [nv / tp] in the parameter dtype (the catalogue's `A_log` is fp32), `out_norm.weight`
+/// [value head dim] and `out_proj.weight` [hidden, v / tp]. A full-attention layer with
+/// `attention_output_gate` holds `linear_qkv.weight` of [query heads | gate heads | key | value]
+/// per query group (transformer/attention.py `SelfAttention.get_query_key_value_tensors`; the
+/// checkpoint's `q_proj` is [query | gate] per head). The shared expert's gate is
+/// `mlp.shared_experts.gate_weight` [1, hidden] (transformer/moe/shared_experts.py).
+///
+/// Why it is not built on CPU (each checked against the installed 0.19.2):
+/// - `_get_backend_spec_provider` asserts `transformer_impl == "transformer_engine"`; with the
+///   local backend `LocalSpecProvider.column_parallel_layer_norm_linear` (models/backends.py) is
+///   None, which `get_gated_delta_net_module_spec` makes the `in_proj`; models/hybrid/
+///   hybrid_layer_specs.py uses Transformer Engine modules only. Transformer Engine needs CUDA.
+/// - `_GDNBase.__init__` raises ImportError without FLA, and the forward calls FLA's `l2norm`
+///   (and, outside `deterministic_mode`, `chunk_gated_delta_rule` and `causal_conv1d`).
+///
+/// Beyond the build, not a layout: the checkpoint's norms are zero-centred (1 + weight,
+/// transformers' `Qwen3NextRMSNorm`) but its gated `linear_attn.norm` is not
+/// (`Qwen3NextRMSNormGated`), while Megatron applies one `layernorm_zero_centered_gamma` to every
+/// norm, `out_norm` included (`TENorm`; the local `WrappedTorchNorm` refuses it,
+/// transformer/torch_norm.py), so a transfer would shift one kind of norm by 1 instead of copying.
 fn hybrid_unmapped(model: &ModelSpec) -> String {
     let family = model.architecture.family();
     format!(
-        "megatron: {} ({}) mixes Gated DeltaNet linear attention with gated full attention. Megatron-Core 0.19.2 builds Gated DeltaNet (megatron/core/ssm/gated_delta_net/gdn.py `GatedDeltaNet`, in the hybrid layer specs of models/hybrid/hybrid_layer_specs.py): one `in_proj` of [query | key | value | z | beta | alpha] rows per tensor-parallel rank (`in_proj_split_sections`), `conv1d` of [query | key | value] channels, `dt_bias`, `A_log`, `out_norm` and `out_proj`; awex does not map those parameters, the full-attention layers' gated q_proj or the gated shared expert to Megatron-Core yet. Train it with FSDP2 (fsdp:dp=N at tp 1)",
+        "megatron: {} ({}) mixes Gated DeltaNet linear attention with gated full attention, which Megatron-Core 0.19.2 builds only with Transformer Engine and FLA (flash-linear-attention): its Gated DeltaNet layer specs assert transformer_impl=\"transformer_engine\" (models/gpt/experimental_attention_variant_module_specs.py `_get_backend_spec_provider`; the local backend has no fused norm + linear for `in_proj`, models/hybrid/hybrid_layer_specs.py is Transformer Engine only) and `GatedDeltaNet` raises ImportError without FLA (ssm/gated_delta_net/common.py `_GDNBase.__init__`), so it cannot be built and checked on CPU. Its Gated DeltaNet `in_proj` holds [query | key | value | z | beta | alpha] rows per tensor-parallel rank (`in_proj_split_sections`), and Megatron applies one layernorm_zero_centered_gamma to every norm while the checkpoint's gated `linear_attn.norm` is not zero-centred (its other norms are), so a transfer would shift norms by 1, not copy them. awex does not map these models to Megatron-Core; train them with FSDP2 (fsdp:dp=N at tp 1)",
         family.hf_class, family.name
     )
 }
@@ -781,6 +813,7 @@ fn gpt_oss_unmapped(model: &ModelSpec) -> String {
     )
 }
 
+/// Why a family with `part` has no Megatron layout yet.
 fn unmapped(model: &ModelSpec, part: Part) -> String {
     let family = model.architecture.family();
     let example = (0..model.num_layers)
