@@ -267,3 +267,39 @@ def test_hf_to_megatron_inverts_megatron_to_hf(kind):
     assert sorted(rebuilt) == sorted(canon)
     for n, t in canon.items():
         assert torch.equal(rebuilt[n], t), n
+
+
+def test_megatron_core_cannot_build_gated_delta_net_on_cpu():
+    """Why awex-megatron refuses Qwen3-Next / Qwen3.5 (layout.rs ``hybrid_unmapped``): each of
+    Megatron-Core 0.19.2's ways to Gated DeltaNet fails here, and its local norm cannot express
+    the checkpoint's zero-centred norms. If one of these starts to pass (FLA or Transformer Engine
+    installed, a local in_proj), the refusal is out of date."""
+    import dataclasses
+
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt import experimental_attention_variant_module_specs as variants
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules, common
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    # a Qwen3-Next-shaped config: every 4th layer full attention (gated), the rest Gated DeltaNet
+    cfg = TransformerConfig(
+        num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=128,
+        normalization="RMSNorm", add_bias_linear=False, gated_linear_unit=True,
+        experimental_attention_variant="gated_delta_net", linear_attention_freq=4,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, attention_output_gate=True,
+        transformer_impl="local", use_cpu_initialization=True)
+    # experimental_attention_variant_module_specs.py `_get_backend_spec_provider`
+    with pytest.raises(AssertionError, match="only supports transformer engine"):
+        variants.get_transformer_block_with_experimental_attention_variant_spec(cfg)
+    # the local backend has no fused norm + linear, which the spec makes GatedDeltaNet's in_proj
+    gdn = variants.get_gated_delta_net_module_spec(cfg, backend=LocalSpecProvider())
+    assert gdn.module is GatedDeltaNet and gdn.submodules.in_proj is None
+    # ssm/gated_delta_net/common.py `_GDNBase.__init__`, before anything else
+    assert not common.HAVE_FLA
+    with pytest.raises(ImportError, match="FLA is not installed"):
+        GatedDeltaNet(cfg, GatedDeltaNetSubmodules(), pg_collection=None)
+    # transformer/torch_norm.py `WrappedTorchNorm`: no zero-centred gamma (Qwen3-Next's 1 + w)
+    with pytest.raises(AssertionError, match="zero_centered_gamma not supported"):
+        WrappedTorchNorm(dataclasses.replace(cfg, layernorm_zero_centered_gamma=True), 16)
