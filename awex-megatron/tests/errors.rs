@@ -177,13 +177,23 @@ fn hybrid_linear_attention_models_are_refused_naming_what_megatron_builds() {
         assert!(m.contains("transformer_impl=\"transformer_engine\""), "{m}");
         assert!(m.contains("`_get_backend_spec_provider`"), "{m}");
         assert!(m.contains("ImportError without FLA"), "{m}");
-        assert!(m.contains("gated_delta_net/common.py `_GDNBase.__init__`"), "{m}");
+        assert!(
+            m.contains("gated_delta_net/common.py `_GDNBase.__init__`"),
+            "{m}"
+        );
         // and what a copy could not express
         assert!(m.contains("layernorm_zero_centered_gamma"), "{m}");
-        assert!(m.contains("train them with FSDP2 (fsdp:dp=N at tp 1)"), "{m}");
+        assert!(
+            m.contains("train them with FSDP2 (fsdp:dp=N at tp 1)"),
+            "{m}"
+        );
     }
     // refused whatever the parallel config and spec
-    for pairs in [&[("tp", 2)][..], &[("local_spec", 1)], &[("ep", 2), ("dp", 2)]] {
+    for pairs in [
+        &[("tp", 2)][..],
+        &[("local_spec", 1)],
+        &[("ep", 2), ("dp", 2)],
+    ] {
         let m = err(&preset("qwen3-next-tiny"), pairs);
         assert!(
             m.starts_with("megatron: Qwen3NextForCausalLM (qwen3-next) mixes Gated DeltaNet"),
