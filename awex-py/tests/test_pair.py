@@ -522,3 +522,36 @@ def test_a_reader_whose_engine_is_removed_stops_and_the_other_engine_takes_the_n
         assert [(e["state"], e["serving_version"]) for e in engines] == [("serving", 2), ("absent", None)]
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_check_finite_fails_a_version_whose_weights_hold_nan_naming_it_and_the_fixed_retry_commits(
+        gateway, pair_name, transport):
+    p = Pair(gateway, pair_name, TINY_F32, "megatron:tp=1", "sglang:tp=1", transport,
+             update_deadline_s=5.0, check_finite=True)
+    try:
+        assert p.status["options"]["check_finite"] is True
+        (w,), (r,) = p.writers, p.readers
+        rng = np.random.default_rng(3)
+        src = {t["name"]: finite_f32(rng, t["shape"]) for t in w.layout()}
+        w.register(src)
+        r.register({t["name"]: np.zeros(t["shape"], np.float32) for t in r.layout()})
+        p.join()
+        bad = "decoder.layers.0.self_attention.linear_qkv.weight"
+        src[bad].reshape(-1)[7] = np.nan
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            futures = [ex.submit(x.update, 1, timeout=30) for x in (w, r)]
+            with pytest.raises(awex.UpdateFailed) as failed:
+                p.ctl.update(1, timeout=30)
+            for f in futures:
+                with pytest.raises(awex.UpdateFailed):
+                    f.result(timeout=30)
+        assert f"`{bad}` holds NaN (f32 bits 0x7fc00000) at element 7" in str(failed.value), failed.value
+        assert "training rank 0" in failed.value.ranks
+        # the step fixed, the retry commits
+        src[bad].reshape(-1)[7] = 0.5
+        assert [s["attempt"] for s in p.update(1)] == [2, 2]
+    finally:
+        p.close()
