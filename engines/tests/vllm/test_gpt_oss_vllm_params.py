@@ -6,7 +6,7 @@ writes down from its code: the experts transposed per expert (``w13_weight``
 ``layers.{l}.attn``, ``mlp.experts.routed_experts``).
 
 A tiny checkpoint whose every element names itself (``identity.py``) is loaded by vLLM's real
-model class, one process per TP rank (``vllm_gpt_oss_rank.py``: its own ``load_weights`` and
+model class, one process per TP rank (``vllm_load_rank.py``: its own ``load_weights`` and
 every layer's own ``weight_loader``; the attention kernel stubbed as for the other models, it
 holds no parameter).
 """
@@ -50,10 +50,10 @@ def test_vllm_gpt_oss_parameters_are_the_written_down_layout(ckpt, tmp_path, tp,
     import numpy as np
 
     d, config, tensors = ckpt
-    spec = dict(tp=tp, ep=ep, hf_dir=d, dtype="float32", port=free_port())
+    spec = dict(tp=tp, ep=ep, hf_dir=d, dtype="float32", port=free_port(), dump="npz")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     procs = [
-        forked.popen(os.path.join(HERE, "vllm_gpt_oss_rank.py"), [json.dumps(spec), str(r), str(tmp_path)],
+        forked.popen(os.path.join(HERE, "vllm_load_rank.py"), [json.dumps(spec), str(r), str(tmp_path)],
                      os.path.join(tmp_path, f"rank{r}.log"), "vllm_preload", env=env)
         for r in range(tp)
     ]

@@ -3,7 +3,7 @@ element by element: what awex's vLLM layout must hold on every rank.
 
 As ``engines/tests/test_hybrid_sglang_params.py`` for SGLang: a checkpoint whose every element
 names itself (``identity.py``) is loaded by vLLM's real model classes, one process per TP rank
-(``vllm_hybrid_rank.py``: ``vllm_rank.build``, vLLM's ``initialize_model``, and the class's own
+(``vllm_load_rank.py``: ``vllm_rank.build``, vLLM's ``initialize_model``, and the class's own
 ``load_weights``; attention kernels stubbed and the Gated DeltaNet norm built on CPU, see
 ``vllm_rank.stub_gpu_kernels``, neither on the weight path). Every parameter of every rank, as
 runs of canonical elements, must equal ``awex-vllm/tests/fixtures/hybrid_vllm_params.json``;
@@ -49,7 +49,7 @@ def vllm_ranks(arch: str, tp: int, ep: int, d: str) -> tuple[dict, list[str], li
     spec = dict(tp=tp, ep=ep, hf_dir=d, dtype="float32", port=free_port())
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     procs = [
-        forked.popen(os.path.join(HERE, "vllm_hybrid_rank.py"), [json.dumps(spec), str(r), d],
+        forked.popen(os.path.join(HERE, "vllm_load_rank.py"), [json.dumps(spec), str(r), d],
                      os.path.join(d, f"rank{r}.log"), "vllm_preload", env=env)
         for r in range(tp)
     ]
