@@ -60,6 +60,34 @@ impl Controller {
             .clone()
             .ok_or_else(|| Fail::Value("no pair: call connect() first or pass pair=<name>".into()))
     }
+
+    /// One call to the gateway about `pair` (this controller's pair when `None`), waited for
+    /// up to a minute (`what` names it in a timeout's message); its answer as a Python object.
+    fn ask<'py, T, F, Fut>(
+        &self,
+        py: Python<'py>,
+        what: &str,
+        pair: Option<String>,
+        call: F,
+    ) -> PyResult<Bound<'py, PyAny>>
+    where
+        T: serde::Serialize,
+        F: FnOnce(Client, String) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, awex_control::client::ClientError>>
+            + Send,
+        T: Send,
+    {
+        let pair = self.pair_name(pair)?;
+        let r = wait(
+            py,
+            &self.rt,
+            what,
+            Some(Duration::from_secs(60)),
+            call(self.client.clone(), pair),
+        )?
+        .map_err(Fail::from)?;
+        Ok(to_py(py, &r)?)
+    }
 }
 
 #[pymethods]
@@ -184,17 +212,12 @@ impl Controller {
         engine: Option<u32>,
         pair: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let pair = self.pair_name(pair)?;
-        let client = self.client.clone();
-        let r = wait(
+        self.ask(
             py,
-            &self.rt,
             "adding an engine",
-            Some(Duration::from_secs(60)),
-            async move { client.add_engine(&pair, engine).await },
-        )?
-        .map_err(Fail::from)?;
-        Ok(to_py(py, &r)?)
+            pair,
+            move |client, pair| async move { client.add_engine(&pair, engine).await },
+        )
     }
 
     /// Removes engine `engine` from the pair (`DELETE /v1/pairs/{name}/engines/{engine}`).
@@ -205,33 +228,23 @@ impl Controller {
         engine: u32,
         pair: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let pair = self.pair_name(pair)?;
-        let client = self.client.clone();
-        let r = wait(
+        self.ask(
             py,
-            &self.rt,
             "removing an engine",
-            Some(Duration::from_secs(60)),
-            async move { client.remove_engine(&pair, engine).await },
-        )?
-        .map_err(Fail::from)?;
-        Ok(to_py(py, &r)?)
+            pair,
+            move |client, pair| async move { client.remove_engine(&pair, engine).await },
+        )
     }
 
     /// The pair's status document (`GET /v1/pairs/{name}/status`).
     #[pyo3(signature = (pair=None))]
     fn status<'py>(&self, py: Python<'py>, pair: Option<String>) -> PyResult<Bound<'py, PyAny>> {
-        let pair = self.pair_name(pair)?;
-        let client = self.client.clone();
-        let st = wait(
+        self.ask(
             py,
-            &self.rt,
             "reading the pair's status",
-            Some(Duration::from_secs(60)),
-            async move { client.status(&pair).await },
-        )?
-        .map_err(Fail::from)?;
-        Ok(to_py(py, &st)?)
+            pair,
+            move |client, pair| async move { client.status(&pair).await },
+        )
     }
 
     /// Waits until every rank of both sides joined; raises if the join deadline passed.
@@ -283,17 +296,12 @@ impl Controller {
         version: u64,
         pair: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let pair = self.pair_name(pair)?;
-        let client = self.client.clone();
-        let st = wait(
+        self.ask(
             py,
-            &self.rt,
             "starting the update",
-            Some(Duration::from_secs(60)),
-            async move { client.start_update(&pair, version).await },
-        )?
-        .map_err(Fail::from)?;
-        Ok(to_py(py, &st)?)
+            pair,
+            move |client, pair| async move { client.start_update(&pair, version).await },
+        )
     }
 
     /// Waits until `version` committed (returns its status) or failed (raises `awex.UpdateFailed`).
@@ -356,17 +364,12 @@ impl Controller {
         accept_torn: bool,
         pair: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let pair = self.pair_name(pair)?;
-        let client = self.client.clone();
-        let st = wait(
+        self.ask(
             py,
-            &self.rt,
             "resuming the engines",
-            Some(Duration::from_secs(60)),
-            async move { client.resume(&pair, accept_torn).await },
-        )?
-        .map_err(Fail::from)?;
-        Ok(to_py(py, &st)?)
+            pair,
+            move |client, pair| async move { client.resume(&pair, accept_torn).await },
+        )
     }
 
     /// Disconnects the pair: its ranks see `disconnect`, tear down and their `update` raises
@@ -377,17 +380,9 @@ impl Controller {
         py: Python<'py>,
         pair: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let pair = self.pair_name(pair)?;
-        let client = self.client.clone();
-        let st = wait(
-            py,
-            &self.rt,
-            "disconnecting",
-            Some(Duration::from_secs(60)),
-            async move { client.disconnect(&pair).await },
-        )?
-        .map_err(Fail::from)?;
-        Ok(to_py(py, &st)?)
+        self.ask(py, "disconnecting", pair, move |client, pair| async move {
+            client.disconnect(&pair).await
+        })
     }
 
     /// The pair this controller acts on by default (set by `connect`).
