@@ -116,61 +116,19 @@ fn tensor_parallel_gpt_oss_is_refused_by_name() {
 
 /// One run of consecutive canonical elements in a local tensor: (local start, canonical
 /// tensor, canonical start, length).
-type Run = (u64, String, u64, u64);
+type Run = awex_core::layout::check::ElementRun;
 
 /// One parameter: name, shape, dtype and its runs.
 type Param = (String, Vec<u64>, DType, Vec<Run>);
 
-/// Row-major strides of `shape`.
-fn strides(shape: &[u64]) -> Vec<u64> {
-    let mut s = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * shape[d + 1];
-    }
-    s
-}
-
-/// The maximal runs of canonical elements every local tensor of `l` holds, by tensor name.
+/// The maximal runs of canonical elements every local tensor of `l` holds
+/// ([`awex_core::layout::check::element_runs`]).
 fn layout_runs(l: &RankLayout, cat: &Catalogue) -> Vec<Param> {
-    let mut out = Vec::new();
-    for t in &l.tensors {
-        let local = t.shape.as_slice().to_vec();
-        let ls = strides(&local);
-        let mut runs: Vec<Run> = Vec::new();
-        for p in &t.placements {
-            let c = cat.get(&p.canonical).expect("canonical");
-            let cs = strides(c.shape.as_slice());
-            let (o, x, lo) = (
-                p.region.offset.as_slice(),
-                p.region.extent.as_slice(),
-                p.local_offset.as_slice(),
-            );
-            let n = x.len();
-            let k = lo.len() - n;
-            let base: u64 = (0..k).map(|d| lo[d] * ls[d]).sum();
-            let rows: u64 = x[..n - 1].iter().product();
-            for row in 0..rows {
-                let (mut rem, mut lf, mut cf) = (row, base + lo[k + n - 1], o[n - 1]);
-                for d in (0..n - 1).rev() {
-                    let i = rem % x[d];
-                    rem /= x[d];
-                    lf += (lo[k + d] + i) * ls[k + d];
-                    cf += (o[d] + i) * cs[d];
-                }
-                runs.push((lf, p.canonical.to_string(), cf, x[n - 1]));
-            }
-        }
-        runs.sort();
-        let mut merged: Vec<Run> = Vec::new();
-        for r in runs {
-            match merged.last_mut() {
-                Some(m) if m.0 + m.3 == r.0 && m.1 == r.1 && m.2 + m.3 == r.2 => m.3 += r.3,
-                _ => merged.push(r),
-            }
-        }
-        out.push((t.name.to_string(), local, t.dtype, merged));
-    }
-    out
+    awex_core::layout::check::element_runs(l, cat)
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.name, t.shape, t.dtype, t.runs))
+        .collect()
 }
 
 /// Real torch FSDP2 (`engines/tests/train/test_fsdp_gpt_oss.py`: transformers' own

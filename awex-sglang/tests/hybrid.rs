@@ -16,62 +16,17 @@ use awex_sglang::SglangLayout;
 use serde_json::Value;
 
 /// One run of consecutive canonical elements in a local tensor.
-type Run = (u64, String, u64, u64);
+type Run = awex_core::layout::check::ElementRun;
 
-/// Row-major strides of `shape`.
-fn strides(shape: &[u64]) -> Vec<u64> {
-    let mut s = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1] * shape[d + 1];
-    }
-    s
-}
-
-/// The maximal runs of canonical elements every local tensor of `l` holds, by tensor name.
+/// The maximal runs of canonical elements every local tensor of `l` holds, by tensor name
+/// ([`awex_core::layout::check::element_runs`]).
 fn layout_runs(l: &RankLayout, cat: &Catalogue) -> Vec<(String, Vec<u64>, DType, Vec<Run>)> {
-    let mut out = Vec::new();
-    for t in &l.tensors {
-        let local = t.shape.as_slice().to_vec();
-        let ls = strides(&local);
-        let mut runs: Vec<Run> = Vec::new();
-        for p in &t.placements {
-            let c = cat
-                .get(&p.canonical)
-                .unwrap_or_else(|| panic!("{} places unknown {}", t.name, p.canonical));
-            let cs = strides(c.shape.as_slice());
-            let (o, x, lo) = (
-                p.region.offset.as_slice(),
-                p.region.extent.as_slice(),
-                p.local_offset.as_slice(),
-            );
-            let n = x.len();
-            // a region of fewer dims than the local tensor sits at the local offset's leading
-            // indices (one expert of `w13_weight`)
-            let k = lo.len() - n;
-            let base: u64 = (0..k).map(|d| lo[d] * ls[d]).sum();
-            let rows: u64 = x[..n - 1].iter().product();
-            for row in 0..rows {
-                // the row's index over the leading dims
-                let (mut rem, mut lf, mut cf) = (row, base + lo[k + n - 1], o[n - 1]);
-                for d in (0..n - 1).rev() {
-                    let i = rem % x[d];
-                    rem /= x[d];
-                    lf += (lo[k + d] + i) * ls[k + d];
-                    cf += (o[d] + i) * cs[d];
-                }
-                runs.push((lf, p.canonical.to_string(), cf, x[n - 1]));
-            }
-        }
-        runs.sort();
-        let mut merged: Vec<Run> = Vec::new();
-        for r in runs {
-            match merged.last_mut() {
-                Some(m) if m.0 + m.3 == r.0 && m.1 == r.1 && m.2 + m.3 == r.2 => m.3 += r.3,
-                _ => merged.push(r),
-            }
-        }
-        out.push((t.name.to_string(), local, t.dtype, merged));
-    }
+    let mut out: Vec<(String, Vec<u64>, DType, Vec<Run>)> =
+        awex_core::layout::check::element_runs(l, cat)
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.name, t.shape, t.dtype, t.runs))
+            .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }

@@ -270,3 +270,90 @@ mod tests {
         );
     }
 }
+
+/// One run of consecutive canonical elements in a local tensor: `(local flat start, canonical
+/// tensor, canonical flat start, length)`.
+pub type ElementRun = (u64, String, u64, u64);
+
+/// What one local tensor of a rank holds, element by element: its name, shape, dtype and the
+/// maximal runs of canonical elements in it (ascending local start; what is not in a run is
+/// padding). Engine tests record the same from the engines' own loads of a checkpoint whose
+/// every element names itself, and compare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalRuns {
+    /// the local tensor
+    pub name: String,
+    /// its shape
+    pub shape: Vec<u64>,
+    /// its dtype
+    pub dtype: crate::DType,
+    /// its runs of canonical elements
+    pub runs: Vec<ElementRun>,
+}
+
+/// [`LocalRuns`] of every local tensor of `l`, in the layout's order. A placement whose region
+/// has fewer dims than its local tensor sits at the local offset's leading indices (one expert
+/// of a stacked expert tensor).
+pub fn element_runs(l: &RankLayout, cat: &Catalogue) -> Result<Vec<LocalRuns>, CheckError> {
+    let strides = |shape: &[u64]| {
+        let mut s = vec![1u64; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            s[d] = s[d + 1] * shape[d + 1];
+        }
+        s
+    };
+    let mut out = Vec::new();
+    for t in &l.tensors {
+        let local = t.shape.as_slice().to_vec();
+        let ls = strides(&local);
+        let mut runs: Vec<ElementRun> = Vec::new();
+        for p in &t.placements {
+            let c = cat
+                .get(&p.canonical)
+                .ok_or_else(|| LayoutError::UnknownCanonical {
+                    rank: l.rank,
+                    tensor: t.name.to_string(),
+                    canonical: p.canonical.to_string(),
+                })?;
+            let cs = strides(c.shape.as_slice());
+            let (o, x, lo) = (
+                p.region.offset.as_slice(),
+                p.region.extent.as_slice(),
+                p.local_offset.as_slice(),
+            );
+            let n = x.len();
+            if n == 0 || lo.len() < n {
+                continue;
+            }
+            let k = lo.len() - n;
+            let base: u64 = (0..k).map(|d| lo[d] * ls[d]).sum();
+            let rows: u64 = x[..n - 1].iter().product();
+            for row in 0..rows {
+                // the row's index over the leading dims
+                let (mut rem, mut lf, mut cf) = (row, base + lo[k + n - 1], o[n - 1]);
+                for d in (0..n - 1).rev() {
+                    let i = rem % x[d];
+                    rem /= x[d];
+                    lf += (lo[k + d] + i) * ls[k + d];
+                    cf += (o[d] + i) * cs[d];
+                }
+                runs.push((lf, p.canonical.to_string(), cf, x[n - 1]));
+            }
+        }
+        runs.sort();
+        let mut merged: Vec<ElementRun> = Vec::new();
+        for r in runs {
+            match merged.last_mut() {
+                Some(m) if m.0 + m.3 == r.0 && m.1 == r.1 && m.2 + m.3 == r.2 => m.3 += r.3,
+                _ => merged.push(r),
+            }
+        }
+        out.push(LocalRuns {
+            name: t.name.to_string(),
+            shape: local,
+            dtype: t.dtype,
+            runs: merged,
+        });
+    }
+    Ok(out)
+}
