@@ -472,3 +472,55 @@ async fn a_presence_poll_is_held_through_events_and_ends_with_the_disconnect() {
     let e = held.await.unwrap().unwrap_err();
     assert_eq!(e.status(), Some(410), "{e}");
 }
+
+/// The process that reported the running version received, in place, takes its own slot over
+/// (as `awex.sglang.receive` does when it recreates its Reader for storage the engine rebound):
+/// the version stands and commits. The same takeover before its report, or by another process
+/// after it, fails the version.
+#[tokio::test]
+async fn a_process_taking_its_own_slot_over_after_its_report_keeps_the_version_others_fail_it() {
+    use awex_control::wire::ReleaseSlot;
+    let url = start(GatewayConfig::default()).await;
+    let c = Client::new(&url, None).unwrap().with_retries(0);
+    let rejoin = |pid: u64| JoinRequest {
+        side: I.0,
+        rank: I.1,
+        info: json!({"incarnation": "c1a1m000000000n2", "pid": pid, "transport": {"port": 2}}),
+        capabilities: vec![],
+    };
+    let release = ReleaseSlot {
+        side: I.0,
+        rank: I.1,
+    };
+    // (name, reported before the takeover, the new holder's pid) -> the version's state
+    for (name, reported, pid, want) in [
+        ("own", true, 4242, UpdateState::Committed),
+        ("early", false, 4242, UpdateState::Failed),
+        ("other", true, 777, UpdateState::Failed),
+    ] {
+        running(&c, name).await;
+        if reported {
+            c.report(name, 1, &report(I.0, I.1, true, Some(I_CLAIM)))
+                .await
+                .unwrap();
+        }
+        c.release_slot(name, &release).await.unwrap();
+        c.join(name, &rejoin(pid)).await.unwrap();
+        if want == UpdateState::Committed {
+            c.report(name, 1, &report(T.0, T.1, true, Some(T_CLAIM)))
+                .await
+                .unwrap();
+        }
+        let st = c.update_status(name, 1).await.unwrap();
+        assert_eq!(st.state, want, "{name}: {st:?}");
+        if want == UpdateState::Failed {
+            assert!(
+                st.error
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("inference rank 0/0 changed hands while it ran"),
+                "{name}: {st:?}"
+            );
+        }
+    }
+}
