@@ -503,6 +503,9 @@ impl TcpTransport {
         let mut streams = Vec::new();
         // the tag of the stream taken from each peer
         let mut used: HashMap<RankId, u64> = HashMap::new();
+        // an attempt aborted or past its deadline before it started (a rank that took it late)
+        // takes no stream: the streams may be a later attempt's already
+        ctx.check()?;
         {
             let (lock, cv) = &*self.incoming;
             let mut map = lock
@@ -510,11 +513,27 @@ impl TcpTransport {
                 .map_err(|_| RuntimeError::from(TransportError::Poisoned))?;
             let want = if ctx.attempt > 1 { ctx.tag() } else { 0 };
             for (i, peer) in plan.peers.iter().enumerate() {
-                // on a retry, only a connection opened for this attempt will do
-                while !map
-                    .get(&peer.peer)
-                    .is_some_and(|(t, _)| want == 0 || *t == want)
-                {
+                loop {
+                    match map.get(&peer.peer) {
+                        // a connection opened for a later attempt (a retry of this version, or
+                        // of a later one): this attempt is over, and that stream is the later
+                        // attempt's (left in place for it)
+                        Some((t, _)) if *t != 0 && *t > ctx.tag() => {
+                            return Err(RuntimeError::AttemptOver {
+                                version: ctx.version,
+                                attempt: ctx.attempt,
+                                why: format!(
+                                    "training rank {} already connected for attempt {} of version {}",
+                                    peer.peer,
+                                    t & 0xffff,
+                                    t >> 16
+                                ),
+                            });
+                        }
+                        // on a retry, only a connection opened for this attempt will do
+                        Some((t, _)) if want == 0 || *t == want => break,
+                        _ => {}
+                    }
                     ctx.check().map_err(|e| {
                         RuntimeError::from(TransportError::NeverConnected {
                             peer: peer.peer,
