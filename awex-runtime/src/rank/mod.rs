@@ -572,10 +572,21 @@ impl Rank {
         async move {
             // a later attempt already running (this rank ran its attempt late): waiting for
             // the version would wait for that attempt, which this rank would then miss
-            let now = client.update_status(&pair, work.version).await;
-            let answer = match now {
-                Ok(st) if st.attempt != work.attempt => Ok(st),
-                _ => client.wait_update(&pair, work.version, limit).await,
+            // (nor can the wait's own answer say so in time: a retry started as this attempt
+            // failed leaves the version running, so the wait goes on in slices, each followed
+            // by a look at the attempt)
+            let start = Instant::now();
+            let answer = loop {
+                match client.update_status(&pair, work.version).await {
+                    Ok(st) if st.attempt != work.attempt => break Ok(st),
+                    _ => {}
+                }
+                let left = limit.saturating_sub(start.elapsed());
+                let slice = left.min(OUTCOME_SLICE);
+                match client.wait_update(&pair, work.version, slice).await {
+                    Err(ClientError::StillRunning { .. }) if left > slice => {}
+                    other => break other,
+                }
             };
             match answer {
                 Ok(st) if st.attempt != work.attempt => Outcome::Failed {
@@ -613,6 +624,10 @@ impl Rank {
         }
     }
 }
+
+/// How long one wait for an outcome ([`Rank::outcome`]) lasts before the rank looks at which
+/// attempt runs.
+const OUTCOME_SLICE: Duration = Duration::from_millis(500);
 
 /// Whether the update status `st` says that `w` is over: a later attempt (or a later version's
 /// status read for it) started, or the same attempt committed or failed.
