@@ -1042,6 +1042,20 @@ fn receive_peer(
                 };
                 let mut hdr = [0u8; FRAME_HEADER];
                 io.read(&mut s, &mut hdr, &what)?;
+                // frames of an earlier version left in this stream (its sender pushed them
+                // into the socket while this rank was stopped or had given that version up,
+                // leaving it unread): skipped, every one of them, bounded by the buffer
+                while hdr[0..4] == FRAME.to_le_bytes()
+                    && u32::from_le_bytes(hdr[4..8].try_into().unwrap_or([0; 4])) & !FLAG_DELTA == 0
+                    && u64::from_le_bytes(hdr[8..16].try_into().unwrap_or([0; 8])) < ctx.version
+                {
+                    let len = u64::from_le_bytes(hdr[24..32].try_into().unwrap_or([0; 8]));
+                    if len > buf.len() as u64 {
+                        break; // not a frame this plan sends: refused below
+                    }
+                    io.read(&mut s, &mut buf[..len as usize], &what)?;
+                    io.read(&mut s, &mut hdr, &what)?;
+                }
                 let w = |a: usize| u64::from_le_bytes(hdr[a..a + 8].try_into().unwrap_or([0; 8]));
                 let (version, bucket, len, h) = (w(8), w(16), w(24), w(32));
                 let flags = u32::from_le_bytes(hdr[4..8].try_into().unwrap_or([0; 4]));
