@@ -627,7 +627,7 @@ impl Rank {
 
 /// How long one wait for an outcome ([`Rank::outcome`]) lasts before the rank looks at which
 /// attempt runs.
-const OUTCOME_SLICE: Duration = Duration::from_millis(500);
+const OUTCOME_SLICE: Duration = Duration::from_secs(1);
 
 /// Whether the update status `st` says that `w` is over: a later attempt (or a later version's
 /// status read for it) started, or the same attempt committed or failed.
