@@ -416,11 +416,9 @@ fn an_engine_removed_mid_update_leaves_the_others_versions_whole() {
 #[test]
 fn quorum_with_two_engines_stopped_does_not_commit_and_the_retry_commits_everywhere() {
     let _one = one_at_a_time();
-    // shm only: over tcp a SIGSTOPped engine's rank, once resumed, runs the attempt it missed
-    // until that attempt's own deadline and can miss the retry too (seen in CI: the retry
-    // failed for want of a quorum); a known gap, docs/gateway.md
-    {
-        let transport = "shm";
+    // over tcp too: a SIGSTOPped engine's rank, once resumed, abandons the attempt it missed
+    // (past the gateway's deadline of that attempt, or over) and takes the retry
+    for transport in ["shm", "tcp"] {
         let (code, j, err) = demo(&[
             "--transport",
             transport,
@@ -461,6 +459,77 @@ fn quorum_with_two_engines_stopped_does_not_commit_and_the_retry_commits_everywh
         // every engine is back in the retry
         assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
         assert_eq!(ups[3]["verified"], true, "{transport}: {j}");
+        assert_eq!(j["verified"], true, "{transport}: {j}");
+    }
+    no_segments_left();
+}
+
+#[test]
+fn available_with_a_stopped_engine_costs_the_deadline_and_the_engine_catches_up() {
+    let _one = one_at_a_time();
+    for transport in ["shm", "tcp"] {
+        let (code, j, err) = demo(&[
+            "--transport",
+            transport,
+            "--infer",
+            "sglang:tp=1,engines=3",
+            "--commit",
+            "available",
+            "--fault-stop-infer-engines",
+            "1",
+            "--fault-version",
+            "2",
+            "--updates",
+            "3",
+            "--deadline-s",
+            "4",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        let ups = j["updates"].as_array().unwrap();
+        // a silent engine holds version 2 until its deadline, whatever the transport
+        assert!(
+            ups[1]["seconds"].as_f64().unwrap() >= 3.9,
+            "{transport}: {}",
+            ups[1]
+        );
+        if transport == "shm" {
+            // the training ranks wait for the stopped receiver and do not report by the
+            // deadline: the version fails there, and its retry after SIGCONT commits on every
+            // engine
+            assert_eq!(ups.len(), 4, "{transport}: {j}");
+            assert_eq!(ups[1]["verified"], false, "{transport}: {}", ups[1]);
+            assert!(
+                ups[1]["error"].as_str().unwrap().contains("deadline"),
+                "{transport}: {}",
+                ups[1]
+            );
+            assert_eq!(
+                (ups[2]["version"].as_u64(), ups[2]["attempts"].as_u64()),
+                (Some(2), Some(2)),
+                "{transport}: {j}"
+            );
+            assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
+        } else {
+            // the sends to it fit in socket buffers: version 2 commits on the two others at
+            // the deadline, and the resumed engine, past the frames it never read, catches
+            // up in version 3, every byte verified
+            assert_eq!(ups.len(), 3, "{transport}: {j}");
+            assert_eq!(
+                (ups[1]["version"].as_u64(), ups[1]["attempts"].as_u64()),
+                (Some(2), Some(1)),
+                "{transport}: {j}"
+            );
+            assert_eq!(
+                ups[1]["left_out"],
+                serde_json::json!([1]),
+                "{transport}: {j}"
+            );
+            assert_eq!(ups[1]["verified"], true, "{transport}: {j}");
+            assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
+        }
+        let last = ups.last().unwrap();
+        assert_eq!(last["version"].as_u64(), Some(3), "{transport}: {j}");
+        assert_eq!(last["verified"], true, "{transport}: {j}");
         assert_eq!(j["verified"], true, "{transport}: {j}");
     }
     no_segments_left();

@@ -116,6 +116,19 @@ pub enum RuntimeError {
     /// The update's deadline passed.
     #[error("update {0} missed its deadline")]
     Deadline(u64),
+    /// The attempt this rank worked on was already over on the gateway (it failed or a later
+    /// attempt started, e.g. while this rank's process was stopped): its part is void.
+    #[error(
+        "attempt {attempt} of update {version} was already over ({why}); this rank's part of it does not count, and it takes the next attempt from the gateway"
+    )]
+    AttemptOver {
+        /// the version
+        version: u64,
+        /// the attempt this rank worked on
+        attempt: u32,
+        /// what the gateway said
+        why: String,
+    },
     /// A box copy failed.
     #[error(transparent)]
     Copy(#[from] awex_core::layout::copy::CopyError),

@@ -277,6 +277,7 @@ impl Rank {
             unreached: Vec::new(),
             lost: Default::default(),
             out: None,
+            attempt_deadline: None,
             removed: false,
         })
     }

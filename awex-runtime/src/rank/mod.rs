@@ -71,6 +71,10 @@ pub struct Rank {
     /// The engine slots out of the last `update` taken from its start (free, or an added
     /// engine whose ranks have not all joined), and the work it announced.
     out: Option<(Work, Vec<u32>)>,
+    /// The gateway's deadline of the work last taken from [`Rank::next_live_work`], as an
+    /// instant of this process (from the update's status: its `deadline_ms` less its
+    /// `elapsed_ms`, counted from when that status was asked for, so no clock is compared).
+    attempt_deadline: Option<(Work, Instant)>,
     /// This rank's engine was removed from the pair (its `engine_removed` event was taken).
     removed: bool,
     /// The event poll this rank's process keeps open while it holds its slot.
@@ -324,22 +328,31 @@ impl Rank {
             if self.queued_behind(w) {
                 continue;
             }
+            // when the answer was asked for (the last try's, after a lost gateway)
+            let asked = std::sync::Mutex::new(Instant::now());
             let st = retry_gateway(
                 &self.cfg.gateway,
                 "reading the update's state",
                 self.update_limit(),
-                || self.client.update_status(&self.cfg.pair, w.version),
+                || {
+                    if let Ok(mut a) = asked.lock() {
+                        *a = Instant::now();
+                    }
+                    self.client.update_status(&self.cfg.pair, w.version)
+                },
             )
             .await
             .map_err(|e| self.classify(e));
             match st {
-                Ok(st)
-                    if st.attempt > w.attempt
-                        || (st.attempt == w.attempt && st.state.is_final()) =>
-                {
-                    continue;
+                Ok(st) if attempt_over(&st, w) => continue,
+                Ok(st) => {
+                    // the attempt's own deadline as the gateway counts it: a rank that takes
+                    // its work late (a stopped process, resumed) never runs past it
+                    let asked = asked.into_inner().unwrap_or_else(|e| e.into_inner());
+                    let left = st.deadline_ms.saturating_sub(st.elapsed_ms);
+                    self.attempt_deadline = Some((w, asked + Duration::from_millis(left)));
+                    return Ok(Some(w));
                 }
-                Ok(_) => return Ok(Some(w)),
                 Err(RankError::Disconnected) => return Ok(None),
                 Err(e) => return Err(e),
             }
@@ -353,6 +366,39 @@ impl Rank {
     pub fn skip_read_events(&mut self) {
         self.last_seq = self.last_seq.max(self.watched_seq.load(Ordering::Acquire));
         self.pending.clear();
+    }
+
+    /// The instant this rank's part of `work` must end by: the update deadline from now, and
+    /// no later than the attempt's deadline as the gateway set it (known for work taken from
+    /// [`Rank::next_live_work`]; otherwise asked for here, once, and an attempt the gateway
+    /// says is over is [`RuntimeError::AttemptOver`]).
+    async fn work_deadline(&mut self, work: Work) -> Result<Instant, RuntimeError> {
+        let local = Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
+        if let Some((w, d)) = self.attempt_deadline
+            && w == work
+        {
+            return Ok(local.min(d));
+        }
+        let asked = Instant::now();
+        match self
+            .client
+            .update_status(&self.cfg.pair, work.version)
+            .await
+        {
+            Ok(st) if attempt_over(&st, work) => Err(RuntimeError::AttemptOver {
+                version: work.version,
+                attempt: work.attempt,
+                why: over_why(&st),
+            }),
+            Ok(st) => {
+                let left = st.deadline_ms.saturating_sub(st.elapsed_ms);
+                let d = asked + Duration::from_millis(left);
+                self.attempt_deadline = Some((work, d));
+                Ok(local.min(d))
+            }
+            // the gateway's answer is not needed to run the attempt: the local bound holds
+            Err(_) => Ok(local),
+        }
     }
 
     /// Whether an event already fetched ends `w` (its abort, a later attempt, or a disconnect).
@@ -524,7 +570,34 @@ impl Rank {
         let client = self.client.clone();
         let pair = self.cfg.pair.clone();
         async move {
-            match client.wait_update(&pair, work.version, limit).await {
+            // a later attempt already running (this rank ran its attempt late): waiting for
+            // the version would wait for that attempt, which this rank would then miss
+            // (nor can the wait's own answer say so in time: a retry started as this attempt
+            // failed leaves the version running, so the wait goes on in slices, each followed
+            // by a look at the attempt)
+            let start = Instant::now();
+            let answer = loop {
+                match client.update_status(&pair, work.version).await {
+                    Ok(st) if st.attempt != work.attempt => break Ok(st),
+                    _ => {}
+                }
+                let left = limit.saturating_sub(start.elapsed());
+                let slice = left.min(OUTCOME_SLICE);
+                match client.wait_update(&pair, work.version, slice).await {
+                    Err(ClientError::StillRunning { .. }) if left > slice => {}
+                    other => break other,
+                }
+            };
+            match answer {
+                Ok(st) if st.attempt != work.attempt => Outcome::Failed {
+                    work,
+                    stats: Some(stats),
+                    reason: Failure::Rank(RuntimeError::AttemptOver {
+                        version: work.version,
+                        attempt: work.attempt,
+                        why: over_why(&st),
+                    }),
+                },
                 Ok(st) if st.state == awex_control::wire::UpdateState::Committed => {
                     Outcome::Committed { work, stats }
                 }
@@ -550,6 +623,28 @@ impl Rank {
             t.close();
         }
     }
+}
+
+/// How long one wait for an outcome ([`Rank::outcome`]) lasts before the rank looks at which
+/// attempt runs.
+const OUTCOME_SLICE: Duration = Duration::from_secs(1);
+
+/// Whether the update status `st` says that `w` is over: a later attempt (or a later version's
+/// status read for it) started, or the same attempt committed or failed.
+fn attempt_over(st: &awex_control::wire::UpdateStatus, w: Work) -> bool {
+    st.version > w.version
+        || st.attempt > w.attempt
+        || (st.attempt == w.attempt && st.state.is_final())
+}
+
+/// Why an attempt is over, from the status that says so ([`attempt_over`]).
+fn over_why(st: &awex_control::wire::UpdateStatus) -> String {
+    format!(
+        "the gateway has version {} at attempt {}, {}",
+        st.version,
+        st.attempt,
+        st.state.as_str()
+    )
 }
 
 impl Drop for Rank {

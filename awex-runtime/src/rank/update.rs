@@ -154,8 +154,17 @@ impl Rank {
                 return self.report(work, Err(e)).await;
             }
         }
-        let deadline =
-            Instant::now() + Duration::from_millis(self.joined.options.update_deadline_ms);
+        // bounded by the attempt's deadline as the gateway set it, not counted from when this
+        // rank got to it: a rank resumed after a stop past that deadline fails at once
+        let deadline = match self.work_deadline(work).await {
+            Ok(d) => d,
+            Err(e) => return self.report(work, Err(e)).await,
+        };
+        if deadline <= Instant::now() {
+            return self
+                .report(work, Err(RuntimeError::Deadline(work.version)))
+                .await;
+        }
         let cancel = Arc::new(AtomicBool::new(false));
         // a transport lost to a panic of an earlier update: this one fails, and says so
         let Some(mut transport) = self.transport.take() else {
@@ -240,7 +249,14 @@ impl Rank {
                                     side == awex_core::layout::Side::Inference
                                         && ev.engines.contains(&me_rank.engine)
                                 }
-                                EventKind::Update | EventKind::Apply | EventKind::LeftOut => false,
+                                // a later attempt or version started: this attempt is over
+                                // (a rank that took it late, its abort already behind it)
+                                EventKind::Update => {
+                                    ev.version > Some(work.version)
+                                        || (ev.version == Some(work.version)
+                                            && ev.attempt.unwrap_or(1) > work.attempt)
+                                }
+                                EventKind::Apply | EventKind::LeftOut => false,
                             });
                             if aborted {
                                 cancel.store(true, Ordering::Release);
@@ -397,6 +413,38 @@ impl Rank {
         .await;
         if let Err(e) = sent {
             let refused = matches!(&e, RankError::Gateway(c) if c.status() == Some(409));
+            if result.is_ok() && refused {
+                // refused because the attempt is over (failed, or a later one started while
+                // this rank ran it late): its part does not count, and the caller must not
+                // wait for the version's outcome as if it did. Refused as a repeat of a report
+                // that did arrive: the attempt still runs or committed, and the part counts.
+                let st = self
+                    .client
+                    .update_status(&self.cfg.pair, work.version)
+                    .await;
+                let engine = self.cfg.rank.engine;
+                let inference = self.cfg.side == awex_core::layout::Side::Inference;
+                let over = match &st {
+                    Ok(st)
+                        if st.attempt != work.attempt
+                            || st.state == awex_control::wire::UpdateState::Failed =>
+                    {
+                        Some(super::over_why(st))
+                    }
+                    // settled without this rank's engine: it does not hold the version
+                    Ok(st) if inference && st.left_out.iter().any(|l| l.engine == engine) => {
+                        Some(format!("engine {engine} was left out of it"))
+                    }
+                    _ => None,
+                };
+                if let Some(why) = over {
+                    return Err(RuntimeError::AttemptOver {
+                        version: work.version,
+                        attempt: work.attempt,
+                        why,
+                    });
+                }
+            }
             // a report refused because the version already failed is not this rank's error
             if result.is_ok() && !refused {
                 return Err(match e {

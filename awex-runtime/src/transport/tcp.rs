@@ -503,6 +503,9 @@ impl TcpTransport {
         let mut streams = Vec::new();
         // the tag of the stream taken from each peer
         let mut used: HashMap<RankId, u64> = HashMap::new();
+        // an attempt aborted or past its deadline before it started (a rank that took it late)
+        // takes no stream: the streams may be a later attempt's already
+        ctx.check()?;
         {
             let (lock, cv) = &*self.incoming;
             let mut map = lock
@@ -510,11 +513,27 @@ impl TcpTransport {
                 .map_err(|_| RuntimeError::from(TransportError::Poisoned))?;
             let want = if ctx.attempt > 1 { ctx.tag() } else { 0 };
             for (i, peer) in plan.peers.iter().enumerate() {
-                // on a retry, only a connection opened for this attempt will do
-                while !map
-                    .get(&peer.peer)
-                    .is_some_and(|(t, _)| want == 0 || *t == want)
-                {
+                loop {
+                    match map.get(&peer.peer) {
+                        // a connection opened for a later attempt (a retry of this version, or
+                        // of a later one): this attempt is over, and that stream is the later
+                        // attempt's (left in place for it)
+                        Some((t, _)) if *t != 0 && *t > ctx.tag() => {
+                            return Err(RuntimeError::AttemptOver {
+                                version: ctx.version,
+                                attempt: ctx.attempt,
+                                why: format!(
+                                    "training rank {} already connected for attempt {} of version {}",
+                                    peer.peer,
+                                    t & 0xffff,
+                                    t >> 16
+                                ),
+                            });
+                        }
+                        // on a retry, only a connection opened for this attempt will do
+                        Some((t, _)) if want == 0 || *t == want => break,
+                        _ => {}
+                    }
                     ctx.check().map_err(|e| {
                         RuntimeError::from(TransportError::NeverConnected {
                             peer: peer.peer,
@@ -1023,6 +1042,20 @@ fn receive_peer(
                 };
                 let mut hdr = [0u8; FRAME_HEADER];
                 io.read(&mut s, &mut hdr, &what)?;
+                // frames of an earlier version left in this stream (its sender pushed them
+                // into the socket while this rank was stopped or had given that version up,
+                // leaving it unread): skipped, every one of them, bounded by the buffer
+                while hdr[0..4] == FRAME.to_le_bytes()
+                    && u32::from_le_bytes(hdr[4..8].try_into().unwrap_or([0; 4])) & !FLAG_DELTA == 0
+                    && u64::from_le_bytes(hdr[8..16].try_into().unwrap_or([0; 8])) < ctx.version
+                {
+                    let len = u64::from_le_bytes(hdr[24..32].try_into().unwrap_or([0; 8]));
+                    if len > buf.len() as u64 {
+                        break; // not a frame this plan sends: refused below
+                    }
+                    io.read(&mut s, &mut buf[..len as usize], &what)?;
+                    io.read(&mut s, &mut hdr, &what)?;
+                }
                 let w = |a: usize| u64::from_le_bytes(hdr[a..a + 8].try_into().unwrap_or([0; 8]));
                 let (version, bucket, len, h) = (w(8), w(16), w(24), w(32));
                 let flags = u32::from_le_bytes(hdr[4..8].try_into().unwrap_or([0; 4]));
