@@ -549,6 +549,7 @@ mod tests {
             dst_offset: Dims::new(&[2, 1]),
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[3, 5]),
+            transposed: false,
         }
     }
 

@@ -77,12 +77,13 @@ pub fn fill_or_check_with(
                 return Err(format!("unknown canonical `{}`", p.canonical));
             };
             let ce = c.dtype.size() as u64;
-            let b = StridedBox::new(
+            let b = StridedBox::new_transposed(
                 &c.shape,
                 &p.region.offset,
                 &t.shape,
                 &p.local_offset,
                 &p.region.extent,
+                p.transpose(),
             )
             .map_err(|e| e.to_string())?;
             let mut err = None;

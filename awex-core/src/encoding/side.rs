@@ -282,6 +282,7 @@ impl Fp8Side {
                     extent: to_blocks(&p.region.extent, true),
                 },
                 local_offset: to_blocks(&p.local_offset, false),
+                transposed: false,
             })
             .collect();
         LocalTensor {

@@ -714,6 +714,7 @@ impl FusedTpLayout {
                 canonical: canonical.clone(),
                 region: Region::new([start, 0], [len, self.d.hidden]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             }]
         } else {
             Vec::new()
@@ -741,6 +742,7 @@ impl FusedTpLayout {
             canonical: canonical.clone(),
             region: Region::full(shape),
             local_offset: Dims::zeros(shape.ndim()),
+            transposed: false,
         }];
         self.local(local, shape, placements)
     }
@@ -779,6 +781,7 @@ impl FusedTpLayout {
             canonical: c.clone(),
             region,
             local_offset: at,
+            transposed: false,
         };
         let rows = |c: &Arc<str>, start: u64, len: u64, at: u64| {
             pl(c, Region::new([start, 0], [len, h]), Dims::new(&[at, 0]))
@@ -898,6 +901,7 @@ impl FusedTpLayout {
             canonical: name.clone(),
             region: Region::full(shape),
             local_offset: Dims::zeros(shape.ndim()),
+            transposed: false,
         }];
         LocalTensor {
             dtype,
@@ -924,11 +928,13 @@ impl FusedTpLayout {
                     canonical: gate.clone(),
                     region: Region::new([r * i, 0], [i, h]),
                     local_offset: Dims::zeros(2),
+                    transposed: false,
                 },
                 Placement {
                     canonical: up.clone(),
                     region: Region::new([r * i, 0], [i, h]),
                     local_offset: Dims::new(&[i, 0]),
+                    transposed: false,
                 },
             ],
         ));
@@ -939,6 +945,7 @@ impl FusedTpLayout {
                 canonical: down.clone(),
                 region: Region::new([0, r * i], [h, i]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             }],
         ));
     }
@@ -959,6 +966,7 @@ impl FusedTpLayout {
                     canonical: (*c).clone(),
                     region,
                     local_offset,
+                    transposed: false,
                 }
             })
             .collect()
@@ -977,6 +985,7 @@ impl FusedTpLayout {
                     canonical: name.clone(),
                     region: Region::new([r * rows, 0], [rows, cols]),
                     local_offset: Dims::zeros(2),
+                    transposed: false,
                 }],
             )
         };
@@ -990,11 +999,13 @@ impl FusedTpLayout {
                             canonical: n.q_down.clone(),
                             region: Region::new([0, 0], [q_lora, h]),
                             local_offset: Dims::zeros(2),
+                            transposed: false,
                         },
                         Placement {
                             canonical: n.kv_down.clone(),
                             region: Region::new([0, 0], [a.kv_down, h]),
                             local_offset: Dims::new(&[q_lora, 0]),
+                            transposed: false,
                         },
                     ],
                 ));
@@ -1037,6 +1048,7 @@ impl FusedTpLayout {
                 canonical: n.o.clone(),
                 region: Region::new([0, r * o_cols], [h, o_cols]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             }],
         ));
         if self.holds(n, Part::OBias) {
@@ -1092,16 +1104,19 @@ impl FusedTpLayout {
                     canonical: name(gate),
                     region: Region::new([m * mi, 0], [mi, h]),
                     local_offset: Dims::new(&[j, 0, 0]),
+                    transposed: false,
                 });
                 w13.push(Placement {
                     canonical: name(up),
                     region: Region::new([m * mi, 0], [mi, h]),
                     local_offset: Dims::new(&[j, mi, 0]),
+                    transposed: false,
                 });
                 w2.push(Placement {
                     canonical: name(down),
                     region: Region::new([0, m * mi], [h, mi]),
                     local_offset: Dims::new(&[j, 0, 0]),
+                    transposed: false,
                 });
             }
             let shared = self.d.fused_shared && n.has(Part::SharedGate);
@@ -1112,12 +1127,14 @@ impl FusedTpLayout {
                         canonical: canonical.clone(),
                         region: Region::new([m * mi, 0], [mi, h]),
                         local_offset: Dims::new(&[ne, at, 0]),
+                        transposed: false,
                     });
                 }
                 w2.push(Placement {
                     canonical: n.shared_down.clone(),
                     region: Region::new([0, m * mi], [h, mi]),
                     local_offset: Dims::new(&[ne, 0, 0]),
+                    transposed: false,
                 });
             }
             let slots = ne + u64::from(shared);
@@ -1184,6 +1201,7 @@ impl FusedTpLayout {
             dtype: self.dtype,
             region,
             local_offset,
+            transposed: false,
         }
     }
 

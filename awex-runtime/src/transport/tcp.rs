@@ -1104,6 +1104,7 @@ impl Transport for TcpTransport {
     }
 
     fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        super::refuse_transposed(&self.plan, "delta updates")?;
         if self.side == Side::Training && self.base.is_none() {
             self.base = Some(SenderBase::new(&self.tensors)?);
         }

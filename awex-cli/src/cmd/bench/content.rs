@@ -388,6 +388,7 @@ mod tests {
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[1, 3_000_000]),
             encode: None,
+            transposed: false,
         };
         let (a, b) = (t(0, 2), t(1, 0));
         let row = 6_000_000usize;
