@@ -305,6 +305,13 @@ impl VllmLayout {
             }
             _ => {}
         }
+        if let Some(why) = fused_tp::stacked_experts_refusal(
+            spec,
+            "vLLM 0.33",
+            "its class names the attention module `attn` and the embedding `model.embedding`, which awex's vLLM layout does not spell yet (the experts it holds transposed, `w13_weight` [local experts, 2 * intermediate, hidden] and `w2_weight` [local experts, hidden, intermediate], are written down in engines/tests/gpt_oss_layout.py); serve gpt-oss with SGLang",
+        ) {
+            return Err(VllmConfigError::Layout(why));
+        }
         let padded = padded_vocab(spec.vocab_size);
         if padded % tp != 0 {
             return Err(VllmConfigError::Vocab {
@@ -341,6 +348,10 @@ impl VllmLayout {
                 fused_shared_experts: false,
                 mla_down: MLA_DOWN,
                 hybrid_attention: HYBRID_ATTENTION,
+                // `GptOssRoutedExperts`: `w13_bias` / `w2_bias`; sinks in the model's dtype
+                // (`make_attention_sink`)
+                expert_biases: ["w13_bias", "w2_bias"],
+                sinks_dtype: None,
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;

@@ -415,6 +415,8 @@ mod tests {
                 fused_shared_experts: false,
                 mla_down: "",
                 hybrid_attention: "",
+                expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+                sinks_dtype: None,
             },
         )
         .unwrap();

@@ -86,6 +86,15 @@ struct LayerNames {
     shared_gate_up: Arc<str>,
     w13: Arc<str>,
     w2: Arc<str>,
+    /// gpt-oss: the attention sinks, the experts fused over all experts (canonical) and the
+    /// engine's expert biases (`{experts}.{FusedTp::expert_biases}`)
+    sinks: Arc<str>,
+    experts_gate_up: Arc<str>,
+    experts_gate_up_bias: Arc<str>,
+    experts_down: Arc<str>,
+    experts_down_bias: Arc<str>,
+    w13_bias: Arc<str>,
+    w2_bias: Arc<str>,
     q_down: Arc<str>,
     q_down_norm: Arc<str>,
     q_up: Arc<str>,
@@ -151,7 +160,14 @@ fn layer_parts(spec: &ModelSpec, l: u64) -> u64 {
 }
 
 impl LayerNames {
-    fn new(spec: &ModelSpec, l: u64, routed: &str, mla_down: &str, hybrid_attn: &str) -> Self {
+    fn new(
+        spec: &ModelSpec,
+        l: u64,
+        routed: &str,
+        mla_down: &str,
+        hybrid_attn: &str,
+        expert_biases: [&str; 2],
+    ) -> Self {
         let names = spec.names();
         let p = format!("model.layers.{l}");
         // a canonical name the family spells (empty for a part it does not have: never placed)
@@ -229,6 +245,13 @@ impl LayerNames {
             shared_gate_up: fused(Part::SharedGate, "gate_up_proj.weight"),
             w13: Arc::from(format!("{experts}.w13_weight")),
             w2: Arc::from(format!("{experts}.w2_weight")),
+            sinks: c(Part::Sinks),
+            experts_gate_up: c(Part::ExpertsGateUp),
+            experts_gate_up_bias: c(Part::ExpertsGateUpBias),
+            experts_down: c(Part::ExpertsDown),
+            experts_down_bias: c(Part::ExpertsDownBias),
+            w13_bias: Arc::from(format!("{experts}.{}", expert_biases[0])),
+            w2_bias: Arc::from(format!("{experts}.{}", expert_biases[1])),
             q_down: c(Part::QDown),
             q_down_norm: c(Part::QDownNorm),
             q_up: c(Part::QUp),
@@ -250,7 +273,7 @@ impl LayerNames {
 }
 
 /// The parts a fused-TP layout places; a family with any other part is refused by name.
-pub const MAPPED: [Part; 44] = [
+pub const MAPPED: [Part; 49] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -295,6 +318,11 @@ pub const MAPPED: [Part; 44] = [
     Part::LinDtBias,
     Part::LinNorm,
     Part::LinOut,
+    Part::Sinks,
+    Part::ExpertsGateUp,
+    Part::ExpertsGateUpBias,
+    Part::ExpertsDown,
+    Part::ExpertsDownBias,
 ];
 
 /// The three per-expert canonical tensors an engine fuses into `w13_weight` / `w2_weight`.
@@ -330,6 +358,12 @@ struct Dimensions {
     fused_shared: bool,
     /// the router weight's dtype
     router_dtype: DType,
+    /// the router bias's dtype: fp32 (DeepSeek's score correction, which both engines build
+    /// in fp32), the model's for gpt-oss (a linear layer's bias: SGLang 0.5.23 and vLLM 0.33
+    /// `GptOssMoE`/`MLPBlock` build the router as `ReplicatedLinear(..., bias=True)`)
+    router_bias_dtype: DType,
+    /// the attention sinks' dtype (gpt-oss)
+    sinks_dtype: DType,
     vocab: u64,
     /// padded vocab rows per TP rank
     vocab_rows: u64,
@@ -438,6 +472,13 @@ pub struct FusedTp {
     /// full-attention `qkv_proj`, `o_proj`, `q_norm` and `k_norm`: empty for SGLang (the
     /// decoder layer itself), `self_attn` for vLLM; unused by other models.
     pub hybrid_attention: &'static str,
+    /// The names below the experts module of the biases of `w13_weight` and `w2_weight` in a
+    /// model whose experts have biases (gpt-oss): `w13_weight_bias` / `w2_weight_bias` for
+    /// SGLang, `w13_bias` / `w2_bias` for vLLM; unused by other models.
+    pub expert_biases: [&'static str; 2],
+    /// The dtype of the attention sinks (gpt-oss) when the engine does not hold them in the
+    /// model's dtype (SGLang 0.5.23: bf16); `None`: the model's dtype.
+    pub sinks_dtype: Option<DType>,
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -461,6 +502,8 @@ impl FusedTpLayout {
             fused_shared_experts,
             mla_down,
             hybrid_attention,
+            expert_biases,
+            sinks_dtype,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -590,6 +633,12 @@ impl FusedTpLayout {
                 },
                 fused_shared,
                 router_dtype,
+                router_bias_dtype: if spec.has(Part::ExpertsGateUp) {
+                    spec.dtype
+                } else {
+                    DType::F32
+                },
+                sinks_dtype: sinks_dtype.unwrap_or(spec.dtype),
                 vocab: spec.vocab_size,
                 vocab_rows,
                 o_cols: match &spec.mla {
@@ -611,7 +660,16 @@ impl FusedTpLayout {
             lm_head,
             lm_head_local: Arc::from("lm_head.weight"),
             layers: (0..spec.num_layers)
-                .map(|l| LayerNames::new(spec, l, routed_experts, mla_down, hybrid_attention))
+                .map(|l| {
+                    LayerNames::new(
+                        spec,
+                        l,
+                        routed_experts,
+                        mla_down,
+                        hybrid_attention,
+                        expert_biases,
+                    )
+                })
                 .collect(),
         })
     }
@@ -1054,6 +1112,22 @@ impl FusedTpLayout {
         if self.holds(n, Part::OBias) {
             out.push(self.replicated(&n.o_bias, Dims::new(&[h])));
         }
+        if self.holds(n, Part::Sinks) {
+            let q = self.d.q_heads;
+            out.push(LocalTensor {
+                dtype: self.d.sinks_dtype,
+                encoding: crate::encoding::Encoding::Plain(self.d.sinks_dtype),
+                ..self.local(
+                    &n.sinks,
+                    Dims::new(&[q]),
+                    vec![Placement::new(
+                        n.sinks.clone(),
+                        Region::new([r * q], [q]),
+                        Dims::zeros(1),
+                    )],
+                )
+            });
+        }
         self.push_mlp_of_layer(out, n, r);
         out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
         out.push(self.replicated(&n.post_ln, Dims::new(&[h])));
@@ -1079,6 +1153,10 @@ impl FusedTpLayout {
     /// TP rank `r`'s MLP tensors of one layer: the dense MLP or the MoE block.
     fn push_mlp_of_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
+        if n.has(Part::ExpertsGateUp) {
+            self.push_stacked_experts(out, n, r);
+            return;
+        }
         if n.moe {
             let mi = self.d.moe_inter;
             let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
@@ -1162,6 +1240,125 @@ impl FusedTpLayout {
             let names = [&n.gate_up, &n.gate_proj, &n.up_proj, &n.down_proj];
             self.push_mlp(out, names, self.d.inter, r);
         }
+    }
+
+    /// The boxes of gpt-oss's fused experts that TP rank `r` holds: `(local experts (first,
+    /// count), MoE-TP rank)`. Both engines hold `w13_weight` `[local experts, 2 * inter /
+    /// moe_tp, hidden]`, the transpose of `gate_up_proj[experts, :, chunk]` (the gate/up
+    /// interleave kept), and `w2_weight` `[local experts, hidden, inter / moe_tp]`, the
+    /// transpose of `down_proj[experts, chunk, :]`: SGLang 0.5.23 `models/gpt_oss.py`
+    /// `_load_normal_weights` (`loaded_weight.transpose(-2, -1)`, then
+    /// `FusedMoE.weight_loader_fused` narrows the `moe_tp_rank`-th chunk); vLLM 0.33
+    /// `GptOssRoutedExperts._load_unquantized_expert` (narrow, then `.t()`). The biases:
+    /// `gate_up_proj_bias[experts, chunk]`, and `down_proj_bias[experts]` on MoE-TP rank 0
+    /// only (both engines zero it on the others: it is added once, after the reduction; awex
+    /// places nothing there, so those zeros stay). `engines/tests/gpt_oss_layout.py` writes
+    /// the same down from the engines' code.
+    fn stacked_boxes(&self, r: u64) -> ((u64, u64), u64) {
+        let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
+        (expert_range(self.d.experts, self.d.ep, ep_rank), m)
+    }
+
+    /// TP rank `r`'s experts and router of one gpt-oss layer ([`Self::stacked_boxes`]).
+    fn push_stacked_experts(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
+        let h = self.d.hidden;
+        let mi = self.d.moe_inter;
+        let ((first, ne), m) = self.stacked_boxes(r);
+        let c = 2 * mi;
+        let router_shape = Self::dims2(self.d.experts, h);
+        out.push(self.replicated_as(&n.router, router_shape, self.d.router_dtype));
+        let shape = Dims::new(&[self.d.experts]);
+        out.push(self.replicated_as(&n.router_bias, shape, self.d.router_bias_dtype));
+        let transposed = |canonical: &Arc<str>, region: Region| Placement {
+            transposed: true,
+            ..Placement::new(canonical.clone(), region, Dims::zeros(3))
+        };
+        out.push(self.local(
+            &n.w13,
+            Dims::new(&[ne, c, h]),
+            vec![transposed(
+                &n.experts_gate_up,
+                Region::new([first, 0, m * c], [ne, h, c]),
+            )],
+        ));
+        out.push(self.local(
+            &n.w13_bias,
+            Self::dims2(ne, c),
+            vec![Placement::new(
+                n.experts_gate_up_bias.clone(),
+                Region::new([first, m * c], [ne, c]),
+                Dims::zeros(2),
+            )],
+        ));
+        out.push(self.local(
+            &n.w2,
+            Dims::new(&[ne, h, mi]),
+            vec![transposed(
+                &n.experts_down,
+                Region::new([first, m * mi, 0], [ne, mi, h]),
+            )],
+        ));
+        let w2_bias = if m == 0 {
+            vec![Placement::new(
+                n.experts_down_bias.clone(),
+                Region::new([first, 0], [ne, h]),
+                Dims::zeros(2),
+            )]
+        } else {
+            Vec::new()
+        };
+        out.push(self.local(&n.w2_bias, Self::dims2(ne, h), w2_bias));
+    }
+
+    /// Every holder of one of gpt-oss's fused expert tensors of layer `l`.
+    fn stacked_holders(&self, l: u64, part: Part) -> Vec<Holder> {
+        let n = &self.layers[l as usize];
+        let (h, mi) = (self.d.hidden, self.d.moe_inter);
+        let c = 2 * mi;
+        let mut out = Vec::with_capacity(self.tp as usize);
+        for r in 0..u64::from(self.tp) {
+            let ((first, ne), m) = self.stacked_boxes(r);
+            let ranks = self.engine_ranks(r);
+            let holder = match part {
+                Part::ExpertsGateUp => Holder {
+                    transposed: true,
+                    ..self.holder(
+                        ranks,
+                        &n.w13,
+                        Dims::new(&[ne, c, h]),
+                        Region::new([first, 0, m * c], [ne, h, c]),
+                        Dims::zeros(3),
+                    )
+                },
+                Part::ExpertsGateUpBias => self.holder(
+                    ranks,
+                    &n.w13_bias,
+                    Self::dims2(ne, c),
+                    Region::new([first, m * c], [ne, c]),
+                    Dims::zeros(2),
+                ),
+                Part::ExpertsDown => Holder {
+                    transposed: true,
+                    ..self.holder(
+                        ranks,
+                        &n.w2,
+                        Dims::new(&[ne, h, mi]),
+                        Region::new([first, m * mi, 0], [ne, mi, h]),
+                        Dims::zeros(3),
+                    )
+                },
+                Part::ExpertsDownBias if m == 0 => self.holder(
+                    ranks,
+                    &n.w2_bias,
+                    Self::dims2(ne, h),
+                    Region::new([first, 0], [ne, h]),
+                    Dims::zeros(2),
+                ),
+                _ => continue,
+            };
+            out.push(holder);
+        }
+        out
     }
 
     // ---- canonical view ----
@@ -1510,6 +1707,9 @@ impl SideLayout for FusedTpLayout {
             if self.holds(n, Part::OBias) {
                 f(&n.o_bias);
             }
+            if self.holds(n, Part::Sinks) {
+                f(&n.sinks);
+            }
             if n.has(Part::QNorm) && !n.linear {
                 f(&n.q_norm);
                 f(&n.k_norm);
@@ -1519,6 +1719,14 @@ impl SideLayout for FusedTpLayout {
                 f(&n.router);
                 if n.has(Part::RouterBias) {
                     f(&n.router_bias);
+                }
+                if n.has(Part::ExpertsGateUp) {
+                    f(&n.experts_gate_up);
+                    f(&n.experts_gate_up_bias);
+                    f(&n.experts_down);
+                    if self.stacked_boxes(r).1 == 0 {
+                        f(&n.experts_down_bias);
+                    }
                 }
                 if n.has(Part::SharedGate) {
                     f(&n.shared_gate);
@@ -1602,19 +1810,32 @@ impl SideLayout for FusedTpLayout {
             | Part::LinDtBias
             | Part::LinOut => self.linear_holders(l, canonical),
             Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
-            // not in `MAPPED`: a model with them (gpt-oss) is refused before a layout exists
-            Part::Sinks
-            | Part::ExpertsGateUp
+            Part::Sinks => {
+                let q = self.d.q_heads;
+                (0..u64::from(self.tp))
+                    .map(|r| Holder {
+                        dtype: self.d.sinks_dtype,
+                        ..self.holder(
+                            self.engine_ranks(r),
+                            &layer(l).sinks,
+                            Dims::new(&[q]),
+                            Region::new([r * q], [q]),
+                            Dims::zeros(1),
+                        )
+                    })
+                    .collect()
+            }
+            Part::ExpertsGateUp
             | Part::ExpertsGateUpBias
             | Part::ExpertsDown
-            | Part::ExpertsDownBias => Vec::new(),
+            | Part::ExpertsDownBias => self.stacked_holders(l, c.part),
             Part::Router => {
                 let shape = Self::dims2(self.d.experts, h);
                 self.replicated_holder_as(&layer(l).router, shape, self.d.router_dtype)
             }
             Part::RouterBias => {
                 let shape = Dims::new(&[self.d.experts]);
-                self.replicated_holder_as(&layer(l).router_bias, shape, DType::F32)
+                self.replicated_holder_as(&layer(l).router_bias, shape, self.d.router_bias_dtype)
             }
             Part::Q if layer(l).mla => self.mla_holders(l, c.part),
             Part::QDown
@@ -1666,25 +1887,24 @@ impl SideLayout for FusedTpLayout {
 
 /// Refuses a model with a part the fused-TP layout does not place ([`MAPPED`]), naming it.
 pub fn check_mapped(spec: &ModelSpec) -> Result<(), FusedTpError> {
-    if spec.has(Part::ExpertsGateUp) {
-        return Err(FusedTpError(stacked_experts(spec)));
-    }
     match spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
         Some(p) => Err(FusedTpError(unmapped(spec, p))),
         None => Ok(()),
     }
 }
 
-/// Why a model whose checkpoint holds each layer's experts in one transposed tensor (gpt-oss)
-/// has no fused-TP layout yet: both engines hold them transposed (checked on CPU by
-/// `engines/tests/test_gpt_oss_sglang_params.py` and `engines/tests/vllm/test_gpt_oss_vllm_params.py`),
-/// and a placement copies a box as it is.
-fn stacked_experts(spec: &ModelSpec) -> String {
+/// Why an engine whose layout of a model with experts fused over all experts (gpt-oss) awex
+/// does not build yet refuses it (`None` for any other model): `engine` names the engine and
+/// `missing` what its layout would still need.
+pub fn stacked_experts_refusal(spec: &ModelSpec, engine: &str, missing: &str) -> Option<String> {
+    if !spec.has(Part::ExpertsGateUp) {
+        return None;
+    }
     let family = spec.architecture.family();
-    format!(
-        "{} ({}) holds each layer's experts in one tensor transposed against the engines' (`model.layers.0.mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved; `down_proj` [experts, intermediate, hidden]); SGLang 0.5.23 and vLLM 0.33 hold `w13_weight` [local experts, 2 * intermediate / tp, hidden] and `w2_weight` [local experts, hidden, intermediate / tp], the transpose of a chunk of them, and awex's placements copy boxes without transposing: gpt-oss has no SGLang or vLLM layout yet (docs/models.md, gpt-oss)",
+    Some(format!(
+        "{} ({}) on {engine}: {missing} (docs/models.md, gpt-oss)",
         family.hf_class, family.name
-    )
+    ))
 }
 
 /// Why a family with `part` has no fused-TP layout yet.
@@ -1717,6 +1937,8 @@ mod tests {
             fused_shared_experts: false,
             mla_down: "fused_qkv_a_proj_with_mqa",
             hybrid_attention: "",
+            expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+            sinks_dtype: None,
         }
     }
 
@@ -1843,6 +2065,8 @@ mod tests {
                     let c = FusedTp {
                         engines: 2,
                         hybrid_attention: attn,
+                        expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+                        sinks_dtype: None,
                         lm_head: LmHead::Own(Arc::from("lm_head.weight")),
                         ..cfg(tp, ep, rows)
                     };
@@ -1937,6 +2161,8 @@ mod tests {
         let q35 = ModelSpec::resolve("qwen3.5-tiny").unwrap();
         let c = FusedTp {
             hybrid_attention: "self_attn",
+            expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+            sinks_dtype: None,
             ..cfg(2, 1, 512)
         };
         let layout = FusedTpLayout::new(&q35, c).unwrap();
