@@ -170,7 +170,7 @@ pub fn refuse_transposed(plan: &awex_core::plan::RankPlan, what: &str) -> Result
     match plan.first_transposed() {
         None => Ok(()),
         Some(t) => Err(crate::TransportError::Unsupported(format!(
-            "{what} does not move transposed boxes yet, and this plan writes `{}` of rank {} transposed into `{}` of rank {} (the engine stores it with its last two dims swapped); use the shm or tcp transport, without delta updates",
+            "{what}: transposed boxes are not moved there yet, and this plan writes `{}` of rank {} transposed into `{}` of rank {} (the engine stores it with its last two dims swapped); use the shm or tcp transport, without delta updates",
             t.src_tensor, t.src_rank, t.dst_tensor, t.dst_rank
         ))
         .into()),
