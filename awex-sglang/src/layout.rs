@@ -517,6 +517,7 @@ impl SglangLayout {
                 // whatever the model's dtype (fp32 only for the `trtllm_mha` backend)
                 expert_biases: ["w13_weight_bias", "w2_weight_bias"],
                 sinks_dtype: Some(DType::Bf16),
+                local_names: &[],
             },
         )
         .map_err(|e| SglangConfigError::Layout(e.to_string()))?;

@@ -101,6 +101,14 @@ pub const HYBRID_ATTENTION: &str = "self_attn";
 
 /// The classes whose MoE block is vLLM 0.33's `Qwen3NextSparseMoeBlock` (`models/qwen3_next.py`;
 /// `models/qwen3_5.py` builds it for Qwen3.5-MoE), which refuses `tp > num_experts`.
+/// What vLLM 0.33's gpt-oss class names differently from the checkpoint (`models/gpt_oss.py`:
+/// the decoder layer's attention is `self.attn`, its sinks `attn.sinks`, the embedding
+/// `self.embedding`; `load_weights` maps `.self_attn.` to `.attn.`).
+const GPT_OSS_NAMES: &[(&str, &str)] = &[
+    (".self_attn.", ".attn."),
+    ("model.embed_tokens.", "model.embedding."),
+];
+
 const QWEN3_NEXT_MOE_BLOCK: &[&str] = &["Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM"];
 
 /// A parallel configuration vLLM cannot run for this model.
@@ -305,13 +313,6 @@ impl VllmLayout {
             }
             _ => {}
         }
-        if let Some(why) = fused_tp::stacked_experts_refusal(
-            spec,
-            "vLLM 0.33",
-            "its class names the attention module `attn` and the embedding `model.embedding`, which awex's vLLM layout does not spell yet (the experts it holds transposed, `w13_weight` [local experts, 2 * intermediate, hidden] and `w2_weight` [local experts, hidden, intermediate], are written down in engines/tests/gpt_oss_layout.py); serve gpt-oss with SGLang",
-        ) {
-            return Err(VllmConfigError::Layout(why));
-        }
         let padded = padded_vocab(spec.vocab_size);
         if padded % tp != 0 {
             return Err(VllmConfigError::Vocab {
@@ -352,6 +353,11 @@ impl VllmLayout {
                 // (`make_attention_sink`)
                 expert_biases: ["w13_bias", "w2_bias"],
                 sinks_dtype: None,
+                local_names: if spec.has(Part::ExpertsGateUp) {
+                    GPT_OSS_NAMES
+                } else {
+                    &[]
+                },
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;

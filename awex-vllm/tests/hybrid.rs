@@ -183,21 +183,3 @@ fn hybrid_configs_vllm_cannot_run_are_refused_by_name() {
     }
     assert!(VllmLayout::new(&dense, 2, 1, 1).is_ok());
 }
-
-/// gpt-oss has no vLLM layout yet (vLLM's class names its attention `attn` and its
-/// embedding `model.embedding`; the experts it holds transposed are written down in
-/// `engines/tests/gpt_oss_layout.py` and pinned by `engines/tests/vllm/test_gpt_oss_vllm_params.py`):
-/// refused naming that, at every size.
-#[test]
-fn gpt_oss_is_refused_naming_what_the_layout_lacks() {
-    let spec = awex_core::model::presets::preset("gpt-oss-tiny").expect("preset");
-    for (tp, ep) in [(1, 1), (2, 1), (2, 2)] {
-        let e = VllmLayout::new(&spec, tp, ep, 1).unwrap_err().to_string();
-        assert!(
-            e.contains("GptOssForCausalLM (gpt-oss) on vLLM 0.33")
-                && e.contains("names the attention module `attn`")
-                && e.contains("serve gpt-oss with SGLang"),
-            "{e}"
-        );
-    }
-}

@@ -417,6 +417,7 @@ mod tests {
                 hybrid_attention: "",
                 expert_biases: ["w13_weight_bias", "w2_weight_bias"],
                 sinks_dtype: None,
+                local_names: &[],
             },
         )
         .unwrap();

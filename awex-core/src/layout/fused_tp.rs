@@ -70,6 +70,9 @@ struct LayerNames {
     v_bias: Arc<str>,
     o: Arc<str>,
     o_bias: Arc<str>,
+    /// the engine's names of `o_proj`'s bias and the sinks ([`FusedTp::local_names`])
+    o_bias_local: Arc<str>,
+    sinks_local: Arc<str>,
     q_norm: Arc<str>,
     k_norm: Arc<str>,
     qkv: Arc<str>,
@@ -167,9 +170,11 @@ impl LayerNames {
         mla_down: &str,
         hybrid_attn: &str,
         expert_biases: [&str; 2],
+        local_names: &[(&str, &str)],
     ) -> Self {
         let names = spec.names();
         let p = format!("model.layers.{l}");
+        let local = |name: Arc<str>| rename(local_names, name);
         // a canonical name the family spells (empty for a part it does not have: never placed)
         let c = |part: Part| -> Arc<str> {
             Arc::from(names.name(Canon::at(part, l)).unwrap_or_default())
@@ -201,7 +206,7 @@ impl LayerNames {
             (true, m) => Arc::from(format!("{p}.{m}.qkv_proj.weight")),
         };
         LayerNames {
-            o_local: attn(Part::O, "o_proj.weight"),
+            o_local: local(attn(Part::O, "o_proj.weight")),
             q_norm_local: attn(Part::QNorm, "q_norm.weight"),
             k_norm_local: attn(Part::KNorm, "k_norm.weight"),
             lin_qkvz: c(Part::LinQkvz),
@@ -229,10 +234,12 @@ impl LayerNames {
             v_bias: c(Part::VBias),
             o: c(Part::O),
             o_bias: c(Part::OBias),
+            o_bias_local: local(c(Part::OBias)),
+            sinks_local: local(c(Part::Sinks)),
             q_norm: c(Part::QNorm),
             k_norm: c(Part::KNorm),
-            qkv,
-            qkv_bias: fused(Part::QBias, "qkv_proj.bias"),
+            qkv: local(qkv),
+            qkv_bias: local(fused(Part::QBias, "qkv_proj.bias")),
             gate_proj: c(Part::Gate),
             up_proj: c(Part::Up),
             down_proj: c(Part::Down),
@@ -427,6 +434,8 @@ pub struct FusedTpLayout {
     /// the parts of the model the engine's class does not hold ([`mask`])
     dropped: u64,
     embed: Arc<str>,
+    /// the engine's name of the embedding ([`FusedTp::local_names`])
+    embed_local: Arc<str>,
     final_norm: Arc<str>,
     lm_head: LmHead,
     lm_head_local: Arc<str>,
@@ -479,6 +488,23 @@ pub struct FusedTp {
     /// The dtype of the attention sinks (gpt-oss) when the engine does not hold them in the
     /// model's dtype (SGLang 0.5.23: bf16); `None`: the model's dtype.
     pub sinks_dtype: Option<DType>,
+    /// Fragments of the engine's local names that differ from the canonical ones, replaced in
+    /// the names of the embedding and the attention tensors (`qkv_proj`, `o_proj` and its bias,
+    /// the sinks): vLLM 0.33's gpt-oss class names its attention module `attn` and its
+    /// embedding `model.embedding` (`models/gpt_oss.py`). Empty for every other model.
+    pub local_names: &'static [(&'static str, &'static str)],
+}
+
+/// `name` with every `(from, to)` fragment of `names` replaced (the first occurrence each).
+fn rename(names: &[(&str, &str)], name: Arc<str>) -> Arc<str> {
+    if name.is_empty() || !names.iter().any(|(f, _)| name.contains(f)) {
+        return name;
+    }
+    let mut s = name.to_string();
+    for (from, to) in names {
+        s = s.replacen(from, to, 1);
+    }
+    Arc::from(s)
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -504,6 +530,7 @@ impl FusedTpLayout {
             hybrid_attention,
             expert_biases,
             sinks_dtype,
+            local_names,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -656,6 +683,7 @@ impl FusedTpLayout {
                 lin,
             },
             embed: Arc::from("model.embed_tokens.weight"),
+            embed_local: rename(local_names, Arc::from("model.embed_tokens.weight")),
             final_norm: Arc::from("model.norm.weight"),
             lm_head,
             lm_head_local: Arc::from("lm_head.weight"),
@@ -668,6 +696,7 @@ impl FusedTpLayout {
                         mla_down,
                         hybrid_attention,
                         expert_biases,
+                        local_names,
                     )
                 })
                 .collect(),
@@ -1110,7 +1139,7 @@ impl FusedTpLayout {
             }],
         ));
         if self.holds(n, Part::OBias) {
-            out.push(self.replicated(&n.o_bias, Dims::new(&[h])));
+            out.push(self.replicated_named(&n.o_bias_local, &n.o_bias, Dims::new(&[h])));
         }
         if self.holds(n, Part::Sinks) {
             let q = self.d.q_heads;
@@ -1118,7 +1147,7 @@ impl FusedTpLayout {
                 dtype: self.d.sinks_dtype,
                 encoding: crate::encoding::Encoding::Plain(self.d.sinks_dtype),
                 ..self.local(
-                    &n.sinks,
+                    &n.sinks_local,
                     Dims::new(&[q]),
                     vec![Placement::new(
                         n.sinks.clone(),
@@ -1647,7 +1676,7 @@ impl SideLayout for FusedTpLayout {
         let r = u64::from(rank.rank);
         let per_layer = 10;
         let mut tensors = Vec::with_capacity(3 + self.layers.len() * per_layer);
-        tensors.push(self.embed_tensor(&self.embed, &self.embed, r));
+        tensors.push(self.embed_tensor(&self.embed_local, &self.embed, r));
         for n in &self.layers {
             self.push_layer(&mut tensors, n, r);
         }
@@ -1774,7 +1803,7 @@ impl SideLayout for FusedTpLayout {
         match c.part {
             Part::Embed => {
                 let mut out = Vec::with_capacity(2 * self.tp as usize);
-                self.vocab_holders(&self.embed, &mut out);
+                self.vocab_holders(&self.embed_local, &mut out);
                 if let LmHead::Tied(_) = self.lm_head {
                     self.vocab_holders(&self.lm_head_local, &mut out);
                 }
@@ -1809,7 +1838,7 @@ impl SideLayout for FusedTpLayout {
             | Part::LinALog
             | Part::LinDtBias
             | Part::LinOut => self.linear_holders(l, canonical),
-            Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
+            Part::OBias => self.replicated_holder(&layer(l).o_bias_local, Dims::new(&[h])),
             Part::Sinks => {
                 let q = self.d.q_heads;
                 (0..u64::from(self.tp))
@@ -1817,7 +1846,7 @@ impl SideLayout for FusedTpLayout {
                         dtype: self.d.sinks_dtype,
                         ..self.holder(
                             self.engine_ranks(r),
-                            &layer(l).sinks,
+                            &layer(l).sinks_local,
                             Dims::new(&[q]),
                             Region::new([r * q], [q]),
                             Dims::zeros(1),
@@ -1939,6 +1968,7 @@ mod tests {
             hybrid_attention: "",
             expert_biases: ["w13_weight_bias", "w2_weight_bias"],
             sinks_dtype: None,
+            local_names: &[],
         }
     }
 
@@ -2067,6 +2097,7 @@ mod tests {
                         hybrid_attention: attn,
                         expert_biases: ["w13_weight_bias", "w2_weight_bias"],
                         sinks_dtype: None,
+                        local_names: &[],
                         lm_head: LmHead::Own(Arc::from("lm_head.weight")),
                         ..cfg(tp, ep, rows)
                     };
@@ -2163,6 +2194,7 @@ mod tests {
             hybrid_attention: "self_attn",
             expert_biases: ["w13_weight_bias", "w2_weight_bias"],
             sinks_dtype: None,
+            local_names: &[],
             ..cfg(2, 1, 512)
         };
         let layout = FusedTpLayout::new(&q35, c).unwrap();
