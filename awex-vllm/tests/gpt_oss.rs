@@ -26,10 +26,13 @@ fn label(t: usize, i: usize) -> f32 {
     ((t + 1) * (1 << 17) + i) as f32
 }
 
-/// The checkpoint: every canonical tensor of `cat`, each element its label.
+/// The checkpoint: every canonical tensor of `cat`, each element its label (tensors numbered
+/// in name order, as `engines/tests/write_gpt_oss_expected.py` numbers them).
 fn checkpoint(cat: &Catalogue) -> HashMap<String, Tensor> {
-    cat.tensors()
-        .iter()
+    let mut sorted: Vec<_> = cat.tensors().iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    sorted
+        .into_iter()
         .enumerate()
         .map(|(t, c)| {
             let shape: Vec<usize> = c.shape.as_slice().iter().map(|&d| d as usize).collect();
@@ -318,5 +321,63 @@ fn gpt_oss_layouts_are_valid_and_round_trip() {
     for (tp, ep, engines) in [(1, 1, 1), (2, 1, 1), (4, 1, 1), (2, 2, 1), (4, 4, 2)] {
         let layout = VllmLayout::new(&spec, tp, ep, engines).unwrap();
         common::check_side(&layout, &cat);
+    }
+}
+
+/// `engines/tests/write_gpt_oss_expected.py`'s checksum of a bf16 tensor's labels.
+fn checksum(v: &[f32]) -> u64 {
+    v.iter().enumerate().fold(0u64, |a, (i, &x)| {
+        a.wrapping_add((x as u64).wrapping_mul(i as u64 + 1))
+    })
+}
+
+/// Every rank of awex's layout holds the names, shapes and elements (by checksum) that
+/// `gpt_oss_layout.expected` (the function the engine tests pin against the engine's own load)
+/// gives, read from the fixture that `engines/tests/write_gpt_oss_expected.py` wrote with it.
+#[test]
+fn gpt_oss_tiny_ranks_match_the_engine_tests_written_down_layout() {
+    let spec = preset("gpt-oss-tiny").expect("preset");
+    let cat = Catalogue::of(&spec);
+    let ck = checkpoint(&cat);
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/gpt_oss_expected.json"
+    );
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("json");
+    let cases = fixture["cases"].as_array().expect("cases");
+    assert!(!cases.is_empty());
+    for case in cases {
+        let (tp, ep, r) = (
+            case["tp"].as_u64().unwrap(),
+            case["ep"].as_u64().unwrap(),
+            case["rank"].as_u64().unwrap(),
+        );
+        let layout = VllmLayout::new(&spec, tp, ep, 1).unwrap();
+        let got = awex_rank(&layout, &cat, &ck, r as u32);
+        let want = case["tensors"].as_object().expect("tensors");
+        let names: Vec<&String> = want.keys().collect();
+        assert_eq!(
+            got.keys().collect::<Vec<_>>(),
+            names,
+            "tp={tp} ep={ep} rank {r}: names"
+        );
+        for (name, w) in want {
+            let ((shape, v), _) = &got[name];
+            let ws: Vec<usize> = w[0]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            assert_eq!(shape, &ws, "tp={tp} ep={ep} rank {r} `{name}`: shape");
+            // bf16 of the labels (the sinks of SGLang are bf16 already)
+            let v = bf16(&(vec![], v.clone())).1;
+            assert_eq!(
+                checksum(&v),
+                w[1].as_u64().unwrap(),
+                "tp={tp} ep={ep} rank {r} `{name}`: elements"
+            );
+        }
     }
 }
