@@ -186,6 +186,12 @@ fn fp8_fill_or_check(
         let c = cat
             .get(&p.canonical)
             .ok_or_else(|| format!("unknown canonical `{}`", p.canonical))?;
+        if p.transposed {
+            return Err(format!(
+                "`{}` is FP8 but places `{}` transposed; transposed boxes go into plain tensors only",
+                t.name, c.name
+            ));
+        }
         let cs = c.shape.as_slice();
         let cd = cs.len();
         if cd < 2 || nd < 2 {
