@@ -927,3 +927,57 @@ async fn connect_applies_the_same_bounds_as_every_other_entry_point() {
     let (s, _) = call(&app, "GET", "/v1/pairs/p/status", None).await;
     assert_eq!(s, 404);
 }
+
+/// An engine that holds boxes transposed (gpt-oss's experts on SGLang) is moved over shm and
+/// tcp only: connect refuses a GPU transport or delta updates for it, naming the tensor.
+#[tokio::test]
+async fn connect_refuses_transposed_boxes_where_the_pair_could_not_move_them() {
+    use awex_core::Transport;
+    use awex_core::backend::ParallelConfig;
+    let app = app();
+    let gpt_oss = |name: &str, transport: Transport, deltas: bool| {
+        let mut req = connect_request(name, 1, 1, 1);
+        let model = awex_core::model::presets::preset("gpt-oss-tiny").expect("preset");
+        let summary = awex_core::Catalogue::of(&model).summary();
+        req.training.backend = "fsdp".into();
+        req.training.parallel = ParallelConfig::from_pairs([("dp", 1), ("fused_experts", 1)]);
+        req.training.model = model.clone();
+        req.training.catalogue = summary.clone();
+        req.inference.model = model;
+        req.inference.catalogue = summary;
+        req.transport = transport;
+        req.options.deltas = deltas;
+        serde_json::to_value(&req).unwrap()
+    };
+    for (transport, deltas, why) in [
+        (Transport::Nccl, false, "the nccl transport"),
+        (Transport::Shm, true, "options.deltas"),
+    ] {
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/v1/pairs",
+            Some(gpt_oss("g", transport, deltas)),
+        )
+        .await;
+        assert_eq!(
+            (s, error(&v)),
+            (
+                422,
+                format!(
+                    "inference.parallel `sglang:tp=1` holds `model.layers.0.mlp.experts.gate_up_proj` transposed (as `model.layers.0.mlp.experts.w13_weight`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the shm or tcp transport without delta updates"
+                )
+                .as_str()
+            )
+        );
+    }
+    // shm without deltas connects
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/pairs",
+        Some(gpt_oss("g", Transport::Shm, false)),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+}

@@ -93,6 +93,7 @@ impl SyntheticSide {
                         canonical,
                         region,
                         local_offset: Dims::new(&[fused_rows, 0]),
+                        transposed: false,
                     });
                 }
                 fused_rows += hi - lo + split.pad;
@@ -113,6 +114,7 @@ impl SyntheticSide {
                         canonical,
                         region,
                         local_offset,
+                        transposed: false,
                     }]
                 } else {
                     vec![]

@@ -155,6 +155,7 @@ fn hostile(region: Region, local_offset: Dims, shape: Dims) -> RankLayout {
                 canonical: name,
                 region,
                 local_offset,
+                transposed: false,
             }],
         }],
     }

@@ -2,7 +2,7 @@
 
 use awex_core::DType;
 use awex_core::layout::copy::StridedBox;
-use awex_core::layout::{ExplicitSide, RankId, Side, materialize};
+use awex_core::layout::{ExplicitSide, RankId, Side, SideLayout, materialize};
 use awex_core::model::Catalogue;
 use awex_core::plan::{Pair, PlanError, RankBuffers, RankPlan, simulate};
 use awex_core::synthetic::{SyntheticSide, TensorSplit, canonical_bytes, catalogue};
@@ -111,12 +111,13 @@ fn check_pair(cat: &Catalogue, train: &ExplicitSide, infer: &ExplicitSide) -> Ve
         for peer in &p.peers {
             for t in &peer.transfers {
                 let c = counts.get_mut(&(t.dst_rank, t.dst_tensor.clone())).unwrap();
-                let b = StridedBox::new(
+                let b = StridedBox::new_transposed(
                     &t.src_shape,
                     &t.src_offset,
                     &t.dst_shape,
                     &t.dst_offset,
                     &t.extent,
+                    t.transpose(),
                 )
                 .unwrap();
                 b.for_each_run(|_, d, n| {
@@ -136,7 +137,7 @@ fn check_pair(cat: &Catalogue, train: &ExplicitSide, infer: &ExplicitSide) -> Ve
                     &p.local_offset,
                     &t.shape,
                     &p.local_offset,
-                    &p.region.extent,
+                    &p.local_extent(),
                 )
                 .unwrap();
                 b.for_each_run(|_, d, n| {
@@ -245,6 +246,128 @@ proptest! {
         let again = all_plans(&pair2, Side::Training);
         prop_assert_eq!(base, again);
     }
+}
+
+/// The inference side with every local tensor of at least two dims whose boxes all have at
+/// least two dims stored transposed (an engine holding `[.., out, in]` where the checkpoint
+/// has `[.., in, out]`): its last two dims swapped, each placement's offset too.
+fn transposed(side: &ExplicitSide) -> ExplicitSide {
+    let mut ranks = side.rank_layouts().to_vec();
+    for l in &mut ranks {
+        for t in &mut l.tensors {
+            let n = t.shape.ndim();
+            if n < 2 || t.placements.iter().any(|p| p.region.ndim() < 2) {
+                continue;
+            }
+            let swap = |d: &mut awex_core::layout::Dims| {
+                let (a, b) = (d.get(n - 2), d.get(n - 1));
+                d.set(n - 2, b);
+                d.set(n - 1, a);
+            };
+            swap(&mut t.shape);
+            for p in &mut t.placements {
+                swap(&mut p.local_offset);
+                p.transposed = true;
+            }
+        }
+    }
+    ExplicitSide::new(side.side(), ranks)
+}
+
+fn case_3d() -> impl Strategy<Value = (Vec<Vec<u64>>, SyntheticSide, SyntheticSide)> {
+    let shape = prop_oneof![
+        (1u64..12, 1u64..9).prop_map(|(r, c)| vec![r, c]),
+        (1u64..4, 1u64..7, 1u64..9).prop_map(|(e, r, c)| vec![e, r, c]),
+    ];
+    proptest::collection::vec(shape, 1..4).prop_flat_map(|shapes| {
+        (
+            Just(shapes.clone()),
+            side_strategy(Side::Training, shapes.clone()),
+            side_strategy(Side::Inference, shapes),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_into_transposed_destinations_are_exact_and_correct((shapes, t, i) in case_3d()) {
+        let cat = catalogue(&shapes);
+        let infer = transposed(&i.build(&cat));
+        for l in infer.rank_layouts() {
+            awex_core::layout::validate_rank(l, &cat).unwrap();
+        }
+        let plans = check_pair(&cat, &t.build(&cat), &infer);
+        // every transfer into a transposed tensor is transposed, and only those
+        for p in &plans {
+            for peer in &p.peers {
+                for x in &peer.transfers {
+                    let l = infer.rank_layout(x.dst_rank).unwrap();
+                    let want = l.tensor(&x.dst_tensor).unwrap().placements[0].transposed;
+                    prop_assert_eq!(x.transposed, want);
+                }
+            }
+        }
+        // and the destination bytes read back (transposed back) as the checkpoint
+        let canon: HashMap<String, Vec<u8>> = cat
+            .tensors()
+            .iter()
+            .map(|c| (c.name.clone(), canonical_bytes(&c.name, 7, c.nbytes() as usize)))
+            .collect();
+        let got = buffers(&infer, &cat, &canon);
+        let layouts = infer.rank_layouts();
+        let bufs: Vec<Vec<Vec<u8>>> = layouts
+            .iter()
+            .map(|l| l.tensors.iter().map(|t| got[&l.rank][&t.name].clone()).collect())
+            .collect();
+        let back = awex_core::layout::reconstruct(layouts, &bufs, &cat).unwrap();
+        for c in cat.tensors() {
+            prop_assert_eq!(&back[&c.name], &canon[&c.name]);
+        }
+    }
+}
+
+#[test]
+fn a_transposed_training_tensor_is_refused_by_name() {
+    let cat = catalogue(&[vec![4, 6]]);
+    let train = transposed(&replicated(Side::Training, 1, 1, 1, 4).build(&cat));
+    let train = ExplicitSide::new(Side::Training, train.rank_layouts().to_vec());
+    let infer = replicated(Side::Inference, 1, 1, 2, 4).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &train,
+        inference: &infer,
+        encode_on_sender: false,
+    };
+    let e = pair
+        .plan_rank(Side::Training, RankId::train(0))
+        .unwrap_err();
+    assert!(matches!(e, PlanError::Transposed { .. }), "{e:?}");
+    assert!(e.to_string().contains("only an inference tensor"), "{e}");
+}
+
+#[test]
+fn transposed_transfers_never_coalesce() {
+    // as `contiguous_pieces_coalesce_into_one_transfer`, into a destination that holds the
+    // fused tensor transposed: the two boxes stay two transfers
+    let cat = catalogue(&[vec![16, 4], vec![8, 4]]);
+    let mut t = replicated(Side::Training, 1, 1, 1, 16);
+    t.splits.push(TensorSplit {
+        dim: 0,
+        cuts: vec![],
+        pad: 0,
+    });
+    t.fuse = true;
+    let mut i = t.clone();
+    i.side = Side::Inference;
+    let (train, infer) = (t.build(&cat), transposed(&i.build(&cat)));
+    let plans = check_pair(&cat, &train, &infer);
+    assert_eq!(plans[0].transfers(), 2);
+    let ts = &plans[0].peers[0].transfers;
+    assert!(ts.iter().all(|t| t.transposed));
+    assert_eq!(ts[1].dst_offset.as_slice(), &[0, 16]);
+    assert_eq!(ts[1].dst_extent().as_slice(), &[4, 8]);
 }
 
 fn replicated(side: Side, engines: u32, replicas: u32, shards: u32, rows: u64) -> SyntheticSide {

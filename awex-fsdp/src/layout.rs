@@ -448,6 +448,7 @@ impl FsdpLayout {
                             canonical: canon(part),
                             region: Region::new([0, 0], [mi, h]),
                             local_offset: Dims::new(&[j, i as u64 * mi, 0]),
+                            transposed: false,
                         });
                     }
                 }
@@ -455,6 +456,7 @@ impl FsdpLayout {
                     canonical: canon(Part::ExpertDown),
                     region: Region::new([0, 0], [h, mi]),
                     local_offset: Dims::new(&[j, 0, 0]),
+                    transposed: false,
                 }),
             }
         }
@@ -702,6 +704,7 @@ impl SideLayout for FsdpLayout {
                         canonical: canonical.clone(),
                         region,
                         local_offset: Dims::zeros(shape.ndim()),
+                        transposed: false,
                     })
                     .into_iter()
                     .collect();
@@ -752,6 +755,7 @@ impl SideLayout for FsdpLayout {
                     dtype: local.dtype,
                     region: p.region,
                     local_offset: p.local_offset,
+                    transposed: false,
                 })
                 .collect();
         }
@@ -767,6 +771,7 @@ impl SideLayout for FsdpLayout {
                 dtype,
                 region: Region::full(shape),
                 local_offset: Dims::zeros(shape.ndim()),
+                transposed: false,
             }];
         }
         // TP ranks that hold distinct shards; a replicated parameter's shard is shared by all TP ranks.
@@ -792,6 +797,7 @@ impl SideLayout for FsdpLayout {
                     dtype,
                     region,
                     local_offset: Dims::zeros(shape.ndim()),
+                    transposed: false,
                 });
             }
         }

@@ -25,6 +25,7 @@ fn p(canonical: &str, extent: &[u64], local: &[u64]) -> Placement {
         canonical: Arc::from(canonical),
         region: Region::new(Dims::zeros(extent.len()), Dims::new(extent)),
         local_offset: Dims::new(local),
+        transposed: false,
     }
 }
 

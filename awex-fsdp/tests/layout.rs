@@ -30,6 +30,7 @@ fn place(canonical: &str, offset: &[u64], extent: &[u64]) -> Vec<Placement> {
         canonical: canonical.into(),
         region: Region::new(Dims::new(offset), Dims::new(extent)),
         local_offset: Dims::zeros(offset.len()),
+        transposed: false,
     }]
 }
 
@@ -138,6 +139,7 @@ fn hsdp_replicate_groups_hold_identical_shards() {
                 dtype: DType::Bf16,
                 region: Region::new([0, 0], [500, 64]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             },
             Holder {
                 ranks: train(&[1, 3]),
@@ -146,6 +148,7 @@ fn hsdp_replicate_groups_hold_identical_shards() {
                 dtype: DType::Bf16,
                 region: Region::new([500, 0], [500, 64]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             },
         ]
     );

@@ -683,6 +683,7 @@ impl MegatronLayout {
                     dtype: self.dtype_of(local),
                     region: p.region,
                     local_offset: p.local_offset,
+                    transposed: false,
                 });
             }
         });
@@ -876,6 +877,7 @@ impl SideLayout for MegatronLayout {
                     canonical,
                     region: p.region,
                     local_offset: p.local_offset,
+                    transposed: false,
                 });
             });
             tensors.push(LocalTensor {

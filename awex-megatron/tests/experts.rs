@@ -14,6 +14,7 @@ fn p(canonical: &str, offset: &[u64], extent: &[u64], local: &[u64]) -> Placemen
         canonical: Arc::from(canonical),
         region: Region::new(Dims::new(offset), Dims::new(extent)),
         local_offset: Dims::new(local),
+        transposed: false,
     }
 }
 

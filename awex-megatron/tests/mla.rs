@@ -39,6 +39,7 @@ fn p(canonical: &str, offset: &[u64], extent: &[u64]) -> Placement {
         canonical: Arc::from(canonical),
         region: Region::new(Dims::new(offset), Dims::new(extent)),
         local_offset: Dims::zeros(offset.len()),
+        transposed: false,
     }
 }
 

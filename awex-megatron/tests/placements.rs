@@ -14,6 +14,7 @@ fn p(canonical: &str, offset: &[u64], extent: &[u64], local: &[u64]) -> Placemen
         canonical: Arc::from(canonical),
         region: Region::new(Dims::new(offset), Dims::new(extent)),
         local_offset: Dims::new(local),
+        transposed: false,
     }
 }
 
@@ -745,6 +746,7 @@ fn experts_are_numbered_by_ep_rank_and_split_by_etp() {
             dtype: DType::Bf16,
             region: Region::new([0, 0], [32, 64]),
             local_offset: Dims::new(&[32, 0]),
+            transposed: false,
         }]
     );
     let rl = rank(side.as_ref(), 1);
@@ -786,6 +788,7 @@ fn router_is_replicated_on_every_rank_of_its_stage() {
             dtype: DType::Bf16,
             region: Region::new([0, 0], [8, 64]),
             local_offset: Dims::new(&[0, 0]),
+            transposed: false,
         }]
     );
     for r in 4..8 {

@@ -61,6 +61,10 @@ def np_dtype(name: str) -> Any:
 def boxes(t: dict[str, Any]):
     """(canonical name, canonical slices, local slices, extent) of every placement of a tensor."""
     for p in t["placements"]:
+        if p.get("transposed"):
+            # (an inference engine holding the box with its last two dims swapped: gpt-oss's
+            # experts); these helpers slice boxes as they are
+            raise NotImplementedError(f"`{t['name']}` holds `{p['canonical']}` transposed; boxes() does not slice transposed placements")
         off, ext = p["region"]["offset"], p["region"]["extent"]
         loc = p["local_offset"]
         lead = len(loc) - len(ext)

@@ -6,7 +6,7 @@ use super::{RuntimeError, TensorError, TransportError};
 use awex_core::dtype::DType;
 use awex_core::encoding::{Fp8Block, Fp8Quantiser, QuantiseError, Shape2d};
 use awex_core::layout::Dims;
-use awex_core::layout::copy::{StridedBox, copy_box};
+use awex_core::layout::copy::{StridedBox, Transpose, copy_box, copy_box_transposed};
 use awex_core::plan::Transfer;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -274,7 +274,8 @@ pub fn unpack(
             .ok_or_else(|| RuntimeError::from(TransportError::ShortBucket { len: inp.len() }))?;
         // SAFETY: each destination box is written by exactly one piece of one bucket (the plan is exact).
         let out = unsafe { v.try_bytes_mut()? };
-        copy_box(
+        // (a transposed transfer's box lands with its last two dims swapped)
+        copy_box_transposed(
             src,
             &e,
             &Dims::zeros(e.ndim()),
@@ -284,6 +285,7 @@ pub fn unpack(
             &d,
             v.dtype,
             &e,
+            t.transpose(),
         )?;
         at += n;
         if let Some((soff, sext)) = piece_scale_box(t, p) {
@@ -311,10 +313,17 @@ pub fn unpack(
     Ok(())
 }
 
-/// Feeds the bytes of box `e` at `d` of tensor `v` to `h`, run by run.
-fn hash_box(h: &mut Xxh3, v: &TensorView, d: &Dims, e: &Dims) -> Result<(), RuntimeError> {
+/// Feeds the bytes of box `e` at `d` of tensor `v` to `h`, run by run, in the box's order (a
+/// transposed box, [`Transpose::Dst`], is read element by element as the bucket packed it).
+fn hash_box(
+    h: &mut Xxh3,
+    v: &TensorView,
+    d: &Dims,
+    e: &Dims,
+    t: Transpose,
+) -> Result<(), RuntimeError> {
     let es = v.dtype.size() as u64;
-    let b = StridedBox::new(e, &Dims::zeros(e.ndim()), &v.shape, d, e)?;
+    let b = StridedBox::new_transposed(e, &Dims::zeros(e.ndim()), &v.shape, d, e, t)?;
     let bytes = v.try_bytes()?;
     b.for_each_run(|_, at, n| h.update(&bytes[(at * es) as usize..((at + n) * es) as usize]));
     Ok(())
@@ -331,9 +340,9 @@ pub fn hash_destination(
     for p in &bucket.pieces {
         let t = &transfers[p.transfer as usize];
         let (_, d, e) = piece_box(t, p);
-        hash_box(&mut h, dst_view(dst, t)?, &d, &e)?;
+        hash_box(&mut h, dst_view(dst, t)?, &d, &e, t.transpose())?;
         if let Some((soff, sext)) = piece_scale_box(t, p) {
-            hash_box(&mut h, scale_view(dst, t)?, &soff, &sext)?;
+            hash_box(&mut h, scale_view(dst, t)?, &soff, &sext, Transpose::None)?;
         }
     }
     Ok(h.digest())
@@ -361,6 +370,7 @@ mod tests {
             dst_offset: Dims::new(&[0, 0]),
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[rows, cols]),
+            transposed: false,
         }
     }
 
@@ -423,6 +433,51 @@ mod tests {
             hash_destination(b, &ts, &dst).unwrap(),
             xxhash_rust::xxh3::xxh3_64(&wire)
         );
+    }
+
+    #[test]
+    fn transposed_pieces_land_transposed_and_hashes_agree() {
+        // rows 1..5 of a 5 x 3 bf16 source into a 3 x 6 tensor that holds the box transposed
+        // at column 2; buckets of one row each, so every piece starts at another column
+        let mut t = transfer(4, 3);
+        t.src_shape = Dims::new(&[5, 3]);
+        t.src_offset = Dims::new(&[1, 0]);
+        t.dst_shape = Dims::new(&[3, 6]);
+        t.dst_offset = Dims::new(&[0, 2]);
+        t.transposed = true;
+        let mut src_buf: Vec<u8> = (0..30).map(|i| i as u8 + 1).collect();
+        let mut dst_buf = vec![0u8; 36];
+        let src = TensorSet::from_views(vec![unsafe {
+            crate::TensorView::new("s", src_buf.as_mut_ptr(), 30, DType::Bf16, t.src_shape).unwrap()
+        }])
+        .unwrap();
+        let dst = TensorSet::from_views(vec![unsafe {
+            crate::TensorView::new("d", dst_buf.as_mut_ptr(), 36, DType::Bf16, t.dst_shape).unwrap()
+        }])
+        .unwrap();
+        let ts = vec![t];
+        let buckets = make_buckets(&ts, 6);
+        assert_eq!(buckets.len(), 4);
+        for b in &buckets {
+            let mut wire = vec![0u8; 6];
+            assert_eq!(pack(b, &ts, &src, &mut wire, None).unwrap(), 6);
+            unpack(b, &ts, &dst, &wire).unwrap();
+            assert_eq!(
+                hash_destination(b, &ts, &dst).unwrap(),
+                xxhash_rust::xxh3::xxh3_64(&wire)
+            );
+        }
+        drop((src, dst));
+        // element (i, j) of the box (source row 1 + i, column j) at (j, 2 + i)
+        let mut want = vec![0u8; 36];
+        for i in 0..4 {
+            for j in 0..3 {
+                let s = ((1 + i) * 3 + j) * 2;
+                let d = (j * 6 + 2 + i) * 2;
+                want[d..d + 2].copy_from_slice(&src_buf[s..s + 2]);
+            }
+        }
+        assert_eq!(dst_buf, want);
     }
 
     #[test]

@@ -410,6 +410,14 @@ pub fn apply_bucket(
     let mut at = 0usize;
     for p in &bucket.pieces {
         let t = &transfers[p.transfer as usize];
+        if t.transposed {
+            // (connect and `enable_deltas` refuse such plans first)
+            return Err(crate::TransportError::Unsupported(format!(
+                "a delta for `{}` would land transposed, which delta updates do not apply yet",
+                t.dst_tensor
+            ))
+            .into());
+        }
         let (_, d, e) = piece_box(t, p);
         let v = dst_view(dst, t)?;
         let mut targets = vec![Target {
@@ -549,6 +557,7 @@ mod tests {
             dst_offset: Dims::new(&[2, 1]),
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[3, 5]),
+            transposed: false,
         }
     }
 

@@ -77,12 +77,13 @@ pub fn fill_or_check_with(
                 return Err(format!("unknown canonical `{}`", p.canonical));
             };
             let ce = c.dtype.size() as u64;
-            let b = StridedBox::new(
+            let b = StridedBox::new_transposed(
                 &c.shape,
                 &p.region.offset,
                 &t.shape,
                 &p.local_offset,
                 &p.region.extent,
+                p.transpose(),
             )
             .map_err(|e| e.to_string())?;
             let mut err = None;
@@ -185,6 +186,12 @@ fn fp8_fill_or_check(
         let c = cat
             .get(&p.canonical)
             .ok_or_else(|| format!("unknown canonical `{}`", p.canonical))?;
+        if p.transposed {
+            return Err(format!(
+                "`{}` is FP8 but places `{}` transposed; transposed boxes go into plain tensors only",
+                t.name, c.name
+            ));
+        }
         let cs = c.shape.as_slice();
         let cd = cs.len();
         if cd < 2 || nd < 2 {

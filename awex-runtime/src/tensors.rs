@@ -813,6 +813,7 @@ mod tests {
             dst_offset: Dims::new(&[0, 0]),
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[4, 8]),
+            transposed: false,
         };
         let set = TensorSet::from_views(vec![device_view("model.w")]).unwrap();
         let b = make_buckets(std::slice::from_ref(&t), 1 << 20);

@@ -19,6 +19,7 @@
 //! `post_load_weights` derives `w_kc` / `w_vc` from `kv_b_proj.weight`, which stays a
 //! parameter: awex writes `kv_b_proj` and `awex.sglang.receive` runs `post_load_weights`.
 
+use awex_core::DType;
 use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
 use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
 use awex_core::model::{ModelSpec, Part};
@@ -441,6 +442,17 @@ impl SglangLayout {
             _ => {}
         }
         fused_tp::check_mapped(spec).map_err(|e| SglangConfigError::Layout(e.to_string()))?;
+        if ep > 1
+            && let Some(why) = fused_tp::stacked_experts_refusal(
+                spec,
+                "SGLang 0.5.23",
+                &format!(
+                    "ep={ep} cannot be loaded: `FusedMoE.weight_loader_fused` copies every expert of the fused bf16 `gate_up_proj` / `down_proj` into the rank's `num_experts / ep` experts and fails (\"The size of tensor a ... must match the size of tensor b\"); use ep=1 (the experts' intermediate size split over tp)"
+                ),
+            )
+        {
+            return Err(SglangConfigError::Layout(why));
+        }
         let shared = spec.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
         let fused_shared = if spec.has(Part::SharedGate) {
             match fused_shared_experts {
@@ -500,6 +512,12 @@ impl SglangLayout {
                 fused_shared_experts: fused_shared,
                 mla_down: MLA_DOWN,
                 hybrid_attention: HYBRID_ATTENTION,
+                // gpt-oss (`FusedMoE` with biases, `models/gpt_oss.py`): `w13_weight_bias` /
+                // `w2_weight_bias`; `GptOssAttention.__init__` builds the sinks in bf16
+                // whatever the model's dtype (fp32 only for the `trtllm_mha` backend)
+                expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+                sinks_dtype: Some(DType::Bf16),
+                local_names: &[],
             },
         )
         .map_err(|e| SglangConfigError::Layout(e.to_string()))?;

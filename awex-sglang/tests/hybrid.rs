@@ -156,20 +156,3 @@ fn hybrid_configs_sglang_cannot_run_are_refused_by_name() {
     assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, None).is_err());
     assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, Some(true)).is_ok());
 }
-
-/// gpt-oss has no SGLang layout: SGLang holds its experts transposed against the checkpoint
-/// (`engines/tests/test_gpt_oss_sglang_params.py` checks SGLang's own load), which awex's
-/// placements cannot express; refused naming that, at every size.
-#[test]
-fn gpt_oss_is_refused_naming_the_transposed_experts() {
-    let spec = awex_core::model::presets::preset("gpt-oss-tiny").expect("preset");
-    for (tp, ep) in [(1, 1), (2, 1), (2, 2)] {
-        let e = SglangLayout::new(&spec, tp, ep, 1).unwrap_err().to_string();
-        assert!(
-            e.contains(
-                "GptOssForCausalLM (gpt-oss) holds each layer's experts in one tensor transposed"
-            ) && e.contains("awex's placements copy boxes without transposing"),
-            "{e}"
-        );
-    }
-}

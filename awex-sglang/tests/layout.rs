@@ -38,6 +38,7 @@ fn place(canonical: &str, offset: &[u64], extent: &[u64], at: &[u64]) -> Placeme
         canonical: canonical.into(),
         region: Region::new(Dims::new(offset), Dims::new(extent)),
         local_offset: Dims::new(at),
+        transposed: false,
     }
 }
 
@@ -128,6 +129,7 @@ fn kv_heads_replicate_when_tp_exceeds_kv_heads() {
                 dtype: awex_core::DType::Bf16,
                 region: Region::new([0, 0], [16, 64]),
                 local_offset: Dims::new(&[16, 0]),
+                transposed: false,
             },
             Holder {
                 ranks: ranks(&[(0, 2), (0, 3)]),
@@ -136,6 +138,7 @@ fn kv_heads_replicate_when_tp_exceeds_kv_heads() {
                 dtype: awex_core::DType::Bf16,
                 region: Region::new([16, 0], [16, 64]),
                 local_offset: Dims::new(&[16, 0]),
+                transposed: false,
             },
         ]
     );

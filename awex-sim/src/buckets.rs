@@ -188,6 +188,7 @@ mod tests {
             dst_offset: off(dst_cols),
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[rows, cols]),
+            transposed: false,
         }
     }
 

@@ -101,6 +101,14 @@ pub const HYBRID_ATTENTION: &str = "self_attn";
 
 /// The classes whose MoE block is vLLM 0.33's `Qwen3NextSparseMoeBlock` (`models/qwen3_next.py`;
 /// `models/qwen3_5.py` builds it for Qwen3.5-MoE), which refuses `tp > num_experts`.
+/// What vLLM 0.33's gpt-oss class names differently from the checkpoint (`models/gpt_oss.py`:
+/// the decoder layer's attention is `self.attn`, its sinks `attn.sinks`, the embedding
+/// `self.embedding`; `load_weights` maps `.self_attn.` to `.attn.`).
+const GPT_OSS_NAMES: &[(&str, &str)] = &[
+    (".self_attn.", ".attn."),
+    ("model.embed_tokens.", "model.embedding."),
+];
+
 const QWEN3_NEXT_MOE_BLOCK: &[&str] = &["Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM"];
 
 /// A parallel configuration vLLM cannot run for this model.
@@ -341,6 +349,15 @@ impl VllmLayout {
                 fused_shared_experts: false,
                 mla_down: MLA_DOWN,
                 hybrid_attention: HYBRID_ATTENTION,
+                // `GptOssRoutedExperts`: `w13_bias` / `w2_bias`; sinks in the model's dtype
+                // (`make_attention_sink`)
+                expert_biases: ["w13_bias", "w2_bias"],
+                sinks_dtype: None,
+                local_names: if spec.has(Part::ExpertsGateUp) {
+                    GPT_OSS_NAMES
+                } else {
+                    &[]
+                },
             },
         )
         .map_err(|e| VllmConfigError::Layout(e.to_string()))?;

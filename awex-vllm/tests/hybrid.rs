@@ -138,20 +138,3 @@ fn hybrid_configs_vllm_cannot_run_are_refused_by_name() {
     }
     assert!(VllmLayout::new(&dense, 2, 1, 1).is_ok());
 }
-
-/// gpt-oss has no vLLM layout: vLLM holds its experts transposed against the checkpoint
-/// (`engines/tests/vllm/test_gpt_oss_vllm_params.py` checks vLLM's own load), which awex's
-/// placements cannot express; refused naming that.
-#[test]
-fn gpt_oss_is_refused_naming_the_transposed_experts() {
-    let spec = awex_core::model::presets::preset("gpt-oss-tiny").expect("preset");
-    for (tp, ep) in [(1, 1), (2, 1), (2, 2)] {
-        let e = VllmLayout::new(&spec, tp, ep, 1).unwrap_err().to_string();
-        assert!(
-            e.contains(
-                "GptOssForCausalLM (gpt-oss) holds each layer's experts in one tensor transposed"
-            ) && e.contains("awex's placements copy boxes without transposing"),
-            "{e}"
-        );
-    }
-}

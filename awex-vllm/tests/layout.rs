@@ -48,6 +48,7 @@ fn place(canonical: &str, offset: &[u64], extent: &[u64], at: &[u64]) -> Placeme
         canonical: canonical.into(),
         region: Region::new(Dims::new(offset), Dims::new(extent)),
         local_offset: Dims::new(at),
+        transposed: false,
     }
 }
 

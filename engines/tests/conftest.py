@@ -102,6 +102,10 @@ class Ranks:
 def boxes(t: dict[str, Any]):
     """(canonical name, canonical slices, local slices) of every placement of a layout tensor."""
     for p in t["placements"]:
+        if p.get("transposed"):
+            # (an inference engine holding the box with its last two dims swapped: gpt-oss's
+            # experts); these helpers slice boxes as they are
+            raise NotImplementedError(f"`{t['name']}` holds `{p['canonical']}` transposed; boxes() does not slice transposed placements")
         off, ext = p["region"]["offset"], p["region"]["extent"]
         loc = p["local_offset"]
         lead = len(loc) - len(ext)

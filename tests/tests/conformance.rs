@@ -469,6 +469,7 @@ fn canonical_side(cat: &Catalogue) -> ExplicitSide {
                 canonical: Arc::from(c.name.as_str()),
                 region: Region::full(c.shape),
                 local_offset: Dims::zeros(c.shape.ndim()),
+                transposed: false,
             }],
         })
         .collect();

@@ -282,6 +282,7 @@ impl Fp8Side {
                     extent: to_blocks(&p.region.extent, true),
                 },
                 local_offset: to_blocks(&p.local_offset, false),
+                transposed: false,
             })
             .collect();
         LocalTensor {
@@ -414,6 +415,9 @@ mod tests {
                 fused_shared_experts: false,
                 mla_down: "",
                 hybrid_attention: "",
+                expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+                sinks_dtype: None,
+                local_names: &[],
             },
         )
         .unwrap();

@@ -43,6 +43,38 @@ pub enum CopyError {
     /// A dtype conversion failed.
     #[error(transparent)]
     DType(#[from] DTypeError),
+    /// A transposed box that cannot be copied (fewer than two dims, or too many strided dims).
+    #[error("{0}")]
+    Transposed(Box<str>),
+}
+
+/// Which end of a box copy stores the box with its last two dims swapped.
+///
+/// A box of extent `[.., a, b]` whose end is transposed occupies `[.., b, a]` there: box
+/// element `(.., i, j)` sits at `(.., j, i)` from that end's offset (the offset is of the
+/// transposed box). Inference engines that hold an expert stack as `[E, out, in]` while the
+/// checkpoint holds `[E, in, out]` (gpt-oss) receive their boxes transposed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Transpose {
+    /// Both ends hold the box as it is.
+    #[default]
+    None,
+    /// The source holds the box transposed.
+    Src,
+    /// The destination holds the box transposed.
+    Dst,
+}
+
+/// `extent` with its last two dims swapped (unchanged with fewer than two dims).
+pub fn swap_last_two(extent: &Dims) -> Dims {
+    let mut e = *extent;
+    let k = e.ndim();
+    if k >= 2 {
+        let (a, b) = (e.get(k - 2), e.get(k - 1));
+        e.set(k - 2, b);
+        e.set(k - 1, a);
+    }
+    e
 }
 
 /// Extends a box extent with leading 1s to `ndim` dims (box dims align with trailing tensor dims).
@@ -87,17 +119,65 @@ impl StridedBox {
         dst_off: &Dims,
         extent: &Dims,
     ) -> Result<Self, CopyError> {
-        check_fit(extent, src_off, src_shape)?;
-        check_fit(extent, dst_off, dst_shape)?;
+        Self::new_transposed(
+            src_shape,
+            src_off,
+            dst_shape,
+            dst_off,
+            extent,
+            Transpose::None,
+        )
+    }
+
+    /// [`StridedBox::new`] where one end may hold the box transposed ([`Transpose`]): that
+    /// end's offset is of the transposed box, which must fit its tensor. A transposed box
+    /// needs at least two dims; its runs are single elements (no dim is contiguous on both
+    /// ends), so it has at most `MAX_DIMS - 1` dims once dims contiguous on both ends merge.
+    pub fn new_transposed(
+        src_shape: &Dims,
+        src_off: &Dims,
+        dst_shape: &Dims,
+        dst_off: &Dims,
+        extent: &Dims,
+        t: Transpose,
+    ) -> Result<Self, CopyError> {
         let k = extent.ndim();
+        if t != Transpose::None && k < 2 {
+            return Err(CopyError::Transposed(
+                format!("box {extent} has fewer than 2 dims and cannot be transposed").into(),
+            ));
+        }
+        let swapped = swap_last_two(extent);
+        let (s_ext, d_ext) = match t {
+            Transpose::None => (extent, extent),
+            Transpose::Src => (&swapped, extent),
+            Transpose::Dst => (extent, &swapped),
+        };
+        check_fit(s_ext, src_off, src_shape)?;
+        check_fit(d_ext, dst_off, dst_shape)?;
         let s_str = src_shape.strides();
         let d_str = dst_shape.strides();
         let s_lead = src_shape.ndim() - k;
         let d_lead = dst_shape.ndim() - k;
+        // the tensor dim (of the box's k trailing ones) that box dim i runs along
+        let perm = |i: usize, transposed: bool| {
+            if transposed && i + 2 >= k {
+                2 * k - 3 - i
+            } else {
+                i
+            }
+        };
+        let (ts, td) = (t == Transpose::Src, t == Transpose::Dst);
         // per box dim (innermost first): (count, src stride, dst stride)
         let mut dims: Vec<(u64, u64, u64)> = (0..k)
             .rev()
-            .map(|i| (extent.get(i), s_str.get(s_lead + i), d_str.get(d_lead + i)))
+            .map(|i| {
+                (
+                    extent.get(i),
+                    s_str.get(s_lead + perm(i, ts)),
+                    d_str.get(d_lead + perm(i, td)),
+                )
+            })
             .collect();
         if dims.is_empty() {
             dims.push((1, 1, 1));
@@ -126,6 +206,15 @@ impl StridedBox {
         };
         let mut outer = [(1, 0, 0); MAX_DIMS - 1];
         let n_outer = outer_dims.len();
+        if n_outer > MAX_DIMS - 1 {
+            return Err(CopyError::Transposed(
+                format!(
+                    "transposed box {extent} has {n_outer} strided dims, more than the {} a copy walks",
+                    MAX_DIMS - 1
+                )
+                .into(),
+            ));
+        }
         outer[..n_outer].copy_from_slice(outer_dims);
         Ok(StridedBox {
             src_base: src_shape.linear(src_off),
@@ -206,6 +295,35 @@ pub fn copy_box(
     dst_dtype: DType,
     extent: &Dims,
 ) -> Result<(), CopyError> {
+    copy_box_transposed(
+        src,
+        src_shape,
+        src_off,
+        src_dtype,
+        dst,
+        dst_shape,
+        dst_off,
+        dst_dtype,
+        extent,
+        Transpose::None,
+    )
+}
+
+/// [`copy_box`] where one end may hold the box transposed ([`Transpose`]; the offset of that
+/// end is of the transposed box).
+#[allow(clippy::too_many_arguments)]
+pub fn copy_box_transposed(
+    src: &[u8],
+    src_shape: &Dims,
+    src_off: &Dims,
+    src_dtype: DType,
+    dst: &mut [u8],
+    dst_shape: &Dims,
+    dst_off: &Dims,
+    dst_dtype: DType,
+    extent: &Dims,
+    t: Transpose,
+) -> Result<(), CopyError> {
     check_len(src.len(), src_shape, src_dtype)?;
     check_len(dst.len(), dst_shape, dst_dtype)?;
     if !src_dtype.converts_to(dst_dtype) {
@@ -215,7 +333,7 @@ pub fn copy_box(
         }
         .into());
     }
-    let b = StridedBox::new(src_shape, src_off, dst_shape, dst_off, extent)?;
+    let b = StridedBox::new_transposed(src_shape, src_off, dst_shape, dst_off, extent, t)?;
     let (se, de) = (src_dtype.size() as u64, dst_dtype.size() as u64);
     let mut result = Ok(());
     b.for_each_run(|s, d, n| {
@@ -236,6 +354,165 @@ mod tests {
 
     fn iota(n: usize) -> Vec<u8> {
         (0..n).map(|i| i as u8).collect()
+    }
+
+    /// Element `(.., i, j)` of a box, read from a row-major tensor at `off` (transposed: at
+    /// `(.., j, i)`), one element at a time: the reference a strided copy must match.
+    fn naive_index(shape: &Dims, off: &Dims, extent: &Dims, at: &[u64], transposed: bool) -> u64 {
+        let (n, k) = (shape.ndim(), extent.ndim());
+        let mut c: Vec<u64> = off.as_slice().to_vec();
+        for (d, &x) in at.iter().enumerate().take(k) {
+            let l = if transposed && d + 2 >= k {
+                2 * k - 3 - d
+            } else {
+                d
+            };
+            c[n - k + l] += x;
+        }
+        shape.linear(&Dims::new(&c))
+    }
+
+    #[test]
+    fn transposed_boxes_round_trip_element_by_element() {
+        // canonical [e, r, c] boxes into local tensors holding them transposed, at offsets,
+        // with extra leading dims, then back: every element where the reference puts it
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for case in 0..300 {
+            let k = 2 + (case % 2) as usize;
+            let ext: Vec<u64> = (0..k).map(|_| 1 + rnd(5)).collect();
+            let extent = Dims::new(&ext);
+            // source: the box at an offset of a larger tensor
+            let s_off: Vec<u64> = (0..k).map(|_| rnd(3)).collect();
+            let s_shape: Vec<u64> = (0..k).map(|d| s_off[d] + ext[d] + rnd(3)).collect();
+            let (s_shape, s_off) = (Dims::new(&s_shape), Dims::new(&s_off));
+            // destination: one more leading dim, the box's last two dims swapped
+            let lead = 1 + rnd(3);
+            let t_ext = swap_last_two(&extent);
+            let mut d_shape = vec![lead];
+            let mut d_off = vec![rnd(lead)];
+            for d in 0..k {
+                let o = rnd(3);
+                d_off.push(o);
+                d_shape.push(o + t_ext.get(d) + rnd(3));
+            }
+            let (d_shape, d_off) = (Dims::new(&d_shape), Dims::new(&d_off));
+            let src: Vec<u8> = (0..s_shape.numel() * 2)
+                .map(|i| (i * 7 + 3) as u8)
+                .collect();
+            let mut dst = vec![0u8; (d_shape.numel() * 2) as usize];
+            copy_box_transposed(
+                &src,
+                &s_shape,
+                &s_off,
+                DType::Bf16,
+                &mut dst,
+                &d_shape,
+                &d_off,
+                DType::Bf16,
+                &extent,
+                Transpose::Dst,
+            )
+            .unwrap();
+            let mut written = vec![false; d_shape.numel() as usize];
+            let mut at = vec![0u64; k];
+            for _ in 0..extent.numel() {
+                let s = naive_index(&s_shape, &s_off, &extent, &at, false) as usize;
+                let d = naive_index(&d_shape, &d_off, &extent, &at, true) as usize;
+                assert_eq!(
+                    dst[2 * d..2 * d + 2],
+                    src[2 * s..2 * s + 2],
+                    "case {case} at {at:?}"
+                );
+                written[d] = true;
+                for x in (0..k).rev() {
+                    at[x] += 1;
+                    if at[x] < ext[x] {
+                        break;
+                    }
+                    at[x] = 0;
+                }
+            }
+            // nothing outside the transposed box is written
+            for (i, w) in written.iter().enumerate() {
+                if !w {
+                    assert_eq!(dst[2 * i..2 * i + 2], [0, 0], "case {case}: element {i}");
+                }
+            }
+            // and back (the source end transposed), with a dtype conversion on the way
+            let mut back = vec![0u8; (s_shape.numel() * 4) as usize];
+            copy_box_transposed(
+                &dst,
+                &d_shape,
+                &d_off,
+                DType::Bf16,
+                &mut back,
+                &s_shape,
+                &s_off,
+                DType::F32,
+                &extent,
+                Transpose::Src,
+            )
+            .unwrap();
+            let mut again = vec![0u8; src.len()];
+            copy_box(
+                &back,
+                &s_shape,
+                &s_off,
+                DType::F32,
+                &mut again,
+                &s_shape,
+                &s_off,
+                DType::Bf16,
+                &extent,
+            )
+            .unwrap();
+            let mut want = vec![0u8; src.len()];
+            copy_box(
+                &src,
+                &s_shape,
+                &s_off,
+                DType::Bf16,
+                &mut want,
+                &s_shape,
+                &s_off,
+                DType::Bf16,
+                &extent,
+            )
+            .unwrap();
+            assert_eq!(again, want, "case {case}");
+        }
+    }
+
+    #[test]
+    fn transposed_box_that_does_not_fit_or_has_one_dim_is_an_error() {
+        // a [2, 3] box transposed occupies [3, 2]: it fits a [3, 2] tensor, not a [2, 3] one
+        let (a, b) = (Dims::new(&[2, 3]), Dims::new(&[3, 2]));
+        let z = Dims::zeros(2);
+        StridedBox::new_transposed(&a, &z, &b, &z, &a, Transpose::Dst).unwrap();
+        let e = StridedBox::new_transposed(&a, &z, &a, &z, &a, Transpose::Dst);
+        assert!(matches!(e, Err(CopyError::OutOfBounds(_))), "{e:?}");
+        let one = Dims::new(&[3]);
+        let e = StridedBox::new_transposed(
+            &one,
+            &Dims::zeros(1),
+            &one,
+            &Dims::zeros(1),
+            &one,
+            Transpose::Dst,
+        );
+        assert!(matches!(e, Err(CopyError::Transposed(_))), "{e:?}");
+        // four dims none of which merge: more strided dims than a copy walks
+        let four = Dims::new(&[2, 2, 2, 2]);
+        let src = Dims::new(&[3, 3, 3, 3]);
+        let z4 = Dims::zeros(4);
+        let e = StridedBox::new_transposed(&src, &z4, &src, &z4, &four, Transpose::Dst);
+        assert!(matches!(e, Err(CopyError::Transposed(_))), "{e:?}");
     }
 
     #[test]

@@ -70,6 +70,9 @@ struct LayerNames {
     v_bias: Arc<str>,
     o: Arc<str>,
     o_bias: Arc<str>,
+    /// the engine's names of `o_proj`'s bias and the sinks ([`FusedTp::local_names`])
+    o_bias_local: Arc<str>,
+    sinks_local: Arc<str>,
     q_norm: Arc<str>,
     k_norm: Arc<str>,
     qkv: Arc<str>,
@@ -86,6 +89,15 @@ struct LayerNames {
     shared_gate_up: Arc<str>,
     w13: Arc<str>,
     w2: Arc<str>,
+    /// gpt-oss: the attention sinks, the experts fused over all experts (canonical) and the
+    /// engine's expert biases (`{experts}.{FusedTp::expert_biases}`)
+    sinks: Arc<str>,
+    experts_gate_up: Arc<str>,
+    experts_gate_up_bias: Arc<str>,
+    experts_down: Arc<str>,
+    experts_down_bias: Arc<str>,
+    w13_bias: Arc<str>,
+    w2_bias: Arc<str>,
     q_down: Arc<str>,
     q_down_norm: Arc<str>,
     q_up: Arc<str>,
@@ -151,9 +163,18 @@ fn layer_parts(spec: &ModelSpec, l: u64) -> u64 {
 }
 
 impl LayerNames {
-    fn new(spec: &ModelSpec, l: u64, routed: &str, mla_down: &str, hybrid_attn: &str) -> Self {
+    fn new(
+        spec: &ModelSpec,
+        l: u64,
+        routed: &str,
+        mla_down: &str,
+        hybrid_attn: &str,
+        expert_biases: [&str; 2],
+        local_names: &[(&str, &str)],
+    ) -> Self {
         let names = spec.names();
         let p = format!("model.layers.{l}");
+        let local = |name: Arc<str>| rename(local_names, name);
         // a canonical name the family spells (empty for a part it does not have: never placed)
         let c = |part: Part| -> Arc<str> {
             Arc::from(names.name(Canon::at(part, l)).unwrap_or_default())
@@ -185,7 +206,7 @@ impl LayerNames {
             (true, m) => Arc::from(format!("{p}.{m}.qkv_proj.weight")),
         };
         LayerNames {
-            o_local: attn(Part::O, "o_proj.weight"),
+            o_local: local(attn(Part::O, "o_proj.weight")),
             q_norm_local: attn(Part::QNorm, "q_norm.weight"),
             k_norm_local: attn(Part::KNorm, "k_norm.weight"),
             lin_qkvz: c(Part::LinQkvz),
@@ -213,10 +234,12 @@ impl LayerNames {
             v_bias: c(Part::VBias),
             o: c(Part::O),
             o_bias: c(Part::OBias),
+            o_bias_local: local(c(Part::OBias)),
+            sinks_local: local(c(Part::Sinks)),
             q_norm: c(Part::QNorm),
             k_norm: c(Part::KNorm),
-            qkv,
-            qkv_bias: fused(Part::QBias, "qkv_proj.bias"),
+            qkv: local(qkv),
+            qkv_bias: local(fused(Part::QBias, "qkv_proj.bias")),
             gate_proj: c(Part::Gate),
             up_proj: c(Part::Up),
             down_proj: c(Part::Down),
@@ -229,6 +252,13 @@ impl LayerNames {
             shared_gate_up: fused(Part::SharedGate, "gate_up_proj.weight"),
             w13: Arc::from(format!("{experts}.w13_weight")),
             w2: Arc::from(format!("{experts}.w2_weight")),
+            sinks: c(Part::Sinks),
+            experts_gate_up: c(Part::ExpertsGateUp),
+            experts_gate_up_bias: c(Part::ExpertsGateUpBias),
+            experts_down: c(Part::ExpertsDown),
+            experts_down_bias: c(Part::ExpertsDownBias),
+            w13_bias: Arc::from(format!("{experts}.{}", expert_biases[0])),
+            w2_bias: Arc::from(format!("{experts}.{}", expert_biases[1])),
             q_down: c(Part::QDown),
             q_down_norm: c(Part::QDownNorm),
             q_up: c(Part::QUp),
@@ -250,7 +280,7 @@ impl LayerNames {
 }
 
 /// The parts a fused-TP layout places; a family with any other part is refused by name.
-pub const MAPPED: [Part; 44] = [
+pub const MAPPED: [Part; 49] = [
     Part::Embed,
     Part::LmHead,
     Part::FinalNorm,
@@ -295,6 +325,11 @@ pub const MAPPED: [Part; 44] = [
     Part::LinDtBias,
     Part::LinNorm,
     Part::LinOut,
+    Part::Sinks,
+    Part::ExpertsGateUp,
+    Part::ExpertsGateUpBias,
+    Part::ExpertsDown,
+    Part::ExpertsDownBias,
 ];
 
 /// The three per-expert canonical tensors an engine fuses into `w13_weight` / `w2_weight`.
@@ -330,6 +365,12 @@ struct Dimensions {
     fused_shared: bool,
     /// the router weight's dtype
     router_dtype: DType,
+    /// the router bias's dtype: fp32 (DeepSeek's score correction, which both engines build
+    /// in fp32), the model's for gpt-oss (a linear layer's bias: SGLang 0.5.23 and vLLM 0.33
+    /// `GptOssMoE`/`MLPBlock` build the router as `ReplicatedLinear(..., bias=True)`)
+    router_bias_dtype: DType,
+    /// the attention sinks' dtype (gpt-oss)
+    sinks_dtype: DType,
     vocab: u64,
     /// padded vocab rows per TP rank
     vocab_rows: u64,
@@ -393,6 +434,8 @@ pub struct FusedTpLayout {
     /// the parts of the model the engine's class does not hold ([`mask`])
     dropped: u64,
     embed: Arc<str>,
+    /// the engine's name of the embedding ([`FusedTp::local_names`])
+    embed_local: Arc<str>,
     final_norm: Arc<str>,
     lm_head: LmHead,
     lm_head_local: Arc<str>,
@@ -438,6 +481,30 @@ pub struct FusedTp {
     /// full-attention `qkv_proj`, `o_proj`, `q_norm` and `k_norm`: empty for SGLang (the
     /// decoder layer itself), `self_attn` for vLLM; unused by other models.
     pub hybrid_attention: &'static str,
+    /// The names below the experts module of the biases of `w13_weight` and `w2_weight` in a
+    /// model whose experts have biases (gpt-oss): `w13_weight_bias` / `w2_weight_bias` for
+    /// SGLang, `w13_bias` / `w2_bias` for vLLM; unused by other models.
+    pub expert_biases: [&'static str; 2],
+    /// The dtype of the attention sinks (gpt-oss) when the engine does not hold them in the
+    /// model's dtype (SGLang 0.5.23: bf16); `None`: the model's dtype.
+    pub sinks_dtype: Option<DType>,
+    /// Fragments of the engine's local names that differ from the canonical ones, replaced in
+    /// the names of the embedding and the attention tensors (`qkv_proj`, `o_proj` and its bias,
+    /// the sinks): vLLM 0.33's gpt-oss class names its attention module `attn` and its
+    /// embedding `model.embedding` (`models/gpt_oss.py`). Empty for every other model.
+    pub local_names: &'static [(&'static str, &'static str)],
+}
+
+/// `name` with every `(from, to)` fragment of `names` replaced (the first occurrence each).
+fn rename(names: &[(&str, &str)], name: Arc<str>) -> Arc<str> {
+    if name.is_empty() || !names.iter().any(|(f, _)| name.contains(f)) {
+        return name;
+    }
+    let mut s = name.to_string();
+    for (from, to) in names {
+        s = s.replacen(from, to, 1);
+    }
+    Arc::from(s)
 }
 
 /// Why a [`FusedTp`] does not fit the model (the backends check first, with their own words).
@@ -461,6 +528,9 @@ impl FusedTpLayout {
             fused_shared_experts,
             mla_down,
             hybrid_attention,
+            expert_biases,
+            sinks_dtype,
+            local_names,
         } = cfg;
         let bad = |what: String| Err(FusedTpError(what));
         if tp == 0 || ep == 0 || engines == 0 || tp % ep != 0 {
@@ -590,6 +660,12 @@ impl FusedTpLayout {
                 },
                 fused_shared,
                 router_dtype,
+                router_bias_dtype: if spec.has(Part::ExpertsGateUp) {
+                    spec.dtype
+                } else {
+                    DType::F32
+                },
+                sinks_dtype: sinks_dtype.unwrap_or(spec.dtype),
                 vocab: spec.vocab_size,
                 vocab_rows,
                 o_cols: match &spec.mla {
@@ -607,11 +683,22 @@ impl FusedTpLayout {
                 lin,
             },
             embed: Arc::from("model.embed_tokens.weight"),
+            embed_local: rename(local_names, Arc::from("model.embed_tokens.weight")),
             final_norm: Arc::from("model.norm.weight"),
             lm_head,
             lm_head_local: Arc::from("lm_head.weight"),
             layers: (0..spec.num_layers)
-                .map(|l| LayerNames::new(spec, l, routed_experts, mla_down, hybrid_attention))
+                .map(|l| {
+                    LayerNames::new(
+                        spec,
+                        l,
+                        routed_experts,
+                        mla_down,
+                        hybrid_attention,
+                        expert_biases,
+                        local_names,
+                    )
+                })
                 .collect(),
         })
     }
@@ -714,6 +801,7 @@ impl FusedTpLayout {
                 canonical: canonical.clone(),
                 region: Region::new([start, 0], [len, self.d.hidden]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             }]
         } else {
             Vec::new()
@@ -741,6 +829,7 @@ impl FusedTpLayout {
             canonical: canonical.clone(),
             region: Region::full(shape),
             local_offset: Dims::zeros(shape.ndim()),
+            transposed: false,
         }];
         self.local(local, shape, placements)
     }
@@ -779,6 +868,7 @@ impl FusedTpLayout {
             canonical: c.clone(),
             region,
             local_offset: at,
+            transposed: false,
         };
         let rows = |c: &Arc<str>, start: u64, len: u64, at: u64| {
             pl(c, Region::new([start, 0], [len, h]), Dims::new(&[at, 0]))
@@ -898,6 +988,7 @@ impl FusedTpLayout {
             canonical: name.clone(),
             region: Region::full(shape),
             local_offset: Dims::zeros(shape.ndim()),
+            transposed: false,
         }];
         LocalTensor {
             dtype,
@@ -924,11 +1015,13 @@ impl FusedTpLayout {
                     canonical: gate.clone(),
                     region: Region::new([r * i, 0], [i, h]),
                     local_offset: Dims::zeros(2),
+                    transposed: false,
                 },
                 Placement {
                     canonical: up.clone(),
                     region: Region::new([r * i, 0], [i, h]),
                     local_offset: Dims::new(&[i, 0]),
+                    transposed: false,
                 },
             ],
         ));
@@ -939,6 +1032,7 @@ impl FusedTpLayout {
                 canonical: down.clone(),
                 region: Region::new([0, r * i], [h, i]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             }],
         ));
     }
@@ -959,6 +1053,7 @@ impl FusedTpLayout {
                     canonical: (*c).clone(),
                     region,
                     local_offset,
+                    transposed: false,
                 }
             })
             .collect()
@@ -977,6 +1072,7 @@ impl FusedTpLayout {
                     canonical: name.clone(),
                     region: Region::new([r * rows, 0], [rows, cols]),
                     local_offset: Dims::zeros(2),
+                    transposed: false,
                 }],
             )
         };
@@ -990,11 +1086,13 @@ impl FusedTpLayout {
                             canonical: n.q_down.clone(),
                             region: Region::new([0, 0], [q_lora, h]),
                             local_offset: Dims::zeros(2),
+                            transposed: false,
                         },
                         Placement {
                             canonical: n.kv_down.clone(),
                             region: Region::new([0, 0], [a.kv_down, h]),
                             local_offset: Dims::new(&[q_lora, 0]),
+                            transposed: false,
                         },
                     ],
                 ));
@@ -1037,10 +1135,27 @@ impl FusedTpLayout {
                 canonical: n.o.clone(),
                 region: Region::new([0, r * o_cols], [h, o_cols]),
                 local_offset: Dims::zeros(2),
+                transposed: false,
             }],
         ));
         if self.holds(n, Part::OBias) {
-            out.push(self.replicated(&n.o_bias, Dims::new(&[h])));
+            out.push(self.replicated_named(&n.o_bias_local, &n.o_bias, Dims::new(&[h])));
+        }
+        if self.holds(n, Part::Sinks) {
+            let q = self.d.q_heads;
+            out.push(LocalTensor {
+                dtype: self.d.sinks_dtype,
+                encoding: crate::encoding::Encoding::Plain(self.d.sinks_dtype),
+                ..self.local(
+                    &n.sinks_local,
+                    Dims::new(&[q]),
+                    vec![Placement::new(
+                        n.sinks.clone(),
+                        Region::new([r * q], [q]),
+                        Dims::zeros(1),
+                    )],
+                )
+            });
         }
         self.push_mlp_of_layer(out, n, r);
         out.push(self.replicated(&n.input_ln, Dims::new(&[h])));
@@ -1067,6 +1182,10 @@ impl FusedTpLayout {
     /// TP rank `r`'s MLP tensors of one layer: the dense MLP or the MoE block.
     fn push_mlp_of_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
+        if n.has(Part::ExpertsGateUp) {
+            self.push_stacked_experts(out, n, r);
+            return;
+        }
         if n.moe {
             let mi = self.d.moe_inter;
             let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
@@ -1092,16 +1211,19 @@ impl FusedTpLayout {
                     canonical: name(gate),
                     region: Region::new([m * mi, 0], [mi, h]),
                     local_offset: Dims::new(&[j, 0, 0]),
+                    transposed: false,
                 });
                 w13.push(Placement {
                     canonical: name(up),
                     region: Region::new([m * mi, 0], [mi, h]),
                     local_offset: Dims::new(&[j, mi, 0]),
+                    transposed: false,
                 });
                 w2.push(Placement {
                     canonical: name(down),
                     region: Region::new([0, m * mi], [h, mi]),
                     local_offset: Dims::new(&[j, 0, 0]),
+                    transposed: false,
                 });
             }
             let shared = self.d.fused_shared && n.has(Part::SharedGate);
@@ -1112,12 +1234,14 @@ impl FusedTpLayout {
                         canonical: canonical.clone(),
                         region: Region::new([m * mi, 0], [mi, h]),
                         local_offset: Dims::new(&[ne, at, 0]),
+                        transposed: false,
                     });
                 }
                 w2.push(Placement {
                     canonical: n.shared_down.clone(),
                     region: Region::new([0, m * mi], [h, mi]),
                     local_offset: Dims::new(&[ne, 0, 0]),
+                    transposed: false,
                 });
             }
             let slots = ne + u64::from(shared);
@@ -1145,6 +1269,125 @@ impl FusedTpLayout {
             let names = [&n.gate_up, &n.gate_proj, &n.up_proj, &n.down_proj];
             self.push_mlp(out, names, self.d.inter, r);
         }
+    }
+
+    /// The boxes of gpt-oss's fused experts that TP rank `r` holds: `(local experts (first,
+    /// count), MoE-TP rank)`. Both engines hold `w13_weight` `[local experts, 2 * inter /
+    /// moe_tp, hidden]`, the transpose of `gate_up_proj[experts, :, chunk]` (the gate/up
+    /// interleave kept), and `w2_weight` `[local experts, hidden, inter / moe_tp]`, the
+    /// transpose of `down_proj[experts, chunk, :]`: SGLang 0.5.23 `models/gpt_oss.py`
+    /// `_load_normal_weights` (`loaded_weight.transpose(-2, -1)`, then
+    /// `FusedMoE.weight_loader_fused` narrows the `moe_tp_rank`-th chunk); vLLM 0.33
+    /// `GptOssRoutedExperts._load_unquantized_expert` (narrow, then `.t()`). The biases:
+    /// `gate_up_proj_bias[experts, chunk]`, and `down_proj_bias[experts]` on MoE-TP rank 0
+    /// only (both engines zero it on the others: it is added once, after the reduction; awex
+    /// places nothing there, so those zeros stay). `engines/tests/gpt_oss_layout.py` writes
+    /// the same down from the engines' code.
+    fn stacked_boxes(&self, r: u64) -> ((u64, u64), u64) {
+        let (ep_rank, m) = (r / self.d.moe_tp, r % self.d.moe_tp);
+        (expert_range(self.d.experts, self.d.ep, ep_rank), m)
+    }
+
+    /// TP rank `r`'s experts and router of one gpt-oss layer ([`Self::stacked_boxes`]).
+    fn push_stacked_experts(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
+        let h = self.d.hidden;
+        let mi = self.d.moe_inter;
+        let ((first, ne), m) = self.stacked_boxes(r);
+        let c = 2 * mi;
+        let router_shape = Self::dims2(self.d.experts, h);
+        out.push(self.replicated_as(&n.router, router_shape, self.d.router_dtype));
+        let shape = Dims::new(&[self.d.experts]);
+        out.push(self.replicated_as(&n.router_bias, shape, self.d.router_bias_dtype));
+        let transposed = |canonical: &Arc<str>, region: Region| Placement {
+            transposed: true,
+            ..Placement::new(canonical.clone(), region, Dims::zeros(3))
+        };
+        out.push(self.local(
+            &n.w13,
+            Dims::new(&[ne, c, h]),
+            vec![transposed(
+                &n.experts_gate_up,
+                Region::new([first, 0, m * c], [ne, h, c]),
+            )],
+        ));
+        out.push(self.local(
+            &n.w13_bias,
+            Self::dims2(ne, c),
+            vec![Placement::new(
+                n.experts_gate_up_bias.clone(),
+                Region::new([first, m * c], [ne, c]),
+                Dims::zeros(2),
+            )],
+        ));
+        out.push(self.local(
+            &n.w2,
+            Dims::new(&[ne, h, mi]),
+            vec![transposed(
+                &n.experts_down,
+                Region::new([first, m * mi, 0], [ne, mi, h]),
+            )],
+        ));
+        let w2_bias = if m == 0 {
+            vec![Placement::new(
+                n.experts_down_bias.clone(),
+                Region::new([first, 0], [ne, h]),
+                Dims::zeros(2),
+            )]
+        } else {
+            Vec::new()
+        };
+        out.push(self.local(&n.w2_bias, Self::dims2(ne, h), w2_bias));
+    }
+
+    /// Every holder of one of gpt-oss's fused expert tensors of layer `l`.
+    fn stacked_holders(&self, l: u64, part: Part) -> Vec<Holder> {
+        let n = &self.layers[l as usize];
+        let (h, mi) = (self.d.hidden, self.d.moe_inter);
+        let c = 2 * mi;
+        let mut out = Vec::with_capacity(self.tp as usize);
+        for r in 0..u64::from(self.tp) {
+            let ((first, ne), m) = self.stacked_boxes(r);
+            let ranks = self.engine_ranks(r);
+            let holder = match part {
+                Part::ExpertsGateUp => Holder {
+                    transposed: true,
+                    ..self.holder(
+                        ranks,
+                        &n.w13,
+                        Dims::new(&[ne, c, h]),
+                        Region::new([first, 0, m * c], [ne, h, c]),
+                        Dims::zeros(3),
+                    )
+                },
+                Part::ExpertsGateUpBias => self.holder(
+                    ranks,
+                    &n.w13_bias,
+                    Self::dims2(ne, c),
+                    Region::new([first, m * c], [ne, c]),
+                    Dims::zeros(2),
+                ),
+                Part::ExpertsDown => Holder {
+                    transposed: true,
+                    ..self.holder(
+                        ranks,
+                        &n.w2,
+                        Dims::new(&[ne, h, mi]),
+                        Region::new([first, m * mi, 0], [ne, mi, h]),
+                        Dims::zeros(3),
+                    )
+                },
+                Part::ExpertsDownBias if m == 0 => self.holder(
+                    ranks,
+                    &n.w2_bias,
+                    Self::dims2(ne, h),
+                    Region::new([first, 0], [ne, h]),
+                    Dims::zeros(2),
+                ),
+                _ => continue,
+            };
+            out.push(holder);
+        }
+        out
     }
 
     // ---- canonical view ----
@@ -1184,6 +1427,7 @@ impl FusedTpLayout {
             dtype: self.dtype,
             region,
             local_offset,
+            transposed: false,
         }
     }
 
@@ -1432,7 +1676,7 @@ impl SideLayout for FusedTpLayout {
         let r = u64::from(rank.rank);
         let per_layer = 10;
         let mut tensors = Vec::with_capacity(3 + self.layers.len() * per_layer);
-        tensors.push(self.embed_tensor(&self.embed, &self.embed, r));
+        tensors.push(self.embed_tensor(&self.embed_local, &self.embed, r));
         for n in &self.layers {
             self.push_layer(&mut tensors, n, r);
         }
@@ -1492,6 +1736,9 @@ impl SideLayout for FusedTpLayout {
             if self.holds(n, Part::OBias) {
                 f(&n.o_bias);
             }
+            if self.holds(n, Part::Sinks) {
+                f(&n.sinks);
+            }
             if n.has(Part::QNorm) && !n.linear {
                 f(&n.q_norm);
                 f(&n.k_norm);
@@ -1501,6 +1748,14 @@ impl SideLayout for FusedTpLayout {
                 f(&n.router);
                 if n.has(Part::RouterBias) {
                     f(&n.router_bias);
+                }
+                if n.has(Part::ExpertsGateUp) {
+                    f(&n.experts_gate_up);
+                    f(&n.experts_gate_up_bias);
+                    f(&n.experts_down);
+                    if self.stacked_boxes(r).1 == 0 {
+                        f(&n.experts_down_bias);
+                    }
                 }
                 if n.has(Part::SharedGate) {
                     f(&n.shared_gate);
@@ -1548,7 +1803,7 @@ impl SideLayout for FusedTpLayout {
         match c.part {
             Part::Embed => {
                 let mut out = Vec::with_capacity(2 * self.tp as usize);
-                self.vocab_holders(&self.embed, &mut out);
+                self.vocab_holders(&self.embed_local, &mut out);
                 if let LmHead::Tied(_) = self.lm_head {
                     self.vocab_holders(&self.lm_head_local, &mut out);
                 }
@@ -1583,20 +1838,33 @@ impl SideLayout for FusedTpLayout {
             | Part::LinALog
             | Part::LinDtBias
             | Part::LinOut => self.linear_holders(l, canonical),
-            Part::OBias => self.replicated_holder(&layer(l).o_bias, Dims::new(&[h])),
-            // not in `MAPPED`: a model with them (gpt-oss) is refused before a layout exists
-            Part::Sinks
-            | Part::ExpertsGateUp
+            Part::OBias => self.replicated_holder(&layer(l).o_bias_local, Dims::new(&[h])),
+            Part::Sinks => {
+                let q = self.d.q_heads;
+                (0..u64::from(self.tp))
+                    .map(|r| Holder {
+                        dtype: self.d.sinks_dtype,
+                        ..self.holder(
+                            self.engine_ranks(r),
+                            &layer(l).sinks_local,
+                            Dims::new(&[q]),
+                            Region::new([r * q], [q]),
+                            Dims::zeros(1),
+                        )
+                    })
+                    .collect()
+            }
+            Part::ExpertsGateUp
             | Part::ExpertsGateUpBias
             | Part::ExpertsDown
-            | Part::ExpertsDownBias => Vec::new(),
+            | Part::ExpertsDownBias => self.stacked_holders(l, c.part),
             Part::Router => {
                 let shape = Self::dims2(self.d.experts, h);
                 self.replicated_holder_as(&layer(l).router, shape, self.d.router_dtype)
             }
             Part::RouterBias => {
                 let shape = Dims::new(&[self.d.experts]);
-                self.replicated_holder_as(&layer(l).router_bias, shape, DType::F32)
+                self.replicated_holder_as(&layer(l).router_bias, shape, self.d.router_bias_dtype)
             }
             Part::Q if layer(l).mla => self.mla_holders(l, c.part),
             Part::QDown
@@ -1648,25 +1916,24 @@ impl SideLayout for FusedTpLayout {
 
 /// Refuses a model with a part the fused-TP layout does not place ([`MAPPED`]), naming it.
 pub fn check_mapped(spec: &ModelSpec) -> Result<(), FusedTpError> {
-    if spec.has(Part::ExpertsGateUp) {
-        return Err(FusedTpError(stacked_experts(spec)));
-    }
     match spec.parts().into_iter().find(|p| !MAPPED.contains(p)) {
         Some(p) => Err(FusedTpError(unmapped(spec, p))),
         None => Ok(()),
     }
 }
 
-/// Why a model whose checkpoint holds each layer's experts in one transposed tensor (gpt-oss)
-/// has no fused-TP layout yet: both engines hold them transposed (checked on CPU by
-/// `engines/tests/test_gpt_oss_sglang_params.py` and `engines/tests/vllm/test_gpt_oss_vllm_params.py`),
-/// and a placement copies a box as it is.
-fn stacked_experts(spec: &ModelSpec) -> String {
+/// Why an engine whose layout of a model with experts fused over all experts (gpt-oss) awex
+/// does not build yet refuses it (`None` for any other model): `engine` names the engine and
+/// `missing` what its layout would still need.
+pub fn stacked_experts_refusal(spec: &ModelSpec, engine: &str, missing: &str) -> Option<String> {
+    if !spec.has(Part::ExpertsGateUp) {
+        return None;
+    }
     let family = spec.architecture.family();
-    format!(
-        "{} ({}) holds each layer's experts in one tensor transposed against the engines' (`model.layers.0.mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved; `down_proj` [experts, intermediate, hidden]); SGLang 0.5.23 and vLLM 0.33 hold `w13_weight` [local experts, 2 * intermediate / tp, hidden] and `w2_weight` [local experts, hidden, intermediate / tp], the transpose of a chunk of them, and awex's placements copy boxes without transposing: gpt-oss has no SGLang or vLLM layout yet (docs/models.md, gpt-oss)",
+    Some(format!(
+        "{} ({}) on {engine}: {missing} (docs/models.md, gpt-oss)",
         family.hf_class, family.name
-    )
+    ))
 }
 
 /// Why a family with `part` has no fused-TP layout yet.
@@ -1699,6 +1966,9 @@ mod tests {
             fused_shared_experts: false,
             mla_down: "fused_qkv_a_proj_with_mqa",
             hybrid_attention: "",
+            expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+            sinks_dtype: None,
+            local_names: &[],
         }
     }
 
@@ -1825,6 +2095,9 @@ mod tests {
                     let c = FusedTp {
                         engines: 2,
                         hybrid_attention: attn,
+                        expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+                        sinks_dtype: None,
+                        local_names: &[],
                         lm_head: LmHead::Own(Arc::from("lm_head.weight")),
                         ..cfg(tp, ep, rows)
                     };
@@ -1919,6 +2192,9 @@ mod tests {
         let q35 = ModelSpec::resolve("qwen3.5-tiny").unwrap();
         let c = FusedTp {
             hybrid_attention: "self_attn",
+            expert_biases: ["w13_weight_bias", "w2_weight_bias"],
+            sinks_dtype: None,
+            local_names: &[],
             ..cfg(2, 1, 512)
         };
         let layout = FusedTpLayout::new(&q35, c).unwrap();

@@ -96,6 +96,45 @@ pub struct Placement {
     /// Offset of the box inside the local tensor (local rank; may have more dims than the region,
     /// the region's dims aligning with the trailing local dims).
     pub local_offset: Dims,
+    /// Whether the local tensor holds the box with its last two dims swapped: a box of extent
+    /// `[.., a, b]` occupies `[.., b, a]` at `local_offset`, box element `(.., i, j)` at
+    /// `(.., j, i)` from it (see [`copy::Transpose`]). Inference side only (an engine that
+    /// stores an expert stack as `[E, out, in]` where the checkpoint has `[E, in, out]`);
+    /// needs a region of at least two dims and a plain (not FP8) local tensor. Left out of the
+    /// serialised layout when `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transposed: bool,
+}
+
+impl Placement {
+    /// A placement of the box as it is (not transposed).
+    pub fn new(canonical: Arc<str>, region: Region, local_offset: Dims) -> Self {
+        Placement {
+            canonical,
+            region,
+            local_offset,
+            transposed: false,
+        }
+    }
+
+    /// The extent the box occupies in the local tensor's trailing dims: the region's, its last
+    /// two dims swapped when [`Placement::transposed`].
+    pub fn local_extent(&self) -> Dims {
+        if self.transposed {
+            copy::swap_last_two(&self.region.extent)
+        } else {
+            self.region.extent
+        }
+    }
+
+    /// How a copy from the canonical tensor into the local tensor is oriented.
+    pub fn transpose(&self) -> copy::Transpose {
+        if self.transposed {
+            copy::Transpose::Dst
+        } else {
+            copy::Transpose::None
+        }
+    }
 }
 
 /// A tensor as one engine rank holds it: native name, local shape, dtype, encoding, and what
@@ -214,6 +253,9 @@ pub struct Holder {
     pub region: Region,
     /// Where that box sits in the local tensor.
     pub local_offset: Dims,
+    /// Whether the local tensor holds the box transposed ([`Placement::transposed`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transposed: bool,
 }
 
 /// All ranks of one side: a pure function of `(ModelSpec, parallel config)`, queried lazily.
@@ -307,7 +349,9 @@ impl ExplicitSide {
         ranks.sort_by_key(|r| r.rank);
         let engines = ranks.iter().map(|r| r.rank.engine + 1).max().unwrap_or(1);
         // group identical shards held by several ranks
-        let mut by_key: HashMap<(Arc<str>, Arc<str>, Region, Dims), usize> = HashMap::new();
+        // (canonical, tensor, region, local offset, transposed): one shard
+        type ShardKey = (Arc<str>, Arc<str>, Region, Dims, bool);
+        let mut by_key: HashMap<ShardKey, usize> = HashMap::new();
         let mut by_canonical: HashMap<Arc<str>, Vec<Holder>> = HashMap::new();
         let mut encodings = HashMap::new();
         for r in &ranks {
@@ -324,6 +368,7 @@ impl ExplicitSide {
                         t.name.clone(),
                         p.region,
                         p.local_offset,
+                        p.transposed,
                     );
                     let list = by_canonical.entry(p.canonical.clone()).or_default();
                     match by_key.get(&key) {
@@ -339,6 +384,7 @@ impl ExplicitSide {
                                 dtype: t.dtype,
                                 region: p.region,
                                 local_offset: p.local_offset,
+                                transposed: p.transposed,
                             });
                         }
                     }

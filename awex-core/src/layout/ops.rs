@@ -1,19 +1,21 @@
 //! Operations on layouts: validation, coverage, materialize (canonical -> local), reconstruct (local -> canonical).
 
-use super::copy::{CopyError, copy_box};
-use super::{Dims, ExplicitSide, Holder, LayoutError, RankLayout, Region, SideLayout};
+use super::copy::{CopyError, Transpose, copy_box_transposed};
+use super::{Dims, ExplicitSide, Holder, LayoutError, Placement, RankLayout, Region, SideLayout};
 use crate::model::Catalogue;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// The local box a placement occupies: its region's extent, widened with leading 1s to the local rank.
-pub(crate) fn local_box(local_offset: &Dims, region: &Region) -> Option<Region> {
+/// (transposed: the region's extent with its last two dims swapped, see [`Placement::transposed`]).
+pub(crate) fn local_box(p: &Placement) -> Option<Region> {
+    let (local_offset, region) = (&p.local_offset, &p.region);
     let n = local_offset.ndim();
     let k = region.ndim();
     if k > n {
         return None;
     }
     let mut ext = [1u64; super::MAX_DIMS];
-    ext[n - k..n].copy_from_slice(region.extent.as_slice());
+    ext[n - k..n].copy_from_slice(p.local_extent().as_slice());
     Some(Region {
         offset: *local_offset,
         extent: Dims::new(&ext[..n]),
@@ -73,7 +75,19 @@ pub fn validate_rank(layout: &RankLayout, cat: &Catalogue) -> Result<(), LayoutE
                     t.shape, p.local_offset
                 )));
             }
-            let lb = local_box(&p.local_offset, &p.region).ok_or_else(|| {
+            if p.transposed && p.region.ndim() < 2 {
+                return Err(oob(format!(
+                    "places `{}` {} transposed, but a transposed box needs at least 2 dims",
+                    p.canonical, p.region
+                )));
+            }
+            if p.transposed && t.encoding != crate::encoding::Encoding::Plain(t.dtype) {
+                return Err(oob(format!(
+                    "places `{}` {} transposed into a tensor of encoding {:?}; transposed boxes go into plain tensors only",
+                    p.canonical, p.region, t.encoding
+                )));
+            }
+            let lb = local_box(p).ok_or_else(|| {
                 oob(format!(
                     "has {} dims, fewer than the {} of `{}`",
                     t.shape.ndim(),
@@ -83,8 +97,12 @@ pub fn validate_rank(layout: &RankLayout, cat: &Catalogue) -> Result<(), LayoutE
             })?;
             if !lb.fits(&t.shape) {
                 return Err(oob(format!(
-                    "places `{}` {} at {}, outside its local shape {}",
-                    p.canonical, p.region, p.local_offset, t.shape
+                    "places `{}` {}{} at {}, outside its local shape {}",
+                    p.canonical,
+                    p.region,
+                    if p.transposed { " transposed" } else { "" },
+                    p.local_offset,
+                    t.shape
                 )));
             }
             if !c.dtype.converts_to(t.dtype) {
@@ -285,7 +303,7 @@ pub fn materialize<'a>(
             let (Some(c), Some(src)) = (cat.get(&p.canonical), canonical(&p.canonical)) else {
                 continue;
             };
-            copy_box(
+            copy_box_transposed(
                 src,
                 &c.shape,
                 &p.region.offset,
@@ -295,6 +313,7 @@ pub fn materialize<'a>(
                 &p.local_offset,
                 t.dtype,
                 &p.region.extent,
+                p.transpose(),
             )?;
         }
         out.push(buf);
@@ -320,7 +339,7 @@ pub fn reconstruct(
                 let dst = out
                     .entry(c.name.clone())
                     .or_insert_with(|| vec![0u8; c.nbytes() as usize]);
-                copy_box(
+                copy_box_transposed(
                     buf,
                     &t.shape,
                     &p.local_offset,
@@ -330,6 +349,11 @@ pub fn reconstruct(
                     &p.region.offset,
                     c.dtype,
                     &p.region.extent,
+                    if p.transposed {
+                        Transpose::Src
+                    } else {
+                        Transpose::None
+                    },
                 )?;
             }
         }

@@ -147,14 +147,21 @@ fn holder_key(h: &Holder) -> (Region, &str, Dims) {
     (h.region, &h.tensor, h.local_offset)
 }
 
-/// Offset in the local tensor of `cell`, given where the holder's region sits.
+/// Offset in the local tensor of `cell`, given where the holder's region sits (in a holder
+/// that holds its box transposed, the cell's offset in the last two box dims moves along the
+/// swapped local dims: the offset of the transposed cell).
 fn local_at(h: &Holder, cell: &Region) -> Dims {
     let mut off = h.local_offset;
     let n = off.ndim();
     let k = cell.ndim();
     for d in 0..k {
-        let v = off.get(n - k + d) + cell.offset.get(d) - h.region.offset.get(d);
-        off.set(n - k + d, v);
+        let l = if h.transposed && d + 2 >= k {
+            2 * k - 3 - d
+        } else {
+            d
+        };
+        let v = off.get(n - k + l) + cell.offset.get(d) - h.region.offset.get(d);
+        off.set(n - k + l, v);
     }
     off
 }
@@ -184,8 +191,27 @@ pub(super) fn assign_tensor(
             h.ranks.sort_unstable();
         }
     }
+    let transposed = |h: &Holder, reason: &str| PlanError::Transposed {
+        canonical: c.name.clone(),
+        tensor: h.tensor.to_string(),
+        reason: reason.into(),
+    };
+    if let Some(h) = src.iter().find(|h| h.transposed) {
+        return Err(transposed(
+            h,
+            "it is a training tensor; only an inference tensor may hold a box transposed",
+        ));
+    }
     // FP8 destinations receive the canonical dtype into their staging (the receiver quantises)
     let encodes = fp8_destinations(pair, c, &mut dst)?;
+    if let Some(e) = &encodes
+        && let Some(h) = dst.iter().zip(e).find(|(h, e)| h.transposed && e.is_some())
+    {
+        return Err(transposed(
+            h.0,
+            "it is FP8: transposed boxes go into plain (bf16/fp32) tensors only",
+        ));
+    }
 
     // Tensors laid out alike (experts of one layer, say) share everything up to the greedy but
     // their tie-break: a recent tensor's structure is reused when its holders hold the same
@@ -357,6 +383,7 @@ pub(super) fn assign_tensor(
                 dst_dtype,
                 extent: cell.extent,
                 encode,
+                transposed: dh.transposed,
             })
         };
         match encode {

@@ -144,7 +144,13 @@ pub fn piece_box(t: &Transfer, p: &Piece) -> (Dims, Dims, Dims) {
     let mut e = t.extent;
     let (sn, dn) = (s.ndim(), d.ndim());
     s.set(sn - k, s.get(sn - k) + p.row0);
-    d.set(dn - k, d.get(dn - k) + p.row0);
+    // a transposed 2-d box's first dim runs along the destination's last dim
+    let dd = if t.transposed && k == 2 {
+        dn - 1
+    } else {
+        dn - k
+    };
+    d.set(dd, d.get(dd) + p.row0);
     e.set(0, p.rows);
     (s, d, e)
 }

@@ -12,7 +12,8 @@ use std::sync::Arc;
 fn adjacent(a: &Transfer, b: &Transfer, d: usize) -> bool {
     let k = a.extent.ndim();
     // (into one FP8 tensor, sender- and receiver-encoded boxes stay apart)
-    if b.extent.ndim() != k || a.encode != b.encode {
+    // (a transposed box is never merged: its destination runs along other dims)
+    if b.extent.ndim() != k || a.encode != b.encode || a.transposed || b.transposed {
         return false;
     }
     let (sn, dn) = (a.src_offset.ndim(), a.dst_offset.ndim());

@@ -17,6 +17,7 @@ pub use simulate::{RankBuffers, SimulationError, simulate};
 
 use crate::dtype::DType;
 use crate::encoding::{Fp8Block, ScaleFormat};
+use crate::layout::copy::{Transpose, swap_last_two};
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
 use coalesce::NameNumbers;
@@ -59,6 +60,13 @@ pub struct Transfer {
     /// encodings existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encode: Option<Encode>,
+    /// Whether the destination tensor holds the box with its last two dims swapped
+    /// ([`crate::layout::Placement::transposed`]): box element `(.., i, j)` lands at
+    /// `(.., j, i)` from `dst_offset`, the offset of the transposed box, which occupies
+    /// [`Transfer::dst_extent`]. Never merged with another transfer; never FP8-encoded. Left
+    /// out of the serialised transfer (and of its fingerprint) when `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transposed: bool,
 }
 
 /// Who turns the bf16 of a destination block into e4m3 bytes and its scale.
@@ -133,6 +141,25 @@ pub struct Encode {
 }
 
 impl Transfer {
+    /// How the box copy is oriented: [`Transpose::Dst`] for a transposed transfer.
+    pub fn transpose(&self) -> Transpose {
+        if self.transposed {
+            Transpose::Dst
+        } else {
+            Transpose::None
+        }
+    }
+
+    /// The extent the box occupies in the destination tensor's trailing dims: `extent`, its
+    /// last two dims swapped for a transposed transfer.
+    pub fn dst_extent(&self) -> Dims {
+        if self.transposed {
+            swap_last_two(&self.extent)
+        } else {
+            self.extent
+        }
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> u64 {
         self.extent.numel()
@@ -233,6 +260,10 @@ impl Transfer {
         for d in self.extent.as_slice() {
             h.extend_from_slice(&d.to_le_bytes());
         }
+        // untransposed transfers hash nothing more (their fingerprints predate transposes)
+        if self.transposed {
+            h.extend_from_slice(b"transposed");
+        }
         // plain transfers hash nothing more (their fingerprints predate encodings)
         if let Some(e) = &self.encode {
             h.extend_from_slice(b"fp8");
@@ -278,6 +309,15 @@ pub struct RankPlan {
 }
 
 impl RankPlan {
+    /// The first transfer whose destination holds its box transposed
+    /// ([`Transfer::transposed`]), if any: what a path that does not transpose refuses.
+    pub fn first_transposed(&self) -> Option<&Transfer> {
+        self.peers
+            .iter()
+            .flat_map(|p| &p.transfers)
+            .find(|t| t.transposed)
+    }
+
     /// Total bytes this rank sends or receives.
     pub fn bytes(&self) -> u64 {
         self.peers.iter().map(|p| p.bytes).sum()
@@ -345,6 +385,17 @@ pub enum PlanError {
         /// the inference tensor
         tensor: String,
         /// what is missing
+        reason: String,
+    },
+    /// A holder that cannot take part in a transposed transfer: a transposed training holder
+    /// (only inference tensors may hold boxes transposed) or a transposed FP8 destination.
+    #[error("`{canonical}`: tensor `{tensor}` holds it transposed, but {reason}")]
+    Transposed {
+        /// canonical tensor
+        canonical: String,
+        /// the local tensor
+        tensor: String,
+        /// why it cannot be moved
         reason: String,
     },
     /// Source and destination dtypes cannot be converted.

@@ -2,7 +2,7 @@
 
 use super::RankPlan;
 use crate::layout::RankId;
-use crate::layout::copy::{CopyError, copy_box};
+use crate::layout::copy::{CopyError, copy_box_transposed};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ pub fn simulate(
                         rank: t.dst_rank,
                         tensor: t.dst_tensor.to_string(),
                     })?;
-                copy_box(
+                copy_box_transposed(
                     s,
                     &t.src_shape,
                     &t.src_offset,
@@ -58,6 +58,7 @@ pub fn simulate(
                     &t.dst_offset,
                     t.dst_dtype,
                     &t.extent,
+                    t.transpose(),
                 )?;
             }
         }

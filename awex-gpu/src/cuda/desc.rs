@@ -139,6 +139,14 @@ pub fn copy_descriptors(t: &Transfer, src: u64, dst: u64) -> Result<Vec<CopyDesc
             dst: t.dst_dtype,
         });
     }
+    if t.transposed {
+        return Err(CudaError::geometry(
+            &t.dst_tensor,
+            awex_core::layout::copy::CopyError::Transposed(
+                "the box is received transposed (the engine stores it with its last two dims swapped); the CUDA path does not move transposed boxes yet: use shm or tcp".into(),
+            ),
+        ));
+    }
     let b = StridedBox::new(
         &t.src_shape,
         &t.src_offset,
@@ -395,6 +403,7 @@ mod tests {
             dst_offset: Dims::new(dst_off),
             dst_dtype: dtype,
             extent: Dims::new(extent),
+            transposed: false,
         }
     }
 

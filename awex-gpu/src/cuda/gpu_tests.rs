@@ -33,6 +33,7 @@ fn transfer(
         dst_offset: Dims::new(dst_off),
         dst_dtype: dtype,
         extent: Dims::new(extent),
+        transposed: false,
     }
 }
 

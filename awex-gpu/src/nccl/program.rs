@@ -331,6 +331,12 @@ fn piece_copies(
                 transfers.len()
             ))
         })?;
+        if t.transposed {
+            return Err(NcclError::Plan(format!(
+                "`{}` receives its box transposed (the engine stores it with its last two dims swapped); the nccl transport does not move transposed boxes yet: use shm or tcp",
+                t.dst_tensor
+            )));
+        }
         let (so, d, e) = piece_box(t, p);
         let zeros = Dims::zeros(e.ndim());
         let geometry = |e: awex_core::layout::copy::CopyError| {

@@ -39,6 +39,9 @@ pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
             .plan_rank(cfg.side, cfg.rank)
             .map_err(RuntimeError::from)?,
     );
+    if cfg.transport.on_gpu() {
+        crate::transport::refuse_transposed(&plan, &format!("the {} transport", cfg.transport))?;
+    }
     Ok(Prepared {
         catalogue: pair.catalogue.clone(),
         pair: Arc::new(pair),

@@ -28,7 +28,7 @@ use awex_core::encoding::Fp8Quantiser;
 use awex_core::encoding::delta::DeltaStats;
 use awex_core::layout::RankId;
 use awex_core::layout::Side;
-use awex_core::layout::copy::copy_box;
+use awex_core::layout::copy::copy_box_transposed;
 use awex_core::plan::RankPlan;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -690,7 +690,7 @@ impl ShmTransport {
                     })?;
                     // SAFETY: the plan writes each destination box exactly once.
                     let out = unsafe { dst.try_bytes_mut()? };
-                    copy_box(
+                    copy_box_transposed(
                         src,
                         &t.src_shape,
                         &so,
@@ -700,6 +700,7 @@ impl ShmTransport {
                         &d,
                         dst.dtype,
                         &e,
+                        t.transpose(),
                     )?;
                 }
                 if ctx.corrupt && bi == 0 {
@@ -930,6 +931,7 @@ impl Transport for ShmTransport {
     }
 
     fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        super::refuse_transposed(&self.plan, "delta updates")?;
         if self.side == Side::Training && self.base.is_none() {
             self.base = Some(SenderBase::new(&self.tensors)?);
         }

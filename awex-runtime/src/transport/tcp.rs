@@ -1137,6 +1137,7 @@ impl Transport for TcpTransport {
     }
 
     fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        super::refuse_transposed(&self.plan, "delta updates")?;
         if self.side == Side::Training && self.base.is_none() {
             self.base = Some(SenderBase::new(&self.tensors)?);
         }

@@ -110,12 +110,13 @@ pub(super) fn expected_tensor(
     for t in transfers {
         let es = t.dst_dtype.size() as u64;
         let key = tensor_key(t.src_rank, &t.src_tensor);
-        let b = StridedBox::new(
+        let b = StridedBox::new_transposed(
             &t.src_shape,
             &t.src_offset,
             &t.dst_shape,
             &t.dst_offset,
             &t.extent,
+            t.transpose(),
         )?;
         let mut bad = None;
         b.for_each_run(|s, d, n| {
@@ -195,12 +196,13 @@ pub(super) fn verify_with(
         for t in ts {
             let es = t.dst_dtype.size() as u64;
             let key = tensor_key(t.src_rank, &t.src_tensor);
-            let b = StridedBox::new(
+            let b = StridedBox::new_transposed(
                 &t.src_shape,
                 &t.src_offset,
                 &t.dst_shape,
                 &t.dst_offset,
                 &t.extent,
+                t.transpose(),
             )?;
             b.for_each_run(|s, d, n| {
                 let (mut s, mut d, mut n) = (s * es, d * es, n * es);
@@ -388,6 +390,7 @@ mod tests {
             dst_dtype: DType::Bf16,
             extent: Dims::new(&[1, 3_000_000]),
             encode: None,
+            transposed: false,
         };
         let (a, b) = (t(0, 2), t(1, 0));
         let row = 6_000_000usize;

@@ -189,6 +189,7 @@ fn registered_layout(
     parallel: &ParallelConfig,
     model: &ModelSpec,
     fp8: Option<&InferFp8>,
+    no_transpose: Option<&str>,
 ) -> Result<Vec<String>, ApiError> {
     if let Some(f) = fp8 {
         // a deserialised config is checked as the CLI's and the Python package's are (one
@@ -217,6 +218,22 @@ fn registered_layout(
         let cat = awex_core::Catalogue::of(model);
         awex_core::encoding::Fp8Side::new(layout.clone(), model, &cat, f.clone())
             .map_err(|e| ApiError::Unprocessable(format!("inference.fp8 with `{spec}`: {e}")))?;
+    }
+    // an engine that holds boxes transposed (gpt-oss's experts) is moved by shm and tcp only:
+    // refused at connect where the pair would move it otherwise (`no_transpose` says why)
+    if let Some(why) = no_transpose {
+        let cat = awex_core::Catalogue::of(model);
+        if let Some((c, h)) = cat.tensors().iter().find_map(|c| {
+            layout
+                .holders(&c.name)
+                .into_iter()
+                .find(|h| h.transposed)
+                .map(|h| (c.name.clone(), h.tensor))
+        }) {
+            return Err(ApiError::Unprocessable(format!(
+                "{side}.parallel `{spec}` holds `{c}` transposed (as `{h}`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the shm or tcp transport without delta updates"
+            )));
+        }
     }
     Ok(layout.dropped())
 }
@@ -304,6 +321,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         &req.training.parallel,
         &tm,
         None,
+        None,
     )?;
     let dropped_i = registered_layout(
         Side::Inference,
@@ -311,6 +329,14 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         &req.inference.parallel,
         &im,
         req.inference.fp8.as_ref(),
+        if req.transport.on_gpu() {
+            Some(format!("the {} transport", req.transport))
+        } else if o.deltas {
+            Some("options.deltas".to_string())
+        } else {
+            None
+        }
+        .as_deref(),
     )?;
     let tc = validate::catalogue(Side::Training, &tm, &req.training.catalogue)?;
     let ic = validate::catalogue(Side::Inference, &im, &req.inference.catalogue)?;

@@ -178,6 +178,7 @@ mod tests {
             dst_dtype: DType::Bf16,
             extent: Dims::new(extent),
             encode: None,
+            transposed: false,
         }
     }
 

@@ -1179,6 +1179,7 @@ mod tests {
             dst_offset: Dims::new(&[0, 0]),
             dst_dtype: dst,
             extent: Dims::new(&[4, 8]),
+            transposed: false,
         };
         RankPlan {
             side: Side::Inference,
