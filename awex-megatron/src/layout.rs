@@ -805,11 +805,11 @@ fn hybrid_unmapped(model: &ModelSpec) -> String {
 }
 
 /// Why gpt-oss has no Megatron layout: what Megatron-Core 0.19.2 builds for it, what keeps it
-/// off the CPU, and the transpose awex's placements cannot express.
+/// off the CPU, and a transpose on the training side (awex transposes inference boxes only).
 fn gpt_oss_unmapped(model: &ModelSpec) -> String {
     let family = model.architecture.family();
     format!(
-        "megatron: {} ({}) holds each layer's experts in one tensor transposed against Megatron-Core's (`mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved). Megatron-Core 0.19.2 builds its parts: attention sinks as `core_attention.softmax_offset` [heads / tp] (softmax_type=\"learnable\", transformer/dot_product_attention.py, created on torch.cuda.current_device(), so not on CPU), biases on every linear layer (add_bias_linear, experts' biases only at expert_tensor_parallel_size=1), the router's weight and bias in fp32 (moe/router.py), the clamped activation (activation_func=quick_gelu, glu_linear_offset=1, activation_func_clamp_value); its experts' `linear_fc1` is [2 * intermediate, hidden] per expert, [gate | up] halves in SequentialMLP and interleaved only in TEGroupedMLP (moe_mlp_glu_interleave_size=1): either is the transpose of the checkpoint's, which awex's placements do not express. Train gpt-oss with FSDP2 (fsdp:dp=N at tp 1)",
+        "megatron: {} ({}) holds each layer's experts in one tensor transposed against Megatron-Core's (`mlp.experts.gate_up_proj` [experts, hidden, 2 * intermediate], gate/up interleaved). Megatron-Core 0.19.2 builds its parts: attention sinks as `core_attention.softmax_offset` [heads / tp] (softmax_type=\"learnable\", transformer/dot_product_attention.py, created on torch.cuda.current_device(), so not on CPU), biases on every linear layer (add_bias_linear, experts' biases only at expert_tensor_parallel_size=1), the router's weight and bias in fp32 (moe/router.py), the clamped activation (activation_func=quick_gelu, glu_linear_offset=1, activation_func_clamp_value); its experts' `linear_fc1` is [2 * intermediate, hidden] per expert, [gate | up] halves in SequentialMLP and interleaved only in TEGroupedMLP (moe_mlp_glu_interleave_size=1): either is the transpose of the checkpoint's, and awex transposes boxes on the inference side only (a training holder stored transposed is refused). Train gpt-oss with FSDP2 (fsdp:dp=N at tp 1)",
         family.hf_class, family.name
     )
 }
