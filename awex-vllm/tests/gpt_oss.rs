@@ -10,107 +10,16 @@
 //! dtypes and elements.
 
 mod common;
+#[path = "../../awex-core/tests/shared/labelled.rs"]
+mod labelled;
 
 use awex_core::DType;
 use awex_core::layout::{RankId, SideLayout, materialize};
 use awex_core::model::presets::preset;
 use awex_core::model::{CanonicalTensor, Catalogue, ModelSpec};
 use awex_vllm::VllmLayout;
+use labelled::{Tensor, bf16, cat_rows, checkpoint, checksum, cols, mid, rows, swap};
 use std::collections::{BTreeMap, HashMap};
-
-/// A tensor as `(shape, f32 elements)`.
-type Tensor = (Vec<usize>, Vec<f32>);
-
-/// The value of element `i` of canonical tensor number `t`: exact in f32 for the tiny model.
-fn label(t: usize, i: usize) -> f32 {
-    ((t + 1) * (1 << 17) + i) as f32
-}
-
-/// The checkpoint: every canonical tensor of `cat`, each element its label (tensors numbered
-/// in name order, as `engines/tests/write_gpt_oss_expected.py` numbers them).
-fn checkpoint(cat: &Catalogue) -> HashMap<String, Tensor> {
-    let mut sorted: Vec<_> = cat.tensors().iter().collect();
-    sorted.sort_by(|a, b| a.name.cmp(&b.name));
-    sorted
-        .into_iter()
-        .enumerate()
-        .map(|(t, c)| {
-            let shape: Vec<usize> = c.shape.as_slice().iter().map(|&d| d as usize).collect();
-            let n: usize = shape.iter().product();
-            assert!(n < 1 << 17, "{} is too large to label", c.name);
-            (
-                c.name.clone(),
-                (shape, (0..n).map(|i| label(t, i)).collect()),
-            )
-        })
-        .collect()
-}
-
-/// Rows `[a, b)` of the leading dim of `x` (all of them when `b` is past the end; zero rows
-/// after the end up to `b - a` when `pad`).
-fn rows(x: &Tensor, a: usize, b: usize, pad: bool) -> Tensor {
-    let row: usize = x.0[1..].iter().product();
-    let have = x.0[0].min(b).saturating_sub(a);
-    let n = if pad { b - a } else { have };
-    let mut data = vec![0f32; n * row];
-    data[..have * row].copy_from_slice(&x.1[a * row..(a + have) * row]);
-    let mut shape = x.0.clone();
-    shape[0] = n;
-    (shape, data)
-}
-
-/// Columns `[a, b)` of the last dim of `x`.
-fn cols(x: &Tensor, a: usize, b: usize) -> Tensor {
-    let last = *x.0.last().unwrap();
-    let outer = x.1.len() / last;
-    let data = (0..outer)
-        .flat_map(|o| x.1[o * last + a..o * last + b].iter().copied())
-        .collect();
-    let mut shape = x.0.clone();
-    *shape.last_mut().unwrap() = b - a;
-    (shape, data)
-}
-
-/// `x[:, a..b, :]` of a 3-d tensor.
-fn mid(x: &Tensor, a: usize, b: usize) -> Tensor {
-    let (e, m, l) = (x.0[0], x.0[1], x.0[2]);
-    let data = (0..e)
-        .flat_map(|i| x.1[(i * m + a) * l..(i * m + b) * l].iter().copied())
-        .collect();
-    (vec![e, b - a, l], data)
-}
-
-/// The last two dims of a 3-d tensor swapped.
-fn swap(x: &Tensor) -> Tensor {
-    let (e, m, l) = (x.0[0], x.0[1], x.0[2]);
-    let mut data = vec![0f32; x.1.len()];
-    for i in 0..e {
-        for a in 0..m {
-            for b in 0..l {
-                data[(i * l + b) * m + a] = x.1[(i * m + a) * l + b];
-            }
-        }
-    }
-    (vec![e, l, m], data)
-}
-
-fn cat_rows(parts: &[Tensor]) -> Tensor {
-    let mut shape = parts[0].0.clone();
-    shape[0] = parts.iter().map(|p| p.0[0]).sum();
-    (
-        shape,
-        parts.iter().flat_map(|p| p.1.iter().copied()).collect(),
-    )
-}
-
-fn bf16(x: &Tensor) -> Tensor {
-    // round to nearest even, as torch's `.to(torch.bfloat16)` (no NaN among the labels)
-    let round = |v: f32| {
-        let b = v.to_bits();
-        f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
-    };
-    (x.0.clone(), x.1.iter().map(|&v| round(v)).collect())
-}
 
 /// `engines/tests/gpt_oss_layout.py` `expected("vllm", ck, config, tp, ep, r)`.
 fn expected(
@@ -322,13 +231,6 @@ fn gpt_oss_layouts_are_valid_and_round_trip() {
         let layout = VllmLayout::new(&spec, tp, ep, engines).unwrap();
         common::check_side(&layout, &cat);
     }
-}
-
-/// `engines/tests/write_gpt_oss_expected.py`'s checksum of a bf16 tensor's labels.
-fn checksum(v: &[f32]) -> u64 {
-    v.iter().enumerate().fold(0u64, |a, (i, &x)| {
-        a.wrapping_add((x as u64).wrapping_mul(i as u64 + 1))
-    })
 }
 
 /// Every rank of awex's layout holds the names, shapes and elements (by checksum) that
