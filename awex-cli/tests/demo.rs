@@ -465,7 +465,7 @@ fn quorum_with_two_engines_stopped_does_not_commit_and_the_retry_commits_everywh
 }
 
 #[test]
-fn available_with_a_stopped_engine_costs_the_deadline_and_the_engine_catches_up() {
+fn available_with_a_stopped_engine_commits_on_the_others_near_the_deadline_and_it_catches_up() {
     let _one = one_at_a_time();
     for transport in ["shm", "tcp"] {
         let (code, j, err) = demo(&[
@@ -486,47 +486,29 @@ fn available_with_a_stopped_engine_costs_the_deadline_and_the_engine_catches_up(
         ]);
         assert_eq!(code, 0, "{transport}: {err}");
         let ups = j["updates"].as_array().unwrap();
-        // a silent engine holds version 2 until its deadline, whatever the transport
+        // a silent engine holds version 2 until close to its deadline, whatever the transport:
+        // the training ranks give it up at the cut-off, 0.5 s before the deadline (shm; and
+        // tcp where its sends do not fit in socket buffers), or the gateway leaves it out at
+        // the deadline (tcp, whose sends to it fit); either way version 2 commits on the two
+        // others in its first attempt, and the resumed engine catches up in version 3
         assert!(
-            ups[1]["seconds"].as_f64().unwrap() >= 3.9,
+            ups[1]["seconds"].as_f64().unwrap() >= 3.4,
             "{transport}: {}",
             ups[1]
         );
-        if transport == "shm" {
-            // the training ranks wait for the stopped receiver and do not report by the
-            // deadline: the version fails there, and its retry after SIGCONT commits on every
-            // engine
-            assert_eq!(ups.len(), 4, "{transport}: {j}");
-            assert_eq!(ups[1]["verified"], false, "{transport}: {}", ups[1]);
-            assert!(
-                ups[1]["error"].as_str().unwrap().contains("deadline"),
-                "{transport}: {}",
-                ups[1]
-            );
-            assert_eq!(
-                (ups[2]["version"].as_u64(), ups[2]["attempts"].as_u64()),
-                (Some(2), Some(2)),
-                "{transport}: {j}"
-            );
-            assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
-        } else {
-            // the sends to it fit in socket buffers: version 2 commits on the two others at
-            // the deadline, and the resumed engine, past the frames it never read, catches
-            // up in version 3, every byte verified
-            assert_eq!(ups.len(), 3, "{transport}: {j}");
-            assert_eq!(
-                (ups[1]["version"].as_u64(), ups[1]["attempts"].as_u64()),
-                (Some(2), Some(1)),
-                "{transport}: {j}"
-            );
-            assert_eq!(
-                ups[1]["left_out"],
-                serde_json::json!([1]),
-                "{transport}: {j}"
-            );
-            assert_eq!(ups[1]["verified"], true, "{transport}: {j}");
-            assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
-        }
+        assert_eq!(ups.len(), 3, "{transport}: {j}");
+        assert_eq!(
+            (ups[1]["version"].as_u64(), ups[1]["attempts"].as_u64()),
+            (Some(2), Some(1)),
+            "{transport}: {j}"
+        );
+        assert_eq!(
+            ups[1]["left_out"],
+            serde_json::json!([1]),
+            "{transport}: {j}"
+        );
+        assert_eq!(ups[1]["verified"], true, "{transport}: {j}");
+        assert!(ups[2].get("left_out").is_none(), "{transport}: {j}");
         let last = ups.last().unwrap();
         assert_eq!(last["version"].as_u64(), Some(3), "{transport}: {j}");
         assert_eq!(last["verified"], true, "{transport}: {j}");

@@ -528,6 +528,17 @@ pub enum TransportError {
         #[source]
         source: std::io::Error,
     },
+    /// A training rank's stream ended before the first frame of this version: its sender gave
+    /// it up (and opens a fresh one), nothing of this version was read from it.
+    #[error(
+        "training rank {peer} closed its stream before sending anything of version {version} (it gave this rank up in an earlier version), and opened no fresh one"
+    )]
+    GivenUpStream {
+        /// the training rank
+        peer: RankId,
+        /// the version being received
+        version: u64,
+    },
     /// A peer closed the connection.
     #[error("{what}: {peer} closed the connection")]
     PeerClosed {

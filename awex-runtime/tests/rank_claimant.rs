@@ -5,6 +5,9 @@
 //! known gone (its poll's connection closed) or whose slot the operator released takes the
 //! slot over (`store::roster` unit tests, `awex-control/tests/gateway_claims.rs`).
 
+#[path = "shared/ranks.rs"]
+mod ranks;
+
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
@@ -13,46 +16,12 @@ use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_core::pair::PairSpec;
-use awex_runtime::TensorSet;
-use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare, rendezvous_key};
-use std::sync::Arc;
+use awex_runtime::rank::{RankConfig, rendezvous_key};
+use ranks::join;
 use std::time::Duration;
 
-// Linked so that their backends register.
-const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
-
-const LIMIT: Duration = Duration::from_secs(60);
-
 fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
-    RankConfig {
-        infer_fp8: None,
-        gateway: gw.into(),
-        token: None,
-        pair: "claim".into(),
-        side,
-        rank,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-        bucket_bytes: 1 << 20,
-        host: "127.0.0.1".into(),
-        uid: String::new(),
-        apply: Default::default(),
-        transports: Default::default(),
-        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
-        deltas: true,
-    }
-}
-
-async fn join(c: RankConfig) -> Result<Rank, String> {
-    let prepared = prepare(&c).map_err(|e| e.to_string())?;
-    let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
-    let t = make_transport(&c, &prepared, tensors.clone()).map_err(|e| e.to_string())?;
-    tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
-        .await
-        .map_err(|_| "join hung".to_string())?
-        .map_err(|e| e.to_string())
+    ranks::cfg(gw, "claim", side, rank, Transport::Tcp, "sglang:tp=1")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

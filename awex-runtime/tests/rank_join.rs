@@ -3,61 +3,24 @@
 //! pair keeps updating; the pair secret reaches ranks in the join answer only. Every wait is
 //! bounded.
 
+#[path = "shared/ranks.rs"]
+mod ranks;
+
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
-use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::PairOptions;
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_core::pair::PairSpec;
-use awex_runtime::TensorSet;
-use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare, rendezvous_key};
-use std::sync::Arc;
+use awex_runtime::rank::{RankConfig, rendezvous_key};
+use ranks::{gateway, join};
 use std::time::Duration;
 
-// Linked so that their backends register.
-const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
-
-const LIMIT: Duration = Duration::from_secs(60);
-
-async fn gateway() -> String {
-    let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(serve(l, GatewayConfig::default()));
-    format!("http://{addr}")
-}
-
 fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64) -> RankConfig {
-    RankConfig {
-        infer_fp8: None,
-        gateway: gw.into(),
-        token: None,
-        pair: "dup".into(),
-        side,
-        rank,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport,
-        bucket_bytes: bucket_mib << 20,
-        host: "127.0.0.1".into(),
-        uid: String::new(),
-        apply: Default::default(),
-        transports: Default::default(),
-        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
-        deltas: true,
-    }
-}
-
-async fn join(c: RankConfig) -> Result<Rank, String> {
-    let prepared = prepare(&c).map_err(|e| e.to_string())?;
-    let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
-    let t = make_transport(&c, &prepared, tensors.clone()).map_err(|e| e.to_string())?;
-    tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
-        .await
-        .map_err(|_| "join hung".to_string())?
-        .map_err(|e| e.to_string())
+    let mut c = ranks::cfg(gw, "dup", side, rank, transport, "sglang:tp=1");
+    c.bucket_bytes = bucket_mib << 20;
+    c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

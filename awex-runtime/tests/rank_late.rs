@@ -3,62 +3,30 @@
 //! running it fails at once, touches no stream of the retry, and the rank takes the retry,
 //! which commits. Every wait is bounded.
 
+#[path = "shared/ranks.rs"]
+mod ranks;
+
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
-use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::{PairOptions, RankReportState, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_core::pair::PairSpec;
-use awex_runtime::TensorSet;
-use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare};
-use std::sync::Arc;
+use awex_runtime::rank::{Rank, RankConfig};
+use ranks::{LIMIT, gateway};
 use std::time::Duration;
 
-// Linked so that their backends register.
-const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
-
-const LIMIT: Duration = Duration::from_secs(60);
 const PAIR: &str = "late";
 
-async fn gateway() -> String {
-    let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(serve(l, GatewayConfig::default()));
-    format!("http://{addr}")
-}
-
 fn cfg(gw: &str, side: Side, rank: RankId) -> RankConfig {
-    RankConfig {
-        infer_fp8: None,
-        gateway: gw.into(),
-        token: None,
-        pair: PAIR.into(),
-        side,
-        rank,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-        bucket_bytes: 1 << 20,
-        host: "127.0.0.1".into(),
-        uid: String::new(),
-        apply: Default::default(),
-        transports: Default::default(),
-        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
-        deltas: false,
-    }
+    let mut c = ranks::cfg(gw, PAIR, side, rank, Transport::Tcp, "sglang:tp=1");
+    c.deltas = false;
+    c
 }
 
 async fn join(c: RankConfig) -> Rank {
-    let prepared = prepare(&c).unwrap();
-    let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
-    let t = make_transport(&c, &prepared, tensors.clone()).unwrap();
-    tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
-        .await
-        .expect("join hung")
-        .unwrap()
+    ranks::join(c).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

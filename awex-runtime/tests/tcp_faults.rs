@@ -7,7 +7,7 @@ use awex_core::layout::{RankId, Side, SideLayout};
 use awex_core::plan::{Pair, RankPlan};
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_runtime::fill::fill_or_check;
-use awex_runtime::transport::{ExecContext, PairSecret, TcpTransport, Transport};
+use awex_runtime::transport::{ExecContext, LostEngines, PairSecret, TcpTransport, Transport};
 use awex_runtime::{RuntimeError, TensorSet};
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -142,6 +142,68 @@ fn sender_to_a_receiver_that_stops_reading_stops_at_the_deadline() {
     assert!(e.contains("timed out after"), "{e}");
     assert!(e.contains("inference rank"), "{e}");
     // (the deadline, 2 s, is what stopped it: the message says so; `bounded` says it did not hang)
+}
+
+/// In a pair that may leave engines out, the same stuck sender gives the receiver up at the
+/// cut-off (its engine reported unreached, the part a success); resumed, the receiver takes the
+/// next version whole over the fresh connection the sender opens for it, whichever comes first.
+fn given_up_then_the_next_version_whole(sender_first: bool) {
+    let s = setup(4096);
+    let k = PairSecret::random("p");
+    let (mut tx, mut rx) = ends(&s, Some(&k));
+    let (to_rx, to_tx) = (peers_of(&rx), peers_of(&tx));
+    let lost = Arc::new(LostEngines::default());
+    assert!(tx.t.tolerate_lost_engines(Some(lost.clone())));
+    let cancel = AtomicBool::new(false);
+    fill_or_check(&tx.layout, &s.cat, &tx.tensors, 1, false).unwrap();
+    lost.set_cutoff(Instant::now() + Duration::from_secs(1));
+    // version 1: the receiver does not read (stopped)
+    let sent =
+        tx.t.execute(&ctx(1, Duration::from_secs(60), &cancel, &to_rx));
+    sent.expect("given up at the cut-off, not failed at the deadline");
+    assert_eq!(tx.t.unreached(), vec![0]);
+    // version 2: both run, one half a second after the other (the order is what the test is
+    // about; a loaded machine that blurs it makes the test weaker, never wrong)
+    fill_or_check(&tx.layout, &s.cat, &tx.tensors, 2, false).unwrap();
+    lost.clear();
+    lost.set_cutoff(Instant::now() + Duration::from_secs(50));
+    let send = || {
+        tx.t.execute(&ctx(2, Duration::from_secs(60), &cancel, &to_rx))
+    };
+    let receive = || {
+        rx.t.execute(&ctx(2, Duration::from_secs(60), &cancel, &to_tx))
+    };
+    std::thread::scope(|sc| {
+        let (a, b) = if sender_first {
+            let a = sc.spawn(send);
+            std::thread::sleep(Duration::from_millis(500));
+            (a, sc.spawn(receive))
+        } else {
+            let b = sc.spawn(receive);
+            std::thread::sleep(Duration::from_millis(500));
+            (sc.spawn(send), b)
+        };
+        a.join().unwrap().unwrap();
+        b.join().unwrap().unwrap();
+    });
+    assert_eq!(tx.t.unreached(), Vec::<u32>::new());
+    assert_eq!(rx.t.refused(), 0);
+    fill_or_check(&rx.layout, &s.cat, &rx.tensors, 2, true).unwrap();
+}
+
+/// The sender first: its fresh connection arrives while the old stream still holds the unread
+/// half of the version given up, and replaces it (before the fix the receiver refused it as a
+/// second connection for a live stream, and its engine was left out again).
+#[test]
+fn a_stopped_receiver_given_up_at_the_cutoff_takes_the_next_version_on_a_fresh_stream() {
+    given_up_then_the_next_version_whole(true);
+}
+
+/// The receiver first: it reads the old stream's stale frames to its end, then waits for the
+/// fresh stream (before the fix the end of the old one failed its part).
+#[test]
+fn a_stopped_receiver_that_reads_the_given_up_stream_first_waits_for_the_fresh_one() {
+    given_up_then_the_next_version_whole(false);
 }
 
 /// The same stuck sender stops promptly when the update is aborted elsewhere.

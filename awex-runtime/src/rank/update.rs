@@ -181,6 +181,22 @@ impl Rank {
                 self.lost.insert_absent(e);
             }
         }
+        // engines left out in events read together with this work's `update` (the watcher
+        // below reads only what comes after them)
+        for ev in &self.pending {
+            if ev.kind == EventKind::LeftOut
+                && ev.version == Some(work.version)
+                && ev.attempt.unwrap_or(1) == work.attempt
+            {
+                for &e in &ev.engines {
+                    self.lost.insert(e);
+                }
+            }
+        }
+        if tolerant {
+            self.lost
+                .set_cutoff(crate::transport::straggler_cutoff(Instant::now(), deadline));
+        }
         transport.tolerate_lost_engines(tolerant.then(|| self.lost.clone()));
         let peers = self.peers.clone();
         let bases = self

@@ -89,44 +89,74 @@ impl ExecContext<'_> {
 
 /// The engines the gateway left out of the running version (its `left_out` events, and the
 /// engine slots its `update` event names as out from the start), shared by the rank that reads
-/// the events and the transport that moves the bytes.
+/// the events and the transport that moves the bytes; and the instant from which a sender stops
+/// waiting for engines that have not taken its bytes (stopped, or too slow), so that its report
+/// names them `unreached` while the attempt can still commit on the others.
 #[derive(Debug, Default)]
-pub struct LostEngines(std::sync::Mutex<(std::collections::BTreeSet<u32>, Vec<u32>)>);
+pub struct LostEngines(std::sync::Mutex<LostState>);
+
+#[derive(Debug, Default)]
+struct LostState {
+    lost: std::collections::BTreeSet<u32>,
+    absent: Vec<u32>,
+    cutoff: Option<Instant>,
+}
 
 impl LostEngines {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::BTreeSet<u32>, Vec<u32>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LostState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Engine `e` is left out.
     pub fn insert(&self, e: u32) {
-        self.lock().0.insert(e);
+        self.lock().lost.insert(e);
     }
 
     /// Engine slot `e` is out of the version from its start (free, or an added engine still
     /// joining): left out, and expected to be.
     pub fn insert_absent(&self, e: u32) {
         let mut g = self.lock();
-        g.0.insert(e);
-        g.1.push(e);
+        g.lost.insert(e);
+        g.absent.push(e);
     }
 
     /// Whether engine `e` is left out.
     pub fn contains(&self, e: u32) -> bool {
-        self.lock().0.contains(&e)
+        self.lock().lost.contains(&e)
     }
 
     /// Whether engine slot `e` is out of the version from its start.
     pub fn is_absent(&self, e: u32) -> bool {
-        self.lock().1.contains(&e)
+        self.lock().absent.contains(&e)
     }
 
-    /// A new version: none is left out yet.
-    pub fn clear(&self) {
-        let mut g = self.lock();
-        g.0.clear();
-        g.1.clear();
+    /// From `at` on, a sender leaves out the engines that have not taken its bytes yet.
+    pub fn set_cutoff(&self, at: Instant) {
+        self.lock().cutoff = Some(at);
     }
+
+    /// The instant from which a sender leaves out the engines still behind, if set.
+    pub fn cutoff(&self) -> Option<Instant> {
+        self.lock().cutoff
+    }
+
+    /// A new version: none is left out yet, and no cut-off is set.
+    pub fn clear(&self) {
+        *self.lock() = LostState::default();
+    }
+}
+
+/// How long before its deadline a training rank of a pair that may leave engines out stops
+/// waiting for engines that have not taken its bytes (a stopped or stalled engine): a tenth of
+/// the time the attempt has, at least 0.5 s and at most 5 s, so that its report (naming those
+/// engines unreached) reaches the gateway while the attempt can commit on the others.
+pub fn straggler_cutoff(now: Instant, deadline: Instant) -> Instant {
+    let left = deadline.saturating_duration_since(now);
+    let margin = (left / 10).clamp(Duration::from_millis(500), Duration::from_secs(5));
+    // (an attempt with less than the margin left keeps half of it)
+    deadline
+        .checked_sub(margin.min(left / 2))
+        .unwrap_or(deadline)
 }
 
 /// What a rank moved in one update.
@@ -330,4 +360,25 @@ pub trait Transport: Send {
 
     /// Releases every resource (sockets, segments, handles).
     fn close(&mut self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_straggler_cutoff_leaves_a_tenth_of_the_time_within_half_a_second_and_five() {
+        let now = Instant::now();
+        let at = |s: f64| straggler_cutoff(now, now + Duration::from_secs_f64(s));
+        // 60 s: 6 s would be a tenth, 5 s is the most
+        assert_eq!(at(60.0), now + Duration::from_secs(55));
+        // 20 s: a tenth
+        assert_eq!(at(20.0), now + Duration::from_secs(18));
+        // 3 s: 0.3 s would be a tenth, 0.5 s is the least
+        assert_eq!(at(3.0), now + Duration::from_millis(2500));
+        // 0.6 s: half of what is left
+        assert_eq!(at(0.6), now + Duration::from_millis(300));
+        // past the deadline: the deadline
+        assert_eq!(straggler_cutoff(now + Duration::from_secs(1), now), now);
+    }
 }

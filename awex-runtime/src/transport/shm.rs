@@ -33,6 +33,7 @@ use awex_core::plan::RankPlan;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"AWEXSHM1");
 const HEADER: usize = 64;
@@ -545,14 +546,19 @@ impl ShmTransport {
                 .is_some_and(|w| w.load(Ordering::Acquire) == tag)
         };
         let result = match &self.lost {
-            // engines the gateway left out are not waited for
-            Some(lost) => ctx.wait_until(|| {
-                ctl.done().load(Ordering::Acquire) >= want
-                    || peers
-                        .iter()
-                        .enumerate()
-                        .all(|(i, p)| done(i) || lost.contains(p.peer.engine))
-            }),
+            // engines the gateway left out are not waited for, nor, from the cut-off on,
+            // engines that have not taken this rank's bytes yet
+            Some(lost) => {
+                let cutoff = lost.cutoff();
+                ctx.wait_until(|| {
+                    ctl.done().load(Ordering::Acquire) >= want
+                        || peers
+                            .iter()
+                            .enumerate()
+                            .all(|(i, p)| done(i) || lost.contains(p.peer.engine))
+                        || cutoff.is_some_and(|c| Instant::now() >= c)
+                })
+            }
             None => ctx.wait_until(|| ctl.done().load(Ordering::Acquire) >= want),
         };
         if result.is_ok() && ctl.done().load(Ordering::Acquire) < want {
@@ -563,11 +569,24 @@ impl ShmTransport {
             }
             // (engine slots out of the version from its start were expected to take nothing)
             let absent = |e: u32| self.lost.as_ref().is_some_and(|l| l.is_absent(e));
-            if self.unreached.iter().any(|&e| !absent(e)) {
+            let left_out = |e: u32| self.lost.as_ref().is_some_and(|l| l.contains(e));
+            let (told, late): (Vec<u32>, Vec<u32>) = self
+                .unreached
+                .iter()
+                .filter(|&&e| !absent(e))
+                .partition(|&&e| left_out(e));
+            if !told.is_empty() {
                 tracing::warn!(
                     version = ctx.version,
-                    engines = ?self.unreached,
+                    engines = ?told,
                     "the gateway left engines out of this version before they took this rank's bytes"
+                );
+            }
+            if !late.is_empty() {
+                tracing::warn!(
+                    version = ctx.version,
+                    engines = ?late,
+                    "engines had not taken this rank's bytes close to the deadline (stopped or stalled): they are reported unreached and left out of this version"
                 );
             }
         }

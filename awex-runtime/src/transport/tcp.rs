@@ -106,6 +106,9 @@ struct PeerDelta<'a> {
     shared: &'a SharedDeltas,
     /// receiving: what this rank's tensors hold per sender
     held: &'a HeldBases,
+    /// sending, in a pair that may leave engines out: from this instant on, a peer that has
+    /// not taken every byte is given up (its engine reported unreached)
+    cutoff: Option<Instant>,
 }
 
 /// Where a blocking socket call stands: the deadline, the abort flag, whom it waits for.
@@ -360,9 +363,12 @@ impl TcpTransport {
     }
 
     fn connect(&mut self, peer: &PeerPlan, ctx: &ExecContext<'_>) -> Result<(), RuntimeError> {
-        // a retry always opens fresh connections: the old ones may hold half a failed attempt
-        let tag = if ctx.attempt > 1 { ctx.tag() } else { 0 };
-        if tag != 0 {
+        // a retry always opens fresh connections: the old ones may hold half a failed attempt.
+        // Every connection names the attempt it was opened for, so that the receiver lets it
+        // replace an older stream that still looks live (one that holds the unread half of a
+        // part it gave up on, as a stopped and resumed receiver's does)
+        let tag = ctx.tag();
+        if ctx.attempt > 1 {
             if let Some(old) = self.outgoing.remove(&peer.peer) {
                 let _ = old.shutdown(std::net::Shutdown::Both);
             }
@@ -401,7 +407,11 @@ impl TcpTransport {
             peer.peer
         )))?;
         s.set_nodelay(true).ok();
-        let io = Io::for_update(ctx, format!("inference rank {} at {addr}", peer.peer));
+        let mut io = Io::for_update(ctx, format!("inference rank {} at {addr}", peer.peer));
+        // (a stopped peer's hello is given up at the cut-off, as its bytes would be)
+        if let Some(c) = self.lost.as_ref().and_then(|l| l.cutoff()) {
+            io.deadline = io.deadline.min(c);
+        }
         let mut hello = Vec::with_capacity(HELLO_LEN);
         for w in hello_words(self.me, peer.peer, peer.fingerprint, tag, self.bucket_bytes) {
             hello.extend_from_slice(&w.to_le_bytes());
@@ -500,74 +510,108 @@ impl TcpTransport {
 
     fn receive(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
         let plan = self.plan.clone();
+        let mut total = ExecStats::default();
+        // the peers still to receive from; a peer whose stream ended before this version's
+        // first frame (given up by its sender) is waited for again once, on its fresh stream
+        let mut todo: Vec<usize> = (0..plan.peers.len()).collect();
+        let mut again_once = std::collections::HashSet::new();
+        while !todo.is_empty() {
+            let (streams, used) = self.take_streams(&plan, &todo, ctx)?;
+            let mut again = Vec::new();
+            for ((peer, r), &i) in self
+                .run_peers(&plan, streams, ctx, receive_peer)
+                .into_iter()
+                .zip(&todo)
+            {
+                // a broken stream is dropped (the peer reconnects), but only the one this
+                // attempt used: the peer may already have opened its fresh connection, which
+                // replaced it in the map meanwhile
+                let broken = |me: &Self| {
+                    if let Ok(mut m) = me.incoming.0.lock()
+                        && m.get(&peer).map(|(t, _)| *t) == used.get(&peer).copied()
+                    {
+                        m.remove(&peer);
+                    }
+                };
+                match r {
+                    Ok(s) => total.add(&s),
+                    Err(RuntimeError::Transport(TransportError::GivenUpStream { .. }))
+                        if again_once.insert(peer) =>
+                    {
+                        broken(self);
+                        again.push(i);
+                    }
+                    Err(e) => {
+                        broken(self);
+                        return Err(e);
+                    }
+                }
+            }
+            todo = again;
+        }
+        Ok(total)
+    }
+
+    /// The stream of each peer in `todo` (indices into the plan's peers), waiting for each;
+    /// and the tag each was opened with.
+    #[allow(clippy::type_complexity)]
+    fn take_streams(
+        &self,
+        plan: &RankPlan,
+        todo: &[usize],
+        ctx: &ExecContext<'_>,
+    ) -> Result<(Vec<(usize, TcpStream)>, HashMap<RankId, u64>), RuntimeError> {
         let mut streams = Vec::new();
         // the tag of the stream taken from each peer
         let mut used: HashMap<RankId, u64> = HashMap::new();
         // an attempt aborted or past its deadline before it started (a rank that took it late)
         // takes no stream: the streams may be a later attempt's already
         ctx.check()?;
-        {
-            let (lock, cv) = &*self.incoming;
-            let mut map = lock
-                .lock()
-                .map_err(|_| RuntimeError::from(TransportError::Poisoned))?;
-            let want = if ctx.attempt > 1 { ctx.tag() } else { 0 };
-            for (i, peer) in plan.peers.iter().enumerate() {
-                loop {
-                    match map.get(&peer.peer) {
-                        // a connection opened for a later attempt (a retry of this version, or
-                        // of a later one): this attempt is over, and that stream is the later
-                        // attempt's (left in place for it)
-                        Some((t, _)) if *t != 0 && *t > ctx.tag() => {
-                            return Err(RuntimeError::AttemptOver {
-                                version: ctx.version,
-                                attempt: ctx.attempt,
-                                why: format!(
-                                    "training rank {} already connected for attempt {} of version {}",
-                                    peer.peer,
-                                    t & 0xffff,
-                                    t >> 16
-                                ),
-                            });
-                        }
-                        // on a retry, only a connection opened for this attempt will do
-                        Some((t, _)) if want == 0 || *t == want => break,
-                        _ => {}
+        let (lock, cv) = &*self.incoming;
+        let mut map = lock
+            .lock()
+            .map_err(|_| RuntimeError::from(TransportError::Poisoned))?;
+        let want = if ctx.attempt > 1 { ctx.tag() } else { 0 };
+        for &i in todo {
+            let peer = &plan.peers[i];
+            loop {
+                match map.get(&peer.peer) {
+                    // a connection opened for a later attempt (a retry of this version, or of
+                    // a later one): this attempt is over, and that stream is the later
+                    // attempt's (left in place for it)
+                    Some((t, _)) if *t != 0 && *t > ctx.tag() => {
+                        return Err(RuntimeError::AttemptOver {
+                            version: ctx.version,
+                            attempt: ctx.attempt,
+                            why: format!(
+                                "training rank {} already connected for attempt {} of version {}",
+                                peer.peer,
+                                t & 0xffff,
+                                t >> 16
+                            ),
+                        });
                     }
-                    ctx.check().map_err(|e| {
-                        RuntimeError::from(TransportError::NeverConnected {
-                            peer: peer.peer,
-                            cause: Box::new(e),
-                        })
-                    })?;
-                    map = cv
-                        .wait_timeout(map, Duration::from_millis(20))
-                        .map_err(|_| RuntimeError::from(TransportError::Poisoned))?
-                        .0;
+                    // on a retry, only a connection opened for this attempt will do
+                    Some((t, _)) if want == 0 || *t == want => break,
+                    _ => {}
                 }
-                let (tag, s) = &map[&peer.peer];
-                used.insert(peer.peer, *tag);
-                let s = s.try_clone().map_err(io_err("clone socket".into()))?;
-                streams.push((i, s));
+                ctx.check().map_err(|e| {
+                    RuntimeError::from(TransportError::NeverConnected {
+                        peer: peer.peer,
+                        cause: Box::new(e),
+                    })
+                })?;
+                map = cv
+                    .wait_timeout(map, Duration::from_millis(20))
+                    .map_err(|_| RuntimeError::from(TransportError::Poisoned))?
+                    .0;
             }
+            let (tag, s) = &map[&peer.peer];
+            used.insert(peer.peer, *tag);
+            let s = s.try_clone().map_err(io_err("clone socket".into()))?;
+            streams.push((i, s));
         }
-        self.run_peers(&plan, streams, ctx, receive_peer)
-            .into_iter()
-            .try_fold(ExecStats::default(), |mut total, (peer, r)| {
-                total.add(&r.map_err(|e| (peer, e))?);
-                Ok(total)
-            })
-            .map_err(|(peer, e)| {
-                // a broken stream is dropped (the peer reconnects on retry), but only the one
-                // this attempt used: the peer may already have opened its retry's connection,
-                // which replaced it in the map while this attempt was failing
-                if let Ok(mut m) = self.incoming.0.lock()
-                    && m.get(&peer).map(|(t, _)| *t) == used.get(&peer).copied()
-                {
-                    m.remove(&peer);
-                }
-                e
-            })
+        Ok((streams, used))
     }
 
     /// A training rank could not reach `peer` (`e`): with lost engines tolerated, and unless
@@ -630,6 +674,7 @@ impl TcpTransport {
                         base: base_of(peer.peer),
                         shared,
                         held: &self.held,
+                        cutoff: self.lost.as_ref().and_then(|l| l.cutoff()),
                     };
                     scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, &delta))
                 })
@@ -801,7 +846,8 @@ impl Acceptor {
         let (lock, cv) = &*self.incoming;
         let mut m = lock.lock().map_err(|_| fail(&s, "poisoned".into()))?;
         if let Some((old_tag, old)) = m.get(&src) {
-            // a retry (a later tag) or a peer whose old stream is gone replaces it; anything
+            // a later attempt or version (a later tag) or a peer whose old stream is gone
+            // replaces it; anything
             // else is a second connection for a live peer
             if alive(old) && !(tag != 0 && tag > *old_tag) {
                 return Err(fail(
@@ -885,7 +931,10 @@ fn send_peer(
     for _ in 0..2 {
         let _ = free_tx.send(vec![0u8; cap]);
     }
-    let io = Io::for_update(ctx, format!("inference rank {}", peer.peer));
+    let mut io = Io::for_update(ctx, format!("inference rank {}", peer.peer));
+    if let Some(c) = delta.cutoff {
+        io.deadline = io.deadline.min(c);
+    }
     std::thread::scope(|scope| {
         // the packer stops when the writer stops: its channels close (no wait without an end)
         let packer = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
@@ -1040,8 +1089,32 @@ fn receive_peer(
                 let Ok(mut buf) = free_rx.recv() else {
                     return Ok(()); // the unpacker stopped; its error is the one to report
                 };
+                // a stream that ends before the first frame of this version held nothing of it:
+                // its sender gave it up (and opens a fresh one for this version)
+                let first = |e: RuntimeError| {
+                    let ended = match &e {
+                        RuntimeError::Transport(TransportError::PeerClosed { .. }) => true,
+                        RuntimeError::Transport(TransportError::PeerFailed { source, .. }) => {
+                            matches!(
+                                source.kind(),
+                                std::io::ErrorKind::ConnectionReset
+                                    | std::io::ErrorKind::ConnectionAborted
+                            )
+                        }
+                        _ => false,
+                    };
+                    if ended && i == 0 {
+                        TransportError::GivenUpStream {
+                            peer: peer.peer,
+                            version: ctx.version,
+                        }
+                        .into()
+                    } else {
+                        e
+                    }
+                };
                 let mut hdr = [0u8; FRAME_HEADER];
-                io.read(&mut s, &mut hdr, &what)?;
+                io.read(&mut s, &mut hdr, &what).map_err(first)?;
                 // frames of an earlier version left in this stream (its sender pushed them
                 // into the socket while this rank was stopped or had given that version up,
                 // leaving it unread): skipped, every one of them, bounded by the buffer
@@ -1053,8 +1126,9 @@ fn receive_peer(
                     if len > buf.len() as u64 {
                         break; // not a frame this plan sends: refused below
                     }
-                    io.read(&mut s, &mut buf[..len as usize], &what)?;
-                    io.read(&mut s, &mut hdr, &what)?;
+                    io.read(&mut s, &mut buf[..len as usize], &what)
+                        .map_err(first)?;
+                    io.read(&mut s, &mut hdr, &what).map_err(first)?;
                 }
                 let w = |a: usize| u64::from_le_bytes(hdr[a..a + 8].try_into().unwrap_or([0; 8]));
                 let (version, bucket, len, h) = (w(8), w(16), w(24), w(32));
