@@ -5,6 +5,9 @@
 //! answers 404 for the pair, which is an error for the ranks, never a clean end. Every
 //! gateway runs on a runtime of its own, dropped to kill it.
 
+#[path = "shared/ranks.rs"]
+mod ranks;
+
 use awex_control::client::Client;
 use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
@@ -13,15 +16,11 @@ use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_core::pair::PairSpec;
-use awex_runtime::TensorSet;
-use awex_runtime::rank::{Rank, RankConfig, RankError, make_transport, prepare};
+use awex_runtime::rank::{Rank, RankConfig, RankError};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
-
-// Linked so that their backends register.
-const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -66,35 +65,11 @@ impl Gw {
 }
 
 fn cfg(gw: &str, pair: &str, side: Side, rank: RankId) -> RankConfig {
-    RankConfig {
-        infer_fp8: None,
-        gateway: gw.into(),
-        token: None,
-        pair: pair.into(),
-        side,
-        rank,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-        bucket_bytes: 1 << 20,
-        host: "127.0.0.1".into(),
-        uid: String::new(),
-        apply: Default::default(),
-        transports: Default::default(),
-        gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
-        deltas: true,
-    }
+    ranks::cfg(gw, pair, side, rank, Transport::Tcp, "sglang:tp=1")
 }
 
 async fn join(c: RankConfig) -> Rank {
-    let prepared = prepare(&c).unwrap();
-    let tensors = Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
-    let t = make_transport(&c, &prepared, tensors.clone()).unwrap();
-    tokio::time::timeout(LIMIT, Rank::join(c, &prepared, &tensors, t))
-        .await
-        .expect("join hung")
-        .unwrap()
+    ranks::join(c).await.unwrap()
 }
 
 async fn connect(gw: &str, pair: &str) -> Client {

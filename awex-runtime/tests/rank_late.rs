@@ -14,7 +14,7 @@ use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_core::pair::PairSpec;
 use awex_runtime::rank::{Rank, RankConfig};
-use ranks::{LIMIT, gateway};
+use ranks::{LIMIT, gateway, next};
 use std::time::Duration;
 
 const PAIR: &str = "late";
@@ -56,17 +56,9 @@ async fn a_rank_that_takes_a_failed_attempt_late_abandons_it_and_takes_the_retry
     // attempt 1: the reader takes the work, then stops (as a SIGSTOPped process would) until
     // the gateway failed that attempt at its deadline
     client.start_update(PAIR, 1).await.unwrap();
-    let w1 = tokio::time::timeout(LIMIT, reader.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let w1 = next(&mut reader).await;
     assert_eq!((w1.version, w1.attempt), (1, 1));
-    let t1 = tokio::time::timeout(LIMIT, trainer.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let t1 = next(&mut trainer).await;
     assert_eq!(t1, w1);
     // the trainer's part: its bytes go into the silent reader's socket, or it waits for it
     // until the deadline; either way the attempt fails for want of the reader's report
@@ -78,11 +70,7 @@ async fn a_rank_that_takes_a_failed_attempt_late_abandons_it_and_takes_the_retry
 
     // the retry starts; the trainer runs it and connects for it first
     client.start_update(PAIR, 1).await.unwrap();
-    let t2 = tokio::time::timeout(LIMIT, trainer.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let t2 = next(&mut trainer).await;
     assert_eq!((t2.version, t2.attempt), (1, 2));
     let sender = tokio::spawn(async move {
         let r = trainer.execute(t2, true).await;
@@ -116,11 +104,7 @@ async fn a_rank_that_takes_a_failed_attempt_late_abandons_it_and_takes_the_retry
         "{e}"
     );
     // and it takes the retry, which commits with every byte
-    let w2 = tokio::time::timeout(LIMIT, reader.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let w2 = next(&mut reader).await;
     assert_eq!(w2, t2);
     let got = tokio::time::timeout(LIMIT, reader.execute(w2, true))
         .await

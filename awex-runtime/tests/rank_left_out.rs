@@ -19,7 +19,7 @@ use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::pair::PairSpec;
 use awex_runtime::rank::Rank;
-use ranks::{LIMIT, cfg, gateway, join};
+use ranks::{LIMIT, cfg, gateway, join, next};
 use std::time::{Duration, Instant};
 
 /// A pair of qwen3-tiny into two SGLang engines over `transport` committing with `commit`, its
@@ -79,18 +79,10 @@ async fn removed_after_start_commits_on_the_other_engine(transport: Transport) {
     // `update`, `left_out` and `engine_removed` events together
     client.start_update(&pair, 1).await.unwrap();
     client.remove_engine(&pair, 1).await.unwrap();
-    let work = tokio::time::timeout(LIMIT, trainer.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let work = next(&mut trainer).await;
     assert_eq!((work.version, work.attempt), (1, 1));
     let sender = tokio::spawn(async move { trainer.execute(work, true).await });
-    let got = tokio::time::timeout(LIMIT, reader0.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let got = next(&mut reader0).await;
     assert_eq!(got, work);
     let received = tokio::time::timeout(LIMIT, reader0.execute(got, true))
         .await
@@ -146,20 +138,12 @@ async fn a_stopped_engine_is_left_out_near_the_deadline(transport: Transport) {
     .await;
     let t0 = Instant::now();
     client.start_update(&pair, 1).await.unwrap();
-    let work = tokio::time::timeout(LIMIT, trainer.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let work = next(&mut trainer).await;
     let sender = tokio::spawn(async move {
         let r = trainer.execute(work, true).await;
         (trainer, r)
     });
-    let got = tokio::time::timeout(LIMIT, reader0.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let got = next(&mut reader0).await;
     let received = tokio::time::timeout(LIMIT, reader0.execute(got, true))
         .await
         .unwrap()
@@ -186,19 +170,11 @@ async fn a_stopped_engine_is_left_out_near_the_deadline(transport: Transport) {
     // resumed, engine 1's rank skips the version it missed and takes the next one with the
     // other engine: every byte reaches both, the one behind getting them all
     client.start_update(&pair, 2).await.unwrap();
-    let work = tokio::time::timeout(LIMIT, trainer.next_live_work())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let work = next(&mut trainer).await;
     assert_eq!(work.version, 2);
     let sender = tokio::spawn(async move { trainer.execute(work, true).await });
     for reader in [&mut reader0, &mut stopped] {
-        let got = tokio::time::timeout(LIMIT, reader.next_live_work())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let got = next(reader).await;
         assert_eq!(got, work);
     }
     let (a, b) = tokio::time::timeout(LIMIT, async {

@@ -10,7 +10,7 @@ use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
 use awex_runtime::host::Memory;
-use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare};
+use awex_runtime::rank::{Rank, RankConfig, Work, make_transport, prepare};
 use std::time::Duration;
 
 // Linked so that their backends register.
@@ -73,4 +73,13 @@ pub async fn join(c: RankConfig) -> Result<Rank, String> {
         .await
         .map_err(|_| "join hung".to_string())?
         .map_err(|e| e.to_string())
+}
+
+/// The next live work of `rank`: there must be some within [`LIMIT`].
+pub async fn next(rank: &mut Rank) -> Work {
+    tokio::time::timeout(LIMIT, rank.next_live_work())
+        .await
+        .expect("no work in time")
+        .expect("waiting for work failed")
+        .expect("the pair was disconnected")
 }
