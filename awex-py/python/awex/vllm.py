@@ -29,6 +29,13 @@ copies the result into the live tensors' storage (CUDA graphs keep their address
 that fails leaves the model untouched. The landing tensors cost one copy of the rank's weights
 (on the model's device).
 
+Delta updates (a pair connected with ``deltas``, ``docs/deltas.md``): only awex writes the
+landing tensors (vLLM's reload reads them: ``default_weight_loader`` copies each into the
+materialised parameter, ``param.data.copy_``, ``model_loader/weight_utils.py``, and the post-load
+step works on that), so after each update they hold exactly the version received and the Reader
+takes deltas against it; the reload then runs on the whole landed weights as for a full update.
+``AWEX_VLLM_DELTAS=0`` in the server's environment makes its ranks refuse deltas (every byte).
+
 A block-FP8 server (a pair connected with the FP8 checkpoint's ``infer_config``): the layout's
 FP8 tensors are ``f8e4m3`` and the landing tensors are vLLM's loadable ``float8_e4m3fn`` weights
 and fp32 ``weight_scale_inv`` (``Fp8LinearMethod`` / ``Fp8MoEMethod.create_weights``); the
@@ -237,7 +244,9 @@ def build_reader(model: Any, vllm_config: Any, *, gateway: str | None = None, pa
     (``landing_tensors``, on ``device``: the model's device by default).
 
     ``gateway``/``pair``/``engine`` default to ``AWEX_GATEWAY``, ``AWEX_PAIR``, ``AWEX_ENGINE``
-    (0); ``rank`` to the worker's TP rank. Built once; later calls return the same Reader.
+    (0); ``rank`` to the worker's TP rank; ``deltas`` (in ``opts``) to ``AWEX_VLLM_DELTAS``
+    (on: the landing tensors hold what was received). Built once; later calls return the same
+    Reader.
     """
     global _reader, _landing
     from ._rank import Reader
@@ -251,6 +260,7 @@ def build_reader(model: Any, vllm_config: Any, *, gateway: str | None = None, pa
             raise RuntimeError("awex.vllm: set AWEX_GATEWAY and AWEX_PAIR in the vLLM server's environment")
         if engine is None:
             engine = int(os.environ.get("AWEX_ENGINE", "0"))
+        opts.setdefault("deltas", _deltas_from_env())
         r = Reader(gateway, pair, _tp_rank() if rank is None else rank, engine=engine,
                    backend="vllm", parallel=parallel_of(vllm_config), **opts)
         try:
@@ -263,6 +273,14 @@ def build_reader(model: Any, vllm_config: Any, *, gateway: str | None = None, pa
             raise
         _reader, _landing = r, landing
         return r
+
+
+def _deltas_from_env() -> bool:
+    """``AWEX_VLLM_DELTAS``: 1 (take delta updates into the landing tensors, the default) or 0."""
+    v = os.environ.get("AWEX_VLLM_DELTAS", "1")
+    if v not in ("0", "1"):
+        raise RuntimeError(f"AWEX_VLLM_DELTAS={v!r}: 1 (take delta updates, the default) or 0")
+    return v == "1"
 
 
 def _close_reader() -> None:

@@ -13,7 +13,9 @@ decoding on the trainer's weights of that version, their log-probabilities agree
 ``serve.LOGPROB_TOL``, and ``/weight_info`` reports the committed version. Then the training job is
 killed mid-update: the version fails, the server answers requests with the previous version's
 weights and still reports it; a restarted job (the same steps from the saved model) retries the
-version, which commits and is served.
+version, which commits and is served. The pair has deltas on: versions 2 and 3 move only what the
+AdamW step changed against the version the server's landing tensors hold (``awex.vllm``), and
+what the server then generates is still transformers' on the trainer's weights.
 
 Runs in the real-engine venv (transformers, torch, awex) with ``AWEX_VLLM_SERVER_VENV`` naming
 the server's venv; ``.ci/engines`` sets it (``AWEX_REQUIRE_LIVE=1`` makes a missing venv fail
@@ -73,4 +75,4 @@ def served_version(url: str) -> str | None:
 
 
 def test_live_vllm_serves_each_committed_version_and_the_last_one_after_a_killed_trainer(live) -> None:
-    serve.scenario(live, PAIR, f"vllm:tp={TP}", served_version)
+    serve.scenario(live, PAIR, f"vllm:tp={TP}", served_version, deltas=True)

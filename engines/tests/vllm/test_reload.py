@@ -26,7 +26,7 @@ def tp_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     param.data.copy_(loaded_weight[: param.shape[0]])
 
 
-def model(fail: bool = False) -> torch.nn.Module:
+def model(fail: bool = False, scale: float | None = None) -> torch.nn.Module:
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 
@@ -45,6 +45,10 @@ def model(fail: bool = False) -> torch.nn.Module:
         def process_weights_after_loading(self, layer) -> None:  # noqa: ANN001
             if self.fails:
                 raise RuntimeError("the post-load step failed")
+            if scale is not None:
+                # a post-load step that transforms the loaded weight in place first (as
+                # quantised methods rescale theirs)
+                layer.weight.data.mul_(scale)
             layer.packed = layer.weight.detach().clone()
             layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
 
@@ -109,6 +113,38 @@ def test_load_landed_reruns_the_post_load_step_into_the_live_layer_and_keeps_its
     m.proj.weight.weight_loader(m.proj.weight, torch.cat([W0, W1]))
     finalize_layerwise_reload(m, CONFIG)
     assert torch.equal(m.proj.packed, W0)
+
+
+def test_load_landed_only_reads_the_landing_tensors_so_they_hold_the_version_received() -> None:
+    # delta updates apply to the landing tensors against the version they held after the last
+    # update (awex.vllm's Reader takes deltas): vLLM's reload must copy out of them, never alias
+    # or transform them, even where the post-load step changes the loaded weight in place
+    plugin = load_plugin()
+    m = model(scale=2.0)
+    landing = plugin.landing_tensors(LAYOUT, m, "cpu")
+    landing["proj.weight"].copy_(W1)
+    plugin.load_landed(m, CONFIG, landing)
+    assert torch.equal(m.proj.packed, W1 * 2)  # the post-load step ran on the new version
+    assert torch.equal(landing["proj.weight"], W1)  # and the landing tensor still holds it
+    ptr = landing["proj.weight"].data_ptr()
+    assert all(t.data_ptr() != ptr for t in [*m.parameters(), *m.buffers(), m.proj.packed])
+    # a delta against it (one element changed) lands as the full version would
+    landing["proj.weight"][2, 1] = 42.0
+    plugin.load_landed(m, CONFIG, landing)
+    want = W1.clone()
+    want[2, 1] = 42.0
+    assert torch.equal(m.proj.packed, want * 2) and torch.equal(landing["proj.weight"], want)
+
+
+def test_the_deltas_setting_is_read_from_the_environment(monkeypatch) -> None:  # noqa: ANN001
+    plugin = load_plugin()
+    monkeypatch.delenv("AWEX_VLLM_DELTAS", raising=False)
+    assert plugin._deltas_from_env() is True
+    monkeypatch.setenv("AWEX_VLLM_DELTAS", "0")
+    assert plugin._deltas_from_env() is False
+    monkeypatch.setenv("AWEX_VLLM_DELTAS", "yes")
+    with pytest.raises(RuntimeError, match=r"AWEX_VLLM_DELTAS='yes': 1 \(take delta updates, the default\) or 0"):
+        plugin._deltas_from_env()
 
 
 def test_load_landed_leaves_no_layer_on_the_meta_device_when_the_post_load_step_fails() -> None:
