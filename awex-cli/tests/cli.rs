@@ -1133,3 +1133,46 @@ fn simulate_with_a_failed_engine_predicts_the_others_as_a_smaller_fleet() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_delta_moves_a_few_per_cent_on_optimiser_made_versions_and_verifies_every_byte() {
+    for transport in ["tcp", "shm"] {
+        let (code, out, err) = cli(&[
+            "bench",
+            "delta",
+            "--model",
+            "qwen3-tiny",
+            "--transport",
+            transport,
+            "--updates",
+            "3",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{transport}: {err}");
+        let j: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(j["verified"], true, "{transport}: {j}");
+        let modes = j["modes"].as_array().unwrap();
+        let dense = j["dense_bytes"].as_u64().unwrap();
+        // the dense mode moves every byte each time; the delta mode a few per cent of them,
+        // at the density of an optimiser-like step at lr 1e-6 (about 3 % of the elements)
+        for b in modes[0]["received_bytes"].as_array().unwrap() {
+            assert_eq!(b.as_u64(), Some(dense), "{transport}: {j}");
+        }
+        for b in modes[1]["received_bytes"].as_array().unwrap() {
+            let b = b.as_u64().unwrap();
+            assert!(b > 0 && b * 10 < dense, "{transport}: {j}");
+        }
+        for d in modes[1]["density"].as_array().unwrap() {
+            let d = d.as_f64().unwrap();
+            assert!((0.01..0.06).contains(&d), "{transport}: {j}");
+        }
+        assert_eq!(modes[1]["update_ms"].as_array().unwrap().len(), 2);
+    }
+    // bad input is named
+    let (code, _, err) = cli(&["bench", "delta", "--transport", "nccl"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("shm or tcp"), "{err}");
+    let (code, _, err) = cli(&["bench", "delta", "--lr", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--lr 0 is not a learning rate"), "{err}");
+}

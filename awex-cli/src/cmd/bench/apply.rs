@@ -5,6 +5,7 @@
 //! the inference shard), the extra memory (one copy of every inference rank's shard) and the
 //! single-thread memcpy floor, all measured in the same run.
 
+use super::median;
 use crate::cmd::demo::memcpy_gbps;
 use anyhow::{Context, bail};
 use awex_control::client::Client;
@@ -127,16 +128,6 @@ pub fn run(a: ApplyArgs) -> anyhow::Result<ExitCode> {
         print_table(&report);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
 }
 
 fn print_table(r: &ApplyReport) {

@@ -5,12 +5,14 @@
 //! `bench ipc --path copies` keeps the hand-built copy path ([`copies`]), with its stream/method
 //! sweep. The training ranks' deterministic contents and the byte check are in [`content`].
 //! The floors both print are in [`floors`], shared with `demo`. `bench apply` ([`apply`])
-//! measures what atomic apply costs on the CPU transports. `bench fp8` ([`fp8`]) times the block-FP8
+//! measures what atomic apply costs on the CPU transports, `bench delta` ([`delta`]) what delta
+//! updates save on them. `bench fp8` ([`fp8`]) times the block-FP8
 //! quantisers (CPU reference and GPU kernel) and checks their bytes against each other.
 
 mod apply;
 mod content;
 mod copies;
+mod delta;
 pub mod floors;
 mod fp8;
 mod transport;
@@ -39,6 +41,14 @@ enum What {
         after_help = "Examples:\n  awex-cli bench apply\n  awex-cli bench apply --model qwen3-8b --transport tcp --updates 4 --json"
     )]
     Apply(apply::ApplyArgs),
+    /// What delta updates save on the data plane: the same CPU pair dense and with deltas, on
+    /// versions made by an optimiser-like step, each update timed start to commit with the
+    /// next version written and the last one checked outside the timed window, measured in one
+    /// run with the memcpy floor.
+    #[command(
+        after_help = "Examples:\n  awex-cli bench delta\n  awex-cli bench delta --model qwen3-0.6b --transport shm --lr 1e-6 --updates 5 --json"
+    )]
+    Delta(delta::DeltaArgs),
     /// The block-FP8 quantisers on model-shaped random bf16: the CPU reference against a memcpy
     /// floor and, with a GPU, the kernel's bytes against the CPU's and its bandwidth against a
     /// device copy, measured in the same run.
@@ -195,6 +205,7 @@ const EXPANDABLE_CHUNK: u64 = 20 << 20;
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match args.what {
         What::Apply(a) => apply::run(a),
+        What::Delta(a) => delta::run(a),
         What::Fp8(a) => fp8::run(a),
         What::Ipc(a) if a.path == Path::Transport => transport::run(a),
         What::Ipc(a) => copies::ipc(a),
