@@ -206,3 +206,54 @@ async fn a_stopped_engine_is_left_out_near_the_deadline_over_shm() {
 async fn a_stopped_engine_is_left_out_near_the_deadline_over_tcp() {
     a_stopped_engine_is_left_out_near_the_deadline(Transport::Tcp).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_removed_engines_rank_stops_waiting_for_the_outcome_of_the_version_it_took_part_in() {
+    let (client, pair, mut trainer, mut reader0, mut reader1) =
+        two_engines(Transport::Tcp, "outcome", CommitPolicy::Quorum(1), 60_000).await;
+    client.start_update(&pair, 1).await.unwrap();
+    let work = next(&mut trainer).await;
+    let sender = tokio::spawn(async move { trainer.execute(work, true).await });
+    // engine 1's rank does its part and waits for the outcome; engine 0's rank holds the
+    // version in flight (it has not taken its part yet); engine 1 is removed meanwhile
+    assert_eq!(next(&mut reader1).await, work);
+    let part = tokio::time::timeout(LIMIT, reader1.execute(work, true))
+        .await
+        .unwrap()
+        .unwrap();
+    client.remove_engine(&pair, 1).await.unwrap();
+    let outcome = tokio::time::timeout(LIMIT, reader1.outcome(work, part, LIMIT))
+        .await
+        .unwrap();
+    match &outcome {
+        awex_runtime::rank::Outcome::Failed { reason, .. } => {
+            let r = reason.to_string();
+            assert!(
+                r.contains("engine 1 was left out of it") && r.contains("removed"),
+                "{r}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // it did not wait for the version to end: that is still running, held by engine 0
+    let st = client.update_status(&pair, 1).await.unwrap();
+    assert_eq!(st.state, UpdateState::Running, "{st:?}");
+    assert_eq!(next(&mut reader0).await, work);
+    tokio::time::timeout(LIMIT, reader0.execute(work, true))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(LIMIT, sender)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let st = client.wait_update(&pair, 1, LIMIT).await.unwrap();
+    assert_eq!(st.state, UpdateState::Committed, "{st:?}");
+    // and the removed engine's rank is told it is out
+    let none = tokio::time::timeout(LIMIT, reader1.next_live_work())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(none, None);
+}

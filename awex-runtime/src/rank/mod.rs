@@ -569,6 +569,13 @@ impl Rank {
     ) -> impl std::future::Future<Output = Outcome> + Send + 'static {
         let client = self.client.clone();
         let pair = self.cfg.pair.clone();
+        // an inference rank's engine left out of the running attempt (failed elsewhere, or
+        // removed from the pair): the attempt's outcome is not this rank's to wait for
+        let engine =
+            (self.cfg.side == awex_core::layout::Side::Inference).then_some(self.cfg.rank.engine);
+        let left_out = move |st: &awex_control::wire::UpdateStatus| {
+            engine.and_then(|e| st.left_out.iter().find(|l| l.engine == e).cloned())
+        };
         async move {
             // a later attempt already running (this rank ran its attempt late): waiting for
             // the version would wait for that attempt, which this rank would then miss
@@ -579,6 +586,7 @@ impl Rank {
             let answer = loop {
                 match client.update_status(&pair, work.version).await {
                     Ok(st) if st.attempt != work.attempt => break Ok(st),
+                    Ok(st) if !st.state.is_final() && left_out(&st).is_some() => break Ok(st),
                     _ => {}
                 }
                 let left = limit.saturating_sub(start.elapsed());
@@ -589,6 +597,24 @@ impl Rank {
                 }
             };
             match answer {
+                Ok(st) if !st.state.is_final() && st.attempt == work.attempt => {
+                    let l = left_out(&st);
+                    Outcome::Failed {
+                        work,
+                        stats: Some(stats),
+                        reason: Failure::Rank(RuntimeError::AttemptOver {
+                            version: work.version,
+                            attempt: work.attempt,
+                            why: match l {
+                                Some(l) => format!(
+                                    "this rank's engine {} was left out of it ({})",
+                                    l.engine, l.error
+                                ),
+                                None => over_why(&st),
+                            },
+                        }),
+                    }
+                }
                 Ok(st) if st.attempt != work.attempt => Outcome::Failed {
                     work,
                     stats: Some(stats),
