@@ -68,6 +68,10 @@ struct ModeRun {
     received_bytes: Vec<u64>,
     /// Changed over compared elements per update (deltas only).
     density: Vec<f64>,
+    /// The slowest training rank's part per update (its `execute`: encoding and sending), ms.
+    training_part_ms: Vec<f64>,
+    /// The slowest inference rank's part per update (receiving and applying), ms.
+    inference_part_ms: Vec<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -155,8 +159,8 @@ fn print_table(r: &DeltaReport) {
         gb(r.dense_bytes)
     );
     println!(
-        "{:<8} {:>12} {:>14} {:>10}  updates (ms)",
-        "mode", "median ms", "received", "changed"
+        "{:<8} {:>12} {:>14} {:>10} {:>14} {:>14}  updates (ms)",
+        "mode", "median ms", "received", "changed", "sender ms", "receiver ms"
     );
     for m in &r.modes {
         let received = median(
@@ -172,11 +176,13 @@ fn print_table(r: &DeltaReport) {
         };
         let each: Vec<String> = m.update_ms.iter().map(|t| format!("{t:.1}")).collect();
         println!(
-            "{:<8} {:>12.1} {:>11.3} GB {:>10}  {}",
+            "{:<8} {:>12.1} {:>11.3} GB {:>10} {:>14.1} {:>14.1}  {}",
             if m.deltas { "deltas" } else { "dense" },
             m.median_ms,
             received / 1e9,
             changed,
+            median(&m.training_part_ms),
+            median(&m.inference_part_ms),
             each.join(" ")
         );
     }
@@ -197,6 +203,8 @@ fn print_table(r: &DeltaReport) {
 struct Progress {
     ready: AtomicU64,
     failed: std::sync::Mutex<Option<String>>,
+    /// Each rank's part (`execute`, from taking the work to its report): side, version, ms.
+    parts: std::sync::Mutex<Vec<(Side, u64, f64)>>,
 }
 
 /// One pair, dense or with deltas: every rank a task of this process.
@@ -264,6 +272,8 @@ async fn run_mode(
         median_ms: 0.0,
         received_bytes: Vec::new(),
         density: Vec::new(),
+        training_part_ms: Vec::new(),
+        inference_part_ms: Vec::new(),
     };
     for v in 1..=a.updates {
         // every training rank holds version v, every inference rank checked version v - 1
@@ -318,6 +328,18 @@ async fn run_mode(
     }
     server.abort();
     run.median_ms = median(&run.update_ms);
+    let parts = progress.parts.lock().map(|p| p.clone()).unwrap_or_default();
+    for v in 2..=a.updates {
+        let slowest = |side: Side| {
+            parts
+                .iter()
+                .filter(|(s, pv, _)| *s == side && *pv == v)
+                .map(|p| p.2)
+                .fold(0.0, f64::max)
+        };
+        run.training_part_ms.push(slowest(Side::Training));
+        run.inference_part_ms.push(slowest(Side::Inference));
+    }
     Ok(run)
 }
 
@@ -352,7 +374,11 @@ async fn rank_loop(cfg: RankConfig, weights: &Weights, progress: &Progress) -> a
     let mut me = Rank::join(cfg, &prepared, &tensors, t).await?;
     progress.ready.fetch_add(1, Ordering::AcqRel);
     while let Some(w) = me.next_live_work().await? {
+        let t = Instant::now();
         let stats = me.execute(w, false).await?;
+        if let Ok(mut p) = progress.parts.lock() {
+            p.push((side, w.version, t.elapsed().as_secs_f64() * 1e3));
+        }
         match me.outcome(w, stats, Duration::from_secs(600)).await {
             Outcome::Committed { .. } => {}
             other => bail!("version {} did not commit: {other:?}", w.version),
