@@ -35,6 +35,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+/// One bucket's delta as the sender encodes it: its bytes, its figures and (with checksums) the
+/// digest of the dense bytes the receiver ends with.
+type Encoded = (Vec<u8>, DeltaStats, u64);
+
 const MAGIC: u64 = u64::from_le_bytes(*b"AWEXSHM1");
 const HEADER: usize = 64;
 
@@ -426,6 +430,9 @@ impl ShmTransport {
 
     /// Checksums (with checksums on) and this update's deltas (to peers that hold the copy's
     /// version), written into the control segment's tables; the deltas' bytes are returned.
+    /// The deltas are encoded in parallel, one bucket per job, each job into bytes of its own,
+    /// then laid end to end in the order of the plan (so the segment's bytes do not depend on
+    /// how many threads ran).
     fn encode_send(&mut self, ctx: &ExecContext<'_>) -> Result<(ExecStats, Vec<u8>), RuntimeError> {
         let ctl = self
             .ctl
@@ -433,12 +440,12 @@ impl ShmTransport {
             .ok_or(TransportError::Closed("shm transport"))?;
         let mut stats = ExecStats::default();
         let mut idx = 0u64;
-        let mut deltas: Vec<u8> = Vec::new();
-        let mut new = Vec::new();
-        let mut scratch = (Vec::new(), Vec::new(), Vec::new());
-        // a bucket that several peers take (engines replicating a layout) is encoded once and
-        // its delta read by each of them from one place in the delta segment
-        let mut done: HashMap<BucketKey, (usize, usize, DeltaStats, u64)> = HashMap::new();
+        // the delta buckets to encode (a bucket that several peers take, engines replicating a
+        // layout, is encoded once and its delta read by each of them from one place in the
+        // delta segment), and for each table entry that takes a delta: its index and job
+        let mut jobs: Vec<(usize, &Bucket)> = Vec::new();
+        let mut entries: Vec<(u64, usize)> = Vec::new();
+        let mut seen: HashMap<BucketKey, usize> = HashMap::new();
         for (pi, (peer, buckets)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
             let base = self
                 .base
@@ -447,57 +454,15 @@ impl ShmTransport {
             if let Some(w) = ctl.peer_base(pi as u64) {
                 w.store(base.unwrap_or(NONE), Ordering::Relaxed);
             }
-            if let (Some(_), Some(sb)) = (base, self.base.as_ref()) {
-                // every bucket's delta against the copy, into the delta segment's image
+            if base.is_some() && self.base.is_some() {
                 for b in buckets {
-                    ctx.check()?;
                     let key = BucketKey::of(b, &peer.transfers);
-                    let (at, len, d, h) = match done.get(&key) {
-                        Some(&seen) => seen,
-                        None => {
-                            let at = deltas.len();
-                            let d = encode_bucket_from(
-                                b,
-                                &peer.transfers,
-                                &self.tensors,
-                                sb.copy(),
-                                self.fp8.as_ref(),
-                                &mut deltas,
-                                &mut scratch,
-                            )?;
-                            // checksums are of the bytes the receiver ends with: the dense bucket
-                            let h = if ctx.checksums {
-                                new.resize(b.bytes as usize, 0);
-                                let n = pack(
-                                    b,
-                                    &peer.transfers,
-                                    &self.tensors,
-                                    &mut new,
-                                    self.fp8.as_ref(),
-                                )?;
-                                xxhash_rust::xxh3::xxh3_64(&new[..n])
-                            } else {
-                                0
-                            };
-                            stats.compared += d.dense_bytes;
-                            let seen = (at, deltas.len() - at, d, h);
-                            done.insert(key, seen);
-                            seen
-                        }
-                    };
-                    let (wo, wl) = ctl.delta_at(idx).ok_or(TransportError::ChecksumTable)?;
-                    wo.store(at as u64, Ordering::Relaxed);
-                    wl.store(len as u64, Ordering::Relaxed);
-                    if ctx.checksums {
-                        ctl.sum(idx)
-                            .ok_or(TransportError::ChecksumTable)?
-                            .store(h, Ordering::Relaxed);
-                        stats.checksum = stats.checksum.wrapping_add(h);
-                    }
-                    stats.delta.add(&d);
-                    stats.bytes += len as u64;
+                    let job = *seen.entry(key).or_insert_with(|| {
+                        jobs.push((pi, b));
+                        jobs.len() - 1
+                    });
+                    entries.push((idx, job));
                     idx += 1;
-                    stats.buckets += 1;
                 }
                 continue;
             }
@@ -521,6 +486,90 @@ impl ShmTransport {
                 stats.buckets += 1;
             }
             stats.bytes += peer.bytes;
+        }
+        let Some(sb) = self.base.as_ref().filter(|_| !jobs.is_empty()) else {
+            return Ok((stats, Vec::new()));
+        };
+        // every job's delta against the copy (and, with checksums, the digest of the dense
+        // bytes the receiver ends with), on up to 8 threads
+        let (peers, tensors, fp8) = (&self.plan.peers, &self.tensors, self.fp8.as_ref());
+        let encode = |(pi, b): (usize, &Bucket)| -> Result<Encoded, RuntimeError> {
+            let transfers = &peers[pi].transfers;
+            let mut out = Vec::new();
+            let mut scratch = (Vec::new(), Vec::new(), Vec::new());
+            ctx.check()?;
+            let d = encode_bucket_from(
+                b,
+                transfers,
+                tensors,
+                sb.copy(),
+                fp8,
+                &mut out,
+                &mut scratch,
+            )?;
+            let h = if ctx.checksums {
+                let mut new = vec![0u8; b.bytes as usize];
+                let n = pack(b, transfers, tensors, &mut new, fp8)?;
+                xxhash_rust::xxh3::xxh3_64(&new[..n])
+            } else {
+                0
+            };
+            Ok((out, d, h))
+        };
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 8)
+            .min(jobs.len());
+        let jobs = &jobs;
+        let mut done: Vec<Option<Result<Encoded, RuntimeError>>> =
+            (0..jobs.len()).map(|_| None).collect();
+        let parts: Vec<Vec<(usize, Result<Encoded, RuntimeError>)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| {
+                    let encode = &encode;
+                    scope.spawn(move || {
+                        (t..jobs.len())
+                            .step_by(threads)
+                            .map(|j| (j, encode(jobs[j])))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        vec![(0, Err(TransportError::Panicked("delta encoder").into()))]
+                    })
+                })
+                .collect()
+        });
+        for (j, r) in parts.into_iter().flatten() {
+            done[j] = Some(r);
+        }
+        // laid end to end in job order; each table entry points at its job's bytes
+        let mut deltas: Vec<u8> = Vec::new();
+        let mut placed: Vec<(usize, usize, DeltaStats, u64)> = Vec::with_capacity(jobs.len());
+        for r in done {
+            let (bytes, d, h) = r.ok_or(TransportError::Panicked("delta encoder"))??;
+            stats.compared += d.dense_bytes;
+            placed.push((deltas.len(), bytes.len(), d, h));
+            deltas.extend_from_slice(&bytes);
+        }
+        for (i, job) in entries {
+            let (at, len, d, h) = placed[job];
+            let (wo, wl) = ctl.delta_at(i).ok_or(TransportError::ChecksumTable)?;
+            wo.store(at as u64, Ordering::Relaxed);
+            wl.store(len as u64, Ordering::Relaxed);
+            if ctx.checksums {
+                ctl.sum(i)
+                    .ok_or(TransportError::ChecksumTable)?
+                    .store(h, Ordering::Relaxed);
+                stats.checksum = stats.checksum.wrapping_add(h);
+            }
+            stats.delta.add(&d);
+            stats.bytes += len as u64;
+            stats.buckets += 1;
         }
         Ok((stats, deltas))
     }
