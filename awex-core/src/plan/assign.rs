@@ -36,6 +36,9 @@ pub(super) struct Scratch {
     turn_taking: Vec<Option<(u32, u32)>>,
     /// the pieces of the sets that search, in greedy order
     searched: Vec<u32>,
+    /// the pieces that may involve the planning rank, in piece order: on the inference side
+    /// its own pieces, on the training side those of the sets that name it as a candidate
+    mine: Vec<u32>,
     /// per set, while the turns are dealt: the next piece's turn
     next_turn: Vec<u32>,
     /// per set that takes its candidates in turn: see [`Turns`]
@@ -55,8 +58,9 @@ pub(super) struct Scratch {
 }
 
 /// Structures kept for tensors laid out alike (an expert's three matrices have two layouts, and
-/// the tensors of a layer interleave several).
-const CACHED: usize = 16;
+/// the tensors of a layer interleave several: a hybrid layer's linear attention, attention, norms,
+/// router, shared expert and experts take about 20, which must all stay for the next layer's).
+const CACHED: usize = 64;
 
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
@@ -74,6 +78,7 @@ struct Saved {
     order: Vec<u32>,
     turn_taking: Vec<Option<(u32, u32)>>,
     searched: Vec<u32>,
+    mine: Vec<u32>,
 }
 
 /// Exchanges the structure buffers of the scratch with a saved structure's.
@@ -90,6 +95,7 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
     swap(&mut s.order, &mut k.order);
     swap(&mut s.turn_taking, &mut k.turn_taking);
     swap(&mut s.searched, &mut k.searched);
+    swap(&mut s.mine, &mut k.mine);
 }
 
 /// A candidate set whose pieces take its candidates in turn, in (tie, position) order.
@@ -224,7 +230,7 @@ pub(super) fn assign_tensor(
     let slot = match hit {
         Some(i) => i,
         None => {
-            structure(c, &src, &dst, s)?;
+            structure(c, &src, &dst, side, me, s)?;
             if s.cache.len() < CACHED {
                 s.cache.push(Saved::default());
                 s.keys.push(0);
@@ -317,13 +323,13 @@ pub(super) fn assign_tensor(
         p.chosen = best;
     }
 
-    // emit the pieces that involve this rank
-    for p in &s.pieces {
-        if side == Side::Inference && p.dst_rank != me {
-            continue;
-        }
+    // emit the pieces that involve this rank (only those that may are looked at)
+    for &pi in &s.mine {
+        let p = &s.pieces[pi as usize];
         // a turn-taking set's piece holds its turn; any other piece its candidate's position
         let chosen = match &mut s.rr_sets[p.set as usize] {
+            // one candidate: its only turn
+            Some(t) if t.cands.1 - t.cands.0 == 1 => t.cands.0,
             Some(t) => {
                 // positions differ, so the keys are distinct: the turn-th smallest is one key
                 let turn = p.chosen as usize;
@@ -563,6 +569,8 @@ fn structure(
     c: &CanonicalTensor,
     src: &[Holder],
     dst: &[Holder],
+    side: Side,
+    me: RankId,
     s: &mut Scratch,
 ) -> Result<(), PlanError> {
     // the universe of source ranks
@@ -776,13 +784,42 @@ fn structure(
             *b = u64::MAX;
         }
     }
+    // (a set of one such candidate always takes it: FSDP's shards, each on one rank)
     s.turn_taking.clear();
     for (k, &(_, (a, b))) in s.sets.iter().enumerate() {
         let exclusive = flat[a as usize..b as usize]
             .iter()
             .all(|c| s.occ[c.rank as usize] == 1);
-        let turns = b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX;
+        let turns = exclusive && (b - a == 1 || (b - a > 1 && s.set_bytes[k] != u64::MAX));
         s.turn_taking.push(turns.then_some((a, b)));
+    }
+    // the pieces that may involve `me`: its own on the inference side; on the training side
+    // those of the sets that name it
+    s.mine.clear();
+    match side {
+        Side::Inference => s.mine.extend(
+            s.pieces
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.dst_rank == me)
+                .map(|(i, _)| i as u32),
+        ),
+        Side::Training => {
+            if let Ok(mi) = s.ranks.binary_search(&me) {
+                let named: Vec<bool> = s
+                    .sets
+                    .iter()
+                    .map(|&(_, (a, b))| flat[a as usize..b as usize].iter().any(|c| c.rank as usize == mi))
+                    .collect();
+                s.mine.extend(
+                    s.pieces
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, p)| named[p.set as usize])
+                        .map(|(i, _)| i as u32),
+                );
+            }
+        }
     }
     // deal the turns: the i-th piece of a turn-taking set in greedy order takes turn i, modulo
     // the number of candidates; the other pieces search, in greedy order
