@@ -253,5 +253,6 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
         "train:0/0: 0xb0576ea9df98662d",
         "train:0/63: 0x5905e1b46c674676",
     ];
-    assert_eq!((got, ranks), (want, want_ranks));
+    assert_eq!(got, want);
+    assert_eq!(ranks, want_ranks);
 }
