@@ -209,11 +209,23 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
             "fsdp:dp=4,fused_experts=1",
             "sglang:tp=4,ep=2,engines=2",
         ),
-        ("qwen3.5-moe-tiny", "fsdp:dp=3,replicate=2", "vllm:tp=2,engines=2"),
-        ("qwen3-next-tiny", "fsdp:dp=5,fused_experts=1", "vllm:tp=4,ep=4"),
+        (
+            "qwen3.5-moe-tiny",
+            "fsdp:dp=3,replicate=2",
+            "vllm:tp=2,engines=2",
+        ),
+        (
+            "qwen3-next-tiny",
+            "fsdp:dp=5,fused_experts=1",
+            "vllm:tp=4,ep=4",
+        ),
         ("qwen3.5-tiny", "fsdp:dp=8", "sglang:tp=4,engines=2"),
         ("gpt-oss-tiny", "fsdp:dp=4", "vllm:tp=4,ep=4,engines=2"),
-        ("gpt-oss-tiny", "fsdp:dp=3,replicate=2", "sglang:tp=2,engines=2"),
+        (
+            "gpt-oss-tiny",
+            "fsdp:dp=3,replicate=2",
+            "sglang:tp=2,engines=2",
+        ),
     ]
     .into_iter()
     .map(|(m, t, i)| format!("{m} {t} -> {i}: {:#018x}", resolve(m, t, i).digest()))
