@@ -196,3 +196,75 @@ fn every_family_s_dense_pair_digest_is_pinned() {
     ];
     assert_eq!(got, want);
 }
+
+/// The hybrid and gpt-oss families from FSDP2 (the training side they support), pinned before
+/// the planner's work on FSDP's many shards (2026-12-05): tiny presets whole, and chosen ranks
+/// of a mid-size Qwen3.5-MoE at dp=64 (every parameter in 64 dim-0 shards).
+#[test]
+fn fsdp_pairs_of_the_new_families_are_pinned() {
+    std::hint::black_box(awex_vllm::CRATE);
+    let got: Vec<String> = [
+        (
+            "qwen3.5-moe-tiny",
+            "fsdp:dp=4,fused_experts=1",
+            "sglang:tp=4,ep=2,engines=2",
+        ),
+        (
+            "qwen3.5-moe-tiny",
+            "fsdp:dp=3,replicate=2",
+            "vllm:tp=2,engines=2",
+        ),
+        (
+            "qwen3-next-tiny",
+            "fsdp:dp=5,fused_experts=1",
+            "vllm:tp=4,ep=4",
+        ),
+        ("qwen3.5-tiny", "fsdp:dp=8", "sglang:tp=4,engines=2"),
+        ("gpt-oss-tiny", "fsdp:dp=4", "vllm:tp=4,ep=4,engines=2"),
+        (
+            "gpt-oss-tiny",
+            "fsdp:dp=3,replicate=2",
+            "sglang:tp=2,engines=2",
+        ),
+    ]
+    .into_iter()
+    .map(|(m, t, i)| format!("{m} {t} -> {i}: {:#018x}", resolve(m, t, i).digest()))
+    .collect();
+    let want = [
+        "qwen3.5-moe-tiny fsdp:dp=4,fused_experts=1 -> sglang:tp=4,ep=2,engines=2: 0x531dde9fd3f69db9",
+        "qwen3.5-moe-tiny fsdp:dp=3,replicate=2 -> vllm:tp=2,engines=2: 0xde491ba72353bd43",
+        "qwen3-next-tiny fsdp:dp=5,fused_experts=1 -> vllm:tp=4,ep=4: 0x665e0313f68f7e5e",
+        "qwen3.5-tiny fsdp:dp=8 -> sglang:tp=4,engines=2: 0xb71f9435948ba166",
+        "gpt-oss-tiny fsdp:dp=4 -> vllm:tp=4,ep=4,engines=2: 0x34fc29bac9beae88",
+        "gpt-oss-tiny fsdp:dp=3,replicate=2 -> sglang:tp=2,engines=2: 0x4ec4ed17dff1453d",
+    ];
+    let r = resolve(
+        "qwen3.5-35b-a3b",
+        "fsdp:dp=64,fused_experts=1",
+        "sglang:tp=8,ep=8,engines=2",
+    );
+    let pair = r.pair();
+    let ranks: Vec<String> = [
+        (Side::Inference, RankId::infer(0, 0)),
+        (Side::Inference, RankId::infer(1, 7)),
+        (Side::Training, RankId::train(0)),
+        (Side::Training, RankId::train(63)),
+    ]
+    .into_iter()
+    .map(|(s, rank)| {
+        format!(
+            "{}:{rank}: {:#018x}",
+            s.short(),
+            pair.plan_rank(s, rank).unwrap().fingerprint
+        )
+    })
+    .collect();
+    let want_ranks = [
+        "infer:0/0: 0x547176d89d737118",
+        "infer:1/7: 0xe24be102b15b35f3",
+        "train:0/0: 0xb0576ea9df98662d",
+        "train:0/63: 0x5905e1b46c674676",
+    ];
+    assert_eq!(got, want);
+    assert_eq!(ranks, want_ranks);
+}

@@ -6,7 +6,7 @@ use crate::encoding::Encoding;
 use crate::layout::{Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// Buffers reused across tensors of one rank's plan.
 #[derive(Default)]
@@ -36,6 +36,11 @@ pub(super) struct Scratch {
     turn_taking: Vec<Option<(u32, u32)>>,
     /// the pieces of the sets that search, in greedy order
     searched: Vec<u32>,
+    /// the pieces that may involve the planning rank, in piece order: on the inference side
+    /// its own pieces, on the training side those of the sets that name it as a candidate
+    mine: Vec<u32>,
+    /// every destination holder's cells with their candidate set, in holder order
+    all_cells: Vec<(u32, Region, u32)>,
     /// per set, while the turns are dealt: the next piece's turn
     next_turn: Vec<u32>,
     /// per set that takes its candidates in turn: see [`Turns`]
@@ -46,17 +51,22 @@ pub(super) struct Scratch {
     set_bytes: Vec<u64>,
     /// per rank number: its index in the universe (valid for the universe's ranks only)
     slot: Vec<u32>,
-    /// structures of recent tensors, by their holders
+    /// structures of tensors planned before, by their holders
     cache: Vec<Saved>,
     /// the [`holders_key`] of each cached structure
     keys: Vec<u64>,
-    /// the slot the next new structure replaces
+    /// the cached structures of each [`holders_key`]
+    by_key: HashMap<u64, Vec<u32>>,
+    /// the slot the next new structure replaces once the cache is full
     victim: usize,
 }
 
-/// Structures kept for tensors laid out alike (an expert's three matrices have two layouts, and
-/// the tensors of a layer interleave several).
-const CACHED: usize = 16;
+/// Structures kept for tensors laid out alike. The tensors of a layer interleave many layouts
+/// (a hybrid layer's linear attention, attention, norms, router and shared expert take about 20,
+/// and every expert held by another training rank is one more), and a structure is reused by
+/// the next layer's tensors: the large ones (a norm cut into every FSDP shard, for every
+/// inference rank) must not be pushed out by the small ones between them.
+const CACHED: usize = 4096;
 
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
@@ -74,6 +84,7 @@ struct Saved {
     order: Vec<u32>,
     turn_taking: Vec<Option<(u32, u32)>>,
     searched: Vec<u32>,
+    mine: Vec<u32>,
 }
 
 /// Exchanges the structure buffers of the scratch with a saved structure's.
@@ -90,6 +101,7 @@ fn swap_structure(s: &mut Scratch, k: &mut Saved) {
     swap(&mut s.order, &mut k.order);
     swap(&mut s.turn_taking, &mut k.turn_taking);
     swap(&mut s.searched, &mut k.searched);
+    swap(&mut s.mine, &mut k.mine);
 }
 
 /// A candidate set whose pieces take its candidates in turn, in (tie, position) order.
@@ -217,20 +229,26 @@ pub(super) fn assign_tensor(
     // their tie-break: a recent tensor's structure is reused when its holders hold the same
     // boxes on the same ranks.
     let key = holders_key(&src, &dst);
-    let hit = (0..s.keys.len()).find(|&i| {
-        let k = &s.cache[i];
-        s.keys[i] == key && same_holders(&k.src, &src) && same_holders(&k.dst, &dst)
+    let hit = s.by_key.get(&key).and_then(|slots| {
+        slots.iter().map(|&i| i as usize).find(|&i| {
+            let k = &s.cache[i];
+            same_holders(&k.src, &src) && same_holders(&k.dst, &dst)
+        })
     });
     let slot = match hit {
         Some(i) => i,
         None => {
-            structure(c, &src, &dst, s)?;
+            structure(c, &src, &dst, side, me, s)?;
             if s.cache.len() < CACHED {
                 s.cache.push(Saved::default());
                 s.keys.push(0);
                 s.cache.len() - 1
             } else {
                 s.victim = (s.victim + 1) % CACHED;
+                let old = s.keys[s.victim];
+                if let Some(slots) = s.by_key.get_mut(&old) {
+                    slots.retain(|&i| i as usize != s.victim);
+                }
                 s.victim
             }
         }
@@ -317,13 +335,13 @@ pub(super) fn assign_tensor(
         p.chosen = best;
     }
 
-    // emit the pieces that involve this rank
-    for p in &s.pieces {
-        if side == Side::Inference && p.dst_rank != me {
-            continue;
-        }
+    // emit the pieces that involve this rank (only those that may are looked at)
+    for &pi in &s.mine {
+        let p = &s.pieces[pi as usize];
         // a turn-taking set's piece holds its turn; any other piece its candidate's position
         let chosen = match &mut s.rr_sets[p.set as usize] {
+            // one candidate: its only turn
+            Some(t) if t.cands.1 - t.cands.0 == 1 => t.cands.0,
             Some(t) => {
                 // positions differ, so the keys are distinct: the turn-th smallest is one key
                 let turn = p.chosen as usize;
@@ -419,6 +437,7 @@ pub(super) fn assign_tensor(
     swap_structure(s, &mut saved);
     if hit.is_none() {
         s.keys[slot] = key;
+        s.by_key.entry(key).or_default().push(slot as u32);
         saved.src = src;
         saved.dst = dst;
     }
@@ -563,6 +582,8 @@ fn structure(
     c: &CanonicalTensor,
     src: &[Holder],
     dst: &[Holder],
+    side: Side,
+    me: RankId,
     s: &mut Scratch,
 ) -> Result<(), PlanError> {
     // the universe of source ranks
@@ -646,6 +667,7 @@ fn structure(
     let cells = &mut s.cells;
     let hit = &mut s.hit;
     let set = &mut s.set;
+    s.all_cells.clear();
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
         cells.clear();
@@ -726,17 +748,55 @@ fn structure(
                     dst: dh.dtype,
                 });
             }
-            for &r in &dh.ranks {
-                s.pieces.push(Piece {
-                    dst_rank: r,
-                    dst_holder: dhi as u32,
-                    cell,
-                    bytes: cell.numel() * dh.dtype.size() as u64,
-                    cands: range,
-                    set,
-                    chosen: u32::MAX,
-                });
+            s.all_cells.push((dhi as u32, cell, set));
+        }
+    }
+
+    // how many candidate positions of this tensor name each source rank
+    let flat = &s.flat;
+    s.occ.clear();
+    s.occ.resize(s.ranks.len(), 0);
+    for c in flat.iter() {
+        s.occ[c.rank as usize] += 1;
+    }
+    // When every set is one candidate that no other set names (FSDP's shards, each on one
+    // rank), every piece goes to its only candidate and no piece changes another's choice:
+    // only the pieces that may involve `me` are made (in the order all would be), not those
+    // of every other inference rank.
+    let single = s
+        .sets
+        .iter()
+        .all(|&(_, (a, b))| b - a == 1 && s.occ[flat[a as usize].rank as usize] == 1);
+    let me_index = match side {
+        Side::Training => s.ranks.binary_search(&me).ok(),
+        Side::Inference => None,
+    };
+    let names_me = |set: u32| {
+        let (a, b) = s.sets[set as usize].1;
+        me_index.is_some_and(|mi| {
+            flat[a as usize..b as usize]
+                .iter()
+                .any(|c| c.rank as usize == mi)
+        })
+    };
+    for &(dhi, cell, set) in &s.all_cells {
+        let dh = &dst[dhi as usize];
+        if single && side == Side::Training && !names_me(set) {
+            continue;
+        }
+        for &r in &dh.ranks {
+            if single && side == Side::Inference && r != me {
+                continue;
             }
+            s.pieces.push(Piece {
+                dst_rank: r,
+                dst_holder: dhi,
+                cell,
+                bytes: cell.numel() * dh.dtype.size() as u64,
+                cands: s.sets[set as usize].1,
+                set,
+                chosen: u32::MAX,
+            });
         }
     }
 
@@ -761,11 +821,6 @@ fn structure(
     // A set whose pieces are all of one size and whose candidates are ranks that no other
     // candidate position of this tensor names takes its candidates in turn (see the greedy).
     let flat = &s.flat;
-    s.occ.clear();
-    s.occ.resize(s.ranks.len(), 0);
-    for c in flat.iter() {
-        s.occ[c.rank as usize] += 1;
-    }
     s.set_bytes.clear();
     s.set_bytes.resize(s.sets.len(), u64::MAX - 1);
     for p in &s.pieces {
@@ -776,13 +831,46 @@ fn structure(
             *b = u64::MAX;
         }
     }
+    // (a set of one such candidate always takes it: FSDP's shards, each on one rank)
     s.turn_taking.clear();
     for (k, &(_, (a, b))) in s.sets.iter().enumerate() {
         let exclusive = flat[a as usize..b as usize]
             .iter()
             .all(|c| s.occ[c.rank as usize] == 1);
-        let turns = b - a > 1 && exclusive && s.set_bytes[k] != u64::MAX;
+        let turns = exclusive && (b - a == 1 || (b - a > 1 && s.set_bytes[k] != u64::MAX));
         s.turn_taking.push(turns.then_some((a, b)));
+    }
+    // the pieces that may involve `me`: its own on the inference side; on the training side
+    // those of the sets that name it
+    s.mine.clear();
+    match side {
+        Side::Inference => s.mine.extend(
+            s.pieces
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.dst_rank == me)
+                .map(|(i, _)| i as u32),
+        ),
+        Side::Training => {
+            if let Ok(mi) = s.ranks.binary_search(&me) {
+                let named: Vec<bool> = s
+                    .sets
+                    .iter()
+                    .map(|&(_, (a, b))| {
+                        flat[a as usize..b as usize]
+                            .iter()
+                            .any(|c| c.rank as usize == mi)
+                    })
+                    .collect();
+                s.mine.extend(
+                    s.pieces
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, p)| named[p.set as usize])
+                        .map(|(i, _)| i as u32),
+                );
+            }
+        }
     }
     // deal the turns: the i-th piece of a turn-taking set in greedy order takes turn i, modulo
     // the number of candidates; the other pieces search, in greedy order
