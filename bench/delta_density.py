@@ -22,8 +22,9 @@ element and step (`--synthetic-step uniform`: uniform in [-1, 1), the model befo
 
 Usage (torch and transformers, CPU):
 
-    python bench/delta_density.py --steps 10 --lr 1e-6
     python bench/delta_density.py --steps 10 --lr 1e-6 --json out.json
+    python bench/delta_density.py --steps 60 --layers 2 --vocab 8192 --synthetic-step ''
+    python bench/delta_density.py --steps 0 --synthetic-step uniform,adam --init triangular,awex
 
 Figures of a run are in docs/deltas.md.
 """
@@ -205,6 +206,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--synthetic-steps", type=int, default=4)
     ap.add_argument("--synthetic-step", default="uniform,adam", help="uniform (awex before "
                     "calibration), adam (awex's calibrated step); comma-separated, or empty")
     ap.add_argument("--init", default="triangular,awex,model", help="synthetic init(s): "
@@ -271,7 +273,7 @@ def main():
             prev = as_bf16()
             prevq = {n: quantise_vllm_cuda(prev[n]) for n in qnames}
             rows = []
-            for step in range(1, min(args.steps, 4) + 1):
+            for step in range(1, args.synthetic_steps + 1):
                 us = 0.0
                 for n in master:
                     u = stepped_u(kind, gen, master[n].shape)
