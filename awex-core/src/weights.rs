@@ -67,10 +67,10 @@ pub enum Weights {
 ///   tails, bounded at 6 standard deviations).
 /// - Adam moves an element by `lr * m / (sqrt(v) + eps)`. Its first step is `lr * sign(g)`;
 ///   with noisy gradients `|m / sqrt(v)|` then falls and settles near [`ADAM_MEAN_STEP`] (mean
-///   over elements). Which elements change in a step depends, to within a few per cent, on the
-///   mean step and the weights' distribution only (measured: at the same mean step, uniform
-///   steps from the same init change as many bf16 elements and e4m3 bytes as Adam's), so
-///   `u_k` is uniform in `[-2 ADAM_MEAN_STEP, 2 ADAM_MEAN_STEP)`, drawn per element and version.
+///   over elements). How many elements change in a step depends on the mean step and the
+///   weights' distribution (measured: at the same mean step, uniform steps from the same init
+///   change as many bf16 elements and e4m3 bytes as Adam's, within 2 %), so `u_k` is uniform
+///   in `[-2 ADAM_MEAN_STEP, 2 ADAM_MEAN_STEP)`, drawn per element and version.
 ///
 /// A bf16 element changes in a step when the master crosses a rounding boundary, with a
 /// probability of about `lr |u| / ulp`: at lr 1e-6 about 1 % of the elements, and about 0.1 %

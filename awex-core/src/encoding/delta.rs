@@ -597,6 +597,9 @@ pub fn decode(
             c.copy_from_slice(take(delta, &mut at, 4, n)?);
             let c = u32::from_le_bytes(c) as usize;
             let k = take(delta, &mut at, 1, n)?[0];
+            if n > u32::MAX as usize {
+                return Err(DeltaError::TooLong(n));
+            }
             if c == 0 || c > n {
                 return Err(DeltaError::GapCount { count: c as u64, n });
             }
@@ -709,9 +712,9 @@ pub fn apply(delta: &[u8], elem: usize, base: &mut [u8]) -> Result<usize, DeltaE
 /// independently with probability `density` (segments long enough that their headers do not
 /// count): the smaller of the sparse form (one count byte per 256 elements plus an offset and
 /// a value per change) and the gaps (a value and `1 + k + E[gap >> k]` bits per change at the
-/// best `k`; the gaps are geometric, `P(gap >= g) = (1 - density)^g`, so `E[gap >> k] = r / (1
-/// - r)` with `r = (1 - density)^(2^k)`), at most the dense bytes (the encoder then sends them
-/// whole). Nothing changed costs nothing but a tag per segment: 0.
+/// best `k`), at most the dense bytes (the encoder then sends them whole). The gaps are
+/// geometric, `P(gap >= g) = (1 - density)^g`, so `E[gap >> k] = r / (1 - r)` with `r = (1 -
+/// density)^(2^k)`. Nothing changed costs nothing but a tag per segment: 0.
 pub fn expected_fraction(density: f64, elem: usize) -> f64 {
     let d = density.clamp(0.0, 1.0);
     if d == 0.0 {
@@ -1088,6 +1091,13 @@ mod tests {
                 count: u32::MAX as u64,
                 n: 100
             })
+        );
+        // a segment longer than the indices reach
+        let mut huge = vec![0u8; 0];
+        assert_eq!(
+            decode(&seg(1, 0, &[0; 8]), 1, 1 << 33, |_, v| huge
+                .extend_from_slice(v)),
+            Err(DeltaError::TooLong(1 << 33))
         );
         // a parameter beyond 31
         assert_eq!(
