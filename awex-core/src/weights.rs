@@ -53,22 +53,47 @@ pub enum Weights {
 }
 
 /// Versions made as an optimiser makes them: an fp32 master per element (version 0: a seeded
-/// init of scale about 0.014, or a checkpoint's values), moved at every version `k` by `lr *
-/// u_k` with `u_k` uniform in `[-1, 1)` (Adam's step is bounded by the learning rate in the
-/// same way), then cast to the tensor's dtype (bf16 and f16 round to nearest even). Version
-/// `v` is a closed form of `(tensor, element, v)`: `master_0 + lr * (u_1 + ... + u_v)`, summed
-/// in f64 and rounded to f32 once, so any rank computes any version alone (cost grows with `v`).
+/// init, or a checkpoint's values), moved at every version `k` by `lr * u_k`, then cast to the
+/// tensor's dtype (bf16 and f16 round to nearest even). Version `v` is a closed form of
+/// `(tensor, element, v)`: `master_0 + lr * (u_1 + ... + u_v)`, summed in f64 and rounded to
+/// f32 once, so any rank computes any version alone (cost grows with `v`), with integer
+/// arithmetic and one multiplication only: every machine computes the same bytes.
+///
+/// The model is calibrated on AdamW (`bench/delta_density.py`, docs/deltas.md): a transformers
+/// Qwen3 trained in fp32 on CPU, lr 1e-6, random tokens, measured per step.
+///
+/// - The init is that of transformers' Qwen3 (`initializer_range` 0.02: normal, standard
+///   deviation 0.02), made as the sum of 12 seeded uniforms (Irwin-Hall: normal to within its
+///   tails, bounded at 6 standard deviations).
+/// - Adam moves an element by `lr * m / (sqrt(v) + eps)`. Its first step is `lr * sign(g)`;
+///   with noisy gradients `|m / sqrt(v)|` then falls and settles near [`ADAM_MEAN_STEP`] (mean
+///   over elements). How many elements change in a step depends on the mean step and the
+///   weights' distribution (measured: at the same mean step, uniform steps from the same init
+///   change as many bf16 elements and e4m3 bytes as Adam's, within 2 %), so `u_k` is uniform
+///   in `[-2 ADAM_MEAN_STEP, 2 ADAM_MEAN_STEP)`, drawn per element and version.
 ///
 /// A bf16 element changes in a step when the master crosses a rounding boundary, with a
-/// probability of about `lr / ulp`: at lr 1e-6 a few per cent of the elements, as measured on a
-/// real AdamW run (docs/deltas.md). Tensors of other dtypes (integers) take the synthetic stream.
+/// probability of about `lr |u| / ulp`: at lr 1e-6 about 1 % of the elements, and about 0.1 %
+/// of the e4m3 bytes after 128 x 128 block quantisation, as Adam's steps after the first few
+/// tens. Tensors of other dtypes (integers) take the synthetic stream.
 #[derive(Clone)]
 pub struct Stepped {
-    /// The learning rate (the largest step of one element per version).
+    /// The learning rate.
     pub lr: f64,
     dtypes: std::collections::HashMap<String, DType>,
     start: Option<std::sync::Arc<crate::model::Checkpoint>>,
 }
+
+/// The mean over elements of Adam's `|m / (sqrt(v) + eps)|` once its first steps are past: the
+/// mean step of [`Stepped`] in units of the learning rate. Measured by `bench/delta_density.py`
+/// (AdamW, betas 0.9 and 0.999, a tiny Qwen3 on random tokens): 0.178 over steps 41-60, 0.174
+/// at step 60, falling slowly; for gradients of pure noise the theory gives `sqrt((1 - beta1) /
+/// (1 + beta1)) * sqrt(2 / pi)` = 0.183. Early steps are larger (1 at the first, 0.28 at the
+/// tenth) and change more: 4.2 % and 1.4 % of bf16 elements.
+pub const ADAM_MEAN_STEP: f64 = 0.18;
+
+/// The standard deviation of [`Stepped`]'s init (transformers' `initializer_range` for Qwen3).
+pub const INIT_STD: f64 = 0.02;
 
 /// Elements of one tensor computed at once by [`Stepped`].
 const STEP_RUN: usize = 1024;
@@ -104,10 +129,14 @@ impl Stepped {
                 None => 0.0,
             };
         }
-        let h = splitmix(seed0 ^ i.wrapping_mul(0xd134_2543_de82_ef95));
-        let (a, b) = ((h >> 32) as f64, (h & 0xffff_ffff) as f64);
-        // triangular on (-1, 1), times 0.035: standard deviation about 0.014
-        ((a + b) / 4_294_967_296.0 - 1.0) * 0.035
+        // 12 uniforms of 32 bits from 6 hashes: their sum less 6 has mean 0 and variance 1
+        let mut h = seed0 ^ i.wrapping_mul(0xd134_2543_de82_ef95);
+        let mut sum = 0u64;
+        for _ in 0..6 {
+            h = splitmix(h);
+            sum += (h >> 32) + (h & 0xffff_ffff);
+        }
+        (sum as f64 / 4_294_967_296.0 - 6.0) * INIT_STD
     }
 
     /// Writes the elements `[first, first + out.len() / es)` of tensor `name` at `version`.
@@ -123,11 +152,11 @@ impl Stepped {
             let sk = seed(name, k) ^ 0x57e9_57e9;
             for (j, s) in sum.iter_mut().enumerate() {
                 let h = splitmix(sk ^ (first + j as u64).wrapping_mul(0x9e6c_63d0_676a_9a99));
-                // uniform in [-2^31, 2^31): the step u_k times 2^31
+                // uniform in [-2^31, 2^31): the step u_k over 2 ADAM_MEAN_STEP, times 2^31
                 *s += (h >> 32) as i64 - (1i64 << 31);
             }
         }
-        let scale = self.lr / 2_147_483_648.0;
+        let scale = self.lr * 2.0 * ADAM_MEAN_STEP / 2_147_483_648.0;
         for (m, s) in master.iter_mut().zip(&sum) {
             *m += *s as f64 * scale;
         }
@@ -269,25 +298,70 @@ mod tests {
         k as f64 / n as f64
     }
 
+    /// The e4m3 bytes and scales of a `[rows, cols]` bf16 tensor, awex's default recipe (vLLM's)
+    /// with 128 x 128 blocks.
+    fn fp8(rows: usize, cols: usize, bf16: &[u8]) -> (Vec<u8>, Vec<u32>) {
+        use crate::encoding::{Fp8Quantiser, Recipe, Shape2d};
+        let x: Vec<u16> = bf16
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        let e = Recipe::Vllm.encoding([128, 128]);
+        let [sr, sc] = e.scale_shape(rows as u64, cols as u64);
+        let mut q = vec![0u8; rows * cols];
+        let mut s = vec![0f32; (sr * sc) as usize];
+        Fp8Quantiser::new(Recipe::Vllm, e)
+            .quantise(
+                &x,
+                Shape2d::dense(rows, cols),
+                &mut q,
+                cols,
+                &mut s,
+                sc as usize,
+            )
+            .unwrap();
+        (q, s.iter().map(|f| f.to_bits()).collect())
+    }
+
     #[test]
-    fn stepped_versions_change_a_few_per_cent_of_bf16_elements_per_step_at_lr_1e_6() {
+    fn stepped_versions_change_as_many_bf16_elements_and_e4m3_bytes_as_adam_at_lr_1e_6() {
+        // bench/delta_density.py on a tiny Qwen3 (AdamW, lr 1e-6, steps 41-60): 0.93 % of
+        // bf16 elements and 0.091 % of e4m3 bytes changed per step; within a quarter of that
         let (w, cat) = stepped(1e-6);
         let v: Vec<Vec<u8>> = (0..4).map(|k| w.tensor(&cat, "t0", k).unwrap()).collect();
+        let q: Vec<_> = v.iter().map(|b| fp8(512, 1024, b)).collect();
         for k in 1..4 {
             let f = changed_fraction(&v[k - 1], &v[k]);
-            assert!((0.005..0.08).contains(&f), "step {k}: {f}");
+            assert!((0.0070..0.0116).contains(&f), "step {k}: bf16 {f}");
+            let e4m3 = q[k - 1]
+                .0
+                .iter()
+                .zip(&q[k].0)
+                .filter(|(a, b)| a != b)
+                .count() as f64
+                / q[k].0.len() as f64;
+            assert!((0.00068..0.00114).contains(&e4m3), "step {k}: e4m3 {e4m3}");
         }
-        // a larger learning rate changes more, and every value stays finite and small
+        // a larger learning rate changes more, and every value stays finite and within the
+        // init's bounds
         let (w5, _) = stepped(1e-5);
         let f5 = changed_fraction(
             &w5.tensor(&cat, "t0", 1).unwrap(),
             &w5.tensor(&cat, "t0", 2).unwrap(),
         );
         assert!(f5 > changed_fraction(&v[1], &v[2]) * 3.0, "lr 1e-5: {f5}");
+        let mut sq = 0.0f64;
         for x in v[3].chunks_exact(2) {
             let f = bf16_to_f32(u16::from_le_bytes([x[0], x[1]]));
-            assert!(f.is_finite() && f.abs() < 0.05, "{f}");
+            assert!(
+                f.is_finite() && (f.abs() as f64) < 6.0 * INIT_STD + 1e-3,
+                "{f}"
+            );
+            sq += (f as f64) * (f as f64);
         }
+        // the init's standard deviation is transformers' Qwen3 initializer_range
+        let std = (sq / (v[3].len() / 2) as f64).sqrt();
+        assert!((std - INIT_STD).abs() < 0.02 * INIT_STD, "{std}");
     }
 
     #[test]

@@ -260,9 +260,9 @@ fn delta_updates_equal_dense_ones_and_move_a_few_per_cent_over_shm_and_tcp() {
                 }
                 let moved = total.bytes as f64 / total.dense_bytes() as f64;
                 let density = total.delta.density();
-                // optimiser-made versions at lr 1e-6: a few per cent change, and the wire
-                // carries the changes (values and offsets) plus one count per 256 elements
-                assert!((0.005..0.08).contains(&density), "{kind:?} v{v}: {density}");
+                // optimiser-made versions at lr 1e-6: about 1 % changes, and the wire carries
+                // the changes (values and their gaps)
+                assert!((0.003..0.08).contains(&density), "{kind:?} v{v}: {density}");
                 assert!(
                     moved < 0.10,
                     "{kind:?} {dtype} v{v}: moved {moved} of dense"

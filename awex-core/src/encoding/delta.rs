@@ -6,9 +6,10 @@
 //! for the new version and for the base version, and encodes each *segment* (one piece's
 //! elements of one element size) against the base. The receiver holds the base in its
 //! destination tensors and writes only the changed elements; the result is bit-identical to a
-//! dense update. Measured on optimiser-made versions (lr 1e-6, bf16), 1.6-3.8 % of elements
-//! change per step, and 0.15-0.35 % of FP8 bytes: every 128 x 128 block and nearly every 64 KiB
-//! chunk hold a change, so the unit is the element.
+//! dense update. Measured on optimiser-made versions (lr 1e-6, bf16), a few per cent of
+//! elements change per step, and a few tenths of a per cent of FP8 bytes: every 128 x 128 block
+//! and nearly every 64 KiB chunk hold a change, so the unit is the element
+//! (`bench/delta_density.py`, docs/deltas.md).
 //!
 //! # Wire format of one segment (`n` elements of `s` bytes, both known to both ends from the plan)
 //!
@@ -19,14 +20,22 @@
 //!                        count 255: the whole chunk's values (min(256, rest) * s bytes)
 //!                        count c < 255: c local offsets (u8, strictly increasing), c * s values
 //! tag 2    unchanged:  no body
+//! tag 3    gaps:       c:u32 (changed elements, 1..=n), k:u8 (0..=31), the c gaps
+//!                      Rice-coded with parameter k, bit-packed, then c * s values
 //! ```
 //!
-//! Values are the elements' bytes as they sit in memory (little-endian). The encoder picks, per
-//! segment, the smallest of the three, and per chunk dense (255) where `c * (1 + s) >=
-//! chunk * s`. At 3 % density a bf16 segment costs about 4.7 % of its dense bytes, an FP8
-//! segment at 0.35 % about 1.1 %. Decoding checks every count, offset and length against the
-//! segment and the buffer: a malformed delta is an error naming what is wrong, never a panic
-//! or a write outside the segment.
+//! Values are the elements' bytes as they sit in memory (little-endian). A *gap* is an index
+//! minus the previous index minus one (the first index itself); its Rice code is `gap >> k` one
+//! bits, a zero bit, then the `k` low bits of `gap`, least significant first. Bits fill each
+//! byte from its least significant bit; the last byte is padded with zeros.
+//!
+//! The encoder picks, per segment, the smallest of the four (in the sparse form, per chunk
+//! dense (255) where `c * (1 + s) >= chunk * s`), and for the gaps the `k` that gives the
+//! fewest bits. With changes spread as an optimiser spreads them, the gaps cost about 1.2
+//! bytes per change at 0.3 % of e4m3 bytes changed and 0.8 at 3 % of bf16 elements (the sparse
+//! form: 2.1 and 1.1), near the entropy of the changed set. Decoding checks every count,
+//! offset, index and length against the segment and the buffer before it writes: a malformed
+//! delta is an error naming what is wrong, never a panic or a write outside the segment.
 
 use thiserror::Error;
 
@@ -38,6 +47,11 @@ pub const DENSE_CHUNK: u8 = 255;
 const TAG_DENSE: u8 = 0;
 const TAG_SPARSE: u8 = 1;
 const TAG_UNCHANGED: u8 = 2;
+const TAG_GAPS: u8 = 3;
+/// The largest Rice parameter of a gaps segment (gaps are below 2^32).
+const MAX_RICE_K: u8 = 31;
+/// Bytes of a gaps segment before its bits: tag, count, parameter.
+const GAPS_HEADER: usize = 1 + 4 + 1;
 
 /// A malformed or mismatched delta.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -53,7 +67,9 @@ pub enum DeltaError {
         need: usize,
     },
     /// An unknown segment tag.
-    #[error("delta segment tag {tag} at byte {at} is none of dense (0), sparse (1), unchanged (2)")]
+    #[error(
+        "delta segment tag {tag} at byte {at} is none of dense (0), sparse (1), unchanged (2), gaps (3)"
+    )]
     Tag {
         /// the tag read
         tag: u8,
@@ -83,6 +99,35 @@ pub enum DeltaError {
         prev: Option<u8>,
         /// the chunk's elements
         len: usize,
+    },
+    /// A gaps segment whose count of changed elements is 0 or above its elements.
+    #[error("delta gaps segment counts {count} changed elements, but holds {n} (it needs 1..={n})")]
+    GapCount {
+        /// the count read
+        count: u64,
+        /// elements of the segment
+        n: usize,
+    },
+    /// A gaps segment's Rice parameter above 31.
+    #[error("delta gaps segment has Rice parameter {0}; the format allows 0..=31")]
+    RiceParameter(u8),
+    /// A gaps segment's `i`-th change lands at or past the segment's end.
+    #[error(
+        "delta gaps segment: change {i} lands at element {index} or beyond, past its {n} elements"
+    )]
+    Index {
+        /// which change (0-based)
+        i: usize,
+        /// where it lands (at least)
+        index: u64,
+        /// elements of the segment
+        n: usize,
+    },
+    /// A gaps segment whose bits end in a byte with padding bits set.
+    #[error("delta gaps segment: the padding bits of byte {at} are not zero")]
+    Padding {
+        /// where
+        at: usize,
     },
     /// Old and new payloads of different lengths, or not whole elements.
     #[error(
@@ -203,6 +248,132 @@ pub fn changed_elements(o: &[u8], w: &[u8], elem: usize, first: u32, out: &mut V
     }
 }
 
+/// The gap before each changed index: the index minus the previous one minus one.
+fn gaps(idx: &[u32]) -> impl Iterator<Item = u64> + '_ {
+    let mut next = 0u64;
+    idx.iter().map(move |&i| {
+        let g = i as u64 - next;
+        next = i as u64 + 1;
+        g
+    })
+}
+
+/// Bits of the Rice codes of the gaps of `idx` with parameter `k`.
+fn rice_bits(idx: &[u32], k: u32) -> u64 {
+    gaps(idx).map(|g| (g >> k) + 1 + k as u64).sum()
+}
+
+/// The Rice parameter that codes the gaps of `idx` (not empty, increasing, below `n`) in the
+/// fewest bits, and those bits. The optimum lies near `log2` of the mean gap: the bits are
+/// convex in `k`, so the search walks down from there while it gains.
+fn best_rice(idx: &[u32]) -> (u32, u64) {
+    let span = *idx.last().unwrap_or(&0) as u64 + 1;
+    let mean = span / idx.len().max(1) as u64;
+    let mut k = (63 - mean.max(1).leading_zeros()).min(MAX_RICE_K as u32);
+    let mut bits = rice_bits(idx, k);
+    while k > 0 {
+        let b = rice_bits(idx, k - 1);
+        if b > bits {
+            break;
+        }
+        (k, bits) = (k - 1, b);
+    }
+    while k < MAX_RICE_K as u32 {
+        let b = rice_bits(idx, k + 1);
+        if b >= bits {
+            break;
+        }
+        (k, bits) = (k + 1, b);
+    }
+    (k, bits)
+}
+
+/// Writes bits least significant first into whole bytes.
+struct BitWriter<'a> {
+    out: &'a mut Vec<u8>,
+    acc: u64,
+    held: u32,
+}
+
+impl BitWriter<'_> {
+    /// The low `bits` (at most 32) of `v`.
+    fn put(&mut self, v: u64, bits: u32) {
+        debug_assert!(bits <= 32);
+        if bits == 0 {
+            return;
+        }
+        self.acc |= (v & ((1u64 << bits) - 1)) << self.held;
+        self.held += bits;
+        while self.held >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.held -= 8;
+        }
+    }
+
+    fn rice(&mut self, g: u64, k: u32) {
+        let mut q = g >> k;
+        while q >= 32 {
+            self.put(u32::MAX as u64, 32);
+            q -= 32;
+        }
+        // q ones, then the zero that ends them
+        self.put((1u64 << q) - 1, q as u32 + 1);
+        self.put(g, k);
+    }
+
+    fn finish(self) {
+        if self.held > 0 {
+            self.out.push(self.acc as u8);
+        }
+    }
+}
+
+/// Reads what [`BitWriter`] wrote; reading past the end is an error, not padding.
+struct BitReader<'a> {
+    buf: &'a [u8],
+    /// the next bit
+    pos: u64,
+}
+
+impl BitReader<'_> {
+    /// The next 57 bits or more (zeros past the end), without consuming them.
+    fn peek(&self) -> u64 {
+        let byte = (self.pos / 8) as usize;
+        let mut w = [0u8; 8];
+        if byte < self.buf.len() {
+            let n = (self.buf.len() - byte).min(8);
+            w[..n].copy_from_slice(&self.buf[byte..byte + n]);
+        }
+        u64::from_le_bytes(w) >> (self.pos % 8)
+    }
+
+    /// Consumes `bits`; false when that runs past the buffer.
+    fn skip(&mut self, bits: u64) -> bool {
+        self.pos += bits;
+        self.pos <= self.buf.len() as u64 * 8
+    }
+}
+
+/// Appends a gaps segment (tag 3) of the changes at `idx` (not empty) with Rice parameter `k`.
+fn put_gaps<'a>(idx: &[u32], k: u32, value: impl Fn(usize) -> &'a [u8], out: &mut Vec<u8>) {
+    out.push(TAG_GAPS);
+    out.extend_from_slice(&(idx.len() as u32).to_le_bytes());
+    out.push(k as u8);
+    let mut w = BitWriter {
+        out,
+        acc: 0,
+        held: 0,
+    };
+    for g in gaps(idx) {
+        w.rice(g, k);
+    }
+    w.finish();
+    for &i in idx {
+        out.extend_from_slice(value(i as usize));
+    }
+}
+
 /// Appends the delta of a segment of `n` elements of `elem` bytes whose changed elements are
 /// `idx` (increasing, each below `n`), reading the new value of element `i` through
 /// `value(i)`: the same bytes [`encode`] writes for the same change, without either payload
@@ -213,6 +384,18 @@ pub fn encode_indexed<'a>(
     idx: &[u32],
     value: impl Fn(usize) -> &'a [u8],
     out: &mut Vec<u8>,
+) -> Result<DeltaStats, DeltaError> {
+    encode_forms(n, elem, idx, value, out, true)
+}
+
+/// [`encode_indexed`], with the gaps form allowed or not.
+fn encode_forms<'a>(
+    n: usize,
+    elem: usize,
+    idx: &[u32],
+    value: impl Fn(usize) -> &'a [u8],
+    out: &mut Vec<u8>,
+    gaps_allowed: bool,
 ) -> Result<DeltaStats, DeltaError> {
     check_elem(elem)?;
     let start = out.len();
@@ -249,11 +432,21 @@ pub fn encode_indexed<'a>(
         };
         from = end;
     }
-    if n * elem < sparse {
+    let (k, bits) = best_rice(idx);
+    let rice = if gaps_allowed {
+        GAPS_HEADER + bits.div_ceil(8) as usize + idx.len() * elem
+    } else {
+        usize::MAX
+    };
+    if n * elem < sparse.min(rice) {
         out.push(TAG_DENSE);
         for i in 0..n {
             out.extend_from_slice(value(i));
         }
+        return Ok(stats(out));
+    }
+    if rice < sparse {
+        put_gaps(idx, k, value, out);
         return Ok(stats(out));
     }
     out.push(TAG_SPARSE);
@@ -330,7 +523,8 @@ fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize, n: usize) -> Result<&'a [
 /// Decodes one segment of `n` elements of `elem` bytes at the start of `delta`, calling
 /// `write(first, values)` for each run of changed elements (`values` holds whole elements,
 /// `first` is the index of the first); returns the bytes the segment took. Every count, offset
-/// and length is checked before anything is written for its chunk.
+/// and length is checked before anything is written for its chunk (a gaps segment: before
+/// anything is written for it at all).
 pub fn decode(
     delta: &[u8],
     elem: usize,
@@ -398,6 +592,100 @@ pub fn decode(
                 }
             }
         }
+        TAG_GAPS => {
+            let mut c = [0u8; 4];
+            c.copy_from_slice(take(delta, &mut at, 4, n)?);
+            let c = u32::from_le_bytes(c) as usize;
+            let k = take(delta, &mut at, 1, n)?[0];
+            if n > u32::MAX as usize {
+                return Err(DeltaError::TooLong(n));
+            }
+            if c == 0 || c > n {
+                return Err(DeltaError::GapCount { count: c as u64, n });
+            }
+            if k > MAX_RICE_K {
+                return Err(DeltaError::RiceParameter(k));
+            }
+            let k = k as u32;
+            // the least the bits and values can take, checked before anything is allocated
+            let values = c * elem;
+            let least = (c as u64 * (1 + k as u64)).div_ceil(8) as usize;
+            let rest = delta.len() - at;
+            if rest < least + values {
+                return Err(DeltaError::Truncated {
+                    n,
+                    at,
+                    need: least + values - rest,
+                });
+            }
+            let mut r = BitReader {
+                buf: &delta[at..],
+                pos: 0,
+            };
+            let mut idx: Vec<u32> = Vec::with_capacity(c);
+            let mut next = 0u64;
+            let limit = n as u64;
+            let short = |r: &BitReader, at: usize| DeltaError::Truncated {
+                n,
+                at: at + (r.pos / 8) as usize,
+                need: 1,
+            };
+            for i in 0..c {
+                // the quotient: ones up to the first zero
+                let mut q = 0u64;
+                loop {
+                    let ones = (!r.peek()).trailing_zeros().min(57) as u64;
+                    q += ones;
+                    if next + (q << k) >= limit {
+                        return Err(DeltaError::Index {
+                            i,
+                            index: next + (q << k),
+                            n,
+                        });
+                    }
+                    if ones < 57 {
+                        if !r.skip(ones + 1) {
+                            return Err(short(&r, at));
+                        }
+                        break;
+                    }
+                    if !r.skip(ones) {
+                        return Err(short(&r, at));
+                    }
+                }
+                let low = if k == 0 {
+                    0
+                } else {
+                    r.peek() & ((1u64 << k) - 1)
+                };
+                if !r.skip(k as u64) {
+                    return Err(short(&r, at));
+                }
+                let index = next + ((q << k) | low);
+                if index >= limit {
+                    return Err(DeltaError::Index { i, index, n });
+                }
+                idx.push(index as u32);
+                next = index + 1;
+            }
+            if r.pos % 8 != 0 && r.peek() & ((1u64 << (8 - r.pos % 8)) - 1) != 0 {
+                return Err(DeltaError::Padding {
+                    at: at + (r.pos / 8) as usize,
+                });
+            }
+            at += r.pos.div_ceil(8) as usize;
+            let vals = take(delta, &mut at, values, n)?;
+            // runs of consecutive indices are written together
+            let mut i = 0;
+            while i < c {
+                let mut j = i + 1;
+                while j < c && idx[j] == idx[j - 1] + 1 {
+                    j += 1;
+                }
+                write(idx[i] as usize, &vals[i * elem..j * elem]);
+                i = j;
+            }
+        }
         tag => return Err(DeltaError::Tag { tag, at: 0 }),
     }
     Ok(at)
@@ -421,12 +709,31 @@ pub fn apply(delta: &[u8], elem: usize, base: &mut [u8]) -> Result<usize, DeltaE
 }
 
 /// The expected wire bytes of a delta per dense byte, for `elem`-byte elements that change
-/// independently with probability `density`: one count byte per 256 elements plus an offset
-/// and a value per change, at most the dense bytes (the encoder then sends them whole).
+/// independently with probability `density` (segments long enough that their headers do not
+/// count): the smaller of the sparse form (one count byte per 256 elements plus an offset and
+/// a value per change) and the gaps (a value and `1 + k + E[gap >> k]` bits per change at the
+/// best `k`), at most the dense bytes (the encoder then sends them whole). The gaps are
+/// geometric, `P(gap >= g) = (1 - density)^g`, so `E[gap >> k] = r / (1 - r)` with `r = (1 -
+/// density)^(2^k)`. Nothing changed costs nothing but a tag per segment: 0.
 pub fn expected_fraction(density: f64, elem: usize) -> f64 {
     let d = density.clamp(0.0, 1.0);
+    if d == 0.0 {
+        return 0.0;
+    }
     let e = elem.max(1) as f64;
-    ((1.0 / CHUNK as f64 + d * (1.0 + e)) / e).min(1.0)
+    let sparse = (1.0 / CHUNK as f64 + d * (1.0 + e)) / e;
+    let gaps = (0..=MAX_RICE_K as i32)
+        .map(|k| {
+            let r = (1.0 - d).powf(2f64.powi(k));
+            let q = if r < 1.0 {
+                r / (1.0 - r)
+            } else {
+                f64::INFINITY
+            };
+            d * (e + (1.0 + k as f64 + q) / 8.0) / e
+        })
+        .fold(f64::INFINITY, f64::min);
+    sparse.min(gaps).min(1.0)
 }
 
 /// The encoded size of a segment without writing it (what [`encode`] would append).
@@ -490,14 +797,32 @@ mod tests {
 
     #[test]
     fn sparse_deltas_are_small_at_optimiser_densities() {
-        // 3 % of bf16 elements: under 5 % of the dense bytes; 0.35 % of e4m3 bytes: under 1.3 %
-        let (old, new) = versions(1 << 20, 2, 30, 7);
-        let bf16 = encoded_len(&old, &new, 2).unwrap() as f64 / new.len() as f64;
-        assert!(bf16 < 0.05, "bf16 at 3 %: {bf16}");
-        let (old, new) = versions(1 << 20, 1, 3, 8);
-        let fp8 = encoded_len(&old, &new, 1).unwrap() as f64 / new.len() as f64;
-        assert!(fp8 < 0.013, "e4m3 at 0.3 %: {fp8}");
+        // 3 % of bf16 elements: under 4.4 % of the dense bytes (the sparse form alone: 4.7 %);
+        // 0.3 % of e4m3 bytes: under 0.7 % (the sparse form alone: 1.0 %). Below ~1.2 bytes
+        // of index per change at 0.3 %, ~0.85 at 3 %: within 10 % of the changed set's entropy
+        for (elem, per_mille, most, per_change) in
+            [(2usize, 30u64, 0.044, 0.85), (1, 3, 0.007, 1.25)]
+        {
+            let (old, new) = versions(1 << 20, elem, per_mille, 7 + elem as u64);
+            let mut d = Vec::new();
+            let st = encode(&old, &new, elem, &mut d).unwrap();
+            assert_eq!(d[0], TAG_GAPS);
+            let f = d.len() as f64 / new.len() as f64;
+            assert!(f < most, "elem {elem} at {per_mille} per mille: {f}");
+            let index = (d.len() as f64 - (st.changed as usize * elem) as f64) / st.changed as f64;
+            assert!(
+                index < per_change,
+                "elem {elem}: {index} bytes of index per change"
+            );
+            let p = st.density();
+            let entropy = (-p * p.log2() - (1.0 - p) * (1.0 - p).log2()) / 8.0 / p;
+            assert!(
+                index < 1.1 * entropy,
+                "{index} vs the entropy's {entropy} per change"
+            );
+        }
         // and an unchanged segment is one byte
+        let (old, _) = versions(1 << 12, 1, 0, 9);
         assert_eq!(encoded_len(&old, &old, 1).unwrap(), 1);
     }
 
@@ -538,7 +863,10 @@ mod tests {
     fn a_dropped_change_is_caught_by_the_bytes() {
         let (old, new) = versions(4096, 2, 30, 3);
         let mut d = Vec::new();
-        encode(&old, &new, 2, &mut d).unwrap();
+        let mut idx = Vec::new();
+        changed_elements(&old, &new, 2, 0, &mut idx);
+        let value = |i: usize| &new[i * 2..i * 2 + 2];
+        encode_forms(4096, 2, &idx, value, &mut d, false).unwrap();
         assert_eq!(d[0], TAG_SPARSE);
         // drop the first sparse change of the first chunk that has one by marking it unchanged
         let chunks = 4096usize.div_ceil(CHUNK);
@@ -634,5 +962,222 @@ mod tests {
             assert!(last_end <= 3000);
         })
         .unwrap();
+    }
+
+    /// Changes at `idx` of a random `n`-element segment: (old, new).
+    fn versions_at(n: usize, elem: usize, idx: &[u32], seed: u64) -> (Vec<u8>, Vec<u8>) {
+        let mut s = seed;
+        let old: Vec<u8> = (0..n * elem).map(|_| rng(&mut s) as u8).collect();
+        let mut new = old.clone();
+        for &i in idx {
+            let b = &mut new[i as usize * elem + (rng(&mut s) as usize % elem)];
+            *b = b.wrapping_add(1 + (rng(&mut s) % 255) as u8);
+        }
+        (old, new)
+    }
+
+    fn gaps_segment(elem: usize, idx: &[u32], k: u32, new: &[u8]) -> Vec<u8> {
+        let mut d = Vec::new();
+        put_gaps(idx, k, |i| &new[i * elem..(i + 1) * elem], &mut d);
+        d
+    }
+
+    #[test]
+    fn gaps_round_trip_for_every_rice_parameter_and_spread() {
+        let mut s = 5u64;
+        for elem in [1usize, 2, 4, 8] {
+            for n in [1usize, 2, 57, 58, 300, 5000] {
+                // spread: every element, random, clustered runs, the last one only, far apart
+                let mut sets: Vec<Vec<u32>> = vec![
+                    (0..n as u32).collect(),
+                    (0..n as u32).filter(|_| rng(&mut s) % 50 == 0).collect(),
+                    (0..n as u32).filter(|i| (i / 37) % 5 == 0).collect(),
+                    vec![n as u32 - 1],
+                    (0..n as u32).step_by(1 + n / 3).collect(),
+                ];
+                sets.retain(|v| !v.is_empty());
+                for idx in sets {
+                    let (old, new) = versions_at(n, elem, &idx, n as u64 * 31 + elem as u64);
+                    // every parameter, the large quotients of k = 0 over long gaps included
+                    for k in [0u32, 1, 3, 7, 12, 31] {
+                        let d = gaps_segment(elem, &idx, k, &new);
+                        let mut got = old.clone();
+                        let used = apply(&d, elem, &mut got).unwrap();
+                        assert_eq!(used, d.len(), "elem {elem} n {n} k {k}");
+                        assert_eq!(got, new, "elem {elem} n {n} k {k}");
+                    }
+                    // the encoder's own choice is never larger than the best of the forms
+                    let mut d = Vec::new();
+                    encode(&old, &new, elem, &mut d).unwrap();
+                    let (k, bits) = best_rice(&idx);
+                    let least = (0..=31).map(|k| rice_bits(&idx, k)).min().unwrap();
+                    assert_eq!(bits, least, "k {k} is not the best parameter");
+                    assert!(d.len() <= GAPS_HEADER + bits.div_ceil(8) as usize + idx.len() * elem);
+                    assert!(d.len() <= 1 + n * elem);
+                    let mut got = old.clone();
+                    assert_eq!(apply(&d, elem, &mut got).unwrap(), d.len());
+                    assert_eq!(got, new);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_segment_ends_where_its_bytes_do_so_segments_follow_each_other() {
+        let (o1, n1) = versions(3000, 2, 20, 1);
+        let (o2, n2) = versions(700, 1, 5, 2);
+        let mut d = Vec::new();
+        encode(&o1, &n1, 2, &mut d).unwrap();
+        assert_eq!(d[0], TAG_GAPS);
+        let first = d.len();
+        encode(&o2, &n2, 1, &mut d).unwrap();
+        let (mut a, mut b) = (o1.clone(), o2.clone());
+        let used = apply(&d, 2, &mut a).unwrap();
+        assert_eq!(used, first);
+        assert_eq!(apply(&d[used..], 1, &mut b).unwrap(), d.len() - first);
+        assert_eq!((a, b), (n1, n2));
+    }
+
+    #[test]
+    fn every_flipped_bit_of_a_gaps_segment_fails_or_gives_other_bytes() {
+        let (old, new) = versions(2000, 2, 30, 9);
+        let mut d = Vec::new();
+        encode(&old, &new, 2, &mut d).unwrap();
+        assert_eq!(d[0], TAG_GAPS);
+        for bit in 0..d.len() * 8 {
+            let mut bad = d.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            let mut got = old.clone();
+            match apply(&bad, 2, &mut got) {
+                Err(_) => {}
+                Ok(used) => assert!(
+                    got != new || used != d.len(),
+                    "bit {bit} flipped still decodes to the new bytes"
+                ),
+            }
+        }
+        // and one change dropped at the sender leaves exactly that element at the base
+        let mut idx = Vec::new();
+        changed_elements(&old, &new, 2, 0, &mut idx);
+        let dropped = idx.remove(idx.len() / 2);
+        let mut d = Vec::new();
+        encode_indexed(2000, 2, &idx, |i| &new[i * 2..i * 2 + 2], &mut d).unwrap();
+        let mut got = old.clone();
+        apply(&d, 2, &mut got).unwrap();
+        let diff: Vec<usize> = (0..2000)
+            .filter(|&i| got[i * 2..i * 2 + 2] != new[i * 2..i * 2 + 2])
+            .collect();
+        assert_eq!(diff, vec![dropped as usize]);
+    }
+
+    #[test]
+    fn hostile_gaps_segments_are_clear_errors() {
+        let mut base = vec![0u8; 2 * 100];
+        let seg = |c: u32, k: u8, rest: &[u8]| {
+            let mut d = vec![TAG_GAPS];
+            d.extend_from_slice(&c.to_le_bytes());
+            d.push(k);
+            d.extend_from_slice(rest);
+            d
+        };
+        // no changes, more changes than elements
+        assert_eq!(
+            apply(&seg(0, 3, &[0; 8]), 2, &mut base),
+            Err(DeltaError::GapCount { count: 0, n: 100 })
+        );
+        assert_eq!(
+            apply(&seg(u32::MAX, 3, &[0; 8]), 2, &mut base),
+            Err(DeltaError::GapCount {
+                count: u32::MAX as u64,
+                n: 100
+            })
+        );
+        // a segment longer than the indices reach
+        let mut huge = vec![0u8; 0];
+        assert_eq!(
+            decode(&seg(1, 0, &[0; 8]), 1, 1 << 33, |_, v| huge
+                .extend_from_slice(v)),
+            Err(DeltaError::TooLong(1 << 33))
+        );
+        // a parameter beyond 31
+        assert_eq!(
+            apply(&seg(1, 32, &[0; 8]), 2, &mut base),
+            Err(DeltaError::RiceParameter(32))
+        );
+        // 100 changes claimed, a few bytes given: refused before anything is read
+        assert!(matches!(
+            apply(&seg(100, 0, &[0; 20]), 2, &mut base),
+            Err(DeltaError::Truncated { .. })
+        ));
+        // a gap past the end: k 0, 200 ones (the quotient) then values
+        let mut ones = vec![0xffu8; 25];
+        ones.extend_from_slice(&[0, 0, 0]);
+        assert!(matches!(
+            apply(&seg(1, 0, &ones), 2, &mut base),
+            Err(DeltaError::Index { i: 0, .. })
+        ));
+        // the second change lands past the end: gaps 98 then 5 with k 7
+        let mut d = Vec::new();
+        let mut w = BitWriter {
+            out: &mut d,
+            acc: 0,
+            held: 0,
+        };
+        w.rice(98, 7);
+        w.rice(5, 7);
+        w.finish();
+        d.extend_from_slice(&[1, 2, 3, 4]);
+        assert!(matches!(
+            apply(&seg(2, 7, &d), 2, &mut base),
+            Err(DeltaError::Index {
+                i: 1,
+                index: 104,
+                n: 100
+            })
+        ));
+        // padding bits set: one change at 3 with k 2 is a zero (quotient 0) then 1, 1 (3
+        // bits, least significant first), then padding
+        assert_eq!(
+            apply(&seg(1, 2, &[0b1111_0110, 9, 9]), 2, &mut base),
+            Err(DeltaError::Padding { at: 6 })
+        );
+        assert_eq!(base, vec![0u8; 200], "nothing written");
+        assert_eq!(apply(&seg(1, 2, &[0b0000_0110, 9, 9]), 2, &mut base), Ok(9));
+        assert_eq!(&base[4..10], &[0, 0, 9, 9, 0, 0]);
+        // every truncation of a valid segment is an error, never a panic or a short write
+        let (old, new) = versions(100, 2, 100, 4);
+        let mut d = Vec::new();
+        encode(&old, &new, 2, &mut d).unwrap();
+        assert_eq!(d[0], TAG_GAPS);
+        for len in 0..d.len() {
+            let mut got = old.clone();
+            assert!(
+                apply(&d[..len], 2, &mut got).is_err(),
+                "{len} of {} bytes",
+                d.len()
+            );
+            assert_eq!(got, old, "nothing written from a truncated segment");
+        }
+        // random bodies behind a gaps tag: errors or a whole segment, never a panic, never a
+        // write outside the segment
+        let mut s = 23u64;
+        for _ in 0..20000 {
+            let len = rng(&mut s) as usize % 48;
+            let mut body: Vec<u8> = (0..len).map(|_| rng(&mut s) as u8).collect();
+            if body.len() >= 5 {
+                // small counts and parameters, so that parsing goes deep
+                body[0] %= 8;
+                body[1] = 0;
+                body[2] = 0;
+                body[3] = 0;
+                body[4] %= 9;
+            }
+            let mut d = vec![TAG_GAPS];
+            d.extend_from_slice(&body);
+            let mut small = vec![0u8; 2 * 40];
+            if let Ok(used) = apply(&d, 2, &mut small) {
+                assert!(used <= d.len());
+            }
+        }
     }
 }

@@ -56,10 +56,11 @@ pub struct Args {
     /// (pair option `check_finite`; shm, tcp). Needs `--lr`: random-byte versions hold NaN.
     #[arg(long, requires = "lr")]
     pub check_finite: bool,
-    /// Make versions as an optimiser step does at this learning rate (a seeded fp32 master, a
-    /// step of at most LR per element per version, cast to bf16), instead of random bytes that
-    /// change every element: deltas are then measured at real densities (lr 1e-6: a few per
-    /// cent of bf16 elements per version).
+    /// Make versions as an AdamW step does at this learning rate (a seeded fp32 master, a
+    /// step of 0.18 LR per element per version on average, as Adam's once past its first
+    /// steps, cast to bf16), instead of random bytes that change every element: deltas are
+    /// then measured at real densities (lr 1e-6: about 1 % of bf16 elements and 0.1 % of e4m3
+    /// bytes per version; docs/deltas.md).
     #[arg(long, value_parser = parse_lr)]
     pub lr: Option<f64>,
     /// After the last update, write canonical and per-rank safetensors here.
