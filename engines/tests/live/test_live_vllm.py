@@ -85,4 +85,3 @@ def served_version(url: str) -> str | None:
 
 def test_live_vllm_serves_each_committed_version_and_the_last_one_after_a_killed_trainer(live) -> None:
     serve.scenario(live, PAIR, f"vllm:tp={TP}", served_version, deltas=True)
-
