@@ -7,7 +7,8 @@ gloo, ``trainer.py``, bf16 parameters) sends three versions through the gateway;
 server's greedy tokens are transformers' greedy decoding on the trainer's weights up to bf16's
 near-ties (``NEAR_TIES``) with log-probabilities within ``LOGPROB_TOL``, and ``/weight_info``
 reports it; then the killed job's version fails, the server keeps the previous one, and a
-restarted job's retry commits and is served.
+restarted job's retry commits and is served. Deltas on, as for Qwen3: versions 2 and 3 move
+only what the AdamW step changed.
 
 Its own module: a module's server lives until the module ends, so the Qwen3 server of
 ``test_live_vllm.py`` is gone before this one starts (one live server at a time).
@@ -41,7 +42,5 @@ def live(request):
 
 
 def test_live_vllm_serves_a_hybrid_qwen3_5_updated_by_fsdp2(live) -> None:
-    # deltas off: with bf16 parameters the delta of version 2 reported 0 elements compared (a
-    # bf16 Qwen3 alike), which scenario's delta check refuses
-    serve.scenario(live, PAIR_HYBRID, f"vllm:tp={TP}", served_version, logprob_tol=LOGPROB_TOL,
+    serve.scenario(live, PAIR_HYBRID, f"vllm:tp={TP}", served_version, deltas=True, logprob_tol=LOGPROB_TOL,
                    near_ties=NEAR_TIES)
