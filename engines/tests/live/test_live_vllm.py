@@ -45,26 +45,35 @@ DOC = "docs/vllm.md"
 START_S = 900.0
 
 
-@pytest.fixture(scope="module")
-def live(request):
+def start_live(request, family: str, pair: str):
+    """Yields the started vLLM server on a tiny model of ``family`` (``tiny_model.make``), its
+    engine in ``pair``, with the gateway: ``dict(dir, model, gateway, url, server, procs)``; a
+    module fixture's body (the server lives until the module ends). The docs command's
+    ``--dtype`` is the model's (``tiny_model.DTYPE``)."""
     if not VENV or not os.path.exists(os.path.join(VENV, "bin", "vllm")):
         why = f"no live vLLM server venv (AWEX_VLLM_SERVER_VENV={VENV!r}; engines/vllm-server-venv.sh builds it)"
         if os.environ.get("AWEX_REQUIRE_LIVE", "") not in ("", "0"):
             pytest.fail(why)
         pytest.skip(why)
-    with serve.scratch(request, "awex-live-vllm-") as (d, procs):
-        model = tiny_model.make(os.path.join(d, "model"))
+    with serve.scratch(request, f"awex-live-vllm-{family}-") as (d, procs):
+        model = tiny_model.make(os.path.join(d, "model"), family=family)
         gw = serve.start_gateway(d, procs)
         # the CPU command of docs/vllm.md ("Run a live server"), as written, with its variables set
         env, argv = serve.with_tp(*serve.shell_command(serve.doc_block(DOC, "vllm-cpu"), dict(
-            GATEWAY=gw, PAIR=PAIR, MODEL=model, PORT="{port}", VLLM_VENV=VENV, PATH=os.environ.get("PATH", ""))), TP)
+            GATEWAY=gw, PAIR=pair, MODEL=model, PORT="{port}", VLLM_VENV=VENV, PATH=os.environ.get("PATH", ""))), TP)
+        argv = serve.with_flag(argv, "--dtype", tiny_model.DTYPE[family])
         env = dict({k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "AWEX_", "PYTHON"))}, **env)
 
         server, url, took = serve.start_http("the vLLM server", lambda port: serve.at_port(argv, port),
                                              os.path.join(d, "vllm.log"), "/health", START_S, procs, env=env,
                                              cwd=serve.ROOT)
-        print(f"vLLM server (tp {TP}) answered /health after {took:.0f} s")
+        print(f"vLLM server ({family}, tp {TP}) answered /health after {took:.0f} s")
         yield dict(dir=d, model=model, gateway=gw, url=url, server=server, procs=procs)
+
+
+@pytest.fixture(scope="module")
+def live(request):
+    yield from start_live(request, "qwen3", PAIR)
 
 
 def served_version(url: str) -> str | None:

@@ -147,6 +147,15 @@ def test_the_vllm_pages_cpu_command_sets_what_the_cpu_build_needs() -> None:
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
     env1, argv1 = serve.with_tp(env, argv, 1)
     assert env1["VLLM_CPU_OMP_THREADS_BIND"] == "0" and argv1[argv1.index("--tensor-parallel-size") + 1] == "1"
+    # a bf16 model (the live Qwen3.5: vLLM's CPU Gated DeltaNet runs in bf16 only) takes its dtype
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    bf16 = serve.with_flag(argv, "--dtype", "bfloat16")
+    assert bf16[bf16.index("--dtype") + 1] == "bfloat16" and len(bf16) == len(argv)
+    assert argv[argv.index("--dtype") + 1] == "float32"  # the command itself is left as it was
+    import pytest
+
+    with pytest.raises(ValueError, match="has no --no-such-flag"):
+        serve.with_flag(argv, "--no-such-flag", "x")
 
 
 def test_the_sglang_pages_cpu_command_sets_what_the_cpu_engine_needs() -> None:

@@ -42,7 +42,9 @@ def main() -> None:
 
     rank, world, gateway, pair, model_dir, out, spec, say = start(sys.argv)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # the saved model's dtype (config.json): float32, or bf16 for a model vLLM's CPU build serves
+    # in bf16 only (tiny_model.DTYPE)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
