@@ -1155,7 +1155,7 @@ fn bench_delta_moves_a_few_per_cent_on_optimiser_made_versions_and_verifies_ever
         let modes = j["modes"].as_array().unwrap();
         let dense = j["dense_bytes"].as_u64().unwrap();
         // the dense mode moves every byte each time; the delta mode a few per cent of them,
-        // at the density of an optimiser-like step at lr 1e-6 (about 3 % of the elements)
+        // at the density of an Adam-like step at lr 1e-6 (about 1 % of the elements)
         for b in modes[0]["received_bytes"].as_array().unwrap() {
             assert_eq!(b.as_u64(), Some(dense), "{transport}: {j}");
         }
@@ -1165,7 +1165,7 @@ fn bench_delta_moves_a_few_per_cent_on_optimiser_made_versions_and_verifies_ever
         }
         for d in modes[1]["density"].as_array().unwrap() {
             let d = d.as_f64().unwrap();
-            assert!((0.01..0.06).contains(&d), "{transport}: {j}");
+            assert!((0.003..0.06).contains(&d), "{transport}: {j}");
         }
         assert_eq!(modes[1]["update_ms"].as_array().unwrap().len(), 2);
     }
