@@ -8,16 +8,13 @@
 use super::median;
 use crate::cmd::demo::memcpy_gbps;
 use anyhow::{Context, bail};
-use awex_control::client::Client;
-use awex_control::connect::connect_request;
-use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::Side;
 use awex_runtime::TensorSet;
 use awex_runtime::fill::Weights;
 use awex_runtime::host::Memory;
-use awex_runtime::rank::{Rank, RankConfig, make_transport, pair_settings, prepare};
+use awex_runtime::rank::{Rank, RankConfig, make_transport, prepare};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -195,53 +192,23 @@ async fn run_mode(
     transport: Transport,
     apply: ApplyMode,
 ) -> anyhow::Result<Vec<f64>> {
-    let listener = bind("127.0.0.1:0".parse()?)?;
-    let gateway = format!("http://{}", listener.local_addr()?);
-    let server = tokio::spawn(serve(listener, GatewayConfig::default()));
-    let client = Client::new(&gateway, None)?;
-    let pair = format!("bench-apply-{}-{}", apply.as_str(), std::process::id());
     let options = PairOptions {
         bucket_mib: a.bucket_mib,
         update_deadline_ms: 600_000,
         apply,
         ..PairOptions::default()
     };
-    let mut req = connect_request(&pair, r, vec![], options);
-    req.transport = transport;
-    client.connect(&req).await.context("connecting the pair")?;
-    let mut tasks = Vec::new();
-    let sides = [
-        (Side::Training, r.training.ranks()),
-        (Side::Inference, r.inference.ranks()),
-    ];
-    for (side, ranks) in sides {
-        for rank in ranks {
-            let mut cfg = RankConfig {
-                infer_fp8: None,
-                gateway: gateway.clone(),
-                token: None,
-                pair: pair.clone(),
-                side,
-                rank,
-                model: r.spec.model.clone(),
-                train: r.spec.train.clone(),
-                infer: r.spec.infer.clone(),
-                transport,
-                bucket_bytes: a.bucket_mib << 20,
-                host: "127.0.0.1".into(),
-                uid: String::new(),
-                apply: ApplyMode::InPlace,
-                transports: crate::settings::transports()?,
-                gateway_lost: crate::settings::gateway_lost()?,
-                deltas: true,
-            };
-            (cfg.uid, cfg.apply) = pair_settings(&cfg).await?;
-            tasks.push(tokio::spawn(rank_task(cfg)));
-        }
-    }
+    let name = format!("bench-apply-{}-{}", apply.as_str(), std::process::id());
+    let lp = super::local::LocalPair::connect(r, name, transport, options).await?;
+    let (client, pair) = (&lp.client, &lp.name);
+    let tasks: Vec<_> = lp
+        .ranks
+        .iter()
+        .map(|cfg| tokio::spawn(rank_task(cfg.clone())))
+        .collect();
+    let n_ranks = lp.ranks.len() as u32;
     for _ in 0..600 {
-        if client.status(&pair).await?.joined == req.training.world_size + req.inference.world_size
-        {
+        if client.status(pair).await?.joined == n_ranks {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -249,9 +216,9 @@ async fn run_mode(
     let mut times = Vec::new();
     for v in 1..=a.updates {
         let t = Instant::now();
-        client.start_update(&pair, v).await?;
+        client.start_update(pair, v).await?;
         let u = client
-            .wait_update(&pair, v, Duration::from_secs(600))
+            .wait_update(pair, v, Duration::from_secs(600))
             .await?;
         if u.state != UpdateState::Committed {
             bail!(
@@ -264,11 +231,10 @@ async fn run_mode(
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    client.disconnect(&pair).await?;
+    client.disconnect(pair).await?;
     for t in tasks {
         t.await.context("a rank task")??;
     }
-    server.abort();
     Ok(times)
 }
 

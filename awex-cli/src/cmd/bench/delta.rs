@@ -11,15 +11,12 @@
 use super::median;
 use crate::cmd::demo::memcpy_gbps;
 use anyhow::{Context, bail};
-use awex_control::client::Client;
-use awex_control::connect::connect_request;
-use awex_control::server::{GatewayConfig, bind, serve};
-use awex_control::wire::{ApplyMode, PairOptions, UpdateState};
+use awex_control::wire::{PairOptions, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::Side;
 use awex_runtime::fill::Weights;
 use awex_runtime::host::Memory;
-use awex_runtime::rank::{Outcome, Rank, RankConfig, make_transport, pair_settings, prepare};
+use awex_runtime::rank::{Outcome, Rank, RankConfig, make_transport, prepare};
 use serde::Serialize;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -215,57 +212,22 @@ async fn run_mode(
     weights: &Weights,
     deltas: bool,
 ) -> anyhow::Result<ModeRun> {
-    let listener = bind("127.0.0.1:0".parse()?)?;
-    let gateway = format!("http://{}", listener.local_addr()?);
-    let server = tokio::spawn(serve(listener, GatewayConfig::default()));
-    let client = Client::new(&gateway, None)?;
-    let pair = format!("bench-delta-{deltas}-{}", std::process::id());
     let options = PairOptions {
         bucket_mib: a.bucket_mib,
         update_deadline_ms: 600_000,
         deltas,
         ..PairOptions::default()
     };
-    let mut req = connect_request(&pair, r, vec![], options);
-    req.transport = transport;
-    client.connect(&req).await.context("connecting the pair")?;
+    let name = format!("bench-delta-{deltas}-{}", std::process::id());
+    let lp = super::local::LocalPair::connect(r, name, transport, options).await?;
+    let (client, pair) = (&lp.client, &lp.name);
     let progress = Arc::new(Progress::default());
-    let mut tasks = Vec::new();
-    let sides = [
-        (Side::Training, r.training.ranks()),
-        (Side::Inference, r.inference.ranks()),
-    ];
-    let mut n_ranks = 0u64;
-    for (side, ranks) in sides {
-        for rank in ranks {
-            let mut cfg = RankConfig {
-                infer_fp8: None,
-                gateway: gateway.clone(),
-                token: None,
-                pair: pair.clone(),
-                side,
-                rank,
-                model: r.spec.model.clone(),
-                train: r.spec.train.clone(),
-                infer: r.spec.infer.clone(),
-                transport,
-                bucket_bytes: a.bucket_mib << 20,
-                host: "127.0.0.1".into(),
-                uid: String::new(),
-                apply: ApplyMode::InPlace,
-                transports: crate::settings::transports()?,
-                gateway_lost: crate::settings::gateway_lost()?,
-                deltas: true,
-            };
-            (cfg.uid, cfg.apply) = pair_settings(&cfg).await?;
-            n_ranks += 1;
-            tasks.push(tokio::spawn(rank_task(
-                cfg,
-                weights.clone(),
-                progress.clone(),
-            )));
-        }
-    }
+    let tasks: Vec<_> = lp
+        .ranks
+        .iter()
+        .map(|cfg| tokio::spawn(rank_task(cfg.clone(), weights.clone(), progress.clone())))
+        .collect();
+    let n_ranks = lp.ranks.len() as u64;
     let mut run = ModeRun {
         deltas,
         update_ms: Vec::new(),
@@ -289,9 +251,9 @@ async fn run_mode(
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let t = Instant::now();
-        client.start_update(&pair, v).await?;
+        client.start_update(pair, v).await?;
         let u = client
-            .wait_update(&pair, v, Duration::from_secs(600))
+            .wait_update(pair, v, Duration::from_secs(600))
             .await?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         if u.state != UpdateState::Committed {
@@ -322,11 +284,10 @@ async fn run_mode(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    client.disconnect(&pair).await?;
+    client.disconnect(pair).await?;
     for t in tasks {
         t.await.context("a rank task")??;
     }
-    server.abort();
     run.median_ms = median(&run.update_ms);
     let parts = progress.parts.lock().map(|p| p.clone()).unwrap_or_default();
     for v in 2..=a.updates {

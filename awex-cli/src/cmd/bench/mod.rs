@@ -15,6 +15,7 @@ mod copies;
 mod delta;
 pub mod floors;
 mod fp8;
+mod local;
 mod transport;
 
 use awex_gpu::cuda::CopyMethod;
