@@ -926,91 +926,135 @@ fn send_peer(
     let (bb, fp8) = (delta.bb, delta.fp8);
     let cap = max_bucket(buckets, bb);
     let base = delta.base;
-    let (full_tx, full_rx): (SyncSender<Filled>, Receiver<Filled>) = sync_channel(1);
-    let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2);
-    for _ in 0..2 {
-        let _ = free_tx.send(vec![0u8; cap]);
+    // packers: one for dense buckets (packing runs at memory speed, the socket is the limit);
+    // with deltas, comparing against the copy is the work, so up to 4 encode side by side,
+    // packer `k` taking buckets k, k + K, ... and the writer taking them back in order
+    let packers = match base {
+        None => 1,
+        Some(_) => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+            .min(buckets.len().max(1)),
+    };
+    let mut fulls = Vec::with_capacity(packers);
+    let mut frees = Vec::with_capacity(packers);
+    let mut ends = Vec::with_capacity(packers);
+    for _ in 0..packers {
+        let (full_tx, full_rx): (SyncSender<Filled>, Receiver<Filled>) = sync_channel(1);
+        let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2);
+        for _ in 0..2 {
+            // a delta's bytes are copied in (a few per cent of the bucket): grown as needed
+            let _ = free_tx.send(match base {
+                None => vec![0u8; cap],
+                Some(_) => Vec::new(),
+            });
+        }
+        fulls.push(full_rx);
+        frees.push(free_tx);
+        ends.push((full_tx, free_rx));
     }
     let mut io = Io::for_update(ctx, format!("inference rank {}", peer.peer));
     if let Some(c) = delta.cutoff {
         io.deadline = io.deadline.min(c);
     }
     std::thread::scope(|scope| {
-        // the packer stops when the writer stops: its channels close (no wait without an end)
-        let packer = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
-            let mut st = ExecStats::default();
-            // deltas: scratch for pieces compared packed; the dense bytes for checksums
-            let mut scratch = (Vec::new(), Vec::new(), Vec::new());
-            let mut new = Vec::new();
-            for b in buckets {
-                ctx.check()?;
-                let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
-                let (n, h, sent_base) = match base {
-                    None => {
-                        let n = pack(b, &peer.transfers, tensors, &mut buf, fp8)?;
-                        (n, hash_if(ctx.checksums, &buf[..n]), None)
+        // a packer stops when the writer stops: its channels close (no wait without an end)
+        let handles: Vec<_> = ends
+            .into_iter()
+            .enumerate()
+            .map(|(k, (full_tx, free_rx))| {
+                scope.spawn(move || -> Result<ExecStats, RuntimeError> {
+                    let mut st = ExecStats::default();
+                    // deltas: scratch for pieces compared packed; the dense bytes for checksums
+                    let mut scratch = (Vec::new(), Vec::new(), Vec::new());
+                    let mut new = Vec::new();
+                    for b in buckets.iter().skip(k).step_by(packers) {
+                        ctx.check()?;
+                        let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
+                        let (n, h, sent_base) = match base {
+                            None => {
+                                let n = pack(b, &peer.transfers, tensors, &mut buf, fp8)?;
+                                (n, hash_if(ctx.checksums, &buf[..n]), None)
+                            }
+                            Some((v, copy)) => {
+                                let mut compared = 0;
+                                let enc = delta.shared.get(b, &peer.transfers, || {
+                                    let mut bytes = Vec::new();
+                                    let stats = encode_bucket_from(
+                                        b,
+                                        &peer.transfers,
+                                        tensors,
+                                        copy,
+                                        fp8,
+                                        &mut bytes,
+                                        &mut scratch,
+                                    )?;
+                                    // checksums cover the bytes the receiver ends with: the
+                                    // dense bucket
+                                    let checksum = if ctx.checksums {
+                                        new.resize(cap, 0);
+                                        let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
+                                        hash_if(true, &new[..n])
+                                    } else {
+                                        0
+                                    };
+                                    compared = stats.dense_bytes;
+                                    Ok(Encoded {
+                                        bytes,
+                                        stats,
+                                        checksum,
+                                    })
+                                })?;
+                                st.compared += compared;
+                                st.delta.add(&enc.stats);
+                                buf.clear();
+                                buf.extend_from_slice(&enc.bytes);
+                                (buf.len(), enc.checksum, Some(v))
+                            }
+                        };
+                        st.checksum = st.checksum.wrapping_add(h);
+                        st.bytes += n as u64;
+                        st.buckets += 1;
+                        if full_tx.send((n, buf, h, sent_base)).is_err() {
+                            return Err(TransportError::Broken { peer: peer.peer }.into());
+                        }
                     }
-                    Some((v, copy)) => {
-                        let mut compared = 0;
-                        let enc = delta.shared.get(b, &peer.transfers, || {
-                            let mut bytes = Vec::new();
-                            let stats = encode_bucket_from(
-                                b,
-                                &peer.transfers,
-                                tensors,
-                                copy,
-                                fp8,
-                                &mut bytes,
-                                &mut scratch,
-                            )?;
-                            // checksums cover the bytes the receiver ends with: the dense bucket
-                            let checksum = if ctx.checksums {
-                                new.resize(cap, 0);
-                                let n = pack(b, &peer.transfers, tensors, &mut new, fp8)?;
-                                hash_if(true, &new[..n])
-                            } else {
-                                0
-                            };
-                            compared = stats.dense_bytes;
-                            Ok(Encoded {
-                                bytes,
-                                stats,
-                                checksum,
-                            })
-                        })?;
-                        st.compared += compared;
-                        st.delta.add(&enc.stats);
-                        buf.clear();
-                        buf.extend_from_slice(&enc.bytes);
-                        (buf.len(), enc.checksum, Some(v))
-                    }
-                };
-                st.checksum = st.checksum.wrapping_add(h);
-                st.bytes += n as u64;
-                st.buckets += 1;
-                if full_tx.send((n, buf, h, sent_base)).is_err() {
-                    return Err(TransportError::Broken { peer: peer.peer }.into());
-                }
-            }
-            Ok(st)
-        });
-        // the writer owns the other ends of both channels: returning drops them
+                    Ok(st)
+                })
+            })
+            .collect();
+        // the writer owns the other ends of every channel: returning drops them
         let written = (move || -> Result<(), RuntimeError> {
             let what = format!("send to inference rank {}", peer.peer);
-            for (i, (n, buf, h, b)) in full_rx.iter().enumerate() {
+            for i in 0..buckets.len() {
+                let k = i % packers;
+                // a packer that stopped closed its channel: its error is the one to report
+                let Ok((n, buf, h, b)) = fulls[k].recv() else {
+                    return Ok(());
+                };
                 io.write(
                     &mut s,
                     &frame_header(ctx.version, i as u64, n as u64, h, b),
                     &what,
                 )?;
                 io.write(&mut s, &buf[..n], &what)?;
-                let _ = free_tx.send(buf);
+                let _ = frees[k].send(buf);
             }
             Ok(())
         })();
-        let packed = packer
-            .join()
-            .unwrap_or_else(|_| Err(TransportError::Panicked("packer").into()));
+        let mut packed = Ok(ExecStats::default());
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(TransportError::Panicked("packer").into()));
+            packed = match (packed, r) {
+                (Ok(mut a), Ok(b)) => {
+                    a.add(&b);
+                    Ok(a)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
         written.and(packed)
     })
 }
