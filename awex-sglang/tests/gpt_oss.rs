@@ -11,180 +11,15 @@
 mod common;
 #[path = "../../awex-core/tests/shared/labelled.rs"]
 mod labelled;
+#[path = "../../awex-core/tests/shared/gpt_oss_expected.rs"]
+mod reference;
 
 use awex_core::DType;
-use awex_core::layout::{RankId, SideLayout, materialize};
+use awex_core::model::Catalogue;
 use awex_core::model::presets::preset;
-use awex_core::model::{CanonicalTensor, Catalogue, ModelSpec};
 use awex_sglang::SglangLayout;
-use labelled::{Tensor, bf16, cat_rows, checkpoint, checksum, cols, mid, rows, swap};
-use std::collections::{BTreeMap, HashMap};
-
-/// `engines/tests/gpt_oss_layout.py` `expected("sglang", ck, config, tp, ep=1, r)`.
-fn expected(
-    spec: &ModelSpec,
-    ck: &HashMap<String, Tensor>,
-    tp: usize,
-    r: usize,
-) -> BTreeMap<String, Tensor> {
-    let g = |n: &str| ck.get(n).unwrap_or_else(|| panic!("no `{n}`"));
-    let (heads, kv, hd) = (
-        spec.num_heads as usize,
-        spec.num_kv_heads as usize,
-        spec.head_dim as usize,
-    );
-    let moe = spec.moe.as_ref().unwrap();
-    let (experts, inter) = (moe.num_experts as usize, moe.moe_intermediate_size as usize);
-    let moe_tp = tp;
-    let moe_r = r % moe_tp;
-    let es = (0, experts);
-    let vocab = |name: &str| {
-        let t = g(name);
-        let per = t.0[0].div_ceil(64) * 64 / tp;
-        rows(t, r * per, (r + 1) * per, true)
-    };
-    let mut out = BTreeMap::new();
-    out.insert(
-        "model.embed_tokens.weight".to_string(),
-        vocab("model.embed_tokens.weight"),
-    );
-    out.insert("lm_head.weight".to_string(), vocab("lm_head.weight"));
-    out.insert(
-        "model.norm.weight".to_string(),
-        g("model.norm.weight").clone(),
-    );
-    let q_per = heads / tp;
-    let kv_per = (kv / tp).max(1);
-    let kv_first = if tp <= kv { r * kv / tp } else { r / (tp / kv) };
-    for l in 0..spec.num_layers as usize {
-        let src = format!("model.layers.{l}");
-        let sa = format!("{src}.self_attn");
-        let ex = format!("{src}.mlp.experts");
-        let (qs, ks) = (
-            (r * q_per * hd, (r + 1) * q_per * hd),
-            (kv_first * hd, (kv_first + kv_per) * hd),
-        );
-        for what in ["weight", "bias"] {
-            let q = rows(g(&format!("{sa}.q_proj.{what}")), qs.0, qs.1, false);
-            let k = rows(g(&format!("{sa}.k_proj.{what}")), ks.0, ks.1, false);
-            let v = rows(g(&format!("{sa}.v_proj.{what}")), ks.0, ks.1, false);
-            out.insert(format!("{sa}.qkv_proj.{what}"), cat_rows(&[q, k, v]));
-        }
-        out.insert(
-            format!("{sa}.o_proj.weight"),
-            cols(g(&format!("{sa}.o_proj.weight")), qs.0, qs.1),
-        );
-        out.insert(
-            format!("{sa}.o_proj.bias"),
-            g(&format!("{sa}.o_proj.bias")).clone(),
-        );
-        let sinks = rows(g(&format!("{sa}.sinks")), r * q_per, (r + 1) * q_per, false);
-        out.insert(format!("{sa}.sinks"), bf16(&sinks));
-        for what in ["weight", "bias"] {
-            let n = format!("{src}.mlp.router.{what}");
-            out.insert(n.clone(), g(&n).clone());
-        }
-        let gu = rows(
-            g(&format!("{src}.mlp.experts.gate_up_proj")),
-            es.0,
-            es.1,
-            false,
-        );
-        let c = 2 * inter / moe_tp;
-        out.insert(
-            format!("{ex}.w13_weight"),
-            swap(&cols(&gu, moe_r * c, (moe_r + 1) * c)),
-        );
-        let gub = rows(
-            g(&format!("{src}.mlp.experts.gate_up_proj_bias")),
-            es.0,
-            es.1,
-            false,
-        );
-        out.insert(
-            format!("{ex}.w13_weight_bias"),
-            cols(&gub, moe_r * c, (moe_r + 1) * c),
-        );
-        let dn = rows(
-            g(&format!("{src}.mlp.experts.down_proj")),
-            es.0,
-            es.1,
-            false,
-        );
-        let ci = inter / moe_tp;
-        out.insert(
-            format!("{ex}.w2_weight"),
-            swap(&mid(&dn, moe_r * ci, (moe_r + 1) * ci)),
-        );
-        let b = rows(
-            g(&format!("{src}.mlp.experts.down_proj_bias")),
-            es.0,
-            es.1,
-            false,
-        );
-        let b = if moe_r == 0 {
-            b
-        } else {
-            (b.0.clone(), vec![0.0; b.1.len()])
-        };
-        out.insert(format!("{ex}.w2_weight_bias"), b);
-        for norm in ["input_layernorm", "post_attention_layernorm"] {
-            let n = format!("{src}.{norm}.weight");
-            out.insert(n.clone(), g(&n).clone());
-        }
-    }
-    out
-}
-
-/// What awex's layout puts on TP rank `r`: every tensor filled from the labelled checkpoint,
-/// in f32 (each element converted to the tensor's dtype and back), with its dtype.
-fn awex_rank(
-    layout: &SglangLayout,
-    cat: &Catalogue,
-    ck: &HashMap<String, Tensor>,
-    r: u32,
-) -> BTreeMap<String, (Tensor, DType)> {
-    let rl = layout.rank_layout(RankId::infer(0, r)).expect("rank");
-    awex_core::layout::validate_rank(&rl, cat).unwrap();
-    // the same layout with every tensor in f32, from an f32 checkpoint: exact labels
-    let f32cat = Catalogue::new(
-        cat.tensors()
-            .iter()
-            .map(|c| CanonicalTensor {
-                dtype: DType::F32,
-                ..c.clone()
-            })
-            .collect(),
-    );
-    let mut wide = rl.clone();
-    for t in &mut wide.tensors {
-        t.dtype = DType::F32;
-        t.encoding = awex_core::encoding::Encoding::Plain(DType::F32);
-    }
-    let bytes: HashMap<&str, Vec<u8>> = ck
-        .iter()
-        .map(|(n, (_, v))| (n.as_str(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
-        .collect();
-    let get = |n: &str| bytes.get(n).map(|v| v.as_slice());
-    let bufs = materialize(&wide, &f32cat, &get).expect("materialize");
-    rl.tensors
-        .iter()
-        .zip(bufs)
-        .map(|(t, b)| {
-            let v: Vec<f32> = b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            let v = if t.dtype == DType::Bf16 {
-                bf16(&(vec![], v)).1
-            } else {
-                v
-            };
-            let shape = t.shape.as_slice().iter().map(|&d| d as usize).collect();
-            (t.name.to_string(), ((shape, v), t.dtype))
-        })
-        .collect()
-}
+use labelled::{bf16, checkpoint, checksum};
+use reference::{SGLANG, awex_rank, expected};
 
 #[test]
 fn gpt_oss_tiny_ranks_hold_what_sglang_loads_at_tp_1_2_4() {
@@ -194,7 +29,7 @@ fn gpt_oss_tiny_ranks_hold_what_sglang_loads_at_tp_1_2_4() {
     for tp in [1u64, 2, 4] {
         let layout = SglangLayout::new(&spec, tp, 1, 1).unwrap();
         for r in 0..tp as usize {
-            let want = expected(&spec, &ck, tp as usize, r);
+            let want = expected(&SGLANG, &spec, &ck, tp as usize, 1, r);
             let got = awex_rank(&layout, &cat, &ck, r as u32);
             let (wn, gn): (Vec<_>, Vec<_>) = (want.keys().collect(), got.keys().collect());
             assert_eq!(gn, wn, "tp={tp} rank {r}: names");
