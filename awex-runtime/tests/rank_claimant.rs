@@ -9,13 +9,10 @@
 mod ranks;
 
 use awex_control::client::Client;
-use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::{PairOptions, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_core::model::ModelSpec;
-use awex_core::pair::PairSpec;
 use awex_runtime::rank::{RankConfig, rendezvous_key};
 use ranks::join;
 use std::time::Duration;
@@ -30,20 +27,12 @@ async fn a_second_live_claimant_is_refused_without_touching_the_holder() {
     let gw = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(serve(l, GatewayConfig::default()));
     let client = Client::new(&gw, None).unwrap();
-    let spec = PairSpec {
-        infer_fp8: None,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-    };
     let options = PairOptions {
         bucket_mib: 1,
         update_deadline_ms: 20_000,
         ..PairOptions::default()
     };
-    let req = connect_request("claim", &spec.resolve().unwrap(), vec![], options);
-    client.connect(&req).await.unwrap();
+    ranks::connect(&client, "claim", Transport::Tcp, "sglang:tp=1", options).await;
     let (t, i) = (RankId::train(0), RankId::infer(0, 0));
     let (a, b) = tokio::join!(
         join(cfg(&gw, Side::Training, t)),

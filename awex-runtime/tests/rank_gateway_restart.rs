@@ -9,13 +9,10 @@
 mod ranks;
 
 use awex_control::client::Client;
-use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
 use awex_control::wire::{PairOptions, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_core::model::ModelSpec;
-use awex_core::pair::PairSpec;
 use awex_runtime::rank::{Rank, RankConfig, RankError};
 use std::path::Path;
 use std::sync::Arc;
@@ -74,20 +71,12 @@ async fn join(c: RankConfig) -> Rank {
 
 async fn connect(gw: &str, pair: &str) -> Client {
     let client = Client::new(gw, None).unwrap();
-    let spec = PairSpec {
-        infer_fp8: None,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-    };
     let options = PairOptions {
         bucket_mib: 1,
         update_deadline_ms: 20_000,
         ..PairOptions::default()
     };
-    let req = connect_request(pair, &spec.resolve().unwrap(), vec![], options);
-    client.connect(&req).await.unwrap();
+    ranks::connect(&client, pair, Transport::Tcp, "sglang:tp=1", options).await;
     client
 }
 

@@ -7,12 +7,9 @@
 mod ranks;
 
 use awex_control::client::Client;
-use awex_control::connect::connect_request;
 use awex_control::wire::PairOptions;
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_core::model::ModelSpec;
-use awex_core::pair::PairSpec;
 use awex_runtime::rank::{RankConfig, rendezvous_key};
 use ranks::{gateway, join};
 use std::time::Duration;
@@ -27,20 +24,12 @@ fn cfg(gw: &str, side: Side, rank: RankId, transport: Transport, bucket_mib: u64
 async fn a_mis_started_duplicate_refuses_itself_without_touching_the_live_rank() {
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
-    let spec = PairSpec {
-        infer_fp8: None,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-    };
     let options = PairOptions {
         bucket_mib: 1,
         update_deadline_ms: 20_000,
         ..PairOptions::default()
     };
-    let req = connect_request("dup", &spec.resolve().unwrap(), vec![], options);
-    let st = client.connect(&req).await.unwrap();
+    let st = ranks::connect(&client, "dup", Transport::Tcp, "sglang:tp=1", options).await;
     assert_eq!(st.uid.len(), 32, "a connect uid");
     let (t, i) = (RankId::train(0), RankId::infer(0, 0));
     let (a, b) = tokio::join!(
@@ -142,20 +131,12 @@ async fn a_step_answers_committed_timed_out_or_disconnected() {
     use std::time::Instant;
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
-    let spec = PairSpec {
-        infer_fp8: None,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-    };
     let options = PairOptions {
         bucket_mib: 1,
         update_deadline_ms: 20_000,
         ..PairOptions::default()
     };
-    let req = connect_request("steps", &spec.resolve().unwrap(), vec![], options);
-    client.connect(&req).await.unwrap();
+    ranks::connect(&client, "steps", Transport::Tcp, "sglang:tp=1", options).await;
     let named = |side, rank| {
         let mut c = cfg(&gw, side, rank, Transport::Tcp, 1);
         c.pair = "steps".into();

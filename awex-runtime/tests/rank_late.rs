@@ -7,12 +7,9 @@
 mod ranks;
 
 use awex_control::client::Client;
-use awex_control::connect::connect_request;
 use awex_control::wire::{PairOptions, RankReportState, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_core::model::ModelSpec;
-use awex_core::pair::PairSpec;
 use awex_runtime::rank::{Rank, RankConfig};
 use ranks::{LIMIT, gateway, next};
 use std::time::Duration;
@@ -33,21 +30,13 @@ async fn join(c: RankConfig) -> Rank {
 async fn a_rank_that_takes_a_failed_attempt_late_abandons_it_and_takes_the_retry() {
     let gw = gateway().await;
     let client = Client::new(&gw, None).unwrap();
-    let spec = PairSpec {
-        infer_fp8: None,
-        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: "sglang:tp=1".parse().unwrap(),
-        transport: Transport::Tcp,
-    };
     // short enough for attempt 1 to fail soon; a loaded machine moves qwen3-tiny far faster
     let options = PairOptions {
         bucket_mib: 1,
         update_deadline_ms: 3_000,
         ..PairOptions::default()
     };
-    let req = connect_request(PAIR, &spec.resolve().unwrap(), vec![], options);
-    client.connect(&req).await.unwrap();
+    ranks::connect(&client, PAIR, Transport::Tcp, "sglang:tp=1", options).await;
     let (mut trainer, mut reader) = tokio::join!(
         join(cfg(&gw, Side::Training, RankId::train(0))),
         join(cfg(&gw, Side::Inference, RankId::infer(0, 0))),

@@ -13,11 +13,9 @@
 mod ranks;
 
 use awex_control::client::Client;
-use awex_control::connect::connect_request;
 use awex_control::wire::{CommitPolicy, PairOptions, UpdateState};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_core::pair::PairSpec;
 use awex_runtime::rank::Rank;
 use ranks::{LIMIT, cfg, gateway, join, next};
 use std::time::{Duration, Instant};
@@ -34,21 +32,13 @@ async fn two_engines(
     let client = Client::new(&gw, None).unwrap();
     let pair = format!("{name}-{}", transport.as_str());
     let infer = "sglang:tp=1,engines=2";
-    let spec = PairSpec {
-        infer_fp8: None,
-        model: awex_core::model::ModelSpec::resolve("qwen3-tiny").unwrap(),
-        train: "megatron:tp=1".parse().unwrap(),
-        infer: infer.parse().unwrap(),
-        transport,
-    };
     let options = PairOptions {
         bucket_mib: 1,
         commit,
         update_deadline_ms: deadline_ms,
         ..PairOptions::default()
     };
-    let req = connect_request(&pair, &spec.resolve().unwrap(), vec![], options);
-    client.connect(&req).await.unwrap();
+    ranks::connect(&client, &pair, transport, infer, options).await;
     let uid = client.status(&pair).await.unwrap().uid;
     let rank = |side, id| {
         let mut c = cfg(&gw, &pair, side, id, transport, infer);

@@ -1,11 +1,15 @@
 //! Ranks against a gateway in this process, shared by the `rank_*` tests (each includes this
-//! file with `#[path]`): a gateway on a free port, a qwen3-tiny rank's configuration, and its
+//! file with `#[path]`): a gateway on a free port, a qwen3-tiny pair's connect and its ranks'
+//! configuration, and a rank's
 //! join with awex-allocated tensors (in shared memory for a training rank on shm). Every wait is
 //! bounded by [`LIMIT`].
 
 #![allow(dead_code)]
 
+use awex_control::client::Client;
+use awex_control::connect::connect_request;
 use awex_control::server::{GatewayConfig, bind, serve};
+use awex_control::wire::{PairOptions, PairStatus};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
 use awex_core::model::ModelSpec;
@@ -30,6 +34,26 @@ pub async fn gateway_with(config: GatewayConfig) -> String {
     let addr = l.local_addr().unwrap();
     tokio::spawn(serve(l, config));
     format!("http://{addr}")
+}
+
+/// Connects pair `pair` (the pair [`cfg`] configures its ranks for: qwen3-tiny from Megatron
+/// `tp=1` into SGLang `infer` over `transport`) with `options`; the gateway's answer.
+pub async fn connect(
+    client: &Client,
+    pair: &str,
+    transport: Transport,
+    infer: &str,
+    options: PairOptions,
+) -> PairStatus {
+    let spec = awex_core::pair::PairSpec {
+        infer_fp8: None,
+        model: ModelSpec::resolve("qwen3-tiny").unwrap(),
+        train: "megatron:tp=1".parse().unwrap(),
+        infer: infer.parse().unwrap(),
+        transport,
+    };
+    let req = connect_request(pair, &spec.resolve().unwrap(), vec![], options);
+    client.connect(&req).await.unwrap()
 }
 
 /// Rank `rank` of `side` of pair `pair`: qwen3-tiny from Megatron `tp=1` into SGLang `infer`
