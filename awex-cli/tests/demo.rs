@@ -974,6 +974,51 @@ fn cuda_ipc_demo_verifies_every_update_on_the_gpu() {
     no_segments_left();
 }
 
+/// Delta updates over cuda-ipc: the receivers' copies write only the 16-byte vectors that
+/// differ; with optimiser-like versions (lr 1e-6) every update after the first writes a small
+/// part of the dense bytes, and every byte of every update is verified, with checksums and
+/// atomic apply too. Needs a GPU and a `--features cuda` build: `cargo test -p awex-cli
+/// --features cuda --test demo -- --ignored cuda_ipc`.
+#[test]
+#[ignore = "needs a GPU and --features cuda"]
+fn cuda_ipc_delta_demo_writes_only_what_changed_and_verifies_every_update() {
+    let _one = one_at_a_time();
+    for extra in [&[][..], &["--checksums", "--atomic"][..]] {
+        let (code, j, err) = demo(
+            &[
+                &[
+                    "--transport",
+                    "cuda-ipc",
+                    "--train",
+                    "megatron:tp=2",
+                    "--infer",
+                    "sglang:tp=2,engines=2",
+                    "--deltas",
+                    "--lr",
+                    "1e-6",
+                    "--updates",
+                    "4",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        );
+        assert_eq!(code, 0, "{err}\n{j}");
+        assert_eq!(j["verified"], true, "{j}");
+        let ups = j["updates"].as_array().unwrap();
+        assert_eq!(ups.len(), 4);
+        for u in &ups[1..] {
+            let (bytes, dense) = (
+                u["bytes"].as_u64().unwrap(),
+                u["dense_bytes"].as_u64().unwrap(),
+            );
+            assert!(bytes * 4 < dense, "{extra:?}: {u}");
+        }
+        assert_eq!(j["leaked_segments"], serde_json::json!([]));
+    }
+    no_segments_left();
+}
+
 /// FP8 over cuda-ipc: the receivers quantise on the GPU; every byte of every update equals the
 /// CPU reference's, with checksums and atomic apply. Needs a GPU and a `--features cuda`
 /// build: `cargo test -p awex-cli --features cuda --test demo -- --ignored cuda_ipc`.

@@ -19,13 +19,14 @@
 //! ([`CopyEngine::launch`], [`CopyEngine::capture`], [`CopyEngine::replay`]) are `unsafe`:
 //! the caller vouches for the memory behind every descriptor.
 
+use super::delta::{DELTA_CUBIN_SM90, DELTA_PTX, DIFF_BLOCKS_PER_SM, DIFF_NAME};
 use super::desc::CopyDesc;
 use super::device::{Device, DeviceBuffer, Event, Stream};
 use super::raw::{RawFunction, RawGraphExec, RawModule};
 use super::tiles::{
     DEFAULT_TILE_BYTES, table_within_bound, tile_count, tile_table_bytes, tiles_fit,
 };
-use super::{CudaError, sys};
+use super::{CudaError, KernelArg, sys};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -55,8 +56,11 @@ const TILES_NAME: &CStr = c"awex_copy_tiles";
 /// Resident blocks per SM of the tile kernel: 256 threads of 32 registers each (ptxas), so 8
 /// blocks fill an SM's 2,048 threads on sm_80 and sm_90.
 const TILE_BLOCKS_PER_SM: u32 = 8;
-/// Where a tile table starts in its device buffer: the block counter comes first.
+/// Where a tile table starts in its device buffer: the block counter comes first (a `u32` at
+/// byte 0), then the diff kernel's count of vectors written (a `u64` at byte 8).
 const TABLE_OFFSET: u64 = 256;
+/// Where the diff kernel's count of written vectors sits in a table's buffer.
+const CHANGED_OFFSET: u64 = 8;
 /// Threads per block of the copy kernel.
 pub const KERNEL_THREADS: u32 = 256;
 /// Blocks a copy kernel launch aims at (about one full wave of resident blocks on an H100/H200).
@@ -194,6 +198,10 @@ pub struct CopyEngine {
     kernel: Option<Kernel>,
     /// The tile kernel, loaded with the copy kernel.
     tiles: Option<Kernel>,
+    /// The diff kernel (`delta.cu`), loaded with the copy kernel.
+    diff: Option<Kernel>,
+    /// Blocks of a diff launch: [`DIFF_BLOCKS_PER_SM`] per SM.
+    diff_blocks: u32,
     /// Blocks of a tile launch: [`TILE_BLOCKS_PER_SM`] per SM.
     tile_blocks: u32,
     /// With the tile kernel: the tile size of captured batches (0: a launch per copy).
@@ -209,6 +217,10 @@ pub struct CopyEngine {
 /// tiles of `table`, and the `rest` (the driver's).
 struct Tiled {
     copies: usize,
+    /// bytes of those copies
+    bytes: u64,
+    /// the tile kernel is the diff kernel
+    diff: bool,
     rest: Vec<CopyDesc>,
     table: DeviceBuffer,
     tiles: u32,
@@ -226,9 +238,28 @@ pub struct CopyGraph {
     pub tiles: usize,
     /// Device memory of the tile table and its counter.
     pub table_bytes: u64,
+    /// Whether the tile launch writes only the vectors that differ
+    /// ([`CopyEngine::capture_diff`]); see [`CopyGraph::written_vectors`].
+    pub diff: bool,
+    /// Bytes of the copies the diff launch takes (0 unless [`CopyGraph::diff`]).
+    pub diff_bytes: u64,
     /// The tile table and its counter, alive as long as the graph that reads them (dropped
     /// after `exec` is destroyed).
     _table: Option<DeviceBuffer>,
+}
+
+impl CopyGraph {
+    /// After a replay of a diff graph has finished: the 16-byte vectors its diff launch wrote
+    /// (those whose bytes differed), out of [`CopyGraph::diff_bytes`] / 16. `None` for a graph
+    /// that copies every byte.
+    pub fn written_vectors(&self) -> Result<Option<u64>, CudaError> {
+        let Some(t) = self._table.as_ref().filter(|_| self.diff) else {
+            return Ok(None);
+        };
+        let mut b = [0u8; 8];
+        t.download(CHANGED_OFFSET, &mut b)?;
+        Ok(Some(u64::from_le_bytes(b)))
+    }
 }
 
 impl Drop for CopyGraph {
@@ -258,6 +289,10 @@ impl CopyEngine {
             s.push(dev.stream()?);
             j.push(dev.event(false)?);
         }
+        let sms = match method {
+            CopyMethod::Driver => 0,
+            CopyMethod::Kernel => sys::device_sm_count(dev.ordinal()).unwrap_or(128),
+        };
         let (kernel, tiles, tile_blocks) = match method {
             CopyMethod::Driver => (None, None, 0),
             CopyMethod::Kernel => (
@@ -270,8 +305,12 @@ impl CopyEngine {
                 // a device that takes the copy kernel but not the tile kernel keeps the
                 // first: its batches are launched per copy (`tiles()` is then `None`)
                 Kernel::load(dev, TILES_PTX, TILES_CUBIN_SM90, TILES_NAME).ok(),
-                sys::device_sm_count(dev.ordinal()).unwrap_or(128) * TILE_BLOCKS_PER_SM,
+                sms * TILE_BLOCKS_PER_SM,
             ),
+        };
+        let diff = match method {
+            CopyMethod::Driver => None,
+            CopyMethod::Kernel => Kernel::load(dev, DELTA_PTX, DELTA_CUBIN_SM90, DIFF_NAME).ok(),
         };
         let tile_bytes = if TILES_BY_DEFAULT {
             DEFAULT_TILE_BYTES
@@ -284,6 +323,8 @@ impl CopyEngine {
             joins: j,
             kernel,
             tiles,
+            diff,
+            diff_blocks: sms * DIFF_BLOCKS_PER_SM,
             tile_blocks,
             tile_bytes: AtomicU64::new(tile_bytes),
             driver_min: AtomicU64::new(u64::MAX),
@@ -368,7 +409,11 @@ impl CopyEngine {
         let table = self.table(&[d], 16)?;
         if let Some((t, n)) = &table {
             // SAFETY: the table's one tile lies in `buf`; both live until the sync below.
-            unsafe { self.issue_tiles(t, *n, 0)? };
+            unsafe { self.issue_tiles(t, *n, 0, false)? };
+            if self.diff.is_some() {
+                // SAFETY: as above.
+                unsafe { self.issue_tiles(t, *n, 0, true)? };
+            }
         }
         for s in &self.streams {
             s.sync()?;
@@ -434,17 +479,49 @@ impl CopyEngine {
         Ok(Some((buf, n)))
     }
 
-    /// Queues the tile kernel over `n` tiles of `table` on stream `k`: zeroes the counter, then
-    /// launches.
+    /// Queues the tile kernel (`diff`: the diff kernel) over `n` tiles of `table` on stream
+    /// `k`: zeroes the counters, then launches.
     ///
     /// # Safety
     ///
     /// As for [`CopyEngine::launch`], for every tile of the table.
-    unsafe fn issue_tiles(&self, table: &DeviceBuffer, n: u32, k: usize) -> Result<(), CudaError> {
-        let (Some(kern), s) = (&self.tiles, self.streams[k].raw) else {
-            return Ok(());
-        };
+    unsafe fn issue_tiles(
+        &self,
+        table: &DeviceBuffer,
+        n: u32,
+        k: usize,
+        diff: bool,
+    ) -> Result<(), CudaError> {
+        let s = self.streams[k].raw;
         let r = (|| {
+            if diff {
+                let Some(kern) = &self.diff else {
+                    return Ok(());
+                };
+                // SAFETY: the block counter and the written count are the first 16 bytes of
+                // `table`, which the caller keeps alive.
+                unsafe { sys::memset_d32_async(table.ptr(), 0, 4, s)? };
+                let mut args = [
+                    KernelArg::U64(table.ptr() + TABLE_OFFSET),
+                    KernelArg::U64(table.ptr()),
+                    KernelArg::U32(n),
+                    KernelArg::U64(table.ptr() + CHANGED_OFFSET),
+                ];
+                // SAFETY: the kernel takes (tiles, counter, ntiles, changed) and is loaded in
+                // this context; the tiles are the caller's.
+                return unsafe {
+                    sys::launch_args(
+                        kern.func,
+                        self.diff_blocks.max(1),
+                        KERNEL_THREADS,
+                        s,
+                        &mut args,
+                    )
+                };
+            }
+            let Some(kern) = &self.tiles else {
+                return Ok(());
+            };
             // SAFETY: the counter is the first word of `table`, which the caller keeps alive.
             unsafe { sys::memset_d32_async(table.ptr(), 0, 1, s)? };
             // SAFETY: the kernel is loaded in this context; the tiles are the caller's.
@@ -564,16 +641,59 @@ impl CopyEngine {
     /// launch of the tile kernel on the first stream and the rest (the driver's) go to the
     /// other streams.
     pub unsafe fn capture(&self, descs: &[CopyDesc]) -> Result<CopyGraph, CudaError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.capture_as(descs, false) }
+    }
+
+    /// Whether [`CopyEngine::capture_diff`] can write only what differs (the engine copies
+    /// with the kernel, and the diff kernel loaded).
+    pub fn diffs(&self) -> bool {
+        self.diff.is_some() && self.tiles.is_some()
+    }
+
+    /// Like [`CopyEngine::capture`], but every copy the tile table can take (16-byte vectors,
+    /// see [`kernel_fits`]; large linear ones too, whatever [`CopyEngine::set_driver_min`]
+    /// says) goes through the diff kernel (`delta.cu`): it reads each destination vector and
+    /// writes it only where the source's bytes differ, and counts the vectors it wrote
+    /// ([`CopyGraph::written_vectors`]). The result is the same bytes as the copy's. The rest,
+    /// and a whole batch whose table would pass the bound or an engine without the diff kernel
+    /// ([`CopyEngine::diffs`]), are copied whole: [`CopyGraph::diff`] says which happened.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::capture`]; the diff kernel also reads the destinations.
+    pub unsafe fn capture_diff(&self, descs: &[CopyDesc]) -> Result<CopyGraph, CudaError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.capture_as(descs, self.diffs()) }
+    }
+
+    /// See [`CopyEngine::capture`] and [`CopyEngine::capture_diff`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`CopyEngine::capture`].
+    unsafe fn capture_as(&self, descs: &[CopyDesc], diff: bool) -> Result<CopyGraph, CudaError> {
         self.dev.bind()?;
         // with tiles: the copies the tile kernel takes, the rest (the driver's), the table
-        let split = match self.tiles() {
+        let tile = match (diff, self.tiles()) {
+            (true, t) => Some(t.unwrap_or(DEFAULT_TILE_BYTES)),
+            (false, t) => t,
+        };
+        let split = match tile {
             Some(tile) => {
-                let (tiled, rest): (Vec<CopyDesc>, Vec<CopyDesc>) = descs
-                    .iter()
-                    .copied()
-                    .partition(|d| self.by_kernel(d) && tiles_fit(d));
+                let (tiled, rest): (Vec<CopyDesc>, Vec<CopyDesc>) =
+                    descs.iter().copied().partition(|d| {
+                        tiles_fit(d)
+                            && if diff {
+                                self.kernel.is_some() && kernel_fits(d)
+                            } else {
+                                self.by_kernel(d)
+                            }
+                    });
                 self.table(&tiled, tile)?.map(|(table, tiles)| Tiled {
                     copies: tiled.len(),
+                    bytes: tiled.iter().map(CopyDesc::bytes).sum(),
+                    diff,
                     rest,
                     table,
                     tiles,
@@ -592,7 +712,7 @@ impl CopyEngine {
             match &split {
                 Some(t) => {
                     // SAFETY: captured, not run; the replay's caller vouches for the memory.
-                    unsafe { self.issue_tiles(&t.table, t.tiles, 0)? };
+                    unsafe { self.issue_tiles(&t.table, t.tiles, 0, t.diff)? };
                     // SAFETY: as above.
                     unsafe { self.queue_copies_from(&t.rest, 1) }
                 }
@@ -611,6 +731,8 @@ impl CopyEngine {
             tiled_copies: split.as_ref().map_or(0, |t| t.copies),
             tiles: split.as_ref().map_or(0, |t| t.tiles as usize),
             table_bytes: split.as_ref().map_or(0, |t| t.table.len()),
+            diff: split.as_ref().is_some_and(|t| t.diff),
+            diff_bytes: split.as_ref().filter(|t| t.diff).map_or(0, |t| t.bytes),
             _table: split.map(|t| t.table),
         })
     }

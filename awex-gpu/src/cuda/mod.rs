@@ -13,6 +13,7 @@
 //! panic. [`fp8`] holds the block-FP8 quantising kernel (bf16 in, e4m3 and scales out). The
 //! geometry ([`desc`]) and handle encoding ([`handle`]) are pure and need no GPU.
 
+pub mod delta;
 pub mod desc;
 mod device;
 mod engine;
@@ -47,6 +48,16 @@ pub use ipc::{
 
 /// Whether this build has CUDA support compiled in (the `cuda` feature).
 pub const BUILT: bool = cfg!(feature = "cuda");
+
+/// One argument of a kernel launch, as the kernel declares it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum KernelArg {
+    /// A `.u64` parameter (an address or a 64-bit count).
+    U64(u64),
+    /// A `.u32` parameter.
+    U32(u32),
+}
 
 /// Opaque driver objects, passed between the safe types and the driver calls.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

@@ -798,6 +798,44 @@ pub(crate) unsafe fn launch_copy_tiles(
     })
 }
 
+/// Launches `f` over `blocks` blocks of `threads` threads on `s` with kernel arguments `args`,
+/// each a 64-bit or 32-bit value as the kernel declares it (the delta kernels, `delta.ptx`).
+///
+/// # Safety
+///
+/// `f` must be loaded in the current context and take exactly `args`, and every address among
+/// them must meet the kernel's contract (see the kernel's caller) until the launch finishes.
+pub(crate) unsafe fn launch_args(
+    f: RawFunction,
+    blocks: u32,
+    threads: u32,
+    s: RawStream,
+    args: &mut [super::KernelArg],
+) -> Result<(), CudaError> {
+    let mut params: Vec<*mut c_void> = args
+        .iter_mut()
+        .map(|a| match a {
+            super::KernelArg::U64(v) => (v as *mut u64).cast(),
+            super::KernelArg::U32(v) => (v as *mut u32).cast(),
+        })
+        .collect();
+    check("cuLaunchKernel", unsafe {
+        cu::cuLaunchKernel(
+            f.0.cast(),
+            blocks,
+            1,
+            1,
+            threads,
+            1,
+            1,
+            0,
+            s.0.cast(),
+            params.as_mut_ptr(),
+            ptr::null_mut(),
+        )
+    })
+}
+
 /// Launches `awex_fp8_block_quant` (`fp8_block.ptx`) over a `grid` of 128 x 128 blocks, 256
 /// threads each, on `s`: `ptrs` are source, destination, scales and status; `dims` are rows,
 /// columns, source pitch, destination pitch (bytes), scale pitch (elements) and mode.

@@ -310,6 +310,21 @@ pub(crate) fn device_sm_count(_: u32) -> Result<u32, CudaError> {
 /// # Safety
 ///
 /// None needed (nothing is touched); unsafe to match the driver build.
+pub(crate) unsafe fn launch_args(
+    _: RawFunction,
+    _: u32,
+    _: u32,
+    _: RawStream,
+    _: &mut [super::KernelArg],
+) -> Result<(), CudaError> {
+    Err(NO)
+}
+
+/// Always [`CudaError::NotBuilt`].
+///
+/// # Safety
+///
+/// None needed (nothing is touched); unsafe to match the driver build.
 pub(crate) unsafe fn launch_copy_tiles(
     _: RawFunction,
     _: u32,

@@ -243,7 +243,7 @@ impl Rank {
                     format!("delta updates on ({} transport)", cfg.transport)
                 } else {
                     format!(
-                        "the pair has delta updates on, but the {} transport moves every byte (deltas run over shm and tcp)",
+                        "the pair has delta updates on, but the {} transport moves every byte (deltas run over shm, tcp and cuda-ipc)",
                         cfg.transport
                     )
                 }

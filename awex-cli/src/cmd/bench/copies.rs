@@ -13,7 +13,7 @@
 //! It verifies every destination byte after the first and the last update, and measures the
 //! floors in the same run.
 
-use super::content::{par_gen, read_line, send_line, tensor_key, verify_with};
+use super::content::{Content, par_gen, read_line, send_line, tensor_key, verify_with};
 use super::floors::{self, FloorPoint};
 use super::{IpcArgs, Method, Mode, SenderAlloc, SenderArgs, median};
 use crate::cmd::plan::human_bytes;
@@ -398,10 +398,15 @@ impl DstTensors {
 /// Checks every destination byte the plan writes against the sender's deterministic content.
 fn verify(transfers: &[Transfer], dst: &DstTensors) -> anyhow::Result<(bool, String)> {
     let tensors: Vec<LocalTensor> = dst.tensors.iter().map(|(t, _)| t.clone()).collect();
-    verify_with(transfers, &tensors, false, &mut |i, out: &mut [u8]| {
-        dst.tensors[i].1.download(0, out)?;
-        Ok(())
-    })
+    verify_with(
+        transfers,
+        &tensors,
+        &Content::plain(false),
+        &mut |i, out: &mut [u8]| {
+            dst.tensors[i].1.download(0, out)?;
+            Ok(())
+        },
+    )
 }
 
 pub(super) fn ipc(a: IpcArgs) -> anyhow::Result<ExitCode> {

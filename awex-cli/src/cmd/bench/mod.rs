@@ -161,10 +161,29 @@ struct IpcArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Delta updates (transport path): the receiver's copies write only the 16-byte vectors
+    /// that differ from what its tensors hold (the diff kernel). Pair with `--step`.
+    #[arg(long)]
+    deltas: bool,
+    /// Before each update after the first, the training ranks change about this fraction of
+    /// their 16-bit elements by one unit in the last place, element by element, on the GPU (a
+    /// synthetic optimiser step; `demo --lr 1e-6` measures about 0.01 for bf16), outside the
+    /// timed window (transport path).
+    #[arg(long, value_parser = parse_fraction)]
+    step: Option<f64>,
     /// An FP8 inference side (transport path): the receiver's FP8 tensors land in bf16 device
     /// staging and the GPU kernel quantises them; the senders' weights are made finite.
     #[command(flatten)]
     quant: crate::cmd::quant::QuantArgs,
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!(
+            "`{s}` is not a fraction between 0 and 1 (e.g. 0.01 for 1 % of the elements)"
+        )),
+    }
 }
 
 /// Arguments of the hidden `bench ipc-sender`.

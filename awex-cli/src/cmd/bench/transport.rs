@@ -32,7 +32,7 @@
 //! bytes and scales once (plus the plain tensors' copies).
 
 use super::content::{
-    expected_tensor, make_finite, par_gen, read_line, send_line, tensor_key, verify_with,
+    Content, expected_tensor, make_finite, par_gen, read_line, send_line, tensor_key, verify_with,
 };
 use super::floors::{self, FloorPoint};
 use super::{IpcArgs, SenderAlloc, median};
@@ -40,9 +40,10 @@ use anyhow::{Context, anyhow, bail};
 use awex_core::encoding::{Encoding, Fp8Block, Fp8Quantiser, InferFp8, Shape2d};
 use awex_core::layout::{LocalTensor, RankId, Side};
 use awex_core::plan::Transfer;
+use awex_gpu::cuda::delta::StepKernel;
 use awex_gpu::cuda::{Device, DeviceBuffer, driver_version};
 use awex_runtime::transport::{
-    CudaIpcTransport, EncodingTransport, ExecContext, JoinStats, Transport,
+    CudaIpcTransport, EncodingTransport, ExecContext, ExecStats, JoinStats, Transport,
 };
 use awex_runtime::{TensorSet, TensorView};
 use serde::{Deserialize, Serialize};
@@ -84,6 +85,31 @@ pub struct RanksArgs {
     quant: crate::cmd::quant::QuantArgs,
 }
 
+/// Applies the synthetic optimiser step `seed` to every tensor of the ranks (changing about
+/// `fraction` of their 16-bit elements; see [`Content`]) and waits for it.
+fn step_all(
+    dev: &Device,
+    kernel: &StepKernel,
+    held: &[Held],
+    seed: u64,
+    fraction: f64,
+) -> anyhow::Result<()> {
+    let stream = dev.stream()?;
+    for h in held {
+        for v in h.tensors.iter() {
+            let Some(ptr) = v.device_ptr() else {
+                bail!("`{}` is not in GPU memory", v.name);
+            };
+            let key = tensor_key(h.rank, &v.name);
+            // SAFETY: the view covers `v.len()` bytes of device memory on `dev`, which no
+            // transfer reads until the step is synchronised below.
+            unsafe { kernel.launch(&stream, ptr, v.len() as u64 / 2, seed ^ key, fraction)? };
+        }
+    }
+    stream.sync()?;
+    Ok(())
+}
+
 /// What the training ranks tell the inference rank once their transports exist.
 #[derive(Serialize, Deserialize, Debug)]
 struct Hello {
@@ -101,7 +127,14 @@ struct Hello {
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(tag = "msg", rename_all = "lowercase")]
 enum ToRanks {
-    Update { version: u64 },
+    Update {
+        version: u64,
+    },
+    /// Apply the synthetic step `seed` changing `fraction` of the elements (`bench ipc --step`).
+    Step {
+        seed: u64,
+        fraction: f64,
+    },
     Quit,
 }
 
@@ -109,6 +142,7 @@ enum ToRanks {
 #[serde(tag = "msg", rename_all = "lowercase")]
 enum FromRanks {
     Done { version: u64, error: Option<String> },
+    Stepped { seed: u64 },
     Bye,
 }
 
@@ -257,8 +291,18 @@ pub fn ranks(a: RanksArgs) -> anyhow::Result<ExitCode> {
     let mut input = std::io::stdin().lock();
     let cancel = AtomicBool::new(false);
     let no_peers = HashMap::new();
+    let mut step_kernel = None;
     loop {
         match read_line::<ToRanks>(&mut input, "inference rank")? {
+            ToRanks::Step { seed, fraction } => {
+                if step_kernel.is_none() {
+                    step_kernel = Some(StepKernel::load(&dev)?);
+                }
+                if let Some(k) = &step_kernel {
+                    step_all(&dev, k, &held, seed, fraction)?;
+                }
+                send_line(&mut out, &FromRanks::Stepped { seed })?;
+            }
             ToRanks::Update { version } => {
                 let ctx = ExecContext {
                     version,
@@ -440,6 +484,17 @@ struct Report {
     verify_detail: String,
     /// With an FP8 inference side: what was quantised, the kernel alone and the FP8 floor.
     fp8: Option<Fp8Figures>,
+    /// Delta updates (`--deltas`): the receiver wrote only the vectors that differ.
+    deltas: bool,
+    /// The synthetic step between updates (`--step`): the fraction of 16-bit elements changed.
+    step: Option<f64>,
+    /// Bytes each steady update wrote into the receiver's tensors (with deltas: the vectors
+    /// that differed, plus what was copied whole).
+    steady_written_bytes: Vec<u64>,
+    /// With deltas, over the steady updates: 16-byte vectors the diff kernel read on both ends,
+    /// and those it wrote (differing).
+    delta_vectors: u64,
+    delta_written_vectors: u64,
     unix_time: u64,
 }
 
@@ -609,7 +664,7 @@ fn verify_fp8(
         }
         let mats = s[..nd - 2].iter().product::<u64>() as usize;
         let (rows, cols) = (s[nd - 2] as usize, s[nd - 1] as usize);
-        let bf16 = expected_tensor(&ts, 2 * mats * rows * cols, true)?;
+        let bf16 = expected_tensor(&ts, 2 * mats * rows * cols, &Content::plain(true))?;
         let mut x = vec![0u16; bf16.len() / 2];
         let per = x.len().div_ceil(super::content::threads()).max(1 << 16);
         std::thread::scope(|scope| {
@@ -763,12 +818,17 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
             |over| Ok(Box::new(ipc(over)?) as Box<dyn Transport>),
         )?)),
     };
+    if a.deltas && !tr.t().enable_deltas()? {
+        bail!(
+            "--deltas: this GPU's copy engine has no diff kernel (it needs the copy kernel: drop --method driver)"
+        );
+    }
     tr.t().connect(&peers)?;
     let join_ms = ms_since(t_join);
     least_free = least_free.min(dev.mem_info()?.0);
 
     let cancel = AtomicBool::new(false);
-    let mut update = |version: u64, proc: &mut RanksProc| -> anyhow::Result<f64> {
+    let mut update = |version: u64, proc: &mut RanksProc| -> anyhow::Result<(f64, ExecStats)> {
         let t0 = Instant::now();
         proc.send(&ToRanks::Update { version })?;
         let ctx = ExecContext {
@@ -784,16 +844,21 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         let got = tr.t().execute(&ctx);
         let ms = ms_since(t0);
         let answer = proc.recv::<FromRanks>()?;
-        got.with_context(|| format!("inference rank {rank}, version {version}"))?;
+        let stats = got.with_context(|| format!("inference rank {rank}, version {version}"))?;
         match answer {
             FromRanks::Done {
                 version: v,
                 error: None,
-            } if v == version => Ok(ms),
+            } if v == version => Ok((ms, stats)),
             other => bail!("the training ranks answered {other:?} to version {version}"),
         }
     };
-    let first_update_ms = update(1, &mut proc)?;
+    let (first_update_ms, _) = update(1, &mut proc)?;
+    let mut content = Content {
+        finite: fp8.is_some(),
+        steps: Vec::new(),
+        threshold: awex_gpu::cuda::delta::step_threshold(a.step.unwrap_or(0.0)),
+    };
     least_free = least_free.min(dev.mem_info()?.0);
     // the FP8 tensors are checked against the CPU reference, the rest byte for byte
     let is_fp8 = |name: &str| {
@@ -807,11 +872,11 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .filter(|t| matches!(t.encoding, Encoding::Fp8Block(_)))
         .collect();
-    let check = || -> anyhow::Result<(bool, String)> {
+    let check = |content: &Content| -> anyhow::Result<(bool, String)> {
         let (ok, detail) = verify_with(
             &plain_transfers,
             &plain_lts,
-            fp8.is_some(),
+            &content,
             &mut |i, out: &mut [u8]| {
                 let v = tensors
                     .get(&plain_lts[i].name)
@@ -844,18 +909,32 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
     let (mut verified, mut detail) = if a.no_verify {
         (false, "not checked (--no-verify)".to_string())
     } else {
-        check()?
+        check(&content)?
     };
     let mut steady = Vec::new();
+    let mut steady_written = Vec::new();
+    let mut delta = awex_core::encoding::DeltaStats::default();
     for v in 2..=a.updates as u64 {
-        if v == a.updates as u64 && !a.no_verify {
+        // a dense update's last run writes every byte over a poisoned receiver; a delta
+        // update's is checked as it left the tensors, after every step
+        if v == a.updates as u64 && !a.no_verify && !a.deltas {
             poison()?;
         }
-        steady.push(update(v, &mut proc)?);
+        if let Some(fraction) = a.step {
+            proc.send(&ToRanks::Step { seed: v, fraction })?;
+            match proc.recv::<FromRanks>()? {
+                FromRanks::Stepped { seed } if seed == v => content.steps.push(v),
+                other => bail!("the training ranks answered {other:?} to step {v}"),
+            }
+        }
+        let (ms, stats) = update(v, &mut proc)?;
+        steady.push(ms);
+        steady_written.push(stats.bytes);
+        delta.add(&stats.delta);
         least_free = least_free.min(dev.mem_info()?.0);
     }
     if !a.no_verify {
-        let (ok, d) = check()?;
+        let (ok, d) = check(&content)?;
         if verified && !ok {
             detail = format!("last update: {d}");
         }
@@ -969,6 +1048,11 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         verified,
         verify_detail: detail,
         fp8: fp8_figures,
+        deltas: a.deltas,
+        step: a.step,
+        steady_written_bytes: steady_written,
+        delta_vectors: delta.elements,
+        delta_written_vectors: delta.changed,
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -1039,6 +1123,22 @@ fn print_table(r: &Report) {
         r.steady_gbps,
         runs.join(" ")
     );
+    if r.deltas || r.step.is_some() {
+        let written: u64 = r.steady_written_bytes.iter().sum();
+        let steady = r.steady_written_bytes.len().max(1) as u64;
+        println!(
+            "deltas       {}; step {}; {:.3} GB written per steady update on average; {} of {} 16-byte vectors differed ({:.2} %)",
+            if r.deltas { "on" } else { "off" },
+            r.step.map_or("none".to_string(), |f| format!(
+                "{:.3} % of the elements",
+                f * 100.0
+            )),
+            written as f64 / steady as f64 / 1e9,
+            r.delta_written_vectors,
+            r.delta_vectors,
+            100.0 * r.delta_written_vectors as f64 / r.delta_vectors.max(1) as f64
+        );
+    }
     println!(
         "memory       {:.1} MiB extra on this rank at peak ({:.2} buckets of {} MiB)",
         r.extra_device_bytes as f64 / (1u64 << 20) as f64,
@@ -1197,11 +1297,11 @@ mod tests {
             out.copy_from_slice(&super::super::content::expected_tensor(
                 &ts,
                 out.len(),
-                true,
+                &Content::plain(true),
             )?);
             Ok(())
         };
-        let (ok, detail) = verify_with(&pt, &pl, true, &mut fetch).unwrap();
+        let (ok, detail) = verify_with(&pt, &pl, &Content::plain(true), &mut fetch).unwrap();
         assert!(ok, "{detail}");
     }
 

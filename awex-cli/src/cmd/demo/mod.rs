@@ -56,9 +56,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.updates == 0 {
         bail!("--updates must be at least 1");
     }
-    if args.deltas && transport.on_gpu() {
+    if args.deltas && transport == Transport::Nccl {
         bail!(
-            "--deltas runs over shm and tcp; the {transport} transport moves every byte yet (drop --deltas, or use --transport shm or tcp)"
+            "--deltas runs over shm, tcp and cuda-ipc; the nccl transport moves every byte yet (drop --deltas, or use another --transport)"
         );
     }
     let gpus = Gpus::of(&args, transport)?;

@@ -292,6 +292,9 @@ pub struct CudaIpcTransport {
     cfg: CudaIpcConfig,
     /// FP8 tensors quantised out of the senders' memory (inference ranks of an FP8 pair)
     fused: Option<Fused>,
+    /// Delta updates ([`Transport::enable_deltas`]): an inference rank's graphs write only the
+    /// 16-byte vectors that differ from what its tensors hold.
+    deltas: bool,
 }
 
 impl CudaIpcTransport {
@@ -330,6 +333,7 @@ impl CudaIpcTransport {
             join: JoinStats::default(),
             cfg: cfg.clone(),
             fused: None,
+            deltas: false,
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
@@ -678,6 +682,13 @@ impl CudaIpcTransport {
         };
         let min = self.cfg.graph_min;
         let graph = match &self.engine {
+            Some(e) if self.deltas => {
+                // SAFETY: as below; the diff kernel also reads this rank's own tensors.
+                Some(
+                    unsafe { e.capture_diff(&descs) }
+                        .map_err(transport_err("capturing the delta copies"))?,
+                )
+            }
             Some(e) if min > 0 && descs.len() >= min => {
                 // SAFETY: the graph holds descriptors built above over this peer's mappings
                 // and this rank's tensors; it is replayed only from `receive` while both live
@@ -902,6 +913,21 @@ impl CudaIpcTransport {
             }
             stats.buckets += self.buckets[pi].len() as u64;
             stats.bytes += peer.bytes;
+            if let Some(g) = remote.graph.as_ref().filter(|g| g.diff) {
+                // the diff launch's bytes count as the vectors it wrote; 16-byte vectors are
+                // its elements
+                let written = g
+                    .written_vectors()
+                    .map_err(transport_err("reading the delta count"))?
+                    .unwrap_or(0);
+                stats.bytes = stats.bytes - g.diff_bytes.min(stats.bytes) + written * 16;
+                stats.delta.add(&awex_core::encoding::DeltaStats {
+                    elements: g.diff_bytes / 16,
+                    changed: written,
+                    dense_bytes: g.diff_bytes,
+                    delta_bytes: written * 16,
+                });
+            }
         }
         for peer in &self.plan.peers {
             self.remotes[&peer.peer]
@@ -1113,6 +1139,31 @@ impl Transport for CudaIpcTransport {
             Side::Training => self.send(ctx),
             Side::Inference => self.receive(ctx),
         }
+    }
+
+    /// Inference ranks whose copy engine has the diff kernel capture their copies with it
+    /// ([`CopyEngine::capture_diff`]): each 16-byte vector is read on both ends and written only
+    /// where it differs, so the result is the dense update's bytes whatever the tensors held (a
+    /// torn or restarted rank is repaired by the same pass), and a training rank keeps no copy.
+    /// FP8 tensors quantised out of the trainer's memory are written whole.
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        let on = match (&self.side, &self.engine) {
+            (Side::Training, _) => true,
+            (Side::Inference, Some(e)) => e.diffs(),
+            (Side::Inference, None) => false,
+        };
+        if self.side == Side::Inference && !self.remotes.is_empty() {
+            return Err(TransportError::Unsupported(
+                "cuda-ipc: delta updates must be turned on before the rank connects".into(),
+            )
+            .into());
+        }
+        self.deltas = on;
+        Ok(on)
+    }
+
+    fn holds_base(&self) -> bool {
+        self.deltas && self.side == Side::Inference
     }
 
     fn close(&mut self) {

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Delta updates over cuda-ipc on one GPU, in one call: the diff kernel's GPU test, then
+# `awex-cli bench ipc` dense against `--deltas` on the same synthetic optimiser steps (`--step`:
+# the training ranks change a fraction of their bf16 elements by one ulp on the GPU between
+# updates, outside the timed window), then `awex-cli demo --transport cuda-ipc --deltas --lr`
+# (versions made by the calibrated Adam-like step, every byte of every update verified).
+#
+# Expects prebuilt x86-64 binaries in .gpu/ (built on the development machine):
+#   cargo build --release -p awex-cli --features cuda && cp target/release/awex-cli .gpu/ && strip .gpu/awex-cli
+#   cargo test --release -p awex-gpu --features cuda --lib --no-run   # the binary -> .gpu/awex-gpu-tests
+# Env: RUNS picks the runs (default below); logs and JSON go to $OUT.
+set -uo pipefail
+OUT=${OUT:-$(mktemp -d)}
+G=${AWEX_GPU_DIR:-.gpu}
+BIN=${AWEX_CLI:-$G/awex-cli}
+RUNS=${RUNS:-"tests dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta"}
+export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
+status=0
+
+echo "== environment"
+{
+  date -u '+%Y-%m-%dT%H:%M:%SZ'
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  nproc
+} 2>&1 | tee "$OUT/env.txt"
+
+bench() { # name timeout args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== bench $name: awex-cli bench ipc $*"
+  local t0=$SECONDS
+  timeout "$limit" "$BIN" bench ipc "$@" --json >"$OUT/bench_$name.json" 2>"$OUT/bench_$name.err"
+  local rc=$?
+  echo "exit $rc after $((SECONDS - t0)) s"
+  [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/bench_$name.err"; }
+}
+demo() { # name timeout args...
+  local name=$1 limit=$2
+  shift 2
+  echo "== demo $name: awex-cli demo --transport cuda-ipc --gpu 0 $*"
+  local t0=$SECONDS
+  timeout "$limit" "$BIN" demo --transport cuda-ipc --gpu 0 "$@" --json \
+    >"$OUT/demo_$name.json" 2>"$OUT/demo_$name.err"
+  local rc=$?
+  echo "exit $rc after $((SECONDS - t0)) s"
+  [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/demo_$name.err"; }
+}
+P8="--model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7"
+for r in $RUNS; do
+  case $r in
+    tests) echo "== GPU tests"
+      timeout 300 "$G/awex-gpu-tests" --ignored --test-threads=1 gpu_diff gpu_tile gpu_descriptors \
+        >"$OUT/gpu_tests.txt" 2>&1 || status=1
+      tail -n 15 "$OUT/gpu_tests.txt" ;;
+    dense0) bench $r 180 $P8 ;;
+    dense1) bench $r 240 $P8 --step 0.01 ;;
+    delta1) bench $r 240 $P8 --step 0.01 --deltas ;;
+    delta0) bench $r 180 $P8 --deltas ;;
+    delta3) bench $r 240 $P8 --step 0.03 --deltas ;;
+    delta01) bench $r 240 $P8 --step 0.001 --deltas ;;
+    pt-dense1) bench $r 240 $P8 --step 0.01 --sender-alloc per-tensor ;;
+    pt-delta1) bench $r 240 $P8 --step 0.01 --deltas --sender-alloc per-tensor ;;
+    demo-tiny) demo $r 240 --model qwen3-tiny --train megatron:tp=2 --infer sglang:tp=2,engines=2 --deltas --lr 1e-6 --updates 4 --checksums --atomic ;;
+    demo-06-dense) demo $r 300 --model qwen3-0.6b --train megatron:tp=1 --infer sglang:tp=1 --lr 1e-6 --updates 6 ;;
+    demo-06-delta) demo $r 300 --model qwen3-0.6b --train megatron:tp=1 --infer sglang:tp=1 --lr 1e-6 --updates 6 --deltas ;;
+  esac
+done
+
+echo "== shared memory left behind"
+ls /dev/shm | grep '^awex-' || echo none
+
+echo "== summary"
+python3 - "$OUT" <<'PY' | tee "$OUT/summary.txt"
+import json, os, sys, glob
+out = sys.argv[1]
+print("| run | deltas | step | first ms | steady ms (median) | runs | local floor ms | x floor | written GB / update | vectors differing | verified |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
+    try:
+        b = json.load(open(f))
+    except Exception as e:
+        print(f"| {os.path.basename(f)} | unreadable: {e} |")
+        continue
+    w = b.get("steady_written_bytes") or [0]
+    dv, dw = b.get("delta_vectors", 0), b.get("delta_written_vectors", 0)
+    print(f"| {os.path.basename(f)[6:-5]} | {b.get('deltas')} | {b.get('step')} | {b['first_update_ms']:.2f} | "
+          f"{b['steady_median_ms']:.2f} | {' '.join(f'{m:.2f}' for m in b['steady_ms'])} | {b['floor_ms']:.2f} | "
+          f"{b['ratio']:.3f} | {sum(w)/len(w)/1e9:.3f} | {dw}/{dv} ({100*dw/max(dv,1):.2f} %) | {b['verified']} |")
+print()
+for f in sorted(glob.glob(os.path.join(out, "demo_*.json"))):
+    try:
+        d = json.load(open(f))
+    except Exception as e:
+        print(f"{os.path.basename(f)}: unreadable: {e}")
+        continue
+    ups = d.get("updates", [])
+    rows = [f"v{u.get('version')}: {u.get('seconds', 0) * 1e3:.1f} ms (transfer {u.get('transfer_ms') or 0:.2f} ms), {u.get('bytes')} of {u.get('dense_bytes')} B, density {u.get('density')}" for u in ups]
+    print(f"{os.path.basename(f)}: verified {d.get('verified')}; " + "; ".join(rows))
+PY
+exit $status
