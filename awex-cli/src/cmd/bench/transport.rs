@@ -876,7 +876,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         let (ok, detail) = verify_with(
             &plain_transfers,
             &plain_lts,
-            &content,
+            content,
             &mut |i, out: &mut [u8]| {
                 let v = tensors
                     .get(&plain_lts[i].name)
