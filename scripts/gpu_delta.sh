@@ -13,7 +13,7 @@ set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 G=${AWEX_GPU_DIR:-.gpu}
 BIN=${AWEX_CLI:-$G/awex-cli}
-RUNS=${RUNS:-"tests dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta"}
+RUNS=${RUNS:-"tests dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta demo-gptoss-sglang demo-gptoss-vllm"}
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 status=0
 
@@ -49,7 +49,7 @@ P8="--model qwen3-8b --train megatron:tp=1 --infer sglang:tp=1 --updates 7"
 for r in $RUNS; do
   case $r in
     tests) echo "== GPU tests"
-      timeout 300 "$G/awex-gpu-tests" --ignored --test-threads=1 gpu_diff gpu_tile gpu_descriptors \
+      timeout 300 "$G/awex-gpu-tests" --ignored --test-threads=1 gpu_diff gpu_tile gpu_descriptors gpu_transpose \
         >"$OUT/gpu_tests.txt" 2>&1 || status=1
       tail -n 15 "$OUT/gpu_tests.txt" ;;
     dense0) bench $r 180 $P8 ;;
@@ -63,6 +63,9 @@ for r in $RUNS; do
     demo-tiny) demo $r 240 --model qwen3-tiny --train megatron:tp=2 --infer sglang:tp=2,engines=2 --deltas --lr 1e-6 --updates 4 --checksums --atomic ;;
     demo-06-dense) demo $r 300 --model qwen3-0.6b --train megatron:tp=1 --infer sglang:tp=1 --lr 1e-6 --updates 6 ;;
     demo-06-delta) demo $r 300 --model qwen3-0.6b --train megatron:tp=1 --infer sglang:tp=1 --lr 1e-6 --updates 6 --deltas ;;
+    # gpt-oss: its experts are transposed boxes (the transpose kernel), deltas on the rest
+    demo-gptoss-sglang) demo $r 300 --model gpt-oss-tiny --train fsdp:dp=2,fused_experts=1 --infer sglang:tp=2 --updates 3 --checksums ;;
+    demo-gptoss-vllm) demo $r 300 --model gpt-oss-tiny --train fsdp:dp=2,fused_experts=1 --infer vllm:tp=2,ep=2 --deltas --lr 1e-6 --updates 4 ;;
   esac
 done
 

@@ -99,7 +99,7 @@ impl StepKernel {
             KernelArg::U32(step_threshold(fraction)),
         ];
         // SAFETY: the kernel takes (u16*, u64, u64, u32); the caller vouches for the memory.
-        unsafe { sys::launch_args(self.kernel.func, self.blocks, 256, s.raw, &mut args) }
+        unsafe { sys::launch_args(self.kernel.func, self.blocks, (256, 1), s.raw, &mut args) }
     }
 }
 

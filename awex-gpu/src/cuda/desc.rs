@@ -139,22 +139,23 @@ pub fn copy_descriptors(t: &Transfer, src: u64, dst: u64) -> Result<Vec<CopyDesc
             dst: t.dst_dtype,
         });
     }
-    if t.transposed {
-        return Err(CudaError::geometry(
-            &t.dst_tensor,
-            awex_core::layout::copy::CopyError::Transposed(
-                "the box is received transposed (the engine stores it with its last two dims swapped); the CUDA path does not move transposed boxes yet: use shm or tcp".into(),
-            ),
-        ));
-    }
-    let b = StridedBox::new(
+    let b = StridedBox::new_transposed(
         &t.src_shape,
         &t.src_offset,
         &t.dst_shape,
         &t.dst_offset,
         &t.extent,
+        t.transpose(),
     )
     .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
+    if t.transposed && b.transposed_pair().is_some() {
+        return Err(CudaError::geometry(
+            &t.dst_tensor,
+            awex_core::layout::copy::CopyError::Transposed(
+                "the box is received transposed (the engine stores it with its last two dims swapped): copies cannot move it, the transpose kernel does (`transpose::transpose_jobs`)".into(),
+            ),
+        ));
+    }
     let mut out = Vec::new();
     push_box(&b, t.dst_dtype.size() as u64, src, dst, &mut out);
     Ok(out)

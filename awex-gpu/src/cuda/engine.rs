@@ -513,7 +513,7 @@ impl CopyEngine {
                     sys::launch_args(
                         kern.func,
                         self.diff_blocks.max(1),
-                        KERNEL_THREADS,
+                        (KERNEL_THREADS, 1),
                         s,
                         &mut args,
                     )

@@ -308,6 +308,79 @@ fn gpu_diff_graph_writes_only_changed_vectors_and_ends_exact() {
     assert_eq!(plain.written_vectors().unwrap(), None);
 }
 
+/// The transpose kernel writes every transposed box exactly as the CPU's transposed copy does
+/// (1, 2 and 4-byte elements, odd sides, offsets on both ends, several matrices per box), and
+/// nothing outside the boxes.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_transpose_kernel_equals_the_cpu_transposed_copy() {
+    use awex_core::layout::copy::copy_box_transposed;
+    let d = Device::open(0).unwrap();
+    let k = transpose::TransposeKernel::load(&d).unwrap();
+    let stream = d.stream().unwrap();
+    for dtype in [DType::F8E4m3, DType::Bf16, DType::F32] {
+        let es = dtype.size();
+        for (src_shape, src_off, dst_shape, dst_off, extent) in [
+            (
+                &[4u64, 45, 70][..],
+                &[1u64, 3, 5][..],
+                &[3u64, 66, 40][..],
+                &[0u64, 2, 1][..],
+                &[2u64, 37, 61][..],
+            ),
+            (
+                &[8, 2880, 640],
+                &[0, 0, 0],
+                &[8, 640, 2880],
+                &[0, 0, 0],
+                &[8, 2880, 640],
+            ),
+            (
+                &[5, 2, 31, 9],
+                &[1, 0, 0, 0],
+                &[4, 2, 9, 31],
+                &[0, 1, 0, 0],
+                &[3, 1, 31, 9],
+            ),
+        ] {
+            let mut t = transfer(src_shape, src_off, dst_shape, dst_off, extent, dtype);
+            t.transposed = true;
+            let src_host = pattern(Dims::new(src_shape).numel() as usize * es, 3);
+            let n = Dims::new(dst_shape).numel() as usize * es;
+            let mut want = vec![0xABu8; n];
+            copy_box_transposed(
+                &src_host,
+                &t.src_shape,
+                &t.src_offset,
+                dtype,
+                &mut want,
+                &t.dst_shape,
+                &t.dst_offset,
+                dtype,
+                &t.extent,
+                t.transpose(),
+            )
+            .unwrap();
+            let src = d.alloc(src_host.len() as u64).unwrap();
+            src.upload(0, &src_host).unwrap();
+            let dst = d.alloc(n as u64).unwrap();
+            dst.upload(0, &vec![0xABu8; n]).unwrap();
+            let jobs = transpose::transpose_jobs(&t, src.ptr(), dst.ptr())
+                .unwrap()
+                .unwrap();
+            let batch = k.batch(&jobs).unwrap().unwrap();
+            // SAFETY: every job lies in `src` and `dst` (the geometry is checked against the
+            // tensors' shapes); both live until the sync below.
+            unsafe { k.launch(&stream, &batch) }.unwrap();
+            stream.sync().unwrap();
+            let mut got = vec![0u8; n];
+            dst.download(0, &mut got).unwrap();
+            let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert_eq!(bad, None, "{dtype:?} {extent:?}: first wrong byte");
+        }
+    }
+}
+
 /// Runs every transfer of [`shapes`] (launched, then captured and replayed) and checks the bytes.
 fn copy_shapes(d: &Device, engine: &CopyEngine) {
     for (i, t) in shapes().iter().enumerate() {

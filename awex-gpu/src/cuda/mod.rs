@@ -26,6 +26,7 @@ mod ipc;
 #[cfg_attr(not(feature = "cuda"), path = "sys_stub.rs")]
 mod sys;
 pub mod tiles;
+pub mod transpose;
 
 pub use desc::{
     CopyDesc, CopyKind, DescStats, coalesce, copy_descriptors, merge_contiguous, plan_copies,

@@ -808,7 +808,7 @@ pub(crate) unsafe fn launch_copy_tiles(
 pub(crate) unsafe fn launch_args(
     f: RawFunction,
     blocks: u32,
-    threads: u32,
+    threads: impl Into<(u32, u32)>,
     s: RawStream,
     args: &mut [super::KernelArg],
 ) -> Result<(), CudaError> {
@@ -819,14 +819,15 @@ pub(crate) unsafe fn launch_args(
             super::KernelArg::U32(v) => (v as *mut u32).cast(),
         })
         .collect();
+    let (tx, ty) = threads.into();
     check("cuLaunchKernel", unsafe {
         cu::cuLaunchKernel(
             f.0.cast(),
             blocks,
             1,
             1,
-            threads,
-            1,
+            tx,
+            ty,
             1,
             0,
             s.0.cast(),

@@ -313,7 +313,7 @@ pub(crate) fn device_sm_count(_: u32) -> Result<u32, CudaError> {
 pub(crate) unsafe fn launch_args(
     _: RawFunction,
     _: u32,
-    _: u32,
+    _: impl Into<(u32, u32)>,
     _: RawStream,
     _: &mut [super::KernelArg],
 ) -> Result<(), CudaError> {

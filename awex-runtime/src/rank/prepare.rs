@@ -39,8 +39,8 @@ pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
             .plan_rank(cfg.side, cfg.rank)
             .map_err(RuntimeError::from)?,
     );
-    if cfg.transport.on_gpu() {
-        crate::transport::refuse_transposed(&plan, &format!("the {} transport", cfg.transport))?;
+    if cfg.transport == awex_core::Transport::Nccl {
+        crate::transport::refuse_transposed(&plan, "the nccl transport")?;
     }
     Ok(Prepared {
         catalogue: pair.catalogue.clone(),

@@ -45,6 +45,7 @@ use awex_core::dtype::DType;
 use awex_core::encoding::{Fp8Block, Recipe};
 use awex_core::layout::{LocalTensor, RankId, RankLayout, Side};
 use awex_core::plan::{RankPlan, Transfer};
+use awex_gpu::cuda::transpose::{TransposeBatch, TransposeKernel, transpose_jobs};
 use awex_gpu::cuda::{
     CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, Fp8Batch, Fp8Kernel,
     IpcEventHandle, IpcExport, IpcImport, Stream, merge_contiguous, plan_copies, split_linear,
@@ -220,6 +221,8 @@ struct Remote {
     driver_min: Option<u64>,
     /// the FP8 blocks quantised straight out of this peer's memory (see [`FusedFp8`])
     fp8: Option<RemoteFp8>,
+    /// the boxes this rank stores transposed, moved by the transpose kernel after the copies
+    transposes: Option<TransposeBatch>,
     /// first checksum index of this receiver's buckets
     sums_at: u64,
     /// what opening this peer cost
@@ -295,6 +298,8 @@ pub struct CudaIpcTransport {
     /// Delta updates ([`Transport::enable_deltas`]): an inference rank's graphs write only the
     /// 16-byte vectors that differ from what its tensors hold.
     deltas: bool,
+    /// The transpose kernel (inference ranks whose plan writes boxes transposed).
+    transpose: Option<TransposeKernel>,
 }
 
 impl CudaIpcTransport {
@@ -334,6 +339,7 @@ impl CudaIpcTransport {
             cfg: cfg.clone(),
             fused: None,
             deltas: false,
+            transpose: None,
         };
         match t.side {
             Side::Training => t.sender = Some(t.export(ctl_name)?),
@@ -353,6 +359,12 @@ impl CudaIpcTransport {
                     .map_err(transport_err("warming up the copy engine"))?;
                 t.join.warm_up_ms = ms_since(t0);
                 t.engine = Some(engine);
+                if t.plan.first_transposed().is_some() {
+                    t.transpose = Some(
+                        TransposeKernel::load(&t.dev)
+                            .map_err(transport_err("loading the transpose kernel"))?,
+                    );
+                }
             }
         }
         Ok(t)
@@ -651,7 +663,34 @@ impl CudaIpcTransport {
                 (Some(fp8), std::borrow::Cow::Owned(plain))
             }
         };
-        let merged = plan_copies(&plain, self.cfg.merge_pitched, addr)
+        // boxes the engine stores transposed go to the transpose kernel; the rest are copies
+        let mut tjobs = Vec::new();
+        let mut copied = Vec::with_capacity(plain.len());
+        for t in plain.iter() {
+            let jobs = if t.transposed {
+                let (src, dst) = addr(t).map_err(transport_err("building the transposes"))?;
+                transpose_jobs(t, src, dst).map_err(transport_err("building the transposes"))?
+            } else {
+                None
+            };
+            match jobs {
+                Some(j) => tjobs.extend(j),
+                None => copied.push(t.clone()),
+            }
+        }
+        let transposes = match (&self.transpose, tjobs.is_empty()) {
+            (_, true) => None,
+            (Some(k), false) => k
+                .batch(&tjobs)
+                .map_err(transport_err("uploading the transposes"))?,
+            (None, false) => {
+                return Err(TransportError::Unsupported(
+                    "cuda-ipc: this plan writes boxes transposed, and the transpose kernel did not load on this GPU".into(),
+                )
+                .into());
+            }
+        };
+        let merged = plan_copies(&copied, self.cfg.merge_pitched, addr)
             .map_err(transport_err("building the copies"))?;
         // join back-to-back copies across tensors (a layer's experts) where both joined ranges
         // stay in one source allocation and one destination tensor
@@ -723,6 +762,7 @@ impl CudaIpcTransport {
             event,
             descs,
             fp8,
+            transposes,
             sums_at,
         })
     }
@@ -831,6 +871,17 @@ impl CudaIpcTransport {
                     }
                 }
                 .map_err(transport_err("queueing the copies"))?;
+                if let (Some(k), Some(tb)) = (&self.transpose, &remote.transposes) {
+                    // SAFETY: the jobs were built in `open_remote` from the plan against this
+                    // peer's mappings (bounds-checked by `IpcImport::ptr`, the boxes checked
+                    // against both tensors' shapes) and this rank's tensors, which no copy
+                    // writes at those bytes; the stream waits for the peer's event and joins
+                    // the sync below, before the mappings can close.
+                    let s = engine.main_stream();
+                    s.wait(&remote.event)
+                        .and_then(|()| unsafe { k.launch(s, tb) })
+                        .map_err(transport_err("queueing the transposes"))?;
+                }
                 if let (Some(f), Some(rf)) = (&self.fused, &remote.fp8) {
                     // SAFETY: the batch's jobs were built in `open_remote` from the plan against
                     // this peer's mappings (bounds-checked by `IpcImport::ptr`) and this rank's
