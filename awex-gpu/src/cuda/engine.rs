@@ -410,10 +410,6 @@ impl CopyEngine {
         if let Some((t, n)) = &table {
             // SAFETY: the table's one tile lies in `buf`; both live until the sync below.
             unsafe { self.issue_tiles(t, *n, 0, false)? };
-            if self.diff.is_some() {
-                // SAFETY: as above.
-                unsafe { self.issue_tiles(t, *n, 0, true)? };
-            }
         }
         for s in &self.streams {
             s.sync()?;
