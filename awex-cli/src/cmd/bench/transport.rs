@@ -649,6 +649,7 @@ fn verify_fp8(
     transfers: &[Transfer],
     fp8s: &[&LocalTensor],
     f: &InferFp8,
+    content: &Content,
 ) -> anyhow::Result<(bool, String)> {
     let q = f.quantiser();
     let (mut e4m3, mut scales) = (0u64, 0u64);
@@ -664,7 +665,7 @@ fn verify_fp8(
         }
         let mats = s[..nd - 2].iter().product::<u64>() as usize;
         let (rows, cols) = (s[nd - 2] as usize, s[nd - 1] as usize);
-        let bf16 = expected_tensor(&ts, 2 * mats * rows * cols, &Content::plain(true))?;
+        let bf16 = expected_tensor(&ts, 2 * mats * rows * cols, content)?;
         let mut x = vec![0u16; bf16.len() / 2];
         let per = x.len().div_ceil(super::content::threads()).max(1 << 16);
         std::thread::scope(|scope| {
@@ -900,7 +901,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         )?;
         match &fp8 {
             Some(f) if ok => {
-                let (ok8, d8) = verify_fp8(&dev, &tensors, &transfers, &fp8_lts, f)?;
+                let (ok8, d8) = verify_fp8(&dev, &tensors, &transfers, &fp8_lts, f, content)?;
                 Ok((ok8, format!("{detail}; {d8}")))
             }
             _ => Ok((ok, detail)),
