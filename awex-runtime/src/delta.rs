@@ -46,6 +46,35 @@ impl PeerBases {
 pub struct SenderBase {
     copy: TensorSet,
     version: Option<u64>,
+    /// What this update's encoders found changed (written into the copy once every peer's
+    /// encode is done: until then other buckets still compare against the copy).
+    changes: Mutex<Changes>,
+}
+
+/// The parts of the sender's tensors an update's deltas found changed: single elements where
+/// the encoder compared the tensors in place, whole boxes where it compared packed bytes
+/// (converted or FP8-encoded pieces).
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Per source tensor, the changed elements (offsets in the tensor, in elements).
+    elements: HashMap<std::sync::Arc<str>, Vec<u32>>,
+    /// Source boxes to copy whole: `(tensor, offset, extent)`.
+    boxes: Vec<(std::sync::Arc<str>, Dims, Dims)>,
+}
+
+impl Changes {
+    /// Adds `other`'s changes.
+    pub fn merge(&mut self, other: Changes) {
+        for (k, mut v) in other.elements {
+            self.elements.entry(k).or_default().append(&mut v);
+        }
+        self.boxes.extend(other.boxes);
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.elements.values().all(Vec::is_empty) && self.boxes.is_empty()
+    }
 }
 
 impl SenderBase {
@@ -54,6 +83,7 @@ impl SenderBase {
         Ok(SenderBase {
             copy: live.host_mirror()?,
             version: None,
+            changes: Mutex::default(),
         })
     }
 
@@ -76,12 +106,93 @@ impl SenderBase {
     /// Forgets the version (a send failed part-way: some receivers may hold either version).
     pub fn invalidate(&mut self) {
         self.version = None;
+        self.forget_changes();
+    }
+
+    /// Drops the changes recorded so far (an update starts, or its attempt is retried).
+    pub fn forget_changes(&self) {
+        if let Ok(mut c) = self.changes.lock() {
+            *c = Changes::default();
+        }
+    }
+
+    /// Records changes an encoder found; they are written by [`SenderBase::refresh_changed`].
+    pub fn record(&self, changes: Changes) -> Result<(), RuntimeError> {
+        self.changes
+            .lock()
+            .map_err(|_| TransportError::Panicked("a peer recording a delta's changes"))?
+            .merge(changes);
+        Ok(())
     }
 
     /// Copies `live` (host tensors) into the copy, which then holds `version`.
     pub fn refresh(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
         self.version = None;
+        self.forget_changes();
         let n = self.copy.copy_from(live)?;
+        self.version = Some(version);
+        Ok(n)
+    }
+
+    /// Writes into the copy only what this update's encoders found changed (recorded with
+    /// [`SenderBase::record`]), which then holds `version`; returns the bytes written.
+    ///
+    /// Exact only when every peer of the update took a delta against the copy's version from
+    /// this rank (so every box the rank sends was compared, and the copy already equals `live`
+    /// everywhere else in those boxes) and the rank's plan, hence its boxes, does not change;
+    /// otherwise call [`SenderBase::refresh`]. Elements outside every box the rank sends are
+    /// never read by its encoders.
+    pub fn refresh_changed(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
+        let held = self.version;
+        self.version = None;
+        if held.is_none() {
+            return Err(TransportError::Delta(
+                "the copy holds no version to refresh from the changes: refresh it whole".into(),
+            )
+            .into());
+        }
+        let changes = std::mem::take(
+            &mut *self
+                .changes
+                .lock()
+                .map_err(|_| TransportError::Panicked("a peer recording a delta's changes"))?,
+        );
+        let mut n = 0u64;
+        for (name, idx) in &changes.elements {
+            let (l, c) = pair(live, &self.copy, name)?;
+            let es = l.dtype.size();
+            let lb = l.try_bytes()?;
+            // SAFETY: the copy is this rank's own host buffer; nothing reads it while `&mut self`.
+            let cb = unsafe { c.try_bytes_mut()? };
+            for &i in idx {
+                let at = i as usize * es;
+                match (lb.get(at..at + es), cb.get_mut(at..at + es)) {
+                    (Some(s), Some(d)) => d.copy_from_slice(s),
+                    _ => return Err(outside(name)),
+                }
+            }
+            n += (idx.len() * es) as u64;
+        }
+        for (name, off, ext) in &changes.boxes {
+            let (l, c) = pair(live, &self.copy, name)?;
+            let es = l.dtype.size();
+            let lb = l.try_bytes()?;
+            // SAFETY: as above.
+            let cb = unsafe { c.try_bytes_mut()? };
+            let sb = StridedBox::new(&l.shape, off, &l.shape, off, ext)?;
+            let mut bad = false;
+            sb.for_each_run(|s, _, k| {
+                let (a, b) = (s as usize * es, (s + k) as usize * es);
+                match (lb.get(a..b), cb.get_mut(a..b)) {
+                    (Some(s), Some(d)) => d.copy_from_slice(s),
+                    _ => bad = true,
+                }
+            });
+            if bad {
+                return Err(outside(name));
+            }
+            n += ext.numel() * es as u64;
+        }
         self.version = Some(version);
         Ok(n)
     }
@@ -92,6 +203,24 @@ impl SenderBase {
         let held = bases?.of(peer)?;
         (self.version == Some(held)).then_some(held)
     }
+}
+
+fn pair<'s>(
+    live: &'s TensorSet,
+    copy: &'s TensorSet,
+    name: &str,
+) -> Result<(&'s TensorView, &'s TensorView), RuntimeError> {
+    match (live.get(name), copy.get(name)) {
+        (Some(l), Some(c)) if l.len() == c.len() && l.dtype == c.dtype => Ok((l, c)),
+        _ => Err(TransportError::Delta(format!(
+            "`{name}` is not in both the live tensors and the sender's copy with one size: refresh the copy whole"
+        ))
+        .into()),
+    }
+}
+
+fn outside(name: &str) -> RuntimeError {
+    TransportError::Delta(format!("a recorded change lies outside `{name}`")).into()
 }
 
 /// The segments of a bucket's payload, in order: `(element bytes, elements)`.
@@ -157,6 +286,7 @@ pub fn encode_bucket_from(
     fp8: Option<&awex_core::encoding::Fp8Quantiser>,
     out: &mut Vec<u8>,
     scratch: &mut (Vec<u8>, Vec<u8>, Vec<u32>),
+    mut changes: Option<&mut Changes>,
 ) -> Result<DeltaStats, RuntimeError> {
     let mut st = DeltaStats::default();
     for p in &bucket.pieces {
@@ -190,7 +320,13 @@ pub fn encode_bucket_from(
             old.resize(cap, 0);
             let n = crate::bucket::pack(&one, transfers, live, new, fp8)?;
             let m = crate::bucket::pack(&one, transfers, copy, old, fp8)?;
-            st.add(&encode_bucket(&one, transfers, &old[..m], &new[..n], out)?);
+            let d = encode_bucket(&one, transfers, &old[..m], &new[..n], out)?;
+            if let Some(c) = changes.as_deref_mut()
+                && d.changed > 0
+            {
+                c.boxes.push((t.src_tensor.clone(), so, e));
+            }
+            st.add(&d);
             continue;
         }
         let es = t.dst_dtype.size();
@@ -214,6 +350,19 @@ pub fn encode_bucket_from(
             .into());
         }
         let run = sb.run as usize;
+        if let Some(c) = changes.as_deref_mut()
+            && !idx.is_empty()
+        {
+            if lv.shape.numel() > u32::MAX as u64 {
+                c.boxes.push((t.src_tensor.clone(), so, e));
+            } else {
+                let v = c.elements.entry(t.src_tensor.clone()).or_default();
+                v.extend(
+                    idx.iter()
+                        .map(|&i| (sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64) as u32),
+                );
+            }
+        }
         st.add(
             &delta::encode_indexed(
                 e.numel() as usize,
