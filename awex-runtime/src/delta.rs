@@ -143,13 +143,9 @@ impl SenderBase {
     /// otherwise call [`SenderBase::refresh`]. Elements outside every box the rank sends are
     /// never read by its encoders.
     pub fn refresh_changed(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
-        let held = self.version;
-        self.version = None;
-        if held.is_none() {
-            return Err(TransportError::Delta(
-                "the copy holds no version to refresh from the changes: refresh it whole".into(),
-            )
-            .into());
+        if self.version.take().is_none() {
+            // nothing to build on (no peer compared against the copy): copy it whole
+            return self.refresh(live, version);
         }
         let changes = std::mem::take(
             &mut *self
@@ -157,6 +153,20 @@ impl SenderBase {
                 .lock()
                 .map_err(|_| TransportError::Panicked("a peer recording a delta's changes"))?,
         );
+        // writing element by element costs more per byte than the copy's threaded memcpy:
+        // when the changes come near the copy's size, copy it whole
+        let mut want = 0u64;
+        for (name, idx) in &changes.elements {
+            want += 2 * idx.len() as u64 * pair(live, &self.copy, name)?.0.dtype.size() as u64;
+        }
+        for (name, _, ext) in &changes.boxes {
+            want += ext.numel() * pair(live, &self.copy, name)?.0.dtype.size() as u64;
+        }
+        if want >= self.bytes() {
+            let n = self.copy.copy_from(live)?;
+            self.version = Some(version);
+            return Ok(n);
+        }
         let mut n = 0u64;
         for (name, idx) in &changes.elements {
             let (l, c) = pair(live, &self.copy, name)?;
@@ -321,8 +331,11 @@ pub fn encode_bucket_from(
             let n = crate::bucket::pack(&one, transfers, live, new, fp8)?;
             let m = crate::bucket::pack(&one, transfers, copy, old, fp8)?;
             let d = encode_bucket(&one, transfers, &old[..m], &new[..n], out)?;
+            // an FP8 box is refreshed whole even when its bytes did not change: its scales
+            // come from block maxima, so a box whose copy mixed old and new elements (written
+            // through another engine's overlapping box) could pack to bytes no receiver holds
             if let Some(c) = changes.as_deref_mut()
-                && d.changed > 0
+                && (d.changed > 0 || t.sender_encoded())
             {
                 c.boxes.push((t.src_tensor.clone(), so, e));
             }
@@ -358,8 +371,9 @@ pub fn encode_bucket_from(
             } else {
                 let v = c.elements.entry(t.src_tensor.clone()).or_default();
                 v.extend(
-                    idx.iter()
-                        .map(|&i| (sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64) as u32),
+                    idx.iter().map(|&i| {
+                        (sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64) as u32
+                    }),
                 );
             }
         }

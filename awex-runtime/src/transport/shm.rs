@@ -19,7 +19,8 @@ use crate::bucket::{
     quantise_box,
 };
 use crate::delta::{
-    BucketKey, Changes, HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len,
+    BucketKey, Changes, HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from,
+    max_len,
 };
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;

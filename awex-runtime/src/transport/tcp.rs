@@ -22,8 +22,8 @@ use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, unpack};
 use crate::delta::{
-    Changes, Encoded, HeldBases, SenderBase, SharedDeltas, apply_bucket, check_base, encode_bucket_from,
-    max_len,
+    Changes, Encoded, HeldBases, SenderBase, SharedDeltas, apply_bucket, check_base,
+    encode_bucket_from, max_len,
 };
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
