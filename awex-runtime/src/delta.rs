@@ -51,29 +51,39 @@ pub struct SenderBase {
     changes: Mutex<Changes>,
 }
 
-/// The parts of the sender's tensors an update's deltas found changed: single elements where
-/// the encoder compared the tensors in place, whole boxes where it compared packed bytes
-/// (converted or FP8-encoded pieces).
+/// The parts of the sender's tensors an update's deltas found changed: single elements (with
+/// their new bytes) where the encoder compared the tensors in place, whole boxes where it
+/// compared packed bytes (converted or FP8-encoded pieces).
 #[derive(Debug, Default)]
 pub struct Changes {
-    /// Per source tensor, the changed elements (offsets in the tensor, in elements).
-    elements: HashMap<std::sync::Arc<str>, Vec<u32>>,
+    /// Per source tensor, the changed elements.
+    elements: HashMap<std::sync::Arc<str>, Changed>,
     /// Source boxes to copy whole: `(tensor, offset, extent)`.
     boxes: Vec<(std::sync::Arc<str>, Dims, Dims)>,
+}
+
+/// A tensor's changed elements: their offsets in the tensor (in elements) and their new bytes,
+/// in the same order (taken while encoding, so the refresh reads nothing of the live tensor).
+#[derive(Debug, Default)]
+struct Changed {
+    at: Vec<u32>,
+    values: Vec<u8>,
 }
 
 impl Changes {
     /// Adds `other`'s changes.
     pub fn merge(&mut self, other: Changes) {
         for (k, mut v) in other.elements {
-            self.elements.entry(k).or_default().append(&mut v);
+            let c = self.elements.entry(k).or_default();
+            c.at.append(&mut v.at);
+            c.values.append(&mut v.values);
         }
         self.boxes.extend(other.boxes);
     }
 
     /// Whether nothing was recorded.
     pub fn is_empty(&self) -> bool {
-        self.elements.values().all(Vec::is_empty) && self.boxes.is_empty()
+        self.elements.values().all(|c| c.at.is_empty()) && self.boxes.is_empty()
     }
 }
 
@@ -156,8 +166,8 @@ impl SenderBase {
         // writing element by element costs more per byte than the copy's threaded memcpy:
         // when the changes come near the copy's size, copy it whole
         let mut want = 0u64;
-        for (name, idx) in &changes.elements {
-            want += 2 * idx.len() as u64 * pair(live, &self.copy, name)?.0.dtype.size() as u64;
+        for (name, c) in &changes.elements {
+            want += 2 * c.at.len() as u64 * pair(live, &self.copy, name)?.0.dtype.size() as u64;
         }
         for (name, _, ext) in &changes.boxes {
             want += ext.numel() * pair(live, &self.copy, name)?.0.dtype.size() as u64;
@@ -168,20 +178,51 @@ impl SenderBase {
             return Ok(n);
         }
         let mut n = 0u64;
-        for (name, idx) in &changes.elements {
-            let (l, c) = pair(live, &self.copy, name)?;
-            let es = l.dtype.size();
-            let lb = l.try_bytes()?;
-            // SAFETY: the copy is this rank's own host buffer; nothing reads it while `&mut self`.
-            let cb = unsafe { c.try_bytes_mut()? };
-            for &i in idx {
-                let at = i as usize * es;
-                match (lb.get(at..at + es), cb.get_mut(at..at + es)) {
-                    (Some(s), Some(d)) => d.copy_from_slice(s),
-                    _ => return Err(outside(name)),
-                }
+        // the changed elements' recorded bytes, one tensor per job, on up to 8 threads (each
+        // tensor of the copy is a buffer of its own)
+        let mut jobs = Vec::with_capacity(changes.elements.len());
+        for (name, ch) in &changes.elements {
+            let (_, c) = pair(live, &self.copy, name)?;
+            let es = c.dtype.size();
+            if ch.values.len() != ch.at.len() * es {
+                return Err(outside(name));
             }
-            n += (idx.len() * es) as u64;
+            // SAFETY: the copy is this rank's own host buffer; nothing reads it while `&mut
+            // self`, and each tensor's buffer is handed to one job.
+            let cb = unsafe { c.try_bytes_mut()? };
+            jobs.push((name, es, ch, cb));
+            n += ch.values.len() as u64;
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |t| t.get())
+            .clamp(1, 8)
+            .min(jobs.len().max(1));
+        let mut lanes: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+        for (k, j) in jobs.into_iter().enumerate() {
+            lanes[k % threads].push(j);
+        }
+        let bad: Vec<Option<&std::sync::Arc<str>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    scope.spawn(move || {
+                        for (name, es, ch, cb) in lane {
+                            if !scatter(es, &ch.at, &ch.values, cb) {
+                                return Some(name);
+                            }
+                        }
+                        None
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(None))
+                .collect()
+        });
+        if let Some(name) = bad.into_iter().flatten().next() {
+            // (the copy is part-written: it holds no version, and the next update is dense)
+            return Err(outside(name));
         }
         for (name, off, ext) in &changes.boxes {
             let (l, c) = pair(live, &self.copy, name)?;
@@ -226,6 +267,36 @@ fn pair<'s>(
             "`{name}` is not in both the live tensors and the sender's copy with one size: refresh the copy whole"
         ))
         .into()),
+    }
+}
+
+/// Writes `values` (`es` bytes per element) at the element offsets `at` of `dst`; false when an
+/// offset lies outside it.
+fn scatter(es: usize, at: &[u32], values: &[u8], dst: &mut [u8]) -> bool {
+    fn typed<const N: usize>(at: &[u32], values: &[u8], dst: &mut [u8]) -> bool {
+        for (&i, v) in at.iter().zip(values.chunks_exact(N)) {
+            let o = i as usize * N;
+            match dst.get_mut(o..o + N) {
+                Some(d) => d.copy_from_slice(v),
+                None => return false,
+            }
+        }
+        true
+    }
+    match es {
+        1 => typed::<1>(at, values, dst),
+        2 => typed::<2>(at, values, dst),
+        4 => typed::<4>(at, values, dst),
+        8 => typed::<8>(at, values, dst),
+        _ => at
+            .iter()
+            .zip(values.chunks_exact(es.max(1)))
+            .all(|(&i, v)| {
+                let o = i as usize * es;
+                dst.get_mut(o..o + es)
+                    .map(|d| d.copy_from_slice(v))
+                    .is_some()
+            }),
     }
 }
 
@@ -370,11 +441,17 @@ pub fn encode_bucket_from(
                 c.boxes.push((t.src_tensor.clone(), so, e));
             } else {
                 let v = c.elements.entry(t.src_tensor.clone()).or_default();
-                v.extend(
-                    idx.iter().map(|&i| {
-                        (sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64) as u32
-                    }),
-                );
+                v.at.reserve(idx.len());
+                v.values.reserve(idx.len() * es);
+                for &i in idx.iter() {
+                    let at = sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64;
+                    let o = at as usize * es;
+                    // (every changed element lies in the box the loop above compared)
+                    v.values.extend_from_slice(
+                        lb.get(o..o + es).ok_or_else(|| outside(&t.src_tensor))?,
+                    );
+                    v.at.push(at as u32);
+                }
             }
         }
         st.add(
