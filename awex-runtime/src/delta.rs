@@ -358,7 +358,11 @@ pub fn encode_bucket(
 /// Appends the delta of a bucket to `out`, reading the live tensors and the sender's copy of
 /// the base in place: a plain piece whose dtype does not change is compared run by run where
 /// it sits (no packing); a converted or FP8-encoded piece is packed from both (`scratch`) and
-/// compared packed. The bytes equal [`encode_bucket`] over the two packed buckets.
+/// compared packed. The bytes equal [`encode_bucket`] over the two packed buckets. With
+/// `changes`, what changed is recorded there for [`SenderBase::refresh_changed`]: the changed
+/// elements (and their new bytes) of pieces compared in place, the source box of a packed piece
+/// that changed and of every FP8-encoded one.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_bucket_from(
     bucket: &Bucket,
     transfers: &[Transfer],
