@@ -1168,6 +1168,15 @@ fn bench_delta_moves_a_few_per_cent_on_optimiser_made_versions_and_verifies_ever
             assert!((0.003..0.06).contains(&d), "{transport}: {j}");
         }
         assert_eq!(modes[1]["update_ms"].as_array().unwrap().len(), 2);
+        // dense: no copy to refresh; deltas: every peer took one, so the training ranks wrote
+        // only the changed elements into their copies, not their whole shards
+        for b in modes[0]["refreshed_bytes"].as_array().unwrap() {
+            assert_eq!(b.as_u64(), Some(0), "{transport}: {j}");
+        }
+        for b in modes[1]["refreshed_bytes"].as_array().unwrap() {
+            let b = b.as_u64().unwrap();
+            assert!(b > 0 && b * 10 < dense, "{transport}: {j}");
+        }
     }
     // bad input is named
     let (code, _, err) = cli(&["bench", "delta", "--transport", "nccl"]);

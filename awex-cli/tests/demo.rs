@@ -1263,8 +1263,22 @@ fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tens
 #[test]
 fn delta_demos_over_shm_and_tcp_move_a_few_per_cent_and_verify_every_byte() {
     let _one = one_at_a_time();
-    for transport in ["shm", "tcp"] {
-        let (code, j, err) = demo(&[
+    // bf16, and an FP8 inference side (16 x 16 blocks: FSDP's 86-row chunks of qwen3-tiny cut
+    // some, which the receivers quantise, the others the training ranks encode) over four
+    // updates: the senders' copies are refreshed from the changes (the changed elements, whole
+    // FP8 boxes), and a copy left wrong would send a wrong delta, caught by the byte check
+    let fp8 = [
+        "--infer-quant",
+        "fp8",
+        "--fp8-block",
+        "16x16",
+        "--train",
+        "fsdp:dp=3",
+        "--infer",
+        "sglang:tp=2,engines=2",
+    ];
+    for (transport, quant) in [("shm", false), ("tcp", false), ("shm", true), ("tcp", true)] {
+        let mut args = vec![
             "--transport",
             transport,
             "--deltas",
@@ -1272,9 +1286,13 @@ fn delta_demos_over_shm_and_tcp_move_a_few_per_cent_and_verify_every_byte() {
             "1e-6",
             "--checksums",
             "--updates",
-            "3",
-        ]);
-        assert_eq!(code, 0, "{transport}: {err}");
+            if quant { "4" } else { "3" },
+        ];
+        if quant {
+            args.extend(fp8);
+        }
+        let (code, j, err) = demo(&args);
+        assert_eq!(code, 0, "{transport} fp8 {quant}: {err}");
         assert_eq!(j["verified"], true, "{j}");
         assert_eq!(j["checks"]["deltas"]["ok"], true, "{j}");
         let ups = j["updates"].as_array().unwrap();
@@ -1289,7 +1307,10 @@ fn delta_demos_over_shm_and_tcp_move_a_few_per_cent_and_verify_every_byte() {
             assert_eq!(dense, ups[0]["bytes"].as_f64().unwrap());
             assert!(moved < 0.10 * dense, "{transport}: {moved} of {dense}");
             let d = u["density"].as_f64().unwrap();
-            assert!((0.003..0.08).contains(&d), "{transport}: density {d}");
+            assert!(
+                (0.003..0.08).contains(&d),
+                "{transport} fp8 {quant}: density {d}"
+            );
         }
         // this demo's own segments (its pair's names), delta segments included
         assert_eq!(j["leaked_segments"], Value::Array(vec![]), "{transport}");

@@ -46,6 +46,45 @@ impl PeerBases {
 pub struct SenderBase {
     copy: TensorSet,
     version: Option<u64>,
+    /// What this update's encoders found changed (written into the copy once every peer's
+    /// encode is done: until then other buckets still compare against the copy).
+    changes: Mutex<Changes>,
+}
+
+/// The parts of the sender's tensors an update's deltas found changed: single elements (with
+/// their new bytes) where the encoder compared the tensors in place, whole boxes where it
+/// compared packed bytes (converted or FP8-encoded pieces).
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Per source tensor, the changed elements.
+    elements: HashMap<std::sync::Arc<str>, Changed>,
+    /// Source boxes to copy whole: `(tensor, offset, extent)`.
+    boxes: Vec<(std::sync::Arc<str>, Dims, Dims)>,
+}
+
+/// A tensor's changed elements: their offsets in the tensor (in elements) and their new bytes,
+/// in the same order (taken while encoding, so the refresh reads nothing of the live tensor).
+#[derive(Debug, Default)]
+struct Changed {
+    at: Vec<u32>,
+    values: Vec<u8>,
+}
+
+impl Changes {
+    /// Adds `other`'s changes.
+    pub fn merge(&mut self, other: Changes) {
+        for (k, mut v) in other.elements {
+            let c = self.elements.entry(k).or_default();
+            c.at.append(&mut v.at);
+            c.values.append(&mut v.values);
+        }
+        self.boxes.extend(other.boxes);
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.elements.values().all(|c| c.at.is_empty()) && self.boxes.is_empty()
+    }
 }
 
 impl SenderBase {
@@ -54,6 +93,7 @@ impl SenderBase {
         Ok(SenderBase {
             copy: live.host_mirror()?,
             version: None,
+            changes: Mutex::default(),
         })
     }
 
@@ -76,12 +116,134 @@ impl SenderBase {
     /// Forgets the version (a send failed part-way: some receivers may hold either version).
     pub fn invalidate(&mut self) {
         self.version = None;
+        self.forget_changes();
+    }
+
+    /// Drops the changes recorded so far (an update starts, or its attempt is retried).
+    pub fn forget_changes(&self) {
+        if let Ok(mut c) = self.changes.lock() {
+            *c = Changes::default();
+        }
+    }
+
+    /// Records changes an encoder found; they are written by [`SenderBase::refresh_changed`].
+    pub fn record(&self, changes: Changes) -> Result<(), RuntimeError> {
+        self.changes
+            .lock()
+            .map_err(|_| TransportError::Panicked("a peer recording a delta's changes"))?
+            .merge(changes);
+        Ok(())
     }
 
     /// Copies `live` (host tensors) into the copy, which then holds `version`.
     pub fn refresh(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
         self.version = None;
+        self.forget_changes();
         let n = self.copy.copy_from(live)?;
+        self.version = Some(version);
+        Ok(n)
+    }
+
+    /// Writes into the copy only what this update's encoders found changed (recorded with
+    /// [`SenderBase::record`]), which then holds `version`; returns the bytes written.
+    ///
+    /// Exact only when every peer of the update took a delta against the copy's version from
+    /// this rank (so every box the rank sends was compared, and the copy already equals `live`
+    /// everywhere else in those boxes) and the rank's plan, hence its boxes, does not change;
+    /// otherwise call [`SenderBase::refresh`]. Elements outside every box the rank sends are
+    /// never read by its encoders.
+    pub fn refresh_changed(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
+        if self.version.take().is_none() {
+            // nothing to build on (no peer compared against the copy): copy it whole
+            return self.refresh(live, version);
+        }
+        let changes = std::mem::take(
+            &mut *self
+                .changes
+                .lock()
+                .map_err(|_| TransportError::Panicked("a peer recording a delta's changes"))?,
+        );
+        // writing element by element costs more per byte than the copy's threaded memcpy:
+        // when the changes come near the copy's size, copy it whole
+        let mut want = 0u64;
+        for (name, c) in &changes.elements {
+            want += 2 * c.at.len() as u64 * pair(live, &self.copy, name)?.0.dtype.size() as u64;
+        }
+        for (name, _, ext) in &changes.boxes {
+            want += ext.numel() * pair(live, &self.copy, name)?.0.dtype.size() as u64;
+        }
+        if want >= self.bytes() {
+            let n = self.copy.copy_from(live)?;
+            self.version = Some(version);
+            return Ok(n);
+        }
+        let mut n = 0u64;
+        // the changed elements' recorded bytes, one tensor per job, on up to 8 threads (each
+        // tensor of the copy is a buffer of its own)
+        let mut jobs = Vec::with_capacity(changes.elements.len());
+        for (name, ch) in &changes.elements {
+            let (_, c) = pair(live, &self.copy, name)?;
+            let es = c.dtype.size();
+            if ch.values.len() != ch.at.len() * es {
+                return Err(outside(name));
+            }
+            // SAFETY: the copy is this rank's own host buffer; nothing reads it while `&mut
+            // self`, and each tensor's buffer is handed to one job.
+            let cb = unsafe { c.try_bytes_mut()? };
+            jobs.push((name, es, ch, cb));
+            n += ch.values.len() as u64;
+        }
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |t| t.get())
+            .clamp(1, 8)
+            .min(jobs.len().max(1));
+        let mut lanes: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+        for (k, j) in jobs.into_iter().enumerate() {
+            lanes[k % threads].push(j);
+        }
+        let bad: Vec<Option<&std::sync::Arc<str>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lanes
+                .into_iter()
+                .map(|lane| {
+                    scope.spawn(move || {
+                        for (name, es, ch, cb) in lane {
+                            if !scatter(es, &ch.at, &ch.values, cb) {
+                                return Some(name);
+                            }
+                        }
+                        None
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(None))
+                .collect()
+        });
+        if let Some(name) = bad.into_iter().flatten().next() {
+            // (the copy is part-written: it holds no version, and the next update is dense)
+            return Err(outside(name));
+        }
+        for (name, off, ext) in &changes.boxes {
+            let (l, c) = pair(live, &self.copy, name)?;
+            let es = l.dtype.size();
+            let lb = l.try_bytes()?;
+            // SAFETY: as above.
+            let cb = unsafe { c.try_bytes_mut()? };
+            let sb = StridedBox::new(&l.shape, off, &l.shape, off, ext)?;
+            let mut bad = false;
+            sb.for_each_run(|s, _, k| {
+                let (a, b) = (s as usize * es, (s + k) as usize * es);
+                match (lb.get(a..b), cb.get_mut(a..b)) {
+                    (Some(s), Some(d)) => d.copy_from_slice(s),
+                    _ => bad = true,
+                }
+            });
+            if bad {
+                return Err(outside(name));
+            }
+            n += ext.numel() * es as u64;
+        }
         self.version = Some(version);
         Ok(n)
     }
@@ -92,6 +254,54 @@ impl SenderBase {
         let held = bases?.of(peer)?;
         (self.version == Some(held)).then_some(held)
     }
+}
+
+fn pair<'s>(
+    live: &'s TensorSet,
+    copy: &'s TensorSet,
+    name: &str,
+) -> Result<(&'s TensorView, &'s TensorView), RuntimeError> {
+    match (live.get(name), copy.get(name)) {
+        (Some(l), Some(c)) if l.len() == c.len() && l.dtype == c.dtype => Ok((l, c)),
+        _ => Err(TransportError::Delta(format!(
+            "`{name}` is not in both the live tensors and the sender's copy with one size: refresh the copy whole"
+        ))
+        .into()),
+    }
+}
+
+/// Writes `values` (`es` bytes per element) at the element offsets `at` of `dst`; false when an
+/// offset lies outside it.
+fn scatter(es: usize, at: &[u32], values: &[u8], dst: &mut [u8]) -> bool {
+    fn typed<const N: usize>(at: &[u32], values: &[u8], dst: &mut [u8]) -> bool {
+        for (&i, v) in at.iter().zip(values.chunks_exact(N)) {
+            let o = i as usize * N;
+            match dst.get_mut(o..o + N) {
+                Some(d) => d.copy_from_slice(v),
+                None => return false,
+            }
+        }
+        true
+    }
+    match es {
+        1 => typed::<1>(at, values, dst),
+        2 => typed::<2>(at, values, dst),
+        4 => typed::<4>(at, values, dst),
+        8 => typed::<8>(at, values, dst),
+        _ => at
+            .iter()
+            .zip(values.chunks_exact(es.max(1)))
+            .all(|(&i, v)| {
+                let o = i as usize * es;
+                dst.get_mut(o..o + es)
+                    .map(|d| d.copy_from_slice(v))
+                    .is_some()
+            }),
+    }
+}
+
+fn outside(name: &str) -> RuntimeError {
+    TransportError::Delta(format!("a recorded change lies outside `{name}`")).into()
 }
 
 /// The segments of a bucket's payload, in order: `(element bytes, elements)`.
@@ -148,7 +358,11 @@ pub fn encode_bucket(
 /// Appends the delta of a bucket to `out`, reading the live tensors and the sender's copy of
 /// the base in place: a plain piece whose dtype does not change is compared run by run where
 /// it sits (no packing); a converted or FP8-encoded piece is packed from both (`scratch`) and
-/// compared packed. The bytes equal [`encode_bucket`] over the two packed buckets.
+/// compared packed. The bytes equal [`encode_bucket`] over the two packed buckets. With
+/// `changes`, what changed is recorded there for [`SenderBase::refresh_changed`]: the changed
+/// elements (and their new bytes) of pieces compared in place, the source box of a packed piece
+/// that changed and of every FP8-encoded one.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_bucket_from(
     bucket: &Bucket,
     transfers: &[Transfer],
@@ -157,6 +371,7 @@ pub fn encode_bucket_from(
     fp8: Option<&awex_core::encoding::Fp8Quantiser>,
     out: &mut Vec<u8>,
     scratch: &mut (Vec<u8>, Vec<u8>, Vec<u32>),
+    mut changes: Option<&mut Changes>,
 ) -> Result<DeltaStats, RuntimeError> {
     let mut st = DeltaStats::default();
     for p in &bucket.pieces {
@@ -190,7 +405,16 @@ pub fn encode_bucket_from(
             old.resize(cap, 0);
             let n = crate::bucket::pack(&one, transfers, live, new, fp8)?;
             let m = crate::bucket::pack(&one, transfers, copy, old, fp8)?;
-            st.add(&encode_bucket(&one, transfers, &old[..m], &new[..n], out)?);
+            let d = encode_bucket(&one, transfers, &old[..m], &new[..n], out)?;
+            // an FP8 box is refreshed whole even when its bytes did not change: its scales
+            // come from block maxima, so a box whose copy mixed old and new elements (written
+            // through another engine's overlapping box) could pack to bytes no receiver holds
+            if let Some(c) = changes.as_deref_mut()
+                && (d.changed > 0 || t.sender_encoded())
+            {
+                c.boxes.push((t.src_tensor.clone(), so, e));
+            }
+            st.add(&d);
             continue;
         }
         let es = t.dst_dtype.size();
@@ -214,6 +438,26 @@ pub fn encode_bucket_from(
             .into());
         }
         let run = sb.run as usize;
+        if let Some(c) = changes.as_deref_mut()
+            && !idx.is_empty()
+        {
+            if lv.shape.numel() > u32::MAX as u64 {
+                c.boxes.push((t.src_tensor.clone(), so, e));
+            } else {
+                let v = c.elements.entry(t.src_tensor.clone()).or_default();
+                v.at.reserve(idx.len());
+                v.values.reserve(idx.len() * es);
+                for &i in idx.iter() {
+                    let at = sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64;
+                    let o = at as usize * es;
+                    // (every changed element lies in the box the loop above compared)
+                    v.values.extend_from_slice(
+                        lb.get(o..o + es).ok_or_else(|| outside(&t.src_tensor))?,
+                    );
+                    v.at.push(at as u32);
+                }
+            }
+        }
         st.add(
             &delta::encode_indexed(
                 e.numel() as usize,

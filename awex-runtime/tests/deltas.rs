@@ -48,6 +48,9 @@ struct World {
         awex_core::layout::ExplicitSide,
         awex_core::layout::ExplicitSide,
     ),
+    /// the weights' version each update carries (the identity unless a test makes versions
+    /// go back to earlier contents)
+    content: fn(u64) -> u64,
 }
 
 fn transport(
@@ -64,9 +67,77 @@ fn transport(
     }
 }
 
+fn split(dim: usize, cuts: Vec<u64>, pad: u64) -> TensorSplit {
+    TensorSplit { dim, cuts, pad }
+}
+
 fn world(kind: Kind, train_dtype: DType) -> World {
+    world_with(kind, train_dtype, 1e-6, |cat| {
+        SyntheticSide {
+            side: Side::Inference,
+            engines: 2,
+            replicas: 1,
+            shards: 2,
+            splits: vec![
+                split(0, vec![50], 0),
+                split(0, vec![24], 2),
+                split(0, vec![32], 0),
+                split(1, vec![17], 0),
+            ],
+            dtype: DType::Bf16,
+            fuse: true,
+        }
+        .build(cat)
+    })
+}
+
+/// Two engines of different layouts (two shards, fused; three shards split otherwise), so the
+/// boxes a training rank sends to one overlap those it sends to the other only in part.
+fn two_layouts(cat: &awex_core::Catalogue) -> awex_core::layout::ExplicitSide {
+    let mut ranks = SyntheticSide {
+        side: Side::Inference,
+        engines: 1,
+        replicas: 1,
+        shards: 2,
+        splits: vec![
+            split(0, vec![50], 0),
+            split(0, vec![24], 2),
+            split(0, vec![32], 0),
+            split(1, vec![17], 0),
+        ],
+        dtype: DType::Bf16,
+        fuse: true,
+    }
+    .rank_layouts(cat);
+    let other = SyntheticSide {
+        side: Side::Inference,
+        engines: 1,
+        replicas: 1,
+        shards: 3,
+        splits: vec![
+            split(1, vec![16, 40], 0),
+            split(0, vec![7, 30], 1),
+            split(0, vec![20, 41], 0),
+            split(0, vec![11, 20], 0),
+        ],
+        dtype: DType::Bf16,
+        fuse: false,
+    }
+    .rank_layouts(cat);
+    for mut r in other {
+        r.rank.engine = 1;
+        ranks.push(r);
+    }
+    awex_core::layout::ExplicitSide::new(Side::Inference, ranks)
+}
+
+fn world_with(
+    kind: Kind,
+    train_dtype: DType,
+    lr: f64,
+    infer: impl FnOnce(&awex_core::Catalogue) -> awex_core::layout::ExplicitSide,
+) -> World {
     let cat = catalogue(&[vec![96, 64], vec![48, 64], vec![64], vec![33, 40]]);
-    let split = |dim: usize, cuts: Vec<u64>, pad: u64| TensorSplit { dim, cuts, pad };
     let train = SyntheticSide {
         side: Side::Training,
         engines: 1,
@@ -82,28 +153,14 @@ fn world(kind: Kind, train_dtype: DType) -> World {
         fuse: false,
     }
     .build(&cat);
-    let infer = SyntheticSide {
-        side: Side::Inference,
-        engines: 2,
-        replicas: 1,
-        shards: 2,
-        splits: vec![
-            split(0, vec![50], 0),
-            split(0, vec![24], 2),
-            split(0, vec![32], 0),
-            split(1, vec![17], 0),
-        ],
-        dtype: DType::Bf16,
-        fuse: true,
-    }
-    .build(&cat);
+    let infer = infer(&cat);
     static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let tag = format!(
         "awex-test-delta-{}-{}",
         std::process::id(),
         RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let weights = Weights::Stepped(Arc::new(Stepped::new(&cat, 1e-6, None)));
+    let weights = Weights::Stepped(Arc::new(Stepped::new(&cat, lr, None)));
     let mut w = World {
         cat,
         weights,
@@ -116,6 +173,7 @@ fn world(kind: Kind, train_dtype: DType) -> World {
         attempt: 1,
         tag,
         pair_sides: (train, infer),
+        content: |v| v,
     };
     let pair = Pair {
         catalogue: &w.cat,
@@ -174,7 +232,7 @@ fn run(
     limit: Duration,
 ) -> (Vec<ExecStats>, Vec<Result<ExecStats, String>>) {
     for (l, t, _) in &w.senders {
-        fill_or_check_from(&w.weights, l, &w.cat, t, version, false).unwrap();
+        fill_or_check_from(&w.weights, l, &w.cat, t, (w.content)(version), false).unwrap();
     }
     let cancel = AtomicBool::new(false);
     let ctx = ExecContext {
@@ -230,7 +288,7 @@ fn update(
         .zip(&w.receivers)
         .map(|(r, (l, t, _))| {
             let st = r?;
-            fill_or_check_from(&w.weights, l, &w.cat, t, version, true)?;
+            fill_or_check_from(&w.weights, l, &w.cat, t, (w.content)(version), true)?;
             Ok(st)
         })
         .collect();
@@ -351,5 +409,82 @@ fn update_expecting_refusal(w: &mut World, version: u64, bases: &PeerBases, bad:
     match &got[bad] {
         Ok(_) => panic!("receiver {bad} applied a delta it cannot prove the base of"),
         Err(e) => e.clone(),
+    }
+}
+
+/// What the weights of update `v` are in [`the_copy_refreshed_from_the_changes_keeps_every_later_delta_exact`]:
+/// versions 4 and 7 go back to the contents of the version before the last, so every element the
+/// last update changed changes back; a sender whose copy missed any of them sends no change
+/// there and the receivers keep the wrong value.
+fn back_and_forth(v: u64) -> u64 {
+    [0, 1, 2, 3, 2, 4, 5, 4, 6, 7][v as usize]
+}
+
+#[test]
+fn the_copy_refreshed_from_the_changes_keeps_every_later_delta_exact() {
+    for kind in [Kind::Shm, Kind::Tcp] {
+        for dtype in [DType::Bf16, DType::F32] {
+            // lr 2e-6: a bf16 element changes about one time in sixteen, few enough that the
+            // senders write only the changed elements into their copies
+            let mut w = world_with(kind, dtype, 2e-6, two_layouts);
+            w.content = back_and_forth;
+            let copy_bytes: Vec<u64> = w
+                .senders
+                .iter()
+                .map(|(_, t, _)| t.iter().map(|v| v.len() as u64).sum())
+                .collect();
+            let (sent, got) = update(&mut w, 1, None, false);
+            assert!(
+                got.iter().all(|r| r.is_ok()),
+                "{kind:?} {dtype} v1: {got:?}"
+            );
+            let refreshed: Vec<u64> = sent.iter().map(|s| s.refreshed).collect();
+            assert_eq!(
+                refreshed, copy_bytes,
+                "{kind:?}: a dense update refreshes the whole copy"
+            );
+            // inference rank 1/2 is named as holding no base at version 5: it gets every byte,
+            // the others deltas, and the senders refresh their copies whole
+            let without = RankId::infer(1, 2);
+            for v in 2..=9 {
+                let bases = PeerBases {
+                    version: v - 1,
+                    except: if v == 5 {
+                        [without].into_iter().collect()
+                    } else {
+                        HashSet::new()
+                    },
+                };
+                let (sent, got) = update(&mut w, v, Some(&bases), v % 2 == 0);
+                for (i, r) in got.iter().enumerate() {
+                    let st = r
+                        .as_ref()
+                        .unwrap_or_else(|e| panic!("{kind:?} {dtype} v{v} receiver {i}: {e}"));
+                    let dense = v == 5 && w.pair_sides.1.ranks()[i] == without;
+                    assert_eq!(
+                        st.delta.elements == 0,
+                        dense,
+                        "{kind:?} {dtype} v{v} receiver {i}: a delta unless it holds no base"
+                    );
+                }
+                for (s, &all) in sent.iter().zip(&copy_bytes) {
+                    assert!(
+                        s.delta.changed > 0,
+                        "{kind:?} {dtype} v{v}: something changed"
+                    );
+                    if v == 5 {
+                        assert_eq!(s.refreshed, all, "{kind:?} {dtype} v5: refreshed whole");
+                    } else if dtype == DType::Bf16 {
+                        // bf16 pieces are compared in place: only the changed elements are
+                        // written (some twice, where the two engines' boxes overlap)
+                        assert!(
+                            s.refreshed > 0 && s.refreshed < all,
+                            "{kind:?} v{v}: refreshed {} of {all} bytes",
+                            s.refreshed
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -175,6 +175,9 @@ pub struct ExecStats {
     /// A bucket several peers take (engines replicating a layout) is compared once, so this
     /// is at most `delta.dense_bytes`.
     pub compared: u64,
+    /// Sending with deltas: bytes written into this rank's copy of the base after the update
+    /// (the changed elements when every peer took a delta, else the whole copy).
+    pub refreshed: u64,
 }
 
 impl ExecStats {
@@ -185,6 +188,7 @@ impl ExecStats {
         self.checksum = self.checksum.wrapping_add(o.checksum);
         self.delta.add(&o.delta);
         self.compared += o.compared;
+        self.refreshed += o.refreshed;
     }
 
     /// Bytes a dense update would have moved: `bytes` with every delta counted at its dense size.

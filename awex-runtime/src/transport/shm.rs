@@ -19,7 +19,8 @@ use crate::bucket::{
     quantise_box,
 };
 use crate::delta::{
-    BucketKey, HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from, max_len,
+    BucketKey, Changes, HeldBases, SenderBase, apply_bucket, check_base, encode_bucket_from,
+    max_len,
 };
 use crate::shm::ShmSegment;
 use crate::tensors::TensorSet;
@@ -217,6 +218,8 @@ pub struct ShmTransport {
     fp8: Option<Fp8Quantiser>,
     /// deltas on, training side: the copy of what was last sent, and the delta segment
     base: Option<SenderBase>,
+    /// this update's peers all take deltas (set by the encode, used by the refresh)
+    all_deltas: bool,
     delta_seg: Option<ShmSegment>,
     /// training ranks: the engines the gateway left out of the running version
     lost: Option<Arc<super::LostEngines>>,
@@ -271,6 +274,7 @@ impl ShmTransport {
             bucket_bytes: bucket_bytes.max(1),
             fp8: None,
             base: None,
+            all_deltas: false,
             delta_seg: None,
             lost: None,
             unreached: Default::default(),
@@ -446,11 +450,18 @@ impl ShmTransport {
         let mut jobs: Vec<(usize, &Bucket)> = Vec::new();
         let mut entries: Vec<(u64, usize)> = Vec::new();
         let mut seen: HashMap<BucketKey, usize> = HashMap::new();
+        // the copy may be refreshed from the encoders' changes (recorded as they go) only when
+        // every peer takes a delta against it: then every box this rank sends is compared
+        self.all_deltas = self.base.is_some();
+        if let Some(b) = &self.base {
+            b.forget_changes();
+        }
         for (pi, (peer, buckets)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
             let base = self
                 .base
                 .as_ref()
                 .and_then(|b| b.base_for(ctx.bases, peer.peer));
+            self.all_deltas &= base.is_some();
             if let Some(w) = ctl.peer_base(pi as u64) {
                 w.store(base.unwrap_or(NONE), Ordering::Relaxed);
             }
@@ -497,6 +508,7 @@ impl ShmTransport {
             let transfers = &peers[pi].transfers;
             let mut out = Vec::new();
             let mut scratch = (Vec::new(), Vec::new(), Vec::new());
+            let mut changes = Changes::default();
             ctx.check()?;
             let d = encode_bucket_from(
                 b,
@@ -506,7 +518,11 @@ impl ShmTransport {
                 fp8,
                 &mut out,
                 &mut scratch,
+                Some(&mut changes),
             )?;
+            // written into the copy once every peer is done (`ShmTransport::publish`), never
+            // while another job still compares against it
+            sb.record(changes)?;
             let h = if ctx.checksums {
                 let mut new = vec![0u8; b.bytes as usize];
                 let n = pack(b, transfers, tensors, &mut new, fp8)?;
@@ -578,7 +594,7 @@ impl ShmTransport {
     fn publish(
         &mut self,
         ctx: &ExecContext<'_>,
-        stats: ExecStats,
+        mut stats: ExecStats,
     ) -> Result<ExecStats, RuntimeError> {
         let ctl = self
             .ctl
@@ -642,10 +658,25 @@ impl ShmTransport {
         // once every peer is done (or this rank gave up) nobody may read these weights as this
         // version any more: the trainer is free to change them
         ctl.ready().store(NONE, Ordering::Release);
+        // the copy may be refreshed from the encoders' changes only when every peer took a
+        // delta against it (every box this rank sends was compared) and took it
+        let all_deltas = std::mem::take(&mut self.all_deltas) && self.unreached.is_empty();
         if let Some(b) = self.base.as_mut() {
             match &result {
                 Ok(()) => {
-                    b.refresh(&self.tensors, ctx.version)?;
+                    let t = std::time::Instant::now();
+                    stats.refreshed = if all_deltas {
+                        b.refresh_changed(&self.tensors, ctx.version)?
+                    } else {
+                        b.refresh(&self.tensors, ctx.version)?
+                    };
+                    tracing::debug!(
+                        version = ctx.version,
+                        refresh_ms = t.elapsed().as_secs_f64() * 1e3,
+                        refresh_bytes = stats.refreshed,
+                        partial = all_deltas,
+                        "refreshed the copy of what was sent"
+                    );
                 }
                 Err(_) => b.invalidate(),
             }

@@ -22,8 +22,8 @@ use super::auth::{PairSecret, random_bytes};
 use super::{ExecContext, ExecStats, Transport};
 use crate::bucket::{Bucket, hash_destination, make_buckets, pack, unpack};
 use crate::delta::{
-    Encoded, HeldBases, SenderBase, SharedDeltas, apply_bucket, check_base, encode_bucket_from,
-    max_len,
+    Changes, Encoded, HeldBases, SenderBase, SharedDeltas, apply_bucket, check_base,
+    encode_bucket_from, max_len,
 };
 use crate::tensors::TensorSet;
 use crate::{RuntimeError, TransportError};
@@ -101,7 +101,8 @@ struct PeerDelta<'a> {
     /// the quantiser of sender-encoded FP8 transfers
     fp8: Option<&'a Fp8Quantiser>,
     /// sending: the version the peer holds and the copy holding it, when the peer gets deltas
-    base: Option<(u64, &'a TensorSet)>,
+    /// (the encoders record what they find changed into it)
+    base: Option<(u64, &'a SenderBase)>,
     /// sending: the deltas this rank's peers share (each encoded once per update)
     shared: &'a SharedDeltas,
     /// receiving: what this rank's tensors hold per sender
@@ -477,8 +478,21 @@ impl TcpTransport {
                 .map_err(io_err("clone socket".into()))?;
             streams.push((i, s));
         }
+        if let Some(b) = &self.base {
+            b.forget_changes();
+        }
+        // the copy may be refreshed from the encoders' changes only when every peer of the
+        // plan took a delta against it (every box this rank sends was compared) and got it
+        let mut all_deltas = streams.len() == plan.peers.len()
+            && self.base.as_ref().is_some_and(|b| {
+                plan.peers
+                    .iter()
+                    .all(|p| b.base_for(ctx.bases, p.peer).is_some())
+            });
         let mut sent = Ok(ExecStats::default());
+        let started = Instant::now();
         for (peer, r) in self.run_peers(&plan, streams, ctx, send_peer) {
+            all_deltas &= r.is_ok();
             match r {
                 Ok(s) => {
                     if let Ok(total) = sent.as_mut() {
@@ -496,11 +510,26 @@ impl TcpTransport {
             }
         }
         if let Some(b) = self.base.as_mut() {
-            match &sent {
+            match &mut sent {
                 // what every peer now holds, unless a peer failed after all (then the gateway
                 // names it in `except` and it gets every byte)
-                Ok(_) => {
-                    b.refresh(&self.tensors, ctx.version)?;
+                Ok(st) => {
+                    let (sending, t) = (started.elapsed(), Instant::now());
+                    let bytes = if all_deltas {
+                        b.refresh_changed(&self.tensors, ctx.version)?
+                    } else {
+                        b.refresh(&self.tensors, ctx.version)?
+                    };
+                    tracing::debug!(
+                        rank = self.me.rank,
+                        version = ctx.version,
+                        sending_ms = sending.as_secs_f64() * 1e3,
+                        refresh_ms = t.elapsed().as_secs_f64() * 1e3,
+                        refresh_bytes = bytes,
+                        partial = all_deltas,
+                        "sent; refreshed the copy of what was sent"
+                    );
+                    st.refreshed = bytes;
                 }
                 Err(_) => b.invalidate(),
             }
@@ -650,7 +679,7 @@ impl TcpTransport {
         let base_of = |peer: RankId| {
             self.base
                 .as_ref()
-                .and_then(|b| Some((b.base_for(ctx.bases, peer)?, b.copy())))
+                .and_then(|b| Some((b.base_for(ctx.bases, peer)?, b)))
         };
         // the buckets more than one delta-taking peer shares (engines replicating a layout)
         let shared = SharedDeltas::new(
@@ -968,27 +997,34 @@ fn send_peer(
                     // deltas: scratch for pieces compared packed; the dense bytes for checksums
                     let mut scratch = (Vec::new(), Vec::new(), Vec::new());
                     let mut new = Vec::new();
+                    let mut busy = Duration::ZERO;
                     for b in buckets.iter().skip(k).step_by(packers) {
                         ctx.check()?;
                         let mut buf = free_rx.recv().map_err(|_| TransportError::SenderStopped)?;
+                        let t = Instant::now();
                         let (n, h, sent_base) = match base {
                             None => {
                                 let n = pack(b, &peer.transfers, tensors, &mut buf, fp8)?;
                                 (n, hash_if(ctx.checksums, &buf[..n]), None)
                             }
-                            Some((v, copy)) => {
+                            Some((v, sb)) => {
                                 let mut compared = 0;
                                 let enc = delta.shared.get(b, &peer.transfers, || {
                                     let mut bytes = Vec::new();
+                                    let mut changes = Changes::default();
                                     let stats = encode_bucket_from(
                                         b,
                                         &peer.transfers,
                                         tensors,
-                                        copy,
+                                        sb.copy(),
                                         fp8,
                                         &mut bytes,
                                         &mut scratch,
+                                        Some(&mut changes),
                                     )?;
+                                    // written into the copy once every encoder of the update
+                                    // is done (`TcpTransport::send`)
+                                    sb.record(changes)?;
                                     // checksums cover the bytes the receiver ends with: the
                                     // dense bucket
                                     let checksum = if ctx.checksums {
@@ -1015,10 +1051,19 @@ fn send_peer(
                         st.checksum = st.checksum.wrapping_add(h);
                         st.bytes += n as u64;
                         st.buckets += 1;
+                        busy += t.elapsed();
                         if full_tx.send((n, buf, h, sent_base)).is_err() {
                             return Err(TransportError::Broken { peer: peer.peer }.into());
                         }
                     }
+                    tracing::debug!(
+                        peer = %peer.peer,
+                        version = ctx.version,
+                        packer = k,
+                        delta = base.is_some(),
+                        pack_ms = busy.as_secs_f64() * 1e3,
+                        "packed or encoded a peer's buckets"
+                    );
                     Ok(st)
                 })
             })
@@ -1079,7 +1124,9 @@ fn receive_peer(
     std::thread::scope(|scope| {
         let unpacker = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
             let mut st = ExecStats::default();
+            let mut busy = Duration::ZERO;
             for (i, (n, mut buf, h, base)) in full_rx.iter().enumerate() {
+                let t = Instant::now();
                 let b = buckets.get(i).ok_or_else(|| {
                     RuntimeError::from(TransportError::TooManyBuckets { peer: peer.peer })
                 })?;
@@ -1102,6 +1149,7 @@ fn receive_peer(
                     st.delta.add(&d);
                     st.bytes += n as u64;
                     st.buckets += 1;
+                    busy += t.elapsed();
                     let _ = free_tx.send(buf);
                     continue;
                 }
@@ -1121,8 +1169,15 @@ fn receive_peer(
                 unpack(b, &peer.transfers, tensors, &buf[..n])?;
                 st.bytes += n as u64;
                 st.buckets += 1;
+                busy += t.elapsed();
                 let _ = free_tx.send(buf);
             }
+            tracing::debug!(
+                peer = %peer.peer,
+                version = ctx.version,
+                apply_ms = busy.as_secs_f64() * 1e3,
+                "unpacked or applied a peer's buckets"
+            );
             Ok(st)
         });
         // the reader owns the other ends of both channels: returning drops them

@@ -69,6 +69,9 @@ struct ModeRun {
     training_part_ms: Vec<f64>,
     /// The slowest inference rank's part per update (receiving and applying), ms.
     inference_part_ms: Vec<f64>,
+    /// Bytes the training ranks wrote into their copies of what they sent, per update (deltas:
+    /// the changed elements when every peer took a delta, else the whole copy).
+    refreshed_bytes: Vec<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -156,8 +159,8 @@ fn print_table(r: &DeltaReport) {
         gb(r.dense_bytes)
     );
     println!(
-        "{:<8} {:>12} {:>14} {:>10} {:>14} {:>14}  updates (ms)",
-        "mode", "median ms", "received", "changed", "sender ms", "receiver ms"
+        "{:<8} {:>12} {:>14} {:>10} {:>14} {:>14} {:>14}  updates (ms)",
+        "mode", "median ms", "received", "changed", "sender ms", "receiver ms", "copy refresh"
     );
     for m in &r.modes {
         let received = median(
@@ -172,14 +175,21 @@ fn print_table(r: &DeltaReport) {
             "-".into()
         };
         let each: Vec<String> = m.update_ms.iter().map(|t| format!("{t:.1}")).collect();
+        let refreshed = if m.deltas {
+            let b: Vec<f64> = m.refreshed_bytes.iter().map(|&b| b as f64).collect();
+            format!("{:.1} MB", median(&b) / 1e6)
+        } else {
+            "-".into()
+        };
         println!(
-            "{:<8} {:>12.1} {:>11.3} GB {:>10} {:>14.1} {:>14.1}  {}",
+            "{:<8} {:>12.1} {:>11.3} GB {:>10} {:>14.1} {:>14.1} {:>14}  {}",
             if m.deltas { "deltas" } else { "dense" },
             m.median_ms,
             received / 1e9,
             changed,
             median(&m.training_part_ms),
             median(&m.inference_part_ms),
+            refreshed,
             each.join(" ")
         );
     }
@@ -200,8 +210,9 @@ fn print_table(r: &DeltaReport) {
 struct Progress {
     ready: AtomicU64,
     failed: std::sync::Mutex<Option<String>>,
-    /// Each rank's part (`execute`, from taking the work to its report): side, version, ms.
-    parts: std::sync::Mutex<Vec<(Side, u64, f64)>>,
+    /// Each rank's part (`execute`, from taking the work to its report): side, version, ms,
+    /// bytes written into its copy of what it sent.
+    parts: std::sync::Mutex<Vec<(Side, u64, f64, u64)>>,
 }
 
 /// One pair, dense or with deltas: every rank a task of this process.
@@ -236,6 +247,7 @@ async fn run_mode(
         density: Vec::new(),
         training_part_ms: Vec::new(),
         inference_part_ms: Vec::new(),
+        refreshed_bytes: Vec::new(),
     };
     for v in 1..=a.updates {
         // every training rank holds version v, every inference rank checked version v - 1
@@ -294,12 +306,19 @@ async fn run_mode(
         let slowest = |side: Side| {
             parts
                 .iter()
-                .filter(|(s, pv, _)| *s == side && *pv == v)
+                .filter(|(s, pv, ..)| *s == side && *pv == v)
                 .map(|p| p.2)
                 .fold(0.0, f64::max)
         };
         run.training_part_ms.push(slowest(Side::Training));
         run.inference_part_ms.push(slowest(Side::Inference));
+        run.refreshed_bytes.push(
+            parts
+                .iter()
+                .filter(|(s, pv, ..)| *s == Side::Training && *pv == v)
+                .map(|p| p.3)
+                .sum(),
+        );
     }
     Ok(run)
 }
@@ -338,7 +357,12 @@ async fn rank_loop(cfg: RankConfig, weights: &Weights, progress: &Progress) -> a
         let t = Instant::now();
         let stats = me.execute(w, false).await?;
         if let Ok(mut p) = progress.parts.lock() {
-            p.push((side, w.version, t.elapsed().as_secs_f64() * 1e3));
+            p.push((
+                side,
+                w.version,
+                t.elapsed().as_secs_f64() * 1e3,
+                stats.refreshed,
+            ));
         }
         match me.outcome(w, stats, Duration::from_secs(600)).await {
             Outcome::Committed { .. } => {}
