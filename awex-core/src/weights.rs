@@ -11,7 +11,10 @@
 use crate::dtype::DType;
 use crate::model::Catalogue;
 
-fn splitmix(mut x: u64) -> u64 {
+/// The SplitMix64 finaliser: a cheap, well-mixed 64-bit hash of `x` (the seeded streams of
+/// [`Stepped`], the planner's tie-breaks, the benchmarks' contents and the GPU step kernel's
+/// element picks all use it).
+pub fn splitmix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

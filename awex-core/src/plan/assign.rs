@@ -5,6 +5,7 @@ use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::layout::{Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
+use crate::weights::splitmix;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -146,13 +147,6 @@ struct Piece {
 /// The tie-break of source rank `r` in tensor `id`.
 fn tie(id: u32, r: RankId) -> u64 {
     splitmix(((id as u64) << 32) ^ ((r.engine as u64) << 24) ^ r.rank as u64)
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 fn holder_key(h: &Holder) -> (Region, &str, Dims) {

@@ -21,6 +21,7 @@
 use super::device::{Device, Stream};
 use super::engine::Kernel;
 use super::{CudaError, KernelArg, sys};
+use awex_core::weights::splitmix;
 use std::ffi::CStr;
 
 /// The delta kernels' PTX, NUL-terminated for the driver.
@@ -49,14 +50,6 @@ pub fn step_threshold(fraction: f64) -> u32 {
 /// for checking its output on the host).
 pub fn step_changes(seed: u64, i: u64, threshold: u32) -> bool {
     ((splitmix(seed ^ i) >> 32) as u32) < threshold
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The synthetic optimiser step (`awex_step_bf16`), loaded on one device.

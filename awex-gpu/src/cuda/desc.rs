@@ -374,7 +374,7 @@ fn loop_outer(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use awex_core::dtype::DType;
     use awex_core::layout::copy::copy_box;
@@ -382,7 +382,8 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
 
-    fn transfer(
+    /// A transfer of `dtype` between tensors `src` and `dst` (not transposed), for tests.
+    pub(crate) fn transfer(
         src_shape: &[u64],
         src_off: &[u64],
         dst_shape: &[u64],

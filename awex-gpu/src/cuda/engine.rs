@@ -489,49 +489,29 @@ impl CopyEngine {
         diff: bool,
     ) -> Result<(), CudaError> {
         let s = self.streams[k].raw;
+        // the diff kernel also counts the vectors it writes, in the `u64` after the counter
+        let (kern, blocks, words) = match diff {
+            true => (&self.diff, self.diff_blocks, 4),
+            false => (&self.tiles, self.tile_blocks, 1),
+        };
+        let Some(kern) = kern else {
+            return Ok(());
+        };
+        let mut args = vec![
+            KernelArg::U64(table.ptr() + TABLE_OFFSET),
+            KernelArg::U64(table.ptr()),
+            KernelArg::U32(n),
+        ];
+        if diff {
+            args.push(KernelArg::U64(table.ptr() + CHANGED_OFFSET));
+        }
         let r = (|| {
-            if diff {
-                let Some(kern) = &self.diff else {
-                    return Ok(());
-                };
-                // SAFETY: the block counter and the written count are the first 16 bytes of
-                // `table`, which the caller keeps alive.
-                unsafe { sys::memset_d32_async(table.ptr(), 0, 4, s)? };
-                let mut args = [
-                    KernelArg::U64(table.ptr() + TABLE_OFFSET),
-                    KernelArg::U64(table.ptr()),
-                    KernelArg::U32(n),
-                    KernelArg::U64(table.ptr() + CHANGED_OFFSET),
-                ];
-                // SAFETY: the kernel takes (tiles, counter, ntiles, changed) and is loaded in
-                // this context; the tiles are the caller's.
-                return unsafe {
-                    sys::launch_args(
-                        kern.func,
-                        self.diff_blocks.max(1),
-                        (KERNEL_THREADS, 1),
-                        s,
-                        &mut args,
-                    )
-                };
-            }
-            let Some(kern) = &self.tiles else {
-                return Ok(());
-            };
-            // SAFETY: the counter is the first word of `table`, which the caller keeps alive.
-            unsafe { sys::memset_d32_async(table.ptr(), 0, 1, s)? };
-            // SAFETY: the kernel is loaded in this context; the tiles are the caller's.
-            unsafe {
-                sys::launch_copy_tiles(
-                    kern.func,
-                    self.tile_blocks.max(1),
-                    KERNEL_THREADS,
-                    s,
-                    table.ptr() + TABLE_OFFSET,
-                    table.ptr(),
-                    n,
-                )
-            }
+            // SAFETY: the counters are the first 16 bytes of `table`, which the caller keeps
+            // alive.
+            unsafe { sys::memset_d32_async(table.ptr(), 0, words, s)? };
+            // SAFETY: the kernel takes (tiles, counter, ntiles[, changed]) and is loaded in
+            // this context; the tiles are the caller's.
+            unsafe { sys::launch_args(kern.func, blocks.max(1), (KERNEL_THREADS, 1), s, &mut args) }
         })();
         r.map_err(|e| CudaError::Copy {
             desc: format!("{n} tiles"),

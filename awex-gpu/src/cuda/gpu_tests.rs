@@ -2,40 +2,14 @@
 //! `cargo test -p awex-gpu --features cuda --lib -- --ignored cuda::gpu_tests` on a machine with
 //! one (or the test binary built here and carried there: `bench/results/2026-12-01-d-call1/call.sh`).
 
+use super::desc::tests::transfer;
 use super::*;
 use awex_core::dtype::DType;
+use awex_core::layout::Dims;
 use awex_core::layout::copy::copy_box;
-use awex_core::layout::{Dims, RankId};
 use awex_core::plan::Transfer;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn transfer(
-    src_shape: &[u64],
-    src_off: &[u64],
-    dst_shape: &[u64],
-    dst_off: &[u64],
-    extent: &[u64],
-    dtype: DType,
-) -> Transfer {
-    Transfer {
-        encode: None,
-        src_rank: RankId::train(0),
-        dst_rank: RankId::infer(0, 0),
-        canonical: 0,
-        src_tensor: Arc::from("src"),
-        src_shape: Dims::new(src_shape),
-        src_offset: Dims::new(src_off),
-        src_dtype: dtype,
-        dst_tensor: Arc::from("dst"),
-        dst_shape: Dims::new(dst_shape),
-        dst_offset: Dims::new(dst_off),
-        dst_dtype: dtype,
-        extent: Dims::new(extent),
-        transposed: false,
-    }
-}
 
 /// Deterministic, non-zero bytes.
 fn pattern(n: usize, seed: u64) -> Vec<u8> {

@@ -758,46 +758,6 @@ pub(crate) unsafe fn launch_copy_rows(
     })
 }
 
-/// Launches `awex_copy_tiles` (`copy_tiles.ptx`) with `blocks` blocks of `threads` threads on
-/// `s`: the table of `ntiles` tiles at `tiles`, the block counter at `counter`.
-///
-/// # Safety
-///
-/// `f` must be that kernel, loaded in the current context; the table must describe copies
-/// between device memory of this context that stays allocated, with the table and counter,
-/// until the launch has finished, and `counter` must be zero when it starts.
-pub(crate) unsafe fn launch_copy_tiles(
-    f: RawFunction,
-    blocks: u32,
-    threads: u32,
-    s: RawStream,
-    tiles: u64,
-    counter: u64,
-    ntiles: u32,
-) -> Result<(), CudaError> {
-    let (mut t, mut c, mut n) = (tiles, counter, ntiles);
-    let mut params: [*mut c_void; 3] = [
-        (&mut t as *mut u64).cast(),
-        (&mut c as *mut u64).cast(),
-        (&mut n as *mut u32).cast(),
-    ];
-    check("cuLaunchKernel", unsafe {
-        cu::cuLaunchKernel(
-            f.0.cast(),
-            blocks,
-            1,
-            1,
-            threads,
-            1,
-            1,
-            0,
-            s.0.cast(),
-            params.as_mut_ptr(),
-            ptr::null_mut(),
-        )
-    })
-}
-
 /// Launches `f` over `blocks` blocks of `threads` threads on `s` with kernel arguments `args`,
 /// each a 64-bit or 32-bit value as the kernel declares it (the delta kernels, `delta.ptx`).
 ///

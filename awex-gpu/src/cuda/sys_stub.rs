@@ -325,23 +325,6 @@ pub(crate) unsafe fn launch_args(
 /// # Safety
 ///
 /// None needed (nothing is touched); unsafe to match the driver build.
-pub(crate) unsafe fn launch_copy_tiles(
-    _: RawFunction,
-    _: u32,
-    _: u32,
-    _: RawStream,
-    _: u64,
-    _: u64,
-    _: u32,
-) -> Result<(), CudaError> {
-    Err(NO)
-}
-
-/// Always [`CudaError::NotBuilt`].
-///
-/// # Safety
-///
-/// None needed (nothing is touched); unsafe to match the driver build.
 pub(crate) unsafe fn launch_fp8_block_quant(
     _: RawFunction,
     _: (u32, u32),

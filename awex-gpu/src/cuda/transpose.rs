@@ -267,10 +267,9 @@ mod tests {
     use super::*;
     use awex_core::dims::Dims;
     use awex_core::dtype::DType;
-    use awex_core::layout::RankId;
     use awex_core::layout::copy::copy_box_transposed;
-    use std::sync::Arc;
 
+    /// A transposed transfer into an engine's expert tensor.
     fn transfer(
         src_shape: &[u64],
         src_off: &[u64],
@@ -280,20 +279,10 @@ mod tests {
         dtype: DType,
     ) -> Transfer {
         Transfer {
-            encode: None,
-            src_rank: RankId::train(0),
-            dst_rank: RankId::infer(0, 0),
-            canonical: 0,
-            src_tensor: Arc::from("experts.gate_up"),
-            src_shape: Dims::new(src_shape),
-            src_offset: Dims::new(src_off),
-            src_dtype: dtype,
-            dst_tensor: Arc::from("w13_weight"),
-            dst_shape: Dims::new(dst_shape),
-            dst_offset: Dims::new(dst_off),
-            dst_dtype: dtype,
-            extent: Dims::new(extent),
             transposed: true,
+            ..crate::cuda::desc::tests::transfer(
+                src_shape, src_off, dst_shape, dst_off, extent, dtype,
+            )
         }
     }
 

@@ -15,13 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 // ---------------------------------------------------------------------------------------------
 // deterministic tensor contents
 
-pub(super) fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use awex_core::weights::splitmix;
 
 /// The content key of a training tensor: FNV-1a of its rank and name.
 pub(super) fn tensor_key(rank: RankId, name: &str) -> u64 {
