@@ -85,7 +85,7 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
         print(f"| {os.path.basename(f)} | unreadable: {e} |")
         continue
     w = b.get("steady_written_bytes") or [0]
-    dv, dw = b.get("delta_vectors", 0), b.get("delta_written_vectors", 0)
+    dv, dw = b.get("delta_vectors", 0), b.get("delta_changed_vectors", 0)
     print(f"| {os.path.basename(f)[6:-5]} | {b.get('deltas')} | {b.get('step')} | {b['first_update_ms']:.2f} | "
           f"{b['steady_median_ms']:.2f} | {' '.join(f'{m:.2f}' for m in b['steady_ms'])} | {b['floor_ms']:.2f} | "
           f"{b['ratio']:.3f} | {sum(w)/len(w)/1e9:.3f} | {dw}/{dv} ({100*dw/max(dv,1):.2f} %) | {b['verified']} |")
@@ -100,4 +100,6 @@ for f in sorted(glob.glob(os.path.join(out, "demo_*.json"))):
     rows = [f"v{u.get('version')}: {u.get('seconds', 0) * 1e3:.1f} ms (transfer {u.get('transfer_ms') or 0:.2f} ms), {u.get('bytes')} of {u.get('dense_bytes')} B, density {u.get('density')}" for u in ups]
     print(f"{os.path.basename(f)}: verified {d.get('verified')}; " + "; ".join(rows))
 PY
+# the device returns only a few files from $OUT: everything also goes back as one archive
+tar -C "$OUT" -czf "$OUT/all.tgz" --exclude=all.tgz . 2>/dev/null || true
 exit $status

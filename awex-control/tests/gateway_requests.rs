@@ -928,8 +928,9 @@ async fn connect_applies_the_same_bounds_as_every_other_entry_point() {
     assert_eq!(s, 404);
 }
 
-/// An engine that holds boxes transposed (gpt-oss's experts on SGLang) is moved over shm and
-/// tcp only: connect refuses a GPU transport or delta updates for it, naming the tensor.
+/// An engine that holds boxes transposed (gpt-oss's experts on SGLang) is moved over cuda-ipc
+/// (the receiver's GPU transposes, deltas or not) and over shm and tcp without deltas: connect
+/// refuses nccl, and deltas on shm or tcp, naming the tensor.
 #[tokio::test]
 async fn connect_refuses_transposed_boxes_where_the_pair_could_not_move_them() {
     use awex_core::Transport;
@@ -952,6 +953,7 @@ async fn connect_refuses_transposed_boxes_where_the_pair_could_not_move_them() {
     for (transport, deltas, why) in [
         (Transport::Nccl, false, "the nccl transport"),
         (Transport::Shm, true, "options.deltas"),
+        (Transport::Tcp, true, "options.deltas"),
     ] {
         let (s, v) = call(
             &app,
@@ -965,19 +967,25 @@ async fn connect_refuses_transposed_boxes_where_the_pair_could_not_move_them() {
             (
                 422,
                 format!(
-                    "inference.parallel `sglang:tp=1` holds `model.layers.0.mlp.experts.gate_up_proj` transposed (as `model.layers.0.mlp.experts.w13_weight`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the shm or tcp transport without delta updates"
+                    "inference.parallel `sglang:tp=1` holds `model.layers.0.mlp.experts.gate_up_proj` transposed (as `model.layers.0.mlp.experts.w13_weight`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the cuda-ipc transport, or shm or tcp without delta updates"
                 )
                 .as_str()
             )
         );
     }
-    // shm without deltas connects
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/v1/pairs",
-        Some(gpt_oss("g", Transport::Shm, false)),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
+    // shm without deltas connects, and cuda-ipc (the receiver's GPU transposes) with or without
+    for (name, transport, deltas) in [
+        ("g", Transport::Shm, false),
+        ("g2", Transport::CudaIpc, false),
+        ("g3", Transport::CudaIpc, true),
+    ] {
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/v1/pairs",
+            Some(gpt_oss(name, transport, deltas)),
+        )
+        .await;
+        assert_eq!(s, 201, "{transport} deltas={deltas}: {v}");
+    }
 }

@@ -52,11 +52,26 @@ __device__ __forceinline__ bool same(uint4 a, uint4 b) {
     return ((a.x ^ b.x) | (a.y ^ b.y) | (a.z ^ b.z) | (a.w ^ b.w)) == 0;
 }
 
+// Writes `a` at `p` where it differs from `b` (counting it in `mine`), and also where the
+// vector of the lane that holds the other half of the same 32-byte sector differs (`partner`,
+// 32 or more where that half is in another warp's step): HBM with ECC turns a half-sector
+// write into a read, merge and write, so a sector that changes is written whole. Writing a
+// vector that already equals the source changes nothing; only differing vectors are counted.
+__device__ __forceinline__ void put(uint4* p, uint4 a, uint4 b, uint32_t partner,
+                                    unsigned long long& mine) {
+    const bool differs = !same(a, b);
+    // lanes outside the loop's last partial step are inactive: their bits read 0
+    const uint32_t m = __ballot_sync(__activemask(), differs);
+    if (differs) ++mine;
+    if (differs || (partner < 32u && ((m >> partner) & 1u))) store(p, a);
+}
+
 extern "C" __global__ void __launch_bounds__(256, 4)
 awex_diff_tiles(const Tile* __restrict__ tiles, uint32_t* counter, uint32_t ntiles,
                 unsigned long long* changed) {
     __shared__ uint32_t s_tile;
     const uint64_t stride = blockDim.x;
+    const uint32_t lane = threadIdx.x & 31u;
     unsigned long long mine = 0;
     for (;;) {
         if (threadIdx.x == 0) s_tile = atomicAdd(counter, 1u);
@@ -71,20 +86,24 @@ awex_diff_tiles(const Tile* __restrict__ tiles, uint32_t* counter, uint32_t ntil
             const uint4* s = reinterpret_cast<const uint4*>(e.src + (uint64_t)r * e.spitch);
             uint4* d = reinterpret_cast<uint4*>(e.dst + (uint64_t)r * e.dpitch);
             uint64_t v = threadIdx.x;
+            // the lane holding the other half of this lane's sector: lane ^ 1 where the row
+            // starts on a 32-byte boundary, the lane before or after where it starts halfway
+            const uint32_t o = (uint32_t)((e.dst + (uint64_t)r * e.dpitch) >> 4) & 1u;
+            const uint32_t partner = ((lane + o) ^ 1u) - o;
             // four vectors a step, all loads first, so that enough are in flight
             for (; v + 3 * stride < nvec; v += 4 * stride) {
                 const uint4 a0 = load_src(s + v), a1 = load_src(s + v + stride),
                             a2 = load_src(s + v + 2 * stride), a3 = load_src(s + v + 3 * stride);
                 const uint4 b0 = load_dst(d + v), b1 = load_dst(d + v + stride),
                             b2 = load_dst(d + v + 2 * stride), b3 = load_dst(d + v + 3 * stride);
-                if (!same(a0, b0)) { store(d + v, a0); ++mine; }
-                if (!same(a1, b1)) { store(d + v + stride, a1); ++mine; }
-                if (!same(a2, b2)) { store(d + v + 2 * stride, a2); ++mine; }
-                if (!same(a3, b3)) { store(d + v + 3 * stride, a3); ++mine; }
+                put(d + v, a0, b0, partner, mine);
+                put(d + v + stride, a1, b1, partner, mine);
+                put(d + v + 2 * stride, a2, b2, partner, mine);
+                put(d + v + 3 * stride, a3, b3, partner, mine);
             }
             for (; v < nvec; v += stride) {
                 const uint4 a = load_src(s + v), b = load_dst(d + v);
-                if (!same(a, b)) { store(d + v, a); ++mine; }
+                put(d + v, a, b, partner, mine);
             }
         }
     }

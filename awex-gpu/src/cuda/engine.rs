@@ -239,7 +239,7 @@ pub struct CopyGraph {
     /// Device memory of the tile table and its counter.
     pub table_bytes: u64,
     /// Whether the tile launch writes only the vectors that differ
-    /// ([`CopyEngine::capture_diff`]); see [`CopyGraph::written_vectors`].
+    /// ([`CopyEngine::capture_diff`]); see [`CopyGraph::changed_vectors`].
     pub diff: bool,
     /// Bytes of the copies the diff launch takes (0 unless [`CopyGraph::diff`]).
     pub diff_bytes: u64,
@@ -249,10 +249,12 @@ pub struct CopyGraph {
 }
 
 impl CopyGraph {
-    /// After a replay of a diff graph has finished: the 16-byte vectors its diff launch wrote
-    /// (those whose bytes differed), out of [`CopyGraph::diff_bytes`] / 16. `None` for a graph
-    /// that copies every byte.
-    pub fn written_vectors(&self) -> Result<Option<u64>, CudaError> {
+    /// After a replay of a diff graph has finished: the 16-byte vectors whose bytes differed,
+    /// out of [`CopyGraph::diff_bytes`] / 16. The kernel wrote each of them, and also the other
+    /// half of each 32-byte sector one of them lies in (a half-sector write costs the memory a
+    /// read-merge-write; the half written too already held the source's bytes). `None` for a
+    /// graph that copies every byte.
+    pub fn changed_vectors(&self) -> Result<Option<u64>, CudaError> {
         let Some(t) = self._table.as_ref().filter(|_| self.diff) else {
             return Ok(None);
         };
@@ -630,8 +632,8 @@ impl CopyEngine {
     /// Like [`CopyEngine::capture`], but every copy the tile table can take (16-byte vectors,
     /// see [`kernel_fits`]; large linear ones too, whatever [`CopyEngine::set_driver_min`]
     /// says) goes through the diff kernel (`delta.cu`): it reads each destination vector and
-    /// writes it only where the source's bytes differ, and counts the vectors it wrote
-    /// ([`CopyGraph::written_vectors`]). The result is the same bytes as the copy's. The rest,
+    /// writes it only where the source's bytes differ (the whole 32-byte sector where one half
+    /// differs), and counts the vectors that differed ([`CopyGraph::changed_vectors`]). The result is the same bytes as the copy's. The rest,
     /// and a whole batch whose table would pass the bound or an engine without the diff kernel
     /// ([`CopyEngine::diffs`]), are copied whole: [`CopyGraph::diff`] says which happened.
     ///

@@ -492,9 +492,9 @@ struct Report {
     /// that differed, plus what was copied whole).
     steady_written_bytes: Vec<u64>,
     /// With deltas, over the steady updates: 16-byte vectors the diff kernel read on both ends,
-    /// and those it wrote (differing).
+    /// and those that differed (each written, with its 32-byte sector's other half).
     delta_vectors: u64,
-    delta_written_vectors: u64,
+    delta_changed_vectors: u64,
     unix_time: u64,
 }
 
@@ -1053,7 +1053,7 @@ pub fn run(a: IpcArgs) -> anyhow::Result<ExitCode> {
         step: a.step,
         steady_written_bytes: steady_written,
         delta_vectors: delta.elements,
-        delta_written_vectors: delta.changed,
+        delta_changed_vectors: delta.changed,
         unix_time: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -1135,9 +1135,9 @@ fn print_table(r: &Report) {
                 f * 100.0
             )),
             written as f64 / steady as f64 / 1e9,
-            r.delta_written_vectors,
+            r.delta_changed_vectors,
             r.delta_vectors,
-            100.0 * r.delta_written_vectors as f64 / r.delta_vectors.max(1) as f64
+            100.0 * r.delta_changed_vectors as f64 / r.delta_vectors.max(1) as f64
         );
     }
     println!(

@@ -20,6 +20,7 @@ use awex_core::backend::{
 use awex_core::encoding::InferFp8;
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
+use awex_core::transport::Transport;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -219,8 +220,8 @@ fn registered_layout(
         awex_core::encoding::Fp8Side::new(layout.clone(), model, &cat, f.clone())
             .map_err(|e| ApiError::Unprocessable(format!("inference.fp8 with `{spec}`: {e}")))?;
     }
-    // an engine that holds boxes transposed (gpt-oss's experts) is moved by shm and tcp only:
-    // refused at connect where the pair would move it otherwise (`no_transpose` says why)
+    // an engine that holds boxes transposed (gpt-oss's experts) is moved by cuda-ipc, shm and
+    // tcp (the latter two without deltas): refused at connect where the pair would move it otherwise (`no_transpose` says why)
     if let Some(why) = no_transpose {
         let cat = awex_core::Catalogue::of(model);
         if let Some((c, h)) = cat.tensors().iter().find_map(|c| {
@@ -231,7 +232,7 @@ fn registered_layout(
                 .map(|h| (c.name.clone(), h.tensor))
         }) {
             return Err(ApiError::Unprocessable(format!(
-                "{side}.parallel `{spec}` holds `{c}` transposed (as `{h}`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the shm or tcp transport without delta updates"
+                "{side}.parallel `{spec}` holds `{c}` transposed (as `{h}`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the cuda-ipc transport, or shm or tcp without delta updates"
             )));
         }
     }
@@ -329,9 +330,11 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         &req.inference.parallel,
         &im,
         req.inference.fp8.as_ref(),
-        if req.transport.on_gpu() {
+        // cuda-ipc transposes on the receiving GPU (with or without deltas); nccl does not yet;
+        // shm and tcp transpose on the receiver's CPU, but not through a delta stream
+        if req.transport == Transport::Nccl {
             Some(format!("the {} transport", req.transport))
-        } else if o.deltas {
+        } else if o.deltas && !req.transport.on_gpu() {
             Some("options.deltas".to_string())
         } else {
             None

@@ -965,10 +965,10 @@ impl CudaIpcTransport {
             stats.buckets += self.buckets[pi].len() as u64;
             stats.bytes += peer.bytes;
             if let Some(g) = remote.graph.as_ref().filter(|g| g.diff) {
-                // the diff launch's bytes count as the vectors it wrote; 16-byte vectors are
-                // its elements
+                // the diff launch's bytes count as the vectors that differed; 16-byte vectors
+                // are its elements
                 let written = g
-                    .written_vectors()
+                    .changed_vectors()
                     .map_err(transport_err("reading the delta count"))?
                     .unwrap_or(0);
                 stats.bytes = stats.bytes - g.diff_bytes.min(stats.bytes) + written * 16;
