@@ -49,7 +49,25 @@ pub struct SenderBase {
     /// What this update's encoders found changed (written into the copy once every peer's
     /// encode is done: until then other buckets still compare against the copy).
     changes: Mutex<Changes>,
+    /// The write of the last update's changed elements into the copy, running off the
+    /// update's path ([`SenderBase::refresh_changed`]); joined before anything reads the copy.
+    pending: Mutex<Option<std::thread::JoinHandle<Result<(), String>>>>,
 }
+
+/// A tensor's changed elements handed to the background write: the copy's bytes as a raw
+/// pointer (the copy outlives the write: [`SenderBase`] joins it before it reads, refreshes
+/// or drops the copy).
+struct Scatter {
+    name: std::sync::Arc<str>,
+    es: usize,
+    changed: Changed,
+    dst: *mut u8,
+    len: usize,
+}
+
+// SAFETY: `dst` points into the sender's copy, which only the background write touches until
+// it is joined (see `SenderBase::pending`).
+unsafe impl Send for Scatter {}
 
 /// The parts of the sender's tensors an update's deltas found changed: single elements (with
 /// their new bytes) where the encoder compared the tensors in place, whole boxes where it
@@ -94,7 +112,19 @@ impl SenderBase {
             copy: live.host_mirror()?,
             version: None,
             changes: Mutex::default(),
+            pending: Mutex::default(),
         })
+    }
+
+    /// Waits for the background write of the last update's changes, if one runs: the copy
+    /// then holds its version. Were that write to fail, the copy holds no version (the next
+    /// update is sent whole) and the reason is returned.
+    pub fn settle(&mut self) -> Result<(), RuntimeError> {
+        let r = join_pending(&self.pending);
+        if r.is_err() {
+            self.version = None;
+        }
+        r
     }
 
     /// The version the copy holds (`None` before the first update sent whole, or after one
@@ -103,9 +133,10 @@ impl SenderBase {
         self.version
     }
 
-    /// The copy.
-    pub fn copy(&self) -> &TensorSet {
-        &self.copy
+    /// The copy, once the background write of the last update's changes (if any) is done.
+    pub fn copy(&self) -> Result<&TensorSet, RuntimeError> {
+        join_pending(&self.pending)?;
+        Ok(&self.copy)
     }
 
     /// Bytes the copy takes.
@@ -115,6 +146,7 @@ impl SenderBase {
 
     /// Forgets the version (a send failed part-way: some receivers may hold either version).
     pub fn invalidate(&mut self) {
+        let _ = join_pending(&self.pending);
         self.version = None;
         self.forget_changes();
     }
@@ -138,6 +170,8 @@ impl SenderBase {
     /// Copies `live` (host tensors) into the copy, which then holds `version`.
     pub fn refresh(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
         self.version = None;
+        // a background write still running would land over the copy
+        let _ = join_pending(&self.pending);
         self.forget_changes();
         let n = self.copy.copy_from(live)?;
         self.version = Some(version);
@@ -147,12 +181,19 @@ impl SenderBase {
     /// Writes into the copy only what this update's encoders found changed (recorded with
     /// [`SenderBase::record`]), which then holds `version`; returns the bytes written.
     ///
+    /// Boxes recorded whole are copied from `live` before this returns (the trainer may write
+    /// its tensors as soon as the update is done); the changed elements, whose new bytes were
+    /// recorded while encoding, are written by a background thread, off the update's path: the
+    /// rank waits for it only when it next reads the copy ([`SenderBase::copy`],
+    /// [`SenderBase::settle`]), while its trainer computes the next version.
+    ///
     /// Exact only when every peer of the update took a delta against the copy's version from
     /// this rank (so every box the rank sends was compared, and the copy already equals `live`
     /// everywhere else in those boxes) and the rank's plan, hence its boxes, does not change;
     /// otherwise call [`SenderBase::refresh`]. Elements outside every box the rank sends are
     /// never read by its encoders.
     pub fn refresh_changed(&mut self, live: &TensorSet, version: u64) -> Result<u64, RuntimeError> {
+        join_pending(&self.pending)?;
         if self.version.take().is_none() {
             // nothing to build on (no peer compared against the copy): copy it whole
             return self.refresh(live, version);
@@ -178,53 +219,30 @@ impl SenderBase {
             return Ok(n);
         }
         let mut n = 0u64;
-        // the changed elements' recorded bytes, one tensor per job, on up to 8 threads (each
-        // tensor of the copy is a buffer of its own)
+        // the changed elements' recorded bytes, one tensor per job, checked here (every
+        // offset inside its tensor) and written in the background
         let mut jobs = Vec::with_capacity(changes.elements.len());
-        for (name, ch) in &changes.elements {
-            let (_, c) = pair(live, &self.copy, name)?;
-            let es = c.dtype.size();
-            if ch.values.len() != ch.at.len() * es {
-                return Err(outside(name));
+        let Changes { elements, boxes } = changes;
+        for (name, ch) in elements {
+            let (_, c) = pair(live, &self.copy, &name)?;
+            let es = c.dtype.size().max(1);
+            let inside = ch.at.iter().all(|&i| (i as usize + 1) * es <= c.len());
+            if ch.values.len() != ch.at.len() * es || !inside {
+                return Err(outside(&name));
             }
-            // SAFETY: the copy is this rank's own host buffer; nothing reads it while `&mut
-            // self`, and each tensor's buffer is handed to one job.
+            // SAFETY: the copy is this rank's own host buffer; nothing else writes it, and
+            // nothing reads it before the background write is joined.
             let cb = unsafe { c.try_bytes_mut()? };
-            jobs.push((name, es, ch, cb));
             n += ch.values.len() as u64;
+            jobs.push(Scatter {
+                name,
+                es,
+                changed: ch,
+                dst: cb.as_mut_ptr(),
+                len: cb.len(),
+            });
         }
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |t| t.get())
-            .clamp(1, 8)
-            .min(jobs.len().max(1));
-        let mut lanes: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
-        for (k, j) in jobs.into_iter().enumerate() {
-            lanes[k % threads].push(j);
-        }
-        let bad: Vec<Option<&std::sync::Arc<str>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = lanes
-                .into_iter()
-                .map(|lane| {
-                    scope.spawn(move || {
-                        for (name, es, ch, cb) in lane {
-                            if !scatter(es, &ch.at, &ch.values, cb) {
-                                return Some(name);
-                            }
-                        }
-                        None
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(None))
-                .collect()
-        });
-        if let Some(name) = bad.into_iter().flatten().next() {
-            // (the copy is part-written: it holds no version, and the next update is dense)
-            return Err(outside(name));
-        }
-        for (name, off, ext) in &changes.boxes {
+        for (name, off, ext) in &boxes {
             let (l, c) = pair(live, &self.copy, name)?;
             let es = l.dtype.size();
             let lb = l.try_bytes()?;
@@ -243,6 +261,21 @@ impl SenderBase {
                 return Err(outside(name));
             }
             n += ext.numel() * es as u64;
+        }
+        if !jobs.is_empty() {
+            let handle = std::thread::Builder::new()
+                .name("awex-copy-refresh".into())
+                .spawn(move || scatter_all(jobs))
+                .map_err(|e| {
+                    TransportError::Delta(format!(
+                        "could not start the refresh of the sender's copy: {e}"
+                    ))
+                })?;
+            *self
+                .pending
+                .lock()
+                .map_err(|_| TransportError::Panicked("the refresh of the sender's copy"))? =
+                Some(handle);
         }
         self.version = Some(version);
         Ok(n)
@@ -302,6 +335,83 @@ fn scatter(es: usize, at: &[u32], values: &[u8], dst: &mut [u8]) -> bool {
 
 fn outside(name: &str) -> RuntimeError {
     TransportError::Delta(format!("a recorded change lies outside `{name}`")).into()
+}
+
+impl Drop for SenderBase {
+    fn drop(&mut self) {
+        // the background write points into the copy, freed after this
+        let _ = join_pending(&self.pending);
+    }
+}
+
+/// Joins the background write of the copy, if one runs; its failure is returned once.
+fn join_pending(
+    pending: &Mutex<Option<std::thread::JoinHandle<Result<(), String>>>>,
+) -> Result<(), RuntimeError> {
+    let handle = pending
+        .lock()
+        .map_err(|_| TransportError::Panicked("the refresh of the sender's copy"))?
+        .take();
+    let Some(h) = handle else {
+        return Ok(());
+    };
+    let t = std::time::Instant::now();
+    let r = h.join();
+    tracing::debug!(
+        waited_ms = t.elapsed().as_secs_f64() * 1e3,
+        "waited for the refresh of the sender's copy"
+    );
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(TransportError::Delta(e).into()),
+        Err(_) => Err(TransportError::Panicked("the refresh of the sender's copy").into()),
+    }
+}
+
+/// The background write: each tensor's changed elements into the copy, on up to 8 threads
+/// (each tensor of the copy is a buffer of its own).
+fn scatter_all(jobs: Vec<Scatter>) -> Result<(), String> {
+    let t = std::time::Instant::now();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .clamp(1, 8)
+        .min(jobs.len().max(1));
+    let mut lanes: Vec<Vec<Scatter>> = (0..threads).map(|_| Vec::new()).collect();
+    for (k, j) in jobs.into_iter().enumerate() {
+        lanes[k % threads].push(j);
+    }
+    let bad: Vec<Option<std::sync::Arc<str>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = lanes
+            .into_iter()
+            .map(|lane| {
+                scope.spawn(move || {
+                    for j in lane {
+                        // SAFETY: `dst`/`len` are one tensor of the copy, written by this job
+                        // alone (see `Scatter`).
+                        let dst = unsafe { std::slice::from_raw_parts_mut(j.dst, j.len) };
+                        if !scatter(j.es, &j.changed.at, &j.changed.values, dst) {
+                            return Some(j.name);
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(None))
+            .collect()
+    });
+    tracing::debug!(
+        refresh_ms = t.elapsed().as_secs_f64() * 1e3,
+        "refreshed the sender's copy from the changes, off the update's path"
+    );
+    match bad.into_iter().flatten().next() {
+        Some(name) => Err(format!(
+            "a recorded change lies outside `{name}`: the sender's copy holds no version, and the next update is sent whole"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The segments of a bucket's payload, in order: `(element bytes, elements)`.
@@ -842,6 +952,60 @@ mod tests {
         let inc =
             TensorSet::from_views(vec![view("d", &mut d_delta, DType::Bf16, &[5, 7])]).unwrap();
         assert!(apply_bucket(b, &ts, &inc, &dl).is_err());
+    }
+
+    #[test]
+    fn the_copy_refreshed_in_the_background_holds_the_recorded_version_whenever_it_is_read() {
+        // 16 Mi bf16 elements: the background write of 1 in 8 takes a while
+        let n = 16 << 20;
+        let mut live_buf: Vec<u8> = (0..2 * n).map(|i| (i * 7 % 251) as u8).collect();
+        let live = TensorSet::from_views(vec![view("s", &mut live_buf, DType::Bf16, &[n as u64])])
+            .unwrap();
+        let mut base = SenderBase::new(&live).unwrap();
+        assert_eq!(base.refresh(&live, 1).unwrap(), 2 * n as u64);
+        // version 2: every 8th element changes; the encoders record their new bytes
+        let at: Vec<u32> = (0..n as u32).step_by(8).collect();
+        let mut values = Vec::with_capacity(2 * at.len());
+        let mut want = live.get("s").unwrap().try_bytes().unwrap().to_vec();
+        for &i in &at {
+            let v = [(i % 13) as u8 ^ 0x5a, 0xc3];
+            want[2 * i as usize..2 * i as usize + 2].copy_from_slice(&v);
+            values.extend_from_slice(&v);
+        }
+        let mut rec = Changes::default();
+        rec.elements.insert(Arc::from("s"), Changed { at, values });
+        base.record(rec).unwrap();
+        assert_eq!(base.refresh_changed(&live, 2).unwrap(), 2 * (n as u64 / 8));
+        // the trainer writes its next version at once, and the copy is read right away: it
+        // holds what was recorded, all of it
+        // SAFETY: the test's own buffer, not read by the background write.
+        let lb = unsafe { live.get("s").unwrap().try_bytes_mut().unwrap() };
+        lb[2 * n - 2..].fill(0xee);
+        let got = base.copy().unwrap().get("s").unwrap().try_bytes().unwrap();
+        assert_eq!(
+            got.iter()
+                .rev()
+                .zip(want.iter().rev())
+                .position(|(a, b)| a != b),
+            None
+        );
+        assert_eq!(base.version(), Some(2));
+        // a recorded change outside its tensor is refused before anything is written, and the
+        // copy then holds no version
+        let mut rec = Changes::default();
+        rec.elements.insert(
+            Arc::from("s"),
+            Changed {
+                at: vec![n as u32],
+                values: vec![1, 2],
+            },
+        );
+        base.record(rec).unwrap();
+        let e = base.refresh_changed(&live, 3).unwrap_err().to_string();
+        assert!(e.contains("a recorded change lies outside `s`"), "{e}");
+        assert_eq!(base.version(), None);
+        drop(base);
+        drop(live);
     }
 
     #[test]

@@ -453,7 +453,12 @@ impl ShmTransport {
         // the copy may be refreshed from the encoders' changes (recorded as they go) only when
         // every peer takes a delta against it: then every box this rank sends is compared
         self.all_deltas = self.base.is_some();
-        if let Some(b) = &self.base {
+        if let Some(b) = self.base.as_mut() {
+            // the last update's changes may still be landing in the copy (off that update's
+            // path); a copy they could not be written into holds no version: every byte then
+            if let Err(e) = b.settle() {
+                tracing::warn!(version = ctx.version, "{e}");
+            }
             b.forget_changes();
         }
         for (pi, (peer, buckets)) in self.plan.peers.iter().zip(&self.buckets).enumerate() {
@@ -514,7 +519,7 @@ impl ShmTransport {
                 b,
                 transfers,
                 tensors,
-                sb.copy(),
+                sb.copy()?,
                 fp8,
                 &mut out,
                 &mut scratch,

@@ -478,7 +478,12 @@ impl TcpTransport {
                 .map_err(io_err("clone socket".into()))?;
             streams.push((i, s));
         }
-        if let Some(b) = &self.base {
+        if let Some(b) = self.base.as_mut() {
+            // the last update's changes may still be landing in the copy (off that update's
+            // path); a copy they could not be written into holds no version: every byte then
+            if let Err(e) = b.settle() {
+                tracing::warn!(version = ctx.version, "{e}");
+            }
             b.forget_changes();
         }
         // the copy may be refreshed from the encoders' changes only when every peer of the
@@ -1016,7 +1021,7 @@ fn send_peer(
                                         b,
                                         &peer.transfers,
                                         tensors,
-                                        sb.copy(),
+                                        sb.copy()?,
                                         fp8,
                                         &mut bytes,
                                         &mut scratch,
@@ -1115,71 +1120,103 @@ fn receive_peer(
     let cap = max_frame(buckets, delta.bb);
     // from here on this sender's boxes may be torn until every bucket landed
     let held = delta.held.begin(peer.peer);
-    let (full_tx, full_rx) = sync_channel::<Filled>(1);
-    let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2);
-    for _ in 0..2 {
-        let _ = free_tx.send(vec![0u8; cap]);
+    // appliers: one unpacks dense buckets (a copy at memory speed: the socket is the limit);
+    // where this rank holds a base from the peer, the frames are deltas whose apply (decode,
+    // then a write per changed element, into lines spread over the whole destination) is the
+    // work, so up to 4 apply side by side, applier `k` taking buckets k, k + K, ... (the
+    // buckets of one peer write disjoint boxes); their buffers start empty and grow to the
+    // frames they carry (a delta is a few per cent of its bucket)
+    let appliers = match held {
+        None => 1,
+        Some(_) => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+            .min(buckets.len().max(1)),
+    };
+    let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2 * appliers);
+    for _ in 0..2 * appliers {
+        let _ = free_tx.send(if appliers == 1 {
+            vec![0u8; cap]
+        } else {
+            Vec::new()
+        });
     }
+    let mut fulls = Vec::with_capacity(appliers);
+    let mut ends = Vec::with_capacity(appliers);
+    for _ in 0..appliers {
+        let (full_tx, full_rx) = sync_channel::<(usize, Filled)>(1);
+        fulls.push(full_tx);
+        ends.push((full_rx, free_tx.clone()));
+    }
+    // the appliers hold the only senders of free buffers: when they all stopped, the reader's
+    // wait for one ends
+    drop(free_tx);
     let io = Io::for_update(ctx, format!("training rank {}", peer.peer));
     std::thread::scope(|scope| {
-        let unpacker = scope.spawn(move || -> Result<ExecStats, RuntimeError> {
-            let mut st = ExecStats::default();
-            let mut busy = Duration::ZERO;
-            for (i, (n, mut buf, h, base)) in full_rx.iter().enumerate() {
-                let t = Instant::now();
-                let b = buckets.get(i).ok_or_else(|| {
-                    RuntimeError::from(TransportError::TooManyBuckets { peer: peer.peer })
-                })?;
-                if base.is_some() {
-                    // a delta lands in place; the checksum covers the bytes it leaves there
-                    let d = apply_bucket(b, &peer.transfers, tensors, &buf[..n])?;
-                    if ctx.corrupt && i == 0 {
-                        super::shm::corrupt_first_byte(b, &peer.transfers, tensors);
-                    }
-                    if ctx.checksums {
-                        let got = hash_destination(b, &peer.transfers, tensors)?;
-                        if got != h {
-                            return Err(RuntimeError::Checksum {
-                                peer: peer.peer,
-                                bucket: i as u64,
-                            });
+        let handles: Vec<_> = ends
+            .into_iter()
+            .map(|(full_rx, free_tx)| {
+                scope.spawn(move || -> Result<ExecStats, RuntimeError> {
+                    let mut st = ExecStats::default();
+                    let mut busy = Duration::ZERO;
+                    for (i, (n, mut buf, h, base)) in full_rx.iter() {
+                        let t = Instant::now();
+                        let b = buckets.get(i).ok_or_else(|| {
+                            RuntimeError::from(TransportError::TooManyBuckets { peer: peer.peer })
+                        })?;
+                        if base.is_some() {
+                            // a delta lands in place; the checksum covers the bytes it leaves there
+                            let d = apply_bucket(b, &peer.transfers, tensors, &buf[..n])?;
+                            if ctx.corrupt && i == 0 {
+                                super::shm::corrupt_first_byte(b, &peer.transfers, tensors);
+                            }
+                            if ctx.checksums {
+                                let got = hash_destination(b, &peer.transfers, tensors)?;
+                                if got != h {
+                                    return Err(RuntimeError::Checksum {
+                                        peer: peer.peer,
+                                        bucket: i as u64,
+                                    });
+                                }
+                                st.checksum = st.checksum.wrapping_add(got);
+                            }
+                            st.delta.add(&d);
+                            st.bytes += n as u64;
+                            st.buckets += 1;
+                            busy += t.elapsed();
+                            let _ = free_tx.send(buf);
+                            continue;
                         }
-                        st.checksum = st.checksum.wrapping_add(got);
+                        if ctx.corrupt && i == 0 && n > 0 {
+                            buf[0] ^= 0x5a;
+                        }
+                        if ctx.checksums {
+                            let got = xxhash_rust::xxh3::xxh3_64(&buf[..n]);
+                            if got != h {
+                                return Err(RuntimeError::Checksum {
+                                    peer: peer.peer,
+                                    bucket: i as u64,
+                                });
+                            }
+                            st.checksum = st.checksum.wrapping_add(got);
+                        }
+                        unpack(b, &peer.transfers, tensors, &buf[..n])?;
+                        st.bytes += n as u64;
+                        st.buckets += 1;
+                        busy += t.elapsed();
+                        let _ = free_tx.send(buf);
                     }
-                    st.delta.add(&d);
-                    st.bytes += n as u64;
-                    st.buckets += 1;
-                    busy += t.elapsed();
-                    let _ = free_tx.send(buf);
-                    continue;
-                }
-                if ctx.corrupt && i == 0 && n > 0 {
-                    buf[0] ^= 0x5a;
-                }
-                if ctx.checksums {
-                    let got = xxhash_rust::xxh3::xxh3_64(&buf[..n]);
-                    if got != h {
-                        return Err(RuntimeError::Checksum {
-                            peer: peer.peer,
-                            bucket: i as u64,
-                        });
-                    }
-                    st.checksum = st.checksum.wrapping_add(got);
-                }
-                unpack(b, &peer.transfers, tensors, &buf[..n])?;
-                st.bytes += n as u64;
-                st.buckets += 1;
-                busy += t.elapsed();
-                let _ = free_tx.send(buf);
-            }
-            tracing::debug!(
-                peer = %peer.peer,
-                version = ctx.version,
-                apply_ms = busy.as_secs_f64() * 1e3,
-                "unpacked or applied a peer's buckets"
-            );
-            Ok(st)
-        });
+                    tracing::debug!(
+                        peer = %peer.peer,
+                        version = ctx.version,
+                        apply_ms = busy.as_secs_f64() * 1e3,
+                        appliers,
+                        "unpacked or applied a peer's buckets"
+                    );
+                    Ok(st)
+                })
+            })
+            .collect();
         // the reader owns the other ends of both channels: returning drops them
         let read = (move || -> Result<(), RuntimeError> {
             let what = format!("receive from training rank {}", peer.peer);
@@ -1222,8 +1259,11 @@ fn receive_peer(
                     && u64::from_le_bytes(hdr[8..16].try_into().unwrap_or([0; 8])) < ctx.version
                 {
                     let len = u64::from_le_bytes(hdr[24..32].try_into().unwrap_or([0; 8]));
-                    if len > buf.len() as u64 {
+                    if len > cap as u64 {
                         break; // not a frame this plan sends: refused below
+                    }
+                    if buf.len() < len as usize {
+                        buf.resize(len as usize, 0);
                     }
                     io.read(&mut s, &mut buf[..len as usize], &what)
                         .map_err(first)?;
@@ -1245,7 +1285,7 @@ fn receive_peer(
                     || version != ctx.version
                     || bucket != i as u64
                     || !fits
-                    || len > buf.len() as u64
+                    || len > cap as u64
                 {
                     return Err(TransportError::UnexpectedBucket {
                         what,
@@ -1258,16 +1298,31 @@ fn receive_peer(
                     }
                     .into());
                 }
+                if buf.len() < len as usize {
+                    buf.resize(len as usize, 0);
+                }
                 io.read(&mut s, &mut buf[..len as usize], &what)?;
-                if full_tx.send((len as usize, buf, h, base)).is_err() {
+                if fulls[i % appliers]
+                    .send((i, (len as usize, buf, h, base)))
+                    .is_err()
+                {
                     return Ok(());
                 }
             }
             Ok(())
         })();
-        let unpacked = unpacker
-            .join()
-            .unwrap_or_else(|_| Err(TransportError::Panicked("unpacker").into()));
+        // every applier ends once its channel closes (the reader's ends dropped with it)
+        let mut unpacked: Result<ExecStats, RuntimeError> = Ok(ExecStats::default());
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(TransportError::Panicked("unpacker").into()));
+            match (&mut unpacked, r) {
+                (Ok(total), Ok(st)) => total.add(&st),
+                (Ok(_), Err(e)) => unpacked = Err(e),
+                (Err(_), _) => {}
+            }
+        }
         match (unpacked, read) {
             (Err(e), _) => Err(e),
             (Ok(_), Err(e)) => Err(e),
