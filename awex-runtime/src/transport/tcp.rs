@@ -1133,8 +1133,11 @@ fn receive_peer(
             .clamp(1, 4)
             .min(buckets.len().max(1)),
     };
-    let (free_tx, free_rx) = sync_channel::<Vec<u8>>(2 * appliers);
-    for _ in 0..2 * appliers {
+    // buffers: one being read and one waiting for the single unpacker; with several
+    // appliers, one each being applied and two read ahead (a bucket-sized frame at most each)
+    let pool = if appliers == 1 { 2 } else { appliers + 2 };
+    let (free_tx, free_rx) = sync_channel::<Vec<u8>>(pool);
+    for _ in 0..pool {
         let _ = free_tx.send(if appliers == 1 {
             vec![0u8; cap]
         } else {
