@@ -69,14 +69,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &args.quant,
         transport,
     )?;
-    if let Some(fp8) = &r.spec.infer_fp8 {
-        match transport {
-            Transport::Nccl => bail!(
-                "an FP8 inference side is quantised by the receiver, on the CPU over shm and tcp and on the GPU over cuda-ipc: nccl does not encode yet; use --transport cuda-ipc, shm or tcp"
-            ),
-            Transport::CudaIpc => awex_runtime::transport::refuse_on_gpu(fp8)?,
-            _ => {}
-        }
+    if let Some(fp8) = &r.spec.infer_fp8
+        && transport.on_gpu()
+    {
+        awex_runtime::transport::refuse_on_gpu_over(transport, fp8)?;
     }
     if transport == Transport::Nccl {
         gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
