@@ -553,3 +553,397 @@ proptest! {
         run_update(&cat, &train, &infer, |w| budget + 37 * w.1.rank as u64, 5);
     }
 }
+
+// ---- FP8: the training rank quantises into its slots ----
+
+mod fp8 {
+    use super::*;
+    use awex_core::encoding::{Fp8Config, Fp8Quantiser, InferFp8, Recipe, Shape2d};
+    use awex_core::model::presets;
+    use awex_core::pair::{PairSpec, ResolvedPair};
+    use awex_core::weights::Weights;
+    use awex_core::{BackendSpec, Transport as TransportKind};
+    use awex_gpu::cuda::Fp8Job;
+    use awex_runtime::bucket::pack;
+    use awex_runtime::fill::{fill_or_check_from, fill_or_check_with};
+
+    const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
+
+    pub(super) fn fp8(block: u32) -> InferFp8 {
+        let c = Fp8Config::from_hf(&serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic",
+            "weight_block_size": [block, block]
+        }))
+        .unwrap();
+        InferFp8::new(c, Recipe::Vllm).unwrap()
+    }
+
+    pub(super) fn resolve(
+        model: awex_core::ModelSpec,
+        train: &str,
+        infer: &str,
+        f: &InferFp8,
+    ) -> ResolvedPair {
+        PairSpec {
+            model,
+            train: train.parse::<BackendSpec>().unwrap(),
+            infer: infer.parse::<BackendSpec>().unwrap(),
+            transport: TransportKind::Nccl,
+            infer_fp8: Some(f.clone()),
+        }
+        .resolve()
+        .unwrap()
+    }
+
+    /// Runs `job` on host memory with the CPU reference quantiser: what the kernel writes.
+    ///
+    /// # Safety
+    /// The job's source rows, destination rows and scale rows must lie in live host buffers.
+    pub(super) unsafe fn quantise_on_host(q: &Fp8Quantiser, j: &Fp8Job) {
+        let [bn, bk] = q.encoding.block.map(|b| b as usize);
+        let (rows, cols) = (j.rows as usize, j.cols as usize);
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let sp = j.src_pitch as usize / 2;
+        let (srows, scols) = (rows.div_ceil(bn), cols.div_ceil(bk));
+        assert!(j.scale_pitch as usize >= scols);
+        // SAFETY: the caller's contract; lengths are the job's last row's end.
+        let (src, dst, scales) = unsafe {
+            (
+                std::slice::from_raw_parts(j.src as *const u16, (rows - 1) * sp + cols),
+                std::slice::from_raw_parts_mut(
+                    j.dst as *mut u8,
+                    (rows - 1) * j.dst_pitch as usize + cols,
+                ),
+                std::slice::from_raw_parts_mut(
+                    j.scales as *mut f32,
+                    (srows - 1) * j.scale_pitch as usize + scols,
+                ),
+            )
+        };
+        let shape = Shape2d {
+            rows,
+            cols,
+            pitch: sp,
+        };
+        q.quantise(
+            src,
+            shape,
+            dst,
+            j.dst_pitch as usize,
+            scales,
+            j.scale_pitch as usize,
+        )
+        .unwrap();
+    }
+
+    /// What one FP8 update through the programs did.
+    struct Fp8Run {
+        /// staged sends compared with tcp's bucket, and the kernel jobs that wrote into them
+        compared: usize,
+        jobs: usize,
+        /// wire bytes of the update, and what bf16 would have moved into the FP8 tensors
+        wire: u64,
+    }
+
+    /// Every rank of an FP8 pair laid out as the nccl transport lays it out; the training
+    /// ranks pack every step with their copies and their FP8 jobs run by the CPU reference
+    /// (the kernel's bytes), and each staged send must equal the tcp transport's packed
+    /// bucket; then the inference ranks unpack, and every e4m3 byte and scale must be the CPU
+    /// reference's of the canonical weights.
+    fn run_fp8_update(p: &ResolvedPair, f: &InferFp8, budget: u64, version: u64) -> Fp8Run {
+        let q = f.quantiser();
+        let weights = Weights::Finite(Box::new(Weights::Synthetic));
+        let pair = p.plan_pair();
+        assert!(pair.encode_on_sender, "nccl plans FP8 on the sender");
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let mut plans: BTreeMap<Who, RankPlan> = BTreeMap::new();
+        for (side, l) in [(Side::Training, &p.training), (Side::Inference, &p.inference)] {
+            for r in l.ranks() {
+                plans.insert((side, r), pair.plan_rank(side, r).unwrap());
+            }
+        }
+        let npeers: HashMap<Who, usize> = plans.iter().map(|(w, p)| (*w, p.peers.len())).collect();
+        let mut ranks: BTreeMap<Who, Rank> = BTreeMap::new();
+        let mut bucket_lists = HashMap::new();
+        for (&who, plan) in &plans {
+            let layout = match who.0 {
+                Side::Training => p.training.rank_layout(who.1),
+                Side::Inference => p.inference.rank_layout(who.1),
+            }
+            .unwrap();
+            let tensors = TensorSet::allocate_host(&layout).unwrap();
+            let dev: Vec<DeviceTensor> = tensors
+                .iter()
+                .map(|v| DeviceTensor {
+                    name: v.name.clone(),
+                    ptr: v.ptr() as u64,
+                    dtype: v.dtype,
+                    shape: v.shape,
+                })
+                .collect();
+            let buffers: Vec<(u64, u64)> = tensors
+                .iter()
+                .map(|v| (v.ptr() as u64, v.len() as u64))
+                .collect();
+            // SAFETY: host memory owned by `tensors`, alive for the whole test.
+            let dev = unsafe { DeviceTensors::new(dev) }.unwrap();
+            let buckets = peer_buckets(plan, |peer| {
+                let them = (who.0.other(), peer);
+                pair_bucket_bytes(budget, npeers[&who], budget, npeers[&them])
+            });
+            let steps = schedule(plan, &buckets).unwrap();
+            let program = Program::build(plan, &buckets, &steps, &dev, &world).unwrap();
+            assert_eq!(
+                program.fp8.as_ref(),
+                Some(f.encoding()),
+                "{who:?} has FP8 pieces"
+            );
+            let words = program.slot_bytes.div_ceil(8) as usize;
+            let slots = [vec![0u64; words.max(1)], vec![0u64; words.max(1)]];
+            let mut r = Rank {
+                layout,
+                tensors,
+                program,
+                slots,
+                copies: Vec::new(),
+                buffers,
+            };
+            let (s0, s1) = (r.slot(0), r.slot(1));
+            r.buffers.push((s0, r.program.slot_bytes));
+            r.buffers.push((s1, r.program.slot_bytes));
+            r.copies = r
+                .program
+                .steps
+                .iter()
+                .map(|st| [st.copies(who.0, s0), st.copies(who.0, s1)])
+                .collect();
+            bucket_lists.insert(who, buckets);
+            ranks.insert(who, r);
+        }
+        for ((side, _), r) in &ranks {
+            if *side == Side::Training {
+                fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.tensors, version, false)
+                    .unwrap();
+            }
+        }
+        let mut out = Fp8Run {
+            compared: 0,
+            jobs: 0,
+            wire: 0,
+        };
+        let steps = ranks
+            .values()
+            .map(|r| r.program.steps.len())
+            .max()
+            .unwrap_or(0);
+        for k in 0..steps {
+            let s = k % 2;
+            for (who, r) in &ranks {
+                if who.0 != Side::Training || k >= r.copies.len() {
+                    continue;
+                }
+                // a stale slot must not leak into the packed bytes
+                let slot = r.slot(s);
+                // SAFETY: the slot is this rank's buffer of `slot_bytes` bytes.
+                unsafe { std::ptr::write_bytes(slot as *mut u8, 0xa5, r.program.slot_bytes as usize) };
+                run_copies(r, &r.copies[k][s]);
+                let step = &r.program.steps[k];
+                let jobs = step.fp8_jobs(slot);
+                assert_eq!(jobs.len(), step.fp8_tensors().count());
+                for j in &jobs {
+                    // every job writes inside the slot and reads inside one tensor
+                    let e4m3 = (j.rows as u64 - 1) * j.dst_pitch as u64 + j.cols as u64;
+                    assert!(r.inside(j.dst, e4m3) && j.dst >= slot);
+                    assert!(r.inside(j.src, (j.rows as u64 - 1) * j.src_pitch as u64 + 2 * j.cols as u64));
+                    assert_eq!(j.scales % 4, 0);
+                    // SAFETY: just checked to lie in this rank's buffers.
+                    unsafe { quantise_on_host(&q, j) };
+                }
+                out.jobs += jobs.len();
+                // each staged send holds exactly what the tcp transport packs for its bucket
+                let plan = &plans[who];
+                for o in &step.ops {
+                    let Wire::Staged(off) = o.wire else { continue };
+                    let bucket = &bucket_lists[who][o.op.peer_index][o.op.bucket];
+                    let mut want = vec![0u8; bucket.bytes as usize];
+                    let n = pack(
+                        bucket,
+                        &plan.peers[o.op.peer_index].transfers,
+                        &r.tensors,
+                        &mut want,
+                        Some(&q),
+                    )
+                    .unwrap();
+                    assert_eq!(n as u64, o.op.bytes);
+                    // SAFETY: the op's bytes lie in the slot (checked by `Program::build`).
+                    let got = unsafe {
+                        std::slice::from_raw_parts((slot + off) as *const u8, o.op.bytes as usize)
+                    };
+                    assert!(got == &want[..], "{who:?} step {k}: the slot differs from tcp's bucket");
+                    out.compared += 1;
+                }
+            }
+            for (&(side, who), r) in &ranks {
+                if side != Side::Training {
+                    continue;
+                }
+                let Some(step) = r.program.steps.get(k) else {
+                    continue;
+                };
+                for o in &step.ops {
+                    let peer = &ranks[&(Side::Inference, o.op.peer)];
+                    let theirs = peer.program.steps[k]
+                        .ops
+                        .iter()
+                        .find(|x| x.op.peer == who)
+                        .expect("the receiver has the bucket in the same step");
+                    assert_eq!(theirs.op.bytes, o.op.bytes, "sizes agree");
+                    copy(
+                        r,
+                        o.wire.addr(r.slot(s)),
+                        peer,
+                        theirs.wire.addr(peer.slot(s)),
+                        o.op.bytes,
+                    );
+                    out.wire += o.op.bytes;
+                }
+            }
+            for ((side, _), r) in &ranks {
+                if *side == Side::Inference && k < r.copies.len() {
+                    assert!(!r.program.steps[k].has_fp8());
+                    run_copies(r, &r.copies[k][s]);
+                }
+            }
+        }
+        for ((side, who), r) in &ranks {
+            if *side == Side::Inference {
+                fill_or_check_with(
+                    &weights,
+                    &r.layout,
+                    &p.catalogue,
+                    &r.tensors,
+                    version,
+                    true,
+                    Some(f),
+                )
+                .unwrap_or_else(|e| panic!("inference rank {who}: {e}"));
+            }
+        }
+        out
+    }
+
+    /// bf16 bytes of the whole update had the FP8 tensors been bf16, and the update's e4m3
+    /// bytes: the sum over the plans' transfers.
+    fn bytes_of(p: &ResolvedPair) -> (u64, u64) {
+        let pair = p.plan_pair();
+        let (mut bf16, mut e4m3) = (0, 0);
+        for r in p.training.ranks() {
+            for peer in pair.plan_rank(Side::Training, r).unwrap().peers {
+                for t in &peer.transfers {
+                    bf16 += t.numel() * 2;
+                    if t.sender_encoded() {
+                        e4m3 += t.numel();
+                    }
+                }
+            }
+        }
+        (bf16, e4m3)
+    }
+
+    #[test]
+    fn fp8_programs_put_on_the_wire_exactly_tcps_sender_encoded_buckets_and_deliver_the_reference()
+     {
+        let f = fp8(16);
+        // every layer MoE, as SGLang's Qwen3-MoE builds it
+        let mut moe = presets::preset("qwen3-moe-tiny").unwrap();
+        moe.moe.as_mut().unwrap().mlp_only_layers.clear();
+        for (model, train, infer) in [
+            (presets::preset("qwen3-tiny").unwrap(), "megatron:tp=2", "sglang:tp=2"),
+            (moe, "megatron:tp=2,ep=2,etp=1", "sglang:tp=2"),
+        ] {
+            let p = resolve(model.clone(), train, infer, &f);
+            let (bf16, e4m3) = bytes_of(&p);
+            assert!(e4m3 > 0);
+            // buckets of one MiB (a step or two) and of 4 KiB (many steps, pieces of a few
+            // rows of blocks, plain and FP8 pieces sharing buckets)
+            for budget in [1 << 20, 4096] {
+                let r = run_fp8_update(&p, &f, budget, 7);
+                assert!(r.compared > 0 && r.jobs > 0, "{}", model.name);
+                // every block moves as e4m3 + its scale: about half of bf16's bytes for them
+                assert!(
+                    r.wire < bf16 - e4m3 / 2,
+                    "{}: {} wire bytes of {bf16} bf16",
+                    model.name,
+                    r.wire
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_plan_whose_fp8_blocks_are_cut_between_senders_is_refused_naming_the_tensor() {
+        // Megatron tp 4 splits qwen3-tiny's k projection (32 rows) into 8-row shards, which
+        // cut its 32 x 32 blocks between training ranks: the planner leaves those to the
+        // receiver, which the nccl path does not quantise
+        let f = fp8(32);
+        let p = resolve(
+            presets::preset("qwen3-tiny").unwrap(),
+            "megatron:tp=4",
+            "sglang:tp=1",
+            &f,
+        );
+        let pair = p.plan_pair();
+        let rank = p.inference.ranks()[0];
+        let plan = pair.plan_rank(Side::Inference, rank).unwrap();
+        let cut = plan
+            .peers
+            .iter()
+            .flat_map(|p| &p.transfers)
+            .find(|t| t.receiver_encoded())
+            .expect("tp 4 cuts blocks");
+        let e = awex_gpu::nccl::check_encoding(cut).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "`{}`: the plan has the receiver quantise this box to FP8 (a training shard boundary cuts its FP8 blocks, so no one sender holds them whole), but the nccl transport quantises on the training GPU only, whole blocks of bf16; use a training layout whose shards hold whole blocks in bf16 (Megatron tp or FSDP at dp 1), or --transport cuda-ipc, shm or tcp",
+                cut.dst_tensor
+            )
+        );
+        // the program refuses it too, before anything is allocated
+        let layout = p.inference.rank_layout(rank).unwrap();
+        let set = TensorSet::allocate_host(&layout).unwrap();
+        let dev: Vec<DeviceTensor> = set
+            .iter()
+            .map(|v| DeviceTensor {
+                name: v.name.clone(),
+                ptr: v.ptr() as u64,
+                dtype: v.dtype,
+                shape: v.shape,
+            })
+            .collect();
+        // SAFETY: host memory owned by `set`, never dereferenced by `build`.
+        let dev = unsafe { DeviceTensors::new(dev) }.unwrap();
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let buckets = peer_buckets(&plan, |_| 1 << 20);
+        let steps = schedule(&plan, &buckets).unwrap();
+        let e = Program::build(&plan, &buckets, &steps, &dev, &world)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a training shard boundary cuts its FP8 blocks"), "{e}");
+        // Megatron tp 2's 16-row shards hold the 16 x 16 blocks whole: nothing is refused
+        let whole = resolve(
+            presets::preset("qwen3-tiny").unwrap(),
+            "megatron:tp=2",
+            "sglang:tp=2",
+            &fp8(16),
+        );
+        for r in whole.inference.ranks() {
+            let plan = whole.plan_pair().plan_rank(Side::Inference, r).unwrap();
+            for t in plan.peers.iter().flat_map(|p| &p.transfers) {
+                awex_gpu::nccl::check_encoding(t).unwrap();
+            }
+        }
+    }
+}
