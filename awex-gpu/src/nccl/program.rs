@@ -641,3 +641,140 @@ fn quant_parts(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use awex_core::encoding::{Fp8Quantiser, Recipe, Shape2d};
+    use awex_core::plan::bucket::Piece;
+    use awex_core::plan::{Encode, EncodeAt};
+
+    /// A sender-encoded transfer of `extent` at `src_offset` of a bf16 tensor of `src_shape`
+    /// into the whole e4m3 tensor of that extent, 16 x 16 blocks.
+    fn encoded(src_shape: &[u64], src_offset: &[u64], extent: &[u64]) -> Transfer {
+        let enc = Fp8Block {
+            block: [16, 16],
+            ..Fp8Block::default()
+        };
+        Transfer {
+            src_rank: RankId::train(0),
+            dst_rank: RankId::infer(0, 0),
+            canonical: 0,
+            src_tensor: Arc::from("s"),
+            src_shape: Dims::new(src_shape),
+            src_offset: Dims::new(src_offset),
+            src_dtype: DType::Bf16,
+            dst_tensor: Arc::from("d"),
+            dst_shape: Dims::new(extent),
+            dst_offset: Dims::zeros(extent.len()),
+            dst_dtype: DType::F8E4m3,
+            extent: Dims::new(extent),
+            encode: Some(Encode {
+                encoding: enc,
+                at: EncodeAt::Sender,
+            }),
+            transposed: false,
+        }
+    }
+
+    #[test]
+    fn a_stacked_box_is_one_job_per_matrix_writing_e4m3_then_scales_as_the_bucket_holds_them() {
+        // experts 1..3 (of 4), rows 16..56 (40: 2.5 row blocks, the edge of the destination)
+        // and columns 8..56 (48) of a [4, 64, 64] bf16 stack, into a [2, 40, 48] e4m3 stack
+        let t = encoded(&[4, 64, 64], &[1, 16, 8], &[2, 40, 48]);
+        assert!(check_encoding(&t).is_ok());
+        let p = Piece {
+            transfer: 0,
+            row0: 0,
+            rows: 2,
+        };
+        let (so, _, e) = piece_box(&t, &p);
+        let (_, sext) = piece_scale_box(&t, &p).unwrap();
+        assert_eq!(sext, Dims::new(&[2, 3, 3]));
+        let bf16 = |x: f32| (x.to_bits() >> 16) as u16;
+        let src: Vec<u16> = (0..4 * 64 * 64)
+            .map(|i| bf16(((i * 53 % 211) as f32 - 105.0) * 0.013))
+            .collect();
+        let n = e.numel();
+        let wire = n + sext.numel() * SCALE_BYTES;
+        // after 12 bytes of an earlier piece: the scales start 4-aligned (12 + 3840)
+        let at = 12;
+        let jobs = quant_parts(&t, src.as_ptr() as u64, &so, &e, &sext, at, at + n).unwrap();
+        assert_eq!(jobs.len(), 2);
+        let q = Fp8Quantiser::new(Recipe::Vllm, t.encode.as_ref().unwrap().encoding.clone());
+        let mut slot = vec![0u32; ((at + wire) / 4) as usize];
+        let base = slot.as_mut_ptr() as u64;
+        for j in &jobs {
+            // what the kernel does, with the CPU reference, at the job's addresses
+            let (rows, cols) = (j.rows as usize, j.cols as usize);
+            let sp = j.src_pitch as usize / 2;
+            let off = (j.src - src.as_ptr() as u64) as usize / 2;
+            // SAFETY: the job's e4m3 rows and scale rows lie inside `slot` (asserted below
+            // by the bytes landing where the bucket expects them).
+            let (qb, sb) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(
+                        (base + j.dst_off) as *mut u8,
+                        (rows - 1) * cols + cols,
+                    ),
+                    std::slice::from_raw_parts_mut((base + j.scale_off) as *mut f32, 9),
+                )
+            };
+            let shape = Shape2d {
+                rows,
+                cols,
+                pitch: sp,
+            };
+            q.quantise(&src[off..], shape, qb, cols, sb, j.scale_pitch as usize)
+                .unwrap();
+        }
+        // the bucket: expert 1's e4m3 then expert 2's, then expert 1's 3 x 3 scales, then 2's
+        let mut want = vec![0u8; wire as usize];
+        let (wq, ws) = want.split_at_mut(n as usize);
+        for m in 0..2usize {
+            let mut scales = [0f32; 9];
+            let s0 = (1 + m) * 64 * 64 + 16 * 64 + 8;
+            q.quantise(
+                &src[s0..],
+                Shape2d {
+                    rows: 40,
+                    cols: 48,
+                    pitch: 64,
+                },
+                &mut wq[m * 40 * 48..(m + 1) * 40 * 48],
+                48,
+                &mut scales,
+                3,
+            )
+            .unwrap();
+            for (i, s) in scales.iter().enumerate() {
+                ws[(m * 9 + i) * 4..(m * 9 + i + 1) * 4].copy_from_slice(&s.to_le_bytes());
+            }
+        }
+        // SAFETY: `slot` holds `at + wire` bytes.
+        let got = unsafe { std::slice::from_raw_parts((base + at) as *const u8, wire as usize) };
+        assert!(got == &want[..], "the jobs' bytes are not the bucket's");
+        // scales that would start off a 4-byte boundary are refused, naming the tensor
+        let e = quant_parts(&t, src.as_ptr() as u64, &so, &e, &sext, 2, 2 + n)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("`d`: this bucket's bytes before"), "{e}");
+    }
+
+    #[test]
+    fn a_sender_encoded_box_that_cuts_a_block_or_reads_f32_is_refused() {
+        let mut t = encoded(&[64, 64], &[0, 0], &[32, 48]);
+        check_encoding(&t).unwrap();
+        t.dst_shape = Dims::new(&[40, 48]);
+        t.dst_offset = Dims::new(&[8, 0]);
+        let e = check_encoding(&t).unwrap_err().to_string();
+        assert!(e.contains("does not cover whole 16x16 blocks"), "{e}");
+        let mut t = encoded(&[64, 64], &[0, 0], &[32, 48]);
+        t.src_dtype = DType::F32;
+        let e = check_encoding(&t).unwrap_err().to_string();
+        assert!(
+            e.contains("the trainer holds this tensor as f32; keep it in bf16"),
+            "{e}"
+        );
+    }
+}
