@@ -659,7 +659,10 @@ mod fp8 {
         assert!(pair.encode_on_sender, "nccl plans FP8 on the sender");
         let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
         let mut plans: BTreeMap<Who, RankPlan> = BTreeMap::new();
-        for (side, l) in [(Side::Training, &p.training), (Side::Inference, &p.inference)] {
+        for (side, l) in [
+            (Side::Training, &p.training),
+            (Side::Inference, &p.inference),
+        ] {
             for r in l.ranks() {
                 plans.insert((side, r), pair.plan_rank(side, r).unwrap());
             }
@@ -724,8 +727,15 @@ mod fp8 {
         }
         for ((side, _), r) in &ranks {
             if *side == Side::Training {
-                fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.tensors, version, false)
-                    .unwrap();
+                fill_or_check_from(
+                    &weights,
+                    &r.layout,
+                    &p.catalogue,
+                    &r.tensors,
+                    version,
+                    false,
+                )
+                .unwrap();
             }
         }
         let mut out = Fp8Run {
@@ -747,7 +757,9 @@ mod fp8 {
                 // a stale slot must not leak into the packed bytes
                 let slot = r.slot(s);
                 // SAFETY: the slot is this rank's buffer of `slot_bytes` bytes.
-                unsafe { std::ptr::write_bytes(slot as *mut u8, 0xa5, r.program.slot_bytes as usize) };
+                unsafe {
+                    std::ptr::write_bytes(slot as *mut u8, 0xa5, r.program.slot_bytes as usize)
+                };
                 run_copies(r, &r.copies[k][s]);
                 let step = &r.program.steps[k];
                 let jobs = step.fp8_jobs(slot);
@@ -756,7 +768,10 @@ mod fp8 {
                     // every job writes inside the slot and reads inside one tensor
                     let e4m3 = (j.rows as u64 - 1) * j.dst_pitch as u64 + j.cols as u64;
                     assert!(r.inside(j.dst, e4m3) && j.dst >= slot);
-                    assert!(r.inside(j.src, (j.rows as u64 - 1) * j.src_pitch as u64 + 2 * j.cols as u64));
+                    assert!(r.inside(
+                        j.src,
+                        (j.rows as u64 - 1) * j.src_pitch as u64 + 2 * j.cols as u64
+                    ));
                     assert_eq!(j.scales % 4, 0);
                     // SAFETY: just checked to lie in this rank's buffers.
                     unsafe { quantise_on_host(&q, j) };
@@ -781,7 +796,10 @@ mod fp8 {
                     let got = unsafe {
                         std::slice::from_raw_parts((slot + off) as *const u8, o.op.bytes as usize)
                     };
-                    assert!(got == &want[..], "{who:?} step {k}: the slot differs from tcp's bucket");
+                    assert!(
+                        got == &want[..],
+                        "{who:?} step {k}: the slot differs from tcp's bucket"
+                    );
                     out.compared += 1;
                 }
             }
@@ -854,13 +872,17 @@ mod fp8 {
 
     #[test]
     fn fp8_programs_put_on_the_wire_exactly_tcps_sender_encoded_buckets_and_deliver_the_reference()
-     {
+    {
         let f = fp8(16);
         // every layer MoE, as SGLang's Qwen3-MoE builds it
         let mut moe = presets::preset("qwen3-moe-tiny").unwrap();
         moe.moe.as_mut().unwrap().mlp_only_layers.clear();
         for (model, train, infer) in [
-            (presets::preset("qwen3-tiny").unwrap(), "megatron:tp=2", "sglang:tp=2"),
+            (
+                presets::preset("qwen3-tiny").unwrap(),
+                "megatron:tp=2",
+                "sglang:tp=2",
+            ),
             (moe, "megatron:tp=2,ep=2,etp=1", "sglang:tp=2"),
         ] {
             let p = resolve(model.clone(), train, infer, &f);
@@ -931,7 +953,10 @@ mod fp8 {
         let e = Program::build(&plan, &buckets, &steps, &dev, &world)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("a training shard boundary cuts its FP8 blocks"), "{e}");
+        assert!(
+            e.contains("a training shard boundary cuts its FP8 blocks"),
+            "{e}"
+        );
         // Megatron tp 2's 16-row shards hold the 16 x 16 blocks whole: nothing is refused
         let whole = resolve(
             presets::preset("qwen3-tiny").unwrap(),
@@ -945,5 +970,200 @@ mod fp8 {
                 awex_gpu::nccl::check_encoding(t).unwrap();
             }
         }
+    }
+
+    /// A Qwen3 whose dims are multiples of 128 (the kernel's blocks), Megatron tp 2 into
+    /// SGLang tp 1 over nccl.
+    fn gpu_pair(f: &InferFp8) -> ResolvedPair {
+        let mut model = presets::preset("qwen3-tiny").unwrap();
+        (model.hidden_size, model.num_heads, model.num_kv_heads) = (256, 2, 1);
+        (model.head_dim, model.intermediate_size) = (128, 256);
+        resolve(model, "megatron:tp=2", "sglang:tp=1", f)
+    }
+
+    /// One GPU, one process, no NCCL (two ranks of a communicator cannot share a GPU): every
+    /// rank's tensors and slots on the device, each training rank's steps packed by its copy
+    /// engine and the FP8 kernel (the transport's batches), each staged send compared with
+    /// tcp's bucket of the same plan, copied into its receiver's slot, unpacked by the
+    /// receiver's copies; then every e4m3 byte and scale of the inference rank must be the CPU
+    /// reference's of the canonical weights.
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn gpu_fp8_buckets_packed_by_the_kernel_unpack_into_the_reference_bytes() {
+        use awex_gpu::cuda::{CopyEngine, Device, Fp8Kernel};
+        let f = fp8(128);
+        let q = f.quantiser();
+        let p = gpu_pair(&f);
+        let weights = Weights::Finite(Box::new(Weights::Synthetic));
+        let pair = p.plan_pair();
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let dev = Device::open(0).unwrap();
+        let engine = CopyEngine::new(&dev, 2).unwrap();
+        let kernel = Fp8Kernel::load(&dev).unwrap();
+        let stream = dev.stream().unwrap();
+        struct GpuRank {
+            layout: RankLayout,
+            host: TensorSet,
+            device: TensorSet,
+            plan: RankPlan,
+            buckets: Vec<Vec<awex_core::plan::bucket::Bucket>>,
+            program: Program,
+            slots: [awex_gpu::cuda::DeviceBuffer; 2],
+        }
+        for budget in [1u64 << 20, 64 << 10] {
+            let mut ranks: BTreeMap<Who, GpuRank> = BTreeMap::new();
+            for (side, l) in [
+                (Side::Training, &p.training),
+                (Side::Inference, &p.inference),
+            ] {
+                for r in l.ranks() {
+                    let plan = pair.plan_rank(side, r).unwrap();
+                    let layout = l.rank_layout(r).unwrap();
+                    let host = TensorSet::allocate_host(&layout).unwrap();
+                    let device = TensorSet::allocate_cuda(&layout, &dev).unwrap();
+                    let views: Vec<DeviceTensor> = device
+                        .iter()
+                        .map(|v| DeviceTensor {
+                            name: v.name.clone(),
+                            ptr: v.device_ptr().unwrap(),
+                            dtype: v.dtype,
+                            shape: v.shape,
+                        })
+                        .collect();
+                    // SAFETY: device memory owned by `device`, alive for the whole test.
+                    let views = unsafe { DeviceTensors::new(views) }.unwrap();
+                    let buckets = peer_buckets(&plan, |_| budget);
+                    let steps = schedule(&plan, &buckets).unwrap();
+                    let program = Program::build(&plan, &buckets, &steps, &views, &world).unwrap();
+                    let n = program.slot_bytes.max(256);
+                    let slots = [dev.alloc(n).unwrap(), dev.alloc(n).unwrap()];
+                    if side == Side::Training {
+                        fill_or_check_from(&weights, &layout, &p.catalogue, &host, 5, false)
+                            .unwrap();
+                        device.upload_from(&host).unwrap();
+                    }
+                    ranks.insert(
+                        (side, r),
+                        GpuRank {
+                            layout,
+                            host,
+                            device,
+                            plan,
+                            buckets,
+                            program,
+                            slots,
+                        },
+                    );
+                }
+            }
+            let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap();
+            let (mut jobs, mut compared) = (0, 0);
+            for k in 0..steps {
+                let s = k % 2;
+                for (&(side, who), r) in &ranks {
+                    let Some(step) = r.program.steps.get(k) else {
+                        continue;
+                    };
+                    if side != Side::Training {
+                        continue;
+                    }
+                    let slot = r.slots[s].ptr();
+                    // SAFETY: the copies and jobs lie in this rank's tensors and slot.
+                    unsafe {
+                        engine.launch(&step.copies(side, slot), None, None).unwrap();
+                        let batch = kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
+                        kernel
+                            .launch_batch(&stream, &batch, q.recipe, &q.encoding)
+                            .unwrap();
+                        jobs += batch.jobs();
+                    }
+                    engine.sync().unwrap();
+                    assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
+                    for o in &step.ops {
+                        let mut wire = vec![0u8; o.op.bytes as usize];
+                        // SAFETY: the op's bytes lie in a tensor or the slot; all work synced.
+                        unsafe { dev.copy_to_host(o.wire.addr(slot), &mut wire).unwrap() };
+                        if matches!(o.wire, Wire::Staged(_)) {
+                            let bucket = &r.buckets[o.op.peer_index][o.op.bucket];
+                            let mut want = vec![0u8; wire.len()];
+                            pack(
+                                bucket,
+                                &r.plan.peers[o.op.peer_index].transfers,
+                                &r.host,
+                                &mut want,
+                                Some(&q),
+                            )
+                            .unwrap();
+                            assert!(wire == want, "{who}: step {k}'s slot is not tcp's bucket");
+                            compared += 1;
+                        }
+                        // the wire: into the receiver's slot (or tensor) for this step
+                        let peer = &ranks[&(Side::Inference, o.op.peer)];
+                        let theirs = peer.program.steps[k]
+                            .ops
+                            .iter()
+                            .find(|x| x.op.peer == who)
+                            .unwrap();
+                        // SAFETY: as above, on the receiver.
+                        unsafe {
+                            dev.copy_from_host(theirs.wire.addr(peer.slots[s].ptr()), &wire)
+                                .unwrap()
+                        };
+                    }
+                }
+                for (&(side, _), r) in &ranks {
+                    if side == Side::Inference
+                        && let Some(step) = r.program.steps.get(k)
+                    {
+                        // SAFETY: the copies lie in this rank's slot and tensors.
+                        unsafe {
+                            engine
+                                .launch(&step.copies(side, r.slots[s].ptr()), None, None)
+                                .unwrap()
+                        };
+                        engine.sync().unwrap();
+                    }
+                }
+            }
+            assert!(jobs > 0 && compared > 0, "{jobs} jobs, {compared} buckets");
+            for ((side, who), r) in &ranks {
+                if *side == Side::Inference {
+                    r.device.download_to(&r.host).unwrap();
+                    fill_or_check_with(
+                        &weights,
+                        &r.layout,
+                        &p.catalogue,
+                        &r.host,
+                        5,
+                        true,
+                        Some(&f),
+                    )
+                    .unwrap_or_else(|e| panic!("inference rank {who}, budget {budget}: {e}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_gpu_tests_pair_plans_every_fp8_block_on_its_sender() {
+        // what the GPU test above runs, checked where there is no GPU: 128 x 128 blocks, each
+        // held whole by one Megatron rank, so the nccl path takes the plan
+        let f = fp8(128);
+        let p = gpu_pair(&f);
+        let pair = p.plan_pair();
+        let mut encoded = 0;
+        for r in p.training.ranks() {
+            for t in pair
+                .plan_rank(Side::Training, r)
+                .unwrap()
+                .peers
+                .iter()
+                .flat_map(|p| &p.transfers)
+            {
+                awex_gpu::nccl::check_encoding(t).unwrap();
+                encoded += t.sender_encoded() as usize;
+            }
+        }
+        assert!(encoded >= 8, "{encoded}");
     }
 }
