@@ -1166,4 +1166,65 @@ mod fp8 {
         }
         assert!(encoded >= 8, "{encoded}");
     }
+
+    /// A rank of an nccl pair as the rank runtime configures it.
+    fn rank_config(
+        side: Side,
+        train: &str,
+        infer: &str,
+        f: &InferFp8,
+    ) -> awex_runtime::rank::RankConfig {
+        awex_runtime::rank::RankConfig {
+            infer_fp8: Some(f.clone()),
+            gateway: "http://127.0.0.1:9".into(),
+            token: None,
+            pair: "p".into(),
+            side,
+            rank: match side {
+                Side::Training => RankId::train(0),
+                Side::Inference => RankId::infer(0, 0),
+            },
+            model: presets::preset("qwen3-tiny").unwrap(),
+            train: train.parse().unwrap(),
+            infer: infer.parse().unwrap(),
+            transport: TransportKind::Nccl,
+            bucket_bytes: 1 << 20,
+            host: "127.0.0.1".into(),
+            uid: String::new(),
+            apply: Default::default(),
+            transports: Default::default(),
+            gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+            deltas: true,
+        }
+    }
+
+    #[test]
+    fn ranks_of_an_nccl_pair_refuse_cut_blocks_and_encodings_the_kernel_cannot_write() {
+        use awex_runtime::rank::{make_transport, prepare};
+        // blocks cut between Megatron tp 4's ranks: the receiving rank refuses when it
+        // prepares, naming the tensor
+        let c = rank_config(Side::Inference, "megatron:tp=4", "sglang:tp=1", &fp8(32));
+        let e = prepare(&c).err().unwrap().to_string();
+        assert!(
+            e.contains("a training shard boundary cuts its FP8 blocks")
+                && e.contains("or --transport cuda-ipc, shm or tcp"),
+            "{e}"
+        );
+        // 16 x 16 blocks plan whole, but the GPU kernel writes 128 x 128 only: both sides
+        // refuse when they build the transport, before touching a GPU
+        for side in [Side::Training, Side::Inference] {
+            let c = rank_config(side, "megatron:tp=2", "sglang:tp=2", &fp8(16));
+            let prepared = prepare(&c).unwrap();
+            let tensors = std::sync::Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
+            let e = make_transport(&c, &prepared, tensors)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("the nccl transport quantises FP8 on the training GPU, and the GPU kernel cannot write this encoding")
+                    && e.contains("it quantises 128x128 blocks only, not 16x16"),
+                "{side:?}: {e}"
+            );
+        }
+    }
 }

@@ -32,9 +32,8 @@ pub fn make_transport(
 /// The transport over `tensors`; an inference rank holding FP8 tensors gets an
 /// [`EncodingTransport`] around it (bf16 staging, quantised after the transfers: on the CPU for
 /// shm and tcp, on the GPU for cuda-ipc). nccl quantises on the training GPU as it packs: its
-/// inference ranks write the e4m3 bytes and scales straight into the engine's tensors, and a
-/// plan that leaves blocks to the receiver (cut between training ranks) is refused on the
-/// ranks that move them, naming the tensor.
+/// inference ranks write the e4m3 bytes and scales straight into the engine's tensors (a plan
+/// that leaves blocks to the receiver is refused by [`super::prepare`], naming the tensor).
 fn encoding_over(
     cfg: &RankConfig,
     prepared: &Prepared,
@@ -56,10 +55,8 @@ fn encoding_over(
         crate::transport::refuse_on_gpu_over(cfg.transport, f)?;
     }
     if cfg.transport == awex_core::Transport::Nccl {
-        // every FP8 block quantised by its sender, and nothing left to the receiver
-        for t in prepared.plan.peers.iter().flat_map(|p| &p.transfers) {
-            awex_gpu::nccl::check_encoding(t).map_err(|e| RuntimeError::Fp8(e.to_string()))?;
-        }
+        // every FP8 block quantised by its sender (`prepare` refused anything else): the
+        // inference rank writes e4m3 and scales straight into the engine's tensors
         return transport_over(cfg, prepared, tensors);
     }
     if cfg.side == Side::Training || !fp8 {
