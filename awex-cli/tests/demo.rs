@@ -1249,6 +1249,27 @@ fn fp8_demo_refuses_on_the_gpu_transports_what_the_gpu_kernel_cannot_write_and_b
             && err.contains("use --transport shm or tcp, which quantise on the CPU"),
         "{err}"
     );
+    // nccl: FSDP dp 3's row chunks cut the model's 128-row blocks between training ranks,
+    // which the training GPUs cannot quantise whole: refused before any rank starts
+    let (code, _, err) = demo_of(
+        model,
+        &[
+            "--train",
+            "fsdp:dp=3",
+            "--infer",
+            "sglang:tp=1",
+            "--infer-quant",
+            "fp8",
+            "--transport",
+            "nccl",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("a training shard boundary cuts its FP8 blocks")
+            && err.contains("or --transport cuda-ipc, shm or tcp"),
+        "{err}"
+    );
     // qwen3-tiny's q projection has 64 rows: 32 per rank cut a 128-row block
     let (code, _, err) = demo_of(
         "qwen3-tiny",

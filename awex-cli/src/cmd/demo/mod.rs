@@ -73,6 +73,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         && transport.on_gpu()
     {
         awex_runtime::transport::refuse_on_gpu_over(transport, fp8)?;
+        if transport == Transport::Nccl {
+            // the training GPUs quantise: every FP8 block must be whole on one of them (the
+            // ranks refuse the pair otherwise; said here before any process starts)
+            let pair = r.plan_pair();
+            for rank in r.inference.ranks() {
+                let plan = pair.plan_rank(awex_core::layout::Side::Inference, rank)?;
+                for t in plan.peers.iter().flat_map(|p| &p.transfers) {
+                    awex_gpu::nccl::check_encoding(t)?;
+                }
+            }
+        }
     }
     if transport == Transport::Nccl {
         gpus.refuse_shared(&r.training.ranks(), &r.inference.ranks())?;
