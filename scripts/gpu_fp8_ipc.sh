@@ -6,7 +6,10 @@
 # all):
 #   test      the ignored GPU tests of awex-runtime/tests/fp8_receive.rs, if .gpu/fp8_receive is
 #             there (device staging quantised into the CPU reference's bytes for the four GPU
-#             recipes; a NaN fails the update naming the tensor)
+#             recipes; a NaN fails the update naming the tensor), and of
+#             awex-runtime/tests/nccl_program.rs, if .gpu/nccl_program is there (nccl's FP8 path
+#             without NCCL: training buckets packed by the kernel equal tcp's, unpacked into the
+#             CPU reference's bytes)
 #   kernel    awex-cli bench fp8: the single and the batch kernel against the CPU reference
 #             (whole blocks, and edges: 300x520, DeepSeek-V3's 2112x7168) and a device copy
 #   bench-8b  awex-cli bench ipc --infer-quant fp8, qwen3-8b, Megatron tp 1 -> SGLang tp 1,
@@ -29,6 +32,7 @@
 #   cargo build --release -p awex-cli --features cuda && mkdir -p .gpu && cp target/release/awex-cli .gpu/
 #   cp "$(cargo test --release -p awex-runtime --features cuda --test fp8_receive --no-run 2>&1 \
 #        | sed -n 's/.*(\(.*fp8_receive-[0-9a-f]*\)).*/\1/p')" .gpu/fp8_receive      (optional)
+#   the same for --test nccl_program into .gpu/nccl_program                          (optional)
 # Logs and JSON go to $OUT (a temporary folder when unset), packed into $OUT/all.tar.gz.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -77,6 +81,13 @@ for r in $RUNS; do
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
       else
         echo "== test: no $G/fp8_receive, skipped"
+      fi
+      if [ -x "$G/nccl_program" ]; then
+        echo "== test: nccl_program --ignored"
+        timeout 60 "$G/nccl_program" --ignored --test-threads=1 2>&1 | tee "$OUT/test_nccl.txt" | tail -12
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      else
+        echo "== test: no $G/nccl_program, skipped"
       fi ;;
     kernel)
       echo "== kernel: awex-cli bench fp8"

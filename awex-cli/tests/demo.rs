@@ -1187,7 +1187,8 @@ fn fp8_demo_quantises_on_the_receivers_and_every_byte_equals_the_reference() {
 }
 
 #[test]
-fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tensor_parallelism() {
+fn fp8_demo_refuses_on_the_gpu_transports_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tensor_parallelism()
+ {
     let _one = one_at_a_time();
     let (code, _, err) = demo_of(
         "qwen3-tiny",
@@ -1236,13 +1237,37 @@ fn fp8_demo_refuses_nccl_what_the_gpu_kernel_cannot_write_and_blocks_cut_by_tens
             "sglang:tp=1",
             "--infer-quant",
             "fp8",
+            "--fp8-block",
+            "16x16",
             "--transport",
             "nccl",
         ],
     );
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("nccl does not encode yet; use --transport cuda-ipc, shm or tcp"),
+        err.contains("the nccl transport quantises FP8 on the training GPU, and the GPU kernel cannot write this encoding (fp8 e4m3, 16x16 blocks")
+            && err.contains("use --transport shm or tcp, which quantise on the CPU"),
+        "{err}"
+    );
+    // nccl: FSDP dp 3's row chunks cut the model's 128-row blocks between training ranks,
+    // which the training GPUs cannot quantise whole: refused before any rank starts
+    let (code, _, err) = demo_of(
+        model,
+        &[
+            "--train",
+            "fsdp:dp=3",
+            "--infer",
+            "sglang:tp=1",
+            "--infer-quant",
+            "fp8",
+            "--transport",
+            "nccl",
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("a training shard boundary cuts its FP8 blocks")
+            && err.contains("or --transport cuda-ipc, shm or tcp"),
         "{err}"
     );
     // qwen3-tiny's q projection has 64 rows: 32 per rank cut a 128-row block

@@ -130,10 +130,12 @@ impl Transport {
     pub fn encodes_fp8_on_sender(self) -> bool {
         match self {
             // shm: the receiver quantises each whole block as it reads it from the sender's
-            // shared memory (and the sender as it checksums); tcp: the sender as it packs
-            Transport::Shm | Transport::Tcp => true,
-            // cuda-ipc: the receiver quantises its bf16 staging on the GPU; nccl refuses FP8
-            Transport::CudaIpc | Transport::Nccl => false,
+            // shared memory (and the sender as it checksums); tcp: the sender as it packs;
+            // nccl: the training GPU as it packs a bucket into its staging slot (a block that
+            // no one sender holds whole is refused there)
+            Transport::Shm | Transport::Tcp | Transport::Nccl => true,
+            // cuda-ipc: the receiver quantises its bf16 staging on the GPU
+            Transport::CudaIpc => false,
         }
     }
 

@@ -553,3 +553,678 @@ proptest! {
         run_update(&cat, &train, &infer, |w| budget + 37 * w.1.rank as u64, 5);
     }
 }
+
+// ---- FP8: the training rank quantises into its slots ----
+
+mod fp8 {
+    use super::*;
+    use awex_core::encoding::{Fp8Config, Fp8Quantiser, InferFp8, Recipe, Shape2d};
+    use awex_core::model::presets;
+    use awex_core::pair::{PairSpec, ResolvedPair};
+    use awex_core::weights::Weights;
+    use awex_core::{BackendSpec, Transport as TransportKind};
+    use awex_gpu::cuda::Fp8Job;
+    use awex_runtime::bucket::pack;
+    use awex_runtime::fill::{fill_or_check_from, fill_or_check_with};
+
+    const _: [&str; 2] = [awex_megatron::CRATE, awex_sglang::CRATE];
+
+    pub(super) fn fp8(block: u32) -> InferFp8 {
+        let c = Fp8Config::from_hf(&serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic",
+            "weight_block_size": [block, block]
+        }))
+        .unwrap();
+        InferFp8::new(c, Recipe::Vllm).unwrap()
+    }
+
+    pub(super) fn resolve(
+        model: awex_core::ModelSpec,
+        train: &str,
+        infer: &str,
+        f: &InferFp8,
+    ) -> ResolvedPair {
+        PairSpec {
+            model,
+            train: train.parse::<BackendSpec>().unwrap(),
+            infer: infer.parse::<BackendSpec>().unwrap(),
+            transport: TransportKind::Nccl,
+            infer_fp8: Some(f.clone()),
+        }
+        .resolve()
+        .unwrap()
+    }
+
+    /// Runs `job` on host memory with the CPU reference quantiser: what the kernel writes.
+    ///
+    /// # Safety
+    /// The job's source rows, destination rows and scale rows must lie in live host buffers.
+    pub(super) unsafe fn quantise_on_host(q: &Fp8Quantiser, j: &Fp8Job) {
+        let [bn, bk] = q.encoding.block.map(|b| b as usize);
+        let (rows, cols) = (j.rows as usize, j.cols as usize);
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let sp = j.src_pitch as usize / 2;
+        let (srows, scols) = (rows.div_ceil(bn), cols.div_ceil(bk));
+        assert!(j.scale_pitch as usize >= scols);
+        // SAFETY: the caller's contract; lengths are the job's last row's end.
+        let (src, dst, scales) = unsafe {
+            (
+                std::slice::from_raw_parts(j.src as *const u16, (rows - 1) * sp + cols),
+                std::slice::from_raw_parts_mut(
+                    j.dst as *mut u8,
+                    (rows - 1) * j.dst_pitch as usize + cols,
+                ),
+                std::slice::from_raw_parts_mut(
+                    j.scales as *mut f32,
+                    (srows - 1) * j.scale_pitch as usize + scols,
+                ),
+            )
+        };
+        let shape = Shape2d {
+            rows,
+            cols,
+            pitch: sp,
+        };
+        q.quantise(
+            src,
+            shape,
+            dst,
+            j.dst_pitch as usize,
+            scales,
+            j.scale_pitch as usize,
+        )
+        .unwrap();
+    }
+
+    /// What one FP8 update through the programs did.
+    struct Fp8Run {
+        /// staged sends compared with tcp's bucket, and the kernel jobs that wrote into them
+        compared: usize,
+        jobs: usize,
+        /// wire bytes of the update, and what bf16 would have moved into the FP8 tensors
+        wire: u64,
+    }
+
+    /// Every rank of an FP8 pair laid out as the nccl transport lays it out; the training
+    /// ranks pack every step with their copies and their FP8 jobs run by the CPU reference
+    /// (the kernel's bytes), and each staged send must equal the tcp transport's packed
+    /// bucket; then the inference ranks unpack, and every e4m3 byte and scale must be the CPU
+    /// reference's of the canonical weights.
+    fn run_fp8_update(p: &ResolvedPair, f: &InferFp8, budget: u64, version: u64) -> Fp8Run {
+        let q = f.quantiser();
+        let weights = Weights::Finite(Box::new(Weights::Synthetic));
+        let pair = p.plan_pair();
+        assert!(pair.encode_on_sender, "nccl plans FP8 on the sender");
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let mut plans: BTreeMap<Who, RankPlan> = BTreeMap::new();
+        for (side, l) in [
+            (Side::Training, &p.training),
+            (Side::Inference, &p.inference),
+        ] {
+            for r in l.ranks() {
+                plans.insert((side, r), pair.plan_rank(side, r).unwrap());
+            }
+        }
+        let npeers: HashMap<Who, usize> = plans.iter().map(|(w, p)| (*w, p.peers.len())).collect();
+        let mut ranks: BTreeMap<Who, Rank> = BTreeMap::new();
+        let mut bucket_lists = HashMap::new();
+        for (&who, plan) in &plans {
+            let layout = match who.0 {
+                Side::Training => p.training.rank_layout(who.1),
+                Side::Inference => p.inference.rank_layout(who.1),
+            }
+            .unwrap();
+            let tensors = TensorSet::allocate_host(&layout).unwrap();
+            let dev: Vec<DeviceTensor> = tensors
+                .iter()
+                .map(|v| DeviceTensor {
+                    name: v.name.clone(),
+                    ptr: v.ptr() as u64,
+                    dtype: v.dtype,
+                    shape: v.shape,
+                })
+                .collect();
+            let buffers: Vec<(u64, u64)> = tensors
+                .iter()
+                .map(|v| (v.ptr() as u64, v.len() as u64))
+                .collect();
+            // SAFETY: host memory owned by `tensors`, alive for the whole test.
+            let dev = unsafe { DeviceTensors::new(dev) }.unwrap();
+            let buckets = peer_buckets(plan, |peer| {
+                let them = (who.0.other(), peer);
+                pair_bucket_bytes(budget, npeers[&who], budget, npeers[&them])
+            });
+            let steps = schedule(plan, &buckets).unwrap();
+            let program = Program::build(plan, &buckets, &steps, &dev, &world).unwrap();
+            assert_eq!(
+                program.fp8.as_ref(),
+                Some(f.encoding()),
+                "{who:?} has FP8 pieces"
+            );
+            let words = program.slot_bytes.div_ceil(8) as usize;
+            let slots = [vec![0u64; words.max(1)], vec![0u64; words.max(1)]];
+            let mut r = Rank {
+                layout,
+                tensors,
+                program,
+                slots,
+                copies: Vec::new(),
+                buffers,
+            };
+            let (s0, s1) = (r.slot(0), r.slot(1));
+            r.buffers.push((s0, r.program.slot_bytes));
+            r.buffers.push((s1, r.program.slot_bytes));
+            r.copies = r
+                .program
+                .steps
+                .iter()
+                .map(|st| [st.copies(who.0, s0), st.copies(who.0, s1)])
+                .collect();
+            bucket_lists.insert(who, buckets);
+            ranks.insert(who, r);
+        }
+        for ((side, _), r) in &ranks {
+            if *side == Side::Training {
+                fill_or_check_from(
+                    &weights,
+                    &r.layout,
+                    &p.catalogue,
+                    &r.tensors,
+                    version,
+                    false,
+                )
+                .unwrap();
+            }
+        }
+        let mut out = Fp8Run {
+            compared: 0,
+            jobs: 0,
+            wire: 0,
+        };
+        let steps = ranks
+            .values()
+            .map(|r| r.program.steps.len())
+            .max()
+            .unwrap_or(0);
+        for k in 0..steps {
+            let s = k % 2;
+            for (who, r) in &ranks {
+                if who.0 != Side::Training || k >= r.copies.len() {
+                    continue;
+                }
+                // a stale slot must not leak into the packed bytes
+                let slot = r.slot(s);
+                // SAFETY: the slot is this rank's buffer of `slot_bytes` bytes.
+                unsafe {
+                    std::ptr::write_bytes(slot as *mut u8, 0xa5, r.program.slot_bytes as usize)
+                };
+                run_copies(r, &r.copies[k][s]);
+                let step = &r.program.steps[k];
+                let jobs = step.fp8_jobs(slot);
+                assert_eq!(jobs.len(), step.fp8_tensors().count());
+                for j in &jobs {
+                    // every job writes inside the slot and reads inside one tensor
+                    let e4m3 = (j.rows as u64 - 1) * j.dst_pitch as u64 + j.cols as u64;
+                    assert!(r.inside(j.dst, e4m3) && j.dst >= slot);
+                    assert!(r.inside(
+                        j.src,
+                        (j.rows as u64 - 1) * j.src_pitch as u64 + 2 * j.cols as u64
+                    ));
+                    assert_eq!(j.scales % 4, 0);
+                    // SAFETY: just checked to lie in this rank's buffers.
+                    unsafe { quantise_on_host(&q, j) };
+                }
+                out.jobs += jobs.len();
+                // each staged send holds exactly what the tcp transport packs for its bucket
+                let plan = &plans[who];
+                for o in &step.ops {
+                    let Wire::Staged(off) = o.wire else { continue };
+                    let bucket = &bucket_lists[who][o.op.peer_index][o.op.bucket];
+                    let mut want = vec![0u8; bucket.bytes as usize];
+                    let n = pack(
+                        bucket,
+                        &plan.peers[o.op.peer_index].transfers,
+                        &r.tensors,
+                        &mut want,
+                        Some(&q),
+                    )
+                    .unwrap();
+                    assert_eq!(n as u64, o.op.bytes);
+                    // SAFETY: the op's bytes lie in the slot (checked by `Program::build`).
+                    let got = unsafe {
+                        std::slice::from_raw_parts((slot + off) as *const u8, o.op.bytes as usize)
+                    };
+                    assert!(
+                        got == &want[..],
+                        "{who:?} step {k}: the slot differs from tcp's bucket"
+                    );
+                    out.compared += 1;
+                }
+            }
+            for (&(side, who), r) in &ranks {
+                if side != Side::Training {
+                    continue;
+                }
+                let Some(step) = r.program.steps.get(k) else {
+                    continue;
+                };
+                for o in &step.ops {
+                    let peer = &ranks[&(Side::Inference, o.op.peer)];
+                    let theirs = peer.program.steps[k]
+                        .ops
+                        .iter()
+                        .find(|x| x.op.peer == who)
+                        .expect("the receiver has the bucket in the same step");
+                    assert_eq!(theirs.op.bytes, o.op.bytes, "sizes agree");
+                    copy(
+                        r,
+                        o.wire.addr(r.slot(s)),
+                        peer,
+                        theirs.wire.addr(peer.slot(s)),
+                        o.op.bytes,
+                    );
+                    out.wire += o.op.bytes;
+                }
+            }
+            for ((side, _), r) in &ranks {
+                if *side == Side::Inference && k < r.copies.len() {
+                    assert!(!r.program.steps[k].has_fp8());
+                    run_copies(r, &r.copies[k][s]);
+                }
+            }
+        }
+        for ((side, who), r) in &ranks {
+            if *side == Side::Inference {
+                fill_or_check_with(
+                    &weights,
+                    &r.layout,
+                    &p.catalogue,
+                    &r.tensors,
+                    version,
+                    true,
+                    Some(f),
+                )
+                .unwrap_or_else(|e| panic!("inference rank {who}: {e}"));
+            }
+        }
+        out
+    }
+
+    /// bf16 bytes of the whole update had the FP8 tensors been bf16, and the update's e4m3
+    /// bytes: the sum over the plans' transfers.
+    fn bytes_of(p: &ResolvedPair) -> (u64, u64) {
+        let pair = p.plan_pair();
+        let (mut bf16, mut e4m3) = (0, 0);
+        for r in p.training.ranks() {
+            for peer in pair.plan_rank(Side::Training, r).unwrap().peers {
+                for t in &peer.transfers {
+                    bf16 += t.numel() * 2;
+                    if t.sender_encoded() {
+                        e4m3 += t.numel();
+                    }
+                }
+            }
+        }
+        (bf16, e4m3)
+    }
+
+    #[test]
+    fn fp8_programs_put_on_the_wire_exactly_tcps_sender_encoded_buckets_and_deliver_the_reference()
+    {
+        let f = fp8(16);
+        // every layer MoE, as SGLang's Qwen3-MoE builds it
+        let mut moe = presets::preset("qwen3-moe-tiny").unwrap();
+        moe.moe.as_mut().unwrap().mlp_only_layers.clear();
+        for (model, train, infer) in [
+            (
+                presets::preset("qwen3-tiny").unwrap(),
+                "megatron:tp=2",
+                "sglang:tp=2",
+            ),
+            (moe, "megatron:tp=2,ep=2,etp=1", "sglang:tp=2"),
+        ] {
+            let p = resolve(model.clone(), train, infer, &f);
+            let (bf16, e4m3) = bytes_of(&p);
+            assert!(e4m3 > 0);
+            // buckets of one MiB (a step or two) and of 4 KiB (many steps, pieces of a few
+            // rows of blocks, plain and FP8 pieces sharing buckets)
+            for budget in [1 << 20, 4096] {
+                let r = run_fp8_update(&p, &f, budget, 7);
+                assert!(r.compared > 0 && r.jobs > 0, "{}", model.name);
+                // every block moves as e4m3 + its scale: about half of bf16's bytes for them
+                assert!(
+                    r.wire < bf16 - e4m3 / 2,
+                    "{}: {} wire bytes of {bf16} bf16",
+                    model.name,
+                    r.wire
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_plan_whose_fp8_blocks_are_cut_between_senders_is_refused_naming_the_tensor() {
+        // Megatron tp 4 splits qwen3-tiny's k projection (32 rows) into 8-row shards, which
+        // cut its 32 x 32 blocks between training ranks: the planner leaves those to the
+        // receiver, which the nccl path does not quantise
+        let f = fp8(32);
+        let p = resolve(
+            presets::preset("qwen3-tiny").unwrap(),
+            "megatron:tp=4",
+            "sglang:tp=1",
+            &f,
+        );
+        let pair = p.plan_pair();
+        let rank = p.inference.ranks()[0];
+        let plan = pair.plan_rank(Side::Inference, rank).unwrap();
+        let cut = plan
+            .peers
+            .iter()
+            .flat_map(|p| &p.transfers)
+            .find(|t| t.receiver_encoded())
+            .expect("tp 4 cuts blocks");
+        let e = awex_gpu::nccl::check_encoding(cut).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "`{}`: the plan has the receiver quantise this box to FP8 (a training shard boundary cuts its FP8 blocks, so no one sender holds them whole), but the nccl transport quantises on the training GPU only, whole blocks of bf16; use a training layout whose shards hold whole blocks in bf16 (Megatron tp or FSDP at dp 1), or --transport cuda-ipc, shm or tcp",
+                cut.dst_tensor
+            )
+        );
+        // the program refuses it too, before anything is allocated
+        let layout = p.inference.rank_layout(rank).unwrap();
+        let set = TensorSet::allocate_host(&layout).unwrap();
+        let dev: Vec<DeviceTensor> = set
+            .iter()
+            .map(|v| DeviceTensor {
+                name: v.name.clone(),
+                ptr: v.ptr() as u64,
+                dtype: v.dtype,
+                shape: v.shape,
+            })
+            .collect();
+        // SAFETY: host memory owned by `set`, never dereferenced by `build`.
+        let dev = unsafe { DeviceTensors::new(dev) }.unwrap();
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let buckets = peer_buckets(&plan, |_| 1 << 20);
+        let steps = schedule(&plan, &buckets).unwrap();
+        let e = Program::build(&plan, &buckets, &steps, &dev, &world)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a training shard boundary cuts its FP8 blocks"),
+            "{e}"
+        );
+        // Megatron tp 2's 16-row shards hold the 16 x 16 blocks whole: nothing is refused
+        let whole = resolve(
+            presets::preset("qwen3-tiny").unwrap(),
+            "megatron:tp=2",
+            "sglang:tp=2",
+            &fp8(16),
+        );
+        for r in whole.inference.ranks() {
+            let plan = whole.plan_pair().plan_rank(Side::Inference, r).unwrap();
+            for t in plan.peers.iter().flat_map(|p| &p.transfers) {
+                awex_gpu::nccl::check_encoding(t).unwrap();
+            }
+        }
+    }
+
+    /// A Qwen3 whose dims are multiples of 128 (the kernel's blocks), Megatron tp 2 into
+    /// SGLang tp 1 over nccl.
+    fn gpu_pair(f: &InferFp8) -> ResolvedPair {
+        let mut model = presets::preset("qwen3-tiny").unwrap();
+        (model.hidden_size, model.num_heads, model.num_kv_heads) = (256, 2, 1);
+        (model.head_dim, model.intermediate_size) = (128, 256);
+        resolve(model, "megatron:tp=2", "sglang:tp=1", f)
+    }
+
+    /// One GPU, one process, no NCCL (two ranks of a communicator cannot share a GPU): every
+    /// rank's tensors and slots on the device, each training rank's steps packed by its copy
+    /// engine and the FP8 kernel (the transport's batches), each staged send compared with
+    /// tcp's bucket of the same plan, copied into its receiver's slot, unpacked by the
+    /// receiver's copies; then every e4m3 byte and scale of the inference rank must be the CPU
+    /// reference's of the canonical weights.
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn gpu_fp8_buckets_packed_by_the_kernel_unpack_into_the_reference_bytes() {
+        use awex_gpu::cuda::{CopyEngine, Device, Fp8Kernel};
+        let f = fp8(128);
+        let q = f.quantiser();
+        let p = gpu_pair(&f);
+        let weights = Weights::Finite(Box::new(Weights::Synthetic));
+        let pair = p.plan_pair();
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let dev = Device::open(0).unwrap();
+        let engine = CopyEngine::new(&dev, 2).unwrap();
+        let kernel = Fp8Kernel::load(&dev).unwrap();
+        let stream = dev.stream().unwrap();
+        struct GpuRank {
+            layout: RankLayout,
+            host: TensorSet,
+            device: TensorSet,
+            plan: RankPlan,
+            buckets: Vec<Vec<awex_core::plan::bucket::Bucket>>,
+            program: Program,
+            slots: [awex_gpu::cuda::DeviceBuffer; 2],
+        }
+        for budget in [1u64 << 20, 64 << 10] {
+            let mut ranks: BTreeMap<Who, GpuRank> = BTreeMap::new();
+            for (side, l) in [
+                (Side::Training, &p.training),
+                (Side::Inference, &p.inference),
+            ] {
+                for r in l.ranks() {
+                    let plan = pair.plan_rank(side, r).unwrap();
+                    let layout = l.rank_layout(r).unwrap();
+                    let host = TensorSet::allocate_host(&layout).unwrap();
+                    let device = TensorSet::allocate_cuda(&layout, &dev).unwrap();
+                    let views: Vec<DeviceTensor> = device
+                        .iter()
+                        .map(|v| DeviceTensor {
+                            name: v.name.clone(),
+                            ptr: v.device_ptr().unwrap(),
+                            dtype: v.dtype,
+                            shape: v.shape,
+                        })
+                        .collect();
+                    // SAFETY: device memory owned by `device`, alive for the whole test.
+                    let views = unsafe { DeviceTensors::new(views) }.unwrap();
+                    let buckets = peer_buckets(&plan, |_| budget);
+                    let steps = schedule(&plan, &buckets).unwrap();
+                    let program = Program::build(&plan, &buckets, &steps, &views, &world).unwrap();
+                    let n = program.slot_bytes.max(256);
+                    let slots = [dev.alloc(n).unwrap(), dev.alloc(n).unwrap()];
+                    if side == Side::Training {
+                        fill_or_check_from(&weights, &layout, &p.catalogue, &host, 5, false)
+                            .unwrap();
+                        device.upload_from(&host).unwrap();
+                    }
+                    ranks.insert(
+                        (side, r),
+                        GpuRank {
+                            layout,
+                            host,
+                            device,
+                            plan,
+                            buckets,
+                            program,
+                            slots,
+                        },
+                    );
+                }
+            }
+            let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap();
+            let (mut jobs, mut compared) = (0, 0);
+            for k in 0..steps {
+                let s = k % 2;
+                for (&(side, who), r) in &ranks {
+                    let Some(step) = r.program.steps.get(k) else {
+                        continue;
+                    };
+                    if side != Side::Training {
+                        continue;
+                    }
+                    let slot = r.slots[s].ptr();
+                    // SAFETY: the copies and jobs lie in this rank's tensors and slot.
+                    unsafe {
+                        engine.launch(&step.copies(side, slot), None, None).unwrap();
+                        let batch = kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
+                        kernel
+                            .launch_batch(&stream, &batch, q.recipe, &q.encoding)
+                            .unwrap();
+                        jobs += batch.jobs();
+                    }
+                    engine.sync().unwrap();
+                    assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
+                    for o in &step.ops {
+                        let mut wire = vec![0u8; o.op.bytes as usize];
+                        // SAFETY: the op's bytes lie in a tensor or the slot; all work synced.
+                        unsafe { dev.copy_to_host(o.wire.addr(slot), &mut wire).unwrap() };
+                        if matches!(o.wire, Wire::Staged(_)) {
+                            let bucket = &r.buckets[o.op.peer_index][o.op.bucket];
+                            let mut want = vec![0u8; wire.len()];
+                            pack(
+                                bucket,
+                                &r.plan.peers[o.op.peer_index].transfers,
+                                &r.host,
+                                &mut want,
+                                Some(&q),
+                            )
+                            .unwrap();
+                            assert!(wire == want, "{who}: step {k}'s slot is not tcp's bucket");
+                            compared += 1;
+                        }
+                        // the wire: into the receiver's slot (or tensor) for this step
+                        let peer = &ranks[&(Side::Inference, o.op.peer)];
+                        let theirs = peer.program.steps[k]
+                            .ops
+                            .iter()
+                            .find(|x| x.op.peer == who)
+                            .unwrap();
+                        // SAFETY: as above, on the receiver.
+                        unsafe {
+                            dev.copy_from_host(theirs.wire.addr(peer.slots[s].ptr()), &wire)
+                                .unwrap()
+                        };
+                    }
+                }
+                for (&(side, _), r) in &ranks {
+                    if side == Side::Inference
+                        && let Some(step) = r.program.steps.get(k)
+                    {
+                        // SAFETY: the copies lie in this rank's slot and tensors.
+                        unsafe {
+                            engine
+                                .launch(&step.copies(side, r.slots[s].ptr()), None, None)
+                                .unwrap()
+                        };
+                        engine.sync().unwrap();
+                    }
+                }
+            }
+            assert!(jobs > 0 && compared > 0, "{jobs} jobs, {compared} buckets");
+            for ((side, who), r) in &ranks {
+                if *side == Side::Inference {
+                    r.device.download_to(&r.host).unwrap();
+                    fill_or_check_with(
+                        &weights,
+                        &r.layout,
+                        &p.catalogue,
+                        &r.host,
+                        5,
+                        true,
+                        Some(&f),
+                    )
+                    .unwrap_or_else(|e| panic!("inference rank {who}, budget {budget}: {e}"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_gpu_tests_pair_plans_every_fp8_block_on_its_sender() {
+        // what the GPU test above runs, checked where there is no GPU: 128 x 128 blocks, each
+        // held whole by one Megatron rank, so the nccl path takes the plan
+        let f = fp8(128);
+        let p = gpu_pair(&f);
+        let pair = p.plan_pair();
+        let mut encoded = 0;
+        for r in p.training.ranks() {
+            for t in pair
+                .plan_rank(Side::Training, r)
+                .unwrap()
+                .peers
+                .iter()
+                .flat_map(|p| &p.transfers)
+            {
+                awex_gpu::nccl::check_encoding(t).unwrap();
+                encoded += t.sender_encoded() as usize;
+            }
+        }
+        assert!(encoded >= 8, "{encoded}");
+    }
+
+    /// A rank of an nccl pair as the rank runtime configures it.
+    fn rank_config(
+        side: Side,
+        train: &str,
+        infer: &str,
+        f: &InferFp8,
+    ) -> awex_runtime::rank::RankConfig {
+        awex_runtime::rank::RankConfig {
+            infer_fp8: Some(f.clone()),
+            gateway: "http://127.0.0.1:9".into(),
+            token: None,
+            pair: "p".into(),
+            side,
+            rank: match side {
+                Side::Training => RankId::train(0),
+                Side::Inference => RankId::infer(0, 0),
+            },
+            model: presets::preset("qwen3-tiny").unwrap(),
+            train: train.parse().unwrap(),
+            infer: infer.parse().unwrap(),
+            transport: TransportKind::Nccl,
+            bucket_bytes: 1 << 20,
+            host: "127.0.0.1".into(),
+            uid: String::new(),
+            apply: Default::default(),
+            transports: Default::default(),
+            gateway_lost: awex_runtime::rank::DEFAULT_GATEWAY_LOST,
+            deltas: true,
+        }
+    }
+
+    #[test]
+    fn ranks_of_an_nccl_pair_refuse_cut_blocks_and_encodings_the_kernel_cannot_write() {
+        use awex_runtime::rank::{make_transport, prepare};
+        // blocks cut between Megatron tp 4's ranks: the receiving rank refuses when it
+        // prepares, naming the tensor
+        let c = rank_config(Side::Inference, "megatron:tp=4", "sglang:tp=1", &fp8(32));
+        let e = prepare(&c).err().unwrap().to_string();
+        assert!(
+            e.contains("a training shard boundary cuts its FP8 blocks")
+                && e.contains("or --transport cuda-ipc, shm or tcp"),
+            "{e}"
+        );
+        // 16 x 16 blocks plan whole, but the GPU kernel writes 128 x 128 only: both sides
+        // refuse when they build the transport, before touching a GPU
+        for side in [Side::Training, Side::Inference] {
+            let c = rank_config(side, "megatron:tp=2", "sglang:tp=2", &fp8(16));
+            let prepared = prepare(&c).unwrap();
+            let tensors = std::sync::Arc::new(TensorSet::allocate_host(&prepared.layout).unwrap());
+            let e = make_transport(&c, &prepared, tensors)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("the nccl transport quantises FP8 on the training GPU, and the GPU kernel cannot write this encoding")
+                    && e.contains("it quantises 128x128 blocks only, not 16x16"),
+                "{side:?}: {e}"
+            );
+        }
+    }
+}

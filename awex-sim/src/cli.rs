@@ -120,10 +120,9 @@ fn transport_of(a: &Args, topo: &Topology) -> anyhow::Result<Transport> {
 }
 
 /// Whether the simulated plans quantise FP8 blocks on the sender over `t`: where the transport
-/// does, and over nccl, whose planned FP8 path quantises on the sender (the prediction is for
-/// that path: nccl itself refuses an FP8 inference side today).
+/// does (nccl's training GPUs quantise as they pack).
 pub fn encodes_on_sender(t: Transport) -> bool {
-    t.encodes_fp8_on_sender() || t == Transport::Nccl
+    t.encodes_fp8_on_sender()
 }
 
 /// Plans and simulates as the arguments say.

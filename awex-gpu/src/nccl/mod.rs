@@ -16,7 +16,9 @@
 //!   peer pair issue the pair's operations in the same order (deadlock-free by construction;
 //!   proved by simulation in the tests).
 //! - [`Program`]: the schedule laid out on device tensors, with the 2-D copies that pack and
-//!   unpack non-contiguous boxes, double-buffered over two staging slots.
+//!   unpack non-contiguous boxes, double-buffered over two staging slots, and the FP8 kernel
+//!   jobs that quantise an FP8 pair's blocks into the training rank's slots
+//!   ([`check_encoding`]: what of an FP8 plan it moves).
 //!
 //! The transport that runs all of it for a rank is `awex_runtime::transport::NcclTransport`.
 
@@ -34,7 +36,9 @@ pub use attempt::{AttemptComm, attempt_uid_key, needs_fresh_comm};
 pub use comm::{Communicator, P2p};
 pub use error::NcclError;
 pub use library::{FALLBACK_NAMES, LIBRARY_ENV, Library, NcclVersion, candidates};
-pub use program::{DeviceTensor, DeviceTensors, OpIo, Program, SLOT_ALIGN, StepIo, Wire};
+pub use program::{
+    DeviceTensor, DeviceTensors, OpIo, Program, SLOT_ALIGN, StepIo, Wire, check_encoding,
+};
 pub use ranks::CommWorld;
 pub use schedule::{
     Op, OpKind, PAIR_BUCKET_FLOOR, Step, pair_bucket_bytes, peer_buckets, schedule,

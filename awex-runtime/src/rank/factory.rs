@@ -31,8 +31,9 @@ pub fn make_transport(
 
 /// The transport over `tensors`; an inference rank holding FP8 tensors gets an
 /// [`EncodingTransport`] around it (bf16 staging, quantised after the transfers: on the CPU for
-/// shm and tcp, on the GPU for cuda-ipc). nccl does not encode yet: a pair whose plan encodes
-/// is refused on both sides.
+/// shm and tcp, on the GPU for cuda-ipc). nccl quantises on the training GPU as it packs: its
+/// inference ranks write the e4m3 bytes and scales straight into the engine's tensors (a plan
+/// that leaves blocks to the receiver is refused by [`super::prepare`], naming the tensor).
 fn encoding_over(
     cfg: &RankConfig,
     prepared: &Prepared,
@@ -47,17 +48,16 @@ fn encoding_over(
     if !(encodes || fp8) {
         return transport_over(cfg, prepared, tensors);
     }
-    if cfg.transport == awex_core::Transport::Nccl {
-        return Err(RuntimeError::Fp8(format!(
-            "the inference side stores FP8 weights, which awex quantises on the receiver (on the CPU over shm and tcp, on the GPU over cuda-ipc): the {} transport does not encode them yet; use --transport cuda-ipc, shm or tcp",
-            cfg.transport
-        )));
-    }
     // an encoding the GPU kernel cannot write refuses the pair on both sides (no host fallback)
-    if cfg.transport == awex_core::Transport::CudaIpc
+    if cfg.transport.on_gpu()
         && let Some(f) = &cfg.infer_fp8
     {
-        crate::transport::refuse_on_gpu(f)?;
+        crate::transport::refuse_on_gpu_over(cfg.transport, f)?;
+    }
+    if cfg.transport == awex_core::Transport::Nccl {
+        // every FP8 block quantised by its sender (`prepare` refused anything else): the
+        // inference rank writes e4m3 and scales straight into the engine's tensors
+        return transport_over(cfg, prepared, tensors);
     }
     if cfg.side == Side::Training || !fp8 {
         return transport_over(cfg, prepared, tensors);
@@ -153,11 +153,7 @@ pub(super) fn nccl_transport(
     };
     let mut nc = NcclConfig::new(device, world);
     nc.bucket_bytes = cfg.bucket_bytes;
-    Ok(Box::new(NcclTransport::for_rank(
-        lib,
-        nc,
-        prepared.plan.clone(),
-        tensors,
-        uid,
-    )?))
+    let mut t = NcclTransport::for_rank(lib, nc, prepared.plan.clone(), tensors, uid)?;
+    t.set_fp8(cfg.infer_fp8.as_ref().map(|f| f.quantiser()));
+    Ok(Box::new(t))
 }

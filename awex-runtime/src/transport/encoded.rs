@@ -119,9 +119,22 @@ struct GpuQuantiser {
 /// Refuses an FP8 encoding the GPU kernel cannot write (cuda-ipc quantises on the GPU only:
 /// there is no fallback to the host), naming what and the fix.
 pub fn refuse_on_gpu(fp8: &InferFp8) -> Result<(), RuntimeError> {
+    refuse_on_gpu_over(awex_core::Transport::CudaIpc, fp8)
+}
+
+/// [`refuse_on_gpu`] for a GPU transport: cuda-ipc quantises on the inference GPU, nccl on
+/// the training GPU, both with the same kernel and no host fallback.
+pub fn refuse_on_gpu_over(
+    transport: awex_core::Transport,
+    fp8: &InferFp8,
+) -> Result<(), RuntimeError> {
+    let gpu = match transport {
+        awex_core::Transport::Nccl => "the training GPU",
+        _ => "the GPU",
+    };
     let say = |why: String| {
         fp8_error(format!(
-            "the cuda-ipc transport quantises FP8 on the GPU, and the GPU kernel cannot write this encoding ({}): {why}; use --transport shm or tcp, which quantise on the CPU",
+            "the {transport} transport quantises FP8 on {gpu}, and the GPU kernel cannot write this encoding ({}): {why}; use --transport shm or tcp, which quantise on the CPU",
             fp8.describe()
         ))
     };

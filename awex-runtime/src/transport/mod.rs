@@ -22,7 +22,7 @@ pub use config::{CudaIpcConfig, DriverMin, PeerOrder, SettingError, TcpConfig, T
 pub use cuda_ipc::{
     CudaIpcTransport, Fp8Target, FusedFp8, JoinStats, fusable as cuda_ipc_fusable, fused_jobs,
 };
-pub use encoded::{EncodingTransport, fp8_tensors, refuse_on_gpu};
+pub use encoded::{EncodingTransport, fp8_tensors, refuse_on_gpu, refuse_on_gpu_over};
 pub use nccl::{NcclConfig, NcclTransport, open_uid, seal_uid};
 pub use shm::ShmTransport;
 pub use staged::StagedTransport;

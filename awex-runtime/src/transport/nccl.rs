@@ -9,6 +9,15 @@
 //! - inference: the NCCL stream waits until the unpack of step `k-2` has emptied slot `k % 2`,
 //!   receives, and the copy engine unpacks after the receive.
 //!
+//! An FP8 pair's sender-encoded pieces (every FP8 block, whole on one training rank) are
+//! quantised on the training GPU straight into the slot: the step's batch of the block-FP8
+//! kernel ([`awex_gpu::cuda::Fp8Kernel`], one job per matrix of a piece:
+//! [`awex_gpu::nccl::StepIo::fp8_jobs`]) runs on its own stream once the slot is free, beside the
+//! copy engine's packing, and the NCCL stream waits for both; the wire carries e4m3 bytes and
+//! scales (about half the bf16 bytes), and the inference rank unpacks them with plain copies
+//! into the engine's e4m3 and scale tensors. Blocks holding infinity or NaN are left
+//! unwritten and fail the update on the training rank, naming the tensor.
+//!
 //! Buckets that lie contiguously in a tensor skip the slots. At the end the host waits for
 //! both streams, on a helper thread, while it watches the deadline, the cancel flag and the
 //! communicator's error state; any of them aborts the communicator, so no rank hangs. With
@@ -33,9 +42,12 @@
 use crate::RuntimeError;
 use crate::transport::{ExecContext, ExecStats, PairSecret, SealError, Transport};
 use crate::{Location, TensorSet};
+use awex_core::encoding::Fp8Quantiser;
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
-use awex_gpu::cuda::{CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Stream};
+use awex_gpu::cuda::{
+    CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Fp8Batch, Fp8Kernel, Stream,
+};
 use awex_gpu::nccl::{
     AttemptComm, CommWorld, Communicator, DeviceTensors, Library, NcclError, P2p, Program, UID_KEY,
     UniqueId, creates_uid, pair_bucket_bytes, peer_buckets, schedule,
@@ -129,7 +141,23 @@ struct Connected {
     program: Program,
     /// `copies[k][s]`: pack or unpack copies of step `k` when it uses slot `s`.
     copies: Vec<[Vec<CopyDesc>; 2]>,
+    /// The FP8 quantisation of a training rank whose plan has sender-encoded pieces.
+    fp8: Option<Fp8Pack>,
     slots: Option<[DeviceBuffer; 2]>,
+}
+
+/// A training rank's FP8 packing: the kernel, its stream, and per step and slot the batch of
+/// jobs that quantise the step's sender-encoded pieces into the slot.
+struct Fp8Pack {
+    q: Fp8Quantiser,
+    kernel: Fp8Kernel,
+    stream: Stream,
+    /// `done[s]`: the quantisation into slot `s` finished.
+    done: [Event; 2],
+    /// `batches[k]`: step `k`'s batch for slot 0 and slot 1 (`None`: nothing to quantise).
+    batches: Vec<Option<[Fp8Batch; 2]>>,
+    /// `names[k]`: the destination tensor of each job of step `k`'s batch.
+    names: Vec<Vec<Arc<str>>>,
 }
 
 /// NCCL transport for one rank.
@@ -148,6 +176,8 @@ pub struct NcclTransport {
     conn: Option<Connected>,
     /// The pair secret (from the join answer), which seals and opens the unique ids.
     secret: Option<PairSecret>,
+    /// The quantiser of sender-encoded FP8 transfers (a training rank of an FP8 pair).
+    fp8: Option<Fp8Quantiser>,
 }
 
 impl NcclTransport {
@@ -223,7 +253,14 @@ impl NcclTransport {
             gpu,
             conn: None,
             secret: None,
+            fp8: None,
         })
+    }
+
+    /// Quantises the plan's sender-encoded FP8 transfers with `q` (the pair's recipe and
+    /// encoding) on the training GPU as it packs a bucket; set before [`Transport::connect`].
+    pub fn set_fp8(&mut self, q: Option<Fp8Quantiser>) {
+        self.fp8 = q;
     }
 
     /// The communicator's unique id, once known.
@@ -309,13 +346,101 @@ impl NcclTransport {
                 ]
             })
             .collect();
+        let fp8 = self.fp8_pack(&program, &base)?;
         self.comms.get(self.cfg.init_timeout)?;
         self.conn = Some(Connected {
             program,
             copies,
+            fp8,
             slots,
         });
         Ok(())
+    }
+
+    /// The kernel and per-step batches that quantise a training program's sender-encoded
+    /// pieces into the slots at `base(0)` and `base(1)`; `None` when it has none.
+    fn fp8_pack(
+        &self,
+        program: &Program,
+        base: &dyn Fn(usize) -> u64,
+    ) -> Result<Option<Fp8Pack>, NcclError> {
+        let Some(first) = program.steps.iter().find(|s| s.has_fp8()) else {
+            return Ok(None);
+        };
+        let tensor = first.fp8_tensors().next().unwrap_or("?");
+        let Some(q) = self.fp8.clone() else {
+            return Err(NcclError::Plan(format!(
+                "the plan quantises `{tensor}` on this sender, but the rank was not given the inference side's FP8 config; both sides must be built with the same FP8 inference config"
+            )));
+        };
+        if program.fp8.as_ref() != Some(&q.encoding) {
+            return Err(NcclError::Plan(format!(
+                "the plan encodes `{tensor}` as {:?}, but this rank was given {:?}; both sides must be built with the same FP8 inference config",
+                program.fp8, q.encoding
+            )));
+        }
+        let dev = &self.gpu.dev;
+        let kernel = Fp8Kernel::load(dev)?;
+        let mut batches = Vec::with_capacity(program.steps.len());
+        let mut names = Vec::with_capacity(program.steps.len());
+        for st in &program.steps {
+            if !st.has_fp8() {
+                batches.push(None);
+                names.push(Vec::new());
+                continue;
+            }
+            let batch = |s: usize| kernel.batch(&st.fp8_jobs(base(s)), &q.encoding);
+            batches.push(Some([batch(0)?, batch(1)?]));
+            names.push(st.fp8_tensors().map(Arc::from).collect());
+        }
+        Ok(Some(Fp8Pack {
+            stream: dev.stream()?,
+            done: [dev.event(false)?, dev.event(false)?],
+            q,
+            kernel,
+            batches,
+            names,
+        }))
+    }
+
+    /// After an update's streams finished: an error naming the first tensor whose blocks held
+    /// infinity or NaN (left unwritten on the wire; the update fails).
+    fn fp8_status(&self) -> Result<(), RuntimeError> {
+        let Some(f) = self.conn.as_ref().and_then(|c| c.fp8.as_ref()) else {
+            return Ok(());
+        };
+        let err = |e: awex_gpu::cuda::CudaError| {
+            RuntimeError::Fp8(format!("waiting for the FP8 kernel on the sender: {e}"))
+        };
+        let st = f.kernel.take_batch_status(&f.stream).map_err(err)?;
+        if st.blocks == 0 {
+            return Ok(());
+        }
+        // the status word is shared by the steps' batches: run each again alone to name the
+        // tensor (into slot 0, which no operation uses any more: the streams finished)
+        for (k, b) in f.batches.iter().enumerate() {
+            let Some(b) = b else { continue };
+            // SAFETY: the batch's jobs read registered tensors and write slot 0, both alive;
+            // every operation of the update has finished.
+            unsafe {
+                f.kernel
+                    .launch_batch(&f.stream, &b[0], f.q.recipe, &f.q.encoding)
+            }
+            .map_err(err)?;
+            let again = f.kernel.take_batch_status(&f.stream).map_err(err)?;
+            if let Some(j) = again.first_job {
+                let name = f.names[k].get(j as usize).map_or("?", |n| &**n);
+                return Err(RuntimeError::Fp8(format!(
+                    "quantising `{name}` to FP8 ({}) on the training GPU failed: {} block(s) hold infinity or NaN; the update is not committed",
+                    f.q.recipe.name(),
+                    again.blocks
+                )));
+            }
+        }
+        Err(RuntimeError::Fp8(format!(
+            "the FP8 kernel counted {} block(s) holding infinity or NaN, but none when quantising each step again; the update is not committed",
+            st.blocks
+        )))
     }
 
     /// After an error with a live communicator: aborts it (peers blocked on this rank are
@@ -362,6 +487,22 @@ impl NcclTransport {
             let mut stop = || stop_reason(ctx, k);
             match side {
                 Side::Training => {
+                    if let Some((f, b)) = conn
+                        .fp8
+                        .as_ref()
+                        .and_then(|f| Some((f, f.batches[k].as_ref()?)))
+                    {
+                        f.stream.wait(&gpu.free[s])?;
+                        // SAFETY: the batch's jobs read registered tensor ranges and write
+                        // their own ranges of slot `s` (built by `Program::build`, disjoint
+                        // from the copies'), once the sends of step `k - 2` left the slot.
+                        unsafe {
+                            f.kernel
+                                .launch_batch(&f.stream, &b[s], f.q.recipe, &f.q.encoding)?
+                        };
+                        f.done[s].record(&f.stream)?;
+                        gpu.nccl_stream.wait(&f.done[s])?;
+                    }
                     if step.has_copies() {
                         // SAFETY: the copies were built by `Program::build` over registered tensor
                         // ranges and staging slots, ordered by the events above.
@@ -621,11 +762,16 @@ impl Transport for NcclTransport {
     }
 
     fn execute(&mut self, ctx: &ExecContext<'_>) -> Result<ExecStats, RuntimeError> {
-        self.run(ctx).map_err(|e| match e {
-            // a transport already failed reports its first reason
-            e @ NcclError::Aborted(_) => e.into(),
-            e => self.fail(e).into(),
-        })
+        let stats = self.run(ctx).map_err(|e| -> RuntimeError {
+            match e {
+                // a transport already failed reports its first reason
+                e @ NcclError::Aborted(_) => e.into(),
+                e => self.fail(e).into(),
+            }
+        })?;
+        // every operation completed: a non-finite block fails this update, not the transport
+        self.fp8_status()?;
+        Ok(stats)
     }
 
     fn kv_before_attempt(

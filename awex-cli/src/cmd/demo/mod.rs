@@ -69,13 +69,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &args.quant,
         transport,
     )?;
-    if let Some(fp8) = &r.spec.infer_fp8 {
-        match transport {
-            Transport::Nccl => bail!(
-                "an FP8 inference side is quantised by the receiver, on the CPU over shm and tcp and on the GPU over cuda-ipc: nccl does not encode yet; use --transport cuda-ipc, shm or tcp"
-            ),
-            Transport::CudaIpc => awex_runtime::transport::refuse_on_gpu(fp8)?,
-            _ => {}
+    if let Some(fp8) = &r.spec.infer_fp8
+        && transport.on_gpu()
+    {
+        awex_runtime::transport::refuse_on_gpu_over(transport, fp8)?;
+        if transport == Transport::Nccl {
+            // the training GPUs quantise: every FP8 block must be whole on one of them (the
+            // ranks refuse the pair otherwise; said here before any process starts)
+            let pair = r.plan_pair();
+            for rank in r.inference.ranks() {
+                let plan = pair.plan_rank(awex_core::layout::Side::Inference, rank)?;
+                for t in plan.peers.iter().flat_map(|p| &p.transfers) {
+                    awex_gpu::nccl::check_encoding(t)?;
+                }
+            }
         }
     }
     if transport == Transport::Nccl {
