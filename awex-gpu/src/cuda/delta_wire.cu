@@ -221,7 +221,7 @@ __device__ __forceinline__ void compare_chunk(const Seg& sg, uint64_t local, uin
     __syncwarp();
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, 4)
 awex_wire_compare(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
                   uint32_t* __restrict__ words, uint8_t* __restrict__ scratch) {
     __shared__ __align__(16) uint8_t bufs[8][1024];
@@ -362,6 +362,10 @@ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, uint
     for (uint32_t k = lane; k < len; k += 32) dst[k] = src[k];
 }
 
+// Payloads up to this many bytes are copied by the lane that owns the chunk, larger ones by
+// the whole warp, one chunk after another.
+#define SMALL 32u
+
 extern "C" __global__ void __launch_bounds__(256)
 awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
                 const uint32_t* __restrict__ words, const uint64_t* __restrict__ tiles,
@@ -380,32 +384,52 @@ awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
     tile_scan(segs, nsegs, t0, t1, sz4, sizes, pre, nullptr);
     const uint64_t tile_pre = tiles[blockIdx.x];
     const uint32_t lane = threadIdx.x & 31u, wib = threadIdx.x >> 5;
-    // warp wib takes the tile's chunks wib * 128 .. wib * 128 + 127, in order
+    // warp wib takes the tile's chunks wib * 128 .. wib * 128 + 127, 32 at a time: a lane
+    // per chunk finds its place (all lanes' loads in flight together)
     const uint64_t k0 = t0 + wib * (TILE / 8), k1 = min(t1, k0 + TILE / 8);
-    if (k0 >= k1) return;
-    uint32_t si = seg_of(segs, nsegs, k0);
-    Seg sg = segs[si];
-    for (uint64_t k = k0; k < k1; ++k) {
-        while (k >= sg.chunk + nchunks_of(sg)) sg = segs[++si];
-        const Plan p = plan[si];
-        const uint32_t S = sg.elem;
-        const uint64_t local = k - sg.chunk;
-        const uint64_t first = local * CHUNK;
-        const uint32_t len = (uint32_t)min((uint64_t)CHUNK, sg.n - first);
-        const uint8_t* nw = reinterpret_cast<const uint8_t*>(sg.src) + first * S;
-        if (p.tag == 0) {
-            warp_copy(frame + p.off + 1 + first * S, nw, len * S, lane);
-        } else if (p.tag == 1) {
-            const uint32_t wd = words[k];
-            const uint32_t size = wd & 0xffffu, count = wd >> 16;
-            if (lane == 0) frame[p.off + 1 + local] = (uint8_t)count;
-            if (size == 0) continue;
-            const uint32_t r = (uint32_t)(k - t0);
-            uint64_t at = pre[r / 4];
-            for (uint32_t q = r & ~3u; q < r; ++q) at += sizes[q];
-            uint8_t* dst = frame + p.off + 1 + nchunks_of(sg) + (tile_pre + at - p.start);
-            const uint8_t* src = count == DENSE_CHUNK ? nw : scratch + sg.scratch + local * CHUNK * S;
-            warp_copy(dst, src, size, lane);
+    for (uint64_t g = k0; g < k1; g += 32) {
+        const uint64_t k = g + lane;
+        uint8_t* dst = nullptr;
+        const uint8_t* src = nullptr;
+        uint32_t size = 0;
+        if (k < k1) {
+            const uint32_t si = seg_of(segs, nsegs, k);
+            const Seg sg = segs[si];
+            const Plan p = plan[si];
+            const uint32_t S = sg.elem;
+            const uint64_t local = k - sg.chunk;
+            const uint64_t first = local * CHUNK;
+            const uint32_t len = (uint32_t)min((uint64_t)CHUNK, sg.n - first);
+            const uint8_t* nw = reinterpret_cast<const uint8_t*>(sg.src) + first * S;
+            if (p.tag == 0) {
+                dst = frame + p.off + 1 + first * S;
+                src = nw;
+                size = len * S;
+            } else if (p.tag == 1) {
+                const uint32_t wd = words[k];
+                const uint32_t count = wd >> 16;
+                size = wd & 0xffffu;
+                frame[p.off + 1 + local] = (uint8_t)count;
+                if (size > 0) {
+                    const uint32_t r = (uint32_t)(k - t0);
+                    uint64_t at = pre[r / 4];
+                    for (uint32_t q = r & ~3u; q < r; ++q) at += sizes[q];
+                    dst = frame + p.off + 1 + nchunks_of(sg) + (tile_pre + at - p.start);
+                    src = count == DENSE_CHUNK ? nw : scratch + sg.scratch + local * CHUNK * S;
+                }
+            }
+        }
+        const bool big = size > SMALL;
+        if (!big)
+            for (uint32_t b = 0; b < size; ++b) dst[b] = src[b];
+        uint32_t m = __ballot_sync(0xffffffffu, big);
+        while (m != 0) {
+            const int j = __ffs(m) - 1;
+            m &= m - 1;
+            uint8_t* d = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, (unsigned long long)dst, j));
+            const uint8_t* sp = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, (unsigned long long)src, j));
+            const uint32_t z = __shfl_sync(0xffffffffu, size, j);
+            warp_copy(d, sp, z, lane);
         }
     }
 }
@@ -506,6 +530,27 @@ awex_wire_decode_plan(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nch
     }
 }
 
+// Writes a sparse chunk's `count` values (offsets at `src`, then values) into `dst` after
+// checking its offsets, lanes `lane0, lane0 + step, ...` of the work; false if they are bad.
+__device__ __forceinline__ bool offsets_ok(const uint8_t* src, uint32_t count, uint32_t len,
+                                           uint32_t j0, uint32_t step) {
+    bool ok = true;
+    for (uint32_t j = j0; j < count; j += step) {
+        const uint32_t o = src[j];
+        ok &= o < len && (j == 0 || o > (uint32_t)src[j - 1]);
+    }
+    return ok;
+}
+
+__device__ __forceinline__ void put_values(uint8_t* dst, const uint8_t* src, uint32_t count,
+                                           uint32_t S, uint32_t j0, uint32_t step) {
+    for (uint32_t j = j0; j < count; j += step) {
+        uint8_t* d = dst + (uint64_t)src[j] * S;
+        const uint8_t* v = src + count + j * S;
+        for (uint32_t b = 0; b < S; ++b) d[b] = v[b];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 awex_wire_apply(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
                 const uint8_t* __restrict__ frame, const uint32_t* __restrict__ words,
@@ -525,47 +570,70 @@ awex_wire_apply(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
     const uint64_t tile_pre = tiles[blockIdx.x];
     const uint32_t lane = threadIdx.x & 31u, wib = threadIdx.x >> 5;
     const uint64_t k0 = t0 + wib * (TILE / 8), k1 = min(t1, k0 + TILE / 8);
-    if (k0 >= k1) return;
-    uint32_t si = seg_of(segs, nsegs, k0);
-    Seg sg = segs[si];
-    for (uint64_t k = k0; k < k1; ++k) {
-        while (k >= sg.chunk + nchunks_of(sg)) sg = segs[++si];
-        const Plan p = plan[si];
-        const uint32_t S = sg.elem;
-        const uint64_t local = k - sg.chunk;
-        const uint64_t first = local * CHUNK;
-        const uint32_t len = (uint32_t)min((uint64_t)CHUNK, sg.n - first);
-        uint8_t* dst = reinterpret_cast<uint8_t*>(sg.src) + first * S;
-        if (p.tag == 0) {
-            warp_copy(dst, frame + p.off + 1 + first * S, len * S, lane);
-            continue;
+    for (uint64_t g = k0; g < k1; g += 32) {
+        const uint64_t k = g + lane;
+        // what this lane's chunk needs: a copy of `size` bytes, or `count` sparse values
+        uint8_t* dst = nullptr;
+        const uint8_t* src = nullptr;
+        uint32_t size = 0, count = 0, len = 0, S = 1, si = 0;
+        bool sparse = false;
+        if (k < k1) {
+            si = seg_of(segs, nsegs, k);
+            const Seg sg = segs[si];
+            const Plan p = plan[si];
+            S = sg.elem;
+            const uint64_t local = k - sg.chunk;
+            const uint64_t first = local * CHUNK;
+            len = (uint32_t)min((uint64_t)CHUNK, sg.n - first);
+            dst = reinterpret_cast<uint8_t*>(sg.src) + first * S;
+            if (p.tag == 0) {
+                src = frame + p.off + 1 + first * S;
+                size = len * S;
+            } else if (p.tag == 1) {
+                const uint32_t wd = words[k];
+                size = wd & 0xffffu;
+                count = wd >> 16;
+                if (size > 0) {
+                    const uint32_t r = (uint32_t)(k - t0);
+                    uint64_t at = pre[r / 4];
+                    for (uint32_t q = r & ~3u; q < r; ++q) at += sizes[q];
+                    src = frame + p.off + 1 + nchunks_of(sg) + (tile_pre + at - p.start);
+                    sparse = count != DENSE_CHUNK;
+                }
+            }
         }
-        if (p.tag != 1) continue;
-        const uint32_t wd = words[k];
-        const uint32_t size = wd & 0xffffu, count = wd >> 16;
-        if (size == 0) continue;
-        const uint32_t r = (uint32_t)(k - t0);
-        uint64_t at = pre[r / 4];
-        for (uint32_t q = r & ~3u; q < r; ++q) at += sizes[q];
-        const uint8_t* src = frame + p.off + 1 + nchunks_of(sg) + (tile_pre + at - p.start);
-        if (count == DENSE_CHUNK) {
-            warp_copy(dst, src, size, lane);
-            continue;
+        const bool big = size > SMALL;
+        if (!big && size > 0) {
+            if (!sparse) {
+                for (uint32_t b = 0; b < size; ++b) dst[b] = src[b];
+            } else if (offsets_ok(src, count, len, 0, 1)) {
+                put_values(dst, src, count, S, 0, 1);
+            } else {
+                fail(status, si, E_OFFSET);
+            }
         }
-        // offsets strictly increasing and inside the chunk, checked before any write
-        bool bad = false;
-        for (uint32_t j = lane; j < count; j += 32) {
-            const uint32_t o = src[j];
-            bad |= o >= len || (j > 0 && o <= (uint32_t)src[j - 1]);
-        }
-        if (__any_sync(0xffffffffu, bad)) {
-            if (lane == 0) fail(status, si, E_OFFSET);
-            continue;
-        }
-        for (uint32_t j = lane; j < count; j += 32) {
-            uint8_t* d = dst + (uint64_t)src[j] * S;
-            const uint8_t* v = src + count + j * S;
-            for (uint32_t b = 0; b < S; ++b) d[b] = v[b];
+        uint32_t m = __ballot_sync(0xffffffffu, big);
+        while (m != 0) {
+            const int j = __ffs(m) - 1;
+            m &= m - 1;
+            uint8_t* d = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, (unsigned long long)dst, j));
+            const uint8_t* sp = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, (unsigned long long)src, j));
+            const uint32_t z = __shfl_sync(0xffffffffu, size, j);
+            const bool sj = __shfl_sync(0xffffffffu, sparse, j);
+            if (!sj) {
+                warp_copy(d, sp, z, lane);
+                continue;
+            }
+            const uint32_t cj = __shfl_sync(0xffffffffu, count, j);
+            const uint32_t lj = __shfl_sync(0xffffffffu, len, j);
+            const uint32_t Sj = __shfl_sync(0xffffffffu, S, j);
+            const uint32_t sij = __shfl_sync(0xffffffffu, si, j);
+            // offsets strictly increasing and inside the chunk, checked before any write
+            if (!__all_sync(0xffffffffu, offsets_ok(sp, cj, lj, lane, 32))) {
+                if (lane == 0) fail(status, sij, E_OFFSET);
+                continue;
+            }
+            put_values(d, sp, cj, Sj, lane, 32);
         }
     }
 }

@@ -30,8 +30,9 @@
 //!    form, length and offset; the header and each segment's tag; the frame's length in the
 //!    status word.
 //! 4. `awex_wire_write`: per tile, the chunks' payload offsets again (block scan plus the
-//!    tile's prefix), then one warp per chunk writes its count byte and copies its payload
-//!    (from its scratch region, or from new for a dense chunk or segment) to its place.
+//!    tile's prefix), then a lane per chunk writes its count byte and copies its payload (from
+//!    its scratch region, or from new for a dense chunk or segment) to its place: a payload of
+//!    up to 32 bytes by the lane itself, a larger one by the whole warp.
 //!
 //! The encoder reads new and base once (2 N bytes) plus what it writes twice (the payload, to
 //! scratch and to the frame) and 4 bytes a chunk: at optimiser densities the payload is a
@@ -90,8 +91,10 @@ const SEG_BYTES: usize = 48;
 const PLAN_BYTES: u64 = 24;
 /// Status words: the frame's length, the first error (`seg * 256 + code`, all ones: none).
 const STATUS_BYTES: u64 = 32;
-/// Blocks per SM of the compare kernel (256 threads each).
-const COMPARE_BLOCKS_PER_SM: u32 = 8;
+/// Blocks per SM of the compare kernel: 256 threads of at most 64 registers
+/// (`__launch_bounds__(256, 4)`), so that the whole grid is resident at once and every warp's
+/// equal share of the chunks ends together (no second, partial wave).
+const COMPARE_BLOCKS_PER_SM: u32 = 4;
 
 /// One segment of a frame for the kernels: `n` elements of `elem` bytes (1, 2 or 4) lying
 /// contiguously at `src` (the encoder's new version, or the decoder's destination) and, for
