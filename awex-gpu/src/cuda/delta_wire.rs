@@ -797,21 +797,24 @@ impl WireKernels {
                     KernelArg::U64(w.tiles.ptr()),
                 ],
             )?;
-            self.launch(
-                6,
-                1,
-                1024,
-                s,
-                &mut [
-                    KernelArg::U64(t),
-                    KernelArg::U32(n),
-                    KernelArg::U64(c),
-                    KernelArg::U64(w.tiles.ptr()),
-                    KernelArg::U32(w.ntiles),
-                    KernelArg::U64(w.plan.ptr()),
-                    KernelArg::U64(w.status.ptr()),
-                ],
-            )?;
+        }
+        // always: with no chunk at all it still checks every sparse segment's length
+        self.launch(
+            6,
+            1,
+            1024,
+            s,
+            &mut [
+                KernelArg::U64(t),
+                KernelArg::U32(n),
+                KernelArg::U64(c),
+                KernelArg::U64(w.tiles.ptr()),
+                KernelArg::U32(w.ntiles),
+                KernelArg::U64(w.plan.ptr()),
+                KernelArg::U64(w.status.ptr()),
+            ],
+        )?;
+        if c > 0 {
             self.launch(
                 7,
                 w.ntiles,
