@@ -7,8 +7,8 @@
 // 256-element chunk of the segment whose first chunk index is the largest at or below k.
 //
 // Encode (new against base, into a frame), four launches on one stream:
-//   awex_wire_compare    one warp per chunk: changed elements by ballot-free lane masks and a
-//                        warp scan; a word per chunk (payload bytes | count byte << 16) and,
+//   awex_wire_compare    one warp per chunk: a mask of changed elements per lane (8 each), their
+//                        popcounts scanned over the warp; a word per chunk (payload bytes | count byte << 16) and,
 //                        for a sparse chunk, its offsets and values staged in its own region
 //                        of the scratch buffer (a dense chunk's values are read from new later)
 //   awex_wire_tile_sums  per tile of 1024 chunks: the sum of their payload bytes, and the
@@ -166,25 +166,31 @@ __device__ __forceinline__ uint32_t elem_word(const uint32_t w[8], int j) {
     return (w[j / 4] >> (8 * (j & 3))) & 0xffu;
 }
 
-// One chunk by one warp: returns its word; stages a sparse chunk's bytes in `buf` and copies
-// them to `region`.
+// Lane `lane`'s elements of chunk `local` of `sg` (zeros past the segment's end).
 template <int S>
-__device__ __forceinline__ void compare_chunk(const Seg& sg, uint64_t local, uint32_t lane,
-                                             bool aligned, uint8_t* buf, uint8_t* region,
-                                             uint32_t* word) {
+__device__ __forceinline__ void load_chunk(const Seg& sg, uint64_t local, uint32_t lane, bool aligned,
+                                           uint32_t a[8], uint32_t x[8]) {
     const uint64_t first = local * CHUNK;
     const uint32_t len = (uint32_t)min((uint64_t)CHUNK, sg.n - first);
     const uint32_t lo = 8 * lane;
     const uint32_t valid = len > lo ? min(8u, len - lo) : 0u;
-    uint32_t a[8], x[8];
-    const uint64_t at = (first + lo) * S;
     if (valid > 0) {
+        const uint64_t at = (first + lo) * S;
         load_lane<S>(reinterpret_cast<const uint8_t*>(sg.src) + at,
                      reinterpret_cast<const uint8_t*>(sg.base) + at, valid, aligned, a, x);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) { a[i] = 0; x[i] = 0; }
     }
+}
+
+// One chunk by one warp, its lanes' elements loaded: writes its word; stages a sparse chunk's
+// bytes in `buf` and copies them to `region`.
+template <int S>
+__device__ __forceinline__ void compare_chunk(const uint32_t a[8], const uint32_t x[8], uint32_t len,
+                                             uint32_t lane, uint8_t* buf, uint8_t* region,
+                                             uint32_t* word) {
+    const uint32_t lo = 8 * lane;
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) m |= (elem_word<S>(x, j) != 0 ? 1u : 0u) << j;
@@ -221,7 +227,32 @@ __device__ __forceinline__ void compare_chunk(const Seg& sg, uint64_t local, uin
     __syncwarp();
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4)
+// Chunks l0 .. l1 - 1 of `sg` by one warp, the next chunk's loads issued before the current
+// one is compared (two chunks' bytes in flight per warp).
+template <int S>
+__device__ __forceinline__ void compare_run(const Seg& sg, uint64_t l0, uint64_t l1, uint32_t lane,
+                                           uint8_t* buf, uint8_t* scratch, uint32_t* words) {
+    const uint64_t align = S == 1 ? 8 : 16;
+    const bool aligned = ((sg.src | sg.base) & (align - 1)) == 0;
+    uint32_t a[8], x[8];
+    load_chunk<S>(sg, l0, lane, aligned, a, x);
+    for (uint64_t l = l0; l < l1; ++l) {
+        uint32_t an[8], xn[8];
+        if (l + 1 < l1) {
+            load_chunk<S>(sg, l + 1, lane, aligned, an, xn);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) { an[i] = 0; xn[i] = 0; }
+        }
+        const uint32_t len = (uint32_t)min((uint64_t)CHUNK, sg.n - l * CHUNK);
+        compare_chunk<S>(a, x, len, lane, buf, scratch + sg.scratch + l * CHUNK * S,
+                         &words[sg.chunk + l]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) { a[i] = an[i]; x[i] = xn[i]; }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3)
 awex_wire_compare(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
                   uint32_t* __restrict__ words, uint8_t* __restrict__ scratch) {
     __shared__ __align__(16) uint8_t bufs[8][1024];
@@ -231,19 +262,17 @@ awex_wire_compare(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks
     const uint64_t per = (nchunks + warps - 1) / warps;
     const uint64_t k0 = w * per, k1 = min(nchunks, k0 + per);
     if (k0 >= k1) return;
-    uint32_t si = seg_of(segs, nsegs, k0);
-    Seg sg = segs[si];
-    for (uint64_t k = k0; k < k1; ++k) {
-        while (k >= sg.chunk + nchunks_of(sg)) sg = segs[++si];
-        const uint64_t local = k - sg.chunk;
-        const uint32_t S = sg.elem;
-        const uint64_t align = S == 1 ? 8 : 16;
-        const bool aligned = ((sg.src | sg.base) & (align - 1)) == 0;
-        uint8_t* region = scratch + sg.scratch + local * CHUNK * S;
-        switch (S) {
-            case 1: compare_chunk<1>(sg, local, lane, aligned, bufs[wib], region, &words[k]); break;
-            case 2: compare_chunk<2>(sg, local, lane, aligned, bufs[wib], region, &words[k]); break;
-            default: compare_chunk<4>(sg, local, lane, aligned, bufs[wib], region, &words[k]); break;
+    // the warp's chunks, one segment's run at a time
+    for (uint32_t si = seg_of(segs, nsegs, k0); si < nsegs; ++si) {
+        const Seg sg = segs[si];
+        if (sg.chunk >= k1) break;
+        const uint64_t end = sg.chunk + nchunks_of(sg);
+        if (end <= k0) continue;
+        const uint64_t l0 = max(k0, sg.chunk) - sg.chunk, l1 = min(k1, end) - sg.chunk;
+        switch (sg.elem) {
+            case 1: compare_run<1>(sg, l0, l1, lane, bufs[wib], scratch, words); break;
+            case 2: compare_run<2>(sg, l0, l1, lane, bufs[wib], scratch, words); break;
+            default: compare_run<4>(sg, l0, l1, lane, bufs[wib], scratch, words); break;
         }
     }
 }

@@ -17,8 +17,9 @@
 //! # How (encode: four launches on one stream, then one read of a status word)
 //!
 //! 1. `awex_wire_compare`: one warp per 256-element chunk (each warp a contiguous run of
-//!    chunks). Lane `l` loads elements `8 l .. 8 l + 7` of new and base (one 8-, 16- or 32-byte
-//!    vector each where the segment is aligned), makes an 8-bit mask of the elements that
+//!    chunks, the next chunk's loads issued before the current one is compared). Lane `l`
+//!    loads elements `8 l .. 8 l + 7` of new and base (one 8-, 16- or 32-byte vector each
+//!    where the segment is aligned, bytes otherwise), makes an 8-bit mask of the elements that
 //!    differ, and a warp scan of the masks' popcounts gives the chunk's count and each lane's
 //!    place among its changes. The chunk's word (payload bytes, count byte) goes to `words`;
 //!    a sparse chunk's offsets and values are staged in shared memory and written as whole
@@ -91,10 +92,11 @@ const SEG_BYTES: usize = 48;
 const PLAN_BYTES: u64 = 24;
 /// Status words: the frame's length, the first error (`seg * 256 + code`, all ones: none).
 const STATUS_BYTES: u64 = 32;
-/// Blocks per SM of the compare kernel: 256 threads of at most 64 registers
-/// (`__launch_bounds__(256, 4)`), so that the whole grid is resident at once and every warp's
-/// equal share of the chunks ends together (no second, partial wave).
-const COMPARE_BLOCKS_PER_SM: u32 = 4;
+/// Blocks per SM of the compare kernel: 256 threads of at most 80 registers
+/// (`__launch_bounds__(256, 3)`: two chunks' loads in flight per warp without spilling), so
+/// that the whole grid is resident at once and every warp's equal share of the chunks ends
+/// together (no second, partial wave).
+const COMPARE_BLOCKS_PER_SM: u32 = 3;
 
 /// One segment of a frame for the kernels: `n` elements of `elem` bytes (1, 2 or 4) lying
 /// contiguously at `src` (the encoder's new version, or the decoder's destination) and, for
