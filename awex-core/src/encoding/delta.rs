@@ -36,6 +36,10 @@
 //! form: 2.1 and 1.1), near the entropy of the changed set. Decoding checks every count,
 //! offset, index and length against the segment and the buffer before it writes: a malformed
 //! delta is an error naming what is wrong, never a panic or a write outside the segment.
+//!
+//! A bucket's segments can travel together in a frame that a GPU decoder can split without
+//! parsing them ([`super::delta_frame`]); the GPU encoder writes the dense, sparse and
+//! unchanged forms only ([`Forms::NoGaps`]).
 
 use thiserror::Error;
 
