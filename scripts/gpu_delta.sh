@@ -3,7 +3,9 @@
 # `awex-cli bench ipc` dense against `--deltas` on the same synthetic optimiser steps (`--step`:
 # the training ranks change a fraction of their bf16 elements by one ulp on the GPU between
 # updates, outside the timed window), then `awex-cli demo --transport cuda-ipc --deltas --lr`
-# (versions made by the calibrated Adam-like step, every byte of every update verified).
+# (versions made by the calibrated Adam-like step, every byte of every update verified), and
+# the delta wire kernels (`kernel`: their GPU tests, then `awex-cli bench delta-kernel`, the
+# encode's read rate against a device copy on a qwen3-8b-sized bf16 buffer at 0 to 100 % steps).
 #
 # Expects prebuilt x86-64 binaries in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && cp target/release/awex-cli .gpu/ && strip .gpu/awex-cli
@@ -13,7 +15,7 @@ set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 G=${AWEX_GPU_DIR:-.gpu}
 BIN=${AWEX_CLI:-$G/awex-cli}
-RUNS=${RUNS:-"tests dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta demo-gptoss-sglang demo-gptoss-vllm"}
+RUNS=${RUNS:-"tests kernel dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta demo-gptoss-sglang demo-gptoss-vllm"}
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 status=0
 
@@ -52,6 +54,15 @@ for r in $RUNS; do
       timeout 300 "$G/awex-gpu-tests" --ignored --test-threads=1 gpu_diff gpu_tile gpu_descriptors gpu_transpose \
         >"$OUT/gpu_tests.txt" 2>&1 || status=1
       tail -n 15 "$OUT/gpu_tests.txt" ;;
+    kernel) echo "== delta wire kernels: GPU tests, then awex-cli bench delta-kernel"
+      timeout 300 "$G/awex-gpu-tests" --ignored --test-threads=1 gpu_wire \
+        >"$OUT/gpu_wire_tests.txt" 2>&1 || status=1
+      tail -n 8 "$OUT/gpu_wire_tests.txt"
+      t0=$SECONDS
+      timeout 420 "$BIN" bench delta-kernel --json >"$OUT/kernel.json" 2>"$OUT/kernel.err"
+      rc=$?
+      echo "exit $rc after $((SECONDS - t0)) s"
+      [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/kernel.err"; } ;;
     dense0) bench $r 180 $P8 ;;
     dense1) bench $r 240 $P8 --step 0.01 ;;
     delta1) bench $r 240 $P8 --step 0.01 --deltas ;;
@@ -90,6 +101,19 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.json"))):
           f"{b['steady_median_ms']:.2f} | {' '.join(f'{m:.2f}' for m in b['steady_ms'])} | {b['floor_ms']:.2f} | "
           f"{b['ratio']:.3f} | {sum(w)/len(w)/1e9:.3f} | {dw}/{dv} ({100*dw/max(dv,1):.2f} %) | {b['verified']} |")
 print()
+k = os.path.join(out, "kernel.json")
+if os.path.exists(k):
+    try:
+        r = json.load(open(k))
+        print(f"bench delta-kernel: {r['device']} ({r['image']}), {r['bytes']} bytes in {r['segments']} segments")
+        print("| step | frame % | copy ms | encode ms | encode read GB/s | ratio | decode ms | verified |")
+        print("|---|---|---|---|---|---|---|---|")
+        for s in r["steps"]:
+            print(f"| {s['step']} | {100 * s['frame_fraction']:.3f} | {s['copy_ms']:.3f} | {s['encode_ms']:.3f} | "
+                  f"{s['encode_read_gbps']:.0f} | {s['encode_over_copy']:.3f} | {s['decode_ms']:.3f} | {s['verified']} |")
+        print()
+    except Exception as e:
+        print(f"kernel.json: unreadable: {e}")
 for f in sorted(glob.glob(os.path.join(out, "demo_*.json"))):
     try:
         d = json.load(open(f))

@@ -36,6 +36,10 @@
 //! form: 2.1 and 1.1), near the entropy of the changed set. Decoding checks every count,
 //! offset, index and length against the segment and the buffer before it writes: a malformed
 //! delta is an error naming what is wrong, never a panic or a write outside the segment.
+//!
+//! A bucket's segments can travel together in a frame that a GPU decoder can split without
+//! parsing them ([`super::delta_frame`]); the GPU encoder writes the dense, sparse and
+//! unchanged forms only ([`Forms::NoGaps`]).
 
 use thiserror::Error;
 
@@ -44,10 +48,14 @@ pub const CHUNK: usize = 256;
 /// The count byte of a chunk sent whole.
 pub const DENSE_CHUNK: u8 = 255;
 
-const TAG_DENSE: u8 = 0;
-const TAG_SPARSE: u8 = 1;
-const TAG_UNCHANGED: u8 = 2;
-const TAG_GAPS: u8 = 3;
+/// The tag of a dense segment.
+pub const TAG_DENSE: u8 = 0;
+/// The tag of a sparse segment.
+pub const TAG_SPARSE: u8 = 1;
+/// The tag of an unchanged segment.
+pub const TAG_UNCHANGED: u8 = 2;
+/// The tag of a gaps (Rice-coded) segment.
+pub const TAG_GAPS: u8 = 3;
 /// The largest Rice parameter of a gaps segment (gaps are below 2^32).
 const MAX_RICE_K: u8 = 31;
 /// Bytes of a gaps segment before its bits: tag, count, parameter.
@@ -189,7 +197,7 @@ fn check_elem(elem: usize) -> Result<(), DeltaError> {
 }
 
 /// Whether a chunk of `len` elements with `c` changes is cheaper sent whole.
-fn dense_chunk(c: usize, len: usize, elem: usize) -> bool {
+pub fn dense_chunk(c: usize, len: usize, elem: usize) -> bool {
     c * (1 + elem) >= len * elem || c >= DENSE_CHUNK as usize
 }
 
@@ -374,6 +382,17 @@ fn put_gaps<'a>(idx: &[u32], k: u32, value: impl Fn(usize) -> &'a [u8], out: &mu
     }
 }
 
+/// Which segment forms an encoder may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forms {
+    /// All four (the CPU encoders): the smallest of dense, sparse, unchanged and gaps.
+    All,
+    /// Dense, sparse and unchanged only (tags 0-2): what the GPU encoder writes, whose rules
+    /// are local to a chunk or a segment (the gaps' Rice code is a serial bit stream). The
+    /// choice among the three is the same as with [`Forms::All`] where gaps lose.
+    NoGaps,
+}
+
 /// Appends the delta of a segment of `n` elements of `elem` bytes whose changed elements are
 /// `idx` (increasing, each below `n`), reading the new value of element `i` through
 /// `value(i)`: the same bytes [`encode`] writes for the same change, without either payload
@@ -386,6 +405,40 @@ pub fn encode_indexed<'a>(
     out: &mut Vec<u8>,
 ) -> Result<DeltaStats, DeltaError> {
     encode_forms(n, elem, idx, value, out, true)
+}
+
+/// [`encode`] restricted to `forms`: with [`Forms::NoGaps`], the bytes the GPU encoder
+/// writes for the same segment.
+pub fn encode_with(
+    old: &[u8],
+    new: &[u8],
+    elem: usize,
+    forms: Forms,
+    out: &mut Vec<u8>,
+) -> Result<DeltaStats, DeltaError> {
+    check_elem(elem)?;
+    if old.len() != new.len() || new.len() % elem != 0 {
+        return Err(DeltaError::Lengths {
+            old: old.len(),
+            new: new.len(),
+            elem,
+        });
+    }
+    if new.len() / elem > u32::MAX as usize {
+        return Err(DeltaError::TooLong(new.len() / elem));
+    }
+    let mut idx: Vec<u32> = Vec::new();
+    if old != new {
+        changed_elements(old, new, elem, 0, &mut idx);
+    }
+    encode_forms(
+        new.len() / elem,
+        elem,
+        &idx,
+        |i| &new[i * elem..(i + 1) * elem],
+        out,
+        forms == Forms::All,
+    )
 }
 
 /// [`encode_indexed`], with the gaps form allowed or not.
@@ -482,28 +535,7 @@ pub fn encode(
     elem: usize,
     out: &mut Vec<u8>,
 ) -> Result<DeltaStats, DeltaError> {
-    check_elem(elem)?;
-    if old.len() != new.len() || new.len() % elem != 0 {
-        return Err(DeltaError::Lengths {
-            old: old.len(),
-            new: new.len(),
-            elem,
-        });
-    }
-    if new.len() / elem > u32::MAX as usize {
-        return Err(DeltaError::TooLong(new.len() / elem));
-    }
-    let mut idx: Vec<u32> = Vec::new();
-    if old != new {
-        changed_elements(old, new, elem, 0, &mut idx);
-    }
-    encode_indexed(
-        new.len() / elem,
-        elem,
-        &idx,
-        |i| &new[i * elem..(i + 1) * elem],
-        out,
-    )
+    encode_with(old, new, elem, Forms::All, out)
 }
 
 fn take<'a>(buf: &'a [u8], at: &mut usize, len: usize, n: usize) -> Result<&'a [u8], DeltaError> {

@@ -6,10 +6,12 @@
 //! holds the FP8 format ([`e4m3`]), the encoding and its parsing from an HF
 //! `quantization_config` ([`fp8_block`]), the quantisers awex reproduces byte for byte
 //! ([`recipe`]), the CPU reference quantiser and dequantiser ([`quantise`]) and exact deltas
-//! against the version a receiver holds ([`delta`]). The GPU kernel
+//! against the version a receiver holds ([`delta`]; a bucket's segments framed for a GPU decoder:
+//! [`delta_frame`]). The GPU kernel
 //! with the same bytes is in `awex-gpu` (`cuda::fp8`).
 
 pub mod delta;
+pub mod delta_frame;
 pub mod e4m3;
 pub mod fp8_block;
 pub mod quantise;

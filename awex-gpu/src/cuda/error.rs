@@ -206,6 +206,9 @@ pub enum CudaError {
         /// how many blocks
         blocks: u32,
     },
+    /// A delta frame the GPU wire kernels cannot encode or decode as asked, or a malformed one.
+    #[error("delta frame on the GPU: {0}")]
+    DeltaWire(String),
 }
 
 impl CudaError {

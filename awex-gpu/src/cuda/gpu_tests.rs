@@ -763,3 +763,238 @@ fn gpu_fp8_kernel_gives_the_cpu_references_bytes_in_every_layout() {
     assert_eq!(e, CudaError::Fp8NonFinite { blocks: 1 });
     assert_eq!(k.take_status(&s).unwrap(), 0);
 }
+
+/// Segments for the wire kernels' tests: (element size, base, new), each of every form, odd
+/// lengths, empty ones, optimiser steps on bf16 and a few large enough to span many tiles.
+fn wire_segments() -> Vec<(usize, Vec<u8>, Vec<u8>)> {
+    use delta_wire::tests::{masked, stepped};
+    let mut v = vec![];
+    for lr in [1e-7, 1e-6, 3e-6, 3e-5] {
+        let (b, n) = stepped(128, 1000, lr, 2);
+        v.push((2, b, n));
+    }
+    let mut k = 10u64;
+    for (elem, n, f) in [
+        (2usize, 0usize, 0.0),
+        (1, 4099, 0.003),
+        (4, 257, 1.0),
+        (2, 1, 1.0),
+        (4, 0, 0.0),
+        (1, 1_000_003, 0.001),
+        (2, 3_000_001, 0.01),
+        (4, 700_000, 0.03),
+        (2, 600_000, 0.3),
+        (2, 255, 0.0),
+        (1, 999, 1.0),
+    ] {
+        k += 1;
+        let (b, nw) = masked(n, elem, f, k);
+        v.push((elem, b, nw));
+    }
+    v
+}
+
+/// Lays `segs` out in two device buffers (new and base), each segment at an offset that is a
+/// multiple of its element size: 256-byte aligned, except every third one (2 or 4 bytes off,
+/// so the kernels' unaligned path runs). Returns the buffers and each segment's offset.
+fn wire_upload(
+    d: &Device,
+    segs: &[(usize, Vec<u8>, Vec<u8>)],
+) -> (DeviceBuffer, DeviceBuffer, Vec<u64>, usize) {
+    let mut offs = vec![];
+    let mut at = 0usize;
+    for (i, (e, b, _)) in segs.iter().enumerate() {
+        at = at.div_ceil(256) * 256 + if i % 3 == 2 { *e.max(&2) } else { 0 };
+        offs.push(at as u64);
+        at += b.len();
+    }
+    let total = at.max(16);
+    let (mut hn, mut hb) = (vec![0x5au8; total], vec![0x5au8; total]);
+    for ((_, b, n), &o) in segs.iter().zip(&offs) {
+        hb[o as usize..o as usize + b.len()].copy_from_slice(b);
+        hn[o as usize..o as usize + n.len()].copy_from_slice(n);
+    }
+    let new = d.alloc(total as u64).unwrap();
+    let base = d.alloc(total as u64).unwrap();
+    new.upload(0, &hn).unwrap();
+    base.upload(0, &hb).unwrap();
+    (new, base, offs, total)
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_wire_frames_equal_the_host_emulation_and_decode_to_the_new_version() {
+    use awex_core::encoding::delta_frame;
+    use delta_wire::{WireKernels, WireSegment, WireTable, host};
+    let d = Device::open(0).unwrap();
+    let k = WireKernels::load(&d).unwrap();
+    eprintln!("wire kernels: {}", k.image());
+    let s = d.stream().unwrap();
+    let segs = wire_segments();
+    let (new, base, offs, total) = wire_upload(&d, &segs);
+    let table = |dst_is_base: bool| {
+        let v: Vec<WireSegment> = segs
+            .iter()
+            .zip(&offs)
+            .map(|((e, b, _), &o)| WireSegment {
+                src: if dst_is_base {
+                    base.ptr() + o
+                } else {
+                    new.ptr() + o
+                },
+                base: if dst_is_base { 0 } else { base.ptr() + o },
+                n: (b.len() / e) as u64,
+                elem: *e as u32,
+            })
+            .collect();
+        WireTable::new(&v).unwrap()
+    };
+    let enc = table(false);
+    let work = k.prepare(&d, &enc, true).unwrap();
+    let frame = d.alloc(work.max_frame_len()).unwrap();
+    let news: Vec<&[u8]> = segs.iter().map(|s| s.2.as_slice()).collect();
+    let bases: Vec<&[u8]> = segs.iter().map(|s| s.1.as_slice()).collect();
+    let want = host::encode(&enc, &news, &bases);
+    // encode twice: the second run finds no state of the first
+    for round in 0..2 {
+        frame.fill_u32(0xA5A5_A5A5, &s).unwrap();
+        // SAFETY: the table's segments lie in `new` and `base`, the frame holds the longest
+        // frame; all live until the sync in finish_encode.
+        unsafe { k.launch_encode(&s, &work, frame.ptr()) }.unwrap();
+        let len = k.finish_encode(&s, &work).unwrap();
+        assert_eq!(len, want.len() as u64, "round {round}");
+        let mut got = vec![0u8; len as usize];
+        frame.download(0, &mut got).unwrap();
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+            panic!(
+                "round {round}: the kernels' frame differs from the emulation's at byte {at} of {len}"
+            );
+        }
+    }
+    // the CPU decoder is the judge of the kernels' frame
+    let mut cpu: Vec<Vec<u8>> = segs.iter().map(|s| s.1.clone()).collect();
+    let mut refs: Vec<&mut [u8]> = cpu.iter_mut().map(|g| g.as_mut_slice()).collect();
+    let elems: Vec<usize> = segs.iter().map(|s| s.0).collect();
+    delta_frame::apply_frame(&want, &elems, &mut refs).unwrap();
+    for (g, s) in cpu.iter().zip(&segs) {
+        assert!(g == &s.2);
+    }
+    // decode on the GPU into the base, in place: the new version, nothing else touched
+    let dec = table(true);
+    let dwork = k.prepare(&d, &dec, false).unwrap();
+    let mut host_new = vec![0u8; total];
+    new.download(0, &mut host_new).unwrap();
+    let mut host_base = vec![0u8; total];
+    base.download(0, &mut host_base).unwrap();
+    for round in 0..2 {
+        // SAFETY: the destinations lie in `base`, the frame in `frame`; both live until the sync.
+        unsafe { k.launch_decode(&s, &dwork, frame.ptr(), want.len() as u64) }.unwrap();
+        k.finish_decode(&s, &dwork).unwrap();
+        let mut got = vec![0u8; total];
+        base.download(0, &mut got).unwrap();
+        assert!(
+            got == host_new,
+            "round {round}: the decoded base is not the new version"
+        );
+    }
+    // a frame with a gaps segment (the CPU encoder's own) is refused before anything is written
+    base.upload(0, &host_base).unwrap();
+    let view: Vec<(&[u8], &[u8], usize)> = segs
+        .iter()
+        .map(|(e, b, n)| (b.as_slice(), n.as_slice(), *e))
+        .collect();
+    let mut gaps = vec![];
+    delta_frame::encode_frame(&view, awex_core::encoding::delta::Forms::All, &mut gaps).unwrap();
+    let g = delta_frame::frame_tags(&gaps, segs.len())
+        .unwrap()
+        .iter()
+        .position(|&t| t == 3)
+        .expect("the CPU encoder picks gaps for some segment");
+    let gbuf = d.alloc(gaps.len() as u64).unwrap();
+    gbuf.upload(0, &gaps).unwrap();
+    // SAFETY: as above.
+    unsafe { k.launch_decode(&s, &dwork, gbuf.ptr(), gaps.len() as u64) }.unwrap();
+    let e = k.finish_decode(&s, &dwork).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("segment {g} is a gaps segment (tag 3)")),
+        "{e}"
+    );
+    let mut got = vec![0u8; total];
+    base.download(0, &mut got).unwrap();
+    assert!(got == host_base, "a refused frame wrote nothing");
+    // a malformed frame (lengths not matching) is refused too
+    // SAFETY: as above.
+    unsafe { k.launch_decode(&s, &dwork, frame.ptr(), want.len() as u64 - 1) }.unwrap();
+    let e = k.finish_decode(&s, &dwork).unwrap_err();
+    assert!(e.to_string().contains("do not sum"), "{e}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_wire_encodes_the_step_kernels_versions_like_the_emulation() {
+    use delta_wire::{WireKernels, WireSegment, WireTable, host};
+    let d = Device::open(0).unwrap();
+    let k = WireKernels::load(&d).unwrap();
+    let s = d.stream().unwrap();
+    let step = delta::StepKernel::load(&d).unwrap();
+    // 40 M bf16 elements in segments of a few sizes, stepped at 1 % on the GPU
+    let n = 40usize << 20;
+    let host_base = pattern(2 * n, 3);
+    let base = d.alloc(2 * n as u64).unwrap();
+    let new = d.alloc(2 * n as u64).unwrap();
+    base.upload(0, &host_base).unwrap();
+    new.upload(0, &host_base).unwrap();
+    // SAFETY: `new` holds n bf16 elements, alive until the sync below.
+    unsafe { step.launch(&s, new.ptr(), n as u64, 77, 0.01) }.unwrap();
+    s.sync().unwrap();
+    let mut host_new = vec![0u8; 2 * n];
+    new.download(0, &mut host_new).unwrap();
+    let sizes = [1usize << 20, 3_000_000, 17, 12 << 20];
+    let mut segs = vec![];
+    let mut at = 0usize;
+    let mut i = 0;
+    while at < n {
+        let len = sizes[i % sizes.len()].min(n - at);
+        segs.push((at, len));
+        at += len;
+        i += 1;
+    }
+    let table = WireTable::new(
+        &segs
+            .iter()
+            .map(|&(a, l)| WireSegment {
+                src: new.ptr() + 2 * a as u64,
+                base: base.ptr() + 2 * a as u64,
+                n: l as u64,
+                elem: 2,
+            })
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let work = k.prepare(&d, &table, true).unwrap();
+    let frame = d.alloc(work.max_frame_len()).unwrap();
+    // SAFETY: as in the test above.
+    unsafe { k.launch_encode(&s, &work, frame.ptr()) }.unwrap();
+    let len = k.finish_encode(&s, &work).unwrap();
+    let news: Vec<&[u8]> = segs
+        .iter()
+        .map(|&(a, l)| &host_new[2 * a..2 * (a + l)])
+        .collect();
+    let bases: Vec<&[u8]> = segs
+        .iter()
+        .map(|&(a, l)| &host_base[2 * a..2 * (a + l)])
+        .collect();
+    let want = host::encode(&table, &news, &bases);
+    assert_eq!(len, want.len() as u64);
+    let mut got = vec![0u8; len as usize];
+    frame.download(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "the kernels' frame of the step differs from the emulation's"
+    );
+    // about 1.5 % of the dense bytes at 1 % of the elements
+    let f = len as f64 / (2 * n) as f64;
+    assert!((0.01..0.03).contains(&f), "{f}");
+}

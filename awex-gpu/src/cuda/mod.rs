@@ -10,10 +10,12 @@
 //! This module always compiles. Built without the `cuda` feature, its API is the same and
 //! every call returns [`CudaError::NotBuilt`]; built with it, libcuda is loaded at run time and
 //! a missing driver or GPU is an error ([`CudaError::NoDriver`], [`CudaError::NoGpu`]), never a
-//! panic. [`fp8`] holds the block-FP8 quantising kernel (bf16 in, e4m3 and scales out). The
+//! panic. [`fp8`] holds the block-FP8 quantising kernel (bf16 in, e4m3 and scales out),
+//! [`delta_wire`] the kernels that encode and decode the delta wire format. The
 //! geometry ([`desc`]) and handle encoding ([`handle`]) are pure and need no GPU.
 
 pub mod delta;
+pub mod delta_wire;
 pub mod desc;
 mod device;
 mod engine;

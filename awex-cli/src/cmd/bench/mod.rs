@@ -8,11 +8,13 @@
 //! measures what atomic apply costs on the CPU transports, `bench delta` ([`delta`]) what delta
 //! updates save on them. `bench fp8` ([`fp8`]) times the block-FP8
 //! quantisers (CPU reference and GPU kernel) and checks their bytes against each other.
+//! `bench delta-kernel` ([`delta_kernel`]) times the GPU delta wire kernels against a device copy.
 
 mod apply;
 mod content;
 mod copies;
 mod delta;
+mod delta_kernel;
 pub mod floors;
 mod fp8;
 mod local;
@@ -57,6 +59,13 @@ enum What {
         after_help = "Examples:\n  awex-cli bench fp8 --cpu-only\n  awex-cli bench fp8 --shapes 4096x4096,qwen3-8b --recipe vllm --gpu 0\n  awex-cli bench fp8 --recipe awex-python --dump /tmp/fp8 --json"
     )]
     Fp8(fp8::Fp8Args),
+    /// The GPU delta wire kernels on a model-sized bf16 buffer: the encode's read rate
+    /// against a device copy measured in the same run, the decode's time, every byte checked
+    /// (needs `--features cuda` and a GPU).
+    #[command(
+        after_help = "Examples:\n  awex-cli bench delta-kernel\n  awex-cli bench delta-kernel --step 0.01 --runs 10 --json\n  awex-cli bench delta-kernel --bytes 1073741824 --step 0,0.001,0.01,0.03,0.3,1"
+    )]
+    DeltaKernel(delta_kernel::DeltaKernelArgs),
     /// The training side of `bench ipc --path copies` (started by it).
     #[command(hide = true)]
     IpcSender(SenderArgs),
@@ -227,6 +236,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         What::Apply(a) => apply::run(a),
         What::Delta(a) => delta::run(a),
         What::Fp8(a) => fp8::run(a),
+        What::DeltaKernel(a) => delta_kernel::run(a),
         What::Ipc(a) if a.path == Path::Transport => transport::run(a),
         What::Ipc(a) => copies::ipc(a),
         What::IpcSender(a) => copies::sender(a),
