@@ -1120,12 +1120,13 @@ fn receive_peer(
     let cap = max_frame(buckets, delta.bb);
     // from here on this sender's boxes may be torn until every bucket landed
     let held = delta.held.begin(peer.peer);
-    // appliers: one unpacks dense buckets (a copy at memory speed: the socket is the limit);
-    // where this rank holds a base from the peer, the frames are deltas whose apply (decode,
-    // then a write per changed element, into lines spread over the whole destination) is the
-    // work, so up to 4 apply side by side, applier `k` taking buckets k, k + K, ... (the
-    // buckets of one peer write disjoint boxes); their buffers start empty and grow to the
-    // frames they carry (a delta is a few per cent of its bucket)
+    // appliers: one unpacks dense frames (a copy at memory speed: the socket is the limit);
+    // where this rank holds a base from the peer, its frames may be deltas, whose apply
+    // (decode, then a write per changed element, into lines spread over the whole
+    // destination) is the work, so up to 4 apply side by side, applier `k` taking delta
+    // frames k, k + K, ... (the buckets of one peer write disjoint boxes) and applier 0 any
+    // dense frame; their buffers start empty and grow to the frames they carry (a delta is a
+    // few per cent of its bucket)
     let appliers = match held {
         None => 1,
         Some(_) => std::thread::available_parallelism()
@@ -1305,7 +1306,10 @@ fn receive_peer(
                     buf.resize(len as usize, 0);
                 }
                 io.read(&mut s, &mut buf[..len as usize], &what)?;
-                if fulls[i % appliers]
+                // a dense frame is a copy bound by the socket: one unpacker takes them all,
+                // in order, as without a base
+                let k = if base.is_some() { i % appliers } else { 0 };
+                if fulls[k]
                     .send((i, (len as usize, buf, h, base)))
                     .is_err()
                 {
