@@ -775,10 +775,10 @@ pub fn encoded_len(old: &[u8], new: &[u8], elem: usize) -> Result<usize, DeltaEr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn rng(seed: &mut u64) -> u64 {
+    pub(crate) fn rng(seed: &mut u64) -> u64 {
         *seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
@@ -786,7 +786,7 @@ mod tests {
     }
 
     /// `n` elements of `elem` bytes, and a copy with about `per_mille` of them changed.
-    fn versions(n: usize, elem: usize, per_mille: u64, seed: u64) -> (Vec<u8>, Vec<u8>) {
+    pub(crate) fn versions(n: usize, elem: usize, per_mille: u64, seed: u64) -> (Vec<u8>, Vec<u8>) {
         let mut s = seed;
         let old: Vec<u8> = (0..n * elem).map(|_| rng(&mut s) as u8).collect();
         let mut new = old.clone();

@@ -277,28 +277,8 @@ pub fn apply_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encoding::delta::tests::{rng, versions};
     use crate::encoding::delta::{TAG_DENSE, TAG_SPARSE, TAG_UNCHANGED};
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *seed >> 33
-    }
-
-    /// `n` elements and a copy with about `per_mille` of them changed.
-    fn versions(n: usize, elem: usize, per_mille: u64, seed: u64) -> (Vec<u8>, Vec<u8>) {
-        let mut s = seed;
-        let old: Vec<u8> = (0..n * elem).map(|_| rng(&mut s) as u8).collect();
-        let mut new = old.clone();
-        for i in 0..n {
-            if rng(&mut s) % 1000 < per_mille {
-                let b = &mut new[i * elem + (rng(&mut s) as usize % elem)];
-                *b = b.wrapping_add(1 + (rng(&mut s) % 255) as u8);
-            }
-        }
-        (old, new)
-    }
 
     #[test]
     fn frames_of_both_forms_apply_to_the_new_bytes_and_find_every_segment() {
