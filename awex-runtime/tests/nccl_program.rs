@@ -33,6 +33,36 @@ struct Rank {
 }
 
 impl Rank {
+    /// A rank of `side` with two zeroed slots and each step's copies for both.
+    fn new(
+        layout: RankLayout,
+        tensors: TensorSet,
+        program: Program,
+        buffers: Vec<(u64, u64)>,
+        side: Side,
+    ) -> Rank {
+        let words = program.slot_bytes.div_ceil(8) as usize;
+        let slots = [vec![0u64; words.max(1)], vec![0u64; words.max(1)]];
+        let mut r = Rank {
+            layout,
+            tensors,
+            program,
+            slots,
+            copies: Vec::new(),
+            buffers,
+        };
+        let (s0, s1) = (r.slot(0), r.slot(1));
+        r.buffers.push((s0, r.program.slot_bytes));
+        r.buffers.push((s1, r.program.slot_bytes));
+        r.copies = r
+            .program
+            .steps
+            .iter()
+            .map(|st| [st.copies(side, s0), st.copies(side, s1)])
+            .collect();
+        r
+    }
+
     fn slot(&self, s: usize) -> u64 {
         self.slots[s].as_ptr() as u64
     }
@@ -117,25 +147,7 @@ fn run_update(
         });
         let steps = schedule(plan, &buckets).unwrap();
         let program = Program::build(plan, &buckets, &steps, &dev, &world).unwrap();
-        let words = program.slot_bytes.div_ceil(8) as usize;
-        let slots = [vec![0u64; words.max(1)], vec![0u64; words.max(1)]];
-        let mut r = Rank {
-            layout,
-            tensors,
-            program,
-            slots,
-            copies: Vec::new(),
-            buffers,
-        };
-        let (s0, s1) = (r.slot(0), r.slot(1));
-        r.buffers.push((s0, r.program.slot_bytes));
-        r.buffers.push((s1, r.program.slot_bytes));
-        r.copies = r
-            .program
-            .steps
-            .iter()
-            .map(|st| [st.copies(who.0, s0), st.copies(who.0, s1)])
-            .collect();
+        let r = Rank::new(layout, tensors, program, buffers, who.0);
         ranks.insert(who, r);
     }
     for ((side, _), r) in &ranks {
@@ -703,25 +715,7 @@ mod fp8 {
                 Some(f.encoding()),
                 "{who:?} has FP8 pieces"
             );
-            let words = program.slot_bytes.div_ceil(8) as usize;
-            let slots = [vec![0u64; words.max(1)], vec![0u64; words.max(1)]];
-            let mut r = Rank {
-                layout,
-                tensors,
-                program,
-                slots,
-                copies: Vec::new(),
-                buffers,
-            };
-            let (s0, s1) = (r.slot(0), r.slot(1));
-            r.buffers.push((s0, r.program.slot_bytes));
-            r.buffers.push((s1, r.program.slot_bytes));
-            r.copies = r
-                .program
-                .steps
-                .iter()
-                .map(|st| [st.copies(who.0, s0), st.copies(who.0, s1)])
-                .collect();
+            let r = Rank::new(layout, tensors, program, buffers, who.0);
             bucket_lists.insert(who, buckets);
             ranks.insert(who, r);
         }

@@ -1309,10 +1309,7 @@ fn receive_peer(
                 // a dense frame is a copy bound by the socket: one unpacker takes them all,
                 // in order, as without a base
                 let k = if base.is_some() { i % appliers } else { 0 };
-                if fulls[k]
-                    .send((i, (len as usize, buf, h, base)))
-                    .is_err()
-                {
+                if fulls[k].send((i, (len as usize, buf, h, base))).is_err() {
                     return Ok(());
                 }
             }
