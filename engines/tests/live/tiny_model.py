@@ -37,11 +37,14 @@ QWEN3_5 = dict(
     layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
     linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
 #: the tiny Qwen3.5-MoE's own fields: the Qwen3.5 layers above with Qwen3-Next's MoE block on
-#: both (4 routed experts, 2 a token, and a shared expert with its gate); the experts'
-#: intermediate size 64 is 32 a rank at tp 2, a multiple of the alignment of vLLM's CPU MoE
-#: kernel (``CPUUnquantizedExperts.output_alignment``, ``fused_moe/experts/cpu_moe.py``), as is
-#: the hidden size 64
-QWEN3_5_MOE = dict(QWEN3_5, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+#: both (4 routed experts and a shared expert with its gate); the experts' intermediate size 64
+#: is 32 a rank at tp 2, a multiple of the alignment of vLLM's CPU MoE kernel
+#: (``CPUUnquantizedExperts.output_alignment``, ``fused_moe/experts/cpu_moe.py``), as is the
+#: hidden size 64. Every token goes to all 4 experts, weighted by the router's softmax: with
+#: fewer a token, the second and third experts' router probabilities are at times within bf16's
+#: rounding (seen: 2 of 4, a margin below 1e-4 at one position of a 16-token check), and a bf16
+#: server then takes another expert than float32 transformers, 2 nats apart
+QWEN3_5_MOE = dict(QWEN3_5, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=64,
                    shared_expert_intermediate_size=64)
 #: the weights' dtype by family: vLLM's CPU build runs Gated DeltaNet in bf16 only
 #: (``vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py``, ``cpu_gdn_attention_core``:
