@@ -241,6 +241,27 @@ def _restore_setup_kernel(patched: list[Any]) -> None:
         qm.__dict__.pop("_setup_kernel", None)
 
 
+#: where a parameter keeps its loader: a plain ``torch.nn.Parameter`` in the ``weight_loader``
+#: attribute itself; vLLM's own parameter classes (``BasevLLMParameter``,
+#: ``vllm/model_executor/parameter.py``: ``ModelWeightParameter`` and the others that linear,
+#: embedding and conv layers create) behind a ``weight_loader`` property, in ``_weight_loader``
+_LOADER_KEYS = ("weight_loader", "_weight_loader")
+_MISSING = object()
+
+
+def _loader_state(param: Any) -> tuple[Any, ...]:
+    """What ``_restore_loader`` puts back: the parameter's own loader attributes, as stored."""
+    return tuple(param.__dict__.get(k, _MISSING) for k in _LOADER_KEYS)
+
+
+def _restore_loader(param: Any, state: tuple[Any, ...]) -> None:
+    for k, v in zip(_LOADER_KEYS, state):
+        if v is _MISSING:
+            param.__dict__.pop(k, None)
+        else:
+            param.__dict__[k] = v
+
+
 def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
     """Loads the landing tensors into ``model`` through vLLM's layerwise reload, so that every
     layer's post-load processing runs again and its result lands in the live tensors' storage.
@@ -257,7 +278,6 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
     from vllm.model_executor.model_loader.reload.layerwise import initialize_online_processing
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-    missing = object()
     modules = _modules(model)
     # a parameter vLLM keeps live through the reload (bias) gets back the loader it had before;
     # the others (on the meta device during the reload) the one vLLM's reload gave them
@@ -265,7 +285,7 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
     for name in landing:
         module, attr = _parameter(modules, name)
         param = module._parameters[attr]
-        before[id(param)] = param.__dict__.get("weight_loader", missing)
+        before[id(param)] = _loader_state(param)
     swapped: list[tuple[Any, Any]] = []
     patched = _experts_post_load_on_update(model)
     initialize_layerwise_reload(model)
@@ -274,7 +294,7 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
         for name, src in landing.items():
             module, attr = _parameter(modules, name)
             param = module._parameters[attr]
-            swapped.append((param, before.get(id(param), param.__dict__.get("weight_loader", missing))))
+            swapped.append((param, before.get(id(param), _loader_state(param))))
             param.weight_loader = default_weight_loader
             targets.append((module, param, src))
         for module in {id(m): m for m, _, _ in targets}.values():
@@ -287,11 +307,8 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
             finalize_layerwise_reload(model, model_config)
         finally:
             _restore_setup_kernel(patched)
-            for param, loader in swapped:
-                if loader is missing:
-                    param.__dict__.pop("weight_loader", None)
-                else:
-                    param.weight_loader = loader
+            for param, state in swapped:
+                _restore_loader(param, state)
 
 
 def parallel_of(vllm_config: Any) -> dict[str, int]:

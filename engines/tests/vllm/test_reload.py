@@ -26,7 +26,7 @@ def tp_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     param.data.copy_(loaded_weight[: param.shape[0]])
 
 
-def model(fail: bool = False, scale: float | None = None) -> torch.nn.Module:
+def model(fail: bool = False, scale: float | None = None, vllm_parameter: bool = False) -> torch.nn.Module:
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 
@@ -55,8 +55,15 @@ def model(fail: bool = False, scale: float | None = None) -> torch.nn.Module:
     class Proj(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.weight = torch.nn.Parameter(torch.empty(4, 3), requires_grad=False)
-            self.weight.weight_loader = tp_loader
+            if vllm_parameter:
+                # vLLM's own parameter class (its linear layers' weights): the loader is a
+                # property, kept in `_weight_loader` (`vllm/model_executor/parameter.py`)
+                from vllm.model_executor.parameter import BasevLLMParameter
+
+                self.weight = BasevLLMParameter(data=torch.empty(4, 3), weight_loader=tp_loader)
+            else:
+                self.weight = torch.nn.Parameter(torch.empty(4, 3), requires_grad=False)
+                self.weight.weight_loader = tp_loader
             self.quant_method = Prepack()
 
     m = torch.nn.Module()
@@ -93,9 +100,14 @@ def test_landing_tensors_refuse_a_layout_that_differs_from_what_vllm_loads() -> 
         plugin.landing_tensors([dict(LAYOUT[0], name="proj.bias")], model(), "cpu")
 
 
-def test_load_landed_reruns_the_post_load_step_into_the_live_layer_and_keeps_its_loader() -> None:
+@pytest.mark.parametrize("vllm_parameter", [False, True], ids=["parameter", "vllm-parameter"])
+def test_load_landed_reruns_the_post_load_step_into_the_live_layer_and_keeps_its_loader(
+        vllm_parameter: bool, monkeypatch) -> None:  # noqa: ANN001
     plugin = load_plugin()
-    m = model()
+    # BasevLLMParameter asks the TP group for its rank; one rank here, no group
+    monkeypatch.setattr("vllm.model_executor.parameter.get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr("vllm.model_executor.parameter.get_tensor_model_parallel_world_size", lambda: 1)
+    m = model(vllm_parameter=vllm_parameter)
     live = m.proj.weight
     landing = plugin.landing_tensors(LAYOUT, m, "cpu")
     landing["proj.weight"].copy_(W1)
