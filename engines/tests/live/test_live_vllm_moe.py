@@ -19,7 +19,8 @@ right because ``awex.vllm`` runs the experts' step on the reloaded layer
 (``_experts_post_load_on_update``).
 
 Its own module: one live server at a time (the Qwen3.5 server of ``test_live_vllm_hybrid.py``
-is gone before this one starts).
+is gone before this one starts). The last test reloads with vLLM's own ``reload_weights`` once
+more, after awex's updates: every parameter's own loader is back.
 """
 
 from __future__ import annotations
@@ -72,3 +73,14 @@ def test_live_vllm_serves_a_qwen3_5_moe_updated_by_fsdp2(live) -> None:
     serve.scenario(live, PAIR_MOE, f"vllm:tp={TP}", served_version, train="fsdp:dp=2,fused_experts=1",
                    deltas=True, logprob_tol=LOGPROB_TOL, near_ties=NEAR_TIES,
                    serves_the_checkpoint=not live.get("reloaded"))
+
+
+def test_vllm_own_reload_still_loads_after_awex_updates(live) -> None:
+    """After awex's updates every parameter has its own loader back (``awex.vllm.load_landed``),
+    so vLLM's own ``reload_weights`` of the checkpoint still cuts each tensor to the rank (it
+    stopped with ``Attempted to load weight (torch.Size([512, 1, 4])) into parameter
+    (torch.Size([256, 1, 4]))``, the Gated DeltaNet's ``conv1d``, when awex left vLLM's
+    ``default_weight_loader`` on a ``BasevLLMParameter``). What it then serves is the fault the
+    first test pins, so only the load is checked."""
+    status, out = serve.http(live["url"] + "/collective_rpc", {"method": "reload_weights"}, timeout=RELOAD_S)
+    assert status == 200, f"/collective_rpc reload_weights after awex's updates answered {status}: {out}"
