@@ -18,12 +18,17 @@ the tolerance; the killed job's version fails and its retry commits. awex's upda
 right because ``awex.vllm`` runs the experts' step on the reloaded layer
 (``_experts_post_load_on_update``).
 
+``AWEX_LIVE_MOE_FAMILY=qwen3-next`` runs the same module on a tiny ``Qwen3NextForCausalLM`` of
+the same sizes (the same MoE block; not in CI).
+
 Its own module: one live server at a time (the Qwen3.5 server of ``test_live_vllm_hybrid.py``
 is gone before this one starts). The last test reloads with vLLM's own ``reload_weights`` once
 more, after awex's updates: every parameter's own loader is back.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -35,14 +40,18 @@ pytest.importorskip("awex")
 
 # the server's start-up (1-5 minutes on a loaded 2-core machine) counts against the first test
 pytestmark = pytest.mark.timeout(2400)
-PAIR_MOE = PAIR + "-qwen3.5-moe"
+#: the tiny model's family (``tiny_model.make``): ``qwen3.5-moe``, or ``qwen3-next`` by hand
+FAMILY = os.environ.get("AWEX_LIVE_MOE_FAMILY", "qwen3.5-moe")
+PAIR_MOE = PAIR + "-" + FAMILY
 #: vLLM's own reload (one layerwise pass over a two-layer model on a loaded 2-core machine)
 RELOAD_S = 600.0
 
 
 @pytest.fixture(scope="module")
 def live(request):
-    yield from start_live(request, "qwen3.5-moe", PAIR_MOE)
+    if FAMILY not in ("qwen3.5-moe", "qwen3-next"):
+        pytest.fail(f"AWEX_LIVE_MOE_FAMILY={FAMILY!r}: qwen3.5-moe (the default) or qwen3-next")
+    yield from start_live(request, FAMILY, PAIR_MOE)
 
 
 def test_vllm_own_reload_serves_the_cpu_moe_wrongly(live) -> None:
@@ -67,7 +76,7 @@ def test_vllm_own_reload_serves_the_cpu_moe_wrongly(live) -> None:
         "engine did not), and this test and docs/vllm.md's note on the fault can go")
 
 
-def test_live_vllm_serves_a_qwen3_5_moe_updated_by_fsdp2(live) -> None:
+def test_live_vllm_serves_a_hybrid_moe_updated_by_fsdp2(live) -> None:
     # transformers 5 holds each layer's experts fused (``mlp.experts.gate_up_proj``, ``down_proj``);
     # after the test above the server serves neither the checkpoint nor any version yet
     serve.scenario(live, PAIR_MOE, f"vllm:tp={TP}", served_version, train="fsdp:dp=2,fused_experts=1",

@@ -1,7 +1,8 @@
 """A tiny model made on the spot, nothing downloaded: a byte-level BPE tokenizer trained with
 ``tokenizers`` on a local text (``TEXT``), and a ``Qwen3ForCausalLM`` (or, with ``family``
 ``"qwen3.5"``, a hybrid linear-attention ``Qwen3_5ForCausalLM``: ``QWEN3_5``; with ``"qwen3.5-moe"``,
-its MoE variant ``Qwen3_5MoeForCausalLM``: ``QWEN3_5_MOE``) with random weights
+its MoE variant ``Qwen3_5MoeForCausalLM``: ``QWEN3_5_MOE``; with ``"qwen3-next"``, a
+``Qwen3NextForCausalLM`` of the same sizes) with random weights
 (seeded; float32, the Qwen3.5 ones bf16: ``DTYPE``) saved with transformers, the way a served model
 directory looks.
 
@@ -26,7 +27,7 @@ TEXT = (
 )
 VOCAB = 384
 #: the families ``make`` builds
-FAMILIES = ("qwen3", "qwen3.5", "qwen3.5-moe")
+FAMILIES = ("qwen3", "qwen3.5", "qwen3.5-moe", "qwen3-next")
 #: the tiny Qwen3.5's own fields (dense ``Qwen3_5ForCausalLM``, the rest as the Qwen3 one):
 #: layer 0 Gated DeltaNet (linear attention; 2 key heads and 4 value heads, so tp 2 holds one
 #: key-head group per rank: vLLM's Gated DeltaNet splits by key head; heads of 64, the smallest
@@ -50,11 +51,14 @@ QWEN3_5_MOE = dict(QWEN3_5, num_experts=4, num_experts_per_tok=4, moe_intermedia
 #: (``vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py``, ``cpu_gdn_attention_core``:
 #: "CPU GDN attention requires BF16."), so the Qwen3.5 model is bf16 and so is its trainer
 #: (``trainer.py`` loads the saved dtype)
-DTYPE = {"qwen3": "float32", "qwen3.5": "bfloat16", "qwen3.5-moe": "bfloat16"}
+DTYPE = {"qwen3": "float32", "qwen3.5": "bfloat16", "qwen3.5-moe": "bfloat16", "qwen3-next": "bfloat16"}
 #: by family: (config class, model class, the family's own config fields), in transformers
 CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
            "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN3_5),
-           "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", QWEN3_5_MOE)}
+           "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", QWEN3_5_MOE),
+           # the same fields: Qwen3-Next's Gated DeltaNet (its own input projections, grouped by
+           # key head) and MoE block on both layers
+           "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", QWEN3_5_MOE)}
 
 
 def make(out: str, seed: int = 29, family: str = "qwen3") -> str:
