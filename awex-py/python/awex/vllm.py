@@ -288,7 +288,11 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
         before[id(param)] = _loader_state(param)
     swapped: list[tuple[Any, Any]] = []
     patched = _experts_post_load_on_update(model)
-    initialize_layerwise_reload(model)
+    try:
+        initialize_layerwise_reload(model)
+    except BaseException:
+        _restore_setup_kernel(patched)
+        raise
     try:
         targets = []
         for name, src in landing.items():
