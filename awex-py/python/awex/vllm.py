@@ -173,9 +173,101 @@ def landing_tensors(layout: list[dict[str, Any]], model: Any, device: Any) -> di
     return out
 
 
+def _experts_post_load_on_update(model: Any) -> list[Any]:
+    """Makes the CPU MoE experts' own post-load step run on a weight update too, for the length
+    of one layerwise reload; returns the patched quantisation methods (``_restore_setup_kernel``
+    undoes it).
+
+    vLLM 0.32 / 0.33 skip it on an update: ``UnquantizedFusedMoEMethod._setup_kernel``
+    (``vllm/model_executor/layers/fused_moe/unquantized_fused_moe_method.py``) calls
+    ``self.moe_kernel.fused_experts.process_weights_after_loading(layer)`` only when
+    ``self.moe_kernel is None`` (the first load); on a reload the kernel exists, so it copies the
+    checkpoint-format ``w13_weight`` / ``w2_weight`` into the layer and stops. The CPU experts'
+    step is not optional: ``CPUUnquantizedExperts.process_weights_after_loading``
+    (``fused_moe/experts/cpu_moe.py``) pads the intermediate size to the kernel's alignment
+    (``_pad_moe_intermediate``) and prepacks both weights into the grouped-gemm layout
+    (``cpu_prepack_moe_weight`` -> ``torch.ops._C.prepack_moe_weight``, a same-shaped tensor in
+    another element order) that ``cpu_fused_moe`` reads. Without it the reload's
+    ``_copy_and_restore_kernel_tensors`` (``model_loader/reload/layerwise.py``) writes the plain
+    weights into the prepacked storage, and the experts compute with scrambled weights: a MoE
+    model on vLLM's CPU build is served wrongly after any reload, vLLM's own ``reload_weights``
+    included, and stays so.
+
+    The fix runs exactly the first load's step on the reloaded layer, after the engine's own
+    ``_setup_kernel`` and before the reload copies the layer's result into the live storage: the
+    same method of the same experts object, on the materialised layer that holds the landed
+    checkpoint-format weights. It runs only where the engine did not (an engine that runs it on
+    updates, or rebuilt the kernel, is left alone), and only for ``CPUUnquantizedExperts`` (and
+    its x86 / Arm subclasses), whose step is a pure function of the loaded weights."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    except ImportError:  # a vLLM without them has nothing to redo
+        return []
+    patched = []
+    for module in model.modules():
+        qm = getattr(module, "quant_method", None)
+        if not isinstance(qm, UnquantizedFusedMoEMethod) or "_setup_kernel" in qm.__dict__:
+            continue
+        kernel = getattr(qm, "moe_kernel", None)
+        if kernel is None or not isinstance(getattr(kernel, "fused_experts", None), CPUUnquantizedExperts):
+            continue
+
+        def setup_kernel(layer: Any, w13: Any, w2: Any, _qm: Any = qm) -> None:
+            kernel = _qm.moe_kernel
+            experts = kernel.fused_experts
+            own = experts.process_weights_after_loading
+            ran = []
+
+            def counted(layer: Any) -> None:
+                ran.append(True)
+                own(layer)
+
+            experts.process_weights_after_loading = counted
+            try:
+                type(_qm)._setup_kernel(_qm, layer, w13, w2)
+            finally:
+                del experts.process_weights_after_loading
+            if not ran and _qm.moe_kernel is kernel:
+                experts.process_weights_after_loading(layer)
+
+        qm._setup_kernel = setup_kernel
+        patched.append(qm)
+    return patched
+
+
+def _restore_setup_kernel(patched: list[Any]) -> None:
+    for qm in patched:
+        qm.__dict__.pop("_setup_kernel", None)
+
+
+#: where a parameter keeps its loader: a plain ``torch.nn.Parameter`` in the ``weight_loader``
+#: attribute itself; vLLM's own parameter classes (``BasevLLMParameter``,
+#: ``vllm/model_executor/parameter.py``: ``ModelWeightParameter`` and the others that linear,
+#: embedding and conv layers create) behind a ``weight_loader`` property, in ``_weight_loader``
+_LOADER_KEYS = ("weight_loader", "_weight_loader")
+_MISSING = object()
+
+
+def _loader_state(param: Any) -> tuple[Any, ...]:
+    """What ``_restore_loader`` puts back: the parameter's own loader attributes, as stored."""
+    return tuple(param.__dict__.get(k, _MISSING) for k in _LOADER_KEYS)
+
+
+def _restore_loader(param: Any, state: tuple[Any, ...]) -> None:
+    for k, v in zip(_LOADER_KEYS, state):
+        if v is _MISSING:
+            param.__dict__.pop(k, None)
+        else:
+            param.__dict__[k] = v
+
+
 def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
     """Loads the landing tensors into ``model`` through vLLM's layerwise reload, so that every
     layer's post-load processing runs again and its result lands in the live tensors' storage.
+
+    A CPU MoE layer also gets the experts' own post-load step that vLLM skips on a reload
+    (``_experts_post_load_on_update``).
 
     Each landed tensor is this rank's shard already, so the loader vLLM's reload wraps is
     ``default_weight_loader`` (a checked copy) for the length of the call; the parameters' own
@@ -186,7 +278,6 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
     from vllm.model_executor.model_loader.reload.layerwise import initialize_online_processing
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-    missing = object()
     modules = _modules(model)
     # a parameter vLLM keeps live through the reload (bias) gets back the loader it had before;
     # the others (on the meta device during the reload) the one vLLM's reload gave them
@@ -194,15 +285,20 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
     for name in landing:
         module, attr = _parameter(modules, name)
         param = module._parameters[attr]
-        before[id(param)] = param.__dict__.get("weight_loader", missing)
+        before[id(param)] = _loader_state(param)
     swapped: list[tuple[Any, Any]] = []
-    initialize_layerwise_reload(model)
+    patched = _experts_post_load_on_update(model)
+    try:
+        initialize_layerwise_reload(model)
+    except BaseException:
+        _restore_setup_kernel(patched)
+        raise
     try:
         targets = []
         for name, src in landing.items():
             module, attr = _parameter(modules, name)
             param = module._parameters[attr]
-            swapped.append((param, before.get(id(param), param.__dict__.get("weight_loader", missing))))
+            swapped.append((param, before.get(id(param), _loader_state(param))))
             param.weight_loader = default_weight_loader
             targets.append((module, param, src))
         for module in {id(m): m for m, _, _ in targets}.values():
@@ -214,11 +310,9 @@ def load_landed(model: Any, model_config: Any, landing: dict[str, Any]) -> None:
         try:
             finalize_layerwise_reload(model, model_config)
         finally:
-            for param, loader in swapped:
-                if loader is missing:
-                    param.__dict__.pop("weight_loader", None)
-                else:
-                    param.weight_loader = loader
+            _restore_setup_kernel(patched)
+            for param, state in swapped:
+                _restore_loader(param, state)
 
 
 def parallel_of(vllm_config: Any) -> dict[str, int]:

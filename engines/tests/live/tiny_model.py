@@ -1,7 +1,9 @@
 """A tiny model made on the spot, nothing downloaded: a byte-level BPE tokenizer trained with
 ``tokenizers`` on a local text (``TEXT``), and a ``Qwen3ForCausalLM`` (or, with ``family``
-``"qwen3.5"``, a hybrid linear-attention ``Qwen3_5ForCausalLM``: ``QWEN3_5``) with random weights
-(seeded; float32, the Qwen3.5 one bf16: ``DTYPE``) saved with transformers, the way a served model
+``"qwen3.5"``, a hybrid linear-attention ``Qwen3_5ForCausalLM``: ``QWEN3_5``; with ``"qwen3.5-moe"``,
+its MoE variant ``Qwen3_5MoeForCausalLM``: ``QWEN3_5_MOE``; with ``"qwen3-next"``, a
+``Qwen3NextForCausalLM`` of the same sizes) with random weights
+(seeded; float32, the Qwen3.5 ones bf16: ``DTYPE``) saved with transformers, the way a served model
 directory looks.
 
     python tiny_model.py OUT_DIR [FAMILY]
@@ -25,7 +27,7 @@ TEXT = (
 )
 VOCAB = 384
 #: the families ``make`` builds
-FAMILIES = ("qwen3", "qwen3.5")
+FAMILIES = ("qwen3", "qwen3.5", "qwen3.5-moe", "qwen3-next")
 #: the tiny Qwen3.5's own fields (dense ``Qwen3_5ForCausalLM``, the rest as the Qwen3 one):
 #: layer 0 Gated DeltaNet (linear attention; 2 key heads and 4 value heads, so tp 2 holds one
 #: key-head group per rank: vLLM's Gated DeltaNet splits by key head; heads of 64, the smallest
@@ -35,14 +37,28 @@ FAMILIES = ("qwen3", "qwen3.5")
 QWEN3_5 = dict(
     layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
     linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4)
+#: the tiny Qwen3.5-MoE's own fields: the Qwen3.5 layers above with Qwen3-Next's MoE block on
+#: both (4 routed experts and a shared expert with its gate); the experts' intermediate size 64
+#: is 32 a rank at tp 2, a multiple of the alignment of vLLM's CPU MoE kernel
+#: (``CPUUnquantizedExperts.output_alignment``, ``fused_moe/experts/cpu_moe.py``), as is the
+#: hidden size 64. Every token goes to all 4 experts, weighted by the router's softmax: with
+#: fewer a token, the second and third experts' router probabilities are at times within bf16's
+#: rounding (seen: 2 of 4, a margin below 1e-4 at one position of a 16-token check), and a bf16
+#: server then takes another expert than float32 transformers, 2 nats apart
+QWEN3_5_MOE = dict(QWEN3_5, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=64,
+                   shared_expert_intermediate_size=64)
 #: the weights' dtype by family: vLLM's CPU build runs Gated DeltaNet in bf16 only
 #: (``vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py``, ``cpu_gdn_attention_core``:
 #: "CPU GDN attention requires BF16."), so the Qwen3.5 model is bf16 and so is its trainer
 #: (``trainer.py`` loads the saved dtype)
-DTYPE = {"qwen3": "float32", "qwen3.5": "bfloat16"}
+DTYPE = {"qwen3": "float32", "qwen3.5": "bfloat16", "qwen3.5-moe": "bfloat16", "qwen3-next": "bfloat16"}
 #: by family: (config class, model class, the family's own config fields), in transformers
 CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
-           "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN3_5)}
+           "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN3_5),
+           "qwen3.5-moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", QWEN3_5_MOE),
+           # the same fields: Qwen3-Next's Gated DeltaNet (its own input projections, grouped by
+           # key head) and MoE block on both layers
+           "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", QWEN3_5_MOE)}
 
 
 def make(out: str, seed: int = 29, family: str = "qwen3") -> str:

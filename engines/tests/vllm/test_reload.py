@@ -26,7 +26,7 @@ def tp_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     param.data.copy_(loaded_weight[: param.shape[0]])
 
 
-def model(fail: bool = False, scale: float | None = None) -> torch.nn.Module:
+def model(fail: bool = False, scale: float | None = None, vllm_parameter: bool = False) -> torch.nn.Module:
     from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
     from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
 
@@ -55,8 +55,15 @@ def model(fail: bool = False, scale: float | None = None) -> torch.nn.Module:
     class Proj(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.weight = torch.nn.Parameter(torch.empty(4, 3), requires_grad=False)
-            self.weight.weight_loader = tp_loader
+            if vllm_parameter:
+                # vLLM's own parameter class (its linear layers' weights): the loader is a
+                # property, kept in `_weight_loader` (`vllm/model_executor/parameter.py`)
+                from vllm.model_executor.parameter import BasevLLMParameter
+
+                self.weight = BasevLLMParameter(data=torch.empty(4, 3), weight_loader=tp_loader)
+            else:
+                self.weight = torch.nn.Parameter(torch.empty(4, 3), requires_grad=False)
+                self.weight.weight_loader = tp_loader
             self.quant_method = Prepack()
 
     m = torch.nn.Module()
@@ -93,9 +100,14 @@ def test_landing_tensors_refuse_a_layout_that_differs_from_what_vllm_loads() -> 
         plugin.landing_tensors([dict(LAYOUT[0], name="proj.bias")], model(), "cpu")
 
 
-def test_load_landed_reruns_the_post_load_step_into_the_live_layer_and_keeps_its_loader() -> None:
+@pytest.mark.parametrize("vllm_parameter", [False, True], ids=["parameter", "vllm-parameter"])
+def test_load_landed_reruns_the_post_load_step_into_the_live_layer_and_keeps_its_loader(
+        vllm_parameter: bool, monkeypatch) -> None:  # noqa: ANN001
     plugin = load_plugin()
-    m = model()
+    # BasevLLMParameter asks the TP group for its rank; one rank here, no group
+    monkeypatch.setattr("vllm.model_executor.parameter.get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr("vllm.model_executor.parameter.get_tensor_model_parallel_world_size", lambda: 1)
+    m = model(vllm_parameter=vllm_parameter)
     live = m.proj.weight
     landing = plugin.landing_tensors(LAYOUT, m, "cpu")
     landing["proj.weight"].copy_(W1)
@@ -200,3 +212,122 @@ def test_landing_tensors_refuse_a_pair_whose_fp8_encoding_differs_from_the_serve
     other = [FP8_LAYOUT[0], dict(FP8_LAYOUT[1], shape=[1, 1])]
     with pytest.raises(ValueError, match="block size differs from the served checkpoint's weight_block_size"):
         plugin.landing_tensors(other, fp8_model(), "cpu")
+
+
+# A CPU MoE layer: vLLM's own `UnquantizedFusedMoEMethod` (its `process_weights_after_loading`
+# and `_setup_kernel`, `fused_moe/unquantized_fused_moe_method.py`) with CPU experts whose
+# post-load step stands in for `CPUUnquantizedExperts.process_weights_after_loading`
+# (`fused_moe/experts/cpu_moe.py`: `cpu_prepack_moe_weight`, a same-shaped tensor in the
+# grouped-gemm kernel's element order; the op itself is in vLLM's CPU build only). The kernel
+# object is what `_init_moe_kernel` leaves, reduced to the `fused_experts` the method reads.
+E, I, H = 2, 4, 3
+W13_0 = torch.arange(E * 2 * I * H, dtype=torch.float32).reshape(E, 2 * I, H)
+W2_0 = torch.arange(E * H * I, dtype=torch.float32).reshape(E, H, I) + 0.5
+
+
+def prepacked(w: torch.Tensor) -> torch.Tensor:
+    """The stand-in prepack: another element order, the same shape."""
+    return w.flip(-1).contiguous()
+
+
+def moe_model() -> torch.nn.Module:
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    from vllm.model_executor.model_loader.reload import record_metadata_for_reloading
+    from vllm.model_executor.utils import replace_parameter
+
+    class Experts(CPUUnquantizedExperts):
+        def __init__(self) -> None:  # the modular kernel's config is not needed here
+            pass
+
+        def process_weights_after_loading(self, layer) -> None:  # noqa: ANN001
+            replace_parameter(layer, "w13_weight", prepacked(layer.w13_weight))
+            replace_parameter(layer, "w2_weight", prepacked(layer.w2_weight))
+
+    class Method(UnquantizedFusedMoEMethod):
+        def __init__(self) -> None:  # the CPU backend, as select_unquantized_moe_backend picks on CPU
+            torch.nn.Module.__init__(self)
+            self.unquantized_backend = UnquantizedMoeBackend.CPU
+            self.moe_kernel = None
+
+        def _init_moe_kernel(self, layer) -> None:  # noqa: ANN001
+            self.moe_kernel = types.SimpleNamespace(fused_experts=Experts())
+
+    class RoutedExperts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w13_weight = torch.nn.Parameter(torch.empty(E, 2 * I, H), requires_grad=False)
+            self.w2_weight = torch.nn.Parameter(torch.empty(E, H, I), requires_grad=False)
+            self.moe_config = None
+            self.quant_method = Method()
+
+    m = torch.nn.Module()
+    m.experts = RoutedExperts()
+    record_metadata_for_reloading(m)
+    m.experts.w13_weight.data.copy_(W13_0)
+    m.experts.w2_weight.data.copy_(W2_0)
+    m.experts.quant_method.process_weights_after_loading(m.experts)  # the first load
+    return m
+
+
+MOE_LAYOUT = [{"name": "experts.w13_weight", "shape": [E, 2 * I, H], "dtype": "f32", "placements": []},
+              {"name": "experts.w2_weight", "shape": [E, H, I], "dtype": "f32", "placements": []}]
+
+
+def test_vllm_own_reload_leaves_a_cpu_moe_layer_unpacked() -> None:
+    # the engine's fault awex.vllm works around: on a reload `_setup_kernel` sees a kernel and
+    # skips the experts' step, so plain weights land in the storage the kernel reads as packed
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    m = moe_model()
+    assert torch.equal(m.experts.w13_weight, prepacked(W13_0))  # the first load packs
+    initialize_layerwise_reload(m)
+    m.experts.w13_weight.weight_loader(m.experts.w13_weight, W13_0 * 2)
+    m.experts.w2_weight.weight_loader(m.experts.w2_weight, W2_0 * 2)
+    finalize_layerwise_reload(m, CONFIG)
+    assert torch.equal(m.experts.w13_weight, W13_0 * 2), (
+        "vLLM's reload now packs the CPU experts: awex.vllm._experts_post_load_on_update no longer runs "
+        "the step (it runs it only where the engine did not), and docs/vllm.md's note on the fault can go")
+
+
+def test_load_landed_runs_the_cpu_experts_post_load_step_that_vllm_skips_on_a_reload() -> None:
+    plugin = load_plugin()
+    m = moe_model()
+    live13, live2 = m.experts.w13_weight, m.experts.w2_weight
+    qm = m.experts.quant_method
+    experts = qm.moe_kernel.fused_experts
+    landing = plugin.landing_tensors(MOE_LAYOUT, m, "cpu")
+    for v in (1, 2):  # a second update goes the same way
+        landing["experts.w13_weight"].copy_(W13_0 * (v + 1))
+        landing["experts.w2_weight"].copy_(W2_0 * (v + 1))
+        plugin.load_landed(m, CONFIG, landing)
+        assert torch.equal(m.experts.w13_weight, prepacked(W13_0 * (v + 1)))
+        assert torch.equal(m.experts.w2_weight, prepacked(W2_0 * (v + 1)))
+        # into the live storage, with the same kernel; the landing tensors keep the plain version
+        assert m.experts.w13_weight is live13 and m.experts.w2_weight is live2
+        assert qm.moe_kernel.fused_experts is experts
+        assert torch.equal(landing["experts.w13_weight"], W13_0 * (v + 1))
+        # nothing of the fix stays on the method after the update
+        assert "_setup_kernel" not in qm.__dict__ and "process_weights_after_loading" not in experts.__dict__
+
+
+def test_load_landed_does_not_pack_twice_where_the_engine_runs_the_experts_step_on_a_reload() -> None:
+    # a vLLM that runs the experts' step on updates too: awex.vllm leaves it to the engine
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    plugin = load_plugin()
+    m = moe_model()
+    qm = m.experts.quant_method
+
+    def setup_kernel_fixed(self, layer, w13, w2) -> None:  # noqa: ANN001
+        UnquantizedFusedMoEMethod._setup_kernel(self, layer, w13, w2)
+        self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    type(qm)._setup_kernel = setup_kernel_fixed
+    landing = plugin.landing_tensors(MOE_LAYOUT, m, "cpu")
+    landing["experts.w13_weight"].copy_(W13_0 * 3)
+    landing["experts.w2_weight"].copy_(W2_0 * 3)
+    plugin.load_landed(m, CONFIG, landing)
+    assert torch.equal(m.experts.w13_weight, prepacked(W13_0 * 3))
+    assert torch.equal(m.experts.w2_weight, prepacked(W2_0 * 3))
