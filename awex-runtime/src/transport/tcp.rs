@@ -107,6 +107,8 @@ struct PeerDelta<'a> {
     shared: &'a SharedDeltas,
     /// receiving: what this rank's tensors hold per sender
     held: &'a HeldBases,
+    /// receiving: whether this rank takes deltas (its pair has them on)
+    deltas: bool,
     /// sending, in a pair that may leave engines out: from this instant on, a peer that has
     /// not taken every byte is given up (its engine reported unreached)
     cutoff: Option<Instant>,
@@ -708,6 +710,7 @@ impl TcpTransport {
                         base: base_of(peer.peer),
                         shared,
                         held: &self.held,
+                        deltas: self.deltas,
                         cutoff: self.lost.as_ref().and_then(|l| l.cutoff()),
                     };
                     scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, &delta))
@@ -1121,18 +1124,18 @@ fn receive_peer(
     // from here on this sender's boxes may be torn until every bucket landed
     let held = delta.held.begin(peer.peer);
     // appliers: one unpacks dense frames (a copy at memory speed: the socket is the limit);
-    // where this rank holds a base from the peer, its frames may be deltas, whose apply
+    // where this rank takes deltas and holds a base from the peer, its frames may be deltas, whose apply
     // (decode, then a write per changed element, into lines spread over the whole
     // destination) is the work, so up to 4 apply side by side, applier `k` taking delta
     // frames k, k + K, ... (the buckets of one peer write disjoint boxes) and applier 0 any
     // dense frame; their buffers start empty and grow to the frames they carry (a delta is a
     // few per cent of its bucket)
     let appliers = match held {
-        None => 1,
-        Some(_) => std::thread::available_parallelism()
+        Some(_) if delta.deltas => std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, 4)
             .min(buckets.len().max(1)),
+        _ => 1,
     };
     // buffers: one being read and one waiting for the single unpacker; with several
     // appliers, one each being applied and two read ahead (a bucket-sized frame at most each)
