@@ -239,7 +239,9 @@ impl Rank {
                 side = %cfg.side,
                 rank = %cfg.rank,
                 "{}",
-                if on {
+                if on && cfg.transport == awex_core::Transport::CudaIpc {
+                    "delta updates on (cuda-ipc transport): the receiver's diff kernel reads both versions, so on one GPU a delta update costs about what a dense copy does, and more once over about 0.1 % of the elements change; they pay where the bytes cross a slower link (docs/deltas.md)".to_string()
+                } else if on {
                     format!("delta updates on ({} transport)", cfg.transport)
                 } else {
                     format!(
