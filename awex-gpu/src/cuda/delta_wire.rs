@@ -559,12 +559,18 @@ pub struct WireWork {
     chunks: u64,
     ntiles: u32,
     max_frame: u64,
+    scratch_need: u64,
 }
 
 impl WireWork {
     /// The longest frame of its table (the encoder's output buffer holds at least this).
     pub fn max_frame_len(&self) -> u64 {
         self.max_frame
+    }
+
+    /// Bytes of scratch an encode of its table needs ([`WireTable::scratch_bytes`]).
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch_need
     }
 
     /// Device bytes it holds.
@@ -625,6 +631,7 @@ impl WireKernels {
             chunks,
             ntiles: ntiles as u32,
             max_frame: table.max_frame_len(),
+            scratch_need: table.scratch_bytes(),
         })
     }
 
@@ -659,9 +666,36 @@ impl WireKernels {
     ) -> Result<(), CudaError> {
         let Some(scratch) = &w.scratch else {
             return Err(CudaError::DeltaWire(
-                "this work was prepared for decoding; prepare it with encode = true".into(),
+                "this work was prepared for decoding; prepare it with encode = true, or pass a scratch buffer (launch_encode_in)".into(),
             ));
         };
+        // SAFETY: the work's own scratch, allocated at the size of its table's.
+        unsafe { self.launch_encode_in(s, w, frame, scratch.ptr(), scratch.len()) }
+    }
+
+    /// [`WireKernels::launch_encode`] with the encoder's scratch at `scratch` (`scratch_len`
+    /// bytes, at least [`WireWork::scratch_bytes`]) instead of the work's own: one scratch
+    /// serves every table encoded one after another on one stream (a work prepared with
+    /// `encode = false` then holds no scratch of its own).
+    ///
+    /// # Safety
+    ///
+    /// As [`WireKernels::launch_encode`], and `scratch` must be device memory of `scratch_len`
+    /// bytes that nothing else uses until the encode has finished on `s`.
+    pub unsafe fn launch_encode_in(
+        &self,
+        s: &Stream,
+        w: &WireWork,
+        frame: u64,
+        scratch: u64,
+        scratch_len: u64,
+    ) -> Result<(), CudaError> {
+        if scratch_len < w.scratch_need {
+            return Err(CudaError::DeltaWire(format!(
+                "a scratch of {scratch_len} bytes for a table whose encode needs {}",
+                w.scratch_need
+            )));
+        }
         if frame % 4 != 0 {
             return Err(CudaError::DeltaWire(format!(
                 "the frame buffer {frame:#x} is not 4-byte aligned"
@@ -680,7 +714,7 @@ impl WireKernels {
                     KernelArg::U32(n),
                     KernelArg::U64(c),
                     KernelArg::U64(w.words.ptr()),
-                    KernelArg::U64(scratch.ptr()),
+                    KernelArg::U64(scratch),
                 ],
             )?;
             self.launch(
@@ -727,7 +761,7 @@ impl WireKernels {
                     KernelArg::U64(w.words.ptr()),
                     KernelArg::U64(w.tiles.ptr()),
                     KernelArg::U64(w.plan.ptr()),
-                    KernelArg::U64(scratch.ptr()),
+                    KernelArg::U64(scratch),
                     KernelArg::U64(frame),
                     KernelArg::U64(w.status.ptr()),
                 ],
