@@ -19,11 +19,14 @@
 //!   unpack non-contiguous boxes, double-buffered over two staging slots, and the FP8 kernel
 //!   jobs that quantise an FP8 pair's blocks into the training rank's slots
 //!   ([`check_encoding`]: what of an FP8 plan it moves).
+//! - [`BucketHeader`], [`FrameLayout`]: delta updates, a header per bucket before its bytes
+//!   and each bucket's delta frame encoded and decoded on the GPUs.
 //!
 //! The transport that runs all of it for a rank is `awex_runtime::transport::NcclTransport`.
 
 mod attempt;
 mod comm;
+mod delta;
 mod error;
 pub mod ffi;
 mod library;
@@ -34,10 +37,11 @@ mod uid;
 
 pub use attempt::{AttemptComm, attempt_uid_key, needs_fresh_comm};
 pub use comm::{Communicator, P2p};
+pub use delta::{BucketHeader, FrameLayout, HEADER_BYTES, max_frame_len, wire_table};
 pub use error::NcclError;
 pub use library::{FALLBACK_NAMES, LIBRARY_ENV, Library, NcclVersion, candidates};
 pub use program::{
-    DeviceTensor, DeviceTensors, OpIo, Program, SLOT_ALIGN, StepIo, Wire, check_encoding,
+    DeviceTensor, DeviceTensors, OpIo, OpSeg, Program, SLOT_ALIGN, StepIo, Wire, check_encoding,
 };
 pub use ranks::CommWorld;
 pub use schedule::{

@@ -132,6 +132,20 @@ pub struct OpIo {
     pub wire: Wire,
 }
 
+/// One run of elements of a bucket's wire bytes: a piece's elements (in the destination's
+/// dtype), or a sender-encoded piece's e4m3 bytes or its fp32 scales. A bucket's runs follow
+/// each other in wire order and cover its bytes; they are the segments of its delta frame
+/// (`awex_core::encoding::delta_frame`), as the tcp transport's deltas cut a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSeg {
+    /// Byte offset in the bucket's wire bytes.
+    pub at: u64,
+    /// Elements.
+    pub n: u64,
+    /// Bytes per element.
+    pub elem: u32,
+}
+
 /// One piece's copy between its tensor and a slot.
 #[derive(Clone, Copy, Debug)]
 struct PieceCopy {
@@ -173,6 +187,8 @@ pub struct StepIo {
     pub ops: Vec<OpIo>,
     /// Staging bytes the step uses (aligned).
     pub staged_bytes: u64,
+    /// Per operation (in `ops`' order), its bucket's runs of elements.
+    pub segs: Vec<Vec<OpSeg>>,
     copies: Vec<PieceCopy>,
     quants: Vec<PieceQuant>,
 }
@@ -188,6 +204,22 @@ impl StepIo {
                 Side::Training => push_box(&c.boxed, c.elem, c.tensor, at, &mut out),
                 Side::Inference => push_box(&c.boxed, c.elem, at, c.tensor, &mut out),
             }
+        }
+        out
+    }
+
+    /// Inference ranks: the copies that gather this step's staged boxes from the tensors into
+    /// a slot at device address `slot`, where [`StepIo::copies`] would unpack them (the same
+    /// boxes the other way round): a delta is applied to the bytes the tensors hold there.
+    pub fn gathers(&self, slot: u64) -> Vec<CopyDesc> {
+        let mut out = Vec::new();
+        for c in &self.copies {
+            let mut b = c.boxed;
+            std::mem::swap(&mut b.src_base, &mut b.dst_base);
+            for o in &mut b.outer[..b.n_outer] {
+                std::mem::swap(&mut o.1, &mut o.2);
+            }
+            push_box(&b, c.elem, c.tensor, slot + c.slot_off, &mut out);
         }
         out
     }
@@ -308,6 +340,7 @@ impl Program {
         let mut slot_bytes = 0u64;
         for step in steps {
             let mut ops = Vec::with_capacity(step.ops.len());
+            let mut segs = Vec::with_capacity(step.ops.len());
             let mut copies = Vec::new();
             let mut quants = Vec::new();
             let mut at = 0u64;
@@ -323,7 +356,7 @@ impl Program {
                     )));
                 };
                 let peer_comm = world.comm_rank(peer_side, op.peer)?;
-                let (parts, within) = piece_parts(side, bucket, &peer.transfers, tensors)?;
+                let (parts, within, runs) = piece_parts(side, bucket, &peer.transfers, tensors)?;
                 if within != op.bytes {
                     return Err(NcclError::Plan(format!(
                         "step {} packs {within} bytes for a bucket of {} bytes of peer {}; the plan and its buckets disagree",
@@ -362,12 +395,14 @@ impl Program {
                     peer_comm,
                     wire,
                 });
+                segs.push(runs);
             }
             slot_bytes = slot_bytes.max(at);
             out.push(StepIo {
                 index: step.index,
                 ops,
                 staged_bytes: at,
+                segs,
                 copies,
                 quants,
             });
@@ -477,14 +512,16 @@ fn linear(shape: &Dims, idx: &Dims) -> u64 {
 }
 
 /// The parts that move a bucket's pieces between their tensors and a packed buffer, packed
-/// order, with offsets from the buffer's start, and the bucket's packed bytes.
+/// order, with offsets from the buffer's start, the bucket's packed bytes and its runs of
+/// elements ([`OpSeg`]).
 fn piece_parts(
     side: Side,
     bucket: &Bucket,
     transfers: &[Transfer],
     tensors: &DeviceTensors,
-) -> Result<(Vec<Part>, u64), NcclError> {
+) -> Result<(Vec<Part>, u64, Vec<OpSeg>), NcclError> {
     let mut out = Vec::with_capacity(bucket.pieces.len());
+    let mut runs = Vec::with_capacity(bucket.pieces.len());
     let mut within = 0u64;
     for p in &bucket.pieces {
         let t = transfers.get(p.transfer as usize).ok_or_else(|| {
@@ -554,6 +591,16 @@ fn piece_parts(
                     }));
                 }
             }
+            runs.push(OpSeg {
+                at: within,
+                n,
+                elem: 1,
+            });
+            runs.push(OpSeg {
+                at: scale_at,
+                n: sext.numel(),
+                elem: SCALE_BYTES as u32,
+            });
             within = scale_at + sext.numel() * SCALE_BYTES;
             continue;
         }
@@ -574,10 +621,15 @@ fn piece_parts(
             tensor: tensor(name)?.ptr,
             slot_off: within,
         };
+        runs.push(OpSeg {
+            at: within,
+            n: c.boxed.numel(),
+            elem: elem as u32,
+        });
         within += c.boxed.numel() * elem;
         out.push(Part::Copy(c));
     }
-    Ok((out, within))
+    Ok((out, within, runs))
 }
 
 /// The quantisations of one sender-encoded piece: its box `e` at `so` of the source tensor

@@ -153,6 +153,7 @@ pub(super) fn nccl_transport(
     };
     let mut nc = NcclConfig::new(device, world);
     nc.bucket_bytes = cfg.bucket_bytes;
+    nc.deltas = cfg.deltas;
     let mut t = NcclTransport::for_rank(lib, nc, prepared.plan.clone(), tensors, uid)?;
     t.set_fp8(cfg.infer_fp8.as_ref().map(|f| f.quantiser()));
     Ok(Box::new(t))

@@ -18,6 +18,18 @@
 //! into the engine's e4m3 and scale tensors. Blocks holding infinity or NaN are left
 //! unwritten and fail the update on the training rank, naming the tensor.
 //!
+//! Delta updates (both ends published that they take part, and the pair has them on): each
+//! step is two groups, the buckets' headers, then their bytes
+//! ([`awex_gpu::nccl::BucketHeader`]). The training rank keeps the bytes it last sent of every
+//! bucket to such a peer in GPU memory (one copy of its wire bytes: 2 bytes per bf16 element,
+//! about 1.03 per FP8 one), encodes each packed bucket against that copy into a frame on its own
+//! stream ([`awex_gpu::cuda::delta_wire`]), waits for the frames' lengths, sends the headers and
+//! then each frame (or the whole bucket to a peer that does not hold the copy's version, as the
+//! gateway's bases say), and applies the frame to its copy. The inference rank waits for the
+//! step's headers, gathers the step's boxes from its tensors into the slot (a contiguous bucket
+//! is decoded in place), receives, applies each frame there and unpacks as for a whole bucket: a
+//! frame against a version its tensors do not hold whole is refused before anything is written.
+//!
 //! Buckets that lie contiguously in a tensor skip the slots. At the end the host waits for
 //! both streams, on a helper thread, while it watches the deadline, the cancel flag and the
 //! communicator's error state; any of them aborts the communicator, so no rank hangs. With
@@ -45,12 +57,14 @@ use crate::{Location, TensorSet};
 use awex_core::encoding::Fp8Quantiser;
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
+use awex_gpu::cuda::delta_wire::{WireKernels, WireWork};
 use awex_gpu::cuda::{
     CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Fp8Batch, Fp8Kernel, Stream,
 };
 use awex_gpu::nccl::{
-    AttemptComm, CommWorld, Communicator, DeviceTensors, Library, NcclError, P2p, Program, UID_KEY,
-    UniqueId, creates_uid, pair_bucket_bytes, peer_buckets, schedule,
+    AttemptComm, BucketHeader, CommWorld, Communicator, DeviceTensors, FrameLayout, HEADER_BYTES,
+    Library, NcclError, OpKind, P2p, Program, SLOT_ALIGN, UID_KEY, UniqueId, creates_uid,
+    pair_bucket_bytes, peer_buckets, schedule, wire_table,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,11 +87,15 @@ pub struct NcclConfig {
     pub teardown_timeout: Duration,
     /// Streams of the pack/unpack copy engine.
     pub copy_streams: usize,
+    /// Whether this rank takes part in delta updates when its pair has them on (published
+    /// with its rendezvous values: a bucket travels as a delta only between two ranks that
+    /// both do). A training rank then keeps a copy of the bytes it sends in GPU memory.
+    pub deltas: bool,
 }
 
 impl NcclConfig {
     /// Defaults for a rank on `device` of `world`: 256 MiB per step, 120 s init, 10 s teardown,
-    /// 2 copy streams.
+    /// 2 copy streams, no deltas.
     pub fn new(device: u32, world: CommWorld) -> Self {
         NcclConfig {
             device,
@@ -86,26 +104,35 @@ impl NcclConfig {
             init_timeout: Duration::from_secs(120),
             teardown_timeout: Duration::from_secs(10),
             copy_streams: 2,
+            deltas: false,
         }
     }
 }
 
 /// What the transport publishes when it joins, and reads from its peers.
-fn rendezvous_value(me: u32, peers: usize, budget: u64, version: &str) -> serde_json::Value {
+fn rendezvous_value(
+    me: u32,
+    peers: usize,
+    budget: u64,
+    version: &str,
+    deltas: bool,
+) -> serde_json::Value {
     serde_json::json!({
         "nccl_rank": me,
         "peers": peers,
         "bucket_bytes": budget,
         "nccl_version": version,
+        "deltas": deltas,
     })
 }
 
-/// A peer's published values: (communicator rank, peer count, budget, NCCL version).
+/// A peer's published values: (communicator rank, peer count, budget, NCCL version, whether it
+/// takes part in deltas: false where an older awex published nothing).
 fn peer_values(
     side: Side,
     peer: RankId,
     v: Option<&serde_json::Value>,
-) -> Result<(u64, usize, u64, String), NcclError> {
+) -> Result<(u64, usize, u64, String, bool), NcclError> {
     let missing = |what: &str| {
         NcclError::Rendezvous(format!(
             "{side} rank {peer} published no `{what}` in its nccl rendezvous; is it running the nccl transport of this awex version?"
@@ -122,6 +149,7 @@ fn peer_values(
         num("peers")? as usize,
         num("bucket_bytes")?,
         version.to_string(),
+        v.get("deltas").and_then(|x| x.as_bool()).unwrap_or(false),
     ))
 }
 
@@ -144,6 +172,56 @@ struct Connected {
     /// The FP8 quantisation of a training rank whose plan has sender-encoded pieces.
     fp8: Option<Fp8Pack>,
     slots: Option<[DeviceBuffer; 2]>,
+    /// Delta updates with the peers that take part (deltas on).
+    deltas: Option<Deltas>,
+}
+
+/// A rank's delta updates: the wire kernels, per step the frames and headers of the buckets
+/// whose peer takes part, and (training) the copy of what was last sent.
+struct Deltas {
+    kernels: WireKernels,
+    /// Training: encodes and updates the copy, beside the NCCL stream.
+    stream: Arc<Stream>,
+    /// `done[s]`: training, the copy's update from the step in slot `s` finished; inference,
+    /// the step's boxes are gathered into slot `s`.
+    done: [Event; 2],
+    frames: [DeviceBuffer; 2],
+    /// Every step's headers, [`HEADER_BYTES`] a bucket.
+    headers: DeviceBuffer,
+    steps: Vec<DeltaStep>,
+    /// Training: the encoders' scratch (one encode at a time on `stream`).
+    scratch: Option<DeviceBuffer>,
+    /// Training: the bytes last sent in every delta bucket, a region each (the works in
+    /// `steps` point into it; held here so that it lives as long as they do).
+    _copy: Option<DeviceBuffer>,
+    /// Training: the version `copy` holds (`None` after any update that did not end well).
+    copy_version: Option<u64>,
+    /// Inference: the version the tensors hold from the last update received whole.
+    held: Option<u64>,
+}
+
+/// One step's delta buckets.
+struct DeltaStep {
+    frames: FrameLayout,
+    /// Offset of the step's first header in `headers`.
+    header_at: u64,
+    /// Per operation: its bucket's work where its peer takes part.
+    ops: Vec<Option<OpDelta>>,
+    /// Inference: the copies gathering the step's staged boxes into its slot.
+    gathers: Vec<CopyDesc>,
+}
+
+/// One delta bucket's kernel work.
+struct OpDelta {
+    /// Training: encodes the wire bytes against the copy; inference: applies a frame where the
+    /// bucket's bytes sit (slot or tensor).
+    work: WireWork,
+    /// Training: applies the frame to the copy.
+    into_copy: Option<WireWork>,
+    /// Its header's index in the step.
+    header: u64,
+    /// Elements of the bucket.
+    elements: u64,
 }
 
 /// A training rank's FP8 packing: the kernel, its stream, and per step and slot the batch of
@@ -178,6 +256,8 @@ pub struct NcclTransport {
     secret: Option<PairSecret>,
     /// The quantiser of sender-encoded FP8 transfers (a training rank of an FP8 pair).
     fp8: Option<Fp8Quantiser>,
+    /// Deltas turned on ([`Transport::enable_deltas`]): the pair has them and this rank takes part.
+    deltas_on: bool,
 }
 
 impl NcclTransport {
@@ -254,6 +334,7 @@ impl NcclTransport {
             conn: None,
             secret: None,
             fp8: None,
+            deltas_on: false,
         })
     }
 
@@ -303,9 +384,11 @@ impl NcclTransport {
         let other = plan.side.other();
         let mine = self.lib.version().to_string();
         let mut sizes = HashMap::with_capacity(plan.peers.len());
+        let mut delta_peers = Vec::with_capacity(plan.peers.len());
         for p in &plan.peers {
-            let (rank, their_peers, budget, version) =
+            let (rank, their_peers, budget, version, theirs) =
                 peer_values(other, p.peer, peers.get(&p.peer))?;
+            delta_peers.push(self.deltas_on && theirs);
             let want = self.cfg.world.comm_rank(other, p.peer)?;
             if rank != u64::from(want) {
                 return Err(NcclError::Rendezvous(format!(
@@ -347,14 +430,127 @@ impl NcclTransport {
             })
             .collect();
         let fp8 = self.fp8_pack(&program, &base)?;
+        let deltas = if delta_peers.iter().any(|&d| d) {
+            Some(self.delta_setup(&program, &delta_peers, &base)?)
+        } else {
+            None
+        };
         self.comms.get(self.cfg.init_timeout)?;
         self.conn = Some(Connected {
             program,
             copies,
             fp8,
             slots,
+            deltas,
         });
         Ok(())
+    }
+
+    /// The frames, headers, kernel work and (training) copy of a program's buckets whose peer
+    /// takes part in deltas (`delta_peers`, by the plan's peer index), over the slots at
+    /// `base(0)` and `base(1)`.
+    fn delta_setup(
+        &self,
+        program: &Program,
+        delta_peers: &[bool],
+        base: &dyn Fn(usize) -> u64,
+    ) -> Result<Deltas, NcclError> {
+        let dev = &self.gpu.dev;
+        let kernels = WireKernels::load(dev)?;
+        let training = program.side == Side::Training;
+        let mut steps = Vec::with_capacity(program.steps.len());
+        let (mut headers, mut copy_bytes, mut frame_bytes, mut scratch) = (0u64, 0u64, 0u64, 0u64);
+        // the copy's regions, laid out before anything is allocated
+        let mut layout = Vec::with_capacity(program.steps.len());
+        for st in &program.steps {
+            let frames = FrameLayout::of(st, |i| delta_peers[st.ops[i].op.peer_index]);
+            let mut at = Vec::with_capacity(st.ops.len());
+            for (i, f) in frames.at.iter().enumerate() {
+                if f.is_none() {
+                    at.push(None);
+                    continue;
+                }
+                at.push(Some(copy_bytes));
+                copy_bytes = (copy_bytes + st.ops[i].op.bytes).div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
+            }
+            frame_bytes = frame_bytes.max(frames.bytes);
+            layout.push((frames, at));
+        }
+        let copy = if training && copy_bytes > 0 {
+            Some(dev.alloc(copy_bytes)?)
+        } else {
+            None
+        };
+        for (k, (st, (frames, at))) in program.steps.iter().zip(layout).enumerate() {
+            let slot = base(k % 2);
+            let header_at = headers;
+            let mut ops = Vec::with_capacity(st.ops.len());
+            let mut n = 0u64;
+            for (i, o) in st.ops.iter().enumerate() {
+                let Some(copy_at) = at[i] else {
+                    ops.push(None);
+                    continue;
+                };
+                let segs = &st.segs[i];
+                let wire = o.wire.addr(slot);
+                let (work, into_copy) = match (&copy, training) {
+                    (Some(c), true) => {
+                        let table = wire_table(segs, wire, c.ptr() + copy_at)?;
+                        scratch = scratch.max(table.scratch_bytes());
+                        let into = wire_table(segs, c.ptr() + copy_at, 0)?;
+                        (
+                            kernels.prepare(dev, &table, false)?,
+                            Some(kernels.prepare(dev, &into, false)?),
+                        )
+                    }
+                    _ => (kernels.prepare(dev, &wire_table(segs, wire, 0)?, false)?, None),
+                };
+                ops.push(Some(OpDelta {
+                    work,
+                    into_copy,
+                    header: n,
+                    elements: segs.iter().map(|s| s.n).sum(),
+                }));
+                n += 1;
+            }
+            headers += n * HEADER_BYTES;
+            let gathers = if !training && n > 0 {
+                st.gathers(slot)
+            } else {
+                Vec::new()
+            };
+            steps.push(DeltaStep {
+                frames,
+                header_at,
+                ops,
+                gathers,
+            });
+        }
+        let frame_buf = || dev.alloc(frame_bytes.max(SLOT_ALIGN));
+        let d = Deltas {
+            stream: Arc::new(dev.stream()?),
+            done: [dev.event(false)?, dev.event(false)?],
+            frames: [frame_buf()?, frame_buf()?],
+            headers: dev.alloc(headers.max(HEADER_BYTES))?,
+            steps,
+            scratch: if training && scratch > 0 {
+                Some(dev.alloc(scratch)?)
+            } else {
+                None
+            },
+            _copy: copy,
+            copy_version: None,
+            held: None,
+            kernels,
+        };
+        tracing::info!(
+            side = %program.side,
+            rank = %program.rank,
+            copy_bytes = if training { copy_bytes } else { 0 },
+            frame_bytes = 2 * frame_bytes,
+            "nccl delta updates: GPU memory for the copy of what this rank sends (training) and the frames of two steps"
+        );
+        Ok(d)
     }
 
     /// The kernel and per-step batches that quantise a training program's sender-encoded
@@ -469,12 +665,25 @@ impl NcclTransport {
         let side = conn.program.side;
         let raw_stream = gpu.nccl_stream.as_raw();
         let mut stats = ExecStats::default();
+        // an update that does not end well leaves the copy holding no version and the
+        // receiver holding nothing whole
+        let held = conn.deltas.as_mut().and_then(|d| {
+            d.copy_version = None;
+            d.held.take()
+        });
+        let bases = ctx.bases;
+        let mut decoded: Vec<(usize, usize)> = Vec::new();
         let steps = conn.program.steps.len();
         for k in 0..steps {
             let s = k % 2;
             let slot = conn.slots.as_ref().map_or(0, |b| b[s].ptr());
             let step = &conn.program.steps[k];
-            let ops: Vec<P2p> = step
+            let dstep = conn
+                .deltas
+                .as_ref()
+                .map(|d| (d, &d.steps[k]))
+                .filter(|(_, ds)| ds.ops.iter().any(|o| o.is_some()));
+            let mut ops: Vec<P2p> = step
                 .ops
                 .iter()
                 .map(|o| P2p {
@@ -515,16 +724,88 @@ impl NcclTransport {
                         };
                         gpu.nccl_stream.wait(&gpu.ready[s])?;
                     }
+                    if let Some((d, ds)) = dstep {
+                        let fp8_done = conn
+                            .fp8
+                            .as_ref()
+                            .filter(|f| f.batches[k].is_some())
+                            .map(|f| &f.done[s]);
+                        let heads = send_deltas(
+                            gpu, d, ds, step, s, fp8_done, bases, comm, ctx, k, &mut stats,
+                        )?;
+                        for (i, h) in heads {
+                            if let BucketHeader::Delta { len, .. } = h
+                                && let Some((off, _)) = ds.frames.at[i]
+                            {
+                                ops[i].addr = d.frames[s].ptr() + off;
+                                ops[i].bytes = len;
+                            }
+                        }
+                    }
                     // SAFETY: the stream is this device's; every address is a registered
-                    // tensor range or a staging slot (checked by `Program::build`), ordered
-                    // by the events above.
+                    // tensor range, a staging slot or a frame (checked by `Program::build`
+                    // and the frame layout), ordered by the events above.
                     unsafe { comm.group(&ops, raw_stream, &mut stop)? };
+                    if let Some((d, _)) = dstep {
+                        // the copy's update reads the frames: both done before the slot and
+                        // the frames are reused
+                        gpu.nccl_stream.wait(&d.done[s])?;
+                    }
                     gpu.free[s].record(&gpu.nccl_stream)?;
                 }
                 Side::Inference => {
                     gpu.nccl_stream.wait(&gpu.free[s])?;
-                    // SAFETY: as for sends; the slot is free once `free[s]` has passed.
-                    unsafe { comm.group(&ops, raw_stream, &mut stop)? };
+                    if let Some((d, ds)) = dstep {
+                        let heads = receive_headers(gpu, d, ds, step, held, comm, ctx, k)?;
+                        let mut any = false;
+                        for &(i, h) in &heads {
+                            if let BucketHeader::Delta { len, .. } = h
+                                && let Some((off, _)) = ds.frames.at[i]
+                            {
+                                ops[i].addr = d.frames[s].ptr() + off;
+                                ops[i].bytes = len;
+                                any = true;
+                            }
+                        }
+                        if any && !ds.gathers.is_empty() {
+                            // SAFETY: the gathers read registered tensor ranges into slot
+                            // `s`, once the unpack of step `k - 2` emptied it.
+                            unsafe {
+                                gpu.engine
+                                    .launch(&ds.gathers, Some(&gpu.free[s]), Some(&d.done[s]))?
+                            };
+                            gpu.nccl_stream.wait(&d.done[s])?;
+                        }
+                        // SAFETY: as for sends; the frames of step `k - 2` were applied on
+                        // this stream before.
+                        unsafe { comm.group(&ops, raw_stream, &mut stop)? };
+                        for (i, h) in heads {
+                            let (BucketHeader::Delta { len, .. }, Some((off, _)), Some(od)) =
+                                (h, ds.frames.at[i], ds.ops[i].as_ref())
+                            else {
+                                continue;
+                            };
+                            // SAFETY: the work's segments are the bucket's place (a registered
+                            // tensor range or the slot), the frame lies in the frame buffer
+                            // (`len` within the bucket's longest frame, checked with the
+                            // header); both are used by nothing else until the step's unpack.
+                            unsafe {
+                                d.kernels.launch_decode(
+                                    &gpu.nccl_stream,
+                                    &od.work,
+                                    d.frames[s].ptr() + off,
+                                    len,
+                                )?
+                            };
+                            decoded.push((k, i));
+                            stats.delta.elements += od.elements;
+                            stats.delta.dense_bytes += step.ops[i].op.bytes;
+                            stats.delta.delta_bytes += len;
+                        }
+                    } else {
+                        // SAFETY: as for sends; the slot is free once `free[s]` has passed.
+                        unsafe { comm.group(&ops, raw_stream, &mut stop)? };
+                    }
                     if step.has_copies() {
                         gpu.ready[s].record(&gpu.nccl_stream)?;
                         // SAFETY: as for sends.
@@ -538,16 +819,17 @@ impl NcclTransport {
                     }
                 }
             }
-            stats.bytes += step.bytes();
+            stats.bytes += ops.iter().map(|o| o.bytes).sum::<u64>();
             stats.buckets += step.ops.len() as u64;
             if ctx.checksums {
-                wait_streams(gpu, comm, ctx, k)?;
+                wait_streams(gpu, dstep.map(|(d, _)| &d.stream), comm, ctx, k)?;
                 let mut buf = Vec::new();
-                for (i, o) in ops.iter().enumerate() {
-                    buf.resize(o.bytes as usize, 0);
-                    // SAFETY: `o.addr` is a registered tensor range or a staging slot of
-                    // `o.bytes` bytes, its step synchronised above.
-                    unsafe { gpu.dev.copy_to_host(o.addr, &mut buf)? };
+                // the buckets' bytes as they end up (a delta's result, not its frame)
+                for (i, o) in step.ops.iter().enumerate() {
+                    buf.resize(o.op.bytes as usize, 0);
+                    // SAFETY: the address is a registered tensor range or a staging slot of
+                    // `o.op.bytes` bytes, its step synchronised above.
+                    unsafe { gpu.dev.copy_to_host(o.wire.addr(slot), &mut buf)? };
                     if ctx.corrupt && side == Side::Inference && k == 0 && i == 0 && !buf.is_empty()
                     {
                         buf[0] ^= 0x5a;
@@ -558,9 +840,200 @@ impl NcclTransport {
                 }
             }
         }
-        wait_streams(gpu, comm, ctx, steps)?;
+        let dstream = conn.deltas.as_ref().map(|d| &d.stream);
+        wait_streams(gpu, dstream, comm, ctx, steps)?;
+        if let Some(d) = conn.deltas.as_ref() {
+            // every frame applied, or none of the bucket written: the kernels check a frame
+            // whole before they write
+            for &(k, i) in &decoded {
+                if let Some(od) = d.steps[k].ops[i].as_ref() {
+                    d.kernels
+                        .finish_decode(&gpu.nccl_stream, &od.work)
+                        .map_err(|e| {
+                            NcclError::Plan(format!(
+                                "applying the delta of bucket {} from {} failed: {e}; the update is not committed",
+                                conn.program.steps[k].ops[i].op.bucket,
+                                conn.program.steps[k].ops[i].op.peer
+                            ))
+                        })?;
+                }
+            }
+            for (k, ds) in d.steps.iter().enumerate() {
+                for (i, od) in ds.ops.iter().enumerate() {
+                    if let Some(w) = od.as_ref().and_then(|o| o.into_copy.as_ref()) {
+                        d.kernels.finish_decode(&d.stream, w).map_err(|e| {
+                            NcclError::Plan(format!(
+                                "updating this rank's copy of bucket {} to {} failed: {e}; the update is not committed",
+                                conn.program.steps[k].ops[i].op.bucket,
+                                conn.program.steps[k].ops[i].op.peer
+                            ))
+                        })?;
+                    }
+                }
+            }
+        }
         Ok(stats)
     }
+
+    /// After an update completed on this rank (every byte moved, FP8 blocks finite): the copy
+    /// holds the version sent, the tensors hold the version received.
+    fn deltas_done(&mut self, version: u64) {
+        if let Some(d) = self.conn.as_mut().and_then(|c| c.deltas.as_mut()) {
+            match self.plan.side {
+                Side::Training => d.copy_version = Some(version),
+                Side::Inference => d.held = Some(version),
+            }
+        }
+    }
+}
+
+/// A training rank's delta step `k` in slot `s`: encodes every delta bucket (once the pack
+/// and quantisation of the step are done), waits for the frames' lengths, sends the headers
+/// (one group), and queues the copy's update from the frames (recording `d.done[s]`).
+/// Returns each delta bucket's header (by operation index); the caller sends the frames or
+/// whole buckets as they say.
+#[allow(clippy::too_many_arguments)]
+fn send_deltas(
+    gpu: &Gpu,
+    d: &Deltas,
+    ds: &DeltaStep,
+    step: &awex_gpu::nccl::StepIo,
+    s: usize,
+    fp8_done: Option<&Event>,
+    bases: Option<&crate::delta::PeerBases>,
+    comm: &mut Communicator,
+    ctx: &ExecContext<'_>,
+    k: usize,
+    stats: &mut ExecStats,
+) -> Result<Vec<(usize, BucketHeader)>, NcclError> {
+    let frames = d.frames[s].ptr();
+    d.stream.wait(&gpu.free[s])?;
+    if step.has_copies() {
+        d.stream.wait(&gpu.ready[s])?;
+    }
+    if let Some(e) = fp8_done {
+        d.stream.wait(e)?;
+    }
+    let (scratch, scratch_len) = d.scratch.as_ref().map_or((0, 0), |b| (b.ptr(), b.len()));
+    for (i, od) in ds.ops.iter().enumerate() {
+        let (Some(od), Some((off, _))) = (od, ds.frames.at[i]) else {
+            continue;
+        };
+        // SAFETY: the work's segments are the bucket's wire bytes (a registered tensor range
+        // or slot `s`, packed above) and its region of the copy; the frame lies in the frame
+        // buffer at its layout's offset, the scratch is used by this stream only, one encode
+        // at a time; the frames of step `k - 2` were sent once `free[s]` passed.
+        unsafe { d.kernels.launch_encode_in(&d.stream, &od.work, frames + off, scratch, scratch_len)? };
+    }
+    wait_one(&d.stream, comm, ctx, k)?;
+    let mut heads = Vec::with_capacity(ds.ops.len());
+    let mut bytes = Vec::new();
+    for (i, od) in ds.ops.iter().enumerate() {
+        let Some(od) = od else { continue };
+        let o = &step.ops[i];
+        let len = d.kernels.finish_encode(&d.stream, &od.work)?;
+        let peer_base = bases.and_then(|b| b.of(o.op.peer));
+        let h = match d.copy_version {
+            Some(v) if peer_base == Some(v) => {
+                stats.delta.elements += od.elements;
+                stats.delta.dense_bytes += o.op.bytes;
+                stats.delta.delta_bytes += len;
+                BucketHeader::Delta {
+                    bytes: o.op.bytes,
+                    len,
+                    base: v,
+                }
+            }
+            _ => BucketHeader::Dense { bytes: o.op.bytes },
+        };
+        bytes.extend_from_slice(&h.to_bytes());
+        heads.push((i, h, len));
+    }
+    d.headers.upload(ds.header_at, &bytes)?;
+    // the copy takes the new bytes from the frames (every one of them, whole or delta: a frame
+    // applied to the copy leaves the bytes sent, whatever it held)
+    for &(i, _, len) in &heads {
+        let (Some(od), Some((off, _))) = (ds.ops[i].as_ref(), ds.frames.at[i]) else {
+            continue;
+        };
+        if let Some(w) = &od.into_copy {
+            // SAFETY: the work's segments are the bucket's region of the copy (read by this
+            // stream's encodes only, which are ordered before); the frame was just encoded.
+            unsafe { d.kernels.launch_decode(&d.stream, w, frames + off, len)? };
+        }
+    }
+    d.done[s].record(&d.stream)?;
+    let head_ops: Vec<P2p> = heads
+        .iter()
+        .map(|&(i, _, _)| {
+            let o = &step.ops[i];
+            let at = ds.ops[i].as_ref().map_or(0, |od| od.header);
+            P2p {
+                kind: OpKind::Send,
+                addr: d.headers.ptr() + ds.header_at + at * HEADER_BYTES,
+                bytes: HEADER_BYTES,
+                peer: o.peer_comm,
+            }
+        })
+        .collect();
+    let mut stop = || stop_reason(ctx, k);
+    // SAFETY: the headers lie in the header buffer, written above (synchronously).
+    unsafe { comm.group(&head_ops, gpu.nccl_stream.as_raw(), &mut stop)? };
+    Ok(heads.into_iter().map(|(i, h, _)| (i, h)).collect())
+}
+
+/// An inference rank's delta step `k`: receives the step's headers (one group), waits for
+/// them, and reads them: each delta must be against the version the tensors hold (`held`).
+#[allow(clippy::too_many_arguments)]
+fn receive_headers(
+    gpu: &Gpu,
+    d: &Deltas,
+    ds: &DeltaStep,
+    step: &awex_gpu::nccl::StepIo,
+    held: Option<u64>,
+    comm: &mut Communicator,
+    ctx: &ExecContext<'_>,
+    k: usize,
+) -> Result<Vec<(usize, BucketHeader)>, NcclError> {
+    let mine: Vec<(usize, &OpDelta)> = ds
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| Some((i, o.as_ref()?)))
+        .collect();
+    let head_ops: Vec<P2p> = mine
+        .iter()
+        .map(|&(i, od)| P2p {
+            kind: OpKind::Recv,
+            addr: d.headers.ptr() + ds.header_at + od.header * HEADER_BYTES,
+            bytes: HEADER_BYTES,
+            peer: step.ops[i].peer_comm,
+        })
+        .collect();
+    let mut stop = || stop_reason(ctx, k);
+    // SAFETY: the headers' regions lie in the header buffer, this step's own.
+    unsafe { comm.group(&head_ops, gpu.nccl_stream.as_raw(), &mut stop)? };
+    wait_one(&gpu.nccl_stream, comm, ctx, k)?;
+    let mut raw = vec![0u8; (mine.len() as u64 * HEADER_BYTES) as usize];
+    d.headers.download(ds.header_at, &mut raw)?;
+    let mut out = Vec::with_capacity(mine.len());
+    for (j, &(i, _)) in mine.iter().enumerate() {
+        let o = &step.ops[i];
+        let max = ds.frames.at[i].map_or(0, |(_, m)| m);
+        let peer = format!("training rank {}", o.op.peer);
+        let at = j * HEADER_BYTES as usize;
+        let h = BucketHeader::parse(&raw[at..at + HEADER_BYTES as usize], o.op.bytes, max, &peer)?;
+        if let BucketHeader::Delta { base, .. } = h
+            && held != Some(base)
+        {
+            return Err(NcclError::Plan(format!(
+                "{peer} sent a delta against version {base}, but this rank's tensors hold {}; the update fails rather than apply it (the next one is sent whole)",
+                held.map_or("no complete version".to_string(), |v| format!("version {v}"))
+            )));
+        }
+        out.push((i, h));
+    }
+    Ok(out)
 }
 
 /// The kv value of unique id `uid` published under `key`: `{"sealed": hex}`, sealed with the
@@ -671,21 +1144,53 @@ fn stop_reason(ctx: &ExecContext<'_>, step: usize) -> Option<NcclError> {
     None
 }
 
-/// Waits for everything queued on the NCCL stream and the copy engine, watching the deadline,
-/// the cancel flag and the communicator; aborts the communicator when one of them says stop.
+/// Waits for everything queued on the NCCL stream, the copy engine and `extra` (the delta
+/// stream), watching the deadline, the cancel flag and the communicator; aborts the
+/// communicator when one of them says stop.
 fn wait_streams(
     gpu: &Gpu,
+    extra: Option<&Arc<Stream>>,
+    comm: &mut Communicator,
+    ctx: &ExecContext<'_>,
+    step: usize,
+) -> Result<(), NcclError> {
+    let (nccl, engine, extra) = (gpu.nccl_stream.clone(), gpu.engine.clone(), extra.cloned());
+    wait_watching(
+        move || {
+            nccl.sync()?;
+            engine.sync()?;
+            extra.map_or(Ok(()), |s| s.sync())
+        },
+        comm,
+        ctx,
+        step,
+    )
+}
+
+/// Waits for everything queued on `stream`, as [`wait_streams`] does.
+fn wait_one(
+    stream: &Arc<Stream>,
+    comm: &mut Communicator,
+    ctx: &ExecContext<'_>,
+    step: usize,
+) -> Result<(), NcclError> {
+    let s = stream.clone();
+    wait_watching(move || s.sync(), comm, ctx, step)
+}
+
+/// Runs `sync` on a helper thread while the host watches the deadline, the cancel flag and
+/// the communicator; aborts the communicator when one of them says stop.
+fn wait_watching(
+    sync: impl FnOnce() -> Result<(), awex_gpu::cuda::CudaError> + Send + 'static,
     comm: &mut Communicator,
     ctx: &ExecContext<'_>,
     step: usize,
 ) -> Result<(), NcclError> {
     let (tx, rx) = mpsc::channel();
-    let (nccl, engine) = (gpu.nccl_stream.clone(), gpu.engine.clone());
     std::thread::Builder::new()
         .name("awex-nccl-wait".into())
         .spawn(move || {
-            let r = nccl.sync().and_then(|_| engine.sync());
-            let _ = tx.send(r);
+            let _ = tx.send(sync());
         })
         .map_err(|e| NcclError::Usage(format!("cannot start the stream waiter: {e}")))?;
     let mut pause = Duration::from_micros(20);
@@ -719,6 +1224,7 @@ impl Transport for NcclTransport {
             self.plan.peers.len(),
             self.cfg.bucket_bytes,
             &self.lib.version().to_string(),
+            self.cfg.deltas,
         )
     }
 
@@ -771,7 +1277,26 @@ impl Transport for NcclTransport {
         })?;
         // every operation completed: a non-finite block fails this update, not the transport
         self.fp8_status()?;
+        self.deltas_done(ctx.version);
         Ok(stats)
+    }
+
+    fn enable_deltas(&mut self) -> Result<bool, RuntimeError> {
+        if !self.cfg.deltas {
+            return Ok(false);
+        }
+        if self.conn.is_some() {
+            return Err(crate::TransportError::Unsupported(
+                "nccl: delta updates must be turned on before the rank connects".into(),
+            )
+            .into());
+        }
+        self.deltas_on = true;
+        Ok(true)
+    }
+
+    fn holds_base(&self) -> bool {
+        self.deltas_on && self.plan.side == Side::Inference
     }
 
     fn kv_before_attempt(
@@ -936,11 +1461,15 @@ mod tests {
 
     #[test]
     fn rendezvous_values_round_trip_and_missing_ones_are_named() {
-        let v = rendezvous_value(5, 3, 1 << 20, "2.21.5");
+        let v = rendezvous_value(5, 3, 1 << 20, "2.21.5", true);
         assert_eq!(
             peer_values(Side::Training, RankId::train(5), Some(&v)).unwrap(),
-            (5, 3, 1 << 20, "2.21.5".to_string())
+            (5, 3, 1 << 20, "2.21.5".to_string(), true)
         );
+        // a peer that publishes nothing about deltas (an older awex) takes no part in them
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("deltas");
+        assert!(!peer_values(Side::Training, RankId::train(5), Some(&old)).unwrap().4);
         let e = peer_values(
             Side::Inference,
             RankId::infer(1, 2),
