@@ -8,13 +8,16 @@ use awex_core::DType;
 use awex_core::layout::{ExplicitSide, RankId, RankLayout, Side, SideLayout};
 use awex_core::plan::{Pair, RankPlan};
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
+use awex_core::weights::{Stepped, Weights};
 use awex_gpu::cuda::CopyDesc;
+use awex_gpu::cuda::delta_wire::host;
 use awex_gpu::nccl::{
-    CommWorld, DeviceTensor, DeviceTensors, OpKind, Program, SLOT_ALIGN, Wire, pair_bucket_bytes,
-    peer_buckets, schedule,
+    CommWorld, DeviceTensor, DeviceTensors, OpKind, OpSeg, Program, SLOT_ALIGN, Wire,
+    max_frame_len, pair_bucket_bytes, peer_buckets, schedule, wire_table,
 };
 use awex_runtime::TensorSet;
-use awex_runtime::fill::fill_or_check;
+use awex_runtime::fill::{fill_or_check, fill_or_check_from};
+use std::sync::Arc;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
@@ -97,15 +100,13 @@ fn run_copies(r: &Rank, descs: &[CopyDesc]) {
     }
 }
 
-/// Builds every rank, runs one update through the programs, and checks every inference rank.
-/// Returns the ranks (for inspection).
-fn run_update(
+/// Builds every rank of a pair: its plan, tensors, program and slots.
+fn build_ranks(
     cat: &awex_core::Catalogue,
     train: &ExplicitSide,
     infer: &ExplicitSide,
     budget: impl Fn(Who) -> u64,
-    version: u64,
-) -> BTreeMap<Who, Rank> {
+) -> (BTreeMap<Who, Rank>, CommWorld) {
     let pair = Pair {
         catalogue: cat,
         training: train,
@@ -150,6 +151,19 @@ fn run_update(
         let r = Rank::new(layout, tensors, program, buffers, who.0);
         ranks.insert(who, r);
     }
+    (ranks, world)
+}
+
+/// Builds every rank, runs one update through the programs, and checks every inference rank.
+/// Returns the ranks (for inspection).
+fn run_update(
+    cat: &awex_core::Catalogue,
+    train: &ExplicitSide,
+    infer: &ExplicitSide,
+    budget: impl Fn(Who) -> u64,
+    version: u64,
+) -> BTreeMap<Who, Rank> {
+    let (ranks, world) = build_ranks(cat, train, infer, budget);
     for ((side, _), r) in &ranks {
         if *side == Side::Training {
             fill_or_check(&r.layout, cat, &r.tensors, version, false).unwrap();
@@ -297,6 +311,197 @@ fn programs_move_every_byte_of_a_mixed_pair_through_direct_and_staged_buckets() 
             assert!(direct > 0 && staged > 0, "direct {direct}, staged {staged}");
         }
     }
+}
+
+/// The bytes of `len` at host address `addr`.
+///
+/// # Safety
+/// `addr..addr + len` must lie in a live buffer that nothing else touches meanwhile.
+unsafe fn host_bytes<'a>(addr: u64, len: u64) -> &'a mut [u8] {
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) }
+}
+
+/// A bucket's bytes cut into its runs (the segments of its delta frame).
+fn runs<'a>(segs: &[OpSeg], bytes: &'a [u8]) -> Vec<&'a [u8]> {
+    segs.iter()
+        .map(|s| &bytes[s.at as usize..(s.at + s.n * s.elem as u64) as usize])
+        .collect()
+}
+
+fn runs_mut<'a>(segs: &[OpSeg], mut bytes: &'a mut [u8]) -> Vec<&'a mut [u8]> {
+    let mut out = Vec::with_capacity(segs.len());
+    let mut at = 0u64;
+    for s in segs {
+        assert_eq!(s.at, at, "a bucket's runs follow each other");
+        let (head, rest) = bytes.split_at_mut((s.n * s.elem as u64) as usize);
+        out.push(head);
+        bytes = rest;
+        at += s.n * s.elem as u64;
+    }
+    assert!(bytes.is_empty(), "a bucket's runs cover its bytes");
+    out
+}
+
+/// What moved in one delta update.
+#[derive(Debug, Default)]
+struct DeltaRun {
+    dense_bytes: u64,
+    frame_bytes: u64,
+    delta_buckets: usize,
+    whole_buckets: usize,
+}
+
+/// One update of `version` with deltas, as the nccl transport runs it, the kernels replaced by
+/// their host emulation: every training rank packs each step, encodes each bucket against its
+/// copy of what it last sent (`copies`, by rank, step and operation; none: the bucket goes
+/// whole) and applies the frame to that copy; every inference rank that `holds` gathers the
+/// step's boxes into its slot, applies each frame where the bucket's bytes sit, and unpacks.
+/// `gather = false` skips the gather (a planted error).
+fn run_delta_update(
+    ranks: &BTreeMap<Who, Rank>,
+    copies: &mut HashMap<(RankId, usize, usize), Vec<u8>>,
+    holds: impl Fn(RankId) -> bool,
+    gather: bool,
+) -> DeltaRun {
+    let mut run = DeltaRun::default();
+    let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap_or(0);
+    for k in 0..steps {
+        let s = k % 2;
+        // frames (or whole buckets) per (receiver, sender) of this step
+        let mut sent: HashMap<(RankId, RankId), (Vec<u8>, bool)> = HashMap::new();
+        for ((side, who), r) in ranks {
+            if *side != Side::Training || k >= r.program.steps.len() {
+                continue;
+            }
+            run_copies(r, &r.copies[k][s]);
+            let st = &r.program.steps[k];
+            for (i, o) in st.ops.iter().enumerate() {
+                let segs = &st.segs[i];
+                assert_eq!(max_frame_len(segs), wire_table(segs, 0, 0).unwrap().max_frame_len());
+                // SAFETY: the wire place is a slot or tensor range of the rank (checked by the
+                // programs' own tests), read only here.
+                let new = unsafe { host_bytes(o.wire.addr(r.slot(s)), o.op.bytes) }.to_vec();
+                let table = wire_table(segs, 0, 0).unwrap();
+                let key = (*who, k, i);
+                let had = holds(o.op.peer) && copies.contains_key(&key);
+                let base = copies.entry(key).or_insert_with(|| vec![0u8; new.len()]);
+                let frame = host::encode(&table, &runs(segs, &new), &runs(segs, base));
+                // a frame no shorter than the bucket goes whole, as the transport sends it
+                let delta = had && (frame.len() as u64) < o.op.bytes;
+                assert!(frame.len() as u64 <= max_frame_len(segs));
+                // the copy takes the frame: it then holds what was sent
+                host::decode(&table, &frame, &mut runs_mut(segs, base)).unwrap();
+                assert!(*base == new, "the copy of bucket {i} of step {k} is the bytes sent");
+                run.dense_bytes += o.op.bytes;
+                if delta {
+                    run.frame_bytes += frame.len() as u64;
+                    run.delta_buckets += 1;
+                    sent.insert((o.op.peer, *who), (frame, true));
+                } else {
+                    run.whole_buckets += 1;
+                    sent.insert((o.op.peer, *who), (new, false));
+                }
+            }
+        }
+        for ((side, who), r) in ranks {
+            if *side != Side::Inference || k >= r.program.steps.len() {
+                continue;
+            }
+            let st = &r.program.steps[k];
+            if gather {
+                run_copies(r, &st.gathers(r.slot(s)));
+            }
+            for (i, o) in st.ops.iter().enumerate() {
+                let (bytes, is_delta) = sent.remove(&(*who, o.op.peer)).expect("a bucket came");
+                // SAFETY: as above; the rank's own slot or tensor range.
+                let place = unsafe { host_bytes(o.wire.addr(r.slot(s)), o.op.bytes) };
+                if is_delta {
+                    let segs = &st.segs[i];
+                    let table = wire_table(segs, 0, 0).unwrap();
+                    host::decode(&table, &bytes, &mut runs_mut(segs, place)).unwrap();
+                } else {
+                    place.copy_from_slice(&bytes);
+                }
+            }
+            run_copies(r, &r.copies[k][s]);
+        }
+        assert!(sent.is_empty(), "every bucket was received");
+    }
+    run
+}
+
+#[test]
+fn delta_programs_gather_apply_and_unpack_to_the_stepped_version_and_whole_buckets_repair_a_fresh_engine()
+{
+    let (cat, train, infer) = mixed_pair(DType::Bf16);
+    let weights = Weights::Stepped(Arc::new(Stepped::new(&cat, 1e-6, None)));
+    let fill = |r: &Rank, v: u64| fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, false).unwrap();
+    let check = |r: &Rank, v: u64| fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, true);
+    for budget in [48u64, 256, 1 << 20] {
+        let (ranks, _) = build_ranks(&cat, &train, &infer, |_| budget);
+        let mut copies = HashMap::new();
+        // version 1 whole (no copy yet), then deltas
+        for v in 1..=3u64 {
+            for ((side, _), r) in &ranks {
+                if *side == Side::Training {
+                    fill(r, v);
+                }
+            }
+            let run = run_delta_update(&ranks, &mut copies, |_| true, true);
+            if v == 1 {
+                assert_eq!(run.delta_buckets, 0);
+            } else if budget > 48 {
+                // (48-byte buckets: a frame's header outweighs the few bytes it saves)
+                assert!(
+                    run.delta_buckets > 0 && 2 * run.frame_bytes < run.dense_bytes,
+                    "budget {budget}, version {v}: {run:?}"
+                );
+            }
+            for ((side, who), r) in &ranks {
+                if *side == Side::Inference {
+                    check(r, v).unwrap_or_else(|e| panic!("budget {budget}, version {v}, {who}: {e}"));
+                }
+            }
+        }
+        // engine 1 restarted (its tensors zeroed): its buckets go whole, the others' as deltas
+        let fresh = |r: RankId| r.engine == 1;
+        for ((side, who), r) in &ranks {
+            if *side == Side::Inference && fresh(*who) {
+                for t in r.tensors.iter() {
+                    // SAFETY: the rank's own host tensor.
+                    unsafe { host_bytes(t.ptr() as u64, t.len() as u64) }.fill(0);
+                }
+            }
+            if *side == Side::Training {
+                fill(r, 4);
+            }
+        }
+        let run = run_delta_update(&ranks, &mut copies, |r| !fresh(r), true);
+        assert!(run.delta_buckets > 0 && run.whole_buckets > 0, "{run:?}");
+        for ((side, who), r) in &ranks {
+            if *side == Side::Inference {
+                check(r, 4).unwrap_or_else(|e| panic!("budget {budget}, version 4, {who}: {e}"));
+            }
+        }
+    }
+    // a planted error: frames applied without gathering the boxes they change first
+    let (ranks, _) = build_ranks(&cat, &train, &infer, |_| 256);
+    let mut copies = HashMap::new();
+    for v in 1..=2u64 {
+        for ((side, _), r) in &ranks {
+            if *side == Side::Training {
+                fill(r, v);
+            }
+        }
+        run_delta_update(&ranks, &mut copies, |_| true, v == 1);
+    }
+    let torn = ranks
+        .iter()
+        .filter(|((side, _), _)| *side == Side::Inference)
+        .filter(|(_, r)| check(r, 2).is_err())
+        .count();
+    assert!(torn > 0, "skipping the gather must leave some rank wrong");
 }
 
 #[test]

@@ -933,8 +933,9 @@ fn send_deltas(
         let o = &step.ops[i];
         let len = d.kernels.finish_encode(&d.stream, &od.work)?;
         let peer_base = bases.and_then(|b| b.of(o.op.peer));
+        // a frame no shorter than the bucket goes whole (a tiny bucket, or most of it changed)
         let h = match d.copy_version {
-            Some(v) if peer_base == Some(v) => {
+            Some(v) if peer_base == Some(v) && len < o.op.bytes => {
                 stats.delta.elements += od.elements;
                 stats.delta.dense_bytes += o.op.bytes;
                 stats.delta.delta_bytes += len;
