@@ -17,9 +17,9 @@ use awex_gpu::nccl::{
 };
 use awex_runtime::TensorSet;
 use awex_runtime::fill::{fill_or_check, fill_or_check_from};
-use std::sync::Arc;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 type Who = (Side, RankId);
 
@@ -365,7 +365,11 @@ fn run_delta_update(
     gather: bool,
 ) -> DeltaRun {
     let mut run = DeltaRun::default();
-    let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap_or(0);
+    let steps = ranks
+        .values()
+        .map(|r| r.program.steps.len())
+        .max()
+        .unwrap_or(0);
     for k in 0..steps {
         let s = k % 2;
         // frames (or whole buckets) per (receiver, sender) of this step
@@ -378,7 +382,10 @@ fn run_delta_update(
             let st = &r.program.steps[k];
             for (i, o) in st.ops.iter().enumerate() {
                 let segs = &st.segs[i];
-                assert_eq!(max_frame_len(segs), wire_table(segs, 0, 0).unwrap().max_frame_len());
+                assert_eq!(
+                    max_frame_len(segs),
+                    wire_table(segs, 0, 0).unwrap().max_frame_len()
+                );
                 // SAFETY: the wire place is a slot or tensor range of the rank (checked by the
                 // programs' own tests), read only here.
                 let new = unsafe { host_bytes(o.wire.addr(r.slot(s)), o.op.bytes) }.to_vec();
@@ -392,7 +399,10 @@ fn run_delta_update(
                 assert!(frame.len() as u64 <= max_frame_len(segs));
                 // the copy takes the frame: it then holds what was sent
                 host::decode(&table, &frame, &mut runs_mut(segs, base)).unwrap();
-                assert!(*base == new, "the copy of bucket {i} of step {k} is the bytes sent");
+                assert!(
+                    *base == new,
+                    "the copy of bucket {i} of step {k} is the bytes sent"
+                );
                 run.dense_bytes += o.op.bytes;
                 if delta {
                     run.frame_bytes += frame.len() as u64;
@@ -433,11 +443,14 @@ fn run_delta_update(
 
 #[test]
 fn delta_programs_gather_apply_and_unpack_to_the_stepped_version_and_whole_buckets_repair_a_fresh_engine()
-{
+ {
     let (cat, train, infer) = mixed_pair(DType::Bf16);
     let weights = Weights::Stepped(Arc::new(Stepped::new(&cat, 1e-6, None)));
-    let fill = |r: &Rank, v: u64| fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, false).unwrap();
-    let check = |r: &Rank, v: u64| fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, true);
+    let fill = |r: &Rank, v: u64| {
+        fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, false).unwrap()
+    };
+    let check =
+        |r: &Rank, v: u64| fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, true);
     for budget in [48u64, 256, 1 << 20] {
         let (ranks, _) = build_ranks(&cat, &train, &infer, |_| budget);
         let mut copies = HashMap::new();
@@ -460,7 +473,8 @@ fn delta_programs_gather_apply_and_unpack_to_the_stepped_version_and_whole_bucke
             }
             for ((side, who), r) in &ranks {
                 if *side == Side::Inference {
-                    check(r, v).unwrap_or_else(|e| panic!("budget {budget}, version {v}, {who}: {e}"));
+                    check(r, v)
+                        .unwrap_or_else(|e| panic!("budget {budget}, version {v}, {who}: {e}"));
                 }
             }
         }
@@ -1180,6 +1194,70 @@ mod fp8 {
         resolve(model, "megatron:tp=2", "sglang:tp=1", f)
     }
 
+    /// A rank of a one-GPU test: its plan, program and slots, its tensors on the device and a
+    /// host mirror.
+    struct GpuRank {
+        layout: RankLayout,
+        host: TensorSet,
+        device: TensorSet,
+        plan: RankPlan,
+        buckets: Vec<Vec<awex_core::plan::bucket::Bucket>>,
+        program: Program,
+        slots: [awex_gpu::cuda::DeviceBuffer; 2],
+    }
+
+    /// Every rank of `p` on `dev`, cut into buckets of `budget` bytes, tensors zeroed.
+    fn gpu_ranks(
+        p: &ResolvedPair,
+        dev: &awex_gpu::cuda::Device,
+        budget: u64,
+    ) -> BTreeMap<Who, GpuRank> {
+        let pair = p.plan_pair();
+        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
+        let mut ranks: BTreeMap<Who, GpuRank> = BTreeMap::new();
+        for (side, l) in [
+            (Side::Training, &p.training),
+            (Side::Inference, &p.inference),
+        ] {
+            for r in l.ranks() {
+                let plan = pair.plan_rank(side, r).unwrap();
+                let layout = l.rank_layout(r).unwrap();
+                let host = TensorSet::allocate_host(&layout).unwrap();
+                let device = TensorSet::allocate_cuda(&layout, dev).unwrap();
+                device.upload_from(&host).unwrap();
+                let views: Vec<DeviceTensor> = device
+                    .iter()
+                    .map(|v| DeviceTensor {
+                        name: v.name.clone(),
+                        ptr: v.device_ptr().unwrap(),
+                        dtype: v.dtype,
+                        shape: v.shape,
+                    })
+                    .collect();
+                // SAFETY: device memory owned by `device`, alive as long as the rank.
+                let views = unsafe { DeviceTensors::new(views) }.unwrap();
+                let buckets = peer_buckets(&plan, |_| budget);
+                let steps = schedule(&plan, &buckets).unwrap();
+                let program = Program::build(&plan, &buckets, &steps, &views, &world).unwrap();
+                let n = program.slot_bytes.max(256);
+                let slots = [dev.alloc(n).unwrap(), dev.alloc(n).unwrap()];
+                ranks.insert(
+                    (side, r),
+                    GpuRank {
+                        layout,
+                        host,
+                        device,
+                        plan,
+                        buckets,
+                        program,
+                        slots,
+                    },
+                );
+            }
+        }
+        ranks
+    }
+
     /// One GPU, one process, no NCCL (two ranks of a communicator cannot share a GPU): every
     /// rank's tensors and slots on the device, each training rank's steps packed by its copy
     /// engine and the FP8 kernel (the transport's batches), each staged send compared with
@@ -1194,65 +1272,17 @@ mod fp8 {
         let q = f.quantiser();
         let p = gpu_pair(&f);
         let weights = Weights::Finite(Box::new(Weights::Synthetic));
-        let pair = p.plan_pair();
-        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
         let dev = Device::open(0).unwrap();
         let engine = CopyEngine::new(&dev, 2).unwrap();
         let kernel = Fp8Kernel::load(&dev).unwrap();
         let stream = dev.stream().unwrap();
-        struct GpuRank {
-            layout: RankLayout,
-            host: TensorSet,
-            device: TensorSet,
-            plan: RankPlan,
-            buckets: Vec<Vec<awex_core::plan::bucket::Bucket>>,
-            program: Program,
-            slots: [awex_gpu::cuda::DeviceBuffer; 2],
-        }
         for budget in [1u64 << 20, 64 << 10] {
-            let mut ranks: BTreeMap<Who, GpuRank> = BTreeMap::new();
-            for (side, l) in [
-                (Side::Training, &p.training),
-                (Side::Inference, &p.inference),
-            ] {
-                for r in l.ranks() {
-                    let plan = pair.plan_rank(side, r).unwrap();
-                    let layout = l.rank_layout(r).unwrap();
-                    let host = TensorSet::allocate_host(&layout).unwrap();
-                    let device = TensorSet::allocate_cuda(&layout, &dev).unwrap();
-                    let views: Vec<DeviceTensor> = device
-                        .iter()
-                        .map(|v| DeviceTensor {
-                            name: v.name.clone(),
-                            ptr: v.device_ptr().unwrap(),
-                            dtype: v.dtype,
-                            shape: v.shape,
-                        })
-                        .collect();
-                    // SAFETY: device memory owned by `device`, alive for the whole test.
-                    let views = unsafe { DeviceTensors::new(views) }.unwrap();
-                    let buckets = peer_buckets(&plan, |_| budget);
-                    let steps = schedule(&plan, &buckets).unwrap();
-                    let program = Program::build(&plan, &buckets, &steps, &views, &world).unwrap();
-                    let n = program.slot_bytes.max(256);
-                    let slots = [dev.alloc(n).unwrap(), dev.alloc(n).unwrap()];
-                    if side == Side::Training {
-                        fill_or_check_from(&weights, &layout, &p.catalogue, &host, 5, false)
-                            .unwrap();
-                        device.upload_from(&host).unwrap();
-                    }
-                    ranks.insert(
-                        (side, r),
-                        GpuRank {
-                            layout,
-                            host,
-                            device,
-                            plan,
-                            buckets,
-                            program,
-                            slots,
-                        },
-                    );
+            let ranks = gpu_ranks(&p, &dev, budget);
+            for ((side, _), r) in &ranks {
+                if *side == Side::Training {
+                    fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.host, 5, false)
+                        .unwrap();
+                    r.device.upload_from(&r.host).unwrap();
                 }
             }
             let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap();
@@ -1340,6 +1370,186 @@ mod fp8 {
                     .unwrap_or_else(|e| panic!("inference rank {who}, budget {budget}: {e}"));
                 }
             }
+        }
+    }
+
+    /// Deltas of FP8 buckets on one GPU, with the transport's kernels and geometry (no NCCL):
+    /// versions made by an optimiser-like step; each training rank packs and quantises a step
+    /// into its slot, the wire kernels encode every bucket against the rank's device copy of
+    /// what it last sent (each frame equal, byte for byte, to the host emulation's of the same
+    /// bytes) and apply the frame to that copy; the frame goes to its receiver's frame buffer,
+    /// which gathers the step's boxes from its tensors into its slot, applies the frame there
+    /// (or in the tensor, for a contiguous bucket), and unpacks. The first version goes whole;
+    /// after each, every e4m3 byte and scale of the inference rank is the CPU reference's.
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn gpu_fp8_delta_frames_encoded_and_applied_by_the_kernels_give_each_next_version() {
+        use awex_gpu::cuda::delta_wire::WireKernels;
+        use awex_gpu::cuda::{CopyEngine, Device, Fp8Kernel};
+        let f = fp8(128);
+        let q = f.quantiser();
+        let p = gpu_pair(&f);
+        let weights = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)));
+        let dev = Device::open(0).unwrap();
+        let engine = CopyEngine::new(&dev, 2).unwrap();
+        let kernel = Fp8Kernel::load(&dev).unwrap();
+        let wire = WireKernels::load(&dev).unwrap();
+        let stream = dev.stream().unwrap();
+        for budget in [1u64 << 20, 64 << 10] {
+            let ranks = gpu_ranks(&p, &dev, budget);
+            // per (training rank, step, op): the device copy of the bucket last sent
+            let mut copies = HashMap::new();
+            let (mut frames_total, mut dense_total, mut delta_buckets) = (0u64, 0u64, 0);
+            for v in 1..=3u64 {
+                for ((side, _), r) in &ranks {
+                    if *side == Side::Training {
+                        fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.host, v, false)
+                            .unwrap();
+                        r.device.upload_from(&r.host).unwrap();
+                    }
+                }
+                let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap();
+                for k in 0..steps {
+                    let s = k % 2;
+                    // (receiver, sender) -> (frame or whole bucket, is a frame)
+                    let mut sent: HashMap<(RankId, RankId), (Vec<u8>, bool)> = HashMap::new();
+                    for (&(side, who), r) in &ranks {
+                        let Some(step) = r.program.steps.get(k) else {
+                            continue;
+                        };
+                        if side != Side::Training {
+                            continue;
+                        }
+                        let slot = r.slots[s].ptr();
+                        // SAFETY: the copies and jobs lie in this rank's tensors and slot.
+                        unsafe {
+                            engine.launch(&step.copies(side, slot), None, None).unwrap();
+                            let batch = kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
+                            kernel
+                                .launch_batch(&stream, &batch, q.recipe, &q.encoding)
+                                .unwrap();
+                        }
+                        engine.sync().unwrap();
+                        assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
+                        for (i, o) in step.ops.iter().enumerate() {
+                            let segs = &step.segs[i];
+                            let at = o.wire.addr(slot);
+                            let key = (who, k, i);
+                            let first = !copies.contains_key(&key);
+                            let copy = copies
+                                .entry(key)
+                                .or_insert_with(|| dev.alloc(o.op.bytes.max(16)).unwrap());
+                            let table = wire_table(segs, at, copy.ptr()).unwrap();
+                            let work = wire.prepare(&dev, &table, true).unwrap();
+                            let fbuf = dev.alloc(work.max_frame_len().max(16)).unwrap();
+                            // SAFETY: new (slot or tensor), base (the copy) and the frame
+                            // buffer are this rank's device memory, idle.
+                            unsafe { wire.launch_encode(&stream, &work, fbuf.ptr()).unwrap() };
+                            let len = wire.finish_encode(&stream, &work).unwrap();
+                            let mut frame = vec![0u8; len as usize];
+                            fbuf.download(0, &mut frame).unwrap();
+                            let (mut new, mut base) = (
+                                vec![0u8; o.op.bytes as usize],
+                                vec![0u8; o.op.bytes as usize],
+                            );
+                            // SAFETY: as above.
+                            unsafe { dev.copy_to_host(at, &mut new).unwrap() };
+                            copy.download(0, &mut base).unwrap();
+                            let host_table = wire_table(segs, 0, 0).unwrap();
+                            let want =
+                                host::encode(&host_table, &runs(segs, &new), &runs(segs, &base));
+                            assert!(
+                                frame == want,
+                                "{who}: step {k} op {i}: the GPU's frame is not the host emulation's"
+                            );
+                            // the copy takes the frame
+                            let into = wire
+                                .prepare(&dev, &wire_table(segs, copy.ptr(), 0).unwrap(), false)
+                                .unwrap();
+                            // SAFETY: the copy and the frame buffer are idle device memory.
+                            unsafe { wire.launch_decode(&stream, &into, fbuf.ptr(), len).unwrap() };
+                            wire.finish_decode(&stream, &into).unwrap();
+                            copy.download(0, &mut base).unwrap();
+                            assert!(base == new, "{who}: the copy holds what was sent");
+                            dense_total += o.op.bytes;
+                            if first || len >= o.op.bytes {
+                                sent.insert((o.op.peer, who), (new, false));
+                            } else {
+                                frames_total += len;
+                                delta_buckets += 1;
+                                sent.insert((o.op.peer, who), (frame, true));
+                            }
+                        }
+                    }
+                    for (&(side, who), r) in &ranks {
+                        let Some(step) = r.program.steps.get(k) else {
+                            continue;
+                        };
+                        if side != Side::Inference {
+                            continue;
+                        }
+                        let slot = r.slots[s].ptr();
+                        // SAFETY: the gathers lie in this rank's tensors and slot.
+                        unsafe { engine.launch(&step.gathers(slot), None, None).unwrap() };
+                        engine.sync().unwrap();
+                        for (i, o) in step.ops.iter().enumerate() {
+                            let (bytes, is_frame) = sent.remove(&(who, o.op.peer)).unwrap();
+                            let at = o.wire.addr(slot);
+                            if is_frame {
+                                let fbuf = dev.alloc(bytes.len() as u64).unwrap();
+                                fbuf.upload(0, &bytes).unwrap();
+                                let work = wire
+                                    .prepare(
+                                        &dev,
+                                        &wire_table(&step.segs[i], at, 0).unwrap(),
+                                        false,
+                                    )
+                                    .unwrap();
+                                // SAFETY: the bucket's place (slot or tensor) and the frame
+                                // are this rank's idle device memory.
+                                unsafe {
+                                    wire.launch_decode(
+                                        &stream,
+                                        &work,
+                                        fbuf.ptr(),
+                                        bytes.len() as u64,
+                                    )
+                                    .unwrap()
+                                };
+                                wire.finish_decode(&stream, &work).unwrap();
+                            } else {
+                                // SAFETY: as above.
+                                unsafe { dev.copy_from_host(at, &bytes).unwrap() };
+                            }
+                        }
+                        // SAFETY: the copies lie in this rank's slot and tensors.
+                        unsafe { engine.launch(&step.copies(side, slot), None, None).unwrap() };
+                        engine.sync().unwrap();
+                    }
+                    assert!(sent.is_empty());
+                }
+                for ((side, who), r) in &ranks {
+                    if *side == Side::Inference {
+                        r.device.download_to(&r.host).unwrap();
+                        fill_or_check_with(
+                            &weights,
+                            &r.layout,
+                            &p.catalogue,
+                            &r.host,
+                            v,
+                            true,
+                            Some(&f),
+                        )
+                        .unwrap_or_else(|e| {
+                            panic!("inference rank {who}, budget {budget}, version {v}: {e}")
+                        });
+                    }
+                }
+            }
+            assert!(delta_buckets > 0, "versions 2 and 3 went as deltas");
+            eprintln!(
+                "budget {budget}: {delta_buckets} delta buckets, frames {frames_total} of {dense_total} bytes moved whole"
+            );
         }
     }
 

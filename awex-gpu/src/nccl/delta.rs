@@ -98,7 +98,9 @@ impl BucketHeader {
         }
         match kind {
             0 if len == bytes => Ok(BucketHeader::Dense { bytes }),
-            0 => bad(format!("says whole bucket of {bytes} bytes but {len} bytes")),
+            0 => bad(format!(
+                "says whole bucket of {bytes} bytes but {len} bytes"
+            )),
             1 if (1..=max_frame).contains(&len) => Ok(BucketHeader::Delta { bytes, len, base }),
             1 => bad(format!(
                 "announces a frame of {len} bytes; this bucket's frames hold 1 to {max_frame}"

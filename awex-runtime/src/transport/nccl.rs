@@ -503,7 +503,10 @@ impl NcclTransport {
                             Some(kernels.prepare(dev, &into, false)?),
                         )
                     }
-                    _ => (kernels.prepare(dev, &wire_table(segs, wire, 0)?, false)?, None),
+                    _ => (
+                        kernels.prepare(dev, &wire_table(segs, wire, 0)?, false)?,
+                        None,
+                    ),
                 };
                 ops.push(Some(OpDelta {
                     work,
@@ -771,8 +774,11 @@ impl NcclTransport {
                             // SAFETY: the gathers read registered tensor ranges into slot
                             // `s`, once the unpack of step `k - 2` emptied it.
                             unsafe {
-                                gpu.engine
-                                    .launch(&ds.gathers, Some(&gpu.free[s]), Some(&d.done[s]))?
+                                gpu.engine.launch(
+                                    &ds.gathers,
+                                    Some(&gpu.free[s]),
+                                    Some(&d.done[s]),
+                                )?
                             };
                             gpu.nccl_stream.wait(&d.done[s])?;
                         }
@@ -923,7 +929,10 @@ fn send_deltas(
         // or slot `s`, packed above) and its region of the copy; the frame lies in the frame
         // buffer at its layout's offset, the scratch is used by this stream only, one encode
         // at a time; the frames of step `k - 2` were sent once `free[s]` passed.
-        unsafe { d.kernels.launch_encode_in(&d.stream, &od.work, frames + off, scratch, scratch_len)? };
+        unsafe {
+            d.kernels
+                .launch_encode_in(&d.stream, &od.work, frames + off, scratch, scratch_len)?
+        };
     }
     wait_one(&d.stream, comm, ctx, k)?;
     let mut heads = Vec::with_capacity(ds.ops.len());
@@ -1029,7 +1038,9 @@ fn receive_headers(
         {
             return Err(NcclError::Plan(format!(
                 "{peer} sent a delta against version {base}, but this rank's tensors hold {}; the update fails rather than apply it (the next one is sent whole)",
-                held.map_or("no complete version".to_string(), |v| format!("version {v}"))
+                held.map_or("no complete version".to_string(), |v| format!(
+                    "version {v}"
+                ))
             )));
         }
         out.push((i, h));
@@ -1470,7 +1481,11 @@ mod tests {
         // a peer that publishes nothing about deltas (an older awex) takes no part in them
         let mut old = v.clone();
         old.as_object_mut().unwrap().remove("deltas");
-        assert!(!peer_values(Side::Training, RankId::train(5), Some(&old)).unwrap().4);
+        assert!(
+            !peer_values(Side::Training, RankId::train(5), Some(&old))
+                .unwrap()
+                .4
+        );
         let e = peer_values(
             Side::Inference,
             RankId::infer(1, 2),
