@@ -245,7 +245,7 @@ impl Rank {
                     format!("delta updates on ({} transport)", cfg.transport)
                 } else {
                     format!(
-                        "the pair has delta updates on, but the {} transport moves every byte (deltas run over shm, tcp and cuda-ipc)",
+                        "the pair has delta updates on, but this rank's {} transport moves every byte (deltas run over shm, tcp, cuda-ipc and nccl; a rank started with deltas off takes no part)",
                         cfg.transport
                     )
                 }

@@ -56,11 +56,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.updates == 0 {
         bail!("--updates must be at least 1");
     }
-    if args.deltas && transport == Transport::Nccl {
-        bail!(
-            "--deltas runs over shm, tcp and cuda-ipc; the nccl transport moves every byte yet (drop --deltas, or use another --transport)"
-        );
-    }
     let gpus = Gpus::of(&args, transport)?;
     let r = crate::cmd::plan::resolve_over(
         &args.model,
