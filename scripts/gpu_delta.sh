@@ -10,6 +10,7 @@
 # Expects prebuilt x86-64 binaries in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && cp target/release/awex-cli .gpu/ && strip .gpu/awex-cli
 #   cargo test --release -p awex-gpu --features cuda --lib --no-run   # the binary -> .gpu/awex-gpu-tests
+#   cargo test --release -p awex-runtime --features cuda --test nccl_program --no-run   # -> .gpu/nccl_program
 # Env: RUNS picks the runs (default below); logs and JSON go to $OUT.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
@@ -63,6 +64,10 @@ for r in $RUNS; do
       rc=$?
       echo "exit $rc after $((SECONDS - t0)) s"
       [ $rc = 0 ] || { status=1; tail -c 2000 "$OUT/kernel.err"; } ;;
+    nccl) echo "== nccl programs on one GPU: FP8 buckets packed by the kernel; FP8 delta frames"
+      timeout 300 "$G/nccl_program" --ignored --test-threads=1 --nocapture gpu_ \
+        >"$OUT/nccl_program.txt" 2>&1 || status=1
+      tail -n 12 "$OUT/nccl_program.txt" ;;
     dense0) bench $r 180 $P8 ;;
     dense1) bench $r 240 $P8 --step 0.01 ;;
     delta1) bench $r 240 $P8 --step 0.01 --deltas ;;
