@@ -11,6 +11,7 @@ use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_core::weights::{Stepped, Weights};
 use awex_gpu::cuda::CopyDesc;
 use awex_gpu::cuda::delta_wire::host;
+use awex_gpu::cuda::transpose::TransposeJob;
 use awex_gpu::nccl::{
     CommWorld, DeviceTensor, DeviceTensors, OpKind, OpSeg, Program, SLOT_ALIGN, Wire,
     max_frame_len, pair_bucket_bytes, peer_buckets, schedule, wire_table,
@@ -31,6 +32,8 @@ struct Rank {
     slots: [Vec<u64>; 2],
     /// copies[k][s]: step k's pack/unpack copies with slot s
     copies: Vec<[Vec<CopyDesc>; 2]>,
+    /// transposes[k][s]: step k's transposed unpacks with slot s (inference)
+    transposes: Vec<[Vec<TransposeJob>; 2]>,
     /// (base, len) of every buffer of the rank, to check each copy stays inside one
     buffers: Vec<(u64, u64)>,
 }
@@ -52,6 +55,7 @@ impl Rank {
             program,
             slots,
             copies: Vec::new(),
+            transposes: Vec::new(),
             buffers,
         };
         let (s0, s1) = (r.slot(0), r.slot(1));
@@ -62,6 +66,12 @@ impl Rank {
             .steps
             .iter()
             .map(|st| [st.copies(side, s0), st.copies(side, s1)])
+            .collect();
+        r.transposes = r
+            .program
+            .steps
+            .iter()
+            .map(|st| [st.transpose_jobs(s0), st.transpose_jobs(s1)])
             .collect();
         r
     }
@@ -100,11 +110,32 @@ fn run_copies(r: &Rank, descs: &[CopyDesc]) {
     }
 }
 
+/// Runs transpose jobs on the rank's host memory, element by element, as the kernel moves them
+/// (`awex_gpu::cuda::transpose::emulate` over absolute addresses).
+fn run_transposes(r: &Rank, jobs: &[TransposeJob]) {
+    for j in jobs {
+        let e = j.elem as u64;
+        for row in 0..j.rows as u64 {
+            for col in 0..j.cols as u64 {
+                let s = j.src + row * j.src_pitch as u64 + col * e;
+                let d = j.dst + col * j.dst_pitch as u64 + row * e;
+                copy(r, s, r, d, e);
+            }
+        }
+    }
+}
+
+/// Unpacks step `k` of an inference rank from slot `s`: its copies and its transposes.
+fn unpack(r: &Rank, k: usize, s: usize) {
+    run_copies(r, &r.copies[k][s]);
+    run_transposes(r, &r.transposes[k][s]);
+}
+
 /// Builds every rank of a pair: its plan, tensors, program and slots.
 fn build_ranks(
     cat: &awex_core::Catalogue,
-    train: &ExplicitSide,
-    infer: &ExplicitSide,
+    train: &dyn SideLayout,
+    infer: &dyn SideLayout,
     budget: impl Fn(Who) -> u64,
 ) -> (BTreeMap<Who, Rank>, CommWorld) {
     let pair = Pair {
@@ -160,6 +191,17 @@ fn run_update(
     cat: &awex_core::Catalogue,
     train: &ExplicitSide,
     infer: &ExplicitSide,
+    budget: impl Fn(Who) -> u64,
+    version: u64,
+) -> BTreeMap<Who, Rank> {
+    run_update_over(cat, train, infer, budget, version)
+}
+
+/// [`run_update`] over any two sides.
+fn run_update_over(
+    cat: &awex_core::Catalogue,
+    train: &dyn SideLayout,
+    infer: &dyn SideLayout,
     budget: impl Fn(Who) -> u64,
     version: u64,
 ) -> BTreeMap<Who, Rank> {
@@ -219,7 +261,7 @@ fn run_update(
         }
         for ((side, _), r) in &ranks {
             if *side == Side::Inference && k < r.copies.len() {
-                run_copies(r, &r.copies[k][s]);
+                unpack(r, k, s);
             }
         }
     }
@@ -421,6 +463,7 @@ fn run_delta_update(
             let st = &r.program.steps[k];
             if gather {
                 run_copies(r, &st.gathers(r.slot(s)));
+                run_transposes(r, &st.gather_transpose_jobs(r.slot(s)));
             }
             for (i, o) in st.ops.iter().enumerate() {
                 let (bytes, is_delta) = sent.remove(&(*who, o.op.peer)).expect("a bucket came");
@@ -434,7 +477,7 @@ fn run_delta_update(
                     place.copy_from_slice(&bytes);
                 }
             }
-            run_copies(r, &r.copies[k][s]);
+            unpack(r, k, s);
         }
         assert!(sent.is_empty(), "every bucket was received");
     }
@@ -516,6 +559,59 @@ fn delta_programs_gather_apply_and_unpack_to_the_stepped_version_and_whole_bucke
         .filter(|(_, r)| check(r, 2).is_err())
         .count();
     assert!(torn > 0, "skipping the gather must leave some rank wrong");
+}
+
+/// gpt-oss's experts, which SGLang and vLLM store with their last two dims swapped: the
+/// inference ranks unpack them with transpose jobs (and gather them back the same way for a
+/// delta), whole updates and deltas alike, at bucket sizes that cut the experts into pieces.
+#[test]
+fn transposed_boxes_unpack_and_gather_through_transpose_jobs_whole_and_as_deltas() {
+    use awex_core::model::presets;
+    use awex_core::pair::PairSpec;
+    use awex_core::{BackendSpec, Transport as TransportKind};
+    const _: [&str; 3] = [awex_fsdp::CRATE, awex_sglang::CRATE, awex_vllm::CRATE];
+    for infer in ["sglang:tp=2", "vllm:tp=2,ep=2"] {
+        let p = PairSpec {
+            model: presets::preset("gpt-oss-tiny").unwrap(),
+            train: "fsdp:dp=2,fused_experts=1".parse::<BackendSpec>().unwrap(),
+            infer: infer.parse::<BackendSpec>().unwrap(),
+            transport: TransportKind::Nccl,
+            infer_fp8: None,
+        }
+        .resolve()
+        .unwrap();
+        let weights = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)));
+        for budget in [4096u64, 1 << 20] {
+            let (ranks, _) = build_ranks(&p.catalogue, &*p.training, &*p.inference, |_| budget);
+            let jobs: usize = ranks
+                .values()
+                .flat_map(|r| &r.transposes)
+                .map(|t| t[0].len())
+                .sum();
+            assert!(jobs > 0, "{infer}: the plan has transposed pieces");
+            let mut copies = HashMap::new();
+            for v in 1..=2u64 {
+                for ((side, _), r) in &ranks {
+                    if *side == Side::Training {
+                        fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.tensors, v, false)
+                            .unwrap();
+                    }
+                }
+                let run = run_delta_update(&ranks, &mut copies, |_| true, true);
+                assert_eq!(run.delta_buckets > 0, v > 1, "{run:?}");
+                for ((side, who), r) in &ranks {
+                    if *side == Side::Inference {
+                        fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.tensors, v, true)
+                            .unwrap_or_else(|e| {
+                                panic!("{infer}, budget {budget}, version {v}, {who}: {e}")
+                            });
+                    }
+                }
+            }
+        }
+        // whole updates, versions that change every byte
+        run_update_over(&p.catalogue, &*p.training, &*p.inference, |_| 4096, 3);
+    }
 }
 
 #[test]

@@ -84,24 +84,49 @@ pub fn transpose_jobs(
         t.transpose(),
     )
     .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
+    let es = t.dst_dtype.size() as u64;
+    if !matches!(es, 1 | 2 | 4) || t.converts() {
+        return Err(CudaError::geometry(
+            &t.dst_tensor,
+            awex_core::layout::copy::CopyError::Transposed(
+                format!(
+                    "the GPU transposes elements of 1, 2 or 4 bytes without conversion; this box is {} -> {}",
+                    t.src_dtype, t.dst_dtype
+                )
+                .into(),
+            ),
+        ));
+    }
+    box_jobs(&b, es, src, dst, &t.dst_tensor)
+}
+
+/// The jobs that move box `b` of `es`-byte elements from the tensor (or buffer) at `src` to
+/// the one at `dst`, when it is a transposed box of one-element runs; `None` for any other
+/// box. A box whose element size is not 1, 2 or 4 bytes, or whose pitches or sides pass 32
+/// bits, is refused naming `tensor`.
+pub fn box_jobs(
+    b: &StridedBox,
+    es: u64,
+    src: u64,
+    dst: u64,
+    tensor: &str,
+) -> Result<Option<Vec<TransposeJob>>, CudaError> {
     let Some((p, q)) = b.transposed_pair() else {
         return Ok(None);
     };
-    let es = t.dst_dtype.size() as u64;
     let outer = &b.outer[..b.n_outer];
     let (cols, dst_stride) = (outer[p].0, outer[p].2);
     let (rows, src_stride) = (outer[q].0, outer[q].1);
     let fits = |v: u64| u32::try_from(v).ok();
     let bad = |what: String| {
         CudaError::geometry(
-            &t.dst_tensor,
+            tensor,
             awex_core::layout::copy::CopyError::Transposed(what.into()),
         )
     };
-    if !matches!(es, 1 | 2 | 4) || t.converts() {
+    if !matches!(es, 1 | 2 | 4) {
         return Err(bad(format!(
-            "the GPU transposes elements of 1, 2 or 4 bytes without conversion; this box is {} -> {}",
-            t.src_dtype, t.dst_dtype
+            "the GPU transposes elements of 1, 2 or 4 bytes; this box's are {es} bytes"
         )));
     }
     let (Some(rows32), Some(cols32), Some(sp), Some(dp)) = (

@@ -21,6 +21,7 @@ use super::NcclError;
 use super::ranks::CommWorld;
 use super::schedule::{Op, Step};
 use crate::cuda::desc::push_box;
+use crate::cuda::transpose::{TransposeJob, box_jobs};
 use crate::cuda::{CopyDesc, Fp8Job};
 use awex_core::dtype::DType;
 use awex_core::encoding::Fp8Block;
@@ -172,10 +173,42 @@ struct PieceQuant {
     tensor: Arc<str>,
 }
 
+/// A piece the engine stores transposed, between a slot (the box row-major, as the sender
+/// packed it) and its inference tensor (the box's last two dims swapped): one transpose job
+/// per matrix of the box ([`crate::cuda::transpose`]).
+#[derive(Clone, Copy, Debug)]
+struct PieceTranspose {
+    /// Slot to tensor, in elements (`src_base` from the piece's first slot element).
+    boxed: StridedBox,
+    elem: u64,
+    tensor: u64,
+    slot_off: u64,
+}
+
 /// What moves one piece between its tensors and a slot.
 enum Part {
     Copy(PieceCopy),
     Quant(PieceQuant),
+    Transpose(PieceTranspose),
+}
+
+/// `b` the other way round: its destination read and its source written.
+fn reversed(b: &StridedBox) -> StridedBox {
+    let mut r = *b;
+    std::mem::swap(&mut r.src_base, &mut r.dst_base);
+    for o in &mut r.outer[..r.n_outer] {
+        std::mem::swap(&mut o.1, &mut o.2);
+    }
+    r
+}
+
+/// The transpose jobs of `b` between the addresses `src` and `dst`, which the program has
+/// already checked (a box it builds always makes jobs).
+fn jobs_of(b: &StridedBox, elem: u64, src: u64, dst: u64) -> Vec<TransposeJob> {
+    box_jobs(b, elem, src, dst, "")
+        .ok()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// One step: its operations and the copies that pack or unpack its staged buckets.
@@ -191,6 +224,7 @@ pub struct StepIo {
     pub segs: Vec<Vec<OpSeg>>,
     copies: Vec<PieceCopy>,
     quants: Vec<PieceQuant>,
+    transposes: Vec<PieceTranspose>,
 }
 
 impl StepIo {
@@ -214,14 +248,38 @@ impl StepIo {
     pub fn gathers(&self, slot: u64) -> Vec<CopyDesc> {
         let mut out = Vec::new();
         for c in &self.copies {
-            let mut b = c.boxed;
-            std::mem::swap(&mut b.src_base, &mut b.dst_base);
-            for o in &mut b.outer[..b.n_outer] {
-                std::mem::swap(&mut o.1, &mut o.2);
-            }
-            push_box(&b, c.elem, c.tensor, slot + c.slot_off, &mut out);
+            push_box(
+                &reversed(&c.boxed),
+                c.elem,
+                c.tensor,
+                slot + c.slot_off,
+                &mut out,
+            );
         }
         out
+    }
+
+    /// Inference ranks: the transpose jobs that unpack this step's transposed pieces from a
+    /// slot at device address `slot` into their tensors (with [`StepIo::copies`], every piece).
+    pub fn transpose_jobs(&self, slot: u64) -> Vec<TransposeJob> {
+        self.transposes
+            .iter()
+            .flat_map(|t| jobs_of(&t.boxed, t.elem, slot + t.slot_off, t.tensor))
+            .collect()
+    }
+
+    /// Inference ranks: the transpose jobs that gather this step's transposed pieces from
+    /// their tensors into a slot at `slot` (with [`StepIo::gathers`], every piece).
+    pub fn gather_transpose_jobs(&self, slot: u64) -> Vec<TransposeJob> {
+        self.transposes
+            .iter()
+            .flat_map(|t| jobs_of(&reversed(&t.boxed), t.elem, t.tensor, slot + t.slot_off))
+            .collect()
+    }
+
+    /// Whether the step has transposed pieces.
+    pub fn has_transposes(&self) -> bool {
+        !self.transposes.is_empty()
     }
 
     /// Wire bytes of the step.
@@ -343,6 +401,7 @@ impl Program {
             let mut segs = Vec::with_capacity(step.ops.len());
             let mut copies = Vec::new();
             let mut quants = Vec::new();
+            let mut transposes = Vec::new();
             let mut at = 0u64;
             for op in &step.ops {
                 let peer = plan.peers.get(op.peer_index).filter(|p| p.peer == op.peer);
@@ -384,6 +443,10 @@ impl Program {
                                     q.scale_off += off;
                                     quants.push(q);
                                 }
+                                Part::Transpose(mut t) => {
+                                    t.slot_off += off;
+                                    transposes.push(t);
+                                }
                             }
                         }
                         at = (off + within).div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
@@ -405,6 +468,7 @@ impl Program {
                 segs,
                 copies,
                 quants,
+                transposes,
             });
         }
         Ok(Program {
@@ -531,9 +595,9 @@ fn piece_parts(
                 transfers.len()
             ))
         })?;
-        if t.transposed {
+        if t.transposed && t.sender_encoded() {
             return Err(NcclError::Plan(format!(
-                "`{}` receives its box transposed (the engine stores it with its last two dims swapped); the nccl transport does not move transposed boxes yet: use shm or tcp",
+                "`{}` is quantised to FP8 on the sender and stored transposed by the engine; the nccl transport does not quantise transposed boxes: use shm or tcp",
                 t.dst_tensor
             )));
         }
@@ -602,6 +666,36 @@ fn piece_parts(
                 elem: SCALE_BYTES as u32,
             });
             within = scale_at + sext.numel() * SCALE_BYTES;
+            continue;
+        }
+        if t.transposed && side == Side::Inference {
+            // the box lands with its last two dims swapped; the slot holds it as packed
+            let boxed = StridedBox::new_transposed(&e, &zeros, &t.dst_shape, &d, &e, t.transpose())
+                .map_err(geometry)?;
+            let elem = t.dst_dtype.size() as u64;
+            let dst = tensor(&t.dst_tensor)?.ptr;
+            // every job's fields checked here, once; a box with no two dims to swap (one row
+            // or one column) is an ordinary pitched copy
+            match box_jobs(&boxed, elem, within, dst, &t.dst_tensor)? {
+                Some(_) => out.push(Part::Transpose(PieceTranspose {
+                    boxed,
+                    elem,
+                    tensor: dst,
+                    slot_off: within,
+                })),
+                None => out.push(Part::Copy(PieceCopy {
+                    boxed,
+                    elem,
+                    tensor: dst,
+                    slot_off: within,
+                })),
+            }
+            runs.push(OpSeg {
+                at: within,
+                n: e.numel(),
+                elem: elem as u32,
+            });
+            within += e.numel() * elem;
             continue;
         }
         let (name, boxed) = match side {
