@@ -951,7 +951,6 @@ async fn connect_refuses_transposed_boxes_where_the_pair_could_not_move_them() {
         serde_json::to_value(&req).unwrap()
     };
     for (transport, deltas, why) in [
-        (Transport::Nccl, false, "the nccl transport"),
         (Transport::Shm, true, "options.deltas"),
         (Transport::Tcp, true, "options.deltas"),
     ] {
@@ -967,17 +966,20 @@ async fn connect_refuses_transposed_boxes_where_the_pair_could_not_move_them() {
             (
                 422,
                 format!(
-                    "inference.parallel `sglang:tp=1` holds `model.layers.0.mlp.experts.gate_up_proj` transposed (as `model.layers.0.mlp.experts.w13_weight`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the cuda-ipc transport, or shm or tcp without delta updates"
+                    "inference.parallel `sglang:tp=1` holds `model.layers.0.mlp.experts.gate_up_proj` transposed (as `model.layers.0.mlp.experts.w13_weight`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the cuda-ipc or nccl transport, or shm or tcp without delta updates"
                 )
                 .as_str()
             )
         );
     }
-    // shm without deltas connects, and cuda-ipc (the receiver's GPU transposes) with or without
+    // shm without deltas connects, and cuda-ipc and nccl (the receiver's GPU transposes) with
+    // or without
     for (name, transport, deltas) in [
         ("g", Transport::Shm, false),
         ("g2", Transport::CudaIpc, false),
         ("g3", Transport::CudaIpc, true),
+        ("g4", Transport::Nccl, false),
+        ("g5", Transport::Nccl, true),
     ] {
         let (s, v) = call(
             &app,

@@ -40,7 +40,6 @@ pub fn prepare(cfg: &RankConfig) -> Result<Prepared, RankError> {
             .map_err(RuntimeError::from)?,
     );
     if cfg.transport == awex_core::Transport::Nccl {
-        crate::transport::refuse_transposed(&plan, "the nccl transport")?;
         // FP8: every block quantised by its sender on its GPU, none left to the receiver
         for t in plan.peers.iter().flat_map(|p| &p.transfers) {
             awex_gpu::nccl::check_encoding(t).map_err(|e| RuntimeError::Fp8(e.to_string()))?;

@@ -198,13 +198,13 @@ impl ExecStats {
 }
 
 /// Refuses a plan that writes a box transposed ([`awex_core::plan::Transfer::transposed`])
-/// where `what` (nccl, delta updates over shm or tcp) does not move transposed boxes yet: the
-/// CPU copies of shm and tcp transpose, and cuda-ipc's transpose kernel.
+/// where `what` (delta updates over shm or tcp) does not move transposed boxes yet: the CPU
+/// copies of shm and tcp transpose, and the transpose kernel of cuda-ipc and nccl.
 pub fn refuse_transposed(plan: &awex_core::plan::RankPlan, what: &str) -> Result<(), RuntimeError> {
     match plan.first_transposed() {
         None => Ok(()),
         Some(t) => Err(crate::TransportError::Unsupported(format!(
-            "{what}: transposed boxes are not moved there yet, and this plan writes `{}` of rank {} transposed into `{}` of rank {} (the engine stores it with its last two dims swapped); the cuda-ipc transport moves such boxes (with or without delta updates), shm and tcp without delta updates",
+            "{what}: transposed boxes are not moved there yet, and this plan writes `{}` of rank {} transposed into `{}` of rank {} (the engine stores it with its last two dims swapped); the cuda-ipc and nccl transports move such boxes (with or without delta updates), shm and tcp without delta updates",
             t.src_tensor, t.src_rank, t.dst_tensor, t.dst_rank
         ))
         .into()),

@@ -58,6 +58,7 @@ use awex_core::encoding::Fp8Quantiser;
 use awex_core::layout::{RankId, Side};
 use awex_core::plan::RankPlan;
 use awex_gpu::cuda::delta_wire::{WireKernels, WireWork};
+use awex_gpu::cuda::transpose::{TransposeBatch, TransposeKernel};
 use awex_gpu::cuda::{
     CopyDesc, CopyEngine, Device, DeviceBuffer, Event, Fp8Batch, Fp8Kernel, Stream,
 };
@@ -174,6 +175,17 @@ struct Connected {
     slots: Option<[DeviceBuffer; 2]>,
     /// Delta updates with the peers that take part (deltas on).
     deltas: Option<Deltas>,
+    /// An inference rank's transposed pieces (boxes the engine stores with their last two
+    /// dims swapped).
+    transposes: Option<Transposes>,
+}
+
+/// The transpose kernel and, per step (with the slot it uses), the batch that unpacks its
+/// transposed pieces and the batch that gathers them back for a delta.
+struct Transposes {
+    kernel: TransposeKernel,
+    unpack: Vec<Option<TransposeBatch>>,
+    gather: Vec<Option<TransposeBatch>>,
 }
 
 /// A rank's delta updates: the wire kernels, per step the frames and headers of the buckets
@@ -435,6 +447,26 @@ impl NcclTransport {
         } else {
             None
         };
+        let transposes = if program.steps.iter().any(|st| st.has_transposes()) {
+            let kernel = TransposeKernel::load(&self.gpu.dev)?;
+            let (mut unpack, mut gather) = (Vec::new(), Vec::new());
+            for (k, st) in program.steps.iter().enumerate() {
+                let slot = base(k % 2);
+                unpack.push(kernel.batch(&st.transpose_jobs(slot))?);
+                gather.push(if deltas.is_some() {
+                    kernel.batch(&st.gather_transpose_jobs(slot))?
+                } else {
+                    None
+                });
+            }
+            Some(Transposes {
+                kernel,
+                unpack,
+                gather,
+            })
+        } else {
+            None
+        };
         self.comms.get(self.cfg.init_timeout)?;
         self.conn = Some(Connected {
             program,
@@ -442,6 +474,7 @@ impl NcclTransport {
             fp8,
             slots,
             deltas,
+            transposes,
         });
         Ok(())
     }
@@ -782,6 +815,13 @@ impl NcclTransport {
                             };
                             gpu.nccl_stream.wait(&d.done[s])?;
                         }
+                        if let (true, Some(t)) = (any, conn.transposes.as_ref())
+                            && let Some(b) = &t.gather[k]
+                        {
+                            // SAFETY: the jobs read the transposed boxes of registered tensors
+                            // into their ranges of slot `s` (free: this stream waited above).
+                            unsafe { t.kernel.launch(&gpu.nccl_stream, b)? };
+                        }
                         // SAFETY: as for sends; the frames of step `k - 2` were applied on
                         // this stream before.
                         unsafe { comm.group(&ops, raw_stream, &mut stop)? };
@@ -812,6 +852,15 @@ impl NcclTransport {
                         // SAFETY: as for sends; the slot is free once `free[s]` has passed.
                         unsafe { comm.group(&ops, raw_stream, &mut stop)? };
                     }
+                    let transposed = conn.transposes.as_ref().and_then(|t| {
+                        let b = t.unpack[k].as_ref()?;
+                        Some((&t.kernel, b))
+                    });
+                    if let Some((kernel, b)) = transposed {
+                        // SAFETY: the jobs read slot `s` (received above, on this stream) and
+                        // write the transposed boxes of registered tensors, each once.
+                        unsafe { kernel.launch(&gpu.nccl_stream, b)? };
+                    }
                     if step.has_copies() {
                         gpu.ready[s].record(&gpu.nccl_stream)?;
                         // SAFETY: as for sends.
@@ -822,6 +871,10 @@ impl NcclTransport {
                                 Some(&gpu.free[s]),
                             )?
                         };
+                    } else if transposed.is_some() {
+                        // the slot is free once the transposes read it (a delta's gather
+                        // into it waits for this)
+                        gpu.free[s].record(&gpu.nccl_stream)?;
                     }
                 }
             }

@@ -232,7 +232,7 @@ fn registered_layout(
                 .map(|h| (c.name.clone(), h.tensor))
         }) {
             return Err(ApiError::Unprocessable(format!(
-                "{side}.parallel `{spec}` holds `{c}` transposed (as `{h}`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the cuda-ipc transport, or shm or tcp without delta updates"
+                "{side}.parallel `{spec}` holds `{c}` transposed (as `{h}`: the engine stores it with its last two dims swapped), which {why} does not move yet; use the cuda-ipc or nccl transport, or shm or tcp without delta updates"
             )));
         }
     }
@@ -330,11 +330,9 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         &req.inference.parallel,
         &im,
         req.inference.fp8.as_ref(),
-        // cuda-ipc transposes on the receiving GPU (with or without deltas); nccl does not yet;
-        // shm and tcp transpose on the receiver's CPU, but not through a delta stream
-        if req.transport == Transport::Nccl {
-            Some(format!("the {} transport", req.transport))
-        } else if o.deltas && !req.transport.on_gpu() {
+        // cuda-ipc and nccl transpose on the receiving GPU (with or without deltas); shm and
+        // tcp transpose on the receiver's CPU, but not through a delta stream
+        if o.deltas && !req.transport.on_gpu() {
             Some("options.deltas".to_string())
         } else {
             None
