@@ -1480,19 +1480,50 @@ mod fp8 {
     #[test]
     #[ignore = "needs a GPU"]
     fn gpu_fp8_delta_frames_encoded_and_applied_by_the_kernels_give_each_next_version() {
-        use awex_gpu::cuda::delta_wire::WireKernels;
-        use awex_gpu::cuda::{CopyEngine, Device, Fp8Kernel};
         let f = fp8(128);
-        let q = f.quantiser();
-        let p = gpu_pair(&f);
+        gpu_delta_versions(&gpu_pair(&f), Some(&f));
+    }
+
+    /// The same for gpt-oss into SGLang, whose experts land transposed: the receiver gathers
+    /// them back with the transpose kernel before a frame applies, and unpacks them with it.
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn gpu_transposed_delta_frames_gather_apply_and_unpack_through_the_transpose_kernel() {
+        let p = awex_core::pair::PairSpec {
+            model: presets::preset("gpt-oss-tiny").unwrap(),
+            train: "fsdp:dp=2,fused_experts=1".parse::<BackendSpec>().unwrap(),
+            infer: "sglang:tp=2".parse::<BackendSpec>().unwrap(),
+            transport: TransportKind::Nccl,
+            infer_fp8: None,
+        }
+        .resolve()
+        .unwrap();
+        gpu_delta_versions(&p, None);
+    }
+
+    /// Versions 1 to 3 of `p` (FP8 inference side: `f`) through the programs on one GPU,
+    /// version 1 whole, the others as deltas wherever the frame is shorter.
+    fn gpu_delta_versions(p: &ResolvedPair, f: Option<&InferFp8>) {
+        use awex_gpu::cuda::delta_wire::WireKernels;
+        use awex_gpu::cuda::transpose::TransposeKernel;
+        use awex_gpu::cuda::{CopyEngine, Device, Fp8Kernel};
+        let q = f.map(|f| f.quantiser());
         let weights = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)));
         let dev = Device::open(0).unwrap();
         let engine = CopyEngine::new(&dev, 2).unwrap();
         let kernel = Fp8Kernel::load(&dev).unwrap();
         let wire = WireKernels::load(&dev).unwrap();
+        let tk = TransposeKernel::load(&dev).unwrap();
         let stream = dev.stream().unwrap();
+        let transpose = |jobs: &[awex_gpu::cuda::transpose::TransposeJob]| {
+            if let Some(b) = tk.batch(jobs).unwrap() {
+                // SAFETY: the jobs lie in one rank's slot and tensors, idle.
+                unsafe { tk.launch(&stream, &b).unwrap() };
+                stream.sync().unwrap();
+            }
+        };
         for budget in [1u64 << 20, 64 << 10] {
-            let ranks = gpu_ranks(&p, &dev, budget);
+            let ranks = gpu_ranks(p, &dev, budget);
             // per (training rank, step, op): the device copy of the bucket last sent
             let mut copies = HashMap::new();
             let (mut frames_total, mut dense_total, mut delta_buckets) = (0u64, 0u64, 0);
@@ -1520,13 +1551,18 @@ mod fp8 {
                         // SAFETY: the copies and jobs lie in this rank's tensors and slot.
                         unsafe {
                             engine.launch(&step.copies(side, slot), None, None).unwrap();
-                            let batch = kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
-                            kernel
-                                .launch_batch(&stream, &batch, q.recipe, &q.encoding)
-                                .unwrap();
+                            if let Some(q) = &q {
+                                let batch =
+                                    kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
+                                kernel
+                                    .launch_batch(&stream, &batch, q.recipe, &q.encoding)
+                                    .unwrap();
+                            }
                         }
                         engine.sync().unwrap();
-                        assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
+                        if q.is_some() {
+                            assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
+                        }
                         for (i, o) in step.ops.iter().enumerate() {
                             let segs = &step.segs[i];
                             let at = o.wire.addr(slot);
@@ -1588,6 +1624,7 @@ mod fp8 {
                         // SAFETY: the gathers lie in this rank's tensors and slot.
                         unsafe { engine.launch(&step.gathers(slot), None, None).unwrap() };
                         engine.sync().unwrap();
+                        transpose(&step.gather_transpose_jobs(slot));
                         for (i, o) in step.ops.iter().enumerate() {
                             let (bytes, is_frame) = sent.remove(&(who, o.op.peer)).unwrap();
                             let at = o.wire.addr(slot);
@@ -1621,24 +1658,17 @@ mod fp8 {
                         // SAFETY: the copies lie in this rank's slot and tensors.
                         unsafe { engine.launch(&step.copies(side, slot), None, None).unwrap() };
                         engine.sync().unwrap();
+                        transpose(&step.transpose_jobs(slot));
                     }
                     assert!(sent.is_empty());
                 }
                 for ((side, who), r) in &ranks {
                     if *side == Side::Inference {
                         r.device.download_to(&r.host).unwrap();
-                        fill_or_check_with(
-                            &weights,
-                            &r.layout,
-                            &p.catalogue,
-                            &r.host,
-                            v,
-                            true,
-                            Some(&f),
-                        )
-                        .unwrap_or_else(|e| {
-                            panic!("inference rank {who}, budget {budget}, version {v}: {e}")
-                        });
+                        fill_or_check_with(&weights, &r.layout, &p.catalogue, &r.host, v, true, f)
+                            .unwrap_or_else(|e| {
+                                panic!("inference rank {who}, budget {budget}, version {v}: {e}")
+                            });
                     }
                 }
             }

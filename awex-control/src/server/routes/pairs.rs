@@ -20,7 +20,6 @@ use awex_core::backend::{
 use awex_core::encoding::InferFp8;
 use awex_core::layout::Side;
 use awex_core::model::ModelSpec;
-use awex_core::transport::Transport;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
