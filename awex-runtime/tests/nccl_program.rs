@@ -1526,6 +1526,7 @@ mod fp8 {
             let ranks = gpu_ranks(p, &dev, budget);
             // per (training rank, step, op): the device copy of the bucket last sent
             let mut copies = HashMap::new();
+            // bytes of the frames sent, and of the buckets they stand for
             let (mut frames_total, mut dense_total, mut delta_buckets) = (0u64, 0u64, 0);
             for v in 1..=3u64 {
                 for ((side, _), r) in &ranks {
@@ -1603,10 +1604,10 @@ mod fp8 {
                             wire.finish_decode(&stream, &into).unwrap();
                             copy.download(0, &mut base).unwrap();
                             assert!(base == new, "{who}: the copy holds what was sent");
-                            dense_total += o.op.bytes;
                             if first || len >= o.op.bytes {
                                 sent.insert((o.op.peer, who), (new, false));
                             } else {
+                                dense_total += o.op.bytes;
                                 frames_total += len;
                                 delta_buckets += 1;
                                 sent.insert((o.op.peer, who), (frame, true));
@@ -1674,7 +1675,7 @@ mod fp8 {
             }
             assert!(delta_buckets > 0, "versions 2 and 3 went as deltas");
             eprintln!(
-                "budget {budget}: {delta_buckets} delta buckets, frames {frames_total} of {dense_total} bytes moved whole"
+                "budget {budget}: {delta_buckets} buckets went as deltas, {frames_total} frame bytes for {dense_total} bytes of buckets"
             );
         }
     }
