@@ -112,6 +112,7 @@ pub(super) fn transport_over(
                 &cfg.host,
             )?;
             t.set_fp8(cfg.infer_fp8.as_ref().map(|f| f.quantiser()));
+            t.set_delta_threads(cfg.transports.tcp.delta_threads);
             Ok(Box::new(t))
         }
         awex_core::Transport::CudaIpc => Ok(Box::new(CudaIpcTransport::new(

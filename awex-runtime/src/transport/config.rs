@@ -24,6 +24,10 @@ pub struct TcpConfig {
     /// The address its listener binds (`AWEX_TCP_BIND`); `None`: the rank's advertised host,
     /// any port.
     pub bind: Option<String>,
+    /// With delta updates, the most threads that encode (training) or apply (inference) one
+    /// peer's buckets side by side (`AWEX_TCP_DELTA_THREADS`, 1 to 64); `None`: the cores, up
+    /// to 4. Each thread holds about one bucket.
+    pub delta_threads: Option<usize>,
 }
 
 /// Which linear copies of a `cuda-ipc` receiver go through the driver's device copy instead of
@@ -124,8 +128,9 @@ pub struct SettingError {
 }
 
 /// Every variable [`TransportConfig::from_vars`] reads.
-pub const TRANSPORT_VARS: [&str; 14] = [
+pub const TRANSPORT_VARS: [&str; 15] = [
     "AWEX_TCP_BIND",
+    "AWEX_TCP_DELTA_THREADS",
     "AWEX_NCCL_LIBRARY",
     "AWEX_IPC_COPY",
     "AWEX_IPC_STREAMS",
@@ -296,6 +301,13 @@ impl TransportConfig {
         Ok(TransportConfig {
             tcp: TcpConfig {
                 bind: get("AWEX_TCP_BIND").filter(|v| !v.trim().is_empty()),
+                delta_threads: number(
+                    &get,
+                    "AWEX_TCP_DELTA_THREADS",
+                    1..=64,
+                    "a thread count from 1 to 64",
+                )?
+                .map(|n| n as usize),
             },
             cuda_ipc,
             nccl_library: get("AWEX_NCCL_LIBRARY")
@@ -332,6 +344,7 @@ mod tests {
     fn every_variable_keeps_its_name_and_meaning() {
         let c = from(&[
             ("AWEX_TCP_BIND", "0.0.0.0:7000"),
+            ("AWEX_TCP_DELTA_THREADS", "8"),
             ("AWEX_NCCL_LIBRARY", "/opt/nccl/libnccl.so.2"),
             ("AWEX_IPC_COPY", "driver"),
             ("AWEX_IPC_STREAMS", "4"),
@@ -347,6 +360,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.tcp.bind.as_deref(), Some("0.0.0.0:7000"));
+        assert_eq!(c.tcp.delta_threads, Some(8));
         assert_eq!(
             c.nccl_library,
             Some(OsString::from("/opt/nccl/libnccl.so.2"))
@@ -388,6 +402,11 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "AWEX_IPC_STREAMS=\"64\" is not a stream count from 1 to 32"
+        );
+        let e = from(&[("AWEX_TCP_DELTA_THREADS", "0")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "AWEX_TCP_DELTA_THREADS=\"0\" is not a thread count from 1 to 64"
         );
         let e = from(&[("AWEX_IPC_KERNEL", "tile")]).unwrap_err();
         assert_eq!(

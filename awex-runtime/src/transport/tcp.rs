@@ -91,6 +91,8 @@ pub struct TcpTransport {
     unreached: std::collections::BTreeSet<u32>,
     /// the engines the gateway left out of the running version
     lost: Option<Arc<super::LostEngines>>,
+    /// The most threads per peer that encode or apply deltas (`None`: the cores, up to 4).
+    delta_threads: Option<usize>,
 }
 
 /// What a peer stream's end needs besides its plan, tensors and socket: the bucket size, the
@@ -112,6 +114,16 @@ struct PeerDelta<'a> {
     /// sending, in a pair that may leave engines out: from this instant on, a peer that has
     /// not taken every byte is given up (its engine reported unreached)
     cutoff: Option<Instant>,
+    /// the most threads that encode (sending) or apply (receiving) this peer's deltas
+    threads: usize,
+}
+
+/// Threads per peer that encode or apply deltas when the config does not say: the cores, up
+/// to 4.
+fn auto_delta_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 4)
 }
 
 /// Where a blocking socket call stands: the deadline, the abort flag, whom it waits for.
@@ -281,6 +293,12 @@ impl TcpTransport {
         self.fp8 = q;
     }
 
+    /// The most threads that encode (training) or apply (inference) one peer's deltas
+    /// ([`super::TcpConfig::delta_threads`]); `None`: the cores, up to 4.
+    pub fn set_delta_threads(&mut self, n: Option<usize>) {
+        self.delta_threads = n.filter(|&n| n > 0);
+    }
+
     /// A transport for one rank; inference ranks listen on `bind` (e.g. `127.0.0.1:0`) and
     /// advertise `advertise_host` with the bound port.
     pub fn new(
@@ -318,6 +336,7 @@ impl TcpTransport {
             tolerate: false,
             unreached: Default::default(),
             lost: None,
+            delta_threads: None,
         };
         if t.side == Side::Inference {
             let listener =
@@ -712,6 +731,7 @@ impl TcpTransport {
                         held: &self.held,
                         deltas: self.deltas,
                         cutoff: self.lost.as_ref().and_then(|l| l.cutoff()),
+                        threads: self.delta_threads.unwrap_or_else(auto_delta_threads),
                     };
                     scope.spawn(move || per_peer(peer, &buckets, tensors, s, ctx, &delta))
                 })
@@ -964,14 +984,12 @@ fn send_peer(
     let cap = max_bucket(buckets, bb);
     let base = delta.base;
     // packers: one for dense buckets (packing runs at memory speed, the socket is the limit);
-    // with deltas, comparing against the copy is the work, so up to 4 encode side by side,
-    // packer `k` taking buckets k, k + K, ... and the writer taking them back in order
+    // with deltas, comparing against the copy is the work, so several encode side by side
+    // (`delta.threads`: the config's, else the cores up to 4), packer `k` taking buckets k,
+    // k + K, ... and the writer taking them back in order
     let packers = match base {
         None => 1,
-        Some(_) => std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 4)
-            .min(buckets.len().max(1)),
+        Some(_) => delta.threads.max(1).min(buckets.len().max(1)),
     };
     let mut fulls = Vec::with_capacity(packers);
     let mut frees = Vec::with_capacity(packers);
@@ -1131,10 +1149,7 @@ fn receive_peer(
     // dense frame; their buffers start empty and grow to the frames they carry (a delta is a
     // few per cent of its bucket)
     let appliers = match held {
-        Some(_) if delta.deltas => std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 4)
-            .min(buckets.len().max(1)),
+        Some(_) if delta.deltas => delta.threads.max(1).min(buckets.len().max(1)),
         _ => 1,
     };
     // buffers: one being read and one waiting for the single unpacker; with several
