@@ -122,12 +122,13 @@ pub struct FrameLayout {
 }
 
 impl FrameLayout {
-    /// Lays out the frames of `step`'s operations for which `delta(i)` holds.
+    /// Lays out the frames of `step`'s operations for which `delta(i)` holds and whose bucket
+    /// the kernels can frame ([`frameable`]; both ends decide alike from the same plan).
     pub fn of(step: &StepIo, mut delta: impl FnMut(usize) -> bool) -> FrameLayout {
         let mut at = Vec::with_capacity(step.ops.len());
         let mut off = 0u64;
         for (i, segs) in step.segs.iter().enumerate() {
-            if !delta(i) {
+            if !delta(i) || !frameable(segs) {
                 at.push(None);
                 continue;
             }
@@ -137,6 +138,17 @@ impl FrameLayout {
         }
         FrameLayout { at, bytes: off }
     }
+}
+
+/// Whether the wire kernels take a bucket of runs `segs`: elements of 1, 2 or 4 bytes, each run
+/// under 2^32 - 1 bytes (a bucket holding anything else always goes whole).
+pub fn frameable(segs: &[OpSeg]) -> bool {
+    segs.iter().all(|s| {
+        matches!(s.elem, 1 | 2 | 4)
+            && s.n
+                .checked_mul(s.elem as u64)
+                .is_some_and(|b| b < u32::MAX as u64)
+    })
 }
 
 /// The longest frame of a bucket with runs `segs`: every segment dense.
@@ -162,6 +174,15 @@ pub fn wire_table(segs: &[OpSeg], src: u64, base: u64) -> Result<WireTable, Nccl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_of_8_byte_elements_or_huge_runs_are_not_framed() {
+        let seg = |n, elem| OpSeg { at: 0, n, elem };
+        assert!(frameable(&[seg(100, 2), seg(7, 1), seg(3, 4)]));
+        assert!(!frameable(&[seg(100, 2), seg(4, 8)]));
+        assert!(!frameable(&[seg(1 << 31, 2)]));
+        assert!(frameable(&[]));
+    }
 
     #[test]
     fn headers_round_trip_and_every_malformed_one_is_refused_by_name() {

@@ -37,7 +37,7 @@ mod uid;
 
 pub use attempt::{AttemptComm, attempt_uid_key, needs_fresh_comm};
 pub use comm::{Communicator, P2p};
-pub use delta::{BucketHeader, FrameLayout, HEADER_BYTES, max_frame_len, wire_table};
+pub use delta::{BucketHeader, FrameLayout, HEADER_BYTES, frameable, max_frame_len, wire_table};
 pub use error::NcclError;
 pub use library::{FALLBACK_NAMES, LIBRARY_ENV, Library, NcclVersion, candidates};
 pub use program::{
