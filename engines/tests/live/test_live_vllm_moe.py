@@ -19,7 +19,7 @@ right because ``awex.vllm`` runs the experts' step on the reloaded layer
 (``_experts_post_load_on_update``).
 
 ``AWEX_LIVE_MOE_FAMILY=qwen3-next`` runs the same module on a tiny ``Qwen3NextForCausalLM`` of
-the same sizes (the same MoE block; not in CI).
+the same sizes (the same MoE block; ``.ci/engines`` runs both).
 
 Its own module: one live server at a time (the Qwen3.5 server of ``test_live_vllm_hybrid.py``
 is gone before this one starts). The last test reloads with vLLM's own ``reload_weights`` once
@@ -40,7 +40,7 @@ pytest.importorskip("awex")
 
 # the server's start-up (1-5 minutes on a loaded 2-core machine) counts against the first test
 pytestmark = pytest.mark.timeout(2400)
-#: the tiny model's family (``tiny_model.make``): ``qwen3.5-moe``, or ``qwen3-next`` by hand
+#: the tiny model's family (``tiny_model.make``): ``qwen3.5-moe``, or ``qwen3-next``
 FAMILY = os.environ.get("AWEX_LIVE_MOE_FAMILY", "qwen3.5-moe")
 PAIR_MOE = PAIR + "-" + FAMILY
 #: vLLM's own reload (one layerwise pass over a two-layer model on a loaded 2-core machine)
