@@ -1302,6 +1302,38 @@ mod fp8 {
         slots: [awex_gpu::cuda::DeviceBuffer; 2],
     }
 
+    /// Packs a training rank's `step` into the slot at `slot` as the transport does: its copies
+    /// on the copy engine, its FP8 jobs (with `q`) on `stream`, both waited for, every block
+    /// finite; returns the FP8 jobs run.
+    fn gpu_pack(
+        engine: &awex_gpu::cuda::CopyEngine,
+        kernel: &awex_gpu::cuda::Fp8Kernel,
+        stream: &awex_gpu::cuda::Stream,
+        q: Option<&Fp8Quantiser>,
+        step: &awex_gpu::nccl::StepIo,
+        slot: u64,
+    ) -> usize {
+        let mut jobs = 0;
+        // SAFETY: the copies and jobs lie in the rank's tensors and slot, idle.
+        unsafe {
+            engine
+                .launch(&step.copies(Side::Training, slot), None, None)
+                .unwrap();
+            if let Some(q) = q {
+                let batch = kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
+                kernel
+                    .launch_batch(stream, &batch, q.recipe, &q.encoding)
+                    .unwrap();
+                jobs = batch.jobs();
+            }
+        }
+        engine.sync().unwrap();
+        if q.is_some() {
+            assert_eq!(kernel.take_batch_status(stream).unwrap().blocks, 0);
+        }
+        jobs
+    }
+
     /// Every rank of `p` on `dev`, cut into buckets of `budget` bytes, tensors zeroed.
     fn gpu_ranks(
         p: &ResolvedPair,
@@ -1393,17 +1425,7 @@ mod fp8 {
                         continue;
                     }
                     let slot = r.slots[s].ptr();
-                    // SAFETY: the copies and jobs lie in this rank's tensors and slot.
-                    unsafe {
-                        engine.launch(&step.copies(side, slot), None, None).unwrap();
-                        let batch = kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
-                        kernel
-                            .launch_batch(&stream, &batch, q.recipe, &q.encoding)
-                            .unwrap();
-                        jobs += batch.jobs();
-                    }
-                    engine.sync().unwrap();
-                    assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
+                    jobs += gpu_pack(&engine, &kernel, &stream, Some(&q), step, slot);
                     for o in &step.ops {
                         let mut wire = vec![0u8; o.op.bytes as usize];
                         // SAFETY: the op's bytes lie in a tensor or the slot; all work synced.
@@ -1549,21 +1571,7 @@ mod fp8 {
                             continue;
                         }
                         let slot = r.slots[s].ptr();
-                        // SAFETY: the copies and jobs lie in this rank's tensors and slot.
-                        unsafe {
-                            engine.launch(&step.copies(side, slot), None, None).unwrap();
-                            if let Some(q) = &q {
-                                let batch =
-                                    kernel.batch(&step.fp8_jobs(slot), &q.encoding).unwrap();
-                                kernel
-                                    .launch_batch(&stream, &batch, q.recipe, &q.encoding)
-                                    .unwrap();
-                            }
-                        }
-                        engine.sync().unwrap();
-                        if q.is_some() {
-                            assert_eq!(kernel.take_batch_status(&stream).unwrap().blocks, 0);
-                        }
+                        gpu_pack(&engine, &kernel, &stream, q.as_ref(), step, slot);
                         for (i, o) in step.ops.iter().enumerate() {
                             let segs = &step.segs[i];
                             let at = o.wire.addr(slot);
