@@ -86,17 +86,21 @@ const NAMES: [&CStr; 8] = [
 ];
 /// Chunks per tile of the scan.
 pub const TILE: u64 = 1024;
+/// Chunks per run of the compare kernel: a warp's unit of work, whose sparse chunks' bytes
+/// form one stream in the scratch (`RUN` in `delta_wire.cu`; it divides [`TILE`]).
+pub const RUN: u64 = 256;
 /// Bytes of a segment's entry in the kernels' table.
 const SEG_BYTES: usize = 48;
 /// Bytes of a segment's plan (offset, payload start, tag, length).
 const PLAN_BYTES: u64 = 24;
-/// Status words: the frame's length, the first error (`seg * 256 + code`, all ones: none).
+/// Status words: the frame's length, the first error (`seg * 256 + code`, all ones: none),
+/// the encoder's count of changed elements.
 const STATUS_BYTES: u64 = 32;
-/// Blocks per SM of the compare kernel: 256 threads of at most 80 registers
-/// (`__launch_bounds__(256, 3)`: two chunks' loads in flight per warp without spilling), so
-/// that the whole grid is resident at once and every warp's equal share of the chunks ends
-/// together (no second, partial wave).
-const COMPARE_BLOCKS_PER_SM: u32 = 3;
+/// Blocks per SM of the compare kernel: 256 threads of at most 64 registers
+/// (`__launch_bounds__(256, 4)`: two chunks' loads in flight per warp, a few words spilled
+/// to L1; measured faster on an H100 than 3 blocks of 80 registers without spilling), so that
+/// the whole grid is resident at once.
+const COMPARE_BLOCKS_PER_SM: u32 = 4;
 
 /// One segment of a frame for the kernels: `n` elements of `elem` bytes (1, 2 or 4) lying
 /// contiguously at `src` (the encoder's new version, or the decoder's destination) and, for
@@ -273,9 +277,15 @@ pub fn wire_error(word: u64) -> CudaError {
 pub mod host {
     use super::*;
 
-    /// A chunk's word (payload bytes, count byte) and, for a sparse chunk, its region's bytes
-    /// (offsets, then values), as `awex_wire_compare` writes them.
+    /// A chunk's word (payload bytes, count byte) and, for a sparse chunk, its offsets and
+    /// values (the bytes `awex_wire_compare` appends to its run's stream).
     pub fn compare_chunk(new: &[u8], base: &[u8], elem: usize, local: u64) -> (u32, u8, Vec<u8>) {
+        let (size, count, bytes, _) = compare_counted(new, base, elem, local);
+        (size, count, bytes)
+    }
+
+    /// [`compare_chunk`] and the chunk's changed elements.
+    fn compare_counted(new: &[u8], base: &[u8], elem: usize, local: u64) -> (u32, u8, Vec<u8>, u64) {
         let n = new.len() / elem;
         let first = local as usize * CHUNK;
         let len = (n - first).min(CHUNK);
@@ -287,34 +297,56 @@ pub mod host {
             .collect();
         let c = offs.len();
         if dense_chunk(c, len, elem) {
-            return ((len * elem) as u32, DENSE_CHUNK, vec![]);
+            return ((len * elem) as u32, DENSE_CHUNK, vec![], c as u64);
         }
-        let mut region: Vec<u8> = offs.iter().map(|&j| j as u8).collect();
+        let mut bytes: Vec<u8> = offs.iter().map(|&j| j as u8).collect();
         for &j in &offs {
-            region.extend_from_slice(at(new, j, first, elem));
+            bytes.extend_from_slice(at(new, j, first, elem));
         }
-        ((c * (1 + elem)) as u32, c as u8, region)
+        ((c * (1 + elem)) as u32, c as u8, bytes, c as u64)
     }
 
     /// The frame the kernels write for `table`, reading segment `i`'s new version from
     /// `new[i]` and its base from `base[i]` (host copies of the device bytes).
     pub fn encode(table: &WireTable, new: &[&[u8]], base: &[&[u8]]) -> Vec<u8> {
+        encode_counted(table, new, base).0
+    }
+
+    /// [`encode`] and the number of elements whose bytes differ (what
+    /// [`WireKernels::finish_encode_counted`] reports).
+    pub fn encode_counted(table: &WireTable, new: &[&[u8]], base: &[&[u8]]) -> (Vec<u8>, u64) {
         let segs = &table.segs;
         let m = segs.len();
         assert!(
             new.len() == m && base.len() == m,
             "one new and one base per segment"
         );
-        // 1. compare: a word per chunk, a sparse chunk's bytes in its region
+        // where each chunk's 256 s bytes of scratch start
+        let mut chunk_at = Vec::with_capacity(table.chunks as usize);
+        for (i, s) in segs.iter().enumerate() {
+            for local in 0..s.n.div_ceil(CHUNK as u64) {
+                chunk_at.push(table.scratch_at[i] + local * (CHUNK as u64) * s.elem as u64);
+            }
+        }
+        // 1. compare: a word per chunk; the sparse chunks' bytes of each run of RUN chunks
+        // appended to the run's stream, at its first chunk's place in the scratch
         let mut words = vec![(0u32, 0u8); table.chunks as usize];
         let mut scratch = vec![0u8; table.scratch as usize];
+        let mut changed = 0u64;
+        let mut fill = 0usize;
+        let mut k = 0usize;
         for (i, s) in segs.iter().enumerate() {
             let e = s.elem as usize;
             for local in 0..s.n.div_ceil(CHUNK as u64) {
-                let (size, count, region) = compare_chunk(new[i], base[i], e, local);
-                words[(table.first[i] + local) as usize] = (size, count);
-                let at = (table.scratch_at[i] + local * (CHUNK * e) as u64) as usize;
-                scratch[at..at + region.len()].copy_from_slice(&region);
+                if k as u64 % RUN == 0 {
+                    fill = chunk_at[k] as usize;
+                }
+                let (size, count, bytes, c) = compare_counted(new[i], base[i], e, local);
+                words[k] = (size, count);
+                changed += c;
+                scratch[fill..fill + bytes.len()].copy_from_slice(&bytes);
+                fill += bytes.len();
+                k += 1;
             }
         }
         // 2. tile sums, and each segment's in-tile prefix at its first chunk
@@ -368,7 +400,10 @@ pub mod host {
             frame.push(tag);
             frame.resize(frame.len() + len as usize - 1, 0);
         }
-        // 4. write: each chunk's count byte and payload at its place
+        // 4. write: each chunk's count byte and payload at its place, a sparse chunk's from
+        // its run's stream (after the staged bytes of the run's chunks before it), a whole
+        // chunk's from new
+        let mut staged = 0u64;
         for (i, s) in segs.iter().enumerate() {
             let e = s.elem as usize;
             let (off, tag) = plan[i];
@@ -376,6 +411,10 @@ pub mod host {
             let mut at = start[i];
             for local in 0..nch {
                 let k = (table.first[i] + local) as usize;
+                if k as u64 % RUN == 0 {
+                    staged = 0;
+                }
+                let run = chunk_at[k - k % RUN as usize];
                 let first = local as usize * CHUNK;
                 let len = (s.n as usize - first).min(CHUNK);
                 let chunk_new = &new[i][first * e..(first + len) * e];
@@ -391,7 +430,7 @@ pub mod host {
                         let src: &[u8] = if count == DENSE_CHUNK {
                             chunk_new
                         } else {
-                            let r = (table.scratch_at[i] + local * (CHUNK * e) as u64) as usize;
+                            let r = (run + staged) as usize;
                             &scratch[r..r + size as usize]
                         };
                         frame[d..d + size as usize].copy_from_slice(src);
@@ -399,9 +438,12 @@ pub mod host {
                     _ => {}
                 }
                 at += size as u64;
+                if count != DENSE_CHUNK {
+                    staged += size as u64;
+                }
             }
         }
-        frame
+        (frame, changed)
     }
 
     /// Applies `frame` to `dst` (segment `i`'s destination bytes in `dst[i]`) as the decode
@@ -701,7 +743,15 @@ impl WireKernels {
                 "the frame buffer {frame:#x} is not 4-byte aligned"
             )));
         }
+        if scratch % 16 != 0 {
+            return Err(CudaError::DeltaWire(format!(
+                "the scratch buffer {scratch:#x} is not 16-byte aligned (the compare kernel writes it 16 bytes a lane)"
+            )));
+        }
+        // the frame's length and the first error all ones, the changed elements 0
         w.status.fill_u32(u32::MAX, s)?;
+        // SAFETY: words 4 and 5 of the work's own 32-byte status buffer.
+        unsafe { w.status.device().fill_u32(w.status.ptr() + 16, 4, 0, s)? };
         let (t, n, c) = (w.table.ptr(), w.nsegs, w.chunks);
         if c > 0 {
             self.launch(
@@ -715,6 +765,7 @@ impl WireKernels {
                     KernelArg::U64(c),
                     KernelArg::U64(w.words.ptr()),
                     KernelArg::U64(scratch),
+                    KernelArg::U64(w.status.ptr()),
                 ],
             )?;
             self.launch(
@@ -772,11 +823,18 @@ impl WireKernels {
 
     /// Waits for `s` and reads the status: the frame's length, or what went wrong.
     pub fn finish_encode(&self, s: &Stream, w: &WireWork) -> Result<u64, CudaError> {
-        let (len, err) = self.status(s, w)?;
+        Ok(self.finish_encode_counted(s, w)?.0)
+    }
+
+    /// [`WireKernels::finish_encode`] and the number of elements of the table whose bytes
+    /// differ between new and base (counted by the compare kernel, dense chunks and segments
+    /// included).
+    pub fn finish_encode_counted(&self, s: &Stream, w: &WireWork) -> Result<(u64, u64), CudaError> {
+        let (len, err, changed) = self.status(s, w)?;
         if err != NO_ERROR {
             return Err(wire_error(err));
         }
-        Ok(len)
+        Ok((len, changed))
     }
 
     /// Queues applying the `frame_len`-byte frame at `frame` to `w`'s table (its segments'
@@ -873,19 +931,19 @@ impl WireKernels {
 
     /// Waits for `s` and reads the status of a decode.
     pub fn finish_decode(&self, s: &Stream, w: &WireWork) -> Result<(), CudaError> {
-        let (_, err) = self.status(s, w)?;
+        let (_, err, _) = self.status(s, w)?;
         if err != NO_ERROR {
             return Err(wire_error(err));
         }
         Ok(())
     }
 
-    fn status(&self, s: &Stream, w: &WireWork) -> Result<(u64, u64), CudaError> {
+    fn status(&self, s: &Stream, w: &WireWork) -> Result<(u64, u64, u64), CudaError> {
         s.sync()?;
-        let mut b = [0u8; 16];
+        let mut b = [0u8; 24];
         w.status.download(0, &mut b)?;
         let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        Ok((word(0), word(8)))
+        Ok((word(0), word(8), word(16)))
     }
 }
 
