@@ -982,14 +982,16 @@ pub(crate) mod tests {
         (base, new)
     }
 
-    fn changed(base: &[u8], new: &[u8], elem: usize) -> f64 {
-        let n = base.len() / elem;
-        let c = base
-            .chunks_exact(elem)
+    /// Elements whose bytes differ.
+    pub(crate) fn count_changed(base: &[u8], new: &[u8], elem: usize) -> u64 {
+        base.chunks_exact(elem)
             .zip(new.chunks_exact(elem))
             .filter(|(a, b)| a != b)
-            .count();
-        c as f64 / n.max(1) as f64
+            .count() as u64
+    }
+
+    fn changed(base: &[u8], new: &[u8], elem: usize) -> f64 {
+        count_changed(base, new, elem) as f64 / (base.len() / elem).max(1) as f64
     }
 
     /// A table of host segments (addresses are fake: the emulation reads the slices).
@@ -1019,8 +1021,10 @@ pub(crate) mod tests {
         );
         let news: Vec<&[u8]> = segs.iter().map(|s| s.2.as_slice()).collect();
         let bases: Vec<&[u8]> = segs.iter().map(|s| s.1.as_slice()).collect();
-        let frame = host::encode(&table, &news, &bases);
+        let (frame, counted) = host::encode_counted(&table, &news, &bases);
         assert!(frame.len() as u64 <= table.max_frame_len(), "{what}");
+        let want: u64 = segs.iter().map(|(e, b, n)| count_changed(b, n, *e)).sum();
+        assert_eq!(counted, want, "{what}: changed elements");
         // the CPU encoder with the GPU's forms writes the same bytes
         let view: Vec<(&[u8], &[u8], usize)> = segs
             .iter()
@@ -1119,6 +1123,29 @@ pub(crate) mod tests {
                 .collect::<Vec<_>>(),
         );
         assert!(table.tiles() > 3);
+    }
+
+    #[test]
+    fn emulated_runs_span_segments_of_every_element_size() {
+        // segments of a few chunks each, so that every run of RUN chunks holds several of
+        // every element size (its stream mixes them), runs ending inside segments, and chunks
+        // with no change, sparse ones and whole ones side by side
+        let mut segs = vec![];
+        let mut total = 0u64;
+        for i in 0..300u64 {
+            let elem = [1usize, 2, 4][i as usize % 3];
+            let n = 37 + (i as usize * 97) % 1500;
+            let f = [0.0, 0.01, 0.05, 0.6, 1.0][i as usize % 5];
+            let (b, nw) = masked(n, elem, f, 100 + i);
+            total += (n as u64).div_ceil(CHUNK as u64);
+            segs.push((elem, b, nw));
+        }
+        assert!(total > 2 * RUN, "{total} chunks");
+        let frame = check(&segs, "mixed runs");
+        let tags = delta_frame::frame_tags(&frame, segs.len()).unwrap();
+        for t in [TAG_DENSE, TAG_SPARSE, TAG_UNCHANGED] {
+            assert!(tags.contains(&t), "tag {t} in {tags:?}");
+        }
     }
 
     #[test]
