@@ -7,16 +7,32 @@
 // 256-element chunk of the segment whose first chunk index is the largest at or below k.
 //
 // Encode (new against base, into a frame), four launches on one stream:
-//   awex_wire_compare    one warp per chunk: a mask of changed elements per lane (8 each), their
-//                        popcounts scanned over the warp; a word per chunk (payload bytes | count byte << 16) and,
-//                        for a sparse chunk, its offsets and values staged in its own region
-//                        of the scratch buffer (a dense chunk's values are read from new later)
+//   awex_wire_compare    one warp per chunk, a warp's work a run of RUN (256) chunks at a time
+//                        (runs w, w + warps, ...): a mask of changed elements per lane (8
+//                        each), their popcounts scanned over the warp; a word per chunk
+//                        (payload bytes | count byte << 16); a sparse chunk's offsets and
+//                        values appended to the run's stream, a 2048-byte ring in shared
+//                        memory written out 512 bytes (16 a lane) at a time to the run's place
+//                        in the scratch (its first chunk's region: 256 s bytes a chunk, so
+//                        the run's stream fits), whole aligned lines only; a dense chunk's
+//                        values are read from new later. The changed elements summed, one
+//                        atomicAdd a block into status[2].
 //   awex_wire_tile_sums  per tile of 1024 chunks: the sum of their payload bytes, and the
 //                        in-tile prefix at each segment's first chunk
 //   awex_wire_plan       one block: the tiles' prefix, each segment's form (unchanged if no
 //                        chunk changed, dense if n * s < 1 + chunks + payload as the CPU
 //                        decides, sparse otherwise), lengths, offsets, header and tags
-//   awex_wire_write      per tile: each chunk's count byte and payload at its place
+//   awex_wire_write      per tile: two prefixes of the chunks (payload bytes, and staged bytes
+//                        restarting at each run), each chunk's count byte; a warp's 32 chunks'
+//                        payloads of up to 64 bytes copied together (the group's bytes one
+//                        after another, four bytes a lane, every load in flight before the
+//                        stores), larger ones (whole chunks, dense segments) by the warp a
+//                        word a lane
+// Why this shape: at optimiser densities (about 1 % of bf16 elements) nearly every chunk is
+// sparse with a payload of a few bytes; writing each to its own region of the scratch (the
+// first version) left a partly written 32-byte sector per chunk, scattered, and measured on an
+// H100 that cost more than the compare itself. A run's stream is written in whole lines, read
+// once by the write pass, and the frame's payload is written in order.
 // Decode (a frame applied to the destination in place), four launches:
 //   awex_wire_read_header  one block: count, lengths, offsets, tags (0-2; 3 refused), the
 //                          lengths of dense and unchanged segments
@@ -510,6 +526,10 @@ __device__ __forceinline__ void coop_load(uint32_t b, uint32_t T, uint32_t ex, u
 // Payloads up to this many bytes are copied byte by byte by the warp together (the group's
 // payloads one after another, a lane a byte), larger ones by the whole warp a word a lane.
 #define COOP 64u
+// Bytes a lane loads before it stores them, in the copy of small payloads.
+#ifndef COOP_BYTES
+#define COOP_BYTES 4u
+#endif
 
 extern "C" __global__ void __launch_bounds__(256)
 awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
@@ -593,18 +613,15 @@ awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
         }
         const uint32_t T = __shfl_sync(0xffffffffu, inc, 31);
         const uint32_t ex = inc - small;
-        for (uint32_t b0 = 0; b0 < T; b0 += 4 * 32) {
-            // four bytes a lane: all four loads in flight before the stores
-            uint64_t d0, d1, d2, d3;
-            uint32_t v0, v1, v2, v3;
-            coop_load(b0 + lane, T, ex, dst, src, d0, v0);
-            coop_load(b0 + 32 + lane, T, ex, dst, src, d1, v1);
-            coop_load(b0 + 64 + lane, T, ex, dst, src, d2, v2);
-            coop_load(b0 + 96 + lane, T, ex, dst, src, d3, v3);
-            if (d0 != 0) *reinterpret_cast<uint8_t*>(d0) = (uint8_t)v0;
-            if (d1 != 0) *reinterpret_cast<uint8_t*>(d1) = (uint8_t)v1;
-            if (d2 != 0) *reinterpret_cast<uint8_t*>(d2) = (uint8_t)v2;
-            if (d3 != 0) *reinterpret_cast<uint8_t*>(d3) = (uint8_t)v3;
+        for (uint32_t b0 = 0; b0 < T; b0 += COOP_BYTES * 32) {
+            // COOP_BYTES bytes a lane: all the loads in flight before the stores
+            uint64_t d[COOP_BYTES];
+            uint32_t v[COOP_BYTES];
+#pragma unroll
+            for (uint32_t u = 0; u < COOP_BYTES; ++u) coop_load(b0 + 32 * u + lane, T, ex, dst, src, d[u], v[u]);
+#pragma unroll
+            for (uint32_t u = 0; u < COOP_BYTES; ++u)
+                if (d[u] != 0) *reinterpret_cast<uint8_t*>(d[u]) = (uint8_t)v[u];
         }
         uint32_t m = __ballot_sync(0xffffffffu, big);
         while (m != 0) {

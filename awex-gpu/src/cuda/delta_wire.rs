@@ -16,28 +16,37 @@
 //!
 //! # How (encode: four launches on one stream, then one read of a status word)
 //!
-//! 1. `awex_wire_compare`: one warp per 256-element chunk (each warp a contiguous run of
-//!    chunks, the next chunk's loads issued before the current one is compared). Lane `l`
-//!    loads elements `8 l .. 8 l + 7` of new and base (one 8-, 16- or 32-byte vector each
-//!    where the segment is aligned, bytes otherwise), makes an 8-bit mask of the elements that
-//!    differ, and a warp scan of the masks' popcounts gives the chunk's count and each lane's
-//!    place among its changes. The chunk's word (payload bytes, count byte) goes to `words`;
-//!    a sparse chunk's offsets and values are staged in shared memory and written as whole
-//!    words to the chunk's own region of a scratch buffer (256 `s` bytes a chunk, so no chunk
-//!    waits on another). A dense chunk writes nothing: its values are new's bytes.
+//! 1. `awex_wire_compare`: one warp per 256-element chunk, each warp a run of [`RUN`] (256)
+//!    chunks at a time (runs `w`, `w + warps`, ...; the next chunk's loads issued before the
+//!    current one is compared). Lane `l` loads elements `8 l .. 8 l + 7` of new and base (one
+//!    8-, 16- or 32-byte vector each where the segment is aligned, bytes otherwise), makes an
+//!    8-bit mask of the elements that differ, and a warp scan of the masks' popcounts gives the
+//!    chunk's count and each lane's place among its changes. The chunk's word (payload bytes,
+//!    count byte) goes to `words`; a sparse chunk's offsets and values are appended to the
+//!    run's stream: a ring of 2048 bytes in shared memory, written out 512 bytes at a time
+//!    (one aligned 16-byte vector a lane) to the run's place in the scratch (the region of its
+//!    first chunk: 256 `s` bytes a chunk, so the stream always fits). A dense chunk writes
+//!    nothing: its values are new's bytes. The changed elements are summed per block into a
+//!    third status word ([`WireKernels::finish_encode_counted`]).
 //! 2. `awex_wire_tile_sums`: per tile of 1024 chunks, a block scan of the payload bytes: the
 //!    tile's sum, and the in-tile prefix at each segment's first chunk.
 //! 3. `awex_wire_plan` (one block): the tiles' exclusive prefix, each segment's payload bytes,
 //!    form, length and offset; the header and each segment's tag; the frame's length in the
 //!    status word.
-//! 4. `awex_wire_write`: per tile, the chunks' payload offsets again (block scan plus the
-//!    tile's prefix), then a lane per chunk writes its count byte and copies its payload (from
-//!    its scratch region, or from new for a dense chunk or segment) to its place: a payload of
-//!    up to 32 bytes by the lane itself, a larger one by the whole warp.
+//! 4. `awex_wire_write`: per tile, one block scan of two prefixes per chunk: payload bytes
+//!    (plus the tile's prefix: its place in the frame) and staged bytes since its run's first
+//!    chunk (its place in the run's stream). A lane per chunk writes its count byte and finds
+//!    its payload's place and source (the stream, or new for a whole chunk or a dense
+//!    segment); a warp's 32 chunks' payloads of up to 64 bytes are copied together, the
+//!    group's bytes one after another, four a lane, every load issued before the stores; a
+//!    larger payload is copied by the whole warp, a 4-byte word a lane (funnel-shifted from
+//!    two aligned source words).
 //!
-//! The encoder reads new and base once (2 N bytes) plus what it writes twice (the payload, to
-//! scratch and to the frame) and 4 bytes a chunk: at optimiser densities the payload is a
-//! few per cent of N, so its rate over the bytes it reads approaches a read-only pass's.
+//! The encoder reads new and base once (2 N bytes) and writes the words (4 bytes a chunk),
+//! the streams (the payload, in whole lines) and the frame; the write pass reads the words and
+//! the streams again. Staging each sparse chunk in its own region instead (the first version)
+//! left a partly written 32-byte sector per chunk: at 1 % of bf16 elements changed that cost
+//! more than the compare itself (measured on an H100: docs/deltas.md).
 //!
 //! Decode, four launches: `awex_wire_read_header` (count, lengths, offsets, tags; the lengths
 //! of dense and unchanged segments), `awex_wire_decode_sums` (each chunk's payload bytes from
@@ -48,8 +57,8 @@
 //! chunk (unwritten) and the frame, as the CPU decoder fails at that chunk with the chunks
 //! before it written. Errors come back through a status word as [`CudaError::DeltaWire`].
 //!
-//! [`host`] runs the same algorithm on the CPU (same chunks, words, regions, tiles and
-//! choices): CI checks that its frames decode with the CPU decoder to the new version and
+//! [`host`] runs the same algorithm on the CPU (same chunks, words, runs and streams, tiles
+//! and choices): CI checks that its frames decode with the CPU decoder to the new version and
 //! equal the CPU encoder's; the GPU tests check that the kernels' frames equal its bytes.
 //!
 //! The PTX and the sm_90 cubin are built from `delta_wire.cu` with the CUDA 13.0 compiler
@@ -272,8 +281,8 @@ pub fn wire_error(word: u64) -> CudaError {
     CudaError::DeltaWire(what)
 }
 
-/// The CPU emulation of the kernels' algorithm: the same chunks, words, scratch regions,
-/// tiles, choices and copies, one step at a time.
+/// The CPU emulation of the kernels' algorithm: the same chunks, words, runs and their
+/// streams in the scratch, tiles, choices and copies, one step at a time.
 pub mod host {
     use super::*;
 
@@ -285,7 +294,12 @@ pub mod host {
     }
 
     /// [`compare_chunk`] and the chunk's changed elements.
-    fn compare_counted(new: &[u8], base: &[u8], elem: usize, local: u64) -> (u32, u8, Vec<u8>, u64) {
+    fn compare_counted(
+        new: &[u8],
+        base: &[u8],
+        elem: usize,
+        local: u64,
+    ) -> (u32, u8, Vec<u8>, u64) {
         let n = new.len() / elem;
         let first = local as usize * CHUNK;
         let len = (n - first).min(CHUNK);
@@ -716,7 +730,7 @@ impl WireKernels {
     }
 
     /// [`WireKernels::launch_encode`] with the encoder's scratch at `scratch` (`scratch_len`
-    /// bytes, at least [`WireWork::scratch_bytes`]) instead of the work's own: one scratch
+    /// bytes, at least [`WireWork::scratch_bytes`], 16-byte aligned) instead of the work's own: one scratch
     /// serves every table encoded one after another on one stream (a work prepared with
     /// `encode = false` then holds no scratch of its own).
     ///

@@ -887,10 +887,14 @@ fn gpu_wire_frames_equal_the_host_emulation_and_decode_to_the_new_version() {
     assert_eq!((len, changed), (want.len() as u64, want_changed));
     let mut got = vec![0u8; len as usize];
     frame.download(0, &mut got).unwrap();
-    assert!(got == want, "the frame encoded with the caller's scratch differs");
+    assert!(
+        got == want,
+        "the frame encoded with the caller's scratch differs"
+    );
     // SAFETY: refused before any launch.
-    let e = unsafe { k.launch_encode_in(&s, &work, frame.ptr(), scratch.ptr() + 4, scratch.len() - 4) }
-        .unwrap_err();
+    let e =
+        unsafe { k.launch_encode_in(&s, &work, frame.ptr(), scratch.ptr() + 4, scratch.len() - 4) }
+            .unwrap_err();
     assert!(e.to_string().contains("not 16-byte aligned"), "{e}");
     // the CPU decoder is the judge of the kernels' frame
     let mut cpu: Vec<Vec<u8>> = segs.iter().map(|s| s.1.clone()).collect();
