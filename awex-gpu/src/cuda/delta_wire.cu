@@ -505,6 +505,13 @@ __device__ __forceinline__ void warp_copy_words(uint8_t* __restrict__ dst, const
     if (lane < len - done) dst[done + lane] = src[done + lane];
 }
 
+// A chunk's payload bytes and (<< 32) its staged bytes (a sparse chunk's payload; a whole
+// chunk's bytes are new's), from its word.
+__device__ __forceinline__ uint64_t both_sizes(uint32_t wd) {
+    const uint64_t size = wd & 0xffffu;
+    return size | ((wd >> 16) == DENSE_CHUNK ? 0ull : size << 32);
+}
+
 // Byte b (< T) of a group's payloads laid one after another (lane j's from its exclusive
 // prefix ex_j): its destination (0 for b >= T) and its value, the lane found by a binary
 // search over the lanes' prefixes. Every lane of the warp must call it.
@@ -536,7 +543,7 @@ awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
                 const uint32_t* __restrict__ words, const uint64_t* __restrict__ tiles,
                 const Plan* __restrict__ plan, const uint8_t* __restrict__ scratch,
                 uint8_t* __restrict__ frame, const uint64_t* status) {
-    // per chunk: payload bytes | staged bytes << 16; per thread (4 chunks): both prefixes
+    // per chunk: its word; per thread (4 chunks): the prefixes of payload and staged bytes
     __shared__ uint32_t sizes[TILE];
     __shared__ uint64_t pre[256];
     if (status[1] != ~0ull) return;
@@ -545,15 +552,9 @@ awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const uint64_t k = t0 + 4 * threadIdx.x + i;
-        uint32_t v = 0;
-        if (k < t1) {
-            const uint32_t wd = words[k];
-            const uint32_t size = wd & 0xffffu, count = wd >> 16;
-            // staged: a sparse chunk's bytes (a whole chunk's are new's)
-            v = size | ((count == DENSE_CHUNK ? 0u : size) << 16);
-        }
+        const uint32_t v = k < t1 ? words[k] : 0u;
         sizes[4 * threadIdx.x + i] = v;
-        mine += (uint64_t)(v & 0xffffu) | ((uint64_t)(v >> 16) << 32);
+        mine += both_sizes(v);
     }
     uint64_t total;
     pre[threadIdx.x] = block_scan(mine, &total);
@@ -588,15 +589,13 @@ awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
                 size = len * S;
             } else if (p.tag == 1) {
                 const uint32_t r = (uint32_t)(k - t0);
-                const uint32_t v = sizes[r];
-                const uint32_t wd = words[k];
+                const uint32_t wd = sizes[r];
                 const uint32_t count = wd >> 16;
-                size = v & 0xffffu;
+                size = wd & 0xffffu;
                 frame[p.off + 1 + local] = (uint8_t)count;
                 if (size > 0) {
                     uint64_t at = pre[r / 4];
-                    for (uint32_t q = r & ~3u; q < r; ++q)
-                        at += (uint64_t)(sizes[q] & 0xffffu) | ((uint64_t)(sizes[q] >> 16) << 32);
+                    for (uint32_t q = r & ~3u; q < r; ++q) at += both_sizes(sizes[q]);
                     dst = frame + p.off + 1 + nchunks_of(sg) + (tile_pre + (uint32_t)at - p.start);
                     src = count == DENSE_CHUNK ? nw : stream + ((uint32_t)(at >> 32) - run_staged);
                 }
