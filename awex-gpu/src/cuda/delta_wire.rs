@@ -45,8 +45,9 @@
 //! The encoder reads new and base once (2 N bytes) and writes the words (4 bytes a chunk),
 //! the streams (the payload, in whole lines) and the frame; the write pass reads the words and
 //! the streams again. Staging each sparse chunk in its own region instead (the first version)
-//! left a partly written 32-byte sector per chunk: at 1 % of bf16 elements changed that cost
-//! more than the compare itself (measured on an H100: docs/deltas.md).
+//! left a partly written 32-byte sector per chunk, scattered: at 1 % of bf16 elements changed
+//! that made the compare 15.7 ms against 11.5 with nothing changed (an H100, qwen3-8b-sized;
+//! docs/deltas.md).
 //!
 //! Decode, four launches: `awex_wire_read_header` (count, lengths, offsets, tags; the lengths
 //! of dense and unchanged segments), `awex_wire_decode_sums` (each chunk's payload bytes from
