@@ -111,10 +111,10 @@ if os.path.exists(k):
     try:
         r = json.load(open(k))
         print(f"bench delta-kernel: {r['device']} ({r['image']}), {r['bytes']} bytes in {r['segments']} segments")
-        print("| step | frame % | copy ms | encode ms | encode read GB/s | ratio | decode ms | verified |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| step | changed % | frame % | copy ms | encode ms | encode read GB/s | ratio | decode ms | verified |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for s in r["steps"]:
-            print(f"| {s['step']} | {100 * s['frame_fraction']:.3f} | {s['copy_ms']:.3f} | {s['encode_ms']:.3f} | "
+            print(f"| {s['step']} | {100 * s.get('changed_fraction', 0):.3f} | {100 * s['frame_fraction']:.3f} | {s['copy_ms']:.3f} | {s['encode_ms']:.3f} | "
                   f"{s['encode_read_gbps']:.0f} | {s['encode_over_copy']:.3f} | {s['decode_ms']:.3f} | {s['verified']} |")
         print()
     except Exception as e:

@@ -16,28 +16,38 @@
 //!
 //! # How (encode: four launches on one stream, then one read of a status word)
 //!
-//! 1. `awex_wire_compare`: one warp per 256-element chunk (each warp a contiguous run of
-//!    chunks, the next chunk's loads issued before the current one is compared). Lane `l`
-//!    loads elements `8 l .. 8 l + 7` of new and base (one 8-, 16- or 32-byte vector each
-//!    where the segment is aligned, bytes otherwise), makes an 8-bit mask of the elements that
-//!    differ, and a warp scan of the masks' popcounts gives the chunk's count and each lane's
-//!    place among its changes. The chunk's word (payload bytes, count byte) goes to `words`;
-//!    a sparse chunk's offsets and values are staged in shared memory and written as whole
-//!    words to the chunk's own region of a scratch buffer (256 `s` bytes a chunk, so no chunk
-//!    waits on another). A dense chunk writes nothing: its values are new's bytes.
+//! 1. `awex_wire_compare`: one warp per 256-element chunk, each warp a run of [`RUN`] (256)
+//!    chunks at a time (runs `w`, `w + warps`, ...; the next chunk's loads issued before the
+//!    current one is compared). Lane `l` loads elements `8 l .. 8 l + 7` of new and base (one
+//!    8-, 16- or 32-byte vector each where the segment is aligned, bytes otherwise), makes an
+//!    8-bit mask of the elements that differ, and a warp scan of the masks' popcounts gives the
+//!    chunk's count and each lane's place among its changes. The chunk's word (payload bytes,
+//!    count byte) goes to `words`; a sparse chunk's offsets and values are appended to the
+//!    run's stream: a ring of 2048 bytes in shared memory, written out 512 bytes at a time
+//!    (one aligned 16-byte vector a lane) to the run's place in the scratch (the region of its
+//!    first chunk: 256 `s` bytes a chunk, so the stream always fits). A dense chunk writes
+//!    nothing: its values are new's bytes. The changed elements are summed per block into a
+//!    third status word ([`WireKernels::finish_encode_counted`]).
 //! 2. `awex_wire_tile_sums`: per tile of 1024 chunks, a block scan of the payload bytes: the
 //!    tile's sum, and the in-tile prefix at each segment's first chunk.
 //! 3. `awex_wire_plan` (one block): the tiles' exclusive prefix, each segment's payload bytes,
 //!    form, length and offset; the header and each segment's tag; the frame's length in the
 //!    status word.
-//! 4. `awex_wire_write`: per tile, the chunks' payload offsets again (block scan plus the
-//!    tile's prefix), then a lane per chunk writes its count byte and copies its payload (from
-//!    its scratch region, or from new for a dense chunk or segment) to its place: a payload of
-//!    up to 32 bytes by the lane itself, a larger one by the whole warp.
+//! 4. `awex_wire_write`: per tile, one block scan of two prefixes per chunk: payload bytes
+//!    (plus the tile's prefix: its place in the frame) and staged bytes since its run's first
+//!    chunk (its place in the run's stream). A lane per chunk writes its count byte and finds
+//!    its payload's place and source (the stream, or new for a whole chunk or a dense
+//!    segment); a warp's 32 chunks' payloads of up to 64 bytes are copied together, the
+//!    group's bytes one after another, four a lane, every load issued before the stores; a
+//!    larger payload is copied by the whole warp, a 4-byte word a lane (funnel-shifted from
+//!    two aligned source words).
 //!
-//! The encoder reads new and base once (2 N bytes) plus what it writes twice (the payload, to
-//! scratch and to the frame) and 4 bytes a chunk: at optimiser densities the payload is a
-//! few per cent of N, so its rate over the bytes it reads approaches a read-only pass's.
+//! The encoder reads new and base once (2 N bytes) and writes the words (4 bytes a chunk),
+//! the streams (the payload, in whole lines) and the frame; the write pass reads the words and
+//! the streams again. Staging each sparse chunk in its own region instead (the first version)
+//! left a partly written 32-byte sector per chunk, scattered: at 1 % of bf16 elements changed
+//! that made the compare 15.7 ms against 11.5 with nothing changed (an H100, qwen3-8b-sized;
+//! docs/deltas.md).
 //!
 //! Decode, four launches: `awex_wire_read_header` (count, lengths, offsets, tags; the lengths
 //! of dense and unchanged segments), `awex_wire_decode_sums` (each chunk's payload bytes from
@@ -48,8 +58,8 @@
 //! chunk (unwritten) and the frame, as the CPU decoder fails at that chunk with the chunks
 //! before it written. Errors come back through a status word as [`CudaError::DeltaWire`].
 //!
-//! [`host`] runs the same algorithm on the CPU (same chunks, words, regions, tiles and
-//! choices): CI checks that its frames decode with the CPU decoder to the new version and
+//! [`host`] runs the same algorithm on the CPU (same chunks, words, runs and streams, tiles
+//! and choices): CI checks that its frames decode with the CPU decoder to the new version and
 //! equal the CPU encoder's; the GPU tests check that the kernels' frames equal its bytes.
 //!
 //! The PTX and the sm_90 cubin are built from `delta_wire.cu` with the CUDA 13.0 compiler
@@ -86,17 +96,21 @@ const NAMES: [&CStr; 8] = [
 ];
 /// Chunks per tile of the scan.
 pub const TILE: u64 = 1024;
+/// Chunks per run of the compare kernel: a warp's unit of work, whose sparse chunks' bytes
+/// form one stream in the scratch (`RUN` in `delta_wire.cu`; it divides [`TILE`]).
+pub const RUN: u64 = 256;
 /// Bytes of a segment's entry in the kernels' table.
 const SEG_BYTES: usize = 48;
 /// Bytes of a segment's plan (offset, payload start, tag, length).
 const PLAN_BYTES: u64 = 24;
-/// Status words: the frame's length, the first error (`seg * 256 + code`, all ones: none).
+/// Status words: the frame's length, the first error (`seg * 256 + code`, all ones: none),
+/// the encoder's count of changed elements.
 const STATUS_BYTES: u64 = 32;
-/// Blocks per SM of the compare kernel: 256 threads of at most 80 registers
-/// (`__launch_bounds__(256, 3)`: two chunks' loads in flight per warp without spilling), so
-/// that the whole grid is resident at once and every warp's equal share of the chunks ends
-/// together (no second, partial wave).
-const COMPARE_BLOCKS_PER_SM: u32 = 3;
+/// Blocks per SM of the compare kernel: 256 threads of at most 64 registers
+/// (`__launch_bounds__(256, 4)`: two chunks' loads in flight per warp, a few words spilled
+/// to L1; measured faster on an H100 than 3 blocks of 80 registers without spilling), so that
+/// the whole grid is resident at once.
+const COMPARE_BLOCKS_PER_SM: u32 = 4;
 
 /// One segment of a frame for the kernels: `n` elements of `elem` bytes (1, 2 or 4) lying
 /// contiguously at `src` (the encoder's new version, or the decoder's destination) and, for
@@ -268,14 +282,25 @@ pub fn wire_error(word: u64) -> CudaError {
     CudaError::DeltaWire(what)
 }
 
-/// The CPU emulation of the kernels' algorithm: the same chunks, words, scratch regions,
-/// tiles, choices and copies, one step at a time.
+/// The CPU emulation of the kernels' algorithm: the same chunks, words, runs and their
+/// streams in the scratch, tiles, choices and copies, one step at a time.
 pub mod host {
     use super::*;
 
-    /// A chunk's word (payload bytes, count byte) and, for a sparse chunk, its region's bytes
-    /// (offsets, then values), as `awex_wire_compare` writes them.
+    /// A chunk's word (payload bytes, count byte) and, for a sparse chunk, its offsets and
+    /// values (the bytes `awex_wire_compare` appends to its run's stream).
     pub fn compare_chunk(new: &[u8], base: &[u8], elem: usize, local: u64) -> (u32, u8, Vec<u8>) {
+        let (size, count, bytes, _) = compare_counted(new, base, elem, local);
+        (size, count, bytes)
+    }
+
+    /// [`compare_chunk`] and the chunk's changed elements.
+    fn compare_counted(
+        new: &[u8],
+        base: &[u8],
+        elem: usize,
+        local: u64,
+    ) -> (u32, u8, Vec<u8>, u64) {
         let n = new.len() / elem;
         let first = local as usize * CHUNK;
         let len = (n - first).min(CHUNK);
@@ -287,34 +312,56 @@ pub mod host {
             .collect();
         let c = offs.len();
         if dense_chunk(c, len, elem) {
-            return ((len * elem) as u32, DENSE_CHUNK, vec![]);
+            return ((len * elem) as u32, DENSE_CHUNK, vec![], c as u64);
         }
-        let mut region: Vec<u8> = offs.iter().map(|&j| j as u8).collect();
+        let mut bytes: Vec<u8> = offs.iter().map(|&j| j as u8).collect();
         for &j in &offs {
-            region.extend_from_slice(at(new, j, first, elem));
+            bytes.extend_from_slice(at(new, j, first, elem));
         }
-        ((c * (1 + elem)) as u32, c as u8, region)
+        ((c * (1 + elem)) as u32, c as u8, bytes, c as u64)
     }
 
     /// The frame the kernels write for `table`, reading segment `i`'s new version from
     /// `new[i]` and its base from `base[i]` (host copies of the device bytes).
     pub fn encode(table: &WireTable, new: &[&[u8]], base: &[&[u8]]) -> Vec<u8> {
+        encode_counted(table, new, base).0
+    }
+
+    /// [`encode`] and the number of elements whose bytes differ (what
+    /// [`WireKernels::finish_encode_counted`] reports).
+    pub fn encode_counted(table: &WireTable, new: &[&[u8]], base: &[&[u8]]) -> (Vec<u8>, u64) {
         let segs = &table.segs;
         let m = segs.len();
         assert!(
             new.len() == m && base.len() == m,
             "one new and one base per segment"
         );
-        // 1. compare: a word per chunk, a sparse chunk's bytes in its region
+        // where each chunk's 256 s bytes of scratch start
+        let mut chunk_at = Vec::with_capacity(table.chunks as usize);
+        for (i, s) in segs.iter().enumerate() {
+            for local in 0..s.n.div_ceil(CHUNK as u64) {
+                chunk_at.push(table.scratch_at[i] + local * (CHUNK as u64) * s.elem as u64);
+            }
+        }
+        // 1. compare: a word per chunk; the sparse chunks' bytes of each run of RUN chunks
+        // appended to the run's stream, at its first chunk's place in the scratch
         let mut words = vec![(0u32, 0u8); table.chunks as usize];
         let mut scratch = vec![0u8; table.scratch as usize];
+        let mut changed = 0u64;
+        let mut fill = 0usize;
+        let mut k = 0usize;
         for (i, s) in segs.iter().enumerate() {
             let e = s.elem as usize;
             for local in 0..s.n.div_ceil(CHUNK as u64) {
-                let (size, count, region) = compare_chunk(new[i], base[i], e, local);
-                words[(table.first[i] + local) as usize] = (size, count);
-                let at = (table.scratch_at[i] + local * (CHUNK * e) as u64) as usize;
-                scratch[at..at + region.len()].copy_from_slice(&region);
+                if k as u64 % RUN == 0 {
+                    fill = chunk_at[k] as usize;
+                }
+                let (size, count, bytes, c) = compare_counted(new[i], base[i], e, local);
+                words[k] = (size, count);
+                changed += c;
+                scratch[fill..fill + bytes.len()].copy_from_slice(&bytes);
+                fill += bytes.len();
+                k += 1;
             }
         }
         // 2. tile sums, and each segment's in-tile prefix at its first chunk
@@ -368,7 +415,10 @@ pub mod host {
             frame.push(tag);
             frame.resize(frame.len() + len as usize - 1, 0);
         }
-        // 4. write: each chunk's count byte and payload at its place
+        // 4. write: each chunk's count byte and payload at its place, a sparse chunk's from
+        // its run's stream (after the staged bytes of the run's chunks before it), a whole
+        // chunk's from new
+        let mut staged = 0u64;
         for (i, s) in segs.iter().enumerate() {
             let e = s.elem as usize;
             let (off, tag) = plan[i];
@@ -376,6 +426,10 @@ pub mod host {
             let mut at = start[i];
             for local in 0..nch {
                 let k = (table.first[i] + local) as usize;
+                if k as u64 % RUN == 0 {
+                    staged = 0;
+                }
+                let run = chunk_at[k - k % RUN as usize];
                 let first = local as usize * CHUNK;
                 let len = (s.n as usize - first).min(CHUNK);
                 let chunk_new = &new[i][first * e..(first + len) * e];
@@ -391,7 +445,7 @@ pub mod host {
                         let src: &[u8] = if count == DENSE_CHUNK {
                             chunk_new
                         } else {
-                            let r = (table.scratch_at[i] + local * (CHUNK * e) as u64) as usize;
+                            let r = (run + staged) as usize;
                             &scratch[r..r + size as usize]
                         };
                         frame[d..d + size as usize].copy_from_slice(src);
@@ -399,9 +453,12 @@ pub mod host {
                     _ => {}
                 }
                 at += size as u64;
+                if count != DENSE_CHUNK {
+                    staged += size as u64;
+                }
             }
         }
-        frame
+        (frame, changed)
     }
 
     /// Applies `frame` to `dst` (segment `i`'s destination bytes in `dst[i]`) as the decode
@@ -674,7 +731,7 @@ impl WireKernels {
     }
 
     /// [`WireKernels::launch_encode`] with the encoder's scratch at `scratch` (`scratch_len`
-    /// bytes, at least [`WireWork::scratch_bytes`]) instead of the work's own: one scratch
+    /// bytes, at least [`WireWork::scratch_bytes`], 16-byte aligned) instead of the work's own: one scratch
     /// serves every table encoded one after another on one stream (a work prepared with
     /// `encode = false` then holds no scratch of its own).
     ///
@@ -701,7 +758,15 @@ impl WireKernels {
                 "the frame buffer {frame:#x} is not 4-byte aligned"
             )));
         }
+        if scratch % 16 != 0 {
+            return Err(CudaError::DeltaWire(format!(
+                "the scratch buffer {scratch:#x} is not 16-byte aligned (the compare kernel writes it 16 bytes a lane)"
+            )));
+        }
+        // the frame's length and the first error all ones, the changed elements 0
         w.status.fill_u32(u32::MAX, s)?;
+        // SAFETY: words 4 and 5 of the work's own 32-byte status buffer.
+        unsafe { w.status.device().fill_u32(w.status.ptr() + 16, 4, 0, s)? };
         let (t, n, c) = (w.table.ptr(), w.nsegs, w.chunks);
         if c > 0 {
             self.launch(
@@ -715,6 +780,7 @@ impl WireKernels {
                     KernelArg::U64(c),
                     KernelArg::U64(w.words.ptr()),
                     KernelArg::U64(scratch),
+                    KernelArg::U64(w.status.ptr()),
                 ],
             )?;
             self.launch(
@@ -772,11 +838,18 @@ impl WireKernels {
 
     /// Waits for `s` and reads the status: the frame's length, or what went wrong.
     pub fn finish_encode(&self, s: &Stream, w: &WireWork) -> Result<u64, CudaError> {
-        let (len, err) = self.status(s, w)?;
+        Ok(self.finish_encode_counted(s, w)?.0)
+    }
+
+    /// [`WireKernels::finish_encode`] and the number of elements of the table whose bytes
+    /// differ between new and base (counted by the compare kernel, dense chunks and segments
+    /// included).
+    pub fn finish_encode_counted(&self, s: &Stream, w: &WireWork) -> Result<(u64, u64), CudaError> {
+        let (len, err, changed) = self.status(s, w)?;
         if err != NO_ERROR {
             return Err(wire_error(err));
         }
-        Ok(len)
+        Ok((len, changed))
     }
 
     /// Queues applying the `frame_len`-byte frame at `frame` to `w`'s table (its segments'
@@ -873,19 +946,19 @@ impl WireKernels {
 
     /// Waits for `s` and reads the status of a decode.
     pub fn finish_decode(&self, s: &Stream, w: &WireWork) -> Result<(), CudaError> {
-        let (_, err) = self.status(s, w)?;
+        let (_, err, _) = self.status(s, w)?;
         if err != NO_ERROR {
             return Err(wire_error(err));
         }
         Ok(())
     }
 
-    fn status(&self, s: &Stream, w: &WireWork) -> Result<(u64, u64), CudaError> {
+    fn status(&self, s: &Stream, w: &WireWork) -> Result<(u64, u64, u64), CudaError> {
         s.sync()?;
-        let mut b = [0u8; 16];
+        let mut b = [0u8; 24];
         w.status.download(0, &mut b)?;
         let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        Ok((word(0), word(8)))
+        Ok((word(0), word(8), word(16)))
     }
 }
 
@@ -924,14 +997,16 @@ pub(crate) mod tests {
         (base, new)
     }
 
-    fn changed(base: &[u8], new: &[u8], elem: usize) -> f64 {
-        let n = base.len() / elem;
-        let c = base
-            .chunks_exact(elem)
+    /// Elements whose bytes differ.
+    pub(crate) fn count_changed(base: &[u8], new: &[u8], elem: usize) -> u64 {
+        base.chunks_exact(elem)
             .zip(new.chunks_exact(elem))
             .filter(|(a, b)| a != b)
-            .count();
-        c as f64 / n.max(1) as f64
+            .count() as u64
+    }
+
+    fn changed(base: &[u8], new: &[u8], elem: usize) -> f64 {
+        count_changed(base, new, elem) as f64 / (base.len() / elem).max(1) as f64
     }
 
     /// A table of host segments (addresses are fake: the emulation reads the slices).
@@ -961,8 +1036,10 @@ pub(crate) mod tests {
         );
         let news: Vec<&[u8]> = segs.iter().map(|s| s.2.as_slice()).collect();
         let bases: Vec<&[u8]> = segs.iter().map(|s| s.1.as_slice()).collect();
-        let frame = host::encode(&table, &news, &bases);
+        let (frame, counted) = host::encode_counted(&table, &news, &bases);
         assert!(frame.len() as u64 <= table.max_frame_len(), "{what}");
+        let want: u64 = segs.iter().map(|(e, b, n)| count_changed(b, n, *e)).sum();
+        assert_eq!(counted, want, "{what}: changed elements");
         // the CPU encoder with the GPU's forms writes the same bytes
         let view: Vec<(&[u8], &[u8], usize)> = segs
             .iter()
@@ -1061,6 +1138,29 @@ pub(crate) mod tests {
                 .collect::<Vec<_>>(),
         );
         assert!(table.tiles() > 3);
+    }
+
+    #[test]
+    fn emulated_runs_span_segments_of_every_element_size() {
+        // segments of a few chunks each, so that every run of RUN chunks holds several of
+        // every element size (its stream mixes them), runs ending inside segments, and chunks
+        // with no change, sparse ones and whole ones side by side
+        let mut segs = vec![];
+        let mut total = 0u64;
+        for i in 0..300u64 {
+            let elem = [1usize, 2, 4][i as usize % 3];
+            let n = 37 + (i as usize * 97) % 1500;
+            let f = [0.0, 0.01, 0.05, 0.6, 1.0][i as usize % 5];
+            let (b, nw) = masked(n, elem, f, 100 + i);
+            total += (n as u64).div_ceil(CHUNK as u64);
+            segs.push((elem, b, nw));
+        }
+        assert!(total > 2 * RUN, "{total} chunks");
+        let frame = check(&segs, "mixed runs");
+        let tags = delta_frame::frame_tags(&frame, segs.len()).unwrap();
+        for t in [TAG_DENSE, TAG_SPARSE, TAG_UNCHANGED] {
+            assert!(tags.contains(&t), "tag {t} in {tags:?}");
+        }
     }
 
     #[test]

@@ -854,15 +854,21 @@ fn gpu_wire_frames_equal_the_host_emulation_and_decode_to_the_new_version() {
     let frame = d.alloc(work.max_frame_len()).unwrap();
     let news: Vec<&[u8]> = segs.iter().map(|s| s.2.as_slice()).collect();
     let bases: Vec<&[u8]> = segs.iter().map(|s| s.1.as_slice()).collect();
-    let want = host::encode(&enc, &news, &bases);
+    let (want, want_changed) = host::encode_counted(&enc, &news, &bases);
+    let counted: u64 = segs
+        .iter()
+        .map(|(e, b, n)| delta_wire::tests::count_changed(b, n, *e))
+        .sum();
+    assert_eq!(want_changed, counted);
     // encode twice: the second run finds no state of the first
     for round in 0..2 {
         frame.fill_u32(0xA5A5_A5A5, &s).unwrap();
         // SAFETY: the table's segments lie in `new` and `base`, the frame holds the longest
         // frame; all live until the sync in finish_encode.
         unsafe { k.launch_encode(&s, &work, frame.ptr()) }.unwrap();
-        let len = k.finish_encode(&s, &work).unwrap();
+        let (len, changed) = k.finish_encode_counted(&s, &work).unwrap();
         assert_eq!(len, want.len() as u64, "round {round}");
+        assert_eq!(changed, want_changed, "round {round}: changed elements");
         let mut got = vec![0u8; len as usize];
         frame.download(0, &mut got).unwrap();
         if got != want {
@@ -872,6 +878,24 @@ fn gpu_wire_frames_equal_the_host_emulation_and_decode_to_the_new_version() {
             );
         }
     }
+    // a scratch of the caller's: the same frame; one off the 16-byte alignment is refused
+    let scratch = d.alloc(work.scratch_bytes() + 16).unwrap();
+    frame.fill_u32(0xA5A5_A5A5, &s).unwrap();
+    // SAFETY: as above, and the scratch is ours, alive until the sync in finish_encode.
+    unsafe { k.launch_encode_in(&s, &work, frame.ptr(), scratch.ptr(), scratch.len()) }.unwrap();
+    let (len, changed) = k.finish_encode_counted(&s, &work).unwrap();
+    assert_eq!((len, changed), (want.len() as u64, want_changed));
+    let mut got = vec![0u8; len as usize];
+    frame.download(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "the frame encoded with the caller's scratch differs"
+    );
+    // SAFETY: refused before any launch.
+    let e =
+        unsafe { k.launch_encode_in(&s, &work, frame.ptr(), scratch.ptr() + 4, scratch.len() - 4) }
+            .unwrap_err();
+    assert!(e.to_string().contains("not 16-byte aligned"), "{e}");
     // the CPU decoder is the judge of the kernels' frame
     let mut cpu: Vec<Vec<u8>> = segs.iter().map(|s| s.1.clone()).collect();
     let mut refs: Vec<&mut [u8]> = cpu.iter_mut().map(|g| g.as_mut_slice()).collect();
@@ -977,7 +1001,7 @@ fn gpu_wire_encodes_the_step_kernels_versions_like_the_emulation() {
     let frame = d.alloc(work.max_frame_len()).unwrap();
     // SAFETY: as in the test above.
     unsafe { k.launch_encode(&s, &work, frame.ptr()) }.unwrap();
-    let len = k.finish_encode(&s, &work).unwrap();
+    let (len, changed) = k.finish_encode_counted(&s, &work).unwrap();
     let news: Vec<&[u8]> = segs
         .iter()
         .map(|&(a, l)| &host_new[2 * a..2 * (a + l)])
@@ -986,8 +1010,14 @@ fn gpu_wire_encodes_the_step_kernels_versions_like_the_emulation() {
         .iter()
         .map(|&(a, l)| &host_base[2 * a..2 * (a + l)])
         .collect();
-    let want = host::encode(&table, &news, &bases);
+    let (want, want_changed) = host::encode_counted(&table, &news, &bases);
     assert_eq!(len, want.len() as u64);
+    assert_eq!(
+        changed,
+        delta_wire::tests::count_changed(&host_base, &host_new, 2),
+        "changed elements"
+    );
+    assert_eq!(changed, want_changed);
     let mut got = vec![0u8; len as usize];
     frame.download(0, &mut got).unwrap();
     assert!(
