@@ -1586,7 +1586,8 @@ mod fp8 {
                             // SAFETY: new (slot or tensor), base (the copy) and the frame
                             // buffer are this rank's device memory, idle.
                             unsafe { wire.launch_encode(&stream, &work, fbuf.ptr()).unwrap() };
-                            let len = wire.finish_encode(&stream, &work).unwrap();
+                            let (len, changed) =
+                                wire.finish_encode_counted(&stream, &work).unwrap();
                             let mut frame = vec![0u8; len as usize];
                             fbuf.download(0, &mut frame).unwrap();
                             let (mut new, mut base) = (
@@ -1597,12 +1598,16 @@ mod fp8 {
                             unsafe { dev.copy_to_host(at, &mut new).unwrap() };
                             copy.download(0, &mut base).unwrap();
                             let host_table = wire_table(segs, 0, 0).unwrap();
-                            let want =
-                                host::encode(&host_table, &runs(segs, &new), &runs(segs, &base));
+                            let (want, count) = host::encode_counted(
+                                &host_table,
+                                &runs(segs, &new),
+                                &runs(segs, &base),
+                            );
                             assert!(
                                 frame == want,
                                 "{who}: step {k} op {i}: the GPU's frame is not the host emulation's"
                             );
+                            assert_eq!(changed, count, "{who}: step {k} op {i}: changed elements");
                             // the copy takes the frame
                             let into = wire
                                 .prepare(&dev, &wire_table(segs, copy.ptr(), 0).unwrap(), false)

@@ -993,12 +993,13 @@ fn send_deltas(
     for (i, od) in ds.ops.iter().enumerate() {
         let Some(od) = od else { continue };
         let o = &step.ops[i];
-        let len = d.kernels.finish_encode(&d.stream, &od.work)?;
+        let (len, changed) = d.kernels.finish_encode_counted(&d.stream, &od.work)?;
         let peer_base = bases.and_then(|b| b.of(o.op.peer));
         // a frame no shorter than the bucket goes whole (a tiny bucket, or most of it changed)
         let h = match d.copy_version {
             Some(v) if peer_base == Some(v) && len < o.op.bytes => {
                 stats.delta.elements += od.elements;
+                stats.delta.changed += changed;
                 stats.delta.dense_bytes += o.op.bytes;
                 stats.delta.delta_bytes += len;
                 BucketHeader::Delta {
