@@ -779,24 +779,30 @@ impl SideLayout for FsdpLayout {
             TpSplit::Replicated => vec![(0..self.tp).collect()],
             _ => (0..self.tp).map(|t| vec![t]).collect(),
         };
-        let mut out = Vec::new();
+        // (one holder per shard: sized up front, every rank list to its length)
+        let mut out = Vec::with_capacity(tp_groups.len() * self.dp as usize);
+        let local_offset = Dims::zeros(shape.ndim());
         for group in &tp_groups {
             for k in 0..self.dp {
                 let shard = self.shard(shape, split, k, group[0]);
                 let Some(region) = shard.region else {
                     continue;
                 };
-                let ranks = (0..self.replicate)
-                    .flat_map(|rep| group.iter().map(move |&t| (rep, t)))
-                    .map(|(rep, t)| RankId::train(self.rank_of(rep, k, t)))
-                    .collect();
+                let mut ranks = Vec::with_capacity(self.replicate as usize * group.len());
+                for rep in 0..self.replicate {
+                    ranks.extend(
+                        group
+                            .iter()
+                            .map(|&t| RankId::train(self.rank_of(rep, k, t))),
+                    );
+                }
                 out.push(Holder {
                     ranks,
                     tensor: name.clone(),
                     tensor_shape: shard.shape,
                     dtype,
                     region,
-                    local_offset: Dims::zeros(shape.ndim()),
+                    local_offset,
                     transposed: false,
                 });
             }

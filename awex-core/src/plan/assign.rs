@@ -52,6 +52,14 @@ pub(super) struct Scratch {
     set_bytes: Vec<u64>,
     /// per rank number: its index in the universe (valid for the universe's ranks only)
     slot: Vec<u32>,
+    /// per source region: the candidate set of that region alone (u32::MAX: none yet)
+    single_set: Vec<u32>,
+    /// the candidate sets of more than one region
+    multi_sets: Vec<u32>,
+    /// the regions a destination box meets: (dim-0 start, dim-0 end, region), sorted
+    by0: Vec<(u64, u64, u32)>,
+    /// the furthest dim-0 end among `by0[..=j]`
+    max_end0: Vec<u64>,
     /// structures of tensors planned before, by their holders
     cache: Vec<Saved>,
     /// the [`holders_key`] of each cached structure
@@ -118,6 +126,10 @@ struct Turns {
 
 /// Source universes whose ranks are all below this find each rank's index in a table.
 const DENSE_MAX: u32 = 1 << 16;
+
+/// A destination box meeting more source regions than this finds each cell's regions through
+/// an index along dim 0 instead of testing them all.
+const INDEX_MIN: usize = 16;
 
 /// Candidate sets up to this size are searched linearly instead of through a heap.
 const LINEAR_MAX: u32 = 32;
@@ -661,6 +673,16 @@ fn structure(
     let cells = &mut s.cells;
     let hit = &mut s.hit;
     let set = &mut s.set;
+    // the set of each single source region, once made (u32::MAX: not yet); the sets of more
+    // than one region, looked for among themselves (every set is made once, so the set found
+    // is the one a search of all sets finds)
+    let single_set = &mut s.single_set;
+    single_set.clear();
+    single_set.resize(region_boxes.len(), u32::MAX);
+    let multi_sets = &mut s.multi_sets;
+    multi_sets.clear();
+    let by0 = &mut s.by0;
+    let max_end0 = &mut s.max_end0;
     s.all_cells.clear();
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
@@ -674,13 +696,54 @@ fn structure(
                 .map(|(i, _)| i),
         );
         let hit = &*hit;
+        // Many regions (an FSDP tensor's shards, one per rank): a cell's regions are found
+        // among those whose dim-0 span holds the cell's, through the regions sorted by where
+        // that span starts, with the furthest end reached so far; only those are tested whole.
+        let indexed = hit.len() > INDEX_MIN && want.ndim() > 0;
+        if indexed {
+            by0.clear();
+            by0.extend(hit.iter().map(|&i| {
+                let r = &region_boxes[i];
+                let lo = r.offset.get(0);
+                (lo, lo.saturating_add(r.extent.get(0)), i as u32)
+            }));
+            by0.sort_unstable();
+            max_end0.clear();
+            let mut m = 0;
+            max_end0.extend(by0.iter().map(|e| {
+                m = m.max(e.1);
+                m
+            }));
+        }
+        let (by0, max_end0) = (&*by0, &*max_end0);
         let mut push_cell = |cell: Region, flat: &mut Vec<Cand>| -> Result<(), PlanError> {
             set.clear();
-            set.extend(
-                hit.iter()
-                    .filter(|&&i| region_boxes[i].contains(&cell))
-                    .map(|&i| i as u32),
-            );
+            if indexed {
+                // a region holding the cell starts at or before it along dim 0 and ends at or
+                // after it: a superset of those regions is tested with `contains`
+                let (lo, end) = (
+                    cell.offset.get(0),
+                    cell.offset.get(0).saturating_add(cell.extent.get(0)),
+                );
+                let upto = by0.partition_point(|e| e.0 <= lo);
+                for j in (0..upto).rev() {
+                    if max_end0[j] < end {
+                        break;
+                    }
+                    let (_, e, i) = by0[j];
+                    if e >= end && region_boxes[i as usize].contains(&cell) {
+                        set.push(i);
+                    }
+                }
+                // in region order, as a scan of `hit` (increasing) gives them
+                set.sort_unstable();
+            } else {
+                set.extend(
+                    hit.iter()
+                        .filter(|&&i| region_boxes[i].contains(&cell))
+                        .map(|&i| i as u32),
+                );
+            }
             if set.is_empty() {
                 return Err(PlanError::Uncovered {
                     canonical: c.name.clone(),
@@ -688,11 +751,15 @@ fn structure(
                     dst: dh.ranks.first().copied().unwrap_or(RankId::infer(0, 0)),
                 });
             }
-            let index = match sets
-                .iter()
-                .position(|(k, _)| set_keys[k.0 as usize..k.1 as usize] == set[..])
-            {
-                Some(i) => i as u32,
+            let found = match set[..] {
+                [one] => Some(single_set[one as usize]).filter(|&k| k != u32::MAX),
+                _ => multi_sets.iter().copied().find(|&k| {
+                    let (a, b) = sets[k as usize].0;
+                    set_keys[a as usize..b as usize] == set[..]
+                }),
+            };
+            let index = match found {
+                Some(i) => i,
                 None => {
                     let start = flat.len() as u32;
                     for &i in set.iter() {
@@ -702,7 +769,12 @@ fn structure(
                     let k0 = set_keys.len() as u32;
                     set_keys.extend_from_slice(set);
                     sets.push(((k0, set_keys.len() as u32), (start, flat.len() as u32)));
-                    sets.len() as u32 - 1
+                    let k = sets.len() as u32 - 1;
+                    match set[..] {
+                        [one] => single_set[one as usize] = k,
+                        _ => multi_sets.push(k),
+                    }
+                    k
                 }
             };
             cells.push((cell, index));

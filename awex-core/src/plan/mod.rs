@@ -20,9 +20,20 @@ use crate::encoding::{Fp8Block, ScaleFormat};
 use crate::layout::copy::{Transpose, swap_last_two};
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
+use crate::model::NameHasher;
 use coalesce::NameNumbers;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
+
+/// One peer's transfers while a rank's plan is made, in emission order, with the numbers of
+/// each transfer's two tensor names ([`NameNumbers`]).
+struct PeerList {
+    peer: RankId,
+    transfers: Vec<Transfer>,
+    names: Vec<(u32, u32)>,
+}
 
 /// One box moved from a source rank's local tensor into a destination rank's local tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -435,12 +446,10 @@ impl Pair<'_> {
         // canonical tensors this rank touches, in catalogue order; a rank's placements mostly
         // follow the catalogue, so each name is first looked for just after the previous one
         let mut ids: Vec<u32> = Vec::new();
-        let mut placements = 0usize;
         let mut near = None;
         let mut unknown = None;
-        let found = layout.for_each_canonical(rank, &mut |name| {
-            placements += 1;
-            match self.catalogue.id_near(name, near) {
+        let found =
+            layout.for_each_canonical(rank, &mut |name| match self.catalogue.id_near(name, near) {
                 Some(id) => {
                     near = Some(id);
                     ids.push(id);
@@ -450,8 +459,7 @@ impl Pair<'_> {
                         unknown = Some(name.to_string());
                     }
                 }
-            }
-        });
+            });
         if !found {
             return Err(PlanError::NoSuchRank { side, rank });
         }
@@ -460,56 +468,59 @@ impl Pair<'_> {
         }
         ids.sort_unstable();
         ids.dedup();
-        // every transfer in emission order, with its peer; grouped by peer once all are known
-        // (about one transfer per placement, a few more where a box is cut; reserving up front
-        // saves copying the transfers while the vector grows)
-        let mut all: Vec<Transfer> = Vec::with_capacity(placements + placements / 2);
-        let mut peer_of: Vec<RankId> = Vec::with_capacity(all.capacity());
-        // the numbers of each transfer's two tensor names, for coalescing
-        let mut names: Vec<(u32, u32)> = Vec::with_capacity(all.capacity());
+        // every peer's transfers in emission order, each peer numbered as it first comes (its
+        // transfers are emitted straight into its own list), with the numbers of each
+        // transfer's two tensor names, for coalescing
+        let mut lists: Vec<PeerList> = Vec::new();
+        let mut peer_index: HashMap<u64, u32, BuildHasherDefault<NameHasher>> = HashMap::default();
+        let mut last: Option<(RankId, u32)> = None;
         let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
         for id in ids {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
-                peer_of.push(match side {
+                let peer = match side {
                     Side::Training => t.dst_rank,
                     Side::Inference => t.src_rank,
-                });
-                names.push((
+                };
+                let at = match last {
+                    Some((q, at)) if q == peer => at,
+                    _ => {
+                        let key = (u64::from(peer.engine) << 32) | u64::from(peer.rank);
+                        let at = *peer_index.entry(key).or_insert_with(|| {
+                            lists.push(PeerList {
+                                peer,
+                                transfers: Vec::new(),
+                                names: Vec::new(),
+                            });
+                            lists.len() as u32 - 1
+                        });
+                        last = Some((peer, at));
+                        at
+                    }
+                };
+                let list = &mut lists[at as usize];
+                list.names.push((
                     src_names.number(&t.src_tensor),
                     dst_names.number(&t.dst_tensor),
                 ));
-                all.push(t);
+                list.transfers.push(t);
             })?;
         }
-        // the transfers of each peer (by emission index), peers in order
-        let mut by_peer: Vec<(RankId, u32)> = peer_of
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| (p, i as u32))
-            .collect();
-        by_peer.sort_unstable();
-        let mut groups: Vec<(RankId, Vec<u32>)> = Vec::new();
-        for (p, i) in by_peer {
-            match groups.last_mut() {
-                Some((q, v)) if *q == p => v.push(i),
-                _ => groups.push((p, vec![i])),
-            }
-        }
-        // coalesce every peer's transfers in place, then move (not copy) the survivors out
-        let orders: Vec<(RankId, Vec<u32>)> = groups
-            .into_iter()
-            .map(|(peer, live)| (peer, coalesce::coalesce(&mut all, &names, live)))
-            .collect();
-        let mut slots: Vec<Option<Transfer>> = all.into_iter().map(Some).collect();
-        let mut peers = Vec::with_capacity(orders.len());
+        // peers in order; every peer's transfers coalesced and put in execution order in place
+        lists.sort_unstable_by_key(|l| l.peer);
+        let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut bytes = Vec::new();
-        for (peer, order) in orders {
-            // each index names one transfer of one peer, so every slot is taken once
-            let mut transfers: Vec<Transfer> = Vec::with_capacity(order.len());
-            transfers.extend(order.iter().filter_map(|&i| slots[i as usize].take()));
+        for PeerList {
+            peer,
+            mut transfers,
+            names,
+        } in lists
+        {
+            let live: Vec<u32> = (0..transfers.len() as u32).collect();
+            let order = coalesce::coalesce(&mut transfers, &names, live);
+            coalesce::arrange(&mut transfers, &order);
             bytes.clear();
             for t in &transfers {
                 t.hash_bytes(&mut bytes);
