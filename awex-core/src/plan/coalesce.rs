@@ -101,9 +101,10 @@ impl NameNumbers {
 }
 
 /// A transfer of the peer, with the numbers of its two tensors' names and, copied out of it,
-/// what the grouping and the final order compare first.
+/// what the grouping and the final order compare first (made as the transfer is emitted, so
+/// coalescing reads a transfer itself only to compare boxes of one group or equal canonicals).
 #[derive(Clone, Copy)]
-struct Item {
+pub(super) struct Item {
     /// index into the transfers
     at: u32,
     src: u32,
@@ -114,6 +115,22 @@ struct Item {
     k: u8,
     /// the transfer's `canonical` (kept equal to it as transfers merge)
     canonical: u32,
+}
+
+impl Item {
+    /// Transfer `t`, at index `at` of its peer's transfers, with the numbers of its source
+    /// and destination tensor names ([`NameNumbers`]).
+    pub(super) fn new(at: u32, t: &Transfer, src: u32, dst: u32) -> Self {
+        Item {
+            at,
+            src,
+            dst,
+            src_rank: t.src_rank,
+            dst_rank: t.dst_rank,
+            k: t.extent.ndim() as u8,
+            canonical: t.canonical,
+        }
+    }
 }
 
 /// Transfers that may merge: between the same two ranks and local tensors, boxes of one rank.
@@ -135,28 +152,12 @@ fn group(a: &Item, b: &Item) -> Ordering {
 ///
 /// Transfers merge when they connect the same two local tensors and their boxes are adjacent
 /// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
-/// `live` lists the peer's transfers in `ts` (in emission order), `names` the numbers of every
-/// transfer's source and destination tensor names ([`NameNumbers`]); the transfers stay where they
-/// are while these indices are sorted and merged (a merged transfer grows in place in `ts`), and
-/// the indices of the result come back in execution order.
+/// `live` lists the peer's transfers in `ts` (in emission order) with the numbers of their
+/// source and destination tensor names ([`NameNumbers`]); the transfers stay where they are
+/// while these items are sorted and merged (a merged transfer grows in place in `ts`), and the
+/// indices of the result come back in execution order.
 #[inline(never)]
-pub(super) fn coalesce(ts: &mut [Transfer], names: &[(u32, u32)], live: Vec<u32>) -> Vec<u32> {
-    let mut live: Vec<Item> = live
-        .iter()
-        .map(|&at| {
-            let (src, dst) = names[at as usize];
-            let t = &ts[at as usize];
-            Item {
-                at,
-                src,
-                dst,
-                src_rank: t.src_rank,
-                dst_rank: t.dst_rank,
-                k: t.extent.ndim() as u8,
-                canonical: t.canonical,
-            }
-        })
-        .collect();
+pub(super) fn coalesce(ts: &mut [Transfer], mut live: Vec<Item>) -> Vec<u32> {
     let max_k = live.iter().map(|i| i.k as usize).max().unwrap_or(0);
     let mut out: Vec<Item> = Vec::with_capacity(live.len());
     loop {

@@ -27,12 +27,47 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-/// One peer's transfers while a rank's plan is made, in emission order, with the numbers of
-/// each transfer's two tensor names ([`NameNumbers`]).
+/// One peer's transfers while a rank's plan is made, in emission order, with what coalescing
+/// compares of each ([`coalesce::Item`]).
 struct PeerList {
     peer: RankId,
     transfers: Vec<Transfer>,
-    names: Vec<(u32, u32)>,
+    items: Vec<coalesce::Item>,
+}
+
+/// The number of each peer of a rank's plan, by the peer: through a table per engine where
+/// the ranks are numbered below a bound, else through a map.
+#[derive(Default)]
+struct PeerNumbers {
+    table: Vec<Vec<u32>>,
+    map: HashMap<u64, u32, BuildHasherDefault<NameHasher>>,
+}
+
+impl PeerNumbers {
+    /// Ranks and engines below these find their number in a table.
+    const ENGINES: u32 = 1 << 10;
+    const RANKS: u32 = 1 << 16;
+
+    /// The number of `peer`, or `fresh()` (the next number), remembered, when it has none yet.
+    fn number(&mut self, peer: RankId, fresh: impl FnOnce() -> u32) -> u32 {
+        if peer.engine < Self::ENGINES && peer.rank < Self::RANKS {
+            let (e, r) = (peer.engine as usize, peer.rank as usize);
+            if self.table.len() <= e {
+                self.table.resize_with(e + 1, Vec::new);
+            }
+            let row = &mut self.table[e];
+            if row.len() <= r {
+                row.resize(r + 1, u32::MAX);
+            }
+            if row[r] == u32::MAX {
+                row[r] = fresh();
+            }
+            row[r]
+        } else {
+            let key = (u64::from(peer.engine) << 32) | u64::from(peer.rank);
+            *self.map.entry(key).or_insert_with(fresh)
+        }
+    }
 }
 
 /// One box moved from a source rank's local tensor into a destination rank's local tensor.
@@ -472,7 +507,7 @@ impl Pair<'_> {
         // transfers are emitted straight into its own list), with the numbers of each
         // transfer's two tensor names, for coalescing
         let mut lists: Vec<PeerList> = Vec::new();
-        let mut peer_index: HashMap<u64, u32, BuildHasherDefault<NameHasher>> = HashMap::default();
+        let mut numbers = PeerNumbers::default();
         let mut last: Option<(RankId, u32)> = None;
         let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
@@ -486,12 +521,11 @@ impl Pair<'_> {
                 let at = match last {
                     Some((q, at)) if q == peer => at,
                     _ => {
-                        let key = (u64::from(peer.engine) << 32) | u64::from(peer.rank);
-                        let at = *peer_index.entry(key).or_insert_with(|| {
+                        let at = numbers.number(peer, || {
                             lists.push(PeerList {
                                 peer,
                                 transfers: Vec::new(),
-                                names: Vec::new(),
+                                items: Vec::new(),
                             });
                             lists.len() as u32 - 1
                         });
@@ -500,7 +534,9 @@ impl Pair<'_> {
                     }
                 };
                 let list = &mut lists[at as usize];
-                list.names.push((
+                list.items.push(coalesce::Item::new(
+                    list.transfers.len() as u32,
+                    &t,
                     src_names.number(&t.src_tensor),
                     dst_names.number(&t.dst_tensor),
                 ));
@@ -515,11 +551,10 @@ impl Pair<'_> {
         for PeerList {
             peer,
             mut transfers,
-            names,
+            items,
         } in lists
         {
-            let live: Vec<u32> = (0..transfers.len() as u32).collect();
-            let order = coalesce::coalesce(&mut transfers, &names, live);
+            let order = coalesce::coalesce(&mut transfers, items);
             coalesce::arrange(&mut transfers, &order);
             bytes.clear();
             for t in &transfers {
