@@ -35,20 +35,6 @@ struct PeerList {
     items: Vec<coalesce::Item>,
 }
 
-/// Makes room in a full list of a peer's transfers, `done` of `total` tensors planned: a
-/// peer's transfers mostly come evenly over the tensors (FSDP: one or a few per tensor from
-/// every rank), so once a sixteenth of the tensors are planned the list takes what the rest
-/// should bring (each step at least doubles it, as a vector's own growth does); each step
-/// copies every transfer of the list into fresh memory.
-fn grow(v: &mut Vec<Transfer>, done: usize, total: usize) {
-    let len = v.len();
-    let mut want = (2 * len).max(4);
-    if done > 0 && done * 16 >= total {
-        want = want.max(len * total / done + len / 8);
-    }
-    v.reserve_exact(want - len);
-}
-
 /// The number of each peer of a rank's plan, by the peer: through a table per engine where
 /// the ranks are numbered below a bound, else through a map.
 #[derive(Default)]
@@ -525,8 +511,7 @@ impl Pair<'_> {
         let mut last: Option<(RankId, u32)> = None;
         let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
-        let total = ids.len();
-        for (done, id) in ids.into_iter().enumerate() {
+        for id in ids {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
                 let peer = match side {
@@ -549,9 +534,6 @@ impl Pair<'_> {
                     }
                 };
                 let list = &mut lists[at as usize];
-                if list.transfers.len() == list.transfers.capacity() {
-                    grow(&mut list.transfers, done, total);
-                }
                 list.items.push(coalesce::Item::new(
                     list.transfers.len() as u32,
                     &t,
