@@ -622,6 +622,12 @@ impl FsdpLayout {
     }
 
     fn shard(&self, shape: Dims, split: TpSplit, dp_rank: u32, tp_rank: u32) -> Shard {
+        let (tp_local, origin) = self.tp_shard(shape, split, tp_rank);
+        self.dp_shard(tp_local, origin, dp_rank)
+    }
+
+    /// The shape and the origin of TP rank `tp_rank`'s part of a parameter of `shape`.
+    fn tp_shard(&self, shape: Dims, split: TpSplit, tp_rank: u32) -> (Dims, Dims) {
         let mut tp_local = shape;
         let mut origin = Dims::zeros(shape.ndim());
         let tp_dim = match split {
@@ -634,9 +640,15 @@ impl FsdpLayout {
             tp_local.set(dim, len);
             origin.set(dim, start);
         }
+        (tp_local, origin)
+    }
+
+    /// DP rank `dp_rank`'s dim-0 chunk of a TP part ([`FsdpLayout::tp_shard`]).
+    fn dp_shard(&self, tp_local: Dims, origin: Dims, dp_rank: u32) -> Shard {
         let (start, len) = chunk(tp_local.get(0), u64::from(self.dp), u64::from(dp_rank));
         let mut local = tp_local;
         local.set(0, len);
+        let mut origin = origin;
         origin.set(0, origin.get(0) + start);
         let region = (local.numel() > 0).then_some(Region {
             offset: origin,
@@ -779,24 +791,31 @@ impl SideLayout for FsdpLayout {
             TpSplit::Replicated => vec![(0..self.tp).collect()],
             _ => (0..self.tp).map(|t| vec![t]).collect(),
         };
-        let mut out = Vec::new();
+        // (one holder per shard: sized up front, every rank list to its length)
+        let mut out = Vec::with_capacity(tp_groups.len() * self.dp as usize);
+        let local_offset = Dims::zeros(shape.ndim());
         for group in &tp_groups {
+            let (tp_local, origin) = self.tp_shard(shape, split, group[0]);
             for k in 0..self.dp {
-                let shard = self.shard(shape, split, k, group[0]);
+                let shard = self.dp_shard(tp_local, origin, k);
                 let Some(region) = shard.region else {
                     continue;
                 };
-                let ranks = (0..self.replicate)
-                    .flat_map(|rep| group.iter().map(move |&t| (rep, t)))
-                    .map(|(rep, t)| RankId::train(self.rank_of(rep, k, t)))
-                    .collect();
+                let mut ranks = Vec::with_capacity(self.replicate as usize * group.len());
+                for rep in 0..self.replicate {
+                    ranks.extend(
+                        group
+                            .iter()
+                            .map(|&t| RankId::train(self.rank_of(rep, k, t))),
+                    );
+                }
                 out.push(Holder {
                     ranks,
                     tensor: name.clone(),
                     tensor_shape: shard.shape,
                     dtype,
                     region,
-                    local_offset: Dims::zeros(shape.ndim()),
+                    local_offset,
                     transposed: false,
                 });
             }

@@ -52,6 +52,12 @@ pub(super) struct Scratch {
     set_bytes: Vec<u64>,
     /// per rank number: its index in the universe (valid for the universe's ranks only)
     slot: Vec<u32>,
+    /// per source region: the candidate set of that region alone (u32::MAX: none yet)
+    single_set: Vec<u32>,
+    /// the candidate sets of more than one region
+    multi_sets: Vec<u32>,
+    /// the regions a destination box meets, by where they start along dim 0
+    by0: Dim0Index,
     /// structures of tensors planned before, by their holders
     cache: Vec<Saved>,
     /// the [`holders_key`] of each cached structure
@@ -118,6 +124,10 @@ struct Turns {
 
 /// Source universes whose ranks are all below this find each rank's index in a table.
 const DENSE_MAX: u32 = 1 << 16;
+
+/// A destination box meeting more source regions than this finds each cell's regions through
+/// an index along dim 0 instead of testing them all.
+const INDEX_MIN: usize = 16;
 
 /// Candidate sets up to this size are searched linearly instead of through a heap.
 const LINEAR_MAX: u32 = 32;
@@ -570,6 +580,58 @@ fn same_holders(a: &[Holder], b: &[Holder]) -> bool {
             .all(|(x, y)| x.region == y.region && x.dtype == y.dtype && x.ranks == y.ranks)
 }
 
+/// Regions sorted by where they start along dim 0, with the furthest dim-0 end reached so far:
+/// the regions holding a box are found among those that start at or before it and end at or
+/// after it along dim 0, and only those are tested whole.
+#[derive(Default)]
+struct Dim0Index {
+    /// (dim-0 start, dim-0 end, region), sorted
+    by0: Vec<(u64, u64, u32)>,
+    /// the furthest dim-0 end among `by0[..=j]`
+    max_end0: Vec<u64>,
+}
+
+impl Dim0Index {
+    /// Indexes the regions `hit` (indices into `boxes`, of at least one dim).
+    fn build(&mut self, boxes: &[Region], hit: &[usize]) {
+        self.by0.clear();
+        self.by0.extend(hit.iter().map(|&i| {
+            let r = &boxes[i];
+            let lo = r.offset.get(0);
+            (lo, lo.saturating_add(r.extent.get(0)), i as u32)
+        }));
+        self.by0.sort_unstable();
+        self.max_end0.clear();
+        let mut m = 0;
+        self.max_end0.extend(self.by0.iter().map(|e| {
+            m = m.max(e.1);
+            m
+        }));
+    }
+
+    /// Appends to `out` the indexed regions that contain `cell` (of the regions' dims), in
+    /// increasing order: those a scan of `hit` testing each with `contains` finds.
+    fn holding(&self, boxes: &[Region], cell: &Region, out: &mut Vec<u32>) {
+        let from = out.len();
+        let (lo, end) = (
+            cell.offset.get(0),
+            cell.offset.get(0).saturating_add(cell.extent.get(0)),
+        );
+        // (a region whose end does not fit 64 bits contains nothing: `contains` decides)
+        let upto = self.by0.partition_point(|e| e.0 <= lo);
+        for j in (0..upto).rev() {
+            if self.max_end0[j] < end {
+                break;
+            }
+            let (_, e, i) = self.by0[j];
+            if e >= end && boxes[i as usize].contains(cell) {
+                out.push(i);
+            }
+        }
+        out[from..].sort_unstable();
+    }
+}
+
 /// The source-rank universe, the candidate sets, the pieces and their order for one tensor's
 /// holders (everything of the assignment that does not depend on the tensor's identity).
 fn structure(
@@ -661,6 +723,15 @@ fn structure(
     let cells = &mut s.cells;
     let hit = &mut s.hit;
     let set = &mut s.set;
+    // the set of each single source region, once made (u32::MAX: not yet); the sets of more
+    // than one region, looked for among themselves (every set is made once, so the set found
+    // is the one a search of all sets finds)
+    let single_set = &mut s.single_set;
+    single_set.clear();
+    single_set.resize(region_boxes.len(), u32::MAX);
+    let multi_sets = &mut s.multi_sets;
+    multi_sets.clear();
+    let by0 = &mut s.by0;
     s.all_cells.clear();
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
@@ -674,13 +745,24 @@ fn structure(
                 .map(|(i, _)| i),
         );
         let hit = &*hit;
+        // Many regions (an FSDP tensor's shards, one per rank): a cell's regions are found
+        // through an index along dim 0 instead of testing every region.
+        let indexed = hit.len() > INDEX_MIN && want.ndim() > 0;
+        if indexed {
+            by0.build(region_boxes, hit);
+        }
+        let by0 = &*by0;
         let mut push_cell = |cell: Region, flat: &mut Vec<Cand>| -> Result<(), PlanError> {
             set.clear();
-            set.extend(
-                hit.iter()
-                    .filter(|&&i| region_boxes[i].contains(&cell))
-                    .map(|&i| i as u32),
-            );
+            if indexed {
+                by0.holding(region_boxes, &cell, set);
+            } else {
+                set.extend(
+                    hit.iter()
+                        .filter(|&&i| region_boxes[i].contains(&cell))
+                        .map(|&i| i as u32),
+                );
+            }
             if set.is_empty() {
                 return Err(PlanError::Uncovered {
                     canonical: c.name.clone(),
@@ -688,11 +770,15 @@ fn structure(
                     dst: dh.ranks.first().copied().unwrap_or(RankId::infer(0, 0)),
                 });
             }
-            let index = match sets
-                .iter()
-                .position(|(k, _)| set_keys[k.0 as usize..k.1 as usize] == set[..])
-            {
-                Some(i) => i as u32,
+            let found = match set[..] {
+                [one] => Some(single_set[one as usize]).filter(|&k| k != u32::MAX),
+                _ => multi_sets.iter().copied().find(|&k| {
+                    let (a, b) = sets[k as usize].0;
+                    set_keys[a as usize..b as usize] == set[..]
+                }),
+            };
+            let index = match found {
+                Some(i) => i,
                 None => {
                     let start = flat.len() as u32;
                     for &i in set.iter() {
@@ -702,7 +788,12 @@ fn structure(
                     let k0 = set_keys.len() as u32;
                     set_keys.extend_from_slice(set);
                     sets.push(((k0, set_keys.len() as u32), (start, flat.len() as u32)));
-                    sets.len() as u32 - 1
+                    let k = sets.len() as u32 - 1;
+                    match set[..] {
+                        [one] => single_set[one as usize] = k,
+                        _ => multi_sets.push(k),
+                    }
+                    k
                 }
             };
             cells.push((cell, index));
@@ -886,4 +977,56 @@ fn structure(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Dim0Index, Region};
+    use crate::weights::splitmix;
+
+    /// The index finds exactly the regions a scan testing each with `contains` finds, in the
+    /// scan's order: regions that overlap, nest, repeat a start, end at the 64-bit edge.
+    #[test]
+    fn dim0_index_finds_what_a_scan_finds() {
+        let mut x = 7u64;
+        let mut next = |m: u64| {
+            x = splitmix(x);
+            x % m
+        };
+        let mut index = Dim0Index::default();
+        for round in 0..200 {
+            let n = 1 + next(40) as usize;
+            let mut boxes: Vec<Region> = (0..n)
+                .map(|_| {
+                    let (o0, o1) = (next(32), next(8));
+                    Region::new([o0, o1], [1 + next(24), 1 + next(8)])
+                })
+                .collect();
+            if round % 10 == 0 {
+                boxes.push(Region::new([u64::MAX - 4, 0], [8, 8]));
+            }
+            // every other region met, as a destination box's hits are (increasing)
+            let hit: Vec<usize> = (0..boxes.len()).filter(|i| (i + round) % 3 != 0).collect();
+            if hit.is_empty() {
+                continue;
+            }
+            index.build(&boxes, &hit);
+            for c in 0..50 {
+                let lo = if c % 10 == 0 {
+                    u64::MAX - next(8)
+                } else {
+                    next(40)
+                };
+                let cell = Region::new([lo, next(10)], [1 + next(6), 1 + next(4)]);
+                let want: Vec<u32> = hit
+                    .iter()
+                    .filter(|&&i| boxes[i].contains(&cell))
+                    .map(|&i| i as u32)
+                    .collect();
+                let mut got = vec![u32::MAX];
+                index.holding(&boxes, &cell, &mut got);
+                assert_eq!(&got[1..], &want[..], "round {round}, cell {cell}");
+            }
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Merging adjacent transfers between the same two tensors into one contiguous box, and ordering them.
 
 use super::Transfer;
-use crate::layout::Dims;
+use crate::layout::{Dims, RankId};
 use crate::model::NameHasher;
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -100,13 +100,37 @@ impl NameNumbers {
     }
 }
 
-/// A transfer of the peer, with the numbers of its two tensors' names.
+/// A transfer of the peer, with the numbers of its two tensors' names and, copied out of it,
+/// what the grouping and the final order compare first (made as the transfer is emitted, so
+/// coalescing reads a transfer itself only to compare boxes of one group or equal canonicals).
 #[derive(Clone, Copy)]
-struct Item {
+pub(super) struct Item {
     /// index into the transfers
     at: u32,
     src: u32,
     dst: u32,
+    src_rank: RankId,
+    dst_rank: RankId,
+    /// the number of box dims
+    k: u8,
+    /// the transfer's `canonical` (kept equal to it as transfers merge)
+    canonical: u32,
+}
+
+impl Item {
+    /// Transfer `t`, at index `at` of its peer's transfers, with the numbers of its source
+    /// and destination tensor names ([`NameNumbers`]).
+    pub(super) fn new(at: u32, t: &Transfer, src: u32, dst: u32) -> Self {
+        Item {
+            at,
+            src,
+            dst,
+            src_rank: t.src_rank,
+            dst_rank: t.dst_rank,
+            k: t.extent.ndim() as u8,
+            canonical: t.canonical,
+        }
+    }
 }
 
 /// Transfers that may merge: between the same two ranks and local tensors, boxes of one rank.
@@ -115,70 +139,56 @@ struct Item {
 /// inside a group, in the group's own order (`cmp_along`, ties kept in their earlier order by
 /// the stable sort), and the final order ([`coalesce`]'s last sort) compares names
 /// alphabetically. So the names compare by their numbers.
-fn group(a: Item, b: Item, ts: &[Transfer]) -> Ordering {
-    let (x, y) = (&ts[a.at as usize], &ts[b.at as usize]);
-    x.src_rank
-        .cmp(&y.src_rank)
-        .then_with(|| x.dst_rank.cmp(&y.dst_rank))
+fn group(a: &Item, b: &Item) -> Ordering {
+    a.src_rank
+        .cmp(&b.src_rank)
+        .then_with(|| a.dst_rank.cmp(&b.dst_rank))
         .then_with(|| a.src.cmp(&b.src))
         .then_with(|| a.dst.cmp(&b.dst))
-        .then_with(|| x.extent.ndim().cmp(&y.extent.ndim()))
+        .then_with(|| a.k.cmp(&b.k))
 }
 
 /// Coalesces one peer's transfers and puts them in execution order.
 ///
 /// Transfers merge when they connect the same two local tensors and their boxes are adjacent
 /// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
-/// `live` lists the peer's transfers in `ts` (in emission order), `names` the numbers of every
-/// transfer's source and destination tensor names ([`NameNumbers`]); the transfers stay where they
-/// are while these indices are sorted and merged (a merged transfer grows in place in `ts`), and
-/// the indices of the result come back in execution order.
+/// `live` lists the peer's transfers in `ts` (in emission order) with the numbers of their
+/// source and destination tensor names ([`NameNumbers`]); the transfers stay where they are
+/// while these items are sorted and merged (a merged transfer grows in place in `ts`), and the
+/// indices of the result come back in execution order.
 #[inline(never)]
-pub(super) fn coalesce(ts: &mut [Transfer], names: &[(u32, u32)], live: Vec<u32>) -> Vec<u32> {
-    let max_k = live
-        .iter()
-        .map(|&i| ts[i as usize].extent.ndim())
-        .max()
-        .unwrap_or(0);
-    let mut live: Vec<Item> = live
-        .iter()
-        .map(|&at| {
-            let (src, dst) = names[at as usize];
-            Item { at, src, dst }
-        })
-        .collect();
+pub(super) fn coalesce(ts: &mut [Transfer], mut live: Vec<Item>) -> Vec<u32> {
+    let max_k = live.iter().map(|i| i.k as usize).max().unwrap_or(0);
     let mut out: Vec<Item> = Vec::with_capacity(live.len());
     loop {
         let before = live.len();
         for d in (0..max_k).rev() {
-            let along = |a: Item, b: Item| -> Ordering {
-                group(a, b, ts).then_with(|| {
-                    let (x, y) = (&ts[a.at as usize], &ts[b.at as usize]);
-                    let (ka, kb) = (x.extent.ndim(), y.extent.ndim());
-                    if d >= ka || d >= kb {
+            let along = |a: &Item, b: &Item| -> Ordering {
+                group(a, b).then_with(|| {
+                    if d >= a.k as usize || d >= b.k as usize {
                         return Ordering::Equal;
                     }
-                    cmp_along(x, y, d)
+                    cmp_along(&ts[a.at as usize], &ts[b.at as usize], d)
                 })
             };
-            if !live.is_sorted_by(|&a, &b| along(a, b).is_le()) {
-                live.sort_by(|&a, &b| along(a, b));
+            if !live.is_sorted_by(|a, b| along(a, b).is_le()) {
+                live.sort_by(along);
             }
             out.clear();
             for &i in &live {
-                if let Some(&l) = out.last() {
-                    let (last, t) = (&ts[l.at as usize], &ts[i.at as usize]);
-                    if d < t.extent.ndim()
-                        && group(l, i, ts) == Ordering::Equal
-                        && adjacent(last, t, d)
-                    {
-                        let e = last.extent.get(d) + t.extent.get(d);
-                        let c = last.canonical.min(t.canonical);
-                        let last = &mut ts[l.at as usize];
-                        last.extent.set(d, e);
-                        last.canonical = c;
-                        continue;
-                    }
+                if let Some(l) = out.last_mut()
+                    && d < i.k as usize
+                    && group(l, &i) == Ordering::Equal
+                    && adjacent(&ts[l.at as usize], &ts[i.at as usize], d)
+                {
+                    let t = &ts[i.at as usize];
+                    let e = ts[l.at as usize].extent.get(d) + t.extent.get(d);
+                    let c = l.canonical.min(i.canonical);
+                    let last = &mut ts[l.at as usize];
+                    last.extent.set(d, e);
+                    last.canonical = c;
+                    l.canonical = c;
+                    continue;
                 }
                 out.push(i);
             }
@@ -188,17 +198,67 @@ pub(super) fn coalesce(ts: &mut [Transfer], names: &[(u32, u32)], live: Vec<u32>
             break;
         }
     }
-    let order = |a: &Transfer, b: &Transfer| -> Ordering {
+    let order = |a: &Item, b: &Item| -> Ordering {
+        let (x, y) = (&ts[a.at as usize], &ts[b.at as usize]);
         a.canonical
             .cmp(&b.canonical)
-            .then_with(|| cmp_name(&a.dst_tensor, &b.dst_tensor))
-            .then_with(|| a.dst_offset.cmp(&b.dst_offset))
-            .then_with(|| cmp_name(&a.src_tensor, &b.src_tensor))
-            .then_with(|| a.src_offset.cmp(&b.src_offset))
+            .then_with(|| cmp_name(&x.dst_tensor, &y.dst_tensor))
+            .then_with(|| x.dst_offset.cmp(&y.dst_offset))
+            .then_with(|| cmp_name(&x.src_tensor, &y.src_tensor))
+            .then_with(|| x.src_offset.cmp(&y.src_offset))
     };
-    let mut live: Vec<u32> = live.into_iter().map(|i| i.at).collect();
-    if !live.is_sorted_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]).is_le()) {
-        live.sort_by(|&a, &b| order(&ts[a as usize], &ts[b as usize]));
+    if !live.is_sorted_by(|a, b| order(a, b).is_le()) {
+        live.sort_by(order);
     }
-    live
+    live.into_iter().map(|i| i.at).collect()
+}
+
+/// Puts `ts` in the order of `order` (indices into `ts`, each at most once, as [`coalesce`]
+/// returns them) in place, and drops the transfers it leaves out (merged into others).
+pub(super) fn arrange<T>(ts: &mut Vec<T>, order: &[u32]) {
+    // mostly the emission order already, less the merged transfers at the end (or none)
+    if order.iter().enumerate().all(|(k, &i)| i as usize == k) {
+        ts.truncate(order.len());
+        return;
+    }
+    // the original index of the transfer now at each position, and the position of each
+    let mut at: Vec<u32> = (0..ts.len() as u32).collect();
+    let mut pos: Vec<u32> = at.clone();
+    for (k, &i) in order.iter().enumerate() {
+        let p = pos[i as usize] as usize;
+        if p != k {
+            ts.swap(k, p);
+            let moved = at[k];
+            at[p] = moved;
+            pos[moved as usize] = p as u32;
+            at[k] = i;
+            pos[i as usize] = k as u32;
+        }
+    }
+    ts.truncate(order.len());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arrange;
+
+    #[test]
+    fn arrange_puts_items_in_order_and_drops_the_rest() {
+        // every order of a few items, with some left out, against building the result anew
+        let orders: [&[u32]; 7] = [
+            &[0, 1, 2, 3, 4],
+            &[0, 1, 2],
+            &[4, 3, 2, 1, 0],
+            &[2, 0, 4],
+            &[1, 2, 3, 4, 0],
+            &[3, 4, 0, 1],
+            &[],
+        ];
+        for order in orders {
+            let mut v: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
+            let want: Vec<String> = order.iter().map(|&i| v[i as usize].clone()).collect();
+            arrange(&mut v, order);
+            assert_eq!(v, want, "order {order:?}");
+        }
+    }
 }

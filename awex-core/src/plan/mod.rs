@@ -20,9 +20,55 @@ use crate::encoding::{Fp8Block, ScaleFormat};
 use crate::layout::copy::{Transpose, swap_last_two};
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
+use crate::model::NameHasher;
 use coalesce::NameNumbers;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
+
+/// One peer's transfers while a rank's plan is made, in emission order, with what coalescing
+/// compares of each ([`coalesce::Item`]).
+struct PeerList {
+    peer: RankId,
+    transfers: Vec<Transfer>,
+    items: Vec<coalesce::Item>,
+}
+
+/// The number of each peer of a rank's plan, by the peer: through a table per engine where
+/// the ranks are numbered below a bound, else through a map.
+#[derive(Default)]
+struct PeerNumbers {
+    table: Vec<Vec<u32>>,
+    map: HashMap<u64, u32, BuildHasherDefault<NameHasher>>,
+}
+
+impl PeerNumbers {
+    /// Ranks and engines below these find their number in a table.
+    const ENGINES: u32 = 1 << 10;
+    const RANKS: u32 = 1 << 16;
+
+    /// The number of `peer`, or `fresh()` (the next number), remembered, when it has none yet.
+    fn number(&mut self, peer: RankId, fresh: impl FnOnce() -> u32) -> u32 {
+        if peer.engine < Self::ENGINES && peer.rank < Self::RANKS {
+            let (e, r) = (peer.engine as usize, peer.rank as usize);
+            if self.table.len() <= e {
+                self.table.resize_with(e + 1, Vec::new);
+            }
+            let row = &mut self.table[e];
+            if row.len() <= r {
+                row.resize(r + 1, u32::MAX);
+            }
+            if row[r] == u32::MAX {
+                row[r] = fresh();
+            }
+            row[r]
+        } else {
+            let key = (u64::from(peer.engine) << 32) | u64::from(peer.rank);
+            *self.map.entry(key).or_insert_with(fresh)
+        }
+    }
+}
 
 /// One box moved from a source rank's local tensor into a destination rank's local tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -435,12 +481,10 @@ impl Pair<'_> {
         // canonical tensors this rank touches, in catalogue order; a rank's placements mostly
         // follow the catalogue, so each name is first looked for just after the previous one
         let mut ids: Vec<u32> = Vec::new();
-        let mut placements = 0usize;
         let mut near = None;
         let mut unknown = None;
-        let found = layout.for_each_canonical(rank, &mut |name| {
-            placements += 1;
-            match self.catalogue.id_near(name, near) {
+        let found =
+            layout.for_each_canonical(rank, &mut |name| match self.catalogue.id_near(name, near) {
                 Some(id) => {
                     near = Some(id);
                     ids.push(id);
@@ -450,8 +494,7 @@ impl Pair<'_> {
                         unknown = Some(name.to_string());
                     }
                 }
-            }
-        });
+            });
         if !found {
             return Err(PlanError::NoSuchRank { side, rank });
         }
@@ -460,56 +503,59 @@ impl Pair<'_> {
         }
         ids.sort_unstable();
         ids.dedup();
-        // every transfer in emission order, with its peer; grouped by peer once all are known
-        // (about one transfer per placement, a few more where a box is cut; reserving up front
-        // saves copying the transfers while the vector grows)
-        let mut all: Vec<Transfer> = Vec::with_capacity(placements + placements / 2);
-        let mut peer_of: Vec<RankId> = Vec::with_capacity(all.capacity());
-        // the numbers of each transfer's two tensor names, for coalescing
-        let mut names: Vec<(u32, u32)> = Vec::with_capacity(all.capacity());
+        // every peer's transfers in emission order, each peer numbered as it first comes (its
+        // transfers are emitted straight into its own list), with the numbers of each
+        // transfer's two tensor names, for coalescing
+        let mut lists: Vec<PeerList> = Vec::new();
+        let mut numbers = PeerNumbers::default();
+        let mut last: Option<(RankId, u32)> = None;
         let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
         for id in ids {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
-                peer_of.push(match side {
+                let peer = match side {
                     Side::Training => t.dst_rank,
                     Side::Inference => t.src_rank,
-                });
-                names.push((
+                };
+                let at = match last {
+                    Some((q, at)) if q == peer => at,
+                    _ => {
+                        let at = numbers.number(peer, || {
+                            lists.push(PeerList {
+                                peer,
+                                transfers: Vec::new(),
+                                items: Vec::new(),
+                            });
+                            lists.len() as u32 - 1
+                        });
+                        last = Some((peer, at));
+                        at
+                    }
+                };
+                let list = &mut lists[at as usize];
+                list.items.push(coalesce::Item::new(
+                    list.transfers.len() as u32,
+                    &t,
                     src_names.number(&t.src_tensor),
                     dst_names.number(&t.dst_tensor),
                 ));
-                all.push(t);
+                list.transfers.push(t);
             })?;
         }
-        // the transfers of each peer (by emission index), peers in order
-        let mut by_peer: Vec<(RankId, u32)> = peer_of
-            .iter()
-            .enumerate()
-            .map(|(i, &p)| (p, i as u32))
-            .collect();
-        by_peer.sort_unstable();
-        let mut groups: Vec<(RankId, Vec<u32>)> = Vec::new();
-        for (p, i) in by_peer {
-            match groups.last_mut() {
-                Some((q, v)) if *q == p => v.push(i),
-                _ => groups.push((p, vec![i])),
-            }
-        }
-        // coalesce every peer's transfers in place, then move (not copy) the survivors out
-        let orders: Vec<(RankId, Vec<u32>)> = groups
-            .into_iter()
-            .map(|(peer, live)| (peer, coalesce::coalesce(&mut all, &names, live)))
-            .collect();
-        let mut slots: Vec<Option<Transfer>> = all.into_iter().map(Some).collect();
-        let mut peers = Vec::with_capacity(orders.len());
+        // peers in order; every peer's transfers coalesced and put in execution order in place
+        lists.sort_unstable_by_key(|l| l.peer);
+        let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut bytes = Vec::new();
-        for (peer, order) in orders {
-            // each index names one transfer of one peer, so every slot is taken once
-            let mut transfers: Vec<Transfer> = Vec::with_capacity(order.len());
-            transfers.extend(order.iter().filter_map(|&i| slots[i as usize].take()));
+        for PeerList {
+            peer,
+            mut transfers,
+            items,
+        } in lists
+        {
+            let order = coalesce::coalesce(&mut transfers, items);
+            coalesce::arrange(&mut transfers, &order);
             bytes.clear();
             for t in &transfers {
                 t.hash_bytes(&mut bytes);
