@@ -26,7 +26,7 @@ pub struct TcpConfig {
     pub bind: Option<String>,
     /// With delta updates, the most threads that encode (training) or apply (inference) one
     /// peer's buckets side by side (`AWEX_TCP_DELTA_THREADS`, 1 to 64); `None`: the cores, up
-    /// to 8. Each thread holds about one bucket.
+    /// to 16. Each thread holds about one bucket.
     pub delta_threads: Option<usize>,
 }
 

@@ -1,7 +1,7 @@
 # tcp delta threads on the device machine's 16 cores: the same binary, AWEX_TCP_DELTA_THREADS 4 then 8
 set -u
 nproc; uptime; date -u
-for th in 4 8; do
+for th in ${THREADS:-4 8}; do
   echo "== threads $th"; t0=$SECONDS
   AWEX_TCP_DELTA_THREADS=$th timeout 280 .gpu/awex-cli bench delta --model qwen3-0.6b --transport tcp --updates 3 --json > $OUT/th$th.json 2> $OUT/th$th.err
   echo "exit $? after $((SECONDS-t0)) s"
