@@ -1302,6 +1302,21 @@ mod fp8 {
         slots: [awex_gpu::cuda::DeviceBuffer; 2],
     }
 
+    /// Writes version `v` of `weights` into every training rank's tensors on the device.
+    fn gpu_fill_training(
+        ranks: &BTreeMap<Who, GpuRank>,
+        weights: &Weights,
+        cat: &awex_core::Catalogue,
+        v: u64,
+    ) {
+        for ((side, _), r) in ranks {
+            if *side == Side::Training {
+                fill_or_check_from(weights, &r.layout, cat, &r.host, v, false).unwrap();
+                r.device.upload_from(&r.host).unwrap();
+            }
+        }
+    }
+
     /// Packs a training rank's `step` into the slot at `slot` as the transport does: its copies
     /// on the copy engine, its FP8 jobs (with `q`) on `stream`, both waited for, every block
     /// finite; returns the FP8 jobs run.
@@ -1406,13 +1421,7 @@ mod fp8 {
         let stream = dev.stream().unwrap();
         for budget in [1u64 << 20, 64 << 10] {
             let ranks = gpu_ranks(&p, &dev, budget);
-            for ((side, _), r) in &ranks {
-                if *side == Side::Training {
-                    fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.host, 5, false)
-                        .unwrap();
-                    r.device.upload_from(&r.host).unwrap();
-                }
-            }
+            gpu_fill_training(&ranks, &weights, &p.catalogue, 5);
             let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap();
             let (mut jobs, mut compared) = (0, 0);
             for k in 0..steps {
@@ -1551,13 +1560,7 @@ mod fp8 {
             // bytes of the frames sent, and of the buckets they stand for
             let (mut frames_total, mut dense_total, mut delta_buckets) = (0u64, 0u64, 0);
             for v in 1..=3u64 {
-                for ((side, _), r) in &ranks {
-                    if *side == Side::Training {
-                        fill_or_check_from(&weights, &r.layout, &p.catalogue, &r.host, v, false)
-                            .unwrap();
-                        r.device.upload_from(&r.host).unwrap();
-                    }
-                }
+                gpu_fill_training(&ranks, &weights, &p.catalogue, v);
                 let steps = ranks.values().map(|r| r.program.steps.len()).max().unwrap();
                 for k in 0..steps {
                     let s = k % 2;
