@@ -5,7 +5,9 @@
 # updates, outside the timed window), then `awex-cli demo --transport cuda-ipc --deltas --lr`
 # (versions made by the calibrated Adam-like step, every byte of every update verified), and
 # the delta wire kernels (`kernel`: their GPU tests, then `awex-cli bench delta-kernel`, the
-# encode's read rate against a device copy on a qwen3-8b-sized bf16 buffer at 0 to 100 % steps).
+# encode's read rate against a device copy on a qwen3-8b-sized bf16 buffer at 0 to 100 % steps),
+# and the nccl transport's programs on one GPU (`nccl`: FP8 buckets packed by the kernel, delta
+# frames encoded, sent by copy, gathered, applied and unpacked, transposed boxes included).
 #
 # Expects prebuilt x86-64 binaries in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && cp target/release/awex-cli .gpu/ && strip .gpu/awex-cli
@@ -16,7 +18,7 @@ set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 G=${AWEX_GPU_DIR:-.gpu}
 BIN=${AWEX_CLI:-$G/awex-cli}
-RUNS=${RUNS:-"tests kernel dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta demo-gptoss-sglang demo-gptoss-vllm"}
+RUNS=${RUNS:-"tests kernel nccl dense0 dense1 delta1 delta0 delta3 delta01 pt-dense1 pt-delta1 demo-tiny demo-06-dense demo-06-delta demo-gptoss-sglang demo-gptoss-vllm"}
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 status=0
 
