@@ -6,6 +6,7 @@
 
 use awex_core::DType;
 use awex_core::layout::{ExplicitSide, RankId, RankLayout, Side, SideLayout};
+use awex_core::plan::bucket::Bucket;
 use awex_core::plan::{Pair, RankPlan};
 use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_core::weights::{Stepped, Weights};
@@ -28,6 +29,9 @@ type Who = (Side, RankId);
 struct Rank {
     layout: RankLayout,
     tensors: TensorSet,
+    plan: RankPlan,
+    /// per peer (the plan's order), its buckets
+    buckets: Vec<Vec<Bucket>>,
     program: Program,
     slots: [Vec<u64>; 2],
     /// copies[k][s]: step k's pack/unpack copies with slot s
@@ -43,7 +47,7 @@ impl Rank {
     fn new(
         layout: RankLayout,
         tensors: TensorSet,
-        program: Program,
+        (plan, buckets, program): (RankPlan, Vec<Vec<Bucket>>, Program),
         buffers: Vec<(u64, u64)>,
         side: Side,
     ) -> Rank {
@@ -52,6 +56,8 @@ impl Rank {
         let mut r = Rank {
             layout,
             tensors,
+            plan,
+            buckets,
             program,
             slots,
             copies: Vec::new(),
@@ -144,10 +150,18 @@ fn build_ranks(
         inference: infer,
         encode_on_sender: false,
     };
-    let world = CommWorld::of(train, infer).unwrap();
+    build_ranks_of(&pair, budget)
+}
+
+/// [`build_ranks`] for a pair planned as given (an FP8 pair's sender-encoded transfers).
+fn build_ranks_of(pair: &Pair, budget: impl Fn(Who) -> u64) -> (BTreeMap<Who, Rank>, CommWorld) {
+    let world = CommWorld::of(pair.training, pair.inference).unwrap();
     let mut plans: BTreeMap<Who, RankPlan> = BTreeMap::new();
     let mut layouts: HashMap<Who, RankLayout> = HashMap::new();
-    for (side, l) in [(Side::Training, train), (Side::Inference, infer)] {
+    for (side, l) in [
+        (Side::Training, pair.training),
+        (Side::Inference, pair.inference),
+    ] {
         for r in l.ranks() {
             plans.insert((side, r), pair.plan_rank(side, r).unwrap());
             layouts.insert((side, r), l.rank_layout(r).unwrap());
@@ -155,7 +169,7 @@ fn build_ranks(
     }
     let npeers: HashMap<Who, usize> = plans.iter().map(|(w, p)| (*w, p.peers.len())).collect();
     let mut ranks: BTreeMap<Who, Rank> = BTreeMap::new();
-    for (&who, plan) in &plans {
+    for (who, plan) in plans {
         let layout = layouts.remove(&who).unwrap();
         let tensors = TensorSet::allocate_host(&layout).unwrap();
         let dev: Vec<DeviceTensor> = tensors
@@ -173,13 +187,13 @@ fn build_ranks(
             .collect();
         // SAFETY: host memory owned by `tensors`, alive for the whole test.
         let dev = unsafe { DeviceTensors::new(dev) }.unwrap();
-        let buckets = peer_buckets(plan, |peer| {
+        let buckets = peer_buckets(&plan, |peer| {
             let them = (who.0.other(), peer);
             pair_bucket_bytes(budget(who), npeers[&who], budget(them), npeers[&them])
         });
-        let steps = schedule(plan, &buckets).unwrap();
-        let program = Program::build(plan, &buckets, &steps, &dev, &world).unwrap();
-        let r = Rank::new(layout, tensors, program, buffers, who.0);
+        let steps = schedule(&plan, &buckets).unwrap();
+        let program = Program::build(&plan, &buckets, &steps, &dev, &world).unwrap();
+        let r = Rank::new(layout, tensors, (plan, buckets, program), buffers, who.0);
         ranks.insert(who, r);
     }
     (ranks, world)
@@ -984,55 +998,13 @@ mod fp8 {
         let weights = Weights::Finite(Box::new(Weights::Synthetic));
         let pair = p.plan_pair();
         assert!(pair.encode_on_sender, "nccl plans FP8 on the sender");
-        let world = CommWorld::of(&*p.training, &*p.inference).unwrap();
-        let mut plans: BTreeMap<Who, RankPlan> = BTreeMap::new();
-        for (side, l) in [
-            (Side::Training, &p.training),
-            (Side::Inference, &p.inference),
-        ] {
-            for r in l.ranks() {
-                plans.insert((side, r), pair.plan_rank(side, r).unwrap());
-            }
-        }
-        let npeers: HashMap<Who, usize> = plans.iter().map(|(w, p)| (*w, p.peers.len())).collect();
-        let mut ranks: BTreeMap<Who, Rank> = BTreeMap::new();
-        let mut bucket_lists = HashMap::new();
-        for (&who, plan) in &plans {
-            let layout = match who.0 {
-                Side::Training => p.training.rank_layout(who.1),
-                Side::Inference => p.inference.rank_layout(who.1),
-            }
-            .unwrap();
-            let tensors = TensorSet::allocate_host(&layout).unwrap();
-            let dev: Vec<DeviceTensor> = tensors
-                .iter()
-                .map(|v| DeviceTensor {
-                    name: v.name.clone(),
-                    ptr: v.ptr() as u64,
-                    dtype: v.dtype,
-                    shape: v.shape,
-                })
-                .collect();
-            let buffers: Vec<(u64, u64)> = tensors
-                .iter()
-                .map(|v| (v.ptr() as u64, v.len() as u64))
-                .collect();
-            // SAFETY: host memory owned by `tensors`, alive for the whole test.
-            let dev = unsafe { DeviceTensors::new(dev) }.unwrap();
-            let buckets = peer_buckets(plan, |peer| {
-                let them = (who.0.other(), peer);
-                pair_bucket_bytes(budget, npeers[&who], budget, npeers[&them])
-            });
-            let steps = schedule(plan, &buckets).unwrap();
-            let program = Program::build(plan, &buckets, &steps, &dev, &world).unwrap();
+        let (ranks, _) = build_ranks_of(&pair, |_| budget);
+        for (who, r) in &ranks {
             assert_eq!(
-                program.fp8.as_ref(),
+                r.program.fp8.as_ref(),
                 Some(f.encoding()),
                 "{who:?} has FP8 pieces"
             );
-            let r = Rank::new(layout, tensors, program, buffers, who.0);
-            bucket_lists.insert(who, buckets);
-            ranks.insert(who, r);
         }
         for ((side, _), r) in &ranks {
             if *side == Side::Training {
@@ -1087,10 +1059,10 @@ mod fp8 {
                 }
                 out.jobs += jobs.len();
                 // each staged send holds exactly what the tcp transport packs for its bucket
-                let plan = &plans[who];
+                let plan = &r.plan;
                 for o in &step.ops {
                     let Wire::Staged(off) = o.wire else { continue };
-                    let bucket = &bucket_lists[who][o.op.peer_index][o.op.bucket];
+                    let bucket = &r.buckets[o.op.peer_index][o.op.bucket];
                     let mut want = vec![0u8; bucket.bytes as usize];
                     let n = pack(
                         bucket,
