@@ -106,28 +106,29 @@ __device__ __forceinline__ uint32_t first_seg_at_or_after(const Seg* segs, uint3
     return lo;
 }
 
+// Inclusive scan of one value per lane over the warp (every lane of the warp must call it).
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_scan(T v, uint32_t lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= (uint32_t)o) v += y;
+    }
+    return v;
+}
+
 // Exclusive scan of one value per thread over the block (blockDim.x a multiple of 32, at most
 // 1024); *total gets the sum. Every thread of the block must call it.
 __device__ uint64_t block_scan(uint64_t v, uint64_t* total) {
     __shared__ uint64_t warp_sums[33];
     const uint32_t lane = threadIdx.x & 31u, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    uint64_t inc = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint64_t y = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= (uint32_t)o) inc += y;
-    }
+    const uint64_t inc = warp_inclusive_scan<uint64_t>(v, lane);
     __syncthreads();
     if (lane == 31) warp_sums[wid] = inc;
     __syncthreads();
     if (wid == 0) {
         const uint64_t w = lane < nw ? warp_sums[lane] : 0;
-        uint64_t wi = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint64_t y = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= (uint32_t)o) wi += y;
-        }
+        const uint64_t wi = warp_inclusive_scan<uint64_t>(w, lane);
         if (lane < nw) warp_sums[lane] = wi - w;
         if (lane == 31) warp_sums[32] = wi;
     }
@@ -264,12 +265,7 @@ __device__ __forceinline__ uint32_t compare_chunk(const uint32_t a[8], const uin
 #pragma unroll
     for (int j = 0; j < 8; ++j) m |= (elem_word<S>(x, j) != 0 ? 1u : 0u) << j;
     const uint32_t mine = __popc(m);
-    uint32_t inc = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= (uint32_t)o) inc += y;
-    }
+    const uint32_t inc = warp_inclusive_scan<uint32_t>(mine, lane);
     const uint32_t c = __shfl_sync(0xffffffffu, inc, 31);
     const uint32_t before = inc - mine;
     // the CPU's rule (delta::dense_chunk): whole where c (1 + s) >= len s, or c >= 255
@@ -605,12 +601,7 @@ awex_wire_write(const Seg* __restrict__ segs, uint32_t nsegs, uint64_t nchunks,
         // small payloads: the group's bytes one after another, a lane a byte
         const bool big = size > COOP;
         const uint32_t small = big ? 0u : size;
-        uint32_t inc = small;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t y = __shfl_up_sync(0xffffffffu, inc, o);
-            if (lane >= (uint32_t)o) inc += y;
-        }
+        const uint32_t inc = warp_inclusive_scan<uint32_t>(small, lane);
         const uint32_t T = __shfl_sync(0xffffffffu, inc, 31);
         const uint32_t ex = inc - small;
         for (uint32_t b0 = 0; b0 < T; b0 += COOP_BYTES * 32) {
