@@ -278,14 +278,6 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
         ),
         (
             with(&|v| {
-                v["options"]["commit"] = json!("available");
-                v["inference"]["urls"] = json!(["http://127.0.0.1:1", "http://127.0.0.1:2"]);
-            }),
-            422,
-            "",
-        ),
-        (
-            with(&|v| {
                 v["options"]["check_finite"] = json!(true);
                 v["transport"] = json!("nccl");
             }),

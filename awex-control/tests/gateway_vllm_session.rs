@@ -5,7 +5,7 @@ mod gateway_common;
 
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
-use awex_control::wire::UpdateState;
+use awex_control::wire::{CommitPolicy, EngineState, UpdateState};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -29,6 +29,10 @@ use std::time::Duration;
 struct Vllm {
     calls: Mutex<Vec<(usize, String, Value)>>,
     receive_fails: AtomicBool,
+    /// Servers whose `/update_weights` fails (as `receive_fails` does for server 1).
+    receive_fails_on: Mutex<Vec<usize>>,
+    /// Servers whose `/pause` answers 500 (a server in trouble).
+    pause_fails_on: Mutex<Vec<usize>>,
 }
 
 type St = (Arc<Vllm>, usize, String, &'static str);
@@ -57,6 +61,10 @@ async fn vllm_server(s: Arc<Vllm>, index: usize, gateway: String, pair: &'static
             .push((i, path.clone(), body.0.clone()));
         let msg = |m: &str| (StatusCode::OK, axum::Json(json!({"message": m})));
         match uri.path() {
+            "/pause" if s.pause_fails_on.lock().unwrap().contains(&i) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"error": {"message": "engine core is dead", "code": 500}})),
+            ),
             "/pause" => (StatusCode::OK, axum::Json(json!({"status": "paused"}))),
             "/resume" => (StatusCode::OK, axum::Json(json!({"status": "resumed"}))),
             "/init_weight_transfer_engine" => msg("Weight transfer initialized"),
@@ -70,7 +78,9 @@ async fn vllm_server(s: Arc<Vllm>, index: usize, gateway: String, pair: &'static
                     Some(UpdateState::Running),
                     "triggered before the update ran"
                 );
-                if s.receive_fails.load(Ordering::SeqCst) && i == 1 {
+                if (s.receive_fails.load(Ordering::SeqCst) && i == 1)
+                    || s.receive_fails_on.lock().unwrap().contains(&i)
+                {
                     return (
                         StatusCode::INTERNAL_SERVER_ERROR,
                         axum::Json(
@@ -128,21 +138,47 @@ async fn start_retrying(client: &Client, pair: &str, v: u64) {
 }
 
 async fn vllm_pair(pair: &'static str) -> (Client, Arc<Vllm>, Ranks) {
+    vllm_fleet(pair, 2, CommitPolicy::All).await
+}
+
+/// A pair of one training rank and `engines` vLLM servers (tp 2 each) with commit policy
+/// `commit`.
+async fn vllm_fleet(
+    pair: &'static str,
+    engines: u32,
+    commit: CommitPolicy,
+) -> (Client, Arc<Vllm>, Ranks) {
     std::hint::black_box(awex_vllm::CRATE);
     let s = Arc::new(Vllm::default());
     let base = start(GatewayConfig::default()).await;
-    let urls = vec![
-        vllm_server(s.clone(), 0, base.clone(), pair).await,
-        vllm_server(s.clone(), 1, base.clone(), pair).await,
-    ];
+    let mut urls = Vec::new();
+    for i in 0..engines as usize {
+        urls.push(vllm_server(s.clone(), i, base.clone(), pair).await);
+    }
     let client = Client::new(&base, None).unwrap();
-    let mut req = connect_request(pair, 1, 2, 2);
+    let mut req = connect_request(pair, 1, engines, 2);
     req.inference.backend = "vllm".into();
     req.inference.urls = urls;
     req.options.update_deadline_ms = 3_000;
+    req.options.commit = commit;
     client.connect(&req).await.unwrap();
-    let ranks = spawn_ranks(&client, pair, 1, 2, 2, |_, _| always_ok(1, 0));
+    let ranks = spawn_ranks(&client, pair, 1, engines, 2, |_, _| always_ok(1, 0));
     (client, s, ranks)
+}
+
+/// Waits until server `i` was called at `path` (at most about 5 s).
+async fn wait_call(s: &Vllm, i: usize, path: &str) {
+    for _ in 0..500 {
+        if s.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(e, p, _)| *e == i && p == path)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,5 +269,189 @@ async fn a_failed_receive_fails_the_version_with_vllms_message_and_a_retry_commi
     assert_eq!(paths(&calls).last(), Some(&"/resume"));
     assert!(paths(&calls).contains(&"/finish_weight_update"));
     client.disconnect("vt").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn available_leaves_a_failed_engine_out_resumes_only_the_others_and_it_catches_up_next() {
+    let (client, s, ranks) = vllm_fleet("va", 3, CommitPolicy::Available).await;
+    s.receive_fails_on.lock().unwrap().push(1);
+    start_retrying(&client, "va", 1).await;
+    let done = client
+        .wait_update("va", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    // engine 1's loader failed: the version commits on engines 0 and 2 in its first attempt
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert_eq!(done.attempt, 1);
+    assert_eq!(done.left_out.len(), 1, "{:?}", done.left_out);
+    assert_eq!(done.left_out[0].engine, 1);
+    assert!(
+        done.left_out[0]
+            .error
+            .contains("awex.UpdateFailed: engine 1 rank 0: transport: peer reset"),
+        "{:?}",
+        done.left_out
+    );
+    for i in [0, 2] {
+        wait_call(&s, i, "/resume").await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in [0, 2] {
+        let calls = take(&s, i);
+        assert_eq!(
+            paths(&calls),
+            vec![
+                "/init_weight_transfer_engine",
+                "/pause?mode=keep",
+                "/start_weight_update",
+                "/update_weights",
+                "/finish_weight_update",
+                "/resume",
+            ],
+            "engine {i}"
+        );
+    }
+    // its ranks may have written part of the version: it is neither closed as if it had
+    // applied it nor resumed, and it is reported torn, serving nothing new
+    let calls = take(&s, 1);
+    assert_eq!(
+        paths(&calls),
+        vec![
+            "/init_weight_transfer_engine",
+            "/pause?mode=keep",
+            "/start_weight_update",
+            "/update_weights",
+        ],
+        "engine 1"
+    );
+    let st = client.status("va").await.unwrap();
+    let states: Vec<_> = st.engines.iter().map(|e| e.state).collect();
+    assert_eq!(
+        states,
+        vec![EngineState::Serving, EngineState::Torn, EngineState::Serving]
+    );
+    assert_eq!(st.engines[1].serving_version, None);
+    assert_eq!(st.engines[1].torn_version, Some(1));
+    // the controller cannot resume it on torn weights by accident
+    let refused = client.resume("va", false).await.unwrap_err();
+    assert_eq!(refused.status(), Some(409), "{refused}");
+
+    // engine 1 works again: it takes part in version 2 (its open session closed first) and
+    // every engine serves version 2
+    s.receive_fails_on.lock().unwrap().clear();
+    start_retrying(&client, "va", 2).await;
+    let done = client
+        .wait_update("va", 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert!(done.left_out.is_empty(), "{:?}", done.left_out);
+    wait_call(&s, 1, "/resume").await;
+    let calls = take(&s, 1);
+    assert_eq!(
+        paths(&calls),
+        vec![
+            "/finish_weight_update",
+            "/pause?mode=keep",
+            "/start_weight_update",
+            "/update_weights",
+            "/finish_weight_update",
+            "/resume",
+        ],
+        "engine 1"
+    );
+    let st = client.status("va").await.unwrap();
+    for e in &st.engines {
+        assert_eq!(
+            (e.state, e.serving_version),
+            (EngineState::Serving, Some(2)),
+            "{e:?}"
+        );
+    }
+    client.disconnect("va").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_pause_fails_takes_no_part_keeps_its_weights_whole_and_catches_up_next() {
+    let (client, s, ranks) = vllm_fleet("vp", 3, CommitPolicy::Quorum(2)).await;
+    s.pause_fails_on.lock().unwrap().push(2);
+    start_retrying(&client, "vp", 1).await;
+    let done = client
+        .wait_update("vp", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert_eq!(done.left_out.len(), 1, "{:?}", done.left_out);
+    assert_eq!(done.left_out[0].engine, 2);
+    assert!(
+        done.left_out[0]
+            .error
+            .starts_with("pausing the engine failed: engine 2 POST http://127.0.0.1:")
+            && done.left_out[0].error.contains("engine core is dead"),
+        "{:?}",
+        done.left_out
+    );
+    wait_call(&s, 2, "/resume").await;
+    // never triggered nor closed; resumed on the version it holds whole (a pause that failed
+    // may have paused it)
+    let calls = take(&s, 2);
+    assert_eq!(
+        paths(&calls),
+        vec!["/init_weight_transfer_engine", "/pause?mode=keep", "/resume"],
+        "engine 2"
+    );
+    let st = client.status("vp").await.unwrap();
+    let e2 = &st.engines[2];
+    assert_eq!(e2.state, EngineState::Behind, "{e2:?}");
+    assert_eq!((e2.serving_version, e2.torn_version), (None, None), "{e2:?}");
+
+    s.pause_fails_on.lock().unwrap().clear();
+    start_retrying(&client, "vp", 2).await;
+    let done = client
+        .wait_update("vp", 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert!(done.left_out.is_empty(), "{:?}", done.left_out);
+    let st = client.status("vp").await.unwrap();
+    for e in &st.engines {
+        assert_eq!(
+            (e.state, e.serving_version),
+            (EngineState::Serving, Some(2)),
+            "{e:?}"
+        );
+    }
+    client.disconnect("vp").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_that_engine_failures_make_unreachable_fails_the_version_and_resumes_no_torn_engine()
+ {
+    let (client, s, ranks) = vllm_fleet("vq", 3, CommitPolicy::Quorum(3)).await;
+    s.receive_fails_on.lock().unwrap().push(0);
+    start_retrying(&client, "vq", 1).await;
+    let done = client
+        .wait_update("vq", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Failed);
+    let error = done.error.unwrap();
+    assert!(
+        error.contains("only 2 of 3 engines can still apply it and the commit policy `quorum:3` needs 3"),
+        "{error}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        let calls = take(&s, i);
+        assert!(!paths(&calls).contains(&"/resume"), "engine {i}: {calls:?}");
+        assert!(
+            !paths(&calls).contains(&"/finish_weight_update"),
+            "engine {i}: {calls:?}"
+        );
+    }
+    client.disconnect("vq").await.unwrap();
     logs(ranks).await;
 }

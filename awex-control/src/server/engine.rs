@@ -9,29 +9,92 @@
 //! attempt left inside what `before_update` opened (a trigger that failed, a warm-up that
 //! stopped half-way) and sends them the backend's `abandon` calls before their next pause or
 //! resume: SGLang refuses to open a second update session while one is open.
+//!
+//! Each step names the engines it addresses ([`Engines`]): under commit policy `all` every
+//! engine, under `quorum:K` and `available` the engines taking part (an engine left out of a
+//! version gets no more of its calls, and only engines that may serve are resumed). Failures
+//! come back per engine ([`EngineFailure`]), so that the pair can leave one engine out instead
+//! of failing the version. With per-engine commits a trigger does not hold the lane: each
+//! engine's answer is reported as it arrives, so that a hung engine's loader never delays the
+//! others' closing and resuming calls.
 
 use awex_core::backend::{
     EngineCall, EngineControl, EngineExpect, EngineFacts, HttpMethod, TriggerWork,
 };
 use serde_json::Value;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// The engines a step addresses, by engine index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Engines(Arc<[bool]>);
+
+impl Engines {
+    /// Every one of `n` engines.
+    pub(crate) fn all(n: usize) -> Self {
+        Engines(vec![true; n].into())
+    }
+
+    /// The engines marked in `mask`.
+    pub(crate) fn of(mask: Vec<bool>) -> Self {
+        Engines(mask.into())
+    }
+
+    /// Whether engine `i` is addressed.
+    pub(crate) fn has(&self, i: usize) -> bool {
+        self.0.get(i).copied().unwrap_or(false)
+    }
+
+    /// Whether no engine is addressed.
+    pub(crate) fn is_empty(&self) -> bool {
+        !self.0.iter().any(|x| *x)
+    }
+}
+
+/// One engine's failed call: the engine's index and what failed (the message names the
+/// engine, the call and the cause).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EngineFailure {
+    pub(crate) engine: u32,
+    pub(crate) message: String,
+}
+
+/// The messages of `failures`, in their order.
+pub(crate) fn messages(failures: &[EngineFailure]) -> Vec<String> {
+    failures.iter().map(|f| f.message.clone()).collect()
+}
+
 /// A step of the engines' side of an update.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum EngineCmd {
     /// The backend's calls once after connect (start the engines' receivers).
     WarmUp,
     /// The backend's calls before `version`/`attempt` runs (pause, open the session).
-    Pause { version: u64, attempt: u32 },
+    Pause {
+        version: u64,
+        attempt: u32,
+        engines: Engines,
+    },
     /// The call that makes the engines' processes receive `version`/`attempt`; it answers once
     /// they received (it may take the whole update).
-    Trigger { version: u64, attempt: u32 },
+    Trigger {
+        version: u64,
+        attempt: u32,
+        engines: Engines,
+    },
     /// The backend's calls after every rank received (close the session).
-    Finish { version: u64, attempt: u32 },
+    Finish {
+        version: u64,
+        attempt: u32,
+        engines: Engines,
+    },
     /// The backend's calls that let the engines serve again (continue generation).
-    Continue { version: u64, attempt: u32 },
+    Continue {
+        version: u64,
+        attempt: u32,
+        engines: Engines,
+    },
 }
 
 /// What the lane reads of the pair it serves (implemented by the pair's entry).
@@ -47,13 +110,16 @@ pub(crate) trait EngineEvents: PairVersions + Send + Sync + 'static {
     /// The warm-up calls after connect finished.
     fn engines_warmed(&self, errors: Vec<String>);
     /// The calls before `version`/`attempt` finished.
-    fn engines_paused(&self, version: u64, attempt: u32, errors: Vec<String>);
-    /// The trigger of `version`/`attempt` answered.
-    fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>);
+    fn engines_paused(&self, version: u64, attempt: u32, failures: Vec<EngineFailure>);
+    /// The trigger of `version`/`attempt` answered on every engine addressed.
+    fn engines_triggered(&self, version: u64, attempt: u32, failures: Vec<EngineFailure>);
+    /// Per-engine commits: the trigger of `version`/`attempt` answered on `engine` (`error`:
+    /// it failed).
+    fn engine_triggered(&self, version: u64, attempt: u32, engine: u32, error: Option<String>);
     /// The closing calls of `version`/`attempt` finished.
-    fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>);
+    fn engines_finished(&self, version: u64, attempt: u32, failures: Vec<EngineFailure>);
     /// The engines were resumed after `version`/`attempt`.
-    fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>);
+    fn engines_resumed(&self, version: u64, attempt: u32, failures: Vec<EngineFailure>);
 }
 
 /// The HTTP client engines are called with.
@@ -172,18 +238,23 @@ impl EngineClient {
         Ok(facts)
     }
 
-    /// Runs `calls(engine's facts)` on every engine at once (each engine's calls in order,
-    /// stopping at its first failure); returns each engine's failure, by engine index.
+    /// Runs `calls(engine's facts)` on every engine of `targets` at once (each engine's calls
+    /// in order, stopping at its first failure); returns each engine's failure, by engine index
+    /// (`None` for an engine not addressed).
     async fn call_each(
         &self,
         control: &'static dyn EngineControl,
         urls: &[String],
         facts: &[EngineFacts],
+        targets: &Engines,
         timeout: Duration,
         calls: impl Fn(usize, &EngineFacts) -> Vec<EngineCall> + Sync,
     ) -> Vec<Option<String>> {
         let mut set = tokio::task::JoinSet::new();
         for (i, url) in urls.iter().enumerate() {
+            if !targets.has(i) {
+                continue;
+            }
             let client = self.clone();
             let base = url.trim_end_matches('/').to_string();
             let calls = facts.get(i).map(|f| calls(i, f)).unwrap_or_default();
@@ -198,13 +269,20 @@ impl EngineClient {
             });
         }
         let mut out = vec![None; urls.len()];
+        let mut answered = vec![false; urls.len()];
         while let Some(joined) = set.join_next().await {
             match joined {
-                Ok((i, e)) => out[i] = e,
+                Ok((i, e)) => {
+                    out[i] = e;
+                    answered[i] = true;
+                }
                 Err(e) => {
-                    // a panicked task names no engine: blame every engine still without an answer
-                    for slot in out.iter_mut().filter(|s| s.is_none()) {
-                        *slot = Some(format!("engine call task ended: {e}"));
+                    // a panicked task names no engine: blame every engine addressed still
+                    // without an answer
+                    for (i, slot) in out.iter_mut().enumerate() {
+                        if targets.has(i) && !answered[i] && slot.is_none() {
+                            *slot = Some(format!("engine call task ended: {e}"));
+                        }
                     }
                 }
             }
@@ -212,66 +290,83 @@ impl EngineClient {
         out
     }
 
-    /// [`EngineClient::call_each`] on every engine; returns one message per failed engine, in
+    /// [`EngineClient::call_each`] on the engines of `targets`; returns the failures, in
     /// engine order.
     async fn call_all(
         &self,
         control: &'static dyn EngineControl,
         urls: &[String],
         facts: &[EngineFacts],
+        targets: &Engines,
         timeout: Duration,
         calls: impl Fn(&EngineFacts) -> Vec<EngineCall> + Sync,
-    ) -> Vec<String> {
-        errors(
-            self.call_each(control, urls, facts, timeout, |_, f| calls(f))
+    ) -> Vec<EngineFailure> {
+        failures(
+            self.call_each(control, urls, facts, targets, timeout, |_, f| calls(f))
                 .await,
         )
     }
 
-    /// Sends [`EngineControl::abandon`] to every engine marked in `open` (an attempt ended
-    /// there without its closing calls), with the pair's last `committed` version, clearing the
-    /// marks of those that answered; returns the failures.
+    /// Sends [`EngineControl::abandon`] to every engine of `targets` marked in `open` (an
+    /// attempt ended there without its closing calls), with the pair's last `committed`
+    /// version, clearing the marks of those that answered; returns the failures.
+    #[allow(clippy::too_many_arguments)]
     async fn abandon_open(
         &self,
         control: &'static dyn EngineControl,
         urls: &[String],
         facts: &[EngineFacts],
+        targets: &Engines,
         timeout: Duration,
         open: &mut [bool],
         committed: Option<u64>,
-    ) -> Vec<String> {
-        if !open.iter().any(|o| *o) {
+    ) -> Vec<EngineFailure> {
+        let marked: Vec<bool> = open
+            .iter()
+            .enumerate()
+            .map(|(i, o)| *o && targets.has(i))
+            .collect();
+        if !marked.iter().any(|o| *o) {
             return Vec::new();
         }
-        let marked = open.to_vec();
         let results = self
-            .call_each(control, urls, facts, timeout, |i, f| {
-                if marked.get(i).copied().unwrap_or(false) {
-                    control.abandon(f, committed)
-                } else {
-                    Vec::new()
-                }
-            })
+            .call_each(
+                control,
+                urls,
+                facts,
+                &Engines::of(marked.clone()),
+                timeout,
+                |_, f| control.abandon(f, committed),
+            )
             .await;
-        for (o, r) in open.iter_mut().zip(&results) {
-            if r.is_none() {
+        for ((o, r), m) in open.iter_mut().zip(&results).zip(&marked) {
+            if *m && r.is_none() {
                 *o = false;
             }
         }
-        errors(results)
+        failures(results)
     }
 }
 
 /// The failures of [`EngineClient::call_each`], in engine order.
-fn errors(results: Vec<Option<String>>) -> Vec<String> {
-    results.into_iter().flatten().collect()
+fn failures(results: Vec<Option<String>>) -> Vec<EngineFailure> {
+    results
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            r.map(|message| EngineFailure {
+                engine: i as u32,
+                message,
+            })
+        })
+        .collect()
 }
 
 /// The queue of engine calls of one pair.
 pub(crate) struct EngineLane {
     tx: mpsc::UnboundedSender<EngineCmd>,
-    /// Whether any engine is triggered into receiving (else its ranks receive on their own).
-    pub(crate) triggers: bool,
+    /// Per engine, whether it is triggered into receiving (has a trigger call).
+    pub(crate) triggered: Vec<bool>,
     /// Whether any engine has calls after the ranks received (closing a session).
     pub(crate) finishes: bool,
 }
@@ -279,6 +374,9 @@ pub(crate) struct EngineLane {
 impl EngineLane {
     /// Starts the lane's task for engines with these checked `facts`; it ends when the pair is
     /// dropped. A trigger may take up to `trigger_timeout` (the pair's update deadline).
+    /// `per_engine` (commit policies `quorum:K`, `available`): each engine's trigger answer is
+    /// reported on its own as it arrives ([`EngineEvents::engine_triggered`]) while the lane
+    /// goes on with the next steps.
     pub(crate) fn spawn(
         pair: Weak<dyn EngineEvents>,
         control: &'static dyn EngineControl,
@@ -286,13 +384,18 @@ impl EngineLane {
         facts: Vec<EngineFacts>,
         client: EngineClient,
         trigger_timeout: Duration,
+        per_engine: bool,
     ) -> Self {
-        let triggers = facts
+        let triggered: Vec<bool> = facts
             .iter()
-            .any(|f| control.trigger(f, &TriggerWork::receive(0, 1)).is_some());
+            .map(|f| control.trigger(f, &TriggerWork::receive(0, 1)).is_some())
+            .collect();
         let finishes = facts.iter().any(|f| !control.after_update(f, 0).is_empty());
         let (tx, mut rx) = mpsc::unbounded_channel::<EngineCmd>();
         let quick = client.timeout;
+        let every = Engines::all(urls.len());
+        let urls: Arc<[String]> = urls.into();
+        let facts: Arc<[EngineFacts]> = facts.into();
         tokio::spawn(async move {
             // Engines where an attempt (or the warm-up) may have left open what `before_update`
             // opens (SGLang's update session): `abandon` closes it before their next
@@ -302,7 +405,7 @@ impl EngineLane {
                 match cmd {
                     EngineCmd::WarmUp => {
                         let results = client
-                            .call_each(control, &urls, &facts, trigger_timeout, |_, f| {
+                            .call_each(control, &urls, &facts, &every, trigger_timeout, |_, f| {
                                 control.warm_up(f)
                             })
                             .await;
@@ -310,97 +413,155 @@ impl EngineLane {
                             *o = r.is_some();
                         }
                         match pair.upgrade() {
-                            Some(p) => p.engines_warmed(errors(results)),
+                            Some(p) => p.engines_warmed(messages(&failures(results))),
                             None => break,
                         }
                     }
-                    EngineCmd::Pause { version, attempt } => {
+                    EngineCmd::Pause {
+                        version,
+                        attempt,
+                        engines,
+                    } => {
                         let committed = pair.upgrade().and_then(|p| p.committed_version());
                         let left = client
-                            .abandon_open(control, &urls, &facts, quick, &mut open, committed)
+                            .abandon_open(
+                                control, &urls, &facts, &engines, quick, &mut open, committed,
+                            )
                             .await;
                         if !left.is_empty() {
                             tracing::warn!(
                                 version,
                                 attempt,
-                                errors = %left.join("; "),
+                                errors = %messages(&left).join("; "),
                                 "closing the previous attempt on the inference engines failed"
                             );
                         }
                         let results = client
-                            .call_each(control, &urls, &facts, quick, |_, f| {
+                            .call_each(control, &urls, &facts, &engines, quick, |_, f| {
                                 control.before_update(f, version)
                             })
                             .await;
-                        for (o, r) in open.iter_mut().zip(&results) {
-                            *o |= r.is_none();
+                        for (i, (o, r)) in open.iter_mut().zip(&results).enumerate() {
+                            *o |= engines.has(i) && r.is_none();
                         }
-                        let mut errors = errors(results);
-                        if !errors.is_empty() {
-                            // what could not be closed may be why this attempt's pause failed
-                            errors.extend(left);
+                        let mut failed = failures(results);
+                        // what could not be closed may be why an engine's pause failed
+                        for f in &mut failed {
+                            for l in left.iter().filter(|l| l.engine == f.engine) {
+                                f.message = format!("{}; {}", f.message, l.message);
+                            }
                         }
                         match pair.upgrade() {
-                            Some(p) => p.engines_paused(version, attempt, errors),
+                            Some(p) => p.engines_paused(version, attempt, failed),
                             None => {
                                 // The pair is gone: do not leave its engines paused.
                                 client
                                     .abandon_open(
-                                        control, &urls, &facts, quick, &mut open, committed,
+                                        control, &urls, &facts, &every, quick, &mut open,
+                                        committed,
                                     )
                                     .await;
                                 client
-                                    .call_all(control, &urls, &facts, quick, |f| control.resume(f))
+                                    .call_all(control, &urls, &facts, &every, quick, |f| {
+                                        control.resume(f)
+                                    })
                                     .await;
                                 break;
                             }
                         }
                     }
-                    EngineCmd::Trigger { version, attempt } => {
-                        let errors = client
-                            .call_all(control, &urls, &facts, trigger_timeout, |f| {
-                                control
-                                    .trigger(f, &TriggerWork::receive(version, attempt))
-                                    .into_iter()
-                                    .collect()
+                    EngineCmd::Trigger {
+                        version,
+                        attempt,
+                        engines,
+                    } => {
+                        let work = TriggerWork::receive(version, attempt);
+                        if per_engine {
+                            // each engine's answer on its own, without holding the lane
+                            for i in (0..urls.len()).filter(|&i| engines.has(i)) {
+                                let Some(call) = facts.get(i).and_then(|f| control.trigger(f, &work))
+                                else {
+                                    continue;
+                                };
+                                let (client, pair, base) =
+                                    (client.clone(), pair.clone(), urls[i].clone());
+                                tokio::spawn(async move {
+                                    let base = base.trim_end_matches('/').to_string();
+                                    let error = client
+                                        .call(control, &base, &call, trigger_timeout)
+                                        .await
+                                        .err()
+                                        .map(|e| {
+                                            let target = format!("{base}{}", call.path);
+                                            describe(i, &call, &target, &e)
+                                        });
+                                    if let Some(p) = pair.upgrade() {
+                                        p.engine_triggered(version, attempt, i as u32, error);
+                                    }
+                                });
+                            }
+                            continue;
+                        }
+                        let failed = client
+                            .call_all(control, &urls, &facts, &engines, trigger_timeout, |f| {
+                                control.trigger(f, &work).into_iter().collect()
                             })
                             .await;
                         match pair.upgrade() {
-                            Some(p) => p.engines_triggered(version, attempt, errors),
+                            Some(p) => p.engines_triggered(version, attempt, failed),
                             None => break,
                         }
                     }
-                    EngineCmd::Finish { version, attempt } => {
+                    EngineCmd::Finish {
+                        version,
+                        attempt,
+                        engines,
+                    } => {
                         let results = client
-                            .call_each(control, &urls, &facts, quick, |_, f| {
+                            .call_each(control, &urls, &facts, &engines, quick, |_, f| {
                                 control.after_update(f, version)
                             })
                             .await;
-                        for (o, r) in open.iter_mut().zip(&results) {
-                            *o = r.is_some();
+                        for (i, (o, r)) in open.iter_mut().zip(&results).enumerate() {
+                            if engines.has(i) {
+                                *o = r.is_some();
+                            }
                         }
                         match pair.upgrade() {
-                            Some(p) => p.engines_finished(version, attempt, errors(results)),
+                            Some(p) => p.engines_finished(version, attempt, failures(results)),
                             None => break,
                         }
                     }
-                    EngineCmd::Continue { version, attempt } => {
+                    EngineCmd::Continue {
+                        version,
+                        attempt,
+                        engines,
+                    } => {
                         let committed = pair.upgrade().and_then(|p| p.committed_version());
                         if committed == Some(version) {
-                            // the attempt committed, so every closing call succeeded; engines
-                            // without closing calls (no session) were never unmarked
-                            open.fill(false);
+                            // the attempt committed on the engines resumed, so every closing
+                            // call of theirs succeeded; engines without closing calls (no
+                            // session) were never unmarked
+                            for (i, o) in open.iter_mut().enumerate() {
+                                if engines.has(i) {
+                                    *o = false;
+                                }
+                            }
                         }
-                        let mut errors = client
-                            .abandon_open(control, &urls, &facts, quick, &mut open, committed)
+                        let mut failed = client
+                            .abandon_open(
+                                control, &urls, &facts, &engines, quick, &mut open, committed,
+                            )
                             .await;
-                        errors.extend(
+                        failed.extend(
                             client
-                                .call_all(control, &urls, &facts, quick, |f| control.resume(f))
+                                .call_all(control, &urls, &facts, &engines, quick, |f| {
+                                    control.resume(f)
+                                })
                                 .await,
                         );
                         if let Some(p) = pair.upgrade() {
-                            p.engines_resumed(version, attempt, errors);
+                            p.engines_resumed(version, attempt, failed);
                         }
                     }
                 }
@@ -408,7 +569,7 @@ impl EngineLane {
         });
         EngineLane {
             tx,
-            triggers,
+            triggered,
             finishes,
         }
     }

@@ -19,7 +19,7 @@
 //! on a [`PairEntry`] and answers with an [`UpdateError`]; `routes/updates` only parses,
 //! authorises, calls and maps the error to a status code.
 
-use crate::server::engine::{EngineCmd, EngineEvents};
+use crate::server::engine::{EngineCmd, EngineEvents, EngineFailure, Engines, messages};
 use crate::server::error::ApiError;
 use crate::server::state::{Pair, PairEntry, unix_ms};
 use crate::server::store::disk::Op;
@@ -220,6 +220,8 @@ impl PairEntry {
             .flatten();
         tracing::info!(pair = %name, version, attempt, "update started");
         let out = self.out_from_start(&p);
+        let taking_part = Engines::of(out.iter().map(Option::is_none).collect());
+        let engines = out.len();
         let (gone, trimmed) = p.updates.insert(Update {
             version,
             attempt,
@@ -247,6 +249,8 @@ impl PairEntry {
             applied: 0,
             resuming: false,
             left_out: out,
+            unannounced: vec![false; engines],
+            trigger_open: vec![false; engines],
         });
         for v in gone {
             p.changed(Op::Update(v));
@@ -259,7 +263,11 @@ impl PairEntry {
         p.changed(Op::ClearReports(version));
         p.changed(Op::Update(version));
         if pending {
-            self.engine_cmd(EngineCmd::Pause { version, attempt });
+            self.engine_cmd(EngineCmd::Pause {
+                version,
+                attempt,
+                engines: taking_part,
+            });
         } else {
             bind_claims(&mut p, version);
             self.publish_update(&mut p, version, attempt);
@@ -540,6 +548,7 @@ impl PairEntry {
             .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
         let now = unix_ms();
         let left_out = u.left_out.clone();
+        let unannounced = u.unannounced.clone();
         for (e, rec) in p.engines.iter_mut().enumerate() {
             if !rec.takes_part() {
                 continue;
@@ -549,6 +558,8 @@ impl PairEntry {
                 .cloned()
                 .flatten()
                 .unwrap_or_else(|| error.clone());
+            // an engine out of the attempt when it was announced took nothing of it
+            let wrote = wrote && !unannounced.get(e).copied().unwrap_or(false);
             rec.failed(version, wrote, false, &why, now);
         }
         // ranks waiting for this version learn at once that it failed, even when it never
@@ -565,11 +576,16 @@ impl PairEntry {
             p.updates.torn = Some(version);
             p.changed(Op::State);
         }
-        if resume || (!wrote && p.updates.torn.is_none()) || self.engines.is_none() {
+        if resume
+            || (!wrote && p.updates.torn.is_none())
+            || self.engines.is_none()
+            || !self.request.options.commit.is_all()
+        {
             // nothing was written (the live weights are the last committed version's), or the
             // pair is gone: the engines serve again. After an earlier torn attempt they stay
-            // paused, even when this attempt wrote nothing.
-            self.resume_engines(p, version, attempt);
+            // paused, even when this attempt wrote nothing. Under per-engine commits each
+            // engine that is not torn serves again (its last version whole).
+            self.resume_engines(p, version, attempt, resume);
         }
         self.update_tx.send_replace(());
     }
@@ -627,7 +643,12 @@ impl PairEntry {
         if self.engines.as_ref().is_some_and(|l| l.finishes) {
             u.finishing = true;
             let (version, attempt) = (u.version, u.attempt);
-            self.engine_cmd(EngineCmd::Finish { version, attempt });
+            let engines = Engines::all(self.slots.engines as usize);
+            self.engine_cmd(EngineCmd::Finish {
+                version,
+                attempt,
+                engines,
+            });
             return;
         }
         self.commit(p);
@@ -656,6 +677,7 @@ impl PairEntry {
         self.metrics
             .update_finished(true, u.elapsed().as_secs_f64(), u.bytes);
         let left_out = u.left_out.clone();
+        let unannounced = u.unannounced.clone();
         p.updates.committed = Some(version);
         p.updates.torn = None;
         p.updates.serving_torn = None;
@@ -672,18 +694,19 @@ impl PairEntry {
                 None => rec.applied(version),
                 Some(why) => {
                     tracing::warn!(pair = %self.name, version, engine = e, error = %why, "engine left out of a committed version: behind");
+                    let wrote = wrote && !unannounced.get(e).copied().unwrap_or(false);
                     rec.failed(version, wrote, true, &why, now);
                 }
             }
         }
         p.changed(Op::Update(version));
         p.changed(Op::State);
-        self.resume_engines(p, version, attempt);
+        self.resume_engines(p, version, attempt, false);
         self.update_tx.send_replace(());
     }
 
     /// The engines' loaders answered the trigger of `version`/`attempt`.
-    pub(crate) fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>) {
+    pub(crate) fn engines_triggered(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
         let mut p = self.lock();
         let Some(u) = p.updates.attempt_mut(version, attempt) else {
             return;
@@ -692,9 +715,11 @@ impl PairEntry {
             return;
         }
         u.trigger_waiting = false;
-        if errors.is_empty() {
+        u.trigger_open.fill(false);
+        if failed.is_empty() {
             self.settle(&mut p);
         } else {
+            let errors = messages(&failed);
             u.engine_errors.extend(errors.iter().cloned());
             self.fail(
                 &mut p,
@@ -706,8 +731,43 @@ impl PairEntry {
         }
     }
 
-    /// The engines closed the update of `version`/`attempt` (or failed to).
-    pub(crate) fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>) {
+    /// Per-engine commits: engine `engine`'s loader answered the trigger of
+    /// `version`/`attempt`; a failure leaves that engine out of the version.
+    pub(crate) fn engine_triggered(
+        &self,
+        version: u64,
+        attempt: u32,
+        engine: u32,
+        error: Option<String>,
+    ) {
+        let mut p = self.lock();
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if u.state != UpdateState::Running {
+            return;
+        }
+        if let Some(t) = u.trigger_open.get_mut(engine as usize) {
+            *t = false;
+        }
+        u.trigger_waiting = u.trigger_open.iter().any(|t| *t);
+        match error {
+            None => self.settle(&mut p),
+            Some(e) => {
+                u.engine_errors.push(e.clone());
+                self.engine_failed(
+                    &mut p,
+                    engine,
+                    format!("the inference engine's weight loader failed: {e}"),
+                );
+            }
+        }
+    }
+
+    /// The engines closed the update of `version`/`attempt` (or failed to). Under per-engine
+    /// commits an engine that failed to close is left out (its ranks wrote: it is torn) and the
+    /// version commits on the others if the policy is still met.
+    pub(crate) fn engines_finished(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
         let mut p = self.lock();
         let Some(u) = p.updates.attempt_mut(version, attempt) else {
             return;
@@ -716,10 +776,13 @@ impl PairEntry {
             return;
         }
         u.finishing = false;
-        if errors.is_empty() {
+        if failed.is_empty() {
             self.commit(&mut p);
-        } else {
-            u.engine_errors.extend(errors.iter().cloned());
+            return;
+        }
+        let errors = messages(&failed);
+        u.engine_errors.extend(errors.iter().cloned());
+        if self.request.options.commit.is_all() {
             self.fail(
                 &mut p,
                 format!(
@@ -727,6 +790,20 @@ impl PairEntry {
                     errors.join("; ")
                 ),
             );
+            return;
+        }
+        for f in &failed {
+            if let Some(x) = u.left_out.get_mut(f.engine as usize) {
+                x.get_or_insert_with(|| {
+                    format!("closing the engine's update failed: {}", f.message)
+                });
+            }
+        }
+        p.changed(Op::Update(version));
+        if let Some(reason) = self.short_of_policy(&p) {
+            self.fail(&mut p, reason);
+        } else {
+            self.commit(&mut p);
         }
     }
 
@@ -740,8 +817,11 @@ impl PairEntry {
         }
     }
 
-    /// The engines were paused (or failed to be) for `version`/`attempt`.
-    pub(crate) fn engines_paused(&self, version: u64, attempt: u32, errors: Vec<String>) {
+    /// The engines were paused (or failed to be) for `version`/`attempt`. Under per-engine
+    /// commits an engine whose pause failed is left out of the version from its start (its
+    /// ranks take none of it, so its weights stay whole), and the version runs on the others
+    /// if the policy can still be met.
+    pub(crate) fn engines_paused(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
         let mut p = self.lock();
         let Some(u) = p.updates.attempt_mut(version, attempt) else {
             return;
@@ -750,40 +830,66 @@ impl PairEntry {
             return;
         }
         u.pause = Some(u.elapsed());
-        if errors.is_empty() {
-            u.state = UpdateState::Running;
-            p.changed(Op::Update(version));
-            let Some(u) = p.updates.attempt_mut(version, attempt) else {
-                return;
-            };
-            let triggers = self.engines.as_ref().is_some_and(|l| l.triggers);
-            u.trigger_waiting = triggers;
-            if triggers {
-                self.engine_cmd(EngineCmd::Trigger { version, attempt });
-            }
-            bind_claims(&mut p, version);
-            self.publish_update(&mut p, version, attempt);
-            self.update_tx.send_replace(());
-        } else {
+        if !failed.is_empty() {
+            let errors = messages(&failed);
             u.engine_errors.extend(errors.iter().cloned());
-            self.fail(
-                &mut p,
-                format!(
-                    "pausing the inference engines failed: {}",
-                    errors.join("; ")
-                ),
-            );
+            if self.request.options.commit.is_all() {
+                self.fail(
+                    &mut p,
+                    format!(
+                        "pausing the inference engines failed: {}",
+                        errors.join("; ")
+                    ),
+                );
+                return;
+            }
+            for f in &failed {
+                if let Some(x) = u.left_out.get_mut(f.engine as usize) {
+                    tracing::warn!(pair = %self.name, version, engine = f.engine, error = %f.message, "engine left out of the update: pausing it failed");
+                    x.get_or_insert_with(|| format!("pausing the engine failed: {}", f.message));
+                }
+            }
+            if let Some(reason) = self.short_of_policy(&p) {
+                self.fail(&mut p, reason);
+                return;
+            }
         }
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        u.state = UpdateState::Running;
+        let taking_part: Vec<bool> = u.left_out.iter().map(Option::is_none).collect();
+        p.changed(Op::Update(version));
+        let Some(u) = p.updates.attempt_mut(version, attempt) else {
+            return;
+        };
+        if let Some(lane) = &self.engines {
+            for (e, t) in u.trigger_open.iter_mut().enumerate() {
+                *t = taking_part.get(e).copied().unwrap_or(false)
+                    && lane.triggered.get(e).copied().unwrap_or(false);
+            }
+        }
+        u.trigger_waiting = u.trigger_open.iter().any(|t| *t);
+        if u.trigger_waiting {
+            self.engine_cmd(EngineCmd::Trigger {
+                version,
+                attempt,
+                engines: Engines::of(taking_part),
+            });
+        }
+        bind_claims(&mut p, version);
+        self.publish_update(&mut p, version, attempt);
+        self.update_tx.send_replace(());
     }
 
     /// The engines were resumed after `version`/`attempt`; records errors and wakes the waits
     /// for the attempt's end.
-    pub(crate) fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>) {
+    pub(crate) fn engines_resumed(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
         let mut p = self.lock();
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
             u.resuming = false;
-            if !errors.is_empty() {
-                u.engine_errors.extend(errors);
+            if !failed.is_empty() {
+                u.engine_errors.extend(messages(&failed));
                 p.changed(Op::Update(version));
             }
         }
@@ -828,6 +934,14 @@ impl PairEntry {
                     .filter(|&i| u.ranks.get(i).is_some_and(|r| r.state.is_none()))
                     .collect();
                 if silent.is_empty() {
+                    // its ranks reported, but its loader (the trigger) did not answer
+                    if u.trigger_open.get(e as usize).copied().unwrap_or(false)
+                        && let Some(x) = u.left_out.get_mut(e as usize)
+                    {
+                        x.get_or_insert_with(|| {
+                            format!("the deadline of {deadline} ms passed; engine {e}'s weight loader did not answer")
+                        });
+                    }
                     continue;
                 }
                 for &i in &silent {
@@ -953,20 +1067,24 @@ impl EngineEvents for PairEntry {
         PairEntry::engines_warmed(self, errors)
     }
 
-    fn engines_paused(&self, version: u64, attempt: u32, errors: Vec<String>) {
-        PairEntry::engines_paused(self, version, attempt, errors)
+    fn engines_paused(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
+        PairEntry::engines_paused(self, version, attempt, failed)
     }
 
-    fn engines_triggered(&self, version: u64, attempt: u32, errors: Vec<String>) {
-        PairEntry::engines_triggered(self, version, attempt, errors)
+    fn engines_triggered(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
+        PairEntry::engines_triggered(self, version, attempt, failed)
     }
 
-    fn engines_finished(&self, version: u64, attempt: u32, errors: Vec<String>) {
-        PairEntry::engines_finished(self, version, attempt, errors)
+    fn engine_triggered(&self, version: u64, attempt: u32, engine: u32, error: Option<String>) {
+        PairEntry::engine_triggered(self, version, attempt, engine, error)
     }
 
-    fn engines_resumed(&self, version: u64, attempt: u32, errors: Vec<String>) {
-        PairEntry::engines_resumed(self, version, attempt, errors)
+    fn engines_finished(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
+        PairEntry::engines_finished(self, version, attempt, failed)
+    }
+
+    fn engines_resumed(&self, version: u64, attempt: u32, failed: Vec<EngineFailure>) {
+        PairEntry::engines_resumed(self, version, attempt, failed)
     }
 }
 
@@ -1032,49 +1150,79 @@ impl PairEntry {
 
     /// Commit policies `quorum:K` and `available`: commits the running attempt once every
     /// training rank succeeded and every engine either applied it (each of its ranks
-    /// succeeded) or was left out, if enough engines applied it; fails it as soon as too few
-    /// engines can still apply it.
+    /// succeeded, and its loader answered where it is triggered) or was left out, if enough
+    /// engines applied it (after the applied engines' closing calls, where the engines have
+    /// them); fails it as soon as too few engines can still apply it.
     fn settle_by_engines(&self, p: &mut Pair) {
-        let policy = self.request.options.commit;
+        if let Some(reason) = self.short_of_policy(p) {
+            self.fail(p, reason);
+            return;
+        }
         let Some(u) = p.updates.latest_mut() else {
             return;
         };
-        if u.state != UpdateState::Running {
+        if u.state != UpdateState::Running || u.finishing {
             return;
         }
-        let engines = self.slots.engines;
-        let need = policy.needs(engines);
         let ok = |i: usize| u.ranks.get(i).is_some_and(|r| r.state == Some(true));
         let training_ok = (0..self.slots.train as usize).all(ok);
-        let (mut applied, mut open) = (0u32, 0u32);
-        for e in 0..engines {
+        let mut applied = vec![false; self.slots.engines as usize];
+        let mut open = 0u32;
+        for e in 0..self.slots.engines {
             if u.left_out.get(e as usize).is_some_and(Option::is_some) {
                 continue;
             }
-            if self.engine_slots(e).all(ok) {
-                applied += 1;
+            let triggered = !u.trigger_open.get(e as usize).copied().unwrap_or(false);
+            if triggered && self.engine_slots(e).all(ok) {
+                applied[e as usize] = true;
             } else {
                 open += 1;
             }
         }
-        if applied + open < need {
-            let why: Vec<String> = u
-                .left_out()
-                .into_iter()
-                .map(|l| format!("engine {}: {}", l.engine, l.error))
-                .collect();
-            let reason = format!(
-                "only {} of {engines} engines can still apply it and the commit policy `{policy}` needs {need}; left out: {}",
-                applied + open,
-                why.join("; ")
-            );
-            self.fail(p, reason);
-            return;
-        }
         if !training_ok || open > 0 {
             return;
         }
+        if self.engines.as_ref().is_some_and(|l| l.finishes) {
+            u.finishing = true;
+            let (version, attempt) = (u.version, u.attempt);
+            self.engine_cmd(EngineCmd::Finish {
+                version,
+                attempt,
+                engines: Engines::of(applied),
+            });
+            return;
+        }
         self.commit(p);
+    }
+
+    /// Commit policies `quorum:K` and `available`: why the running attempt can no longer
+    /// commit (fewer engines than the policy needs are still in it), or `None`.
+    fn short_of_policy(&self, p: &Pair) -> Option<String> {
+        let policy = self.request.options.commit;
+        if policy.is_all() {
+            return None;
+        }
+        let u = p.updates.latest()?;
+        if u.state.is_final() {
+            return None;
+        }
+        let engines = self.slots.engines;
+        let need = policy.needs(engines);
+        let still = (0..engines)
+            .filter(|&e| u.left_out.get(e as usize).is_some_and(Option::is_none))
+            .count() as u32;
+        if still >= need {
+            return None;
+        }
+        let why: Vec<String> = u
+            .left_out()
+            .into_iter()
+            .map(|l| format!("engine {}: {}", l.engine, l.error))
+            .collect();
+        Some(format!(
+            "only {still} of {engines} engines can still apply it and the commit policy `{policy}` needs {need}; left out: {}",
+            why.join("; ")
+        ))
     }
 
     /// Makes every added engine whose ranks all joined a member (as a version starts: an
@@ -1127,6 +1275,8 @@ impl PairEntry {
         };
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
             u.base = base.clone();
+            // an engine out of the attempt now never takes any of it
+            u.unannounced = u.left_out.iter().map(Option::is_some).collect();
         }
         let out: Vec<u32> = p
             .updates

@@ -4,7 +4,7 @@
 //! in `store`.
 
 use crate::server::config::GatewayConfig;
-use crate::server::engine::{EngineClient, EngineCmd, EngineLane};
+use crate::server::engine::{EngineClient, EngineCmd, EngineLane, Engines};
 use crate::server::error::ApiError;
 use crate::server::polls::{self, LongPolls, Permit};
 use crate::server::store::disk::{self, Op, Store, Write};
@@ -343,15 +343,35 @@ impl PairEntry {
 
     /// Queues the engines' resume after `version`/`attempt` and marks the attempt `resuming`
     /// until the lane answers ([`Self::engines_resumed`]), so that a wait for the attempt's
-    /// outcome answers only after the resume.
-    pub(crate) fn resume_engines(&self, p: &mut Pair, version: u64, attempt: u32) {
+    /// outcome answers only after the resume. Under commit policy `all` every engine is
+    /// resumed; under `quorum:K` and `available` only the engines of the pair that may serve
+    /// (not torn: a torn engine stays paused until it catches up or the controller accepts its
+    /// weights), or with `every` (the pair is going away) all of them.
+    pub(crate) fn resume_engines(&self, p: &mut Pair, version: u64, attempt: u32, every: bool) {
         let Some(lane) = &self.engines else {
             return;
         };
+        let engines = if every || self.request.options.commit.is_all() {
+            Engines::all(p.engines.len())
+        } else {
+            Engines::of(
+                p.engines
+                    .iter()
+                    .map(|r| r.takes_part() && r.torn.is_none())
+                    .collect(),
+            )
+        };
+        if engines.is_empty() {
+            return;
+        }
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
             u.resuming = true;
         }
-        lane.send(EngineCmd::Continue { version, attempt });
+        lane.send(EngineCmd::Continue {
+            version,
+            attempt,
+            engines,
+        });
     }
 
     /// Fails the join if its deadline passed while ranks were missing.

@@ -145,6 +145,7 @@ fn new_entry(
                 e.facts,
                 gw.engines.clone(),
                 trigger_timeout,
+                !e.request.options.commit.is_all(),
             )
         }),
         request: e.request,
@@ -297,7 +298,7 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
     option("update_deadline_ms", o.update_deadline_ms, 1, 86_400_000)?;
     option("bucket_mib", o.bucket_mib, 1, 65_536)?;
     option("buckets", u64::from(o.buckets), 1, 64)?;
-    commit_policy(o, e, urls)?;
+    commit_policy(o, e)?;
     if o.check_finite && req.transport.on_gpu() {
         return Err(ApiError::Unprocessable(format!(
             "options.check_finite reads the training ranks' sources on the host, and the {} transport keeps them in GPU memory, where awex has no such check yet; use shm or tcp, or connect without check_finite",
@@ -605,11 +606,7 @@ fn checked_parallel(backend: &str, p: &ParallelConfig) -> ParallelConfig {
 
 /// Checks the commit policy against the pair: a quorum no larger than the engines, and the
 /// combinations that per-engine commits do not support yet refused, each saying why.
-fn commit_policy(
-    o: &crate::wire::PairOptions,
-    engines: u32,
-    urls: &[String],
-) -> Result<(), ApiError> {
+fn commit_policy(o: &crate::wire::PairOptions, engines: u32) -> Result<(), ApiError> {
     use crate::wire::CommitPolicy;
     let policy = o.commit;
     if let CommitPolicy::Quorum(k) = policy
@@ -626,8 +623,6 @@ fn commit_policy(
         "options.checksums is on, and it compares the two sides' checksum sums, which are not per engine: a version left out by an engine could never commit; connect with checksums off, or with commit = all"
     } else if o.apply == crate::wire::ApplyMode::Atomic {
         "options.apply is atomic, and the `apply` event does not name the engines left out, so a failed engine's ranks would apply a version it did not receive whole; connect with apply = in_place, or with commit = all"
-    } else if !urls.is_empty() {
-        "inference.urls are given, and the engines' pause and resume calls go to every server together, so a failed engine would be resumed with the others; connect without urls (ranks drive the engines), or with commit = all"
     } else {
         return Ok(());
     };
@@ -730,7 +725,7 @@ pub(crate) async fn resume(
             p.changed(Op::State);
         }
         if let Some((version, attempt, _)) = latest {
-            entry.resume_engines(&mut p, version, attempt);
+            entry.resume_engines(&mut p, version, attempt, false);
         }
     }
     Ok(Json(entry.status()))
@@ -889,6 +884,8 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                     applying: u.applying,
                     applied,
                     resuming: false,
+                    unannounced: vec![false; slots.engines as usize],
+                    trigger_open: vec![false; slots.engines as usize],
                     left_out: {
                         let mut out = vec![None; slots.engines as usize];
                         for l in u.left_out {
