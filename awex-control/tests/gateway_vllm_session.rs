@@ -6,6 +6,7 @@ mod gateway_common;
 use awex_control::client::Client;
 use awex_control::server::GatewayConfig;
 use awex_control::wire::{CommitPolicy, EngineState, UpdateState};
+use awex_core::{RankId, Side};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -33,6 +34,13 @@ struct Vllm {
     receive_fails_on: Mutex<Vec<usize>>,
     /// Servers whose `/pause` answers 500 (a server in trouble).
     pause_fails_on: Mutex<Vec<usize>>,
+    /// Servers that are down: every call answers 503.
+    down: Mutex<Vec<usize>>,
+    /// Servers started again: their `/init_weight_transfer_engine` starts their two ranks
+    /// (as every vLLM worker joins there) and answers once both joined.
+    restarted: Mutex<Vec<usize>>,
+    /// The ranks restarted servers started.
+    respawned: Mutex<Ranks>,
 }
 
 type St = (Arc<Vllm>, usize, String, &'static str);
@@ -60,6 +68,45 @@ async fn vllm_server(s: Arc<Vllm>, index: usize, gateway: String, pair: &'static
             .unwrap()
             .push((i, path.clone(), body.0.clone()));
         let msg = |m: &str| (StatusCode::OK, axum::Json(json!({"message": m})));
+        if s.down.lock().unwrap().contains(&i) {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({"detail": "server down"})),
+            );
+        }
+        if uri.path() == "/init_weight_transfer_engine" && s.restarted.lock().unwrap().contains(&i)
+        {
+            let client = Client::new(&gateway, None).unwrap();
+            let since = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64;
+            for r in 0..2 {
+                let h = tokio::spawn(gateway_common::present_rank(
+                    client.clone(),
+                    pair.to_string(),
+                    Side::Inference,
+                    RankId::infer(i as u32, r),
+                    always_ok(1, 0),
+                    format!("{pair}-engine{i}-rank{r}-restarted"),
+                ));
+                s.respawned.lock().unwrap().push(h);
+            }
+            for _ in 0..500 {
+                let st = client.status(pair).await.unwrap();
+                let joined = st
+                    .roster
+                    .iter()
+                    .filter(|x| x.rank.engine == i as u32 && x.side == Side::Inference)
+                    .filter(|x| x.joined_unix_ms >= since)
+                    .count();
+                if joined == 2 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            return msg("Weight transfer initialized");
+        }
         match uri.path() {
             "/pause" if s.pause_fails_on.lock().unwrap().contains(&i) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -162,7 +209,25 @@ async fn vllm_fleet(
     req.options.update_deadline_ms = 3_000;
     req.options.commit = commit;
     client.connect(&req).await.unwrap();
-    let ranks = spawn_ranks(&client, pair, 1, engines, 2, |_, _| always_ok(1, 0));
+    let ranks = if commit == CommitPolicy::All {
+        spawn_ranks(&client, pair, 1, engines, 2, |_, _| always_ok(1, 0))
+    } else {
+        // per-engine commits: ranks that the gateway can tell gone (claims and presence polls)
+        let mut ranks = spawn_ranks(&client, pair, 1, 0, 2, |_, _| always_ok(1, 0));
+        for e in 0..engines {
+            for r in 0..2 {
+                ranks.push(tokio::spawn(gateway_common::present_rank(
+                    client.clone(),
+                    pair.to_string(),
+                    Side::Inference,
+                    RankId::infer(e, r),
+                    always_ok(1, 0),
+                    format!("{pair}-engine{e}-rank{r}-first"),
+                )));
+            }
+        }
+        ranks
+    };
     (client, s, ranks)
 }
 
@@ -329,7 +394,11 @@ async fn available_leaves_a_failed_engine_out_resumes_only_the_others_and_it_cat
     let states: Vec<_> = st.engines.iter().map(|e| e.state).collect();
     assert_eq!(
         states,
-        vec![EngineState::Serving, EngineState::Torn, EngineState::Serving]
+        vec![
+            EngineState::Serving,
+            EngineState::Torn,
+            EngineState::Serving
+        ]
     );
     assert_eq!(st.engines[1].serving_version, None);
     assert_eq!(st.engines[1].torn_version, Some(1));
@@ -399,13 +468,21 @@ async fn an_engine_whose_pause_fails_takes_no_part_keeps_its_weights_whole_and_c
     let calls = take(&s, 2);
     assert_eq!(
         paths(&calls),
-        vec!["/init_weight_transfer_engine", "/pause?mode=keep", "/resume"],
+        vec![
+            "/init_weight_transfer_engine",
+            "/pause?mode=keep",
+            "/resume"
+        ],
         "engine 2"
     );
     let st = client.status("vp").await.unwrap();
     let e2 = &st.engines[2];
     assert_eq!(e2.state, EngineState::Behind, "{e2:?}");
-    assert_eq!((e2.serving_version, e2.torn_version), (None, None), "{e2:?}");
+    assert_eq!(
+        (e2.serving_version, e2.torn_version),
+        (None, None),
+        "{e2:?}"
+    );
 
     s.pause_fails_on.lock().unwrap().clear();
     start_retrying(&client, "vp", 2).await;
@@ -440,7 +517,9 @@ async fn a_quorum_that_engine_failures_make_unreachable_fails_the_version_and_re
     assert_eq!(done.state, UpdateState::Failed);
     let error = done.error.unwrap();
     assert!(
-        error.contains("only 2 of 3 engines can still apply it and the commit policy `quorum:3` needs 3"),
+        error.contains(
+            "only 2 of 3 engines can still apply it and the commit policy `quorum:3` needs 3"
+        ),
         "{error}"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -454,4 +533,92 @@ async fn a_quorum_that_engine_failures_make_unreachable_fails_the_version_and_re
     }
     client.disconnect("vq").await.unwrap();
     logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_is_left_out_and_once_restarted_is_warmed_up_again_and_catches_up() {
+    let (client, s, mut ranks) = vllm_fleet("vd", 3, CommitPolicy::Available).await;
+    start_retrying(&client, "vd", 1).await;
+    let done = client
+        .wait_update("vd", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    // server 1 dies with its ranks (ranks are spawned training first, then by engine)
+    s.down.lock().unwrap().push(1);
+    for h in ranks.drain(3..5) {
+        h.abort();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..3 {
+        take(&s, i);
+    }
+    start_retrying(&client, "vd", 2).await;
+    let done = client
+        .wait_update("vd", 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert_eq!(done.left_out.len(), 1, "{:?}", done.left_out);
+    assert_eq!(done.left_out[0].engine, 1);
+    assert!(
+        done.left_out[0]
+            .error
+            .contains("warming the engine up again (its ranks were gone) failed: engine 1 POST"),
+        "{:?}",
+        done.left_out
+    );
+    // it was asked to start its receivers again, and nothing else: it took no part
+    let calls = take(&s, 1);
+    assert_eq!(
+        paths(&calls).first(),
+        Some(&"/init_weight_transfer_engine"),
+        "{calls:?}"
+    );
+    assert!(!paths(&calls).contains(&"/update_weights"), "{calls:?}");
+    let st = client.status("vd").await.unwrap();
+    assert_eq!(
+        st.engines[1].state,
+        EngineState::Behind,
+        "{:?}",
+        st.engines[1]
+    );
+    assert_eq!(st.engines[1].serving_version, Some(1));
+
+    // the server starts again: the next version warms it up (its ranks join), and it catches up
+    s.restarted.lock().unwrap().push(1);
+    s.down.lock().unwrap().clear();
+    start_retrying(&client, "vd", 3).await;
+    let done = client
+        .wait_update("vd", 3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert!(done.left_out.is_empty(), "{:?}", done.left_out);
+    wait_call(&s, 1, "/resume").await;
+    let calls = take(&s, 1);
+    assert_eq!(
+        paths(&calls),
+        vec![
+            "/init_weight_transfer_engine",
+            "/pause?mode=keep",
+            "/start_weight_update",
+            "/update_weights",
+            "/finish_weight_update",
+            "/resume",
+        ],
+        "engine 1"
+    );
+    let st = client.status("vd").await.unwrap();
+    for e in &st.engines {
+        assert_eq!(
+            (e.state, e.serving_version),
+            (EngineState::Serving, Some(3)),
+            "{e:?}"
+        );
+    }
+    client.disconnect("vd").await.unwrap();
+    logs(ranks).await;
+    let respawned: Ranks = std::mem::take(&mut *s.respawned.lock().unwrap());
+    logs(respawned).await;
 }

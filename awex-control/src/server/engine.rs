@@ -70,11 +70,15 @@ pub(crate) fn messages(failures: &[EngineFailure]) -> Vec<String> {
 pub(crate) enum EngineCmd {
     /// The backend's calls once after connect (start the engines' receivers).
     WarmUp,
-    /// The backend's calls before `version`/`attempt` runs (pause, open the session).
+    /// The backend's calls before `version`/`attempt` runs (pause, open the session), after
+    /// the warm-up calls again on the engines of `rewarm` (engines whose ranks are all gone: a
+    /// restarted server's receivers start with them). An engine whose warm-up fails is not
+    /// paused and counts as failed.
     Pause {
         version: u64,
         attempt: u32,
         engines: Engines,
+        rewarm: Engines,
     },
     /// The call that makes the engines' processes receive `version`/`attempt`; it answers once
     /// they received (it may take the whole update).
@@ -421,7 +425,43 @@ impl EngineLane {
                         version,
                         attempt,
                         engines,
+                        rewarm,
                     } => {
+                        let mut cold = Vec::new();
+                        let engines = if rewarm.is_empty() {
+                            engines
+                        } else {
+                            let results = client
+                                .call_each(
+                                    control,
+                                    &urls,
+                                    &facts,
+                                    &rewarm,
+                                    trigger_timeout,
+                                    |_, f| control.warm_up(f),
+                                )
+                                .await;
+                            for (i, (o, r)) in open.iter_mut().zip(&results).enumerate() {
+                                if rewarm.has(i) {
+                                    *o = r.is_some();
+                                }
+                            }
+                            cold = failures(results);
+                            for f in &mut cold {
+                                f.message = format!(
+                                    "warming the engine up again (its ranks were gone) failed: {}",
+                                    f.message
+                                );
+                            }
+                            Engines::of(
+                                (0..urls.len())
+                                    .map(|i| {
+                                        engines.has(i)
+                                            && !cold.iter().any(|f| f.engine as usize == i)
+                                    })
+                                    .collect(),
+                            )
+                        };
                         let committed = pair.upgrade().and_then(|p| p.committed_version());
                         let left = client
                             .abandon_open(
@@ -445,6 +485,8 @@ impl EngineLane {
                             *o |= engines.has(i) && r.is_none();
                         }
                         let mut failed = failures(results);
+                        failed.extend(cold);
+                        failed.sort_by_key(|f| f.engine);
                         // what could not be closed may be why an engine's pause failed
                         for f in &mut failed {
                             for l in left.iter().filter(|l| l.engine == f.engine) {
@@ -457,8 +499,7 @@ impl EngineLane {
                                 // The pair is gone: do not leave its engines paused.
                                 client
                                     .abandon_open(
-                                        control, &urls, &facts, &every, quick, &mut open,
-                                        committed,
+                                        control, &urls, &facts, &every, quick, &mut open, committed,
                                     )
                                     .await;
                                 client
@@ -479,7 +520,8 @@ impl EngineLane {
                         if per_engine {
                             // each engine's answer on its own, without holding the lane
                             for i in (0..urls.len()).filter(|&i| engines.has(i)) {
-                                let Some(call) = facts.get(i).and_then(|f| control.trigger(f, &work))
+                                let Some(call) =
+                                    facts.get(i).and_then(|f| control.trigger(f, &work))
                                 else {
                                     continue;
                                 };

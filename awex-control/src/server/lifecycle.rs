@@ -263,10 +263,28 @@ impl PairEntry {
         p.changed(Op::ClearReports(version));
         p.changed(Op::Update(version));
         if pending {
+            let rewarm = Engines::of(
+                (0..self.slots.engines)
+                    .map(|e| {
+                        // per-engine commits: an engine taking part whose ranks are all gone (a
+                        // server that died) is warmed up again: a restarted one's receivers
+                        // join with the warm-up calls
+                        !self.request.options.commit.is_all()
+                            && taking_part.has(e as usize)
+                            && self.engine_slots(e).all(|i| {
+                                p.roster
+                                    .slots
+                                    .get(i)
+                                    .is_none_or(|j| j.as_ref().is_none_or(|j| j.gone))
+                            })
+                    })
+                    .collect(),
+            );
             self.engine_cmd(EngineCmd::Pause {
                 version,
                 attempt,
                 engines: taking_part,
+                rewarm,
             });
         } else {
             bind_claims(&mut p, version);

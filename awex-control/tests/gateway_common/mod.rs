@@ -173,8 +173,53 @@ pub async fn rank(
     rank: RankId,
     act: Behaviour,
 ) -> Result<Vec<String>, ClientError> {
-    let info =
+    rank_as(client, pair, side, rank, act, None).await
+}
+
+/// [`rank`] as awex's ranks run: it joins with claim id `claim`, polls its events under it, and
+/// keeps a presence poll open while it lives (in the same task: aborting the task closes both,
+/// as a process's death does), so the gateway knows when it is gone.
+pub async fn present_rank(
+    client: Client,
+    pair: String,
+    side: Side,
+    id: RankId,
+    act: Behaviour,
+    claim: String,
+) -> Result<Vec<String>, ClientError> {
+    let presence = async {
+        loop {
+            if let Err(e) = client
+                .presence(&pair, &claim, Duration::from_secs(30))
+                .await
+            {
+                if e.status() == Some(410) {
+                    // the pair was disconnected: nothing to hold any more
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    tokio::select! {
+        r = rank_as(client.clone(), pair.clone(), side, id, act, Some(claim.clone())) => r,
+        _ = presence => unreachable!("the presence loop never ends"),
+    }
+}
+
+async fn rank_as(
+    client: Client,
+    pair: String,
+    side: Side,
+    rank: RankId,
+    act: Behaviour,
+    claim: Option<String>,
+) -> Result<Vec<String>, ClientError> {
+    let mut info =
         json!({ "host": "127.0.0.1", "port": 20000 + rank.engine * 100 + rank.rank, "side": side });
+    if let Some(c) = &claim {
+        info["incarnation"] = json!(c);
+    }
     let roster = client
         .join(
             &pair,
@@ -189,7 +234,9 @@ pub async fn rank(
     let mut log = vec![format!("joined {}", roster.roster.len())];
     let mut after = roster.last_event_seq;
     loop {
-        let batch = client.events(&pair, after, Duration::from_secs(5)).await?;
+        let batch = client
+            .events_as(&pair, after, Duration::from_secs(5), claim.as_deref())
+            .await?;
         for e in batch.events {
             after = e.seq;
             let (v, a) = (e.version.unwrap_or(0), e.attempt.unwrap_or(0));
@@ -205,7 +252,7 @@ pub async fn rank(
                             checksum: Some(0),
                             error: None,
                             attempt: Some(a),
-                            incarnation: None,
+                            incarnation: claim.clone(),
                             delta: None,
                             unreached: Vec::new(),
                         }),
@@ -217,7 +264,7 @@ pub async fn rank(
                             checksum: Some(checksum),
                             error: None,
                             attempt: Some(a),
-                            incarnation: None,
+                            incarnation: claim.clone(),
                             delta: None,
                             unreached: Vec::new(),
                         }),
@@ -229,7 +276,7 @@ pub async fn rank(
                             checksum: None,
                             error: Some(why.into()),
                             attempt: Some(a),
-                            incarnation: None,
+                            incarnation: claim.clone(),
                             delta: None,
                             unreached: Vec::new(),
                         }),
@@ -260,7 +307,7 @@ pub async fn rank(
                             checksum: Some(0),
                             error,
                             attempt: Some(a),
-                            incarnation: None,
+                            incarnation: claim.clone(),
                             delta: None,
                             unreached: Vec::new(),
                         };
