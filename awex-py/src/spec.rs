@@ -81,14 +81,28 @@ pub(crate) fn normalised(side: Side, spec: &BackendSpec) -> ParallelConfig {
     resolved.unwrap_or_else(|_| spec.parallel.clone())
 }
 
-/// One side's spec: the caller's pieces where given, the pair's otherwise; a caller's spec that
-/// disagrees with the pair is refused (every rank must compute the same plan).
+/// The inference parallel key that counts a pair's engines.
+const ENGINES: &str = "engines";
+
+/// One side's spec: the caller's pieces where given, the pair's otherwise (an inference rank's
+/// parallel config without `engines` takes the pair's); a caller's spec that disagrees with the
+/// pair is refused (every rank must compute the same plan).
 fn side_spec(side: Side, arg: &SideArg, theirs: &SideStatus, pair: &str) -> Result<BackendSpec> {
     let pair_spec = BackendSpec {
         backend: theirs.backend.clone(),
         parallel: theirs.parallel.clone(),
     };
-    let mine = match (&arg.spec, &arg.backend, &arg.parallel) {
+    checked_side_spec(side, arg, pair_spec, pair)
+}
+
+/// [`side_spec`] against the pair's spec of the side, `pair_spec`.
+fn checked_side_spec(
+    side: Side,
+    arg: &SideArg,
+    pair_spec: BackendSpec,
+    pair: &str,
+) -> Result<BackendSpec> {
+    let mut mine = match (&arg.spec, &arg.backend, &arg.parallel) {
         (Some(s), None, None) => s.parse::<BackendSpec>()?,
         (Some(_), _, _) => {
             return Err(Fail::Value(format!(
@@ -103,6 +117,14 @@ fn side_spec(side: Side, arg: &SideArg, theirs: &SideStatus, pair: &str) -> Resu
                 .unwrap_or_else(|| pair_spec.parallel.clone()),
         },
     };
+    // How many engines the pair has is the pair's: an engine's own parallel config (what an
+    // engine's receiver reads from its server, e.g. vLLM's tp and ep) cannot know it.
+    if side == Side::Inference
+        && !mine.parallel.0.contains_key(ENGINES)
+        && let Some(&n) = pair_spec.parallel.0.get(ENGINES)
+    {
+        mine.parallel.0.insert(ENGINES.to_string(), n);
+    }
     if mine.backend != pair_spec.backend || normalised(side, &mine) != normalised(side, &pair_spec)
     {
         return Err(Fail::Layout(format!(
@@ -360,6 +382,34 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:?}").contains("drop one of them"), "{e:?}");
+    }
+
+
+    #[test]
+    fn an_engine_rank_without_engines_takes_the_pairs_and_one_that_names_others_is_refused() {
+        // vLLM's receiver gives its server's tp and ep (awex.vllm.parallel_of): the number of
+        // engines is the pair's
+        let pair: BackendSpec = "vllm:tp=1,engines=2".parse().unwrap();
+        let arg = SideArg {
+            spec: None,
+            backend: Some("vllm".into()),
+            parallel: Some([("tp".to_string(), 1), ("ep".to_string(), 1)].into()),
+        };
+        let got = checked_side_spec(Side::Inference, &arg, pair.clone(), "p").unwrap();
+        assert_eq!(got.parallel.0.get("engines"), Some(&2));
+        let arg = SideArg {
+            spec: Some("vllm:tp=1,engines=3".into()),
+            backend: None,
+            parallel: None,
+        };
+        let e = checked_side_spec(Side::Inference, &arg, pair.clone(), "p").unwrap_err();
+        assert!(format!("{e:?}").contains("every rank must use the pair's layouts"), "{e:?}");
+        let arg = SideArg {
+            spec: Some("vllm:tp=2".into()),
+            backend: None,
+            parallel: None,
+        };
+        assert!(checked_side_spec(Side::Inference, &arg, pair.clone(), "p").is_err());
     }
 
     fn norm(side: Side, s: &str) -> ParallelConfig {
