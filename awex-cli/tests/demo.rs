@@ -306,6 +306,49 @@ fn available_commits_without_a_killed_engine_which_is_behind_then_catches_up() {
 }
 
 #[test]
+fn atomic_available_commits_without_a_killed_engine_whose_ranks_skip_apply_then_it_catches_up() {
+    let _one = one_at_a_time();
+    // atomic pair, three engines; engine 1's rank is SIGKILLed as version 2 starts: `apply`
+    // names it, the others copy staging into their live tensors and the version commits there
+    let (code, j, err) = demo(&[
+        "--transport",
+        "shm",
+        "--infer",
+        "sglang:tp=1,engines=3",
+        "--commit",
+        "available",
+        "--atomic",
+        "--fault-kill-infer-engine",
+        "1",
+        "--fault-version",
+        "2",
+        "--updates",
+        "3",
+        "--deadline-s",
+        "60",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ups = j["updates"].as_array().unwrap();
+    assert_eq!(ups.len(), 3, "{j}");
+    let v2 = &ups[1];
+    assert_eq!(
+        (v2["version"].as_u64(), v2["attempts"].as_u64()),
+        (Some(2), Some(1)),
+        "{v2}"
+    );
+    assert_eq!(v2["verified"], true, "{v2}");
+    assert_eq!(v2["left_out"], serde_json::json!([1]), "{v2}");
+    assert_eq!(v2["behind"], true, "{v2}");
+    let v3 = &ups[2];
+    assert_eq!(v3["verified"], true, "{v3}");
+    assert!(v3.get("left_out").is_none(), "{v3}");
+    assert_eq!(v3["caught_up"], true, "{v3}");
+    assert_eq!(j["checks"]["engines"]["ok"], true, "{j}");
+    assert_eq!(j["verified"], true, "{j}");
+    no_segments_left();
+}
+
+#[test]
 fn an_engine_added_mid_run_catches_up_whole_and_then_serves() {
     let _one = one_at_a_time();
     for transport in ["shm", "tcp"] {

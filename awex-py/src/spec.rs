@@ -384,7 +384,6 @@ mod tests {
         assert!(format!("{e:?}").contains("drop one of them"), "{e:?}");
     }
 
-
     #[test]
     fn an_engine_rank_without_engines_takes_the_pairs_and_one_that_names_others_is_refused() {
         // vLLM's receiver gives its server's tp and ep (awex.vllm.parallel_of): the number of
@@ -403,7 +402,10 @@ mod tests {
             parallel: None,
         };
         let e = checked_side_spec(Side::Inference, &arg, pair.clone(), "p").unwrap_err();
-        assert!(format!("{e:?}").contains("every rank must use the pair's layouts"), "{e:?}");
+        assert!(
+            format!("{e:?}").contains("every rank must use the pair's layouts"),
+            "{e:?}"
+        );
         let arg = SideArg {
             spec: Some("vllm:tp=2".into()),
             backend: None,

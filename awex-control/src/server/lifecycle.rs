@@ -249,7 +249,7 @@ impl PairEntry {
             applied: 0,
             resuming: false,
             left_out: out,
-            unannounced: vec![false; engines],
+            unwritten: vec![false; engines],
             trigger_open: vec![false; engines],
         });
         for v in gone {
@@ -458,8 +458,10 @@ impl PairEntry {
                 self.settle(&mut p);
             } else {
                 let why = r.error.unwrap_or_else(|| "no reason given".to_string());
-                self.fail(
+                // (under `quorum:K` and `available` only its engine is left out: torn there)
+                self.rank_failed(
                     &mut p,
+                    slot,
                     format!("{who} failed applying the staged version to its live tensors: {why}"),
                 );
             }
@@ -566,7 +568,7 @@ impl PairEntry {
             .update_finished(false, u.elapsed().as_secs_f64(), u.bytes);
         let now = unix_ms();
         let left_out = u.left_out.clone();
-        let unannounced = u.unannounced.clone();
+        let unwritten = u.unwritten.clone();
         for (e, rec) in p.engines.iter_mut().enumerate() {
             if !rec.takes_part() {
                 continue;
@@ -577,7 +579,7 @@ impl PairEntry {
                 .flatten()
                 .unwrap_or_else(|| error.clone());
             // an engine out of the attempt when it was announced took nothing of it
-            let wrote = wrote && !unannounced.get(e).copied().unwrap_or(false);
+            let wrote = wrote && !unwritten.get(e).copied().unwrap_or(false);
             rec.failed(version, wrote, false, &why, now);
         }
         // ranks waiting for this version learn at once that it failed, even when it never
@@ -695,14 +697,14 @@ impl PairEntry {
         self.metrics
             .update_finished(true, u.elapsed().as_secs_f64(), u.bytes);
         let left_out = u.left_out.clone();
-        let unannounced = u.unannounced.clone();
+        let unwritten = u.unwritten.clone();
         p.updates.committed = Some(version);
         p.updates.torn = None;
         p.updates.serving_torn = None;
         let now = unix_ms();
-        // in place, a left-out engine's ranks may have written part of the version (atomic
-        // pairs commit across every engine: policies other than `all` are refused with them)
-        let wrote = self.request.options.apply == ApplyMode::InPlace;
+        // a left-out engine's ranks may have written part of the version, unless it was out
+        // before anything was written there (in atomic pairs: before `apply` went out)
+        let wrote = true;
         for (e, rec) in p.engines.iter_mut().enumerate() {
             // a free slot, or an added engine still joining, took no part: nothing changes
             if !rec.takes_part() {
@@ -712,7 +714,7 @@ impl PairEntry {
                 None => rec.applied(version),
                 Some(why) => {
                     tracing::warn!(pair = %self.name, version, engine = e, error = %why, "engine left out of a committed version: behind");
-                    let wrote = wrote && !unannounced.get(e).copied().unwrap_or(false);
+                    let wrote = wrote && !unwritten.get(e).copied().unwrap_or(false);
                     rec.failed(version, wrote, true, &why, now);
                 }
             }
@@ -947,9 +949,15 @@ impl PairEntry {
                 if !members.get(e as usize).copied().unwrap_or(true) {
                     continue;
                 }
+                // (atomic, after `apply` went out: its ranks that did not report applying)
+                let applying = u.applying;
                 let silent: Vec<usize> = self
                     .engine_slots(e)
-                    .filter(|&i| u.ranks.get(i).is_some_and(|r| r.state.is_none()))
+                    .filter(|&i| {
+                        u.ranks
+                            .get(i)
+                            .is_some_and(|r| r.state.is_none() || (applying && r.applied.is_none()))
+                    })
                     .collect();
                 if silent.is_empty() {
                     // its ranks reported, but its loader (the trigger) did not answer
@@ -1176,6 +1184,7 @@ impl PairEntry {
             self.fail(p, reason);
             return;
         }
+        let atomic = self.request.options.apply == ApplyMode::Atomic;
         let Some(u) = p.updates.latest_mut() else {
             return;
         };
@@ -1183,21 +1192,59 @@ impl PairEntry {
             return;
         }
         let ok = |i: usize| u.ranks.get(i).is_some_and(|r| r.state == Some(true));
+        let applied_live = |i: usize| u.ranks.get(i).is_some_and(|r| r.applied == Some(true));
         let training_ok = (0..self.slots.train as usize).all(ok);
         let mut applied = vec![false; self.slots.engines as usize];
-        let mut open = 0u32;
+        let (mut received, mut open) = (0u32, 0u32);
         for e in 0..self.slots.engines {
             if u.left_out.get(e as usize).is_some_and(Option::is_some) {
                 continue;
             }
-            let triggered = !u.trigger_open.get(e as usize).copied().unwrap_or(false);
-            if triggered && self.engine_slots(e).all(ok) {
+            let answered = !u.trigger_open.get(e as usize).copied().unwrap_or(false);
+            let got = self.engine_slots(e).all(ok);
+            // atomic: received into staging, then (after `apply`) copied into the live tensors;
+            // an engine whose receivers apply inside the trigger answers it after applying
+            let done = got && answered && (!atomic || self.engine_slots(e).all(applied_live));
+            if done {
                 applied[e as usize] = true;
             } else {
                 open += 1;
             }
+            if got {
+                received += 1;
+            }
         }
-        if !training_ok || open > 0 {
+        if !training_ok {
+            return;
+        }
+        if atomic && !u.applying {
+            let taking_part =
+                applied.len() as u32 - u.left_out.iter().filter(|x| x.is_some()).count() as u32;
+            if received < taking_part {
+                return;
+            }
+            // every engine still in received and verified: now, and only now, their live
+            // tensors change; the engines left out are named, so that their ranks skip it
+            u.applying = true;
+            let out: Vec<u32> = (0..u.left_out.len() as u32)
+                .filter(|&e| u.left_out[e as usize].is_some())
+                .collect();
+            for &e in &out {
+                if let Some(w) = u.unwritten.get_mut(e as usize) {
+                    *w = true;
+                }
+            }
+            let (version, attempt) = (u.version, u.attempt);
+            tracing::info!(pair = %self.name, version, attempt, left_out = ?out, "every engine still in received; applying");
+            p.changed(Op::Update(version));
+            self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
+            if let Some(ev) = p.events.events.back_mut() {
+                ev.engines = out;
+            }
+            self.update_tx.send_replace(());
+            return;
+        }
+        if open > 0 {
             return;
         }
         if self.engines.as_ref().is_some_and(|l| l.finishes) {
@@ -1294,7 +1341,7 @@ impl PairEntry {
         if let Some(u) = p.updates.attempt_mut(version, attempt) {
             u.base = base.clone();
             // an engine out of the attempt now never takes any of it
-            u.unannounced = u.left_out.iter().map(Option::is_some).collect();
+            u.unwritten = u.left_out.iter().map(Option::is_some).collect();
         }
         let out: Vec<u32> = p
             .updates
@@ -1823,6 +1870,55 @@ mod tests {
 
     fn engine_states(entry: &PairEntry) -> Vec<crate::wire::EngineStatus> {
         entry.engines().1
+    }
+
+    #[tokio::test]
+    async fn atomic_available_applies_on_the_engines_still_in_and_tears_only_an_engine_that_failed_applying()
+     {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(
+            PairOptions {
+                apply: ApplyMode::Atomic,
+                ..policy(CommitPolicy::Available, 60_000)
+            },
+            3,
+            1,
+        );
+        entry.start_update(1).expect("started");
+        entry.report(1, training_report(0)).expect("accepted");
+        entry.report(1, training_report(1)).expect("accepted");
+        // engine 1 fails receiving: left out before anything reached its live tensors
+        entry.report(1, engine_report(1, false)).expect("accepted");
+        entry.report(1, engine_report(0, true)).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        entry.report(1, engine_report(2, true)).expect("accepted");
+        // every engine still in received: `apply` goes out naming engine 1, whose ranks skip it
+        let apply = {
+            let p = entry.lock();
+            p.events.events.back().cloned().expect("an event")
+        };
+        assert_eq!(apply.kind, EventKind::Apply);
+        assert_eq!(apply.engines, vec![1]);
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        // engine 2 fails applying (its live tensors partly written), engine 0 applies
+        entry.report(1, engine_report(2, false)).expect("accepted");
+        assert_eq!(state(&entry, 1), UpdateState::Running);
+        let ack = entry.report(1, engine_report(0, true)).expect("applied");
+        assert_eq!(ack.state, UpdateState::Committed);
+        let engines = engine_states(&entry);
+        assert_eq!(
+            engines.iter().map(|e| e.state).collect::<Vec<_>>(),
+            vec![EngineState::Serving, EngineState::Behind, EngineState::Torn]
+        );
+        assert_eq!(engines[1].torn_version, None);
+        assert_eq!(engines[2].torn_version, Some(1));
+        assert!(
+            engines[2]
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("failed applying the staged version")),
+            "{engines:?}"
+        );
     }
 
     #[tokio::test]

@@ -326,8 +326,9 @@ impl Rank {
     }
 
     /// Atomic pairs, inference ranks: waits for the gateway's `apply` event of `work` (every
-    /// rank of both sides received). Its abort, a later attempt, a disconnect or the deadline
-    /// end the wait with an error: the live tensors were not touched.
+    /// rank of both sides received). Its abort, a later attempt, a disconnect, the deadline, or
+    /// this rank's engine left out of the attempt (named by a `left_out` event or by `apply`
+    /// itself) end the wait with an error: the live tensors were not touched.
     async fn wait_apply(&mut self, work: Work, deadline: Instant) -> Result<(), RuntimeError> {
         let mut after = self.last_seq;
         let v = Some(work.version);
@@ -353,8 +354,20 @@ impl Rank {
                     for ev in r.events {
                         let attempt = ev.attempt.unwrap_or(1);
                         match ev.kind {
+                            // per-engine commits: `apply` names the engines left out, whose
+                            // ranks leave their live tensors as they are
                             EventKind::Apply if ev.version == v && attempt == work.attempt => {
+                                if ev.engines.contains(&self.cfg.rank.engine) {
+                                    return Err(RuntimeError::Aborted(work.version));
+                                }
                                 return Ok(());
+                            }
+                            EventKind::LeftOut
+                                if ev.version == v
+                                    && attempt == work.attempt
+                                    && ev.engines.contains(&self.cfg.rank.engine) =>
+                            {
+                                return Err(RuntimeError::Aborted(work.version));
                             }
                             EventKind::Abort if ev.version == v && attempt >= work.attempt => {
                                 return Err(RuntimeError::Aborted(work.version));

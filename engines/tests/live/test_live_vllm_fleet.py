@@ -6,8 +6,8 @@ tiny Qwen3 (``tiny_model.py``), each started with the CPU command of docs/vllm.m
 server", read from the page as ``test_live_vllm.py`` does) at tensor parallel 1, one core each
 (``VLLM_CPU_OMP_THREADS_BIND`` 0 and 1), as engines 0 and 1 (``AWEX_ENGINE``). A real FSDP2
 training job (2 ranks, gloo; ``trainer.py``) sends versions through the gateway (``awex-cli
-serve``), which drives both servers (``Controller.connect(..., urls=[both], commit="available")``,
-deltas on):
+serve``), which drives both servers (``Controller.connect(..., urls=[both], commit="available",
+atomic=True)``, deltas on):
 
 1. version 1 commits on both; each serves it (greedy tokens equal transformers' on the trainer's
    weights of version 1, log-probabilities within ``serve.LOGPROB_TOL``) and reports it;
@@ -86,7 +86,8 @@ def test_a_killed_server_is_left_out_and_once_restarted_catches_up_while_the_oth
 
     ctl = awex.Controller(fleet["gateway"])
     ctl.connect(PAIR, model=model, train="fsdp:dp=2", infer="vllm:tp=1,engines=2", transport="tcp", urls=urls,
-                commit="available", join_deadline_s=serve.UPDATE_S, update_deadline_s=120, deltas=True)
+                commit="available", atomic=True, join_deadline_s=serve.UPDATE_S, update_deadline_s=120,
+                deltas=True)
     job = serve.Job(d, fleet["gateway"], PAIR, model, versions=[1, 2, 3])
     try:
         ctl.wait_ready(serve.UPDATE_S)

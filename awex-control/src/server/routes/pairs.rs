@@ -621,8 +621,6 @@ fn commit_policy(o: &crate::wire::PairOptions, engines: u32) -> Result<(), ApiEr
     }
     let why = if o.checksums {
         "options.checksums is on, and it compares the two sides' checksum sums, which are not per engine: a version left out by an engine could never commit; connect with checksums off, or with commit = all"
-    } else if o.apply == crate::wire::ApplyMode::Atomic {
-        "options.apply is atomic, and the `apply` event does not name the engines left out, so a failed engine's ranks would apply a version it did not receive whole; connect with apply = in_place, or with commit = all"
     } else {
         return Ok(());
     };
@@ -884,7 +882,7 @@ pub(crate) fn restore(gw: &AppState, loaded: Vec<crate::server::store::disk::Loa
                     applying: u.applying,
                     applied,
                     resuming: false,
-                    unannounced: vec![false; slots.engines as usize],
+                    unwritten: vec![false; slots.engines as usize],
                     trigger_open: vec![false; slots.engines as usize],
                     left_out: {
                         let mut out = vec![None; slots.engines as usize];

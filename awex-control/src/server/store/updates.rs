@@ -77,10 +77,11 @@ pub(crate) struct Update {
     /// Per engine, why it failed this attempt and is left out of it (commit policies
     /// `quorum:K`, `available`; `None`: not failed).
     pub(crate) left_out: Vec<Option<String>>,
-    /// Per engine, whether it was out of this attempt when it was announced (a free slot, a
-    /// joining engine, an engine whose pause failed): its ranks never took it, so nothing of it
-    /// was written there. Not stored (a restart fails the attempt as torn everywhere).
-    pub(crate) unannounced: Vec<bool>,
+    /// Per engine, whether nothing of this attempt was written to its live tensors: it was out
+    /// of the attempt when it was announced (a free slot, a joining engine, an engine whose
+    /// pause failed), or, in atomic pairs, left out before `apply` went out. Not stored (a
+    /// restart fails the attempt as torn everywhere).
+    pub(crate) unwritten: Vec<bool>,
     /// Per engine (per-engine commits with engine URLs): its trigger (the engine's loader
     /// receiving) has not answered yet. Not stored.
     pub(crate) trigger_open: Vec<bool>,
