@@ -270,14 +270,6 @@ async fn connect_rejects_each_bad_body_with_its_own_message() {
         ),
         (
             with(&|v| {
-                v["options"]["commit"] = json!("quorum:1");
-                v["options"]["apply"] = json!("atomic");
-            }),
-            422,
-            "",
-        ),
-        (
-            with(&|v| {
                 v["options"]["check_finite"] = json!(true);
                 v["transport"] = json!("nccl");
             }),
