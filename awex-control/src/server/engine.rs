@@ -60,6 +60,9 @@ pub(crate) struct EngineFailure {
     pub(crate) message: String,
 }
 
+/// How the failure of an engine's warm-up before a pause (its ranks were gone) begins.
+pub(crate) const WARM_UP_AGAIN: &str = "warming the engine up again (its ranks were gone) failed: ";
+
 /// The messages of `failures`, in their order.
 pub(crate) fn messages(failures: &[EngineFailure]) -> Vec<String> {
     failures.iter().map(|f| f.message.clone()).collect()
@@ -448,10 +451,7 @@ impl EngineLane {
                             }
                             cold = failures(results);
                             for f in &mut cold {
-                                f.message = format!(
-                                    "warming the engine up again (its ranks were gone) failed: {}",
-                                    f.message
-                                );
+                                f.message = format!("{WARM_UP_AGAIN}{}", f.message);
                             }
                             Engines::of(
                                 (0..urls.len())

@@ -19,7 +19,9 @@
 //! on a [`PairEntry`] and answers with an [`UpdateError`]; `routes/updates` only parses,
 //! authorises, calls and maps the error to a status code.
 
-use crate::server::engine::{EngineCmd, EngineEvents, EngineFailure, Engines, messages};
+use crate::server::engine::{
+    EngineCmd, EngineEvents, EngineFailure, Engines, WARM_UP_AGAIN, messages,
+};
 use crate::server::error::ApiError;
 use crate::server::state::{Pair, PairEntry, unix_ms};
 use crate::server::store::disk::Op;
@@ -866,7 +868,13 @@ impl PairEntry {
             for f in &failed {
                 if let Some(x) = u.left_out.get_mut(f.engine as usize) {
                     tracing::warn!(pair = %self.name, version, engine = f.engine, error = %f.message, "engine left out of the update: pausing it failed");
-                    x.get_or_insert_with(|| format!("pausing the engine failed: {}", f.message));
+                    x.get_or_insert_with(|| {
+                        if f.message.starts_with(WARM_UP_AGAIN) {
+                            f.message.clone()
+                        } else {
+                            format!("pausing the engine failed: {}", f.message)
+                        }
+                    });
                 }
             }
             if let Some(reason) = self.short_of_policy(&p) {
