@@ -247,3 +247,123 @@ async fn a_removed_engines_rank_stops_waiting_for_the_outcome_of_the_version_it_
         .unwrap();
     assert_eq!(none, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_atomic_engine_left_out_after_its_rank_received_leaves_its_live_tensors_alone() {
+    use awex_control::wire::{ApplyMode, RankReportState, Report};
+    let gw = gateway().await;
+    let client = Client::new(&gw, None).unwrap();
+    let (pair, transport) = ("atomic-out".to_string(), Transport::Shm);
+    let infer = "sglang:tp=2,engines=2";
+    let options = PairOptions {
+        bucket_mib: 1,
+        commit: CommitPolicy::Available,
+        apply: ApplyMode::Atomic,
+        update_deadline_ms: 60_000,
+        ..PairOptions::default()
+    };
+    ranks::connect(&client, &pair, transport, infer, options).await;
+    let uid = client.status(&pair).await.unwrap().uid;
+    let rank = |side, id| {
+        let mut c = cfg(&gw, &pair, side, id, transport, infer);
+        c.uid = uid.clone();
+        c.apply = ApplyMode::Atomic;
+        c
+    };
+    let (trainer, r00, r01, r10, r11) = tokio::join!(
+        join(rank(Side::Training, RankId::train(0))),
+        join(rank(Side::Inference, RankId::infer(0, 0))),
+        join(rank(Side::Inference, RankId::infer(0, 1))),
+        join(rank(Side::Inference, RankId::infer(1, 0))),
+        join(rank(Side::Inference, RankId::infer(1, 1))),
+    );
+    let (mut trainer, mut r00, mut r01, mut r10, r11) = (
+        trainer.unwrap(),
+        r00.unwrap(),
+        r01.unwrap(),
+        r10.unwrap(),
+        r11.unwrap(),
+    );
+    client.start_update(&pair, 1).await.unwrap();
+    let work = next(&mut trainer).await;
+    let sender = tokio::spawn(async move { trainer.execute(work, true).await });
+    let mut receivers = Vec::new();
+    for mut r in [r00, r01] {
+        let w = next(&mut r).await;
+        receivers.push(tokio::spawn(async move { r.execute(w, true).await }));
+    }
+    let w = next(&mut r10).await;
+    let left = tokio::spawn(async move { r10.execute(w, true).await });
+    // rank 1/0 received its part into staging; then its engine's other rank fails: engine 1 is
+    // left out before `apply` went out to the engines still in
+    let end = Instant::now() + LIMIT;
+    loop {
+        let st = client.update_status(&pair, 1).await.unwrap();
+        let reported = st.ranks.iter().any(|r| {
+            r.side == Side::Inference
+                && r.rank == RankId::infer(1, 0)
+                && r.state != RankReportState::Waiting
+        });
+        if reported {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "rank 1/0 did not report receiving: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client
+        .report(
+            &pair,
+            1,
+            &Report {
+                side: Side::Inference,
+                rank: RankId::infer(1, 1),
+                ok: false,
+                bytes: 0,
+                checksum: None,
+                error: Some("planted: this rank lost its part".into()),
+                attempt: Some(1),
+                incarnation: Some(r11.incarnation().to_string()),
+                delta: None,
+                unreached: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+    // the left-out engine's rank does not apply: it stops with an error instead of copying
+    // staging into its live tensors and reporting them applied
+    let skipped = tokio::time::timeout(LIMIT, left).await.unwrap().unwrap();
+    assert!(
+        skipped.is_err(),
+        "rank 1/0 applied a version its engine was left out of"
+    );
+    for r in receivers {
+        tokio::time::timeout(LIMIT, r)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+    tokio::time::timeout(LIMIT, sender)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let st = client.wait_update(&pair, 1, LIMIT).await.unwrap();
+    assert_eq!(
+        (st.attempt, st.state),
+        (1, UpdateState::Committed),
+        "{st:?}"
+    );
+    assert_eq!(
+        st.left_out.iter().map(|l| l.engine).collect::<Vec<_>>(),
+        vec![1],
+        "{st:?}"
+    );
+    let engines = client.status(&pair).await.unwrap().engines;
+    // left out before anything reached its live tensors: behind, not torn
+    assert_eq!(engines[1].torn_version, None, "{engines:?}");
+    assert_eq!(engines[1].serving_version, None, "{engines:?}");
+}
