@@ -308,8 +308,9 @@ fn available_commits_without_a_killed_engine_which_is_behind_then_catches_up() {
 #[test]
 fn atomic_available_commits_without_a_killed_engine_whose_ranks_skip_apply_then_it_catches_up() {
     let _one = one_at_a_time();
-    // atomic pair, three engines; engine 1's rank is SIGKILLed as version 2 starts: `apply`
-    // names it, the others copy staging into their live tensors and the version commits there
+    // atomic pair with deltas, three engines; engine 1's rank is SIGKILLed as version 2
+    // starts: `apply` names it, the others copy staging into their live tensors and the version
+    // commits there; restarted, engine 1 takes every byte of version 3, the others a delta
     let (code, j, err) = demo(&[
         "--transport",
         "shm",
@@ -318,6 +319,9 @@ fn atomic_available_commits_without_a_killed_engine_whose_ranks_skip_apply_then_
         "--commit",
         "available",
         "--atomic",
+        "--deltas",
+        "--lr",
+        "1e-6",
         "--fault-kill-infer-engine",
         "1",
         "--fault-version",
@@ -344,6 +348,7 @@ fn atomic_available_commits_without_a_killed_engine_whose_ranks_skip_apply_then_
     assert!(v3.get("left_out").is_none(), "{v3}");
     assert_eq!(v3["caught_up"], true, "{v3}");
     assert_eq!(j["checks"]["engines"]["ok"], true, "{j}");
+    assert_eq!(j["checks"]["deltas"]["ok"], true, "{j}");
     assert_eq!(j["verified"], true, "{j}");
     no_segments_left();
 }

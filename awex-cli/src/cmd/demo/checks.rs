@@ -65,7 +65,8 @@ pub fn shared_memory(leaked: &Result<Vec<String>, String>, prefix: &str) -> Chec
 /// `--deltas`: every verified update that followed a verified one was a delta against it,
 /// held by every inference rank (each verified byte for byte like the rest). An update after a
 /// failed attempt is not counted: the ranks it may have torn get every byte; nor is
-/// `catch_up`, the first version of an engine added mid-run (its ranks hold none: every byte).
+/// `catch_up`, the version in which a drill's engine catches up (added mid-run, or killed or
+/// stopped in the version before: its ranks hold none, so they get every byte).
 pub fn deltas(rows: &[UpdateRow], catch_up: Option<u64>) -> Check {
     let mut later = 0usize;
     let mut deltas = 0usize;
