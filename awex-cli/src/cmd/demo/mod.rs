@@ -802,6 +802,19 @@ fn own_segments(prefix: &str) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// The version in which a fault drill's engine catches up (its ranks hold no version: every
+/// byte), which `--deltas`' check does not count: an engine added mid-run takes part from
+/// `--fault-version`, a killed or stopped one (left out of it) from the version after.
+fn catch_up_version(a: &args::Args, added: bool) -> Option<u64> {
+    if added {
+        Some(a.fault_version)
+    } else if a.fault_kill_infer_engine.is_some() || !a.fault_stop_infer_engines.is_empty() {
+        Some(a.fault_version + 1)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -817,18 +830,5 @@ mod tests {
         assert!(!other.starts_with(&segment_prefix("demo-7", uid)));
         let mine = awex_runtime::shm::segment_name("demo-7", uid, "t0.0.12345678", "data");
         assert!(mine.starts_with(&segment_prefix("demo-7", uid)));
-    }
-}
-
-/// The version in which a fault drill's engine catches up (its ranks hold no version: every
-/// byte), which `--deltas`' check does not count: an engine added mid-run takes part from
-/// `--fault-version`, a killed or stopped one (left out of it) from the version after.
-fn catch_up_version(a: &args::Args, added: bool) -> Option<u64> {
-    if added {
-        Some(a.fault_version)
-    } else if a.fault_kill_infer_engine.is_some() || !a.fault_stop_infer_engines.is_empty() {
-        Some(a.fault_version + 1)
-    } else {
-        None
     }
 }
