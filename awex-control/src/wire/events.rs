@@ -47,7 +47,9 @@ pub struct Event {
     pub base: Option<DeltaBase>,
     /// The engines left out (`left_out`); the engines removed (`engine_removed`); on `update`,
     /// the engine slots out of the version from its start (free, or waiting for an added
-    /// engine's ranks): training ranks send them nothing and wait for none of their ranks.
+    /// engine's ranks, or whose pause failed): training ranks send them nothing and wait for
+    /// none of their ranks; on `apply` (commit policies `quorum:K`, `available`), the engines
+    /// left out of the version, whose ranks leave their live tensors as they are.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<u32>,
 }
