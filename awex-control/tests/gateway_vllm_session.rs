@@ -231,6 +231,18 @@ async fn vllm_fleet(
     (client, s, ranks)
 }
 
+/// Every engine of `pair` serves `version` (the pair's status).
+async fn every_engine_serves(client: &Client, pair: &str, version: u64) {
+    let st = client.status(pair).await.unwrap();
+    for e in &st.engines {
+        assert_eq!(
+            (e.state, e.serving_version),
+            (EngineState::Serving, Some(version)),
+            "{e:?}"
+        );
+    }
+}
+
 /// Waits until server `i` was called at `path` (at most about 5 s).
 async fn wait_call(s: &Vllm, i: usize, path: &str) {
     for _ in 0..500 {
@@ -430,14 +442,7 @@ async fn available_leaves_a_failed_engine_out_resumes_only_the_others_and_it_cat
         ],
         "engine 1"
     );
-    let st = client.status("va").await.unwrap();
-    for e in &st.engines {
-        assert_eq!(
-            (e.state, e.serving_version),
-            (EngineState::Serving, Some(2)),
-            "{e:?}"
-        );
-    }
+    every_engine_serves(&client, "va", 2).await;
     client.disconnect("va").await.unwrap();
     logs(ranks).await;
 }
@@ -492,14 +497,7 @@ async fn an_engine_whose_pause_fails_takes_no_part_keeps_its_weights_whole_and_c
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
     assert!(done.left_out.is_empty(), "{:?}", done.left_out);
-    let st = client.status("vp").await.unwrap();
-    for e in &st.engines {
-        assert_eq!(
-            (e.state, e.serving_version),
-            (EngineState::Serving, Some(2)),
-            "{e:?}"
-        );
-    }
+    every_engine_serves(&client, "vp", 2).await;
     client.disconnect("vp").await.unwrap();
     logs(ranks).await;
 }
@@ -609,14 +607,7 @@ async fn a_dead_server_is_left_out_and_once_restarted_is_warmed_up_again_and_cat
         ],
         "engine 1"
     );
-    let st = client.status("vd").await.unwrap();
-    for e in &st.engines {
-        assert_eq!(
-            (e.state, e.serving_version),
-            (EngineState::Serving, Some(3)),
-            "{e:?}"
-        );
-    }
+    every_engine_serves(&client, "vd", 3).await;
     client.disconnect("vd").await.unwrap();
     logs(ranks).await;
     let respawned: Ranks = std::mem::take(&mut *s.respawned.lock().unwrap());
