@@ -47,7 +47,10 @@ class Controller:
     ) -> dict[str, Any]:
         """Connects ``pair``: ``train``/``infer`` are layout specs (``"megatron:tp=2,pp=2"``,
         ``"sglang:tp=2,engines=2"``), ``model`` a preset, config.json, HF directory or config
-        dict, ``urls`` the SGLang servers to pause around updates. The model is stored on the
+        dict, ``urls`` the engines' servers (SGLang or vLLM, one per engine) that the gateway pauses,
+        triggers and resumes around updates (under ``quorum:K``/``available`` each engine's calls
+        are its own: a server that fails or dies is left out, a torn one stays paused, a restarted
+        one is warmed up again and catches up). The model is stored on the
         gateway so that ranks need only ``(gateway, pair, rank)``. With ``atomic``, inference
         ranks receive into staging and copy into their live tensors only once every rank
         received (one extra copy of each shard; a failure before that leaves the live weights
