@@ -957,8 +957,10 @@ impl PairEntry {
                 if !members.get(e as usize).copied().unwrap_or(true) {
                     continue;
                 }
-                // (atomic, after `apply` went out: its ranks that did not report applying)
-                let applying = u.applying;
+                // (atomic, after `apply` went out: its ranks that did not report applying, unless
+                // the engine was left out before, when they do not apply)
+                let applying =
+                    u.applying && u.left_out.get(e as usize).is_some_and(Option::is_none);
                 let silent: Vec<usize> = self
                     .engine_slots(e)
                     .filter(|&i| {
