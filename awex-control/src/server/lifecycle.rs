@@ -1931,6 +1931,44 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn atomic_available_leaves_out_at_the_deadline_an_engine_silent_after_apply() {
+        use crate::wire::{CommitPolicy, EngineState};
+        let entry = pair_of(
+            PairOptions {
+                apply: ApplyMode::Atomic,
+                ..policy(CommitPolicy::Available, 1_000)
+            },
+            3,
+            1,
+        );
+        entry.start_update(1).expect("started");
+        for r in [training_report(0), training_report(1)] {
+            entry.report(1, r).expect("accepted");
+        }
+        for e in 0..3 {
+            entry.report(1, engine_report(e, true)).expect("received");
+        }
+        // `apply` went out to all three; engines 0 and 1 apply, engine 2 falls silent
+        entry.report(1, engine_report(0, true)).expect("applied");
+        entry.report(1, engine_report(1, true)).expect("applied");
+        let end = Instant::now() + Duration::from_secs(600);
+        let status = entry
+            .wait_update(1, end, RankDetail::All)
+            .await
+            .expect("version 1 exists");
+        assert_eq!(status.state, UpdateState::Committed, "{:?}", status.error);
+        assert_eq!(
+            status.left_out.iter().map(|l| l.engine).collect::<Vec<_>>(),
+            vec![2]
+        );
+        let engines = engine_states(&entry);
+        // its live tensors may hold part of the version: torn, not serving it
+        assert_eq!(engines[2].state, EngineState::Torn);
+        assert_eq!(engines[2].serving_version, None);
+        assert_eq!(engines[0].serving_version, Some(1));
+    }
+
     #[tokio::test]
     async fn available_commits_on_the_engines_that_applied_and_reports_the_failed_one_behind() {
         use crate::wire::{CommitPolicy, EngineState};
