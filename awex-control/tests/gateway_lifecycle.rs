@@ -5,7 +5,9 @@ mod gateway_common;
 
 use awex_control::client::{Client, ClientError};
 use awex_control::server::GatewayConfig;
-use awex_control::wire::{EventKind, RankReportState, Report, UpdateState};
+use awex_control::wire::{
+    CommitPolicy, EngineState, EventKind, RankReportState, Report, UpdateState,
+};
 use awex_core::{RankId, Side};
 use axum::Router;
 use axum::extract::State;
@@ -909,6 +911,15 @@ async fn wait_path(s: &Session, i: usize, path: &str) {
 }
 
 async fn session_pair(version: &'static str, pair: &'static str) -> (Client, Arc<Session>, Ranks) {
+    session_pair_with(version, pair, CommitPolicy::All).await
+}
+
+/// [`session_pair`] with commit policy `commit`.
+async fn session_pair_with(
+    version: &'static str,
+    pair: &'static str,
+    commit: CommitPolicy,
+) -> (Client, Arc<Session>, Ranks) {
     let s = Arc::new(Session::default());
     let base = start(GatewayConfig::default()).await;
     let urls = vec![
@@ -919,6 +930,7 @@ async fn session_pair(version: &'static str, pair: &'static str) -> (Client, Arc
     let mut req = connect_request(pair, 1, 2, 2);
     req.inference.urls = urls;
     req.options.update_deadline_ms = 3_000;
+    req.options.commit = commit;
     client.connect(&req).await.unwrap();
     let ranks = spawn_ranks(&client, pair, 1, 2, 2, |_, _| always_ok(1, 0));
     (client, s, ranks)
@@ -1086,6 +1098,95 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
         json!({"new_version": "1", "abort_all_requests": false})
     );
     client.disconnect("torn").await.unwrap();
+    logs(ranks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_under_available_leaves_a_failed_loader_out_and_it_reports_the_version_it_serves() {
+    let (client, s, ranks) = session_pair_with("0.5.23", "sav", CommitPolicy::Available).await;
+    start_retrying(&client, "sav", 1).await;
+    let done = client
+        .wait_update("sav", 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    for i in 0..2 {
+        wait_path(&s, i, "/continue_generation").await;
+        take(&s, i);
+    }
+    // version 2: engine 1's loader fails; the version commits on engine 0
+    s.loader_fails.store(true, Ordering::SeqCst);
+    start_retrying(&client, "sav", 2).await;
+    let done = client
+        .wait_update("sav", 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert_eq!(
+        done.left_out.iter().map(|l| l.engine).collect::<Vec<_>>(),
+        vec![1]
+    );
+    wait_path(&s, 0, "/continue_generation").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        paths(&take(&s, 0)),
+        vec![
+            "/pause_generation",
+            "/begin_weight_update",
+            "/update_weights_from_tensor",
+            "/end_weight_update",
+            "/continue_generation",
+        ]
+    );
+    // engine 1 keeps its session open and stays paused: torn, serving version 1 no more
+    assert_eq!(
+        paths(&take(&s, 1)),
+        vec![
+            "/pause_generation",
+            "/begin_weight_update",
+            "/update_weights_from_tensor",
+        ]
+    );
+    let st = client.status("sav").await.unwrap();
+    assert_eq!(st.engines[1].state, EngineState::Torn, "{:?}", st.engines);
+    assert_eq!(st.engines[1].serving_version, Some(1), "{:?}", st.engines);
+    // version 3: engine 1's session is closed first and it reports the version it serves
+    // whole (1), not the pair's last committed one (2); then it catches up
+    s.loader_fails.store(false, Ordering::SeqCst);
+    start_retrying(&client, "sav", 3).await;
+    let done = client
+        .wait_update("sav", 3, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
+    assert!(done.left_out.is_empty(), "{:?}", done.left_out);
+    wait_path(&s, 1, "/continue_generation").await;
+    let calls = take(&s, 1);
+    assert_eq!(
+        paths(&calls),
+        vec![
+            "/end_weight_update",
+            "/update_weight_version",
+            "/pause_generation",
+            "/begin_weight_update",
+            "/update_weights_from_tensor",
+            "/end_weight_update",
+            "/continue_generation",
+        ]
+    );
+    assert_eq!(
+        calls[1].1,
+        json!({"new_version": "1", "abort_all_requests": false})
+    );
+    let st = client.status("sav").await.unwrap();
+    for e in &st.engines {
+        assert_eq!(
+            (e.state, e.serving_version),
+            (EngineState::Serving, Some(3)),
+            "{e:?}"
+        );
+    }
+    client.disconnect("sav").await.unwrap();
     logs(ranks).await;
 }
 

@@ -106,9 +106,12 @@ pub(crate) enum EngineCmd {
 
 /// What the lane reads of the pair it serves (implemented by the pair's entry).
 pub(crate) trait PairVersions {
-    /// The pair's last committed version (`None`: none yet), handed to
-    /// [`EngineControl::abandon`] so that an engine can report it again after a failed attempt.
+    /// The pair's last committed version (`None`: none yet).
     fn committed_version(&self) -> Option<u64>;
+    /// Per engine, the version it serves whole (`None`: none yet; under commit policy `all`
+    /// the pair's last committed version for every engine), handed to
+    /// [`EngineControl::abandon`] so that an engine can report it again after a failed attempt.
+    fn serving_versions(&self) -> Vec<Option<u64>>;
 }
 
 /// What the lane reports back to the pair it serves (implemented by the pair's entry, so that
@@ -315,8 +318,8 @@ impl EngineClient {
     }
 
     /// Sends [`EngineControl::abandon`] to every engine of `targets` marked in `open` (an
-    /// attempt ended there without its closing calls), with the pair's last `committed`
-    /// version, clearing the marks of those that answered; returns the failures.
+    /// attempt ended there without its closing calls), with the version each engine serves
+    /// (`serving`, by engine), clearing the marks of those that answered; returns the failures.
     #[allow(clippy::too_many_arguments)]
     async fn abandon_open(
         &self,
@@ -326,7 +329,7 @@ impl EngineClient {
         targets: &Engines,
         timeout: Duration,
         open: &mut [bool],
-        committed: Option<u64>,
+        serving: &[Option<u64>],
     ) -> Vec<EngineFailure> {
         let marked: Vec<bool> = open
             .iter()
@@ -343,7 +346,7 @@ impl EngineClient {
                 facts,
                 &Engines::of(marked.clone()),
                 timeout,
-                |_, f| control.abandon(f, committed),
+                |i, f| control.abandon(f, serving.get(i).copied().flatten()),
             )
             .await;
         for ((o, r), m) in open.iter_mut().zip(&results).zip(&marked) {
@@ -462,10 +465,13 @@ impl EngineLane {
                                     .collect(),
                             )
                         };
-                        let committed = pair.upgrade().and_then(|p| p.committed_version());
+                        let serving = pair
+                            .upgrade()
+                            .map(|p| p.serving_versions())
+                            .unwrap_or_default();
                         let left = client
                             .abandon_open(
-                                control, &urls, &facts, &engines, quick, &mut open, committed,
+                                control, &urls, &facts, &engines, quick, &mut open, &serving,
                             )
                             .await;
                         if !left.is_empty() {
@@ -499,7 +505,7 @@ impl EngineLane {
                                 // The pair is gone: do not leave its engines paused.
                                 client
                                     .abandon_open(
-                                        control, &urls, &facts, &every, quick, &mut open, committed,
+                                        control, &urls, &facts, &every, quick, &mut open, &serving,
                                     )
                                     .await;
                                 client
@@ -579,7 +585,10 @@ impl EngineLane {
                         attempt,
                         engines,
                     } => {
-                        let committed = pair.upgrade().and_then(|p| p.committed_version());
+                        let (committed, serving) = pair
+                            .upgrade()
+                            .map(|p| (p.committed_version(), p.serving_versions()))
+                            .unwrap_or_default();
                         if committed == Some(version) {
                             // the attempt committed on the engines resumed, so every closing
                             // call of theirs succeeded; engines without closing calls (no
@@ -592,7 +601,7 @@ impl EngineLane {
                         }
                         let mut failed = client
                             .abandon_open(
-                                control, &urls, &facts, &engines, quick, &mut open, committed,
+                                control, &urls, &facts, &engines, quick, &mut open, &serving,
                             )
                             .await;
                         failed.extend(

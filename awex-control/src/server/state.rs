@@ -167,6 +167,15 @@ impl crate::server::engine::PairVersions for PairEntry {
     fn committed_version(&self) -> Option<u64> {
         self.lock().updates.committed()
     }
+
+    fn serving_versions(&self) -> Vec<Option<u64>> {
+        let p = self.lock();
+        if self.request.options.commit.is_all() {
+            vec![p.updates.committed(); p.engines.len()]
+        } else {
+            p.engines.iter().map(|r| r.serving).collect()
+        }
+    }
 }
 
 impl PairEntry {
