@@ -277,7 +277,7 @@ async fn an_atomic_engine_left_out_after_its_rank_received_leaves_its_live_tenso
         join(rank(Side::Inference, RankId::infer(1, 0))),
         join(rank(Side::Inference, RankId::infer(1, 1))),
     );
-    let (mut trainer, mut r00, mut r01, mut r10, r11) = (
+    let (mut trainer, r00, r01, mut r10, r11) = (
         trainer.unwrap(),
         r00.unwrap(),
         r01.unwrap(),
