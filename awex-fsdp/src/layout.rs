@@ -757,8 +757,9 @@ struct Refill<'a> {
 }
 
 impl Refill<'_> {
-    /// The next holder, `ranks` on it; every other field is the caller's to set.
-    fn next(&mut self, ranks: impl Iterator<Item = RankId>) -> &mut Holder {
+    /// The next holder, with its rank list emptied for the caller to fill; every other field
+    /// is the caller's to set ([`Refill::set`]).
+    fn next(&mut self) -> &mut Holder {
         if self.n == self.out.len() {
             self.out.push(Holder {
                 ranks: Vec::new(),
@@ -776,31 +777,27 @@ impl Refill<'_> {
         let h = &mut self.out[self.n];
         self.n += 1;
         h.ranks.clear();
-        h.ranks.extend(ranks);
         h
     }
+}
 
-    /// The next holder, every field given.
-    #[allow(clippy::too_many_arguments)]
-    fn put(
-        &mut self,
-        ranks: impl Iterator<Item = RankId>,
-        tensor: &Arc<str>,
-        tensor_shape: Dims,
-        dtype: DType,
-        region: Region,
-        local_offset: Dims,
-    ) {
-        let h = self.next(ranks);
-        if !Arc::ptr_eq(&h.tensor, tensor) {
-            h.tensor = tensor.clone();
-        }
-        h.tensor_shape = tensor_shape;
-        h.dtype = dtype;
-        h.region = region;
-        h.local_offset = local_offset;
-        h.transposed = false;
+/// Sets every field of `h` but its rank list.
+fn set(
+    h: &mut Holder,
+    tensor: &Arc<str>,
+    tensor_shape: Dims,
+    dtype: DType,
+    region: Region,
+    local_offset: Dims,
+) {
+    if !Arc::ptr_eq(&h.tensor, tensor) {
+        h.tensor = tensor.clone();
     }
+    h.tensor_shape = tensor_shape;
+    h.dtype = dtype;
+    h.region = region;
+    h.local_offset = local_offset;
+    h.transposed = false;
 }
 
 impl FsdpLayout {
@@ -837,14 +834,10 @@ impl FsdpLayout {
                 ),
             };
             let name: Arc<str> = Arc::from(format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}"));
-            put.put(
-                (0..self.replicate).map(|rep| RankId::train(self.rank_of(rep, k, 0))),
-                &name,
-                shape,
-                s.dtype,
-                region,
-                local_offset,
-            );
+            let h = put.next();
+            h.ranks
+                .extend((0..self.replicate).map(|rep| RankId::train(self.rank_of(rep, k, 0))));
+            set(h, &name, shape, s.dtype, region, local_offset);
             return;
         }
         let Some((shape, split, dtype)) = self.param(c) else {
@@ -859,14 +852,11 @@ impl FsdpLayout {
             _ => Arc::from(canonical),
         };
         if is_buffer(&self.spec, c.part) {
-            put.put(
-                (0..self.world()).map(|r| RankId::train(r as u32)),
-                &name,
-                shape,
-                dtype,
-                Region::full(shape),
-                Dims::zeros(shape.ndim()),
-            );
+            let h = put.next();
+            h.ranks
+                .extend((0..self.world()).map(|r| RankId::train(r as u32)));
+            let local_offset = Dims::zeros(shape.ndim());
+            set(h, &name, shape, dtype, Region::full(shape), local_offset);
             return;
         }
         // TP ranks that hold distinct shards: a replicated parameter's shard is shared by all
@@ -885,16 +875,13 @@ impl FsdpLayout {
                 let Some(region) = shard.region else {
                     continue;
                 };
-                put.put(
-                    (0..self.replicate).flat_map(|rep| {
-                        (first..first + count).map(move |t| RankId::train(self.rank_of(rep, k, t)))
-                    }),
-                    &name,
-                    shard.shape,
-                    dtype,
-                    region,
-                    local_offset,
-                );
+                let h = put.next();
+                for rep in 0..self.replicate {
+                    for t in first..first + count {
+                        h.ranks.push(RankId::train(self.rank_of(rep, k, t)));
+                    }
+                }
+                set(h, &name, shard.shape, dtype, region, local_offset);
             }
         }
     }

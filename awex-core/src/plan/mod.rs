@@ -35,6 +35,24 @@ struct PeerList {
     items: Vec<coalesce::Item>,
 }
 
+impl PeerList {
+    /// Makes room for the transfers the rest of the plan should bring, by how many this peer
+    /// got from the first `done` of `total` tensors (a peer's share of each layer is about
+    /// the same in every layer): between 2 and 8 times the room it had, and at least 16.
+    /// A list that grows to its final length once is copied and faulted in once, where
+    /// doubling copies it about log2(length) times into fresh memory.
+    #[cold]
+    fn grow(&mut self, done: usize, total: usize) {
+        let len = self.transfers.len();
+        let projected = len.saturating_mul(total) / done.max(1);
+        // (an eighth more: the projection runs short as often as long)
+        let want = (projected + projected / 8).clamp(2 * len, 8 * len).max(16);
+        self.transfers.reserve_exact(want - len);
+        self.items
+            .reserve_exact(want.saturating_sub(self.items.len()));
+    }
+}
+
 /// The number of each peer of a rank's plan, by the peer: through a table per engine where
 /// the ranks are numbered below a bound, else through a map.
 #[derive(Default)]
@@ -511,7 +529,8 @@ impl Pair<'_> {
         let mut last: Option<(RankId, u32)> = None;
         let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
-        for id in ids {
+        let total = ids.len();
+        for (done, id) in ids.into_iter().enumerate() {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
                 let peer = match side {
@@ -534,6 +553,9 @@ impl Pair<'_> {
                     }
                 };
                 let list = &mut lists[at as usize];
+                if list.transfers.len() == list.transfers.capacity() {
+                    list.grow(done, total);
+                }
                 list.items.push(coalesce::Item::new(
                     list.transfers.len() as u32,
                     &t,
@@ -556,6 +578,10 @@ impl Pair<'_> {
         {
             let order = coalesce::coalesce(&mut transfers, items);
             coalesce::arrange(&mut transfers, &order);
+            // (no more room held than doubling would have left)
+            if transfers.capacity() / 2 > transfers.len() {
+                transfers.shrink_to_fit();
+            }
             bytes.clear();
             for t in &transfers {
                 t.hash_bytes(&mut bytes);
