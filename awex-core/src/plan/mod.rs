@@ -36,17 +36,21 @@ struct PeerList {
 }
 
 impl PeerList {
-    /// Makes room for the transfers the rest of the plan should bring, by how many this peer
-    /// got from the first `done` of `total` tensors (a peer's share of each layer is about
-    /// the same in every layer): between 2 and 8 times the room it had, and at least 16.
-    /// A list that grows to its final length once is copied and faulted in once, where
-    /// doubling copies it about log2(length) times into fresh memory.
+    /// A list shorter than this grows as a `Vec` does, by doubling.
+    const PROJECT_FROM: usize = 64;
+
+    /// Makes room, once a list of [`Self::PROJECT_FROM`] or more is full, for the transfers
+    /// the rest of the plan should bring it, by how many this peer got from the first `done`
+    /// of `total` tensors (a peer's share of each layer is about the same in every layer):
+    /// between 2 and 8 times its length. A long list that grows to its final length at once
+    /// is copied and faulted in once, where doubling copies it about log2(length) times into
+    /// fresh memory; short lists (many peers of a few transfers each) stay packed together.
     #[cold]
     fn grow(&mut self, done: usize, total: usize) {
         let len = self.transfers.len();
         let projected = len.saturating_mul(total) / done.max(1);
         // (an eighth more: the projection runs short as often as long)
-        let want = (projected + projected / 8).clamp(2 * len, 8 * len).max(16);
+        let want = (projected + projected / 8).clamp(2 * len, 8 * len);
         self.transfers.reserve_exact(want - len);
         self.items
             .reserve_exact(want.saturating_sub(self.items.len()));
@@ -553,7 +557,8 @@ impl Pair<'_> {
                     }
                 };
                 let list = &mut lists[at as usize];
-                if list.transfers.len() == list.transfers.capacity() {
+                let n = list.transfers.len();
+                if n >= PeerList::PROJECT_FROM && n == list.transfers.capacity() {
                     list.grow(done, total);
                 }
                 list.items.push(coalesce::Item::new(
@@ -576,12 +581,13 @@ impl Pair<'_> {
             items,
         } in lists
         {
-            let order = coalesce::coalesce(&mut transfers, items);
-            coalesce::arrange(&mut transfers, &order);
-            // (no more room held than doubling would have left)
-            if transfers.capacity() / 2 > transfers.len() {
+            // (a list that grew past twice what it was given holds no more room than doubling
+            // would have left it)
+            if transfers.capacity() / 2 > transfers.len().max(4) {
                 transfers.shrink_to_fit();
             }
+            let order = coalesce::coalesce(&mut transfers, items);
+            coalesce::arrange(&mut transfers, &order);
             bytes.clear();
             for t in &transfers {
                 t.hash_bytes(&mut bytes);
