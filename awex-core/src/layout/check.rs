@@ -87,8 +87,19 @@ pub enum CheckError {
 /// together they hold exactly the canonical tensor's elements.
 pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), CheckError> {
     let dropped = side.dropped();
+    // what the planner does: each tensor's holders written over the previous tensor's list
+    let mut reused = Vec::new();
     for c in cat.tensors() {
         let holders = side.holders(&c.name);
+        side.holders_into(&c.name, &mut reused);
+        if reused != holders {
+            return Err(CheckError::Holders(format!(
+                "`{}`: holders_into over the previous tensor's holders gives {} holders, not the {} of holders()",
+                c.name,
+                reused.len(),
+                holders.len()
+            )));
+        }
         if holders.is_empty() && dropped.contains(&c.name) {
             // the engine's class holds no such parameter ([`SideLayout::dropped`])
             continue;
