@@ -36,15 +36,17 @@ struct PeerList {
 }
 
 impl PeerList {
-    /// A list shorter than this grows as a `Vec` does, by doubling.
-    const PROJECT_FROM: usize = 64;
+    /// A list shorter than this grows as a `Vec` does, by doubling (the peers of a pipeline
+    /// stage get all their transfers from a block of layers, which no projection foresees:
+    /// their lists are short, and over-sized ones cost more than the copies they save).
+    const PROJECT_FROM: usize = 128;
 
     /// Makes room, once a list of [`Self::PROJECT_FROM`] or more is full, for the transfers
     /// the rest of the plan should bring it, by how many this peer got from the first `done`
-    /// of `total` tensors (a peer's share of each layer is about the same in every layer):
-    /// between 2 and 8 times its length. A long list that grows to its final length at once
-    /// is copied and faulted in once, where doubling copies it about log2(length) times into
-    /// fresh memory; short lists (many peers of a few transfers each) stay packed together.
+    /// of `total` tensors (under FSDP a peer's share of each layer is about the same in every
+    /// layer): between 2 and 8 times its length. A long list that grows to its final length
+    /// at once is copied and faulted in once more, where doubling copies it two or three more
+    /// times into fresh memory. Room only: the plan is the same whatever the projection.
     #[cold]
     fn grow(&mut self, done: usize, total: usize) {
         let len = self.transfers.len();
