@@ -758,7 +758,7 @@ struct Refill<'a> {
 
 impl Refill<'_> {
     /// The next holder, with its rank list emptied for the caller to fill; every other field
-    /// is the caller's to set ([`Refill::set`]).
+    /// is the caller's to set ([`set`]).
     fn next(&mut self) -> &mut Holder {
         if self.n == self.out.len() {
             self.out.push(Holder {
@@ -843,8 +843,9 @@ impl FsdpLayout {
         let Some((shape, split, dtype)) = self.param(c) else {
             return;
         };
-        // the local name is the canonical one (`parse` reads back what `name` writes, a test
-        // pins it for every family), but a fused-experts layer's router's
+        // the local name is the canonical name asked for, as `local_name` writes it (`parse`
+        // accepts exactly what `HfNames::name` writes: a test pins it for every family), but
+        // for the router of a layer with fused experts
         let name: Arc<str> = match (c.part, c.layer()) {
             (Part::Router | Part::RouterBias, Some(_)) if self.fused_experts => {
                 Arc::from(self.local_name(c))

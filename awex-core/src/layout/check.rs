@@ -93,11 +93,18 @@ pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), C
         let holders = side.holders(&c.name);
         side.holders_into(&c.name, &mut reused);
         if reused != holders {
+            let at = reused
+                .iter()
+                .zip(&holders)
+                .take_while(|(a, b)| a == b)
+                .count();
             return Err(CheckError::Holders(format!(
-                "`{}`: holders_into over the previous tensor's holders gives {} holders, not the {} of holders()",
+                "`{}`: holders_into over the previous tensor's holders gives {} holders where holders() gives {}, the first difference at holder {at}: {:?} against {:?}",
                 c.name,
                 reused.len(),
-                holders.len()
+                holders.len(),
+                reused.get(at),
+                holders.get(at)
             )));
         }
         if holders.is_empty() && dropped.contains(&c.name) {
