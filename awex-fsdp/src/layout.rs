@@ -733,93 +733,157 @@ impl SideLayout for FsdpLayout {
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
+        let mut out = Vec::new();
+        self.holders_into(canonical, &mut out);
+        out
+    }
+
+    /// Every holder is written over one of `out`'s (its rank list refilled in place), so a
+    /// tensor cut into every DP shard allocates no rank list once a tensor of as many shards
+    /// came before.
+    fn holders_into(&self, canonical: &str, out: &mut Vec<Holder>) {
+        let mut put = Refill { out, n: 0 };
+        self.fill_holders(canonical, &mut put);
+        let n = put.n;
+        out.truncate(n);
+    }
+}
+
+/// Writes holders over a list's, from its start: each one's rank list is refilled in place.
+struct Refill<'a> {
+    out: &'a mut Vec<Holder>,
+    /// holders written so far
+    n: usize,
+}
+
+impl Refill<'_> {
+    /// The next holder, with its rank list emptied for the caller to fill; every other field
+    /// is the caller's to set ([`set`]).
+    fn next(&mut self) -> &mut Holder {
+        if self.n == self.out.len() {
+            self.out.push(Holder {
+                ranks: Vec::new(),
+                tensor: Arc::from(""),
+                tensor_shape: Dims::default(),
+                dtype: DType::Bf16,
+                region: Region {
+                    offset: Dims::default(),
+                    extent: Dims::default(),
+                },
+                local_offset: Dims::default(),
+                transposed: false,
+            });
+        }
+        let h = &mut self.out[self.n];
+        self.n += 1;
+        h.ranks.clear();
+        h
+    }
+}
+
+/// Sets every field of `h` but its rank list.
+fn set(
+    h: &mut Holder,
+    tensor: &Arc<str>,
+    tensor_shape: Dims,
+    dtype: DType,
+    region: Region,
+    local_offset: Dims,
+) {
+    if !Arc::ptr_eq(&h.tensor, tensor) {
+        h.tensor = tensor.clone();
+    }
+    h.tensor_shape = tensor_shape;
+    h.dtype = dtype;
+    h.region = region;
+    h.local_offset = local_offset;
+    h.transposed = false;
+}
+
+impl FsdpLayout {
+    /// The holders of `canonical` ([`SideLayout::holders`]), written through `put`.
+    fn fill_holders(&self, canonical: &str, put: &mut Refill<'_>) {
         let Some(c) = self.spec.names().parse(canonical) else {
-            return Vec::new();
+            return;
         };
         if self.fused_experts
             && let (Some(l), Some(e)) = (c.layer(), c.expert())
             && self.param(c).is_some()
         {
-            let (which, name) = match c.part {
+            // expert e's box of the fused tensor on the DP rank holding it (as
+            // `fused_tensor` places it: its j-th expert, gate rows then up rows)
+            let s = &self.spec;
+            let (h, e_all) = (s.hidden_size, s.num_experts());
+            let mi = s.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
+            let per = e_all.div_ceil(u64::from(self.dp));
+            let k = (e / per) as u32;
+            let (e0, n) = chunk(e_all, u64::from(self.dp), u64::from(k));
+            let j = e - e0;
+            let (leaf, shape, region, local_offset) = match c.part {
                 Part::ExpertDown => (
-                    Fused::Down,
-                    format!("model.layers.{l}.{FUSED_MOE}.experts.{FUSED_DOWN}"),
+                    FUSED_DOWN,
+                    Dims::new(&[n, h, mi]),
+                    Region::new([0, 0], [h, mi]),
+                    Dims::new(&[j, 0, 0]),
                 ),
-                _ => (
-                    Fused::GateUp,
-                    format!("model.layers.{l}.{FUSED_MOE}.experts.{FUSED_GATE_UP}"),
+                part => (
+                    FUSED_GATE_UP,
+                    Dims::new(&[n, 2 * mi, h]),
+                    Region::new([0, 0], [mi, h]),
+                    Dims::new(&[j, u64::from(part == Part::ExpertUp) * mi, 0]),
                 ),
             };
-            let per = self.spec.num_experts().div_ceil(u64::from(self.dp));
-            let k = (e / per) as u32;
-            let local = self.fused_tensor(&name, l, which, k);
-            let ranks: Vec<RankId> = (0..self.replicate)
-                .map(|rep| RankId::train(self.rank_of(rep, k, 0)))
-                .collect();
-            return local
-                .placements
-                .iter()
-                .filter(|p| &*p.canonical == canonical)
-                .map(|p| Holder {
-                    ranks: ranks.clone(),
-                    tensor: local.name.clone(),
-                    tensor_shape: local.shape,
-                    dtype: local.dtype,
-                    region: p.region,
-                    local_offset: p.local_offset,
-                    transposed: false,
-                })
-                .collect();
+            let name: Arc<str> = Arc::from(format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}"));
+            let h = put.next();
+            h.ranks
+                .extend((0..self.replicate).map(|rep| RankId::train(self.rank_of(rep, k, 0))));
+            set(h, &name, shape, s.dtype, region, local_offset);
+            return;
         }
         let Some((shape, split, dtype)) = self.param(c) else {
-            return Vec::new();
+            return;
         };
-        let name: Arc<str> = Arc::from(self.local_name(c));
+        // the local name is the canonical name asked for, as `local_name` writes it (`parse`
+        // accepts exactly what `HfNames::name` writes: a test pins it for every family), but
+        // for the router of a layer with fused experts
+        let name: Arc<str> = match (c.part, c.layer()) {
+            (Part::Router | Part::RouterBias, Some(_)) if self.fused_experts => {
+                Arc::from(self.local_name(c))
+            }
+            _ => Arc::from(canonical),
+        };
         if is_buffer(&self.spec, c.part) {
-            return vec![Holder {
-                ranks: self.ranks(),
-                tensor: name,
-                tensor_shape: shape,
-                dtype,
-                region: Region::full(shape),
-                local_offset: Dims::zeros(shape.ndim()),
-                transposed: false,
-            }];
+            let h = put.next();
+            h.ranks
+                .extend((0..self.world()).map(|r| RankId::train(r as u32)));
+            let local_offset = Dims::zeros(shape.ndim());
+            set(h, &name, shape, dtype, Region::full(shape), local_offset);
+            return;
         }
-        // TP ranks that hold distinct shards; a replicated parameter's shard is shared by all TP ranks.
-        let tp_groups: Vec<Vec<u32>> = match split {
-            TpSplit::Replicated => vec![(0..self.tp).collect()],
-            _ => (0..self.tp).map(|t| vec![t]).collect(),
+        // TP ranks that hold distinct shards: a replicated parameter's shard is shared by all
+        // TP ranks, `(first, count)`
+        let tp_groups: Vec<(u32, u32)> = match split {
+            TpSplit::Replicated => vec![(0, self.tp)],
+            _ => (0..self.tp).map(|t| (t, 1)).collect(),
         };
-        // (one holder per shard: sized up front, every rank list to its length)
-        let mut out = Vec::with_capacity(tp_groups.len() * self.dp as usize);
+        put.out
+            .reserve((tp_groups.len() * self.dp as usize).saturating_sub(put.out.len()));
         let local_offset = Dims::zeros(shape.ndim());
-        for group in &tp_groups {
-            let (tp_local, origin) = self.tp_shard(shape, split, group[0]);
+        for &(first, count) in &tp_groups {
+            let (tp_local, origin) = self.tp_shard(shape, split, first);
             for k in 0..self.dp {
                 let shard = self.dp_shard(tp_local, origin, k);
                 let Some(region) = shard.region else {
                     continue;
                 };
-                let mut ranks = Vec::with_capacity(self.replicate as usize * group.len());
+                let h = put.next();
                 for rep in 0..self.replicate {
-                    ranks.extend(
-                        group
-                            .iter()
-                            .map(|&t| RankId::train(self.rank_of(rep, k, t))),
-                    );
+                    for t in first..first + count {
+                        h.ranks.push(RankId::train(self.rank_of(rep, k, t)));
+                    }
                 }
-                out.push(Holder {
-                    ranks,
-                    tensor: name.clone(),
-                    tensor_shape: shard.shape,
-                    dtype,
-                    region,
-                    local_offset,
-                    transposed: false,
-                });
+                set(h, &name, shard.shape, dtype, region, local_offset);
             }
         }
-        out
     }
 }

@@ -153,3 +153,43 @@ fn options_from_names_find_fused_experts_in_the_names_the_layout_gives() {
     let near = ["model.layers.0.moe_mlp.experts.gate_up_proj".to_string()];
     assert!(options(&near).is_empty());
 }
+
+#[test]
+fn holders_written_over_a_used_list_are_the_holders() {
+    // the planner hands each tensor's holder list to the next tensor: holders of other counts,
+    // names, shapes and rank lists (replicas, TP groups, buffers, fused experts) are written over
+    for (model, pairs) in [
+        (
+            "qwen3-moe-tiny",
+            &[("dp", 3), ("replicate", 2), ("fused_experts", 1)][..],
+        ),
+        (
+            "qwen3-moe-tiny",
+            &[("dp", 2), ("replicate", 2), ("tp", 2)][..],
+        ),
+        ("qwen3-tiny", &[("dp", 5), ("tp", 2)][..]),
+        // (the router's score-correction bias: a buffer every rank holds whole)
+        ("glm-4.5-tiny", &[("dp", 3), ("fused_experts", 1)][..]),
+        ("gpt-oss-tiny", &[("dp", 3), ("replicate", 2)][..]),
+        ("qwen3.5-moe-tiny", &[("dp", 4), ("fused_experts", 1)][..]),
+    ] {
+        let spec = preset(model).expect("preset");
+        let s = FsdpBackend
+            .layout(&spec, &ParallelConfig::from_pairs(pairs.iter().copied()))
+            .expect("layout");
+        let cat = Catalogue::of(&spec);
+        let names: Vec<&str> = cat.tensors().iter().map(|c| c.name.as_str()).collect();
+        let mut list = Vec::new();
+        let mut seen = 0;
+        for name in names
+            .iter()
+            .chain(names.iter().rev())
+            .chain(["no.such.tensor"].iter())
+        {
+            s.holders_into(name, &mut list);
+            assert_eq!(list, s.holders(name), "{model} {pairs:?}: `{name}`");
+            seen += list.len();
+        }
+        assert!(seen > 2 * names.len(), "{model} {pairs:?}: {seen} holders");
+    }
+}

@@ -87,8 +87,26 @@ pub enum CheckError {
 /// together they hold exactly the canonical tensor's elements.
 pub fn holders_partition(side: &dyn SideLayout, cat: &Catalogue) -> Result<(), CheckError> {
     let dropped = side.dropped();
+    // what the planner does: each tensor's holders written over the previous tensor's list
+    let mut reused = Vec::new();
     for c in cat.tensors() {
         let holders = side.holders(&c.name);
+        side.holders_into(&c.name, &mut reused);
+        if reused != holders {
+            let at = reused
+                .iter()
+                .zip(&holders)
+                .take_while(|(a, b)| a == b)
+                .count();
+            return Err(CheckError::Holders(format!(
+                "`{}`: holders_into over the previous tensor's holders gives {} holders where holders() gives {}, the first difference at holder {at}: {:?} against {:?}",
+                c.name,
+                reused.len(),
+                holders.len(),
+                reused.get(at),
+                holders.get(at)
+            )));
+        }
         if holders.is_empty() && dropped.contains(&c.name) {
             // the engine's class holds no such parameter ([`SideLayout::dropped`])
             continue;

@@ -858,7 +858,15 @@ impl FusedTpLayout {
     ///   `r`-th tp-th of the value heads.
     /// - `linear_attn.norm.weight` `[value_head_dim]`: replicated.
     /// - `linear_attn.out_proj.weight` `[hidden, value_dim / tp]`: `RowParallelLinear`.
-    fn linear_pieces(&self, n: &LayerNames, r: u64) -> Vec<Piece> {
+    ///
+    /// Only the pieces holding a canonical tensor that `keep` accepts are made (the holders of
+    /// one canonical tensor need one piece of each rank; the rank view keeps all).
+    fn linear_pieces(
+        &self,
+        n: &LayerNames,
+        r: u64,
+        keep: &dyn Fn(&Arc<str>) -> bool,
+    ) -> Vec<Piece> {
         let Some(d) = self.d.lin else {
             return Vec::new();
         };
@@ -877,39 +885,47 @@ impl FusedTpLayout {
         let mut out: Vec<Piece> = Vec::with_capacity(7);
         if n.has(Part::LinQkvz) {
             let qkvz = 2 * k + 2 * v;
-            out.push((
-                n.lin_qkvz_local.clone(),
-                Self::dims2(qkvz, h),
-                dt,
-                vec![rows(&n.lin_qkvz, r * qkvz, qkvz, 0)],
-            ));
-            out.push((
-                n.lin_ba_local.clone(),
-                Self::dims2(2 * nv, h),
-                dt,
-                vec![rows(&n.lin_ba, r * 2 * nv, 2 * nv, 0)],
-            ));
+            if keep(&n.lin_qkvz) {
+                out.push((
+                    n.lin_qkvz_local.clone(),
+                    Self::dims2(qkvz, h),
+                    dt,
+                    vec![rows(&n.lin_qkvz, r * qkvz, qkvz, 0)],
+                ));
+            }
+            if keep(&n.lin_ba) {
+                out.push((
+                    n.lin_ba_local.clone(),
+                    Self::dims2(2 * nv, h),
+                    dt,
+                    vec![rows(&n.lin_ba, r * 2 * nv, 2 * nv, 0)],
+                ));
+            }
         } else {
-            out.push((
-                n.lin_qkvz_local.clone(),
-                Self::dims2(2 * k + 2 * v, h),
-                dt,
-                vec![
-                    rows(&n.lin_qkv, r * k, k, 0),
-                    rows(&n.lin_qkv, kf + r * k, k, k),
-                    rows(&n.lin_qkv, 2 * kf + r * v, v, 2 * k),
-                    rows(&n.lin_z, r * v, v, 2 * k + v),
-                ],
-            ));
-            out.push((
-                n.lin_ba_local.clone(),
-                Self::dims2(2 * nv, h),
-                dt,
-                vec![
-                    rows(&n.lin_b, r * nv, nv, 0),
-                    rows(&n.lin_a, r * nv, nv, nv),
-                ],
-            ));
+            if keep(&n.lin_qkv) || keep(&n.lin_z) {
+                out.push((
+                    n.lin_qkvz_local.clone(),
+                    Self::dims2(2 * k + 2 * v, h),
+                    dt,
+                    vec![
+                        rows(&n.lin_qkv, r * k, k, 0),
+                        rows(&n.lin_qkv, kf + r * k, k, k),
+                        rows(&n.lin_qkv, 2 * kf + r * v, v, 2 * k),
+                        rows(&n.lin_z, r * v, v, 2 * k + v),
+                    ],
+                ));
+            }
+            if keep(&n.lin_b) || keep(&n.lin_a) {
+                out.push((
+                    n.lin_ba_local.clone(),
+                    Self::dims2(2 * nv, h),
+                    dt,
+                    vec![
+                        rows(&n.lin_b, r * nv, nv, 0),
+                        rows(&n.lin_a, r * nv, nv, nv),
+                    ],
+                ));
+            }
         }
         let kernel = d.kernel;
         let conv = |start: u64, len: u64, at: u64| {
@@ -919,46 +935,56 @@ impl FusedTpLayout {
                 Dims::new(&[at, 0, 0]),
             )
         };
-        out.push((
-            n.lin_conv.clone(),
-            Dims::new(&[2 * k + v, 1, kernel]),
-            dt,
-            vec![
-                conv(r * k, k, 0),
-                conv(kf + r * k, k, k),
-                conv(2 * kf + r * v, v, 2 * k),
-            ],
-        ));
+        if keep(&n.lin_conv) {
+            out.push((
+                n.lin_conv.clone(),
+                Dims::new(&[2 * k + v, 1, kernel]),
+                dt,
+                vec![
+                    conv(r * k, k, 0),
+                    conv(kf + r * k, k, k),
+                    conv(2 * kf + r * v, v, 2 * k),
+                ],
+            ));
+        }
         let heads = |c: &Arc<str>| pl(c, Region::new([r * nv], [nv]), Dims::zeros(1));
-        out.push((
-            n.lin_dt_bias.clone(),
-            Dims::new(&[nv]),
-            dt,
-            vec![heads(&n.lin_dt_bias)],
-        ));
-        out.push((
-            n.lin_a_log.clone(),
-            Dims::new(&[nv]),
-            DType::F32,
-            vec![heads(&n.lin_a_log)],
-        ));
+        if keep(&n.lin_dt_bias) {
+            out.push((
+                n.lin_dt_bias.clone(),
+                Dims::new(&[nv]),
+                dt,
+                vec![heads(&n.lin_dt_bias)],
+            ));
+        }
+        if keep(&n.lin_a_log) {
+            out.push((
+                n.lin_a_log.clone(),
+                Dims::new(&[nv]),
+                DType::F32,
+                vec![heads(&n.lin_a_log)],
+            ));
+        }
         let norm = Dims::new(&[d.head_v]);
-        out.push((
-            n.lin_norm.clone(),
-            norm,
-            dt,
-            vec![pl(&n.lin_norm, Region::full(norm), Dims::zeros(1))],
-        ));
-        out.push((
-            n.lin_out.clone(),
-            Self::dims2(h, v),
-            dt,
-            vec![pl(
-                &n.lin_out,
-                Region::new([0, r * v], [h, v]),
-                Dims::zeros(2),
-            )],
-        ));
+        if keep(&n.lin_norm) {
+            out.push((
+                n.lin_norm.clone(),
+                norm,
+                dt,
+                vec![pl(&n.lin_norm, Region::full(norm), Dims::zeros(1))],
+            ));
+        }
+        if keep(&n.lin_out) {
+            out.push((
+                n.lin_out.clone(),
+                Self::dims2(h, v),
+                dt,
+                vec![pl(
+                    &n.lin_out,
+                    Region::new([0, r * v], [h, v]),
+                    Dims::zeros(2),
+                )],
+            ));
+        }
         let _ = d.value_full;
         out
     }
@@ -968,7 +994,8 @@ impl FusedTpLayout {
         let n = &self.layers[l as usize];
         let mut out = Vec::new();
         for r in 0..u64::from(self.tp) {
-            for (name, shape, dtype, placements) in self.linear_pieces(n, r) {
+            let keep = |c: &Arc<str>| &**c == canonical;
+            for (name, shape, dtype, placements) in self.linear_pieces(n, r, &keep) {
                 for p in placements
                     .into_iter()
                     .filter(|p| &*p.canonical == canonical)
@@ -1111,7 +1138,7 @@ impl FusedTpLayout {
     fn push_layer(&self, out: &mut Vec<LocalTensor>, n: &LayerNames, r: u64) {
         let h = self.d.hidden;
         if n.linear {
-            for (name, shape, dtype, placements) in self.linear_pieces(n, r) {
+            for (name, shape, dtype, placements) in self.linear_pieces(n, r, &|_| true) {
                 out.push(LocalTensor {
                     dtype,
                     encoding: crate::encoding::Encoding::Plain(dtype),
@@ -1704,7 +1731,7 @@ impl SideLayout for FusedTpLayout {
         for n in &self.layers {
             f(&n.input_ln);
             if n.linear {
-                for (_, _, _, placements) in self.linear_pieces(n, r) {
+                for (_, _, _, placements) in self.linear_pieces(n, r, &|_| true) {
                     for p in placements {
                         f(&p.canonical);
                     }

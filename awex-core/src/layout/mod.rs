@@ -285,6 +285,14 @@ pub trait SideLayout: Send + Sync {
     /// Every shard of canonical tensor `canonical`, with the ranks holding each.
     fn holders(&self, canonical: &str) -> Vec<Holder>;
 
+    /// [`Self::holders`] of `canonical`, written over `out`: what the planner asks once per
+    /// tensor, handing back the previous tensor's list. A layout that builds many holders
+    /// per tensor overrides it to reuse the list's holders (their rank lists) instead of
+    /// allocating them anew; the default replaces `out` with [`Self::holders`].
+    fn holders_into(&self, canonical: &str, out: &mut Vec<Holder>) {
+        *out = self.holders(canonical);
+    }
+
     /// Canonical tensors of the model this side holds no copy of because the engine's model
     /// class builds no parameter for them (its loader skips them): an update moves nothing
     /// into them, and `plan` and connect say so. Empty for a side that holds the whole model.

@@ -200,6 +200,29 @@ mod tests {
     }
 
     #[test]
+    fn every_family_s_names_read_back_to_themselves() {
+        // what `parse` accepts, `name` writes back unchanged: each spelling of a table names
+        // one part, which no other spelling names (the FSDP layout gives a parsed name back
+        // as the local name without writing it anew)
+        for f in crate::model::family::ALL {
+            let n = f.names;
+            let mut spelled: Vec<String> = GLOBAL.iter().map(|(_, s)| s.to_string()).collect();
+            spelled.extend(n.layer.iter().map(|(_, s)| format!("model.layers.12.{s}")));
+            spelled.extend(
+                n.expert
+                    .iter()
+                    .map(|(_, s)| format!("model.layers.3.{}.101.{s}", n.experts)),
+            );
+            for name in spelled {
+                let Some(c) = n.parse(&name) else {
+                    panic!("{}: `{name}` does not parse", f.name);
+                };
+                assert_eq!(n.name(c), Some(name.clone()), "{}", f.name);
+            }
+        }
+    }
+
+    #[test]
     fn parse_rejects_unknown_and_non_python_indices() {
         for bad in [
             "model.layers.01.input_layernorm.weight",

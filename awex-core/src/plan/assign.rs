@@ -66,6 +66,9 @@ pub(super) struct Scratch {
     by_key: HashMap<u64, Vec<u32>>,
     /// the slot the next new structure replaces once the cache is full
     victim: usize,
+    /// holder lists handed to the layouts to write the next tensor's holders over
+    spare_src: Vec<Holder>,
+    spare_dst: Vec<Holder>,
 }
 
 /// Structures kept for tensors laid out alike. The tensors of a layer interleave many layouts
@@ -193,8 +196,10 @@ pub(super) fn assign_tensor(
     s: &mut Scratch,
     emit: &mut dyn FnMut(Transfer),
 ) -> Result<(), PlanError> {
-    let mut src = pair.training.holders(&c.name);
-    let mut dst = pair.inference.holders(&c.name);
+    let mut src = std::mem::take(&mut s.spare_src);
+    let mut dst = std::mem::take(&mut s.spare_dst);
+    pair.training.holders_into(&c.name, &mut src);
+    pair.inference.holders_into(&c.name, &mut dst);
     // backends usually answer in order already; sort only when they do not
     if !src.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)) {
         src.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
@@ -442,10 +447,13 @@ pub(super) fn assign_tensor(
     if hit.is_none() {
         s.keys[slot] = key;
         s.by_key.entry(key).or_default().push(slot as u32);
-        saved.src = src;
-        saved.dst = dst;
+        // (the slot's old holder lists, if any, are the next tensor's)
+        src = std::mem::replace(&mut saved.src, src);
+        dst = std::mem::replace(&mut saved.dst, dst);
     }
     s.cache[slot] = saved;
+    s.spare_src = src;
+    s.spare_dst = dst;
     Ok(())
 }
 

@@ -35,6 +35,30 @@ struct PeerList {
     items: Vec<coalesce::Item>,
 }
 
+impl PeerList {
+    /// A list shorter than this grows as a `Vec` does, by doubling (the peers of a pipeline
+    /// stage get all their transfers from a block of layers, which no projection foresees:
+    /// their lists are short, and over-sized ones cost more than the copies they save).
+    const PROJECT_FROM: usize = 128;
+
+    /// Makes room, once a list of [`Self::PROJECT_FROM`] or more is full, for the transfers
+    /// the rest of the plan should bring it, by how many this peer got from the first `done`
+    /// of `total` tensors (under FSDP a peer's share of each layer is about the same in every
+    /// layer): between 2 and 8 times its length. A long list that grows to its final length
+    /// at once is copied and faulted in once more, where doubling copies it two or three more
+    /// times into fresh memory. Room only: the plan is the same whatever the projection.
+    #[cold]
+    fn grow(&mut self, done: usize, total: usize) {
+        let len = self.transfers.len();
+        let projected = len.saturating_mul(total) / done.max(1);
+        // (an eighth more: the projection runs short as often as long)
+        let want = (projected + projected / 8).clamp(2 * len, 8 * len);
+        self.transfers.reserve_exact(want - len);
+        self.items
+            .reserve_exact(want.saturating_sub(self.items.len()));
+    }
+}
+
 /// The number of each peer of a rank's plan, by the peer: through a table per engine where
 /// the ranks are numbered below a bound, else through a map.
 #[derive(Default)]
@@ -511,7 +535,8 @@ impl Pair<'_> {
         let mut last: Option<(RankId, u32)> = None;
         let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
-        for id in ids {
+        let total = ids.len();
+        for (done, id) in ids.into_iter().enumerate() {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
                 let peer = match side {
@@ -534,6 +559,10 @@ impl Pair<'_> {
                     }
                 };
                 let list = &mut lists[at as usize];
+                let n = list.transfers.len();
+                if n >= PeerList::PROJECT_FROM && n == list.transfers.capacity() {
+                    list.grow(done, total);
+                }
                 list.items.push(coalesce::Item::new(
                     list.transfers.len() as u32,
                     &t,
@@ -554,6 +583,11 @@ impl Pair<'_> {
             items,
         } in lists
         {
+            // (a list that grew past twice what it was given holds no more room than doubling
+            // would have left it)
+            if transfers.capacity() / 2 > transfers.len().max(4) {
+                transfers.shrink_to_fit();
+            }
             let order = coalesce::coalesce(&mut transfers, items);
             coalesce::arrange(&mut transfers, &order);
             bytes.clear();
