@@ -647,12 +647,7 @@ impl PairEntry {
         if self.request.options.apply == ApplyMode::Atomic {
             if !u.applying {
                 // every rank received and verified: now, and only now, the live tensors change
-                u.applying = true;
-                let (version, attempt) = (u.version, u.attempt);
-                tracing::info!(pair = %self.name, version, attempt, "every rank received; applying");
-                p.changed(Op::Update(version));
-                self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
-                self.update_tx.send_replace(());
+                self.publish_apply(p);
                 return;
             }
             let inference = (0..u.ranks.len())
@@ -1205,11 +1200,12 @@ impl PairEntry {
         let applied_live = |i: usize| u.ranks.get(i).is_some_and(|r| r.applied == Some(true));
         let training_ok = (0..self.slots.train as usize).all(ok);
         let mut applied = vec![false; self.slots.engines as usize];
-        let (mut received, mut open) = (0u32, 0u32);
+        let (mut still, mut received, mut open) = (0u32, 0u32, 0u32);
         for e in 0..self.slots.engines {
             if u.left_out.get(e as usize).is_some_and(Option::is_some) {
                 continue;
             }
+            still += 1;
             let answered = !u.trigger_open.get(e as usize).copied().unwrap_or(false);
             let got = self.engine_slots(e).all(ok);
             // atomic: received into staging, then (after `apply`) copied into the live tensors;
@@ -1228,30 +1224,11 @@ impl PairEntry {
             return;
         }
         if atomic && !u.applying {
-            let taking_part =
-                applied.len() as u32 - u.left_out.iter().filter(|x| x.is_some()).count() as u32;
-            if received < taking_part {
-                return;
-            }
             // every engine still in received and verified: now, and only now, their live
-            // tensors change; the engines left out are named, so that their ranks skip it
-            u.applying = true;
-            let out: Vec<u32> = (0..u.left_out.len() as u32)
-                .filter(|&e| u.left_out[e as usize].is_some())
-                .collect();
-            for &e in &out {
-                if let Some(w) = u.unwritten.get_mut(e as usize) {
-                    *w = true;
-                }
+            // tensors change
+            if received == still {
+                self.publish_apply(p);
             }
-            let (version, attempt) = (u.version, u.attempt);
-            tracing::info!(pair = %self.name, version, attempt, left_out = ?out, "every engine still in received; applying");
-            p.changed(Op::Update(version));
-            self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
-            if let Some(ev) = p.events.events.back_mut() {
-                ev.engines = out;
-            }
-            self.update_tx.send_replace(());
             return;
         }
         if open > 0 {
@@ -1268,6 +1245,32 @@ impl PairEntry {
             return;
         }
         self.commit(p);
+    }
+
+    /// Atomic pairs: every rank still in the running attempt received and verified it, so its
+    /// live tensors may change now: publishes `apply`, naming the engines left out (their ranks
+    /// skip it, so nothing of the attempt is written there).
+    fn publish_apply(&self, p: &mut Pair) {
+        let Some(u) = p.updates.latest_mut() else {
+            return;
+        };
+        u.applying = true;
+        let out: Vec<u32> = (0..u.left_out.len() as u32)
+            .filter(|&e| u.left_out[e as usize].is_some())
+            .collect();
+        for &e in &out {
+            if let Some(w) = u.unwritten.get_mut(e as usize) {
+                *w = true;
+            }
+        }
+        let (version, attempt) = (u.version, u.attempt);
+        tracing::info!(pair = %self.name, version, attempt, left_out = ?out, "every rank still in received; applying");
+        p.changed(Op::Update(version));
+        self.publish(p, EventKind::Apply, Some(version), Some(attempt), None);
+        if let Some(ev) = p.events.events.back_mut() {
+            ev.engines = out;
+        }
+        self.update_tx.send_replace(());
     }
 
     /// Commit policies `quorum:K` and `available`: why the running attempt can no longer
