@@ -530,13 +530,15 @@ pub fn encode_bucket_from(
         let es = t.dst_dtype.size();
         let sb = StridedBox::new(&lv.shape, &so, &e, &Dims::zeros(e.ndim()), &e)?;
         let (lb, cb) = (lv.try_bytes()?, cv.try_bytes()?);
-        let idx = &mut scratch.2;
+        // the changed elements' indices and their new bytes, read by the compare
+        let (vals, _, idx) = scratch;
         idx.clear();
+        vals.clear();
         let mut bad = false;
         sb.for_each_run(|s, d, n| {
             let (a, b) = ((s as usize) * es, ((s + n) as usize) * es);
             match (cb.get(a..b), lb.get(a..b)) {
-                (Some(o), Some(w)) => delta::changed_elements(o, w, es, d as u32, idx),
+                (Some(o), Some(w)) => delta::changed_values(o, w, es, d as u32, idx, vals),
                 _ => bad = true,
             }
         });
@@ -548,6 +550,15 @@ pub fn encode_bucket_from(
             .into());
         }
         let run = sb.run as usize;
+        // where box element `i` lies in the tensor (one run: no run to look up)
+        let (one_run, base) = (sb.n_outer == 0, sb.src_base as usize);
+        let locate = |i: usize| {
+            if one_run {
+                base + i
+            } else {
+                sb.run_at((i / run) as u64).0 as usize + i % run
+            }
+        };
         if let Some(c) = changes.as_deref_mut()
             && !idx.is_empty()
         {
@@ -555,26 +566,18 @@ pub fn encode_bucket_from(
                 c.boxes.push((t.src_tensor.clone(), so, e));
             } else {
                 let v = c.elements.entry(t.src_tensor.clone()).or_default();
-                v.at.reserve(idx.len());
-                v.values.reserve(idx.len() * es);
-                for &i in idx.iter() {
-                    let at = sb.run_at(i as u64 / run as u64).0 + i as u64 % run as u64;
-                    let o = at as usize * es;
-                    // (every changed element lies in the box the loop above compared)
-                    v.values.extend_from_slice(
-                        lb.get(o..o + es).ok_or_else(|| outside(&t.src_tensor))?,
-                    );
-                    v.at.push(at as u32);
-                }
+                v.at.extend(idx.iter().map(|&i| locate(i as usize) as u32));
+                v.values.extend_from_slice(vals);
             }
         }
         st.add(
-            &delta::encode_indexed(
+            &delta::encode_changes(
                 e.numel() as usize,
                 es,
                 idx,
+                vals,
                 |i| {
-                    let at = (sb.run_at((i / run) as u64).0 as usize + i % run) * es;
+                    let at = locate(i) * es;
                     &lb[at..at + es]
                 },
                 out,
@@ -725,6 +728,22 @@ impl Target<'_> {
     /// Writes the consecutive elements `values` (wire dtype) from box element `first` on.
     fn write(&self, out: &mut [u8], first: usize, values: &[u8]) -> Result<(), RuntimeError> {
         let (we, te) = (self.wire.size(), self.view.dtype.size());
+        if self.sb.n_outer == 0 && self.wire == self.view.dtype {
+            // the box is one run of the tensor: no run to look up
+            let at = (self.sb.dst_base as usize + first) * te;
+            let dst = at
+                .checked_add(values.len())
+                .and_then(|end| out.get_mut(at..end))
+                .ok_or_else(|| self.outside())?;
+            // one element (most writes at optimiser densities): a fixed-size copy
+            match values.len() {
+                2 => dst[..2].copy_from_slice(&values[..2]),
+                1 => dst[0] = values[0],
+                4 => dst[..4].copy_from_slice(&values[..4]),
+                _ => dst.copy_from_slice(values),
+            }
+            return Ok(());
+        }
         let run = self.sb.run as usize;
         let mut i = first;
         let mut v = values;
@@ -732,12 +751,7 @@ impl Target<'_> {
             let (r, off) = (i / run, i % run);
             let k = (run - off).min(v.len() / we);
             let at = (self.run_at(r as u64) as usize + off) * te;
-            let dst = out.get_mut(at..at + k * te).ok_or_else(|| {
-                RuntimeError::from(TransportError::Delta(format!(
-                    "a delta writes outside `{}`",
-                    self.name
-                )))
-            })?;
+            let dst = out.get_mut(at..at + k * te).ok_or_else(|| self.outside())?;
             if self.wire == self.view.dtype {
                 dst.copy_from_slice(&v[..k * we]);
             } else {
@@ -748,6 +762,10 @@ impl Target<'_> {
             i += k;
         }
         Ok(())
+    }
+
+    fn outside(&self) -> RuntimeError {
+        TransportError::Delta(format!("a delta writes outside `{}`", self.name)).into()
     }
 }
 
