@@ -119,7 +119,7 @@ impl ShmSegment {
                 libc::shm_unlink(c.as_ptr());
                 return Err(e);
             }
-            let seg = Self::map(fd, name, len, true);
+            let seg = Self::map(fd, name, len, true, false);
             match seg {
                 Ok(mut s) => {
                     s.lock = Some(owned);
@@ -133,8 +133,20 @@ impl ShmSegment {
         }
     }
 
-    /// Opens and maps an existing segment created by another process.
+    /// Opens and maps an existing segment created by another process, its pages faulted in
+    /// at once (`MAP_POPULATE`: a data segment the receiver reads whole).
     pub fn open(name: &str) -> Result<Self, RuntimeError> {
+        Self::open_with(name, true)
+    }
+
+    /// Opens and maps an existing segment, faulting in a page only when it is read: for a
+    /// segment sized for the worst case and written only in part (the delta segment), whose
+    /// unwritten pages populating would commit (tmpfs allocates and clears them).
+    pub fn open_lazy(name: &str) -> Result<Self, RuntimeError> {
+        Self::open_with(name, false)
+    }
+
+    fn open_with(name: &str, populate: bool) -> Result<Self, RuntimeError> {
         let c = cname(name)?;
         // SAFETY: as in `create`.
         unsafe {
@@ -148,7 +160,7 @@ impl ShmSegment {
                 libc::close(fd);
                 return Err(e);
             }
-            let r = Self::map(fd, name, st.st_size as usize, false);
+            let r = Self::map(fd, name, st.st_size as usize, false, populate);
             libc::close(fd);
             r
         }
@@ -156,17 +168,23 @@ impl ShmSegment {
 
     /// # Safety
     /// `fd` must be an open shared-memory descriptor of at least `len` bytes; the caller closes it.
-    unsafe fn map(fd: i32, name: &str, len: usize, owner: bool) -> Result<Self, RuntimeError> {
+    unsafe fn map(
+        fd: i32,
+        name: &str,
+        len: usize,
+        owner: bool,
+        populate: bool,
+    ) -> Result<Self, RuntimeError> {
         // SAFETY: guaranteed by the caller; the result is checked.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                if owner {
-                    libc::MAP_SHARED
-                } else {
+                if populate {
                     libc::MAP_SHARED | libc::MAP_POPULATE
+                } else {
+                    libc::MAP_SHARED
                 },
                 fd,
                 0,

@@ -488,3 +488,32 @@ fn the_copy_refreshed_from_the_changes_keeps_every_later_delta_exact() {
         }
     }
 }
+
+#[test]
+fn a_receiver_maps_the_delta_segment_without_committing_pages_nobody_wrote() {
+    // The delta segment is sized for the worst case (every bucket dense) and tmpfs commits a
+    // page only once it is written; a receiver that populated its mapping would commit all of
+    // it (a model's worth of shared memory, and seconds of page clearing on a large one).
+    let mut w = world(Kind::Shm, DType::Bf16);
+    let (_, first) = update(&mut w, 1, None, false);
+    assert!(first.iter().all(|r| r.is_ok()), "v1: {first:?}");
+    let (_, got) = update(&mut w, 2, Some(&every_rank_holds(1)), false);
+    let mut total = ExecStats::default();
+    for r in &got {
+        total.add(r.as_ref().expect("v2"));
+    }
+    assert!(total.delta.changed > 0, "v2 went as deltas");
+    for r in 0..w.senders.len() {
+        let path = format!("/dev/shm/{}-t{r}-delta", w.tag);
+        let c = std::ffi::CString::new(path.clone()).unwrap();
+        // SAFETY: a valid path and a zeroed stat buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::stat(c.as_ptr(), &mut st) }, 0, "{path}");
+        let committed = st.st_blocks as u64 * 512;
+        let size = st.st_size as u64;
+        assert!(
+            committed * 2 < size,
+            "{path}: {committed} of its {size} bytes committed after a delta of a few per cent"
+        );
+    }
+}

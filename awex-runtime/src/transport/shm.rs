@@ -746,7 +746,8 @@ impl ShmTransport {
                 if let Some(r) = self.remotes.get_mut(&peer.peer)
                     && r.delta.is_none()
                 {
-                    r.delta = Some(ShmSegment::open(&delta_name(&r.ctl_name))?);
+                    // only the pages the sender wrote: the segment is sized for every bucket dense
+                    r.delta = Some(ShmSegment::open_lazy(&delta_name(&r.ctl_name))?);
                 }
                 let remote = &self.remotes[&peer.peer];
                 let st = receive_deltas(remote, peer, &self.buckets[pi], &self.tensors, ctx)?;
