@@ -131,6 +131,18 @@ pub enum DeltaError {
         /// elements of the segment
         n: usize,
     },
+    /// Changes handed to an encoder that are not strictly increasing indices of the segment.
+    #[error(
+        "delta encoder: change {i} is element {index}, not after the one before it and below the segment's {n} elements"
+    )]
+    Changes {
+        /// which change (0-based)
+        i: usize,
+        /// its index
+        index: u64,
+        /// elements of the segment
+        n: usize,
+    },
     /// A gaps segment whose bits end in a byte with padding bits set.
     #[error("delta gaps segment: the padding bits of byte {at} are not zero")]
     Padding {
@@ -350,12 +362,8 @@ fn changed_lanes<const PER: usize, const E: usize, const VALUES: bool>(
         if VALUES {
             let dst = &mut vals[*n..*n + PER];
             for j in 0..PER {
-                // (E is 8 for one lane a word: no shift)
-                dst[j] = if PER == 1 {
-                    new
-                } else {
-                    new >> (8 * E * lanes[j] as usize)
-                };
+                // (lane j of a word starts at bit 8 E j: below 64)
+                dst[j] = new >> (8 * E * lanes[j] as usize);
             }
         }
         *n += m.count_ones() as usize;
@@ -506,9 +514,15 @@ impl BitReader<'_> {
 }
 
 /// Appends a gaps segment (tag 3) of the changes at `idx` (not empty) with Rice parameter `k`.
-fn put_gaps<'a>(idx: &[u32], k: u32, value: impl Fn(usize) -> &'a [u8], out: &mut Vec<u8>) {
+fn put_gaps<'a>(
+    idx: &[u32],
+    k: u32,
+    elem: usize,
+    value: impl Fn(usize) -> &'a [u8],
+    out: &mut Vec<u8>,
+) {
     put_gaps_header(idx, k, out);
-    put_values(out, idx.iter().map(|&i| i as usize), idx.len(), value);
+    put_values(out, elem, idx.iter().map(|&i| i as usize), idx.len(), value);
 }
 
 /// A gaps segment up to its values: tag, count, parameter and the Rice-coded gaps.
@@ -527,10 +541,11 @@ fn put_gaps_header(idx: &[u32], k: u32, out: &mut Vec<u8>) {
     w.finish();
 }
 
-/// Appends the values of the elements `at` (`count` of them, each `value(i)`, whole elements
-/// of the segment's size) to `out`, copied as fixed-size elements.
+/// Appends the values of the elements `at` (`count` of them, each `value(i)`, `elem` bytes)
+/// to `out`, copied as fixed-size elements.
 fn put_values<'a>(
     out: &mut Vec<u8>,
+    elem: usize,
     at: impl Iterator<Item = usize>,
     count: usize,
     value: impl Fn(usize) -> &'a [u8],
@@ -546,11 +561,6 @@ fn put_values<'a>(
             out.extend_from_slice(&v);
         }
     }
-    let mut at = at.peekable();
-    let Some(&first) = at.peek() else {
-        return;
-    };
-    let elem = value(first).len();
     out.reserve(count * elem);
     match elem {
         1 => each::<1>(out, at, value),
@@ -677,20 +687,22 @@ fn encode_values<'a>(
         out.push(TAG_UNCHANGED);
         return Ok(stats(out));
     }
-    if let Some(&last) = idx.last()
-        && last as usize >= n
-    {
-        return Err(DeltaError::Index {
-            i: idx.len() - 1,
-            index: last as u64,
-            n,
-        });
-    }
     let chunks = n.div_ceil(CHUNK);
-    // where each chunk's changes end in `idx`: the changes per chunk, summed
+    // where each chunk's changes end in `idx`: the changes per chunk (each change checked to
+    // follow the one before it inside the segment), summed
     let mut ends = vec![0u32; chunks];
-    for &i in idx {
-        ends[i as usize / CHUNK] += 1;
+    let mut next = 0usize;
+    for (c, &i) in idx.iter().enumerate() {
+        let i = i as usize;
+        if i < next || i >= n {
+            return Err(DeltaError::Changes {
+                i: c,
+                index: i as u64,
+                n,
+            });
+        }
+        ends[i / CHUNK] += 1;
+        next = i + 1;
     }
     let mut at = 0u32;
     for e in ends.iter_mut() {
@@ -718,7 +730,7 @@ fn encode_values<'a>(
     };
     if n * elem < sparse.min(rice) {
         out.push(TAG_DENSE);
-        put_values(out, 0..n, n, value);
+        put_values(out, elem, 0..n, n, value);
         return Ok(stats(out));
     }
     if rice < sparse {
@@ -727,7 +739,7 @@ fn encode_values<'a>(
                 put_gaps_header(idx, k, out);
                 out.extend_from_slice(v);
             }
-            None => put_gaps(idx, k, value, out),
+            None => put_gaps(idx, k, elem, value, out),
         }
         return Ok(stats(out));
     }
@@ -742,13 +754,19 @@ fn encode_values<'a>(
         let first = c * CHUNK;
         if dense_chunk(k, len, elem) {
             out[counts_at + c] = DENSE_CHUNK;
-            put_values(out, first..first + len, len, &value);
+            put_values(out, elem, first..first + len, len, &value);
         } else if k > 0 {
             out[counts_at + c] = k as u8;
             out.extend(idx[from..end].iter().map(|&i| (i as usize - first) as u8));
             match changed {
                 Some(v) => out.extend_from_slice(&v[from * elem..end * elem]),
-                None => put_values(out, idx[from..end].iter().map(|&i| i as usize), k, &value),
+                None => put_values(
+                    out,
+                    elem,
+                    idx[from..end].iter().map(|&i| i as usize),
+                    k,
+                    &value,
+                ),
             }
         }
         from = end;
@@ -1181,8 +1199,27 @@ pub(crate) mod tests {
         // values that do not match the indices are refused, not read past
         let mut d = Vec::new();
         assert!(encode_changes(10, 2, &[1, 4], &[0; 3], |_| &[0, 0][..], &mut d).is_err());
-        // an index past the segment is refused, not a panic
+        // an index past the segment, or one not after the one before it, is refused, not a
+        // panic (nor a gap that wraps round)
         assert!(encode_changes(10, 2, &[1, 10], &[0; 4], |_| &[0, 0][..], &mut d).is_err());
+        let e = encode_indexed(10, 2, &[12, 3], |_| &[0, 0][..], &mut d).unwrap_err();
+        assert_eq!(
+            e,
+            DeltaError::Changes {
+                i: 0,
+                index: 12,
+                n: 10
+            }
+        );
+        let e = encode_indexed(600, 2, &[4, 300, 300], |_| &[0, 0][..], &mut d).unwrap_err();
+        assert_eq!(
+            e,
+            DeltaError::Changes {
+                i: 2,
+                index: 300,
+                n: 600
+            }
+        );
     }
 
     #[test]
@@ -1304,7 +1341,7 @@ pub(crate) mod tests {
 
     fn gaps_segment(elem: usize, idx: &[u32], k: u32, new: &[u8]) -> Vec<u8> {
         let mut d = Vec::new();
-        put_gaps(idx, k, |i| &new[i * elem..(i + 1) * elem], &mut d);
+        put_gaps(idx, k, elem, |i| &new[i * elem..(i + 1) * elem], &mut d);
         d
     }
 
