@@ -70,26 +70,48 @@ fn pair(url: &str, args: &[&str]) {
     );
 }
 
-/// Waits until the gateway's trim counter moves past `trims` (a trim scheduled by a release
-/// before this call ran).
-fn wait_next_trim(port: u16, trims: u64) {
+fn trims(port: u16) -> u64 {
+    metric(&metrics(port), "awex_gateway_memory_trims_total")
+}
+
+/// Waits until the gateway gave memory back after the releases that followed the moment
+/// `before` was read (the trim counter then), and no trim follows within three times its
+/// delay (releases meanwhile join a scheduled trim or schedule the next one). `before` is read
+/// ahead of the releases: a trim may run before this is called, and waiting for one more would
+/// then wait for nothing.
+fn wait_trims_settled(port: u16, before: u64) {
     let start = Instant::now();
-    while metric(&metrics(port), "awex_gateway_memory_trims_total") == trims {
+    let mut seen = trims(port);
+    while seen == before {
         assert!(start.elapsed() < Duration::from_secs(120), "no trim");
         std::thread::sleep(Duration::from_millis(100));
+        seen = trims(port);
+    }
+    loop {
+        std::thread::sleep(Duration::from_millis(1500));
+        let now = trims(port);
+        if now == seen {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "trims never settle"
+        );
+        seen = now;
     }
 }
 
-/// Waits until the gateway holds no pair and gave memory back after the last one went.
-fn wait_all_forgotten(port: u16) {
+/// Waits until the gateway holds no pair and gave memory back after the last one went;
+/// `before` is the trim counter read before the pairs were let go.
+fn wait_all_forgotten(port: u16, before: u64) {
     let start = Instant::now();
     loop {
         let m = metrics(port);
         let pairs = metric(&m, "awex_gateway_pairs{state=\"disconnected\"}")
             + metric(&m, "awex_gateway_pairs{state=\"joining\"}");
         if pairs == 0 {
-            // the forget schedules a trim: wait for the counter to move past it
-            wait_next_trim(port, metric(&m, "awex_gateway_memory_trims_total"));
+            // the forget schedules a trim
+            wait_trims_settled(port, before);
             return;
         }
         assert!(
@@ -168,22 +190,22 @@ fn forgotten_pairs_give_their_memory_back_and_a_live_pair_holds_one_copy_of_its_
     };
     let disconnect = |name: &str| pair(&url, &["disconnect", "--name", name]);
     // one warm-up round: the runtime's threads and pools exist from here on
+    let before = trims(port);
     connect("warm");
     disconnect("warm");
-    wait_all_forgotten(port);
+    wait_all_forgotten(port, before);
     let base = rss_mib(pid);
 
     let n = 8;
-    for i in 0..n {
+    for i in 0..n - 1 {
         connect(&format!("p{i}"));
     }
+    let before = trims(port);
+    connect(&format!("p{}", n - 1));
     // the last connect's parsed request is freed as it is handled, and the trim that gives its
     // pages back runs up to half a second later: measure after it (the figure otherwise holds
     // one more request's garbage, 1.8 x the lists on a loaded machine)
-    wait_next_trim(
-        port,
-        metric(&metrics(port), "awex_gateway_memory_trims_total"),
-    );
+    wait_trims_settled(port, before);
     let live = rss_mib(pid) - base;
     // one copy per pair (about 1.2 x the list with each string's own allocation), where two
     // copies and the status's were kept before
@@ -191,10 +213,11 @@ fn forgotten_pairs_give_their_memory_back_and_a_live_pair_holds_one_copy_of_its_
         live < 1.8 * list_mib * n as f64,
         "{n} pairs with a {list_mib:.1} MiB list each hold {live:.1} MiB"
     );
+    let before = trims(port);
     for i in 0..n {
         disconnect(&format!("p{i}"));
     }
-    wait_all_forgotten(port);
+    wait_all_forgotten(port, before);
     let after = rss_mib(pid) - base;
     eprintln!(
         "base {base:.1} MiB; {n} pairs of {list_mib:.1} MiB lists: +{live:.1} MiB live, +{after:.1} MiB once forgotten"
