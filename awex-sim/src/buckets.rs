@@ -73,7 +73,10 @@ impl Acc<'_> {
 }
 
 /// The buckets `make_buckets(transfers, max_bytes)` makes, run-length encoded.
-pub fn bucket_runs(transfers: &[Transfer], max_bytes: u64) -> Vec<BucketRun> {
+pub fn bucket_runs<T: std::borrow::Borrow<Transfer>>(
+    transfers: impl IntoIterator<Item = T>,
+    max_bytes: u64,
+) -> Vec<BucketRun> {
     let max_bytes = max_bytes.max(1);
     let mut out = Vec::new();
     let mut acc = Acc {
@@ -84,6 +87,7 @@ pub fn bucket_runs(transfers: &[Transfer], max_bytes: u64) -> Vec<BucketRun> {
         dst_ok: false,
     };
     for t in transfers {
+        let t = t.borrow();
         let rows = t.extent.get(0);
         let u = Units::of(t);
         let units = if rows == 0 { 0 } else { u.count };

@@ -35,7 +35,7 @@ use crate::net::{Act, Graph, Kind, NONE, RunStats};
 use crate::topology::{DeviceKind, Topology};
 use awex_core::Transport;
 use awex_core::layout::{RankId, Side};
-use awex_core::plan::{Pair, Transfer};
+use awex_core::plan::{Pair, Transfers};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -142,7 +142,7 @@ pub struct PairPlan {
     /// Wire bytes.
     pub bytes: u64,
     /// The transfers.
-    pub transfers: Vec<Transfer>,
+    pub transfers: Transfers,
 }
 
 /// Every pair of a pair of layouts, planned from the senders' plans.
@@ -396,7 +396,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                 .map(|p| {
                     let size =
                         pair_bucket_bytes(b, peers_t[p.t as usize], b, peers_i[p.i as usize]);
-                    bucket_runs(&p.transfers, size)
+                    bucket_runs(p.transfers.iter_owned(), size)
                 })
                 .collect();
             let steps: Vec<u64> = runs.iter().map(|r| count(r)).collect();
@@ -538,8 +538,8 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                     let p = &plans.pairs[k];
                     let path = links.path(&mut g, topo, train_dev[p.t as usize], infer_dev[i]);
                     let mut b = Vec::new();
-                    for t in &p.transfers {
-                        let mut left = t.bytes();
+                    for i in 0..p.transfers.len() {
+                        let mut left = p.transfers.bytes_of(i);
                         while left > 0 {
                             let piece = left.min(SPLIT);
                             left -= piece;
@@ -612,7 +612,7 @@ pub fn build(plans: &Plans, topo: &Topology, opts: &Options) -> Result<Built, Si
                 let mut prev: Option<Act> = None;
                 for &k in pairs {
                     let p = &plans.pairs[k];
-                    let runs = bucket_runs(&p.transfers, opts.bucket_bytes);
+                    let runs = bucket_runs(p.transfers.iter_owned(), opts.bucket_bytes);
                     let n = count(&runs);
                     shape.buckets += n;
                     let (s, d) = (train_dev[p.t as usize], infer_dev[i]);

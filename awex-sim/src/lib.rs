@@ -171,10 +171,12 @@ pub fn simulate_plans(
             run_s,
             quantum_s,
         },
-        fp8: report::Fp8Wire::of(plans.pairs.iter().flat_map(|p| &p.transfers)).map(|mut f| {
-            f.encoding = "fp8".into();
-            f
-        }),
+        fp8: report::Fp8Wire::of(plans.pairs.iter().flat_map(|p| p.transfers.iter_owned())).map(
+            |mut f| {
+                f.encoding = "fp8".into();
+                f
+            },
+        ),
         delta: None,
     })
 }

@@ -168,10 +168,13 @@ pub struct Fp8Wire {
 
 impl Fp8Wire {
     /// The figures of a set of transfers; `None` when none is into an FP8 tensor.
-    pub fn of<'a>(ts: impl Iterator<Item = &'a awex_core::plan::Transfer>) -> Option<Fp8Wire> {
+    pub fn of<T: std::borrow::Borrow<awex_core::plan::Transfer>>(
+        ts: impl Iterator<Item = T>,
+    ) -> Option<Fp8Wire> {
         let mut w = Fp8Wire::default();
         let mut any = false;
         for t in ts {
+            let t = t.borrow();
             if t.sender_encoded() {
                 w.sender_e4m3_bytes += t.numel();
                 w.sender_scale_bytes += t.scale_bytes();

@@ -164,7 +164,7 @@ fn every_backend_marks_the_linear_weights_and_plans_as_the_plain_pair_but_into_s
                         // the same boxes, in the same order, delivered in the same dtype
                         assert_eq!(
                             stripped(&x.transfers),
-                            y.transfers,
+                            y.transfers.to_vec(),
                             "{name} {train} {infer}"
                         );
                         assert_eq!(x.bytes, y.bytes);

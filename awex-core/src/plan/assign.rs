@@ -1,6 +1,7 @@
 //! Assigning every destination piece of one canonical tensor to one source rank.
 
-use super::{Encode, EncodeAt, Pair, PlanError, Transfer};
+use super::transfers::{Boxes, Ends};
+use super::{Encode, EncodeAt, Pair, PlanError};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::layout::{Dims, Holder, RankId, Region, Side};
@@ -69,6 +70,70 @@ pub(super) struct Scratch {
     /// holder lists handed to the layouts to write the next tensor's holders over
     spare_src: Vec<Holder>,
     spare_dst: Vec<Holder>,
+    /// what the transfers between two local tensors share, for every transfer emitted
+    ends: Vec<Ends>,
+    /// the ends made for the tensor being planned, most recent last
+    recent: Vec<u32>,
+}
+
+impl Scratch {
+    /// The table of ends of every transfer emitted.
+    pub(super) fn take_ends(&mut self) -> Vec<Ends> {
+        std::mem::take(&mut self.ends)
+    }
+}
+
+/// A transfer as it is emitted: its ranks, canonical tensor, boxes, and what it shares with
+/// other transfers between the same two local tensors (an index into the table of ends).
+pub(super) struct Emitted {
+    pub(super) src_rank: RankId,
+    pub(super) dst_rank: RankId,
+    pub(super) canonical: u32,
+    pub(super) ends: u32,
+    pub(super) boxes: Boxes,
+}
+
+/// The index of the ends of a transfer from `sh` into `dh` among those of this tensor (a new
+/// one if none is equal): a tensor's transfers from every source rank mostly share one.
+#[allow(clippy::too_many_arguments)]
+fn ends_of(
+    table: &mut Vec<Ends>,
+    recent: &mut Vec<u32>,
+    sh: &Holder,
+    dh: &Holder,
+    dst_dtype: DType,
+    encode: &Option<Encode>,
+) -> u32 {
+    for (i, &at) in recent.iter().enumerate().rev() {
+        if table[at as usize].is(
+            &sh.tensor,
+            &sh.tensor_shape,
+            sh.dtype,
+            &dh.tensor,
+            &dh.tensor_shape,
+            dst_dtype,
+            encode,
+            dh.transposed,
+        ) {
+            // (the most recent is looked at first)
+            let last = recent.len() - 1;
+            recent.swap(i, last);
+            return at;
+        }
+    }
+    table.push(Ends {
+        src_tensor: sh.tensor.clone(),
+        src_shape: sh.tensor_shape,
+        src_dtype: sh.dtype,
+        dst_tensor: dh.tensor.clone(),
+        dst_shape: dh.tensor_shape,
+        dst_dtype,
+        encode: encode.clone(),
+        transposed: dh.transposed,
+    });
+    let at = table.len() as u32 - 1;
+    recent.push(at);
+    at
 }
 
 /// Structures kept for tensors laid out alike. The tensors of a layer interleave many layouts
@@ -194,8 +259,9 @@ pub(super) fn assign_tensor(
     side: Side,
     me: RankId,
     s: &mut Scratch,
-    emit: &mut dyn FnMut(Transfer),
+    emit: &mut dyn FnMut(Emitted),
 ) -> Result<(), PlanError> {
+    s.recent.clear();
     let mut src = std::mem::take(&mut s.spare_src);
     let mut dst = std::mem::take(&mut s.spare_dst);
     pair.training.holders_into(&c.name, &mut src);
@@ -391,26 +457,22 @@ pub(super) fn assign_tensor(
         let encode = encodes
             .as_ref()
             .and_then(|e| e[p.dst_holder as usize].clone());
+        let (ends, recent) = (&mut s.ends, &mut s.recent);
         let mut send = |cell: &Region, encode: Option<Encode>| {
             let dst_dtype = match &encode {
                 Some(e) if e.at == EncodeAt::Sender => DType::F8E4m3,
                 _ => dh.dtype,
             };
-            emit(Transfer {
+            emit(Emitted {
                 src_rank,
                 dst_rank: p.dst_rank,
                 canonical: id,
-                src_tensor: sh.tensor.clone(),
-                src_shape: sh.tensor_shape,
-                src_offset: local_at(sh, cell),
-                src_dtype: sh.dtype,
-                dst_tensor: dh.tensor.clone(),
-                dst_shape: dh.tensor_shape,
-                dst_offset: local_at(dh, cell),
-                dst_dtype,
-                extent: cell.extent,
-                encode,
-                transposed: dh.transposed,
+                ends: ends_of(ends, recent, sh, dh, dst_dtype, &encode),
+                boxes: Boxes {
+                    src_offset: local_at(sh, cell),
+                    dst_offset: local_at(dh, cell),
+                    extent: cell.extent,
+                },
             })
         };
         match encode {

@@ -5,6 +5,7 @@
 
 use crate::dims::Dims;
 use crate::plan::{SCALE_BYTES, Transfer};
+use std::borrow::Borrow;
 
 /// Rows `[row0, row0 + rows)` (along the box's first dim) of one transfer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,12 +98,17 @@ impl Units {
 }
 
 /// Cuts a peer's transfers (in order) into buckets of at most `max_bytes` wire bytes, in whole
-/// [`Units`] (rows; rows of blocks for a sender-encoded transfer).
-pub fn make_buckets(transfers: &[Transfer], max_bytes: u64) -> Vec<Bucket> {
+/// [`Units`] (rows; rows of blocks for a sender-encoded transfer). `transfers`: a slice of
+/// them or a peer's [`super::Transfers`].
+pub fn make_buckets<T: Borrow<Transfer>>(
+    transfers: impl IntoIterator<Item = T>,
+    max_bytes: u64,
+) -> Vec<Bucket> {
     let max_bytes = max_bytes.max(1);
     let mut out = Vec::new();
     let mut cur = Bucket::default();
-    for (i, t) in transfers.iter().enumerate() {
+    for (i, t) in transfers.into_iter().enumerate() {
+        let t = t.borrow();
         let rows = t.extent.get(0);
         let u = Units::of(t);
         let units = if rows == 0 { 0 } else { u.count };

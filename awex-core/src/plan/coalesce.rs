@@ -1,19 +1,20 @@
 //! Merging adjacent transfers between the same two tensors into one contiguous box, and ordering them.
 
-use super::Transfer;
-use crate::layout::{Dims, RankId};
+use super::transfers::{Boxes, Ends, Item, Store};
+use crate::layout::Dims;
 use crate::model::NameHasher;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-/// Whether `b` continues `a` along box dim `d` on both ends, with everything else equal.
-fn adjacent(a: &Transfer, b: &Transfer, d: usize) -> bool {
+/// Whether `b` continues `a` along box dim `d` on both ends, with everything else equal (`k`
+/// box dims each).
+fn adjacent(ea: &Ends, a: &Boxes, eb: &Ends, b: &Boxes, d: usize) -> bool {
     let k = a.extent.ndim();
     // (into one FP8 tensor, sender- and receiver-encoded boxes stay apart)
     // (a transposed box is never merged: its destination runs along other dims)
-    if b.extent.ndim() != k || a.encode != b.encode || a.transposed || b.transposed {
+    if b.extent.ndim() != k || ea.encode != eb.encode || ea.transposed || eb.transposed {
         return false;
     }
     let (sn, dn) = (a.src_offset.ndim(), a.dst_offset.ndim());
@@ -49,7 +50,7 @@ fn cmp_moved(a: &Dims, b: &Dims, k: usize, d: usize) -> Ordering {
     na.cmp(&nb).then_with(|| ia.cmp(ib))
 }
 
-fn cmp_along(a: &Transfer, b: &Transfer, d: usize) -> Ordering {
+fn cmp_along(a: &Boxes, b: &Boxes, d: usize) -> Ordering {
     // sort so that neighbours along dim d are consecutive: dim d compared last
     let k = a.extent.ndim();
     cmp_moved(&a.dst_offset, &b.dst_offset, k, d)
@@ -100,165 +101,183 @@ impl NameNumbers {
     }
 }
 
-/// A transfer of the peer, with the numbers of its two tensors' names and, copied out of it,
-/// what the grouping and the final order compare first (made as the transfer is emitted, so
-/// coalescing reads a transfer itself only to compare boxes of one group or equal canonicals).
-#[derive(Clone, Copy)]
-pub(super) struct Item {
-    /// index into the transfers
-    at: u32,
-    src: u32,
-    dst: u32,
-    src_rank: RankId,
-    dst_rank: RankId,
-    /// the number of box dims
-    k: u8,
-    /// the transfer's `canonical` (kept equal to it as transfers merge)
-    canonical: u32,
+/// Coalescing the peers of one plan: transfers merge when they connect the same two local
+/// tensors and their boxes are adjacent along one dim in both tensors (e.g. q, k and v rows
+/// that are contiguous on both sides).
+///
+/// Transfers that may merge form a group: between the same two ranks (a peer's are) and local
+/// tensors, boxes of one rank. Merges happen inside a group only, so each group with more than
+/// one transfer is merged on its own: for each box dim from the last, its transfers sorted so
+/// that neighbours along that dim are consecutive ([`cmp_along`], ties kept in their earlier
+/// order), each merged into the one before it where adjacent, until a round merges nothing.
+/// Then the peer's transfers are put in execution order: canonical tensor, destination tensor
+/// (by name), destination offset, source tensor, source offset.
+pub(super) struct Groups {
+    /// per ends: the number of its pair of tensor names ([`NameNumbers`] of each)
+    gid: Vec<u32>,
+    /// per name pair: the last peer (by `epoch`) with a transfer in it, and how many it had
+    stamp: Vec<u32>,
+    count: Vec<u32>,
+    epoch: u32,
+    /// per item of the store: merged into another
+    dead: Vec<bool>,
+    /// the peer's transfers in name pairs of more than one: (name pair, box dims, item)
+    multi: Vec<(u32, u8, u32)>,
+    run: Vec<u32>,
+    out: Vec<u32>,
 }
 
-impl Item {
-    /// Transfer `t`, at index `at` of its peer's transfers, with the numbers of its source
-    /// and destination tensor names ([`NameNumbers`]).
-    pub(super) fn new(at: u32, t: &Transfer, src: u32, dst: u32) -> Self {
-        Item {
-            at,
-            src,
-            dst,
-            src_rank: t.src_rank,
-            dst_rank: t.dst_rank,
-            k: t.extent.ndim() as u8,
-            canonical: t.canonical,
+impl Groups {
+    /// The groups of a plan's transfers, whose items and ends are `store`'s.
+    pub(super) fn new(store: &Store) -> Groups {
+        let (mut src, mut dst) = (NameNumbers::default(), NameNumbers::default());
+        let mut pairs: HashMap<(u32, u32), u32, BuildHasherDefault<NameHasher>> =
+            HashMap::default();
+        let gid: Vec<u32> = store
+            .ends
+            .iter()
+            .map(|e| {
+                let key = (src.number(&e.src_tensor), dst.number(&e.dst_tensor));
+                let fresh = pairs.len() as u32;
+                *pairs.entry(key).or_insert(fresh)
+            })
+            .collect();
+        Groups {
+            gid,
+            stamp: vec![0; pairs.len()],
+            count: vec![0; pairs.len()],
+            epoch: 0,
+            dead: vec![false; store.items.len()],
+            multi: Vec::new(),
+            run: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+
+    /// Coalesces one peer's transfers (`order`: their items in `store`, in emission order; a
+    /// merged transfer grows in place and the one merged into it leaves `order`) and puts
+    /// them in execution order.
+    #[inline(never)]
+    pub(super) fn coalesce(&mut self, order: &mut Vec<u32>, store: &mut Store) {
+        let Store {
+            ends, items, wide, ..
+        } = store;
+        // the name pairs with more than one transfer of the peer
+        self.epoch += 1;
+        for &i in order.iter() {
+            let g = self.gid[items[i as usize].ends as usize] as usize;
+            if self.stamp[g] != self.epoch {
+                self.stamp[g] = self.epoch;
+                self.count[g] = 0;
+            }
+            self.count[g] += 1;
+        }
+        self.multi.clear();
+        let (gid, count) = (&self.gid, &self.count);
+        self.multi.extend(order.iter().filter_map(|&i| {
+            let it = &items[i as usize];
+            let g = gid[it.ends as usize];
+            (count[g as usize] > 1).then_some((g, it.k, i))
+        }));
+        if !self.multi.is_empty() {
+            // their transfers by group (of a name pair, boxes of one rank), each group in
+            // emission order
+            self.multi.sort_by_key(|&(g, k, _)| (g, k));
+            let mut merged = false;
+            let mut a = 0;
+            while a < self.multi.len() {
+                let (g, k, _) = self.multi[a];
+                let b = a + self.multi[a..]
+                    .iter()
+                    .take_while(|x| (x.0, x.1) == (g, k))
+                    .count();
+                if b - a > 1 {
+                    self.run.clear();
+                    self.run.extend(self.multi[a..b].iter().map(|x| x.2));
+                    merged |= merge_group(
+                        &mut self.run,
+                        &mut self.out,
+                        k as usize,
+                        ends,
+                        items,
+                        wide,
+                        &mut self.dead,
+                    );
+                }
+                a = b;
+            }
+            if merged {
+                let dead = &self.dead;
+                order.retain(|&i| !dead[i as usize]);
+            }
+        }
+        let order_of = |a: &u32, b: &u32| -> Ordering {
+            let (a, b) = (&items[*a as usize], &items[*b as usize]);
+            a.canonical.cmp(&b.canonical).then_with(|| {
+                let (x, y) = (&ends[a.ends as usize], &ends[b.ends as usize]);
+                let (xb, yb) = (a.boxes(ends, wide), b.boxes(ends, wide));
+                cmp_name(&x.dst_tensor, &y.dst_tensor)
+                    .then_with(|| xb.dst_offset.cmp(&yb.dst_offset))
+                    .then_with(|| cmp_name(&x.src_tensor, &y.src_tensor))
+                    .then_with(|| xb.src_offset.cmp(&yb.src_offset))
+            })
+        };
+        if !order.is_sorted_by(|a, b| order_of(a, b).is_le()) {
+            order.sort_by(order_of);
         }
     }
 }
 
-/// Transfers that may merge: between the same two ranks and local tensors, boxes of one rank.
-///
-/// Only which transfers fall in one group matters, not the order of the groups: merges happen
-/// inside a group, in the group's own order (`cmp_along`, ties kept in their earlier order by
-/// the stable sort), and the final order ([`coalesce`]'s last sort) compares names
-/// alphabetically. So the names compare by their numbers.
-fn group(a: &Item, b: &Item) -> Ordering {
-    a.src_rank
-        .cmp(&b.src_rank)
-        .then_with(|| a.dst_rank.cmp(&b.dst_rank))
-        .then_with(|| a.src.cmp(&b.src))
-        .then_with(|| a.dst.cmp(&b.dst))
-        .then_with(|| a.k.cmp(&b.k))
-}
-
-/// Coalesces one peer's transfers and puts them in execution order.
-///
-/// Transfers merge when they connect the same two local tensors and their boxes are adjacent
-/// along one dim in both tensors (e.g. q, k and v rows that are contiguous on both sides).
-/// `live` lists the peer's transfers in `ts` (in emission order) with the numbers of their
-/// source and destination tensor names ([`NameNumbers`]); the transfers stay where they are
-/// while these items are sorted and merged (a merged transfer grows in place in `ts`), and the
-/// indices of the result come back in execution order.
-#[inline(never)]
-pub(super) fn coalesce(ts: &mut [Transfer], mut live: Vec<Item>) -> Vec<u32> {
-    let max_k = live.iter().map(|i| i.k as usize).max().unwrap_or(0);
-    let mut out: Vec<Item> = Vec::with_capacity(live.len());
+/// Merges the transfers of one group (`run`, `k` box dims) to a fixed point, marking those
+/// merged into others `dead`; whether any merged.
+fn merge_group(
+    run: &mut Vec<u32>,
+    out: &mut Vec<u32>,
+    k: usize,
+    ends: &[Ends],
+    items: &mut [Item],
+    wide: &mut Vec<Boxes>,
+    dead: &mut [bool],
+) -> bool {
+    let start = run.len();
     loop {
-        let before = live.len();
-        for d in (0..max_k).rev() {
-            let along = |a: &Item, b: &Item| -> Ordering {
-                group(a, b).then_with(|| {
-                    if d >= a.k as usize || d >= b.k as usize {
-                        return Ordering::Equal;
-                    }
-                    cmp_along(&ts[a.at as usize], &ts[b.at as usize], d)
-                })
+        let before = run.len();
+        for d in (0..k).rev() {
+            let along = |a: &u32, b: &u32| {
+                let (a, b) = (&items[*a as usize], &items[*b as usize]);
+                cmp_along(&a.boxes(ends, wide), &b.boxes(ends, wide), d)
             };
-            if !live.is_sorted_by(|a, b| along(a, b).is_le()) {
-                live.sort_by(along);
+            if !run.is_sorted_by(|a, b| along(a, b).is_le()) {
+                run.sort_by(along);
             }
             out.clear();
-            for &i in &live {
-                if let Some(l) = out.last_mut()
-                    && d < i.k as usize
-                    && group(l, &i) == Ordering::Equal
-                    && adjacent(&ts[l.at as usize], &ts[i.at as usize], d)
-                {
-                    let t = &ts[i.at as usize];
-                    let e = ts[l.at as usize].extent.get(d) + t.extent.get(d);
-                    let c = l.canonical.min(i.canonical);
-                    let last = &mut ts[l.at as usize];
-                    last.extent.set(d, e);
-                    last.canonical = c;
-                    l.canonical = c;
-                    continue;
+            for &i in run.iter() {
+                if let Some(&l) = out.last() {
+                    let (li, ii) = (&items[l as usize], &items[i as usize]);
+                    let (lb, ib) = (li.boxes(ends, wide), ii.boxes(ends, wide));
+                    if adjacent(
+                        &ends[li.ends as usize],
+                        &lb,
+                        &ends[ii.ends as usize],
+                        &ib,
+                        d,
+                    ) {
+                        let e = lb.extent.get(d) + ib.extent.get(d);
+                        let c = li.canonical.min(ii.canonical);
+                        let last = &mut items[l as usize];
+                        last.canonical = c;
+                        last.set_extent(d, e, ends, wide);
+                        dead[i as usize] = true;
+                        continue;
+                    }
                 }
                 out.push(i);
             }
-            std::mem::swap(&mut live, &mut out);
+            std::mem::swap(run, out);
         }
-        if live.len() == before {
+        if run.len() == before {
             break;
         }
     }
-    let order = |a: &Item, b: &Item| -> Ordering {
-        let (x, y) = (&ts[a.at as usize], &ts[b.at as usize]);
-        a.canonical
-            .cmp(&b.canonical)
-            .then_with(|| cmp_name(&x.dst_tensor, &y.dst_tensor))
-            .then_with(|| x.dst_offset.cmp(&y.dst_offset))
-            .then_with(|| cmp_name(&x.src_tensor, &y.src_tensor))
-            .then_with(|| x.src_offset.cmp(&y.src_offset))
-    };
-    if !live.is_sorted_by(|a, b| order(a, b).is_le()) {
-        live.sort_by(order);
-    }
-    live.into_iter().map(|i| i.at).collect()
-}
-
-/// Puts `ts` in the order of `order` (indices into `ts`, each at most once, as [`coalesce`]
-/// returns them) in place, and drops the transfers it leaves out (merged into others).
-pub(super) fn arrange<T>(ts: &mut Vec<T>, order: &[u32]) {
-    // mostly the emission order already, less the merged transfers at the end (or none)
-    if order.iter().enumerate().all(|(k, &i)| i as usize == k) {
-        ts.truncate(order.len());
-        return;
-    }
-    // the original index of the transfer now at each position, and the position of each
-    let mut at: Vec<u32> = (0..ts.len() as u32).collect();
-    let mut pos: Vec<u32> = at.clone();
-    for (k, &i) in order.iter().enumerate() {
-        let p = pos[i as usize] as usize;
-        if p != k {
-            ts.swap(k, p);
-            let moved = at[k];
-            at[p] = moved;
-            pos[moved as usize] = p as u32;
-            at[k] = i;
-            pos[i as usize] = k as u32;
-        }
-    }
-    ts.truncate(order.len());
-}
-
-#[cfg(test)]
-mod tests {
-    use super::arrange;
-
-    #[test]
-    fn arrange_puts_items_in_order_and_drops_the_rest() {
-        // every order of a few items, with some left out, against building the result anew
-        let orders: [&[u32]; 7] = [
-            &[0, 1, 2, 3, 4],
-            &[0, 1, 2],
-            &[4, 3, 2, 1, 0],
-            &[2, 0, 4],
-            &[1, 2, 3, 4, 0],
-            &[3, 4, 0, 1],
-            &[],
-        ];
-        for order in orders {
-            let mut v: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
-            let want: Vec<String> = order.iter().map(|&i| v[i as usize].clone()).collect();
-            arrange(&mut v, order);
-            assert_eq!(v, want, "order {order:?}");
-        }
-    }
+    run.len() != start
 }

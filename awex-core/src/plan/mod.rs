@@ -12,8 +12,10 @@ mod assign;
 pub mod bucket;
 mod coalesce;
 mod simulate;
+mod transfers;
 
 pub use simulate::{RankBuffers, SimulationError, simulate};
+pub use transfers::Transfers;
 
 use crate::dtype::DType;
 use crate::encoding::{Fp8Block, ScaleFormat};
@@ -21,42 +23,17 @@ use crate::layout::copy::{Transpose, swap_last_two};
 use crate::layout::{Dims, RankId, Side, SideLayout};
 use crate::model::Catalogue;
 use crate::model::NameHasher;
-use coalesce::NameNumbers;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-/// One peer's transfers while a rank's plan is made, in emission order, with what coalescing
-/// compares of each ([`coalesce::Item`]).
+/// One peer of a rank's plan while it is made: the number of its transfers, then their
+/// indices in the plan's [`transfers::Store`] in emission order.
 struct PeerList {
     peer: RankId,
-    transfers: Vec<Transfer>,
-    items: Vec<coalesce::Item>,
-}
-
-impl PeerList {
-    /// A list shorter than this grows as a `Vec` does, by doubling (the peers of a pipeline
-    /// stage get all their transfers from a block of layers, which no projection foresees:
-    /// their lists are short, and over-sized ones cost more than the copies they save).
-    const PROJECT_FROM: usize = 128;
-
-    /// Makes room, once a list of [`Self::PROJECT_FROM`] or more is full, for the transfers
-    /// the rest of the plan should bring it, by how many this peer got from the first `done`
-    /// of `total` tensors (under FSDP a peer's share of each layer is about the same in every
-    /// layer): between 2 and 8 times its length. A long list that grows to its final length
-    /// at once is copied and faulted in once more, where doubling copies it two or three more
-    /// times into fresh memory. Room only: the plan is the same whatever the projection.
-    #[cold]
-    fn grow(&mut self, done: usize, total: usize) {
-        let len = self.transfers.len();
-        let projected = len.saturating_mul(total) / done.max(1);
-        // (an eighth more: the projection runs short as often as long)
-        let want = (projected + projected / 8).clamp(2 * len, 8 * len);
-        self.transfers.reserve_exact(want - len);
-        self.items
-            .reserve_exact(want.saturating_sub(self.items.len()));
-    }
+    count: u32,
+    order: Vec<u32>,
 }
 
 /// The number of each peer of a rank's plan, by the peer: through a table per engine where
@@ -301,54 +278,79 @@ impl Transfer {
 
     /// Appends the bytes the fingerprint hashes (hashing the concatenation of every transfer's
     /// bytes in one call gives the same digest as feeding them piecewise).
-    fn hash_bytes(&self, h: &mut Vec<u8>) {
-        for r in [self.src_rank, self.dst_rank] {
-            h.extend_from_slice(&r.engine.to_le_bytes());
-            h.extend_from_slice(&r.rank.to_le_bytes());
-        }
-        for (name, shape, off, dt) in [
-            (
-                &self.src_tensor,
-                &self.src_shape,
-                &self.src_offset,
-                self.src_dtype,
-            ),
-            (
-                &self.dst_tensor,
-                &self.dst_shape,
-                &self.dst_offset,
-                self.dst_dtype,
-            ),
-        ] {
-            h.extend_from_slice(name.as_bytes());
-            h.push(0);
-            for d in shape.as_slice().iter().chain(off.as_slice()) {
-                h.extend_from_slice(&d.to_le_bytes());
-            }
-            h.extend_from_slice(dt.as_str().as_bytes());
-        }
-        for d in self.extent.as_slice() {
+    pub fn hash_bytes(&self, h: &mut Vec<u8>) {
+        hash_parts(
+            h,
+            [self.src_rank, self.dst_rank],
+            [
+                (
+                    &self.src_tensor,
+                    &self.src_shape,
+                    &self.src_offset,
+                    self.src_dtype,
+                ),
+                (
+                    &self.dst_tensor,
+                    &self.dst_shape,
+                    &self.dst_offset,
+                    self.dst_dtype,
+                ),
+            ],
+            &self.extent,
+            self.transposed,
+            self.encode.as_ref(),
+        );
+    }
+}
+
+/// The bytes a transfer of these parts adds to its peer's fingerprint ([`Transfer::hash_bytes`]).
+fn hash_parts(
+    h: &mut Vec<u8>,
+    ranks: [RankId; 2],
+    ends: [(&Arc<str>, &Dims, &Dims, DType); 2],
+    extent: &Dims,
+    transposed: bool,
+    encode: Option<&Encode>,
+) {
+    for r in ranks {
+        h.extend_from_slice(&r.engine.to_le_bytes());
+        h.extend_from_slice(&r.rank.to_le_bytes());
+    }
+    for (name, shape, off, dt) in ends {
+        h.extend_from_slice(name.as_bytes());
+        h.push(0);
+        for d in shape.as_slice().iter().chain(off.as_slice()) {
             h.extend_from_slice(&d.to_le_bytes());
         }
-        // untransposed transfers hash nothing more (their fingerprints predate transposes)
-        if self.transposed {
-            h.extend_from_slice(b"transposed");
+        h.extend_from_slice(dt.as_str().as_bytes());
+    }
+    for d in extent.as_slice() {
+        h.extend_from_slice(&d.to_le_bytes());
+    }
+    hash_tail(h, transposed, encode);
+}
+
+/// The last bytes of a transfer's fingerprint bytes ([`hash_parts`]): its transpose and
+/// encoding, if any.
+fn hash_tail(h: &mut Vec<u8>, transposed: bool, encode: Option<&Encode>) {
+    // untransposed transfers hash nothing more (their fingerprints predate transposes)
+    if transposed {
+        h.extend_from_slice(b"transposed");
+    }
+    // plain transfers hash nothing more (their fingerprints predate encodings)
+    if let Some(e) = encode {
+        h.extend_from_slice(b"fp8");
+        for b in e.encoding.block {
+            h.extend_from_slice(&b.to_le_bytes());
         }
-        // plain transfers hash nothing more (their fingerprints predate encodings)
-        if let Some(e) = &self.encode {
-            h.extend_from_slice(b"fp8");
-            for b in e.encoding.block {
-                h.extend_from_slice(&b.to_le_bytes());
-            }
-            h.push(match e.encoding.scale_format {
-                ScaleFormat::F32 => 0,
-                ScaleFormat::Ue8m0 => 1,
-            });
-            h.push(match e.at {
-                EncodeAt::Receiver => 0,
-                EncodeAt::Sender => 1,
-            });
-        }
+        h.push(match e.encoding.scale_format {
+            ScaleFormat::F32 => 0,
+            ScaleFormat::Ue8m0 => 1,
+        });
+        h.push(match e.at {
+            EncodeAt::Receiver => 0,
+            EncodeAt::Sender => 1,
+        });
     }
 }
 
@@ -357,8 +359,8 @@ impl Transfer {
 pub struct PeerPlan {
     /// The rank on the other side.
     pub peer: RankId,
-    /// The transfers, ordered.
-    pub transfers: Vec<Transfer>,
+    /// The transfers, ordered (stored compactly: [`Transfers`]).
+    pub transfers: Transfers,
     /// Total bytes on the wire.
     pub bytes: u64,
     /// xxh3 of the transfers; equal on both ends of the pair.
@@ -527,16 +529,15 @@ impl Pair<'_> {
         }
         ids.sort_unstable();
         ids.dedup();
-        // every peer's transfers in emission order, each peer numbered as it first comes (its
-        // transfers are emitted straight into its own list), with the numbers of each
-        // transfer's two tensor names, for coalescing
+        // every transfer in emission order, compactly (what transfers between two local
+        // tensors share is in one table of ends), each peer numbered as it first comes: a
+        // peer's transfers are between one pair of ranks, its number is its pair's
+        let mut store = transfers::Store::default();
         let mut lists: Vec<PeerList> = Vec::new();
         let mut numbers = PeerNumbers::default();
         let mut last: Option<(RankId, u32)> = None;
-        let (mut src_names, mut dst_names) = (NameNumbers::default(), NameNumbers::default());
         let mut scratch = assign::Scratch::default();
-        let total = ids.len();
-        for (done, id) in ids.into_iter().enumerate() {
+        for id in ids {
             let c = self.catalogue.by_id(id);
             assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
                 let peer = match side {
@@ -549,56 +550,50 @@ impl Pair<'_> {
                         let at = numbers.number(peer, || {
                             lists.push(PeerList {
                                 peer,
-                                transfers: Vec::new(),
-                                items: Vec::new(),
+                                count: 0,
+                                order: Vec::new(),
                             });
+                            store.pairs.push((t.src_rank, t.dst_rank));
                             lists.len() as u32 - 1
                         });
                         last = Some((peer, at));
                         at
                     }
                 };
-                let list = &mut lists[at as usize];
-                let n = list.transfers.len();
-                if n >= PeerList::PROJECT_FROM && n == list.transfers.capacity() {
-                    list.grow(done, total);
-                }
-                list.items.push(coalesce::Item::new(
-                    list.transfers.len() as u32,
-                    &t,
-                    src_names.number(&t.src_tensor),
-                    dst_names.number(&t.dst_tensor),
-                ));
-                list.transfers.push(t);
+                lists[at as usize].count += 1;
+                let item = transfers::Item::new(t.ends, t.canonical, at, &t.boxes, &mut store.wide);
+                store.items.push(item);
             })?;
         }
-        // peers in order; every peer's transfers coalesced and put in execution order in place
+        store.ends = scratch.take_ends();
+        // each peer's transfers, in emission order
+        for l in &mut lists {
+            l.order.reserve_exact(l.count as usize);
+        }
+        for (i, it) in store.items.iter().enumerate() {
+            lists[it.pair as usize].order.push(i as u32);
+        }
+        // every peer's transfers coalesced and put in execution order
+        let mut groups = coalesce::Groups::new(&store);
+        for l in &mut lists {
+            groups.coalesce(&mut l.order, &mut store);
+        }
+        // peers in order, with their fingerprints and bytes
         lists.sort_unstable_by_key(|l| l.peer);
+        let store = Arc::new(store);
         let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut bytes = Vec::new();
-        for PeerList {
-            peer,
-            mut transfers,
-            items,
-        } in lists
-        {
-            // (a list that grew past twice what it was given holds no more room than doubling
-            // would have left it)
-            if transfers.capacity() / 2 > transfers.len().max(4) {
-                transfers.shrink_to_fit();
-            }
-            let order = coalesce::coalesce(&mut transfers, items);
-            coalesce::arrange(&mut transfers, &order);
+        let ends_bytes = transfers::EndsBytes::of(&store.ends);
+        for PeerList { peer, order, .. } in lists {
+            let transfers = Transfers::from_parts(store.clone(), order);
             bytes.clear();
-            for t in &transfers {
-                t.hash_bytes(&mut bytes);
-            }
+            transfers.hash_bytes(&ends_bytes, &mut bytes);
             let fingerprint = xxhash_rust::xxh3::xxh3_64(&bytes);
             h.update(&fingerprint.to_le_bytes());
             peers.push(PeerPlan {
                 peer,
-                bytes: transfers.iter().map(Transfer::bytes).sum(),
+                bytes: (0..transfers.len()).map(|i| transfers.bytes_of(i)).sum(),
                 transfers,
                 fingerprint,
             });

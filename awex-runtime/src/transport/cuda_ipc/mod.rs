@@ -1289,7 +1289,7 @@ mod tests {
             peers: vec![PeerPlan {
                 peer: RankId::train(0),
                 bytes: t.bytes(),
-                transfers: vec![t],
+                transfers: vec![t].into(),
                 fingerprint: 0,
             }],
             fingerprint: 0,
