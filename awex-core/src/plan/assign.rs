@@ -1,5 +1,6 @@
 //! Assigning every destination piece of one canonical tensor to one source rank.
 
+use super::coalesce::NameNumbers;
 use super::transfers::{Boxes, Ends};
 use super::{Encode, EncodeAt, Pair, PlanError};
 use crate::dtype::DType;
@@ -74,12 +75,38 @@ pub(super) struct Scratch {
     ends: Vec<Ends>,
     /// the ends made for the tensor being planned, most recent last
     recent: Vec<u32>,
+    /// the group of each ends ([`coalesce::Groups`]): its pair of tensor names, numbered
+    groups: EndsGroups,
+}
+
+/// The number of each ends' pair of tensor names (equal names, by content, get one number).
+#[derive(Default)]
+struct EndsGroups {
+    src: NameNumbers,
+    dst: NameNumbers,
+    pairs: HashMap<(u32, u32), u32>,
+    of: Vec<u32>,
+}
+
+impl EndsGroups {
+    fn push(&mut self, e: &Ends) {
+        let key = (
+            self.src.number(&e.src_tensor),
+            self.dst.number(&e.dst_tensor),
+        );
+        let fresh = self.pairs.len() as u32;
+        let g = *self.pairs.entry(key).or_insert(fresh);
+        self.of.push(g);
+    }
 }
 
 impl Scratch {
-    /// The table of ends of every transfer emitted.
-    pub(super) fn take_ends(&mut self) -> Vec<Ends> {
-        std::mem::take(&mut self.ends)
+    /// The table of ends of every transfer emitted, and the group of each.
+    pub(super) fn take_ends(&mut self) -> (Vec<Ends>, Vec<u32>) {
+        (
+            std::mem::take(&mut self.ends),
+            std::mem::take(&mut self.groups.of),
+        )
     }
 }
 
@@ -98,6 +125,7 @@ pub(super) struct Emitted {
 #[allow(clippy::too_many_arguments)]
 fn ends_of(
     table: &mut Vec<Ends>,
+    groups: &mut EndsGroups,
     recent: &mut Vec<u32>,
     sh: &Holder,
     dh: &Holder,
@@ -133,6 +161,7 @@ fn ends_of(
     });
     let at = table.len() as u32 - 1;
     recent.push(at);
+    groups.push(&table[at as usize]);
     at
 }
 
@@ -457,7 +486,7 @@ pub(super) fn assign_tensor(
         let encode = encodes
             .as_ref()
             .and_then(|e| e[p.dst_holder as usize].clone());
-        let (ends, recent) = (&mut s.ends, &mut s.recent);
+        let (ends, groups, recent) = (&mut s.ends, &mut s.groups, &mut s.recent);
         let mut send = |cell: &Region, encode: Option<Encode>| {
             let dst_dtype = match &encode {
                 Some(e) if e.at == EncodeAt::Sender => DType::F8E4m3,
@@ -467,7 +496,7 @@ pub(super) fn assign_tensor(
                 src_rank,
                 dst_rank: p.dst_rank,
                 canonical: id,
-                ends: ends_of(ends, recent, sh, dh, dst_dtype, &encode),
+                ends: ends_of(ends, groups, recent, sh, dh, dst_dtype, &encode),
                 boxes: Boxes {
                     src_offset: local_at(sh, cell),
                     dst_offset: local_at(dh, cell),

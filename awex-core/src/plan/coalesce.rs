@@ -113,7 +113,7 @@ impl NameNumbers {
 /// Then the peer's transfers are put in execution order: canonical tensor, destination tensor
 /// (by name), destination offset, source tensor, source offset.
 pub(super) struct Groups {
-    /// per ends: the number of its pair of tensor names ([`NameNumbers`] of each)
+    /// per ends: its group, the number of its pair of tensor names ([`NameNumbers`] of each)
     gid: Vec<u32>,
     /// per name pair: the last peer (by `epoch`) with a transfer in it, and how many it had
     stamp: Vec<u32>,
@@ -125,32 +125,36 @@ pub(super) struct Groups {
     multi: Vec<(u32, u8, u32)>,
     run: Vec<u32>,
     out: Vec<u32>,
+    /// the keys of the peer's transfers
+    keys: Vec<Key>,
+}
+
+/// What grouping and ordering compare first of a transfer.
+#[derive(Clone, Copy)]
+struct Key {
+    /// its ends' group
+    group: u32,
+    /// its box dims
+    k: u8,
+    /// its canonical tensor
+    canonical: u32,
 }
 
 impl Groups {
-    /// The groups of a plan's transfers, whose items and ends are `store`'s.
-    pub(super) fn new(store: &Store) -> Groups {
-        let (mut src, mut dst) = (NameNumbers::default(), NameNumbers::default());
-        let mut pairs: HashMap<(u32, u32), u32, BuildHasherDefault<NameHasher>> =
-            HashMap::default();
-        let gid: Vec<u32> = store
-            .ends
-            .iter()
-            .map(|e| {
-                let key = (src.number(&e.src_tensor), dst.number(&e.dst_tensor));
-                let fresh = pairs.len() as u32;
-                *pairs.entry(key).or_insert(fresh)
-            })
-            .collect();
+    /// The groups of a plan's transfers: `gid` the group of each ends, `items` how many
+    /// transfers the store holds.
+    pub(super) fn new(gid: Vec<u32>, items: usize) -> Groups {
+        let groups = gid.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
         Groups {
             gid,
-            stamp: vec![0; pairs.len()],
-            count: vec![0; pairs.len()],
+            stamp: vec![0; groups],
+            count: vec![0; groups],
             epoch: 0,
-            dead: vec![false; store.items.len()],
+            dead: vec![false; items],
             multi: Vec::new(),
             run: Vec::new(),
             out: Vec::new(),
+            keys: Vec::new(),
         }
     }
 
@@ -162,28 +166,40 @@ impl Groups {
         let Store {
             ends, items, wide, ..
         } = store;
-        // the name pairs with more than one transfer of the peer
+        // what grouping and ordering compare first, read once: a peer's items are spread
+        // over the store among every other peer's
+        self.keys.clear();
+        self.keys.extend(order.iter().map(|&i| {
+            let it = &items[i as usize];
+            Key {
+                group: self.gid[it.ends as usize],
+                k: it.k,
+                canonical: it.canonical,
+            }
+        }));
+        let keys = &self.keys;
         self.epoch += 1;
-        for &i in order.iter() {
-            let g = self.gid[items[i as usize].ends as usize] as usize;
+        for k in keys {
+            let g = k.group as usize;
             if self.stamp[g] != self.epoch {
                 self.stamp[g] = self.epoch;
                 self.count[g] = 0;
             }
             self.count[g] += 1;
         }
+        // the transfers of name pairs with more than one
         self.multi.clear();
-        let (gid, count) = (&self.gid, &self.count);
-        self.multi.extend(order.iter().filter_map(|&i| {
-            let it = &items[i as usize];
-            let g = gid[it.ends as usize];
-            (count[g as usize] > 1).then_some((g, it.k, i))
-        }));
+        let count = &self.count;
+        self.multi.extend(
+            keys.iter()
+                .zip(order.iter())
+                .filter(|(k, _)| count[k.group as usize] > 1)
+                .map(|(k, &i)| (k.group, k.k, i)),
+        );
+        let mut merged = false;
         if !self.multi.is_empty() {
-            // their transfers by group (of a name pair, boxes of one rank), each group in
-            // emission order
+            // by group (of a name pair, boxes of one rank), each group in emission order
             self.multi.sort_by_key(|&(g, k, _)| (g, k));
-            let mut merged = false;
             let mut a = 0;
             while a < self.multi.len() {
                 let (g, k, _) = self.multi[a];
@@ -222,7 +238,16 @@ impl Groups {
                     .then_with(|| xb.src_offset.cmp(&yb.src_offset))
             })
         };
-        if !order.is_sorted_by(|a, b| order_of(a, b).is_le()) {
+        // in order already where the canonicals increase (as emitted, unless merged)
+        let sorted = if merged {
+            order.is_sorted_by(|a, b| order_of(a, b).is_le())
+        } else {
+            keys.windows(2).zip(order.windows(2)).all(|(k, o)| {
+                k[0].canonical < k[1].canonical
+                    || (k[0].canonical == k[1].canonical && order_of(&o[0], &o[1]).is_le())
+            })
+        };
+        if !sorted {
             order.sort_by(order_of);
         }
     }

@@ -533,6 +533,10 @@ impl Pair<'_> {
         // tensors share is in one table of ends), each peer numbered as it first comes: a
         // peer's transfers are between one pair of ranks, its number is its pair's
         let mut store = transfers::Store::default();
+        // room for the transfers a rank of a large pair plans per tensor (address space only:
+        // no page is touched before a transfer is written to it), so that the store does not
+        // move while it grows
+        store.items.reserve((ids.len() * 32).min(1 << 20));
         let mut lists: Vec<PeerList> = Vec::new();
         let mut numbers = PeerNumbers::default();
         let mut last: Option<(RankId, u32)> = None;
@@ -565,8 +569,9 @@ impl Pair<'_> {
                 store.items.push(item);
             })?;
         }
-        store.ends = scratch.take_ends();
-        // each peer's transfers, in emission order
+        let groups_of_ends;
+        (store.ends, groups_of_ends) = scratch.take_ends();
+        // each peer's transfers, in emission order (a peer's number is its pair's)
         for l in &mut lists {
             l.order.reserve_exact(l.count as usize);
         }
@@ -574,7 +579,7 @@ impl Pair<'_> {
             lists[it.pair as usize].order.push(i as u32);
         }
         // every peer's transfers coalesced and put in execution order
-        let mut groups = coalesce::Groups::new(&store);
+        let mut groups = coalesce::Groups::new(groups_of_ends, store.items.len());
         for l in &mut lists {
             groups.coalesce(&mut l.order, &mut store);
         }
@@ -588,12 +593,12 @@ impl Pair<'_> {
         for PeerList { peer, order, .. } in lists {
             let transfers = Transfers::from_parts(store.clone(), order);
             bytes.clear();
-            transfers.hash_bytes(&ends_bytes, &mut bytes);
+            let wire = transfers.hash_and_count(&ends_bytes, &mut bytes);
             let fingerprint = xxhash_rust::xxh3::xxh3_64(&bytes);
             h.update(&fingerprint.to_le_bytes());
             peers.push(PeerPlan {
                 peer,
-                bytes: (0..transfers.len()).map(|i| transfers.bytes_of(i)).sum(),
+                bytes: wire,
                 transfers,
                 fingerprint,
             });

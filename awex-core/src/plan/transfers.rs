@@ -313,10 +313,22 @@ impl Transfers {
     /// Appends the bytes the fingerprint hashes of every transfer, in order, as
     /// [`Transfer::hash_bytes`] would, without making them: each transfer's bytes are its
     /// ranks, its boxes and its ends' bytes (`bytes`, made once for the store's ends).
+    #[cfg(test)]
     pub(super) fn hash_bytes(&self, bytes: &EndsBytes, h: &mut Vec<u8>) {
+        self.hash_and_count(bytes, h);
+    }
+
+    /// [`Transfers::hash_bytes`], and the bytes on the wire of all the transfers, in one pass.
+    pub(super) fn hash_and_count(&self, bytes: &EndsBytes, h: &mut Vec<u8>) -> u64 {
         let st = &*self.store;
+        let mut wire = 0u64;
         for &i in &self.order {
             let it = &st.items[i as usize];
+            let e = &st.ends[it.ends as usize];
+            wire += it.numel(&st.wide) * e.dst_dtype.size() as u64;
+            if e.encode.is_some() {
+                wire += st.make(it).scale_bytes();
+            }
             let (src_rank, dst_rank) = st.pairs[it.pair as usize];
             for r in [src_rank, dst_rank] {
                 h.extend_from_slice(&r.engine.to_le_bytes());
@@ -342,7 +354,6 @@ impl Transfers {
                 h.extend_from_slice(c);
                 put(h, &w.extent);
             } else {
-                let e = &st.ends[it.ends as usize];
                 h.extend_from_slice(a);
                 put(h, &it.src[..e.src_shape.ndim()]);
                 h.extend_from_slice(b);
@@ -352,6 +363,7 @@ impl Transfers {
             }
             h.extend_from_slice(d);
         }
+        wire
     }
 }
 
