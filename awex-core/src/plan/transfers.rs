@@ -202,9 +202,7 @@ impl Item {
             wide[self.src[0] as usize] = b;
         } else {
             *self = Item::new(self.ends, self.canonical, self.pair, &b, wide);
-            if !self.wide {
-                unreachable!("an extent past 32 bits is kept wide");
-            }
+            debug_assert!(self.wide, "an extent past 32 bits is kept wide");
         }
     }
 }
@@ -543,6 +541,34 @@ mod tests {
             encode,
             transposed: i % 7 == 0,
         }
+    }
+
+    #[test]
+    fn a_merge_past_32_bits_keeps_the_boxes_whole() {
+        // an item's extent grown by a merge past 32 bits moves its boxes aside, whole; a wide
+        // item's extent is set in place
+        let t = transfer(1, &[8, 1 << 20], 3, None);
+        let ends = vec![Ends::of(&t)];
+        let b = Boxes {
+            src_offset: Dims::new(&[3, 0]),
+            dst_offset: Dims::new(&[5, 7]),
+            extent: Dims::new(&[4, 1 << 20]),
+        };
+        let mut wide = Vec::new();
+        let mut it = Item::new(0, 9, 0, &b, &mut wide);
+        assert!(!it.wide && wide.is_empty());
+        it.set_extent(0, 6, &ends, &mut wide);
+        assert_eq!(it.boxes(&ends, &wide).extent, Dims::new(&[6, 1 << 20]));
+        it.set_extent(0, 1 << 32, &ends, &mut wide);
+        assert!(it.wide);
+        let got = it.boxes(&ends, &wide);
+        assert_eq!(got.extent, Dims::new(&[1 << 32, 1 << 20]));
+        assert_eq!((got.src_offset, got.dst_offset), (b.src_offset, b.dst_offset));
+        assert_eq!((it.ends, it.canonical, it.pair, it.k), (0, 9, 0, 2));
+        it.set_extent(1, 3, &ends, &mut wide);
+        assert_eq!(it.boxes(&ends, &wide).extent, Dims::new(&[1 << 32, 3]));
+        assert_eq!(it.numel(&wide), 3 << 32);
+        assert_eq!(wide.len(), 1);
     }
 
     #[test]
