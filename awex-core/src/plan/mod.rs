@@ -583,8 +583,10 @@ impl Pair<'_> {
         for l in &mut lists {
             groups.coalesce(&mut l.order, &mut store);
         }
-        // peers in order, with their fingerprints and bytes
+        // peers in order, with their fingerprints and bytes (the store keeps no room it was
+        // given and did not use)
         lists.sort_unstable_by_key(|l| l.peer);
+        store.items.shrink_to_fit();
         let store = Arc::new(store);
         let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();

@@ -563,7 +563,10 @@ mod tests {
         assert!(it.wide);
         let got = it.boxes(&ends, &wide);
         assert_eq!(got.extent, Dims::new(&[1 << 32, 1 << 20]));
-        assert_eq!((got.src_offset, got.dst_offset), (b.src_offset, b.dst_offset));
+        assert_eq!(
+            (got.src_offset, got.dst_offset),
+            (b.src_offset, b.dst_offset)
+        );
         assert_eq!((it.ends, it.canonical, it.pair, it.k), (0, 9, 0, 2));
         it.set_extent(1, 3, &ends, &mut wide);
         assert_eq!(it.boxes(&ends, &wide).extent, Dims::new(&[1 << 32, 3]));
