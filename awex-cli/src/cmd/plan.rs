@@ -484,7 +484,7 @@ pub fn summarise_with(r: &Resolved, encode_on_sender: bool) -> anyhow::Result<Pl
                     Encoding::Plain(_) => {}
                 }
             }
-            for t in p.peers.iter().flat_map(|p| &p.transfers) {
+            for t in p.peers.iter().flat_map(|p| p.transfers.iter_owned()) {
                 if let Some(s) = t.scale_box() {
                     f.sender_e4m3_bytes += t.numel();
                     f.sender_scale_bytes += t.scale_bytes();
@@ -496,7 +496,7 @@ pub fn summarise_with(r: &Resolved, encode_on_sender: bool) -> anyhow::Result<Pl
                 }
             }
         }
-        for t in p.peers.iter().flat_map(|p| &p.transfers) {
+        for t in p.peers.iter().flat_map(|p| p.transfers.iter_owned()) {
             if t.scale_box().is_some() {
                 *by_element.entry(1).or_default() += t.numel();
                 *by_element.entry(4).or_default() += t.scale_bytes();

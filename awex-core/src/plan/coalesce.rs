@@ -231,7 +231,7 @@ impl Groups {
             let (a, b) = (&items[*a as usize], &items[*b as usize]);
             a.canonical.cmp(&b.canonical).then_with(|| {
                 let (x, y) = (&ends[a.ends as usize], &ends[b.ends as usize]);
-                let (xb, yb) = (a.boxes(ends, wide), b.boxes(ends, wide));
+                let (xb, yb) = (a.boxes(wide), b.boxes(wide));
                 cmp_name(&x.dst_tensor, &y.dst_tensor)
                     .then_with(|| xb.dst_offset.cmp(&yb.dst_offset))
                     .then_with(|| cmp_name(&x.src_tensor, &y.src_tensor))
@@ -270,7 +270,7 @@ fn merge_group(
         for d in (0..k).rev() {
             let along = |a: &u32, b: &u32| {
                 let (a, b) = (&items[*a as usize], &items[*b as usize]);
-                cmp_along(&a.boxes(ends, wide), &b.boxes(ends, wide), d)
+                cmp_along(&a.boxes(wide), &b.boxes(wide), d)
             };
             if !run.is_sorted_by(|a, b| along(a, b).is_le()) {
                 run.sort_by(along);
@@ -279,7 +279,7 @@ fn merge_group(
             for &i in run.iter() {
                 if let Some(&l) = out.last() {
                     let (li, ii) = (&items[l as usize], &items[i as usize]);
-                    let (lb, ib) = (li.boxes(ends, wide), ii.boxes(ends, wide));
+                    let (lb, ib) = (li.boxes(wide), ii.boxes(wide));
                     if adjacent(
                         &ends[li.ends as usize],
                         &lb,
@@ -291,7 +291,7 @@ fn merge_group(
                         let c = li.canonical.min(ii.canonical);
                         let last = &mut items[l as usize];
                         last.canonical = c;
-                        last.set_extent(d, e, ends, wide);
+                        last.set_extent(d, e, wide);
                         dead[i as usize] = true;
                         continue;
                     }

@@ -83,6 +83,9 @@ pub(super) struct Item {
     pub(super) pair: u32,
     /// the number of box dims
     pub(super) k: u8,
+    /// the number of dims of the source and destination offsets
+    ns: u8,
+    nd: u8,
     wide: bool,
     src: [u32; NARROW],
     dst: [u32; NARROW],
@@ -139,6 +142,8 @@ impl Item {
                 canonical,
                 pair,
                 k,
+                ns: b.src_offset.ndim() as u8,
+                nd: b.dst_offset.ndim() as u8,
                 wide: false,
                 src,
                 dst,
@@ -153,6 +158,8 @@ impl Item {
                     canonical,
                     pair,
                     k,
+                    ns: b.src_offset.ndim() as u8,
+                    nd: b.dst_offset.ndim() as u8,
                     wide: true,
                     src,
                     dst: [0; NARROW],
@@ -162,16 +169,15 @@ impl Item {
         }
     }
 
-    /// The item's boxes (the offsets have as many dims as their ends' shapes).
+    /// The item's boxes.
     #[inline]
-    pub(super) fn boxes(&self, ends: &[Ends], wide: &[Boxes]) -> Boxes {
+    pub(super) fn boxes(&self, wide: &[Boxes]) -> Boxes {
         if self.wide {
             return wide[self.src[0] as usize];
         }
-        let e = &ends[self.ends as usize];
         Boxes {
-            src_offset: widen(&self.src, e.src_shape.ndim()),
-            dst_offset: widen(&self.dst, e.dst_shape.ndim()),
+            src_offset: widen(&self.src, self.ns as usize),
+            dst_offset: widen(&self.dst, self.nd as usize),
             extent: widen(&self.extent, self.k as usize),
         }
     }
@@ -189,14 +195,14 @@ impl Item {
 
     /// Sets box dim `d` of the extent (a merge), moving the boxes into `wide` if it does not
     /// fit 32 bits.
-    pub(super) fn set_extent(&mut self, d: usize, v: u64, ends: &[Ends], wide: &mut Vec<Boxes>) {
+    pub(super) fn set_extent(&mut self, d: usize, v: u64, wide: &mut Vec<Boxes>) {
         if !self.wide
             && let Ok(x) = u32::try_from(v)
         {
             self.extent[d] = x;
             return;
         }
-        let mut b = self.boxes(ends, wide);
+        let mut b = self.boxes(wide);
         b.extent.set(d, v);
         if self.wide {
             wide[self.src[0] as usize] = b;
@@ -221,7 +227,7 @@ impl Store {
     fn make(&self, it: &Item) -> Transfer {
         let e = &self.ends[it.ends as usize];
         let (src_rank, dst_rank) = self.pairs[it.pair as usize];
-        let b = it.boxes(&self.ends, &self.wide);
+        let b = it.boxes(&self.wide);
         Transfer {
             src_rank,
             dst_rank,
@@ -353,9 +359,9 @@ impl Transfers {
                 put(h, &w.extent);
             } else {
                 h.extend_from_slice(a);
-                put(h, &it.src[..e.src_shape.ndim()]);
+                put(h, &it.src[..it.ns as usize]);
                 h.extend_from_slice(b);
-                put(h, &it.dst[..e.dst_shape.ndim()]);
+                put(h, &it.dst[..it.nd as usize]);
                 h.extend_from_slice(c);
                 put(h, &it.extent[..it.k as usize]);
             }
@@ -547,8 +553,6 @@ mod tests {
     fn a_merge_past_32_bits_keeps_the_boxes_whole() {
         // an item's extent grown by a merge past 32 bits moves its boxes aside, whole; a wide
         // item's extent is set in place
-        let t = transfer(1, &[8, 1 << 20], 3, None);
-        let ends = vec![Ends::of(&t)];
         let b = Boxes {
             src_offset: Dims::new(&[3, 0]),
             dst_offset: Dims::new(&[5, 7]),
@@ -557,19 +561,19 @@ mod tests {
         let mut wide = Vec::new();
         let mut it = Item::new(0, 9, 0, &b, &mut wide);
         assert!(!it.wide && wide.is_empty());
-        it.set_extent(0, 6, &ends, &mut wide);
-        assert_eq!(it.boxes(&ends, &wide).extent, Dims::new(&[6, 1 << 20]));
-        it.set_extent(0, 1 << 32, &ends, &mut wide);
+        it.set_extent(0, 6, &mut wide);
+        assert_eq!(it.boxes(&wide).extent, Dims::new(&[6, 1 << 20]));
+        it.set_extent(0, 1 << 32, &mut wide);
         assert!(it.wide);
-        let got = it.boxes(&ends, &wide);
+        let got = it.boxes(&wide);
         assert_eq!(got.extent, Dims::new(&[1 << 32, 1 << 20]));
         assert_eq!(
             (got.src_offset, got.dst_offset),
             (b.src_offset, b.dst_offset)
         );
         assert_eq!((it.ends, it.canonical, it.pair, it.k), (0, 9, 0, 2));
-        it.set_extent(1, 3, &ends, &mut wide);
-        assert_eq!(it.boxes(&ends, &wide).extent, Dims::new(&[1 << 32, 3]));
+        it.set_extent(1, 3, &mut wide);
+        assert_eq!(it.boxes(&wide).extent, Dims::new(&[1 << 32, 3]));
         assert_eq!(it.numel(&wide), 3 << 32);
         assert_eq!(wide.len(), 1);
     }
@@ -604,6 +608,11 @@ mod tests {
             let enc = if i % 12 == 0 { fp8.clone() } else { None };
             ts.push(transfer(i, dims, at, enc));
         }
+        // offsets whose dims are not their shapes' (a plan read from JSON may hold any)
+        let mut odd = transfer(61, &[4096, 1024], 2, None);
+        odd.src_offset = Dims::new(&[5]);
+        odd.dst_offset = Dims::new(&[1, 2, 3]);
+        ts.push(odd);
         let kept = Transfers::from(ts.clone());
         let wide = kept.store.wide.len();
         assert!(wide > 0 && wide < ts.len(), "{wide} of {} wide", ts.len());
