@@ -286,6 +286,9 @@ pub struct FsdpLayout {
     replicate: u32,
     tp: u32,
     fused_experts: bool,
+    /// with fused experts: each layer's fused tensor names, `[gate_up, down]`, made once (every
+    /// expert's holder names one)
+    fused_names: Vec<[Arc<str>; 2]>,
     rules: Rules,
 }
 
@@ -380,6 +383,7 @@ impl FsdpLayout {
             replicate: replicate as u32,
             tp: tp as u32,
             fused_experts: false,
+            fused_names: Vec::new(),
             rules: Rules::default(),
         })
     }
@@ -408,6 +412,17 @@ impl FsdpLayout {
             });
         }
         self.fused_experts = fused;
+        self.fused_names = if fused {
+            (0..self.spec.num_layers)
+                .map(|l| {
+                    [FUSED_GATE_UP, FUSED_DOWN].map(|leaf| {
+                        Arc::from(format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}"))
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(self)
     }
 
@@ -833,7 +848,10 @@ impl FsdpLayout {
                     Dims::new(&[j, u64::from(part == Part::ExpertUp) * mi, 0]),
                 ),
             };
-            let name: Arc<str> = Arc::from(format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}"));
+            let name = match self.fused_names.get(l as usize) {
+                Some(names) => names[usize::from(leaf == FUSED_DOWN)].clone(),
+                None => Arc::from(format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}")),
+            };
             let h = put.next();
             h.ranks
                 .extend((0..self.replicate).map(|rep| RankId::train(self.rank_of(rep, k, 0))));
@@ -860,16 +878,16 @@ impl FsdpLayout {
             set(h, &name, shape, dtype, Region::full(shape), local_offset);
             return;
         }
-        // TP ranks that hold distinct shards: a replicated parameter's shard is shared by all
-        // TP ranks, `(first, count)`
-        let tp_groups: Vec<(u32, u32)> = match split {
-            TpSplit::Replicated => vec![(0, self.tp)],
-            _ => (0..self.tp).map(|t| (t, 1)).collect(),
+        // TP ranks that hold distinct shards, in `groups` of `count` ranks from `first`: a
+        // replicated parameter's shard is shared by all TP ranks
+        let (groups, count) = match split {
+            TpSplit::Replicated => (1, self.tp),
+            _ => (self.tp, 1),
         };
         put.out
-            .reserve((tp_groups.len() * self.dp as usize).saturating_sub(put.out.len()));
+            .reserve((groups as usize * self.dp as usize).saturating_sub(put.out.len()));
         let local_offset = Dims::zeros(shape.ndim());
-        for &(first, count) in &tp_groups {
+        for first in (0..groups).map(|g| g * count) {
             let (tp_local, origin) = self.tp_shard(shape, split, first);
             for k in 0..self.dp {
                 let shard = self.dp_shard(tp_local, origin, k);
