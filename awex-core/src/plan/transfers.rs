@@ -71,8 +71,9 @@ impl Ends {
     }
 }
 
-/// One transfer's boxes as 32-bit values, or (`wide`) the index of its boxes in
-/// [`Transfers`]' table of boxes that do not fit (in `src[0]`).
+/// One transfer: its ends, canonical tensor and rank pair by index, and its boxes as 32-bit
+/// values, or (`wide`: a value past 32 bits, or more than 3 dims) the index of its boxes in
+/// the [`Store`]'s table of boxes kept whole (in `src[0]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Item {
     /// index into the table of [`Ends`]
