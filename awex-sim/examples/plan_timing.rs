@@ -9,7 +9,12 @@ use awex_core::{BackendSpec, Catalogue, ModelSpec};
 use std::time::Instant;
 
 fn main() -> anyhow::Result<()> {
-    std::hint::black_box((awex_megatron::CRATE, awex_sglang::CRATE));
+    std::hint::black_box((
+        awex_megatron::CRATE,
+        awex_sglang::CRATE,
+        awex_fsdp::CRATE,
+        awex_vllm::CRATE,
+    ));
     let a: Vec<String> = std::env::args().skip(1).collect();
     let get = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
     let model = ModelSpec::resolve(&get(0, "moe-1t"))?;
@@ -32,12 +37,18 @@ fn main() -> anyhow::Result<()> {
         encode_on_sender: false,
     };
     let mut best = f64::MAX;
+    let mut make = f64::MAX;
     let mut fp = 0;
+    let mut made = 0;
     for _ in 0..reps {
         let t0 = Instant::now();
         let p = pair.plan_rank(Side::Inference, rank)?;
         best = best.min(t0.elapsed().as_secs_f64() * 1e3);
         fp = p.fingerprint;
+        // what a transport pays at connect: every transfer made as a `Transfer` value
+        let t1 = Instant::now();
+        made = p.peers.iter().map(|q| q.transfers.as_slice().len()).sum();
+        make = make.min(t1.elapsed().as_secs_f64() * 1e3);
     }
     if mode == "each" {
         let mut v = Vec::new();
@@ -60,6 +71,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!("infer:{rank} best of {reps}: {best:.2} ms, fingerprint {fp:016x}");
+    println!("  its {made} transfers made as Transfer values: best {make:.2} ms");
     if all {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let t0 = Instant::now();

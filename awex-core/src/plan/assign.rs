@@ -10,6 +10,7 @@ use crate::model::CanonicalTensor;
 use crate::weights::splitmix;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 
 /// Buffers reused across tensors of one rank's plan.
 #[derive(Default)]
@@ -72,31 +73,60 @@ pub(super) struct Scratch {
     spare_src: Vec<Holder>,
     spare_dst: Vec<Holder>,
     /// what the transfers between two local tensors share, for every transfer emitted
-    ends: Vec<Ends>,
-    /// the ends made for the tensor being planned, most recent last
-    recent: Vec<u32>,
-    /// the group of each ends ([`coalesce::Groups`]): its pair of tensor names, numbered
-    groups: EndsGroups,
+    ends: EndsTable,
 }
 
-/// The number of each ends' pair of tensor names (equal names, by content, get one number).
+/// The ends of every transfer emitted, with the group of each ([`super::coalesce::Groups`]:
+/// the number of its pair of tensor names, equal names by content getting one number).
 #[derive(Default)]
-struct EndsGroups {
+struct EndsTable {
+    ends: Vec<Ends>,
+    groups: Vec<u32>,
+    /// the ends made for the tensor being planned, most recent last
+    recent: Vec<u32>,
     src: NameNumbers,
     dst: NameNumbers,
     pairs: HashMap<(u32, u32), u32>,
-    of: Vec<u32>,
 }
 
-impl EndsGroups {
-    fn push(&mut self, e: &Ends) {
-        let key = (
-            self.src.number(&e.src_tensor),
-            self.dst.number(&e.dst_tensor),
-        );
+impl EndsTable {
+    /// The index of the ends of a transfer from `sh` into `dh` among those of this tensor (a
+    /// new one if none is equal): a tensor's transfers from every source rank mostly share one.
+    fn of(&mut self, sh: &Holder, dh: &Holder, dst_dtype: DType, encode: &Option<Encode>) -> u32 {
+        let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || a == b;
+        let found = self.recent.iter().rposition(|&at| {
+            let e = &self.ends[at as usize];
+            e.src_dtype == sh.dtype
+                && e.dst_dtype == dst_dtype
+                && e.transposed == dh.transposed
+                && e.src_shape == sh.tensor_shape
+                && e.dst_shape == dh.tensor_shape
+                && e.encode == *encode
+                && same(&e.src_tensor, &sh.tensor)
+                && same(&e.dst_tensor, &dh.tensor)
+        });
+        if let Some(i) = found {
+            // (the most recent is looked at first)
+            let last = self.recent.len() - 1;
+            self.recent.swap(i, last);
+            return self.recent[last];
+        }
+        let key = (self.src.number(&sh.tensor), self.dst.number(&dh.tensor));
         let fresh = self.pairs.len() as u32;
-        let g = *self.pairs.entry(key).or_insert(fresh);
-        self.of.push(g);
+        self.groups.push(*self.pairs.entry(key).or_insert(fresh));
+        self.ends.push(Ends {
+            src_tensor: sh.tensor.clone(),
+            src_shape: sh.tensor_shape,
+            src_dtype: sh.dtype,
+            dst_tensor: dh.tensor.clone(),
+            dst_shape: dh.tensor_shape,
+            dst_dtype,
+            encode: encode.clone(),
+            transposed: dh.transposed,
+        });
+        let at = self.ends.len() as u32 - 1;
+        self.recent.push(at);
+        at
     }
 }
 
@@ -104,8 +134,8 @@ impl Scratch {
     /// The table of ends of every transfer emitted, and the group of each.
     pub(super) fn take_ends(&mut self) -> (Vec<Ends>, Vec<u32>) {
         (
-            std::mem::take(&mut self.ends),
-            std::mem::take(&mut self.groups.of),
+            std::mem::take(&mut self.ends.ends),
+            std::mem::take(&mut self.ends.groups),
         )
     }
 }
@@ -118,51 +148,6 @@ pub(super) struct Emitted {
     pub(super) canonical: u32,
     pub(super) ends: u32,
     pub(super) boxes: Boxes,
-}
-
-/// The index of the ends of a transfer from `sh` into `dh` among those of this tensor (a new
-/// one if none is equal): a tensor's transfers from every source rank mostly share one.
-#[allow(clippy::too_many_arguments)]
-fn ends_of(
-    table: &mut Vec<Ends>,
-    groups: &mut EndsGroups,
-    recent: &mut Vec<u32>,
-    sh: &Holder,
-    dh: &Holder,
-    dst_dtype: DType,
-    encode: &Option<Encode>,
-) -> u32 {
-    for (i, &at) in recent.iter().enumerate().rev() {
-        if table[at as usize].is(
-            &sh.tensor,
-            &sh.tensor_shape,
-            sh.dtype,
-            &dh.tensor,
-            &dh.tensor_shape,
-            dst_dtype,
-            encode,
-            dh.transposed,
-        ) {
-            // (the most recent is looked at first)
-            let last = recent.len() - 1;
-            recent.swap(i, last);
-            return at;
-        }
-    }
-    table.push(Ends {
-        src_tensor: sh.tensor.clone(),
-        src_shape: sh.tensor_shape,
-        src_dtype: sh.dtype,
-        dst_tensor: dh.tensor.clone(),
-        dst_shape: dh.tensor_shape,
-        dst_dtype,
-        encode: encode.clone(),
-        transposed: dh.transposed,
-    });
-    let at = table.len() as u32 - 1;
-    recent.push(at);
-    groups.push(&table[at as usize]);
-    at
 }
 
 /// Structures kept for tensors laid out alike. The tensors of a layer interleave many layouts
@@ -290,7 +275,7 @@ pub(super) fn assign_tensor(
     s: &mut Scratch,
     emit: &mut dyn FnMut(Emitted),
 ) -> Result<(), PlanError> {
-    s.recent.clear();
+    s.ends.recent.clear();
     let mut src = std::mem::take(&mut s.spare_src);
     let mut dst = std::mem::take(&mut s.spare_dst);
     pair.training.holders_into(&c.name, &mut src);
@@ -486,7 +471,7 @@ pub(super) fn assign_tensor(
         let encode = encodes
             .as_ref()
             .and_then(|e| e[p.dst_holder as usize].clone());
-        let (ends, groups, recent) = (&mut s.ends, &mut s.groups, &mut s.recent);
+        let ends = &mut s.ends;
         let mut send = |cell: &Region, encode: Option<Encode>| {
             let dst_dtype = match &encode {
                 Some(e) if e.at == EncodeAt::Sender => DType::F8E4m3,
@@ -496,7 +481,7 @@ pub(super) fn assign_tensor(
                 src_rank,
                 dst_rank: p.dst_rank,
                 canonical: id,
-                ends: ends_of(ends, groups, recent, sh, dh, dst_dtype, &encode),
+                ends: ends.of(sh, dh, dst_dtype, &encode),
                 boxes: Boxes {
                     src_offset: local_at(sh, cell),
                     dst_offset: local_at(dh, cell),

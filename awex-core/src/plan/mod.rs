@@ -277,61 +277,45 @@ impl Transfer {
     }
 
     /// Appends the bytes the fingerprint hashes (hashing the concatenation of every transfer's
-    /// bytes in one call gives the same digest as feeding them piecewise).
-    pub fn hash_bytes(&self, h: &mut Vec<u8>) {
-        hash_parts(
-            h,
-            [self.src_rank, self.dst_rank],
-            [
-                (
-                    &self.src_tensor,
-                    &self.src_shape,
-                    &self.src_offset,
-                    self.src_dtype,
-                ),
-                (
-                    &self.dst_tensor,
-                    &self.dst_shape,
-                    &self.dst_offset,
-                    self.dst_dtype,
-                ),
-            ],
-            &self.extent,
-            self.transposed,
-            self.encode.as_ref(),
-        );
-    }
-}
-
-/// The bytes a transfer of these parts adds to its peer's fingerprint ([`Transfer::hash_bytes`]).
-fn hash_parts(
-    h: &mut Vec<u8>,
-    ranks: [RankId; 2],
-    ends: [(&Arc<str>, &Dims, &Dims, DType); 2],
-    extent: &Dims,
-    transposed: bool,
-    encode: Option<&Encode>,
-) {
-    for r in ranks {
-        h.extend_from_slice(&r.engine.to_le_bytes());
-        h.extend_from_slice(&r.rank.to_le_bytes());
-    }
-    for (name, shape, off, dt) in ends {
-        h.extend_from_slice(name.as_bytes());
-        h.push(0);
-        for d in shape.as_slice().iter().chain(off.as_slice()) {
+    /// bytes in one call gives the same digest as feeding them piecewise). The planner writes
+    /// the same bytes from a plan's compact transfers ([`Transfers`]); this is the reference
+    /// its tests hold them to.
+    #[cfg(test)]
+    fn hash_bytes(&self, h: &mut Vec<u8>) {
+        for r in [self.src_rank, self.dst_rank] {
+            h.extend_from_slice(&r.engine.to_le_bytes());
+            h.extend_from_slice(&r.rank.to_le_bytes());
+        }
+        for (name, shape, off, dt) in [
+            (
+                &self.src_tensor,
+                &self.src_shape,
+                &self.src_offset,
+                self.src_dtype,
+            ),
+            (
+                &self.dst_tensor,
+                &self.dst_shape,
+                &self.dst_offset,
+                self.dst_dtype,
+            ),
+        ] {
+            h.extend_from_slice(name.as_bytes());
+            h.push(0);
+            for d in shape.as_slice().iter().chain(off.as_slice()) {
+                h.extend_from_slice(&d.to_le_bytes());
+            }
+            h.extend_from_slice(dt.as_str().as_bytes());
+        }
+        for d in self.extent.as_slice() {
             h.extend_from_slice(&d.to_le_bytes());
         }
-        h.extend_from_slice(dt.as_str().as_bytes());
+        hash_tail(h, self.transposed, self.encode.as_ref());
     }
-    for d in extent.as_slice() {
-        h.extend_from_slice(&d.to_le_bytes());
-    }
-    hash_tail(h, transposed, encode);
 }
 
-/// The last bytes of a transfer's fingerprint bytes ([`hash_parts`]): its transpose and
-/// encoding, if any.
+/// The last bytes of a transfer's fingerprint bytes ([`Transfer::hash_bytes`]): its transpose
+/// and encoding, if any.
 fn hash_tail(h: &mut Vec<u8>, transposed: bool, encode: Option<&Encode>) {
     // untransposed transfers hash nothing more (their fingerprints predate transposes)
     if transposed {

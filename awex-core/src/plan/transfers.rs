@@ -45,30 +45,6 @@ impl Ends {
             transposed: t.transposed,
         }
     }
-
-    /// Whether `self` equals these parts (names compared by allocation first).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn is(
-        &self,
-        src_tensor: &Arc<str>,
-        src_shape: &Dims,
-        src_dtype: DType,
-        dst_tensor: &Arc<str>,
-        dst_shape: &Dims,
-        dst_dtype: DType,
-        encode: &Option<Encode>,
-        transposed: bool,
-    ) -> bool {
-        let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || a == b;
-        self.src_dtype == src_dtype
-            && self.dst_dtype == dst_dtype
-            && self.transposed == transposed
-            && self.src_shape == *src_shape
-            && self.dst_shape == *dst_shape
-            && &self.encode == encode
-            && same(&self.src_tensor, src_tensor)
-            && same(&self.dst_tensor, dst_tensor)
-    }
 }
 
 /// One transfer: its ends, canonical tensor and rank pair by index, and its boxes as 32-bit
@@ -132,42 +108,31 @@ impl Item {
         b: &Boxes,
         wide: &mut Vec<Boxes>,
     ) -> Item {
-        let k = b.extent.ndim() as u8;
-        match (
+        let narrowed = (
             narrow(&b.src_offset),
             narrow(&b.dst_offset),
             narrow(&b.extent),
-        ) {
-            (Some(src), Some(dst), Some(extent)) => Item {
-                ends,
-                canonical,
-                pair,
-                k,
-                ns: b.src_offset.ndim() as u8,
-                nd: b.dst_offset.ndim() as u8,
-                wide: false,
-                src,
-                dst,
-                extent,
-            },
-            _ => {
-                let mut src = [0; NARROW];
-                src[0] = wide.len() as u32;
-                wide.push(*b);
-                Item {
-                    ends,
-                    canonical,
-                    pair,
-                    k,
-                    ns: b.src_offset.ndim() as u8,
-                    nd: b.dst_offset.ndim() as u8,
-                    wide: true,
-                    src,
-                    dst: [0; NARROW],
-                    extent: [0; NARROW],
-                }
-            }
+        );
+        let mut it = Item {
+            ends,
+            canonical,
+            pair,
+            k: b.extent.ndim() as u8,
+            ns: b.src_offset.ndim() as u8,
+            nd: b.dst_offset.ndim() as u8,
+            wide: false,
+            src: [0; NARROW],
+            dst: [0; NARROW],
+            extent: [0; NARROW],
+        };
+        if let (Some(src), Some(dst), Some(extent)) = narrowed {
+            (it.src, it.dst, it.extent) = (src, dst, extent);
+        } else {
+            it.wide = true;
+            it.src[0] = wide.len() as u32;
+            wide.push(*b);
         }
+        it
     }
 
     /// The item's boxes.
@@ -225,6 +190,17 @@ pub(super) struct Store {
 }
 
 impl Store {
+    /// Bytes on the wire of an item ([`Transfer::bytes`]) without making it.
+    fn bytes(&self, it: &Item) -> u64 {
+        let e = &self.ends[it.ends as usize];
+        let b = it.numel(&self.wide) * e.dst_dtype.size() as u64;
+        match &e.encode {
+            // (only a sender-encoded transfer has scale bytes: the transfer says)
+            Some(_) => b + self.make(it).scale_bytes(),
+            None => b,
+        }
+    }
+
     fn make(&self, it: &Item) -> Transfer {
         let e = &self.ends[it.ends as usize];
         let (src_rank, dst_rank) = self.pairs[it.pair as usize];
@@ -305,14 +281,7 @@ impl Transfers {
 
     /// Bytes on the wire of transfer `i` ([`Transfer::bytes`]) without making it.
     pub fn bytes_of(&self, i: usize) -> u64 {
-        let it = self.item(i);
-        let e = &self.store.ends[it.ends as usize];
-        let mut b = it.numel(&self.store.wide) * e.dst_dtype.size() as u64;
-        if e.encode.is_some() {
-            // (only a sender-encoded transfer has scale bytes: the transfer says)
-            b += self.store.make(it).scale_bytes();
-        }
-        b
+        self.store.bytes(self.item(i))
     }
 
     /// Appends the bytes the fingerprint hashes of every transfer, in order, as
@@ -329,11 +298,7 @@ impl Transfers {
         let mut wire = 0u64;
         for &i in &self.order {
             let it = &st.items[i as usize];
-            let e = &st.ends[it.ends as usize];
-            wire += it.numel(&st.wide) * e.dst_dtype.size() as u64;
-            if e.encode.is_some() {
-                wire += st.make(it).scale_bytes();
-            }
+            wire += st.bytes(it);
             let (src_rank, dst_rank) = st.pairs[it.pair as usize];
             for r in [src_rank, dst_rank] {
                 h.extend_from_slice(&r.engine.to_le_bytes());
@@ -373,7 +338,7 @@ impl Transfers {
 }
 
 /// The fixed bytes of each ends of a store in a transfer's fingerprint bytes
-/// ([`super::hash_parts`]), in four parts around the transfer's boxes: source name and shape;
+/// ([`Transfer::hash_bytes`]), in four parts around the transfer's boxes: source name and shape;
 /// source dtype, destination name and shape; destination dtype; the transpose and encoding.
 pub(super) struct EndsBytes {
     bytes: Vec<u8>,
