@@ -41,7 +41,9 @@ pub mod weights;
 pub use backend::{BackendSpec, InferenceBackend, ParallelConfig, TrainingBackend};
 pub use dims::Dims;
 pub use dtype::DType;
-pub use layout::{Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout};
+pub use layout::{
+    Alike, AlikeKey, Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
+};
 pub use model::{Catalogue, ModelSpec};
 pub use transport::Transport;
 

@@ -9,7 +9,8 @@
 
 use awex_core::DType;
 use awex_core::layout::{
-    Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
+    Alike, AlikeKey, Dims, Holder, LayoutError, LocalTensor, Placement, RankId, RankLayout, Region,
+    Side, SideLayout,
 };
 use awex_core::model::family::Sink;
 use awex_core::model::{Canon, ModelSpec, Part, Role, Split as ExpertSplit};
@@ -753,6 +754,16 @@ impl SideLayout for FsdpLayout {
         out
     }
 
+    /// From the tensor's geometry: its kind, shape, TP split and dtype (an expert of fused
+    /// tensors: its part, DP rank and place there), the mesh being the layout's own.
+    fn alike(&self, canonical: &str) -> Option<Alike> {
+        let g = self.geometry(canonical)?;
+        Some(Alike {
+            key: alike_key(&g)?,
+            tensor: g.name().clone(),
+        })
+    }
+
     /// Every holder is written over one of `out`'s (its rank list refilled in place), so a
     /// tensor cut into every DP shard allocates no rank list once a tensor of as many shards
     /// came before.
@@ -815,12 +826,41 @@ fn set(
     h.transposed = false;
 }
 
+/// What one canonical tensor's holders are computed from ([`FsdpLayout::geometry`]): the
+/// layout's `holders` and `alike` both read it, so that tensors of one [`Alike`] key have
+/// equal holders by construction.
+enum Geometry {
+    /// One expert of a layer's fused expert tensor, on the DP rank `k` holding it (its `j`-th
+    /// expert there; `up`: its up rows).
+    Fused {
+        name: Arc<str>,
+        down: bool,
+        up: bool,
+        k: u32,
+        j: u64,
+        shape: Dims,
+        region: Region,
+        local_offset: Dims,
+    },
+    /// A buffer every rank holds whole.
+    Buffer {
+        name: Arc<str>,
+        shape: Dims,
+        dtype: DType,
+    },
+    /// A parameter split over TP, then sharded along dim 0 over DP.
+    Param {
+        name: Arc<str>,
+        shape: Dims,
+        split: TpSplit,
+        dtype: DType,
+    },
+}
+
 impl FsdpLayout {
-    /// The holders of `canonical` ([`SideLayout::holders`]), written through `put`.
-    fn fill_holders(&self, canonical: &str, put: &mut Refill<'_>) {
-        let Some(c) = self.spec.names().parse(canonical) else {
-            return;
-        };
+    /// What the holders of `canonical` are computed from (`None`: not a tensor of this side).
+    fn geometry(&self, canonical: &str) -> Option<Geometry> {
+        let c = self.spec.names().parse(canonical)?;
         if self.fused_experts
             && let (Some(l), Some(e)) = (c.layer(), c.expert())
             && self.param(c).is_some()
@@ -834,33 +874,38 @@ impl FsdpLayout {
             let k = (e / per) as u32;
             let (e0, n) = chunk(e_all, u64::from(self.dp), u64::from(k));
             let j = e - e0;
-            let (leaf, shape, region, local_offset) = match c.part {
-                Part::ExpertDown => (
+            let (down, up) = (c.part == Part::ExpertDown, c.part == Part::ExpertUp);
+            let (leaf, shape, region, local_offset) = if down {
+                (
                     FUSED_DOWN,
                     Dims::new(&[n, h, mi]),
                     Region::new([0, 0], [h, mi]),
                     Dims::new(&[j, 0, 0]),
-                ),
-                part => (
+                )
+            } else {
+                (
                     FUSED_GATE_UP,
                     Dims::new(&[n, 2 * mi, h]),
                     Region::new([0, 0], [mi, h]),
-                    Dims::new(&[j, u64::from(part == Part::ExpertUp) * mi, 0]),
-                ),
+                    Dims::new(&[j, u64::from(up) * mi, 0]),
+                )
             };
             let name = match self.fused_names.get(l as usize) {
-                Some(names) => names[usize::from(leaf == FUSED_DOWN)].clone(),
+                Some(names) => names[usize::from(down)].clone(),
                 None => Arc::from(format!("model.layers.{l}.{FUSED_MOE}.experts.{leaf}")),
             };
-            let h = put.next();
-            h.ranks
-                .extend((0..self.replicate).map(|rep| RankId::train(self.rank_of(rep, k, 0))));
-            set(h, &name, shape, s.dtype, region, local_offset);
-            return;
+            return Some(Geometry::Fused {
+                name,
+                down,
+                up,
+                k,
+                j,
+                shape,
+                region,
+                local_offset,
+            });
         }
-        let Some((shape, split, dtype)) = self.param(c) else {
-            return;
-        };
+        let (shape, split, dtype) = self.param(c)?;
         // the local name is the canonical name asked for, as `local_name` writes it (`parse`
         // accepts exactly what `HfNames::name` writes: a test pins it for every family), but
         // for the router of a layer with fused experts
@@ -870,38 +915,126 @@ impl FsdpLayout {
             }
             _ => Arc::from(canonical),
         };
-        if is_buffer(&self.spec, c.part) {
-            let h = put.next();
-            h.ranks
-                .extend((0..self.world()).map(|r| RankId::train(r as u32)));
-            let local_offset = Dims::zeros(shape.ndim());
-            set(h, &name, shape, dtype, Region::full(shape), local_offset);
-            return;
-        }
-        // TP ranks that hold distinct shards, in `groups` of `count` ranks from `first`: a
-        // replicated parameter's shard is shared by all TP ranks
-        let (groups, count) = match split {
-            TpSplit::Replicated => (1, self.tp),
-            _ => (self.tp, 1),
-        };
-        put.out
-            .reserve((groups as usize * self.dp as usize).saturating_sub(put.out.len()));
-        let local_offset = Dims::zeros(shape.ndim());
-        for first in (0..groups).map(|g| g * count) {
-            let (tp_local, origin) = self.tp_shard(shape, split, first);
-            for k in 0..self.dp {
-                let shard = self.dp_shard(tp_local, origin, k);
-                let Some(region) = shard.region else {
-                    continue;
-                };
+        Some(if is_buffer(&self.spec, c.part) {
+            Geometry::Buffer { name, shape, dtype }
+        } else {
+            Geometry::Param {
+                name,
+                shape,
+                split,
+                dtype,
+            }
+        })
+    }
+
+    /// The holders of `canonical` ([`SideLayout::holders`]), written through `put`.
+    fn fill_holders(&self, canonical: &str, put: &mut Refill<'_>) {
+        let s = &self.spec;
+        match self.geometry(canonical) {
+            None => {}
+            Some(Geometry::Fused {
+                name,
+                k,
+                shape,
+                region,
+                local_offset,
+                ..
+            }) => {
                 let h = put.next();
-                for rep in 0..self.replicate {
-                    for t in first..first + count {
-                        h.ranks.push(RankId::train(self.rank_of(rep, k, t)));
+                h.ranks
+                    .extend((0..self.replicate).map(|rep| RankId::train(self.rank_of(rep, k, 0))));
+                set(h, &name, shape, s.dtype, region, local_offset);
+            }
+            Some(Geometry::Buffer { name, shape, dtype }) => {
+                let h = put.next();
+                h.ranks
+                    .extend((0..self.world()).map(|r| RankId::train(r as u32)));
+                let local_offset = Dims::zeros(shape.ndim());
+                set(h, &name, shape, dtype, Region::full(shape), local_offset);
+            }
+            Some(Geometry::Param {
+                name,
+                shape,
+                split,
+                dtype,
+            }) => {
+                // TP ranks that hold distinct shards, in `groups` of `count` ranks from
+                // `first`: a replicated parameter's shard is shared by all TP ranks
+                let (groups, count) = match split {
+                    TpSplit::Replicated => (1, self.tp),
+                    _ => (self.tp, 1),
+                };
+                put.out
+                    .reserve((groups as usize * self.dp as usize).saturating_sub(put.out.len()));
+                let local_offset = Dims::zeros(shape.ndim());
+                for first in (0..groups).map(|g| g * count) {
+                    let (tp_local, origin) = self.tp_shard(shape, split, first);
+                    for k in 0..self.dp {
+                        let shard = self.dp_shard(tp_local, origin, k);
+                        let Some(region) = shard.region else {
+                            continue;
+                        };
+                        let h = put.next();
+                        for rep in 0..self.replicate {
+                            for t in first..first + count {
+                                h.ranks.push(RankId::train(self.rank_of(rep, k, t)));
+                            }
+                        }
+                        set(h, &name, shard.shape, dtype, region, local_offset);
                     }
                 }
-                set(h, &name, shard.shape, dtype, region, local_offset);
             }
+        }
+    }
+}
+
+/// The [`Alike`] key of a geometry: every value its holders are computed from but the name
+/// (the layout's mesh is the same for every tensor); `None` for a shape of more dims than the
+/// key holds.
+fn alike_key(g: &Geometry) -> Option<AlikeKey> {
+    let dims = |d: &Dims, out: &mut [u64]| -> Option<()> {
+        let v = d.as_slice();
+        if v.len() >= out.len() {
+            return None;
+        }
+        out[0] = v.len() as u64;
+        out[1..=v.len()].copy_from_slice(v);
+        Some(())
+    };
+    let mut key = [0u64; 8];
+    match g {
+        // (`n`, the region and the offset follow from `k`, `down`, `up` and `j`)
+        Geometry::Fused { down, up, k, j, .. } => {
+            key[..5].copy_from_slice(&[1, u64::from(*down), u64::from(*up), u64::from(*k), *j]);
+        }
+        Geometry::Buffer { shape, dtype, .. } => {
+            key[..2].copy_from_slice(&[2, *dtype as u64]);
+            dims(shape, &mut key[2..])?;
+        }
+        Geometry::Param {
+            shape,
+            split,
+            dtype,
+            ..
+        } => {
+            let split = match split {
+                TpSplit::Rows => 0,
+                TpSplit::Cols => 1,
+                TpSplit::Replicated => 2,
+            };
+            key[..3].copy_from_slice(&[3, split, *dtype as u64]);
+            dims(shape, &mut key[3..])?;
+        }
+    }
+    Some(key)
+}
+
+impl Geometry {
+    fn name(&self) -> &Arc<str> {
+        match self {
+            Geometry::Fused { name, .. }
+            | Geometry::Buffer { name, .. }
+            | Geometry::Param { name, .. } => name,
         }
     }
 }

@@ -258,6 +258,20 @@ pub struct Holder {
     pub transposed: bool,
 }
 
+/// A class of tensors one side lays out alike ([`SideLayout::alike`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Alike {
+    /// Equal for two tensors of one side exactly when the side promises them equal holders
+    /// but for the local tensor's name: the layout's own encoding of what it computes the
+    /// holders from (compared only with keys of the same layout).
+    pub key: AlikeKey,
+    /// The local tensor every holder of the tensor names.
+    pub tensor: Arc<str>,
+}
+
+/// An [`Alike`] class's key.
+pub type AlikeKey = [u64; 8];
+
 /// All ranks of one side: a pure function of `(ModelSpec, parallel config)`, queried lazily.
 ///
 /// Implementations answer both directions without building the world: what one rank holds,
@@ -291,6 +305,19 @@ pub trait SideLayout: Send + Sync {
     /// allocating them anew; the default replaces `out` with [`Self::holders`].
     fn holders_into(&self, canonical: &str, out: &mut Vec<Holder>) {
         *out = self.holders(canonical);
+    }
+
+    /// Whether `canonical` is laid out like other tensors of this side, so that a reader of
+    /// many tensors (the planner) asks for the holders of one of them only: `Some(alike)`
+    /// promises that every tensor of this side answering the same [`Alike::key`] has holders
+    /// equal to `canonical`'s ([`Self::holders`]: boxes, ranks, local shapes, dtypes, offsets,
+    /// transposition, order) but for the local tensor's name, and that every holder of
+    /// `canonical` names one local tensor, [`Alike::tensor`]. `None` (the default): no promise.
+    /// A layout answers it from what its holders are computed from, without building them
+    /// (`awex-sim/tests/alike.rs` checks the promise for every family and backend).
+    fn alike(&self, canonical: &str) -> Option<Alike> {
+        let _ = canonical;
+        None
     }
 
     /// Canonical tensors of the model this side holds no copy of because the engine's model

@@ -5,7 +5,7 @@ use super::transfers::{Boxes, Ends};
 use super::{Encode, EncodeAt, Pair, PlanError};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
-use crate::layout::{Dims, Holder, RankId, Region, Side};
+use crate::layout::{AlikeKey, Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
 use crate::weights::splitmix;
 use std::cmp::Reverse;
@@ -92,7 +92,13 @@ struct EndsTable {
 impl EndsTable {
     /// The index of the ends of a transfer from `sh` into `dh` among those of this tensor (a
     /// new one if none is equal): a tensor's transfers from every source rank mostly share one.
-    fn of(&mut self, sh: &Holder, dh: &Holder, dst_dtype: DType, encode: &Option<Encode>) -> u32 {
+    fn of(
+        &mut self,
+        (sname, sh): (&Arc<str>, &Holder),
+        dh: &Holder,
+        dst_dtype: DType,
+        encode: &Option<Encode>,
+    ) -> u32 {
         let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || a == b;
         let found = self.recent.iter().rposition(|&at| {
             let e = &self.ends[at as usize];
@@ -102,7 +108,7 @@ impl EndsTable {
                 && e.src_shape == sh.tensor_shape
                 && e.dst_shape == dh.tensor_shape
                 && e.encode == *encode
-                && same(&e.src_tensor, &sh.tensor)
+                && same(&e.src_tensor, sname)
                 && same(&e.dst_tensor, &dh.tensor)
         });
         if let Some(i) = found {
@@ -111,11 +117,11 @@ impl EndsTable {
             self.recent.swap(i, last);
             return self.recent[last];
         }
-        let key = (self.src.number(&sh.tensor), self.dst.number(&dh.tensor));
+        let key = (self.src.number(sname), self.dst.number(&dh.tensor));
         let fresh = self.pairs.len() as u32;
         self.groups.push(*self.pairs.entry(key).or_insert(fresh));
         self.ends.push(Ends {
-            src_tensor: sh.tensor.clone(),
+            src_tensor: sname.clone(),
             src_shape: sh.tensor_shape,
             src_dtype: sh.dtype,
             dst_tensor: dh.tensor.clone(),
@@ -160,6 +166,9 @@ const CACHED: usize = 4096;
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
 struct Saved {
+    /// the training side's [`Alike`] key of the tensor it was built for, if it gave one (the
+    /// structure is then that of every tensor of the key with these inference holders)
+    alike: Option<AlikeKey>,
     src: Vec<Holder>,
     dst: Vec<Holder>,
     ranks: Vec<RankId>,
@@ -276,32 +285,34 @@ pub(super) fn assign_tensor(
     emit: &mut dyn FnMut(Emitted),
 ) -> Result<(), PlanError> {
     s.ends.recent.clear();
-    let mut src = std::mem::take(&mut s.spare_src);
+    // a training side that lays the tensor out like earlier ones (FSDP: hundreds of holders
+    // per tensor) is asked for its holders only when no structure of its class is cached
+    let alike = pair.training.alike(&c.name);
     let mut dst = std::mem::take(&mut s.spare_dst);
-    pair.training.holders_into(&c.name, &mut src);
     pair.inference.holders_into(&c.name, &mut dst);
     // backends usually answer in order already; sort only when they do not
-    if !src.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)) {
-        src.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
-    }
-    if !dst.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)) {
-        dst.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
-    }
-    for h in src.iter_mut().chain(dst.iter_mut()) {
-        if !h.ranks.is_sorted() {
-            h.ranks.sort_unstable();
-        }
-    }
+    sort_holders(&mut dst);
     let transposed = |h: &Holder, reason: &str| PlanError::Transposed {
         canonical: c.name.clone(),
         tensor: h.tensor.to_string(),
         reason: reason.into(),
     };
-    if let Some(h) = src.iter().find(|h| h.transposed) {
-        return Err(transposed(
-            h,
-            "it is a training tensor; only an inference tensor may hold a box transposed",
-        ));
+    let mut src = Vec::new();
+    let build_src = |src: &mut Vec<Holder>, spare: &mut Vec<Holder>| {
+        *src = std::mem::take(spare);
+        pair.training.holders_into(&c.name, src);
+        sort_holders(src);
+        match src.iter().find(|h| h.transposed) {
+            Some(h) => Err(transposed(
+                h,
+                "it is a training tensor; only an inference tensor may hold a box transposed",
+            )),
+            None => Ok(()),
+        }
+    };
+    let mut built = alike.is_none();
+    if built {
+        build_src(&mut src, &mut s.spare_src)?;
     }
     // FP8 destinations receive the canonical dtype into their staging (the receiver quantises)
     let encodes = fp8_destinations(pair, c, &mut dst)?;
@@ -316,14 +327,25 @@ pub(super) fn assign_tensor(
 
     // Tensors laid out alike (experts of one layer, say) share everything up to the greedy but
     // their tie-break: a recent tensor's structure is reused when its holders hold the same
-    // boxes on the same ranks.
-    let key = holders_key(&src, &dst);
+    // boxes on the same ranks (the training side's, when it gives an alike key, by that key).
+    let key = match &alike {
+        Some(a) => alike_holders_key(&a.key, &dst),
+        None => holders_key(&src, &dst),
+    };
     let hit = s.by_key.get(&key).and_then(|slots| {
         slots.iter().map(|&i| i as usize).find(|&i| {
             let k = &s.cache[i];
-            same_holders(&k.src, &src) && same_holders(&k.dst, &dst)
+            let same_src = match &alike {
+                Some(a) => k.alike == Some(a.key),
+                None => same_holders(&k.src, &src),
+            };
+            same_src && same_holders(&k.dst, &dst)
         })
     });
+    if hit.is_none() && !built {
+        build_src(&mut src, &mut s.spare_src)?;
+        built = true;
+    }
     let slot = match hit {
         Some(i) => i,
         None => {
@@ -346,6 +368,10 @@ pub(super) fn assign_tensor(
     if hit.is_some() {
         swap_structure(s, &mut saved);
     }
+    // the source holders: this tensor's, or (alike) those the cached structure was built from,
+    // which name the tensor `alike` gives
+    let src_holders: &[Holder] = if built { &src } else { &saved.src };
+    let src_name = alike.as_ref().map(|a| &a.tensor);
     let flat = &s.flat;
     let sets = &s.sets;
 
@@ -466,7 +492,8 @@ pub(super) fn assign_tensor(
         if !mine {
             continue;
         }
-        let sh = &src[cand.holder as usize];
+        let sh = &src_holders[cand.holder as usize];
+        let sname = src_name.unwrap_or(&sh.tensor);
         let dh = &dst[p.dst_holder as usize];
         let encode = encodes
             .as_ref()
@@ -481,7 +508,7 @@ pub(super) fn assign_tensor(
                 src_rank,
                 dst_rank: p.dst_rank,
                 canonical: id,
-                ends: ends.of(sh, dh, dst_dtype, &encode),
+                ends: ends.of((sname, sh), dh, dst_dtype, &encode),
                 boxes: Boxes {
                     src_offset: local_at(sh, cell),
                     dst_offset: local_at(dh, cell),
@@ -523,12 +550,15 @@ pub(super) fn assign_tensor(
     if hit.is_none() {
         s.keys[slot] = key;
         s.by_key.entry(key).or_default().push(slot as u32);
+        saved.alike = alike.map(|a| a.key);
         // (the slot's old holder lists, if any, are the next tensor's)
         src = std::mem::replace(&mut saved.src, src);
         dst = std::mem::replace(&mut saved.dst, dst);
     }
     s.cache[slot] = saved;
-    s.spare_src = src;
+    if built {
+        s.spare_src = src;
+    }
     s.spare_dst = dst;
     Ok(())
 }
@@ -630,6 +660,28 @@ fn fp8_destinations(
         }));
     }
     Ok(Some(out))
+}
+
+/// Sorts holders by (box, local tensor, offset), and each one's ranks, where a layout did not.
+fn sort_holders(hs: &mut [Holder]) {
+    if !hs.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)) {
+        hs.sort_by(|a, b| holder_key(a).cmp(&holder_key(b)));
+    }
+    for h in hs.iter_mut() {
+        if !h.ranks.is_sorted() {
+            h.ranks.sort_unstable();
+        }
+    }
+}
+
+/// [`holders_key`] of a tensor whose training holders are those of an [`AlikeKey`] class: the
+/// class and the inference holders' digest.
+fn alike_holders_key(alike: &AlikeKey, dst: &[Holder]) -> u64 {
+    let mut k = holders_key(&[], dst) ^ 0xa11c_e000_0000_0001;
+    for &x in alike {
+        k = (k ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    k
 }
 
 /// A digest of part of what [`same_holders`] compares (the number of holders; the box, dtype
