@@ -117,10 +117,7 @@ impl EndsTable {
             self.recent.swap(i, last);
             return self.recent[last];
         }
-        let key = (self.src.number(sname), self.dst.number(&dh.tensor));
-        let fresh = self.pairs.len() as u32;
-        self.groups.push(*self.pairs.entry(key).or_insert(fresh));
-        self.ends.push(Ends {
+        self.push(Ends {
             src_tensor: sname.clone(),
             src_shape: sh.tensor_shape,
             src_dtype: sh.dtype,
@@ -129,10 +126,49 @@ impl EndsTable {
             dst_dtype,
             encode: encode.clone(),
             transposed: dh.transposed,
-        });
+        })
+    }
+
+    /// Adds ends made for the tensor being planned, with its group; returns its index.
+    fn push(&mut self, e: Ends) -> u32 {
+        let key = (self.src.number(&e.src_tensor), self.dst.number(&e.dst_tensor));
+        let fresh = self.pairs.len() as u32;
+        self.groups.push(*self.pairs.entry(key).or_insert(fresh));
+        self.ends.push(e);
         let at = self.ends.len() as u32 - 1;
         self.recent.push(at);
         at
+    }
+}
+
+/// The transfers one tensor emitted, emitted again for the next tensors of its structure whose
+/// training holders are alike ([`crate::layout::SideLayout::alike`]) and whose inference
+/// holders sit where its did: when every piece the rank emits has one candidate source, what
+/// the rank emits depends on the holders only (a tensor's identity picks among candidates),
+/// so such a tensor's transfers are these with its own canonical tensor and names.
+struct Emission {
+    /// the inference holders' local shapes, offsets and transposition it was emitted for
+    dst_geometry: Vec<(Dims, Dims, bool)>,
+    /// its ends in the order they were made, each with the inference holder it names
+    ends: Vec<(u32, Ends)>,
+    /// its transfers in order: ranks, index into `ends`, boxes
+    transfers: Vec<(RankId, RankId, u32, Boxes)>,
+}
+
+impl Emission {
+    fn geometry(dst: &[Holder]) -> Vec<(Dims, Dims, bool)> {
+        dst.iter()
+            .map(|h| (h.tensor_shape, h.local_offset, h.transposed))
+            .collect()
+    }
+
+    /// Whether inference holders `dst` (of the structure's boxes and ranks) sit where those it
+    /// was emitted for did.
+    fn fits(&self, dst: &[Holder]) -> bool {
+        self.dst_geometry.len() == dst.len()
+            && self.dst_geometry.iter().zip(dst).all(|(g, h)| {
+                g.0 == h.tensor_shape && g.1 == h.local_offset && g.2 == h.transposed
+            })
     }
 }
 
@@ -166,6 +202,8 @@ const CACHED: usize = 4096;
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
 struct Saved {
+    /// what the rank emitted for a tensor of this structure, to emit again (see [`Emission`])
+    emission: Option<Box<Emission>>,
     /// the training side's [`Alike`] key of the tensor it was built for, if it gave one (the
     /// structure is then that of every tensor of the key with these inference holders)
     alike: Option<AlikeKey>,
@@ -365,9 +403,51 @@ pub(super) fn assign_tensor(
         }
     };
     let mut saved = std::mem::take(&mut s.cache[slot]);
+    if hit.is_none() {
+        // (a slot given to a new structure forgets what the old one emitted)
+        saved.emission = None;
+    }
+    if let (Some(a), None, Some(em)) = (&alike, &encodes, &saved.emission)
+        && em.fits(&dst)
+    {
+        let base = s.ends.ends.len() as u32;
+        for (dh, e) in &em.ends {
+            s.ends.push(Ends {
+                src_tensor: a.tensor.clone(),
+                dst_tensor: dst[*dh as usize].tensor.clone(),
+                ..e.clone()
+            });
+        }
+        for &(src_rank, dst_rank, ends, boxes) in &em.transfers {
+            emit(Emitted {
+                src_rank,
+                dst_rank,
+                canonical: id,
+                ends: base + ends,
+                boxes,
+            });
+        }
+        s.cache[slot] = saved;
+        s.spare_dst = dst;
+        return Ok(());
+    }
     if hit.is_some() {
         swap_structure(s, &mut saved);
     }
+    // what this tensor emits is kept for the next ones of its structure when they can take it
+    let mut record = (alike.is_some()
+        && encodes.is_none()
+        && saved.emission.is_none()
+        && s.mine.iter().all(|&pi| {
+            let c = s.pieces[pi as usize].cands;
+            c.1 - c.0 == 1
+        }))
+    .then(|| Emission {
+        dst_geometry: Emission::geometry(&dst),
+        ends: Vec::new(),
+        transfers: Vec::new(),
+    });
+    let ends_base = s.ends.ends.len() as u32;
     // the source holders: this tensor's, or (alike) those the cached structure was built from,
     // which name the tensor `alike` gives
     let src_holders: &[Holder] = if built { &src } else { &saved.src };
@@ -499,21 +579,32 @@ pub(super) fn assign_tensor(
             .as_ref()
             .and_then(|e| e[p.dst_holder as usize].clone());
         let ends = &mut s.ends;
+        let record = &mut record;
         let mut send = |cell: &Region, encode: Option<Encode>| {
             let dst_dtype = match &encode {
                 Some(e) if e.at == EncodeAt::Sender => DType::F8E4m3,
                 _ => dh.dtype,
             };
+            let made = ends.ends.len();
+            let at = ends.of((sname, sh), dh, dst_dtype, &encode);
+            let boxes = Boxes {
+                src_offset: local_at(sh, cell),
+                dst_offset: local_at(dh, cell),
+                extent: cell.extent,
+            };
+            if let Some(r) = record {
+                if ends.ends.len() > made {
+                    r.ends.push((p.dst_holder, ends.ends[at as usize].clone()));
+                }
+                r.transfers
+                    .push((src_rank, p.dst_rank, at - ends_base, boxes));
+            }
             emit(Emitted {
                 src_rank,
                 dst_rank: p.dst_rank,
                 canonical: id,
-                ends: ends.of((sname, sh), dh, dst_dtype, &encode),
-                boxes: Boxes {
-                    src_offset: local_at(sh, cell),
-                    dst_offset: local_at(dh, cell),
-                    extent: cell.extent,
-                },
+                ends: at,
+                boxes,
             })
         };
         match encode {
@@ -547,6 +638,9 @@ pub(super) fn assign_tensor(
     }
     // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
     swap_structure(s, &mut saved);
+    if let Some(r) = record {
+        saved.emission = Some(Box::new(r));
+    }
     if hit.is_none() {
         s.keys[slot] = key;
         s.by_key.entry(key).or_default().push(slot as u32);
