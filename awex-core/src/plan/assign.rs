@@ -1,7 +1,7 @@
 //! Assigning every destination piece of one canonical tensor to one source rank.
 
 use super::coalesce::NameNumbers;
-use super::transfers::{Boxes, Ends};
+use super::transfers::{Boxes, Ends, Item};
 use super::{Encode, EncodeAt, Pair, PlanError};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
@@ -74,6 +74,8 @@ pub(super) struct Scratch {
     spare_dst: Vec<Holder>,
     /// what the transfers between two local tensors share, for every transfer emitted
     ends: EndsTable,
+    /// a kept emission's peer numbers in this plan
+    peers: Vec<u32>,
 }
 
 /// The ends of every transfer emitted, with the group of each ([`super::coalesce::Groups`]:
@@ -131,7 +133,10 @@ impl EndsTable {
 
     /// Adds ends made for the tensor being planned, with its group; returns its index.
     fn push(&mut self, e: Ends) -> u32 {
-        let key = (self.src.number(&e.src_tensor), self.dst.number(&e.dst_tensor));
+        let key = (
+            self.src.number(&e.src_tensor),
+            self.dst.number(&e.dst_tensor),
+        );
         let fresh = self.pairs.len() as u32;
         self.groups.push(*self.pairs.entry(key).or_insert(fresh));
         self.ends.push(e);
@@ -151,8 +156,11 @@ struct Emission {
     dst_geometry: Vec<(Dims, Dims, bool)>,
     /// its ends in the order they were made, each with the inference holder it names
     ends: Vec<(u32, Ends)>,
-    /// its transfers in order: ranks, index into `ends`, boxes
-    transfers: Vec<(RankId, RankId, u32, Boxes)>,
+    /// its rank pairs, in the order they first come
+    pairs: Vec<(RankId, RankId)>,
+    /// its transfers in order, each with its index into `ends` and into `pairs` (none of
+    /// their boxes past 32 bits: a tensor with such a box is not kept)
+    items: Vec<Item>,
 }
 
 impl Emission {
@@ -166,9 +174,11 @@ impl Emission {
     /// was emitted for did.
     fn fits(&self, dst: &[Holder]) -> bool {
         self.dst_geometry.len() == dst.len()
-            && self.dst_geometry.iter().zip(dst).all(|(g, h)| {
-                g.0 == h.tensor_shape && g.1 == h.local_offset && g.2 == h.transposed
-            })
+            && self
+                .dst_geometry
+                .iter()
+                .zip(dst)
+                .all(|(g, h)| g.0 == h.tensor_shape && g.1 == h.local_offset && g.2 == h.transposed)
     }
 }
 
@@ -320,7 +330,7 @@ pub(super) fn assign_tensor(
     side: Side,
     me: RankId,
     s: &mut Scratch,
-    emit: &mut dyn FnMut(Emitted),
+    out: &mut super::Out,
 ) -> Result<(), PlanError> {
     s.ends.recent.clear();
     // a training side that lays the tensor out like earlier ones (FSDP: hundreds of holders
@@ -418,14 +428,13 @@ pub(super) fn assign_tensor(
                 ..e.clone()
             });
         }
-        for &(src_rank, dst_rank, ends, boxes) in &em.transfers {
-            emit(Emitted {
-                src_rank,
-                dst_rank,
-                canonical: id,
-                ends: base + ends,
-                boxes,
-            });
+        s.peers.clear();
+        s.peers
+            .extend(em.pairs.iter().map(|&(src, dst)| out.peer_number(src, dst)));
+        for it in &em.items {
+            let mut it = *it;
+            (it.ends, it.canonical, it.pair) = (base + it.ends, id, s.peers[it.pair as usize]);
+            out.push(it);
         }
         s.cache[slot] = saved;
         s.spare_dst = dst;
@@ -445,8 +454,10 @@ pub(super) fn assign_tensor(
     .then(|| Emission {
         dst_geometry: Emission::geometry(&dst),
         ends: Vec::new(),
-        transfers: Vec::new(),
+        pairs: Vec::new(),
+        items: Vec::new(),
     });
+    let mut no_wide = Vec::new();
     let ends_base = s.ends.ends.len() as u32;
     // the source holders: this tensor's, or (alike) those the cached structure was built from,
     // which name the tensor `alike` gives
@@ -596,10 +607,22 @@ pub(super) fn assign_tensor(
                 if ends.ends.len() > made {
                     r.ends.push((p.dst_holder, ends.ends[at as usize].clone()));
                 }
-                r.transfers
-                    .push((src_rank, p.dst_rank, at - ends_base, boxes));
+                let pair = (src_rank, p.dst_rank);
+                let k = match r.pairs.iter().rposition(|&q| q == pair) {
+                    Some(k) => k,
+                    None => {
+                        r.pairs.push(pair);
+                        r.pairs.len() - 1
+                    }
+                };
+                let it = Item::new(at - ends_base, id, k as u32, &boxes, &mut no_wide);
+                if no_wide.is_empty() {
+                    r.items.push(it);
+                } else {
+                    *record = None;
+                }
             }
-            emit(Emitted {
+            out.emit(Emitted {
                 src_rank,
                 dst_rank: p.dst_rank,
                 canonical: id,

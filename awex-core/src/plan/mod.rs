@@ -36,6 +36,59 @@ struct PeerList {
     order: Vec<u32>,
 }
 
+/// Where a rank's transfers go as they are emitted, compactly (what transfers between two
+/// local tensors share is in one table of ends), each peer numbered as it first comes: a
+/// peer's transfers are between one pair of ranks, its number is its pair's.
+struct Out {
+    side: Side,
+    store: transfers::Store,
+    lists: Vec<PeerList>,
+    numbers: PeerNumbers,
+    /// the peer of the last transfer, and its number
+    last: Option<(RankId, u32)>,
+}
+
+impl Out {
+    /// The number of the peer of a transfer from `src` to `dst`.
+    fn peer_number(&mut self, src: RankId, dst: RankId) -> u32 {
+        let peer = match self.side {
+            Side::Training => dst,
+            Side::Inference => src,
+        };
+        match self.last {
+            Some((q, at)) if q == peer => at,
+            _ => {
+                let (lists, pairs) = (&mut self.lists, &mut self.store.pairs);
+                let at = self.numbers.number(peer, || {
+                    lists.push(PeerList {
+                        peer,
+                        count: 0,
+                        order: Vec::new(),
+                    });
+                    pairs.push((src, dst));
+                    lists.len() as u32 - 1
+                });
+                self.last = Some((peer, at));
+                at
+            }
+        }
+    }
+
+    /// Adds a transfer.
+    fn emit(&mut self, t: assign::Emitted) {
+        let at = self.peer_number(t.src_rank, t.dst_rank);
+        let item = transfers::Item::new(t.ends, t.canonical, at, &t.boxes, &mut self.store.wide);
+        self.push(item);
+    }
+
+    /// Adds a transfer whose item is made, its peer numbered ([`Out::peer_number`]).
+    #[inline]
+    fn push(&mut self, item: transfers::Item) {
+        self.lists[item.pair as usize].count += 1;
+        self.store.items.push(item);
+    }
+}
+
 /// The number of each peer of a rank's plan, by the peer: through a table per engine where
 /// the ranks are numbered below a bound, else through a map.
 #[derive(Default)]
@@ -516,43 +569,27 @@ impl Pair<'_> {
         // every transfer in emission order, compactly (what transfers between two local
         // tensors share is in one table of ends), each peer numbered as it first comes: a
         // peer's transfers are between one pair of ranks, its number is its pair's
-        let mut store = transfers::Store::default();
+        let mut out = Out {
+            side,
+            store: transfers::Store::default(),
+            lists: Vec::new(),
+            numbers: PeerNumbers::default(),
+            last: None,
+        };
         // room for the transfers a rank of a large pair plans per tensor (address space only:
         // no page is touched before a transfer is written to it), so that the store does not
         // move while it grows
-        store.items.reserve((ids.len() * 32).min(1 << 20));
-        let mut lists: Vec<PeerList> = Vec::new();
-        let mut numbers = PeerNumbers::default();
-        let mut last: Option<(RankId, u32)> = None;
+        out.store.items.reserve((ids.len() * 32).min(1 << 20));
         let mut scratch = assign::Scratch::default();
         for id in ids {
             let c = self.catalogue.by_id(id);
-            assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut |t| {
-                let peer = match side {
-                    Side::Training => t.dst_rank,
-                    Side::Inference => t.src_rank,
-                };
-                let at = match last {
-                    Some((q, at)) if q == peer => at,
-                    _ => {
-                        let at = numbers.number(peer, || {
-                            lists.push(PeerList {
-                                peer,
-                                count: 0,
-                                order: Vec::new(),
-                            });
-                            store.pairs.push((t.src_rank, t.dst_rank));
-                            lists.len() as u32 - 1
-                        });
-                        last = Some((peer, at));
-                        at
-                    }
-                };
-                lists[at as usize].count += 1;
-                let item = transfers::Item::new(t.ends, t.canonical, at, &t.boxes, &mut store.wide);
-                store.items.push(item);
-            })?;
+            assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut out)?;
         }
+        let Out {
+            mut store,
+            mut lists,
+            ..
+        } = out;
         let groups_of_ends;
         (store.ends, groups_of_ends) = scratch.take_ends();
         // each peer's transfers, in emission order (a peer's number is its pair's)
