@@ -58,7 +58,7 @@
 //!   ([`CLASS_FP8_PARTS`]: Qwen3-MoE's router).
 
 use awex_core::layout::fused_tp::{self, FusedTp, FusedTpLayout, LmHead};
-use awex_core::layout::{Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
+use awex_core::layout::{Alike, Holder, LayoutError, RankId, RankLayout, Side, SideLayout};
 use awex_core::model::{ModelSpec, Part};
 use std::sync::Arc;
 
@@ -406,6 +406,10 @@ impl SideLayout for VllmLayout {
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {
         self.0.holders(canonical)
+    }
+
+    fn alike(&self, canonical: &str) -> Option<Alike> {
+        self.0.alike(canonical)
     }
 
     fn for_each_canonical(&self, rank: RankId, f: &mut dyn FnMut(&str)) -> bool {

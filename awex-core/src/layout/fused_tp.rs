@@ -38,7 +38,7 @@
 
 use crate::DType;
 use crate::layout::{
-    Dims, Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
+    Alike, Dims, Holder, LocalTensor, Placement, RankId, RankLayout, Region, Side, SideLayout,
 };
 use crate::model::family::Sink;
 use crate::model::{Canon, HfNames, ModelSpec, Part, push_index};
@@ -1817,6 +1817,53 @@ impl SideLayout for FusedTpLayout {
             _ => {}
         }
         true
+    }
+
+    /// A layer's tensor of one local tensor (norms, attention and MLP projections, router,
+    /// experts, Gated DeltaNet): its part, expert and the layer's kind (its part set and flags),
+    /// which is what [`Self::holders`] reads of a layer besides its names. The tensors outside
+    /// the layers (single ones), MLA's and the experts fused over all experts (gpt-oss) answer
+    /// `None`.
+    fn alike(&self, canonical: &str) -> Option<Alike> {
+        let c = self.parse(canonical)?;
+        let l = c.layer()?;
+        let n = self.layers.get(l as usize)?;
+        let tensor = match c.part {
+            Part::InputNorm => &n.input_ln,
+            Part::PostNorm => &n.post_ln,
+            Part::QNorm => &n.q_norm_local,
+            Part::KNorm => &n.k_norm_local,
+            Part::SharedExpertGate => &n.shared_expert_gate,
+            Part::LinNorm if self.d.lin.is_some() => &n.lin_norm,
+            Part::LinQkvz | Part::LinQkv | Part::LinZ if self.d.lin.is_some() => &n.lin_qkvz_local,
+            Part::LinBa | Part::LinB | Part::LinA if self.d.lin.is_some() => &n.lin_ba_local,
+            Part::LinConv if self.d.lin.is_some() => &n.lin_conv,
+            Part::LinDtBias if self.d.lin.is_some() => &n.lin_dt_bias,
+            Part::LinALog if self.d.lin.is_some() => &n.lin_a_log,
+            Part::LinOut if self.d.lin.is_some() => &n.lin_out,
+            Part::OBias => &n.o_bias_local,
+            Part::Sinks => &n.sinks_local,
+            Part::Router => &n.router,
+            Part::RouterBias => &n.router_bias,
+            Part::Q | Part::K | Part::V if !n.mla => &n.qkv,
+            Part::QBias | Part::KBias | Part::VBias => &n.qkv_bias,
+            Part::O => &n.o_local,
+            Part::Gate | Part::Up => &n.gate_up,
+            Part::SharedGate | Part::SharedUp if !self.d.fused_shared => &n.shared_gate_up,
+            Part::SharedDown if !self.d.fused_shared => &n.shared_down,
+            Part::SharedGate | Part::SharedUp => &n.w13,
+            Part::SharedDown => &n.w2,
+            Part::Down => &n.down_proj,
+            Part::ExpertGate | Part::ExpertUp => &n.w13,
+            Part::ExpertDown => &n.w2,
+            _ => return None,
+        };
+        let flags = u64::from(n.mla) | u64::from(n.linear) << 1 | u64::from(n.moe) << 2;
+        let e = c.expert().unwrap_or(0);
+        Some(Alike {
+            key: [c.part as u64, e, n.parts, flags, 0, 0, 0, 0],
+            tensor: tensor.clone(),
+        })
     }
 
     fn holders(&self, canonical: &str) -> Vec<Holder> {

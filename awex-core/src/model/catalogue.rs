@@ -84,6 +84,14 @@ impl Hasher for NameHasher {
         self.mix(n as u64);
     }
 
+    fn write_u32(&mut self, n: u32) {
+        self.mix(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+
     fn finish(&self) -> u64 {
         // the table takes its bucket from the low bits and its tag from the high ones
         let x = self.0;

@@ -7,9 +7,14 @@ use crate::dtype::DType;
 use crate::encoding::Encoding;
 use crate::layout::{AlikeKey, Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
+use crate::model::NameHasher;
 use crate::weights::splitmix;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::BuildHasherDefault;
+
+/// The planner's tables: keys of the model's own making (see [`NameHasher`]).
+type Map<K, V> = HashMap<K, V, BuildHasherDefault<NameHasher>>;
 use std::sync::Arc;
 
 /// Buffers reused across tensors of one rank's plan.
@@ -66,7 +71,7 @@ pub(super) struct Scratch {
     /// the [`holders_key`] of each cached structure
     keys: Vec<u64>,
     /// the cached structures of each [`holders_key`]
-    by_key: HashMap<u64, Vec<u32>>,
+    by_key: Map<u64, Vec<u32>>,
     /// the slot the next new structure replaces once the cache is full
     victim: usize,
     /// holder lists handed to the layouts to write the next tensor's holders over
@@ -76,6 +81,10 @@ pub(super) struct Scratch {
     ends: EndsTable,
     /// a kept emission's peer numbers in this plan
     peers: Vec<u32>,
+    /// holder lists of alike classes
+    classes: Classes,
+    /// the last structure stamp given
+    stamps: u64,
 }
 
 /// The ends of every transfer emitted, with the group of each ([`super::coalesce::Groups`]:
@@ -88,7 +97,7 @@ struct EndsTable {
     recent: Vec<u32>,
     src: NameNumbers,
     dst: NameNumbers,
-    pairs: HashMap<(u32, u32), u32>,
+    pairs: Map<(u32, u32), u32>,
 }
 
 impl EndsTable {
@@ -97,7 +106,7 @@ impl EndsTable {
     fn of(
         &mut self,
         (sname, sh): (&Arc<str>, &Holder),
-        dh: &Holder,
+        (dname, dh): (&Arc<str>, &Holder),
         dst_dtype: DType,
         encode: &Option<Encode>,
     ) -> u32 {
@@ -111,7 +120,7 @@ impl EndsTable {
                 && e.dst_shape == dh.tensor_shape
                 && e.encode == *encode
                 && same(&e.src_tensor, sname)
-                && same(&e.dst_tensor, &dh.tensor)
+                && same(&e.dst_tensor, dname)
         });
         if let Some(i) = found {
             // (the most recent is looked at first)
@@ -123,7 +132,7 @@ impl EndsTable {
             src_tensor: sname.clone(),
             src_shape: sh.tensor_shape,
             src_dtype: sh.dtype,
-            dst_tensor: dh.tensor.clone(),
+            dst_tensor: dname.clone(),
             dst_shape: dh.tensor_shape,
             dst_dtype,
             encode: encode.clone(),
@@ -146,16 +155,13 @@ impl EndsTable {
     }
 }
 
-/// The transfers one tensor emitted, emitted again for the next tensors of its structure whose
-/// training holders are alike ([`crate::layout::SideLayout::alike`]) and whose inference
-/// holders sit where its did: when every piece the rank emits has one candidate source, what
-/// the rank emits depends on the holders only (a tensor's identity picks among candidates),
-/// so such a tensor's transfers are these with its own canonical tensor and names.
+/// The transfers one tensor emitted, emitted again for the next tensors of its pair of kept
+/// holder lists ([`Classes`]): when every piece the rank emits has one candidate source, what
+/// the rank emits depends on the holders only (a tensor's identity picks among candidates), so
+/// such a tensor's transfers are these with its own canonical tensor and names.
 struct Emission {
-    /// the inference holders' local shapes, offsets and transposition it was emitted for
-    dst_geometry: Vec<(Dims, Dims, bool)>,
-    /// its ends in the order they were made, each with the inference holder it names
-    ends: Vec<(u32, Ends)>,
+    /// its ends in the order they were made (their names are the tensor's)
+    ends: Vec<Ends>,
     /// its rank pairs, in the order they first come
     pairs: Vec<(RankId, RankId)>,
     /// its transfers in order, each with its index into `ends` and into `pairs` (none of
@@ -163,23 +169,35 @@ struct Emission {
     items: Vec<Item>,
 }
 
-impl Emission {
-    fn geometry(dst: &[Holder]) -> Vec<(Dims, Dims, bool)> {
-        dst.iter()
-            .map(|h| (h.tensor_shape, h.local_offset, h.transposed))
-            .collect()
-    }
+/// The holders of each side's [`crate::layout::Alike`] classes, built once per plan, and what is known of each
+/// pair of them.
+#[derive(Default)]
+struct Classes {
+    /// every kept list
+    lists: Vec<Vec<Holder>>,
+    /// the list of each training and inference class
+    src: Map<AlikeKey, u32>,
+    dst: Map<AlikeKey, u32>,
+    /// per pair of lists: their structure's slot and what the rank emitted for them
+    pairs: Map<(u32, u32), PairEntry>,
+}
 
-    /// Whether inference holders `dst` (of the structure's boxes and ranks) sit where those it
-    /// was emitted for did.
-    fn fits(&self, dst: &[Holder]) -> bool {
-        self.dst_geometry.len() == dst.len()
-            && self
-                .dst_geometry
-                .iter()
-                .zip(dst)
-                .all(|(g, h)| g.0 == h.tensor_shape && g.1 == h.local_offset && g.2 == h.transposed)
+impl Classes {
+    /// Keeps a list, registered by `at` under its number.
+    fn keep(&mut self, v: Vec<Holder>, at: impl FnOnce(&mut Self, u32) -> Option<u32>) -> u32 {
+        let i = self.lists.len() as u32;
+        self.lists.push(v);
+        at(self, i);
+        i
     }
+}
+
+/// A pair of kept lists' structure: its cache slot while the slot holds it (`stamp`), and what
+/// the rank emitted for the pair.
+struct PairEntry {
+    slot: u32,
+    stamp: u64,
+    emission: Option<Box<Emission>>,
 }
 
 impl Scratch {
@@ -212,11 +230,8 @@ const CACHED: usize = 4096;
 /// One tensor's structure (see [`structure`]) and the holders it was built from.
 #[derive(Default)]
 struct Saved {
-    /// what the rank emitted for a tensor of this structure, to emit again (see [`Emission`])
-    emission: Option<Box<Emission>>,
-    /// the training side's [`Alike`] key of the tensor it was built for, if it gave one (the
-    /// structure is then that of every tensor of the key with these inference holders)
-    alike: Option<AlikeKey>,
+    /// which structure it holds (a slot given to a new one gets a new stamp)
+    stamp: u64,
     src: Vec<Holder>,
     dst: Vec<Holder>,
     ranks: Vec<RankId>,
@@ -333,21 +348,17 @@ pub(super) fn assign_tensor(
     out: &mut super::Out,
 ) -> Result<(), PlanError> {
     s.ends.recent.clear();
-    // a training side that lays the tensor out like earlier ones (FSDP: hundreds of holders
-    // per tensor) is asked for its holders only when no structure of its class is cached
+    // Sides that lay the tensor out like earlier ones (FSDP: hundreds of holders per tensor)
+    // build the holders of each class once: the training side's class, and with it the
+    // inference side's.
     let alike = pair.training.alike(&c.name);
-    let mut dst = std::mem::take(&mut s.spare_dst);
-    pair.inference.holders_into(&c.name, &mut dst);
-    // backends usually answer in order already; sort only when they do not
-    sort_holders(&mut dst);
+    let dst_alike = alike.as_ref().and_then(|_| pair.inference.alike(&c.name));
     let transposed = |h: &Holder, reason: &str| PlanError::Transposed {
         canonical: c.name.clone(),
         tensor: h.tensor.to_string(),
         reason: reason.into(),
     };
-    let mut src = Vec::new();
-    let build_src = |src: &mut Vec<Holder>, spare: &mut Vec<Holder>| {
-        *src = std::mem::take(spare);
+    let build_src = |src: &mut Vec<Holder>| {
         pair.training.holders_into(&c.name, src);
         sort_holders(src);
         match src.iter().find(|h| h.transposed) {
@@ -358,46 +369,156 @@ pub(super) fn assign_tensor(
             None => Ok(()),
         }
     };
-    let mut built = alike.is_none();
-    if built {
-        build_src(&mut src, &mut s.spare_src)?;
-    }
-    // FP8 destinations receive the canonical dtype into their staging (the receiver quantises)
-    let encodes = fp8_destinations(pair, c, &mut dst)?;
-    if let Some(e) = &encodes
-        && let Some(h) = dst.iter().zip(e).find(|(h, e)| h.transposed && e.is_some())
-    {
-        return Err(transposed(
-            h.0,
-            "it is FP8: transposed boxes go into plain (bf16/fp32) tensors only",
-        ));
-    }
-
-    // Tensors laid out alike (experts of one layer, say) share everything up to the greedy but
-    // their tie-break: a recent tensor's structure is reused when its holders hold the same
-    // boxes on the same ranks (the training side's, when it gives an alike key, by that key).
-    let key = match &alike {
-        Some(a) => alike_holders_key(&a.key, &dst),
-        None => holders_key(&src, &dst),
+    let build_dst = |dst: &mut Vec<Holder>| {
+        pair.inference.holders_into(&c.name, dst);
+        // backends usually answer in order already; sort only when they do not
+        sort_holders(dst);
+        // FP8 destinations receive the canonical dtype into their staging (the receiver
+        // quantises)
+        let encodes = fp8_destinations(pair, c, dst)?;
+        if let Some(e) = &encodes
+            && let Some(h) = dst.iter().zip(e).find(|(h, e)| h.transposed && e.is_some())
+        {
+            return Err(transposed(
+                h.0,
+                "it is FP8: transposed boxes go into plain (bf16/fp32) tensors only",
+            ));
+        }
+        Ok(encodes)
     };
-    let hit = s.by_key.get(&key).and_then(|slots| {
-        slots.iter().map(|&i| i as usize).find(|&i| {
-            let k = &s.cache[i];
-            let same_src = match &alike {
-                Some(a) => k.alike == Some(a.key),
-                None => same_holders(&k.src, &src),
-            };
-            same_src && same_holders(&k.dst, &dst)
-        })
-    });
-    if hit.is_none() && !built {
-        build_src(&mut src, &mut s.spare_src)?;
-        built = true;
+    // each side's holders: its class's kept list, else this tensor's own
+    let src_list = match &alike {
+        Some(a) => Some(match s.classes.src.get(&a.key) {
+            Some(&i) => i,
+            None => {
+                let mut v = Vec::new();
+                build_src(&mut v)?;
+                s.classes.keep(v, |c, i| c.src.insert(a.key, i))
+            }
+        }),
+        None => None,
+    };
+    let dst_list = match &dst_alike {
+        Some(b) => match s.classes.dst.get(&b.key) {
+            Some(&i) => Some(i),
+            None => {
+                let mut v = Vec::new();
+                // (a class with an FP8 destination is not kept: its tensors build their own)
+                build_dst(&mut v)?
+                    .is_none()
+                    .then(|| s.classes.keep(v, |c, i| c.dst.insert(b.key, i)))
+            }
+        },
+        None => None,
+    };
+    let mut src = match src_list {
+        Some(i) => std::mem::take(&mut s.classes.lists[i as usize]),
+        None => {
+            let mut v = std::mem::take(&mut s.spare_src);
+            build_src(&mut v)?;
+            v
+        }
+    };
+    let mut encodes = None;
+    let mut dst = match dst_list {
+        Some(i) => std::mem::take(&mut s.classes.lists[i as usize]),
+        None => {
+            let mut v = std::mem::take(&mut s.spare_dst);
+            encodes = build_dst(&mut v)?;
+            v
+        }
+    };
+    let held = Held {
+        src: &src,
+        dst: &dst,
+        encodes: encodes.as_deref(),
+        lists: (src_list, dst_list),
+        names: (
+            alike.as_ref().map(|a| &a.tensor),
+            dst_alike.as_ref().map(|b| &b.tensor),
+        ),
+    };
+    let result = assign_holders(pair, id, c, (side, me), s, out, held);
+    // the lists go back where they came from; a structure made from this tensor's own lists
+    // keeps them (the slot's old ones are the next tensor's)
+    let made = result?;
+    if let Some(saved) = made {
+        let k = &mut s.cache[saved];
+        match src_list {
+            Some(_) => k.src.clone_from(&src),
+            None => src = std::mem::replace(&mut k.src, src),
+        }
+        match dst_list {
+            Some(_) => k.dst.clone_from(&dst),
+            None => dst = std::mem::replace(&mut k.dst, dst),
+        }
+    }
+    match src_list {
+        Some(i) => s.classes.lists[i as usize] = src,
+        None => s.spare_src = src,
+    }
+    match dst_list {
+        Some(i) => s.classes.lists[i as usize] = dst,
+        None => s.spare_dst = dst,
+    }
+    Ok(())
+}
+
+/// A tensor's holders on both sides, as [`assign_holders`] takes them.
+struct Held<'a> {
+    src: &'a [Holder],
+    dst: &'a [Holder],
+    /// the FP8 encoding of each destination holder, if any is FP8
+    encodes: Option<&'a [Option<Encode>]>,
+    /// the kept lists ([`Classes`]) the holders are, if they are
+    lists: (Option<u32>, Option<u32>),
+    /// the local tensor each side's [`crate::layout::Alike`] class names, if it gave one
+    names: (Option<&'a Arc<str>>, Option<&'a Arc<str>>),
+}
+
+/// [`assign_tensor`] with the tensor's holders: returns the cache slot of a structure it made
+/// from these holders, whose own lists the caller sets.
+fn assign_holders(
+    pair: &Pair<'_>,
+    id: u32,
+    c: &CanonicalTensor,
+    (side, me): (Side, RankId),
+    s: &mut Scratch,
+    out: &mut super::Out,
+    held: Held<'_>,
+) -> Result<Option<usize>, PlanError> {
+    let Held {
+        src,
+        dst,
+        encodes,
+        lists,
+        names,
+    } = held;
+    // a pair of kept lists finds its structure directly while that slot holds it; any other
+    // pair of holders by a digest, then by comparing them
+    let kept = lists.0.zip(lists.1);
+    let mut hit = kept
+        .and_then(|k| s.classes.pairs.get(&k))
+        .filter(|e| s.cache[e.slot as usize].stamp == e.stamp)
+        .map(|e| e.slot as usize);
+    // (only a structure found or made by its holders needs their digest)
+    let key = if hit.is_none() {
+        holders_key(src, dst)
+    } else {
+        0
+    };
+    if hit.is_none() {
+        hit = s.by_key.get(&key).and_then(|slots| {
+            slots.iter().map(|&i| i as usize).find(|&i| {
+                let k = &s.cache[i];
+                same_holders(&k.src, src) && same_holders(&k.dst, dst)
+            })
+        });
     }
     let slot = match hit {
         Some(i) => i,
         None => {
-            structure(c, &src, &dst, side, me, s)?;
+            structure(c, src, dst, side, me, s)?;
             if s.cache.len() < CACHED {
                 s.cache.push(Saved::default());
                 s.keys.push(0);
@@ -414,17 +535,33 @@ pub(super) fn assign_tensor(
     };
     let mut saved = std::mem::take(&mut s.cache[slot]);
     if hit.is_none() {
-        // (a slot given to a new structure forgets what the old one emitted)
-        saved.emission = None;
+        s.stamps += 1;
+        saved.stamp = s.stamps;
     }
-    if let (Some(a), None, Some(em)) = (&alike, &encodes, &saved.emission)
-        && em.fits(&dst)
+    // what the rank emitted for this pair of kept lists, if anything (kept lists have no FP8
+    // destination)
+    let entry = kept.inspect(|&k| {
+        let e = s.classes.pairs.entry(k).or_insert(PairEntry {
+            slot: slot as u32,
+            stamp: saved.stamp,
+            emission: None,
+        });
+        if e.stamp != saved.stamp || e.slot != slot as u32 {
+            *e = PairEntry {
+                slot: slot as u32,
+                stamp: saved.stamp,
+                emission: None,
+            };
+        }
+    });
+    if let (Some(k), (Some(sname), Some(dname))) = (entry, names)
+        && let Some(em) = &s.classes.pairs[&k].emission
     {
         let base = s.ends.ends.len() as u32;
-        for (dh, e) in &em.ends {
+        for e in &em.ends {
             s.ends.push(Ends {
-                src_tensor: a.tensor.clone(),
-                dst_tensor: dst[*dh as usize].tensor.clone(),
+                src_tensor: sname.clone(),
+                dst_tensor: dname.clone(),
                 ..e.clone()
             });
         }
@@ -437,32 +574,34 @@ pub(super) fn assign_tensor(
             out.push(it);
         }
         s.cache[slot] = saved;
-        s.spare_dst = dst;
-        return Ok(());
+        return Ok(None);
     }
     if hit.is_some() {
         swap_structure(s, &mut saved);
     }
-    // what this tensor emits is kept for the next ones of its structure when they can take it
-    let mut record = (alike.is_some()
-        && encodes.is_none()
-        && saved.emission.is_none()
+    // what this tensor emits is kept for the next ones of its pair of kept lists when what it
+    // emits depends on them only
+    let mut record = (entry.is_some()
+        && names.0.is_some()
+        && names.1.is_some()
         && s.mine.iter().all(|&pi| {
             let c = s.pieces[pi as usize].cands;
             c.1 - c.0 == 1
         }))
     .then(|| Emission {
-        dst_geometry: Emission::geometry(&dst),
         ends: Vec::new(),
         pairs: Vec::new(),
         items: Vec::new(),
     });
     let mut no_wide = Vec::new();
     let ends_base = s.ends.ends.len() as u32;
-    // the source holders: this tensor's, or (alike) those the cached structure was built from,
-    // which name the tensor `alike` gives
-    let src_holders: &[Holder] = if built { &src } else { &saved.src };
-    let src_name = alike.as_ref().map(|a| &a.tensor);
+    // kept lists name the tensor of their class's first tensor: this one's names are its
+    // classes'
+    let (src_holders, dst_holders) = (src, dst);
+    let (src_name, dst_name) = (
+        names.0.filter(|_| lists.0.is_some()),
+        names.1.filter(|_| lists.1.is_some()),
+    );
     let flat = &s.flat;
     let sets = &s.sets;
 
@@ -585,10 +724,9 @@ pub(super) fn assign_tensor(
         }
         let sh = &src_holders[cand.holder as usize];
         let sname = src_name.unwrap_or(&sh.tensor);
-        let dh = &dst[p.dst_holder as usize];
-        let encode = encodes
-            .as_ref()
-            .and_then(|e| e[p.dst_holder as usize].clone());
+        let dh = &dst_holders[p.dst_holder as usize];
+        let dname = dst_name.unwrap_or(&dh.tensor);
+        let encode = encodes.and_then(|e| e[p.dst_holder as usize].clone());
         let ends = &mut s.ends;
         let record = &mut record;
         let mut send = |cell: &Region, encode: Option<Encode>| {
@@ -597,7 +735,7 @@ pub(super) fn assign_tensor(
                 _ => dh.dtype,
             };
             let made = ends.ends.len();
-            let at = ends.of((sname, sh), dh, dst_dtype, &encode);
+            let at = ends.of((sname, sh), (dname, dh), dst_dtype, &encode);
             let boxes = Boxes {
                 src_offset: local_at(sh, cell),
                 dst_offset: local_at(dh, cell),
@@ -605,7 +743,7 @@ pub(super) fn assign_tensor(
             };
             if let Some(r) = record {
                 if ends.ends.len() > made {
-                    r.ends.push((p.dst_holder, ends.ends[at as usize].clone()));
+                    r.ends.push(ends.ends[at as usize].clone());
                 }
                 let pair = (src_rank, p.dst_rank);
                 let k = match r.pairs.iter().rposition(|&q| q == pair) {
@@ -661,23 +799,17 @@ pub(super) fn assign_tensor(
     }
     // the structure goes (back) into its slot; the scratch keeps the slot's old buffers
     swap_structure(s, &mut saved);
-    if let Some(r) = record {
-        saved.emission = Some(Box::new(r));
+    if let (Some(r), Some(k)) = (record, entry) {
+        if let Some(e) = s.classes.pairs.get_mut(&k) {
+            e.emission = Some(Box::new(r));
+        }
     }
     if hit.is_none() {
         s.keys[slot] = key;
         s.by_key.entry(key).or_default().push(slot as u32);
-        saved.alike = alike.map(|a| a.key);
-        // (the slot's old holder lists, if any, are the next tensor's)
-        src = std::mem::replace(&mut saved.src, src);
-        dst = std::mem::replace(&mut saved.dst, dst);
     }
     s.cache[slot] = saved;
-    if built {
-        s.spare_src = src;
-    }
-    s.spare_dst = dst;
-    Ok(())
+    Ok(hit.is_none().then_some(slot))
 }
 
 /// Splits `cell` (a box of a canonical tensor, at `dst_offset` in an FP8 destination tensor of
@@ -789,16 +921,6 @@ fn sort_holders(hs: &mut [Holder]) {
             h.ranks.sort_unstable();
         }
     }
-}
-
-/// [`holders_key`] of a tensor whose training holders are those of an [`AlikeKey`] class: the
-/// class and the inference holders' digest.
-fn alike_holders_key(alike: &AlikeKey, dst: &[Holder]) -> u64 {
-    let mut k = holders_key(&[], dst) ^ 0xa11c_e000_0000_0001;
-    for &x in alike {
-        k = (k ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
-    }
-    k
 }
 
 /// A digest of part of what [`same_holders`] compares (the number of holders; the box, dtype
