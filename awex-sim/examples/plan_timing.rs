@@ -1,6 +1,10 @@
 //! Times the planner on one pair and prints every rank's fingerprint digest.
 //!
 //! `cargo run --release -p awex-sim --example plan_timing -- moe-1t megatron:tp=8,pp=8,dp=16,ep=32,etp=1 sglang:tp=16,ep=16,engines=8`
+//!
+//! Arguments: model, training spec, inference spec, repetitions, mode (`all`, `one`, `each`),
+//! the rank timed (`E/N`), and the threads a plan may take (`Pair::plan_rank_on`; default:
+//! what `Pair::plan_rank` takes).
 
 use awex_core::backend::side_layout;
 use awex_core::layout::{RankId, Side};
@@ -28,6 +32,12 @@ fn main() -> anyhow::Result<()> {
         Some((e, r)) => RankId::infer(e.parse()?, r.parse()?),
         None => anyhow::bail!("rank as E/N"),
     };
+    let threads: usize = match a.get(6) {
+        Some(t) => t.parse()?,
+        None => std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(awex_core::plan::PLAN_THREADS),
+    };
     let training = side_layout(Side::Training, &ts, &model)?;
     let inference = side_layout(Side::Inference, &is, &model)?;
     let pair = Pair {
@@ -42,7 +52,7 @@ fn main() -> anyhow::Result<()> {
     let mut made = 0;
     for _ in 0..reps {
         let t0 = Instant::now();
-        let p = pair.plan_rank(Side::Inference, rank)?;
+        let p = pair.plan_rank_on(Side::Inference, rank, threads)?;
         best = best.min(t0.elapsed().as_secs_f64() * 1e3);
         fp = p.fingerprint;
         // what a transport pays at connect: every transfer made as a `Transfer` value
@@ -70,7 +80,9 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    println!("infer:{rank} best of {reps}: {best:.2} ms, fingerprint {fp:016x}");
+    println!(
+        "infer:{rank} best of {reps}: {best:.2} ms on {threads} thread(s), fingerprint {fp:016x}"
+    );
     println!("  its {made} transfers made as Transfer values: best {make:.2} ms");
     if all {
         let mut h = xxhash_rust::xxh3::Xxh3::new();

@@ -268,3 +268,38 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
     assert_eq!(got, want);
     assert_eq!(ranks, want_ranks);
 }
+
+/// A plan large enough to fingerprint its peers on several threads is the plan of one thread:
+/// the same peers, transfers, bytes and fingerprints.
+#[test]
+fn a_plan_fingerprinted_on_several_threads_is_the_plan_of_one() {
+    let r = resolve(
+        "qwen3.5-35b-a3b",
+        "fsdp:dp=64,fused_experts=1",
+        "sglang:tp=8,ep=8",
+    );
+    let pair = r.pair();
+    let rank = RankId::infer(0, 0);
+    let one = pair.plan_rank_on(Side::Inference, rank, 1).unwrap();
+    assert!(
+        one.transfers() > awex_core::plan::THREADED_TRANSFERS,
+        "{} transfers: not a plan that threads",
+        one.transfers()
+    );
+    for threads in [2, 3, 7] {
+        let many = pair.plan_rank_on(Side::Inference, rank, threads).unwrap();
+        assert_eq!(many.fingerprint, one.fingerprint, "{threads} threads");
+        assert_eq!(many.peers.len(), one.peers.len());
+        for (a, b) in many.peers.iter().zip(&one.peers) {
+            assert_eq!(
+                (a.peer, a.bytes, a.fingerprint),
+                (b.peer, b.bytes, b.fingerprint)
+            );
+            assert_eq!(a.transfers.len(), b.transfers.len());
+        }
+    }
+    assert_eq!(
+        pair.plan_rank(Side::Inference, rank).unwrap().fingerprint,
+        one.fingerprint
+    );
+}

@@ -519,6 +519,62 @@ pub enum PlanError {
     },
 }
 
+/// The most threads [`Pair::plan_rank`] takes.
+pub const PLAN_THREADS: usize = 4;
+
+/// A plan of more transfers than this has its peers fingerprinted on several threads.
+pub const THREADED_TRANSFERS: usize = 16_384;
+
+/// Each peer's (fingerprint, bytes on the wire), in `lists`' order: on the calling thread, or
+/// for a plan of more than [`THREADED_TRANSFERS`] transfers in up to `threads` contiguous
+/// groups of peers of about as many transfers each.
+fn fingerprints(
+    store: &transfers::Store,
+    ends: &transfers::EndsBytes,
+    lists: &[PeerList],
+    threads: usize,
+) -> Vec<(u64, u64)> {
+    let one = |lists: &[PeerList]| {
+        let mut bytes = Vec::new();
+        lists
+            .iter()
+            .map(|l| {
+                bytes.clear();
+                let wire = store.hash_and_count(&l.order, ends, &mut bytes);
+                (xxhash_rust::xxh3::xxh3_64(&bytes), wire)
+            })
+            .collect::<Vec<_>>()
+    };
+    let total: usize = lists.iter().map(|l| l.order.len()).sum();
+    if threads <= 1 || total <= THREADED_TRANSFERS || lists.len() < 2 {
+        return one(lists);
+    }
+    // contiguous groups of about `total / threads` transfers each
+    let per = total.div_ceil(threads);
+    let mut groups = Vec::with_capacity(threads);
+    let (mut start, mut acc) = (0, 0);
+    for (i, l) in lists.iter().enumerate() {
+        acc += l.order.len();
+        if acc >= per && groups.len() + 1 < threads {
+            groups.push(&lists[start..=i]);
+            (start, acc) = (i + 1, 0);
+        }
+    }
+    if start < lists.len() {
+        groups.push(&lists[start..]);
+    }
+    std::thread::scope(|sc| {
+        let mut rest = groups.iter();
+        let first = rest.next().copied().unwrap_or(&[]);
+        let handles: Vec<_> = rest.map(|g| sc.spawn(|| one(g))).collect();
+        let mut out = one(first);
+        for h in handles {
+            out.extend(h.join().expect("a fingerprint thread panicked"));
+        }
+        out
+    })
+}
+
 /// The two sides of a pair and the model they share.
 pub struct Pair<'a> {
     /// Canonical catalogue of the model.
@@ -535,8 +591,22 @@ pub struct Pair<'a> {
 }
 
 impl Pair<'_> {
-    /// The plan of one rank, computed from that rank's own pieces only.
+    /// The plan of one rank, computed from that rank's own pieces only; a large plan's peers
+    /// are fingerprinted on up to [`PLAN_THREADS`] threads ([`Pair::plan_rank_on`]).
     pub fn plan_rank(&self, side: Side, rank: RankId) -> Result<RankPlan, PlanError> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.plan_rank_on(side, rank, threads.min(PLAN_THREADS))
+    }
+
+    /// [`Pair::plan_rank`] on at most `threads` threads (the same plan for any number): the
+    /// peers of a plan of more than [`THREADED_TRANSFERS`] transfers are fingerprinted in
+    /// `threads` groups at once, the rest on the calling thread.
+    pub fn plan_rank_on(
+        &self,
+        side: Side,
+        rank: RankId,
+        threads: usize,
+    ) -> Result<RankPlan, PlanError> {
         let layout = match side {
             Side::Training => self.training,
             Side::Inference => self.inference,
@@ -609,20 +679,17 @@ impl Pair<'_> {
         lists.sort_unstable_by_key(|l| l.peer);
         store.items.shrink_to_fit();
         let store = Arc::new(store);
+        let ends_bytes = transfers::EndsBytes::of(&store.ends);
+        let sums = fingerprints(&store, &ends_bytes, &lists, threads);
+        debug_assert_eq!(sums.len(), lists.len(), "a fingerprint per peer");
         let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
-        let mut bytes = Vec::new();
-        let ends_bytes = transfers::EndsBytes::of(&store.ends);
-        for PeerList { peer, order, .. } in lists {
-            let transfers = Transfers::from_parts(store.clone(), order);
-            bytes.clear();
-            let wire = transfers.hash_and_count(&ends_bytes, &mut bytes);
-            let fingerprint = xxhash_rust::xxh3::xxh3_64(&bytes);
+        for (PeerList { peer, order, .. }, (fingerprint, wire)) in lists.into_iter().zip(sums) {
             h.update(&fingerprint.to_le_bytes());
             peers.push(PeerPlan {
                 peer,
                 bytes: wire,
-                transfers,
+                transfers: Transfers::from_parts(store.clone(), order),
                 fingerprint,
             });
         }

@@ -190,6 +190,52 @@ pub(super) struct Store {
 }
 
 impl Store {
+    /// The fingerprint bytes of items `order` appended to `h`, as [`Transfer::hash_bytes`]
+    /// would write them, without making them (each transfer's ranks, its boxes and its ends'
+    /// bytes, `bytes`, made once for the store's ends), and their bytes on the wire.
+    pub(super) fn hash_and_count(&self, order: &[u32], bytes: &EndsBytes, h: &mut Vec<u8>) -> u64 {
+        let st = self;
+        let mut wire = 0u64;
+        for &i in order {
+            let it = &st.items[i as usize];
+            wire += st.bytes(it);
+            let (src_rank, dst_rank) = st.pairs[it.pair as usize];
+            for r in [src_rank, dst_rank] {
+                h.extend_from_slice(&r.engine.to_le_bytes());
+                h.extend_from_slice(&r.rank.to_le_bytes());
+            }
+            let [a, b, c, d] = bytes.parts(it.ends);
+            let put = |h: &mut Vec<u8>, v: &[u32]| {
+                for &x in v {
+                    h.extend_from_slice(&(x as u64).to_le_bytes());
+                }
+            };
+            if it.wide {
+                let w = &st.wide[it.src[0] as usize];
+                let put = |h: &mut Vec<u8>, v: &Dims| {
+                    for &x in v.as_slice() {
+                        h.extend_from_slice(&x.to_le_bytes());
+                    }
+                };
+                h.extend_from_slice(a);
+                put(h, &w.src_offset);
+                h.extend_from_slice(b);
+                put(h, &w.dst_offset);
+                h.extend_from_slice(c);
+                put(h, &w.extent);
+            } else {
+                h.extend_from_slice(a);
+                put(h, &it.src[..it.ns as usize]);
+                h.extend_from_slice(b);
+                put(h, &it.dst[..it.nd as usize]);
+                h.extend_from_slice(c);
+                put(h, &it.extent[..it.k as usize]);
+            }
+            h.extend_from_slice(d);
+        }
+        wire
+    }
+
     /// Bytes on the wire of an item ([`Transfer::bytes`]) without making it.
     fn bytes(&self, it: &Item) -> u64 {
         let e = &self.ends[it.ends as usize];
@@ -289,51 +335,7 @@ impl Transfers {
     /// ranks, its boxes and its ends' bytes (`bytes`, made once for the store's ends).
     #[cfg(test)]
     pub(super) fn hash_bytes(&self, bytes: &EndsBytes, h: &mut Vec<u8>) {
-        self.hash_and_count(bytes, h);
-    }
-
-    /// [`Transfers::hash_bytes`], and the bytes on the wire of all the transfers, in one pass.
-    pub(super) fn hash_and_count(&self, bytes: &EndsBytes, h: &mut Vec<u8>) -> u64 {
-        let st = &*self.store;
-        let mut wire = 0u64;
-        for &i in &self.order {
-            let it = &st.items[i as usize];
-            wire += st.bytes(it);
-            let (src_rank, dst_rank) = st.pairs[it.pair as usize];
-            for r in [src_rank, dst_rank] {
-                h.extend_from_slice(&r.engine.to_le_bytes());
-                h.extend_from_slice(&r.rank.to_le_bytes());
-            }
-            let [a, b, c, d] = bytes.parts(it.ends);
-            let put = |h: &mut Vec<u8>, v: &[u32]| {
-                for &x in v {
-                    h.extend_from_slice(&(x as u64).to_le_bytes());
-                }
-            };
-            if it.wide {
-                let w = &st.wide[it.src[0] as usize];
-                let put = |h: &mut Vec<u8>, v: &Dims| {
-                    for &x in v.as_slice() {
-                        h.extend_from_slice(&x.to_le_bytes());
-                    }
-                };
-                h.extend_from_slice(a);
-                put(h, &w.src_offset);
-                h.extend_from_slice(b);
-                put(h, &w.dst_offset);
-                h.extend_from_slice(c);
-                put(h, &w.extent);
-            } else {
-                h.extend_from_slice(a);
-                put(h, &it.src[..it.ns as usize]);
-                h.extend_from_slice(b);
-                put(h, &it.dst[..it.nd as usize]);
-                h.extend_from_slice(c);
-                put(h, &it.extent[..it.k as usize]);
-            }
-            h.extend_from_slice(d);
-        }
-        wire
+        self.store.hash_and_count(&self.order, bytes, h);
     }
 }
 
