@@ -79,8 +79,6 @@ pub(super) struct Scratch {
     spare_dst: Vec<Holder>,
     /// what the transfers between two local tensors share, for every transfer emitted
     ends: EndsTable,
-    /// a kept emission's peer numbers in this plan
-    peers: Vec<u32>,
     /// holder lists of alike classes
     classes: Classes,
     /// the last structure stamp given
@@ -162,10 +160,9 @@ impl EndsTable {
 struct Emission {
     /// its ends in the order they were made (their names are the tensor's)
     ends: Vec<Ends>,
-    /// its rank pairs, in the order they first come
-    pairs: Vec<(RankId, RankId)>,
-    /// its transfers in order, each with its index into `ends` and into `pairs` (none of
-    /// their boxes past 32 bits: a tensor with such a box is not kept)
+    /// its transfers in order, each with its index into `ends` and its peer's number in the
+    /// plan (a peer is numbered when its first transfer is emitted), none of their boxes past
+    /// 32 bits (a tensor with such a box is not kept)
     items: Vec<Item>,
 }
 
@@ -208,16 +205,6 @@ impl Scratch {
             std::mem::take(&mut self.ends.groups),
         )
     }
-}
-
-/// A transfer as it is emitted: its ranks, canonical tensor, boxes, and what it shares with
-/// other transfers between the same two local tensors (an index into the table of ends).
-pub(super) struct Emitted {
-    pub(super) src_rank: RankId,
-    pub(super) dst_rank: RankId,
-    pub(super) canonical: u32,
-    pub(super) ends: u32,
-    pub(super) boxes: Boxes,
 }
 
 /// Structures kept for tensors laid out alike. The tensors of a layer interleave many layouts
@@ -565,12 +552,9 @@ fn assign_holders(
                 ..e.clone()
             });
         }
-        s.peers.clear();
-        s.peers
-            .extend(em.pairs.iter().map(|&(src, dst)| out.peer_number(src, dst)));
         for it in &em.items {
             let mut it = *it;
-            (it.ends, it.canonical, it.pair) = (base + it.ends, id, s.peers[it.pair as usize]);
+            (it.ends, it.canonical) = (base + it.ends, id);
             out.push(it);
         }
         s.cache[slot] = saved;
@@ -590,7 +574,6 @@ fn assign_holders(
         }))
     .then(|| Emission {
         ends: Vec::new(),
-        pairs: Vec::new(),
         items: Vec::new(),
     });
     let mut no_wide = Vec::new();
@@ -741,32 +724,19 @@ fn assign_holders(
                 dst_offset: local_at(dh, cell),
                 extent: cell.extent,
             };
+            let peer = out.peer_number(src_rank, p.dst_rank);
             if let Some(r) = record {
                 if ends.ends.len() > made {
                     r.ends.push(ends.ends[at as usize].clone());
                 }
-                let pair = (src_rank, p.dst_rank);
-                let k = match r.pairs.iter().rposition(|&q| q == pair) {
-                    Some(k) => k,
-                    None => {
-                        r.pairs.push(pair);
-                        r.pairs.len() - 1
-                    }
-                };
-                let it = Item::new(at - ends_base, id, k as u32, &boxes, &mut no_wide);
+                let it = Item::new(at - ends_base, id, peer, &boxes, &mut no_wide);
                 if no_wide.is_empty() {
                     r.items.push(it);
                 } else {
                     *record = None;
                 }
             }
-            out.emit(Emitted {
-                src_rank,
-                dst_rank: p.dst_rank,
-                canonical: id,
-                ends: at,
-                boxes,
-            })
+            out.emit(peer, at, id, &boxes);
         };
         match encode {
             // the whole blocks of the box are quantised by its sender, the cut ones (at the

@@ -74,10 +74,9 @@ impl Out {
         }
     }
 
-    /// Adds a transfer.
-    fn emit(&mut self, t: assign::Emitted) {
-        let at = self.peer_number(t.src_rank, t.dst_rank);
-        let item = transfers::Item::new(t.ends, t.canonical, at, &t.boxes, &mut self.store.wide);
+    /// Adds a transfer to peer number `peer` ([`Out::peer_number`]).
+    fn emit(&mut self, peer: u32, ends: u32, canonical: u32, boxes: &transfers::Boxes) {
+        let item = transfers::Item::new(ends, canonical, peer, boxes, &mut self.store.wide);
         self.push(item);
     }
 
