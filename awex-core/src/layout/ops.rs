@@ -3,7 +3,7 @@
 use super::copy::{CopyError, Transpose, copy_box_transposed};
 use super::{Dims, ExplicitSide, Holder, LayoutError, Placement, RankLayout, Region, SideLayout};
 use crate::model::Catalogue;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 /// The local box a placement occupies: its region's extent, widened with leading 1s to the local rank.
 /// (transposed: the region's extent with its last two dims swapped, see [`Placement::transposed`]).
@@ -180,17 +180,18 @@ pub(crate) fn grid_cells(
     for d in 0..n {
         let lo = within.offset.get(d);
         let hi = lo + within.extent.get(d);
-        let mut c: BTreeSet<u64> = BTreeSet::new();
-        c.insert(lo);
-        c.insert(hi);
+        let mut c: Vec<u64> = Vec::with_capacity(2 * boxes.len() + 2);
+        c.extend([lo, hi]);
         for b in boxes {
             for v in [b.offset.get(d), b.offset.get(d) + b.extent.get(d)] {
                 if v > lo && v < hi {
-                    c.insert(v);
+                    c.push(v);
                 }
             }
         }
-        cuts.push(c.into_iter().collect());
+        c.sort_unstable();
+        c.dedup();
+        cuts.push(c);
     }
     let mut idx = vec![0usize; n];
     loop {

@@ -200,15 +200,22 @@ impl Store {
             let it = &st.items[i as usize];
             wire += st.bytes(it);
             let (src_rank, dst_rank) = st.pairs[it.pair as usize];
-            for r in [src_rank, dst_rank] {
-                h.extend_from_slice(&r.engine.to_le_bytes());
-                h.extend_from_slice(&r.rank.to_le_bytes());
+            let mut ranks = [0u8; 16];
+            for (at, x) in [src_rank.engine, src_rank.rank, dst_rank.engine, dst_rank.rank]
+                .into_iter()
+                .enumerate()
+            {
+                ranks[4 * at..4 * at + 4].copy_from_slice(&x.to_le_bytes());
             }
+            h.extend_from_slice(&ranks);
             let [a, b, c, d] = bytes.parts(it.ends);
+            // (a box's values as 64-bit words, written at once)
             let put = |h: &mut Vec<u8>, v: &[u32]| {
-                for &x in v {
-                    h.extend_from_slice(&(x as u64).to_le_bytes());
+                let mut w = [0u8; 8 * NARROW];
+                for (o, &x) in w.chunks_exact_mut(8).zip(v) {
+                    o.copy_from_slice(&(x as u64).to_le_bytes());
                 }
+                h.extend_from_slice(&w[..8 * v.len()]);
             };
             if it.wide {
                 let w = &st.wide[it.src[0] as usize];
