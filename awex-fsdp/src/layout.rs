@@ -754,6 +754,58 @@ impl SideLayout for FsdpLayout {
         out
     }
 
+    /// The canonical tensors of `rank`'s shards without building them (what
+    /// [`SideLayout::rank_layout`] places: every parameter whose shard on the rank is not
+    /// empty, every buffer, and with fused experts the experts of the rank's DP chunk).
+    fn for_each_canonical(&self, rank: RankId, f: &mut dyn FnMut(&str)) -> bool {
+        if rank.engine != 0 || u64::from(rank.rank) >= self.world() {
+            return false;
+        }
+        let (_, dp_rank, tp_rank) = self.coords(rank.rank);
+        let names = self.spec.names();
+        let held = |c: Canon| match self.param(c) {
+            Some((shape, split, _)) => {
+                is_buffer(&self.spec, c.part)
+                    || self.shard(shape, split, dp_rank, tp_rank).region.is_some()
+            }
+            None => false,
+        };
+        // (`whole`: an expert of a fused expert tensor, whose shard is the rank's whole chunk)
+        let mut put = |c: Canon, whole: bool| {
+            if (whole || held(c))
+                && let Some(name) = names.name(c)
+            {
+                f(&name);
+            }
+        };
+        /// Hands every part of a layer on, its experts expanded (with fused experts, those of
+        /// the rank's chunk, `(first, count)`).
+        struct Each<'a>(&'a mut dyn FnMut(Canon, bool), Option<(u64, u64)>);
+        impl Sink for Each<'_> {
+            fn part(&mut self, c: Canon, _: Dims) {
+                (self.0)(c, false);
+            }
+            fn experts(&mut self, l: u64, count: u64, parts: &[(Part, Dims)]) {
+                let (first, n) = self.1.unwrap_or((0, count));
+                for e in first..(first + n).min(count) {
+                    for (p, _) in parts {
+                        (self.0)(Canon::expert_at(*p, l, e), self.1.is_some());
+                    }
+                }
+            }
+        }
+        put(Canon::global(Part::Embed), false);
+        let s = &self.spec;
+        for l in 0..s.num_layers {
+            let fused = (self.fused_experts && s.is_moe_layer(l))
+                .then(|| chunk(s.num_experts(), u64::from(self.dp), u64::from(dp_rank)));
+            (s.architecture.family().layer)(s, l, &mut Each(&mut put, fused));
+        }
+        put(Canon::global(Part::FinalNorm), false);
+        put(Canon::global(Part::LmHead), false);
+        true
+    }
+
     /// From the tensor's geometry: its kind, shape, TP split and dtype (an expert of fused
     /// tensors: its part, DP rank and place there), the mesh being the layout's own.
     fn alike(&self, canonical: &str) -> Option<Alike> {

@@ -201,9 +201,14 @@ impl Store {
             wire += st.bytes(it);
             let (src_rank, dst_rank) = st.pairs[it.pair as usize];
             let mut ranks = [0u8; 16];
-            for (at, x) in [src_rank.engine, src_rank.rank, dst_rank.engine, dst_rank.rank]
-                .into_iter()
-                .enumerate()
+            for (at, x) in [
+                src_rank.engine,
+                src_rank.rank,
+                dst_rank.engine,
+                dst_rank.rank,
+            ]
+            .into_iter()
+            .enumerate()
             {
                 ranks[4 * at..4 * at + 4].copy_from_slice(&x.to_le_bytes());
             }
