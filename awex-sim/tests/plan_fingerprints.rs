@@ -269,10 +269,11 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
     assert_eq!(ranks, want_ranks);
 }
 
-/// A plan large enough to fingerprint its peers on several threads is the plan of one thread:
-/// the same peers, transfers, bytes and fingerprints.
+/// A plan large enough to be made on several threads (its tensors assigned in runs, its peers
+/// fingerprinted in groups) is the plan of one thread: the same peers, transfers, bytes and
+/// fingerprints.
 #[test]
-fn a_plan_fingerprinted_on_several_threads_is_the_plan_of_one() {
+fn a_plan_made_on_several_threads_is_the_plan_of_one() {
     let r = resolve(
         "qwen3.5-35b-a3b",
         "fsdp:dp=64,fused_experts=1",
@@ -286,6 +287,15 @@ fn a_plan_fingerprinted_on_several_threads_is_the_plan_of_one() {
         "{} transfers: not a plan that threads",
         one.transfers()
     );
+    let mut tensors = std::collections::BTreeSet::new();
+    r.inference.for_each_canonical(rank, &mut |c| {
+        tensors.insert(c.to_string());
+    });
+    assert!(
+        tensors.len() >= 2 * awex_core::plan::THREADED_TENSORS,
+        "{} tensors: not a rank that assigns in runs",
+        tensors.len()
+    );
     for threads in [2, 3, 7] {
         let many = pair.plan_rank_on(Side::Inference, rank, threads).unwrap();
         assert_eq!(many.fingerprint, one.fingerprint, "{threads} threads");
@@ -295,7 +305,12 @@ fn a_plan_fingerprinted_on_several_threads_is_the_plan_of_one() {
                 (a.peer, a.bytes, a.fingerprint),
                 (b.peer, b.bytes, b.fingerprint)
             );
-            assert_eq!(a.transfers.len(), b.transfers.len());
+            assert_eq!(
+                &a.transfers[..],
+                &b.transfers[..],
+                "{threads} threads: {}",
+                a.peer
+            );
         }
     }
     assert_eq!(
