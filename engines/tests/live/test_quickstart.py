@@ -92,7 +92,10 @@ def test_the_guide_runs_as_written() -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("VLLM_", "SGLANG_", "PYTHON")) and k not in ("AWEX_GATEWAY", "AWEX_PAIR", "AWEX_ENGINE",
                                                                        "AWEX_TOKEN", "VIRTUAL_ENV")}
-    env.update(GW_PORT=str(serve.free_port()), VLLM_PORT=str(serve.free_port()), SGLANG_PORT=str(serve.free_port()))
+    # (the guide's names, not VLLM_PORT / SGLANG_PORT: the engines read those from their
+    # environment as the first of their internal ports; on 2026-12-06 an SGLang rank's socket
+    # took the HTTP port that SGLANG_PORT named, "[Errno 98] address already in use")
+    env.update(GW_PORT=str(serve.free_port()), PORT_VLLM=str(serve.free_port()), PORT_SGLANG=str(serve.free_port()))
     err = tempfile.NamedTemporaryFile("w+", prefix="awex-quickstart-stderr-", suffix=".log", delete=False)
     p = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=serve.ROOT, env=env, stdout=subprocess.PIPE,
                          stderr=err, text=True, start_new_session=True)
