@@ -34,7 +34,7 @@ pub struct TcpConfig {
 /// awex's copy kernel (`AWEX_IPC_DRIVER_MIN_MIB`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DriverMin {
-    /// Copies of at least 4 MiB out of allocations of at most 4 GiB (measured on an H200; see
+    /// Copies of at least 16 MiB out of allocations of at most 4 GiB (measured on an H200; see
     /// the `cuda-ipc` transport).
     #[default]
     Auto,

@@ -78,8 +78,12 @@ const SPIN: std::time::Duration = std::time::Duration::from_millis(50);
 ///
 /// Measured on an H200 (`docs/benchmarks.md`, 2026-12-01): out of allocations of up to a few GB
 /// (PyTorch's per-tensor allocations) the driver's copy is about 6 % faster than the kernel on
-/// large blocks, so linear copies of at least [`DRIVER_MIN_BYTES`] go through it (smaller ones,
-/// such as qwen3-30b-a3b's 3 MiB experts, were slower through the driver); out of one very
+/// large blocks, so linear copies of at least [`DRIVER_MIN_BYTES`] go through it. Smaller ones
+/// are faster through the kernel when there are thousands of them (one tile kernel moves them
+/// all, while each driver copy is one node of the graph): qwen3-30b-a3b's 3 MiB experts, and a
+/// Qwen3.5-MoE shape's 5,400 4 MiB fp32 experts, 19.80 ms through the driver against 19.10 ms
+/// through the kernel (H100, 2026-12-06; 16 MiB is above every expert of the presets and
+/// below every tensor the driver won on). Out of one very
 /// large mapping (Megatron's contiguous buffer, 16 GB, opened through one legacy IPC handle)
 /// the driver reads about 25 % slower than local memory while the kernel, cut into pieces, does
 /// not, so the kernel keeps those. Spans of `cuMemMap` chunks (PyTorch's expandable segments)
@@ -98,7 +102,7 @@ fn driver_min(largest_allocation: u64, setting: DriverMin) -> Option<u64> {
 }
 
 /// The smallest linear copy [`driver_min`] sends through the driver by default.
-const DRIVER_MIN_BYTES: u64 = 4 << 20;
+const DRIVER_MIN_BYTES: u64 = 16 << 20;
 
 /// The largest source allocation [`driver_min`] sends through the driver by default.
 const DRIVER_MAX_ALLOCATION: u64 = 4 << 30;
@@ -1251,9 +1255,9 @@ mod tests {
 
     #[test]
     fn large_copies_go_through_the_driver_only_out_of_moderate_allocations() {
-        // PyTorch-sized allocations: copies of 4 MiB and more through the driver
-        assert_eq!(driver_min(1 << 30, DriverMin::Auto), Some(4 << 20));
-        assert_eq!(driver_min(4 << 30, DriverMin::Auto), Some(4 << 20));
+        // PyTorch-sized allocations: copies of 16 MiB and more through the driver
+        assert_eq!(driver_min(1 << 30, DriverMin::Auto), Some(16 << 20));
+        assert_eq!(driver_min(4 << 30, DriverMin::Auto), Some(16 << 20));
         // one huge mapping (Megatron's contiguous buffer): the kernel for every copy
         assert_eq!(driver_min((4 << 30) + 1, DriverMin::Auto), None);
         assert_eq!(driver_min(16 << 30, DriverMin::Auto), None);
