@@ -1,11 +1,65 @@
-//! The planner's output, pinned: fingerprints of chosen ranks of the 1T-parameter MoE pair and
-//! a digest over every rank of smaller pairs. A faster planner must plan exactly the same
+//! The planner's output, pinned: digests of chosen ranks of the 1T-parameter MoE pair and a
+//! digest over every rank of smaller pairs. A faster planner must plan exactly the same
 //! transfers; these values were taken before the planner's speed work.
+//!
+//! The pins are digests of the transfers themselves ([`content`]: every transfer made, in
+//! order, hashed as the plans' fingerprints hashed them until 2026-12-06), not the plans' own
+//! fingerprints, whose bytes may change without the plan changing.
 
 use awex_core::backend::side_layout;
 use awex_core::layout::{RankId, Side};
-use awex_core::plan::Pair;
+use awex_core::plan::{EncodeAt, Pair, RankPlan};
 use awex_core::{BackendSpec, Catalogue, ModelSpec};
+
+/// The digest of a rank's plan from its transfers: per peer, xxh3 over every transfer's bytes
+/// (ranks; each end's name, NUL, shape and offset, dtype; the extent; the transpose and
+/// encoding), then xxh3 over the peers' digests in order.
+fn content(plan: &RankPlan) -> u64 {
+    let mut all = xxhash_rust::xxh3::Xxh3::new();
+    let mut h: Vec<u8> = Vec::new();
+    for p in &plan.peers {
+        h.clear();
+        for t in p.transfers.iter() {
+            for r in [t.src_rank, t.dst_rank] {
+                h.extend_from_slice(&r.engine.to_le_bytes());
+                h.extend_from_slice(&r.rank.to_le_bytes());
+            }
+            for (name, shape, off, dt) in [
+                (&t.src_tensor, &t.src_shape, &t.src_offset, t.src_dtype),
+                (&t.dst_tensor, &t.dst_shape, &t.dst_offset, t.dst_dtype),
+            ] {
+                h.extend_from_slice(name.as_bytes());
+                h.push(0);
+                for d in shape.as_slice().iter().chain(off.as_slice()) {
+                    h.extend_from_slice(&d.to_le_bytes());
+                }
+                h.extend_from_slice(dt.as_str().as_bytes());
+            }
+            for d in t.extent.as_slice() {
+                h.extend_from_slice(&d.to_le_bytes());
+            }
+            if t.transposed {
+                h.extend_from_slice(b"transposed");
+            }
+            if let Some(e) = &t.encode {
+                h.extend_from_slice(b"fp8");
+                for b in e.encoding.block {
+                    h.extend_from_slice(&b.to_le_bytes());
+                }
+                h.push(match e.encoding.scale_format {
+                    awex_core::encoding::ScaleFormat::F32 => 0,
+                    awex_core::encoding::ScaleFormat::Ue8m0 => 1,
+                });
+                h.push(match e.at {
+                    EncodeAt::Receiver => 0,
+                    EncodeAt::Sender => 1,
+                });
+            }
+        }
+        all.update(&xxhash_rust::xxh3::xxh3_64(&h).to_le_bytes());
+    }
+    all.digest()
+}
 
 struct Resolved {
     cat: Catalogue,
@@ -35,7 +89,7 @@ impl Resolved {
         }
     }
 
-    /// xxh3 over every rank's fingerprint, training ranks then inference ranks.
+    /// xxh3 over every rank's [`content`], training ranks then inference ranks.
     fn digest(&self) -> u64 {
         let pair = self.pair();
         let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -44,7 +98,7 @@ impl Resolved {
             (Side::Inference, &self.inference),
         ] {
             for r in l.ranks() {
-                h.update(&pair.plan_rank(side, r).unwrap().fingerprint.to_le_bytes());
+                h.update(&content(&pair.plan_rank(side, r).unwrap()).to_le_bytes());
             }
         }
         h.digest()
@@ -72,7 +126,7 @@ fn moe_1t_fingerprints_are_pinned() {
     .map(|(s, rank)| {
         (
             format!("{}:{rank}", s.short()),
-            pair.plan_rank(s, rank).unwrap().fingerprint,
+            content(&pair.plan_rank(s, rank).unwrap()),
         )
     })
     .collect();
@@ -255,7 +309,7 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
         format!(
             "{}:{rank}: {:#018x}",
             s.short(),
-            pair.plan_rank(s, rank).unwrap().fingerprint
+            content(&pair.plan_rank(s, rank).unwrap())
         )
     })
     .collect();

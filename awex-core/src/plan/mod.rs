@@ -349,51 +349,57 @@ impl Transfer {
     }
 
     /// Appends the bytes the fingerprint hashes (hashing the concatenation of every transfer's
-    /// bytes in one call gives the same digest as feeding them piecewise). The planner writes
-    /// the same bytes from a plan's compact transfers ([`Transfers`]); this is the reference
-    /// its tests hold them to.
+    /// bytes in one call gives the same digest as feeding them piecewise): its ranks, the
+    /// digest of its ends ([`ends_digest`]: names, shapes, dtypes, transpose, encoding), and its
+    /// three boxes with their dims' counts. The planner writes the same bytes from a plan's
+    /// compact transfers ([`Transfers`]); this is the reference its tests hold them to.
     #[cfg(test)]
     fn hash_bytes(&self, h: &mut Vec<u8>) {
         for r in [self.src_rank, self.dst_rank] {
             h.extend_from_slice(&r.engine.to_le_bytes());
             h.extend_from_slice(&r.rank.to_le_bytes());
         }
-        for (name, shape, off, dt) in [
-            (
-                &self.src_tensor,
-                &self.src_shape,
-                &self.src_offset,
-                self.src_dtype,
-            ),
-            (
-                &self.dst_tensor,
-                &self.dst_shape,
-                &self.dst_offset,
-                self.dst_dtype,
-            ),
-        ] {
-            h.extend_from_slice(name.as_bytes());
-            h.push(0);
-            for d in shape.as_slice().iter().chain(off.as_slice()) {
-                h.extend_from_slice(&d.to_le_bytes());
+        let sum = ends_digest(
+            (&self.src_tensor, &self.src_shape, self.src_dtype),
+            (&self.dst_tensor, &self.dst_shape, self.dst_dtype),
+            self.transposed,
+            self.encode.as_ref(),
+        );
+        h.extend_from_slice(&sum.to_le_bytes());
+        let boxes = [&self.src_offset, &self.dst_offset, &self.extent];
+        h.extend(boxes.map(|d| d.ndim() as u8));
+        for d in boxes {
+            for x in d.as_slice() {
+                h.extend_from_slice(&x.to_le_bytes());
             }
-            h.extend_from_slice(dt.as_str().as_bytes());
         }
-        for d in self.extent.as_slice() {
-            h.extend_from_slice(&d.to_le_bytes());
-        }
-        hash_tail(h, self.transposed, self.encode.as_ref());
     }
 }
 
-/// The last bytes of a transfer's fingerprint bytes ([`Transfer::hash_bytes`]): its transpose
-/// and encoding, if any.
-fn hash_tail(h: &mut Vec<u8>, transposed: bool, encode: Option<&Encode>) {
-    // untransposed transfers hash nothing more (their fingerprints predate transposes)
+/// The digest of what a transfer's fingerprint bytes say of its two local tensors
+/// ([`Transfer::hash_bytes`]): each end's name, shape and dtype, then its transpose and
+/// encoding, if any. Transfers between the same two tensors share it, so a plan hashes it once
+/// per pair of tensors instead of once per transfer.
+pub(crate) fn ends_digest(
+    src: (&str, &Dims, DType),
+    dst: (&str, &Dims, DType),
+    transposed: bool,
+    encode: Option<&Encode>,
+) -> u64 {
+    let mut h = Vec::with_capacity(160);
+    for (name, shape, dt) in [src, dst] {
+        h.extend_from_slice(name.as_bytes());
+        h.push(0);
+        h.push(shape.ndim() as u8);
+        for d in shape.as_slice() {
+            h.extend_from_slice(&d.to_le_bytes());
+        }
+        h.extend_from_slice(dt.as_str().as_bytes());
+        h.push(0);
+    }
     if transposed {
         h.extend_from_slice(b"transposed");
     }
-    // plain transfers hash nothing more (their fingerprints predate encodings)
     if let Some(e) = encode {
         h.extend_from_slice(b"fp8");
         for b in e.encoding.block {
@@ -408,6 +414,7 @@ fn hash_tail(h: &mut Vec<u8>, transposed: bool, encode: Option<&Encode>) {
             EncodeAt::Sender => 1,
         });
     }
+    xxhash_rust::xxh3::xxh3_64(&h)
 }
 
 /// Every transfer between one rank and one peer, in the order both ends execute them.
@@ -560,7 +567,7 @@ struct Run {
 /// groups of peers of about as many transfers each.
 fn fingerprints(
     store: &transfers::Store,
-    ends: &transfers::EndsBytes,
+    ends: &transfers::EndsSums,
     lists: &[PeerList],
     threads: usize,
 ) -> Vec<(u64, u64)> {
@@ -755,7 +762,7 @@ impl Pair<'_> {
         lists.sort_unstable_by_key(|l| l.peer);
         store.items.shrink_to_fit();
         let store = Arc::new(store);
-        let ends_bytes = transfers::EndsBytes::of(&store.ends);
+        let ends_bytes = transfers::EndsSums::of(&store.ends);
         let sums = fingerprints(&store, &ends_bytes, &lists, threads);
         debug_assert_eq!(sums.len(), lists.len(), "a fingerprint per peer");
         let mut peers = Vec::with_capacity(lists.len());

@@ -201,16 +201,19 @@ pub(super) struct Store {
 
 impl Store {
     /// The fingerprint bytes of items `order` appended to `h`, as [`Transfer::hash_bytes`]
-    /// would write them, without making them (each transfer's ranks, its boxes and its ends'
-    /// bytes, `bytes`, made once for the store's ends), and their bytes on the wire.
-    pub(super) fn hash_and_count(&self, order: &[u32], bytes: &EndsBytes, h: &mut Vec<u8>) -> u64 {
+    /// would write them, without making them (each transfer's ranks, its ends' digest from
+    /// `sums`, made once for the store's ends, and its boxes), and their bytes on the wire.
+    pub(super) fn hash_and_count(&self, order: &[u32], sums: &EndsSums, h: &mut Vec<u8>) -> u64 {
         let st = self;
         let mut wire = 0u64;
+        // one transfer's bytes, written at once: ranks, ends' digest, three dims' counts, boxes
+        const HEAD: usize = 16 + 8 + 3;
+        let mut rec = [0u8; HEAD + 8 * 3 * NARROW];
+        h.reserve(order.len() * (HEAD + 8 * 2 * NARROW));
         for &i in order {
             let it = &st.items[i as usize];
             wire += st.bytes(it);
             let (src_rank, dst_rank) = st.pairs[it.pair as usize];
-            let mut ranks = [0u8; 16];
             for (at, x) in [
                 src_rank.engine,
                 src_rank.rank,
@@ -220,40 +223,36 @@ impl Store {
             .into_iter()
             .enumerate()
             {
-                ranks[4 * at..4 * at + 4].copy_from_slice(&x.to_le_bytes());
+                rec[4 * at..4 * at + 4].copy_from_slice(&x.to_le_bytes());
             }
-            h.extend_from_slice(&ranks);
-            let [a, b, c, d] = bytes.parts(it.ends);
-            // (a box's values as 64-bit words, written at once)
-            let put = |h: &mut Vec<u8>, v: &[u32]| {
-                let mut w = [0u8; 8 * NARROW];
-                for (o, &x) in w.chunks_exact_mut(8).zip(v) {
-                    o.copy_from_slice(&(x as u64).to_le_bytes());
-                }
-                h.extend_from_slice(&w[..8 * v.len()]);
-            };
+            rec[16..24].copy_from_slice(&sums.0[it.ends as usize].to_le_bytes());
             if it.wide {
                 let w = &st.wide[it.src[0] as usize];
-                let put = |h: &mut Vec<u8>, v: &Dims| {
-                    for &x in v.as_slice() {
+                let boxes = [&w.src_offset, &w.dst_offset, &w.extent];
+                for (c, d) in rec[24..HEAD].iter_mut().zip(boxes) {
+                    *c = d.ndim() as u8;
+                }
+                h.extend_from_slice(&rec[..HEAD]);
+                for d in boxes {
+                    for &x in d.as_slice() {
                         h.extend_from_slice(&x.to_le_bytes());
                     }
-                };
-                h.extend_from_slice(a);
-                put(h, &w.src_offset);
-                h.extend_from_slice(b);
-                put(h, &w.dst_offset);
-                h.extend_from_slice(c);
-                put(h, &w.extent);
+                }
             } else {
-                h.extend_from_slice(a);
-                put(h, &it.src[..it.ns as usize]);
-                h.extend_from_slice(b);
-                put(h, &it.dst[..it.nd as usize]);
-                h.extend_from_slice(c);
-                put(h, &it.extent[..it.k as usize]);
+                rec[24..HEAD].copy_from_slice(&[it.ns, it.nd, it.k]);
+                let mut n = HEAD;
+                for v in [
+                    &it.src[..it.ns as usize],
+                    &it.dst[..it.nd as usize],
+                    &it.extent[..it.k as usize],
+                ] {
+                    for &x in v {
+                        rec[n..n + 8].copy_from_slice(&(x as u64).to_le_bytes());
+                        n += 8;
+                    }
+                }
+                h.extend_from_slice(&rec[..n]);
             }
-            h.extend_from_slice(d);
         }
         wire
     }
@@ -354,59 +353,31 @@ impl Transfers {
 
     /// Appends the bytes the fingerprint hashes of every transfer, in order, as
     /// [`Transfer::hash_bytes`] would, without making them: each transfer's bytes are its
-    /// ranks, its boxes and its ends' bytes (`bytes`, made once for the store's ends).
+    /// ranks, its ends' digest (`sums`, made once for the store's ends) and its boxes.
     #[cfg(test)]
-    pub(super) fn hash_bytes(&self, bytes: &EndsBytes, h: &mut Vec<u8>) {
-        self.store.hash_and_count(&self.order, bytes, h);
+    pub(super) fn hash_bytes(&self, sums: &EndsSums, h: &mut Vec<u8>) {
+        self.store.hash_and_count(&self.order, sums, h);
     }
 }
 
-/// The fixed bytes of each ends of a store in a transfer's fingerprint bytes
-/// ([`Transfer::hash_bytes`]), in four parts around the transfer's boxes: source name and shape;
-/// source dtype, destination name and shape; destination dtype; the transpose and encoding.
-pub(super) struct EndsBytes {
-    bytes: Vec<u8>,
-    /// per ends: where its parts start in `bytes`, and where each ends
-    at: Vec<[u32; 5]>,
-}
+/// The digest of each ends of a store in its transfers' fingerprint bytes
+/// ([`super::ends_digest`]).
+pub(super) struct EndsSums(Vec<u64>);
 
-impl EndsBytes {
-    pub(super) fn of(ends: &[Ends]) -> EndsBytes {
-        let mut bytes = Vec::new();
-        let mut at = Vec::with_capacity(ends.len());
-        let shape = |h: &mut Vec<u8>, d: &Dims| {
-            for &x in d.as_slice() {
-                h.extend_from_slice(&x.to_le_bytes());
-            }
-        };
-        for e in ends {
-            let mut p = [bytes.len() as u32; 5];
-            bytes.extend_from_slice(e.src_tensor.as_bytes());
-            bytes.push(0);
-            shape(&mut bytes, &e.src_shape);
-            p[1] = bytes.len() as u32;
-            bytes.extend_from_slice(e.src_dtype.as_str().as_bytes());
-            bytes.extend_from_slice(e.dst_tensor.as_bytes());
-            bytes.push(0);
-            shape(&mut bytes, &e.dst_shape);
-            p[2] = bytes.len() as u32;
-            bytes.extend_from_slice(e.dst_dtype.as_str().as_bytes());
-            p[3] = bytes.len() as u32;
-            super::hash_tail(&mut bytes, e.transposed, e.encode.as_ref());
-            p[4] = bytes.len() as u32;
-            at.push(p);
-        }
-        EndsBytes { bytes, at }
-    }
-
-    fn parts(&self, ends: u32) -> [&[u8]; 4] {
-        let p = self.at[ends as usize].map(|x| x as usize);
-        [
-            &self.bytes[p[0]..p[1]],
-            &self.bytes[p[1]..p[2]],
-            &self.bytes[p[2]..p[3]],
-            &self.bytes[p[3]..p[4]],
-        ]
+impl EndsSums {
+    pub(super) fn of(ends: &[Ends]) -> EndsSums {
+        EndsSums(
+            ends.iter()
+                .map(|e| {
+                    super::ends_digest(
+                        (&e.src_tensor, &e.src_shape, e.src_dtype),
+                        (&e.dst_tensor, &e.dst_shape, e.dst_dtype),
+                        e.transposed,
+                        e.encode.as_ref(),
+                    )
+                })
+                .collect(),
+        )
     }
 }
 
@@ -617,7 +588,7 @@ mod tests {
         for t in &ts {
             t.hash_bytes(&mut want);
         }
-        kept.hash_bytes(&EndsBytes::of(&kept.store.ends), &mut got);
+        kept.hash_bytes(&EndsSums::of(&kept.store.ends), &mut got);
         assert_eq!(got, want);
         // serialised as the list of its transfers, and read back
         let json = serde_json::to_string(&kept).unwrap();
@@ -670,7 +641,7 @@ mod tests {
                     t.hash_bytes(&mut want);
                 }
                 p.transfers
-                    .hash_bytes(&EndsBytes::of(&p.transfers.store.ends), &mut got);
+                    .hash_bytes(&EndsSums::of(&p.transfers.store.ends), &mut got);
                 assert_eq!(got, want);
                 assert_eq!(
                     p.transfers.iter_owned().collect::<Vec<_>>(),
