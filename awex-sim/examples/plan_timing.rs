@@ -50,10 +50,13 @@ fn main() -> anyhow::Result<()> {
     let mut make = f64::MAX;
     let mut fp = 0;
     let mut made = 0;
+    let mut faults = Vec::new();
     for _ in 0..reps {
+        let f0 = minor_faults();
         let t0 = Instant::now();
         let p = pair.plan_rank_on(Side::Inference, rank, threads)?;
         best = best.min(t0.elapsed().as_secs_f64() * 1e3);
+        faults.push(minor_faults().zip(f0).map(|(a, b)| a - b));
         fp = p.fingerprint;
         // what a transport pays at connect: every transfer made as a `Transfer` value
         let t1 = Instant::now();
@@ -84,6 +87,17 @@ fn main() -> anyhow::Result<()> {
         "infer:{rank} best of {reps}: {best:.2} ms on {threads} thread(s), fingerprint {fp:016x}"
     );
     println!("  its {made} transfers made as Transfer values: best {make:.2} ms");
+    // (a page touched for the first time costs a fault: microseconds in a VM)
+    if let Some(f) = faults
+        .iter()
+        .map(|f| f.map(|n| n.to_string()))
+        .collect::<Option<Vec<_>>>()
+    {
+        println!(
+            "  minor page faults while planning, per repetition: {}",
+            f.join(" ")
+        );
+    }
     if all {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let t0 = Instant::now();
@@ -100,4 +114,16 @@ fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The process's minor page faults so far (`/proc/self/stat`, Linux; `None` elsewhere).
+fn minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // the fields after the command name (which may hold spaces), from field 3; minflt is 10
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(7)?
+        .parse()
+        .ok()
 }

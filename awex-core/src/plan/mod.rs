@@ -571,42 +571,65 @@ fn fingerprints(
     lists: &[PeerList],
     threads: usize,
 ) -> Vec<(u64, u64)> {
-    let one = |lists: &[PeerList]| {
-        let mut bytes = Vec::new();
-        lists
-            .iter()
-            .map(|l| {
-                bytes.clear();
-                let wire = store.hash_and_count(&l.order, ends, &mut bytes);
-                (xxhash_rust::xxh3::xxh3_64(&bytes), wire)
-            })
-            .collect::<Vec<_>>()
-    };
     let total: usize = lists.iter().map(|l| l.order.len()).sum();
-    if threads <= 1 || total <= THREADED_TRANSFERS || lists.len() < 2 {
-        return one(lists);
+    in_groups(
+        lists.iter().collect(),
+        if total > THREADED_TRANSFERS {
+            threads
+        } else {
+            1
+        },
+        |l| l.order.len(),
+        Vec::new,
+        |bytes, l| {
+            bytes.clear();
+            let wire = store.hash_and_count(&l.order, ends, bytes);
+            (xxhash_rust::xxh3::xxh3_64(bytes), wire)
+        },
+    )
+}
+
+/// Runs `f` on every job, on up to `threads` threads: the jobs cut into contiguous groups of
+/// about equal `weight`, the first group on the calling thread, each group with its own
+/// `state`. The results come in the jobs' order, so they do not depend on the threads.
+fn in_groups<J: Send, S, R: Send>(
+    jobs: Vec<J>,
+    threads: usize,
+    weight: impl Fn(&J) -> usize,
+    state: impl Fn() -> S + Sync,
+    f: impl Fn(&mut S, J) -> R + Sync,
+) -> Vec<R> {
+    let run = |group: Vec<J>| {
+        let mut s = state();
+        group.into_iter().map(|j| f(&mut s, j)).collect::<Vec<R>>()
+    };
+    if threads <= 1 || jobs.len() < 2 {
+        return run(jobs);
     }
-    // contiguous groups of about `total / threads` transfers each
-    let per = total.div_ceil(threads);
-    let mut groups = Vec::with_capacity(threads);
-    let (mut start, mut acc) = (0, 0);
-    for (i, l) in lists.iter().enumerate() {
-        acc += l.order.len();
-        if acc >= per && groups.len() + 1 < threads {
-            groups.push(&lists[start..=i]);
-            (start, acc) = (i + 1, 0);
+    let per = jobs
+        .iter()
+        .map(&weight)
+        .sum::<usize>()
+        .div_ceil(threads)
+        .max(1);
+    let mut groups: Vec<Vec<J>> = vec![Vec::new()];
+    let mut acc = 0;
+    for j in jobs {
+        acc += weight(&j);
+        groups.last_mut().expect("a group").push(j);
+        if acc >= per && groups.len() < threads {
+            groups.push(Vec::new());
+            acc = 0;
         }
     }
-    if start < lists.len() {
-        groups.push(&lists[start..]);
-    }
+    let run = &run;
     std::thread::scope(|sc| {
-        let mut rest = groups.iter();
-        let first = rest.next().copied().unwrap_or(&[]);
-        let handles: Vec<_> = rest.map(|g| sc.spawn(|| one(g))).collect();
-        let mut out = one(first);
+        let mut rest = groups.into_iter();
+        let first = rest.next().unwrap_or_default();
+        let handles: Vec<_> = rest.map(|g| sc.spawn(move || run(g))).collect();
+        let mut out = run(first);
         for h in handles {
-            out.extend(h.join().expect("a fingerprint thread panicked"));
+            out.extend(h.join().expect("a planning thread panicked"));
         }
         out
     })
@@ -707,23 +730,12 @@ impl Pair<'_> {
             let (ends, groups) = scratch.take_ends();
             Ok(Run { out, ends, groups })
         };
-        let mut done = if runs <= 1 {
-            vec![assign_run(&ids)]
+        let chunks: Vec<&[u32]> = if runs <= 1 {
+            vec![&ids]
         } else {
-            std::thread::scope(|sc| {
-                let mut chunks = ids.chunks(per);
-                let first = chunks.next().unwrap_or(&[]);
-                let handles: Vec<_> = chunks.map(|c| sc.spawn(move || assign_run(c))).collect();
-                let mut all = vec![assign_run(first)];
-                all.extend(
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().expect("a planning thread panicked")),
-                );
-                all
-            })
-        }
-        .into_iter();
+            ids.chunks(per).collect()
+        };
+        let mut done = in_groups(chunks, runs, |_| 1, || (), |_, c| assign_run(c)).into_iter();
         // (the first error in tensor order is the one a single run meets)
         let Run {
             mut out,
