@@ -1,6 +1,6 @@
 //! Merging adjacent transfers between the same two tensors into one contiguous box, and ordering them.
 
-use super::transfers::{Boxes, Ends, Item, Store};
+use super::transfers::{Boxes, Ends, Item};
 use crate::layout::Dims;
 use crate::model::NameHasher;
 use std::cmp::Ordering;
@@ -101,7 +101,7 @@ impl NameNumbers {
     }
 }
 
-/// Coalescing the peers of one plan: transfers merge when they connect the same two local
+/// Coalescing the peers of one plan (one `Groups` per thread): transfers merge when they connect the same two local
 /// tensors and their boxes are adjacent along one dim in both tensors (e.g. q, k and v rows
 /// that are contiguous on both sides).
 ///
@@ -112,14 +112,14 @@ impl NameNumbers {
 /// order), each merged into the one before it where adjacent, until a round merges nothing.
 /// Then the peer's transfers are put in execution order: canonical tensor, destination tensor
 /// (by name), destination offset, source tensor, source offset.
-pub(super) struct Groups {
+pub(super) struct Groups<'a> {
     /// per ends: its group, the number of its pair of tensor names ([`NameNumbers`] of each)
-    gid: Vec<u32>,
+    gid: &'a [u32],
     /// per name pair: the last peer (by `epoch`) with a transfer in it, and how many it had
     stamp: Vec<u32>,
     count: Vec<u32>,
     epoch: u32,
-    /// per item of the store: merged into another
+    /// per item of the peer: merged into another
     dead: Vec<bool>,
     /// the peer's transfers in name pairs of more than one: (name pair, box dims, item)
     multi: Vec<(u32, u8, u32)>,
@@ -140,17 +140,16 @@ struct Key {
     canonical: u32,
 }
 
-impl Groups {
-    /// The groups of a plan's transfers: `gid` the group of each ends, `items` how many
-    /// transfers the store holds.
-    pub(super) fn new(gid: Vec<u32>, items: usize) -> Groups {
+impl<'a> Groups<'a> {
+    /// The groups of a plan's transfers: `gid` the group of each ends.
+    pub(super) fn new(gid: &'a [u32]) -> Groups<'a> {
         let groups = gid.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
         Groups {
             gid,
             stamp: vec![0; groups],
             count: vec![0; groups],
             epoch: 0,
-            dead: vec![false; items],
+            dead: Vec::new(),
             multi: Vec::new(),
             run: Vec::new(),
             out: Vec::new(),
@@ -158,16 +157,22 @@ impl Groups {
         }
     }
 
-    /// Coalesces one peer's transfers (`order`: their items in `store`, in emission order; a
-    /// merged transfer grows in place and the one merged into it leaves `order`) and puts
-    /// them in execution order.
+    /// Coalesces one peer's transfers (`order`: their indices in `items`, the peer's items, in
+    /// emission order; a merged transfer grows in place and the one merged into it leaves
+    /// `order`) and puts them in execution order. `ends` and `wide` are the store's tables; a
+    /// peer none of whose items is wide, nor can become wide by merging, may be given any
+    /// `wide` (it is neither read nor written).
     #[inline(never)]
-    pub(super) fn coalesce(&mut self, order: &mut Vec<u32>, store: &mut Store) {
-        let Store {
-            ends, items, wide, ..
-        } = store;
-        // what grouping and ordering compare first, read once: a peer's items are spread
-        // over the store among every other peer's
+    pub(super) fn coalesce(
+        &mut self,
+        order: &mut Vec<u32>,
+        items: &mut [Item],
+        ends: &[Ends],
+        wide: &mut Vec<Boxes>,
+    ) {
+        self.dead.clear();
+        self.dead.resize(items.len(), false);
+        // what grouping and ordering compare first, read once
         self.keys.clear();
         self.keys.extend(order.iter().map(|&i| {
             let it = &items[i as usize];

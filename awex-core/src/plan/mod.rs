@@ -589,6 +589,30 @@ fn fingerprints(
     )
 }
 
+/// Coalesces a peer's transfers ([`coalesce::Groups::coalesce`]) on `copy`, a copy of its
+/// items (`items` in `l.order`), and puts `l.order` in execution order; returns the items that
+/// merges grew, with their indices in `items`.
+fn coalesce_copy(
+    g: &mut coalesce::Groups,
+    l: &mut PeerList,
+    copy: &mut [transfers::Item],
+    items: &[transfers::Item],
+    ends: &[transfers::Ends],
+    wide: &mut Vec<transfers::Boxes>,
+) -> Vec<(u32, transfers::Item)> {
+    let mut order: Vec<u32> = (0..copy.len() as u32).collect();
+    g.coalesce(&mut order, copy, ends, wide);
+    let mut grown = Vec::new();
+    let at: Vec<u32> = order.iter().map(|&j| l.order[j as usize]).collect();
+    for (&j, &i) in order.iter().zip(&at) {
+        if copy[j as usize] != items[i as usize] {
+            grown.push((i, copy[j as usize]));
+        }
+    }
+    l.order = at;
+    grown
+}
+
 /// Runs `f` on every job, on up to `threads` threads: the jobs cut into contiguous groups of
 /// about equal `weight`, the first group on the calling thread, each group with its own
 /// `state`. The results come in the jobs' order, so they do not depend on the threads.
@@ -764,10 +788,51 @@ impl Pair<'_> {
         for (i, it) in store.items.iter().enumerate() {
             lists[it.pair as usize].order.push(i as u32);
         }
-        // every peer's transfers coalesced and put in execution order
-        let mut groups = coalesce::Groups::new(groups_of_ends, store.items.len());
-        for l in &mut lists {
-            groups.coalesce(&mut l.order, &mut store);
+        // every peer's transfers coalesced and put in execution order, each peer's on a copy
+        // of its items: on threads, the peers whose transfers stay narrow (none of their
+        // merges adds a box to the store's wide ones: `Item::stay_narrow`), then the others,
+        // one after another; the items that merges grew are then written back
+        let total = store.items.len();
+        let transfers::Store {
+            ends, items, wide, ..
+        } = &mut store;
+        let done = {
+            let (ends, items): (&[transfers::Ends], &[transfers::Item]) = (ends, items);
+            in_groups(
+                lists.iter_mut().collect(),
+                if total > THREADED_TRANSFERS {
+                    threads
+                } else {
+                    1
+                },
+                |l| l.order.len(),
+                || (coalesce::Groups::new(&groups_of_ends), Vec::new()),
+                |(g, copy), l| {
+                    copy.clear();
+                    copy.extend(l.order.iter().map(|&i| items[i as usize]));
+                    transfers::Item::stay_narrow(copy).then(|| {
+                        let mut none = Vec::new();
+                        let grown = coalesce_copy(g, l, copy, items, ends, &mut none);
+                        debug_assert!(none.is_empty(), "a narrow peer's merges stay narrow");
+                        grown
+                    })
+                },
+            )
+        };
+        let mut g = coalesce::Groups::new(&groups_of_ends);
+        let mut copy = Vec::new();
+        for (l, grown) in lists.iter_mut().zip(done) {
+            let grown = match grown {
+                Some(grown) => grown,
+                None => {
+                    copy.clear();
+                    copy.extend(l.order.iter().map(|&i| items[i as usize]));
+                    coalesce_copy(&mut g, l, &mut copy, items, ends, wide)
+                }
+            };
+            for (i, it) in grown {
+                items[i as usize] = it;
+            }
         }
         // peers in order, with their fingerprints and bytes (the store keeps no room it was
         // given and did not use)

@@ -135,6 +135,21 @@ impl Item {
         it
     }
 
+    /// Whether no item of `items` is wide and none would become wide merged with others: a
+    /// merged extent is at most the sum of their extents along its dim.
+    pub(super) fn stay_narrow(items: &[Item]) -> bool {
+        let mut sum = [0u64; NARROW];
+        for it in items {
+            if it.wide {
+                return false;
+            }
+            for (s, &e) in sum.iter_mut().zip(&it.extent[..it.k as usize]) {
+                *s += u64::from(e);
+            }
+        }
+        sum.iter().all(|&s| s <= u64::from(u32::MAX))
+    }
+
     /// The item as it is in a store whose ends, and whose boxes kept whole, come after
     /// `ends` and `wide` others, its peer numbered `pair`.
     pub(super) fn rebase(&mut self, ends: u32, pair: u32, wide: u32) {
@@ -479,6 +494,85 @@ mod tests {
     use crate::layout::Side;
     use crate::plan::{EncodeAt, Pair};
     use crate::synthetic::{SyntheticSide, TensorSplit, catalogue};
+
+    #[test]
+    fn items_stay_narrow_only_while_no_merge_of_them_can_pass_32_bits() {
+        let mut wide = Vec::new();
+        let item = |rows: u64, cols: u64, wide: &mut Vec<Boxes>| {
+            let b = Boxes {
+                src_offset: Dims::new(&[0, 0]),
+                dst_offset: Dims::new(&[0, 0]),
+                extent: Dims::new(&[rows, cols]),
+            };
+            Item::new(0, 0, 0, &b, wide)
+        };
+        let half = u64::from(u32::MAX / 2);
+        let two = [item(half, 8, &mut wide), item(half, 8, &mut wide)];
+        assert!(wide.is_empty());
+        assert!(Item::stay_narrow(&two));
+        // a third such row block could merge past 32 bits along dim 0
+        let three = [two[0], two[1], item(2, 8, &mut wide)];
+        assert!(!Item::stay_narrow(&three));
+        // a wide item never stays narrow
+        let big = item(u64::from(u32::MAX) + 1, 1, &mut wide);
+        assert_eq!(wide.len(), 1);
+        assert!(!Item::stay_narrow(&[two[0], big]));
+        assert!(Item::stay_narrow(&[]));
+    }
+
+    #[test]
+    fn transfers_that_merge_past_32_bits_are_kept_wide() {
+        // two canonical tensors of 2^31 rows stacked into one local tensor on both sides: their
+        // two transfers merge into one of 2^32 rows, which only a wide box holds
+        let rows = 1u64 << 31;
+        let cat = catalogue(&[vec![rows, 1], vec![rows, 1]]);
+        let side = |side| SyntheticSide {
+            side,
+            engines: 1,
+            replicas: 1,
+            shards: 1,
+            splits: (0..2)
+                .map(|_| TensorSplit {
+                    dim: 0,
+                    cuts: Vec::new(),
+                    pad: 0,
+                })
+                .collect(),
+            dtype: DType::Bf16,
+            fuse: true,
+        };
+        let (train, infer) = (
+            side(Side::Training).build(&cat),
+            side(Side::Inference).build(&cat),
+        );
+        let pair = Pair {
+            catalogue: &cat,
+            training: &train,
+            inference: &infer,
+            encode_on_sender: false,
+        };
+        for (s, rank) in [
+            (Side::Training, RankId::train(0)),
+            (Side::Inference, RankId::infer(0, 0)),
+        ] {
+            let plan = pair.plan_rank(s, rank).unwrap();
+            assert_eq!(plan.peers.len(), 1);
+            let ts = &plan.peers[0].transfers;
+            assert_eq!(ts.len(), 1, "{s:?}: {:?}", &ts[..]);
+            let t = &ts[0];
+            assert_eq!(t.extent, Dims::new(&[2 * rows, 1]));
+            assert_eq!(
+                (t.src_offset, t.dst_offset),
+                (Dims::new(&[0, 0]), Dims::new(&[0, 0]))
+            );
+            assert_eq!(t.canonical, 0);
+            assert_eq!(plan.peers[0].bytes, 2 * rows * 2);
+            let (mut want, mut got) = (Vec::new(), Vec::new());
+            t.hash_bytes(&mut want);
+            ts.hash_bytes(&EndsSums::of(&ts.store.ends), &mut got);
+            assert_eq!(got, want);
+        }
+    }
 
     fn transfer(i: u64, dims: &[u64], at: u64, encode: Option<Encode>) -> Transfer {
         let n = dims.len();
