@@ -323,9 +323,8 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
     assert_eq!(ranks, want_ranks);
 }
 
-/// A plan large enough to be made on several threads (its tensors assigned in runs, its peers
-/// fingerprinted in groups) is the plan of one thread: the same peers, transfers, bytes and
-/// fingerprints.
+/// A plan large enough to be made on several threads (its peers coalesced and fingerprinted in
+/// groups) is the plan of one thread: the same peers, transfers, bytes and fingerprints.
 #[test]
 fn a_plan_made_on_several_threads_is_the_plan_of_one() {
     let r = resolve(
@@ -340,15 +339,6 @@ fn a_plan_made_on_several_threads_is_the_plan_of_one() {
         one.transfers() > awex_core::plan::THREADED_TRANSFERS,
         "{} transfers: not a plan that threads",
         one.transfers()
-    );
-    let mut tensors = std::collections::BTreeSet::new();
-    r.inference.for_each_canonical(rank, &mut |c| {
-        tensors.insert(c.to_string());
-    });
-    assert!(
-        tensors.len() >= 2 * awex_core::plan::THREADED_TENSORS,
-        "{} tensors: not a rank that assigns in runs",
-        tensors.len()
     );
     for threads in [2, 3, 7] {
         let many = pair.plan_rank_on(Side::Inference, rank, threads).unwrap();

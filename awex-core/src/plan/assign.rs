@@ -153,16 +153,6 @@ impl EndsTable {
     }
 }
 
-/// The group of each of `ends` ([`super::coalesce::Groups`]), as a table that made them in this
-/// order numbers them.
-pub(super) fn groups_of(ends: &[Ends]) -> Vec<u32> {
-    let mut t = EndsTable::default();
-    for e in ends {
-        t.push(e.clone());
-    }
-    t.groups
-}
-
 /// The transfers one tensor emitted, emitted again for the next tensors of its pair of kept
 /// holder lists ([`Classes`]): when every piece the rank emits has one candidate source, what
 /// the rank emits depends on the holders only (a tensor's identity picks among candidates), so

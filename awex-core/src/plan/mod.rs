@@ -80,26 +80,6 @@ impl Out {
         self.push(item);
     }
 
-    /// Appends the transfers of a later run of tensors (`ends`: its table of ends), its peers
-    /// numbered on after this one's.
-    fn join(&mut self, run: Out, ends: Vec<transfers::Ends>) {
-        let ends_base = self.store.ends.len() as u32;
-        self.store.ends.extend(ends);
-        let wide_base = self.store.wide.len() as u32;
-        self.store.wide.extend(run.store.wide);
-        let numbers: Vec<u32> = run
-            .store
-            .pairs
-            .iter()
-            .map(|&(src, dst)| self.peer_number(src, dst))
-            .collect();
-        self.store.items.reserve(run.store.items.len());
-        for mut it in run.store.items {
-            it.rebase(ends_base, numbers[it.pair as usize], wide_base);
-            self.push(it);
-        }
-    }
-
     /// Adds a transfer whose item is made, its peer numbered ([`Out::peer_number`]).
     #[inline]
     fn push(&mut self, item: transfers::Item) {
@@ -548,19 +528,9 @@ pub enum PlanError {
 /// The most threads [`Pair::plan_rank`] takes.
 pub const PLAN_THREADS: usize = 4;
 
-/// A plan of more transfers than this has its peers fingerprinted on several threads.
+/// A plan of more transfers than this has its peers coalesced and fingerprinted on several
+/// threads.
 pub const THREADED_TRANSFERS: usize = 16_384;
-
-/// A rank of at least this many tensors assigns them on several threads, in runs of at least
-/// half as many.
-pub const THREADED_TENSORS: usize = 2_048;
-
-/// What one run of a rank's tensors planned: its transfers, its table of ends and their groups.
-struct Run {
-    out: Out,
-    ends: Vec<transfers::Ends>,
-    groups: Vec<u32>,
-}
 
 /// Each peer's (fingerprint, bytes on the wire), in `lists`' order: on the calling thread, or
 /// for a plan of more than [`THREADED_TRANSFERS`] transfers in up to `threads` contiguous
@@ -682,11 +652,12 @@ impl Pair<'_> {
         self.plan_rank_on(side, rank, threads.min(PLAN_THREADS))
     }
 
-    /// [`Pair::plan_rank`] on at most `threads` threads, the same plan for any number: a rank
-    /// of at least [`THREADED_TENSORS`] tensors assigns them in contiguous runs at once (each
-    /// run with its own caches, so that a structure or a class's holders are made once per
-    /// run), and a plan of more than [`THREADED_TRANSFERS`] transfers fingerprints its peers
-    /// in groups at once; anything smaller is made on the calling thread.
+    /// [`Pair::plan_rank`] on at most `threads` threads, the same plan for any number: the
+    /// tensors are assigned on the calling thread, and a plan of more than
+    /// [`THREADED_TRANSFERS`] transfers coalesces and fingerprints its peers in groups at once.
+    /// (Assigning runs of tensors on threads, each run with its own caches, was slower on the
+    /// 16-core VMs measured: each run touches its own memory for the same structures and
+    /// holders, and a page touched first costs microseconds there; `docs/benchmarks.md`.)
     pub fn plan_rank_on(
         &self,
         side: Side,
@@ -724,58 +695,25 @@ impl Pair<'_> {
         ids.dedup();
         // every transfer in emission order, compactly (what transfers between two local
         // tensors share is in one table of ends), each peer numbered as it first comes: a
-        // peer's transfers are between one pair of ranks, its number is its pair's. A rank of
-        // many tensors assigns contiguous runs of them on up to `threads` threads at once,
-        // each from nothing (its own caches), and their transfers are joined in order: the
-        // transfers of one run do not depend on another's.
-        let runs = if threads > 1 && ids.len() >= THREADED_TENSORS {
-            threads.min(ids.len() / (THREADED_TENSORS / 2))
-        } else {
-            1
+        // peer's transfers are between one pair of ranks, its number is its pair's
+        let mut out = Out {
+            side,
+            store: transfers::Store::default(),
+            lists: Vec::new(),
+            numbers: PeerNumbers::default(),
+            last: None,
         };
-        let per = ids.len().div_ceil(runs.max(1)).max(1);
-        let assign_run = |ids: &[u32]| -> Result<Run, PlanError> {
-            let mut out = Out {
-                side,
-                store: transfers::Store::default(),
-                lists: Vec::new(),
-                numbers: PeerNumbers::default(),
-                last: None,
-            };
-            // room for the transfers a rank of a large pair plans per tensor (address space
-            // only: no page is touched before a transfer is written to it), so that the store
-            // does not move while it grows
-            out.store.items.reserve((ids.len() * 32).min(1 << 20));
-            let mut scratch = assign::Scratch::default();
-            for &id in ids {
-                let c = self.catalogue.by_id(id);
-                assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut out)?;
-            }
-            let (ends, groups) = scratch.take_ends();
-            Ok(Run { out, ends, groups })
-        };
-        let chunks: Vec<&[u32]> = if runs <= 1 {
-            vec![&ids]
-        } else {
-            ids.chunks(per).collect()
-        };
-        let mut done = in_groups(chunks, runs, |_| 1, || (), |_, c| assign_run(c)).into_iter();
-        // (the first error in tensor order is the one a single run meets)
-        let Run {
-            mut out,
-            ends,
-            groups: mut groups_of_ends,
-        } = done.next().expect("one run at least")?;
+        // room for the transfers a rank of a large pair plans per tensor (address space only:
+        // no page is touched before a transfer is written to it), so that the store does not
+        // move while it grows
+        out.store.items.reserve((ids.len() * 32).min(1 << 20));
+        let mut scratch = assign::Scratch::default();
+        for &id in &ids {
+            let c = self.catalogue.by_id(id);
+            assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut out)?;
+        }
+        let (ends, groups_of_ends) = scratch.take_ends();
         out.store.ends = ends;
-        let mut joined = false;
-        for run in done {
-            let run = run?;
-            out.join(run.out, run.ends);
-            joined = true;
-        }
-        if joined {
-            groups_of_ends = assign::groups_of(&out.store.ends);
-        }
         let Out {
             mut store,
             mut lists,

@@ -150,16 +150,6 @@ impl Item {
         sum.iter().all(|&s| s <= u64::from(u32::MAX))
     }
 
-    /// The item as it is in a store whose ends, and whose boxes kept whole, come after
-    /// `ends` and `wide` others, its peer numbered `pair`.
-    pub(super) fn rebase(&mut self, ends: u32, pair: u32, wide: u32) {
-        self.ends += ends;
-        self.pair = pair;
-        if self.wide {
-            self.src[0] += wide;
-        }
-    }
-
     /// The item's boxes.
     #[inline]
     pub(super) fn boxes(&self, wide: &[Boxes]) -> Boxes {
