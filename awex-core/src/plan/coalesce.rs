@@ -121,6 +121,8 @@ pub(super) struct Groups<'a> {
     epoch: u32,
     /// per item of the peer: merged into another
     dead: Vec<bool>,
+    /// the peer's items that others merged into (grown), in the order of their first merge
+    grown: Vec<u32>,
     /// the peer's transfers in name pairs of more than one: (name pair, box dims, item)
     multi: Vec<(u32, u8, u32)>,
     run: Vec<u32>,
@@ -141,6 +143,14 @@ struct Key {
 }
 
 impl<'a> Groups<'a> {
+    /// The items the last [`Groups::coalesce`] merged others into (each once, in no
+    /// particular order; a merged-into item may itself have been merged into another later).
+    pub(super) fn grown(&mut self) -> &[u32] {
+        self.grown.sort_unstable();
+        self.grown.dedup();
+        &self.grown
+    }
+
     /// The groups of a plan's transfers: `gid` the group of each ends.
     pub(super) fn new(gid: &'a [u32]) -> Groups<'a> {
         let groups = gid.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
@@ -150,6 +160,7 @@ impl<'a> Groups<'a> {
             count: vec![0; groups],
             epoch: 0,
             dead: Vec::new(),
+            grown: Vec::new(),
             multi: Vec::new(),
             run: Vec::new(),
             out: Vec::new(),
@@ -171,6 +182,7 @@ impl<'a> Groups<'a> {
         wide: &mut Vec<Boxes>,
     ) {
         self.dead.clear();
+        self.grown.clear();
         self.dead.resize(items.len(), false);
         // what grouping and ordering compare first, read once
         self.keys.clear();
@@ -222,7 +234,7 @@ impl<'a> Groups<'a> {
                         ends,
                         items,
                         wide,
-                        &mut self.dead,
+                        (&mut self.dead, &mut self.grown),
                     );
                 }
                 a = b;
@@ -259,7 +271,7 @@ impl<'a> Groups<'a> {
 }
 
 /// Merges the transfers of one group (`run`, `k` box dims) to a fixed point, marking those
-/// merged into others `dead`; whether any merged.
+/// merged into others `dead` and those they merged into `grown`; whether any merged.
 fn merge_group(
     run: &mut Vec<u32>,
     out: &mut Vec<u32>,
@@ -267,7 +279,7 @@ fn merge_group(
     ends: &[Ends],
     items: &mut [Item],
     wide: &mut Vec<Boxes>,
-    dead: &mut [bool],
+    (dead, grown): (&mut [bool], &mut Vec<u32>),
 ) -> bool {
     let start = run.len();
     loop {
@@ -298,6 +310,7 @@ fn merge_group(
                         last.canonical = c;
                         last.set_extent(d, e, wide);
                         dead[i as usize] = true;
+                        grown.push(l);
                         continue;
                     }
                 }

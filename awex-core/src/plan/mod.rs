@@ -566,20 +566,17 @@ fn coalesce_copy(
     g: &mut coalesce::Groups,
     l: &mut PeerList,
     copy: &mut [transfers::Item],
-    items: &[transfers::Item],
     ends: &[transfers::Ends],
     wide: &mut Vec<transfers::Boxes>,
 ) -> Vec<(u32, transfers::Item)> {
     let mut order: Vec<u32> = (0..copy.len() as u32).collect();
     g.coalesce(&mut order, copy, ends, wide);
-    let mut grown = Vec::new();
-    let at: Vec<u32> = order.iter().map(|&j| l.order[j as usize]).collect();
-    for (&j, &i) in order.iter().zip(&at) {
-        if copy[j as usize] != items[i as usize] {
-            grown.push((i, copy[j as usize]));
-        }
-    }
-    l.order = at;
+    let grown = g
+        .grown()
+        .iter()
+        .map(|&j| (l.order[j as usize], copy[j as usize]))
+        .collect();
+    l.order = order.iter().map(|&j| l.order[j as usize]).collect();
     grown
 }
 
@@ -750,7 +747,7 @@ impl Pair<'_> {
                     copy.extend(l.order.iter().map(|&i| items[i as usize]));
                     transfers::Item::stay_narrow(copy).then(|| {
                         let mut none = Vec::new();
-                        let grown = coalesce_copy(g, l, copy, items, ends, &mut none);
+                        let grown = coalesce_copy(g, l, copy, ends, &mut none);
                         debug_assert!(none.is_empty(), "a narrow peer's merges stay narrow");
                         grown
                     })
@@ -765,7 +762,7 @@ impl Pair<'_> {
                 None => {
                     copy.clear();
                     copy.extend(l.order.iter().map(|&i| items[i as usize]));
-                    coalesce_copy(&mut g, l, &mut copy, items, ends, wide)
+                    coalesce_copy(&mut g, l, &mut copy, ends, wide)
                 }
             };
             for (i, it) in grown {
