@@ -5,7 +5,7 @@ use super::transfers::{Boxes, Ends, Item};
 use super::{Encode, EncodeAt, Pair, PlanError};
 use crate::dtype::DType;
 use crate::encoding::Encoding;
-use crate::layout::{AlikeKey, Dims, Holder, RankId, Region, Side};
+use crate::layout::{Alike, AlikeKey, Dims, Holder, RankId, Region, Side};
 use crate::model::CanonicalTensor;
 use crate::model::NameHasher;
 use crate::weights::splitmix;
@@ -323,23 +323,29 @@ fn local_at(h: &Holder, cell: &Region) -> Dims {
     off
 }
 
-/// Computes the assignment of one canonical tensor and emits the transfers that involve `me`.
+/// A tensor's alike classes ([`crate::layout::SideLayout::alike`]), as [`assign_tensor`] takes
+/// them: sides that lay the tensor out like earlier ones (FSDP: hundreds of holders per tensor)
+/// build the holders of each class once: the training side's class, and with it the inference
+/// side's.
+pub(super) fn alikes(pair: &Pair<'_>, name: &str) -> (Option<Alike>, Option<Alike>) {
+    let alike = pair.training.alike(name);
+    let dst = alike.as_ref().and_then(|_| pair.inference.alike(name));
+    (alike, dst)
+}
+
+/// Computes the assignment of one canonical tensor (its classes `alikes` of [`alikes`]) and
+/// emits the transfers that involve `me`.
 #[inline(never)]
 pub(super) fn assign_tensor(
     pair: &Pair<'_>,
     id: u32,
     c: &CanonicalTensor,
-    side: Side,
-    me: RankId,
+    (side, me): (Side, RankId),
+    (alike, dst_alike): (Option<Alike>, Option<Alike>),
     s: &mut Scratch,
     out: &mut super::Out,
 ) -> Result<(), PlanError> {
     s.ends.recent.clear();
-    // Sides that lay the tensor out like earlier ones (FSDP: hundreds of holders per tensor)
-    // build the holders of each class once: the training side's class, and with it the
-    // inference side's.
-    let alike = pair.training.alike(&c.name);
-    let dst_alike = alike.as_ref().and_then(|_| pair.inference.alike(&c.name));
     let transposed = |h: &Holder, reason: &str| PlanError::Transposed {
         canonical: c.name.clone(),
         tensor: h.tensor.to_string(),

@@ -532,6 +532,9 @@ pub const PLAN_THREADS: usize = 4;
 /// threads.
 pub const THREADED_TRANSFERS: usize = 16_384;
 
+/// A rank of at least this many tensors finds their alike classes on several threads.
+pub const THREADED_TENSORS: usize = 2_048;
+
 /// Each peer's (fingerprint, bytes on the wire), in `lists`' order: on the calling thread, or
 /// for a plan of more than [`THREADED_TRANSFERS`] transfers in up to `threads` contiguous
 /// groups of peers of about as many transfers each.
@@ -649,8 +652,9 @@ impl Pair<'_> {
         self.plan_rank_on(side, rank, threads.min(PLAN_THREADS))
     }
 
-    /// [`Pair::plan_rank`] on at most `threads` threads, the same plan for any number: the
-    /// tensors are assigned on the calling thread, and a plan of more than
+    /// [`Pair::plan_rank`] on at most `threads` threads, the same plan for any number: a rank
+    /// of at least [`THREADED_TENSORS`] tensors finds their alike classes in groups at once,
+    /// the tensors are assigned on the calling thread, and a plan of more than
     /// [`THREADED_TRANSFERS`] transfers coalesces and fingerprints its peers in groups at once.
     /// (Assigning runs of tensors on threads, each run with its own caches, was slower on the
     /// 16-core VMs measured: each run touches its own memory for the same structures and
@@ -704,10 +708,23 @@ impl Pair<'_> {
         // no page is touched before a transfer is written to it), so that the store does not
         // move while it grows
         out.store.items.reserve((ids.len() * 32).min(1 << 20));
+        // each tensor's alike classes (functions of its name alone), on threads for a rank of
+        // many tensors
+        let alikes = in_groups(
+            ids.iter().collect(),
+            if ids.len() >= THREADED_TENSORS {
+                threads
+            } else {
+                1
+            },
+            |_| 1,
+            || (),
+            |_, &id| assign::alikes(self, &self.catalogue.by_id(id).name),
+        );
         let mut scratch = assign::Scratch::default();
-        for &id in &ids {
+        for (&id, alikes) in ids.iter().zip(alikes) {
             let c = self.catalogue.by_id(id);
-            assign::assign_tensor(self, id, c, side, rank, &mut scratch, &mut out)?;
+            assign::assign_tensor(self, id, c, (side, rank), alikes, &mut scratch, &mut out)?;
         }
         let (ends, groups_of_ends) = scratch.take_ends();
         out.store.ends = ends;
