@@ -340,6 +340,7 @@ impl Transfer {
             h.extend_from_slice(&r.rank.to_le_bytes());
         }
         let sum = ends_digest(
+            &mut Vec::new(),
             (&self.src_tensor, &self.src_shape, self.src_dtype),
             (&self.dst_tensor, &self.dst_shape, self.dst_dtype),
             self.transposed,
@@ -361,12 +362,13 @@ impl Transfer {
 /// encoding, if any. Transfers between the same two tensors share it, so a plan hashes it once
 /// per pair of tensors instead of once per transfer.
 pub(crate) fn ends_digest(
+    h: &mut Vec<u8>,
     src: (&str, &Dims, DType),
     dst: (&str, &Dims, DType),
     transposed: bool,
     encode: Option<&Encode>,
 ) -> u64 {
-    let mut h = Vec::with_capacity(160);
+    h.clear();
     for (name, shape, dt) in [src, dst] {
         h.extend_from_slice(name.as_bytes());
         h.push(0);
@@ -394,7 +396,7 @@ pub(crate) fn ends_digest(
             EncodeAt::Sender => 1,
         });
     }
-    xxhash_rust::xxh3::xxh3_64(&h)
+    xxhash_rust::xxh3::xxh3_64(h)
 }
 
 /// Every transfer between one rank and one peer, in the order both ends execute them.
@@ -791,7 +793,14 @@ impl Pair<'_> {
         lists.sort_unstable_by_key(|l| l.peer);
         store.items.shrink_to_fit();
         let store = Arc::new(store);
-        let ends_bytes = transfers::EndsSums::of(&store.ends);
+        let ends_bytes = transfers::EndsSums::on(
+            &store.ends,
+            if total > THREADED_TRANSFERS {
+                threads
+            } else {
+                1
+            },
+        );
         let sums = fingerprints(&store, &ends_bytes, &lists, threads);
         debug_assert_eq!(sums.len(), lists.len(), "a fingerprint per peer");
         let mut peers = Vec::with_capacity(lists.len());

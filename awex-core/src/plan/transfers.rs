@@ -370,19 +370,33 @@ impl Transfers {
 pub(super) struct EndsSums(Vec<u64>);
 
 impl EndsSums {
+    #[cfg(test)]
     pub(super) fn of(ends: &[Ends]) -> EndsSums {
-        EndsSums(
-            ends.iter()
-                .map(|e| {
-                    super::ends_digest(
-                        (&e.src_tensor, &e.src_shape, e.src_dtype),
-                        (&e.dst_tensor, &e.dst_shape, e.dst_dtype),
-                        e.transposed,
-                        e.encode.as_ref(),
-                    )
-                })
-                .collect(),
-        )
+        EndsSums::on(ends, 1)
+    }
+
+    /// The digests of `ends`, on up to `threads` threads.
+    pub(super) fn on(ends: &[Ends], threads: usize) -> EndsSums {
+        let sums = super::in_groups(
+            ends.chunks(1024).collect(),
+            threads,
+            |c| c.len(),
+            || Vec::with_capacity(256),
+            |h, c| {
+                c.iter()
+                    .map(|e| {
+                        super::ends_digest(
+                            h,
+                            (&e.src_tensor, &e.src_shape, e.src_dtype),
+                            (&e.dst_tensor, &e.dst_shape, e.dst_dtype),
+                            e.transposed,
+                            e.encode.as_ref(),
+                        )
+                    })
+                    .collect::<Vec<u64>>()
+            },
+        );
+        EndsSums(sums.concat())
     }
 }
 
