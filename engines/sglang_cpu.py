@@ -29,6 +29,12 @@ What is not SGLang's own code, and why:
   ``FusedMoE`` of ``n_routed_experts + 1`` experts and ``load_weights``' renaming of
   ``mlp.shared_experts.*`` to that last expert.
 
+- ``qwen2_moe_block_as_on_cuda`` (only where a test asks for it: Qwen3-Next, Qwen3.5-MoE): their
+  MoE block, ``models/qwen2_moe.py`` ``Qwen2MoeSparseMoeBlock.__init__``, fuses the shared
+  expert only where its module's platform flag ``_is_cuda`` (with the model's
+  ``enable_cuda_shared_expert_fusion``) or ``_use_aiter`` says so. The helper sets that flag, so
+  that the CPU build takes the block's and the loader's CUDA path (see its docstring).
+
 - ``derive_mla_as_on_gpu`` (the FP8 tests): DeepSeek's ``post_load_weights``
   (``models/deepseek_common/deepseek_weight_loader.py``, SGLang 0.5.23 lines 690-712) derives
   MLA's ``w_kc`` / ``w_vc`` from an FP8 ``kv_b_proj`` with 128 x 128 blocks by
@@ -178,6 +184,28 @@ def fuse_shared_experts_as_on_gpu(class_name: str) -> None:
 
     cls = ModelRegistry.models[class_name]
     cls.shared_experts_fusion_disable_reason = classmethod(lambda cls, hf_config, quant_config: None)
+
+
+def qwen2_moe_block_as_on_cuda() -> None:
+    """SGLang 0.5.23's ``Qwen2MoeSparseMoeBlock`` (Qwen3-Next's and Qwen3.5-MoE's MoE block)
+    decides as on an NVIDIA GPU whether to fuse the shared expert into the routed experts.
+
+    ``models/qwen2_moe.py`` ``Qwen2MoeSparseMoeBlock.__init__`` fuses when
+    ``support_shared_expert_fusion and (_use_aiter or (_is_cuda and
+    enable_cuda_shared_expert_fusion))`` and ``can_fuse_shared_expert(config, quant_config)``
+    (no ``--disable-shared-experts-fusion``, ``shared_expert_intermediate_size ==
+    moe_intermediate_size``, no DeepEP / MoRI all-to-all), unless a per-rank-slot backend runs
+    at ep > 1. ``_is_cuda`` is the module's ``is_cuda()`` at import: False on CPU. Setting it
+    answers that platform question as on any CUDA device (the block asks for no compute
+    capability); everything else in the decision, and the whole load, is SGLang's own: the
+    ``FusedMoE`` of ``num_experts + 1`` experts, ``load_weights``' renaming of
+    ``mlp.shared_expert.*`` to that last expert, every ``weight_loader``. In that module the flag
+    is read besides only by ``Qwen2MoeSparseMoeBlock._forward_deepep`` (a stream overlap, not
+    called here) and ``Qwen2MoeForCausalLM.__init__`` (another model); ``models/qwen3_next.py``
+    and ``models/qwen3_5.py`` keep their own ``_is_cuda`` (False)."""
+    from sglang.srt.models import qwen2_moe
+
+    qwen2_moe._is_cuda = True
 
 
 def derive_mla_as_on_gpu() -> None:

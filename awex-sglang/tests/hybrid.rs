@@ -8,6 +8,12 @@
 //! `tensors`), canonical start, length]` of the canonical elements it holds (zeros, which no checkpoint element is, are padding). Here awex's
 //! layout of the same model places, on every rank, exactly the same parameters (names, shapes,
 //! dtypes) and exactly the same runs.
+//!
+//! Cases with `"platform": "cuda"` were built with SGLang's MoE block deciding as on an NVIDIA
+//! GPU (`engines/sglang_cpu.py` `qwen2_moe_block_as_on_cuda`) and record SGLang's own decision
+//! as `fused_shared_experts`: Qwen3-Next's shared expert fused into the routed experts (one more
+//! expert in `mlp.experts.w13_weight` / `w2_weight`), Qwen3.5-MoE's apart. awex's layout is
+//! told the same (`sglang:...,fused_shared_experts=N`).
 
 use awex_core::DType;
 use awex_core::layout::{RankId, RankLayout, SideLayout};
@@ -45,13 +51,30 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
         serde_json::from_str(include_str!("fixtures/hybrid_sglang_params.json")).unwrap();
     let mut ranks_checked = 0;
     let mut runs_checked = 0;
+    let mut fused_cases = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let spec = ModelSpec::from_config_value(&case["config"]).unwrap();
         let (tp, ep) = (case["tp"].as_u64().unwrap(), case["ep"].as_u64().unwrap());
         let what = format!("{} tp={tp} ep={ep}", case["arch"]);
         // SGLang on CPU keeps the shared expert apart (`Qwen2MoeSparseMoeBlock` fuses it only
-        // on CUDA / AITER)
-        let fused = spec.moe.as_ref().map(|_| false);
+        // on CUDA / AITER); a case built as on an NVIDIA GPU records SGLang's own decision,
+        // which the deployment tells awex (`sglang:...,fused_shared_experts=N`)
+        let fused = match case.get("fused_shared_experts") {
+            Some(n) => {
+                assert_eq!(case["platform"], "cuda", "{what}");
+                // `models/qwen3_next.py` builds the block with
+                // `enable_cuda_shared_expert_fusion=True`; `models/qwen3_5.py` without it
+                let want = match case["arch"].as_str().unwrap() {
+                    "Qwen3NextForCausalLM" => 1,
+                    "Qwen3_5MoeForCausalLM" => 0,
+                    a => panic!("{what}: no expected fusion for {a}"),
+                };
+                assert_eq!(n.as_u64(), Some(want), "{what}: SGLang's fusion on CUDA");
+                fused_cases += 1;
+                Some(want == 1)
+            }
+            None => spec.moe.as_ref().map(|_| false),
+        };
         let layout = SglangLayout::with_shared_experts(&spec, tp, ep, 1, fused)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let cat = Catalogue::of(&spec);
@@ -103,7 +126,11 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
             ranks_checked += 1;
         }
     }
-    assert_eq!(ranks_checked, 1 + 1 + 2 + 4 + 2 + 2 + 4 + 2);
+    assert_eq!(
+        ranks_checked,
+        1 + 1 + 2 + 4 + 2 + 2 + 4 + 2 + (1 + 2 + 1 + 2)
+    );
+    assert_eq!(fused_cases, 4);
     assert!(runs_checked > 7000, "{runs_checked}");
 }
 
