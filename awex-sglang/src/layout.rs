@@ -109,6 +109,22 @@ const TP_AT_MOST_EXPERTS: &[(&str, &str, &str, Compared)] = &[
     ),
 ];
 
+/// The model classes with a shared expert that SGLang 0.5.23 never fuses into the routed
+/// experts on NVIDIA GPUs, with the reason. `models/qwen3_5.py` builds Qwen3.5-MoE's
+/// `Qwen2MoeSparseMoeBlock` (`Qwen3_5LinearDecoderLayer.__init__`,
+/// `Qwen3_5AttentionDecoderLayer.__init__`) without `enable_cuda_shared_expert_fusion`, and
+/// `models/qwen2_moe.py` `Qwen2MoeSparseMoeBlock.__init__` fuses only when `_use_aiter or
+/// (_is_cuda and enable_cuda_shared_expert_fusion)`: on ROCm with AITER alone, where
+/// `Qwen3_5MoeForCausalLM.load_weights` maps `mlp.shared_expert.*` onto the extra expert
+/// (`_use_aiter and not _disable_shared_experts_fusion()` in its `__init__`). Qwen3-Next's
+/// layers (`models/qwen3_next.py`) pass `enable_cuda_shared_expert_fusion=True`, so it fuses on
+/// CUDA at ep=1 (`can_fuse_shared_expert`: one shared expert of `moe_intermediate_size` rows, no
+/// `--disable-shared-experts-fusion`, no DeepEP / MoRI).
+const SHARED_EXPERT_APART_ON_NVIDIA: &[(&str, &str)] = &[(
+    "Qwen3_5MoeForCausalLM",
+    "models/qwen3_5.py builds its Qwen2MoeSparseMoeBlock without enable_cuda_shared_expert_fusion, so Qwen2MoeSparseMoeBlock.__init__ (models/qwen2_moe.py) fuses it only with ROCm AITER (SGLANG_USE_AITER=1 on HIP, which awex does not describe)",
+)];
+
 /// Which tensor-parallel size an SGLang MoE block compares with its routed experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compared {
@@ -229,6 +245,17 @@ pub enum SglangConfigError {
         /// the HF class
         class: &'static str,
     },
+    /// Fused shared experts for a class whose shared expert SGLang keeps apart on NVIDIA
+    /// (`SHARED_EXPERT_APART_ON_NVIDIA`).
+    #[error(
+        "sglang fused_shared_experts=1 with {class}: SGLang 0.5.23 keeps {class}'s shared expert apart on NVIDIA GPUs (`mlp.shared_expert.gate_up_proj` / `down_proj`): {why}; use fused_shared_experts=0, or leave it out"
+    )]
+    SharedExpertApart {
+        /// the HF class
+        class: &'static str,
+        /// why SGLang keeps it apart
+        why: &'static str,
+    },
     /// Fused shared experts where SGLang does not fuse them, or cannot.
     #[error(
         "sglang fused_shared_experts=1 with {why}: SGLang 0.5.23 fuses one shared expert of moe_intermediate_size rows, at ep=1 on NVIDIA (under expert parallelism only on AMD MI300, which awex does not describe); use fused_shared_experts=0"
@@ -319,7 +346,11 @@ impl SglangLayout {
     /// capability 8.0 or above nor HIP gfx942+, ep > 1 off HIP, DeepEP/MoRI, W4AFP8;
     /// `models/deepseek_v2.py` also: a `DeepseekV3ForCausalLM` config of 256 routed experts
     /// (384 only Quark-quantised) and one shared expert, unless
-    /// `--enforce-shared-experts-fusion`). Fused, the
+    /// `--enforce-shared-experts-fusion`). Qwen3-Next's `Qwen2MoeSparseMoeBlock`
+    /// (`models/qwen2_moe.py`) decides in its `__init__` instead: fused on CUDA
+    /// (`enable_cuda_shared_expert_fusion`) unless `can_fuse_shared_expert` says no; Qwen3.5-MoE's
+    /// never on NVIDIA, so `Some(true)` is refused for it and `None` means apart
+    /// (`SHARED_EXPERT_APART_ON_NVIDIA`). Fused, the
     /// loader renames
     /// `mlp.shared_experts.*` to expert `n_routed_experts` (`load_weights`,
     /// `iter_weights_with_fused_shared_experts`) and `FusedMoE` holds `n_routed_experts + 1`
@@ -454,14 +485,21 @@ impl SglangLayout {
             return Err(SglangConfigError::Layout(why));
         }
         let shared = spec.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
+        let apart_on_nvidia = SHARED_EXPERT_APART_ON_NVIDIA.iter().find(|c| c.0 == class);
         let fused_shared = if spec.has(Part::SharedGate) {
             match fused_shared_experts {
-                None if ep == 1 => {
+                None if ep == 1 && apart_on_nvidia.is_none() => {
                     return Err(SglangConfigError::SharedExpertsFusionUnset {
                         class: spec.architecture.hf_name(),
                     });
                 }
                 None | Some(false) => false,
+                Some(true) if apart_on_nvidia.is_some() => {
+                    return Err(SglangConfigError::SharedExpertApart {
+                        class,
+                        why: apart_on_nvidia.map_or("", |c| c.1),
+                    });
+                }
                 Some(true) => {
                     let m = spec.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
                     if ep != 1 {

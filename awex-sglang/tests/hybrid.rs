@@ -134,6 +134,45 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
     assert!(runs_checked > 7000, "{runs_checked}");
 }
 
+/// SGLang 0.5.23 never fuses Qwen3.5-MoE's shared expert on NVIDIA (`models/qwen3_5.py` builds
+/// its `Qwen2MoeSparseMoeBlock` without `enable_cuda_shared_expert_fusion`; the fixture's cases
+/// built as on CUDA hold `mlp.shared_expert.*` apart): `fused_shared_experts=1` is refused
+/// naming why, and leaving the key out lays it out apart, as `fused_shared_experts=0` does.
+/// Qwen3-Next, whose block SGLang builds with that flag, takes either.
+#[test]
+fn qwen3_5_moe_refuses_a_fused_shared_expert_sglang_never_builds() {
+    let moe = awex_core::model::presets::preset("qwen3.5-moe-tiny").unwrap();
+    let cat = Catalogue::of(&moe);
+    for tp in [1, 2] {
+        let e = SglangLayout::with_shared_experts(&moe, tp, 1, 1, Some(true)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("Qwen3_5MoeForCausalLM's shared expert apart on NVIDIA GPUs")
+                && e.to_string().contains("enable_cuda_shared_expert_fusion"),
+            "{e}"
+        );
+        let unsaid = SglangLayout::with_shared_experts(&moe, tp, 1, 1, None).unwrap();
+        let apart = SglangLayout::with_shared_experts(&moe, tp, 1, 1, Some(false)).unwrap();
+        for r in 0..tp as u32 {
+            let rank = RankId::infer(0, r);
+            let runs = layout_runs(&unsaid.rank_layout(rank).unwrap(), &cat);
+            assert!(
+                runs.iter()
+                    .any(|t| t.0 == "model.layers.0.mlp.shared_expert.gate_up_proj.weight"),
+                "tp={tp} rank {r}"
+            );
+            assert_eq!(
+                runs,
+                layout_runs(&apart.rank_layout(rank).unwrap(), &cat),
+                "tp={tp} rank {r}"
+            );
+        }
+    }
+    let next = awex_core::model::presets::preset("qwen3-next-tiny").unwrap();
+    assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, Some(true)).is_ok());
+    assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, None).is_err());
+}
+
 /// What SGLang 0.5.23 cannot run of a hybrid model is refused naming the reason: more ranks
 /// than linear-attention key heads, full-attention layers that are not every k-th layer, a
 /// Qwen3-Next layer made dense, more ranks than experts.
