@@ -323,11 +323,14 @@ fn local_at(h: &Holder, cell: &Region) -> Dims {
     off
 }
 
+/// A tensor's alike classes on the training and the inference side.
+pub(super) type Alikes = (Option<Alike>, Option<Alike>);
+
 /// A tensor's alike classes ([`crate::layout::SideLayout::alike`]), as [`assign_tensor`] takes
 /// them: sides that lay the tensor out like earlier ones (FSDP: hundreds of holders per tensor)
 /// build the holders of each class once: the training side's class, and with it the inference
 /// side's.
-pub(super) fn alikes(pair: &Pair<'_>, name: &str) -> (Option<Alike>, Option<Alike>) {
+pub(super) fn alikes(pair: &Pair<'_>, name: &str) -> Alikes {
     let alike = pair.training.alike(name);
     let dst = alike.as_ref().and_then(|_| pair.inference.alike(name));
     (alike, dst)
@@ -341,7 +344,7 @@ pub(super) fn assign_tensor(
     id: u32,
     c: &CanonicalTensor,
     (side, me): (Side, RankId),
-    (alike, dst_alike): (Option<Alike>, Option<Alike>),
+    (alike, dst_alike): Alikes,
     s: &mut Scratch,
     out: &mut super::Out,
 ) -> Result<(), PlanError> {

@@ -710,22 +710,43 @@ impl Pair<'_> {
         // no page is touched before a transfer is written to it), so that the store does not
         // move while it grows
         out.store.items.reserve((ids.len() * 32).min(1 << 20));
-        // each tensor's alike classes (functions of its name alone), on threads for a rank of
-        // many tensors
-        let alikes = in_groups(
-            ids.iter().collect(),
-            if ids.len() >= THREADED_TENSORS {
-                threads
-            } else {
-                1
-            },
-            |_| 1,
-            || (),
-            |_, &id| assign::alikes(self, &self.catalogue.by_id(id).name),
-        );
+        // each tensor's alike classes (functions of its name alone): for a rank of many
+        // tensors found on threads first, kept for the tensors that have one (a side without
+        // classes keeps nothing), in tensor order
+        let found: Vec<(usize, assign::Alikes)> = if threads > 1 && ids.len() >= THREADED_TENSORS {
+            in_groups(
+                ids.chunks(256).enumerate().collect(),
+                threads,
+                |(_, c)| c.len(),
+                || (),
+                |_, (k, c)| {
+                    c.iter()
+                        .enumerate()
+                        .map(|(i, &id)| {
+                            (
+                                k * 256 + i,
+                                assign::alikes(self, &self.catalogue.by_id(id).name),
+                            )
+                        })
+                        .filter(|(_, a)| a.0.is_some())
+                        .collect::<Vec<_>>()
+                },
+            )
+            .concat()
+        } else {
+            Vec::new()
+        };
+        let mut found = found.into_iter().peekable();
         let mut scratch = assign::Scratch::default();
-        for (&id, alikes) in ids.iter().zip(alikes) {
+        for (i, &id) in ids.iter().enumerate() {
             let c = self.catalogue.by_id(id);
+            let alikes = if threads > 1 && ids.len() >= THREADED_TENSORS {
+                found
+                    .next_if(|(at, _)| *at == i)
+                    .map_or((None, None), |(_, a)| a)
+            } else {
+                assign::alikes(self, &c.name)
+            };
             assign::assign_tensor(self, id, c, (side, rank), alikes, &mut scratch, &mut out)?;
         }
         let (ends, groups_of_ends) = scratch.take_ends();
