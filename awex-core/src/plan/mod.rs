@@ -537,23 +537,17 @@ pub const THREADED_TRANSFERS: usize = 16_384;
 /// A rank of at least this many tensors finds their alike classes on several threads.
 pub const THREADED_TENSORS: usize = 2_048;
 
-/// Each peer's (fingerprint, bytes on the wire), in `lists`' order: on the calling thread, or
-/// for a plan of more than [`THREADED_TRANSFERS`] transfers in up to `threads` contiguous
-/// groups of peers of about as many transfers each.
+/// Each peer's (fingerprint, bytes on the wire), in `lists`' order, on up to `threads`
+/// threads (contiguous groups of peers of about as many transfers each).
 fn fingerprints(
     store: &transfers::Store,
     ends: &transfers::EndsSums,
     lists: &[PeerList],
     threads: usize,
 ) -> Vec<(u64, u64)> {
-    let total: usize = lists.iter().map(|l| l.order.len()).sum();
     in_groups(
         lists.iter().collect(),
-        if total > THREADED_TRANSFERS {
-            threads
-        } else {
-            1
-        },
+        threads,
         |l| l.order.len(),
         Vec::new,
         |bytes, l| {
@@ -713,9 +707,11 @@ impl Pair<'_> {
         // each tensor's alike classes (functions of its name alone): for a rank of many
         // tensors found on threads first, kept for the tensors that have one (a side without
         // classes keeps nothing), in tensor order
-        let found: Vec<(usize, assign::Alikes)> = if threads > 1 && ids.len() >= THREADED_TENSORS {
+        const CHUNK: usize = 256;
+        let first = threads > 1 && ids.len() >= THREADED_TENSORS;
+        let found: Vec<(usize, assign::Alikes)> = if first {
             in_groups(
-                ids.chunks(256).enumerate().collect(),
+                ids.chunks(CHUNK).enumerate().collect(),
                 threads,
                 |(_, c)| c.len(),
                 || (),
@@ -724,7 +720,7 @@ impl Pair<'_> {
                         .enumerate()
                         .map(|(i, &id)| {
                             (
-                                k * 256 + i,
+                                k * CHUNK + i,
                                 assign::alikes(self, &self.catalogue.by_id(id).name),
                             )
                         })
@@ -740,7 +736,7 @@ impl Pair<'_> {
         let mut scratch = assign::Scratch::default();
         for (i, &id) in ids.iter().enumerate() {
             let c = self.catalogue.by_id(id);
-            let alikes = if threads > 1 && ids.len() >= THREADED_TENSORS {
+            let alikes = if first {
                 found
                     .next_if(|(at, _)| *at == i)
                     .map_or((None, None), |(_, a)| a)
@@ -767,7 +763,11 @@ impl Pair<'_> {
         // of its items: on threads, the peers whose transfers stay narrow (none of their
         // merges adds a box to the store's wide ones: `Item::stay_narrow`), then the others,
         // one after another; the items that merges grew are then written back
-        let total = store.items.len();
+        let spread = if store.items.len() > THREADED_TRANSFERS {
+            threads
+        } else {
+            1
+        };
         let transfers::Store {
             ends, items, wide, ..
         } = &mut store;
@@ -775,11 +775,7 @@ impl Pair<'_> {
             let (ends, items): (&[transfers::Ends], &[transfers::Item]) = (ends, items);
             in_groups(
                 lists.iter_mut().collect(),
-                if total > THREADED_TRANSFERS {
-                    threads
-                } else {
-                    1
-                },
+                spread,
                 |l| l.order.len(),
                 || (coalesce::Groups::new(&groups_of_ends), Vec::new()),
                 |(g, copy), l| {
@@ -814,15 +810,8 @@ impl Pair<'_> {
         lists.sort_unstable_by_key(|l| l.peer);
         store.items.shrink_to_fit();
         let store = Arc::new(store);
-        let ends_bytes = transfers::EndsSums::on(
-            &store.ends,
-            if total > THREADED_TRANSFERS {
-                threads
-            } else {
-                1
-            },
-        );
-        let sums = fingerprints(&store, &ends_bytes, &lists, threads);
+        let ends_bytes = transfers::EndsSums::on(&store.ends, spread);
+        let sums = fingerprints(&store, &ends_bytes, &lists, spread);
         debug_assert_eq!(sums.len(), lists.len(), "a fingerprint per peer");
         let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
