@@ -26,8 +26,9 @@
 //! - shared experts: `mlp.shared_experts.gate_up_proj` (`[gate | up]` rows of rank `r`) and
 //!   `mlp.shared_experts.down_proj` (columns of rank `r`), a dense MLP of
 //!   `shared_intermediate_size` rows split over tp; or, when the engine fuses them
-//!   ([`FusedTp::fused_shared_experts`], ep 1 only), one more expert after the routed ones in
-//!   `w13_weight` / `w2_weight`, split over tp like them.
+//!   ([`FusedTp::fused_shared_experts`]), one more expert after the routed ones in
+//!   `w13_weight` / `w2_weight`, split over moe_tp like them; at ep > 1 every EP rank holds a
+//!   copy as its last local expert (local index `num_experts / ep`).
 //! - multi-head latent attention (MLA, DeepSeek-V2/V3): the query down projection and the
 //!   key/value down projection (with the shared rotary key) are replicated, concatenated in
 //!   that order as one tensor `self_attn.{FusedTp::mla_down}.weight` when the model has a query
@@ -470,8 +471,10 @@ pub struct FusedTp {
     /// they are not placed, and [`FusedTpLayout::dropped`] names them.
     pub drops: &'static [Part],
     /// The engine holds the shared experts as one more routed expert (index `num_experts`) of
-    /// `w13_weight` / `w2_weight` instead of a `shared_experts` MLP; needs ep 1 and shared
-    /// experts of `moe_intermediate_size` rows.
+    /// `w13_weight` / `w2_weight` instead of a `shared_experts` MLP; needs shared experts of
+    /// `moe_intermediate_size` rows and the routed experts split evenly over ep. At ep > 1 every
+    /// EP rank holds the whole shared expert (its MoE-TP share) as one more local expert after
+    /// its `num_experts / ep` routed ones.
     pub fused_shared_experts: bool,
     /// The module below `self_attn` whose `weight` holds MLA's query and key/value down
     /// projections concatenated (`fused_qkv_a_proj_with_mqa` for SGLang, `fused_qkv_a_proj`
@@ -579,10 +582,11 @@ impl FusedTpLayout {
         let shared_full = spec.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
         let has_shared = spec.has(Part::SharedGate);
         let fused_shared = fused_shared_experts && has_shared;
-        if fused_shared && (ep != 1 || shared_full != moe_inter_full) {
+        if fused_shared && (experts % ep != 0 || shared_full != moe_inter_full) {
             return bad(format!(
-                "shared experts of {shared_full} rows fused into the routed experts with ep={ep}: \
-                 the fusion needs ep=1 and shared experts of moe_intermediate_size={moe_inter_full} rows"
+                "shared experts of {shared_full} rows fused into {experts} routed experts with ep={ep}: \
+                 the fusion needs the routed experts split evenly over ep and shared experts of \
+                 moe_intermediate_size={moe_inter_full} rows"
             ));
         }
         if has_shared && !fused_shared && shared_full % tp != 0 {
@@ -1255,7 +1259,8 @@ impl FusedTpLayout {
             }
             let shared = self.d.fused_shared && n.has(Part::SharedGate);
             if shared {
-                // the shared expert is local expert `ne` (ep 1: every routed expert is local)
+                // the shared expert is local expert `ne`, after this EP rank's routed experts,
+                // on every EP rank
                 for (canonical, at) in [(&n.shared_gate, 0), (&n.shared_up, mi)] {
                     w13.push(Placement {
                         canonical: canonical.clone(),
@@ -1608,22 +1613,31 @@ impl FusedTpLayout {
         }
     }
 
-    /// Holders of a shared expert's part fused as local expert `experts` of every TP rank (ep 1).
+    /// Holders of a shared expert's part fused as local expert `experts / ep` (after the EP
+    /// rank's routed experts) of every TP rank: MoE-TP share `m` on TP ranks `ep_rank * moe_tp +
+    /// m` of every EP rank and engine (the experts split evenly over ep, checked in `new`).
     fn fused_shared_holders(&self, l: u64, part: ExpertPart) -> Vec<Holder> {
         let n = &self.layers[l as usize];
-        let (mi, h, slots) = (self.d.moe_inter, self.d.hidden, self.d.experts + 1);
-        let j = self.d.experts;
+        let j = self.d.experts / self.d.ep;
+        let (mi, h, slots) = (self.d.moe_inter, self.d.hidden, j + 1);
+        let ranks = |m: u64| -> Vec<RankId> {
+            let mut v = Vec::with_capacity((u64::from(self.engines) * self.d.ep) as usize);
+            for e in 0..self.engines {
+                v.extend((0..self.d.ep).map(|p| RankId::infer(e, (p * self.d.moe_tp + m) as u32)));
+            }
+            v
+        };
         (0..self.d.moe_tp)
             .map(|m| match part {
                 ExpertPart::Gate | ExpertPart::Up => self.holder(
-                    self.engine_ranks(m),
+                    ranks(m),
                     &n.w13,
                     Dims::new(&[slots, 2 * mi, h]),
                     Region::new([m * mi, 0], [mi, h]),
                     Dims::new(&[j, if part == ExpertPart::Up { mi } else { 0 }, 0]),
                 ),
                 ExpertPart::Down => self.holder(
-                    self.engine_ranks(m),
+                    ranks(m),
                     &n.w2,
                     Dims::new(&[slots, h, mi]),
                     Region::new([0, m * mi], [h, mi]),
@@ -1645,7 +1659,7 @@ impl FusedTpLayout {
         };
         let (first, ne) = expert_range(self.d.experts, self.d.ep, ep_rank);
         let j = e - first;
-        // the fused shared expert after the routed ones (ep 1)
+        // the fused shared expert after the routed ones
         let ne = ne + u64::from(self.d.fused_shared && n.has(Part::SharedGate));
         (0..self.d.moe_tp)
             .map(|m| {
