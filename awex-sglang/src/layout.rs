@@ -125,6 +125,19 @@ const SHARED_EXPERT_APART_ON_NVIDIA: &[(&str, &str)] = &[(
     "models/qwen3_5.py builds its Qwen2MoeSparseMoeBlock without enable_cuda_shared_expert_fusion, so Qwen2MoeSparseMoeBlock.__init__ (models/qwen2_moe.py) fuses it only with ROCm AITER (SGLANG_USE_AITER=1 on HIP, which awex does not describe)",
 )];
 
+/// The model classes whose shared expert SGLang 0.5.23 fuses on NVIDIA under expert
+/// parallelism too. `models/qwen2_moe.py` `Qwen2MoeSparseMoeBlock.__init__` turns the fusion
+/// off at `moe_ep_size > 1` only for backends with per-rank shared slots
+/// (`uses_per_rank_fused_shared_slots`, `layers/moe/utils.py`: DeepEP-class and MegaMoE), which
+/// `can_fuse_shared_expert` rules out already or awex does not describe. With the default
+/// all-to-all backend `FusedMoE.__init__` (`layers/moe/fused_moe_triton/layer.py`) then holds
+/// `num_experts / ep` routed experts plus the shared expert on every EP rank
+/// (`num_local_experts = _num_local_routed + num_fused_shared_experts`), and
+/// `_map_global_expert_id_to_local_expert_id` sends the shared expert (global id
+/// `num_experts`) to local slot `num_experts / ep` of every rank, split over the MoE-TP group
+/// like the routed experts (`_load_w13` / `_load_w2`: `moe_tp_rank`'s share).
+const SHARED_EXPERT_FUSED_UNDER_EP: &[&str] = &["Qwen3NextForCausalLM"];
+
 /// Which tensor-parallel size an SGLang MoE block compares with its routed experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compared {
@@ -236,14 +249,25 @@ pub enum SglangConfigError {
         /// expert-parallel size
         ep: u64,
     },
-    /// A model with shared experts at ep 1, where SGLang may hold them fused into the routed
-    /// experts or apart, and the deployment does not say which.
+    /// A model with shared experts at ep 1 (Qwen3-Next: at any ep), where SGLang may hold them
+    /// fused into the routed experts or apart, and the deployment does not say which.
     #[error(
         "{class} has shared experts, which SGLang 0.5.23 at ep=1 may fuse into the routed experts (one more expert in `mlp.experts.w13_weight` / `w2_weight`): on NVIDIA GPUs of compute capability >= 8.0 and AMD MI300, unless the server runs with --disable-shared-experts-fusion, and for DeepSeek-V3 only with 256 routed experts and 1 shared expert (not Kimi-K2's 384 in bf16) unless it runs with --enforce-shared-experts-fusion; otherwise it keeps them apart (`mlp.shared_experts.gate_up_proj`; CPU, older GPUs): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
     )]
     SharedExpertsFusionUnset {
         /// the HF class
         class: &'static str,
+    },
+    /// Qwen3-Next under expert parallelism, where SGLang may hold its shared expert fused into
+    /// every EP rank's experts or apart, and the deployment does not say which.
+    #[error(
+        "{class} at ep={ep}: SGLang 0.5.23 on NVIDIA GPUs fuses its shared expert under expert parallelism too (with the default all-to-all backend `Qwen2MoeSparseMoeBlock.__init__` in models/qwen2_moe.py keeps the fusion, and `FusedMoE.__init__` holds one copy of the shared expert as every EP rank's last local expert in `mlp.experts.w13_weight` / `w2_weight`), unless the server runs with --disable-shared-experts-fusion or a DeepEP, MoRI or MegaMoE all-to-all (`can_fuse_shared_expert`, `uses_per_rank_fused_shared_slots`); on CPU it keeps it apart (`mlp.shared_expert.gate_up_proj`): say which with sglang:...,fused_shared_experts=1 or fused_shared_experts=0"
+    )]
+    SharedExpertsFusionUnsetUnderEp {
+        /// the HF class
+        class: &'static str,
+        /// expert-parallel size
+        ep: u64,
     },
     /// Fused shared experts for a class whose shared expert SGLang keeps apart on NVIDIA
     /// (`SHARED_EXPERT_APART_ON_NVIDIA`).
@@ -258,7 +282,7 @@ pub enum SglangConfigError {
     },
     /// Fused shared experts where SGLang does not fuse them, or cannot.
     #[error(
-        "sglang fused_shared_experts=1 with {why}: SGLang 0.5.23 fuses one shared expert of moe_intermediate_size rows, at ep=1 on NVIDIA (under expert parallelism only on AMD MI300, which awex does not describe); use fused_shared_experts=0"
+        "sglang fused_shared_experts=1 with {why}: SGLang 0.5.23 fuses one shared expert of moe_intermediate_size rows, for DeepSeek-V3 / GLM-4.5 / Kimi-K2 at ep=1 only on NVIDIA (`shared_experts_fusion_disable_reason` in models/glm4_moe.py turns it off at ep > 1 off AMD, which awex does not describe), for Qwen3-Next at any ep with the experts split evenly over ep; use fused_shared_experts=0"
     )]
     SharedExpertsFusion {
         /// what rules the fusion out
@@ -338,7 +362,8 @@ impl SglangLayout {
     }
 
     /// [`SglangLayout::new`], saying whether the engine fuses shared experts into the routed
-    /// experts (`None`: not said; refused for a model with shared experts at ep 1).
+    /// experts (`None`: not said; refused for a model with shared experts at ep 1, and for
+    /// Qwen3-Next at any ep).
     ///
     /// SGLang 0.5.23 decides before it builds the model (`resolve_shared_experts_config`,
     /// `layers/moe/utils.py`): fused unless `--disable-shared-experts-fusion` or the class's
@@ -350,7 +375,8 @@ impl SglangLayout {
     /// (`models/qwen2_moe.py`) decides in its `__init__` instead: fused on CUDA
     /// (`enable_cuda_shared_expert_fusion`) unless `can_fuse_shared_expert` says no; Qwen3.5-MoE's
     /// never on NVIDIA, so `Some(true)` is refused for it and `None` means apart
-    /// (`SHARED_EXPERT_APART_ON_NVIDIA`). Fused, the
+    /// (`SHARED_EXPERT_APART_ON_NVIDIA`). Qwen3-Next's fuses under expert parallelism too, one
+    /// copy as every EP rank's last local expert (`SHARED_EXPERT_FUSED_UNDER_EP`). Fused, the
     /// loader renames
     /// `mlp.shared_experts.*` to expert `n_routed_experts` (`load_weights`,
     /// `iter_weights_with_fused_shared_experts`) and `FusedMoE` holds `n_routed_experts + 1`
@@ -487,11 +513,15 @@ impl SglangLayout {
         let shared = spec.moe.as_ref().map_or(0, |m| m.shared_intermediate_size);
         let apart_on_nvidia = SHARED_EXPERT_APART_ON_NVIDIA.iter().find(|c| c.0 == class);
         let fused_shared = if spec.has(Part::SharedGate) {
+            let fused_under_ep = SHARED_EXPERT_FUSED_UNDER_EP.contains(&class);
             match fused_shared_experts {
                 None if ep == 1 && apart_on_nvidia.is_none() => {
                     return Err(SglangConfigError::SharedExpertsFusionUnset {
                         class: spec.architecture.hf_name(),
                     });
+                }
+                None if fused_under_ep => {
+                    return Err(SglangConfigError::SharedExpertsFusionUnsetUnderEp { class, ep });
                 }
                 None | Some(false) => false,
                 Some(true) if apart_on_nvidia.is_some() => {
@@ -502,9 +532,9 @@ impl SglangLayout {
                 }
                 Some(true) => {
                     let m = spec.moe.as_ref().map_or(0, |m| m.moe_intermediate_size);
-                    if ep != 1 {
+                    if ep != 1 && !fused_under_ep {
                         return Err(SglangConfigError::SharedExpertsFusion {
-                            why: format!("ep={ep}"),
+                            why: format!("{class} at ep={ep}"),
                         });
                     }
                     if shared != m {

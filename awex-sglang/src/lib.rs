@@ -48,7 +48,7 @@ const KEYS: &[ParallelKey] = &[
     ParallelKey {
         name: "fused_shared_experts",
         default: None,
-        help: "1: the engine holds shared experts as one more routed expert (SGLang's default at ep=1 on NVIDIA compute capability >= 8.0; for DeepSeek-V3 only with 256 routed experts and 1 shared; Qwen3-Next on any CUDA GPU), 0: apart (CPU, older GPUs, --disable-shared-experts-fusion, Kimi-K2 in bf16; Qwen3.5-MoE always on NVIDIA, where 1 is refused); needed for a model with shared experts at ep=1 (not Qwen3.5-MoE)",
+        help: "1: the engine holds shared experts as one more routed expert (SGLang's default at ep=1 on NVIDIA compute capability >= 8.0; for DeepSeek-V3 only with 256 routed experts and 1 shared; Qwen3-Next on any CUDA GPU, at any ep: one copy on every EP rank), 0: apart (CPU, older GPUs, --disable-shared-experts-fusion, Kimi-K2 in bf16; Qwen3.5-MoE always on NVIDIA, where 1 is refused; DeepSeek-V3 / GLM-4.5 / Kimi-K2 at ep > 1, where 1 is refused); needed for a model with shared experts at ep=1 (not Qwen3.5-MoE), and for Qwen3-Next at any ep",
     },
 ];
 

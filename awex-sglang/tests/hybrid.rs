@@ -12,8 +12,10 @@
 //! Cases with `"platform": "cuda"` were built with SGLang's MoE block deciding as on an NVIDIA
 //! GPU (`engines/sglang_cpu.py` `qwen2_moe_block_as_on_cuda`) and record SGLang's own decision
 //! as `fused_shared_experts`: Qwen3-Next's shared expert fused into the routed experts (one more
-//! expert in `mlp.experts.w13_weight` / `w2_weight`), Qwen3.5-MoE's apart. awex's layout is
-//! told the same (`sglang:...,fused_shared_experts=N`).
+//! expert in `mlp.experts.w13_weight` / `w2_weight`; under expert parallelism one copy as every
+//! EP rank's last local expert, its MoE-TP share at tp 4 / ep 2), Qwen3.5-MoE's apart. awex's
+//! layout is told the same (`sglang:...,fused_shared_experts=N`), and its holders (what the
+//! planner reads) must agree with its rank layouts.
 
 use awex_core::DType;
 use awex_core::layout::{RankId, RankLayout, SideLayout};
@@ -78,6 +80,9 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
         let layout = SglangLayout::with_shared_experts(&spec, tp, ep, 1, fused)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let cat = Catalogue::of(&spec);
+        // the holders the planner reads agree with the rank layouts compared below, and every
+        // canonical tensor round-trips through them
+        awex_core::layout::check::side(&layout, &cat).unwrap_or_else(|e| panic!("{what}: {e}"));
         let tensors: Vec<&str> = case["tensors"]
             .as_array()
             .unwrap()
@@ -128,9 +133,9 @@ fn the_sglang_layout_of_hybrid_models_places_exactly_sglang_s_own_elements() {
     }
     assert_eq!(
         ranks_checked,
-        1 + 1 + 2 + 4 + 2 + 2 + 4 + 2 + (1 + 2 + 1 + 2)
+        1 + 1 + 2 + 4 + 2 + 2 + 4 + 2 + (1 + 2 + 1 + 2) + (2 + 4)
     );
-    assert_eq!(fused_cases, 4);
+    assert_eq!(fused_cases, 6);
     assert!(runs_checked > 7000, "{runs_checked}");
 }
 
@@ -171,6 +176,54 @@ fn qwen3_5_moe_refuses_a_fused_shared_expert_sglang_never_builds() {
     let next = awex_core::model::presets::preset("qwen3-next-tiny").unwrap();
     assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, Some(true)).is_ok());
     assert!(SglangLayout::with_shared_experts(&next, 2, 1, 1, None).is_err());
+}
+
+/// SGLang 0.5.23 on a GPU fuses Qwen3-Next's shared expert under expert parallelism too
+/// (`models/qwen2_moe.py` `Qwen2MoeSparseMoeBlock.__init__` turns the fusion off at ep > 1 only
+/// for DeepEP-class / MegaMoE backends; `FusedMoE.__init__` then holds it as every EP rank's
+/// last local expert) and keeps it apart on CPU: at ep > 1 the deployment must say which, as at
+/// ep=1, and the refusal names both and the key. DeepSeek-V3, whose fusion SGLang turns off at
+/// ep > 1 on NVIDIA (`shared_experts_fusion_disable_reason`), still refuses `=1` there and takes
+/// the key left out.
+#[test]
+fn qwen3_next_under_expert_parallelism_needs_the_fusion_said() {
+    let next = awex_core::model::presets::preset("qwen3-next-tiny").unwrap();
+    for (tp, ep) in [(2, 2), (4, 2), (4, 4)] {
+        let e = SglangLayout::with_shared_experts(&next, tp, ep, 1, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("Qwen3NextForCausalLM at ep={ep}: SGLang 0.5.23 on NVIDIA GPUs fuses its shared expert under expert parallelism too"))
+                && e.contains("every EP rank's last local expert")
+                && e.contains("--disable-shared-experts-fusion")
+                && e.contains("fused_shared_experts=1 or fused_shared_experts=0"),
+            "{e}"
+        );
+        for fused in [true, false] {
+            let l = SglangLayout::with_shared_experts(&next, tp, ep, 1, Some(fused))
+                .unwrap_or_else(|e| panic!("tp={tp} ep={ep} fused={fused}: {e}"));
+            let w13 = l
+                .rank_layout(RankId::infer(0, 0))
+                .unwrap()
+                .tensors
+                .into_iter()
+                .find(|t| t.name.as_ref() == "model.layers.0.mlp.experts.w13_weight")
+                .unwrap();
+            // 8 routed experts over ep, plus the shared one when fused
+            assert_eq!(w13.shape.as_slice()[0], 8 / ep + u64::from(fused));
+        }
+    }
+    let ds = awex_core::model::presets::preset("deepseek-v3-tiny").unwrap();
+    let e = SglangLayout::with_shared_experts(&ds, 2, 2, 1, Some(true))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("sglang fused_shared_experts=1 with DeepseekV3ForCausalLM at ep=2: ")
+            && e.contains("at ep=1 only on NVIDIA")
+            && e.contains("use fused_shared_experts=0"),
+        "{e}"
+    );
+    assert!(SglangLayout::with_shared_experts(&ds, 2, 2, 1, None).is_ok());
 }
 
 /// What SGLang 0.5.23 cannot run of a hybrid model is refused naming the reason: more ranks

@@ -134,6 +134,59 @@ fn deepseek_v3_mla_round_trips_in_every_config() {
     assert_eq!(checked, 2 * (6 + 3));
 }
 
+/// Qwen3-Next's shared expert apart and fused in every MoE config SGLang accepts for it: fused,
+/// SGLang 0.5.23 on a GPU holds it at ep > 1 too, one copy as every EP rank's last local expert
+/// (`FusedMoE.__init__`, `_map_global_expert_id_to_local_expert_id`), so every rank layout,
+/// the holders derived without them, and the bytes of every engine must agree.
+#[test]
+fn qwen3_next_shared_expert_round_trips_apart_and_fused_at_every_ep() {
+    let spec = preset("qwen3-next-tiny").expect("preset");
+    let cat = Catalogue::of(&spec);
+    let mut checked = 0;
+    for &(tp, ep, engines) in MOE_CONFIGS {
+        for fused in [0, 1] {
+            let p = ParallelConfig::from_pairs([
+                ("tp", tp),
+                ("ep", ep),
+                ("engines", engines),
+                ("fused_shared_experts", fused),
+            ]);
+            let side = SglangBackend
+                .layout(&spec, &p)
+                .unwrap_or_else(|e| panic!("{p}: {e}"));
+            common::check_side(side.as_ref(), &cat);
+            // fused, the shared expert is the last local expert of every rank, MoE-TP share
+            // `rank % moe_tp`; apart, it is its own MLP
+            let (moe_tp, local) = (tp / ep, 8 / ep);
+            for h in side.holders("model.layers.0.mlp.shared_expert.up_proj.weight") {
+                if fused == 1 {
+                    assert_eq!(h.tensor.as_ref(), "model.layers.0.mlp.experts.w13_weight");
+                    assert_eq!(h.tensor_shape.as_slice(), &[local + 1, 2 * 32 / moe_tp, 64]);
+                    assert_eq!(h.local_offset.as_slice(), &[local, 32 / moe_tp, 0]);
+                    let m = h.region.offset.as_slice()[0] / (32 / moe_tp);
+                    let want: Vec<u32> = (0..ep).map(|e| (e * moe_tp + m) as u32).collect();
+                    for engine in 0..engines as u32 {
+                        let got: Vec<u32> = h
+                            .ranks
+                            .iter()
+                            .filter(|r| r.engine == engine)
+                            .map(|r| r.rank)
+                            .collect();
+                        assert_eq!(got, want, "{p}: share {m}");
+                    }
+                } else {
+                    assert_eq!(
+                        h.tensor.as_ref(),
+                        "model.layers.0.mlp.shared_expert.gate_up_proj.weight"
+                    );
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2 * MOE_CONFIGS.len());
+}
+
 #[test]
 fn uneven_vocab_padding_round_trips_at_tp3() {
     let spec = ModelSpec {

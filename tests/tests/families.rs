@@ -321,7 +321,11 @@ fn sglang_refuses_glm_at_ep_1_until_told_whether_shared_experts_are_fused() {
         "{e}"
     );
     let e = err("sglang:tp=2,ep=2,fused_shared_experts=1");
-    assert!(e.contains("fused_shared_experts=1 with ep=2"), "{e}");
+    assert!(
+        e.contains("fused_shared_experts=1 with Glm4MoeForCausalLM at ep=2")
+            && e.contains("at ep=1 only on NVIDIA"),
+        "{e}"
+    );
     let e = err("sglang:tp=2,fused_shared_experts=2");
     assert!(e.contains("use 1"), "{e}");
     // with expert parallelism SGLang keeps them apart on NVIDIA: no need to say
