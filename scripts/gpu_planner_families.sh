@@ -11,7 +11,7 @@ RUNS=${RUNS:-5}
 pairs=(
   "qwen3.5-397b-a17b|fsdp:dp=256,fused_experts=1|sglang:tp=16,ep=16,engines=8"
   "qwen3.5-397b-a17b|fsdp:dp=256,fused_experts=1|vllm:tp=16,ep=16,engines=8"
-  "qwen3-next-80b-a3b|fsdp:dp=256,fused_experts=1|sglang:tp=16,ep=16,engines=8"
+  "qwen3-next-80b-a3b|fsdp:dp=256,fused_experts=1|sglang:tp=16,ep=16,engines=8,fused_shared_experts=1"
   "gpt-oss-120b|fsdp:dp=256|sglang:tp=16,engines=8"
   "gpt-oss-120b|fsdp:dp=256|vllm:tp=16,ep=16,engines=8"
   "qwen3.5-9b|fsdp:dp=256|sglang:tp=16,engines=8"

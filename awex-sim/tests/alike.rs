@@ -92,6 +92,16 @@ fn tensors_of_one_alike_key_have_the_same_holders_but_for_their_name() {
             "sglang:tp=4,engines=2,fused_shared_experts=1",
         ),
         (Side::Inference, "sglang:tp=2,fused_shared_experts=0"),
+        // Qwen3-Next's shared expert fused under expert parallelism (a copy on every EP rank)
+        // or apart; the other models refuse or ignore the key here
+        (
+            Side::Inference,
+            "sglang:tp=4,ep=2,engines=2,fused_shared_experts=1",
+        ),
+        (
+            Side::Inference,
+            "sglang:tp=4,ep=2,engines=2,fused_shared_experts=0",
+        ),
         (Side::Inference, "vllm:tp=4,engines=2"),
         (Side::Inference, "vllm:tp=2,ep=2"),
     ];
@@ -163,6 +173,11 @@ fn every_rank_plans_the_same_transfers_whether_its_layouts_say_alike_or_not() {
             "qwen3-next-tiny",
             "fsdp:dp=5,fused_experts=1",
             "vllm:tp=4,ep=4",
+        ),
+        (
+            "qwen3-next-tiny",
+            "fsdp:dp=4",
+            "sglang:tp=4,ep=2,engines=2,fused_shared_experts=1",
         ),
         ("gpt-oss-tiny", "fsdp:dp=4", "vllm:tp=4,ep=4,engines=2"),
         ("qwen3-moe-tiny", "fsdp:dp=2,tp=2", "vllm:tp=2,engines=2"),
