@@ -7,6 +7,8 @@ use awex_core::layout::{RankId, Side, SideLayout};
 use awex_core::{BackendSpec, ModelSpec};
 use std::collections::BTreeSet;
 
+mod common;
+
 /// What the trait's default names: the canonical tensor of every placement of the rank's
 /// tensors (FP8 scales, placed by no canonical tensor of their own, left out).
 fn placed(l: &dyn SideLayout, r: RankId) -> BTreeSet<String> {
@@ -21,17 +23,6 @@ fn placed(l: &dyn SideLayout, r: RankId) -> BTreeSet<String> {
 #[test]
 fn an_fsdp_rank_names_the_canonical_tensors_its_layout_places() {
     std::hint::black_box(awex_fsdp::CRATE);
-    let models = [
-        "qwen3-tiny",
-        "qwen3-moe-tiny",
-        "mixtral-tiny",
-        "deepseek-v3-tiny",
-        "glm-4.5-tiny",
-        "qwen3-next-tiny",
-        "qwen3.5-tiny",
-        "qwen3.5-moe-tiny",
-        "gpt-oss-tiny",
-    ];
     let specs = [
         "fsdp:dp=4",
         "fsdp:dp=3,replicate=2",
@@ -41,7 +32,7 @@ fn an_fsdp_rank_names_the_canonical_tensors_its_layout_places() {
         "fsdp:dp=4,replicate=2,fused_experts=1",
     ];
     let mut checked = 0;
-    for name in models {
+    for name in common::TINY_FAMILIES {
         let model = ModelSpec::resolve(name).unwrap();
         for spec in specs {
             let bs: BackendSpec = spec.parse().unwrap();
