@@ -103,6 +103,16 @@ fn tied_models_round_trip_in_every_config() {
     }
 }
 
+/// An SGLang MoE deployment: tp, ep, engines and whether the shared experts are fused.
+fn moe_config(tp: u64, ep: u64, engines: u64, fused: u64) -> ParallelConfig {
+    ParallelConfig::from_pairs([
+        ("tp", tp),
+        ("ep", ep),
+        ("engines", engines),
+        ("fused_shared_experts", fused),
+    ])
+}
+
 /// DeepSeek-V3's MLA (with and without `q_lora_rank`), shared experts apart and fused, in
 /// every MoE config SGLang accepts for it.
 #[test]
@@ -114,12 +124,7 @@ fn deepseek_v3_mla_round_trips_in_every_config() {
         let cat = Catalogue::of(&spec);
         for &(tp, ep, engines) in MOE_CONFIGS {
             for fused in [0, 1] {
-                let p = ParallelConfig::from_pairs([
-                    ("tp", tp),
-                    ("ep", ep),
-                    ("engines", engines),
-                    ("fused_shared_experts", fused),
-                ]);
+                let p = moe_config(tp, ep, engines, fused);
                 match SglangBackend.layout(&spec, &p) {
                     Ok(side) => {
                         common::check_side(side.as_ref(), &cat);
@@ -145,12 +150,7 @@ fn qwen3_next_shared_expert_round_trips_apart_and_fused_at_every_ep() {
     let mut checked = 0;
     for &(tp, ep, engines) in MOE_CONFIGS {
         for fused in [0, 1] {
-            let p = ParallelConfig::from_pairs([
-                ("tp", tp),
-                ("ep", ep),
-                ("engines", engines),
-                ("fused_shared_experts", fused),
-            ]);
+            let p = moe_config(tp, ep, engines, fused);
             let side = SglangBackend
                 .layout(&spec, &p)
                 .unwrap_or_else(|e| panic!("{p}: {e}"));
