@@ -475,6 +475,58 @@ fn missing_source_coverage_is_a_clear_error() {
     ));
 }
 
+/// Training shards rows on four ranks, one each (sources apart: an inference rank cuts only
+/// its own boxes into cells and checks the others whole); the inference side halves the rows
+/// over two ranks. `alter` changes the training ranks' layouts.
+fn apart_pair_error(alter: impl Fn(&mut Vec<awex_core::layout::RankLayout>)) -> PlanError {
+    let cat = catalogue(&[vec![8, 2]]);
+    let mut train_layouts = replicated(Side::Training, 1, 1, 4, 8).rank_layouts(&cat);
+    alter(&mut train_layouts);
+    let train = ExplicitSide::new(Side::Training, train_layouts);
+    let infer = replicated(Side::Inference, 1, 1, 2, 8).build(&cat);
+    let pair = Pair {
+        catalogue: &cat,
+        training: &train,
+        inference: &infer,
+        encode_on_sender: false,
+    };
+    pair.plan_rank(Side::Inference, RankId::infer(0, 0))
+        .expect_err("another rank's box is not delivered")
+}
+
+#[test]
+fn another_ranks_uncovered_box_still_fails_the_plan_of_every_rank() {
+    // rank 3 (rows 6..8) is missing: inference rank 1 needs them, and rank 0's plan says so
+    let e = apart_pair_error(|l| l.retain(|r| r.rank.rank != 3));
+    assert_eq!(
+        e,
+        PlanError::Uncovered {
+            canonical: "t0".into(),
+            region: "[6..8, 0..2]".into(),
+            dst: RankId::infer(0, 1)
+        }
+    );
+}
+
+#[test]
+fn another_ranks_box_from_a_dtype_that_cannot_convert_still_fails_the_plan() {
+    // rank 2 (rows 4..6, for inference rank 1) holds integers: no conversion into bf16
+    let e = apart_pair_error(|l| {
+        for t in &mut l.iter_mut().find(|r| r.rank.rank == 2).unwrap().tensors {
+            t.dtype = DType::I64;
+            t.encoding = awex_core::encoding::Encoding::Plain(DType::I64);
+        }
+    });
+    assert_eq!(
+        e,
+        PlanError::DType {
+            canonical: "t0".into(),
+            src: DType::I64,
+            dst: DType::Bf16
+        }
+    );
+}
+
 #[test]
 fn fp32_training_converts_at_the_sender() {
     let cat = catalogue(&[vec![4, 4]]);

@@ -66,6 +66,8 @@ pub(super) struct Scratch {
     multi_sets: Vec<u32>,
     /// the regions a destination box meets, by where they start along dim 0
     by0: Dim0Index,
+    /// the source regions' spans along dim 0, sorted (see [`sources_apart`])
+    spans: Vec<(u64, u64)>,
     /// structures of tensors planned before, by their holders
     cache: Vec<Saved>,
     /// the [`holders_key`] of each cached structure
@@ -986,6 +988,54 @@ impl Dim0Index {
     }
 }
 
+/// Whether every source region has one candidate (`ranges`: each region's range of
+/// candidates), no rank is the candidate of two, and the regions lie apart along dim 0 (sorted
+/// into `spans`): then every element of the tensor has at most one candidate, named for no other.
+fn sources_apart(
+    boxes: &[Region],
+    ranges: &[(u32, u32)],
+    ranks: usize,
+    spans: &mut Vec<(u64, u64)>,
+) -> bool {
+    if ranks != boxes.len() || ranges.iter().any(|&(a, b)| b - a != 1) {
+        return false;
+    }
+    let Some(first) = boxes.first() else {
+        return true;
+    };
+    let n = first.ndim();
+    if n == 0 || boxes.iter().any(|r| r.ndim() != n) {
+        return boxes.len() == 1 && n == 0;
+    }
+    spans.clear();
+    spans.extend(boxes.iter().map(|r| {
+        let lo = r.offset.get(0);
+        (lo, lo.saturating_add(r.extent.get(0)))
+    }));
+    spans.sort_unstable();
+    spans.windows(2).all(|w| w[0].1 <= w[1].0)
+}
+
+/// Whether the source regions `hit` (apart: [`sources_apart`]) hold every element of a
+/// non-empty destination box `want`, each one's holder in a dtype that `converts(region)`
+/// accepts: the parts they hold add up to the box.
+fn other_box_holds(
+    want: &Region,
+    hit: &[usize],
+    boxes: &[Region],
+    converts: impl Fn(usize) -> bool,
+) -> bool {
+    let need = want.numel();
+    let mut held = 0u64;
+    for &i in hit {
+        if !converts(i) {
+            return false;
+        }
+        held = held.saturating_add(boxes[i].intersect(want).map_or(0, |r| r.numel()));
+    }
+    need > 0 && held == need
+}
+
 /// The source-rank universe, the candidate sets, the pieces and their order for one tensor's
 /// holders (everything of the assignment that does not depend on the tensor's identity).
 fn structure(
@@ -1064,6 +1114,13 @@ fn structure(
     let region_boxes = &s.region_boxes;
     let region_ranges = &s.region_ranges;
     let region_cands = &s.region_cands;
+    // Sources that each hold a region of their own, apart from the others (an FSDP tensor's
+    // shards): every cell then has one candidate that no other cell names, so every piece goes
+    // to it whatever the other pieces are, and on the inference side only the planning rank's
+    // own destination boxes are cut into cells (another rank's box is checked whole: covered,
+    // and convertible; one that is not is cut, to name what fails as before)
+    let apart = side == Side::Inference
+        && sources_apart(region_boxes, region_ranges, s.ranks.len(), &mut s.spans);
 
     // cut every destination box into cells held by one set of source candidates
     s.pieces.clear();
@@ -1099,6 +1156,15 @@ fn structure(
                 .map(|(i, _)| i),
         );
         let hit = &*hit;
+        if apart
+            && dh.ranks.binary_search(&me).is_err()
+            && other_box_holds(&want, hit, region_boxes, |i| {
+                let holder = region_cands[region_ranges[i].0 as usize].1.holder;
+                src[holder as usize].dtype.converts_to(dh.dtype)
+            })
+        {
+            continue;
+        }
         // Many regions (an FSDP tensor's shards, one per rank): a cell's regions are found
         // through an index along dim 0 instead of testing every region.
         let indexed = hit.len() > INDEX_MIN && want.ndim() > 0;
