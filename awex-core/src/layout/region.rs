@@ -91,6 +91,26 @@ impl Region {
         Some(r)
     }
 
+    /// The number of elements of [`Region::intersect`], without making it (0 when it is
+    /// `None`).
+    #[inline]
+    pub fn overlap_numel(&self, o: &Region) -> u64 {
+        if self.ndim() != o.ndim() {
+            return 0;
+        }
+        let mut n = 1u64;
+        for i in 0..self.ndim() {
+            let lo = self.offset.get(i).max(o.offset.get(i));
+            let hi = (self.offset.get(i).saturating_add(self.extent.get(i)))
+                .min(o.offset.get(i).saturating_add(o.extent.get(i)));
+            if hi <= lo {
+                return 0;
+            }
+            n = n.saturating_mul(hi - lo);
+        }
+        n
+    }
+
     /// Whether `o` lies entirely inside `self`.
     #[inline]
     pub fn contains(&self, o: &Region) -> bool {
@@ -157,5 +177,20 @@ mod tests {
         assert!(a.fits(&Dims::new(&[4, 8])));
         assert!(!b.fits(&Dims::new(&[4, 8])));
         assert_eq!(format!("{b}"), "[2..6, 6..10]");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn overlap_numel_counts_the_intersection(
+            a in proptest::collection::vec((0u64..6, 0u64..6), 0..4),
+            b in proptest::collection::vec((0u64..6, 0u64..6), 0..4),
+        ) {
+            let region = |v: &[(u64, u64)]| {
+                let (o, e): (Vec<u64>, Vec<u64>) = v.iter().copied().unzip();
+                Region { offset: Dims::new(&o), extent: Dims::new(&e) }
+            };
+            let (a, b) = (region(&a), region(&b));
+            proptest::prop_assert_eq!(a.overlap_numel(&b), a.intersect(&b).map_or(0, |r| r.numel()));
+        }
     }
 }

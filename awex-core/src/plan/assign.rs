@@ -1016,22 +1016,20 @@ fn sources_apart(
     spans.windows(2).all(|w| w[0].1 <= w[1].0)
 }
 
-/// Whether the source regions `hit` (apart: [`sources_apart`]) hold every element of a
-/// non-empty destination box `want`, each one's holder in a dtype that `converts(region)`
+/// Whether the source regions `boxes` (apart: [`sources_apart`]) hold every element of a
+/// non-empty destination box `want`, each one that meets it in a dtype that `converts(region)`
 /// accepts: the parts they hold add up to the box.
-fn other_box_holds(
-    want: &Region,
-    hit: &[usize],
-    boxes: &[Region],
-    converts: impl Fn(usize) -> bool,
-) -> bool {
+fn other_box_holds(want: &Region, boxes: &[Region], converts: impl Fn(usize) -> bool) -> bool {
     let need = want.numel();
     let mut held = 0u64;
-    for &i in hit {
-        if !converts(i) {
-            return false;
+    for (i, r) in boxes.iter().enumerate() {
+        let part = r.overlap_numel(want);
+        if part > 0 {
+            if !converts(i) {
+                return false;
+            }
+            held = held.saturating_add(part);
         }
-        held = held.saturating_add(boxes[i].intersect(want).map_or(0, |r| r.numel()));
     }
     need > 0 && held == need
 }
@@ -1070,13 +1068,15 @@ fn structure(
         }
     }
 
-    // distinct source regions, each with its candidates (in holder order)
+    // distinct source regions, each with its candidates (in holder order); the holders are
+    // sorted by region ([`sort_holders`]), so a region equal to an earlier one is the last one
+    debug_assert!(src.is_sorted_by(|a, b| holder_key(a) <= holder_key(b)));
     s.region_boxes.clear();
     s.region_cands.clear();
     for (hi, h) in src.iter().enumerate() {
-        let pos = match s.region_boxes.iter().position(|r| *r == h.region) {
-            Some(p) => p,
-            None => {
+        let pos = match s.region_boxes.last() {
+            Some(r) if *r == h.region => s.region_boxes.len() - 1,
+            _ => {
                 s.region_boxes.push(h.region);
                 s.region_boxes.len() - 1
             }
@@ -1146,25 +1146,25 @@ fn structure(
     s.all_cells.clear();
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
-        cells.clear();
-        hit.clear();
-        hit.extend(
-            region_boxes
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.intersect(&want).is_some())
-                .map(|(i, _)| i),
-        );
-        let hit = &*hit;
         if apart
             && dh.ranks.binary_search(&me).is_err()
-            && other_box_holds(&want, hit, region_boxes, |i| {
+            && other_box_holds(&want, region_boxes, |i| {
                 let holder = region_cands[region_ranges[i].0 as usize].1.holder;
                 src[holder as usize].dtype.converts_to(dh.dtype)
             })
         {
             continue;
         }
+        cells.clear();
+        hit.clear();
+        hit.extend(
+            region_boxes
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.overlap_numel(&want) > 0)
+                .map(|(i, _)| i),
+        );
+        let hit = &*hit;
         // Many regions (an FSDP tensor's shards, one per rank): a cell's regions are found
         // through an index along dim 0 instead of testing every region.
         let indexed = hit.len() > INDEX_MIN && want.ndim() > 0;
