@@ -200,6 +200,13 @@ struct PairEntry {
 }
 
 impl Scratch {
+    /// Room for the ends of `tensors` tensors' transfers (mostly one each), so that the table
+    /// is not copied while it grows.
+    pub(super) fn reserve_ends(&mut self, tensors: usize) {
+        self.ends.ends.reserve(tensors);
+        self.ends.groups.reserve(tensors);
+    }
+
     /// The table of ends of every transfer emitted, and the group of each.
     pub(super) fn take_ends(&mut self) -> (Vec<Ends>, Vec<u32>) {
         (

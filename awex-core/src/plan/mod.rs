@@ -579,9 +579,11 @@ fn coalesce_copy(
     grown
 }
 
-/// Runs `f` on every job, on up to `threads` threads: the jobs cut into contiguous groups of
-/// about equal `weight`, the first group on the calling thread, each group with its own
-/// `state`. The results come in the jobs' order, so they do not depend on the threads.
+/// Runs `f` on every job, on up to `threads` threads (the calling thread one of them), each
+/// thread with its own `state`: the jobs are cut into contiguous chunks of about equal `weight`,
+/// [`CHUNKS_PER_THREAD`] per thread, which the threads take in turn as they get free (a job's
+/// cost is not quite its weight). The results come in the jobs' order, so they do not depend on
+/// the threads or on which thread ran what.
 fn in_groups<J: Send, S, R: Send>(
     jobs: Vec<J>,
     threads: usize,
@@ -589,41 +591,56 @@ fn in_groups<J: Send, S, R: Send>(
     state: impl Fn() -> S + Sync,
     f: impl Fn(&mut S, J) -> R + Sync,
 ) -> Vec<R> {
-    let run = |group: Vec<J>| {
-        let mut s = state();
-        group.into_iter().map(|j| f(&mut s, j)).collect::<Vec<R>>()
-    };
     if threads <= 1 || jobs.len() < 2 {
-        return run(jobs);
+        let mut s = state();
+        return jobs.into_iter().map(|j| f(&mut s, j)).collect();
     }
+    let chunks = (threads * CHUNKS_PER_THREAD).min(jobs.len());
     let per = jobs
         .iter()
         .map(&weight)
         .sum::<usize>()
-        .div_ceil(threads)
+        .div_ceil(chunks)
         .max(1);
-    let mut groups: Vec<Vec<J>> = vec![Vec::new()];
+    let mut cut: Vec<Vec<J>> = vec![Vec::new()];
     let mut acc = 0;
     for j in jobs {
         acc += weight(&j);
-        groups.last_mut().expect("a group").push(j);
-        if acc >= per && groups.len() < threads {
-            groups.push(Vec::new());
+        cut.last_mut().expect("a chunk").push(j);
+        if acc >= per {
+            cut.push(Vec::new());
             acc = 0;
         }
     }
-    let run = &run;
-    std::thread::scope(|sc| {
-        let mut rest = groups.into_iter();
-        let first = rest.next().unwrap_or_default();
-        let handles: Vec<_> = rest.map(|g| sc.spawn(move || run(g))).collect();
-        let mut out = run(first);
-        for h in handles {
-            out.extend(h.join().expect("a planning thread panicked"));
+    let helpers = (threads - 1).min(cut.len() - 1);
+    let queue = std::sync::Mutex::new(cut.into_iter().enumerate());
+    let work = || {
+        let mut s = state();
+        let mut done: Vec<(usize, Vec<R>)> = Vec::new();
+        loop {
+            // (a thread that panicked holding the lock leaves the queue as it was)
+            let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+            let Some((at, chunk)) = next else {
+                return done;
+            };
+            done.push((at, chunk.into_iter().map(|j| f(&mut s, j)).collect()));
         }
-        out
-    })
+    };
+    let work = &work;
+    let mut done = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..helpers).map(|_| sc.spawn(work)).collect();
+        let mut done = work();
+        for h in handles {
+            done.extend(h.join().expect("a planning thread panicked"));
+        }
+        done
+    });
+    done.sort_unstable_by_key(|(at, _)| *at);
+    done.into_iter().flat_map(|(_, r)| r).collect()
 }
+
+/// How many chunks of jobs [`in_groups`] makes per thread.
+const CHUNKS_PER_THREAD: usize = 8;
 
 /// The two sides of a pair and the model they share.
 pub struct Pair<'a> {
@@ -734,6 +751,7 @@ impl Pair<'_> {
         };
         let mut found = found.into_iter().peekable();
         let mut scratch = assign::Scratch::default();
+        scratch.reserve_ends(ids.len());
         for (i, &id) in ids.iter().enumerate() {
             let c = self.catalogue.by_id(id);
             let alikes = if first {
@@ -830,5 +848,32 @@ impl Pair<'_> {
             peers,
             fingerprint: h.digest(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_groups;
+
+    #[test]
+    fn threaded_jobs_come_back_in_job_order_whatever_their_cost() {
+        // jobs of very uneven cost (the weight says little of it), each thread with a state of
+        // its own: every result in its job's place, on any number of threads
+        let jobs: Vec<u64> = (0..500).collect();
+        let want: Vec<u64> = jobs.iter().map(|j| j * 3).collect();
+        for threads in [1, 2, 3, 8, 64] {
+            let got = in_groups(
+                jobs.clone(),
+                threads,
+                |_| 1,
+                || 0u64,
+                |ran, j| {
+                    *ran += 1;
+                    let spin = if j % 97 == 0 { 20_000 } else { 10 };
+                    (0..spin).fold(j * 3, |a, i| std::hint::black_box(a ^ i) ^ i)
+                },
+            );
+            assert_eq!(got, want, "{threads} threads");
+        }
     }
 }
