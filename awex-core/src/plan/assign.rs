@@ -502,6 +502,33 @@ fn assign_holders(
     // a pair of kept lists finds its structure directly while that slot holds it; any other
     // pair of holders by a digest, then by comparing them
     let kept = lists.0.zip(lists.1);
+    // what the rank emitted for this pair of kept lists, while its structure is kept, is
+    // emitted again with this tensor's names (an entry whose structure is gone has none)
+    if let (Some(k), (Some(sname), Some(dname))) = (kept, names)
+        && let Some(e) = s.classes.pairs.get(&k)
+        && s.cache[e.slot as usize].stamp == e.stamp
+        && let Some(em) = &e.emission
+    {
+        let base = s.ends.ends.len() as u32;
+        for e in &em.ends {
+            s.ends.push(Ends {
+                src_tensor: sname.clone(),
+                src_shape: e.src_shape,
+                src_dtype: e.src_dtype,
+                dst_tensor: dname.clone(),
+                dst_shape: e.dst_shape,
+                dst_dtype: e.dst_dtype,
+                encode: e.encode.clone(),
+                transposed: e.transposed,
+            });
+        }
+        for it in &em.items {
+            let mut it = *it;
+            (it.ends, it.canonical) = (base + it.ends, id);
+            out.push(it);
+        }
+        return Ok(None);
+    }
     let mut hit = kept
         .and_then(|k| s.classes.pairs.get(&k))
         .filter(|e| s.cache[e.slot as usize].stamp == e.stamp)
@@ -559,25 +586,6 @@ fn assign_holders(
             };
         }
     });
-    if let (Some(k), (Some(sname), Some(dname))) = (entry, names)
-        && let Some(em) = &s.classes.pairs[&k].emission
-    {
-        let base = s.ends.ends.len() as u32;
-        for e in &em.ends {
-            s.ends.push(Ends {
-                src_tensor: sname.clone(),
-                dst_tensor: dname.clone(),
-                ..e.clone()
-            });
-        }
-        for it in &em.items {
-            let mut it = *it;
-            (it.ends, it.canonical) = (base + it.ends, id);
-            out.push(it);
-        }
-        s.cache[slot] = saved;
-        return Ok(None);
-    }
     if hit.is_some() {
         swap_structure(s, &mut saved);
     }
