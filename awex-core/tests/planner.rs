@@ -475,9 +475,11 @@ fn missing_source_coverage_is_a_clear_error() {
     ));
 }
 
-/// Training shards rows on four ranks, one each (sources apart: an inference rank cuts only
-/// its own boxes into cells and checks the others whole); the inference side halves the rows
-/// over two ranks. `alter` changes the training ranks' layouts.
+/// Training shards rows on four ranks, one each (sources apart: a rank cuts into cells only
+/// the destination boxes that may involve it, and checks the others whole); the inference side
+/// halves the rows over two ranks. `alter` changes the training ranks' layouts. The error of
+/// inference rank 0's plan, which training rank 0's plan (rows 0..2, sent to inference rank 0
+/// only) must give too.
 fn apart_pair_error(alter: impl Fn(&mut Vec<awex_core::layout::RankLayout>)) -> PlanError {
     let cat = catalogue(&[vec![8, 2]]);
     let mut train_layouts = replicated(Side::Training, 1, 1, 4, 8).rank_layouts(&cat);
@@ -490,8 +492,14 @@ fn apart_pair_error(alter: impl Fn(&mut Vec<awex_core::layout::RankLayout>)) -> 
         inference: &infer,
         encode_on_sender: false,
     };
-    pair.plan_rank(Side::Inference, RankId::infer(0, 0))
-        .expect_err("another rank's box is not delivered")
+    let e = pair
+        .plan_rank(Side::Inference, RankId::infer(0, 0))
+        .expect_err("another rank's box is not delivered");
+    let t = pair
+        .plan_rank(Side::Training, RankId::train(0))
+        .expect_err("a box the training rank does not send to is not delivered");
+    assert_eq!(t, e, "both sides name the same failure");
+    e
 }
 
 #[test]

@@ -1131,11 +1131,22 @@ fn structure(
     let region_cands = &s.region_cands;
     // Sources that each hold a region of their own, apart from the others (an FSDP tensor's
     // shards): every cell then has one candidate that no other cell names, so every piece goes
-    // to it whatever the other pieces are, and on the inference side only the planning rank's
-    // own destination boxes are cut into cells (another rank's box is checked whole: covered,
-    // and convertible; one that is not is cut, to name what fails as before)
-    let apart = side == Side::Inference
-        && sources_apart(region_boxes, region_ranges, s.ranks.len(), &mut s.spans);
+    // to it whatever the other pieces are, and only the destination boxes that may involve the
+    // planning rank are cut into cells: on the inference side its own, on the training side
+    // those that meet its region (any other box is checked whole: covered, and convertible; one
+    // that is not is cut, to name what fails as before)
+    let apart = sources_apart(region_boxes, region_ranges, s.ranks.len(), &mut s.spans);
+    let my_region = match side {
+        Side::Training if apart => s.ranks.binary_search(&me).ok().and_then(|mi| {
+            let at = region_cands.iter().position(|c| c.1.rank as usize == mi)?;
+            Some(region_boxes[region_cands[at].0 as usize])
+        }),
+        _ => None,
+    };
+    let may_involve_me = |dh: &Holder| match side {
+        Side::Inference => dh.ranks.binary_search(&me).is_ok(),
+        Side::Training => my_region.is_some_and(|r| r.overlap_numel(&dh.region) > 0),
+    };
 
     // cut every destination box into cells held by one set of source candidates
     s.pieces.clear();
@@ -1162,7 +1173,7 @@ fn structure(
     for (dhi, dh) in dst.iter().enumerate() {
         let want = dh.region;
         if apart
-            && dh.ranks.binary_search(&me).is_err()
+            && !may_involve_me(dh)
             && other_box_holds(&want, region_boxes, |i| {
                 let holder = region_cands[region_ranges[i].0 as usize].1.holder;
                 src[holder as usize].dtype.converts_to(dh.dtype)
