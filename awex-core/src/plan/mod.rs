@@ -537,39 +537,20 @@ pub const THREADED_TRANSFERS: usize = 16_384;
 /// A rank of at least this many tensors finds their alike classes on several threads.
 pub const THREADED_TENSORS: usize = 2_048;
 
-/// Each peer's (fingerprint, bytes on the wire), in `lists`' order, on up to `threads`
-/// threads (contiguous groups of peers of about as many transfers each).
-fn fingerprints(
-    store: &transfers::Store,
-    ends: &transfers::EndsSums,
-    lists: &[PeerList],
-    threads: usize,
-) -> Vec<(u64, u64)> {
-    in_groups(
-        lists.iter().collect(),
-        threads,
-        |l| l.order.len(),
-        Vec::new,
-        |bytes, l| {
-            bytes.clear();
-            let wire = store.hash_and_count(&l.order, ends, bytes);
-            (xxhash_rust::xxh3::xxh3_64(bytes), wire)
-        },
-    )
-}
-
 /// Coalesces a peer's transfers ([`coalesce::Groups::coalesce`]) on `copy`, a copy of its
-/// items (`items` in `l.order`), and puts `l.order` in execution order; returns the items that
-/// merges grew, with their indices in `items`.
+/// items (`items` in `l.order`), and puts `l.order` in execution order, and `order` the same
+/// order as indices into `copy`; returns the items that merges grew, with their indices in
+/// `items`.
 fn coalesce_copy(
     g: &mut coalesce::Groups,
     l: &mut PeerList,
-    copy: &mut [transfers::Item],
+    (copy, order): (&mut [transfers::Item], &mut Vec<u32>),
     ends: &[transfers::Ends],
     wide: &mut Vec<transfers::Boxes>,
 ) -> Vec<(u32, transfers::Item)> {
-    let mut order: Vec<u32> = (0..copy.len() as u32).collect();
-    g.coalesce(&mut order, copy, ends, wide);
+    order.clear();
+    order.extend(0..copy.len() as u32);
+    g.coalesce(order, copy, ends, wide);
     let grown = g
         .grown()
         .iter()
@@ -577,6 +558,18 @@ fn coalesce_copy(
         .collect();
     l.order = order.iter().map(|&j| l.order[j as usize]).collect();
     grown
+}
+
+/// A peer's (fingerprint, bytes on the wire) from its items in execution order.
+fn fingerprint<'a>(
+    store: &transfers::Store,
+    items: impl ExactSizeIterator<Item = &'a transfers::Item>,
+    ends: &transfers::EndsSums,
+    bytes: &mut Vec<u8>,
+) -> (u64, u64) {
+    bytes.clear();
+    let wire = store.hash_and_count(items, ends, bytes);
+    (xxhash_rust::xxh3::xxh3_64(bytes), wire)
 }
 
 /// Runs `f` on every job, on up to `threads` threads (the calling thread one of them), each
@@ -787,54 +780,64 @@ impl Pair<'_> {
         } else {
             1
         };
-        let transfers::Store {
-            ends, items, wide, ..
-        } = &mut store;
+        // (each peer is fingerprinted where it is coalesced, from its items in execution order:
+        // a narrow peer's from the copy its job holds, a wide one's from the store once its
+        // items are written back)
+        let ends_bytes = transfers::EndsSums::on(&store.ends, spread);
         let done = {
-            let (ends, items): (&[transfers::Ends], &[transfers::Item]) = (ends, items);
+            let (st, sums) = (&store, &ends_bytes);
             in_groups(
                 lists.iter_mut().collect(),
                 spread,
                 |l| l.order.len(),
-                || (coalesce::Groups::new(&groups_of_ends), Vec::new()),
-                |(g, copy), l| {
+                || {
+                    let g = coalesce::Groups::new(&groups_of_ends);
+                    (g, Vec::new(), Vec::new(), Vec::new())
+                },
+                |(g, copy, order, bytes), l| {
                     copy.clear();
-                    copy.extend(l.order.iter().map(|&i| items[i as usize]));
+                    copy.extend(l.order.iter().map(|&i| st.items[i as usize]));
                     transfers::Item::stay_narrow(copy).then(|| {
                         let mut none = Vec::new();
-                        let grown = coalesce_copy(g, l, copy, ends, &mut none);
+                        let grown = coalesce_copy(g, l, (copy, order), &st.ends, &mut none);
                         debug_assert!(none.is_empty(), "a narrow peer's merges stay narrow");
-                        grown
+                        let items = order.iter().map(|&j| &copy[j as usize]);
+                        (grown, fingerprint(st, items, sums, bytes))
                     })
                 },
             )
         };
         let mut g = coalesce::Groups::new(&groups_of_ends);
-        let mut copy = Vec::new();
-        for (l, grown) in lists.iter_mut().zip(done) {
-            let grown = match grown {
-                Some(grown) => grown,
+        let (mut copy, mut order, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
+        let mut sums = Vec::with_capacity(lists.len());
+        for (l, done) in lists.iter_mut().zip(done) {
+            let (grown, sum) = match done {
+                Some((grown, sum)) => (grown, Some(sum)),
                 None => {
                     copy.clear();
-                    copy.extend(l.order.iter().map(|&i| items[i as usize]));
-                    coalesce_copy(&mut g, l, &mut copy, ends, wide)
+                    copy.extend(l.order.iter().map(|&i| store.items[i as usize]));
+                    let (ends, wide) = (&store.ends, &mut store.wide);
+                    let grown = coalesce_copy(&mut g, l, (&mut copy, &mut order), ends, wide);
+                    (grown, None)
                 }
             };
             for (i, it) in grown {
-                items[i as usize] = it;
+                store.items[i as usize] = it;
             }
+            sums.push(sum.unwrap_or_else(|| {
+                let items = l.order.iter().map(|&i| &store.items[i as usize]);
+                fingerprint(&store, items, &ends_bytes, &mut bytes)
+            }));
         }
         // peers in order, with their fingerprints and bytes (the store keeps no room it was
         // given and did not use)
-        lists.sort_unstable_by_key(|l| l.peer);
+        let mut lists: Vec<(PeerList, (u64, u64))> = lists.into_iter().zip(sums).collect();
+        lists.sort_unstable_by_key(|(l, _)| l.peer);
         store.items.shrink_to_fit();
         let store = Arc::new(store);
-        let ends_bytes = transfers::EndsSums::on(&store.ends, spread);
-        let sums = fingerprints(&store, &ends_bytes, &lists, spread);
-        debug_assert_eq!(sums.len(), lists.len(), "a fingerprint per peer");
         let mut peers = Vec::with_capacity(lists.len());
         let mut h = xxhash_rust::xxh3::Xxh3::new();
-        for (PeerList { peer, order, .. }, (fingerprint, wire)) in lists.into_iter().zip(sums) {
+        for (PeerList { peer, order, .. }, (fingerprint, wire)) in lists {
             h.update(&fingerprint.to_le_bytes());
             peers.push(PeerPlan {
                 peer,

@@ -205,18 +205,23 @@ pub(super) struct Store {
 }
 
 impl Store {
-    /// The fingerprint bytes of items `order` appended to `h`, as [`Transfer::hash_bytes`]
-    /// would write them, without making them (each transfer's ranks, its ends' digest from
-    /// `sums`, made once for the store's ends, and its boxes), and their bytes on the wire.
-    pub(super) fn hash_and_count(&self, order: &[u32], sums: &EndsSums, h: &mut Vec<u8>) -> u64 {
+    /// The fingerprint bytes of `items` (this store's, or copies of them) appended to `h`, as
+    /// [`Transfer::hash_bytes`] would write them, without making them (each transfer's ranks,
+    /// its ends' digest from `sums`, made once for the store's ends, and its boxes), and their
+    /// bytes on the wire.
+    pub(super) fn hash_and_count<'a>(
+        &self,
+        items: impl ExactSizeIterator<Item = &'a Item>,
+        sums: &EndsSums,
+        h: &mut Vec<u8>,
+    ) -> u64 {
         let st = self;
         let mut wire = 0u64;
         // one transfer's bytes, written at once: ranks, ends' digest, three dims' counts, boxes
         const HEAD: usize = 16 + 8 + 3;
         let mut rec = [0u8; HEAD + 8 * 3 * NARROW];
-        h.reserve(order.len() * (HEAD + 8 * 2 * NARROW));
-        for &i in order {
-            let it = &st.items[i as usize];
+        h.reserve(items.len() * (HEAD + 8 * 2 * NARROW));
+        for it in items {
             wire += st.bytes(it);
             let (src_rank, dst_rank) = st.pairs[it.pair as usize];
             for (at, x) in [
@@ -361,7 +366,8 @@ impl Transfers {
     /// ranks, its ends' digest (`sums`, made once for the store's ends) and its boxes.
     #[cfg(test)]
     pub(super) fn hash_bytes(&self, sums: &EndsSums, h: &mut Vec<u8>) {
-        self.store.hash_and_count(&self.order, sums, h);
+        let items = self.order.iter().map(|&i| &self.store.items[i as usize]);
+        self.store.hash_and_count(items, sums, h);
     }
 }
 
@@ -525,6 +531,62 @@ mod tests {
     }
 
     #[test]
+    fn a_coalesced_peer_s_fingerprint_hashes_its_transfers_in_execution_order() {
+        // three canonical tensors stacked into one local tensor on both sides (the source's in
+        // two engines' worth of replicas): each peer's transfers merge (fewer come out than
+        // went in), and the fingerprint the planner makes where it coalesces is the digest of
+        // the made transfers' bytes, in the order they run
+        let cat = catalogue(&[vec![6, 2], vec![4, 2], vec![6, 2]]);
+        let side = |side, replicas| SyntheticSide {
+            side,
+            engines: 1,
+            replicas,
+            shards: 1,
+            splits: (0..3)
+                .map(|_| TensorSplit {
+                    dim: 0,
+                    cuts: Vec::new(),
+                    pad: 0,
+                })
+                .collect(),
+            dtype: DType::Bf16,
+            fuse: true,
+        };
+        let (train, infer) = (
+            side(Side::Training, 2).build(&cat),
+            side(Side::Inference, 1).build(&cat),
+        );
+        let pair = Pair {
+            catalogue: &cat,
+            training: &train,
+            inference: &infer,
+            encode_on_sender: false,
+        };
+        let mut merged = 0;
+        for (s, rank) in [
+            (Side::Training, RankId::train(0)),
+            (Side::Training, RankId::train(1)),
+            (Side::Inference, RankId::infer(0, 0)),
+        ] {
+            let plan = pair.plan_rank(s, rank).unwrap();
+            for p in &plan.peers {
+                let mut want = Vec::new();
+                for t in &p.transfers {
+                    t.hash_bytes(&mut want);
+                }
+                assert_eq!(
+                    p.fingerprint,
+                    xxhash_rust::xxh3::xxh3_64(&want),
+                    "{s:?} {}",
+                    p.peer
+                );
+                merged += usize::from(p.transfers.len() < 3);
+            }
+        }
+        assert!(merged > 0, "no peer's transfers merged");
+    }
+
+    #[test]
     fn transfers_that_merge_past_32_bits_are_kept_wide() {
         // two canonical tensors of 2^31 rows stacked into one local tensor on both sides: their
         // two transfers merge into one of 2^32 rows, which only a wide box holds
@@ -575,6 +637,7 @@ mod tests {
             t.hash_bytes(&mut want);
             ts.hash_bytes(&EndsSums::of(&ts.store.ends), &mut got);
             assert_eq!(got, want);
+            assert_eq!(plan.peers[0].fingerprint, xxhash_rust::xxh3::xxh3_64(&want));
         }
     }
 
@@ -741,6 +804,13 @@ mod tests {
                 p.transfers
                     .hash_bytes(&EndsSums::of(&p.transfers.store.ends), &mut got);
                 assert_eq!(got, want);
+                // the planner's fingerprint (made where the peer is coalesced) hashes them
+                assert_eq!(
+                    p.fingerprint,
+                    xxhash_rust::xxh3::xxh3_64(&want),
+                    "{}",
+                    p.peer
+                );
                 assert_eq!(
                     p.transfers.iter_owned().collect::<Vec<_>>(),
                     p.transfers.to_vec()
