@@ -530,19 +530,15 @@ mod tests {
         assert!(Item::stay_narrow(&[]));
     }
 
-    #[test]
-    fn a_coalesced_peer_s_fingerprint_hashes_its_transfers_in_execution_order() {
-        // three canonical tensors stacked into one local tensor on both sides (the source's in
-        // two engines' worth of replicas): each peer's transfers merge (fewer come out than
-        // went in), and the fingerprint the planner makes where it coalesces is the digest of
-        // the made transfers' bytes, in the order they run
-        let cat = catalogue(&[vec![6, 2], vec![4, 2], vec![6, 2]]);
-        let side = |side, replicas| SyntheticSide {
+    /// A side of one engine whose `tensors` canonical tensors are stacked whole into one local
+    /// tensor, on `replicas` ranks.
+    fn stacked(side: Side, tensors: usize, replicas: u32) -> SyntheticSide {
+        SyntheticSide {
             side,
             engines: 1,
             replicas,
             shards: 1,
-            splits: (0..3)
+            splits: (0..tensors)
                 .map(|_| TensorSplit {
                     dim: 0,
                     cuts: Vec::new(),
@@ -551,10 +547,19 @@ mod tests {
                 .collect(),
             dtype: DType::Bf16,
             fuse: true,
-        };
+        }
+    }
+
+    #[test]
+    fn a_coalesced_peer_s_fingerprint_hashes_its_transfers_in_execution_order() {
+        // three canonical tensors stacked into one local tensor on both sides (the source's on
+        // two replicas): each peer's transfers merge (fewer come out than
+        // went in), and the fingerprint the planner makes where it coalesces is the digest of
+        // the made transfers' bytes, in the order they run
+        let cat = catalogue(&[vec![6, 2], vec![4, 2], vec![6, 2]]);
         let (train, infer) = (
-            side(Side::Training, 2).build(&cat),
-            side(Side::Inference, 1).build(&cat),
+            stacked(Side::Training, 3, 2).build(&cat),
+            stacked(Side::Inference, 3, 1).build(&cat),
         );
         let pair = Pair {
             catalogue: &cat,
@@ -592,24 +597,9 @@ mod tests {
         // two transfers merge into one of 2^32 rows, which only a wide box holds
         let rows = 1u64 << 31;
         let cat = catalogue(&[vec![rows, 1], vec![rows, 1]]);
-        let side = |side| SyntheticSide {
-            side,
-            engines: 1,
-            replicas: 1,
-            shards: 1,
-            splits: (0..2)
-                .map(|_| TensorSplit {
-                    dim: 0,
-                    cuts: Vec::new(),
-                    pad: 0,
-                })
-                .collect(),
-            dtype: DType::Bf16,
-            fuse: true,
-        };
         let (train, infer) = (
-            side(Side::Training).build(&cat),
-            side(Side::Inference).build(&cat),
+            stacked(Side::Training, 2, 1).build(&cat),
+            stacked(Side::Inference, 2, 1).build(&cat),
         );
         let pair = Pair {
             catalogue: &cat,
