@@ -89,19 +89,50 @@ impl Resolved {
         }
     }
 
-    /// xxh3 over every rank's [`content`], training ranks then inference ranks.
+    /// xxh3 over every rank's [`content`], training ranks then inference ranks; on the way,
+    /// checks that the plans' fingerprints agree ([`check_fingerprints`]).
     fn digest(&self) -> u64 {
         let pair = self.pair();
         let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut plans = Vec::new();
         for (side, l) in [
             (Side::Training, &self.training),
             (Side::Inference, &self.inference),
         ] {
             for r in l.ranks() {
-                h.update(&content(&pair.plan_rank(side, r).unwrap()).to_le_bytes());
+                let plan = pair.plan_rank(side, r).unwrap();
+                h.update(&content(&plan).to_le_bytes());
+                plans.push(plan);
             }
         }
+        check_fingerprints(&plans);
         h.digest()
+    }
+}
+
+/// Every plan's fingerprint is xxh3 over its peers' fingerprints, and each peer pair's two
+/// plans (every rank of both sides is in `plans`) carry the same fingerprint and bytes.
+fn check_fingerprints(plans: &[RankPlan]) {
+    let by_end: std::collections::HashMap<(Side, RankId, RankId), (u64, u64)> = plans
+        .iter()
+        .flat_map(|pl| {
+            pl.peers
+                .iter()
+                .map(move |p| ((pl.side, pl.rank, p.peer), (p.fingerprint, p.bytes)))
+        })
+        .collect();
+    for pl in plans {
+        check_fingerprints_compose(pl);
+        for p in &pl.peers {
+            assert_eq!(
+                by_end.get(&(pl.side.other(), p.peer, pl.rank)),
+                Some(&(p.fingerprint, p.bytes)),
+                "{}:{} and its peer {} disagree",
+                pl.side.short(),
+                pl.rank,
+                p.peer
+            );
+        }
     }
 }
 
@@ -321,6 +352,73 @@ fn fsdp_pairs_of_the_new_families_are_pinned() {
     ];
     assert_eq!(got, want);
     assert_eq!(ranks, want_ranks);
+}
+
+/// The plans' own fingerprints, which peers compare before an update: a change to the bytes they
+/// hash is a change of the wire's agreement (peers of two versions would refuse each other), so
+/// it must be deliberate. Pinned on 2026-12-06, equal to what `awex-cli plan` printed at e7c640c,
+/// before fingerprints were made where peers are coalesced.
+#[test]
+fn plans_own_fingerprints_are_pinned() {
+    let mut got = Vec::new();
+    for (model, train, infer, ranks) in [
+        (
+            "moe-1t",
+            "megatron:tp=8,pp=8,dp=16,ep=32,etp=1",
+            "sglang:tp=16,ep=16,engines=8",
+            [
+                (Side::Inference, RankId::infer(0, 0)),
+                (Side::Inference, RankId::infer(7, 15)),
+                (Side::Training, RankId::train(1023)),
+            ],
+        ),
+        (
+            "qwen3.5-35b-a3b",
+            "fsdp:dp=64,fused_experts=1",
+            "sglang:tp=8,ep=8,engines=2",
+            [
+                (Side::Inference, RankId::infer(0, 0)),
+                (Side::Inference, RankId::infer(1, 7)),
+                (Side::Training, RankId::train(63)),
+            ],
+        ),
+    ] {
+        let r = resolve(model, train, infer);
+        let pair = r.pair();
+        for (s, rank) in ranks {
+            let plan = pair.plan_rank(s, rank).unwrap();
+            check_fingerprints_compose(&plan);
+            got.push(format!(
+                "{model} {}:{rank}: {:016x}",
+                s.short(),
+                plan.fingerprint
+            ));
+        }
+    }
+    let want = [
+        "moe-1t infer:0/0: c15cf8b312cb75c5",
+        "moe-1t infer:7/15: 763fe8621cca8f39",
+        "moe-1t train:0/1023: e25f859aa5fdbfec",
+        "qwen3.5-35b-a3b infer:0/0: fdbd47e5106b624c",
+        "qwen3.5-35b-a3b infer:1/7: 770af2c74b35d516",
+        "qwen3.5-35b-a3b train:0/63: cbf14dba147e0206",
+    ];
+    assert_eq!(got, want);
+}
+
+/// A plan's fingerprint is xxh3 over its peers' fingerprints, in order.
+fn check_fingerprints_compose(plan: &RankPlan) {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for p in &plan.peers {
+        h.update(&p.fingerprint.to_le_bytes());
+    }
+    assert_eq!(
+        plan.fingerprint,
+        h.digest(),
+        "{}:{}",
+        plan.side.short(),
+        plan.rank
+    );
 }
 
 /// A plan large enough to be made on several threads (its peers coalesced and fingerprinted in
