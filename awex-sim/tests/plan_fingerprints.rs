@@ -4,7 +4,9 @@
 //!
 //! The pins are digests of the transfers themselves ([`content`]: every transfer made, in
 //! order, hashed as the plans' fingerprints hashed them until 2026-12-06), not the plans' own
-//! fingerprints, whose bytes may change without the plan changing.
+//! fingerprints, whose bytes may change without the plan changing. Those are pinned apart
+//! ([`plans_own_fingerprints_are_pinned`]), and every whole-pair digest checks that both ends
+//! of each peer pair carry the same fingerprint.
 
 use awex_core::backend::side_layout;
 use awex_core::layout::{RankId, Side};
