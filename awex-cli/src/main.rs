@@ -3,6 +3,7 @@
 mod cmd;
 mod link;
 mod logs;
+mod report;
 mod safetensors;
 mod settings;
 
@@ -69,7 +70,7 @@ fn main() -> std::process::ExitCode {
         _ => "warn",
     };
     if let Err(e) = logs::init(cli.log_level.as_deref(), cli.log_format, default_level) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", report::chain(&e));
         return std::process::ExitCode::from(2);
     }
     let result = match cli.command {
@@ -90,7 +91,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report::chain(&e));
             std::process::ExitCode::from(2)
         }
     }

@@ -294,6 +294,7 @@ fn model_sizes_above_the_limits_are_refused_by_plan_and_pair_connect() {
         let model = dir.path().to_str().unwrap();
         let err = refused(&["plan", "--model", model, "--infer", "sglang:tp=2"]);
         assert!(err.contains(want), "{field}: {err}");
+        assert_eq!(err.matches(want).count(), 1, "said more than once: {err}");
         // refused before any request: nothing listens on the gateway port
         let err = refused(&[
             "pair",

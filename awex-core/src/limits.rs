@@ -13,8 +13,9 @@
 //! | --- | --- | --- |
 //! | [`MAX_LAYERS`] | 1,024 | 126 (Llama-3.1-405B) |
 //! | [`MAX_HIDDEN`] | 65,536 | 25,600 (Megatron's 1T GPT config), 16,384 (Llama-3.1-405B) |
-//! | [`MAX_HEADS`] (query and KV heads) | 1,024 | 160 (Megatron's 1T GPT config), 128 (DeepSeek-V3) |
-//! | [`MAX_HEAD_DIM`] | 1,024 | 256 (Gemma) |
+//! | [`MAX_HEADS`] (query and KV heads, linear-attention key and value heads) | 1,024 | 160 (Megatron's 1T GPT config), 128 (DeepSeek-V3) |
+//! | [`MAX_HEAD_DIM`] (also linear-attention heads) | 1,024 | 256 (Gemma) |
+//! | [`MAX_CONV_KERNEL`] (`linear_conv_kernel_dim`) | 64 | 4 (Qwen3-Next, Qwen3.5) |
 //! | [`MAX_VOCAB`] | 4,194,304 | 262,144 (Gemma 3) |
 //! | [`MAX_INTERMEDIATE`] (dense and per expert) | 1,048,576 | 73,728 (PaLM-540B) |
 //! | [`MAX_EXPERTS`] | 4,096 | 512 (Qwen3-Next) |
@@ -47,6 +48,8 @@ pub const MAX_HIDDEN: u64 = 65_536;
 pub const MAX_HEADS: u64 = 1024;
 /// Largest head dimension.
 pub const MAX_HEAD_DIM: u64 = 1024;
+/// Largest kernel of a linear-attention layer's causal convolution (`linear_conv_kernel_dim`).
+pub const MAX_CONV_KERNEL: u64 = 64;
 /// Largest vocabulary (unpadded).
 pub const MAX_VOCAB: u64 = 1 << 22;
 /// Largest MLP intermediate size (dense, or one expert's).

@@ -67,7 +67,15 @@ fn refused(field: &str, value: Value) -> String {
     let (bytes, r) = allocated(|| ModelSpec::from_config_value(&cfg));
     let e = match r {
         Ok(spec) => panic!("{field} was accepted: {spec:?}"),
-        Err(e) => e.to_string(),
+        Err(e) => {
+            // a source is either said in the message or kept as the source, not both: a
+            // report of the whole chain would say it twice
+            let text = e.to_string();
+            if let Some(source) = std::error::Error::source(&e) {
+                assert!(!text.contains(&source.to_string()), "{text}");
+            }
+            text
+        }
     };
     assert!(
         bytes < 1 << 20,
@@ -105,6 +113,141 @@ fn a_head_dim_of_u64_max_is_refused() {
     assert_eq!(
         refused("head_dim", json!(u64::MAX)),
         "model head_dim=18446744073709551615 is above awex's limit of 1024 (4x the largest real head_dim, 256)"
+    );
+}
+
+#[test]
+fn linear_attention_sizes_of_u64_max_are_refused_by_name() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hf/qwen3-next.json"
+        ))
+        .expect("the Qwen3-Next fixture"),
+    )
+    .expect("json");
+    for (field, limit, why) in [
+        (
+            "linear_num_key_heads",
+            1024,
+            "6x the most heads of a real model, 160",
+        ),
+        (
+            "linear_num_value_heads",
+            1024,
+            "6x the most heads of a real model, 160",
+        ),
+        (
+            "linear_key_head_dim",
+            1024,
+            "4x the largest real head_dim, 256",
+        ),
+        (
+            "linear_value_head_dim",
+            1024,
+            "4x the largest real head_dim, 256",
+        ),
+        (
+            "linear_conv_kernel_dim",
+            64,
+            "16x the largest real convolution kernel, 4",
+        ),
+    ] {
+        let mut cfg = fixture["config"].clone();
+        cfg[field] = json!(u64::MAX);
+        let (bytes, r) = allocated(|| ModelSpec::from_config_value(&cfg));
+        assert_eq!(
+            r.map(|s| s.name).map_err(|e| e.to_string()),
+            Err(format!(
+                "model {field}={} is above awex's limit of {limit} ({why})",
+                u64::MAX
+            ))
+        );
+        assert!(
+            bytes < 1 << 20,
+            "{field}: refusing it allocated {bytes} bytes"
+        );
+    }
+}
+
+/// Each integer of a fixture's config (top level, and each integer in a top-level list) set to
+/// each of `values`, one at a time.
+fn with_each_integer_set(cfg: &Value, values: &[u64]) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let obj = cfg.as_object().expect("a config is an object");
+    for (key, v) in obj {
+        let mut at = |path: String, set: &dyn Fn(&mut Value, u64)| {
+            for &x in values {
+                let mut c = cfg.clone();
+                set(&mut c, x);
+                out.push((format!("{path}={x}"), c));
+            }
+        };
+        match v {
+            Value::Number(n) if n.is_u64() => at(key.clone(), &|c, x| c[key] = json!(x)),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    if item.is_u64() {
+                        at(format!("{key}[{i}]"), &|c, x| c[key][i] = json!(x));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Every family's config as transformers writes it (tests/fixtures/hf), with any one integer
+/// hostile: refused with an error or taken, and then its catalogue built, never a panic (the
+/// tests run with overflow checks, so wrapping arithmetic panics here), and a refusal allocates
+/// less than 1 MiB.
+#[test]
+fn a_hostile_integer_anywhere_in_any_family_s_config_is_an_error_not_a_panic() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("the fixtures")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 19, "{} fixtures", files.len());
+    let values = [u64::MAX, 1 << 62, (1 << 32) + 1, (1 << 20) + 1, 1000];
+    let mut bad = Vec::new();
+    let (mut refused, mut taken) = (0, 0);
+    for f in &files {
+        let fixture: Value =
+            serde_json::from_str(&std::fs::read_to_string(f).expect("a fixture")).expect("json");
+        let name = f
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        for (what, cfg) in with_each_integer_set(&fixture["config"], &values) {
+            let r = std::panic::catch_unwind(|| {
+                let (bytes, r) = allocated(|| ModelSpec::from_config_value(&cfg));
+                match r {
+                    Err(e) => Err((bytes, e.to_string())),
+                    Ok(spec) => Ok(Catalogue::of(&spec).len()),
+                }
+            });
+            match r {
+                Err(_) => bad.push(format!("{name} {what}: panicked")),
+                Ok(Err((bytes, e))) => {
+                    refused += 1;
+                    if bytes >= 1 << 20 {
+                        bad.push(format!("{name} {what}: refused ({e}) after {bytes} bytes"));
+                    }
+                }
+                Ok(Ok(_)) => taken += 1,
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+    // the test exercised both outcomes
+    assert!(
+        refused > 100 && taken > 100,
+        "{refused} refused, {taken} taken"
     );
 }
 

@@ -82,9 +82,10 @@ pub enum ModelError {
         /// the OS error
         message: String,
     },
-    /// A size is above awex's limits ([`crate::limits`]).
+    /// A size is above awex's limits ([`crate::limits`]). (Its text is in the message and it
+    /// is not the error's `source`, so that a report of the whole chain (`{:#}`) says it once.)
     #[error("model {0}")]
-    Limit(#[from] crate::limits::LimitError),
+    Limit(crate::limits::LimitError),
     /// Neither a preset nor a path.
     #[error("`{arg}` is neither a built-in preset nor an existing config.json or HF directory; presets: {}", presets.join(", "))]
     UnknownModel {
@@ -93,4 +94,10 @@ pub enum ModelError {
         /// the presets
         presets: Vec<&'static str>,
     },
+}
+
+impl From<crate::limits::LimitError> for ModelError {
+    fn from(e: crate::limits::LimitError) -> Self {
+        Self::Limit(e)
+    }
 }

@@ -546,6 +546,46 @@ impl ModelSpec {
                 )?;
             }
         }
+        if let Some(a) = &self.linear {
+            let heads = "6x the most heads of a real model, 160";
+            let head_dim = "4x the largest real head_dim, 256";
+            let sizes = [
+                ("linear_num_key_heads", a.num_key_heads, l::MAX_HEADS, heads),
+                (
+                    "linear_num_value_heads",
+                    a.num_value_heads,
+                    l::MAX_HEADS,
+                    heads,
+                ),
+                (
+                    "linear_key_head_dim",
+                    a.key_head_dim,
+                    l::MAX_HEAD_DIM,
+                    head_dim,
+                ),
+                (
+                    "linear_value_head_dim",
+                    a.value_head_dim,
+                    l::MAX_HEAD_DIM,
+                    head_dim,
+                ),
+                (
+                    "linear_conv_kernel_dim",
+                    a.conv_kernel,
+                    l::MAX_CONV_KERNEL,
+                    "16x the largest real convolution kernel, 4",
+                ),
+            ];
+            for (field, v, max, why) in sizes {
+                check(field, u128::from(v), max, why)?;
+            }
+            check(
+                "full-attention layers (`layer_types`)",
+                a.full_attention_layers.len() as u128,
+                l::MAX_LAYERS,
+                "it lists at most one entry per layer",
+            )?;
+        }
         if let Some(m) = &self.moe {
             check(
                 "shared experts' intermediate size",

@@ -335,7 +335,7 @@ async fn rank_task(
     if let Err(e) = &r
         && let Ok(mut f) = progress.failed.lock()
     {
-        f.get_or_insert_with(|| format!("{e:#}"));
+        f.get_or_insert_with(|| crate::report::chain(e));
     }
     r
 }
