@@ -867,6 +867,15 @@ fn tiny_model_is_the_one_the_tests_use() {
     assert_eq!(tiny().num_layers, 4);
 }
 
+/// A model's Gated DeltaNet sizes (`ModelSpec::linear`) as a connect request spells them.
+fn linear(key_head_dim: u64, full_attention_layers: Vec<u64>) -> Value {
+    json!({
+        "num_key_heads": 4, "num_value_heads": 8, "key_head_dim": key_head_dim,
+        "value_head_dim": 16, "conv_kernel": 4,
+        "full_attention_layers": full_attention_layers, "attn_output_gate": true
+    })
+}
+
 #[tokio::test]
 async fn connect_applies_the_same_bounds_as_every_other_entry_point() {
     let app = app();
@@ -900,6 +909,15 @@ async fn connect_applies_the_same_bounds_as_every_other_entry_point() {
         (
             with(&|v| v["training"]["model"]["num_layers"] = json!(1_000_000_000u64)),
             "training model is too large: num_hidden_layers=1000000000 is above awex's limit of 1024 (8x the most layers of a real model, 126)",
+        ),
+        (
+            with(&|v| v["training"]["model"]["linear"] = linear(u64::MAX, vec![3])),
+            "training model is too large: linear_key_head_dim=18446744073709551615 is above awex's limit of 1024 (4x the largest real head_dim, 256)",
+        ),
+        (
+            // a list the family check would search once per layer
+            with(&|v| v["inference"]["model"]["linear"] = linear(16, vec![3; 2000])),
+            "inference model is too large: full-attention layers (`layer_types`)=2000 is above awex's limit of 1024 (it lists at most one entry per layer)",
         ),
     ];
     // (each is refused by the limit check that runs before any catalogue or layout is built:
