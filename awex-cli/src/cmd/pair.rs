@@ -279,7 +279,7 @@ fn connect_request(a: &ConnectArgs) -> anyhow::Result<ConnectRequest> {
         },
         inference: InferenceSpec {
             spare: a.spare,
-            fp8: a.quant.resolve(&infer_model)?,
+            fp8: a.quant.resolve_for(&a.model, &infer_model)?,
             backend: a.infer.backend.clone(),
             parallel: a.infer.parallel.clone(),
             engines,

@@ -202,9 +202,10 @@ pub fn resolve_over(
             eprintln!("{note}");
         }
     }
-    let model = ModelSpec::resolve(model)?;
+    let arg = model;
+    let model = ModelSpec::resolve(arg)?;
     let spec = awex_core::pair::PairSpec {
-        infer_fp8: quant.resolve(&model)?,
+        infer_fp8: quant.resolve_for(arg, &model)?,
         model,
         train: train.parse()?,
         infer: infer.parse()?,

@@ -83,6 +83,16 @@ impl QuantArgs {
         })?))
     }
 
+    /// [`QuantArgs::resolve`] for `model`, resolved from `arg` (`--model` as given): without an
+    /// FP8 flag, a `--model` whose own config quantises to FP8 is refused (planning it bf16 would
+    /// not be what the engine serving that checkpoint holds).
+    pub fn resolve_for(&self, arg: &str, model: &ModelSpec) -> anyhow::Result<Option<InferFp8>> {
+        if self.infer_quant.is_none() && self.infer_config.is_none() {
+            refuse_fp8_model_arg(arg)?;
+        }
+        self.resolve(model)
+    }
+
     /// [`QuantArgs::resolve`] against `--model` as given (a preset, config or HF directory).
     pub fn resolve_model(&self, model: &str) -> anyhow::Result<Option<InferFp8>> {
         if self.infer_quant.is_none()
@@ -90,6 +100,7 @@ impl QuantArgs {
             && self.fp8_block.is_none()
             && self.fp8_recipe.is_none()
         {
+            refuse_fp8_model_arg(model)?;
             return Ok(None);
         }
         self.resolve(&ModelSpec::resolve(model)?)
@@ -112,6 +123,36 @@ impl QuantArgs {
         }
         v
     }
+}
+
+/// Refuses a `--model` path (a `config.json` or HF directory) whose `quantization_config` says
+/// FP8, given without an FP8 flag: the inference side would be planned bf16 while the engine
+/// serving that checkpoint holds e4m3 weights and scales. A preset, or a path without such a
+/// config, passes.
+fn refuse_fp8_model_arg(arg: &str) -> anyhow::Result<()> {
+    let path = Path::new(arg);
+    let file = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    // (a preset, or a path the model's own reader refuses with its own message)
+    let Ok(text) = std::fs::read_to_string(&file) else {
+        return Ok(());
+    };
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Ok(());
+    };
+    let method = value
+        .get("quantization_config")
+        .and_then(|q| q.get("quant_method"))
+        .and_then(serde_json::Value::as_str);
+    if method == Some("fp8") {
+        bail!(
+            "--model {arg}: its config.json quantises the linear weights to FP8 (quantization_config quant_method \"fp8\"), which an engine serving it holds as e4m3 and scales; say so with `--infer-config {arg}` (the encoding from that config), or give the bf16 model's config as --model for a bf16 inference side"
+        );
+    }
+    Ok(())
 }
 
 /// `128x128` (or `128,128`) as `[bn, bk]`.
@@ -168,6 +209,53 @@ fn config_of(path: &Path, model: &ModelSpec) -> anyhow::Result<Fp8Config> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_fp8_model_without_an_fp8_flag_is_refused_naming_infer_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../awex-core/tests/fixtures/hf/qwen3.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let cfg = cfg["config"].take();
+        std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+        let bf16 = dir.path().to_str().unwrap().to_string();
+        let model = ModelSpec::resolve(&bf16).unwrap();
+        assert_eq!(
+            QuantArgs::default().resolve_for(&bf16, &model).unwrap(),
+            None
+        );
+        let mut fp8 = cfg.clone();
+        fp8["quantization_config"] = serde_json::json!({
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [16, 16]
+        });
+        let file = dir.path().join("fp8.json");
+        std::fs::write(&file, fp8.to_string()).unwrap();
+        let arg = file.to_str().unwrap();
+        let e = QuantArgs::default()
+            .resolve_for(arg, &model)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("quantises the linear weights to FP8"), "{e}");
+        assert!(e.contains(&format!("--infer-config {arg}")), "{e}");
+        let e = QuantArgs::default()
+            .resolve_model(arg)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("quantises the linear weights to FP8"), "{e}");
+        // with the flag it names, the same config is the FP8 encoding
+        let told = QuantArgs {
+            infer_config: Some(file.clone()),
+            ..Default::default()
+        };
+        let f = told.resolve_for(arg, &model).unwrap().unwrap();
+        assert_eq!(f.config.encoding.block, [16, 16]);
+    }
 
     #[test]
     fn blocks_parse_and_bad_ones_say_the_syntax() {
