@@ -146,6 +146,9 @@ impl Controller {
             }
         };
         let spec = model.spec()?;
+        if infer_quant.is_none() && infer_config_json.is_none() {
+            model.refuse_fp8_as_plain()?;
+        }
         let train_spec: BackendSpec = train.parse().map_err(Fail::from)?;
         let infer_spec: BackendSpec = infer.parse().map_err(Fail::from)?;
         let transport: Transport = transport.parse().map_err(Fail::Value)?;

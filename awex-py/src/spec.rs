@@ -37,6 +37,44 @@ impl ModelArg {
     }
 }
 
+impl ModelArg {
+    /// Refuses a model whose own config quantises to FP8 (`quantization_config.quant_method:
+    /// fp8`) for a connect without `infer_quant` or `infer_config`: it would be planned as a
+    /// bf16 inference side, not what an engine serving that checkpoint holds (as
+    /// `awex-cli`'s `--model`, `awex-cli/src/cmd/quant.rs`). A preset passes.
+    pub(crate) fn refuse_fp8_as_plain(&self) -> Result<()> {
+        let text = match self {
+            ModelArg::ConfigJson(t) => t.clone(),
+            ModelArg::Resolve(s) => {
+                let path = std::path::Path::new(s);
+                let file = if path.is_dir() {
+                    path.join("config.json")
+                } else {
+                    path.to_path_buf()
+                };
+                // (a preset, or a path the model's own reader refuses with its own message)
+                match std::fs::read_to_string(file) {
+                    Ok(t) => t,
+                    Err(_) => return Ok(()),
+                }
+            }
+        };
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
+            return Ok(());
+        };
+        let method = value
+            .get("quantization_config")
+            .and_then(|q| q.get("quant_method"))
+            .and_then(serde_json::Value::as_str);
+        if method == Some("fp8") {
+            return Err(Fail::Value(
+                "the model's config quantises the linear weights to FP8 (quantization_config quant_method \"fp8\"), which an engine serving it holds as e4m3 and scales; pass the same config as infer_config (the encoding from it), or give the bf16 model's config for a bf16 inference side".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One side's layout as the caller gave it: a whole spec, or a backend and/or a parallel config.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SideArg {
@@ -338,6 +376,37 @@ mod tests {
             "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": false,
             "dtype": "bfloat16"
         })
+    }
+
+    #[test]
+    fn an_fp8_model_for_a_plain_side_is_refused_naming_infer_config() {
+        let mut cfg = qwen3();
+        assert!(
+            ModelArg::ConfigJson(cfg.to_string())
+                .refuse_fp8_as_plain()
+                .is_ok()
+        );
+        assert!(
+            ModelArg::Resolve("qwen3-tiny".into())
+                .refuse_fp8_as_plain()
+                .is_ok()
+        );
+        cfg["quantization_config"] = serde_json::json!({
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 64]
+        });
+        let e = ModelArg::ConfigJson(cfg.to_string())
+            .refuse_fp8_as_plain()
+            .unwrap_err();
+        assert!(
+            format!("{e:?}").contains("pass the same config as infer_config"),
+            "{e:?}"
+        );
+        let dir = std::env::temp_dir().join(format!("awex-py-fp8-model-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        let r = ModelArg::Resolve(dir.to_string_lossy().into_owned()).refuse_fp8_as_plain();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(r.is_err(), "an HF directory whose config is FP8 was taken");
     }
 
     #[test]
