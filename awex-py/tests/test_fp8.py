@@ -57,6 +57,19 @@ def test_the_checkpoints_quantization_config_gives_the_encoding(gateway, pair_na
         ctl.disconnect()
 
 
+def test_a_model_whose_config_is_fp8_needs_infer_config_to_be_planned_fp8(gateway, pair_name, tmp_path):
+    cfg = {**TINY_F32, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                               "weight_block_size": [32, 16]}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ctl = awex.Controller(gateway)
+    for model in (cfg, str(tmp_path)):
+        with pytest.raises(ValueError, match="pass the same config as infer_config"):
+            ctl.connect(pair_name, model=model, train="fsdp:dp=1", infer="sglang:tp=1")
+    st = ctl.connect(pair_name, model=cfg, train="fsdp:dp=1", infer="sglang:tp=1", infer_config=cfg)
+    assert st["inference"]["fp8"]["config"]["encoding"]["block"] == [32, 16]
+    ctl.disconnect()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
