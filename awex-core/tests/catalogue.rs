@@ -949,3 +949,53 @@ fn hybrid_qwen_configs_that_cannot_load_are_refused_by_field() {
         Some(vec![1, 3])
     );
 }
+
+/// A spec's attention and MLP kinds are its architecture's: a spec (sent as JSON to the gateway,
+/// which validates it) that adds MLA, linear attention or experts to a family without them, or
+/// drops the experts of a MoE family, is refused by `validate`, never taken with the field
+/// silently ignored. The property: whatever validates after such a change has another
+/// catalogue than before it.
+#[test]
+fn a_spec_field_its_family_does_not_have_is_refused_not_ignored() {
+    let donor = |name: &str| presets::preset(name).expect(name);
+    let (mla, linear, moe) = (
+        donor("deepseek-v3-tiny").mla,
+        donor("qwen3-next-tiny").linear,
+        donor("qwen3-moe-tiny").moe,
+    );
+    let mut seen = BTreeSet::new();
+    let mut refused = 0;
+    // the presets, and the fixtures of the families without one
+    let specs = presets::names().into_iter().map(donor).chain(
+        ["llama", "qwen2"]
+            .into_iter()
+            .map(|f| ModelSpec::from_config_value(&load(f)["config"]).expect(f)),
+    );
+    for spec in specs {
+        let name = spec.name.clone();
+        if !seen.insert(spec.architecture.hf_name()) {
+            continue;
+        }
+        let before = Catalogue::of(&spec);
+        // each kind the family lacks, added; each it has, dropped
+        for what in ["MLA sizes", "linear-attention sizes", "MoE sizes"] {
+            let mut s = spec.clone();
+            match what {
+                "MLA sizes" => s.mla = s.mla.take().xor(mla.clone()),
+                "linear-attention sizes" => s.linear = s.linear.take().xor(linear.clone()),
+                _ => s.moe = s.moe.take().xor(moe.clone()),
+            }
+            match s.validate() {
+                Err(_) => refused += 1,
+                Ok(()) => assert_ne!(
+                    Catalogue::of(&s).first_difference(&before),
+                    None,
+                    "{name}: {what} changed and validated, but the catalogue ignored them"
+                ),
+            }
+        }
+    }
+    // every family was tried, and every such change is refused
+    assert_eq!(seen.len(), 12, "{seen:?}");
+    assert_eq!(refused, 3 * seen.len(), "every change is refused");
+}

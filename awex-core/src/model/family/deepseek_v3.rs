@@ -208,6 +208,8 @@ pub(crate) fn parse_mla(
 /// `q_proj`), and `head_dim` the rotary size as the parser sets it. Every one of them is a
 /// dimension of some tensor of the layer; a zero would make that tensor empty.
 pub(crate) fn check_mla(spec: &ModelSpec) -> Result<(), ModelError> {
+    super::no_linear(spec)?;
+    super::needs_moe(spec)?;
     let Some(a) = &spec.mla else {
         return Err(ModelError::Inconsistent(format!(
             "{} has multi-head latent attention, but the model gives no MLA sizes (`mla`: kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank)",

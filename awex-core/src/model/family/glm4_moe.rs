@@ -60,7 +60,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
-    check: super::no_mla,
+    check: super::moe_standard,
     presets: &[
         Preset {
             name: "glm-4.5-tiny",

@@ -36,7 +36,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
-    check: super::no_mla,
+    check: super::moe_standard,
     presets: &[
         Preset {
             name: "mixtral-tiny",

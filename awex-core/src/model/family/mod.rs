@@ -119,6 +119,56 @@ pub(crate) fn no_mla(spec: &ModelSpec) -> Result<(), ModelError> {
     Ok(())
 }
 
+/// The check of a family without linear attention: a spec (sent as JSON) that carries Gated
+/// DeltaNet sizes anyway is refused, not silently ignored.
+pub(crate) fn no_linear(spec: &ModelSpec) -> Result<(), ModelError> {
+    if spec.linear.is_some() {
+        return Err(ModelError::Inconsistent(format!(
+            "the model gives linear-attention sizes (`linear`), but {} has no linear attention; only Qwen3NextForCausalLM, Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM models have them",
+            spec.architecture.hf_name()
+        )));
+    }
+    Ok(())
+}
+
+/// The check of a dense family (an MLP on every layer): a spec that carries MoE sizes anyway
+/// is refused, not silently ignored.
+pub(crate) fn no_moe(spec: &ModelSpec) -> Result<(), ModelError> {
+    if spec.moe.is_some() {
+        return Err(ModelError::Inconsistent(format!(
+            "the model gives mixture-of-experts sizes (`moe`), but {} is dense (an MLP on every layer); its MoE sibling is another architecture",
+            spec.architecture.hf_name()
+        )));
+    }
+    Ok(())
+}
+
+/// The check of a mixture-of-experts family: a spec without MoE sizes is refused (it would
+/// walk as a dense model under a MoE architecture's name).
+pub(crate) fn needs_moe(spec: &ModelSpec) -> Result<(), ModelError> {
+    if spec.moe.is_none() {
+        return Err(ModelError::Inconsistent(format!(
+            "{} is a mixture-of-experts model, but the model gives no MoE sizes (`moe`: num_experts, num_experts_per_tok, moe_intermediate_size, ...)",
+            spec.architecture.hf_name()
+        )));
+    }
+    Ok(())
+}
+
+/// The check of a dense family with standard attention (Llama, Qwen2, Qwen3).
+pub(crate) fn dense_standard(spec: &ModelSpec) -> Result<(), ModelError> {
+    no_mla(spec)?;
+    no_linear(spec)?;
+    no_moe(spec)
+}
+
+/// The check of a MoE family with standard attention (Qwen3-MoE, Mixtral, GLM-4.5).
+pub(crate) fn moe_standard(spec: &ModelSpec) -> Result<(), ModelError> {
+    no_mla(spec)?;
+    no_linear(spec)?;
+    needs_moe(spec)
+}
+
 /// Every part of `spec` in catalogue order: the embedding, each layer's parts, the final norm
 /// and (untied) the output projection.
 pub fn walk(spec: &ModelSpec, sink: &mut dyn Sink) {

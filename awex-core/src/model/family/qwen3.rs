@@ -18,7 +18,7 @@ pub const FAMILY: Family = Family {
     names: &LLAMA_NAMES,
     parse,
     layer,
-    check: super::no_mla,
+    check: super::dense_standard,
     presets: &[
         Preset {
             name: "qwen3-tiny",

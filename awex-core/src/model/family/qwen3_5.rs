@@ -20,7 +20,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
-    check: check_linear,
+    check: |s| check_linear(s).and_then(|()| super::no_moe(s)),
     presets: &[
         Preset {
             name: "qwen3.5-tiny",

@@ -24,7 +24,7 @@ pub const FAMILY: Family = Family {
     names: &NAMES,
     parse,
     layer,
-    check: check_linear,
+    check: |s| check_linear(s).and_then(|()| super::needs_moe(s)),
     presets: &[
         Preset {
             name: "qwen3.5-moe-tiny",

@@ -17,7 +17,7 @@ pub const FAMILY: Family = Family {
     names: &LLAMA_NAMES,
     parse,
     layer,
-    check: super::no_mla,
+    check: super::moe_standard,
     presets: &[
         Preset {
             name: "qwen3-moe-tiny",
