@@ -248,6 +248,16 @@ mod tests {
             e.to_string(),
             "inference model is too large: hidden_size=18446744073709551615 is above awex's limit of 65536 (2.5x the largest real hidden size, 25600)"
         );
+        // a kind the architecture does not have: refused, not ignored
+        let mut raw = serde_json::to_value(tiny()).unwrap();
+        raw["linear"] = serde_json::json!({
+            "num_key_heads": 4, "num_value_heads": 8, "key_head_dim": 16, "value_head_dim": 16,
+            "conv_kernel": 4, "full_attention_layers": [3], "attn_output_gate": true
+        });
+        assert_eq!(
+            model(Side::Training, &raw).unwrap_err().to_string(),
+            "training model is invalid: inconsistent model sizes: the model gives linear-attention sizes (`linear`), but Qwen3ForCausalLM has no linear attention; only Qwen3NextForCausalLM, Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM models have them"
+        );
         let mut raw = serde_json::to_value(tiny()).unwrap();
         raw["colour"] = serde_json::json!("blue");
         assert_eq!(
