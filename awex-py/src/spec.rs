@@ -62,11 +62,7 @@ impl ModelArg {
         let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
             return Ok(());
         };
-        let method = value
-            .get("quantization_config")
-            .and_then(|q| q.get("quant_method"))
-            .and_then(serde_json::Value::as_str);
-        if method == Some("fp8") {
+        if Fp8Config::declared_by(&value) {
             return Err(Fail::Value(
                 "the model's config quantises the linear weights to FP8 (quantization_config quant_method \"fp8\"), which an engine serving it holds as e4m3 and scales; pass the same config as infer_config (the encoding from it), or give the bf16 model's config for a bf16 inference side".into(),
             ));

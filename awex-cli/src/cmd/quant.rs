@@ -143,11 +143,7 @@ fn refuse_fp8_model_arg(arg: &str) -> anyhow::Result<()> {
     let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
         return Ok(());
     };
-    let method = value
-        .get("quantization_config")
-        .and_then(|q| q.get("quant_method"))
-        .and_then(serde_json::Value::as_str);
-    if method == Some("fp8") {
+    if Fp8Config::declared_by(&value) {
         bail!(
             "--model {arg}: its config.json quantises the linear weights to FP8 (quantization_config quant_method \"fp8\"), which an engine serving it holds as e4m3 and scales; say so with `--infer-config {arg}` (the encoding from that config), or give the bf16 model's config as --model for a bf16 inference side"
         );

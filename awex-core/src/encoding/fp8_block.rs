@@ -300,6 +300,16 @@ impl Fp8Config {
         Ok(())
     }
 
+    /// Whether a whole HF `config.json` says its linear weights are FP8
+    /// (`quantization_config.quant_method: "fp8"`), however well formed the rest of it is.
+    pub fn declared_by(config: &Value) -> bool {
+        config
+            .get("quantization_config")
+            .and_then(|q| q.get("quant_method"))
+            .and_then(Value::as_str)
+            == Some("fp8")
+    }
+
     /// Parses the `quantization_config` of a whole HF `config.json`; `None` when it has none.
     pub fn from_hf_model_config(config: &Value) -> Result<Option<Fp8Config>, QuantConfigError> {
         match config.get("quantization_config") {
