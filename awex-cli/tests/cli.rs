@@ -1187,3 +1187,100 @@ fn bench_delta_moves_a_few_per_cent_on_optimiser_made_versions_and_verifies_ever
     assert_ne!(code, 0);
     assert!(err.contains("--lr 0 is not a learning rate"), "{err}");
 }
+
+/// Runs awex-cli with `args`, killed if it has not finished within `deadline` (a hang, not a
+/// slow machine: every command here finishes in well under a second).
+fn cli_within(args: &[&str], deadline: std::time::Duration) -> Option<(i32, String)> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_awex-cli"))
+        .args(args)
+        .env("PATH", "/nonexistent")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run awex-cli");
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+                .expect("stderr");
+            return Some((status.code().unwrap_or(-1), err));
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_fifo_named_as_any_input_file_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = |name: &str| {
+        let p = dir.path().join(name);
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path that lives for the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        p.to_str().unwrap().to_string()
+    };
+    // a model directory whose config.json is a FIFO, a FIFO token file, a FIFO topology, and a
+    // checkpoint directory whose tracker file and metadata.json are FIFOs
+    std::fs::create_dir(dir.path().join("model")).unwrap();
+    let config = fifo("model/config.json");
+    let model_dir = dir.path().join("model").to_str().unwrap().to_string();
+    let token = fifo("token");
+    let topology = fifo("topology.toml");
+    std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+    fifo("ckpt/latest_checkpointed_iteration.txt");
+    fifo("ckpt/metadata.json");
+    let ckpt = dir.path().join("ckpt").to_str().unwrap().to_string();
+    let side = ["--train", "megatron:tp=1", "--infer", "sglang:tp=1"];
+    let with = |head: &[&str]| -> Vec<String> {
+        head.iter().chain(&side).map(|s| s.to_string()).collect()
+    };
+    let refusals = [
+        with(&["plan", "--model", &config]),
+        with(&["plan", "--model", &model_dir]),
+        with(&["simulate", "--model", &model_dir]),
+        with(&["demo", "--model", &model_dir]),
+        with(&[
+            "plan",
+            "--model",
+            "qwen3-tiny",
+            "--infer-config",
+            &model_dir,
+        ]),
+        with(&[
+            "simulate",
+            "--model",
+            "qwen3-tiny",
+            "--infer-config",
+            &config,
+        ]),
+        with(&["simulate", "--model", "qwen3-tiny", "--topology", &topology]),
+        vec![
+            "serve".into(),
+            "--token-file".into(),
+            token.clone(),
+            "--bind".into(),
+            "127.0.0.1:0".into(),
+        ],
+    ];
+    let deadline = std::time::Duration::from_secs(120);
+    for args in &refusals {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, err) = cli_within(&args, deadline)
+            .unwrap_or_else(|| panic!("{args:?} waited on a FIFO instead of refusing it"));
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("it is a FIFO, not a regular file"),
+            "{args:?}: {err}"
+        );
+    }
+    // detect passes over a checkpoint file it cannot read, and still reports
+    let (code, err) = cli_within(&["detect", "--checkpoint", &ckpt], deadline)
+        .expect("detect waited on a FIFO in the checkpoint directory");
+    assert_eq!(code, 0, "{err}");
+}

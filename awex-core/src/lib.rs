@@ -14,6 +14,7 @@
 //! - [`backend`]: the traits engine crates implement, their `inventory` registry, the data-only
 //!   [`backend::Probe`], and engine control as data ([`backend::EngineControl`]);
 //! - [`limits`]: the largest sizes every entry point accepts, checked before any allocation;
+//!   [`file`]: reading a file a user names without blocking on a FIFO or reading without bound;
 //! - [`pair`]: a pair's spec (model + both sides + transport + options) resolved into layouts;
 //! - [`transport`]: the one enum naming the transports;
 //! - [`weights`] and [`synthetic`]: deterministic canonical weights and synthetic layouts for
@@ -29,6 +30,7 @@ pub mod backend;
 pub mod dims;
 pub mod dtype;
 pub mod encoding;
+pub mod file;
 pub mod layout;
 pub mod limits;
 pub mod model;

@@ -4,7 +4,7 @@
 //! nothing of what they hold; random headers never panic.
 
 use awex_core::model::presets::preset;
-use awex_core::model::{Catalogue, Checkpoint};
+use awex_core::model::{Catalogue, Checkpoint, ModelSpec};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -295,6 +295,36 @@ fn a_fifo_is_refused_instead_of_blocking() {
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     let e = open_err(dir.path());
     assert!(e.ends_with("it is a FIFO, not a regular file"), "{e}");
+}
+
+#[test]
+fn every_reader_of_a_named_config_refuses_a_fifo_instead_of_blocking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("config.json");
+    let c = std::ffi::CString::new(file.to_str().expect("utf-8 path")).expect("c string");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let arg = dir.path().to_str().expect("utf-8 path");
+    let want = "it is a FIFO, not a regular file";
+    for e in [
+        ModelSpec::read_config(dir.path()).map(|_| ()).unwrap_err(),
+        ModelSpec::from_path(&file).map(|_| ()).unwrap_err(),
+        ModelSpec::resolve(arg).map(|_| ()).unwrap_err(),
+        ModelSpec::config_value_of(arg).map(|_| ()).unwrap_err(),
+    ] {
+        assert!(e.to_string().ends_with(want), "{e}");
+    }
+    // a preset has no config to read; a real config reads as JSON
+    assert_eq!(
+        ModelSpec::config_value_of("qwen3-tiny").expect("preset"),
+        None
+    );
+    std::fs::remove_file(&file).expect("rm");
+    std::fs::write(&file, r#"{"architectures": ["Qwen3ForCausalLM"]}"#).expect("write");
+    let v = ModelSpec::config_value_of(arg)
+        .expect("read")
+        .expect("a config");
+    assert_eq!(v["architectures"][0], "Qwen3ForCausalLM");
 }
 
 #[test]

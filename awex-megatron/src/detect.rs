@@ -66,7 +66,8 @@ pub fn detect(probe: &Probe) -> Detection {
 fn inspect_checkpoint(dir: &Path, d: &mut Detection) {
     let tracker = dir.join(TRACKER_FILE);
     let mut iteration_dir = None;
-    if let Ok(text) = fs::read_to_string(&tracker) {
+    // (a FIFO or a huge file in its place is passed over, not waited on)
+    if let Ok(text) = awex_core::file::read_regular_text(&tracker, 4096) {
         let it = text.trim();
         d.add(0.4, format!("{} names iteration `{it}`", tracker.display()));
         iteration_dir = match it {
@@ -186,7 +187,8 @@ fn inspect_legacy_shards(dir: &Path, d: &mut Detection) {
 /// Recognises a distributed (`torch_dist` / `zarr`) checkpoint by its `metadata.json`.
 fn inspect_torch_dist(dir: &Path, d: &mut Detection) {
     let path = dir.join("metadata.json");
-    let Ok(text) = fs::read_to_string(&path) else {
+    let Ok(text) = awex_core::file::read_regular_text(&path, awex_core::limits::MAX_JSON_BYTES)
+    else {
         return;
     };
     let Ok(meta) = serde_json::from_str::<serde_json::Value>(&text) else {

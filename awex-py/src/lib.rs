@@ -44,6 +44,7 @@ fn _awex(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attach::options_from_names, m)?)?;
     m.add_function(wrap_pyfunction!(attach::options_from_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(attach::resolved_parallel, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::read_config, m)?)?;
     m.add_function(wrap_pyfunction!(testing::start_gateway, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("LINKED_BACKEND_CRATES", BACKENDS.to_vec())?;

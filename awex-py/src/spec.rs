@@ -35,31 +35,18 @@ impl ModelArg {
             ModelArg::ConfigJson(t) => ModelSpec::from_config_json(t)?,
         })
     }
-}
 
-impl ModelArg {
     /// Refuses a model whose own config quantises to FP8 (`quantization_config.quant_method:
     /// fp8`) for a connect without `infer_quant` or `infer_config`: it would be planned as a
     /// bf16 inference side, not what an engine serving that checkpoint holds (as
     /// `awex-cli`'s `--model`, `awex-cli/src/cmd/quant.rs`). A preset passes.
     pub(crate) fn refuse_fp8_as_plain(&self) -> Result<()> {
-        let text = match self {
-            ModelArg::ConfigJson(t) => t.clone(),
-            ModelArg::Resolve(s) => {
-                let path = std::path::Path::new(s);
-                let file = if path.is_dir() {
-                    path.join("config.json")
-                } else {
-                    path.to_path_buf()
-                };
-                // (a preset, or a path the model's own reader refuses with its own message)
-                match std::fs::read_to_string(file) {
-                    Ok(t) => t,
-                    Err(_) => return Ok(()),
-                }
-            }
+        // (a preset, or a config the model's own reader refuses with its own message)
+        let value = match self {
+            ModelArg::ConfigJson(t) => serde_json::from_str(t).ok(),
+            ModelArg::Resolve(s) => ModelSpec::config_value_of(s).ok().flatten(),
         };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
+        let Some(value) = value else {
             return Ok(());
         };
         if Fp8Config::declared_by(&value) {
@@ -69,6 +56,15 @@ impl ModelArg {
         }
         Ok(())
     }
+}
+
+/// `awex._awex.read_config(path)`: the text of the `config.json` a path names (the file, or the
+/// one in an HF model directory), read as every `--model` and `--infer-config` path is read
+/// ([`ModelSpec::read_config`]): a FIFO or a device is refused, not waited on, and a file past
+/// the JSON limit is refused before it is read.
+#[pyo3::pyfunction]
+pub(crate) fn read_config(path: std::path::PathBuf) -> pyo3::PyResult<String> {
+    Ok(ModelSpec::read_config(&path).map_err(Fail::from)?)
 }
 
 /// One side's layout as the caller gave it: a whole spec, or a backend and/or a parallel config.

@@ -5,6 +5,10 @@ as ``awex-cli`` does, and every rank takes the pair's encoding (the real-engine 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -128,3 +132,30 @@ def test_registering_across_the_fp8_boundary_says_how_to_connect(gateway, pair_n
             assert r.register({QKV: np.zeros(shape, ml_dtypes.float8_e4m3fn)}) == 1
     finally:
         ctl.disconnect()
+
+
+def test_a_fifo_named_as_model_or_infer_config_is_refused_not_waited_on(tmp_path):
+    """A FIFO in place of a config.json is refused by name, as awex-cli refuses it. Run in a child
+    process killed after a deadline: a read that waits on the FIFO would never return."""
+    (tmp_path / "m").mkdir()
+    os.mkfifo(tmp_path / "m" / "config.json")
+    m = str(tmp_path / "m")
+    script = textwrap.dedent(f"""
+        import awex
+        from awex import _testing
+        ctl = awex.Controller(_testing.start_gateway())
+        for kwargs in ({{"model": {m!r}}}, {{"model": "qwen3-tiny", "infer_config": {m!r}}},
+                       {{"model": "qwen3-tiny", "infer_config": {m + "/config.json"!r}}}):
+            try:
+                ctl.connect("fifo", train="fsdp:dp=1", infer="sglang:tp=1", **kwargs)
+            except (ValueError, awex.AwexError) as e:
+                assert "it is a FIFO, not a regular file" in str(e), (kwargs, str(e))
+            else:
+                raise SystemExit(f"{{kwargs}} was taken")
+        print("refused")
+    """)
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("connect waited on a FIFO instead of refusing it")
+    assert out.returncode == 0 and out.stdout.strip() == "refused", out.stdout + out.stderr

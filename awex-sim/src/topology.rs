@@ -115,6 +115,9 @@ fn default_placement() -> Placement {
     Placement::Separate
 }
 
+/// The largest topology file read (a real one is a few hundred bytes).
+const MAX_TOPOLOGY_BYTES: u64 = 1 << 20;
+
 /// Names of the presets, with a line each.
 pub const PRESETS: &[(&str, &str)] = &[
     (
@@ -208,7 +211,8 @@ impl Topology {
         if PRESETS.iter().any(|p| p.0 == spec) || spec == "8xh100" || spec == "8xh200" {
             return Topology::preset(spec);
         }
-        match std::fs::read_to_string(spec) {
+        // a regular file of bounded size: a FIFO is refused, not waited on
+        match awex_core::file::read_regular_text(std::path::Path::new(spec), MAX_TOPOLOGY_BYTES) {
             Ok(text) => Topology::from_toml(&text),
             Err(e) => Err(SimError::Topology(format!(
                 "`{spec}` is neither a topology preset ({}) nor a readable TOML file: {e}",

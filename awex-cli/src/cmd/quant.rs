@@ -130,17 +130,8 @@ impl QuantArgs {
 /// serving that checkpoint holds e4m3 weights and scales. A preset, or a path without such a
 /// config, passes.
 fn refuse_fp8_model_arg(arg: &str) -> anyhow::Result<()> {
-    let path = Path::new(arg);
-    let file = if path.is_dir() {
-        path.join("config.json")
-    } else {
-        path.to_path_buf()
-    };
     // (a preset, or a path the model's own reader refuses with its own message)
-    let Ok(text) = std::fs::read_to_string(&file) else {
-        return Ok(());
-    };
-    let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else {
+    let Ok(Some(value)) = ModelSpec::config_value_of(arg) else {
         return Ok(());
     };
     if Fp8Config::declared_by(&value) {
@@ -173,29 +164,22 @@ fn parse_block(s: &str) -> anyhow::Result<[u32; 2]> {
 /// The FP8 config of an inference `config.json` (or HF directory), after checking its model
 /// is `model` (the catalogues equal: same tensors, shapes and dtypes).
 fn config_of(path: &Path, model: &ModelSpec) -> anyhow::Result<Fp8Config> {
-    let file = if path.is_dir() {
-        path.join("config.json")
-    } else {
-        path.to_path_buf()
-    };
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("reading --infer-config {}", file.display()))?;
+    let text = ModelSpec::read_config(path).context("--infer-config")?;
+    let file = path.display();
     let value: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("--infer-config {} is not JSON", file.display()))?;
+        .with_context(|| format!("--infer-config {file} is not JSON"))?;
     let config = Fp8Config::from_hf_model_config(&value)
-        .with_context(|| format!("--infer-config {}", file.display()))?
+        .with_context(|| format!("--infer-config {file}"))?
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "--infer-config {} has no quantization_config; give an FP8 checkpoint's config (quant_method fp8) or use --infer-quant fp8",
-                file.display()
+                "--infer-config {file} has no quantization_config; give an FP8 checkpoint's config (quant_method fp8) or use --infer-quant fp8"
             )
         })?;
-    let theirs = ModelSpec::from_config_json(&text)
-        .with_context(|| format!("--infer-config {}", file.display()))?;
+    let theirs =
+        ModelSpec::from_config_json(&text).with_context(|| format!("--infer-config {file}"))?;
     if let Some(d) = Catalogue::of(&theirs).first_difference(&Catalogue::of(model)) {
         bail!(
-            "the inference model of --infer-config {} differs from --model `{}` in more than the quantisation: {d}",
-            file.display(),
+            "the inference model of --infer-config {file} differs from --model `{}` in more than the quantisation: {d}",
             model.name
         );
     }

@@ -155,10 +155,14 @@ fn env_layer() -> Figment {
     ]))
 }
 
+/// The largest token file read: a token is a line, not a document.
+const MAX_TOKEN_FILE_BYTES: u64 = 64 << 10;
+
 /// Reads a token file: trimmed, non-empty.
 pub fn read_token(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read token file {}", path.display()))?;
+    // a regular file of a token's size: a FIFO is refused, not waited on
+    let text = awex_core::file::read_regular_text(path, MAX_TOKEN_FILE_BYTES)
+        .map_err(|e| anyhow::anyhow!("cannot read token file {}: {e}", path.display()))?;
     let token = text.trim().to_string();
     if token.is_empty() {
         bail!("token file {} is empty", path.display());

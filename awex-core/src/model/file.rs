@@ -1,70 +1,8 @@
 //! Opening the files of a model directory safely: regular files only, never blocking, and
 //! (for names read from an index) never outside the directory.
 
-use std::fs::{File, Metadata};
-use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+pub(crate) use crate::file::{open_regular, read_regular};
 use std::path::{Component, Path, PathBuf};
-
-/// What kind of file `m` is, for a message.
-fn kind(m: &Metadata) -> &'static str {
-    let t = m.file_type();
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
-
-/// Opens `path` for reading if it is a regular file (after symlinks), with its length.
-///
-/// The type is checked before opening, and the file is opened with `O_NONBLOCK` and checked
-/// again through the open descriptor, so a FIFO or device (or one swapped in between) is refused
-/// instead of blocking `open()` or reading a stream.
-pub(crate) fn open_regular(path: &Path) -> Result<(File, u64), String> {
-    let m = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if !m.is_file() {
-        return Err(format!("it is {}, not a regular file", kind(&m)));
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let m = f.metadata().map_err(|e| e.to_string())?;
-    if !m.is_file() {
-        return Err(format!("it is {}, not a regular file", kind(&m)));
-    }
-    Ok((f, m.len()))
-}
-
-/// Reads a regular file of at most `max` bytes.
-pub(crate) fn read_regular(path: &Path, max: u64) -> Result<Vec<u8>, String> {
-    let (f, len) = open_regular(path)?;
-    if len > max {
-        return Err(format!(
-            "it is {len} bytes, more than the {max} bytes awex reads from such a file"
-        ));
-    }
-    let mut out = Vec::with_capacity(len as usize);
-    f.take(max + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
-    if out.len() as u64 > max {
-        return Err(format!(
-            "it grew past the {max} bytes awex reads from such a file"
-        ));
-    }
-    Ok(out)
-}
 
 /// A string from a file, quoted for a message: shown only if it looks like a name awex itself
 /// would print (ASCII letters, digits, `._-/`, at most 256 characters), so that an error about a

@@ -330,19 +330,24 @@ impl ModelSpec {
 
     /// Reads a `config.json` file, or the `config.json` inside an HF model directory.
     pub fn from_path(path: &Path) -> Result<Self, ModelError> {
+        Self::from_config_json(&Self::read_config(path)?)
+    }
+
+    /// The text of the `config.json` that `path` names: the file itself, or the `config.json`
+    /// inside an HF model directory. Only a regular file of at most
+    /// [`crate::limits::MAX_JSON_BYTES`] is read: a FIFO, a device or a huge file is refused,
+    /// not waited on. Every reader of a `--model` or `--infer-config` path reads through here.
+    pub fn read_config(path: &Path) -> Result<String, ModelError> {
         let file = if path.is_dir() {
             path.join("config.json")
         } else {
             path.to_path_buf()
         };
-        let io = |message: String| ModelError::Io {
+        let io = |message| ModelError::Io {
             path: file.display().to_string(),
             message,
         };
-        // a regular file of bounded size: a FIFO or a huge file is refused, not waited on
-        let bytes = super::file::read_regular(&file, crate::limits::MAX_JSON_BYTES).map_err(io)?;
-        let text = String::from_utf8(bytes).map_err(|_| io("it is not UTF-8 text".into()))?;
-        Self::from_config_json(&text)
+        crate::file::read_regular_text(&file, crate::limits::MAX_JSON_BYTES).map_err(io)
     }
 
     /// Resolves a `--model` argument: a built-in preset name, a `config.json`, or an HF directory.
@@ -350,9 +355,26 @@ impl ModelSpec {
         if let Some(spec) = super::presets::preset(arg) {
             return Ok(spec);
         }
+        Self::from_config_json(&Self::config_text_of(arg)?)
+    }
+
+    /// The HF config of a `--model` argument as JSON, for what the spec does not keep (its
+    /// `quantization_config`): `None` for a built-in preset. Read as [`ModelSpec::resolve`]
+    /// reads it, with the same errors.
+    pub fn config_value_of(arg: &str) -> Result<Option<Value>, ModelError> {
+        if super::presets::preset(arg).is_some() {
+            return Ok(None);
+        }
+        serde_json::from_str(&Self::config_text_of(arg)?)
+            .map(Some)
+            .map_err(|e| ModelError::Json(e.to_string()))
+    }
+
+    /// The `config.json` text of a `--model` argument that is not a preset.
+    fn config_text_of(arg: &str) -> Result<String, ModelError> {
         let path = Path::new(arg);
         if path.exists() {
-            return Self::from_path(path);
+            return Self::read_config(path);
         }
         Err(ModelError::UnknownModel {
             arg: arg.to_string(),

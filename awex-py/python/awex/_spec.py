@@ -39,14 +39,15 @@ def fp8_args(infer_quant: Any, infer_config: Any, fp8_block: Any, fp8_recipe: An
             "infer_config must be the FP8 checkpoint's config.json path, its HF directory or a config dict, "
             f"not {type(infer_config).__name__}"
         )
+    from . import _awex
+
     path = os.fspath(infer_config)
-    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    # read by the extension, as awex-cli reads --infer-config: a FIFO is refused, not waited on
     try:
-        with open(file) as f:
-            out["infer_config_json"] = f.read()
-    except OSError as e:
-        raise ValueError(f"infer_config: cannot read {file}: {e}") from None
-    out["infer_config_what"] = file
+        out["infer_config_json"] = _awex.read_config(path)
+    except ValueError as e:
+        raise ValueError(f"infer_config: {e}") from None
+    out["infer_config_what"] = os.path.join(path, "config.json") if os.path.isdir(path) else path
     return out
 
 
