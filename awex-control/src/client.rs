@@ -224,8 +224,17 @@ impl Client {
             let result = match req.send().await {
                 Ok(resp) => {
                     let status = resp.status();
-                    match resp.bytes().await {
-                        Ok(bytes) => Ok((status, bytes.to_vec())),
+                    match crate::body::read_capped(resp, crate::body::MAX_GATEWAY_ANSWER_BYTES)
+                        .await
+                    {
+                        Ok(bytes) => Ok((status, bytes)),
+                        // not what a gateway answers, and no better the next time
+                        Err(e @ crate::body::BodyError::TooLarge { .. }) => {
+                            Err(ClientError::Decode {
+                                url: url.to_string(),
+                                message: e.to_string(),
+                            })
+                        }
                         Err(e) => Err(ClientError::Transport {
                             url: url.to_string(),
                             message: e.to_string(),
@@ -243,6 +252,7 @@ impl Client {
             };
             let retryable = match &result {
                 Err(ClientError::Connect { .. }) => true,
+                Err(ClientError::Decode { .. }) => false,
                 Err(_) => idempotent,
                 // a change the gateway made and queued is never re-sent (not even an
                 // idempotent one: its answer says what happened)

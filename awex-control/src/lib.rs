@@ -3,6 +3,7 @@
 //! - [`wire`]: the gateway's JSON protocol (connect, join, events, kv, updates, reports) and
 //!   its limits, shared by every party;
 //! - [`client`]: the typed client the ranks and controllers use;
+//! - [`body`]: reading an HTTP answer with a bound (every answer awex reads goes through it);
 //! - [`probe`]: gathers the facts backends detect their engines from (`python3`, a server's
 //!   info routes) into a data-only [`awex_core::backend::Probe`];
 //! - [`connect`]: the connect request of a resolved pair;
@@ -12,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod body;
 pub mod client;
 pub mod connect;
 pub mod probe;

@@ -95,9 +95,10 @@ pub async fn get_json(base: &str, path: &str, timeout: Duration) -> Result<Value
     if !resp.status().is_success() {
         return Err(format!("GET {url}: HTTP {}", resp.status()));
     }
-    resp.json()
+    let body = crate::body::read_capped(resp, crate::body::MAX_ENGINE_ANSWER_BYTES)
         .await
-        .map_err(|e| format!("GET {url}: not JSON: {e}"))
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
 }
 
 /// Asks `python3` which of `packages` are importable; empty when there is no python3 or it fails.

@@ -1,6 +1,7 @@
 //! Lifecycle tests over a real loopback listener: the typed client, simulated ranks as tokio
 //! tasks (succeeding, failing, silent), checksums, retries, SGLang engine stand-ins, disconnect.
 
+mod endless_server;
 mod gateway_common;
 
 use awex_control::client::{Client, ClientError};
@@ -1326,4 +1327,32 @@ async fn connect_stores_both_models_before_it_answers() {
         let back: awex_core::model::ModelSpec = serde_json::from_value(got.value).unwrap();
         assert_eq!(back.fingerprint(), model.fingerprint());
     }
+}
+
+/// An engine URL whose server answers without end (a wrong port, a broken engine) fails the
+/// connect naming the bound, and the gateway reads at most the bound of each answer, not all the
+/// server can send before the engine timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_answers_without_end_fails_the_connect_at_the_answer_bound() {
+    let server = endless_server::endless(512 << 20, None).await;
+    let base = start(GatewayConfig {
+        engine_timeout: Duration::from_secs(300),
+        ..GatewayConfig::default()
+    })
+    .await;
+    let client = Client::new(&base, None).unwrap();
+    let mut req = connect_request("endless", 1, 1, 1);
+    req.inference.urls = vec![server.url.clone()];
+    let e = client.connect(&req).await.unwrap_err().to_string();
+    assert!(e.starts_with("gateway answered 422: engine 0 at "), "{e}");
+    assert!(
+        e.contains(
+            "/server_info: answered 200 OK, but its answer runs past the 16 MiB awex reads from it"
+        ),
+        "{e}"
+    );
+    // SGLang's two info routes, each read to the bound at most
+    let sent = server.sent.load(Ordering::SeqCst);
+    let bound = 2 * (awex_control::body::MAX_ENGINE_ANSWER_BYTES + (32 << 20));
+    assert!(sent <= bound, "the gateway took {sent} bytes");
 }

@@ -176,7 +176,16 @@ impl EngineClient {
         match req.timeout(timeout).send().await {
             Ok(r) => {
                 let status = r.status();
-                let body = r.json::<Value>().await.unwrap_or_default();
+                // (an answer that is not JSON, or cut off, reads as none; one without end is
+                // refused, not read to the timeout)
+                let body =
+                    match crate::body::read_capped(r, crate::body::MAX_ENGINE_ANSWER_BYTES).await {
+                        Ok(bytes) => serde_json::from_slice::<Value>(&bytes).unwrap_or_default(),
+                        Err(e @ crate::body::BodyError::TooLarge { .. }) => {
+                            return Err(format!("answered {status}, but {e}"));
+                        }
+                        Err(crate::body::BodyError::Read(_)) => Value::Null,
+                    };
                 match control.check_answer(call, status.as_u16(), &body) {
                     Err(_) if !status.is_success() && body.is_null() => {
                         Err(format!("answered {status}"))
