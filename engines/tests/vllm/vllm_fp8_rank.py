@@ -111,7 +111,6 @@ def receive(case: dict, rank: int, out: str) -> None:
     from vllm.config import WeightTransferConfig, set_current_vllm_config
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     from vllm.plugins import load_general_plugins
-    from vllm.v1.worker.gpu_worker import Worker
 
     fp8 = {int(v): d for v, d in case["fp8"].items()}
     versions = case["versions"]
@@ -135,12 +134,7 @@ def receive(case: dict, rank: int, out: str) -> None:
         raise SystemExit("the awex wheel's vllm.general_plugins entry point did not register the `awex` backend")
     vc.weight_transfer_config = WeightTransferConfig(backend="awex")
     torch.accelerator.synchronize = lambda device=None: None  # as vllm_receive.py: nothing is async on CPU
-    worker = Worker.__new__(Worker)
-    worker.vllm_config = vc
-    worker.rank = rank
-    worker._weight_update_active = False
-    worker._weight_update_is_draft = False
-    worker.model_runner = vllm_receive._LoraState()
+    worker = vllm_receive.worker_for(vc, rank, model)
     worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
         vc.weight_transfer_config, vc, torch.device("cpu"), model)
     timeout = case.get("timeout", 240.0)

@@ -40,16 +40,46 @@ import vllm_rank  # noqa: E402
 
 
 class _LoraState:
-    """The worker's ``model_runner`` as ``Worker.finish_weight_update`` uses it: vLLM's own
-    ``LoRAModelRunnerMixin.reset_lora_state`` with LoRA off (``lora_config`` None: a no-op), the
-    GPU model runner itself left out."""
+    """The worker's ``model_runner`` as the weight-update methods use it: vLLM's own
+    ``LoRAModelRunnerMixin.reset_lora_state`` with LoRA off (``lora_config`` None: a no-op) for
+    ``Worker.finish_weight_update``, and (vLLM 0.34) ``get_model()`` with no
+    ``extensible_kv_cache`` for ``Worker._start_weight_update``'s
+    ``kv_cache_lent_for_weight_update`` (a standard KV cache: nothing lent); the GPU model runner
+    itself left out."""
 
     lora_config = None
 
-    def __init__(self) -> None:
+    def __init__(self, model=None) -> None:
         from vllm.v1.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 
         self.reset_lora_state = LoRAModelRunnerMixin.reset_lora_state.__get__(self)
+        self._model = model
+
+    def get_model(self):
+        return self._model
+
+
+def worker_for(vc, rank: int, model):
+    """``Worker.__new__`` with the attributes its ``__init__`` sets that the weight-update
+    methods read, as ``__init__`` sets them (``vllm/v1/worker/gpu_worker.py``): vLLM 0.33's
+    ``_weight_update_active`` and ``_weight_update_is_draft``, and 0.34's
+    ``_incomplete_weight_updates``, ``_kv_cache_reclaimable`` and ``_weight_update_kv_cache_loan``
+    (harmless where a release does not read them). Its ``__init__``, ``load_model`` and GPU model
+    runner need a GPU."""
+    import contextlib
+
+    from vllm.v1.worker.gpu_worker import Worker
+
+    worker = Worker.__new__(Worker)
+    worker.vllm_config = vc
+    worker.rank = rank
+    worker._weight_update_active = False
+    worker._weight_update_is_draft = False
+    worker._incomplete_weight_updates = set()
+    worker._kv_cache_reclaimable = False
+    worker._weight_update_kv_cache_loan = contextlib.ExitStack()
+    worker.model_runner = _LoraState(model)
+    return worker
 
 
 def cpu_prepack() -> None:
@@ -109,8 +139,6 @@ def main() -> None:
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     from vllm.plugins import load_general_plugins
-    from vllm.v1.worker.gpu_worker import Worker
-
     load_general_plugins()
     if "awex" not in WeightTransferEngineFactory._registry:
         raise SystemExit("the awex wheel's vllm.general_plugins entry point did not register the `awex` backend")
@@ -120,12 +148,7 @@ def main() -> None:
     # Nothing is asynchronous on CPU.
     torch.accelerator.synchronize = lambda device=None: None
 
-    worker = Worker.__new__(Worker)
-    worker.vllm_config = vc
-    worker.rank = rank
-    worker._weight_update_active = False
-    worker._weight_update_is_draft = False
-    worker.model_runner = _LoraState()
+    worker = worker_for(vc, rank, model)
     worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
         vc.weight_transfer_config, vc, torch.device("cpu"), model)
     engine = worker.weight_transfer_engine
