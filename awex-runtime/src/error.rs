@@ -587,13 +587,16 @@ pub enum TransportError {
         peer: RankId,
     },
     /// A training rank never connected to this inference rank.
-    #[error("training rank {peer} never connected ({cause})")]
+    #[error("training rank {peer} never connected ({cause}){refusals}")]
     NeverConnected {
         /// the peer
         peer: RankId,
         /// why the wait ended
         #[source]
         cause: Box<RuntimeError>,
+        /// the connections this rank refused meanwhile (`""` for none; else how many and the
+        /// last one's peer and reason, after `; `)
+        refusals: String,
     },
     /// A connection broke while buckets were queued for it.
     #[error("connection to {peer} broke")]

@@ -355,6 +355,42 @@ fn injector_with_everything_public_cannot_change_a_byte_or_fail_an_update() {
     assert!(rx.t.refused() >= 4, "refused {}", rx.t.refused());
 }
 
+/// An inference rank whose training rank never connected says the connections it refused
+/// meanwhile, so that a job that keeps no rank logs still learns why from the failure (here a
+/// training rank holding another pair's secret).
+#[test]
+fn an_inference_rank_that_waited_in_vain_says_the_connection_it_refused() {
+    let s = setup(64);
+    let (_, mut rx) = ends(&s, Some(&PairSecret::random("p")));
+    let (mut tx, _) = ends(&s, Some(&PairSecret::random("p")));
+    let (to_rx, to_tx) = (peers_of(&rx), peers_of(&tx));
+    let (cancel_tx, cancel_rx) = (AtomicBool::new(false), AtomicBool::new(false));
+    let (sent, received) = std::thread::scope(|sc| {
+        let b = sc.spawn(|| {
+            rx.t.execute(&ctx(1, Duration::from_secs(600), &cancel_rx, &to_tx))
+        });
+        let sent =
+            tx.t.execute(&ctx(1, Duration::from_secs(600), &cancel_tx, &to_rx));
+        // the training rank was refused: the inference rank's wait ends now (an abort)
+        cancel_rx.store(true, Ordering::SeqCst);
+        (sent, b.join().unwrap())
+    });
+    let sent = sent.unwrap_err().to_string();
+    assert!(sent.contains("closed the connection"), "{sent}");
+    let received = received.unwrap_err().to_string();
+    assert!(
+        received.starts_with("transport: training rank 0/0 never connected (update 1 was aborted)"),
+        "{received}"
+    );
+    assert!(
+        received.contains("; this rank has refused 1 connection, from 127.0.0.1:")
+            && received
+                .ends_with("it claims to be training rank 0/0 but does not hold pair `p`'s secret"),
+        "{received}"
+    );
+    assert_eq!(rx.t.refused(), 1);
+}
+
 /// Without the pair secret a training rank does not even try.
 #[test]
 fn no_secret_no_connection() {

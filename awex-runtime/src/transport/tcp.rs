@@ -74,7 +74,7 @@ pub struct TcpTransport {
     connected: HashMap<RankId, serde_json::Value>,
     stop: Arc<AtomicBool>,
     secret: Arc<Mutex<Option<PairSecret>>>,
-    refused: Arc<AtomicU64>,
+    refused: Arc<Refusals>,
     /// the quantiser of sender-encoded FP8 transfers (a training rank of an FP8 pair)
     fp8: Option<Fp8Quantiser>,
     /// deltas on: a training rank's copy of what it last sent
@@ -328,7 +328,7 @@ impl TcpTransport {
             connected: HashMap::new(),
             stop: Arc::new(AtomicBool::new(false)),
             secret: Arc::new(Mutex::new(None)),
-            refused: Arc::new(AtomicU64::new(0)),
+            refused: Arc::new(Refusals::default()),
             fp8: None,
             base: None,
             held: Arc::new(HeldBases::default()),
@@ -377,7 +377,7 @@ impl TcpTransport {
     /// Connections this (inference) rank refused: a failed hello, a missing or wrong proof of
     /// the pair secret, or a second connection for a live peer.
     pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Acquire)
+        self.refused.count.load(Ordering::Acquire)
     }
 
     /// The address inference ranks listen on (`None` on training ranks).
@@ -655,6 +655,7 @@ impl TcpTransport {
                     RuntimeError::from(TransportError::NeverConnected {
                         peer: peer.peer,
                         cause: Box::new(e),
+                        refusals: self.refused.said(),
                     })
                 })?;
                 map = cv
@@ -759,6 +760,35 @@ type PeerFn = fn(
     &PeerDelta<'_>,
 ) -> Result<ExecStats, RuntimeError>;
 
+/// The connections an inference rank refused: how many, and the last one's peer and reason,
+/// said when a training rank then never connects (the refusal is otherwise only a warning in
+/// this rank's log, which a job may not keep).
+#[derive(Default)]
+struct Refusals {
+    count: AtomicU64,
+    last: Mutex<Option<String>>,
+}
+
+impl Refusals {
+    fn add(&self, from: std::net::SocketAddr, why: &str) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(format!("{from}: {why}"));
+        }
+    }
+
+    /// `""`, or `"; this rank has refused N connection(s), the last from ADDR: WHY"`.
+    fn said(&self) -> String {
+        let n = self.count.load(Ordering::Acquire);
+        let last = self.last.lock().ok().and_then(|l| l.clone());
+        match (n, last) {
+            (0, _) | (_, None) => String::new(),
+            (1, Some(l)) => format!("; this rank has refused 1 connection, from {l}"),
+            (n, Some(l)) => format!("; this rank has refused {n} connections, the last from {l}"),
+        }
+    }
+}
+
 /// The listening end: accepts connections and runs each hello on its own thread.
 struct Acceptor {
     incoming: Streams,
@@ -767,7 +797,7 @@ struct Acceptor {
     fingerprints: HashMap<RankId, u64>,
     bucket_bytes: u64,
     secret: Arc<Mutex<Option<PairSecret>>>,
-    refused: Arc<AtomicU64>,
+    refused: Arc<Refusals>,
     handshakes: Arc<AtomicUsize>,
 }
 
@@ -788,7 +818,7 @@ impl Acceptor {
                         .name("awex-tcp-hello".into())
                         .spawn(move || {
                             if let Err(why) = a.hello(s, from) {
-                                a.refused.fetch_add(1, Ordering::AcqRel);
+                                a.refused.add(from, &why);
                                 tracing::warn!(
                                     rank = %a.me,
                                     %from,
@@ -818,7 +848,7 @@ impl Acceptor {
     }
 
     fn refuse(&self, s: &TcpStream, from: std::net::SocketAddr, why: &str) {
-        self.refused.fetch_add(1, Ordering::AcqRel);
+        self.refused.add(from, why);
         tracing::warn!(rank = %self.me, %from, reason = %why, "refused a tcp connection");
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
