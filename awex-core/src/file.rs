@@ -10,8 +10,9 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-/// What kind of file `m` is, for a message.
-fn kind(m: &Metadata) -> &'static str {
+/// What kind of file `m` is, for a message about a file that is not a regular one ("a FIFO",
+/// "a directory", ...).
+pub fn kind(m: &Metadata) -> &'static str {
     let t = m.file_type();
     if t.is_dir() {
         "a directory"

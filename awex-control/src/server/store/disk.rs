@@ -326,25 +326,6 @@ fn builder() -> redb::Builder {
     b
 }
 
-/// What a file that is not a regular one is, for messages.
-fn file_kind(m: &std::fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let t = m.file_type();
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// The ancestors of `dir` that every user may write and that are not sticky: another user
 /// could rename or replace the state directory inside them (`/tmp` is sticky, so fine).
 pub(crate) fn loose_parents(dir: &Path) -> Vec<PathBuf> {
@@ -502,7 +483,7 @@ impl Store {
                     file,
                     message: format!(
                         "it is not a regular file but {}; a gateway database always is",
-                        file_kind(&m)
+                        awex_core::file::kind(&m)
                     ),
                     hint: DAMAGED_HINT,
                 });
@@ -526,7 +507,7 @@ impl Store {
                     file: witness_file,
                     message: format!(
                         "it is not a regular file but {}; the acknowledged-commit record always is",
-                        file_kind(&m)
+                        awex_core::file::kind(&m)
                     ),
                     hint: DAMAGED_HINT,
                 });
