@@ -77,6 +77,88 @@ pub const MAX_JSON_BYTES: u64 = 64 << 20;
 /// Largest safetensors header (the JSON after the 8-byte length), as the safetensors crate allows.
 pub const MAX_SAFETENSORS_HEADER_BYTES: u64 = 100_000_000;
 
+/// A maximum and why it is where it is: each bound's reason is said once, here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// The largest accepted value.
+    pub max: u64,
+    /// Why the limit is where it is (ends the error message, in parentheses).
+    pub why: &'static str,
+}
+
+impl Limit {
+    /// Checks `value` of `field` against this limit.
+    pub fn check(&self, field: impl Into<String>, value: u128) -> Result<(), LimitError> {
+        check(field, value, self.max, self.why)
+    }
+}
+
+/// [`MAX_LAYERS`], for decoder layers (and MTP layers).
+pub const LAYERS: Limit = Limit {
+    max: MAX_LAYERS,
+    why: "8x the most layers of a real model, 126",
+};
+/// [`MAX_LAYERS`], for a list with at most one entry per layer (`mlp_only_layers`, `layer_types`).
+pub const PER_LAYER_LIST: Limit = Limit {
+    max: MAX_LAYERS,
+    why: "it lists at most one entry per layer",
+};
+/// [`MAX_HIDDEN`], also for MLA's ranks and head dimensions.
+pub const HIDDEN: Limit = Limit {
+    max: MAX_HIDDEN,
+    why: "2.5x the largest real hidden size, 25600",
+};
+/// [`MAX_HEADS`], for query, KV and linear-attention heads.
+pub const HEADS: Limit = Limit {
+    max: MAX_HEADS,
+    why: "6x the most heads of a real model, 160",
+};
+/// [`MAX_HEAD_DIM`], also for linear-attention heads.
+pub const HEAD_DIM: Limit = Limit {
+    max: MAX_HEAD_DIM,
+    why: "4x the largest real head_dim, 256",
+};
+/// [`MAX_CONV_KERNEL`].
+pub const CONV_KERNEL: Limit = Limit {
+    max: MAX_CONV_KERNEL,
+    why: "16x the largest real convolution kernel, 4",
+};
+/// [`MAX_VOCAB`].
+pub const VOCAB: Limit = Limit {
+    max: MAX_VOCAB,
+    why: "16x the largest real vocabulary, 262144",
+};
+/// [`MAX_INTERMEDIATE`], dense, per expert and shared.
+pub const INTERMEDIATE: Limit = Limit {
+    max: MAX_INTERMEDIATE,
+    why: "14x the largest real intermediate size, 73728",
+};
+/// [`MAX_EXPERTS`], also for the experts per token.
+pub const EXPERTS: Limit = Limit {
+    max: MAX_EXPERTS,
+    why: "8x the most experts of a real model, 512",
+};
+/// [`MAX_TENSORS`].
+pub const TENSORS: Limit = Limit {
+    max: MAX_TENSORS,
+    why: "14x the tensors of the largest real MoE checkpoints, about 74000",
+};
+/// [`MAX_MODEL_BYTES`].
+pub const MODEL_BYTES: Limit = Limit {
+    max: MAX_MODEL_BYTES,
+    why: "16 TiB, 2x a 2T-parameter model in fp32",
+};
+/// [`MAX_MODEL_NAME_BYTES`].
+pub const MODEL_NAME_BYTES: Limit = Limit {
+    max: MAX_MODEL_NAME_BYTES,
+    why: "an HF model id has at most 96 characters, a local path rarely 256",
+};
+/// [`MAX_WORLD_SIZE`]: the ranks of one side and any parallel key without a limit of its own.
+pub const WORLD_SIZE: Limit = Limit {
+    max: MAX_WORLD_SIZE,
+    why: "one side of a pair has at most 65536 ranks",
+};
+
 /// A size above its limit.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct LimitError {
@@ -141,7 +223,7 @@ pub fn parallel_limit(key: &str) -> (u64, &'static str) {
             MAX_EXPERT_PARALLEL,
             "expert parallelism splits experts, of which a model has at most 4096",
         ),
-        _ => (MAX_WORLD_SIZE, "one side of a pair has at most 65536 ranks"),
+        _ => (WORLD_SIZE.max, WORLD_SIZE.why),
     }
 }
 
@@ -163,12 +245,7 @@ pub fn check_world(backend: &str, dims: &[(&str, u64)]) -> Result<u64, LimitErro
         .iter()
         .fold(1u128, |a, &(_, v)| a.saturating_mul(u128::from(v)));
     let names: Vec<&str> = dims.iter().map(|d| d.0).collect();
-    check(
-        format!("{backend} world size {}", names.join("*")),
-        world,
-        MAX_WORLD_SIZE,
-        "one side of a pair has at most 65536 ranks",
-    )?;
+    WORLD_SIZE.check(format!("{backend} world size {}", names.join("*")), world)?;
     // at most MAX_WORLD_SIZE after the check
     Ok(world as u64)
 }

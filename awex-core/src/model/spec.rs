@@ -491,169 +491,67 @@ impl ModelSpec {
 
     /// Checks each size and the derived tensor count and bytes against [`crate::limits`].
     pub fn check_limits(&self) -> Result<(), LimitError> {
-        use crate::limits::{self as l, check};
-        let size = [
-            (
-                "hidden_size",
-                self.hidden_size,
-                l::MAX_HIDDEN,
-                "2.5x the largest real hidden size, 25600",
-            ),
-            (
-                "num_hidden_layers",
-                self.num_layers,
-                l::MAX_LAYERS,
-                "8x the most layers of a real model, 126",
-            ),
-            (
-                "num_attention_heads",
-                self.num_heads,
-                l::MAX_HEADS,
-                "6x the most heads of a real model, 160",
-            ),
-            (
-                "num_key_value_heads",
-                self.num_kv_heads,
-                l::MAX_HEADS,
-                "6x the most heads of a real model, 160",
-            ),
-            (
-                "head_dim",
-                self.head_dim,
-                l::MAX_HEAD_DIM,
-                "4x the largest real head_dim, 256",
-            ),
-            (
-                "intermediate_size",
-                self.intermediate_size,
-                l::MAX_INTERMEDIATE,
-                "14x the largest real intermediate size, 73728",
-            ),
-            (
-                "vocab_size",
-                self.vocab_size,
-                l::MAX_VOCAB,
-                "16x the largest real vocabulary, 262144",
-            ),
+        use crate::limits as l;
+        let name_bytes = self.name.len() as u128;
+        l::MODEL_NAME_BYTES.check("name (`_name_or_path`) bytes", name_bytes)?;
+        let mut sizes = vec![
+            ("hidden_size", self.hidden_size, l::HIDDEN),
+            ("num_hidden_layers", self.num_layers, l::LAYERS),
+            ("num_attention_heads", self.num_heads, l::HEADS),
+            ("num_key_value_heads", self.num_kv_heads, l::HEADS),
+            ("head_dim", self.head_dim, l::HEAD_DIM),
+            ("intermediate_size", self.intermediate_size, l::INTERMEDIATE),
+            ("vocab_size", self.vocab_size, l::VOCAB),
+            ("num_nextn_predict_layers", self.mtp_layers, l::LAYERS),
         ];
-        for (field, v, max, why) in size {
-            check(field, u128::from(v), max, why)?;
-        }
-        check(
-            "name (`_name_or_path`) bytes",
-            self.name.len() as u128,
-            l::MAX_MODEL_NAME_BYTES,
-            "an HF model id has at most 96 characters, a local path rarely 256",
-        )?;
-        check(
-            "num_nextn_predict_layers",
-            u128::from(self.mtp_layers),
-            l::MAX_LAYERS,
-            "8x the most layers of a real model, 126",
-        )?;
         if let Some(a) = &self.mla {
-            let ranks = [
-                ("q_lora_rank", a.q_lora_rank.unwrap_or(0)),
-                ("kv_lora_rank", a.kv_lora_rank),
-                ("qk_nope_head_dim", a.qk_nope_head_dim),
-                ("qk_rope_head_dim", a.qk_rope_head_dim),
-                ("v_head_dim", a.v_head_dim),
-            ];
-            for (field, v) in ranks {
-                check(
-                    field,
-                    u128::from(v),
-                    l::MAX_HIDDEN,
-                    "2.5x the largest real hidden size, 25600",
-                )?;
-            }
+            sizes.extend([
+                ("q_lora_rank", a.q_lora_rank.unwrap_or(0), l::HIDDEN),
+                ("kv_lora_rank", a.kv_lora_rank, l::HIDDEN),
+                ("qk_nope_head_dim", a.qk_nope_head_dim, l::HIDDEN),
+                ("qk_rope_head_dim", a.qk_rope_head_dim, l::HIDDEN),
+                ("v_head_dim", a.v_head_dim, l::HIDDEN),
+            ]);
         }
         if let Some(a) = &self.linear {
-            let heads = "6x the most heads of a real model, 160";
-            let head_dim = "4x the largest real head_dim, 256";
-            let sizes = [
-                ("linear_num_key_heads", a.num_key_heads, l::MAX_HEADS, heads),
+            let full = a.full_attention_layers.len() as u64;
+            sizes.extend([
+                ("linear_num_key_heads", a.num_key_heads, l::HEADS),
+                ("linear_num_value_heads", a.num_value_heads, l::HEADS),
+                ("linear_key_head_dim", a.key_head_dim, l::HEAD_DIM),
+                ("linear_value_head_dim", a.value_head_dim, l::HEAD_DIM),
+                ("linear_conv_kernel_dim", a.conv_kernel, l::CONV_KERNEL),
                 (
-                    "linear_num_value_heads",
-                    a.num_value_heads,
-                    l::MAX_HEADS,
-                    heads,
+                    "full-attention layers (`layer_types`)",
+                    full,
+                    l::PER_LAYER_LIST,
                 ),
-                (
-                    "linear_key_head_dim",
-                    a.key_head_dim,
-                    l::MAX_HEAD_DIM,
-                    head_dim,
-                ),
-                (
-                    "linear_value_head_dim",
-                    a.value_head_dim,
-                    l::MAX_HEAD_DIM,
-                    head_dim,
-                ),
-                (
-                    "linear_conv_kernel_dim",
-                    a.conv_kernel,
-                    l::MAX_CONV_KERNEL,
-                    "16x the largest real convolution kernel, 4",
-                ),
-            ];
-            for (field, v, max, why) in sizes {
-                check(field, u128::from(v), max, why)?;
-            }
-            check(
-                "full-attention layers (`layer_types`)",
-                a.full_attention_layers.len() as u128,
-                l::MAX_LAYERS,
-                "it lists at most one entry per layer",
-            )?;
+            ]);
         }
         if let Some(m) = &self.moe {
-            check(
-                "shared experts' intermediate size",
-                u128::from(m.shared_intermediate_size),
-                l::MAX_INTERMEDIATE,
-                "14x the largest real intermediate size, 73728",
-            )?;
-            let experts = "8x the most experts of a real model, 512";
-            check(
-                "num_experts",
-                u128::from(m.num_experts),
-                l::MAX_EXPERTS,
-                experts,
-            )?;
-            check(
-                "num_experts_per_tok",
-                u128::from(m.experts_per_token),
-                l::MAX_EXPERTS,
-                experts,
-            )?;
-            check(
-                "moe_intermediate_size",
-                u128::from(m.moe_intermediate_size),
-                l::MAX_INTERMEDIATE,
-                "14x the largest real intermediate size, 73728",
-            )?;
-            check(
-                "mlp_only_layers",
-                m.mlp_only_layers.len() as u128,
-                l::MAX_LAYERS,
-                "it lists at most one entry per layer",
-            )?;
+            let shared = m.shared_intermediate_size;
+            sizes.extend([
+                ("shared experts' intermediate size", shared, l::INTERMEDIATE),
+                ("num_experts", m.num_experts, l::EXPERTS),
+                ("num_experts_per_tok", m.experts_per_token, l::EXPERTS),
+                (
+                    "moe_intermediate_size",
+                    m.moe_intermediate_size,
+                    l::INTERMEDIATE,
+                ),
+                (
+                    "mlp_only_layers",
+                    m.mlp_only_layers.len() as u64,
+                    l::PER_LAYER_LIST,
+                ),
+            ]);
+        }
+        for (field, v, limit) in sizes {
+            limit.check(field, u128::from(v))?;
         }
         let (tensors, elements) = self.catalogue_size();
-        check(
-            "canonical tensors",
-            tensors,
-            l::MAX_TENSORS,
-            "14x the tensors of the largest real MoE checkpoints, about 74000",
-        )?;
-        check(
-            "total bytes",
-            elements * self.dtype.size() as u128,
-            l::MAX_MODEL_BYTES,
-            "16 TiB, 2x a 2T-parameter model in fp32",
-        )?;
+        l::TENSORS.check("canonical tensors", tensors)?;
+        l::MODEL_BYTES.check("total bytes", elements * self.dtype.size() as u128)?;
         Ok(())
     }
 

@@ -265,13 +265,9 @@ fn check(req: &ConnectRequest, raw: &Value) -> Result<(Slots, SideStatus, SideSt
         )));
     }
     for (what, w) in [("training.world_size", tw), ("inference.world_size", iw)] {
-        awex_core::limits::check(
-            what,
-            u128::from(w),
-            awex_core::limits::MAX_WORLD_SIZE,
-            "one side of a pair has at most 65536 ranks",
-        )
-        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        awex_core::limits::WORLD_SIZE
+            .check(what, u128::from(w))
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     }
     if u64::from(tw) + u64::from(iw) > u64::from(MAX_RANKS) {
         return Err(ApiError::Unprocessable(format!(
