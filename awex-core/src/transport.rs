@@ -33,6 +33,8 @@ pub enum Memory {
 pub enum Conversion {
     /// The sender converts on the host while it packs a bucket.
     SenderHost,
+    /// The receiving GPU converts as it writes: bf16 and f16 to and from f32 (others refused).
+    ReceiverGpu,
     /// Nowhere: the transport copies bytes only and refuses a plan that converts.
     Refused,
 }
@@ -143,7 +145,8 @@ impl Transport {
     pub fn conversion(self) -> Conversion {
         match self {
             Transport::Shm | Transport::Tcp => Conversion::SenderHost,
-            Transport::CudaIpc | Transport::Nccl => Conversion::Refused,
+            Transport::CudaIpc => Conversion::ReceiverGpu,
+            Transport::Nccl => Conversion::Refused,
         }
     }
 }
@@ -227,7 +230,15 @@ mod tests {
         );
         assert_eq!(
             row(CudaIpc),
-            (true, true, false, true, false, true, Conversion::Refused)
+            (
+                true,
+                true,
+                false,
+                true,
+                false,
+                true,
+                Conversion::ReceiverGpu
+            )
         );
         assert_eq!(
             row(Nccl),

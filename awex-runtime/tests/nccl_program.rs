@@ -786,7 +786,7 @@ fn conversions_and_unregistered_tensors_are_refused() {
     assert_eq!(
         e.to_string(),
         format!(
-            "`{}`: the CUDA path copies bytes only, but this transfer converts f32 to bf16; keep both sides in the same dtype or use a CPU transport",
+            "`{}`: this transfer converts f32 to bf16, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)",
             first.dst_tensor
         )
     );

@@ -622,7 +622,7 @@ pub(crate) mod tests {
         let e = copy_descriptors(&t, 0, 0).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "`dst`: the CUDA path copies bytes only, but this transfer converts f32 to bf16; keep both sides in the same dtype or use a CPU transport"
+            "`dst`: this transfer converts f32 to bf16, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
         );
     }
 

@@ -51,9 +51,9 @@ pub enum CudaError {
         /// the driver's description
         message: String,
     },
-    /// The transfer converts dtypes, which the device path does not do.
+    /// The transfer converts dtypes in a way the device path does not.
     #[error(
-        "`{tensor}`: the CUDA path copies bytes only, but this transfer converts {src} to {dst}; keep both sides in the same dtype or use a CPU transport"
+        "`{tensor}`: this transfer converts {src} to {dst}, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
     )]
     Conversion {
         /// destination tensor

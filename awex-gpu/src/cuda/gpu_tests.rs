@@ -356,6 +356,140 @@ fn gpu_transpose_kernel_equals_the_cpu_transposed_copy() {
     }
 }
 
+/// The kernel's conversions equal `awex_core::dtype::convert` (the CPU transports') bit for
+/// bit: every bf16 and f16 value widened, and f32 values rounded to both (every sign and
+/// exponent with the mantissas around each rounding boundary, NaN payloads, plus 16M others);
+/// and converting boxes (straight and transposed, offset on both ends) equal the CPU's
+/// converting copy, nothing outside them written.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu_conversions_equal_the_cpu_conversion_bit_for_bit() {
+    use awex_core::layout::copy::copy_box_transposed;
+    use transpose::{Conversion, TransposeJob};
+    let d = Device::open(0).unwrap();
+    let k = transpose::TransposeKernel::load(&d).unwrap();
+    let stream = d.stream().unwrap();
+    // one straight job over `src` as elements of `from`, converted to `to`
+    let run = |src_host: &[u8], from: DType, to: DType| -> Vec<u8> {
+        let n = src_host.len() / from.size();
+        let cols = 1024u64;
+        let rows = (n as u64).div_ceil(cols);
+        assert_eq!(n as u64 % cols, 0);
+        let src = d.alloc(src_host.len() as u64).unwrap();
+        src.upload(0, src_host).unwrap();
+        let out = n * to.size();
+        let dst = d.alloc(out as u64).unwrap();
+        let job = TransposeJob {
+            src: src.ptr(),
+            dst: dst.ptr(),
+            rows: rows as u32,
+            cols: cols as u32,
+            src_pitch: (cols * from.size() as u64) as u32,
+            dst_pitch: (cols * to.size() as u64) as u32,
+            elem: from.size() as u32,
+            conv: Conversion::of(from, to).unwrap(),
+            straight: true,
+        };
+        let batch = k.batch(&[job]).unwrap().unwrap();
+        // SAFETY: the job lies in `src` and `dst`; both live until the sync below.
+        unsafe { k.launch(&stream, &batch) }.unwrap();
+        stream.sync().unwrap();
+        let mut got = vec![0u8; out];
+        dst.download(0, &mut got).unwrap();
+        got
+    };
+    let check = |src: &[u8], from: DType, to: DType| {
+        let got = run(src, from, to);
+        let mut want = vec![0u8; got.len()];
+        awex_core::dtype::convert(src, from, &mut want, to).unwrap();
+        let (fs, ts) = (from.size(), to.size());
+        if let Some(i) = (0..src.len() / fs).find(|&i| got[i * ts..][..ts] != want[i * ts..][..ts])
+        {
+            panic!(
+                "{from} -> {to}: element {:02x?} gave {:02x?}, the CPU {:02x?}",
+                &src[i * fs..][..fs],
+                &got[i * ts..][..ts],
+                &want[i * ts..][..ts]
+            );
+        }
+    };
+    let halves: Vec<u8> = (0..=u16::MAX).flat_map(u16::to_le_bytes).collect();
+    check(&halves, DType::Bf16, DType::F32);
+    check(&halves, DType::F16, DType::F32);
+    let mut words: Vec<u32> = Vec::new();
+    for sign_exp in 0..512u32 {
+        for m in [
+            0u32, 1, 2, 0xfff, 0x1000, 0x1001, 0x1fff, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001,
+            0x18000, 0xffff, 0x10000, 0x1ffff, 0x3fffff, 0x400000, 0x400001, 0x7fe000, 0x7fffff,
+        ] {
+            words.push(sign_exp << 23 | m);
+        }
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while words.len() % 1024 != 0 || words.len() < 16 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        words.push(x as u32);
+    }
+    let floats: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    check(&floats, DType::F32, DType::Bf16);
+    check(&floats, DType::F32, DType::F16);
+
+    // boxes: straight and transposed, both directions
+    for (from, to) in [(DType::Bf16, DType::F32), (DType::F32, DType::Bf16)] {
+        for transposed in [false, true] {
+            let (src_shape, src_off, extent) = (&[4u64, 45, 70], &[1u64, 3, 5], &[2u64, 37, 61]);
+            let (dst_shape, dst_off): (&[u64], &[u64]) = if transposed {
+                (&[3, 66, 40], &[0, 2, 1])
+            } else {
+                (&[3, 40, 66], &[0, 1, 2])
+            };
+            let mut t = transfer(src_shape, src_off, dst_shape, dst_off, extent, from);
+            (t.dst_dtype, t.transposed) = (to, transposed);
+            let src_host = pattern(Dims::new(src_shape).numel() as usize * from.size(), 5);
+            let n = Dims::new(dst_shape).numel() as usize * to.size();
+            let mut want = vec![0xABu8; n];
+            copy_box_transposed(
+                &src_host,
+                &t.src_shape,
+                &t.src_offset,
+                from,
+                &mut want,
+                &t.dst_shape,
+                &t.dst_offset,
+                to,
+                &t.extent,
+                t.transpose(),
+            )
+            .unwrap();
+            let src = d.alloc(src_host.len() as u64).unwrap();
+            src.upload(0, &src_host).unwrap();
+            let dst = d.alloc(n as u64).unwrap();
+            dst.upload(0, &vec![0xABu8; n]).unwrap();
+            let jobs = if transposed {
+                transpose::transpose_jobs(&t, src.ptr(), dst.ptr())
+            } else {
+                transpose::convert_jobs(&t, src.ptr(), dst.ptr())
+            }
+            .unwrap()
+            .unwrap();
+            let batch = k.batch(&jobs).unwrap().unwrap();
+            // SAFETY: every job lies in `src` and `dst` (the geometry is checked against the
+            // tensors' shapes); both live until the sync below.
+            unsafe { k.launch(&stream, &batch) }.unwrap();
+            stream.sync().unwrap();
+            let mut got = vec![0u8; n];
+            dst.download(0, &mut got).unwrap();
+            let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+            assert_eq!(
+                bad, None,
+                "{from} -> {to} transposed {transposed}: first wrong byte"
+            );
+        }
+    }
+}
+
 /// Runs every transfer of [`shapes`] (launched, then captured and replayed) and checks the bytes.
 fn copy_shapes(d: &Device, engine: &CopyEngine) {
     for (i, t) in shapes().iter().enumerate() {

@@ -3,6 +3,7 @@
 //! the JSON-lines pipe both benchmark paths talk over.
 
 use anyhow::{Context, bail};
+use awex_core::dtype::DType;
 use awex_core::layout::copy::StridedBox;
 use awex_core::layout::{LocalTensor, RankId};
 use awex_core::plan::Transfer;
@@ -136,6 +137,47 @@ impl Content {
     }
 }
 
+/// A converting transfer's dtypes (`None` for a copy).
+fn conversion_of(t: &Transfer) -> Option<(DType, DType)> {
+    t.converts().then_some((t.src_dtype, t.dst_dtype))
+}
+
+/// The destination bytes of the elements at source byte `s` of the tensor with key `key`:
+/// `out` itself for a copy; the source's bytes converted from `conv.0` to `conv.1` (as every
+/// transport converts: `awex_core::dtype::convert`) for a converting transfer.
+fn fill_as_received(
+    content: &Content,
+    key: u64,
+    s: u64,
+    conv: Option<(DType, DType)>,
+    scratch: &mut Vec<u8>,
+    out: &mut [u8],
+) {
+    match conv {
+        None => content.fill(key, s, out),
+        Some((from, to)) => {
+            scratch.resize(out.len() / to.size() * from.size(), 0);
+            content.fill(key, s, scratch);
+            // the sizes agree by construction; a failure leaves zeros, which the check reports
+            if awex_core::dtype::convert(scratch, from, out, to).is_err() {
+                out.fill(0);
+            }
+        }
+    }
+}
+
+/// Cuts a run of `n` elements at source element `s` and destination element `d` into pieces of
+/// at most 4 MiB on either end: `(source byte, destination byte, destination bytes)`.
+fn pieces(s: u64, d: u64, n: u64, ses: u64, des: u64, mut each: impl FnMut(u64, u64, u64)) {
+    let per = (4u64 << 20) / ses.max(des);
+    let (mut s, mut d, mut n) = (s, d, n);
+    while n > 0 {
+        let k = n.min(per);
+        each(s * ses, d * des, k * des);
+        (s, d, n) = (s + k, d + k, n - k);
+    }
+}
+
 /// The bytes the plan's `transfers` into one destination tensor of `nbytes` bytes write there
 /// (the generated content of their sources, made finite if asked); bytes no transfer writes
 /// are zero. Generated on every core, in pieces of at most 4 MiB.
@@ -145,11 +187,11 @@ pub(super) fn expected_tensor(
     content: &Content,
 ) -> anyhow::Result<Vec<u8>> {
     let mut out = vec![0u8; nbytes];
-    // (destination byte, length, key, source byte)
-    let mut items: Vec<(usize, usize, u64, u64)> = Vec::new();
+    // (destination byte, length, key, source byte, conversion)
+    let mut items: Vec<(usize, usize, u64, u64, Option<(DType, DType)>)> = Vec::new();
     for t in transfers {
-        let es = t.dst_dtype.size() as u64;
-        let key = tensor_key(t.src_rank, &t.src_tensor);
+        let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
+        let (key, conv) = (tensor_key(t.src_rank, &t.src_tensor), conversion_of(t));
         let b = StridedBox::new_transposed(
             &t.src_shape,
             &t.src_offset,
@@ -160,16 +202,13 @@ pub(super) fn expected_tensor(
         )?;
         let mut bad = None;
         b.for_each_run(|s, d, n| {
-            let (mut s, mut d, mut n) = (s * es, d * es, n * es);
-            if d + n > nbytes as u64 {
-                bad = Some(d + n);
+            if (d + n) * des > nbytes as u64 {
+                bad = Some((d + n) * des);
                 return;
             }
-            while n > 0 {
-                let k = n.min(4 << 20);
-                items.push((d as usize, k as usize, key, s));
-                (s, d, n) = (s + k, d + k, n - k);
-            }
+            pieces(s, d, n, ses, des, |sb, db, k| {
+                items.push((db as usize, k as usize, key, sb, conv));
+            });
         });
         if let Some(end) = bad {
             bail!(
@@ -180,9 +219,9 @@ pub(super) fn expected_tensor(
     }
     items.sort_unstable_by_key(|i| i.0);
     // disjoint pieces of `out`, one per item (transfers into one tensor never overlap)
-    let mut pieces = Vec::with_capacity(items.len());
+    let mut parts = Vec::with_capacity(items.len());
     let (mut rest, mut at) = (&mut out[..], 0usize);
-    for &(d, n, key, s) in &items {
+    for &(d, n, key, s, conv) in &items {
         if d < at {
             bail!(
                 "two transfers write byte {d} of `{}`",
@@ -191,15 +230,16 @@ pub(super) fn expected_tensor(
         }
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(d - at);
         let (piece, tail) = tail.split_at_mut(n);
-        pieces.push((piece, key, s));
+        parts.push((piece, key, s, conv));
         (rest, at) = (tail, d + n);
     }
-    let per = pieces.len().div_ceil(threads()).max(1);
+    let per = parts.len().div_ceil(threads()).max(1);
     std::thread::scope(|scope| {
-        for group in pieces.chunks_mut(per) {
+        for group in parts.chunks_mut(per) {
             scope.spawn(move || {
-                for (piece, key, s) in group.iter_mut() {
-                    content.fill(*key, *s, piece);
+                let mut scratch = Vec::new();
+                for (piece, key, s, conv) in group.iter_mut() {
+                    fill_as_received(content, *key, *s, *conv, &mut scratch, piece);
                 }
             });
         }
@@ -228,11 +268,11 @@ pub(super) fn verify_with(
         };
         host.resize(lt.nbytes() as usize, 0u8);
         fetch(ti, &mut host)?;
-        // (key, source byte, destination byte, length), in pieces of at most 4 MiB
-        let mut items: Vec<(u64, u64, u64, u64)> = Vec::new();
+        // (key, source byte, destination byte, length, conversion), in pieces of at most 4 MiB
+        let mut items: Vec<(u64, u64, u64, u64, Option<(DType, DType)>)> = Vec::new();
         for t in ts {
-            let es = t.dst_dtype.size() as u64;
-            let key = tensor_key(t.src_rank, &t.src_tensor);
+            let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
+            let (key, conv) = (tensor_key(t.src_rank, &t.src_tensor), conversion_of(t));
             let b = StridedBox::new_transposed(
                 &t.src_shape,
                 &t.src_offset,
@@ -242,12 +282,9 @@ pub(super) fn verify_with(
                 t.transpose(),
             )?;
             b.for_each_run(|s, d, n| {
-                let (mut s, mut d, mut n) = (s * es, d * es, n * es);
-                while n > 0 {
-                    let k = n.min(4 << 20);
-                    items.push((key, s, d, k));
-                    (s, d, n) = (s + k, d + k, n - k);
-                }
+                pieces(s, d, n, ses, des, |sb, db, k| {
+                    items.push((key, sb, db, k, conv))
+                });
             });
         }
         let next = AtomicUsize::new(0);
@@ -255,14 +292,14 @@ pub(super) fn verify_with(
         std::thread::scope(|s| {
             for _ in 0..threads() {
                 s.spawn(|| {
-                    let mut want = Vec::new();
+                    let (mut want, mut scratch) = (Vec::new(), Vec::new());
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(key, sb, db, n)) = items.get(i) else {
+                        let Some(&(key, sb, db, n, conv)) = items.get(i) else {
                             break;
                         };
                         want.resize(n as usize, 0);
-                        content.fill(key, sb, &mut want);
+                        fill_as_received(content, key, sb, conv, &mut scratch, &mut want);
                         let got = &host[db as usize..(db + n) as usize];
                         if got != &want[..] {
                             let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
@@ -401,6 +438,71 @@ mod tests {
             let (ok, _) = verify_with(&transfers, &layout.tensors, content, &mut other).unwrap();
             assert!(!ok);
         }
+    }
+
+    /// A plan that converts (FSDP's bf16 `A_log` into SGLang's fp32): the expected bytes are the
+    /// sender's converted, and a receiver holding the source bytes unconverted is caught.
+    #[test]
+    fn converting_transfers_are_checked_against_the_senders_bytes_converted() {
+        let r = crate::cmd::plan::resolve("qwen3.5-tiny", "fsdp:dp=2", "sglang:tp=1").unwrap();
+        let rank = awex_core::layout::RankId::infer(0, 0);
+        let plan = r
+            .plan_pair()
+            .plan_rank(awex_core::layout::Side::Inference, rank)
+            .unwrap();
+        let transfers: Vec<Transfer> = plan
+            .peers
+            .iter()
+            .flat_map(|p| p.transfers.iter().cloned())
+            .collect();
+        let converting: Vec<&Transfer> = transfers.iter().filter(|t| t.converts()).collect();
+        assert!(!converting.is_empty());
+        assert!(converting.iter().all(|t| t.dst_tensor.ends_with("A_log")
+            && (t.src_dtype, t.dst_dtype) == (DType::Bf16, DType::F32)));
+        let layout = r.inference.rank_layout(rank).unwrap();
+        let content = Content::plain(true);
+        let of = |i: usize| -> Vec<&Transfer> {
+            let t = &layout.tensors[i];
+            transfers
+                .iter()
+                .filter(|x| *x.dst_tensor == *t.name)
+                .collect()
+        };
+        let mut fetch = |i: usize, out: &mut [u8]| {
+            out.copy_from_slice(&expected_tensor(&of(i), out.len(), &content)?);
+            Ok(())
+        };
+        let (ok, detail) = verify_with(&transfers, &layout.tensors, &content, &mut fetch).unwrap();
+        assert!(ok, "{detail}");
+        // an A_log element is the sender's bf16 widened: its low half is zero, its high half
+        // the sender's bytes
+        let (i, lt) = layout
+            .tensors
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.name.ends_with("A_log"))
+            .unwrap();
+        let got = expected_tensor(&of(i), lt.nbytes() as usize, &content).unwrap();
+        let zero = |d: &awex_core::dims::Dims| d.as_slice().iter().all(|&x| x == 0);
+        let t = *of(i)
+            .iter()
+            .find(|t| zero(&t.src_offset) && zero(&t.dst_offset))
+            .unwrap();
+        let mut src = [0u8; 2];
+        content.fill(tensor_key(t.src_rank, &t.src_tensor), 0, &mut src);
+        assert_eq!(got[..4], [0, 0, src[0], src[1]]);
+        // bytes copied unconverted (the sender's, element for element) are caught
+        let mut raw = |i: usize, out: &mut [u8]| {
+            out.copy_from_slice(&expected_tensor(&of(i), out.len(), &content)?);
+            if layout.tensors[i].name.ends_with("A_log") {
+                let t = of(i)[0];
+                let key = tensor_key(t.src_rank, &t.src_tensor);
+                content.fill(key, 0, out);
+            }
+            Ok(())
+        };
+        let (ok, detail) = verify_with(&transfers, &layout.tensors, &content, &mut raw).unwrap();
+        assert!(!ok && detail.contains("A_log"), "{detail}");
     }
 
     #[test]

@@ -26,8 +26,11 @@
 //! 2026-12-01 20:39 UTC). `AWEX_IPC_KERNEL=copies` launches per copy; a batch whose tile table
 //! would pass 16 MiB is launched per copy too.
 //!
-//! The copies move bytes only: a plan that converts dtypes is refused when the transport is
-//! built. Checksums are computed on the host (both ends copy their tensors to a host staging
+//! The copies move bytes only; the boxes that convert dtypes (bf16 or f16 to and from f32: a
+//! trainer's bf16 `A_log` into the engines' fp32, an fp32 router into a bf16 gate) go to the
+//! element-wise kernel with the transposed ones (`awex_gpu::cuda::transpose`), which converts
+//! exactly as the CPU transports do; a plan with any other conversion is refused when the
+//! transport is built. Checksums are computed on the host (both ends copy their tensors to a host staging
 //! set and hash the planned buckets as the other transports do): slow, for verification runs.
 
 mod control;
@@ -45,7 +48,9 @@ use awex_core::dtype::DType;
 use awex_core::encoding::{Fp8Block, Recipe};
 use awex_core::layout::{LocalTensor, RankId, RankLayout, Side};
 use awex_core::plan::{RankPlan, Transfer};
-use awex_gpu::cuda::transpose::{TransposeBatch, TransposeKernel, transpose_jobs};
+use awex_gpu::cuda::transpose::{
+    Conversion, TransposeBatch, TransposeKernel, convert_jobs, transpose_jobs,
+};
 use awex_gpu::cuda::{
     CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, Fp8Batch, Fp8Kernel,
     IpcEventHandle, IpcExport, IpcImport, Stream, merge_contiguous, plan_copies, split_linear,
@@ -179,13 +184,14 @@ fn transport_err(what: &str) -> impl Fn(CudaError) -> RuntimeError + '_ {
     }
 }
 
-/// Refuses a plan that converts dtypes: the CUDA path copies bytes only.
+/// Refuses a plan with a conversion the GPU does not make ([`Conversion::of`]: bf16 and f16
+/// to and from f32 only).
 pub(crate) fn refuse_conversions(plan: &RankPlan) -> Result<(), RuntimeError> {
     let converting = plan
         .peers
         .iter()
         .flat_map(|p| &p.transfers)
-        .find(|t| t.converts());
+        .find(|t| t.converts() && Conversion::of(t.src_dtype, t.dst_dtype).is_none());
     match converting {
         None => Ok(()),
         Some(t) => Err(cuda_err(
@@ -363,7 +369,13 @@ impl CudaIpcTransport {
                     .map_err(transport_err("warming up the copy engine"))?;
                 t.join.warm_up_ms = ms_since(t0);
                 t.engine = Some(engine);
-                if t.plan.first_transposed().is_some() {
+                let element_wise = t.plan.first_transposed().is_some()
+                    || t.plan
+                        .peers
+                        .iter()
+                        .flat_map(|p| &p.transfers)
+                        .any(|x| x.converts());
+                if element_wise {
                     t.transpose = Some(
                         TransposeKernel::load(&t.dev)
                             .map_err(transport_err("loading the transpose kernel"))?,
@@ -667,13 +679,20 @@ impl CudaIpcTransport {
                 (Some(fp8), std::borrow::Cow::Owned(plain))
             }
         };
-        // boxes the engine stores transposed go to the transpose kernel; the rest are copies
+        // boxes the engine stores transposed and boxes that convert go to the element-wise
+        // kernel; the rest are copies
         let mut tjobs = Vec::new();
         let mut copied = Vec::with_capacity(plain.len());
         for t in plain.iter() {
-            let jobs = if t.transposed {
+            let jobs = if t.transposed || t.converts() {
                 let (src, dst) = addr(t).map_err(transport_err("building the transposes"))?;
-                transpose_jobs(t, src, dst).map_err(transport_err("building the transposes"))?
+                match transpose_jobs(t, src, dst)
+                    .map_err(transport_err("building the transposes"))?
+                {
+                    Some(j) => Some(j),
+                    None => convert_jobs(t, src, dst)
+                        .map_err(transport_err("building the conversions"))?,
+                }
             } else {
                 None
             };
@@ -689,7 +708,7 @@ impl CudaIpcTransport {
                 .map_err(transport_err("uploading the transposes"))?,
             (None, false) => {
                 return Err(TransportError::Unsupported(
-                    "cuda-ipc: this plan writes boxes transposed, and the transpose kernel did not load on this GPU".into(),
+                    "cuda-ipc: this plan writes boxes transposed or converted, and the element-wise kernel did not load on this GPU".into(),
                 )
                 .into());
             }
@@ -1301,15 +1320,24 @@ mod tests {
     }
 
     #[test]
-    fn plan_that_converts_gets_the_cuda_conversion_error() {
+    fn a_plan_with_a_conversion_the_gpu_does_not_make_gets_the_cuda_conversion_error() {
         assert!(refuse_conversions(&plan_with(DType::Bf16, DType::Bf16)).is_ok());
-        let e = refuse_conversions(&plan_with(DType::F32, DType::Bf16)).unwrap_err();
+        // the element-wise kernel's conversions pass
+        for (a, b) in [
+            (DType::F32, DType::Bf16),
+            (DType::Bf16, DType::F32),
+            (DType::F16, DType::F32),
+            (DType::F32, DType::F16),
+        ] {
+            assert!(refuse_conversions(&plan_with(a, b)).is_ok(), "{a} -> {b}");
+        }
+        let e = refuse_conversions(&plan_with(DType::F64, DType::F32)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "`model.w`: the CUDA path copies bytes only, but this transfer converts f32 to bf16; keep both sides in the same dtype or use a CPU transport"
+            "`model.w`: this transfer converts f64 to f32, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
         );
         let t = CudaIpcTransport::new(
-            Arc::new(plan_with(DType::F32, DType::Bf16)),
+            Arc::new(plan_with(DType::F64, DType::F32)),
             Arc::new(TensorSet::from_views(vec![]).unwrap()),
             1 << 20,
             "awex-test-unused-ctl",
