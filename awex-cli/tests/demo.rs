@@ -33,10 +33,17 @@ fn run_demo(cmd: &mut Command) -> std::process::Output {
 }
 
 fn demo(args: &[&str]) -> (i32, Value, String) {
+    // qwen3-tiny unless the test names a model
+    let model: &[&str] = if args.contains(&"--model") {
+        &[]
+    } else {
+        &["--model", "qwen3-tiny"]
+    };
     let out = run_demo(
         Command::new(env!("CARGO_BIN_EXE_awex-cli"))
             .arg("demo")
-            .args(["--model", "qwen3-tiny", "--json"])
+            .args(model)
+            .arg("--json")
             .args(args),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -213,6 +220,28 @@ fn tcp_demo_with_checksums_verifies_and_converts_fp32() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(j["verified"], true);
     assert_eq!(j["updates"].as_array().unwrap().len(), 2);
+}
+
+/// A bf16 FSDP trainer holds Qwen3.5's fp32 `A_log` rounded to bf16 and sends it widened into
+/// the engines' fp32: the demo checks the engines against what the trainer holds (it reported
+/// every update NOT verified before, comparing with the unrounded checkpoint values).
+#[test]
+fn a_trainer_holding_a_tensor_narrower_than_the_checkpoint_is_verified_against_what_it_sends() {
+    let _one = one_at_a_time();
+    for infer in ["sglang:tp=2", "vllm:tp=2,ep=2"] {
+        let (code, j, err) = demo(&[
+            "--model",
+            "qwen3.5-moe-tiny",
+            "--train",
+            "fsdp:dp=2",
+            "--infer",
+            infer,
+            "--updates",
+            "2",
+        ]);
+        assert_eq!(code, 0, "{infer}: {err}");
+        assert_eq!(j["verified"], true, "{infer}: {j}");
+    }
 }
 
 #[test]

@@ -53,7 +53,15 @@ pub enum Weights {
     Finite(Box<Weights>),
     /// Versions made by optimiser-like steps ([`Stepped`]).
     Stepped(std::sync::Arc<Stepped>),
+    /// Another source with some tensors rounded through a narrower dtype, as a trainer that
+    /// holds them in it holds them (a bf16 FSDP trainer's `A_log` of an fp32 checkpoint): what
+    /// its receivers get. Built by [`Weights::held_as`].
+    HeldAs(std::sync::Arc<HeldAs>, Box<Weights>),
 }
+
+/// The tensors a trainer holds in a narrower dtype than the checkpoint's: name -> (the
+/// checkpoint's dtype, the held one).
+pub type HeldAs = std::collections::HashMap<String, (DType, DType)>;
 
 /// Versions made as an optimiser makes them: an fp32 master per element (version 0: a seeded
 /// init, or a checkpoint's values), moved at every version `k` by `lr * u_k`, then cast to the
@@ -234,6 +242,44 @@ impl Weights {
                     *b &= !0x40;
                 }
             }
+            Weights::HeldAs(held, w) => match held.get(name) {
+                None => w.bytes_at(name, version, at, out),
+                Some(&(canonical, narrow)) => {
+                    // whole elements around the range, each rounded through `narrow`
+                    let es = canonical.size() as u64;
+                    let (first, end) = (at / es * es, (at + out.len() as u64).div_ceil(es) * es);
+                    let mut wide = vec![0u8; (end - first) as usize];
+                    w.bytes_at(name, version, first, &mut wide);
+                    let mut low = vec![0u8; wide.len() / es as usize * narrow.size()];
+                    // both are float dtypes (`held_as` keeps no other): neither call fails
+                    let _ = crate::dtype::convert(&wide, canonical, &mut low, narrow);
+                    let _ = crate::dtype::convert(&low, narrow, &mut wide, canonical);
+                    let skip = (at - first) as usize;
+                    out.copy_from_slice(&wide[skip..skip + out.len()]);
+                }
+            },
+        }
+    }
+
+    /// These weights as a trainer holds them when it keeps tensors of `held` (name, dtype) in
+    /// a narrower float dtype than the catalogue's: each such tensor rounded through it (what
+    /// every receiver of that trainer gets). Unchanged when none is narrower.
+    pub fn held_as(
+        self,
+        cat: &Catalogue,
+        held: impl IntoIterator<Item = (String, DType)>,
+    ) -> Weights {
+        let narrower: HeldAs = held
+            .into_iter()
+            .filter_map(|(name, d)| {
+                let c = cat.get(&name)?.dtype;
+                (c.is_float() && d.is_float() && d.size() < c.size()).then_some((name, (c, d)))
+            })
+            .collect();
+        if narrower.is_empty() {
+            self
+        } else {
+            Weights::HeldAs(std::sync::Arc::new(narrower), Box::new(self))
         }
     }
 
@@ -258,6 +304,54 @@ pub fn canonical_tensor(cat: &Catalogue, name: &str, version: u64) -> Option<Vec
 mod tests {
     use super::*;
     use crate::dtype::bf16_to_f32;
+
+    #[test]
+    fn weights_held_as_a_narrower_dtype_are_rounded_through_it_at_any_offset_and_nothing_else() {
+        use crate::Dims;
+        use crate::model::CanonicalTensor;
+        let t = |name: &str, dtype| CanonicalTensor {
+            name: name.into(),
+            shape: Dims::new(&[64]),
+            dtype,
+        };
+        let cat = Catalogue::new(vec![t("a_log", DType::F32), t("w", DType::Bf16)]);
+        let held = [
+            ("a_log".to_string(), DType::Bf16),
+            // wider than the checkpoint, or unknown: kept as it is
+            ("w".to_string(), DType::F32),
+            ("missing".to_string(), DType::Bf16),
+        ];
+        let w = Weights::Synthetic.held_as(&cat, held.clone());
+        let Weights::HeldAs(map, _) = &w else {
+            panic!("a_log is held narrower")
+        };
+        assert_eq!(map.len(), 1);
+        let mut raw = vec![0u8; 256];
+        Weights::Synthetic.bytes_at("a_log", 2, 0, &mut raw);
+        let mut got = vec![0u8; 256];
+        w.bytes_at("a_log", 2, 0, &mut got);
+        for (r, g) in raw.chunks_exact(4).zip(got.chunks_exact(4)) {
+            let x = f32::from_le_bytes(r.try_into().unwrap());
+            let want = bf16_to_f32(crate::dtype::f32_to_bf16(x));
+            assert_eq!(g, want.to_le_bytes(), "{x}");
+        }
+        assert_ne!(raw, got);
+        // any byte range is a slice of the whole
+        let mut part = vec![0u8; 37];
+        w.bytes_at("a_log", 2, 13, &mut part);
+        assert_eq!(part, got[13..50]);
+        // the other tensors are the source's
+        let (mut a, mut b) = (vec![0u8; 128], vec![0u8; 128]);
+        w.bytes_at("w", 2, 0, &mut a);
+        Weights::Synthetic.bytes_at("w", 2, 0, &mut b);
+        assert_eq!(a, b);
+        // nothing narrower: the source itself
+        let held = [("w".to_string(), DType::F32)];
+        assert!(matches!(
+            Weights::Synthetic.held_as(&cat, held),
+            Weights::Synthetic
+        ));
+    }
 
     #[test]
     fn finite_weights_hold_no_infinity_or_nan_at_any_offset_and_differ_from_the_source_only_there()

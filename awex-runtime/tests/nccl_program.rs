@@ -12,7 +12,7 @@ use awex_core::synthetic::{SyntheticSide, TensorSplit, catalogue};
 use awex_core::weights::{Stepped, Weights};
 use awex_gpu::cuda::CopyDesc;
 use awex_gpu::cuda::delta_wire::host;
-use awex_gpu::cuda::transpose::TransposeJob;
+use awex_gpu::cuda::transpose::{Conversion, TransposeJob};
 use awex_gpu::nccl::{
     CommWorld, DeviceTensor, DeviceTensors, OpKind, OpSeg, Program, SLOT_ALIGN, Wire,
     max_frame_len, pair_bucket_bytes, peer_buckets, schedule, wire_table,
@@ -116,19 +116,51 @@ fn run_copies(r: &Rank, descs: &[CopyDesc]) {
     }
 }
 
-/// Runs transpose jobs on the rank's host memory, element by element, as the kernel moves them
-/// (`awex_gpu::cuda::transpose::emulate` over absolute addresses).
+/// Runs element-wise jobs (transposes; the sender's conversions) on the rank's host memory,
+/// element by element, as the kernel moves them (`awex_gpu::cuda::transpose::emulate` over
+/// absolute addresses).
 fn run_transposes(r: &Rank, jobs: &[TransposeJob]) {
     for j in jobs {
         let e = j.elem as u64;
+        let de = j.conv.dst_elem(j.elem) as u64;
+        let dtype = |bytes: u64| match bytes {
+            2 if matches!(j.conv, Conversion::F16ToF32 | Conversion::F32ToF16) => DType::F16,
+            2 => DType::Bf16,
+            _ => DType::F32,
+        };
         for row in 0..j.rows as u64 {
             for col in 0..j.cols as u64 {
                 let s = j.src + row * j.src_pitch as u64 + col * e;
-                let d = j.dst + col * j.dst_pitch as u64 + row * e;
-                copy(r, s, r, d, e);
+                let d = if j.straight {
+                    j.dst + row * j.dst_pitch as u64 + col * de
+                } else {
+                    j.dst + col * j.dst_pitch as u64 + row * de
+                };
+                if j.conv == Conversion::None {
+                    copy(r, s, r, d, e);
+                    continue;
+                }
+                assert!(
+                    r.inside(s, e) && r.inside(d, de),
+                    "a conversion outside every buffer"
+                );
+                // SAFETY: both ranges were just checked to lie inside live buffers of the rank.
+                let (from, to) = unsafe {
+                    (
+                        std::slice::from_raw_parts(s as *const u8, e as usize),
+                        std::slice::from_raw_parts_mut(d as *mut u8, de as usize),
+                    )
+                };
+                awex_core::dtype::convert(from, dtype(e), to, dtype(de)).unwrap();
             }
         }
     }
+}
+
+/// Packs step `k` of a training rank into slot `s`: its copies and its conversions.
+fn pack(r: &Rank, k: usize, s: usize) {
+    run_copies(r, &r.copies[k][s]);
+    run_transposes(r, &r.program.steps[k].convert_jobs(r.slot(s)));
 }
 
 /// Unpacks step `k` of an inference rank from slot `s`: its copies and its transposes.
@@ -236,7 +268,7 @@ fn run_update_over(
         let s = k % 2;
         for ((side, _), r) in &ranks {
             if *side == Side::Training && k < r.copies.len() {
-                run_copies(r, &r.copies[k][s]);
+                pack(r, k, s);
             }
         }
         for ((side, who), r) in &ranks {
@@ -434,7 +466,7 @@ fn run_delta_update(
             if *side != Side::Training || k >= r.program.steps.len() {
                 continue;
             }
-            run_copies(r, &r.copies[k][s]);
+            pack(r, k, s);
             let st = &r.program.steps[k];
             for (i, o) in st.ops.iter().enumerate() {
                 let segs = &st.segs[i];
@@ -628,6 +660,113 @@ fn transposed_boxes_unpack_and_gather_through_transpose_jobs_whole_and_as_deltas
     }
 }
 
+/// The real plans that convert over nccl: FSDP's bf16 `A_log` of Qwen3.5-MoE into SGLang's
+/// and vLLM's fp32, FSDP on transformers 5.24 (fp32 routers) into SGLang's bf16 DeepSeek-V3
+/// gate: the training ranks convert those pieces into their slots, every inference rank holds
+/// the engine's bytes, whole and as deltas.
+#[test]
+fn real_pairs_that_convert_move_through_the_programs_whole_and_as_deltas() {
+    use awex_core::model::presets;
+    use awex_core::pair::PairSpec;
+    use awex_core::{BackendSpec, Transport as TransportKind};
+    const _: [&str; 3] = [awex_fsdp::CRATE, awex_sglang::CRATE, awex_vllm::CRATE];
+    for (model, train, infer, conv) in [
+        (
+            "qwen3.5-moe-tiny",
+            "fsdp:dp=2",
+            "sglang:tp=2",
+            Conversion::Bf16ToF32,
+        ),
+        (
+            "qwen3.5-moe-tiny",
+            "fsdp:dp=2",
+            "vllm:tp=2,ep=2",
+            Conversion::Bf16ToF32,
+        ),
+        (
+            "deepseek-v3-tiny",
+            "fsdp:dp=2,transformers=524",
+            "sglang:tp=2,fused_shared_experts=1",
+            Conversion::F32ToBf16,
+        ),
+    ] {
+        let p = PairSpec {
+            model: presets::preset(model).unwrap(),
+            train: train.parse::<BackendSpec>().unwrap(),
+            infer: infer.parse::<BackendSpec>().unwrap(),
+            transport: TransportKind::Nccl,
+            infer_fp8: None,
+        }
+        .resolve()
+        .unwrap();
+        let case = format!("{model} {train} -> {infer}");
+        // what the trainer holds: a tensor kept narrower than the checkpoint is sent rounded
+        let held: Vec<(String, DType)> = p
+            .training
+            .ranks()
+            .into_iter()
+            .flat_map(|r| p.training.rank_layout(r).unwrap().tensors)
+            .flat_map(|t| {
+                t.placements
+                    .iter()
+                    .map(|pl| (pl.canonical.to_string(), t.dtype))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let stepped = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)));
+        // versions that change every byte (whole buckets), then optimiser-like steps (deltas)
+        for (weights, deltas) in [(Weights::Synthetic, false), (stepped, true)] {
+            let weights = weights.held_as(&p.catalogue, held.clone());
+            assert!(matches!(weights, Weights::HeldAs(..)) == (conv == Conversion::Bf16ToF32));
+            for budget in [4096u64, 1 << 20] {
+                let (ranks, _) = build_ranks(&p.catalogue, &*p.training, &*p.inference, |_| budget);
+                let jobs: Vec<TransposeJob> = ranks
+                    .values()
+                    .flat_map(|r| r.program.steps.iter().map(|st| st.convert_jobs(r.slot(0))))
+                    .flatten()
+                    .collect();
+                assert!(!jobs.is_empty(), "{case}: the plan converts");
+                assert!(jobs.iter().all(|j| j.conv == conv), "{case}: {jobs:?}");
+                let mut copies = HashMap::new();
+                for v in 1..=2u64 {
+                    for ((side, _), r) in &ranks {
+                        if *side == Side::Training {
+                            fill_or_check_from(
+                                &weights,
+                                &r.layout,
+                                &p.catalogue,
+                                &r.tensors,
+                                v,
+                                false,
+                            )
+                            .unwrap();
+                        }
+                    }
+                    let run = run_delta_update(&ranks, &mut copies, |_| true, true);
+                    if deltas {
+                        assert_eq!(run.delta_buckets > 0, v > 1, "{case}: {run:?}");
+                    }
+                    for ((side, who), r) in &ranks {
+                        if *side == Side::Inference {
+                            fill_or_check_from(
+                                &weights,
+                                &r.layout,
+                                &p.catalogue,
+                                &r.tensors,
+                                v,
+                                true,
+                            )
+                            .unwrap_or_else(|e| {
+                                panic!("{case}, budget {budget}, version {v}, {who}: {e}")
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_contiguous_single_piece_bucket_goes_straight_from_and_into_the_tensors() {
     // one 16x4 bf16 tensor, rows split 8/8 on training and whole on inference; budget 64: the
@@ -755,9 +894,57 @@ fn column_boxes_are_packed_with_pitched_copies() {
     assert_eq!(step.copies(Side::Inference, i0.slot(1))[0].src, i0.slot(1));
 }
 
+/// An f32 trainer into bf16 engines: every piece is converted by the sender as it packs it
+/// (never sent straight from its tensor), the receiver unpacks the engine's bytes, whole and as
+/// deltas against the converted bytes last sent.
 #[test]
-fn conversions_and_unregistered_tensors_are_refused() {
+fn an_f32_trainer_s_pieces_are_converted_into_the_slot_and_arrive_as_bf16_whole_and_as_deltas() {
     let (cat, train, infer) = mixed_pair(DType::F32);
+    for budget in [48u64, 256, 1 << 20] {
+        let ranks = run_update(&cat, &train, &infer, |_| budget, 3);
+        for ((side, _), r) in &ranks {
+            if *side == Side::Training {
+                let (direct, _) = r.program.direct_and_staged();
+                assert_eq!(direct, 0, "a converting piece is staged");
+                assert!(
+                    r.program
+                        .steps
+                        .iter()
+                        .all(|st| st.has_converts() && !st.has_copies())
+                );
+                for st in &r.program.steps {
+                    assert!(
+                        st.convert_jobs(r.slot(0))
+                            .iter()
+                            .all(|j| j.straight && j.conv == Conversion::F32ToBf16 && j.elem == 4)
+                    );
+                }
+            }
+        }
+    }
+    let weights = Weights::Stepped(Arc::new(Stepped::new(&cat, 1e-6, None)));
+    let (ranks, _) = build_ranks(&cat, &train, &infer, |_| 256);
+    let mut copies = HashMap::new();
+    for v in 1..=3u64 {
+        for ((side, _), r) in &ranks {
+            if *side == Side::Training {
+                fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, false).unwrap();
+            }
+        }
+        let run = run_delta_update(&ranks, &mut copies, |_| true, true);
+        assert_eq!(run.delta_buckets > 0, v > 1, "version {v}: {run:?}");
+        for ((side, who), r) in &ranks {
+            if *side == Side::Inference {
+                fill_or_check_from(&weights, &r.layout, &cat, &r.tensors, v, true)
+                    .unwrap_or_else(|e| panic!("version {v}, {who}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn conversions_the_gpu_does_not_make_and_unregistered_tensors_are_refused() {
+    let (cat, train, infer) = mixed_pair(DType::F64);
     let pair = Pair {
         catalogue: &cat,
         training: &train,
@@ -786,7 +973,7 @@ fn conversions_and_unregistered_tensors_are_refused() {
     assert_eq!(
         e.to_string(),
         format!(
-            "`{}`: this transfer converts f32 to bf16, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)",
+            "`{}`: this transfer converts f64 to bf16, which the GPU transports do not (they convert bf16 and f16 to and from f32); keep both sides in the same dtype, or use a CPU transport (shm, tcp)",
             first.dst_tensor
         )
     );

@@ -121,6 +121,21 @@ pub fn demo_weights(
     })
 }
 
+/// The dtype the training ranks hold each canonical tensor of this rank's plan in (the
+/// transfers' source dtype): a trainer that keeps a tensor narrower than the checkpoint (a
+/// bf16 FSDP trainer's fp32 `A_log`) sends it rounded, which is what its receivers must hold.
+fn held_by_trainer(p: &awex_runtime::rank::Prepared) -> Vec<(String, awex_core::DType)> {
+    let tensors = p.catalogue.tensors();
+    let mut seen = std::collections::HashSet::new();
+    p.plan
+        .peers
+        .iter()
+        .flat_map(|peer| peer.transfers.iter())
+        .filter(|t| seen.insert(t.canonical))
+        .filter_map(|t| Some((tensors.get(t.canonical as usize)?.name.clone(), t.src_dtype)))
+        .collect()
+}
+
 /// The kv key under which a training rank says which version its tensors hold (cuda-ipc).
 pub fn filled_key(rank: u32) -> String {
     format!("filled.{rank}")
@@ -185,7 +200,8 @@ async fn work(args: Args) -> anyhow::Result<ExitCode> {
         &prepared.catalogue,
         cfg.infer_fp8.is_some(),
         args.lr,
-    )?;
+    )?
+    .held_as(&prepared.catalogue, held_by_trainer(&prepared));
     let on_gpu = transport.on_gpu();
     let mut mem = Memory::allocate(
         &prepared.layout,

@@ -130,14 +130,20 @@ impl DescStats {
 /// The copies that carry `t` from the source tensor at address `src` to the destination tensor
 /// at address `dst` (both the tensors' first bytes).
 ///
-/// Byte copies only: a transfer that converts dtypes is refused with [`CudaError::Conversion`].
+/// Byte copies only: a transfer that converts dtypes is refused (the element-wise kernel
+/// converts it: [`super::transpose::convert_jobs`]).
 pub fn copy_descriptors(t: &Transfer, src: u64, dst: u64) -> Result<Vec<CopyDesc>, CudaError> {
     if t.converts() {
-        return Err(CudaError::Conversion {
-            tensor: t.dst_tensor.to_string(),
-            src: t.src_dtype,
-            dst: t.dst_dtype,
-        });
+        return Err(CudaError::geometry(
+            &t.dst_tensor,
+            awex_core::layout::copy::CopyError::Transposed(
+                format!(
+                    "the box converts {} to {}: copies cannot move it, the element-wise kernel does (`transpose::convert_jobs`)",
+                    t.src_dtype, t.dst_dtype
+                )
+                .into(),
+            ),
+        ));
     }
     let b = StridedBox::new_transposed(
         &t.src_shape,
@@ -616,13 +622,13 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn converting_transfer_is_refused_with_its_dtypes() {
+    fn a_converting_transfer_is_refused_by_the_copies_naming_the_kernel_that_converts() {
         let mut t = transfer(&[4], &[0], &[4], &[0], &[4], DType::F32);
         t.dst_dtype = DType::Bf16;
         let e = copy_descriptors(&t, 0, 0).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "`dst`: this transfer converts f32 to bf16, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
+            "`dst`: the box converts f32 to bf16: copies cannot move it, the element-wise kernel does (`transpose::convert_jobs`)"
         );
     }
 

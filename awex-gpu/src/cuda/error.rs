@@ -53,7 +53,7 @@ pub enum CudaError {
     },
     /// The transfer converts dtypes in a way the device path does not.
     #[error(
-        "`{tensor}`: this transfer converts {src} to {dst}, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
+        "`{tensor}`: this transfer converts {src} to {dst}, which the GPU transports do not (they convert bf16 and f16 to and from f32); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
     )]
     Conversion {
         /// destination tensor

@@ -191,10 +191,25 @@ pub fn convert_jobs(
         t.transpose(),
     )
     .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
-    let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
+    box_convert_jobs(&b, t.src_dtype.size() as u64, conv, src, dst, &t.dst_tensor).map(Some)
+}
+
+/// The straight jobs that move box `b` (strides in elements on each end) of `ses`-byte source
+/// elements at `src`, converted by `conv`, to `dst` ([`convert_jobs`] of a transfer; the nccl
+/// transport's sender packing a converting piece into its slot). A pitch past 32 bits is
+/// refused naming `tensor`.
+pub fn box_convert_jobs(
+    b: &StridedBox,
+    ses: u64,
+    conv: Conversion,
+    src: u64,
+    dst: u64,
+    tensor: &str,
+) -> Result<Vec<TransposeJob>, CudaError> {
+    let des = u64::from(conv.dst_elem(ses as u32));
     let bad = |what: String| {
         CudaError::geometry(
-            &t.dst_tensor,
+            tensor,
             awex_core::layout::copy::CopyError::Transposed(what.into()),
         )
     };
@@ -239,7 +254,7 @@ pub fn convert_jobs(
                 rest * des,
             )?);
         }
-        return Ok(Some(jobs));
+        return Ok(jobs);
     }
     // the innermost outer dim gives the rows; every index of the others one job
     let (rows, ss, ds) = b.outer[0];
@@ -255,7 +270,7 @@ pub fn convert_jobs(
         }
         jobs.push(job(s, d, rows, b.run, ss * ses, ds * des)?);
     }
-    Ok(Some(jobs))
+    Ok(jobs)
 }
 
 /// The elements of a converting box's single run laid out as one row of a job.
@@ -720,7 +735,7 @@ mod tests {
             assert_eq!(
                 e,
                 format!(
-                    "`dst`: this transfer converts {from} to {to}, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
+                    "`dst`: this transfer converts {from} to {to}, which the GPU transports do not (they convert bf16 and f16 to and from f32); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
                 )
             );
         }

@@ -21,7 +21,7 @@ use super::NcclError;
 use super::ranks::CommWorld;
 use super::schedule::{Op, Step};
 use crate::cuda::desc::push_box;
-use crate::cuda::transpose::{TransposeJob, box_jobs};
+use crate::cuda::transpose::{Conversion, TransposeJob, box_convert_jobs, box_jobs};
 use crate::cuda::{CopyDesc, Fp8Job};
 use awex_core::dtype::DType;
 use awex_core::encoding::Fp8Block;
@@ -185,11 +185,27 @@ struct PieceTranspose {
     slot_off: u64,
 }
 
+/// A piece whose dtype the sender converts as it packs it (bf16 or f16 to and from f32): from
+/// its training tensor into a slot, in the inference dtype, by the element-wise kernel
+/// ([`crate::cuda::transpose::box_convert_jobs`]), so that the wire and the receiver hold the
+/// engine's bytes (as the tcp sender packs them).
+#[derive(Clone, Copy, Debug)]
+struct PieceConvert {
+    /// Tensor to slot, in elements (`dst_base` from the piece's first slot element).
+    boxed: StridedBox,
+    /// Bytes of a source element.
+    elem: u64,
+    conv: Conversion,
+    tensor: u64,
+    slot_off: u64,
+}
+
 /// What moves one piece between its tensors and a slot.
 enum Part {
     Copy(PieceCopy),
     Quant(PieceQuant),
     Transpose(PieceTranspose),
+    Convert(PieceConvert),
 }
 
 /// `b` the other way round: its destination read and its source written.
@@ -225,6 +241,7 @@ pub struct StepIo {
     copies: Vec<PieceCopy>,
     quants: Vec<PieceQuant>,
     transposes: Vec<PieceTranspose>,
+    converts: Vec<PieceConvert>,
 }
 
 impl StepIo {
@@ -280,6 +297,24 @@ impl StepIo {
     /// Whether the step has transposed pieces.
     pub fn has_transposes(&self) -> bool {
         !self.transposes.is_empty()
+    }
+
+    /// Training ranks: the element-wise jobs that pack this step's converting pieces from
+    /// their tensors into a slot at device address `slot`, in the inference dtype (with
+    /// [`StepIo::copies`] and [`StepIo::fp8_jobs`], every piece; each job writes its own bytes).
+    pub fn convert_jobs(&self, slot: u64) -> Vec<TransposeJob> {
+        self.converts
+            .iter()
+            .flat_map(|c| {
+                box_convert_jobs(&c.boxed, c.elem, c.conv, c.tensor, slot + c.slot_off, "")
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// Whether the step has pieces the sender converts.
+    pub fn has_converts(&self) -> bool {
+        !self.converts.is_empty()
     }
 
     /// Wire bytes of the step.
@@ -402,6 +437,7 @@ impl Program {
             let mut copies = Vec::new();
             let mut quants = Vec::new();
             let mut transposes = Vec::new();
+            let mut converts = Vec::new();
             let mut at = 0u64;
             for op in &step.ops {
                 let peer = plan.peers.get(op.peer_index).filter(|p| p.peer == op.peer);
@@ -447,6 +483,10 @@ impl Program {
                                     t.slot_off += off;
                                     transposes.push(t);
                                 }
+                                Part::Convert(mut c) => {
+                                    c.slot_off += off;
+                                    converts.push(c);
+                                }
                             }
                         }
                         at = (off + within).div_ceil(SLOT_ALIGN) * SLOT_ALIGN;
@@ -469,6 +509,7 @@ impl Program {
                 copies,
                 quants,
                 transposes,
+                converts,
             });
         }
         Ok(Program {
@@ -520,7 +561,7 @@ pub fn check_encoding(t: &Transfer) -> Result<(), NcclError> {
                 t.src_tensor, t.src_dtype
             )));
         }
-    } else if t.converts() {
+    } else if t.converts() && Conversion::of(t.src_dtype, t.dst_dtype).is_none() {
         return Err(crate::cuda::CudaError::Conversion {
             tensor: t.dst_tensor.to_string(),
             src: t.src_dtype,
@@ -696,6 +737,30 @@ fn piece_parts(
                 elem: elem as u32,
             });
             within += e.numel() * elem;
+            continue;
+        }
+        if side == Side::Training && t.converts() {
+            // checked by `check_encoding`: a conversion the kernel makes
+            let conv = Conversion::of(t.src_dtype, t.dst_dtype)
+                .ok_or_else(|| NcclError::Plan(format!("`{}` converts unchecked", t.dst_tensor)))?;
+            let boxed = StridedBox::new(&t.src_shape, &so, &e, &zeros, &e).map_err(geometry)?;
+            let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
+            // every job's fields checked here, once
+            let src = tensor(&t.src_tensor)?.ptr;
+            box_convert_jobs(&boxed, ses, conv, src, within, &t.dst_tensor)?;
+            runs.push(OpSeg {
+                at: within,
+                n: e.numel(),
+                elem: des as u32,
+            });
+            out.push(Part::Convert(PieceConvert {
+                boxed,
+                elem: ses,
+                conv,
+                tensor: src,
+                slot_off: within,
+            }));
+            within += e.numel() * des;
             continue;
         }
         let (name, boxed) = match side {

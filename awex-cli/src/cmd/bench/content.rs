@@ -137,8 +137,11 @@ impl Content {
     }
 }
 
+/// A converting transfer's source and destination dtypes (`None` for a copy).
+type Conv = Option<(DType, DType)>;
+
 /// A converting transfer's dtypes (`None` for a copy).
-fn conversion_of(t: &Transfer) -> Option<(DType, DType)> {
+fn conversion_of(t: &Transfer) -> Conv {
     t.converts().then_some((t.src_dtype, t.dst_dtype))
 }
 
@@ -149,7 +152,7 @@ fn fill_as_received(
     content: &Content,
     key: u64,
     s: u64,
-    conv: Option<(DType, DType)>,
+    conv: Conv,
     scratch: &mut Vec<u8>,
     out: &mut [u8],
 ) {
@@ -188,7 +191,7 @@ pub(super) fn expected_tensor(
 ) -> anyhow::Result<Vec<u8>> {
     let mut out = vec![0u8; nbytes];
     // (destination byte, length, key, source byte, conversion)
-    let mut items: Vec<(usize, usize, u64, u64, Option<(DType, DType)>)> = Vec::new();
+    let mut items: Vec<(usize, usize, u64, u64, Conv)> = Vec::new();
     for t in transfers {
         let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
         let (key, conv) = (tensor_key(t.src_rank, &t.src_tensor), conversion_of(t));
@@ -269,7 +272,7 @@ pub(super) fn verify_with(
         host.resize(lt.nbytes() as usize, 0u8);
         fetch(ti, &mut host)?;
         // (key, source byte, destination byte, length, conversion), in pieces of at most 4 MiB
-        let mut items: Vec<(u64, u64, u64, u64, Option<(DType, DType)>)> = Vec::new();
+        let mut items: Vec<(u64, u64, u64, u64, Conv)> = Vec::new();
         for t in ts {
             let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
             let (key, conv) = (tensor_key(t.src_rank, &t.src_tensor), conversion_of(t));

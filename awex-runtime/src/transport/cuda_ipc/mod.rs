@@ -1334,7 +1334,7 @@ mod tests {
         let e = refuse_conversions(&plan_with(DType::F64, DType::F32)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "`model.w`: this transfer converts f64 to f32, which the GPU transports do not (cuda-ipc converts bf16 and f16 to and from f32, nccl copies bytes only); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
+            "`model.w`: this transfer converts f64 to f32, which the GPU transports do not (they convert bf16 and f16 to and from f32); keep both sides in the same dtype, or use a CPU transport (shm, tcp)"
         );
         let t = CudaIpcTransport::new(
             Arc::new(plan_with(DType::F64, DType::F32)),

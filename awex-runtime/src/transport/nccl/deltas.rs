@@ -184,7 +184,7 @@ pub(super) fn send(
     ds: &DeltaStep,
     step: &awex_gpu::nccl::StepIo,
     s: usize,
-    fp8_done: Option<&Event>,
+    packed: &[&Event],
     bases: Option<&crate::delta::PeerBases>,
     comm: &mut Communicator,
     ctx: &ExecContext<'_>,
@@ -196,7 +196,7 @@ pub(super) fn send(
     if step.has_copies() {
         d.stream.wait(&gpu.ready[s])?;
     }
-    if let Some(e) = fp8_done {
+    for e in packed {
         d.stream.wait(e)?;
     }
     let (scratch, scratch_len) = d.scratch.as_ref().map_or((0, 0), |b| (b.ptr(), b.len()));

@@ -179,6 +179,20 @@ struct Connected {
     /// An inference rank's transposed pieces (boxes the engine stores with their last two
     /// dims swapped).
     transposes: Option<Transposes>,
+    /// A training rank's converting pieces (bf16 or f16 to and from f32), packed in the
+    /// inference dtype.
+    converts: Option<ConvertPack>,
+}
+
+/// A training rank's converting pack: the element-wise kernel, its stream, and per step and
+/// slot the batch that converts the step's converting pieces into the slot.
+struct ConvertPack {
+    kernel: TransposeKernel,
+    stream: Stream,
+    /// `done[s]`: the conversions into slot `s` finished.
+    done: [Event; 2],
+    /// `batches[k]`: step `k`'s batch for slot 0 and slot 1 (`None`: nothing to convert).
+    batches: Vec<Option<[TransposeBatch; 2]>>,
 }
 
 /// The transpose kernel and, per step (with the slot it uses), the batch that unpacks its
@@ -420,6 +434,25 @@ impl NcclTransport {
         } else {
             None
         };
+        let converts = if program.steps.iter().any(|st| st.has_converts()) {
+            let kernel = TransposeKernel::load(&self.gpu.dev)?;
+            let mut batches = Vec::with_capacity(program.steps.len());
+            for st in &program.steps {
+                let b = |s: usize| kernel.batch(&st.convert_jobs(base(s)));
+                batches.push(match (b(0)?, b(1)?) {
+                    (Some(b0), Some(b1)) => Some([b0, b1]),
+                    _ => None,
+                });
+            }
+            Some(ConvertPack {
+                stream: self.gpu.dev.stream()?,
+                done: [self.gpu.dev.event(false)?, self.gpu.dev.event(false)?],
+                kernel,
+                batches,
+            })
+        } else {
+            None
+        };
         self.comms.get(self.cfg.init_timeout)?;
         self.conn = Some(Connected {
             program,
@@ -428,6 +461,7 @@ impl NcclTransport {
             slots,
             deltas,
             transposes,
+            converts,
         });
         Ok(())
     }
@@ -591,6 +625,20 @@ impl NcclTransport {
                         f.done[s].record(&f.stream)?;
                         gpu.nccl_stream.wait(&f.done[s])?;
                     }
+                    if let Some((c, b)) = conn
+                        .converts
+                        .as_ref()
+                        .and_then(|c| Some((c, c.batches[k].as_ref()?)))
+                    {
+                        c.stream.wait(&gpu.free[s])?;
+                        // SAFETY: the batch's jobs read registered tensor ranges and write
+                        // their own ranges of slot `s` (built by `Program::build`, disjoint
+                        // from the copies' and the quantisations'), once the sends of step
+                        // `k - 2` left the slot.
+                        unsafe { c.kernel.launch(&c.stream, &b[s])? };
+                        c.done[s].record(&c.stream)?;
+                        gpu.nccl_stream.wait(&c.done[s])?;
+                    }
                     if step.has_copies() {
                         // SAFETY: the copies were built by `Program::build` over registered tensor
                         // ranges and staging slots, ordered by the events above.
@@ -604,13 +652,22 @@ impl NcclTransport {
                         gpu.nccl_stream.wait(&gpu.ready[s])?;
                     }
                     if let Some((d, ds)) = dstep {
-                        let fp8_done = conn
+                        // the kernels that packed part of the slot beside the copies
+                        let packed: Vec<&Event> = conn
                             .fp8
                             .as_ref()
                             .filter(|f| f.batches[k].is_some())
-                            .map(|f| &f.done[s]);
+                            .map(|f| &f.done[s])
+                            .into_iter()
+                            .chain(
+                                conn.converts
+                                    .as_ref()
+                                    .filter(|c| c.batches[k].is_some())
+                                    .map(|c| &c.done[s]),
+                            )
+                            .collect();
                         let heads = deltas::send(
-                            gpu, d, ds, step, s, fp8_done, bases, comm, ctx, k, &mut stats,
+                            gpu, d, ds, step, s, &packed, bases, comm, ctx, k, &mut stats,
                         )?;
                         for (i, h) in heads {
                             if let BucketHeader::Delta { len, .. } = h
