@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Conversions on the receiving GPU over cuda-ipc, in one call: the element-wise kernel's GPU
-# tests (its conversions against awex_core::dtype::convert, every bf16/f16 value and 16M f32
-# ones; converting and transposed boxes against the CPU copy), then `awex-cli bench ipc` and
+# Conversions on the GPU, in one call: the element-wise kernel's GPU tests (its conversions
+# against awex_core::dtype::convert, every bf16/f16 value and 16M f32 ones; converting and
+# transposed boxes against the CPU copy), the nccl programs on one GPU (the sender's converting
+# pack, sent by copy, as deltas), then `awex-cli bench ipc` and
 # `awex-cli demo` of plans that convert (FSDP's bf16 `A_log` of Qwen3.5 into SGLang's fp32,
 # every byte verified), regressions of plans that do not (gpt-oss's transposed experts,
 # qwen3-8b), and the Qwen3.5-MoE shape in bf16: its 17 layers (30.6 GB) on any card, 34 layers
@@ -10,13 +11,14 @@
 # Expects prebuilt x86-64 binaries in .gpu/ (built on the development machine):
 #   cargo build --release -p awex-cli --features cuda && cp target/release/awex-cli .gpu/ && strip .gpu/awex-cli
 #   cargo test --release -p awex-gpu --features cuda --lib --no-run   # the binary -> .gpu/awex-gpu-tests
+#   cargo test --release -p awex-runtime --features cuda --test nccl_program --no-run   # -> .gpu/nccl_program
 # Env: RUNS picks the runs (default below); logs and JSON go to $OUT.
 set -uo pipefail
 OUT=${OUT:-$(mktemp -d)}
 G=${AWEX_GPU_DIR:-.gpu}
 BIN=${AWEX_CLI:-$G/awex-cli}
 R=bench/results/2026-12-06-ipc-convert
-RUNS=${RUNS:-"tests tiny-bench tiny-demo gptoss-bench e8b q17 q17b q34 q34b"}
+RUNS=${RUNS:-"tests nccl tiny-bench tiny-demo gptoss-bench e8b q17 q17b q34 q34b"}
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 status=0
 {
@@ -57,6 +59,10 @@ for r in $RUNS; do
       timeout 300 "$G/awex-gpu-tests" --ignored --test-threads=1 gpu_conversions gpu_transpose gpu_descriptors gpu_tile \
         >"$OUT/gpu_tests.txt" 2>&1 || status=1
       tail -n 8 "$OUT/gpu_tests.txt" ;;
+    nccl) echo "== nccl programs on one GPU: converted pieces packed by the kernel, transposed, FP8"
+      timeout 300 "$G/nccl_program" --ignored --test-threads=1 --nocapture gpu_ \
+        >"$OUT/nccl_program.txt" 2>&1 || status=1
+      tail -n 12 "$OUT/nccl_program.txt" ;;
     tiny-bench) bench $r 180 --model qwen3.5-moe-tiny $QP ;;
     tiny-demo) echo "== demo: qwen3.5-moe-tiny, fsdp bf16 -> sglang over cuda-ipc"
       timeout 300 "$BIN" demo --transport cuda-ipc --gpu 0 --model qwen3.5-moe-tiny --train fsdp:dp=1 \

@@ -35,6 +35,9 @@ pub enum Conversion {
     SenderHost,
     /// The receiving GPU converts as it writes: bf16 and f16 to and from f32 (others refused).
     ReceiverGpu,
+    /// The sending GPU converts as it packs a bucket: bf16 and f16 to and from f32 (others
+    /// refused).
+    SenderGpu,
     /// Nowhere: the transport copies bytes only and refuses a plan that converts.
     Refused,
 }
@@ -146,7 +149,7 @@ impl Transport {
         match self {
             Transport::Shm | Transport::Tcp => Conversion::SenderHost,
             Transport::CudaIpc => Conversion::ReceiverGpu,
-            Transport::Nccl => Conversion::Refused,
+            Transport::Nccl => Conversion::SenderGpu,
         }
     }
 }
@@ -242,7 +245,7 @@ mod tests {
         );
         assert_eq!(
             row(Nccl),
-            (true, false, true, false, false, false, Conversion::Refused)
+            (true, false, true, false, false, false, Conversion::SenderGpu)
         );
     }
 }

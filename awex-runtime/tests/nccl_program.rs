@@ -660,6 +660,22 @@ fn transposed_boxes_unpack_and_gather_through_transpose_jobs_whole_and_as_deltas
     }
 }
 
+/// What the training ranks of `p` hold each canonical tensor in: a tensor kept narrower than
+/// the checkpoint is sent rounded ([`Weights::held_as`]).
+fn held_by_trainer(p: &awex_core::pair::ResolvedPair) -> Vec<(String, DType)> {
+    p.training
+        .ranks()
+        .into_iter()
+        .flat_map(|r| p.training.rank_layout(r).unwrap().tensors)
+        .flat_map(|t| {
+            t.placements
+                .iter()
+                .map(|pl| (pl.canonical.to_string(), t.dtype))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// The real plans that convert over nccl: FSDP's bf16 `A_log` of Qwen3.5-MoE into SGLang's
 /// and vLLM's fp32, FSDP on transformers 5.24 (fp32 routers) into SGLang's bf16 DeepSeek-V3
 /// gate: the training ranks convert those pieces into their slots, every inference rank holds
@@ -700,19 +716,7 @@ fn real_pairs_that_convert_move_through_the_programs_whole_and_as_deltas() {
         .resolve()
         .unwrap();
         let case = format!("{model} {train} -> {infer}");
-        // what the trainer holds: a tensor kept narrower than the checkpoint is sent rounded
-        let held: Vec<(String, DType)> = p
-            .training
-            .ranks()
-            .into_iter()
-            .flat_map(|r| p.training.rank_layout(r).unwrap().tensors)
-            .flat_map(|t| {
-                t.placements
-                    .iter()
-                    .map(|pl| (pl.canonical.to_string(), t.dtype))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let held = held_by_trainer(&p);
         let stepped = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)));
         // versions that change every byte (whole buckets), then optimiser-like steps (deltas)
         for (weights, deltas) in [(Weights::Synthetic, false), (stepped, true)] {
@@ -1693,12 +1697,41 @@ mod fp8 {
 
     /// Versions 1 to 3 of `p` (FP8 inference side: `f`) through the programs on one GPU,
     /// version 1 whole, the others as deltas wherever the frame is shorter.
+    /// The plans that convert (FSDP's bf16 `A_log` into SGLang's fp32; FSDP on transformers
+    /// 5.24's fp32 router into SGLang's bf16 gate): each training rank's converting pieces are
+    /// packed by the element-wise kernel, and every inference rank holds each next version.
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn gpu_converted_pieces_packed_by_the_kernel_arrive_in_the_engines_dtype_as_deltas() {
+        for (model, train, infer) in [
+            ("qwen3.5-moe-tiny", "fsdp:dp=2", "sglang:tp=2"),
+            (
+                "deepseek-v3-tiny",
+                "fsdp:dp=2,transformers=524",
+                "sglang:tp=2,fused_shared_experts=1",
+            ),
+        ] {
+            let p = awex_core::pair::PairSpec {
+                model: presets::preset(model).unwrap(),
+                train: train.parse::<BackendSpec>().unwrap(),
+                infer: infer.parse::<BackendSpec>().unwrap(),
+                transport: TransportKind::Nccl,
+                infer_fp8: None,
+            }
+            .resolve()
+            .unwrap();
+            eprintln!("{model} {train} -> {infer}");
+            gpu_delta_versions(&p, None);
+        }
+    }
+
     fn gpu_delta_versions(p: &ResolvedPair, f: Option<&InferFp8>) {
         use awex_gpu::cuda::delta_wire::WireKernels;
         use awex_gpu::cuda::transpose::TransposeKernel;
         use awex_gpu::cuda::{CopyEngine, Device, Fp8Kernel};
         let q = f.map(|f| f.quantiser());
-        let weights = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)));
+        let weights = Weights::Stepped(Arc::new(Stepped::new(&p.catalogue, 1e-6, None)))
+            .held_as(&p.catalogue, held_by_trainer(p));
         let dev = Device::open(0).unwrap();
         let engine = CopyEngine::new(&dev, 2).unwrap();
         let kernel = Fp8Kernel::load(&dev).unwrap();
@@ -1734,6 +1767,7 @@ mod fp8 {
                         }
                         let slot = r.slots[s].ptr();
                         gpu_pack(&engine, &kernel, &stream, q.as_ref(), step, slot);
+                        transpose(&step.convert_jobs(slot));
                         for (i, o) in step.ops.iter().enumerate() {
                             let segs = &step.segs[i];
                             let at = o.wire.addr(slot);

@@ -522,9 +522,9 @@ impl Program {
     }
 }
 
-/// Checks that the nccl transport can move a transfer: bytes only (the device path does not
-/// convert dtypes), or FP8 that the training GPU quantises: sender-encoded, whole blocks of
-/// bf16. A transfer the plan leaves to the receiver to quantise (its blocks cut between
+/// Checks that the nccl transport can move a transfer: bytes, a conversion the training GPU
+/// makes as it packs (bf16 and f16 to and from f32: [`Conversion::of`]), or FP8 that the
+/// training GPU quantises: sender-encoded, whole blocks of bf16. A transfer the plan leaves to the receiver to quantise (its blocks cut between
 /// training ranks, or held in another dtype) is refused, naming the tensor and the fix.
 pub fn check_encoding(t: &Transfer) -> Result<(), NcclError> {
     if t.receiver_encoded() {

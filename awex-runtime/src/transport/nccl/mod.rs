@@ -18,6 +18,11 @@
 //! into the engine's e4m3 and scale tensors. Blocks holding infinity or NaN are left
 //! unwritten and fail the update on the training rank, naming the tensor.
 //!
+//! A piece whose dtype the engine holds otherwise (bf16 or f16 to and from f32: a bf16 `A_log`
+//! into the engines' fp32) is converted the same way, by the element-wise kernel
+//! ([`awex_gpu::cuda::transpose`], [`awex_gpu::nccl::StepIo::convert_jobs`]) into the slot on
+//! its own stream: the wire and the receiver hold the engine's bytes.
+//!
 //! Delta updates (both ends published that they take part, and the pair has them on): each
 //! step is two groups, the buckets' headers, then their bytes
 //! ([`awex_gpu::nccl::BucketHeader`]). The training rank keeps the bytes it last sent of every
