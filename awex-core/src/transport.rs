@@ -245,7 +245,15 @@ mod tests {
         );
         assert_eq!(
             row(Nccl),
-            (true, false, true, false, false, false, Conversion::SenderGpu)
+            (
+                true,
+                false,
+                true,
+                false,
+                false,
+                false,
+                Conversion::SenderGpu
+            )
         );
     }
 }

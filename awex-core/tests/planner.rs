@@ -111,15 +111,7 @@ fn check_pair(cat: &Catalogue, train: &ExplicitSide, infer: &ExplicitSide) -> Ve
         for peer in &p.peers {
             for t in &peer.transfers {
                 let c = counts.get_mut(&(t.dst_rank, t.dst_tensor.clone())).unwrap();
-                let b = StridedBox::new_transposed(
-                    &t.src_shape,
-                    &t.src_offset,
-                    &t.dst_shape,
-                    &t.dst_offset,
-                    &t.extent,
-                    t.transpose(),
-                )
-                .unwrap();
+                let b = t.strided_box().unwrap();
                 b.for_each_run(|_, d, n| {
                     for e in d..d + n {
                         c[e as usize] += 1;

@@ -249,6 +249,21 @@ impl Transfer {
         }
     }
 
+    /// The box as runs between its two tensors (element offsets and strides on each end), in
+    /// its orientation: what every copy of it walks.
+    pub fn strided_box(
+        &self,
+    ) -> Result<crate::layout::copy::StridedBox, crate::layout::copy::CopyError> {
+        crate::layout::copy::StridedBox::new_transposed(
+            &self.src_shape,
+            &self.src_offset,
+            &self.dst_shape,
+            &self.dst_offset,
+            &self.extent,
+            self.transpose(),
+        )
+    }
+
     /// The extent the box occupies in the destination tensor's trailing dims: `extent`, its
     /// last two dims swapped for a transposed transfer.
     pub fn dst_extent(&self) -> Dims {

@@ -145,15 +145,9 @@ pub fn copy_descriptors(t: &Transfer, src: u64, dst: u64) -> Result<Vec<CopyDesc
             ),
         ));
     }
-    let b = StridedBox::new_transposed(
-        &t.src_shape,
-        &t.src_offset,
-        &t.dst_shape,
-        &t.dst_offset,
-        &t.extent,
-        t.transpose(),
-    )
-    .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
+    let b = t
+        .strided_box()
+        .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
     if t.transposed && b.transposed_pair().is_some() {
         return Err(CudaError::geometry(
             &t.dst_tensor,

@@ -146,15 +146,9 @@ pub fn transpose_jobs(
     if !t.transposed {
         return Ok(None);
     }
-    let b = StridedBox::new_transposed(
-        &t.src_shape,
-        &t.src_offset,
-        &t.dst_shape,
-        &t.dst_offset,
-        &t.extent,
-        t.transpose(),
-    )
-    .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
+    let b = t
+        .strided_box()
+        .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
     let conv = conversion(t)?;
     matrix_jobs(&b, t.src_dtype.size() as u64, conv, src, dst, &t.dst_tensor)
 }
@@ -182,15 +176,9 @@ pub fn convert_jobs(
         return Ok(None);
     }
     let conv = conversion(t)?;
-    let b = StridedBox::new_transposed(
-        &t.src_shape,
-        &t.src_offset,
-        &t.dst_shape,
-        &t.dst_offset,
-        &t.extent,
-        t.transpose(),
-    )
-    .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
+    let b = t
+        .strided_box()
+        .map_err(|e| CudaError::geometry(&t.dst_tensor, e))?;
     box_convert_jobs(&b, t.src_dtype.size() as u64, conv, src, dst, &t.dst_tensor).map(Some)
 }
 

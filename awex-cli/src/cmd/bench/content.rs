@@ -4,7 +4,6 @@
 
 use anyhow::{Context, bail};
 use awex_core::dtype::DType;
-use awex_core::layout::copy::StridedBox;
 use awex_core::layout::{LocalTensor, RankId};
 use awex_core::plan::Transfer;
 use serde::{Deserialize, Serialize};
@@ -195,14 +194,7 @@ pub(super) fn expected_tensor(
     for t in transfers {
         let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
         let (key, conv) = (tensor_key(t.src_rank, &t.src_tensor), conversion_of(t));
-        let b = StridedBox::new_transposed(
-            &t.src_shape,
-            &t.src_offset,
-            &t.dst_shape,
-            &t.dst_offset,
-            &t.extent,
-            t.transpose(),
-        )?;
+        let b = t.strided_box()?;
         let mut bad = None;
         b.for_each_run(|s, d, n| {
             if (d + n) * des > nbytes as u64 {
@@ -276,14 +268,7 @@ pub(super) fn verify_with(
         for t in ts {
             let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
             let (key, conv) = (tensor_key(t.src_rank, &t.src_tensor), conversion_of(t));
-            let b = StridedBox::new_transposed(
-                &t.src_shape,
-                &t.src_offset,
-                &t.dst_shape,
-                &t.dst_offset,
-                &t.extent,
-                t.transpose(),
-            )?;
+            let b = t.strided_box()?;
             b.for_each_run(|s, d, n| {
                 pieces(s, d, n, ses, des, |sb, db, k| {
                     items.push((key, sb, db, k, conv))
