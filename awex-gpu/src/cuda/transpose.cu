@@ -2,7 +2,7 @@
 // (the source of transpose.ptx and transpose.sm_90.cubin; see transpose.rs for how to rebuild
 // them and for the job table). The CPU references are awex-core/src/layout/copy.rs
 // (copy_box_transposed) and awex-core/src/dtype.rs (convert), which these conversions equal bit
-// for bit, NaN payloads included.
+// for bit (NaN payloads included; a widened f16 NaN comes out quiet, as through f64).
 //
 // awex_transpose_table: every job of the table is one matrix of `rows` x `cols` source elements
 // of `elem` bytes (1, 2 or 4), element (r, c) at src + r * src_pitch + c * elem, written to
@@ -66,7 +66,7 @@ __device__ __forceinline__ uint32_t f32_to_f16(uint32_t bits) {
     return sign | out;
 }
 
-// IEEE half -> f32, exact (dtype.rs)
+// IEEE half -> f32, exact; a NaN quiet (dtype.rs's convert, which goes through f64)
 __device__ __forceinline__ uint32_t f16_to_f32(uint32_t h) {
     const uint32_t sign = (h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1fu;
@@ -80,7 +80,8 @@ __device__ __forceinline__ uint32_t f16_to_f32(uint32_t h) {
         }
         return sign | (e << 23) | ((m & 0x03ffu) << 13);
     }
-    if (exp == 0x1f) return sign | 0x7f800000u | (man << 13);
+    // a NaN comes out quiet, as the CPU's conversion (through f64) makes it
+    if (exp == 0x1f) return sign | 0x7f800000u | (man << 13) | (man != 0 ? 0x00400000u : 0u);
     return sign | ((exp + 127 - 15) << 23) | (man << 13);
 }
 

@@ -11,9 +11,9 @@
 //! memory so that both ends are read and written in rows. A converting box that is not
 //! transposed is a straight job per matrix of its contiguous runs ([`convert_jobs`]). The
 //! conversions are [`Conversion`]'s: bf16 and f16 to and from f32, equal bit for bit to
-//! [`awex_core::dtype::convert`] (round to nearest even, NaN payloads kept), which the CPU
-//! transports run. The geometry is pure and checked on the host against the CPU copy
-//! ([`emulate`]).
+//! [`awex_core::dtype::convert`] (round to nearest even, NaN payloads kept, a widened f16 NaN
+//! quiet), which the CPU transports run. The geometry is pure and checked on the host against
+//! the CPU copy ([`emulate`]).
 //!
 //! The PTX and the sm_90 cubin are built from `transpose.cu` with the CUDA 13.0 compiler (the
 //! `nvidia-cuda-nvcc`, `-crt`, `-runtime` and `nvidia-nvvm` 13.0 wheels hold it):
