@@ -123,11 +123,6 @@ fn run_transposes(r: &Rank, jobs: &[TransposeJob]) {
     for j in jobs {
         let e = j.elem as u64;
         let de = j.conv.dst_elem(j.elem) as u64;
-        let dtype = |bytes: u64| match bytes {
-            2 if matches!(j.conv, Conversion::F16ToF32 | Conversion::F32ToF16) => DType::F16,
-            2 => DType::Bf16,
-            _ => DType::F32,
-        };
         for row in 0..j.rows as u64 {
             for col in 0..j.cols as u64 {
                 let s = j.src + row * j.src_pitch as u64 + col * e;
@@ -136,22 +131,22 @@ fn run_transposes(r: &Rank, jobs: &[TransposeJob]) {
                 } else {
                     j.dst + col * j.dst_pitch as u64 + row * de
                 };
-                if j.conv == Conversion::None {
+                let Some((from, to)) = j.conv.dtypes() else {
                     copy(r, s, r, d, e);
                     continue;
-                }
+                };
                 assert!(
                     r.inside(s, e) && r.inside(d, de),
                     "a conversion outside every buffer"
                 );
                 // SAFETY: both ranges were just checked to lie inside live buffers of the rank.
-                let (from, to) = unsafe {
+                let (src, dst) = unsafe {
                     (
                         std::slice::from_raw_parts(s as *const u8, e as usize),
                         std::slice::from_raw_parts_mut(d as *mut u8, de as usize),
                     )
                 };
-                awex_core::dtype::convert(from, dtype(e), to, dtype(de)).unwrap();
+                awex_core::dtype::convert(src, from, dst, to).unwrap();
             }
         }
     }

@@ -56,17 +56,23 @@ pub enum Conversion {
 }
 
 impl Conversion {
+    /// Every conversion the GPU makes.
+    const ALL: [Conversion; 4] = [
+        Conversion::Bf16ToF32,
+        Conversion::F32ToBf16,
+        Conversion::F16ToF32,
+        Conversion::F32ToF16,
+    ];
+
     /// The conversion from `src` to `dst` elements, if the GPU makes it (`None` for equal
     /// dtypes).
     pub fn of(src: DType, dst: DType) -> Option<Conversion> {
-        Some(match (src, dst) {
-            _ if src == dst => Conversion::None,
-            (DType::Bf16, DType::F32) => Conversion::Bf16ToF32,
-            (DType::F32, DType::Bf16) => Conversion::F32ToBf16,
-            (DType::F16, DType::F32) => Conversion::F16ToF32,
-            (DType::F32, DType::F16) => Conversion::F32ToF16,
-            _ => return None,
-        })
+        if src == dst {
+            return Some(Conversion::None);
+        }
+        Self::ALL
+            .into_iter()
+            .find(|c| c.dtypes() == Some((src, dst)))
     }
 
     /// Bytes of an element after the conversion of one of `elem` bytes.
@@ -79,7 +85,7 @@ impl Conversion {
     }
 
     /// The source and destination dtypes of a conversion (`None` for none).
-    fn dtypes(self) -> Option<(DType, DType)> {
+    pub fn dtypes(self) -> Option<(DType, DType)> {
         match self {
             Conversion::None => None,
             Conversion::Bf16ToF32 => Some((DType::Bf16, DType::F32)),
@@ -153,8 +159,9 @@ pub fn transpose_jobs(
     matrix_jobs(&b, t.src_dtype.size() as u64, conv, src, dst, &t.dst_tensor)
 }
 
-/// The conversion of transfer `t`, refused naming the tensor where the GPU does not make it.
-fn conversion(t: &Transfer) -> Result<Conversion, CudaError> {
+/// The conversion of transfer `t`, refused naming the tensor and its dtypes where the GPU does
+/// not make it (every GPU path asks this).
+pub fn conversion(t: &Transfer) -> Result<Conversion, CudaError> {
     Conversion::of(t.src_dtype, t.dst_dtype).ok_or_else(|| CudaError::Conversion {
         tensor: t.dst_tensor.to_string(),
         src: t.src_dtype,
@@ -163,10 +170,11 @@ fn conversion(t: &Transfer) -> Result<Conversion, CudaError> {
 }
 
 /// The jobs of transfer `t` whose source tensor starts at `src` and destination tensor at
-/// `dst`, when it converts dtypes: one straight job per matrix of its contiguous runs (any box;
-/// a transposed one of one-element runs moves faster through [`transpose_jobs`], tried first) (a box of one run is cut into rows of [`RUN_ROW`] elements and a rest, so
-/// that a tile's rows are used); `None` for a transfer that does not convert. A conversion the
-/// GPU does not make ([`Conversion::of`]) or a pitch past 32 bits is refused naming the tensor.
+/// `dst`, when it converts dtypes: one straight job per matrix of its contiguous runs, a box of
+/// one run cut into rows of [`RUN_ROW`] elements and a rest so that a tile's rows are used
+/// (any box; a transposed one of one-element runs moves faster through [`transpose_jobs`],
+/// tried first); `None` for a transfer that does not convert. A conversion the GPU does not
+/// make ([`Conversion::of`]) or a pitch past 32 bits is refused naming the tensor.
 pub fn convert_jobs(
     t: &Transfer,
     src: u64,
@@ -246,19 +254,25 @@ pub fn box_convert_jobs(
     }
     // the innermost outer dim gives the rows; every index of the others one job
     let (rows, ss, ds) = b.outer[0];
-    let rest = &b.outer[1..b.n_outer];
+    for (s, d) in matrix_bases(b, &b.outer[1..b.n_outer]) {
+        jobs.push(job(s, d, rows, b.run, ss * ses, ds * des)?);
+    }
+    Ok(jobs)
+}
+
+/// The first source and destination elements of every matrix of box `b` whose other dims are
+/// `rest` (count, source stride, destination stride; innermost first), in that order.
+fn matrix_bases(b: &StridedBox, rest: &[(u64, u64, u64)]) -> impl Iterator<Item = (u64, u64)> {
     let n: u64 = rest.iter().map(|o| o.0).product();
-    jobs.reserve(n as usize);
-    for mut k in 0..n {
+    (0..n).map(move |mut k| {
         let (mut s, mut d) = (b.src_base, b.dst_base);
         for &(c, so, dso) in rest {
             s += (k % c) * so;
             d += (k % c) * dso;
             k /= c;
         }
-        jobs.push(job(s, d, rows, b.run, ss * ses, ds * des)?);
-    }
-    Ok(jobs)
+        (s, d)
+    })
 }
 
 /// The elements of a converting box's single run laid out as one row of a job.
@@ -326,15 +340,8 @@ fn matrix_jobs(
         .filter(|(i, _)| *i != p && *i != q)
         .map(|(_, o)| *o)
         .collect();
-    let n: u64 = rest.iter().map(|o| o.0).product();
-    let mut jobs = Vec::with_capacity(n as usize);
-    for mut k in 0..n {
-        let (mut s, mut d) = (b.src_base, b.dst_base);
-        for &(c, ss, ds) in &rest {
-            s += (k % c) * ss;
-            d += (k % c) * ds;
-            k /= c;
-        }
+    let mut jobs = Vec::new();
+    for (s, d) in matrix_bases(b, &rest) {
         jobs.push(TransposeJob {
             src: src + s * es,
             dst: dst + d * des,

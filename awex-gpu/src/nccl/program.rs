@@ -21,7 +21,7 @@ use super::NcclError;
 use super::ranks::CommWorld;
 use super::schedule::{Op, Step};
 use crate::cuda::desc::push_box;
-use crate::cuda::transpose::{Conversion, TransposeJob, box_convert_jobs, box_jobs};
+use crate::cuda::transpose::{Conversion, TransposeJob, box_convert_jobs, box_jobs, conversion};
 use crate::cuda::{CopyDesc, Fp8Job};
 use awex_core::dtype::DType;
 use awex_core::encoding::Fp8Block;
@@ -524,8 +524,9 @@ impl Program {
 
 /// Checks that the nccl transport can move a transfer: bytes, a conversion the training GPU
 /// makes as it packs (bf16 and f16 to and from f32: [`Conversion::of`]), or FP8 that the
-/// training GPU quantises: sender-encoded, whole blocks of bf16. A transfer the plan leaves to the receiver to quantise (its blocks cut between
-/// training ranks, or held in another dtype) is refused, naming the tensor and the fix.
+/// training GPU quantises: sender-encoded, whole blocks of bf16. A transfer the plan leaves
+/// to the receiver to quantise (its blocks cut between training ranks, or held in another
+/// dtype) is refused, naming the tensor and the fix.
 pub fn check_encoding(t: &Transfer) -> Result<(), NcclError> {
     if t.receiver_encoded() {
         let why = if t.src_dtype != t.dst_dtype {
@@ -561,13 +562,8 @@ pub fn check_encoding(t: &Transfer) -> Result<(), NcclError> {
                 t.src_tensor, t.src_dtype
             )));
         }
-    } else if t.converts() && Conversion::of(t.src_dtype, t.dst_dtype).is_none() {
-        return Err(crate::cuda::CudaError::Conversion {
-            tensor: t.dst_tensor.to_string(),
-            src: t.src_dtype,
-            dst: t.dst_dtype,
-        }
-        .into());
+    } else {
+        conversion(t)?;
     }
     Ok(())
 }
@@ -740,9 +736,7 @@ fn piece_parts(
             continue;
         }
         if side == Side::Training && t.converts() {
-            // checked by `check_encoding`: a conversion the kernel makes
-            let conv = Conversion::of(t.src_dtype, t.dst_dtype)
-                .ok_or_else(|| NcclError::Plan(format!("`{}` converts unchecked", t.dst_tensor)))?;
+            let conv = conversion(t)?;
             let boxed = StridedBox::new(&t.src_shape, &so, &e, &zeros, &e).map_err(geometry)?;
             let (ses, des) = (t.src_dtype.size() as u64, t.dst_dtype.size() as u64);
             // every job's fields checked here, once

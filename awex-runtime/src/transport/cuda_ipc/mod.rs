@@ -30,8 +30,9 @@
 //! trainer's bf16 `A_log` into the engines' fp32, an fp32 router into a bf16 gate) go to the
 //! element-wise kernel with the transposed ones (`awex_gpu::cuda::transpose`), which converts
 //! exactly as the CPU transports do; a plan with any other conversion is refused when the
-//! transport is built. Checksums are computed on the host (both ends copy their tensors to a host staging
-//! set and hash the planned buckets as the other transports do): slow, for verification runs.
+//! transport is built. Checksums are computed on the host (both ends copy their tensors to a
+//! host staging set and hash the planned buckets as the other transports do): slow, for
+//! verification runs.
 
 mod control;
 mod fused;
@@ -49,7 +50,7 @@ use awex_core::encoding::{Fp8Block, Recipe};
 use awex_core::layout::{LocalTensor, RankId, RankLayout, Side};
 use awex_core::plan::{RankPlan, Transfer};
 use awex_gpu::cuda::transpose::{
-    Conversion, TransposeBatch, TransposeKernel, convert_jobs, transpose_jobs,
+    TransposeBatch, TransposeKernel, conversion, convert_jobs, transpose_jobs,
 };
 use awex_gpu::cuda::{
     CopyDesc, CopyEngine, CopyGraph, CudaError, DescStats, Device, Event, Fp8Batch, Fp8Kernel,
@@ -187,22 +188,11 @@ fn transport_err(what: &str) -> impl Fn(CudaError) -> RuntimeError + '_ {
 /// Refuses a plan with a conversion the GPU does not make ([`Conversion::of`]: bf16 and f16
 /// to and from f32 only).
 pub(crate) fn refuse_conversions(plan: &RankPlan) -> Result<(), RuntimeError> {
-    let converting = plan
-        .peers
+    plan.peers
         .iter()
         .flat_map(|p| &p.transfers)
-        .find(|t| t.converts() && Conversion::of(t.src_dtype, t.dst_dtype).is_none());
-    match converting {
-        None => Ok(()),
-        Some(t) => Err(cuda_err(
-            "the cuda-ipc copies",
-            CudaError::Conversion {
-                tensor: t.dst_tensor.to_string(),
-                src: t.src_dtype,
-                dst: t.dst_dtype,
-            },
-        )),
-    }
+        .try_for_each(|t| conversion(t).map(drop))
+        .map_err(|e| cuda_err("the cuda-ipc copies", e))
 }
 
 /// The training rank's side: its export, its event and its control segment.
