@@ -535,7 +535,7 @@ async fn a_rank_that_never_applies_fails_the_version_at_the_deadline_torn() {
         .await
         .unwrap();
     let u = client
-        .wait_update("d", 1, Duration::from_secs(10))
+        .wait_update("d", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(u.state, UpdateState::Failed);

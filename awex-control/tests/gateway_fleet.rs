@@ -73,7 +73,7 @@ async fn run(c: &Client, name: &str, version: u64, engines: &[u32]) -> UpdateSta
             .await
             .unwrap();
     }
-    c.wait_update(name, version, Duration::from_secs(10))
+    c.wait_update(name, version, Duration::from_secs(120))
         .await
         .unwrap()
         .state
@@ -172,7 +172,7 @@ async fn an_engine_added_mid_run_sits_out_until_its_ranks_joined_then_catches_up
         .await
         .unwrap();
     let st = c
-        .wait_update(name, 3, Duration::from_secs(10))
+        .wait_update(name, 3, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(st.state, UpdateState::Committed);
@@ -243,7 +243,7 @@ async fn an_engine_removed_mid_update_is_left_out_and_its_slots_are_freed() {
         c.report(name, 2, &ok(side, rank, 1)).await.unwrap();
     }
     let st = c
-        .wait_update(name, 2, Duration::from_secs(10))
+        .wait_update(name, 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(st.state, UpdateState::Committed);
@@ -397,7 +397,7 @@ async fn a_delta_base_lists_only_engines_taking_part_and_an_added_one_gets_every
                 .await
                 .unwrap();
             }
-            c.wait_update(name, v, Duration::from_secs(10))
+            c.wait_update(name, v, Duration::from_secs(120))
                 .await
                 .unwrap()
                 .state

@@ -68,7 +68,7 @@ async fn versions_commit_when_every_rank_succeeds_and_disconnect_reaches_every_r
             (version, 1, UpdateState::Running)
         );
         let done = client
-            .wait_update("lc", version, Duration::from_secs(10))
+            .wait_update("lc", version, Duration::from_secs(120))
             .await
             .unwrap();
         assert_eq!(done.state, UpdateState::Committed, "{done:?}");
@@ -174,7 +174,7 @@ async fn a_failing_rank_fails_the_version_which_can_then_be_retried() {
     };
     assert_eq!(started.attempt, 1);
     let failed = client
-        .wait_update("f", 1, Duration::from_secs(10))
+        .wait_update("f", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);
@@ -199,7 +199,7 @@ async fn a_failing_rank_fails_the_version_which_can_then_be_retried() {
     let retry = client.start_update("f", 1).await.unwrap();
     assert_eq!((retry.version, retry.attempt), (1, 2));
     let ok = client
-        .wait_update("f", 1, Duration::from_secs(10))
+        .wait_update("f", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(ok.state, UpdateState::Committed);
@@ -253,7 +253,7 @@ async fn a_rank_that_never_reports_fails_the_version_at_the_deadline() {
         "gateway answered 409: version 7 of pair `s` is running; wait for it to commit or fail before starting version 8"
     );
     let failed = client
-        .wait_update("s", 7, Duration::from_secs(10))
+        .wait_update("s", 7, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);
@@ -315,7 +315,7 @@ async fn disagreeing_checksums_fail_the_version_naming_both_sums() {
         }
     }
     let failed = client
-        .wait_update("c", 1, Duration::from_secs(10))
+        .wait_update("c", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(
@@ -479,7 +479,7 @@ async fn engines_are_paused_before_and_resumed_after_every_update_even_a_failed_
     };
     assert_eq!(first.state, UpdateState::Pending);
     let done = client
-        .wait_update("e", 1, Duration::from_secs(10))
+        .wait_update("e", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed);
@@ -502,7 +502,7 @@ async fn engines_are_paused_before_and_resumed_after_every_update_even_a_failed_
     engines.fail_pause.store(true, Ordering::SeqCst);
     client.start_update("e", 2).await.unwrap();
     let failed = client
-        .wait_update("e", 2, Duration::from_secs(10))
+        .wait_update("e", 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);
@@ -942,7 +942,7 @@ async fn sglang_session_runs_pause_begin_trigger_end_continue_and_commits_after_
     let (client, s, ranks) = session_pair("0.5.23", "sess").await;
     start_retrying(&client, "sess", 1).await;
     let done = client
-        .wait_update("sess", 1, Duration::from_secs(10))
+        .wait_update("sess", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -988,7 +988,7 @@ async fn a_pre_0_5_21_server_gets_no_update_session() {
     let (client, s, ranks) = session_pair("0.5.20", "old").await;
     start_retrying(&client, "old", 1).await;
     let done = client
-        .wait_update("old", 1, Duration::from_secs(10))
+        .wait_update("old", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -1012,7 +1012,7 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
     s.loader_fails.store(true, Ordering::SeqCst);
     start_retrying(&client, "torn", 1).await;
     let failed = client
-        .wait_update("torn", 1, Duration::from_secs(10))
+        .wait_update("torn", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);
@@ -1039,7 +1039,7 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
     take(&s, 0);
     start_retrying(&client, "torn", 1).await;
     let done = client
-        .wait_update("torn", 1, Duration::from_secs(10))
+        .wait_update("torn", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -1072,7 +1072,7 @@ async fn a_failed_loader_fails_the_version_keeps_engines_paused_until_a_retry_or
     s.loader_fails.store(true, Ordering::SeqCst);
     start_retrying(&client, "torn", 2).await;
     client
-        .wait_update("torn", 2, Duration::from_secs(10))
+        .wait_update("torn", 2, Duration::from_secs(120))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1107,7 +1107,7 @@ async fn sglang_under_available_leaves_a_failed_loader_out_and_it_reports_the_ve
     let (client, s, ranks) = session_pair_with("0.5.23", "sav", CommitPolicy::Available).await;
     start_retrying(&client, "sav", 1).await;
     let done = client
-        .wait_update("sav", 1, Duration::from_secs(10))
+        .wait_update("sav", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -1119,7 +1119,7 @@ async fn sglang_under_available_leaves_a_failed_loader_out_and_it_reports_the_ve
     s.loader_fails.store(true, Ordering::SeqCst);
     start_retrying(&client, "sav", 2).await;
     let done = client
-        .wait_update("sav", 2, Duration::from_secs(10))
+        .wait_update("sav", 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -1156,7 +1156,7 @@ async fn sglang_under_available_leaves_a_failed_loader_out_and_it_reports_the_ve
     s.loader_fails.store(false, Ordering::SeqCst);
     start_retrying(&client, "sav", 3).await;
     let done = client
-        .wait_update("sav", 3, Duration::from_secs(10))
+        .wait_update("sav", 3, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -1196,7 +1196,7 @@ async fn after_a_failed_attempt_sglang_reports_the_last_committed_version_again(
     let (client, s, ranks) = session_pair("0.5.23", "ver").await;
     start_retrying(&client, "ver", 1).await;
     let done = client
-        .wait_update("ver", 1, Duration::from_secs(10))
+        .wait_update("ver", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -1206,7 +1206,7 @@ async fn after_a_failed_attempt_sglang_reports_the_last_committed_version_again(
     s.loader_fails.store(true, Ordering::SeqCst);
     start_retrying(&client, "ver", 2).await;
     let failed = client
-        .wait_update("ver", 2, Duration::from_secs(10))
+        .wait_update("ver", 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);

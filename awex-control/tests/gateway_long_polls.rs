@@ -142,7 +142,7 @@ async fn long_polls_beyond_the_pairs_bound_get_503_and_its_ranks_still_commit() 
     // and the ranks, which kept their polls, commit an update
     client.start_update("lp", 1).await.unwrap();
     let st = client
-        .wait_update("lp", 1, Duration::from_secs(10))
+        .wait_update("lp", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(st.state, UpdateState::Committed, "{st:?}");

@@ -113,7 +113,7 @@ async fn commit(c: &Client, name: &str, version: u64, attempt: u32) {
             .unwrap();
     }
     let st = c
-        .wait_update(name, version, Duration::from_secs(10))
+        .wait_update(name, version, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(st.state, UpdateState::Committed, "{st:?}");
@@ -409,7 +409,7 @@ fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits
             c.report("fleet", 1, &r).await.unwrap();
         }
         let u = c
-            .wait_update("fleet", 1, Duration::from_secs(10))
+            .wait_update("fleet", 1, Duration::from_secs(120))
             .await
             .unwrap();
         assert_eq!(u.state, UpdateState::Committed, "{u:?}");
@@ -486,7 +486,7 @@ fn engines_left_out_stay_behind_across_a_restart_and_an_update_in_flight_commits
                 .unwrap();
         }
         let u = c
-            .wait_update("fleet", 2, Duration::from_secs(10))
+            .wait_update("fleet", 2, Duration::from_secs(120))
             .await
             .unwrap();
         assert_eq!(u.state, UpdateState::Committed, "{u:?}");
@@ -531,7 +531,7 @@ async fn settle_on(
         .await
         .unwrap();
     }
-    c.wait_update(name, version, Duration::from_secs(10))
+    c.wait_update(name, version, Duration::from_secs(120))
         .await
         .unwrap()
         .state

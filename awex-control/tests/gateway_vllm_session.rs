@@ -263,7 +263,7 @@ async fn vllm_runs_init_then_pause_start_update_finish_resume_and_commits() {
     let (client, s, ranks) = vllm_pair("vl").await;
     start_retrying(&client, "vl", 1).await;
     let done = client
-        .wait_update("vl", 1, Duration::from_secs(10))
+        .wait_update("vl", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -301,7 +301,7 @@ async fn a_failed_receive_fails_the_version_with_vllms_message_and_a_retry_commi
     s.receive_fails.store(true, Ordering::SeqCst);
     start_retrying(&client, "vt", 1).await;
     let failed = client
-        .wait_update("vt", 1, Duration::from_secs(10))
+        .wait_update("vt", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(failed.state, UpdateState::Failed);
@@ -326,7 +326,7 @@ async fn a_failed_receive_fails_the_version_with_vllms_message_and_a_retry_commi
     take(&s, 0);
     start_retrying(&client, "vt", 1).await;
     let done = client
-        .wait_update("vt", 1, Duration::from_secs(10))
+        .wait_update("vt", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -355,7 +355,7 @@ async fn available_leaves_a_failed_engine_out_resumes_only_the_others_and_it_cat
     s.receive_fails_on.lock().unwrap().push(1);
     start_retrying(&client, "va", 1).await;
     let done = client
-        .wait_update("va", 1, Duration::from_secs(10))
+        .wait_update("va", 1, Duration::from_secs(120))
         .await
         .unwrap();
     // engine 1's loader failed: the version commits on engines 0 and 2 in its first attempt
@@ -423,7 +423,7 @@ async fn available_leaves_a_failed_engine_out_resumes_only_the_others_and_it_cat
     s.receive_fails_on.lock().unwrap().clear();
     start_retrying(&client, "va", 2).await;
     let done = client
-        .wait_update("va", 2, Duration::from_secs(10))
+        .wait_update("va", 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -453,7 +453,7 @@ async fn an_engine_whose_pause_fails_takes_no_part_keeps_its_weights_whole_and_c
     s.pause_fails_on.lock().unwrap().push(2);
     start_retrying(&client, "vp", 1).await;
     let done = client
-        .wait_update("vp", 1, Duration::from_secs(10))
+        .wait_update("vp", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -492,7 +492,7 @@ async fn an_engine_whose_pause_fails_takes_no_part_keeps_its_weights_whole_and_c
     s.pause_fails_on.lock().unwrap().clear();
     start_retrying(&client, "vp", 2).await;
     let done = client
-        .wait_update("vp", 2, Duration::from_secs(10))
+        .wait_update("vp", 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -509,7 +509,7 @@ async fn a_quorum_that_engine_failures_make_unreachable_fails_the_version_and_re
     s.receive_fails_on.lock().unwrap().push(0);
     start_retrying(&client, "vq", 1).await;
     let done = client
-        .wait_update("vq", 1, Duration::from_secs(10))
+        .wait_update("vq", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Failed);
@@ -538,7 +538,7 @@ async fn a_dead_server_is_left_out_and_once_restarted_is_warmed_up_again_and_cat
     let (client, s, mut ranks) = vllm_fleet("vd", 3, CommitPolicy::Available).await;
     start_retrying(&client, "vd", 1).await;
     let done = client
-        .wait_update("vd", 1, Duration::from_secs(10))
+        .wait_update("vd", 1, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -553,7 +553,7 @@ async fn a_dead_server_is_left_out_and_once_restarted_is_warmed_up_again_and_cat
     }
     start_retrying(&client, "vd", 2).await;
     let done = client
-        .wait_update("vd", 2, Duration::from_secs(10))
+        .wait_update("vd", 2, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
@@ -584,7 +584,7 @@ async fn a_dead_server_is_left_out_and_once_restarted_is_warmed_up_again_and_cat
     s.down.lock().unwrap().clear();
     start_retrying(&client, "vd", 3).await;
     let done = client
-        .wait_update("vd", 3, Duration::from_secs(10))
+        .wait_update("vd", 3, Duration::from_secs(120))
         .await
         .unwrap();
     assert_eq!(done.state, UpdateState::Committed, "{:?}", done.error);
